@@ -1,0 +1,37 @@
+// Small subcommands: version, devices.
+#include "gpu/device.hpp"
+#include "runtime/version.hpp"
+#include "tools/cli.hpp"
+#include "tools/commands.hpp"
+
+#include <iostream>
+
+namespace rlsync::tools {
+
+int cmd_version(const arg_list& argv) {
+  cli::args a(argv, {}, {"help"});
+  if (a.has("help")) {
+    std::cout << "usage: rlsync version\n";
+    return 0;
+  }
+  std::cout << "rlsync " << version_string() << "\n";
+  return 0;
+}
+
+int cmd_devices(const arg_list& argv) {
+  cli::args a(argv, {}, {"help"});
+  if (a.has("help")) {
+    std::cout << "usage: rlsync devices\n";
+    return 0;
+  }
+  auto info = gpu::query_devices();
+  std::cout << "cuda:    " << (info.compiled_with_cuda ? "compiled in" : "not compiled in") << "\n"
+            << "nccl:    "
+            << (info.compiled_with_nccl ? "compiled in (" + gpu::nccl_version() + ")"
+                                        : std::string("not compiled in"))
+            << "\n"
+            << "devices: " << info.device_count << " (" << info.detail << ")\n";
+  return 0;
+}
+
+} // namespace rlsync::tools

@@ -1,0 +1,14 @@
+#pragma once
+// The rlsync subcommands. Each takes its arguments (without the subcommand
+// name) and returns the process exit status.
+#include <string>
+#include <vector>
+
+namespace rlsync::tools {
+
+using arg_list = std::vector<std::string>;
+
+int cmd_version(const arg_list& args);
+int cmd_devices(const arg_list& args);
+
+} // namespace rlsync::tools

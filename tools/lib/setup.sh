@@ -1,0 +1,38 @@
+# Shared by tools/quickstart and tools/check: install what is missing, then
+# configure and build. Sourced, not run.
+
+RLSYNC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+RLSYNC_BUILD=${RLSYNC_BUILD:-$RLSYNC_ROOT/build}
+
+# Debian packages rlsync builds and tests with. CUDA and NCCL come from
+# /usr/local/cuda when present; without them gpu/ builds its stubs.
+RLSYNC_PACKAGES=(
+  cmake ninja-build g++ pkg-config ccache
+  libcaf-dev libucx-dev ucx-utils libboost-dev libyaml-cpp-dev doctest-dev libssl-dev
+  iproute2
+)
+
+rlsync_install_missing() {
+  local missing=()
+  for p in "${RLSYNC_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "rlsync: installing missing packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+rlsync_build() {
+  local cuda_args=()
+  if [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    cuda_args+=("-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc")
+  fi
+  if [ ! -f "$RLSYNC_BUILD/build.ninja" ]; then
+    cmake -S "$RLSYNC_ROOT" -B "$RLSYNC_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      "${cuda_args[@]}" >/dev/null
+  fi
+  cmake --build "$RLSYNC_BUILD" -- -j"$(nproc)"
+}

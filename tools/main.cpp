@@ -1,0 +1,66 @@
+// rlsync: one executable, one subcommand per job.
+#include "tools/cli.hpp"
+#include "tools/commands.hpp"
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+namespace {
+
+using rlsync::tools::arg_list;
+
+struct subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(const arg_list&);
+};
+
+const subcommand subcommands[] = {
+  {"version", "print the rlsync version", rlsync::tools::cmd_version},
+  {"devices", "show what the GPU layer was built with and which devices it sees",
+   rlsync::tools::cmd_devices},
+};
+
+void print_help(std::ostream& out) {
+  out << "usage: rlsync <subcommand> [options]\n\n"
+         "Keeps a fleet of LLM rollout engines in step with their trainer.\n\n"
+         "subcommands:\n";
+  for (auto& s : subcommands) {
+    std::string name = s.name;
+    name.resize(12, ' ');
+    out << "  " << name << s.summary << "\n";
+  }
+  out << "\nRun 'rlsync <subcommand> --help' for the options of one subcommand.\n";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    print_help(std::cerr);
+    return 2;
+  }
+  std::string name = argv[1];
+  if (name == "--help" || name == "-h" || name == "help") {
+    print_help(std::cout);
+    return 0;
+  }
+  arg_list args(argv + 2, argv + argc);
+  for (auto& s : subcommands) {
+    if (name != s.name)
+      continue;
+    try {
+      return s.run(args);
+    } catch (const rlsync::cli::usage_error& e) {
+      std::cerr << "rlsync " << name << ": " << e.what() << "\n";
+      return 2;
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync " << name << ": error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "rlsync: unknown subcommand '" << name << "'\n\n";
+  print_help(std::cerr);
+  return 2;
+}
