@@ -1,0 +1,43 @@
+#pragma once
+// The shape of a Llama/Qwen-style decoder, as Hugging Face's config.json
+// names it. Shared by topologies, checkpoints and the engine.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlsync {
+
+struct model_config {
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t intermediate_size = 0;
+  std::int64_t num_hidden_layers = 0;
+  std::int64_t num_attention_heads = 0;
+  std::int64_t num_key_value_heads = 0;
+  std::int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+
+  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+/// The byte-level tokenizer's reserved ids: bytes 0..255, then BOS and EOS.
+constexpr std::int64_t token_bos = 256;
+constexpr std::int64_t token_eos = 257;
+constexpr std::int64_t min_vocab_size = 258;
+
+/// Checks the shape on its own (positive sizes, heads divide hidden, kv heads
+/// divide heads, even head_dim for rotary, vocab >= 258). Returns one message
+/// per problem, each starting with the config.json field name, e.g.
+/// "num_key_value_heads: must divide num_attention_heads (8), got 3".
+std::vector<std::string> validate(const model_config& c);
+
+/// Checks that tensor parallelism of size `tp` can shard this model:
+/// tp divides num_attention_heads and intermediate_size, and kv heads are
+/// either split (tp divides them) or replicated (they divide tp).
+/// Returns one message per problem, without a field prefix, e.g.
+/// "must divide num_attention_heads (8), got 3".
+std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp);
+
+} // namespace rlsync
