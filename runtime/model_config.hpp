@@ -41,3 +41,17 @@ std::vector<std::string> validate(const model_config& c);
 std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp);
 
 } // namespace rlsync
+
+namespace rlsync {
+
+/// Reads a Hugging Face config.json. Unknown keys are ignored (HF writes many
+/// we do not need); num_key_value_heads defaults to num_attention_heads.
+/// Throws std::runtime_error "<path>: <field>: <problem>" on a missing file,
+/// invalid JSON, a missing required field or a value of the wrong type, and
+/// on any problem validate() finds.
+model_config read_config_json(const std::string& path);
+
+/// Writes `c` as a Hugging Face-style config.json (LlamaForCausalLM).
+void write_config_json(const std::string& path, const model_config& c);
+
+} // namespace rlsync
