@@ -1,0 +1,98 @@
+#pragma once
+// The typed interfaces of rlsync's four actors (DESIGN §2–§5), in one header
+// so the whole protocol reads at a glance. One `///` line per interface, one
+// `//` line per handler. Replies are declared for every request: a handler
+// without one would answer with an empty message (caf-0.17.md §12).
+#include "actors/type_ids.hpp"
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <string>
+#include <vector>
+
+namespace rlsync {
+
+/// Receives one request's tokens as the engine produces them.
+using token_sink_actor = caf::typed_actor<
+  // one generated token, with the version that produced it
+  caf::reacts_to<token_atom, token_event>>;
+
+/// Is told when the trainer has published a new version.
+using version_listener_actor = caf::typed_actor<
+  // version v is ready to be pulled
+  caf::reacts_to<version_atom, version_info>>;
+
+/// One rollout engine (all its tensor-parallel workers) — DESIGN §2.
+using rollout_engine_actor = caf::typed_actor<
+  // pause(mode, clear_cache); replies at idle, after every earlier token was delivered
+  caf::replies_to<pause_atom, pause_request>::with<pause_report>,
+  // reset the prefix cache
+  caf::replies_to<flush_atom>::with<phase_ack>,
+  // open the weight-update session for version v
+  caf::replies_to<start_atom, std::uint64_t>::with<phase_ack>,
+  // one bucket of the session, bytes inline; replies with the bytes applied
+  caf::replies_to<update_atom, weight_bucket>::with<std::uint64_t>,
+  // pull this engine's shards of a version from the producers over the data plane
+  caf::replies_to<transfer_atom, transfer_order>::with<transfer_report>,
+  // publish version v; an incomplete session fails and leaves the engine dirty
+  caf::replies_to<finish_atom, std::uint64_t>::with<phase_ack>,
+  // leave the pause (the round's "continue"); an error while a pause is in flight
+  caf::replies_to<resume_atom>::with<phase_ack>,
+  // generate; tokens stream to the sink, the reply is the finished request
+  caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
+  // abort one request; replies whether it was found
+  caf::replies_to<abort_atom, std::uint64_t>::with<bool>,
+  // what the engine holds and runs
+  caf::replies_to<status_atom>::with<engine_status>,
+  // liveness probe, answered with the same sequence number
+  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
+
+/// The trainer and its WeightSource — DESIGN §5.
+using trainer_actor = caf::typed_actor<
+  // metadata of every parameter: name, dtype, full shape
+  caf::replies_to<meta_atom>::with<std::vector<tensor_meta>>,
+  // the latest published version
+  caf::replies_to<version_atom>::with<version_info>,
+  // one group of a version as a bucket, bytes inline (the CAF fallback path)
+  caf::replies_to<pull_atom, std::uint64_t, std::uint32_t>::with<weight_bucket>,
+  // tell the listener about every version published from now on
+  caf::reacts_to<subscribe_atom, version_listener_actor>,
+  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
+
+/// Routes generation requests to live, current replicas — DESIGN §4.
+using router_actor = caf::typed_actor<
+  // route a request; tokens stream to the sink, the reply is the finished request
+  caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
+  // the coordinator's word on whether an engine may serve, and which version it holds
+  caf::reacts_to<route_atom, route_update, rollout_engine_actor>,
+  // stop routing to an engine at once (failed or evicted)
+  caf::reacts_to<evict_atom, std::string>,
+  caf::replies_to<status_atom>::with<router_status>,
+  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
+
+/// Runs the sync rounds and owns membership — DESIGN §3.
+using coordinator_actor = version_listener_actor::extend<
+  // an engine joins (or rejoins after a restart); it stays unroutable until synced
+  caf::replies_to<register_atom, engine_info, rollout_engine_actor>::with<registration>,
+  // an engine leaves for good
+  caf::reacts_to<deregister_atom, std::string>,
+  // run one sync round now; replies with its figures
+  caf::replies_to<sync_atom>::with<sync_report>,
+  // the version and the members
+  caf::replies_to<status_atom>::with<coordinator_status>,
+  // an engine or node is alive
+  caf::reacts_to<heartbeat_atom, heartbeat>>;
+
+} // namespace rlsync
+
+// Actor handles travel in messages (register, route, generate), so they have
+// type IDs too, in a block chained after the value types.
+CAF_BEGIN_TYPE_ID_BLOCK(rlsync_handles, caf::id_block::rlsync::end)
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::token_sink_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::version_listener_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::rollout_engine_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::trainer_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::router_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::coordinator_actor))
+CAF_END_TYPE_ID_BLOCK(rlsync_handles)

@@ -1,0 +1,133 @@
+#pragma once
+// Everything CAF needs to move rlsync's messages: atoms, the type-ID block,
+// `inspect` overloads for every type that crosses the network, and the
+// "rlsync" error category. One file, so that a reader sees the whole wire
+// vocabulary at once. Atoms are CAF 0.17 atom constants (≤ 10 characters);
+// CAF's own flush/update atoms are aliased rather than redefined.
+#include "runtime/errc.hpp"
+#include "runtime/protocol.hpp"
+
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/make_message.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/type_id.hpp>
+
+namespace rlsync {
+
+// -- errors (declared first: see caf-0.17.md §9 on has_make_error) ----------
+
+constexpr caf::atom_value error_category = caf::atom("rlsync");
+
+inline caf::error make_error(errc x) {
+  return {static_cast<std::uint8_t>(x), error_category};
+}
+
+inline caf::error make_error(errc x, std::string context) {
+  return {static_cast<std::uint8_t>(x), error_category, caf::make_message(std::move(context))};
+}
+
+/// True when `err` carries rlsync error code `x`.
+inline bool is(const caf::error& err, errc x) {
+  return err.category() == error_category && err.code() == static_cast<std::uint8_t>(x);
+}
+
+// -- atoms ----------------------------------------------------------------------------
+
+using caf::flush_atom;  // "flush": reset the prefix cache
+using caf::update_atom; // "update": one bucket of the weight-update session
+
+} // namespace rlsync
+
+CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
+
+  CAF_ADD_ATOM(rlsync, rlsync, pause_atom, "pause")
+  CAF_ADD_ATOM(rlsync, rlsync, resume_atom, "resume")   // the round's "continue"
+  CAF_ADD_ATOM(rlsync, rlsync, start_atom, "start")
+  CAF_ADD_ATOM(rlsync, rlsync, finish_atom, "finish")
+  CAF_ADD_ATOM(rlsync, rlsync, transfer_atom, "transfer")
+  CAF_ADD_ATOM(rlsync, rlsync, generate_atom, "generate")
+  CAF_ADD_ATOM(rlsync, rlsync, token_atom, "token")
+  CAF_ADD_ATOM(rlsync, rlsync, result_atom, "result")
+  CAF_ADD_ATOM(rlsync, rlsync, abort_atom, "abort")
+  CAF_ADD_ATOM(rlsync, rlsync, status_atom, "status")
+  CAF_ADD_ATOM(rlsync, rlsync, register_atom, "register")
+  CAF_ADD_ATOM(rlsync, rlsync, deregister_atom, "deregister")
+  CAF_ADD_ATOM(rlsync, rlsync, heartbeat_atom, "heartbeat")
+  CAF_ADD_ATOM(rlsync, rlsync, version_atom, "version")
+  CAF_ADD_ATOM(rlsync, rlsync, meta_atom, "meta")
+  CAF_ADD_ATOM(rlsync, rlsync, pull_atom, "pull")
+  CAF_ADD_ATOM(rlsync, rlsync, subscribe_atom, "subscribe")
+  CAF_ADD_ATOM(rlsync, rlsync, sync_atom, "sync")
+  CAF_ADD_ATOM(rlsync, rlsync, route_atom, "route")
+  CAF_ADD_ATOM(rlsync, rlsync, evict_atom, "evict")
+
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_request))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_report))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::sampling_params))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::generate_request))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::token_event))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::version_span))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::generate_result))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::engine_info))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::registration))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::heartbeat))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::engine_status))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::tensor_meta))
+  CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::tensor_meta>))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::bucket_entry))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::weight_bucket))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::producer_endpoint))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::transfer_order))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::transfer_report))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::phase_ack))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::version_info))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::sync_report))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::route_update))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::router_status))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::coordinator_status))
+
+CAF_END_TYPE_ID_BLOCK(rlsync)
+
+namespace rlsync {
+
+// -- inspect overloads (CAF 0.17 form: result_type, f(type_name, fields...)) ---
+
+#define RLSYNC_INSPECT(type, ...)                                                          \
+  template <class Inspector>                                                               \
+  typename Inspector::result_type inspect(Inspector& f, type& x) {                        \
+    return f(caf::meta::type_name(#type), __VA_ARGS__);                                    \
+  }
+
+RLSYNC_INSPECT(pause_request, x.mode, x.clear_cache)
+RLSYNC_INSPECT(pause_report, x.engine, x.version, x.state, x.aborted, x.frozen, x.waited)
+RLSYNC_INSPECT(sampling_params, x.temperature, x.top_p, x.max_tokens, x.seed, x.stop_at_eos)
+RLSYNC_INSPECT(generate_request, x.request_id, x.prompt, x.generated, x.sampling, x.min_version)
+RLSYNC_INSPECT(token_event, x.request_id, x.index, x.token, x.version, x.stale_kv)
+RLSYNC_INSPECT(version_span, x.version, x.begin, x.end)
+RLSYNC_INSPECT(generate_result, x.request_id, x.tokens, x.spans, x.reason, x.engine,
+               x.stale_kv_tokens)
+RLSYNC_INSPECT(engine_info, x.name, x.node, x.tp, x.version, x.dirty, x.incarnation)
+RLSYNC_INSPECT(registration, x.current_version, x.routable)
+RLSYNC_INSPECT(heartbeat, x.from, x.seq)
+RLSYNC_INSPECT(engine_status, x.name, x.version, x.dirty, x.state, x.running, x.waiting,
+               x.frozen, x.tokens_generated, x.prefix_cache_hits, x.prefix_cache_queries)
+RLSYNC_INSPECT(tensor_meta, x.name, x.dtype, x.shape)
+RLSYNC_INSPECT(bucket_entry, x.name, x.dtype, x.shape, x.offset, x.bytes)
+RLSYNC_INSPECT(weight_bucket, x.version, x.group, x.entries, x.data, x.checksum)
+RLSYNC_INSPECT(producer_endpoint, x.rank, x.node, x.address)
+RLSYNC_INSPECT(transfer_order, x.version, x.mode, x.backend, x.producers, x.groups,
+               x.bucket_bytes, x.groups_in_flight)
+RLSYNC_INSPECT(transfer_report, x.engine, x.version, x.bytes, x.groups, x.duration_ns)
+RLSYNC_INSPECT(phase_ack, x.engine, x.version)
+RLSYNC_INSPECT(version_info, x.version, x.groups, x.total_bytes)
+RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, x.transfer_ns,
+               x.bytes, x.control_ns, x.aborted)
+RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
+RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
+               x.rerouted)
+RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds)
+
+#undef RLSYNC_INSPECT
+
+} // namespace rlsync
