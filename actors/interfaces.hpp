@@ -6,7 +6,9 @@
 #include "actors/type_ids.hpp"
 
 #include <caf/replies_to.hpp>
+#include <caf/stateful_actor.hpp>
 #include <caf/typed_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 
 #include <string>
 #include <vector>
@@ -17,6 +19,11 @@ namespace rlsync {
 using token_sink_actor = caf::typed_actor<
   // one generated token, with the version that produced it
   caf::reacts_to<token_atom, token_event>>;
+
+/// Answers liveness probes; `rlsync ping` speaks only this.
+using heartbeat_actor = caf::typed_actor<
+  // answered with the same sequence number
+  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
 
 /// Is told when the trainer has published a new version.
 using version_listener_actor = caf::typed_actor<
@@ -90,6 +97,7 @@ using coordinator_actor = version_listener_actor::extend<
 // type IDs too, in a block chained after the value types.
 CAF_BEGIN_TYPE_ID_BLOCK(rlsync_handles, caf::id_block::rlsync::end)
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::token_sink_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::heartbeat_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::version_listener_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::rollout_engine_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::trainer_actor))

@@ -10,5 +10,6 @@ using arg_list = std::vector<std::string>;
 
 int cmd_version(const arg_list& args);
 int cmd_devices(const arg_list& args);
+int cmd_ping(const arg_list& args);
 
 } // namespace rlsync::tools

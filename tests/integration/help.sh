@@ -3,7 +3,7 @@
 set -euo pipefail
 rlsync=$1
 out=$("$rlsync" --help)
-for cmd in version devices; do
+for cmd in version devices ping; do
   grep -q "^  $cmd " <<<"$out" || { echo "missing subcommand '$cmd' in --help"; exit 1; }
 done
 set +e
