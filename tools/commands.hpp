@@ -10,6 +10,8 @@ using arg_list = std::vector<std::string>;
 
 int cmd_version(const arg_list& args);
 int cmd_devices(const arg_list& args);
+int cmd_checkpoint(const arg_list& args);
+int cmd_validate(const arg_list& args);
 int cmd_ping(const arg_list& args);
 
 } // namespace rlsync::tools

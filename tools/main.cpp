@@ -20,6 +20,8 @@ const subcommand subcommands[] = {
   {"version", "print the rlsync version", rlsync::tools::cmd_version},
   {"devices", "show what the GPU layer was built with and which devices it sees",
    rlsync::tools::cmd_devices},
+  {"checkpoint", "make, perturb and inspect safetensors checkpoints", rlsync::tools::cmd_checkpoint},
+  {"validate", "check a topology file and print what it resolves to", rlsync::tools::cmd_validate},
   {"ping", "heartbeat round trip to another rlsync process (connectivity check)",
    rlsync::tools::cmd_ping},
 };

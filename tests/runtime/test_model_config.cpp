@@ -146,7 +146,7 @@ TEST_CASE("config.json errors name the file and the field") {
   CHECK(missing.find("cannot open") != std::string::npos);
 }
 
-TEST_CASE("config.json: kv heads default to attention heads; unknown HF keys are ignored") {
+TEST_CASE("config.json: kv heads default to attention heads, unknown HF keys are ignored") {
   auto path = temp_path("hf-config.json");
   std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
     "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
