@@ -1,0 +1,62 @@
+// Chooses the kernel build once per process.
+#include "runtime/engine/kernels.hpp"
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace rlsync::engine::kernels {
+
+namespace baseline {
+void matmul_nt_impl(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t,
+                    std::int64_t, std::int64_t, std::int64_t);
+float dot_impl(const float*, const float*, std::int64_t);
+} // namespace baseline
+
+#if defined(RLSYNC_KERNELS_AVX2)
+namespace avx2 {
+void matmul_nt_impl(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t,
+                    std::int64_t, std::int64_t, std::int64_t);
+float dot_impl(const float*, const float*, std::int64_t);
+} // namespace avx2
+#endif
+
+namespace {
+
+struct table {
+  decltype(&baseline::matmul_nt_impl) matmul;
+  decltype(&baseline::dot_impl) dot;
+  const char* name;
+};
+
+// RLSYNC_KERNELS=baseline forces the baseline build (to test it on a CPU
+// that has AVX2, or to compare).
+table choose() {
+  const char* forced = std::getenv("RLSYNC_KERNELS");
+  if (forced && std::strcmp(forced, "baseline") == 0)
+    return {baseline::matmul_nt_impl, baseline::dot_impl, "baseline"};
+#if defined(RLSYNC_KERNELS_AVX2)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return {avx2::matmul_nt_impl, avx2::dot_impl, "avx2+fma"};
+#endif
+  return {baseline::matmul_nt_impl, baseline::dot_impl, "baseline"};
+}
+
+const table& active() {
+  static const table t = choose();
+  return t;
+}
+
+} // namespace
+
+void matmul_nt(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
+               std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) {
+  active().matmul(a, lda, w, ldw, out, ldo, rows, n, depth);
+}
+
+float dot(const float* a, const float* b, std::int64_t depth) { return active().dot(a, b, depth); }
+
+const char* variant() { return active().name; }
+
+} // namespace rlsync::engine::kernels

@@ -1,0 +1,84 @@
+// The body of the kernels, included once per instruction-set build inside a
+// namespace of its own (kernels_baseline.cpp, kernels_avx2.cpp).
+//
+// Every dot product keeps `lanes` independent partial sums over k = l
+// (mod lanes), adds them in a fixed tree, then adds the tail in order: one
+// sequence of operations per element, whatever the blocking.
+
+// Provided by the including file: `vec` (8 floats), vload(const float*)
+// (unaligned), vzero(), vmadd(a, b, acc), vstore(float*, vec), and the
+// scalar madd(a, b, acc).
+constexpr int lanes = 8;
+
+inline float sum_lanes(vec v) {
+  alignas(32) float s[lanes];
+  vstore(s, v);
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+// R activation rows times C weight rows: the register-blocked core. The
+// accumulators are R * C vectors, few enough to live in registers (4 x 3
+// leaves room for 3 weight vectors and 1 activation vector in AVX2's 16).
+template <int R, int C>
+inline void micro(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
+                  std::int64_t ldo, std::int64_t depth) {
+  vec acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = vzero();
+  const std::int64_t body = depth - depth % lanes;
+  for (std::int64_t k = 0; k < body; k += lanes) {
+    vec wv[C];
+    for (int c = 0; c < C; ++c)
+      wv[c] = vload(w + c * ldw + k);
+    for (int r = 0; r < R; ++r) {
+      const vec av = vload(a + r * lda + k);
+      for (int c = 0; c < C; ++c)
+        acc[r][c] = vmadd(av, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float s = sum_lanes(acc[r][c]);
+      for (std::int64_t k = body; k < depth; ++k)
+        s = madd(a[r * lda + k], w[c * ldw + k], s);
+      out[r * ldo + c] = s;
+    }
+}
+
+template <int R>
+inline void row_block(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
+                      std::int64_t ldo, std::int64_t j0, std::int64_t j1, std::int64_t depth) {
+  std::int64_t j = j0;
+  for (; j + 3 <= j1; j += 3)
+    micro<R, 3>(a, lda, w + j * ldw, ldw, out + j, ldo, depth);
+  for (; j < j1; ++j)
+    micro<R, 1>(a, lda, w + j * ldw, ldw, out + j, ldo, depth);
+}
+
+void matmul_nt_impl(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
+                    std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) {
+  // Weight rows in blocks of about 64 KiB (a multiple of 3 rows) stay in L2
+  // while every activation row passes over them; the activations (at most a
+  // few hundred KiB for a decode batch) stream from L2 as well.
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, depth * static_cast<std::int64_t>(sizeof(float)));
+  const std::int64_t block = std::max<std::int64_t>(3, (64 << 10) / row_bytes / 3 * 3);
+  for (std::int64_t j0 = 0; j0 < n; j0 += block) {
+    const std::int64_t j1 = std::min(n, j0 + block);
+    std::int64_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+      row_block<4>(a + r * lda, lda, w, ldw, out + r * ldo, ldo, j0, j1, depth);
+    switch (rows - r) {
+    case 3: row_block<3>(a + r * lda, lda, w, ldw, out + r * ldo, ldo, j0, j1, depth); break;
+    case 2: row_block<2>(a + r * lda, lda, w, ldw, out + r * ldo, ldo, j0, j1, depth); break;
+    case 1: row_block<1>(a + r * lda, lda, w, ldw, out + r * ldo, ldo, j0, j1, depth); break;
+    default: break;
+    }
+  }
+}
+
+float dot_impl(const float* a, const float* b, std::int64_t depth) {
+  float out;
+  micro<1, 1>(a, 0, b, 0, &out, 0, depth);
+  return out;
+}

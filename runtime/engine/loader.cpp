@@ -1,0 +1,205 @@
+#include "runtime/engine/loader.hpp"
+
+#include "runtime/checkpoint.hpp"
+
+#include <exception>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <thread>
+
+namespace rlsync::engine {
+
+namespace {
+
+[[noreturn]] void fail(const weight_view& src, const std::string& what) {
+  throw std::invalid_argument("engine loader: '" + src.name() + "': " + what);
+}
+
+void expect_shape(const weight_view& src, const std::vector<std::int64_t>& want) {
+  if (src.shape() != want)
+    fail(src, "shape " + dims_string(src.shape()) + ", the model config implies " + dims_string(want));
+}
+
+// -- one loader per checkpoint parameter -------------------------------------------
+
+// Vocab-parallel: this worker's rows.
+void load_vocab_rows(const weight_view& src, worker_weights& dst, const char* param_name) {
+  const shard_spec& s = dst.shard();
+  expect_shape(src, {s.config.vocab_size, s.config.hidden_size});
+  src.narrow(0, s.vocab_begin, s.vocab())->copy_into(dst.at(param_name), 0);
+}
+
+void load_replicated(const weight_view& src, worker_weights& dst, const std::string& param_name) {
+  expect_shape(src, {dst.shard().config.hidden_size});
+  src.copy_into(dst.at(param_name), 0);
+}
+
+enum class qkv_part { q, k, v };
+
+// Column-parallel q/k/v, fused into qkv_proj: [q heads; k heads; v heads].
+void load_qkv(const weight_view& src, worker_weights& dst, std::int64_t layer, qkv_part part) {
+  const shard_spec& s = dst.shard();
+  const std::int64_t D = s.config.hidden_size, hd = s.head_dim;
+  const std::int64_t total = part == qkv_part::q ? s.config.num_attention_heads : s.config.num_key_value_heads;
+  expect_shape(src, {total * hd, D});
+  const std::int64_t first = part == qkv_part::q ? s.head_begin : s.kv_begin;
+  const std::int64_t count = part == qkv_part::q ? s.heads : s.kv_heads;
+  const std::int64_t row = part == qkv_part::q ? 0 : part == qkv_part::k ? s.heads * hd : (s.heads + s.kv_heads) * hd;
+  src.view({total, hd, D})                    // (2) per head
+      ->narrow(0, first, count)               // (4) this worker's heads (one replicated kv head when kv < tp)
+      ->view({count * hd, D})                 //     back to rows
+      ->copy_into(dst.at(layer_param_name(layer, param::qkv)), row * D); // (1) at its rows in qkv
+}
+
+// Row-parallel o_proj: the input columns of this worker's heads.
+void load_o(const weight_view& src, worker_weights& dst, std::int64_t layer) {
+  const shard_spec& s = dst.shard();
+  const std::int64_t D = s.config.hidden_size, hd = s.head_dim;
+  expect_shape(src, {D, s.config.num_attention_heads * hd});
+  src.narrow(1, s.head_begin * hd, s.heads * hd)->copy_into(dst.at(layer_param_name(layer, param::o)), 0);
+}
+
+// Column-parallel gate/up, fused into gate_up_proj: [gate rows; up rows].
+void load_gate_up(const weight_view& src, worker_weights& dst, std::int64_t layer, bool up) {
+  const shard_spec& s = dst.shard();
+  const std::int64_t D = s.config.hidden_size;
+  expect_shape(src, {s.config.intermediate_size, D});
+  src.narrow(0, s.inter_begin, s.inter)
+      ->copy_into(dst.at(layer_param_name(layer, param::gate_up)), up ? s.inter * D : 0);
+}
+
+// Row-parallel down_proj: this worker's intermediate columns.
+void load_down(const weight_view& src, worker_weights& dst, std::int64_t layer) {
+  const shard_spec& s = dst.shard();
+  expect_shape(src, {s.config.hidden_size, s.config.intermediate_size});
+  src.narrow(1, s.inter_begin, s.inter)->copy_into(dst.at(layer_param_name(layer, param::down)), 0);
+}
+
+// "model.layers.<N>.<suffix>" -> N and suffix; false when not a layer name.
+bool split_layer_name(const std::string& name, std::int64_t& layer, std::string& suffix) {
+  static const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0)
+    return false;
+  std::size_t i = prefix.size(), digits = 0;
+  std::int64_t n = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9) {
+    n = n * 10 + (name[i++] - '0');
+    ++digits;
+  }
+  if (digits == 0 || i >= name.size() || name[i] != '.')
+    return false;
+  layer = n;
+  suffix = name.substr(i + 1);
+  return true;
+}
+
+} // namespace
+
+bool ignored_weight(const model_config& c, const std::string& name) {
+  static const std::string inv_freq = ".self_attn.rotary_emb.inv_freq";
+  if (name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0)
+    return true;
+  return c.tie_word_embeddings && name == param::lm_head;
+}
+
+void load_weight(const weight_view& src, worker_weights& dst) {
+  const std::string& name = src.name();
+  const model_config& c = dst.shard().config;
+  if (name == "model.embed_tokens.weight")
+    return load_vocab_rows(src, dst, param::embed);
+  if (name == "lm_head.weight" && !c.tie_word_embeddings)
+    return load_vocab_rows(src, dst, param::lm_head);
+  if (name == "model.norm.weight")
+    return load_replicated(src, dst, param::final_norm);
+  std::int64_t l = 0;
+  std::string suffix;
+  if (split_layer_name(name, l, suffix) && l < c.num_hidden_layers) {
+    if (suffix == "input_layernorm.weight")
+      return load_replicated(src, dst, layer_param_name(l, param::input_norm));
+    if (suffix == "post_attention_layernorm.weight")
+      return load_replicated(src, dst, layer_param_name(l, param::post_norm));
+    if (suffix == "self_attn.q_proj.weight")
+      return load_qkv(src, dst, l, qkv_part::q);
+    if (suffix == "self_attn.k_proj.weight")
+      return load_qkv(src, dst, l, qkv_part::k);
+    if (suffix == "self_attn.v_proj.weight")
+      return load_qkv(src, dst, l, qkv_part::v);
+    if (suffix == "self_attn.o_proj.weight")
+      return load_o(src, dst, l);
+    if (suffix == "mlp.gate_proj.weight")
+      return load_gate_up(src, dst, l, false);
+    if (suffix == "mlp.up_proj.weight")
+      return load_gate_up(src, dst, l, true);
+    if (suffix == "mlp.down_proj.weight")
+      return load_down(src, dst, l);
+  }
+  fail(src, "not a parameter of this model");
+}
+
+void load_weights(const std::vector<const rlsync::tensor_view*>& tensors, weight_set& set) {
+  if (set.workers.empty())
+    throw std::invalid_argument("engine loader: empty weight set");
+  const model_config& c = set.config();
+  // Completeness first, so that a bad checkpoint fails before any copy.
+  std::set<std::string> missing;
+  for (const auto& spec : llama_parameter_specs(c, dtype::f32))
+    missing.insert(spec.name);
+  std::vector<weight_ptr> views;
+  for (const auto* t : tensors) {
+    if (ignored_weight(c, t->name))
+      continue;
+    if (!missing.erase(t->name))
+      throw std::invalid_argument("engine loader: '" + t->name + "': not a parameter of this model, or given twice");
+    views.push_back(real_weight(t->name, t->type, t->shape, t->data));
+  }
+  if (!missing.empty()) {
+    std::string names;
+    for (const auto& n : missing)
+      names += (names.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("engine loader: missing tensors: " + names);
+  }
+
+  // Workers write disjoint parameters: load them in parallel.
+  std::vector<std::exception_ptr> errors(set.workers.size());
+  auto load_worker = [&](std::size_t w) {
+    try {
+      for (const auto& v : views)
+        load_weight(*v, set.workers[w]);
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t w = 1; w < set.workers.size(); ++w)
+    threads.emplace_back(load_worker, w);
+  load_worker(0);
+  for (auto& t : threads)
+    t.join();
+  for (auto& e : errors)
+    if (e)
+      std::rethrow_exception(e);
+}
+
+void load_weights(const std::vector<rlsync::tensor_view>& tensors, weight_set& set) {
+  std::vector<const rlsync::tensor_view*> ptrs;
+  for (const auto& t : tensors)
+    ptrs.push_back(&t);
+  load_weights(ptrs, set);
+}
+
+void load_checkpoint(const rlsync::checkpoint& ckpt, weight_set& set) {
+  std::vector<const rlsync::tensor_view*> ptrs;
+  for (const auto& e : ckpt.tensors())
+    ptrs.push_back(e.tensor);
+  load_weights(ptrs, set);
+}
+
+std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp) {
+  auto ckpt = rlsync::checkpoint::open(dir);
+  auto set = weight_set::make(ckpt.config(), tp);
+  load_checkpoint(ckpt, *set);
+  return set;
+}
+
+} // namespace rlsync::engine

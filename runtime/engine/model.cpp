@@ -1,0 +1,380 @@
+#include "runtime/engine/model.hpp"
+
+#include "runtime/engine/kernels.hpp"
+#include "runtime/engine/worker_pool.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace rlsync::engine {
+
+namespace {
+
+// One token of the step: which item it belongs to and its position.
+struct token_slot {
+  std::size_t item;
+  std::int64_t position;
+};
+
+// A worker's private scratch, reused across steps (grown, never shrunk).
+struct workspace {
+  std::vector<float> x;      // [T, D] residual stream (every worker holds all of it)
+  std::vector<float> h;      // [T, D] normalised input; also the all-reduce accumulator
+  std::vector<float> qkv;    // [T, qkv_rows]
+  std::vector<float> att;    // [T, heads * head_dim]
+  std::vector<float> gu;     // [T, 2 * inter]
+  std::vector<float> act;    // [T, inter]
+  std::vector<float> scores; // [positions]
+  std::vector<float> final;  // [logit rows, D]
+};
+
+template <class T>
+void grow(std::vector<T>& v, std::int64_t n) {
+  if (static_cast<std::int64_t>(v.size()) < n)
+    v.resize(static_cast<std::size_t>(n));
+}
+
+// HF LlamaRMSNorm: w * (x * rsqrt(mean(x^2) + eps)), fp32.
+void rms_norm(const float* x, const float* w, float* out, std::int64_t d, float eps) {
+  const float mean = kernels::dot(x, x, d) / static_cast<float>(d);
+  const float r = 1.0f / std::sqrt(mean + eps);
+  for (std::int64_t i = 0; i < d; ++i)
+    out[i] = w[i] * (x[i] * r);
+}
+
+// HF rotate-half rotary embedding of one head in place: the first and second
+// halves pair up, cos/sin are the same for i and i + d/2.
+void rope(float* v, const float* cos, const float* sin, std::int64_t half) {
+  for (std::int64_t i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+// x += ((p[0] + p[1]) + p[2]) + ... over `chunks` partials of n floats each,
+// in chunk order: the tp-independent all-reduce. `tmp` holds n floats.
+void reduce_into(float* x, const float* partials, std::int64_t chunks, std::int64_t n, float* tmp) {
+  std::memcpy(tmp, partials, static_cast<std::size_t>(n) * sizeof(float));
+  for (std::int64_t c = 1; c < chunks; ++c) {
+    const float* p = partials + c * n;
+    for (std::int64_t i = 0; i < n; ++i)
+      tmp[i] += p[i];
+  }
+  for (std::int64_t i = 0; i < n; ++i)
+    x[i] += tmp[i];
+}
+
+// Validates the sharding before anything is started (the pool included).
+int checked_tp(const model_config& c, int tp) {
+  shard_spec::make(c, tp, 0);
+  return tp;
+}
+
+} // namespace
+
+struct model::impl {
+  model_config cfg;
+  int tp;
+  worker_pool pool;
+  std::int64_t o_chunks;    // all-reduce chunks of o_proj's input (heads)
+  std::int64_t down_chunks; // ... of down_proj's input (intermediate)
+
+  mutable std::mutex weights_mutex;
+  std::shared_ptr<const weight_set> weights;
+
+  std::mutex step_mutex; // one step at a time; guards everything below
+  std::vector<float> rope_cos, rope_sin; // [positions, head_dim / 2]
+  std::vector<float> inv_freq;
+  std::vector<float> x0;        // [T, D] embedding gather
+  std::vector<float> part_o;    // [o_chunks, T, D]
+  std::vector<float> part_down; // [down_chunks, T, D]
+  std::vector<workspace> spaces;
+
+  impl(const model_config& c, int tp_)
+      : cfg(c), tp(tp_), pool(checked_tp(c, tp_)),
+        o_chunks(reduce_chunks(c.num_attention_heads, tp_)),
+        down_chunks(reduce_chunks(c.intermediate_size, tp_)), spaces(static_cast<std::size_t>(tp_)) {
+    // HF computes inv_freq = 1 / theta^(2i/d) and freqs = position * inv_freq
+    // in fp32; so do we.
+    const std::int64_t hd = cfg.head_dim();
+    for (std::int64_t i = 0; i < hd / 2; ++i)
+      inv_freq.push_back(1.0f / std::pow(static_cast<float>(cfg.rope_theta),
+                                         static_cast<float>(2 * i) / static_cast<float>(hd)));
+  }
+
+  void ensure_rope(std::int64_t positions) {
+    const std::int64_t half = cfg.head_dim() / 2;
+    std::int64_t have = static_cast<std::int64_t>(rope_cos.size()) / half;
+    if (have >= positions)
+      return;
+    positions = std::max(positions, std::min(cfg.max_position_embeddings, 2 * have));
+    rope_cos.resize(static_cast<std::size_t>(positions * half));
+    rope_sin.resize(rope_cos.size());
+    for (std::int64_t p = have; p < positions; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float f = static_cast<float>(p) * inv_freq[static_cast<std::size_t>(i)];
+        rope_cos[static_cast<std::size_t>(p * half + i)] = std::cos(f);
+        rope_sin[static_cast<std::size_t>(p * half + i)] = std::sin(f);
+      }
+  }
+
+  void validate(const std::vector<forward_item>& batch) const {
+    std::vector<const kv_sequence*> seqs;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const auto& it = batch[i];
+      auto fail = [&](const std::string& what) {
+        throw std::invalid_argument("engine forward: item " + std::to_string(i) + ": " + what);
+      };
+      if (!it.seq)
+        fail("no sequence");
+      if (!it.seq->compatible(cfg, tp))
+        fail("KV cache shaped for another model");
+      if (it.tokens.empty())
+        fail("no tokens");
+      if (it.start < 0 || it.start > it.seq->length())
+        fail("start " + std::to_string(it.start) + " outside the cache (length "
+             + std::to_string(it.seq->length()) + ")");
+      const auto end = it.start + static_cast<std::int64_t>(it.tokens.size());
+      if (end > cfg.max_position_embeddings)
+        fail("positions up to " + std::to_string(end) + " exceed max_position_embeddings ("
+             + std::to_string(cfg.max_position_embeddings) + ")");
+      for (auto t : it.tokens)
+        if (t < 0 || t >= cfg.vocab_size)
+          fail("token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(cfg.vocab_size)
+               + ")");
+      seqs.push_back(it.seq);
+    }
+    std::sort(seqs.begin(), seqs.end());
+    if (std::adjacent_find(seqs.begin(), seqs.end()) != seqs.end())
+      throw std::invalid_argument("engine forward: a sequence appears twice in one batch");
+  }
+
+  void step(const std::vector<forward_item>& batch, forward_output& out);
+  void run_worker(int w, const weight_set& ws, const std::vector<forward_item>& batch,
+                  const std::vector<token_slot>& tokens, const std::vector<std::int32_t>& ids,
+                  const std::vector<std::int64_t>& logit_tokens, forward_output& out);
+};
+
+void model::impl::step(const std::vector<forward_item>& batch, forward_output& out) {
+  std::shared_ptr<const weight_set> ws;
+  {
+    std::lock_guard<std::mutex> lock(weights_mutex);
+    ws = weights;
+  }
+  if (!ws)
+    throw std::invalid_argument("engine forward: no weights loaded");
+  validate(batch);
+
+  std::vector<token_slot> tokens;
+  std::vector<std::int32_t> ids;
+  std::vector<std::int64_t> logit_tokens; // step-token index of each logits row
+  out.first_row.assign(1, 0);
+  std::int64_t max_position = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const auto& it = batch[i];
+    it.seq->truncate(it.start);
+    const auto n = static_cast<std::int64_t>(it.tokens.size());
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (it.all_logits || j == n - 1)
+        logit_tokens.push_back(static_cast<std::int64_t>(tokens.size()));
+      tokens.push_back({i, it.start + j});
+      ids.push_back(it.tokens[static_cast<std::size_t>(j)]);
+    }
+    max_position = std::max(max_position, it.start + n);
+    out.first_row.push_back(static_cast<std::int64_t>(logit_tokens.size()));
+  }
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t D = cfg.hidden_size;
+  out.vocab = cfg.vocab_size;
+  out.version = ws->version;
+  if (T == 0) {
+    out.logits.clear();
+    return;
+  }
+  ensure_rope(max_position);
+  grow(x0, T * D);
+  grow(part_o, o_chunks * T * D);
+  grow(part_down, down_chunks * T * D);
+  out.logits.assign(static_cast<std::size_t>(static_cast<std::int64_t>(logit_tokens.size()) * cfg.vocab_size),
+                    0.0f);
+
+  pool.run([&](int w) { run_worker(w, *ws, batch, tokens, ids, logit_tokens, out); });
+  for (const auto& it : batch)
+    it.seq->set_length(it.start + static_cast<std::int64_t>(it.tokens.size()));
+}
+
+void model::impl::run_worker(int w, const weight_set& set, const std::vector<forward_item>& batch,
+                             const std::vector<token_slot>& tokens, const std::vector<std::int32_t>& ids,
+                             const std::vector<std::int64_t>& logit_tokens, forward_output& out) {
+  const worker_weights& W = set.workers[static_cast<std::size_t>(w)];
+  const shard_spec& s = W.shard();
+  workspace& ws = spaces[static_cast<std::size_t>(w)];
+  const auto T = static_cast<std::int64_t>(tokens.size());
+  const auto R = static_cast<std::int64_t>(logit_tokens.size());
+  const std::int64_t D = cfg.hidden_size, hd = s.head_dim, half = hd / 2;
+  const std::int64_t q_width = s.heads * hd, kv_width = s.kv_heads * hd, qkv_rows = s.qkv_rows();
+  const std::int64_t group = cfg.num_attention_heads / cfg.num_key_value_heads; // q heads per kv head
+  const auto eps = static_cast<float>(cfg.rms_norm_eps);
+  const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))); // HF: head_dim ** -0.5
+  const std::int64_t max_positions = static_cast<std::int64_t>(rope_cos.size()) / half;
+
+  grow(ws.x, T * D);
+  grow(ws.h, T * D);
+  grow(ws.qkv, T * qkv_rows);
+  grow(ws.att, T * q_width);
+  grow(ws.gu, T * 2 * s.inter);
+  grow(ws.act, T * s.inter);
+  grow(ws.scores, max_positions);
+  grow(ws.final, R * D);
+  for (const auto& it : batch)
+    it.seq->reserve(w, it.start + static_cast<std::int64_t>(it.tokens.size()));
+
+  // Embedding: each worker writes the rows of the tokens in its vocab slice.
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t id = ids[static_cast<std::size_t>(t)];
+    if (id >= s.vocab_begin && id < s.vocab_end)
+      std::memcpy(&x0[static_cast<std::size_t>(t * D)], W.embed() + (id - s.vocab_begin) * D,
+                  static_cast<std::size_t>(D) * sizeof(float));
+  }
+  pool.barrier();
+  std::memcpy(ws.x.data(), x0.data(), static_cast<std::size_t>(T * D) * sizeof(float));
+
+  float* x = ws.x.data();
+  float* h = ws.h.data();
+  const std::int64_t o_local = o_chunks / tp, o_width = q_width / o_local;
+  const std::int64_t down_local = down_chunks / tp, down_width = s.inter / down_local;
+
+  for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const layer_weights L = W.layer(l);
+
+    // Attention.
+    for (std::int64_t t = 0; t < T; ++t)
+      rms_norm(x + t * D, L.input_norm, h + t * D, D, eps);
+    kernels::matmul_nt(h, D, L.qkv, D, ws.qkv.data(), qkv_rows, T, qkv_rows, D);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const auto& tok = tokens[static_cast<std::size_t>(t)];
+      float* row = ws.qkv.data() + t * qkv_rows;
+      const float* cs = &rope_cos[static_cast<std::size_t>(tok.position * half)];
+      const float* sn = &rope_sin[static_cast<std::size_t>(tok.position * half)];
+      for (std::int64_t q = 0; q < s.heads + s.kv_heads; ++q) // q heads, then k heads
+        rope(row + q * hd, cs, sn, half);
+      kv_sequence& seq = *batch[tok.item].seq;
+      const auto at = static_cast<std::size_t>(tok.position * kv_width);
+      std::memcpy(seq.keys(w, l) + at, row + q_width, static_cast<std::size_t>(kv_width) * sizeof(float));
+      std::memcpy(seq.values(w, l) + at, row + q_width + kv_width,
+                  static_cast<std::size_t>(kv_width) * sizeof(float));
+    }
+    for (std::int64_t t = 0; t < T; ++t) {
+      const auto& tok = tokens[static_cast<std::size_t>(t)];
+      kv_sequence& seq = *batch[tok.item].seq;
+      const float* keys = seq.keys(w, l);
+      const float* values = seq.values(w, l);
+      const std::int64_t n = tok.position + 1; // causal: positions [0, position]
+      for (std::int64_t hq = 0; hq < s.heads; ++hq) {
+        const std::int64_t kv = (s.head_begin + hq) / group - s.kv_begin;
+        const float* q = ws.qkv.data() + t * qkv_rows + hq * hd;
+        float* sc = ws.scores.data();
+        float top = -INFINITY;
+        for (std::int64_t p = 0; p < n; ++p) {
+          sc[p] = kernels::dot(q, keys + p * kv_width + kv * hd, hd) * scale;
+          top = std::max(top, sc[p]);
+        }
+        float sum = 0.0f;
+        for (std::int64_t p = 0; p < n; ++p) {
+          sc[p] = std::exp(sc[p] - top);
+          sum += sc[p];
+        }
+        float* o = ws.att.data() + t * q_width + hq * hd;
+        std::fill(o, o + hd, 0.0f);
+        for (std::int64_t p = 0; p < n; ++p) {
+          const float pr = sc[p] / sum;
+          const float* v = values + p * kv_width + kv * hd;
+          for (std::int64_t d = 0; d < hd; ++d)
+            o[d] += pr * v[d];
+        }
+      }
+    }
+    // o_proj, row-parallel: one partial per chunk of heads, in global order.
+    for (std::int64_t c = 0; c < o_local; ++c)
+      kernels::matmul_nt(ws.att.data() + c * o_width, q_width, L.o + c * o_width, q_width,
+                         &part_o[static_cast<std::size_t>((w * o_local + c) * T * D)], D, T, D, o_width);
+    pool.barrier();
+    reduce_into(x, part_o.data(), o_chunks, T * D, h);
+
+    // MLP.
+    for (std::int64_t t = 0; t < T; ++t)
+      rms_norm(x + t * D, L.post_norm, h + t * D, D, eps);
+    kernels::matmul_nt(h, D, L.gate_up, D, ws.gu.data(), 2 * s.inter, T, 2 * s.inter, D);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* g = ws.gu.data() + t * 2 * s.inter;
+      const float* u = g + s.inter;
+      float* a = ws.act.data() + t * s.inter;
+      for (std::int64_t i = 0; i < s.inter; ++i)
+        a[i] = g[i] * (1.0f / (1.0f + std::exp(-g[i]))) * u[i]; // silu(g) * u, as torch
+    }
+    for (std::int64_t c = 0; c < down_local; ++c)
+      kernels::matmul_nt(ws.act.data() + c * down_width, s.inter, L.down + c * down_width, s.inter,
+                         &part_down[static_cast<std::size_t>((w * down_local + c) * T * D)], D, T, D,
+                         down_width);
+    pool.barrier();
+    reduce_into(x, part_down.data(), down_chunks, T * D, h);
+  }
+
+  // Final norm and this worker's vocab columns of the logits.
+  for (std::int64_t r = 0; r < R; ++r)
+    rms_norm(x + logit_tokens[static_cast<std::size_t>(r)] * D, W.final_norm(), ws.final.data() + r * D, D,
+             eps);
+  if (s.vocab() > 0 && R > 0)
+    kernels::matmul_nt(ws.final.data(), D, W.lm_head(), D, out.logits.data() + s.vocab_begin, cfg.vocab_size,
+                       R, s.vocab(), D);
+}
+
+model::model(const model_config& c, int tp) : impl_(std::make_unique<impl>(c, tp)) {}
+model::~model() = default;
+
+const model_config& model::config() const { return impl_->cfg; }
+int model::tp() const { return impl_->tp; }
+
+std::shared_ptr<weight_set> model::make_weights() const { return weight_set::make(impl_->cfg, impl_->tp); }
+
+void model::set_weights(std::shared_ptr<const weight_set> w) {
+  if (!w || w->tp() != impl_->tp)
+    throw std::invalid_argument("engine: weight set for another tensor-parallel size");
+  const auto& c = w->config();
+  const auto& m = impl_->cfg;
+  if (c.vocab_size != m.vocab_size || c.hidden_size != m.hidden_size
+      || c.intermediate_size != m.intermediate_size || c.num_hidden_layers != m.num_hidden_layers
+      || c.num_attention_heads != m.num_attention_heads || c.num_key_value_heads != m.num_key_value_heads
+      || c.tie_word_embeddings != m.tie_word_embeddings)
+    throw std::invalid_argument("engine: weight set shaped for another model");
+  for (const auto& ww : w->workers)
+    if (!ww.allocated())
+      throw std::invalid_argument("engine: weight set without data");
+  std::lock_guard<std::mutex> lock(impl_->weights_mutex);
+  impl_->weights = std::move(w);
+}
+
+std::shared_ptr<const weight_set> model::weights() const {
+  std::lock_guard<std::mutex> lock(impl_->weights_mutex);
+  return impl_->weights;
+}
+
+kv_sequence model::new_sequence() const { return kv_sequence(impl_->cfg, impl_->tp); }
+
+void model::forward(const std::vector<forward_item>& batch, forward_output& out) {
+  std::lock_guard<std::mutex> lock(impl_->step_mutex);
+  impl_->step(batch, out);
+}
+
+forward_output model::forward(const std::vector<forward_item>& batch) {
+  forward_output out;
+  forward(batch, out);
+  return out;
+}
+
+} // namespace rlsync::engine

@@ -1,0 +1,51 @@
+#include "runtime/engine/shard.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace rlsync::engine {
+
+shard_spec shard_spec::make(const model_config& c, int tp, int worker) {
+  std::string problems;
+  for (auto& e : validate(c))
+    problems += "\n  " + e;
+  for (auto& e : validate_tp(c, tp))
+    problems += "\n  tp: " + e;
+  if (problems.empty() && (worker < 0 || worker >= tp))
+    problems = "\n  worker: must be in [0, " + std::to_string(tp) + "), got " + std::to_string(worker);
+  if (!problems.empty())
+    throw std::invalid_argument("engine shard: model cannot be sharded:" + problems);
+
+  shard_spec s;
+  s.config = c;
+  s.tp = tp;
+  s.worker = worker;
+  s.head_dim = c.head_dim();
+  s.heads = c.num_attention_heads / tp;
+  s.head_begin = worker * s.heads;
+  if (c.num_key_value_heads >= tp) {
+    s.kv_heads = c.num_key_value_heads / tp;
+    s.kv_begin = worker * s.kv_heads;
+  } else {
+    // Replicated: tp is a multiple of kv, and worker w's q heads all map to
+    // kv head w * kv / tp (vLLM's rule).
+    s.kv_heads = 1;
+    s.kv_begin = std::int64_t(worker) * c.num_key_value_heads / tp;
+  }
+  s.inter = c.intermediate_size / tp;
+  s.inter_begin = worker * s.inter;
+  std::int64_t per = (c.vocab_size + tp - 1) / tp;
+  s.vocab_begin = std::min<std::int64_t>(c.vocab_size, worker * per);
+  s.vocab_end = std::min<std::int64_t>(c.vocab_size, (worker + 1) * per);
+  return s;
+}
+
+std::int64_t reduce_chunks(std::int64_t units, int tp) {
+  std::int64_t c = 8;
+  while (units % c != 0)
+    c /= 2;
+  return c % tp == 0 ? c : tp;
+}
+
+} // namespace rlsync::engine

@@ -1,0 +1,46 @@
+#pragma once
+// What one tensor-parallel worker of an engine holds, as vLLM splits a Llama:
+// q heads and the MLP's intermediate dim are split evenly; kv heads are split
+// when there are at least tp of them, else each worker holds one replicated
+// kv head; the vocabulary (embedding and lm_head rows) is split in
+// ceil(vocab / tp) slices, the last one possibly shorter.
+#include "runtime/model_config.hpp"
+
+#include <cstdint>
+
+namespace rlsync::engine {
+
+struct shard_spec {
+  model_config config;
+  int tp = 1;
+  int worker = 0;
+
+  std::int64_t head_dim = 0;
+  std::int64_t heads = 0;       ///< local q heads: num_attention_heads / tp
+  std::int64_t head_begin = 0;  ///< first global q head
+  std::int64_t kv_heads = 0;    ///< local kv heads (1 when replicated)
+  std::int64_t kv_begin = 0;    ///< first global kv head
+  std::int64_t inter = 0;       ///< local intermediate size
+  std::int64_t inter_begin = 0;
+  std::int64_t vocab_begin = 0; ///< local vocabulary rows [vocab_begin, vocab_end)
+  std::int64_t vocab_end = 0;
+
+  /// Throws std::invalid_argument when `c` fails validate() or validate_tp(),
+  /// or when worker is outside [0, tp).
+  static shard_spec make(const model_config& c, int tp, int worker);
+
+  std::int64_t vocab() const { return vocab_end - vocab_begin; }
+  /// Rows of the fused qkv projection: (heads + 2 * kv_heads) * head_dim.
+  std::int64_t qkv_rows() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+
+/// The number of fixed-size chunks a row-parallel input dim of `units`
+/// (heads for o_proj, intermediate columns for down_proj) is cut into for the
+/// deterministic all-reduce: partial sums are formed per chunk and added in
+/// global chunk order, so the result does not depend on tp as long as tp
+/// divides the count. The count depends on `units` alone (the largest of
+/// 8, 4, 2, 1 dividing it) unless tp does not divide that, in which case it
+/// is tp itself (still correct, but then not bit-identical to other tp).
+std::int64_t reduce_chunks(std::int64_t units, int tp);
+
+} // namespace rlsync::engine

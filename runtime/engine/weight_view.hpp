@@ -1,0 +1,83 @@
+#pragma once
+// What the weight loader sees of a checkpoint tensor: an abstract view with
+// torch-like ops. The loader is written once against it and runs on two
+// implementations:
+//   - real views (here): a pointer to the source bytes; copy_into copies,
+//     converts and stores into an engine parameter;
+//   - recording views (plan.hpp): shape and dtype only; copy_into records a
+//     plan entry, the executable form of what the real copy would do.
+//
+// (Named weight_view, not tensor_view, because rlsync::tensor_view is the
+// safetensors reader's {spec, bytes} struct.)
+#include "runtime/dtype.hpp"
+#include "runtime/engine/weights.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlsync::engine {
+
+/// A strided view into a source tensor, in elements of the source dtype.
+struct strided {
+  std::int64_t offset = 0;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+
+  /// The row-major view of a whole tensor of `shape`.
+  static strided dense(const std::vector<std::int64_t>& shape);
+  std::int64_t numel() const;
+  bool contiguous() const;
+};
+
+// The geometry of the ops, shared by every view. narrow and transpose
+// throw std::out_of_range for a bad dim or range.
+strided narrow(const strided& v, int dim, std::int64_t start, std::int64_t length);
+strided transpose(const strided& v, int d0, int d1);
+/// torch's view(): the same elements under `shape` (one dim may be -1) as a
+/// strided view, or nullopt when the elements are laid out so that no
+/// strides can express it (a copy would be needed). Throws
+/// std::invalid_argument when the element counts differ.
+std::optional<strided> reshape(const strided& v, std::vector<std::int64_t> shape);
+/// Packs the elements of `v` (row-major order) from `source` into `packed`.
+void gather(const strided& v, const void* source, std::size_t element_size, void* packed);
+/// "[2, 3]"
+std::string dims_string(const std::vector<std::int64_t>& dims);
+
+/// Steps 6 and 7 of DESIGN §5: converts `count` packed elements of `type` to
+/// fp32 and stores them in `dst` at element `dst_offset`. Throws
+/// std::out_of_range when they do not fit, std::logic_error when `dst` holds
+/// no data (a shape-only parameter).
+void store_packed(const void* packed, dtype type, std::int64_t count, parameter& dst, std::int64_t dst_offset);
+
+class weight_view;
+using weight_ptr = std::shared_ptr<const weight_view>;
+
+class weight_view {
+public:
+  virtual ~weight_view() = default;
+
+  /// The checkpoint tensor this views.
+  virtual const std::string& name() const = 0;
+  virtual dtype type() const = 0;
+  virtual const std::vector<std::int64_t>& shape() const = 0;
+
+  /// Elements [start, start + length) along `dim`.
+  virtual weight_ptr narrow(int dim, std::int64_t start, std::int64_t length) const = 0;
+  /// The same elements under another shape (one dim may be -1).
+  virtual weight_ptr view(std::vector<std::int64_t> shape) const = 0;
+  virtual weight_ptr transpose(int d0, int d1) const = 0;
+  /// Writes the viewed elements, row-major, into `dst` from element
+  /// `dst_offset` on (steps 5-7: stage, convert to fp32, store).
+  virtual void copy_into(parameter& dst, std::int64_t dst_offset) const = 0;
+};
+
+/// A real view over `data`, which must outlive it and every view made from
+/// it. A view() that strides cannot express is materialised into a copy the
+/// view owns (torch's reshape); recording views refuse it instead.
+weight_ptr real_weight(std::string name, dtype type, std::vector<std::int64_t> shape, const void* data);
+
+} // namespace rlsync::engine

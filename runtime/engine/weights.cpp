@@ -1,0 +1,87 @@
+#include "runtime/engine/weights.hpp"
+
+#include <stdexcept>
+
+namespace rlsync::engine {
+
+std::int64_t parameter::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape)
+    n *= d;
+  return n;
+}
+
+std::string layer_param_name(std::int64_t layer, const char* suffix) {
+  return "model.layers." + std::to_string(layer) + "." + suffix;
+}
+
+namespace {
+// Layer parameters come in this order, six per layer, after the embedding.
+constexpr std::size_t per_layer = 6;
+constexpr const char* layer_suffixes[per_layer] = {param::input_norm, param::qkv,     param::o,
+                                          param::post_norm,  param::gate_up, param::down};
+} // namespace
+
+worker_weights::worker_weights(const shard_spec& s, bool allocate) : shard_(s), allocated_(allocate) {
+  const auto& c = s.config;
+  const std::int64_t d = c.hidden_size;
+  auto add = [&](std::string name, std::vector<std::int64_t> shape) {
+    index_.emplace(name, params_.size());
+    params_.push_back(parameter{std::move(name), std::move(shape), {}});
+  };
+  add(param::embed, {s.vocab(), d});
+  const std::vector<std::int64_t> layer_shapes[per_layer] = {
+      {d}, {s.qkv_rows(), d}, {d, s.heads * s.head_dim}, {d}, {2 * s.inter, d}, {d, s.inter}};
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (std::size_t i = 0; i < per_layer; ++i)
+      add(layer_param_name(l, layer_suffixes[i]), layer_shapes[i]);
+  final_norm_ = params_.size();
+  add(param::final_norm, {d});
+  lm_head_ = 0; // tied: the embedding's rows
+  if (!c.tie_word_embeddings) {
+    lm_head_ = params_.size();
+    add(param::lm_head, {s.vocab(), d});
+  }
+  if (allocate)
+    for (auto& p : params_)
+      p.data.assign(static_cast<std::size_t>(p.numel()), 0.0f);
+}
+
+parameter& worker_weights::at(const std::string& name) {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    throw std::out_of_range("engine weights: no parameter named '" + name + "'");
+  return params_[it->second];
+}
+
+const parameter& worker_weights::at(const std::string& name) const {
+  return const_cast<worker_weights*>(this)->at(name);
+}
+
+const parameter* worker_weights::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
+layer_weights worker_weights::layer(std::int64_t l) const {
+  const parameter* p = &params_[1 + static_cast<std::size_t>(l) * per_layer];
+  return layer_weights{p[0].data.data(), p[1].data.data(), p[2].data.data(),
+                       p[3].data.data(), p[4].data.data(), p[5].data.data()};
+}
+
+std::uint64_t worker_weights::bytes() const {
+  std::uint64_t n = 0;
+  for (auto& p : params_)
+    n += static_cast<std::uint64_t>(p.numel()) * sizeof(float);
+  return n;
+}
+
+std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp) {
+  auto set = std::make_shared<weight_set>();
+  set->workers.reserve(static_cast<std::size_t>(tp));
+  for (int w = 0; w < tp; ++w)
+    set->workers.emplace_back(shard_spec::make(c, tp, w));
+  return set;
+}
+
+} // namespace rlsync::engine

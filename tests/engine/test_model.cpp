@@ -1,0 +1,262 @@
+// The engine's forward pass: against an independent reference, incremental
+// against full recompute, batched against alone, and across tp sizes.
+#include "engine_fixtures.hpp"
+
+#include "runtime/engine/model.hpp"
+#include "runtime/engine/tokenizer.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+using namespace rlsync;
+using namespace rlsync::engine;
+using rlsync::test::make_source;
+using rlsync::test::tiny_config;
+
+namespace {
+
+std::vector<std::int32_t> argmax_tokens(const forward_output& out, std::size_t items) {
+  std::vector<std::int32_t> next;
+  for (std::size_t i = 0; i < items; ++i) {
+    const float* row = out.last(i);
+    next.push_back(static_cast<std::int32_t>(std::max_element(row, row + out.vocab) - row));
+  }
+  return next;
+}
+
+bool same_bits(const float* a, const float* b, std::int64_t n) {
+  return std::memcmp(a, b, static_cast<std::size_t>(n) * sizeof(float)) == 0;
+}
+
+/// Greedy generation of `steps` tokens for every prompt, batched: one prefill
+/// step for all, then one decode step per token. Records every logits row.
+struct generation {
+  std::vector<std::vector<std::int32_t>> tokens;
+  std::vector<float> logits; // every step's last-position logits, concatenated
+};
+
+generation generate(model& m, const std::vector<std::vector<std::int32_t>>& prompts, int steps) {
+  generation g;
+  std::vector<kv_sequence> seqs;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    seqs.push_back(m.new_sequence());
+  g.tokens.resize(prompts.size());
+  std::vector<forward_item> batch;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    batch.push_back({&seqs[i], prompts[i], 0, false});
+  for (int s = 0; s < steps; ++s) {
+    auto out = m.forward(batch);
+    g.logits.insert(g.logits.end(), out.logits.begin(), out.logits.end());
+    auto next = argmax_tokens(out, prompts.size());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      g.tokens[i].push_back(next[i]);
+      batch[i] = {&seqs[i], {next[i]}, seqs[i].length(), false};
+    }
+  }
+  return g;
+}
+
+const std::vector<std::vector<std::int32_t>> prompts = {
+    encode("Hello, world"), encode("a"), encode("The quick brown fox jumps over the lazy dog."),
+    {256, 299, 0, 255, 257, 42}};
+
+} // namespace
+
+TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, bf16 and f32") {
+  struct row {
+    const char* what;
+    model_config config;
+    dtype type;
+    int tp;
+  };
+  const row rows[] = {
+      {"MHA f32 tp1", tiny_config(4, 4), dtype::f32, 1},
+      {"GQA bf16 tp1", tiny_config(4, 2), dtype::bf16, 1},
+      {"GQA tied f16 tp2", tiny_config(4, 2, true), dtype::f16, 2},
+      {"MQA tied bf16 tp4", tiny_config(4, 1, true), dtype::bf16, 4},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    auto src = make_source(r.config, r.type, 7);
+    model m(r.config, r.tp);
+    m.set_weights(src.load(r.tp));
+    for (const auto& prompt : prompts) {
+      auto seq = m.new_sequence();
+      auto out = m.forward({{&seq, prompt, 0, /*all_logits=*/true}});
+      auto ref = test::reference_logits(src, prompt);
+      REQUIRE(out.first_row.back() == static_cast<std::int64_t>(prompt.size()));
+      double worst = 0, spread = 0;
+      for (std::size_t t = 0; t < prompt.size(); ++t)
+        for (std::int64_t v = 0; v < out.vocab; ++v) {
+          worst = std::max(worst, std::abs(double(out.row(0, t)[v]) - ref[t][v]));
+          spread = std::max(spread, std::abs(double(ref[t][v])));
+        }
+      CAPTURE(spread);
+      CHECK(spread > 1.0); // the logits are not all near zero
+      CHECK(worst < 2e-5 * spread);
+    }
+  }
+}
+
+TEST_CASE("incremental decoding equals a full recompute, bit for bit") {
+  auto cfg = tiny_config(4, 2);
+  auto src = make_source(cfg, dtype::bf16, 11);
+  for (int tp : {1, 2}) {
+    CAPTURE(tp);
+    model m(cfg, tp);
+    m.set_weights(src.load(tp));
+    auto seq = m.new_sequence();
+    std::vector<std::int32_t> all = encode("incremental");
+    auto out = m.forward({{&seq, all, 0, false}});
+    for (int step = 0; step < 12; ++step) {
+      // The full sequence from scratch, in one prefill, every position.
+      auto fresh = m.new_sequence();
+      auto full = m.forward({{&fresh, all, 0, true}});
+      REQUIRE(same_bits(out.last(0), full.last(0), out.vocab));
+      const std::int32_t next = argmax_tokens(out, 1)[0];
+      all.push_back(next);
+      out = m.forward({{&seq, {next}, seq.length(), false}});
+      CHECK(seq.length() == static_cast<std::int64_t>(all.size()));
+    }
+  }
+}
+
+TEST_CASE("a batched step computes each sequence exactly as alone") {
+  auto cfg = tiny_config(4, 2, true);
+  auto src = make_source(cfg, dtype::bf16, 3);
+  model m(cfg, 2);
+  m.set_weights(src.load(2));
+  // Prefill chunks and single decode tokens mixed in one step.
+  std::vector<kv_sequence> together, alone;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    together.push_back(m.new_sequence());
+    alone.push_back(m.new_sequence());
+  }
+  std::vector<forward_item> batch;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    batch.push_back({&together[i], prompts[i], 0, i % 2 == 0});
+  auto out = m.forward(batch);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    auto one = m.forward({{&alone[i], prompts[i], 0, i % 2 == 0}});
+    const std::int64_t rows = out.first_row[i + 1] - out.first_row[i];
+    REQUIRE(rows == one.first_row[1]);
+    CHECK(same_bits(out.row(i, 0), one.row(0, 0), rows * out.vocab));
+  }
+}
+
+TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split or replicated") {
+  for (auto kv : {4, 2, 1}) {
+    CAPTURE(kv);
+    auto cfg = tiny_config(4, kv);
+    auto src = make_source(cfg, dtype::bf16, 5);
+    model m1(cfg, 1);
+    m1.set_weights(src.load(1));
+    auto base = generate(m1, prompts, 24);
+    std::set<std::int32_t> distinct;
+    for (auto& t : base.tokens)
+      distinct.insert(t.begin(), t.end());
+    CHECK(distinct.size() > 4); // not a degenerate model repeating one token
+    for (int tp : {2, 4}) {
+      CAPTURE(tp);
+      model m(cfg, tp);
+      m.set_weights(src.load(tp));
+      auto g = generate(m, prompts, 24);
+      CHECK(g.tokens == base.tokens);
+      REQUIRE(g.logits.size() == base.logits.size());
+      CHECK(same_bits(g.logits.data(), base.logits.data(), static_cast<std::int64_t>(g.logits.size())));
+    }
+  }
+}
+
+TEST_CASE("truncate, copy_prefix and clear keep decoding exact") {
+  auto cfg = tiny_config(4, 2);
+  auto src = make_source(cfg, dtype::f32, 9);
+  model m(cfg, 2);
+  m.set_weights(src.load(2));
+  const auto prompt = encode("shared prefix, then more");
+  auto a = m.new_sequence();
+  auto ref = m.forward({{&a, prompt, 0, true}});
+
+  // A prefix-cache hit: copy 10 positions, compute the rest.
+  auto b = m.new_sequence();
+  b.copy_prefix(a, 10);
+  CHECK(b.length() == 10);
+  std::vector<std::int32_t> rest(prompt.begin() + 10, prompt.end());
+  auto out = m.forward({{&b, rest, 10, false}});
+  CHECK(same_bits(out.last(0), ref.last(0), out.vocab));
+
+  // Recompute from position 5 over a cache that holds more (start cuts it).
+  std::vector<std::int32_t> tail(prompt.begin() + 5, prompt.end());
+  out = m.forward({{&a, tail, 5, false}});
+  CHECK(same_bits(out.last(0), ref.last(0), out.vocab));
+
+  a.truncate(3);
+  CHECK(a.length() == 3);
+  a.clear();
+  CHECK(a.length() == 0);
+  CHECK(a.bytes() == 0);
+  out = m.forward({{&a, prompt, 0, false}});
+  CHECK(same_bits(out.last(0), ref.last(0), out.vocab));
+}
+
+TEST_CASE("weights swap between steps and outputs carry their version") {
+  auto cfg = tiny_config(4, 2);
+  auto v1 = make_source(cfg, dtype::bf16, 1), v2 = make_source(cfg, dtype::bf16, 2);
+  model m(cfg, 2);
+  auto seq = m.new_sequence();
+  CHECK_THROWS_WITH_AS(m.forward({{&seq, {1, 2}, 0, false}}), doctest::Contains("no weights"),
+                       std::invalid_argument);
+  auto serving = v1.load(2);
+  serving->version = 1;
+  m.set_weights(serving);
+  auto out1 = m.forward({{&seq, {1, 2}, 0, false}});
+  CHECK(out1.version == 1);
+
+  // The staging copy is filled while version 1 serves, then swapped in.
+  auto staging = m.make_weights();
+  load_weights(v2.views(), *staging);
+  staging->version = 2;
+  auto out_still1 = m.forward({{&seq, {1, 2}, 0, false}});
+  CHECK(out_still1.version == 1);
+  CHECK(same_bits(out_still1.last(0), out1.last(0), out1.vocab));
+  m.set_weights(staging);
+  auto out2 = m.forward({{&seq, {1, 2}, 0, false}});
+  CHECK(out2.version == 2);
+  CHECK_FALSE(same_bits(out2.last(0), out1.last(0), out1.vocab));
+
+  CHECK_THROWS_AS(m.set_weights(weight_set::make(cfg, 4)), std::invalid_argument);
+}
+
+TEST_CASE("forward rejects bad batches before touching any cache") {
+  auto cfg = tiny_config(4, 2);
+  model m(cfg, 1);
+  m.set_weights(make_source(cfg, dtype::bf16, 1).load(1));
+  auto seq = m.new_sequence();
+  m.forward({{&seq, {1, 2, 3}, 0, false}});
+  model other(tiny_config(4, 4), 1);
+  auto foreign = other.new_sequence();
+  struct row {
+    const char* what;
+    std::vector<forward_item> batch;
+    const char* expect;
+  };
+  const row rows[] = {
+      {"bad token", {{&seq, {1, 301}, 3, false}}, "outside the vocabulary"},
+      {"negative token", {{&seq, {-1}, 3, false}}, "outside the vocabulary"},
+      {"start past the cache", {{&seq, {1}, 4, false}}, "outside the cache"},
+      {"no tokens", {{&seq, {}, 3, false}}, "no tokens"},
+      {"too long", {{&seq, std::vector<std::int32_t>(254, 1), 3, false}}, "max_position_embeddings"},
+      {"twice", {{&seq, {1}, 3, false}, {&seq, {1}, 3, false}}, "twice"},
+      {"foreign cache", {{&foreign, {1}, 0, false}}, "another model"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    CHECK_THROWS_WITH_AS(m.forward(r.batch), doctest::Contains(r.expect), std::invalid_argument);
+    CHECK(seq.length() == 3);
+  }
+  CHECK_THROWS_AS(model(tiny_config(4, 2), 3), std::invalid_argument);
+}
