@@ -16,6 +16,7 @@ enum class errc : std::uint8_t {
   no_session,        ///< update/finish without a matching start
   version_mismatch,  ///< finish(v) for another session, or a version going backwards
   checksum_mismatch, ///< transferred bytes failed verification: the update is void
+  update_incomplete, ///< finish(v) before every parameter arrived: the engine stays dirty
   malformed,         ///< a peer sent a value that fails its check: refused, logged
   unauthenticated,   ///< a peer did not prove it holds the cluster secret
   evicted,           ///< the coordinator evicted this engine from the round

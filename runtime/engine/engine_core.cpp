@@ -1,0 +1,494 @@
+#include "runtime/engine/engine_core.hpp"
+
+#include "runtime/checksum.hpp"
+#include "runtime/engine/loader.hpp"
+#include "runtime/engine/sampling.hpp"
+#include "runtime/engine/weight_view.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace rlsync::engine {
+
+// -- one request ------------------------------------------------------------------
+
+struct engine_core::request {
+  generate_request req;
+  request_callbacks cb;
+  std::vector<std::int32_t> context;  ///< prompt, then every generated token
+  std::uint32_t prior = 0;            ///< tokens generated before this engine (a reroute)
+  std::vector<std::int32_t> produced; ///< tokens generated here
+  std::vector<version_span> spans;    ///< over `produced`
+  std::uint32_t stale_tokens = 0;
+  kv_sequence kv;
+  /// Oldest weight version among the cached KV positions (meaningless when
+  /// the cache is empty): a token sampled with newer weights over them is
+  /// produced over stale KV.
+  std::uint64_t kv_version = 0;
+  bool admitted = false;
+
+  std::uint32_t generated() const { return prior + static_cast<std::uint32_t>(produced.size()); }
+};
+
+// -- the prefix cache ---------------------------------------------------------------
+
+// Block-hashed, shared across requests. Block i of a context is keyed by a
+// hash chained through blocks 0..i and the weight version, so a key names a
+// whole prefix computed with one version. An entry points at a finished
+// request's KV (shared by all its blocks) and keeps the block's tokens, which
+// a hit compares, so a hash collision cannot serve wrong KV. Bounded by a
+// block count with LRU eviction.
+struct engine_core::prefix_cache {
+  struct entry {
+    std::shared_ptr<const kv_sequence> kv;
+    std::vector<std::int32_t> tokens; ///< this block's tokens
+    std::list<std::uint64_t>::iterator lru;
+  };
+
+  std::int64_t block;
+  std::size_t capacity;
+  std::unordered_map<std::uint64_t, entry> blocks;
+  std::list<std::uint64_t> lru; ///< most recently used first
+  std::uint64_t queries = 0;
+  std::uint64_t hits = 0;
+
+  prefix_cache(std::int64_t block_tokens, std::size_t capacity_blocks)
+    : block(std::max<std::int64_t>(1, block_tokens)), capacity(capacity_blocks) {}
+
+  std::uint64_t key(std::uint64_t previous, const std::int32_t* tokens, std::uint64_t version) const {
+    return xxh64(tokens, static_cast<std::size_t>(block) * sizeof(std::int32_t),
+                 previous * 0x9E3779B97F4A7C15ull + version);
+  }
+
+  /// The longest cached prefix of `context` (whole blocks, at most
+  /// `max_tokens`) computed with `version`: its KV and length.
+  std::pair<std::shared_ptr<const kv_sequence>, std::int64_t>
+  lookup(const std::vector<std::int32_t>& context, std::int64_t max_tokens, std::uint64_t version) {
+    ++queries;
+    std::shared_ptr<const kv_sequence> found;
+    std::int64_t length = 0;
+    std::uint64_t h = 0;
+    for (std::int64_t end = block; end <= max_tokens; end += block) {
+      const std::int32_t* tokens = context.data() + (end - block);
+      h = key(h, tokens, version);
+      auto it = blocks.find(h);
+      if (it == blocks.end() || !std::equal(it->second.tokens.begin(), it->second.tokens.end(), tokens))
+        break;
+      lru.splice(lru.begin(), lru, it->second.lru);
+      found = it->second.kv;
+      length = end;
+    }
+    if (length > 0)
+      ++hits;
+    return {found, length};
+  }
+
+  /// Makes every whole block of `kv` (positions of `context`) findable.
+  void insert(const std::vector<std::int32_t>& context, std::shared_ptr<const kv_sequence> kv,
+              std::uint64_t version) {
+    if (capacity == 0)
+      return;
+    std::uint64_t h = 0;
+    for (std::int64_t end = block; end <= kv->length(); end += block) {
+      const std::int32_t* tokens = context.data() + (end - block);
+      h = key(h, tokens, version);
+      auto it = blocks.find(h);
+      if (it != blocks.end()) {
+        lru.splice(lru.begin(), lru, it->second.lru);
+        continue;
+      }
+      lru.push_front(h);
+      blocks.emplace(h, entry{kv, std::vector<std::int32_t>(tokens, tokens + block), lru.begin()});
+      while (blocks.size() > capacity) {
+        blocks.erase(lru.back());
+        lru.pop_back();
+      }
+    }
+  }
+
+  void clear() {
+    blocks.clear();
+    lru.clear();
+  }
+};
+
+// -- construction and weights ------------------------------------------------------
+
+engine_core::engine_core(const model_config& c, engine_options opts)
+  : opts_(std::move(opts)), model_(c, opts_.tp),
+    cache_(std::make_unique<prefix_cache>(opts_.block_tokens, opts_.prefix_cache_blocks)) {
+  if (opts_.max_batch == 0 || opts_.queue_limit == 0 || opts_.prefill_chunk <= 0)
+    throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
+  for (int w = 0; w < opts_.tp; ++w)
+    plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype));
+}
+
+engine_core::~engine_core() = default;
+
+const model_config& engine_core::config() const { return model_.config(); }
+
+void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t version) {
+  weights->version = version;
+  model_.set_weights(std::move(weights));
+  version_ = version;
+  dirty_ = false;
+  session_.reset();
+  cache_->clear();
+}
+
+std::shared_ptr<const weight_set> engine_core::weights() const { return model_.weights(); }
+
+// -- requests --------------------------------------------------------------------------
+
+std::optional<engine_error> engine_core::add(generate_request req, request_callbacks cb) {
+  if (auto why = check(req); !why.empty())
+    return engine_error{errc::malformed, why};
+  const auto& c = config();
+  for (const auto* tokens : {&req.prompt, &req.generated})
+    for (auto t : *tokens)
+      if (t >= c.vocab_size)
+        return engine_error{errc::malformed, "token " + std::to_string(t) + " outside the vocabulary ("
+                                               + std::to_string(c.vocab_size) + ")"};
+  auto context_size = static_cast<std::int64_t>(req.prompt.size() + req.generated.size());
+  if (context_size >= c.max_position_embeddings)
+    return engine_error{errc::malformed, "prompt of " + std::to_string(context_size)
+                                           + " tokens leaves no room below max_position_embeddings ("
+                                           + std::to_string(c.max_position_embeddings) + ")"};
+  if (requests_.count(req.request_id))
+    return engine_error{errc::malformed, "request " + std::to_string(req.request_id) + " already exists"};
+  if (dirty_ && !session_)
+    return engine_error{errc::engine_dirty, opts_.name + " holds no complete weights"};
+  if (waiting_.size() >= opts_.queue_limit)
+    return engine_error{errc::queue_full, opts_.name + ": " + std::to_string(opts_.queue_limit)
+                                            + " requests already waiting"};
+  auto r = std::make_unique<request>();
+  r->context = req.prompt;
+  r->context.insert(r->context.end(), req.generated.begin(), req.generated.end());
+  r->prior = static_cast<std::uint32_t>(req.generated.size());
+  r->kv = model_.new_sequence();
+  r->req = std::move(req);
+  r->cb = std::move(cb);
+  auto id = r->req.request_id;
+  requests_.emplace(id, std::move(r));
+  waiting_.push_back(id);
+  return std::nullopt;
+}
+
+bool engine_core::abort(std::uint64_t request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end())
+    return false;
+  finish(*it->second, finish_reason::aborted);
+  finish_paused_wait_if_idle();
+  return true;
+}
+
+std::size_t engine_core::running_count() const { return running_.size(); }
+
+void engine_core::admit() {
+  while (running_.size() < opts_.max_batch && !waiting_.empty()) {
+    auto id = waiting_.front();
+    waiting_.pop_front();
+    auto& r = *requests_.at(id);
+    r.admitted = true;
+    running_.push_back(id);
+    // At least one token must be fed to get logits: look up all but the last.
+    auto max_hit = static_cast<std::int64_t>(r.context.size()) - 1;
+    auto [kv, length] = cache_->lookup(r.context, max_hit, version_);
+    if (length > 0) {
+      r.kv.copy_prefix(*kv, length);
+      r.kv_version = version_;
+    }
+  }
+}
+
+std::size_t engine_core::step() {
+  if (dirty_ || state_ == scheduler_state::paused_all)
+    return 0;
+  if (state_ == scheduler_state::unpaused)
+    admit();
+  if (running_.empty())
+    return 0;
+
+  std::vector<forward_item> batch;
+  std::vector<request*> order;
+  std::vector<bool> samples;
+  for (auto id : running_) {
+    auto& r = *requests_.at(id);
+    auto start = r.kv.length();
+    auto end = std::min<std::int64_t>(static_cast<std::int64_t>(r.context.size()), start + opts_.prefill_chunk);
+    if (start == 0)
+      r.kv_version = version_;
+    forward_item item;
+    item.seq = &r.kv;
+    item.start = start;
+    item.tokens.assign(r.context.begin() + start, r.context.begin() + end);
+    batch.push_back(std::move(item));
+    order.push_back(&r);
+    samples.push_back(end == static_cast<std::int64_t>(r.context.size()));
+  }
+  auto out = model_.forward(batch);
+
+  std::size_t produced = 0;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    auto& r = *order[i];
+    // Stale: positions cached before this step were computed with older weights.
+    bool stale = batch[i].start > 0 && r.kv_version < out.version;
+    r.kv_version = std::min(r.kv_version, out.version);
+    if (!samples[i])
+      continue;
+    auto token = sample(out.last(i), config().vocab_size, r.req.sampling, r.generated());
+    emit(r, token, out.version, stale);
+    ++produced;
+    if (token == token_eos && r.req.sampling.stop_at_eos)
+      finish(r, finish_reason::eos);
+    else if (r.generated() >= r.req.sampling.max_tokens
+             || static_cast<std::int64_t>(r.context.size()) >= config().max_position_embeddings)
+      finish(r, finish_reason::length);
+  }
+  finish_paused_wait_if_idle();
+  return produced;
+}
+
+void engine_core::emit(request& r, std::int32_t token, std::uint64_t version, bool stale) {
+  token_event ev;
+  ev.request_id = r.req.request_id;
+  ev.index = r.generated();
+  ev.token = token;
+  ev.version = version;
+  ev.stale_kv = stale;
+  if (stale)
+    ++r.stale_tokens;
+  auto local = static_cast<std::uint32_t>(r.produced.size());
+  if (r.spans.empty() || r.spans.back().version != version)
+    r.spans.push_back({version, local, local + 1});
+  else
+    r.spans.back().end = local + 1;
+  r.produced.push_back(token);
+  r.context.push_back(token);
+  ++tokens_generated_;
+  if (r.cb.on_token)
+    r.cb.on_token(ev);
+}
+
+void engine_core::finish(request& r, finish_reason why) {
+  generate_result res;
+  res.request_id = r.req.request_id;
+  res.tokens = std::move(r.produced);
+  res.spans = std::move(r.spans);
+  res.reason = why;
+  res.engine = opts_.name;
+  res.stale_kv_tokens = r.stale_tokens;
+  auto id = r.req.request_id;
+  // Keep the KV for later requests with the same prefix when it was all
+  // computed with the weights served now.
+  if (r.kv.length() > 0 && r.kv_version == version_ && !dirty_)
+    cache_->insert(r.context, std::make_shared<const kv_sequence>(std::move(r.kv)), version_);
+  auto cb = std::move(r.cb.on_finish);
+  if (r.admitted)
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  else
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+  requests_.erase(id);
+  if (cb)
+    cb(std::move(res));
+}
+
+bool engine_core::has_work() const {
+  if (dirty_ || state_ == scheduler_state::paused_all)
+    return false;
+  return !running_.empty() || (state_ == scheduler_state::unpaused && !waiting_.empty());
+}
+
+// -- pause and resume ---------------------------------------------------------------------
+
+void engine_core::pause(const pause_request& req) {
+  pending_pause p;
+  p.req = req;
+  p.report.engine = opts_.name;
+  completed_pause_.reset();
+  if (req.clear_cache)
+    cache_->clear();
+  switch (req.mode) {
+    case pause_mode::abort: {
+      state_ = scheduler_state::paused_new;
+      // Every request known now, admitted first (vLLM aborts them all).
+      std::vector<std::uint64_t> ids(running_.begin(), running_.end());
+      ids.insert(ids.end(), waiting_.begin(), waiting_.end());
+      for (auto id : ids)
+        finish(*requests_.at(id), finish_reason::aborted);
+      p.report.aborted = static_cast<std::uint32_t>(ids.size());
+      break;
+    }
+    case pause_mode::wait:
+      state_ = scheduler_state::paused_new;
+      p.report.waited = static_cast<std::uint32_t>(running_.size());
+      break;
+    case pause_mode::keep:
+      state_ = scheduler_state::paused_all;
+      p.report.frozen = static_cast<std::uint32_t>(running_.size());
+      if (req.clear_cache)
+        for (auto id : running_)
+          requests_.at(id)->kv.clear(); // recomputed with the new weights on resume
+      break;
+  }
+  pause_ = p;
+  finish_paused_wait_if_idle();
+}
+
+void engine_core::finish_paused_wait_if_idle() {
+  if (!pause_ || completed_pause_)
+    return;
+  if (pause_->req.mode == pause_mode::wait && !running_.empty())
+    return;
+  auto report = pause_->report;
+  report.version = version_;
+  report.state = state_;
+  completed_pause_ = report;
+}
+
+std::optional<pause_report> engine_core::poll_pause() {
+  auto r = completed_pause_;
+  completed_pause_.reset();
+  return r;
+}
+
+bool engine_core::pause_in_flight() const {
+  return pause_ && pause_->req.mode == pause_mode::wait && !running_.empty();
+}
+
+std::optional<engine_error> engine_core::resume() {
+  if (pause_in_flight())
+    return engine_error{errc::pause_in_flight, opts_.name + ": a wait-pause still has "
+                                                 + std::to_string(running_.size()) + " running requests"};
+  state_ = scheduler_state::unpaused;
+  pause_.reset();
+  completed_pause_.reset();
+  return std::nullopt;
+}
+
+void engine_core::flush() { cache_->clear(); }
+
+// -- weight-update session -------------------------------------------------------------
+
+std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
+  if (state_ == scheduler_state::unpaused || pause_in_flight())
+    return engine_error{errc::not_paused, opts_.name + ": start_update needs a paused, idle engine"};
+  if (version <= version_)
+    return engine_error{errc::version_mismatch, opts_.name + " holds version " + std::to_string(version_)
+                                                  + ", refuses to go to " + std::to_string(version)};
+  session s;
+  s.version = version;
+  s.staging = model_.make_weights();
+  s.arrived.resize(static_cast<std::size_t>(opts_.tp));
+  session_ = std::move(s);
+  dirty_ = true;
+  return std::nullopt;
+}
+
+std::optional<engine_error> engine_core::apply_packed(int worker, const std::set<std::string>& sources,
+                                                      const std::uint8_t* bytes, std::size_t size) {
+  if (!session_)
+    return engine_error{errc::no_session, opts_.name + ": apply without start_update"};
+  if (worker < 0 || worker >= opts_.tp)
+    return engine_error{errc::malformed, "worker " + std::to_string(worker) + " out of range"};
+  const auto& p = plans_[static_cast<std::size_t>(worker)];
+  std::uint64_t expected = 0;
+  std::set<std::string> seen;
+  for (const auto& e : p.entries)
+    if (sources.count(e.source)) {
+      expected += e.bytes();
+      seen.insert(e.source);
+    }
+  if (seen.size() != sources.size())
+    return engine_error{errc::malformed, "packed group names tensors worker " + std::to_string(worker)
+                                           + "'s plan does not have"};
+  if (expected != size)
+    return engine_error{errc::malformed, "packed group for worker " + std::to_string(worker) + " has "
+                                           + std::to_string(size) + " bytes, the plan expects "
+                                           + std::to_string(expected)};
+  auto& dst = session_->staging->workers[static_cast<std::size_t>(worker)];
+  const std::uint8_t* at = bytes;
+  for (const auto& e : p.entries)
+    if (sources.count(e.source)) {
+      engine::apply_packed(e, at, e.source_type, dst);
+      at += e.bytes();
+    }
+  session_->arrived[static_cast<std::size_t>(worker)].insert(sources.begin(), sources.end());
+  return std::nullopt;
+}
+
+std::optional<engine_error> engine_core::apply_tensor(const rlsync::tensor_view& t) {
+  if (!session_)
+    return engine_error{errc::no_session, opts_.name + ": apply without start_update"};
+  if (ignored_weight(config(), t.name))
+    return std::nullopt;
+  try {
+    auto view = real_weight(t.name, t.type, t.shape, t.data);
+    for (auto& w : session_->staging->workers)
+      load_weight(*view, w);
+  } catch (const std::exception& e) {
+    return engine_error{errc::malformed, t.name + ": " + e.what()};
+  }
+  for (auto& arrived : session_->arrived)
+    arrived.insert(t.name);
+  return std::nullopt;
+}
+
+std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
+  if (!session_)
+    return engine_error{errc::no_session, opts_.name + ": finish without start_update"};
+  if (version != session_->version)
+    return engine_error{errc::version_mismatch, opts_.name + ": finish(" + std::to_string(version)
+                                                  + ") in the session of version "
+                                                  + std::to_string(session_->version)};
+  for (int w = 0; w < opts_.tp; ++w) {
+    const auto& arrived = session_->arrived[static_cast<std::size_t>(w)];
+    for (const auto& e : plans_[static_cast<std::size_t>(w)].entries)
+      if (!arrived.count(e.source)) {
+        session_.reset(); // the engine stays dirty until a complete update
+        return engine_error{errc::update_incomplete, opts_.name + ": worker " + std::to_string(w)
+                                                       + " never received " + e.source};
+      }
+  }
+  auto staging = std::move(session_->staging);
+  session_.reset();
+  staging->version = version;
+  model_.set_weights(std::move(staging));
+  version_ = version;
+  dirty_ = false;
+  cache_->clear();
+  return std::nullopt;
+}
+
+void engine_core::abort_update() { session_.reset(); }
+
+// -- status ----------------------------------------------------------------------------------
+
+engine_status engine_core::status() const {
+  engine_status s;
+  s.name = opts_.name;
+  s.version = version_;
+  s.dirty = dirty_;
+  s.state = state_;
+  auto admitted = static_cast<std::uint32_t>(running_.size());
+  (state_ == scheduler_state::paused_all ? s.frozen : s.running) = admitted;
+  s.waiting = static_cast<std::uint32_t>(waiting_.size());
+  s.tokens_generated = tokens_generated_;
+  s.prefix_cache_hits = cache_->hits;
+  s.prefix_cache_queries = cache_->queries;
+  return s;
+}
+
+std::map<std::string, std::uint64_t> engine_core::weight_checksums() const {
+  std::map<std::string, std::uint64_t> out;
+  auto ws = model_.weights();
+  if (!ws)
+    return out;
+  for (std::size_t w = 0; w < ws->workers.size(); ++w)
+    for (const auto& p : ws->workers[w].params())
+      out[std::to_string(w) + "/" + p.name] = xxh64(p.data.data(), p.data.size() * sizeof(float));
+  return out;
+}
+
+} // namespace rlsync::engine

@@ -1,0 +1,193 @@
+#pragma once
+// The built-in rollout engine: a continuous-batching scheduler over the
+// tensor-parallel model, with vLLM's pause/resume and weight-update
+// semantics (DESIGN §2). Single-threaded by contract: one owner thread calls
+// every method (the model runs its own tp workers inside a step). Callbacks
+// run synchronously on that thread, so a token has been handed to its
+// requester before the call that produced it returns — which is what lets
+// pause() report "every earlier token delivered" without vLLM's 20 ms sleep.
+//
+// Request life cycle:
+//
+//   add ──► waiting ──admit (unpaused, slot free)──► running ──► finished
+//              ▲                                      │  ▲           (length, eos,
+//              │                        pause(keep)   ▼  │ resume     aborted)
+//        queued while paused                        frozen
+//
+// Scheduler state: unpaused → pause(abort|wait) → paused_new (admit nothing;
+// wait lets running requests finish) → resume; pause(keep) → paused_all
+// (step nothing; running requests frozen in place).
+//
+// Weight-update session: start_update(v) (paused only) → apply_* → finish_update(v).
+// From start until a successful finish the engine is dirty and generates
+// nothing; finish checks that every checkpoint tensor arrived for every
+// worker, then swaps the staging weights in atomically.
+#include "runtime/engine/kv_cache.hpp"
+#include "runtime/engine/model.hpp"
+#include "runtime/engine/plan.hpp"
+#include "runtime/errc.hpp"
+#include "runtime/protocol.hpp"
+#include "runtime/safetensors.hpp"
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace rlsync::engine {
+
+struct engine_options {
+  std::string name = "engine";
+  int tp = 1;
+  std::uint32_t max_batch = 32;       ///< requests running at once
+  std::uint32_t queue_limit = 256;    ///< requests waiting (a full queue rejects)
+  std::int64_t prefill_chunk = 256;   ///< prompt tokens fed per request per step
+  std::int64_t block_tokens = 16;     ///< prefix-cache block size
+  std::size_t prefix_cache_blocks = 1024;
+  dtype source_dtype = dtype::bf16;   ///< dtype of the weights the trainer sends (plans)
+};
+
+/// How a request's output reaches its requester.
+struct request_callbacks {
+  std::function<void(const token_event&)> on_token;
+  std::function<void(generate_result)> on_finish;
+};
+
+/// A call that failed: the code decides the caller's reaction, the text says why.
+struct engine_error {
+  errc code;
+  std::string what;
+};
+
+class engine_core {
+public:
+  engine_core(const model_config& c, engine_options opts);
+  ~engine_core();
+  engine_core(const engine_core&) = delete;
+  engine_core& operator=(const engine_core&) = delete;
+
+  const model_config& config() const;
+  const engine_options& options() const { return opts_; }
+
+  // -- weights ------------------------------------------------------------------
+
+  /// Serves `weights` as version `version` from now on (engine start, or a
+  /// checkpoint load outside a session). Clears dirty and the prefix cache.
+  void load(std::shared_ptr<weight_set> weights, std::uint64_t version);
+  std::uint64_t version() const { return version_; }
+  bool dirty() const { return dirty_; }
+  /// Worker w's sharding plan, recorded from the loader at construction.
+  const plan& worker_plan(int w) const { return plans_.at(static_cast<std::size_t>(w)); }
+  /// The weights served now (nullptr before load()).
+  std::shared_ptr<const weight_set> weights() const;
+
+  // -- requests -----------------------------------------------------------------
+
+  /// Accepts a request (queued until it can run). Refuses a malformed
+  /// request, a token outside the vocabulary, a duplicate id, a full queue
+  /// (queue_full) and a dirty engine (engine_dirty).
+  std::optional<engine_error> add(generate_request req, request_callbacks cb);
+  /// Aborts a request wherever it is; its partial output is delivered with
+  /// reason aborted. False when the id is unknown.
+  bool abort(std::uint64_t request_id);
+
+  /// One scheduling step: admits waiting requests into free slots, then
+  /// advances every running request by one prefill chunk or one decode
+  /// token. Returns the tokens produced (0: nothing could run).
+  std::size_t step();
+  /// True when step() would make progress.
+  bool has_work() const;
+
+  // -- pause and resume (DESIGN §2) -------------------------------------------
+
+  /// Starts a pause. abort: every request known now is aborted at once
+  /// (partial outputs delivered); wait: running requests run to completion;
+  /// keep: running requests are frozen. clear_cache drops the prefix cache
+  /// and the KV of frozen requests (they are recomputed on resume). New
+  /// requests are queued, never scheduled, never rejected for the pause.
+  void pause(const pause_request& req);
+  /// The pause's report once the engine is idle (at once for abort and keep,
+  /// after the last running request finished for wait); nullopt while the
+  /// pause is in flight or when not paused.
+  std::optional<pause_report> poll_pause();
+  bool pause_in_flight() const;
+  /// Back to unpaused: frozen requests continue, queued ones start. An error
+  /// (pause_in_flight) while a wait-pause still has running requests.
+  std::optional<engine_error> resume();
+  /// Drops the prefix cache (a separate call, as RL frameworks do it).
+  void flush();
+  scheduler_state state() const { return state_; }
+
+  // -- weight-update session ----------------------------------------------------
+
+  /// Opens the session for `version`: the engine must be paused and idle
+  /// (not_paused) and `version` newer than the one held (version_mismatch).
+  /// The engine is dirty until finish_update succeeds.
+  std::optional<engine_error> start_update(std::uint64_t version);
+  /// Sharded path: `bytes` are worker w's plan entries whose source tensor is
+  /// in `sources`, packed in plan order (what the trainer's replay produced).
+  std::optional<engine_error> apply_packed(int worker, const std::set<std::string>& sources,
+                                           const std::uint8_t* bytes, std::size_t size);
+  /// Full-tensor path (broadcast, buckets): runs the loader for every worker.
+  std::optional<engine_error> apply_tensor(const rlsync::tensor_view& tensor);
+  /// Publishes `version`: every checkpoint tensor must have arrived for every
+  /// worker (update_incomplete otherwise; the engine stays dirty).
+  std::optional<engine_error> finish_update(std::uint64_t version);
+  /// Abandons an open session: the engine stays dirty.
+  void abort_update();
+  bool in_session() const { return session_.has_value(); }
+
+  // -- status ---------------------------------------------------------------------
+
+  engine_status status() const;
+  /// xxh64 of every parameter shard served now, as "worker/param" → checksum
+  /// (fp32 bytes): compare an engine against weights loaded elsewhere.
+  std::map<std::string, std::uint64_t> weight_checksums() const;
+
+private:
+  struct request;
+  struct prefix_cache;
+
+  void admit();
+  void finish(request& r, finish_reason why);
+  void emit(request& r, std::int32_t token, std::uint64_t version, bool stale);
+  void finish_paused_wait_if_idle();
+  std::size_t running_count() const;
+
+  engine_options opts_;
+  model model_;
+  std::vector<plan> plans_;
+  std::uint64_t version_ = 0;
+  bool dirty_ = true; // nothing loaded yet
+  scheduler_state state_ = scheduler_state::unpaused;
+
+  std::unordered_map<std::uint64_t, std::unique_ptr<request>> requests_;
+  std::deque<std::uint64_t> waiting_; ///< FIFO of ids not yet admitted
+  std::vector<std::uint64_t> running_; ///< admitted (running or frozen), admission order
+
+  struct pending_pause {
+    pause_request req;
+    pause_report report;
+  };
+  std::optional<pending_pause> pause_;
+  std::optional<pause_report> completed_pause_;
+
+  struct session {
+    std::uint64_t version = 0;
+    std::shared_ptr<weight_set> staging;
+    std::vector<std::set<std::string>> arrived; ///< per worker: source tensors applied
+  };
+  std::optional<session> session_;
+
+  std::unique_ptr<prefix_cache> cache_;
+  std::uint64_t tokens_generated_ = 0;
+};
+
+} // namespace rlsync::engine

@@ -1,0 +1,445 @@
+// The engine core: continuous batching, streaming, bounded queues, the
+// prefix cache, pause/resume exactly as DESIGN §2, the weight-update session,
+// and the seed documents' correctness check (pause, update, resume).
+#include "engine_fixtures.hpp"
+
+#include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/tokenizer.hpp"
+
+#include <doctest/doctest.h>
+
+#include <map>
+
+using namespace rlsync;
+using namespace rlsync::engine;
+using namespace rlsync::test;
+
+namespace {
+
+/// What one request's requester saw.
+struct transcript {
+  std::vector<token_event> tokens;
+  std::optional<generate_result> result;
+
+  std::vector<std::int32_t> ids() const {
+    std::vector<std::int32_t> out;
+    for (auto& t : tokens)
+      out.push_back(t.token);
+    return out;
+  }
+};
+
+struct harness {
+  model_config config;
+  source_weights v1;
+  engine_core core;
+  std::map<std::uint64_t, transcript> seen;
+
+  explicit harness(int tp = 1, engine_options opts = {}, model_config c = tiny_config())
+    : config(c), v1(make_source(c, dtype::bf16, 1)), core(c, with_tp(opts, tp)) {
+    core.load(v1.load(tp), 1);
+  }
+
+  static engine_options with_tp(engine_options o, int tp) {
+    o.tp = tp;
+    return o;
+  }
+
+  request_callbacks callbacks(std::uint64_t id) {
+    return {[this, id](const token_event& e) { seen[id].tokens.push_back(e); },
+            [this, id](generate_result r) { seen[id].result = std::move(r); }};
+  }
+
+  std::optional<engine_error> add(std::uint64_t id, const std::string& prompt, std::uint32_t max_tokens,
+                                  std::vector<std::int32_t> generated = {}) {
+    generate_request r;
+    r.request_id = id;
+    r.prompt = encode(prompt);
+    r.generated = std::move(generated);
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.stop_at_eos = false;
+    return core.add(std::move(r), callbacks(id));
+  }
+
+  /// Steps until nothing can run (bounded: a hang is a bug).
+  void drain() {
+    for (int i = 0; i < 10000 && core.has_work(); ++i)
+      core.step();
+    REQUIRE(!core.has_work());
+  }
+
+  /// Steps until request `id` has produced `n` tokens.
+  void run_until(std::uint64_t id, std::size_t n) {
+    for (int i = 0; i < 10000 && seen[id].tokens.size() < n; ++i)
+      REQUIRE(core.step() > 0);
+    REQUIRE(seen[id].tokens.size() == n);
+  }
+
+  /// Moves the engine to `w` as `version` through a full-tensor session.
+  void update(const source_weights& w, std::uint64_t version) {
+    REQUIRE(!core.start_update(version));
+    for (auto& t : w.views())
+      REQUIRE(!core.apply_tensor(t));
+    REQUIRE(!core.finish_update(version));
+  }
+};
+
+/// Greedy tokens of a fresh engine holding `w` for `prompt` followed by
+/// `prefix` (the tokens generated before a pause).
+std::vector<std::int32_t> fresh_greedy(const source_weights& w, int tp, const std::string& prompt,
+                                       const std::vector<std::int32_t>& prefix, std::uint32_t max_tokens) {
+  engine_options o;
+  o.tp = tp;
+  engine_core core(w.config, o);
+  core.load(w.load(tp), 2);
+  generate_request r;
+  r.request_id = 1;
+  r.prompt = encode(prompt);
+  r.generated = prefix;
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.stop_at_eos = false;
+  std::vector<std::int32_t> out;
+  REQUIRE(!core.add(r, {[&](const token_event& e) { out.push_back(e.token); }, {}}));
+  for (int i = 0; i < 10000 && core.has_work(); ++i)
+    core.step();
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("requests stream their tokens one by one and finish with version spans") {
+  harness h;
+  REQUIRE(!h.add(1, "hello", 6));
+  h.drain();
+  auto& t = h.seen[1];
+  REQUIRE(t.result);
+  CHECK(t.result->reason == finish_reason::length);
+  CHECK(t.result->tokens == t.ids());
+  REQUIRE(t.tokens.size() == 6);
+  for (std::uint32_t i = 0; i < 6; ++i) {
+    CHECK(t.tokens[i].index == i);
+    CHECK(t.tokens[i].version == 1);
+    CHECK(!t.tokens[i].stale_kv);
+  }
+  REQUIRE(t.result->spans.size() == 1);
+  CHECK(t.result->spans[0].version == 1);
+  CHECK(t.result->spans[0].end == 6);
+  CHECK(check(*t.result).empty());
+}
+
+TEST_CASE("continuous batching: a request's tokens do not depend on what it is batched with") {
+  harness alone;
+  REQUIRE(!alone.add(1, "the quick brown fox", 8));
+  alone.drain();
+
+  harness busy;
+  REQUIRE(!busy.add(7, "jumps over", 12));
+  busy.core.step();
+  busy.core.step();
+  REQUIRE(!busy.add(1, "the quick brown fox", 8)); // arrives mid-flight
+  busy.core.step();
+  REQUIRE(!busy.add(8, "a lazy dog", 3));
+  busy.drain();
+  CHECK(busy.seen[1].ids() == alone.seen[1].ids());
+  CHECK(busy.seen[7].tokens.size() == 12);
+  CHECK(busy.seen[8].tokens.size() == 3);
+}
+
+TEST_CASE("tensor parallelism: the engine core's greedy outputs are identical for tp 1, 2, 4") {
+  std::vector<std::int32_t> ref;
+  for (int tp : {1, 2, 4}) {
+    harness h(tp);
+    REQUIRE(!h.add(1, "bit-identical", 10));
+    h.drain();
+    if (tp == 1)
+      ref = h.seen[1].ids();
+    CAPTURE(tp);
+    CHECK(h.seen[1].ids() == ref);
+  }
+}
+
+TEST_CASE("bounded queue: a full waiting queue rejects with queue_full") {
+  engine_options o;
+  o.queue_limit = 2;
+  o.max_batch = 1;
+  harness h(1, o);
+  CHECK(!h.add(1, "a", 2));
+  CHECK(!h.add(2, "b", 2));
+  auto e = h.add(3, "c", 2);
+  REQUIRE(e);
+  CHECK(e->code == errc::queue_full);
+  h.drain();
+  CHECK(h.seen[1].result);
+  CHECK(h.seen[2].result);
+  CHECK(!h.add(3, "c", 2)); // room again
+}
+
+TEST_CASE("malformed requests are refused with the reason") {
+  harness h;
+  generate_request r;
+  r.request_id = 1;
+  r.prompt = {256, 9999};
+  r.sampling.max_tokens = 2;
+  auto e = h.core.add(r, {});
+  REQUIRE(e);
+  CHECK(e->code == errc::malformed);
+  CHECK(e->what.find("vocabulary") != std::string::npos);
+  REQUIRE(!h.add(5, "x", 2));
+  auto dup = h.add(5, "y", 2);
+  REQUIRE(dup);
+  CHECK(dup->what.find("already exists") != std::string::npos);
+  r.prompt.clear();
+  CHECK(h.core.add(r, {})->code == errc::malformed);
+}
+
+TEST_CASE("prefix cache: a repeated prefix hits and changes nothing in the output") {
+  engine_options o;
+  o.block_tokens = 4;
+  harness h(1, o);
+  const std::string prompt = "a shared system prompt, then a question";
+  REQUIRE(!h.add(1, prompt, 5));
+  h.drain();
+  auto before = h.core.status();
+  REQUIRE(!h.add(2, prompt, 5));
+  h.drain();
+  auto after = h.core.status();
+  CHECK(after.prefix_cache_queries == before.prefix_cache_queries + 1);
+  CHECK(after.prefix_cache_hits == before.prefix_cache_hits + 1);
+  CHECK(h.seen[2].ids() == h.seen[1].ids());
+  h.core.flush();
+  REQUIRE(!h.add(3, prompt, 5));
+  h.drain();
+  CHECK(h.core.status().prefix_cache_hits == after.prefix_cache_hits); // flushed: no hit
+  CHECK(h.seen[3].ids() == h.seen[1].ids());
+}
+
+TEST_CASE("pause(abort): running and queued requests end at once with their partial output") {
+  harness h;
+  REQUIRE(!h.add(1, "first", 20));
+  h.run_until(1, 3);
+  REQUIRE(!h.add(2, "second", 20)); // waiting, not yet admitted
+  h.core.pause({pause_mode::abort, false});
+  auto report = h.core.poll_pause();
+  REQUIRE(report);
+  CHECK(report->aborted == 2);
+  CHECK(report->state == scheduler_state::paused_new);
+  REQUIRE(h.seen[1].result);
+  CHECK(h.seen[1].result->reason == finish_reason::aborted);
+  CHECK(h.seen[1].result->tokens.size() == 3);
+  CHECK(h.seen[2].result->reason == finish_reason::aborted);
+  CHECK(h.seen[2].result->tokens.empty());
+  // Arrivals while paused are queued, never scheduled, never rejected.
+  REQUIRE(!h.add(3, "third", 4));
+  CHECK(!h.core.has_work());
+  CHECK(h.core.step() == 0);
+  CHECK(h.core.status().waiting == 1);
+  REQUIRE(!h.core.resume());
+  h.drain();
+  CHECK(h.seen[3].result->reason == finish_reason::length);
+}
+
+TEST_CASE("pause(wait): running requests finish, the pause completes at idle, resume before that is an error") {
+  harness h;
+  REQUIRE(!h.add(1, "first", 6));
+  h.run_until(1, 2);
+  h.core.pause({pause_mode::wait, false});
+  CHECK(!h.core.poll_pause());
+  CHECK(h.core.pause_in_flight());
+  auto early = h.core.resume();
+  REQUIRE(early);
+  CHECK(early->code == errc::pause_in_flight);
+  REQUIRE(!h.add(2, "queued", 3));
+  h.drain();
+  auto report = h.core.poll_pause();
+  REQUIRE(report);
+  CHECK(report->waited == 1);
+  CHECK(h.seen[1].result->reason == finish_reason::length);
+  CHECK(h.seen[1].tokens.size() == 6);
+  CHECK(!h.seen[2].result); // still queued
+  REQUIRE(!h.core.resume());
+  h.drain();
+  CHECK(h.seen[2].result);
+}
+
+TEST_CASE("pause(keep): requests freeze in place and continue unchanged on resume") {
+  harness uninterrupted;
+  REQUIRE(!uninterrupted.add(1, "keep me", 10));
+  uninterrupted.drain();
+
+  harness h;
+  REQUIRE(!h.add(1, "keep me", 10));
+  h.run_until(1, 4);
+  h.core.pause({pause_mode::keep, false});
+  auto report = h.core.poll_pause();
+  REQUIRE(report);
+  CHECK(report->frozen == 1);
+  CHECK(report->state == scheduler_state::paused_all);
+  CHECK(h.core.status().frozen == 1);
+  CHECK(h.core.step() == 0);
+  CHECK(h.seen[1].tokens.size() == 4);
+  REQUIRE(!h.core.resume());
+  h.drain();
+  CHECK(h.seen[1].ids() == uninterrupted.seen[1].ids());
+}
+
+TEST_CASE("weight-update session: start needs a pause, finish needs every tensor, incomplete leaves the engine dirty") {
+  harness h;
+  auto v2 = make_source(h.config, dtype::bf16, 2);
+  auto not_paused = h.core.start_update(2);
+  REQUIRE(not_paused);
+  CHECK(not_paused->code == errc::not_paused);
+  h.core.pause({pause_mode::keep, false});
+  CHECK(h.core.start_update(1)->code == errc::version_mismatch);
+  REQUIRE(!h.core.start_update(2));
+  CHECK(h.core.dirty());
+  // Requests arriving during the session are queued, not refused.
+  REQUIRE(!h.add(1, "during the session", 3));
+  auto views = v2.views();
+  for (std::size_t i = 0; i + 1 < views.size(); ++i) // all but the last tensor
+    REQUIRE(!h.core.apply_tensor(views[i]));
+  CHECK(h.core.finish_update(3)->code == errc::version_mismatch);
+  auto incomplete = h.core.finish_update(2);
+  REQUIRE(incomplete);
+  CHECK(incomplete->code == errc::update_incomplete);
+  CHECK(incomplete->what.find(views.back().name) != std::string::npos);
+  CHECK(h.core.dirty());
+  CHECK(h.core.version() == 1);
+  REQUIRE(!h.core.resume());
+  CHECK(h.core.step() == 0); // dirty: never serves
+  auto refused = h.add(2, "after", 3);
+  REQUIRE(refused);
+  CHECK(refused->code == errc::engine_dirty);
+  // A later complete update makes it serve again, with the new version.
+  h.core.pause({pause_mode::keep, false});
+  h.update(v2, 2);
+  CHECK(!h.core.dirty());
+  REQUIRE(!h.core.resume());
+  h.drain();
+  REQUIRE(h.seen[1].result);
+  CHECK(h.seen[1].tokens.front().version == 2);
+}
+
+TEST_CASE("sharded session: plan-packed groups give the same weights as loading the checkpoint") {
+  for (int tp : {1, 2, 4}) {
+    CAPTURE(tp);
+    harness h(tp);
+    auto v2 = make_source(h.config, dtype::bf16, 2);
+    h.core.pause({pause_mode::keep, false});
+    REQUIRE(!h.core.start_update(2));
+    // One "group" per source tensor here; the transfer layer groups by block.
+    for (int w = 0; w < tp; ++w)
+      for (const auto& spec : v2.specs) {
+        std::vector<std::uint8_t> packed;
+        for (const auto& e : h.core.worker_plan(w).entries)
+          if (e.source == spec.name) {
+            auto bytes = replay(e, v2.data(spec.name), v2.type);
+            packed.insert(packed.end(), bytes.begin(), bytes.end());
+          }
+        REQUIRE(!h.core.apply_packed(w, std::set<std::string>{spec.name}, packed.data(), packed.size()));
+      }
+    REQUIRE(!h.core.finish_update(2));
+    engine_options o;
+    o.tp = tp;
+    engine_core reference(h.config, o);
+    reference.load(v2.load(tp), 2);
+    CHECK(h.core.weight_checksums() == reference.weight_checksums());
+    std::vector<std::uint8_t> short_group(3);
+    h.core.pause({pause_mode::keep, false});
+    REQUIRE(!h.core.start_update(3));
+    auto bad = h.core.apply_packed(0, std::set<std::string>{v2.specs.front().name}, short_group.data(), short_group.size());
+    REQUIRE(bad);
+    CHECK(bad->code == errc::malformed);
+  }
+}
+
+TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals a fresh engine on the new weights") {
+  for (int tp : {1, 2}) {
+    for (std::size_t pause_after : {1u, 5u}) {
+      for (const std::string prompt : {"policy version k", "async RL overlaps"}) {
+        CAPTURE(tp);
+        CAPTURE(pause_after);
+        CAPTURE(prompt);
+        const std::uint32_t max_tokens = 12;
+        harness h(tp);
+        auto v2 = make_source(h.config, dtype::bf16, 2);
+        REQUIRE(!h.add(1, prompt, max_tokens));
+        h.run_until(1, pause_after);
+        h.core.pause({pause_mode::keep, true});
+        REQUIRE(h.core.poll_pause());
+        h.core.flush();
+        h.update(v2, 2);
+        REQUIRE(!h.core.resume());
+        h.drain();
+        auto all = h.seen[1].ids();
+        REQUIRE(all.size() == max_tokens);
+        std::vector<std::int32_t> before(all.begin(), all.begin() + static_cast<long>(pause_after));
+        std::vector<std::int32_t> after(all.begin() + static_cast<long>(pause_after), all.end());
+        CHECK(after == fresh_greedy(v2, tp, prompt, before, max_tokens));
+        // Every token after the pause was produced by V2 over fresh KV.
+        for (std::size_t i = pause_after; i < max_tokens; ++i) {
+          CHECK(h.seen[1].tokens[i].version == 2);
+          CHECK(!h.seen[1].tokens[i].stale_kv);
+        }
+        auto& spans = h.seen[1].result->spans;
+        REQUIRE(spans.size() == 2);
+        CHECK(spans[0].version == 1);
+        CHECK(spans[0].end == pause_after);
+        CHECK(spans[1].version == 2);
+        CHECK(h.seen[1].result->stale_kv_tokens == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("partial rollout: pause(keep) without clear_cache keeps stale KV, and the output says so") {
+  int differing = 0;
+  for (const std::string prompt : {"policy version k", "async RL overlaps", "stale keys"}) {
+    CAPTURE(prompt);
+    const std::uint32_t max_tokens = 12;
+    const std::size_t pause_after = 4;
+    harness h;
+    auto v2 = make_source(h.config, dtype::bf16, 2);
+    REQUIRE(!h.add(1, prompt, max_tokens));
+    h.run_until(1, pause_after);
+    h.core.pause({pause_mode::keep, false});
+    h.update(v2, 2);
+    REQUIRE(!h.core.resume());
+    h.drain();
+    auto all = h.seen[1].ids();
+    std::vector<std::int32_t> before(all.begin(), all.begin() + pause_after);
+    std::vector<std::int32_t> after(all.begin() + pause_after, all.end());
+    if (after != fresh_greedy(v2, 1, prompt, before, max_tokens))
+      ++differing;
+    for (std::size_t i = 0; i < max_tokens; ++i)
+      CHECK(h.seen[1].tokens[i].stale_kv == (i >= pause_after));
+    CHECK(h.seen[1].result->stale_kv_tokens == max_tokens - pause_after);
+  }
+  // Stale KV changes what is generated: not for every prompt, but it must show.
+  CHECK(differing > 0);
+}
+
+TEST_CASE("an engine with no weights refuses requests") {
+  auto c = tiny_config();
+  engine_core core(c, {});
+  CHECK(core.dirty());
+  generate_request r;
+  r.request_id = 1;
+  r.prompt = encode("x");
+  r.sampling.max_tokens = 1;
+  auto e = core.add(r, {});
+  REQUIRE(e);
+  CHECK(e->code == errc::engine_dirty);
+}
+
+TEST_CASE("abort(id) ends one request and leaves the others running") {
+  harness h;
+  REQUIRE(!h.add(1, "one", 8));
+  REQUIRE(!h.add(2, "two", 8));
+  h.run_until(1, 2);
+  CHECK(h.core.abort(2));
+  CHECK(!h.core.abort(42));
+  h.drain();
+  CHECK(h.seen[2].result->reason == finish_reason::aborted);
+  CHECK(h.seen[1].result->reason == finish_reason::length);
+  CHECK(h.seen[1].tokens.size() == 8);
+}
