@@ -12,6 +12,8 @@ int cmd_version(const arg_list& args);
 int cmd_devices(const arg_list& args);
 int cmd_checkpoint(const arg_list& args);
 int cmd_validate(const arg_list& args);
+int cmd_generate(const arg_list& args);
+int cmd_bench(const arg_list& args);
 int cmd_ping(const arg_list& args);
 
 } // namespace rlsync::tools

@@ -22,6 +22,8 @@ const subcommand subcommands[] = {
    rlsync::tools::cmd_devices},
   {"checkpoint", "make, perturb and inspect safetensors checkpoints", rlsync::tools::cmd_checkpoint},
   {"validate", "check a topology file and print what it resolves to", rlsync::tools::cmd_validate},
+  {"generate", "run the built-in engine on a checkpoint and print the text", rlsync::tools::cmd_generate},
+  {"bench", "measure: engine (throughput, update time)", rlsync::tools::cmd_bench},
   {"ping", "heartbeat round trip to another rlsync process (connectivity check)",
    rlsync::tools::cmd_ping},
 };

@@ -22,4 +22,35 @@ std::string decode(const std::vector<std::int32_t>& tokens) {
   return out;
 }
 
+std::string to_valid_utf8(std::string_view bytes) {
+  static const char replacement[] = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(bytes.size());
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  for (std::size_t i = 0; i < n;) {
+    unsigned char c = b[i];
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (std::size_t k = 1; ok && k < len; ++k)
+      ok = (b[i + k] & 0xC0) == 0x80;
+    if (ok && len > 1) {
+      // Reject overlong encodings, surrogates and code points past U+10FFFF.
+      std::uint32_t cp = c & (0x7F >> len);
+      for (std::size_t k = 1; k < len; ++k)
+        cp = (cp << 6) | (b[i + k] & 0x3F);
+      static const std::uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= min_cp[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(bytes.substr(i, len));
+      i += len;
+    } else {
+      out += replacement;
+      ++i;
+    }
+  }
+  return out;
+}
+
 } // namespace rlsync::engine

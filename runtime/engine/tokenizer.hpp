@@ -15,4 +15,9 @@ std::vector<std::int32_t> encode(std::string_view text);
 /// outside [0, 256) are skipped.
 std::string decode(const std::vector<std::int32_t>& tokens);
 
+/// `bytes` with every invalid UTF-8 sequence replaced by U+FFFD, as
+/// Hugging Face tokenizers decode with errors="replace": safe to print and
+/// to put in JSON. Random weights produce arbitrary bytes.
+std::string to_valid_utf8(std::string_view bytes);
+
 } // namespace rlsync::engine

@@ -104,3 +104,13 @@ TEST_CASE("worker pool: barriers hold every round, a failure reaches the caller 
     CHECK(ran == 1); // usable after a failure
   }
 }
+
+TEST_CASE("to_valid_utf8 keeps valid text and replaces each invalid byte with U+FFFD") {
+  using rlsync::engine::to_valid_utf8;
+  CHECK(to_valid_utf8("plain ascii") == "plain ascii");
+  CHECK(to_valid_utf8("gr\xC3\xBC\xC3\x9F" "e \xE2\x82\xAC \xF0\x9F\x98\x80") == "gr\xC3\xBC\xC3\x9F" "e \xE2\x82\xAC \xF0\x9F\x98\x80");
+  CHECK(to_valid_utf8("a\xFFz") == "a\xEF\xBF\xBDz");
+  CHECK(to_valid_utf8("\xC3") == "\xEF\xBF\xBD");                 // truncated
+  CHECK(to_valid_utf8("\xC0\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD"); // overlong
+  CHECK(to_valid_utf8("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"); // surrogate
+}

@@ -1,0 +1,132 @@
+// rlsync generate: the built-in engine, standalone, on a checkpoint directory.
+#include "runtime/checkpoint.hpp"
+#include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/loader.hpp"
+#include "runtime/engine/tokenizer.hpp"
+#include "runtime/safetensors.hpp"
+#include "tools/cli.hpp"
+#include "tools/commands.hpp"
+
+#include <chrono>
+#include <iostream>
+#include <sstream>
+
+namespace rlsync::tools {
+
+namespace {
+
+const char* usage =
+  "usage: rlsync generate --checkpoint DIR --prompt TEXT [--max-tokens N] [--tp K]\n"
+  "                       [--temperature T] [--top-p P] [--seed S] [--no-stop] [--json]\n"
+  "Runs the built-in engine on a checkpoint (config.json + safetensors) and\n"
+  "streams the generated text. Greedy unless --temperature > 0 (seeded, top-p\n"
+  "nucleus). Stops at EOS unless --no-stop. --json prints one object instead:\n"
+  "prompt_token_ids, token_ids, text, finish_reason, version_spans, timings.\n";
+
+std::string json_ints(const std::vector<std::int32_t>& xs) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(xs[i]);
+  return out + "]";
+}
+
+} // namespace
+
+int cmd_generate(const arg_list& argv) {
+  cli::args a(argv, {"checkpoint", "prompt", "max-tokens", "tp", "temperature", "top-p", "seed"},
+              {"json", "no-stop", "help"});
+  if (a.has("help")) {
+    std::cout << usage;
+    return 0;
+  }
+  auto dir = a.required("checkpoint");
+  auto prompt = a.required("prompt");
+  auto max_tokens = a.get_u64("max-tokens", 32);
+  auto tp = a.get_u64("tp", 1);
+  if (max_tokens == 0 || max_tokens > 1u << 20)
+    throw cli::usage_error("--max-tokens: must be in 1..1048576");
+  if (tp == 0 || tp > 64)
+    throw cli::usage_error("--tp: must be in 1..64");
+  sampling_params sampling;
+  sampling.max_tokens = static_cast<std::uint32_t>(max_tokens);
+  sampling.temperature = static_cast<float>(a.get_double("temperature", 0.0));
+  sampling.top_p = static_cast<float>(a.get_double("top-p", 1.0));
+  sampling.seed = a.get_u64("seed", 0);
+  sampling.stop_at_eos = !a.has("no-stop");
+  if (sampling.temperature < 0)
+    throw cli::usage_error("--temperature: must be >= 0");
+  if (!(sampling.top_p > 0 && sampling.top_p <= 1))
+    throw cli::usage_error("--top-p: must be in (0, 1]");
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto ckpt = checkpoint::open(dir);
+  auto problems = check_llama_parameters(ckpt);
+  if (!problems.empty()) {
+    for (auto& p : problems)
+      std::cerr << "rlsync generate: " << dir << ": " << p << "\n";
+    return 1;
+  }
+  const auto& config = ckpt.config();
+  for (auto& e : validate_tp(config, static_cast<std::int64_t>(tp)))
+    throw cli::usage_error("--tp: " + e);
+  engine::engine_options opts;
+  opts.name = "generate";
+  opts.tp = static_cast<int>(tp);
+  opts.source_dtype = ckpt.tensors().front().tensor->type;
+  engine::engine_core core(config, opts);
+  auto weights = engine::weight_set::make(config, opts.tp);
+  engine::load_checkpoint(ckpt, *weights);
+  core.load(std::move(weights), 0);
+  auto t_loaded = std::chrono::steady_clock::now();
+
+  generate_request req;
+  req.request_id = 1;
+  req.prompt = engine::encode(prompt);
+  req.sampling = sampling;
+  const bool json = a.has("json");
+  std::vector<std::int32_t> tokens;
+  std::optional<generate_result> result;
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  auto failed = core.add(req, {[&](const token_event& e) {
+                                 if (!first_token)
+                                   first_token = std::chrono::steady_clock::now();
+                                 tokens.push_back(e.token);
+                                 if (!json && e.token < 256)
+                                   std::cout << static_cast<char>(e.token) << std::flush;
+                               },
+                               [&](generate_result r) { result = std::move(r); }});
+  if (failed) {
+    std::cerr << "rlsync generate: " << failed->what << "\n";
+    return 1;
+  }
+  // Bounded: every step produces a token or advances a prefill chunk.
+  for (std::uint64_t i = 0; core.has_work() && i < 4 * (max_tokens + req.prompt.size()) + 16; ++i)
+    core.step();
+  auto t_done = std::chrono::steady_clock::now();
+  if (!result) {
+    std::cerr << "rlsync generate: the engine stopped without finishing the request\n";
+    return 1;
+  }
+  auto secs = [](auto from, auto to) { return std::chrono::duration<double>(to - from).count(); };
+  double decode_s = first_token ? secs(*first_token, t_done) : 0;
+  if (json) {
+    std::ostringstream os;
+    os << "{\"prompt_token_ids\": " << json_ints(req.prompt) << ", \"token_ids\": " << json_ints(tokens)
+       << ", \"text\": " << json_quote(engine::to_valid_utf8(engine::decode(tokens)))
+       << ", \"finish_reason\": \"" << to_string(result->reason) << "\", \"version_spans\": [";
+    for (std::size_t i = 0; i < result->spans.size(); ++i)
+      os << (i ? ", " : "") << "{\"version\": " << result->spans[i].version << ", \"start\": "
+         << result->spans[i].begin << ", \"end\": " << result->spans[i].end << "}";
+    os << "], \"tp\": " << tp << ", \"load_seconds\": " << secs(t0, t_loaded)
+       << ", \"generate_seconds\": " << secs(t_loaded, t_done) << "}\n";
+    std::cout << os.str();
+  } else {
+    std::cout << "\n";
+    std::cerr << "[" << tokens.size() << " tokens, " << to_string(result->reason) << ", tp " << tp
+              << ", load " << secs(t0, t_loaded) << " s, "
+              << (decode_s > 0 ? (tokens.size() - 1) / decode_s : 0.0) << " tokens/s]\n";
+  }
+  return 0;
+}
+
+} // namespace rlsync::tools
