@@ -61,6 +61,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, sync_atom, "sync")
   CAF_ADD_ATOM(rlsync, rlsync, route_atom, "route")
   CAF_ADD_ATOM(rlsync, rlsync, evict_atom, "evict")
+  CAF_ADD_ATOM(rlsync, rlsync, step_atom, "step")       // an engine's self-message: one step
 
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_request))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_report))
@@ -113,7 +114,7 @@ RLSYNC_INSPECT(heartbeat, x.from, x.seq)
 RLSYNC_INSPECT(engine_status, x.name, x.version, x.dirty, x.state, x.running, x.waiting,
                x.frozen, x.tokens_generated, x.prefix_cache_hits, x.prefix_cache_queries)
 RLSYNC_INSPECT(tensor_meta, x.name, x.dtype, x.shape)
-RLSYNC_INSPECT(bucket_entry, x.name, x.dtype, x.shape, x.offset, x.bytes)
+RLSYNC_INSPECT(bucket_entry, x.name, x.dtype, x.shape, x.offset, x.bytes, x.tensor_offset)
 RLSYNC_INSPECT(weight_bucket, x.version, x.group, x.entries, x.data, x.checksum)
 RLSYNC_INSPECT(producer_endpoint, x.rank, x.node, x.address)
 RLSYNC_INSPECT(transfer_order, x.version, x.mode, x.backend, x.producers, x.groups,
@@ -126,7 +127,7 @@ RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, 
 RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
                x.rerouted)
-RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds)
+RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history)
 
 #undef RLSYNC_INSPECT
 

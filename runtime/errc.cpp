@@ -17,6 +17,7 @@ std::string to_string(errc x) {
     case errc::not_routable: return "not_routable";
     case errc::round_aborted: return "round_aborted";
     case errc::unknown_name: return "unknown_name";
+    case errc::version_gone: return "version_gone";
     case errc::update_incomplete: return "update_incomplete";
   }
   return "errc(" + std::to_string(static_cast<int>(x)) + ")";

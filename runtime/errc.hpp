@@ -23,6 +23,7 @@ enum class errc : std::uint8_t {
   not_routable,      ///< nothing can serve the request now
   round_aborted,     ///< the sync round was aborted (e.g. the trainer died)
   unknown_name,      ///< a name (engine, request, tensor) the receiver does not know
+  version_gone,      ///< the trainer no longer holds that version: pull the latest instead
 };
 
 std::string to_string(errc x);

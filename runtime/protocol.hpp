@@ -152,6 +152,9 @@ struct bucket_entry {
   std::vector<std::int64_t> shape;
   std::uint64_t offset = 0; ///< into bucket data
   std::uint64_t bytes = 0;
+  /// Where these bytes start in the whole tensor: 0 for a whole tensor; a
+  /// tensor cut across buckets comes as pieces of flat shape {elements}.
+  std::uint64_t tensor_offset = 0;
 };
 
 /// A bucket of weights for `update`. When the bytes travel over the data
@@ -241,6 +244,7 @@ struct coordinator_status {
   std::vector<engine_info> members;
   std::vector<std::string> routable;
   std::uint64_t rounds = 0;
+  std::vector<sync_report> history; ///< the last rounds, oldest first (bounded)
 };
 
 // -- names and checks ------------------------------------------------------------------

@@ -63,7 +63,7 @@ weight_bucket sample_bucket() {
   b.version = 9;
   b.group = 2;
   b.entries = {{"model.layers.0.mlp.up_proj.weight", 0, {4, 2}, 0, 16},
-               {"model.norm.weight", 2, {2}, 16, 8}};
+               {"model.norm.weight", 2, {2}, 16, 8, /*tensor_offset*/ 8}}; // a piece of a larger tensor
   b.data.resize(24);
   for (size_t i = 0; i < b.data.size(); ++i)
     b.data[i] = static_cast<std::uint8_t>(i * 7 + 1);
@@ -173,13 +173,18 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   CHECK(rs.rejected == 5);
   CHECK(rs.rerouted == 6);
 
-  coordinator_status cs{7, {sample_engine_info()}, {"rollout-1"}, 11};
+  coordinator_status cs{7, {sample_engine_info()}, {"rollout-1"}, 11, {sync_report{}}};
+  cs.history[0].version = 6;
+  cs.history[0].evicted = {"rollout-2"};
   auto c = round_trip(cs);
   CHECK(c.version == 7);
   REQUIRE(c.members.size() == 1);
   CHECK(c.members[0].name == "rollout-1");
   CHECK(c.routable == std::vector<std::string>{"rollout-1"});
   CHECK(c.rounds == 11);
+  REQUIRE(c.history.size() == 1);
+  CHECK(c.history[0].version == 6);
+  CHECK(c.history[0].evicted == std::vector<std::string>{"rollout-2"});
 }
 
 TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive serialization") {
@@ -198,6 +203,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(b.entries[1].shape == std::vector<std::int64_t>{2});
   CHECK(b.entries[1].offset == 16);
   CHECK(b.entries[1].bytes == 8);
+  CHECK(b.entries[1].tensor_offset == 8);
   CHECK(b.data == ref.data);
   CHECK(b.checksum == ref.checksum);
 

@@ -1,0 +1,417 @@
+// The coordinator (state diagram in coordinator.hpp). Top to bottom:
+// helpers, membership, when a round starts, the round itself phase by phase,
+// and the behaviour that wires messages to them.
+//
+// Re-entrancy: an eviction can complete a barrier, a barrier can end the
+// round, and the end of a round can start the next one, all within one
+// message. Functions therefore never touch the round after handing control
+// to `next_phase`, `end_round` or `start_round`.
+#include "actors/coordinator.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/actor_system.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/sec.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <utility>
+
+namespace rlsync {
+
+void log_to_stderr(const std::string& line) {
+  std::cerr << (line + '\n'); // one write: lines of concurrent actors do not interleave
+}
+
+namespace {
+
+using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+using sync_waiter = caf::typed_response_promise<sync_report>;
+
+// -- helpers --------------------------------------------------------------------
+
+std::uint64_t now_ns(self_ptr self) {
+  if (self->state.cfg.now_ns)
+    return self->state.cfg.now_ns();
+  auto t = self->clock().now().time_since_epoch();
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t).count());
+}
+
+void log_line(self_ptr self, const std::string& line) {
+  if (self->state.cfg.log)
+    self->state.cfg.log(line);
+}
+
+std::chrono::milliseconds deadline_of(const sync_deadlines& d, sync_phase phase) {
+  switch (phase) {
+    case sync_phase::pause: return d.pause;
+    case sync_phase::flush: return d.flush;
+    case sync_phase::start: return d.start;
+    case sync_phase::transfer: return d.transfer;
+    case sync_phase::finish: return d.finish;
+    case sync_phase::resume: return d.resume;
+    case sync_phase::done: break;
+  }
+  return std::chrono::milliseconds{0};
+}
+
+std::string millis(std::uint64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
+  return buf;
+}
+
+void maybe_start_round(self_ptr self);
+void evict(self_ptr self, const std::string& name, sync_phase phase, const std::string& why);
+
+// -- membership -------------------------------------------------------------------
+
+/// Forgets an engine: it left, died, or a newer incarnation replaced it. It
+/// leaves the round and the router stops using it.
+void drop_member(self_ptr self, std::string name, const std::string& why) {
+  auto& st = self->state;
+  auto i = st.members.find(name);
+  if (i == st.members.end())
+    return;
+  self->demonitor(i->second.handle.address());
+  st.members.erase(i); // first: a round that ends below must not snapshot it again
+  if (st.round && st.round->book.in_round(name))
+    evict(self, name, st.round->book.phase(), why); // tells the router too
+  else if (st.cfg.router)
+    self->send(st.cfg.router, evict_atom::value, name);
+}
+
+caf::result<registration> on_register(self_ptr self, const engine_info& info,
+                                      const rollout_engine_actor& engine) {
+  auto& st = self->state;
+  if (info.name.empty() || !engine)
+    return make_error(errc::malformed, "registration without a name or an actor");
+  if (auto i = st.members.find(info.name); i != st.members.end()) {
+    auto& known = i->second;
+    if (known.handle.address() == engine.address()) // a retry: nothing changes
+      return registration{st.synced_version, known.routable};
+    if (info.incarnation <= known.info.incarnation)
+      return make_error(errc::version_mismatch,
+                        info.name + ": incarnation " + std::to_string(info.incarnation)
+                          + " is not newer than the registered "
+                          + std::to_string(known.info.incarnation));
+    drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation));
+  }
+  coordinator_member m;
+  m.info = info;
+  m.handle = engine;
+  self->monitor(engine);
+  st.members.emplace(info.name, std::move(m));
+  maybe_start_round(self); // its cold sync
+  return registration{st.synced_version, false};
+}
+
+void on_down(self_ptr self, const caf::down_msg& dm) {
+  for (auto& [name, m] : self->state.members)
+    if (m.handle.address() == dm.source) {
+      drop_member(self, name, "down: " + self->system().render(dm.reason));
+      return;
+    }
+  // else: an incarnation already replaced, or the trainer: nothing to do here
+}
+
+// -- when a round starts --------------------------------------------------------
+
+void start_round(self_ptr self, std::vector<sync_waiter> waiters);
+
+void on_version(self_ptr self, const version_info& vi) {
+  auto& st = self->state;
+  if (vi.version <= st.newest.version) { // the counter never goes backwards
+    if (vi.version < st.newest.version)
+      log_line(self, "coordinator: ignored version " + std::to_string(vi.version)
+                       + ", older than the published " + std::to_string(st.newest.version));
+    return;
+  }
+  st.newest = vi;
+  maybe_start_round(self);
+}
+
+void maybe_start_round(self_ptr self) {
+  auto& st = self->state;
+  if (st.round)
+    return; // the end of this round checks again
+  auto newcomer = std::any_of(st.members.begin(), st.members.end(),
+                              [](const auto& kv) { return kv.second.newcomer; });
+  if (st.sync_waiters.empty()
+      && !round_due(st.newest.version, st.synced_version, st.cfg.sync.every_versions, newcomer))
+    return;
+  start_round(self, std::exchange(st.sync_waiters, {}));
+}
+
+// -- the round ----------------------------------------------------------------------
+
+void ask_phase(self_ptr self);
+void next_phase(self_ptr self);
+void end_round(self_ptr self);
+
+/// Snapshot of the membership: every registered engine, evicted ones included
+/// (their full transfer brings them current), towards the newest version.
+void start_round(self_ptr self, std::vector<sync_waiter> waiters) {
+  auto& st = self->state;
+  std::vector<std::string> names;
+  for (auto& [name, m] : st.members) {
+    names.push_back(name);
+    m.newcomer = false;
+  }
+  st.round.emplace(sync_round{st.next_round_id++, st.newest.version, std::move(names)},
+                   st.newest);
+  st.round->waiters = std::move(waiters);
+  st.round->pause_sent_ns = now_ns(self);
+  if (st.round->book.done())
+    end_round(self); // nobody to sync
+  else
+    ask_phase(self);
+}
+
+template <class Reply>
+void on_reply(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
+              const Reply& reply);
+void on_failure(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
+                const caf::error& err);
+
+/// One request of the current phase to one engine, with the phase's deadline.
+/// The callbacks carry the round id, so an answer cannot reach a later round.
+template <class Reply, class... Ts>
+void ask(self_ptr self, const std::string& name, sync_phase phase, Ts... xs) {
+  auto& st = self->state;
+  auto id = st.round->book.id();
+  self->request(st.members.at(name).handle, deadline_of(st.cfg.sync.deadlines, phase), xs...)
+    .then([=](Reply& reply) { on_reply(self, id, name, phase, reply); },
+          [=](caf::error& err) { on_failure(self, id, name, phase, err); });
+}
+
+/// Fans the current phase out to every live engine of the round at once.
+void ask_phase(self_ptr self) {
+  auto& st = self->state;
+  auto& r = *st.round;
+  auto v = r.book.version();
+  auto phase = r.book.phase();
+  transfer_order order;
+  if (phase == sync_phase::transfer) {
+    order.version = v;
+    order.mode = st.cfg.transfer.mode;
+    order.backend = std::string{to_string(st.cfg.transfer.backend)};
+    order.producers = st.cfg.producers;
+    order.groups = r.target.groups;
+    order.bucket_bytes = static_cast<std::uint64_t>(st.cfg.transfer.bucket_bytes);
+    order.groups_in_flight = static_cast<std::uint32_t>(st.cfg.transfer.groups_in_flight);
+    r.transfer_sent_ns = now_ns(self);
+  }
+  for (auto& name : r.book.live()) {
+    switch (phase) {
+      case sync_phase::pause:
+        // keep: running requests freeze and continue after the update;
+        // no clear_cache: the flush phase resets the cache (DESIGN §2).
+        ask<pause_report>(self, name, phase, pause_atom::value,
+                          pause_request{pause_mode::keep, false});
+        break;
+      case sync_phase::flush:
+        ask<phase_ack>(self, name, phase, flush_atom::value);
+        break;
+      case sync_phase::start:
+        ask<phase_ack>(self, name, phase, start_atom::value, v);
+        break;
+      case sync_phase::transfer:
+        ask<transfer_report>(self, name, phase, transfer_atom::value, order);
+        break;
+      case sync_phase::finish:
+        ask<phase_ack>(self, name, phase, finish_atom::value, v);
+        break;
+      case sync_phase::resume:
+        ask<phase_ack>(self, name, phase, resume_atom::value);
+        break;
+      case sync_phase::done:
+        break;
+    }
+  }
+}
+
+/// What is wrong with a reply, or nothing. Engines that answer for another
+/// version are evicted: serving it would mix versions.
+std::string check_reply(const coordinator_round&, sync_phase, const pause_report&) {
+  return {};
+}
+
+std::string check_reply(const coordinator_round& r, sync_phase phase, const phase_ack& ack) {
+  if (phase == sync_phase::finish && ack.version != r.book.version())
+    return "finished version " + std::to_string(ack.version);
+  return {};
+}
+
+std::string check_reply(const coordinator_round& r, sync_phase, const transfer_report& rep) {
+  if (rep.version != r.book.version())
+    return "transferred version " + std::to_string(rep.version);
+  return {};
+}
+
+void count_bytes(coordinator_round&, const pause_report&) {}
+void count_bytes(coordinator_round&, const phase_ack&) {}
+void count_bytes(coordinator_round& r, const transfer_report& rep) {
+  r.bytes += rep.bytes;
+}
+
+template <class Reply>
+void on_reply(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
+              const Reply& reply) {
+  auto& st = self->state;
+  // A late answer of an evicted engine, or one for an earlier round: ignored.
+  if (!st.round || st.round->book.id() != round_id || st.round->book.phase() != phase
+      || !st.round->book.waiting_on(name))
+    return;
+  auto& r = *st.round;
+  if (auto what = check_reply(r, phase, reply); !what.empty()) {
+    evict(self, name, phase, what);
+    return;
+  }
+  count_bytes(r, reply);
+  if (phase == sync_phase::resume)
+    r.last_resume_ack_ns = now_ns(self);
+  r.book.ack(name, phase);
+  if (r.book.barrier_reached())
+    next_phase(self);
+}
+
+void on_failure(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
+                const caf::error& err) {
+  auto& st = self->state;
+  if (!st.round || st.round->book.id() != round_id)
+    return;
+  auto why = err == caf::sec::request_timeout
+               ? "no answer within "
+                   + std::to_string(deadline_of(st.cfg.sync.deadlines, phase).count()) + " ms"
+               : self->system().render(err);
+  evict(self, name, phase, why);
+}
+
+/// Takes an engine out of the round and out of routing. It stays a member
+/// (when alive) and needs a full sync before it is routable again.
+void evict(self_ptr self, const std::string& name, sync_phase phase, const std::string& why) {
+  auto& st = self->state;
+  auto& r = *st.round;
+  if (!r.book.evict(name))
+    return; // already out: its second failure changes nothing
+  r.eviction_notes.push_back(name + " (" + std::string{to_string(phase)} + ": " + why + ")");
+  if (auto i = st.members.find(name); i != st.members.end()) {
+    i->second.routable = false;
+    if (phase >= sync_phase::start) // the update session may be half applied
+      i->second.info.dirty = true;
+  }
+  if (st.cfg.router)
+    self->send(st.cfg.router, evict_atom::value, name);
+  if (r.book.barrier_reached())
+    next_phase(self);
+}
+
+/// The barrier of the current phase is reached: on to the next one.
+void next_phase(self_ptr self) {
+  auto& r = *self->state.round;
+  if (r.book.phase() == sync_phase::transfer)
+    r.transfer_done_ns = now_ns(self);
+  if (r.book.advance() == sync_phase::done)
+    end_round(self);
+  else
+    ask_phase(self);
+}
+
+/// Survivors become routable at the round's version; then the figures, the
+/// history, the waiters, and maybe the next round.
+void end_round(self_ptr self) {
+  auto& st = self->state;
+  auto r = std::move(*st.round);
+  st.round.reset();
+  auto v = r.book.version();
+  for (auto& name : r.book.live()) {
+    auto& m = st.members.at(name);
+    m.info.version = v;
+    m.info.dirty = false;
+    m.routable = true;
+    if (st.cfg.router)
+      self->send(st.cfg.router, route_atom::value, route_update{name, v, true}, m.handle);
+  }
+  st.synced_version = std::max(st.synced_version, v);
+  auto end = now_ns(self);
+  sync_report rep;
+  rep.version = v;
+  rep.engines_synced = static_cast<std::uint32_t>(r.book.live().size());
+  rep.evicted = r.book.evicted();
+  rep.stall_ns = (r.last_resume_ack_ns != 0 ? r.last_resume_ack_ns : end) - r.pause_sent_ns;
+  if (r.transfer_sent_ns != 0)
+    rep.transfer_ns = r.transfer_done_ns - r.transfer_sent_ns;
+  rep.bytes = r.bytes;
+  rep.control_ns = rep.stall_ns > rep.transfer_ns ? rep.stall_ns - rep.transfer_ns : 0;
+  ++st.rounds;
+  st.history.push_back(rep);
+  while (st.history.size() > st.cfg.history_limit)
+    st.history.pop_front();
+  std::string line = "sync round " + std::to_string(r.book.id()) + " v" + std::to_string(v) + ": "
+                     + std::to_string(rep.engines_synced) + " engines synced";
+  for (auto& note : r.eviction_notes)
+    line += ", evicted " + note;
+  line += "; stall " + millis(rep.stall_ns) + ", transfer " + millis(rep.transfer_ns) + ", "
+          + std::to_string(rep.bytes) + " bytes, control " + millis(rep.control_ns);
+  log_line(self, line);
+  for (auto& w : r.waiters)
+    w.deliver(rep);
+  maybe_start_round(self);
+}
+
+} // namespace
+
+// -- behaviour ------------------------------------------------------------------------
+
+coordinator_actor::behavior_type
+coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg) {
+  self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  if (auto trainer = self->state.cfg.trainer) {
+    self->send(trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
+    // Versions published before the subscription arrived are learnt here.
+    self->request(trainer, self->state.cfg.trainer_deadline, version_atom::value)
+      .then([=](version_info& vi) { on_version(self, vi); },
+            [=](caf::error& err) {
+              log_line(self, "coordinator: the trainer did not report its version: "
+                               + self->system().render(err));
+            });
+  }
+  return {
+    [=](version_atom, const version_info& vi) { on_version(self, vi); },
+    [=](register_atom, const engine_info& info,
+        const rollout_engine_actor& engine) -> caf::result<registration> {
+      return on_register(self, info, engine);
+    },
+    [=](deregister_atom, const std::string& name) { drop_member(self, name, "deregistered"); },
+    [=](sync_atom) -> caf::result<sync_report> {
+      auto rp = self->make_response_promise<sync_report>();
+      if (self->state.round)
+        self->state.sync_waiters.push_back(rp); // one round at a time: it gets the next
+      else
+        start_round(self, {rp});
+      return rp;
+    },
+    [=](status_atom) -> coordinator_status {
+      auto& st = self->state;
+      coordinator_status s;
+      s.version = st.synced_version;
+      for (auto& [name, m] : st.members) {
+        s.members.push_back(m.info);
+        if (m.routable)
+          s.routable.push_back(name);
+      }
+      s.rounds = st.rounds;
+      s.history.assign(st.history.begin(), st.history.end());
+      return s;
+    },
+    [=](heartbeat_atom, const heartbeat& hb) {
+      // Detection by heartbeat timeout is a later issue; this is its input.
+      self->state.last_seen_ns[hb.from] = now_ns(self);
+    },
+  };
+}
+
+} // namespace rlsync

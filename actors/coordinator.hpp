@@ -1,0 +1,130 @@
+#pragma once
+// The coordinator: owns membership and runs the sync rounds (DESIGN §3).
+//
+// One round at a time; each phase is fanned out to every engine of the round
+// at once, with that phase's deadline, so a round always ends.
+//
+//   idle --(version due | newcomer registered | sync_atom)--> snapshot
+//    ^                                                          |
+//    |                                                          v
+//    |     pause ==> flush ==> start(v) ==> transfer ==> finish(v) ==> resume
+//    |                                                                   |
+//    +-- done: report, history; survivors routable at v (router: route) -+
+//
+//   ==>  a barrier: no engine gets phase n+1 before every live engine of the
+//        round acknowledged phase n or was evicted.
+//   In any phase, per engine: error | deadline missed | down_msg
+//        --> evicted: out of the round and out of routing (router: evict);
+//            the round goes on with the others, or is done when none is left.
+//
+// Membership: a registered engine is monitored and is *not routable* until it
+// completes a round (health is not freshness). An engine evicted but alive
+// stays registered and unroutable; the next round includes it again and its
+// full transfer brings it current. A dead engine is removed until it
+// re-registers; a re-registration with a higher incarnation replaces the old
+// handle.
+//
+// Not yet here: persisting the version counter (it lives only in
+// `synced_version` and `newest`), waves (`ask_phase` is the one place that
+// fans out), heartbeat-timeout detection (`last_seen_ns` is its input).
+#include "actors/interfaces.hpp"
+#include "runtime/sync_round.hpp"
+#include "runtime/topology.hpp"
+
+#include <caf/typed_response_promise.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlsync {
+
+/// Writes one line to stderr: the coordinator's default log.
+void log_to_stderr(const std::string& line);
+
+/// What the coordinator is spawned with.
+struct coordinator_config {
+  /// Deadlines per phase and the cadence (every_versions). staleness, waves,
+  /// min_live_engines and max_restarts are not used yet.
+  sync_spec sync;
+  /// Mode, backend, bucket size and groups in flight of the transfer orders.
+  transfer_spec transfer;
+  /// Where engines pull from; empty for the local backend.
+  std::vector<producer_endpoint> producers;
+  /// The coordinator subscribes to its versions; none: versions arrive only
+  /// as `version_atom` messages.
+  trainer_actor trainer;
+  /// Told which engines may serve (route) and which may not (evict); none:
+  /// nobody is told.
+  router_actor router;
+  /// How long the trainer may take to answer the coordinator's version query.
+  std::chrono::milliseconds trainer_deadline{5000};
+  /// Time for the round's figures, in nanoseconds; empty: the actor clock
+  /// (the simulated clock under the deterministic test scheduler).
+  std::function<std::uint64_t()> now_ns;
+  /// Receives one line per round (and one per refused version); empty: quiet.
+  std::function<void(const std::string&)> log = log_to_stderr;
+  /// Rounds kept for `status_atom`.
+  std::size_t history_limit = 64;
+};
+
+/// One registered engine, as the coordinator sees it.
+struct coordinator_member {
+  /// As registered; `version` and `dirty` follow the rounds.
+  engine_info info;
+  rollout_engine_actor handle;
+  /// Completed a round and the router was told so.
+  bool routable = false;
+  /// Registered and not yet in any round: it waits for its cold sync.
+  bool newcomer = true;
+};
+
+/// The round in progress.
+struct coordinator_round {
+  coordinator_round(sync_round book, version_info target)
+    : book(std::move(book)), target(target) {}
+
+  sync_round book;
+  version_info target;
+  std::uint64_t pause_sent_ns = 0;
+  std::uint64_t transfer_sent_ns = 0;
+  std::uint64_t transfer_done_ns = 0;
+  std::uint64_t last_resume_ack_ns = 0; ///< 0: none acknowledged resume
+  std::uint64_t bytes = 0;
+  /// "name (phase: reason)" per eviction, for the round's log line.
+  std::vector<std::string> eviction_notes;
+  /// sync_atom requests answered when the round ends.
+  std::vector<caf::typed_response_promise<sync_report>> waiters;
+};
+
+struct coordinator_state {
+  coordinator_config cfg;
+  std::map<std::string, coordinator_member> members;
+  /// The newest version the trainer published. Never goes backwards.
+  version_info newest;
+  /// The version of the last completed round. Never goes backwards.
+  std::uint64_t synced_version = 0;
+  std::optional<coordinator_round> round;
+  std::uint64_t next_round_id = 1;
+  std::uint64_t rounds = 0;
+  /// The last `cfg.history_limit` rounds, oldest first.
+  std::deque<sync_report> history;
+  /// sync_atom requests that arrived during a round: they get the next one.
+  std::vector<caf::typed_response_promise<sync_report>> sync_waiters;
+  /// Last heartbeat per sender (steady ns). Hook for heartbeat-timeout
+  /// detection, a later issue: nothing reads it yet.
+  std::map<std::string, std::uint64_t> last_seen_ns;
+
+  static inline const char* name = "coordinator";
+};
+
+/// The coordinator's behaviour; spawn with `sys.spawn(coordinator, cfg)`.
+coordinator_actor::behavior_type
+coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg);
+
+} // namespace rlsync

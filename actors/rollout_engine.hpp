@@ -1,0 +1,54 @@
+#pragma once
+// The rollout-engine actor: one built-in engine (all its tp workers) behind
+// the rollout_engine_actor interface (DESIGN §2).
+//
+// The engine core is single-threaded; this actor owns it and is its only
+// caller. Generation advances by `step` messages the actor sends itself, one
+// engine step each, so every command (pause, status, a new request) is
+// handled between two steps and the mailbox is never blocked for longer than
+// one step. Spawn it detached so that steps never occupy a scheduler worker.
+//
+//   generate ─► core.add ─► step, step, ... ─► tokens to the sink, one by one
+//                                          └─► result to the requester
+//   pause ─► core.pause ─► (wait: steps until idle) ─► pause_report
+//
+// Tokens are sent to their sink from inside the step that produced them,
+// before any later message of this actor: a pause reply therefore follows
+// every token produced before the pause.
+#include "actors/interfaces.hpp"
+#include "runtime/engine/engine_core.hpp"
+
+#include <memory>
+
+namespace rlsync {
+
+/// What an engine actor is made from.
+struct rollout_engine_config {
+  model_config model;
+  engine::engine_options options; ///< options.name is the replica name
+  std::string node;
+  /// Steps itself while it has work. Deterministic tests turn this off and
+  /// send `step_atom` themselves, so that a pause can land between steps.
+  bool self_stepping = true;
+};
+
+/// The interface plus the actor's own step message.
+using rollout_engine_impl = rollout_engine_actor::extend<caf::reacts_to<step_atom>>;
+
+struct rollout_engine_state {
+  std::unique_ptr<engine::engine_core> core;
+  std::string node;
+  bool self_stepping = true;
+  bool step_scheduled = false;
+  std::optional<caf::typed_response_promise<pause_report>> pause_promise;
+  std::unordered_map<std::uint64_t, caf::typed_response_promise<generate_result>> pending;
+  static inline const char* name = "rollout_engine";
+};
+
+rollout_engine_impl::behavior_type
+rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self, rollout_engine_config cfg);
+
+/// Spawns an engine actor on its own thread.
+rollout_engine_actor spawn_rollout_engine(caf::actor_system& sys, rollout_engine_config cfg);
+
+} // namespace rlsync

@@ -1,0 +1,363 @@
+#include "actors/router.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/system_messages.hpp>
+#include <caf/send.hpp>
+#include <caf/sec.hpp>
+
+#include <algorithm>
+#include <utility>
+
+namespace rlsync {
+
+namespace {
+
+// -- the token relay ---------------------------------------------------------
+
+// One relay serves one dispatch of one request. A reroute gets a fresh relay,
+// after the old one has closed: late tokens from the old engine then reach a
+// relay that is gone, so nothing from an abandoned attempt reaches the sink,
+// whichever actor on the engine's side sends the tokens.
+struct relay_state {
+  token_sink_actor sink;
+  std::uint64_t request_id = 0;
+  std::uint32_t next_index = 0;  ///< the index the next new token must have at least
+  std::uint32_t max_tokens = 0;  ///< indices at or past it are bogus: bounds the record
+  generate_result forwarded;     ///< what reached the sink, with its version spans
+
+  static inline const char* name = "router-relay";
+};
+
+token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer<relay_state> self,
+                                             token_sink_actor sink, caf::actor_addr router,
+                                             const generate_request& request) {
+  auto& st = self->state;
+  st.sink = std::move(sink);
+  st.request_id = request.request_id;
+  st.next_index = static_cast<std::uint32_t>(request.generated.size());
+  st.max_tokens = request.sampling.max_tokens;
+  st.forwarded.request_id = request.request_id;
+  // A relay lives as long as its request, and never longer than the router.
+  self->monitor(caf::actor_cast<caf::abstract_actor*>(router));
+  self->set_down_handler([=](caf::down_msg&) { self->quit(); });
+  return {
+    [=](token_atom, token_event& ev) {
+      auto& st = self->state;
+      if (ev.request_id != st.request_id || ev.index < st.next_index
+          || ev.index >= st.max_tokens)
+        return; // another request's, a duplicate, or past the budget
+      st.next_index = ev.index + 1;
+      auto& out = st.forwarded;
+      auto n = static_cast<std::uint32_t>(out.tokens.size());
+      out.tokens.push_back(ev.token);
+      if (out.spans.empty() || out.spans.back().version != ev.version)
+        out.spans.push_back({ev.version, n, n + 1});
+      else
+        out.spans.back().end = n + 1;
+      if (ev.stale_kv)
+        ++out.stale_kv_tokens;
+      self->send(st.sink, token_atom_v, std::move(ev));
+    },
+    [=](finish_atom) -> generate_result {
+      // Every token that arrived before this message has been forwarded.
+      self->quit();
+      return std::move(self->state.forwarded);
+    },
+  };
+}
+
+// -- the router ----------------------------------------------------------------
+
+using router_ptr = router_impl_actor::stateful_pointer<router_state>;
+
+std::string ms(std::chrono::milliseconds d) {
+  return std::to_string(d.count()) + " ms";
+}
+
+std::optional<std::size_t> choose(router_ptr self, const generate_request& req) {
+  auto& st = self->state;
+  route_query q{req.min_version, 0};
+  if (st.config.policy == router_policy::prefix_affinity)
+    q.prefix = prefix_hash(req.prompt, st.config.affinity_prefix_tokens);
+  return choose_replica(st.replicas, st.rules, q, st.round_robin_cursor);
+}
+
+replica_load* find_replica(router_state& st, const std::string& name) {
+  auto i = std::find_if(st.replicas.begin(), st.replicas.end(),
+                        [&](const replica_load& r) { return r.name == name; });
+  return i == st.replicas.end() ? nullptr : &*i;
+}
+
+void dispatch(router_ptr self, request_record rec, std::size_t replica);
+
+/// Sends every queued request that a replica can serve now, oldest first. A
+/// request no replica can serve (its min_version is ahead) does not hold up
+/// the ones behind it.
+void drain_queue(router_ptr self) {
+  auto& st = self->state;
+  for (auto i = st.queued.begin(); i != st.queued.end();) {
+    auto choice = choose(self, i->second.request);
+    if (!choice) {
+      ++i;
+      continue;
+    }
+    auto rec = std::move(i->second);
+    i = st.queued.erase(i);
+    dispatch(self, std::move(rec), *choice);
+  }
+}
+
+/// The answer to a request whose engine failed: what its sink already has.
+generate_result failed_result(const request_record& rec, generate_result forwarded) {
+  forwarded.request_id = rec.request.request_id;
+  forwarded.reason = finish_reason::failed;
+  forwarded.engine = rec.engine_name;
+  return forwarded;
+}
+
+/// Takes a running request off the books and answers it: with the engine's
+/// result, or (none) as failed. The answer waits for the relay to close, so
+/// that the sink has every token before the requester has the result.
+void close_running(router_ptr self, std::map<std::uint64_t, request_record>::iterator it,
+                   std::optional<generate_result> result) {
+  auto& st = self->state;
+  auto rec = std::move(it->second);
+  st.running.erase(it);
+  st.in_flight.erase(rec.request.request_id);
+  if (auto r = find_replica(st, rec.engine_name); r != nullptr && r->outstanding > 0)
+    --r->outstanding;
+  ++st.completed;
+  rec.result = std::move(result);
+  auto ticket = rec.ticket;
+  auto relay = rec.relay;
+  st.closing.emplace(ticket, std::move(rec));
+  auto answer = [self, ticket](generate_result forwarded) {
+    auto& st = self->state;
+    auto i = st.closing.find(ticket);
+    if (i == st.closing.end())
+      return;
+    auto& rec = i->second;
+    if (rec.result)
+      rec.promise.deliver(std::move(*rec.result));
+    else
+      rec.promise.deliver(failed_result(rec, std::move(forwarded)));
+    st.closing.erase(i);
+  };
+  self->request(relay, st.config.control_deadline, finish_atom_v)
+    .then([answer](generate_result& forwarded) { answer(std::move(forwarded)); },
+          [answer](caf::error&) { answer({}); });
+}
+
+void on_engine_result(router_ptr self, std::uint64_t ticket, std::uint32_t attempt,
+                      generate_result res) {
+  auto& st = self->state;
+  auto it = st.running.find(ticket);
+  if (it == st.running.end() || it->second.attempts != attempt)
+    return; // already answered (its engine went down) or a stale attempt
+  // The engine is a peer: a result that does not add up is a failure, not an answer.
+  if (!check(res).empty() || res.request_id != it->second.request.request_id) {
+    close_running(self, it, std::nullopt);
+    return;
+  }
+  close_running(self, it, std::move(res));
+}
+
+void on_engine_error(router_ptr self, std::uint64_t ticket, std::uint32_t attempt,
+                     const caf::error& err) {
+  auto& st = self->state;
+  auto it = st.running.find(ticket);
+  if (it == st.running.end() || it->second.attempts != attempt)
+    return;
+  if (is(err, errc::engine_dirty)) {
+    // A replica that refuses at once would otherwise draw every request, having
+    // the fewest outstanding. The coordinator makes it routable after a sync.
+    if (auto r = find_replica(st, it->second.engine_name))
+      r->routable = false;
+  } else if (err == caf::sec::request_timeout) {
+    // The engine may still be working on it: free its slot. Best effort.
+    self->request(it->second.engine, st.config.control_deadline, abort_atom_v,
+                  it->second.request.request_id)
+      .then([](bool) {}, [](caf::error&) {});
+  }
+  close_running(self, it, std::nullopt);
+}
+
+void dispatch(router_ptr self, request_record rec, std::size_t replica) {
+  auto& st = self->state;
+  auto& r = st.replicas[replica];
+  ++r.outstanding;
+  rec.engine_name = r.name;
+  rec.engine = st.engines.at(r.name);
+  ++rec.attempts;
+  rec.relay = self->spawn(token_relay, rec.sink, self->address(), rec.request);
+  auto ticket = rec.ticket;
+  auto attempt = rec.attempts;
+  self
+    ->request(rec.engine, st.config.engine_deadline, generate_atom_v, rec.request,
+              caf::actor_cast<token_sink_actor>(rec.relay))
+    .then(
+      [=](generate_result& res) { on_engine_result(self, ticket, attempt, std::move(res)); },
+      [=](caf::error& err) { on_engine_error(self, ticket, attempt, err); });
+  st.running.emplace(ticket, std::move(rec));
+}
+
+/// Called for a down engine: drop it from the table (when it is still the
+/// handle on record) and answer its running requests as failed.
+void engine_down(router_ptr self, const caf::actor_addr& who) {
+  auto& st = self->state;
+  for (auto i = st.engines.begin(); i != st.engines.end();) {
+    if (i->second.address() == who) {
+      auto name = i->first;
+      st.replicas.erase(std::remove_if(st.replicas.begin(), st.replicas.end(),
+                                       [&](const replica_load& r) { return r.name == name; }),
+                        st.replicas.end());
+      i = st.engines.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  std::vector<std::uint64_t> lost;
+  for (auto& [ticket, rec] : st.running)
+    if (rec.engine.address() == who)
+      lost.push_back(ticket);
+  for (auto ticket : lost)
+    close_running(self, st.running.find(ticket), std::nullopt);
+}
+
+/// Answers every request before the router goes: nobody waits on a router
+/// that no longer exists. Running requests are aborted on their engines.
+void shut_down(router_ptr self) {
+  auto& st = self->state;
+  for (auto& [ticket, rec] : st.queued) {
+    ++st.rejected;
+    rec.promise.deliver(make_error(errc::not_routable, "the router is shutting down"));
+  }
+  for (auto& [ticket, rec] : st.running) {
+    ++st.rejected;
+    caf::anon_send(rec.engine, abort_atom_v, rec.request.request_id);
+    rec.promise.deliver(make_error(errc::not_routable, "the router is shutting down"));
+  }
+  // Finished requests still waiting for their relay get their answer now.
+  for (auto& [ticket, rec] : st.closing)
+    rec.promise.deliver(rec.result ? std::move(*rec.result) : failed_result(rec, {}));
+  st.queued.clear();
+  st.running.clear();
+  st.closing.clear();
+  st.in_flight.clear();
+}
+
+} // namespace
+
+router_impl_actor::behavior_type router(router_ptr self, router_config config) {
+  self->state.config = std::move(config);
+  self->state.rules.policy = self->state.config.policy;
+  self->state.rules.staleness = self->state.config.staleness;
+  self->set_down_handler([=](caf::down_msg& dm) { engine_down(self, dm.source); });
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    shut_down(self);
+    self->quit(em.reason);
+  });
+  return {
+    [=](generate_atom, generate_request& req,
+        token_sink_actor& sink) -> caf::result<generate_result> {
+      auto& st = self->state;
+      auto why = check(req);
+      if (why.empty() && !sink)
+        why = "generate: no token sink";
+      if (why.empty() && st.in_flight.count(req.request_id) != 0)
+        why = "generate_request.request_id: " + std::to_string(req.request_id)
+              + " is already in flight";
+      if (!why.empty()) {
+        ++st.rejected;
+        return make_error(errc::malformed, std::move(why));
+      }
+      auto choice = choose(self, req);
+      if (!choice && st.queued.size() >= st.config.queue_limit) {
+        ++st.rejected;
+        return make_error(errc::queue_full, "no replica can serve and "
+                                              + std::to_string(st.queued.size())
+                                              + " requests are already waiting");
+      }
+      // Only now: a promise takes over the reply, so no error may follow it.
+      request_record rec;
+      rec.ticket = st.next_ticket++;
+      rec.request = std::move(req);
+      rec.sink = std::move(sink);
+      rec.promise = self->make_response_promise<generate_result>();
+      auto promise = rec.promise;
+      st.in_flight.emplace(rec.request.request_id, rec.ticket);
+      if (choice) {
+        dispatch(self, std::move(rec), *choice);
+      } else {
+        self->delayed_send(caf::actor_cast<router_impl_actor>(self), st.config.queue_deadline,
+                           caf::timeout_atom_v, rec.ticket);
+        st.queued.emplace(rec.ticket, std::move(rec));
+      }
+      return promise;
+    },
+    [=](route_atom, route_update& u, rollout_engine_actor& engine) {
+      auto& st = self->state;
+      if (u.engine.empty() || !engine)
+        return; // nothing to route to
+      auto& known = st.engines[u.engine];
+      if (known != engine) {
+        // New, or restarted under the same name: watch this incarnation.
+        known = engine;
+        self->monitor(engine);
+      }
+      auto r = find_replica(st, u.engine);
+      if (r == nullptr) {
+        st.replicas.push_back({u.engine, 0, false, 0});
+        r = &st.replicas.back();
+      }
+      r->version = u.version;
+      r->routable = u.routable;
+      if (u.routable)
+        st.rules.newest_version = std::max(st.rules.newest_version, u.version);
+      drain_queue(self);
+    },
+    [=](evict_atom, const std::string& name) {
+      // Its running requests stay with it: they finish or time out there.
+      if (auto r = find_replica(self->state, name))
+        r->routable = false;
+    },
+    [=](caf::timeout_atom, std::uint64_t ticket) {
+      if (self->current_sender() != self->ctrl())
+        return; // only the router's own deadlines
+      auto& st = self->state;
+      auto i = st.queued.find(ticket);
+      if (i == st.queued.end())
+        return; // dispatched in time
+      auto rec = std::move(i->second);
+      st.queued.erase(i);
+      st.in_flight.erase(rec.request.request_id);
+      ++st.rejected;
+      rec.promise.deliver(make_error(errc::not_routable,
+                                     "no replica could serve request "
+                                       + std::to_string(rec.request.request_id) + " within "
+                                       + ms(st.config.queue_deadline)));
+    },
+    [=](status_atom) -> router_status {
+      auto& st = self->state;
+      router_status s;
+      for (auto& r : st.replicas)
+        if (is_current(r, st.rules))
+          ++s.routable;
+      s.queued = static_cast<std::uint32_t>(st.queued.size());
+      s.outstanding = static_cast<std::uint32_t>(st.running.size());
+      s.completed = st.completed;
+      s.rejected = st.rejected;
+      s.rerouted = st.rerouted;
+      return s;
+    },
+    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat {
+      return {self->state.config.name, hb.seq};
+    },
+  };
+}
+
+router_actor spawn_router(caf::actor_system& sys, router_config config) {
+  return sys.spawn(router, std::move(config));
+}
+
+} // namespace rlsync

@@ -1,0 +1,103 @@
+#pragma once
+// The router (DESIGN §4): routes generation requests to routable replicas at
+// a current version, queues them (bounded, with a deadline) while none can
+// serve, and relays each engine's final answer back to its requester.
+//
+// One request's life (counters in router_status in brackets):
+//
+//   generate ─ check fails ─────────────────────────────▶ error malformed     [rejected]
+//      ├─ a replica can serve ─▶ running [outstanding]
+//      │                           ├ engine's result ─────────▶ result        [completed]
+//      │                           └ engine error, timeout, down ─▶ result, reason failed
+//      │                                                                      [completed]
+//      ├─ none, queue full ─────────────────────────────▶ error queue_full    [rejected]
+//      └─ none ─▶ queued, FIFO [queued] ─ a replica can serve ─▶ running
+//                   └ queue_deadline passes ─────────────▶ error not_routable [rejected]
+//
+// Tokens do not pass through the router's mailbox, which must stay free for
+// route updates and evictions. Each dispatch of a request gets its own relay
+// actor, handed to the engine as the sink: it forwards every token once, in
+// order, to the requester's sink, drops duplicates and strays (by request id
+// and index), and remembers what it forwarded. That record is what a reroute
+// continues from (prompt + tokens so far, the rest of the budget); the next
+// engine gets a fresh relay, so late tokens of an abandoned attempt land
+// nowhere. The router answers only after the relay has closed, so the
+// requester's sink has every token before the requester has the result.
+//
+// Replicas come from the coordinator's route updates. The router monitors
+// each one; a replica that dies is dropped from the table and its running
+// requests are answered as failed (rerouting them is the next step; every
+// running request keeps the request, its sink, engine and relay for that).
+#include "actors/interfaces.hpp"
+#include "runtime/routing.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace rlsync {
+
+/// One request's token relay: the sink the router hands to the engine.
+/// Private to the router; engines see only its token_sink_actor face.
+using token_relay_actor = token_sink_actor::extend<
+  // the request is over: reply with every token forwarded (and their spans), then quit
+  caf::replies_to<finish_atom>::with<generate_result>>;
+
+/// The router's own interface: router_actor plus the deadline it sends
+/// itself. Handles given out are router_actor; a superset interface still
+/// matches router_actor remotely.
+using router_impl_actor = router_actor::extend<
+  // a queued request's deadline passed (accepted only from the router itself)
+  caf::reacts_to<caf::timeout_atom, std::uint64_t>>;
+
+/// A request the router has accepted and not yet answered.
+struct request_record {
+  std::uint64_t ticket = 0; ///< the router's own key: request ids are the clients'
+  generate_request request;
+  token_sink_actor sink; ///< the requester's
+  caf::typed_response_promise<generate_result> promise;
+  // Set while running:
+  std::string engine_name;
+  rollout_engine_actor engine;
+  token_relay_actor relay;
+  std::uint32_t attempts = 0; ///< dispatches so far; replies to an earlier one are stale
+  // Set while closing: the engine's result, or none when the request failed.
+  std::optional<generate_result> result;
+};
+
+struct router_state {
+  router_config config;
+  routing_rules rules;
+  /// The routing table: one entry per known replica, by name.
+  std::vector<replica_load> replicas;
+  std::map<std::string, rollout_engine_actor> engines;
+  std::string round_robin_cursor;
+  std::uint64_t next_ticket = 1;
+  /// Waiting for a replica, FIFO: tickets grow with arrival. At most queue_limit.
+  std::map<std::uint64_t, request_record> queued;
+  std::map<std::uint64_t, request_record> running;
+  /// Finished, waiting for the relay to flush its last tokens before the answer.
+  std::map<std::uint64_t, request_record> closing;
+  /// request_id → ticket while queued or running: one request id is in flight once.
+  std::unordered_map<std::uint64_t, std::uint64_t> in_flight;
+  std::uint64_t completed = 0;
+  std::uint64_t rejected = 0;
+  std::uint64_t rerouted = 0;
+
+  static inline const char* name = "router";
+};
+
+/// The router's behaviour (spawn it with spawn_router).
+router_impl_actor::behavior_type router(router_impl_actor::stateful_pointer<router_state> self,
+                                        router_config config);
+
+/// Spawns a router with `config`.
+router_actor spawn_router(caf::actor_system& sys, router_config config);
+
+} // namespace rlsync

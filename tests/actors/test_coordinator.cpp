@@ -1,0 +1,718 @@
+// The coordinator's sync round on the deterministic scheduler, against fake
+// engines that can be told, per phase, to answer, to hold their answer
+// (forever, or until released: a late answer), to fail, to die, or to
+// answer for the wrong version. The fakes record the global order in which
+// phases arrive across engines, which is what the barrier promises.
+#include "actors/coordinator.hpp"
+#include "tests/actors/fixture.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/atom.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+
+namespace {
+
+// -- fake engine ---------------------------------------------------------------------
+
+enum class act {
+  answer,  ///< reply at once
+  hold,    ///< keep the reply until released (never, unless the test releases it)
+  fail,    ///< reply with an error
+  die,     ///< quit without replying
+  wrong,   ///< reply for another version (finish, transfer)
+};
+
+struct arrival {
+  std::string engine;
+  sync_phase phase;
+};
+
+/// What a fake does and saw; shared with the test (one thread: no locks).
+struct engine_script {
+  std::map<sync_phase, act> on; ///< missing: answer
+  std::uint64_t transfer_bytes = 1000;
+  std::vector<pause_request> pauses;
+  std::vector<std::uint64_t> starts;
+  std::vector<transfer_order> orders;
+};
+
+using release_atom = caf::atom_constant<caf::atom("release")>;
+
+/// An engine that also takes `release`: deliver the oldest held reply.
+using fake_engine_actor = rollout_engine_actor::extend<caf::reacts_to<release_atom>>;
+
+struct fake_engine_state {
+  std::string name;
+  std::shared_ptr<engine_script> script;
+  std::shared_ptr<std::vector<arrival>> arrivals;
+  std::vector<std::function<void()>> held; ///< oldest first
+  std::uint64_t version = 0;
+};
+
+using fake_engine_ptr = fake_engine_actor::stateful_pointer<fake_engine_state>;
+
+template <class Reply>
+caf::result<Reply> phase_reply(fake_engine_ptr self, sync_phase phase, Reply reply,
+                               Reply wrong_reply = {}) {
+  auto& st = self->state;
+  st.arrivals->push_back({st.name, phase});
+  auto i = st.script->on.find(phase);
+  switch (i == st.script->on.end() ? act::answer : i->second) {
+    case act::answer:
+      return reply;
+    case act::wrong:
+      return wrong_reply;
+    case act::fail:
+      return make_error(errc::not_paused, st.name + " told to fail " + std::string{to_string(phase)});
+    case act::hold: {
+      auto rp = self->make_response_promise<Reply>();
+      st.held.push_back([rp, reply]() mutable { rp.deliver(reply); });
+      return rp;
+    }
+    case act::die:
+      self->quit(caf::exit_reason::kill);
+      return self->make_response_promise<Reply>(); // never delivered
+  }
+  return reply;
+}
+
+fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string name,
+                                             std::shared_ptr<engine_script> script,
+                                             std::shared_ptr<std::vector<arrival>> arrivals) {
+  self->state.name = name;
+  self->state.script = script;
+  self->state.arrivals = arrivals;
+  return {
+    [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
+      self->state.script->pauses.push_back(req);
+      return phase_reply(self, sync_phase::pause,
+                         pause_report{name, self->state.version, scheduler_state::paused_all});
+    },
+    [=](flush_atom) -> caf::result<phase_ack> {
+      return phase_reply(self, sync_phase::flush, phase_ack{name, self->state.version});
+    },
+    [=](start_atom, std::uint64_t v) -> caf::result<phase_ack> {
+      self->state.script->starts.push_back(v);
+      return phase_reply(self, sync_phase::start, phase_ack{name, v});
+    },
+    [=](update_atom, const weight_bucket&) -> caf::result<std::uint64_t> {
+      return make_error(errc::no_session, "the fake takes no buckets");
+    },
+    [=](transfer_atom, const transfer_order& o) -> caf::result<transfer_report> {
+      self->state.script->orders.push_back(o);
+      auto bytes = self->state.script->transfer_bytes;
+      return phase_reply(self, sync_phase::transfer,
+                         transfer_report{name, o.version, bytes, o.groups, 0},
+                         transfer_report{name, o.version + 1, bytes, o.groups, 0});
+    },
+    [=](finish_atom, std::uint64_t v) -> caf::result<phase_ack> {
+      auto i = self->state.script->on.find(sync_phase::finish);
+      if (i == self->state.script->on.end() || i->second == act::answer)
+        self->state.version = v;
+      return phase_reply(self, sync_phase::finish, phase_ack{name, v}, phase_ack{name, v + 1});
+    },
+    [=](resume_atom) -> caf::result<phase_ack> {
+      return phase_reply(self, sync_phase::resume, phase_ack{name, self->state.version});
+    },
+    [=](generate_atom, const generate_request&,
+        const token_sink_actor&) -> caf::result<generate_result> {
+      return make_error(errc::not_routable, "the fake does not generate");
+    },
+    [=](abort_atom, std::uint64_t) { return false; },
+    [=](status_atom) { return engine_status{name, self->state.version}; },
+    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+    [=](release_atom) {
+      auto& held = self->state.held;
+      if (held.empty())
+        return;
+      auto deliver = std::move(held.front());
+      held.erase(held.begin());
+      deliver();
+    },
+  };
+}
+
+// -- fake router and trainer ------------------------------------------------------
+
+/// "route <name> v<version>" and "evict <name>", in arrival order.
+router_actor::behavior_type fake_router(router_actor::pointer,
+                                        std::shared_ptr<std::vector<std::string>> log) {
+  return {
+    [=](generate_atom, const generate_request&,
+        const token_sink_actor&) -> caf::result<generate_result> {
+      return make_error(errc::not_routable, "the fake routes nothing");
+    },
+    [=](route_atom, const route_update& u, const rollout_engine_actor& engine) {
+      CHECK(engine);
+      log->push_back("route " + u.engine + " v" + std::to_string(u.version)
+                     + (u.routable ? "" : " unroutable"));
+    },
+    [=](evict_atom, const std::string& name) { log->push_back("evict " + name); },
+    [=](status_atom) { return router_status{}; },
+    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+  };
+}
+
+struct trainer_record {
+  std::vector<version_listener_actor> listeners;
+  version_info current{2, 4, 4096};
+};
+
+trainer_actor::behavior_type fake_trainer(trainer_actor::pointer,
+                                          std::shared_ptr<trainer_record> rec) {
+  return {
+    [=](meta_atom) { return std::vector<tensor_meta>{}; },
+    [=](version_atom) { return rec->current; },
+    [=](pull_atom, std::uint64_t, std::uint32_t) -> caf::result<weight_bucket> {
+      return make_error(errc::unknown_name, "the fake holds no weights");
+    },
+    [=](subscribe_atom, const version_listener_actor& l) { rec->listeners.push_back(l); },
+    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+  };
+}
+
+// -- fixture -----------------------------------------------------------------------------
+
+struct engine_handle {
+  fake_engine_actor actor;
+  std::shared_ptr<engine_script> script;
+
+  void on(sync_phase p, act a) { script->on[p] = a; }
+};
+
+struct coordinator_fixture : test::actor_fixture {
+  std::shared_ptr<std::vector<arrival>> arrivals = std::make_shared<std::vector<arrival>>();
+  std::shared_ptr<std::vector<std::string>> routes = std::make_shared<std::vector<std::string>>();
+  std::vector<std::string> log_lines;
+  router_actor router;
+  coordinator_actor coord;
+  std::map<std::string, engine_handle> engines;
+  registration last_registration;
+
+  coordinator_config config() {
+    coordinator_config c; // the topology's default deadlines: pause 5 s, flush 1 s, ...
+    c.router = router;
+    c.log = [this](const std::string& line) { log_lines.push_back(line); };
+    return c;
+  }
+
+  void start() {
+    start(config());
+  }
+
+  void start(coordinator_config c) {
+    coord = spawn(coordinator, std::move(c));
+    run();
+  }
+
+  coordinator_fixture() {
+    router = spawn(fake_router, routes);
+  }
+
+  /// Spawns a fake engine and registers it; its cold-sync round runs to the
+  /// end unless the test has told some engine to hold.
+  engine_handle& add_engine(const std::string& name, std::uint64_t incarnation = 0,
+                            std::map<sync_phase, act> on = {}) {
+    auto script = std::make_shared<engine_script>();
+    script->on = std::move(on);
+    auto actor = spawn(fake_engine, name, script, arrivals);
+    engines[name] = engine_handle{actor, script};
+    auto reg = request<registration>(coord, register_atom::value,
+                                     engine_info{name, "node", 1, 0, false, incarnation},
+                                     caf::actor_cast<rollout_engine_actor>(actor));
+    run();
+    REQUIRE(reg->has_value());
+    REQUIRE(**reg);
+    last_registration = ***reg;
+    CHECK(!last_registration.routable); // never routable before a completed round
+    return engines[name];
+  }
+
+  void publish(std::uint64_t v, std::uint32_t groups = 4) {
+    caf::anon_send(coord, version_atom::value, version_info{v, groups, 4096});
+    run();
+  }
+
+  void release(const std::string& name) {
+    caf::anon_send(engines.at(name).actor, release_atom::value);
+    run();
+  }
+
+  /// Forgets what the setup rounds left in the records.
+  void forget_history() {
+    arrivals->clear();
+    routes->clear();
+    log_lines.clear();
+    for (auto& [name, e] : engines) {
+      e.script->pauses.clear();
+      e.script->starts.clear();
+      e.script->orders.clear();
+    }
+  }
+
+  coordinator_status status() {
+    auto s = request<coordinator_status>(coord, status_atom::value);
+    run();
+    REQUIRE(s->has_value());
+    REQUIRE(**s);
+    return ***s;
+  }
+
+  sync_report last_report() {
+    auto s = status();
+    REQUIRE(!s.history.empty());
+    return s.history.back();
+  }
+
+  bool routable(const std::string& name) {
+    auto r = status().routable;
+    return std::find(r.begin(), r.end(), name) != r.end();
+  }
+
+  bool member(const std::string& name) {
+    auto s = status();
+    return std::any_of(s.members.begin(), s.members.end(),
+                       [&](const engine_info& i) { return i.name == name; });
+  }
+
+  /// Phases `engine` received, in order.
+  std::vector<sync_phase> seen_by(const std::string& engine) const {
+    std::vector<sync_phase> out;
+    for (auto& a : *arrivals)
+      if (a.engine == engine)
+        out.push_back(a.phase);
+    return out;
+  }
+
+  std::size_t count(sync_phase p) const {
+    return std::count_if(arrivals->begin(), arrivals->end(),
+                         [&](const arrival& a) { return a.phase == p; });
+  }
+
+  /// The barrier, seen from the engines: within one round, the phases
+  /// arrive in non-decreasing order across all engines.
+  void check_barrier_order() const {
+    for (std::size_t i = 1; i < arrivals->size(); ++i) {
+      CAPTURE(i);
+      CAPTURE((*arrivals)[i].engine);
+      CHECK((*arrivals)[i - 1].phase <= (*arrivals)[i].phase);
+    }
+  }
+};
+
+const std::vector<sync_phase> all_phases = {sync_phase::pause,    sync_phase::flush,
+                                            sync_phase::start,    sync_phase::transfer,
+                                            sync_phase::finish,   sync_phase::resume};
+
+} // namespace
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a round with zero members completes and sync replies") {
+  start();
+  auto rep = request<sync_report>(coord, sync_atom::value);
+  run();
+  REQUIRE(rep->has_value());
+  REQUIRE(**rep);
+  auto& r = ***rep;
+  CHECK(r.version == 0);
+  CHECK(r.engines_synced == 0);
+  CHECK(r.evicted.empty());
+  CHECK(r.bytes == 0);
+  CHECK(r.stall_ns == 0); // simulated time did not move
+  auto s = status();
+  CHECK(s.rounds == 1);
+  REQUIRE(s.history.size() == 1);
+  CHECK(log_lines.size() == 1);
+  CHECK(routes->empty());
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "sync replies with the report and every phase goes to every engine") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  publish(3, 7);
+  forget_history();
+  auto rep = request<sync_report>(coord, sync_atom::value);
+  run();
+  REQUIRE(rep->has_value());
+  REQUIRE(**rep);
+  auto& r = ***rep;
+  CHECK(r.version == 3);
+  CHECK(r.engines_synced == 2);
+  CHECK(r.evicted.empty());
+  CHECK(r.bytes == 2000); // the engines' transfer reports, summed
+  CHECK(seen_by("a") == all_phases);
+  CHECK(seen_by("b") == all_phases);
+  check_barrier_order();
+  // What the engines were asked.
+  auto& sa = *engines["a"].script;
+  REQUIRE(!sa.pauses.empty());
+  CHECK(sa.pauses.back().mode == pause_mode::keep);
+  CHECK(!sa.pauses.back().clear_cache); // the flush phase resets the cache
+  CHECK(sa.starts.back() == 3);
+  REQUIRE(!sa.orders.empty());
+  auto& o = sa.orders.back();
+  CHECK(o.version == 3);
+  CHECK(o.groups == 7);
+  CHECK(o.backend == "local");
+  CHECK(o.mode == transfer_mode::sharded);
+  CHECK(o.bucket_bytes == (std::uint64_t(64) << 20));
+  CHECK(o.groups_in_flight == 2);
+  CHECK(o.producers.empty());
+  CHECK(*routes == std::vector<std::string>{"route a v3", "route b v3"});
+  REQUIRE(log_lines.size() == 1);
+  CHECK(log_lines[0].find("v3: 2 engines synced") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "pause goes to every engine at once, not one by one") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  caf::anon_send(coord, version_atom::value, version_info{1, 4, 4096});
+  auto [atom, vi] = expect_msg<version_atom, version_info>(coord);
+  CHECK(vi.version == 1);
+  // Both pause requests are out before either engine answered.
+  CHECK(next_msg_is<pause_atom, pause_request>(engines["a"].actor));
+  CHECK(next_msg_is<pause_atom, pause_request>(engines["b"].actor));
+  expect_msg<pause_atom, pause_request>(engines["b"].actor);
+  expect_msg<pause_atom, pause_request>(engines["a"].actor);
+  run();
+  CHECK(last_report().engines_synced == 2);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "no engine receives start before every live engine acknowledged flush") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  forget_history();
+  engines["b"].on(sync_phase::flush, act::hold);
+  publish(1);
+  // a and c acknowledged flush; b has not: nobody may start.
+  CHECK(count(sync_phase::flush) == 3);
+  CHECK(count(sync_phase::start) == 0);
+  CHECK(routes->empty()); // nor is anyone told it is current at v1
+  release("b");
+  CHECK(count(sync_phase::start) == 3);
+  CHECK(count(sync_phase::resume) == 3);
+  check_barrier_order();
+  CHECK(last_report().engines_synced == 3);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "an engine that never answers pause is evicted at the deadline") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  forget_history();
+  engines["c"].on(sync_phase::pause, act::hold);
+  publish(1);
+  CHECK(count(sync_phase::pause) == 3);
+  CHECK(count(sync_phase::flush) == 0);
+  advance(4999ms); // the pause deadline is 5 s
+  CHECK(count(sync_phase::flush) == 0);
+  CHECK(status().rounds == 3); // the three cold syncs; this one still runs
+  advance(1ms);
+  CHECK(seen_by("a") == all_phases);
+  CHECK(seen_by("c") == std::vector<sync_phase>{sync_phase::pause});
+  check_barrier_order();
+  auto r = last_report();
+  CHECK(r.version == 1);
+  CHECK(r.engines_synced == 2);
+  CHECK(r.evicted == std::vector<std::string>{"c"});
+  CHECK(r.stall_ns == 5'000'000'000u); // the deadline, as the engines saw it
+  CHECK(r.transfer_ns == 0);
+  CHECK(r.control_ns == r.stall_ns);
+  CHECK(*routes == std::vector<std::string>{"evict c", "route a v1", "route b v1"});
+  CHECK(routable("a"));
+  CHECK(!routable("c"));
+  CHECK(member("c")); // alive: still registered, unroutable
+  REQUIRE(!log_lines.empty());
+  CHECK(log_lines.back().find("evicted c (pause: no answer within 5000 ms)") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "an evicted engine that stays alive rejoins at the next round") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  engines["b"].on(sync_phase::start, act::fail);
+  publish(1);
+  auto r1 = last_report();
+  CHECK(r1.evicted == std::vector<std::string>{"b"});
+  CHECK(!routable("b"));
+  auto s = status();
+  for (auto& m : s.members)
+    if (m.name == "b")
+      CHECK(m.dirty); // evicted after start: the update may be half applied
+  CHECK(s.rounds == 3); // no round of its own: it waits for the next boundary
+  forget_history();
+  engines["b"].on(sync_phase::start, act::answer);
+  publish(2);
+  CHECK(seen_by("b") == all_phases); // a full round brings it current
+  CHECK(last_report().engines_synced == 2);
+  CHECK(routable("b"));
+  CHECK(*routes == std::vector<std::string>{"route a v2", "route b v2"});
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a dead engine is evicted and removed") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  forget_history();
+  engines["b"].on(sync_phase::flush, act::die);
+  publish(1);
+  // No deadline had to pass: the down_msg evicts it.
+  auto r = last_report();
+  CHECK(r.engines_synced == 1);
+  CHECK(r.evicted == std::vector<std::string>{"b"});
+  CHECK(seen_by("b") == std::vector<sync_phase>{sync_phase::pause, sync_phase::flush});
+  CHECK(seen_by("a") == all_phases);
+  check_barrier_order();
+  CHECK(!member("b"));
+  CHECK(*routes == std::vector<std::string>{"evict b", "route a v1"});
+  // A death between rounds: removed, and the router is told.
+  routes->clear();
+  caf::anon_send_exit(engines["a"].actor, caf::exit_reason::kill);
+  run();
+  CHECK(!member("a"));
+  CHECK(*routes == std::vector<std::string>{"evict a"});
+  CHECK(status().rounds == 3);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a late acknowledgement from an evicted engine is ignored") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  forget_history();
+  engines["b"].on(sync_phase::pause, act::hold);
+  publish(1);
+  advance(5000ms); // b evicted at the pause deadline; round 1 ends without it
+  CHECK(last_report().evicted == std::vector<std::string>{"b"});
+  auto rounds = status().rounds;
+  forget_history();
+  // Round 2 includes b again, which holds its pause answer again.
+  publish(2);
+  CHECK(seen_by("b") == std::vector<sync_phase>{sync_phase::pause});
+  // b's late answer to round 1's pause must not count for round 2.
+  release("b");
+  CHECK(count(sync_phase::flush) == 0);
+  CHECK(status().rounds == rounds);
+  // Its answer for round 2 does.
+  release("b");
+  CHECK(seen_by("b") == all_phases);
+  check_barrier_order();
+  auto r = last_report();
+  CHECK(r.version == 2);
+  CHECK(r.engines_synced == 2);
+  CHECK(r.evicted.empty());
+  CHECK(routable("b"));
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "an answer from a replaced incarnation is ignored") {
+  start();
+  add_engine("a");
+  add_engine("b", 1);
+  forget_history();
+  engines["b"].on(sync_phase::flush, act::hold);
+  auto old_b = engines["b"];
+  publish(1);
+  CHECK(count(sync_phase::start) == 0);
+  // b restarts: the new incarnation replaces the old one, which leaves the
+  // round while the coordinator still awaits its flush answer. a goes on
+  // alone; then the new b's cold sync starts, and it too holds its flush.
+  add_engine("b", 2, {{sync_phase::flush, act::hold}});
+  CHECK(status().rounds == 3);
+  CHECK(engines["b"].script->pauses.size() == 1);
+  // The old incarnation answers flush for round 3 while round 4 waits for
+  // the new one's flush under the same name: it must not count.
+  caf::anon_send(old_b.actor, release_atom::value);
+  run();
+  CHECK(status().rounds == 3);
+  CHECK(engines["b"].script->starts.empty());
+  release("b");
+  auto s = status();
+  CHECK(s.rounds == 4);
+  REQUIRE(s.history.size() == 4);
+  auto round3 = s.history[2];
+  CHECK(round3.version == 1);
+  CHECK(round3.engines_synced == 1);
+  CHECK(round3.evicted == std::vector<std::string>{"b"});
+  auto cold = s.history[3];
+  CHECK(cold.version == 1);
+  CHECK(cold.engines_synced == 2);
+  CHECK(cold.evicted.empty());
+  CHECK(routable("b"));
+  CHECK(old_b.script->starts.empty());
+  CHECK(engines["b"].script->starts == std::vector<std::uint64_t>{1});
+  CHECK(*routes == std::vector<std::string>{"evict b", "route a v1", "route a v1", "route b v1"});
+  caf::anon_send_exit(old_b.actor, caf::exit_reason::kill);
+  run();
+  CHECK(member("b")); // the old incarnation's death does not remove the new one
+  CHECK(routable("b"));
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "errors and wrong versions evict, and with all evicted the round still ends") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  forget_history();
+  engines["a"].on(sync_phase::pause, act::fail);
+  engines["b"].on(sync_phase::transfer, act::wrong);
+  engines["c"].on(sync_phase::finish, act::wrong);
+  publish(1);
+  auto r = last_report();
+  CHECK(r.engines_synced == 0);
+  CHECK(r.evicted == std::vector<std::string>{"a", "b", "c"});
+  CHECK(r.bytes == 1000); // c's transfer arrived before its finish went wrong
+  check_barrier_order();
+  CHECK(seen_by("c") == std::vector<sync_phase>{sync_phase::pause, sync_phase::flush,
+                                                sync_phase::start, sync_phase::transfer,
+                                                sync_phase::finish});
+  CHECK(status().routable.empty());
+  CHECK(*routes == std::vector<std::string>{"evict a", "evict b", "evict c"});
+  CHECK(status().rounds == 4); // and no round back to back with nobody to sync
+  REQUIRE(!log_lines.empty());
+  CHECK(log_lines.back().find("0 engines synced") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "versions never go backwards") {
+  start();
+  add_engine("a");
+  publish(5);
+  CHECK(status().version == 5);
+  forget_history();
+  publish(3); // an older version: refused, no round
+  publish(5); // the same again: nothing to do
+  CHECK(arrivals->empty());
+  CHECK(status().version == 5);
+  REQUIRE(log_lines.size() == 1);
+  CHECK(log_lines[0].find("ignored version 3") != std::string::npos);
+  auto rep = request<sync_report>(coord, sync_atom::value);
+  run();
+  REQUIRE(rep->has_value());
+  REQUIRE(**rep);
+  CHECK((***rep).version == 5); // an explicit round goes to the newest, not to 3
+  CHECK(engines["a"].script->starts.back() == 5);
+  add_engine("n");
+  CHECK(last_registration.current_version == 5); // a newcomer learns where the fleet is
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a newcomer stays unroutable until its first completed round") {
+  start();
+  add_engine("a");
+  publish(1);
+  CHECK(routable("a"));
+  forget_history();
+  // A newcomer during a round is not in it.
+  engines["a"].on(sync_phase::transfer, act::hold);
+  publish(2);
+  auto& n = add_engine("n");
+  CHECK(seen_by("n").empty());
+  CHECK(!routable("n"));
+  n.on(sync_phase::pause, act::hold);
+  release("a"); // round to v2 ends; n's cold sync starts at once
+  CHECK(*routes == std::vector<std::string>{"route a v2"});
+  CHECK(seen_by("n") == std::vector<sync_phase>{sync_phase::pause});
+  CHECK(!routable("n"));
+  engines["a"].on(sync_phase::transfer, act::answer);
+  release("n");
+  CHECK(routable("n"));
+  CHECK(*routes == std::vector<std::string>{"route a v2", "route a v2", "route n v2"});
+  auto s = status();
+  CHECK(s.history.back().engines_synced == 2);
+  CHECK(s.history.back().version == 2);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "sync during a round gets the next round") {
+  start();
+  add_engine("a");
+  forget_history();
+  engines["a"].on(sync_phase::pause, act::hold);
+  auto first = request<sync_report>(coord, sync_atom::value);
+  run();
+  auto second = request<sync_report>(coord, sync_atom::value);
+  run();
+  CHECK(!first->has_value());
+  CHECK(!second->has_value());
+  engines["a"].on(sync_phase::pause, act::answer);
+  release("a");
+  REQUIRE(first->has_value());
+  REQUIRE(second->has_value());
+  CHECK(status().rounds == 3);
+  CHECK(count(sync_phase::pause) == 2); // two rounds, one after the other
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "stall, transfer and control figures") {
+  start();
+  add_engine("a");
+  forget_history();
+  engines["a"].on(sync_phase::pause, act::hold);
+  engines["a"].on(sync_phase::transfer, act::hold);
+  publish(1);
+  advance(100ms); // pausing takes 100 ms
+  release("a");
+  advance(2s); // the transfer 2 s, well within its 60 s deadline
+  release("a");
+  auto r = last_report();
+  CHECK(r.engines_synced == 1);
+  CHECK(r.stall_ns == 2'100'000'000u);
+  CHECK(r.transfer_ns == 2'000'000'000u);
+  CHECK(r.control_ns == 100'000'000u);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "membership: retries, stale incarnations, deregistration") {
+  start();
+  auto& a = add_engine("a", 3);
+  auto handle = caf::actor_cast<rollout_engine_actor>(a.actor);
+  auto retry = request<registration>(coord, register_atom::value,
+                                     engine_info{"a", "node", 1, 0, false, 3}, handle);
+  run();
+  REQUIRE(retry->has_value());
+  REQUIRE(**retry);
+  CHECK((**retry)->routable); // the same actor again: nothing changes
+  auto other = spawn(fake_engine, std::string{"a"}, std::make_shared<engine_script>(), arrivals);
+  auto stale = request<registration>(coord, register_atom::value,
+                                     engine_info{"a", "node", 1, 0, false, 2},
+                                     caf::actor_cast<rollout_engine_actor>(other));
+  auto unnamed = request<registration>(coord, register_atom::value, engine_info{},
+                                       caf::actor_cast<rollout_engine_actor>(other));
+  run();
+  REQUIRE(stale->has_value());
+  REQUIRE(!**stale);
+  CHECK(is((**stale).error(), errc::version_mismatch));
+  REQUIRE(unnamed->has_value());
+  REQUIRE(!**unnamed);
+  CHECK(is((**unnamed).error(), errc::malformed));
+  CHECK(routable("a"));
+  routes->clear();
+  caf::anon_send(coord, deregister_atom::value, std::string{"a"});
+  caf::anon_send(coord, heartbeat_atom::value, heartbeat{"a", 1});
+  run();
+  CHECK(!member("a"));
+  CHECK(*routes == std::vector<std::string>{"evict a"});
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the trainer and learns its version") {
+  auto rec = std::make_shared<trainer_record>();
+  auto trainer = spawn(fake_trainer, rec);
+  auto c = config();
+  c.trainer = trainer;
+  start(c);
+  REQUIRE(rec->listeners.size() == 1);
+  CHECK(status().version == 2); // the trainer's current version, synced with nobody
+  add_engine("a");
+  CHECK(engines["a"].script->starts.back() == 2);
+  CHECK(engines["a"].script->orders.back().groups == 4);
+  caf::anon_send(rec->listeners[0], version_atom::value, version_info{3, 4, 4096});
+  run();
+  CHECK(status().version == 3);
+  CHECK(engines["a"].script->starts.back() == 3);
+}

@@ -1,0 +1,660 @@
+// The router on CAF's deterministic scheduler: fake engines that answer,
+// hold, fail or stay silent; a fake sink; clients that record the reply.
+// Nothing runs until the test runs the scheduler, and time moves only when
+// the test moves it.
+#include "actors/router.hpp"
+#include "actors/system_config.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/local_actor.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/send.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <set>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// What the fakes saw, in order.
+struct journal {
+  std::vector<std::string> dispatched; ///< "engine:request_id" per generate an engine got
+  std::vector<std::string> aborted;    ///< "engine:request_id" per abort an engine got
+  std::vector<std::string> events;     ///< "token id.index" at the sink, "result id" at a client
+  std::vector<token_event> tokens;     ///< what the sink received
+};
+
+enum class engine_mode {
+  answer, ///< stream the tokens and reply at once
+  hold,   ///< stream the tokens, reply only on resume (stands for a long generation)
+  fail,   ///< refuse with engine_dirty
+};
+
+struct fake_engine_state {
+  std::string engine;
+  std::uint64_t version = 1;
+  engine_mode mode = engine_mode::answer;
+  std::uint32_t tokens = 2; ///< generated per request (capped by max_tokens)
+  bool duplicate = false;   ///< send every token twice, and one for another request
+  std::shared_ptr<journal> log;
+  std::vector<std::pair<generate_result, caf::typed_response_promise<generate_result>>> held;
+
+  static inline const char* name = "fake-engine";
+};
+
+/// A rollout engine that generates canned tokens: token i of request r is r*100+i.
+rollout_engine_actor::behavior_type
+fake_engine(rollout_engine_actor::stateful_pointer<fake_engine_state> self, std::string name,
+            std::uint64_t version, engine_mode mode, bool duplicate, std::shared_ptr<journal> log) {
+  auto& st = self->state;
+  st.engine = std::move(name);
+  st.version = version;
+  st.mode = mode;
+  st.duplicate = duplicate;
+  st.log = std::move(log);
+  return {
+    [=](pause_atom, const pause_request&) -> pause_report { return {}; },
+    [=](flush_atom) -> phase_ack { return {}; },
+    [=](start_atom, std::uint64_t) -> phase_ack { return {}; },
+    [=](update_atom, const weight_bucket&) -> std::uint64_t { return 0; },
+    [=](transfer_atom, const transfer_order&) -> transfer_report { return {}; },
+    [=](finish_atom, std::uint64_t) -> phase_ack { return {}; },
+    [=](resume_atom) -> phase_ack {
+      // Stands for "the long generations finish now".
+      for (auto& [res, promise] : self->state.held)
+        promise.deliver(std::move(res));
+      self->state.held.clear();
+      return {self->state.engine, self->state.version};
+    },
+    [=](generate_atom, const generate_request& req,
+        const token_sink_actor& sink) -> caf::result<generate_result> {
+      auto& st = self->state;
+      st.log->dispatched.push_back(st.engine + ":" + std::to_string(req.request_id));
+      if (st.mode == engine_mode::fail)
+        return make_error(errc::engine_dirty, st.engine + " holds a partial update");
+      generate_result res;
+      res.request_id = req.request_id;
+      res.engine = st.engine;
+      res.tokens = req.generated;
+      auto first = static_cast<std::uint32_t>(req.generated.size());
+      auto n = std::min(st.tokens, req.sampling.max_tokens - first);
+      for (std::uint32_t i = first; i < first + n; ++i) {
+        token_event ev{req.request_id, i, static_cast<std::int32_t>(req.request_id * 100 + i),
+                       st.version, false};
+        self->send(sink, token_atom_v, ev);
+        if (st.duplicate) {
+          self->send(sink, token_atom_v, ev);
+          auto other = ev;
+          other.request_id += 1000;
+          self->send(sink, token_atom_v, other);
+        }
+        res.tokens.push_back(ev.token);
+      }
+      res.spans = {{st.version, 0, static_cast<std::uint32_t>(res.tokens.size())}};
+      res.reason = finish_reason::length;
+      if (st.mode == engine_mode::hold) {
+        auto promise = self->make_response_promise<generate_result>();
+        st.held.emplace_back(std::move(res), promise);
+        return promise;
+      }
+      return res;
+    },
+    [=](abort_atom, std::uint64_t id) -> bool {
+      self->state.log->aborted.push_back(self->state.engine + ":" + std::to_string(id));
+      return true;
+    },
+    [=](status_atom) -> engine_status { return {}; },
+    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+  };
+}
+
+token_sink_actor::behavior_type fake_sink(token_sink_actor::pointer, std::shared_ptr<journal> log) {
+  return {
+    [=](token_atom, const token_event& ev) {
+      log->tokens.push_back(ev);
+      log->events.push_back("token " + std::to_string(ev.request_id) + "."
+                            + std::to_string(ev.index));
+    },
+  };
+}
+
+/// A client's view of one request: the result or the error.
+struct outcome {
+  std::optional<generate_result> result;
+  std::optional<caf::error> error;
+  bool answered() const { return result || error; }
+};
+
+struct router_fixture {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scheduler::test_coordinator& sched;
+  std::shared_ptr<journal> log = std::make_shared<journal>();
+  token_sink_actor sink;
+  std::vector<caf::actor> to_stop; // every long-lived actor, stopped at teardown
+
+  static caf::actor_system_config& init(caf::actor_system_config& c) {
+    c.set("scheduler.policy", caf::atom("testing"));
+    c.set("logger.file-verbosity", caf::atom("quiet"));
+    register_rlsync_types(c);
+    return c;
+  }
+
+  router_fixture()
+    : sys(init(cfg)),
+      sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
+    sink = sys.spawn(fake_sink, log);
+    keep(sink);
+  }
+
+  // Every actor must be gone before ~actor_system, or it waits forever. The
+  // router goes first: it answers every client, which then quit.
+  ~router_fixture() {
+    for (auto& a : to_stop)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  template <class Handle>
+  void keep(const Handle& h) {
+    to_stop.push_back(caf::actor_cast<caf::actor>(h));
+  }
+
+  router_actor make_router(router_config c = {}) {
+    auto r = spawn_router(sys, std::move(c));
+    keep(r);
+    sched.run();
+    return r;
+  }
+
+  rollout_engine_actor make_engine(std::string name, std::uint64_t version = 1,
+                                   engine_mode mode = engine_mode::answer,
+                                   bool duplicate = false) {
+    auto e = sys.spawn(fake_engine, std::move(name), version, mode, duplicate, log);
+    keep(e);
+    sched.run();
+    return e;
+  }
+
+  void route(const router_actor& r, const rollout_engine_actor& e, const std::string& name,
+             std::uint64_t version, bool routable = true) {
+    caf::anon_send(r, route_atom_v, route_update{name, version, routable}, e);
+    sched.run();
+  }
+
+  static generate_request request(std::uint64_t id, std::vector<std::int32_t> prompt = {1, 2, 3},
+                                  std::uint32_t max_tokens = 4) {
+    generate_request req;
+    req.request_id = id;
+    req.prompt = std::move(prompt);
+    req.sampling.max_tokens = max_tokens;
+    return req;
+  }
+
+  /// Sends one generate from a fresh client; runs the scheduler unless told
+  /// not to. The client quits once answered (the router answers everything,
+  /// at the latest when it stops).
+  std::shared_ptr<outcome> submit(const router_actor& r, generate_request req, bool run = true) {
+    auto out = std::make_shared<outcome>();
+    auto log = this->log;
+    auto sink = this->sink;
+    sys.spawn([=](caf::event_based_actor* self) {
+      auto id = req.request_id;
+      self->request(r, caf::infinite, generate_atom_v, req, sink)
+        .then(
+          [=](generate_result& res) {
+            log->events.push_back("result " + std::to_string(id));
+            out->result = std::move(res);
+          },
+          [=](caf::error& err) { out->error = std::move(err); });
+    });
+    if (run)
+      sched.run();
+    return out;
+  }
+
+  /// One request-response exchange with any actor, from a fresh client.
+  template <class T, class Handle, class... Ts>
+  T ask(const Handle& h, Ts... xs) {
+    auto out = std::make_shared<std::optional<T>>();
+    sys.spawn([=](caf::event_based_actor* self) {
+      self->request(h, caf::infinite, xs...).then([=](T& x) { *out = std::move(x); });
+    });
+    sched.run();
+    REQUIRE(out->has_value());
+    return std::move(**out);
+  }
+
+  router_status status(const router_actor& r) {
+    return ask<router_status>(r, status_atom_v);
+  }
+
+  void release(const rollout_engine_actor& e) {
+    ask<phase_ack>(e, resume_atom_v);
+  }
+
+  void kill(const rollout_engine_actor& e) {
+    caf::anon_send_exit(e, caf::exit_reason::kill);
+    sched.run();
+  }
+};
+
+std::vector<std::string> engines_of(const journal& log) {
+  std::vector<std::string> out;
+  for (auto& d : log.dispatched)
+    out.push_back(d.substr(0, d.find(':')));
+  return out;
+}
+
+using strings = std::vector<std::string>;
+
+} // namespace
+
+TEST_CASE_FIXTURE(router_fixture, "least outstanding spreads requests, ties by name") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, engine_mode::hold);
+  auto b = make_engine("b", 1, engine_mode::hold);
+  auto c = make_engine("c", 1, engine_mode::hold);
+  route(r, c, "c", 1);
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  std::vector<std::shared_ptr<outcome>> outs;
+  for (std::uint64_t id = 1; id <= 6; ++id)
+    outs.push_back(submit(r, request(id)));
+  CHECK(engines_of(*log) == strings{"a", "b", "c", "a", "b", "c"});
+  CHECK(status(r).outstanding == 6);
+  // b finishes its two; the next two go to b (0, then 1 outstanding, against 2 and 2).
+  release(b);
+  CHECK(outs[1]->result);
+  CHECK(outs[4]->result);
+  CHECK(!outs[0]->answered());
+  outs.push_back(submit(r, request(7)));
+  outs.push_back(submit(r, request(8)));
+  CHECK(engines_of(*log) == strings{"a", "b", "c", "a", "b", "c", "b", "b"});
+  release(a);
+  release(b);
+  release(c);
+  for (auto& o : outs) {
+    REQUIRE(o->result);
+    CHECK(o->result->reason == finish_reason::length);
+    CHECK(o->result->tokens.size() == 2);
+  }
+  auto s = status(r);
+  CHECK(s.outstanding == 0);
+  CHECK(s.completed == 8);
+  CHECK(s.routable == 3);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "round robin cycles through the replicas") {
+  router_config cfg;
+  cfg.policy = router_policy::round_robin;
+  auto r = make_router(cfg);
+  auto a = make_engine("a");
+  auto b = make_engine("b");
+  auto c = make_engine("c");
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  route(r, c, "c", 1);
+  // Each request finishes before the next: least-outstanding would pick a every time.
+  for (std::uint64_t id = 1; id <= 7; ++id)
+    CHECK(submit(r, request(id))->result);
+  CHECK(engines_of(*log) == strings{"a", "b", "c", "a", "b", "c", "a"});
+}
+
+TEST_CASE_FIXTURE(router_fixture, "prefix affinity is stable for a prefix and falls back") {
+  router_config cfg;
+  cfg.policy = router_policy::prefix_affinity;
+  cfg.affinity_prefix_tokens = 4;
+  auto r = make_router(cfg);
+  auto a = make_engine("a", 2);
+  auto b = make_engine("b", 2);
+  auto c = make_engine("c", 2);
+  route(r, a, "a", 2);
+  route(r, b, "b", 2);
+  route(r, c, "c", 2);
+  // The same 4-token prefix (the tails differ) lands on one replica every time.
+  std::uint64_t id = 1;
+  for (int i = 0; i < 5; ++i)
+    CHECK(submit(r, request(id++, {9, 8, 7, 6, i}))->result);
+  auto homes = engines_of(*log);
+  CHECK(std::count(homes.begin(), homes.end(), homes[0]) == 5);
+  auto home = homes[0];
+  // Different prefixes spread over more than one replica.
+  log->dispatched.clear();
+  for (std::int32_t t = 0; t < 12; ++t)
+    CHECK(submit(r, request(id++, {t, t, t, t}))->result);
+  auto spread = engines_of(*log);
+  CHECK(std::set<std::string>(spread.begin(), spread.end()).size() > 1);
+
+  // The preferred replica falls behind (staleness 0): least outstanding among the others.
+  auto engine_of = [&](const std::string& n) { return n == "a" ? a : n == "b" ? b : c; };
+  auto others = strings{"a", "b", "c"};
+  others.erase(std::find(others.begin(), others.end(), home));
+  route(r, engine_of(others[0]), others[0], 3);
+  route(r, engine_of(others[1]), others[1], 3);
+  log->dispatched.clear();
+  CHECK(submit(r, request(id++, {9, 8, 7, 6}))->result);
+  CHECK(engines_of(*log) == strings{others[0]}); // ties by name
+  // Back at the newest version: the prefix goes home again.
+  route(r, engine_of(home), home, 3);
+  log->dispatched.clear();
+  CHECK(submit(r, request(id++, {9, 8, 7, 6}))->result);
+  CHECK(engines_of(*log) == strings{home});
+  // Evicted: never chosen.
+  caf::anon_send(r, evict_atom_v, home);
+  sched.run();
+  log->dispatched.clear();
+  CHECK(submit(r, request(id++, {9, 8, 7, 6}))->result);
+  CHECK(engines_of(*log) != strings{home});
+}
+
+TEST_CASE_FIXTURE(router_fixture, "requests wait while nothing is routable, then go in FIFO order") {
+  auto r = make_router();
+  auto a = make_engine("a");
+  route(r, a, "a", 1, false); // known, not yet synced
+  std::vector<std::shared_ptr<outcome>> outs;
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    outs.push_back(submit(r, request(id)));
+  auto s = status(r);
+  CHECK(s.queued == 3);
+  CHECK(s.routable == 0);
+  CHECK(log->dispatched.empty());
+  for (auto& o : outs)
+    CHECK(!o->answered());
+  route(r, a, "a", 1, true);
+  CHECK(log->dispatched == strings{"a:1", "a:2", "a:3"});
+  for (auto& o : outs)
+    CHECK(o->result);
+  s = status(r);
+  CHECK(s.queued == 0);
+  CHECK(s.completed == 3);
+  // Their deadlines pass later: nothing happens to requests already served.
+  sched.advance_time(60s);
+  sched.run();
+  CHECK(status(r).rejected == 0);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a full queue refuses at once with queue_full") {
+  router_config cfg;
+  cfg.queue_limit = 2;
+  auto r = make_router(cfg);
+  auto first = submit(r, request(1));
+  auto second = submit(r, request(2));
+  auto third = submit(r, request(3));
+  CHECK(!first->answered());
+  CHECK(!second->answered());
+  REQUIRE(third->error);
+  CHECK(is(*third->error, errc::queue_full));
+  auto s = status(r);
+  CHECK(s.queued == 2);
+  CHECK(s.rejected == 1);
+  // The refused request's id is free again; the queued ones are served later.
+  auto a = make_engine("a");
+  route(r, a, "a", 1);
+  CHECK(first->result);
+  CHECK(second->result);
+  CHECK(submit(r, request(3))->result);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a queued request times out with not_routable at its deadline") {
+  router_config cfg;
+  cfg.queue_deadline = 30s;
+  auto r = make_router(cfg);
+  auto out = submit(r, request(1));
+  sched.advance_time(29s);
+  sched.run();
+  CHECK(!out->answered());
+  auto later = submit(r, request(2)); // queued 29 s after the first
+  sched.advance_time(1s);
+  sched.run();
+  REQUIRE(out->error);
+  CHECK(is(*out->error, errc::not_routable));
+  CHECK(!later->answered());
+  auto s = status(r);
+  CHECK(s.queued == 1);
+  CHECK(s.rejected == 1);
+  // A replica arrives: only the request still waiting is served.
+  auto a = make_engine("a");
+  route(r, a, "a", 1);
+  CHECK(log->dispatched == strings{"a:2"});
+  CHECK(later->result);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a deadline message from anyone but the router is ignored") {
+  auto r = make_router();
+  auto out = submit(r, request(1));
+  // The first ticket is 1: forge its deadline.
+  caf::anon_send(caf::actor_cast<router_impl_actor>(r), caf::timeout_atom_v, std::uint64_t{1});
+  sched.run();
+  CHECK(!out->answered());
+  CHECK(status(r).queued == 1);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "evicted and dead replicas are never chosen") {
+  auto r = make_router();
+  auto a = make_engine("a");
+  auto b = make_engine("b", 1, engine_mode::hold);
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  caf::anon_send(r, evict_atom_v, std::string{"a"});
+  sched.run();
+  auto on_b = submit(r, request(1));
+  auto on_b2 = submit(r, request(2));
+  CHECK(log->dispatched == strings{"b:1", "b:2"});
+  CHECK(status(r).routable == 1);
+  // b dies with two requests running: they are answered as failed, with the
+  // tokens their sink already has.
+  kill(b);
+  REQUIRE(on_b->result);
+  CHECK(on_b->result->reason == finish_reason::failed);
+  CHECK(on_b->result->engine == "b");
+  CHECK(on_b->result->tokens == std::vector<std::int32_t>{100, 101});
+  CHECK(check(*on_b->result).empty());
+  REQUIRE(on_b2->result);
+  CHECK(on_b2->result->reason == finish_reason::failed);
+  auto s = status(r);
+  CHECK(s.routable == 0);
+  CHECK(s.outstanding == 0);
+  CHECK(s.completed == 2);
+  // Nothing is routable now: a new request waits instead of going to a or b.
+  log->dispatched.clear();
+  auto waiting = submit(r, request(3));
+  CHECK(log->dispatched.empty());
+  CHECK(status(r).queued == 1);
+  // a comes back through the coordinator: routable again.
+  route(r, a, "a", 1);
+  CHECK(log->dispatched == strings{"a:3"});
+  CHECK(waiting->result);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a stale replica is skipped, within the staleness bound it serves") {
+  SUBCASE("staleness 0: only the newest version") {
+    auto r = make_router();
+    auto a = make_engine("a", 1);
+    auto b = make_engine("b", 2);
+    route(r, a, "a", 1);
+    route(r, b, "b", 2);
+    for (std::uint64_t id = 1; id <= 3; ++id)
+      CHECK(submit(r, request(id))->result);
+    CHECK(engines_of(*log) == strings{"b", "b", "b"});
+    CHECK(status(r).routable == 1);
+  }
+  SUBCASE("staleness 1: one version behind still serves") {
+    router_config cfg;
+    cfg.staleness = 1;
+    cfg.policy = router_policy::round_robin;
+    auto r = make_router(cfg);
+    auto a = make_engine("a", 1);
+    auto b = make_engine("b", 2);
+    auto c = make_engine("c", 3);
+    route(r, a, "a", 1);
+    route(r, b, "b", 2);
+    route(r, c, "c", 3); // a is now two behind
+    for (std::uint64_t id = 1; id <= 4; ++id)
+      CHECK(submit(r, request(id))->result);
+    CHECK(engines_of(*log) == strings{"b", "c", "b", "c"});
+  }
+  SUBCASE("a request's min_version waits for a replica that new") {
+    auto r = make_router();
+    auto a = make_engine("a", 1);
+    route(r, a, "a", 1);
+    auto req = request(1);
+    req.min_version = 2;
+    auto out = submit(r, req);
+    auto other = submit(r, request(2)); // behind it in the queue, but servable
+    CHECK(log->dispatched == strings{"a:2"});
+    CHECK(!out->answered());
+    CHECK(other->result);
+    route(r, a, "a", 2);
+    CHECK(log->dispatched == strings{"a:2", "a:1"});
+    CHECK(out->result);
+  }
+}
+
+TEST_CASE_FIXTURE(router_fixture, "malformed requests are refused") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, engine_mode::hold);
+  route(r, a, "a", 1);
+  auto empty = submit(r, request(1, {}));
+  REQUIRE(empty->error);
+  CHECK(is(*empty->error, errc::malformed));
+  auto zero_budget = request(2);
+  zero_budget.sampling.max_tokens = 0;
+  auto z = submit(r, zero_budget);
+  REQUIRE(z->error);
+  CHECK(is(*z->error, errc::malformed));
+  // The same request id twice while the first is running.
+  auto first = submit(r, request(3));
+  auto again = submit(r, request(3));
+  REQUIRE(again->error);
+  CHECK(is(*again->error, errc::malformed));
+  CHECK(!first->answered());
+  CHECK(log->dispatched == strings{"a:3"});
+  auto s = status(r);
+  CHECK(s.rejected == 3);
+  CHECK(s.outstanding == 1);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "an engine error or timeout answers the request as failed") {
+  router_config cfg;
+  cfg.engine_deadline = 60s;
+  auto r = make_router(cfg);
+  auto dirty = make_engine("a", 1, engine_mode::fail);
+  route(r, dirty, "a", 1);
+  auto refused = submit(r, request(1));
+  REQUIRE(refused->result);
+  CHECK(refused->result->reason == finish_reason::failed);
+  CHECK(refused->result->tokens.empty());
+  CHECK(log->aborted.empty()); // it refused: nothing to abort
+  CHECK(status(r).routable == 0); // dirty: not routable until the coordinator says so
+  auto slow = make_engine("b", 1, engine_mode::hold);
+  route(r, slow, "b", 1);
+  auto out = submit(r, request(2));
+  sched.advance_time(59s);
+  sched.run();
+  CHECK(!out->answered());
+  sched.advance_time(1s);
+  sched.run();
+  REQUIRE(out->result);
+  CHECK(out->result->reason == finish_reason::failed);
+  CHECK(out->result->tokens == std::vector<std::int32_t>{200, 201});
+  CHECK(log->aborted == strings{"b:2"}); // the engine is told to drop it
+  auto s = status(r);
+  CHECK(s.completed == 2);
+  CHECK(s.outstanding == 0);
+  // Its late answer changes nothing.
+  release(slow);
+  CHECK(status(r).completed == 2);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "every token reaches the sink once, in order, before the result") {
+  auto r = make_router();
+  // This engine sends every token twice, and a token for request 1001 besides.
+  auto t = make_engine("t", 1, engine_mode::answer, true);
+  route(r, t, "t", 1);
+  auto req = request(1);
+  req.generated = {7}; // a continuation: indices start at 1
+  req.sampling.max_tokens = 3;
+  auto out = submit(r, req);
+  REQUIRE(out->result);
+  CHECK(out->result->tokens == std::vector<std::int32_t>{7, 101, 102});
+  CHECK(log->events == strings{"token 1.1", "token 1.2", "result 1"});
+  REQUIRE(log->tokens.size() == 2);
+  CHECK(log->tokens[0].token == 101);
+  CHECK(log->tokens[1].token == 102);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "the result reaches the requester only after the sink has every token") {
+  auto r = make_router();
+  auto a = make_engine("a");
+  route(r, a, "a", 1);
+  auto out = submit(r, request(1), false);
+  // The relay is the slowest actor: everything else runs first.
+  sched.run_jobs_filtered([](caf::resumable* job) {
+    auto actor = dynamic_cast<caf::local_actor*>(job);
+    return actor == nullptr || std::string{actor->name()} != "router-relay";
+  });
+  CHECK(!out->answered());
+  sched.run();
+  CHECK(log->events == strings{"token 1.0", "token 1.1", "result 1"});
+}
+
+TEST_CASE_FIXTURE(router_fixture, "status counts and heartbeat") {
+  router_config cfg;
+  cfg.name = "router-0";
+  cfg.queue_limit = 1;
+  auto r = make_router(cfg);
+  auto hb = ask<heartbeat>(r, heartbeat_atom_v, heartbeat{"probe", 42});
+  CHECK(hb.from == "router-0");
+  CHECK(hb.seq == 42);
+  auto s0 = status(r);
+  CHECK(s0.routable == 0);
+  CHECK(s0.queued == 0);
+  CHECK(s0.outstanding == 0);
+  CHECK(s0.completed == 0);
+  CHECK(s0.rejected == 0);
+  CHECK(s0.rerouted == 0);
+  auto q = submit(r, request(1));       // queued
+  auto full = submit(r, request(2));    // queue_full
+  auto bad = submit(r, request(3, {})); // malformed
+  auto s1 = status(r);
+  CHECK(s1.queued == 1);
+  CHECK(s1.rejected == 2);
+  auto a = make_engine("a", 1, engine_mode::hold);
+  route(r, a, "a", 1);
+  auto s2 = status(r);
+  CHECK(s2.routable == 1);
+  CHECK(s2.queued == 0);
+  CHECK(s2.outstanding == 1);
+  release(a);
+  auto s3 = status(r);
+  CHECK(s3.outstanding == 0);
+  CHECK(s3.completed == 1);
+  CHECK(s3.rejected == 2);
+  CHECK(q->result);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a router that stops answers every waiting request") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, engine_mode::hold);
+  route(r, a, "a", 1);
+  auto req = request(1);
+  req.min_version = 5; // nothing serves it yet: it waits
+  auto queued = submit(r, req);
+  auto running = submit(r, request(2));
+  caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  sched.run();
+  REQUIRE(queued->error);
+  CHECK(is(*queued->error, errc::not_routable));
+  REQUIRE(running->error);
+  CHECK(is(*running->error, errc::not_routable));
+  CHECK(log->aborted == strings{"a:2"}); // the engine is told to drop what it runs
+}
