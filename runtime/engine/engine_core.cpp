@@ -129,7 +129,9 @@ const model_config& engine_core::config() const { return model_.config(); }
 
 void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   weights->version = version;
-  model_.set_weights(std::move(weights));
+  model_.set_weights(weights);
+  spare_ = std::move(serving_);
+  serving_ = std::move(weights);
   version_ = version;
   dirty_ = false;
   session_.reset();
@@ -377,9 +379,16 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   if (version <= version_)
     return engine_error{errc::version_mismatch, opts_.name + " holds version " + std::to_string(version_)
                                                   + ", refuses to go to " + std::to_string(version)};
+  abort_update(); // a new start supersedes an open session
   session s;
   s.version = version;
-  s.staging = model_.make_weights();
+  // Reuse the replaced set unless a step still holds it; finish_update
+  // checks that every parameter gets overwritten.
+  if (spare_ && spare_.use_count() == 1)
+    s.staging = std::move(spare_);
+  else
+    s.staging = model_.make_weights();
+  spare_.reset();
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
   session_ = std::move(s);
   dirty_ = true;
@@ -446,7 +455,7 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
     const auto& arrived = session_->arrived[static_cast<std::size_t>(w)];
     for (const auto& e : plans_[static_cast<std::size_t>(w)].entries)
       if (!arrived.count(e.source)) {
-        session_.reset(); // the engine stays dirty until a complete update
+        abort_update(); // the engine stays dirty until a complete update
         return engine_error{errc::update_incomplete, opts_.name + ": worker " + std::to_string(w)
                                                        + " never received " + e.source};
       }
@@ -454,14 +463,20 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
   auto staging = std::move(session_->staging);
   session_.reset();
   staging->version = version;
-  model_.set_weights(std::move(staging));
+  model_.set_weights(staging);
+  spare_ = std::move(serving_);
+  serving_ = std::move(staging);
   version_ = version;
   dirty_ = false;
   cache_->clear();
   return std::nullopt;
 }
 
-void engine_core::abort_update() { session_.reset(); }
+void engine_core::abort_update() {
+  if (session_)
+    spare_ = std::move(session_->staging); // partly written; the next session overwrites it all
+  session_.reset();
+}
 
 // -- status ----------------------------------------------------------------------------------
 

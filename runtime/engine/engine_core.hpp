@@ -185,6 +185,10 @@ private:
     std::vector<std::set<std::string>> arrived; ///< per worker: source tensors applied
   };
   std::optional<session> session_;
+  /// The set served now, and the one it replaced: the next session fills
+  /// the spare in place instead of faulting in fresh pages (first touch
+  /// costs more than the copy itself).
+  std::shared_ptr<weight_set> serving_, spare_;
 
   std::unique_ptr<prefix_cache> cache_;
   std::uint64_t tokens_generated_ = 0;
