@@ -1,0 +1,201 @@
+#include "actors/trainer.hpp"
+
+#include "runtime/bounded_queue.hpp"
+#include "runtime/checksum.hpp"
+#include "runtime/topology.hpp"
+#include "runtime/transfer/groups.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+#include <caf/system_messages.hpp>
+
+#include <algorithm>
+#include <iostream>
+#include <thread>
+
+namespace rlsync {
+
+namespace {
+
+using self_ptr = trainer_impl_actor::stateful_pointer<trainer_state>;
+
+class thread_runner final : public job_runner {
+public:
+  explicit thread_runner(std::size_t queue_limit) : jobs_(queue_limit), thread_([this] { run(); }) {}
+  ~thread_runner() override {
+    jobs_.close();
+    thread_.join();
+  }
+
+  bool post(std::function<void()> job) override { return jobs_.try_push(std::move(job)); }
+
+private:
+  void run() {
+    for (;;) {
+      // close() wakes the wait at once; the deadline only bounds it.
+      auto job = jobs_.pop_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+      if (jobs_.closed())
+        return; // shutting down: queued jobs are dropped
+      if (job)
+        (*job)();
+    }
+  }
+
+  bounded_queue<std::function<void()>> jobs_;
+  std::thread thread_;
+};
+
+void log(self_ptr self, const std::string& line) {
+  if (self->state.cfg.log)
+    self->state.cfg.log(line);
+}
+
+void schedule_tick(self_ptr self) {
+  // The next step starts step_time after this one started, or now if it
+  // took longer.
+  auto now = self->clock().now();
+  auto due = self->state.step_started + self->state.cfg.step_time;
+  auto wait = due > now ? std::chrono::duration_cast<caf::timespan>(due - now) : caf::timespan{0};
+  self->delayed_send(self, wait, caf::tick_atom::value);
+}
+
+void start_step(self_ptr self) {
+  auto& st = self->state;
+  if (st.producing)
+    return;
+  st.producing = true;
+  st.step_started = self->clock().now();
+  auto source = st.cfg.source;
+  auto me = caf::actor_cast<trainer_impl_actor>(self);
+  bool posted = st.cfg.runner->post([source, me] {
+    try {
+      auto s = source->advance();
+      caf::anon_send(me, produced_atom::value, s ? s->version() : std::uint64_t{0});
+    } catch (const std::exception& e) {
+      caf::anon_send(me, produced_atom::value, std::string(e.what()));
+    }
+  });
+  if (!posted) {
+    st.producing = false;
+    log(self, "trainer: the job runner refused a step; retrying in one step_time");
+    schedule_tick(self);
+  }
+}
+
+void publish(self_ptr self, const transfer::weight_snapshot& s) {
+  auto& st = self->state;
+  st.published = version_info{s.version(), transfer::group_count(s.config()), s.total_bytes()};
+  for (auto& [addr, listener] : st.subscribers)
+    self->send(listener, version_atom::value, st.published);
+}
+
+} // namespace
+
+std::shared_ptr<job_runner> make_thread_runner(std::size_t queue_limit) {
+  return std::make_shared<thread_runner>(queue_limit);
+}
+
+weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g) {
+  weight_bucket b;
+  b.version = s.version();
+  b.group = g;
+  const auto& tensors = s.group(g);
+  b.data.reserve(static_cast<std::size_t>(s.group_bytes(g)));
+  for (const auto& t : tensors) {
+    bucket_entry e;
+    e.name = t.name;
+    e.dtype = static_cast<std::uint8_t>(t.type);
+    e.shape = t.shape;
+    e.offset = b.data.size();
+    e.bytes = t.size;
+    auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+    b.data.insert(b.data.end(), p, p + t.size);
+    b.entries.push_back(std::move(e));
+  }
+  b.checksum = xxh64(b.data.data(), b.data.size());
+  return b;
+}
+
+trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
+  if (!cfg.runner)
+    cfg.runner = make_thread_runner();
+  self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](const caf::down_msg& dm) { self->state.subscribers.erase(dm.source); });
+  start_step(self);
+  return {
+    [=](meta_atom) -> std::vector<tensor_meta> {
+      std::vector<tensor_meta> out;
+      for (const auto& p : self->state.cfg.source->parameters())
+        out.push_back(tensor_meta{p.name, static_cast<std::uint8_t>(p.type), p.shape});
+      return out;
+    },
+    [=](version_atom) -> version_info { return self->state.published; },
+    [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
+      const auto& source = *self->state.cfg.source;
+      auto s = source.find(version);
+      if (!s) {
+        std::string held;
+        for (auto v : source.versions())
+          held += (held.empty() ? "" : ", ") + std::to_string(v);
+        return make_error(errc::version_gone, "version " + std::to_string(version) + " is not held (held: "
+                                                  + (held.empty() ? "none" : held) + ")");
+      }
+      if (!s->holds_group(group))
+        return make_error(errc::unknown_name, "group " + std::to_string(group) + " is not held by this trainer");
+      return group_bucket(*s, group);
+    },
+    [=](subscribe_atom, const version_listener_actor& listener) {
+      if (!listener)
+        return;
+      auto addr = listener.address();
+      if (self->state.subscribers.emplace(addr, listener).second) {
+        self->monitor(listener);
+        if (self->state.published.version > 0)
+          self->send(listener, version_atom::value, self->state.published);
+      }
+    },
+    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+    [=](caf::tick_atom) { start_step(self); },
+    [=](produced_atom, std::uint64_t version) {
+      auto& st = self->state;
+      st.producing = false;
+      ++st.steps;
+      st.last_error.clear();
+      if (version > st.published.version)
+        if (auto s = st.cfg.source->find(version))
+          publish(self, *s);
+      schedule_tick(self);
+    },
+    [=](produced_atom, const std::string& error) {
+      auto& st = self->state;
+      st.producing = false;
+      ++st.failed_steps;
+      if (error != st.last_error) // the same failure every step is said once
+        log(self, "trainer: step failed: " + error);
+      st.last_error = error;
+      schedule_tick(self);
+    },
+  };
+}
+
+trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg) {
+  if (!cfg.source)
+    throw std::invalid_argument("trainer: no weight source");
+  return sys.spawn(trainer, std::move(cfg));
+}
+
+local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank) {
+  local_trainer out;
+  out.source = transfer::make_weight_source(t, rank);
+  transfer::local_transfer_options o;
+  o.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
+  out.transfer = std::make_shared<transfer::local_transfer>(out.source, o);
+  trainer_config cfg;
+  cfg.source = out.source;
+  cfg.step_time = t.trainer.step_time;
+  cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
+  out.actor = spawn_trainer(sys, std::move(cfg));
+  return out;
+}
+
+} // namespace rlsync

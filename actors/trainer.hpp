@@ -1,0 +1,107 @@
+#pragma once
+// The trainer (DESIGN §5): publishes weight versions from its WeightSource
+// and serves them. It never computes on its mailbox: each step's version
+// (a perturbation, or a poll of a checkpoint directory) runs as a job on a
+// job_runner, which reports back with a message; at most one is in flight.
+//
+//          spawn ──▶ producing ──(produced v)──▶ publish v to subscribers
+//                        ▲                            │
+//                        └──── tick (step_time after  ◀┘
+//                              the step started)       (produced nothing /
+//                                                       failed: just tick)
+//
+// Bytes reach engines two ways:
+//   - the data plane: an in-process engine pulls from a
+//     transfer::local_transfer built on the same source (make_local_trainer
+//     builds both; the trainer itself does not touch it), other backends
+//     from their producers;
+//   - the CAF fallback: pull_atom returns one group's full tensors inline.
+// Subscribers (the coordinator) hear of every version published, and of the
+// current one when they subscribe; they are monitored and dropped once down.
+#include "actors/interfaces.hpp"
+#include "runtime/transfer/local_transfer.hpp"
+#include "runtime/transfer/weight_source.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace rlsync {
+
+/// Runs jobs off the actor's mailbox (where a version is computed).
+class job_runner {
+public:
+  virtual ~job_runner() = default;
+  /// Queues `job`; false when refused (full or stopped).
+  virtual bool post(std::function<void()> job) = 0;
+};
+
+/// One background thread, a bounded queue of jobs. The destructor waits for
+/// the running job and drops queued ones.
+std::shared_ptr<job_runner> make_thread_runner(std::size_t queue_limit = 2);
+
+/// What the trainer is spawned with.
+struct trainer_config {
+  std::shared_ptr<transfer::weight_source> source;
+  /// Synthetic: one version per step_time. Checkpoint directory: how often
+  /// it is polled.
+  std::chrono::milliseconds step_time{200};
+  /// Where versions are computed; none: a thread of the trainer's own.
+  std::shared_ptr<job_runner> runner;
+  /// Receives one line per failed step; empty: quiet.
+  std::function<void(const std::string&)> log;
+};
+
+// Private to the trainer: a step finished.
+using produced_atom = caf::atom_constant<caf::atom("produced")>;
+
+/// The trainer's own interface: trainer_actor plus what it sends itself.
+/// Handles given out are trainer_actor.
+using trainer_impl_actor = trainer_actor::extend<
+  // time for the next step
+  caf::reacts_to<caf::tick_atom>,
+  // a step ended: the version it published, or 0 when there was nothing new
+  caf::reacts_to<produced_atom, std::uint64_t>,
+  // a step failed: why
+  caf::reacts_to<produced_atom, std::string>>;
+
+struct trainer_state {
+  trainer_config cfg;
+  /// The newest version published (version 0: none yet).
+  version_info published;
+  std::map<caf::actor_addr, version_listener_actor> subscribers;
+  bool producing = false;
+  caf::actor_clock::time_point step_started;
+  std::uint64_t steps = 0;
+  std::uint64_t failed_steps = 0;
+  std::string last_error;
+
+  static inline const char* name = "trainer";
+};
+
+/// The trainer's behaviour (spawn it with spawn_trainer).
+trainer_impl_actor::behavior_type trainer(trainer_impl_actor::stateful_pointer<trainer_state> self,
+                                          trainer_config cfg);
+
+/// Spawns a trainer. Throws std::invalid_argument without a source.
+trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg);
+
+/// A trainer for one process holding the engines too: the topology's source
+/// (rank `rank`), the local data plane on it, and the trainer.
+struct local_trainer {
+  std::shared_ptr<transfer::weight_source> source;
+  std::shared_ptr<transfer::local_transfer> transfer;
+  trainer_actor actor;
+};
+
+local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0);
+
+/// The whole tensors of group `g` of `s` as one checksummed bucket.
+weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g);
+
+} // namespace rlsync

@@ -1,0 +1,66 @@
+#pragma once
+// Buckets for the CAF inline path (update_atom, the trainer's pull_atom):
+// a group's full tensors, or a worker's packed bytes, cut into
+// weight_buckets of at most bucket_bytes, each checksummed (xxh64 of its
+// data). A tensor larger than the room left is cut into pieces: a piece's
+// entry has a flat shape {elements} and says where it starts in the whole
+// tensor (bucket_entry::tensor_offset); a whole tensor keeps its shape.
+#include "runtime/dtype.hpp"
+#include "runtime/protocol.hpp"
+#include "runtime/safetensors.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace rlsync::transfer {
+
+/// The tensor name of bucketize_packed's entries.
+inline constexpr const char* packed_entry_name = "<packed>";
+
+/// Full tensors in order. Throws std::invalid_argument when bucket_bytes is
+/// smaller than an element.
+std::vector<weight_bucket> bucketize(std::uint64_t version, std::uint32_t group,
+                                     const std::vector<tensor_view>& tensors, std::uint64_t bucket_bytes);
+
+/// A packed byte stream of elements of `type` (one worker's group), as
+/// pieces of one tensor called packed_entry_name of shape {size / element}.
+std::vector<weight_bucket> bucketize_packed(std::uint64_t version, std::uint32_t group, dtype type,
+                                            const std::uint8_t* bytes, std::size_t size,
+                                            std::uint64_t bucket_bytes);
+
+/// Whether the bucket's data hash to its checksum.
+bool verify_bucket(const weight_bucket& b);
+
+/// Receiver side: puts buckets of expected tensors back together.
+class bucket_assembler {
+public:
+  explicit bucket_assembler(std::vector<tensor_spec> expected);
+
+  /// Checks the bucket (protocol check() and checksum) and copies its pieces
+  /// into place. Throws transfer_error(checksum_mismatch) for bad bytes,
+  /// std::invalid_argument for an unknown tensor, a dtype or shape that
+  /// disagrees, or a piece outside its tensor or received twice.
+  void add(const weight_bucket& b);
+  /// Every byte of every expected tensor arrived.
+  bool complete() const;
+  std::uint64_t bytes_received() const { return received_; }
+  /// Views of the assembled tensors (valid while this lives), in expected
+  /// order. Throws std::logic_error unless complete().
+  std::vector<tensor_view> tensors() const;
+
+private:
+  struct slot {
+    tensor_spec spec;
+    std::vector<std::uint8_t> bytes;
+    std::map<std::uint64_t, std::uint64_t> pieces; // begin -> end
+    std::uint64_t filled = 0;
+  };
+  std::vector<slot> slots_;
+  std::map<std::string, std::size_t> index_;
+  std::uint64_t received_ = 0;
+};
+
+} // namespace rlsync::transfer

@@ -1,0 +1,103 @@
+#pragma once
+// The consumer side of a data-plane backend (DESIGN §5): what an engine
+// worker calls to receive one version. `local` (local_transfer.hpp, same
+// process) is the first implementation; `ucx`, `nccl` and `cuda_ipc`
+// implement the same interface across processes and devices.
+//
+//   engine start:  register_worker(engine, plan)    for each of its workers,
+//                                                    plans from engine::make_plan
+//   transfer:      pull({engine, worker, v, mode, deadline}, sink)
+//                                                    on one thread per worker
+//                  -> sink.on_group / on_full_group once per group, in order,
+//                     after the group's checksum verified
+//   engine gone:   unregister_engine(engine)
+//
+// pull() blocks the calling thread until the version is in or the deadline
+// passes: call it from a worker thread or a detached actor, never from an
+// event-based actor's handler.
+#include "runtime/engine/plan.hpp"
+#include "runtime/protocol.hpp"
+#include "runtime/safetensors.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace rlsync::transfer {
+
+using clock = std::chrono::steady_clock;
+
+/// Why a pull failed. Every failure voids the worker's update (the engine
+/// stays dirty); none is ever silent.
+enum class transfer_failure : std::uint8_t {
+  checksum_mismatch,   ///< received bytes differ from what the producer packed
+  timeout,             ///< a group did not arrive before the deadline
+  version_unavailable, ///< the producer no longer (or not yet) holds the version
+  not_registered,      ///< the worker never registered its plan
+  producer_failed,     ///< the producer could not pack (its message says why)
+  cancelled,           ///< the producer shut down
+};
+
+std::string to_string(transfer_failure x);
+
+struct transfer_error : std::runtime_error {
+  transfer_error(transfer_failure f, const std::string& what) : std::runtime_error(what), failure(f) {}
+  transfer_failure failure;
+};
+
+/// Where received groups go. Called on the pulling thread, in group order,
+/// only for verified bytes; the pointers are valid during the call only.
+/// pull_engine calls it from one thread per worker at once: a sink must be
+/// safe for concurrent calls with different workers.
+struct group_sink {
+  /// Sharded: the packed bytes of group `group` for worker `worker`: its
+  /// plan entries of that group in plan order (apply_group applies them).
+  std::function<void(int worker, std::uint32_t group, const std::uint8_t* bytes, std::size_t size)> on_group;
+  /// Broadcast: the group's full tensors; the engine slices them itself.
+  std::function<void(int worker, std::uint32_t group, const std::vector<tensor_view>& tensors)> on_full_group;
+};
+
+struct pull_request {
+  std::string engine; ///< replica name
+  int worker = 0;     ///< tensor-parallel rank within the engine
+  std::uint64_t version = 0;
+  transfer_mode mode = transfer_mode::sharded;
+  clock::time_point deadline;
+};
+
+/// What one worker received.
+struct pull_report {
+  std::string engine;
+  int worker = 0;
+  std::uint64_t version = 0;
+  std::uint64_t bytes = 0;
+  std::uint32_t groups = 0;
+  std::chrono::nanoseconds duration{0};
+};
+
+class weight_puller {
+public:
+  virtual ~weight_puller() = default;
+
+  /// Announces worker plan->worker of `engine` and its sharding plan.
+  /// Replaces an earlier registration of the same worker.
+  virtual void register_worker(const std::string& engine, std::shared_ptr<const engine::plan> plan) = 0;
+  /// Forgets every worker of `engine`.
+  virtual void unregister_engine(const std::string& engine) = 0;
+  /// Receives every group of `req.version` the producer holds, or throws
+  /// transfer_error. Whatever the sink throws ends the pull and propagates.
+  virtual pull_report pull(const pull_request& req, const group_sink& sink) = 0;
+};
+
+/// Pulls a version for workers [0, tp) of `engine` in parallel, one thread
+/// each, and sums their reports (duration: the whole engine's). Rethrows the
+/// first failure once every worker has stopped.
+transfer_report pull_engine(weight_puller& p, const std::string& engine, int tp, std::uint64_t version,
+                            transfer_mode mode, const group_sink& sink, clock::time_point deadline);
+
+} // namespace rlsync::transfer

@@ -1,0 +1,502 @@
+#include "runtime/transfer/weight_source.hpp"
+
+#include "runtime/checkpoint.hpp"
+#include "runtime/engine/loader.hpp"
+#include "runtime/topology.hpp"
+#include "runtime/transfer/groups.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace rlsync::transfer {
+
+namespace {
+
+// Elements generated or perturbed per step (bounded scratch memory).
+constexpr std::size_t chunk_elements = std::size_t(1) << 16;
+
+unsigned thread_count(unsigned requested, std::size_t jobs) {
+  unsigned n = requested ? requested : std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(n, jobs)));
+}
+
+// Runs job(i) for i in [0, n) on `threads` threads, tensors dealt round
+// robin; rethrows the first exception once all are done.
+template <class Job>
+void parallel_for(std::size_t n, unsigned threads, Job job) {
+  std::vector<std::exception_ptr> errors(threads);
+  auto run = [&](unsigned t) {
+    try {
+      for (std::size_t i = t; i < n; i += threads)
+        job(i);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t)
+    pool.emplace_back(run, t);
+  run(0);
+  for (auto& th : pool)
+    th.join();
+  for (auto& e : errors)
+    if (e)
+      std::rethrow_exception(e);
+}
+
+std::vector<std::uint32_t> all_groups(const model_config& c) {
+  std::vector<std::uint32_t> v(group_count(c));
+  for (std::uint32_t g = 0; g < v.size(); ++g)
+    v[g] = g;
+  return v;
+}
+
+// The fields of config.json a step must share with the model.
+std::vector<std::string> config_differences(const model_config& model, const model_config& step) {
+  std::vector<std::string> out;
+  auto cmp = [&](const char* field, auto want, auto got) {
+    if (want != got)
+      out.push_back(std::string(field) + " is " + std::to_string(got) + ", the model has " + std::to_string(want));
+  };
+  cmp("vocab_size", model.vocab_size, step.vocab_size);
+  cmp("hidden_size", model.hidden_size, step.hidden_size);
+  cmp("intermediate_size", model.intermediate_size, step.intermediate_size);
+  cmp("num_hidden_layers", model.num_hidden_layers, step.num_hidden_layers);
+  cmp("num_attention_heads", model.num_attention_heads, step.num_attention_heads);
+  cmp("num_key_value_heads", model.num_key_value_heads, step.num_key_value_heads);
+  cmp("rms_norm_eps", model.rms_norm_eps, step.rms_norm_eps);
+  cmp("rope_theta", model.rope_theta, step.rope_theta);
+  if (model.tie_word_embeddings != step.tie_word_embeddings)
+    out.push_back(std::string("tie_word_embeddings is ") + (step.tie_word_embeddings ? "true" : "false")
+                  + ", the model has " + (model.tie_word_embeddings ? "true" : "false"));
+  return out;
+}
+
+std::string join_lines(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v)
+    s += (s.empty() ? "" : "; ") + x;
+  return s;
+}
+
+} // namespace
+
+// -- weight_snapshot ------------------------------------------------------------------
+
+void weight_snapshot::index(std::vector<tensor_view> views) {
+  const std::uint32_t L = group_count(config_);
+  by_group_.assign(L, {});
+  for (auto& v : views)
+    by_group_.at(group_of(config_, v.name)).push_back(std::move(v));
+  for (std::uint32_t g = 0; g < L; ++g) {
+    if (by_group_[g].empty())
+      continue;
+    held_.push_back(g);
+    for (const auto& v : by_group_[g]) {
+      if (!by_name_.emplace(v.name, tensors_.size()).second)
+        throw std::invalid_argument("weight snapshot: tensor '" + v.name + "' given twice");
+      tensors_.push_back(v);
+      total_bytes_ += v.size;
+    }
+  }
+}
+
+std::shared_ptr<const weight_snapshot> weight_snapshot::from_bytes(std::uint64_t version, const model_config& c,
+                                                                   std::vector<tensor_spec> specs,
+                                                                   std::vector<std::uint8_t> storage) {
+  auto bytes = std::make_shared<std::vector<std::uint8_t>>(std::move(storage));
+  std::vector<tensor_view> views;
+  std::uint64_t offset = 0;
+  for (auto& s : specs) {
+    tensor_view v;
+    static_cast<tensor_spec&>(v) = std::move(s);
+    v.size = static_cast<std::size_t>(v.bytes());
+    if (offset + v.size > bytes->size())
+      throw std::invalid_argument("weight snapshot: tensor '" + v.name + "' beyond the "
+                                  + std::to_string(bytes->size()) + " bytes given");
+    v.data = reinterpret_cast<const std::byte*>(bytes->data() + offset);
+    v.offset = offset;
+    offset += v.size;
+    views.push_back(std::move(v));
+  }
+  if (offset != bytes->size())
+    throw std::invalid_argument("weight snapshot: " + std::to_string(bytes->size()) + " bytes given, the tensors take "
+                                + std::to_string(offset));
+  std::shared_ptr<weight_snapshot> s(new weight_snapshot);
+  s->version_ = version;
+  s->config_ = c;
+  s->storage_ = bytes;
+  s->index(std::move(views));
+  return s;
+}
+
+std::shared_ptr<const weight_snapshot> weight_snapshot::from_checkpoint(std::uint64_t version, checkpoint ckpt,
+                                                                        const std::vector<std::uint32_t>& held_groups) {
+  auto owned = std::make_shared<checkpoint>(std::move(ckpt));
+  std::shared_ptr<weight_snapshot> s(new weight_snapshot);
+  s->version_ = version;
+  s->config_ = owned->config();
+  std::vector<tensor_view> views;
+  for (const auto& e : owned->tensors()) {
+    const std::uint32_t g = group_of(s->config_, e.tensor->name);
+    if (std::binary_search(held_groups.begin(), held_groups.end(), g))
+      views.push_back(*e.tensor);
+  }
+  // Parameter order within a group, whatever the files' order.
+  auto order = llama_parameter_specs(s->config_, dtype::bf16);
+  std::unordered_map<std::string, std::size_t> rank;
+  for (std::size_t i = 0; i < order.size(); ++i)
+    rank.emplace(order[i].name, i);
+  std::stable_sort(views.begin(), views.end(), [&](const tensor_view& a, const tensor_view& b) {
+    auto ra = rank.find(a.name), rb = rank.find(b.name);
+    return (ra == rank.end() ? order.size() : ra->second) < (rb == rank.end() ? order.size() : rb->second);
+  });
+  s->storage_ = owned;
+  s->index(std::move(views));
+  return s;
+}
+
+const tensor_view* weight_snapshot::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+const tensor_view& weight_snapshot::at(const std::string& name) const {
+  if (auto* t = find(name))
+    return *t;
+  throw std::out_of_range("weight snapshot: version " + std::to_string(version_) + " holds no tensor '" + name + "'");
+}
+
+const std::vector<tensor_view>& weight_snapshot::group(std::uint32_t g) const {
+  static const std::vector<tensor_view> none;
+  return g < by_group_.size() ? by_group_[g] : none;
+}
+
+std::uint64_t weight_snapshot::group_bytes(std::uint32_t g) const {
+  std::uint64_t n = 0;
+  for (const auto& t : group(g))
+    n += t.size;
+  return n;
+}
+
+// -- weight_source ----------------------------------------------------------------------
+
+weight_source::weight_source(model_config c, const std::optional<std::vector<std::int64_t>>& held_layers,
+                             std::size_t keep_versions)
+    : config_(std::move(c)), keep_(std::max<std::size_t>(1, keep_versions)) {
+  if (auto problems = validate(config_); !problems.empty())
+    throw std::invalid_argument("weight source: invalid model: " + join_lines(problems));
+  held_ = held_layers ? groups_of_layers(config_, *held_layers) : all_groups(config_);
+  if (held_.empty())
+    throw std::invalid_argument("weight source: holds no layer");
+}
+
+bool weight_source::holds(const std::string& name) const {
+  try {
+    return std::binary_search(held_.begin(), held_.end(), group_of(config_, name));
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+snapshot_ptr weight_source::latest() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return versions_.empty() ? nullptr : versions_.back();
+}
+
+snapshot_ptr weight_source::find(std::uint64_t v) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& s : versions_)
+    if (s->version() == v)
+      return s;
+  return nullptr;
+}
+
+std::vector<std::uint64_t> weight_source::versions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::uint64_t> out;
+  for (const auto& s : versions_)
+    out.push_back(s->version());
+  return out;
+}
+
+void weight_source::publish(snapshot_ptr s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!versions_.empty() && s->version() <= versions_.back()->version())
+    throw std::logic_error("weight source: version " + std::to_string(s->version()) + " after "
+                           + std::to_string(versions_.back()->version()));
+  versions_.push_back(std::move(s));
+  while (versions_.size() > keep_)
+    versions_.pop_front(); // freed once no transfer holds it
+}
+
+// -- synthetic_source -------------------------------------------------------------------
+
+synthetic_source::synthetic_source(synthetic_options o)
+    : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)) {
+  if (!std::isfinite(options_.perturb))
+    throw std::invalid_argument("synthetic weight source: perturbation must be finite");
+  if (!options_.initial_checkpoint.empty()) {
+    auto ck = checkpoint::open(options_.initial_checkpoint);
+    if (auto d = config_differences(config(), ck.config()); !d.empty())
+      throw checkpoint_error(options_.initial_checkpoint + "/" + config_file_name + ": " + join_lines(d));
+    if (ck.tensors().empty())
+      throw checkpoint_error(options_.initial_checkpoint + ": no tensors");
+    options_.type = ck.tensors().front().tensor->type;
+  }
+  for (auto& s : llama_parameter_specs(config(), options_.type))
+    if (holds(s.name))
+      specs_.push_back(std::move(s));
+}
+
+snapshot_ptr synthetic_source::produce_next() {
+  auto prev = latest();
+  auto next = prev ? perturbed(*prev) : make_initial();
+  publish(next);
+  return next;
+}
+
+snapshot_ptr synthetic_source::make_initial() const {
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t total = 0;
+  for (const auto& s : specs_) {
+    offsets.push_back(total);
+    total += s.bytes();
+  }
+  std::vector<std::uint8_t> storage(static_cast<std::size_t>(total));
+  if (!options_.initial_checkpoint.empty()) {
+    auto ck = checkpoint::open(options_.initial_checkpoint);
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      const tensor_view& t = ck.at(specs_[i].name);
+      if (t.shape != specs_[i].shape || t.type != specs_[i].type)
+        throw checkpoint_error(options_.initial_checkpoint + ": tensor '" + t.name + "' is "
+                               + std::string(safetensors_name(t.type)) + " " + shape_string(t.shape) + ", expected "
+                               + std::string(safetensors_name(specs_[i].type)) + " " + shape_string(specs_[i].shape));
+      std::copy(t.data, t.data + t.size, reinterpret_cast<std::byte*>(storage.data() + offsets[i]));
+    }
+  } else {
+    parallel_for(specs_.size(), thread_count(options_.threads, specs_.size()), [&](std::size_t i) {
+      const tensor_spec& spec = specs_[i];
+      const std::size_t es = dtype_size(spec.type);
+      std::vector<float> values(chunk_elements);
+      const auto n = static_cast<std::uint64_t>(spec.numel());
+      for (std::uint64_t first = 0; first < n; first += chunk_elements) {
+        auto count = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_elements, n - first));
+        synthetic_values(spec, options_.model_seed, first, count, values.data());
+        convert_from_f32(spec.type, values.data(), storage.data() + offsets[i] + first * es, count);
+      }
+    });
+  }
+  return weight_snapshot::from_bytes(1, config(), specs_, std::move(storage));
+}
+
+snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
+  const auto& tensors = from.tensors();
+  std::vector<tensor_spec> specs;
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) {
+    specs.push_back(t);
+    offsets.push_back(total);
+    total += t.size;
+  }
+  std::vector<std::uint8_t> storage(static_cast<std::size_t>(total));
+  const std::uint64_t seed = options_.trainer_seed + from.version();
+  // The same arithmetic as perturb_checkpoint: old + scale * noise in f32,
+  // rounded to the tensor's dtype.
+  const float scale = static_cast<float>(options_.perturb);
+  parallel_for(tensors.size(), thread_count(options_.threads, tensors.size()), [&](std::size_t i) {
+    const tensor_view& t = tensors[i];
+    const std::size_t es = dtype_size(t.type);
+    std::vector<float> values(chunk_elements), noise(chunk_elements);
+    const auto n = static_cast<std::uint64_t>(t.numel());
+    for (std::uint64_t first = 0; first < n; first += chunk_elements) {
+      auto count = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_elements, n - first));
+      convert_to_f32(t.type, t.data + first * es, values.data(), count);
+      perturbation_noise(t.name, seed, first, count, noise.data());
+      for (std::size_t k = 0; k < count; ++k)
+        values[k] += scale * noise[k];
+      convert_from_f32(t.type, values.data(), storage.data() + offsets[i] + first * es, count);
+    }
+  });
+  return weight_snapshot::from_bytes(from.version() + 1, config(), std::move(specs), std::move(storage));
+}
+
+// -- checkpoint_dir_source --------------------------------------------------------------
+
+std::string step_dir_name(std::uint64_t step) {
+  std::string digits = std::to_string(step);
+  if (digits.size() < 6)
+    digits.insert(0, 6 - digits.size(), '0');
+  return "step-" + digits;
+}
+
+std::optional<std::uint64_t> parse_step_dir_name(const std::string& name) {
+  static const std::string prefix = "step-";
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 19 || name.compare(0, prefix.size(), prefix) != 0)
+    return std::nullopt;
+  std::uint64_t step = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9')
+      return std::nullopt;
+    step = step * 10 + static_cast<std::uint64_t>(name[i] - '0');
+  }
+  return step;
+}
+
+void mark_step_complete(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / step_complete_marker).string();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw checkpoint_error(path + ": cannot create the step marker");
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok)
+    throw checkpoint_error(path + ": cannot sync the step marker");
+  // The marker's directory entry must be durable too.
+  if (int dfd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+checkpoint_dir_source::checkpoint_dir_source(checkpoint_dir_options o)
+    : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)) {
+  if (options_.dir.empty())
+    throw std::invalid_argument("checkpoint directory source: no directory");
+  seen_type_ = options_.type;
+}
+
+std::vector<tensor_spec> checkpoint_dir_source::parameters() const {
+  std::vector<tensor_spec> out;
+  if (auto s = latest()) {
+    for (const auto& t : s->tensors())
+      out.push_back(t);
+    return out;
+  }
+  dtype type = dtype::bf16;
+  {
+    std::lock_guard<std::mutex> lock(type_mutex_);
+    type = seen_type_.value_or(dtype::bf16);
+  }
+  for (auto& s : llama_parameter_specs(config(), type))
+    if (holds(s.name))
+      out.push_back(std::move(s));
+  return out;
+}
+
+snapshot_ptr checkpoint_dir_source::poll() {
+  auto current = latest();
+  const std::uint64_t after = current ? current->version() : 0;
+  std::optional<std::uint64_t> newest;
+  std::string path; // of the newest
+  std::error_code ec;
+  for (fs::directory_iterator it(options_.dir, ec), end; !ec && it != end; it.increment(ec)) {
+    auto step = parse_step_dir_name(it->path().filename().string());
+    if (!step || *step <= after || rejected_.count(*step) || (newest && *step <= *newest))
+      continue;
+    std::error_code ec2;
+    if (it->is_directory(ec2) && fs::is_regular_file(it->path() / step_complete_marker, ec2)) {
+      newest = step;
+      path = it->path().string();
+    }
+  }
+  if (!newest)
+    return nullptr; // nothing new, or no directory yet
+  try {
+    checkpoint ck = checkpoint::open(path);
+    if (auto d = config_differences(config(), ck.config()); !d.empty())
+      throw checkpoint_error((fs::path(path) / config_file_name).string() + ": " + join_lines(d));
+    // Every parameter with its shape, nothing unknown, one dtype.
+    if (ck.tensors().empty())
+      throw checkpoint_error(path + ": no tensors");
+    // The model's dtype: the embedding's (an extra tensor may differ).
+    const tensor_view* embed = ck.find("model.embed_tokens.weight");
+    const dtype type = (embed ? embed : ck.tensors().front().tensor)->type;
+    std::optional<dtype> want;
+    {
+      std::lock_guard<std::mutex> lock(type_mutex_);
+      want = seen_type_;
+    }
+    std::vector<std::string> problems;
+    if (want && *want != type)
+      problems.push_back("tensors are " + std::string(safetensors_name(type)) + ", earlier steps "
+                         + std::string(safetensors_name(*want)));
+    std::set<std::string> expected;
+    for (const auto& spec : llama_parameter_specs(config(), type)) {
+      expected.insert(spec.name);
+      const tensor_view* t = ck.find(spec.name);
+      if (!t)
+        problems.push_back("missing tensor '" + spec.name + "'");
+      else if (t->shape != spec.shape)
+        problems.push_back("tensor '" + spec.name + "': shape " + shape_string(t->shape) + ", the model implies "
+                           + shape_string(spec.shape));
+    }
+    for (const auto& e : ck.tensors()) {
+      const tensor_view& t = *e.tensor;
+      if (expected.count(t.name)) {
+        if (t.type != type)
+          problems.push_back("tensor '" + t.name + "': " + std::string(safetensors_name(t.type)) + ", others are "
+                             + std::string(safetensors_name(type)));
+      } else if (!engine::ignored_weight(config(), t.name)) {
+        // Extra tensors the engine ignores (rotary inv_freq) may stay.
+        problems.push_back("unexpected tensor '" + t.name + "'");
+      }
+    }
+    if (!problems.empty())
+      throw checkpoint_error(path + ": " + join_lines(problems));
+    auto snapshot = weight_snapshot::from_checkpoint(*newest, std::move(ck), held_groups());
+    {
+      std::lock_guard<std::mutex> lock(type_mutex_);
+      seen_type_ = type;
+    }
+    publish(snapshot);
+    return snapshot;
+  } catch (const checkpoint_error&) {
+    rejected_.insert(*newest);
+    throw;
+  } catch (const std::exception& e) {
+    rejected_.insert(*newest);
+    throw checkpoint_error(path + ": " + e.what());
+  }
+}
+
+// -- from a topology -------------------------------------------------------------------
+
+std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t rank) {
+  const trainer_spec& tr = t.trainer;
+  std::optional<std::vector<std::int64_t>> held;
+  if (rank < tr.ranks.size())
+    held = tr.ranks[rank].layers;
+  else if (!tr.ranks.empty())
+    throw std::out_of_range("weight source: trainer rank " + std::to_string(rank) + " of "
+                            + std::to_string(tr.ranks.size()));
+  if (tr.source == trainer_source::checkpoint_dir) {
+    checkpoint_dir_options o;
+    o.config = t.model.config;
+    o.dir = tr.dir;
+    o.type = t.model.weights_dtype;
+    o.held_layers = held;
+    return std::make_shared<checkpoint_dir_source>(std::move(o));
+  }
+  synthetic_options o;
+  o.config = t.model.config;
+  o.type = t.model.weights_dtype.value_or(dtype::bf16);
+  o.model_seed = t.model.seed;
+  o.initial_checkpoint = t.model.checkpoint;
+  o.trainer_seed = tr.seed;
+  o.perturb = tr.perturb;
+  o.held_layers = held;
+  return std::make_shared<synthetic_source>(std::move(o));
+}
+
+} // namespace rlsync::transfer

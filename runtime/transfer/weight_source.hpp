@@ -1,0 +1,223 @@
+#pragma once
+// The trainer side of the data plane (DESIGN §5): a WeightSource gives the
+// parameters' metadata (name, dtype, full shape), their bytes group by group
+// (groups.hpp), and the names it holds (a trainer rank under pipeline
+// parallelism holds only some layers).
+//
+// Versions are immutable snapshots shared by pointer: a version being
+// transferred stays valid and unchanged while the trainer produces the next.
+// A source keeps its newest `keep_versions` snapshots; an older one is freed
+// as soon as no transfer holds a pointer to it.
+//
+// Two sources:
+//   synthetic_source       version 1 is the seeded synthetic model (or a
+//                          checkpoint); version v+1 perturbs v exactly as
+//                          `rlsync checkpoint make --from DIR --perturb SCALE
+//                          --seed (seed + v)` does on disk.
+//   checkpoint_dir_source  picks up step directories a trainer publishes:
+//                            DIR/step-000042/config.json
+//                            DIR/step-000042/model.safetensors (or shards + index)
+//                            DIR/step-000042/COMPLETE   <- written last
+//                          A step is complete once its COMPLETE marker exists
+//                          (any contents); a writer writes and closes every
+//                          other file first, then the marker, so a reader
+//                          never maps a half-written step. The version is the
+//                          step number (steps start at 1).
+#include "runtime/dtype.hpp"
+#include "runtime/model_config.hpp"
+#include "runtime/safetensors.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace rlsync {
+class checkpoint;
+struct topology;
+} // namespace rlsync
+
+namespace rlsync::transfer {
+
+/// One version of the weights a source holds: immutable, shared by pointer.
+class weight_snapshot {
+public:
+  /// Owned bytes: `specs` laid out back to back, in order, in `storage`.
+  /// Throws std::invalid_argument when the sizes disagree or a name is in
+  /// no group of `c`.
+  static std::shared_ptr<const weight_snapshot> from_bytes(std::uint64_t version, const model_config& c,
+                                                           std::vector<tensor_spec> specs,
+                                                           std::vector<std::uint8_t> storage);
+  /// Views into a mapped checkpoint (kept alive by the snapshot), restricted
+  /// to the tensors of `held_groups`.
+  static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
+                                                                const std::vector<std::uint32_t>& held_groups);
+
+  std::uint64_t version() const { return version_; }
+  const model_config& config() const { return config_; }
+  /// Every tensor held, group by group (parameter order within a group).
+  const std::vector<tensor_view>& tensors() const { return tensors_; }
+  /// nullptr when not held.
+  const tensor_view* find(const std::string& name) const;
+  /// Throws std::out_of_range naming the tensor and version when not held.
+  const tensor_view& at(const std::string& name) const;
+  /// The groups held, ascending.
+  const std::vector<std::uint32_t>& groups() const { return held_; }
+  bool holds_group(std::uint32_t g) const { return g < by_group_.size() && !by_group_[g].empty(); }
+  /// The tensors of group `g` (empty when not held).
+  const std::vector<tensor_view>& group(std::uint32_t g) const;
+  std::uint64_t group_bytes(std::uint32_t g) const;
+  std::uint64_t total_bytes() const { return total_bytes_; }
+
+private:
+  weight_snapshot() = default;
+  void index(std::vector<tensor_view> views);
+
+  std::uint64_t version_ = 0;
+  model_config config_;
+  std::vector<tensor_view> tensors_;
+  std::unordered_map<std::string, std::size_t> by_name_; // into tensors_
+  std::vector<std::vector<tensor_view>> by_group_;       // one per model group
+  std::vector<std::uint32_t> held_;
+  std::uint64_t total_bytes_ = 0;
+  std::shared_ptr<const void> storage_; // owns what the views point into
+};
+
+using snapshot_ptr = std::shared_ptr<const weight_snapshot>;
+
+/// DESIGN §5's WeightSource. advance() is the only producing call; it may
+/// take long (it computes or maps a whole version) and must run off any
+/// actor's mailbox, one call at a time. Everything else is thread-safe and
+/// cheap, so transfers can look versions up while advance() runs.
+class weight_source {
+public:
+  virtual ~weight_source() = default;
+  weight_source(const weight_source&) = delete;
+  weight_source& operator=(const weight_source&) = delete;
+
+  const model_config& config() const { return config_; }
+  /// The groups this source holds, ascending (all unless a held-layers filter).
+  const std::vector<std::uint32_t>& held_groups() const { return held_; }
+  /// Whether tensor `name` is among those this source holds (false for a
+  /// name that is not a parameter of the model).
+  bool holds(const std::string& name) const;
+  /// Metadata of every parameter held (name, dtype, full shape), in
+  /// parameter order.
+  virtual std::vector<tensor_spec> parameters() const = 0;
+
+  /// Makes the next version if there is one, publishes it and returns it;
+  /// nullptr when there is nothing new (a checkpoint directory without a
+  /// newer complete step). Throws on failure; the source stays usable.
+  virtual snapshot_ptr advance() = 0;
+
+  /// The newest version published; nullptr before the first.
+  snapshot_ptr latest() const;
+  /// Version `v` if it is still held; nullptr otherwise.
+  snapshot_ptr find(std::uint64_t v) const;
+  /// The versions held, ascending.
+  std::vector<std::uint64_t> versions() const;
+  std::size_t keep_versions() const { return keep_; }
+
+protected:
+  weight_source(model_config c, const std::optional<std::vector<std::int64_t>>& held_layers,
+                std::size_t keep_versions);
+  /// Adds `s` as the newest version, dropping the oldest beyond keep_versions.
+  /// Throws std::logic_error unless its version exceeds the latest.
+  void publish(snapshot_ptr s);
+
+private:
+  model_config config_;
+  std::vector<std::uint32_t> held_;
+  std::size_t keep_;
+  mutable std::mutex mutex_;
+  std::deque<snapshot_ptr> versions_; // ascending
+};
+
+struct synthetic_options {
+  model_config config;
+  dtype type = dtype::bf16;      ///< ignored with initial_checkpoint (its dtype wins)
+  std::uint64_t model_seed = 1;  ///< version 1: synthetic_values() with this seed
+  /// When set, version 1 is this checkpoint directory's tensors instead.
+  std::string initial_checkpoint;
+  std::uint64_t trainer_seed = 7; ///< version v+1 uses perturbation_noise(seed trainer_seed + v)
+  double perturb = 0.01;
+  /// Pipeline layers this rank holds; nullopt holds every layer.
+  std::optional<std::vector<std::int64_t>> held_layers;
+  std::size_t keep_versions = 2;
+  unsigned threads = 0; ///< generating threads; 0: min(hardware threads, 8)
+};
+
+/// A trainer that "trains" by perturbing: deterministic in its options.
+class synthetic_source final : public weight_source {
+public:
+  /// Throws std::invalid_argument for an invalid config or perturbation,
+  /// checkpoint_error for an initial checkpoint that does not fit.
+  explicit synthetic_source(synthetic_options o);
+
+  std::vector<tensor_spec> parameters() const override { return specs_; }
+  snapshot_ptr advance() override { return produce_next(); }
+  /// Version 1 on the first call, then latest + 1.
+  snapshot_ptr produce_next();
+
+private:
+  snapshot_ptr make_initial() const;
+  snapshot_ptr perturbed(const weight_snapshot& from) const;
+
+  synthetic_options options_;
+  std::vector<tensor_spec> specs_; // held, parameter order
+};
+
+inline constexpr const char* step_complete_marker = "COMPLETE";
+
+/// "step-000042" (six digits at least).
+std::string step_dir_name(std::uint64_t step);
+/// The step of a directory called "step-<digits>"; nullopt for other names.
+std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
+/// Writer side: publishes `step_dir` by writing its COMPLETE marker (and
+/// syncing it). Call once every other file of the step is written and closed.
+void mark_step_complete(const std::string& step_dir);
+
+struct checkpoint_dir_options {
+  model_config config; ///< the model every step must match
+  std::string dir;     ///< where step-NNNNNN/ directories appear
+  /// The dtype every step must have; nullopt accepts the first step's.
+  std::optional<dtype> type;
+  std::optional<std::vector<std::int64_t>> held_layers;
+  std::size_t keep_versions = 2;
+};
+
+/// Watches a directory for published steps (see the top of this file).
+class checkpoint_dir_source final : public weight_source {
+public:
+  explicit checkpoint_dir_source(checkpoint_dir_options o);
+
+  /// From the newest version's tensors; before the first, from the config
+  /// in the expected dtype (bf16 when not known yet).
+  std::vector<tensor_spec> parameters() const override;
+  snapshot_ptr advance() override { return poll(); }
+  /// Maps the newest complete step newer than the latest version and
+  /// publishes it; nullptr when there is none (incomplete steps are
+  /// ignored). A step that does not fit the model throws checkpoint_error
+  /// naming the file at fault (its config.json, for a model that disagrees)
+  /// and is skipped by later polls.
+  snapshot_ptr poll();
+
+private:
+  checkpoint_dir_options options_;
+  std::set<std::uint64_t> rejected_;
+  mutable std::mutex type_mutex_;
+  std::optional<dtype> seen_type_;
+};
+
+/// The source of trainer rank `rank` of a topology: synthetic (from the
+/// model's seed or checkpoint, perturbed with the trainer's seed) or a
+/// checkpoint directory, holding that rank's layers.
+std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t rank = 0);
+
+} // namespace rlsync::transfer

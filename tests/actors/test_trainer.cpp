@@ -1,0 +1,296 @@
+// The trainer on CAF's deterministic scheduler. Versions are computed by a
+// job runner the test drives by hand, so the test decides when a step's
+// work happens and when its result arrives, and time moves only when the
+// test moves it. One last case runs the real scheduler and a real thread
+// end to end, with bounded waits.
+#include "actors/trainer.hpp"
+
+#include "../runtime/scratch_dir.hpp"
+#include "../transfer/transfer_fixtures.hpp"
+#include "fixture.hpp"
+
+#include "runtime/checkpoint.hpp"
+#include "runtime/topology.hpp"
+#include "runtime/transfer/bucket.hpp"
+#include "runtime/transfer/groups.hpp"
+#include "runtime/transfer/packing.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <future>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Jobs wait until the test runs them, on the test's thread.
+struct manual_runner final : job_runner {
+  std::deque<std::function<void()>> jobs;
+  bool post(std::function<void()> job) override {
+    jobs.push_back(std::move(job));
+    return true;
+  }
+  bool run_one() {
+    if (jobs.empty())
+      return false;
+    auto job = std::move(jobs.front());
+    jobs.pop_front();
+    job();
+    return true;
+  }
+};
+
+struct trainer_fixture : test::actor_fixture {
+  std::shared_ptr<manual_runner> runner = std::make_shared<manual_runner>();
+  std::vector<std::string> log;
+
+  trainer_config config(std::shared_ptr<transfer::weight_source> source) {
+    trainer_config c;
+    c.source = std::move(source);
+    c.step_time = 100ms;
+    c.runner = runner;
+    c.log = [this](const std::string& line) { log.push_back(line); };
+    return c;
+  }
+
+  /// A listener that records every version it is told about.
+  version_listener_actor listener(std::shared_ptr<std::vector<version_info>> seen) {
+    return spawn([seen](version_listener_actor::pointer) -> version_listener_actor::behavior_type {
+      return {[seen](version_atom, const version_info& v) { seen->push_back(v); }};
+    });
+  }
+
+  /// Lets the pending step do its work, then delivers its result.
+  void finish_step() {
+    REQUIRE(runner->run_one());
+    run();
+  }
+
+  trainer_state& state(const trainer_impl_actor& t) {
+    auto* ptr = caf::actor_cast<caf::abstract_actor*>(t);
+    return dynamic_cast<trainer_impl_actor::stateful_pointer<trainer_state>>(ptr)->state;
+  }
+
+  template <class T>
+  T answer(const slot<T>& s) {
+    run();
+    REQUIRE(s->has_value());
+    REQUIRE(**s);
+    return ***s;
+  }
+
+  template <class T>
+  caf::error failure(const slot<T>& s) {
+    run();
+    REQUIRE(s->has_value());
+    REQUIRE_FALSE(**s);
+    return (*s)->error();
+  }
+};
+
+std::uint64_t sum_bytes(const std::vector<tensor_spec>& specs) {
+  std::uint64_t n = 0;
+  for (const auto& s : specs)
+    n += s.bytes();
+  return n;
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: a version every step_time, computed off the mailbox, told to subscribers") {
+  const model_config c = test::small_model(3);
+  auto source = test::small_source(c);
+  auto t = spawn(trainer, config(source));
+  run();
+  REQUIRE(runner->jobs.size() == 1); // the first step started at once
+
+  // The mailbox stays free while a step is computed.
+  CHECK(answer(request<version_info>(t, version_atom::value)).version == 0);
+  auto seen = std::make_shared<std::vector<version_info>>();
+  caf::anon_send(t, subscribe_atom::value, listener(seen));
+  run();
+  CHECK(seen->empty()); // nothing published yet
+
+  finish_step();
+  REQUIRE(seen->size() == 1);
+  CHECK(seen->back().version == 1);
+  CHECK(seen->back().groups == 3);
+  CHECK(seen->back().total_bytes == sum_bytes(llama_parameter_specs(c, dtype::bf16)));
+  CHECK(answer(request<version_info>(t, version_atom::value)).version == 1);
+
+  // The next step starts step_time after the previous one started.
+  advance(99ms);
+  CHECK(runner->jobs.empty());
+  advance(1ms);
+  REQUIRE(runner->jobs.size() == 1);
+  // At most one step in flight, however long it takes.
+  advance(1s);
+  CHECK(runner->jobs.size() == 1);
+  finish_step();
+  REQUIRE(seen->size() == 2);
+  CHECK(seen->back().version == 2);
+  // A step that took longer than step_time is followed at once.
+  advance(0ms);
+  CHECK(runner->jobs.size() == 1);
+  finish_step();
+  CHECK(seen->back().version == 3);
+  CHECK(state(t).steps == 3);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: metadata, and one group inline for the CAF fallback path") {
+  const model_config c = test::small_model(3);
+  auto source = test::small_source(c, /*keep*/ 2);
+  auto t = spawn(trainer, config(source));
+  run();
+  finish_step();
+
+  auto meta = answer(request<std::vector<tensor_meta>>(t, meta_atom::value));
+  auto specs = llama_parameter_specs(c, dtype::bf16);
+  REQUIRE(meta.size() == specs.size());
+  for (std::size_t i = 0; i < meta.size(); ++i) {
+    CHECK(meta[i].name == specs[i].name);
+    CHECK(meta[i].dtype == static_cast<std::uint8_t>(dtype::bf16));
+    CHECK(meta[i].shape == specs[i].shape);
+  }
+
+  auto v1 = source->find(1);
+  for (std::uint32_t g = 0; g < 3; ++g) {
+    auto b = answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, g));
+    CHECK(b.version == 1);
+    CHECK(b.group == g);
+    CHECK(check(b).empty());
+    CHECK(transfer::verify_bucket(b));
+    std::vector<tensor_spec> want(v1->group(g).begin(), v1->group(g).end());
+    transfer::bucket_assembler a(want);
+    a.add(b);
+    REQUIRE(a.complete());
+    auto got = a.tensors();
+    for (std::size_t i = 0; i < got.size(); ++i)
+      CHECK(test::bytes_of(got[i]) == test::bytes_of(v1->group(g)[i]));
+  }
+
+  CHECK(is(failure(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{3})),
+           errc::unknown_name));
+  // Two more versions: the source keeps two, version 1 is gone.
+  advance(100ms);
+  finish_step();
+  advance(100ms);
+  finish_step();
+  auto err = failure(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{0}));
+  CHECK(is(err, errc::version_gone));
+  CHECK(sys.render(err).find("held: 2, 3") != std::string::npos);
+  CHECK(answer(request<heartbeat>(t, heartbeat_atom::value, heartbeat{"x", 4})).seq == 4);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: late subscribers hear the current version; dead ones are dropped") {
+  auto source = test::small_source(test::small_model(2));
+  auto t = spawn(trainer, config(source));
+  run();
+  finish_step();
+
+  auto seen = std::make_shared<std::vector<version_info>>();
+  auto l = listener(seen);
+  caf::anon_send(t, subscribe_atom::value, l);
+  caf::anon_send(t, subscribe_atom::value, l); // twice: still told once
+  run();
+  REQUIRE(seen->size() == 1);
+  CHECK(seen->front().version == 1);
+  CHECK(state(t).subscribers.size() == 1);
+
+  caf::anon_send_exit(l, caf::exit_reason::kill);
+  run();
+  CHECK(state(t).subscribers.empty());
+  advance(100ms);
+  finish_step(); // published to nobody
+  CHECK(seen->size() == 1);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer over a checkpoint directory: a failed step is logged once, later steps publish") {
+  test::scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  transfer::checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  auto source = std::make_shared<transfer::checkpoint_dir_source>(o);
+  auto t = spawn(trainer, config(source));
+  auto seen = std::make_shared<std::vector<version_info>>();
+  caf::anon_send(t, subscribe_atom::value, listener(seen));
+  run();
+  finish_step(); // nothing there yet
+  CHECK(seen->empty());
+  CHECK(log.empty());
+
+  const std::string bad = tmp / transfer::step_dir_name(1);
+  make_synthetic_checkpoint(bad, test::small_model(3), dtype::bf16, 3);
+  transfer::mark_step_complete(bad);
+  advance(100ms);
+  finish_step();
+  REQUIRE(log.size() == 1);
+  CHECK(log.front().find(bad + "/config.json") != std::string::npos);
+  CHECK(state(t).failed_steps == 1);
+
+  const std::string good = tmp / transfer::step_dir_name(2);
+  make_synthetic_checkpoint(good, c, dtype::bf16, 3);
+  transfer::mark_step_complete(good);
+  advance(100ms);
+  finish_step();
+  REQUIRE(seen->size() == 1);
+  CHECK(seen->front().version == 2);
+  CHECK(log.size() == 1);
+}
+
+TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls what it is told about") {
+  caf::actor_system_config cfg;
+  register_rlsync_types(cfg);
+  caf::actor_system sys{cfg};
+
+  topology topo;
+  topo.model.config = test::small_model(3);
+  topo.model.weights_dtype = dtype::bf16;
+  topo.model.seed = 3;
+  topo.trainer.step_time = 20ms;
+  topo.trainer.ranks = {trainer_rank{"local", {0, 1, 2}}};
+  topo.transfer.groups_in_flight = 2;
+  auto lt = make_local_trainer(sys, topo);
+
+  // A listener that hands the first version to the test and quits.
+  std::promise<version_info> first;
+  auto first_future = first.get_future();
+  auto l = sys.spawn([&first](version_listener_actor::pointer self) -> version_listener_actor::behavior_type {
+    return {[&first, self](version_atom, const version_info& v) {
+      first.set_value(v);
+      self->quit();
+    }};
+  });
+  caf::anon_send(lt.actor, subscribe_atom::value, l);
+  REQUIRE(first_future.wait_for(10s) == std::future_status::ready);
+  const version_info v = first_future.get();
+  CHECK(v.version >= 1);
+
+  // The engine side: register plans, pull the version, compare.
+  const int tp = 2;
+  auto set = engine::weight_set::make(topo.model.config, tp);
+  std::vector<transfer::grouped_plan> plans;
+  for (int w = 0; w < tp; ++w) {
+    auto plan = std::make_shared<const engine::plan>(engine::make_plan(topo.model.config, tp, w, dtype::bf16));
+    plans.emplace_back(topo.model.config, plan);
+    lt.transfer->register_worker("rollout-0", plan);
+  }
+  auto snapshot = lt.source->find(v.version); // held while we compare, even if the trainer moves on
+  transfer::group_sink sink;
+  sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+    transfer::apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, set->workers[static_cast<std::size_t>(w)]);
+  };
+  if (snapshot) { // the trainer may already have dropped it on a slow machine
+    auto report = transfer::pull_engine(*lt.transfer, "rollout-0", tp, v.version, transfer_mode::sharded, sink,
+                                        transfer::clock::now() + 10s);
+    CHECK(report.groups == 3);
+    test::check_identical(*set, *test::loaded(*snapshot, tp));
+  }
+  caf::anon_send_exit(lt.actor, caf::exit_reason::user_shutdown);
+}

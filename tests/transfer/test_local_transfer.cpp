@@ -1,0 +1,360 @@
+// The local backend: a sharded pull applied with the engine's plan gives
+// exactly what engine::load_weights gives, with each worker receiving only
+// the bytes it keeps; broadcast moves the full model to every worker; bytes
+// are checksummed, packing is shared across replicas, memory is bounded and
+// every wait has a deadline.
+#include "runtime/engine/loader.hpp"
+#include "runtime/engine/plan.hpp"
+#include "runtime/transfer/local_transfer.hpp"
+#include "runtime/transfer/packing.hpp"
+
+#include "transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <future>
+#include <mutex>
+
+using namespace rlsync;
+using namespace rlsync::transfer;
+using namespace std::chrono_literals;
+
+namespace {
+
+clock::time_point in(std::chrono::milliseconds d) {
+  return clock::now() + d;
+}
+
+/// One in-process engine: its weight set and per-worker plans, registered
+/// with the producer the way the engine does it at start.
+struct test_engine {
+  std::string name;
+  int tp;
+  std::shared_ptr<engine::weight_set> weights;
+  std::vector<grouped_plan> plans;
+  std::mutex mutex;
+  std::vector<std::pair<int, std::uint32_t>> received; // (worker, group) in arrival order
+
+  test_engine(std::string n, const model_config& c, int tp_, weight_puller& p)
+      : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_)) {
+    for (int w = 0; w < tp; ++w) {
+      auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, tp, w, dtype::bf16));
+      plans.emplace_back(c, plan);
+      p.register_worker(name, plan);
+    }
+  }
+
+  group_sink sink() {
+    group_sink s;
+    s.on_group = [this](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, weights->workers[static_cast<std::size_t>(w)]);
+      note(w, g);
+    };
+    s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+      auto& dst = weights->workers[static_cast<std::size_t>(w)];
+      for (const auto& t : tensors)
+        if (!engine::ignored_weight(dst.shard().config, t.name))
+          engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
+      note(w, g);
+    };
+    return s;
+  }
+
+  transfer_report pull(weight_puller& p, std::uint64_t v, transfer_mode mode = transfer_mode::sharded,
+                       std::chrono::milliseconds deadline = 10s) {
+    return pull_engine(p, name, tp, v, mode, sink(), in(deadline));
+  }
+
+  void note(int w, std::uint32_t g) {
+    std::lock_guard<std::mutex> lock(mutex);
+    received.emplace_back(w, g);
+  }
+};
+
+std::uint64_t plan_bytes(const test_engine& e) {
+  std::uint64_t n = 0;
+  for (const auto& p : e.plans)
+    n += engine::bytes_per_worker(p.plan());
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("sharded pull applied with the plan equals load_weights, each worker getting only its bytes") {
+  for (bool tied : {false, true})
+    for (int tp : {1, 2, 4}) { // tp 4 > 2 kv heads: kv heads are replicated
+      INFO("tp " << tp << (tied ? ", tied embeddings" : ""));
+      const model_config c = test::small_model(3, tied);
+      auto src = test::small_source(c);
+      auto v1 = src->produce_next();
+      local_transfer xfer(src);
+      test_engine e("rollout-0", c, tp, xfer);
+
+      auto report = e.pull(xfer, 1);
+      test::check_identical(*e.weights, *test::loaded(*v1, tp));
+      CHECK(report.engine == "rollout-0");
+      CHECK(report.version == 1);
+      CHECK(report.groups == 3);
+      CHECK(report.bytes == plan_bytes(e));
+      CHECK(report.duration_ns > 0);
+
+      // Per worker: exactly bytes_per_worker(plan), about total / tp.
+      for (int w = 0; w < tp; ++w) {
+        auto r = xfer.pull({e.name, w, 1, transfer_mode::sharded, in(10s)}, e.sink());
+        const auto& plan = e.plans[static_cast<std::size_t>(w)].plan();
+        CHECK(r.bytes == engine::bytes_per_worker(plan));
+        CHECK(r.groups == 3);
+        CHECK(r.worker == w);
+        CHECK(static_cast<double>(r.bytes) < 1.5 * static_cast<double>(v1->total_bytes()) / tp);
+      }
+      if (tp == 1)
+        CHECK(report.bytes == v1->total_bytes());
+
+      // The next version lands on top of the previous one.
+      auto v2 = src->produce_next();
+      e.pull(xfer, 2);
+      test::check_identical(*e.weights, *test::loaded(*v2, tp));
+    }
+}
+
+TEST_CASE("broadcast pull: every worker receives the whole model and slices it with its loader") {
+  for (int tp : {1, 2, 4}) {
+    INFO("tp " << tp);
+    const model_config c = test::small_model(3);
+    auto src = test::small_source(c);
+    auto v1 = src->produce_next();
+    local_transfer xfer(src);
+    test_engine e("rollout-0", c, tp, xfer);
+    auto report = e.pull(xfer, 1, transfer_mode::broadcast);
+    test::check_identical(*e.weights, *test::loaded(*v1, tp));
+    CHECK(report.bytes == v1->total_bytes() * static_cast<std::uint64_t>(tp));
+    CHECK(report.groups == 3);
+    auto r = xfer.pull({e.name, 0, 1, transfer_mode::broadcast, in(10s)}, e.sink());
+    CHECK(r.bytes == v1->total_bytes());
+    // Broadcast bytes exceed sharded ones by about tp.
+    if (tp > 1)
+      CHECK(r.bytes > engine::bytes_per_worker(e.plans[0].plan()));
+  }
+}
+
+TEST_CASE("groups arrive in order, each verified before the sink sees it") {
+  const model_config c = test::small_model(4);
+  auto src = test::small_source(c);
+  src->produce_next();
+  local_transfer xfer(src);
+  test_engine e("e", c, 2, xfer);
+  e.pull(xfer, 1);
+  std::vector<std::uint32_t> w0, w1;
+  for (auto [w, g] : e.received)
+    (w == 0 ? w0 : w1).push_back(g);
+  CHECK(w0 == std::vector<std::uint32_t>{0, 1, 2, 3});
+  CHECK(w1 == std::vector<std::uint32_t>{0, 1, 2, 3});
+}
+
+TEST_CASE("the same worker rank of two replicas shares one packing pass") {
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer_options o;
+  o.join_grace = 10s; // both replicas are registered: the pass waits for both, not for the grace
+  local_transfer xfer(src, o);
+  test_engine a("rollout-0", c, 2, xfer);
+  test_engine b("rollout-1", c, 2, xfer);
+
+  auto fa = std::async(std::launch::async, [&] { return a.pull(xfer, 1); });
+  auto fb = std::async(std::launch::async, [&] { return b.pull(xfer, 1); });
+  auto ra = fa.get();
+  auto rb = fb.get();
+  auto ref = test::loaded(*v1, 2);
+  test::check_identical(*a.weights, *ref);
+  test::check_identical(*b.weights, *ref);
+  CHECK(ra.bytes == rb.bytes);
+
+  auto s = xfer.stats();
+  CHECK(s.passes == 2);     // one per (tp, worker) stream, not one per replica
+  CHECK(s.packs == 2 * 3);  // 2 workers x 3 groups, packed once for both replicas
+  CHECK(s.packed_bytes == plan_bytes(a));
+
+  // A replica that comes later gets a pass of its own.
+  test_engine late("rollout-2", c, 2, xfer);
+  late.pull(xfer, 1);
+  test::check_identical(*late.weights, *ref);
+  CHECK(xfer.stats().packs == 2 * 2 * 3);
+}
+
+TEST_CASE("an unregistered replica does not hold back the others beyond the join grace") {
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer_options o;
+  o.join_grace = 20ms;
+  local_transfer xfer(src, o);
+  test_engine a("rollout-0", c, 1, xfer);
+  test_engine absent("rollout-1", c, 1, xfer); // registered, never pulls
+  const auto t0 = clock::now();
+  a.pull(xfer, 1, transfer_mode::sharded, 10s);
+  CHECK(clock::now() - t0 < 5s);
+  test::check_identical(*a.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and packing runs ahead") {
+  for (std::size_t in_flight : {1, 2}) {
+    INFO("groups_in_flight " << in_flight);
+    const model_config c = test::small_model(4);
+    auto src = test::small_source(c);
+    auto v1 = src->produce_next();
+    local_transfer_options o;
+    o.groups_in_flight = in_flight;
+    local_transfer xfer(src, o);
+    test_engine e("e", c, 1, xfer);
+    auto sink = e.sink();
+    bool ran_ahead = false;
+    auto apply = sink.on_group;
+    sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      if (g == 0) // while the engine holds group 0, the producer fills the window again
+        ran_ahead = xfer.wait_for_packs(1 + in_flight, in(10s));
+      apply(w, g, bytes, size);
+    };
+    auto r = xfer.pull({"e", 0, 1, transfer_mode::sharded, in(10s)}, sink);
+    CHECK(r.groups == 4);
+    CHECK(ran_ahead);
+    CHECK(xfer.stats().peak_buffers == in_flight);
+    test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  }
+}
+
+TEST_CASE("a corrupted group fails that worker's pull with a checksum error; a healthy peer completes") {
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer xfer(src);
+  test_engine bad("rollout-0", c, 2, xfer);
+  test_engine good("rollout-1", c, 2, xfer);
+  xfer.corrupt({"rollout-0", 1, 0, /*group*/ 1});
+  try {
+    bad.pull(xfer, 1);
+    FAIL("the corrupted pull succeeded");
+  } catch (const transfer_error& e) {
+    CHECK(e.failure == transfer_failure::checksum_mismatch);
+    CHECK(std::string(e.what()).find("engine 'rollout-0' worker 1: group 1 of version 1 failed its checksum")
+          != std::string::npos);
+  }
+  // The sink never saw group 1 of worker 1 (nor anything after it).
+  for (auto [w, g] : bad.received)
+    CHECK_FALSE((w == 1 && g >= 1));
+  CHECK(xfer.stats().corruptions == 1);
+
+  good.pull(xfer, 1);
+  test::check_identical(*good.weights, *test::loaded(*v1, 2));
+  bad.pull(xfer, 1); // the fault fired once: a retry is clean
+  test::check_identical(*bad.weights, *test::loaded(*v1, 2));
+}
+
+TEST_CASE("a group that never comes times out with an error naming it") {
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer xfer(src);
+  test_engine e("rollout-0", c, 2, xfer);
+  xfer.withhold(2);
+  const auto t0 = clock::now();
+  try {
+    e.pull(xfer, 1, transfer_mode::sharded, 200ms);
+    FAIL("the pull succeeded without group 2");
+  } catch (const transfer_error& err) {
+    CHECK(err.failure == transfer_failure::timeout);
+    CHECK(std::string(err.what()).find("group 2 of version 1") != std::string::npos);
+    CHECK(std::string(err.what()).find("2 of 3 groups received") != std::string::npos);
+  }
+  CHECK(clock::now() - t0 >= 200ms);
+  CHECK(clock::now() - t0 < 5s);
+
+  xfer.clear_faults();
+  e.pull(xfer, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 2));
+}
+
+TEST_CASE("pull errors: unknown version, unregistered worker, missing sink") {
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  src->produce_next();
+  src->produce_next();
+  src->produce_next(); // holds 2 and 3
+  local_transfer xfer(src);
+  test_engine e("e", c, 1, xfer);
+  auto expect = [&](const pull_request& r, const group_sink& s, transfer_failure f, const char* text) {
+    try {
+      xfer.pull(r, s);
+      FAIL("no error");
+    } catch (const transfer_error& err) {
+      CHECK(err.failure == f);
+      CHECK(std::string(err.what()).find(text) != std::string::npos);
+    }
+  };
+  expect({"e", 0, 1, transfer_mode::sharded, in(1s)}, e.sink(), transfer_failure::version_unavailable,
+         "version 1 is not held (held: 2, 3)");
+  expect({"other", 0, 3, transfer_mode::sharded, in(1s)}, e.sink(), transfer_failure::not_registered,
+         "engine 'other' worker 0 has not registered");
+  xfer.unregister_engine("e");
+  expect({"e", 0, 3, transfer_mode::sharded, in(1s)}, e.sink(), transfer_failure::not_registered, "engine 'e'");
+  CHECK_THROWS_AS(xfer.pull({"e", 0, 3, transfer_mode::broadcast, in(1s)}, group_sink{}), std::invalid_argument);
+  CHECK(to_string(transfer_failure::checksum_mismatch) == "checksum_mismatch");
+}
+
+TEST_CASE("a version under transfer stays intact while the trainer produces the next ones") {
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c, /*keep*/ 2);
+  auto v1 = src->produce_next();
+  local_transfer xfer(src);
+  test_engine e("e", c, 1, xfer);
+  auto sink = e.sink();
+  auto apply = sink.on_group;
+  sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+    if (g == 0) { // the trainer moves on mid-transfer; version 1 leaves the source
+      src->produce_next();
+      src->produce_next();
+    }
+    apply(w, g, bytes, size);
+  };
+  xfer.pull({"e", 0, 1, transfer_mode::sharded, in(10s)}, sink);
+  CHECK(src->find(1).get() == nullptr);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("a rank holding some layers serves exactly those groups") {
+  const model_config c = test::small_model(4);
+  synthetic_options o;
+  o.config = c;
+  o.model_seed = 3;
+  o.held_layers = std::vector<std::int64_t>{1, 2};
+  auto rank = std::make_shared<synthetic_source>(o);
+  rank->produce_next();
+  local_transfer xfer(rank);
+  test_engine e("e", c, 2, xfer);
+  auto r = e.pull(xfer, 1);
+  CHECK(r.groups == 2);
+  std::uint64_t want = 0;
+  for (const auto& p : e.plans)
+    want += p.bytes(1) + p.bytes(2);
+  CHECK(r.bytes == want);
+  for (auto [w, g] : e.received)
+    CHECK((g == 1 || g == 2));
+}
+
+TEST_CASE("a plan recorded for another dtype fails the pull with the producer's reason") {
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  src->produce_next(); // bf16
+  local_transfer xfer(src);
+  auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, 1, 0, dtype::f32));
+  xfer.register_worker("e", plan);
+  group_sink sink;
+  sink.on_group = [](int, std::uint32_t, const std::uint8_t*, std::size_t) {};
+  try {
+    xfer.pull({"e", 0, 1, transfer_mode::sharded, in(10s)}, sink);
+    FAIL("no error");
+  } catch (const transfer_error& err) {
+    CHECK(err.failure == transfer_failure::producer_failed);
+    CHECK(std::string(err.what()).find("the plan was recorded for F32") != std::string::npos);
+  }
+}

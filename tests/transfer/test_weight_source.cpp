@@ -1,0 +1,254 @@
+// Weight sources: synthetic versions are deterministic and equal what
+// `rlsync checkpoint make` and `--perturb` write on disk; a checkpoint
+// directory publishes steps only once their COMPLETE marker exists.
+#include "runtime/checkpoint.hpp"
+#include "runtime/transfer/groups.hpp"
+#include "runtime/transfer/weight_source.hpp"
+
+#include "../runtime/scratch_dir.hpp"
+#include "transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+using namespace rlsync;
+using namespace rlsync::transfer;
+using rlsync::test::bytes_of;
+using rlsync::test::scratch_dir;
+
+namespace {
+
+// Every tensor of `s` has exactly the bytes the checkpoint at `dir` holds.
+void check_equal_to_checkpoint(const weight_snapshot& s, const std::string& dir) {
+  auto ck = checkpoint::open(dir);
+  REQUIRE(s.tensors().size() == ck.tensors().size());
+  for (const auto& t : s.tensors()) {
+    INFO(t.name);
+    const tensor_view& want = ck.at(t.name);
+    CHECK(t.type == want.type);
+    CHECK(t.shape == want.shape);
+    CHECK(bytes_of(t) == bytes_of(want));
+  }
+}
+
+bool snapshots_equal(const weight_snapshot& a, const weight_snapshot& b) {
+  if (a.tensors().size() != b.tensors().size())
+    return false;
+  for (std::size_t i = 0; i < a.tensors().size(); ++i)
+    if (a.tensors()[i].name != b.tensors()[i].name || bytes_of(a.tensors()[i]) != bytes_of(b.tensors()[i]))
+      return false;
+  return true;
+}
+
+} // namespace
+
+TEST_CASE("synthetic source: version 1 is `checkpoint make`, v+1 is `--perturb` of v with seed + v") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  auto v2 = src->produce_next();
+  auto v3 = src->produce_next();
+  CHECK(v1->version() == 1);
+  CHECK(v2->version() == 2);
+  CHECK(v3->version() == 3);
+
+  make_synthetic_checkpoint(tmp / "v1", c, dtype::bf16, /*model seed*/ 3);
+  check_equal_to_checkpoint(*v1, tmp / "v1");
+  perturb_checkpoint(tmp / "v1", tmp / "v2", 0.05, /*trainer seed + 1*/ 11 + 1);
+  check_equal_to_checkpoint(*v2, tmp / "v2");
+  perturb_checkpoint(tmp / "v2", tmp / "v3", 0.05, 11 + 2);
+  check_equal_to_checkpoint(*v3, tmp / "v3");
+  CHECK_FALSE(snapshots_equal(*v1, *v2)); // the perturbation is large enough to survive bf16
+}
+
+TEST_CASE("synthetic source: same options, same versions; group order and metadata") {
+  const model_config c = test::small_model(3);
+  auto a = test::small_source(c);
+  auto b = test::small_source(c);
+  for (int i = 0; i < 3; ++i) {
+    auto x = a->produce_next();
+    auto y = b->produce_next();
+    CHECK(snapshots_equal(*x, *y));
+  }
+  auto s = a->latest();
+  CHECK(s->groups() == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(s->group(0).front().name == "model.embed_tokens.weight");
+  CHECK(s->group(2).back().name == "lm_head.weight");
+  CHECK(s->total_bytes() == [&] {
+    std::uint64_t n = 0;
+    for (const auto& spec : llama_parameter_specs(c, dtype::bf16))
+      n += spec.bytes();
+    return n;
+  }());
+  auto params = a->parameters();
+  CHECK(params.size() == llama_parameter_specs(c, dtype::bf16).size());
+  CHECK(params.front().name == "model.embed_tokens.weight");
+  CHECK(params.front().shape == std::vector<std::int64_t>{301, 64});
+  CHECK(&s->at("model.norm.weight") == s->find("model.norm.weight"));
+  CHECK_THROWS_AS(s->at("nope"), std::out_of_range);
+}
+
+TEST_CASE("synthetic source keeps a bounded number of versions; a held snapshot stays valid") {
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c, /*keep*/ 2);
+  CHECK(src->latest().get() == nullptr);
+  auto v1 = src->produce_next();
+  const auto v1_bytes = bytes_of(v1->at("model.norm.weight"));
+  src->produce_next();
+  src->produce_next();
+  CHECK(src->versions() == std::vector<std::uint64_t>{2, 3});
+  CHECK(src->find(1).get() == nullptr);
+  CHECK(src->find(3).get() == src->latest().get());
+  // Whoever still holds version 1 (a transfer) reads it unchanged.
+  CHECK(bytes_of(v1->at("model.norm.weight")) == v1_bytes);
+  std::weak_ptr<const weight_snapshot> weak = v1;
+  v1.reset();
+  CHECK(weak.expired()); // released once nobody holds it
+}
+
+TEST_CASE("synthetic source with a held-layers filter holds those groups only") {
+  const model_config c = test::small_model(4);
+  synthetic_options o;
+  o.config = c;
+  o.model_seed = 3;
+  o.held_layers = std::vector<std::int64_t>{3, 1};
+  synthetic_source rank(o);
+  o.held_layers.reset();
+  synthetic_source full(o);
+  CHECK(rank.held_groups() == std::vector<std::uint32_t>{1, 3});
+  CHECK(rank.holds("lm_head.weight"));
+  CHECK(rank.holds("model.layers.1.mlp.up_proj.weight"));
+  CHECK_FALSE(rank.holds("model.embed_tokens.weight"));
+  CHECK_FALSE(rank.holds("model.layers.2.mlp.up_proj.weight"));
+  CHECK_FALSE(rank.holds("not.a.parameter"));
+  auto part = rank.produce_next();
+  auto all = full.produce_next();
+  CHECK(part->groups() == std::vector<std::uint32_t>{1, 3});
+  CHECK(part->find("model.embed_tokens.weight") == nullptr);
+  for (const auto& t : part->tensors())
+    CHECK(bytes_of(t) == bytes_of(all->at(t.name)));
+  for (const auto& p : rank.parameters())
+    CHECK(rank.holds(p.name));
+  CHECK_THROWS_AS(synthetic_source([&] {
+                    auto bad = o;
+                    bad.held_layers = std::vector<std::int64_t>{4};
+                    return bad;
+                  }()),
+                  std::out_of_range);
+}
+
+TEST_CASE("synthetic source can start from a checkpoint") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  make_synthetic_checkpoint(tmp / "base", c, dtype::f32, 5);
+  synthetic_options o;
+  o.config = c;
+  o.initial_checkpoint = tmp / "base";
+  o.trainer_seed = 2;
+  o.perturb = 0.1;
+  synthetic_source src(o);
+  CHECK(src.parameters().front().type == dtype::f32);
+  check_equal_to_checkpoint(*src.produce_next(), tmp / "base");
+  perturb_checkpoint(tmp / "base", tmp / "next", 0.1, 2 + 1);
+  check_equal_to_checkpoint(*src.produce_next(), tmp / "next");
+
+  o.config.num_hidden_layers = 3;
+  CHECK_THROWS_WITH_AS(synthetic_source{o}, doctest::Contains("config.json"), checkpoint_error);
+}
+
+TEST_CASE("step directory names") {
+  CHECK(step_dir_name(42) == "step-000042");
+  CHECK(step_dir_name(1234567) == "step-1234567");
+  CHECK(parse_step_dir_name("step-000042") == 42u);
+  CHECK(parse_step_dir_name("step-7") == 7u);
+  CHECK_FALSE(parse_step_dir_name("step-"));
+  CHECK_FALSE(parse_step_dir_name("step-12a"));
+  CHECK_FALSE(parse_step_dir_name("step-000042.tmp"));
+  CHECK_FALSE(parse_step_dir_name("checkpoint-3"));
+}
+
+TEST_CASE("checkpoint_dir_source: a step without its marker is ignored until the marker appears") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp / "steps";
+  checkpoint_dir_source src(o);
+  CHECK(src.poll().get() == nullptr); // no directory yet
+  std::filesystem::create_directory(o.dir);
+  CHECK(src.poll().get() == nullptr);
+  CHECK(src.parameters().size() == llama_parameter_specs(c, dtype::bf16).size());
+
+  const std::string step1 = o.dir + "/" + step_dir_name(1);
+  make_synthetic_checkpoint(step1, c, dtype::bf16, 3);
+  CHECK(src.poll().get() == nullptr); // complete files, but not published
+  mark_step_complete(step1);
+  auto v1 = src.poll();
+  REQUIRE(v1.get() != nullptr);
+  CHECK(v1->version() == 1);
+  check_equal_to_checkpoint(*v1, step1);
+  CHECK(src.poll().get() == nullptr); // nothing newer
+  CHECK(src.latest().get() == v1.get());
+
+  // Two new steps: the newest complete one wins, an incomplete newer one waits.
+  for (std::uint64_t s : {2, 3, 4})
+    perturb_checkpoint(step1, o.dir + "/" + step_dir_name(s), 0.05, s);
+  mark_step_complete(o.dir + "/" + step_dir_name(2));
+  mark_step_complete(o.dir + "/" + step_dir_name(3));
+  auto v3 = src.poll();
+  REQUIRE(v3.get() != nullptr);
+  CHECK(v3->version() == 3);
+  check_equal_to_checkpoint(*v3, o.dir + "/" + step_dir_name(3));
+  CHECK(src.poll().get() == nullptr);
+  mark_step_complete(o.dir + "/" + step_dir_name(4));
+  CHECK(src.poll()->version() == 4);
+  CHECK(src.versions() == std::vector<std::uint64_t>{3, 4});
+}
+
+TEST_CASE("checkpoint_dir_source: a step whose config.json disagrees is an error naming the file") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  checkpoint_dir_source src(o);
+
+  const std::string bad = o.dir + "/" + step_dir_name(5);
+  make_synthetic_checkpoint(bad, test::small_model(3), dtype::bf16, 3);
+  mark_step_complete(bad);
+  CHECK_THROWS_WITH_AS(src.poll(), doctest::Contains((bad + "/config.json: num_hidden_layers is 3, the model has 2").c_str()),
+                       checkpoint_error);
+  CHECK(src.poll().get() == nullptr); // reported once, then skipped
+
+  const std::string good = o.dir + "/" + step_dir_name(6);
+  make_synthetic_checkpoint(good, c, dtype::bf16, 3);
+  mark_step_complete(good);
+  CHECK(src.poll()->version() == 6);
+
+  // A later step in another dtype than the earlier ones is refused too.
+  const std::string other = o.dir + "/" + step_dir_name(7);
+  make_synthetic_checkpoint(other, c, dtype::f32, 3);
+  mark_step_complete(other);
+  CHECK_THROWS_WITH_AS(src.poll(), doctest::Contains("earlier steps BF16"), checkpoint_error);
+}
+
+TEST_CASE("checkpoint_dir_source with a held-layers filter maps every file but exposes its groups") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(3);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  o.held_layers = std::vector<std::int64_t>{0};
+  checkpoint_dir_source src(o);
+  const std::string step = o.dir + "/" + step_dir_name(1);
+  make_synthetic_checkpoint(step, c, dtype::bf16, 3, /*shard_bytes*/ 64 << 10); // sharded, with an index
+  mark_step_complete(step);
+  auto s = src.poll();
+  REQUIRE(s.get() != nullptr);
+  CHECK(s->groups() == std::vector<std::uint32_t>{0});
+  CHECK(s->find("model.embed_tokens.weight") != nullptr);
+  CHECK(s->find("lm_head.weight") == nullptr);
+  CHECK(s->group(0).size() == 10);
+}
