@@ -136,6 +136,8 @@ void maybe_start_round(self_ptr self) {
   auto& st = self->state;
   if (st.round)
     return; // the end of this round checks again
+  if (st.cfg.trainer && st.newest.version == 0)
+    return; // nothing published yet: the first version starts the cold sync
   auto newcomer = std::any_of(st.members.begin(), st.members.end(),
                               [](const auto& kv) { return kv.second.newcomer; });
   if (st.sync_waiters.empty()
@@ -150,13 +152,16 @@ void ask_phase(self_ptr self);
 void next_phase(self_ptr self);
 void end_round(self_ptr self);
 
-/// Snapshot of the membership: every registered engine, evicted ones included
-/// (their full transfer brings them current), towards the newest version.
+/// Snapshot of the membership towards the newest version: every engine that
+/// does not serve it yet — behind, dirty, evicted or new (a full transfer
+/// brings it current). Engines already serving it keep serving.
 void start_round(self_ptr self, std::vector<sync_waiter> waiters) {
   auto& st = self->state;
   std::vector<std::string> names;
   for (auto& [name, m] : st.members) {
-    names.push_back(name);
+    bool current = m.routable && !m.info.dirty && m.info.version == st.newest.version;
+    if (!current)
+      names.push_back(name);
     m.newcomer = false;
   }
   st.round.emplace(sync_round{st.next_round_id++, st.newest.version, std::move(names)},
@@ -356,6 +361,8 @@ void end_round(self_ptr self) {
   line += "; stall " + millis(rep.stall_ns) + ", transfer " + millis(rep.transfer_ns) + ", "
           + std::to_string(rep.bytes) + " bytes, control " + millis(rep.control_ns);
   log_line(self, line);
+  if (st.cfg.on_report)
+    st.cfg.on_report(rep);
   for (auto& w : r.waiters)
     w.deliver(rep);
   maybe_start_round(self);

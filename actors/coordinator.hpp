@@ -69,6 +69,8 @@ struct coordinator_config {
   std::function<std::uint64_t()> now_ns;
   /// Receives one line per round (and one per refused version); empty: quiet.
   std::function<void(const std::string&)> log = log_to_stderr;
+  /// Called with every round's report as it ends (e.g. progress lines); may be empty.
+  std::function<void(const sync_report&)> on_report;
   /// Rounds kept for `status_atom`.
   std::size_t history_limit = 64;
 };

@@ -1,14 +1,65 @@
 #include "actors/rollout_engine.hpp"
 
 #include "runtime/checksum.hpp"
+#include "runtime/engine/loader.hpp"
+#include "runtime/engine/weight_view.hpp"
 
 #include <caf/actor_system.hpp>
+#include <caf/blocking_actor.hpp>
 
 namespace rlsync {
 
 namespace {
 
 caf::error to_error(const engine::engine_error& e) { return make_error(e.code, e.what); }
+
+errc to_errc(transfer::transfer_failure f) {
+  switch (f) {
+    case transfer::transfer_failure::checksum_mismatch: return errc::checksum_mismatch;
+    case transfer::transfer_failure::version_unavailable: return errc::version_gone;
+    default: return errc::round_aborted; // timeout, producer gone: the round cannot complete here
+  }
+}
+
+/// Runs on the pulling thread: every worker's groups into the staging weights.
+std::shared_ptr<pull_outcome> pull_version(transfer::weight_puller& puller, const std::string& name,
+                                           std::vector<std::shared_ptr<const transfer::grouped_plan>> plans,
+                                           std::shared_ptr<engine::weight_set> staging, transfer_order order,
+                                           std::chrono::milliseconds deadline) {
+  auto out = std::make_shared<pull_outcome>();
+  out->version = order.version;
+  out->received.resize(plans.size());
+  transfer::group_sink sink;
+  // Each callback touches only its own worker's shard and slot.
+  sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+    auto& plan = *plans[static_cast<std::size_t>(w)];
+    transfer::apply_group(plan, g, bytes, size, staging->workers[static_cast<std::size_t>(w)]);
+    for (const auto* e : plan.entries(g))
+      out->received[static_cast<std::size_t>(w)].insert(e->source);
+  };
+  sink.on_full_group = [&](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
+    auto& dst = staging->workers[static_cast<std::size_t>(w)];
+    for (const auto& t : tensors) {
+      if (engine::ignored_weight(staging->config(), t.name))
+        continue;
+      engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
+      out->received[static_cast<std::size_t>(w)].insert(t.name);
+    }
+  };
+  try {
+    auto report = transfer::pull_engine(puller, name, static_cast<int>(plans.size()), order.version, order.mode,
+                                        sink, transfer::clock::now() + deadline);
+    report.engine = name;
+    out->report = report;
+  } catch (const transfer::transfer_error& e) {
+    out->code = to_errc(e.failure);
+    out->what = name + ": " + e.what();
+  } catch (const std::exception& e) {
+    out->code = errc::malformed;
+    out->what = name + ": " + e.what();
+  }
+  return out;
+}
 
 } // namespace
 
@@ -17,6 +68,17 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   self->state.core = std::make_unique<engine::engine_core>(cfg.model, cfg.options);
   self->state.node = cfg.node;
   self->state.self_stepping = cfg.self_stepping;
+  self->state.puller = cfg.puller;
+  for (int w = 0; w < cfg.options.tp; ++w) {
+    auto plan = std::make_shared<const engine::plan>(self->state.core->worker_plan(w));
+    self->state.plans.push_back(std::make_shared<const transfer::grouped_plan>(cfg.model, plan));
+    if (cfg.puller)
+      cfg.puller->register_worker(cfg.options.name, plan);
+  }
+  self->attach_functor([puller = cfg.puller, name = cfg.options.name] {
+    if (puller)
+      puller->unregister_engine(name);
+  });
   const std::string name = cfg.options.name;
 
   // Keeps exactly one step message in flight while the engine has work.
@@ -56,11 +118,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       return ack();
     },
     [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
+      if (self->state.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->start_update(version))
         return to_error(*e);
       return ack();
     },
     [=](update_atom, const weight_bucket& bucket) -> caf::result<std::uint64_t> {
+      if (self->state.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto why = check(bucket); !why.empty())
         return make_error(errc::malformed, why);
       if (xxh64(bucket.data.data(), bucket.data.size()) != bucket.checksum)
@@ -83,13 +149,47 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       return applied;
     },
     [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
+      auto& st = self->state;
       if (auto why = check(order); !why.empty())
         return make_error(errc::malformed, why);
-      // The data-plane pull arrives with the transfer layer; inline updates
-      // (update_atom) are the path that exists today.
-      return make_error(errc::malformed, name + ": transfer backend '" + order.backend + "' is not available here");
+      if (!st.puller)
+        return make_error(errc::malformed, name + ": no data plane for backend '" + order.backend + "'");
+      if (st.core->session_version() != order.version)
+        return make_error(errc::no_session, name + ": transfer of version " + std::to_string(order.version)
+                                              + " outside its session");
+      if (st.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is already in flight");
+      // The pull blocks: it runs on its own thread and reports back here.
+      auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
+      self->spawn<caf::detached>([puller = st.puller, name, plans = st.plans, staging = st.core->session_staging(),
+                                  order, deadline, engine = rollout_engine_impl{self}](caf::blocking_actor* worker) {
+        worker->send(engine, pull_atom::value, pull_version(*puller, name, plans, staging, order, deadline));
+      });
+      auto rp = self->make_response_promise<transfer_report>();
+      st.transfer_promise = rp;
+      return rp;
+    },
+    [=](pull_atom, std::shared_ptr<pull_outcome> out) {
+      auto& st = self->state;
+      if (!st.transfer_promise)
+        return;
+      auto rp = *st.transfer_promise;
+      st.transfer_promise.reset();
+      if (!out->report) {
+        st.core->abort_update(); // dirty until a complete update
+        rp.deliver(make_error(out->code, out->what));
+        return;
+      }
+      for (std::size_t w = 0; w < out->received.size(); ++w)
+        if (auto e = st.core->mark_received(static_cast<int>(w), out->received[w], out->version)) {
+          rp.deliver(to_error(*e));
+          return;
+        }
+      rp.deliver(*out->report);
     },
     [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
+      if (self->state.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->finish_update(version))
         return to_error(*e);
       return ack();
@@ -129,6 +229,17 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     },
     [=](status_atom) -> engine_status { return self->state.core->status(); },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return {name, hb.seq}; },
+    [=](digest_atom) -> weight_digest {
+      weight_digest d;
+      d.engine = name;
+      d.version = self->state.core->version();
+      d.dirty = self->state.core->dirty();
+      for (auto& [param, sum] : self->state.core->weight_checksums()) {
+        d.names.push_back(param);
+        d.checksums.push_back(sum);
+      }
+      return d;
+    },
     [=](step_atom) {
       self->state.step_scheduled = false;
       self->state.core->step();
@@ -138,8 +249,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   };
 }
 
-rollout_engine_actor spawn_rollout_engine(caf::actor_system& sys, rollout_engine_config cfg) {
-  return caf::actor_cast<rollout_engine_actor>(sys.spawn<caf::detached>(rollout_engine, std::move(cfg)));
+rollout_engine_impl spawn_rollout_engine(caf::actor_system& sys, rollout_engine_config cfg) {
+  return sys.spawn<caf::detached>(rollout_engine, std::move(cfg));
 }
 
 } // namespace rlsync

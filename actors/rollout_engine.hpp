@@ -17,6 +17,8 @@
 // every token produced before the pause.
 #include "actors/interfaces.hpp"
 #include "runtime/engine/engine_core.hpp"
+#include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/puller.hpp"
 
 #include <memory>
 
@@ -27,13 +29,36 @@ struct rollout_engine_config {
   model_config model;
   engine::engine_options options; ///< options.name is the replica name
   std::string node;
+  /// The data plane the transfer phase pulls from (nullptr: inline buckets only).
+  std::shared_ptr<transfer::weight_puller> puller;
+  /// How long a pull may take (the coordinator's transfer deadline bounds the phase too).
+  std::uint64_t transfer_deadline_ms = 60000;
   /// Steps itself while it has work. Deterministic tests turn this off and
   /// send `step_atom` themselves, so that a pause can land between steps.
   bool self_stepping = true;
 };
 
-/// The interface plus the actor's own step message.
-using rollout_engine_impl = rollout_engine_actor::extend<caf::reacts_to<step_atom>>;
+/// How a data-plane pull ended, reported by the pulling thread.
+struct pull_outcome {
+  std::uint64_t version = 0;
+  std::optional<transfer_report> report;  ///< set on success
+  errc code = errc::malformed;            ///< on failure
+  std::string what;
+  std::vector<std::set<std::string>> received; ///< per worker: tensors written
+};
+
+} // namespace rlsync
+
+// Stays inside the process: the pulling thread hands its result to its engine.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<rlsync::pull_outcome>)
+
+namespace rlsync {
+
+/// The interface plus the actor's own messages: one step, a pull's end.
+using rollout_engine_impl =
+  rollout_engine_actor::extend<caf::reacts_to<step_atom>, caf::reacts_to<pull_atom, std::shared_ptr<pull_outcome>>,
+                               // checksums of the weights served now
+                               caf::replies_to<digest_atom>::with<weight_digest>>;
 
 struct rollout_engine_state {
   std::unique_ptr<engine::engine_core> core;
@@ -42,6 +67,10 @@ struct rollout_engine_state {
   bool step_scheduled = false;
   std::optional<caf::typed_response_promise<pause_report>> pause_promise;
   std::unordered_map<std::uint64_t, caf::typed_response_promise<generate_result>> pending;
+  std::shared_ptr<transfer::weight_puller> puller;
+  std::vector<std::shared_ptr<const transfer::grouped_plan>> plans; ///< per worker
+  /// The transfer phase in flight: its reply waits for the pulling thread.
+  std::optional<caf::typed_response_promise<transfer_report>> transfer_promise;
   static inline const char* name = "rollout_engine";
 };
 
@@ -49,6 +78,6 @@ rollout_engine_impl::behavior_type
 rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self, rollout_engine_config cfg);
 
 /// Spawns an engine actor on its own thread.
-rollout_engine_actor spawn_rollout_engine(caf::actor_system& sys, rollout_engine_config cfg);
+rollout_engine_impl spawn_rollout_engine(caf::actor_system& sys, rollout_engine_config cfg);
 
 } // namespace rlsync

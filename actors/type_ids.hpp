@@ -62,6 +62,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, route_atom, "route")
   CAF_ADD_ATOM(rlsync, rlsync, evict_atom, "evict")
   CAF_ADD_ATOM(rlsync, rlsync, step_atom, "step")       // an engine's self-message: one step
+  CAF_ADD_ATOM(rlsync, rlsync, digest_atom, "digest")
 
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_request))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_report))
@@ -87,6 +88,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::route_update))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::router_status))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::coordinator_status))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::weight_digest))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -128,6 +130,7 @@ RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
                x.rerouted)
 RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history)
+RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 
 #undef RLSYNC_INSPECT
 

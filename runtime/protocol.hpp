@@ -221,6 +221,16 @@ struct sync_report {
   bool aborted = false;
 };
 
+/// Checksums of the weights an engine serves (xxh64 of every parameter
+/// shard, fp32), to verify that engines hold exactly the trainer's weights.
+struct weight_digest {
+  std::string engine;
+  std::uint64_t version = 0;
+  bool dirty = false;
+  std::vector<std::string> names; ///< "worker/parameter"
+  std::vector<std::uint64_t> checksums;
+};
+
 // -- routing and status ---------------------------------------------------------
 
 /// The coordinator tells the router which engine may serve which version.

@@ -14,6 +14,7 @@ int cmd_checkpoint(const arg_list& args);
 int cmd_validate(const arg_list& args);
 int cmd_generate(const arg_list& args);
 int cmd_bench(const arg_list& args);
+int cmd_run(const arg_list& args);
 int cmd_ping(const arg_list& args);
 
 } // namespace rlsync::tools

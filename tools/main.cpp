@@ -17,6 +17,8 @@ struct subcommand {
 };
 
 const subcommand subcommands[] = {
+  {"run", "the main job: every actor of a topology in one process, with a rollout workload",
+   rlsync::tools::cmd_run},
   {"version", "print the rlsync version", rlsync::tools::cmd_version},
   {"devices", "show what the GPU layer was built with and which devices it sees",
    rlsync::tools::cmd_devices},

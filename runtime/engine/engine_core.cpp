@@ -472,6 +472,26 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
   return std::nullopt;
 }
 
+std::optional<std::uint64_t> engine_core::session_version() const {
+  if (!session_)
+    return std::nullopt;
+  return session_->version;
+}
+
+std::shared_ptr<weight_set> engine_core::session_staging() const {
+  return session_ ? session_->staging : nullptr;
+}
+
+std::optional<engine_error> engine_core::mark_received(int worker, const std::set<std::string>& sources,
+                                                       std::uint64_t version) {
+  if (!session_ || session_->version != version)
+    return engine_error{errc::no_session, opts_.name + ": no open session for version " + std::to_string(version)};
+  if (worker < 0 || worker >= opts_.tp)
+    return engine_error{errc::malformed, "worker " + std::to_string(worker) + " out of range"};
+  session_->arrived[static_cast<std::size_t>(worker)].insert(sources.begin(), sources.end());
+  return std::nullopt;
+}
+
 void engine_core::abort_update() {
   if (session_)
     spare_ = std::move(session_->staging); // partly written; the next session overwrites it all
@@ -495,15 +515,17 @@ engine_status engine_core::status() const {
   return s;
 }
 
-std::map<std::string, std::uint64_t> engine_core::weight_checksums() const {
+std::map<std::string, std::uint64_t> weight_checksums(const weight_set& ws) {
   std::map<std::string, std::uint64_t> out;
-  auto ws = model_.weights();
-  if (!ws)
-    return out;
-  for (std::size_t w = 0; w < ws->workers.size(); ++w)
-    for (const auto& p : ws->workers[w].params())
+  for (std::size_t w = 0; w < ws.workers.size(); ++w)
+    for (const auto& p : ws.workers[w].params())
       out[std::to_string(w) + "/" + p.name] = xxh64(p.data.data(), p.data.size() * sizeof(float));
   return out;
+}
+
+std::map<std::string, std::uint64_t> engine_core::weight_checksums() const {
+  auto ws = model_.weights();
+  return ws ? engine::weight_checksums(*ws) : std::map<std::string, std::uint64_t>{};
 }
 
 } // namespace rlsync::engine

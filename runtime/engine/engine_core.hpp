@@ -66,6 +66,9 @@ struct engine_error {
   std::string what;
 };
 
+/// xxh64 of every parameter shard of `w` (fp32 bytes), as "worker/param".
+std::map<std::string, std::uint64_t> weight_checksums(const weight_set& w);
+
 class engine_core {
 public:
   engine_core(const model_config& c, engine_options opts);
@@ -143,6 +146,16 @@ public:
   /// Abandons an open session: the engine stays dirty.
   void abort_update();
   bool in_session() const { return session_.has_value(); }
+  /// The open session's version, if any.
+  std::optional<std::uint64_t> session_version() const;
+
+  /// Data-plane pulls write straight into the staging weights from their own
+  /// threads (each thread only into its worker's shard; the owner calls
+  /// nothing else on the session meanwhile), then the owner records what
+  /// arrived. nullptr outside a session.
+  std::shared_ptr<weight_set> session_staging() const;
+  std::optional<engine_error> mark_received(int worker, const std::set<std::string>& sources,
+                                            std::uint64_t version);
 
   // -- status ---------------------------------------------------------------------
 

@@ -1,0 +1,276 @@
+#include "actors/workload.hpp"
+
+#include "runtime/engine/tokenizer.hpp"
+#include "runtime/topology.hpp"
+
+#include <caf/actor_cast.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+
+#include <algorithm>
+#include <utility>
+
+namespace rlsync {
+
+namespace {
+
+// Private to the driver: local messages only, so no type-ID registration.
+using wl_stop_atom = caf::atom_constant<caf::atom("wl_stop")>;
+using wl_retry_atom = caf::atom_constant<caf::atom("wl_retry")>;
+
+constexpr std::size_t max_errors = 10;
+constexpr std::chrono::milliseconds backoff_step{50};
+
+/// One request the driver has sent and not yet counted.
+struct pending_request {
+  std::uint32_t attempts = 0;         ///< sends so far
+  std::vector<std::int32_t> streamed; ///< tokens received as sink, in index order
+  bool stream_broken = false;         ///< a token came out of order, twice, or after a gap
+  bool waiting_retry = false;         ///< refused; a retry timer is set
+  std::string last_error;
+};
+
+/// The driver's state and logic. The actor's handlers hold it by shared_ptr,
+/// and so does its exit hook, which needs it after the behaviour is gone.
+struct driver {
+  caf::event_based_actor* self;
+  router_actor router;
+  workload_options opts;
+  std::function<void(const workload_progress&)> on_progress;
+  std::shared_ptr<std::promise<workload_result>> done;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+
+  driver(caf::event_based_actor* self, router_actor router, workload_options opts,
+         std::function<void(const workload_progress&)> on_progress,
+         std::shared_ptr<std::promise<workload_result>> done)
+    : self(self), router(std::move(router)), opts(opts), on_progress(std::move(on_progress)),
+      done(std::move(done)) {}
+
+  std::uint32_t next = 0; ///< requests handed out so far; the next id is next + 1
+  bool stopping = false;
+  bool delivered = false;
+  std::map<std::uint64_t, pending_request> pending; ///< by request id
+  workload_result res;
+  workload_progress progress;
+
+  std::uint32_t window() const {
+    return std::max<std::uint32_t>(opts.concurrency, 1);
+  }
+
+  generate_request make_request(std::uint64_t id) const {
+    auto i = static_cast<std::uint32_t>(id - 1);
+    generate_request req;
+    req.request_id = id;
+    req.prompt = engine::encode(workload_prompt(i));
+    req.sampling.temperature = opts.temperature;
+    req.sampling.top_p = opts.top_p;
+    req.sampling.max_tokens = opts.max_tokens;
+    req.sampling.seed = opts.seed + i; // per request, so a rerun reproduces each result
+    req.sampling.stop_at_eos = true;
+    return req;
+  }
+
+  void note_error(std::string text) {
+    if (res.errors.size() < max_errors)
+      res.errors.push_back(std::move(text));
+  }
+
+  /// Sends new requests until the window is full, or delivers when all is done.
+  void fill(const std::shared_ptr<driver>& me) {
+    while (!stopping && next < opts.prompts && pending.size() < window()) {
+      auto id = std::uint64_t{++next};
+      pending[id];
+      ++progress.sent;
+      dispatch(me, id);
+    }
+    if (pending.empty() && (stopping || next == opts.prompts))
+      deliver();
+  }
+
+  /// One attempt of request `id`; each attempt is answered exactly once
+  /// (result, refusal, or timeout at request_deadline).
+  void dispatch(const std::shared_ptr<driver>& me, std::uint64_t id) {
+    auto& p = pending[id];
+    ++p.attempts;
+    p.streamed.clear(); // a refused attempt never started, but be exact anyway
+    p.stream_broken = false;
+    p.waiting_retry = false;
+    auto sink = caf::actor_cast<token_sink_actor>(self);
+    self->request(router, opts.request_deadline, generate_atom_v, make_request(id), sink)
+      .then([me, id](generate_result& r) { me->on_result(me, id, r); },
+            [me, id](caf::error& err) { me->on_error(me, id, err); });
+  }
+
+  void on_token(const token_event& ev) {
+    ++res.streamed_tokens;
+    auto it = pending.find(ev.request_id);
+    if (it == pending.end() || it->second.waiting_retry)
+      return; // a stray, or late after its result: the result was checked already
+    auto& p = it->second;
+    if (ev.index == p.streamed.size())
+      p.streamed.push_back(ev.token);
+    else
+      p.stream_broken = true;
+  }
+
+  void on_result(const std::shared_ptr<driver>& me, std::uint64_t id, const generate_result& r) {
+    auto& p = pending[id];
+    res.tokens += r.tokens.size();
+    for (auto& s : r.spans)
+      res.tokens_by_version[s.version] += s.end - s.begin;
+    res.stale_kv_tokens += r.stale_kv_tokens;
+    if (p.stream_broken || p.streamed != r.tokens)
+      ++res.stream_mismatches;
+    switch (r.reason) {
+      case finish_reason::length:
+      case finish_reason::eos:
+        ++res.completed;
+        break;
+      case finish_reason::rejected:
+        ++res.rejected;
+        note_error("request " + std::to_string(id) + ": rejected");
+        break;
+      case finish_reason::aborted:
+      case finish_reason::failed:
+        ++res.failed;
+        note_error("request " + std::to_string(id) + ": " + to_string(r.reason)
+                   + (r.engine.empty() ? "" : " on " + r.engine));
+        break;
+    }
+    finish(me, id);
+  }
+
+  void on_error(const std::shared_ptr<driver>& me, std::uint64_t id, const caf::error& err) {
+    auto& p = pending[id];
+    p.last_error = self->system().render(err);
+    // A refusal means "nothing can take it now" (a sync round holds the
+    // engines, or queues are full): worth another try after a pause.
+    bool busy = is(err, errc::queue_full) || is(err, errc::not_routable);
+    if (busy && !stopping && p.attempts <= opts.max_retries) {
+      p.waiting_retry = true;
+      self->delayed_send(self, backoff_step * p.attempts, wl_retry_atom::value, id);
+      return;
+    }
+    if (busy || is(err, errc::malformed))
+      ++res.rejected;
+    else
+      ++res.failed;
+    note_error("request " + std::to_string(id) + ": " + p.last_error);
+    finish(me, id);
+  }
+
+  void on_retry(const std::shared_ptr<driver>& me, std::uint64_t id) {
+    auto it = pending.find(id);
+    if (it != pending.end() && it->second.waiting_retry)
+      dispatch(me, id); // stop() settles waiting requests, so none is left then
+  }
+
+  void stop(const std::shared_ptr<driver>& me) {
+    if (stopping)
+      return;
+    stopping = true;
+    res.not_sent = opts.prompts - next;
+    // Requests waiting for a retry are not resent: they stay refused.
+    std::vector<std::uint64_t> waiting;
+    for (auto& [id, p] : pending)
+      if (p.waiting_retry)
+        waiting.push_back(id);
+    for (auto id : waiting) {
+      ++res.rejected;
+      note_error("request " + std::to_string(id) + ": " + pending[id].last_error
+                 + " (stopped before a retry)");
+      finish(me, id);
+    }
+    fill(me); // delivers at once when nothing is outstanding
+  }
+
+  /// Request `id` is counted: report progress and refill the window.
+  void finish(const std::shared_ptr<driver>& me, std::uint64_t id) {
+    pending.erase(id);
+    progress.completed = res.completed;
+    progress.failed = res.failed;
+    progress.rejected = res.rejected;
+    progress.tokens = res.tokens;
+    if (on_progress)
+      on_progress(progress);
+    fill(me);
+  }
+
+  void deliver() {
+    if (delivered)
+      return;
+    delivered = true;
+    res.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    done->set_value(res);
+    self->quit();
+  }
+
+  /// The actor is going away without having delivered (killed, or its
+  /// handler threw): count what is left, so the waiter never blocks forever.
+  void deliver_on_exit(const caf::error& reason) {
+    if (delivered)
+      return;
+    res.not_sent += opts.prompts - next;
+    next = opts.prompts;
+    if (!pending.empty())
+      note_error("driver stopped with " + std::to_string(pending.size())
+                 + " requests outstanding: " + caf::to_string(reason));
+    res.failed += static_cast<std::uint32_t>(pending.size());
+    pending.clear();
+    delivered = true;
+    res.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    done->set_value(res);
+  }
+};
+
+} // namespace
+
+workload_options to_workload_options(const workload_spec& spec) {
+  workload_options o;
+  o.prompts = static_cast<std::uint32_t>(std::max<std::int64_t>(spec.prompts, 0));
+  o.concurrency = static_cast<std::uint32_t>(std::max<std::int64_t>(spec.concurrency, 1));
+  o.max_tokens = static_cast<std::uint32_t>(std::max<std::int64_t>(spec.max_tokens, 1));
+  o.temperature = static_cast<float>(spec.temperature);
+  o.top_p = static_cast<float>(spec.top_p);
+  o.seed = spec.seed;
+  return o;
+}
+
+std::string workload_prompt(std::uint32_t i) {
+  // 8 subjects × 4 tasks, numbered so that every prompt differs while prompts
+  // that share a task share a prefix (which exercises the prefix cache).
+  static const char* const subjects[] = {
+    "the tide",       "a prime number", "the compiler", "a red fox",
+    "an old bridge",  "the weather",    "a chess opening", "the night sky",
+  };
+  static const char* const tasks[] = {
+    "Describe ", "Write a short poem about ", "Explain to a child ", "List three facts about ",
+  };
+  return std::string(tasks[(i / 8) % 4]) + subjects[i % 8] + ". (#" + std::to_string(i) + ")\n";
+}
+
+caf::actor spawn_workload(caf::actor_system& sys, router_actor router, workload_options opts,
+                          std::function<void(const workload_progress&)> on_progress,
+                          std::shared_ptr<std::promise<workload_result>> done) {
+  return sys.spawn([router = std::move(router), opts, on_progress = std::move(on_progress),
+                    done = std::move(done)](caf::event_based_actor* self) -> caf::behavior {
+    auto d = std::make_shared<driver>(self, router, opts, on_progress, done);
+    self->attach_functor([d](const caf::error& reason) { d->deliver_on_exit(reason); });
+    d->fill(d);
+    if (d->delivered)
+      return {}; // nothing to send (prompts == 0): quit at once
+    return {
+      [d](token_atom, const token_event& ev) { d->on_token(ev); },
+      [d](wl_retry_atom, std::uint64_t id) { d->on_retry(d, id); },
+      [d](wl_stop_atom) { d->stop(d); },
+    };
+  });
+}
+
+void stop_workload(const caf::actor& driver) {
+  caf::anon_send(driver, wl_stop_atom::value);
+}
+
+} // namespace rlsync

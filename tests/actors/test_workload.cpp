@@ -1,0 +1,434 @@
+// The workload driver against a fake router on CAF's deterministic
+// scheduler: the fake streams canned tokens to the driver (its sink) and
+// answers, refuses, holds or garbles requests as each test scripts it.
+// Time moves only with advance(), which is how the retry backoff and the
+// request deadline are reached without sleeping.
+#include "actors/router.hpp"
+#include "actors/workload.hpp"
+#include "runtime/engine/tokenizer.hpp"
+#include "runtime/topology.hpp"
+
+#include "fixture.hpp"
+
+#include <algorithm>
+#include <future>
+#include <map>
+#include <set>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+
+namespace {
+
+enum class stream_fault {
+  drop,      ///< token 1 is never streamed (a gap)
+  swap,      ///< tokens 0 and 1 arrive in the wrong order
+  duplicate, ///< token 0 arrives twice
+};
+
+/// What the fake router does and saw. Token i of request r is r*100+i,
+/// produced with versions[i]; stale[i] marks it as produced over stale KV.
+struct router_script {
+  std::vector<std::uint64_t> versions = {1, 1, 2};
+  std::vector<bool> stale = {false, false, true};
+  bool hold = false; ///< keep every answer until resume (stands for long generations)
+  std::map<std::uint64_t, std::uint32_t> refuse; ///< id → attempts refused with refuse_with
+  errc refuse_with = errc::queue_full;
+  std::map<std::uint64_t, caf::error> errors;           ///< id → answer with this error
+  std::map<std::uint64_t, finish_reason> reasons;       ///< id → finish with this reason
+  std::map<std::uint64_t, stream_fault> faults;         ///< id → garble its stream
+
+  std::vector<generate_request> received;           ///< every generate, in order
+  std::map<std::uint64_t, std::uint32_t> attempts;  ///< generates per request id
+  std::uint32_t outstanding = 0;
+  std::uint32_t max_outstanding = 0;
+};
+
+using fake_router_actor = router_actor::extend<
+  // deliver every held answer
+  caf::reacts_to<resume_atom>>;
+
+struct fake_router_state {
+  std::shared_ptr<router_script> script;
+  std::vector<std::pair<generate_result, caf::typed_response_promise<generate_result>>> held;
+  static inline const char* name = "fake-router";
+};
+
+fake_router_actor::behavior_type
+fake_router(fake_router_actor::stateful_pointer<fake_router_state> self,
+            std::shared_ptr<router_script> script) {
+  self->state.script = std::move(script);
+  return {
+    [=](generate_atom, const generate_request& req,
+        const token_sink_actor& sink) -> caf::result<generate_result> {
+      auto& s = *self->state.script;
+      auto id = req.request_id;
+      s.received.push_back(req);
+      auto attempt = ++s.attempts[id];
+      if (auto it = s.refuse.find(id); it != s.refuse.end() && attempt <= it->second)
+        return make_error(s.refuse_with, "fake refuses");
+      if (auto it = s.errors.find(id); it != s.errors.end())
+        return it->second;
+      generate_result res;
+      res.request_id = id;
+      res.engine = "fake";
+      std::vector<token_event> stream;
+      for (std::uint32_t i = 0; i < std::min<std::size_t>(s.versions.size(), req.sampling.max_tokens);
+           ++i) {
+        token_event ev{id, i, static_cast<std::int32_t>(id * 100 + i), s.versions[i], s.stale[i]};
+        stream.push_back(ev);
+        res.tokens.push_back(ev.token);
+        if (res.spans.empty() || res.spans.back().version != ev.version)
+          res.spans.push_back({ev.version, i, i});
+        ++res.spans.back().end;
+        res.stale_kv_tokens += ev.stale_kv ? 1 : 0;
+      }
+      if (auto it = s.faults.find(id); it != s.faults.end()) {
+        switch (it->second) {
+          case stream_fault::drop: stream.erase(stream.begin() + 1); break;
+          case stream_fault::swap: std::swap(stream[0], stream[1]); break;
+          case stream_fault::duplicate: stream.insert(stream.begin(), stream[0]); break;
+        }
+      }
+      for (auto& ev : stream)
+        self->send(sink, token_atom_v, ev);
+      if (auto it = s.reasons.find(id); it != s.reasons.end())
+        res.reason = it->second;
+      s.max_outstanding = std::max(s.max_outstanding, ++s.outstanding);
+      if (s.hold) {
+        auto promise = self->make_response_promise<generate_result>();
+        self->state.held.emplace_back(std::move(res), promise);
+        return promise;
+      }
+      --s.outstanding;
+      return res;
+    },
+    [=](resume_atom) {
+      auto held = std::move(self->state.held);
+      self->state.held.clear();
+      for (auto& [res, promise] : held) {
+        --self->state.script->outstanding;
+        promise.deliver(std::move(res));
+      }
+    },
+    [=](route_atom, const route_update&, const rollout_engine_actor&) {},
+    [=](evict_atom, const std::string&) {},
+    [=](status_atom) -> router_status { return {}; },
+    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+  };
+}
+
+/// A minimal engine for the real router: three tokens per request, the
+/// first two at version 1, the last at version 2.
+rollout_engine_actor::behavior_type canned_engine(rollout_engine_actor::pointer self) {
+  return {
+    [=](pause_atom, const pause_request&) -> pause_report { return {}; },
+    [=](flush_atom) -> phase_ack { return {}; },
+    [=](start_atom, std::uint64_t) -> phase_ack { return {}; },
+    [=](update_atom, const weight_bucket&) -> std::uint64_t { return 0; },
+    [=](transfer_atom, const transfer_order&) -> transfer_report { return {}; },
+    [=](finish_atom, std::uint64_t) -> phase_ack { return {}; },
+    [=](resume_atom) -> phase_ack { return {}; },
+    [=](generate_atom, const generate_request& req, const token_sink_actor& sink) {
+      generate_result res{req.request_id, {}, {{1, 0, 2}, {2, 2, 3}}, finish_reason::length, "e",
+                          0};
+      for (std::uint32_t i = 0; i < 3; ++i) {
+        res.tokens.push_back(static_cast<std::int32_t>(req.request_id * 100 + i));
+        self->send(sink, token_atom_v, token_event{req.request_id, i, res.tokens.back(),
+                                                   i < 2 ? 1u : 2u, false});
+      }
+      return res;
+    },
+    [=](abort_atom, std::uint64_t) { return false; },
+    [=](status_atom) -> engine_status { return {}; },
+    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+  };
+}
+
+struct workload_fixture : test::actor_fixture {
+  std::shared_ptr<router_script> script = std::make_shared<router_script>();
+  fake_router_actor router;
+  std::shared_ptr<std::vector<workload_progress>> progress =
+    std::make_shared<std::vector<workload_progress>>();
+  std::future<workload_result> future;
+  caf::actor driver;
+
+  workload_fixture() {
+    router = spawn(fake_router, script);
+    run();
+  }
+
+  /// Spawns the driver; nothing runs until the test runs the scheduler.
+  void start(workload_options opts) {
+    auto done = std::make_shared<std::promise<workload_result>>();
+    future = done->get_future();
+    auto seen = progress;
+    driver = spawn_workload(sys, caf::actor_cast<router_actor>(router), opts,
+                            [seen](const workload_progress& p) { seen->push_back(p); }, done);
+  }
+
+  bool finished() {
+    return future.wait_for(0s) == std::future_status::ready;
+  }
+
+  workload_result result() {
+    REQUIRE(finished());
+    return future.get();
+  }
+
+  void release() {
+    caf::anon_send(router, resume_atom_v);
+    run();
+  }
+};
+
+workload_options small(std::uint32_t prompts, std::uint32_t concurrency) {
+  workload_options o;
+  o.prompts = prompts;
+  o.concurrency = concurrency;
+  o.max_tokens = 8;
+  return o;
+}
+
+bool mentions(const std::vector<std::string>& errors, const std::string& word) {
+  return std::any_of(errors.begin(), errors.end(),
+                     [&](auto& e) { return e.find(word) != std::string::npos; });
+}
+
+} // namespace
+
+TEST_CASE("workload prompts are deterministic and distinct") {
+  std::set<std::string> seen;
+  for (std::uint32_t i = 0; i < 100; ++i) {
+    CHECK(workload_prompt(i) == workload_prompt(i));
+    seen.insert(workload_prompt(i));
+  }
+  CHECK(seen.size() == 100);
+  workload_spec spec;
+  spec.prompts = 10;
+  spec.concurrency = 3;
+  spec.max_tokens = 5;
+  spec.temperature = 0.5;
+  spec.seed = 9;
+  auto o = to_workload_options(spec);
+  CHECK(o.prompts == 10);
+  CHECK(o.concurrency == 3);
+  CHECK(o.max_tokens == 5);
+  CHECK(o.temperature == 0.5f);
+  CHECK(o.seed == 9);
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "every request completes and the counts add up") {
+  auto opts = small(5, 2);
+  opts.temperature = 0.7f;
+  opts.top_p = 0.9f;
+  opts.seed = 40;
+  start(opts);
+  run();
+  auto r = result();
+  CHECK(r.completed == 5);
+  CHECK(r.failed == 0);
+  CHECK(r.rejected == 0);
+  CHECK(r.not_sent == 0);
+  CHECK(r.tokens == 15);
+  CHECK(r.streamed_tokens == 15);
+  CHECK(r.tokens_by_version == std::map<std::uint64_t, std::uint64_t>{{1, 10}, {2, 5}});
+  CHECK(r.stale_kv_tokens == 5);
+  CHECK(r.stream_mismatches == 0);
+  CHECK(r.errors.empty());
+  CHECK(r.seconds >= 0);
+  // Requests: ids 1..5, each with its prompt, the sampling and seed + i.
+  REQUIRE(script->received.size() == 5);
+  for (std::uint32_t i = 0; i < 5; ++i) {
+    auto& req = script->received[i];
+    CHECK(req.request_id == i + 1);
+    CHECK(req.prompt == engine::encode(workload_prompt(i)));
+    CHECK(req.generated.empty());
+    CHECK(req.sampling.seed == 40 + i);
+    CHECK(req.sampling.max_tokens == 8);
+    CHECK(req.sampling.temperature == 0.7f);
+    CHECK(req.sampling.top_p == 0.9f);
+    CHECK(req.sampling.stop_at_eos);
+  }
+  // Progress after each request, ending at the totals.
+  REQUIRE(progress->size() == 5);
+  CHECK(progress->back().sent == 5);
+  CHECK(progress->back().completed == 5);
+  CHECK(progress->back().tokens == 15);
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "no more than concurrency requests are outstanding") {
+  script->hold = true;
+  start(small(10, 3));
+  run();
+  CHECK(script->outstanding == 3);
+  CHECK(script->received.size() == 3);
+  for (int round = 0; round < 10 && !finished(); ++round)
+    release();
+  auto r = result();
+  CHECK(r.completed == 10);
+  CHECK(script->max_outstanding == 3);
+  CHECK(script->received.size() == 10);
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "a refused request is retried after a backoff and completes") {
+  script->refuse = {{2, 2}}; // request 2: queue_full twice, then served
+  start(small(3, 3));
+  run();
+  CHECK(!finished());
+  CHECK(script->attempts[2] == 1);
+  advance(49ms); // first backoff: 50 ms
+  CHECK(script->attempts[2] == 1);
+  advance(1ms);
+  CHECK(script->attempts[2] == 2);
+  advance(99ms); // second backoff: 100 ms
+  CHECK(script->attempts[2] == 2);
+  advance(1ms);
+  CHECK(script->attempts[2] == 3);
+  auto r = result();
+  CHECK(r.completed == 3);
+  CHECK(r.rejected == 0);
+  CHECK(r.stream_mismatches == 0);
+  CHECK(r.errors.empty());
+  CHECK(progress->back().sent == 3); // a retry is not a new request
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "a request refused every time is rejected after max_retries") {
+  script->refuse = {{1, 100}};
+  script->refuse_with = errc::not_routable;
+  auto opts = small(2, 2);
+  opts.max_retries = 2;
+  start(opts);
+  run();
+  advance(50ms);
+  advance(100ms);
+  auto r = result();
+  CHECK(script->attempts[1] == 3); // the first send and two retries
+  CHECK(r.rejected == 1);
+  CHECK(r.completed == 1);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(mentions(r.errors, "request 1"));
+  CHECK(mentions(r.errors, "not_routable"));
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "engine failures and other errors count as failed, malformed as rejected") {
+  script->reasons = {{1, finish_reason::failed}, {2, finish_reason::aborted},
+                     {3, finish_reason::eos}};
+  script->errors = {{4, make_error(errc::engine_dirty, "partial update")},
+                    {5, make_error(errc::malformed, "bad request")}};
+  start(small(6, 2));
+  run();
+  auto r = result();
+  CHECK(r.completed == 2); // 3 (eos) and 6
+  CHECK(r.failed == 3);    // 1, 2, 4
+  CHECK(r.rejected == 1);  // 5, not retried
+  CHECK(script->attempts[5] == 1);
+  CHECK(r.tokens == 12);   // results 1, 2, 3 and 6 carry tokens
+  CHECK(r.errors.size() == 4);
+  CHECK(mentions(r.errors, "engine_dirty"));
+  CHECK(mentions(r.errors, "failed on fake"));
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "a gap, a reordering or a duplicate in a stream is a mismatch") {
+  script->faults = {{1, stream_fault::drop}, {2, stream_fault::swap},
+                    {3, stream_fault::duplicate}};
+  start(small(5, 5));
+  run();
+  auto r = result();
+  CHECK(r.stream_mismatches == 3);
+  CHECK(r.completed == 5);
+  CHECK(r.streamed_tokens == 2 + 3 + 4 + 3 + 3); // every event received counts
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "stop sends nothing new, awaits the outstanding and delivers") {
+  script->hold = true;
+  start(small(10, 2));
+  run();
+  CHECK(script->received.size() == 2);
+  stop_workload(driver);
+  run();
+  CHECK(!finished()); // two still outstanding
+  release();
+  auto r = result();
+  CHECK(r.completed == 2);
+  CHECK(r.not_sent == 8);
+  CHECK(script->received.size() == 2);
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "stop settles a request waiting for its retry at once") {
+  script->refuse = {{1, 100}};
+  start(small(4, 1)); // request 1 holds the only slot while it waits
+  run();
+  CHECK(!finished());
+  stop_workload(driver);
+  run(); // no time passes: the backoff timer never fires
+  auto r = result();
+  CHECK(r.rejected == 1);
+  CHECK(r.completed == 0);
+  CHECK(r.not_sent == 3);
+  CHECK(mentions(r.errors, "stopped before a retry"));
+  CHECK(script->attempts[1] == 1);
+  advance(1s); // the stale retry timer lands nowhere
+  CHECK(script->attempts[1] == 1);
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "a request the router never answers fails at its deadline") {
+  script->hold = true;
+  auto opts = small(1, 1);
+  opts.request_deadline = 2000ms;
+  start(opts);
+  run();
+  advance(1999ms);
+  CHECK(!finished());
+  advance(1ms);
+  auto r = result();
+  CHECK(r.failed == 1);
+  CHECK(mentions(r.errors, "request_timeout"));
+  release(); // the late answer is dropped
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "no prompts: the result comes at once") {
+  start(small(0, 4));
+  run();
+  auto r = result();
+  CHECK(r.completed == 0);
+  CHECK(script->received.empty());
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "a killed driver still fulfils the promise") {
+  script->hold = true;
+  start(small(5, 2));
+  run();
+  caf::anon_send_exit(driver, caf::exit_reason::kill);
+  run();
+  auto r = result();
+  CHECK(r.failed == 2);
+  CHECK(r.not_sent == 3);
+  CHECK(mentions(r.errors, "outstanding"));
+  release();
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "through the real router: queue_full is retried, streams match") {
+  router_config cfg;
+  cfg.queue_limit = 1; // nothing routable yet: one request waits, the others are refused
+  auto real = spawn_router(sys, cfg);
+  auto engine = spawn(canned_engine);
+  run();
+  auto done = std::make_shared<std::promise<workload_result>>();
+  auto fut = done->get_future();
+  spawn_workload(sys, real, small(3, 3), nullptr, done);
+  run();
+  caf::anon_send(real, route_atom_v, route_update{"e", 2, true}, engine);
+  run(); // the queued request is served now
+  CHECK(fut.wait_for(0s) != std::future_status::ready); // two wait for their retry
+  advance(50ms); // the refused ones come back and are served
+  REQUIRE(fut.wait_for(0s) == std::future_status::ready);
+  auto r = fut.get();
+  CHECK(r.completed == 3);
+  CHECK(r.rejected == 0);
+  CHECK(r.streamed_tokens == 9);
+  CHECK(r.stream_mismatches == 0);
+  CHECK(r.tokens_by_version == std::map<std::uint64_t, std::uint64_t>{{1, 6}, {2, 3}});
+  caf::anon_send_exit(real, caf::exit_reason::user_shutdown);
+  run();
+}
