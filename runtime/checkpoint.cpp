@@ -406,27 +406,43 @@ const tensor_view& checkpoint::at(const std::string& name) const {
   throw checkpoint_error(dir_ + ": no tensor '" + name + "'");
 }
 
+dtype checkpoint_dtype(const checkpoint& ckpt) {
+  if (ckpt.tensors().empty())
+    throw checkpoint_error(ckpt.dir() + ": no tensors");
+  const tensor_view* embed = ckpt.find("model.embed_tokens.weight");
+  return (embed ? embed : ckpt.tensors().front().tensor)->type;
+}
+
 std::vector<std::string> check_llama_parameters(const checkpoint& ckpt) {
+  if (ckpt.tensors().empty())
+    return {"no tensors"};
+  return check_llama_parameters(ckpt, ckpt.config(), checkpoint_dtype(ckpt));
+}
+
+std::vector<std::string> check_llama_parameters(const checkpoint& ckpt, const model_config& c, dtype type,
+                                                const std::function<bool(const std::string&)>& ignorable) {
   std::vector<std::string> problems;
   if (ckpt.tensors().empty())
     return {"no tensors"};
-  dtype type = ckpt.tensors().front().tensor->type;
   std::set<std::string> expected;
-  for (auto& spec : llama_parameter_specs(ckpt.config(), type)) {
+  for (auto& spec : llama_parameter_specs(c, type)) {
     expected.insert(spec.name);
     const tensor_view* t = ckpt.find(spec.name);
     if (!t)
       problems.push_back("missing tensor '" + spec.name + "'");
     else if (t->shape != spec.shape)
-      problems.push_back("tensor '" + spec.name + "': shape " + shape_string(t->shape) + ", config.json implies "
+      problems.push_back("tensor '" + spec.name + "': shape " + shape_string(t->shape) + ", the model implies "
                          + shape_string(spec.shape));
   }
   for (auto& e : ckpt.tensors()) {
-    if (!expected.count(e.tensor->name))
-      problems.push_back("unexpected tensor '" + e.tensor->name + "'");
-    if (e.tensor->type != type)
-      problems.push_back("tensor '" + e.tensor->name + "': dtype " + std::string(safetensors_name(e.tensor->type))
-                         + ", others are " + std::string(safetensors_name(type)));
+    const tensor_view& t = *e.tensor;
+    if (!expected.count(t.name)) {
+      if (!ignorable || !ignorable(t.name))
+        problems.push_back("unexpected tensor '" + t.name + "'");
+    } else if (t.type != type) {
+      problems.push_back("tensor '" + t.name + "': dtype " + std::string(safetensors_name(t.type)) + ", others are "
+                         + std::string(safetensors_name(type)));
+    }
   }
   return problems;
 }

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -89,6 +90,14 @@ private:
 /// config (in the dtype of its first tensor): missing or unexpected tensors,
 /// wrong shapes, mixed dtypes. One message per problem; empty when it fits.
 std::vector<std::string> check_llama_parameters(const checkpoint& ckpt);
+/// The model's element type: the embedding's (an extra tensor may differ),
+/// else the first tensor's. Throws checkpoint_error for an empty checkpoint.
+dtype checkpoint_dtype(const checkpoint& ckpt);
+/// The same against the shape `c` and element type `type` the reader
+/// expects; tensors for which `ignorable` is true may be present in excess
+/// (e.g. rotary inv_freq buffers an engine skips).
+std::vector<std::string> check_llama_parameters(const checkpoint& ckpt, const model_config& c, dtype type,
+                                                const std::function<bool(const std::string&)>& ignorable = {});
 
 /// What make/perturb wrote.
 struct checkpoint_written {

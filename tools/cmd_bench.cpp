@@ -155,30 +155,26 @@ int bench_engine(const arg_list& argv) {
       }
     }
     double pack_s = seconds_since(t0);
-    core.pause({pause_mode::keep, false});
-    t0 = clock_type::now();
-    core.start_update(2);
-    double start_s = seconds_since(t0);
-    for (int w = 0; w < tp; ++w)
-      core.apply_packed(w, all_names, packed[static_cast<std::size_t>(w)].data(),
-                        packed[static_cast<std::size_t>(w)].size());
-    if (auto e = core.finish_update(2)) {
-      std::cerr << "rlsync bench engine: " << e->what << "\n";
+    // One sharded session: seconds to open it (allocating staging) and in all.
+    auto sharded_session = [&](std::uint64_t version) -> std::optional<std::pair<double, double>> {
+      core.pause({pause_mode::keep, false});
+      auto start = clock_type::now();
+      core.start_update(version);
+      double opened = seconds_since(start);
+      for (int w = 0; w < tp; ++w)
+        core.apply_packed(w, all_names, packed[static_cast<std::size_t>(w)].data(),
+                          packed[static_cast<std::size_t>(w)].size());
+      if (auto e = core.finish_update(version)) {
+        std::cerr << "rlsync bench engine: " << e->what << "\n";
+        return std::nullopt;
+      }
+      return std::make_pair(opened, seconds_since(start));
+    };
+    auto cold = sharded_session(2);
+    auto warm = sharded_session(3); // fills the set it replaced: no fresh pages
+    if (!cold || !warm)
       return 1;
-    }
-    double sharded_s = seconds_since(t0);
-    // A second sharded session reuses the replaced weights: no fresh pages.
-    core.pause({pause_mode::keep, false});
-    t0 = clock_type::now();
-    core.start_update(3);
-    for (int w = 0; w < tp; ++w)
-      core.apply_packed(w, all_names, packed[static_cast<std::size_t>(w)].data(),
-                        packed[static_cast<std::size_t>(w)].size());
-    if (auto e = core.finish_update(3)) {
-      std::cerr << "rlsync bench engine: " << e->what << "\n";
-      return 1;
-    }
-    double warm_s = seconds_since(t0);
+    double start_s = cold->first, sharded_s = cold->second, warm_s = warm->second;
     core.resume();
     std::printf("tp %d  update: full tensors %.3f s (%.2f GB/s, cold); sharded: pack %.3f s, apply %.3f s "
                 "(%.3f s allocating), again %.3f s (%.2f GB/s, warm) (%.1f MB per worker)\n",

@@ -60,7 +60,10 @@ int cmd_generate(const arg_list& argv) {
 
   auto t0 = std::chrono::steady_clock::now();
   auto ckpt = checkpoint::open(dir);
-  auto problems = check_llama_parameters(ckpt);
+  const dtype weights_dtype = checkpoint_dtype(ckpt);
+  auto problems = check_llama_parameters(ckpt, ckpt.config(), weights_dtype, [&](const std::string& n) {
+    return engine::ignored_weight(ckpt.config(), n);
+  });
   if (!problems.empty()) {
     for (auto& p : problems)
       std::cerr << "rlsync generate: " << dir << ": " << p << "\n";
@@ -72,7 +75,7 @@ int cmd_generate(const arg_list& argv) {
   engine::engine_options opts;
   opts.name = "generate";
   opts.tp = static_cast<int>(tp);
-  opts.source_dtype = ckpt.tensors().front().tensor->type;
+  opts.source_dtype = weights_dtype;
   engine::engine_core core(config, opts);
   auto weights = engine::weight_set::make(config, opts.tp);
   engine::load_checkpoint(ckpt, *weights);

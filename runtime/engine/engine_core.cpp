@@ -128,14 +128,18 @@ engine_core::~engine_core() = default;
 const model_config& engine_core::config() const { return model_.config(); }
 
 void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t version) {
+  session_.reset();
+  serve(std::move(weights), version);
+}
+
+void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   weights->version = version;
   model_.set_weights(weights);
   spare_ = std::move(serving_);
   serving_ = std::move(weights);
   version_ = version;
   dirty_ = false;
-  session_.reset();
-  cache_->clear();
+  cache_->clear(); // cached KV belongs to the old weights
 }
 
 std::shared_ptr<const weight_set> engine_core::weights() const { return model_.weights(); }
@@ -462,13 +466,7 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
   }
   auto staging = std::move(session_->staging);
   session_.reset();
-  staging->version = version;
-  model_.set_weights(staging);
-  spare_ = std::move(serving_);
-  serving_ = std::move(staging);
-  version_ = version;
-  dirty_ = false;
-  cache_->clear();
+  serve(std::move(staging), version);
   return std::nullopt;
 }
 

@@ -168,6 +168,8 @@ private:
   struct request;
   struct prefix_cache;
 
+  /// Swaps `weights` in as the served set of `version`.
+  void serve(std::shared_ptr<weight_set> weights, std::uint64_t version);
   void admit();
   void finish(request& r, finish_reason why);
   void emit(request& r, std::int32_t token, std::uint64_t version, bool stale);

@@ -18,7 +18,7 @@ namespace {
 
 void expect_shape(const weight_view& src, const std::vector<std::int64_t>& want) {
   if (src.shape() != want)
-    fail(src, "shape " + dims_string(src.shape()) + ", the model config implies " + dims_string(want));
+    fail(src, "shape " + shape_string(src.shape()) + ", the model config implies " + shape_string(want));
 }
 
 // -- one loader per checkpoint parameter -------------------------------------------

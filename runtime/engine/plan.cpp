@@ -40,12 +40,12 @@ public:
   }
 
   weight_ptr view(std::vector<std::int64_t> shape) const override {
-    const std::string op = "view(" + dims_string(shape) + ")";
+    const std::string op = "view(" + shape_string(shape) + ")";
     auto g = reshape(geometry_, std::move(shape));
     if (!g)
       throw std::logic_error("sharding plan: cannot record " + chain(*name_, ops_) + "." + op
-                             + ": the viewed elements (shape " + dims_string(geometry_.shape) + ", strides "
-                             + dims_string(geometry_.strides)
+                             + ": the viewed elements (shape " + shape_string(geometry_.shape) + ", strides "
+                             + shape_string(geometry_.strides)
                              + ") are not evenly strided, so no strided view of the source expresses the result; "
                                "the loader must not reshape a non-contiguous slice");
     return derive(std::move(*g), op);

@@ -33,18 +33,11 @@ bool strided::contiguous() const {
   return true;
 }
 
-std::string dims_string(const std::vector<std::int64_t>& dims) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
-
 namespace {
 void check_dim(const strided& v, int dim, const char* op) {
   if (dim < 0 || static_cast<std::size_t>(dim) >= v.shape.size())
     throw std::out_of_range(std::string(op) + ": dim " + std::to_string(dim) + " out of range for shape "
-                            + dims_string(v.shape));
+                            + shape_string(v.shape));
 }
 } // namespace
 
@@ -53,7 +46,7 @@ strided narrow(const strided& v, int dim, std::int64_t start, std::int64_t lengt
   const auto d = static_cast<std::size_t>(dim);
   if (start < 0 || length < 0 || start + length > v.shape[d])
     throw std::out_of_range("narrow(" + std::to_string(dim) + ", " + std::to_string(start) + ", "
-                            + std::to_string(length) + "): outside shape " + dims_string(v.shape));
+                            + std::to_string(length) + "): outside shape " + shape_string(v.shape));
   strided out = v;
   out.offset += start * v.strides[d];
   out.shape[d] = length;
@@ -78,21 +71,21 @@ std::optional<strided> reshape(const strided& v, std::vector<std::int64_t> shape
     if (shape[i] == -1 && infer < 0)
       infer = static_cast<int>(i);
     else if (shape[i] < 0)
-      throw std::invalid_argument("view(" + dims_string(shape) + "): bad dimension");
+      throw std::invalid_argument("view(" + shape_string(shape) + "): bad dimension");
     else
       known *= shape[i];
   }
   if (infer >= 0) {
     if (known == 0 || numel % known != 0)
-      throw std::invalid_argument("view(" + dims_string(shape) + "): cannot infer -1 for "
+      throw std::invalid_argument("view(" + shape_string(shape) + "): cannot infer -1 for "
                                   + std::to_string(numel) + " elements");
     shape[static_cast<std::size_t>(infer)] = numel / known;
     known = numel;
   }
   if (known != numel)
-    throw std::invalid_argument("view(" + dims_string(shape) + "): " + std::to_string(known)
+    throw std::invalid_argument("view(" + shape_string(shape) + "): " + std::to_string(known)
                                 + " elements, the tensor has " + std::to_string(numel) + " (shape "
-                                + dims_string(v.shape) + ")");
+                                + shape_string(v.shape) + ")");
 
   strided out;
   out.offset = v.offset;

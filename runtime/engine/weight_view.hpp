@@ -11,6 +11,7 @@
 // safetensors reader's {spec, bytes} struct.)
 #include "runtime/dtype.hpp"
 #include "runtime/engine/weights.hpp"
+#include "runtime/safetensors.hpp" // shape_string
 
 #include <cstddef>
 #include <cstdint>
@@ -44,8 +45,6 @@ strided transpose(const strided& v, int d0, int d1);
 std::optional<strided> reshape(const strided& v, std::vector<std::int64_t> shape);
 /// Packs the elements of `v` (row-major order) from `source` into `packed`.
 void gather(const strided& v, const void* source, std::size_t element_size, void* packed);
-/// "[2, 3]"
-std::string dims_string(const std::vector<std::int64_t>& dims);
 
 /// Steps 6 and 7 of DESIGN §5: converts `count` packed elements of `type` to
 /// fp32 and stores them in `dst` at element `dst_offset`. Throws

@@ -417,11 +417,7 @@ snapshot_ptr checkpoint_dir_source::poll() {
     if (auto d = config_differences(config(), ck.config()); !d.empty())
       throw checkpoint_error((fs::path(path) / config_file_name).string() + ": " + join_lines(d));
     // Every parameter with its shape, nothing unknown, one dtype.
-    if (ck.tensors().empty())
-      throw checkpoint_error(path + ": no tensors");
-    // The model's dtype: the embedding's (an extra tensor may differ).
-    const tensor_view* embed = ck.find("model.embed_tokens.weight");
-    const dtype type = (embed ? embed : ck.tensors().front().tensor)->type;
+    const dtype type = checkpoint_dtype(ck);
     std::optional<dtype> want;
     {
       std::lock_guard<std::mutex> lock(type_mutex_);
@@ -431,27 +427,10 @@ snapshot_ptr checkpoint_dir_source::poll() {
     if (want && *want != type)
       problems.push_back("tensors are " + std::string(safetensors_name(type)) + ", earlier steps "
                          + std::string(safetensors_name(*want)));
-    std::set<std::string> expected;
-    for (const auto& spec : llama_parameter_specs(config(), type)) {
-      expected.insert(spec.name);
-      const tensor_view* t = ck.find(spec.name);
-      if (!t)
-        problems.push_back("missing tensor '" + spec.name + "'");
-      else if (t->shape != spec.shape)
-        problems.push_back("tensor '" + spec.name + "': shape " + shape_string(t->shape) + ", the model implies "
-                           + shape_string(spec.shape));
-    }
-    for (const auto& e : ck.tensors()) {
-      const tensor_view& t = *e.tensor;
-      if (expected.count(t.name)) {
-        if (t.type != type)
-          problems.push_back("tensor '" + t.name + "': " + std::string(safetensors_name(t.type)) + ", others are "
-                             + std::string(safetensors_name(type)));
-      } else if (!engine::ignored_weight(config(), t.name)) {
-        // Extra tensors the engine ignores (rotary inv_freq) may stay.
-        problems.push_back("unexpected tensor '" + t.name + "'");
-      }
-    }
+    // Extra tensors the engine ignores (rotary inv_freq) may stay.
+    auto layout = check_llama_parameters(ck, config(), type,
+                                         [&](const std::string& name) { return engine::ignored_weight(config(), name); });
+    problems.insert(problems.end(), layout.begin(), layout.end());
     if (!problems.empty())
       throw checkpoint_error(path + ": " + join_lines(problems));
     auto snapshot = weight_snapshot::from_checkpoint(*newest, std::move(ck), held_groups());
