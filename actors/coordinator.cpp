@@ -87,6 +87,12 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
   auto& st = self->state;
   if (info.name.empty() || !engine)
     return make_error(errc::malformed, "registration without a name or an actor");
+  if (auto sender = self->current_sender(); st.cfg.admit && sender && sender->node() != self->node()
+                                            && !st.cfg.admit(sender->node())) {
+    log_line(self, "coordinator: refused registration of " + info.name + " from unadmitted node "
+                     + to_string(sender->node()));
+    return make_error(errc::unauthenticated, "node not admitted: prove the cluster secret to the gatekeeper first");
+  }
   if (auto i = st.members.find(info.name); i != st.members.end()) {
     auto& known = i->second;
     if (known.handle.address() == engine.address()) // a retry: nothing changes

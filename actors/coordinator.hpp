@@ -69,6 +69,9 @@ struct coordinator_config {
   std::function<std::uint64_t()> now_ns;
   /// Receives one line per round (and one per refused version); empty: quiet.
   std::function<void(const std::string&)> log = log_to_stderr;
+  /// Whether a registration's sender may join (its node proved the cluster
+  /// secret to the gatekeeper); empty: everyone. Local senders always may.
+  std::function<bool(const caf::node_id&)> admit;
   /// Called with every round's report as it ends (e.g. progress lines); may be empty.
   std::function<void(const sync_report&)> on_report;
   /// Rounds kept for `status_atom`.

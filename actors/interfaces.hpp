@@ -91,6 +91,26 @@ using coordinator_actor = version_listener_actor::extend<
   // an engine or node is alive
   caf::reacts_to<heartbeat_atom, heartbeat>>;
 
+/// The handles a node receives once admitted to the cluster.
+struct join_grant {
+  coordinator_actor coordinator;
+  trainer_actor trainer;
+  router_actor router;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
+  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router);
+}
+
+/// The only actor a cluster's head node publishes: it admits nodes that prove
+/// they hold the cluster secret (HMAC-SHA256 over a one-time challenge).
+using gatekeeper_actor = caf::typed_actor<
+  // node name -> a fresh one-time challenge (hex)
+  caf::replies_to<hello_atom, std::string>::with<std::string>,
+  // node name, HMAC-SHA256(secret, challenge | node name) in hex -> the cluster's handles
+  caf::replies_to<admit_atom, std::string, std::string>::with<join_grant>>;
+
 } // namespace rlsync
 
 // Actor handles travel in messages (register, route, generate), so they have
@@ -103,4 +123,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync_handles, caf::id_block::rlsync::end)
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::trainer_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::router_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::coordinator_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::join_grant))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::gatekeeper_actor))
 CAF_END_TYPE_ID_BLOCK(rlsync_handles)
