@@ -53,7 +53,9 @@ using rollout_engine_actor = caf::typed_actor<
   // what the engine holds and runs
   caf::replies_to<status_atom>::with<engine_status>,
   // liveness probe, answered with the same sequence number
-  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
+  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>,
+  // checksums of the weights served now, to verify them against the trainer's
+  caf::replies_to<digest_atom>::with<weight_digest>>;
 
 /// The trainer and its WeightSource — DESIGN §5.
 using trainer_actor = caf::typed_actor<

@@ -74,15 +74,25 @@ void local_deployment::shutdown() {
 
 std::vector<engine_verification> verify_weights(caf::actor_system& sys, const topology& t,
                                                 const local_deployment& d, std::chrono::milliseconds deadline) {
+  std::vector<std::pair<std::string, rollout_engine_actor>> engines;
+  for (std::size_t i = 0; i < d.engines.size(); ++i)
+    engines.emplace_back(d.engine_names[i], caf::actor_cast<rollout_engine_actor>(d.engines[i]));
+  return verify_weights(sys, t, *d.trainer.source, engines, deadline);
+}
+
+std::vector<engine_verification>
+verify_weights(caf::actor_system& sys, const topology& t, const transfer::weight_source& source,
+               const std::vector<std::pair<std::string, rollout_engine_actor>>& engines,
+               std::chrono::milliseconds deadline) {
   std::vector<engine_verification> out;
   // The trainer's weights through the engines' own loader, per (version, tp).
   std::map<std::pair<std::uint64_t, std::int64_t>, std::map<std::string, std::uint64_t>> reference;
   caf::scoped_actor self{sys};
-  for (std::size_t i = 0; i < d.engines.size(); ++i) {
+  for (const auto& [name, handle] : engines) {
     engine_verification v;
-    v.engine = d.engine_names[i];
+    v.engine = name;
     std::optional<weight_digest> digest;
-    self->request(d.engines[i], deadline, digest_atom::value)
+    self->request(handle, deadline, digest_atom::value)
       .receive([&](weight_digest& x) { digest = std::move(x); },
                [&](caf::error& err) { v.error = "no digest: " + sys.render(err); });
     if (!digest) {
@@ -91,10 +101,16 @@ std::vector<engine_verification> verify_weights(caf::actor_system& sys, const to
     }
     v.version = digest->version;
     v.dirty = digest->dirty;
-    auto tp = t.engines[i].tp;
+    const engine_spec* spec = t.find_engine(name);
+    if (!spec) {
+      v.error = "not an engine of the topology";
+      out.push_back(v);
+      continue;
+    }
+    auto tp = spec->tp;
     auto key = std::make_pair(v.version, tp);
     if (!reference.count(key)) {
-      auto snap = d.trainer.source->find(v.version);
+      auto snap = source.find(v.version);
       if (!snap) {
         v.error = "the trainer no longer holds version " + std::to_string(v.version);
         out.push_back(v);

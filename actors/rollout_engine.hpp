@@ -56,9 +56,7 @@ namespace rlsync {
 
 /// The interface plus the actor's own messages: one step, a pull's end.
 using rollout_engine_impl =
-  rollout_engine_actor::extend<caf::reacts_to<step_atom>, caf::reacts_to<pull_atom, std::shared_ptr<pull_outcome>>,
-                               // checksums of the weights served now
-                               caf::replies_to<digest_atom>::with<weight_digest>>;
+  rollout_engine_actor::extend<caf::reacts_to<step_atom>, caf::reacts_to<pull_atom, std::shared_ptr<pull_outcome>>>;
 
 struct rollout_engine_state {
   std::unique_ptr<engine::engine_core> core;

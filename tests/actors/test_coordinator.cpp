@@ -129,6 +129,7 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
     [=](abort_atom, std::uint64_t) { return false; },
     [=](status_atom) { return engine_status{name, self->state.version}; },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+    [=](digest_atom) { return weight_digest{name, self->state.version, false, {}, {}}; },
     [=](release_atom) {
       auto& held = self->state.held;
       if (held.empty())

@@ -113,6 +113,7 @@ fake_engine(rollout_engine_actor::stateful_pointer<fake_engine_state> self, std:
     },
     [=](status_atom) -> engine_status { return {}; },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+    [=](digest_atom) -> weight_digest { return {}; },
   };
 }
 

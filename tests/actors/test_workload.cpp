@@ -142,6 +142,7 @@ rollout_engine_actor::behavior_type canned_engine(rollout_engine_actor::pointer 
     [=](abort_atom, std::uint64_t) { return false; },
     [=](status_atom) -> engine_status { return {}; },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+    [=](digest_atom) -> weight_digest { return {}; },
   };
 }
 

@@ -1,0 +1,71 @@
+#include "actors/caf_puller.hpp"
+
+#include "runtime/checksum.hpp"
+#include "runtime/transfer/groups.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+namespace rlsync {
+
+caf_puller::caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model)
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)) {}
+
+transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
+  using transfer::transfer_error;
+  using transfer::transfer_failure;
+  transfer::pull_report report;
+  report.engine = req.engine;
+  report.worker = req.worker;
+  report.version = req.version;
+  auto t0 = transfer::clock::now();
+  caf::scoped_actor self{sys_};
+  const auto groups = transfer::group_count(model_);
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - transfer::clock::now());
+    if (left.count() <= 0)
+      throw transfer_error(transfer_failure::timeout, "group " + std::to_string(g) + " of version "
+                                                        + std::to_string(req.version) + ": deadline passed");
+    std::optional<weight_bucket> bucket;
+    caf::error failure;
+    self->request(trainer_, left, pull_atom::value, req.version, g)
+      .receive([&](weight_bucket& b) { bucket = std::move(b); }, [&](caf::error& e) { failure = std::move(e); });
+    if (!bucket) {
+      auto why = sys_.render(failure);
+      if (is(failure, errc::version_gone))
+        throw transfer_error(transfer_failure::version_unavailable, why);
+      if (failure == caf::sec::request_timeout)
+        throw transfer_error(transfer_failure::timeout, "group " + std::to_string(g) + ": " + why);
+      throw transfer_error(transfer_failure::producer_failed, "trainer: " + why);
+    }
+    // A peer can lie: check the layout, then the bytes.
+    if (auto why = check(*bucket); !why.empty())
+      throw transfer_error(transfer_failure::producer_failed, "trainer sent a malformed bucket: " + why);
+    if (bucket->version != req.version || bucket->group != g)
+      throw transfer_error(transfer_failure::producer_failed, "trainer answered group " + std::to_string(g)
+                                                                + " of version " + std::to_string(req.version)
+                                                                + " with another");
+    if (xxh64(bucket->data.data(), bucket->data.size()) != bucket->checksum)
+      throw transfer_error(transfer_failure::checksum_mismatch,
+                           "group " + std::to_string(g) + " of version " + std::to_string(req.version));
+    std::vector<tensor_view> views;
+    for (const auto& e : bucket->entries) {
+      if (e.tensor_offset != 0)
+        throw transfer_error(transfer_failure::producer_failed, e.name + ": split tensors are not expected here");
+      tensor_view v;
+      v.name = e.name;
+      v.type = static_cast<dtype>(e.dtype);
+      v.shape = e.shape;
+      v.data = reinterpret_cast<const std::byte*>(bucket->data.data() + e.offset);
+      v.size = e.bytes;
+      views.push_back(std::move(v));
+    }
+    if (sink.on_full_group)
+      sink.on_full_group(req.worker, g, views);
+    report.bytes += bucket->data.size();
+    ++report.groups;
+  }
+  report.duration = transfer::clock::now() - t0;
+  return report;
+}
+
+} // namespace rlsync

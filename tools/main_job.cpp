@@ -1,0 +1,327 @@
+#include "tools/main_job.hpp"
+
+#include "actors/local_deployment.hpp"
+#include "runtime/safetensors.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <sstream>
+
+namespace rlsync::tools {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::atomic<bool> interrupted{false};
+
+extern "C" void on_sigint(int) { interrupted = true; }
+
+/// memcpy bandwidth into pre-faulted memory: the local backend's speed of light.
+double measure_memcpy_gbps() {
+  const std::size_t n = 64u << 20;
+  std::vector<char> a(n, 1), b(n, 2);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = clock_type::now();
+    std::memcpy(b.data(), a.data(), n);
+    double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    best = std::max(best, n / s / 1e9);
+    a[static_cast<std::size_t>(i)] = b[n - 1]; // keep the copies observable
+  }
+  return best;
+}
+
+double ms(std::uint64_t ns) { return ns / 1e6; }
+
+std::string fixed(double x, int digits = 1) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(digits);
+  os << x;
+  return os.str();
+}
+
+struct sync_figures {
+  double stall_ms, transfer_ms, gbps, control_ms;
+};
+
+sync_figures figures(const sync_report& r) {
+  double gbps = r.transfer_ns > 0 ? static_cast<double>(r.bytes) / static_cast<double>(r.transfer_ns) : 0;
+  return {ms(r.stall_ns), ms(r.transfer_ns), gbps, ms(r.control_ns)};
+}
+
+double median(std::vector<double> xs) {
+  if (xs.empty())
+    return 0;
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
+/// Serialises writes to stderr from the coordinator's and the driver's threads.
+class console {
+public:
+  explicit console(bool bar) : bar_(bar) {}
+
+  void line(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clear_bar();
+    std::cerr << text << "\n";
+    draw_bar();
+  }
+
+  void progress(const workload_progress& p, std::uint32_t total) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_ = p;
+    total_ = total;
+    clear_bar();
+    draw_bar();
+  }
+
+  void done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clear_bar();
+    bar_ = false;
+  }
+
+private:
+  void clear_bar() {
+    if (bar_ && drawn_)
+      std::cerr << "\r\033[K";
+    drawn_ = false;
+  }
+  void draw_bar() {
+    if (!bar_ || total_ == 0)
+      return;
+    auto finished = last_.completed + last_.failed + last_.rejected;
+    int width = 30, filled = static_cast<int>(width * finished / total_);
+    std::cerr << "[" << std::string(static_cast<std::size_t>(filled), '#')
+              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << finished << "/" << total_
+              << " requests, " << last_.tokens << " tokens" << std::flush;
+    drawn_ = true;
+  }
+
+  std::mutex mutex_;
+  bool bar_;
+  bool drawn_ = false;
+  workload_progress last_{};
+  std::uint32_t total_ = 0;
+};
+
+} // namespace
+
+workload_options workload_from(const topology& t, const cli::args& a) {
+  workload_options w;
+  w.prompts = static_cast<std::uint32_t>(a.get_u64("prompts", static_cast<std::uint64_t>(t.workload.prompts)));
+  w.concurrency =
+    static_cast<std::uint32_t>(a.get_u64("concurrency", static_cast<std::uint64_t>(t.workload.concurrency)));
+  w.max_tokens = static_cast<std::uint32_t>(a.get_u64("max-tokens", static_cast<std::uint64_t>(t.workload.max_tokens)));
+  w.temperature = static_cast<float>(t.workload.temperature);
+  w.top_p = static_cast<float>(t.workload.top_p);
+  w.seed = t.workload.seed;
+  if (w.concurrency == 0 || w.max_tokens == 0)
+    throw cli::usage_error("--concurrency and --max-tokens must be positive");
+  return w;
+}
+
+struct job_console::impl {
+  explicit impl(bool bar) : out(bar) {}
+  console out;
+  mutable std::mutex mutex;
+  std::vector<sync_report> reports;
+};
+
+job_console::job_console(bool progress_bar)
+  : impl_(std::make_unique<impl>(progress_bar)), memcpy_gbps_(measure_memcpy_gbps()) {}
+
+job_console::~job_console() = default;
+
+void job_console::on_sync(const sync_report& r) {
+  std::size_t n;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->reports.push_back(r);
+    n = impl_->reports.size();
+  }
+  if (r.engines_synced == 0 && r.evicted.empty()) {
+    line("sync " + std::to_string(n) + " v" + std::to_string(r.version) + ": every engine already current");
+    return;
+  }
+  auto f = figures(r);
+  std::string text = "sync " + std::to_string(n) + " v" + std::to_string(r.version) + (n == 1 ? " (cold)" : "")
+                     + ": " + std::to_string(r.engines_synced) + " engines, stall " + fixed(f.stall_ms)
+                     + " ms, transfer " + fixed(f.transfer_ms) + " ms, " + fixed(f.gbps, 2) + " GB/s ("
+                     + fixed(100 * f.gbps / memcpy_gbps_) + "% of memcpy), control " + fixed(f.control_ms)
+                     + " ms (" + fixed(f.stall_ms > 0 ? 100 * f.control_ms / f.stall_ms : 0, 0) + "% of stall)";
+  for (auto& e : r.evicted)
+    text += ", evicted " + e;
+  line(text);
+}
+
+void job_console::on_log(const std::string& text) {
+  if (text.find("evict") != std::string::npos || text.find("fail") != std::string::npos
+      || text.find("refused") != std::string::npos)
+    line(text);
+}
+
+void job_console::line(const std::string& text) { impl_->out.line(text); }
+
+void job_console::progress(const workload_progress& p, std::uint32_t total) { impl_->out.progress(p, total); }
+
+void job_console::done() { impl_->out.done(); }
+
+std::vector<sync_report> job_console::reports() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->reports;
+}
+
+int run_main_job(caf::actor_system& sys, const topology& t, const std::string& path, const workload_options& w,
+                 const job_handles& h, job_console& out, const std::optional<std::string>& json_file) {
+  const double memcpy_gbps = out.memcpy_gbps();
+  auto t0 = clock_type::now();
+  auto done = std::make_shared<std::promise<workload_result>>();
+  auto result_future = done->get_future();
+  auto driver = spawn_workload(sys, h.router, w, [&](const workload_progress& p) { out.progress(p, w.prompts); }, done);
+  auto previous = std::signal(SIGINT, on_sigint);
+  // Bounded: every request has a deadline; this is the backstop for a bug.
+  const auto give_up = clock_type::now() + std::chrono::minutes(30);
+  bool stop_sent = false;
+  while (result_future.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    if (interrupted && !stop_sent) {
+      out.line("interrupted: no new requests; waiting for the ones in flight");
+      stop_workload(driver);
+      stop_sent = true;
+    }
+    if (clock_type::now() > give_up) {
+      out.line("rlsync run: the workload did not finish within 30 minutes");
+      stop_workload(driver);
+      if (result_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+        return 1;
+      break;
+    }
+  }
+  std::signal(SIGINT, previous);
+  auto result = result_future.get();
+  out.done();
+  double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+
+  // The trainer stops first, then one last round brings every engine to its
+  // final version, which the check below compares against.
+  caf::scoped_actor self{sys};
+  self->monitor(h.trainer);
+  caf::anon_send_exit(h.trainer, caf::exit_reason::user_shutdown);
+  self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
+  const auto& dl = t.sync.deadlines;
+  auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
+  std::optional<sync_report> last;
+  std::string last_error;
+  self->request(h.coordinator, round_deadline, sync_atom::value)
+    .receive([&](const sync_report& r) { last = r; }, [&](caf::error& err) { last_error = sys.render(err); });
+  auto checks = verify_weights(sys, t, *h.source, h.engines, std::chrono::seconds(30));
+  coordinator_status status;
+  self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
+    .receive([&](coordinator_status& s) { status = std::move(s); }, [](caf::error&) {});
+  std::vector<sync_report> all = out.reports();
+  std::vector<double> stall, transfer, gbps, control;
+  std::size_t evictions = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    evictions += all[i].evicted.size();
+    if (i == 0 || all[i].engines_synced == 0)
+      continue; // the cold sync is reported apart; empty rounds moved nothing
+    auto f = figures(all[i]);
+    stall.push_back(f.stall_ms);
+    transfer.push_back(f.transfer_ms);
+    gbps.push_back(f.gbps);
+    control.push_back(f.control_ms);
+  }
+  bool weights_ok = !checks.empty();
+  for (auto& c : checks)
+    weights_ok = weights_ok && c.ok();
+
+  std::ostringstream s;
+  s << "\n== rlsync run " << path << (interrupted ? " (interrupted)" : "") << "\n";
+  s << "requests: " << w.prompts << " — " << result.completed << " completed, " << result.failed << " failed, "
+    << result.rejected << " rejected, " << result.not_sent << " not sent\n";
+  s << "tokens: " << result.tokens << " in " << fixed(seconds) << " s (" << fixed(result.tokens / seconds)
+    << " tokens/s), " << result.stale_kv_tokens << " over stale KV; by version:";
+  for (auto& [v, n] : result.tokens_by_version)
+    s << " v" << v << "=" << n;
+  s << "\n";
+  s << "syncs: " << all.size() << ", evictions: " << evictions;
+  if (!all.empty()) {
+    auto cold = figures(all.front());
+    s << "\n  cold sync: stall " << fixed(cold.stall_ms) << " ms, transfer " << fixed(cold.transfer_ms) << " ms, "
+      << fixed(cold.gbps, 2) << " GB/s";
+  }
+  if (!stall.empty())
+    s << "\n  median of " << stall.size() << " warm syncs: stall " << fixed(median(stall)) << " ms, transfer "
+      << fixed(median(transfer)) << " ms, " << fixed(median(gbps), 2) << " GB/s (" << fixed(100 * median(gbps) / memcpy_gbps)
+      << "% of memcpy " << fixed(memcpy_gbps) << " GB/s), control " << fixed(median(control)) << " ms";
+  s << "\nweights after the last sync (v" << (last ? last->version : 0) << "):";
+  if (!last_error.empty())
+    s << " last sync failed: " << last_error;
+  for (auto& c : checks) {
+    s << "\n  " << c.engine << " v" << c.version << ": ";
+    if (c.ok())
+      s << "byte-identical to the trainer (" << c.shards << " parameter shards)";
+    else if (!c.error.empty())
+      s << "NOT VERIFIED: " << c.error;
+    else if (c.dirty)
+      s << "DIRTY";
+    else
+      s << c.mismatched << " of " << c.shards << " shards DIFFER";
+  }
+  for (auto& e : result.errors)
+    s << "\n  error: " << e;
+  s << "\n";
+  std::cout << s.str() << std::flush;
+
+  if (auto file = json_file) {
+    std::ostringstream j;
+    j << "{\"topology\": " << json_quote(path) << ", \"interrupted\": " << (interrupted ? "true" : "false")
+      << ", \"requests\": {\"total\": " << w.prompts << ", \"completed\": " << result.completed
+      << ", \"failed\": " << result.failed << ", \"rejected\": " << result.rejected << ", \"not_sent\": "
+      << result.not_sent << "}, \"tokens\": {\"total\": " << result.tokens << ", \"stale_kv\": "
+      << result.stale_kv_tokens << ", \"by_version\": {";
+    bool first = true;
+    for (auto& [v, n] : result.tokens_by_version) {
+      j << (first ? "" : ", ") << "\"" << v << "\": " << n;
+      first = false;
+    }
+    j << "}}, \"seconds\": " << seconds << ", \"memcpy_gbps\": " << memcpy_gbps << ", \"syncs\": [";
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      auto f = figures(all[i]);
+      j << (i ? ", " : "") << "{\"version\": " << all[i].version << ", \"engines\": " << all[i].engines_synced
+        << ", \"stall_ms\": " << f.stall_ms << ", \"transfer_ms\": " << f.transfer_ms << ", \"bytes\": "
+        << all[i].bytes << ", \"gbps\": " << f.gbps << ", \"control_ms\": " << f.control_ms << ", \"evicted\": [";
+      for (std::size_t k = 0; k < all[i].evicted.size(); ++k)
+        j << (k ? ", " : "") << json_quote(all[i].evicted[k]);
+      j << "]}";
+    }
+    j << "], \"weights\": [";
+    for (std::size_t i = 0; i < checks.size(); ++i)
+      j << (i ? ", " : "") << "{\"engine\": " << json_quote(checks[i].engine) << ", \"version\": "
+        << checks[i].version << ", \"identical\": " << (checks[i].ok() ? "true" : "false") << ", \"shards\": "
+        << checks[i].shards << ", \"mismatched\": " << checks[i].mismatched << ", \"error\": "
+        << json_quote(checks[i].error) << "}";
+    j << "], \"weights_verified\": " << (weights_ok ? "true" : "false") << "}\n";
+    std::ofstream f(*file);
+    f << j.str();
+    if (!f)
+      std::cerr << "rlsync run: cannot write " << *file << "\n";
+  }
+  if (interrupted)
+    return 130;
+  bool all_served = result.completed == w.prompts && result.failed == 0 && result.rejected == 0;
+  return all_served && weights_ok && result.stream_mismatches == 0 ? 0 : 1;
+}
+
+} // namespace rlsync::tools

@@ -1,0 +1,65 @@
+#pragma once
+// The main job, shared by `rlsync run` (one process) and `rlsync node` on a
+// cluster's head node: drive the rollout workload through the router while
+// the trainer produces versions and the coordinator syncs, print one line per
+// sync with DESIGN §8's four figures, then stop the trainer, run one last
+// round, verify every engine's weights against the trainer's, and summarise.
+#include "actors/interfaces.hpp"
+#include "actors/workload.hpp"
+#include "runtime/topology.hpp"
+#include "runtime/transfer/weight_source.hpp"
+#include "tools/cli.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlsync::tools {
+
+/// The topology's workload, overridden by --prompts, --concurrency, --max-tokens.
+workload_options workload_from(const topology& t, const cli::args& a);
+
+/// Writes progress to stderr: one line per sync (thread-safe: the
+/// coordinator calls it), and a progress bar when stderr is a terminal.
+class job_console {
+public:
+  explicit job_console(bool progress_bar);
+  ~job_console();
+  /// The local data plane's speed of light, measured once at start.
+  double memcpy_gbps() const { return memcpy_gbps_; }
+  /// For coordinator_config::on_report.
+  void on_sync(const sync_report& r);
+  /// For logs: evictions and failures are worth a line.
+  void on_log(const std::string& line);
+  void line(const std::string& text);
+  void progress(const workload_progress& p, std::uint32_t total);
+  void done();
+  std::vector<sync_report> reports() const;
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  double memcpy_gbps_;
+};
+
+/// What the main job talks to.
+struct job_handles {
+  router_actor router;
+  coordinator_actor coordinator;
+  trainer_actor trainer;
+  std::shared_ptr<transfer::weight_source> source;
+  std::vector<std::pair<std::string, rollout_engine_actor>> engines; ///< topology order
+};
+
+/// Runs the workload to the end (or Ctrl-C), the final round, the check and
+/// the summary (stdout; JSON into `json_file` when set). Returns the exit
+/// status: 0 all well, 1 a request failed or a check did not hold, 130 interrupted.
+int run_main_job(caf::actor_system& sys, const topology& t, const std::string& label, const workload_options& w,
+                 const job_handles& h, job_console& out, const std::optional<std::string>& json_file);
+
+} // namespace rlsync::tools
