@@ -16,5 +16,6 @@ int cmd_generate(const arg_list& args);
 int cmd_bench(const arg_list& args);
 int cmd_run(const arg_list& args);
 int cmd_ping(const arg_list& args);
+int cmd_launch(const arg_list& args);
 
 } // namespace rlsync::tools

@@ -28,6 +28,8 @@ const subcommand subcommands[] = {
   {"bench", "measure: engine (throughput, update time)", rlsync::tools::cmd_bench},
   {"ping", "heartbeat round trip to another rlsync process (connectivity check)",
    rlsync::tools::cmd_ping},
+  {"launch", "start the nodes of a topology that live on this machine, one process each",
+   rlsync::tools::cmd_launch},
 };
 
 void print_help(std::ostream& out) {

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# rlsync launch: --dry-run prints one `rlsync node` command line per selected
+# node (the topology path made absolute, --secret-file passed on as given);
+# an unknown node in --nodes is a usage error naming it (exit 2); a topology
+# with no node on this machine exits 1 and says so. (The supervision itself
+# — output, stop, grace, kill — is tested in tests/runtime/test_launcher.cpp.)
+set -euo pipefail
+rlsync=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+exe=$(readlink -f "$rlsync")
+cluster="$src/configs/cluster.yaml"
+cluster_abs=$(realpath -s "$cluster") # made absolute as written, links kept
+
+# --dry-run with --nodes: exactly the chosen nodes, in the order given.
+"$rlsync" launch "$cluster" --dry-run --nodes engine-node-b,trainer-node >"$tmp/out" 2>"$tmp/err" \
+  || { cat "$tmp/err"; fail "dry run exited non-zero"; }
+[ ! -s "$tmp/err" ] || { cat "$tmp/err"; fail "dry run wrote to stderr"; }
+printf '%s\n' "$exe node --topology $cluster_abs --node engine-node-b" \
+              "$exe node --topology $cluster_abs --node trainer-node" >"$tmp/want"
+diff -u "$tmp/want" "$tmp/out" || fail "dry run: unexpected command lines"
+
+# A relative topology path becomes absolute; --secret-file goes through untouched (quoted for the shell).
+(cd "$src" && "$rlsync" launch configs/cluster.yaml --dry-run --nodes=engine-node-a --secret-file "my secret") >"$tmp/out"
+[ "$(cat "$tmp/out")" = "$exe node --topology $(cd "$src" && pwd -P)/configs/cluster.yaml --node engine-node-a --secret-file 'my secret'" ] \
+  || { cat "$tmp/out"; fail "dry run: relative path or --secret-file"; }
+
+# The printed command lines are runnable shell: they read back into the same words.
+eval "set -- $(cat "$tmp/out")"
+[ "$#" -eq 8 ] && [ "$8" = "my secret" ] || fail "dry run output does not read back as 8 words"
+
+# An unknown node: usage error (2) naming it; nothing started.
+set +e
+"$rlsync" launch "$cluster" --dry-run --nodes trainer-node,gpu9 >"$tmp/out" 2>"$tmp/err"; rc=$?
+set -e
+[ "$rc" -eq 2 ] || { cat "$tmp/err"; fail "unknown node: expected exit 2, got $rc"; }
+grep -q "unknown node 'gpu9'" "$tmp/err" || { cat "$tmp/err"; fail "unknown node not named"; }
+[ ! -s "$tmp/out" ] || fail "unknown node: printed commands anyway"
+
+# cluster.yaml's nodes are at 10.0.0.x: none is on this machine (unless one really is: skip that check then).
+if ip -o addr 2>/dev/null | grep -qE 'inet 10\.0\.0\.[123]/'; then
+  echo "skip: this machine has a 10.0.0.1-3 address; the no-local-node check does not apply"
+else
+  set +e
+  "$rlsync" launch "$cluster" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  set -e
+  [ "$rc" -eq 1 ] || { cat "$tmp/out" "$tmp/err"; fail "no local node: expected exit 1, got $rc"; }
+  grep -q "no node of .* is on this machine" "$tmp/err" || { cat "$tmp/err"; fail "no local node: no message"; }
+fi
+
+# A loopback node is local: without --nodes, --dry-run picks it (and only it).
+sed -e 's/address: 10.0.0.2/address: 127.0.0.1/' "$cluster" >"$tmp/mixed.yaml"
+"$rlsync" launch "$tmp/mixed.yaml" --dry-run >"$tmp/out"
+[ "$(cat "$tmp/out")" = "$exe node --topology $tmp/mixed.yaml --node engine-node-a" ] \
+  || { cat "$tmp/out"; fail "loopback node not selected alone"; }
+
+# Usage errors: no topology, a bad --grace-ms, an unknown flag.
+set +e
+"$rlsync" launch 2>/dev/null; rc1=$?
+"$rlsync" launch "$cluster" --grace-ms soon 2>/dev/null; rc2=$?
+"$rlsync" launch "$cluster" --no-such-flag 2>/dev/null; rc3=$?
+set -e
+[ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && [ "$rc3" -eq 2 ] || fail "usage errors: got $rc1 $rc2 $rc3, expected 2 2 2"
+"$rlsync" launch --help | grep -q 'usage: rlsync launch' || fail "--help"
+echo "ok"

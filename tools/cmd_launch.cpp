@@ -1,0 +1,152 @@
+// rlsync launch: every node of a topology that lives on this machine, each as
+// its own `rlsync node` process, their output prefixed with the node's name,
+// all stopped together (SIGTERM, a grace period, SIGKILL) on Ctrl-C or when
+// one of them fails. The supervision itself is runtime/launcher.hpp.
+#include "runtime/launcher.hpp"
+#include "runtime/topology.hpp"
+#include "tools/cli.hpp"
+#include "tools/commands.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+
+namespace rlsync::tools {
+
+namespace {
+
+const char* usage =
+  "usage: rlsync launch T.yaml [--nodes A,B] [--grace-ms MS] [--secret-file FILE] [--dry-run]\n\n"
+  "Starts every node of the topology whose address is on this machine (loopback,\n"
+  "localhost, or an address of a local interface) as a separate process:\n"
+  "  rlsync node --topology T.yaml --node NAME [--secret-file FILE]\n"
+  "Each line a node prints is shown prefixed with [NAME]. Children inherit the\n"
+  "environment (so a cluster secret in an environment variable reaches them).\n\n"
+  "  --nodes A,B         start exactly these nodes, wherever their addresses point\n"
+  "  --grace-ms MS       after SIGTERM, how long nodes get before SIGKILL (default 10000)\n"
+  "  --secret-file FILE  passed on to every node as it is\n"
+  "  --dry-run           print the command lines, one per node, and start nothing\n\n"
+  "Ctrl-C (or SIGTERM) stops every node: SIGTERM, then SIGKILL after the grace\n"
+  "period (a second Ctrl-C skips the wait). A node that fails on its own stops the\n"
+  "others the same way. Nodes also die if the launcher dies.\n"
+  "Exit status: 0 every node exited 0, 1 a node failed (it is named) or no node is\n"
+  "on this machine, 2 usage error, 128+N stopped by signal N (130 for Ctrl-C).\n";
+
+constexpr std::uint64_t max_grace_ms = 24ull * 3600 * 1000;
+
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> names;
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t comma = list.find(',', start);
+    std::string name = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (name.empty())
+      throw cli::usage_error("--nodes: empty node name in '" + list + "'");
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      names.push_back(name);
+    if (comma == std::string::npos)
+      return names;
+    start = comma + 1;
+  }
+}
+
+std::string defined_nodes(const topology& t) {
+  std::string s;
+  for (auto& n : t.nodes)
+    s += (s.empty() ? "" : ", ") + n.name;
+  return s;
+}
+
+} // namespace
+
+int cmd_launch(const arg_list& argv) {
+  cli::args a(argv, {"nodes", "grace-ms", "secret-file"}, {"dry-run", "help"});
+  if (a.has("help")) {
+    std::cout << usage;
+    return 0;
+  }
+  if (a.positional().size() != 1)
+    throw cli::usage_error("expected one topology file, got " + std::to_string(a.positional().size())
+                           + " (see --help)");
+  const std::string path = a.positional()[0];
+  const std::uint64_t grace_ms = a.get_u64("grace-ms", 10000);
+  if (grace_ms > max_grace_ms)
+    throw cli::usage_error("--grace-ms: at most " + std::to_string(max_grace_ms) + " (a day), got "
+                           + std::to_string(grace_ms));
+
+  topology t;
+  try {
+    t = load_topology(path);
+  } catch (const topology_error& e) {
+    for (auto& line : e.errors)
+      std::cerr << line << "\n";
+    return 1;
+  }
+
+  std::vector<const node_spec*> nodes;
+  if (auto list = a.get("nodes")) {
+    for (auto& name : split_names(*list)) {
+      const node_spec* n = t.find_node(name);
+      if (!n)
+        throw cli::usage_error("--nodes: unknown node '" + name + "' (defined: " + defined_nodes(t) + ")");
+      nodes.push_back(n);
+    }
+  } else {
+    nodes = local_nodes(t);
+    if (nodes.empty()) {
+      std::string addresses;
+      for (auto& n : t.nodes)
+        addresses += (addresses.empty() ? "" : ", ") + n.name + " at " + n.address;
+      std::cerr << "rlsync launch: no node of " << path << " is on this machine (" << addresses
+                << "); choose nodes with --nodes\n";
+      return 1;
+    }
+  }
+
+  // Absolute, so that the command lines mean the same from anywhere.
+  const std::string topology_path = std::filesystem::absolute(path).lexically_normal().string();
+  const std::string exe = self_executable();
+  std::vector<child_spec> children;
+  for (auto* n : nodes) {
+    child_spec c{n->name, {exe, "node", "--topology", topology_path, "--node", n->name}};
+    if (auto secret = a.get("secret-file")) {
+      c.argv.push_back("--secret-file");
+      c.argv.push_back(*secret);
+    }
+    children.push_back(std::move(c));
+  }
+
+  if (a.has("dry-run")) {
+    for (auto& c : children)
+      std::cout << shell_quote(c.argv) << "\n";
+    return 0;
+  }
+
+  supervisor_options options;
+  options.grace = std::chrono::milliseconds(grace_ms);
+  supervisor sup(options);
+  stop_on_signals signals(sup);
+  std::cout.flush(); // our own lines go out through write(2) from here on
+  launch_result r = sup.run(children);
+  switch (r.outcome) {
+  case launch_outcome::succeeded:
+    std::cerr << "rlsync launch: all " << r.exits.size() << " node(s) exited 0\n";
+    return 0;
+  case launch_outcome::child_failed: {
+    std::string how;
+    for (auto& e : r.exits)
+      if (e.name == r.failed)
+        how = e.describe();
+    std::cerr << "rlsync launch: node '" << r.failed << "' failed (" << how << "); stopped the others\n";
+    return 1;
+  }
+  case launch_outcome::stopped:
+    break;
+  }
+  int sig = signals.received();
+  std::cerr << "rlsync launch: stopped" << (sig ? " by signal " + std::to_string(sig) : std::string())
+            << "\n";
+  return sig ? 128 + sig : 1;
+}
+
+} // namespace rlsync::tools
