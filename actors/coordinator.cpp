@@ -420,6 +420,26 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       s.history.assign(st.history.begin(), st.history.end());
       return s;
     },
+    [=](digest_atom) -> caf::result<std::vector<weight_digest>> {
+      // Fan out to every member; an engine that does not answer in time is
+      // reported with its name only, so the caller sees it unverified.
+      auto rp = self->make_response_promise<std::vector<weight_digest>>();
+      auto& members = self->state.members;
+      auto out = std::make_shared<std::vector<weight_digest>>();
+      auto left = std::make_shared<std::size_t>(members.size());
+      if (*left == 0)
+        return std::vector<weight_digest>{};
+      for (auto& [name, m] : members) {
+        auto answered = [=](weight_digest d) mutable {
+          out->push_back(std::move(d));
+          if (--*left == 0)
+            rp.deliver(*out);
+        };
+        self->request(m.handle, self->state.cfg.sync.deadlines.finish, digest_atom::value)
+          .then(answered, [=, name = name](caf::error&) mutable { answered(weight_digest{name, 0, true, {}, {}}); });
+      }
+      return rp;
+    },
     [=](heartbeat_atom, const heartbeat& hb) {
       // Detection by heartbeat timeout is a later issue; this is its input.
       self->state.last_seen_ns[hb.from] = now_ns(self);

@@ -90,6 +90,8 @@ using coordinator_actor = version_listener_actor::extend<
   caf::replies_to<sync_atom>::with<sync_report>,
   // the version and the members
   caf::replies_to<status_atom>::with<coordinator_status>,
+  // every member's weight checksums, local or remote (to verify them against the trainer)
+  caf::replies_to<digest_atom>::with<std::vector<weight_digest>>,
   // an engine or node is alive
   caf::reacts_to<heartbeat_atom, heartbeat>>;
 

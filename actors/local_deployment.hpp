@@ -51,15 +51,10 @@ struct engine_verification {
   bool ok() const { return error.empty() && !dirty && mismatched == 0 && shards > 0; }
 };
 
-/// Asks every engine (local or remote) for the checksums of the weights it
-/// serves and compares them, shard by shard, with the trainer's snapshot of
-/// the same version run through the same loader. Bounded by `deadline` per
-/// engine. `engines` are (name, handle) in topology order.
-std::vector<engine_verification>
-verify_weights(caf::actor_system& sys, const topology& t, const transfer::weight_source& source,
-               const std::vector<std::pair<std::string, rollout_engine_actor>>& engines,
-               std::chrono::milliseconds deadline);
-std::vector<engine_verification> verify_weights(caf::actor_system& sys, const topology& t,
-                                                const local_deployment& d, std::chrono::milliseconds deadline);
+/// Compares every engine's weight checksums (the coordinator collects them
+/// from local and remote members alike), shard by shard, with the trainer's
+/// snapshot of the same version run through the same loader.
+std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
+                                                const std::vector<weight_digest>& digests);
 
 } // namespace rlsync

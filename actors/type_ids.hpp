@@ -91,6 +91,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::router_status))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::coordinator_status))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::weight_digest))
+  CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::weight_digest>))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 

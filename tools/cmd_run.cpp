@@ -53,9 +53,7 @@ int cmd_run(const arg_list& argv) {
   opts.on_sync = [&](const sync_report& r) { out.on_sync(r); };
   opts.log = [&](const std::string& line) { out.on_log(line); };
   auto d = deploy_local(sys, t, opts);
-  job_handles h{d.router, d.coordinator, d.trainer.actor, d.trainer.source, {}};
-  for (std::size_t i = 0; i < d.engines.size(); ++i)
-    h.engines.emplace_back(d.engine_names[i], caf::actor_cast<rollout_engine_actor>(d.engines[i]));
+  job_handles h{d.router, d.coordinator, d.trainer.actor, d.trainer.source};
   auto rc = run_main_job(sys, t, path, w, h, out, a.get("json"));
   d.shutdown();
   return rc;

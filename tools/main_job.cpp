@@ -225,7 +225,11 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   std::string last_error;
   self->request(h.coordinator, round_deadline, sync_atom::value)
     .receive([&](const sync_report& r) { last = r; }, [&](caf::error& err) { last_error = sys.render(err); });
-  auto checks = verify_weights(sys, t, *h.source, h.engines, std::chrono::seconds(30));
+  std::vector<weight_digest> digests;
+  self->request(h.coordinator, std::chrono::seconds(30), digest_atom::value)
+    .receive([&](std::vector<weight_digest>& d) { digests = std::move(d); },
+             [&](caf::error& err) { last_error += " digests: " + sys.render(err); });
+  auto checks = verify_weights(t, *h.source, digests);
   coordinator_status status;
   self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
     .receive([&](coordinator_status& s) { status = std::move(s); }, [](caf::error&) {});

@@ -53,7 +53,6 @@ struct job_handles {
   coordinator_actor coordinator;
   trainer_actor trainer;
   std::shared_ptr<transfer::weight_source> source;
-  std::vector<std::pair<std::string, rollout_engine_actor>> engines; ///< topology order
 };
 
 /// Runs the workload to the end (or Ctrl-C), the final round, the check and
