@@ -3,12 +3,22 @@
 #include "runtime/checksum.hpp"
 #include "runtime/transfer/groups.hpp"
 
+#include "runtime/checkpoint.hpp"
+
 #include <caf/scoped_actor.hpp>
+
+#include <algorithm>
 
 namespace rlsync {
 
 caf_puller::caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model)
-  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)) {}
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)) {
+  std::vector<std::uint64_t> group_bytes(transfer::group_count(model_), 0);
+  for (const auto& spec : llama_parameter_specs(model_, dtype::f32)) // f32: the largest element type
+    group_bytes[transfer::group_of(model_, spec.name)] += spec.bytes();
+  auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
+  group_deadline_ = std::chrono::milliseconds(2000 + largest / 10000);
+}
 
 transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
   using transfer::transfer_error;
@@ -21,7 +31,8 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
   caf::scoped_actor self{sys_};
   const auto groups = transfer::group_count(model_);
   for (std::uint32_t g = 0; g < groups; ++g) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - transfer::clock::now());
+    auto left = std::min(group_deadline_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            req.deadline - transfer::clock::now()));
     if (left.count() <= 0)
       throw transfer_error(transfer_failure::timeout, "group " + std::to_string(g) + " of version "
                                                         + std::to_string(req.version) + ": deadline passed");

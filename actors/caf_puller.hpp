@@ -26,6 +26,10 @@ private:
   caf::actor_system& sys_;
   trainer_actor trainer_;
   model_config model_;
+  /// How long one group may take. A request to a remote actor whose node is
+  /// gone only ever times out (caf-0.17.md §4), so each group gets its own,
+  /// shorter deadline: 2 s plus the largest group at 10 MB/s.
+  std::chrono::milliseconds group_deadline_;
 };
 
 } // namespace rlsync

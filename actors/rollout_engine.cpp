@@ -162,8 +162,11 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // The pull blocks: it runs on its own thread and reports back here.
       auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
       self->spawn<caf::detached>([puller = st.puller, name, plans = st.plans, staging = st.core->session_staging(),
-                                  order, deadline, engine = rollout_engine_impl{self}](caf::blocking_actor* worker) {
-        worker->send(engine, pull_atom::value, pull_version(*puller, name, plans, staging, order, deadline));
+                                  order, deadline, engine = self->address()](caf::blocking_actor* worker) {
+        auto outcome = pull_version(*puller, name, plans, staging, order, deadline);
+        // A weak reference until here: a stopping engine must not be kept alive by its pull.
+        if (auto e = caf::actor_cast<rollout_engine_impl>(engine))
+          worker->send(e, pull_atom::value, std::move(outcome));
       });
       auto rp = self->make_response_promise<transfer_report>();
       st.transfer_promise = rp;

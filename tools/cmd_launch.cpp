@@ -16,7 +16,8 @@ namespace rlsync::tools {
 namespace {
 
 const char* usage =
-  "usage: rlsync launch T.yaml [--nodes A,B] [--grace-ms MS] [--secret-file FILE] [--dry-run]\n\n"
+  "usage: rlsync launch T.yaml [--nodes A,B] [--grace-ms MS] [--secret-file FILE] [--dry-run]\n"
+  "                            [--run [--prompts N] [--concurrency C] [--max-tokens M] [--json FILE]]\n\n"
   "Starts every node of the topology whose address is on this machine (loopback,\n"
   "localhost, or an address of a local interface) as a separate process:\n"
   "  rlsync node --topology T.yaml --node NAME [--secret-file FILE]\n"
@@ -25,7 +26,10 @@ const char* usage =
   "  --nodes A,B         start exactly these nodes, wherever their addresses point\n"
   "  --grace-ms MS       after SIGTERM, how long nodes get before SIGKILL (default 10000)\n"
   "  --secret-file FILE  passed on to every node as it is\n"
-  "  --dry-run           print the command lines, one per node, and start nothing\n\n"
+  "  --dry-run           print the command lines, one per node, and start nothing\n"
+  "  --run               the coordinator's node runs the main job (as `rlsync run`) once\n"
+  "                      every engine registered, then exits; the others follow\n"
+  "  --prompts/--concurrency/--max-tokens/--json  passed to it with --run\n\n"
   "Ctrl-C (or SIGTERM) stops every node: SIGTERM, then SIGKILL after the grace\n"
   "period (a second Ctrl-C skips the wait). A node that fails on its own stops the\n"
   "others the same way. Nodes also die if the launcher dies.\n"
@@ -60,7 +64,8 @@ std::string defined_nodes(const topology& t) {
 } // namespace
 
 int cmd_launch(const arg_list& argv) {
-  cli::args a(argv, {"nodes", "grace-ms", "secret-file"}, {"dry-run", "help"});
+  cli::args a(argv, {"nodes", "grace-ms", "secret-file", "prompts", "concurrency", "max-tokens", "json"},
+              {"run", "dry-run", "help"});
   if (a.has("help")) {
     std::cout << usage;
     return 0;
@@ -112,6 +117,16 @@ int cmd_launch(const arg_list& argv) {
     if (auto secret = a.get("secret-file")) {
       c.argv.push_back("--secret-file");
       c.argv.push_back(*secret);
+    }
+    // The main job runs on the coordinator's node; the workload flags go there.
+    if (a.has("run") && n->name == t.coordinator.node) {
+      c.argv.push_back("--run");
+      c.argv.push_back("--no-progress");
+      for (const char* flag : {"prompts", "concurrency", "max-tokens", "json"})
+        if (auto v = a.get(flag)) {
+          c.argv.push_back(std::string("--") + flag);
+          c.argv.push_back(std::string(flag) == "json" ? std::filesystem::absolute(*v).string() : *v);
+        }
     }
     children.push_back(std::move(c));
   }

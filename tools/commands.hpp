@@ -15,6 +15,7 @@ int cmd_validate(const arg_list& args);
 int cmd_generate(const arg_list& args);
 int cmd_bench(const arg_list& args);
 int cmd_run(const arg_list& args);
+int cmd_node(const arg_list& args);
 int cmd_ping(const arg_list& args);
 int cmd_launch(const arg_list& args);
 

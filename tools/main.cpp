@@ -19,6 +19,8 @@ struct subcommand {
 const subcommand subcommands[] = {
   {"run", "the main job: every actor of a topology in one process, with a rollout workload",
    rlsync::tools::cmd_run},
+  {"node", "run the actors a topology places on one node (connects to the coordinator's node)",
+   rlsync::tools::cmd_node},
   {"version", "print the rlsync version", rlsync::tools::cmd_version},
   {"devices", "show what the GPU layer was built with and which devices it sees",
    rlsync::tools::cmd_devices},

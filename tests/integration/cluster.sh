@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Several processes on loopback: `rlsync launch --run` starts a head node
+# (coordinator, router, trainer, one engine) and a worker node (two engines)
+# that joins by proving the cluster secret; the main job runs across them and
+# every engine ends byte-identical to the trainer. Then the refusals: a node
+# with the wrong secret, garbage bytes on the port, and a message of the
+# wrong type are refused, and the head keeps serving.
+set -euo pipefail
+rlsync=$1
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+port=$((20000 + $$ % 20000))
+cat > "$dir/two.yaml" <<YAML
+name: two
+model:
+  synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
+nodes:
+  - {name: head, address: 127.0.0.1, port: $port}
+  - {name: workers, address: 127.0.0.1, port: $((port + 1))}
+cluster:
+  secret_env: RLSYNC_CLUSTER_TEST_SECRET
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 2000
+  connect_deadline_ms: 10000
+trainer: {node: head, step_time_ms: 50}
+engines:
+  - {name: local, node: head, tp: 2}
+  - {name: remote, node: workers, replicas: 2, tp: 2}
+router: {node: head}
+coordinator: {node: head}
+transfer: {backend: ucx, mode: sharded}
+workload: {prompts: 12, concurrency: 4, max_tokens: 16}
+YAML
+export RLSYNC_CLUSTER_TEST_SECRET=correct-horse
+
+# 1. The main job across two processes.
+timeout 120 "$rlsync" launch "$dir/two.yaml" --run --json "$dir/two.json" > "$dir/launch.out" 2>&1 \
+  || { cat "$dir/launch.out"; echo "FAIL: launch --run exited non-zero"; exit 1; }
+grep -q '"weights_verified": true' "$dir/two.json" || { cat "$dir/launch.out"; echo "FAIL: weights not verified"; exit 1; }
+grep -q '"completed": 12' "$dir/two.json" || { cat "$dir/two.json"; echo "FAIL: requests lost"; exit 1; }
+[ "$(grep -c 'byte-identical to the trainer' "$dir/launch.out")" -eq 3 ] || { cat "$dir/launch.out"; echo "FAIL: not 3 engines verified"; exit 1; }
+grep -q "\[workers\] rlsync node workers: admitted by head" "$dir/launch.out" || { echo "FAIL: no admission line"; exit 1; }
+
+# 2. Refusals, against a head that keeps serving (no --run).
+"$rlsync" node --topology "$dir/two.yaml" --node head > "$dir/head.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do grep -q "gatekeeper on" "$dir/head.log" && break; sleep 0.1; done
+grep -q "gatekeeper on" "$dir/head.log" || { cat "$dir/head.log"; echo "FAIL: head did not come up"; exit 1; }
+# Garbage bytes on the port: the connection is dropped, nothing else happens.
+exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GARBAGE\x00\xff%.0s' {1..200} >&3 && exec 3>&- || true
+# A message of the wrong type to the gatekeeper: refused, logged by CAF, no crash.
+"$rlsync" ping --connect "127.0.0.1:$port" --count 1 --deadline-ms 3000 > "$dir/ping.out" 2>&1 && {
+  cat "$dir/ping.out"; echo "FAIL: the gatekeeper answered a ping"; exit 1; }
+# The wrong secret: refused, and the node says so.
+set +e
+RLSYNC_CLUSTER_TEST_SECRET=wrong timeout 30 "$rlsync" node --topology "$dir/two.yaml" --node workers > "$dir/bad.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || { cat "$dir/bad.log"; echo "FAIL: a wrong secret exited $rc, expected 1"; exit 1; }
+grep -q "refused to admit" "$dir/bad.log" || { cat "$dir/bad.log"; echo "FAIL: no refusal message"; exit 1; }
+grep -q "refused workers" "$dir/head.log" || { cat "$dir/head.log"; echo "FAIL: the head did not log the refusal"; exit 1; }
+# After all that, the right secret still joins.
+timeout 30 "$rlsync" node --topology "$dir/two.yaml" --node workers > "$dir/good.log" 2>&1 &
+good=$!
+pids+=($good)
+for _ in $(seq 1 100); do grep -q "engines registered" "$dir/good.log" && break; sleep 0.1; done
+grep -q "2 engines registered" "$dir/good.log" || { cat "$dir/good.log" "$dir/head.log"; echo "FAIL: a good node could not join after the attacks"; exit 1; }
+kill -TERM "${pids[0]}"
+set +e; wait "$good"; wrc=$?; set -e
+[ "$wrc" -eq 0 ] || { cat "$dir/good.log"; echo "FAIL: the worker exited $wrc when the head went away"; exit 1; }
+echo ok

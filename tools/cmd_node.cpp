@@ -1,0 +1,320 @@
+// rlsync node: the actors a topology places on one node, in this process.
+//
+// The coordinator's node (the head) runs the coordinator, the router and the
+// trainer, publishes only the gatekeeper on its address and port, and hosts
+// its own engines, which pull through the in-process data plane. Every other
+// node connects to the head (retrying with backoff up to
+// cluster.connect_deadline_ms), proves the cluster secret to the gatekeeper,
+// spawns its engines — they pull over CAF until the UCX backend lands — and
+// registers them with the coordinator. With --run the head drives the
+// topology's workload once every engine has registered (the main job), then
+// exits; engine nodes exit when the head is gone or on SIGTERM/SIGINT.
+#include "actors/caf_puller.hpp"
+#include "actors/coordinator.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/rollout_engine.hpp"
+#include "actors/router.hpp"
+#include "actors/system_config.hpp"
+#include "actors/trainer.hpp"
+#include "tools/cli.hpp"
+#include "tools/commands.hpp"
+#include "tools/main_job.hpp"
+
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <iostream>
+#include <thread>
+#include <unistd.h>
+
+namespace rlsync::tools {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::atomic<int> stop_signal{0};
+
+extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
+
+const char* usage =
+  "usage: rlsync node --topology T.yaml --node NAME [--secret-file FILE] [--run]\n"
+  "                   [--prompts N] [--concurrency C] [--max-tokens M] [--json FILE] [--no-progress]\n"
+  "Runs the actors the topology places on node NAME. The coordinator's node publishes a\n"
+  "gatekeeper on its address:port; every other node connects to it (retrying up to\n"
+  "cluster.connect_deadline_ms), proves the cluster secret (cluster.secret_file or\n"
+  "cluster.secret_env; --secret-file overrides the file), and registers its engines.\n"
+  "--run (coordinator's node): once every engine registered, run the main job as\n"
+  "`rlsync run` does, then exit. Engine nodes exit when the coordinator is gone.\n"
+  "SIGTERM or SIGINT stops a node cleanly.\n";
+
+rollout_engine_config engine_config(const topology& t, const engine_spec& e,
+                                    std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype) {
+  rollout_engine_config cfg;
+  cfg.model = t.model.config;
+  cfg.options.name = e.name;
+  cfg.options.tp = static_cast<int>(e.tp);
+  cfg.options.max_batch = static_cast<std::uint32_t>(e.max_batch);
+  cfg.options.queue_limit = static_cast<std::uint32_t>(e.queue_limit);
+  cfg.options.block_tokens = e.kv_block_tokens;
+  cfg.options.prefix_cache_blocks = static_cast<std::size_t>(e.prefix_cache_blocks);
+  cfg.options.source_dtype = source_dtype;
+  cfg.node = e.node;
+  cfg.puller = std::move(puller);
+  cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
+  return cfg;
+}
+
+/// Registers `engines` with the coordinator; throws naming the engine.
+void register_engines(caf::actor_system& sys, const coordinator_actor& coordinator,
+                      const std::vector<std::pair<engine_spec, rollout_engine_impl>>& engines,
+                      std::chrono::milliseconds deadline) {
+  caf::scoped_actor self{sys};
+  for (auto& [spec, handle] : engines) {
+    std::string failure;
+    engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, 1};
+    self->request(coordinator, deadline, register_atom::value, info, caf::actor_cast<rollout_engine_actor>(handle))
+      .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
+    if (!failure.empty())
+      throw std::runtime_error("engine " + spec.name + " could not register with the coordinator: " + failure);
+  }
+}
+
+/// Waits for a stop signal or `done()`, polling; bounded by nothing else on
+/// purpose: a node serves until told to stop.
+void wait_until(const std::function<bool()>& done) {
+  while (!stop_signal && !done())
+    std::this_thread::sleep_for(std::chrono::milliseconds(50)); // poll a flag set by a signal handler
+}
+
+void stop_all(const std::vector<caf::actor>& actors) {
+  for (auto& a : actors)
+    if (a)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
+             const cli::args& a, const std::string& path) {
+  auto out = std::make_shared<job_console>(a.has("run") && !a.has("no-progress") && isatty(STDERR_FILENO));
+  auto trainer = make_local_trainer(sys, t, 0);
+  auto router = spawn_router(sys, router_config_from(t));
+  auto admitted = std::make_shared<admitted_nodes>();
+  coordinator_config cc;
+  cc.sync = t.sync;
+  cc.transfer = t.transfer;
+  cc.trainer = trainer.actor;
+  cc.router = router;
+  cc.admit = [admitted](const caf::node_id& n) { return admitted->contains(n); };
+  cc.log = [out](const std::string& line) { out->on_log(line); };
+  cc.on_report = [out](const sync_report& r) { out->on_sync(r); };
+  coordinator_actor coordinator = sys.spawn(rlsync::coordinator, cc);
+  gatekeeper_config gc;
+  gc.secret = secret;
+  gc.grant = {coordinator, trainer.actor, router};
+  gc.admitted = admitted;
+  gc.log = [out](const std::string& line) { out->line(line); };
+  auto gate = sys.spawn(gatekeeper, gc);
+  std::vector<caf::actor> all = {caf::actor_cast<caf::actor>(gate), caf::actor_cast<caf::actor>(coordinator),
+                                 caf::actor_cast<caf::actor>(router), caf::actor_cast<caf::actor>(trainer.actor)};
+  auto port = sys.middleman().publish(gate, node.port, node.address.c_str(), true);
+  if (!port) {
+    std::cerr << "rlsync node " << node.name << ": cannot listen on " << node.address << ":" << node.port << ": "
+              << sys.render(port.error()) << "\n";
+    stop_all(all);
+    return 1;
+  }
+  std::cerr << "rlsync node " << node.name << ": coordinator, router and trainer up; gatekeeper on "
+            << node.address << ":" << *port << std::endl;
+
+  auto first = trainer.source->latest();
+  dtype source_dtype = t.model.weights_dtype.value_or(
+    first && !first->tensors().empty() ? first->tensors().front().type : dtype::bf16);
+  std::vector<std::pair<engine_spec, rollout_engine_impl>> engines;
+  for (const auto& e : t.engines)
+    if (e.node == node.name)
+      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config(t, e, trainer.transfer, source_dtype)));
+  for (auto& e : engines)
+    all.push_back(caf::actor_cast<caf::actor>(e.second));
+  try {
+    register_engines(sys, coordinator, engines, t.cluster.connect_deadline);
+  } catch (const std::exception& e) {
+    std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
+    stop_all(all);
+    return 1;
+  }
+
+  int rc = 0;
+  if (a.has("run")) {
+    // The main job starts once every engine of the topology has registered.
+    caf::scoped_actor self{sys};
+    auto members = [&] {
+      std::size_t n = 0;
+      self->request(coordinator, std::chrono::seconds(5), status_atom::value)
+        .receive([&](const coordinator_status& s) { n = s.members.size(); }, [](caf::error&) {});
+      return n;
+    };
+    auto give_up = clock_type::now() + t.cluster.connect_deadline * 3;
+    wait_until([&] { return members() == t.engines.size() || clock_type::now() > give_up; });
+    if (stop_signal) {
+      stop_all(all);
+      return 128 + stop_signal;
+    }
+    if (members() != t.engines.size()) {
+      std::cerr << "rlsync node " << node.name << ": only " << members() << " of " << t.engines.size()
+                << " engines registered within " << (t.cluster.connect_deadline * 3).count() << " ms\n";
+      stop_all(all);
+      return 1;
+    }
+    auto w = workload_from(t, a);
+    rc = run_main_job(sys, t, path, w, {router, coordinator, trainer.actor, trainer.source}, *out, a.get("json"));
+  } else {
+    wait_until([] { return false; });
+  }
+  sys.middleman().close(*port);
+  stop_all(all);
+  return rc;
+}
+
+int run_member(caf::actor_system& sys, const topology& t, const node_spec& node, const node_spec& head,
+               const std::string& secret) {
+  // Connect to the head's gatekeeper, retrying with backoff up to the deadline.
+  auto give_up = clock_type::now() + t.cluster.connect_deadline;
+  auto backoff = std::chrono::milliseconds(50);
+  caf::expected<gatekeeper_actor> gate{caf::error{}};
+  int attempts = 0;
+  while (!stop_signal) {
+    ++attempts;
+    gate = sys.middleman().remote_actor<gatekeeper_actor>(head.address, head.port);
+    if (gate || clock_type::now() + backoff >= give_up)
+      break;
+    std::this_thread::sleep_for(backoff); // backoff between connection attempts
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  if (!gate) {
+    std::cerr << "rlsync node " << node.name << ": cannot reach the coordinator's node " << head.name << " at "
+              << head.address << ":" << head.port << " after " << attempts << " attempts: "
+              << sys.render(gate.error()) << "\n";
+    return 1;
+  }
+  // Prove the secret: hello -> challenge -> admit(HMAC) -> the cluster's handles.
+  caf::scoped_actor self{sys};
+  std::optional<join_grant> grant;
+  std::string failure;
+  auto deadline = t.cluster.connect_deadline;
+  self->request(*gate, deadline, hello_atom::value, node.name)
+    .receive(
+      [&](const std::string& challenge) {
+        self->request(*gate, deadline, admit_atom::value, node.name, join_proof(secret, challenge, node.name))
+          .receive([&](join_grant& g) { grant = std::move(g); }, [&](caf::error& err) { failure = sys.render(err); });
+      },
+      [&](caf::error& err) { failure = sys.render(err); });
+  if (!grant) {
+    std::cerr << "rlsync node " << node.name << ": " << head.name << " refused to admit this node: " << failure
+              << "\n";
+    return 1;
+  }
+  std::cerr << "rlsync node " << node.name << ": admitted by " << head.name << std::endl;
+  auto puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
+  std::vector<std::pair<engine_spec, rollout_engine_impl>> engines;
+  std::vector<caf::actor> all;
+  for (const auto& e : t.engines)
+    if (e.node == node.name) {
+      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config(t, e, puller, t.model.weights_dtype.value_or(dtype::bf16))));
+      all.push_back(caf::actor_cast<caf::actor>(engines.back().second));
+    }
+  try {
+    register_engines(sys, grant->coordinator, engines, deadline);
+  } catch (const std::exception& e) {
+    std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
+    stop_all(all);
+    return 1;
+  }
+  std::cerr << "rlsync node " << node.name << ": " << engines.size() << " engines registered" << std::endl;
+  // Serve until told to stop or the coordinator is gone (the job ended).
+  self->monitor(grant->coordinator);
+  bool coordinator_down = false;
+  wait_until([&] {
+    self->receive([&](caf::down_msg&) { coordinator_down = true; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+    return coordinator_down;
+  });
+  if (coordinator_down)
+    std::cerr << "rlsync node " << node.name << ": the coordinator is gone; stopping" << std::endl;
+  stop_all(all);
+  return 0;
+}
+
+} // namespace
+
+int cmd_node(const arg_list& argv) {
+  cli::args a(argv, {"topology", "node", "secret-file", "prompts", "concurrency", "max-tokens", "json"},
+              {"run", "no-progress", "help"});
+  if (a.has("help")) {
+    std::cout << usage;
+    return 0;
+  }
+  const auto path = a.required("topology");
+  const auto name = a.required("node");
+  topology t;
+  try {
+    t = load_topology(path);
+  } catch (const topology_error& e) {
+    for (auto& err : e.errors)
+      std::cerr << err << "\n";
+    return 1;
+  }
+  const node_spec* node = t.find_node(name);
+  if (!node) {
+    std::string known;
+    for (auto& n : t.nodes)
+      known += (known.empty() ? "" : ", ") + n.name;
+    throw cli::usage_error("--node: no node '" + name + "' in " + path + " (defined: " + known + ")");
+  }
+  const node_spec* head = t.find_node(t.coordinator.node);
+  if (t.router.node != head->name || t.trainer.node != head->name) {
+    std::cerr << "rlsync node: " << path << ": the router and the trainer must run on the coordinator's node ("
+              << head->name << ") for now\n";
+    return 1;
+  }
+  if (head->port == 0 && t.nodes.size() > 1) {
+    std::cerr << "rlsync node: " << path << ": nodes '" << head->name
+              << "': the coordinator's node needs a fixed port for the others to reach it (port: 0)\n";
+    return 1;
+  }
+  std::string secret;
+  try {
+    secret = read_cluster_secret(a.get_or("secret-file", t.cluster.secret_file), t.cluster.secret_env);
+  } catch (const std::exception& e) {
+    std::cerr << "rlsync node " << name << ": " << e.what() << "\n";
+    return 1;
+  }
+  if (secret.empty())
+    std::cerr << "rlsync node " << name << ": WARNING: no cluster secret configured (cluster.secret_file or "
+                 "cluster.secret_env): any peer that reaches the coordinator's port can join\n";
+
+  system_config cfg;
+  // Heartbeats on both sides, or a silent partition is never noticed and a
+  // one-sided timeout declares healthy idle peers dead (caf-0.17.md §7).
+  cfg.set("middleman.heartbeat-interval", caf::timespan{t.cluster.heartbeat_interval});
+  cfg.set("middleman.connection-timeout", caf::timespan{t.cluster.heartbeat_timeout});
+  caf::actor_system sys{cfg};
+  auto old_int = std::signal(SIGINT, on_node_stop_signal);
+  auto old_term = std::signal(SIGTERM, on_node_stop_signal);
+  int rc = name == head->name ? run_head(sys, t, *node, secret, a, path) : run_member(sys, t, *node, *head, secret);
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
+  if (stop_signal && rc == 0)
+    std::cerr << "rlsync node " << name << ": stopped by signal " << stop_signal << std::endl;
+  // Leaving waits for every actor; a peer that vanished mid-call can hold one
+  // for the length of that call's deadline. Bound the wait: a node that was
+  // told to stop must stop.
+  std::thread([rc, name] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::cerr << "rlsync node " << name << ": actors still busy 10 s after stopping; exiting anyway" << std::endl;
+    std::_Exit(rc);
+  }).detach();
+  return rc;
+}
+
+} // namespace rlsync::tools
