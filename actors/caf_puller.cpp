@@ -1,6 +1,6 @@
 #include "actors/caf_puller.hpp"
 
-#include "runtime/checksum.hpp"
+#include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/groups.hpp"
 
 #include "runtime/checkpoint.hpp"
@@ -55,20 +55,14 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
       throw transfer_error(transfer_failure::producer_failed, "trainer answered group " + std::to_string(g)
                                                                 + " of version " + std::to_string(req.version)
                                                                 + " with another");
-    if (xxh64(bucket->data.data(), bucket->data.size()) != bucket->checksum)
+    if (!transfer::verify_bucket(*bucket))
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "group " + std::to_string(g) + " of version " + std::to_string(req.version));
     std::vector<tensor_view> views;
-    for (const auto& e : bucket->entries) {
-      if (e.tensor_offset != 0)
-        throw transfer_error(transfer_failure::producer_failed, e.name + ": split tensors are not expected here");
-      tensor_view v;
-      v.name = e.name;
-      v.type = static_cast<dtype>(e.dtype);
-      v.shape = e.shape;
-      v.data = reinterpret_cast<const std::byte*>(bucket->data.data() + e.offset);
-      v.size = e.bytes;
-      views.push_back(std::move(v));
+    try {
+      views = transfer::whole_tensor_views(*bucket);
+    } catch (const std::invalid_argument& e) {
+      throw transfer_error(transfer_failure::producer_failed, e.what());
     }
     if (sink.on_full_group)
       sink.on_full_group(req.worker, g, views);

@@ -12,6 +12,23 @@
 
 namespace rlsync {
 
+rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
+                                         std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype) {
+  rollout_engine_config cfg;
+  cfg.model = t.model.config;
+  cfg.options.name = e.name;
+  cfg.options.tp = static_cast<int>(e.tp);
+  cfg.options.max_batch = static_cast<std::uint32_t>(e.max_batch);
+  cfg.options.queue_limit = static_cast<std::uint32_t>(e.queue_limit);
+  cfg.options.block_tokens = e.kv_block_tokens;
+  cfg.options.prefix_cache_blocks = static_cast<std::size_t>(e.prefix_cache_blocks);
+  cfg.options.source_dtype = source_dtype;
+  cfg.node = e.node;
+  cfg.puller = std::move(puller);
+  cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
+  return cfg;
+}
+
 local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts) {
   local_deployment d;
   d.trainer = make_local_trainer(sys, t, 0);
@@ -20,19 +37,7 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   dtype source_dtype = t.model.weights_dtype.value_or(
     first && !first->tensors().empty() ? first->tensors().front().type : dtype::bf16);
   for (const auto& e : t.engines) {
-    rollout_engine_config cfg;
-    cfg.model = t.model.config;
-    cfg.options.name = e.name;
-    cfg.options.tp = static_cast<int>(e.tp);
-    cfg.options.max_batch = static_cast<std::uint32_t>(e.max_batch);
-    cfg.options.queue_limit = static_cast<std::uint32_t>(e.queue_limit);
-    cfg.options.block_tokens = e.kv_block_tokens;
-    cfg.options.prefix_cache_blocks = static_cast<std::size_t>(e.prefix_cache_blocks);
-    cfg.options.source_dtype = source_dtype;
-    cfg.node = e.node;
-    cfg.puller = d.trainer.transfer;
-    cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
-    d.engines.push_back(spawn_rollout_engine(sys, cfg));
+    d.engines.push_back(spawn_rollout_engine(sys, engine_config_from(t, e, d.trainer.transfer, source_dtype)));
     d.engine_names.push_back(e.name);
   }
   d.router = spawn_router(sys, router_config_from(t));

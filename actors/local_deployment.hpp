@@ -34,6 +34,10 @@ struct deployment_options {
   std::chrono::milliseconds register_deadline{10000};
 };
 
+/// An engine replica's configuration from the topology.
+rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
+                                         std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype);
+
 /// Spawns and wires everything the topology places anywhere (one process
 /// plays every node). Throws std::runtime_error naming the engine whose
 /// registration failed.

@@ -1,6 +1,6 @@
 #include "actors/rollout_engine.hpp"
 
-#include "runtime/checksum.hpp"
+#include "runtime/transfer/bucket.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/weight_view.hpp"
 
@@ -129,22 +129,20 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto why = check(bucket); !why.empty())
         return make_error(errc::malformed, why);
-      if (xxh64(bucket.data.data(), bucket.data.size()) != bucket.checksum)
+      if (!transfer::verify_bucket(bucket))
         return make_error(errc::checksum_mismatch, name + ": bucket of group " + std::to_string(bucket.group)
                                                      + " of version " + std::to_string(bucket.version));
+      std::vector<tensor_view> tensors;
+      try {
+        tensors = transfer::whole_tensor_views(bucket);
+      } catch (const std::invalid_argument& e) {
+        return make_error(errc::malformed, std::string(e.what()) + " (not accepted inline)");
+      }
       std::uint64_t applied = 0;
-      for (const auto& e : bucket.entries) {
-        if (e.tensor_offset != 0)
-          return make_error(errc::malformed, e.name + ": split tensors are not accepted inline");
-        tensor_view t;
-        t.name = e.name;
-        t.type = static_cast<dtype>(e.dtype);
-        t.shape = e.shape;
-        t.data = reinterpret_cast<const std::byte*>(bucket.data.data() + e.offset);
-        t.size = e.bytes;
+      for (const auto& t : tensors) {
         if (auto err = self->state.core->apply_tensor(t))
           return to_error(*err);
-        applied += e.bytes;
+        applied += t.size;
       }
       return applied;
     },

@@ -12,6 +12,7 @@
 #include "actors/caf_puller.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/local_deployment.hpp"
 #include "actors/rollout_engine.hpp"
 #include "actors/router.hpp"
 #include "actors/system_config.hpp"
@@ -49,23 +50,6 @@ const char* usage =
   "--run (coordinator's node): once every engine registered, run the main job as\n"
   "`rlsync run` does, then exit. Engine nodes exit when the coordinator is gone.\n"
   "SIGTERM or SIGINT stops a node cleanly.\n";
-
-rollout_engine_config engine_config(const topology& t, const engine_spec& e,
-                                    std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype) {
-  rollout_engine_config cfg;
-  cfg.model = t.model.config;
-  cfg.options.name = e.name;
-  cfg.options.tp = static_cast<int>(e.tp);
-  cfg.options.max_batch = static_cast<std::uint32_t>(e.max_batch);
-  cfg.options.queue_limit = static_cast<std::uint32_t>(e.queue_limit);
-  cfg.options.block_tokens = e.kv_block_tokens;
-  cfg.options.prefix_cache_blocks = static_cast<std::size_t>(e.prefix_cache_blocks);
-  cfg.options.source_dtype = source_dtype;
-  cfg.node = e.node;
-  cfg.puller = std::move(puller);
-  cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
-  return cfg;
-}
 
 /// Registers `engines` with the coordinator; throws naming the engine.
 void register_engines(caf::actor_system& sys, const coordinator_actor& coordinator,
@@ -134,7 +118,7 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
   std::vector<std::pair<engine_spec, rollout_engine_impl>> engines;
   for (const auto& e : t.engines)
     if (e.node == node.name)
-      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config(t, e, trainer.transfer, source_dtype)));
+      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config_from(t, e, trainer.transfer, source_dtype)));
   for (auto& e : engines)
     all.push_back(caf::actor_cast<caf::actor>(e.second));
   try {
@@ -221,7 +205,7 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
   std::vector<caf::actor> all;
   for (const auto& e : t.engines)
     if (e.node == node.name) {
-      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config(t, e, puller, t.model.weights_dtype.value_or(dtype::bf16))));
+      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config_from(t, e, puller, t.model.weights_dtype.value_or(dtype::bf16))));
       all.push_back(caf::actor_cast<caf::actor>(engines.back().second));
     }
   try {
@@ -256,14 +240,10 @@ int cmd_node(const arg_list& argv) {
   }
   const auto path = a.required("topology");
   const auto name = a.required("node");
-  topology t;
-  try {
-    t = load_topology(path);
-  } catch (const topology_error& e) {
-    for (auto& err : e.errors)
-      std::cerr << err << "\n";
+  auto loaded = load_topology_or_report(path);
+  if (!loaded)
     return 1;
-  }
+  const topology& t = *loaded;
   const node_spec* node = t.find_node(name);
   if (!node) {
     std::string known;

@@ -33,14 +33,10 @@ int cmd_run(const arg_list& argv) {
   if (a.positional().size() != 1)
     throw cli::usage_error("expected one topology file (rlsync run T.yaml)");
   const std::string path = a.positional()[0];
-  topology t;
-  try {
-    t = load_topology(path);
-  } catch (const topology_error& e) {
-    for (auto& err : e.errors)
-      std::cerr << err << "\n";
+  auto loaded = load_topology_or_report(path);
+  if (!loaded)
     return 1;
-  }
+  const topology& t = *loaded;
   auto w = workload_from(t, a);
   job_console out(!a.has("no-progress") && isatty(STDERR_FILENO));
   system_config cfg;

@@ -118,6 +118,16 @@ private:
 
 } // namespace
 
+std::optional<topology> load_topology_or_report(const std::string& path) {
+  try {
+    return load_topology(path);
+  } catch (const topology_error& e) {
+    for (auto& err : e.errors)
+      std::cerr << err << "\n";
+    return std::nullopt;
+  }
+}
+
 workload_options workload_from(const topology& t, const cli::args& a) {
   workload_options w;
   w.prompts = static_cast<std::uint32_t>(a.get_u64("prompts", static_cast<std::uint64_t>(t.workload.prompts)));

@@ -21,6 +21,9 @@
 
 namespace rlsync::tools {
 
+/// The topology at `path`, or every error printed to stderr and nullopt.
+std::optional<topology> load_topology_or_report(const std::string& path);
+
 /// The topology's workload, overridden by --prompts, --concurrency, --max-tokens.
 workload_options workload_from(const topology& t, const cli::args& a);
 

@@ -105,6 +105,22 @@ bool verify_bucket(const weight_bucket& b) {
   return xxh64(b.data.data(), b.data.size()) == b.checksum;
 }
 
+std::vector<tensor_view> whole_tensor_views(const weight_bucket& b) {
+  std::vector<tensor_view> views;
+  for (const auto& e : b.entries) {
+    if (e.tensor_offset != 0)
+      throw std::invalid_argument(e.name + ": a piece of a split tensor, not a whole one");
+    tensor_view v;
+    v.name = e.name;
+    v.type = static_cast<dtype>(e.dtype);
+    v.shape = e.shape;
+    v.data = reinterpret_cast<const std::byte*>(b.data.data() + e.offset);
+    v.size = e.bytes;
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
 bucket_assembler::bucket_assembler(std::vector<tensor_spec> expected) {
   for (auto& s : expected) {
     if (!index_.emplace(s.name, slots_.size()).second)

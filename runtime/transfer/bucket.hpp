@@ -34,6 +34,10 @@ std::vector<weight_bucket> bucketize_packed(std::uint64_t version, std::uint32_t
 /// Whether the bucket's data hash to its checksum.
 bool verify_bucket(const weight_bucket& b);
 
+/// Views of the whole tensors a (checked) bucket carries, into its data.
+/// Throws std::invalid_argument naming the tensor for a piece of a split one.
+std::vector<tensor_view> whole_tensor_views(const weight_bucket& b);
+
 /// Receiver side: puts buckets of expected tensors back together.
 class bucket_assembler {
 public:

@@ -11,7 +11,8 @@ dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
-port=$((20000 + $$ % 20000))
+# Below the ephemeral range (32768+), so that no outgoing connection holds it.
+port=$((20000 + ($$ % 6000) * 2))
 cat > "$dir/two.yaml" <<YAML
 name: two
 model:
