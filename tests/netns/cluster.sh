@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Three nodes in three network namespaces (deploy/netns.sh): the head
+# (coordinator, router, trainer) and two engine nodes join through the
+# gatekeeper over the veth links, the main job runs across them, and every
+# engine ends byte-identical to the trainer.
+set -euo pipefail
+rlsync=$1 root=$2
+netns="$root/deploy/netns.sh"
+if ! "$netns" can 2>/dev/null; then
+  echo "skipping netns test: network namespaces cannot be created here (needs root and iproute2)"
+  exit 77
+fi
+name="rlc$$"
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  "$netns" down "$name"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+"$netns" up "$name" 3 1
+a0=$("$netns" addr "$name" 0 1) a1=$("$netns" addr "$name" 1 1) a2=$("$netns" addr "$name" 2 1)
+cat > "$dir/three.yaml" <<YAML
+name: three
+model:
+  synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
+nodes:
+  - {name: trainer-node, address: $a0, port: 7300}
+  - {name: engine-node-a, address: $a1, port: 7300}
+  - {name: engine-node-b, address: $a2, port: 7300}
+cluster:
+  secret_env: RLSYNC_NETNS_SECRET
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 2000
+  connect_deadline_ms: 15000
+trainer: {node: trainer-node, step_time_ms: 100}
+engines:
+  - {name: rollout-a, node: engine-node-a, tp: 2}
+  - {name: rollout-b, node: engine-node-b, tp: 2}
+router: {node: trainer-node}
+coordinator: {node: trainer-node}
+transfer: {backend: ucx, mode: sharded}
+workload: {prompts: 16, concurrency: 4, max_tokens: 16}
+YAML
+export RLSYNC_NETNS_SECRET=netns-secret
+ip netns exec "$name-1" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-a > "$dir/a.log" 2>&1 &
+pids+=($!)
+ip netns exec "$name-2" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-b > "$dir/b.log" 2>&1 &
+pids+=($!)
+timeout 180 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" --node trainer-node --run \
+  --no-progress --json "$dir/three.json" > "$dir/head.log" 2>&1 \
+  || { cat "$dir/head.log" "$dir/a.log" "$dir/b.log"; echo "FAIL: the main job across namespaces failed"; exit 1; }
+grep -q '"weights_verified": true' "$dir/three.json" || { cat "$dir/head.log"; echo "FAIL: weights not verified"; exit 1; }
+grep -q '"completed": 16' "$dir/three.json" || { cat "$dir/three.json"; echo "FAIL: requests lost"; exit 1; }
+grep -q "admitted by trainer-node" "$dir/a.log" || { cat "$dir/a.log"; echo "FAIL: engine-node-a not admitted"; exit 1; }
+grep -q "admitted by trainer-node" "$dir/b.log" || { cat "$dir/b.log"; echo "FAIL: engine-node-b not admitted"; exit 1; }
+grep "byte-identical" "$dir/head.log"
+echo ok
