@@ -67,6 +67,8 @@ using trainer_actor = caf::typed_actor<
   caf::replies_to<pull_atom, std::uint64_t, std::uint32_t>::with<weight_bucket>,
   // tell the listener about every version published from now on
   caf::reacts_to<subscribe_atom, version_listener_actor>,
+  // training ended: publish no new version, keep serving the ones held; replies with the last
+  caf::replies_to<freeze_atom>::with<version_info>,
   caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
 
 /// Routes generation requests to live, current replicas — DESIGN §4.

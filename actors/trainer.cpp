@@ -61,7 +61,7 @@ void schedule_tick(self_ptr self) {
 
 void start_step(self_ptr self) {
   auto& st = self->state;
-  if (st.producing)
+  if (st.producing || st.frozen)
     return;
   st.producing = true;
   st.step_started = self->clock().now();
@@ -156,6 +156,15 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
     },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
     [=](caf::tick_atom) { start_step(self); },
+    [=](freeze_atom) -> caf::result<version_info> {
+      auto& st = self->state;
+      st.frozen = true;
+      if (!st.producing)
+        return st.published;
+      auto rp = self->make_response_promise<version_info>();
+      st.freeze_waiters.push_back(rp);
+      return rp;
+    },
     [=](produced_atom, std::uint64_t version) {
       auto& st = self->state;
       st.producing = false;
@@ -164,6 +173,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (version > st.published.version)
         if (auto s = st.cfg.source->find(version))
           publish(self, *s);
+      for (auto& rp : std::exchange(st.freeze_waiters, {}))
+        rp.deliver(st.published);
       schedule_tick(self);
     },
     [=](produced_atom, const std::string& error) {
@@ -173,6 +184,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (error != st.last_error) // the same failure every step is said once
         log(self, "trainer: step failed: " + error);
       st.last_error = error;
+      for (auto& rp : std::exchange(st.freeze_waiters, {}))
+        rp.deliver(st.published);
       schedule_tick(self);
     },
   };

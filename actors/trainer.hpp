@@ -76,6 +76,8 @@ struct trainer_state {
   version_info published;
   std::map<caf::actor_addr, version_listener_actor> subscribers;
   bool producing = false;
+  bool frozen = false; ///< no new steps; a step in flight still publishes
+  std::vector<caf::typed_response_promise<version_info>> freeze_waiters; ///< answered once that step ends
   caf::actor_clock::time_point step_started;
   std::uint64_t steps = 0;
   std::uint64_t failed_steps = 0;

@@ -14,6 +14,7 @@
 #include <future>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 namespace rlsync::tools {
 
@@ -196,6 +197,24 @@ std::vector<sync_report> job_console::reports() const {
 int run_main_job(caf::actor_system& sys, const topology& t, const std::string& path, const workload_options& w,
                  const job_handles& h, job_console& out, const std::optional<std::string>& json_file) {
   const double memcpy_gbps = out.memcpy_gbps();
+  caf::scoped_actor self{sys};
+  // The workload starts once every engine has completed its cold sync, so
+  // that it measures the fleet, not the first engine to be ready. Bounded.
+  {
+    const auto& dl = t.sync.deadlines;
+    auto ready_by = clock_type::now() + 2 * (dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume);
+    std::size_t routable = 0;
+    while (clock_type::now() < ready_by) {
+      self->request(h.coordinator, std::chrono::seconds(5), status_atom::value)
+        .receive([&](const coordinator_status& s) { routable = s.routable.size(); }, [](caf::error&) {});
+      if (routable >= t.engines.size())
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20)); // polling the coordinator's status
+    }
+    if (routable < t.engines.size())
+      out.line("only " + std::to_string(routable) + " of " + std::to_string(t.engines.size())
+               + " engines are routable; starting the workload anyway");
+  }
   auto t0 = clock_type::now();
   auto done = std::make_shared<std::promise<workload_result>>();
   auto result_future = done->get_future();
@@ -225,10 +244,8 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
 
   // The trainer stops first, then one last round brings every engine to its
   // final version, which the check below compares against.
-  caf::scoped_actor self{sys};
-  self->monitor(h.trainer);
-  caf::anon_send_exit(h.trainer, caf::exit_reason::user_shutdown);
-  self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(10)) >> [] {});
+  self->request(h.trainer, std::chrono::seconds(30), freeze_atom::value)
+    .receive([](const version_info&) {}, [&](caf::error& err) { out.line("trainer did not freeze: " + sys.render(err)); });
   const auto& dl = t.sync.deadlines;
   auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
   std::optional<sync_report> last;

@@ -176,6 +176,7 @@ trainer_actor::behavior_type fake_trainer(trainer_actor::pointer,
       return make_error(errc::unknown_name, "the fake holds no weights");
     },
     [=](subscribe_atom, const version_listener_actor& l) { rec->listeners.push_back(l); },
+    [=](freeze_atom) { return rec->current; },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
   };
 }
