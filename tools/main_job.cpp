@@ -242,7 +242,7 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   out.done();
   double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
 
-  // The trainer stops first, then one last round brings every engine to its
+  // The trainer freezes first (no new versions), then one last round brings every engine to its
   // final version, which the check below compares against.
   self->request(h.trainer, std::chrono::seconds(30), freeze_atom::value)
     .receive([](const version_info&) {}, [&](caf::error& err) { out.line("trainer did not freeze: " + sys.render(err)); });

@@ -294,3 +294,21 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
   }
   caf::anon_send_exit(lt.actor, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: freeze answers after the step in flight, then no new version is made") {
+  const model_config c = test::small_model(2);
+  auto t = spawn(trainer, config(test::small_source(c)));
+  run();
+  REQUIRE(runner->jobs.size() == 1); // a step in flight
+  auto frozen = request<version_info>(t, freeze_atom::value);
+  run();
+  CHECK(!frozen->has_value()); // waits for that step
+  finish_step();
+  CHECK(answer(frozen).version == 1); // it published, and freeze says so
+  advance(10s);
+  CHECK(runner->jobs.empty()); // no step after a freeze
+  CHECK(answer(request<version_info>(t, version_atom::value)).version == 1);
+  // Versions held are still served.
+  CHECK(answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{0})).version == 1);
+  CHECK(answer(request<version_info>(t, freeze_atom::value)).version == 1); // idle: at once
+}
