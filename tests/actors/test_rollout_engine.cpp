@@ -131,7 +131,7 @@ TEST_CASE_FIXTURE(engine_fixture, "the cold sync over inline buckets, then token
   CHECK(r->tokens == expect);
 }
 
-TEST_CASE_FIXTURE(engine_fixture, "pause(keep) freezes generation until resume; the weights and version change in between") {
+TEST_CASE_FIXTURE(engine_fixture, "pause(keep) freezes generation until resume, the weights and version change in between") {
   REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
   REQUIRE(!update_to(v1, 1));
   REQUIRE(ask<phase_ack>(resume_atom::value));
@@ -164,7 +164,7 @@ TEST_CASE_FIXTURE(engine_fixture, "pause(keep) freezes generation until resume; 
   CHECK(r.stale_kv_tokens == max_tokens - frozen_at); // clear_cache was false: stale KV, and said so
 }
 
-TEST_CASE_FIXTURE(engine_fixture, "pause(wait) answers once running requests finished; resume before is an error") {
+TEST_CASE_FIXTURE(engine_fixture, "pause(wait) answers once running requests finished, resume before is an error") {
   REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
   REQUIRE(!update_to(v1, 1));
   REQUIRE(ask<phase_ack>(resume_atom::value));

@@ -187,7 +187,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: metadata, and one group inline for 
   CHECK(answer(request<heartbeat>(t, heartbeat_atom::value, heartbeat{"x", 4})).seq == 4);
 }
 
-TEST_CASE_FIXTURE(trainer_fixture, "trainer: late subscribers hear the current version; dead ones are dropped") {
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: late subscribers hear the current version, dead ones are dropped") {
   auto source = test::small_source(test::small_model(2));
   auto t = spawn(trainer, config(source));
   run();

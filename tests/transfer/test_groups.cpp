@@ -46,7 +46,7 @@ TEST_CASE("group_of: every name of a 4-layer model, and names that are not param
   CHECK_THROWS_WITH(group_of(c, "model.layers.9.mlp.up_proj.weight"), doctest::Contains("layer 9"));
 }
 
-TEST_CASE("group_count is the number of layers; one-layer models put everything in group 0") {
+TEST_CASE("group_count is the number of layers, one-layer models put everything in group 0") {
   CHECK(group_count(test::small_model(3)) == 3);
   const model_config one = test::small_model(1);
   CHECK(group_count(one) == 1);

@@ -223,7 +223,7 @@ TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and p
   }
 }
 
-TEST_CASE("a corrupted group fails that worker's pull with a checksum error; a healthy peer completes") {
+TEST_CASE("a corrupted group fails that worker's pull with a checksum error, a healthy peer completes") {
   const model_config c = test::small_model(3);
   auto src = test::small_source(c);
   auto v1 = src->produce_next();

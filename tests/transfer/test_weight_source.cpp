@@ -63,7 +63,7 @@ TEST_CASE("synthetic source: version 1 is `checkpoint make`, v+1 is `--perturb` 
   CHECK_FALSE(snapshots_equal(*v1, *v2)); // the perturbation is large enough to survive bf16
 }
 
-TEST_CASE("synthetic source: same options, same versions; group order and metadata") {
+TEST_CASE("synthetic source: same options, same versions, group order and metadata") {
   const model_config c = test::small_model(3);
   auto a = test::small_source(c);
   auto b = test::small_source(c);
@@ -90,7 +90,7 @@ TEST_CASE("synthetic source: same options, same versions; group order and metada
   CHECK_THROWS_AS(s->at("nope"), std::out_of_range);
 }
 
-TEST_CASE("synthetic source keeps a bounded number of versions; a held snapshot stays valid") {
+TEST_CASE("synthetic source keeps a bounded number of versions, a held snapshot stays valid") {
   const model_config c = test::small_model(2);
   auto src = test::small_source(c, /*keep*/ 2);
   CHECK(src->latest().get() == nullptr);
