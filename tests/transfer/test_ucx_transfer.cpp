@@ -1,0 +1,654 @@
+// The ucx backend over loopback, producer and puller in one process (their
+// UCX workers are separate, as across processes): a pull reproduces
+// engine::load_weights exactly, sharded and broadcast, over shared memory
+// and over tcp; corrupted bytes, a silent producer and a closed port fail by
+// the deadline with errors naming what failed; malformed peers are rejected
+// without disturbing the others. Skips (with a message) where UCX cannot
+// create a context.
+#include "runtime/engine/loader.hpp"
+#include "runtime/engine/plan.hpp"
+#include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/ucx_transfer.hpp"
+#include "runtime/transfer/ucx_wire.hpp"
+
+#include "transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+
+using namespace rlsync;
+using namespace rlsync::transfer;
+using namespace std::chrono_literals;
+namespace wire = rlsync::transfer::ucx_wire;
+
+#define SKIP_WITHOUT_UCX()                                                   \
+  do {                                                                       \
+    std::string why_;                                                        \
+    if (!ucx_available(&why_)) {                                             \
+      MESSAGE((std::string("skipped: UCX is not usable here: ") + why_));    \
+      return;                                                                \
+    }                                                                        \
+  } while (0)
+
+namespace {
+
+clock::time_point in(std::chrono::milliseconds d) {
+  return clock::now() + d;
+}
+
+// Log lines of both ends, for checks on what was logged.
+struct log_lines {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  ucx_log sink() {
+    return [this](const std::string& l) {
+      std::lock_guard<std::mutex> lock(mutex);
+      lines.push_back(l);
+    };
+  }
+  bool contains(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto& l : lines)
+      if (l.find(text) != std::string::npos)
+        return true;
+    return false;
+  }
+};
+
+ucx_producer_options loopback_producer(std::vector<ucx_transport> transports = {}, ucx_log log = {}) {
+  ucx_producer_options o;
+  o.listen_address = "127.0.0.1";
+  o.net_devices = "lo"; // otherwise a 127.0.0.1 connection also takes eth0 as a second rail
+  o.transports = std::move(transports);
+  o.log = std::move(log);
+  return o;
+}
+
+ucx_puller_options loopback_puller(const std::string& producer, std::vector<ucx_transport> transports = {},
+                                   ucx_log log = {}) {
+  ucx_puller_options o;
+  o.producer = producer;
+  o.net_devices = "lo";
+  o.transports = std::move(transports);
+  o.log = std::move(log);
+  return o;
+}
+
+/// One engine in this process, as in test_local_transfer.cpp: its weights,
+/// its plans, registered with the puller the way the engine does at start.
+struct test_engine {
+  std::string name;
+  int tp;
+  std::shared_ptr<engine::weight_set> weights;
+  std::vector<grouped_plan> plans;
+  std::mutex mutex;
+  std::vector<std::pair<int, std::uint32_t>> received;
+
+  test_engine(std::string n, const model_config& c, int tp_, weight_puller& p, dtype type = dtype::bf16)
+      : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_)) {
+    for (int w = 0; w < tp; ++w) {
+      auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, tp, w, type));
+      plans.emplace_back(c, plan);
+      p.register_worker(name, plan);
+    }
+  }
+
+  group_sink sink() {
+    group_sink s;
+    s.on_group = [this](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, weights->workers[static_cast<std::size_t>(w)]);
+      note(w, g);
+    };
+    s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+      auto& dst = weights->workers[static_cast<std::size_t>(w)];
+      for (const auto& t : tensors)
+        if (!engine::ignored_weight(dst.shard().config, t.name))
+          engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
+      note(w, g);
+    };
+    return s;
+  }
+
+  transfer_report pull(weight_puller& p, std::uint64_t v, transfer_mode mode = transfer_mode::sharded,
+                       std::chrono::milliseconds deadline = 10s) {
+    return pull_engine(p, name, tp, v, mode, sink(), in(deadline));
+  }
+
+  void note(int w, std::uint32_t g) {
+    std::lock_guard<std::mutex> lock(mutex);
+    received.emplace_back(w, g);
+  }
+};
+
+std::uint64_t plan_bytes(const test_engine& e) {
+  std::uint64_t n = 0;
+  for (const auto& p : e.plans)
+    n += engine::bytes_per_worker(p.plan());
+  return n;
+}
+
+template <class F>
+transfer_error expect_failure(F&& f) {
+  try {
+    f();
+  } catch (const transfer_error& e) {
+    return e;
+  }
+  FAIL("no transfer_error");
+  return transfer_error(transfer_failure::cancelled, "unreachable");
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The producer counts a send once it sees it complete, which may be just
+// after the consumer has the bytes.
+template <class F>
+bool eventually(F&& f, std::chrono::milliseconds within = 5s) {
+  const auto until = clock::now() + within;
+  while (!f()) {
+    if (clock::now() >= until)
+      return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+} // namespace
+
+// -- the wire format ---------------------------------------------------------------------
+
+TEST_CASE("ucx wire: a plan survives encoding, and every truncation or trailing byte is rejected") {
+  const model_config c = test::small_model(2);
+  const auto plan = engine::make_plan(c, 2, 1, dtype::bf16);
+  const auto bytes = wire::encode_plan(plan);
+  const auto back = wire::decode_plan(bytes.data(), bytes.size());
+  CHECK(back.tp == 2);
+  CHECK(back.worker == 1);
+  REQUIRE(back.entries.size() == plan.entries.size());
+  for (std::size_t i = 0; i < plan.entries.size(); ++i) {
+    const auto& a = plan.entries[i];
+    const auto& b = back.entries[i];
+    CHECK(a.source == b.source);
+    CHECK(a.source_type == b.source_type);
+    CHECK(a.source_shape == b.source_shape);
+    CHECK(a.ops == b.ops);
+    CHECK(a.view.offset == b.view.offset);
+    CHECK(a.view.shape == b.view.shape);
+    CHECK(a.view.strides == b.view.strides);
+    CHECK(a.param == b.param);
+    CHECK(a.dst_offset == b.dst_offset);
+  }
+  CHECK(wire::encode_plan(back) == bytes); // deterministic: equal plans have equal digests
+
+  for (std::size_t n = 0; n < bytes.size(); n += 7)
+    CHECK_THROWS_AS(wire::decode_plan(bytes.data(), n), wire::wire_error);
+  auto longer = bytes;
+  longer.push_back(0);
+  CHECK_THROWS_WITH_AS(wire::decode_plan(longer.data(), longer.size()), doctest::Contains("1 trailing bytes"),
+                       wire::wire_error);
+}
+
+TEST_CASE("ucx wire: random damage to a plan never reads out of bounds: it decodes to a checked plan or throws") {
+  const model_config c = test::small_model(1);
+  const auto bytes = wire::encode_plan(engine::make_plan(c, 2, 0, dtype::bf16));
+  std::mt19937 rng(5);
+  int rejected = 0;
+  for (int round = 0; round < 2000; ++round) {
+    auto damaged = bytes;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f)
+      damaged[rng() % damaged.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    try {
+      const auto p = wire::decode_plan(damaged.data(), damaged.size());
+      CHECK_NOTHROW(wire::check_plan(p)); // whatever decodes is safe to replay
+    } catch (const wire::wire_error&) {
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 0);
+}
+
+TEST_CASE("ucx wire: views outside their source tensor, and absurd sizes, are rejected naming the entry") {
+  const model_config c = test::small_model(1);
+  const auto good = engine::make_plan(c, 1, 0, dtype::bf16);
+  auto expect = [](engine::plan p, const char* text) {
+    const auto bytes = wire::encode_plan(p);
+    CHECK_THROWS_WITH_AS(wire::decode_plan(bytes.data(), bytes.size()), doctest::Contains(text), wire::wire_error);
+  };
+  {
+    auto p = good;
+    p.entries[0].view.offset = p.entries[0].numel(); // one past: reads beyond the end
+    expect(p, "plan entry 0 ('model.embed_tokens.weight'): view reads elements");
+  }
+  {
+    auto p = good;
+    p.entries[1].view.offset = -1;
+    expect(p, "outside its source");
+  }
+  {
+    auto p = good;
+    p.entries[0].view.shape = {std::int64_t(1) << 40, std::int64_t(1) << 40};
+    p.entries[0].view.strides = {0, 0};
+    expect(p, "bad view shape"); // the element count overflows
+  }
+  {
+    auto p = good;
+    p.entries[0].view.shape = {1 << 20};
+    p.entries[0].view.strides = {0}; // in bounds, but far larger than its source
+    expect(p, "is larger than its source");
+  }
+  {
+    auto p = good;
+    p.worker = 3;
+    expect(p, "worker 3 out of range for tp 1");
+  }
+  {
+    auto p = good; // (not encodable: the encoding writes one rank for both)
+    p.entries[2].view.strides.pop_back();
+    CHECK_THROWS_WITH_AS(wire::check_plan(p), doctest::Contains("strides"), wire::wire_error);
+  }
+}
+
+TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are rejected") {
+  wire::open_msg o{7, "rollout-0", 1, 2, 42, transfer_mode::broadcast, 0x1234};
+  auto bytes = wire::encode(o);
+  auto m = wire::decode(bytes.data(), bytes.size());
+  const auto* back = std::get_if<wire::open_msg>(&m);
+  REQUIRE(back);
+  CHECK(back->engine == "rollout-0");
+  CHECK(back->worker == 1);
+  CHECK(back->tp == 2);
+  CHECK(back->version == 42);
+  CHECK(back->mode == transfer_mode::broadcast);
+  CHECK(back->plan == 0x1234);
+  CHECK(wire::peek_seq(bytes.data(), bytes.size()) == 7);
+
+  wire::manifest_msg mf;
+  mf.seq = 9;
+  mf.session = 3;
+  mf.groups.push_back({0, 128, {tensor_spec{"a", dtype::bf16, {8, 8}}}});
+  bytes = wire::encode(mf);
+  m = wire::decode(bytes.data(), bytes.size());
+  REQUIRE(std::get_if<wire::manifest_msg>(&m));
+  CHECK(std::get<wire::manifest_msg>(m).groups.at(0).tensors.at(0).shape == std::vector<std::int64_t>{8, 8});
+
+  auto bad_type = wire::encode(wire::hello_msg{1});
+  bad_type[5] = 0x33;
+  CHECK_THROWS_WITH_AS(wire::decode(bad_type.data(), bad_type.size()), doctest::Contains("unknown message type 51"),
+                       wire::wire_error);
+  auto bad_mode = wire::encode(o);
+  bad_mode[6 + 8 + 4 + 9 + 4 + 4 + 8] = 9; // the mode byte
+  CHECK_THROWS_WITH_AS(wire::decode(bad_mode.data(), bad_mode.size()), doctest::Contains("unknown transfer mode 9"),
+                       wire::wire_error);
+  // A huge count is refused before anything is allocated for it.
+  auto huge = wire::encode(mf);
+  const std::uint32_t lots = 0xfffffff0u;
+  std::memcpy(huge.data() + 6 + 8 + 1 + 4 + 8, &lots, sizeof lots);
+  CHECK_THROWS_WITH_AS(wire::decode(huge.data(), huge.size()), doctest::Contains("exceeds the limit"),
+                       wire::wire_error);
+  for (std::size_t n = 0; n < bytes.size(); ++n)
+    CHECK_THROWS_AS(wire::decode(bytes.data(), n), wire::wire_error);
+}
+
+// -- pulls over UCX --------------------------------------------------------------------------
+
+TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each worker getting only its bytes") {
+  SKIP_WITHOUT_UCX();
+  for (int tp : {1, 2}) {
+    INFO("tp " << tp);
+    const model_config c = test::small_model(3);
+    auto src = test::small_source(c);
+    auto v1 = src->produce_next();
+    log_lines log;
+    ucx_producer producer(src, loopback_producer({}, log.sink()));
+    CHECK(producer.port() != 0);
+    ucx_puller puller(loopback_puller(producer.address(), {}, log.sink()));
+    test_engine e("rollout-0", c, tp, puller);
+
+    auto report = e.pull(puller, 1);
+    test::check_identical(*e.weights, *test::loaded(*v1, tp));
+    CHECK(report.version == 1);
+    CHECK(report.groups == 3);
+    CHECK(report.bytes == plan_bytes(e));
+    for (int w = 0; w < tp; ++w) {
+      auto r = puller.pull({e.name, w, 1, transfer_mode::sharded, in(10s)}, e.sink());
+      CHECK(r.bytes == engine::bytes_per_worker(e.plans[static_cast<std::size_t>(w)].plan()));
+      CHECK(r.groups == 3);
+    }
+    // Both ends logged the transports of their endpoints.
+    CHECK(log.contains("ucx puller: engine 'rollout-0' worker 0 connected to producer " + producer.address()));
+    CHECK(log.contains("ucx producer: connection from"));
+    MESSAGE("transports: " << puller.last_transports());
+
+    // The next version lands on top, over the connections already made.
+    auto v2 = src->produce_next();
+    const auto connections = puller.stats().connections;
+    e.pull(puller, 2);
+    test::check_identical(*e.weights, *test::loaded(*v2, tp));
+    CHECK(puller.stats().connections == connections);
+    CHECK(puller.stats().buffers <= static_cast<std::size_t>(tp) * 2); // groups_in_flight per concurrent pull
+  }
+}
+
+TEST_CASE("ucx: broadcast sends every worker the whole model, which it slices with its loader") {
+  SKIP_WITHOUT_UCX();
+  for (int tp : {1, 2}) {
+    INFO("tp " << tp);
+    const model_config c = test::small_model(3, /*tied*/ tp == 2);
+    auto src = test::small_source(c);
+    auto v1 = src->produce_next();
+    ucx_producer producer(src, loopback_producer());
+    ucx_puller puller(loopback_puller(producer.address()));
+    test_engine e("rollout-0", c, tp, puller);
+    auto report = e.pull(puller, 1, transfer_mode::broadcast);
+    test::check_identical(*e.weights, *test::loaded(*v1, tp));
+    CHECK(report.bytes == v1->total_bytes() * static_cast<std::uint64_t>(tp));
+    CHECK(report.groups == 3);
+  }
+}
+
+TEST_CASE("ucx: over tcp only, the pull is identical and the endpoint reports tcp") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
+  ucx_puller puller(loopback_puller(producer.address(), {ucx_transport::tcp}));
+  test_engine e("rollout-0", c, 2, puller);
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 2));
+  CHECK(has(puller.last_transports(), "[tcp]"));
+}
+
+TEST_CASE("ucx: replicas with the same plan share the producer's packing and memory stays bounded") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  auto opts = loopback_producer();
+  opts.max_packed_groups = 8; // 2 workers x 3 groups fit: the second replica packs nothing
+  ucx_producer producer(src, opts);
+  ucx_puller puller(loopback_puller(producer.address()));
+  test_engine a("rollout-0", c, 2, puller);
+  test_engine b("rollout-1", c, 2, puller);
+  a.pull(puller, 1);
+  b.pull(puller, 1);
+  auto ref = test::loaded(*v1, 2);
+  test::check_identical(*a.weights, *ref);
+  test::check_identical(*b.weights, *ref);
+  CHECK(eventually([&] { return producer.stats().groups_sent == 2 * 2 * 3; }));
+  auto s = producer.stats();
+  CHECK(s.packs == 2 * 3);
+  CHECK(s.peak_packed <= 8);
+
+  // A small cache still serves concurrent replicas, never holding more.
+  auto small = loopback_producer();
+  small.max_packed_groups = 2;
+  ucx_producer tight(src, small);
+  ucx_puller p2(loopback_puller(tight.address()));
+  test_engine x("rollout-0", c, 2, p2);
+  test_engine y("rollout-1", c, 2, p2);
+  auto fx = std::async(std::launch::async, [&] { return x.pull(p2, 1); });
+  auto fy = std::async(std::launch::async, [&] { return y.pull(p2, 1); });
+  fx.get();
+  fy.get();
+  test::check_identical(*x.weights, *ref);
+  test::check_identical(*y.weights, *ref);
+  CHECK(tight.stats().peak_packed <= 2);
+}
+
+TEST_CASE("ucx: a corrupted group fails that worker's pull with a checksum error, the rest goes on") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer.address()));
+  test_engine bad("rollout-0", c, 2, puller);
+  test_engine good("rollout-1", c, 2, puller);
+  producer.corrupt({"rollout-0", 1, 0, /*group*/ 1});
+  auto err = expect_failure([&] { bad.pull(puller, 1); });
+  CHECK(err.failure == transfer_failure::checksum_mismatch);
+  CHECK(has(err.what(), "engine 'rollout-0' worker 1: group 1 of version 1 failed its checksum"));
+  CHECK(has(err.what(), producer.address()));
+  for (auto [w, g] : bad.received)
+    CHECK_FALSE((w == 1 && g >= 1));
+  CHECK(producer.stats().corruptions == 1);
+
+  good.pull(puller, 1);
+  test::check_identical(*good.weights, *test::loaded(*v1, 2));
+  bad.pull(puller, 1); // the fault fired once
+  test::check_identical(*bad.weights, *test::loaded(*v1, 2));
+}
+
+TEST_CASE("ucx: a producer that never answers a group ends in a timeout at the deadline, not a hang") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer.address()));
+  test_engine e("rollout-0", c, 2, puller);
+  producer.withhold(2);
+  const auto t0 = clock::now();
+  auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 300ms); });
+  const auto took = clock::now() - t0;
+  CHECK(err.failure == transfer_failure::timeout);
+  CHECK(has(err.what(), "group 2 of version 1 did not arrive from producer " + producer.address()));
+  CHECK(has(err.what(), "2 of 3 groups received"));
+  CHECK(took >= 300ms);
+  CHECK(took < 5s);
+  CHECK(producer.stats().withheld == 2);
+
+  producer.clear_faults();
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 2));
+}
+
+TEST_CASE("ucx: connecting to a closed port fails by the deadline, naming the peer") {
+  SKIP_WITHOUT_UCX();
+  // A port nobody listens on: bound, then closed.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  const std::string peer = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+
+  const model_config c = test::small_model(1);
+  ucx_puller puller(loopback_puller(peer));
+  test_engine e("rollout-0", c, 1, puller);
+  const auto t0 = clock::now();
+  auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 400ms); });
+  const auto took = clock::now() - t0;
+  CHECK(err.failure == transfer_failure::timeout);
+  CHECK(has(err.what(), "could not connect to producer " + peer + " before the deadline"));
+  MESSAGE(std::string(err.what()));
+  CHECK(took >= 400ms);
+  CHECK(took < 5s);
+  CHECK(puller.stats().connect_attempts >= 2); // it retried
+}
+
+TEST_CASE("ucx: malformed messages and plans are rejected with an error, the producer keeps serving") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  log_lines log;
+  ucx_producer producer(src, loopback_producer({}, log.sink()));
+  ucx_puller puller(loopback_puller(producer.address()));
+
+  auto answer = puller.send_raw({1, 2, 3, 4, 5}, in(5s));
+  MESSAGE(answer);
+  CHECK(has(answer, "bad_request: malformed message: message: not an rlsync ucx message (bad magic) at byte 4"));
+  answer = puller.send_raw({0x52, 0x4c}, in(5s));
+  CHECK(has(answer, "bad_request: malformed message: message: truncated reading magic at byte 0"));
+  auto garbage = wire::encode(wire::hello_msg{77});
+  garbage[5] = 0x42;
+  CHECK(has(puller.send_raw(garbage, in(5s)), "unknown message type 66"));
+
+  auto plan = wire::encode_plan(engine::make_plan(c, 1, 0, dtype::bf16));
+  auto truncated = plan;
+  truncated.resize(plan.size() / 2);
+  CHECK(has(puller.send_raw(wire::encode(wire::plan_msg{5, truncated}), in(5s)), "bad_request: malformed plan: "));
+
+  auto hostile = engine::make_plan(c, 1, 0, dtype::bf16);
+  hostile.entries[0].view.offset = std::int64_t(1) << 40; // would read far outside the tensor
+  auto reply = puller.send_raw(wire::encode(wire::plan_msg{6, wire::encode_plan(hostile)}), in(5s));
+  CHECK(has(reply, "outside its source"));
+
+  auto foreign = engine::make_plan(c, 1, 0, dtype::bf16);
+  foreign.entries[0].source = "model.layers.9.mlp.up_proj.weight"; // no such layer in this model
+  reply = puller.send_raw(wire::encode(wire::plan_msg{7, wire::encode_plan(foreign)}), in(5s));
+  CHECK(has(reply, "producer_failed: the plan does not fit this producer's model"));
+
+  // A get for a session that was never opened.
+  reply = puller.send_raw(wire::encode(wire::get_msg{8, 99, 0, 1, 1000}), in(5s));
+  CHECK(has(reply, "not_registered: session 99"));
+
+  CHECK(producer.stats().rejected >= 6);
+  CHECK(log.contains("rejected a malformed message"));
+
+  // Meanwhile, a well-behaved engine is served as usual.
+  test_engine e("rollout-0", c, 1, puller);
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("ucx: pull errors name the version, the worker and the producer") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  src->produce_next();
+  src->produce_next();
+  src->produce_next(); // holds 2 and 3
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer.address()));
+  test_engine e("e", c, 1, puller);
+
+  auto err = expect_failure([&] { puller.pull({"e", 0, 1, transfer_mode::sharded, in(5s)}, e.sink()); });
+  CHECK(err.failure == transfer_failure::version_unavailable);
+  CHECK(has(err.what(), "version 1 is not held (held: 2, 3)"));
+
+  err = expect_failure([&] { puller.pull({"other", 0, 3, transfer_mode::sharded, in(5s)}, e.sink()); });
+  CHECK(err.failure == transfer_failure::not_registered);
+
+  CHECK_THROWS_AS(puller.pull({"e", 0, 3, transfer_mode::broadcast, in(5s)}, group_sink{}), std::invalid_argument);
+
+  // A plan recorded for another dtype: the producer says why it refuses it.
+  auto f32 = std::make_shared<const engine::plan>(engine::make_plan(c, 1, 0, dtype::f32));
+  puller.register_worker("f32", f32);
+  err = expect_failure([&] { puller.pull({"f32", 0, 3, transfer_mode::sharded, in(5s)}, e.sink()); });
+  CHECK(err.failure == transfer_failure::producer_failed);
+  CHECK(has(err.what(), "the plan was recorded for F32"));
+
+  CHECK_THROWS_AS(puller.set_producer("no-port"), std::invalid_argument);
+  CHECK_THROWS_AS(ucx_puller(loopback_puller("host:99999")), std::invalid_argument);
+}
+
+TEST_CASE("ucx: a topology naming a transport this machine lacks fails at construction, listing what there is") {
+  SKIP_WITHOUT_UCX();
+  const std::string here = ucx_transports_here();
+  MESSAGE("UCX transports here: " << here);
+  if (has(here, "rdma")) {
+    MESSAGE("skipped: this machine has rdma");
+    return;
+  }
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  try {
+    ucx_producer p(src, loopback_producer({ucx_transport::rdma}));
+    FAIL("no error");
+  } catch (const ucx_error& e) {
+    CHECK(has(e.what(), "transfer.ucx_transports [rdma] names rdma, but UCX offers no rdma transport"));
+    CHECK(has(e.what(), "available: "));
+  }
+  CHECK_THROWS_AS(ucx_puller(loopback_puller("127.0.0.1:1", {ucx_transport::shm, ucx_transport::rdma})), ucx_error);
+}
+
+TEST_CASE("ucx: a producer that shuts down fails the pulls that need it, and a new one is found again") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  auto producer = std::make_unique<ucx_producer>(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer->address()));
+  test_engine e("rollout-0", c, 1, puller);
+  e.pull(puller, 1);
+  producer.reset(); // the idle connection now leads nowhere
+  auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 300ms); });
+  CHECK((err.failure == transfer_failure::timeout || err.failure == transfer_failure::cancelled));
+  MESSAGE(std::string(err.what()));
+
+  ucx_producer again(src, loopback_producer());
+  puller.set_producer(again.address());
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("ucx: named shared-memory transports are used, a connection that would fall back to tcp is refused") {
+  SKIP_WITHOUT_UCX();
+  const std::string here = ucx_transports_here();
+  if (!has(here, "shm") || !has(here, "cma")) {
+    MESSAGE("skipped: no shm/cma here (" << here << ")");
+    return;
+  }
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  {
+    const std::vector<ucx_transport> fast{ucx_transport::shm, ucx_transport::cma};
+    ucx_producer producer(src, loopback_producer(fast));
+    ucx_puller puller(loopback_puller(producer.address(), fast));
+    test_engine e("rollout-0", c, 1, puller);
+    e.pull(puller, 1);
+    test::check_identical(*e.weights, *test::loaded(*v1, 1));
+    CHECK(has(puller.last_transports(), "[shm/cma]"));
+  }
+  {
+    // The producer may use tcp only; the consumer names shm: the only
+    // common ground is tcp, which the consumer's list does not name.
+    ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
+    log_lines log;
+    ucx_puller puller(loopback_puller(producer.address(), {ucx_transport::shm}, log.sink()));
+    test_engine e("rollout-0", c, 1, puller);
+    auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 5s); });
+    CHECK(err.failure == transfer_failure::producer_failed);
+    CHECK(has(err.what(), "the connection would move bytes over tcp"));
+    CHECK(has(err.what(), "which transfer.ucx_transports [shm] does not name"));
+    CHECK(log.contains("refused"));
+  }
+}
+
+TEST_CASE("ucx: plans and manifests too large for one eager message travel by rendezvous") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(24);
+  const auto plan = engine::make_plan(c, 2, 0, dtype::bf16);
+  CHECK(wire::encode_plan(plan).size() > 16384); // above UCX's eager limit for active messages
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer.address()));
+  test_engine e("rollout-0", c, 2, puller);
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 2));
+  test_engine b("rollout-1", c, 2, puller);
+  auto r = b.pull(puller, 1, transfer_mode::broadcast); // a manifest listing every tensor
+  CHECK(r.groups == 24);
+  test::check_identical(*b.weights, *test::loaded(*v1, 2));
+}
