@@ -18,67 +18,9 @@
 using namespace rlsync;
 using namespace rlsync::transfer;
 using namespace std::chrono_literals;
-
-namespace {
-
-clock::time_point in(std::chrono::milliseconds d) {
-  return clock::now() + d;
-}
-
-/// One in-process engine: its weight set and per-worker plans, registered
-/// with the producer the way the engine does it at start.
-struct test_engine {
-  std::string name;
-  int tp;
-  std::shared_ptr<engine::weight_set> weights;
-  std::vector<grouped_plan> plans;
-  std::mutex mutex;
-  std::vector<std::pair<int, std::uint32_t>> received; // (worker, group) in arrival order
-
-  test_engine(std::string n, const model_config& c, int tp_, weight_puller& p)
-      : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_)) {
-    for (int w = 0; w < tp; ++w) {
-      auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, tp, w, dtype::bf16));
-      plans.emplace_back(c, plan);
-      p.register_worker(name, plan);
-    }
-  }
-
-  group_sink sink() {
-    group_sink s;
-    s.on_group = [this](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
-      apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, weights->workers[static_cast<std::size_t>(w)]);
-      note(w, g);
-    };
-    s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
-      auto& dst = weights->workers[static_cast<std::size_t>(w)];
-      for (const auto& t : tensors)
-        if (!engine::ignored_weight(dst.shard().config, t.name))
-          engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
-      note(w, g);
-    };
-    return s;
-  }
-
-  transfer_report pull(weight_puller& p, std::uint64_t v, transfer_mode mode = transfer_mode::sharded,
-                       std::chrono::milliseconds deadline = 10s) {
-    return pull_engine(p, name, tp, v, mode, sink(), in(deadline));
-  }
-
-  void note(int w, std::uint32_t g) {
-    std::lock_guard<std::mutex> lock(mutex);
-    received.emplace_back(w, g);
-  }
-};
-
-std::uint64_t plan_bytes(const test_engine& e) {
-  std::uint64_t n = 0;
-  for (const auto& p : e.plans)
-    n += engine::bytes_per_worker(p.plan());
-  return n;
-}
-
-} // namespace
+using rlsync::test::in;
+using rlsync::test::plan_bytes;
+using rlsync::test::test_engine;
 
 TEST_CASE("sharded pull applied with the plan equals load_weights, each worker getting only its bytes") {
   for (bool tied : {false, true})

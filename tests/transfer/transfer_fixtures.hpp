@@ -4,6 +4,8 @@
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/plan.hpp"
 #include "runtime/engine/weights.hpp"
+#include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/puller.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <doctest/doctest.h>
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -70,5 +73,64 @@ inline std::vector<std::uint8_t> bytes_of(const tensor_view& t) {
   auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
   return std::vector<std::uint8_t>(p, p + t.size);
 }
+
+/// A deadline `d` from now.
+inline transfer::clock::time_point in(std::chrono::milliseconds d) {
+  return transfer::clock::now() + d;
+}
+
+/// One engine in this process: its weights and per-worker plans, registered
+/// with a puller the way the engine does at start; records what arrived.
+struct test_engine {
+  std::string name;
+  int tp;
+  std::shared_ptr<engine::weight_set> weights;
+  std::vector<transfer::grouped_plan> plans;
+  std::mutex mutex;
+  std::vector<std::pair<int, std::uint32_t>> received;
+
+  test_engine(std::string n, const model_config& c, int tp_, transfer::weight_puller& p, dtype type = dtype::bf16)
+      : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_)) {
+    for (int w = 0; w < tp; ++w) {
+      auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, tp, w, type));
+      plans.emplace_back(c, plan);
+      p.register_worker(name, plan);
+    }
+  }
+
+  transfer::group_sink sink() {
+    transfer::group_sink s;
+    s.on_group = [this](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      transfer::apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, weights->workers[static_cast<std::size_t>(w)]);
+      note(w, g);
+    };
+    s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+      auto& dst = weights->workers[static_cast<std::size_t>(w)];
+      for (const auto& t : tensors)
+        if (!engine::ignored_weight(dst.shard().config, t.name))
+          engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
+      note(w, g);
+    };
+    return s;
+  }
+
+  transfer_report pull(transfer::weight_puller& p, std::uint64_t v, transfer_mode mode = transfer_mode::sharded,
+                       std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
+    return transfer::pull_engine(p, name, tp, v, mode, sink(), in(deadline));
+  }
+
+  void note(int w, std::uint32_t g) {
+    std::lock_guard<std::mutex> lock(mutex);
+    received.emplace_back(w, g);
+  }
+};
+
+inline std::uint64_t plan_bytes(const test_engine& e) {
+  std::uint64_t n = 0;
+  for (const auto& p : e.plans)
+    n += engine::bytes_per_worker(p.plan());
+  return n;
+}
+
 
 } // namespace rlsync::test
