@@ -44,7 +44,6 @@ namespace wire = rlsync::transfer::ucx_wire;
 
 namespace {
 
-
 // Log lines of both ends, for checks on what was logged.
 struct log_lines {
   std::mutex mutex;
