@@ -58,9 +58,7 @@ struct local_transfer::shared {
   mutable std::condition_variable stats_changed;
   local_transfer_stats stats;
 
-  std::mutex fault_mutex;
-  std::vector<corruption> corruptions;
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> withheld; // (group, version or 0)
+  fault_hooks faults;
 
   void count_pack(std::uint64_t bytes) {
     {
@@ -77,25 +75,11 @@ struct local_transfer::shared {
   }
 
   bool take_corruption(const pull_request& r, std::uint32_t group) {
-    std::lock_guard<std::mutex> lock(fault_mutex);
-    for (auto it = corruptions.begin(); it != corruptions.end(); ++it) {
-      if ((it->engine.empty() || it->engine == r.engine) && (it->worker < 0 || it->worker == r.worker)
-          && (it->version == 0 || it->version == r.version) && it->group == group) {
-        if (--it->times == 0)
-          corruptions.erase(it);
-        std::lock_guard<std::mutex> s(stats_mutex);
-        ++stats.corruptions;
-        return true;
-      }
-    }
-    return false;
-  }
-
-  bool is_withheld(std::uint64_t version, std::uint32_t group) {
-    std::lock_guard<std::mutex> lock(fault_mutex);
-    return std::any_of(withheld.begin(), withheld.end(), [&](const auto& w) {
-      return w.first == group && (w.second == 0 || w.second == version);
-    });
+    if (!faults.take_corruption(r.engine, r.worker, r.version, group))
+      return false;
+    std::lock_guard<std::mutex> s(stats_mutex);
+    ++stats.corruptions;
+    return true;
   }
 };
 
@@ -262,7 +246,7 @@ struct local_transfer::pass {
     for (std::size_t i = 0; i < groups.size(); ++i) {
       if (!wait_for_room())
         break;
-      if (owner->is_withheld(version, groups[i])) {
+      if (owner->faults.is_withheld(version, groups[i])) {
         // The drill: this group never comes. Stay until the pass is over.
         std::unique_lock<std::mutex> lock(m);
         while (!cancelled && clock::now() < deadline)
@@ -510,23 +494,11 @@ bool local_transfer::wait_for_packs(std::uint64_t packs, clock::time_point deadl
   return shared_->stats_changed.wait_until(lock, deadline, [&] { return shared_->stats.packs >= packs; });
 }
 
-void local_transfer::corrupt(corruption c) {
-  if (c.times == 0)
-    return;
-  std::lock_guard<std::mutex> lock(shared_->fault_mutex);
-  shared_->corruptions.push_back(std::move(c));
-}
+void local_transfer::corrupt(corruption c) { shared_->faults.corrupt(std::move(c)); }
 
-void local_transfer::withhold(std::uint32_t group, std::uint64_t version) {
-  std::lock_guard<std::mutex> lock(shared_->fault_mutex);
-  shared_->withheld.emplace_back(group, version);
-}
+void local_transfer::withhold(std::uint32_t group, std::uint64_t version) { shared_->faults.withhold(group, version); }
 
-void local_transfer::clear_faults() {
-  std::lock_guard<std::mutex> lock(shared_->fault_mutex);
-  shared_->corruptions.clear();
-  shared_->withheld.clear();
-}
+void local_transfer::clear_faults() { shared_->faults.clear(); }
 
 // -- puller.hpp ---------------------------------------------------------------------------
 

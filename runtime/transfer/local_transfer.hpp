@@ -26,6 +26,7 @@
 // come fails with transfer_failure::timeout; a producer whose consumers all
 // left stops. Fault hooks (corrupt, withhold) rehearse drills.
 #include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/faults.hpp"
 #include "runtime/transfer/puller.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
@@ -54,15 +55,6 @@ struct local_transfer_stats {
   std::uint64_t corruptions = 0;  ///< receptions the corrupt hook altered
 };
 
-/// Fault hook: alter the bytes a worker receives for a group, after the
-/// producer computed their checksum (the "corrupted transfer bytes" drill).
-struct corruption {
-  std::string engine;        ///< empty: any engine
-  int worker = -1;           ///< -1: any worker
-  std::uint64_t version = 0; ///< 0: any version
-  std::uint32_t group = 0;
-  std::uint32_t times = 1;   ///< receptions to alter
-};
 
 class local_transfer final : public weight_puller {
 public:

@@ -873,9 +873,7 @@ struct ucx_producer::impl {
   mutable std::mutex stats_mutex;
   ucx_producer_stats st;
 
-  std::mutex fault_mutex;
-  std::vector<corruption> corruptions;
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> withheld;
+  fault_hooks faults;
 
   std::map<std::string, tensor_spec> params_by_name;
   std::vector<std::uint64_t> full_group_bytes; // per model group, from the source's parameters
@@ -1386,7 +1384,7 @@ struct ucx_producer::impl {
                                      + " requests outstanding on this connection");
       return;
     }
-    if (is_withheld(s.version, m.group)) {
+    if (faults.is_withheld(s.version, m.group)) {
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++st.withheld;
       return; // the drill: never answered
@@ -1709,25 +1707,11 @@ struct ucx_producer::impl {
   // -- faults -------------------------------------------------------------------------
 
   bool take_corruption(const get_job& j) {
-    std::lock_guard<std::mutex> lock(fault_mutex);
-    for (auto it = corruptions.begin(); it != corruptions.end(); ++it) {
-      if ((it->engine.empty() || it->engine == j.engine) && (it->worker < 0 || it->worker == j.worker)
-          && (it->version == 0 || it->version == j.version) && it->group == j.group) {
-        if (--it->times == 0)
-          corruptions.erase(it);
-        std::lock_guard<std::mutex> s(stats_mutex);
-        ++st.corruptions;
-        return true;
-      }
-    }
-    return false;
-  }
-
-  bool is_withheld(std::uint64_t version, std::uint32_t group) {
-    std::lock_guard<std::mutex> lock(fault_mutex);
-    return std::any_of(withheld.begin(), withheld.end(), [&](const auto& w) {
-      return w.first == group && (w.second == 0 || w.second == version);
-    });
+    if (!faults.take_corruption(j.engine, j.worker, j.version, j.group))
+      return false;
+    std::lock_guard<std::mutex> s(stats_mutex);
+    ++st.corruptions;
+    return true;
   }
 };
 
@@ -1769,23 +1753,11 @@ ucx_producer_stats ucx_producer::stats() const {
   return impl_->st;
 }
 
-void ucx_producer::corrupt(corruption c) {
-  if (c.times == 0)
-    return;
-  std::lock_guard<std::mutex> lock(impl_->fault_mutex);
-  impl_->corruptions.push_back(std::move(c));
-}
+void ucx_producer::corrupt(corruption c) { impl_->faults.corrupt(std::move(c)); }
 
-void ucx_producer::withhold(std::uint32_t group, std::uint64_t version) {
-  std::lock_guard<std::mutex> lock(impl_->fault_mutex);
-  impl_->withheld.emplace_back(group, version);
-}
+void ucx_producer::withhold(std::uint32_t group, std::uint64_t version) { impl_->faults.withhold(group, version); }
 
-void ucx_producer::clear_faults() {
-  std::lock_guard<std::mutex> lock(impl_->fault_mutex);
-  impl_->corruptions.clear();
-  impl_->withheld.clear();
-}
+void ucx_producer::clear_faults() { impl_->faults.clear(); }
 
 // =========================================================================================
 // Puller

@@ -65,7 +65,7 @@
 // it UCX 1.13 cannot force-close an endpoint, so a consumer says bye and the
 // producer closes first; an endpoint that failed is left to its worker.
 #include "runtime/topology.hpp"
-#include "runtime/transfer/local_transfer.hpp" // corruption
+#include "runtime/transfer/faults.hpp"
 #include "runtime/transfer/puller.hpp"
 #include "runtime/transfer/weight_source.hpp"
 

@@ -1,0 +1,44 @@
+#include "runtime/transfer/faults.hpp"
+
+#include <algorithm>
+
+namespace rlsync::transfer {
+
+void fault_hooks::corrupt(corruption c) {
+  if (c.times == 0)
+    return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  corruptions_.push_back(std::move(c));
+}
+
+void fault_hooks::withhold(std::uint32_t group, std::uint64_t version) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  withheld_.emplace_back(group, version);
+}
+
+void fault_hooks::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  corruptions_.clear();
+  withheld_.clear();
+}
+
+bool fault_hooks::take_corruption(const std::string& engine, int worker, std::uint64_t version,
+                                  std::uint32_t group) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = corruptions_.begin(); it != corruptions_.end(); ++it)
+    if ((it->engine.empty() || it->engine == engine) && (it->worker < 0 || it->worker == worker)
+        && (it->version == 0 || it->version == version) && it->group == group) {
+      if (--it->times == 0)
+        corruptions_.erase(it);
+      return true;
+    }
+  return false;
+}
+
+bool fault_hooks::is_withheld(std::uint64_t version, std::uint32_t group) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::any_of(withheld_.begin(), withheld_.end(),
+                     [&](const auto& w) { return w.first == group && (w.second == 0 || w.second == version); });
+}
+
+} // namespace rlsync::transfer
