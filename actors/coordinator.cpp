@@ -174,6 +174,8 @@ void start_round(self_ptr self, std::vector<sync_waiter> waiters) {
                    st.newest);
   st.round->waiters = std::move(waiters);
   st.round->pause_sent_ns = now_ns(self);
+  if (st.cfg.trainer && !st.round->book.done()) // consumers may pull it long after newer versions
+    self->send(st.cfg.trainer, pin_atom::value, st.newest.version);
   if (st.round->book.done())
     end_round(self); // nobody to sync
   else

@@ -69,6 +69,9 @@ using trainer_actor = caf::typed_actor<
   caf::reacts_to<subscribe_atom, version_listener_actor>,
   // training ended: publish no new version, keep serving the ones held; replies with the last
   caf::replies_to<freeze_atom>::with<version_info>,
+  // a round transfers this version: keep it until the next pin, however many
+  // versions are published meanwhile (consumers across the network are slow)
+  caf::reacts_to<pin_atom, std::uint64_t>,
   caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
 
 /// Routes generation requests to live, current replicas — DESIGN §4.
@@ -102,11 +105,14 @@ struct join_grant {
   coordinator_actor coordinator;
   trainer_actor trainer;
   router_actor router;
+  /// The port of the trainer's UCX producer on the coordinator's node
+  /// (transfer.backend: ucx); 0: pull over CAF from `trainer`.
+  std::uint16_t ucx_port = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
-  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router);
+  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx_port);
 }
 
 /// The only actor a cluster's head node publishes: it admits nodes that prove

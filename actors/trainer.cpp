@@ -165,6 +165,10 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       st.freeze_waiters.push_back(rp);
       return rp;
     },
+    [=](pin_atom, std::uint64_t version) {
+      if (!self->state.cfg.source->pin(version))
+        log(self, "trainer: cannot keep version " + std::to_string(version) + " for the round: already dropped");
+    },
     [=](produced_atom, std::uint64_t version) {
       auto& st = self->state;
       st.producing = false;

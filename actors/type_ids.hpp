@@ -66,6 +66,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, hello_atom, "hello")     // a joining node asks for a challenge
   CAF_ADD_ATOM(rlsync, rlsync, admit_atom, "admit")     // ... and answers it
   CAF_ADD_ATOM(rlsync, rlsync, freeze_atom, "freeze")   // training ended: no new versions
+  CAF_ADD_ATOM(rlsync, rlsync, pin_atom, "pin")         // keep a round's version until the next round
 
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_request))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_report))

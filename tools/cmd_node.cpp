@@ -5,8 +5,10 @@
 // its own engines, which pull through the in-process data plane. Every other
 // node connects to the head (retrying with backoff up to
 // cluster.connect_deadline_ms), proves the cluster secret to the gatekeeper,
-// spawns its engines — they pull over CAF until the UCX backend lands — and
-// registers them with the coordinator. With --run the head drives the
+// spawns its engines and registers them with the coordinator. With
+// transfer.backend ucx the head also runs the trainer's UCX producer (an
+// ephemeral port, announced in the join grant) and remote engines pull
+// their shards from it; otherwise they pull whole groups over CAF. With --run the head drives the
 // topology's workload once every engine has registered (the main job), then
 // exits; engine nodes exit when the head is gone or on SIGTERM/SIGINT.
 #include "actors/caf_puller.hpp"
@@ -17,6 +19,7 @@
 #include "actors/router.hpp"
 #include "actors/system_config.hpp"
 #include "actors/trainer.hpp"
+#include "runtime/transfer/ucx_transfer.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/main_job.hpp"
@@ -79,6 +82,31 @@ void stop_all(const std::vector<caf::actor>& actors) {
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }
 
+/// Set once every actor of this node has terminated (see cmd_node's exit).
+std::atomic<bool> all_terminated{false};
+
+/// Stops `actors` and waits up to `deadline` until each has terminated.
+void stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
+                    std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
+  caf::scoped_actor self{sys};
+  std::size_t alive = 0;
+  for (auto& a : actors)
+    if (a) {
+      self->monitor(a); // a terminated actor answers with a down message at once
+      ++alive;
+    }
+  stop_all(actors);
+  actors.clear();
+  auto until = clock_type::now() + deadline;
+  bool late = false;
+  while (alive > 0 && !late)
+    self->receive([&](const caf::down_msg&) { --alive; },
+                  caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::max(until - clock_type::now(), clock_type::duration::zero())))
+                    >> [&] { late = true; });
+  all_terminated = alive == 0;
+}
+
 int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
              const cli::args& a, const std::string& path) {
   auto out = std::make_shared<job_console>(a.has("run") && !a.has("no-progress") && isatty(STDERR_FILENO));
@@ -99,6 +127,25 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
   gc.grant = {coordinator, trainer.actor, router};
   gc.admitted = admitted;
   gc.log = [out](const std::string& line) { out->line(line); };
+  // Remote engines pull from the trainer's UCX producer. It lives as long as
+  // this function: every actor that could ask for it stops first.
+  std::unique_ptr<transfer::ucx_producer> producer;
+  if (t.transfer.backend == transfer_backend::ucx) {
+    transfer::ucx_producer_options po;
+    po.listen_address = node.address;
+    po.transports = t.transfer.ucx_transports;
+    po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
+    po.log = [out](const std::string& line) { out->on_log("ucx producer: " + line); };
+    try {
+      producer = std::make_unique<transfer::ucx_producer>(trainer.source, po);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync node " << node.name << ": transfer.backend ucx: " << e.what() << "\n";
+      stop_all({caf::actor_cast<caf::actor>(coordinator), caf::actor_cast<caf::actor>(router),
+                caf::actor_cast<caf::actor>(trainer.actor)});
+      return 1;
+    }
+    gc.grant.ucx_port = producer->port();
+  }
   auto gate = sys.spawn(gatekeeper, gc);
   std::vector<caf::actor> all = {caf::actor_cast<caf::actor>(gate), caf::actor_cast<caf::actor>(coordinator),
                                  caf::actor_cast<caf::actor>(router), caf::actor_cast<caf::actor>(trainer.actor)};
@@ -110,7 +157,8 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
     return 1;
   }
   std::cerr << "rlsync node " << node.name << ": coordinator, router and trainer up; gatekeeper on "
-            << node.address << ":" << *port << std::endl;
+            << node.address << ":" << *port
+            << (producer ? "; UCX producer on " + producer->address() : std::string{}) << std::endl;
 
   auto first = trainer.source->latest();
   dtype source_dtype = t.model.weights_dtype.value_or(
@@ -157,7 +205,7 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
     wait_until([] { return false; });
   }
   sys.middleman().close(*port);
-  stop_all(all);
+  stop_and_await(sys, std::move(all));
   return rc;
 }
 
@@ -200,7 +248,23 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
     return 1;
   }
   std::cerr << "rlsync node " << node.name << ": admitted by " << head.name << std::endl;
-  auto puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
+  std::shared_ptr<transfer::weight_puller> puller;
+  if (grant->ucx_port != 0) {
+    transfer::ucx_puller_options po;
+    po.producer = head.address + ":" + std::to_string(grant->ucx_port);
+    po.transports = t.transfer.ucx_transports;
+    po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
+    auto name = node.name;
+    po.log = [name](const std::string& line) { std::cerr << ("rlsync node " + name + ": ucx: " + line + "\n"); };
+    try {
+      puller = std::make_shared<transfer::ucx_puller>(po);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync node " << node.name << ": transfer.backend ucx: " << e.what() << "\n";
+      return 1;
+    }
+  } else {
+    puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
+  }
   std::vector<std::pair<engine_spec, rollout_engine_impl>> engines;
   std::vector<caf::actor> all;
   for (const auto& e : t.engines)
@@ -225,7 +289,8 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
   });
   if (coordinator_down)
     std::cerr << "rlsync node " << node.name << ": the coordinator is gone; stopping" << std::endl;
-  stop_all(all);
+  engines.clear();
+  stop_and_await(sys, std::move(all));
   return 0;
 }
 
@@ -286,12 +351,20 @@ int cmd_node(const arg_list& argv) {
   std::signal(SIGTERM, old_term);
   if (stop_signal && rc == 0)
     std::cerr << "rlsync node " << name << ": stopped by signal " << stop_signal << std::endl;
-  // Leaving waits for every actor; a peer that vanished mid-call can hold one
-  // for the length of that call's deadline. Bound the wait: a node that was
-  // told to stop must stop.
-  std::thread([rc, name] {
-    std::this_thread::sleep_for(std::chrono::seconds(10));
-    std::cerr << "rlsync node " << name << ": actors still busy 10 s after stopping; exiting anyway" << std::endl;
+  // Leaving the actor system waits until every detached actor's object is
+  // destroyed, not just terminated. After its peer vanished, a terminated
+  // engine is sometimes still referenced once inside CAF 0.17's middleman
+  // (its state is gone; the holder was not found), and the destructor would
+  // wait forever. Once every actor has terminated there is nothing left to
+  // lose: give the destructor a moment, then exit. A node whose actors did
+  // not even terminate gets 10 s.
+  auto grace = all_terminated ? std::chrono::milliseconds(500) : std::chrono::milliseconds(10000);
+  std::thread([rc, name, grace] {
+    std::this_thread::sleep_for(grace);
+    if (!all_terminated)
+      std::cerr << "rlsync node " << name << ": actors still busy " << grace.count()
+                << " ms after stopping; exiting anyway" << std::endl;
+    std::cout.flush();
     std::_Exit(rc);
   }).detach();
   return rc;

@@ -218,7 +218,7 @@ snapshot_ptr weight_source::find(std::uint64_t v) const {
   for (const auto& s : versions_)
     if (s->version() == v)
       return s;
-  return nullptr;
+  return pinned_ && pinned_->version() == v ? pinned_ : nullptr;
 }
 
 std::vector<std::uint64_t> weight_source::versions() const {
@@ -226,7 +226,26 @@ std::vector<std::uint64_t> weight_source::versions() const {
   std::vector<std::uint64_t> out;
   for (const auto& s : versions_)
     out.push_back(s->version());
+  if (pinned_ && std::find(out.begin(), out.end(), pinned_->version()) == out.end())
+    out.insert(out.begin(), pinned_->version()); // older than every kept one
   return out;
+}
+
+bool weight_source::pin(std::uint64_t v) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pinned_ && pinned_->version() == v)
+    return true;
+  for (const auto& s : versions_)
+    if (s->version() == v) {
+      pinned_ = s;
+      return true;
+    }
+  return false;
+}
+
+std::uint64_t weight_source::pinned() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pinned_ ? pinned_->version() : 0;
 }
 
 void weight_source::publish(snapshot_ptr s) {

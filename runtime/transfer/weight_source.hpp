@@ -120,9 +120,16 @@ public:
   snapshot_ptr latest() const;
   /// Version `v` if it is still held; nullptr otherwise.
   snapshot_ptr find(std::uint64_t v) const;
-  /// The versions held, ascending.
+  /// The versions held, ascending (the pinned one included).
   std::vector<std::uint64_t> versions() const;
   std::size_t keep_versions() const { return keep_; }
+  /// Keeps version `v` beyond keep_versions until another pin replaces it:
+  /// the coordinator pins the version of the round it starts, so that a fast
+  /// trainer cannot drop it while slow consumers still pull it. False (and
+  /// the earlier pin stays) when `v` is no longer held.
+  bool pin(std::uint64_t v);
+  /// The pinned version; 0 when none.
+  std::uint64_t pinned() const;
 
 protected:
   weight_source(model_config c, const std::optional<std::vector<std::int64_t>>& held_layers,
@@ -137,6 +144,7 @@ private:
   std::size_t keep_;
   mutable std::mutex mutex_;
   std::deque<snapshot_ptr> versions_; // ascending
+  snapshot_ptr pinned_;               // may also be in versions_
 };
 
 struct synthetic_options {

@@ -165,6 +165,7 @@ router_actor::behavior_type fake_router(router_actor::pointer,
 struct trainer_record {
   std::vector<version_listener_actor> listeners;
   version_info current{2, 4, 4096};
+  std::vector<std::uint64_t> pins;
 };
 
 trainer_actor::behavior_type fake_trainer(trainer_actor::pointer,
@@ -177,6 +178,7 @@ trainer_actor::behavior_type fake_trainer(trainer_actor::pointer,
     },
     [=](subscribe_atom, const version_listener_actor& l) { rec->listeners.push_back(l); },
     [=](freeze_atom) { return rec->current; },
+    [=](pin_atom, std::uint64_t v) { rec->pins.push_back(v); },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
   };
 }
@@ -726,4 +728,9 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   run();
   CHECK(status().version == 3);
   CHECK(engines["a"].script->starts.back() == 3);
+  // Each round asks the trainer to keep its version (slow remote pulls).
+  CHECK(rec->pins == std::vector<std::uint64_t>{2, 3});
+  caf::anon_send(rec->listeners[0], version_atom::value, version_info{4, 4, 4096});
+  run();
+  CHECK(rec->pins.back() == 4);
 }

@@ -312,3 +312,26 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: freeze answers after the step in fl
   CHECK(answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{0})).version == 1);
   CHECK(answer(request<version_info>(t, freeze_atom::value)).version == 1); // idle: at once
 }
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pinned version outlives keep_versions until the next pin") {
+  const model_config c = test::small_model(2);
+  auto source = test::small_source(c); // keeps 2 versions
+  auto t = spawn(trainer, config(source));
+  run();
+  finish_step(); // version 1
+  caf::anon_send(t, pin_atom::value, std::uint64_t{1});
+  run();
+  for (int i = 0; i < 3; ++i) { // versions 2, 3, 4: version 1 would be dropped
+    advance(10s);
+    finish_step();
+  }
+  CHECK(source->versions() == std::vector<std::uint64_t>{1, 3, 4});
+  CHECK(answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{0})).version == 1);
+  caf::anon_send(t, pin_atom::value, std::uint64_t{4}); // the next round's
+  run();
+  CHECK(source->versions() == std::vector<std::uint64_t>{3, 4});
+  CHECK(source->pinned() == 4);
+  caf::anon_send(t, pin_atom::value, std::uint64_t{2}); // gone: the pin stays on 4
+  run();
+  CHECK(source->pinned() == 4);
+}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Three nodes in three network namespaces (deploy/netns.sh): the head
 # (coordinator, router, trainer) and two engine nodes join through the
-# gatekeeper over the veth links, the main job runs across them, and every
-# engine ends byte-identical to the trainer.
+# gatekeeper over the veth links, the main job runs across them with the
+# weights pulled over UCX restricted to tcp (as between hosts without RDMA),
+# and every engine ends byte-identical to the trainer.
 set -euo pipefail
 rlsync=$1 root=$2
 netns="$root/deploy/netns.sh"
@@ -40,8 +41,8 @@ engines:
   - {name: rollout-b, node: engine-node-b, tp: 2}
 router: {node: trainer-node}
 coordinator: {node: trainer-node}
-transfer: {backend: ucx, mode: sharded}
-workload: {prompts: 16, concurrency: 4, max_tokens: 16}
+transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
+workload: {prompts: 32, concurrency: 4, max_tokens: 48}
 YAML
 export RLSYNC_NETNS_SECRET=netns-secret
 ip netns exec "$name-1" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-a > "$dir/a.log" 2>&1 &
@@ -52,8 +53,16 @@ timeout 180 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" 
   --no-progress --json "$dir/three.json" > "$dir/head.log" 2>&1 \
   || { cat "$dir/head.log" "$dir/a.log" "$dir/b.log"; echo "FAIL: the main job across namespaces failed"; exit 1; }
 grep -q '"weights_verified": true' "$dir/three.json" || { cat "$dir/head.log"; echo "FAIL: weights not verified"; exit 1; }
-grep -q '"completed": 16' "$dir/three.json" || { cat "$dir/three.json"; echo "FAIL: requests lost"; exit 1; }
+grep -q '"completed": 32' "$dir/three.json" || { cat "$dir/three.json"; echo "FAIL: requests lost"; exit 1; }
 grep -q "admitted by trainer-node" "$dir/a.log" || { cat "$dir/a.log"; echo "FAIL: engine-node-a not admitted"; exit 1; }
 grep -q "admitted by trainer-node" "$dir/b.log" || { cat "$dir/b.log"; echo "FAIL: engine-node-b not admitted"; exit 1; }
+for n in a b; do # every connection to the producer said which transport it uses: tcp only
+  grep -q "connected to producer $a0:[0-9]* .*\[tcp\]" "$dir/$n.log" \
+    || { cat "$dir/$n.log"; echo "FAIL: engine-node-$n did not pull over UCX/tcp"; exit 1; }
+  ! grep "connected to producer" "$dir/$n.log" | grep -v "\[tcp\]" || { echo "FAIL: a connection not over tcp"; exit 1; }
+done
+syncs=$(grep -o '"engines": [1-9][0-9]*, "stall_ms": [0-9.e+-]*, "transfer_ms": [0-9.e+-]*, "bytes": [1-9]' "$dir/three.json" | wc -l)
+[ "$syncs" -ge 3 ] || { cat "$dir/three.json"; echo "FAIL: only $syncs syncs moved weights"; exit 1; }
+echo "$syncs syncs moved weights" 
 grep "byte-identical" "$dir/head.log"
 echo ok
