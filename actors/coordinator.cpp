@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <utility>
 
 namespace rlsync {
@@ -376,6 +377,43 @@ void end_round(self_ptr self) {
   maybe_start_round(self);
 }
 
+// -- control-plane probe ------------------------------------------------------------
+
+// A sync round is six waves of requests to every engine (pause, flush,
+// start, transfer, finish, continue), each a barrier. probe(6) times six
+// such waves of heartbeats in the same run: the round's control-plane speed
+// of light. Its state lives in the callbacks only, never in the round, so a
+// probe and a round can run side by side; nobody is evicted, it only measures.
+
+struct control_probe {
+  caf::typed_response_promise<std::uint64_t> rp;
+  std::uint32_t waves = 0;
+  std::uint32_t sent = 0;    ///< waves sent so far
+  std::size_t pending = 0;   ///< answers the current wave still waits for
+  std::uint64_t started_ns = 0;
+};
+
+/// Sends the next wave to every current member at once, or replies when all
+/// waves are done (or no member is left).
+void probe_wave(self_ptr self, std::shared_ptr<control_probe> p) {
+  auto& st = self->state;
+  if (p->sent == p->waves || st.members.empty()) {
+    p->rp.deliver(now_ns(self) - p->started_ns);
+    return;
+  }
+  heartbeat hb{"coordinator", p->sent++};
+  p->pending = st.members.size();
+  // An answer, an error and a timeout all count: the wave ends when the
+  // last member is heard from or its request expires.
+  auto answered = [=] {
+    if (--p->pending == 0)
+      probe_wave(self, p);
+  };
+  for (auto& [name, m] : st.members)
+    self->request(m.handle, st.cfg.sync.deadlines.pause, heartbeat_atom::value, hb)
+      .then([=](heartbeat&) { answered(); }, [=](caf::error&) { answered(); });
+}
+
 } // namespace
 
 // -- behaviour ------------------------------------------------------------------------
@@ -445,6 +483,16 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
     [=](heartbeat_atom, const heartbeat& hb) {
       // Detection by heartbeat timeout is a later issue; this is its input.
       self->state.last_seen_ns[hb.from] = now_ns(self);
+    },
+    [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
+      if (waves == 0 || self->state.members.empty())
+        return std::uint64_t{0};
+      auto p = std::make_shared<control_probe>();
+      p->rp = self->make_response_promise<std::uint64_t>();
+      p->waves = waves;
+      p->started_ns = now_ns(self);
+      probe_wave(self, p);
+      return p->rp;
     },
   };
 }

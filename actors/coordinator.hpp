@@ -24,6 +24,9 @@
 // re-registers; a re-registration with a higher incarnation replaces the old
 // handle.
 //
+// probe_atom times waves of heartbeats to every member, the control-plane
+// floor of a round; it keeps no state here and may run during a round.
+//
 // Not yet here: persisting the version counter (it lives only in
 // `synced_version` and `newest`), waves (`ask_phase` is the one place that
 // fans out), heartbeat-timeout detection (`last_seen_ns` is its input).

@@ -72,6 +72,9 @@ using trainer_actor = caf::typed_actor<
   // a round transfers this version: keep it until the next pin, however many
   // versions are published meanwhile (consumers across the network are slow)
   caf::reacts_to<pin_atom, std::uint64_t>,
+  // step now (or join the step in flight); replies once it ended, with the
+  // version then published; frozen and idle: at once; a failed step: an error
+  caf::replies_to<step_atom>::with<version_info>,
   caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
 
 /// Routes generation requests to live, current replicas — DESIGN §4.
@@ -98,7 +101,10 @@ using coordinator_actor = version_listener_actor::extend<
   // every member's weight checksums, local or remote (to verify them against the trainer)
   caf::replies_to<digest_atom>::with<std::vector<weight_digest>>,
   // an engine or node is alive
-  caf::reacts_to<heartbeat_atom, heartbeat>>;
+  caf::reacts_to<heartbeat_atom, heartbeat>,
+  // n waves of heartbeats to every member, one wave at a time; replies with
+  // the nanoseconds they took (a round's control-plane floor)
+  caf::replies_to<probe_atom, std::uint32_t>::with<std::uint64_t>>;
 
 /// The handles a node receives once admitted to the cluster.
 struct join_grant {

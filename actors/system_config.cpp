@@ -25,6 +25,11 @@ void register_rlsync_types(caf::actor_system_config& cfg) {
 system_config::system_config() {
   load<caf::io::middleman>();
   register_rlsync_types(*this);
+  // Work sharing wakes an idle worker at once (a condition variable); CAF
+  // 0.17's default work stealing lets idle workers sleep 10 ms between
+  // polls, which put up to 10 ms on every remote round trip. rlsync's hot
+  // actors (engines) are detached anyway; the rest are few.
+  set("scheduler.policy", caf::atom("sharing"));
 }
 
 } // namespace rlsync

@@ -51,6 +51,9 @@ void log(self_ptr self, const std::string& line) {
 }
 
 void schedule_tick(self_ptr self) {
+  if (self->state.tick_pending)
+    return; // an explicit step ended before the timer's: keep its cadence
+  self->state.tick_pending = true;
   // The next step starts step_time after this one started, or now if it
   // took longer.
   auto now = self->clock().now();
@@ -59,10 +62,12 @@ void schedule_tick(self_ptr self) {
   self->delayed_send(self, wait, caf::tick_atom::value);
 }
 
-void start_step(self_ptr self) {
+/// Starts a step on the runner; false when none could start (one is in
+/// flight, frozen, or the runner refused it).
+bool start_step(self_ptr self) {
   auto& st = self->state;
   if (st.producing || st.frozen)
-    return;
+    return false;
   st.producing = true;
   st.step_started = self->clock().now();
   auto source = st.cfg.source;
@@ -80,6 +85,7 @@ void start_step(self_ptr self) {
     log(self, "trainer: the job runner refused a step; retrying in one step_time");
     schedule_tick(self);
   }
+  return posted;
 }
 
 void publish(self_ptr self, const transfer::weight_snapshot& s) {
@@ -155,7 +161,22 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       }
     },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
-    [=](caf::tick_atom) { start_step(self); },
+    [=](caf::tick_atom) {
+      self->state.tick_pending = false;
+      start_step(self);
+    },
+    [=](step_atom) -> caf::result<version_info> {
+      auto& st = self->state;
+      if (!st.producing) {
+        if (st.frozen)
+          return st.published;
+        if (!start_step(self))
+          return make_error(errc::queue_full, "trainer: the job runner refused the step");
+      }
+      auto rp = self->make_response_promise<version_info>();
+      st.step_waiters.push_back(rp);
+      return rp;
+    },
     [=](freeze_atom) -> caf::result<version_info> {
       auto& st = self->state;
       st.frozen = true;
@@ -179,6 +200,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
           publish(self, *s);
       for (auto& rp : std::exchange(st.freeze_waiters, {}))
         rp.deliver(st.published);
+      for (auto& rp : std::exchange(st.step_waiters, {}))
+        rp.deliver(st.published); // unchanged when the source had nothing new
       schedule_tick(self);
     },
     [=](produced_atom, const std::string& error) {
@@ -190,6 +213,9 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       st.last_error = error;
       for (auto& rp : std::exchange(st.freeze_waiters, {}))
         rp.deliver(st.published);
+      // Whoever asked for this step must not mistake the old version for its result.
+      for (auto& rp : std::exchange(st.step_waiters, {}))
+        rp.deliver(make_error(errc::malformed, "trainer: step failed: " + error));
       schedule_tick(self);
     },
   };

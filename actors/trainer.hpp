@@ -10,6 +10,11 @@
 //                              the step started)       (produced nothing /
 //                                                       failed: just tick)
 //
+// step_atom starts a step at once when none is in flight (a benchmark that
+// drives syncs explicitly sets a very long step_time); it is answered when
+// that step ends. It leaves the timer's cadence alone: at most one tick is
+// ever pending, so an explicit step never adds a second tick chain.
+//
 // Bytes reach engines two ways:
 //   - the data plane: an in-process engine pulls from a
 //     transfer::local_transfer built on the same source (make_local_trainer
@@ -78,6 +83,10 @@ struct trainer_state {
   bool producing = false;
   bool frozen = false; ///< no new steps; a step in flight still publishes
   std::vector<caf::typed_response_promise<version_info>> freeze_waiters; ///< answered once that step ends
+  /// step_atom requests, answered when the step in flight ends (an error
+  /// when it failed).
+  std::vector<caf::typed_response_promise<version_info>> step_waiters;
+  bool tick_pending = false; ///< a tick is on its way: schedule no second one
   caf::actor_clock::time_point step_started;
   std::uint64_t steps = 0;
   std::uint64_t failed_steps = 0;

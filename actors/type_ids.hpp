@@ -61,12 +61,13 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, sync_atom, "sync")
   CAF_ADD_ATOM(rlsync, rlsync, route_atom, "route")
   CAF_ADD_ATOM(rlsync, rlsync, evict_atom, "evict")
-  CAF_ADD_ATOM(rlsync, rlsync, step_atom, "step")       // an engine's self-message: one step
+  CAF_ADD_ATOM(rlsync, rlsync, step_atom, "step")       // one step: an engine's self-message; the trainer's "step now"
   CAF_ADD_ATOM(rlsync, rlsync, digest_atom, "digest")
   CAF_ADD_ATOM(rlsync, rlsync, hello_atom, "hello")     // a joining node asks for a challenge
   CAF_ADD_ATOM(rlsync, rlsync, admit_atom, "admit")     // ... and answers it
   CAF_ADD_ATOM(rlsync, rlsync, freeze_atom, "freeze")   // training ended: no new versions
   CAF_ADD_ATOM(rlsync, rlsync, pin_atom, "pin")         // keep a round's version until the next round
+  CAF_ADD_ATOM(rlsync, rlsync, probe_atom, "probe")     // time the control plane: heartbeat waves
 
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_request))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_report))

@@ -224,13 +224,20 @@ int bench_engine(const arg_list& argv) {
 
 int cmd_bench(const arg_list& argv) {
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
-    std::cout << "usage: rlsync bench engine [options]   (rlsync bench engine --help)\n";
+    std::cout << "usage: rlsync bench engine|sync|control [options]   (rlsync bench NAME --help)\n"
+                 "  engine   the built-in engine: decode, prefill, applying an update\n"
+                 "  sync     weight syncs of a topology, sharded and broadcast, against the speed of light\n"
+                 "  control  the control plane alone: zero-byte rounds across N engine processes\n";
     return argv.empty() ? 2 : 0;
   }
   arg_list rest(argv.begin() + 1, argv.end());
   if (argv[0] == "engine")
     return bench_engine(rest);
-  throw cli::usage_error("unknown benchmark '" + argv[0] + "' (available: engine)");
+  if (argv[0] == "sync")
+    return bench_sync(rest);
+  if (argv[0] == "control")
+    return bench_control(rest);
+  throw cli::usage_error("unknown benchmark '" + argv[0] + "' (available: engine, sync, control)");
 }
 
 } // namespace rlsync::tools

@@ -12,16 +12,14 @@
 // topology's workload once every engine has registered (the main job), then
 // exits; engine nodes exit when the head is gone or on SIGTERM/SIGINT.
 #include "actors/caf_puller.hpp"
-#include "actors/coordinator.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/local_deployment.hpp"
 #include "actors/rollout_engine.hpp"
-#include "actors/router.hpp"
 #include "actors/system_config.hpp"
-#include "actors/trainer.hpp"
 #include "runtime/transfer/ucx_transfer.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
+#include "tools/head_node.hpp"
 #include "tools/main_job.hpp"
 
 #include <caf/io/middleman.hpp>
@@ -54,21 +52,6 @@ const char* usage =
   "`rlsync run` does, then exit. Engine nodes exit when the coordinator is gone.\n"
   "SIGTERM or SIGINT stops a node cleanly.\n";
 
-/// Registers `engines` with the coordinator; throws naming the engine.
-void register_engines(caf::actor_system& sys, const coordinator_actor& coordinator,
-                      const std::vector<std::pair<engine_spec, rollout_engine_impl>>& engines,
-                      std::chrono::milliseconds deadline) {
-  caf::scoped_actor self{sys};
-  for (auto& [spec, handle] : engines) {
-    std::string failure;
-    engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, 1};
-    self->request(coordinator, deadline, register_atom::value, info, caf::actor_cast<rollout_engine_actor>(handle))
-      .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
-    if (!failure.empty())
-      throw std::runtime_error("engine " + spec.name + " could not register with the coordinator: " + failure);
-  }
-}
-
 /// Waits for a stop signal or `done()`, polling; bounded by nothing else on
 /// purpose: a node serves until told to stop.
 void wait_until(const std::function<bool()>& done) {
@@ -76,136 +59,48 @@ void wait_until(const std::function<bool()>& done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50)); // poll a flag set by a signal handler
 }
 
-void stop_all(const std::vector<caf::actor>& actors) {
-  for (auto& a : actors)
-    if (a)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-}
-
 /// Set once every actor of this node has terminated (see cmd_node's exit).
 std::atomic<bool> all_terminated{false};
-
-/// Stops `actors` and waits up to `deadline` until each has terminated.
-void stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
-                    std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
-  caf::scoped_actor self{sys};
-  std::size_t alive = 0;
-  for (auto& a : actors)
-    if (a) {
-      self->monitor(a); // a terminated actor answers with a down message at once
-      ++alive;
-    }
-  stop_all(actors);
-  actors.clear();
-  auto until = clock_type::now() + deadline;
-  bool late = false;
-  while (alive > 0 && !late)
-    self->receive([&](const caf::down_msg&) { --alive; },
-                  caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(
-                    std::max(until - clock_type::now(), clock_type::duration::zero())))
-                    >> [&] { late = true; });
-  all_terminated = alive == 0;
-}
 
 int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
              const cli::args& a, const std::string& path) {
   auto out = std::make_shared<job_console>(a.has("run") && !a.has("no-progress") && isatty(STDERR_FILENO));
-  auto trainer = make_local_trainer(sys, t, 0);
-  auto router = spawn_router(sys, router_config_from(t));
-  auto admitted = std::make_shared<admitted_nodes>();
-  coordinator_config cc;
-  cc.sync = t.sync;
-  cc.transfer = t.transfer;
-  cc.trainer = trainer.actor;
-  cc.router = router;
-  cc.admit = [admitted](const caf::node_id& n) { return admitted->contains(n); };
-  cc.log = [out](const std::string& line) { out->on_log(line); };
-  cc.on_report = [out](const sync_report& r) { out->on_sync(r); };
-  coordinator_actor coordinator = sys.spawn(rlsync::coordinator, cc);
-  gatekeeper_config gc;
-  gc.secret = secret;
-  gc.grant = {coordinator, trainer.actor, router};
-  gc.admitted = admitted;
-  gc.log = [out](const std::string& line) { out->line(line); };
-  // Remote engines pull from the trainer's UCX producer. It lives as long as
-  // this function: every actor that could ask for it stops first.
-  std::unique_ptr<transfer::ucx_producer> producer;
-  if (t.transfer.backend == transfer_backend::ucx) {
-    transfer::ucx_producer_options po;
-    po.listen_address = node.address;
-    po.transports = t.transfer.ucx_transports;
-    po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
-    po.log = [out](const std::string& line) { out->on_log("ucx producer: " + line); };
-    try {
-      producer = std::make_unique<transfer::ucx_producer>(trainer.source, po);
-    } catch (const std::exception& e) {
-      std::cerr << "rlsync node " << node.name << ": transfer.backend ucx: " << e.what() << "\n";
-      stop_all({caf::actor_cast<caf::actor>(coordinator), caf::actor_cast<caf::actor>(router),
-                caf::actor_cast<caf::actor>(trainer.actor)});
-      return 1;
-    }
-    gc.grant.ucx_port = producer->port();
-  }
-  auto gate = sys.spawn(gatekeeper, gc);
-  std::vector<caf::actor> all = {caf::actor_cast<caf::actor>(gate), caf::actor_cast<caf::actor>(coordinator),
-                                 caf::actor_cast<caf::actor>(router), caf::actor_cast<caf::actor>(trainer.actor)};
-  auto port = sys.middleman().publish(gate, node.port, node.address.c_str(), true);
-  if (!port) {
-    std::cerr << "rlsync node " << node.name << ": cannot listen on " << node.address << ":" << node.port << ": "
-              << sys.render(port.error()) << "\n";
-    stop_all(all);
+  std::unique_ptr<head_node> head;
+  try {
+    head = std::make_unique<head_node>(sys, t, node, secret,
+                                       head_hooks{[out](const std::string& l) { out->on_log(l); },
+                                                  [out](const std::string& l) { out->line(l); },
+                                                  [out](const sync_report& r) { out->on_sync(r); }});
+  } catch (const std::exception& e) {
+    std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
     return 1;
   }
   std::cerr << "rlsync node " << node.name << ": coordinator, router and trainer up; gatekeeper on "
-            << node.address << ":" << *port
-            << (producer ? "; UCX producer on " + producer->address() : std::string{}) << std::endl;
-
-  auto first = trainer.source->latest();
-  dtype source_dtype = t.model.weights_dtype.value_or(
-    first && !first->tensors().empty() ? first->tensors().front().type : dtype::bf16);
-  std::vector<std::pair<engine_spec, rollout_engine_impl>> engines;
-  for (const auto& e : t.engines)
-    if (e.node == node.name)
-      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config_from(t, e, trainer.transfer, source_dtype)));
-  for (auto& e : engines)
-    all.push_back(caf::actor_cast<caf::actor>(e.second));
-  try {
-    register_engines(sys, coordinator, engines, t.cluster.connect_deadline);
-  } catch (const std::exception& e) {
-    std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
-    stop_all(all);
-    return 1;
-  }
+            << node.address << ":" << head->port()
+            << (head->producer() ? "; UCX producer on " + head->producer()->address() : std::string{}) << std::endl;
 
   int rc = 0;
   if (a.has("run")) {
     // The main job starts once every engine of the topology has registered.
-    caf::scoped_actor self{sys};
-    auto members = [&] {
-      std::size_t n = 0;
-      self->request(coordinator, std::chrono::seconds(5), status_atom::value)
-        .receive([&](const coordinator_status& s) { n = s.members.size(); }, [](caf::error&) {});
-      return n;
-    };
     auto give_up = clock_type::now() + t.cluster.connect_deadline * 3;
-    wait_until([&] { return members() == t.engines.size() || clock_type::now() > give_up; });
+    wait_until([&] { return head->members() == t.engines.size() || clock_type::now() > give_up; });
     if (stop_signal) {
-      stop_all(all);
+      all_terminated = head->stop();
       return 128 + stop_signal;
     }
-    if (members() != t.engines.size()) {
-      std::cerr << "rlsync node " << node.name << ": only " << members() << " of " << t.engines.size()
+    if (auto n = head->members(); n != t.engines.size()) {
+      std::cerr << "rlsync node " << node.name << ": only " << n << " of " << t.engines.size()
                 << " engines registered within " << (t.cluster.connect_deadline * 3).count() << " ms\n";
-      stop_all(all);
+      all_terminated = head->stop();
       return 1;
     }
     auto w = workload_from(t, a);
-    rc = run_main_job(sys, t, path, w, {router, coordinator, trainer.actor, trainer.source}, *out, a.get("json"));
+    rc = run_main_job(sys, t, path, w, {head->router(), head->coordinator(), head->trainer(), head->source()}, *out,
+                      a.get("json"));
   } else {
     wait_until([] { return false; });
   }
-  sys.middleman().close(*port);
-  stop_and_await(sys, std::move(all));
+  all_terminated = head->stop();
   return rc;
 }
 
@@ -265,18 +160,17 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
   } else {
     puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
   }
-  std::vector<std::pair<engine_spec, rollout_engine_impl>> engines;
-  std::vector<caf::actor> all;
-  for (const auto& e : t.engines)
-    if (e.node == node.name) {
-      engines.emplace_back(e, spawn_rollout_engine(sys, engine_config_from(t, e, puller, t.model.weights_dtype.value_or(dtype::bf16))));
-      all.push_back(caf::actor_cast<caf::actor>(engines.back().second));
-    }
+  std::vector<caf::actor> engines;
   try {
-    register_engines(sys, grant->coordinator, engines, deadline);
+    for (const auto& e : t.engines)
+      if (e.node == node.name) {
+        engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(
+          sys, engine_config_from(t, e, puller, t.model.weights_dtype.value_or(dtype::bf16)))));
+        register_engine(sys, grant->coordinator, e, engines.back(), deadline);
+      }
   } catch (const std::exception& e) {
     std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
-    stop_all(all);
+    all_terminated = stop_and_await(sys, std::move(engines));
     return 1;
   }
   std::cerr << "rlsync node " << node.name << ": " << engines.size() << " engines registered" << std::endl;
@@ -289,8 +183,7 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
   });
   if (coordinator_down)
     std::cerr << "rlsync node " << node.name << ": the coordinator is gone; stopping" << std::endl;
-  engines.clear();
-  stop_and_await(sys, std::move(all));
+  all_terminated = stop_and_await(sys, std::move(engines));
   return 0;
 }
 

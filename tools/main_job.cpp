@@ -157,17 +157,22 @@ job_console::~job_console() = default;
 
 void job_console::on_sync(const sync_report& r) {
   std::size_t n;
+  bool cold = false; // the first round that moved weights
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     impl_->reports.push_back(r);
     n = impl_->reports.size();
+    cold = r.engines_synced > 0
+           && std::count_if(impl_->reports.begin(), impl_->reports.end(),
+                            [](const sync_report& x) { return x.engines_synced > 0; })
+                == 1;
   }
   if (r.engines_synced == 0 && r.evicted.empty()) {
     line("sync " + std::to_string(n) + " v" + std::to_string(r.version) + ": every engine already current");
     return;
   }
   auto f = figures(r);
-  std::string text = "sync " + std::to_string(n) + " v" + std::to_string(r.version) + (n == 1 ? " (cold)" : "")
+  std::string text = "sync " + std::to_string(n) + " v" + std::to_string(r.version) + (cold ? " (cold)" : "")
                      + ": " + std::to_string(r.engines_synced) + " engines, stall " + fixed(f.stall_ms)
                      + " ms, transfer " + fixed(f.transfer_ms) + " ms, " + fixed(f.gbps, 2) + " GB/s ("
                      + fixed(100 * f.gbps / memcpy_gbps_) + "% of memcpy), control " + fixed(f.control_ms)
@@ -263,10 +268,13 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   std::vector<sync_report> all = out.reports();
   std::vector<double> stall, transfer, gbps, control;
   std::size_t evictions = 0;
+  // The cold sync (the first that moved weights) is reported apart; empty
+  // rounds moved nothing.
+  auto cold_at = std::find_if(all.begin(), all.end(), [](const sync_report& r) { return r.engines_synced > 0; });
   for (std::size_t i = 0; i < all.size(); ++i) {
     evictions += all[i].evicted.size();
-    if (i == 0 || all[i].engines_synced == 0)
-      continue; // the cold sync is reported apart; empty rounds moved nothing
+    if (all.begin() + static_cast<std::ptrdiff_t>(i) == cold_at || all[i].engines_synced == 0)
+      continue;
     auto f = figures(all[i]);
     stall.push_back(f.stall_ms);
     transfer.push_back(f.transfer_ms);
@@ -287,8 +295,8 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
     s << " v" << v << "=" << n;
   s << "\n";
   s << "syncs: " << all.size() << ", evictions: " << evictions;
-  if (!all.empty()) {
-    auto cold = figures(all.front());
+  if (cold_at != all.end()) {
+    auto cold = figures(*cold_at);
     s << "\n  cold sync: stall " << fixed(cold.stall_ms) << " ms, transfer " << fixed(cold.transfer_ms) << " ms, "
       << fixed(cold.gbps, 2) << " GB/s";
   }

@@ -2,7 +2,8 @@
 // engines that can be told, per phase, to answer, to hold their answer
 // (forever, or until released: a late answer), to fail, to die, or to
 // answer for the wrong version. The fakes record the global order in which
-// phases arrive across engines, which is what the barrier promises.
+// phases arrive across engines, which is what the barrier promises, and
+// likewise the heartbeats of the control-plane probe's waves.
 #include "actors/coordinator.hpp"
 #include "tests/actors/fixture.hpp"
 
@@ -42,6 +43,10 @@ struct engine_script {
   std::vector<pause_request> pauses;
   std::vector<std::uint64_t> starts;
   std::vector<transfer_order> orders;
+  act on_heartbeat = act::answer; ///< answer or hold
+  /// Every engine's heartbeats in arrival order, `from` set to the engine;
+  /// shared by the fixture's engines (none: not recorded).
+  std::shared_ptr<std::vector<heartbeat>> beats;
 };
 
 using release_atom = caf::atom_constant<caf::atom("release")>;
@@ -128,7 +133,16 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
     },
     [=](abort_atom, std::uint64_t) { return false; },
     [=](status_atom) { return engine_status{name, self->state.version}; },
-    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+    [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
+      auto& script = *self->state.script;
+      if (script.beats)
+        script.beats->push_back(heartbeat{name, hb.seq});
+      if (script.on_heartbeat != act::hold)
+        return hb;
+      auto rp = self->make_response_promise<heartbeat>();
+      self->state.held.push_back([rp, hb]() mutable { rp.deliver(hb); });
+      return rp;
+    },
     [=](digest_atom) { return weight_digest{name, self->state.version, false, {}, {}}; },
     [=](release_atom) {
       auto& held = self->state.held;
@@ -179,6 +193,7 @@ trainer_actor::behavior_type fake_trainer(trainer_actor::pointer,
     [=](subscribe_atom, const version_listener_actor& l) { rec->listeners.push_back(l); },
     [=](freeze_atom) { return rec->current; },
     [=](pin_atom, std::uint64_t v) { rec->pins.push_back(v); },
+    [=](step_atom) { return rec->current; },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
   };
 }
@@ -195,6 +210,7 @@ struct engine_handle {
 struct coordinator_fixture : test::actor_fixture {
   std::shared_ptr<std::vector<arrival>> arrivals = std::make_shared<std::vector<arrival>>();
   std::shared_ptr<std::vector<std::string>> routes = std::make_shared<std::vector<std::string>>();
+  std::shared_ptr<std::vector<heartbeat>> beats = std::make_shared<std::vector<heartbeat>>();
   std::vector<std::string> log_lines;
   router_actor router;
   coordinator_actor coord;
@@ -227,6 +243,7 @@ struct coordinator_fixture : test::actor_fixture {
                             std::map<sync_phase, act> on = {}) {
     auto script = std::make_shared<engine_script>();
     script->on = std::move(on);
+    script->beats = beats;
     auto actor = spawn(fake_engine, name, script, arrivals);
     engines[name] = engine_handle{actor, script};
     auto reg = request<registration>(coord, register_atom::value,
@@ -254,6 +271,7 @@ struct coordinator_fixture : test::actor_fixture {
   void forget_history() {
     arrivals->clear();
     routes->clear();
+    beats->clear();
     log_lines.clear();
     for (auto& [name, e] : engines) {
       e.script->pauses.clear();
@@ -294,6 +312,21 @@ struct coordinator_fixture : test::actor_fixture {
       if (a.engine == engine)
         out.push_back(a.phase);
     return out;
+  }
+
+  /// The sequence numbers of the heartbeats `engine` received, in order.
+  std::vector<std::uint64_t> beats_of(const std::string& engine) const {
+    std::vector<std::uint64_t> out;
+    for (auto& hb : *beats)
+      if (hb.from == engine)
+        out.push_back(hb.seq);
+    return out;
+  }
+
+  std::uint64_t probe(const slot<std::uint64_t>& s) {
+    REQUIRE(s->has_value());
+    REQUIRE(**s);
+    return ***s;
   }
 
   std::size_t count(sync_phase p) const {
@@ -733,4 +766,99 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   caf::anon_send(rec->listeners[0], version_atom::value, version_info{4, 4, 4096});
   run();
   CHECK(rec->pins.back() == 4);
+}
+
+// -- control-plane probe -------------------------------------------------------------
+
+TEST_CASE_FIXTURE(coordinator_fixture, "probe: one heartbeat wave at a time to every engine, replied after the last") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  forget_history();
+  auto rounds = status().rounds;
+  engines["b"].script->on_heartbeat = act::hold; // b answers each wave when the test says so
+  auto elapsed = request<std::uint64_t>(coord, probe_atom::value, std::uint32_t{6});
+  run();
+  std::vector<std::uint64_t> sent;
+  for (std::uint64_t wave = 0; wave < 6; ++wave) {
+    CAPTURE(wave);
+    sent.push_back(wave);
+    // Every engine has wave k, none has wave k+1: b has not answered yet.
+    CHECK(beats_of("a") == sent);
+    CHECK(beats_of("b") == sent);
+    CHECK(beats_of("c") == sent);
+    CHECK(!elapsed->has_value());
+    advance(10ms);
+    release("b");
+  }
+  CHECK(probe(elapsed) == 60'000'000u); // six waves of 10 ms each
+  // Across engines too: all of wave k arrived before any of wave k+1.
+  REQUIRE(beats->size() == 18);
+  for (std::size_t i = 0; i < beats->size(); ++i)
+    CHECK((*beats)[i].seq == i / 3);
+  // Only a measurement: no round, nobody evicted.
+  CHECK(arrivals->empty());
+  CHECK(routes->empty());
+  CHECK(status().rounds == rounds);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "probe: no members or no waves, 0 at once") {
+  start();
+  auto none = request<std::uint64_t>(coord, probe_atom::value, std::uint32_t{6});
+  run();
+  CHECK(probe(none) == 0);
+  add_engine("a");
+  forget_history();
+  auto zero = request<std::uint64_t>(coord, probe_atom::value, std::uint32_t{0});
+  run();
+  CHECK(probe(zero) == 0);
+  CHECK(beats->empty());
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "probe: an engine that never answers bounds each wave by the pause deadline") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  forget_history();
+  engines["c"].script->on_heartbeat = act::hold; // never released
+  auto elapsed = request<std::uint64_t>(coord, probe_atom::value, std::uint32_t{2});
+  run();
+  CHECK(beats_of("a") == std::vector<std::uint64_t>{0});
+  advance(4999ms); // the pause deadline is 5 s
+  CHECK(beats_of("a") == std::vector<std::uint64_t>{0});
+  CHECK(!elapsed->has_value());
+  advance(1ms);
+  CHECK(beats_of("a") == std::vector<std::uint64_t>{0, 1});
+  CHECK(beats_of("c") == std::vector<std::uint64_t>{0, 1});
+  advance(5000ms);
+  CHECK(probe(elapsed) == 10'000'000'000u);
+  // A measurement evicts nobody.
+  CHECK(member("c"));
+  CHECK(routable("c"));
+  CHECK(routes->empty());
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "probe: runs beside a round without touching it") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  forget_history();
+  engines["a"].on(sync_phase::pause, act::hold);
+  publish(1); // the round waits for a's pause
+  auto elapsed = request<std::uint64_t>(coord, probe_atom::value, std::uint32_t{6});
+  run();
+  CHECK(probe(elapsed) == 0); // simulated time did not move
+  CHECK(beats_of("a").size() == 6);
+  CHECK(beats_of("b").size() == 6);
+  CHECK(count(sync_phase::flush) == 0); // the round still waits for a's pause
+  release("a");
+  CHECK(seen_by("a") == all_phases);
+  CHECK(seen_by("b") == all_phases);
+  check_barrier_order();
+  auto r = last_report();
+  CHECK(r.version == 1);
+  CHECK(r.engines_synced == 2);
+  CHECK(r.evicted.empty());
 }

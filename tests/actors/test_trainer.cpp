@@ -31,7 +31,10 @@ namespace {
 /// Jobs wait until the test runs them, on the test's thread.
 struct manual_runner final : job_runner {
   std::deque<std::function<void()>> jobs;
+  bool refuse = false; ///< act full
   bool post(std::function<void()> job) override {
+    if (refuse)
+      return false;
     jobs.push_back(std::move(job));
     return true;
   }
@@ -334,4 +337,110 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pinned version outlives keep_vers
   caf::anon_send(t, pin_atom::value, std::uint64_t{2}); // gone: the pin stays on 4
   run();
   CHECK(source->pinned() == 4);
+}
+
+// -- step now (step_atom) ------------------------------------------------------------
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: step now starts a step at once and answers with the version it published") {
+  auto t = spawn(trainer, config(test::small_source(test::small_model(2))));
+  auto seen = std::make_shared<std::vector<version_info>>();
+  caf::anon_send(t, subscribe_atom::value, listener(seen));
+  run();
+  finish_step(); // version 1 at t = 0; the timer's next step is due at 100 ms
+  REQUIRE(runner->jobs.empty());
+
+  advance(50ms);
+  auto v = request<version_info>(t, step_atom::value);
+  run();
+  REQUIRE(runner->jobs.size() == 1); // now, not at the tick
+  CHECK(!v->has_value());            // answered once published
+  finish_step();
+  CHECK(answer(v).version == 2);
+  REQUIRE(seen->size() == 2);
+  CHECK(seen->back().version == 2); // subscribers hear of it as of any other
+
+  // The timer keeps its cadence: one step per 100 ms from t = 0, and the
+  // explicit step at 50 ms adds no second tick chain.
+  advance(50ms);
+  REQUIRE(runner->jobs.size() == 1);
+  finish_step();
+  CHECK(seen->back().version == 3);
+  advance(50ms);
+  CHECK(runner->jobs.empty());
+  advance(50ms);
+  CHECK(runner->jobs.size() == 1);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: step during a step in flight answers every waiter after it") {
+  auto t = spawn(trainer, config(test::small_source(test::small_model(2))));
+  run();
+  REQUIRE(runner->jobs.size() == 1); // the first step is in flight
+  auto first = request<version_info>(t, step_atom::value);
+  auto second = request<version_info>(t, step_atom::value);
+  run();
+  CHECK(runner->jobs.size() == 1); // joined it, started none
+  CHECK(!first->has_value());
+  CHECK(!second->has_value());
+  finish_step();
+  CHECK(answer(first).version == 1);
+  CHECK(answer(second).version == 1);
+  CHECK(runner->jobs.empty());
+  CHECK(state(t).steps == 1);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: step on a frozen trainer answers at once and starts nothing") {
+  auto t = spawn(trainer, config(test::small_source(test::small_model(2))));
+  run();
+  finish_step();
+  CHECK(answer(request<version_info>(t, freeze_atom::value)).version == 1);
+  CHECK(answer(request<version_info>(t, step_atom::value)).version == 1);
+  CHECK(runner->jobs.empty());
+  advance(10s);
+  CHECK(runner->jobs.empty());
+  CHECK(state(t).steps == 1);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: step answers a failed step with its error, one with nothing new with the old version") {
+  test::scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  transfer::checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  auto t = spawn(trainer, config(std::make_shared<transfer::checkpoint_dir_source>(o)));
+  run();
+  finish_step(); // nothing there yet
+
+  auto nothing = request<version_info>(t, step_atom::value);
+  run();
+  finish_step();
+  CHECK(answer(nothing).version == 0);
+
+  const std::string bad = tmp / transfer::step_dir_name(1);
+  make_synthetic_checkpoint(bad, test::small_model(3), dtype::bf16, 3);
+  transfer::mark_step_complete(bad);
+  auto failed = request<version_info>(t, step_atom::value);
+  run();
+  finish_step();
+  auto err = failure(failed);
+  CHECK(is(err, errc::malformed));
+  CHECK(sys.render(err).find(bad + "/config.json") != std::string::npos);
+  CHECK(log.size() == 1); // logged as any failed step
+
+  const std::string good = tmp / transfer::step_dir_name(2);
+  make_synthetic_checkpoint(good, c, dtype::bf16, 3);
+  transfer::mark_step_complete(good);
+  auto v = request<version_info>(t, step_atom::value);
+  run();
+  finish_step();
+  CHECK(answer(v).version == 2);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: step refused by a full runner is an error at once") {
+  auto t = spawn(trainer, config(test::small_source(test::small_model(2))));
+  run();
+  finish_step();
+  runner->refuse = true;
+  CHECK(is(failure(request<version_info>(t, step_atom::value)), errc::queue_full));
+  runner->refuse = false;
+  CHECK(answer(request<version_info>(t, version_atom::value)).version == 1);
 }

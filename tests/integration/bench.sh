@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `rlsync bench sync` and `rlsync bench control` run end to end on loopback
+# and print their tables and JSON: a head in the bench's process and engine
+# nodes as child processes, sharded, broadcast and control cases, every
+# case without error. Figures are not checked (benchmarks print figures;
+# tests check behaviour).
+set -euo pipefail
+rlsync=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+port=$((20001 + ($$ % 6000) * 2))
+cat > "$dir/two.yaml" <<YAML
+name: bench-two
+model:
+  synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
+nodes:
+  - {name: head, address: 127.0.0.1, port: $port}
+  - {name: workers, address: 127.0.0.1}
+cluster: {secret_env: NOT_USED_BY_THE_BENCH}
+trainer: {node: head}
+engines:
+  - {name: local, node: head, tp: 2}
+  - {name: remote, node: workers, replicas: 2, tp: 2}
+router: {node: head}
+coordinator: {node: head}
+transfer: {backend: ucx, mode: sharded}
+YAML
+timeout 240 "$rlsync" bench sync --topology "$dir/two.yaml" --model-bytes 8MiB --syncs 2 --json "$dir/sync.json" \
+  > "$dir/sync.out" 2> "$dir/sync.err" || { cat "$dir/sync.err" "$dir/sync.out"; echo "FAIL: bench sync"; exit 1; }
+for row in sharded broadcast control; do
+  grep -Eq "^$row +[0-9.]+ +[0-9.]+" "$dir/sync.out" || { cat "$dir/sync.out"; echo "FAIL: no $row row"; exit 1; }
+done
+grep -q "broadcast / sharded: 2.00x the bytes" "$dir/sync.out" || { cat "$dir/sync.out"; echo "FAIL: broadcast must move tp (2) x the bytes"; exit 1; }
+grep -q '"cases": \[' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no JSON cases"; exit 1; }
+! grep -q '"error": "[^"]' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: a case failed"; exit 1; }
+
+timeout 120 "$rlsync" bench control --engines 2 --rounds 3 --json "$dir/control.json" > "$dir/control.out" 2>&1 \
+  || { cat "$dir/control.out"; echo "FAIL: bench control"; exit 1; }
+grep -q "six CAF round-trip waves" "$dir/control.out" || { cat "$dir/control.out"; echo "FAIL: no baseline row"; exit 1; }
+grep -q '"engines": 2' "$dir/control.json" || { cat "$dir/control.json"; echo "FAIL: control JSON"; exit 1; }
+
+# Bad input is refused with the flag named.
+if "$rlsync" bench sync --topology "$dir/two.yaml" --syncs 0 > "$dir/bad.out" 2>&1; then echo "FAIL: --syncs 0 accepted"; exit 1; fi
+grep -q -- "--syncs" "$dir/bad.out" || { cat "$dir/bad.out"; echo "FAIL: --syncs not named"; exit 1; }
+echo ok
