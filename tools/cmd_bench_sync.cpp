@@ -92,21 +92,6 @@ std::string fixed(double x, int digits = 1) {
   return buf;
 }
 
-/// Best of three 256 MiB copies into pre-touched memory.
-double measure_memcpy_gbps() {
-  const std::size_t n = 256u << 20;
-  std::vector<char> a(n, 1), b(n, 2);
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = clock_type::now();
-    std::memcpy(b.data(), a.data(), n);
-    double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    best = std::max(best, n / s / 1e9);
-    a[static_cast<std::size_t>(i)] = b[n - 1]; // keep the copies observable
-  }
-  return best;
-}
-
 /// Runs `command` through the shell and returns its output (stdout and stderr).
 std::string capture(const std::string& command) {
   std::string out;
@@ -631,7 +616,7 @@ int bench_sync(const arg_list& argv) {
   caf::actor_system sys{cfg};
   bench_env env{sys, self_executable(), setup.dir, setup.secret, a.has("verbose")};
   std::cerr << "measuring the speed of light..." << std::endl;
-  env.memcpy_gbps = measure_memcpy_gbps();
+  env.memcpy_gbps = measure_memcpy_gbps(std::size_t(256) << 20);
   bool remote = std::any_of(t.engines.begin(), t.engines.end(),
                             [&](const engine_spec& e) { return e.node != t.coordinator.node; });
   auto group_guess = std::min<std::uint64_t>(static_cast<std::uint64_t>(t.transfer.bucket_bytes), 64u << 20);

@@ -27,6 +27,10 @@ std::optional<topology> load_topology_or_report(const std::string& path);
 /// The topology's workload, overridden by --prompts, --concurrency, --max-tokens.
 workload_options workload_from(const topology& t, const cli::args& a);
 
+/// memcpy bandwidth into pre-touched memory, best of three copies of
+/// `bytes`: the in-process data plane's speed of light.
+double measure_memcpy_gbps(std::size_t bytes = std::size_t(64) << 20);
+
 /// Writes progress to stderr: one line per sync (thread-safe: the
 /// coordinator calls it), and a progress bar when stderr is a terminal.
 class job_console {
