@@ -510,7 +510,7 @@ struct bench_setup {
   }
 };
 
-void print_case_table(const std::vector<case_result>& cases, const bench_env& env) {
+void print_case_table(const std::vector<case_result>& cases) {
   std::printf("\n%-10s %10s %9s %9s %11s %9s %8s %10s %9s\n", "mode", "MB/sync", "stall ms", "xfer ms",
               "cold xfer", "GB/s", "% light", "control", "6 RTT ms");
   for (auto& c : cases) {
@@ -527,7 +527,6 @@ void print_case_table(const std::vector<case_result>& cases, const bench_env& en
                 m.stall, m.transfer, cold, m.gbps, light.c_str(), m.control,
                 c.probe_ms.empty() ? "-" : fixed(m.probe, 2).c_str());
   }
-  (void)env;
 }
 
 std::string json_env(const bench_env& env) {
@@ -649,7 +648,7 @@ int bench_sync(const arg_list& argv) {
                                             + ", other processes)").c_str()
                                          : ("not measured: " + env.ucx_why).c_str());
   std::printf("\n");
-  print_case_table(cases, env);
+  print_case_table(cases);
   const case_result* sharded = nullptr;
   const case_result* broadcast = nullptr;
   for (auto& c : cases) {
