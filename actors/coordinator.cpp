@@ -27,7 +27,7 @@ void log_to_stderr(const std::string& line) {
 
 namespace {
 
-using self_ptr = coordinator_actor::stateful_pointer<coordinator_state>;
+using self_ptr = coordinator_impl_actor::stateful_pointer<coordinator_state>;
 using sync_waiter = caf::typed_response_promise<sync_report>;
 
 // -- helpers --------------------------------------------------------------------
@@ -66,6 +66,62 @@ std::string millis(std::uint64_t ns) {
 void maybe_start_round(self_ptr self);
 void evict(self_ptr self, const std::string& name, sync_phase phase, const std::string& why);
 
+// -- persistence and alerts ---------------------------------------------------------
+
+/// Writes the state file (when configured). A failed write is logged, never
+/// fatal: the run goes on, only a restart would start from an older file.
+void persist(self_ptr self) {
+  auto& st = self->state;
+  if (st.cfg.state_file.empty())
+    return;
+  persisted_coordinator out;
+  out.synced_version = st.synced_version;
+  out.newest_version = std::max(st.newest.version, st.synced_version);
+  out.rounds = st.rounds;
+  for (auto& [name, rec] : st.replicas) {
+    persisted_member pm;
+    pm.name = name;
+    pm.incarnation = rec.incarnation;
+    pm.restarts = rec.restarts;
+    pm.retired = rec.retired;
+    pm.version = std::min(rec.version, out.newest_version);
+    pm.routable = rec.was_routable;
+    if (auto m = st.members.find(name); m != st.members.end()) {
+      pm.version = std::min(m->second.info.version, out.newest_version);
+      pm.routable = m->second.routable;
+    }
+    out.members.push_back(std::move(pm));
+  }
+  try {
+    write_coordinator_state(st.cfg.state_file, out);
+  } catch (const std::exception& e) {
+    log_line(self, std::string{"coordinator: could not write the state file: "} + e.what());
+  }
+}
+
+/// Counts members answering heartbeats against sync.min_live_engines. The
+/// alert is armed once that many were live, and raised once per fall.
+void check_min_live(self_ptr self) {
+  auto& st = self->state;
+  auto live = static_cast<std::int64_t>(std::count_if(st.members.begin(), st.members.end(),
+                                                      [](const auto& kv) { return !kv.second.unreachable; }));
+  auto min = st.cfg.sync.min_live_engines;
+  if (live >= min) {
+    if (st.below_min_live)
+      log_line(self, "coordinator: " + std::to_string(live) + " live engines again (sync.min_live_engines = "
+                       + std::to_string(min) + ")");
+    st.live_armed = true;
+    st.below_min_live = false;
+    return;
+  }
+  if (!st.live_armed || st.below_min_live)
+    return;
+  st.below_min_live = true;
+  ++st.below_min_live_events;
+  log_line(self, "coordinator: ALERT: only " + std::to_string(live)
+                   + " live engines, below sync.min_live_engines = " + std::to_string(min));
+}
+
 // -- membership -------------------------------------------------------------------
 
 /// Forgets an engine: it left, died, or a newer incarnation replaced it. It
@@ -81,6 +137,9 @@ void drop_member(self_ptr self, std::string name, const std::string& why) {
     evict(self, name, st.round->book.phase(), why); // tells the router too
   else if (st.cfg.router)
     self->send(st.cfg.router, evict_atom::value, name);
+  log_line(self, "coordinator: " + name + " left (" + why + ")");
+  persist(self);
+  check_min_live(self);
 }
 
 caf::result<registration> on_register(self_ptr self, const engine_info& info,
@@ -94,6 +153,11 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
                      + to_string(sender->node()));
     return make_error(errc::unauthenticated, "node not admitted: prove the cluster secret to the gatekeeper first");
   }
+  auto seen = st.replicas.find(info.name);
+  if (seen != st.replicas.end() && seen->second.retired)
+    return make_error(errc::evicted, info.name + " is retired after " + std::to_string(seen->second.restarts)
+                                       + " restarts (sync.max_restarts = "
+                                       + std::to_string(st.cfg.sync.max_restarts) + ")");
   if (auto i = st.members.find(info.name); i != st.members.end()) {
     auto& known = i->second;
     if (known.handle.address() == engine.address()) // a retry: nothing changes
@@ -104,23 +168,145 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
                           + " is not newer than the registered "
                           + std::to_string(known.info.incarnation));
     drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation));
+  } else if (seen != st.replicas.end() && info.incarnation < seen->second.incarnation) {
+    return make_error(errc::version_mismatch, info.name + ": incarnation " + std::to_string(info.incarnation)
+                                                + " is older than the last one seen, "
+                                                + std::to_string(seen->second.incarnation));
   }
+  auto& rec = st.replicas[info.name]; // a first registration creates the record
+  bool restored_current = false;
+  if (seen != st.replicas.end() && info.incarnation > rec.incarnation) {
+    ++rec.restarts;
+    rec.was_routable = false;
+    if (static_cast<std::int64_t>(rec.restarts) > st.cfg.sync.max_restarts) {
+      rec.retired = true;
+      log_line(self, "coordinator: ALERT: " + info.name + " retired: restart " + std::to_string(rec.restarts)
+                       + " is past sync.max_restarts = " + std::to_string(st.cfg.sync.max_restarts));
+      persist(self);
+      check_min_live(self);
+      return make_error(errc::evicted, info.name + " is retired after " + std::to_string(rec.restarts)
+                                         + " restarts (sync.max_restarts = "
+                                         + std::to_string(st.cfg.sync.max_restarts) + ")");
+    }
+  } else if (seen != st.replicas.end()) {
+    // The same incarnation again: it reconnected, or this coordinator
+    // restarted. Current then and now: it may serve at once.
+    restored_current = rec.was_routable && !info.dirty && info.version != 0
+                       && info.version == st.synced_version && rec.version == info.version;
+  }
+  rec.incarnation = info.incarnation;
   coordinator_member m;
   m.info = info;
   m.handle = engine;
+  m.last_heard_ns = now_ns(self);
+  if (restored_current) {
+    m.routable = true;
+    m.newcomer = false;
+    log_line(self, "coordinator: " + info.name + " is back at v" + std::to_string(info.version)
+                     + ", current: routable at once");
+  }
   self->monitor(engine);
   st.members.emplace(info.name, std::move(m));
+  if (restored_current && st.cfg.router)
+    self->send(st.cfg.router, route_atom::value, route_update{info.name, info.version, true}, engine);
+  persist(self);
+  check_min_live(self);
   maybe_start_round(self); // its cold sync
-  return registration{st.synced_version, false};
+  return registration{st.synced_version, restored_current};
 }
 
+void abort_round(self_ptr self, const std::string& why);
+void on_version(self_ptr self, const version_info& vi);
+
 void on_down(self_ptr self, const caf::down_msg& dm) {
-  for (auto& [name, m] : self->state.members)
+  auto& st = self->state;
+  for (auto& [name, m] : st.members)
     if (m.handle.address() == dm.source) {
       drop_member(self, name, "down: " + self->system().render(dm.reason));
       return;
     }
-  // else: an incarnation already replaced, or the trainer: nothing to do here
+  if (st.cfg.trainer && dm.source == st.cfg.trainer.address()) {
+    st.trainer_down = true;
+    log_line(self, "coordinator: the trainer is down (" + self->system().render(dm.reason)
+                     + "); no round until a trainer attaches again");
+    abort_round(self, "the trainer is down");
+  }
+  // else: an incarnation already replaced: nothing to do here
+}
+
+/// A (restarted) trainer: follow its versions, pin the next rounds there.
+void attach_trainer(self_ptr self, trainer_actor trainer) {
+  auto& st = self->state;
+  if (!trainer)
+    return;
+  if (st.cfg.trainer && st.cfg.trainer != trainer && !st.trainer_down)
+    self->demonitor(st.cfg.trainer.address());
+  st.cfg.trainer = std::move(trainer);
+  st.trainer_down = false;
+  self->monitor(st.cfg.trainer);
+  self->send(st.cfg.trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
+  // Versions published before the subscription arrived are learnt here.
+  self->request(st.cfg.trainer, st.cfg.trainer_deadline, version_atom::value)
+    .then([=](version_info& vi) { on_version(self, vi); },
+          [=](caf::error& err) {
+            log_line(self, "coordinator: the trainer did not report its version: " + self->system().render(err));
+          });
+}
+
+// -- heartbeats -------------------------------------------------------------------------
+
+/// A member silent past the heartbeat timeout: out of the round and out of
+/// routing; the router reroutes its requests. It stays a member.
+void mark_unreachable(self_ptr self, const std::string& name, std::uint64_t silent_ns) {
+  auto& st = self->state;
+  auto& m = st.members.at(name);
+  m.unreachable = true;
+  m.routable = false;
+  log_line(self, "coordinator: " + name + " silent for " + millis(silent_ns) + " (heartbeat timeout "
+                   + std::to_string(st.cfg.heartbeat_timeout.count()) + " ms): unreachable");
+  if (st.cfg.router)
+    self->send(st.cfg.router, failed_atom::value, name);
+  check_min_live(self);
+  if (st.round && st.round->book.in_round(name))
+    evict(self, name, st.round->book.phase(), "unreachable"); // may end the round: last
+}
+
+void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who) {
+  auto& st = self->state;
+  auto i = st.members.find(name);
+  if (i == st.members.end() || i->second.handle.address() != who)
+    return; // gone or replaced meanwhile
+  auto& m = i->second;
+  m.last_heard_ns = now_ns(self);
+  if (!m.unreachable)
+    return;
+  m.unreachable = false;
+  m.newcomer = true; // a round is due: its full transfer brings it current
+  log_line(self, "coordinator: " + name + " answers again: rejoins at the next sync boundary");
+  check_min_live(self);
+  maybe_start_round(self);
+}
+
+/// Every heartbeat_interval: who has been silent too long, then the next
+/// heartbeat to every member.
+void heartbeat_tick(self_ptr self) {
+  auto& st = self->state;
+  auto now = now_ns(self);
+  auto timeout = static_cast<std::uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.heartbeat_timeout).count());
+  std::vector<std::pair<std::string, std::uint64_t>> silent;
+  for (auto& [name, m] : st.members)
+    if (!m.unreachable && now - m.last_heard_ns > timeout)
+      silent.emplace_back(name, now - m.last_heard_ns);
+  for (auto& [name, ns] : silent)
+    if (st.members.count(name) && !st.members.at(name).unreachable)
+      mark_unreachable(self, name, ns);
+  heartbeat hb{"coordinator", ++st.heartbeat_seq};
+  for (auto& [name, m] : st.members)
+    self->request(m.handle, st.cfg.heartbeat_interval, heartbeat_atom::value, hb)
+      .then([=, name = name, who = m.handle.address()](heartbeat&) { heard_from(self, name, who); },
+            [](caf::error&) {});
+  self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
 }
 
 // -- when a round starts --------------------------------------------------------
@@ -129,13 +315,16 @@ void start_round(self_ptr self, std::vector<sync_waiter> waiters);
 
 void on_version(self_ptr self, const version_info& vi) {
   auto& st = self->state;
-  if (vi.version <= st.newest.version) { // the counter never goes backwards
-    if (vi.version < st.newest.version)
+  if (vi.version == 0 || vi.version < st.newest.version) { // the counter never goes backwards
+    if (vi.version != 0)
       log_line(self, "coordinator: ignored version " + std::to_string(vi.version)
                        + ", older than the published " + std::to_string(st.newest.version));
     return;
   }
-  st.newest = vi;
+  if (vi.version == st.newest.version && st.newest_heard)
+    return;
+  st.newest = vi; // the same number from a restored counter brings its groups
+  st.newest_heard = true;
   maybe_start_round(self);
 }
 
@@ -143,8 +332,8 @@ void maybe_start_round(self_ptr self) {
   auto& st = self->state;
   if (st.round)
     return; // the end of this round checks again
-  if (st.cfg.trainer && st.newest.version == 0)
-    return; // nothing published yet: the first version starts the cold sync
+  if (st.cfg.trainer && (!st.newest_heard || st.trainer_down))
+    return; // nothing published yet (the first version starts the cold sync), or no trainer to pull from
   auto newcomer = std::any_of(st.members.begin(), st.members.end(),
                               [](const auto& kv) { return kv.second.newcomer; });
   if (st.sync_waiters.empty()
@@ -167,9 +356,10 @@ void start_round(self_ptr self, std::vector<sync_waiter> waiters) {
   std::vector<std::string> names;
   for (auto& [name, m] : st.members) {
     bool current = m.routable && !m.info.dirty && m.info.version == st.newest.version;
-    if (!current)
+    if (!current && !m.unreachable) // an unreachable one would only miss the pause deadline
       names.push_back(name);
-    m.newcomer = false;
+    if (!m.unreachable)
+      m.newcomer = false;
   }
   st.round.emplace(sync_round{st.next_round_id++, st.newest.version, std::move(names)},
                    st.newest);
@@ -264,6 +454,10 @@ std::string check_reply(const coordinator_round& r, sync_phase, const transfer_r
   return {};
 }
 
+bool is_dirty(const pause_report&) { return false; }
+bool is_dirty(const transfer_report&) { return false; }
+bool is_dirty(const phase_ack& ack) { return ack.dirty; }
+
 void count_bytes(coordinator_round&, const pause_report&) {}
 void count_bytes(coordinator_round&, const phase_ack&) {}
 void count_bytes(coordinator_round& r, const transfer_report& rep) {
@@ -284,8 +478,11 @@ void on_reply(self_ptr self, std::uint64_t round_id, const std::string& name, sy
     return;
   }
   count_bytes(r, reply);
-  if (phase == sync_phase::resume)
+  if (phase == sync_phase::resume) {
     r.last_resume_ack_ns = now_ns(self);
+    if (is_dirty(reply))
+      r.dirty_after_abort.insert(name);
+  }
   r.book.ack(name, phase);
   if (r.book.barrier_reached())
     next_phase(self);
@@ -294,7 +491,8 @@ void on_reply(self_ptr self, std::uint64_t round_id, const std::string& name, sy
 void on_failure(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
                 const caf::error& err) {
   auto& st = self->state;
-  if (!st.round || st.round->book.id() != round_id)
+  // A failure of an earlier phase arrives late only after an abort skipped it.
+  if (!st.round || st.round->book.id() != round_id || st.round->book.phase() != phase)
     return;
   auto why = err == caf::sec::request_timeout
                ? "no answer within "
@@ -322,6 +520,18 @@ void evict(self_ptr self, const std::string& name, sync_phase phase, const std::
     next_phase(self);
 }
 
+/// The trainer died mid-round: skip to `continue` (state diagram in the header).
+void abort_round(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (!st.round || !st.round->book.abort())
+    return; // no round, or it is resuming already: it completes
+  st.round->abort_reason = why;
+  if (st.round->book.done())
+    end_round(self);
+  else
+    ask_phase(self);
+}
+
 /// The barrier of the current phase is reached: on to the next one.
 void next_phase(self_ptr self) {
   auto& r = *self->state.round;
@@ -340,15 +550,24 @@ void end_round(self_ptr self) {
   auto r = std::move(*st.round);
   st.round.reset();
   auto v = r.book.version();
+  bool aborted = r.book.aborted();
   for (auto& name : r.book.live()) {
     auto& m = st.members.at(name);
-    m.info.version = v;
-    m.info.dirty = false;
-    m.routable = true;
-    if (st.cfg.router)
-      self->send(st.cfg.router, route_atom::value, route_update{name, v, true}, m.handle);
+    if (!aborted) {
+      m.info.version = v;
+      m.info.dirty = false;
+      m.routable = true;
+      if (st.cfg.router)
+        self->send(st.cfg.router, route_atom::value, route_update{name, v, true}, m.handle);
+    } else if (r.dirty_after_abort.count(name)) { // it holds part of v: serves nothing
+      m.info.dirty = true;
+      m.routable = false;
+      if (st.cfg.router)
+        self->send(st.cfg.router, evict_atom::value, name);
+    } // else: it serves its old version, as before the round
   }
-  st.synced_version = std::max(st.synced_version, v);
+  if (!aborted)
+    st.synced_version = std::max(st.synced_version, v);
   auto end = now_ns(self);
   sync_report rep;
   rep.version = v;
@@ -359,12 +578,20 @@ void end_round(self_ptr self) {
     rep.transfer_ns = r.transfer_done_ns - r.transfer_sent_ns;
   rep.bytes = r.bytes;
   rep.control_ns = rep.stall_ns > rep.transfer_ns ? rep.stall_ns - rep.transfer_ns : 0;
+  rep.aborted = aborted;
   ++st.rounds;
   st.history.push_back(rep);
   while (st.history.size() > st.cfg.history_limit)
     st.history.pop_front();
-  std::string line = "sync round " + std::to_string(r.book.id()) + " v" + std::to_string(v) + ": "
-                     + std::to_string(rep.engines_synced) + " engines synced";
+  std::string line = "sync round " + std::to_string(r.book.id()) + " v" + std::to_string(v) + ": ";
+  if (aborted) {
+    rep.engines_synced = 0;
+    line += "ABORTED (" + r.abort_reason + "): " + std::to_string(r.book.live().size() - r.dirty_after_abort.size())
+            + " engines resume on their old version, " + std::to_string(r.dirty_after_abort.size())
+            + " dirty";
+  } else {
+    line += std::to_string(rep.engines_synced) + " engines synced";
+  }
   for (auto& note : r.eviction_notes)
     line += ", evicted " + note;
   line += "; stall " + millis(rep.stall_ns) + ", transfer " + millis(rep.transfer_ns) + ", "
@@ -372,6 +599,7 @@ void end_round(self_ptr self) {
   log_line(self, line);
   if (st.cfg.on_report)
     st.cfg.on_report(rep);
+  persist(self);
   for (auto& w : r.waiters)
     w.deliver(rep);
   maybe_start_round(self);
@@ -418,22 +646,33 @@ void probe_wave(self_ptr self, std::shared_ptr<control_probe> p) {
 
 // -- behaviour ------------------------------------------------------------------------
 
-coordinator_actor::behavior_type
-coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg) {
-  self->state.cfg = std::move(cfg);
-  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
-  if (auto trainer = self->state.cfg.trainer) {
-    self->send(trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
-    // Versions published before the subscription arrived are learnt here.
-    self->request(trainer, self->state.cfg.trainer_deadline, version_atom::value)
-      .then([=](version_info& vi) { on_version(self, vi); },
-            [=](caf::error& err) {
-              log_line(self, "coordinator: the trainer did not report its version: "
-                               + self->system().render(err));
-            });
+coordinator_impl_actor::behavior_type
+coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  if (auto& r = st.cfg.restored) { // a restart: the counter goes on from the file
+    st.synced_version = r->synced_version;
+    st.newest.version = r->newest_version;
+    st.rounds = r->rounds;
+    for (auto& pm : r->members)
+      st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable};
+    log_line(self, "coordinator: restored from " + st.cfg.state_file + ": v" + std::to_string(st.synced_version)
+                     + " synced, " + std::to_string(r->members.size()) + " replicas known");
   }
+  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  if (auto trainer = st.cfg.trainer) {
+    st.cfg.trainer = nullptr;
+    attach_trainer(self, trainer);
+  }
+  if (st.cfg.heartbeat_interval.count() > 0)
+    self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
   return {
     [=](version_atom, const version_info& vi) { on_version(self, vi); },
+    [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); },
+    [=](caf::tick_atom) {
+      if (self->current_sender() == self->ctrl()) // only its own timer
+        heartbeat_tick(self);
+    },
     [=](register_atom, const engine_info& info,
         const rollout_engine_actor& engine) -> caf::result<registration> {
       return on_register(self, info, engine);
@@ -458,6 +697,16 @@ coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordin
       }
       s.rounds = st.rounds;
       s.history.assign(st.history.begin(), st.history.end());
+      for (auto& [name, m] : st.members) {
+        if (m.unreachable)
+          s.unreachable.push_back(name);
+        else
+          ++s.live;
+      }
+      for (auto& [name, rec] : st.replicas)
+        if (rec.retired)
+          s.retired.push_back(name);
+      s.below_min_live_events = st.below_min_live_events;
       return s;
     },
     [=](digest_atom) -> caf::result<std::vector<weight_digest>> {

@@ -22,15 +22,39 @@
 // stays registered and unroutable; the next round includes it again and its
 // full transfer brings it current. A dead engine is removed until it
 // re-registers; a re-registration with a higher incarnation replaces the old
-// handle.
+// handle and counts as a restart; past sync.max_restarts the replica is
+// retired and refused from then on.
+//
+// Failure detection, per member:
+//
+//   live ──(down_msg)──────────────────────────▶ removed (router reroutes)
+//    │ ▲
+//    │ └─(answers a heartbeat again)── unreachable: out of rounds and routing;
+//    │                                  the next round brings it current
+//    └──(no heartbeat answer for heartbeat_timeout)──▶ unreachable
+//                                       (router: failed → reroute its requests)
+//
+// Fewer live (reachable) members than sync.min_live_engines, once that many
+// had joined, is an alert: logged loudly and counted in the status.
+//
+// The trainer is monitored. If it dies during a round before `continue`, the
+// round is aborted: it skips to `continue`, where each engine closes the
+// update session — one that received part of the new version says it is
+// dirty and stays out of routing until a complete update; the others serve
+// their old version again. No round starts until a trainer attaches again
+// (register_atom with its handle); the next round then retries.
+//
+// With a state file, the version counter, restart counts and who was current
+// are written after every change (temporary name, renamed), and a restarted
+// coordinator starts from them: an engine that re-registers holding the
+// synced version, clean, and was current then, is routable at once.
 //
 // probe_atom times waves of heartbeats to every member, the control-plane
 // floor of a round; it keeps no state here and may run during a round.
 //
-// Not yet here: persisting the version counter (it lives only in
-// `synced_version` and `newest`), waves (`ask_phase` is the one place that
-// fans out), heartbeat-timeout detection (`last_seen_ns` is its input).
+// Not yet here: waves (`ask_phase` is the one place that fans out).
 #include "actors/interfaces.hpp"
+#include "runtime/coordinator_state_file.hpp"
 #include "runtime/sync_round.hpp"
 #include "runtime/topology.hpp"
 
@@ -42,6 +66,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,8 +77,8 @@ void log_to_stderr(const std::string& line);
 
 /// What the coordinator is spawned with.
 struct coordinator_config {
-  /// Deadlines per phase and the cadence (every_versions). staleness, waves,
-  /// min_live_engines and max_restarts are not used yet.
+  /// Deadlines per phase, the cadence (every_versions), min_live_engines
+  /// and max_restarts. staleness is the router's; waves are not used yet.
   sync_spec sync;
   /// Mode, backend, bucket size and groups in flight of the transfer orders.
   transfer_spec transfer;
@@ -79,6 +104,15 @@ struct coordinator_config {
   std::function<void(const sync_report&)> on_report;
   /// Rounds kept for `status_atom`.
   std::size_t history_limit = 64;
+  /// How often every member is sent a heartbeat; 0: never (failures are then
+  /// detected by down messages only, as in deterministic tests).
+  std::chrono::milliseconds heartbeat_interval{0};
+  /// A member that answered no heartbeat for this long is unreachable.
+  std::chrono::milliseconds heartbeat_timeout{2000};
+  /// Written after every round and membership change; empty: nothing persisted.
+  std::string state_file;
+  /// What a previous coordinator persisted (read_coordinator_state), to start from.
+  std::optional<persisted_coordinator> restored;
 };
 
 /// One registered engine, as the coordinator sees it.
@@ -90,6 +124,20 @@ struct coordinator_member {
   bool routable = false;
   /// Registered and not yet in any round: it waits for its cold sync.
   bool newcomer = true;
+  /// Silent past the heartbeat timeout: out of rounds and routing until it answers.
+  bool unreachable = false;
+  /// When it last answered a heartbeat (or registered), coordinator clock.
+  std::uint64_t last_heard_ns = 0;
+};
+
+/// What the coordinator remembers of a replica name across its incarnations.
+struct replica_record {
+  std::uint64_t incarnation = 0;
+  std::uint32_t restarts = 0;
+  bool retired = false;
+  /// From a state file: the version it held and whether it was current then.
+  std::uint64_t version = 0;
+  bool was_routable = false;
 };
 
 /// The round in progress.
@@ -106,6 +154,9 @@ struct coordinator_round {
   std::uint64_t bytes = 0;
   /// "name (phase: reason)" per eviction, for the round's log line.
   std::vector<std::string> eviction_notes;
+  /// Aborted rounds: why, and who said at `continue` that it holds a partial update.
+  std::string abort_reason;
+  std::set<std::string> dirty_after_abort;
   /// sync_atom requests answered when the round ends.
   std::vector<caf::typed_response_promise<sync_report>> waiters;
 };
@@ -127,12 +178,28 @@ struct coordinator_state {
   /// Last heartbeat per sender (steady ns). Hook for heartbeat-timeout
   /// detection, a later issue: nothing reads it yet.
   std::map<std::string, std::uint64_t> last_seen_ns;
+  /// Every replica name ever registered: incarnations, restarts, retirement.
+  std::map<std::string, replica_record> replicas;
+  /// A version the trainer reported: rounds wait for it (a restored counter
+  /// knows the number, not the groups).
+  bool newest_heard = false;
+  bool trainer_down = false;
+  std::uint64_t heartbeat_seq = 0;
+  /// min_live_engines: armed once that many members were live; below it now;
+  /// how often it fell below.
+  bool live_armed = false;
+  bool below_min_live = false;
+  std::uint64_t below_min_live_events = 0;
 
   static inline const char* name = "coordinator";
 };
 
+/// The coordinator's interface plus its own heartbeat tick. Handles given
+/// out are coordinator_actor.
+using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>>;
+
 /// The coordinator's behaviour; spawn with `sys.spawn(coordinator, cfg)`.
-coordinator_actor::behavior_type
-coordinator(coordinator_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg);
+coordinator_impl_actor::behavior_type
+coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg);
 
 } // namespace rlsync

@@ -83,8 +83,11 @@ using router_actor = caf::typed_actor<
   caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
   // the coordinator's word on whether an engine may serve, and which version it holds
   caf::reacts_to<route_atom, route_update, rollout_engine_actor>,
-  // stop routing to an engine at once (failed or evicted)
+  // stop routing to an engine at once (evicted; its requests stay with it)
   caf::reacts_to<evict_atom, std::string>,
+  // an engine failed (silent past the heartbeat timeout): stop routing to it
+  // and reroute its running requests
+  caf::reacts_to<failed_atom, std::string>,
   caf::replies_to<status_atom>::with<router_status>,
   caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
 
@@ -94,6 +97,8 @@ using coordinator_actor = version_listener_actor::extend<
   caf::replies_to<register_atom, engine_info, rollout_engine_actor>::with<registration>,
   // an engine leaves for good
   caf::reacts_to<deregister_atom, std::string>,
+  // a trainer (re)started: follow its versions and pin rounds through it
+  caf::reacts_to<register_atom, trainer_actor>,
   // run one sync round now; replies with its figures
   caf::replies_to<sync_atom>::with<sync_report>,
   // the version and the members

@@ -96,7 +96,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.pause_promise.reset();
     }
   };
-  auto ack = [self, name] { return phase_ack{name, self->state.core->version()}; };
+  auto ack = [self, name] { return phase_ack{name, self->state.core->version(), self->state.core->dirty()}; };
 
   return {
     [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
@@ -159,9 +159,11 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, name + ": a transfer is already in flight");
       // The pull blocks: it runs on its own thread and reports back here.
       auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
+      auto seq = ++st.transfer_seq;
       self->spawn<caf::detached>([puller = st.puller, name, plans = st.plans, staging = st.core->session_staging(),
-                                  order, deadline, engine = self->address()](caf::blocking_actor* worker) {
+                                  order, deadline, seq, engine = self->address()](caf::blocking_actor* worker) {
         auto outcome = pull_version(*puller, name, plans, staging, order, deadline);
+        outcome->seq = seq;
         // A weak reference until here: a stopping engine must not be kept alive by its pull.
         if (auto e = caf::actor_cast<rollout_engine_impl>(engine))
           worker->send(e, pull_atom::value, std::move(outcome));
@@ -172,8 +174,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     },
     [=](pull_atom, std::shared_ptr<pull_outcome> out) {
       auto& st = self->state;
-      if (!st.transfer_promise)
-        return;
+      if (!st.transfer_promise || out->seq != st.transfer_seq)
+        return; // the pull of an aborted round: its session is gone
       auto rp = *st.transfer_promise;
       st.transfer_promise.reset();
       if (!out->report) {
@@ -196,6 +198,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       return ack();
     },
     [=](resume_atom) -> caf::result<phase_ack> {
+      auto& st = self->state;
+      if (st.core->in_session()) { // continue without finish: the round was aborted
+        bool pulling = st.transfer_promise.has_value();
+        if (pulling) {
+          st.transfer_promise->deliver(make_error(errc::round_aborted, name + ": the round was aborted"));
+          st.transfer_promise.reset();
+        }
+        st.core->abandon_update(pulling);
+      }
       if (auto e = self->state.core->resume())
         return to_error(*e);
       schedule_step();

@@ -40,6 +40,7 @@ struct rollout_engine_config {
 
 /// How a data-plane pull ended, reported by the pulling thread.
 struct pull_outcome {
+  std::uint64_t seq = 0; ///< which transfer of this engine (a late one from an aborted round is stale)
   std::uint64_t version = 0;
   std::optional<transfer_report> report;  ///< set on success
   errc code = errc::malformed;            ///< on failure
@@ -69,6 +70,7 @@ struct rollout_engine_state {
   std::vector<std::shared_ptr<const transfer::grouped_plan>> plans; ///< per worker
   /// The transfer phase in flight: its reply waits for the pulling thread.
   std::optional<caf::typed_response_promise<transfer_report>> transfer_promise;
+  std::uint64_t transfer_seq = 0; ///< transfers started; the one in flight has this number
   static inline const char* name = "rollout_engine";
 };
 

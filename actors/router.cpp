@@ -5,6 +5,8 @@
 #include <caf/send.hpp>
 #include <caf/sec.hpp>
 
+#include "runtime/model_config.hpp"
+
 #include <algorithm>
 #include <utility>
 
@@ -107,24 +109,50 @@ void drain_queue(router_ptr self) {
   }
 }
 
+/// `head` followed by `tail`: tokens appended, tail's spans shifted past
+/// head's and joined where the version continues.
+generate_result stitch(generate_result head, const generate_result& tail) {
+  auto shift = static_cast<std::uint32_t>(head.tokens.size());
+  head.tokens.insert(head.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+  for (auto s : tail.spans) {
+    s.begin += shift;
+    s.end += shift;
+    if (!head.spans.empty() && head.spans.back().version == s.version && head.spans.back().end == s.begin)
+      head.spans.back().end = s.end;
+    else
+      head.spans.push_back(s);
+  }
+  head.stale_kv_tokens += tail.stale_kv_tokens;
+  return head;
+}
+
 /// The answer to a request whose engine failed: what its sink already has.
-generate_result failed_result(const request_record& rec, generate_result forwarded) {
-  forwarded.request_id = rec.request.request_id;
-  forwarded.reason = finish_reason::failed;
-  forwarded.engine = rec.engine_name;
-  return forwarded;
+generate_result failed_result(const request_record& rec, const generate_result& forwarded) {
+  auto out = stitch(rec.prior, forwarded);
+  out.request_id = rec.request.request_id;
+  out.reason = finish_reason::failed;
+  out.engine = rec.engine_name;
+  return out;
+}
+
+/// What the next attempt of `rec` sends: the client's request continued
+/// after every token earlier attempts delivered.
+generate_request continued(const request_record& rec) {
+  auto req = rec.request;
+  req.generated.insert(req.generated.end(), rec.prior.tokens.begin(), rec.prior.tokens.end());
+  return req;
 }
 
 /// Takes a running request off the books and answers it: with the engine's
 /// result, or (none) as failed. The answer waits for the relay to close, so
 /// that the sink has every token before the requester has the result.
 void close_running(router_ptr self, std::map<std::uint64_t, request_record>::iterator it,
-                   std::optional<generate_result> result) {
+                   std::optional<generate_result> result, bool release_slot = true) {
   auto& st = self->state;
   auto rec = std::move(it->second);
   st.running.erase(it);
   st.in_flight.erase(rec.request.request_id);
-  if (auto r = find_replica(st, rec.engine_name); r != nullptr && r->outstanding > 0)
+  if (auto r = find_replica(st, rec.engine_name); release_slot && r != nullptr && r->outstanding > 0)
     --r->outstanding;
   ++st.completed;
   rec.result = std::move(result);
@@ -159,7 +187,21 @@ void on_engine_result(router_ptr self, std::uint64_t ticket, std::uint32_t attem
     close_running(self, it, std::nullopt);
     return;
   }
-  close_running(self, it, std::move(res));
+  auto whole = stitch(it->second.prior, res);
+  whole.request_id = res.request_id;
+  whole.reason = res.reason;
+  whole.engine = res.engine;
+  close_running(self, it, std::move(whole));
+}
+
+void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator it, const std::string& why);
+
+/// Errors after which another replica may well succeed: the engine refused
+/// (dirty, full, evicted mid-round) or is gone.
+bool worth_rerouting(const caf::error& err) {
+  return is(err, errc::engine_dirty) || is(err, errc::queue_full) || is(err, errc::evicted)
+         || is(err, errc::round_aborted) || is(err, errc::not_routable)
+         || err == caf::sec::request_receiver_down;
 }
 
 void on_engine_error(router_ptr self, std::uint64_t ticket, std::uint32_t attempt,
@@ -173,7 +215,12 @@ void on_engine_error(router_ptr self, std::uint64_t ticket, std::uint32_t attemp
     // the fewest outstanding. The coordinator makes it routable after a sync.
     if (auto r = find_replica(st, it->second.engine_name))
       r->routable = false;
-  } else if (err == caf::sec::request_timeout) {
+  }
+  if (worth_rerouting(err)) {
+    reroute(self, it, self->system().render(err));
+    return;
+  }
+  if (err == caf::sec::request_timeout) {
     // The engine may still be working on it: free its slot. Best effort.
     self->request(it->second.engine, st.config.control_deadline, abort_atom_v,
                   it->second.request.request_id)
@@ -189,11 +236,12 @@ void dispatch(router_ptr self, request_record rec, std::size_t replica) {
   rec.engine_name = r.name;
   rec.engine = st.engines.at(r.name);
   ++rec.attempts;
-  rec.relay = self->spawn(token_relay, rec.sink, self->address(), rec.request);
+  auto req = continued(rec);
+  rec.relay = self->spawn(token_relay, rec.sink, self->address(), req);
   auto ticket = rec.ticket;
   auto attempt = rec.attempts;
   self
-    ->request(rec.engine, st.config.engine_deadline, generate_atom_v, rec.request,
+    ->request(rec.engine, st.config.engine_deadline, generate_atom_v, std::move(req),
               caf::actor_cast<token_sink_actor>(rec.relay))
     .then(
       [=](generate_result& res) { on_engine_result(self, ticket, attempt, std::move(res)); },
@@ -201,9 +249,74 @@ void dispatch(router_ptr self, request_record rec, std::size_t replica) {
   st.running.emplace(ticket, std::move(rec));
 }
 
-/// Called for a down engine: drop it from the table (when it is still the
-/// handle on record) and answer its running requests as failed.
-void engine_down(router_ptr self, const caf::actor_addr& who) {
+/// Sends a request whose engine failed elsewhere, continuing after what its
+/// sink already has (state diagram in router.hpp). The old relay closes
+/// first: its record is exactly what reached the sink.
+void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator it, const std::string& why) {
+  auto& st = self->state;
+  auto rec = std::move(it->second);
+  st.running.erase(it);
+  if (auto r = find_replica(st, rec.engine_name); r != nullptr && r->outstanding > 0)
+    --r->outstanding;
+  // Best effort: a dead engine ignores it, an unreachable one gets it later.
+  caf::anon_send(rec.engine, abort_atom_v, rec.request.request_id);
+  auto ticket = rec.ticket;
+  auto relay = rec.relay;
+  st.rerouting.emplace(ticket, std::move(rec));
+  auto next = [self, ticket, why](std::optional<generate_result> forwarded) {
+    auto& st = self->state;
+    auto i = st.rerouting.find(ticket);
+    if (i == st.rerouting.end())
+      return; // answered while the relay closed (the router is stopping)
+    auto rec = std::move(i->second);
+    st.rerouting.erase(i);
+    auto close = [&](std::optional<generate_result> result) {
+      // Through `running`, so that counters and the answer path stay in one
+      // place; its engine slot was released already. The old relay is gone:
+      // closing it again answers at once.
+      auto pos = st.running.emplace(rec.ticket, std::move(rec)).first;
+      close_running(self, pos, std::move(result), false);
+    };
+    if (!forwarded) { // the sink's record is lost: continuing could duplicate tokens
+      close(std::nullopt);
+      return;
+    }
+    rec.prior = stitch(std::move(rec.prior), *forwarded);
+    auto done = rec.request.generated.size() + rec.prior.tokens.size();
+    bool eos = rec.request.sampling.stop_at_eos && !rec.prior.tokens.empty()
+               && rec.prior.tokens.back() == token_eos;
+    if (done >= rec.request.sampling.max_tokens || eos) { // it had finished when the engine failed
+      auto res = rec.prior;
+      res.request_id = rec.request.request_id;
+      res.reason = eos ? finish_reason::eos : finish_reason::length;
+      res.engine = rec.engine_name;
+      close(std::move(res));
+      return;
+    }
+    if (rec.attempts > st.config.max_reroutes) {
+      close(std::nullopt);
+      return;
+    }
+    ++st.rerouted;
+    if (st.config.log)
+      st.config.log("router: request " + std::to_string(rec.request.request_id) + " rerouted from "
+                    + rec.engine_name + " (" + why + ") after " + std::to_string(done) + " tokens");
+    if (auto choice = choose(self, rec.request)) {
+      dispatch(self, std::move(rec), *choice);
+    } else { // accepted already: it waits past the queue limit, with the queue's deadline
+      self->delayed_send(caf::actor_cast<router_impl_actor>(self), st.config.queue_deadline,
+                         caf::timeout_atom_v, rec.ticket);
+      st.queued.emplace(rec.ticket, std::move(rec));
+    }
+  };
+  self->request(relay, st.config.control_deadline, finish_atom_v)
+    .then([next](generate_result& forwarded) { next(std::move(forwarded)); },
+          [next](caf::error&) { next(std::nullopt); });
+}
+
+/// An engine failed: drop it from the table (when it is still the handle on
+/// record) and reroute its running requests.
+void engine_failed(router_ptr self, const caf::actor_addr& who, const std::string& why) {
   auto& st = self->state;
   for (auto i = st.engines.begin(); i != st.engines.end();) {
     if (i->second.address() == who) {
@@ -221,7 +334,7 @@ void engine_down(router_ptr self, const caf::actor_addr& who) {
     if (rec.engine.address() == who)
       lost.push_back(ticket);
   for (auto ticket : lost)
-    close_running(self, st.running.find(ticket), std::nullopt);
+    reroute(self, st.running.find(ticket), why);
 }
 
 /// Answers every request before the router goes: nobody waits on a router
@@ -240,6 +353,9 @@ void shut_down(router_ptr self) {
   // Finished requests still waiting for their relay get their answer now.
   for (auto& [ticket, rec] : st.closing)
     rec.promise.deliver(rec.result ? std::move(*rec.result) : failed_result(rec, {}));
+  for (auto& [ticket, rec] : st.rerouting)
+    rec.promise.deliver(failed_result(rec, {}));
+  st.rerouting.clear();
   st.queued.clear();
   st.running.clear();
   st.closing.clear();
@@ -252,7 +368,9 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
   self->state.config = std::move(config);
   self->state.rules.policy = self->state.config.policy;
   self->state.rules.staleness = self->state.config.staleness;
-  self->set_down_handler([=](caf::down_msg& dm) { engine_down(self, dm.source); });
+  self->set_down_handler([=](caf::down_msg& dm) {
+    engine_failed(self, dm.source, "down: " + self->system().render(dm.reason));
+  });
   self->set_exit_handler([=](caf::exit_msg& em) {
     shut_down(self);
     self->quit(em.reason);
@@ -317,9 +435,15 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
       drain_queue(self);
     },
     [=](evict_atom, const std::string& name) {
-      // Its running requests stay with it: they finish or time out there.
+      // Its running requests stay with it: frozen in a round, they continue
+      // once the next round brings it current.
       if (auto r = find_replica(self->state, name))
         r->routable = false;
+    },
+    [=](failed_atom, const std::string& name) {
+      auto& st = self->state;
+      if (auto i = st.engines.find(name); i != st.engines.end())
+        engine_failed(self, i->second.address(), "failed: silent past the heartbeat timeout");
     },
     [=](caf::timeout_atom, std::uint64_t ticket) {
       if (self->current_sender() != self->ctrl())

@@ -25,9 +25,23 @@
 // requester's sink has every token before the requester has the result.
 //
 // Replicas come from the coordinator's route updates. The router monitors
-// each one; a replica that dies is dropped from the table and its running
-// requests are answered as failed (rerouting them is the next step; every
-// running request keeps the request, its sink, engine and relay for that).
+// each one. A replica that fails — it dies (down message), the coordinator
+// reports it silent past the heartbeat timeout (failed_atom), or it refuses
+// a request it cannot serve (dirty, full, evicted) — loses its running
+// requests to a reroute:
+//
+//   running ─ engine failed ─▶ rerouting: close the old relay, append what it
+//      ▲                        forwarded to the request's `prior` tokens
+//      │                          ├ budget used up or eos ─▶ result         [completed]
+//      │                          ├ attempts > max_reroutes ─▶ result, failed [completed]
+//      └──── dispatch ◀───────────┴ else: prompt + client's generated + prior,
+//             (or queued)               the rest of the budget   [rerouted]
+//
+// The requester's sink saw exactly the old relay's tokens, and the next
+// attempt starts at the index after them, so the stream has no gap and no
+// duplicate; the final result is `prior` followed by the last engine's
+// tokens, version spans shifted and joined. The old engine is told to abort
+// the request (best effort: it may be dead or unreachable).
 #include "actors/interfaces.hpp"
 #include "runtime/routing.hpp"
 
@@ -67,6 +81,9 @@ struct request_record {
   rollout_engine_actor engine;
   token_relay_actor relay;
   std::uint32_t attempts = 0; ///< dispatches so far; replies to an earlier one are stale
+  /// Tokens earlier attempts delivered to the sink (spans from 0), which the
+  /// next attempt continues after.
+  generate_result prior;
   // Set while closing: the engine's result, or none when the request failed.
   std::optional<generate_result> result;
 };
@@ -84,6 +101,8 @@ struct router_state {
   std::map<std::uint64_t, request_record> running;
   /// Finished, waiting for the relay to flush its last tokens before the answer.
   std::map<std::uint64_t, request_record> closing;
+  /// Their engine failed; waiting for the old relay's record before the next dispatch.
+  std::map<std::uint64_t, request_record> rerouting;
   /// request_id → ticket while queued or running: one request id is in flight once.
   std::unordered_map<std::uint64_t, std::uint64_t> in_flight;
   std::uint64_t completed = 0;

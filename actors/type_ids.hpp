@@ -68,6 +68,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, freeze_atom, "freeze")   // training ended: no new versions
   CAF_ADD_ATOM(rlsync, rlsync, pin_atom, "pin")         // keep a round's version until the next round
   CAF_ADD_ATOM(rlsync, rlsync, probe_atom, "probe")     // time the control plane: heartbeat waves
+  CAF_ADD_ATOM(rlsync, rlsync, failed_atom, "failed")   // an engine failed: reroute its requests
 
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_request))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::pause_report))
@@ -128,14 +129,15 @@ RLSYNC_INSPECT(producer_endpoint, x.rank, x.node, x.address)
 RLSYNC_INSPECT(transfer_order, x.version, x.mode, x.backend, x.producers, x.groups,
                x.bucket_bytes, x.groups_in_flight)
 RLSYNC_INSPECT(transfer_report, x.engine, x.version, x.bytes, x.groups, x.duration_ns)
-RLSYNC_INSPECT(phase_ack, x.engine, x.version)
+RLSYNC_INSPECT(phase_ack, x.engine, x.version, x.dirty)
 RLSYNC_INSPECT(version_info, x.version, x.groups, x.total_bytes)
 RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, x.transfer_ns,
                x.bytes, x.control_ns, x.aborted)
 RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
                x.rerouted)
-RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history)
+RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history,
+               x.unreachable, x.retired, x.live, x.below_min_live_events)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 
 #undef RLSYNC_INSPECT

@@ -200,6 +200,8 @@ struct transfer_report {
 struct phase_ack {
   std::string engine;
   std::uint64_t version = 0;
+  /// Holds a partial update and serves nothing (a continue after an aborted round).
+  bool dirty = false;
 };
 
 /// Published by the trainer when a version is ready to be pulled.
@@ -255,6 +257,10 @@ struct coordinator_status {
   std::vector<std::string> routable;
   std::uint64_t rounds = 0;
   std::vector<sync_report> history; ///< the last rounds, oldest first (bounded)
+  std::vector<std::string> unreachable; ///< silent past the heartbeat timeout
+  std::vector<std::string> retired;     ///< past max_restarts, refused for good
+  std::uint32_t live = 0;               ///< members answering heartbeats
+  std::uint64_t below_min_live_events = 0; ///< times live fell below min_live_engines
 };
 
 // -- names and checks ------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,8 +36,12 @@ struct router_config {
   /// Longest an engine may take to finish one request. Generous: a request
   /// stays frozen on its engine through a whole sync round.
   std::chrono::milliseconds engine_deadline{600000};
+  /// Reroutes of one request after failed engines; one more and it fails.
+  std::uint32_t max_reroutes = 3;
   /// Deadline of the router's small local calls (closing a request's relay, aborting on an engine).
   std::chrono::milliseconds control_deadline{5000};
+  /// One line per reroute; empty: quiet.
+  std::function<void(const std::string&)> log;
 };
 
 /// The router's settings from a topology: its policy and queue limit, and

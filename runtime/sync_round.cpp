@@ -83,4 +83,13 @@ sync_phase sync_round::advance() {
   return phase_;
 }
 
+bool sync_round::abort() {
+  if (phase_ == sync_phase::resume || phase_ == sync_phase::done)
+    return false;
+  aborted_ = true;
+  phase_ = live_.empty() ? sync_phase::done : sync_phase::resume;
+  pending_ = live_;
+  return true;
+}
+
 } // namespace rlsync

@@ -68,7 +68,15 @@ public:
   /// barrier it changes nothing. Returns the phase it is in.
   sync_phase advance();
 
+  /// The update is abandoned (the trainer died): straight to `resume`, with
+  /// every live engine pending, so that engines leave the pause; `done`
+  /// when none is live. Late acknowledgements of the abandoned phase are
+  /// stale. Returns false (and changes nothing) once in resume or done.
+  bool abort();
+  bool aborted() const { return aborted_; }
+
 private:
+  bool aborted_ = false;
   std::uint64_t id_;
   std::uint64_t version_;
   sync_phase phase_ = sync_phase::pause;

@@ -394,6 +394,7 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
     s.staging = model_.make_weights();
   spare_.reset();
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
+  s.was_dirty = dirty_;
   session_ = std::move(s);
   dirty_ = true;
   return std::nullopt;
@@ -494,6 +495,19 @@ void engine_core::abort_update() {
   if (session_)
     spare_ = std::move(session_->staging); // partly written; the next session overwrites it all
   session_.reset();
+}
+
+bool engine_core::abandon_update(bool bytes_in_flight) {
+  if (!session_)
+    return dirty_;
+  bool touched = bytes_in_flight;
+  for (const auto& arrived : session_->arrived)
+    touched = touched || !arrived.empty();
+  bool was_dirty = session_->was_dirty;
+  abort_update();
+  if (!touched) // the serving weights were never written: as before the session
+    dirty_ = was_dirty;
+  return dirty_;
 }
 
 // -- status ----------------------------------------------------------------------------------

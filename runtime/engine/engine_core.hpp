@@ -145,6 +145,12 @@ public:
   std::optional<engine_error> finish_update(std::uint64_t version);
   /// Abandons an open session: the engine stays dirty.
   void abort_update();
+  /// The round was aborted before finish (the trainer died): closes an open
+  /// session. An engine that received nothing of it — no bytes arrived and
+  /// `bytes_in_flight` is false — is as clean as before the session and
+  /// serves its old weights again; one that received part stays dirty.
+  /// Returns dirty().
+  bool abandon_update(bool bytes_in_flight);
   bool in_session() const { return session_.has_value(); }
   /// The open session's version, if any.
   std::optional<std::uint64_t> session_version() const;
@@ -198,6 +204,7 @@ private:
     std::uint64_t version = 0;
     std::shared_ptr<weight_set> staging;
     std::vector<std::set<std::string>> arrived; ///< per worker: source tensors applied
+    bool was_dirty = true; ///< before the session started
   };
   std::optional<session> session_;
   /// The set served now, and the one it replaced: the next session fills

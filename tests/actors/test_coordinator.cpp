@@ -171,6 +171,7 @@ router_actor::behavior_type fake_router(router_actor::pointer,
                      + (u.routable ? "" : " unroutable"));
     },
     [=](evict_atom, const std::string& name) { log->push_back("evict " + name); },
+    [=](failed_atom, const std::string& name) { log->push_back("failed " + name); },
     [=](status_atom) { return router_status{}; },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
   };

@@ -83,7 +83,7 @@ fake_engine(rollout_engine_actor::stateful_pointer<fake_engine_state> self, std:
       generate_result res;
       res.request_id = req.request_id;
       res.engine = st.engine;
-      res.tokens = req.generated;
+      // Like the real engine: the result holds only the tokens made here.
       auto first = static_cast<std::uint32_t>(req.generated.size());
       auto n = std::min(st.tokens, req.sampling.max_tokens - first);
       for (std::uint32_t i = first; i < first + n; ++i) {
@@ -451,28 +451,32 @@ TEST_CASE_FIXTURE(router_fixture, "evicted and dead replicas are never chosen") 
   auto on_b2 = submit(r, request(2));
   CHECK(log->dispatched == strings{"b:1", "b:2"});
   CHECK(status(r).routable == 1);
-  // b dies with two requests running: they are answered as failed, with the
-  // tokens their sink already has.
+  // b dies with two requests running: nothing else is routable, so they
+  // wait, with the tokens their sink already has.
   kill(b);
-  REQUIRE(on_b->result);
-  CHECK(on_b->result->reason == finish_reason::failed);
-  CHECK(on_b->result->engine == "b");
-  CHECK(on_b->result->tokens == std::vector<std::int32_t>{100, 101});
-  CHECK(check(*on_b->result).empty());
-  REQUIRE(on_b2->result);
-  CHECK(on_b2->result->reason == finish_reason::failed);
+  CHECK(!on_b->answered());
+  CHECK(!on_b2->answered());
   auto s = status(r);
   CHECK(s.routable == 0);
   CHECK(s.outstanding == 0);
-  CHECK(s.completed == 2);
+  CHECK(s.queued == 2);
+  CHECK(s.rerouted == 2);
   // Nothing is routable now: a new request waits instead of going to a or b.
   log->dispatched.clear();
   auto waiting = submit(r, request(3));
   CHECK(log->dispatched.empty());
-  CHECK(status(r).queued == 1);
-  // a comes back through the coordinator: routable again.
+  CHECK(status(r).queued == 3);
+  // a comes back through the coordinator: the rerouted requests continue
+  // there after the two tokens b delivered, oldest first.
   route(r, a, "a", 1);
-  CHECK(log->dispatched == strings{"a:3"});
+  CHECK(log->dispatched == strings{"a:1", "a:2", "a:3"});
+  REQUIRE(on_b->result);
+  CHECK(on_b->result->reason == finish_reason::length);
+  CHECK(on_b->result->engine == "a");
+  CHECK(on_b->result->tokens == std::vector<std::int32_t>{100, 101, 102, 103});
+  CHECK(check(*on_b->result).empty());
+  REQUIRE(on_b2->result);
+  CHECK(on_b2->result->tokens == std::vector<std::int32_t>{200, 201, 202, 203});
   CHECK(waiting->result);
 }
 
@@ -544,20 +548,25 @@ TEST_CASE_FIXTURE(router_fixture, "malformed requests are refused") {
   CHECK(s.outstanding == 1);
 }
 
-TEST_CASE_FIXTURE(router_fixture, "an engine error or timeout answers the request as failed") {
+TEST_CASE_FIXTURE(router_fixture, "a refusing engine loses the request to another, a timeout fails it") {
   router_config cfg;
   cfg.engine_deadline = 60s;
   auto r = make_router(cfg);
   auto dirty = make_engine("a", 1, engine_mode::fail);
   route(r, dirty, "a", 1);
-  auto refused = submit(r, request(1));
-  REQUIRE(refused->result);
-  CHECK(refused->result->reason == finish_reason::failed);
-  CHECK(refused->result->tokens.empty());
-  CHECK(log->aborted.empty()); // it refused: nothing to abort
-  CHECK(status(r).routable == 0); // dirty: not routable until the coordinator says so
   auto slow = make_engine("b", 1, engine_mode::hold);
   route(r, slow, "b", 1);
+  // a refuses (dirty): the request goes to b, a is no longer routable.
+  auto refused = submit(r, request(1));
+  CHECK(log->dispatched == strings{"a:1", "b:1"});
+  CHECK(log->aborted == strings{"a:1"}); // best effort: it may hold it after all
+  CHECK(status(r).routable == 1);
+  CHECK(status(r).rerouted == 1);
+  release(slow);
+  REQUIRE(refused->result);
+  CHECK(refused->result->reason == finish_reason::length);
+  CHECK(refused->result->engine == "b");
+  // b holds the next one past the engine deadline: failed, and b is told to drop it.
   auto out = submit(r, request(2));
   sched.advance_time(59s);
   sched.run();
@@ -567,13 +576,96 @@ TEST_CASE_FIXTURE(router_fixture, "an engine error or timeout answers the reques
   REQUIRE(out->result);
   CHECK(out->result->reason == finish_reason::failed);
   CHECK(out->result->tokens == std::vector<std::int32_t>{200, 201});
-  CHECK(log->aborted == strings{"b:2"}); // the engine is told to drop it
+  CHECK(log->aborted == strings{"a:1", "b:2"});
   auto s = status(r);
   CHECK(s.completed == 2);
   CHECK(s.outstanding == 0);
   // Its late answer changes nothing.
   release(slow);
   CHECK(status(r).completed == 2);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a failed engine's requests continue elsewhere: one stream, spans intact") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, engine_mode::hold); // streams 2 tokens, never answers
+  auto b = make_engine("b", 1);
+  route(r, a, "a", 1);
+  auto out = submit(r, request(1, {1, 2, 3}, 4));
+  CHECK(log->dispatched == strings{"a:1"});
+  route(r, b, "b", 1);
+  SUBCASE("dead: down message") { kill(a); }
+  SUBCASE("silent: the coordinator reports it failed") {
+    caf::anon_send(r, failed_atom_v, std::string{"a"});
+    sched.run();
+    CHECK(log->aborted == strings{"a:1"});
+    release(a); // its late answer is for an abandoned attempt
+  }
+  CHECK(log->dispatched == strings{"a:1", "b:1"});
+  REQUIRE(out->result);
+  CHECK(out->result->reason == finish_reason::length);
+  CHECK(out->result->engine == "b");
+  CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101, 102, 103});
+  CHECK(check(*out->result).empty());
+  // The sink saw every index once, in order, then the result.
+  CHECK(log->events == strings{"token 1.0", "token 1.1", "token 1.2", "token 1.3", "result 1"});
+  auto s = status(r);
+  CHECK(s.rerouted == 1);
+  CHECK(s.completed == 1);
+  CHECK(s.outstanding == 0);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "version spans survive a reroute: shifted and joined") {
+  auto r = make_router();
+  auto a = make_engine("a", 3, engine_mode::hold);
+  auto b = make_engine("b", 4);
+  auto c = make_engine("c", 3);
+  route(r, a, "a", 3);
+  auto to_b = submit(r, request(1, {1}, 4));
+  auto to_c = submit(r, request(2, {1}, 4));
+  caf::anon_send(r, evict_atom_v, std::string{"a"});
+  route(r, b, "b", 4); // v4 is newest; with staleness 0 only b serves now
+  kill(a);
+  REQUIRE(to_b->result);
+  CHECK(to_b->result->spans.size() == 2);
+  CHECK(to_b->result->spans[0].version == 3);
+  CHECK(to_b->result->spans[0].begin == 0);
+  CHECK(to_b->result->spans[0].end == 2);
+  CHECK(to_b->result->spans[1].version == 4);
+  CHECK(to_b->result->spans[1].begin == 2);
+  CHECK(to_b->result->spans[1].end == 4);
+  REQUIRE(to_c->result);
+  CHECK(check(*to_c->result).empty());
+  (void)c;
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a request that had finished, or failed too often, is not rerouted") {
+  router_config cfg;
+  cfg.max_reroutes = 1;
+  auto r = make_router(cfg);
+  SUBCASE("its budget was used up when the engine died") {
+    auto a = make_engine("a", 1, engine_mode::hold);
+    route(r, a, "a", 1);
+    auto out = submit(r, request(1, {1}, 2)); // both tokens streamed
+    kill(a);
+    REQUIRE(out->result);
+    CHECK(out->result->reason == finish_reason::length);
+    CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101});
+    CHECK(status(r).rerouted == 0);
+  }
+  SUBCASE("past max_reroutes it fails with what the sink has") {
+    auto a = make_engine("a", 1, engine_mode::hold);
+    auto b = make_engine("b", 1, engine_mode::hold);
+    route(r, a, "a", 1);
+    auto out = submit(r, request(1, {1}, 8));
+    route(r, b, "b", 1);
+    kill(a); // rerouted to b once
+    CHECK(log->dispatched == strings{"a:1", "b:1"});
+    kill(b); // the second failure: no more reroutes
+    REQUIRE(out->result);
+    CHECK(out->result->reason == finish_reason::failed);
+    CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101, 102, 103});
+    CHECK(check(*out->result).empty());
+  }
 }
 
 TEST_CASE_FIXTURE(router_fixture, "every token reaches the sink once, in order, before the result") {
@@ -586,7 +678,7 @@ TEST_CASE_FIXTURE(router_fixture, "every token reaches the sink once, in order, 
   req.sampling.max_tokens = 3;
   auto out = submit(r, req);
   REQUIRE(out->result);
-  CHECK(out->result->tokens == std::vector<std::int32_t>{7, 101, 102});
+  CHECK(out->result->tokens == std::vector<std::int32_t>{101, 102});
   CHECK(log->events == strings{"token 1.1", "token 1.2", "result 1"});
   REQUIRE(log->tokens.size() == 2);
   CHECK(log->tokens[0].token == 101);

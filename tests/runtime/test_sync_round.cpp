@@ -143,3 +143,42 @@ TEST_CASE("sync_phase names and order") {
   CHECK(next(P::resume) == P::done);
   CHECK(next(P::done) == P::done);
 }
+
+TEST_CASE("sync_round: an abort skips the update and still resumes every live engine") {
+  struct row {
+    P abort_in;     ///< phase the round is in when it is aborted
+    bool accepted;  ///< abort() returns
+    P after;        ///< phase afterwards
+  };
+  const row rows[] = {
+    {P::pause, true, P::resume},   {P::flush, true, P::resume},  {P::start, true, P::resume},
+    {P::transfer, true, P::resume}, {P::finish, true, P::resume}, {P::resume, false, P::resume},
+  };
+  for (auto& r : rows) {
+    CAPTURE(to_string(r.abort_in));
+    sync_round round{1, 5, {"a", "b", "c"}};
+    while (round.phase() != r.abort_in) {
+      for (auto n : {"a", "b", "c"})
+        round.ack(n, round.phase());
+      round.advance();
+    }
+    round.evict("c");
+    CHECK(round.abort() == r.accepted);
+    CHECK(round.aborted() == r.accepted);
+    CHECK(round.phase() == r.after);
+    // Both live engines are pending in resume; an ack of the abandoned phase is stale.
+    CHECK(round.waiting_on("a"));
+    CHECK(round.waiting_on("b"));
+    CHECK(!round.waiting_on("c"));
+    if (r.abort_in != P::resume)
+      CHECK(!round.ack("a", r.abort_in));
+    CHECK(round.ack("a", P::resume));
+    CHECK(round.ack("b", P::resume));
+    CHECK(round.advance() == P::done);
+  }
+  sync_round empty_live{2, 5, {"a"}};
+  empty_live.evict("a");
+  CHECK(empty_live.abort()); // nobody left to resume: done
+  CHECK(empty_live.done());
+  CHECK(!empty_live.abort()); // done already
+}
