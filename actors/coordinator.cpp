@@ -44,6 +44,11 @@ void log_line(self_ptr self, const std::string& line) {
     self->state.cfg.log(line);
 }
 
+void member_event(self_ptr self, const std::string& engine, const char* what) {
+  if (self->state.cfg.on_member)
+    self->state.cfg.on_member(engine, what);
+}
+
 std::chrono::milliseconds deadline_of(const sync_deadlines& d, sync_phase phase) {
   switch (phase) {
     case sync_phase::pause: return d.pause;
@@ -138,6 +143,7 @@ void drop_member(self_ptr self, std::string name, const std::string& why) {
   else if (st.cfg.router)
     self->send(st.cfg.router, evict_atom::value, name);
   log_line(self, "coordinator: " + name + " left (" + why + ")");
+  member_event(self, name, "left");
   persist(self);
   check_min_live(self);
 }
@@ -180,6 +186,7 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
     rec.was_routable = false;
     if (static_cast<std::int64_t>(rec.restarts) > st.cfg.sync.max_restarts) {
       rec.retired = true;
+      member_event(self, info.name, "retired");
       log_line(self, "coordinator: ALERT: " + info.name + " retired: restart " + std::to_string(rec.restarts)
                        + " is past sync.max_restarts = " + std::to_string(st.cfg.sync.max_restarts));
       persist(self);
@@ -207,6 +214,9 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
   }
   self->monitor(engine);
   st.members.emplace(info.name, std::move(m));
+  member_event(self, info.name, "registered");
+  if (restored_current)
+    member_event(self, info.name, "routable");
   if (restored_current && st.cfg.router)
     self->send(st.cfg.router, route_atom::value, route_update{info.name, info.version, true}, engine);
   persist(self);
@@ -262,6 +272,7 @@ void mark_unreachable(self_ptr self, const std::string& name, std::uint64_t sile
   auto& m = st.members.at(name);
   m.unreachable = true;
   m.routable = false;
+  member_event(self, name, "unreachable");
   log_line(self, "coordinator: " + name + " silent for " + millis(silent_ns) + " (heartbeat timeout "
                    + std::to_string(st.cfg.heartbeat_timeout.count()) + " ms): unreachable");
   if (st.cfg.router)
@@ -282,6 +293,7 @@ void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& w
     return;
   m.unreachable = false;
   m.newcomer = true; // a round is due: its full transfer brings it current
+  member_event(self, name, "reachable");
   log_line(self, "coordinator: " + name + " answers again: rejoins at the next sync boundary");
   check_min_live(self);
   maybe_start_round(self);
@@ -396,6 +408,8 @@ void ask_phase(self_ptr self) {
   auto& r = *st.round;
   auto v = r.book.version();
   auto phase = r.book.phase();
+  if (st.cfg.on_phase)
+    st.cfg.on_phase(r.book.id(), v, phase, r.book.live());
   transfer_order order;
   if (phase == sync_phase::transfer) {
     order.version = v;
@@ -513,6 +527,7 @@ void evict(self_ptr self, const std::string& name, sync_phase phase, const std::
     i->second.routable = false;
     if (phase >= sync_phase::start) // the update session may be half applied
       i->second.info.dirty = true;
+    member_event(self, name, "evicted");
   }
   if (st.cfg.router)
     self->send(st.cfg.router, evict_atom::value, name);
@@ -557,11 +572,13 @@ void end_round(self_ptr self) {
       m.info.version = v;
       m.info.dirty = false;
       m.routable = true;
+      member_event(self, name, "routable");
       if (st.cfg.router)
         self->send(st.cfg.router, route_atom::value, route_update{name, v, true}, m.handle);
     } else if (r.dirty_after_abort.count(name)) { // it holds part of v: serves nothing
       m.info.dirty = true;
       m.routable = false;
+      member_event(self, name, "dirty");
       if (st.cfg.router)
         self->send(st.cfg.router, evict_atom::value, name);
     } // else: it serves its old version, as before the round

@@ -102,6 +102,14 @@ struct coordinator_config {
   std::function<bool(const caf::node_id&)> admit;
   /// Called with every round's report as it ends (e.g. progress lines); may be empty.
   std::function<void(const sync_report&)> on_report;
+  /// Called as each phase of a round is sent out, with the engines still in
+  /// the round (drills time their faults and draw their timelines by it); may be empty.
+  std::function<void(std::uint64_t round, std::uint64_t version, sync_phase phase,
+                     const std::vector<std::string>& engines)>
+    on_phase;
+  /// Called when a member changes: "registered", "routable", "evicted",
+  /// "dirty", "unreachable", "reachable", "left", "retired"; may be empty.
+  std::function<void(const std::string& engine, const std::string& what)> on_member;
   /// Rounds kept for `status_atom`.
   std::size_t history_limit = 64;
   /// How often every member is sent a heartbeat; 0: never (failures are then

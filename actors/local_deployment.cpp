@@ -7,6 +7,7 @@
 #include <caf/send.hpp>
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 #include <stdexcept>
 
@@ -29,18 +30,51 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   return cfg;
 }
 
+namespace {
+
+/// Registers engine `i` with the coordinator; the refusal, or empty.
+std::string register_engine(caf::actor_system& sys, local_deployment& d, const topology& t, std::size_t i,
+                            std::chrono::milliseconds deadline) {
+  const auto& spec = t.engines[i];
+  engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, d.incarnations[i]};
+  std::string failure;
+  caf::scoped_actor self{sys};
+  self->request(d.coordinator, deadline, register_atom::value, info, caf::actor_cast<rollout_engine_actor>(d.engines[i]))
+    .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
+  return failure;
+}
+
+rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment& d, const topology& t, std::size_t i) {
+  auto cfg = engine_config_from(t, t.engines[i], d.trainer.transfer, d.source_dtype);
+  cfg.faults = d.gates[i];
+  return spawn_rollout_engine(sys, std::move(cfg));
+}
+
+} // namespace
+
 local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts) {
   local_deployment d;
+  std::optional<persisted_coordinator> restored;
+  if (!t.coordinator.state_file.empty())
+    restored = read_coordinator_state(t.coordinator.state_file); // throws, naming file:line:column
   d.trainer = make_local_trainer(sys, t, 0);
   // Engines record their plans in the dtype the trainer sends.
   auto first = d.trainer.source->latest();
-  dtype source_dtype = t.model.weights_dtype.value_or(
+  d.source_dtype = t.model.weights_dtype.value_or(
     first && !first->tensors().empty() ? first->tensors().front().type : dtype::bf16);
-  for (const auto& e : t.engines) {
-    d.engines.push_back(spawn_rollout_engine(sys, engine_config_from(t, e, d.trainer.transfer, source_dtype)));
-    d.engine_names.push_back(e.name);
+  for (std::size_t i = 0; i < t.engines.size(); ++i) {
+    d.gates.push_back(opts.fault_gates ? std::make_shared<engine_fault_gate>() : nullptr);
+    d.incarnations.push_back(1);
+    if (restored) // a restarted run: these processes are new incarnations
+      for (auto& pm : restored->members)
+        if (pm.name == t.engines[i].name)
+          d.incarnations.back() = pm.incarnation + 1;
+    d.engines.push_back(spawn_engine(sys, d, t, i));
+    d.engine_names.push_back(t.engines[i].name);
   }
-  d.router = spawn_router(sys, router_config_from(t));
+  auto rc = router_config_from(t);
+  rc.log = opts.router_log;
+  d.router = spawn_router(sys, rc);
   coordinator_config cc;
   cc.sync = t.sync;
   cc.transfer = t.transfer;
@@ -48,22 +82,42 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   cc.router = d.router;
   cc.log = opts.log;
   cc.on_report = opts.on_sync;
+  cc.on_phase = opts.on_phase;
+  cc.on_member = opts.on_member;
+  cc.heartbeat_interval = t.cluster.heartbeat_interval;
+  cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
+  cc.state_file = t.coordinator.state_file;
+  cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);
 
-  caf::scoped_actor self{sys};
-  for (std::size_t i = 0; i < d.engines.size(); ++i) {
-    const auto& spec = t.engines[i];
-    engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, 1};
-    std::string failure;
-    self->request(d.coordinator, opts.register_deadline, register_atom::value, info,
-                  caf::actor_cast<rollout_engine_actor>(d.engines[i]))
-      .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
-    if (!failure.empty()) {
+  for (std::size_t i = 0; i < d.engines.size(); ++i)
+    if (auto failure = register_engine(sys, d, t, i, opts.register_deadline); !failure.empty()) {
       d.shutdown();
-      throw std::runtime_error("engine " + spec.name + " could not register with the coordinator: " + failure);
+      throw std::runtime_error("engine " + t.engines[i].name + " could not register with the coordinator: " + failure);
     }
-  }
   return d;
+}
+
+std::string local_deployment::restart_engine(caf::actor_system& sys, const topology& t, std::size_t i,
+                                             std::chrono::milliseconds deadline) {
+  caf::anon_send_exit(engines[i], caf::exit_reason::kill); // a no-op when it is dead already
+  if (gates[i]) { // the new process starts whole
+    gates[i]->partitioned = false;
+    gates[i]->acks_held_until_ns = 0;
+  }
+  ++incarnations[i];
+  engines[i] = spawn_engine(sys, *this, t, i);
+  return register_engine(sys, *this, t, i, deadline);
+}
+
+void local_deployment::restart_trainer(caf::actor_system& sys, const topology& t) {
+  caf::anon_send_exit(trainer.actor, caf::exit_reason::kill);
+  trainer_config tc;
+  tc.source = trainer.source;
+  tc.step_time = t.trainer.step_time;
+  tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
+  trainer.actor = spawn_trainer(sys, tc);
+  caf::anon_send(coordinator, register_atom::value, trainer.actor);
 }
 
 void local_deployment::shutdown() {

@@ -18,11 +18,29 @@ struct local_deployment {
   local_trainer trainer;
   std::vector<rollout_engine_impl> engines; ///< in topology order
   std::vector<std::string> engine_names;
+  /// Per engine: its drill faults (deployment_options::fault_gates), else nullptr.
+  std::vector<std::shared_ptr<engine_fault_gate>> gates;
+  /// Per engine: the incarnation running now (1 at first, one more per restart).
+  std::vector<std::uint64_t> incarnations;
   router_actor router;
   coordinator_actor coordinator;
+  /// The dtype engines record their plans in (what the trainer sends).
+  dtype source_dtype = dtype::bf16;
 
   /// Stops every actor (the trainer first, so no version appears mid-shutdown).
   void shutdown();
+
+  /// Replaces engine `i` by a fresh process's worth of state: the old actor
+  /// is killed (if alive), a new one spawned with the next incarnation and
+  /// registered; it stays unroutable until its next sync. Returns the
+  /// coordinator's refusal (e.g. retired past max_restarts), or empty.
+  /// Blocking: call it from a thread that is not an actor.
+  std::string restart_engine(caf::actor_system& sys, const topology& t, std::size_t i,
+                             std::chrono::milliseconds deadline = std::chrono::milliseconds{10000});
+
+  /// A trainer on the same source (its checkpoints survive it): spawned and
+  /// attached to the coordinator, which retries the round it lost.
+  void restart_trainer(caf::actor_system& sys, const topology& t);
 };
 
 struct deployment_options {
@@ -32,6 +50,13 @@ struct deployment_options {
   std::function<void(const std::string&)> log;
   /// Per registration; registration fails the deployment past it.
   std::chrono::milliseconds register_deadline{10000};
+  /// Give every engine a fault gate (drills).
+  bool fault_gates = false;
+  /// The coordinator's phase and membership hooks (coordinator_config); may be empty.
+  decltype(coordinator_config::on_phase) on_phase;
+  decltype(coordinator_config::on_member) on_member;
+  /// One line per reroute from the router; empty: quiet.
+  std::function<void(const std::string&)> router_log;
 };
 
 /// An engine replica's configuration from the topology.
@@ -39,8 +64,10 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
                                          std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype);
 
 /// Spawns and wires everything the topology places anywhere (one process
-/// plays every node). Throws std::runtime_error naming the engine whose
-/// registration failed.
+/// plays every node). The coordinator heartbeats members as cluster.heartbeat_*
+/// say and starts from coordinator.state_file when it exists. Throws
+/// std::runtime_error naming the engine whose registration failed, or the
+/// state file's place that is malformed.
 local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts);
 
 /// One engine's weights against the trainer's for the same version.

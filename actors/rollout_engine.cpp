@@ -11,6 +11,52 @@ namespace rlsync {
 
 namespace {
 
+using engine_ptr = rollout_engine_impl::stateful_pointer<rollout_engine_state>;
+
+/// A drill cut this engine off: messages from outside go unanswered.
+bool cut_off(engine_ptr self) {
+  return self->state.faults && self->state.faults->partitioned.load();
+}
+
+/// An unanswered request: the promise is never delivered, so the requester
+/// meets its own deadline, as with a process that stopped answering.
+template <class T>
+caf::result<T> dropped(engine_ptr self) {
+  return self->make_response_promise<T>();
+}
+
+/// How long a delay_acks drill still holds acknowledgements; 0: not held.
+std::chrono::nanoseconds ack_hold(engine_ptr self) {
+  if (!self->state.faults)
+    return std::chrono::nanoseconds{0};
+  auto until = self->state.faults->acks_held_until_ns.load();
+  auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  return std::chrono::nanoseconds{until > now ? until - now : 0};
+}
+
+/// Delivers `value` now, or when a delay_acks drill lets it go.
+template <class T>
+void deliver_held(engine_ptr self, caf::typed_response_promise<T> rp, T value) {
+  auto wait = ack_hold(self);
+  if (wait.count() == 0) {
+    rp.deliver(std::move(value));
+    return;
+  }
+  auto id = self->state.next_held_ack++;
+  self->state.held_acks.emplace(id, [rp, value]() mutable { rp.deliver(std::move(value)); });
+  self->delayed_send(self, wait, caf::timeout_atom::value, id);
+}
+
+/// A phase acknowledgement, held while a delay_acks drill says so.
+template <class T>
+caf::result<T> held(engine_ptr self, T value) {
+  if (ack_hold(self).count() == 0)
+    return value;
+  auto rp = self->make_response_promise<T>();
+  deliver_held(self, rp, std::move(value));
+  return rp;
+}
+
 caf::error to_error(const engine::engine_error& e) { return make_error(e.code, e.what); }
 
 errc to_errc(transfer::transfer_failure f) {
@@ -69,6 +115,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   self->state.node = cfg.node;
   self->state.self_stepping = cfg.self_stepping;
   self->state.puller = cfg.puller;
+  self->state.faults = cfg.faults;
   for (int w = 0; w < cfg.options.tp; ++w) {
     auto plan = std::make_shared<const engine::plan>(self->state.core->worker_plan(w));
     self->state.plans.push_back(std::make_shared<const transfer::grouped_plan>(cfg.model, plan));
@@ -92,7 +139,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     if (!self->state.pause_promise)
       return;
     if (auto report = self->state.core->poll_pause()) {
-      self->state.pause_promise->deliver(*report);
+      deliver_held(self, *self->state.pause_promise, *report);
       self->state.pause_promise.reset();
     }
   };
@@ -100,6 +147,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
 
   return {
     [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
+      if (cut_off(self))
+        return dropped<pause_report>(self);
       if (auto why = check(req); !why.empty())
         return make_error(errc::malformed, why);
       if (self->state.pause_promise) // a newer pause supersedes one still in flight
@@ -107,24 +156,30 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.pause_promise.reset();
       self->state.core->pause(req);
       if (auto report = self->state.core->poll_pause())
-        return *report;
+        return held(self, *report);
       auto rp = self->make_response_promise<pause_report>();
       self->state.pause_promise = rp;
       schedule_step();
       return rp;
     },
-    [=](flush_atom) -> phase_ack {
+    [=](flush_atom) -> caf::result<phase_ack> {
+      if (cut_off(self))
+        return dropped<phase_ack>(self);
       self->state.core->flush();
-      return ack();
+      return held(self, ack());
     },
     [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
+      if (cut_off(self))
+        return dropped<phase_ack>(self);
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->start_update(version))
         return to_error(*e);
-      return ack();
+      return held(self, ack());
     },
     [=](update_atom, const weight_bucket& bucket) -> caf::result<std::uint64_t> {
+      if (cut_off(self))
+        return dropped<std::uint64_t>(self);
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto why = check(bucket); !why.empty())
@@ -148,6 +203,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     },
     [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
       auto& st = self->state;
+      if (cut_off(self))
+        return dropped<transfer_report>(self);
       if (auto why = check(order); !why.empty())
         return make_error(errc::malformed, why);
       if (!st.puller)
@@ -188,9 +245,11 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
           rp.deliver(to_error(*e));
           return;
         }
-      rp.deliver(*out->report);
+      deliver_held(self, rp, *out->report);
     },
     [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
+      if (cut_off(self))
+        return dropped<phase_ack>(self);
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->finish_update(version))
@@ -199,6 +258,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     },
     [=](resume_atom) -> caf::result<phase_ack> {
       auto& st = self->state;
+      if (cut_off(self))
+        return dropped<phase_ack>(self);
       if (st.core->in_session()) { // continue without finish: the round was aborted
         bool pulling = st.transfer_promise.has_value();
         if (pulling) {
@@ -213,6 +274,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       return ack();
     },
     [=](generate_atom, generate_request req, token_sink_actor sink) -> caf::result<generate_result> {
+      if (cut_off(self))
+        return dropped<generate_result>(self);
       auto id = req.request_id;
       if (self->state.pending.count(id))
         return make_error(errc::malformed, name + ": request " + std::to_string(id) + " already running");
@@ -234,14 +297,26 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       schedule_step();
       return rp;
     },
-    [=](abort_atom, std::uint64_t request_id) -> bool {
+    [=](abort_atom, std::uint64_t request_id) -> caf::result<bool> {
+      if (cut_off(self))
+        return dropped<bool>(self);
       bool found = self->state.core->abort(request_id);
       deliver_pause_if_done();
       return found;
     },
-    [=](status_atom) -> engine_status { return self->state.core->status(); },
-    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return {name, hb.seq}; },
-    [=](digest_atom) -> weight_digest {
+    [=](status_atom) -> caf::result<engine_status> {
+      if (cut_off(self))
+        return dropped<engine_status>(self);
+      return self->state.core->status();
+    },
+    [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
+      if (cut_off(self))
+        return dropped<heartbeat>(self);
+      return heartbeat{name, hb.seq};
+    },
+    [=](digest_atom) -> caf::result<weight_digest> {
+      if (cut_off(self))
+        return dropped<weight_digest>(self);
       weight_digest d;
       d.engine = name;
       d.version = self->state.core->version();
@@ -252,7 +327,21 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       }
       return d;
     },
+    [=](caf::timeout_atom, std::uint64_t id) {
+      if (self->current_sender() != self->ctrl())
+        return; // only its own timers
+      auto i = self->state.held_acks.find(id);
+      if (i == self->state.held_acks.end())
+        return;
+      auto send = std::move(i->second);
+      self->state.held_acks.erase(i);
+      send();
+    },
     [=](step_atom) {
+      if (cut_off(self)) { // a hung process: no steps, no tokens; look again later
+        self->delayed_send(self, std::chrono::milliseconds(10), step_atom::value);
+        return;
+      }
       self->state.step_scheduled = false;
       self->state.core->step();
       deliver_pause_if_done();

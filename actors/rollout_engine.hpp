@@ -20,9 +20,24 @@
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/puller.hpp"
 
+#include <atomic>
+#include <functional>
+#include <map>
 #include <memory>
 
 namespace rlsync {
+
+/// Faults a drill injects into an in-process engine (DESIGN §6), shared
+/// between the engine actor and the drill runner; thread-safe.
+struct engine_fault_gate {
+  /// Cut off: every message from outside is dropped unanswered and the
+  /// engine stops stepping (a partitioned or hung process). Its own pulls
+  /// and timers still arrive, so that it is whole again when healed.
+  std::atomic<bool> partitioned{false};
+  /// Phase acknowledgements are held until this steady-clock time (ns
+  /// since the clock's epoch): a straggler past the phase deadline. 0: none.
+  std::atomic<std::int64_t> acks_held_until_ns{0};
+};
 
 /// What an engine actor is made from.
 struct rollout_engine_config {
@@ -36,6 +51,8 @@ struct rollout_engine_config {
   /// Steps itself while it has work. Deterministic tests turn this off and
   /// send `step_atom` themselves, so that a pause can land between steps.
   bool self_stepping = true;
+  /// Drill faults; nullptr: none.
+  std::shared_ptr<engine_fault_gate> faults;
 };
 
 /// How a data-plane pull ended, reported by the pulling thread.
@@ -57,7 +74,9 @@ namespace rlsync {
 
 /// The interface plus the actor's own messages: one step, a pull's end.
 using rollout_engine_impl =
-  rollout_engine_actor::extend<caf::reacts_to<step_atom>, caf::reacts_to<pull_atom, std::shared_ptr<pull_outcome>>>;
+  rollout_engine_actor::extend<caf::reacts_to<step_atom>, caf::reacts_to<pull_atom, std::shared_ptr<pull_outcome>>,
+                               // a held acknowledgement is due (drills)
+                               caf::reacts_to<caf::timeout_atom, std::uint64_t>>;
 
 struct rollout_engine_state {
   std::unique_ptr<engine::engine_core> core;
@@ -71,6 +90,10 @@ struct rollout_engine_state {
   /// The transfer phase in flight: its reply waits for the pulling thread.
   std::optional<caf::typed_response_promise<transfer_report>> transfer_promise;
   std::uint64_t transfer_seq = 0; ///< transfers started; the one in flight has this number
+  std::shared_ptr<engine_fault_gate> faults;
+  /// Acknowledgements held by a delay_acks drill, by id, sent when due.
+  std::map<std::uint64_t, std::function<void()>> held_acks;
+  std::uint64_t next_held_ack = 1;
   static inline const char* name = "rollout_engine";
 };
 

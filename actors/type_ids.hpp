@@ -121,7 +121,7 @@ RLSYNC_INSPECT(engine_info, x.name, x.node, x.tp, x.version, x.dirty, x.incarnat
 RLSYNC_INSPECT(registration, x.current_version, x.routable)
 RLSYNC_INSPECT(heartbeat, x.from, x.seq)
 RLSYNC_INSPECT(engine_status, x.name, x.version, x.dirty, x.state, x.running, x.waiting,
-               x.frozen, x.tokens_generated, x.prefix_cache_hits, x.prefix_cache_queries)
+               x.frozen, x.tokens_generated, x.dirty_tokens, x.prefix_cache_hits, x.prefix_cache_queries)
 RLSYNC_INSPECT(tensor_meta, x.name, x.dtype, x.shape)
 RLSYNC_INSPECT(bucket_entry, x.name, x.dtype, x.shape, x.offset, x.bytes, x.tensor_offset)
 RLSYNC_INSPECT(weight_bucket, x.version, x.group, x.entries, x.data, x.checksum)

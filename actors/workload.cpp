@@ -103,6 +103,8 @@ struct driver {
 
   void on_token(const token_event& ev) {
     ++res.streamed_tokens;
+    if (opts.on_token)
+      opts.on_token(ev);
     auto it = pending.find(ev.request_id);
     if (it == pending.end() || it->second.waiting_retry)
       return; // a stray, or late after its result: the result was checked already

@@ -40,6 +40,9 @@ struct workload_options {
   /// A request refused with queue_full or not_routable is sent again after
   /// 50 ms × attempt, at most this many times; then it counts as rejected.
   std::uint32_t max_retries = 3;
+  /// Called for every token the driver receives as sink, inside the driver
+  /// (drills time failovers and throughput by it); may be empty.
+  std::function<void(const token_event&)> on_token;
 };
 
 /// The workload section of a topology as driver options (deadline and

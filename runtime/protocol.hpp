@@ -132,6 +132,7 @@ struct engine_status {
   std::uint32_t waiting = 0;
   std::uint32_t frozen = 0;
   std::uint64_t tokens_generated = 0;
+  std::uint64_t dirty_tokens = 0; ///< tokens produced while dirty (never, by design)
   std::uint64_t prefix_cache_hits = 0;
   std::uint64_t prefix_cache_queries = 0;
 };

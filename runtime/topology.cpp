@@ -44,6 +44,9 @@ const choices<fault_action> action_choices = {
   {"kill", fault_action::kill},           {"restart", fault_action::restart},
   {"partition", fault_action::partition}, {"heal", fault_action::heal},
   {"delay_acks", fault_action::delay_acks}, {"corrupt", fault_action::corrupt}};
+const choices<sync_phase> phase_choices = {
+  {"pause", sync_phase::pause},       {"flush", sync_phase::flush},   {"start", sync_phase::start},
+  {"transfer", sync_phase::transfer}, {"finish", sync_phase::finish}, {"continue", sync_phase::resume}};
 const choices<fault_target> target_choices = {{"engine", fault_target::engine},
                                               {"node", fault_target::node},
                                               {"trainer", fault_target::trainer},
@@ -674,7 +677,7 @@ void reader::read_drill(const map_reader& root) {
   if (!items)
     return;
   for (auto& item : *items) {
-    map_reader r(d, item.node, item.path, {"at_sync", "at_ms", "action", "target", "duration_ms"},
+    map_reader r(d, item.node, item.path, {"at_sync", "phase", "at_ms", "action", "target", "duration_ms"},
                  drill.mark("faults"));
     if (!r.valid())
       continue;
@@ -692,12 +695,17 @@ void reader::read_drill(const map_reader& root) {
       if (r.read_ms("at_ms", v, non_negative()))
         f.at = v;
     }
+    if (r.has("phase") && !r.has("at_sync"))
+      r.error("phase", "only used with at_sync (the phase of that round the fault fires in)");
+    else if (r.has("phase"))
+      r.read_choice("phase", f.phase, phase_choices);
     bool action_ok = r.read_choice("action", f.action, action_choices, presence::required);
     bool target_ok = r.read("target", f.target, presence::required);
     if (r.has("duration_ms")) {
       milliseconds v{};
-      if (action_ok && f.action != fault_action::partition && f.action != fault_action::delay_acks)
-        r.error("duration_ms", "only used with partition or delay_acks");
+      if (action_ok && f.action != fault_action::partition && f.action != fault_action::delay_acks
+          && f.action != fault_action::kill)
+        r.error("duration_ms", "only used with kill (restart after it), partition or delay_acks");
       else if (r.read_ms("duration_ms", v, positive()))
         f.duration = v;
     }
@@ -713,7 +721,7 @@ void reader::read_drill(const map_reader& root) {
       break;
     case fault_action::partition:
     case fault_action::heal:
-      kinds = {fault_target::node};
+      kinds = {fault_target::engine, fault_target::node};
       break;
     case fault_action::delay_acks:
     case fault_action::corrupt:
@@ -999,8 +1007,10 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
     for (auto& f : t.drill.faults) {
       out << YAML::BeginMap;
-      if (f.at_sync)
+      if (f.at_sync) {
         out << YAML::Key << "at_sync" << YAML::Value << i64(*f.at_sync);
+        out << YAML::Key << "phase" << YAML::Value << std::string(name_of(phase_choices, f.phase));
+      }
       if (f.at)
         out << YAML::Key << "at_ms" << YAML::Value << ms(*f.at);
       out << YAML::Key << "action" << YAML::Value << std::string(to_string(f.action));

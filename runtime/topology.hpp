@@ -8,6 +8,7 @@
 #include "runtime/dtype.hpp"
 #include "runtime/model_config.hpp"
 #include "runtime/protocol.hpp"
+#include "runtime/sync_round.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -150,11 +151,14 @@ struct workload_spec {
 
 struct fault_spec {
   std::optional<std::int64_t> at_sync; // exactly one of at_sync / at is set
+  sync_phase phase = sync_phase::pause; // with at_sync: fires as that phase of the round is sent
   std::optional<milliseconds> at;
   fault_action action = fault_action::kill;
   std::string target;       // an engine replica or node name, or trainer/router/coordinator
+                            // (partition/heal: a node, or one engine: its messages are dropped)
   fault_target target_kind = fault_target::engine;
-  std::optional<milliseconds> duration; // partition, delay_acks only
+  /// partition, delay_acks: how long they last; kill: restart after it. Else unset.
+  std::optional<milliseconds> duration;
 };
 
 struct drill_spec {

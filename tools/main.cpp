@@ -30,6 +30,8 @@ const subcommand subcommands[] = {
   {"bench", "measure: engine (throughput, update time)", rlsync::tools::cmd_bench},
   {"ping", "heartbeat round trip to another rlsync process (connectivity check)",
    rlsync::tools::cmd_ping},
+  {"drill", "rehearse failures: run a topology's drill faults, check the invariants, write a report",
+   rlsync::tools::cmd_drill},
   {"launch", "start the nodes of a topology that live on this machine, one process each",
    rlsync::tools::cmd_launch},
 };

@@ -273,6 +273,8 @@ void engine_core::emit(request& r, std::int32_t token, std::uint64_t version, bo
   r.produced.push_back(token);
   r.context.push_back(token);
   ++tokens_generated_;
+  if (dirty_)
+    ++dirty_tokens_;
   if (r.cb.on_token)
     r.cb.on_token(ev);
 }
@@ -522,6 +524,7 @@ engine_status engine_core::status() const {
   (state_ == scheduler_state::paused_all ? s.frozen : s.running) = admitted;
   s.waiting = static_cast<std::uint32_t>(waiting_.size());
   s.tokens_generated = tokens_generated_;
+  s.dirty_tokens = dirty_tokens_;
   s.prefix_cache_hits = cache_->hits;
   s.prefix_cache_queries = cache_->queries;
   return s;

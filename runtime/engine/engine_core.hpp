@@ -214,6 +214,7 @@ private:
 
   std::unique_ptr<prefix_cache> cache_;
   std::uint64_t tokens_generated_ = 0;
+  std::uint64_t dirty_tokens_ = 0; ///< emitted while dirty: must stay 0 (a drill invariant)
 };
 
 } // namespace rlsync::engine

@@ -1,11 +1,15 @@
 // The coordinator's sync round on the deterministic scheduler, against fake
 // engines that can be told, per phase, to answer, to hold their answer
-// (forever, or until released: a late answer), to fail, to die, or to
-// answer for the wrong version. The fakes record the global order in which
-// phases arrive across engines, which is what the barrier promises, and
-// likewise the heartbeats of the control-plane probe's waves.
+// (forever, or until released: a late answer), to fail, to die, to answer
+// for the wrong version, or to fall silent. The fakes record the global order
+// in which phases arrive across engines, which is what the barrier promises,
+// and likewise the heartbeats of the control-plane probe's waves. The failure
+// handling (heartbeat timeouts, restart caps, min_live_engines, a trainer
+// dying mid-round, the state file) is tested at the end.
 #include "actors/coordinator.hpp"
+#include "runtime/coordinator_state_file.hpp"
 #include "tests/actors/fixture.hpp"
+#include "tests/runtime/scratch_dir.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/atom.hpp>
@@ -15,6 +19,8 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
+#include <utility>
 
 using namespace rlsync;
 using namespace std::chrono_literals;
@@ -29,6 +35,7 @@ enum class act {
   fail,    ///< reply with an error
   die,     ///< quit without replying
   wrong,   ///< reply for another version (finish, transfer)
+  drop,    ///< never reply, not even when released: a silent engine
 };
 
 struct arrival {
@@ -43,7 +50,12 @@ struct engine_script {
   std::vector<pause_request> pauses;
   std::vector<std::uint64_t> starts;
   std::vector<transfer_order> orders;
-  act on_heartbeat = act::answer; ///< answer or hold
+  act on_heartbeat = act::answer; ///< answer, hold or drop
+  /// The resume answer says the engine holds part of an update (an aborted round).
+  bool dirty_on_resume = false;
+  /// Resume first fails every held reply with round_aborted, as the real
+  /// engine fails the transfer in flight when an aborted round continues.
+  bool fail_held_on_resume = false;
   /// Every engine's heartbeats in arrival order, `from` set to the engine;
   /// shared by the fixture's engines (none: not recorded).
   std::shared_ptr<std::vector<heartbeat>> beats;
@@ -54,11 +66,17 @@ using release_atom = caf::atom_constant<caf::atom("release")>;
 /// An engine that also takes `release`: deliver the oldest held reply.
 using fake_engine_actor = rollout_engine_actor::extend<caf::reacts_to<release_atom>>;
 
+/// A reply the fake holds: delivered on `release`, or failed.
+struct held_reply {
+  std::function<void()> deliver;
+  std::function<void(caf::error)> fail;
+};
+
 struct fake_engine_state {
   std::string name;
   std::shared_ptr<engine_script> script;
   std::shared_ptr<std::vector<arrival>> arrivals;
-  std::vector<std::function<void()>> held; ///< oldest first
+  std::vector<held_reply> held; ///< oldest first
   std::uint64_t version = 0;
 };
 
@@ -79,9 +97,12 @@ caf::result<Reply> phase_reply(fake_engine_ptr self, sync_phase phase, Reply rep
       return make_error(errc::not_paused, st.name + " told to fail " + std::string{to_string(phase)});
     case act::hold: {
       auto rp = self->make_response_promise<Reply>();
-      st.held.push_back([rp, reply]() mutable { rp.deliver(reply); });
+      st.held.push_back({[rp, reply]() mutable { rp.deliver(reply); },
+                         [rp](caf::error err) mutable { rp.deliver(std::move(err)); }});
       return rp;
     }
+    case act::drop:
+      return self->make_response_promise<Reply>(); // never delivered
     case act::die:
       self->quit(caf::exit_reason::kill);
       return self->make_response_promise<Reply>(); // never delivered
@@ -125,7 +146,14 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
       return phase_reply(self, sync_phase::finish, phase_ack{name, v}, phase_ack{name, v + 1});
     },
     [=](resume_atom) -> caf::result<phase_ack> {
-      return phase_reply(self, sync_phase::resume, phase_ack{name, self->state.version});
+      auto& st = self->state;
+      if (st.script->fail_held_on_resume) {
+        auto held = std::exchange(st.held, {});
+        for (auto& h : held)
+          h.fail(make_error(errc::round_aborted, st.name + ": the round was aborted"));
+      }
+      return phase_reply(self, sync_phase::resume,
+                         phase_ack{name, st.version, st.script->dirty_on_resume});
     },
     [=](generate_atom, const generate_request&,
         const token_sink_actor&) -> caf::result<generate_result> {
@@ -137,10 +165,13 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
       auto& script = *self->state.script;
       if (script.beats)
         script.beats->push_back(heartbeat{name, hb.seq});
+      if (script.on_heartbeat == act::drop)
+        return self->make_response_promise<heartbeat>(); // never delivered
       if (script.on_heartbeat != act::hold)
         return hb;
       auto rp = self->make_response_promise<heartbeat>();
-      self->state.held.push_back([rp, hb]() mutable { rp.deliver(hb); });
+      self->state.held.push_back({[rp, hb]() mutable { rp.deliver(hb); },
+                                  [rp](caf::error err) mutable { rp.deliver(std::move(err)); }});
       return rp;
     },
     [=](digest_atom) { return weight_digest{name, self->state.version, false, {}, {}}; },
@@ -148,9 +179,9 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
       auto& held = self->state.held;
       if (held.empty())
         return;
-      auto deliver = std::move(held.front());
+      auto reply = std::move(held.front());
       held.erase(held.begin());
-      deliver();
+      reply.deliver();
     },
   };
 }
@@ -213,6 +244,9 @@ struct coordinator_fixture : test::actor_fixture {
   std::shared_ptr<std::vector<std::string>> routes = std::make_shared<std::vector<std::string>>();
   std::shared_ptr<std::vector<heartbeat>> beats = std::make_shared<std::vector<heartbeat>>();
   std::vector<std::string> log_lines;
+  /// "<engine> <what>" per on_member call, and every report, in order.
+  std::vector<std::string> member_events;
+  std::vector<sync_report> reports;
   router_actor router;
   coordinator_actor coord;
   std::map<std::string, engine_handle> engines;
@@ -222,7 +256,25 @@ struct coordinator_fixture : test::actor_fixture {
     coordinator_config c; // the topology's default deadlines: pause 5 s, flush 1 s, ...
     c.router = router;
     c.log = [this](const std::string& line) { log_lines.push_back(line); };
+    c.on_member = [this](const std::string& engine, const std::string& what) {
+      member_events.push_back(engine + " " + what);
+    };
+    c.on_report = [this](const sync_report& r) { reports.push_back(r); };
     return c;
+  }
+
+  /// Heartbeats every 100 ms; silent for more than 300 ms: unreachable.
+  coordinator_config heartbeat_config() {
+    auto c = config();
+    c.heartbeat_interval = 100ms;
+    c.heartbeat_timeout = 300ms;
+    return c;
+  }
+
+  /// `n` heartbeat intervals of 100 ms, one at a time: every tick fires.
+  void ticks(int n) {
+    for (int i = 0; i < n; ++i)
+      advance(100ms);
   }
 
   void start() {
@@ -242,20 +294,50 @@ struct coordinator_fixture : test::actor_fixture {
   /// end unless the test has told some engine to hold.
   engine_handle& add_engine(const std::string& name, std::uint64_t incarnation = 0,
                             std::map<sync_phase, act> on = {}) {
+    auto& e = spawn_engine(name, std::move(on));
+    auto reg = join(engine_info{name, "node", 1, 0, false, incarnation}, e);
+    REQUIRE(reg);
+    last_registration = *reg;
+    CHECK(!last_registration.routable); // never routable before a completed round
+    return engines[name];
+  }
+
+  /// Spawns a fake engine (replacing the fixture's record of that name)
+  /// without registering it.
+  engine_handle& spawn_engine(const std::string& name, std::map<sync_phase, act> on = {}) {
     auto script = std::make_shared<engine_script>();
     script->on = std::move(on);
     script->beats = beats;
     auto actor = spawn(fake_engine, name, script, arrivals);
-    engines[name] = engine_handle{actor, script};
-    auto reg = request<registration>(coord, register_atom::value,
-                                     engine_info{name, "node", 1, 0, false, incarnation},
-                                     caf::actor_cast<rollout_engine_actor>(actor));
+    return engines[name] = engine_handle{actor, script};
+  }
+
+  /// Registers `e` as `info` and runs what follows (its cold sync, unless held).
+  caf::expected<registration> join(const engine_info& info, const engine_handle& e) {
+    auto reg = request<registration>(coord, register_atom::value, info,
+                                     caf::actor_cast<rollout_engine_actor>(e.actor));
     run();
     REQUIRE(reg->has_value());
-    REQUIRE(**reg);
-    last_registration = ***reg;
-    CHECK(!last_registration.routable); // never routable before a completed round
-    return engines[name];
+    return **reg;
+  }
+
+  void kill(const engine_handle& e) {
+    caf::anon_send_exit(e.actor, caf::exit_reason::kill);
+    run();
+  }
+
+  /// Whether some log line contains `text`.
+  bool logged(const std::string& text) const {
+    return std::any_of(log_lines.begin(), log_lines.end(),
+                       [&](const std::string& l) { return l.find(text) != std::string::npos; });
+  }
+
+  engine_info member_info(const std::string& name) {
+    for (auto& m : status().members)
+      if (m.name == name)
+        return m;
+    FAIL("not a member: " << name);
+    return {};
   }
 
   void publish(std::uint64_t v, std::uint32_t groups = 4) {
@@ -274,6 +356,8 @@ struct coordinator_fixture : test::actor_fixture {
     routes->clear();
     beats->clear();
     log_lines.clear();
+    member_events.clear();
+    reports.clear();
     for (auto& [name, e] : engines) {
       e.script->pauses.clear();
       e.script->starts.clear();

@@ -127,7 +127,7 @@ TEST_CASE("drill report: lane segments from events") {
   }
 }
 
-TEST_CASE("drill report: lane segments follow engine order; an engine without events has none") {
+TEST_CASE("drill report: lane segments follow engine order, an engine without events has none") {
   drill_record r;
   r.duration_ms = 10;
   r.engines = {"z", "idle", "a"};

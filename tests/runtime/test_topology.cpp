@@ -388,8 +388,14 @@ TEST_CASE("topology errors: drill") {
   check_rows({
     {"unknown kill target", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill, target: e-7}"),
      "t.yaml:8:42: drill.faults[0].target: unknown target 'e-7' for kill (expected " + kill_targets + ")"},
-    {"partition needs a node", plus("drill:\n  faults:\n    - {at_sync: 1, action: partition, target: e-0}"),
-     "t.yaml:8:47: drill.faults[0].target: unknown target 'e-0' for partition (expected a node (a, b))"},
+    {"partition needs a node or an engine", plus("drill:\n  faults:\n    - {at_sync: 1, action: partition, target: trainer}"),
+     "t.yaml:8:47: drill.faults[0].target: unknown target 'trainer' for partition (expected an engine (e-0, e-1) "
+     "or a node (a, b))"},
+    {"phase without at_sync", plus("drill:\n  faults:\n    - {at_ms: 5, phase: transfer, action: kill, target: e-0}"),
+     "t.yaml:8:25: drill.faults[0].phase: only used with at_sync (the phase of that round the fault fires in)"},
+    {"unknown phase", plus("drill:\n  faults:\n    - {at_sync: 1, phase: resume, action: kill, target: e-0}"),
+     "t.yaml:8:27: drill.faults[0].phase: must be one of pause, flush, start, transfer, finish, continue, got "
+     "'resume'"},
     {"delay_acks needs an engine", plus("drill:\n  faults:\n    - {at_ms: 10, action: delay_acks, target: a}"),
      "t.yaml:8:47: drill.faults[0].target: unknown target 'a' for delay_acks (expected an engine (e-0, e-1))"},
     {"corrupt needs an engine", plus("drill:\n  faults:\n    - {at_sync: 2, action: corrupt, target: trainer}"),
@@ -402,8 +408,8 @@ TEST_CASE("topology errors: drill") {
      "when it fires"},
     {"at_sync zero", plus("drill:\n  faults:\n    - {at_sync: 0, action: kill, target: e-0}"),
      "t.yaml:8:17: drill.faults[0].at_sync: must be positive, got 0"},
-    {"duration on kill", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill, target: e-0, duration_ms: 5}"),
-     "t.yaml:8:60: drill.faults[0].duration_ms: only used with partition or delay_acks"},
+    {"duration on corrupt", plus("drill:\n  faults:\n    - {at_sync: 1, action: corrupt, target: e-0, duration_ms: 5}"),
+     "t.yaml:8:63: drill.faults[0].duration_ms: only used with kill (restart after it), partition or delay_acks"},
     {"zero duration", plus("drill:\n  faults:\n    - {at_sync: 1, action: partition, target: b, duration_ms: 0}"),
      "t.yaml:8:63: drill.faults[0].duration_ms: must be positive, got 0"},
     {"action out of range", plus("drill:\n  faults:\n    - {at_sync: 1, action: explode, target: e-0}"),
