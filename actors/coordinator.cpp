@@ -591,7 +591,7 @@ void end_round(self_ptr self) {
   rep.engines_synced = static_cast<std::uint32_t>(r.book.live().size());
   rep.evicted = r.book.evicted();
   rep.stall_ns = (r.last_resume_ack_ns != 0 ? r.last_resume_ack_ns : end) - r.pause_sent_ns;
-  if (r.transfer_sent_ns != 0)
+  if (r.transfer_sent_ns != 0 && r.transfer_done_ns >= r.transfer_sent_ns) // an aborted transfer never ended
     rep.transfer_ns = r.transfer_done_ns - r.transfer_sent_ns;
   rep.bytes = r.bytes;
   rep.control_ns = rep.stall_ns > rep.transfer_ns ? rep.stall_ns - rep.transfer_ns : 0;

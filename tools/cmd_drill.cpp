@@ -66,7 +66,8 @@ const char* usage =
 /// How long the drill waits for things that should happen by themselves.
 constexpr milliseconds fault_deadline{60000};   ///< a fault's round to come
 constexpr milliseconds recovery_deadline{30000}; ///< every replica back after the last fault
-constexpr milliseconds settle_window{2000};      ///< throughput measured over this, before and after
+constexpr milliseconds settle_window{3000};      ///< throughput measured over this, before and after
+constexpr milliseconds ramp_up{1000};            ///< the workload's first second is not a baseline
 constexpr milliseconds sample_every{100};
 
 std::string fault_label(const fault_spec& f) {
@@ -191,12 +192,26 @@ private:
     } else if (what == "registered" && workload_started_) {
       lane(engine, lane_state::rejoining);
     } else if (what == "evicted") {
-      lane(engine, lane_state::rejoining);
+      bool cut_off;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        faulted_.insert(engine); // out of service: it has to rejoin
+        cut_off = unreachable_.count(engine) > 0;
+      }
+      if (!cut_off)
+        lane(engine, lane_state::rejoining);
     } else if (what == "dirty") {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        faulted_.insert(engine);
+      }
       lane(engine, lane_state::dirty);
     } else if (what == "unreachable" || what == "left" || what == "retired") {
       lane(engine, lane_state::dead);
       std::lock_guard<std::mutex> lock(mu_);
+      faulted_.insert(engine);
+      if (what == "unreachable")
+        unreachable_.insert(engine);
       if (auto f = last_fault_ms_.find(engine); f != last_fault_ms_.end() && what != "retired") {
         double after = now_ms() - f->second;
         rec_.marks.push_back({now_ms(), "detect", engine + " " + what + " (" + std::to_string(static_cast<int>(after)) + " ms after its fault)"});
@@ -204,6 +219,10 @@ private:
           detect_ms_.push_back(after);
       }
     } else if (what == "reachable") {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        unreachable_.erase(engine);
+      }
       lane(engine, lane_state::rejoining);
     }
   }
@@ -551,8 +570,11 @@ private:
       self->request(d_.engines[i], std::chrono::seconds(2), status_atom::value)
         .receive([&](engine_status& s) { st = s; }, [](caf::error&) {});
       e.alive = st.has_value();
-      if (st)
+      if (st) {
         e.dirty_tokens = st->dirty_tokens;
+        note("drill: " + e.name + " generated " + std::to_string(st->tokens_generated) + " tokens in this incarnation, "
+             + std::to_string(st->running) + " running, " + std::to_string(st->waiting) + " waiting");
+      }
       e.retired = std::count(cs.retired.begin(), cs.retired.end(), e.name) > 0;
       e.reachable = std::count(cs.unreachable.begin(), cs.unreachable.end(), e.name) == 0;
       e.routable = std::count(cs.routable.begin(), cs.routable.end(), e.name) > 0;
@@ -577,7 +599,8 @@ private:
     }
     double before_to = first_fault_ms_ >= 0 ? first_fault_ms_ : last_fault_end_ms_;
     double workload_from = std::chrono::duration<double, std::milli>(workload_t0_ - t0_).count();
-    double before_from = std::max(workload_from, before_to - static_cast<double>(settle_window.count()));
+    double before_from = std::max(workload_from + static_cast<double>(ramp_up.count()),
+                                  before_to - static_cast<double>(settle_window.count()));
     o.throughput_before = throughput(before_from, before_to);
     o.throughput_after = throughput(end_ms - static_cast<double>(settle_window.count()), end_ms);
 
@@ -671,7 +694,8 @@ private:
   std::set<std::uint64_t> completed_versions_;
   std::map<std::string, double> last_fault_ms_;
   std::map<std::string, fault_action> fault_action_;
-  std::set<std::string> faulted_;
+  std::set<std::string> faulted_;     ///< hit by a fault, or out of service because of one
+  std::set<std::string> unreachable_;
   std::map<std::uint64_t, watch> watches_;
   std::vector<double> failover_kill_ms_, failover_other_ms_, detect_ms_;
   std::vector<std::pair<double, std::uint64_t>> samples_; ///< (ms, tokens streamed so far)

@@ -318,6 +318,9 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   }
   for (auto& e : result.errors)
     s << "\n  error: " << e;
+  if (status.below_min_live_events > 0)
+    s << "\nALERT: live engines fell below sync.min_live_engines (" << t.sync.min_live_engines << ") "
+      << status.below_min_live_events << " times; retired: " << status.retired.size();
   s << "\n";
   std::cout << s.str() << std::flush;
 
@@ -357,6 +360,8 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   }
   if (interrupted)
     return 130;
+  if (status.below_min_live_events > 0)
+    return 3; // the fleet was too small for a while: the run's figures do not stand
   bool all_served = result.completed == w.prompts && result.failed == 0 && result.rejected == 0;
   return all_served && weights_ok && result.stream_mismatches == 0 ? 0 : 1;
 }

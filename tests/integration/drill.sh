@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# rlsync drill end to end: each shipped drill (configs/drills/) runs to the
+# end with every invariant held, writes report.json and report.html with its
+# timeline, and names its report folder on its last line; bad drills are
+# refused with their place. Runs serially (ctest RUN_SERIAL): the throughput
+# invariant compares tokens/s before and after, which a busy machine skews.
+set -euo pipefail
+rlsync=$1 root=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+for drill in "$root"/configs/drills/*.yaml; do
+  name=$(basename "$drill" .yaml)
+  set +e
+  "$rlsync" drill "$drill" --report "$dir/$name" > "$dir/$name.out" 2> "$dir/$name.err"
+  rc=$?
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    cat "$dir/$name.out"; tail -40 "$dir/$name.err"
+    echo "FAIL: drill $name exited $rc"; exit 1
+  fi
+  [ "$(tail -1 "$dir/$name.out")" = "$dir/$name" ] || { cat "$dir/$name.out"; echo "FAIL: $name: last line is not the report folder"; exit 1; }
+  grep -q '"passed": true' "$dir/$name/report.json" || { echo "FAIL: $name: report.json does not say passed"; exit 1; }
+  grep -q '<svg' "$dir/$name/report.html" || { echo "FAIL: $name: no timeline in report.html"; exit 1; }
+  grep -q 'class="seg ' "$dir/$name/report.html" || { echo "FAIL: $name: no lane segments"; exit 1; }
+  grep -q 'VIOLATED' "$dir/$name.out" && { cat "$dir/$name.out"; echo "FAIL: $name: an invariant is violated"; exit 1; }
+  echo "$name: $(grep -c '^  held' "$dir/$name.out") invariants held; $(grep -E 'failover|detected|after /' "$dir/$name.out" | tr -s ' ' | paste -sd ';' -)"
+done
+# The drills themselves did what they say.
+grep -q 'rerouted from rollout-0' "$dir/engine-kill.err" || { echo "FAIL: engine-kill rerouted nothing"; exit 1; }
+grep -q 'rollout-1 silent for' "$dir/partition.err" || { echo "FAIL: partition was not detected"; exit 1; }
+grep -q 'checksum' "$dir/partition.err" || { echo "FAIL: the corrupted group was not caught"; exit 1; }
+grep -q 'ABORTED (the trainer is down)' "$dir/trainer-kill.err" || { echo "FAIL: trainer-kill aborted no round"; exit 1; }
+# Bad drills: nothing to rehearse, a fault one process cannot stage, a bad field.
+sed '/^drill:/,$d' "$root/configs/drills/engine-kill.yaml" > "$dir/none.yaml"
+set +e
+out=$("$rlsync" drill "$dir/none.yaml" 2>&1); rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q 'no drill.faults' <<<"$out" || { echo "FAIL: a drill without faults: rc $rc: $out"; exit 1; }
+sed 's/target: rollout-2, duration_ms: 1000/target: router/' "$root/configs/drills/engine-kill.yaml" > "$dir/router.yaml"
+set +e
+out=$("$rlsync" drill "$dir/router.yaml" 2>&1); rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q 'drill.faults\[1\]: kill of the router' <<<"$out" || { echo "FAIL: router kill: rc $rc: $out"; exit 1; }
+sed 's/phase: transfer/phase: later/' "$root/configs/drills/engine-kill.yaml" > "$dir/phase.yaml"
+set +e
+out=$("$rlsync" drill "$dir/phase.yaml" 2>&1); rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q 'phase.yaml:[0-9]*:[0-9]*: drill.faults\[0\].phase: must be one of' <<<"$out" || { echo "FAIL: bad phase: rc $rc: $out"; exit 1; }
+echo "bad drills refused with their place"
