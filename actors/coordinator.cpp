@@ -328,24 +328,39 @@ void start_round(self_ptr self, std::vector<sync_waiter> waiters);
 void on_version(self_ptr self, const version_info& vi) {
   auto& st = self->state;
   if (vi.version == 0 || vi.version < st.newest.version) { // the counter never goes backwards
-    if (vi.version != 0)
-      log_line(self, "coordinator: ignored version " + std::to_string(vi.version)
-                       + ", older than the published " + std::to_string(st.newest.version));
+    if (vi.version != 0 && st.ignored_versions++ % 100 == 0) // loud once, then now and then
+      log_line(self, "coordinator: ignored version " + std::to_string(vi.version) + ", older than the published "
+                       + std::to_string(st.newest.version)
+                       + (st.cfg.restored ? " (restored from " + st.cfg.state_file
+                                              + "; versions never go backwards: start the trainer at or past it)"
+                                          : std::string{})
+                       + "; " + std::to_string(st.ignored_versions) + " ignored so far");
     return;
   }
-  if (vi.version == st.newest.version && st.newest_heard)
+  if (vi.version == st.newest.version && st.newest_heard) {
+    // Nothing new, but a restarted trainer reporting it is what a round
+    // held back while the trainer was down waits for.
+    maybe_start_round(self);
     return;
+  }
   st.newest = vi; // the same number from a restored counter brings its groups
   st.newest_heard = true;
   maybe_start_round(self);
+}
+
+/// Whether a round may start as far as the trainer is concerned: it reported
+/// a version (the first one starts the cold sync) and is not down (nothing
+/// to pull from). Without a trainer, versions arrive as messages: always.
+bool trainer_ready(const coordinator_state& st) {
+  return !st.cfg.trainer || (st.newest_heard && !st.trainer_down);
 }
 
 void maybe_start_round(self_ptr self) {
   auto& st = self->state;
   if (st.round)
     return; // the end of this round checks again
-  if (st.cfg.trainer && (!st.newest_heard || st.trainer_down))
-    return; // nothing published yet (the first version starts the cold sync), or no trainer to pull from
+  if (!trainer_ready(st))
+    return;
   auto newcomer = std::any_of(st.members.begin(), st.members.end(),
                               [](const auto& kv) { return kv.second.newcomer; });
   if (st.sync_waiters.empty()
@@ -588,7 +603,7 @@ void end_round(self_ptr self) {
   auto end = now_ns(self);
   sync_report rep;
   rep.version = v;
-  rep.engines_synced = static_cast<std::uint32_t>(r.book.live().size());
+  rep.engines_synced = aborted ? 0 : static_cast<std::uint32_t>(r.book.live().size());
   rep.evicted = r.book.evicted();
   rep.stall_ns = (r.last_resume_ack_ns != 0 ? r.last_resume_ack_ns : end) - r.pause_sent_ns;
   if (r.transfer_sent_ns != 0 && r.transfer_done_ns >= r.transfer_sent_ns) // an aborted transfer never ended
@@ -602,7 +617,6 @@ void end_round(self_ptr self) {
     st.history.pop_front();
   std::string line = "sync round " + std::to_string(r.book.id()) + " v" + std::to_string(v) + ": ";
   if (aborted) {
-    rep.engines_synced = 0;
     line += "ABORTED (" + r.abort_reason + "): " + std::to_string(r.book.live().size() - r.dirty_after_abort.size())
             + " engines resume on their old version, " + std::to_string(r.dirty_after_abort.size())
             + " dirty";
@@ -671,6 +685,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     st.synced_version = r->synced_version;
     st.newest.version = r->newest_version;
     st.rounds = r->rounds;
+    st.next_round_id = r->rounds + 1; // round numbers go on too (drills and logs count them)
     for (auto& pm : r->members)
       st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable};
     log_line(self, "coordinator: restored from " + st.cfg.state_file + ": v" + std::to_string(st.synced_version)
@@ -697,8 +712,8 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     [=](deregister_atom, const std::string& name) { drop_member(self, name, "deregistered"); },
     [=](sync_atom) -> caf::result<sync_report> {
       auto rp = self->make_response_promise<sync_report>();
-      if (self->state.round)
-        self->state.sync_waiters.push_back(rp); // one round at a time: it gets the next
+      if (self->state.round || !trainer_ready(self->state))
+        self->state.sync_waiters.push_back(rp); // one round at a time, and a trainer to pull from: it gets the next
       else
         start_round(self, {rp});
       return rp;

@@ -192,6 +192,7 @@ struct coordinator_state {
   /// knows the number, not the groups).
   bool newest_heard = false;
   bool trainer_down = false;
+  std::uint64_t ignored_versions = 0; ///< older than the counter (logged now and then)
   std::uint64_t heartbeat_seq = 0;
   /// min_live_engines: armed once that many members were live; below it now;
   /// how often it fell below.

@@ -65,10 +65,10 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   for (std::size_t i = 0; i < t.engines.size(); ++i) {
     d.gates.push_back(opts.fault_gates ? std::make_shared<engine_fault_gate>() : nullptr);
     d.incarnations.push_back(1);
-    if (restored) // a restarted run: these processes are new incarnations
+    if (restored) // a restarted run: its engines reconnect under the names (and incarnations) on record
       for (auto& pm : restored->members)
         if (pm.name == t.engines[i].name)
-          d.incarnations.back() = pm.incarnation + 1;
+          d.incarnations.back() = pm.incarnation;
     d.engines.push_back(spawn_engine(sys, d, t, i));
     d.engine_names.push_back(t.engines[i].name);
   }
@@ -87,6 +87,7 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   cc.heartbeat_interval = t.cluster.heartbeat_interval;
   cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
   cc.state_file = t.coordinator.state_file;
+  d.coordinator_cfg = cc;
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);
 
@@ -108,6 +109,35 @@ std::string local_deployment::restart_engine(caf::actor_system& sys, const topol
   ++incarnations[i];
   engines[i] = spawn_engine(sys, *this, t, i);
   return register_engine(sys, *this, t, i, deadline);
+}
+
+void local_deployment::restart_coordinator(caf::actor_system& sys, const topology& t, bool kill_first) {
+  if (coordinator_cfg.state_file.empty())
+    throw std::runtime_error("a coordinator restart needs coordinator.state_file: without it the version counter "
+                             "would start again from 0");
+  if (kill_first) {
+    caf::scoped_actor self{sys};
+    self->monitor(coordinator);
+    caf::anon_send_exit(coordinator, caf::exit_reason::kill);
+    self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
+  }
+  auto cc = coordinator_cfg;
+  cc.trainer = trainer.actor;
+  cc.restored = read_coordinator_state(cc.state_file); // throws, naming file:line:column
+  coordinator = sys.spawn(rlsync::coordinator, cc);
+  caf::scoped_actor self{sys};
+  for (std::size_t i = 0; i < engines.size(); ++i) {
+    std::optional<engine_status> st;
+    self->request(engines[i], std::chrono::seconds(2), status_atom::value)
+      .receive([&](engine_status& s) { st = s; }, [](caf::error&) {});
+    if (!st)
+      continue; // dead or cut off: it registers when it is restarted
+    const auto& spec = t.engines[i];
+    engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), st->version, st->dirty, incarnations[i]};
+    self->request(coordinator, std::chrono::seconds(10), register_atom::value, info,
+                  caf::actor_cast<rollout_engine_actor>(engines[i]))
+      .receive([](const registration&) {}, [](caf::error&) {});
+  }
 }
 
 void local_deployment::restart_trainer(caf::actor_system& sys, const topology& t) {

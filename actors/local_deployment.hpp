@@ -26,6 +26,8 @@ struct local_deployment {
   coordinator_actor coordinator;
   /// The dtype engines record their plans in (what the trainer sends).
   dtype source_dtype = dtype::bf16;
+  /// The coordinator's configuration as first spawned (hooks included), for a restart.
+  coordinator_config coordinator_cfg;
 
   /// Stops every actor (the trainer first, so no version appears mid-shutdown).
   void shutdown();
@@ -41,6 +43,14 @@ struct local_deployment {
   /// A trainer on the same source (its checkpoints survive it): spawned and
   /// attached to the coordinator, which retries the round it lost.
   void restart_trainer(caf::actor_system& sys, const topology& t);
+
+  /// Kills the coordinator (when `kill_first`) and starts a new one from
+  /// its state file, then re-registers every live engine as it is (same
+  /// incarnation, the version it serves): those current at the synced
+  /// version serve on at once. The router keeps routing meanwhile. Throws
+  /// std::runtime_error without a state file or when it is malformed.
+  /// Blocking: call it from a thread that is not an actor.
+  void restart_coordinator(caf::actor_system& sys, const topology& t, bool kill_first = true);
 };
 
 struct deployment_options {

@@ -13,9 +13,10 @@
 // its messages are dropped and it stops stepping (engine_fault_gate);
 // delay_acks = its phase acknowledgements are held; corrupt = the data plane
 // alters one group it receives. The trainer can be killed and restarted on
-// the same source (its checkpoints survive it). Router and coordinator
-// faults, and faults of whole nodes as processes, need the multi-process
-// drills (not yet).
+// the same source (its checkpoints survive it). The coordinator can be
+// killed and restarted from its state file (one in the report folder when
+// the topology names none); live engines re-register as they are. Router
+// faults and whole-node kills are refused for now.
 //
 // Every fault runs on the drill's own thread. A fault due at a round's phase
 // is handed over from the coordinator's hook, which waits (bounded) until it
@@ -84,9 +85,9 @@ std::string fault_label(const fault_spec& f) {
 
 /// What the drill refuses in one process, or empty.
 std::string unsupported(const fault_spec& f) {
-  if (f.target_kind == fault_target::router || f.target_kind == fault_target::coordinator)
+  if (f.target_kind == fault_target::router)
     return std::string(to_string(f.action)) + " of the " + f.target
-           + " is not rehearsed in one process yet (it needs the multi-process drill)";
+           + " is not rehearsed yet (its accepted requests would need to re-attach to a new router)";
   if (f.target_kind == fault_target::node && (f.action == fault_action::kill || f.action == fault_action::restart))
     return std::string(to_string(f.action)) + " of a whole node needs the multi-process drill; target its engines";
   return {};
@@ -189,7 +190,11 @@ private:
   void on_member(const std::string& engine, const std::string& what) {
     if (what == "routable") {
       lane(engine, lane_state::generating);
-    } else if (what == "registered" && workload_started_) {
+    } else if (what == "registered" && workload_started_) { // a restart, or a new coordinator's roll call
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        faulted_.insert(engine);
+      }
       lane(engine, lane_state::rejoining);
     } else if (what == "evicted") {
       bool cut_off;
@@ -353,6 +358,17 @@ private:
     mark("fault", fault_label(spec));
     note("drill: fault: " + fault_label(spec));
     auto now = clock_type::now();
+    if (spec.target_kind == fault_target::coordinator) {
+      if (spec.action == fault_action::kill) {
+        caf::anon_send_exit(d_.coordinator, caf::exit_reason::kill);
+        if (spec.duration)
+          ends_.push_back({now + *spec.duration, index});
+      } else if (spec.action == fault_action::restart) {
+        restart_coordinator(true);
+      }
+      f.fired = true;
+      return;
+    }
     if (spec.target_kind == fault_target::trainer) {
       if (spec.action == fault_action::kill) {
         caf::anon_send_exit(d_.trainer.actor, caf::exit_reason::kill);
@@ -403,6 +419,11 @@ private:
   /// The end of a fault with a duration: heal, or restart what was killed.
   void end_fault(std::size_t index) {
     const auto& spec = faults_[index].spec;
+    if (spec.target_kind == fault_target::coordinator) {
+      mark("heal", "restart coordinator");
+      restart_coordinator(false);
+      return;
+    }
     if (spec.target_kind == fault_target::trainer) {
       mark("heal", "restart trainer");
       restart_trainer();
@@ -429,6 +450,15 @@ private:
       lane(name, lane_state::dead);
     } else {
       note("drill: " + name + " restarted as incarnation " + std::to_string(d_.incarnations[i]));
+    }
+  }
+
+  void restart_coordinator(bool kill_first) {
+    try {
+      d_.restart_coordinator(sys_, t_, kill_first);
+      note("drill: coordinator restarted from " + t_.coordinator.state_file);
+    } catch (const std::exception& e) {
+      note(std::string("drill: coordinator restart failed: ") + e.what());
     }
   }
 
@@ -729,7 +759,7 @@ int cmd_drill(const arg_list& argv) {
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
-  const topology& t = *loaded;
+  topology t = *loaded;
   if (t.drill.faults.empty()) {
     std::cerr << path << ": no drill.faults: nothing to rehearse (see configs/drills/)\n";
     return 1;
@@ -740,6 +770,12 @@ int cmd_drill(const arg_list& argv) {
       return 1;
     }
   std::string dir = a.get("report").value_or(default_report_dir(t));
+  bool coordinator_faults = std::any_of(t.drill.faults.begin(), t.drill.faults.end(),
+                                        [](const fault_spec& f) { return f.target_kind == fault_target::coordinator; });
+  if (coordinator_faults && t.coordinator.state_file.empty()) { // a restart continues from it
+    std::filesystem::create_directories(dir);
+    t.coordinator.state_file = std::filesystem::absolute(dir + "/coordinator-state.yaml").string();
+  }
   std::cerr << "rlsync drill " << path << ": " << t.engines.size() << " engines, " << t.drill.faults.size()
             << " faults, heartbeat every " << t.cluster.heartbeat_interval.count() << " ms (timeout "
             << t.cluster.heartbeat_timeout.count() << " ms)\n";

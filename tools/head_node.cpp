@@ -42,7 +42,11 @@ void register_engine(caf::actor_system& sys, const coordinator_actor& coordinato
                      const caf::actor& engine, std::chrono::milliseconds deadline) {
   caf::scoped_actor self{sys};
   std::string failure;
-  engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, 1};
+  // Each process is a new incarnation of its replicas: a restarted node's
+  // engines replace their dead predecessors and count as restarts.
+  static const auto incarnation = static_cast<std::uint64_t>(
+    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, incarnation};
   self->request(coordinator, deadline, register_atom::value, info, caf::actor_cast<rollout_engine_actor>(engine))
     .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
   if (!failure.empty())
@@ -52,6 +56,9 @@ void register_engine(caf::actor_system& sys, const coordinator_actor& coordinato
 head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
                      head_hooks hooks)
     : sys_(sys) {
+  std::optional<persisted_coordinator> restored; // before anything runs: a bad file stops the node cleanly
+  if (!t.coordinator.state_file.empty())
+    restored = read_coordinator_state(t.coordinator.state_file); // throws, naming file:line:column
   trainer_ = make_local_trainer(sys, t, 0);
   router_ = spawn_router(sys, router_config_from(t));
   auto admitted = std::make_shared<admitted_nodes>();
@@ -63,6 +70,10 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   cc.admit = [admitted](const caf::node_id& n) { return admitted->contains(n); };
   cc.log = hooks.log;
   cc.on_report = hooks.on_report;
+  cc.heartbeat_interval = t.cluster.heartbeat_interval;
+  cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
+  cc.state_file = t.coordinator.state_file;
+  cc.restored = std::move(restored);
   coordinator_ = sys.spawn(rlsync::coordinator, cc);
   gatekeeper_config gc;
   gc.secret = secret;

@@ -30,6 +30,7 @@ grep -q 'rerouted from rollout-0' "$dir/engine-kill.err" || { echo "FAIL: engine
 grep -q 'rollout-1 silent for' "$dir/partition.err" || { echo "FAIL: partition was not detected"; exit 1; }
 grep -q 'checksum' "$dir/partition.err" || { echo "FAIL: the corrupted group was not caught"; exit 1; }
 grep -q 'ABORTED (the trainer is down)' "$dir/trainer-kill.err" || { echo "FAIL: trainer-kill aborted no round"; exit 1; }
+grep -q 'coordinator: restored from .*coordinator-state.yaml' "$dir/coordinator-restart.err" || { echo "FAIL: the coordinator did not restart from its state file"; exit 1; }
 # Bad drills: nothing to rehearse, a fault one process cannot stage, a bad field.
 sed '/^drill:/,$d' "$root/configs/drills/engine-kill.yaml" > "$dir/none.yaml"
 set +e
