@@ -121,6 +121,10 @@ engine_core::engine_core(const model_config& c, engine_options opts)
     throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
   for (int w = 0; w < opts_.tp; ++w)
     plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype));
+  // Staging for the first two sessions, allocated (and touched) now rather
+  // than on the engine's thread in the middle of a round.
+  spare_ = model_.make_weights();
+  reserve_ = model_.make_weights();
 }
 
 engine_core::~engine_core() = default;
@@ -135,7 +139,8 @@ void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t versio
 void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   weights->version = version;
   model_.set_weights(weights);
-  spare_ = std::move(serving_);
+  if (serving_) // the first load keeps the spare made at construction
+    spare_ = std::move(serving_);
   serving_ = std::move(weights);
   version_ = version;
   dirty_ = false;
@@ -392,6 +397,8 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   // checks that every parameter gets overwritten.
   if (spare_ && spare_.use_count() == 1)
     s.staging = std::move(spare_);
+  else if (reserve_)
+    s.staging = std::move(reserve_);
   else
     s.staging = model_.make_weights();
   spare_.reset();

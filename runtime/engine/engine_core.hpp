@@ -211,6 +211,11 @@ private:
   /// the spare in place instead of faulting in fresh pages (first touch
   /// costs more than the copy itself).
   std::shared_ptr<weight_set> serving_, spare_;
+  /// A second staging set made at construction, like spare_: the first two
+  /// sessions then allocate nothing. Faulting in a model's worth of fresh
+  /// pages takes seconds at GB scale, and a session starts on the engine's
+  /// own thread, where it would miss heartbeats and the start deadline.
+  std::shared_ptr<weight_set> reserve_;
 
   std::unique_ptr<prefix_cache> cache_;
   std::uint64_t tokens_generated_ = 0;
