@@ -314,8 +314,10 @@ void heartbeat_tick(self_ptr self) {
     if (st.members.count(name) && !st.members.at(name).unreachable)
       mark_unreachable(self, name, ns);
   heartbeat hb{"coordinator", ++st.heartbeat_seq};
+  // A late answer still proves it is alive: each heartbeat may take the
+  // whole timeout (a few are in flight at once).
   for (auto& [name, m] : st.members)
-    self->request(m.handle, st.cfg.heartbeat_interval, heartbeat_atom::value, hb)
+    self->request(m.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
       .then([=, name = name, who = m.handle.address()](heartbeat&) { heard_from(self, name, who); },
             [](caf::error&) {});
   self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);

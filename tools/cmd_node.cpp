@@ -49,7 +49,8 @@ const char* usage =
   "cluster.connect_deadline_ms), proves the cluster secret (cluster.secret_file or\n"
   "cluster.secret_env; --secret-file overrides the file), and registers its engines.\n"
   "--run (coordinator's node): once every engine registered, run the main job as\n"
-  "`rlsync run` does, then exit. Engine nodes exit when the coordinator is gone.\n"
+  "`rlsync run` does, then exit. Engine nodes exit when the coordinator stops; when\n"
+  "the link to it is lost they rejoin (as for the first join, up to connect_deadline_ms).\n"
   "SIGTERM or SIGINT stops a node cleanly.\n";
 
 /// Waits for a stop signal or `done()`, polling; bounded by nothing else on
@@ -104,9 +105,11 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
   return rc;
 }
 
-int run_member(caf::actor_system& sys, const topology& t, const node_spec& node, const node_spec& head,
-               const std::string& secret) {
-  // Connect to the head's gatekeeper, retrying with backoff up to the deadline.
+/// Connects to the head's gatekeeper (retrying with backoff up to the
+/// connect deadline) and proves the secret: the cluster's handles, or
+/// nothing with `why` set.
+std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                       const node_spec& head, const std::string& secret, std::string& why) {
   auto give_up = clock_type::now() + t.cluster.connect_deadline;
   auto backoff = std::chrono::milliseconds(50);
   caf::expected<gatekeeper_actor> gate{caf::error{}};
@@ -120,10 +123,9 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   if (!gate) {
-    std::cerr << "rlsync node " << node.name << ": cannot reach the coordinator's node " << head.name << " at "
-              << head.address << ":" << head.port << " after " << attempts << " attempts: "
-              << sys.render(gate.error()) << "\n";
-    return 1;
+    why = "cannot reach the coordinator's node " + head.name + " at " + head.address + ":" + std::to_string(head.port)
+          + " after " + std::to_string(attempts) + " attempts: " + sys.render(gate.error());
+    return std::nullopt;
   }
   // Prove the secret: hello -> challenge -> admit(HMAC) -> the cluster's handles.
   caf::scoped_actor self{sys};
@@ -137,13 +139,22 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
           .receive([&](join_grant& g) { grant = std::move(g); }, [&](caf::error& err) { failure = sys.render(err); });
       },
       [&](caf::error& err) { failure = sys.render(err); });
+  if (!grant)
+    why = head.name + " refused to admit this node: " + failure;
+  return grant;
+}
+
+int run_member(caf::actor_system& sys, const topology& t, const node_spec& node, const node_spec& head,
+               const std::string& secret) {
+  std::string why;
+  auto grant = join_cluster(sys, t, node, head, secret, why);
   if (!grant) {
-    std::cerr << "rlsync node " << node.name << ": " << head.name << " refused to admit this node: " << failure
-              << "\n";
+    std::cerr << "rlsync node " << node.name << ": " << why << "\n";
     return 1;
   }
   std::cerr << "rlsync node " << node.name << ": admitted by " << head.name << std::endl;
   std::shared_ptr<transfer::weight_puller> puller;
+  std::shared_ptr<transfer::ucx_puller> ucx;
   if (grant->ucx_port != 0) {
     transfer::ucx_puller_options po;
     po.producer = head.address + ":" + std::to_string(grant->ucx_port);
@@ -152,7 +163,7 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
     auto name = node.name;
     po.log = [name](const std::string& line) { std::cerr << ("rlsync node " + name + ": ucx: " + line + "\n"); };
     try {
-      puller = std::make_shared<transfer::ucx_puller>(po);
+      puller = ucx = std::make_shared<transfer::ucx_puller>(po);
     } catch (const std::exception& e) {
       std::cerr << "rlsync node " << node.name << ": transfer.backend ucx: " << e.what() << "\n";
       return 1;
@@ -161,11 +172,14 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
     puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
   }
   std::vector<caf::actor> engines;
+  std::vector<const engine_spec*> specs;
+  auto deadline = t.cluster.connect_deadline;
   try {
     for (const auto& e : t.engines)
       if (e.node == node.name) {
         engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(
           sys, engine_config_from(t, e, puller, t.model.weights_dtype.value_or(dtype::bf16)))));
+        specs.push_back(&e);
         register_engine(sys, grant->coordinator, e, engines.back(), deadline);
       }
   } catch (const std::exception& e) {
@@ -174,17 +188,50 @@ int run_member(caf::actor_system& sys, const topology& t, const node_spec& node,
     return 1;
   }
   std::cerr << "rlsync node " << node.name << ": " << engines.size() << " engines registered" << std::endl;
-  // Serve until told to stop or the coordinator is gone (the job ended).
-  self->monitor(grant->coordinator);
-  bool coordinator_down = false;
-  wait_until([&] {
-    self->receive([&](caf::down_msg&) { coordinator_down = true; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
-    return coordinator_down;
-  });
-  if (coordinator_down)
-    std::cerr << "rlsync node " << node.name << ": the coordinator is gone; stopping" << std::endl;
+  // Serve until told to stop or the job ended (the coordinator stopped). A
+  // lost link (a partition, a flaky switch) is not the end: reconnect, prove
+  // the secret again and register the same engines again (same incarnation:
+  // a reconnect, not a restart); the coordinator brings them current at the
+  // next round. Bounded by connect_deadline per attempt to rejoin.
+  caf::scoped_actor self{sys};
+  int rc = 0;
+  for (;;) {
+    self->monitor(grant->coordinator);
+    std::optional<caf::error> down;
+    wait_until([&] {
+      self->receive([&](caf::down_msg& dm) { down = dm.reason; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+      return down.has_value();
+    });
+    if (!down)
+      break; // a stop signal
+    if (*down != caf::exit_reason::remote_link_unreachable) {
+      std::cerr << "rlsync node " << node.name << ": the coordinator is gone (" << sys.render(*down) << "); stopping"
+                << std::endl;
+      break;
+    }
+    std::cerr << "rlsync node " << node.name << ": lost the link to " << head.name << "; rejoining (up to "
+              << t.cluster.connect_deadline.count() << " ms)" << std::endl;
+    grant = join_cluster(sys, t, node, head, secret, why);
+    if (!grant) {
+      std::cerr << "rlsync node " << node.name << ": could not rejoin: " << why << "; stopping\n";
+      rc = 1;
+      break;
+    }
+    if (ucx && grant->ucx_port != 0)
+      ucx->set_producer(head.address + ":" + std::to_string(grant->ucx_port)); // a restarted head has a new port
+    try {
+      for (std::size_t i = 0; i < engines.size(); ++i)
+        register_engine(sys, grant->coordinator, *specs[i], engines[i], deadline);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync node " << node.name << ": " << e.what() << "; stopping\n";
+      rc = 1;
+      break;
+    }
+    std::cerr << "rlsync node " << node.name << ": rejoined " << head.name << ", " << engines.size()
+              << " engines registered again" << std::endl;
+  }
   all_terminated = stop_and_await(sys, std::move(engines));
-  return 0;
+  return rc;
 }
 
 } // namespace

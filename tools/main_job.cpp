@@ -181,9 +181,10 @@ void job_console::on_sync(const sync_report& r) {
 }
 
 void job_console::on_log(const std::string& text) {
-  if (text.find("evict") != std::string::npos || text.find("fail") != std::string::npos
-      || text.find("refused") != std::string::npos)
-    line(text);
+  // Round lines come through on_sync; membership and failures are worth a line.
+  if (text.rfind("sync round", 0) == 0)
+    return;
+  line(text);
 }
 
 void job_console::line(const std::string& text) { impl_->out.line(text); }

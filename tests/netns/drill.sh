@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Real-process drills in network namespaces: the three-node cluster of
+# netns: cluster runs the main job (weights over UCX/tcp) while
+#   1. engine-node-a's process is killed with SIGKILL in the middle of the
+#      run (a 16 MiB model, a sync every 300 ms: often mid-transfer; the
+#      head's log says how it was noticed), then started again: it rejoins through the gatekeeper
+#      as a new incarnation and serves after its next sync;
+#   2. engine-node-b's link is cut (deploy/netns.sh partition: no FIN, no
+#      RST, the process keeps running): the head must call it unreachable
+#      within the heartbeat timeout, reroute its requests, and after healing
+#      bring it current at the next sync boundary.
+# Then every request must have completed and both engines must end
+# byte-identical to the trainer.
+set -euo pipefail
+rlsync=$1 root=$2
+netns="$root/deploy/netns.sh"
+if ! "$netns" can 2>/dev/null; then
+  echo "skipping netns test: network namespaces cannot be created here (needs root and iproute2)"
+  exit 77
+fi
+name="rld$$"
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  pkill -9 -f -- "--topology $dir/three.yaml" 2>/dev/null || true # children of timeout and ip netns exec
+  "$netns" down "$name"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+"$netns" up "$name" 3 1
+a0=$("$netns" addr "$name" 0 1) a1=$("$netns" addr "$name" 1 1) a2=$("$netns" addr "$name" 2 1)
+cat > "$dir/three.yaml" <<YAML
+name: three
+model:
+  synthetic: {layers: 4, hidden_size: 512, heads: 8, kv_heads: 4, intermediate_size: 1024, vocab_size: 320, dtype: bf16, seed: 1}
+nodes:
+  - {name: trainer-node, address: $a0, port: 7300}
+  - {name: engine-node-a, address: $a1, port: 7300}
+  - {name: engine-node-b, address: $a2, port: 7300}
+cluster:
+  secret_env: RLSYNC_NETNS_SECRET
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 2000
+  connect_deadline_ms: 15000
+trainer: {node: trainer-node, step_time_ms: 300}
+engines:
+  - {name: rollout-a, node: engine-node-a, tp: 1}
+  - {name: rollout-b, node: engine-node-b, tp: 1}
+router: {node: trainer-node}
+coordinator: {node: trainer-node}
+transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
+sync:
+  deadlines_ms: {pause: 3000, flush: 1000, start: 2000, transfer: 5000, finish: 2000, continue: 1000}
+workload: {prompts: 240, concurrency: 6, max_tokens: 32}
+YAML
+export RLSYNC_NETNS_SECRET=netns-secret
+start_node() { # node namespace-index log
+  ip netns exec "$name-$2" "$rlsync" node --topology "$dir/three.yaml" --node "$1" >> "$dir/$3.log" 2>&1 &
+  pids+=($!)
+  echo $!
+}
+a_pid=$(start_node engine-node-a 1 a)
+start_node engine-node-b 2 b > /dev/null
+timeout 240 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" --node trainer-node --run \
+  --no-progress --json "$dir/three.json" > "$dir/head.log" 2>&1 &
+head=$!
+pids+=($head)
+wait_for() { # pattern file seconds
+  local deadline=$((SECONDS + $3))
+  until grep -q -- "$1" "$2"; do
+    [ $SECONDS -lt $deadline ] || { cat "$dir/head.log"; echo "FAIL: no '$1' in $2 within $3 s"; exit 1; }
+    kill -0 "$head" 2>/dev/null || { cat "$dir/head.log"; echo "FAIL: the head exited while waiting for '$1'"; exit 1; }
+    sleep 0.05
+  done
+}
+count() { grep -c -- "$1" "$2" || true; }
+# 1. kill -9 an engine process in the middle of the run, then start it again.
+wait_for "sync .* 2 engines" "$dir/head.log" 60
+before=$(count "^sync " "$dir/head.log")
+wait_for_more_syncs() { local n=$1; local deadline=$((SECONDS + 30)); while [ "$(count "^sync " "$dir/head.log")" -lt "$n" ]; do [ $SECONDS -lt $deadline ] || break; sleep 0.05; done; }
+wait_for_more_syncs $((before + 3))
+kill -9 "$a_pid"
+t_kill=$SECONDS
+wait_for "rollout-a left (down\|evicted rollout-a\|rollout-a silent for" "$dir/head.log" 30
+echo "engine-node-a killed: $(grep -o 'evicted rollout-a ([a-z]*\|rollout-a left (down[^)]*)\|rollout-a silent for [0-9.]* ms' "$dir/head.log" | head -1)"
+sleep 1
+start_node engine-node-a 1 a > /dev/null
+# 2. cut engine-node-b's link, wait for the head to notice, heal it.
+rejoined=$(( $(count "^sync .* 2 engines" "$dir/head.log") + 2 ))
+deadline=$((SECONDS + 60))
+while [ "$(count "^sync .* 2 engines" "$dir/head.log")" -lt "$rejoined" ]; do
+  [ $SECONDS -lt $deadline ] || { cat "$dir/head.log" "$dir/a.log"; echo "FAIL: the restarted engine-node-a never synced with the fleet"; exit 1; }
+  sleep 0.1
+done
+echo "engine-node-a rejoined: syncs of 2 engines again"
+admitted_b=$(count "admitted engine-node-b" "$dir/head.log")
+"$netns" partition "$name" 2
+wait_for "rollout-b silent for" "$dir/head.log" 10
+echo "partition detected: $(grep -o 'rollout-b silent for [0-9.]* ms' "$dir/head.log" | head -1) (heartbeat timeout 2000 ms)"
+sleep 1
+"$netns" heal "$name" 2
+# Back either way: the link held and it answers heartbeats again, or the link
+# broke (the kernel saw the carrier go) and the node rejoined through the gatekeeper.
+deadline=$((SECONDS + 30))
+until grep -q "rollout-b answers again" "$dir/head.log" || [ "$(count "admitted engine-node-b" "$dir/head.log")" -gt "$admitted_b" ]; do
+  [ $SECONDS -lt $deadline ] || { cat "$dir/head.log" "$dir/b.log"; echo "FAIL: engine-node-b never came back after healing"; exit 1; }
+  sleep 0.1
+done
+echo "partition healed: $(grep -q "rollout-b answers again" "$dir/head.log" && echo "rollout-b answers again" || echo "engine-node-b rejoined through the gatekeeper")"
+wait "$head" || { cat "$dir/head.log"; tail -n 20 "$dir/a.log" "$dir/b.log"; echo "FAIL: the main job failed"; exit 1; }
+grep -q '"completed": 240' "$dir/three.json" || { cat "$dir/head.log"; echo "FAIL: not every request completed"; exit 1; }
+grep -q '"weights_verified": true' "$dir/three.json" || { cat "$dir/head.log"; echo "FAIL: weights not verified"; exit 1; }
+grep "byte-identical" "$dir/head.log"
+echo "node a's log:"; grep -v "^\[" "$dir/a.log" | grep -v "connected to producer" | tail -n 8
+echo ok
