@@ -131,7 +131,7 @@ void check_min_live(self_ptr self) {
 
 /// Forgets an engine: it left, died, or a newer incarnation replaced it. It
 /// leaves the round and the router stops using it.
-void drop_member(self_ptr self, std::string name, const std::string& why) {
+void drop_member(self_ptr self, std::string name, const std::string& why, bool replaced = false) {
   auto& st = self->state;
   auto i = st.members.find(name);
   if (i == st.members.end())
@@ -145,7 +145,8 @@ void drop_member(self_ptr self, std::string name, const std::string& why) {
   log_line(self, "coordinator: " + name + " left (" + why + ")");
   member_event(self, name, "left");
   persist(self);
-  check_min_live(self);
+  if (!replaced) // its successor registers in this same message: no gap in the fleet
+    check_min_live(self);
 }
 
 caf::result<registration> on_register(self_ptr self, const engine_info& info,
@@ -173,7 +174,7 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
                         info.name + ": incarnation " + std::to_string(info.incarnation)
                           + " is not newer than the registered "
                           + std::to_string(known.info.incarnation));
-    drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation));
+    drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation), true);
   } else if (seen != st.replicas.end() && info.incarnation < seen->second.incarnation) {
     return make_error(errc::version_mismatch, info.name + ": incarnation " + std::to_string(info.incarnation)
                                                 + " is older than the last one seen, "

@@ -147,7 +147,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   CHECK(hb.from == "node-a");
   CHECK(hb.seq == 99);
 
-  engine_status st{"e", 4, true, scheduler_state::paused_new, 1, 2, 3, 400, 5, 6};
+  engine_status st{"e", 4, true, scheduler_state::paused_new, 1, 2, 3, 400, 7, 5, 6};
   auto s = round_trip(st);
   CHECK(s.name == "e");
   CHECK(s.version == 4);
@@ -157,6 +157,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   CHECK(s.waiting == 2);
   CHECK(s.frozen == 3);
   CHECK(s.tokens_generated == 400);
+  CHECK(s.dirty_tokens == 7);
   CHECK(s.prefix_cache_hits == 5);
   CHECK(s.prefix_cache_queries == 6);
 

@@ -219,3 +219,58 @@ TEST_CASE_FIXTURE(engine_fixture, "malformed calls are refused, heartbeats echo"
   CHECK(hb->seq == 41);
   CHECK(hb->from == "rollout-0");
 }
+
+TEST_CASE_FIXTURE(engine_fixture, "resume without finish (an aborted round) closes the session: clean if nothing arrived") {
+  REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
+  REQUIRE(!update_to(v1, 1));
+  REQUIRE(ask<phase_ack>(resume_atom::value));
+  std::size_t buckets = 0;
+  bool dirty = false;
+  SUBCASE("nothing of v2 arrived: it serves v1 again") {
+    buckets = 0;
+    dirty = false;
+  }
+  SUBCASE("one bucket of v2 arrived: dirty, it serves nothing") {
+    buckets = 1;
+    dirty = true;
+  }
+  REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
+  REQUIRE(ask<phase_ack>(start_atom::value, std::uint64_t{2}));
+  auto views = v2.views();
+  for (std::size_t i = 0; i < buckets; ++i)
+    REQUIRE(ask<std::uint64_t>(update_atom::value, bucket_of(views[i], 2)));
+  auto ack = ask<phase_ack>(resume_atom::value); // the round's continue, no finish before it
+  REQUIRE(ack);
+  CHECK(ack->engine == "rollout-0");
+  CHECK(ack->version == 1);
+  CHECK(ack->dirty == dirty);
+  auto st = ask<engine_status>(status_atom::value);
+  REQUIRE(st);
+  CHECK(st->version == 1);
+  CHECK(st->dirty == dirty);
+  CHECK(st->state == scheduler_state::unpaused);
+  auto result = request<generate_result>(engine, generate_atom::value, request_of(1, 4), sink);
+  run();
+  steps(4);
+  REQUIRE(*result);
+  if (dirty) {
+    REQUIRE(!**result);
+    CHECK(is((*result)->error(), errc::engine_dirty));
+    CHECK(log->tokens.empty());
+  } else {
+    REQUIRE(**result);
+    CHECK((**result)->tokens.size() == 4);
+    REQUIRE(log->tokens.size() == 4);
+    for (auto& t : log->tokens)
+      CHECK(t.version == 1);
+  }
+  // The session is closed: a finish now has none; the next round completes.
+  auto late = ask<phase_ack>(finish_atom::value, std::uint64_t{2});
+  CHECK(is(late.error(), errc::no_session));
+  REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
+  REQUIRE(!update_to(v2, 2));
+  REQUIRE(ask<phase_ack>(resume_atom::value));
+  st = ask<engine_status>(status_atom::value);
+  CHECK(st->version == 2);
+  CHECK(!st->dirty);
+}

@@ -443,3 +443,89 @@ TEST_CASE("abort(id) ends one request and leaves the others running") {
   CHECK(h.seen[1].result->reason == finish_reason::length);
   CHECK(h.seen[1].tokens.size() == 8);
 }
+
+TEST_CASE("abandon_update: after an aborted round an engine is clean only if nothing of the session arrived") {
+  enum class got { nothing, tensor, pull, in_flight };
+  struct row {
+    const char* what;
+    got arrived;
+    bool dirty;
+  };
+  const std::vector<row> rows = {
+    {"nothing arrived: serves its old version again", got::nothing, false},
+    {"a tensor was applied (buckets, broadcast)", got::tensor, true},
+    {"one worker's pull was recorded (data plane)", got::pull, true},
+    {"a pull is still writing", got::in_flight, true},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    harness h(2);
+    auto v2 = make_source(h.config, dtype::bf16, 2);
+    auto served = h.core.weight_checksums();
+    h.core.pause({pause_mode::keep, false});
+    REQUIRE(!h.core.start_update(2));
+    if (r.arrived == got::tensor)
+      REQUIRE(!h.core.apply_tensor(v2.views().front()));
+    if (r.arrived == got::pull)
+      REQUIRE(!h.core.mark_received(0, {v2.specs.front().name}, 2));
+    CHECK(h.core.abandon_update(r.arrived == got::in_flight) == r.dirty);
+    CHECK(h.core.dirty() == r.dirty);
+    CHECK(!h.core.in_session());
+    CHECK(h.core.version() == 1);
+    CHECK(h.core.weight_checksums() == served); // the session wrote its staging set only
+    REQUIRE(!h.core.resume());
+    auto refused = h.add(1, "after the aborted round", 4);
+    if (r.dirty) {
+      REQUIRE(refused);
+      CHECK(refused->code == errc::engine_dirty);
+    } else {
+      REQUIRE(!refused);
+      h.drain();
+      REQUIRE(h.seen[1].result);
+      REQUIRE(h.seen[1].tokens.size() == 4);
+      for (auto& t : h.seen[1].tokens)
+        CHECK(t.version == 1);
+    }
+    // Either way, the next complete session serves the new version.
+    h.core.pause({pause_mode::keep, false});
+    h.update(v2, 2);
+    CHECK(!h.core.dirty());
+    CHECK(h.core.version() == 2);
+  }
+}
+
+TEST_CASE("abandon_update: an engine dirty before the session stays dirty; without a session nothing changes") {
+  SUBCASE("a fresh engine that never held weights") {
+    engine_core core(tiny_config(), {});
+    REQUIRE(core.dirty());
+    core.pause({pause_mode::keep, false});
+    REQUIRE(!core.start_update(1));
+    CHECK(core.abandon_update(false));
+    CHECK(core.dirty());
+    CHECK(!core.in_session());
+  }
+  SUBCASE("an engine left dirty by an incomplete update") {
+    harness h;
+    auto v2 = make_source(h.config, dtype::bf16, 2);
+    h.core.pause({pause_mode::keep, false});
+    REQUIRE(!h.core.start_update(2));
+    auto views = v2.views();
+    for (std::size_t i = 0; i + 1 < views.size(); ++i)
+      REQUIRE(!h.core.apply_tensor(views[i]));
+    REQUIRE(h.core.finish_update(2)->code == errc::update_incomplete);
+    REQUIRE(h.core.dirty());
+    REQUIRE(!h.core.start_update(2)); // the next round's session, abandoned before anything arrived
+    CHECK(h.core.abandon_update(false));
+    CHECK(h.core.dirty());
+    REQUIRE(!h.core.resume());
+    auto refused = h.add(1, "still dirty", 2);
+    REQUIRE(refused);
+    CHECK(refused->code == errc::engine_dirty);
+  }
+  SUBCASE("no session open: returns dirty() and changes nothing") {
+    harness h;
+    CHECK(!h.core.abandon_update(true));
+    CHECK(!h.core.dirty());
+    CHECK(h.core.version() == 1);
+  }
+}
