@@ -143,6 +143,16 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.pause_promise.reset();
     }
   };
+  self->set_down_handler([self, deliver_pause_if_done](caf::down_msg& dm) {
+    auto range = self->state.sinks.equal_range(dm.source);
+    std::vector<std::uint64_t> orphans;
+    for (auto i = range.first; i != range.second; ++i)
+      orphans.push_back(i->second);
+    self->state.sinks.erase(range.first, range.second);
+    for (auto id : orphans)
+      self->state.core->abort(id); // answered as aborted to a requester that moved on
+    deliver_pause_if_done();
+  });
   auto ack = [self, name] { return phase_ack{name, self->state.core->version(), self->state.core->dirty()}; };
 
   return {
@@ -281,7 +291,13 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, name + ": request " + std::to_string(id) + " already running");
       engine::request_callbacks cb;
       cb.on_token = [self, sink](const token_event& ev) { self->send(sink, token_atom::value, ev); };
-      cb.on_finish = [self, id](generate_result r) {
+      cb.on_finish = [self, id, who = sink.address()](generate_result r) {
+        auto range = self->state.sinks.equal_range(who);
+        for (auto i = range.first; i != range.second; ++i)
+          if (i->second == id) {
+            self->state.sinks.erase(i);
+            break;
+          }
         auto it = self->state.pending.find(id);
         if (it == self->state.pending.end())
           return;
@@ -294,6 +310,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return to_error(*e);
       auto rp = self->make_response_promise<generate_result>();
       self->state.pending.emplace(id, rp);
+      self->state.sinks.emplace(sink.address(), id);
+      self->monitor(sink);
       schedule_step();
       return rp;
     },

@@ -85,6 +85,10 @@ struct rollout_engine_state {
   bool step_scheduled = false;
   std::optional<caf::typed_response_promise<pause_report>> pause_promise;
   std::unordered_map<std::uint64_t, caf::typed_response_promise<generate_result>> pending;
+  /// Each running request's sink. A sink that goes down (the router closed
+  /// that attempt's relay after a reroute, or the requester is gone) ends
+  /// the request here: nobody would see its tokens.
+  std::multimap<caf::actor_addr, std::uint64_t> sinks;
   std::shared_ptr<transfer::weight_puller> puller;
   std::vector<std::shared_ptr<const transfer::grouped_plan>> plans; ///< per worker
   /// The transfer phase in flight: its reply waits for the pulling thread.

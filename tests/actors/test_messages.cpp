@@ -174,7 +174,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   CHECK(rs.rejected == 5);
   CHECK(rs.rerouted == 6);
 
-  coordinator_status cs{7, {sample_engine_info()}, {"rollout-1"}, 11, {sync_report{}}};
+  coordinator_status cs{7, {sample_engine_info()}, {"rollout-1"}, 11, {sync_report{}}, {"rollout-2"}, {"rollout-3"}, 1, 2};
   cs.history[0].version = 6;
   cs.history[0].evicted = {"rollout-2"};
   auto c = round_trip(cs);
@@ -186,6 +186,10 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   REQUIRE(c.history.size() == 1);
   CHECK(c.history[0].version == 6);
   CHECK(c.history[0].evicted == std::vector<std::string>{"rollout-2"});
+  CHECK(c.unreachable == std::vector<std::string>{"rollout-2"});
+  CHECK(c.retired == std::vector<std::string>{"rollout-3"});
+  CHECK(c.live == 1);
+  CHECK(c.below_min_live_events == 2);
 }
 
 TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive serialization") {

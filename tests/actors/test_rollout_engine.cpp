@@ -274,3 +274,31 @@ TEST_CASE_FIXTURE(engine_fixture, "resume without finish (an aborted round) clos
   CHECK(st->version == 2);
   CHECK(!st->dirty);
 }
+
+TEST_CASE_FIXTURE(engine_fixture, "a request whose sink is gone ends on the engine") {
+  // The router closes an attempt's relay when it reroutes the request: the
+  // engine must not go on generating tokens nobody receives.
+  REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
+  REQUIRE(!update_to(v1, 1));
+  REQUIRE(ask<phase_ack>(resume_atom::value));
+  auto other_log = std::make_shared<sink_log>();
+  auto doomed = spawn(collecting_sink, other_log);
+  auto kept = request<generate_result>(engine, generate_atom::value, request_of(1, 8), sink);
+  auto orphan = request<generate_result>(engine, generate_atom::value, request_of(2, 8), doomed);
+  run();
+  steps(2);
+  CHECK(other_log->tokens.size() == 2);
+  caf::anon_send_exit(doomed, caf::exit_reason::kill);
+  run();
+  REQUIRE(*orphan);
+  REQUIRE(**orphan);
+  CHECK((**orphan)->reason == finish_reason::aborted);
+  auto st = ask<engine_status>(status_atom::value);
+  REQUIRE(st);
+  CHECK(st->running + st->waiting == 1);
+  steps(6);
+  REQUIRE(*kept);
+  REQUIRE(**kept);
+  CHECK((**kept)->tokens.size() == 8);
+  CHECK(other_log->tokens.size() == 2);
+}

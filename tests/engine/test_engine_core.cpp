@@ -494,7 +494,7 @@ TEST_CASE("abandon_update: after an aborted round an engine is clean only if not
   }
 }
 
-TEST_CASE("abandon_update: an engine dirty before the session stays dirty; without a session nothing changes") {
+TEST_CASE("abandon_update: an engine dirty before the session stays dirty, without a session nothing changes") {
   SUBCASE("a fresh engine that never held weights") {
     engine_core core(tiny_config(), {});
     REQUIRE(core.dirty());

@@ -5,9 +5,11 @@
 #      run (a 16 MiB model, a sync every 300 ms: often mid-transfer; the
 #      head's log says how it was noticed), then started again: it rejoins through the gatekeeper
 #      as a new incarnation and serves after its next sync;
-#   2. engine-node-b's link is cut (deploy/netns.sh partition: no FIN, no
-#      RST, the process keeps running): the head must call it unreachable
-#      within the heartbeat timeout, reroute its requests, and after healing
+#   2. engine-node-b's link is cut (deploy/netns.sh partition: the process
+#      keeps running): the head must notice within the heartbeat timeout
+#      (unanswered heartbeats, or the connection dropped when the kernel saw
+#      the carrier go), reroute its requests, and after healing take it back
+#      (it answers again, or its node rejoins through the gatekeeper) and
 #      bring it current at the next sync boundary.
 # Then every request must have completed and both engines must end
 # byte-identical to the trainer.
@@ -96,8 +98,11 @@ done
 echo "engine-node-a rejoined: syncs of 2 engines again"
 admitted_b=$(count "admitted engine-node-b" "$dir/head.log")
 "$netns" partition "$name" 2
-wait_for "rollout-b silent for" "$dir/head.log" 10
-echo "partition detected: $(grep -o 'rollout-b silent for [0-9.]* ms' "$dir/head.log" | head -1) (heartbeat timeout 2000 ms)"
+t_cut=$SECONDS
+# Detected either way: heartbeats go unanswered past the timeout, or the
+# kernel reports the lost carrier and CAF drops the connection (down).
+wait_for "rollout-b silent for\|rollout-b left (down" "$dir/head.log" 10
+echo "partition detected within $((SECONDS - t_cut + 1)) s: $(grep -o 'rollout-b silent for [0-9.]* ms\|rollout-b left (down[^)]*)' "$dir/head.log" | head -1) (heartbeat timeout 2000 ms)"
 sleep 1
 "$netns" heal "$name" 2
 # Back either way: the link held and it answers heartbeats again, or the link
