@@ -69,6 +69,7 @@ constexpr milliseconds fault_deadline{60000};   ///< a fault's round to come
 constexpr milliseconds recovery_deadline{30000}; ///< every replica back after the last fault
 constexpr milliseconds settle_window{3000};      ///< throughput measured over this, before and after
 constexpr milliseconds ramp_up{1000};            ///< the workload's first second is not a baseline
+constexpr int after_windows = 4;                 ///< windows after recovery for throughput to return
 constexpr milliseconds sample_every{100};
 
 std::string fault_label(const fault_spec& f) {
@@ -544,16 +545,32 @@ private:
     note(back ? "drill: every member is routable again" : "drill: not every member came back within "
                                                            + std::to_string(recovery_deadline.count() / 1000) + " s");
     mark("heal", back ? "all members routable" : "recovery deadline");
-    auto settle_end = clock_type::now() + settle_window;
-    while (clock_type::now() < settle_end) {
+    // Throughput "returns" to its pre-fault level: measured over consecutive
+    // windows after recovery until one reaches it (at most after_windows).
+    auto window = static_cast<double>(settle_window.count());
+    double before_to = first_fault_ms_ >= 0 ? first_fault_ms_ : last_fault_end_ms_;
+    double workload_from = std::chrono::duration<double, std::milli>(workload_t0_ - t0_).count();
+    double before_from = std::max(workload_from + static_cast<double>(ramp_up.count()), before_to - window);
+    throughput_before_ = throughput(before_from, before_to);
+    for (int k = 0; k < after_windows; ++k) {
+      double from = now_ms();
+      auto settle_end = clock_type::now() + settle_window;
+      while (clock_type::now() < settle_end) {
+        sample_tokens();
+        std::this_thread::sleep_for(sample_every);
+      }
       sample_tokens();
-      std::this_thread::sleep_for(sample_every);
+      double to = now_ms();
+      throughput_after_ = throughput(from, to);
+      note("drill: throughput " + std::to_string(static_cast<int>(throughput_after_)) + " tokens/s over "
+           + std::to_string(static_cast<int>(from - recovered_ms_)) + "-" + std::to_string(static_cast<int>(to - recovered_ms_))
+           + " ms after recovery (before the faults " + std::to_string(static_cast<int>(throughput_before_)) + ")");
+      if (throughput_after_ >= 0.9 * throughput_before_)
+        break;
     }
-    sample_tokens();
   }
 
   void finish() {
-    double end_ms = now_ms();
     stop_workload(driver_);
     workload_result wr;
     if (result_.wait_for(std::chrono::seconds(120)) == std::future_status::ready) {
@@ -627,12 +644,8 @@ private:
       }
       o.engines.push_back(e);
     }
-    double before_to = first_fault_ms_ >= 0 ? first_fault_ms_ : last_fault_end_ms_;
-    double workload_from = std::chrono::duration<double, std::milli>(workload_t0_ - t0_).count();
-    double before_from = std::max(workload_from + static_cast<double>(ramp_up.count()),
-                                  before_to - static_cast<double>(settle_window.count()));
-    o.throughput_before = throughput(before_from, before_to);
-    o.throughput_after = throughput(end_ms - static_cast<double>(settle_window.count()), end_ms);
+    o.throughput_before = throughput_before_;
+    o.throughput_after = throughput_after_;
 
     auto invariants = check_drill(o);
     bool fired = std::all_of(faults_.begin(), faults_.end(), [](const pending_fault& f) { return f.fired && !f.skipped; });
@@ -676,7 +689,6 @@ private:
     rec_.figures.push_back({"after / before", o.throughput_before > 0 ? 100.0 * o.throughput_after / o.throughput_before : 0, "%", ">= 90%"});
     rec_.figures.push_back({"requests completed", static_cast<double>(wr.completed), "", ""});
     rec_.figures.push_back({"requests rerouted (router)", static_cast<double>(rerouted), "", ""});
-    (void)recovered_ms_;
   }
 
   std::uint64_t reroutes() {
@@ -732,6 +744,8 @@ private:
   double first_fault_ms_ = -1;
   double last_fault_end_ms_ = 0;
   double recovered_ms_ = 0;
+  double throughput_before_ = 0;
+  double throughput_after_ = 0;
 };
 
 std::string default_report_dir(const topology& t) {
