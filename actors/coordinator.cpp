@@ -21,6 +21,16 @@
 
 namespace rlsync {
 
+coordinator_config coordinator_config_from(const topology& t) {
+  coordinator_config cc;
+  cc.sync = t.sync;
+  cc.transfer = t.transfer;
+  cc.heartbeat_interval = t.cluster.heartbeat_interval;
+  cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
+  cc.state_file = t.coordinator.state_file;
+  return cc;
+}
+
 void log_to_stderr(const std::string& line) {
   std::cerr << (line + '\n'); // one write: lines of concurrent actors do not interleave
 }

@@ -123,6 +123,11 @@ struct coordinator_config {
   std::optional<persisted_coordinator> restored;
 };
 
+/// The topology's part of a coordinator's configuration: the sync section,
+/// the transfer section, the cluster's heartbeats and the state file. The
+/// caller adds the actors and hooks (and `restored`).
+coordinator_config coordinator_config_from(const topology& t);
+
 /// One registered engine, as the coordinator sees it.
 struct coordinator_member {
   /// As registered; `version` and `dirty` follow the rounds.

@@ -62,17 +62,12 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   trainer_ = make_local_trainer(sys, t, 0);
   router_ = spawn_router(sys, router_config_from(t));
   auto admitted = std::make_shared<admitted_nodes>();
-  coordinator_config cc;
-  cc.sync = t.sync;
-  cc.transfer = t.transfer;
+  auto cc = coordinator_config_from(t);
   cc.trainer = trainer_.actor;
   cc.router = router_;
   cc.admit = [admitted](const caf::node_id& n) { return admitted->contains(n); };
   cc.log = hooks.log;
   cc.on_report = hooks.on_report;
-  cc.heartbeat_interval = t.cluster.heartbeat_interval;
-  cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
-  cc.state_file = t.coordinator.state_file;
   cc.restored = std::move(restored);
   coordinator_ = sys.spawn(rlsync::coordinator, cc);
   gatekeeper_config gc;
