@@ -374,8 +374,10 @@ void maybe_start_round(self_ptr self) {
     return; // the end of this round checks again
   if (!trainer_ready(st))
     return;
+  // An unreachable newcomer waits until it answers: counting it would start
+  // round after round without it (back to back, with no time passing).
   auto newcomer = std::any_of(st.members.begin(), st.members.end(),
-                              [](const auto& kv) { return kv.second.newcomer; });
+                              [](const auto& kv) { return kv.second.newcomer && !kv.second.unreachable; });
   if (st.sync_waiters.empty()
       && !round_due(st.newest.version, st.synced_version, st.cfg.sync.every_versions, newcomer))
     return;

@@ -287,8 +287,11 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       if (cut_off(self))
         return dropped<generate_result>(self);
       auto id = req.request_id;
+      // The same request again is a newer attempt: the router rerouted it
+      // while this engine was unreachable and the abort of the old one was
+      // lost. The old attempt ends here (aborted; its requester moved on).
       if (self->state.pending.count(id))
-        return make_error(errc::malformed, name + ": request " + std::to_string(id) + " already running");
+        self->state.core->abort(id);
       engine::request_callbacks cb;
       cb.on_token = [self, sink](const token_event& ev) { self->send(sink, token_atom::value, ev); };
       cb.on_finish = [self, id, who = sink.address()](generate_result r) {

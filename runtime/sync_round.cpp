@@ -84,7 +84,9 @@ sync_phase sync_round::advance() {
 }
 
 bool sync_round::abort() {
-  if (phase_ == sync_phase::resume || phase_ == sync_phase::done)
+  // From finish on, every live engine holds the whole version: the round
+  // completes without the trainer.
+  if (phase_ >= sync_phase::finish)
     return false;
   aborted_ = true;
   phase_ = live_.empty() ? sync_phase::done : sync_phase::resume;

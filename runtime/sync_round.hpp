@@ -71,7 +71,8 @@ public:
   /// The update is abandoned (the trainer died): straight to `resume`, with
   /// every live engine pending, so that engines leave the pause; `done`
   /// when none is live. Late acknowledgements of the abandoned phase are
-  /// stale. Returns false (and changes nothing) once in resume or done.
+  /// stale. Returns false (and changes nothing) from `finish` on: every
+  /// live engine then holds the whole version and the round completes.
   bool abort();
   bool aborted() const { return aborted_; }
 

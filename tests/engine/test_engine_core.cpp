@@ -289,8 +289,9 @@ TEST_CASE("weight-update session: start needs a pause, finish needs every tensor
   REQUIRE(not_paused);
   CHECK(not_paused->code == errc::not_paused);
   h.core.pause({pause_mode::keep, false});
-  CHECK(h.core.start_update(1)->code == errc::version_mismatch);
-  REQUIRE(!h.core.start_update(2));
+  CHECK(h.core.start_update(0)->code == errc::version_mismatch); // backwards
+  REQUIRE(!h.core.start_update(1)); // the version it holds: a full re-sync (a rejoining replica)
+  REQUIRE(!h.core.start_update(2)); // a newer start supersedes it
   CHECK(h.core.dirty());
   // Requests arriving during the session are queued, not refused.
   REQUIRE(!h.add(1, "during the session", 3));
