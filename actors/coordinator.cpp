@@ -716,6 +716,16 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   return {
     [=](version_atom, const version_info& vi) { on_version(self, vi); },
     [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); },
+    [=](register_atom, router_actor& router) {
+      auto& st = self->state;
+      st.cfg.router = std::move(router);
+      log_line(self, "coordinator: a new router attached; routing " + std::to_string(std::count_if(
+                       st.members.begin(), st.members.end(), [](const auto& kv) { return kv.second.routable; }))
+                       + " members");
+      for (auto& [name, m] : st.members)
+        if (m.routable)
+          self->send(st.cfg.router, route_atom::value, route_update{name, m.info.version, true}, m.handle);
+    },
     [=](caf::tick_atom) {
       if (self->current_sender() == self->ctrl()) // only its own timer
         heartbeat_tick(self);

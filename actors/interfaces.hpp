@@ -99,6 +99,8 @@ using coordinator_actor = version_listener_actor::extend<
   caf::reacts_to<deregister_atom, std::string>,
   // a trainer (re)started: follow its versions and pin rounds through it
   caf::reacts_to<register_atom, trainer_actor>,
+  // a router (re)started: tell it every routable member, and it all changes from now on
+  caf::reacts_to<register_atom, router_actor>,
   // run one sync round now; replies with its figures
   caf::replies_to<sync_atom>::with<sync_report>,
   // the version and the members

@@ -74,6 +74,7 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   }
   auto rc = router_config_from(t);
   rc.log = opts.router_log;
+  d.router_cfg = rc;
   d.router = spawn_router(sys, rc);
   auto cc = coordinator_config_from(t);
   cc.trainer = d.trainer.actor;
@@ -133,6 +134,13 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
                   caf::actor_cast<rollout_engine_actor>(engines[i]))
       .receive([](const registration&) {}, [](caf::error&) {});
   }
+}
+
+router_actor local_deployment::restart_router(caf::actor_system& sys) {
+  caf::anon_send_exit(router, caf::exit_reason::kill);
+  router = spawn_router(sys, router_cfg);
+  caf::anon_send(coordinator, register_atom::value, router);
+  return router;
 }
 
 void local_deployment::restart_trainer(caf::actor_system& sys, const topology& t) {

@@ -40,6 +40,15 @@ struct local_deployment {
   std::string restart_engine(caf::actor_system& sys, const topology& t, std::size_t i,
                              std::chrono::milliseconds deadline = std::chrono::milliseconds{10000});
 
+  /// The router's configuration as first spawned, for a restart.
+  router_config router_cfg;
+
+  /// Kills the router (when alive) and spawns a new one, attached to the
+  /// coordinator, which routes every current member to it. Returns it: the
+  /// requesters must be told (set_workload_router) to resend what the dead
+  /// one held.
+  router_actor restart_router(caf::actor_system& sys);
+
   /// A trainer on the same source (its checkpoints survive it): spawned and
   /// attached to the coordinator, which retries the round it lost.
   void restart_trainer(caf::actor_system& sys, const topology& t);

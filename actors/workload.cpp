@@ -17,16 +17,21 @@ namespace {
 // Private to the driver: local messages only, so no type-ID registration.
 using wl_stop_atom = caf::atom_constant<caf::atom("wl_stop")>;
 using wl_retry_atom = caf::atom_constant<caf::atom("wl_retry")>;
+using wl_router_atom = caf::atom_constant<caf::atom("wl_router")>;
+using wl_orphan_atom = caf::atom_constant<caf::atom("wl_orphan")>;
 
 constexpr std::size_t max_errors = 10;
 constexpr std::chrono::milliseconds backoff_step{50};
 
 /// One request the driver has sent and not yet counted.
 struct pending_request {
-  std::uint32_t attempts = 0;         ///< sends so far
+  std::uint32_t attempts = 0;         ///< sends so far; answers to an earlier one are stale
   std::vector<std::int32_t> streamed; ///< tokens received as sink, in index order
+  std::vector<std::uint64_t> streamed_versions; ///< the version of each
+  std::size_t prefix = 0;             ///< streamed tokens the current attempt continues after
   bool stream_broken = false;         ///< a token came out of order, twice, or after a gap
   bool waiting_retry = false;         ///< refused; a retry timer is set
+  bool orphaned = false;              ///< its router died: resent to the next router
   std::string last_error;
 };
 
@@ -48,6 +53,7 @@ struct driver {
 
   std::uint32_t next = 0; ///< requests handed out so far; the next id is next + 1
   bool stopping = false;
+  bool router_down = false; ///< until set_workload_router names a new one
   bool delivered = false;
   std::map<std::uint64_t, pending_request> pending; ///< by request id
   workload_result res;
@@ -77,7 +83,7 @@ struct driver {
 
   /// Sends new requests until the window is full, or delivers when all is done.
   void fill(const std::shared_ptr<driver>& me) {
-    while (!stopping && next < opts.prompts && pending.size() < window()) {
+    while (!stopping && !router_down && next < opts.prompts && pending.size() < window()) {
       auto id = std::uint64_t{++next};
       pending[id];
       ++progress.sent;
@@ -89,16 +95,65 @@ struct driver {
 
   /// One attempt of request `id`; each attempt is answered exactly once
   /// (result, refusal, or timeout at request_deadline).
+  /// Every attempt continues after the tokens already streamed for the
+  /// request (none at first; after its router died, what that one delivered).
   void dispatch(const std::shared_ptr<driver>& me, std::uint64_t id) {
     auto& p = pending[id];
-    ++p.attempts;
-    p.streamed.clear(); // a refused attempt never started, but be exact anyway
-    p.stream_broken = false;
+    auto attempt = ++p.attempts;
     p.waiting_retry = false;
+    p.orphaned = false;
+    p.prefix = p.streamed.size();
+    auto req = make_request(id);
+    if (p.prefix >= req.sampling.max_tokens) { // it was whole when its router died
+      generate_result done;
+      done.request_id = id;
+      on_result(me, id, attempt, done);
+      return;
+    }
+    req.generated = p.streamed;
     auto sink = caf::actor_cast<token_sink_actor>(self);
-    self->request(router, opts.request_deadline, generate_atom_v, make_request(id), sink)
-      .then([me, id](generate_result& r) { me->on_result(me, id, r); },
-            [me, id](caf::error& err) { me->on_error(me, id, err); });
+    self->request(router, opts.request_deadline, generate_atom_v, std::move(req), sink)
+      .then([me, id, attempt](generate_result& r) { me->on_result(me, id, attempt, r); },
+            [me, id, attempt](caf::error& err) { me->on_error(me, id, attempt, err); });
+  }
+
+  /// The router died: every request it held is resent, as a continuation, to
+  /// the next one (set_workload_router); failed if none comes in time.
+  void on_router_down(const std::shared_ptr<driver>&) {
+    router_down = true;
+    for (auto& [id, p] : pending)
+      if (!p.waiting_retry) {
+        p.orphaned = true;
+        ++p.attempts; // a late answer of the dead router's attempt is stale
+      }
+    self->delayed_send(self, opts.request_deadline, wl_orphan_atom::value);
+  }
+
+  void on_new_router(const std::shared_ptr<driver>& me, router_actor r) {
+    router = std::move(r);
+    router_down = false;
+    self->monitor(router);
+    std::vector<std::uint64_t> orphans;
+    for (auto& [id, p] : pending)
+      if (p.orphaned)
+        orphans.push_back(id);
+    for (auto id : orphans)
+      dispatch(me, id);
+    fill(me);
+  }
+
+  void on_orphan_deadline(const std::shared_ptr<driver>& me) {
+    if (!router_down)
+      return;
+    std::vector<std::uint64_t> orphans;
+    for (auto& [id, p] : pending)
+      if (p.orphaned)
+        orphans.push_back(id);
+    for (auto id : orphans) {
+      ++res.failed;
+      note_error("request " + std::to_string(id) + ": its router died and no other came in time");
+      finish(me, id);
+    }
   }
 
   void on_token(const token_event& ev) {
@@ -109,19 +164,30 @@ struct driver {
     if (it == pending.end() || it->second.waiting_retry)
       return; // a stray, or late after its result: the result was checked already
     auto& p = it->second;
-    if (ev.index == p.streamed.size())
+    if (ev.index == p.streamed.size()) {
       p.streamed.push_back(ev.token);
-    else
+      p.streamed_versions.push_back(ev.version);
+    } else {
       p.stream_broken = true;
+    }
   }
 
-  void on_result(const std::shared_ptr<driver>& me, std::uint64_t id, const generate_result& r) {
-    auto& p = pending[id];
-    res.tokens += r.tokens.size();
+  void on_result(const std::shared_ptr<driver>& me, std::uint64_t id, std::uint32_t attempt,
+                 const generate_result& r) {
+    auto it = pending.find(id);
+    if (it == pending.end() || it->second.attempts != attempt)
+      return; // an attempt its dead router held: resent already
+    auto& p = it->second;
+    // The tokens streamed before this attempt, then the attempt's own.
+    res.tokens += p.prefix + r.tokens.size();
+    for (std::size_t k = 0; k < p.prefix; ++k)
+      ++res.tokens_by_version[p.streamed_versions[k]];
     for (auto& s : r.spans)
       res.tokens_by_version[s.version] += s.end - s.begin;
     res.stale_kv_tokens += r.stale_kv_tokens;
-    if (p.stream_broken || p.streamed != r.tokens)
+    bool same = p.streamed.size() == p.prefix + r.tokens.size()
+                && std::equal(r.tokens.begin(), r.tokens.end(), p.streamed.begin() + static_cast<std::ptrdiff_t>(p.prefix));
+    if (p.stream_broken || !same)
       ++res.stream_mismatches;
     switch (r.reason) {
       case finish_reason::length:
@@ -142,8 +208,11 @@ struct driver {
     finish(me, id);
   }
 
-  void on_error(const std::shared_ptr<driver>& me, std::uint64_t id, const caf::error& err) {
-    auto& p = pending[id];
+  void on_error(const std::shared_ptr<driver>& me, std::uint64_t id, std::uint32_t attempt, const caf::error& err) {
+    auto it = pending.find(id);
+    if (it == pending.end() || it->second.attempts != attempt)
+      return; // an attempt its dead router held: resent already
+    auto& p = it->second;
     p.last_error = self->system().render(err);
     // A refusal means "nothing can take it now" (a sync round holds the
     // engines, or queues are full): worth another try after a pause.
@@ -260,6 +329,11 @@ caf::actor spawn_workload(caf::actor_system& sys, router_actor router, workload_
                     done = std::move(done)](caf::event_based_actor* self) -> caf::behavior {
     auto d = std::make_shared<driver>(self, router, opts, on_progress, done);
     self->attach_functor([d](const caf::error& reason) { d->deliver_on_exit(reason); });
+    self->monitor(router);
+    self->set_down_handler([d](caf::down_msg& dm) {
+      if (dm.source == d->router.address())
+        d->on_router_down(d);
+    });
     d->fill(d);
     if (d->delivered)
       return {}; // nothing to send (prompts == 0): quit at once
@@ -267,8 +341,14 @@ caf::actor spawn_workload(caf::actor_system& sys, router_actor router, workload_
       [d](token_atom, const token_event& ev) { d->on_token(ev); },
       [d](wl_retry_atom, std::uint64_t id) { d->on_retry(d, id); },
       [d](wl_stop_atom) { d->stop(d); },
+      [d](wl_router_atom, router_actor& r) { d->on_new_router(d, std::move(r)); },
+      [d](wl_orphan_atom) { d->on_orphan_deadline(d); },
     };
   });
+}
+
+void set_workload_router(const caf::actor& driver, router_actor router) {
+  caf::anon_send(driver, wl_router_atom::value, std::move(router));
 }
 
 void stop_workload(const caf::actor& driver) {

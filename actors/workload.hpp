@@ -87,6 +87,12 @@ caf::actor spawn_workload(caf::actor_system& sys, router_actor router, workload_
                           std::function<void(const workload_progress&)> on_progress,
                           std::shared_ptr<std::promise<workload_result>> done);
 
+/// Tells a running driver about a new router after its router died: the
+/// requests the dead one held are sent to it, each continuing after the
+/// tokens already streamed for it (one stream, no gap, no duplicate); new
+/// requests go to it too. Without one within request_deadline they fail.
+void set_workload_router(const caf::actor& driver, router_actor router);
+
 /// Asks a running driver to stop sending new requests; outstanding ones are
 /// still awaited (each bounded by its deadline), unsent ones count as not_sent.
 void stop_workload(const caf::actor& driver);

@@ -15,8 +15,10 @@
 // alters one group it receives. The trainer can be killed and restarted on
 // the same source (its checkpoints survive it). The coordinator can be
 // killed and restarted from its state file (one in the report folder when
-// the topology names none); live engines re-register as they are. Router
-// faults and whole-node kills are refused for now.
+// the topology names none); live engines re-register as they are. The router
+// can be killed and restarted: the coordinator routes the current engines to
+// the new one and the requester resends what the old one held as
+// continuations. Whole-node kills are refused (they need processes).
 //
 // Every fault runs on the drill's own thread. A fault due at a round's phase
 // is handed over from the coordinator's hook, which waits (bounded) until it
@@ -86,9 +88,6 @@ std::string fault_label(const fault_spec& f) {
 
 /// What the drill refuses in one process, or empty.
 std::string unsupported(const fault_spec& f) {
-  if (f.target_kind == fault_target::router)
-    return std::string(to_string(f.action)) + " of the " + f.target
-           + " is not rehearsed yet (its accepted requests would need to re-attach to a new router)";
   if (f.target_kind == fault_target::node && (f.action == fault_action::kill || f.action == fault_action::restart))
     return std::string(to_string(f.action)) + " of a whole node needs the multi-process drill; target its engines";
   return {};
@@ -359,6 +358,17 @@ private:
     mark("fault", fault_label(spec));
     note("drill: fault: " + fault_label(spec));
     auto now = clock_type::now();
+    if (spec.target_kind == fault_target::router) {
+      if (spec.action == fault_action::kill) {
+        caf::anon_send_exit(d_.router, caf::exit_reason::kill);
+        if (spec.duration)
+          ends_.push_back({now + *spec.duration, index});
+      } else if (spec.action == fault_action::restart) {
+        restart_router();
+      }
+      f.fired = true;
+      return;
+    }
     if (spec.target_kind == fault_target::coordinator) {
       if (spec.action == fault_action::kill) {
         caf::anon_send_exit(d_.coordinator, caf::exit_reason::kill);
@@ -420,6 +430,11 @@ private:
   /// The end of a fault with a duration: heal, or restart what was killed.
   void end_fault(std::size_t index) {
     const auto& spec = faults_[index].spec;
+    if (spec.target_kind == fault_target::router) {
+      mark("heal", "restart router");
+      restart_router();
+      return;
+    }
     if (spec.target_kind == fault_target::coordinator) {
       mark("heal", "restart coordinator");
       restart_coordinator(false);
@@ -452,6 +467,11 @@ private:
     } else {
       note("drill: " + name + " restarted as incarnation " + std::to_string(d_.incarnations[i]));
     }
+  }
+
+  void restart_router() {
+    set_workload_router(driver_, d_.restart_router(sys_));
+    note("drill: router restarted; the requests the old one held are resent as continuations");
   }
 
   void restart_coordinator(bool kill_first) {

@@ -32,6 +32,7 @@ struct router_script {
   std::vector<std::uint64_t> versions = {1, 1, 2};
   std::vector<bool> stale = {false, false, true};
   bool hold = false; ///< keep every answer until resume (stands for long generations)
+  std::uint32_t held_stream = 0; ///< with hold: stream only this many tokens before the answer (0: all)
   std::map<std::uint64_t, std::uint32_t> refuse; ///< id → attempts refused with refuse_with
   errc refuse_with = errc::queue_full;
   std::map<std::uint64_t, caf::error> errors;           ///< id → answer with this error
@@ -73,16 +74,22 @@ fake_router(fake_router_actor::stateful_pointer<fake_router_state> self,
       res.request_id = id;
       res.engine = "fake";
       std::vector<token_event> stream;
-      for (std::uint32_t i = 0; i < std::min<std::size_t>(s.versions.size(), req.sampling.max_tokens);
+      // Like the router: a continuation streams from index generated.size()
+      // on, and the result holds only the new tokens (spans from 0).
+      auto first = static_cast<std::uint32_t>(req.generated.size());
+      for (std::uint32_t i = first; i < std::min<std::size_t>(s.versions.size(), req.sampling.max_tokens);
            ++i) {
         token_event ev{id, i, static_cast<std::int32_t>(id * 100 + i), s.versions[i], s.stale[i]};
         stream.push_back(ev);
         res.tokens.push_back(ev.token);
+        auto n = static_cast<std::uint32_t>(res.tokens.size());
         if (res.spans.empty() || res.spans.back().version != ev.version)
-          res.spans.push_back({ev.version, i, i});
+          res.spans.push_back({ev.version, n - 1, n - 1});
         ++res.spans.back().end;
         res.stale_kv_tokens += ev.stale_kv ? 1 : 0;
       }
+      if (s.hold && s.held_stream > 0 && stream.size() > s.held_stream)
+        stream.resize(s.held_stream);
       if (auto it = s.faults.find(id); it != s.faults.end()) {
         switch (it->second) {
           case stream_fault::drop: stream.erase(stream.begin() + 1); break;
@@ -433,4 +440,46 @@ TEST_CASE_FIXTURE(workload_fixture, "through the real router: queue_full is retr
   CHECK(r.tokens_by_version == std::map<std::uint64_t, std::uint64_t>{{1, 6}, {2, 3}});
   caf::anon_send_exit(real, caf::exit_reason::user_shutdown);
   run();
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "requests a dead router held go to the next one as continuations") {
+  script->hold = true;
+  script->held_stream = 1; // each request streams one token, then the router dies
+  start(small(2, 2));
+  run();
+  REQUIRE(script->received.size() == 2);
+  caf::anon_send_exit(router, caf::exit_reason::kill);
+  run();
+  CHECK(!finished()); // the requests wait for a router
+  auto next_script = std::make_shared<router_script>();
+  auto next = spawn(fake_router, next_script);
+  run();
+  set_workload_router(driver, caf::actor_cast<router_actor>(next));
+  run();
+  REQUIRE(next_script->received.size() == 2);
+  for (auto& req : next_script->received) // each continues after the token it had
+    CHECK(req.generated == std::vector<std::int32_t>{static_cast<std::int32_t>(req.request_id * 100)});
+  auto r = result();
+  CHECK(r.completed == 2);
+  CHECK(r.failed == 0);
+  CHECK(r.stream_mismatches == 0);
+  CHECK(r.tokens == 6); // three per request: one before the router died, two after
+  CHECK(r.streamed_tokens == 6);
+  CHECK(r.tokens_by_version == std::map<std::uint64_t, std::uint64_t>{{1, 4}, {2, 2}});
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "without a new router, the requests a dead router held fail at their deadline") {
+  script->hold = true;
+  auto opts = small(1, 1);
+  opts.request_deadline = 1000ms;
+  start(opts);
+  run();
+  caf::anon_send_exit(router, caf::exit_reason::kill);
+  run();
+  advance(999ms);
+  CHECK(!finished());
+  advance(1ms);
+  auto r = result();
+  CHECK(r.failed == 1);
+  CHECK(mentions(r.errors, "no other came in time"));
 }
