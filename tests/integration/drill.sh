@@ -31,17 +31,18 @@ grep -q 'rollout-1 silent for' "$dir/partition.err" || { echo "FAIL: partition w
 grep -q 'checksum' "$dir/partition.err" || { echo "FAIL: the corrupted group was not caught"; exit 1; }
 grep -q 'ABORTED (the trainer is down)' "$dir/trainer-kill.err" || { echo "FAIL: trainer-kill aborted no round"; exit 1; }
 grep -q 'coordinator: restored from .*coordinator-state.yaml' "$dir/coordinator-restart.err" || { echo "FAIL: the coordinator did not restart from its state file"; exit 1; }
+grep -q 'coordinator: a new router attached' "$dir/router-restart.err" || { echo "FAIL: no new router attached"; exit 1; }
 # Bad drills: nothing to rehearse, a fault one process cannot stage, a bad field.
 sed '/^drill:/,$d' "$root/configs/drills/engine-kill.yaml" > "$dir/none.yaml"
 set +e
 out=$("$rlsync" drill "$dir/none.yaml" 2>&1); rc=$?
 set -e
 [ "$rc" -eq 1 ] && grep -q 'no drill.faults' <<<"$out" || { echo "FAIL: a drill without faults: rc $rc: $out"; exit 1; }
-sed 's/target: rollout-2, duration_ms: 1000/target: router/' "$root/configs/drills/engine-kill.yaml" > "$dir/router.yaml"
+sed 's/target: rollout-2, duration_ms: 1000/target: local/' "$root/configs/drills/engine-kill.yaml" > "$dir/node.yaml"
 set +e
-out=$("$rlsync" drill "$dir/router.yaml" 2>&1); rc=$?
+out=$("$rlsync" drill "$dir/node.yaml" 2>&1); rc=$?
 set -e
-[ "$rc" -eq 1 ] && grep -q 'drill.faults\[1\]: kill of the router' <<<"$out" || { echo "FAIL: router kill: rc $rc: $out"; exit 1; }
+[ "$rc" -eq 1 ] && grep -q 'drill.faults\[1\]: kill of a whole node' <<<"$out" || { echo "FAIL: node kill: rc $rc: $out"; exit 1; }
 sed 's/phase: transfer/phase: later/' "$root/configs/drills/engine-kill.yaml" > "$dir/phase.yaml"
 set +e
 out=$("$rlsync" drill "$dir/phase.yaml" 2>&1); rc=$?
