@@ -10,6 +10,7 @@
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/system_messages.hpp>
 #include <caf/sec.hpp>
 
@@ -248,8 +249,9 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
     }
   if (st.cfg.trainer && dm.source == st.cfg.trainer.address()) {
     st.trainer_down = true;
-    log_line(self, "coordinator: the trainer is down (" + self->system().render(dm.reason)
-                     + "); no round until a trainer attaches again");
+    if (dm.reason != caf::exit_reason::user_shutdown && dm.reason != caf::exit_reason::normal) // not a shutdown
+      log_line(self, "coordinator: the trainer is down (" + self->system().render(dm.reason)
+                       + "); no round until a trainer attaches again");
     abort_round(self, "the trainer is down");
   }
   // else: an incarnation already replaced: nothing to do here
