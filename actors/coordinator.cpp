@@ -611,8 +611,8 @@ void end_round(self_ptr self) {
       m.info.dirty = true;
       m.routable = false;
       member_event(self, name, "dirty");
-      if (st.cfg.router)
-        self->send(st.cfg.router, evict_atom::value, name);
+      if (st.cfg.router) // its frozen requests would wait for a complete update: they move
+        self->send(st.cfg.router, failed_atom::value, name);
     } // else: it serves its old version, as before the round
   }
   if (!aborted)

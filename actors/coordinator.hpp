@@ -141,9 +141,6 @@ struct coordinator_member {
   bool unreachable = false;
   /// When it last answered a heartbeat (or registered), coordinator clock.
   std::uint64_t last_heard_ns = 0;
-  /// It answered a heartbeat since it registered. Until then its silence is
-  /// not counted: a process still starting is covered by the phase deadlines.
-  bool heard = false;
 };
 
 /// What the coordinator remembers of a replica name across its incarnations.

@@ -24,6 +24,7 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   cfg.options.block_tokens = e.kv_block_tokens;
   cfg.options.prefix_cache_blocks = static_cast<std::size_t>(e.prefix_cache_blocks);
   cfg.options.source_dtype = source_dtype;
+  cfg.options.preallocate_staging = true;
   cfg.node = e.node;
   cfg.puller = std::move(puller);
   cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
@@ -119,6 +120,7 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
   }
   auto cc = coordinator_cfg;
   cc.trainer = trainer.actor;
+  cc.router = router; // a router restarted since is the one to tell
   cc.restored = read_coordinator_state(cc.state_file); // throws, naming file:line:column
   coordinator = sys.spawn(rlsync::coordinator, cc);
   caf::scoped_actor self{sys};
@@ -137,7 +139,12 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
 }
 
 router_actor local_deployment::restart_router(caf::actor_system& sys) {
-  caf::anon_send_exit(router, caf::exit_reason::kill);
+  { // the requesters must have seen the old one go before they hear of the new one
+    caf::scoped_actor self{sys};
+    self->monitor(router);
+    caf::anon_send_exit(router, caf::exit_reason::kill);
+    self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
+  }
   router = spawn_router(sys, router_cfg);
   caf::anon_send(coordinator, register_atom::value, router);
   return router;

@@ -305,7 +305,7 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
       dispatch(self, std::move(rec), *choice);
     } else { // accepted already: it waits past the queue limit, with the queue's deadline
       self->delayed_send(caf::actor_cast<router_impl_actor>(self), st.config.queue_deadline,
-                         caf::timeout_atom_v, rec.ticket);
+                         caf::timeout_atom_v, rec.ticket, rec.attempts);
       st.queued.emplace(rec.ticket, std::move(rec));
     }
   };
@@ -408,7 +408,7 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
         dispatch(self, std::move(rec), *choice);
       } else {
         self->delayed_send(caf::actor_cast<router_impl_actor>(self), st.config.queue_deadline,
-                           caf::timeout_atom_v, rec.ticket);
+                           caf::timeout_atom_v, rec.ticket, rec.attempts);
         st.queued.emplace(rec.ticket, std::move(rec));
       }
       return promise;
@@ -445,13 +445,13 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
       if (auto i = st.engines.find(name); i != st.engines.end())
         engine_failed(self, i->second.address(), "failed: silent past the heartbeat timeout");
     },
-    [=](caf::timeout_atom, std::uint64_t ticket) {
+    [=](caf::timeout_atom, std::uint64_t ticket, std::uint32_t attempts) {
       if (self->current_sender() != self->ctrl())
         return; // only the router's own deadlines
       auto& st = self->state;
       auto i = st.queued.find(ticket);
-      if (i == st.queued.end())
-        return; // dispatched in time
+      if (i == st.queued.end() || i->second.attempts != attempts)
+        return; // dispatched in time (a requeued reroute waits on its own deadline)
       auto rec = std::move(i->second);
       st.queued.erase(i);
       st.in_flight.erase(rec.request.request_id);

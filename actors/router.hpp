@@ -67,8 +67,9 @@ using token_relay_actor = token_sink_actor::extend<
 /// itself. Handles given out are router_actor; a superset interface still
 /// matches router_actor remotely.
 using router_impl_actor = router_actor::extend<
-  // a queued request's deadline passed (accepted only from the router itself)
-  caf::reacts_to<caf::timeout_atom, std::uint64_t>>;
+  // a queued request's deadline passed (accepted only from the router itself):
+  // ticket, and its dispatches when queued (a requeued reroute has its own deadline)
+  caf::reacts_to<caf::timeout_atom, std::uint64_t, std::uint32_t>>;
 
 /// A request the router has accepted and not yet answered.
 struct request_record {

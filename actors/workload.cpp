@@ -1,6 +1,7 @@
 #include "actors/workload.hpp"
 
 #include "runtime/engine/tokenizer.hpp"
+#include "runtime/model_config.hpp"
 #include "runtime/topology.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -104,9 +105,12 @@ struct driver {
     p.orphaned = false;
     p.prefix = p.streamed.size();
     auto req = make_request(id);
-    if (p.prefix >= req.sampling.max_tokens) { // it was whole when its router died
+    bool ended = p.prefix >= req.sampling.max_tokens
+                 || (req.sampling.stop_at_eos && !p.streamed.empty() && p.streamed.back() == token_eos);
+    if (ended) { // it was whole when its router died
       generate_result done;
       done.request_id = id;
+      done.reason = p.prefix >= req.sampling.max_tokens ? finish_reason::length : finish_reason::eos;
       on_result(me, id, attempt, done);
       return;
     }
@@ -232,8 +236,14 @@ struct driver {
 
   void on_retry(const std::shared_ptr<driver>& me, std::uint64_t id) {
     auto it = pending.find(id);
-    if (it != pending.end() && it->second.waiting_retry)
-      dispatch(me, id); // stop() settles waiting requests, so none is left then
+    if (it == pending.end() || !it->second.waiting_retry)
+      return; // stop() settles waiting requests, so none is left then
+    if (router_down) { // it goes to the next router with the others
+      it->second.waiting_retry = false;
+      it->second.orphaned = true;
+      return;
+    }
+    dispatch(me, id);
   }
 
   void stop(const std::shared_ptr<driver>& me) {

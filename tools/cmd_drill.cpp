@@ -30,6 +30,7 @@
 #include "runtime/drill_report.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
+#include "tools/head_node.hpp"
 #include "tools/main_job.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -113,7 +114,6 @@ public:
     finish();
   }
 
-  drill_record& record() { return rec_; }
 
 private:
   // -- the recorder (called from the coordinator, router, workload and drill threads) --
@@ -153,9 +153,9 @@ private:
     opts.on_phase = [this](std::uint64_t round, std::uint64_t, sync_phase phase, const std::vector<std::string>& engines) {
       on_phase(round, phase, engines);
     };
+    for (const auto& f : t_.drill.faults) // before anything runs: the coordinator's hook reads them
+      faults_.push_back({f});
     d_ = deploy_local(sys_, t_, opts);
-    for (std::size_t i = 0; i < t_.drill.faults.size(); ++i)
-      faults_.push_back({t_.drill.faults[i]});
   }
 
   void on_phase(std::uint64_t round, sync_phase phase, const std::vector<std::string>& engines) {
@@ -345,15 +345,13 @@ private:
     faulted_.insert(t_.engines[engine].name);
   }
 
-  /// Fires one fault now (drill thread only). Its end (heal, restart) is scheduled.
-  void fire(std::size_t index) {
-    auto& f = faults_[index];
-    const auto& spec = f.spec;
+  /// Fires one fault now (drill thread only; the caller marks it fired,
+  /// under the lock). Its end (heal, restart) is scheduled. False: skipped.
+  bool fire(std::size_t index) {
+    const auto spec = faults_[index].spec; // a copy: the vector is shared with the coordinator's hook
     if (auto why = unsupported(spec); !why.empty()) {
       note("drill: fault " + std::to_string(index) + " (" + fault_label(spec) + ") skipped: " + why);
-      f.fired = true;
-      f.skipped = true;
-      return;
+      return false;
     }
     mark("fault", fault_label(spec));
     note("drill: fault: " + fault_label(spec));
@@ -366,8 +364,7 @@ private:
       } else if (spec.action == fault_action::restart) {
         restart_router();
       }
-      f.fired = true;
-      return;
+      return true;
     }
     if (spec.target_kind == fault_target::coordinator) {
       if (spec.action == fault_action::kill) {
@@ -377,8 +374,7 @@ private:
       } else if (spec.action == fault_action::restart) {
         restart_coordinator(true);
       }
-      f.fired = true;
-      return;
+      return true;
     }
     if (spec.target_kind == fault_target::trainer) {
       if (spec.action == fault_action::kill) {
@@ -388,8 +384,7 @@ private:
       } else if (spec.action == fault_action::restart) {
         restart_trainer();
       }
-      f.fired = true;
-      return;
+      return true;
     }
     for (auto i : engines_of(spec)) {
       const auto& name = t_.engines[i].name;
@@ -424,7 +419,7 @@ private:
     }
     if (spec.duration) // partition and delay_acks heal, a kill restarts
       ends_.push_back({now + *spec.duration, index});
-    f.fired = true;
+    return true;
   }
 
   /// The end of a fault with a duration: heal, or restart what was killed.
@@ -519,8 +514,10 @@ private:
       for (auto i : ready) {
         if (first_fault_ms_ < 0)
           first_fault_ms_ = now_ms();
-        fire(i);
+        bool fired = fire(i);
         std::lock_guard<std::mutex> lock(mu_);
+        faults_[i].fired = true;
+        faults_[i].skipped = !fired;
         wake_.notify_all(); // the coordinator's hook waits for it
       }
       for (auto e = ends_.begin(); e != ends_.end();) {
@@ -720,7 +717,22 @@ private:
   }
 
 public:
-  ~drill_runner() { d_.shutdown(); }
+  /// Stops every actor and waits for them (bounded): their hooks call into this object.
+  ~drill_runner() {
+    std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(d_.trainer.actor),
+                                   caf::actor_cast<caf::actor>(d_.coordinator),
+                                   caf::actor_cast<caf::actor>(d_.router), driver_};
+    for (auto& e : d_.engines)
+      actors.push_back(caf::actor_cast<caf::actor>(e));
+    actors.erase(std::remove(actors.begin(), actors.end(), caf::actor{}), actors.end());
+    stop_and_await(sys_, std::move(actors));
+  }
+
+  /// The report so far (a copy taken under the lock).
+  drill_record record_copy() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rec_;
+  }
 
 private:
   struct pending_fault {
@@ -819,7 +831,7 @@ int cmd_drill(const arg_list& argv) {
   {
     drill_runner runner(sys, t, path);
     runner.run();
-    rec = runner.record();
+    rec = runner.record_copy();
   }
   write_drill_report(rec, dir);
   std::cout << "\n== rlsync drill " << path << ": " << (rec.passed() ? "PASSED" : "FAILED") << "\n";

@@ -121,10 +121,10 @@ engine_core::engine_core(const model_config& c, engine_options opts)
     throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
   for (int w = 0; w < opts_.tp; ++w)
     plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype));
-  // Staging for the first two sessions, allocated (and touched) now rather
-  // than on the engine's thread in the middle of a round.
-  spare_ = model_.make_weights();
-  reserve_ = model_.make_weights();
+  if (opts_.preallocate_staging) { // now, not on the engine's thread in the middle of a round
+    spare_ = model_.make_weights();
+    reserve_ = model_.make_weights();
+  }
 }
 
 engine_core::~engine_core() = default;

@@ -52,6 +52,11 @@ struct engine_options {
   std::int64_t block_tokens = 16;     ///< prefix-cache block size
   std::size_t prefix_cache_blocks = 1024;
   dtype source_dtype = dtype::bf16;   ///< dtype of the weights the trainer sends (plans)
+  /// Allocate the staging sets of the first two weight-update sessions at
+  /// construction (rollout engines: a session then starts without faulting
+  /// in a model's worth of pages on the engine's thread). Off for one-shot
+  /// uses that only load().
+  bool preallocate_staging = false;
 };
 
 /// How a request's output reaches its requester.
@@ -211,7 +216,7 @@ private:
   /// the spare in place instead of faulting in fresh pages (first touch
   /// costs more than the copy itself).
   std::shared_ptr<weight_set> serving_, spare_;
-  /// A second staging set made at construction, like spare_: the first two
+  /// With preallocate_staging, a second staging set made at construction, like spare_: the first two
   /// sessions then allocate nothing. Faulting in a model's worth of fresh
   /// pages takes seconds at GB scale, and a session starts on the engine's
   /// own thread, where it would miss heartbeats and the start deadline.

@@ -1194,7 +1194,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "the trainer dies mid-round: resume at once, 
   CHECK(s.history.back().aborted);
   CHECK(s.history.back().engines_synced == 0); // the history says what the waiters were told
   CHECK(s.routable == std::vector<std::string>{"a"});
-  CHECK(*routes == std::vector<std::string>{"evict b"}); // a serves v2 as before, unannounced
+  CHECK(*routes == std::vector<std::string>{"failed b"}); // its frozen requests move; a serves v2 as before
   CHECK(member_events == std::vector<std::string>{"b dirty"});
   CHECK(member_info("a").version == 2);
   CHECK(!member_info("a").dirty);

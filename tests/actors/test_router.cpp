@@ -433,7 +433,7 @@ TEST_CASE_FIXTURE(router_fixture, "a deadline message from anyone but the router
   auto r = make_router();
   auto out = submit(r, request(1));
   // The first ticket is 1: forge its deadline.
-  caf::anon_send(caf::actor_cast<router_impl_actor>(r), caf::timeout_atom_v, std::uint64_t{1});
+  caf::anon_send(caf::actor_cast<router_impl_actor>(r), caf::timeout_atom_v, std::uint64_t{1}, std::uint32_t{0});
   sched.run();
   CHECK(!out->answered());
   CHECK(status(r).queued == 1);
