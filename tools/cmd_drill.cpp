@@ -596,20 +596,12 @@ private:
       note("drill: the workload did not finish its outstanding requests within 120 s");
       wr.failed = 1;
     }
+    auto end = finish_job(sys_, t_, {d_.router, d_.coordinator, d_.trainer.actor, d_.trainer.source});
+    if (!end.error.empty())
+      note("drill: the final round: " + end.error);
+    const auto& checks = end.checks;
+    const auto& cs = end.status;
     caf::scoped_actor self{sys_};
-    self->request(d_.trainer.actor, std::chrono::seconds(30), freeze_atom::value)
-      .receive([](const version_info&) {}, [&](caf::error& err) { note("drill: trainer did not freeze: " + sys_.render(err)); });
-    const auto& dl = t_.sync.deadlines;
-    auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
-    self->request(d_.coordinator, round_deadline, sync_atom::value)
-      .receive([](const sync_report&) {}, [&](caf::error& err) { note("drill: final round failed: " + sys_.render(err)); });
-    std::vector<weight_digest> digests;
-    self->request(d_.coordinator, std::chrono::seconds(30), digest_atom::value)
-      .receive([&](std::vector<weight_digest>& x) { digests = std::move(x); }, [](caf::error&) {});
-    auto checks = verify_weights(t_, *d_.trainer.source, digests);
-    coordinator_status cs;
-    self->request(d_.coordinator, std::chrono::seconds(10), status_atom::value)
-      .receive([&](coordinator_status& s) { cs = std::move(s); }, [](caf::error&) {});
 
     drill_observation o;
     o.sent = wr.completed + wr.failed + wr.rejected;

@@ -198,6 +198,28 @@ std::vector<sync_report> job_console::reports() const {
   return impl_->reports;
 }
 
+job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles& h) {
+  job_end end;
+  caf::scoped_actor self{sys};
+  // The trainer freezes first (no new versions), then one last round brings
+  // every engine to its final version, which the check compares against.
+  self->request(h.trainer, std::chrono::seconds(30), freeze_atom::value)
+    .receive([](const version_info&) {}, [&](caf::error& err) { end.error = "trainer did not freeze: " + sys.render(err); });
+  const auto& dl = t.sync.deadlines;
+  auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
+  self->request(h.coordinator, round_deadline, sync_atom::value)
+    .receive([&](const sync_report& r) { end.last = r; },
+             [&](caf::error& err) { end.error += (end.error.empty() ? "" : "; ") + sys.render(err); });
+  std::vector<weight_digest> digests;
+  self->request(h.coordinator, std::chrono::seconds(30), digest_atom::value)
+    .receive([&](std::vector<weight_digest>& d) { digests = std::move(d); },
+             [&](caf::error& err) { end.error += " digests: " + sys.render(err); });
+  end.checks = verify_weights(t, *h.source, digests);
+  self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
+    .receive([&](coordinator_status& s) { end.status = std::move(s); }, [](caf::error&) {});
+  return end;
+}
+
 int run_main_job(caf::actor_system& sys, const topology& t, const std::string& path, const workload_options& w,
                  const job_handles& h, job_console& out, const std::optional<std::string>& json_file) {
   const double memcpy_gbps = out.memcpy_gbps();
@@ -246,24 +268,11 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   out.done();
   double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
 
-  // The trainer freezes first (no new versions), then one last round brings every engine to its
-  // final version, which the check below compares against.
-  self->request(h.trainer, std::chrono::seconds(30), freeze_atom::value)
-    .receive([](const version_info&) {}, [&](caf::error& err) { out.line("trainer did not freeze: " + sys.render(err)); });
-  const auto& dl = t.sync.deadlines;
-  auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
-  std::optional<sync_report> last;
-  std::string last_error;
-  self->request(h.coordinator, round_deadline, sync_atom::value)
-    .receive([&](const sync_report& r) { last = r; }, [&](caf::error& err) { last_error = sys.render(err); });
-  std::vector<weight_digest> digests;
-  self->request(h.coordinator, std::chrono::seconds(30), digest_atom::value)
-    .receive([&](std::vector<weight_digest>& d) { digests = std::move(d); },
-             [&](caf::error& err) { last_error += " digests: " + sys.render(err); });
-  auto checks = verify_weights(t, *h.source, digests);
-  coordinator_status status;
-  self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
-    .receive([&](coordinator_status& s) { status = std::move(s); }, [](caf::error&) {});
+  auto end = finish_job(sys, t, h);
+  const auto& last = end.last;
+  const auto& last_error = end.error;
+  const auto& checks = end.checks;
+  const auto& status = end.status;
   std::vector<sync_report> all = out.reports();
   std::vector<double> stall, transfer, gbps, control;
   std::size_t evictions = 0;

@@ -5,6 +5,7 @@
 // sync with DESIGN §8's four figures, then stop the trainer, run one last
 // round, verify every engine's weights against the trainer's, and summarise.
 #include "actors/interfaces.hpp"
+#include "actors/local_deployment.hpp"
 #include "actors/workload.hpp"
 #include "runtime/topology.hpp"
 #include "runtime/transfer/weight_source.hpp"
@@ -61,6 +62,18 @@ struct job_handles {
   trainer_actor trainer;
   std::shared_ptr<transfer::weight_source> source;
 };
+
+/// How a job ends: the trainer frozen (no new versions), one last round
+/// bringing every engine to its final version, every engine's weights
+/// verified against the trainer's, and the coordinator's status. Bounded by
+/// the phase deadlines; failures are collected, never thrown.
+struct job_end {
+  std::optional<sync_report> last;  ///< the last round, if it completed
+  std::string error;                ///< what failed on the way (empty: nothing)
+  std::vector<engine_verification> checks;
+  coordinator_status status;
+};
+job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles& h);
 
 /// Runs the workload to the end (or Ctrl-C), the final round, the check and
 /// the summary (stdout; JSON into `json_file` when set). Returns the exit
