@@ -789,8 +789,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       return rp;
     },
     [=](heartbeat_atom, const heartbeat& hb) {
-      // Detection by heartbeat timeout is a later issue; this is its input.
-      self->state.last_seen_ns[hb.from] = now_ns(self);
+      // A member's own unsolicited heartbeat proves it alive like an answer;
+      // a name the sender does not own changes nothing (no per-sender state).
+      if (auto sender = self->current_sender())
+        heard_from(self, hb.from, sender->address());
     },
     [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
       if (waves == 0 || self->state.members.empty())

@@ -188,9 +188,6 @@ struct coordinator_state {
   std::deque<sync_report> history;
   /// sync_atom requests that arrived during a round: they get the next one.
   std::vector<caf::typed_response_promise<sync_report>> sync_waiters;
-  /// Last heartbeat per sender (steady ns). Hook for heartbeat-timeout
-  /// detection, a later issue: nothing reads it yet.
-  std::map<std::string, std::uint64_t> last_seen_ns;
   /// Every replica name ever registered: incarnations, restarts, retirement.
   std::map<std::string, replica_record> replicas;
   /// A version the trainer reported: rounds wait for it (a restored counter

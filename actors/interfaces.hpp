@@ -107,7 +107,7 @@ using coordinator_actor = version_listener_actor::extend<
   caf::replies_to<status_atom>::with<coordinator_status>,
   // every member's weight checksums, local or remote (to verify them against the trainer)
   caf::replies_to<digest_atom>::with<std::vector<weight_digest>>,
-  // an engine or node is alive
+  // a member engine says it is alive (as if it answered a heartbeat)
   caf::reacts_to<heartbeat_atom, heartbeat>,
   // n waves of heartbeats to every member, one wave at a time; replies with
   // the nanoseconds they took (a round's control-plane floor)
