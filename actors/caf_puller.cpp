@@ -1,9 +1,9 @@
 #include "actors/caf_puller.hpp"
 
+#include "runtime/plan/groups.hpp"
 #include "runtime/transfer/bucket.hpp"
-#include "runtime/transfer/groups.hpp"
 
-#include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -13,9 +13,9 @@ namespace rlsync {
 
 caf_puller::caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)) {
-  std::vector<std::uint64_t> group_bytes(transfer::group_count(model_), 0);
+  std::vector<std::uint64_t> group_bytes(plan::group_count(model_), 0);
   for (const auto& spec : llama_parameter_specs(model_, dtype::f32)) // f32: the largest element type
-    group_bytes[transfer::group_of(model_, spec.name)] += spec.bytes();
+    group_bytes[plan::group_of(model_, spec.name)] += spec.bytes();
   auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
   group_deadline_ = std::chrono::milliseconds(2000 + largest / 10000);
 }
@@ -29,7 +29,7 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
   report.version = req.version;
   auto t0 = transfer::clock::now();
   caf::scoped_actor self{sys_};
-  const auto groups = transfer::group_count(model_);
+  const auto groups = plan::group_count(model_);
   for (std::uint32_t g = 0; g < groups; ++g) {
     auto left = std::min(group_deadline_, std::chrono::duration_cast<std::chrono::milliseconds>(
                                             req.deadline - transfer::clock::now()));

@@ -6,7 +6,7 @@
 // `rlsync node` uses until the UCX backend serves the topology's `ucx`), at
 // CAF's ~0.6 GB/s and tp times the bytes of a sharded pull.
 #include "actors/interfaces.hpp"
-#include "runtime/model_config.hpp"
+#include "runtime/config/model_config.hpp"
 #include "runtime/transfer/puller.hpp"
 
 #include <caf/actor_system.hpp>
@@ -17,7 +17,7 @@ class caf_puller final : public transfer::weight_puller {
 public:
   caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model);
 
-  void register_worker(const std::string&, std::shared_ptr<const engine::plan>) override {}
+  void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
   void unregister_engine(const std::string&) override {}
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;

@@ -54,9 +54,9 @@
 //
 // Not yet here: waves (`ask_phase` is the one place that fans out).
 #include "actors/interfaces.hpp"
-#include "runtime/coordinator_state_file.hpp"
-#include "runtime/sync_round.hpp"
-#include "runtime/topology.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/control/coordinator_state_file.hpp"
+#include "runtime/control/sync_round.hpp"
 
 #include <caf/typed_response_promise.hpp>
 

@@ -1,8 +1,10 @@
 #include "actors/rollout_engine.hpp"
 
-#include "runtime/transfer/bucket.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/weight_view.hpp"
+#include "runtime/transfer/bucket.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/blocking_actor.hpp>
@@ -69,7 +71,7 @@ errc to_errc(transfer::transfer_failure f) {
 
 /// Runs on the pulling thread: every worker's groups into the staging weights.
 std::shared_ptr<pull_outcome> pull_version(transfer::weight_puller& puller, const std::string& name,
-                                           std::vector<std::shared_ptr<const transfer::grouped_plan>> plans,
+                                           std::vector<std::shared_ptr<const plan::grouped_plan>> plans,
                                            std::shared_ptr<engine::weight_set> staging, transfer_order order,
                                            std::chrono::milliseconds deadline) {
   auto out = std::make_shared<pull_outcome>();
@@ -79,14 +81,14 @@ std::shared_ptr<pull_outcome> pull_version(transfer::weight_puller& puller, cons
   // Each callback touches only its own worker's shard and slot.
   sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
     auto& plan = *plans[static_cast<std::size_t>(w)];
-    transfer::apply_group(plan, g, bytes, size, staging->workers[static_cast<std::size_t>(w)]);
+    engine::apply_group(plan, g, bytes, size, staging->workers[static_cast<std::size_t>(w)]);
     for (const auto* e : plan.entries(g))
       out->received[static_cast<std::size_t>(w)].insert(e->source);
   };
   sink.on_full_group = [&](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
     auto& dst = staging->workers[static_cast<std::size_t>(w)];
     for (const auto& t : tensors) {
-      if (engine::ignored_weight(staging->config(), t.name))
+      if (ignored_weight(staging->config(), t.name))
         continue;
       engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
       out->received[static_cast<std::size_t>(w)].insert(t.name);
@@ -117,8 +119,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   self->state.puller = cfg.puller;
   self->state.faults = cfg.faults;
   for (int w = 0; w < cfg.options.tp; ++w) {
-    auto plan = std::make_shared<const engine::plan>(self->state.core->worker_plan(w));
-    self->state.plans.push_back(std::make_shared<const transfer::grouped_plan>(cfg.model, plan));
+    auto plan = std::make_shared<const plan::worker_plan>(self->state.core->worker_plan(w));
+    self->state.plans.push_back(std::make_shared<const plan::grouped_plan>(cfg.model, plan));
     if (cfg.puller)
       cfg.puller->register_worker(cfg.options.name, plan);
   }

@@ -90,7 +90,7 @@ struct rollout_engine_state {
   /// the request here: nobody would see its tokens.
   std::multimap<caf::actor_addr, std::uint64_t> sinks;
   std::shared_ptr<transfer::weight_puller> puller;
-  std::vector<std::shared_ptr<const transfer::grouped_plan>> plans; ///< per worker
+  std::vector<std::shared_ptr<const plan::grouped_plan>> plans; ///< per worker
   /// The transfer phase in flight: its reply waits for the pulling thread.
   std::optional<caf::typed_response_promise<transfer_report>> transfer_promise;
   std::uint64_t transfer_seq = 0; ///< transfers started; the one in flight has this number

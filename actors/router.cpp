@@ -5,7 +5,7 @@
 #include <caf/send.hpp>
 #include <caf/sec.hpp>
 
-#include "runtime/model_config.hpp"
+#include "runtime/config/model_config.hpp"
 
 #include <algorithm>
 #include <utility>

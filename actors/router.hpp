@@ -43,7 +43,7 @@
 // tokens, version spans shifted and joined. The old engine is told to abort
 // the request (best effort: it may be dead or unreachable).
 #include "actors/interfaces.hpp"
-#include "runtime/routing.hpp"
+#include "runtime/control/routing.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/typed_response_promise.hpp>

@@ -1,9 +1,9 @@
 #include "actors/trainer.hpp"
 
-#include "runtime/bounded_queue.hpp"
-#include "runtime/checksum.hpp"
-#include "runtime/topology.hpp"
-#include "runtime/transfer/groups.hpp"
+#include "runtime/base/bounded_queue.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/plan/groups.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
@@ -90,7 +90,7 @@ bool start_step(self_ptr self) {
 
 void publish(self_ptr self, const transfer::weight_snapshot& s) {
   auto& st = self->state;
-  st.published = version_info{s.version(), transfer::group_count(s.config()), s.total_bytes()};
+  st.published = version_info{s.version(), plan::group_count(s.config()), s.total_bytes()};
   for (auto& [addr, listener] : st.subscribers)
     self->send(listener, version_atom::value, st.published);
 }

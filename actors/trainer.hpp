@@ -24,7 +24,7 @@
 // Subscribers (the coordinator) hear of every version published, and of the
 // current one when they subscribe; they are monitored and dropped once down.
 #include "actors/interfaces.hpp"
-#include "runtime/transfer/local_transfer.hpp"
+#include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <caf/actor_system.hpp>

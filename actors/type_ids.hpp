@@ -4,8 +4,8 @@
 // "rlsync" error category. One file, so that a reader sees the whole wire
 // vocabulary at once. Atoms are CAF 0.17 atom constants (≤ 10 characters);
 // CAF's own flush/update atoms are aliased rather than redefined.
-#include "runtime/errc.hpp"
-#include "runtime/protocol.hpp"
+#include "runtime/base/errc.hpp"
+#include "runtime/control/protocol.hpp"
 
 #include <caf/atom.hpp>
 #include <caf/error.hpp>

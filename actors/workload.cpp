@@ -1,8 +1,8 @@
 #include "actors/workload.hpp"
 
+#include "runtime/config/model_config.hpp"
+#include "runtime/config/topology.hpp"
 #include "runtime/engine/tokenizer.hpp"
-#include "runtime/model_config.hpp"
-#include "runtime/topology.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/event_based_actor.hpp>

@@ -1,10 +1,11 @@
 // rlsync bench: figures, never pass/fail. `engine` measures the built-in
 // engine: decode and prefill throughput and the time to apply a full update.
-#include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/kernels.hpp"
-#include "runtime/engine/plan.hpp"
 #include "runtime/engine/tokenizer.hpp"
+#include "runtime/plan/plan.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
@@ -147,10 +148,10 @@ int bench_engine(const arg_list& argv) {
     t0 = clock_type::now();
     for (int w = 0; w < tp; ++w) {
       auto& buf = packed[static_cast<std::size_t>(w)];
-      buf.resize(engine::bytes_per_worker(core.worker_plan(w)));
+      buf.resize(plan::bytes_per_worker(core.worker_plan(w)));
       std::uint8_t* at = buf.data();
       for (const auto& e : core.worker_plan(w).entries) {
-        engine::replay_into(e, source.bytes.at(e.source).data(), e.source_type, at);
+        plan::replay_into(e, source.bytes.at(e.source).data(), e.source_type, at);
         at += e.bytes();
       }
     }

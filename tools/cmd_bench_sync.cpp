@@ -17,16 +17,17 @@
 // (they share the machine): memcpy for engines in this process, a raw UCX
 // tag transfer (ucx_perftest, same transports) for engines in other
 // processes. Both measured in this run, before the syncs.
+#include "actors/assembly/head_node.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
-#include "runtime/checkpoint.hpp"
-#include "runtime/engine/plan.hpp"
-#include "runtime/launcher.hpp"
-#include "runtime/topology.hpp"
+#include "runtime/base/stats.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/process/launcher.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/head_node.hpp"
-#include "tools/main_job.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -48,6 +49,8 @@
 #include <unistd.h>
 
 namespace rlsync::tools {
+
+using namespace rlsync::jobs;
 
 namespace {
 
@@ -76,14 +79,6 @@ std::uint64_t sum_bytes(const std::vector<tensor_spec>& specs) {
   for (const auto& s : specs)
     n += s.bytes();
   return n;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty())
-    return 0;
-  std::sort(v.begin(), v.end());
-  auto n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::string fixed(double x, int digits = 1) {

@@ -1,7 +1,7 @@
 // rlsync checkpoint make | inspect: synthetic checkpoints, next versions,
 // and per-tensor checksums.
-#include "runtime/checkpoint.hpp"
-#include "runtime/model_config.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/model_config.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 

@@ -23,15 +23,16 @@
 // Every fault runs on the drill's own thread. A fault due at a round's phase
 // is handed over from the coordinator's hook, which waits (bounded) until it
 // has fired, so that it lands exactly as that phase goes out.
-#include "actors/local_deployment.hpp"
+#include "actors/assembly/head_node.hpp"
+#include "actors/assembly/local_deployment.hpp"
+#include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
 #include "actors/workload.hpp"
-#include "runtime/drill_check.hpp"
-#include "runtime/drill_report.hpp"
+#include "runtime/base/stats.hpp"
+#include "runtime/drill/drill_check.hpp"
+#include "runtime/drill/drill_report.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/head_node.hpp"
-#include "tools/main_job.hpp"
 
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
@@ -49,6 +50,8 @@
 #include <thread>
 
 namespace rlsync::tools {
+
+using namespace rlsync::jobs;
 
 namespace {
 
@@ -677,10 +680,6 @@ private:
       if (dt > 0)
         rec_.throughput.push_back({samples_[k].first, (samples_[k].second - samples_[j].second) * 1000.0 / dt});
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.empty() ? 0.0 : v[v.size() / 2];
-    };
     auto maxof = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
     if (!failover_kill_ms_.empty()) {
       rec_.figures.push_back({"failover after a kill, median of " + std::to_string(failover_kill_ms_.size()) + " rerouted requests",

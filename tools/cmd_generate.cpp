@@ -1,9 +1,9 @@
 // rlsync generate: the built-in engine, standalone, on a checkpoint directory.
-#include "runtime/checkpoint.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/tokenizer.hpp"
-#include "runtime/safetensors.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
@@ -62,7 +62,7 @@ int cmd_generate(const arg_list& argv) {
   auto ckpt = checkpoint::open(dir);
   const dtype weights_dtype = checkpoint_dtype(ckpt);
   auto problems = check_llama_parameters(ckpt, ckpt.config(), weights_dtype, [&](const std::string& n) {
-    return engine::ignored_weight(ckpt.config(), n);
+    return ignored_weight(ckpt.config(), n);
   });
   if (!problems.empty()) {
     for (auto& p : problems)

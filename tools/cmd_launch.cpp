@@ -2,8 +2,8 @@
 // its own `rlsync node` process, their output prefixed with the node's name,
 // all stopped together (SIGTERM, a grace period, SIGKILL) on Ctrl-C or when
 // one of them fails. The supervision itself is runtime/launcher.hpp.
-#include "runtime/launcher.hpp"
-#include "runtime/topology.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/process/launcher.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 

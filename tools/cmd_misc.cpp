@@ -1,6 +1,6 @@
 // Small subcommands: version, devices.
 #include "gpu/device.hpp"
-#include "runtime/version.hpp"
+#include "runtime/base/version.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 

@@ -11,16 +11,17 @@
 // their shards from it; otherwise they pull whole groups over CAF. With --run the head drives the
 // topology's workload once every engine has registered (the main job), then
 // exits; engine nodes exit when the head is gone or on SIGTERM/SIGINT.
+#include "actors/assembly/head_node.hpp"
+#include "actors/assembly/local_deployment.hpp"
 #include "actors/caf_puller.hpp"
 #include "actors/gatekeeper.hpp"
-#include "actors/local_deployment.hpp"
+#include "actors/jobs/main_job.hpp"
 #include "actors/rollout_engine.hpp"
 #include "actors/system_config.hpp"
-#include "runtime/transfer/ucx_transfer.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/head_node.hpp"
-#include "tools/main_job.hpp"
+#include "tools/job_flags.hpp"
 
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
@@ -32,6 +33,8 @@
 #include <unistd.h>
 
 namespace rlsync::tools {
+
+using namespace rlsync::jobs;
 
 namespace {
 
@@ -95,7 +98,7 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
       all_terminated = head->stop();
       return 1;
     }
-    auto w = workload_from(t, a);
+    auto w = workload_from(t, workload_flags(a));
     rc = run_main_job(sys, t, path, w, {head->router(), head->coordinator(), head->trainer(), head->source()}, *out,
                       a.get("json"));
   } else {

@@ -1,14 +1,17 @@
 // rlsync run: the main job with every actor of a topology in this process.
-#include "actors/local_deployment.hpp"
+#include "actors/assembly/local_deployment.hpp"
+#include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/main_job.hpp"
+#include "tools/job_flags.hpp"
 
 #include <iostream>
 #include <unistd.h>
 
 namespace rlsync::tools {
+
+using namespace rlsync::jobs;
 
 namespace {
 
@@ -38,7 +41,7 @@ int cmd_run(const arg_list& argv) {
   if (!loaded)
     return 1;
   const topology& t = *loaded;
-  auto w = workload_from(t, a);
+  auto w = workload_from(t, workload_flags(a));
   job_console out(!a.has("no-progress") && isatty(STDERR_FILENO));
   system_config cfg;
   caf::actor_system sys{cfg};

@@ -1,6 +1,6 @@
 // rlsync validate: reads a topology, reports every problem in it, or prints
 // what it resolves to (defaults, replicas, absolute paths, model shape).
-#include "runtime/topology.hpp"
+#include "runtime/config/topology.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 

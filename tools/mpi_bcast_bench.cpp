@@ -17,6 +17,8 @@
 
 #define OMPI_SKIP_MPICXX 1   // the C API is all we use; skip the deprecated C++ bindings
 #define MPICH_SKIP_MPICXX 1
+#include "runtime/base/stats.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -190,9 +192,9 @@ int main(int argc, char** argv) {
   MPI_Barrier(MPI_COMM_WORLD);  // every receiver has verified every broadcast
 
   if (rank == 0) {
-    std::sort(times.begin(), times.end());
     std::size_t k = times.size();
-    double median = k % 2 ? times[k / 2] : (times[k / 2 - 1] + times[k / 2]) / 2;
+    const double median = rlsync::median(times);
+    std::sort(times.begin(), times.end());
     double gb = static_cast<double>(n) / 1e9;
     std::printf("{\"bytes\": %zu, \"ranks\": %d, \"iterations\": %zu, \"median_s\": %.9g, "
                 "\"min_s\": %.9g, \"gbps\": %.6g, \"gbps_per_receiver\": %.6g}\n",

@@ -1,7 +1,10 @@
 #include "runtime/engine/engine_core.hpp"
 
-#include "runtime/checksum.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/loader.hpp"
+#include "runtime/engine/recording.hpp"
 #include "runtime/engine/sampling.hpp"
 #include "runtime/engine/weight_view.hpp"
 

@@ -22,12 +22,13 @@
 // From start until a successful finish the engine is dirty and generates
 // nothing; finish checks that every checkpoint tensor arrived for every
 // worker, then swaps the staging weights in atomically.
+#include "runtime/base/errc.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/control/protocol.hpp"
+#include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/kv_cache.hpp"
 #include "runtime/engine/model.hpp"
-#include "runtime/engine/plan.hpp"
-#include "runtime/errc.hpp"
-#include "runtime/protocol.hpp"
-#include "runtime/safetensors.hpp"
+#include "runtime/plan/plan.hpp"
 
 #include <cstdint>
 #include <deque>
@@ -92,7 +93,7 @@ public:
   std::uint64_t version() const { return version_; }
   bool dirty() const { return dirty_; }
   /// Worker w's sharding plan, recorded from the loader at construction.
-  const plan& worker_plan(int w) const { return plans_.at(static_cast<std::size_t>(w)); }
+  const plan::worker_plan& worker_plan(int w) const { return plans_.at(static_cast<std::size_t>(w)); }
   /// The weights served now (nullptr before load()).
   std::shared_ptr<const weight_set> weights() const;
 
@@ -189,7 +190,7 @@ private:
 
   engine_options opts_;
   model model_;
-  std::vector<plan> plans_;
+  std::vector<plan::worker_plan> plans_;
   std::uint64_t version_ = 0;
   bool dirty_ = true; // nothing loaded yet
   scheduler_state state_ = scheduler_state::unpaused;

@@ -7,7 +7,7 @@
 // The scheduler owns sequences; the model only appends to them in forward().
 // Positions [0, length()) are valid. Truncating keeps memory for reuse;
 // clear() gives it back (pause with clear_cache drops frozen requests' KV).
-#include "runtime/model_config.hpp"
+#include "runtime/config/model_config.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -1,6 +1,7 @@
 #include "runtime/engine/loader.hpp"
 
-#include "runtime/checkpoint.hpp"
+#include "runtime/base/parallel.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 
 #include <exception>
 #include <functional>
@@ -96,13 +97,6 @@ bool split_layer_name(const std::string& name, std::int64_t& layer, std::string&
 
 } // namespace
 
-bool ignored_weight(const model_config& c, const std::string& name) {
-  static const std::string inv_freq = ".self_attn.rotary_emb.inv_freq";
-  if (name.size() > inv_freq.size() && name.compare(name.size() - inv_freq.size(), inv_freq.size(), inv_freq) == 0)
-    return true;
-  return c.tie_word_embeddings && name == param::lm_head;
-}
-
 void load_weight(const weight_view& src, worker_weights& dst) {
   const std::string& name = src.name();
   const model_config& c = dst.shard().config;
@@ -161,24 +155,10 @@ void load_weights(const std::vector<const rlsync::tensor_view*>& tensors, weight
   }
 
   // Workers write disjoint parameters: load them in parallel.
-  std::vector<std::exception_ptr> errors(set.workers.size());
-  auto load_worker = [&](std::size_t w) {
-    try {
-      for (const auto& v : views)
-        load_weight(*v, set.workers[w]);
-    } catch (...) {
-      errors[w] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  for (std::size_t w = 1; w < set.workers.size(); ++w)
-    threads.emplace_back(load_worker, w);
-  load_worker(0);
-  for (auto& t : threads)
-    t.join();
-  for (auto& e : errors)
-    if (e)
-      std::rethrow_exception(e);
+  parallel_for(set.workers.size(), set.workers.size(), [&](std::size_t w) {
+    for (const auto& v : views)
+      load_weight(*v, set.workers[w]);
+  });
 }
 
 void load_weights(const std::vector<rlsync::tensor_view>& tensors, weight_set& set) {

@@ -11,9 +11,9 @@
 //   (3) select     nothing to select in a dense Llama (no experts)
 //   (4) shard      narrow to this worker's heads / intermediate / vocab slice
 //   (5)-(7)        copy_into: stage, convert to fp32, store in the parameter
+#include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/engine/weight_view.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/safetensors.hpp"
 
 #include <memory>
 #include <string>
@@ -24,10 +24,6 @@ class checkpoint;
 }
 
 namespace rlsync::engine {
-
-/// True for checkpoint tensors the engine does not use: rotary inv_freq
-/// buffers some checkpoints carry, and lm_head.weight when embeddings are tied.
-bool ignored_weight(const model_config& c, const std::string& name);
 
 /// Loads checkpoint tensor src.name() into worker `dst` (steps 1-7).
 /// Throws std::invalid_argument for a name the model does not have or a

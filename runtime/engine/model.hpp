@@ -21,9 +21,9 @@
 // One forward() call is one scheduler step over a batch of sequences, each
 // contributing any number of new tokens (a prefill chunk or one decode
 // token). Weights are a weight_set swapped atomically between steps.
+#include "runtime/config/model_config.hpp"
 #include "runtime/engine/kv_cache.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/model_config.hpp"
 
 #include <cstdint>
 #include <memory>

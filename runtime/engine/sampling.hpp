@@ -1,6 +1,6 @@
 #pragma once
 // Choosing the next token from a row of logits, per request.
-#include "runtime/protocol.hpp"
+#include "runtime/control/protocol.hpp"
 
 #include <cstdint>
 

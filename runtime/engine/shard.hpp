@@ -4,7 +4,7 @@
 // when there are at least tp of them, else each worker holds one replicated
 // kv head; the vocabulary (embedding and lm_head rows) is split in
 // ceil(vocab / tp) slices, the last one possibly shorter.
-#include "runtime/model_config.hpp"
+#include "runtime/config/model_config.hpp"
 
 #include <cstdint>
 

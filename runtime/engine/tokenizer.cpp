@@ -1,6 +1,6 @@
 #include "runtime/engine/tokenizer.hpp"
 
-#include "runtime/model_config.hpp"
+#include "runtime/config/model_config.hpp"
 
 namespace rlsync::engine {
 

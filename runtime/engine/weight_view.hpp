@@ -4,14 +4,14 @@
 // implementations:
 //   - real views (here): a pointer to the source bytes; copy_into copies,
 //     converts and stores into an engine parameter;
-//   - recording views (plan.hpp): shape and dtype only; copy_into records a
-//     plan entry, the executable form of what the real copy would do.
+//   - recording views (recording.hpp): shape and dtype only; copy_into
+//     records a plan entry, the executable form of what the real copy would do.
 //
 // (Named weight_view, not tensor_view, because rlsync::tensor_view is the
 // safetensors reader's {spec, bytes} struct.)
-#include "runtime/dtype.hpp"
+#include "runtime/base/dtype.hpp"
 #include "runtime/engine/weights.hpp"
-#include "runtime/safetensors.hpp" // shape_string
+#include "runtime/plan/strided.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -21,30 +21,6 @@
 #include <vector>
 
 namespace rlsync::engine {
-
-/// A strided view into a source tensor, in elements of the source dtype.
-struct strided {
-  std::int64_t offset = 0;
-  std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;
-
-  /// The row-major view of a whole tensor of `shape`.
-  static strided dense(const std::vector<std::int64_t>& shape);
-  std::int64_t numel() const;
-  bool contiguous() const;
-};
-
-// The geometry of the ops, shared by every view. narrow and transpose
-// throw std::out_of_range for a bad dim or range.
-strided narrow(const strided& v, int dim, std::int64_t start, std::int64_t length);
-strided transpose(const strided& v, int d0, int d1);
-/// torch's view(): the same elements under `shape` (one dim may be -1) as a
-/// strided view, or nullopt when the elements are laid out so that no
-/// strides can express it (a copy would be needed). Throws
-/// std::invalid_argument when the element counts differ.
-std::optional<strided> reshape(const strided& v, std::vector<std::int64_t> shape);
-/// Packs the elements of `v` (row-major order) from `source` into `packed`.
-void gather(const strided& v, const void* source, std::size_t element_size, void* packed);
 
 /// Steps 6 and 7 of DESIGN §5: converts `count` packed elements of `type` to
 /// fp32 and stores them in `dst` at element `dst_offset`. Throws

@@ -1,6 +1,6 @@
 #include "runtime/transfer/bucket.hpp"
 
-#include "runtime/checksum.hpp"
+#include "runtime/base/checksum.hpp"
 #include "runtime/transfer/puller.hpp"
 
 #include <algorithm>

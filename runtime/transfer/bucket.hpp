@@ -5,9 +5,9 @@
 // data). A tensor larger than the room left is cut into pieces: a piece's
 // entry has a flat shape {elements} and says where it starts in the whole
 // tensor (bucket_entry::tensor_offset); a whole tensor keeps its shape.
-#include "runtime/dtype.hpp"
-#include "runtime/protocol.hpp"
-#include "runtime/safetensors.hpp"
+#include "runtime/base/dtype.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/control/protocol.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -15,9 +15,9 @@
 // pull() blocks the calling thread until the version is in or the deadline
 // passes: call it from a worker thread or a detached actor, never from an
 // event-based actor's handler.
-#include "runtime/engine/plan.hpp"
-#include "runtime/protocol.hpp"
-#include "runtime/safetensors.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/control/protocol.hpp"
+#include "runtime/plan/plan.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -86,7 +86,7 @@ public:
 
   /// Announces worker plan->worker of `engine` and its sharding plan.
   /// Replaces an earlier registration of the same worker.
-  virtual void register_worker(const std::string& engine, std::shared_ptr<const engine::plan> plan) = 0;
+  virtual void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) = 0;
   /// Forgets every worker of `engine`.
   virtual void unregister_engine(const std::string& engine) = 0;
   /// Receives every group of `req.version` the producer holds, or throws

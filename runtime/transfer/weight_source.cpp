@@ -1,9 +1,9 @@
 #include "runtime/transfer/weight_source.hpp"
 
-#include "runtime/checkpoint.hpp"
-#include "runtime/engine/loader.hpp"
-#include "runtime/topology.hpp"
-#include "runtime/transfer/groups.hpp"
+#include "runtime/base/parallel.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/plan/groups.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -29,32 +29,8 @@ unsigned thread_count(unsigned requested, std::size_t jobs) {
   return static_cast<unsigned>(std::max<std::size_t>(1, std::min<std::size_t>(n, jobs)));
 }
 
-// Runs job(i) for i in [0, n) on `threads` threads, tensors dealt round
-// robin; rethrows the first exception once all are done.
-template <class Job>
-void parallel_for(std::size_t n, unsigned threads, Job job) {
-  std::vector<std::exception_ptr> errors(threads);
-  auto run = [&](unsigned t) {
-    try {
-      for (std::size_t i = t; i < n; i += threads)
-        job(i);
-    } catch (...) {
-      errors[t] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t)
-    pool.emplace_back(run, t);
-  run(0);
-  for (auto& th : pool)
-    th.join();
-  for (auto& e : errors)
-    if (e)
-      std::rethrow_exception(e);
-}
-
 std::vector<std::uint32_t> all_groups(const model_config& c) {
-  std::vector<std::uint32_t> v(group_count(c));
+  std::vector<std::uint32_t> v(plan::group_count(c));
   for (std::uint32_t g = 0; g < v.size(); ++g)
     v[g] = g;
   return v;
@@ -93,10 +69,10 @@ std::string join_lines(const std::vector<std::string>& v) {
 // -- weight_snapshot ------------------------------------------------------------------
 
 void weight_snapshot::index(std::vector<tensor_view> views) {
-  const std::uint32_t L = group_count(config_);
+  const std::uint32_t L = plan::group_count(config_);
   by_group_.assign(L, {});
   for (auto& v : views)
-    by_group_.at(group_of(config_, v.name)).push_back(std::move(v));
+    by_group_.at(plan::group_of(config_, v.name)).push_back(std::move(v));
   for (std::uint32_t g = 0; g < L; ++g) {
     if (by_group_[g].empty())
       continue;
@@ -147,7 +123,7 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_checkpoint(std::uin
   s->config_ = owned->config();
   std::vector<tensor_view> views;
   for (const auto& e : owned->tensors()) {
-    const std::uint32_t g = group_of(s->config_, e.tensor->name);
+    const std::uint32_t g = plan::group_of(s->config_, e.tensor->name);
     if (std::binary_search(held_groups.begin(), held_groups.end(), g))
       views.push_back(*e.tensor);
   }
@@ -195,14 +171,14 @@ weight_source::weight_source(model_config c, const std::optional<std::vector<std
     : config_(std::move(c)), keep_(std::max<std::size_t>(1, keep_versions)) {
   if (auto problems = validate(config_); !problems.empty())
     throw std::invalid_argument("weight source: invalid model: " + join_lines(problems));
-  held_ = held_layers ? groups_of_layers(config_, *held_layers) : all_groups(config_);
+  held_ = held_layers ? plan::groups_of_layers(config_, *held_layers) : all_groups(config_);
   if (held_.empty())
     throw std::invalid_argument("weight source: holds no layer");
 }
 
 bool weight_source::holds(const std::string& name) const {
   try {
-    return std::binary_search(held_.begin(), held_.end(), group_of(config_, name));
+    return std::binary_search(held_.begin(), held_.end(), plan::group_of(config_, name));
   } catch (const std::invalid_argument&) {
     return false;
   }
@@ -448,7 +424,7 @@ snapshot_ptr checkpoint_dir_source::poll() {
                          + std::string(safetensors_name(*want)));
     // Extra tensors the engine ignores (rotary inv_freq) may stay.
     auto layout = check_llama_parameters(ck, config(), type,
-                                         [&](const std::string& name) { return engine::ignored_weight(config(), name); });
+                                         [&](const std::string& name) { return ignored_weight(config(), name); });
     problems.insert(problems.end(), layout.begin(), layout.end());
     if (!problems.empty())
       throw checkpoint_error(path + ": " + join_lines(problems));

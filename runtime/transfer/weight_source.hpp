@@ -23,9 +23,9 @@
 //                          other file first, then the marker, so a reader
 //                          never maps a half-written step. The version is the
 //                          step number (steps start at 1).
-#include "runtime/dtype.hpp"
-#include "runtime/model_config.hpp"
-#include "runtime/safetensors.hpp"
+#include "runtime/base/dtype.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/config/model_config.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -7,9 +7,9 @@
 // handling (heartbeat timeouts, restart caps, min_live_engines, a trainer
 // dying mid-round, the state file) is tested at the end.
 #include "actors/coordinator.hpp"
-#include "runtime/coordinator_state_file.hpp"
-#include "tests/actors/fixture.hpp"
-#include "tests/runtime/scratch_dir.hpp"
+#include "runtime/control/coordinator_state_file.hpp"
+#include "tests/support/actor_fixture.hpp"
+#include "tests/support/scratch_dir.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/atom.hpp>

@@ -1,7 +1,7 @@
 // Authenticated membership: the gatekeeper's challenge-response, one-time
 // challenges, refusals, and reading the cluster secret.
 #include "actors/gatekeeper.hpp"
-#include "tests/actors/fixture.hpp"
+#include "tests/support/actor_fixture.hpp"
 
 #include <cstdio>
 #include <fstream>

@@ -2,10 +2,10 @@
 // engine behind the typed interface — streaming to a sink, pause/resume,
 // the weight-update session over inline buckets, integrity checks.
 #include "actors/rollout_engine.hpp"
-#include "runtime/checksum.hpp"
+#include "runtime/base/checksum.hpp"
 #include "runtime/engine/tokenizer.hpp"
-#include "tests/actors/fixture.hpp"
-#include "tests/engine/engine_fixtures.hpp"
+#include "tests/support/actor_fixture.hpp"
+#include "tests/support/engine_fixtures.hpp"
 
 using namespace rlsync;
 

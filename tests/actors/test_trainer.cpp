@@ -5,14 +5,16 @@
 // end to end, with bounded waits.
 #include "actors/trainer.hpp"
 
-#include "../runtime/scratch_dir.hpp"
-#include "../transfer/transfer_fixtures.hpp"
-#include "fixture.hpp"
+#include "runtime/engine/apply_packed.hpp"
+#include "runtime/engine/recording.hpp"
+#include "tests/support/actor_fixture.hpp"
+#include "tests/support/scratch_dir.hpp"
+#include "tests/support/transfer_fixtures.hpp"
 
-#include "runtime/checkpoint.hpp"
-#include "runtime/topology.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/plan/groups.hpp"
 #include "runtime/transfer/bucket.hpp"
-#include "runtime/transfer/groups.hpp"
 #include "runtime/transfer/packing.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -278,16 +280,16 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
   // The engine side: register plans, pull the version, compare.
   const int tp = 2;
   auto set = engine::weight_set::make(topo.model.config, tp);
-  std::vector<transfer::grouped_plan> plans;
+  std::vector<plan::grouped_plan> plans;
   for (int w = 0; w < tp; ++w) {
-    auto plan = std::make_shared<const engine::plan>(engine::make_plan(topo.model.config, tp, w, dtype::bf16));
+    auto plan = std::make_shared<const plan::worker_plan>(engine::make_plan(topo.model.config, tp, w, dtype::bf16));
     plans.emplace_back(topo.model.config, plan);
     lt.transfer->register_worker("rollout-0", plan);
   }
   auto snapshot = lt.source->find(v.version); // held while we compare, even if the trainer moves on
   transfer::group_sink sink;
   sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
-    transfer::apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, set->workers[static_cast<std::size_t>(w)]);
+    engine::apply_group(plans[static_cast<std::size_t>(w)], g, bytes, size, set->workers[static_cast<std::size_t>(w)]);
   };
   if (snapshot) { // the trainer may already have dropped it on a slow machine
     auto report = transfer::pull_engine(*lt.transfer, "rollout-0", tp, v.version, transfer_mode::sharded, sink,

@@ -5,10 +5,10 @@
 // request deadline are reached without sleeping.
 #include "actors/router.hpp"
 #include "actors/workload.hpp"
+#include "runtime/config/topology.hpp"
 #include "runtime/engine/tokenizer.hpp"
-#include "runtime/topology.hpp"
 
-#include "fixture.hpp"
+#include "tests/support/actor_fixture.hpp"
 
 #include <algorithm>
 #include <future>

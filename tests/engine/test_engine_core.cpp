@@ -1,8 +1,9 @@
 // The engine core: continuous batching, streaming, bounded queues, the
 // prefix cache, pause/resume exactly as DESIGN §2, the weight-update session,
 // and the seed documents' correctness check (pause, update, resume).
-#include "engine_fixtures.hpp"
+#include "tests/support/engine_fixtures.hpp"
 
+#include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/tokenizer.hpp"
 

@@ -1,6 +1,6 @@
 // The engine's forward pass: against an independent reference, incremental
 // against full recompute, batched against alone, and across tp sizes.
-#include "engine_fixtures.hpp"
+#include "tests/support/engine_fixtures.hpp"
 
 #include "runtime/engine/model.hpp"
 #include "runtime/engine/tokenizer.hpp"

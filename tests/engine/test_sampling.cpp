@@ -1,8 +1,8 @@
 // Sampling, the tokenizer and the worker pool.
+#include "runtime/config/model_config.hpp"
 #include "runtime/engine/sampling.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/engine/worker_pool.hpp"
-#include "runtime/model_config.hpp"
 
 #include <doctest/doctest.h>
 

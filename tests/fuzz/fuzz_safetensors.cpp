@@ -5,7 +5,7 @@
 //   CC=clang CXX=clang++ cmake -B build-fuzz -G Ninja -DRLSYNC_FUZZ=ON -DRLSYNC_WITH_CUDA=OFF
 //   ninja -C build-fuzz fuzz_safetensors
 //   build-fuzz/tests/fuzz_safetensors -max_total_time=180 CORPUS_DIR tests/data/bad_safetensors
-#include "runtime/safetensors.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
 
 #include <cstdint>
 #include <cstdlib>

@@ -3,7 +3,7 @@
 # node (the topology path made absolute, --secret-file passed on as given);
 # an unknown node in --nodes is a usage error naming it (exit 2); a topology
 # with no node on this machine exits 1 and says so. (The supervision itself
-# — output, stop, grace, kill — is tested in tests/runtime/test_launcher.cpp.)
+# — output, stop, grace, kill — is tested in tests/process/test_launcher.cpp.)
 set -euo pipefail
 rlsync=$1
 src=$2

@@ -1,12 +1,13 @@
 // Buckets for the CAF inline path: at most bucket_bytes each, checksummed,
 // whole tensors kept whole when they fit, larger ones cut into pieces, and
 // put back together byte for byte.
-#include "runtime/checksum.hpp"
+#include "runtime/base/checksum.hpp"
+#include "runtime/engine/recording.hpp"
 #include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/puller.hpp"
 
-#include "transfer_fixtures.hpp"
+#include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
 
@@ -68,8 +69,8 @@ TEST_CASE("bucketize_packed carries one worker's packed group") {
   const model_config c = test::small_model(2);
   auto src = test::small_source(c);
   auto s = src->produce_next();
-  auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, 2, 1, dtype::bf16));
-  grouped_plan gp(c, plan);
+  auto plan = std::make_shared<const plan::worker_plan>(engine::make_plan(c, 2, 1, dtype::bf16));
+  plan::grouped_plan gp(c, plan);
   std::vector<std::uint8_t> packed(static_cast<std::size_t>(gp.bytes(0)));
   pack_group(gp, 0, *s, packed.data());
   auto buckets = bucketize_packed(3, 0, dtype::bf16, packed.data(), packed.size(), 1000);

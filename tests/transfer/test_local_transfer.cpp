@@ -4,11 +4,11 @@
 // are checksummed, packing is shared across replicas, memory is bounded and
 // every wait has a deadline.
 #include "runtime/engine/loader.hpp"
-#include "runtime/engine/plan.hpp"
-#include "runtime/transfer/local_transfer.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/transfer/packing.hpp"
 
-#include "transfer_fixtures.hpp"
+#include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
 
@@ -44,7 +44,7 @@ TEST_CASE("sharded pull applied with the plan equals load_weights, each worker g
       for (int w = 0; w < tp; ++w) {
         auto r = xfer.pull({e.name, w, 1, transfer_mode::sharded, in(10s)}, e.sink());
         const auto& plan = e.plans[static_cast<std::size_t>(w)].plan();
-        CHECK(r.bytes == engine::bytes_per_worker(plan));
+        CHECK(r.bytes == plan::bytes_per_worker(plan));
         CHECK(r.groups == 3);
         CHECK(r.worker == w);
         CHECK(static_cast<double>(r.bytes) < 1.5 * static_cast<double>(v1->total_bytes()) / tp);
@@ -75,7 +75,7 @@ TEST_CASE("broadcast pull: every worker receives the whole model and slices it w
     CHECK(r.bytes == v1->total_bytes());
     // Broadcast bytes exceed sharded ones by about tp.
     if (tp > 1)
-      CHECK(r.bytes > engine::bytes_per_worker(e.plans[0].plan()));
+      CHECK(r.bytes > plan::bytes_per_worker(e.plans[0].plan()));
   }
 }
 
@@ -288,7 +288,7 @@ TEST_CASE("a plan recorded for another dtype fails the pull with the producer's 
   auto src = test::small_source(c);
   src->produce_next(); // bf16
   local_transfer xfer(src);
-  auto plan = std::make_shared<const engine::plan>(engine::make_plan(c, 1, 0, dtype::f32));
+  auto plan = std::make_shared<const plan::worker_plan>(engine::make_plan(c, 1, 0, dtype::f32));
   xfer.register_worker("e", plan);
   group_sink sink;
   sink.on_group = [](int, std::uint32_t, const std::uint8_t*, std::size_t) {};

@@ -6,12 +6,12 @@
 // without disturbing the others. Skips (with a message) where UCX cannot
 // create a context.
 #include "runtime/engine/loader.hpp"
-#include "runtime/engine/plan.hpp"
+#include "runtime/engine/recording.hpp"
 #include "runtime/transfer/packing.hpp"
-#include "runtime/transfer/ucx_transfer.hpp"
-#include "runtime/transfer/ucx_wire.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
+#include "runtime/transfer/ucx/ucx_wire.hpp"
 
-#include "transfer_fixtures.hpp"
+#include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
 
@@ -168,7 +168,7 @@ TEST_CASE("ucx wire: random damage to a plan never reads out of bounds: it decod
 TEST_CASE("ucx wire: views outside their source tensor, and absurd sizes, are rejected naming the entry") {
   const model_config c = test::small_model(1);
   const auto good = engine::make_plan(c, 1, 0, dtype::bf16);
-  auto expect = [](engine::plan p, const char* text) {
+  auto expect = [](plan::worker_plan p, const char* text) {
     const auto bytes = wire::encode_plan(p);
     CHECK_THROWS_WITH_AS(wire::decode_plan(bytes.data(), bytes.size()), doctest::Contains(text), wire::wire_error);
   };
@@ -269,7 +269,7 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
     CHECK(report.bytes == plan_bytes(e));
     for (int w = 0; w < tp; ++w) {
       auto r = puller.pull({e.name, w, 1, transfer_mode::sharded, in(10s)}, e.sink());
-      CHECK(r.bytes == engine::bytes_per_worker(e.plans[static_cast<std::size_t>(w)].plan()));
+      CHECK(r.bytes == plan::bytes_per_worker(e.plans[static_cast<std::size_t>(w)].plan()));
       CHECK(r.groups == 3);
     }
     // Both ends logged the transports of their endpoints.
@@ -497,7 +497,7 @@ TEST_CASE("ucx: pull errors name the version, the worker and the producer") {
   CHECK_THROWS_AS(puller.pull({"e", 0, 3, transfer_mode::broadcast, in(5s)}, group_sink{}), std::invalid_argument);
 
   // A plan recorded for another dtype: the producer says why it refuses it.
-  auto f32 = std::make_shared<const engine::plan>(engine::make_plan(c, 1, 0, dtype::f32));
+  auto f32 = std::make_shared<const plan::worker_plan>(engine::make_plan(c, 1, 0, dtype::f32));
   puller.register_worker("f32", f32);
   err = expect_failure([&] { puller.pull({"f32", 0, 3, transfer_mode::sharded, in(5s)}, e.sink()); });
   CHECK(err.failure == transfer_failure::producer_failed);

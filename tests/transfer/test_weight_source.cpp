@@ -1,12 +1,12 @@
 // Weight sources: synthetic versions are deterministic and equal what
 // `rlsync checkpoint make` and `--perturb` write on disk; a checkpoint
 // directory publishes steps only once their COMPLETE marker exists.
-#include "runtime/checkpoint.hpp"
-#include "runtime/transfer/groups.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/groups.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
-#include "../runtime/scratch_dir.hpp"
-#include "transfer_fixtures.hpp"
+#include "tests/support/scratch_dir.hpp"
+#include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,0 +1,83 @@
+#pragma once
+// What a cluster's head node runs, in this process: the coordinator, the
+// router, the trainer (with its local data plane and, for transfer.backend
+// ucx, its UCX producer), the gatekeeper published on the node's address,
+// and the engines the topology places on this node, registered. Used by
+// `rlsync node` on the coordinator's node and by `rlsync bench sync/control`.
+#include "actors/interfaces.hpp"
+#include "actors/trainer.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rlsync {
+
+struct head_hooks {
+  std::function<void(const std::string&)> log;     ///< coordinator and producer events
+  std::function<void(const std::string&)> line;    ///< gatekeeper events
+  std::function<void(const sync_report&)> on_report; ///< every round
+};
+
+class head_node {
+public:
+  /// Starts everything and registers the local engines. Throws
+  /// std::runtime_error naming what failed (the port, UCX, a registration);
+  /// whatever had started is stopped first.
+  head_node(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
+            head_hooks hooks);
+  /// Stops every actor (see stop()).
+  ~head_node();
+  head_node(const head_node&) = delete;
+  head_node& operator=(const head_node&) = delete;
+
+  coordinator_actor coordinator() const { return coordinator_; }
+  trainer_actor trainer() const { return trainer_.actor; }
+  router_actor router() const { return router_; }
+  std::shared_ptr<transfer::weight_source> source() const { return trainer_.source; }
+  std::shared_ptr<transfer::local_transfer> local_transfer() const { return trainer_.transfer; }
+  /// The UCX producer; nullptr unless transfer.backend is ucx.
+  const transfer::ucx_producer* producer() const { return producer_.get(); }
+  std::uint16_t port() const { return port_; }
+  /// The engines of this node, spawned and registered.
+  const std::vector<caf::actor>& local_engines() const { return engines_; }
+
+  /// Registered engines, as the coordinator says (0 when it does not answer in time).
+  std::size_t members() const;
+  /// Engines that completed a round and serve (routable).
+  std::size_t routable() const;
+
+  /// Closes the port, stops every actor and waits up to `deadline` until
+  /// each has terminated; true if all did. Idempotent.
+  bool stop(std::chrono::milliseconds deadline = std::chrono::seconds(10));
+
+private:
+  caf::actor_system& sys_;
+  local_trainer trainer_;
+  router_actor router_;
+  coordinator_actor coordinator_;
+  std::unique_ptr<transfer::ucx_producer> producer_;
+  caf::actor gate_;
+  std::uint16_t port_ = 0;
+  std::vector<caf::actor> engines_;
+  bool stopped_ = false;
+};
+
+/// Stops `actors` (exit reason user_shutdown) and waits up to `deadline`
+/// until each has terminated; true if all did.
+bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
+                    std::chrono::milliseconds deadline = std::chrono::seconds(10));
+
+/// Registers `engine` (spawned from `spec`) with `coordinator`; throws
+/// std::runtime_error naming the engine when it is refused or times out.
+void register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_spec& spec,
+                     const caf::actor& engine, std::chrono::milliseconds deadline);
+
+} // namespace rlsync

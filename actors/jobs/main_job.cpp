@@ -1,0 +1,380 @@
+#include "actors/jobs/main_job.hpp"
+
+#include "actors/assembly/local_deployment.hpp"
+#include "runtime/base/stats.hpp"
+#include "runtime/checkpoint/safetensors.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+namespace rlsync::jobs {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+std::atomic<bool> interrupted{false};
+
+extern "C" void on_sigint(int) { interrupted = true; }
+
+double ms(std::uint64_t ns) { return ns / 1e6; }
+
+std::string fixed(double x, int digits = 1) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(digits);
+  os << x;
+  return os.str();
+}
+
+struct sync_figures {
+  double stall_ms, transfer_ms, gbps, control_ms;
+};
+
+sync_figures figures(const sync_report& r) {
+  double gbps = r.transfer_ns > 0 ? static_cast<double>(r.bytes) / static_cast<double>(r.transfer_ns) : 0;
+  return {ms(r.stall_ns), ms(r.transfer_ns), gbps, ms(r.control_ns)};
+}
+
+/// Serialises writes to stderr from the coordinator's and the driver's threads.
+class console {
+public:
+  explicit console(bool bar) : bar_(bar) {}
+
+  void line(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clear_bar();
+    std::cerr << text << "\n";
+    draw_bar();
+  }
+
+  void progress(const workload_progress& p, std::uint32_t total) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_ = p;
+    total_ = total;
+    clear_bar();
+    draw_bar();
+  }
+
+  void done() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clear_bar();
+    bar_ = false;
+  }
+
+private:
+  void clear_bar() {
+    if (bar_ && drawn_)
+      std::cerr << "\r\033[K";
+    drawn_ = false;
+  }
+  void draw_bar() {
+    if (!bar_ || total_ == 0)
+      return;
+    auto finished = last_.completed + last_.failed + last_.rejected;
+    int width = 30, filled = static_cast<int>(width * finished / total_);
+    std::cerr << "[" << std::string(static_cast<std::size_t>(filled), '#')
+              << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << finished << "/" << total_
+              << " requests, " << last_.tokens << " tokens" << std::flush;
+    drawn_ = true;
+  }
+
+  std::mutex mutex_;
+  bool bar_;
+  bool drawn_ = false;
+  workload_progress last_{};
+  std::uint32_t total_ = 0;
+};
+
+} // namespace
+
+std::optional<topology> load_topology_or_report(const std::string& path) {
+  try {
+    return load_topology(path);
+  } catch (const topology_error& e) {
+    for (auto& err : e.errors)
+      std::cerr << err << "\n";
+    return std::nullopt;
+  }
+}
+
+namespace {
+std::uint32_t u32_field(std::uint64_t v, const char* name) {
+  if (v > UINT32_MAX)
+    throw std::invalid_argument(std::string(name) + ": " + std::to_string(v) + " is beyond " + std::to_string(UINT32_MAX));
+  return static_cast<std::uint32_t>(v);
+}
+} // namespace
+
+workload_options workload_from(const topology& t, const workload_overrides& o) {
+  workload_options w;
+  w.prompts = u32_field(o.prompts.value_or(static_cast<std::uint64_t>(t.workload.prompts)), "prompts");
+  w.concurrency = u32_field(o.concurrency.value_or(static_cast<std::uint64_t>(t.workload.concurrency)), "concurrency");
+  w.max_tokens = u32_field(o.max_tokens.value_or(static_cast<std::uint64_t>(t.workload.max_tokens)), "max_tokens");
+  w.temperature = static_cast<float>(t.workload.temperature);
+  w.top_p = static_cast<float>(t.workload.top_p);
+  w.seed = t.workload.seed;
+  if (w.concurrency == 0 || w.max_tokens == 0)
+    throw std::invalid_argument("concurrency and max_tokens must be positive");
+  return w;
+}
+
+struct job_console::impl {
+  explicit impl(bool bar) : out(bar) {}
+  console out;
+  mutable std::mutex mutex;
+  std::vector<sync_report> reports;
+};
+
+double measure_memcpy_gbps(std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2); // touched: the copies below hit no page faults
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = clock_type::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    best = std::max(best, bytes / s / 1e9);
+    a[static_cast<std::size_t>(i)] = b[bytes - 1]; // keep the copies observable
+  }
+  return best;
+}
+
+job_console::job_console(bool progress_bar)
+  : impl_(std::make_unique<impl>(progress_bar)), memcpy_gbps_(measure_memcpy_gbps()) {}
+
+job_console::~job_console() = default;
+
+void job_console::on_sync(const sync_report& r) {
+  std::size_t n;
+  bool cold = false; // the first round that moved weights
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->reports.push_back(r);
+    n = impl_->reports.size();
+    cold = r.engines_synced > 0
+           && std::count_if(impl_->reports.begin(), impl_->reports.end(),
+                            [](const sync_report& x) { return x.engines_synced > 0; })
+                == 1;
+  }
+  if (r.engines_synced == 0 && r.evicted.empty()) {
+    line("sync " + std::to_string(n) + " v" + std::to_string(r.version) + ": every engine already current");
+    return;
+  }
+  auto f = figures(r);
+  std::string text = "sync " + std::to_string(n) + " v" + std::to_string(r.version) + (cold ? " (cold)" : "")
+                     + ": " + std::to_string(r.engines_synced) + " engines, stall " + fixed(f.stall_ms)
+                     + " ms, transfer " + fixed(f.transfer_ms) + " ms, " + fixed(f.gbps, 2) + " GB/s ("
+                     + fixed(100 * f.gbps / memcpy_gbps_) + "% of memcpy), control " + fixed(f.control_ms)
+                     + " ms (" + fixed(f.stall_ms > 0 ? 100 * f.control_ms / f.stall_ms : 0, 0) + "% of stall)";
+  for (auto& e : r.evicted)
+    text += ", evicted " + e;
+  line(text);
+}
+
+void job_console::on_log(const std::string& text) {
+  // Round lines come through on_sync; membership and failures are worth a line.
+  if (text.rfind("sync round", 0) == 0)
+    return;
+  line(text);
+}
+
+void job_console::line(const std::string& text) { impl_->out.line(text); }
+
+void job_console::progress(const workload_progress& p, std::uint32_t total) { impl_->out.progress(p, total); }
+
+void job_console::done() { impl_->out.done(); }
+
+std::vector<sync_report> job_console::reports() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->reports;
+}
+
+job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles& h) {
+  job_end end;
+  caf::scoped_actor self{sys};
+  // The trainer freezes first (no new versions), then one last round brings
+  // every engine to its final version, which the check compares against.
+  self->request(h.trainer, std::chrono::seconds(30), freeze_atom::value)
+    .receive([](const version_info&) {}, [&](caf::error& err) { end.error = "trainer did not freeze: " + sys.render(err); });
+  const auto& dl = t.sync.deadlines;
+  auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
+  self->request(h.coordinator, round_deadline, sync_atom::value)
+    .receive([&](const sync_report& r) { end.last = r; },
+             [&](caf::error& err) { end.error += (end.error.empty() ? "" : "; ") + sys.render(err); });
+  std::vector<weight_digest> digests;
+  self->request(h.coordinator, std::chrono::seconds(30), digest_atom::value)
+    .receive([&](std::vector<weight_digest>& d) { digests = std::move(d); },
+             [&](caf::error& err) { end.error += " digests: " + sys.render(err); });
+  end.checks = verify_weights(t, *h.source, digests);
+  self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
+    .receive([&](coordinator_status& s) { end.status = std::move(s); }, [](caf::error&) {});
+  return end;
+}
+
+int run_main_job(caf::actor_system& sys, const topology& t, const std::string& path, const workload_options& w,
+                 const job_handles& h, job_console& out, const std::optional<std::string>& json_file) {
+  const double memcpy_gbps = out.memcpy_gbps();
+  caf::scoped_actor self{sys};
+  // The workload starts once every engine has completed its cold sync, so
+  // that it measures the fleet, not the first engine to be ready. Bounded.
+  {
+    const auto& dl = t.sync.deadlines;
+    auto ready_by = clock_type::now() + 2 * (dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume);
+    std::size_t routable = 0;
+    while (clock_type::now() < ready_by) {
+      self->request(h.coordinator, std::chrono::seconds(5), status_atom::value)
+        .receive([&](const coordinator_status& s) { routable = s.routable.size(); }, [](caf::error&) {});
+      if (routable >= t.engines.size())
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20)); // polling the coordinator's status
+    }
+    if (routable < t.engines.size())
+      out.line("only " + std::to_string(routable) + " of " + std::to_string(t.engines.size())
+               + " engines are routable; starting the workload anyway");
+  }
+  auto t0 = clock_type::now();
+  auto done = std::make_shared<std::promise<workload_result>>();
+  auto result_future = done->get_future();
+  auto driver = spawn_workload(sys, h.router, w, [&](const workload_progress& p) { out.progress(p, w.prompts); }, done);
+  auto previous = std::signal(SIGINT, on_sigint);
+  // Bounded: every request has a deadline; this is the backstop for a bug.
+  const auto give_up = clock_type::now() + std::chrono::minutes(30);
+  bool stop_sent = false;
+  while (result_future.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    if (interrupted && !stop_sent) {
+      out.line("interrupted: no new requests; waiting for the ones in flight");
+      stop_workload(driver);
+      stop_sent = true;
+    }
+    if (clock_type::now() > give_up) {
+      out.line("rlsync run: the workload did not finish within 30 minutes");
+      stop_workload(driver);
+      if (result_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+        return 1;
+      break;
+    }
+  }
+  std::signal(SIGINT, previous);
+  auto result = result_future.get();
+  out.done();
+  double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+
+  auto end = finish_job(sys, t, h);
+  const auto& last = end.last;
+  const auto& last_error = end.error;
+  const auto& checks = end.checks;
+  const auto& status = end.status;
+  std::vector<sync_report> all = out.reports();
+  std::vector<double> stall, transfer, gbps, control;
+  std::size_t evictions = 0;
+  // The cold sync (the first that moved weights) is reported apart; empty
+  // rounds moved nothing.
+  auto cold_at = std::find_if(all.begin(), all.end(), [](const sync_report& r) { return r.engines_synced > 0; });
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    evictions += all[i].evicted.size();
+    if (all.begin() + static_cast<std::ptrdiff_t>(i) == cold_at || all[i].engines_synced == 0)
+      continue;
+    auto f = figures(all[i]);
+    stall.push_back(f.stall_ms);
+    transfer.push_back(f.transfer_ms);
+    gbps.push_back(f.gbps);
+    control.push_back(f.control_ms);
+  }
+  bool weights_ok = !checks.empty();
+  for (auto& c : checks)
+    weights_ok = weights_ok && c.ok();
+
+  std::ostringstream s;
+  s << "\n== rlsync run " << path << (interrupted ? " (interrupted)" : "") << "\n";
+  s << "requests: " << w.prompts << " — " << result.completed << " completed, " << result.failed << " failed, "
+    << result.rejected << " rejected, " << result.not_sent << " not sent\n";
+  s << "tokens: " << result.tokens << " in " << fixed(seconds) << " s (" << fixed(result.tokens / seconds)
+    << " tokens/s), " << result.stale_kv_tokens << " over stale KV; by version:";
+  for (auto& [v, n] : result.tokens_by_version)
+    s << " v" << v << "=" << n;
+  s << "\n";
+  s << "syncs: " << all.size() << ", evictions: " << evictions;
+  if (cold_at != all.end()) {
+    auto cold = figures(*cold_at);
+    s << "\n  cold sync: stall " << fixed(cold.stall_ms) << " ms, transfer " << fixed(cold.transfer_ms) << " ms, "
+      << fixed(cold.gbps, 2) << " GB/s";
+  }
+  if (!stall.empty())
+    s << "\n  median of " << stall.size() << " warm syncs: stall " << fixed(median(stall)) << " ms, transfer "
+      << fixed(median(transfer)) << " ms, " << fixed(median(gbps), 2) << " GB/s (" << fixed(100 * median(gbps) / memcpy_gbps)
+      << "% of memcpy " << fixed(memcpy_gbps) << " GB/s), control " << fixed(median(control)) << " ms";
+  s << "\nweights after the last sync (v" << (last ? last->version : 0) << "):";
+  if (!last_error.empty())
+    s << " last sync failed: " << last_error;
+  for (auto& c : checks) {
+    s << "\n  " << c.engine << " v" << c.version << ": ";
+    if (c.ok())
+      s << "byte-identical to the trainer (" << c.shards << " parameter shards)";
+    else if (!c.error.empty())
+      s << "NOT VERIFIED: " << c.error;
+    else if (c.dirty)
+      s << "DIRTY";
+    else
+      s << c.mismatched << " of " << c.shards << " shards DIFFER";
+  }
+  for (auto& e : result.errors)
+    s << "\n  error: " << e;
+  if (status.below_min_live_events > 0)
+    s << "\nALERT: live engines fell below sync.min_live_engines (" << t.sync.min_live_engines << ") "
+      << status.below_min_live_events << " times; retired: " << status.retired.size();
+  s << "\n";
+  std::cout << s.str() << std::flush;
+
+  if (auto file = json_file) {
+    std::ostringstream j;
+    j << "{\"topology\": " << json_quote(path) << ", \"interrupted\": " << (interrupted ? "true" : "false")
+      << ", \"requests\": {\"total\": " << w.prompts << ", \"completed\": " << result.completed
+      << ", \"failed\": " << result.failed << ", \"rejected\": " << result.rejected << ", \"not_sent\": "
+      << result.not_sent << "}, \"tokens\": {\"total\": " << result.tokens << ", \"stale_kv\": "
+      << result.stale_kv_tokens << ", \"by_version\": {";
+    bool first = true;
+    for (auto& [v, n] : result.tokens_by_version) {
+      j << (first ? "" : ", ") << "\"" << v << "\": " << n;
+      first = false;
+    }
+    j << "}}, \"seconds\": " << seconds << ", \"memcpy_gbps\": " << memcpy_gbps << ", \"syncs\": [";
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      auto f = figures(all[i]);
+      j << (i ? ", " : "") << "{\"version\": " << all[i].version << ", \"engines\": " << all[i].engines_synced
+        << ", \"stall_ms\": " << f.stall_ms << ", \"transfer_ms\": " << f.transfer_ms << ", \"bytes\": "
+        << all[i].bytes << ", \"gbps\": " << f.gbps << ", \"control_ms\": " << f.control_ms << ", \"evicted\": [";
+      for (std::size_t k = 0; k < all[i].evicted.size(); ++k)
+        j << (k ? ", " : "") << json_quote(all[i].evicted[k]);
+      j << "]}";
+    }
+    j << "], \"weights\": [";
+    for (std::size_t i = 0; i < checks.size(); ++i)
+      j << (i ? ", " : "") << "{\"engine\": " << json_quote(checks[i].engine) << ", \"version\": "
+        << checks[i].version << ", \"identical\": " << (checks[i].ok() ? "true" : "false") << ", \"shards\": "
+        << checks[i].shards << ", \"mismatched\": " << checks[i].mismatched << ", \"error\": "
+        << json_quote(checks[i].error) << "}";
+    j << "], \"weights_verified\": " << (weights_ok ? "true" : "false") << "}\n";
+    std::ofstream f(*file);
+    f << j.str();
+    if (!f)
+      std::cerr << "rlsync run: cannot write " << *file << "\n";
+  }
+  if (interrupted)
+    return 130;
+  if (status.below_min_live_events > 0)
+    return 3; // the fleet was too small for a while: the run's figures do not stand
+  bool all_served = result.completed == w.prompts && result.failed == 0 && result.rejected == 0;
+  return all_served && weights_ok && result.stream_mismatches == 0 ? 0 : 1;
+}
+
+} // namespace rlsync::jobs

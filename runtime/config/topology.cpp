@@ -1,0 +1,1029 @@
+// Reading a topology: each section is read by one member of `reader`, in
+// dependency order (model and nodes first, so that later sections can check
+// tensor parallelism, layer ranges and node references as they go). Every
+// problem is recorded and reading continues; checks that depend on an
+// earlier section run only when that section was valid, so one mistake
+// gives one message, not a cascade.
+#include "runtime/config/topology.hpp"
+
+#include "runtime/config/yaml_fields.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace rlsync {
+
+namespace {
+
+using namespace yaml_fields;
+namespace fs = std::filesystem;
+
+const choices<dtype> dtype_choices = {{"bf16", dtype::bf16}, {"f16", dtype::f16}, {"f32", dtype::f32}};
+const choices<trainer_source> trainer_source_choices = {
+  {"synthetic", trainer_source::synthetic}, {"checkpoint_dir", trainer_source::checkpoint_dir}};
+const choices<router_policy> router_policy_choices = {
+  {"least_outstanding", router_policy::least_outstanding},
+  {"round_robin", router_policy::round_robin},
+  {"prefix_affinity", router_policy::prefix_affinity}};
+const choices<transfer_backend> backend_choices = {{"local", transfer_backend::local},
+                                                   {"ucx", transfer_backend::ucx},
+                                                   {"nccl", transfer_backend::nccl},
+                                                   {"cuda_ipc", transfer_backend::cuda_ipc}};
+const choices<transfer_mode> mode_choices = {{"sharded", transfer_mode::sharded},
+                                             {"broadcast", transfer_mode::broadcast}};
+const choices<ucx_transport> ucx_transport_choices = {{"shm", ucx_transport::shm},
+                                                      {"cma", ucx_transport::cma},
+                                                      {"tcp", ucx_transport::tcp},
+                                                      {"rdma", ucx_transport::rdma}};
+const choices<fault_action> action_choices = {
+  {"kill", fault_action::kill},           {"restart", fault_action::restart},
+  {"partition", fault_action::partition}, {"heal", fault_action::heal},
+  {"delay_acks", fault_action::delay_acks}, {"corrupt", fault_action::corrupt}};
+const choices<sync_phase> phase_choices = {
+  {"pause", sync_phase::pause},       {"flush", sync_phase::flush},   {"start", sync_phase::start},
+  {"transfer", sync_phase::transfer}, {"finish", sync_phase::finish}, {"continue", sync_phase::resume}};
+const choices<fault_target> target_choices = {{"engine", fault_target::engine},
+                                              {"node", fault_target::node},
+                                              {"trainer", fault_target::trainer},
+                                              {"router", fault_target::router},
+                                              {"coordinator", fault_target::coordinator}};
+
+template <class E>
+std::string_view name_of(const choices<E>& options, E value) {
+  for (auto& [name, v] : options)
+    if (v == value)
+      return name;
+  return "?";
+}
+
+std::string dtype_name(dtype t) { return std::string(name_of(dtype_choices, t)); }
+
+constexpr std::int64_t max_replicas = 4096;
+
+const char* const secret_message =
+  "secrets are never read from the topology; use secret_file or secret_env";
+
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+
+/// "a, b, c", cut after `limit` names so that 64 replicas stay readable.
+std::string list_names(const std::vector<std::string>& names, std::size_t limit = 8) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i)
+    out += (i ? ", " : "") + names[i];
+  if (names.size() > limit)
+    out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return names.empty() ? "none" : out;
+}
+
+/// "0-3, 5, 7-8" for a sorted list of layers.
+std::string format_layers(const std::vector<std::int64_t>& layers) {
+  std::string out;
+  for (std::size_t i = 0; i < layers.size();) {
+    std::size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1)
+      ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]);
+    if (j > i)
+      out += "-" + std::to_string(layers[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Names end up in actor names, logs and file names: keep them plain.
+bool is_plain_name(const std::string& s) {
+  if (s.empty())
+    return false;
+  return std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-';
+  });
+}
+
+bool is_host(const std::string& s) {
+  if (s.empty())
+    return false;
+  return std::all_of(s.begin(), s.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == ':';
+  });
+}
+
+bool is_env_name(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0])))
+    return false;
+  return std::all_of(s.begin(), s.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '_'; });
+}
+
+// HF config.json field names (as validate() reports them) -> synthetic keys.
+std::string synthetic_key(const std::string& config_field) {
+  if (config_field == "num_hidden_layers")
+    return "layers";
+  if (config_field == "num_attention_heads")
+    return "heads";
+  if (config_field == "num_key_value_heads")
+    return "kv_heads";
+  return config_field;
+}
+
+struct reader {
+  reader(diagnostics& diag, fs::path dir, topology& topo) : d(diag), base_dir(std::move(dir)), t(topo) {}
+
+  diagnostics& d;
+  fs::path base_dir;
+  topology& t;
+
+  // What later sections may rely on (see the comment at the top).
+  bool model_ok = false;   // t.model.config is a valid shape
+  bool nodes_ok = false;   // every node entry has a valid name
+  bool engines_ok = false; // every engine entry has a valid name and replica count
+  std::vector<std::string> node_names;
+  std::vector<std::string> engine_names;
+
+  void read(const YAML::Node& root_node);
+
+  void read_model(const map_reader& root);
+  void read_synthetic(const map_reader& model);
+  void read_nodes(const map_reader& root);
+  void read_cluster(const map_reader& root);
+  void read_trainer(const map_reader& root);
+  void read_ranks(const map_reader& trainer);
+  std::optional<std::vector<std::int64_t>> read_layers(const map_reader& rank);
+  void read_engines(const map_reader& root);
+  void read_router(const map_reader& root);
+  void read_coordinator(const map_reader& root);
+  void read_transfer(const map_reader& root);
+  void read_sync(const map_reader& root);
+  void read_workload(const map_reader& root);
+  void read_drill(const map_reader& root);
+
+  std::string resolve(const std::string& path) const {
+    fs::path p(path);
+    return (p.is_absolute() ? p : base_dir / p).lexically_normal().string();
+  }
+
+  // A path field: a non-empty string, resolved against the file's directory.
+  bool read_path(const map_reader& r, const std::string& key, std::string& out,
+                 presence p = presence::optional) const {
+    std::string v;
+    if (!r.read(key, v, p))
+      return false;
+    if (v.empty()) {
+      r.error(key, "must not be empty");
+      return false;
+    }
+    out = resolve(v);
+    return true;
+  }
+
+  bool read_name(const map_reader& r, const std::string& key, std::string& out) const {
+    std::string v;
+    if (!r.read(key, v, presence::required))
+      return false;
+    if (!is_plain_name(v)) {
+      r.error(key, "must be non-empty and use only letters, digits, '.', '_' and '-', got '" + v + "'");
+      return false;
+    }
+    out = v;
+    return true;
+  }
+
+  // A reference to a node; checked once the node list is known to be complete.
+  bool read_node_ref(const map_reader& r, const std::string& key, std::string& out,
+                     presence p = presence::optional) const {
+    std::string v;
+    if (!r.read(key, v, p))
+      return false;
+    if (nodes_ok && !contains(node_names, v)) {
+      r.error(key, "unknown node '" + v + "' (defined: " + list_names(node_names) + ")");
+      return false;
+    }
+    out = v;
+    return true;
+  }
+
+  std::string first_node() const { return t.nodes.empty() ? std::string() : t.nodes.front().name; }
+};
+
+void reader::read(const YAML::Node& root_node) {
+  map_reader root(d, root_node, "",
+                  {"name", "model", "nodes", "cluster", "trainer", "engines", "router", "coordinator",
+                   "transfer", "sync", "workload", "drill"},
+                  YAML::Mark(), {{"secret", secret_message}});
+  if (!root.valid())
+    return;
+  read_name(root, "name", t.name);
+  read_model(root);
+  read_nodes(root);
+  read_cluster(root);
+  read_trainer(root);
+  read_engines(root);
+  read_router(root);
+  read_coordinator(root);
+  read_transfer(root);
+  read_sync(root);
+  read_workload(root);
+  read_drill(root);
+}
+
+void reader::read_model(const map_reader& root) {
+  auto m = root.map("model", {"checkpoint", "synthetic"}, presence::required);
+  if (!m.present())
+    return;
+  bool checkpoint = m.has("checkpoint"), synthetic = m.has("synthetic");
+  if (checkpoint == synthetic) {
+    m.error(std::string("exactly one of checkpoint or synthetic must be set, got ")
+            + (checkpoint ? "both" : "neither"));
+    return;
+  }
+  if (synthetic) {
+    read_synthetic(m);
+    return;
+  }
+  std::string dir;
+  if (!read_path(m, "checkpoint", dir))
+    return;
+  try {
+    // read_config_json also runs validate(); its message names the file.
+    t.model.config = read_config_json((fs::path(dir) / "config.json").string());
+  } catch (const std::exception& e) {
+    m.error("checkpoint", e.what());
+    return;
+  }
+  t.model.checkpoint = dir;
+  t.model.weights_dtype = std::nullopt;
+  model_ok = true;
+}
+
+void reader::read_synthetic(const map_reader& model) {
+  auto s = model.map("synthetic",
+                     {"layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
+                      "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings",
+                      "dtype", "seed"});
+  if (!s.present())
+    return;
+  auto& c = t.model.config;
+  c.vocab_size = 320;
+  // Ranges are left to validate() below, which knows the relations between
+  // fields; it must only see fields that were read. An absent optional key
+  // keeps its default and is fine.
+  bool ok = s.read("layers", c.num_hidden_layers, {}, presence::required);
+  ok &= s.read("hidden_size", c.hidden_size, {}, presence::required);
+  ok &= s.read("heads", c.num_attention_heads, {}, presence::required);
+  c.num_key_value_heads = c.num_attention_heads;
+  ok &= !s.has("kv_heads") || s.read("kv_heads", c.num_key_value_heads);
+  ok &= s.read("intermediate_size", c.intermediate_size, {}, presence::required);
+  ok &= !s.has("vocab_size") || s.read("vocab_size", c.vocab_size);
+  ok &= !s.has("max_position_embeddings") || s.read("max_position_embeddings", c.max_position_embeddings);
+  ok &= !s.has("rope_theta") || s.read("rope_theta", c.rope_theta);
+  ok &= !s.has("rms_norm_eps") || s.read("rms_norm_eps", c.rms_norm_eps);
+  ok &= !s.has("tie_word_embeddings") || s.read("tie_word_embeddings", c.tie_word_embeddings);
+  dtype type = dtype::bf16;
+  ok &= !s.has("dtype") || s.read_choice("dtype", type, dtype_choices);
+  t.model.weights_dtype = type;
+  ok &= !s.has("seed") || s.read("seed", t.model.seed);
+  if (!ok)
+    return;
+  auto problems = validate(c);
+  for (auto& p : problems) {
+    // "num_key_value_heads: must divide ..." -> at model.synthetic.kv_heads.
+    auto colon = p.find(": ");
+    if (colon == std::string::npos)
+      s.error(p);
+    else
+      s.error(synthetic_key(p.substr(0, colon)), p.substr(colon + 2));
+  }
+  model_ok = problems.empty();
+}
+
+void reader::read_nodes(const map_reader& root) {
+  auto items = root.list("nodes", presence::required);
+  if (!items)
+    return;
+  if (items->empty()) {
+    root.error("nodes", "must list at least one node");
+    return;
+  }
+  nodes_ok = true;
+  std::map<std::string, std::string> endpoints; // "address:port" -> node name
+  for (auto& item : *items) {
+    map_reader r(d, item.node, item.path, {"name", "address", "port"}, root.mark("nodes"));
+    if (!r.valid()) {
+      nodes_ok = false;
+      continue;
+    }
+    node_spec n;
+    if (!read_name(r, "name", n.name)) {
+      nodes_ok = false;
+    } else if (contains(node_names, n.name)) {
+      r.error("name", "duplicate node name '" + n.name + "'");
+    } else {
+      node_names.push_back(n.name);
+    }
+    if (r.read("address", n.address) && !is_host(n.address))
+      r.error("address", "must be a host name or IP address, got '" + n.address + "'");
+    std::int64_t port = 0;
+    if (r.read("port", port, between(0, 65535)))
+      n.port = static_cast<std::uint16_t>(port);
+    // Two nodes cannot listen on the same fixed endpoint.
+    if (n.port != 0) {
+      std::string endpoint = n.address + ":" + std::to_string(n.port);
+      auto [it, fresh] = endpoints.emplace(endpoint, n.name);
+      if (!fresh)
+        r.error("port", endpoint + " is already used by node '" + it->second + "'");
+    }
+    t.nodes.push_back(std::move(n));
+  }
+}
+
+void reader::read_cluster(const map_reader& root) {
+  const std::vector<std::pair<std::string, std::string>> forbidden = {{"secret", secret_message}};
+  auto c = root.map("cluster",
+                    {"secret_file", "secret_env", "tls", "heartbeat_interval_ms",
+                     "heartbeat_timeout_ms", "connect_deadline_ms"},
+                    presence::optional, forbidden);
+  auto& cl = t.cluster;
+  if (c.has("secret_file") && c.has("secret_env"))
+    c.error("secret_env", "set at most one of secret_file and secret_env");
+  read_path(c, "secret_file", cl.secret_file);
+  if (c.read("secret_env", cl.secret_env) && !is_env_name(cl.secret_env)) {
+    // The value is not echoed: it may be the secret itself, pasted by mistake.
+    c.error("secret_env", "must be the name of an environment variable (letters, digits, '_'), "
+                          "not the secret itself");
+    cl.secret_env.clear();
+  }
+  if (c.has("tls")) {
+    auto tls = c.map("tls", {"ca", "cert", "key"}, presence::optional, forbidden);
+    tls_spec spec;
+    bool ok = read_path(tls, "ca", spec.ca, presence::required);
+    ok &= read_path(tls, "cert", spec.cert, presence::required);
+    ok &= read_path(tls, "key", spec.key, presence::required);
+    if (ok)
+      cl.tls = spec;
+  }
+  bool interval = c.read_ms("heartbeat_interval_ms", cl.heartbeat_interval, positive());
+  bool timeout = c.read_ms("heartbeat_timeout_ms", cl.heartbeat_timeout, positive());
+  c.read_ms("connect_deadline_ms", cl.connect_deadline, positive());
+  // Checked only when both were read (or defaulted) cleanly.
+  if ((interval || !c.has("heartbeat_interval_ms")) && (timeout || !c.has("heartbeat_timeout_ms"))
+      && cl.heartbeat_timeout <= cl.heartbeat_interval)
+    c.error("heartbeat_timeout_ms", "must exceed heartbeat_interval_ms ("
+                                      + std::to_string(cl.heartbeat_interval.count()) + "), got "
+                                      + std::to_string(cl.heartbeat_timeout.count()));
+}
+
+void reader::read_trainer(const map_reader& root) {
+  auto r = root.map("trainer", {"node", "source", "dir", "step_time_ms", "perturb", "seed", "ranks"},
+                    presence::required);
+  if (!r.present())
+    return;
+  auto& tr = t.trainer;
+  read_node_ref(r, "node", tr.node, presence::required);
+  bool source_ok = !r.has("source") || r.read_choice("source", tr.source, trainer_source_choices);
+  if (source_ok) {
+    if (tr.source == trainer_source::checkpoint_dir)
+      read_path(r, "dir", tr.dir, presence::required);
+    else if (r.has("dir"))
+      r.error("dir", "only used with source: checkpoint_dir");
+  }
+  r.read_ms("step_time_ms", tr.step_time, non_negative());
+  if (r.read("perturb", tr.perturb) && !(tr.perturb > 0))
+    r.error("perturb", "must be positive, got " + format_double(tr.perturb));
+  r.read("seed", tr.seed);
+  read_ranks(r);
+}
+
+void reader::read_ranks(const map_reader& trainer) {
+  auto& tr = t.trainer;
+  std::int64_t layers = model_ok ? t.model.config.num_hidden_layers : 0;
+  auto all_layers = [&] {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(layers));
+    for (std::int64_t i = 0; i < layers; ++i)
+      v[static_cast<std::size_t>(i)] = i;
+    return v;
+  };
+  if (!trainer.has("ranks")) {
+    tr.ranks.push_back({tr.node, all_layers()});
+    return;
+  }
+  auto items = trainer.list("ranks");
+  if (!items)
+    return;
+  if (items->empty()) {
+    trainer.error("ranks", "must list at least one rank (or leave ranks out: one rank holds all layers)");
+    return;
+  }
+  bool ok = true;
+  for (auto& item : *items) {
+    map_reader r(d, item.node, item.path, {"node", "layers"}, trainer.mark("ranks"));
+    if (!r.valid()) {
+      ok = false;
+      continue;
+    }
+    trainer_rank rank;
+    rank.node = tr.node;
+    read_node_ref(r, "node", rank.node);
+    auto held = read_layers(r);
+    if (!held) {
+      ok = false;
+      continue;
+    }
+    rank.layers = std::move(*held);
+    tr.ranks.push_back(std::move(rank));
+  }
+  if (!ok || !model_ok)
+    return;
+  std::vector<bool> covered(static_cast<std::size_t>(layers), false);
+  for (auto& rank : tr.ranks)
+    for (auto l : rank.layers)
+      covered[static_cast<std::size_t>(l)] = true;
+  std::vector<std::int64_t> missing;
+  for (std::int64_t l = 0; l < layers; ++l)
+    if (!covered[static_cast<std::size_t>(l)])
+      missing.push_back(l);
+  if (!missing.empty())
+    trainer.error("ranks", std::string(missing.size() == 1 ? "layer " : "layers ")
+                             + format_layers(missing) + (missing.size() == 1 ? " is" : " are")
+                             + " held by no rank (the model has " + std::to_string(layers)
+                             + " layers)");
+}
+
+// `all`, a list of indices, or a range string "a-b" (inclusive; "a" alone is
+// one layer). Indices are checked against the model when its shape is known.
+std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& rank) {
+  if (!rank.require("layers"))
+    return std::nullopt;
+  const std::string path = rank.path("layers");
+  YAML::Node node = rank.get("layers");
+  const std::int64_t count = model_ok ? t.model.config.num_hidden_layers : 0;
+  const std::string expected = "expected `all`, a list of layer indices or a range like \"0-3\", got ";
+  std::vector<std::int64_t> layers;
+  bool ok = true;
+  auto in_range = [&](std::int64_t l, const YAML::Mark& at, const std::string& p) {
+    if (!model_ok || l < count)
+      return true;
+    d.add(at, p, "layer " + std::to_string(l) + " out of range: the model has " + std::to_string(count)
+                   + " layers (0-" + std::to_string(count - 1) + ")");
+    return false;
+  };
+  if (node.IsScalar()) {
+    const std::string& text = node.Scalar();
+    if (text == "all") {
+      for (std::int64_t i = 0; i < count; ++i)
+        layers.push_back(i);
+      return layers;
+    }
+    auto dash = text.find('-');
+    std::string first = text.substr(0, dash), last = dash == std::string::npos ? first : text.substr(dash + 1);
+    auto digits = [](const std::string& s) {
+      return !s.empty() && s.size() < 10
+             && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+    };
+    if (!digits(first) || !digits(last)) {
+      rank.error("layers", expected + describe(node));
+      return std::nullopt;
+    }
+    std::int64_t a = std::stoll(first), b = std::stoll(last);
+    if (a > b) {
+      rank.error("layers", "range start must not exceed its end, got '" + text + "'");
+      return std::nullopt;
+    }
+    if (!in_range(b, rank.mark("layers"), path))
+      return std::nullopt;
+    if (!model_ok)
+      return layers; // unchecked: do not expand "0-999999999"
+    for (std::int64_t i = a; i <= b; ++i)
+      layers.push_back(i);
+    return layers;
+  }
+  if (!node.IsSequence()) {
+    rank.error("layers", expected + describe(node));
+    return std::nullopt;
+  }
+  std::size_t i = 0;
+  for (auto it = node.begin(); it != node.end(); ++it, ++i) {
+    YAML::Node item = *it;
+    std::string item_path = index_path(path, i);
+    auto l = read_int(d, item, item.Mark(), item_path, non_negative());
+    if (!l || !in_range(*l, item.Mark(), item_path)) {
+      ok = false;
+      continue;
+    }
+    if (std::find(layers.begin(), layers.end(), *l) != layers.end()) {
+      d.add(item.Mark(), item_path, "layer " + std::to_string(*l) + " is listed twice");
+      ok = false;
+      continue;
+    }
+    layers.push_back(*l);
+  }
+  if (!ok)
+    return std::nullopt;
+  if (layers.empty()) {
+    rank.error("layers", "must name at least one layer");
+    return std::nullopt;
+  }
+  std::sort(layers.begin(), layers.end());
+  return layers;
+}
+
+void reader::read_engines(const map_reader& root) {
+  auto items = root.list("engines", presence::required);
+  if (!items)
+    return;
+  if (items->empty()) {
+    root.error("engines", "must list at least one engine");
+    return;
+  }
+  engines_ok = true;
+  std::map<std::string, std::string> owner; // replica name -> the entry's path
+  for (auto& item : *items) {
+    map_reader r(d, item.node, item.path,
+                 {"name", "node", "replicas", "tp", "max_batch", "queue_limit", "kv_block_tokens",
+                  "prefix_cache_blocks"},
+                 root.mark("engines"));
+    if (!r.valid()) {
+      engines_ok = false;
+      continue;
+    }
+    engine_spec e;
+    bool named = read_name(r, "name", e.group);
+    read_node_ref(r, "node", e.node, presence::required);
+    std::int64_t replicas = 1;
+    // The cap catches typos (replicas: 1000000) before they expand.
+    bool counted = r.read("replicas", replicas, between(1, max_replicas)) || !r.has("replicas");
+    if (r.read("tp", e.tp, positive()) && model_ok) {
+      for (auto& problem : validate_tp(t.model.config, e.tp))
+        r.error("tp", problem);
+    }
+    r.read("max_batch", e.max_batch, positive());
+    r.read("queue_limit", e.queue_limit, positive());
+    r.read("kv_block_tokens", e.kv_block_tokens, positive());
+    r.read("prefix_cache_blocks", e.prefix_cache_blocks, non_negative());
+    if (!named || !counted) {
+      engines_ok = false;
+      continue;
+    }
+    // Drill targets name engines, nodes and the three singletons: keep them apart.
+    if (e.group == "trainer" || e.group == "router" || e.group == "coordinator") {
+      r.error("name", "'" + e.group + "' is reserved (trainer, router and coordinator name those actors)");
+      engines_ok = false;
+      continue;
+    }
+    for (std::int64_t i = 0; i < replicas; ++i) {
+      e.replica = i;
+      e.name = replicas == 1 ? e.group : e.group + "-" + std::to_string(i);
+      if (auto [it, fresh] = owner.emplace(e.name, item.path); !fresh) {
+        r.error("name", "duplicate engine name '" + e.name + "' (also from " + it->second + ")");
+        engines_ok = false;
+        break;
+      }
+      if (contains(node_names, e.name)) {
+        r.error("name", "engine '" + e.name + "' has the name of a node; drill targets would be ambiguous");
+        engines_ok = false;
+        break;
+      }
+      engine_names.push_back(e.name);
+      t.engines.push_back(e);
+    }
+  }
+}
+
+void reader::read_router(const map_reader& root) {
+  auto r = root.map("router", {"node", "policy", "queue_limit"});
+  t.router.node = first_node();
+  read_node_ref(r, "node", t.router.node);
+  r.read_choice("policy", t.router.policy, router_policy_choices);
+  r.read("queue_limit", t.router.queue_limit, positive());
+}
+
+void reader::read_coordinator(const map_reader& root) {
+  auto r = root.map("coordinator", {"node", "state_file"});
+  t.coordinator.node = first_node();
+  read_node_ref(r, "node", t.coordinator.node);
+  read_path(r, "state_file", t.coordinator.state_file);
+}
+
+void reader::read_transfer(const map_reader& root) {
+  auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports"});
+  auto& tr = t.transfer;
+  r.read_choice("backend", tr.backend, backend_choices);
+  r.read_choice("mode", tr.mode, mode_choices);
+  r.read_size("bucket_bytes", tr.bucket_bytes, positive());
+  r.read("groups_in_flight", tr.groups_in_flight, positive());
+  if (auto items = r.list("ucx_transports")) {
+    for (auto& item : *items) {
+      auto v = read_choice(d, item.node, item.node.Mark(), item.path, ucx_transport_choices);
+      if (!v)
+        continue;
+      if (std::find(tr.ucx_transports.begin(), tr.ucx_transports.end(), *v) != tr.ucx_transports.end())
+        d.add(item.node.Mark(), item.path, "'" + item.node.Scalar() + "' is listed twice");
+      else
+        tr.ucx_transports.push_back(*v);
+    }
+  }
+}
+
+void reader::read_sync(const map_reader& root) {
+  auto r = root.map("sync", {"every_versions", "staleness", "wave_size", "deadlines_ms",
+                             "min_live_engines", "max_restarts"});
+  auto& s = t.sync;
+  r.read("every_versions", s.every_versions, positive());
+  r.read("staleness", s.staleness, non_negative());
+  r.read("wave_size", s.wave_size, non_negative());
+  auto dl = r.map("deadlines_ms", {"pause", "flush", "start", "transfer", "finish", "continue"});
+  dl.read_ms("pause", s.deadlines.pause, positive());
+  dl.read_ms("flush", s.deadlines.flush, positive());
+  dl.read_ms("start", s.deadlines.start, positive());
+  dl.read_ms("transfer", s.deadlines.transfer, positive());
+  dl.read_ms("finish", s.deadlines.finish, positive());
+  dl.read_ms("continue", s.deadlines.resume, positive());
+  // A round needing more live engines than exist could never complete.
+  if (r.read("min_live_engines", s.min_live_engines, positive()) && engines_ok
+      && s.min_live_engines > static_cast<std::int64_t>(t.engines.size()))
+    r.error("min_live_engines", "must not exceed the number of engine replicas ("
+                                  + std::to_string(t.engines.size()) + "), got "
+                                  + std::to_string(s.min_live_engines));
+  r.read("max_restarts", s.max_restarts, non_negative());
+}
+
+void reader::read_workload(const map_reader& root) {
+  auto r = root.map("workload", {"prompts", "concurrency", "max_tokens", "temperature", "top_p", "seed"});
+  auto& w = t.workload;
+  r.read("prompts", w.prompts, non_negative());
+  r.read("concurrency", w.concurrency, positive());
+  r.read("max_tokens", w.max_tokens, positive());
+  if (r.read("temperature", w.temperature) && w.temperature < 0)
+    r.error("temperature", "must not be negative, got " + format_double(w.temperature));
+  if (r.read("top_p", w.top_p) && !(w.top_p > 0 && w.top_p <= 1))
+    r.error("top_p", "must be in (0, 1], got " + format_double(w.top_p));
+  r.read("seed", w.seed);
+}
+
+void reader::read_drill(const map_reader& root) {
+  auto drill = root.map("drill", {"faults"});
+  auto items = drill.list("faults");
+  if (!items)
+    return;
+  for (auto& item : *items) {
+    map_reader r(d, item.node, item.path, {"at_sync", "phase", "at_ms", "action", "target", "duration_ms"},
+                 drill.mark("faults"));
+    if (!r.valid())
+      continue;
+    fault_spec f;
+    if (r.has("at_sync") && r.has("at_ms")) {
+      r.error("at_ms", "set either at_sync or at_ms, not both");
+    } else if (!r.has("at_sync") && !r.has("at_ms")) {
+      r.error("needs at_sync (a sync round, from 1) or at_ms (time since start) to say when it fires");
+    } else if (r.has("at_sync")) {
+      std::int64_t v = 0;
+      if (r.read("at_sync", v, positive()))
+        f.at_sync = v;
+    } else {
+      milliseconds v{};
+      if (r.read_ms("at_ms", v, non_negative()))
+        f.at = v;
+    }
+    if (r.has("phase") && !r.has("at_sync"))
+      r.error("phase", "only used with at_sync (the phase of that round the fault fires in)");
+    else if (r.has("phase"))
+      r.read_choice("phase", f.phase, phase_choices);
+    bool action_ok = r.read_choice("action", f.action, action_choices, presence::required);
+    bool target_ok = r.read("target", f.target, presence::required);
+    if (r.has("duration_ms")) {
+      milliseconds v{};
+      if (action_ok && f.action != fault_action::partition && f.action != fault_action::delay_acks
+          && f.action != fault_action::kill)
+        r.error("duration_ms", "only used with kill (restart after it), partition or delay_acks");
+      else if (r.read_ms("duration_ms", v, positive()))
+        f.duration = v;
+    }
+    if (!action_ok || !target_ok || !nodes_ok || !engines_ok)
+      continue;
+    // Which kinds of target each action accepts, most specific first.
+    std::vector<fault_target> kinds;
+    switch (f.action) {
+    case fault_action::kill:
+    case fault_action::restart:
+      kinds = {fault_target::engine, fault_target::node, fault_target::trainer, fault_target::router,
+               fault_target::coordinator};
+      break;
+    case fault_action::partition:
+    case fault_action::heal:
+      kinds = {fault_target::engine, fault_target::node};
+      break;
+    case fault_action::delay_acks:
+    case fault_action::corrupt:
+      kinds = {fault_target::engine};
+      break;
+    }
+    bool found = false;
+    std::vector<std::string> wanted;
+    for (auto kind : kinds) {
+      switch (kind) {
+      case fault_target::engine:
+        found = contains(engine_names, f.target);
+        wanted.push_back("an engine (" + list_names(engine_names) + ")");
+        break;
+      case fault_target::node:
+        found = contains(node_names, f.target);
+        wanted.push_back("a node (" + list_names(node_names) + ")");
+        break;
+      default:
+        found = f.target == name_of(target_choices, kind);
+        wanted.emplace_back(name_of(target_choices, kind));
+      }
+      if (found) {
+        f.target_kind = kind;
+        break;
+      }
+    }
+    if (!found) {
+      std::string expected;
+      for (std::size_t i = 0; i < wanted.size(); ++i)
+        expected += (i == 0 ? "" : i + 1 == wanted.size() ? " or " : ", ") + wanted[i];
+      r.error("target", "unknown target '" + f.target + "' for " + std::string(name_of(action_choices, f.action))
+                          + " (expected " + expected + ")");
+      continue;
+    }
+    t.drill.faults.push_back(std::move(f));
+  }
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (auto& l : lines)
+    out += (out.empty() ? "" : "\n") + l;
+  return out;
+}
+
+// Parameters of a Llama-style decoder without biases: embeddings, per layer
+// q/k/v/o, gate/up/down and two norms, the final norm, and the LM head unless
+// it is tied to the embeddings.
+std::int64_t parameter_count(const model_config& c) {
+  std::int64_t kv_dim = c.num_key_value_heads * c.head_dim();
+  std::int64_t per_layer = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * kv_dim
+                           + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size;
+  std::int64_t embed = c.vocab_size * c.hidden_size;
+  return embed + c.num_hidden_layers * per_layer + c.hidden_size
+         + (c.tie_word_embeddings ? 0 : embed);
+}
+
+// "64 MiB" when the size is a whole number of a binary unit, else empty.
+std::string human_size(std::int64_t bytes) {
+  static const std::pair<const char*, std::int64_t> units[] = {
+    {"TiB", std::int64_t(1) << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}};
+  for (auto& [name, size] : units)
+    if (bytes >= size && bytes % size == 0)
+      return std::to_string(bytes / size) + " " + name;
+  return "";
+}
+
+} // namespace
+
+std::string_view to_string(trainer_source v) { return name_of(trainer_source_choices, v); }
+std::string_view to_string(router_policy v) { return name_of(router_policy_choices, v); }
+std::string_view to_string(transfer_backend v) { return name_of(backend_choices, v); }
+std::string_view to_string(ucx_transport v) { return name_of(ucx_transport_choices, v); }
+std::string_view to_string(fault_action v) { return name_of(action_choices, v); }
+std::string_view to_string(fault_target v) { return name_of(target_choices, v); }
+
+const node_spec* topology::find_node(std::string_view name) const {
+  for (auto& n : nodes)
+    if (n.name == name)
+      return &n;
+  return nullptr;
+}
+
+const engine_spec* topology::find_engine(std::string_view name) const {
+  for (auto& e : engines)
+    if (e.name == name)
+      return &e;
+  return nullptr;
+}
+
+topology_error::topology_error(std::vector<std::string> errs)
+    : std::runtime_error(join_lines(errs)), errors(std::move(errs)) {}
+
+topology parse_topology(const std::string& yaml_text, const std::string& source_name,
+                        const std::string& base_dir) {
+  diagnostics d(source_name);
+  topology t;
+  t.source = source_name;
+  t.base_dir = fs::absolute(base_dir.empty() ? fs::path(".") : fs::path(base_dir)).lexically_normal().string();
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml_text);
+  } catch (const YAML::Exception& e) {
+    d.add(e.mark, "", "syntax error: " + e.msg);
+    throw topology_error(d.lines());
+  }
+  if (docs.empty() || (docs.size() == 1 && docs[0].IsNull())) {
+    d.add(YAML::Mark(), "topology", "the file is empty");
+    throw topology_error(d.lines());
+  }
+  if (docs.size() > 1) {
+    d.add(docs[1].Mark(), "topology", "expected one YAML document, got " + std::to_string(docs.size()));
+    throw topology_error(d.lines());
+  }
+  reader r(d, fs::path(t.base_dir), t);
+  r.read(docs[0]);
+  if (!d.empty())
+    throw topology_error(d.lines());
+  return t;
+}
+
+topology load_topology(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw topology_error({path + ": cannot open file"});
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad())
+    throw topology_error({path + ": cannot read file"});
+  auto dir = fs::path(path).parent_path();
+  return parse_topology(text.str(), path, dir.empty() ? "." : dir.string());
+}
+
+std::string to_yaml(const topology& t) {
+  YAML::Emitter out;
+  auto ms = [](milliseconds v) { return static_cast<long long>(v.count()); };
+  auto i64 = [](std::int64_t v) { return static_cast<long long>(v); };
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << t.name;
+  out << YAML::Key << "source" << YAML::Value << t.source;
+  out << YAML::Key << "base_dir" << YAML::Value << t.base_dir;
+
+  const auto& c = t.model.config;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  if (t.model.synthetic()) {
+    out << YAML::Key << "synthetic" << YAML::Value << true;
+    out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(t.model.seed);
+  } else {
+    out << YAML::Key << "checkpoint" << YAML::Value << t.model.checkpoint;
+  }
+  if (t.model.weights_dtype)
+    out << YAML::Key << "dtype" << YAML::Value << dtype_name(*t.model.weights_dtype);
+  out << YAML::Key << "layers" << YAML::Value << i64(c.num_hidden_layers);
+  out << YAML::Key << "hidden_size" << YAML::Value << i64(c.hidden_size);
+  out << YAML::Key << "heads" << YAML::Value << i64(c.num_attention_heads);
+  out << YAML::Key << "kv_heads" << YAML::Value << i64(c.num_key_value_heads);
+  out << YAML::Key << "head_dim" << YAML::Value << i64(c.head_dim());
+  out << YAML::Key << "intermediate_size" << YAML::Value << i64(c.intermediate_size);
+  out << YAML::Key << "vocab_size" << YAML::Value << i64(c.vocab_size);
+  out << YAML::Key << "max_position_embeddings" << YAML::Value << i64(c.max_position_embeddings);
+  out << YAML::Key << "rope_theta" << YAML::Value << format_double(c.rope_theta);
+  out << YAML::Key << "rms_norm_eps" << YAML::Value << format_double(c.rms_norm_eps);
+  out << YAML::Key << "tie_word_embeddings" << YAML::Value << c.tie_word_embeddings;
+  std::int64_t params = parameter_count(c);
+  out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment("Llama layout, no biases");
+  if (t.model.weights_dtype) {
+    std::int64_t bytes = params * static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype));
+    out << YAML::Key << "weight_bytes" << YAML::Value << i64(bytes);
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "nodes" << YAML::Value << YAML::BeginSeq;
+  for (auto& n : t.nodes) {
+    out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << n.name;
+    out << YAML::Key << "address" << YAML::Value << n.address;
+    out << YAML::Key << "port" << YAML::Value << n.port << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+
+  const auto& cl = t.cluster;
+  out << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap;
+  if (!cl.secret_file.empty())
+    out << YAML::Key << "secret_file" << YAML::Value << cl.secret_file;
+  if (!cl.secret_env.empty())
+    out << YAML::Key << "secret_env" << YAML::Value << cl.secret_env;
+  if (cl.tls) {
+    out << YAML::Key << "tls" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "ca" << YAML::Value << cl.tls->ca;
+    out << YAML::Key << "cert" << YAML::Value << cl.tls->cert;
+    out << YAML::Key << "key" << YAML::Value << cl.tls->key << YAML::EndMap;
+  }
+  out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << ms(cl.heartbeat_interval);
+  out << YAML::Key << "heartbeat_timeout_ms" << YAML::Value << ms(cl.heartbeat_timeout);
+  out << YAML::Key << "connect_deadline_ms" << YAML::Value << ms(cl.connect_deadline);
+  out << YAML::EndMap;
+
+  const auto& tr = t.trainer;
+  out << YAML::Key << "trainer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "node" << YAML::Value << tr.node;
+  out << YAML::Key << "source" << YAML::Value << std::string(to_string(tr.source));
+  if (!tr.dir.empty())
+    out << YAML::Key << "dir" << YAML::Value << tr.dir;
+  out << YAML::Key << "step_time_ms" << YAML::Value << ms(tr.step_time);
+  out << YAML::Key << "perturb" << YAML::Value << format_double(tr.perturb);
+  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(tr.seed);
+  out << YAML::Key << "ranks" << YAML::Value << YAML::BeginSeq;
+  for (auto& r : tr.ranks) {
+    out << YAML::BeginMap << YAML::Key << "node" << YAML::Value << r.node;
+    out << YAML::Key << "layers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (auto l : r.layers)
+      out << i64(l);
+    out << YAML::EndSeq << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+
+  out << YAML::Key << "engines" << YAML::Value << YAML::BeginSeq;
+  for (auto& e : t.engines) {
+    out << YAML::BeginMap;
+    out << YAML::Key << "name" << YAML::Value << e.name;
+    out << YAML::Key << "group" << YAML::Value << e.group;
+    out << YAML::Key << "replica" << YAML::Value << i64(e.replica);
+    out << YAML::Key << "node" << YAML::Value << e.node;
+    out << YAML::Key << "tp" << YAML::Value << i64(e.tp);
+    out << YAML::Key << "max_batch" << YAML::Value << i64(e.max_batch);
+    out << YAML::Key << "queue_limit" << YAML::Value << i64(e.queue_limit);
+    out << YAML::Key << "kv_block_tokens" << YAML::Value << i64(e.kv_block_tokens);
+    out << YAML::Key << "prefix_cache_blocks" << YAML::Value << i64(e.prefix_cache_blocks);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+
+  out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "node" << YAML::Value << t.router.node;
+  out << YAML::Key << "policy" << YAML::Value << std::string(to_string(t.router.policy));
+  out << YAML::Key << "queue_limit" << YAML::Value << i64(t.router.queue_limit) << YAML::EndMap;
+
+  out << YAML::Key << "coordinator" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "node" << YAML::Value << t.coordinator.node;
+  if (!t.coordinator.state_file.empty())
+    out << YAML::Key << "state_file" << YAML::Value << t.coordinator.state_file;
+  out << YAML::EndMap;
+
+  const auto& x = t.transfer;
+  out << YAML::Key << "transfer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "backend" << YAML::Value << std::string(to_string(x.backend));
+  out << YAML::Key << "mode" << YAML::Value << std::string(to_string(x.mode));
+  out << YAML::Key << "bucket_bytes" << YAML::Value << i64(x.bucket_bytes);
+  if (auto h = human_size(x.bucket_bytes); !h.empty())
+    out << YAML::Comment(h);
+  out << YAML::Key << "groups_in_flight" << YAML::Value << i64(x.groups_in_flight);
+  out << YAML::Key << "ucx_transports" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (auto u : x.ucx_transports)
+    out << std::string(to_string(u));
+  out << YAML::EndSeq << YAML::EndMap;
+
+  const auto& s = t.sync;
+  out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every_versions" << YAML::Value << i64(s.every_versions);
+  out << YAML::Key << "staleness" << YAML::Value << i64(s.staleness);
+  out << YAML::Key << "wave_size" << YAML::Value << i64(s.wave_size);
+  out << YAML::Key << "deadlines_ms" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "pause" << YAML::Value << ms(s.deadlines.pause);
+  out << YAML::Key << "flush" << YAML::Value << ms(s.deadlines.flush);
+  out << YAML::Key << "start" << YAML::Value << ms(s.deadlines.start);
+  out << YAML::Key << "transfer" << YAML::Value << ms(s.deadlines.transfer);
+  out << YAML::Key << "finish" << YAML::Value << ms(s.deadlines.finish);
+  out << YAML::Key << "continue" << YAML::Value << ms(s.deadlines.resume) << YAML::EndMap;
+  out << YAML::Key << "min_live_engines" << YAML::Value << i64(s.min_live_engines);
+  out << YAML::Key << "max_restarts" << YAML::Value << i64(s.max_restarts) << YAML::EndMap;
+
+  const auto& w = t.workload;
+  out << YAML::Key << "workload" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "prompts" << YAML::Value << i64(w.prompts);
+  out << YAML::Key << "concurrency" << YAML::Value << i64(w.concurrency);
+  out << YAML::Key << "max_tokens" << YAML::Value << i64(w.max_tokens);
+  out << YAML::Key << "temperature" << YAML::Value << format_double(w.temperature);
+  out << YAML::Key << "top_p" << YAML::Value << format_double(w.top_p);
+  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(w.seed) << YAML::EndMap;
+
+  if (!t.drill.faults.empty()) {
+    out << YAML::Key << "drill" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
+    for (auto& f : t.drill.faults) {
+      out << YAML::BeginMap;
+      if (f.at_sync) {
+        out << YAML::Key << "at_sync" << YAML::Value << i64(*f.at_sync);
+        out << YAML::Key << "phase" << YAML::Value << std::string(name_of(phase_choices, f.phase));
+      }
+      if (f.at)
+        out << YAML::Key << "at_ms" << YAML::Value << ms(*f.at);
+      out << YAML::Key << "action" << YAML::Value << std::string(to_string(f.action));
+      out << YAML::Key << "target" << YAML::Value << f.target;
+      out << YAML::Key << "target_kind" << YAML::Value << std::string(to_string(f.target_kind));
+      if (f.duration)
+        out << YAML::Key << "duration_ms" << YAML::Value << ms(*f.duration);
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+} // namespace rlsync

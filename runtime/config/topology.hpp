@@ -1,0 +1,208 @@
+#pragma once
+// The topology: one YAML file describing where everything runs (nodes, the
+// trainer and its ranks, engine replicas, router, coordinator), how weights
+// move (transfer), when (sync), what load to generate (workload) and which
+// faults to inject (drill). Loading validates everything and resolves it:
+// defaults filled in, engine replicas expanded, paths made absolute, the
+// model's shape known. See configs/local.yaml for an annotated example.
+#include "runtime/base/dtype.hpp"
+#include "runtime/config/model_config.hpp"
+#include "runtime/config/modes.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rlsync {
+
+using std::chrono::milliseconds;
+
+enum class trainer_source { synthetic, checkpoint_dir };
+enum class router_policy { least_outstanding, round_robin, prefix_affinity };
+enum class transfer_backend { local, ucx, nccl, cuda_ipc };
+// transfer_mode (sharded, broadcast) comes from config/modes.hpp.
+enum class ucx_transport { shm, cma, tcp, rdma };
+enum class fault_action { kill, restart, partition, heal, delay_acks, corrupt };
+enum class fault_target { engine, node, trainer, router, coordinator };
+
+/// The YAML spellings ("least_outstanding", "cuda_ipc", ...).
+std::string_view to_string(trainer_source v);
+std::string_view to_string(router_policy v);
+std::string_view to_string(transfer_backend v);
+std::string_view to_string(ucx_transport v);
+std::string_view to_string(fault_action v);
+std::string_view to_string(fault_target v);
+
+struct model_spec {
+  model_config config;
+  /// Absolute path of the checkpoint directory; empty for a synthetic model.
+  std::string checkpoint;
+  /// Synthetic models: the element type to generate. Checkpoints: nullopt,
+  /// their tensors say.
+  std::optional<dtype> weights_dtype = dtype::bf16;
+  /// Synthetic models: the seed of the generated weights.
+  std::uint64_t seed = 1;
+
+  bool synthetic() const { return checkpoint.empty(); }
+};
+
+struct node_spec {
+  std::string name;
+  std::string address = "127.0.0.1";
+  std::uint16_t port = 0; // CAF middleman port; 0 = ephemeral
+};
+
+struct tls_spec {
+  std::string ca, cert, key; // absolute paths
+};
+
+struct cluster_spec {
+  /// Where the cluster secret comes from: at most one is set; both empty
+  /// means no secret. The secret itself is never in the topology.
+  std::string secret_file; // absolute path
+  std::string secret_env;  // environment variable name
+  std::optional<tls_spec> tls;
+  milliseconds heartbeat_interval{500};
+  milliseconds heartbeat_timeout{2000};
+  milliseconds connect_deadline{10000};
+};
+
+struct trainer_rank {
+  std::string node;
+  std::vector<std::int64_t> layers; // ascending, no repeats
+};
+
+struct trainer_spec {
+  std::string node;
+  trainer_source source = trainer_source::synthetic;
+  std::string dir; // absolute; set iff source == checkpoint_dir
+  milliseconds step_time{200};
+  double perturb = 0.01;
+  std::uint64_t seed = 7;
+  /// Never empty once loaded: by default one rank on `node` with all layers.
+  /// Every layer is held by at least one rank.
+  std::vector<trainer_rank> ranks;
+};
+
+/// One engine replica. A YAML entry with `replicas: n` becomes n of these.
+struct engine_spec {
+  std::string name;          // "rollout-1", or the group name when replicas == 1
+  std::string group;         // the YAML entry's name
+  std::int64_t replica = 0;  // index within the group
+  std::string node;
+  std::int64_t tp = 1;
+  std::int64_t max_batch = 32;
+  std::int64_t queue_limit = 256;
+  std::int64_t kv_block_tokens = 16;
+  std::int64_t prefix_cache_blocks = 1024;
+};
+
+struct router_spec {
+  std::string node; // default: the first node
+  router_policy policy = router_policy::least_outstanding;
+  std::int64_t queue_limit = 1024;
+};
+
+struct coordinator_spec {
+  std::string node;       // default: the first node
+  std::string state_file; // absolute; empty = the version counter is not persisted
+};
+
+struct transfer_spec {
+  transfer_backend backend = transfer_backend::local;
+  transfer_mode mode = transfer_mode::sharded;
+  std::int64_t bucket_bytes = std::int64_t(64) << 20;
+  std::int64_t groups_in_flight = 2;
+  std::vector<ucx_transport> ucx_transports; // empty = UCX decides
+};
+
+/// Per-phase deadlines of a sync round (DESIGN.md §3).
+struct sync_deadlines {
+  milliseconds pause{5000};
+  milliseconds flush{1000};
+  milliseconds start{1000};
+  milliseconds transfer{60000};
+  milliseconds finish{5000};
+  milliseconds resume{1000}; // the `continue` phase (a C++ keyword)
+};
+
+struct sync_spec {
+  std::int64_t every_versions = 1;
+  std::int64_t staleness = 1;
+  std::int64_t wave_size = 0; // 0 = all engines at once
+  sync_deadlines deadlines;
+  std::int64_t min_live_engines = 1;
+  std::int64_t max_restarts = 3; // per replica
+};
+
+struct workload_spec {
+  std::int64_t prompts = 64;
+  std::int64_t concurrency = 8;
+  std::int64_t max_tokens = 32;
+  double temperature = 0.0;
+  double top_p = 1.0;
+  std::uint64_t seed = 1;
+};
+
+struct fault_spec {
+  std::optional<std::int64_t> at_sync; // exactly one of at_sync / at is set
+  sync_phase phase = sync_phase::pause; // with at_sync: fires as that phase of the round is sent
+  std::optional<milliseconds> at;
+  fault_action action = fault_action::kill;
+  std::string target;       // an engine replica or node name, or trainer/router/coordinator
+                            // (partition/heal: a node, or one engine: its messages are dropped)
+  fault_target target_kind = fault_target::engine;
+  /// partition, delay_acks: how long they last; kill: restart after it. Else unset.
+  std::optional<milliseconds> duration;
+};
+
+struct drill_spec {
+  std::vector<fault_spec> faults; // empty = no drill
+};
+
+struct topology {
+  std::string name;
+  std::string source;   // the file as given
+  std::string base_dir; // absolute; relative paths in the file are resolved against it
+  model_spec model;
+  std::vector<node_spec> nodes;
+  cluster_spec cluster;
+  trainer_spec trainer;
+  std::vector<engine_spec> engines; // replicas, expanded
+  router_spec router;
+  coordinator_spec coordinator;
+  transfer_spec transfer;
+  sync_spec sync;
+  workload_spec workload;
+  drill_spec drill;
+
+  const node_spec* find_node(std::string_view name) const;
+  const engine_spec* find_engine(std::string_view name) const;
+};
+
+/// Every problem in a topology file, one "<file>:<line>:<col>: <path>: <message>"
+/// per entry of `errors`; what() joins them one per line.
+struct topology_error : std::runtime_error {
+  explicit topology_error(std::vector<std::string> errors);
+  std::vector<std::string> errors;
+};
+
+/// Reads and validates the file at `path`; relative paths in it are resolved
+/// against its directory. Throws topology_error listing all problems found.
+topology load_topology(const std::string& path);
+
+/// As load_topology, from text: `source_name` prefixes messages and
+/// `base_dir` resolves relative paths.
+topology parse_topology(const std::string& yaml_text, const std::string& source_name,
+                        const std::string& base_dir);
+
+/// The resolved topology as YAML: defaults filled in, replicas expanded,
+/// paths absolute, sizes in bytes, and the model's derived dimensions. For
+/// people and logs; it is not meant to be read back.
+std::string to_yaml(const topology& t);
+
+} // namespace rlsync

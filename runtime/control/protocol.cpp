@@ -1,0 +1,117 @@
+#include "runtime/control/protocol.hpp"
+
+#include "runtime/base/dtype.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace rlsync {
+
+std::string to_string(scheduler_state x) {
+  switch (x) {
+    case scheduler_state::unpaused: return "unpaused";
+    case scheduler_state::paused_new: return "paused_new";
+    case scheduler_state::paused_all: return "paused_all";
+  }
+  return "scheduler_state(" + std::to_string(static_cast<int>(x)) + ")";
+}
+
+std::string to_string(finish_reason x) {
+  switch (x) {
+    case finish_reason::length: return "length";
+    case finish_reason::eos: return "eos";
+    case finish_reason::aborted: return "aborted";
+    case finish_reason::rejected: return "rejected";
+    case finish_reason::failed: return "failed";
+  }
+  return "finish_reason(" + std::to_string(static_cast<int>(x)) + ")";
+}
+
+
+std::string check(const pause_request& x) {
+  if (static_cast<int>(x.mode) > static_cast<int>(pause_mode::keep))
+    return "pause_request.mode: out of range (" + std::to_string(static_cast<int>(x.mode)) + ")";
+  return {};
+}
+
+namespace {
+
+std::string check_tokens(const std::vector<std::int32_t>& tokens, const char* field) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0)
+      return std::string(field) + "[" + std::to_string(i) + "]: negative token id "
+             + std::to_string(tokens[i]);
+  return {};
+}
+
+} // namespace
+
+std::string check(const generate_request& x) {
+  if (x.prompt.empty())
+    return "generate_request.prompt: empty";
+  if (auto e = check_tokens(x.prompt, "generate_request.prompt"); !e.empty())
+    return e;
+  if (auto e = check_tokens(x.generated, "generate_request.generated"); !e.empty())
+    return e;
+  const auto& s = x.sampling;
+  if (!std::isfinite(s.temperature) || s.temperature < 0)
+    return "generate_request.sampling.temperature: must be finite and >= 0";
+  if (!(s.top_p > 0 && s.top_p <= 1))
+    return "generate_request.sampling.top_p: must be in (0, 1]";
+  if (s.max_tokens == 0)
+    return "generate_request.sampling.max_tokens: must be positive";
+  if (x.generated.size() > s.max_tokens)
+    return "generate_request.generated: " + std::to_string(x.generated.size())
+           + " tokens exceed max_tokens " + std::to_string(s.max_tokens);
+  return {};
+}
+
+std::string check(const generate_result& x) {
+  if (static_cast<int>(x.reason) > static_cast<int>(finish_reason::failed))
+    return "generate_result.reason: out of range";
+  std::uint32_t next = 0;
+  for (auto& s : x.spans) {
+    if (s.begin != next || s.end <= s.begin)
+      return "generate_result.spans: not contiguous at token " + std::to_string(next);
+    next = s.end;
+  }
+  if (next != x.tokens.size())
+    return "generate_result.spans: cover " + std::to_string(next) + " tokens, result has "
+           + std::to_string(x.tokens.size());
+  return check_tokens(x.tokens, "generate_result.tokens");
+}
+
+std::string check(const weight_bucket& x) {
+  for (size_t i = 0; i < x.entries.size(); ++i) {
+    const auto& e = x.entries[i];
+    std::string where = "weight_bucket.entries[" + std::to_string(i) + "] '" + e.name + "'";
+    if (e.dtype > static_cast<std::uint8_t>(dtype::f32))
+      return where + ": unknown dtype " + std::to_string(e.dtype);
+    std::uint64_t numel = 1;
+    for (auto d : e.shape) {
+      if (d < 0)
+        return where + ": negative dimension";
+      if (d != 0 && numel > std::numeric_limits<std::uint64_t>::max() / 8 / static_cast<std::uint64_t>(d))
+        return where + ": shape overflows";
+      numel *= static_cast<std::uint64_t>(d);
+    }
+    if (numel * dtype_size(static_cast<dtype>(e.dtype)) != e.bytes)
+      return where + ": " + std::to_string(e.bytes) + " bytes do not match its shape";
+    if (!x.data.empty() && (e.offset > x.data.size() || e.bytes > x.data.size() - e.offset))
+      return where + ": range [" + std::to_string(e.offset) + ", +" + std::to_string(e.bytes)
+             + ") lies outside the bucket's " + std::to_string(x.data.size()) + " bytes";
+  }
+  return {};
+}
+
+std::string check(const transfer_order& x) {
+  if (static_cast<int>(x.mode) > static_cast<int>(transfer_mode::broadcast))
+    return "transfer_order.mode: out of range";
+  if (x.groups_in_flight == 0)
+    return "transfer_order.groups_in_flight: must be positive";
+  if (x.bucket_bytes == 0)
+    return "transfer_order.bucket_bytes: must be positive";
+  return {};
+}
+
+} // namespace rlsync

@@ -1,0 +1,275 @@
+#pragma once
+// The values the four actors exchange (DESIGN §2–§5). Plain structs, no CAF:
+// runtime/ code builds and tests them without an actor system. Their CAF
+// `inspect` overloads, type IDs and atoms live in actors/type_ids.hpp.
+//
+// Every struct that crosses the network is checked on arrival with the
+// matching `check_*` function below, because a peer can lie: an enum out of
+// range or a span that does not add up is rejected, never trusted.
+#include "runtime/config/modes.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlsync {
+
+// -- engine scheduler -------------------------------------------------------
+
+/// The scheduler's pause state.
+enum class scheduler_state : std::uint8_t { unpaused, paused_new, paused_all };
+
+/// Arguments of one `pause` call.
+struct pause_request {
+  pause_mode mode = pause_mode::keep;
+  bool clear_cache = false; ///< drop the prefix cache and the KV of frozen requests
+};
+
+/// What `pause` reports once the engine is idle and every token produced
+/// before the pause has reached its requester.
+struct pause_report {
+  std::string engine;
+  std::uint64_t version = 0;
+  scheduler_state state = scheduler_state::unpaused;
+  std::uint32_t aborted = 0; ///< requests aborted (mode abort)
+  std::uint32_t frozen = 0;  ///< requests frozen (mode keep)
+  std::uint32_t waited = 0;  ///< requests run to completion (mode wait)
+};
+
+// -- generation ---------------------------------------------------------------
+
+/// Per-request sampling. temperature 0 means greedy.
+struct sampling_params {
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  std::uint32_t max_tokens = 16;
+  std::uint64_t seed = 0;
+  bool stop_at_eos = true;
+};
+
+/// A generation request. `generated` carries tokens already produced
+/// elsewhere (a reroute after a replica failed): the engine continues after
+/// them and counts them against max_tokens.
+struct generate_request {
+  std::uint64_t request_id = 0;
+  std::vector<std::int32_t> prompt;
+  std::vector<std::int32_t> generated;
+  sampling_params sampling;
+  std::uint64_t min_version = 0; ///< staleness bound: do not serve below this version
+};
+
+/// One streamed token. `index` counts generated tokens from 0 for the
+/// request (reroutes continue the count), so a receiver detects gaps and
+/// duplicates.
+struct token_event {
+  std::uint64_t request_id = 0;
+  std::uint32_t index = 0;
+  std::int32_t token = 0;
+  std::uint64_t version = 0; ///< weight version that produced this token
+  bool stale_kv = false;     ///< produced over KV computed with older weights
+};
+
+/// Generated tokens [begin, end) produced with one weight version.
+struct version_span {
+  std::uint64_t version = 0;
+  std::uint32_t begin = 0;
+  std::uint32_t end = 0;
+};
+
+enum class finish_reason : std::uint8_t {
+  length,   ///< max_tokens reached
+  eos,      ///< end-of-sequence token
+  aborted,  ///< pause(abort) or an explicit abort
+  rejected, ///< never started: queue full or nothing routable before a deadline
+  failed,   ///< the serving engine failed and no retry was possible
+};
+
+/// The final answer to a generate request.
+struct generate_result {
+  std::uint64_t request_id = 0;
+  std::vector<std::int32_t> tokens; ///< every generated token, reroutes included
+  std::vector<version_span> spans;  ///< contiguous, cover [0, tokens.size())
+  finish_reason reason = finish_reason::length;
+  std::string engine;               ///< the engine that produced the last token
+  std::uint32_t stale_kv_tokens = 0;
+};
+
+// -- membership and health ------------------------------------------------------
+
+/// How an engine introduces itself to the coordinator.
+struct engine_info {
+  std::string name;  ///< unique replica name from the topology
+  std::string node;  ///< topology node it runs on
+  std::uint32_t tp = 1;
+  std::uint64_t version = 0; ///< version it holds (0: none yet)
+  bool dirty = false;        ///< holds a partial update
+  std::uint64_t incarnation = 0; ///< grows with every restart of this replica
+};
+
+/// The coordinator's answer to a registration.
+struct registration {
+  std::uint64_t current_version = 0;
+  bool routable = false; ///< false until the engine completes a sync
+};
+
+struct heartbeat {
+  std::string from;
+  std::uint64_t seq = 0;
+};
+
+/// What an engine reports about itself.
+struct engine_status {
+  std::string name;
+  std::uint64_t version = 0;
+  bool dirty = false;
+  scheduler_state state = scheduler_state::unpaused;
+  std::uint32_t running = 0;
+  std::uint32_t waiting = 0;
+  std::uint32_t frozen = 0;
+  std::uint64_t tokens_generated = 0;
+  std::uint64_t dirty_tokens = 0; ///< tokens produced while dirty (never, by design)
+  std::uint64_t prefix_cache_hits = 0;
+  std::uint64_t prefix_cache_queries = 0;
+};
+
+// -- weight-update session ------------------------------------------------------
+
+/// Metadata of one parameter as the trainer holds it (full, unsharded).
+struct tensor_meta {
+  std::string name;
+  std::uint8_t dtype = 0; ///< rlsync::dtype as an integer
+  std::vector<std::int64_t> shape;
+};
+
+/// One tensor's bytes inside a bucket.
+struct bucket_entry {
+  std::string name;
+  std::uint8_t dtype = 0;
+  std::vector<std::int64_t> shape;
+  std::uint64_t offset = 0; ///< into bucket data
+  std::uint64_t bytes = 0;
+  /// Where these bytes start in the whole tensor: 0 for a whole tensor; a
+  /// tensor cut across buckets comes as pieces of flat shape {elements}.
+  std::uint64_t tensor_offset = 0;
+};
+
+/// A bucket of weights for `update`. When the bytes travel over the data
+/// plane, `data` is empty and only the layout and checksum come through CAF.
+struct weight_bucket {
+  std::uint64_t version = 0;
+  std::uint32_t group = 0; ///< index of the parameter group (transformer block)
+  std::vector<bucket_entry> entries;
+  std::vector<std::uint8_t> data;
+  std::uint64_t checksum = 0; ///< xxh64 of the bucket bytes
+};
+
+/// Where an engine worker pulls its bytes from (one trainer rank).
+struct producer_endpoint {
+  std::uint32_t rank = 0;
+  std::string node;
+  std::string address; ///< transport address (UCX worker address, host:port, ...)
+};
+
+/// The coordinator's order for the transfer phase.
+struct transfer_order {
+  std::uint64_t version = 0;
+  transfer_mode mode = transfer_mode::sharded;
+  std::string backend; ///< local, ucx, nccl, cuda_ipc
+  std::vector<producer_endpoint> producers;
+  std::uint32_t groups = 0;
+  std::uint64_t bucket_bytes = 0;
+  std::uint32_t groups_in_flight = 1;
+};
+
+/// What an engine reports once it has received and verified a version.
+struct transfer_report {
+  std::string engine;
+  std::uint64_t version = 0;
+  std::uint64_t bytes = 0;       ///< bytes this engine's workers received
+  std::uint32_t groups = 0;
+  std::uint64_t duration_ns = 0;
+};
+
+/// The acknowledgement of start, flush, finish and continue.
+struct phase_ack {
+  std::string engine;
+  std::uint64_t version = 0;
+  /// Holds a partial update and serves nothing (a continue after an aborted round).
+  bool dirty = false;
+};
+
+/// Published by the trainer when a version is ready to be pulled.
+struct version_info {
+  std::uint64_t version = 0;
+  std::uint32_t groups = 0;
+  std::uint64_t total_bytes = 0;
+};
+
+/// The coordinator's record of one sync round (DESIGN §8's four figures).
+struct sync_report {
+  std::uint64_t version = 0;
+  std::uint32_t engines_synced = 0;
+  std::vector<std::string> evicted;
+  std::uint64_t stall_ns = 0;    ///< pause sent → last resume acknowledged
+  std::uint64_t transfer_ns = 0; ///< transfer phase
+  std::uint64_t bytes = 0;       ///< bytes received by all engine workers
+  std::uint64_t control_ns = 0;  ///< stall minus transfer: the control plane's share
+  bool aborted = false;
+};
+
+/// Checksums of the weights an engine serves (xxh64 of every parameter
+/// shard, fp32), to verify that engines hold exactly the trainer's weights.
+struct weight_digest {
+  std::string engine;
+  std::uint64_t version = 0;
+  bool dirty = false;
+  std::vector<std::string> names; ///< "worker/parameter"
+  std::vector<std::uint64_t> checksums;
+};
+
+// -- routing and status ---------------------------------------------------------
+
+/// The coordinator tells the router which engine may serve which version.
+struct route_update {
+  std::string engine;
+  std::uint64_t version = 0;
+  bool routable = false;
+};
+
+struct router_status {
+  std::uint32_t routable = 0;    ///< engines requests may go to now
+  std::uint32_t queued = 0;      ///< requests waiting for a routable engine
+  std::uint32_t outstanding = 0; ///< requests sent to engines, not yet finished
+  std::uint64_t completed = 0;
+  std::uint64_t rejected = 0;
+  std::uint64_t rerouted = 0;
+};
+
+struct coordinator_status {
+  std::uint64_t version = 0; ///< last version every live engine holds
+  std::vector<engine_info> members;
+  std::vector<std::string> routable;
+  std::uint64_t rounds = 0;
+  std::vector<sync_report> history; ///< the last rounds, oldest first (bounded)
+  std::vector<std::string> unreachable; ///< silent past the heartbeat timeout
+  std::vector<std::string> retired;     ///< past max_restarts, refused for good
+  std::uint32_t live = 0;               ///< members answering heartbeats
+  std::uint64_t below_min_live_events = 0; ///< times live fell below min_live_engines
+};
+
+// -- names and checks ------------------------------------------------------------------
+
+std::string to_string(pause_mode x);
+std::string to_string(scheduler_state x);
+std::string to_string(finish_reason x);
+std::string to_string(transfer_mode x);
+
+/// Checks of values received from a peer. Each returns an empty string when
+/// the value is well formed, else what is wrong with it.
+std::string check(const pause_request& x);
+std::string check(const generate_request& x);
+std::string check(const generate_result& x);
+std::string check(const weight_bucket& x);
+std::string check(const transfer_order& x);
+
+} // namespace rlsync

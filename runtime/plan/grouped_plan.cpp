@@ -1,0 +1,57 @@
+#include "runtime/plan/grouped_plan.hpp"
+
+#include "runtime/plan/groups.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace rlsync::plan {
+
+grouped_plan::grouped_plan(const model_config& c, std::shared_ptr<const worker_plan> p)
+    : plan_(std::move(p)), entries_(rlsync::plan::group_count(c)), bytes_(rlsync::plan::group_count(c), 0) {
+  if (!plan_)
+    throw std::invalid_argument("grouped plan: no plan");
+  for (const auto& e : plan_->entries) {
+    const std::uint32_t g = group_of(c, e.source);
+    entries_[g].push_back(&e);
+    bytes_[g] += e.bytes();
+    total_ += e.bytes();
+  }
+}
+
+const std::vector<const plan_entry*>& grouped_plan::entries(std::uint32_t g) const {
+  static const std::vector<const plan_entry*> none;
+  return g < entries_.size() ? entries_[g] : none;
+}
+
+std::uint64_t grouped_plan::bytes(std::uint32_t g) const {
+  return g < bytes_.size() ? bytes_[g] : 0;
+}
+
+full_group_layout full_group_layout::of(const std::vector<tensor_view>& tensors) {
+  full_group_layout l;
+  for (const auto& t : tensors) {
+    const std::uint64_t align = dtype_size(t.type);
+    l.bytes = (l.bytes + align - 1) / align * align;
+    l.specs.push_back(t);
+    l.offsets.push_back(l.bytes);
+    l.bytes += t.size;
+  }
+  return l;
+}
+
+std::vector<tensor_view> view_full_group(const full_group_layout& layout, const std::uint8_t* bytes) {
+  std::vector<tensor_view> out;
+  out.reserve(layout.specs.size());
+  for (std::size_t i = 0; i < layout.specs.size(); ++i) {
+    tensor_view v;
+    static_cast<tensor_spec&>(v) = layout.specs[i];
+    v.size = static_cast<std::size_t>(v.bytes());
+    v.data = reinterpret_cast<const std::byte*>(bytes + layout.offsets[i]);
+    v.offset = layout.offsets[i];
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+} // namespace rlsync::plan

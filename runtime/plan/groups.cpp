@@ -1,0 +1,66 @@
+#include "runtime/plan/groups.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace rlsync::plan {
+
+std::uint32_t group_count(const model_config& c) {
+  return c.num_hidden_layers > 0 ? static_cast<std::uint32_t>(c.num_hidden_layers) : 0;
+}
+
+std::uint32_t group_of(const model_config& c, const std::string& name) {
+  const std::uint32_t L = group_count(c);
+  if (L == 0)
+    throw std::invalid_argument("parameter groups: '" + name + "': the model has no layers");
+  if (name == "model.embed_tokens.weight")
+    return 0;
+  if (name == "model.norm.weight" || name == "lm_head.weight")
+    return L - 1;
+  static const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) == 0) {
+    std::size_t i = prefix.size();
+    std::uint64_t layer = 0;
+    std::size_t digits = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 10) {
+      layer = layer * 10 + static_cast<std::uint64_t>(name[i++] - '0');
+      ++digits;
+    }
+    // "model.layers.N." followed by at least one character; no leading zeros.
+    const bool well_formed = digits > 0 && i + 1 < name.size() && name[i] == '.'
+                             && !(digits > 1 && name[prefix.size()] == '0');
+    if (well_formed && layer < L)
+      return static_cast<std::uint32_t>(layer);
+    if (well_formed)
+      throw std::invalid_argument("parameter groups: '" + name + "': layer " + std::to_string(layer)
+                                  + " beyond the model's " + std::to_string(L) + " layers");
+  }
+  throw std::invalid_argument("parameter groups: '" + name + "': not a parameter of a Llama model");
+}
+
+std::vector<tensor_spec> group_members(const model_config& c, const std::vector<tensor_spec>& specs,
+                                       std::uint32_t g) {
+  if (g >= group_count(c))
+    throw std::out_of_range("parameter groups: group " + std::to_string(g) + " of a model with "
+                            + std::to_string(group_count(c)) + " groups");
+  std::vector<tensor_spec> out;
+  for (const auto& s : specs)
+    if (group_of(c, s.name) == g)
+      out.push_back(s);
+  return out;
+}
+
+std::vector<std::uint32_t> groups_of_layers(const model_config& c, const std::vector<std::int64_t>& layers) {
+  std::vector<std::uint32_t> out;
+  for (auto l : layers) {
+    if (l < 0 || l >= c.num_hidden_layers)
+      throw std::out_of_range("parameter groups: layer " + std::to_string(l) + " outside the model's "
+                              + std::to_string(c.num_hidden_layers) + " layers");
+    out.push_back(static_cast<std::uint32_t>(l));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+} // namespace rlsync::plan

@@ -1,0 +1,36 @@
+#pragma once
+// Parameter groups (DESIGN §5): the unit the data plane moves, packs,
+// checksums and pipelines. A group is one transformer block:
+//   group g in [0, L)  model.layers.g.*
+//   group 0            also model.embed_tokens.weight
+//   group L-1          also model.norm.weight and lm_head.weight
+// so that a trainer rank holding a pipeline stage holds whole groups (the
+// first stage has the embeddings, the last the head). Pure functions.
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/config/model_config.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlsync::plan {
+
+/// Number of groups: the model's layers (L).
+std::uint32_t group_count(const model_config& c);
+
+/// The group of checkpoint tensor `name`. Throws std::invalid_argument
+/// naming it for anything else than model.layers.N.* (N < L),
+/// model.embed_tokens.weight, model.norm.weight and lm_head.weight.
+std::uint32_t group_of(const model_config& c, const std::string& name);
+
+/// The members of `specs` in group `g`, in their order in `specs`.
+/// Throws what group_of throws, and std::out_of_range for g >= L.
+std::vector<tensor_spec> group_members(const model_config& c, const std::vector<tensor_spec>& specs,
+                                       std::uint32_t g);
+
+/// The groups a trainer rank holding pipeline layers `layers` holds: layer l
+/// is group l. Sorted, duplicates removed; throws std::out_of_range for a
+/// layer outside [0, L).
+std::vector<std::uint32_t> groups_of_layers(const model_config& c, const std::vector<std::int64_t>& layers);
+
+} // namespace rlsync::plan

@@ -1,0 +1,537 @@
+#include "runtime/transfer/local/local_transfer.hpp"
+
+#include "runtime/base/checksum.hpp"
+#include "runtime/base/parallel.hpp"
+#include "runtime/plan/groups.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace rlsync::transfer {
+
+namespace {
+
+using worker_id = std::pair<std::string, int>; // (engine, worker)
+
+struct stream_key {
+  bool broadcast = false;
+  int tp = 0;
+  int worker = 0;
+
+  bool operator==(const stream_key& o) const {
+    return broadcast == o.broadcast && tp == o.tp && worker == o.worker;
+  }
+  std::string describe() const {
+    return broadcast ? std::string("broadcast")
+                     : "tp " + std::to_string(tp) + " worker " + std::to_string(worker);
+  }
+};
+
+std::string hex(std::uint64_t x) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+std::string who(const pull_request& r) {
+  return "engine '" + r.engine + "' worker " + std::to_string(r.worker);
+}
+
+} // namespace
+
+// -- shared: stats and faults --------------------------------------------------------
+
+struct local_transfer::shared {
+  mutable std::mutex stats_mutex;
+  mutable std::condition_variable stats_changed;
+  local_transfer_stats stats;
+
+  fault_hooks faults;
+
+  void count_pack(std::uint64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++stats.packs;
+      stats.packed_bytes += bytes;
+    }
+    stats_changed.notify_all();
+  }
+
+  void note_live_buffers(std::size_t n) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    stats.peak_buffers = std::max(stats.peak_buffers, n);
+  }
+
+  bool take_corruption(const pull_request& r, std::uint32_t group) {
+    if (!faults.take_corruption(r.engine, r.worker, r.version, group))
+      return false;
+    std::lock_guard<std::mutex> s(stats_mutex);
+    ++stats.corruptions;
+    return true;
+  }
+};
+
+// -- packed buffers ----------------------------------------------------------------------
+
+namespace {
+
+// Counts the packed buffers of one pass that are alive, wherever they are
+// referenced from (window or a consumer copying), for the memory bound.
+struct live_counter {
+  std::atomic<std::size_t> live{0};
+  std::shared_ptr<local_transfer::shared> owner;
+};
+
+struct packed_group {
+  explicit packed_group(std::shared_ptr<live_counter> c, std::size_t size) : bytes(size), counter(std::move(c)) {
+    counter->owner->note_live_buffers(++counter->live);
+  }
+  ~packed_group() { --counter->live; }
+  packed_group(const packed_group&) = delete;
+  packed_group& operator=(const packed_group&) = delete;
+
+  std::vector<std::uint8_t> bytes;
+  std::uint64_t checksum = 0;
+  std::shared_ptr<live_counter> counter;
+};
+
+struct consumer {
+  worker_id id;
+  std::size_t next = 0; // index (into pass::groups) of the next group to copy
+};
+
+} // namespace
+
+// -- one pass: a producer thread and its consumers ---------------------------------------
+
+struct local_transfer::pass {
+  using consumer_it = std::list<consumer>::iterator;
+
+  // Fixed at construction.
+  stream_key key;
+  std::uint64_t version = 0;
+  snapshot_ptr snapshot;
+  std::shared_ptr<const plan::grouped_plan> plan; // sharded only
+  std::vector<std::uint32_t> groups;        // what this pass delivers, in order
+  std::vector<plan::full_group_layout> layouts;   // broadcast only, per index
+  std::shared_ptr<shared> owner;
+  std::shared_ptr<live_counter> buffers;
+  std::size_t window_limit = 1;
+  clock::time_point join_closes;
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::set<worker_id> expected; // registered for the stream, not joined yet
+  std::list<consumer> consumers;
+  std::deque<std::shared_ptr<const packed_group>> window;
+  std::size_t front = 0;  // index of window.front()
+  std::size_t packed = 0; // groups packed so far
+  bool released_any = false;
+  bool cancelled = false;
+  bool producer_exited = false;
+  std::string failure;
+  clock::time_point deadline; // the latest of the consumers' deadlines
+  std::thread producer;
+
+  bool join_closed(clock::time_point now) const { return expected.empty() || now >= join_closes; }
+
+  // Drops window groups every consumer has copied; stops the pass when all
+  // consumers left and nobody else may join. Called with `m` held.
+  void settle_locked(clock::time_point now) {
+    const bool closed = join_closed(now);
+    while (!window.empty() && !consumers.empty() && (released_any || closed)
+           && std::all_of(consumers.begin(), consumers.end(), [&](const consumer& c) { return c.next > front; })) {
+      window.pop_front();
+      ++front;
+      released_any = true;
+    }
+    if (consumers.empty() && closed) {
+      // Over: nobody reads on and nobody may join; a running producer stops.
+      window.clear();
+      cancelled = true;
+    }
+  }
+
+  std::optional<consumer_it> try_attach(const worker_id& id, clock::time_point consumer_deadline) {
+    std::lock_guard<std::mutex> lock(m);
+    if (released_any || cancelled || !failure.empty())
+      return std::nullopt;
+    auto it = consumers.insert(consumers.end(), consumer{id, 0});
+    expected.erase(id);
+    deadline = std::max(deadline, consumer_deadline);
+    settle_locked(clock::now());
+    cv.notify_all();
+    return it;
+  }
+
+  void forget(const std::string& engine) {
+    std::lock_guard<std::mutex> lock(m);
+    for (auto it = expected.begin(); it != expected.end();)
+      it = it->first == engine ? expected.erase(it) : std::next(it);
+    settle_locked(clock::now());
+    cv.notify_all();
+  }
+
+  void cancel() {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      cancelled = true;
+    }
+    cv.notify_all();
+  }
+
+  bool finished() {
+    std::lock_guard<std::mutex> lock(m);
+    return producer_exited && consumers.empty();
+  }
+
+  // -- consumer side --
+
+  std::shared_ptr<const packed_group> wait_group(std::size_t idx, const pull_request& r) {
+    std::unique_lock<std::mutex> lock(m);
+    for (;;) {
+      if (!failure.empty())
+        throw transfer_error(transfer_failure::producer_failed,
+                             who(r) + ": the producer failed on version " + std::to_string(version) + ": " + failure);
+      if (idx >= front && idx < front + window.size())
+        return window[idx - front];
+      if (cancelled)
+        throw transfer_error(transfer_failure::cancelled,
+                             who(r) + ": the producer stopped before group " + std::to_string(groups[idx])
+                                 + " of version " + std::to_string(version));
+      if (clock::now() >= r.deadline)
+        throw transfer_error(transfer_failure::timeout,
+                             who(r) + ": group " + std::to_string(groups[idx]) + " of version "
+                                 + std::to_string(version) + " (" + key.describe()
+                                 + " stream) did not arrive before the deadline; "
+                                 + std::to_string(idx) + " of " + std::to_string(groups.size())
+                                 + " groups received");
+      cv.wait_until(lock, r.deadline);
+    }
+  }
+
+  void consumed(consumer_it it, std::size_t idx) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      it->next = idx + 1;
+      settle_locked(clock::now());
+    }
+    cv.notify_all();
+  }
+
+  void detach(consumer_it it) {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      consumers.erase(it);
+      settle_locked(clock::now());
+    }
+    cv.notify_all();
+  }
+
+  // -- producer side --
+
+  void produce() {
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (!wait_for_room())
+        break;
+      if (owner->faults.is_withheld(version, groups[i])) {
+        // The drill: this group never comes. Stay until the pass is over.
+        std::unique_lock<std::mutex> lock(m);
+        while (!cancelled && clock::now() < deadline)
+          cv.wait_until(lock, deadline);
+        break;
+      }
+      std::shared_ptr<packed_group> buf;
+      try {
+        buf = pack(i);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(m);
+        failure = e.what();
+        break;
+      }
+      owner->count_pack(buf->bytes.size());
+      {
+        std::lock_guard<std::mutex> lock(m);
+        window.push_back(std::move(buf));
+        ++packed;
+      }
+      cv.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(m);
+      producer_exited = true;
+    }
+    cv.notify_all();
+  }
+
+  // Waits until the window has room; false when the pass is over.
+  bool wait_for_room() {
+    std::unique_lock<std::mutex> lock(m);
+    for (;;) {
+      const auto now = clock::now();
+      settle_locked(now);
+      if (cancelled)
+        return false;
+      if (window.size() < window_limit)
+        return true;
+      if (now >= deadline) {
+        cancelled = true; // every consumer's deadline has passed
+        cv.notify_all();
+        return false;
+      }
+      cv.wait_until(lock, join_closed(now) ? deadline : std::min(deadline, join_closes));
+    }
+  }
+
+  std::shared_ptr<packed_group> pack(std::size_t idx) {
+    const std::uint32_t g = groups[idx];
+    std::shared_ptr<packed_group> buf;
+    if (key.broadcast) {
+      buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(layouts[idx].bytes));
+      pack_full_group(snapshot->group(g), layouts[idx], buf->bytes.data());
+    } else {
+      buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(plan->bytes(g)));
+      pack_group(*plan, g, *snapshot, buf->bytes.data());
+    }
+    buf->checksum = xxh64(buf->bytes.data(), buf->bytes.size());
+    return buf;
+  }
+};
+
+// -- registry: registered workers and running passes -------------------------------------
+
+struct local_transfer::registry {
+  std::mutex mutex;
+  std::map<worker_id, std::shared_ptr<const plan::grouped_plan>> workers;
+  std::map<worker_id, std::uint64_t> last_version; // the newest version each worker started pulling
+  std::vector<std::shared_ptr<pass>> passes;
+};
+
+local_transfer::local_transfer(std::shared_ptr<const weight_source> source, local_transfer_options options)
+    : source_(std::move(source)), options_(options), shared_(std::make_shared<shared>()),
+      registry_(std::make_unique<registry>()) {
+  if (!source_)
+    throw std::invalid_argument("local transfer: no weight source");
+  options_.groups_in_flight = std::max<std::size_t>(1, options_.groups_in_flight);
+}
+
+local_transfer::~local_transfer() {
+  std::vector<std::shared_ptr<pass>> passes;
+  {
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    passes.swap(registry_->passes);
+  }
+  for (auto& p : passes)
+    p->cancel();
+  for (auto& p : passes)
+    if (p->producer.joinable())
+      p->producer.join();
+}
+
+void local_transfer::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
+  if (!plan)
+    throw std::invalid_argument("local transfer: engine '" + engine + "' registered no plan");
+  if (plan->tp < 1 || plan->worker < 0 || plan->worker >= plan->tp)
+    throw std::invalid_argument("local transfer: engine '" + engine + "': worker " + std::to_string(plan->worker)
+                                + " of tp " + std::to_string(plan->tp));
+  auto grouped = std::make_shared<const plan::grouped_plan>(source_->config(), std::move(plan));
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  registry_->workers[{engine, grouped->worker()}] = std::move(grouped);
+}
+
+void local_transfer::unregister_engine(const std::string& engine) {
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  for (auto it = registry_->workers.begin(); it != registry_->workers.end();)
+    it = it->first.first == engine ? registry_->workers.erase(it) : std::next(it);
+  for (auto it = registry_->last_version.begin(); it != registry_->last_version.end();)
+    it = it->first.first == engine ? registry_->last_version.erase(it) : std::next(it);
+  for (auto& p : registry_->passes)
+    p->forget(engine);
+}
+
+pull_report local_transfer::pull(const pull_request& req, const group_sink& sink) {
+  const auto t0 = clock::now();
+  const bool broadcast = req.mode == transfer_mode::broadcast;
+  if (broadcast ? !sink.on_full_group : !sink.on_group)
+    throw std::invalid_argument("local transfer: " + who(req) + ": no sink for " + to_string(req.mode) + " groups");
+
+  // Join the running pass of this stream and version, or start one.
+  std::shared_ptr<pass> p;
+  pass::consumer_it me;
+  std::vector<std::shared_ptr<pass>> finished;
+  {
+    std::lock_guard<std::mutex> lock(registry_->mutex);
+    auto reg = registry_->workers.find({req.engine, req.worker});
+    if (reg == registry_->workers.end())
+      throw transfer_error(transfer_failure::not_registered, "local transfer: " + who(req)
+                                                                 + " has not registered its sharding plan");
+    const std::shared_ptr<const plan::grouped_plan>& plan = reg->second;
+    auto snapshot = source_->find(req.version);
+    if (!snapshot) {
+      std::string held;
+      for (auto v : source_->versions())
+        held += (held.empty() ? "" : ", ") + std::to_string(v);
+      throw transfer_error(transfer_failure::version_unavailable,
+                           "local transfer: " + who(req) + ": version " + std::to_string(req.version)
+                               + " is not held (held: " + (held.empty() ? "none" : held) + ")");
+    }
+    const stream_key key = broadcast ? stream_key{true, 0, 0} : stream_key{false, plan->tp(), plan->worker()};
+
+    auto& passes = registry_->passes;
+    for (auto it = passes.begin(); it != passes.end();) {
+      if ((*it)->finished()) {
+        finished.push_back(std::move(*it));
+        it = passes.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& q : passes)
+      if (q->key == key && q->version == req.version)
+        if (auto c = q->try_attach({req.engine, req.worker}, req.deadline)) {
+          p = q;
+          me = *c;
+          break;
+        }
+    if (!p) {
+      p = std::make_shared<pass>();
+      p->key = key;
+      p->version = req.version;
+      p->snapshot = snapshot;
+      if (!broadcast)
+        p->plan = plan;
+      p->groups = snapshot->groups();
+      if (broadcast)
+        for (auto g : p->groups)
+          p->layouts.push_back(plan::full_group_layout::of(snapshot->group(g)));
+      p->owner = shared_;
+      p->buffers = std::make_shared<live_counter>();
+      p->buffers->owner = shared_;
+      p->window_limit = options_.groups_in_flight;
+      p->join_closes = clock::now() + options_.join_grace;
+      p->deadline = req.deadline;
+      // Wait for the workers of this stream that have not pulled this
+      // version yet (those that have would not come again).
+      for (const auto& [id, wp] : registry_->workers) {
+        auto last = registry_->last_version.find(id);
+        if ((broadcast || (wp->tp() == key.tp && wp->worker() == key.worker))
+            && (last == registry_->last_version.end() || last->second < req.version))
+          p->expected.insert(id);
+      }
+      me = *p->try_attach({req.engine, req.worker}, req.deadline);
+      pass* raw = p.get(); // the pass outlives its thread: joined before it is dropped
+      p->producer = std::thread([raw] { raw->produce(); });
+      passes.push_back(p);
+      std::lock_guard<std::mutex> s(shared_->stats_mutex);
+      ++shared_->stats.passes;
+    }
+    auto& last = registry_->last_version[{req.engine, req.worker}];
+    last = std::max(last, req.version);
+  }
+  for (auto& f : finished)
+    if (f->producer.joinable())
+      f->producer.join();
+
+  struct detach_guard {
+    std::shared_ptr<pass> p;
+    pass::consumer_it it;
+    ~detach_guard() { p->detach(it); }
+  } guard{p, me};
+
+  pull_report report;
+  report.engine = req.engine;
+  report.worker = req.worker;
+  report.version = req.version;
+  std::vector<std::uint8_t> received; // this worker's receive buffer, reused
+  for (std::size_t idx = 0; idx < p->groups.size(); ++idx) {
+    const std::uint32_t g = p->groups[idx];
+    std::uint64_t sent_checksum = 0;
+    {
+      auto buf = p->wait_group(idx, req);
+      received.assign(buf->bytes.begin(), buf->bytes.end()); // the bytes move
+      sent_checksum = buf->checksum;
+    }
+    p->consumed(me, idx); // the producer may reuse the slot while we verify and apply
+    if (!received.empty() && shared_->take_corruption(req, g))
+      received[received.size() / 2] ^= 0x5a;
+    const std::uint64_t got = xxh64(received.data(), received.size());
+    if (got != sent_checksum)
+      throw transfer_error(transfer_failure::checksum_mismatch,
+                           "local transfer: " + who(req) + ": group " + std::to_string(g) + " of version "
+                               + std::to_string(req.version) + " failed its checksum (sent " + hex(sent_checksum)
+                               + ", received " + hex(got) + " over " + std::to_string(received.size())
+                               + " bytes); the update is void");
+    report.bytes += received.size();
+    ++report.groups;
+    if (broadcast)
+      sink.on_full_group(req.worker, g, plan::view_full_group(p->layouts[idx], received.data()));
+    else
+      sink.on_group(req.worker, g, received.data(), received.size());
+  }
+  report.duration = clock::now() - t0;
+  return report;
+}
+
+local_transfer_stats local_transfer::stats() const {
+  std::lock_guard<std::mutex> lock(shared_->stats_mutex);
+  return shared_->stats;
+}
+
+bool local_transfer::wait_for_packs(std::uint64_t packs, clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(shared_->stats_mutex);
+  return shared_->stats_changed.wait_until(lock, deadline, [&] { return shared_->stats.packs >= packs; });
+}
+
+void local_transfer::corrupt(corruption c) { shared_->faults.corrupt(std::move(c)); }
+
+void local_transfer::withhold(std::uint32_t group, std::uint64_t version) { shared_->faults.withhold(group, version); }
+
+void local_transfer::clear_faults() { shared_->faults.clear(); }
+
+// -- puller.hpp ---------------------------------------------------------------------------
+
+std::string to_string(transfer_failure x) {
+  switch (x) {
+    case transfer_failure::checksum_mismatch: return "checksum_mismatch";
+    case transfer_failure::timeout: return "timeout";
+    case transfer_failure::version_unavailable: return "version_unavailable";
+    case transfer_failure::not_registered: return "not_registered";
+    case transfer_failure::producer_failed: return "producer_failed";
+    case transfer_failure::cancelled: return "cancelled";
+  }
+  return "transfer_failure(" + std::to_string(static_cast<int>(x)) + ")";
+}
+
+transfer_report pull_engine(weight_puller& puller, const std::string& engine, int tp, std::uint64_t version,
+                            transfer_mode mode, const group_sink& sink, clock::time_point deadline) {
+  if (tp < 1)
+    throw std::invalid_argument("pull_engine: tp " + std::to_string(tp));
+  const auto t0 = clock::now();
+  std::vector<pull_report> reports(static_cast<std::size_t>(tp));
+  parallel_for(static_cast<std::size_t>(tp), static_cast<std::size_t>(tp), [&](std::size_t w) {
+    reports[w] = puller.pull(pull_request{engine, static_cast<int>(w), version, mode, deadline}, sink);
+  });
+  transfer_report out;
+  out.engine = engine;
+  out.version = version;
+  out.groups = reports.front().groups;
+  for (const auto& r : reports)
+    out.bytes += r.bytes;
+  out.duration_ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(clock::now() - t0).count());
+  return out;
+}
+
+} // namespace rlsync::transfer

@@ -1,0 +1,173 @@
+#pragma once
+// The `ucx` backend's wire format (ucx_transfer.hpp): the control messages a
+// consumer and a producer exchange as UCX active messages, and the binary
+// encoding of a sharding plan (plan::worker_plan) that a consumer sends once per
+// connection so that the producer can pack its bytes.
+//
+// Peers are not trusted: every decoder is strict. It reads only inside the
+// buffer it is given, checks every count and length against what is left and
+// against fixed limits before allocating, rejects unknown message types,
+// enum values out of range and trailing bytes, and throws wire_error saying
+// what is wrong and at which byte. decode_plan also checks that every entry
+// reads inside its source tensor (check_plan), so a hostile plan can make a
+// producer neither read out of bounds nor allocate without limit.
+//
+// Layout: little-endian, no padding. Integers are fixed width; strings and
+// byte blobs are a u32 length then the bytes; vectors a u32 count then the
+// elements.
+//
+//   message  = u32 magic "RLUX" | u8 format version (1) | u8 type | fields
+//   plan     = u32 magic "RLPL" | u8 format version (1) | i32 tp | i32 worker
+//              | u32 entries | entry*
+//   entry    = str source | u8 dtype | shape source_shape | u16 ops | str*
+//              | i64 view.offset | u8 rank | i64 view.shape[rank]
+//              | i64 view.strides[rank] | str param | i64 dst_offset
+//   shape    = u8 rank | i64 dims[rank]
+#include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/control/protocol.hpp"
+#include "runtime/plan/plan.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace rlsync::transfer::ucx_wire {
+
+/// Malformed bytes from a peer (or a plan no producer may replay).
+struct wire_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// Limits every decoder enforces, far above what a real model needs.
+inline constexpr std::size_t max_string_bytes = 4096;       ///< names, op strings
+inline constexpr std::size_t max_error_bytes = 16384;       ///< error texts in replies
+inline constexpr std::size_t max_rank = 8;                  ///< tensor and view dimensions
+inline constexpr std::size_t max_ops = 64;                  ///< ops per plan entry
+inline constexpr std::size_t max_plan_entries = 1u << 22;
+inline constexpr std::size_t max_groups = 1u << 20;         ///< groups in a manifest
+inline constexpr std::size_t max_group_tensors = 1u << 16;  ///< tensors of one group (broadcast manifest)
+inline constexpr int max_tp = 1 << 16;
+
+// -- sharding plans -------------------------------------------------------------------
+
+std::vector<std::uint8_t> encode_plan(const plan::worker_plan& p);
+/// Strict: throws wire_error naming the entry, the field and the byte offset;
+/// runs check_plan on the result.
+plan::worker_plan decode_plan(const std::uint8_t* data, std::size_t size);
+/// What a producer requires of a plan before replaying it: tp and worker in
+/// range, shapes non-negative and within limits, every view inside its
+/// source tensor (no element index below 0 or past the end, without integer
+/// overflow), no view larger than its source, non-negative destination
+/// offsets. Throws wire_error naming the entry.
+void check_plan(const plan::worker_plan& p);
+
+// -- control messages -----------------------------------------------------------------
+
+/// Consumer -> producer: hello (answered by ack), plan (ack), open
+/// (manifest), get (group header, plus the group's bytes as a tagged
+/// message), close (ends a session; no answer), bye (the consumer is about
+/// to go: the producer closes the connection). Producer -> consumer: ack,
+/// manifest, group, reject (the answer to a message it could not decode).
+enum class msg_type : std::uint8_t {
+  hello = 1,
+  plan = 2,
+  open = 3,
+  get = 4,
+  close = 5,
+  bye = 6,
+  ack = 0x81,
+  manifest = 0x82,
+  group = 0x83,
+  reject = 0x84,
+};
+
+/// The outcome a producer reports.
+enum class status : std::uint8_t {
+  ok = 0,
+  bad_request,         ///< malformed or inconsistent message
+  not_registered,      ///< the plan or session is not known on this connection
+  version_unavailable, ///< the version is not (or no longer) held
+  producer_failed,     ///< packing failed, or the plan does not fit the model
+  busy,                ///< no packing slot or send window before the deadline
+  shutting_down,
+  not_allowed,         ///< the connection uses a transport the producer may not use
+};
+inline constexpr std::uint8_t max_status = static_cast<std::uint8_t>(status::not_allowed);
+std::string to_string(status s);
+
+struct hello_msg {
+  std::uint64_t seq = 0;
+};
+struct plan_msg {
+  std::uint64_t seq = 0;
+  std::vector<std::uint8_t> plan; ///< encode_plan bytes
+};
+struct open_msg {
+  std::uint64_t seq = 0;
+  std::string engine;
+  std::int32_t worker = 0;
+  std::int32_t tp = 1;
+  std::uint64_t version = 0;
+  transfer_mode mode = transfer_mode::sharded;
+  std::uint64_t plan = 0; ///< digest of the registered plan (sharded); 0 for broadcast
+};
+struct get_msg {
+  std::uint64_t seq = 0;
+  std::uint64_t session = 0;
+  std::uint32_t group = 0;
+  std::uint64_t tag = 0;         ///< the tag the consumer posted its receive with
+  std::uint32_t timeout_ms = 0;  ///< how long the consumer waits for it
+};
+struct close_msg {
+  std::uint64_t seq = 0;
+  std::uint64_t session = 0;
+};
+struct bye_msg {
+  std::uint64_t seq = 0;
+};
+struct ack_msg {
+  std::uint64_t seq = 0;
+  ucx_wire::status status = status::ok;
+  std::uint64_t digest = 0; ///< plan: the digest requests name it by
+  std::string error;
+};
+struct group_info {
+  std::uint32_t group = 0;
+  std::uint64_t bytes = 0;
+  std::vector<tensor_spec> tensors; ///< broadcast: the full tensors, in layout order
+};
+struct manifest_msg {
+  std::uint64_t seq = 0;
+  ucx_wire::status status = status::ok;
+  std::string error;
+  std::uint64_t session = 0;
+  std::vector<group_info> groups; ///< ascending
+};
+struct group_msg {
+  std::uint64_t seq = 0; ///< the get's
+  ucx_wire::status status = status::ok;
+  std::string error;
+  std::uint32_t group = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t checksum = 0; ///< xxh64 of the packed bytes
+};
+struct reject_msg {
+  std::uint64_t seq = 0; ///< 0 when not even the header could be read
+  ucx_wire::status status = status::bad_request;
+  std::string error;
+};
+
+using message = std::variant<hello_msg, plan_msg, open_msg, get_msg, close_msg, bye_msg, ack_msg, manifest_msg,
+                             group_msg, reject_msg>;
+
+std::vector<std::uint8_t> encode(const message& m);
+/// Strict; throws wire_error.
+message decode(const std::uint8_t* data, std::size_t size);
+/// The sequence number of a message whose header and seq field are intact
+/// (0 otherwise), so that a producer can answer even a malformed request.
+std::uint64_t peek_seq(const std::uint8_t* data, std::size_t size);
+
+} // namespace rlsync::transfer::ucx_wire

@@ -1,0 +1,158 @@
+// Model shape validation, tensor-parallel compatibility, and config.json.
+#include "runtime/config/model_config.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+
+using namespace rlsync;
+
+namespace {
+
+model_config small() {
+  model_config c;
+  c.vocab_size = 320;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  return c;
+}
+
+bool mentions(const std::vector<std::string>& errs, const std::string& text) {
+  for (auto& e : errs)
+    if (e.find(text) != std::string::npos)
+      return true;
+  return false;
+}
+
+std::string temp_path(const std::string& stem) {
+  return "/tmp/rlsync-test-" + std::to_string(::getpid()) + "-" + stem;
+}
+
+} // namespace
+
+TEST_CASE("model shape validation: one row per rule") {
+  CHECK(validate(small()).empty());
+  struct row {
+    const char* what;
+    void (*mutate)(model_config&);
+    const char* expect;
+  };
+  const row rows[] = {
+    {"zero hidden", [](model_config& c) { c.hidden_size = 0; }, "hidden_size: must be positive, got 0"},
+    {"negative layers", [](model_config& c) { c.num_hidden_layers = -1; }, "num_hidden_layers: must be positive"},
+    {"small vocab", [](model_config& c) { c.vocab_size = 100; }, "vocab_size: must be at least 258"},
+    {"heads do not divide hidden", [](model_config& c) { c.num_attention_heads = 6; },
+     "num_attention_heads: must divide hidden_size (64), got 6"},
+    {"odd head_dim", [](model_config& c) { c.hidden_size = 72; c.num_attention_heads = 8; },
+     "head_dim"},
+    {"kv heads do not divide heads", [](model_config& c) { c.num_key_value_heads = 3; },
+     "num_key_value_heads: must divide num_attention_heads (8), got 3"},
+    {"zero eps", [](model_config& c) { c.rms_norm_eps = 0; }, "rms_norm_eps"},
+    {"zero theta", [](model_config& c) { c.rope_theta = 0; }, "rope_theta"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto c = small();
+    r.mutate(c);
+    CHECK(mentions(validate(c), r.expect));
+  }
+}
+
+TEST_CASE("tensor parallelism: tp must split heads and intermediate, kv split or replicated") {
+  auto c = small(); // 8 heads, 2 kv heads, intermediate 128
+  CHECK(validate_tp(c, 1).empty());
+  CHECK(validate_tp(c, 2).empty());
+  CHECK(validate_tp(c, 4).empty()); // kv 2 < tp 4: replicated
+  CHECK(validate_tp(c, 8).empty());
+  CHECK(mentions(validate_tp(c, 3), "must divide num_attention_heads (8), got 3"));
+  CHECK(mentions(validate_tp(c, 0), "must be positive"));
+  c.intermediate_size = 100;
+  CHECK(mentions(validate_tp(c, 8), "must divide intermediate_size (100)"));
+  c = small();
+  c.num_attention_heads = 12;
+  c.hidden_size = 96;
+  c.num_key_value_heads = 4;
+  CHECK(mentions(validate_tp(c, 6), "num_key_value_heads (4)")); // 6 neither divides nor is divided by 4
+}
+
+TEST_CASE("config.json round trip keeps every field") {
+  auto c = small();
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 500000;
+  c.tie_word_embeddings = true;
+  c.max_position_embeddings = 4096;
+  auto path = temp_path("config.json");
+  write_config_json(path, c);
+  auto r = read_config_json(path);
+  std::remove(path.c_str());
+  CHECK(r.vocab_size == c.vocab_size);
+  CHECK(r.hidden_size == c.hidden_size);
+  CHECK(r.intermediate_size == c.intermediate_size);
+  CHECK(r.num_hidden_layers == c.num_hidden_layers);
+  CHECK(r.num_attention_heads == c.num_attention_heads);
+  CHECK(r.num_key_value_heads == c.num_key_value_heads);
+  CHECK(r.max_position_embeddings == 4096);
+  CHECK(r.rms_norm_eps == c.rms_norm_eps);
+  CHECK(r.rope_theta == c.rope_theta);
+  CHECK(r.tie_word_embeddings);
+}
+
+TEST_CASE("config.json errors name the file and the field") {
+  struct row {
+    const char* what;
+    const char* json;
+    const char* expect;
+  };
+  const row rows[] = {
+    {"invalid JSON", "{\"vocab_size\": 320,", "invalid JSON"},
+    {"missing field", "{\"vocab_size\": 320}", "hidden_size: missing required field"},
+    {"wrong type", "{\"vocab_size\": \"many\", \"hidden_size\": 64}", "vocab_size: expected an integer"},
+    {"bad bool",
+     "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 8, \"tie_word_embeddings\": \"yes\"}",
+     "tie_word_embeddings: expected true or false"},
+    {"shape invalid",
+     "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 8, \"num_key_value_heads\": 3}",
+     "num_key_value_heads: must divide"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto path = temp_path("bad-config.json");
+    std::ofstream(path) << r.json;
+    std::string msg;
+    try {
+      read_config_json(path);
+    } catch (const std::runtime_error& e) {
+      msg = e.what();
+    }
+    std::remove(path.c_str());
+    CHECK(msg.find(path) == 0);
+    CHECK(msg.find(r.expect) != std::string::npos);
+  }
+  std::string missing;
+  try {
+    read_config_json("/nonexistent/config.json");
+  } catch (const std::runtime_error& e) {
+    missing = e.what();
+  }
+  CHECK(missing.find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("config.json: kv heads default to attention heads, unknown HF keys are ignored") {
+  auto path = temp_path("hf-config.json");
+  std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
+    "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "rope_scaling": null})";
+  auto c = read_config_json(path);
+  std::remove(path.c_str());
+  CHECK(c.num_key_value_heads == 4);
+  CHECK(c.rope_theta == 10000.0);
+}

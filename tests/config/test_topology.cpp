@@ -1,0 +1,849 @@
+// Topology loading: the shipped configs, defaults and resolution, and one
+// row per error path with the exact "file:line:col: path: message" text.
+#include "runtime/config/topology.hpp"
+#include "runtime/config/yaml_fields.hpp"
+#include "tests/support/scratch_dir.hpp"
+
+#include <doctest/doctest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace rlsync;
+
+namespace {
+
+// A small valid topology, one line per section, so that rows can replace a
+// section and know on which line their error lands:
+//   1 name, 2 model, 3 nodes, 4 trainer, 5 engines, 6+ whatever a row appends.
+const std::vector<std::pair<std::string, std::string>> base_lines = {
+  {"name", "name: t"},
+  {"model", "model: {synthetic: {layers: 4, hidden_size: 256, heads: 8, kv_heads: 4, intermediate_size: 704}}"},
+  {"nodes", "nodes: [{name: a}, {name: b}]"},
+  {"trainer", "trainer: {node: a}"},
+  {"engines", "engines: [{name: e, node: a, replicas: 2, tp: 2}]"},
+};
+
+// The base with the `key` line replaced by `text` (dropped when empty).
+std::string with(const std::string& key, const std::string& text) {
+  std::string out;
+  for (auto& [k, line] : base_lines) {
+    const std::string& l = k == key ? text : line;
+    if (!l.empty())
+      out += l + "\n";
+  }
+  return out;
+}
+
+// The base with `extra` appended from line 6.
+std::string plus(const std::string& extra) { return with("", "") + extra + "\n"; }
+
+// A synthetic model in block style: `fields` go on lines 4.. of the file.
+std::string synthetic(const std::string& fields) {
+  return with("model", "model:\n  synthetic:\n" + fields);
+}
+
+std::vector<std::string> errors_of(const std::string& text) {
+  try {
+    parse_topology(text, "t.yaml", "/base");
+  } catch (const topology_error& e) {
+    return e.errors;
+  }
+  return {};
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (auto& l : lines)
+    out += l + "\n";
+  return out;
+}
+
+struct error_row {
+  const char* title;
+  std::string text;
+  std::string expected; // every error, one per line, in order
+};
+
+void check_rows(const std::vector<error_row>& rows) {
+  for (auto& row : rows) {
+    CAPTURE(row.title);
+    CAPTURE(row.text);
+    CHECK(joined(errors_of(row.text)) == row.expected + "\n");
+  }
+}
+
+const std::string top_keys =
+  "name, model, nodes, cluster, trainer, engines, router, coordinator, transfer, sync, workload, drill";
+
+} // namespace
+
+TEST_CASE("topology: the base document of the error rows is valid") {
+  auto t = parse_topology(with("", ""), "t.yaml", "/base");
+  CHECK(t.engines.size() == 2);
+}
+
+TEST_CASE("topology errors: syntax and document shape") {
+  check_rows({
+    {"syntax error", "name: t\nnodes: [a, b\n",
+     "t.yaml:3:1: syntax error: end of sequence flow not found"},
+    {"bad indentation", "name: t\n  model: x\n", "t.yaml:2:8: syntax error: illegal map value"},
+    {"empty file", "", "t.yaml:1:1: topology: the file is empty"},
+    {"only comments", "# nothing\n", "t.yaml:1:1: topology: the file is empty"},
+    {"two documents", "name: t\n---\nname: u\n", "t.yaml:3:1: topology: expected one YAML document, got 2"},
+    {"top level is a list", "- a\n- b\n", "t.yaml:1:1: topology: expected a map, got a list"},
+    {"top level is a scalar", "hello\n", "t.yaml:1:1: topology: expected a map, got 'hello'"},
+  });
+}
+
+TEST_CASE("topology errors: top-level keys") {
+  check_rows({
+    {"unknown key with suggestion", plus("nmae: x"),
+     "t.yaml:6:1: nmae: unknown key, did you mean 'name'? (expected one of: " + top_keys + ")"},
+    {"unknown key without suggestion", plus("colour: blue"),
+     "t.yaml:6:1: colour: unknown key (expected one of: " + top_keys + ")"},
+    {"duplicate key", plus("name: u"), "t.yaml:6:1: name: duplicate key (first at line 1)"},
+    {"missing name", with("name", ""), "t.yaml:1:1: name: missing required key"},
+    {"missing everything else", "name: t\n",
+     "t.yaml:1:1: model: missing required key\n"
+     "t.yaml:1:1: nodes: missing required key\n"
+     "t.yaml:1:1: trainer: missing required key\n"
+     "t.yaml:1:1: engines: missing required key"},
+    {"name with a space", with("name", "name: my topo"),
+     "t.yaml:1:7: name: must be non-empty and use only letters, digits, '.', '_' and '-', got 'my topo'"},
+    {"name is a map", with("name", "name: {a: 1}"), "t.yaml:1:7: name: expected a string, got a map"},
+    {"non-scalar key", plus("[a]: 1"), "t.yaml:6:1: topology: keys must be names, got a list"},
+  });
+}
+
+TEST_CASE("topology errors: model") {
+  check_rows({
+    {"both checkpoint and synthetic", with("model", "model: {checkpoint: ck, synthetic: {layers: 4}}"),
+     "t.yaml:2:8: model: exactly one of checkpoint or synthetic must be set, got both"},
+    {"neither", with("model", "model: {}"),
+     "t.yaml:2:8: model: exactly one of checkpoint or synthetic must be set, got neither"},
+    {"model is a list", with("model", "model: [a]"), "t.yaml:2:8: model: expected a map, got a list"},
+    {"checkpoint without config.json", with("model", "model: {checkpoint: ck}"),
+     "t.yaml:2:21: model.checkpoint: /base/ck/config.json: config.json: cannot open file"},
+    {"synthetic missing layers",
+     synthetic("    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
+     "t.yaml:4:5: model.synthetic.layers: missing required key"},
+    {"synthetic empty", synthetic(""),
+     "t.yaml:3:3: model.synthetic.layers: missing required key\n"
+     "t.yaml:3:3: model.synthetic.hidden_size: missing required key\n"
+     "t.yaml:3:3: model.synthetic.heads: missing required key\n"
+     "t.yaml:3:3: model.synthetic.intermediate_size: missing required key"},
+    {"kv heads do not divide heads",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    kv_heads: 3\n    intermediate_size: 704"),
+     "t.yaml:7:15: model.synthetic.kv_heads: must divide num_attention_heads (8), got 3"},
+    {"negative hidden size",
+     synthetic("    layers: 4\n    hidden_size: -256\n    heads: 8\n    intermediate_size: 704"),
+     "t.yaml:5:18: model.synthetic.hidden_size: must be positive, got -256"},
+    {"zero layers", synthetic("    layers: 0\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
+     "t.yaml:4:13: model.synthetic.layers: must be positive, got 0"},
+    {"heads is text",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: many\n    intermediate_size: 704"),
+     "t.yaml:6:12: model.synthetic.heads: expected an integer, got 'many'"},
+    {"vocab too small",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    vocab_size: 100"),
+     "t.yaml:8:17: model.synthetic.vocab_size: must be at least 258 (256 bytes, BOS, EOS), got 100"},
+    {"dtype out of range",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    dtype: fp8"),
+     "t.yaml:8:12: model.synthetic.dtype: must be one of bf16, f16, f32, got 'fp8'"},
+    {"yes is not a boolean",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    tie_word_embeddings: yes"),
+     "t.yaml:8:26: model.synthetic.tie_word_embeddings: expected true or false, got 'yes'"},
+    {"rope_theta is not a number",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    rope_theta: fast"),
+     "t.yaml:8:17: model.synthetic.rope_theta: expected a number, got 'fast'"},
+    {"negative seed",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    seed: -1"),
+     "t.yaml:8:11: model.synthetic.seed: must not be negative, got -1"},
+    {"typo in a synthetic key",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    kv_head: 4"),
+     "t.yaml:8:5: model.synthetic.kv_head: unknown key, did you mean 'kv_heads'? (expected one of: layers, "
+     "hidden_size, heads, kv_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta, "
+     "rms_norm_eps, tie_word_embeddings, dtype, seed)"},
+  });
+}
+
+TEST_CASE("topology errors: nodes") {
+  check_rows({
+    {"empty list", with("nodes", "nodes: []"), "t.yaml:3:8: nodes: must list at least one node"},
+    {"a map, not a list", with("nodes", "nodes: {name: a}"), "t.yaml:3:8: nodes: expected a list, got a map"},
+    {"nothing", with("nodes", "nodes:"), "t.yaml:3:1: nodes: expected a list, got nothing"},
+    {"an entry is not a map", with("nodes", "nodes: [a, {name: b}]"),
+     "t.yaml:3:9: nodes[0]: expected a map, got 'a'"},
+    {"duplicate name", with("nodes", "nodes: [{name: a}, {name: a}]"),
+     "t.yaml:3:27: nodes[1].name: duplicate node name 'a'"},
+    {"missing name (references then go unchecked)", with("nodes", "nodes: [{name: a}, {address: h}]"),
+     "t.yaml:3:20: nodes[1].name: missing required key"},
+    {"port out of range", with("nodes", "nodes: [{name: a, port: 70000}, {name: b}]"),
+     "t.yaml:3:25: nodes[0].port: must be between 0 and 65535, got 70000"},
+    {"address with a space", with("nodes", "nodes: [{name: a, address: 'my host'}, {name: b}]"),
+     "t.yaml:3:28: nodes[0].address: must be a host name or IP address, got 'my host'"},
+    {"same fixed endpoint twice", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4000}]"),
+     "t.yaml:3:48: nodes[1].port: 127.0.0.1:4000 is already used by node 'a'"},
+  });
+}
+
+TEST_CASE("topology errors: cluster") {
+  check_rows({
+    {"a secret in the file", plus("cluster:\n  secret: hunter2"),
+     "t.yaml:7:3: cluster.secret: secrets are never read from the topology; use secret_file or secret_env"},
+    {"a secret under tls", plus("cluster:\n  tls: {ca: c, cert: d, key: k, secret: s}"),
+     "t.yaml:7:33: cluster.tls.secret: secrets are never read from the topology; use secret_file or "
+     "secret_env"},
+    {"a secret at the top level", plus("secret: hunter2"),
+     "t.yaml:6:1: secret: secrets are never read from the topology; use secret_file or secret_env"},
+    {"both secret sources", plus("cluster:\n  secret_file: s\n  secret_env: S"),
+     "t.yaml:8:15: cluster.secret_env: set at most one of secret_file and secret_env"},
+    {"bad environment variable name", plus("cluster:\n  secret_env: my-secret"),
+     "t.yaml:7:15: cluster.secret_env: must be the name of an environment variable (letters, digits, '_'), "
+     "not the secret itself"},
+    {"incomplete tls", plus("cluster:\n  tls:\n    ca: ca.pem\n    cert: cert.pem"),
+     "t.yaml:8:5: cluster.tls.key: missing required key"},
+    {"timeout not above interval", plus("cluster:\n  heartbeat_interval_ms: 500\n  heartbeat_timeout_ms: 500"),
+     "t.yaml:8:25: cluster.heartbeat_timeout_ms: must exceed heartbeat_interval_ms (500), got 500"},
+    {"zero connect deadline", plus("cluster:\n  connect_deadline_ms: 0"),
+     "t.yaml:7:24: cluster.connect_deadline_ms: must be positive, got 0"},
+  });
+  // The secret's value must not leak into any message.
+  for (auto& text : {plus("cluster:\n  secret: hunter2"), plus("secret: hunter2"),
+                     plus("cluster: {secret: [hunter2]}"), plus("cluster: {secret_env: hunter2!}")}) {
+    auto errs = errors_of(text);
+    CHECK(errs.size() == 1);
+    for (auto& e : errs)
+      CHECK(e.find("hunter2") == std::string::npos);
+  }
+}
+
+TEST_CASE("topology errors: trainer") {
+  check_rows({
+    {"missing node", with("trainer", "trainer: {seed: 1}"), "t.yaml:4:10: trainer.node: missing required key"},
+    {"unknown node", with("trainer", "trainer: {node: gpu9}"),
+     "t.yaml:4:17: trainer.node: unknown node 'gpu9' (defined: a, b)"},
+    {"source out of range", with("trainer", "trainer: {node: a, source: magic}"),
+     "t.yaml:4:28: trainer.source: must be one of synthetic, checkpoint_dir, got 'magic'"},
+    {"checkpoint_dir without dir", with("trainer", "trainer: {node: a, source: checkpoint_dir}"),
+     "t.yaml:4:10: trainer.dir: missing required key"},
+    {"dir without checkpoint_dir", with("trainer", "trainer: {node: a, dir: ckpts}"),
+     "t.yaml:4:25: trainer.dir: only used with source: checkpoint_dir"},
+    {"perturb zero", with("trainer", "trainer: {node: a, perturb: 0}"),
+     "t.yaml:4:29: trainer.perturb: must be positive, got 0"},
+    {"negative step time", with("trainer", "trainer: {node: a, step_time_ms: -5}"),
+     "t.yaml:4:34: trainer.step_time_ms: must not be negative, got -5"},
+    {"empty ranks", with("trainer", "trainer: {node: a, ranks: []}"),
+     "t.yaml:4:27: trainer.ranks: must list at least one rank (or leave ranks out: one rank holds all "
+     "layers)"},
+    {"rank on an unknown node", with("trainer", "trainer: {node: a, ranks: [{node: c, layers: all}]}"),
+     "t.yaml:4:35: trainer.ranks[0].node: unknown node 'c' (defined: a, b)"},
+    {"rank without layers", with("trainer", "trainer: {node: a, ranks: [{node: b}]}"),
+     "t.yaml:4:28: trainer.ranks[0].layers: missing required key"},
+    {"layer out of range", with("trainer", "trainer: {node: a, ranks: [{layers: [0, 1, 2, 3, 9]}]}"),
+     "t.yaml:4:50: trainer.ranks[0].layers[4]: layer 9 out of range: the model has 4 layers (0-3)"},
+    {"range out of range", with("trainer", "trainer: {node: a, ranks: [{layers: 0-4}]}"),
+     "t.yaml:4:37: trainer.ranks[0].layers: layer 4 out of range: the model has 4 layers (0-3)"},
+    {"layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {layers: [3]}]}"),
+     "t.yaml:4:27: trainer.ranks: layer 2 is held by no rank (the model has 4 layers)"},
+    {"several layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: [1]}]}"),
+     "t.yaml:4:27: trainer.ranks: layers 0, 2-3 are held by no rank (the model has 4 layers)"},
+    {"malformed range", with("trainer", "trainer: {node: a, ranks: [{layers: '0..3'}]}"),
+     "t.yaml:4:37: trainer.ranks[0].layers: expected `all`, a list of layer indices or a range like \"0-3\", "
+     "got '0..3'"},
+    {"reversed range", with("trainer", "trainer: {node: a, ranks: [{layers: 3-1}]}"),
+     "t.yaml:4:37: trainer.ranks[0].layers: range start must not exceed its end, got '3-1'"},
+    {"layer listed twice", with("trainer", "trainer: {node: a, ranks: [{layers: [0, 1, 1, 2, 3]}]}"),
+     "t.yaml:4:44: trainer.ranks[0].layers[2]: layer 1 is listed twice"},
+    {"negative layer", with("trainer", "trainer: {node: a, ranks: [{layers: [-1, 0, 1, 2, 3]}]}"),
+     "t.yaml:4:38: trainer.ranks[0].layers[0]: must not be negative, got -1"},
+    {"layers is a map", with("trainer", "trainer: {node: a, ranks: [{layers: {a: 1}}]}"),
+     "t.yaml:4:37: trainer.ranks[0].layers: expected `all`, a list of layer indices or a range like \"0-3\", "
+     "got a map"},
+    {"empty layer list", with("trainer", "trainer: {node: a, ranks: [{layers: []}, {layers: all}]}"),
+     "t.yaml:4:37: trainer.ranks[0].layers: must name at least one layer"},
+  });
+}
+
+TEST_CASE("topology errors: engines") {
+  const std::string engine_keys =
+    "name, node, replicas, tp, max_batch, queue_limit, kv_block_tokens, prefix_cache_blocks";
+  check_rows({
+    {"typo never falls back to a default", with("engines", "engines:\n  - name: e\n    node: a\n    tpp: 2"),
+     "t.yaml:8:5: engines[0].tpp: unknown key, did you mean 'tp'? (expected one of: " + engine_keys + ")"},
+    {"tp incompatible with the model", with("engines", "engines:\n  - name: e\n    node: a\n    tp: 3"),
+     "t.yaml:8:9: engines[0].tp: must divide num_attention_heads (8), got 3\n"
+     "t.yaml:8:9: engines[0].tp: must divide intermediate_size (704), got 3\n"
+     "t.yaml:8:9: engines[0].tp: must divide num_key_value_heads (4) or be a multiple of it (kv heads are "
+     "then replicated), got 3"},
+    {"tp in the second entry",
+     with("engines", "engines:\n  - {name: e, node: a}\n  - {name: f, node: b, tp: 16}"),
+     "t.yaml:7:28: engines[1].tp: must divide num_attention_heads (8), got 16"},
+    {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),
+     "t.yaml:5:34: engines[0].tp: must be positive, got 0"},
+    {"zero replicas", with("engines", "engines: [{name: e, node: a, replicas: 0}]"),
+     "t.yaml:5:40: engines[0].replicas: must be between 1 and 4096, got 0"},
+    {"implausible replicas", with("engines", "engines: [{name: e, node: a, replicas: 1000000}]"),
+     "t.yaml:5:40: engines[0].replicas: must be between 1 and 4096, got 1000000"},
+    {"duplicate after expanding replicas",
+     with("engines", "engines:\n  - {name: e, node: a, replicas: 2}\n  - {name: e-1, node: b}"),
+     "t.yaml:7:12: engines[1].name: duplicate engine name 'e-1' (also from engines[0])"},
+    {"duplicate group names", with("engines", "engines:\n  - {name: e, node: a}\n  - {name: e, node: b}"),
+     "t.yaml:7:12: engines[1].name: duplicate engine name 'e' (also from engines[0])"},
+    {"reserved name", with("engines", "engines: [{name: router, node: a}]"),
+     "t.yaml:5:18: engines[0].name: 'router' is reserved (trainer, router and coordinator name those "
+     "actors)"},
+    {"name of a node", with("engines", "engines: [{name: b, node: a}]"),
+     "t.yaml:5:18: engines[0].name: engine 'b' has the name of a node; drill targets would be ambiguous"},
+    {"unknown node", with("engines", "engines: [{name: e, node: gpu9}]"),
+     "t.yaml:5:27: engines[0].node: unknown node 'gpu9' (defined: a, b)"},
+    {"missing node", with("engines", "engines: [{name: e}]"), "t.yaml:5:11: engines[0].node: missing required key"},
+    {"not a list", with("engines", "engines: {name: e, node: a}"),
+     "t.yaml:5:10: engines: expected a list, got a map"},
+    {"entry not a map", with("engines", "engines: [e]"), "t.yaml:5:11: engines[0]: expected a map, got 'e'"},
+    {"empty list", with("engines", "engines: []"), "t.yaml:5:10: engines: must list at least one engine"},
+    {"max_batch with junk", with("engines", "engines: [{name: e, node: a, max_batch: 32x}]"),
+     "t.yaml:5:41: engines[0].max_batch: expected an integer, got '32x'"},
+    {"fractional queue_limit", with("engines", "engines: [{name: e, node: a, queue_limit: 1.5}]"),
+     "t.yaml:5:43: engines[0].queue_limit: expected an integer, got '1.5'"},
+    {"huge integer", with("engines", "engines: [{name: e, node: a, max_batch: 99999999999999999999}]"),
+     "t.yaml:5:41: engines[0].max_batch: integer out of range: '99999999999999999999'"},
+    {"negative prefix cache", with("engines", "engines: [{name: e, node: a, prefix_cache_blocks: -1}]"),
+     "t.yaml:5:51: engines[0].prefix_cache_blocks: must not be negative, got -1"},
+  });
+}
+
+TEST_CASE("topology errors: router, coordinator, transfer") {
+  check_rows({
+    {"policy out of range", plus("router: {policy: fastest}"),
+     "t.yaml:6:18: router.policy: must be one of least_outstanding, round_robin, prefix_affinity, got "
+     "'fastest'"},
+    {"router on an unknown node", plus("router: {node: z}"),
+     "t.yaml:6:16: router.node: unknown node 'z' (defined: a, b)"},
+    {"empty value", plus("router:\n  queue_limit:"), "t.yaml:7:3: router.queue_limit: expected an integer, got nothing"},
+    {"empty state file", plus("coordinator: {state_file: ''}"),
+     "t.yaml:6:27: coordinator.state_file: must not be empty"},
+    {"backend out of range", plus("transfer: {backend: rdma}"),
+     "t.yaml:6:21: transfer.backend: must be one of local, ucx, nccl, cuda_ipc, got 'rdma'"},
+    {"mode out of range", plus("transfer: {mode: scatter}"),
+     "t.yaml:6:18: transfer.mode: must be one of sharded, broadcast, got 'scatter'"},
+    {"size with an unknown unit", plus("transfer: {bucket_bytes: 64Mb}"),
+     "t.yaml:6:26: transfer.bucket_bytes: unknown size unit 'Mb' in '64Mb' (use B, KiB, MiB, GiB, TiB, KB, "
+     "MB, GB, TB)"},
+    {"negative size", plus("transfer: {bucket_bytes: -1MiB}"),
+     "t.yaml:6:26: transfer.bucket_bytes: must not be negative, got '-1MiB'"},
+    {"zero size", plus("transfer: {bucket_bytes: 0}"), "t.yaml:6:26: transfer.bucket_bytes: must be positive, got 0"},
+    {"size is a list", plus("transfer: {bucket_bytes: [1]}"),
+     "t.yaml:6:26: transfer.bucket_bytes: expected a size (bytes, or e.g. 64MiB), got a list"},
+    {"size is text", plus("transfer: {bucket_bytes: big}"),
+     "t.yaml:6:26: transfer.bucket_bytes: expected a size (bytes, or e.g. 64MiB), got 'big'"},
+    {"fractional size", plus("transfer: {bucket_bytes: 1.5GiB}"),
+     "t.yaml:6:26: transfer.bucket_bytes: expected a size (bytes, or e.g. 64MiB), got '1.5GiB'"},
+    {"size overflows", plus("transfer: {bucket_bytes: 99999999999TiB}"),
+     "t.yaml:6:26: transfer.bucket_bytes: size out of range: '99999999999TiB'"},
+    {"groups_in_flight zero", plus("transfer: {groups_in_flight: 0}"),
+     "t.yaml:6:30: transfer.groups_in_flight: must be positive, got 0"},
+    {"transport out of range", plus("transfer: {ucx_transports: [shm, ib]}"),
+     "t.yaml:6:34: transfer.ucx_transports[1]: must be one of shm, cma, tcp, rdma, got 'ib'"},
+    {"transports not a list", plus("transfer: {ucx_transports: tcp}"),
+     "t.yaml:6:28: transfer.ucx_transports: expected a list, got 'tcp'"},
+    {"transport twice", plus("transfer: {ucx_transports: [tcp, tcp]}"),
+     "t.yaml:6:34: transfer.ucx_transports[1]: 'tcp' is listed twice"},
+  });
+}
+
+TEST_CASE("topology errors: sync and workload") {
+  check_rows({
+    {"zero deadline", plus("sync: {deadlines_ms: {pause: 0}}"),
+     "t.yaml:6:30: sync.deadlines_ms.pause: must be positive, got 0"},
+    {"unknown phase", plus("sync: {deadlines_ms: {resume: 10}}"),
+     "t.yaml:6:23: sync.deadlines_ms.resume: unknown key (expected one of: pause, flush, start, transfer, "
+     "finish, continue)"},
+    {"more live engines than replicas", plus("sync: {min_live_engines: 3}"),
+     "t.yaml:6:26: sync.min_live_engines: must not exceed the number of engine replicas (2), got 3"},
+    {"negative staleness", plus("sync: {staleness: -1}"), "t.yaml:6:19: sync.staleness: must not be negative, got -1"},
+    {"fractional every_versions", plus("sync: {every_versions: 1.5}"),
+     "t.yaml:6:24: sync.every_versions: expected an integer, got '1.5'"},
+    {"sync is a list", plus("sync: [1]"), "t.yaml:6:7: sync: expected a map, got a list"},
+    {"top_p zero", plus("workload: {top_p: 0}"), "t.yaml:6:19: workload.top_p: must be in (0, 1], got 0"},
+    {"top_p above one", plus("workload: {top_p: 1.5}"), "t.yaml:6:19: workload.top_p: must be in (0, 1], got 1.5"},
+    {"negative temperature", plus("workload: {temperature: -0.5}"),
+     "t.yaml:6:25: workload.temperature: must not be negative, got -0.5"},
+    {"zero concurrency", plus("workload: {concurrency: 0}"),
+     "t.yaml:6:25: workload.concurrency: must be positive, got 0"},
+    {"prompts as text", plus("workload: {prompts: lots}"),
+     "t.yaml:6:21: workload.prompts: expected an integer, got 'lots'"},
+  });
+}
+
+TEST_CASE("topology errors: drill") {
+  const std::string kill_targets =
+    "an engine (e-0, e-1), a node (a, b), trainer, router or coordinator";
+  check_rows({
+    {"unknown kill target", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill, target: e-7}"),
+     "t.yaml:8:42: drill.faults[0].target: unknown target 'e-7' for kill (expected " + kill_targets + ")"},
+    {"partition needs a node or an engine", plus("drill:\n  faults:\n    - {at_sync: 1, action: partition, target: trainer}"),
+     "t.yaml:8:47: drill.faults[0].target: unknown target 'trainer' for partition (expected an engine (e-0, e-1) "
+     "or a node (a, b))"},
+    {"phase without at_sync", plus("drill:\n  faults:\n    - {at_ms: 5, phase: transfer, action: kill, target: e-0}"),
+     "t.yaml:8:25: drill.faults[0].phase: only used with at_sync (the phase of that round the fault fires in)"},
+    {"unknown phase", plus("drill:\n  faults:\n    - {at_sync: 1, phase: resume, action: kill, target: e-0}"),
+     "t.yaml:8:27: drill.faults[0].phase: must be one of pause, flush, start, transfer, finish, continue, got "
+     "'resume'"},
+    {"delay_acks needs an engine", plus("drill:\n  faults:\n    - {at_ms: 10, action: delay_acks, target: a}"),
+     "t.yaml:8:47: drill.faults[0].target: unknown target 'a' for delay_acks (expected an engine (e-0, e-1))"},
+    {"corrupt needs an engine", plus("drill:\n  faults:\n    - {at_sync: 2, action: corrupt, target: trainer}"),
+     "t.yaml:8:45: drill.faults[0].target: unknown target 'trainer' for corrupt (expected an engine (e-0, "
+     "e-1))"},
+    {"both times", plus("drill:\n  faults:\n    - {at_sync: 1, at_ms: 5, action: kill, target: e-0}"),
+     "t.yaml:8:27: drill.faults[0].at_ms: set either at_sync or at_ms, not both"},
+    {"no time", plus("drill:\n  faults:\n    - {action: kill, target: e-0}"),
+     "t.yaml:8:7: drill.faults[0]: needs at_sync (a sync round, from 1) or at_ms (time since start) to say "
+     "when it fires"},
+    {"at_sync zero", plus("drill:\n  faults:\n    - {at_sync: 0, action: kill, target: e-0}"),
+     "t.yaml:8:17: drill.faults[0].at_sync: must be positive, got 0"},
+    {"duration on corrupt", plus("drill:\n  faults:\n    - {at_sync: 1, action: corrupt, target: e-0, duration_ms: 5}"),
+     "t.yaml:8:63: drill.faults[0].duration_ms: only used with kill (restart after it), partition or delay_acks"},
+    {"zero duration", plus("drill:\n  faults:\n    - {at_sync: 1, action: partition, target: b, duration_ms: 0}"),
+     "t.yaml:8:63: drill.faults[0].duration_ms: must be positive, got 0"},
+    {"action out of range", plus("drill:\n  faults:\n    - {at_sync: 1, action: explode, target: e-0}"),
+     "t.yaml:8:28: drill.faults[0].action: must be one of kill, restart, partition, heal, delay_acks, "
+     "corrupt, got 'explode'"},
+    {"missing target", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill}"),
+     "t.yaml:8:7: drill.faults[0].target: missing required key"},
+    {"faults not a list", plus("drill: {faults: {at_sync: 1}}"),
+     "t.yaml:6:17: drill.faults: expected a list, got a map"},
+  });
+}
+
+TEST_CASE("topology errors: every problem is reported, in file order") {
+  auto errs = errors_of("name: t\n"
+                        "model: {synthetic: {layers: 4, hidden_size: 256, heads: 8, intermediate_size: 704}}\n"
+                        "nodes: [{name: a, port: -1}]\n"
+                        "trainer: {node: b}\n"
+                        "engines: [{name: e, node: a, tp: 3, replica: 2}]\n"
+                        "router: {policy: fastest}\n");
+  REQUIRE(errs.size() == 7);
+  CHECK(errs[0].rfind("t.yaml:3:25: nodes[0].port:", 0) == 0);
+  CHECK(errs[1].rfind("t.yaml:4:17: trainer.node: unknown node 'b'", 0) == 0);
+  CHECK(errs[2].rfind("t.yaml:5:34: engines[0].tp:", 0) == 0);
+  CHECK(errs[5].rfind("t.yaml:5:37: engines[0].replica: unknown key, did you mean 'replicas'?", 0) == 0);
+  CHECK(errs[6].rfind("t.yaml:6:18: router.policy:", 0) == 0);
+  try {
+    parse_topology("name: t\n", "t.yaml", "/base");
+    FAIL("expected a topology_error");
+  } catch (const topology_error& e) {
+    CHECK(std::string(e.what()) == joined(e.errors).substr(0, joined(e.errors).size() - 1));
+  }
+}
+
+TEST_CASE("topology: defaults are filled in") {
+  auto t = parse_topology(with("engines", "engines: [{name: e, node: b}]"), "t.yaml", "/base");
+  CHECK(t.name == "t");
+  CHECK(t.source == "t.yaml");
+  CHECK(t.base_dir == "/base");
+  CHECK(t.model.synthetic());
+  CHECK(t.model.config.num_hidden_layers == 4);
+  CHECK(t.model.config.num_key_value_heads == 4);
+  CHECK(t.model.config.vocab_size == 320);
+  CHECK(t.model.config.max_position_embeddings == 2048);
+  CHECK(t.model.config.rope_theta == 10000.0);
+  CHECK(t.model.config.rms_norm_eps == 1e-5);
+  CHECK_FALSE(t.model.config.tie_word_embeddings);
+  CHECK(t.model.weights_dtype == dtype::bf16);
+  CHECK(t.model.seed == 1);
+  REQUIRE(t.nodes.size() == 2);
+  CHECK(t.nodes[0].address == "127.0.0.1");
+  CHECK(t.nodes[0].port == 0);
+  CHECK(t.cluster.secret_file.empty());
+  CHECK(t.cluster.secret_env.empty());
+  CHECK_FALSE(t.cluster.tls);
+  CHECK(t.cluster.heartbeat_interval == milliseconds(500));
+  CHECK(t.cluster.heartbeat_timeout == milliseconds(2000));
+  CHECK(t.cluster.connect_deadline == milliseconds(10000));
+  CHECK(t.trainer.node == "a");
+  CHECK(t.trainer.source == trainer_source::synthetic);
+  CHECK(t.trainer.dir.empty());
+  CHECK(t.trainer.step_time == milliseconds(200));
+  CHECK(t.trainer.perturb == 0.01);
+  CHECK(t.trainer.seed == 7);
+  REQUIRE(t.trainer.ranks.size() == 1);
+  CHECK(t.trainer.ranks[0].node == "a");
+  CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2, 3});
+  REQUIRE(t.engines.size() == 1);
+  auto& e = t.engines[0];
+  CHECK(e.name == "e"); // one replica: the name itself
+  CHECK(e.group == "e");
+  CHECK(e.replica == 0);
+  CHECK(e.node == "b");
+  CHECK(e.tp == 1);
+  CHECK(e.max_batch == 32);
+  CHECK(e.queue_limit == 256);
+  CHECK(e.kv_block_tokens == 16);
+  CHECK(e.prefix_cache_blocks == 1024);
+  CHECK(t.router.node == "a"); // the first node
+  CHECK(t.router.policy == router_policy::least_outstanding);
+  CHECK(t.router.queue_limit == 1024);
+  CHECK(t.coordinator.node == "a");
+  CHECK(t.coordinator.state_file.empty());
+  CHECK(t.transfer.backend == transfer_backend::local);
+  CHECK(t.transfer.mode == transfer_mode::sharded);
+  CHECK(t.transfer.bucket_bytes == 64 * 1024 * 1024);
+  CHECK(t.transfer.groups_in_flight == 2);
+  CHECK(t.transfer.ucx_transports.empty());
+  CHECK(t.sync.every_versions == 1);
+  CHECK(t.sync.staleness == 1);
+  CHECK(t.sync.wave_size == 0);
+  CHECK(t.sync.deadlines.pause == milliseconds(5000));
+  CHECK(t.sync.deadlines.flush == milliseconds(1000));
+  CHECK(t.sync.deadlines.start == milliseconds(1000));
+  CHECK(t.sync.deadlines.transfer == milliseconds(60000));
+  CHECK(t.sync.deadlines.finish == milliseconds(5000));
+  CHECK(t.sync.deadlines.resume == milliseconds(1000));
+  CHECK(t.sync.min_live_engines == 1);
+  CHECK(t.sync.max_restarts == 3);
+  CHECK(t.workload.prompts == 64);
+  CHECK(t.workload.concurrency == 8);
+  CHECK(t.workload.max_tokens == 32);
+  CHECK(t.workload.temperature == 0.0);
+  CHECK(t.workload.top_p == 1.0);
+  CHECK(t.workload.seed == 1);
+  CHECK(t.drill.faults.empty());
+  CHECK(t.find_node("b") == &t.nodes[1]);
+  CHECK(t.find_node("z") == nullptr);
+  CHECK(t.find_engine("e") == &t.engines[0]);
+  CHECK(t.find_engine("e-0") == nullptr);
+}
+
+TEST_CASE("topology: empty sections read as defaults") {
+  auto t = parse_topology(plus("router:\ncoordinator:\ncluster:\nsync: {}\nworkload:\ndrill:"), "t.yaml", "/base");
+  CHECK(t.router.node == "a");
+  CHECK(t.workload.prompts == 64);
+  CHECK(t.drill.faults.empty());
+}
+
+TEST_CASE("topology: every field is read") {
+  auto t = parse_topology(R"(name: full
+model:
+  synthetic: {layers: 6, hidden_size: 128, heads: 4, kv_heads: 2, intermediate_size: 344, vocab_size: 512,
+              max_position_embeddings: 4096, rope_theta: 500000, rms_norm_eps: 1.0e-6,
+              tie_word_embeddings: true, dtype: f32, seed: 42}
+nodes:
+  - {name: n1, address: 10.0.0.1, port: 4000}
+  - {name: n2, address: host-2.example, port: 4000}
+cluster:
+  secret_file: secrets/cluster.key
+  tls: {ca: /etc/ca.pem, cert: cert.pem, key: ../key.pem}
+  heartbeat_interval_ms: 100
+  heartbeat_timeout_ms: 300
+  connect_deadline_ms: 2500
+trainer:
+  node: n1
+  source: checkpoint_dir
+  dir: ckpts
+  step_time_ms: 0
+  perturb: 0.5
+  seed: 9
+  ranks:
+    - {node: n1, layers: "0-2"}
+    - {node: n2, layers: [2, 5, 3, 4]}
+    - {layers: 1}
+engines:
+  - {name: big, node: n2, tp: 2, max_batch: 8, queue_limit: 16, kv_block_tokens: 32, prefix_cache_blocks: 0}
+  - {name: many, node: n1, replicas: 3, tp: 4}
+router: {node: n2, policy: prefix_affinity, queue_limit: 7}
+coordinator: {node: n2, state_file: state/version}
+transfer: {backend: ucx, mode: broadcast, bucket_bytes: 1 GiB, groups_in_flight: 3, ucx_transports: [shm, rdma]}
+sync:
+  every_versions: 2
+  staleness: 0
+  wave_size: 2
+  deadlines_ms: {pause: 1, flush: 2, start: 3, transfer: 4, finish: 5, continue: 6}
+  min_live_engines: 4
+  max_restarts: 0
+workload: {prompts: 0, concurrency: 1, max_tokens: 5, temperature: 0.7, top_p: 0.9, seed: 3}
+drill:
+  faults:
+    - {at_sync: 2, action: kill, target: many-1}
+    - {at_sync: 3, action: restart, target: n2}
+    - {at_ms: 0, action: partition, target: n2, duration_ms: 3000}
+    - {at_ms: 4000, action: heal, target: n2}
+    - {at_sync: 4, action: delay_acks, target: big, duration_ms: 100}
+    - {at_sync: 5, action: corrupt, target: many-0}
+    - {at_sync: 6, action: kill, target: trainer}
+    - {at_sync: 6, action: restart, target: router}
+    - {at_sync: 7, action: kill, target: coordinator}
+)",
+                          "full.yaml", "/cfg");
+  auto& c = t.model.config;
+  CHECK(c.num_hidden_layers == 6);
+  CHECK(c.hidden_size == 128);
+  CHECK(c.num_attention_heads == 4);
+  CHECK(c.num_key_value_heads == 2);
+  CHECK(c.intermediate_size == 344);
+  CHECK(c.vocab_size == 512);
+  CHECK(c.max_position_embeddings == 4096);
+  CHECK(c.rope_theta == 500000.0);
+  CHECK(c.rms_norm_eps == 1e-6);
+  CHECK(c.tie_word_embeddings);
+  CHECK(t.model.weights_dtype == dtype::f32);
+  CHECK(t.model.seed == 42);
+  CHECK(t.nodes[1].address == "host-2.example");
+  CHECK(t.nodes[1].port == 4000);
+  CHECK(t.cluster.secret_file == "/cfg/secrets/cluster.key");
+  REQUIRE(t.cluster.tls);
+  CHECK(t.cluster.tls->ca == "/etc/ca.pem");
+  CHECK(t.cluster.tls->cert == "/cfg/cert.pem");
+  CHECK(t.cluster.tls->key == "/key.pem");
+  CHECK(t.cluster.heartbeat_interval == milliseconds(100));
+  CHECK(t.cluster.heartbeat_timeout == milliseconds(300));
+  CHECK(t.cluster.connect_deadline == milliseconds(2500));
+  CHECK(t.trainer.source == trainer_source::checkpoint_dir);
+  CHECK(t.trainer.dir == "/cfg/ckpts");
+  CHECK(t.trainer.step_time == milliseconds(0));
+  CHECK(t.trainer.perturb == 0.5);
+  CHECK(t.trainer.seed == 9);
+  REQUIRE(t.trainer.ranks.size() == 3);
+  CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(t.trainer.ranks[1].node == "n2");
+  CHECK(t.trainer.ranks[1].layers == std::vector<std::int64_t>{2, 3, 4, 5}); // sorted
+  CHECK(t.trainer.ranks[2].node == "n1");                                    // trainer.node
+  CHECK(t.trainer.ranks[2].layers == std::vector<std::int64_t>{1});
+  REQUIRE(t.engines.size() == 4);
+  CHECK(t.engines[0].name == "big");
+  CHECK(t.engines[0].max_batch == 8);
+  CHECK(t.engines[0].queue_limit == 16);
+  CHECK(t.engines[0].kv_block_tokens == 32);
+  CHECK(t.engines[0].prefix_cache_blocks == 0);
+  for (int i = 0; i < 3; ++i) {
+    auto& e = t.engines[static_cast<std::size_t>(i + 1)];
+    CHECK(e.name == "many-" + std::to_string(i));
+    CHECK(e.group == "many");
+    CHECK(e.replica == i);
+    CHECK(e.node == "n1");
+    CHECK(e.tp == 4);
+  }
+  CHECK(t.router.node == "n2");
+  CHECK(t.router.policy == router_policy::prefix_affinity);
+  CHECK(t.router.queue_limit == 7);
+  CHECK(t.coordinator.node == "n2");
+  CHECK(t.coordinator.state_file == "/cfg/state/version");
+  CHECK(t.transfer.backend == transfer_backend::ucx);
+  CHECK(t.transfer.mode == transfer_mode::broadcast);
+  CHECK(t.transfer.bucket_bytes == std::int64_t(1) << 30);
+  CHECK(t.transfer.groups_in_flight == 3);
+  CHECK(t.transfer.ucx_transports == std::vector<ucx_transport>{ucx_transport::shm, ucx_transport::rdma});
+  CHECK(t.sync.every_versions == 2);
+  CHECK(t.sync.staleness == 0);
+  CHECK(t.sync.wave_size == 2);
+  CHECK(t.sync.deadlines.pause == milliseconds(1));
+  CHECK(t.sync.deadlines.flush == milliseconds(2));
+  CHECK(t.sync.deadlines.start == milliseconds(3));
+  CHECK(t.sync.deadlines.transfer == milliseconds(4));
+  CHECK(t.sync.deadlines.finish == milliseconds(5));
+  CHECK(t.sync.deadlines.resume == milliseconds(6));
+  CHECK(t.sync.min_live_engines == 4);
+  CHECK(t.sync.max_restarts == 0);
+  CHECK(t.workload.prompts == 0);
+  CHECK(t.workload.concurrency == 1);
+  CHECK(t.workload.max_tokens == 5);
+  CHECK(t.workload.temperature == 0.7);
+  CHECK(t.workload.top_p == 0.9);
+  CHECK(t.workload.seed == 3);
+  auto& f = t.drill.faults;
+  REQUIRE(f.size() == 9);
+  CHECK(f[0].at_sync == 2);
+  CHECK_FALSE(f[0].at);
+  CHECK(f[0].action == fault_action::kill);
+  CHECK(f[0].target == "many-1");
+  CHECK(f[0].target_kind == fault_target::engine);
+  CHECK(f[1].target_kind == fault_target::node);
+  CHECK(f[2].at == milliseconds(0));
+  CHECK_FALSE(f[2].at_sync);
+  CHECK(f[2].action == fault_action::partition);
+  CHECK(f[2].duration == milliseconds(3000));
+  CHECK(f[3].action == fault_action::heal);
+  CHECK_FALSE(f[3].duration);
+  CHECK(f[4].action == fault_action::delay_acks);
+  CHECK(f[4].target_kind == fault_target::engine);
+  CHECK(f[5].action == fault_action::corrupt);
+  CHECK(f[6].target_kind == fault_target::trainer);
+  CHECK(f[7].target_kind == fault_target::router);
+  CHECK(f[8].target_kind == fault_target::coordinator);
+}
+
+TEST_CASE("topology: size fields accept integers and unit strings") {
+  struct row {
+    const char* text;
+    std::int64_t bytes;
+  };
+  const row rows[] = {
+    {"4096", 4096},          {"1B", 1},
+    {"2KiB", 2048},          {"64MiB", 64ll << 20},
+    {"1 GiB", 1ll << 30},    {"1TiB", 1ll << 40},
+    {"3KB", 3000},           {"5MB", 5000000},
+    {"2GB", 2000000000},     {"1TB", 1000000000000},
+    {"'128MiB'", 128ll << 20},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.text);
+    auto t = parse_topology(plus(std::string("transfer: {bucket_bytes: ") + r.text + "}"), "t.yaml", "/base");
+    CHECK(t.transfer.bucket_bytes == r.bytes);
+  }
+}
+
+TEST_CASE("topology: a checkpoint model takes its shape from config.json") {
+  test::scratch_dir dir;
+  std::filesystem::create_directories(dir / "ckpt");
+  model_config c;
+  c.vocab_size = 300;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  write_config_json(dir / "ckpt/config.json", c);
+  {
+    std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}");
+  }
+  auto t = load_topology(dir / "t.yaml");
+  CHECK_FALSE(t.model.synthetic());
+  CHECK(t.model.checkpoint == dir / "ckpt");
+  CHECK_FALSE(t.model.weights_dtype);
+  CHECK(t.model.config.num_hidden_layers == 3);
+  CHECK(t.model.config.vocab_size == 300);
+  CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(to_yaml(t).find("checkpoint: " + (dir / "ckpt")) != std::string::npos);
+
+  // tp is checked against the checkpoint's shape (4 heads).
+  {
+    std::ofstream(dir / "t.yaml") << "name: t\nmodel: {checkpoint: ckpt}\nnodes: [{name: a}]\n"
+                                     "trainer: {node: a}\nengines: [{name: e, node: a, tp: 8}]\n";
+  }
+  auto errs = joined([&] {
+    try {
+      load_topology(dir / "t.yaml");
+    } catch (const topology_error& e) {
+      return e.errors;
+    }
+    return std::vector<std::string>{};
+  }());
+  CHECK(errs.rfind((dir / "t.yaml") + ":5:34: engines[0].tp: must divide num_attention_heads (4), got 8", 0) == 0);
+
+  // An invalid config.json is reported at the checkpoint field, with its own reason.
+  c.num_key_value_heads = 3;
+  write_config_json(dir / "ckpt/config.json", c);
+  {
+    std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}");
+  }
+  try {
+    load_topology(dir / "t.yaml");
+    FAIL("expected a topology_error");
+  } catch (const topology_error& e) {
+    REQUIRE(e.errors.size() == 1);
+    CHECK(e.errors[0].rfind((dir / "t.yaml") + ":2:21: model.checkpoint: " + (dir / "ckpt/config.json"), 0) == 0);
+    CHECK(e.errors[0].find("num_key_value_heads") != std::string::npos);
+  }
+}
+
+TEST_CASE("topology: load_topology resolves paths against the file's directory") {
+  test::scratch_dir dir;
+  std::filesystem::create_directories(dir / "sub");
+  {
+    std::ofstream(dir / "sub/t.yaml") << plus("coordinator: {state_file: ../state/v}");
+  }
+  auto t = load_topology(dir / "sub/t.yaml");
+  CHECK(t.source == dir / "sub/t.yaml");
+  CHECK(t.base_dir == dir / "sub");
+  CHECK(t.coordinator.state_file == dir / "state/v");
+
+  try {
+    load_topology(dir / "missing.yaml");
+    FAIL("expected a topology_error");
+  } catch (const topology_error& e) {
+    CHECK(std::string(e.what()) == (dir / "missing.yaml") + ": cannot open file");
+  }
+}
+
+TEST_CASE("topology: the shipped configs load") {
+  const std::string src = RLSYNC_SOURCE_DIR;
+  auto local = load_topology(src + "/configs/local.yaml");
+  CHECK(local.name == "local");
+  REQUIRE(local.nodes.size() == 1);
+  REQUIRE(local.engines.size() == 2);
+  CHECK(local.engines[0].name == "rollout-0");
+  CHECK(local.engines[1].name == "rollout-1");
+  CHECK(local.engines[1].tp == 2);
+  CHECK(local.model.synthetic());
+  CHECK(local.model.config.num_hidden_layers == 4);
+  CHECK(local.model.config.num_key_value_heads == 4);
+  CHECK(local.transfer.backend == transfer_backend::local);
+  CHECK(local.workload.prompts == 64);
+
+  auto cluster = load_topology(src + "/configs/cluster.yaml");
+  CHECK(cluster.nodes.size() == 3);
+  CHECK(cluster.nodes[1].address == "10.0.0.2");
+  CHECK(cluster.transfer.backend == transfer_backend::ucx);
+  CHECK(cluster.cluster.secret_env == "RLSYNC_SECRET");
+  REQUIRE(cluster.trainer.ranks.size() == 2);
+  CHECK(cluster.trainer.ranks[0].layers.size() + cluster.trainer.ranks[1].layers.size()
+        == static_cast<std::size_t>(cluster.model.config.num_hidden_layers));
+  std::set<std::string> engine_nodes;
+  for (auto& e : cluster.engines)
+    engine_nodes.insert(e.node);
+  CHECK(engine_nodes == std::set<std::string>{"engine-node-a", "engine-node-b"});
+}
+
+TEST_CASE("topology: to_yaml shows the resolved view") {
+  auto t = parse_topology(plus("transfer: {bucket_bytes: 1MiB, ucx_transports: [tcp]}\n"
+                               "drill: {faults: [{at_sync: 1, action: kill, target: e-1}]}"),
+                          "t.yaml", "/base");
+  auto text = to_yaml(t);
+  // It is YAML, and it says what was resolved.
+  auto y = YAML::Load(text);
+  CHECK(y["name"].as<std::string>() == "t");
+  CHECK(y["engines"].size() == 2);
+  CHECK(y["engines"][1]["name"].as<std::string>() == "e-1");
+  CHECK(y["engines"][1]["group"].as<std::string>() == "e");
+  CHECK(y["engines"][1]["tp"].as<int>() == 2);
+  CHECK(y["model"]["head_dim"].as<int>() == 32);
+  CHECK(y["model"]["kv_heads"].as<int>() == 4);
+  CHECK(y["model"]["dtype"].as<std::string>() == "bf16");
+  CHECK(y["model"]["weight_bytes"].as<std::int64_t>() == 2 * y["model"]["parameters"].as<std::int64_t>());
+  CHECK(y["transfer"]["bucket_bytes"].as<std::int64_t>() == 1 << 20);
+  CHECK(y["transfer"]["ucx_transports"][0].as<std::string>() == "tcp");
+  CHECK(y["trainer"]["ranks"][0]["layers"].size() == 4);
+  CHECK(y["router"]["node"].as<std::string>() == "a");
+  CHECK(y["sync"]["deadlines_ms"]["continue"].as<int>() == 1000);
+  CHECK(y["drill"]["faults"][0]["target"].as<std::string>() == "e-1");
+  CHECK(y["drill"]["faults"][0]["target_kind"].as<std::string>() == "engine");
+  CHECK(text.find("bucket_bytes: 1048576  # 1 MiB") != std::string::npos);
+}
+
+TEST_CASE("topology: enum names round-trip") {
+  CHECK(to_string(router_policy::prefix_affinity) == "prefix_affinity");
+  CHECK(to_string(transfer_backend::cuda_ipc) == "cuda_ipc");
+  CHECK(to_string(transfer_mode::broadcast) == "broadcast");
+  CHECK(to_string(ucx_transport::cma) == "cma");
+  CHECK(to_string(trainer_source::checkpoint_dir) == "checkpoint_dir");
+  CHECK(to_string(fault_action::delay_acks) == "delay_acks");
+  CHECK(to_string(fault_target::coordinator) == "coordinator");
+}
+
+TEST_CASE("yaml_fields: closest key suggestions") {
+  using yaml_fields::closest;
+  const std::vector<std::string> keys = {"name", "node", "replicas", "tp", "policy", "max_batch"};
+  CHECK(closest("tpp", keys) == "tp");
+  CHECK(closest("replica", keys) == "replicas");
+  CHECK(closest("polciy", keys) == "policy"); // transposition
+  CHECK(closest("Name", keys) == "name");     // case
+  CHECK(closest("maxbatch", keys) == "max_batch");
+  CHECK(closest("x", keys) == "");
+  CHECK(closest("colour", keys) == "");
+}
