@@ -152,7 +152,7 @@ struct group_msg {
   std::string error;
   std::uint32_t group = 0;
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0; ///< xxh64 of the packed bytes
+  std::uint64_t checksum = 0; ///< checksum64 of the packed bytes
 };
 struct reject_msg {
   std::uint64_t seq = 0; ///< 0 when not even the header could be read
