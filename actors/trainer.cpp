@@ -118,7 +118,7 @@ weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g) 
     b.data.insert(b.data.end(), p, p + t.size);
     b.entries.push_back(std::move(e));
   }
-  b.checksum = xxh64(b.data.data(), b.data.size());
+  b.checksum = checksum64(b.data.data(), b.data.size());
   return b;
 }
 

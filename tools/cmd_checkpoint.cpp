@@ -1,5 +1,6 @@
 // rlsync checkpoint make | inspect: synthetic checkpoints, next versions,
 // and per-tensor checksums.
+#include "runtime/base/checksum.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/model_config.hpp"
 #include "tools/cli.hpp"
@@ -51,9 +52,10 @@ const char* make_usage =
 const char* inspect_usage =
     "usage: rlsync checkpoint inspect DIR [--json]\n"
     "\n"
-    "Lists every tensor of checkpoint DIR: name, dtype, shape, bytes and the xxh64\n"
-    "checksum of its bytes (16 hex digits), then the total. Warns when the tensors do\n"
-    "not match the Llama layout config.json implies.\n"
+    "Lists every tensor of checkpoint DIR: name, dtype, shape, bytes and the xxh3\n"
+    "checksum of its bytes (XXH3 64-bit, seed 0, 16 hex digits: what xxhsum -H3\n"
+    "prints for the same bytes), then the total. Warns when the tensors do not match\n"
+    "the Llama layout config.json implies.\n"
     "\n"
     "  --json               one JSON object instead of the table\n";
 
@@ -164,7 +166,7 @@ void print_json(const checkpoint_summary& s) {
       << "\", \"shape\": [";
     for (std::size_t d = 0; d < t.shape.size(); ++d)
       o << (d ? ", " : "") << t.shape[d];
-    o << "], \"bytes\": " << t.bytes << ", \"checksum\": \"" << hex64(t.checksum)
+    o << "], \"bytes\": " << t.bytes << ", \"" << checksum_algorithm << "\": \"" << hex64(t.checksum)
       << "\", \"file\": " << json_quote(t.file) << "}";
   }
   o << "], \"total_bytes\": " << s.total_bytes << ", \"layout_problems\": [";
@@ -190,7 +192,7 @@ void print_table(const checkpoint_summary& s) {
     return x;
   };
   std::cout << pad("name", name_w) << "  dtype  " << pad("shape", shape_w) << "  " << pad("bytes", 12)
-            << "  checksum\n";
+            << "  " << checksum_algorithm << "\n";
   for (auto& t : s.tensors)
     std::cout << pad(t.name, name_w) << "  " << pad(std::string(safetensors_name(t.type)), 5) << "  "
               << pad(shape_string(t.shape), shape_w) << "  " << pad(std::to_string(t.bytes), 12) << "  "

@@ -1,32 +1,46 @@
 #pragma once
-// XXH64 (xxHash, 64-bit variant; Yann Collet's algorithm, bit-exact with the
-// reference implementation). Checksums tensors in checkpoints and every group
-// of weights a transport moves.
+// 64-bit checksums of byte ranges: XXH3 (64-bit) from the system libxxhash.
+// Checksums tensors in checkpoints, every group of weights a transport moves,
+// sharding plans and routing prefixes. The algorithm is part of the wire
+// format: both ends of a transfer must hash the same way.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+
+// libxxhash's streaming state (xxhash.h: typedef struct XXH3_state_s
+// XXH3_state_t); declared here so that callers need not include xxhash.h.
+struct XXH3_state_s;
 
 namespace rlsync {
 
-/// One-shot XXH64 of `size` bytes at `data`.
-std::uint64_t xxh64(const void* data, std::size_t size, std::uint64_t seed = 0);
+/// Name of the algorithm, as `rlsync checkpoint inspect` labels its checksums.
+inline constexpr const char* checksum_algorithm = "xxh3";
 
-/// Streaming XXH64: update() any number of times with any chunk sizes, then
-/// digest(); the result equals xxh64() over the concatenated input.
-class xxh64_state {
+/// One-shot checksum of `size` bytes at `data` (XXH3_64bits_withSeed; seed 0
+/// is plain XXH3_64bits). `data` may be null when `size` is 0.
+std::uint64_t checksum64(const void* data, std::size_t size, std::uint64_t seed = 0);
+
+/// Streaming checksum: update() any number of times with any chunk sizes,
+/// then digest(); the result equals checksum64() over the concatenated input.
+/// Owns a libxxhash state on the heap (XXH3_createState).
+/// Movable, not copyable; a moved-from object may only be destroyed or
+/// assigned to.
+class checksum64_stream {
 public:
-  explicit xxh64_state(std::uint64_t seed = 0) { reset(seed); }
+  /// Throws std::bad_alloc when the state cannot be allocated.
+  explicit checksum64_stream(std::uint64_t seed = 0);
 
   void reset(std::uint64_t seed = 0);
+  /// `data` may be null when `size` is 0.
   void update(const void* data, std::size_t size);
   /// Does not modify the state: more update() calls may follow.
   std::uint64_t digest() const;
 
 private:
-  std::uint64_t seed_ = 0;
-  std::uint64_t total_ = 0;  // bytes seen
-  std::uint64_t acc_[4] = {};
-  unsigned char buf_[32] = {}; // a partial 32-byte stripe
-  std::size_t buffered_ = 0;
+  struct free_state {
+    void operator()(XXH3_state_s* s) const noexcept;
+  };
+  std::unique_ptr<XXH3_state_s, free_state> state_;
 };
 
 } // namespace rlsync

@@ -166,7 +166,7 @@ void uniform_stream(std::uint64_t key, std::uint64_t first, std::size_t count, f
 }
 
 std::uint64_t tensor_key(const std::string& name, std::uint64_t seed) {
-  return xxh64(name.data(), name.size(), seed);
+  return checksum64(name.data(), name.size(), seed);
 }
 
 // ---- writing directories --------------------------------------------------
@@ -582,7 +582,7 @@ checkpoint_summary inspect_checkpoint(const std::string& dir) {
     s.files.push_back(fs::path(f.path()).filename().string());
   for (auto& e : ck.tensors()) {
     const tensor_view& t = *e.tensor;
-    s.tensors.push_back(tensor_summary{t.name, t.type, t.shape, t.size, xxh64(t.data, t.size), s.files[e.file]});
+    s.tensors.push_back(tensor_summary{t.name, t.type, t.shape, t.size, checksum64(t.data, t.size), s.files[e.file]});
   }
   s.total_bytes = ck.total_bytes();
   s.layout_problems = check_llama_parameters(ck);

@@ -153,7 +153,7 @@ struct tensor_summary {
   dtype type = dtype::f32;
   std::vector<std::int64_t> shape;
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0; // xxh64 of the tensor's bytes, seed 0
+  std::uint64_t checksum = 0; // checksum64 of the tensor's bytes, seed 0
   std::string file;           // file name within the directory
 };
 

@@ -160,7 +160,7 @@ struct weight_bucket {
   std::uint32_t group = 0; ///< index of the parameter group (transformer block)
   std::vector<bucket_entry> entries;
   std::vector<std::uint8_t> data;
-  std::uint64_t checksum = 0; ///< xxh64 of the bucket bytes
+  std::uint64_t checksum = 0; ///< checksum64 of the bucket bytes
 };
 
 /// Where an engine worker pulls its bytes from (one trainer rank).
@@ -217,7 +217,7 @@ struct sync_report {
   bool aborted = false;
 };
 
-/// Checksums of the weights an engine serves (xxh64 of every parameter
+/// Checksums of the weights an engine serves (checksum64 of every parameter
 /// shard, fp32), to verify that engines hold exactly the trainer's weights.
 struct weight_digest {
   std::string engine;

@@ -27,7 +27,7 @@ bool can_serve(const replica_load& r, const routing_rules& rules, std::uint64_t 
 }
 
 std::uint64_t prefix_hash(const std::vector<std::int32_t>& prompt, std::size_t k) {
-  xxh64_state h;
+  checksum64_stream h;
   auto n = std::min(k, prompt.size());
   for (std::size_t i = 0; i < n; ++i) {
     // Little-endian bytes, so the hash does not depend on the host.
@@ -40,7 +40,7 @@ std::uint64_t prefix_hash(const std::vector<std::int32_t>& prompt, std::size_t k
 }
 
 std::uint64_t affinity_score(std::uint64_t prefix, std::string_view replica) {
-  return xxh64(replica.data(), replica.size(), prefix);
+  return checksum64(replica.data(), replica.size(), prefix);
 }
 
 namespace {

@@ -77,7 +77,7 @@ bool is_current(const replica_load& r, const routing_rules& rules);
 /// Whether `r` may serve a request needing `min_version`.
 bool can_serve(const replica_load& r, const routing_rules& rules, std::uint64_t min_version);
 
-/// XXH64 of the first `k` tokens of `prompt` (all of it when shorter).
+/// checksum64 (XXH3) of the first `k` tokens of `prompt` (all of it when shorter).
 /// Stable across processes and restarts, so affinities survive a router restart.
 std::uint64_t prefix_hash(const std::vector<std::int32_t>& prompt, std::size_t k);
 

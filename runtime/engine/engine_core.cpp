@@ -59,7 +59,7 @@ struct engine_core::prefix_cache {
     : block(std::max<std::int64_t>(1, block_tokens)), capacity(capacity_blocks) {}
 
   std::uint64_t key(std::uint64_t previous, const std::int32_t* tokens, std::uint64_t version) const {
-    return xxh64(tokens, static_cast<std::size_t>(block) * sizeof(std::int32_t),
+    return checksum64(tokens, static_cast<std::size_t>(block) * sizeof(std::int32_t),
                  previous * 0x9E3779B97F4A7C15ull + version);
   }
 
@@ -546,7 +546,7 @@ std::map<std::string, std::uint64_t> weight_checksums(const weight_set& ws) {
   std::map<std::string, std::uint64_t> out;
   for (std::size_t w = 0; w < ws.workers.size(); ++w)
     for (const auto& p : ws.workers[w].params())
-      out[std::to_string(w) + "/" + p.name] = xxh64(p.data.data(), p.data.size() * sizeof(float));
+      out[std::to_string(w) + "/" + p.name] = checksum64(p.data.data(), p.data.size() * sizeof(float));
   return out;
 }
 

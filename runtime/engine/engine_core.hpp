@@ -72,7 +72,7 @@ struct engine_error {
   std::string what;
 };
 
-/// xxh64 of every parameter shard of `w` (fp32 bytes), as "worker/param".
+/// checksum64 of every parameter shard of `w` (fp32 bytes), as "worker/param".
 std::map<std::string, std::uint64_t> weight_checksums(const weight_set& w);
 
 class engine_core {
@@ -172,7 +172,7 @@ public:
   // -- status ---------------------------------------------------------------------
 
   engine_status status() const;
-  /// xxh64 of every parameter shard served now, as "worker/param" → checksum
+  /// checksum64 of every parameter shard served now, as "worker/param" → checksum
   /// (fp32 bytes): compare an engine against weights loaded elsewhere.
   std::map<std::string, std::uint64_t> weight_checksums() const;
 

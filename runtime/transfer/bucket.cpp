@@ -66,7 +66,7 @@ private:
   void close_bucket() {
     if (!open_)
       return;
-    current_.checksum = xxh64(current_.data.data(), current_.data.size());
+    current_.checksum = checksum64(current_.data.data(), current_.data.size());
     out_.push_back(std::move(current_));
     open_ = false;
   }
@@ -102,7 +102,7 @@ std::vector<weight_bucket> bucketize_packed(std::uint64_t version, std::uint32_t
 }
 
 bool verify_bucket(const weight_bucket& b) {
-  return xxh64(b.data.data(), b.data.size()) == b.checksum;
+  return checksum64(b.data.data(), b.data.size()) == b.checksum;
 }
 
 std::vector<tensor_view> whole_tensor_views(const weight_bucket& b) {

@@ -1,7 +1,7 @@
 #pragma once
 // Buckets for the CAF inline path (update_atom, the trainer's pull_atom):
 // a group's full tensors, or a worker's packed bytes, cut into
-// weight_buckets of at most bucket_bytes, each checksummed (xxh64 of its
+// weight_buckets of at most bucket_bytes, each checksummed (checksum64 of its
 // data). A tensor larger than the room left is cut into pieces: a piece's
 // entry has a flat shape {elements} and says where it starts in the whole
 // tensor (bucket_entry::tensor_offset); a whole tensor keeps its shape.

@@ -26,7 +26,7 @@ weight_bucket bucket_of(const tensor_view& t, std::uint64_t version) {
   b.entries.push_back({t.name, static_cast<std::uint8_t>(t.type), t.shape, 0, t.size, 0});
   const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
   b.data.assign(p, p + t.size);
-  b.checksum = xxh64(b.data.data(), b.data.size());
+  b.checksum = checksum64(b.data.data(), b.data.size());
   return b;
 }
 

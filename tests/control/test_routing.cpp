@@ -116,8 +116,11 @@ TEST_CASE("prefix_hash: the first k tokens only, and not the same for different 
   CHECK(prefix_hash(p1, 4) != prefix_hash(p2, 4));
   CHECK(prefix_hash(p1, 100) == prefix_hash(p1, 5)); // shorter prompt: all of it
   CHECK(prefix_hash({1, 2}, 8) != prefix_hash({2, 1}, 8));
-  // Fixed value: the hash must not change between builds or hosts (XXH64 of LE int32 bytes).
-  CHECK(prefix_hash({}, 8) == 0xef46db3751d8e999ull); // XXH64 of nothing, seed 0
+  // Fixed values: the hash must not change between builds or hosts. XXH3 (64-bit, seed 0)
+  // of the tokens' little-endian int32 bytes, from xxhsum -H3:
+  //   printf '\x01\0\0\0\x02\0\0\0\x03\0\0\0' | xxhsum -H3 -
+  CHECK(prefix_hash({1, 2, 3}, 8) == 0x6bbf7429332bea48ull);
+  CHECK(prefix_hash({}, 8) == 0x2d06800538d394c2ull); // nothing
 }
 
 TEST_CASE("prefix_affinity: stable for a prefix, spread over replicas, falls back") {

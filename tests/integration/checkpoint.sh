@@ -16,7 +16,7 @@ grep -q "^wrote $tmp/a: .* 21 tensors" "$tmp/make.out" || fail "make output: $(c
 [ -f "$tmp/a/config.json" ] || fail "no config.json"
 ls "$tmp" | grep -q tmp && fail "temporary directory left behind"
 
-# inspect: one row per tensor with a 16-hex-digit checksum, then the total
+# inspect: one row per tensor with a 16-hex-digit xxh3 checksum, then the total
 "$rlsync" checkpoint inspect "$tmp/a" >"$tmp/a.txt"
 grep -q "^total: 21 tensors, " "$tmp/a.txt" || fail "inspect total: $(tail -1 "$tmp/a.txt")"
 rows() { grep -E '^(model|lm_head)\.' "$1" | awk '{print $1, $NF}'; }
@@ -24,6 +24,7 @@ rows() { grep -E '^(model|lm_head)\.' "$1" | awk '{print $1, $NF}'; }
 [ "$(rows "$tmp/a.txt" | grep -cE ' [0-9a-f]{16}$')" -eq 21 ] || fail "checksum column"
 grep -q "^model.embed_tokens.weight  *BF16  *\[320, 64\]  *40960 " "$tmp/a.txt" || fail "embed row"
 grep -q warning "$tmp/a.txt" && fail "layout warning on a synthetic checkpoint"
+grep -qE '^name  +dtype  +shape  +bytes  +xxh3$' "$tmp/a.txt" || fail "header does not name xxh3: $(grep ^name "$tmp/a.txt")"
 
 # same seed, unsharded: same checksums
 "$rlsync" checkpoint make --out "$tmp/same" "${shape[@]}" --seed 1 >/dev/null
@@ -42,7 +43,7 @@ awk '$1 != $3 || $2 == $4 {print; bad=1} END {exit bad}' "$tmp/pairs" || fail "a
 "$rlsync" checkpoint inspect "$tmp/b" --json >"$tmp/b.json"
 [ "$(wc -l <"$tmp/b.json")" -eq 1 ] || fail "--json is not one line"
 grep -q '^{"dir": .*"total_bytes": [0-9]*, ' "$tmp/b.json" || fail "--json: $(cut -c1-200 "$tmp/b.json")"
-[ "$(grep -o '"checksum": "[0-9a-f]\{16\}"' "$tmp/b.json" | wc -l)" -eq 21 ] || fail "--json checksums"
+[ "$(grep -o '"xxh3": "[0-9a-f]\{16\}"' "$tmp/b.json" | wc -l)" -eq 21 ] || fail "--json xxh3 checksums"
 
 # --help for each form exits 0
 for args in "--help" "make --help" "inspect --help"; do

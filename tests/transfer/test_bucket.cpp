@@ -37,7 +37,7 @@ TEST_CASE("bucketize: every bucket within the limit, checksummed, reassembled by
       CHECK(!b.entries.empty());
       CHECK(check(b).empty());
       CHECK(verify_bucket(b));
-      CHECK(b.checksum == xxh64(b.data.data(), b.data.size()));
+      CHECK(b.checksum == checksum64(b.data.data(), b.data.size()));
       for (const auto& e : b.entries) {
         const tensor_view& t = s->at(e.name);
         if (e.bytes == t.size)

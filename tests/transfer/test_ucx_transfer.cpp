@@ -247,6 +247,19 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
     CHECK_THROWS_AS(wire::decode(bytes.data(), n), wire::wire_error);
 }
 
+TEST_CASE("ucx wire: messages and plans of format version 1 (XXH64 checksums) are refused naming both versions") {
+  auto message = wire::encode(wire::hello_msg{1});
+  REQUIRE(message.at(4) == 2); // the byte after the magic
+  message[4] = 1;
+  CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
+                       doctest::Contains("format version 1, expected 2"), wire::wire_error);
+  auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
+  REQUIRE(plan.at(4) == 2);
+  plan[4] = 1;
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 2"),
+                       wire::wire_error);
+}
+
 // -- pulls over UCX --------------------------------------------------------------------------
 
 TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each worker getting only its bytes") {

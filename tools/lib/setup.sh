@@ -9,6 +9,7 @@ RLSYNC_BUILD=${RLSYNC_BUILD:-$RLSYNC_ROOT/build}
 RLSYNC_PACKAGES=(
   cmake ninja-build g++ pkg-config ccache
   libcaf-dev libucx-dev ucx-utils libboost-dev libyaml-cpp-dev doctest-dev libssl-dev
+  libxxhash-dev nlohmann-json3-dev libcli11-dev
   iproute2
 )
 

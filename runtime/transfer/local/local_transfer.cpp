@@ -306,7 +306,7 @@ struct local_transfer::pass {
       buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(plan->bytes(g)));
       pack_group(*plan, g, *snapshot, buf->bytes.data());
     }
-    buf->checksum = xxh64(buf->bytes.data(), buf->bytes.size());
+    buf->checksum = checksum64(buf->bytes.data(), buf->bytes.size());
     return buf;
   }
 };
@@ -467,7 +467,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     p->consumed(me, idx); // the producer may reuse the slot while we verify and apply
     if (!received.empty() && shared_->take_corruption(req, g))
       received[received.size() / 2] ^= 0x5a;
-    const std::uint64_t got = xxh64(received.data(), received.size());
+    const std::uint64_t got = checksum64(received.data(), received.size());
     if (got != sent_checksum)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "local transfer: " + who(req) + ": group " + std::to_string(g) + " of version "

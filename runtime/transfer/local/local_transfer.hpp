@@ -20,7 +20,7 @@
 //
 //   pull ──► join pass ──► for each group: wait (deadline) ─► copy into the
 //            (or start)        receive buffer ─► release the window slot ─►
-//                              verify xxh64 ─► sink callback
+//                              verify checksum ─► sink callback
 //
 // Every wait has a deadline: a consumer waiting for a group that does not
 // come fails with transfer_failure::timeout; a producer whose consumers all

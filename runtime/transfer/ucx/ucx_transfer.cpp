@@ -1236,7 +1236,7 @@ struct ucx_producer::impl {
       say(options.log, "ucx producer: rejected a plan from " + c->peer + ": " + why);
       reply(c, wire::ack_msg{m.seq, s, 0, why});
     };
-    const std::uint64_t digest = xxh64(m.plan.data(), m.plan.size());
+    const std::uint64_t digest = checksum64(m.plan.data(), m.plan.size());
     if (c->plans.count(digest)) {
       reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, ""});
       return;
@@ -1690,7 +1690,7 @@ struct ucx_producer::impl {
             job.buffer = host_buffer(r.size);
           pack_group(*job.plan, g, *job.snapshot, job.buffer.data());
         }
-        r.checksum = xxh64(job.buffer.data(), r.size);
+        r.checksum = checksum64(job.buffer.data(), r.size);
       } catch (const std::exception& e) {
         r.error = e.what();
         r.size = 0;
@@ -2347,7 +2347,7 @@ struct ucx_puller::impl {
                                  + ")");
       const std::uint8_t* bytes = ch->slots[idx % window].data();
       const std::size_t size = p.length;
-      const std::uint64_t got = xxh64(bytes, size);
+      const std::uint64_t got = checksum64(bytes, size);
       if (got != header->checksum)
         throw transfer_error(transfer_failure::checksum_mismatch,
                              "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
@@ -2448,7 +2448,7 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
   }
   registration r;
   auto encoded = std::make_shared<std::vector<std::uint8_t>>(wire::encode_plan(*plan));
-  r.digest = xxh64(encoded->data(), encoded->size());
+  r.digest = checksum64(encoded->data(), encoded->size());
   r.encoded = std::move(encoded);
   r.plan = std::move(plan);
   std::lock_guard<std::mutex> lock(impl_->mutex);

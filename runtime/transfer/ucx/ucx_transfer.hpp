@@ -28,7 +28,7 @@
 //   get (session, group, tag) × groups_in_flight, each after posting the
 //         receive for that tag ────────────►   packed once per (plan,
 //         ◄────────── group bytes (tagged)     version, group) and shared by
-//         ◄──── group header (size, xxh64)     every consumer with that plan
+//         ◄──── group header (size, checksum)  every consumer with that plan
 //   ... the next get as each group is verified and handed to the sink
 //   close (session) ───────────────────────►
 //   bye (when the connection is dropped) ──►   closes its side first

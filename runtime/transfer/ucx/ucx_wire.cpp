@@ -10,7 +10,10 @@ namespace {
 
 constexpr std::uint32_t message_magic = 0x58554c52; // "RLUX" as little-endian bytes
 constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
-constexpr std::uint8_t format_version = 1;
+// 2: group checksums and plan digests are XXH3 (64-bit); 1 used XXH64. A peer
+// of the other version is refused at the first message instead of failing
+// every checksum.
+constexpr std::uint8_t format_version = 2;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 

@@ -16,8 +16,8 @@
 // byte blobs are a u32 length then the bytes; vectors a u32 count then the
 // elements.
 //
-//   message  = u32 magic "RLUX" | u8 format version (1) | u8 type | fields
-//   plan     = u32 magic "RLPL" | u8 format version (1) | i32 tp | i32 worker
+//   message  = u32 magic "RLUX" | u8 format version (2) | u8 type | fields
+//   plan     = u32 magic "RLPL" | u8 format version (2) | i32 tp | i32 worker
 //              | u32 entries | entry*
 //   entry    = str source | u8 dtype | shape source_shape | u16 ops | str*
 //              | i64 view.offset | u8 rank | i64 view.shape[rank]
@@ -152,7 +152,7 @@ struct group_msg {
   std::string error;
   std::uint32_t group = 0;
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0; ///< xxh64 of the packed bytes
+  std::uint64_t checksum = 0; ///< checksum64 of the packed bytes
 };
 struct reject_msg {
   std::uint64_t seq = 0; ///< 0 when not even the header could be read
