@@ -8,6 +8,7 @@
 //   data     raw little-endian tensors; offsets are relative to its start
 // Reading maps the file and never copies tensor data; writing streams it.
 #include "runtime/dtype.hpp"
+#include "runtime/json_util.hpp" // json_quote, for the tools that still take it from here
 
 #include <cstddef>
 #include <cstdint>
@@ -158,9 +159,5 @@ struct tensor_bytes {
 /// Writes a (small) safetensors file from tensors in memory.
 void write_safetensors(const std::string& path, const std::vector<tensor_bytes>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
-
-/// `s` as a JSON string literal, quotes included (escapes ", \ and control
-/// characters; other bytes pass through, so UTF-8 stays UTF-8).
-std::string json_quote(std::string_view s);
 
 } // namespace rlsync
