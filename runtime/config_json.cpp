@@ -63,13 +63,15 @@ std::string read_config_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     fail(path, "config.json", "cannot open file");
-  std::string text(max_config_bytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > max_config_bytes)
+      fail(path, "config.json", "larger than " + std::to_string(max_config_bytes) + " bytes");
+  }
   if (in.bad())
     fail(path, "config.json", "cannot read file");
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > max_config_bytes)
-    fail(path, "config.json", "larger than " + std::to_string(max_config_bytes) + " bytes");
   return text;
 }
 

@@ -66,7 +66,7 @@ std::vector<lane_segment> lane_segments(const drill_record& r) {
 // --- JSON --------------------------------------------------------------------
 
 std::string drill_report_json(const drill_record& r) {
-  using nlohmann::ordered_json; // fields in the order a reader expects them
+  using nlohmann::ordered_json; // ordered: fields stay in the order listed
   auto rows = [](const auto& xs, auto f) {
     ordered_json out = ordered_json::array();
     for (auto& x : xs)

@@ -154,7 +154,7 @@ int make(const arg_list& argv) {
 }
 
 void print_json(const checkpoint_summary& s) {
-  using nlohmann::ordered_json; // fields in the order a reader expects them
+  using nlohmann::ordered_json; // ordered: fields stay in the order listed
   ordered_json tensors = ordered_json::array();
   for (auto& t : s.tensors)
     tensors.push_back({{"name", t.name},

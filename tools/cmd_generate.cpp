@@ -107,7 +107,7 @@ int cmd_generate(const arg_list& argv) {
   auto secs = [](auto from, auto to) { return std::chrono::duration<double>(to - from).count(); };
   double decode_s = first_token ? secs(*first_token, t_done) : 0;
   if (json) {
-    using nlohmann::ordered_json; // fields in the order a reader expects them
+    using nlohmann::ordered_json; // ordered: fields stay in the order listed
     ordered_json spans = ordered_json::array();
     for (auto& span : result->spans)
       spans.push_back({{"version", span.version}, {"start", span.begin}, {"end", span.end}});
