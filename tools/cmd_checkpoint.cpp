@@ -6,11 +6,12 @@
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <iostream>
-#include <sstream>
 
 namespace rlsync::tools {
 
@@ -155,25 +156,22 @@ int make(const arg_list& argv) {
 }
 
 void print_json(const checkpoint_summary& s) {
-  std::ostringstream o;
-  o << "{\"dir\": " << json_quote(s.dir) << ", \"files\": [";
-  for (std::size_t i = 0; i < s.files.size(); ++i)
-    o << (i ? ", " : "") << json_quote(s.files[i]);
-  o << "], \"tensors\": [";
-  for (std::size_t i = 0; i < s.tensors.size(); ++i) {
-    auto& t = s.tensors[i];
-    o << (i ? ", " : "") << "{\"name\": " << json_quote(t.name) << ", \"dtype\": \"" << safetensors_name(t.type)
-      << "\", \"shape\": [";
-    for (std::size_t d = 0; d < t.shape.size(); ++d)
-      o << (d ? ", " : "") << t.shape[d];
-    o << "], \"bytes\": " << t.bytes << ", \"" << checksum_algorithm << "\": \"" << hex64(t.checksum)
-      << "\", \"file\": " << json_quote(t.file) << "}";
-  }
-  o << "], \"total_bytes\": " << s.total_bytes << ", \"layout_problems\": [";
-  for (std::size_t i = 0; i < s.layout_problems.size(); ++i)
-    o << (i ? ", " : "") << json_quote(s.layout_problems[i]);
-  o << "]}\n";
-  std::cout << o.str();
+  using nlohmann::ordered_json; // ordered: fields stay in the order listed
+  ordered_json tensors = ordered_json::array();
+  for (auto& t : s.tensors)
+    tensors.push_back({{"name", t.name},
+                       {"dtype", safetensors_name(t.type)},
+                       {"shape", t.shape},
+                       {"bytes", t.bytes},
+                       {checksum_algorithm, hex64(t.checksum)},
+                       {"file", t.file}});
+  ordered_json summary = {{"dir", s.dir},
+                          {"files", s.files},
+                          {"tensors", std::move(tensors)},
+                          {"total_bytes", s.total_bytes},
+                          {"layout_problems", s.layout_problems}};
+  // One line; a path that is not UTF-8 gets U+FFFD rather than failing.
+  std::cout << summary.dump(-1, ' ', false, ordered_json::error_handler_t::replace) << "\n";
 }
 
 void print_table(const checkpoint_summary& s) {

@@ -7,9 +7,10 @@
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <iostream>
-#include <sstream>
 
 namespace rlsync::tools {
 
@@ -22,13 +23,6 @@ const char* usage =
   "streams the generated text. Greedy unless --temperature > 0 (seeded, top-p\n"
   "nucleus). Stops at EOS unless --no-stop. --json prints one object instead:\n"
   "prompt_token_ids, token_ids, text, finish_reason, version_spans, timings.\n";
-
-std::string json_ints(const std::vector<std::int32_t>& xs) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(xs[i]);
-  return out + "]";
-}
 
 } // namespace
 
@@ -113,16 +107,19 @@ int cmd_generate(const arg_list& argv) {
   auto secs = [](auto from, auto to) { return std::chrono::duration<double>(to - from).count(); };
   double decode_s = first_token ? secs(*first_token, t_done) : 0;
   if (json) {
-    std::ostringstream os;
-    os << "{\"prompt_token_ids\": " << json_ints(req.prompt) << ", \"token_ids\": " << json_ints(tokens)
-       << ", \"text\": " << json_quote(engine::to_valid_utf8(engine::decode(tokens)))
-       << ", \"finish_reason\": \"" << to_string(result->reason) << "\", \"version_spans\": [";
-    for (std::size_t i = 0; i < result->spans.size(); ++i)
-      os << (i ? ", " : "") << "{\"version\": " << result->spans[i].version << ", \"start\": "
-         << result->spans[i].begin << ", \"end\": " << result->spans[i].end << "}";
-    os << "], \"tp\": " << tp << ", \"load_seconds\": " << secs(t0, t_loaded)
-       << ", \"generate_seconds\": " << secs(t_loaded, t_done) << "}\n";
-    std::cout << os.str();
+    using nlohmann::ordered_json; // ordered: fields stay in the order listed
+    ordered_json spans = ordered_json::array();
+    for (auto& span : result->spans)
+      spans.push_back({{"version", span.version}, {"start", span.begin}, {"end", span.end}});
+    ordered_json out = {{"prompt_token_ids", req.prompt},
+                        {"token_ids", tokens},
+                        {"text", engine::to_valid_utf8(engine::decode(tokens))},
+                        {"finish_reason", to_string(result->reason)},
+                        {"version_spans", std::move(spans)},
+                        {"tp", tp},
+                        {"load_seconds", secs(t0, t_loaded)},
+                        {"generate_seconds", secs(t_loaded, t_done)}};
+    std::cout << out.dump() << "\n"; // one line; text is valid UTF-8 already
   } else {
     std::cout << "\n";
     std::cerr << "[" << tokens.size() << " tokens, " << to_string(result->reason) << ", tp " << tp

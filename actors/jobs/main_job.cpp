@@ -1,6 +1,7 @@
 #include "actors/jobs/main_job.hpp"
 
 #include "actors/assembly/local_deployment.hpp"
+#include "runtime/base/json.hpp"
 #include "runtime/base/stats.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 

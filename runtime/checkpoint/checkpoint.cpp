@@ -4,10 +4,9 @@
 
 #include "runtime/base/checksum.hpp"
 
-// Boost 1.74's property tree pulls in boost/bind.hpp, which otherwise prints a
-// deprecation note in every translation unit.
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
+#include "runtime/base/json.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -19,7 +18,6 @@
 #include <future>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -29,7 +27,6 @@ namespace rlsync {
 namespace {
 
 namespace fs = std::filesystem;
-namespace pt = boost::property_tree;
 
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
@@ -49,30 +46,6 @@ std::string read_small_file(const std::string& path, std::uint64_t limit) {
   return s;
 }
 
-// The property-tree JSON parser recurses once per nesting level; an index
-// needs 3 levels, so refuse anything deep before parsing.
-bool nesting_within(std::string_view s, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth)
-        return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
-}
-
 bool is_plain_file_name(const std::string& s) {
   return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos
          && s.find('\0') == std::string::npos;
@@ -80,51 +53,50 @@ bool is_plain_file_name(const std::string& s) {
 
 // model.safetensors.index.json -> tensor name -> file name.
 std::map<std::string, std::string> read_index(const std::string& path) {
+  using nlohmann::json;
   auto fail = [&](const std::string& what) -> void { throw checkpoint_error(path + ": " + what); };
   std::string text = read_small_file(path, safetensors_max_header);
-  if (!nesting_within(text, 8))
-    fail("JSON nested deeper than 8 levels");
-  pt::ptree root;
+  // An index nests 3 deep; each weight_map entry is one value.
+  const json_read_limits limits{8, 4'000'000};
+  auto duplicate = [](const std::vector<std::string>& at, const std::string& key) -> std::string {
+    if (at.empty() && key == "weight_map")
+      return "weight_map appears twice";
+    if (at.size() == 1 && at[0] == "weight_map")
+      return "weight_map: tensor '" + key + "' listed twice";
+    return "";
+  };
+  json root;
   try {
-    std::istringstream in(text);
-    pt::read_json(in, root);
-  } catch (const pt::json_parser_error& e) {
-    fail("invalid JSON (line " + std::to_string(e.line()) + "): " + e.message());
+    root = read_json_strict(text, limits, duplicate);
+  } catch (const json_read_error& e) {
+    fail(e.what());
   }
-  if (!root.empty() && root.front().first.empty())
-    fail("expected a JSON object, got an array");
-  const pt::ptree* weight_map = nullptr;
-  for (auto& [key, node] : root) {
-    if (key == "weight_map") {
-      if (weight_map)
-        fail("weight_map appears twice");
-      weight_map = &node;
-    } else if (key == "metadata") {
-      // Hugging Face writes {"total_size": N}; checked for type only, as
-      // writers disagree on what it counts (tied and shared storage).
-      if (node.empty() && !node.data().empty())
-        fail("metadata: expected an object, got '" + node.data() + "'");
-      for (auto& [k, v] : node)
-        if (k == "total_size" && (!v.empty() || v.data().empty()
-                                  || v.data().find_first_not_of("0123456789") != std::string::npos))
-          fail("metadata: total_size: expected a non-negative integer, got '" + v.data() + "'");
-    }
+  if (!root.is_object())
+    fail("expected a JSON object, got " + json_describe(root));
+  if (auto metadata = root.find("metadata"); metadata != root.end()) {
+    // Hugging Face writes {"total_size": N}; checked for type only, as
+    // writers disagree on what it counts (tied and shared storage).
+    if (!metadata->is_object())
+      fail("metadata: expected an object, got " + json_describe(*metadata));
+    if (auto total = metadata->find("total_size"); total != metadata->end() && !total->is_number_unsigned())
+      fail("metadata: total_size: expected a non-negative integer, got " + json_describe(*total));
   }
-  if (!weight_map)
+  auto weight_map = root.find("weight_map");
+  if (weight_map == root.end())
     fail("missing field 'weight_map'");
-  if (weight_map->empty())
-    fail("weight_map: expected a non-empty object of tensor name -> file name");
+  if (!weight_map->is_object() || weight_map->empty())
+    fail("weight_map: expected a non-empty object of tensor name -> file name, got "
+         + (weight_map->is_object() ? std::string("an empty object") : json_describe(*weight_map)));
   std::map<std::string, std::string> out;
-  for (auto& [name, file] : *weight_map) {
+  for (auto& [name, file] : weight_map->items()) {
     if (name.empty())
-      fail("weight_map: expected an object, got an array or an empty tensor name");
-    if (!file.empty())
-      fail("weight_map: '" + name + "': expected a file name, got an object or array");
-    if (!is_plain_file_name(file.data()))
-      fail("weight_map: '" + name + "': '" + file.data()
-           + "' is not a plain file name in the checkpoint directory");
-    if (!out.emplace(name, file.data()).second)
-      fail("weight_map: tensor '" + name + "' listed twice");
+      fail("weight_map: a tensor with an empty name");
+    if (!file.is_string())
+      fail("weight_map: '" + name + "': expected a file name, got " + json_describe(file));
+    const auto& file_name = file.get_ref<const std::string&>();
+    if (!is_plain_file_name(file_name))
+      fail("weight_map: '" + name + "': '" + file_name + "' is not a plain file name in the checkpoint directory");
+    out.emplace(name, file_name); // read_json_strict refused duplicate names
   }
   return out;
 }
@@ -288,13 +260,10 @@ void write_text_file(const std::string& path, const std::string& text) {
 }
 
 std::string index_json(const std::map<std::string, std::string>& weight_map, std::uint64_t total) {
-  // As transformers writes it: indent 2, keys sorted.
-  std::string s = "{\n  \"metadata\": {\n    \"total_size\": " + std::to_string(total)
-                  + "\n  },\n  \"weight_map\": {\n";
-  std::size_t i = 0;
-  for (auto& [name, file] : weight_map)
-    s += "    " + json_quote(name) + ": " + json_quote(file) + (++i < weight_map.size() ? ",\n" : "\n");
-  return s + "  }\n}\n";
+  // As transformers writes it: indent 2, keys sorted (nlohmann::json keeps
+  // object keys sorted).
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return index.dump(2) + "\n";
 }
 
 std::string shard_name(std::size_t i, std::size_t n) {

@@ -1,29 +1,27 @@
 // safetensors: validating parser over a byte span (used by the mmap reader
 // and the fuzzer), the mapped reader, and the streaming writer.
 //
-// The header is parsed with Boost.PropertyTree, which keeps every JSON value
-// as text and every array as children with empty keys. Consequences, checked
-// or accepted here:
-//  - a number and a string with the same text are indistinguishable (5 vs
-//    "5"), so "shape": ["2"] is read as [2] and a metadata value 5 as "5";
-//  - an empty array, an empty object and "" are indistinguishable, so
-//    "shape": {} reads as a scalar shape [];
-//  - objects with duplicate keys keep them all, so duplicates are detected;
-//  - the parser recurses and allocates a node per value: the header is
-//    pre-scanned to bound nesting depth and value count before parsing, so
-//    a hostile header cannot exhaust the stack or memory.
+// The header is parsed with nlohmann-json's SAX interface into header_value,
+// a small tree that keeps what nlohmann's own DOM would lose:
+//  - every member of an object, in order, duplicates included, so that a
+//    duplicate tensor name, field or metadata key is refused (nlohmann's DOM
+//    parser silently keeps the last one);
+//  - numbers as written ("8e0", "99999999999999999999"), for messages.
+// Types are exact: shape and data_offsets take JSON integers only (not "5",
+// not 5.0), metadata values strings only. The handler refuses nesting deeper
+// than a header needs and more values than a header can sensibly hold, as
+// they arrive, so a hostile header can exhaust neither stack nor memory
+// (nlohmann's parser itself does not recurse).
 #include "runtime/checkpoint/safetensors.hpp"
 
-// Boost 1.74's property tree pulls in boost/bind.hpp, which otherwise prints a
-// deprecation note in every translation unit.
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
+#include "runtime/base/json.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <unordered_set>
 #include <utility>
 
@@ -36,12 +34,10 @@ namespace rlsync {
 
 namespace {
 
-namespace pt = boost::property_tree;
-
 // A safetensors header nests at most 3 deep ({ name: { shape: [ ] } }).
 constexpr int max_json_depth = 8;
 // Real headers hold about 10 values per tensor; 4M allows 400k tensors while
-// bounding the property tree to well under a few GB.
+// bounding the tree to well under a few GB.
 constexpr std::size_t max_json_values = 4'000'000;
 
 std::string errno_text() { return std::strerror(errno); }
@@ -53,76 +49,128 @@ std::uint64_t load_le64(const unsigned char* p) {
   return v;
 }
 
-// Nesting depth and an upper bound on the number of values, counting only
-// structural characters outside strings. Returns an error or "".
-std::string prescan_json(std::string_view s) {
-  int depth = 0;
-  std::size_t values = 1;
-  bool in_string = false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i; // skip the escaped character
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    switch (c) {
-    case '"': in_string = true; break;
-    case '{':
-    case '[':
-      if (++depth > max_json_depth)
-        return "header: JSON nested deeper than " + std::to_string(max_json_depth)
-               + " levels (a safetensors header needs 3)";
-      ++values;
-      break;
-    case '}':
-    case ']': --depth; break;
-    case ',':
-      if (++values > max_json_values)
-        return "header: more than " + std::to_string(max_json_values) + " JSON values";
-      break;
-    default: break;
-    }
+// One JSON value of the header.
+struct header_value {
+  enum class kind { null, boolean, negative_integer, unsigned_integer, other_number, string, array, object };
+  kind type = kind::null;
+  std::string text;        // a string's contents; a number or literal as written
+  std::uint64_t uint = 0;  // the value of an unsigned_integer
+  std::vector<std::pair<std::string, header_value>> items; // object members in order (duplicates
+                                                           // kept) or array elements (empty keys)
+};
+
+// Builds the header_value tree from nlohmann's SAX events.
+class header_sax : public nlohmann::json_sax<nlohmann::json> {
+public:
+  bool null() override { return scalar(header_value::kind::null, "null"); }
+  bool boolean(bool v) override { return scalar(header_value::kind::boolean, v ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override {
+    // nlohmann reports every number written with a minus sign here, -0 too.
+    return scalar(header_value::kind::negative_integer, v == 0 ? "-0" : std::to_string(v));
   }
-  return "";
-}
+  bool number_unsigned(number_unsigned_t v) override {
+    return place({header_value::kind::unsigned_integer, std::to_string(v), v, {}}) != nullptr;
+  }
+  // Fractions, exponents, and integers beyond 64 bits.
+  bool number_float(number_float_t, const string_t& written) override {
+    return scalar(header_value::kind::other_number, written);
+  }
+  bool string(string_t& v) override { return scalar(header_value::kind::string, std::move(v)); }
+  bool binary(binary_t&) override { return refuse("header: binary value"); } // only binary formats have them
+
+  bool start_object(std::size_t) override { return open(header_value::kind::object); }
+  bool start_array(std::size_t) override { return open(header_value::kind::array); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    return refuse("header: " + json_syntax_message(e));
+  }
+
+  header_value root;
+  std::string error; // why parsing stopped
+
+private:
+  bool refuse(std::string why) {
+    error = std::move(why);
+    return false;
+  }
+
+  bool scalar(header_value::kind type, std::string text) { return place({type, std::move(text), 0, {}}) != nullptr; }
+
+  header_value* place(header_value&& v) {
+    if (++values_ > max_json_values) {
+      refuse("header: more than " + std::to_string(max_json_values) + " JSON values");
+      return nullptr;
+    }
+    if (open_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    auto& items = open_.back()->items; // grows only while no child of it is open
+    items.emplace_back(open_.back()->type == header_value::kind::object ? std::move(key_) : std::string(),
+                       std::move(v));
+    return &items.back().second;
+  }
+
+  bool open(header_value::kind type) {
+    if (static_cast<int>(open_.size()) >= max_json_depth)
+      return refuse("header: JSON nested deeper than " + std::to_string(max_json_depth)
+                    + " levels (a safetensors header needs 3)");
+    header_value* placed = place({type, {}, 0, {}});
+    if (!placed)
+      return false;
+    open_.push_back(placed);
+    return true;
+  }
+
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+
+  std::vector<header_value*> open_; // the containers being filled, outermost first
+  std::string key_;                 // the key whose value comes next
+  std::size_t values_ = 0;
+};
 
 enum class int_status { ok, not_integer, too_large };
 
-// A JSON non-negative integer as text: digits only, at most `max`.
-int_status parse_uint(const std::string& s, std::uint64_t max, std::uint64_t& out) {
-  if (s.empty())
-    return int_status::not_integer;
-  std::uint64_t v = 0;
-  bool overflow = false;
-  for (char c : s) {
-    if (c < '0' || c > '9')
-      return int_status::not_integer;
-    if (!overflow && (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, unsigned(c - '0'), &v)))
-      overflow = true;
-  }
-  if (overflow || v > max)
+// A JSON non-negative integer, at most `max`.
+int_status read_uint(const header_value& v, std::uint64_t max, std::uint64_t& out) {
+  // nlohmann reads an integer too large for 64 bits as a floating-point
+  // number; its text is then still all digits.
+  bool digits_only = !v.text.empty() && v.text.find_first_not_of("0123456789") == std::string::npos;
+  if (v.type == header_value::kind::other_number && digits_only)
     return int_status::too_large;
-  out = v;
+  if (v.type != header_value::kind::unsigned_integer)
+    return int_status::not_integer;
+  if (v.uint > max)
+    return int_status::too_large;
+  out = v.uint;
   return int_status::ok;
 }
 
-// What a property-tree node looks like, for messages.
-std::string describe(const pt::ptree& node) {
-  if (node.empty())
-    return node.data().empty() ? "an empty value" : "'" + node.data() + "'";
-  return node.front().first.empty() ? "an array" : "an object";
+// What a value looks like, for messages.
+std::string describe(const header_value& v) {
+  switch (v.type) {
+  case header_value::kind::object: return "an object";
+  case header_value::kind::array: return "an array";
+  case header_value::kind::string:
+    if (v.text.empty())
+      return "an empty string";
+    [[fallthrough]];
+  default: return "'" + v.text + "'";
+  }
 }
 
-bool is_array(const pt::ptree& node) {
-  if (!node.data().empty())
-    return false;
-  for (auto& kv : node)
-    if (!kv.first.empty())
-      return false;
-  return true; // includes the empty node: [] and {} look alike
+// The value where an integer belongs: a string of digits is named as one.
+std::string describe_as_integer(const header_value& v) {
+  return v.type == header_value::kind::string && !v.text.empty() ? "the string '" + v.text + "'" : describe(v);
 }
 
 class header_parser {
@@ -132,10 +180,11 @@ public:
 
   [[noreturn]] void fail(const std::string& what) const { throw checkpoint_error(source_ + ": " + what); }
 
-  void parse(const pt::ptree& root, safetensors_layout& out) {
+  // `root` is an object: the caller checked that the header starts with '{'.
+  void parse(const header_value& root, safetensors_layout& out) {
     bool seen_metadata = false;
     std::unordered_set<std::string> names;
-    for (auto& [key, node] : root) {
+    for (auto& [key, node] : root.items) {
       if (key == "__metadata__") {
         if (seen_metadata)
           fail("__metadata__ appears twice");
@@ -153,33 +202,29 @@ public:
   }
 
 private:
-  void parse_metadata(const pt::ptree& node, std::map<std::string, std::string>& out) const {
-    if (node.empty() && !node.data().empty())
+  void parse_metadata(const header_value& node, std::map<std::string, std::string>& out) const {
+    if (node.type != header_value::kind::object)
       fail("__metadata__: expected an object of strings, got " + describe(node));
-    for (auto& [k, v] : node) {
-      if (k.empty())
-        fail("__metadata__: expected an object of strings, got an array");
-      if (!v.empty())
+    for (auto& [k, v] : node.items) {
+      if (v.type != header_value::kind::string)
         fail("__metadata__: '" + k + "': expected a string, got " + describe(v));
-      if (!out.emplace(k, v.data()).second)
+      if (!out.emplace(k, v.text).second)
         fail("__metadata__: duplicate key '" + k + "'");
     }
   }
 
-  tensor_view parse_tensor(const std::string& name, const pt::ptree& node) const {
+  tensor_view parse_tensor(const std::string& name, const header_value& node) const {
     std::string where = "tensor '" + name + "'";
-    if (node.empty() && !node.data().empty())
+    if (node.type != header_value::kind::object)
       fail(where + ": expected an object, got " + describe(node));
-    const pt::ptree* dtype_node = nullptr;
-    const pt::ptree* shape_node = nullptr;
-    const pt::ptree* offsets_node = nullptr;
-    for (auto& [k, v] : node) {
-      const pt::ptree** slot = k == "dtype" ? &dtype_node
-                               : k == "shape" ? &shape_node
-                               : k == "data_offsets" ? &offsets_node
-                                                     : nullptr;
-      if (k.empty())
-        fail(where + ": expected an object, got an array");
+    const header_value* dtype_node = nullptr;
+    const header_value* shape_node = nullptr;
+    const header_value* offsets_node = nullptr;
+    for (auto& [k, v] : node.items) {
+      const header_value** slot = k == "dtype" ? &dtype_node
+                                  : k == "shape" ? &shape_node
+                                  : k == "data_offsets" ? &offsets_node
+                                                        : nullptr;
       if (!slot)
         fail(where + ": unknown field '" + k + "'");
       if (*slot)
@@ -192,25 +237,23 @@ private:
 
     tensor_view t;
     t.name = name;
-    if (!dtype_node->empty())
+    if (dtype_node->type != header_value::kind::string)
       fail(where + ": dtype: expected a string, got " + describe(*dtype_node));
-    auto dt = parse_safetensors_dtype(dtype_node->data());
+    auto dt = parse_safetensors_dtype(dtype_node->text);
     if (!dt)
-      fail(where + ": unsupported dtype '" + dtype_node->data() + "' (rlsync reads BF16, F16, F32)");
+      fail(where + ": unsupported dtype '" + dtype_node->text + "' (rlsync reads BF16, F16, F32)");
     t.type = *dt;
 
-    if (!is_array(*shape_node))
+    if (shape_node->type != header_value::kind::array)
       fail(where + ": shape: expected an array of integers, got " + describe(*shape_node));
     std::uint64_t numel = 1;
     bool overflow = false;
-    for (auto& [k, v] : *shape_node) {
+    for (auto& [unused, v] : shape_node->items) {
       std::string field = where + ": shape[" + std::to_string(t.shape.size()) + "]";
       std::uint64_t dim = 0;
-      if (!v.empty())
-        fail(field + ": expected a non-negative integer, got " + describe(v));
-      switch (parse_uint(v.data(), std::uint64_t(INT64_MAX), dim)) {
-      case int_status::not_integer: fail(field + ": expected a non-negative integer, got '" + v.data() + "'");
-      case int_status::too_large: fail(field + ": " + v.data() + " is too large");
+      switch (read_uint(v, std::uint64_t(INT64_MAX), dim)) {
+      case int_status::not_integer: fail(field + ": expected a non-negative integer, got " + describe_as_integer(v));
+      case int_status::too_large: fail(field + ": " + v.text + " is too large");
       case int_status::ok: break;
       }
       t.shape.push_back(static_cast<std::int64_t>(dim));
@@ -226,23 +269,21 @@ private:
       fail(where + ": shape " + shape_string(t.shape) + ": element count overflows");
     std::uint64_t bytes = numel * dtype_size(t.type);
 
-    if (!is_array(*offsets_node) || offsets_node->size() != 2)
+    bool offsets_array = offsets_node->type == header_value::kind::array;
+    std::size_t offsets_count = offsets_node->items.size();
+    if (!offsets_array || offsets_count != 2)
       fail(where + ": data_offsets: expected two integers [begin, end], got "
-           + (is_array(*offsets_node) ? std::to_string(offsets_node->size())
-                                                + (offsets_node->size() == 1 ? " value" : " values")
-                                      : describe(*offsets_node)));
+           + (offsets_array ? std::to_string(offsets_count) + (offsets_count == 1 ? " value" : " values")
+                            : describe(*offsets_node)));
     std::uint64_t range[2] = {0, 0};
-    int i = 0;
-    for (auto& [k, v] : *offsets_node) {
+    for (int i = 0; i < 2; ++i) {
+      const header_value& v = offsets_node->items[i].second;
       std::string field = where + ": data_offsets[" + std::to_string(i) + "]";
-      if (!v.empty())
-        fail(field + ": expected a non-negative integer, got " + describe(v));
-      switch (parse_uint(v.data(), UINT64_MAX, range[i])) {
-      case int_status::not_integer: fail(field + ": expected a non-negative integer, got '" + v.data() + "'");
-      case int_status::too_large: fail(field + ": " + v.data() + " is too large");
+      switch (read_uint(v, UINT64_MAX, range[i])) {
+      case int_status::not_integer: fail(field + ": expected a non-negative integer, got " + describe_as_integer(v));
+      case int_status::too_large: fail(field + ": " + v.text + " is too large");
       case int_status::ok: break;
       }
-      ++i;
     }
     auto [begin, end] = range;
     std::string span = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
@@ -290,11 +331,23 @@ private:
   const unsigned char* data_;
 };
 
+// JSON text is UTF-8, and nlohmann refuses to write a string that is not.
+bool is_utf8(const std::string& s) {
+  try {
+    (void)nlohmann::json(s).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
 void check_specs(const std::vector<tensor_spec>& tensors, const std::string& source) {
   std::unordered_set<std::string> names;
   for (auto& t : tensors) {
     if (t.name.empty())
       throw checkpoint_error(source + ": tensor with an empty name");
+    if (!is_utf8(t.name))
+      throw checkpoint_error(source + ": tensor name " + json_quote(t.name) + " is not valid UTF-8");
     if (t.name == "__metadata__")
       throw checkpoint_error(source + ": '__metadata__' is reserved, not a tensor name");
     if (!names.insert(t.name).second)
@@ -317,31 +370,6 @@ void check_specs(const std::vector<tensor_spec>& tensors, const std::string& sou
 
 } // namespace
 
-std::string json_quote(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '"';
-  for (char c : s) {
-    switch (c) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\n': out += "\\n"; break;
-    case '\r': out += "\\r"; break;
-    case '\t': out += "\\t"; break;
-    default:
-      if (static_cast<unsigned char>(c) < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
-        out += buf;
-      } else {
-        out += c;
-      }
-    }
-  }
-  out += '"';
-  return out;
-}
-
 safetensors_layout parse_safetensors(const void* data, std::size_t size, const std::string& source) {
   auto fail = [&](const std::string& what) { throw checkpoint_error(source + ": " + what); };
   const auto* bytes = static_cast<const unsigned char*>(data);
@@ -355,25 +383,20 @@ safetensors_layout parse_safetensors(const void* data, std::size_t size, const s
     fail("header length " + std::to_string(n) + " runs past the end of the file ("
          + std::to_string(size) + " bytes)");
   std::string_view header(reinterpret_cast<const char*>(bytes + 8), static_cast<std::size_t>(n));
-  // Hugging Face's reader demands that the header start with '{'; it also
-  // tells an object from an array, which the property tree cannot.
+  // Hugging Face's reader demands that the header start with '{'.
   if (header.empty() || header.front() != '{')
     fail("header is not a JSON object (it must start with '{')");
-  if (auto err = prescan_json(header); !err.empty())
-    fail(err);
 
-  pt::ptree root;
-  try {
-    std::istringstream in{std::string(header)};
-    pt::read_json(in, root);
-  } catch (const pt::json_parser_error& e) {
-    fail("header: invalid JSON (line " + std::to_string(e.line()) + "): " + e.message());
-  }
+  if (auto nul = json_nul_byte_message(header); !nul.empty())
+    fail("header: " + nul);
+  header_sax sax;
+  if (!nlohmann::json::sax_parse(header.begin(), header.end(), &sax))
+    fail(sax.error.empty() ? "header: invalid JSON" : sax.error);
 
   safetensors_layout out;
   out.header_size = n;
   std::uint64_t data_size = size - 8 - n;
-  header_parser(source, data_size, bytes + 8 + n).parse(root, out);
+  header_parser(source, data_size, bytes + 8 + n).parse(sax.root, out);
   return out;
 }
 
@@ -446,32 +469,28 @@ std::string safetensors_header(const std::vector<tensor_spec>& tensors,
                                const std::string& source) {
   check_specs(tensors, source);
   // Compact, metadata first, as Hugging Face's serializer writes it.
-  std::string json = "{";
-  if (!metadata.empty()) {
-    json += "\"__metadata__\":{";
-    bool first = true;
-    for (auto& [k, v] : metadata) {
-      json += (first ? "" : ",") + json_quote(k) + ":" + json_quote(v);
-      first = false;
-    }
-    json += "}";
-  }
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  for (auto& [k, v] : metadata)
+    for (auto* text : {&k, &v})
+      if (!is_utf8(*text))
+        throw checkpoint_error(source + ": __metadata__: " + json_quote(*text) + " is not valid UTF-8");
+  if (!metadata.empty())
+    header["__metadata__"] = metadata;
+  // Names are unique (check_specs), so members are appended directly: the
+  // ordered map's own insert searches the keys linearly each time.
+  auto& members = header.get_ref<nlohmann::ordered_json::object_t&>();
+  members.reserve(members.size() + tensors.size());
   std::uint64_t offset = 0;
   for (auto& t : tensors) {
-    if (json.size() > 1)
-      json += ",";
-    std::string shape = "[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i)
-      shape += (i ? "," : "") + std::to_string(t.shape[i]);
-    shape += "]";
     std::uint64_t end;
     if (__builtin_add_overflow(offset, t.bytes(), &end))
       throw checkpoint_error(source + ": total data size overflows");
-    json += json_quote(t.name) + ":{\"dtype\":\"" + std::string(safetensors_name(t.type)) + "\",\"shape\":"
-            + shape + ",\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(end) + "]}";
+    members.emplace_back(t.name, nlohmann::ordered_json{{"dtype", safetensors_name(t.type)},
+                                                        {"shape", t.shape},
+                                                        {"data_offsets", {offset, end}}});
     offset = end;
   }
-  json += "}";
+  std::string json = header.dump(); // check_specs and the loop above let only UTF-8 in
   json.resize((json.size() + 7) / 8 * 8, ' '); // data start 8-aligned
   if (json.size() > safetensors_max_header)
     throw checkpoint_error(source + ": header of " + std::to_string(json.size())

@@ -137,8 +137,4 @@ struct tensor_bytes {
 void write_safetensors(const std::string& path, const std::vector<tensor_bytes>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-/// `s` as a JSON string literal, quotes included (escapes ", \ and control
-/// characters; other bytes pass through, so UTF-8 stays UTF-8).
-std::string json_quote(std::string_view s);
-
 } // namespace rlsync

@@ -1,82 +1,91 @@
-// config.json in Hugging Face's style, read with Boost.PropertyTree's strict
-// JSON parser (it keeps values as text; we convert and check each field).
+// config.json in Hugging Face's style, read with nlohmann-json through
+// read_json_strict (duplicate keys and deep nesting refused); every field we
+// use is checked for its JSON type.
+#include "runtime/base/json.hpp"
 #include "runtime/config/model_config.hpp"
 
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
+#include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
+#include <cstdint>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 namespace rlsync {
 
 namespace {
 
-namespace pt = boost::property_tree;
+using nlohmann::json;
+
+// Hugging Face's config.json files are a few kB; nesting (quantization and
+// rope settings) stays within a handful of levels.
+constexpr std::size_t max_config_bytes = 16 << 20;
+constexpr json_read_limits config_limits{32, 1'000'000};
 
 [[noreturn]] void fail(const std::string& path, const std::string& field, const std::string& why) {
   throw std::runtime_error(path + ": " + field + ": " + why);
 }
 
-std::int64_t read_int(const pt::ptree& root, const std::string& path, const char* field,
+std::int64_t read_int(const json& root, const std::string& path, const char* field,
                       const std::int64_t* fallback) {
-  auto child = root.get_child_optional(field);
-  if (!child) {
+  auto it = root.find(field);
+  if (it == root.end()) {
     if (fallback)
       return *fallback;
     fail(path, field, "missing required field");
   }
-  if (!child->empty())
-    fail(path, field, "expected an integer, got an object or array");
-  const std::string& text = child->data();
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
-    fail(path, field, "expected an integer, got '" + text + "'");
-  return v;
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() > std::uint64_t(INT64_MAX))
+    fail(path, field, it->dump() + " is too large");
+  if (!it->is_number_integer())
+    fail(path, field, "expected an integer, got " + json_describe(*it));
+  return it->get<std::int64_t>();
 }
 
-double read_double(const pt::ptree& root, const std::string& path, const char* field, double fallback) {
-  auto child = root.get_child_optional(field);
-  if (!child)
+double read_double(const json& root, const std::string& path, const char* field, double fallback) {
+  auto it = root.find(field);
+  if (it == root.end())
     return fallback;
-  const std::string& text = child->data();
-  char* end = nullptr;
-  errno = 0;
-  double v = std::strtod(text.c_str(), &end);
-  if (!child->empty() || text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    fail(path, field, "expected a number, got '" + text + "'");
-  return v;
+  if (!it->is_number() || !std::isfinite(it->get<double>()))
+    fail(path, field, "expected a number, got " + json_describe(*it));
+  return it->get<double>();
 }
 
-bool read_bool(const pt::ptree& root, const std::string& path, const char* field, bool fallback) {
-  auto child = root.get_child_optional(field);
-  if (!child)
+bool read_bool(const json& root, const std::string& path, const char* field, bool fallback) {
+  auto it = root.find(field);
+  if (it == root.end())
     return fallback;
-  if (child->data() == "true" && child->empty())
-    return true;
-  if (child->data() == "false" && child->empty())
-    return false;
-  fail(path, field, "expected true or false, got '" + child->data() + "'");
+  if (!it->is_boolean())
+    fail(path, field, "expected true or false, got " + json_describe(*it));
+  return it->get<bool>();
+}
+
+std::string read_config_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    fail(path, "config.json", "cannot open file");
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > max_config_bytes)
+      fail(path, "config.json", "larger than " + std::to_string(max_config_bytes) + " bytes");
+  }
+  if (in.bad())
+    fail(path, "config.json", "cannot read file");
+  return text;
 }
 
 } // namespace
 
 model_config read_config_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in)
-    fail(path, "config.json", "cannot open file");
-  pt::ptree root;
+  json root;
   try {
-    pt::read_json(in, root);
-  } catch (const pt::json_parser_error& e) {
-    throw std::runtime_error(path + ":" + std::to_string(e.line()) + ": invalid JSON: " + e.message());
+    root = read_json_strict(read_config_text(path), config_limits);
+  } catch (const json_read_error& e) {
+    throw std::runtime_error(path + ": " + e.what());
   }
+  if (!root.is_object())
+    throw std::runtime_error(path + ": expected a JSON object, got " + json_describe(root));
   model_config c;
   c.vocab_size = read_int(root, path, "vocab_size", nullptr);
   c.hidden_size = read_int(root, path, "hidden_size", nullptr);
@@ -95,27 +104,27 @@ model_config read_config_json(const std::string& path) {
 }
 
 void write_config_json(const std::string& path, const model_config& c) {
-  std::ostringstream os;
-  os.precision(17);
-  os << "{\n"
-     << "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-     << "  \"model_type\": \"llama\",\n"
-     << "  \"hidden_act\": \"silu\",\n"
-     << "  \"vocab_size\": " << c.vocab_size << ",\n"
-     << "  \"hidden_size\": " << c.hidden_size << ",\n"
-     << "  \"intermediate_size\": " << c.intermediate_size << ",\n"
-     << "  \"num_hidden_layers\": " << c.num_hidden_layers << ",\n"
-     << "  \"num_attention_heads\": " << c.num_attention_heads << ",\n"
-     << "  \"num_key_value_heads\": " << c.num_key_value_heads << ",\n"
-     << "  \"max_position_embeddings\": " << c.max_position_embeddings << ",\n"
-     << "  \"rms_norm_eps\": " << c.rms_norm_eps << ",\n"
-     << "  \"rope_theta\": " << c.rope_theta << ",\n"
-     << "  \"tie_word_embeddings\": " << (c.tie_word_embeddings ? "true" : "false") << ",\n"
-     << "  \"bos_token_id\": " << token_bos << ",\n"
-     << "  \"eos_token_id\": " << token_eos << "\n"
-     << "}\n";
+  // Field order as transformers writes it for LlamaForCausalLM.
+  nlohmann::ordered_json config = {
+    {"architectures", nlohmann::ordered_json::array({"LlamaForCausalLM"})},
+    {"model_type", "llama"},
+    {"hidden_act", "silu"},
+    {"vocab_size", c.vocab_size},
+    {"hidden_size", c.hidden_size},
+    {"intermediate_size", c.intermediate_size},
+    {"num_hidden_layers", c.num_hidden_layers},
+    {"num_attention_heads", c.num_attention_heads},
+    {"num_key_value_heads", c.num_key_value_heads},
+    {"max_position_embeddings", c.max_position_embeddings},
+    {"rms_norm_eps", c.rms_norm_eps},
+    {"rope_theta", c.rope_theta},
+    {"tie_word_embeddings", c.tie_word_embeddings},
+    {"bos_token_id", token_bos},
+    {"eos_token_id", token_eos},
+  };
   std::ofstream out(path, std::ios::trunc);
-  out << os.str();
+  out << config.dump(2) << "\n";
+  out.flush();
   if (!out)
     throw std::runtime_error(path + ": cannot write file");
 }

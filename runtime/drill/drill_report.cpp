@@ -1,9 +1,8 @@
 #include "runtime/drill/drill_report.hpp"
 
-#include "runtime/checkpoint/safetensors.hpp" // json_quote
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -66,70 +65,49 @@ std::vector<lane_segment> lane_segments(const drill_record& r) {
 
 // --- JSON --------------------------------------------------------------------
 
-namespace {
-
-std::string jstr(std::string_view s) {
-  std::string q = json_quote(s);
+std::string drill_report_json(const drill_record& r) {
+  using nlohmann::ordered_json; // ordered: fields stay in the order listed
+  auto rows = [](const auto& xs, auto f) {
+    ordered_json out = ordered_json::array();
+    for (auto& x : xs)
+      out.push_back(f(x));
+    return out;
+  };
+  ordered_json report = {
+    {"name", r.name},
+    {"source", r.source},
+    {"passed", r.passed()},
+    {"duration_ms", r.duration_ms},
+    {"engines", r.engines},
+    {"figures", rows(r.figures, [](auto& f) -> ordered_json {
+       return {{"name", f.name}, {"value", f.value}, {"unit", f.unit}, {"target", f.target}};
+     })},
+    {"invariants", rows(r.invariants, [](auto& i) -> ordered_json {
+       return {{"name", i.name}, {"held", i.held}, {"evidence", i.evidence}};
+     })},
+    {"marks", rows(r.marks, [](auto& m) -> ordered_json {
+       return {{"at_ms", m.at_ms}, {"kind", m.kind}, {"label", m.label}};
+     })},
+    {"throughput", rows(r.throughput, [](auto& t) -> ordered_json {
+       return {{"at_ms", t.at_ms}, {"tokens_per_s", t.tokens_per_s}};
+     })},
+    {"segments", rows(lane_segments(r), [](auto& s) -> ordered_json {
+       return {{"engine", s.engine}, {"state", to_string(s.state)}, {"begin_ms", s.begin_ms}, {"end_ms", s.end_ms}};
+     })},
+    {"log", r.log},
+  };
+  // Non-finite numbers come out as null; text that is not UTF-8 gets U+FFFD.
+  std::string json = report.dump(2, ' ', false, ordered_json::error_handler_t::replace);
+  // "</" only occurs inside strings, where "<\/" means the same: the text can
+  // then sit inside an HTML <script> element.
   std::string out;
-  out.reserve(q.size());
-  for (std::size_t i = 0; i < q.size(); ++i) {
-    out += q[i];
-    if (q[i] == '<' && i + 1 < q.size() && q[i + 1] == '/')
+  out.reserve(json.size() + 1);
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    out += json[i];
+    if (json[i] == '<' && i + 1 < json.size() && json[i + 1] == '/')
       out += '\\';
   }
-  return out;
-}
-
-std::string jnum(double v) {
-  if (!std::isfinite(v))
-    return "null";
-  char buf[32];
-  auto res = std::to_chars(buf, buf + sizeof buf, v); // shortest round trip
-  return std::string(buf, res.ptr);
-}
-
-const char* jbool(bool b) { return b ? "true" : "false"; }
-
-/// `"key": [` one element a line `]`, each element rendered by `f`.
-template <class T, class F>
-void jarray(std::string& out, const char* key, const std::vector<T>& xs, F f) {
-  out += ",\n  \"";
-  out += key;
-  out += "\": [";
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    out += (i ? ",\n    " : "\n    ") + f(xs[i]);
-  out += xs.empty() ? "]" : "\n  ]";
-}
-
-} // namespace
-
-std::string drill_report_json(const drill_record& r) {
-  std::string out = "{\n  \"name\": " + jstr(r.name);
-  out += ",\n  \"source\": " + jstr(r.source);
-  out += ",\n  \"passed\": " + std::string(jbool(r.passed()));
-  out += ",\n  \"duration_ms\": " + jnum(r.duration_ms);
-  jarray(out, "engines", r.engines, [](auto& e) { return jstr(e); });
-  jarray(out, "figures", r.figures, [](auto& f) {
-    return "{\"name\": " + jstr(f.name) + ", \"value\": " + jnum(f.value)
-           + ", \"unit\": " + jstr(f.unit) + ", \"target\": " + jstr(f.target) + "}";
-  });
-  jarray(out, "invariants", r.invariants, [](auto& i) {
-    return "{\"name\": " + jstr(i.name) + ", \"held\": " + jbool(i.held)
-           + ", \"evidence\": " + jstr(i.evidence) + "}";
-  });
-  jarray(out, "marks", r.marks, [](auto& m) {
-    return "{\"at_ms\": " + jnum(m.at_ms) + ", \"kind\": " + jstr(m.kind)
-           + ", \"label\": " + jstr(m.label) + "}";
-  });
-  jarray(out, "throughput", r.throughput, [](auto& t) {
-    return "{\"at_ms\": " + jnum(t.at_ms) + ", \"tokens_per_s\": " + jnum(t.tokens_per_s) + "}";
-  });
-  jarray(out, "segments", lane_segments(r), [](auto& s) {
-    return "{\"engine\": " + jstr(s.engine) + ", \"state\": " + jstr(to_string(s.state))
-           + ", \"begin_ms\": " + jnum(s.begin_ms) + ", \"end_ms\": " + jnum(s.end_ms) + "}";
-  });
-  jarray(out, "log", r.log, [](auto& l) { return jstr(l); });
-  out += "\n}\n";
+  out += '\n';
   return out;
 }
 

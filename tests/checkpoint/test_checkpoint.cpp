@@ -334,6 +334,41 @@ TEST_CASE("checkpoint::open cross-checks shards against the index") {
   write_file(bad_json + "/model.safetensors.index.json", "{\"weight_map\": ");
   CHECK(error_of([&] { checkpoint::open(bad_json); }).find("invalid JSON") != std::string::npos);
 
+  // The index itself: strict JSON with exact types.
+  struct index_row {
+    const char* what;
+    std::string text;
+    const char* expect;
+  };
+  const index_row index_rows[] = {
+    {"weight_map twice", R"({"weight_map": {"a": "x"}, "weight_map": {"a": "x"}})", "weight_map appears twice"},
+    {"duplicate elsewhere", R"({"metadata": {"total_size": 1, "total_size": 1}, "weight_map": {"a": "x"}})",
+     "metadata: duplicate key 'total_size'"},
+    {"too deep", R"({"metadata": {"x": [[[[[[[[1]]]]]]]]}, "weight_map": {"a": "x"}})",
+     "JSON nested deeper than 8 levels"},
+    {"not an object", "[1]", "expected a JSON object, got an array"},
+    {"no weight_map", R"({"metadata": {}})", "missing field 'weight_map'"},
+    {"weight_map an array", R"({"weight_map": ["a"]})",
+     "weight_map: expected a non-empty object of tensor name -> file name, got an array"},
+    {"weight_map empty", R"({"weight_map": {}})",
+     "weight_map: expected a non-empty object of tensor name -> file name, got an empty object"},
+    {"empty tensor name", R"({"weight_map": {"": "x"}})", "weight_map: a tensor with an empty name"},
+    {"file not a string", R"({"weight_map": {"a": 1}})", "weight_map: 'a': expected a file name, got '1'"},
+    {"metadata not an object", R"({"metadata": 48, "weight_map": {"a": "x"}})",
+     "metadata: expected an object, got '48'"},
+    {"total_size a string", R"({"metadata": {"total_size": "48"}, "weight_map": {"a": "x"}})",
+     "metadata: total_size: expected a non-negative integer, got the string '48'"},
+    {"total_size negative", R"({"metadata": {"total_size": -1}, "weight_map": {"a": "x"}})",
+     "metadata: total_size: expected a non-negative integer, got '-1'"},
+  };
+  std::string index_dir = setup("index_rows", "");
+  for (auto& r : index_rows) {
+    CAPTURE(r.what);
+    write_file(index_dir + "/model.safetensors.index.json", r.text);
+    std::string error = error_of([&] { checkpoint::open(index_dir); });
+    CHECK_MESSAGE(error.find("model.safetensors.index.json: " + std::string(r.expect)) != std::string::npos, error);
+  }
+
   std::string no_config = setup("no_config", "\"a\": " + f1);
   fs::remove(no_config + "/config.json");
   CHECK(error_of([&] { checkpoint::open(no_config); }).find("config.json") != std::string::npos);

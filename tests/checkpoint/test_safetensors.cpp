@@ -164,9 +164,56 @@ TEST_CASE("reader rejects in-memory variants with messages naming source, tensor
   CHECK(parse_error(entry(R"("dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,8])"))
             .find("element count overflows")
         != std::string::npos);
+  // JSON types are exact; numbers are quoted as written.
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[2],"data_offsets":[0,"8"])"))
+        == "mem: tensor 'w': data_offsets[1]: expected a non-negative integer, got the string '8'");
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[2e0],"data_offsets":[0,8])"))
+        == "mem: tensor 'w': shape[0]: expected a non-negative integer, got '2e0'");
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[-0],"data_offsets":[0,8])"))
+        == "mem: tensor 'w': shape[0]: expected a non-negative integer, got '-0'");
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[2],"data_offsets":[-99999999999999999999,8])"))
+        == "mem: tensor 'w': data_offsets[0]: expected a non-negative integer, got '-99999999999999999999'");
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[9223372036854775808],"data_offsets":[0,8])"))
+        == "mem: tensor 'w': shape[0]: 9223372036854775808 is too large");
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551616])"))
+        == "mem: tensor 'w': data_offsets[1]: 18446744073709551616 is too large");
+  CHECK(parse_error(entry(R"("dtype":"F32","shape":[2],"data_offsets":[0,8],"":1)"))
+        == "mem: tensor 'w': unknown field ''");
+  CHECK(parse_error(entry(R"("dtype":5,"shape":[2],"data_offsets":[0,8])"))
+        == "mem: tensor 'w': dtype: expected a string, got '5'");
+  CHECK(parse_error(image(R"({"__metadata__":{"k":null},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8))
+        == "mem: __metadata__: 'k': expected a string, got 'null'");
   // A zero dimension makes the product 0 even when others are huge.
   std::string zero = image(R"({"z":{"dtype":"F32","shape":[0,9223372036854775807],"data_offsets":[0,0]}})", 0);
   CHECK(parse_error(zero).empty());
+}
+
+TEST_CASE("reader: JSON syntax, nesting and value count are checked as the header is read") {
+  struct row {
+    const char* what;
+    std::string header;
+    const char* expect;
+  };
+  const std::string deep = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const row rows[] = {
+    {"trailing comma", R"({"a":1,})", "mem: header: invalid JSON at line 1, column 8: syntax error"},
+    {"comment", "{} // note", "mem: header: invalid JSON at line 1, column 4: syntax error"},
+    {"NUL after the object", std::string("{}\0{\"a\":1}", 10), "mem: header: invalid JSON at line 1, column 3: a NUL byte"},
+    {"second value", "{} {}", "mem: header: invalid JSON at line 1, column 4: syntax error"},
+    {"string not UTF-8", "{\"\xff\":1}", "mem: header: invalid JSON at line 1, column 3: syntax error"},
+    {"line and column", "{\n\"a\": tru}", "mem: header: invalid JSON at line 2, column 9: syntax error"},
+    {"deep nesting refused when it opens, not after",
+     deep, "mem: header: JSON nested deeper than 8 levels (a safetensors header needs 3)"},
+    {"nesting before a syntax error",
+     "{\"a\":[[[[[[[[[1,,", "mem: header: JSON nested deeper than 8 levels"},
+    {"depth 8 is fine for the parser (the walk then refuses the entry)",
+     "{\"a\":[[[[[[[1]]]]]]]}", "mem: tensor 'a': expected an object, got an array"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    std::string message = parse_error(image(r.header, 0));
+    CHECK_MESSAGE(message.rfind(r.expect, 0) == 0, message);
+  }
 }
 
 TEST_CASE("streaming writer: chunks may cross tensors, size is enforced") {
@@ -218,7 +265,14 @@ TEST_CASE("writer rejects bad tensor lists") {
   CHECK(err({{"__metadata__", dtype::f32, {1}}}).find("reserved") != std::string::npos);
   CHECK(err({{"n", dtype::f32, {2, -1}}}).find("tensor 'n': negative dimension") != std::string::npos);
   CHECK(err({{"o", dtype::f32, {1ll << 40, 1ll << 40}}}).find("tensor 'o'") != std::string::npos);
+  CHECK(err({{"bad \xff utf-8", dtype::f32, {1}}}) == dir / "w.safetensors" + ": tensor name \"bad \xef\xbf\xbd utf-8\" is not valid UTF-8");
   CHECK(err({{"ok", dtype::f32, {1}}}).empty());
+  try {
+    safetensors_writer w(dir / "m.safetensors", {{"t", dtype::f32, {1}}}, {{"format", "p\xfft"}});
+    FAIL("no exception");
+  } catch (const checkpoint_error& e) {
+    CHECK(std::string(e.what()) == dir / "m.safetensors" + ": __metadata__: \"p\xef\xbf\xbdt\" is not valid UTF-8");
+  }
   CHECK(!std::filesystem::exists(dir / "w.safetensors") ); // the ok writer was never finished
 }
 
@@ -296,6 +350,13 @@ TEST_CASE("every file in tests/data/bad_safetensors is rejected with the right m
     {"metadata_value_object", "__metadata__: 'k': expected a string, got an object"},
     {"metadata_duplicate_key", "__metadata__: duplicate key 'k'"},
     {"metadata_twice", "__metadata__ appears twice"},
+    {"shape_string", "tensor 't': shape[0]: expected a non-negative integer, got the string '2'"},
+    {"shape_empty_object", "tensor 't': shape: expected an array of integers, got an object"},
+    {"shape_empty_string", "tensor 't': shape: expected an array of integers, got an empty string"},
+    {"offsets_string", "tensor 't': data_offsets[1]: expected a non-negative integer, got the string '8'"},
+    {"offsets_float", "tensor 't': data_offsets[1]: expected a non-negative integer, got '8.0'"},
+    {"entry_empty_array", "tensor 't': expected an object, got an array"},
+    {"metadata_value_number", "__metadata__: 'k': expected a string, got '5'"},
   };
   namespace fs = std::filesystem;
   const fs::path corpus = fs::path(RLSYNC_TEST_DATA) / "bad_safetensors";

@@ -107,7 +107,7 @@ TEST_CASE("config.json round trip keeps every field") {
 TEST_CASE("config.json errors name the file and the field") {
   struct row {
     const char* what;
-    const char* json;
+    std::string json;
     const char* expect;
   };
   const row rows[] = {
@@ -122,6 +122,20 @@ TEST_CASE("config.json errors name the file and the field") {
      "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
      " \"num_attention_heads\": 8, \"num_key_value_heads\": 3}",
      "num_key_value_heads: must divide"},
+    {"duplicate field", "{\"vocab_size\": 320, \"vocab_size\": 640}", "duplicate key 'vocab_size'"},
+    {"duplicate in a nested object", "{\"rope_scaling\": {\"type\": \"a\", \"type\": \"b\"}}",
+     "rope_scaling: duplicate key 'type'"},
+    {"too deep", "{\"x\": " + std::string(40, '[') + std::string(40, ']') + "}",
+     "JSON nested deeper than 32 levels"},
+    {"not an object", "[320]", "expected a JSON object, got an array"},
+    {"integer as a string", "{\"vocab_size\": \"320\"}", "vocab_size: expected an integer, got the string '320'"},
+    {"integer as a float", "{\"vocab_size\": 320.0}", "vocab_size: expected an integer, got '320.0'"},
+    {"integer too large", "{\"vocab_size\": 9223372036854775808}", "vocab_size: 9223372036854775808 is too large"},
+    {"number as a string",
+     "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 8, \"rope_theta\": \"1e4\"}",
+     "rope_theta: expected a number, got the string '1e4'"},
+    {"too large a file", std::string((16 << 20) + 1, ' '), "config.json: larger than 16777216 bytes"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
@@ -135,7 +149,7 @@ TEST_CASE("config.json errors name the file and the field") {
     }
     std::remove(path.c_str());
     CHECK(msg.find(path) == 0);
-    CHECK(msg.find(r.expect) != std::string::npos);
+    CHECK_MESSAGE(msg.find(r.expect) != std::string::npos, msg);
   }
   std::string missing;
   try {

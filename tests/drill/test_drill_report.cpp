@@ -1,12 +1,13 @@
 // The drill report: lane segments row by row, the verdict, JSON that a strict
-// parser reads back, and an HTML page whose every record string is escaped.
+// parser reads back (duplicate keys refused), and an HTML page whose every
+// record string is escaped.
 #include "runtime/drill/drill_report.hpp"
 
 #include "tests/support/scratch_dir.hpp"
 
-#define BOOST_BIND_GLOBAL_PLACEHOLDERS
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
+#include "runtime/base/json.hpp"
+
+#include <nlohmann/json.hpp>
 
 #include <doctest/doctest.h>
 
@@ -28,12 +29,8 @@ std::size_t count(const std::string& text, const std::string& needle) {
   return n;
 }
 
-boost::property_tree::ptree parse_json(const std::string& text) {
-  std::istringstream in(text);
-  boost::property_tree::ptree tree;
-  boost::property_tree::read_json(in, tree);
-  return tree;
-}
+// Strict: a duplicate key or a syntax error throws.
+nlohmann::json parse_json(const std::string& text) { return read_json_strict(text); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -154,53 +151,53 @@ TEST_CASE("drill report: JSON parses and carries the record") {
   auto r = sample();
   r.figures.push_back({"not measured", std::numeric_limits<double>::infinity(), "ms", ""});
   auto t = parse_json(drill_report_json(r));
-  CHECK(t.get<std::string>("name") == "two-engines");
-  CHECK(t.get<std::string>("source") == "topologies/two.yaml");
-  CHECK(t.get<bool>("passed"));
-  CHECK(t.get<double>("duration_ms") == 1000);
-  CHECK(t.get_child("engines").size() == 2);
-  CHECK(t.get_child("engines").back().second.data() == "e1");
+  CHECK(t.at("name") == "two-engines");
+  CHECK(t.at("source") == "topologies/two.yaml");
+  CHECK(t.at("passed") == true);
+  CHECK(t.at("duration_ms") == 1000);
+  CHECK(t.at("engines").size() == 2);
+  CHECK(t.at("engines").back() == "e1");
 
-  auto& figures = t.get_child("figures");
+  auto& figures = t.at("figures");
   REQUIRE(figures.size() == 3);
-  CHECK(figures.front().second.get<std::string>("name") == "detection time");
-  CHECK(figures.front().second.get<double>("value") == 40);
-  CHECK(figures.front().second.get<std::string>("target") == "< 100 ms");
-  CHECK(figures.back().second.get<std::string>("value") == "null"); // how ptree reads null
+  CHECK(figures.front().at("name") == "detection time");
+  CHECK(figures.front().at("value") == 40);
+  CHECK(figures.front().at("target") == "< 100 ms");
+  CHECK(figures.back().at("value").is_null());
 
-  CHECK(t.get_child("invariants").size() == 2);
-  CHECK(t.get_child("invariants").front().second.get<bool>("held"));
-  CHECK(t.get_child("marks").size() == 4);
-  CHECK(t.get_child("marks").front().second.get<std::string>("kind") == "fault");
-  CHECK(t.get_child("throughput").back().second.get<double>("tokens_per_s") == 1900.5);
-  CHECK(t.get_child("log").size() == 2);
+  CHECK(t.at("invariants").size() == 2);
+  CHECK(t.at("invariants").front().at("held") == true);
+  CHECK(t.at("marks").size() == 4);
+  CHECK(t.at("marks").front().at("kind") == "fault");
+  CHECK(t.at("throughput").back().at("tokens_per_s") == 1900.5);
+  CHECK(t.at("log").size() == 2);
 
-  auto& segments = t.get_child("segments");
+  auto& segments = t.at("segments");
   CHECK(segments.size() == lane_segments(r).size());
-  auto dead = std::find_if(segments.begin(), segments.end(), [](auto& s) {
-    return s.second.template get<std::string>("state") == "dead";
-  });
+  auto dead = std::find_if(segments.begin(), segments.end(), [](auto& s) { return s.at("state") == "dead"; });
   REQUIRE(dead != segments.end());
-  CHECK(dead->second.get<std::string>("engine") == "e1");
-  CHECK(dead->second.get<double>("begin_ms") == 300);
-  CHECK(dead->second.get<double>("end_ms") == 500);
+  CHECK(dead->at("engine") == "e1");
+  CHECK(dead->at("begin_ms") == 300);
+  CHECK(dead->at("end_ms") == 500);
 
   r.invariants[1].held = false;
-  CHECK_FALSE(parse_json(drill_report_json(r)).get<bool>("passed"));
+  CHECK(parse_json(drill_report_json(r)).at("passed") == false);
 }
 
 TEST_CASE("drill report: JSON escapes quotes, newlines and </script>") {
   drill_record r;
   r.name = "say \"hi\"\n</script><script>alert(1)</script>\\";
-  r.log = {"tab\there", std::string("nul\0byte", 8)};
+  r.log = {"tab\there", std::string("nul\0byte", 8), "not UTF-8: \xff"};
   auto json = drill_report_json(r);
   CHECK(json.find("</script>") == std::string::npos);
   CHECK(json.find("<\\/script>") != std::string::npos);
   auto t = parse_json(json);
-  CHECK(t.get<std::string>("name") == r.name);
-  CHECK(t.get_child("log").front().second.data() == "tab\there");
-  CHECK_FALSE(t.get<bool>("passed"));
-  CHECK(t.get_child("segments").empty());
+  CHECK(t.at("name") == r.name);
+  CHECK(t.at("log").front() == "tab\there");
+  CHECK(t.at("log").at(1) == r.log[1]);
+  CHECK(t.at("log").at(2) == "not UTF-8: \xef\xbf\xbd"); // replaced, so the report stays JSON
+  CHECK(t.at("passed") == false);
+  CHECK(t.at("segments").empty());
 }
 
 TEST_CASE("drill report: HTML has the verdict, tables, lanes, segments and marks") {
@@ -278,7 +275,7 @@ TEST_CASE("drill report: HTML for edge cases: no engines, no samples, duration 0
   one.throughput = {{0, std::numeric_limits<double>::quiet_NaN()}, {0.5, 3}};
   html = drill_report_html(one);
   CHECK(html.find("\"nan") == std::string::npos);
-  CHECK(parse_json(drill_report_json(one)).get<std::string>("duration_ms") == "null");
+  CHECK(parse_json(drill_report_json(one)).at("duration_ms").is_null());
 
   // Many marks at one place stay within a bounded number of label rows.
   drill_record crowded = sample();

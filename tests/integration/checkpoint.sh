@@ -42,8 +42,8 @@ awk '$1 != $3 || $2 == $4 {print; bad=1} END {exit bad}' "$tmp/pairs" || fail "a
 # --json: one object with the total
 "$rlsync" checkpoint inspect "$tmp/b" --json >"$tmp/b.json"
 [ "$(wc -l <"$tmp/b.json")" -eq 1 ] || fail "--json is not one line"
-grep -q '^{"dir": .*"total_bytes": [0-9]*, ' "$tmp/b.json" || fail "--json: $(cut -c1-200 "$tmp/b.json")"
-[ "$(grep -o '"xxh3": "[0-9a-f]\{16\}"' "$tmp/b.json" | wc -l)" -eq 21 ] || fail "--json xxh3 checksums"
+grep -q '^{"dir":.*"total_bytes":[0-9]*,' "$tmp/b.json" || fail "--json: $(cut -c1-200 "$tmp/b.json")"
+[ "$(grep -o '"xxh3":"[0-9a-f]\{16\}"' "$tmp/b.json" | wc -l)" -eq 21 ] || fail "--json xxh3 checksums"
 
 # --help for each form exits 0
 for args in "--help" "make --help" "inspect --help"; do

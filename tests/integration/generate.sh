@@ -9,7 +9,7 @@ trap 'rm -rf "$dir"' EXIT
 "$rlsync" checkpoint make --out "$dir/ck" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seed 3 >/dev/null
 
 tokens() { "$rlsync" generate --checkpoint "$dir/ck" --prompt "hello rlsync" --max-tokens 12 --no-stop --json "$@" \
-  | sed -n 's/.*"token_ids": \(\[[^]]*\]\).*/\1/p'; }
+  | sed -n 's/.*"token_ids":\(\[[^]]*\]\).*/\1/p'; }
 t1=$(tokens --tp 1)
 [ -n "$t1" ] || { echo "FAIL: no token_ids in --json output"; exit 1; }
 [ "$(tokens --tp 1)" = "$t1" ] || { echo "FAIL: greedy generation is not deterministic"; exit 1; }
@@ -22,9 +22,9 @@ json=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 3 --
 for key in prompt_token_ids token_ids text finish_reason version_spans; do
   grep -q "\"$key\"" <<<"$json" || { echo "FAIL: --json lacks $key: $json"; exit 1; }
 done
-grep -q '"prompt_token_ids": \[256, 104, 105\]' <<<"$json" || { echo "FAIL: prompt ids: $json"; exit 1; }
-s1=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 8 --temperature 0.8 --seed 5 --no-stop --json | sed -n 's/.*"token_ids": \(\[[^]]*\]\).*/\1/p')
-s2=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 8 --temperature 0.8 --seed 5 --no-stop --json | sed -n 's/.*"token_ids": \(\[[^]]*\]\).*/\1/p')
+grep -q '"prompt_token_ids":\[256,104,105\]' <<<"$json" || { echo "FAIL: prompt ids: $json"; exit 1; }
+s1=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 8 --temperature 0.8 --seed 5 --no-stop --json | sed -n 's/.*"token_ids":\(\[[^]]*\]\).*/\1/p')
+s2=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 8 --temperature 0.8 --seed 5 --no-stop --json | sed -n 's/.*"token_ids":\(\[[^]]*\]\).*/\1/p')
 [ "$s1" = "$s2" ] || { echo "FAIL: seeded sampling is not reproducible"; exit 1; }
 
 expect_exit() { # CODE PATTERN ARGS...

@@ -8,7 +8,7 @@ RLSYNC_BUILD=${RLSYNC_BUILD:-$RLSYNC_ROOT/build}
 # /usr/local/cuda when present; without them gpu/ builds its stubs.
 RLSYNC_PACKAGES=(
   cmake ninja-build g++ pkg-config ccache
-  libcaf-dev libucx-dev ucx-utils libboost-dev libyaml-cpp-dev doctest-dev libssl-dev
+  libcaf-dev libucx-dev ucx-utils libyaml-cpp-dev doctest-dev libssl-dev
   libxxhash-dev nlohmann-json3-dev libcli11-dev
   iproute2
 )

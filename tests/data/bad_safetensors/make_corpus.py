@@ -5,11 +5,12 @@ Each file is named after the problem it has; tests/runtime/test_safetensors.cpp
 replays every file in this folder, expects each to be rejected with a message,
 and checks the message of the named cases. Crash inputs found by fuzzing
 (tests/fuzz/fuzz_safetensors.cpp) are added here as fuzz-*.safetensors.
-Run from anywhere: python3 make_corpus.py
+Run from anywhere: python3 make_corpus.py [CASE...] (no CASE: every case)
 """
 import json
 import os
 import struct
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -89,15 +90,29 @@ CASES = {
                                    b"\0" * 8),
     "metadata_duplicate_key": image('{"__metadata__": {"k": "a", "k": "b"}}'),
     "metadata_twice": image('{"__metadata__": {}, "__metadata__": {}}'),
+    # JSON types are exact: a number is not a string, nor the other way round,
+    # and [], {} and "" are three different things.
+    "shape_string": one({**f32([2], 0, 8), "shape": ["2"]}),
+    "shape_empty_object": one({**f32([], 0, 4), "shape": {}}, data_len=4),
+    "shape_empty_string": one({**f32([], 0, 4), "shape": ""}, data_len=4),
+    "offsets_string": one({**f32([2], 0, 8), "data_offsets": [0, "8"]}),
+    "offsets_float": image('{"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}}',
+                           b"\0" * 8),
+    "entry_empty_array": image('{"t": []}'),
+    "metadata_value_number": image({"__metadata__": {"k": 5}, "t": f32([2], 0, 8)}, b"\0" * 8),
 }
 
 
-def main():
-    for name, content in CASES.items():
+def main(names):
+    """Writes the named cases, or all of them when none are named."""
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        sys.exit(f"no such case: {', '.join(unknown)}")
+    for name in names or CASES:
         with open(os.path.join(HERE, name + ".safetensors"), "wb") as f:
-            f.write(content)
-    print(f"wrote {len(CASES)} files to {HERE}")
+            f.write(CASES[name])
+    print(f"wrote {len(names or CASES)} files to {HERE}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
