@@ -170,22 +170,13 @@ struct weight_bucket {
 
 enum class transfer_mode : std::uint8_t { sharded, broadcast };
 
-/// Where an engine worker pulls its bytes from (one trainer rank).
-struct producer_endpoint {
-  std::uint32_t rank = 0;
-  std::string node;
-  std::string address; ///< transport address (UCX worker address, host:port, ...)
-};
-
-/// The coordinator's order for the transfer phase.
+/// The coordinator's order for the transfer phase. Only what the engine
+/// uses: where to pull from, the pipeline depth and the group layout come
+/// from the engine's own data plane (its puller, set up from the topology).
 struct transfer_order {
   std::uint64_t version = 0;
   transfer_mode mode = transfer_mode::sharded;
-  std::string backend; ///< local, ucx, nccl, cuda_ipc
-  std::vector<producer_endpoint> producers;
-  std::uint32_t groups = 0;
-  std::uint64_t bucket_bytes = 0;
-  std::uint32_t groups_in_flight = 1;
+  std::string backend; ///< local, ucx (named in the engine's errors)
 };
 
 /// What an engine reports once it has received and verified a version.
