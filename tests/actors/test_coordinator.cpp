@@ -703,8 +703,11 @@ TEST_CASE_FIXTURE(coordinator_fixture, "errors and wrong versions evict, and wit
   CHECK(status().routable.empty());
   CHECK(*routes == std::vector<std::string>{"evict a", "evict b", "evict c"});
   CHECK(status().rounds == 4); // and no round back to back with nobody to sync
-  REQUIRE(!log_lines.empty());
-  CHECK(log_lines.back().find("0 engines synced") != std::string::npos);
+  REQUIRE(log_lines.size() >= 2);
+  CHECK(log_lines[log_lines.size() - 2].find("0 engines synced") != std::string::npos);
+  // None serving any more (min_live_engines 1), though all three are alive.
+  CHECK(log_lines.back().find("ALERT: only 0 live engines serving within sync.staleness") != std::string::npos);
+  CHECK(status().below_min_live_events == 1);
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "versions never go backwards") {
