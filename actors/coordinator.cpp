@@ -115,18 +115,19 @@ void persist(self_ptr self) {
   }
 }
 
-/// The members sync.min_live_engines counts: reachable, routable (a
-/// completed round, not evicted or dirty since) and serving within
+/// The members sync.min_live_engines counts: reachable, and either serving
+/// — routable (a completed round, not evicted or dirty since) within
 /// sync.staleness of the version rounds bring engines to (the round's in
-/// progress, else the trainer's newest), or in the round that brings them there.
+/// progress, else the trainer's newest) — or in the round that brings them there.
 std::int64_t serving_members(const coordinator_state& st) {
   auto target = st.round ? st.round->book.version() : st.newest.version;
   auto bound = static_cast<std::uint64_t>(std::max<std::int64_t>(st.cfg.sync.staleness, 0));
   std::int64_t n = 0;
   for (auto& [name, m] : st.members) {
-    bool within = m.info.version >= target || target - m.info.version <= bound
-                  || (st.round && st.round->book.in_round(name));
-    if (!m.unreachable && m.routable && !m.info.dirty && within)
+    bool within = m.info.version >= target || target - m.info.version <= bound;
+    bool serving = m.routable && !m.info.dirty && within;
+    bool being_synced = st.round && st.round->book.in_round(name);
+    if (!m.unreachable && (serving || being_synced))
       ++n;
   }
   return n;
