@@ -115,36 +115,37 @@ void persist(self_ptr self) {
   }
 }
 
-/// The members sync.min_live_engines counts: reachable, and either serving
-/// — routable (a completed round, not evicted or dirty since) within
-/// sync.staleness of the version rounds bring engines to (the round's in
-/// progress, else the trainer's newest) — or in the round that brings them there.
-std::int64_t serving_members(const coordinator_state& st) {
+/// Reachable members serving: routable (a completed round, not evicted or
+/// dirty since) within sync.staleness of the version rounds bring engines to
+/// (the round's in progress, else the trainer's newest). With
+/// `count_round`, also those in the round in progress, which brings them there.
+std::int64_t serving_members(const coordinator_state& st, bool count_round) {
   auto target = st.round ? st.round->book.version() : st.newest.version;
   auto bound = static_cast<std::uint64_t>(std::max<std::int64_t>(st.cfg.sync.staleness, 0));
   std::int64_t n = 0;
   for (auto& [name, m] : st.members) {
     bool within = m.info.version >= target || target - m.info.version <= bound;
     bool serving = m.routable && !m.info.dirty && within;
-    bool being_synced = st.round && st.round->book.in_round(name);
+    bool being_synced = count_round && st.round && st.round->book.in_round(name);
     if (!m.unreachable && (serving || being_synced))
       ++n;
   }
   return n;
 }
 
-/// Counts serving_members against sync.min_live_engines. The alert is armed
-/// once that many served, and raised once per fall.
+/// sync.min_live_engines: the alert is armed once that many served, and
+/// raised once per fall below it (members being synced count as serving).
 void check_min_live(self_ptr self) {
   auto& st = self->state;
-  auto live = serving_members(st);
+  auto live = serving_members(st, true);
   auto min = st.cfg.sync.min_live_engines;
+  if (serving_members(st, false) >= min)
+    st.live_armed = true;
   if (live >= min) {
     if (st.below_min_live)
       log_line(self, "coordinator: " + std::to_string(live)
                        + " live engines serving within sync.staleness again (sync.min_live_engines = "
                        + std::to_string(min) + ")");
-    st.live_armed = true;
     st.below_min_live = false;
     return;
   }
