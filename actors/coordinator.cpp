@@ -115,18 +115,37 @@ void persist(self_ptr self) {
   }
 }
 
-/// Counts members answering heartbeats against sync.min_live_engines. The
-/// alert is armed once that many were live, and raised once per fall.
+/// Reachable members serving: routable (a completed round, not evicted or
+/// dirty since) within sync.staleness of the version rounds bring engines to
+/// (the round's in progress, else the trainer's newest). With
+/// `count_round`, also those in the round in progress, which brings them there.
+std::int64_t serving_members(const coordinator_state& st, bool count_round) {
+  auto target = st.round ? st.round->book.version() : st.newest.version;
+  auto bound = static_cast<std::uint64_t>(std::max<std::int64_t>(st.cfg.sync.staleness, 0));
+  std::int64_t n = 0;
+  for (auto& [name, m] : st.members) {
+    bool within = m.info.version >= target || target - m.info.version <= bound;
+    bool serving = m.routable && !m.info.dirty && within;
+    bool being_synced = count_round && st.round && st.round->book.in_round(name);
+    if (!m.unreachable && (serving || being_synced))
+      ++n;
+  }
+  return n;
+}
+
+/// sync.min_live_engines: the alert is armed once that many served, and
+/// raised once per fall below it (members being synced count as serving).
 void check_min_live(self_ptr self) {
   auto& st = self->state;
-  auto live = static_cast<std::int64_t>(std::count_if(st.members.begin(), st.members.end(),
-                                                      [](const auto& kv) { return !kv.second.unreachable; }));
+  auto live = serving_members(st, true);
   auto min = st.cfg.sync.min_live_engines;
+  if (serving_members(st, false) >= min)
+    st.live_armed = true;
   if (live >= min) {
     if (st.below_min_live)
-      log_line(self, "coordinator: " + std::to_string(live) + " live engines again (sync.min_live_engines = "
+      log_line(self, "coordinator: " + std::to_string(live)
+                       + " live engines serving within sync.staleness again (sync.min_live_engines = "
                        + std::to_string(min) + ")");
-    st.live_armed = true;
     st.below_min_live = false;
     return;
   }
@@ -135,7 +154,8 @@ void check_min_live(self_ptr self) {
   st.below_min_live = true;
   ++st.below_min_live_events;
   log_line(self, "coordinator: ALERT: only " + std::to_string(live)
-                   + " live engines, below sync.min_live_engines = " + std::to_string(min));
+                   + " live engines serving within sync.staleness = " + std::to_string(st.cfg.sync.staleness)
+                   + ", below sync.min_live_engines = " + std::to_string(min));
 }
 
 // -- membership -------------------------------------------------------------------
@@ -360,6 +380,8 @@ void on_version(self_ptr self, const version_info& vi) {
   }
   st.newest = vi; // the same number from a restored counter brings its groups
   st.newest_heard = true;
+  if (st.cfg.router) // sync.staleness is measured against it
+    self->send(st.cfg.router, version_atom::value, vi);
   maybe_start_round(self);
 }
 
@@ -447,19 +469,14 @@ void ask_phase(self_ptr self) {
     order.version = v;
     order.mode = st.cfg.transfer.mode;
     order.backend = std::string{to_string(st.cfg.transfer.backend)};
-    order.producers = st.cfg.producers;
-    order.groups = r.target.groups;
-    order.bucket_bytes = static_cast<std::uint64_t>(st.cfg.transfer.bucket_bytes);
-    order.groups_in_flight = static_cast<std::uint32_t>(st.cfg.transfer.groups_in_flight);
     r.transfer_sent_ns = now_ns(self);
   }
   for (auto& name : r.book.live()) {
     switch (phase) {
       case sync_phase::pause:
-        // keep: running requests freeze and continue after the update;
-        // no clear_cache: the flush phase resets the cache (DESIGN §2).
-        ask<pause_report>(self, name, phase, pause_atom::value,
-                          pause_request{pause_mode::keep, false});
+        // sync.pause; by default keep (running requests freeze and continue
+        // after the update) without clear_cache (flush resets the prefix cache).
+        ask<pause_report>(self, name, phase, pause_atom::value, st.cfg.sync.pause);
         break;
       case sync_phase::flush:
         ask<phase_ack>(self, name, phase, flush_atom::value);
@@ -651,6 +668,7 @@ void end_round(self_ptr self) {
   for (auto& w : r.waiters)
     w.deliver(rep);
   maybe_start_round(self);
+  check_min_live(self); // evictions and dirt of this round; the next one (if any) counts as serving
 }
 
 // -- control-plane probe ------------------------------------------------------------
@@ -727,6 +745,8 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       for (auto& [name, m] : st.members)
         if (m.routable)
           self->send(st.cfg.router, route_atom::value, route_update{name, m.info.version, true}, m.handle);
+      if (st.newest_heard)
+        self->send(st.cfg.router, version_atom::value, st.newest);
     },
     [=](caf::tick_atom) {
       if (self->current_sender() == self->ctrl()) // only its own timer

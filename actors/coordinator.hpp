@@ -34,8 +34,14 @@
 //    └──(no heartbeat answer for heartbeat_timeout)──▶ unreachable
 //                                       (router: failed → reroute its requests)
 //
-// Fewer live (reachable) members than sync.min_live_engines, once that many
-// had joined, is an alert: logged loudly and counted in the status.
+// sync.min_live_engines counts the members that are live and serving: reachable,
+// routable (not evicted or dirty since their last round) and within
+// sync.staleness of the trainer's newest version, or in the round that brings
+// them there. Fewer than that, once that many had served, is an alert:
+// logged loudly (checked at membership changes and as each round ends) and
+// counted in the status; rounds go on regardless. The trainer's newest
+// version is also told to the router (version_atom), which measures
+// staleness against it.
 //
 // The trainer is monitored. If it dies during a round before `continue`, the
 // round is aborted: it skips to `continue`, where each engine closes the
@@ -77,13 +83,12 @@ void log_to_stderr(const std::string& line);
 
 /// What the coordinator is spawned with.
 struct coordinator_config {
-  /// Deadlines per phase, the cadence (every_versions), min_live_engines
-  /// and max_restarts. staleness is the router's; waves are not used yet.
+  /// Deadlines per phase, the cadence (every_versions), the pause of each
+  /// round (mode, clear_cache), wave_size, min_live_engines (counted within
+  /// staleness) and max_restarts.
   sync_spec sync;
-  /// Mode, backend, bucket size and groups in flight of the transfer orders.
+  /// Mode and backend of the transfer orders.
   transfer_spec transfer;
-  /// Where engines pull from; empty for the local backend.
-  std::vector<producer_endpoint> producers;
   /// The coordinator subscribes to its versions; none: versions arrive only
   /// as `version_atom` messages.
   trainer_actor trainer;
@@ -196,8 +201,8 @@ struct coordinator_state {
   bool trainer_down = false;
   std::uint64_t ignored_versions = 0; ///< older than the counter (logged now and then)
   std::uint64_t heartbeat_seq = 0;
-  /// min_live_engines: armed once that many members were live; below it now;
-  /// how often it fell below.
+  /// min_live_engines: armed once that many members served (serving_members);
+  /// below it now; how often it fell below.
   bool live_armed = false;
   bool below_min_live = false;
   std::uint64_t below_min_live_events = 0;

@@ -88,6 +88,9 @@ using router_actor = caf::typed_actor<
   // an engine failed (silent past the heartbeat timeout): stop routing to it
   // and reroute its running requests
   caf::reacts_to<failed_atom, std::string>,
+  // the trainer published this version (from the coordinator): replicas more
+  // than sync.staleness behind it stop taking requests
+  caf::reacts_to<version_atom, version_info>,
   caf::replies_to<status_atom>::with<router_status>,
   caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
 

@@ -434,6 +434,11 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
         st.rules.newest_version = std::max(st.rules.newest_version, u.version);
       drain_queue(self);
     },
+    [=](version_atom, const version_info& published) {
+      // Only ever raises the bar: no queued request can become servable here.
+      auto& rules = self->state.rules;
+      rules.published_version = std::max(rules.published_version, published.version);
+    },
     [=](evict_atom, const std::string& name) {
       // Its running requests stay with it: frozen in a round, they continue
       // once the next round brings it current.

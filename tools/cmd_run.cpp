@@ -23,7 +23,8 @@ const char* usage =
   "summary, and verifies that every engine ends with the trainer's weights.\n"
   "Flags override the topology's workload section. Ctrl-C stops sending; requests\n"
   "in flight finish and are reported. Exit status: 0 all well, 1 a request failed\n"
-  "or a check did not hold, 3 live engines fell below sync.min_live_engines,\n"
+  "or a check did not hold, 3 engines live and serving within sync.staleness fell\n"
+  "below sync.min_live_engines,\n"
   "130 interrupted.\n";
 
 } // namespace

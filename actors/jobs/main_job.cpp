@@ -331,7 +331,7 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   for (auto& e : result.errors)
     s << "\n  error: " << e;
   if (status.below_min_live_events > 0)
-    s << "\nALERT: live engines fell below sync.min_live_engines (" << t.sync.min_live_engines << ") "
+    s << "\nALERT: engines live and serving within sync.staleness fell below sync.min_live_engines (" << t.sync.min_live_engines << ") "
       << status.below_min_live_events << " times; retired: " << status.retired.size();
   s << "\n";
   std::cout << s.str() << std::flush;

@@ -82,8 +82,8 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
 
 /// Runs the workload to the end (or Ctrl-C), the final round, the check and
 /// the summary (stdout; JSON into `json_file` when set). Returns the exit
-/// status: 0 all well, 1 a request failed or a check did not hold, 3 live engines fell
-/// below sync.min_live_engines, 130 interrupted.
+/// status: 0 all well, 1 a request failed or a check did not hold, 3 engines live and
+/// serving within sync.staleness fell below sync.min_live_engines, 130 interrupted.
 int run_main_job(caf::actor_system& sys, const topology& t, const std::string& label, const workload_options& w,
                  const job_handles& h, job_console& out, const std::optional<std::string>& json_file);
 

@@ -18,6 +18,12 @@ enum class pause_mode : std::uint8_t {
 
 std::string to_string(pause_mode x);
 
+/// Arguments of one `pause` call.
+struct pause_request {
+  pause_mode mode = pause_mode::keep;
+  bool clear_cache = false; ///< drop the prefix cache and the KV of frozen requests
+};
+
 /// sharded: each engine worker receives exactly the bytes it keeps;
 /// broadcast (the baseline): every worker receives the full tensors.
 enum class transfer_mode : std::uint8_t { sharded, broadcast };

@@ -40,6 +40,8 @@ const choices<ucx_transport> ucx_transport_choices = {{"shm", ucx_transport::shm
                                                       {"cma", ucx_transport::cma},
                                                       {"tcp", ucx_transport::tcp},
                                                       {"rdma", ucx_transport::rdma}};
+const choices<pause_mode> pause_mode_choices = {
+  {"keep", pause_mode::keep}, {"wait", pause_mode::wait}, {"abort", pause_mode::abort}};
 const choices<fault_action> action_choices = {
   {"kill", fault_action::kill},           {"restart", fault_action::restart},
   {"partition", fault_action::partition}, {"heal", fault_action::heal},
@@ -67,6 +69,20 @@ constexpr std::int64_t max_replicas = 4096;
 
 const char* const secret_message =
   "secrets are never read from the topology; use secret_file or secret_env";
+
+// Keys that parse but whose feature does not exist yet are refused, never
+// accepted and ignored; each message says which issue brings the feature.
+const char* const tls_refusal =
+  "not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
+  "cluster secret (secret_file or secret_env) and their traffic is not encrypted";
+const char* const ranks_refusal =
+  "more than one trainer rank is not available yet (trainer ranks come with issue #13); "
+  "leave ranks out or list one rank holding every layer";
+const char* const gpu_backend_refusal =
+  "is not available yet (the GPU backends nccl and cuda_ipc come with the GPU issue); "
+  "use local or ucx";
+
+std::string human_size(std::int64_t bytes);
 
 std::string format_double(double v) {
   char buf[64];
@@ -365,13 +381,9 @@ void reader::read_cluster(const map_reader& root) {
     cl.secret_env.clear();
   }
   if (c.has("tls")) {
-    auto tls = c.map("tls", {"ca", "cert", "key"}, presence::optional, forbidden);
-    tls_spec spec;
-    bool ok = read_path(tls, "ca", spec.ca, presence::required);
-    ok &= read_path(tls, "cert", spec.cert, presence::required);
-    ok &= read_path(tls, "key", spec.key, presence::required);
-    if (ok)
-      cl.tls = spec;
+    c.error("tls", tls_refusal);
+    // Still read for its keys: a secret pasted under tls is reported as such.
+    c.map("tls", {"ca", "cert", "key"}, presence::optional, forbidden);
   }
   bool interval = c.read_ms("heartbeat_interval_ms", cl.heartbeat_interval, positive());
   bool timeout = c.read_ms("heartbeat_timeout_ms", cl.heartbeat_timeout, positive());
@@ -426,6 +438,8 @@ void reader::read_ranks(const map_reader& trainer) {
     return;
   }
   bool ok = true;
+  // Where the first rank names a node other than the trainer's, if it does.
+  std::optional<std::pair<YAML::Mark, std::string>> elsewhere;
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path, {"node", "layers"}, trainer.mark("ranks"));
     if (!r.valid()) {
@@ -434,7 +448,8 @@ void reader::read_ranks(const map_reader& trainer) {
     }
     trainer_rank rank;
     rank.node = tr.node;
-    read_node_ref(r, "node", rank.node);
+    if (read_node_ref(r, "node", rank.node) && rank.node != tr.node && !tr.node.empty() && !elsewhere)
+      elsewhere.emplace(r.mark("node"), r.path("node"));
     auto held = read_layers(r);
     if (!held) {
       ok = false;
@@ -442,6 +457,18 @@ void reader::read_ranks(const map_reader& trainer) {
     }
     rank.layers = std::move(*held);
     tr.ranks.push_back(std::move(rank));
+  }
+  if (items->size() > 1) {
+    auto& second = (*items)[1];
+    d.add(second.node.Mark(), second.path, ranks_refusal);
+    return;
+  }
+  // The one rank is the trainer itself, built on the trainer's node.
+  if (elsewhere) {
+    d.add(elsewhere->first, elsewhere->second,
+          "must be the trainer's node '" + tr.node
+            + "': ranks on other nodes are not available yet (trainer ranks come with issue #13)");
+    return;
   }
   if (!ok || !model_ok)
     return;
@@ -618,9 +645,18 @@ void reader::read_coordinator(const map_reader& root) {
 void reader::read_transfer(const map_reader& root) {
   auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports"});
   auto& tr = t.transfer;
-  r.read_choice("backend", tr.backend, backend_choices);
+  if (r.read_choice("backend", tr.backend, backend_choices)
+      && (tr.backend == transfer_backend::nccl || tr.backend == transfer_backend::cuda_ipc))
+    r.error("backend", "'" + std::string(to_string(tr.backend)) + "' " + gpu_backend_refusal);
   r.read_choice("mode", tr.mode, mode_choices);
-  r.read_size("bucket_bytes", tr.bucket_bytes, positive());
+  const std::int64_t default_bucket = transfer_spec{}.bucket_bytes;
+  if (r.read_size("bucket_bytes", tr.bucket_bytes, positive()) && tr.bucket_bytes != default_bucket)
+    r.error("bucket_bytes", "only the default " + human_size(default_bucket)
+                              + " is accepted for now: every data plane moves one whole parameter group "
+                                "(a transformer block) per message or buffer and does not cut it into "
+                                "buckets yet; got "
+                              + std::to_string(tr.bucket_bytes)
+                              + (human_size(tr.bucket_bytes).empty() ? "" : " (" + human_size(tr.bucket_bytes) + ")"));
   r.read("groups_in_flight", tr.groups_in_flight, positive());
   if (auto items = r.list("ucx_transports")) {
     for (auto& item : *items) {
@@ -636,12 +672,23 @@ void reader::read_transfer(const map_reader& root) {
 }
 
 void reader::read_sync(const map_reader& root) {
-  auto r = root.map("sync", {"every_versions", "staleness", "wave_size", "deadlines_ms",
+  auto r = root.map("sync", {"every_versions", "staleness", "wave_size", "deadlines_ms", "pause",
                              "min_live_engines", "max_restarts"});
   auto& s = t.sync;
-  r.read("every_versions", s.every_versions, positive());
-  r.read("staleness", s.staleness, non_negative());
+  bool every_ok = r.read("every_versions", s.every_versions, positive()) || !r.has("every_versions");
+  bool staleness_ok = r.read("staleness", s.staleness, non_negative()) || !r.has("staleness");
+  // Between rounds engines trail the trainer by up to every_versions - 1:
+  // a smaller bound would hold every request back until the next round.
+  if (every_ok && staleness_ok && s.staleness < s.every_versions - 1)
+    r.error(r.has("staleness") ? "staleness" : "every_versions",
+            "staleness (" + std::to_string(s.staleness) + ") must be at least every_versions - 1 ("
+              + std::to_string(s.every_versions - 1) + "): engines sync every "
+              + std::to_string(s.every_versions) + " versions, so between rounds they trail the trainer by up to "
+              + std::to_string(s.every_versions - 1));
   r.read("wave_size", s.wave_size, non_negative());
+  auto pause = r.map("pause", {"mode", "clear_cache"});
+  pause.read_choice("mode", s.pause.mode, pause_mode_choices);
+  pause.read("clear_cache", s.pause.clear_cache);
   auto dl = r.map("deadlines_ms", {"pause", "flush", "start", "transfer", "finish", "continue"});
   dl.read_ms("pause", s.deadlines.pause, positive());
   dl.read_ms("flush", s.deadlines.flush, positive());
@@ -990,6 +1037,9 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "transfer" << YAML::Value << ms(s.deadlines.transfer);
   out << YAML::Key << "finish" << YAML::Value << ms(s.deadlines.finish);
   out << YAML::Key << "continue" << YAML::Value << ms(s.deadlines.resume) << YAML::EndMap;
+  out << YAML::Key << "pause" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "mode" << YAML::Value << std::string(name_of(pause_mode_choices, s.pause.mode));
+  out << YAML::Key << "clear_cache" << YAML::Value << s.pause.clear_cache << YAML::EndMap;
   out << YAML::Key << "min_live_engines" << YAML::Value << i64(s.min_live_engines);
   out << YAML::Key << "max_restarts" << YAML::Value << i64(s.max_restarts) << YAML::EndMap;
 

@@ -23,6 +23,7 @@ using std::chrono::milliseconds;
 
 enum class trainer_source { synthetic, checkpoint_dir };
 enum class router_policy { least_outstanding, round_robin, prefix_affinity };
+// nccl and cuda_ipc are refused by validation until the GPU backends exist.
 enum class transfer_backend { local, ucx, nccl, cuda_ipc };
 // transfer_mode (sharded, broadcast) comes from config/modes.hpp.
 enum class ucx_transport { shm, cma, tcp, rdma };
@@ -65,6 +66,8 @@ struct cluster_spec {
   /// means no secret. The secret itself is never in the topology.
   std::string secret_file; // absolute path
   std::string secret_env;  // environment variable name
+  /// Always empty: validation refuses `tls` until TLS between nodes exists
+  /// (issue #12); kept so that lifting the refusal is local to the reader.
   std::optional<tls_spec> tls;
   milliseconds heartbeat_interval{500};
   milliseconds heartbeat_timeout{2000};
@@ -83,8 +86,8 @@ struct trainer_spec {
   milliseconds step_time{200};
   double perturb = 0.01;
   std::uint64_t seed = 7;
-  /// Never empty once loaded: by default one rank on `node` with all layers.
-  /// Every layer is held by at least one rank.
+  /// Exactly one once loaded, on `node`, holding every layer: validation
+  /// refuses more ranks until they are built (issue #13).
   std::vector<trainer_rank> ranks;
 };
 
@@ -115,6 +118,8 @@ struct coordinator_spec {
 struct transfer_spec {
   transfer_backend backend = transfer_backend::local;
   transfer_mode mode = transfer_mode::sharded;
+  /// Validation accepts only this default: the data planes move one whole
+  /// parameter group per message or buffer and do not cut it into buckets.
   std::int64_t bucket_bytes = std::int64_t(64) << 20;
   std::int64_t groups_in_flight = 2;
   std::vector<ucx_transport> ucx_transports; // empty = UCX decides
@@ -132,9 +137,17 @@ struct sync_deadlines {
 
 struct sync_spec {
   std::int64_t every_versions = 1;
+  /// Versions a rollout may trail the trainer's newest published version.
+  /// At least every_versions - 1 (engines trail that far between rounds).
   std::int64_t staleness = 1;
   std::int64_t wave_size = 0; // 0 = all engines at once
   sync_deadlines deadlines;
+  /// How each round's pause treats running requests: keep (frozen, continue
+  /// after the update), wait (run to completion) or abort; clear_cache
+  /// drops the prefix cache and the frozen requests' KV (recomputed with the
+  /// new weights).
+  pause_request pause;
+  /// Engines that must be live and serving within `staleness`; fewer is an alert.
   std::int64_t min_live_engines = 1;
   std::int64_t max_restarts = 3; // per replica
 };

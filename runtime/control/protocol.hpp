@@ -19,12 +19,6 @@ namespace rlsync {
 /// The scheduler's pause state.
 enum class scheduler_state : std::uint8_t { unpaused, paused_new, paused_all };
 
-/// Arguments of one `pause` call.
-struct pause_request {
-  pause_mode mode = pause_mode::keep;
-  bool clear_cache = false; ///< drop the prefix cache and the KV of frozen requests
-};
-
 /// What `pause` reports once the engine is idle and every token produced
 /// before the pause has reached its requester.
 struct pause_report {
@@ -163,22 +157,13 @@ struct weight_bucket {
   std::uint64_t checksum = 0; ///< checksum64 of the bucket bytes
 };
 
-/// Where an engine worker pulls its bytes from (one trainer rank).
-struct producer_endpoint {
-  std::uint32_t rank = 0;
-  std::string node;
-  std::string address; ///< transport address (UCX worker address, host:port, ...)
-};
-
-/// The coordinator's order for the transfer phase.
+/// The coordinator's order for the transfer phase. Only what the engine
+/// uses: where to pull from, the pipeline depth and the group layout come
+/// from the engine's own data plane (its puller, set up from the topology).
 struct transfer_order {
   std::uint64_t version = 0;
   transfer_mode mode = transfer_mode::sharded;
-  std::string backend; ///< local, ucx, nccl, cuda_ipc
-  std::vector<producer_endpoint> producers;
-  std::uint32_t groups = 0;
-  std::uint64_t bucket_bytes = 0;
-  std::uint32_t groups_in_flight = 1;
+  std::string backend; ///< local, ucx (named in the engine's errors)
 };
 
 /// What an engine reports once it has received and verified a version.

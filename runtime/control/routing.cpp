@@ -14,12 +14,14 @@ router_config router_config_from(const topology& t) {
   return cfg;
 }
 
+std::uint64_t reference_version(const routing_rules& rules) {
+  return std::max(rules.newest_version, rules.published_version);
+}
+
 bool is_current(const replica_load& r, const routing_rules& rules) {
-  // A replica ahead of newest_version cannot exist once the router has seen
-  // it routable; the first comparison keeps the subtraction from wrapping.
-  return r.routable
-         && (r.version >= rules.newest_version
-             || rules.newest_version - r.version <= rules.staleness);
+  // The first comparison keeps the subtraction from wrapping.
+  auto reference = reference_version(rules);
+  return r.routable && (r.version >= reference || reference - r.version <= rules.staleness);
 }
 
 bool can_serve(const replica_load& r, const routing_rules& rules, std::uint64_t min_version) {

@@ -5,8 +5,11 @@
 //
 // A replica may serve a request when it is
 //   routable  — the coordinator says so (it has completed a sync, is not paused),
-//   current   — at most `staleness` versions behind the newest routable version,
+//   current   — at most `staleness` versions behind the trainer's newest
+//               published version (the coordinator tells the router; until
+//               it has, the newest routable version stands in for it),
 //   new enough — at or above the request's `min_version`.
+// A request no replica may serve waits in the router's bounded queue.
 // Among those, the policy picks one.
 #include "runtime/config/topology.hpp"
 
@@ -27,7 +30,7 @@ struct router_config {
   router_policy policy = router_policy::least_outstanding;
   /// Requests that may wait while no replica can serve them; beyond it, queue_full.
   std::size_t queue_limit = 1024;
-  /// Versions a replica may trail the newest routable version and still serve.
+  /// Versions a replica may trail the trainer's newest published version and still serve.
   std::uint64_t staleness = 0;
   /// Prompt tokens that prefix_affinity hashes (the shared-prefix length that matters).
   std::size_t affinity_prefix_tokens = 32;
@@ -60,10 +63,18 @@ struct replica_load {
 struct routing_rules {
   router_policy policy = router_policy::least_outstanding;
   /// Newest version any replica has been announced routable at. The router
-  /// keeps it monotonic: versions never go backwards (DESIGN §3).
+  /// keeps it monotonic: versions never go backwards.
   std::uint64_t newest_version = 0;
   std::uint64_t staleness = 0;
+  /// Newest version the trainer published, as the coordinator reported it
+  /// (0: not reported yet). Monotonic too.
+  std::uint64_t published_version = 0;
 };
+
+/// The version staleness is measured against: the trainer's newest published
+/// one, or the newest routable one when that is newer (or nothing was
+/// reported yet).
+std::uint64_t reference_version(const routing_rules& rules);
 
 /// What one request asks of the replica that serves it.
 struct route_query {
@@ -71,7 +82,7 @@ struct route_query {
   std::uint64_t prefix = 0;      ///< prefix_hash of its prompt (prefix_affinity only)
 };
 
-/// Whether `r` is routable and within `staleness` of the newest version.
+/// Whether `r` is routable and within `staleness` of reference_version.
 bool is_current(const replica_load& r, const routing_rules& rules);
 
 /// Whether `r` may serve a request needing `min_version`.

@@ -128,7 +128,8 @@ invariant_result throughput_back(const drill_observation& o) {
 }
 
 invariant_result min_live(const drill_observation& o) {
-  return {"live engines never below sync.min_live_engines", o.below_min_live_events == 0,
+  return {"engines live and serving within sync.staleness never below sync.min_live_engines",
+          o.below_min_live_events == 0,
           "min_live_engines " + std::to_string(o.min_live_engines) + "; fell below it "
             + std::to_string(o.below_min_live_events) + " times"};
 }

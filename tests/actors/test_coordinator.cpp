@@ -136,8 +136,8 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
       self->state.script->orders.push_back(o);
       auto bytes = self->state.script->transfer_bytes;
       return phase_reply(self, sync_phase::transfer,
-                         transfer_report{name, o.version, bytes, o.groups, 0},
-                         transfer_report{name, o.version + 1, bytes, o.groups, 0});
+                         transfer_report{name, o.version, bytes, 4, 0},
+                         transfer_report{name, o.version + 1, bytes, 4, 0});
     },
     [=](finish_atom, std::uint64_t v) -> caf::result<phase_ack> {
       auto i = self->state.script->on.find(sync_phase::finish);
@@ -188,9 +188,11 @@ fake_engine_actor::behavior_type fake_engine(fake_engine_ptr self, std::string n
 
 // -- fake router and trainer ------------------------------------------------------
 
-/// "route <name> v<version>" and "evict <name>", in arrival order.
+/// "route <name> v<version>" and "evict <name>", in arrival order; the
+/// published versions it is told of go to `published`.
 router_actor::behavior_type fake_router(router_actor::pointer,
-                                        std::shared_ptr<std::vector<std::string>> log) {
+                                        std::shared_ptr<std::vector<std::string>> log,
+                                        std::shared_ptr<std::vector<std::uint64_t>> published) {
   return {
     [=](generate_atom, const generate_request&,
         const token_sink_actor&) -> caf::result<generate_result> {
@@ -203,6 +205,7 @@ router_actor::behavior_type fake_router(router_actor::pointer,
     },
     [=](evict_atom, const std::string& name) { log->push_back("evict " + name); },
     [=](failed_atom, const std::string& name) { log->push_back("failed " + name); },
+    [=](version_atom, const version_info& vi) { published->push_back(vi.version); },
     [=](status_atom) { return router_status{}; },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
   };
@@ -242,6 +245,7 @@ struct engine_handle {
 struct coordinator_fixture : test::actor_fixture {
   std::shared_ptr<std::vector<arrival>> arrivals = std::make_shared<std::vector<arrival>>();
   std::shared_ptr<std::vector<std::string>> routes = std::make_shared<std::vector<std::string>>();
+  std::shared_ptr<std::vector<std::uint64_t>> published = std::make_shared<std::vector<std::uint64_t>>();
   std::shared_ptr<std::vector<heartbeat>> beats = std::make_shared<std::vector<heartbeat>>();
   std::vector<std::string> log_lines;
   /// "<engine> <what>" per on_member call, and every report, in order.
@@ -287,7 +291,7 @@ struct coordinator_fixture : test::actor_fixture {
   }
 
   coordinator_fixture() {
-    router = spawn(fake_router, routes);
+    router = spawn(fake_router, routes, published);
   }
 
   /// Spawns a fake engine and registers it; its cold-sync round runs to the
@@ -484,12 +488,8 @@ TEST_CASE_FIXTURE(coordinator_fixture, "sync replies with the report and every p
   REQUIRE(!sa.orders.empty());
   auto& o = sa.orders.back();
   CHECK(o.version == 3);
-  CHECK(o.groups == 7);
   CHECK(o.backend == "local");
   CHECK(o.mode == transfer_mode::sharded);
-  CHECK(o.bucket_bytes == (std::uint64_t(64) << 20));
-  CHECK(o.groups_in_flight == 2);
-  CHECK(o.producers.empty());
   CHECK(*routes == std::vector<std::string>{"route a v3", "route b v3"});
   REQUIRE(log_lines.size() == 1);
   CHECK(log_lines[0].find("v3: 2 engines synced") != std::string::npos);
@@ -703,8 +703,11 @@ TEST_CASE_FIXTURE(coordinator_fixture, "errors and wrong versions evict, and wit
   CHECK(status().routable.empty());
   CHECK(*routes == std::vector<std::string>{"evict a", "evict b", "evict c"});
   CHECK(status().rounds == 4); // and no round back to back with nobody to sync
-  REQUIRE(!log_lines.empty());
-  CHECK(log_lines.back().find("0 engines synced") != std::string::npos);
+  REQUIRE(log_lines.size() >= 2);
+  CHECK(log_lines[log_lines.size() - 2].find("0 engines synced") != std::string::npos);
+  // None serving any more (min_live_engines 1), though all three are alive.
+  CHECK(log_lines.back().find("ALERT: only 0 live engines serving within sync.staleness") != std::string::npos);
+  CHECK(status().below_min_live_events == 1);
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "versions never go backwards") {
@@ -841,7 +844,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   CHECK(status().version == 2); // the trainer's current version, synced with nobody
   add_engine("a");
   CHECK(engines["a"].script->starts.back() == 2);
-  CHECK(engines["a"].script->orders.back().groups == 4);
+  CHECK(engines["a"].script->orders.back().version == 2);
   caf::anon_send(rec->listeners[0], version_atom::value, version_info{3, 4, 4096});
   run();
   CHECK(status().version == 3);
@@ -999,7 +1002,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "heartbeat timeout: a silent member is fa
   CHECK(s.live == 2);
   CHECK(s.routable == std::vector<std::string>{"a", "b"});
   CHECK(s.below_min_live_events == 1);
-  CHECK(logged("2 live engines again"));
+  CHECK(logged("2 live engines serving within sync.staleness again"));
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "heartbeat timeout during a round: the silent member is evicted, the others complete it") {
@@ -1096,7 +1099,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "restart cap: past sync.max_restarts a re
   CHECK(status().retired == std::vector<std::string>{"a"});
 }
 
-TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines: one alert per fall below, armed once that many joined") {
+TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines: one alert per fall below, armed once that many served") {
   auto c = config();
   c.sync.min_live_engines = 2;
   start(c);
@@ -1110,7 +1113,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines: one alert per fall bel
   CHECK(!logged("ALERT"));
   kill(engines["c"]);
   CHECK(events() == 1);
-  CHECK(logged("ALERT: only 1 live engines, below sync.min_live_engines = 2"));
+  CHECK(logged("ALERT: only 1 live engines serving within sync.staleness = 1, below sync.min_live_engines = 2"));
   log_lines.clear();
   kill(engines["b"]); // further down while below: the same fall
   CHECK(events() == 1);
@@ -1118,7 +1121,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines: one alert per fall bel
   add_engine("d");
   CHECK(events() == 1);
   add_engine("e"); // back to two
-  CHECK(logged("2 live engines again"));
+  CHECK(logged("2 live engines serving within sync.staleness again"));
   kill(engines["d"]);
   CHECK(events() == 2);
   CHECK(status().live == 1);
@@ -1354,4 +1357,92 @@ TEST_CASE_FIXTURE(coordinator_fixture, "state file: a restarted coordinator goes
   REQUIRE(after);
   CHECK(after->synced_version == 3);
   CHECK(after->newest_version == 3);
+}
+
+// -- the topology's sync keys: pause, staleness against the trainer, min_live ------------
+
+TEST_CASE("sync.pause: every engine is paused with the configured mode and clear_cache") {
+  const std::vector<pause_request> rows = {
+    {pause_mode::keep, false}, // the default: frozen requests continue over their old KV
+    {pause_mode::keep, true},  // as NeMo-RL: KV recomputed with the new weights
+    {pause_mode::wait, false},
+    {pause_mode::abort, true},
+  };
+  for (auto& r : rows) {
+    CAPTURE(to_string(r.mode));
+    CAPTURE(r.clear_cache);
+    coordinator_fixture f; // a fresh coordinator and engines per row
+    auto c = f.config();
+    c.sync.pause = r;
+    f.start(c);
+    f.add_engine("a");
+    f.add_engine("b");
+    f.publish(1);
+    for (auto name : {"a", "b"}) {
+      auto& pauses = f.engines[name].script->pauses;
+      REQUIRE(!pauses.empty());
+      for (auto& p : pauses) {
+        CHECK(p.mode == r.mode);
+        CHECK(p.clear_cache == r.clear_cache);
+      }
+    }
+  }
+}
+
+TEST_CASE("coordinator_config_from carries the sync section (pause, wave_size, staleness, min_live_engines)") {
+  auto t = parse_topology("name: t\n"
+                          "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, intermediate_size: 96}}\n"
+                          "nodes: [{name: a}]\n"
+                          "trainer: {node: a}\n"
+                          "engines: [{name: e, node: a, replicas: 3}]\n"
+                          "sync: {staleness: 2, wave_size: 2, min_live_engines: 3,\n"
+                          "       pause: {mode: wait, clear_cache: true}}\n",
+                          "t.yaml", "/base");
+  auto cc = coordinator_config_from(t);
+  CHECK(cc.sync.pause.mode == pause_mode::wait);
+  CHECK(cc.sync.pause.clear_cache);
+  CHECK(cc.sync.wave_size == 2);
+  CHECK(cc.sync.staleness == 2);
+  CHECK(cc.sync.min_live_engines == 3);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "the router hears every version the trainer publishes, and a new router the newest") {
+  start();
+  add_engine("a");
+  publish(1);
+  publish(2);
+  CHECK(*published == std::vector<std::uint64_t>{1, 2});
+  publish(2); // nothing new: not repeated
+  CHECK(*published == std::vector<std::uint64_t>{1, 2});
+  auto second_routes = std::make_shared<std::vector<std::string>>();
+  auto second_published = std::make_shared<std::vector<std::uint64_t>>();
+  auto second = spawn(fake_router, second_routes, second_published);
+  caf::anon_send(coord, register_atom::value, caf::actor_cast<router_actor>(second));
+  run();
+  CHECK(*second_routes == std::vector<std::string>{"route a v2"});
+  CHECK(*second_published == std::vector<std::uint64_t>{2});
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines counts engines serving, not engines reachable") {
+  auto c = config();
+  c.sync.min_live_engines = 2;
+  start(c);
+  add_engine("a");
+  add_engine("b");
+  publish(1); // both serve v1: armed
+  CHECK(!logged("ALERT"));
+  // b fails its transfer of v2: evicted and dirty, alive and reachable all along.
+  engines["b"].on(sync_phase::transfer, act::fail);
+  publish(2);
+  auto s = status();
+  CHECK(s.live == 2); // both answer
+  CHECK(s.routable == std::vector<std::string>{"a"});
+  CHECK(s.below_min_live_events == 1);
+  CHECK(logged("ALERT: only 1 live engines serving within sync.staleness = 1, below sync.min_live_engines = 2"));
+  // The next round brings b current again.
+  engines["b"].on(sync_phase::transfer, act::answer);
+  publish(3);
+  CHECK(status().routable == std::vector<std::string>{"a", "b"});
+  CHECK(logged("2 live engines serving within sync.staleness again"));
+  CHECK(status().below_min_live_events == 1);
 }

@@ -524,6 +524,35 @@ TEST_CASE_FIXTURE(router_fixture, "a stale replica is skipped, within the stalen
   }
 }
 
+TEST_CASE_FIXTURE(router_fixture, "staleness counts from the trainer's newest version: further behind, requests wait") {
+  router_config cfg;
+  cfg.staleness = 1;
+  auto r = make_router(cfg);
+  auto a = make_engine("a", 1);
+  auto b = make_engine("b", 1);
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  auto published = [&](std::uint64_t v) {
+    caf::anon_send(r, version_atom_v, version_info{v, 4, 4096});
+    sched.run();
+  };
+  published(2); // one behind the trainer: both still serve
+  CHECK(submit(r, request(1))->result);
+  CHECK(status(r).routable == 2);
+  published(3); // two behind: neither may serve, though both are routable
+  CHECK(status(r).routable == 0);
+  auto waiting = submit(r, request(2));
+  CHECK(!waiting->answered());
+  CHECK(status(r).queued == 1);
+  published(1); // an older report changes nothing: versions never go back
+  CHECK(status(r).queued == 1);
+  route(r, a, "a", 2); // a round brought a within the bound
+  CHECK(waiting->result);
+  CHECK(engines_of(*log) == strings{"a", "a"});
+  CHECK(status(r).routable == 1);
+  CHECK(status(r).queued == 0);
+}
+
 TEST_CASE_FIXTURE(router_fixture, "malformed requests are refused") {
   auto r = make_router();
   auto a = make_engine("a", 1, engine_mode::hold);

@@ -406,7 +406,7 @@ sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shared_ptr<
       c.received = true;
       if (c.silenced)
         return; // the bytes arrived; the answer is lost in the partition
-      transfer_report rep{name, st.order.version, 1000, st.order.groups,
+      transfer_report rep{name, st.order.version, 1000, 4 /* groups of every simulated version */,
                           static_cast<std::uint64_t>(c.transfer_ms) * 1'000'000};
       if (c.slow_ms > 0) {
         auto id = st.next_late++;

@@ -121,6 +121,7 @@ fake_router(fake_router_actor::stateful_pointer<fake_router_state> self,
     [=](route_atom, const route_update&, const rollout_engine_actor&) {},
     [=](evict_atom, const std::string&) {},
     [=](failed_atom, const std::string&) {},
+    [=](version_atom, const version_info&) {},
     [=](status_atom) -> router_status { return {}; },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
   };

@@ -198,6 +198,8 @@ TEST_CASE("topology errors: cluster") {
     {"a secret in the file", plus("cluster:\n  secret: hunter2"),
      "t.yaml:7:3: cluster.secret: secrets are never read from the topology; use secret_file or secret_env"},
     {"a secret under tls", plus("cluster:\n  tls: {ca: c, cert: d, key: k, secret: s}"),
+     "t.yaml:7:8: cluster.tls: not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
+     "cluster secret (secret_file or secret_env) and their traffic is not encrypted\n"
      "t.yaml:7:33: cluster.tls.secret: secrets are never read from the topology; use secret_file or "
      "secret_env"},
     {"a secret at the top level", plus("secret: hunter2"),
@@ -207,8 +209,12 @@ TEST_CASE("topology errors: cluster") {
     {"bad environment variable name", plus("cluster:\n  secret_env: my-secret"),
      "t.yaml:7:15: cluster.secret_env: must be the name of an environment variable (letters, digits, '_'), "
      "not the secret itself"},
-    {"incomplete tls", plus("cluster:\n  tls:\n    ca: ca.pem\n    cert: cert.pem"),
-     "t.yaml:8:5: cluster.tls.key: missing required key"},
+    // TLS is refused until it exists: accepted, the cluster would run in plaintext.
+    {"tls", plus("cluster:\n  tls: {ca: c, cert: d, key: k}"), "t.yaml:7:8: cluster.tls: not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
+     "cluster secret (secret_file or secret_env) and their traffic is not encrypted"},
+    {"tls in block style", plus("cluster:\n  tls:\n    ca: ca.pem\n    cert: cert.pem"),
+     "t.yaml:8:5: cluster.tls: not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
+     "cluster secret (secret_file or secret_env) and their traffic is not encrypted"},
     {"timeout not above interval", plus("cluster:\n  heartbeat_interval_ms: 500\n  heartbeat_timeout_ms: 500"),
      "t.yaml:8:25: cluster.heartbeat_timeout_ms: must exceed heartbeat_interval_ms (500), got 500"},
     {"zero connect deadline", plus("cluster:\n  connect_deadline_ms: 0"),
@@ -244,13 +250,20 @@ TEST_CASE("topology errors: trainer") {
      "layers)"},
     {"rank on an unknown node", with("trainer", "trainer: {node: a, ranks: [{node: c, layers: all}]}"),
      "t.yaml:4:35: trainer.ranks[0].node: unknown node 'c' (defined: a, b)"},
-    {"rank without layers", with("trainer", "trainer: {node: a, ranks: [{node: b}]}"),
+    {"rank without layers", with("trainer", "trainer: {node: a, ranks: [{node: a}]}"),
      "t.yaml:4:28: trainer.ranks[0].layers: missing required key"},
+    // Only the first rank is built: more are refused, as is one on another node.
+    {"two ranks", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {layers: 2-3}]}"),
+     "t.yaml:4:43: trainer.ranks[1]: more than one trainer rank is not available yet (trainer ranks come "
+     "with issue #13); leave ranks out or list one rank holding every layer"},
+    {"the rank on another node", with("trainer", "trainer: {node: a, ranks: [{node: b, layers: all}]}"),
+     "t.yaml:4:35: trainer.ranks[0].node: must be the trainer's node 'a': ranks on other nodes are not "
+     "available yet (trainer ranks come with issue #13)"},
     {"layer out of range", with("trainer", "trainer: {node: a, ranks: [{layers: [0, 1, 2, 3, 9]}]}"),
      "t.yaml:4:50: trainer.ranks[0].layers[4]: layer 9 out of range: the model has 4 layers (0-3)"},
     {"range out of range", with("trainer", "trainer: {node: a, ranks: [{layers: 0-4}]}"),
      "t.yaml:4:37: trainer.ranks[0].layers: layer 4 out of range: the model has 4 layers (0-3)"},
-    {"layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {layers: [3]}]}"),
+    {"layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: [0, 1, 3]}]}"),
      "t.yaml:4:27: trainer.ranks: layer 2 is held by no rank (the model has 4 layers)"},
     {"several layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: [1]}]}"),
      "t.yaml:4:27: trainer.ranks: layers 0, 2-3 are held by no rank (the model has 4 layers)"},
@@ -266,7 +279,7 @@ TEST_CASE("topology errors: trainer") {
     {"layers is a map", with("trainer", "trainer: {node: a, ranks: [{layers: {a: 1}}]}"),
      "t.yaml:4:37: trainer.ranks[0].layers: expected `all`, a list of layer indices or a range like \"0-3\", "
      "got a map"},
-    {"empty layer list", with("trainer", "trainer: {node: a, ranks: [{layers: []}, {layers: all}]}"),
+    {"empty layer list", with("trainer", "trainer: {node: a, ranks: [{layers: []}]}"),
      "t.yaml:4:37: trainer.ranks[0].layers: must name at least one layer"},
   });
 }
@@ -331,6 +344,22 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:27: coordinator.state_file: must not be empty"},
     {"backend out of range", plus("transfer: {backend: rdma}"),
      "t.yaml:6:21: transfer.backend: must be one of local, ucx, nccl, cuda_ipc, got 'rdma'"},
+    // The GPU backends parse but are refused: accepted, they ran the CPU path.
+    {"nccl backend", plus("transfer: {backend: nccl}"),
+     "t.yaml:6:21: transfer.backend: 'nccl' is not available yet (the GPU backends nccl and cuda_ipc come "
+     "with the GPU issue); use local or ucx"},
+    {"cuda_ipc backend", plus("transfer: {backend: cuda_ipc}"),
+     "t.yaml:6:21: transfer.backend: 'cuda_ipc' is not available yet (the GPU backends nccl and cuda_ipc "
+     "come with the GPU issue); use local or ucx"},
+    // Groups are never cut into buckets: only the default size is honest.
+    {"bucket_bytes other than the default", plus("transfer: {bucket_bytes: 256MiB}"),
+     "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted for now: every data plane "
+     "moves one whole parameter group (a transformer block) per message or buffer and does not cut it "
+     "into buckets yet; got 268435456 (256 MiB)"},
+    {"bucket_bytes in plain bytes", plus("transfer: {bucket_bytes: 1000}"),
+     "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted for now: every data plane "
+     "moves one whole parameter group (a transformer block) per message or buffer and does not cut it "
+     "into buckets yet; got 1000"},
     {"mode out of range", plus("transfer: {mode: scatter}"),
      "t.yaml:6:18: transfer.mode: must be one of sharded, broadcast, got 'scatter'"},
     {"size with an unknown unit", plus("transfer: {bucket_bytes: 64Mb}"),
@@ -368,6 +397,18 @@ TEST_CASE("topology errors: sync and workload") {
     {"more live engines than replicas", plus("sync: {min_live_engines: 3}"),
      "t.yaml:6:26: sync.min_live_engines: must not exceed the number of engine replicas (2), got 3"},
     {"negative staleness", plus("sync: {staleness: -1}"), "t.yaml:6:19: sync.staleness: must not be negative, got -1"},
+    {"staleness below the cadence", plus("sync: {every_versions: 3, staleness: 1}"),
+     "t.yaml:6:38: sync.staleness: staleness (1) must be at least every_versions - 1 (2): engines sync every "
+     "3 versions, so between rounds they trail the trainer by up to 2"},
+    {"the default staleness below the cadence", plus("sync: {every_versions: 3}"),
+     "t.yaml:6:24: sync.every_versions: staleness (1) must be at least every_versions - 1 (2): engines sync "
+     "every 3 versions, so between rounds they trail the trainer by up to 2"},
+    {"negative wave_size", plus("sync: {wave_size: -1}"), "t.yaml:6:19: sync.wave_size: must not be negative, got -1"},
+    {"pause mode out of range", plus("sync: {pause: {mode: freeze}}"),
+     "t.yaml:6:22: sync.pause.mode: must be one of keep, wait, abort, got 'freeze'"},
+    {"pause clear_cache not a bool", plus("sync: {pause: {clear_cache: yes}}"),
+     "t.yaml:6:29: sync.pause.clear_cache: expected true or false, got 'yes'"},
+    {"pause is a word", plus("sync: {pause: keep}"), "t.yaml:6:15: sync.pause: expected a map, got 'keep'"},
     {"fractional every_versions", plus("sync: {every_versions: 1.5}"),
      "t.yaml:6:24: sync.every_versions: expected an integer, got '1.5'"},
     {"sync is a list", plus("sync: [1]"), "t.yaml:6:7: sync: expected a map, got a list"},
@@ -506,6 +547,8 @@ TEST_CASE("topology: defaults are filled in") {
   CHECK(t.sync.deadlines.transfer == milliseconds(60000));
   CHECK(t.sync.deadlines.finish == milliseconds(5000));
   CHECK(t.sync.deadlines.resume == milliseconds(1000));
+  CHECK(t.sync.pause.mode == pause_mode::keep);
+  CHECK_FALSE(t.sync.pause.clear_cache);
   CHECK(t.sync.min_live_engines == 1);
   CHECK(t.sync.max_restarts == 3);
   CHECK(t.workload.prompts == 64);
@@ -539,7 +582,6 @@ nodes:
   - {name: n2, address: host-2.example, port: 4000}
 cluster:
   secret_file: secrets/cluster.key
-  tls: {ca: /etc/ca.pem, cert: cert.pem, key: ../key.pem}
   heartbeat_interval_ms: 100
   heartbeat_timeout_ms: 300
   connect_deadline_ms: 2500
@@ -551,20 +593,19 @@ trainer:
   perturb: 0.5
   seed: 9
   ranks:
-    - {node: n1, layers: "0-2"}
-    - {node: n2, layers: [2, 5, 3, 4]}
-    - {layers: 1}
+    - {node: n1, layers: [2, 5, 0, 3, 4, 1]}
 engines:
   - {name: big, node: n2, tp: 2, max_batch: 8, queue_limit: 16, kv_block_tokens: 32, prefix_cache_blocks: 0}
   - {name: many, node: n1, replicas: 3, tp: 4}
 router: {node: n2, policy: prefix_affinity, queue_limit: 7}
 coordinator: {node: n2, state_file: state/version}
-transfer: {backend: ucx, mode: broadcast, bucket_bytes: 1 GiB, groups_in_flight: 3, ucx_transports: [shm, rdma]}
+transfer: {backend: ucx, mode: broadcast, bucket_bytes: 64 MiB, groups_in_flight: 3, ucx_transports: [shm, rdma]}
 sync:
   every_versions: 2
-  staleness: 0
+  staleness: 3
   wave_size: 2
   deadlines_ms: {pause: 1, flush: 2, start: 3, transfer: 4, finish: 5, continue: 6}
+  pause: {mode: abort, clear_cache: true}
   min_live_engines: 4
   max_restarts: 0
 workload: {prompts: 0, concurrency: 1, max_tokens: 5, temperature: 0.7, top_p: 0.9, seed: 3}
@@ -597,10 +638,6 @@ drill:
   CHECK(t.nodes[1].address == "host-2.example");
   CHECK(t.nodes[1].port == 4000);
   CHECK(t.cluster.secret_file == "/cfg/secrets/cluster.key");
-  REQUIRE(t.cluster.tls);
-  CHECK(t.cluster.tls->ca == "/etc/ca.pem");
-  CHECK(t.cluster.tls->cert == "/cfg/cert.pem");
-  CHECK(t.cluster.tls->key == "/key.pem");
   CHECK(t.cluster.heartbeat_interval == milliseconds(100));
   CHECK(t.cluster.heartbeat_timeout == milliseconds(300));
   CHECK(t.cluster.connect_deadline == milliseconds(2500));
@@ -609,12 +646,9 @@ drill:
   CHECK(t.trainer.step_time == milliseconds(0));
   CHECK(t.trainer.perturb == 0.5);
   CHECK(t.trainer.seed == 9);
-  REQUIRE(t.trainer.ranks.size() == 3);
-  CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2});
-  CHECK(t.trainer.ranks[1].node == "n2");
-  CHECK(t.trainer.ranks[1].layers == std::vector<std::int64_t>{2, 3, 4, 5}); // sorted
-  CHECK(t.trainer.ranks[2].node == "n1");                                    // trainer.node
-  CHECK(t.trainer.ranks[2].layers == std::vector<std::int64_t>{1});
+  REQUIRE(t.trainer.ranks.size() == 1);
+  CHECK(t.trainer.ranks[0].node == "n1");
+  CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}); // sorted
   REQUIRE(t.engines.size() == 4);
   CHECK(t.engines[0].name == "big");
   CHECK(t.engines[0].max_batch == 8);
@@ -636,12 +670,14 @@ drill:
   CHECK(t.coordinator.state_file == "/cfg/state/version");
   CHECK(t.transfer.backend == transfer_backend::ucx);
   CHECK(t.transfer.mode == transfer_mode::broadcast);
-  CHECK(t.transfer.bucket_bytes == std::int64_t(1) << 30);
+  CHECK(t.transfer.bucket_bytes == std::int64_t(64) << 20);
   CHECK(t.transfer.groups_in_flight == 3);
   CHECK(t.transfer.ucx_transports == std::vector<ucx_transport>{ucx_transport::shm, ucx_transport::rdma});
   CHECK(t.sync.every_versions == 2);
-  CHECK(t.sync.staleness == 0);
+  CHECK(t.sync.staleness == 3);
   CHECK(t.sync.wave_size == 2);
+  CHECK(t.sync.pause.mode == pause_mode::abort);
+  CHECK(t.sync.pause.clear_cache);
   CHECK(t.sync.deadlines.pause == milliseconds(1));
   CHECK(t.sync.deadlines.flush == milliseconds(2));
   CHECK(t.sync.deadlines.start == milliseconds(3));
@@ -678,7 +714,7 @@ drill:
   CHECK(f[8].target_kind == fault_target::coordinator);
 }
 
-TEST_CASE("topology: size fields accept integers and unit strings") {
+TEST_CASE("yaml_fields: size fields accept integers and unit strings") {
   struct row {
     const char* text;
     std::int64_t bytes;
@@ -693,8 +729,16 @@ TEST_CASE("topology: size fields accept integers and unit strings") {
   };
   for (auto& r : rows) {
     CAPTURE(r.text);
-    auto t = parse_topology(plus(std::string("transfer: {bucket_bytes: ") + r.text + "}"), "t.yaml", "/base");
-    CHECK(t.transfer.bucket_bytes == r.bytes);
+    yaml_fields::diagnostics d("t.yaml");
+    auto v = yaml_fields::read_size(d, YAML::Load(r.text), YAML::Mark(), "size");
+    CHECK(d.empty());
+    CHECK(v == r.bytes);
+  }
+  // The topology's one size field takes every spelling of its default.
+  for (auto text : {"67108864", "64MiB", "64 MiB", "65536KiB", "'64MiB'"}) {
+    CAPTURE(text);
+    auto t = parse_topology(plus(std::string("transfer: {bucket_bytes: ") + text + "}"), "t.yaml", "/base");
+    CHECK(t.transfer.bucket_bytes == std::int64_t(64) << 20);
   }
 }
 
@@ -791,9 +835,11 @@ TEST_CASE("topology: the shipped configs load") {
   CHECK(cluster.nodes[1].address == "10.0.0.2");
   CHECK(cluster.transfer.backend == transfer_backend::ucx);
   CHECK(cluster.cluster.secret_env == "RLSYNC_SECRET");
-  REQUIRE(cluster.trainer.ranks.size() == 2);
-  CHECK(cluster.trainer.ranks[0].layers.size() + cluster.trainer.ranks[1].layers.size()
-        == static_cast<std::size_t>(cluster.model.config.num_hidden_layers));
+  REQUIRE(cluster.trainer.ranks.size() == 1); // the second comes with trainer ranks (issue #13)
+  CHECK(cluster.trainer.ranks[0].layers.size() == static_cast<std::size_t>(cluster.model.config.num_hidden_layers));
+  CHECK_FALSE(cluster.cluster.tls);
+  CHECK(cluster.sync.min_live_engines == 2);
+  CHECK(cluster.sync.wave_size == 2);
   std::set<std::string> engine_nodes;
   for (auto& e : cluster.engines)
     engine_nodes.insert(e.node);
@@ -801,7 +847,8 @@ TEST_CASE("topology: the shipped configs load") {
 }
 
 TEST_CASE("topology: to_yaml shows the resolved view") {
-  auto t = parse_topology(plus("transfer: {bucket_bytes: 1MiB, ucx_transports: [tcp]}\n"
+  auto t = parse_topology(plus("transfer: {bucket_bytes: 64MiB, ucx_transports: [tcp]}\n"
+                               "sync: {pause: {mode: wait, clear_cache: true}}\n"
                                "drill: {faults: [{at_sync: 1, action: kill, target: e-1}]}"),
                           "t.yaml", "/base");
   auto text = to_yaml(t);
@@ -816,14 +863,16 @@ TEST_CASE("topology: to_yaml shows the resolved view") {
   CHECK(y["model"]["kv_heads"].as<int>() == 4);
   CHECK(y["model"]["dtype"].as<std::string>() == "bf16");
   CHECK(y["model"]["weight_bytes"].as<std::int64_t>() == 2 * y["model"]["parameters"].as<std::int64_t>());
-  CHECK(y["transfer"]["bucket_bytes"].as<std::int64_t>() == 1 << 20);
+  CHECK(y["transfer"]["bucket_bytes"].as<std::int64_t>() == 64 << 20);
   CHECK(y["transfer"]["ucx_transports"][0].as<std::string>() == "tcp");
   CHECK(y["trainer"]["ranks"][0]["layers"].size() == 4);
   CHECK(y["router"]["node"].as<std::string>() == "a");
   CHECK(y["sync"]["deadlines_ms"]["continue"].as<int>() == 1000);
+  CHECK(y["sync"]["pause"]["mode"].as<std::string>() == "wait");
+  CHECK(y["sync"]["pause"]["clear_cache"].as<bool>());
   CHECK(y["drill"]["faults"][0]["target"].as<std::string>() == "e-1");
   CHECK(y["drill"]["faults"][0]["target_kind"].as<std::string>() == "engine");
-  CHECK(text.find("bucket_bytes: 1048576  # 1 MiB") != std::string::npos);
+  CHECK(text.find("bucket_bytes: 67108864  # 64 MiB") != std::string::npos);
 }
 
 TEST_CASE("topology: enum names round-trip") {

@@ -58,6 +58,43 @@ TEST_CASE("can_serve: routable, within staleness of the newest version, at least
   }
 }
 
+TEST_CASE("staleness is measured against the trainer's newest published version") {
+  struct row {
+    const char* why;
+    std::uint64_t version;   // the replica's
+    std::uint64_t routable;  // newest version any replica was routed at
+    std::uint64_t published; // the trainer's newest, as reported (0: not yet)
+    std::uint64_t staleness;
+    std::uint64_t reference;
+    bool current;
+  };
+  const row rows[] = {
+    {"nothing reported: the newest routable version stands in", 4, 5, 0, 1, 5, true},
+    {"nothing reported, two behind the newest routable", 3, 5, 0, 1, 5, false},
+    {"every replica one behind the trainer, one allowed", 4, 4, 5, 1, 5, true},
+    {"every replica two behind the trainer, one allowed", 3, 3, 5, 1, 5, false},
+    {"staleness 0: only the trainer's newest", 4, 4, 5, 0, 5, false},
+    {"staleness 0, at the trainer's newest", 5, 5, 5, 0, 5, true},
+    {"a report older than the newest routable version", 5, 6, 4, 0, 6, false},
+    {"within a wide bound", 2, 2, 9, 7, 9, true},
+    {"just outside a wide bound", 1, 2, 9, 7, 9, false},
+    {"ahead of the report: no wrap", 7, 7, 5, 0, 7, true},
+  };
+  for (auto& x : rows) {
+    CAPTURE(x.why);
+    routing_rules rules{router_policy::least_outstanding, x.routable, x.staleness, x.published};
+    CHECK(reference_version(rules) == x.reference);
+    CHECK(is_current(rep("a", x.version, true, 0), rules) == x.current);
+    CHECK_FALSE(is_current(rep("a", x.version, false, 0), rules)); // never without the coordinator's word
+    // No replica current: every policy leaves the request to the queue.
+    for (auto policy : {router_policy::least_outstanding, router_policy::round_robin,
+                        router_policy::prefix_affinity}) {
+      rules.policy = policy;
+      CHECK(pick({rep("a", x.version, true, 0)}, rules) == (x.current ? "a" : "-"));
+    }
+  }
+}
+
 TEST_CASE("least_outstanding: fewest outstanding, ties by name, only replicas that can serve") {
   routing_rules rules{router_policy::least_outstanding, 3, 0};
   struct row {
