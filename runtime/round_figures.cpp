@@ -21,7 +21,8 @@ round_figures figures_of(const std::vector<wave_times>& waves, std::uint64_t end
   round_figures f;
   for (auto& w : waves) {
     auto ended = w.ended_ns != 0 ? w.ended_ns : end_ns;
-    f.stall_ns = saturating_add(f.stall_ns, elapsed(w.pause_sent_ns, w.last_resume_ack_ns != 0 ? w.last_resume_ack_ns : ended));
+    auto stalled_until = w.last_resume_ack_ns != 0 ? w.last_resume_ack_ns : ended;
+    f.stall_ns = saturating_add(f.stall_ns, elapsed(w.pause_sent_ns, stalled_until));
     if (w.transfer_sent_ns != 0 && w.transfer_done_ns >= w.transfer_sent_ns)
       f.transfer_ns = saturating_add(f.transfer_ns, w.transfer_done_ns - w.transfer_sent_ns);
   }

@@ -1,6 +1,7 @@
 #include "tools/main_job.hpp"
 
 #include "actors/local_deployment.hpp"
+#include "runtime/round_figures.hpp"
 #include "runtime/safetensors.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -41,8 +42,7 @@ struct sync_figures {
 };
 
 sync_figures figures(const sync_report& r) {
-  double gbps = r.transfer_ns > 0 ? static_cast<double>(r.bytes) / static_cast<double>(r.transfer_ns) : 0;
-  return {ms(r.stall_ns), ms(r.transfer_ns), gbps, ms(r.control_ns)};
+  return {ms(r.stall_ns), ms(r.transfer_ns), transfer_gbps(r.bytes, r.transfer_ns), ms(r.control_ns)};
 }
 
 double median(std::vector<double> xs) {
