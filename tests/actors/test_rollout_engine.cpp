@@ -303,7 +303,7 @@ TEST_CASE_FIXTURE(engine_fixture, "a request whose sink is gone ends on the engi
   CHECK(other_log->tokens.size() == 2);
 }
 
-TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: cut off, no request is answered; healed, every one is") {
+TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: cut off, no request is answered, healed, every one is") {
   rollout_engine_config cfg;
   cfg.model = test::tiny_config();
   cfg.options.name = "rollout-cut";

@@ -254,7 +254,7 @@ TEST_CASE("sync_round: waves of at most N, in snapshot order, each pause to resu
   }
 }
 
-TEST_CASE("sync_round: evictions in one wave do not stop the next; an emptied wave is skipped") {
+TEST_CASE("sync_round: evictions in one wave do not stop the next, an emptied wave is skipped") {
   sync_round r{1, 4, {"a", "b", "c", "d", "e"}, 2};
   // Wave 1: a, b complete.
   finish_wave(r);
