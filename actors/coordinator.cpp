@@ -691,6 +691,7 @@ void close_round(self_ptr self) {
   else
     st.synced_version = std::max(st.synced_version, r.book.version());
   auto rep = report_of(rec, now_ns(self));
+  st.last_round_ops = r.book.ops();
   ++st.rounds;
   st.history.push_back(rep);
   while (st.history.size() > st.cfg.history_limit)

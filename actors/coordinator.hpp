@@ -212,6 +212,8 @@ struct coordinator_state {
   /// min_live_engines: armed once that many members were live; below it now;
   /// how often it fell below.
   min_live_alert live_alert;
+  /// Bookkeeping steps the last round took (sync_round::ops): O(its engines).
+  std::uint64_t last_round_ops = 0;
 
   static inline const char* name = "coordinator";
 };

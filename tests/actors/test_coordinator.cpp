@@ -1518,3 +1518,42 @@ TEST_CASE_FIXTURE(trainer_fixture, "waves: the trainer dies in wave 2: it resume
   CHECK(member_info("c").version == 2);
   CHECK(logged("v3: ABORTED (the trainer is down): 2 engines resume on their old version, 0 dirty, 1 synced in earlier waves"));
 }
+
+// -- scale ------------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a round over 1000 engines costs O(engines) bookkeeping, in one wave or in waves") {
+  std::size_t wave_size = 0;
+  SUBCASE("one wave") {
+    wave_size = 0;
+  }
+  SUBCASE("waves of 100") {
+    wave_size = 100;
+  }
+  CAPTURE(wave_size);
+  auto c = config();
+  c.sync.wave_size = static_cast<std::int64_t>(wave_size);
+  c.log = {};
+  c.on_member = {};
+  start(c);
+  for (int i = 0; i < 1000; ++i) {
+    auto name = "engine-" + std::to_string(1000 + i); // snapshot order is name order
+    auto& e = spawn_engine(name);
+    caf::anon_send(coord, register_atom::value, engine_info{name, "node", 1, 0, false, 0},
+                   caf::actor_cast<rollout_engine_actor>(e.actor));
+  }
+  run(); // the cold syncs
+  REQUIRE(status().routable.size() == 1000);
+  forget_history();
+  publish(1);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 1000);
+  CHECK(count(sync_phase::resume) == 1000);
+  // The coordinator's own state after the round: how many steps its book took.
+  auto* self = dynamic_cast<caf::stateful_actor<coordinator_state, coordinator_impl_actor::base>*>(
+    caf::actor_cast<caf::abstract_actor*>(coord));
+  REQUIRE(self != nullptr);
+  // Per engine about 25 (see the sync_round test); a linear search per
+  // reply would take hundreds of thousands more.
+  CHECK(self->state.last_round_ops < 30 * 1000);
+  CHECK(self->state.last_round_ops > 1000);
+}

@@ -343,7 +343,7 @@ TEST_CASE("sync_round: an abort in a wave starts no later wave") {
   CHECK(!last.aborted());
 }
 
-TEST_CASE("sync_round: a full round over 1,000 engines costs O(engines) bookkeeping") {
+TEST_CASE("sync_round: a full round over 1000 engines costs O(engines) bookkeeping") {
   for (std::size_t wave_size : {std::size_t{0}, std::size_t{10}, std::size_t{1}}) {
     CAPTURE(wave_size);
     std::vector<std::string> names;
