@@ -1,11 +1,18 @@
 // The coordinator (state diagram in coordinator.hpp). Top to bottom:
-// helpers, membership, when a round starts, the round itself phase by phase,
-// and the behaviour that wires messages to them.
+// helpers, membership, heartbeats, when a round is due, the round itself
+// (`settle`, then the steps it takes, phase by phase), and the behaviour
+// that wires messages to them.
 //
-// Re-entrancy: an eviction can complete a barrier, a barrier can end the
-// round, and the end of a round can start the next one, all within one
-// message. Functions therefore never touch the round after handing control
-// to `next_phase`, `end_round` or `start_round`.
+// One rule keeps it free of re-entrancy: handlers and reply callbacks only
+// record what happened (an acknowledgement, an eviction, a new member, an
+// abort) and end with `settle`, the one place that moves the round on. An
+// eviction can complete a barrier, a barrier can end a wave or the round, and
+// the end of a round can start the next one: `settle` loops through all of
+// that; nothing else sends a phase or ends a round.
+//
+// Decisions live in runtime/membership_policy (who joins, registrations,
+// liveness, the min_live alert), the round's bookkeeping in
+// runtime/sync_round, its figures and log line in runtime/round_figures.
 #include "actors/coordinator.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -15,7 +22,6 @@
 #include <caf/sec.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <utility>
@@ -73,14 +79,12 @@ std::chrono::milliseconds deadline_of(const sync_deadlines& d, sync_phase phase)
   return std::chrono::milliseconds{0};
 }
 
-std::string millis(std::uint64_t ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
-  return buf;
+member_view view_of(const coordinator_member& m) {
+  return member_view{m.routable, m.info.dirty, m.info.version, m.unreachable, m.newcomer};
 }
 
-void maybe_start_round(self_ptr self);
-void evict(self_ptr self, const std::string& name, sync_phase phase, const std::string& why);
+void settle(self_ptr self);
+void evict(self_ptr self, const std::string& name, const std::string& why);
 
 // -- persistence and alerts ---------------------------------------------------------
 
@@ -139,23 +143,20 @@ void check_min_live(self_ptr self) {
   auto& st = self->state;
   auto live = serving_members(st, true);
   auto min = st.cfg.sync.min_live_engines;
-  if (serving_members(st, false) >= min)
-    st.live_armed = true;
-  if (live >= min) {
-    if (st.below_min_live)
+  switch (count_live(st.live_alert, live, serving_members(st, false), min)) {
+    case min_live_change::recovered:
       log_line(self, "coordinator: " + std::to_string(live)
                        + " live engines serving within sync.staleness again (sync.min_live_engines = "
                        + std::to_string(min) + ")");
-    st.below_min_live = false;
-    return;
+      break;
+    case min_live_change::alert:
+      log_line(self, "coordinator: ALERT: only " + std::to_string(live)
+                       + " live engines serving within sync.staleness = " + std::to_string(st.cfg.sync.staleness)
+                       + ", below sync.min_live_engines = " + std::to_string(min));
+      break;
+    case min_live_change::none:
+      break;
   }
-  if (!st.live_armed || st.below_min_live)
-    return;
-  st.below_min_live = true;
-  ++st.below_min_live_events;
-  log_line(self, "coordinator: ALERT: only " + std::to_string(live)
-                   + " live engines serving within sync.staleness = " + std::to_string(st.cfg.sync.staleness)
-                   + ", below sync.min_live_engines = " + std::to_string(min));
 }
 
 // -- membership -------------------------------------------------------------------
@@ -168,9 +169,9 @@ void drop_member(self_ptr self, std::string name, const std::string& why, bool r
   if (i == st.members.end())
     return;
   self->demonitor(i->second.handle.address());
-  st.members.erase(i); // first: a round that ends below must not snapshot it again
-  if (st.round && st.round->book.in_round(name))
-    evict(self, name, st.round->book.phase(), why); // tells the router too
+  st.members.erase(i); // first: nothing below may find it a member
+  if (st.round && st.round->book.still_to_sync(name))
+    evict(self, name, why); // tells the router too
   else if (st.cfg.router)
     self->send(st.cfg.router, evict_atom::value, name);
   log_line(self, "coordinator: " + name + " left (" + why + ")");
@@ -180,8 +181,14 @@ void drop_member(self_ptr self, std::string name, const std::string& why, bool r
     check_min_live(self);
 }
 
-caf::result<registration> on_register(self_ptr self, const engine_info& info,
-                                      const rollout_engine_actor& engine) {
+std::string retired_text(const std::string& name, std::uint32_t restarts, std::int64_t max_restarts) {
+  return name + " is retired after " + std::to_string(restarts) + " restarts (sync.max_restarts = "
+         + std::to_string(max_restarts) + ")";
+}
+
+/// A registration: refused with an error, or the member joins; returns
+/// whether it is routable at once (it was current when it left).
+caf::expected<bool> on_register(self_ptr self, const engine_info& info, const rollout_engine_actor& engine) {
   auto& st = self->state;
   if (info.name.empty() || !engine)
     return make_error(errc::malformed, "registration without a name or an actor");
@@ -191,54 +198,67 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
                      + to_string(sender->node()));
     return make_error(errc::unauthenticated, "node not admitted: prove the cluster secret to the gatekeeper first");
   }
+  registration_facts f;
+  f.incarnation = info.incarnation;
+  f.version = info.version;
+  f.dirty = info.dirty;
+  f.synced_version = st.synced_version;
+  f.max_restarts = st.cfg.sync.max_restarts;
   auto seen = st.replicas.find(info.name);
-  if (seen != st.replicas.end() && seen->second.retired)
-    return make_error(errc::evicted, info.name + " is retired after " + std::to_string(seen->second.restarts)
-                                       + " restarts (sync.max_restarts = "
-                                       + std::to_string(st.cfg.sync.max_restarts) + ")");
-  if (auto i = st.members.find(info.name); i != st.members.end()) {
-    auto& known = i->second;
-    if (known.handle.address() == engine.address()) // a retry: nothing changes
-      return registration{st.synced_version, known.routable};
-    if (info.incarnation <= known.info.incarnation)
+  if (seen != st.replicas.end()) {
+    f.known_replica = true;
+    f.retired = seen->second.retired;
+    f.last_incarnation = seen->second.incarnation;
+    f.restarts = seen->second.restarts;
+    f.recorded_version = seen->second.version;
+    f.was_routable = seen->second.was_routable;
+  }
+  auto known = st.members.find(info.name);
+  if (known != st.members.end()) {
+    f.registered = true;
+    f.registered_incarnation = known->second.info.incarnation;
+    f.same_actor = known->second.handle.address() == engine.address();
+  }
+  auto d = decide_registration(f);
+  switch (d.verdict) {
+    case registration_verdict::retired:
+      return make_error(errc::evicted, retired_text(info.name, f.restarts, f.max_restarts));
+    case registration_verdict::retry: // nothing changes
+      return known->second.routable;
+    case registration_verdict::not_newer:
       return make_error(errc::version_mismatch,
                         info.name + ": incarnation " + std::to_string(info.incarnation)
-                          + " is not newer than the registered "
-                          + std::to_string(known.info.incarnation));
-    drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation), true);
-  } else if (seen != st.replicas.end() && info.incarnation < seen->second.incarnation) {
-    return make_error(errc::version_mismatch, info.name + ": incarnation " + std::to_string(info.incarnation)
-                                                + " is older than the last one seen, "
-                                                + std::to_string(seen->second.incarnation));
+                          + " is not newer than the registered " + std::to_string(f.registered_incarnation));
+    case registration_verdict::older_than_seen:
+      return make_error(errc::version_mismatch, info.name + ": incarnation " + std::to_string(info.incarnation)
+                                                  + " is older than the last one seen, "
+                                                  + std::to_string(f.last_incarnation));
+    case registration_verdict::join:
+    case registration_verdict::retire:
+      break;
   }
+  if (d.replaces)
+    drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation), true);
   auto& rec = st.replicas[info.name]; // a first registration creates the record
-  bool restored_current = false;
-  if (seen != st.replicas.end() && info.incarnation > rec.incarnation) {
+  if (d.restart) {
     ++rec.restarts;
     rec.was_routable = false;
-    if (static_cast<std::int64_t>(rec.restarts) > st.cfg.sync.max_restarts) {
-      rec.retired = true;
-      member_event(self, info.name, "retired");
-      log_line(self, "coordinator: ALERT: " + info.name + " retired: restart " + std::to_string(rec.restarts)
-                       + " is past sync.max_restarts = " + std::to_string(st.cfg.sync.max_restarts));
-      persist(self);
-      check_min_live(self);
-      return make_error(errc::evicted, info.name + " is retired after " + std::to_string(rec.restarts)
-                                         + " restarts (sync.max_restarts = "
-                                         + std::to_string(st.cfg.sync.max_restarts) + ")");
-    }
-  } else if (seen != st.replicas.end()) {
-    // The same incarnation again: it reconnected, or this coordinator
-    // restarted. Current then and now: it may serve at once.
-    restored_current = rec.was_routable && !info.dirty && info.version != 0
-                       && info.version == st.synced_version && rec.version == info.version;
+  }
+  if (d.verdict == registration_verdict::retire) {
+    rec.retired = true;
+    member_event(self, info.name, "retired");
+    log_line(self, "coordinator: ALERT: " + info.name + " retired: restart " + std::to_string(rec.restarts)
+                     + " is past sync.max_restarts = " + std::to_string(st.cfg.sync.max_restarts));
+    persist(self);
+    check_min_live(self);
+    return make_error(errc::evicted, retired_text(info.name, rec.restarts, st.cfg.sync.max_restarts));
   }
   rec.incarnation = info.incarnation;
   coordinator_member m;
   m.info = info;
   m.handle = engine;
   m.last_heard_ns = now_ns(self);
-  if (restored_current) {
+  if (d.routable_at_once) {
     m.routable = true;
     m.newcomer = false;
     log_line(self, "coordinator: " + info.name + " is back at v" + std::to_string(info.version)
@@ -247,14 +267,13 @@ caf::result<registration> on_register(self_ptr self, const engine_info& info,
   self->monitor(engine);
   st.members.emplace(info.name, std::move(m));
   member_event(self, info.name, "registered");
-  if (restored_current)
+  if (d.routable_at_once)
     member_event(self, info.name, "routable");
-  if (restored_current && st.cfg.router)
+  if (d.routable_at_once && st.cfg.router)
     self->send(st.cfg.router, route_atom::value, route_update{info.name, info.version, true}, engine);
   persist(self);
   check_min_live(self);
-  maybe_start_round(self); // its cold sync
-  return registration{st.synced_version, restored_current};
+  return d.routable_at_once; // a newcomer: settle starts its cold sync
 }
 
 void abort_round(self_ptr self, const std::string& why);
@@ -290,10 +309,14 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
   self->send(st.cfg.trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
   // Versions published before the subscription arrived are learnt here.
   self->request(st.cfg.trainer, st.cfg.trainer_deadline, version_atom::value)
-    .then([=](version_info& vi) { on_version(self, vi); },
-          [=](caf::error& err) {
-            log_line(self, "coordinator: the trainer did not report its version: " + self->system().render(err));
-          });
+    .then(
+      [=](version_info& vi) {
+        on_version(self, vi);
+        settle(self);
+      },
+      [=](caf::error& err) {
+        log_line(self, "coordinator: the trainer did not report its version: " + self->system().render(err));
+      });
 }
 
 // -- heartbeats -------------------------------------------------------------------------
@@ -311,8 +334,8 @@ void mark_unreachable(self_ptr self, const std::string& name, std::uint64_t sile
   if (st.cfg.router)
     self->send(st.cfg.router, failed_atom::value, name);
   check_min_live(self);
-  if (st.round && st.round->book.in_round(name))
-    evict(self, name, st.round->book.phase(), "unreachable"); // may end the round: last
+  if (st.round && st.round->book.still_to_sync(name))
+    evict(self, name, "unreachable");
 }
 
 void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who) {
@@ -329,7 +352,6 @@ void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& w
   member_event(self, name, "reachable");
   log_line(self, "coordinator: " + name + " answers again: rejoins at the next sync boundary");
   check_min_live(self);
-  maybe_start_round(self);
 }
 
 /// Every heartbeat_interval: who has been silent too long, then the next
@@ -341,24 +363,25 @@ void heartbeat_tick(self_ptr self) {
     std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.heartbeat_timeout).count());
   std::vector<std::pair<std::string, std::uint64_t>> silent;
   for (auto& [name, m] : st.members)
-    if (!m.unreachable && now - m.last_heard_ns > timeout)
+    if (!m.unreachable && silent_too_long(now, m.last_heard_ns, timeout))
       silent.emplace_back(name, now - m.last_heard_ns);
   for (auto& [name, ns] : silent)
-    if (st.members.count(name) && !st.members.at(name).unreachable)
-      mark_unreachable(self, name, ns);
+    mark_unreachable(self, name, ns);
   heartbeat hb{"coordinator", ++st.heartbeat_seq};
   // A late answer still proves it is alive: each heartbeat may take the
   // whole timeout (a few are in flight at once).
   for (auto& [name, m] : st.members)
     self->request(m.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
-      .then([=, name = name, who = m.handle.address()](heartbeat&) { heard_from(self, name, who); },
-            [](caf::error&) {});
+      .then(
+        [=, name = name, who = m.handle.address()](heartbeat&) {
+          heard_from(self, name, who);
+          settle(self);
+        },
+        [](caf::error&) {});
   self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
 }
 
-// -- when a round starts --------------------------------------------------------
-
-void start_round(self_ptr self, std::vector<sync_waiter> waiters);
+// -- when a round is due --------------------------------------------------------
 
 void on_version(self_ptr self, const version_info& vi) {
   auto& st = self->state;
@@ -372,17 +395,15 @@ void on_version(self_ptr self, const version_info& vi) {
                        + "; " + std::to_string(st.ignored_versions) + " ignored so far");
     return;
   }
-  if (vi.version == st.newest.version && st.newest_heard) {
-    // Nothing new, but a restarted trainer reporting it is what a round
-    // held back while the trainer was down waits for.
-    maybe_start_round(self);
+  // The same number again changes nothing; but a restarted trainer
+  // reporting it is what a round held back while the trainer was down
+  // waits for, and settle looks again.
+  if (vi.version == st.newest.version && st.newest_heard)
     return;
-  }
   st.newest = vi; // the same number from a restored counter brings its groups
   st.newest_heard = true;
   if (st.cfg.router) // sync.staleness is measured against it
     self->send(st.cfg.router, version_atom::value, vi);
-  maybe_start_round(self);
 }
 
 /// Whether a round may start as far as the trainer is concerned: it reported
@@ -392,86 +413,136 @@ bool trainer_ready(const coordinator_state& st) {
   return !st.cfg.trainer || (st.newest_heard && !st.trainer_down);
 }
 
-void maybe_start_round(self_ptr self) {
-  auto& st = self->state;
-  if (st.round)
-    return; // the end of this round checks again
-  if (!trainer_ready(st))
-    return;
+/// No round runs, the trainer is ready, and someone asked for one, or the
+/// cadence or a newcomer's cold sync calls for one.
+bool round_wanted(const coordinator_state& st) {
+  if (st.round || !trainer_ready(st))
+    return false;
   // An unreachable newcomer waits until it answers: counting it would start
   // round after round without it (back to back, with no time passing).
   auto newcomer = std::any_of(st.members.begin(), st.members.end(),
-                              [](const auto& kv) { return kv.second.newcomer && !kv.second.unreachable; });
-  if (st.sync_waiters.empty()
-      && !round_due(st.newest.version, st.synced_version, st.cfg.sync.every_versions, newcomer))
-    return;
-  start_round(self, std::exchange(st.sync_waiters, {}));
+                              [](const auto& kv) { return waits_for_cold_sync(view_of(kv.second)); });
+  return !st.sync_waiters.empty()
+         || round_due(st.newest.version, st.synced_version, st.cfg.sync.every_versions, newcomer);
 }
 
 // -- the round ----------------------------------------------------------------------
 
-void ask_phase(self_ptr self);
-void next_phase(self_ptr self);
-void end_round(self_ptr self);
+void open_round(self_ptr self);
+void send_phase(self_ptr self);
+void close_wave(self_ptr self);
+void close_round(self_ptr self);
+
+/// Moves the round on as far as it goes without waiting for an engine: sends
+/// the current phase if it has not gone out, and while its barrier is
+/// reached, ends the wave or moves to the next phase; ends the round when no
+/// wave is left, and opens the next round when one is due. Every handler
+/// ends here; a loop, so nothing re-enters.
+void settle(self_ptr self) {
+  auto& st = self->state;
+  bool round_closed = false;
+  for (;;) {
+    if (!st.round) {
+      if (!round_wanted(st))
+        break;
+      open_round(self);
+      continue;
+    }
+    auto& r = *st.round;
+    if (r.book.done()) {
+      close_round(self);
+      round_closed = true;
+      continue;
+    }
+    if (!r.sent_any || r.sent_wave != r.book.wave() || r.sent_phase != r.book.phase())
+      send_phase(self);
+    if (!r.book.barrier_reached())
+      break; // the replies settle again
+    if (r.book.phase() == sync_phase::transfer)
+      r.record.waves.back().transfer_done_ns = now_ns(self);
+    if (r.book.wave_ending())
+      close_wave(self);
+    r.book.advance();
+  }
+  // Once per round, not per reply: the evictions and dirt of the round that
+  // ended; engines of the next one (if any) count as serving.
+  if (round_closed)
+    check_min_live(self);
+}
 
 /// Snapshot of the membership towards the newest version: every engine that
 /// does not serve it yet — behind, dirty, evicted or new (a full transfer
 /// brings it current). Engines already serving it keep serving.
-void start_round(self_ptr self, std::vector<sync_waiter> waiters) {
+void open_round(self_ptr self) {
   auto& st = self->state;
   std::vector<std::string> names;
   for (auto& [name, m] : st.members) {
-    bool current = m.routable && !m.info.dirty && m.info.version == st.newest.version;
-    if (!current && !m.unreachable) // an unreachable one would only miss the pause deadline
+    if (joins_round(view_of(m), st.newest.version))
       names.push_back(name);
     if (!m.unreachable)
       m.newcomer = false;
   }
-  st.round.emplace(sync_round{st.next_round_id++, st.newest.version, std::move(names)},
-                   st.newest);
-  st.round->waiters = std::move(waiters);
-  st.round->pause_sent_ns = now_ns(self);
+  auto wave_size = static_cast<std::size_t>(std::max<std::int64_t>(st.cfg.sync.wave_size, 0));
+  auto id = st.next_round_id++;
+  st.round.emplace(sync_round{id, st.newest.version, std::move(names), wave_size}, st.newest);
+  st.round->record.id = id;
+  st.round->record.version = st.newest.version;
+  st.round->waiters = std::exchange(st.sync_waiters, {});
   if (st.cfg.trainer && !st.round->book.done()) // consumers may pull it long after newer versions
     self->send(st.cfg.trainer, pin_atom::value, st.newest.version);
-  if (st.round->book.done())
-    end_round(self); // nobody to sync
-  else
-    ask_phase(self);
 }
 
 template <class Reply>
-void on_reply(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
+void on_reply(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name, sync_phase phase,
               const Reply& reply);
-void on_failure(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
-                const caf::error& err);
+void on_failure(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name,
+                sync_phase phase, const caf::error& err);
 
 /// One request of the current phase to one engine, with the phase's deadline.
-/// The callbacks carry the round id, so an answer cannot reach a later round.
+/// The callbacks carry the round, wave and phase, so an answer cannot reach
+/// a later one; each ends with settle.
 template <class Reply, class... Ts>
 void ask(self_ptr self, const std::string& name, sync_phase phase, Ts... xs) {
   auto& st = self->state;
   auto id = st.round->book.id();
+  auto wave = st.round->book.wave();
   self->request(st.members.at(name).handle, deadline_of(st.cfg.sync.deadlines, phase), xs...)
-    .then([=](Reply& reply) { on_reply(self, id, name, phase, reply); },
-          [=](caf::error& err) { on_failure(self, id, name, phase, err); });
+    .then(
+      [=](Reply& reply) {
+        on_reply(self, id, wave, name, phase, reply);
+        settle(self);
+      },
+      [=](caf::error& err) {
+        on_failure(self, id, wave, name, phase, err);
+        settle(self);
+      });
 }
 
-/// Fans the current phase out to every live engine of the round at once.
-void ask_phase(self_ptr self) {
+/// Fans the current phase out to every live engine of the current wave at once.
+void send_phase(self_ptr self) {
   auto& st = self->state;
   auto& r = *st.round;
   auto v = r.book.version();
   auto phase = r.book.phase();
+  r.sent_any = true;
+  r.sent_wave = r.book.wave();
+  r.sent_phase = phase;
+  auto engines = r.book.wave_engines();
+  if (phase == sync_phase::pause) { // a wave begins
+    r.record.waves.emplace_back();
+    r.record.waves.back().pause_sent_ns = now_ns(self);
+    r.dirty_after_abort.clear();
+  }
   if (st.cfg.on_phase)
-    st.cfg.on_phase(r.book.id(), v, phase, r.book.live());
+    st.cfg.on_phase(r.book.id(), v, phase, engines);
   transfer_order order;
   if (phase == sync_phase::transfer) {
     order.version = v;
     order.mode = st.cfg.transfer.mode;
     order.backend = std::string{to_string(st.cfg.transfer.backend)};
-    r.transfer_sent_ns = now_ns(self);
+    r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
-  for (auto& name : r.book.live()) {
+  for (auto& name : engines) {
     switch (phase) {
       case sync_phase::pause:
         // sync.pause; by default keep (running requests freeze and continue
@@ -524,151 +595,135 @@ bool is_dirty(const phase_ack& ack) { return ack.dirty; }
 void count_bytes(coordinator_round&, const pause_report&) {}
 void count_bytes(coordinator_round&, const phase_ack&) {}
 void count_bytes(coordinator_round& r, const transfer_report& rep) {
-  r.bytes += rep.bytes;
+  r.record.bytes += rep.bytes;
 }
 
+/// Records one engine's answer: O(1), whatever the size of the round.
 template <class Reply>
-void on_reply(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
+void on_reply(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name, sync_phase phase,
               const Reply& reply) {
   auto& st = self->state;
   // A late answer of an evicted engine, or one for an earlier round: ignored.
-  if (!st.round || st.round->book.id() != round_id || st.round->book.phase() != phase
-      || !st.round->book.waiting_on(name))
+  if (!st.round || st.round->book.id() != round_id || st.round->book.wave() != wave
+      || st.round->book.phase() != phase || !st.round->book.waiting_on(name))
     return;
   auto& r = *st.round;
   if (auto what = check_reply(r, phase, reply); !what.empty()) {
-    evict(self, name, phase, what);
+    evict(self, name, what);
     return;
   }
   count_bytes(r, reply);
   if (phase == sync_phase::resume) {
-    r.last_resume_ack_ns = now_ns(self);
+    r.record.waves.back().last_resume_ack_ns = now_ns(self);
     if (is_dirty(reply))
       r.dirty_after_abort.insert(name);
   }
   r.book.ack(name, phase);
-  if (r.book.barrier_reached())
-    next_phase(self);
 }
 
-void on_failure(self_ptr self, std::uint64_t round_id, const std::string& name, sync_phase phase,
-                const caf::error& err) {
+void on_failure(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name,
+                sync_phase phase, const caf::error& err) {
   auto& st = self->state;
   // A failure of an earlier phase arrives late only after an abort skipped it.
-  if (!st.round || st.round->book.id() != round_id || st.round->book.phase() != phase)
+  if (!st.round || st.round->book.id() != round_id || st.round->book.wave() != wave
+      || st.round->book.phase() != phase)
     return;
   auto why = err == caf::sec::request_timeout
                ? "no answer within "
                    + std::to_string(deadline_of(st.cfg.sync.deadlines, phase).count()) + " ms"
                : self->system().render(err);
-  evict(self, name, phase, why);
+  evict(self, name, why);
 }
 
 /// Takes an engine out of the round and out of routing. It stays a member
 /// (when alive) and needs a full sync before it is routable again.
-void evict(self_ptr self, const std::string& name, sync_phase phase, const std::string& why) {
+void evict(self_ptr self, const std::string& name, const std::string& why) {
   auto& st = self->state;
   auto& r = *st.round;
+  bool in_wave = r.book.in_current_wave(name); // else a later wave: nothing sent to it yet
+  auto phase = r.book.phase();
   if (!r.book.evict(name))
     return; // already out: its second failure changes nothing
-  r.eviction_notes.push_back(name + " (" + std::string{to_string(phase)} + ": " + why + ")");
+  r.record.eviction_notes.push_back(name + " (" + (in_wave ? std::string{to_string(phase)} : "before its wave")
+                                    + ": " + why + ")");
   if (auto i = st.members.find(name); i != st.members.end()) {
     i->second.routable = false;
-    if (phase >= sync_phase::start) // the update session may be half applied
+    if (in_wave && dirty_after_eviction(phase)) // the update session may be half applied
       i->second.info.dirty = true;
     member_event(self, name, "evicted");
   }
   if (st.cfg.router)
     self->send(st.cfg.router, evict_atom::value, name);
-  if (r.book.barrier_reached())
-    next_phase(self);
 }
 
-/// The trainer died mid-round: skip to `continue` (state diagram in the header).
+/// The trainer died mid-round: no later wave, and the current one skips to
+/// `continue` (state diagram in the header); settle sends it.
 void abort_round(self_ptr self, const std::string& why) {
   auto& st = self->state;
   if (!st.round || !st.round->book.abort())
     return; // no round, or it is resuming already: it completes
-  st.round->abort_reason = why;
-  if (st.round->book.done())
-    end_round(self);
-  else
-    ask_phase(self);
+  st.round->record.abort_reason = why;
 }
 
-/// The barrier of the current phase is reached: on to the next one.
-void next_phase(self_ptr self) {
-  auto& r = *self->state.round;
-  if (r.book.phase() == sync_phase::transfer)
-    r.transfer_done_ns = now_ns(self);
-  if (r.book.advance() == sync_phase::done)
-    end_round(self);
-  else
-    ask_phase(self);
+/// The wave's survivors become routable at the round's version, or, when the
+/// wave was aborted, dirty or back on their old version.
+void close_wave(self_ptr self) {
+  auto& st = self->state;
+  auto& r = *st.round;
+  auto v = r.book.version();
+  r.record.waves.back().ended_ns = now_ns(self);
+  for (auto& name : r.book.wave_engines()) {
+    auto& m = st.members.at(name);
+    switch (after_wave(r.book.wave_aborted(), r.dirty_after_abort.count(name) > 0)) {
+      case wave_outcome::current:
+        m.info.version = v;
+        m.info.dirty = false;
+        m.routable = true;
+        ++r.record.engines_synced;
+        member_event(self, name, "routable");
+        if (st.cfg.router)
+          self->send(st.cfg.router, route_atom::value, route_update{name, v, true}, m.handle);
+        break;
+      case wave_outcome::dirty: // it holds part of v: serves nothing
+        m.info.dirty = true;
+        m.routable = false;
+        ++r.record.dirty;
+        member_event(self, name, "dirty");
+        if (st.cfg.router) // its frozen requests would wait for a complete update: they move
+          self->send(st.cfg.router, failed_atom::value, name);
+        break;
+      case wave_outcome::old_version: // it serves its old version, as before the round
+        break;
+    }
+  }
+  if (r.book.waves() > 1) // who is current changed before the round's end
+    persist(self);
 }
 
-/// Survivors become routable at the round's version; then the figures, the
-/// history, the waiters, and maybe the next round.
-void end_round(self_ptr self) {
+/// The figures, the history, the waiters.
+void close_round(self_ptr self) {
   auto& st = self->state;
   auto r = std::move(*st.round);
   st.round.reset();
-  auto v = r.book.version();
-  bool aborted = r.book.aborted();
-  for (auto& name : r.book.live()) {
-    auto& m = st.members.at(name);
-    if (!aborted) {
-      m.info.version = v;
-      m.info.dirty = false;
-      m.routable = true;
-      member_event(self, name, "routable");
-      if (st.cfg.router)
-        self->send(st.cfg.router, route_atom::value, route_update{name, v, true}, m.handle);
-    } else if (r.dirty_after_abort.count(name)) { // it holds part of v: serves nothing
-      m.info.dirty = true;
-      m.routable = false;
-      member_event(self, name, "dirty");
-      if (st.cfg.router) // its frozen requests would wait for a complete update: they move
-        self->send(st.cfg.router, failed_atom::value, name);
-    } // else: it serves its old version, as before the round
-  }
-  if (!aborted)
-    st.synced_version = std::max(st.synced_version, v);
-  auto end = now_ns(self);
-  sync_report rep;
-  rep.version = v;
-  rep.engines_synced = aborted ? 0 : static_cast<std::uint32_t>(r.book.live().size());
-  rep.evicted = r.book.evicted();
-  rep.stall_ns = (r.last_resume_ack_ns != 0 ? r.last_resume_ack_ns : end) - r.pause_sent_ns;
-  if (r.transfer_sent_ns != 0 && r.transfer_done_ns >= r.transfer_sent_ns) // an aborted transfer never ended
-    rep.transfer_ns = r.transfer_done_ns - r.transfer_sent_ns;
-  rep.bytes = r.bytes;
-  rep.control_ns = rep.stall_ns > rep.transfer_ns ? rep.stall_ns - rep.transfer_ns : 0;
-  rep.aborted = aborted;
+  auto& rec = r.record;
+  rec.aborted = r.book.aborted();
+  rec.evicted = r.book.evicted();
+  if (rec.aborted) // the aborted wave's clean engines and the waves never run
+    rec.old_version = static_cast<std::uint32_t>(r.book.live().size()) - rec.engines_synced - rec.dirty;
+  else
+    st.synced_version = std::max(st.synced_version, r.book.version());
+  auto rep = report_of(rec, now_ns(self));
+  st.last_round_ops = r.book.ops();
   ++st.rounds;
   st.history.push_back(rep);
   while (st.history.size() > st.cfg.history_limit)
     st.history.pop_front();
-  std::string line = "sync round " + std::to_string(r.book.id()) + " v" + std::to_string(v) + ": ";
-  if (aborted) {
-    line += "ABORTED (" + r.abort_reason + "): " + std::to_string(r.book.live().size() - r.dirty_after_abort.size())
-            + " engines resume on their old version, " + std::to_string(r.dirty_after_abort.size())
-            + " dirty";
-  } else {
-    line += std::to_string(rep.engines_synced) + " engines synced";
-  }
-  for (auto& note : r.eviction_notes)
-    line += ", evicted " + note;
-  line += "; stall " + millis(rep.stall_ns) + ", transfer " + millis(rep.transfer_ns) + ", "
-          + std::to_string(rep.bytes) + " bytes, control " + millis(rep.control_ns);
-  log_line(self, line);
+  log_line(self, log_line_of(rec, rep));
   if (st.cfg.on_report)
     st.cfg.on_report(rep);
   persist(self);
   for (auto& w : r.waiters)
     w.deliver(rep);
-  maybe_start_round(self);
-  check_min_live(self); // evictions and dirt of this round; the next one (if any) counts as serving
 }
 
 // -- control-plane probe ------------------------------------------------------------
@@ -726,7 +781,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     log_line(self, "coordinator: restored from " + st.cfg.state_file + ": v" + std::to_string(st.synced_version)
                      + " synced, " + std::to_string(r->members.size()) + " replicas known");
   }
-  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+  self->set_down_handler([=](caf::down_msg& dm) {
+    on_down(self, dm);
+    settle(self);
+  });
   if (auto trainer = st.cfg.trainer) {
     st.cfg.trainer = nullptr;
     attach_trainer(self, trainer);
@@ -734,7 +792,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   if (st.cfg.heartbeat_interval.count() > 0)
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
   return {
-    [=](version_atom, const version_info& vi) { on_version(self, vi); },
+    [=](version_atom, const version_info& vi) {
+      on_version(self, vi);
+      settle(self);
+    },
     [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); },
     [=](register_atom, router_actor& router) {
       auto& st = self->state;
@@ -751,18 +812,26 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     [=](caf::tick_atom) {
       if (self->current_sender() == self->ctrl()) // only its own timer
         heartbeat_tick(self);
+      settle(self);
     },
     [=](register_atom, const engine_info& info,
         const rollout_engine_actor& engine) -> caf::result<registration> {
-      return on_register(self, info, engine);
+      auto joined = on_register(self, info, engine);
+      settle(self); // a newcomer's cold sync; a replaced incarnation left the round
+      if (!joined)
+        return std::move(joined.error());
+      return registration{self->state.synced_version, *joined};
     },
-    [=](deregister_atom, const std::string& name) { drop_member(self, name, "deregistered"); },
+    [=](deregister_atom, const std::string& name) {
+      drop_member(self, name, "deregistered");
+      settle(self);
+    },
     [=](sync_atom) -> caf::result<sync_report> {
+      // One round at a time, and a trainer to pull from: it gets the next
+      // round, which may be this one.
       auto rp = self->make_response_promise<sync_report>();
-      if (self->state.round || !trainer_ready(self->state))
-        self->state.sync_waiters.push_back(rp); // one round at a time, and a trainer to pull from: it gets the next
-      else
-        start_round(self, {rp});
+      self->state.sync_waiters.push_back(rp);
+      settle(self);
       return rp;
     },
     [=](status_atom) -> coordinator_status {
@@ -785,7 +854,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       for (auto& [name, rec] : st.replicas)
         if (rec.retired)
           s.retired.push_back(name);
-      s.below_min_live_events = st.below_min_live_events;
+      s.below_min_live_events = st.live_alert.events;
       return s;
     },
     [=](digest_atom) -> caf::result<std::vector<weight_digest>> {
@@ -813,6 +882,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       // a name the sender does not own changes nothing (no per-sender state).
       if (auto sender = self->current_sender())
         heard_from(self, hb.from, sender->address());
+      settle(self);
     },
     [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
       if (waves == 0 || self->state.members.empty())

@@ -1,21 +1,33 @@
 #pragma once
 // The coordinator: owns membership and runs the sync rounds (DESIGN §3).
 //
-// One round at a time; each phase is fanned out to every engine of the round
-// at once, with that phase's deadline, so a round always ends.
+// One round at a time, in waves of at most sync.wave_size engines (0: one
+// wave of every engine of the round). Each phase of a wave is fanned out to
+// the wave's engines at once, with that phase's deadline, so a round always ends.
 //
 //   idle --(version due | newcomer registered | sync_atom)--> snapshot
 //    ^                                                          |
-//    |                                                          v
-//    |     pause ==> flush ==> start(v) ==> transfer ==> finish(v) ==> resume
-//    |                                                                   |
-//    +-- done: report, history; survivors routable at v (router: route) -+
+//    |                     +------------------------------------+
+//    |                     v
+//    |     wave k: pause ==> flush ==> start(v) ==> transfer ==> finish(v) ==> resume
+//    |                                                                          |
+//    |          wave ends: its survivors routable at v (router: route) <--------+
+//    |          more waves left: wave k+1 pauses; engines of later waves
+//    |          keep serving their version meanwhile (within the staleness bound)
+//    |                                                                          |
+//    +-- done (no wave left): report, history, waiters; maybe the next round ---+
 //
-//   ==>  a barrier: no engine gets phase n+1 before every live engine of the
-//        round acknowledged phase n or was evicted.
+//   ==>  a barrier: no engine of the wave gets phase n+1 before every live
+//        engine of the wave acknowledged phase n or was evicted. An engine
+//        is paused only within its own wave, so it never mixes versions.
 //   In any phase, per engine: error | deadline missed | down_msg
 //        --> evicted: out of the round and out of routing (router: evict);
-//            the round goes on with the others, or is done when none is left.
+//            the wave goes on with the others, or ends when none is left;
+//            the later waves run regardless.
+//
+// Every handler records what happened and ends with `settle`, one loop that
+// advances the round while barriers are reached: it sends the next phase,
+// ends waves and the round, and starts the next round when one is due.
 //
 // Membership: a registered engine is monitored and is *not routable* until it
 // completes a round (health is not freshness). An engine evicted but alive
@@ -43,12 +55,13 @@
 // version is also told to the router (version_atom), which measures
 // staleness against it.
 //
-// The trainer is monitored. If it dies during a round before `continue`, the
-// round is aborted: it skips to `continue`, where each engine closes the
-// update session — one that received part of the new version says it is
-// dirty and stays out of routing until a complete update; the others serve
-// their old version again. No round starts until a trainer attaches again
-// (register_atom with its handle); the next round then retries.
+// The trainer is monitored. If it dies during a round, the round is aborted:
+// no later wave starts, and a wave before `finish` skips to `continue`, where
+// each engine closes the update session — one that received part of the new
+// version says it is dirty and stays out of routing until a complete update;
+// the others serve their old version again (a wave at `finish` or later
+// completes). No round starts until a trainer attaches again (register_atom
+// with its handle); the next round then retries.
 //
 // With a state file, the version counter, restart counts and who was current
 // are written after every change (temporary name, renamed), and a restarted
@@ -57,11 +70,11 @@
 //
 // probe_atom times waves of heartbeats to every member, the control-plane
 // floor of a round; it keeps no state here and may run during a round.
-//
-// Not yet here: waves (`ask_phase` is the one place that fans out).
 #include "actors/interfaces.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/control/coordinator_state_file.hpp"
+#include "runtime/control/membership_policy.hpp"
+#include "runtime/control/round_figures.hpp"
 #include "runtime/control/sync_round.hpp"
 
 #include <caf/typed_response_promise.hpp>
@@ -84,8 +97,8 @@ void log_to_stderr(const std::string& line);
 /// What the coordinator is spawned with.
 struct coordinator_config {
   /// Deadlines per phase, the cadence (every_versions), the pause of each
-  /// round (mode, clear_cache), wave_size, min_live_engines (counted within
-  /// staleness) and max_restarts.
+  /// round (mode, clear_cache), wave_size (waves of at most that many
+  /// engines), min_live_engines (counted within staleness) and max_restarts.
   sync_spec sync;
   /// Mode and backend of the transfer orders.
   transfer_spec transfer;
@@ -165,15 +178,15 @@ struct coordinator_round {
 
   sync_round book;
   version_info target;
-  std::uint64_t pause_sent_ns = 0;
-  std::uint64_t transfer_sent_ns = 0;
-  std::uint64_t transfer_done_ns = 0;
-  std::uint64_t last_resume_ack_ns = 0; ///< 0: none acknowledged resume
-  std::uint64_t bytes = 0;
-  /// "name (phase: reason)" per eviction, for the round's log line.
-  std::vector<std::string> eviction_notes;
-  /// Aborted rounds: why, and who said at `continue` that it holds a partial update.
-  std::string abort_reason;
+  /// The wave and phase last sent out: `settle` sends the book's current
+  /// one when it differs (a new phase, a new wave, or an abort's resume).
+  bool sent_any = false;
+  std::size_t sent_wave = 0;
+  sync_phase sent_phase = sync_phase::pause;
+  /// Times per wave, bytes, evictions and outcomes: the report's material.
+  round_record record;
+  /// Engines of the current wave that said at `continue` that they hold a
+  /// partial update (an aborted wave).
   std::set<std::string> dirty_after_abort;
   /// sync_atom requests answered when the round ends.
   std::vector<caf::typed_response_promise<sync_report>> waiters;
@@ -201,11 +214,11 @@ struct coordinator_state {
   bool trainer_down = false;
   std::uint64_t ignored_versions = 0; ///< older than the counter (logged now and then)
   std::uint64_t heartbeat_seq = 0;
-  /// min_live_engines: armed once that many members served (serving_members);
-  /// below it now; how often it fell below.
-  bool live_armed = false;
-  bool below_min_live = false;
-  std::uint64_t below_min_live_events = 0;
+  /// min_live_engines: armed once that many members served; below it now;
+  /// how often it fell below.
+  min_live_alert live_alert;
+  /// Bookkeeping steps the last round took (sync_round::ops): O(its engines).
+  std::uint64_t last_round_ops = 0;
 
   static inline const char* name = "coordinator";
 };

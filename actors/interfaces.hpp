@@ -20,7 +20,8 @@ using token_sink_actor = caf::typed_actor<
   // one generated token, with the version that produced it
   caf::reacts_to<token_atom, token_event>>;
 
-/// Answers liveness probes; `rlsync ping` speaks only this.
+/// Answers liveness probes; `rlsync ping` speaks only this. The engine, the
+/// trainer and the router extend it (`extend_with<heartbeat_actor>`).
 using heartbeat_actor = caf::typed_actor<
   // answered with the same sequence number
   caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
@@ -52,10 +53,8 @@ using rollout_engine_actor = caf::typed_actor<
   caf::replies_to<abort_atom, std::uint64_t>::with<bool>,
   // what the engine holds and runs
   caf::replies_to<status_atom>::with<engine_status>,
-  // liveness probe, answered with the same sequence number
-  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>,
   // checksums of the weights served now, to verify them against the trainer's
-  caf::replies_to<digest_atom>::with<weight_digest>>;
+  caf::replies_to<digest_atom>::with<weight_digest>>::extend_with<heartbeat_actor>;
 
 /// The trainer and its WeightSource — DESIGN §5.
 using trainer_actor = caf::typed_actor<
@@ -74,8 +73,7 @@ using trainer_actor = caf::typed_actor<
   caf::reacts_to<pin_atom, std::uint64_t>,
   // step now (or join the step in flight); replies once it ended, with the
   // version then published; frozen and idle: at once; a failed step: an error
-  caf::replies_to<step_atom>::with<version_info>,
-  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
+  caf::replies_to<step_atom>::with<version_info>>::extend_with<heartbeat_actor>;
 
 /// Routes generation requests to live, current replicas — DESIGN §4.
 using router_actor = caf::typed_actor<
@@ -91,8 +89,7 @@ using router_actor = caf::typed_actor<
   // the trainer published this version (from the coordinator): replicas more
   // than sync.staleness behind it stop taking requests
   caf::reacts_to<version_atom, version_info>,
-  caf::replies_to<status_atom>::with<router_status>,
-  caf::replies_to<heartbeat_atom, heartbeat>::with<heartbeat>>;
+  caf::replies_to<status_atom>::with<router_status>>::extend_with<heartbeat_actor>;
 
 /// Runs the sync rounds and owns membership — DESIGN §3.
 using coordinator_actor = version_listener_actor::extend<

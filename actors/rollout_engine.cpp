@@ -22,9 +22,27 @@ bool cut_off(engine_ptr self) {
 
 /// An unanswered request: the promise is never delivered, so the requester
 /// meets its own deadline, as with a process that stopped answering.
-template <class T>
-caf::result<T> dropped(engine_ptr self) {
-  return self->make_response_promise<T>();
+template <class... Ts>
+caf::result<Ts...> unanswered(engine_ptr self, caf::result<Ts...>*) {
+  return self->make_response_promise<Ts...>();
+}
+
+template <class F, class Result, class... Args>
+auto gate(engine_ptr self, F handler, Result (F::*)(Args...) const) {
+  return [self, handler](Args... xs) -> Result {
+    if (cut_off(self))
+      return unanswered(self, static_cast<Result*>(nullptr));
+    return handler(std::forward<Args>(xs)...);
+  };
+}
+
+/// The partition gate around a request handler from outside: while a drill
+/// cuts the engine off, the request goes unanswered and the handler does not
+/// run. The wrapper has the handler's own signature, so the behaviour's
+/// typing is unchanged.
+template <class F>
+auto gated(engine_ptr self, F handler) {
+  return gate(self, std::move(handler), &F::operator());
 }
 
 /// How long a delay_acks drill still holds acknowledgements; 0: not held.
@@ -158,9 +176,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   auto ack = [self, name] { return phase_ack{name, self->state.core->version(), self->state.core->dirty()}; };
 
   return {
-    [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
-      if (cut_off(self))
-        return dropped<pause_report>(self);
+    gated(self, [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
       if (auto why = check(req); !why.empty())
         return make_error(errc::malformed, why);
       if (self->state.pause_promise) // a newer pause supersedes one still in flight
@@ -173,25 +189,19 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.pause_promise = rp;
       schedule_step();
       return rp;
-    },
-    [=](flush_atom) -> caf::result<phase_ack> {
-      if (cut_off(self))
-        return dropped<phase_ack>(self);
+    }),
+    gated(self, [=](flush_atom) -> caf::result<phase_ack> {
       self->state.core->flush();
       return held(self, ack());
-    },
-    [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
-      if (cut_off(self))
-        return dropped<phase_ack>(self);
+    }),
+    gated(self, [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->start_update(version))
         return to_error(*e);
       return held(self, ack());
-    },
-    [=](update_atom, const weight_bucket& bucket) -> caf::result<std::uint64_t> {
-      if (cut_off(self))
-        return dropped<std::uint64_t>(self);
+    }),
+    gated(self, [=](update_atom, const weight_bucket& bucket) -> caf::result<std::uint64_t> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto why = check(bucket); !why.empty())
@@ -212,11 +222,9 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         applied += t.size;
       }
       return applied;
-    },
-    [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
+    }),
+    gated(self, [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
       auto& st = self->state;
-      if (cut_off(self))
-        return dropped<transfer_report>(self);
       if (auto why = check(order); !why.empty())
         return make_error(errc::malformed, why);
       if (!st.puller)
@@ -240,7 +248,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       auto rp = self->make_response_promise<transfer_report>();
       st.transfer_promise = rp;
       return rp;
-    },
+    }),
     [=](pull_atom, std::shared_ptr<pull_outcome> out) {
       auto& st = self->state;
       if (!st.transfer_promise || out->seq != st.transfer_seq)
@@ -259,19 +267,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         }
       deliver_held(self, rp, *out->report);
     },
-    [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
-      if (cut_off(self))
-        return dropped<phase_ack>(self);
+    gated(self, [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->finish_update(version))
         return to_error(*e);
       return ack();
-    },
-    [=](resume_atom) -> caf::result<phase_ack> {
+    }),
+    gated(self, [=](resume_atom) -> caf::result<phase_ack> {
       auto& st = self->state;
-      if (cut_off(self))
-        return dropped<phase_ack>(self);
       if (st.core->in_session()) { // continue without finish: the round was aborted
         bool pulling = st.transfer_promise.has_value();
         if (pulling) {
@@ -284,10 +288,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return to_error(*e);
       schedule_step();
       return ack();
-    },
-    [=](generate_atom, generate_request req, token_sink_actor sink) -> caf::result<generate_result> {
-      if (cut_off(self))
-        return dropped<generate_result>(self);
+    }),
+    gated(self, [=](generate_atom, generate_request req, token_sink_actor sink) -> caf::result<generate_result> {
       auto id = req.request_id;
       // The same request again is a newer attempt: the router rerouted it
       // while this engine was unreachable and the abort of the old one was
@@ -319,27 +321,19 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->monitor(sink);
       schedule_step();
       return rp;
-    },
-    [=](abort_atom, std::uint64_t request_id) -> caf::result<bool> {
-      if (cut_off(self))
-        return dropped<bool>(self);
+    }),
+    gated(self, [=](abort_atom, std::uint64_t request_id) -> caf::result<bool> {
       bool found = self->state.core->abort(request_id);
       deliver_pause_if_done();
       return found;
-    },
-    [=](status_atom) -> caf::result<engine_status> {
-      if (cut_off(self))
-        return dropped<engine_status>(self);
+    }),
+    gated(self, [=](status_atom) -> caf::result<engine_status> {
       return self->state.core->status();
-    },
-    [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
-      if (cut_off(self))
-        return dropped<heartbeat>(self);
+    }),
+    gated(self, [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
       return heartbeat{name, hb.seq};
-    },
-    [=](digest_atom) -> caf::result<weight_digest> {
-      if (cut_off(self))
-        return dropped<weight_digest>(self);
+    }),
+    gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;
       d.engine = name;
       d.version = self->state.core->version();
@@ -349,7 +343,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         d.checksums.push_back(sum);
       }
       return d;
-    },
+    }),
     [=](caf::timeout_atom, std::uint64_t id) {
       if (self->current_sender() != self->ctrl())
         return; // only its own timers

@@ -4,6 +4,7 @@
 #include "runtime/base/json.hpp"
 #include "runtime/base/stats.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/control/round_figures.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -43,8 +44,7 @@ struct sync_figures {
 };
 
 sync_figures figures(const sync_report& r) {
-  double gbps = r.transfer_ns > 0 ? static_cast<double>(r.bytes) / static_cast<double>(r.transfer_ns) : 0;
-  return {ms(r.stall_ns), ms(r.transfer_ns), gbps, ms(r.control_ns)};
+  return {ms(r.stall_ns), ms(r.transfer_ns), transfer_gbps(r.bytes, r.transfer_ns), ms(r.control_ns)};
 }
 
 /// Serialises writes to stderr from the coordinator's and the driver's threads.

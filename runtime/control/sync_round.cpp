@@ -13,67 +13,173 @@ bool round_due(std::uint64_t newest_version, std::uint64_t synced_version,
   return newest_version > synced_version && newest_version - synced_version >= every;
 }
 
-namespace {
-
-bool contains(const std::vector<std::string>& xs, std::string_view x) {
-  return std::find(xs.begin(), xs.end(), x) != xs.end();
-}
-
-bool erase(std::vector<std::string>& xs, std::string_view x) {
-  auto i = std::find(xs.begin(), xs.end(), x);
-  if (i == xs.end())
-    return false;
-  xs.erase(i);
-  return true;
-}
-
-} // namespace
-
-sync_round::sync_round(std::uint64_t id, std::uint64_t version, std::vector<std::string> engines)
-  : id_(id), version_(version), live_(std::move(engines)), pending_(live_) {
-  if (live_.empty())
+sync_round::sync_round(std::uint64_t id, std::uint64_t version, std::vector<std::string> engines,
+                       std::size_t wave_size)
+  : id_(id), version_(version), engines_(std::move(engines)) {
+  // 0 (or more than there are engines): everybody in one wave.
+  wave_size_ = wave_size == 0 || wave_size > engines_.size() ? std::max<std::size_t>(engines_.size(), 1) : wave_size;
+  wave_live_.assign((engines_.size() + wave_size_ - 1) / wave_size_, 0);
+  slots_.reserve(engines_.size());
+  for (std::size_t i = 0; i < engines_.size(); ++i) {
+    ++ops_;
+    slot s;
+    s.wave = i / wave_size_;
+    slots_.emplace(engines_[i], s);
+    ++wave_live_[s.wave];
+  }
+  if (engines_.empty())
     phase_ = sync_phase::done;
+  else
+    pend_wave();
+}
+
+const sync_round::slot* sync_round::find(std::string_view name) const {
+  ++ops_;
+  auto i = slots_.find(std::string{name});
+  return i == slots_.end() ? nullptr : &i->second;
+}
+
+sync_round::slot* sync_round::find(std::string_view name) {
+  return const_cast<slot*>(static_cast<const sync_round*>(this)->find(name));
+}
+
+std::vector<std::string> sync_round::live() const {
+  std::vector<std::string> out;
+  for (auto& name : engines_) {
+    ++ops_;
+    if (!slots_.at(name).evicted)
+      out.push_back(name);
+  }
+  return out;
+}
+
+std::vector<std::string> sync_round::wave_engines() const {
+  std::vector<std::string> out;
+  if (done())
+    return out;
+  auto first = wave_ * wave_size_;
+  auto last = std::min(first + wave_size_, engines_.size());
+  for (auto i = first; i < last; ++i) {
+    ++ops_;
+    if (!slots_.at(engines_[i]).evicted)
+      out.push_back(engines_[i]);
+  }
+  return out;
 }
 
 bool sync_round::waiting_on(std::string_view name) const {
-  return contains(pending_, name);
+  auto s = find(name);
+  return s && s->pending;
 }
 
 bool sync_round::in_round(std::string_view name) const {
-  return contains(live_, name);
+  auto s = find(name);
+  return s && !s->evicted;
+}
+
+bool sync_round::still_to_sync(std::string_view name) const {
+  auto s = find(name);
+  return s && !s->evicted && !done() && s->wave >= wave_;
+}
+
+bool sync_round::in_current_wave(std::string_view name) const {
+  auto s = find(name);
+  return s && !s->evicted && !done() && s->wave == wave_;
+}
+
+bool sync_round::wave_ending() const {
+  return !done() && barrier_reached() && (phase_ == sync_phase::resume || wave_live_[wave_] == 0);
 }
 
 bool sync_round::ack(std::string_view name, sync_phase phase) {
-  return phase == phase_ && erase(pending_, name);
+  if (phase != phase_ || done())
+    return false;
+  auto s = find(name);
+  if (!s || !s->pending || s->wave != wave_)
+    return false;
+  s->pending = false;
+  --pending_;
+  return true;
 }
 
 bool sync_round::evict(std::string_view name) {
-  if (!erase(live_, name))
+  auto s = find(name);
+  if (!s || s->evicted || done() || s->wave < wave_)
     return false;
-  erase(pending_, name);
+  s->evicted = true;
+  --wave_live_[s->wave];
+  if (s->pending) {
+    s->pending = false;
+    --pending_;
+  }
   evicted_.emplace_back(name);
   return true;
+}
+
+void sync_round::pend_wave() {
+  pending_ = 0;
+  auto first = wave_ * wave_size_;
+  auto last = std::min(first + wave_size_, engines_.size());
+  for (auto i = first; i < last; ++i) {
+    ++ops_;
+    auto& s = slots_.at(engines_[i]);
+    s.pending = !s.evicted;
+    pending_ += s.pending ? 1 : 0;
+  }
+}
+
+void sync_round::next_wave() {
+  wave_aborted_ = false;
+  if (!aborted_) // an abandoned update starts no later wave
+    for (++wave_; wave_ < wave_live_.size(); ++wave_) {
+      ++ops_;
+      if (wave_live_[wave_] > 0) {
+        phase_ = sync_phase::pause;
+        pend_wave();
+        return;
+      }
+    }
+  phase_ = sync_phase::done;
+  pending_ = 0;
 }
 
 sync_phase sync_round::advance() {
   if (!barrier_reached() || done())
     return phase_;
-  phase_ = live_.empty() ? sync_phase::done : next(phase_);
-  if (done())
-    pending_.clear();
-  else
-    pending_ = live_;
+  if (wave_ending())
+    next_wave();
+  else {
+    phase_ = next(phase_);
+    pend_wave();
+  }
   return phase_;
 }
 
 bool sync_round::abort() {
-  // From finish on, every live engine holds the whole version: the round
-  // completes without the trainer.
-  if (phase_ >= sync_phase::finish)
+  if (done())
     return false;
+  if (phase_ >= sync_phase::finish) {
+    // This wave holds the whole version and completes; what is left to
+    // abandon are the later waves, if any has a live engine.
+    bool later = false;
+    for (auto w = wave_ + 1; w < wave_live_.size() && !later; ++w) {
+      ++ops_;
+      later = wave_live_[w] > 0;
+    }
+    if (aborted_ || !later)
+      return false;
+    aborted_ = true;
+    return true;
+  }
   aborted_ = true;
-  phase_ = live_.empty() ? sync_phase::done : sync_phase::resume;
-  pending_ = live_;
+  wave_aborted_ = true;
+  if (wave_live_[wave_] == 0) { // nobody left to resume
+    phase_ = sync_phase::done;
+    pending_ = 0;
+    return true;
+  }
+  phase_ = sync_phase::resume;
+  pend_wave();
   return true;
 }
 

@@ -1446,3 +1446,205 @@ TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines counts engines serving,
   CHECK(logged("2 live engines serving within sync.staleness again"));
   CHECK(status().below_min_live_events == 1);
 }
+
+// -- waves ------------------------------------------------------------------------------
+
+namespace {
+
+/// The engines each phase went to, per round, as the coordinator sent it.
+struct phase_record {
+  std::uint64_t round;
+  sync_phase phase;
+  std::vector<std::string> engines;
+};
+
+/// Where (engine, phase) first arrived; arrivals->size() if never.
+std::size_t arrival_index(const std::vector<arrival>& xs, const std::string& engine, sync_phase phase) {
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    if (xs[i].engine == engine && xs[i].phase == phase)
+      return i;
+  return xs.size();
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(coordinator_fixture, "waves: five engines in waves of two, one wave at a time, the others serving") {
+  auto c = config();
+  c.sync.wave_size = 2;
+  auto sent = std::make_shared<std::vector<phase_record>>();
+  c.on_phase = [sent](std::uint64_t round, std::uint64_t, sync_phase phase, const std::vector<std::string>& engines) {
+    sent->push_back({round, phase, engines});
+  };
+  start(c);
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
+  for (auto& name : names)
+    add_engine(name);
+  REQUIRE(status().routable == names); // the cold syncs ran in waves too
+  forget_history();
+  sent->clear();
+  engines["c"].on(sync_phase::transfer, act::hold);
+  publish(1);
+  // Wave 1 (a, b) is done and serves v1; wave 2 (c, d) waits on c's
+  // transfer; e has not been asked anything and serves v0 meanwhile.
+  for (auto name : {"a", "b"}) {
+    CAPTURE(name);
+    CHECK(seen_by(name) == all_phases);
+    CHECK(member_info(name).version == 1);
+    CHECK(routable(name));
+  }
+  CHECK(*routes == std::vector<std::string>{"route a v1", "route b v1"});
+  CHECK(seen_by("c") == std::vector<sync_phase>{sync_phase::pause, sync_phase::flush, sync_phase::start,
+                                                sync_phase::transfer});
+  CHECK(seen_by("e").empty());
+  CHECK(routable("e"));
+  CHECK(member_info("e").version == 0);
+  CHECK(status().version == 0); // the round has not ended
+  CHECK(reports.empty());
+  release("c");
+  // Three waves, each pause to at most two engines, in snapshot order, and
+  // no wave paused before the previous one resumed.
+  std::vector<std::vector<std::string>> pauses;
+  for (auto& p : *sent) {
+    CHECK(p.engines.size() <= 2);
+    if (p.phase == sync_phase::pause)
+      pauses.push_back(p.engines);
+  }
+  CHECK(pauses == std::vector<std::vector<std::string>>{{"a", "b"}, {"c", "d"}, {"e"}});
+  for (auto [done, next] : {std::pair{"b", "c"}, std::pair{"d", "e"}}) {
+    CAPTURE(next);
+    CHECK(arrival_index(*arrivals, done, sync_phase::resume) < arrival_index(*arrivals, next, sync_phase::pause));
+  }
+  // Everybody ends on the version.
+  for (auto& name : names) {
+    CAPTURE(name);
+    CHECK(seen_by(name) == all_phases);
+    CHECK(member_info(name).version == 1);
+  }
+  auto s = status();
+  CHECK(s.routable == names);
+  CHECK(s.version == 1);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 5);
+  CHECK(reports[0].evicted.empty());
+  CHECK(reports[0].bytes == 5000);
+  CHECK(*routes
+        == std::vector<std::string>{"route a v1", "route b v1", "route c v1", "route d v1", "route e v1"});
+  CHECK(logged("v1: 5 engines synced in 3 waves"));
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "waves: an eviction in wave 2 does not stop wave 3") {
+  auto c = config();
+  c.sync.wave_size = 2;
+  start(c);
+  for (auto name : {"a", "b", "c", "d", "e"})
+    add_engine(name);
+  forget_history();
+  engines["d"].on(sync_phase::transfer, act::fail);
+  publish(1);
+  CHECK(seen_by("d") == std::vector<sync_phase>{sync_phase::pause, sync_phase::flush, sync_phase::start,
+                                                sync_phase::transfer});
+  CHECK(seen_by("e") == all_phases); // wave 3 ran
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 4);
+  CHECK(reports[0].evicted == std::vector<std::string>{"d"});
+  CHECK(!reports[0].aborted);
+  auto s = status();
+  CHECK(s.version == 1);
+  CHECK(s.routable == std::vector<std::string>{"a", "b", "c", "e"});
+  CHECK(member_info("d").dirty); // evicted in transfer: the session may be half applied
+  CHECK(*routes == std::vector<std::string>{"route a v1", "route b v1", "evict d", "route c v1", "route e v1"});
+  CHECK(logged("evicted d (transfer: "));
+  // The next round brings d current, alone.
+  forget_history();
+  engines["d"].on(sync_phase::transfer, act::answer);
+  publish(2);
+  CHECK(seen_by("d") == all_phases);
+  CHECK(status().routable.size() == 5);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "waves: an engine of a later wave that dies leaves the round before its wave") {
+  auto c = config();
+  c.sync.wave_size = 1;
+  start(c);
+  for (auto name : {"a", "b", "c"})
+    add_engine(name);
+  forget_history();
+  engines["a"].on(sync_phase::pause, act::hold);
+  publish(1);
+  kill(engines["c"]); // waits for wave 3
+  CHECK(!member_info("b").dirty);
+  release("a");
+  CHECK(seen_by("b") == all_phases);
+  CHECK(seen_by("c").empty());
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 2);
+  CHECK(reports[0].evicted == std::vector<std::string>{"c"});
+  CHECK(logged("evicted c (before its wave: down"));
+  CHECK(status().routable == std::vector<std::string>{"a", "b"});
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "waves: the trainer dies in wave 2: it resumes, wave 3 never starts") {
+  auto c = config();
+  c.sync.wave_size = 1;
+  start_with_trainer(c);
+  add_engine("c");
+  REQUIRE(routable("c"));
+  forget_history();
+  engines["b"].on(sync_phase::transfer, act::hold);
+  engines["b"].script->fail_held_on_resume = true;
+  publish_through_trainer(3);
+  CHECK(seen_by("a") == all_phases);
+  CHECK(count(sync_phase::transfer) == 2);
+  kill_trainer();
+  CHECK(seen_by("b") == aborted_phases);
+  CHECK(seen_by("c").empty()); // still on v2, never paused
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].aborted);
+  CHECK(reports[0].engines_synced == 1);
+  auto s = status();
+  CHECK(s.version == 2); // the round did not complete
+  CHECK(s.routable == std::vector<std::string>{"a", "b", "c"});
+  CHECK(member_info("a").version == 3);
+  CHECK(member_info("b").version == 2);
+  CHECK(member_info("c").version == 2);
+  CHECK(logged("v3: ABORTED (the trainer is down): 2 engines resume on their old version, 0 dirty, 1 synced in earlier waves"));
+}
+
+// -- scale ------------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a round over 1000 engines costs O(engines) bookkeeping, in one wave or in waves") {
+  std::size_t wave_size = 0;
+  SUBCASE("one wave") {
+    wave_size = 0;
+  }
+  SUBCASE("waves of 100") {
+    wave_size = 100;
+  }
+  CAPTURE(wave_size);
+  auto c = config();
+  c.sync.wave_size = static_cast<std::int64_t>(wave_size);
+  c.log = {};
+  c.on_member = {};
+  start(c);
+  for (int i = 0; i < 1000; ++i) {
+    auto name = "engine-" + std::to_string(1000 + i); // snapshot order is name order
+    auto& e = spawn_engine(name);
+    caf::anon_send(coord, register_atom::value, engine_info{name, "node", 1, 0, false, 0},
+                   caf::actor_cast<rollout_engine_actor>(e.actor));
+  }
+  run(); // the cold syncs
+  REQUIRE(status().routable.size() == 1000);
+  forget_history();
+  publish(1);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 1000);
+  CHECK(count(sync_phase::resume) == 1000);
+  // The coordinator's own state after the round: how many steps its book took.
+  auto* self = dynamic_cast<caf::stateful_actor<coordinator_state, coordinator_impl_actor::base>*>(
+    caf::actor_cast<caf::abstract_actor*>(coord));
+  REQUIRE(self != nullptr);
+  // Per engine about 25 (see the sync_round test); a linear search per
+  // reply would take hundreds of thousands more.
+  CHECK(self->state.last_round_ops < 30 * 1000);
+  CHECK(self->state.last_round_ops > 1000);
+}

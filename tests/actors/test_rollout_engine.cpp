@@ -302,3 +302,39 @@ TEST_CASE_FIXTURE(engine_fixture, "a request whose sink is gone ends on the engi
   CHECK((**kept)->tokens.size() == 8);
   CHECK(other_log->tokens.size() == 2);
 }
+
+TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: cut off, no request is answered, healed, every one is") {
+  rollout_engine_config cfg;
+  cfg.model = test::tiny_config();
+  cfg.options.name = "rollout-cut";
+  cfg.self_stepping = false;
+  cfg.faults = std::make_shared<engine_fault_gate>();
+  auto engine = caf::actor_cast<rollout_engine_actor>(spawn(rollout_engine, cfg));
+  cfg.faults->partitioned = true;
+  auto hb = request<heartbeat>(engine, heartbeat_atom::value, heartbeat{"coordinator", 7});
+  auto status = request<engine_status>(engine, status_atom::value);
+  auto flush = request<phase_ack>(engine, flush_atom::value);
+  auto pause = request<pause_report>(engine, pause_atom::value, pause_request{pause_mode::keep, false});
+  auto bad = request<phase_ack>(engine, start_atom::value, std::uint64_t{1}); // not paused: an error if it ran
+  auto digest = request<weight_digest>(engine, digest_atom::value);
+  run();
+  CHECK(!hb->has_value());
+  CHECK(!status->has_value());
+  CHECK(!flush->has_value());
+  CHECK(!pause->has_value());
+  CHECK(!bad->has_value()); // the handler did not run: no refusal either
+  CHECK(!digest->has_value());
+  cfg.faults->partitioned = false;
+  auto hb2 = request<heartbeat>(engine, heartbeat_atom::value, heartbeat{"coordinator", 8});
+  auto status2 = request<engine_status>(engine, status_atom::value);
+  auto bad2 = request<phase_ack>(engine, start_atom::value, std::uint64_t{1});
+  run();
+  REQUIRE(hb2->has_value());
+  REQUIRE(**hb2);
+  CHECK((**hb2)->seq == 8);
+  CHECK((**hb2)->from == "rollout-cut");
+  REQUIRE(status2->has_value());
+  CHECK(**status2);
+  REQUIRE(bad2->has_value());
+  CHECK(is((**bad2).error(), errc::not_paused));
+}

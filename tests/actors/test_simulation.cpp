@@ -14,9 +14,10 @@
 //      version of the tokens it covers;
 //   3. every live member routable at the coordinator's version, and the
 //      fake behind it really holds that version, clean and unpaused;
-//   4. no token with a version no round completed (nor version 0, which
-//      every engine starts with), none produced while dirty, and no
-//      generate reaching an incarnation before its first completed sync;
+//   4. no token with a version no round (or a wave of one) completed (nor
+//      version 0, which every engine starts with), none produced while
+//      dirty, and no generate reaching an incarnation before its first
+//      completed sync;
 //   5. restarted and healed engines are current (3 covers them).
 //
 // Along the way: between rounds, every engine the coordinator has routable
@@ -724,6 +725,7 @@ struct plan {
   std::uint32_t engines = 3;
   std::int64_t plan_ms = 800;
   std::int64_t max_restarts = 3;
+  std::int64_t wave_size = 0; ///< sync.wave_size: 0 = every engine at once
   std::vector<std::int64_t> transfer_ms; ///< per engine incarnation, drawn in order
   std::vector<fault> faults;
   std::vector<request_plan> requests;
@@ -731,7 +733,8 @@ struct plan {
   std::string to_string() const {
     std::string s = "seed " + std::to_string(seed) + ": " + std::to_string(engines) + " engines, "
                     + std::to_string(requests.size()) + " requests over " + std::to_string(plan_ms)
-                    + " ms, sync.max_restarts " + std::to_string(max_restarts) + "\n";
+                    + " ms, sync.max_restarts " + std::to_string(max_restarts) + ", sync.wave_size "
+                    + std::to_string(wave_size) + "\n";
     for (auto& f : faults)
       if (f.kind != fault_kind::publish)
         s += "  " + f.to_string() + "\n";
@@ -805,6 +808,8 @@ plan make_plan(std::uint64_t seed) {
     r.req.sampling.max_tokens = 4 + static_cast<std::uint32_t>(pick(37));
     p.requests.push_back(r);
   }
+  // Drawn last, so that the draws above stay what they were for every seed.
+  p.wave_size = pick(3) == 0 ? 1 + pick(2) : 0;
   return p;
 }
 
@@ -982,6 +987,7 @@ private:
     c.sync.every_versions = 1;
     c.sync.min_live_engines = 1;
     c.sync.max_restarts = plan_.max_restarts;
+    c.sync.wave_size = plan_.wave_size;
     c.log = [w](const std::string& line) { w->add(w->coordinator_log, line); };
     c.on_report = [this, w](const sync_report& r) {
       round_open_ = false;
@@ -991,6 +997,8 @@ private:
       if (r.aborted) {
         ++w->counts.aborted_rounds;
         w->aborted.insert(r.version);
+        if (r.engines_synced > 0) // waves that ended before the abort hold the whole version
+          w->completed.insert(r.version);
       } else {
         w->completed.insert(r.version);
         if (r.engines_synced == 0)

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 using namespace rlsync;
 using P = sync_phase;
 
@@ -185,4 +187,192 @@ TEST_CASE("sync_round: an abort skips the update and still resumes every live en
   CHECK(empty_live.abort()); // nobody left to resume: done
   CHECK(empty_live.done());
   CHECK(!empty_live.abort()); // done already
+}
+
+namespace {
+
+/// Acknowledges the current phase for every engine of the current wave.
+void ack_wave(sync_round& r) {
+  for (auto& name : r.wave_engines())
+    CHECK(r.ack(name, r.phase()));
+}
+
+/// Runs the current wave from its phase through resume; returns the phases seen.
+void finish_wave(sync_round& r) {
+  auto wave = r.wave();
+  while (!r.done() && r.wave() == wave) {
+    ack_wave(r);
+    r.advance();
+  }
+}
+
+} // namespace
+
+TEST_CASE("sync_round: waves of at most N, in snapshot order, each pause to resume") {
+  struct row {
+    std::size_t engines, wave_size, waves, last_wave;
+  };
+  const row rows[] = {{5, 2, 3, 1}, {5, 0, 1, 5}, {5, 5, 1, 5}, {5, 9, 1, 5}, {4, 2, 2, 2}, {1, 1, 1, 1}, {3, 1, 3, 1}};
+  for (auto& r : rows) {
+    CAPTURE(r.engines);
+    CAPTURE(r.wave_size);
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < r.engines; ++i)
+      names.push_back("e" + std::to_string(i));
+    sync_round round{1, 4, names, r.wave_size};
+    CHECK(round.waves() == r.waves);
+    std::vector<std::string> order;
+    for (std::size_t w = 0; w < r.waves; ++w) {
+      CAPTURE(w);
+      REQUIRE(round.wave() == w);
+      auto wave = round.wave_engines();
+      CHECK(wave.size() == (w + 1 == r.waves ? r.last_wave : r.wave_size));
+      order.insert(order.end(), wave.begin(), wave.end());
+      for (auto p : {P::pause, P::flush, P::start, P::transfer, P::finish, P::resume}) {
+        CHECK(round.phase() == p);
+        CHECK(!round.wave_ending());
+        for (auto& n : wave) {
+          CHECK(round.waiting_on(n));
+          CHECK(round.still_to_sync(n));
+        }
+        // Engines of other waves are not asked anything.
+        for (auto& n : names)
+          if (std::find(wave.begin(), wave.end(), n) == wave.end()) {
+            CHECK(!round.waiting_on(n));
+            CHECK(!round.ack(n, p));
+          }
+        ack_wave(round);
+        CHECK(round.wave_ending() == (p == P::resume));
+        round.advance();
+      }
+      for (auto& n : wave)
+        CHECK(!round.still_to_sync(n)); // its wave ended
+    }
+    CHECK(round.done());
+    CHECK(order == names); // every engine once, in snapshot order
+    CHECK(round.live() == names);
+  }
+}
+
+TEST_CASE("sync_round: evictions in one wave do not stop the next, an emptied wave is skipped") {
+  sync_round r{1, 4, {"a", "b", "c", "d", "e"}, 2};
+  // Wave 1: a, b complete.
+  finish_wave(r);
+  CHECK(r.wave() == 1);
+  CHECK(r.wave_engines() == std::vector<std::string>{"c", "d"});
+  CHECK(!r.evict("a")); // a's wave ended: it is done with the round
+  // Wave 2: d fails in transfer.
+  ack_wave(r);
+  r.advance();
+  ack_wave(r);
+  r.advance();
+  ack_wave(r);
+  r.advance();
+  CHECK(r.phase() == P::transfer);
+  CHECK(r.ack("c", P::transfer));
+  CHECK(!r.barrier_reached());
+  CHECK(r.evict("d"));
+  CHECK(r.barrier_reached());
+  r.advance();
+  finish_wave(r);
+  // Wave 3 runs regardless.
+  REQUIRE(!r.done());
+  CHECK(r.wave() == 2);
+  CHECK(r.phase() == P::pause);
+  CHECK(r.wave_engines() == std::vector<std::string>{"e"});
+  finish_wave(r);
+  CHECK(r.done());
+  CHECK(r.evicted() == std::vector<std::string>{"d"});
+  CHECK(r.live() == std::vector<std::string>{"a", "b", "c", "e"});
+  CHECK(!r.aborted());
+
+  // A later wave whose engines all left before it started is skipped.
+  sync_round s{2, 4, {"a", "b", "c", "d", "e"}, 2};
+  CHECK(!s.in_current_wave("c"));
+  CHECK(s.still_to_sync("c"));
+  CHECK(s.evict("c")); // died while waiting for its wave
+  CHECK(s.evict("d"));
+  CHECK(s.barrier_reached() == false); // wave 1 still waits on a and b
+  finish_wave(s);
+  CHECK(s.wave() == 2);
+  CHECK(s.wave_engines() == std::vector<std::string>{"e"});
+  finish_wave(s);
+  CHECK(s.done());
+}
+
+TEST_CASE("sync_round: an abort in a wave starts no later wave") {
+  struct row {
+    P abort_in;
+    bool accepted;
+    P after;
+    bool wave_aborted;
+  };
+  // In wave 2 of 3; from finish on the wave completes, but wave 3 is dropped.
+  const row rows[] = {
+    {P::pause, true, P::resume, true},   {P::transfer, true, P::resume, true},
+    {P::finish, true, P::finish, false}, {P::resume, true, P::resume, false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(to_string(r.abort_in));
+    sync_round round{1, 5, {"a", "b", "c", "d", "e"}, 2};
+    finish_wave(round);
+    while (round.phase() != r.abort_in) {
+      ack_wave(round);
+      round.advance();
+    }
+    CHECK(round.abort() == r.accepted);
+    CHECK(!round.abort()); // nothing more to abandon
+    CHECK(round.aborted());
+    CHECK(round.wave_aborted() == r.wave_aborted);
+    CHECK(round.phase() == r.after);
+    CHECK(round.waiting_on("c"));
+    CHECK(round.waiting_on("d"));
+    finish_wave(round);
+    CHECK(round.done()); // wave 3 never starts
+    CHECK(round.live() == std::vector<std::string>{"a", "b", "c", "d", "e"});
+  }
+  // In the last wave from finish on there is nothing to abandon.
+  sync_round last{2, 5, {"a", "b", "c"}, 2};
+  finish_wave(last);
+  for (int i = 0; i < 4; ++i) {
+    ack_wave(last);
+    last.advance();
+  }
+  CHECK(last.phase() == P::finish);
+  CHECK(!last.abort());
+  CHECK(!last.aborted());
+}
+
+TEST_CASE("sync_round: a full round over 1000 engines costs O(engines) bookkeeping") {
+  for (std::size_t wave_size : {std::size_t{0}, std::size_t{10}, std::size_t{1}}) {
+    CAPTURE(wave_size);
+    std::vector<std::string> names;
+    for (int i = 0; i < 1000; ++i)
+      names.push_back("engine-" + std::to_string(i));
+    sync_round r{1, 2, names, wave_size};
+    // What the coordinator does per reply: a waiting_on check, then the ack;
+    // one eviction per wave of ten, as failures would.
+    std::size_t evictions = 0;
+    while (!r.done()) {
+      auto wave = r.wave_engines();
+      for (std::size_t i = 0; i < wave.size(); ++i) {
+        auto& n = wave[i];
+        if (r.phase() == P::transfer && i == 0 && wave.size() > 1 && evictions < 100) {
+          CHECK(r.evict(n));
+          ++evictions;
+          continue;
+        }
+        CHECK(r.waiting_on(n));
+        CHECK(r.ack(n, r.phase()));
+        (void) r.barrier_reached();
+      }
+      r.advance();
+    }
+    // Per engine: one step to build the round, and per phase one step to
+    // list the wave, one to make it pending and a lookup each for the check
+    // and the ack: about 1 + 6 * 4 = 25. Linear search would cost hundreds
+    // of steps per reply at this size (millions in all).
+    CHECK(r.ops() < 30 * 1000);
+    CHECK(r.ops() > 1000);
+  }
 }
