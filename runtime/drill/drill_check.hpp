@@ -1,5 +1,5 @@
 #pragma once
-// The final check of a drill (DESIGN §6), as a pure function over what the
+// The final check of a drill, as a pure function over what the
 // drill observed: FoundationDB's "workload, faults, then a check". Each
 // invariant comes back held or violated with its evidence, so that a report
 // says why, not just whether. tools/cmd_drill.cpp gathers the observation.
@@ -51,7 +51,7 @@ struct drill_observation {
   double throughput_tolerance = 0.10; ///< "within 10% of its pre-fault level"
 };
 
-/// Every invariant of DESIGN §6, in a fixed order:
+/// Every invariant of the fault model, in a fixed order:
 ///  1. every request finished or was explicitly rejected
 ///  2. no token lost or duplicated in any stream
 ///  3. every live engine on the same version, with the trainer's weights

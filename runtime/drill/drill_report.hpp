@@ -1,5 +1,5 @@
 #pragma once
-// The report of one fault-injection drill (DESIGN §6): what each engine was
+// The report of one fault-injection drill: what each engine was
 // doing over time, where the faults, heals and sync rounds fell, the request
 // throughput, and which invariants held. Pure values in, text out: the drill
 // runner fills a drill_record, and this renders it as JSON (for tools) and as
@@ -38,7 +38,7 @@ struct throughput_sample {
   double tokens_per_s = 0;
 };
 
-/// One invariant of DESIGN §6 after the drill: held or violated, with its evidence.
+/// One invariant of the fault model after the drill: held or violated, with its evidence.
 struct invariant_result {
   std::string name;
   bool held = false;
