@@ -1,7 +1,7 @@
 #pragma once
 // The engine's weight loader: one function per checkpoint parameter (Hugging
 // Face Llama names), written once against weight_view, so that the same code
-// loads real bytes and records sharding plans (plan.hpp).
+// loads real bytes and records sharding plans (recording.hpp).
 //
 // For each checkpoint tensor it walks the weight lifecycle for one worker:
 //   (1) fuse       q/k/v land in one qkv_proj, gate/up in one gate_up_proj,
