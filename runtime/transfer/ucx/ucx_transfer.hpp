@@ -80,6 +80,11 @@
 
 namespace rlsync::transfer {
 
+namespace ucx_detail { // the backend's internals (runtime/transfer/ucx/*_impl.hpp)
+struct producer_impl;
+struct puller_impl;
+} // namespace ucx_detail
+
 /// UCX could not start, or the transports asked for are not available.
 struct ucx_error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -158,10 +163,8 @@ public:
   void withhold(std::uint32_t group, std::uint64_t version = 0);
   void clear_faults();
 
-  struct impl;
-
 private:
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<ucx_detail::producer_impl> impl_;
 };
 
 struct ucx_puller_options {
@@ -231,10 +234,8 @@ public:
   /// Throws transfer_error when it cannot connect.
   std::string send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline);
 
-  struct impl;
-
 private:
-  std::unique_ptr<impl> impl_;
+  std::unique_ptr<ucx_detail::puller_impl> impl_;
 };
 
 } // namespace rlsync::transfer
