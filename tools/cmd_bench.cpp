@@ -57,8 +57,11 @@ int bench_engine(const arg_list& argv) {
   jobs::bench_engine_options o;
   o.model = c;
   o.tps.clear();
-  for (auto tp : parse_list(a.get_or("tp", "1,2"), "--tp"))
+  for (auto tp : parse_list(a.get_or("tp", "1,2"), "--tp")) {
     o.tps.push_back(static_cast<int>(std::min<std::uint64_t>(tp, 1024)));
+    for (auto& e : validate_tp(c, o.tps.back()))
+      throw cli::usage_error("--tp " + std::to_string(tp) + ": " + e);
+  }
   o.batches.clear();
   for (auto b : parse_list(a.get_or("batch", "1,8,32"), "--batch"))
     o.batches.push_back(static_cast<std::uint32_t>(std::min<std::uint64_t>(b, 4096)));
