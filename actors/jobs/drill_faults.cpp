@@ -23,6 +23,14 @@ std::string unsupported_fault(const fault_spec& f) {
   return {};
 }
 
+bool fault_has_end(const fault_spec& f) {
+  if (!f.duration)
+    return false;
+  if (f.target_kind == fault_target::engine || f.target_kind == fault_target::node)
+    return true;
+  return f.action == fault_action::kill;
+}
+
 std::string refuse_drill(const topology& t) {
   if (t.drill.faults.empty())
     return "no drill.faults: nothing to rehearse (see configs/drills/)";

@@ -19,6 +19,11 @@ std::string fault_label(const fault_spec& f);
 /// Why one process cannot stage `f` (a whole node's kill or restart), or empty.
 std::string unsupported_fault(const fault_spec& f);
 
+/// Whether `f` ends after its duration: an engine's or a node's fault heals
+/// (partition, delay_acks) or restarts what it killed; the router, the
+/// coordinator or the trainer killed is restarted. False without a duration.
+bool fault_has_end(const fault_spec& f);
+
 /// Why the drill in `t` cannot run in one process, or empty:
 /// "no drill.faults: ..." or "drill.faults[I]: why".
 std::string refuse_drill(const topology& t);

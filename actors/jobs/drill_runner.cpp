@@ -1,15 +1,3 @@
-// Single process: an engine's "process" is its actor. kill = the actor is
-// killed; restart = a new actor, next incarnation, registered; partition =
-// its messages are dropped and it stops stepping (engine_fault_gate);
-// delay_acks = its phase acknowledgements are held; corrupt = the data plane
-// alters one group it receives. The trainer can be killed and restarted on
-// the same source (its checkpoints survive it). The coordinator can be
-// killed and restarted from its state file (one in the report folder when
-// the topology names none); live engines re-register as they are. The router
-// can be killed and restarted: the coordinator routes the current engines to
-// the new one and the requester resends what the old one held as
-// continuations. Whole-node kills are refused (they need processes).
-//
 // Every fault runs on the drill's own thread. A fault due at a round's phase
 // is handed over from the coordinator's hook, which waits (bounded) until it
 // has fired, so that it lands exactly as that phase goes out.
@@ -19,6 +7,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/jobs/drill_faults.hpp"
 #include "actors/jobs/drill_figures.hpp"
+#include "actors/jobs/drill_injector.hpp"
 #include "actors/jobs/drill_timeline.hpp"
 #include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
@@ -26,7 +15,6 @@
 #include "runtime/drill/drill_check.hpp"
 
 #include <caf/scoped_actor.hpp>
-#include <caf/send.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -144,6 +132,15 @@ private:
       on_phase(round, phase, engines);
     };
     d_ = deploy_local(sys_, t_, opts);
+    fault_injector::hooks h;
+    h.note = [this](const std::string& line) { note(line); };
+    h.lane = [this](const std::string& engine, lane_state state) { lane(engine, state); };
+    h.mark = [this](const std::string& kind, const std::string& label) { mark(kind, label); };
+    h.hit = [this](const std::string& engine, fault_action action) {
+      std::lock_guard<std::mutex> lock(mu_);
+      timeline_.on_fault(now_ms(), engine, action);
+    };
+    injector_ = std::make_unique<fault_injector>(sys_, t_, d_, driver_, std::move(h));
   }
 
   void on_phase(std::uint64_t round, sync_phase phase, const std::vector<std::string>& engines) {
@@ -215,29 +212,7 @@ private:
     return tokens_per_second(samples_, span.from_ms, span.to_ms);
   }
 
-  std::vector<std::size_t> engines_of(const fault_spec& f) const {
-    std::vector<std::size_t> out;
-    for (std::size_t i = 0; i < t_.engines.size(); ++i)
-      if ((f.target_kind == fault_target::engine && t_.engines[i].name == f.target)
-          || (f.target_kind == fault_target::node && t_.engines[i].node == f.target))
-        out.push_back(i);
-    return out;
-  }
-
-  void hit(std::size_t engine, fault_action action) {
-    std::lock_guard<std::mutex> lock(mu_);
-    timeline_.on_fault(now_ms(), t_.engines[engine].name, action);
-  }
-
-  void end_after(std::size_t index, const std::optional<milliseconds>& duration) {
-    if (!duration)
-      return;
-    std::lock_guard<std::mutex> lock(mu_);
-    faults_.end_at(index, since_workload() + *duration);
-  }
-
-  /// Fires one fault now (drill thread only). Its end (heal, restart) is
-  /// scheduled. False: skipped.
+  /// Fires fault `index` now (drill thread only) and schedules its end. False: skipped.
   bool fire(std::size_t index) {
     fault_spec spec;
     {
@@ -248,144 +223,21 @@ private:
       note("drill: fault " + std::to_string(index) + " (" + fault_label(spec) + ") skipped: " + why);
       return false;
     }
-    mark("fault", fault_label(spec));
-    note("drill: fault: " + fault_label(spec));
-    auto now = clock_type::now();
-    if (spec.target_kind == fault_target::router || spec.target_kind == fault_target::coordinator
-        || spec.target_kind == fault_target::trainer) {
-      fire_at_service(spec);
-      if (spec.action == fault_action::kill)
-        end_after(index, spec.duration);
-      return true;
+    injector_->fire(spec);
+    if (fault_has_end(spec)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      faults_.end_at(index, since_workload() + *spec.duration);
     }
-    for (auto i : engines_of(spec)) {
-      const auto& name = t_.engines[i].name;
-      switch (spec.action) {
-        case fault_action::kill:
-          hit(i, spec.action);
-          caf::anon_send_exit(d_.engines[i], caf::exit_reason::kill);
-          lane(name, lane_state::dead);
-          break;
-        case fault_action::restart:
-          hit(i, spec.action);
-          restart_engine(i);
-          break;
-        case fault_action::partition:
-          hit(i, spec.action);
-          d_.gates[i]->partitioned = true;
-          break;
-        case fault_action::heal:
-          d_.gates[i]->partitioned = false;
-          break;
-        case fault_action::delay_acks: {
-          hit(i, spec.action);
-          auto hold = spec.duration.value_or(2 * t_.sync.deadlines.pause);
-          d_.gates[i]->acks_held_until_ns = (now + hold).time_since_epoch().count();
-          break;
-        }
-        case fault_action::corrupt:
-          hit(i, spec.action);
-          d_.trainer.transfer->corrupt({name, -1, 0, 0, 1});
-          break;
-      }
-    }
-    end_after(index, spec.duration); // partition and delay_acks heal, a kill restarts
     return true;
   }
 
-  /// A kill or restart of the router, the coordinator or the trainer.
-  void fire_at_service(const fault_spec& spec) {
-    bool kill = spec.action == fault_action::kill;
-    switch (spec.target_kind) {
-      case fault_target::router:
-        if (kill)
-          caf::anon_send_exit(d_.router, caf::exit_reason::kill);
-        else if (spec.action == fault_action::restart)
-          restart_router();
-        break;
-      case fault_target::coordinator:
-        if (kill)
-          caf::anon_send_exit(d_.coordinator, caf::exit_reason::kill);
-        else if (spec.action == fault_action::restart)
-          restart_coordinator(true);
-        break;
-      case fault_target::trainer:
-        if (kill)
-          caf::anon_send_exit(d_.trainer.actor, caf::exit_reason::kill);
-        else if (spec.action == fault_action::restart)
-          restart_trainer();
-        break;
-      case fault_target::engine:
-      case fault_target::node:
-        break;
-    }
-  }
-
-  /// The end of a fault with a duration: heal, or restart what was killed.
   void end_fault(std::size_t index) {
     fault_spec spec;
     {
       std::lock_guard<std::mutex> lock(mu_);
       spec = faults_.spec(index);
     }
-    switch (spec.target_kind) {
-      case fault_target::router:
-        mark("heal", "restart router");
-        restart_router();
-        return;
-      case fault_target::coordinator:
-        mark("heal", "restart coordinator");
-        restart_coordinator(false);
-        return;
-      case fault_target::trainer:
-        mark("heal", "restart trainer");
-        restart_trainer();
-        return;
-      case fault_target::engine:
-      case fault_target::node:
-        break;
-    }
-    for (auto i : engines_of(spec)) {
-      if (spec.action == fault_action::partition)
-        d_.gates[i]->partitioned = false;
-      else if (spec.action == fault_action::kill)
-        restart_engine(i);
-      // delay_acks ends by itself at its time
-    }
-    mark("heal", (spec.action == fault_action::kill ? "restart " : "heal ") + spec.target);
-    note("drill: end of fault: " + fault_label(spec));
-  }
-
-  void restart_engine(std::size_t i) {
-    const auto& name = t_.engines[i].name;
-    lane(name, lane_state::rejoining);
-    auto refused = d_.restart_engine(sys_, t_, i);
-    if (!refused.empty()) {
-      note("drill: " + name + " restart refused: " + refused);
-      caf::anon_send_exit(d_.engines[i], caf::exit_reason::kill); // a retired replica's process stops
-      lane(name, lane_state::dead);
-    } else {
-      note("drill: " + name + " restarted as incarnation " + std::to_string(d_.incarnations[i]));
-    }
-  }
-
-  void restart_router() {
-    set_workload_router(driver_, d_.restart_router(sys_));
-    note("drill: router restarted; the requests the old one held are resent as continuations");
-  }
-
-  void restart_coordinator(bool kill_first) {
-    try {
-      d_.restart_coordinator(sys_, t_, kill_first);
-      note("drill: coordinator restarted from " + t_.coordinator.state_file);
-    } catch (const std::exception& e) {
-      note(std::string("drill: coordinator restart failed: ") + e.what());
-    }
-  }
-
-  void restart_trainer() {
-    d_.restart_trainer(sys_, t_);
-    note("drill: trainer restarted on the same source");
+    injector_->end(spec);
   }
 
   /// Fires every fault at its round's phase or its time, ends the ones with a
@@ -601,6 +453,7 @@ private:
   clock_type::time_point workload_t0_;
   local_deployment d_;
   caf::actor driver_;
+  std::unique_ptr<fault_injector> injector_; ///< fires on d_; tells driver_ about a new router
   std::shared_ptr<std::promise<workload_result>> done_;
   std::future<workload_result> result_;
   std::atomic<bool> workload_started_{false};

@@ -9,9 +9,10 @@
 //   replica back ─▶ settle window ─▶ stop workload ─▶ freeze trainer, final
 //   round ─▶ weights verified ─▶ check ─▶ report
 //
-// The pure parts live apart: drill_faults (labels, refusals, when each fault
-// is due), drill_timeline (lanes, marks and failover times from the hooks'
-// events), drill_figures (throughput windows, figures, the summary).
+// drill_injector fires the faults on the deployment. The pure parts live
+// apart: drill_faults (labels, refusals, when each fault is due and ends),
+// drill_timeline (lanes, marks and failover times from the hooks' events),
+// drill_figures (throughput windows, figures, the summary).
 #include "runtime/config/topology.hpp"
 #include "runtime/drill/drill_report.hpp"
 

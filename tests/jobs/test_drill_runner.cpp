@@ -96,6 +96,31 @@ TEST_CASE("drill faults: one process refuses whole-node kills and restarts, with
   }
 }
 
+TEST_CASE("drill faults: which faults end after their duration") {
+  struct row {
+    fault_spec f;
+    bool ends;
+  };
+  using ft = fault_target;
+  const row rows[] = {
+    {lasting(at_ms(0, fault_action::kill, "a"), 100), true},       // restarted
+    {lasting(at_ms(0, fault_action::partition, "a"), 100), true},  // healed
+    {lasting(at_ms(0, fault_action::partition, "n", ft::node), 100), true},
+    {lasting(at_ms(0, fault_action::delay_acks, "a"), 100), true},
+    {at_ms(0, fault_action::kill, "a"), false}, // killed for good
+    {at_ms(0, fault_action::partition, "a"), false},
+    {lasting(at_ms(0, fault_action::kill, "trainer", ft::trainer), 100), true},
+    {lasting(at_ms(0, fault_action::kill, "router", ft::router), 100), true},
+    {lasting(at_ms(0, fault_action::kill, "coordinator", ft::coordinator), 100), true},
+    {lasting(at_ms(0, fault_action::restart, "coordinator", ft::coordinator), 100), false},
+    {at_ms(0, fault_action::kill, "trainer", ft::trainer), false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(fault_label(r.f));
+    CHECK(fault_has_end(r.f) == r.ends);
+  }
+}
+
 TEST_CASE("drill faults: a round's phase hands over its faults once, in drill order") {
   fault_schedule s({at_sync(2, sync_phase::transfer, fault_action::kill, "b"),
                     at_sync(2, sync_phase::pause, fault_action::kill, "a"),
