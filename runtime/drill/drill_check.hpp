@@ -49,6 +49,9 @@ struct drill_observation {
   double throughput_before = 0;
   double throughput_after = 0;
   double throughput_tolerance = 0.10; ///< "within 10% of its pre-fault level"
+  /// False: the throughput invariant is reported with its figures but not
+  /// judged (a shared CI machine's neighbours move tokens/s more than 10%).
+  bool judge_throughput = true;
 };
 
 /// Every invariant of the fault model, in a fixed order:
@@ -57,7 +60,7 @@ struct drill_observation {
 ///  3. every live engine on the same version, with the trainer's weights
 ///  4. no token produced by a dirty engine
 ///  5. rejoined replicas are current
-///  6. throughput back to its pre-fault level
+///  6. throughput back to its pre-fault level (not judged unless judge_throughput)
 ///  7. live engines never below sync.min_live_engines
 std::vector<invariant_result> check_drill(const drill_observation& o);
 
