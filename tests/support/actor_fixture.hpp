@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace rlsync::test {
@@ -47,10 +48,17 @@ public:
     : sys(init(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {}
 
   ~actor_fixture() {
-    for (auto& a : stopped_first_)
+    shutdown();
+  }
+
+  /// Stops every actor the fixture knows and runs what follows. The
+  /// destructor does it too; a fixture whose actors call back into its own
+  /// members calls it from its destructor, while those members still live.
+  void shutdown() {
+    for (auto& a : std::exchange(stopped_first_, {}))
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     sched.run(teardown_job_limit);
-    for (auto& a : tracked_)
+    for (auto& a : std::exchange(tracked_, {}))
       caf::anon_send_exit(a, caf::exit_reason::kill);
     // Clients still waiting on a request finish at their timeout. Bounded
     // (messages going round forever included), so that a bug shows up as a
@@ -149,7 +157,7 @@ private:
     return sched.next_job<caf::abstract_actor>().peek_at_next_mailbox_element();
   }
 
-  /// Jobs per teardown pass; a test that needs more at its end is stuck.
+  /// Jobs per pass of shutdown() (100 passes at most).
   static constexpr std::size_t teardown_job_limit = 10'000;
 
   std::vector<caf::actor> tracked_;

@@ -87,6 +87,14 @@ struct coordinator_fixture : actor_fixture {
     router = spawn(scripted_router, router_seen);
   }
 
+  // The coordinator's callbacks write into this fixture's members.
+  ~coordinator_fixture() {
+    shutdown();
+  }
+
+  coordinator_fixture(const coordinator_fixture&) = delete;
+  coordinator_fixture& operator=(const coordinator_fixture&) = delete;
+
   /// Spawns a scripted engine and registers it; its cold-sync round runs to the
   /// end unless the test has told some engine to hold.
   engine_handle& add_engine(const std::string& name, std::uint64_t incarnation = 0,
