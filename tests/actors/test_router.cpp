@@ -1,10 +1,11 @@
 // The router on CAF's deterministic scheduler: scripted engines
 // (tests/support/scripted_engine.hpp) that answer, hold their answer or
-// refuse; a fake sink; clients that record the reply.
+// refuse; a recording sink; clients that record the reply.
 // Nothing runs until the test runs the scheduler, and time moves only when
 // the test moves it.
 #include "actors/router.hpp"
 #include "tests/support/actor_fixture.hpp"
+#include "tests/support/recording_sink.hpp"
 #include "tests/support/scripted_engine.hpp"
 
 #include <caf/event_based_actor.hpp>
@@ -22,21 +23,9 @@ using test::act;
 
 namespace {
 
-/// What the engines and the sink saw, in order.
-struct journal : test::engine_journal {
-  std::vector<std::string> events; ///< "token id.index" at the sink, "result id" at a client
-  std::vector<token_event> tokens; ///< what the sink received
-};
-
-token_sink_actor::behavior_type fake_sink(token_sink_actor::pointer, std::shared_ptr<journal> log) {
-  return {
-    [=](token_atom, const token_event& ev) {
-      log->tokens.push_back(ev);
-      log->events.push_back("token " + std::to_string(ev.request_id) + "."
-                            + std::to_string(ev.index));
-    },
-  };
-}
+/// What the engines and the sink saw, in order; the clients add "result <id>"
+/// to the sink's events as their answer arrives.
+struct journal : test::engine_journal, test::sink_record {};
 
 /// A client's view of one request: the result or the error.
 struct outcome {
@@ -50,7 +39,7 @@ struct router_fixture : test::actor_fixture {
   token_sink_actor sink;
 
   router_fixture() {
-    sink = spawn(fake_sink, log);
+    sink = spawn(test::recording_sink, log);
   }
 
   router_actor make_router(router_config c = {}) {
