@@ -34,6 +34,9 @@ netns_kill_signal=TERM
 netns_cleanup() {
   local p
   for p in "${pids[@]}"; do kill "-$netns_kill_signal" "$p" 2>/dev/null || true; done
+  if [ "$netns_kill_signal" = KILL ]; then # dead at once: reaped quietly, or bash reports each kill
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  fi
   if declare -F netns_cleanup_hook > /dev/null; then netns_cleanup_hook || true; fi
   if [ -n "$name" ]; then "$netns" down "$name"; fi
   if [ -n "$dir" ]; then rm -rf "$dir"; fi
