@@ -9,10 +9,10 @@
 //                    the returned slot once the test runs the scheduler
 //   expect_msg<..>() asserts on the next message of one actor, then runs it
 //
-// Actors spawned through spawn() or handed to track() are killed when the
-// fixture ends, because ~actor_system waits forever on a live actor; those
-// handed to stop_first() are stopped before them, with user_shutdown, so that
-// an actor that answers its waiting requesters when it stops (a router) does.
+// Actors spawned through spawn() are killed when the fixture ends, because
+// ~actor_system waits forever on a live actor; those handed to stop_first()
+// are stopped before them, with user_shutdown, so that an actor that answers
+// its waiting requesters when it stops (a router) does.
 // Do not use caf/test/dsl.hpp's expect() here: it needs CAF's own test runner
 // and crashes under doctest.
 #include "actors/system_config.hpp"
@@ -76,17 +76,12 @@ public:
   template <class... Ts>
   auto spawn(Ts&&... xs) {
     auto handle = sys.spawn(std::forward<Ts>(xs)...);
-    track(handle);
+    tracked_.push_back(caf::actor_cast<caf::actor>(handle));
     return handle;
   }
 
-  /// Kills `h` at the end (an actor spawned elsewhere, e.g. by spawn_router).
-  template <class Handle>
-  void track(const Handle& h) {
-    tracked_.push_back(caf::actor_cast<caf::actor>(h));
-  }
-
-  /// Stops `h` at the end with user_shutdown, before the others are killed.
+  /// Stops `h` at the end with user_shutdown, before the others are killed
+  /// (also one spawned elsewhere, e.g. by spawn_router).
   template <class Handle>
   void stop_first(const Handle& h) {
     stopped_first_.push_back(caf::actor_cast<caf::actor>(h));

@@ -25,6 +25,7 @@
 
 namespace rlsync::test {
 
+/// A scripted engine the fixture spawned, and its script.
 struct engine_handle {
   scripted_engine_actor actor;
   std::shared_ptr<engine_script> script;
