@@ -6,18 +6,11 @@
 #include "runtime/engine/tokenizer.hpp"
 #include "tests/support/actor_fixture.hpp"
 #include "tests/support/engine_fixtures.hpp"
+#include "tests/support/recording_sink.hpp"
 
 using namespace rlsync;
 
 namespace {
-
-struct sink_log {
-  std::vector<token_event> tokens;
-};
-
-token_sink_actor::behavior_type collecting_sink(token_sink_actor::pointer, std::shared_ptr<sink_log> log) {
-  return {[=](token_atom, const token_event& ev) { log->tokens.push_back(ev); }};
-}
 
 /// One bucket per tensor, as the inline path ships full tensors.
 weight_bucket bucket_of(const tensor_view& t, std::uint64_t version) {
@@ -36,7 +29,7 @@ struct engine_fixture : test::actor_fixture {
   test::source_weights v2 = test::make_source(config, dtype::bf16, 2);
   rollout_engine_impl engine_impl;
   rollout_engine_actor engine;
-  std::shared_ptr<sink_log> log = std::make_shared<sink_log>();
+  std::shared_ptr<test::sink_record> log = std::make_shared<test::sink_record>();
   token_sink_actor sink;
 
   engine_fixture() {
@@ -47,7 +40,7 @@ struct engine_fixture : test::actor_fixture {
     cfg.self_stepping = false; // the test steps the engine
     engine_impl = spawn(rollout_engine, cfg);
     engine = caf::actor_cast<rollout_engine_actor>(engine_impl);
-    sink = spawn(collecting_sink, log);
+    sink = spawn(test::recording_sink, log);
   }
 
   /// `n` engine steps, each run to quiescence (tokens reach the sink).
@@ -281,8 +274,8 @@ TEST_CASE_FIXTURE(engine_fixture, "a request whose sink is gone ends on the engi
   REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
   REQUIRE(!update_to(v1, 1));
   REQUIRE(ask<phase_ack>(resume_atom::value));
-  auto other_log = std::make_shared<sink_log>();
-  auto doomed = spawn(collecting_sink, other_log);
+  auto other_log = std::make_shared<test::sink_record>();
+  auto doomed = spawn(test::recording_sink, other_log);
   auto kept = request<generate_result>(engine, generate_atom::value, request_of(1, 8), sink);
   auto orphan = request<generate_result>(engine, generate_atom::value, request_of(2, 8), doomed);
   run();

@@ -1,18 +1,16 @@
-// The router on CAF's deterministic scheduler: fake engines that answer,
-// hold, fail or stay silent; a fake sink; clients that record the reply.
+// The router on CAF's deterministic scheduler: scripted engines
+// (tests/support/scripted_engine.hpp) that answer, hold their answer or
+// refuse; a recording sink; clients that record the reply.
 // Nothing runs until the test runs the scheduler, and time moves only when
 // the test moves it.
 #include "actors/router.hpp"
-#include "actors/system_config.hpp"
+#include "tests/support/actor_fixture.hpp"
+#include "tests/support/recording_sink.hpp"
+#include "tests/support/scripted_engine.hpp"
 
-#include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/local_actor.hpp>
-#include <caf/scheduler/test_coordinator.hpp>
 #include <caf/send.hpp>
-
-#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <memory>
@@ -21,111 +19,13 @@
 
 using namespace rlsync;
 using namespace std::chrono_literals;
+using test::act;
 
 namespace {
 
-/// What the fakes saw, in order.
-struct journal {
-  std::vector<std::string> dispatched; ///< "engine:request_id" per generate an engine got
-  std::vector<std::string> aborted;    ///< "engine:request_id" per abort an engine got
-  std::vector<std::string> events;     ///< "token id.index" at the sink, "result id" at a client
-  std::vector<token_event> tokens;     ///< what the sink received
-};
-
-enum class engine_mode {
-  answer, ///< stream the tokens and reply at once
-  hold,   ///< stream the tokens, reply only on resume (stands for a long generation)
-  fail,   ///< refuse with engine_dirty
-};
-
-struct fake_engine_state {
-  std::string engine;
-  std::uint64_t version = 1;
-  engine_mode mode = engine_mode::answer;
-  std::uint32_t tokens = 2; ///< generated per request (capped by max_tokens)
-  bool duplicate = false;   ///< send every token twice, and one for another request
-  std::shared_ptr<journal> log;
-  std::vector<std::pair<generate_result, caf::typed_response_promise<generate_result>>> held;
-
-  static inline const char* name = "fake-engine";
-};
-
-/// A rollout engine that generates canned tokens: token i of request r is r*100+i.
-rollout_engine_actor::behavior_type
-fake_engine(rollout_engine_actor::stateful_pointer<fake_engine_state> self, std::string name,
-            std::uint64_t version, engine_mode mode, bool duplicate, std::shared_ptr<journal> log) {
-  auto& st = self->state;
-  st.engine = std::move(name);
-  st.version = version;
-  st.mode = mode;
-  st.duplicate = duplicate;
-  st.log = std::move(log);
-  return {
-    [=](pause_atom, const pause_request&) -> pause_report { return {}; },
-    [=](flush_atom) -> phase_ack { return {}; },
-    [=](start_atom, std::uint64_t) -> phase_ack { return {}; },
-    [=](update_atom, const weight_bucket&) -> std::uint64_t { return 0; },
-    [=](transfer_atom, const transfer_order&) -> transfer_report { return {}; },
-    [=](finish_atom, std::uint64_t) -> phase_ack { return {}; },
-    [=](resume_atom) -> phase_ack {
-      // Stands for "the long generations finish now".
-      for (auto& [res, promise] : self->state.held)
-        promise.deliver(std::move(res));
-      self->state.held.clear();
-      return {self->state.engine, self->state.version};
-    },
-    [=](generate_atom, const generate_request& req,
-        const token_sink_actor& sink) -> caf::result<generate_result> {
-      auto& st = self->state;
-      st.log->dispatched.push_back(st.engine + ":" + std::to_string(req.request_id));
-      if (st.mode == engine_mode::fail)
-        return make_error(errc::engine_dirty, st.engine + " holds a partial update");
-      generate_result res;
-      res.request_id = req.request_id;
-      res.engine = st.engine;
-      // Like the real engine: the result holds only the tokens made here.
-      auto first = static_cast<std::uint32_t>(req.generated.size());
-      auto n = std::min(st.tokens, req.sampling.max_tokens - first);
-      for (std::uint32_t i = first; i < first + n; ++i) {
-        token_event ev{req.request_id, i, static_cast<std::int32_t>(req.request_id * 100 + i),
-                       st.version, false};
-        self->send(sink, token_atom_v, ev);
-        if (st.duplicate) {
-          self->send(sink, token_atom_v, ev);
-          auto other = ev;
-          other.request_id += 1000;
-          self->send(sink, token_atom_v, other);
-        }
-        res.tokens.push_back(ev.token);
-      }
-      res.spans = {{st.version, 0, static_cast<std::uint32_t>(res.tokens.size())}};
-      res.reason = finish_reason::length;
-      if (st.mode == engine_mode::hold) {
-        auto promise = self->make_response_promise<generate_result>();
-        st.held.emplace_back(std::move(res), promise);
-        return promise;
-      }
-      return res;
-    },
-    [=](abort_atom, std::uint64_t id) -> bool {
-      self->state.log->aborted.push_back(self->state.engine + ":" + std::to_string(id));
-      return true;
-    },
-    [=](status_atom) -> engine_status { return {}; },
-    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
-    [=](digest_atom) -> weight_digest { return {}; },
-  };
-}
-
-token_sink_actor::behavior_type fake_sink(token_sink_actor::pointer, std::shared_ptr<journal> log) {
-  return {
-    [=](token_atom, const token_event& ev) {
-      log->tokens.push_back(ev);
-      log->events.push_back("token " + std::to_string(ev.request_id) + "."
-                            + std::to_string(ev.index));
-    },
-  };
-}
+/// What the engines and the sink saw, in order; the clients add "result <id>"
+/// to the sink's events as their answer arrives.
+struct journal : test::engine_journal, test::sink_record {};
 
 /// A client's view of one request: the result or the error.
 struct outcome {
@@ -134,53 +34,33 @@ struct outcome {
   bool answered() const { return result || error; }
 };
 
-struct router_fixture {
-  caf::actor_system_config cfg;
-  caf::actor_system sys;
-  caf::scheduler::test_coordinator& sched;
+struct router_fixture : test::actor_fixture {
   std::shared_ptr<journal> log = std::make_shared<journal>();
   token_sink_actor sink;
-  std::vector<caf::actor> to_stop; // every long-lived actor, stopped at teardown
 
-  static caf::actor_system_config& init(caf::actor_system_config& c) {
-    c.set("scheduler.policy", caf::atom("testing"));
-    c.set("logger.file-verbosity", caf::atom("quiet"));
-    register_rlsync_types(c);
-    return c;
-  }
-
-  router_fixture()
-    : sys(init(cfg)),
-      sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
-    sink = sys.spawn(fake_sink, log);
-    keep(sink);
-  }
-
-  // Every actor must be gone before ~actor_system, or it waits forever. The
-  // router goes first: it answers every client, which then quit.
-  ~router_fixture() {
-    for (auto& a : to_stop)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    sched.run();
-  }
-
-  template <class Handle>
-  void keep(const Handle& h) {
-    to_stop.push_back(caf::actor_cast<caf::actor>(h));
+  router_fixture() {
+    sink = spawn(test::recording_sink, log);
   }
 
   router_actor make_router(router_config c = {}) {
     auto r = spawn_router(sys, std::move(c));
-    keep(r);
+    stop_first(r); // it answers every client as it stops; they then quit
     sched.run();
     return r;
   }
 
+  /// A scripted engine whose tokens of request r are r*100+i, two per request
+  /// (capped by max_tokens), all at `version`. on_generate: answer at once,
+  /// hold the answer until resume (stands for a long generation), or fail
+  /// (refuse with engine_dirty). duplicate: every token twice, and once more
+  /// for request id + 1000.
   rollout_engine_actor make_engine(std::string name, std::uint64_t version = 1,
-                                   engine_mode mode = engine_mode::answer,
-                                   bool duplicate = false) {
-    auto e = sys.spawn(fake_engine, std::move(name), version, mode, duplicate, log);
-    keep(e);
+                                   act on_generate = act::answer, bool duplicate = false) {
+    auto script = std::make_shared<test::engine_script>();
+    script->version = version;
+    script->on_generate = on_generate;
+    script->duplicate_tokens = duplicate;
+    rollout_engine_actor e = spawn(test::scripted_engine, std::move(name), script, log);
     sched.run();
     return e;
   }
@@ -261,9 +141,9 @@ using strings = std::vector<std::string>;
 
 TEST_CASE_FIXTURE(router_fixture, "least outstanding spreads requests, ties by name") {
   auto r = make_router();
-  auto a = make_engine("a", 1, engine_mode::hold);
-  auto b = make_engine("b", 1, engine_mode::hold);
-  auto c = make_engine("c", 1, engine_mode::hold);
+  auto a = make_engine("a", 1, act::hold);
+  auto b = make_engine("b", 1, act::hold);
+  auto c = make_engine("c", 1, act::hold);
   route(r, c, "c", 1);
   route(r, a, "a", 1);
   route(r, b, "b", 1);
@@ -442,7 +322,7 @@ TEST_CASE_FIXTURE(router_fixture, "a deadline message from anyone but the router
 TEST_CASE_FIXTURE(router_fixture, "evicted and dead replicas are never chosen") {
   auto r = make_router();
   auto a = make_engine("a");
-  auto b = make_engine("b", 1, engine_mode::hold);
+  auto b = make_engine("b", 1, act::hold);
   route(r, a, "a", 1);
   route(r, b, "b", 1);
   caf::anon_send(r, evict_atom_v, std::string{"a"});
@@ -555,7 +435,7 @@ TEST_CASE_FIXTURE(router_fixture, "staleness counts from the trainer's newest ve
 
 TEST_CASE_FIXTURE(router_fixture, "malformed requests are refused") {
   auto r = make_router();
-  auto a = make_engine("a", 1, engine_mode::hold);
+  auto a = make_engine("a", 1, act::hold);
   route(r, a, "a", 1);
   auto empty = submit(r, request(1, {}));
   REQUIRE(empty->error);
@@ -581,9 +461,9 @@ TEST_CASE_FIXTURE(router_fixture, "a refusing engine loses the request to anothe
   router_config cfg;
   cfg.engine_deadline = 60s;
   auto r = make_router(cfg);
-  auto dirty = make_engine("a", 1, engine_mode::fail);
+  auto dirty = make_engine("a", 1, act::fail);
   route(r, dirty, "a", 1);
-  auto slow = make_engine("b", 1, engine_mode::hold);
+  auto slow = make_engine("b", 1, act::hold);
   route(r, slow, "b", 1);
   // a refuses (dirty): the request goes to b, a is no longer routable.
   auto refused = submit(r, request(1));
@@ -616,7 +496,7 @@ TEST_CASE_FIXTURE(router_fixture, "a refusing engine loses the request to anothe
 
 TEST_CASE_FIXTURE(router_fixture, "a failed engine's requests continue elsewhere: one stream, spans intact") {
   auto r = make_router();
-  auto a = make_engine("a", 1, engine_mode::hold); // streams 2 tokens, never answers
+  auto a = make_engine("a", 1, act::hold); // streams 2 tokens, never answers
   auto b = make_engine("b", 1);
   route(r, a, "a", 1);
   auto out = submit(r, request(1, {1, 2, 3}, 4));
@@ -645,7 +525,7 @@ TEST_CASE_FIXTURE(router_fixture, "a failed engine's requests continue elsewhere
 
 TEST_CASE_FIXTURE(router_fixture, "version spans survive a reroute: shifted and joined") {
   auto r = make_router();
-  auto a = make_engine("a", 3, engine_mode::hold);
+  auto a = make_engine("a", 3, act::hold);
   auto b = make_engine("b", 4);
   auto c = make_engine("c", 3);
   route(r, a, "a", 3);
@@ -672,7 +552,7 @@ TEST_CASE_FIXTURE(router_fixture, "a request that had finished, or failed too of
   cfg.max_reroutes = 1;
   auto r = make_router(cfg);
   SUBCASE("its budget was used up when the engine died") {
-    auto a = make_engine("a", 1, engine_mode::hold);
+    auto a = make_engine("a", 1, act::hold);
     route(r, a, "a", 1);
     auto out = submit(r, request(1, {1}, 2)); // both tokens streamed
     kill(a);
@@ -682,8 +562,8 @@ TEST_CASE_FIXTURE(router_fixture, "a request that had finished, or failed too of
     CHECK(status(r).rerouted == 0);
   }
   SUBCASE("past max_reroutes it fails with what the sink has") {
-    auto a = make_engine("a", 1, engine_mode::hold);
-    auto b = make_engine("b", 1, engine_mode::hold);
+    auto a = make_engine("a", 1, act::hold);
+    auto b = make_engine("b", 1, act::hold);
     route(r, a, "a", 1);
     auto out = submit(r, request(1, {1}, 8));
     route(r, b, "b", 1);
@@ -700,7 +580,7 @@ TEST_CASE_FIXTURE(router_fixture, "a request that had finished, or failed too of
 TEST_CASE_FIXTURE(router_fixture, "every token reaches the sink once, in order, before the result") {
   auto r = make_router();
   // This engine sends every token twice, and a token for request 1001 besides.
-  auto t = make_engine("t", 1, engine_mode::answer, true);
+  auto t = make_engine("t", 1, act::answer, true);
   route(r, t, "t", 1);
   auto req = request(1);
   req.generated = {7}; // a continuation: indices start at 1
@@ -750,7 +630,7 @@ TEST_CASE_FIXTURE(router_fixture, "status counts and heartbeat") {
   auto s1 = status(r);
   CHECK(s1.queued == 1);
   CHECK(s1.rejected == 2);
-  auto a = make_engine("a", 1, engine_mode::hold);
+  auto a = make_engine("a", 1, act::hold);
   route(r, a, "a", 1);
   auto s2 = status(r);
   CHECK(s2.routable == 1);
@@ -766,7 +646,7 @@ TEST_CASE_FIXTURE(router_fixture, "status counts and heartbeat") {
 
 TEST_CASE_FIXTURE(router_fixture, "a router that stops answers every waiting request") {
   auto r = make_router();
-  auto a = make_engine("a", 1, engine_mode::hold);
+  auto a = make_engine("a", 1, act::hold);
   route(r, a, "a", 1);
   auto req = request(1);
   req.min_version = 5; // nothing serves it yet: it waits

@@ -1,11 +1,11 @@
 // A deterministic simulation, FoundationDB style: the real router and the
 // real coordinator run on CAF's test coordinator (one thread, simulated
-// time), with scripted fake engines, a fake trainer and one client per
+// time), with simulated engines, a scripted trainer and one client per
 // request. A fault plan drawn from a seed kills, restarts, partitions
 // (silences) and slows engines, fails their transfers, and kills and
 // restarts the trainer — at moments in time and as phases of chosen rounds
 // are sent. Then everything heals, one last version is published, time runs
-// until the system is quiet, and check() asserts DESIGN §6's invariants:
+// until the system is quiet, and check() asserts the invariants:
 //
 //   1. every request answered exactly once: a result, or an explicit
 //      not_routable / queue_full;
@@ -13,7 +13,7 @@
 //      duplicate, no token after the answer; spans contiguous, each with the
 //      version of the tokens it covers;
 //   3. every live member routable at the coordinator's version, and the
-//      fake behind it really holds that version, clean and unpaused;
+//      engine behind it really holds that version, clean and unpaused;
 //   4. no token with a version no round (or a wave of one) completed (nor
 //      version 0, which every engine starts with), none produced while
 //      dirty, and no generate reaching an incarnation before its first
@@ -32,30 +32,19 @@
 // RLSYNC_SIM_SEEDS=<n> runs n seeds instead of the default; RLSYNC_SIM_VERBOSE=1
 // prints every run's log and a summary.
 //
-// The fakes follow the real engine (actors/rollout_engine.cpp,
-// runtime/engine/engine_core.cpp): pause(keep) freezes and answers at once;
-// start(v) opens a session and makes the engine dirty until finish(v) or a
-// resume that abandons an untouched session; transfer takes a few simulated
-// milliseconds and fails if the trainer died meanwhile; a generate on a
-// dirty engine outside a session is refused; a generate for a request id
-// the engine still holds is a newer attempt that ends the old one; one token per running
-// request per simulated millisecond, unless paused, dirty or silenced;
-// token i of request r is r*1000+i. A silenced engine drops every message
-// unanswered (as the real engine's partition drill does) and produces
-// nothing; a slow one answers phases late.
+// The engines, the clients and the world they share are in
+// tests/support/simulation_world.hpp, the fault plans in
+// tests/support/simulation_plan.hpp.
 #include "actors/coordinator.hpp"
 #include "actors/router.hpp"
-#include "actors/system_config.hpp"
+#include "tests/support/actor_fixture.hpp"
+#include "tests/support/scripted_trainer.hpp"
+#include "tests/support/simulation_plan.hpp"
+#include "tests/support/simulation_world.hpp"
 
 #include <caf/actor_cast.hpp>
-#include <caf/actor_system.hpp>
-#include <caf/actor_system_config.hpp>
-#include <caf/atom.hpp>
-#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
-#include <caf/scheduler/test_coordinator.hpp>
 #include <caf/send.hpp>
-#include <caf/typed_event_based_actor.hpp>
 
 #include <doctest/doctest.h>
 
@@ -67,751 +56,17 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 using namespace rlsync;
+using namespace rlsync::test;
+using namespace rlsync::test::sim;
 using namespace std::chrono_literals;
 
 namespace {
-
-// -- the world the fakes and the checks share (one thread: no locks) ---------------
-
-/// One incarnation of an engine replica: the fake's state, kept here so that
-/// the test reads what the engine really holds.
-struct engine_ctl {
-  std::string name;
-  std::uint64_t incarnation = 0;
-  bool alive = true;
-  /// The coordinator announced this incarnation routable at least once.
-  bool ever_routable = false;
-  std::int64_t transfer_ms = 5; ///< how long a pull takes
-  // What the engine holds and does.
-  std::uint64_t version = 0;
-  bool dirty = false;
-  bool paused = false;
-  bool silenced = false;
-  bool in_session = false;
-  std::uint64_t session_version = 0;
-  bool touched = false;  ///< the session's bytes were in flight or arrived
-  bool received = false; ///< the session's transfer completed
-  bool was_dirty = false;
-  // Faults.
-  std::int64_t slow_ms = 0;         ///< phase answers this late; 0: at once
-  std::uint32_t fail_transfers = 0; ///< the next n transfers fail (corrupt bytes)
-  // What it did.
-  std::uint64_t tokens = 0;
-  std::uint64_t dirty_tokens = 0;
-  std::uint64_t duplicate_refusals = 0; ///< generates for a request id it still held
-  std::uint64_t start_refusals = 0;     ///< start(v) with v <= its version
-};
-
-/// One client request and everything its client saw.
-struct request_record {
-  generate_request req;
-  std::vector<token_event> stream;
-  std::uint32_t answers = 0;
-  std::optional<generate_result> result;
-  std::optional<caf::error> error;
-  std::string error_text;
-};
-
-struct outcome_counts {
-  std::uint64_t requests = 0, length = 0, failed = 0, not_routable = 0, queue_full = 0;
-  std::uint64_t rounds = 0, aborted_rounds = 0, empty_rounds = 0, evictions = 0, reroutes = 0;
-  std::uint64_t kills = 0, restarts = 0, retired = 0, silences = 0, slows = 0, bad_transfers = 0;
-  std::uint64_t trainer_kills = 0, publishes = 0, tokens = 0, duplicate_refusals = 0,
-                start_refusals = 0;
-  std::int64_t quiet_after_ms = -1;
-
-  void add(const outcome_counts& o) {
-    requests += o.requests, length += o.length, failed += o.failed;
-    not_routable += o.not_routable, queue_full += o.queue_full;
-    quiet_after_ms = std::max(quiet_after_ms, o.quiet_after_ms);
-    rounds += o.rounds, aborted_rounds += o.aborted_rounds, empty_rounds += o.empty_rounds;
-    evictions += o.evictions, reroutes += o.reroutes;
-    kills += o.kills, restarts += o.restarts, retired += o.retired, silences += o.silences;
-    slows += o.slows, bad_transfers += o.bad_transfers, trainer_kills += o.trainer_kills;
-    publishes += o.publishes, tokens += o.tokens, duplicate_refusals += o.duplicate_refusals;
-    start_refusals += o.start_refusals;
-  }
-
-  std::string to_string() const {
-    std::ostringstream os;
-    os << requests << " requests (" << length << " length, " << failed << " failed, " << not_routable
-       << " not_routable, " << queue_full << " queue_full), " << tokens << " tokens, " << reroutes
-       << " reroutes; " << rounds << " rounds (" << aborted_rounds << " aborted, " << empty_rounds
-       << " with no engine left), " << evictions << " evictions; faults: " << kills << " kills, "
-       << restarts << " restarts (" << retired << " refused: retired), " << silences << " silences, "
-       << slows << " slow spells, " << bad_transfers << " bad transfers, " << trainer_kills
-       << " trainer kills, " << publishes << " versions; engines refused " << duplicate_refusals
-       << " duplicate request ids and " << start_refusals << " start(v) at a version they held";
-    if (quiet_after_ms >= 0)
-      os << "; quiet " << quiet_after_ms << " ms after the faults ended";
-    return os.str();
-  }
-};
-
-struct world {
-  std::int64_t now_ms = 0;
-  std::vector<std::string> log;         ///< the fault plan as it ran, and notable events
-  std::vector<std::string> violations;  ///< broken invariants, with the time
-  std::vector<std::string> coordinator_log;
-  std::vector<std::string> router_log;
-  std::set<std::uint64_t> completed;    ///< versions of rounds that completed (not aborted)
-  std::set<std::uint64_t> aborted;      ///< versions of aborted rounds
-  std::uint64_t trainer_epoch = 0;      ///< grows with every trainer death
-  std::map<std::string, std::shared_ptr<engine_ctl>> engines; ///< current incarnation per name
-  std::vector<std::shared_ptr<engine_ctl>> incarnations;      ///< all of them
-  std::map<std::uint64_t, std::shared_ptr<request_record>> requests;
-  outcome_counts counts;
-
-  std::string stamp() const { return "t=" + std::to_string(now_ms) + "ms "; }
-  /// Replaying one seed: every line goes to stderr as it happens too, so
-  /// that a crash still shows how far the run got.
-  bool echo = false;
-  void add(std::vector<std::string>& to, const std::string& s) {
-    to.push_back(stamp() + s);
-    if (echo)
-      std::cerr << to.back() << '\n';
-  }
-  void note(const std::string& s) { add(log, s); }
-  /// Records a broken invariant once (the first time it is seen).
-  void violation(const std::string& s) {
-    if (violation_texts.insert(s).second)
-      add(violations, "VIOLATION " + s);
-  }
-  std::set<std::string> violation_texts;
-};
-
-using world_ptr = std::shared_ptr<world>;
-
-// -- fake engine ---------------------------------------------------------------------
-
-using silence_atom = caf::atom_constant<caf::atom("silence")>;
-using late_atom = caf::atom_constant<caf::atom("late")>;
-using pulled_atom = caf::atom_constant<caf::atom("pulled")>;
-
-/// A rollout engine plus its own timers and the test's partition switch.
-using sim_engine_actor = rollout_engine_actor::extend<
-  // produce one token per running request (its own 1 ms timer)
-  caf::reacts_to<caf::tick_atom>,
-  // the test partitions (true) or heals (false) it
-  caf::reacts_to<silence_atom, bool>,
-  // a slow phase answer is due (its own timer)
-  caf::reacts_to<late_atom, std::uint64_t>,
-  // the pull of transfer n ended (its own timer)
-  caf::reacts_to<pulled_atom, std::uint64_t>>;
-
-struct sim_request {
-  generate_request req;
-  token_sink_actor sink;
-  caf::typed_response_promise<generate_result> rp;
-  generate_result out; ///< tokens produced here, spans from 0, as the real engine
-};
-
-struct sim_engine_state {
-  std::shared_ptr<engine_ctl> ctl;
-  world_ptr w;
-  std::map<std::uint64_t, sim_request> requests; ///< by request id
-  bool tick_scheduled = false;
-  std::optional<caf::typed_response_promise<transfer_report>> transfer;
-  transfer_order order;
-  std::uint64_t transfer_seq = 0;
-  std::uint64_t transfer_epoch = 0;
-  std::map<std::uint64_t, std::function<void()>> late; ///< slow answers not yet sent
-  std::uint64_t next_late = 0;
-
-  static inline const char* name = "sim-engine";
-};
-
-using sim_engine_ptr = sim_engine_actor::stateful_pointer<sim_engine_state>;
-
-bool producing(const engine_ctl& c) {
-  return c.alive && !c.silenced && !c.paused && !c.dirty;
-}
-
-void schedule_tick(sim_engine_ptr self) {
-  auto& st = self->state;
-  if (st.tick_scheduled || st.requests.empty() || !producing(*st.ctl))
-    return;
-  st.tick_scheduled = true;
-  self->delayed_send(self, 1ms, caf::tick_atom::value);
-}
-
-/// Answers the request with what this engine produced, as engine_core::finish.
-void finish_request(sim_engine_ptr self, std::uint64_t id, finish_reason why) {
-  auto& st = self->state;
-  auto i = st.requests.find(id);
-  if (i == st.requests.end())
-    return;
-  auto r = std::move(i->second);
-  st.requests.erase(i);
-  r.out.request_id = id;
-  r.out.reason = why;
-  r.out.engine = st.ctl->name;
-  r.rp.deliver(std::move(r.out));
-}
-
-/// One token for every running request, as engine_core::step and emit.
-void produce(sim_engine_ptr self) {
-  auto& st = self->state;
-  auto& c = *st.ctl;
-  std::vector<std::uint64_t> done;
-  for (auto& [id, r] : st.requests) {
-    auto index = static_cast<std::uint32_t>(r.req.generated.size() + r.out.tokens.size());
-    if (index >= r.req.sampling.max_tokens) {
-      done.push_back(id);
-      continue;
-    }
-    token_event ev{id, index, static_cast<std::int32_t>(id * 1000 + index), c.version, false};
-    auto local = static_cast<std::uint32_t>(r.out.tokens.size());
-    if (r.out.spans.empty() || r.out.spans.back().version != c.version)
-      r.out.spans.push_back({c.version, local, local + 1});
-    else
-      r.out.spans.back().end = local + 1;
-    r.out.tokens.push_back(ev.token);
-    ++c.tokens;
-    if (c.dirty)
-      ++c.dirty_tokens;
-    self->send(r.sink, token_atom_v, ev);
-    if (index + 1 >= r.req.sampling.max_tokens)
-      done.push_back(id);
-  }
-  for (auto id : done)
-    finish_request(self, id, finish_reason::length);
-}
-
-/// A phase answer: at once, or `slow_ms` later (a straggler). A silenced
-/// engine's late answer is lost.
-template <class T>
-caf::result<T> answer(sim_engine_ptr self, T value) {
-  auto& st = self->state;
-  if (st.ctl->slow_ms <= 0)
-    return value;
-  auto rp = self->make_response_promise<T>();
-  auto id = st.next_late++;
-  st.late.emplace(id, [rp, value]() mutable { rp.deliver(std::move(value)); });
-  self->delayed_send(self, std::chrono::milliseconds(st.ctl->slow_ms), late_atom::value, id);
-  return rp;
-}
-
-/// An unanswered request: the requester meets its own deadline.
-template <class T>
-caf::result<T> dropped(sim_engine_ptr self) {
-  return self->make_response_promise<T>();
-}
-
-/// Ends the open session without publishing it: dirty until a complete update.
-void abort_session(engine_ctl& c) {
-  c.in_session = false;
-  c.dirty = true;
-}
-
-sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shared_ptr<engine_ctl> ctl, world_ptr w) {
-  self->state.ctl = ctl;
-  self->state.w = w;
-  const std::string name = ctl->name;
-  auto ack = [self, name] {
-    auto& c = *self->state.ctl;
-    return phase_ack{name, c.version, c.dirty};
-  };
-  return {
-    [=](pause_atom, const pause_request&) -> caf::result<pause_report> {
-      auto& c = *self->state.ctl;
-      if (c.silenced)
-        return dropped<pause_report>(self);
-      c.paused = true; // keep: frozen in place; every token sent so far is in its sink's mailbox
-      auto frozen = static_cast<std::uint32_t>(self->state.requests.size());
-      return answer(self, pause_report{name, c.version, scheduler_state::paused_all, 0, frozen, 0});
-    },
-    [=](flush_atom) -> caf::result<phase_ack> {
-      if (self->state.ctl->silenced)
-        return dropped<phase_ack>(self);
-      return answer(self, ack());
-    },
-    [=](start_atom, std::uint64_t v) -> caf::result<phase_ack> {
-      auto& st = self->state;
-      auto& c = *st.ctl;
-      if (c.silenced)
-        return dropped<phase_ack>(self);
-      if (!c.paused)
-        return make_error(errc::not_paused, name + ": start_update needs a paused, idle engine");
-      if (st.transfer)
-        return make_error(errc::malformed, name + ": a transfer is in flight");
-      if (v < c.version) {
-        // As the real engine (engine_core::start_update): never backwards.
-        // The same version again is a full re-sync of a rejoining replica.
-        ++c.start_refusals;
-        auto who = name + "#" + std::to_string(c.incarnation);
-        st.w->violation("the coordinator ordered " + who + " to start(" + std::to_string(v) + ") while it holds v"
-                        + std::to_string(c.version) + ": backwards");
-        return make_error(errc::version_mismatch, name + " holds version " + std::to_string(c.version)
-                                                    + ", refuses to go to " + std::to_string(v));
-      }
-      if (c.in_session)
-        abort_session(c); // a new start supersedes an open session
-      c.was_dirty = c.dirty;
-      c.in_session = true;
-      c.session_version = v;
-      c.touched = false;
-      c.received = false;
-      c.dirty = true;
-      return answer(self, ack());
-    },
-    [=](update_atom, const weight_bucket&) -> caf::result<std::uint64_t> {
-      return make_error(errc::no_session, "the simulated engine takes no inline buckets");
-    },
-    [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
-      auto& st = self->state;
-      auto& c = *st.ctl;
-      if (c.silenced)
-        return dropped<transfer_report>(self);
-      if (!c.in_session || c.session_version != order.version)
-        return make_error(errc::no_session, name + ": transfer of version " + std::to_string(order.version)
-                                              + " outside its session");
-      if (st.transfer)
-        return make_error(errc::malformed, name + ": a transfer is already in flight");
-      c.touched = true; // bytes in flight
-      st.order = order;
-      st.transfer_epoch = st.w->trainer_epoch;
-      auto rp = self->make_response_promise<transfer_report>();
-      st.transfer = rp;
-      self->delayed_send(self, std::chrono::milliseconds(c.transfer_ms), pulled_atom::value, ++st.transfer_seq);
-      return rp;
-    },
-    [=](pulled_atom, std::uint64_t seq) {
-      auto& st = self->state;
-      auto& c = *st.ctl;
-      if (!st.transfer || seq != st.transfer_seq)
-        return; // the pull of an abandoned session
-      auto rp = *st.transfer;
-      st.transfer.reset();
-      if (st.transfer_epoch != st.w->trainer_epoch) { // the producer died under the pull
-        abort_session(c);
-        rp.deliver(make_error(errc::round_aborted, name + ": the trainer went away during the pull"));
-        return;
-      }
-      if (c.fail_transfers > 0) {
-        --c.fail_transfers;
-        abort_session(c);
-        st.w->note(name + "#" + std::to_string(c.incarnation) + " fails its transfer of v"
-                   + std::to_string(st.order.version) + " (checksum)");
-        rp.deliver(make_error(errc::checksum_mismatch, name + ": group 0 of version "
-                                                         + std::to_string(st.order.version)));
-        return;
-      }
-      c.received = true;
-      if (c.silenced)
-        return; // the bytes arrived; the answer is lost in the partition
-      transfer_report rep{name, st.order.version, 1000, 4 /* groups of every simulated version */,
-                          static_cast<std::uint64_t>(c.transfer_ms) * 1'000'000};
-      if (c.slow_ms > 0) {
-        auto id = st.next_late++;
-        st.late.emplace(id, [rp, rep]() mutable { rp.deliver(rep); });
-        self->delayed_send(self, std::chrono::milliseconds(c.slow_ms), late_atom::value, id);
-        return;
-      }
-      rp.deliver(rep);
-    },
-    [=](finish_atom, std::uint64_t v) -> caf::result<phase_ack> {
-      auto& st = self->state;
-      auto& c = *st.ctl;
-      if (c.silenced)
-        return dropped<phase_ack>(self);
-      if (st.transfer)
-        return make_error(errc::malformed, name + ": a transfer is in flight");
-      if (!c.in_session)
-        return make_error(errc::no_session, name + ": finish without start_update");
-      if (v != c.session_version)
-        return make_error(errc::version_mismatch, name + ": finish(" + std::to_string(v) + ") in the session of "
-                                                    + std::to_string(c.session_version));
-      if (!c.received) {
-        abort_session(c);
-        return make_error(errc::update_incomplete, name + ": nothing received");
-      }
-      c.in_session = false;
-      c.version = v;
-      c.dirty = false;
-      return answer(self, ack());
-    },
-    [=](resume_atom) -> caf::result<phase_ack> {
-      auto& st = self->state;
-      auto& c = *st.ctl;
-      if (c.silenced)
-        return dropped<phase_ack>(self);
-      if (c.in_session) { // continue without finish: the round was aborted
-        if (st.transfer) {
-          st.transfer->deliver(make_error(errc::round_aborted, name + ": the round was aborted"));
-          st.transfer.reset();
-        }
-        c.in_session = false;
-        if (!c.touched) // the serving weights were never written
-          c.dirty = c.was_dirty;
-      }
-      c.paused = false;
-      schedule_tick(self);
-      return answer(self, ack());
-    },
-    [=](generate_atom, const generate_request& req,
-        const token_sink_actor& sink) -> caf::result<generate_result> {
-      auto& st = self->state;
-      auto& c = *st.ctl;
-      if (c.silenced)
-        return dropped<generate_result>(self);
-      auto id = req.request_id;
-      auto who = name + "#" + std::to_string(c.incarnation);
-      if (!c.ever_routable)
-        st.w->violation("request " + std::to_string(id) + " reached " + who + " before its first completed sync");
-      for (std::size_t i = 0; i < req.generated.size(); ++i)
-        if (req.generated[i] != static_cast<std::int32_t>(id * 1000 + i)) {
-          st.w->violation("request " + std::to_string(id) + " reached " + who + " with generated["
-                          + std::to_string(i) + "] = " + std::to_string(req.generated[i]));
-          break;
-        }
-      if (st.requests.count(id)) {
-        // As the real engine: the same request again is a newer attempt (the
-        // router rerouted it while this engine was cut off and the abort was
-        // lost); the old attempt ends here, aborted.
-        ++c.duplicate_refusals;
-        finish_request(self, id, finish_reason::aborted);
-      }
-      if (c.dirty && !c.in_session)
-        return make_error(errc::engine_dirty, name + " holds no complete weights");
-      if (req.generated.size() >= req.sampling.max_tokens) {
-        generate_result res;
-        res.request_id = id;
-        res.engine = name;
-        return res;
-      }
-      auto& r = st.requests[id];
-      r.req = req;
-      r.sink = sink;
-      r.rp = self->make_response_promise<generate_result>();
-      schedule_tick(self);
-      return r.rp;
-    },
-    [=](abort_atom, std::uint64_t id) -> caf::result<bool> {
-      auto& st = self->state;
-      if (st.ctl->silenced)
-        return dropped<bool>(self);
-      bool found = st.requests.count(id) != 0;
-      finish_request(self, id, finish_reason::aborted);
-      return found;
-    },
-    [=](status_atom) -> caf::result<engine_status> {
-      auto& c = *self->state.ctl;
-      if (c.silenced)
-        return dropped<engine_status>(self);
-      engine_status s;
-      s.name = name;
-      s.version = c.version;
-      s.dirty = c.dirty;
-      s.state = c.paused ? scheduler_state::paused_all : scheduler_state::unpaused;
-      s.running = static_cast<std::uint32_t>(self->state.requests.size());
-      s.tokens_generated = c.tokens;
-      s.dirty_tokens = c.dirty_tokens;
-      return s;
-    },
-    [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
-      if (self->state.ctl->silenced)
-        return dropped<heartbeat>(self);
-      return heartbeat{name, hb.seq};
-    },
-    [=](digest_atom) -> caf::result<weight_digest> {
-      auto& c = *self->state.ctl;
-      if (c.silenced)
-        return dropped<weight_digest>(self);
-      return weight_digest{name, c.version, c.dirty, {}, {}};
-    },
-    [=](caf::tick_atom) {
-      self->state.tick_scheduled = false;
-      if (producing(*self->state.ctl))
-        produce(self);
-      schedule_tick(self);
-    },
-    [=](silence_atom, bool on) {
-      self->state.ctl->silenced = on;
-      schedule_tick(self);
-    },
-    [=](late_atom, std::uint64_t id) {
-      auto& st = self->state;
-      auto i = st.late.find(id);
-      if (i == st.late.end())
-        return;
-      auto send = std::move(i->second);
-      st.late.erase(i);
-      if (!st.ctl->silenced)
-        send();
-    },
-  };
-}
-
-// -- fake trainer --------------------------------------------------------------------
-
-/// A trainer the test makes publish.
-using sim_trainer_actor = trainer_actor::extend<
-  // publish this version to every subscriber
-  caf::reacts_to<caf::publish_atom, version_info>>;
-
-struct sim_trainer_state {
-  version_info current;
-  std::vector<version_listener_actor> listeners;
-  static inline const char* name = "sim-trainer";
-};
-
-sim_trainer_actor::behavior_type
-sim_trainer(sim_trainer_actor::stateful_pointer<sim_trainer_state> self, version_info current) {
-  self->state.current = current;
-  return {
-    [=](meta_atom) { return std::vector<tensor_meta>{}; },
-    [=](version_atom) { return self->state.current; },
-    [=](pull_atom, std::uint64_t, std::uint32_t) -> caf::result<weight_bucket> {
-      return make_error(errc::unknown_name, "the simulated trainer holds no bytes");
-    },
-    [=](subscribe_atom, const version_listener_actor& l) { self->state.listeners.push_back(l); },
-    [=](freeze_atom) { return self->state.current; },
-    [=](pin_atom, std::uint64_t) {},
-    [=](step_atom) { return self->state.current; },
-    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
-    [=](caf::publish_atom, const version_info& vi) {
-      self->state.current = vi;
-      for (auto& l : self->state.listeners)
-        self->send(l, version_atom::value, vi);
-    },
-  };
-}
-
-// -- client: one per request, its own token sink --------------------------------------
-
-void on_token(world& w, request_record& rec, const token_event& ev) {
-  auto id = rec.req.request_id;
-  auto what = "request " + std::to_string(id) + ": token " + std::to_string(ev.index);
-  if (rec.answers > 0)
-    w.violation(what + " arrived after the answer");
-  if (ev.request_id != id)
-    w.violation(what + " of request " + std::to_string(ev.request_id) + " at its sink");
-  else if (ev.index != rec.stream.size())
-    w.violation(what + " arrived when " + std::to_string(rec.stream.size())
-                + " tokens had (a gap, a duplicate or out of order)");
-  else if (ev.token != static_cast<std::int32_t>(id * 1000 + ev.index))
-    w.violation(what + " is " + std::to_string(ev.token));
-  rec.stream.push_back(ev);
-}
-
-/// Invariant 2, as the answer arrives: the client's sink has every token of
-/// the result already (the router answers after the relay closed).
-void on_result(world& w, request_record& rec, const generate_result& res) {
-  auto id = rec.req.request_id;
-  auto what = "request " + std::to_string(id) + ": ";
-  if (++rec.answers > 1)
-    w.violation(what + "answered " + std::to_string(rec.answers) + " times");
-  rec.result = res;
-  if (res.request_id != id)
-    w.violation(what + "result for request " + std::to_string(res.request_id));
-  std::vector<std::int32_t> streamed;
-  for (auto& ev : rec.stream)
-    streamed.push_back(ev.token);
-  if (res.tokens != streamed)
-    w.violation(what + "result has " + std::to_string(res.tokens.size()) + " tokens, its sink got "
-                + std::to_string(streamed.size()) + " (or others)");
-  if (auto why = check(res); !why.empty())
-    w.violation(what + why);
-  for (auto& s : res.spans)
-    for (auto i = s.begin; i < s.end && i < rec.stream.size(); ++i)
-      if (rec.stream[i].version != s.version) {
-        w.violation(what + "span [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ") says v"
-                    + std::to_string(s.version) + ", token " + std::to_string(i) + " came with v"
-                    + std::to_string(rec.stream[i].version));
-        break;
-      }
-  switch (res.reason) {
-    case finish_reason::length:
-      if (res.tokens.size() != rec.req.sampling.max_tokens)
-        w.violation(what + "length with " + std::to_string(res.tokens.size()) + " of "
-                    + std::to_string(rec.req.sampling.max_tokens) + " tokens");
-      break;
-    case finish_reason::failed: // explicit: the router gave up on it (reroutes, deadline)
-      w.note(what + "failed after " + std::to_string(res.tokens.size()) + " tokens");
-      break;
-    default:
-      w.violation(what + "finished with reason " + to_string(res.reason));
-  }
-}
-
-void on_error(world& w, request_record& rec, const caf::error& err, const std::string& text) {
-  auto what = "request " + std::to_string(rec.req.request_id) + ": ";
-  if (++rec.answers > 1)
-    w.violation(what + "answered " + std::to_string(rec.answers) + " times");
-  rec.error = err;
-  rec.error_text = text;
-  if (!is(err, errc::not_routable) && !is(err, errc::queue_full))
-    w.violation(what + "error that is no explicit rejection: " + text);
-  else if (!rec.stream.empty())
-    w.violation(what + "rejected after " + std::to_string(rec.stream.size()) + " tokens reached its sink");
-  else
-    w.note(what + "rejected: " + text);
-}
-
-caf::behavior sim_client(caf::event_based_actor* self, router_actor router, world_ptr w,
-                         std::shared_ptr<request_record> rec) {
-  self->request(router, caf::infinite, generate_atom_v, rec->req, caf::actor_cast<token_sink_actor>(self))
-    .then([=](generate_result& res) { on_result(*w, *rec, res); },
-          [=](caf::error& err) { on_error(*w, *rec, err, self->system().render(err)); });
-  // It stays until the end: a token after the answer would be a violation.
-  return {
-    [=](token_atom, const token_event& ev) { on_token(*w, *rec, ev); },
-  };
-}
-
-// -- the fault plan ------------------------------------------------------------------
-
-enum class fault_kind { publish, kill_engine, silence, slow, bad_transfer, kill_trainer };
-
-const char* to_string(fault_kind k) {
-  switch (k) {
-    case fault_kind::publish: return "publish";
-    case fault_kind::kill_engine: return "kill engine";
-    case fault_kind::silence: return "silence engine";
-    case fault_kind::slow: return "slow engine";
-    case fault_kind::bad_transfer: return "bad transfer";
-    case fault_kind::kill_trainer: return "kill trainer";
-  }
-  return "?";
-}
-
-struct fault {
-  fault_kind kind = fault_kind::publish;
-  std::int64_t at_ms = -1;    ///< timed; -1: fires as `phase` of round `at_round` is sent
-  std::uint64_t at_round = 0;
-  sync_phase phase = sync_phase::pause;
-  std::uint32_t target = 0;   ///< an engine, modulo those eligible then
-  /// silence, slow: how long; kills: until the restart (-1: not before the end)
-  std::int64_t duration_ms = 0;
-  std::int64_t delay_ms = 0;  ///< slow: how late each phase answer is
-  bool keep_version = false;  ///< a restarted engine comes back with the version it held
-  bool fired = false;
-
-  std::string to_string() const {
-    std::string s = at_ms >= 0 ? "at " + std::to_string(at_ms) + " ms"
-                               : "at round " + std::to_string(at_round) + " " + std::string{rlsync::to_string(phase)};
-    s += ": " + std::string{::to_string(kind)};
-    if (kind != fault_kind::publish && kind != fault_kind::kill_trainer)
-      s += " #" + std::to_string(target);
-    if (kind == fault_kind::silence || kind == fault_kind::slow)
-      s += " for " + std::to_string(duration_ms) + " ms";
-    if (kind == fault_kind::slow)
-      s += ", answers " + std::to_string(delay_ms) + " ms late";
-    if (kind == fault_kind::kill_engine || kind == fault_kind::kill_trainer)
-      s += duration_ms < 0 ? ", back at the end" : ", back after " + std::to_string(duration_ms) + " ms";
-    if (kind == fault_kind::kill_engine && keep_version)
-      s += " holding its version";
-    return s;
-  }
-};
-
-struct request_plan {
-  std::int64_t at_ms = 0;
-  generate_request req;
-};
-
-/// Everything a seed decides, drawn up front (rng() % n: the same on every
-/// standard library, unlike the distributions).
-struct plan {
-  std::uint64_t seed = 0;
-  std::uint32_t engines = 3;
-  std::int64_t plan_ms = 800;
-  std::int64_t max_restarts = 3;
-  std::int64_t wave_size = 0; ///< sync.wave_size: 0 = every engine at once
-  std::vector<std::int64_t> transfer_ms; ///< per engine incarnation, drawn in order
-  std::vector<fault> faults;
-  std::vector<request_plan> requests;
-
-  std::string to_string() const {
-    std::string s = "seed " + std::to_string(seed) + ": " + std::to_string(engines) + " engines, "
-                    + std::to_string(requests.size()) + " requests over " + std::to_string(plan_ms)
-                    + " ms, sync.max_restarts " + std::to_string(max_restarts) + ", sync.wave_size "
-                    + std::to_string(wave_size) + "\n";
-    for (auto& f : faults)
-      if (f.kind != fault_kind::publish)
-        s += "  " + f.to_string() + "\n";
-    return s;
-  }
-};
-
-plan make_plan(std::uint64_t seed) {
-  std::mt19937_64 rng{seed};
-  auto pick = [&](std::uint64_t n) { return static_cast<std::int64_t>(rng() % n); };
-  plan p;
-  p.seed = seed;
-  p.engines = 2 + static_cast<std::uint32_t>(pick(3));
-  p.plan_ms = 800;
-  p.max_restarts = 1 + pick(4);
-  for (int i = 0; i < 64; ++i)
-    p.transfer_ms.push_back(2 + pick(19));
-  for (std::int64_t t = 0; (t += 40 + pick(140)) < p.plan_ms - 50;) {
-    fault f;
-    f.at_ms = t;
-    p.faults.push_back(f);
-  }
-  auto engine_fault = [&](fault& f) {
-    // kill 30%, silence 30%, slow 15%, bad transfer 15%, trainer 10%
-    auto k = pick(100);
-    f.kind = k < 30 ? fault_kind::kill_engine
-           : k < 60 ? fault_kind::silence
-           : k < 75 ? fault_kind::slow
-           : k < 90 ? fault_kind::bad_transfer
-                    : fault_kind::kill_trainer;
-    f.target = static_cast<std::uint32_t>(pick(16));
-    switch (f.kind) {
-      case fault_kind::kill_engine:
-        f.duration_ms = pick(5) == 0 ? -1 : 10 + pick(300);
-        f.keep_version = pick(4) == 0;
-        break;
-      case fault_kind::silence: // a third stay below the heartbeat timeout
-        f.duration_ms = pick(3) == 0 ? 3 + pick(40) : 60 + pick(250);
-        break;
-      case fault_kind::slow:
-        f.duration_ms = 20 + pick(200);
-        f.delay_ms = 20 + pick(180); // phase deadlines are 100 ms (transfer 200)
-        break;
-      case fault_kind::kill_trainer:
-        f.duration_ms = pick(6) == 0 ? -1 : 5 + pick(250);
-        break;
-      default:
-        break;
-    }
-  };
-  for (auto n = 3 + pick(6); n > 0; --n) {
-    fault f;
-    f.at_ms = 30 + pick(static_cast<std::uint64_t>(p.plan_ms - 130));
-    engine_fault(f);
-    p.faults.push_back(f);
-  }
-  for (auto n = pick(4); n > 0; --n) {
-    fault f;
-    f.at_round = 2 + static_cast<std::uint64_t>(pick(8));
-    f.phase = static_cast<sync_phase>(pick(6));
-    engine_fault(f);
-    p.faults.push_back(f);
-  }
-  std::stable_sort(p.faults.begin(), p.faults.end(),
-                   [](const fault& a, const fault& b) { return a.at_ms < b.at_ms; });
-  for (auto n = 25 + pick(30), i = std::int64_t{1}; i <= n; ++i) {
-    request_plan r;
-    r.at_ms = 10 + pick(static_cast<std::uint64_t>(p.plan_ms - 150));
-    r.req.request_id = static_cast<std::uint64_t>(i);
-    r.req.prompt = {1, 2, static_cast<std::int32_t>(i % 50)};
-    r.req.sampling.max_tokens = 4 + static_cast<std::uint32_t>(pick(37));
-    p.requests.push_back(r);
-  }
-  // Drawn last, so that the draws above stay what they were for every seed.
-  p.wave_size = pick(3) == 0 ? 1 + pick(2) : 0;
-  return p;
-}
 
 // -- the simulation --------------------------------------------------------------------
 
@@ -825,28 +80,15 @@ struct run_result {
 
 class simulation {
 public:
-  simulation(plan p, bool echo)
-    : sys_(init(cfg_)),
-      sched_(dynamic_cast<caf::scheduler::test_coordinator&>(sys_.scheduler())),
-      plan_(std::move(p)),
-      w_(std::make_shared<world>()) {
+  simulation(plan p, bool echo) : plan_(std::move(p)), w_(std::make_shared<world>()) {
     w_->echo = echo;
     if (echo)
       std::cerr << plan_.to_string();
   }
 
+  // The coordinator's callbacks write into this simulation's members.
   ~simulation() {
-    // Every actor must be gone before ~actor_system. The router first, so it
-    // answers its clients; then everyone else.
-    if (router_)
-      caf::anon_send_exit(router_, caf::exit_reason::user_shutdown);
-    sched_.run(job_limit);
-    for (auto& a : tracked_)
-      caf::anon_send_exit(a, caf::exit_reason::kill);
-    for (int i = 0; i < 100 && (sched_.has_job() || sched_.has_pending_timeout()); ++i) {
-      sched_.run(job_limit);
-      sched_.trigger_timeouts();
-    }
+    fx_.shutdown();
   }
 
   simulation(const simulation&) = delete;
@@ -870,38 +112,12 @@ public:
   }
 
 private:
-  static caf::actor_system_config& init(caf::actor_system_config& c) {
-    c.set("scheduler.policy", caf::atom("testing"));
-    c.set("logger.file-verbosity", caf::atom("quiet"));
-    register_rlsync_types(c);
-    return c;
-  }
-
-  template <class... Ts>
-  auto spawn(Ts&&... xs) {
-    auto handle = sys_.spawn(std::forward<Ts>(xs)...);
-    tracked_.push_back(caf::actor_cast<caf::actor>(handle));
-    return handle;
-  }
-
   template <class T>
-  using slot = std::shared_ptr<std::optional<caf::expected<T>>>;
-
-  /// A request from a throwaway client; the answer lands in the slot once
-  /// the scheduler has run.
-  template <class T, class Handle, class... Ts>
-  slot<T> request(const Handle& dst, Ts... xs) {
-    auto out = std::make_shared<std::optional<caf::expected<T>>>();
-    sys_.spawn([=](caf::event_based_actor* self) {
-      self->request(dst, std::chrono::seconds(3600), xs...)
-        .then([=](T& x) { *out = std::move(x); }, [=](caf::error& err) { *out = std::move(err); });
-    });
-    return out;
-  }
+  using slot = actor_fixture::slot<T>;
 
   template <class T, class Handle, class... Ts>
   std::optional<T> ask(const Handle& dst, Ts... xs) {
-    auto out = request<T>(dst, xs...);
+    auto out = fx_.request<T>(dst, xs...);
     run_jobs();
     if (!out->has_value() || !**out)
       return std::nullopt;
@@ -917,7 +133,7 @@ private:
   void run_jobs() {
     if (livelock_)
       return;
-    if (sched_.run(job_limit) == job_limit && sched_.has_job()) {
+    if (fx_.sched.run(job_limit) == job_limit && fx_.sched.has_job()) {
       livelock_ = true;
       w_->violation("livelock: " + std::to_string(job_limit)
                     + " jobs ran without simulated time passing");
@@ -928,7 +144,7 @@ private:
   void step() {
     if (livelock_)
       return;
-    sched_.advance_time(1ms);
+    fx_.sched.advance_time(1ms);
     run_jobs();
     ++w_->now_ms;
     settle_registrations();
@@ -975,8 +191,9 @@ private:
     rc.engine_deadline = 1000ms;
     rc.control_deadline = 100ms;
     rc.log = [w](const std::string& line) { w->add(w->router_log, line); };
-    router_ = caf::actor_cast<router_actor>(spawn(rlsync::router, rc));
-    trainer_ = spawn(sim_trainer, version_info{++latest_, 4, 4096});
+    router_ = caf::actor_cast<router_actor>(fx_.spawn(rlsync::router, rc));
+    fx_.stop_first(router_); // it answers its clients as it stops
+    trainer_ = spawn_trainer(version_info{++latest_, 4, 4096});
     coordinator_config c;
     c.router = router_;
     c.trainer = caf::actor_cast<trainer_actor>(trainer_);
@@ -1019,7 +236,7 @@ private:
         if (f.at_ms < 0 && !f.fired && f.at_round == round && f.phase == phase)
           fire(f, engines);
     };
-    coordinator_ = spawn(rlsync::coordinator, std::move(c));
+    coordinator_ = fx_.spawn(rlsync::coordinator, std::move(c));
     run_jobs();
     for (std::uint32_t i = 0; i < plan_.engines; ++i)
       launch("e" + std::to_string(i), 0, 0);
@@ -1036,9 +253,9 @@ private:
     ctl->transfer_ms = plan_.transfer_ms[launched_++ % plan_.transfer_ms.size()];
     w_->engines[name] = ctl;
     w_->incarnations.push_back(ctl);
-    auto h = spawn(sim_engine, ctl, w_);
+    auto h = fx_.spawn(sim_engine, ctl, w_);
     handles_[name] = h;
-    auto reg = request<registration>(coordinator_, register_atom::value,
+    auto reg = fx_.request<registration>(coordinator_, register_atom::value,
                                      engine_info{name, "node-" + name, 1, version, false, incarnation},
                                      caf::actor_cast<rollout_engine_actor>(h));
     registrations_.push_back({ctl, reg});
@@ -1055,11 +272,11 @@ private:
       if (!**reg) {
         auto err = (**reg).error();
         if (is(err, errc::evicted)) {
-          w_->note(who + " refused: " + sys_.render(err));
+          w_->note(who + " refused: " + fx_.sys.render(err));
           ++w_->counts.retired;
           retired_.insert(ctl->name);
         } else {
-          w_->violation(who + ": registration failed: " + sys_.render(err));
+          w_->violation(who + ": registration failed: " + fx_.sys.render(err));
         }
         ctl->alive = false;
         caf::anon_send_exit(handles_[ctl->name], caf::exit_reason::kill);
@@ -1071,10 +288,10 @@ private:
   }
 
   void submit(const generate_request& req) {
-    auto rec = std::make_shared<request_record>();
+    auto rec = std::make_shared<sim::request_record>(); // not the router's request_record
     rec->req = req;
     w_->requests[req.request_id] = rec;
-    spawn(sim_client, router_, w_, rec);
+    fx_.spawn(sim_client, router_, w_, rec);
   }
 
   // -- faults -----------------------------------------------------------------
@@ -1199,11 +416,18 @@ private:
     launch(name, old->incarnation + 1, version);
   }
 
+  /// A trainer at `current`, which it reports until told to publish.
+  scripted_trainer_actor spawn_trainer(version_info current) {
+    auto script = std::make_shared<trainer_script>();
+    script->current = current;
+    return fx_.spawn(scripted_trainer, script);
+  }
+
   void restart_trainer() {
     if (trainer_alive_)
       return;
     // It comes back from its checkpoint: the last version it published.
-    trainer_ = spawn(sim_trainer, version_info{latest_, 4, 4096});
+    trainer_ = spawn_trainer(version_info{latest_, 4, 4096});
     trainer_alive_ = true;
     w_->note("restart the trainer at v" + std::to_string(latest_));
     caf::anon_send(coordinator_, register_atom::value, caf::actor_cast<trainer_actor>(trainer_));
@@ -1380,16 +604,13 @@ private:
     return out;
   }
 
-  caf::actor_system_config cfg_;
-  caf::actor_system sys_;
-  caf::scheduler::test_coordinator& sched_;
+  actor_fixture fx_; ///< first, so last to go: its actor system outlives every handle below
   plan plan_;
   world_ptr w_;
-  std::vector<caf::actor> tracked_;
   std::multimap<std::int64_t, std::function<void()>> agenda_; ///< by simulated ms, FIFO within one
   router_actor router_;
   coordinator_impl_actor coordinator_;
-  sim_trainer_actor trainer_;
+  scripted_trainer_actor trainer_;
   bool trainer_alive_ = true;
   bool faults_on_ = true;
   bool livelock_ = false;

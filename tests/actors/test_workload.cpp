@@ -1,6 +1,7 @@
-// The workload driver against a fake router on CAF's deterministic
-// scheduler: the fake streams canned tokens to the driver (its sink) and
-// answers, refuses, holds or garbles requests as each test scripts it.
+// The workload driver against a scripted router (tests/support/scripted_router.hpp)
+// on CAF's deterministic scheduler: it streams canned tokens to the driver
+// (its sink) and answers, refuses, holds or garbles requests as each test
+// scripts it.
 // Time moves only with advance(), which is how the retry backoff and the
 // request deadline are reached without sleeping.
 #include "actors/router.hpp"
@@ -9,6 +10,8 @@
 #include "runtime/engine/tokenizer.hpp"
 
 #include "tests/support/actor_fixture.hpp"
+#include "tests/support/scripted_engine.hpp"
+#include "tests/support/scripted_router.hpp"
 
 #include <algorithm>
 #include <future>
@@ -16,155 +19,21 @@
 #include <set>
 
 using namespace rlsync;
+using namespace rlsync::test;
 using namespace std::chrono_literals;
 
 namespace {
 
-enum class stream_fault {
-  drop,      ///< token 1 is never streamed (a gap)
-  swap,      ///< tokens 0 and 1 arrive in the wrong order
-  duplicate, ///< token 0 arrives twice
-};
-
-/// What the fake router does and saw. Token i of request r is r*100+i,
-/// produced with versions[i]; stale[i] marks it as produced over stale KV.
-struct router_script {
-  std::vector<std::uint64_t> versions = {1, 1, 2};
-  std::vector<bool> stale = {false, false, true};
-  bool hold = false; ///< keep every answer until resume (stands for long generations)
-  std::uint32_t held_stream = 0; ///< with hold: stream only this many tokens before the answer (0: all)
-  std::map<std::uint64_t, std::uint32_t> refuse; ///< id → attempts refused with refuse_with
-  errc refuse_with = errc::queue_full;
-  std::map<std::uint64_t, caf::error> errors;           ///< id → answer with this error
-  std::map<std::uint64_t, finish_reason> reasons;       ///< id → finish with this reason
-  std::map<std::uint64_t, stream_fault> faults;         ///< id → garble its stream
-
-  std::vector<generate_request> received;           ///< every generate, in order
-  std::map<std::uint64_t, std::uint32_t> attempts;  ///< generates per request id
-  std::uint32_t outstanding = 0;
-  std::uint32_t max_outstanding = 0;
-};
-
-using fake_router_actor = router_actor::extend<
-  // deliver every held answer
-  caf::reacts_to<resume_atom>>;
-
-struct fake_router_state {
-  std::shared_ptr<router_script> script;
-  std::vector<std::pair<generate_result, caf::typed_response_promise<generate_result>>> held;
-  static inline const char* name = "fake-router";
-};
-
-fake_router_actor::behavior_type
-fake_router(fake_router_actor::stateful_pointer<fake_router_state> self,
-            std::shared_ptr<router_script> script) {
-  self->state.script = std::move(script);
-  return {
-    [=](generate_atom, const generate_request& req,
-        const token_sink_actor& sink) -> caf::result<generate_result> {
-      auto& s = *self->state.script;
-      auto id = req.request_id;
-      s.received.push_back(req);
-      auto attempt = ++s.attempts[id];
-      if (auto it = s.refuse.find(id); it != s.refuse.end() && attempt <= it->second)
-        return make_error(s.refuse_with, "fake refuses");
-      if (auto it = s.errors.find(id); it != s.errors.end())
-        return it->second;
-      generate_result res;
-      res.request_id = id;
-      res.engine = "fake";
-      std::vector<token_event> stream;
-      // Like the router: a continuation streams from index generated.size()
-      // on, and the result holds only the new tokens (spans from 0).
-      auto first = static_cast<std::uint32_t>(req.generated.size());
-      for (std::uint32_t i = first; i < std::min<std::size_t>(s.versions.size(), req.sampling.max_tokens);
-           ++i) {
-        token_event ev{id, i, static_cast<std::int32_t>(id * 100 + i), s.versions[i], s.stale[i]};
-        stream.push_back(ev);
-        res.tokens.push_back(ev.token);
-        auto n = static_cast<std::uint32_t>(res.tokens.size());
-        if (res.spans.empty() || res.spans.back().version != ev.version)
-          res.spans.push_back({ev.version, n - 1, n - 1});
-        ++res.spans.back().end;
-        res.stale_kv_tokens += ev.stale_kv ? 1 : 0;
-      }
-      if (s.hold && s.held_stream > 0 && stream.size() > s.held_stream)
-        stream.resize(s.held_stream);
-      if (auto it = s.faults.find(id); it != s.faults.end()) {
-        switch (it->second) {
-          case stream_fault::drop: stream.erase(stream.begin() + 1); break;
-          case stream_fault::swap: std::swap(stream[0], stream[1]); break;
-          case stream_fault::duplicate: stream.insert(stream.begin(), stream[0]); break;
-        }
-      }
-      for (auto& ev : stream)
-        self->send(sink, token_atom_v, ev);
-      if (auto it = s.reasons.find(id); it != s.reasons.end())
-        res.reason = it->second;
-      s.max_outstanding = std::max(s.max_outstanding, ++s.outstanding);
-      if (s.hold) {
-        auto promise = self->make_response_promise<generate_result>();
-        self->state.held.emplace_back(std::move(res), promise);
-        return promise;
-      }
-      --s.outstanding;
-      return res;
-    },
-    [=](resume_atom) {
-      auto held = std::move(self->state.held);
-      self->state.held.clear();
-      for (auto& [res, promise] : held) {
-        --self->state.script->outstanding;
-        promise.deliver(std::move(res));
-      }
-    },
-    [=](route_atom, const route_update&, const rollout_engine_actor&) {},
-    [=](evict_atom, const std::string&) {},
-    [=](failed_atom, const std::string&) {},
-    [=](version_atom, const version_info&) {},
-    [=](status_atom) -> router_status { return {}; },
-    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
-  };
-}
-
-/// A minimal engine for the real router: three tokens per request, the
-/// first two at version 1, the last at version 2.
-rollout_engine_actor::behavior_type canned_engine(rollout_engine_actor::pointer self) {
-  return {
-    [=](pause_atom, const pause_request&) -> pause_report { return {}; },
-    [=](flush_atom) -> phase_ack { return {}; },
-    [=](start_atom, std::uint64_t) -> phase_ack { return {}; },
-    [=](update_atom, const weight_bucket&) -> std::uint64_t { return 0; },
-    [=](transfer_atom, const transfer_order&) -> transfer_report { return {}; },
-    [=](finish_atom, std::uint64_t) -> phase_ack { return {}; },
-    [=](resume_atom) -> phase_ack { return {}; },
-    [=](generate_atom, const generate_request& req, const token_sink_actor& sink) {
-      generate_result res{req.request_id, {}, {{1, 0, 2}, {2, 2, 3}}, finish_reason::length, "e",
-                          0};
-      for (std::uint32_t i = 0; i < 3; ++i) {
-        res.tokens.push_back(static_cast<std::int32_t>(req.request_id * 100 + i));
-        self->send(sink, token_atom_v, token_event{req.request_id, i, res.tokens.back(),
-                                                   i < 2 ? 1u : 2u, false});
-      }
-      return res;
-    },
-    [=](abort_atom, std::uint64_t) { return false; },
-    [=](status_atom) -> engine_status { return {}; },
-    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
-    [=](digest_atom) -> weight_digest { return {}; },
-  };
-}
-
 struct workload_fixture : test::actor_fixture {
   std::shared_ptr<router_script> script = std::make_shared<router_script>();
-  fake_router_actor router;
+  scripted_router_actor router;
   std::shared_ptr<std::vector<workload_progress>> progress =
     std::make_shared<std::vector<workload_progress>>();
   std::future<workload_result> future;
   caf::actor driver;
 
   workload_fixture() {
-    router = spawn(fake_router, script);
+    router = spawn(scripted_router, script);
     run();
   }
 
@@ -189,6 +58,15 @@ struct workload_fixture : test::actor_fixture {
   void release() {
     caf::anon_send(router, resume_atom_v);
     run();
+  }
+
+  /// An engine for the real router: three tokens per request, the first two
+  /// at version 1, the last at version 2.
+  rollout_engine_actor spawn_canned_engine() {
+    auto canned = std::make_shared<engine_script>();
+    canned->tokens = 3;
+    canned->token_versions = {1, 1, 2};
+    return spawn(scripted_engine, std::string{"e"}, canned, std::make_shared<engine_journal>());
   }
 };
 
@@ -422,7 +300,7 @@ TEST_CASE_FIXTURE(workload_fixture, "through the real router: queue_full is retr
   router_config cfg;
   cfg.queue_limit = 1; // nothing routable yet: one request waits, the others are refused
   auto real = spawn_router(sys, cfg);
-  auto engine = spawn(canned_engine);
+  auto engine = spawn_canned_engine();
   run();
   auto done = std::make_shared<std::promise<workload_result>>();
   auto fut = done->get_future();
@@ -453,7 +331,7 @@ TEST_CASE_FIXTURE(workload_fixture, "requests a dead router held go to the next 
   run();
   CHECK(!finished()); // the requests wait for a router
   auto next_script = std::make_shared<router_script>();
-  auto next = spawn(fake_router, next_script);
+  auto next = spawn(scripted_router, next_script);
   run();
   set_workload_router(driver, caf::actor_cast<router_actor>(next));
   run();

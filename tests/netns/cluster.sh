@@ -5,23 +5,9 @@
 # weights pulled over UCX restricted to tcp (as between hosts without RDMA),
 # and every engine ends byte-identical to the trainer.
 set -euo pipefail
-rlsync=$1 root=$2
-netns="$root/deploy/netns.sh"
-if ! "$netns" can 2>/dev/null; then
-  echo "skipping netns test: network namespaces cannot be created here (needs root and iproute2)"
-  exit 77
-fi
-name="rlc$$"
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  "$netns" down "$name"
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-"$netns" up "$name" 3 1
-a0=$("$netns" addr "$name" 0 1) a1=$("$netns" addr "$name" 1 1) a2=$("$netns" addr "$name" 2 1)
+source "$(dirname "$0")/lib.sh"
+netns_up rlc 3 1
+a0=$(netns_addr 0) a1=$(netns_addr 1) a2=$(netns_addr 2)
 cat > "$dir/three.yaml" <<YAML
 name: three
 model:
@@ -45,10 +31,8 @@ transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
 workload: {prompts: 32, concurrency: 4, max_tokens: 48}
 YAML
 export RLSYNC_NETNS_SECRET=netns-secret
-ip netns exec "$name-1" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-a > "$dir/a.log" 2>&1 &
-pids+=($!)
-ip netns exec "$name-2" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-b > "$dir/b.log" 2>&1 &
-pids+=($!)
+netns_start 1 "$dir/a.log" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-a
+netns_start 2 "$dir/b.log" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-b
 timeout 180 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" --node trainer-node --run \
   --no-progress --json "$dir/three.json" > "$dir/head.log" 2>&1 \
   || { cat "$dir/head.log" "$dir/a.log" "$dir/b.log"; echo "FAIL: the main job across namespaces failed"; exit 1; }

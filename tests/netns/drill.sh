@@ -14,24 +14,13 @@
 # Then every request must have completed and both engines must end
 # byte-identical to the trainer.
 set -euo pipefail
-rlsync=$1 root=$2
-netns="$root/deploy/netns.sh"
-if ! "$netns" can 2>/dev/null; then
-  echo "skipping netns test: network namespaces cannot be created here (needs root and iproute2)"
-  exit 77
-fi
-name="rld$$"
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  pkill -9 -f -- "--topology $dir/three.yaml" 2>/dev/null || true # children of timeout and ip netns exec
-  "$netns" down "$name"
-  rm -rf "$dir"
+source "$(dirname "$0")/lib.sh"
+netns_kill_signal=KILL
+netns_cleanup_hook() { # the head runs under timeout: kill its child too
+  pkill -9 -f -- "--topology $dir/three.yaml" 2>/dev/null || true
 }
-trap cleanup EXIT
-"$netns" up "$name" 3 1
-a0=$("$netns" addr "$name" 0 1) a1=$("$netns" addr "$name" 1 1) a2=$("$netns" addr "$name" 2 1)
+netns_up rld 3 1
+a0=$(netns_addr 0) a1=$(netns_addr 1) a2=$(netns_addr 2)
 cat > "$dir/three.yaml" <<YAML
 name: three
 model:
@@ -57,13 +46,12 @@ sync:
 workload: {prompts: 240, concurrency: 6, max_tokens: 32}
 YAML
 export RLSYNC_NETNS_SECRET=netns-secret
-start_node() { # node namespace-index log
-  ip netns exec "$name-$2" "$rlsync" node --topology "$dir/three.yaml" --node "$1" >> "$dir/$3.log" 2>&1 &
-  pids+=($!)
-  echo $!
+start_node() { # node namespace-index log; the pid goes to $started
+  netns_start "$2" "$dir/$3.log" "$rlsync" node --topology "$dir/three.yaml" --node "$1"
 }
-a_pid=$(start_node engine-node-a 1 a)
-start_node engine-node-b 2 b > /dev/null
+start_node engine-node-a 1 a
+a_pid=$started
+start_node engine-node-b 2 b
 timeout 240 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" --node trainer-node --run \
   --no-progress --json "$dir/three.json" > "$dir/head.log" 2>&1 &
 head=$!
@@ -83,11 +71,12 @@ before=$(count "^sync " "$dir/head.log")
 wait_for_more_syncs() { local n=$1; local deadline=$((SECONDS + 30)); while [ "$(count "^sync " "$dir/head.log")" -lt "$n" ]; do [ $SECONDS -lt $deadline ] || break; sleep 0.05; done; }
 wait_for_more_syncs $((before + 3))
 kill -9 "$a_pid"
+wait "$a_pid" 2>/dev/null || true # reaped quietly: bash would report the kill
 t_kill=$SECONDS
 wait_for "rollout-a left (down\|evicted rollout-a\|rollout-a silent for" "$dir/head.log" 30
 echo "engine-node-a killed: $(grep -o 'evicted rollout-a ([a-z]*\|rollout-a left (down[^)]*)\|rollout-a silent for [0-9.]* ms' "$dir/head.log" | head -1)"
 sleep 1
-start_node engine-node-a 1 a > /dev/null
+start_node engine-node-a 1 a
 # 2. cut engine-node-b's link, wait for the head to notice, heal it.
 rejoined=$(( $(count "^sync .* 2 engines" "$dir/head.log") + 2 ))
 deadline=$((SECONDS + 60))

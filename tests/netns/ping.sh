@@ -3,27 +3,19 @@
 # crosses the veth link through CAF's middleman; a partition makes the ping
 # fail by its deadline (naming the peer), and healing restores it.
 set -euo pipefail
-rlsync=$1 root=$2
-netns="$root/deploy/netns.sh"
-if ! "$netns" can 2>/dev/null; then
-  echo "skipping netns test: network namespaces cannot be created here (needs root and iproute2)"
-  exit 77
-fi
-name="rlp$$"
-cleanup() { "$netns" down "$name"; }
-trap cleanup EXIT
-"$netns" up "$name" 2
-a0=$("$netns" addr "$name" 0)
+source "$(dirname "$0")/lib.sh"
+netns_up rlp 2
+a0=$(netns_addr 0)
 
 # 1. A healthy link: 5 pings across namespaces.
-ip netns exec "$name-0" "$rlsync" ping --listen "$a0:7100" --count 5 --deadline-ms 20000 &
-listener=$!
+netns_start 0 - "$rlsync" ping --listen "$a0:7100" --count 5 --deadline-ms 20000
+listener=$started
 ip netns exec "$name-1" "$rlsync" ping --connect "$a0:7100" --count 5 --deadline-ms 10000
 wait "$listener"
 
 # 2. A partitioned node: the connection attempt fails by its deadline and names the peer.
-ip netns exec "$name-0" "$rlsync" ping --listen "$a0:7101" --count 1 --deadline-ms 20000 &
-listener=$!
+netns_start 0 - "$rlsync" ping --listen "$a0:7101" --count 1 --deadline-ms 20000
+listener=$started
 "$netns" partition "$name" 1
 set +e
 out=$(ip netns exec "$name-1" "$rlsync" ping --connect "$a0:7101" --count 1 --deadline-ms 1500 2>&1)

@@ -10,8 +10,11 @@
 //   expect_msg<..>() asserts on the next message of one actor, then runs it
 //
 // Actors spawned through spawn() are killed when the fixture ends, because
-// ~actor_system waits forever on a live actor. Do not use caf/test/dsl.hpp's
-// expect() here: it needs CAF's own test runner and crashes under doctest.
+// ~actor_system waits forever on a live actor; those handed to stop_first()
+// are stopped before them, with user_shutdown, so that an actor that answers
+// its waiting requesters when it stops (a router) does.
+// Do not use caf/test/dsl.hpp's expect() here: it needs CAF's own test runner
+// and crashes under doctest.
 #include "actors/system_config.hpp"
 
 #include <caf/actor.hpp>
@@ -30,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace rlsync::test {
@@ -44,12 +48,23 @@ public:
     : sys(init(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {}
 
   ~actor_fixture() {
-    for (auto& a : tracked_)
+    shutdown();
+  }
+
+  /// Stops every actor the fixture knows and runs what follows. The
+  /// destructor does it too; a fixture whose actors call back into its own
+  /// members calls it from its destructor, while those members still live.
+  void shutdown() {
+    for (auto& a : std::exchange(stopped_first_, {}))
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    sched.run(teardown_job_limit);
+    for (auto& a : std::exchange(tracked_, {}))
       caf::anon_send_exit(a, caf::exit_reason::kill);
-    // Clients still waiting on a request finish at their timeout; bounded,
-    // so that a bug shows up as a failure rather than a hang.
+    // Clients still waiting on a request finish at their timeout. Bounded
+    // (messages going round forever included), so that a bug shows up as a
+    // failure rather than a hang.
     for (int i = 0; i < 100 && (sched.has_job() || sched.has_pending_timeout()); ++i) {
-      sched.run();
+      sched.run(teardown_job_limit);
       sched.trigger_timeouts();
     }
   }
@@ -63,6 +78,13 @@ public:
     auto handle = sys.spawn(std::forward<Ts>(xs)...);
     tracked_.push_back(caf::actor_cast<caf::actor>(handle));
     return handle;
+  }
+
+  /// Stops `h` at the end with user_shutdown, before the others are killed
+  /// (also one spawned elsewhere, e.g. by spawn_router).
+  template <class Handle>
+  void stop_first(const Handle& h) {
+    stopped_first_.push_back(caf::actor_cast<caf::actor>(h));
   }
 
   /// Runs every queued job. Timeouts do not fire.
@@ -130,7 +152,11 @@ private:
     return sched.next_job<caf::abstract_actor>().peek_at_next_mailbox_element();
   }
 
+  /// Jobs per pass of shutdown() (100 passes at most).
+  static constexpr std::size_t teardown_job_limit = 10'000;
+
   std::vector<caf::actor> tracked_;
+  std::vector<caf::actor> stopped_first_;
 };
 
 } // namespace rlsync::test

@@ -1,0 +1,67 @@
+# Shared by the tests in tests/netns/, each run as `bash TEST.sh RLSYNC SOURCE_ROOT`
+# and sourcing this file after `set -euo pipefail`. It sets $rlsync, $root and
+# $netns (deploy/netns.sh), and ends the test with exit 77 and a message where
+# network namespaces cannot be made (not root, no iproute2). Then:
+#
+#   netns_up PREFIX N [NET]   nodes $name-0 .. $name-(N-1) ($name is PREFIX and
+#                             this shell's pid), on 10.77.NET.0/24, and a
+#                             scratch directory $dir; all removed on exit
+#   netns_addr I              node I's address
+#   netns_start I LOG CMD...  runs CMD in node I in the background, its output
+#                             appended to LOG (-: the test's own output); its
+#                             pid goes to $started and is killed on exit (with
+#                             $netns_kill_signal, TERM unless the test sets it)
+#
+# A test that needs more at exit defines netns_cleanup_hook; it runs after the
+# kills and before the namespaces go.
+
+rlsync=${1:?usage: $0 RLSYNC_BINARY SOURCE_ROOT}
+root=${2:?usage: $0 RLSYNC_BINARY SOURCE_ROOT}
+netns="$root/deploy/netns.sh"
+
+if ! "$netns" can 2>/dev/null; then
+  echo "skipping netns test $(basename "$0"): network namespaces cannot be created here (needs root and iproute2)"
+  exit 77
+fi
+
+name=
+dir=
+net=0
+pids=()
+started=
+netns_kill_signal=TERM
+
+netns_cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "-$netns_kill_signal" "$p" 2>/dev/null || true; done
+  if [ "$netns_kill_signal" = KILL ]; then # dead at once: reaped quietly, or bash reports each kill
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  fi
+  if declare -F netns_cleanup_hook > /dev/null; then netns_cleanup_hook || true; fi
+  if [ -n "$name" ]; then "$netns" down "$name"; fi
+  if [ -n "$dir" ]; then rm -rf "$dir"; fi
+}
+trap netns_cleanup EXIT
+
+netns_up() { # PREFIX N [NET]
+  name="$1$$"
+  net=${3:-0}
+  dir=$(mktemp -d)
+  "$netns" up "$name" "$2" "$net"
+}
+
+netns_addr() { # I
+  "$netns" addr "$name" "$1" "$net"
+}
+
+netns_start() { # I LOG CMD...
+  local node=$1 log=$2
+  shift 2
+  if [ "$log" = - ]; then
+    ip netns exec "$name-$node" "$@" &
+  else
+    ip netns exec "$name-$node" "$@" >> "$log" 2>&1 &
+  fi
+  started=$!
+  pids+=("$started")
+}

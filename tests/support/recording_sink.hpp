@@ -1,0 +1,30 @@
+#pragma once
+// A token sink for tests that writes down every token it receives, in order.
+// One thread runs every actor on the deterministic scheduler: no locks.
+#include "actors/interfaces.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace rlsync::test {
+
+/// What the sink received; shared with the test.
+struct sink_record {
+  std::vector<token_event> tokens; ///< every token, in arrival order
+  /// "token <request id>.<index>" per token; a test may add its own events
+  /// (a client's "result <id>") to see what came first.
+  std::vector<std::string> events;
+};
+
+inline token_sink_actor::behavior_type recording_sink(token_sink_actor::pointer,
+                                                      std::shared_ptr<sink_record> record) {
+  return {
+    [=](token_atom, const token_event& ev) {
+      record->tokens.push_back(ev);
+      record->events.push_back("token " + std::to_string(ev.request_id) + "." + std::to_string(ev.index));
+    },
+  };
+}
+
+} // namespace rlsync::test

@@ -1,0 +1,50 @@
+#pragma once
+// A scripted trainer for tests on the deterministic scheduler
+// (actor_fixture.hpp): it holds no weights, reports the version its script
+// says, records its subscribers and the versions rounds pin, and publishes a
+// version to every subscriber when the test tells it to. One thread runs
+// every actor here: no locks.
+#include "actors/interfaces.hpp"
+
+#include <caf/atom.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace rlsync::test {
+
+/// What the trainer reports and saw; shared with the test.
+struct trainer_script {
+  version_info current{2, 4, 4096}; ///< answered to version, freeze and step
+  std::vector<version_listener_actor> listeners;
+  std::vector<std::uint64_t> pins;
+};
+
+/// A trainer that also takes `publish`: make this the current version and
+/// tell every subscriber.
+using scripted_trainer_actor = trainer_actor::extend<caf::reacts_to<caf::publish_atom, version_info>>;
+
+inline scripted_trainer_actor::behavior_type
+scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_script> script) {
+  return {
+    [=](meta_atom) { return std::vector<tensor_meta>{}; },
+    [=](version_atom) { return script->current; },
+    [=](pull_atom, std::uint64_t, std::uint32_t) -> caf::result<weight_bucket> {
+      return make_error(errc::unknown_name, "the scripted trainer holds no weights");
+    },
+    [=](subscribe_atom, const version_listener_actor& l) { script->listeners.push_back(l); },
+    [=](freeze_atom) { return script->current; },
+    [=](pin_atom, std::uint64_t v) { script->pins.push_back(v); },
+    [=](step_atom) { return script->current; },
+    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+    [=](caf::publish_atom, const version_info& vi) {
+      script->current = vi;
+      for (auto& l : script->listeners)
+        self->send(l, version_atom::value, vi);
+    },
+  };
+}
+
+} // namespace rlsync::test
