@@ -4,7 +4,7 @@
 // the trainer produces versions and the coordinator syncs, print one line per
 // sync with DESIGN §8's four figures, then stop the trainer, run one last
 // round, verify every engine's weights against the trainer's, and summarise.
-#include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/verify_weights.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/workload.hpp"
 #include "runtime/config/topology.hpp"
