@@ -33,10 +33,6 @@ struct workload_overrides {
 /// for a zero concurrency or max_tokens, or a value beyond 32 bits.
 workload_options workload_from(const topology& t, const workload_overrides& o = {});
 
-/// memcpy bandwidth into pre-touched memory, best of three copies of
-/// `bytes`: the in-process data plane's speed of light.
-double measure_memcpy_gbps(std::size_t bytes = std::size_t(64) << 20);
-
 /// Writes progress to stderr: one line per sync (thread-safe: the
 /// coordinator calls it), and a progress bar when stderr is a terminal.
 class job_console {
