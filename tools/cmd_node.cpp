@@ -107,17 +107,11 @@ int cmd_node(const arg_list& argv) {
       known += (known.empty() ? "" : ", ") + n.name;
     throw cli::usage_error("--node: no node '" + name + "' in " + path + " (defined: " + known + ")");
   }
+  if (auto problem = cluster_layout_problem(t); !problem.empty()) {
+    std::cerr << "rlsync node: " << path << ": " << problem << "\n";
+    return 1;
+  }
   const node_spec* head = t.find_node(t.coordinator.node);
-  if (t.router.node != head->name || t.trainer.node != head->name) {
-    std::cerr << "rlsync node: " << path << ": the router and the trainer must run on the coordinator's node ("
-              << head->name << ") for now\n";
-    return 1;
-  }
-  if (head->port == 0 && t.nodes.size() > 1) {
-    std::cerr << "rlsync node: " << path << ": nodes '" << head->name
-              << "': the coordinator's node needs a fixed port for the others to reach it (port: 0)\n";
-    return 1;
-  }
   std::string secret;
   try {
     secret = read_cluster_secret(a.get_or("secret-file", t.cluster.secret_file), t.cluster.secret_env);

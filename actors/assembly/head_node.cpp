@@ -11,6 +11,15 @@
 
 namespace rlsync {
 
+std::string cluster_layout_problem(const topology& t) {
+  const node_spec* head = t.find_node(t.coordinator.node);
+  if (t.router.node != head->name || t.trainer.node != head->name)
+    return "the router and the trainer must run on the coordinator's node (" + head->name + ") for now";
+  if (head->port == 0 && t.nodes.size() > 1)
+    return "nodes '" + head->name + "': the coordinator's node needs a fixed port for the others to reach it (port: 0)";
+  return {};
+}
+
 head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
                      head_hooks hooks)
     : sys_(sys) {

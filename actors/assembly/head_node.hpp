@@ -22,6 +22,11 @@
 
 namespace rlsync {
 
+/// Why `t` cannot run as one process per node: the router and the trainer
+/// must share the coordinator's node, which needs a fixed port when other
+/// nodes must reach it. Empty when it can.
+std::string cluster_layout_problem(const topology& t);
+
 struct head_hooks {
   std::function<void(const std::string&)> log;     ///< coordinator and producer events
   std::function<void(const std::string&)> line;    ///< gatekeeper events

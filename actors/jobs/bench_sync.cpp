@@ -446,9 +446,8 @@ std::string node_yaml(const topology& t) {
 // -- bench sync -------------------------------------------------------------------
 
 std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model) {
-  for (const auto* n : {t.find_node(t.trainer.node), t.find_node(t.router.node)})
-    if (n->name != t.coordinator.node)
-      return path + ": the trainer and the router must be on the coordinator's node";
+  if (auto problem = cluster_layout_problem(t); !problem.empty())
+    return path + ": " + problem;
   auto local = local_nodes(t);
   for (const auto& n : t.nodes)
     if (std::none_of(local.begin(), local.end(), [&](const node_spec* l) { return l->name == n.name; }))

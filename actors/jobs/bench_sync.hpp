@@ -171,9 +171,9 @@ struct bench_sync_options {
   std::function<void(const std::string&)> note;
 };
 
-/// Why `t` cannot be benched (every node must be on this machine, the
-/// trainer and the router on the coordinator's node, every engine's tp must
-/// fit `model`), naming `path`; empty when it can.
+/// Why `t` cannot be benched (it must run as one process per node, every
+/// node must be on this machine, every engine's tp must fit `model`),
+/// naming `path`; empty when it can.
 std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model);
 
 struct bench_sync_result {

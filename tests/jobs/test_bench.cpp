@@ -399,7 +399,11 @@ TEST_CASE("bench sync refuses what it cannot deploy, naming the place") {
   auto remote_trainer = t;
   remote_trainer.trainer.node = "workers";
   CHECK(bench_sync_problem(remote_trainer, "two.yaml", model_of_size(8 << 20))
-        == "two.yaml: the trainer and the router must be on the coordinator's node");
+        == "two.yaml: the router and the trainer must run on the coordinator's node (head) for now");
+  auto no_port = t;
+  no_port.nodes[0].port = 0; // the bench's nodes could not reach the head
+  CHECK(bench_sync_problem(no_port, "two.yaml", model_of_size(8 << 20))
+        == "two.yaml: nodes 'head': the coordinator's node needs a fixed port for the others to reach it (port: 0)");
   auto far = t;
   far.nodes[1].address = "192.0.2.1"; // TEST-NET: never this machine
   CHECK(bench_sync_problem(far, "two.yaml", model_of_size(8 << 20))
