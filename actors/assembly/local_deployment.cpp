@@ -31,8 +31,10 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
 dtype source_dtype_of(const topology& t, const transfer::weight_source& source) {
   if (t.model.weights_dtype)
     return *t.model.weights_dtype;
-  auto first = source.latest();
-  return first && !first->tensors().empty() ? first->tensors().front().type : dtype::bf16;
+  // The parameters, not the latest snapshot: the trainer may not have
+  // published its first version yet when a head is assembled.
+  auto parameters = source.parameters();
+  return parameters.empty() ? dtype::bf16 : parameters.front().type;
 }
 
 std::uint64_t process_incarnation() {

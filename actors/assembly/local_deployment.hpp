@@ -97,9 +97,10 @@ struct deployment_options {
 };
 
 /// The dtype the trainer sends, which every engine records its plans in:
-/// the topology's (synthetic models), else the type of the checkpoint's
-/// tensors (the first of the latest snapshot), else bf16. The head announces
-/// it to the other nodes in the join grant.
+/// the topology's (synthetic models), else the type of the source's
+/// parameters (a checkpoint's tensors; bf16 for a checkpoint directory
+/// before its first step), else bf16. The head announces it to the other
+/// nodes in the join grant.
 dtype source_dtype_of(const topology& t, const transfer::weight_source& source);
 
 /// The incarnation of the engines a cluster node's process spawns: the
