@@ -4,6 +4,7 @@
 // `//` line per handler. Replies are declared for every request: a handler
 // without one would answer with an empty message (CAF 0.17 does not refuse it).
 #include "actors/type_ids.hpp"
+#include "runtime/base/dtype.hpp"
 
 #include <caf/replies_to.hpp>
 #include <caf/stateful_actor.hpp>
@@ -122,11 +123,14 @@ struct join_grant {
   /// The port of the trainer's UCX producer on the coordinator's node
   /// (transfer.backend: ucx); 0: pull over CAF from `trainer`.
   std::uint16_t ucx_port = 0;
+  /// The dtype the trainer sends (rlsync::dtype as an integer): what every
+  /// engine records its plans in.
+  std::uint8_t source_dtype = static_cast<std::uint8_t>(dtype::bf16);
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
-  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx_port);
+  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx_port, x.source_dtype);
 }
 
 /// The only actor a cluster's head node publishes: it admits nodes that prove

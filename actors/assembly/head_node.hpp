@@ -1,9 +1,11 @@
 #pragma once
-// What a cluster's head node runs, in this process: the coordinator, the
-// router, the trainer (with its local data plane and, for transfer.backend
-// ucx, its UCX producer), the gatekeeper published on the node's address,
-// and the engines the topology places on this node, registered. Used by
-// `rlsync node` on the coordinator's node and by `rlsync bench sync/control`.
+// What a cluster's head node runs, in this process: the head's actors as
+// assemble_head builds them (the coordinator, the router, the trainer with
+// its local data plane, and the engines the topology places on this node,
+// registered), plus the gatekeeper published on the node's address and, for
+// transfer.backend ucx, the trainer's UCX producer. Used by `rlsync node` on
+// the coordinator's node and by `rlsync bench sync/control`.
+#include "actors/assembly/local_deployment.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/trainer.hpp"
 #include "runtime/config/topology.hpp"
@@ -19,6 +21,11 @@
 #include <vector>
 
 namespace rlsync {
+
+/// Why `t` cannot run as one process per node: the router and the trainer
+/// must share the coordinator's node, which needs a fixed port when other
+/// nodes must reach it. Empty when it can.
+std::string cluster_layout_problem(const topology& t);
 
 struct head_hooks {
   std::function<void(const std::string&)> log;     ///< coordinator and producer events
@@ -38,19 +45,23 @@ public:
   head_node(const head_node&) = delete;
   head_node& operator=(const head_node&) = delete;
 
-  coordinator_actor coordinator() const { return coordinator_; }
-  trainer_actor trainer() const { return trainer_.actor; }
-  router_actor router() const { return router_; }
-  std::shared_ptr<transfer::weight_source> source() const { return trainer_.source; }
-  std::shared_ptr<transfer::local_transfer> local_transfer() const { return trainer_.transfer; }
+  coordinator_actor coordinator() const { return actors_.coordinator; }
+  trainer_actor trainer() const { return actors_.trainer.actor; }
+  router_actor router() const { return actors_.router; }
+  std::shared_ptr<transfer::weight_source> source() const { return actors_.trainer.source; }
+  std::shared_ptr<transfer::local_transfer> local_transfer() const { return actors_.trainer.transfer; }
   /// The UCX producer; nullptr unless transfer.backend is ucx.
   const transfer::ucx_producer* producer() const { return producer_.get(); }
   std::uint16_t port() const { return port_; }
   /// The engines of this node, spawned and registered.
-  const std::vector<caf::actor>& local_engines() const { return engines_; }
+  const std::vector<rollout_engine_impl>& local_engines() const { return actors_.engines; }
 
   /// Registered engines, as the coordinator says (0 when it does not answer in time).
   std::size_t members() const;
+  /// Polls members() until `n` engines have registered, `deadline` has
+  /// passed or `stop_requested()` says so; the count last seen.
+  std::size_t await_members(std::size_t n, std::chrono::milliseconds deadline,
+                            const std::function<bool()>& stop_requested) const;
   /// Engines that completed a round and serve (routable).
   std::size_t routable() const;
 
@@ -60,24 +71,11 @@ public:
 
 private:
   caf::actor_system& sys_;
-  local_trainer trainer_;
-  router_actor router_;
-  coordinator_actor coordinator_;
+  local_deployment actors_;
   std::unique_ptr<transfer::ucx_producer> producer_;
   caf::actor gate_;
   std::uint16_t port_ = 0;
-  std::vector<caf::actor> engines_;
   bool stopped_ = false;
 };
-
-/// Stops `actors` (exit reason user_shutdown) and waits up to `deadline`
-/// until each has terminated; true if all did.
-bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
-                    std::chrono::milliseconds deadline = std::chrono::seconds(10));
-
-/// Registers `engine` (spawned from `spec`) with `coordinator`; throws
-/// std::runtime_error naming the engine when it is refused or times out.
-void register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_spec& spec,
-                     const caf::actor& engine, std::chrono::milliseconds deadline);
 
 } // namespace rlsync

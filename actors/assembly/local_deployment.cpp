@@ -1,14 +1,11 @@
 #include "actors/assembly/local_deployment.hpp"
 
-#include "runtime/engine/loader.hpp"
-
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include <algorithm>
 #include <iostream>
-#include <map>
 #include <stdexcept>
 
 namespace rlsync {
@@ -31,47 +28,97 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   return cfg;
 }
 
-namespace {
+dtype source_dtype_of(const topology& t, const transfer::weight_source& source) {
+  if (t.model.weights_dtype)
+    return *t.model.weights_dtype;
+  // The parameters, not the latest snapshot: the trainer may not have
+  // published its first version yet when a head is assembled.
+  auto parameters = source.parameters();
+  return parameters.empty() ? dtype::bf16 : parameters.front().type;
+}
 
-/// Registers engine `i` with the coordinator; the refusal, or empty.
-std::string register_engine(caf::actor_system& sys, local_deployment& d, const topology& t, std::size_t i,
-                            std::chrono::milliseconds deadline) {
-  const auto& spec = t.engines[i];
-  engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), 0, true, d.incarnations[i]};
+std::uint64_t process_incarnation() {
+  static const auto incarnation = static_cast<std::uint64_t>(
+    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  return incarnation;
+}
+
+engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, std::uint64_t version, bool dirty) {
+  return engine_info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), version, dirty, incarnation};
+}
+
+std::string register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,
+                            const caf::actor& engine, std::chrono::milliseconds deadline) {
   std::string failure;
   caf::scoped_actor self{sys};
-  self->request(d.coordinator, deadline, register_atom::value, info, caf::actor_cast<rollout_engine_actor>(d.engines[i]))
+  self->request(coordinator, deadline, register_atom::value, info, caf::actor_cast<rollout_engine_actor>(engine))
     .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
   return failure;
 }
 
-rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment& d, const topology& t, std::size_t i) {
-  auto cfg = engine_config_from(t, t.engines[i], d.trainer.transfer, d.source_dtype);
+bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors, std::chrono::milliseconds deadline) {
+  caf::scoped_actor self{sys};
+  std::size_t alive = 0;
+  for (auto& a : actors)
+    if (a) {
+      self->monitor(a); // a terminated actor answers with a down message at once
+      ++alive;
+    }
+  for (auto& a : actors)
+    if (a)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  actors.clear();
+  auto until = std::chrono::steady_clock::now() + deadline;
+  bool late = false;
+  while (alive > 0 && !late)
+    self->receive([&](const caf::down_msg&) { --alive; },
+                  caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::max(until - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration::zero())))
+                    >> [&] { late = true; });
+  return alive == 0;
+}
+
+namespace {
+
+/// Spawns hosted engine `i` as replica `spec`, with its fault gate.
+rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment& d, const topology& t,
+                                 const engine_spec& spec, std::size_t i) {
+  auto cfg = engine_config_from(t, spec, d.trainer.transfer, d.source_dtype);
   cfg.faults = d.gates[i];
   return spawn_rollout_engine(sys, std::move(cfg));
 }
 
+/// Every actor of `d`, for stop_and_await.
+std::vector<caf::actor> actors_of(const local_deployment& d) {
+  std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.trainer.actor), caf::actor_cast<caf::actor>(d.coordinator),
+                              caf::actor_cast<caf::actor>(d.router)};
+  for (const auto& e : d.engines)
+    all.push_back(caf::actor_cast<caf::actor>(e));
+  return all;
+}
+
 } // namespace
 
-local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts) {
+local_deployment assemble_head(caf::actor_system& sys, const topology& t, const deployment_options& opts) {
   local_deployment d;
-  std::optional<persisted_coordinator> restored;
+  std::optional<persisted_coordinator> restored; // before anything runs: a bad file stops the head cleanly
   if (!t.coordinator.state_file.empty())
     restored = read_coordinator_state(t.coordinator.state_file); // throws, naming file:line:column
   d.trainer = make_local_trainer(sys, t, 0);
-  // Engines record their plans in the dtype the trainer sends.
-  auto first = d.trainer.source->latest();
-  d.source_dtype = t.model.weights_dtype.value_or(
-    first && !first->tensors().empty() ? first->tensors().front().type : dtype::bf16);
-  for (std::size_t i = 0; i < t.engines.size(); ++i) {
+  d.source_dtype = source_dtype_of(t, *d.trainer.source);
+  std::vector<const engine_spec*> hosted;
+  for (const auto& e : t.engines) {
+    if (!opts.node.empty() && e.node != opts.node)
+      continue;
+    hosted.push_back(&e);
     d.gates.push_back(opts.fault_gates ? std::make_shared<engine_fault_gate>() : nullptr);
-    d.incarnations.push_back(1);
-    if (restored) // a restarted run: its engines reconnect under the names (and incarnations) on record
+    d.incarnations.push_back(opts.incarnation != 0 ? opts.incarnation : 1);
+    if (opts.incarnation == 0 && restored) // one process restarted: its engines reconnect as on record
       for (auto& pm : restored->members)
-        if (pm.name == t.engines[i].name)
+        if (pm.name == e.name)
           d.incarnations.back() = pm.incarnation;
-    d.engines.push_back(spawn_engine(sys, d, t, i));
-    d.engine_names.push_back(t.engines[i].name);
+    d.engines.push_back(spawn_engine(sys, d, t, e, d.engines.size()));
+    d.engine_names.push_back(e.name);
   }
   auto rc = router_config_from(t);
   rc.log = opts.router_log;
@@ -80,6 +127,7 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   auto cc = coordinator_config_from(t);
   cc.trainer = d.trainer.actor;
   cc.router = d.router;
+  cc.admit = opts.admit;
   cc.log = opts.log;
   cc.on_report = opts.on_sync;
   cc.on_phase = opts.on_phase;
@@ -88,12 +136,21 @@ local_deployment deploy_local(caf::actor_system& sys, const topology& t, deploym
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);
 
-  for (std::size_t i = 0; i < d.engines.size(); ++i)
-    if (auto failure = register_engine(sys, d, t, i, opts.register_deadline); !failure.empty()) {
-      d.shutdown();
-      throw std::runtime_error("engine " + t.engines[i].name + " could not register with the coordinator: " + failure);
+  for (std::size_t i = 0; i < d.engines.size(); ++i) {
+    auto info = engine_info_of(*hosted[i], d.incarnations[i]);
+    if (auto failure = register_engine(sys, d.coordinator, info, caf::actor_cast<caf::actor>(d.engines[i]),
+                                       opts.register_deadline);
+        !failure.empty()) {
+      stop_and_await(sys, actors_of(d));
+      throw std::runtime_error("engine " + hosted[i]->name + " could not register with the coordinator: " + failure);
     }
+  }
   return d;
+}
+
+local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts) {
+  opts.node.clear();
+  return assemble_head(sys, t, opts);
 }
 
 std::string local_deployment::restart_engine(caf::actor_system& sys, const topology& t, std::size_t i,
@@ -103,9 +160,13 @@ std::string local_deployment::restart_engine(caf::actor_system& sys, const topol
     gates[i]->partitioned = false;
     gates[i]->acks_held_until_ns = 0;
   }
+  const engine_spec* spec = t.find_engine(engine_names[i]);
+  if (!spec)
+    return "engine " + engine_names[i] + " is not in the topology";
   ++incarnations[i];
-  engines[i] = spawn_engine(sys, *this, t, i);
-  return register_engine(sys, *this, t, i, deadline);
+  engines[i] = spawn_engine(sys, *this, t, *spec, i);
+  return register_engine(sys, coordinator, engine_info_of(*spec, incarnations[i]),
+                         caf::actor_cast<caf::actor>(engines[i]), deadline);
 }
 
 void local_deployment::restart_coordinator(caf::actor_system& sys, const topology& t, bool kill_first) {
@@ -130,11 +191,10 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
       .receive([&](engine_status& s) { st = s; }, [](caf::error&) {});
     if (!st)
       continue; // dead or cut off: it registers when it is restarted
-    const auto& spec = t.engines[i];
-    engine_info info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), st->version, st->dirty, incarnations[i]};
-    self->request(coordinator, std::chrono::seconds(10), register_atom::value, info,
-                  caf::actor_cast<rollout_engine_actor>(engines[i]))
-      .receive([](const registration&) {}, [](caf::error&) {});
+    const engine_spec* spec = t.find_engine(engine_names[i]);
+    if (spec) // a refusal leaves it out, as a dead one: it registers when it is restarted
+      register_engine(sys, coordinator, engine_info_of(*spec, incarnations[i], st->version, st->dirty),
+                      caf::actor_cast<caf::actor>(engines[i]), std::chrono::seconds(10));
   }
 }
 
@@ -170,54 +230,6 @@ void local_deployment::shutdown() {
   stop(router);
   for (auto& e : engines)
     stop(e);
-}
-
-std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
-                                                const std::vector<weight_digest>& digests) {
-  std::vector<engine_verification> out;
-  // The trainer's weights through the engines' own loader, per (version, tp).
-  std::map<std::pair<std::uint64_t, std::int64_t>, std::map<std::string, std::uint64_t>> reference;
-  for (const auto& digest : digests) {
-    engine_verification v;
-    v.engine = digest.engine;
-    v.version = digest.version;
-    v.dirty = digest.dirty;
-    const engine_spec* spec = t.find_engine(digest.engine);
-    if (!spec) {
-      v.error = "not an engine of the topology";
-    } else if (digest.names.empty()) {
-      v.error = "no checksums (no weights, or no answer in time)";
-    } else {
-      auto key = std::make_pair(v.version, spec->tp);
-      if (!reference.count(key)) {
-        if (auto snap = source.find(v.version)) {
-          auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
-          engine::load_weights(snap->tensors(), *set);
-          reference[key] = engine::weight_checksums(*set);
-        }
-      }
-      auto ref = reference.find(key);
-      if (ref == reference.end()) {
-        v.error = "the trainer no longer holds version " + std::to_string(v.version);
-      } else {
-        v.shards = digest.names.size();
-        if (v.shards != ref->second.size())
-          v.error = std::to_string(v.shards) + " parameter shards, the trainer's version has "
-                    + std::to_string(ref->second.size());
-        for (std::size_t k = 0; k < digest.names.size() && k < digest.checksums.size(); ++k) {
-          auto it = ref->second.find(digest.names[k]);
-          if (it == ref->second.end() || it->second != digest.checksums[k])
-            ++v.mismatched;
-        }
-      }
-    }
-    out.push_back(v);
-  }
-  for (const auto& e : t.engines) // an engine nobody could ask is unverified, not forgotten
-    if (std::none_of(out.begin(), out.end(), [&](auto& v) { return v.engine == e.name; }))
-      out.push_back({e.name, 0, false, 0, 0, "not a member of the cluster (never registered, or dead)"});
-  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.engine < b.engine; });
-  return out;
 }
 
 } // namespace rlsync

@@ -1,13 +1,21 @@
 #pragma once
-// A whole topology in one process: the trainer (with the local data plane),
-// every engine replica, the router and the coordinator, wired together and
-// the engines registered. `rlsync run` and the end-to-end tests use it.
+// The one assembly of a head: the trainer (with the local data plane), the
+// router, the coordinator and the engines hosted in this process, spawned,
+// wired together and the engines registered (assemble_head). With every
+// engine hosted it is a whole topology in one process (deploy_local: `rlsync
+// run`, the drills); with the engines of the coordinator's node it is a
+// cluster's head (head_node.hpp: `rlsync node`, `rlsync bench`). Engines of
+// other nodes register through register_engine as well (member_node.hpp).
 #include "actors/coordinator.hpp"
 #include "actors/rollout_engine.hpp"
 #include "actors/router.hpp"
 #include "actors/trainer.hpp"
 #include "runtime/config/topology.hpp"
 
+#include <caf/actor_system.hpp>
+#include <caf/node_id.hpp>
+
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -16,11 +24,12 @@ namespace rlsync {
 
 struct local_deployment {
   local_trainer trainer;
-  std::vector<rollout_engine_impl> engines; ///< in topology order
+  std::vector<rollout_engine_impl> engines; ///< the hosted ones, in topology order
   std::vector<std::string> engine_names;
   /// Per engine: its drill faults (deployment_options::fault_gates), else nullptr.
   std::vector<std::shared_ptr<engine_fault_gate>> gates;
-  /// Per engine: the incarnation running now (1 at first, one more per restart).
+  /// Per engine: the incarnation running now (deployment_options::incarnation
+  /// at first, one more per restart).
   std::vector<std::uint64_t> incarnations;
   router_actor router;
   coordinator_actor coordinator;
@@ -63,6 +72,15 @@ struct local_deployment {
 };
 
 struct deployment_options {
+  /// The node whose engines run in this process; empty: every engine (one
+  /// process plays every node).
+  std::string node;
+  /// Whether a registration from another process's node is admitted (a
+  /// cluster's gatekeeper decides); empty: every one.
+  std::function<bool(const caf::node_id&)> admit;
+  /// The incarnation of the engines spawned here; 0: 1 at first, or the one
+  /// on record when the coordinator starts from its state file.
+  std::uint64_t incarnation = 0;
   /// Every round's figures as the round ends; may be empty.
   std::function<void(const sync_report&)> on_sync;
   /// One line per notable event (evictions, failures); empty: quiet.
@@ -78,33 +96,50 @@ struct deployment_options {
   std::function<void(const std::string&)> router_log;
 };
 
+/// The dtype the trainer sends, which every engine records its plans in:
+/// the topology's (synthetic models), else the type of the source's
+/// parameters (a checkpoint's tensors; bf16 for a checkpoint directory
+/// before its first step), else bf16. The head announces it to the other
+/// nodes in the join grant.
+dtype source_dtype_of(const topology& t, const transfer::weight_source& source);
+
+/// The incarnation of the engines a cluster node's process spawns: the
+/// milliseconds since the epoch at the first call, so a restarted node's
+/// engines replace their dead predecessors and count as restarts.
+std::uint64_t process_incarnation();
+
+/// Replica `spec` as the coordinator sees it at registration.
+engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, std::uint64_t version = 0,
+                           bool dirty = true);
+
+/// Registers `engine` as `info` with `coordinator`, waiting up to
+/// `deadline`: the refusal (rendered), or empty once registered.
+std::string register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,
+                            const caf::actor& engine, std::chrono::milliseconds deadline);
+
+/// Stops `actors` (exit reason user_shutdown) and waits up to `deadline`
+/// until each has terminated; true if all did.
+bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
+                    std::chrono::milliseconds deadline = std::chrono::seconds(10));
+
 /// An engine replica's configuration from the topology.
 rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
                                          std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype);
 
-/// Spawns and wires everything the topology places anywhere (one process
-/// plays every node). The coordinator heartbeats members as cluster.heartbeat_*
-/// say and starts from coordinator.state_file when it exists. Throws
+/// Spawns and wires a head as `opts` says: the trainer, the router, the
+/// coordinator (started from coordinator.state_file when it exists) and the
+/// engines of opts.node (every engine when empty), registered. Throws
 /// std::runtime_error naming the engine whose registration failed, or the
-/// state file's place that is malformed.
+/// state file's place that is malformed; whatever had started is stopped
+/// first.
+local_deployment assemble_head(caf::actor_system& sys, const topology& t, const deployment_options& opts);
+
+/// Spawns and wires everything the topology places anywhere: a head
+/// hosting every engine (assemble_head with opts.node cleared). The
+/// coordinator heartbeats members as cluster.heartbeat_* say and starts from
+/// coordinator.state_file when it exists. Throws std::runtime_error naming
+/// the engine whose registration failed, or the state file's place that is
+/// malformed.
 local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts);
-
-/// One engine's weights against the trainer's for the same version.
-struct engine_verification {
-  std::string engine;
-  std::uint64_t version = 0;
-  bool dirty = false;
-  std::size_t shards = 0;     ///< parameter shards compared
-  std::size_t mismatched = 0; ///< shards whose checksum differs
-  std::string error;          ///< why nothing could be compared
-
-  bool ok() const { return error.empty() && !dirty && mismatched == 0 && shards > 0; }
-};
-
-/// Compares every engine's weight checksums (the coordinator collects them
-/// from local and remote members alike), shard by shard, with the trainer's
-/// snapshot of the same version run through the same loader.
-std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
-                                                const std::vector<weight_digest>& digests);
 
 } // namespace rlsync

@@ -3,7 +3,7 @@
 // head, `rlsync launch --run`) as functions over plain values: the summary
 // text, its JSON (`--json FILE`) and the exit status, from the rounds'
 // reports, the workload's result and the weight verification.
-#include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/verify_weights.hpp"
 #include "actors/workload.hpp"
 #include "runtime/control/protocol.hpp"
 

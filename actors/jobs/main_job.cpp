@@ -2,6 +2,7 @@
 
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/jobs/job_report.hpp"
+#include "actors/jobs/speed_of_light.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -115,19 +116,6 @@ struct job_console::impl {
   mutable std::mutex mutex;
   std::vector<sync_report> reports;
 };
-
-double measure_memcpy_gbps(std::size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 2); // touched: the copies below hit no page faults
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    auto t0 = clock_type::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    best = std::max(best, bytes / s / 1e9);
-    a[static_cast<std::size_t>(i)] = b[bytes - 1]; // keep the copies observable
-  }
-  return best;
-}
 
 job_console::job_console(bool progress_bar)
   : impl_(std::make_unique<impl>(progress_bar)), memcpy_gbps_(measure_memcpy_gbps()) {}

@@ -6,6 +6,7 @@
 // trainer, run one last round, verify every engine's weights against the
 // trainer's, and summarise.
 #include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/verify_weights.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/workload.hpp"
 #include "runtime/config/topology.hpp"
@@ -33,10 +34,6 @@ struct workload_overrides {
 /// The topology's workload with `o` applied. Throws std::invalid_argument
 /// for a zero concurrency or max_tokens, or a value beyond 32 bits.
 workload_options workload_from(const topology& t, const workload_overrides& o = {});
-
-/// memcpy bandwidth into pre-touched memory, best of three copies of
-/// `bytes`: the in-process data plane's speed of light.
-double measure_memcpy_gbps(std::size_t bytes = std::size_t(64) << 20);
 
 /// Writes progress to stderr: one line per sync (thread-safe: the
 /// coordinator calls it), and a progress bar when stderr is a terminal.

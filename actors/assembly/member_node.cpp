@@ -1,0 +1,180 @@
+#include "actors/assembly/member_node.hpp"
+
+#include "actors/assembly/local_deployment.hpp"
+#include "actors/caf_puller.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/rollout_engine.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
+
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include <algorithm>
+#include <thread>
+
+namespace rlsync {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+/// Waits until `stop` or `done` says so, polling every 50 ms; bounded by
+/// nothing else on purpose: a node serves until told to stop.
+void wait_until(const std::function<bool()>& stop, const std::function<bool()>& done) {
+  while (!(stop && stop()) && !done())
+    std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls a flag a signal handler sets
+}
+
+} // namespace
+
+std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                       const node_spec& head, const std::string& secret,
+                                       const std::function<bool()>& stop_requested, std::string& why) {
+  auto give_up = clock_type::now() + t.cluster.connect_deadline;
+  auto backoff = std::chrono::milliseconds(50);
+  caf::expected<gatekeeper_actor> gate{caf::error{}};
+  int attempts = 0;
+  while (!(stop_requested && stop_requested())) {
+    ++attempts;
+    gate = sys.middleman().remote_actor<gatekeeper_actor>(head.address, head.port);
+    if (gate || clock_type::now() + backoff >= give_up)
+      break;
+    std::this_thread::sleep_for(backoff); // backoff between connection attempts
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  if (!gate) {
+    why = "cannot reach the coordinator's node " + head.name + " at " + head.address + ":" + std::to_string(head.port)
+          + " after " + std::to_string(attempts) + " attempts: " + sys.render(gate.error());
+    return std::nullopt;
+  }
+  // Prove the secret: hello -> challenge -> admit(HMAC) -> the cluster's handles.
+  caf::scoped_actor self{sys};
+  std::optional<join_grant> grant;
+  std::string failure;
+  auto deadline = t.cluster.connect_deadline;
+  self->request(*gate, deadline, hello_atom::value, node.name)
+    .receive(
+      [&](const std::string& challenge) {
+        self->request(*gate, deadline, admit_atom::value, node.name, join_proof(secret, challenge, node.name))
+          .receive([&](join_grant& g) { grant = std::move(g); }, [&](caf::error& err) { failure = sys.render(err); });
+      },
+      [&](caf::error& err) { failure = sys.render(err); });
+  if (!grant) {
+    why = head.name + " refused to admit this node: " + failure;
+  } else if (grant->source_dtype > static_cast<std::uint8_t>(dtype::f32)) { // a peer can lie
+    why = head.name + " announced an unknown source dtype " + std::to_string(grant->source_dtype);
+    grant.reset();
+  }
+  return grant;
+}
+
+member_node_end run_member_node(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                const node_spec& head, const std::string& secret, const member_node_options& opts) {
+  auto log = [&](const std::string& line) {
+    if (opts.log)
+      opts.log(line);
+  };
+  member_node_end end;
+  std::string why;
+  auto grant = join_cluster(sys, t, node, head, secret, opts.stop_requested, why);
+  if (!grant) {
+    log(why);
+    end.exit_code = 1;
+    return end;
+  }
+  log("admitted by " + head.name);
+  std::shared_ptr<transfer::weight_puller> puller;
+  std::shared_ptr<transfer::ucx_puller> ucx;
+  if (grant->ucx_port != 0) {
+    transfer::ucx_puller_options po;
+    po.producer = head.address + ":" + std::to_string(grant->ucx_port);
+    po.transports = t.transfer.ucx_transports;
+    po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
+    auto sink = opts.log;
+    po.log = [sink](const std::string& line) {
+      if (sink)
+        sink("ucx: " + line);
+    };
+    try {
+      puller = ucx = std::make_shared<transfer::ucx_puller>(po);
+    } catch (const std::exception& e) {
+      log(std::string("transfer.backend ucx: ") + e.what());
+      end.exit_code = 1;
+      return end;
+    }
+  } else {
+    puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
+  }
+  // Engines record their plans in the dtype the trainer sends, as the head's own do.
+  const auto source_dtype = static_cast<dtype>(grant->source_dtype);
+  const auto incarnation = process_incarnation();
+  std::vector<caf::actor> engines;
+  std::vector<const engine_spec*> specs;
+  auto deadline = t.cluster.connect_deadline;
+  auto register_all = [&](const coordinator_actor& coordinator) {
+    for (std::size_t i = 0; i < engines.size(); ++i)
+      if (auto failure = register_engine(sys, coordinator, engine_info_of(*specs[i], incarnation), engines[i], deadline);
+          !failure.empty())
+        return "engine " + specs[i]->name + " could not register with the coordinator: " + failure;
+    return std::string{};
+  };
+  std::string failure;
+  try {
+    for (const auto& e : t.engines)
+      if (e.node == node.name) {
+        engines.push_back(
+          caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, engine_config_from(t, e, puller, source_dtype))));
+        specs.push_back(&e);
+      }
+    failure = register_all(grant->coordinator);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (!failure.empty()) {
+    log(failure);
+    end.all_terminated = stop_and_await(sys, std::move(engines));
+    end.exit_code = 1;
+    return end;
+  }
+  log(std::to_string(engines.size()) + " engines registered");
+  // Serve until told to stop or the job ended (the coordinator stopped). A
+  // lost link (a partition, a flaky switch) is not the end: reconnect, prove
+  // the secret again and register the same engines again (same incarnation:
+  // a reconnect, not a restart); the coordinator brings them current at the
+  // next round. Bounded by connect_deadline per attempt to rejoin.
+  caf::scoped_actor self{sys};
+  for (;;) {
+    self->monitor(grant->coordinator);
+    std::optional<caf::error> down;
+    wait_until(opts.stop_requested, [&] {
+      self->receive([&](caf::down_msg& dm) { down = dm.reason; }, caf::after(std::chrono::milliseconds(0)) >> [] {});
+      return down.has_value();
+    });
+    if (!down)
+      break; // told to stop
+    if (*down != caf::exit_reason::remote_link_unreachable) {
+      log("the coordinator is gone (" + sys.render(*down) + "); stopping");
+      break;
+    }
+    log("lost the link to " + head.name + "; rejoining (up to " + std::to_string(t.cluster.connect_deadline.count())
+        + " ms)");
+    grant = join_cluster(sys, t, node, head, secret, opts.stop_requested, why);
+    if (!grant) {
+      log("could not rejoin: " + why + "; stopping");
+      end.exit_code = 1;
+      break;
+    }
+    if (ucx && grant->ucx_port != 0)
+      ucx->set_producer(head.address + ":" + std::to_string(grant->ucx_port)); // a restarted head has a new port
+    if (auto failure = register_all(grant->coordinator); !failure.empty()) {
+      log(failure + "; stopping");
+      end.exit_code = 1;
+      break;
+    }
+    log("rejoined " + head.name + ", " + std::to_string(engines.size()) + " engines registered again");
+  }
+  end.all_terminated = stop_and_await(sys, std::move(engines));
+  return end;
+}
+
+} // namespace rlsync

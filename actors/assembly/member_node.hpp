@@ -1,0 +1,48 @@
+#pragma once
+// What a cluster node other than the coordinator's runs, in this process:
+// it connects to the head's gatekeeper (retrying with backoff up to
+// cluster.connect_deadline_ms), proves the cluster secret, spawns the
+// engines the topology places on it and registers them with the
+// coordinator. Its engines pull from the trainer's UCX producer when the
+// join grant names one, else whole groups over CAF. A lost link is not the
+// end: it rejoins and registers the same engines again. Used by `rlsync node`.
+#include "actors/interfaces.hpp"
+#include "runtime/config/topology.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace rlsync {
+
+/// Connects to `head`'s gatekeeper (retrying with backoff up to
+/// cluster.connect_deadline_ms, or until `stop_requested`) and proves the
+/// secret as `node`: the cluster's handles, or nullopt with `why` set.
+std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                       const node_spec& head, const std::string& secret,
+                                       const std::function<bool()>& stop_requested, std::string& why);
+
+struct member_node_options {
+  /// Polled every 50 ms while serving (a signal handler's flag); empty: never.
+  std::function<bool()> stop_requested;
+  /// One line per event (admitted, registered, rejoined, why it stops), and
+  /// the UCX puller's lines prefixed "ucx: "; called from several threads.
+  std::function<void(const std::string&)> log;
+};
+
+/// How a member node ended.
+struct member_node_end {
+  int exit_code = 0;           ///< 0: stopped or the coordinator ended; 1: could not (re)join or register
+  bool all_terminated = false; ///< every engine of this node terminated in time
+};
+
+/// Joins the cluster as `node`, spawns and registers its engines, and serves
+/// until stop_requested() says so or the coordinator stops; rejoins (up to
+/// connect_deadline_ms) when the link to the head is lost. Blocking: call it
+/// from a thread that is not an actor.
+member_node_end run_member_node(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                const node_spec& head, const std::string& secret, const member_node_options& opts);
+
+} // namespace rlsync

@@ -1,0 +1,59 @@
+#include "actors/assembly/verify_weights.hpp"
+
+#include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/loader.hpp"
+
+#include <algorithm>
+#include <map>
+
+namespace rlsync {
+
+std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
+                                                const std::vector<weight_digest>& digests) {
+  std::vector<engine_verification> out;
+  // The trainer's weights through the engines' own loader, per (version, tp).
+  std::map<std::pair<std::uint64_t, std::int64_t>, std::map<std::string, std::uint64_t>> reference;
+  for (const auto& digest : digests) {
+    engine_verification v;
+    v.engine = digest.engine;
+    v.version = digest.version;
+    v.dirty = digest.dirty;
+    const engine_spec* spec = t.find_engine(digest.engine);
+    if (!spec) {
+      v.error = "not an engine of the topology";
+    } else if (digest.names.empty()) {
+      v.error = "no checksums (no weights, or no answer in time)";
+    } else {
+      auto key = std::make_pair(v.version, spec->tp);
+      if (!reference.count(key)) {
+        if (auto snap = source.find(v.version)) {
+          auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
+          engine::load_weights(snap->tensors(), *set);
+          reference[key] = engine::weight_checksums(*set);
+        }
+      }
+      auto ref = reference.find(key);
+      if (ref == reference.end()) {
+        v.error = "the trainer no longer holds version " + std::to_string(v.version);
+      } else {
+        v.shards = digest.names.size();
+        if (v.shards != ref->second.size())
+          v.error = std::to_string(v.shards) + " parameter shards, the trainer's version has "
+                    + std::to_string(ref->second.size());
+        for (std::size_t k = 0; k < digest.names.size() && k < digest.checksums.size(); ++k) {
+          auto it = ref->second.find(digest.names[k]);
+          if (it == ref->second.end() || it->second != digest.checksums[k])
+            ++v.mismatched;
+        }
+      }
+    }
+    out.push_back(v);
+  }
+  for (const auto& e : t.engines) // an engine nobody could ask is unverified, not forgotten
+    if (std::none_of(out.begin(), out.end(), [&](auto& v) { return v.engine == e.name; }))
+      out.push_back({e.name, 0, false, 0, 0, "not a member of the cluster (never registered, or dead)"});
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.engine < b.engine; });
+  return out;
+}
+
+} // namespace rlsync

@@ -1,0 +1,128 @@
+#include "actors/jobs/speed_of_light.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <unistd.h>
+
+namespace rlsync::jobs {
+
+namespace {
+
+/// Runs `command` through the shell and returns its output (stdout and
+/// stderr); the commands bound their own time (timeout N).
+std::string capture(const std::string& command) {
+  std::string out;
+  if (FILE* p = ::popen((command + " 2>&1").c_str(), "r")) {
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, p))
+      if (out.size() < (std::size_t(1) << 20)) // a runaway tool's output stays bounded
+        out.append(buf, n);
+    ::pclose(p);
+  }
+  return out;
+}
+
+} // namespace
+
+double measure_memcpy_gbps(std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2); // touched: the copies below hit no page faults
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, bytes / s / 1e9);
+    a[static_cast<std::size_t>(i)] = b[bytes - 1]; // keep the copies observable
+  }
+  return best;
+}
+
+std::string ucx_tls(const std::vector<ucx_transport>& transports) {
+  std::string tls;
+  for (auto t : transports) {
+    std::string name{to_string(t)};
+    if (name == "shm")
+      name = "sm"; // UCX's alias for every shared-memory transport
+    tls += (tls.empty() ? "" : ",") + name;
+  }
+  return tls;
+}
+
+std::optional<double> parse_ucx_perftest_gbps(const std::string& output) {
+  auto at = output.find("Final:");
+  if (at == std::string::npos)
+    return std::nullopt;
+  std::istringstream line(output.substr(at + 6, output.find('\n', at) - at - 6));
+  double fields[6] = {};
+  for (double& x : fields)
+    if (!(line >> x))
+      return std::nullopt;
+  return fields[5] * 1048576.0 / 1e9;
+}
+
+probe_result measure_ucx_gbps(const std::vector<ucx_transport>& transports, std::uint64_t message_bytes,
+                              std::uint64_t total_bytes) {
+  if (::system("command -v ucx_perftest >/dev/null 2>&1") != 0)
+    return {0, "ucx_perftest not installed (apt-get install ucx-utils)"};
+  message_bytes = std::clamp<std::uint64_t>(message_bytes, 1 << 20, std::uint64_t(256) << 20);
+  auto iterations = std::clamp<std::uint64_t>(total_bytes / message_bytes, 8, 256);
+  std::mt19937 rng{static_cast<unsigned>(::getpid())};
+  int port = 30000 + static_cast<int>(rng() % 2000);
+  std::string env;
+  if (!transports.empty()) {
+    // tcp too: UCX needs it to connect client and server (ucx_transfer.hpp).
+    auto tls = ucx_tls(transports);
+    env = "UCX_TLS=" + tls + (tls.find("tcp") == std::string::npos ? ",tcp" : "") + " ";
+  }
+  std::string server = env + "timeout 60 ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1 &";
+  if (::system(server.c_str()) != 0)
+    return {0, "could not start ucx_perftest"};
+  std::string client = env + "timeout 60 ucx_perftest 127.0.0.1 -p " + std::to_string(port) + " -t tag_bw -s "
+                       + std::to_string(message_bytes) + " -n " + std::to_string(iterations);
+  std::string out;
+  for (int attempt = 0; attempt < 20; ++attempt) { // the server needs a moment to listen
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    out = capture(client);
+    if (out.find("Final:") != std::string::npos)
+      break;
+  }
+  if (auto gbps = parse_ucx_perftest_gbps(out))
+    return {*gbps, {}};
+  return {0, "ucx_perftest failed: " + out.substr(0, 200)};
+}
+
+std::optional<double> parse_mpi_bcast_median_s(const std::string& output) {
+  static const std::string key = "\"median_s\": ";
+  auto at = output.find(key);
+  if (at == std::string::npos)
+    return std::nullopt;
+  const char* start = output.c_str() + at + key.size();
+  char* end = nullptr;
+  double s = std::strtod(start, &end);
+  if (end == start || !(s > 0))
+    return std::nullopt;
+  return s;
+}
+
+probe_result measure_mpi_bcast_s(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
+                                 std::uint64_t iterations) {
+  auto bin = (std::filesystem::path(exe).parent_path() / "rlsync-mpi-bcast").string();
+  if (!std::filesystem::exists(bin) || ::system("command -v mpirun >/dev/null 2>&1") != 0)
+    return {0, "not measured: Open MPI or rlsync-mpi-bcast missing (apt-get install openmpi-bin libopenmpi-dev, "
+               "rebuild)"};
+  auto out = capture("timeout 300 mpirun --allow-run-as-root --oversubscribe -np " + std::to_string(receivers + 1)
+                     + " " + bin + " --bytes " + std::to_string(bytes) + " --iterations " + std::to_string(iterations));
+  if (auto s = parse_mpi_bcast_median_s(out))
+    return {*s, {}};
+  return {0, "failed: " + out.substr(0, 300)};
+}
+
+} // namespace rlsync::jobs

@@ -1,0 +1,53 @@
+#pragma once
+// The speeds of light the benches compare against, measured in the same run
+// on the same machine: memcpy for engines in the trainer's process, a raw
+// UCX tag transfer (ucx_perftest tag_bw over the same transports) for
+// engines in other processes, and MPI_Bcast (Open MPI) as the classic
+// broadcast baseline. Each probe says why when it cannot measure.
+#include "runtime/config/topology.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlsync::jobs {
+
+/// memcpy bandwidth into pre-touched memory, best of three copies of
+/// `bytes`: the in-process data plane's speed of light.
+double measure_memcpy_gbps(std::size_t bytes = std::size_t(64) << 20);
+
+/// A measured bandwidth or duration, or why there is none.
+struct probe_result {
+  double value = 0; ///< 0: not measured
+  std::string why;  ///< set when value is 0
+};
+
+/// UCX_TLS for `transports`, in their order ("shm" is UCX's "sm"); empty:
+/// UCX decides.
+std::string ucx_tls(const std::vector<ucx_transport>& transports);
+
+/// The overall bandwidth in GB/s (10^9 bytes) of ucx_perftest's "Final:"
+/// line (iterations, latency 50%, average, overall, bandwidth average,
+/// overall in MB/s meaning MiB/s, message rates); nullopt without one.
+std::optional<double> parse_ucx_perftest_gbps(const std::string& output);
+
+/// The raw UCX bandwidth (GB/s) between two processes of this machine over
+/// `transports` (empty: UCX decides): ucx_perftest tag_bw with messages of
+/// `message_bytes` (clamped to 1..256 MiB), moving about `total_bytes`
+/// (8 to 256 messages). Each ucx_perftest runs at most 60 s.
+probe_result measure_ucx_gbps(const std::vector<ucx_transport>& transports, std::uint64_t message_bytes,
+                              std::uint64_t total_bytes);
+
+/// The median seconds of the "median_s" field of rlsync-mpi-bcast's JSON
+/// line; nullopt without one.
+std::optional<double> parse_mpi_bcast_median_s(const std::string& output);
+
+/// MPI_Bcast of `bytes` from one rank to `receivers`, `iterations` times
+/// (tools/mpi_bcast_bench.cpp, built as rlsync-mpi-bcast beside `exe` when
+/// MPI is found): the median seconds. Runs at most 300 s.
+probe_result measure_mpi_bcast_s(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
+                                 std::uint64_t iterations);
+
+} // namespace rlsync::jobs

@@ -1,0 +1,415 @@
+// The benches' pure parts: the figures (% of light, ratios, MB/sync, the
+// control plane's overhead), the probes' output parsing, the table row by
+// row, the JSON, and the topologies the benches write for their nodes.
+#include "actors/jobs/bench_control.hpp"
+#include "actors/jobs/bench_sync.hpp"
+#include "actors/jobs/speed_of_light.hpp"
+
+#include <doctest/doctest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace rlsync;
+using namespace rlsync::jobs;
+
+namespace {
+
+constexpr std::uint64_t ms_ns = 1000000;
+
+sync_report round_of(std::uint64_t stall_ms, std::uint64_t transfer_ms, std::uint64_t control_ms,
+                     std::uint64_t bytes) {
+  sync_report r;
+  r.engines_synced = 3;
+  r.stall_ns = stall_ms * ms_ns;
+  r.transfer_ns = transfer_ms * ms_ns;
+  r.control_ns = control_ms * ms_ns;
+  r.bytes = bytes;
+  return r;
+}
+
+/// Three warm rounds: stall 10/12/14 ms, transfer 8/9/10 ms, control 2/3/4
+/// ms, 9 MB each (1.125, 1.0, 0.9 GB/s); cold transfers 20 and 30 ms.
+case_result sharded_case() {
+  case_result c;
+  c.name = "sharded";
+  c.model_bytes = 24'900'000;
+  c.bytes_per_sync = 74'700'000;
+  c.light_ms = 4.5;
+  c.cold = {round_of(40, 20, 20, 9'000'000), round_of(50, 30, 20, 9'000'000)};
+  c.warm = {round_of(14, 10, 4, 9'000'000), round_of(10, 8, 2, 9'000'000), round_of(12, 9, 3, 9'000'000)};
+  c.producer_peak_groups = 4;
+  c.largest_group = 24'900'000;
+  return c;
+}
+
+topology two_node_topology(const std::string& transfer = "{backend: ucx, mode: sharded}") {
+  return parse_topology("name: two\n"
+                        "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                        "intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 7}}\n"
+                        "nodes: [{name: head, address: 127.0.0.1, port: 24001}, {name: workers, address: 127.0.0.1}]\n"
+                        "trainer: {node: head}\n"
+                        "engines: [{name: local, node: head, tp: 2}, {name: remote, node: workers, replicas: 2, tp: 2}]\n"
+                        "router: {node: head}\ncoordinator: {node: head}\n"
+                        "transfer: " + transfer + "\n",
+                        "two.yaml", ".");
+}
+
+} // namespace
+
+TEST_CASE("bench figures: medians of the warm rounds, the slowest cold transfer") {
+  auto c = sharded_case();
+  auto m = medians_of(c);
+  CHECK(m.stall_ms == doctest::Approx(12));
+  CHECK(m.transfer_ms == doctest::Approx(9));
+  CHECK(m.control_ms == doctest::Approx(3));
+  CHECK(m.gbps == doctest::Approx(1.0));
+  CHECK(m.probe_ms == 0);
+  CHECK(cold_transfer_ms(c) == doctest::Approx(30));
+  c.warm.push_back(round_of(5, 0, 5, 0)); // a round that moved nothing counts for time, not for GB/s
+  m = medians_of(c);
+  CHECK(m.stall_ms == doctest::Approx(11));
+  CHECK(m.gbps == doctest::Approx(1.0));
+}
+
+TEST_CASE("bench figures: percent of light") {
+  struct row {
+    double light_ms;
+    std::vector<std::uint64_t> transfers_ms;
+    std::optional<double> percent;
+  };
+  const std::vector<row> rows = {
+    {4.5, {8, 9, 10}, 50.0},  // median 9 ms
+    {9, {9}, 100.0},
+    {18, {9}, 200.0},         // a light measured slower than the transfer shows as over 100%
+    {-1, {9}, std::nullopt},  // a path not measured
+    {0, {9}, std::nullopt},
+    {4.5, {0}, std::nullopt}, // no transfer time
+    {4.5, {}, std::nullopt},  // no warm rounds
+  };
+  for (const auto& r : rows) {
+    case_result c;
+    c.light_ms = r.light_ms;
+    for (auto t : r.transfers_ms)
+      c.warm.push_back(round_of(t + 1, t, 1, 1000));
+    CAPTURE(r.light_ms);
+    auto p = percent_of_light(c);
+    REQUIRE(p.has_value() == r.percent.has_value());
+    if (p)
+      CHECK(*p == doctest::Approx(*r.percent));
+  }
+}
+
+TEST_CASE("bench figures: broadcast against sharded, the control plane against round trips") {
+  auto sharded = sharded_case();
+  auto broadcast = sharded_case();
+  broadcast.bytes_per_sync = 2 * sharded.bytes_per_sync;
+  broadcast.warm = {round_of(24, 18, 6, 18'000'000), round_of(30, 27, 3, 18'000'000)}; // medians 27 and 22.5
+  auto x = compare_modes(broadcast, sharded);
+  CHECK(x.bytes == doctest::Approx(2.0));
+  CHECK(x.transfer == doctest::Approx(22.5 / 9));
+  CHECK(x.stall == doctest::Approx(27.0 / 12));
+  sharded.bytes_per_sync = 0; // no division by zero: counted as one byte
+  CHECK(compare_modes(broadcast, sharded).bytes == doctest::Approx(149'400'000.0));
+
+  case_result control;
+  control.warm = {round_of(3, 1, 2, 164'224), round_of(5, 2, 3, 164'224), round_of(4, 1, 3, 164'224)};
+  control.probe_ms = {2.0, 2.5, 1.5};
+  CHECK(control_overhead(control) == doctest::Approx(4.0 / 2.0));
+  control.probe_ms.clear(); // unmeasured probes give a large ratio, never a division by zero
+  CHECK(control_overhead(control) > 1e6);
+
+  CHECK(producer_bound_bytes(sharded_case()) == 4u * 24'900'000u);
+}
+
+TEST_CASE("bench figures: bytes per sync and the speed of light of a topology") {
+  auto t = two_node_topology();
+  const auto& model = t.model.config;
+  const auto whole = bf16_model_bytes(model);
+  // Broadcast: every worker receives the whole model; sharded: each its shard.
+  for (const auto& e : t.engines) {
+    CHECK(engine_bytes(model, e, transfer_mode::broadcast) == 2 * whole);
+    CHECK(engine_bytes(model, e, transfer_mode::sharded) >= whole);
+    CHECK(engine_bytes(model, e, transfer_mode::sharded) < 2 * whole);
+  }
+  engine_spec single;
+  single.tp = 1;
+  CHECK(engine_bytes(model, single, transfer_mode::sharded) == whole);
+
+  const auto per_engine = engine_bytes(model, t.engines[0], transfer_mode::sharded);
+  struct row {
+    double memcpy_gbps, ucx_gbps, light_ms;
+  };
+  // One engine in this process (memcpy), two in the workers' process (UCX).
+  const std::vector<row> rows = {
+    {10, 5, per_engine / 10.0 / 1e6 + 2 * per_engine / 5.0 / 1e6},
+    {10, 0, -1}, // the remote path was not measured
+    {0, 5, -1},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.memcpy_gbps);
+    CAPTURE(r.ucx_gbps);
+    auto b = light_of(t, model, transfer_mode::sharded, r.memcpy_gbps, r.ucx_gbps);
+    CHECK(b.bytes == 3 * per_engine);
+    CHECK(b.light_ms == doctest::Approx(r.light_ms));
+  }
+  CHECK(light_of(t, model, transfer_mode::broadcast, 10, 5).bytes == 3 * 2 * whole);
+}
+
+TEST_CASE("bench models: about the requested size, never empty") {
+  const auto one_layer = [] {
+    auto c = model_of_size(0);
+    return bf16_model_bytes(c);
+  }();
+  CHECK(model_of_size(0).num_hidden_layers == 1);
+  CHECK(model_of_size(8 << 20).num_hidden_layers == 1); // below one layer (about 25 MB): one layer
+  CHECK(model_of_size(one_layer).num_hidden_layers == 1);
+  for (std::uint64_t target : {std::uint64_t(64) << 20, std::uint64_t(256) << 20, std::uint64_t(1) << 30}) {
+    auto c = model_of_size(target);
+    auto bytes = bf16_model_bytes(c);
+    CAPTURE(target);
+    CHECK(bytes <= target);
+    auto bigger = c;
+    ++bigger.num_hidden_layers;
+    CHECK(bf16_model_bytes(bigger) > target); // as many layers as fit
+    CHECK(bytes >= one_layer);
+  }
+  CHECK(bf16_model_bytes(tiny_model()) == 164'224);
+}
+
+TEST_CASE("bench table: one row per case") {
+  auto sharded = sharded_case();
+  case_result unmeasured = sharded_case();
+  unmeasured.name = "broadcast";
+  unmeasured.light_ms = -1;
+  case_result control;
+  control.name = "control";
+  control.bytes_per_sync = 492'672;
+  control.light_ms = 0.05;
+  control.cold = {round_of(90, 80, 10, 492'672)};
+  control.warm = {round_of(3, 1, 2, 492'672), round_of(5, 2, 3, 492'672), round_of(4, 1, 3, 492'672)};
+  control.probe_ms = {2.0, 2.5, 1.5};
+  case_result failed;
+  failed.name = "broadcast";
+  failed.error = "sync 2 evicted remote-1";
+
+  auto lines = case_table({sharded, unmeasured, control, failed});
+  REQUIRE(lines.size() == 5);
+  CHECK(lines[0] == "mode          MB/sync  stall ms   xfer ms   cold xfer      GB/s  % light    control  6 RTT ms");
+  CHECK(lines[1] == "sharded          74.7     12.00      9.00       30.00      1.00      50%       3.00         -");
+  CHECK(lines[2] == "broadcast        74.7     12.00      9.00       30.00      1.00      n/a       3.00         -");
+  // control: medians 4 ms stall, 1 ms transfer (5% of a 0.05 ms light), 3 ms control, 2 ms probes.
+  CHECK(lines[3] == "control           0.5      4.00      1.00       80.00      0.49       5%       3.00      2.00");
+  CHECK(lines[4] == "broadcast  failed: sync 2 evicted remote-1");
+  CHECK(case_table({}).size() == 1);
+}
+
+TEST_CASE("bench JSON: every round and figure of a case, in order") {
+  auto c = sharded_case();
+  c.probe_ms = {1.23456, 2.0};
+  c.error = "a \"quoted\" failure";
+  auto j = case_json(c);
+  std::vector<std::string> keys;
+  for (auto it = j.begin(); it != j.end(); ++it)
+    keys.push_back(it.key());
+  CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "light_ms", "cold", "warm",
+                                         "probe6_ms", "producer_peak_groups", "largest_group_bytes", "error"});
+  CHECK(j["case"] == "sharded");
+  CHECK(j["bytes_per_sync"] == 74'700'000);
+  CHECK(j["cold"].size() == 2);
+  REQUIRE(j["warm"].size() == 3);
+  CHECK(j["warm"][0]["stall_ms"] == 14.0);
+  CHECK(j["warm"][0]["transfer_ms"] == 10.0);
+  CHECK(j["warm"][0]["control_ms"] == 4.0);
+  CHECK(j["warm"][0]["bytes"] == 9'000'000);
+  CHECK(j["warm"][0]["engines"] == 3);
+  CHECK(j["probe6_ms"][0] == 1.235); // three decimals
+  CHECK(j["error"] == "a \"quoted\" failure");
+  // What the integration test and readers grep for: pretty-printed keys.
+  CHECK(j.dump(2).find("\"error\": \"a \\\"quoted\\\" failure\"") != std::string::npos);
+}
+
+TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline") {
+  bench_sync_result r;
+  r.path = "two.yaml";
+  r.engines = 3;
+  r.nodes = 2;
+  r.cores = 2;
+  r.model_bytes = 8 << 20;
+  r.memcpy_gbps = 13.84;
+  r.remote = true;
+  r.ucx_gbps = 1.224;
+  r.ucx_tls = "sm,cma";
+  auto sharded = sharded_case();
+  auto broadcast = sharded_case();
+  broadcast.name = "broadcast";
+  broadcast.bytes_per_sync *= 2;
+  case_result control;
+  control.name = "control";
+  control.model_bytes = 164'224;
+  control.warm = {round_of(4, 1, 3, 164'224)};
+  control.probe_ms = {2.0};
+  r.cases = {sharded, broadcast, control};
+  r.mpi_bcast_s = 0.0045;
+  auto text = bench_sync_report(r);
+  CAPTURE(text);
+  CHECK(text.find("rlsync bench sync two.yaml: 3 engines on 2 node(s), backend ucx, 2 cores\n") == 0);
+  CHECK(text.find("speed of light: memcpy 13.8 GB/s (engines in this process), raw UCX 1.22 GB/s "
+                  "(ucx_perftest tag_bw, UCX_TLS sm,cma, other processes)\n\nmode ")
+        != std::string::npos);
+  CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
+        != std::string::npos);
+  CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 4 packed groups (<= 99.6 MB)\n")
+        != std::string::npos);
+  CHECK(text.find("control plane: median round 4.00 ms (164 kB model) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
+        != std::string::npos);
+  CHECK(text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 4.50 ms; sharded transfer 9.00 ms: "
+                  "0.50x (slower)\n")
+        != std::string::npos);
+  CHECK(!r.failed());
+
+  r.remote = true;
+  r.ucx_gbps = 0;
+  r.ucx_why = "ucx_perftest not installed";
+  r.mpi_bcast_s = 0;
+  r.mpi_why = "not measured: no mpirun";
+  r.cases[1].error = "sync failed";
+  text = bench_sync_report(r);
+  CHECK(text.find(", not measured: ucx_perftest not installed\n") != std::string::npos);
+  CHECK(text.find("broadcast / sharded") == std::string::npos); // one side failed: no ratio
+  CHECK(text.find("MPI_Bcast baseline not measured: no mpirun\n") != std::string::npos);
+  CHECK(r.failed());
+  auto j = bench_sync_json(r);
+  CHECK(j["topology"] == "two.yaml");
+  CHECK(j["cases"].size() == 3);
+  CHECK(j["cases"][1]["error"] == "sync failed");
+}
+
+TEST_CASE("bench control report: the round against six round-trip waves") {
+  bench_control_result r;
+  r.engines = 2;
+  r.rounds = 3;
+  r.cores = 2;
+  r.control.bytes_per_sync = 328'448;
+  r.control.warm = {round_of(6, 2, 4, 328'448), round_of(19, 3, 16, 328'448), round_of(11, 3, 8, 328'448)};
+  r.control.probe_ms = {3.0, 57.5, 29.25};
+  auto text = bench_control_report(r);
+  CHECK(text == "rlsync bench control: 2 engine processes on loopback, 3 rounds, 2 cores\n"
+                "                                median       min       max\n"
+                "round (pause..continue)          11.00      6.00     19.00 ms\n"
+                "  of which transfer               3.00 ms (328 kB moved per round)\n"
+                "six CAF round-trip waves         29.25      3.00     57.50 ms\n"
+                "round / six round trips: 0.38x\n");
+  auto j = bench_control_json(r);
+  CHECK(j["engines"] == 2);
+  CHECK(j["control"]["probe6_ms"].size() == 3);
+}
+
+TEST_CASE("ucx_perftest output: the overall bandwidth of the Final line") {
+  const std::string sample =
+    "+--------------+--------------+------------------------------+---------------------+-----------------------+\n"
+    "|              |              |       overhead (usec)        |   bandwidth (MB/s)  |  message rate (msg/s) |\n"
+    "+--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+\n"
+    "|    Stage     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  overall  |\n"
+    "+--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+\n"
+    "Final:                    16      0.170   319.436   319.436     3130.52    3130.52        3131        3131\n";
+  struct row {
+    std::string output;
+    std::optional<double> gbps;
+  };
+  const std::vector<row> rows = {
+    {sample, 3130.52 * 1048576 / 1e9}, // MB/s there are MiB/s
+    {"Final: 16 0.1 300 300 1000 2000 1 1\n", 2000 * 1048576 / 1e9},
+    {"Final: 16 0.1 300 300 1000\n2000 1 1\n", std::nullopt}, // the line ends early
+    {"[1700000000.1] ucp_context.c:1000 UCX ERROR no usable transports\n", std::nullopt},
+    {"", std::nullopt},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.output);
+    auto gbps = parse_ucx_perftest_gbps(r.output);
+    REQUIRE(gbps.has_value() == r.gbps.has_value());
+    if (gbps)
+      CHECK(*gbps == doctest::Approx(*r.gbps));
+  }
+}
+
+TEST_CASE("rlsync-mpi-bcast output: the median seconds") {
+  struct row {
+    std::string output;
+    std::optional<double> seconds;
+  };
+  const std::vector<row> rows = {
+    {"{\"bytes\": 268435456, \"ranks\": 3, \"iterations\": 5, \"median_s\": 0.04335, \"min_s\": 0.04}\n", 0.04335},
+    {"warning: something\n{\"median_s\": 1.5e-3}\n", 0.0015},
+    {"{\"median_s\": x}", std::nullopt},
+    {"{\"median_s\": 0}", std::nullopt},
+    {"mpirun was unable to launch", std::nullopt},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.output);
+    auto s = parse_mpi_bcast_median_s(r.output);
+    REQUIRE(s.has_value() == r.seconds.has_value());
+    if (s)
+      CHECK(*s == doctest::Approx(*r.seconds));
+  }
+}
+
+TEST_CASE("UCX_TLS of the topology's transports") {
+  CHECK(ucx_tls({}) == "");
+  CHECK(ucx_tls({ucx_transport::shm}) == "sm");
+  CHECK(ucx_tls({ucx_transport::rdma, ucx_transport::shm, ucx_transport::cma}) == "rdma,sm,cma");
+  CHECK(ucx_tls({ucx_transport::tcp}) == "tcp");
+}
+
+TEST_CASE("bench topologies: the nodes' copy reads back as the same deployment") {
+  auto t = two_node_topology("{backend: ucx, mode: broadcast, ucx_transports: [shm, tcp]}");
+  t.model.config = tiny_model();
+  t.cluster.secret_env = "RLSYNC_BENCH_SECRET";
+  auto back = parse_topology(node_yaml(t), "node.yaml", ".");
+  CHECK(back.model.config.num_hidden_layers == t.model.config.num_hidden_layers);
+  CHECK(back.model.config.hidden_size == t.model.config.hidden_size);
+  CHECK(back.model.config.intermediate_size == t.model.config.intermediate_size);
+  CHECK(back.model.seed == 7);
+  REQUIRE(back.nodes.size() == 2);
+  CHECK(back.nodes[0].port == 24001);
+  REQUIRE(back.engines.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(back.engines[i].name == t.engines[i].name);
+    CHECK(back.engines[i].node == t.engines[i].node);
+    CHECK(back.engines[i].tp == t.engines[i].tp);
+  }
+  CHECK(back.transfer.mode == transfer_mode::broadcast);
+  CHECK(back.transfer.ucx_transports == t.transfer.ucx_transports);
+  CHECK(back.cluster.secret_env == "RLSYNC_BENCH_SECRET");
+  CHECK(back.cluster.heartbeat_timeout == t.cluster.heartbeat_timeout);
+
+  for (std::uint64_t n : {1, 8}) {
+    auto c = parse_topology(control_topology_yaml(n, 20000), "bench-control.yaml", ".");
+    CHECK(c.engines.size() == n);
+    CHECK(c.nodes.size() == n + 1);
+    CHECK(c.nodes[0].port == 20000);
+    CHECK(bf16_model_bytes(c.model.config) == bf16_model_bytes(tiny_model()));
+  }
+}
+
+TEST_CASE("bench sync refuses what it cannot deploy, naming the place") {
+  auto t = two_node_topology();
+  CHECK(bench_sync_problem(t, "two.yaml", model_of_size(8 << 20)) == "");
+  auto remote_trainer = t;
+  remote_trainer.trainer.node = "workers";
+  CHECK(bench_sync_problem(remote_trainer, "two.yaml", model_of_size(8 << 20))
+        == "two.yaml: the router and the trainer must run on the coordinator's node (head) for now");
+  auto no_port = t;
+  no_port.nodes[0].port = 0; // the bench's nodes could not reach the head
+  CHECK(bench_sync_problem(no_port, "two.yaml", model_of_size(8 << 20))
+        == "two.yaml: nodes 'head': the coordinator's node needs a fixed port for the others to reach it (port: 0)");
+  auto far = t;
+  far.nodes[1].address = "192.0.2.1"; // TEST-NET: never this machine
+  CHECK(bench_sync_problem(far, "two.yaml", model_of_size(8 << 20))
+        == "two.yaml: node 'workers' (192.0.2.1) is not on this machine; the benchmark starts every node itself");
+  auto odd = tiny_model();
+  odd.num_attention_heads = 3; // tp 2 cannot split three heads
+  odd.num_key_value_heads = 3;
+  CHECK(bench_sync_problem(t, "two.yaml", odd).find("engine local: tp 2: ") == 0);
+}
