@@ -35,7 +35,7 @@ void configure(CLI::App& app) {
   formatter->label("Usage", "usage");
   formatter->column_width(26);
   app.formatter(formatter);
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->disable_flag_override();
   app.allow_extras(); // left over for parse() to name
 }
 
