@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 #include <limits>
 
 namespace rlsync::cli {
@@ -15,7 +16,78 @@ bool contains(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+// The usage line first (what `rlsync X --help | head -1` shows), then the
+// description, the options and the footer.
+class usage_first_formatter : public CLI::Formatter {
+public:
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    if (mode == CLI::AppFormatMode::Sub)
+      return make_expanded(app);
+    return make_usage(app, name) + "\n" + make_description(app) + make_positionals(app) + make_groups(app, mode)
+           + make_subcommands(app, mode) + "\n" + make_footer(app);
+  }
+};
+
 } // namespace
+
+void configure(CLI::App& app) {
+  auto formatter = std::make_shared<usage_first_formatter>();
+  formatter->label("Usage", "usage");
+  formatter->column_width(26);
+  app.formatter(formatter);
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->disable_flag_override();
+  app.allow_extras(); // left over for parse() to name
+}
+
+bool parse(CLI::App& app, const std::vector<std::string>& argv) {
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend()); // CLI11 consumes from the back
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return false;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw usage_error(e.what());
+  }
+  for (auto& extra : app.remaining())
+    if (extra.size() > 1 && extra[0] == '-')
+      throw usage_error("unknown flag '" + extra + "'");
+  if (auto extras = app.remaining(); !extras.empty())
+    throw usage_error("unexpected argument '" + extras.front() + "'");
+  return true;
+}
+
+CLI::Option* add_size(CLI::App& app, const std::string& flag, std::uint64_t& target,
+                      const std::string& description) {
+  return app
+    .add_option_function<std::string>(
+      flag, [&target, flag](const std::string& text) { target = parse_size(text, flag); }, description)
+    ->type_name("SIZE");
+}
+
+CLI::Option* add_number(CLI::App& app, const std::string& flag, double& target, const std::string& description) {
+  return app
+    .add_option_function<std::string>(
+      flag, [&target, flag](const std::string& text) { target = parse_number(text, flag); }, description)
+    ->type_name("NUMBER");
+}
+
+void require(const CLI::Option* option) {
+  if (option->count() == 0)
+    throw usage_error("missing required flag " + option->get_name());
+}
+
+double parse_number(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  errno = 0;
+  double d = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d))
+    throw usage_error(what + ": expected a number, got '" + text + "'");
+  return d;
+}
 
 std::uint64_t parse_size(const std::string& text, const std::string& what) {
   auto fail = [&](const std::string& why) -> std::uint64_t {
@@ -115,14 +187,7 @@ std::uint64_t args::required_u64(const std::string& flag) const {
 
 double args::get_double(const std::string& flag, double fallback) const {
   auto v = get(flag);
-  if (!v)
-    return fallback;
-  char* end = nullptr;
-  errno = 0;
-  double d = std::strtod(v->c_str(), &end);
-  if (v->empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d))
-    throw usage_error("--" + flag + ": expected a number, got '" + *v + "'");
-  return d;
+  return v ? parse_number(*v, "--" + flag) : fallback;
 }
 
 } // namespace rlsync::cli

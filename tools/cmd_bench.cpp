@@ -27,43 +27,49 @@ std::vector<std::uint64_t> parse_list(const std::string& text, const std::string
 }
 
 int bench_engine(const arg_list& argv) {
-  cli::args a(argv, {"layers", "hidden", "heads", "kv-heads", "intermediate", "vocab", "tp", "batch", "steps",
-                     "prompt"},
-              {"help"});
-  if (a.has("help")) {
-    std::cout << "usage: rlsync bench engine [--layers 16] [--hidden 512] [--heads 8] [--kv-heads 4]\n"
-                 "                           [--intermediate 1536] [--vocab 320] [--tp 1,2] [--batch 1,8,32]\n"
-                 "                           [--steps 32] [--prompt 512]\n"
-                 "Decode tokens/s at each batch size, prefill tokens/s, and the time to apply a full\n"
-                 "weight update (full tensors through the loader, and plan-packed shards), on seeded\n"
-                 "random bf16 weights (default: a ~50M-parameter Llama).\n";
+  CLI::App app("Decode tokens/s at each batch size, prefill tokens/s, and the time to apply a full\n"
+               "weight update (full tensors through the loader, and plan-packed shards), on seeded\n"
+               "random bf16 weights (default: a ~50M-parameter Llama).",
+               "rlsync bench engine");
+  cli::configure(app);
+  std::uint64_t layers = 16, hidden = 512, heads = 8, kv_heads = 4, intermediate = 1536, vocab = 320;
+  std::uint64_t steps = 32, prompt_tokens = 512;
+  std::string tps = "1,2", batches = "1,8,32";
+  cli::add_size(app, "--layers", layers, "num_hidden_layers")->default_val(layers);
+  cli::add_size(app, "--hidden", hidden, "hidden_size")->default_val(hidden);
+  cli::add_size(app, "--heads", heads, "num_attention_heads")->default_val(heads);
+  cli::add_size(app, "--kv-heads", kv_heads, "num_key_value_heads")->default_val(kv_heads);
+  cli::add_size(app, "--intermediate", intermediate, "intermediate_size")->default_val(intermediate);
+  cli::add_size(app, "--vocab", vocab, "vocab_size")->default_val(vocab);
+  app.add_option("--tp", tps, "tensor-parallel degrees, comma-separated")->capture_default_str();
+  app.add_option("--batch", batches, "decode batch sizes, comma-separated")->capture_default_str();
+  cli::add_size(app, "--steps", steps, "decode steps per batch size")->default_val(steps);
+  cli::add_size(app, "--prompt", prompt_tokens, "prefill prompt tokens, 1..3999")->default_val(prompt_tokens);
+  if (!cli::parse(app, argv))
     return 0;
-  }
   model_config c;
-  c.num_hidden_layers = static_cast<std::int64_t>(a.get_u64("layers", 16));
-  c.hidden_size = static_cast<std::int64_t>(a.get_u64("hidden", 512));
-  c.num_attention_heads = static_cast<std::int64_t>(a.get_u64("heads", 8));
-  c.num_key_value_heads = static_cast<std::int64_t>(a.get_u64("kv-heads", 4));
-  c.intermediate_size = static_cast<std::int64_t>(a.get_u64("intermediate", 1536));
-  c.vocab_size = static_cast<std::int64_t>(a.get_u64("vocab", 320));
+  c.num_hidden_layers = static_cast<std::int64_t>(layers);
+  c.hidden_size = static_cast<std::int64_t>(hidden);
+  c.num_attention_heads = static_cast<std::int64_t>(heads);
+  c.num_key_value_heads = static_cast<std::int64_t>(kv_heads);
+  c.intermediate_size = static_cast<std::int64_t>(intermediate);
+  c.vocab_size = static_cast<std::int64_t>(vocab);
   c.max_position_embeddings = 4096;
   for (auto& e : validate(c))
     throw cli::usage_error("model shape: " + e);
-  auto steps = a.get_u64("steps", 32);
-  auto prompt_tokens = a.get_u64("prompt", 512);
   if (steps == 0 || prompt_tokens == 0 || prompt_tokens >= 4000)
     throw cli::usage_error("--steps must be positive, --prompt in 1..3999");
 
   jobs::bench_engine_options o;
   o.model = c;
   o.tps.clear();
-  for (auto tp : parse_list(a.get_or("tp", "1,2"), "--tp")) {
+  for (auto tp : parse_list(tps, "--tp")) {
     o.tps.push_back(static_cast<int>(std::min<std::uint64_t>(tp, 1024)));
     for (auto& e : validate_tp(c, o.tps.back()))
       throw cli::usage_error("--tp " + std::to_string(tp) + ": " + e);
   }
   o.batches.clear();
-  for (auto b : parse_list(a.get_or("batch", "1,8,32"), "--batch"))
+  for (auto b : parse_list(batches, "--batch"))
     o.batches.push_back(static_cast<std::uint32_t>(std::min<std::uint64_t>(b, 4096)));
   o.steps = static_cast<std::uint32_t>(steps);
   o.prompt_tokens = static_cast<std::uint32_t>(prompt_tokens);

@@ -22,43 +22,23 @@ const char* checkpoint_usage =
     "       rlsync checkpoint inspect DIR   list tensors with checksums\n"
     "\nRun 'rlsync checkpoint make --help' or 'rlsync checkpoint inspect --help' for options.\n";
 
-const char* make_usage =
-    "usage: rlsync checkpoint make --out DIR --layers L --hidden H --heads A --kv-heads K --seed S\n"
-    "                              [--intermediate I] [--vocab V] [--dtype bf16|f16|f32]\n"
-    "                              [--max-positions N] [--tie] [--shard-bytes SIZE]\n"
-    "       rlsync checkpoint make --from DIR --perturb SCALE --seed S --out DIR2\n"
+const char* make_description =
+    "Two forms:\n"
+    "  rlsync checkpoint make --out DIR --layers L --hidden H --heads A --kv-heads K --seed S [...]\n"
+    "  rlsync checkpoint make --from DIR --perturb SCALE --seed S --out DIR2\n"
     "\n"
-    "The first form writes a seeded synthetic Llama-style checkpoint (config.json and\n"
+    "The first writes a seeded synthetic Llama-style checkpoint (config.json and\n"
     "safetensors, sharded with an index above --shard-bytes). The second writes the next\n"
     "version of DIR: every element becomes old + SCALE * noise(seed, tensor, index), with\n"
     "noise uniform in [-1, 1), rounded to the tensor's dtype (changes below half a unit in\n"
     "the last place are lost: a bf16 1.0 needs SCALE > 0.004). DIR2 must not exist (or be\n"
-    "empty); it appears only once complete.\n"
-    "\n"
-    "  --out DIR            output directory\n"
-    "  --layers L           num_hidden_layers\n"
-    "  --hidden H           hidden_size\n"
-    "  --heads A            num_attention_heads (must divide H; H/A even)\n"
-    "  --kv-heads K         num_key_value_heads (must divide A)\n"
-    "  --intermediate I     intermediate_size (default 8/3*H rounded up to a multiple of 64)\n"
-    "  --vocab V            vocab_size, at least 258 (default 320)\n"
-    "  --dtype T            bf16, f16 or f32 (default bf16)\n"
-    "  --max-positions N    max_position_embeddings (default 2048)\n"
-    "  --tie                tie_word_embeddings: no lm_head.weight\n"
-    "  --shard-bytes SIZE   largest shard, e.g. 512MiB (default 4GiB)\n"
-    "  --seed S             seed; same seed and shape, same bytes\n"
-    "  --from DIR           checkpoint to perturb (with --perturb)\n"
-    "  --perturb SCALE      perturbation scale (with --from)\n";
+    "empty); it appears only once complete.";
 
-const char* inspect_usage =
-    "usage: rlsync checkpoint inspect DIR [--json]\n"
-    "\n"
+const char* inspect_description =
     "Lists every tensor of checkpoint DIR: name, dtype, shape, bytes and the xxh3\n"
     "checksum of its bytes (XXH3 64-bit, seed 0, 16 hex digits: what xxhsum -H3\n"
     "prints for the same bytes), then the total. Warns when the tensors do not match\n"
-    "the Llama layout config.json implies.\n"
-    "\n"
-    "  --json               one JSON object instead of the table\n";
+    "the Llama layout config.json implies.";
 
 // Flag for each config.json field validate() may name.
 const std::pair<const char*, const char*> field_flags[] = {
@@ -78,11 +58,17 @@ std::string name_flag(const std::string& message) {
   return message;
 }
 
-std::int64_t dimension(const cli::args& a, const std::string& flag, std::optional<std::int64_t> fallback) {
-  std::uint64_t v = fallback ? a.get_u64(flag, static_cast<std::uint64_t>(*fallback)) : a.required_u64(flag);
-  if (v > (1u << 31)) // beyond any real model; keeps every size product far from overflow
-    throw cli::usage_error("--" + flag + ": too large, got " + std::to_string(v));
-  return static_cast<std::int64_t>(v);
+// A model dimension flag: its value, `fallback` when not given (required
+// when there is none).
+std::int64_t dimension(const CLI::Option* flag, std::uint64_t value, std::optional<std::int64_t> fallback) {
+  if (flag->count() == 0) {
+    if (!fallback)
+      cli::require(flag);
+    return *fallback;
+  }
+  if (value > (1u << 31)) // beyond any real model; keeps every size product far from overflow
+    throw cli::usage_error(flag->get_name() + ": too large, got " + std::to_string(value));
+  return static_cast<std::int64_t>(value);
 }
 
 std::string hex64(std::uint64_t v) {
@@ -102,51 +88,64 @@ void print_written(const checkpoint_written& w) {
 }
 
 int make(const arg_list& argv) {
-  cli::args a(argv,
-              {"out", "layers", "hidden", "heads", "kv-heads", "intermediate", "vocab", "dtype", "max-positions",
-               "shard-bytes", "seed", "from", "perturb"},
-              {"tie", "help"});
-  if (a.has("help")) {
-    std::cout << make_usage;
+  CLI::App app(make_description, "rlsync checkpoint make");
+  cli::configure(app);
+  std::string out, from, dtype = "bf16";
+  std::uint64_t seed = 0, shard_bytes = default_shard_bytes;
+  std::uint64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, vocab = 0, max_positions = 0;
+  double scale = 0.0;
+  auto out_flag = app.add_option("--out", out, "output directory")->type_name("DIR");
+  auto layers_flag = cli::add_size(app, "--layers", layers, "num_hidden_layers");
+  auto hidden_flag = cli::add_size(app, "--hidden", hidden, "hidden_size");
+  auto heads_flag = cli::add_size(app, "--heads", heads, "num_attention_heads (must divide H; H/A even)");
+  auto kv_heads_flag = cli::add_size(app, "--kv-heads", kv_heads, "num_key_value_heads (must divide A)");
+  auto intermediate_flag = cli::add_size(app, "--intermediate", intermediate,
+                                         "intermediate_size (default 8/3*H rounded up to a multiple of 64)");
+  auto vocab_flag = cli::add_size(app, "--vocab", vocab, "vocab_size, at least 258")->default_str("320");
+  auto dtype_flag = app.add_option("--dtype", dtype, "bf16, f16 or f32")->capture_default_str();
+  model_config c;
+  auto max_positions_flag = cli::add_size(app, "--max-positions", max_positions, "max_position_embeddings")
+                              ->default_val(c.max_position_embeddings);
+  auto tie_flag = app.add_flag("--tie", "tie_word_embeddings: no lm_head.weight");
+  auto shard_bytes_flag =
+    cli::add_size(app, "--shard-bytes", shard_bytes, "largest shard, e.g. 512MiB")->default_str("4GiB");
+  auto seed_flag = cli::add_size(app, "--seed", seed, "seed; same seed and shape, same bytes");
+  auto from_flag = app.add_option("--from", from, "checkpoint to perturb (with --perturb)")->type_name("DIR");
+  auto perturb_flag = cli::add_number(app, "--perturb", scale, "perturbation scale (with --from)")->type_name("SCALE");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  if (!a.positional().empty())
-    throw cli::usage_error("make: unexpected argument '" + a.positional().front() + "'");
-  std::string out = a.required("out");
+  cli::require(out_flag);
   if (out.empty())
     throw cli::usage_error("--out: expected a directory, got ''");
-  std::uint64_t seed = a.required_u64("seed");
+  cli::require(seed_flag);
 
-  if (a.has("from") || a.has("perturb")) {
-    std::string from = a.required("from");
-    if (!a.has("perturb"))
+  if (from_flag->count() > 0 || perturb_flag->count() > 0) {
+    cli::require(from_flag);
+    if (perturb_flag->count() == 0)
       throw cli::usage_error("missing required flag --perturb (with --from)");
-    double scale = a.get_double("perturb", 0.0);
-    for (const char* flag : {"layers", "hidden", "heads", "kv-heads", "intermediate", "vocab", "dtype",
-                             "max-positions", "tie", "shard-bytes"})
-      if (a.has(flag))
-        throw cli::usage_error(std::string("--") + flag + " cannot be combined with --from (the shape comes from "
+    for (const CLI::Option* shape_flag : {layers_flag, hidden_flag, heads_flag, kv_heads_flag, intermediate_flag,
+                                          vocab_flag, dtype_flag, max_positions_flag, tie_flag, shard_bytes_flag})
+      if (shape_flag->count() > 0)
+        throw cli::usage_error(shape_flag->get_name() + " cannot be combined with --from (the shape comes from "
                                + from + ")");
     print_written(perturb_checkpoint(from, out, scale, seed));
     return 0;
   }
 
-  model_config c;
-  c.num_hidden_layers = dimension(a, "layers", std::nullopt);
-  c.hidden_size = dimension(a, "hidden", std::nullopt);
-  c.num_attention_heads = dimension(a, "heads", std::nullopt);
-  c.num_key_value_heads = dimension(a, "kv-heads", std::nullopt);
+  c.num_hidden_layers = dimension(layers_flag, layers, std::nullopt);
+  c.hidden_size = dimension(hidden_flag, hidden, std::nullopt);
+  c.num_attention_heads = dimension(heads_flag, heads, std::nullopt);
+  c.num_key_value_heads = dimension(kv_heads_flag, kv_heads, std::nullopt);
   // SwiGLU's usual 8/3 * hidden, rounded up to a multiple of 64 so that
   // tensor parallelism up to 64 can split it.
   std::int64_t default_inter = (c.hidden_size * 8 / 3 + 63) / 64 * 64;
-  c.intermediate_size = dimension(a, "intermediate", std::max<std::int64_t>(default_inter, 64));
-  c.vocab_size = dimension(a, "vocab", 320);
-  c.max_position_embeddings = dimension(a, "max-positions", c.max_position_embeddings);
-  c.tie_word_embeddings = a.has("tie");
-  auto type = parse_short_dtype(a.get_or("dtype", "bf16"));
+  c.intermediate_size = dimension(intermediate_flag, intermediate, std::max<std::int64_t>(default_inter, 64));
+  c.vocab_size = dimension(vocab_flag, vocab, 320);
+  c.max_position_embeddings = dimension(max_positions_flag, max_positions, c.max_position_embeddings);
+  c.tie_word_embeddings = tie_flag->count() > 0;
+  auto type = parse_short_dtype(dtype);
   if (!type)
-    throw cli::usage_error("--dtype: expected bf16, f16 or f32, got '" + a.get_or("dtype", "") + "'");
-  std::uint64_t shard_bytes = a.get_u64("shard-bytes", default_shard_bytes);
+    throw cli::usage_error("--dtype: expected bf16, f16 or f32, got '" + dtype + "'");
   if (shard_bytes == 0)
     throw cli::usage_error("--shard-bytes: must be positive");
   if (auto errs = validate(c); !errs.empty())
@@ -202,16 +201,18 @@ void print_table(const checkpoint_summary& s) {
 }
 
 int inspect(const arg_list& argv) {
-  cli::args a(argv, {}, {"json", "help"});
-  if (a.has("help")) {
-    std::cout << inspect_usage;
+  CLI::App app(inspect_description, "rlsync checkpoint inspect");
+  cli::configure(app);
+  std::vector<std::string> dirs;
+  app.add_option("DIR", dirs, "the checkpoint directory");
+  auto json = app.add_flag("--json", "one JSON object instead of the table");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  if (a.positional().size() != 1)
-    throw cli::usage_error(a.positional().empty() ? "inspect: missing checkpoint directory DIR"
-                                                  : "inspect: unexpected argument '" + a.positional()[1] + "'");
-  auto summary = inspect_checkpoint(a.positional().front());
-  if (a.has("json"))
+  if (dirs.size() != 1)
+    throw cli::usage_error(dirs.empty() ? "inspect: missing checkpoint directory DIR"
+                                        : "inspect: unexpected argument '" + dirs[1] + "'");
+  auto summary = inspect_checkpoint(dirs.front());
+  if (json->count() > 0)
     print_json(summary);
   else
     print_table(summary);

@@ -9,8 +9,7 @@ namespace rlsync::tools {
 
 namespace {
 
-const char* usage =
-  "usage: rlsync drill T.yaml [--report DIR] [--throughput judge|report]\n"
+const char* description =
   "Runs the topology in this process with its workload, fires the faults of its\n"
   "drill: section, heals everything, then checks the invariants: every request\n"
   "finished or was rejected, no token lost or duplicated, every live engine on the\n"
@@ -22,25 +21,28 @@ const char* usage =
   "every other invariant is judged. Default: judge.\n"
   "Writes report.json and report.html (a timeline to open in a browser) into DIR,\n"
   "by default a new folder it names on its last line. Exit status: 0 every judged\n"
-  "invariant held, 1 one was violated (or a fault never fired), 2 bad usage.\n";
+  "invariant held, 1 one was violated (or a fault never fired), 2 bad usage.";
 
 } // namespace
 
 int cmd_drill(const arg_list& argv) {
-  cli::args a(argv, {"report", "throughput"}, {"help"});
-  if (a.has("help")) {
-    std::cout << usage;
-    return 0;
-  }
-  if (a.positional().size() != 1)
-    throw cli::usage_error("expected one topology file (rlsync drill T.yaml)");
+  CLI::App app(description, "rlsync drill");
+  cli::configure(app);
+  std::vector<std::string> files;
+  app.add_option("T.yaml", files, "the topology file");
   jobs::drill_options o;
-  o.report_dir = a.get_or("report", "");
-  auto verdict = jobs::parse_throughput_verdict(a.get_or("throughput", "judge"));
+  app.add_option("--report", o.report_dir, "where report.json and report.html go")->type_name("DIR");
+  std::string throughput = "judge";
+  app.add_option("--throughput", throughput, "judge or report")->capture_default_str();
+  if (!cli::parse(app, argv))
+    return 0;
+  if (files.size() != 1)
+    throw cli::usage_error("expected one topology file (rlsync drill T.yaml)");
+  auto verdict = jobs::parse_throughput_verdict(throughput);
   if (!verdict)
-    throw cli::usage_error("--throughput: expected judge or report, got '" + *a.get("throughput") + "'");
+    throw cli::usage_error("--throughput: expected judge or report, got '" + throughput + "'");
   o.throughput = *verdict;
-  return jobs::run_drill(a.positional()[0], o);
+  return jobs::run_drill(files[0], o);
 }
 
 } // namespace rlsync::tools

@@ -16,37 +16,43 @@ namespace rlsync::tools {
 
 namespace {
 
-const char* usage =
-  "usage: rlsync generate --checkpoint DIR --prompt TEXT [--max-tokens N] [--tp K]\n"
-  "                       [--temperature T] [--top-p P] [--seed S] [--no-stop] [--json]\n"
+const char* description =
   "Runs the built-in engine on a checkpoint (config.json + safetensors) and\n"
   "streams the generated text. Greedy unless --temperature > 0 (seeded, top-p\n"
   "nucleus). Stops at EOS unless --no-stop. --json prints one object instead:\n"
-  "prompt_token_ids, token_ids, text, finish_reason, version_spans, timings.\n";
+  "prompt_token_ids, token_ids, text, finish_reason, version_spans, timings.";
 
 } // namespace
 
 int cmd_generate(const arg_list& argv) {
-  cli::args a(argv, {"checkpoint", "prompt", "max-tokens", "tp", "temperature", "top-p", "seed"},
-              {"json", "no-stop", "help"});
-  if (a.has("help")) {
-    std::cout << usage;
+  CLI::App app(description, "rlsync generate");
+  cli::configure(app);
+  std::string dir, prompt;
+  std::uint64_t max_tokens = 32, tp = 1, seed = 0;
+  double temperature = 0.0, top_p = 1.0;
+  auto dir_flag = app.add_option("--checkpoint", dir, "checkpoint directory (required)")->type_name("DIR");
+  auto prompt_flag = app.add_option("--prompt", prompt, "prompt text (required)")->type_name("TEXT");
+  cli::add_size(app, "--max-tokens", max_tokens, "tokens to generate, 1..1048576")->default_val(max_tokens);
+  cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
+  cli::add_number(app, "--temperature", temperature, "0 is greedy")->default_val(temperature);
+  cli::add_number(app, "--top-p", top_p, "nucleus sampling, in (0, 1]")->default_val(top_p);
+  cli::add_size(app, "--seed", seed, "sampling seed")->default_val(seed);
+  auto no_stop = app.add_flag("--no-stop", "do not stop at EOS");
+  auto json_flag = app.add_flag("--json", "print one JSON object");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  auto dir = a.required("checkpoint");
-  auto prompt = a.required("prompt");
-  auto max_tokens = a.get_u64("max-tokens", 32);
-  auto tp = a.get_u64("tp", 1);
+  cli::require(dir_flag);
+  cli::require(prompt_flag);
   if (max_tokens == 0 || max_tokens > 1u << 20)
     throw cli::usage_error("--max-tokens: must be in 1..1048576");
   if (tp == 0 || tp > 64)
     throw cli::usage_error("--tp: must be in 1..64");
   sampling_params sampling;
   sampling.max_tokens = static_cast<std::uint32_t>(max_tokens);
-  sampling.temperature = static_cast<float>(a.get_double("temperature", 0.0));
-  sampling.top_p = static_cast<float>(a.get_double("top-p", 1.0));
-  sampling.seed = a.get_u64("seed", 0);
-  sampling.stop_at_eos = !a.has("no-stop");
+  sampling.temperature = static_cast<float>(temperature);
+  sampling.top_p = static_cast<float>(top_p);
+  sampling.seed = seed;
+  sampling.stop_at_eos = no_stop->count() == 0;
   if (sampling.temperature < 0)
     throw cli::usage_error("--temperature: must be >= 0");
   if (!(sampling.top_p > 0 && sampling.top_p <= 1))
@@ -80,7 +86,7 @@ int cmd_generate(const arg_list& argv) {
   req.request_id = 1;
   req.prompt = engine::encode(prompt);
   req.sampling = sampling;
-  const bool json = a.has("json");
+  const bool json = json_flag->count() > 0;
   std::vector<std::int32_t> tokens;
   std::optional<generate_result> result;
   std::optional<std::chrono::steady_clock::time_point> first_token;

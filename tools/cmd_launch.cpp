@@ -15,26 +15,19 @@ namespace rlsync::tools {
 
 namespace {
 
-const char* usage =
-  "usage: rlsync launch T.yaml [--nodes A,B] [--grace-ms MS] [--secret-file FILE] [--dry-run]\n"
-  "                            [--run [--prompts N] [--concurrency C] [--max-tokens M] [--json FILE]]\n\n"
+const char* description =
   "Starts every node of the topology whose address is on this machine (loopback,\n"
   "localhost, or an address of a local interface) as a separate process:\n"
   "  rlsync node --topology T.yaml --node NAME [--secret-file FILE]\n"
   "Each line a node prints is shown prefixed with [NAME]. Children inherit the\n"
-  "environment (so a cluster secret in an environment variable reaches them).\n\n"
-  "  --nodes A,B         start exactly these nodes, wherever their addresses point\n"
-  "  --grace-ms MS       after SIGTERM, how long nodes get before SIGKILL (default 10000)\n"
-  "  --secret-file FILE  passed on to every node as it is\n"
-  "  --dry-run           print the command lines, one per node, and start nothing\n"
-  "  --run               the coordinator's node runs the main job (as `rlsync run`) once\n"
-  "                      every engine registered, then exits; the others follow\n"
-  "  --prompts/--concurrency/--max-tokens/--json  passed to it with --run\n\n"
+  "environment (so a cluster secret in an environment variable reaches them).";
+
+const char* footer =
   "Ctrl-C (or SIGTERM) stops every node: SIGTERM, then SIGKILL after the grace\n"
   "period (a second Ctrl-C skips the wait). A node that fails on its own stops the\n"
   "others the same way. Nodes also die if the launcher dies.\n"
   "Exit status: 0 every node exited 0, 1 a node failed (it is named) or no node is\n"
-  "on this machine, 2 usage error, 128+N stopped by signal N (130 for Ctrl-C).\n";
+  "on this machine, 2 usage error, 128+N stopped by signal N (130 for Ctrl-C).";
 
 constexpr std::uint64_t max_grace_ms = 24ull * 3600 * 1000;
 
@@ -64,17 +57,36 @@ std::string defined_nodes(const topology& t) {
 } // namespace
 
 int cmd_launch(const arg_list& argv) {
-  cli::args a(argv, {"nodes", "grace-ms", "secret-file", "prompts", "concurrency", "max-tokens", "json"},
-              {"run", "dry-run", "help"});
-  if (a.has("help")) {
-    std::cout << usage;
+  CLI::App app(description, "rlsync launch");
+  cli::configure(app);
+  app.footer(footer);
+  std::vector<std::string> files;
+  app.add_option("T.yaml", files, "the topology file");
+  std::optional<std::string> node_list, secret_file;
+  auto keep = [](std::optional<std::string>& target) {
+    return [&target](const std::string& value) { target = value; };
+  };
+  app.add_option_function<std::string>("--nodes", keep(node_list),
+                                       "start exactly these nodes, wherever their addresses point")
+    ->type_name("A,B");
+  std::uint64_t grace_ms = 10000;
+  cli::add_size(app, "--grace-ms", grace_ms, "after SIGTERM, how long nodes get before SIGKILL")
+    ->default_val(grace_ms);
+  app.add_option_function<std::string>("--secret-file", keep(secret_file), "passed on to every node as it is")
+    ->type_name("FILE");
+  auto dry_run = app.add_flag("--dry-run", "print the command lines, one per node, and start nothing");
+  auto run_job = app.add_flag("--run", "the coordinator's node runs the main job (as `rlsync run`) once every "
+                                       "engine registered, then exits; the others follow");
+  // Passed on as given with --run; `rlsync node` checks them.
+  const char* const workload_flags[] = {"--prompts", "--concurrency", "--max-tokens", "--json"};
+  std::optional<std::string> workload_values[4];
+  for (int i = 0; i < 4; ++i)
+    app.add_option_function<std::string>(workload_flags[i], keep(workload_values[i]), "passed to the main job with --run");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  if (a.positional().size() != 1)
-    throw cli::usage_error("expected one topology file, got " + std::to_string(a.positional().size())
-                           + " (see --help)");
-  const std::string path = a.positional()[0];
-  const std::uint64_t grace_ms = a.get_u64("grace-ms", 10000);
+  if (files.size() != 1)
+    throw cli::usage_error("expected one topology file, got " + std::to_string(files.size()) + " (see --help)");
+  const std::string path = files[0];
   if (grace_ms > max_grace_ms)
     throw cli::usage_error("--grace-ms: at most " + std::to_string(max_grace_ms) + " (a day), got "
                            + std::to_string(grace_ms));
@@ -89,8 +101,8 @@ int cmd_launch(const arg_list& argv) {
   }
 
   std::vector<const node_spec*> nodes;
-  if (auto list = a.get("nodes")) {
-    for (auto& name : split_names(*list)) {
+  if (node_list) {
+    for (auto& name : split_names(*node_list)) {
       const node_spec* n = t.find_node(name);
       if (!n)
         throw cli::usage_error("--nodes: unknown node '" + name + "' (defined: " + defined_nodes(t) + ")");
@@ -114,24 +126,24 @@ int cmd_launch(const arg_list& argv) {
   std::vector<child_spec> children;
   for (auto* n : nodes) {
     child_spec c{n->name, {exe, "node", "--topology", topology_path, "--node", n->name}};
-    if (auto secret = a.get("secret-file")) {
+    if (secret_file) {
       c.argv.push_back("--secret-file");
-      c.argv.push_back(*secret);
+      c.argv.push_back(*secret_file);
     }
     // The main job runs on the coordinator's node; the workload flags go there.
-    if (a.has("run") && n->name == t.coordinator.node) {
+    if (run_job->count() > 0 && n->name == t.coordinator.node) {
       c.argv.push_back("--run");
       c.argv.push_back("--no-progress");
-      for (const char* flag : {"prompts", "concurrency", "max-tokens", "json"})
-        if (auto v = a.get(flag)) {
-          c.argv.push_back(std::string("--") + flag);
-          c.argv.push_back(std::string(flag) == "json" ? std::filesystem::absolute(*v).string() : *v);
+      for (int i = 0; i < 4; ++i)
+        if (auto& v = workload_values[i]) {
+          c.argv.push_back(workload_flags[i]);
+          c.argv.push_back(std::string(workload_flags[i]) == "--json" ? std::filesystem::absolute(*v).string() : *v);
         }
     }
     children.push_back(std::move(c));
   }
 
-  if (a.has("dry-run")) {
+  if (dry_run->count() > 0) {
     for (auto& c : children)
       std::cout << shell_quote(c.argv) << "\n";
     return 0;

@@ -9,21 +9,19 @@
 namespace rlsync::tools {
 
 int cmd_version(const arg_list& argv) {
-  cli::args a(argv, {}, {"help"});
-  if (a.has("help")) {
-    std::cout << "usage: rlsync version\n";
+  CLI::App app("Prints the rlsync version.", "rlsync version");
+  cli::configure(app);
+  if (!cli::parse(app, argv))
     return 0;
-  }
   std::cout << "rlsync " << version_string() << "\n";
   return 0;
 }
 
 int cmd_devices(const arg_list& argv) {
-  cli::args a(argv, {}, {"help"});
-  if (a.has("help")) {
-    std::cout << "usage: rlsync devices\n";
+  CLI::App app("Shows what the GPU layer was built with and which devices it sees.", "rlsync devices");
+  cli::configure(app);
+  if (!cli::parse(app, argv))
     return 0;
-  }
   auto info = gpu::query_devices();
   std::cout << "cuda:    " << (info.compiled_with_cuda ? "compiled in" : "not compiled in") << "\n"
             << "nccl:    "

@@ -125,23 +125,31 @@ int connect(caf::actor_system& sys, const std::string& where, std::uint64_t coun
 } // namespace
 
 int cmd_ping(const arg_list& argv) {
-  cli::args a(argv, {"listen", "connect", "count", "deadline-ms"}, {"help"});
-  if (a.has("help") || a.has("listen") == a.has("connect")) {
-    std::cout << "usage: rlsync ping --listen HOST:PORT  [--count N] [--deadline-ms MS]\n"
-                 "       rlsync ping --connect HOST:PORT [--count N] [--deadline-ms MS]\n"
-                 "A heartbeat round trip between two processes over CAF's middleman.\n"
-                 "The listener exits after serving N pings (default 3); both sides give\n"
-                 "up after the deadline (default 10000 ms).\n";
-    return a.has("help") ? 0 : 2;
+  CLI::App app("A heartbeat round trip between two processes over CAF's middleman.\n"
+               "The listener exits after serving N pings; both sides give up after the deadline.",
+               "rlsync ping");
+  cli::configure(app);
+  std::string listen_at, connect_to;
+  std::uint64_t count = 3, deadline_ms = 10000;
+  auto listen_flag =
+    app.add_option("--listen", listen_at, "serve pings on HOST:PORT (or --connect)")->type_name("HOST:PORT");
+  auto connect_flag =
+    app.add_option("--connect", connect_to, "ping HOST:PORT (or --listen)")->type_name("HOST:PORT");
+  cli::add_size(app, "--count", count, "pings to serve or send")->default_val(count);
+  cli::add_size(app, "--deadline-ms", deadline_ms, "give up after this long")->default_val(deadline_ms);
+  if (!cli::parse(app, argv))
+    return 0;
+  if ((listen_flag->count() > 0) == (connect_flag->count() > 0)) {
+    std::cout << app.help();
+    return 2;
   }
-  auto count = a.get_u64("count", 3);
   if (count == 0)
     throw cli::usage_error("--count: must be positive");
-  auto deadline = std::chrono::milliseconds(a.get_u64("deadline-ms", 10000));
+  auto deadline = std::chrono::milliseconds(deadline_ms);
   system_config cfg;
   caf::actor_system sys{cfg};
-  return a.has("listen") ? listen(sys, *a.get("listen"), count, deadline)
-                         : connect(sys, *a.get("connect"), count, deadline);
+  return listen_flag->count() > 0 ? listen(sys, listen_at, count, deadline)
+                                  : connect(sys, connect_to, count, deadline);
 }
 
 } // namespace rlsync::tools

@@ -15,8 +15,7 @@ using namespace rlsync::jobs;
 
 namespace {
 
-const char* usage =
-  "usage: rlsync run T.yaml [--prompts N] [--concurrency C] [--max-tokens M] [--json FILE] [--no-progress]\n"
+const char* description =
   "Starts every actor of the topology in this process (trainer, engines, router,\n"
   "coordinator), drives the rollout workload through the router while the trainer\n"
   "produces versions and the coordinator syncs, prints one line per sync and a\n"
@@ -25,25 +24,34 @@ const char* usage =
   "in flight finish and are reported. Exit status: 0 all well, 1 a request failed\n"
   "or a check did not hold, 3 engines live and serving within sync.staleness fell\n"
   "below sync.min_live_engines,\n"
-  "130 interrupted.\n";
+  "130 interrupted.";
 
 } // namespace
 
 int cmd_run(const arg_list& argv) {
-  cli::args a(argv, {"prompts", "concurrency", "max-tokens", "json"}, {"no-progress", "help"});
-  if (a.has("help")) {
-    std::cout << usage;
+  CLI::App app(description, "rlsync run");
+  cli::configure(app);
+  std::vector<std::string> files;
+  app.add_option("T.yaml", files, "the topology file");
+  workload_overrides overrides;
+  add_workload_flags(app, overrides);
+  std::optional<std::string> json_path;
+  app.add_option_function<std::string>(
+       "--json", [&](const std::string& p) { json_path = p; }, "also write the summary as JSON to FILE")
+    ->type_name("FILE");
+  auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  if (a.positional().size() != 1)
+  if (files.size() != 1)
     throw cli::usage_error("expected one topology file (rlsync run T.yaml)");
-  const std::string path = a.positional()[0];
+  check_workload_flags(overrides);
+  const std::string path = files[0];
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
   const topology& t = *loaded;
-  auto w = workload_from(t, workload_flags(a));
-  job_console out(!a.has("no-progress") && isatty(STDERR_FILENO));
+  auto w = workload_from(t, overrides);
+  job_console out(no_progress->count() == 0 && isatty(STDERR_FILENO));
   system_config cfg;
   caf::actor_system sys{cfg};
   std::cerr << "rlsync run " << path << ": " << t.engines.size() << " engines (tp " << t.engines.front().tp
@@ -55,7 +63,7 @@ int cmd_run(const arg_list& argv) {
   opts.log = [&](const std::string& line) { out.on_log(line); };
   auto d = deploy_local(sys, t, opts);
   job_handles h{d.router, d.coordinator, d.trainer.actor, d.trainer.source};
-  auto rc = run_main_job(sys, t, path, w, h, out, a.get("json"));
+  auto rc = run_main_job(sys, t, path, w, h, out, json_path);
   d.shutdown();
   return rc;
 }

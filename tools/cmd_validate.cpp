@@ -9,20 +9,20 @@
 namespace rlsync::tools {
 
 int cmd_validate(const arg_list& argv) {
-  cli::args a(argv, {}, {"help"});
-  if (a.has("help")) {
-    std::cout << "usage: rlsync validate TOPOLOGY.yaml\n\n"
-                 "Checks a topology file. On success prints the resolved topology as YAML\n"
-                 "(defaults filled in, engine replicas expanded, paths absolute, sizes in\n"
-                 "bytes, the model's dimensions) and exits 0. Otherwise prints every problem,\n"
-                 "one per line as FILE:LINE:COLUMN: FIELD: MESSAGE, to stderr and exits 1.\n";
+  CLI::App app("Checks a topology file. On success prints the resolved topology as YAML\n"
+               "(defaults filled in, engine replicas expanded, paths absolute, sizes in\n"
+               "bytes, the model's dimensions) and exits 0. Otherwise prints every problem,\n"
+               "one per line as FILE:LINE:COLUMN: FIELD: MESSAGE, to stderr and exits 1.",
+               "rlsync validate");
+  cli::configure(app);
+  std::vector<std::string> files;
+  app.add_option("TOPOLOGY.yaml", files, "the topology file");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  if (a.positional().size() != 1)
-    throw cli::usage_error("expected one topology file, got " + std::to_string(a.positional().size())
-                           + " (see --help)");
+  if (files.size() != 1)
+    throw cli::usage_error("expected one topology file, got " + std::to_string(files.size()) + " (see --help)");
   try {
-    std::cout << to_yaml(load_topology(a.positional()[0]));
+    std::cout << to_yaml(load_topology(files[0]));
   } catch (const topology_error& e) {
     for (auto& line : e.errors)
       std::cerr << line << "\n";
