@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace rlsync::tools {
@@ -17,9 +18,7 @@ using namespace rlsync::jobs;
 
 namespace {
 
-const char* sync_usage =
-  "usage: rlsync bench sync --topology T.yaml [--model-bytes N] [--syncs K] [--modes sharded,broadcast]\n"
-  "                         [--json FILE] [--verbose]\n"
+const char* sync_description =
   "Deploys the topology (every node must be on this machine: the coordinator's node in this\n"
   "process, the others as `rlsync node` processes) with a synthetic bf16 model of about N bytes\n"
   "(default 256MiB; suffixes KiB MiB GiB), and for each mode runs the cold sync, then K warm\n"
@@ -27,8 +26,7 @@ const char* sync_usage =
   "this run, and control-plane overhead. Then K rounds of a near-empty model (the control plane\n"
   "alone). Prints a table; --json FILE writes every figure.\n";
 
-const char* control_usage =
-  "usage: rlsync bench control [--engines N] [--rounds K] [--json FILE] [--verbose]\n"
+const char* control_description =
   "Starts N engine processes (default 8, one engine each, tp 1) on loopback around a head in\n"
   "this process, and runs K (default 20) sync rounds of a near-empty model: the control plane\n"
   "alone. Each round is compared with six waves of CAF round trips to every engine (pause,\n"
@@ -66,21 +64,35 @@ std::vector<transfer_mode> parse_modes(const std::string& text) {
 } // namespace
 
 int bench_sync(const arg_list& argv) {
-  cli::args a(argv, {"topology", "model-bytes", "syncs", "modes", "json"}, {"verbose", "help"});
-  if (a.has("help")) {
-    std::cout << sync_usage;
+  CLI::App app(sync_description, "rlsync bench sync");
+  cli::configure(app);
+  std::string path, modes = "sharded,broadcast";
+  std::optional<std::uint64_t> model_bytes;
+  std::uint64_t syncs = 5;
+  std::optional<std::string> json_path;
+  auto topology_flag = app.add_option("--topology", path, "the topology file")->type_name("T.yaml");
+  app.add_option_function<std::string>(
+       "--model-bytes", [&](const std::string& t) { model_bytes = cli::parse_size(t, "--model-bytes"); },
+       "model size (default 256MiB; KiB MiB GiB)")
+    ->type_name("N");
+  cli::add_size(app, "--syncs", syncs, "warm syncs per mode (1..1000)")->type_name("K");
+  app.add_option("--modes", modes, "sharded, broadcast or both")->capture_default_str();
+  app.add_option_function<std::string>(
+       "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
+    ->type_name("FILE");
+  auto verbose = app.add_flag("--verbose", "the nodes' own output too");
+  if (!cli::parse(app, argv))
     return 0;
-  }
+  cli::require(topology_flag);
   bench_sync_options o;
-  o.path = a.required("topology");
-  if (a.has("model-bytes"))
-    o.model_bytes = cli::parse_size(*a.get("model-bytes"), "--model-bytes");
-  const auto syncs = a.get_u64("syncs", 5);
+  o.path = path;
+  if (model_bytes)
+    o.model_bytes = *model_bytes;
   if (syncs == 0 || syncs > 1000)
     throw cli::usage_error("--syncs: between 1 and 1000, got " + std::to_string(syncs));
   o.syncs = static_cast<int>(syncs);
-  o.modes = parse_modes(a.get_or("modes", "sharded,broadcast"));
-  o.verbose = a.has("verbose");
+  o.modes = parse_modes(modes);
+  o.verbose = verbose->count() > 0;
   o.exe = self_executable();
   o.note = note;
   auto loaded = load_topology_or_report(o.path);
@@ -92,26 +104,32 @@ int bench_sync(const arg_list& argv) {
   }
   auto r = run_bench_sync(*loaded, o);
   std::cout << bench_sync_report(r) << std::flush;
-  if (auto json = a.get("json"); json && !write_json("bench sync", *json, bench_sync_json(r)))
+  if (json_path && !write_json("bench sync", *json_path, bench_sync_json(r)))
     return 1;
   return r.failed() ? 1 : 0;
 }
 
 int bench_control(const arg_list& argv) {
-  cli::args a(argv, {"engines", "rounds", "json"}, {"verbose", "help"});
-  if (a.has("help")) {
-    std::cout << control_usage;
+  CLI::App app(control_description, "rlsync bench control");
+  cli::configure(app);
+  std::uint64_t engines = 8, rounds = 20;
+  std::optional<std::string> json_path;
+  cli::add_size(app, "--engines", engines, "engine processes (1..64)")->type_name("N");
+  cli::add_size(app, "--rounds", rounds, "sync rounds (1..10000)")->type_name("K");
+  app.add_option_function<std::string>(
+       "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
+    ->type_name("FILE");
+  auto verbose = app.add_flag("--verbose", "the nodes' own output too");
+  if (!cli::parse(app, argv))
     return 0;
-  }
   bench_control_options o;
-  o.engines = a.get_u64("engines", 8);
-  const auto rounds = a.get_u64("rounds", 20);
+  o.engines = engines;
   if (o.engines == 0 || o.engines > 64)
     throw cli::usage_error("--engines: between 1 and 64, got " + std::to_string(o.engines));
   if (rounds == 0 || rounds > 10000)
     throw cli::usage_error("--rounds: between 1 and 10000, got " + std::to_string(rounds));
   o.rounds = static_cast<int>(rounds);
-  o.verbose = a.has("verbose");
+  o.verbose = verbose->count() > 0;
   o.exe = self_executable();
   o.note = note;
   auto r = run_bench_control(o);
@@ -120,7 +138,7 @@ int bench_control(const arg_list& argv) {
     return 1;
   }
   std::cout << bench_control_report(r) << std::flush;
-  if (auto json = a.get("json"); json && !write_json("bench control", *json, bench_control_json(r)))
+  if (json_path && !write_json("bench control", *json_path, bench_control_json(r)))
     return 1;
   return 0;
 }

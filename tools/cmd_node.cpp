@@ -15,6 +15,7 @@
 #include <atomic>
 #include <csignal>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <unistd.h>
 
@@ -28,9 +29,7 @@ std::atomic<int> stop_signal{0};
 
 extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
 
-const char* usage =
-  "usage: rlsync node --topology T.yaml --node NAME [--secret-file FILE] [--run]\n"
-  "                   [--prompts N] [--concurrency C] [--max-tokens M] [--json FILE] [--no-progress]\n"
+const char* description =
   "Runs the actors the topology places on node NAME. The coordinator's node publishes a\n"
   "gatekeeper on its address:port; every other node connects to it (retrying up to\n"
   "cluster.connect_deadline_ms), proves the cluster secret (cluster.secret_file or\n"
@@ -43,9 +42,17 @@ const char* usage =
 /// Set once every actor of this node has terminated (see cmd_node's exit).
 std::atomic<bool> all_terminated{false};
 
+/// What --run asks of the head.
+struct head_job {
+  bool run = false;
+  bool progress = true;
+  workload_overrides workload;
+  std::optional<std::string> json_path;
+};
+
 int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
-             const cli::args& a, const std::string& path) {
-  auto out = std::make_shared<job_console>(a.has("run") && !a.has("no-progress") && isatty(STDERR_FILENO));
+             const head_job& job, const std::string& path) {
+  auto out = std::make_shared<job_console>(job.run && job.progress && isatty(STDERR_FILENO));
   std::unique_ptr<head_node> head;
   try {
     head = std::make_unique<head_node>(sys, t, node, secret,
@@ -61,7 +68,7 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
             << (head->producer() ? "; UCX producer on " + head->producer()->address() : std::string{}) << std::endl;
 
   int rc = 0;
-  if (a.has("run")) {
+  if (job.run) {
     // The main job starts once every engine of the topology has registered.
     auto n = head->await_members(t.engines.size(), t.cluster.connect_deadline * 3, [] { return stop_signal != 0; });
     if (stop_signal) {
@@ -74,9 +81,9 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
       all_terminated = head->stop();
       return 1;
     }
-    auto w = workload_from(t, workload_flags(a));
+    auto w = workload_from(t, job.workload);
     rc = run_main_job(sys, t, path, w, {head->router(), head->coordinator(), head->trainer(), head->source()}, *out,
-                      a.get("json"));
+                      job.json_path);
   } else {
     while (!stop_signal) // a head serves until told to stop
       std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls a flag the signal handler sets
@@ -88,14 +95,29 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
 } // namespace
 
 int cmd_node(const arg_list& argv) {
-  cli::args a(argv, {"topology", "node", "secret-file", "prompts", "concurrency", "max-tokens", "json"},
-              {"run", "no-progress", "help"});
-  if (a.has("help")) {
-    std::cout << usage;
+  CLI::App app(description, "rlsync node");
+  cli::configure(app);
+  std::string path, name;
+  std::optional<std::string> secret_file;
+  head_job job;
+  auto topology_flag = app.add_option("--topology", path, "the topology file")->type_name("T.yaml");
+  auto node_flag = app.add_option("--node", name, "the node of the topology to run")->type_name("NAME");
+  app.add_option_function<std::string>(
+       "--secret-file", [&](const std::string& f) { secret_file = f; }, "overrides cluster.secret_file")
+    ->type_name("FILE");
+  auto run_flag = app.add_flag("--run", "on the coordinator's node: run the main job once every engine registered");
+  add_workload_flags(app, job.workload);
+  app.add_option_function<std::string>(
+       "--json", [&](const std::string& p) { job.json_path = p; }, "with --run: also write the summary as JSON")
+    ->type_name("FILE");
+  auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  if (!cli::parse(app, argv))
     return 0;
-  }
-  const auto path = a.required("topology");
-  const auto name = a.required("node");
+  cli::require(topology_flag);
+  cli::require(node_flag);
+  check_workload_flags(job.workload);
+  job.run = run_flag->count() > 0;
+  job.progress = no_progress->count() == 0;
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
@@ -114,7 +136,7 @@ int cmd_node(const arg_list& argv) {
   const node_spec* head = t.find_node(t.coordinator.node);
   std::string secret;
   try {
-    secret = read_cluster_secret(a.get_or("secret-file", t.cluster.secret_file), t.cluster.secret_env);
+    secret = read_cluster_secret(secret_file.value_or(t.cluster.secret_file), t.cluster.secret_env);
   } catch (const std::exception& e) {
     std::cerr << "rlsync node " << name << ": " << e.what() << "\n";
     return 1;
@@ -133,7 +155,7 @@ int cmd_node(const arg_list& argv) {
   auto old_term = std::signal(SIGTERM, on_node_stop_signal);
   int rc = 0;
   if (name == head->name) {
-    rc = run_head(sys, t, *node, secret, a, path);
+    rc = run_head(sys, t, *node, secret, job, path);
   } else {
     member_node_options mo;
     mo.stop_requested = [] { return stop_signal != 0; };
