@@ -494,6 +494,25 @@ TEST_CASE_FIXTURE(router_fixture, "a refusing engine loses the request to anothe
   CHECK(status(r).completed == 2);
 }
 
+TEST_CASE_FIXTURE(router_fixture, "an engine gone before its down message stops drawing requests") {
+  auto r = make_router();
+  auto gone = make_engine("a", 1, act::die);
+  route(r, gone, "a", 1);
+  auto b = make_engine("b", 1);
+  route(r, b, "b", 1);
+  // a answers request_receiver_down: the request continues on b, and a,
+  // with the fewest outstanding, must not draw the next one too.
+  auto first = submit(r, request(1));
+  REQUIRE(first->result);
+  CHECK(first->result->engine == "b");
+  CHECK(status(r).routable == 1);
+  auto second = submit(r, request(2));
+  REQUIRE(second->result);
+  CHECK(second->result->engine == "b");
+  CHECK(log->dispatched == strings{"a:1", "b:1", "b:2"});
+  CHECK(status(r).rerouted == 1);
+}
+
 TEST_CASE_FIXTURE(router_fixture, "a failed engine's requests continue elsewhere: one stream, spans intact") {
   auto r = make_router();
   auto a = make_engine("a", 1, act::hold); // streams 2 tokens, never answers

@@ -68,7 +68,8 @@ struct engine_script {
 
   // -- generation --
   /// answer: stream the tokens and reply; hold: stream them, reply at the
-  /// next resume; fail: refuse with engine_dirty.
+  /// next resume; fail: refuse with engine_dirty; die: request_receiver_down
+  /// (the engine is gone, its down message not yet seen).
   act on_generate = act::answer;
   std::uint32_t tokens = 2; ///< generated per request (capped by max_tokens)
   /// Token i's version; missing: `version`.
@@ -232,6 +233,8 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
           st.generations.emplace_back(scripted_generation(self, req, sink), promise);
           return promise;
         }
+        case act::die: // what a request to an engine that just died gets
+          return caf::make_error(caf::sec::request_receiver_down);
         default:
           return make_error(errc::engine_dirty, st.engine + " holds a partial update");
       }
