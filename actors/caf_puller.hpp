@@ -2,9 +2,11 @@
 // The data plane of last resort: weights through CAF itself. Each engine
 // worker asks the trainer actor for every group of a version (full tensors,
 // one checksummed bucket per group) and slices them with its own loader, as
-// in broadcast mode. Works wherever the middleman reaches (it is what
-// `rlsync node` uses until the UCX backend serves the topology's `ucx`), at
-// CAF's ~0.6 GB/s and tp times the bytes of a sharded pull.
+// in broadcast mode, whatever mode the pull names (the sink's on_full_group
+// receives them). Works wherever the middleman reaches: `rlsync node` uses
+// it for remote engines when the head runs no UCX producer (any
+// transfer.backend but ucx; with ucx they pull over UCX, ucx_transfer.hpp).
+// Runs at CAF's ~0.6 GB/s and moves tp times the bytes of a sharded pull.
 #include "actors/interfaces.hpp"
 #include "runtime/config/model_config.hpp"
 #include "runtime/transfer/puller.hpp"
@@ -17,6 +19,7 @@ class caf_puller final : public transfer::weight_puller {
 public:
   caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model);
 
+  /// No plans needed: the trainer sends whole groups, each worker slices them.
   void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
   void unregister_engine(const std::string&) override {}
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
@@ -27,8 +30,9 @@ private:
   trainer_actor trainer_;
   model_config model_;
   /// How long one group may take. A request to a remote actor whose node is
-  /// gone only ever times out (caf-0.17.md §4), so each group gets its own,
-  /// shorter deadline: 2 s plus the largest group at 10 MB/s.
+  /// gone only ever times out (CAF 0.17 answers request_timeout, never
+  /// request_receiver_down), so each group gets its own, shorter deadline:
+  /// 2 s plus the largest group at 10 MB/s.
   std::chrono::milliseconds group_deadline_;
 };
 

@@ -1,5 +1,5 @@
 #pragma once
-// The coordinator: owns membership and runs the sync rounds (DESIGN §3).
+// The coordinator: owns membership and runs the sync rounds.
 //
 // One round at a time, in waves of at most sync.wave_size engines (0: one
 // wave of every engine of the round). Each phase of a wave is fanned out to

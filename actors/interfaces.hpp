@@ -1,8 +1,8 @@
 #pragma once
-// The typed interfaces of rlsync's four actors (DESIGN §2–§5), in one header
+// The typed interfaces of rlsync's four actors, in one header
 // so the whole protocol reads at a glance. One `///` line per interface, one
 // `//` line per handler. Replies are declared for every request: a handler
-// without one would answer with an empty message (caf-0.17.md §12).
+// without one would answer with an empty message (CAF 0.17 does not refuse it).
 #include "actors/type_ids.hpp"
 #include "runtime/base/dtype.hpp"
 
@@ -32,7 +32,8 @@ using version_listener_actor = caf::typed_actor<
   // version v is ready to be pulled
   caf::reacts_to<version_atom, version_info>>;
 
-/// One rollout engine (all its tensor-parallel workers) — DESIGN §2.
+/// One rollout engine (all its tensor-parallel workers), with vLLM's pause and
+/// weight-update semantics.
 using rollout_engine_actor = caf::typed_actor<
   // pause(mode, clear_cache); replies at idle, after every earlier token was delivered
   caf::replies_to<pause_atom, pause_request>::with<pause_report>,
@@ -57,7 +58,7 @@ using rollout_engine_actor = caf::typed_actor<
   // checksums of the weights served now, to verify them against the trainer's
   caf::replies_to<digest_atom>::with<weight_digest>>::extend_with<heartbeat_actor>;
 
-/// The trainer and its WeightSource — DESIGN §5.
+/// The trainer and its weight source: parameter metadata, versions, groups.
 using trainer_actor = caf::typed_actor<
   // metadata of every parameter: name, dtype, full shape
   caf::replies_to<meta_atom>::with<std::vector<tensor_meta>>,
@@ -76,7 +77,7 @@ using trainer_actor = caf::typed_actor<
   // version then published; frozen and idle: at once; a failed step: an error
   caf::replies_to<step_atom>::with<version_info>>::extend_with<heartbeat_actor>;
 
-/// Routes generation requests to live, current replicas — DESIGN §4.
+/// Routes generation requests to live, current replicas.
 using router_actor = caf::typed_actor<
   // route a request; tokens stream to the sink, the reply is the finished request
   caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
@@ -92,7 +93,7 @@ using router_actor = caf::typed_actor<
   caf::reacts_to<version_atom, version_info>,
   caf::replies_to<status_atom>::with<router_status>>::extend_with<heartbeat_actor>;
 
-/// Runs the sync rounds and owns membership — DESIGN §3.
+/// Runs the sync rounds and owns membership.
 using coordinator_actor = version_listener_actor::extend<
   // an engine joins (or rejoins after a restart); it stays unroutable until synced
   caf::replies_to<register_atom, engine_info, rollout_engine_actor>::with<registration>,

@@ -1,6 +1,6 @@
 #pragma once
 // The rollout-engine actor: one built-in engine (all its tp workers) behind
-// the rollout_engine_actor interface (DESIGN §2).
+// the rollout_engine_actor interface.
 //
 // The engine core is single-threaded; this actor owns it and is its only
 // caller. Generation advances by `step` messages the actor sends itself, one
@@ -27,7 +27,7 @@
 
 namespace rlsync {
 
-/// Faults a drill injects into an in-process engine (DESIGN §6), shared
+/// Faults a drill injects into an in-process engine, shared
 /// between the engine actor and the drill runner; thread-safe.
 struct engine_fault_gate {
   /// Cut off: every message from outside is dropped unanswered and the

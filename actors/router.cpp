@@ -210,9 +210,10 @@ void on_engine_error(router_ptr self, std::uint64_t ticket, std::uint32_t attemp
   auto it = st.running.find(ticket);
   if (it == st.running.end() || it->second.attempts != attempt)
     return;
-  if (is(err, errc::engine_dirty)) {
-    // A replica that refuses at once would otherwise draw every request, having
-    // the fewest outstanding. The coordinator makes it routable after a sync.
+  if (is(err, errc::engine_dirty) || err == caf::sec::request_receiver_down) {
+    // A replica that refuses at once, or is gone before its down message
+    // arrived, would otherwise draw every request, having the fewest
+    // outstanding. The coordinator makes it routable after a sync.
     if (auto r = find_replica(st, it->second.engine_name))
       r->routable = false;
   }

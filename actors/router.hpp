@@ -1,5 +1,5 @@
 #pragma once
-// The router (DESIGN §4): routes generation requests to routable replicas at
+// The router: routes generation requests to routable replicas at
 // a current version, queues them (bounded, with a deadline) while none can
 // serve, and relays each engine's final answer back to its requester.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The trainer (DESIGN §5): publishes weight versions from its WeightSource
+// The trainer: publishes weight versions from its WeightSource
 // and serves them. It never computes on its mailbox: each step's version
 // (a perturbation, or a poll of a checkpoint directory) runs as a job on a
 // job_runner, which reports back with a message; at most one is in flight.

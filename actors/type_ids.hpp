@@ -15,7 +15,10 @@
 
 namespace rlsync {
 
-// -- errors (declared first: see caf-0.17.md §9 on has_make_error) ----------
+// -- errors ------------------------------------------------------------------
+// make_error(errc) is declared before anything compares an error with an
+// errc: CAF 0.17 caches has_make_error<errc> as false at the first such
+// comparison, and `err == errc::x` then no longer compiles.
 
 constexpr caf::atom_value error_category = caf::atom("rlsync");
 

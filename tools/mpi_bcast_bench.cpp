@@ -1,4 +1,4 @@
-// rlsync-mpi-bcast: the classic broadcast baseline of DESIGN §8.
+// rlsync-mpi-bcast: the classic broadcast baseline rlsync bench sync compares with.
 //
 // Every figure rlsync reports sits next to a baseline; for weight sync the classic one is
 // a plain MPI_Bcast of the whole weights from the trainer (rank 0) to every engine.

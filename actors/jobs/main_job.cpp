@@ -1,11 +1,9 @@
 #include "actors/jobs/main_job.hpp"
 
 #include "actors/assembly/local_deployment.hpp"
+#include "actors/jobs/job_report.hpp"
 #include "actors/jobs/speed_of_light.hpp"
-#include "runtime/base/json.hpp"
-#include "runtime/base/stats.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
-#include "runtime/control/round_figures.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -17,7 +15,6 @@
 #include <fstream>
 #include <future>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 namespace rlsync::jobs {
@@ -29,24 +26,6 @@ using clock_type = std::chrono::steady_clock;
 std::atomic<bool> interrupted{false};
 
 extern "C" void on_sigint(int) { interrupted = true; }
-
-double ms(std::uint64_t ns) { return ns / 1e6; }
-
-std::string fixed(double x, int digits = 1) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(digits);
-  os << x;
-  return os.str();
-}
-
-struct sync_figures {
-  double stall_ms, transfer_ms, gbps, control_ms;
-};
-
-sync_figures figures(const sync_report& r) {
-  return {ms(r.stall_ns), ms(r.transfer_ns), transfer_gbps(r.bytes, r.transfer_ns), ms(r.control_ns)};
-}
 
 /// Serialises writes to stderr from the coordinator's and the driver's threads.
 class console {
@@ -159,7 +138,7 @@ void job_console::on_sync(const sync_report& r) {
     line("sync " + std::to_string(n) + " v" + std::to_string(r.version) + ": every engine already current");
     return;
   }
-  auto f = figures(r);
+  auto f = figures_of(r);
   std::string text = "sync " + std::to_string(n) + " v" + std::to_string(r.version) + (cold ? " (cold)" : "")
                      + ": " + std::to_string(r.engines_synced) + " engines, stall " + fixed(f.stall_ms)
                      + " ms, transfer " + fixed(f.transfer_ms) + " ms, " + fixed(f.gbps, 2) + " GB/s ("
@@ -259,111 +238,28 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
 
   auto end = finish_job(sys, t, h);
-  const auto& last = end.last;
-  const auto& last_error = end.error;
-  const auto& checks = end.checks;
-  const auto& status = end.status;
-  std::vector<sync_report> all = out.reports();
-  std::vector<double> stall, transfer, gbps, control;
-  std::size_t evictions = 0;
-  // The cold sync (the first that moved weights) is reported apart; empty
-  // rounds moved nothing.
-  auto cold_at = std::find_if(all.begin(), all.end(), [](const sync_report& r) { return r.engines_synced > 0; });
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    evictions += all[i].evicted.size();
-    if (all.begin() + static_cast<std::ptrdiff_t>(i) == cold_at || all[i].engines_synced == 0)
-      continue;
-    auto f = figures(all[i]);
-    stall.push_back(f.stall_ms);
-    transfer.push_back(f.transfer_ms);
-    gbps.push_back(f.gbps);
-    control.push_back(f.control_ms);
-  }
-  bool weights_ok = !checks.empty();
-  for (auto& c : checks)
-    weights_ok = weights_ok && c.ok();
-
-  std::ostringstream s;
-  s << "\n== rlsync run " << path << (interrupted ? " (interrupted)" : "") << "\n";
-  s << "requests: " << w.prompts << " — " << result.completed << " completed, " << result.failed << " failed, "
-    << result.rejected << " rejected, " << result.not_sent << " not sent\n";
-  s << "tokens: " << result.tokens << " in " << fixed(seconds) << " s (" << fixed(result.tokens / seconds)
-    << " tokens/s), " << result.stale_kv_tokens << " over stale KV; by version:";
-  for (auto& [v, n] : result.tokens_by_version)
-    s << " v" << v << "=" << n;
-  s << "\n";
-  s << "syncs: " << all.size() << ", evictions: " << evictions;
-  if (cold_at != all.end()) {
-    auto cold = figures(*cold_at);
-    s << "\n  cold sync: stall " << fixed(cold.stall_ms) << " ms, transfer " << fixed(cold.transfer_ms) << " ms, "
-      << fixed(cold.gbps, 2) << " GB/s";
-  }
-  if (!stall.empty())
-    s << "\n  median of " << stall.size() << " warm syncs: stall " << fixed(median(stall)) << " ms, transfer "
-      << fixed(median(transfer)) << " ms, " << fixed(median(gbps), 2) << " GB/s (" << fixed(100 * median(gbps) / memcpy_gbps)
-      << "% of memcpy " << fixed(memcpy_gbps) << " GB/s), control " << fixed(median(control)) << " ms";
-  s << "\nweights after the last sync (v" << (last ? last->version : 0) << "):";
-  if (!last_error.empty())
-    s << " last sync failed: " << last_error;
-  for (auto& c : checks) {
-    s << "\n  " << c.engine << " v" << c.version << ": ";
-    if (c.ok())
-      s << "byte-identical to the trainer (" << c.shards << " parameter shards)";
-    else if (!c.error.empty())
-      s << "NOT VERIFIED: " << c.error;
-    else if (c.dirty)
-      s << "DIRTY";
-    else
-      s << c.mismatched << " of " << c.shards << " shards DIFFER";
-  }
-  for (auto& e : result.errors)
-    s << "\n  error: " << e;
-  if (status.below_min_live_events > 0)
-    s << "\nALERT: engines live and serving within sync.staleness fell below sync.min_live_engines (" << t.sync.min_live_engines << ") "
-      << status.below_min_live_events << " times; retired: " << status.retired.size();
-  s << "\n";
-  std::cout << s.str() << std::flush;
-
-  if (auto file = json_file) {
-    std::ostringstream j;
-    j << "{\"topology\": " << json_quote(path) << ", \"interrupted\": " << (interrupted ? "true" : "false")
-      << ", \"requests\": {\"total\": " << w.prompts << ", \"completed\": " << result.completed
-      << ", \"failed\": " << result.failed << ", \"rejected\": " << result.rejected << ", \"not_sent\": "
-      << result.not_sent << "}, \"tokens\": {\"total\": " << result.tokens << ", \"stale_kv\": "
-      << result.stale_kv_tokens << ", \"by_version\": {";
-    bool first = true;
-    for (auto& [v, n] : result.tokens_by_version) {
-      j << (first ? "" : ", ") << "\"" << v << "\": " << n;
-      first = false;
-    }
-    j << "}}, \"seconds\": " << seconds << ", \"memcpy_gbps\": " << memcpy_gbps << ", \"syncs\": [";
-    for (std::size_t i = 0; i < all.size(); ++i) {
-      auto f = figures(all[i]);
-      j << (i ? ", " : "") << "{\"version\": " << all[i].version << ", \"engines\": " << all[i].engines_synced
-        << ", \"stall_ms\": " << f.stall_ms << ", \"transfer_ms\": " << f.transfer_ms << ", \"bytes\": "
-        << all[i].bytes << ", \"gbps\": " << f.gbps << ", \"control_ms\": " << f.control_ms << ", \"evicted\": [";
-      for (std::size_t k = 0; k < all[i].evicted.size(); ++k)
-        j << (k ? ", " : "") << json_quote(all[i].evicted[k]);
-      j << "]}";
-    }
-    j << "], \"weights\": [";
-    for (std::size_t i = 0; i < checks.size(); ++i)
-      j << (i ? ", " : "") << "{\"engine\": " << json_quote(checks[i].engine) << ", \"version\": "
-        << checks[i].version << ", \"identical\": " << (checks[i].ok() ? "true" : "false") << ", \"shards\": "
-        << checks[i].shards << ", \"mismatched\": " << checks[i].mismatched << ", \"error\": "
-        << json_quote(checks[i].error) << "}";
-    j << "], \"weights_verified\": " << (weights_ok ? "true" : "false") << "}\n";
-    std::ofstream f(*file);
-    f << j.str();
+  job_outcome o;
+  o.label = path;
+  o.interrupted = interrupted;
+  o.requests = w.prompts;
+  o.workload = std::move(result);
+  o.seconds = seconds;
+  o.memcpy_gbps = memcpy_gbps;
+  o.syncs = out.reports();
+  o.last = end.last;
+  o.last_error = end.error;
+  o.checks = end.checks;
+  o.min_live_engines = t.sync.min_live_engines;
+  o.below_min_live_events = end.status.below_min_live_events;
+  o.retired = end.status.retired.size();
+  std::cout << job_summary_text(o) << std::flush;
+  if (json_file) {
+    std::ofstream f(*json_file);
+    f << job_summary_json(o);
     if (!f)
-      std::cerr << "rlsync run: cannot write " << *file << "\n";
+      std::cerr << "rlsync run: cannot write " << *json_file << "\n";
   }
-  if (interrupted)
-    return 130;
-  if (status.below_min_live_events > 0)
-    return 3; // the fleet was too small for a while: the run's figures do not stand
-  bool all_served = result.completed == w.prompts && result.failed == 0 && result.rejected == 0;
-  return all_served && weights_ok && result.stream_mismatches == 0 ? 0 : 1;
+  return job_exit_status(o);
 }
 
 } // namespace rlsync::jobs

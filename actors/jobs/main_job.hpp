@@ -2,8 +2,9 @@
 // The main job, shared by `rlsync run` (one process) and `rlsync node` on a
 // cluster's head node: drive the rollout workload through the router while
 // the trainer produces versions and the coordinator syncs, print one line per
-// sync with DESIGN §8's four figures, then stop the trainer, run one last
-// round, verify every engine's weights against the trainer's, and summarise.
+// sync with its four figures (stall, transfer, GB/s, control), then stop the
+// trainer, run one last round, verify every engine's weights against the
+// trainer's, and summarise.
 #include "actors/assembly/verify_weights.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/workload.hpp"

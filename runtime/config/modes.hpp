@@ -9,7 +9,7 @@
 
 namespace rlsync {
 
-/// How `pause` treats running requests (DESIGN §2).
+/// How `pause` treats running requests, as in vLLM.
 enum class pause_mode : std::uint8_t {
   abort, ///< paused_new; running requests aborted, partial output returned
   wait,  ///< paused_new; running requests run to completion

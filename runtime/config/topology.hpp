@@ -125,7 +125,7 @@ struct transfer_spec {
   std::vector<ucx_transport> ucx_transports; // empty = UCX decides
 };
 
-/// Per-phase deadlines of a sync round (DESIGN.md §3).
+/// Per-phase deadlines of a sync round.
 struct sync_deadlines {
   milliseconds pause{5000};
   milliseconds flush{1000};

@@ -1,5 +1,5 @@
 #pragma once
-// The values the four actors exchange (DESIGN §2–§5). Plain structs, no CAF:
+// The values the four actors exchange. Plain structs, no CAF:
 // runtime/ code builds and tests them without an actor system. Their CAF
 // `inspect` overloads, type IDs and atoms live in actors/type_ids.hpp.
 //
@@ -190,7 +190,8 @@ struct version_info {
   std::uint64_t total_bytes = 0;
 };
 
-/// The coordinator's record of one sync round (DESIGN §8's four figures).
+/// The coordinator's record of one sync round: stall, transfer, bytes (for
+/// the effective bandwidth) and control-plane overhead.
 struct sync_report {
   std::uint64_t version = 0;
   std::uint32_t engines_synced = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// The router's choice of replica (DESIGN §4) as pure functions over values,
+// The router's choice of replica as pure functions over values,
 // so that every policy is tested row by row without an actor system.
 // actors/router.* keeps the routing table and calls these.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// The bookkeeping of one sync round (DESIGN §3) as a pure state machine: who
+// The bookkeeping of one sync round as a pure state machine: who
 // is still in the round, which wave is syncing, whom the current phase still
 // waits on, and when the barrier is reached. No actors, no clocks: the
 // coordinator (actors/coordinator.cpp) feeds it acknowledgements and

@@ -124,7 +124,9 @@ invariant_result throughput_back(const drill_observation& o) {
           + num(100.0 * (1.0 - o.throughput_tolerance)) + "% needed)";
   else
     ev += " (nothing measured before the fault)";
-  return {"throughput back to its pre-fault level", held, ev};
+  if (!o.judge_throughput)
+    ev += "; reported, not judged";
+  return {"throughput back to its pre-fault level", held, ev, o.judge_throughput};
 }
 
 invariant_result min_live(const drill_observation& o) {

@@ -1,5 +1,5 @@
 #pragma once
-// The final check of a drill (DESIGN §6), as a pure function over what the
+// The final check of a drill, as a pure function over what the
 // drill observed: FoundationDB's "workload, faults, then a check". Each
 // invariant comes back held or violated with its evidence, so that a report
 // says why, not just whether. tools/cmd_drill.cpp gathers the observation.
@@ -49,15 +49,18 @@ struct drill_observation {
   double throughput_before = 0;
   double throughput_after = 0;
   double throughput_tolerance = 0.10; ///< "within 10% of its pre-fault level"
+  /// False: the throughput invariant is reported with its figures but not
+  /// judged (a shared CI machine's neighbours move tokens/s more than 10%).
+  bool judge_throughput = true;
 };
 
-/// Every invariant of DESIGN §6, in a fixed order:
+/// Every invariant of the fault model, in a fixed order:
 ///  1. every request finished or was explicitly rejected
 ///  2. no token lost or duplicated in any stream
 ///  3. every live engine on the same version, with the trainer's weights
 ///  4. no token produced by a dirty engine
 ///  5. rejoined replicas are current
-///  6. throughput back to its pre-fault level
+///  6. throughput back to its pre-fault level (not judged unless judge_throughput)
 ///  7. live engines never below sync.min_live_engines
 std::vector<invariant_result> check_drill(const drill_observation& o);
 

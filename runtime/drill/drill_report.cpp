@@ -25,8 +25,8 @@ std::string_view to_string(lane_state s) {
 }
 
 bool drill_record::passed() const {
-  return !invariants.empty()
-         && std::all_of(invariants.begin(), invariants.end(), [](auto& i) { return i.held; });
+  return std::any_of(invariants.begin(), invariants.end(), [](auto& i) { return i.judged; })
+         && std::all_of(invariants.begin(), invariants.end(), [](auto& i) { return i.held || !i.judged; });
 }
 
 namespace {
@@ -83,7 +83,7 @@ std::string drill_report_json(const drill_record& r) {
        return {{"name", f.name}, {"value", f.value}, {"unit", f.unit}, {"target", f.target}};
      })},
     {"invariants", rows(r.invariants, [](auto& i) -> ordered_json {
-       return {{"name", i.name}, {"held", i.held}, {"evidence", i.evidence}};
+       return {{"name", i.name}, {"held", i.held}, {"judged", i.judged}, {"evidence", i.evidence}};
      })},
     {"marks", rows(r.marks, [](auto& m) -> ordered_json {
        return {{"at_ms", m.at_ms}, {"kind", m.kind}, {"label", m.label}};
@@ -183,6 +183,7 @@ h1 { margin-bottom: 0.2em; }
 .verdict { font-size: 2.5em; font-weight: bold; margin: 0.1em 0 0.4em; }
 .verdict.passed, td.held { color: #1e7b34; }
 .verdict.failed, td.violated { color: #b3261e; }
+td.reported { color: #6b6b6b; }
 .meta { color: #666; }
 table { border-collapse: collapse; margin-bottom: 1em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.7em; text-align: left; vertical-align: top; }
@@ -378,7 +379,9 @@ std::string drill_report_html(const drill_record& r) {
     h += "<table>\n<tr><th>Invariant</th><th>Result</th><th>Evidence</th></tr>\n";
     for (auto& i : r.invariants)
       h += "<tr><td>" + esc(i.name) + "</td>"
-           + (i.held ? "<td class=\"held\">held</td>" : "<td class=\"violated\">violated</td>")
+           + (!i.judged ? "<td class=\"reported\">reported, not judged</td>"
+              : i.held  ? "<td class=\"held\">held</td>"
+                        : "<td class=\"violated\">violated</td>")
            + "<td>" + esc(i.evidence) + "</td></tr>\n";
     h += "</table>\n";
   }

@@ -1,7 +1,7 @@
 #pragma once
 // The built-in rollout engine: a continuous-batching scheduler over the
 // tensor-parallel model, with vLLM's pause/resume and weight-update
-// semantics (DESIGN §2). Single-threaded by contract: one owner thread calls
+// semantics. Single-threaded by contract: one owner thread calls
 // every method (the model runs its own tp workers inside a step). Callbacks
 // run synchronously on that thread, so a token has been handed to its
 // requester before the call that produced it returns — which is what lets
@@ -114,7 +114,7 @@ public:
   /// True when step() would make progress.
   bool has_work() const;
 
-  // -- pause and resume (DESIGN §2) -------------------------------------------
+  // -- pause and resume (vLLM's semantics) -----------------------------------
 
   /// Starts a pause. abort: every request known now is aborted at once
   /// (partial outputs delivered); wait: running requests run to completion;

@@ -1,9 +1,9 @@
 #pragma once
 // The engine's weight loader: one function per checkpoint parameter (Hugging
 // Face Llama names), written once against weight_view, so that the same code
-// loads real bytes and records sharding plans (plan.hpp).
+// loads real bytes and records sharding plans (recording.hpp).
 //
-// For each checkpoint tensor it walks DESIGN §5's steps for one worker:
+// For each checkpoint tensor it walks the weight lifecycle for one worker:
 //   (1) fuse       q/k/v land in one qkv_proj, gate/up in one gate_up_proj,
 //                  at their row offsets in the fused parameter
 //   (2) relayout   HF Linear weights are [out, in], the engine's layout too;

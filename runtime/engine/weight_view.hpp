@@ -22,7 +22,7 @@
 
 namespace rlsync::engine {
 
-/// Steps 6 and 7 of DESIGN §5: converts `count` packed elements of `type` to
+/// Steps 6 and 7 of the weight lifecycle (process, store): converts `count` packed elements of `type` to
 /// fp32 and stores them in `dst` at element `dst_offset`. Throws
 /// std::out_of_range when they do not fit, std::logic_error when `dst` holds
 /// no data (a shape-only parameter).

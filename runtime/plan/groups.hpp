@@ -1,5 +1,5 @@
 #pragma once
-// Parameter groups (DESIGN §5): the unit the data plane moves, packs,
+// Parameter groups: the unit the data plane moves, packs,
 // checksums and pipelines. A group is one transformer block:
 //   group g in [0, L)  model.layers.g.*
 //   group 0            also model.embed_tokens.weight

@@ -1,8 +1,12 @@
 #pragma once
-// The consumer side of a data-plane backend (DESIGN §5): what an engine
-// worker calls to receive one version. `local` (local_transfer.hpp, same
-// process) is the first implementation; `ucx`, `nccl` and `cuda_ipc`
-// implement the same interface across processes and devices.
+// The consumer side of a data-plane backend: what an engine worker calls
+// to receive one version. Three backends implement it: `local`
+// (local/local_transfer.hpp: engines in the trainer's process), `ucx`
+// (ucx/ucx_transfer.hpp: engines in other processes or on other nodes) and
+// the CAF fallback (actors/caf_puller.hpp: whole groups as CAF messages,
+// for remote engines when the head runs no UCX producer). GPU backends
+// (the topology's nccl and cuda_ipc) are future work: the topology refuses
+// them.
 //
 //   engine start:  register_worker(engine, plan)    for each of its workers,
 //                                                    plans from engine::make_plan

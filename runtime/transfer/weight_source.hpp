@@ -1,5 +1,5 @@
 #pragma once
-// The trainer side of the data plane (DESIGN §5): a WeightSource gives the
+// The trainer side of the data plane: a WeightSource gives the
 // parameters' metadata (name, dtype, full shape), their bytes group by group
 // (groups.hpp), and the names it holds (a trainer rank under pipeline
 // parallelism holds only some layers).
@@ -91,9 +91,9 @@ private:
 
 using snapshot_ptr = std::shared_ptr<const weight_snapshot>;
 
-/// DESIGN §5's WeightSource. advance() is the only producing call; it may
-/// take long (it computes or maps a whole version) and must run off any
-/// actor's mailbox, one call at a time. Everything else is thread-safe and
+/// What every backend's producer reads. advance() is the only producing
+/// call; it may take long (it computes or maps a whole version) and must run
+/// off any actor's mailbox, one call at a time. Everything else is thread-safe and
 /// cheap, so transfers can look versions up while advance() runs.
 class weight_source {
 public:

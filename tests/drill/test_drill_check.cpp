@@ -92,3 +92,33 @@ TEST_CASE("drill check: each fault in the observation breaks its invariant") {
     }
   }
 }
+
+TEST_CASE("drill check: throughput reported, not judged") {
+  struct row {
+    double before, after;
+    bool held;
+  };
+  const row rows[] = {{1000, 950, true}, {1000, 899, false}, {0, 500, false}};
+  for (auto& r : rows) {
+    CAPTURE(r.before);
+    CAPTURE(r.after);
+    auto o = healthy();
+    o.throughput_before = r.before;
+    o.throughput_after = r.after;
+    o.judge_throughput = false;
+    auto results = check_drill(o);
+    REQUIRE(results.size() == 7);
+    CHECK_FALSE(results[5].judged);
+    CHECK(results[5].held == r.held); // the figure still says whether it came back
+    CHECK(results[5].evidence.find("reported, not judged") != std::string::npos);
+    for (std::size_t i = 0; i < results.size(); ++i)
+      if (i != 5)
+        CHECK(results[i].judged);
+    drill_record rec;
+    rec.invariants = results;
+    CHECK(rec.passed()); // every judged invariant held
+    o.judge_throughput = true;
+    rec.invariants = check_drill(o);
+    CHECK(rec.passed() == r.held);
+  }
+}

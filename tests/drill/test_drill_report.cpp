@@ -147,6 +147,36 @@ TEST_CASE("drill report: passed means every invariant held, and at least one was
   CHECK_FALSE(r.passed());
 }
 
+TEST_CASE("drill report: an invariant not judged never fails the drill, nor passes it alone") {
+  struct row {
+    const char* what;
+    std::vector<invariant_result> invariants;
+    bool passed;
+  };
+  const row rows[] = {
+    {"held and reported, not held", {{"a", true, ""}, {"t", false, "89%", false}}, true},
+    {"held and reported, held", {{"a", true, ""}, {"t", true, "99%", false}}, true},
+    {"violated and reported", {{"a", false, ""}, {"t", true, "99%", false}}, false},
+    {"only reported", {{"t", true, "99%", false}}, false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    drill_record rec;
+    rec.invariants = r.invariants;
+    CHECK(rec.passed() == r.passed);
+  }
+  drill_record rec;
+  rec.invariants = {{"a", true, ""}, {"throughput back", false, "89%", false}};
+  auto json = nlohmann::json::parse(drill_report_json(rec));
+  CHECK(json["passed"] == true);
+  CHECK(json["invariants"][0]["judged"] == true);
+  CHECK(json["invariants"][1]["judged"] == false);
+  CHECK(json["invariants"][1]["held"] == false);
+  auto html = drill_report_html(rec);
+  CHECK(html.find("reported, not judged") != std::string::npos);
+  CHECK(html.find("class=\"violated\"") == std::string::npos);
+}
+
 TEST_CASE("drill report: JSON parses and carries the record") {
   auto r = sample();
   r.figures.push_back({"not measured", std::numeric_limits<double>::infinity(), "ms", ""});

@@ -1,5 +1,5 @@
 // The engine core: continuous batching, streaming, bounded queues, the
-// prefix cache, pause/resume exactly as DESIGN §2, the weight-update session,
+// prefix cache, pause/resume exactly as vLLM's, the weight-update session,
 // and the seed documents' correctness check (pause, update, resume).
 #include "tests/support/engine_fixtures.hpp"
 

@@ -23,10 +23,12 @@ for mode in sharded broadcast; do
 done
 # Sharded moves less than broadcast: tp 2 shards about halve the bytes each
 # engine receives (the cold sync may take one engine or both: compare per engine).
+# The JSON is pretty-printed: flattened to one line to read the first round.
 per_engine() {
-  local e b
-  e=$(sed -n 's/.*"syncs": \[{[^}]*"engines": \([0-9]*\).*/\1/p' "$1")
-  b=$(sed -n 's/.*"syncs": \[{[^}]*"bytes": \([0-9]*\).*/\1/p' "$1")
+  local flat e b
+  flat=$(tr -d ' \n' < "$1")
+  e=$(sed -n 's/.*"syncs":\[{[^}]*"engines":\([0-9]*\).*/\1/p' <<<"$flat")
+  b=$(sed -n 's/.*"syncs":\[{[^}]*"bytes":\([0-9]*\).*/\1/p' <<<"$flat")
   [ -n "$e" ] && [ "$e" -gt 0 ] && echo $((b / e))
 }
 sb=$(per_engine "$dir/sharded.json")

@@ -61,7 +61,8 @@ for n in a b; do # every connection to the producer said which transport it uses
     || { cat "$dir/$n.log"; echo "FAIL: engine-node-$n did not pull over UCX/tcp"; exit 1; }
   ! grep "connected to producer" "$dir/$n.log" | grep -v "\[tcp\]" || { echo "FAIL: a connection not over tcp"; exit 1; }
 done
-syncs=$(grep -o '"engines": [1-9][0-9]*, "stall_ms": [0-9.e+-]*, "transfer_ms": [0-9.e+-]*, "bytes": [1-9]' "$dir/three.json" | wc -l)
+syncs=$(tr -d ' \n' < "$dir/three.json" \
+        | grep -o '"engines":[1-9][0-9]*,"stall_ms":[0-9.e+-]*,"transfer_ms":[0-9.e+-]*,"bytes":[1-9]' | wc -l)
 [ "$syncs" -ge 3 ] || { cat "$dir/three.json"; echo "FAIL: only $syncs syncs moved weights"; exit 1; }
 echo "$syncs syncs moved weights" 
 grep "byte-identical" "$dir/head.log"

@@ -1,5 +1,5 @@
 #pragma once
-// The `local` data-plane backend (DESIGN §5): engine workers in the trainer's
+// The `local` data-plane backend: engine workers in the trainer's
 // process pull a version straight from its WeightSource.
 //
 // Streams. Packed bytes depend only on (tp, worker), not on the replica, so

@@ -1,0 +1,133 @@
+#include "actors/jobs/drill_faults.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace rlsync::jobs {
+
+std::string fault_label(const fault_spec& f) {
+  std::string s = std::string(to_string(f.action)) + " " + f.target;
+  if (f.at_sync)
+    s += " (sync " + std::to_string(*f.at_sync) + " "
+         + (f.phase == sync_phase::resume ? std::string("continue") : std::string(to_string(f.phase))) + ")";
+  else if (f.at)
+    s += " (at " + std::to_string(f.at->count()) + " ms)";
+  if (f.duration)
+    s += " for " + std::to_string(f.duration->count()) + " ms";
+  return s;
+}
+
+std::string unsupported_fault(const fault_spec& f) {
+  if (f.target_kind == fault_target::node && (f.action == fault_action::kill || f.action == fault_action::restart))
+    return std::string(to_string(f.action)) + " of a whole node needs the multi-process drill; target its engines";
+  return {};
+}
+
+bool fault_has_end(const fault_spec& f) {
+  if (!f.duration)
+    return false;
+  if (f.target_kind == fault_target::engine || f.target_kind == fault_target::node)
+    return true;
+  return f.action == fault_action::kill;
+}
+
+std::string refuse_drill(const topology& t) {
+  if (t.drill.faults.empty())
+    return "no drill.faults: nothing to rehearse (see configs/drills/)";
+  for (std::size_t i = 0; i < t.drill.faults.size(); ++i)
+    if (auto why = unsupported_fault(t.drill.faults[i]); !why.empty())
+      return "drill.faults[" + std::to_string(i) + "]: " + why;
+  return {};
+}
+
+fault_schedule::fault_schedule(std::vector<fault_spec> faults) {
+  faults_.reserve(faults.size());
+  for (auto& f : faults)
+    faults_.push_back({std::move(f)});
+}
+
+std::vector<std::size_t> fault_schedule::take_at_phase(std::uint64_t round, sync_phase phase) {
+  std::vector<std::size_t> due;
+  for (std::size_t i = 0; i < faults_.size(); ++i) {
+    auto& f = faults_[i];
+    if (!f.queued && f.spec.at_sync && *f.spec.at_sync >= 0 && static_cast<std::uint64_t>(*f.spec.at_sync) == round
+        && f.spec.phase == phase) {
+      f.queued = true;
+      due.push_back(i);
+    }
+  }
+  return due;
+}
+
+std::vector<std::size_t> fault_schedule::take_due_by(duration elapsed) {
+  std::vector<std::size_t> due;
+  for (std::size_t i = 0; i < faults_.size(); ++i) {
+    auto& f = faults_[i];
+    if (!f.queued && f.spec.at && elapsed >= *f.spec.at) {
+      f.queued = true;
+      due.push_back(i);
+    }
+  }
+  return due;
+}
+
+void fault_schedule::settle(std::size_t i, bool fired) {
+  auto& f = faults_.at(i);
+  f.queued = true;
+  f.fired = true;
+  f.skipped = !fired;
+}
+
+bool fault_schedule::landed(const std::vector<std::size_t>& due) const {
+  return std::all_of(due.begin(), due.end(), [&](std::size_t i) {
+    return faults_.at(i).fired || faults_.at(i).spec.action == fault_action::restart;
+  });
+}
+
+bool fault_schedule::all_settled() const {
+  return std::all_of(faults_.begin(), faults_.end(), [](const pending& f) { return f.fired; });
+}
+
+void fault_schedule::end_at(std::size_t i, duration at) {
+  if (i >= faults_.size())
+    throw std::out_of_range("fault_schedule::end_at: no fault " + std::to_string(i));
+  if (std::any_of(ends_.begin(), ends_.end(), [&](const end& e) { return e.fault == i; }))
+    return; // a fault ends once
+  ends_.push_back({at, i});
+}
+
+std::vector<std::size_t> fault_schedule::take_ends_due(duration elapsed) {
+  std::vector<end> due;
+  for (auto e = ends_.begin(); e != ends_.end();) {
+    if (elapsed >= e->at) {
+      due.push_back(*e);
+      e = ends_.erase(e);
+    } else {
+      ++e;
+    }
+  }
+  std::stable_sort(due.begin(), due.end(), [](const end& a, const end& b) { return a.at < b.at; });
+  std::vector<std::size_t> out;
+  for (auto& e : due)
+    out.push_back(e.fault);
+  return out;
+}
+
+std::vector<std::size_t> fault_schedule::never_fired() const {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < faults_.size(); ++i)
+    if (!faults_[i].fired)
+      out.push_back(i);
+  return out;
+}
+
+invariant_result fault_schedule::fired_invariant() const {
+  bool held = std::all_of(faults_.begin(), faults_.end(), [](const pending& f) { return f.fired && !f.skipped; });
+  std::string evidence;
+  for (std::size_t i = 0; i < faults_.size(); ++i)
+    evidence += (i ? "; " : "") + fault_label(faults_[i].spec)
+                + (faults_[i].skipped ? ": skipped (not in one process)" : faults_[i].fired ? ": fired" : ": NEVER FIRED");
+  return {"every scheduled fault fired", held, evidence};
+}
+
+} // namespace rlsync::jobs

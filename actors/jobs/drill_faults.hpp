@@ -1,0 +1,94 @@
+#pragma once
+// The faults of a drill as values: their labels, which ones one process
+// cannot stage, and when each is due. The runner fires them; this only keeps
+// the books, so the ordering rules can be tested without actors.
+#include "runtime/config/topology.hpp"
+#include "runtime/drill/drill_report.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlsync::jobs {
+
+/// "kill rollout-0 (sync 16 transfer) for 1500 ms", "partition rollout-1 (at 4500 ms)".
+std::string fault_label(const fault_spec& f);
+
+/// Why one process cannot stage `f` (a whole node's kill or restart), or empty.
+std::string unsupported_fault(const fault_spec& f);
+
+/// Whether `f` ends after its duration: an engine's or a node's fault heals
+/// (partition, delay_acks) or restarts what it killed; the router, the
+/// coordinator or the trainer killed is restarted. False without a duration.
+bool fault_has_end(const fault_spec& f);
+
+/// Why the drill in `t` cannot run in one process, or empty:
+/// "no drill.faults: ..." or "drill.faults[I]: why".
+std::string refuse_drill(const topology& t);
+
+/// Where every fault of a drill stands: handed over (queued), fired or
+/// skipped, and the ends (heal, restart) of the ones with a duration. Times
+/// are measured from the start of the workload. Not thread-safe: the runner
+/// holds its lock around every call.
+class fault_schedule {
+public:
+  using duration = std::chrono::steady_clock::duration;
+
+  explicit fault_schedule(std::vector<fault_spec> faults);
+
+  std::size_t size() const { return faults_.size(); }
+  const fault_spec& spec(std::size_t i) const { return faults_.at(i).spec; }
+  bool fired(std::size_t i) const { return faults_.at(i).fired; }
+  bool skipped(std::size_t i) const { return faults_.at(i).skipped; }
+
+  /// The faults due as `phase` of round `round` goes out, in their order in
+  /// the drill; each is handed over once.
+  std::vector<std::size_t> take_at_phase(std::uint64_t round, sync_phase phase);
+
+  /// The faults with a time (at_ms) due by `elapsed`, in their order in the
+  /// drill; each is handed over once.
+  std::vector<std::size_t> take_due_by(duration elapsed);
+
+  /// Fault i was dealt with: fired, or skipped (`fired` false).
+  void settle(std::size_t i, bool fired);
+
+  /// Whether the coordinator's hook may stop waiting for `due`: each fired or
+  /// was skipped, or is a restart (which needs that coordinator to register).
+  bool landed(const std::vector<std::size_t>& due) const;
+
+  /// Every fault was dealt with (fired or skipped).
+  bool all_settled() const;
+
+  /// Fault i ends (heals, restarts what it killed) at `at`.
+  void end_at(std::size_t i, duration at);
+
+  /// The ends due by `elapsed`, earliest first (ties in the order
+  /// scheduled); each is handed out once.
+  std::vector<std::size_t> take_ends_due(duration elapsed);
+
+  bool ends_pending() const { return !ends_.empty(); }
+
+  /// The faults never dealt with (their round did not come).
+  std::vector<std::size_t> never_fired() const;
+
+  /// "every scheduled fault fired", with each fault's label and fate.
+  invariant_result fired_invariant() const;
+
+private:
+  struct pending {
+    fault_spec spec;
+    bool queued = false;
+    bool fired = false;
+    bool skipped = false;
+  };
+  struct end {
+    duration at;
+    std::size_t fault;
+  };
+  std::vector<pending> faults_;
+  std::vector<end> ends_; ///< at most one per fault
+};
+
+} // namespace rlsync::jobs

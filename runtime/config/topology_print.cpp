@@ -1,0 +1,204 @@
+// Printing a resolved topology as YAML (`rlsync validate`): defaults filled
+// in, replicas expanded, sizes in bytes, and the model's derived dimensions.
+#include "runtime/config/topology.hpp"
+
+#include "runtime/config/topology_names.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+
+namespace rlsync {
+
+using namespace topology_names;
+
+namespace {
+
+// Parameters of a Llama-style decoder without biases: embeddings, per layer
+// q/k/v/o, gate/up/down and two norms, the final norm, and the LM head unless
+// it is tied to the embeddings.
+std::int64_t parameter_count(const model_config& c) {
+  std::int64_t kv_dim = c.num_key_value_heads * c.head_dim();
+  std::int64_t per_layer = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * kv_dim
+                           + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size;
+  std::int64_t embed = c.vocab_size * c.hidden_size;
+  return embed + c.num_hidden_layers * per_layer + c.hidden_size
+         + (c.tie_word_embeddings ? 0 : embed);
+}
+
+} // namespace
+
+std::string to_yaml(const topology& t) {
+  YAML::Emitter out;
+  auto ms = [](milliseconds v) { return static_cast<long long>(v.count()); };
+  auto i64 = [](std::int64_t v) { return static_cast<long long>(v); };
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << t.name;
+  out << YAML::Key << "source" << YAML::Value << t.source;
+  out << YAML::Key << "base_dir" << YAML::Value << t.base_dir;
+
+  const auto& c = t.model.config;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  if (t.model.synthetic()) {
+    out << YAML::Key << "synthetic" << YAML::Value << true;
+    out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(t.model.seed);
+  } else {
+    out << YAML::Key << "checkpoint" << YAML::Value << t.model.checkpoint;
+  }
+  if (t.model.weights_dtype)
+    out << YAML::Key << "dtype" << YAML::Value << dtype_name(*t.model.weights_dtype);
+  out << YAML::Key << "layers" << YAML::Value << i64(c.num_hidden_layers);
+  out << YAML::Key << "hidden_size" << YAML::Value << i64(c.hidden_size);
+  out << YAML::Key << "heads" << YAML::Value << i64(c.num_attention_heads);
+  out << YAML::Key << "kv_heads" << YAML::Value << i64(c.num_key_value_heads);
+  out << YAML::Key << "head_dim" << YAML::Value << i64(c.head_dim());
+  out << YAML::Key << "intermediate_size" << YAML::Value << i64(c.intermediate_size);
+  out << YAML::Key << "vocab_size" << YAML::Value << i64(c.vocab_size);
+  out << YAML::Key << "max_position_embeddings" << YAML::Value << i64(c.max_position_embeddings);
+  out << YAML::Key << "rope_theta" << YAML::Value << format_double(c.rope_theta);
+  out << YAML::Key << "rms_norm_eps" << YAML::Value << format_double(c.rms_norm_eps);
+  out << YAML::Key << "tie_word_embeddings" << YAML::Value << c.tie_word_embeddings;
+  std::int64_t params = parameter_count(c);
+  out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment("Llama layout, no biases");
+  if (t.model.weights_dtype) {
+    std::int64_t bytes = params * static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype));
+    out << YAML::Key << "weight_bytes" << YAML::Value << i64(bytes);
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "nodes" << YAML::Value << YAML::BeginSeq;
+  for (auto& n : t.nodes) {
+    out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << n.name;
+    out << YAML::Key << "address" << YAML::Value << n.address;
+    out << YAML::Key << "port" << YAML::Value << n.port << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+
+  const auto& cl = t.cluster;
+  out << YAML::Key << "cluster" << YAML::Value << YAML::BeginMap;
+  if (!cl.secret_file.empty())
+    out << YAML::Key << "secret_file" << YAML::Value << cl.secret_file;
+  if (!cl.secret_env.empty())
+    out << YAML::Key << "secret_env" << YAML::Value << cl.secret_env;
+  if (cl.tls) {
+    out << YAML::Key << "tls" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "ca" << YAML::Value << cl.tls->ca;
+    out << YAML::Key << "cert" << YAML::Value << cl.tls->cert;
+    out << YAML::Key << "key" << YAML::Value << cl.tls->key << YAML::EndMap;
+  }
+  out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << ms(cl.heartbeat_interval);
+  out << YAML::Key << "heartbeat_timeout_ms" << YAML::Value << ms(cl.heartbeat_timeout);
+  out << YAML::Key << "connect_deadline_ms" << YAML::Value << ms(cl.connect_deadline);
+  out << YAML::EndMap;
+
+  const auto& tr = t.trainer;
+  out << YAML::Key << "trainer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "node" << YAML::Value << tr.node;
+  out << YAML::Key << "source" << YAML::Value << std::string(to_string(tr.source));
+  if (!tr.dir.empty())
+    out << YAML::Key << "dir" << YAML::Value << tr.dir;
+  out << YAML::Key << "step_time_ms" << YAML::Value << ms(tr.step_time);
+  out << YAML::Key << "perturb" << YAML::Value << format_double(tr.perturb);
+  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(tr.seed);
+  out << YAML::Key << "ranks" << YAML::Value << YAML::BeginSeq;
+  for (auto& r : tr.ranks) {
+    out << YAML::BeginMap << YAML::Key << "node" << YAML::Value << r.node;
+    out << YAML::Key << "layers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (auto l : r.layers)
+      out << i64(l);
+    out << YAML::EndSeq << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+
+  out << YAML::Key << "engines" << YAML::Value << YAML::BeginSeq;
+  for (auto& e : t.engines) {
+    out << YAML::BeginMap;
+    out << YAML::Key << "name" << YAML::Value << e.name;
+    out << YAML::Key << "group" << YAML::Value << e.group;
+    out << YAML::Key << "replica" << YAML::Value << i64(e.replica);
+    out << YAML::Key << "node" << YAML::Value << e.node;
+    out << YAML::Key << "tp" << YAML::Value << i64(e.tp);
+    out << YAML::Key << "max_batch" << YAML::Value << i64(e.max_batch);
+    out << YAML::Key << "queue_limit" << YAML::Value << i64(e.queue_limit);
+    out << YAML::Key << "kv_block_tokens" << YAML::Value << i64(e.kv_block_tokens);
+    out << YAML::Key << "prefix_cache_blocks" << YAML::Value << i64(e.prefix_cache_blocks);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+
+  out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "node" << YAML::Value << t.router.node;
+  out << YAML::Key << "policy" << YAML::Value << std::string(to_string(t.router.policy));
+  out << YAML::Key << "queue_limit" << YAML::Value << i64(t.router.queue_limit) << YAML::EndMap;
+
+  out << YAML::Key << "coordinator" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "node" << YAML::Value << t.coordinator.node;
+  if (!t.coordinator.state_file.empty())
+    out << YAML::Key << "state_file" << YAML::Value << t.coordinator.state_file;
+  out << YAML::EndMap;
+
+  const auto& x = t.transfer;
+  out << YAML::Key << "transfer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "backend" << YAML::Value << std::string(to_string(x.backend));
+  out << YAML::Key << "mode" << YAML::Value << std::string(to_string(x.mode));
+  out << YAML::Key << "bucket_bytes" << YAML::Value << i64(x.bucket_bytes);
+  if (auto h = human_size(x.bucket_bytes); !h.empty())
+    out << YAML::Comment(h);
+  out << YAML::Key << "groups_in_flight" << YAML::Value << i64(x.groups_in_flight);
+  out << YAML::Key << "ucx_transports" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (auto u : x.ucx_transports)
+    out << std::string(to_string(u));
+  out << YAML::EndSeq << YAML::EndMap;
+
+  const auto& s = t.sync;
+  out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "every_versions" << YAML::Value << i64(s.every_versions);
+  out << YAML::Key << "staleness" << YAML::Value << i64(s.staleness);
+  out << YAML::Key << "wave_size" << YAML::Value << i64(s.wave_size);
+  out << YAML::Key << "deadlines_ms" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "pause" << YAML::Value << ms(s.deadlines.pause);
+  out << YAML::Key << "flush" << YAML::Value << ms(s.deadlines.flush);
+  out << YAML::Key << "start" << YAML::Value << ms(s.deadlines.start);
+  out << YAML::Key << "transfer" << YAML::Value << ms(s.deadlines.transfer);
+  out << YAML::Key << "finish" << YAML::Value << ms(s.deadlines.finish);
+  out << YAML::Key << "continue" << YAML::Value << ms(s.deadlines.resume) << YAML::EndMap;
+  out << YAML::Key << "pause" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "mode" << YAML::Value << std::string(name_of(pause_mode_choices, s.pause.mode));
+  out << YAML::Key << "clear_cache" << YAML::Value << s.pause.clear_cache << YAML::EndMap;
+  out << YAML::Key << "min_live_engines" << YAML::Value << i64(s.min_live_engines);
+  out << YAML::Key << "max_restarts" << YAML::Value << i64(s.max_restarts) << YAML::EndMap;
+
+  const auto& w = t.workload;
+  out << YAML::Key << "workload" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "prompts" << YAML::Value << i64(w.prompts);
+  out << YAML::Key << "concurrency" << YAML::Value << i64(w.concurrency);
+  out << YAML::Key << "max_tokens" << YAML::Value << i64(w.max_tokens);
+  out << YAML::Key << "temperature" << YAML::Value << format_double(w.temperature);
+  out << YAML::Key << "top_p" << YAML::Value << format_double(w.top_p);
+  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(w.seed) << YAML::EndMap;
+
+  if (!t.drill.faults.empty()) {
+    out << YAML::Key << "drill" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
+    for (auto& f : t.drill.faults) {
+      out << YAML::BeginMap;
+      if (f.at_sync) {
+        out << YAML::Key << "at_sync" << YAML::Value << i64(*f.at_sync);
+        out << YAML::Key << "phase" << YAML::Value << std::string(name_of(phase_choices, f.phase));
+      }
+      if (f.at)
+        out << YAML::Key << "at_ms" << YAML::Value << ms(*f.at);
+      out << YAML::Key << "action" << YAML::Value << std::string(to_string(f.action));
+      out << YAML::Key << "target" << YAML::Value << f.target;
+      out << YAML::Key << "target_kind" << YAML::Value << std::string(to_string(f.target_kind));
+      if (f.duration)
+        out << YAML::Key << "duration_ms" << YAML::Value << ms(*f.duration);
+      out << YAML::EndMap;
+    }
+    out << YAML::EndSeq << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+} // namespace rlsync

@@ -1,0 +1,125 @@
+#include "runtime/transfer/ucx/active_messages.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace rlsync::transfer::ucx_detail {
+
+ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
+                                  size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<am_inbox*>(arg);
+  incoming in;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+    in.reply_ep = param->reply_ep;
+  const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  if (length > self->limit) {
+    in.too_big = length;
+    if (rndv)
+      ucp_am_data_release(self->worker, data);
+    self->ready.push_back(std::move(in));
+    return UCS_OK;
+  }
+  if (!rndv) {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    in.bytes.assign(p, p + length);
+    self->ready.push_back(std::move(in));
+    return UCS_OK;
+  }
+  auto& f = self->pending.emplace_back();
+  f.msg = std::move(in);
+  f.msg.bytes.resize(length);
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
+  void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);
+  if (UCS_PTR_IS_ERR(req)) {
+    self->pending.pop_back(); // lost: the sender's wait will time out
+  } else if (req == nullptr) {
+    self->ready.push_back(std::move(f.msg));
+    self->pending.pop_back();
+  } else {
+    f.request = req;
+  }
+  return UCS_OK;
+}
+
+void am_inbox::install(ucp_worker_h w, unsigned id, std::size_t max_bytes) {
+  worker = w;
+  limit = max_bytes;
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG
+                  | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  hp.id = id;
+  hp.cb = &am_inbox::on_message;
+  hp.arg = this;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  if (const ucs_status_t st = ucp_worker_set_am_recv_handler(w, &hp); st != UCS_OK)
+    throw ucx_error(std::string("ucx: cannot install the message handler: ") + ucs_status_string(st));
+}
+
+// Moves finished rendezvous receptions to `ready`.
+void am_inbox::poll() {
+  for (auto it = pending.begin(); it != pending.end();) {
+    const ucs_status_t st = ucp_request_check_status(it->request);
+    if (st == UCS_INPROGRESS) {
+      ++it;
+      continue;
+    }
+    ucp_request_free(it->request);
+    if (st == UCS_OK)
+      ready.push_back(std::move(it->msg));
+    it = pending.erase(it);
+  }
+}
+
+void am_inbox::cancel_all() {
+  for (auto& f : pending) {
+    ucp_request_cancel(worker, f.request);
+    ucp_request_free(f.request); // released by UCX once it completes
+  }
+  pending.clear();
+}
+
+// False when UCX refused the send outright.
+bool am_outbox::send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply) {
+  auto& s = inflight.emplace_back();
+  s.ep = ep;
+  s.bytes = std::move(bytes);
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = reply ? UCP_AM_SEND_FLAG_REPLY : 0;
+  void* req = ucp_am_send_nbx(ep, id, nullptr, 0, s.bytes.data(), s.bytes.size(), &rp);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+    inflight.pop_back();
+    return req == nullptr;
+  }
+  s.request = req;
+  return true;
+}
+
+void am_outbox::poll() {
+  for (auto it = inflight.begin(); it != inflight.end();) {
+    if (ucp_request_check_status(it->request) == UCS_INPROGRESS) {
+      ++it;
+      continue;
+    }
+    ucp_request_free(it->request);
+    it = inflight.erase(it);
+  }
+}
+
+bool am_outbox::pending_on(ucp_ep_h ep) const {
+  return std::any_of(inflight.begin(), inflight.end(), [&](const sending& s) { return s.ep == ep; });
+}
+
+// Only once the worker is about to be destroyed: the bytes must outlive
+// any send UCX still holds.
+void am_outbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
+  for (auto& s : inflight) {
+    ucp_request_free(s.request);
+    keep.push_back(std::move(s.bytes));
+  }
+  inflight.clear();
+}
+
+} // namespace rlsync::transfer::ucx_detail

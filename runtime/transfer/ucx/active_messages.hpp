@@ -1,0 +1,62 @@
+#pragma once
+// Internal to the ucx backend: control messages (ucx_wire.hpp) travel as
+// UCX active messages, requests to the producer and replies to the consumer.
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
+
+#include <ucp/api/ucp.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <vector>
+
+namespace rlsync::transfer::ucx_detail {
+
+// Active message ids: requests go to the producer, replies to the consumer.
+inline constexpr unsigned am_request = 17;
+inline constexpr unsigned am_reply = 18;
+
+// Receives whole control messages on a worker: eager ones are copied in the
+// callback (their data lives only during it); rendezvous ones (large plans
+// or manifests) are fetched into a buffer of their announced size, which
+// must not exceed `limit`.
+struct am_inbox {
+  struct incoming {
+    std::vector<std::uint8_t> bytes;
+    ucp_ep_h reply_ep = nullptr;
+    std::size_t too_big = 0; // announced size when over the limit (bytes empty)
+  };
+  struct fetching {
+    void* request = nullptr;
+    incoming msg;
+  };
+
+  ucp_worker_h worker = nullptr;
+  std::size_t limit = 0;
+  std::deque<incoming> ready;
+  std::list<fetching> pending;
+
+  static ucs_status_t on_message(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
+  void install(ucp_worker_h w, unsigned id, std::size_t max_bytes);
+  void poll();
+  void cancel_all();
+};
+
+// Control messages being sent; each owns its bytes until UCX is done with them.
+struct am_outbox {
+  struct sending {
+    void* request = nullptr;
+    ucp_ep_h ep = nullptr;
+    std::vector<std::uint8_t> bytes;
+  };
+  std::list<sending> inflight;
+
+  bool send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply);
+  void poll();
+  bool pending_on(ucp_ep_h ep) const;
+  void abandon(std::vector<std::vector<std::uint8_t>>& keep);
+};
+
+} // namespace rlsync::transfer::ucx_detail

@@ -1,0 +1,590 @@
+#include "runtime/transfer/ucx/producer_impl.hpp"
+
+#include "runtime/base/checksum.hpp"
+#include "runtime/plan/groups.hpp"
+#include "runtime/transfer/ucx/address.hpp"
+
+#include <arpa/inet.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace rlsync::transfer {
+namespace ucx_detail {
+
+namespace {
+
+constexpr std::size_t max_plans_per_connection = 256;
+constexpr std::size_t max_sessions_per_connection = 64;
+
+} // namespace
+
+// -- setup --------------------------------------------------------------------------
+
+void producer_impl::start() {
+  // The model's full group sizes bound what a plan may make us pack.
+  const auto& c = source->config();
+  full_group_bytes.assign(plan::group_count(c), 0);
+  for (const auto& p : source->parameters()) {
+    params_by_name[p.name] = p;
+    full_group_bytes[plan::group_of(c, p.name)] += p.bytes();
+  }
+
+  ctx = make_context(options.transports, options.net_devices, "producer", options.port != 0);
+  worker = make_worker(ctx->handle, "producer");
+  inbox.install(worker.handle, am_request, options.max_message_bytes);
+
+  socklen_t len = 0;
+  sockaddr_storage addr{};
+  try {
+    addr = resolve({options.listen_address, std::to_string(options.port)}, len, true);
+  } catch (const std::exception& e) {
+    throw ucx_error("ucx producer: listen address '" + options.listen_address + "': " + e.what());
+  }
+  ucp_listener_params_t lp{};
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  lp.sockaddr.addrlen = len;
+  lp.conn_handler.cb = &producer_impl::on_connection;
+  lp.conn_handler.arg = this;
+  ucs_status_t s = ucp_listener_create(worker.handle, &lp, &listener);
+  if (s != UCS_OK)
+    throw ucx_error("ucx producer: cannot listen on " + options.listen_address + ":"
+                    + std::to_string(options.port) + ": " + ucs_status_string(s));
+  ucp_listener_attr_t la{};
+  la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  s = ucp_listener_query(listener, &la);
+  if (s != UCS_OK)
+    throw ucx_error(std::string("ucx producer: cannot query the listener: ") + ucs_status_string(s));
+  bound_port = la.sockaddr.ss_family == AF_INET6
+                   ? ntohs(reinterpret_cast<const sockaddr_in6*>(&la.sockaddr)->sin6_port)
+                   : ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
+  const bool any = options.listen_address == "0.0.0.0" || options.listen_address == "::"
+                   || options.listen_address.empty();
+  const std::string host = any ? "127.0.0.1" : options.listen_address;
+  bound_address =
+      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound_port);
+
+  say(options.log, "ucx producer: listening on " + sockaddr_string(la.sockaddr) + " (UCX_TLS="
+                       + (ctx->tls.empty() ? std::string("UCX default") : ctx->tls) + ")");
+  for (unsigned i = 0; i < std::max(1u, options.pack_threads); ++i)
+    packers.emplace_back([this] { pack_loop(); });
+  progress = std::thread([this] { run(); });
+}
+
+void producer_impl::stop() {
+  stopping = true;
+  if (worker.handle)
+    ucp_worker_signal(worker.handle);
+  if (progress.joinable())
+    progress.join(); // its shutdown() released the listener and the connections
+  if (listener) {    // start() failed before the progress thread ran
+    ucp_listener_destroy(listener);
+    listener = nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(pack_mutex);
+    pack_queue.clear();
+  }
+  pack_cv.notify_all();
+  for (auto& t : packers)
+    t.join();
+  packers.clear();
+  if (leak_worker) {
+    // Destroying the worker would make UCX abort the process: leak it,
+    // the context and every buffer it may still read, on purpose.
+    (void)ctx.release();
+    worker.handle = nullptr;
+    auto* keep = new std::vector<entry_ptr>();
+    for (auto& [k, e] : cache)
+      keep->push_back(e);
+    for (auto& o : sends) {
+      keep->push_back(o.entry);
+      if (!o.altered.empty())
+        (void)new std::vector<std::uint8_t>(std::move(o.altered));
+    }
+    (void)new std::vector<std::vector<std::uint8_t>>(std::move(graveyard));
+    cache.clear();
+    sends.clear();
+    return;
+  }
+  if (worker.handle) {
+    // Whatever UCX still holds is released with the worker; the buffers
+    // it points into (cache entries, graveyard) outlive it.
+    ucp_worker_destroy(worker.handle);
+    worker.handle = nullptr;
+  }
+  cache.clear();
+  sends.clear();
+  graveyard.clear();
+  ctx.reset();
+}
+
+// -- UCX callbacks (called from ucp_worker_progress, on the progress thread) ---------
+
+void producer_impl::on_connection(ucp_conn_request_h request, void* arg) {
+  auto* self = static_cast<producer_impl*>(arg);
+  std::string peer = "?";
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) == UCS_OK)
+    peer = sockaddr_string(attr.client_address);
+  if (self->stopping) {
+    ucp_listener_reject(self->listener, request);
+    return;
+  }
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER
+                  | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.conn_request = request;
+  ep.err_mode = UCP_ERR_HANDLING_MODE_NONE; // PEER would restrict UCX to tcp lanes
+  ep.err_handler.cb = &producer_impl::on_ep_error;
+  ep.err_handler.arg = self;
+  ucp_ep_h handle = nullptr;
+  const ucs_status_t st = ucp_ep_create(self->worker.handle, &ep, &handle);
+  if (st != UCS_OK) {
+    say(self->options.log, "ucx producer: cannot accept a connection from " + peer + ": " + ucs_status_string(st));
+    return;
+  }
+  auto c = std::make_shared<connection>();
+  c->id = self->next_conn++;
+  c->ep = handle;
+  c->peer = peer;
+  c->last_active = clock::now();
+  self->conns[handle] = c;
+  {
+    std::lock_guard<std::mutex> lock(self->stats_mutex);
+    ++self->st.connections;
+  }
+  say(self->options.log, "ucx producer: accepted a connection from " + peer);
+}
+
+void producer_impl::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  static_cast<producer_impl*>(arg)->errors.emplace_back(ep, ucs_status_string(status));
+}
+
+// -- the progress thread ------------------------------------------------------------
+
+void producer_impl::run() {
+  auto last_sweep = clock::now();
+  while (!stopping) {
+    unsigned n = 0;
+    for (unsigned k; (k = ucp_worker_progress(worker.handle)) != 0 && n < 1024;)
+      n += k;
+    inbox.poll();
+    outbox.poll();
+    poll_closes();
+    n += handle_errors();
+    n += handle_messages();
+    n += handle_packed();
+    n += poll_sends();
+    const auto now = clock::now();
+    if (now - last_sweep >= std::chrono::milliseconds(5)) {
+      sweep(now);
+      last_sweep = now;
+    }
+    if (n != 0)
+      continue;
+    // Idle: sleep on the event fd; packers and stop() wake us with ucp_worker_signal.
+    if (ucp_worker_arm(worker.handle) == UCS_ERR_BUSY)
+      continue;
+    pollfd p{worker.efd, POLLIN, 0};
+    ::poll(&p, 1, 10);
+  }
+  shutdown();
+}
+
+void producer_impl::shutdown() {
+  if (listener) {
+    ucp_listener_destroy(listener);
+    listener = nullptr;
+  }
+  // Idle endpoints are not closed one by one (a graceful close needs each
+  // consumer to progress, and an idle one does not): destroying the worker
+  // (stop()) releases them, and consumers see the connection reset (their
+  // pulls fail with `cancelled`). Endpoints with sends outstanding must be
+  // closed first (see close_ep); if that does not complete, the worker is
+  // leaked rather than destroyed.
+  outbox.poll();
+  for (auto& [ep, c] : conns) {
+    const bool busy = outbox.pending_on(ep) || std::any_of(sends.begin(), sends.end(), [&](const send_op& o) {
+                        return o.conn == c && ucp_request_check_status(o.request) == UCS_INPROGRESS;
+                      });
+    c->closed = true;
+    if (busy)
+      start_close(ep);
+  }
+  conns.clear();
+  drive(worker, clock::now() + std::chrono::milliseconds(500), [&] {
+    poll_closes();
+    return closes.empty();
+  }, std::chrono::milliseconds(1));
+  if (!closes.empty()) {
+    say(options.log, "ucx producer: " + std::to_string(closes.size())
+                         + " connection(s) did not close; the UCX worker is leaked rather than destroyed");
+    leak_worker = true;
+  }
+  for (auto& s : sends)
+    ucp_request_free(s.request); // the buffers stay alive until the worker is gone
+  inbox.cancel_all();
+  outbox.abandon(graveyard);
+}
+
+void producer_impl::start_close(ucp_ep_h ep) {
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  rp.flags = 0;
+  void* req = ucp_ep_close_nbx(ep, &rp);
+  if (req != nullptr && !UCS_PTR_IS_ERR(req))
+    closes.push_back(req);
+}
+
+void producer_impl::poll_closes() {
+  for (auto it = closes.begin(); it != closes.end();) {
+    if (ucp_request_check_status(*it) == UCS_INPROGRESS) {
+      ++it;
+      continue;
+    }
+    ucp_request_free(*it);
+    it = closes.erase(it);
+  }
+}
+
+unsigned producer_impl::handle_errors() {
+  if (errors.empty())
+    return 0;
+  auto errs = std::move(errors);
+  errors.clear();
+  for (auto& [ep, why] : errs) {
+    auto it = conns.find(ep);
+    if (it == conns.end())
+      continue;
+    it->second->failed = true;
+    it->second->failure = why;
+    close_connection(it->second, "connection failed: " + why);
+  }
+  return static_cast<unsigned>(errs.size());
+}
+
+// Drops everything a connection holds and closes its endpoint. Sends in
+// flight complete (with an error) once UCX gives up the endpoint.
+void producer_impl::close_connection(const conn_ptr& c, const std::string& why, bool loud) {
+  if (c->closed)
+    return;
+  c->closed = true;
+  if (loud)
+    say(options.log, "ucx producer: closing the connection from " + c->peer + ": " + why);
+  for (auto& [key, e] : cache) {
+    const auto before = e->waiters.size();
+    e->waiters.erase(std::remove_if(e->waiters.begin(), e->waiters.end(),
+                                    [&](const get_job& j) { return j.conn == c; }),
+                     e->waiters.end());
+    e->refs -= before - e->waiters.size();
+    if (e->refs == 0)
+      retry_blocked = true;
+  }
+  blocked.erase(std::remove_if(blocked.begin(), blocked.end(), [&](const get_job& j) { return j.conn == c; }),
+                blocked.end());
+  c->sessions.clear();
+  c->plans.clear();
+  c->plan_order.clear();
+  conns.erase(c->ep);
+  start_close(c->ep); // completes in the background (poll_closes)
+}
+
+void producer_impl::reply(const conn_ptr& c, const wire::message& m) {
+  if (c->closed)
+    return;
+  if (!outbox.send(c->ep, am_reply, wire::encode(m), false))
+    say(options.log, "ucx producer: cannot answer " + c->peer);
+}
+
+void producer_impl::count_rejected() {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  ++st.rejected;
+}
+
+unsigned producer_impl::handle_messages() {
+  unsigned n = 0;
+  while (!inbox.ready.empty()) {
+    auto in = std::move(inbox.ready.front());
+    inbox.ready.pop_front();
+    ++n;
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++st.requests;
+    }
+    auto it = conns.find(in.reply_ep);
+    if (it == conns.end()) {
+      say(options.log, "ucx producer: dropped a message from an unknown endpoint");
+      continue;
+    }
+    const conn_ptr c = it->second;
+    c->last_active = clock::now();
+    check_lanes(*c);
+    if (in.too_big) {
+      count_rejected();
+      say(options.log, "ucx producer: rejected a message of " + std::to_string(in.too_big) + " bytes from "
+                           + c->peer + " (limit " + std::to_string(options.max_message_bytes) + ")");
+      reply(c, wire::reject_msg{0, wire::status::bad_request,
+                                "message of " + std::to_string(in.too_big) + " bytes exceeds the limit of "
+                                    + std::to_string(options.max_message_bytes)});
+      continue;
+    }
+    wire::message m;
+    try {
+      m = wire::decode(in.bytes.data(), in.bytes.size());
+    } catch (const wire::wire_error& e) {
+      count_rejected();
+      say(options.log, "ucx producer: rejected a malformed message from " + c->peer + ": " + e.what());
+      reply(c, wire::reject_msg{wire::peek_seq(in.bytes.data(), in.bytes.size()), wire::status::bad_request,
+                                std::string("malformed message: ") + e.what()});
+      continue;
+    }
+    if (!c->refused.empty()) {
+      count_rejected();
+      reply(c, wire::reject_msg{std::visit([](const auto& x) { return seq_of(x); }, m), wire::status::not_allowed,
+                                "producer: " + c->refused});
+      continue;
+    }
+    std::visit([&](auto& x) { handle(c, x); }, m);
+  }
+  return n;
+}
+
+void producer_impl::check_lanes(connection& c) {
+  if (c.lanes_checked)
+    return;
+  c.lanes_checked = true;
+  const lane_info l = ep_lanes(c.ep);
+  c.refused = lanes_refused(l, options.transports);
+  say(options.log, "ucx producer: connection from " + c.peer + " uses " + l.text + " [" + l.summary() + "]"
+                       + (c.refused.empty() ? "" : "; refused: " + c.refused));
+}
+
+// -- requests -----------------------------------------------------------------------
+
+void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
+  auto refuse = [&](wire::status s, const std::string& why) {
+    count_rejected();
+    say(options.log, "ucx producer: rejected a plan from " + c->peer + ": " + why);
+    reply(c, wire::ack_msg{m.seq, s, 0, why});
+  };
+  const std::uint64_t digest = checksum64(m.plan.data(), m.plan.size());
+  if (c->plans.count(digest)) {
+    reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, ""});
+    return;
+  }
+  std::shared_ptr<const plan::grouped_plan> grouped;
+  try {
+    auto p = std::make_shared<const plan::worker_plan>(wire::decode_plan(m.plan.data(), m.plan.size()));
+    check_against_model(*p);
+    grouped = std::make_shared<const plan::grouped_plan>(source->config(), std::move(p));
+  } catch (const wire::wire_error& e) {
+    refuse(wire::status::bad_request, std::string("malformed plan: ") + e.what());
+    return;
+  } catch (const std::exception& e) {
+    refuse(wire::status::producer_failed, std::string("the plan does not fit this producer's model: ") + e.what());
+    return;
+  }
+  for (std::uint32_t g = 0; g < grouped->group_count(); ++g)
+    if (grouped->bytes(g) > 4 * std::max<std::uint64_t>(full_group_bytes[g], 1)) {
+      refuse(wire::status::producer_failed,
+             "the plan packs " + std::to_string(grouped->bytes(g)) + " bytes for group " + std::to_string(g)
+                 + ", more than 4x the group's " + std::to_string(full_group_bytes[g]));
+      return;
+    }
+  if (c->plans.size() >= max_plans_per_connection) {
+    c->plans.erase(c->plan_order.front());
+    c->plan_order.pop_front();
+  }
+  c->plans[digest] = std::move(grouped);
+  c->plan_order.push_back(digest);
+  reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, ""});
+}
+
+// Entries for tensors this producer holds must match them in dtype and
+// shape (entries for tensors it does not hold are another rank's).
+void producer_impl::check_against_model(const plan::worker_plan& p) const {
+  for (std::size_t i = 0; i < p.entries.size(); ++i) {
+    const auto& e = p.entries[i];
+    auto it = params_by_name.find(e.source);
+    if (it == params_by_name.end())
+      continue;
+    if (it->second.type != e.source_type || it->second.shape != e.source_shape)
+      throw std::invalid_argument("plan entry " + std::to_string(i) + ": tensor '" + e.source + "' is "
+                                  + std::string(safetensors_name(it->second.type)) + " "
+                                  + shape_string(it->second.shape) + ", the plan was recorded for "
+                                  + std::string(safetensors_name(e.source_type)) + " "
+                                  + shape_string(e.source_shape));
+  }
+}
+
+void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
+  wire::manifest_msg out;
+  out.seq = m.seq;
+  auto refuse = [&](wire::status s, const std::string& why) {
+    out.status = s;
+    out.error = why;
+    reply(c, out);
+  };
+  const bool broadcast = m.mode == transfer_mode::broadcast;
+  std::shared_ptr<const plan::grouped_plan> plan;
+  if (!broadcast) {
+    auto it = c->plans.find(m.plan);
+    if (it == c->plans.end()) {
+      refuse(wire::status::not_registered, "plan " + hex(m.plan) + " is not registered on this connection");
+      return;
+    }
+    plan = it->second;
+    if (plan->tp() != m.tp || plan->worker() != m.worker) {
+      count_rejected();
+      refuse(wire::status::bad_request, "plan " + hex(m.plan) + " is worker " + std::to_string(plan->worker())
+                                            + " of tp " + std::to_string(plan->tp()) + ", the request names worker "
+                                            + std::to_string(m.worker) + " of tp " + std::to_string(m.tp));
+      return;
+    }
+  }
+  auto snapshot = source->find(m.version);
+  if (!snapshot) {
+    std::string held;
+    for (auto v : source->versions())
+      held += (held.empty() ? "" : ", ") + std::to_string(v);
+    refuse(wire::status::version_unavailable, "version " + std::to_string(m.version) + " is not held (held: "
+                                                  + (held.empty() ? "none" : held) + ")");
+    return;
+  }
+  session s;
+  s.id = c->next_session++;
+  s.engine = m.engine;
+  s.worker = m.worker;
+  s.tp = m.tp;
+  s.version = m.version;
+  s.mode = m.mode;
+  s.digest = broadcast ? 0 : m.plan;
+  s.snapshot = snapshot;
+  s.plan = plan;
+  s.last_used = clock::now();
+  for (auto g : snapshot->groups()) {
+    wire::group_info gi;
+    gi.group = g;
+    if (broadcast) {
+      const auto layout = plan::full_group_layout::of(snapshot->group(g));
+      gi.bytes = layout.bytes;
+      gi.tensors = layout.specs;
+    } else {
+      gi.bytes = plan->bytes(g);
+    }
+    out.groups.push_back(std::move(gi));
+    s.groups.insert(g);
+  }
+  if (c->sessions.size() >= max_sessions_per_connection) {
+    auto oldest = std::min_element(c->sessions.begin(), c->sessions.end(), [](const auto& a, const auto& b) {
+      return a.second.last_used < b.second.last_used;
+    });
+    c->sessions.erase(oldest);
+  }
+  out.session = s.id;
+  c->sessions[s.id] = std::move(s);
+  reply(c, out);
+}
+
+void producer_impl::handle(const conn_ptr& c, const wire::get_msg& m) {
+  auto refuse = [&](wire::status s, const std::string& why) {
+    count_rejected();
+    reply(c, wire::group_msg{m.seq, s, why, m.group, 0, 0});
+  };
+  auto sit = c->sessions.find(m.session);
+  if (sit == c->sessions.end()) {
+    refuse(wire::status::not_registered, "session " + std::to_string(m.session) + " is not open on this connection");
+    return;
+  }
+  session& s = sit->second;
+  s.last_used = clock::now();
+  if (!s.groups.count(m.group)) {
+    refuse(wire::status::bad_request, "group " + std::to_string(m.group) + " is not part of version "
+                                          + std::to_string(s.version) + " here");
+    return;
+  }
+  if (c->outstanding >= options.max_outstanding_per_connection) {
+    refuse(wire::status::busy, "more than " + std::to_string(options.max_outstanding_per_connection)
+                                   + " requests outstanding on this connection");
+    return;
+  }
+  if (faults.is_withheld(s.version, m.group)) {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.withheld;
+    return; // the drill: never answered
+  }
+  get_job j;
+  j.conn = c;
+  j.seq = m.seq;
+  j.group = m.group;
+  j.tag = m.tag;
+  j.deadline = clock::now() + std::min<std::chrono::milliseconds>(std::chrono::milliseconds(m.timeout_ms),
+                                                                  options.max_send_time);
+  j.engine = s.engine;
+  j.worker = s.worker;
+  j.version = s.version;
+  j.key = cache_key{s.mode == transfer_mode::broadcast, s.digest, s.version, m.group};
+  j.snapshot = s.snapshot;
+  j.plan = s.plan;
+  ++c->outstanding;
+  start_get(std::move(j));
+}
+
+void producer_impl::unexpected(const conn_ptr& c, std::uint64_t seq) {
+  count_rejected();
+  reply(c, wire::reject_msg{seq, wire::status::bad_request, "a reply is not a request"});
+}
+
+} // namespace ucx_detail
+
+using namespace ucx_detail;
+
+ucx_producer::ucx_producer(std::shared_ptr<const weight_source> source, ucx_producer_options options)
+    : impl_(std::make_unique<ucx_detail::producer_impl>()) {
+  if (!source)
+    throw std::invalid_argument("ucx producer: no weight source");
+  impl_->source = std::move(source);
+  impl_->options = std::move(options);
+  impl_->options.max_packed_groups = std::max<std::size_t>(1, impl_->options.max_packed_groups);
+  auto& o = impl_->options;
+  o.max_outstanding_per_connection = std::max<std::size_t>(1, o.max_outstanding_per_connection);
+  try {
+    impl_->start();
+  } catch (...) {
+    impl_->stop();
+    throw;
+  }
+}
+
+ucx_producer::~ucx_producer() {
+  impl_->stop();
+}
+
+std::uint16_t ucx_producer::port() const {
+  return impl_->bound_port;
+}
+
+std::string ucx_producer::address() const {
+  return impl_->bound_address;
+}
+
+const weight_source& ucx_producer::source() const {
+  return *impl_->source;
+}
+
+ucx_producer_stats ucx_producer::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->stats_mutex);
+  return impl_->st;
+}
+
+void ucx_producer::corrupt(corruption c) { impl_->faults.corrupt(std::move(c)); }
+
+void ucx_producer::withhold(std::uint32_t group, std::uint64_t version) { impl_->faults.withhold(group, version); }
+
+void ucx_producer::clear_faults() { impl_->faults.clear(); }
+
+} // namespace rlsync::transfer

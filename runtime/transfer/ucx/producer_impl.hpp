@@ -1,0 +1,251 @@
+#pragma once
+// Internal to the ucx backend: the producer's state (ucx_transfer.hpp has
+// the protocol). One progress thread owns the UCX worker, the connections,
+// their sessions and the packed-group cache; packing threads fill cache
+// buffers and hand them back. producer.cpp: setup, the progress thread and
+// the requests; packed_cache.cpp: the cache, the packers and the sends.
+#include "runtime/plan/grouped_plan.hpp"
+#include "runtime/transfer/ucx/active_messages.hpp"
+#include "runtime/transfer/ucx/context.hpp"
+#include "runtime/transfer/ucx/host_buffer.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
+#include "runtime/transfer/ucx/ucx_wire.hpp"
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace rlsync::transfer::ucx_detail {
+
+namespace wire = ucx_wire;
+
+struct cache_key {
+  bool broadcast = false;
+  std::uint64_t plan = 0; // digest; 0 for broadcast
+  std::uint64_t version = 0;
+  std::uint32_t group = 0;
+  bool operator<(const cache_key& o) const {
+    return std::tie(broadcast, plan, version, group) < std::tie(o.broadcast, o.plan, o.version, o.group);
+  }
+};
+
+struct session {
+  std::uint64_t id = 0;
+  std::string engine;
+  int worker = 0;
+  int tp = 1;
+  std::uint64_t version = 0;
+  transfer_mode mode = transfer_mode::sharded;
+  std::uint64_t digest = 0;
+  snapshot_ptr snapshot; // the version stays intact while it is pulled
+  std::shared_ptr<const plan::grouped_plan> plan;
+  std::set<std::uint32_t> groups;
+  clock::time_point last_used;
+};
+
+struct connection {
+  std::uint64_t id = 0;
+  ucp_ep_h ep = nullptr;
+  std::string peer;
+  bool failed = false;
+  std::string failure;
+  bool closed = false;
+  bool lanes_checked = false;
+  std::string refused; // non-empty: the lanes use a transport not allowed
+  std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
+  std::deque<std::uint64_t> plan_order;
+  std::map<std::uint64_t, session> sessions;
+  std::uint64_t next_session = 1;
+  std::size_t outstanding = 0; // gets accepted and not finished
+  clock::time_point last_active;
+};
+using conn_ptr = std::shared_ptr<connection>;
+
+struct get_job {
+  conn_ptr conn;
+  std::uint64_t seq = 0;
+  std::uint32_t group = 0;
+  std::uint64_t tag = 0;
+  clock::time_point deadline;
+  std::string engine;
+  int worker = 0;
+  std::uint64_t version = 0;
+  // What packing the group takes, should it have to be packed.
+  cache_key key;
+  snapshot_ptr snapshot;
+  std::shared_ptr<const plan::grouped_plan> plan;
+};
+
+struct cache_entry {
+  cache_key key;
+  enum class state { packing, ready, failed } st = state::packing;
+  host_buffer buffer;
+  std::size_t size = 0;
+  std::uint64_t checksum = 0;
+  std::string error;
+  std::size_t refs = 0; // waiters and sends in flight: not evictable while > 0
+  std::vector<get_job> waiters;
+  std::uint64_t last_use = 0;
+};
+using entry_ptr = std::shared_ptr<cache_entry>;
+
+struct pack_job {
+  cache_key key;
+  snapshot_ptr snapshot;
+  std::shared_ptr<const plan::grouped_plan> plan; // sharded
+  host_buffer buffer;                       // reused if large enough
+};
+
+struct pack_result {
+  cache_key key;
+  host_buffer buffer;
+  std::size_t size = 0;
+  std::uint64_t checksum = 0;
+  std::string error;
+};
+
+struct send_op {
+  void* request = nullptr;
+  entry_ptr entry;
+  conn_ptr conn;
+  clock::time_point deadline;
+  std::vector<std::uint8_t> altered; // a corrupted private copy (fault hook)
+  std::uint64_t bytes = 0;
+  std::uint32_t group = 0;
+  bool abandoned = false; // past its deadline; kept until UCX lets go of the buffer
+};
+
+struct producer_impl {
+  std::shared_ptr<const weight_source> source;
+  ucx_producer_options options;
+  std::unique_ptr<ucx_context> ctx;
+  worker_handle worker;
+  ucp_listener_h listener = nullptr;
+  std::uint16_t bound_port = 0;
+  std::string bound_address;
+  am_inbox inbox;
+  am_outbox outbox;
+
+  // Progress thread only.
+  std::map<ucp_ep_h, conn_ptr> conns;
+  std::vector<std::pair<ucp_ep_h, std::string>> errors; // from the error callback
+  std::map<cache_key, entry_ptr> cache;
+  std::deque<get_job> blocked; // waiting for a free cache slot
+  std::vector<host_buffer> spare;
+  std::list<send_op> sends;
+  std::uint64_t use_clock = 0;
+  std::uint64_t next_conn = 1;
+  std::vector<std::vector<std::uint8_t>> graveyard; // bytes UCX may still read at teardown
+  bool retry_blocked = false;                       // a cache slot may have freed
+  std::list<void*> closes;                          // endpoint closes in progress
+  bool leak_worker = false;                         // see shutdown()
+
+  // Packers.
+  std::mutex pack_mutex;
+  std::condition_variable pack_cv;
+  std::deque<pack_job> pack_queue;
+  std::deque<pack_result> pack_done;
+  std::vector<std::thread> packers;
+
+  std::atomic<bool> stopping{false};
+  std::thread progress;
+
+  mutable std::mutex stats_mutex;
+  ucx_producer_stats st;
+
+  fault_hooks faults;
+
+  std::map<std::string, tensor_spec> params_by_name;
+  std::vector<std::uint64_t> full_group_bytes; // per model group, from the source's parameters
+
+  // -- setup --------------------------------------------------------------------------
+
+  void start();
+  void stop();
+
+  // -- UCX callbacks (called from ucp_worker_progress, on the progress thread) ---------
+
+  static void on_connection(ucp_conn_request_h request, void* arg);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  // -- the progress thread ------------------------------------------------------------
+
+  void run();
+  void shutdown();
+  void start_close(ucp_ep_h ep);
+  void poll_closes();
+  unsigned handle_errors();
+  void close_connection(const conn_ptr& c, const std::string& why, bool loud = true);
+  void reply(const conn_ptr& c, const wire::message& m);
+  void count_rejected();
+  unsigned handle_messages();
+
+  template <class T>
+  static std::uint64_t seq_of(const T& x) {
+    return x.seq;
+  }
+
+  void check_lanes(connection& c);
+
+  // -- requests -----------------------------------------------------------------------
+
+  void handle(const conn_ptr& c, const wire::hello_msg& m) { reply(c, wire::ack_msg{m.seq, wire::status::ok, 0, ""}); }
+
+  void handle(const conn_ptr& c, const wire::plan_msg& m);
+  void check_against_model(const plan::worker_plan& p) const;
+  void handle(const conn_ptr& c, const wire::open_msg& m);
+
+  void handle(const conn_ptr& c, const wire::close_msg& m) { c->sessions.erase(m.session); }
+
+  // The consumer is going: close from this side first, while the endpoint
+  // is healthy. (Were the consumer to close first, this side would see a
+  // failed endpoint, and closing that makes UCX log flush errors.)
+  void handle(const conn_ptr& c, const wire::bye_msg&) { close_connection(c, "the consumer said goodbye", false); }
+
+  void handle(const conn_ptr& c, const wire::get_msg& m);
+
+  void handle(const conn_ptr& c, const wire::ack_msg& m) { unexpected(c, m.seq); }
+  void handle(const conn_ptr& c, const wire::manifest_msg& m) { unexpected(c, m.seq); }
+  void handle(const conn_ptr& c, const wire::group_msg& m) { unexpected(c, m.seq); }
+  void handle(const conn_ptr& c, const wire::reject_msg& m) { unexpected(c, m.seq); }
+  void unexpected(const conn_ptr& c, std::uint64_t seq);
+
+  // -- the packed-group cache ---------------------------------------------------------
+
+  void start_get(get_job j);
+  host_buffer take_spare();
+  bool evict_one();
+  void release(const entry_ptr& e);
+  void finish_get(const get_job& j);
+  void fail_get(const get_job& j, const entry_ptr& e);
+  void send_group(get_job j, const entry_ptr& e);
+  void count_sent(std::uint64_t bytes);
+  unsigned poll_sends();
+  unsigned start_blocked();
+  void sweep(clock::time_point now);
+  unsigned handle_packed();
+
+  // -- packers ------------------------------------------------------------------------
+
+  void pack_loop();
+
+  // -- faults -------------------------------------------------------------------------
+
+  bool take_corruption(const get_job& j);
+};
+
+} // namespace rlsync::transfer::ucx_detail

@@ -1,0 +1,446 @@
+#include "runtime/transfer/ucx/puller_impl.hpp"
+
+#include "runtime/base/checksum.hpp"
+#include "runtime/plan/grouped_plan.hpp"
+#include "runtime/transfer/ucx/address.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <type_traits>
+
+namespace rlsync::transfer {
+namespace ucx_detail {
+
+namespace {
+
+transfer_failure failure_of(wire::status s) {
+  switch (s) {
+    case wire::status::version_unavailable: return transfer_failure::version_unavailable;
+    case wire::status::not_registered: return transfer_failure::not_registered;
+    case wire::status::shutting_down: return transfer_failure::cancelled;
+    default: return transfer_failure::producer_failed;
+  }
+}
+
+} // namespace
+
+// -- request/reply ------------------------------------------------------------------
+
+[[noreturn]] void puller_impl::lost(channel& ch, const pull_request& req, const std::string& doing) {
+  const bool reset = ch.failure.find("reset") != std::string::npos || ch.failure.find("closed") != std::string::npos;
+  throw transfer_error(reset ? transfer_failure::cancelled : transfer_failure::producer_failed,
+                       "ucx transfer: " + who(req) + ": the connection to producer " + ch.peer + " failed while "
+                           + doing + ": " + ch.failure);
+}
+
+void puller_impl::send(channel& ch, const pull_request& req, const wire::message& m, const std::string& doing) {
+  if (!ch.outbox.send(ch.ep, am_request, wire::encode(m), true)) {
+    ch.failed = true;
+    ch.failure = "cannot send";
+    lost(ch, req, doing);
+  }
+}
+
+// Waits for the reply with sequence `seq`; throws on failure or timeout.
+wire::message puller_impl::await(channel& ch, const pull_request& req, std::uint64_t seq, const std::string& doing) {
+  const bool ok = drive(ch.worker, req.deadline, [&] {
+    ch.pump();
+    return ch.failed || ch.replies.count(seq) || ch.replies.count(0);
+  });
+  if (ch.failed)
+    lost(ch, req, doing);
+  if (!ok)
+    throw transfer_error(transfer_failure::timeout, "ucx transfer: " + who(req) + ": producer " + ch.peer
+                                                        + " did not answer before the deadline while " + doing);
+  auto it = ch.replies.find(seq);
+  if (it == ch.replies.end())
+    it = ch.replies.find(0);
+  auto m = std::move(it->second);
+  ch.replies.erase(it);
+  if (const auto* r = std::get_if<wire::reject_msg>(&m))
+    throw transfer_error(failure_of(r->status), "ucx transfer: " + who(req) + ": producer " + ch.peer
+                                                    + " rejected the request while " + doing + " ("
+                                                    + wire::to_string(r->status) + "): " + r->error);
+  return m;
+}
+
+void puller_impl::register_plan(channel& ch, const pull_request& req, const registration& r) {
+  if (ch.plans.count(r.digest))
+    return;
+  const std::uint64_t seq = ++ch.seq;
+  send(ch, req, wire::plan_msg{seq, *r.encoded}, "registering the sharding plan");
+  auto m = await(ch, req, seq, "registering the sharding plan");
+  const auto* a = std::get_if<wire::ack_msg>(&m);
+  if (!a)
+    throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch.peer
+                                                                + " answered the plan with no ack");
+  if (a->status != wire::status::ok)
+    throw transfer_error(failure_of(a->status), "ucx transfer: " + who(req) + ": producer " + ch.peer
+                                                    + " refused the sharding plan: " + a->error);
+  if (a->digest != r.digest)
+    throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch.peer
+                                                                + " acknowledged plan " + hex(a->digest)
+                                                                + ", sent " + hex(r.digest));
+  ch.plans.insert(r.digest);
+}
+
+// -- the pull -----------------------------------------------------------------------
+
+pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
+  const auto t0 = clock::now();
+  const bool broadcast = req.mode == transfer_mode::broadcast;
+  if (broadcast ? !sink.on_full_group : !sink.on_group)
+    throw std::invalid_argument("ucx transfer: " + who(req) + ": no sink for " + to_string(req.mode) + " groups");
+  registration reg;
+  std::string peer;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = workers.find({req.engine, req.worker});
+    if (it == workers.end())
+      throw transfer_error(transfer_failure::not_registered,
+                           "ucx transfer: " + who(req) + " has not registered its sharding plan");
+    reg = it->second;
+    peer = producer;
+  }
+  if (peer.empty())
+    throw std::invalid_argument("ucx transfer: " + who(req) + ": no producer address set");
+
+  std::unique_ptr<channel> ch = acquire(peer, req);
+  struct guard {
+    puller_impl* self;
+    std::unique_ptr<channel>& ch;
+    ~guard() {
+      // A failed pull leaves the connection in an unknown state: drop it,
+      // waiting little (the caller's deadline may have passed already).
+      if (ch)
+        self->destroy(std::move(ch), std::chrono::milliseconds(50));
+    }
+  } g{this, ch};
+
+  if (!broadcast)
+    register_plan(*ch, req, reg);
+
+  // Open the version.
+  const std::uint64_t open_seq = ++ch->seq;
+  const wire::open_msg open{open_seq,    req.engine, req.worker, reg.plan->tp,
+                            req.version, req.mode,   broadcast ? 0 : reg.digest};
+  send(*ch, req, open, "opening version " + std::to_string(req.version));
+  auto reply = await(*ch, req, open_seq, "opening version " + std::to_string(req.version));
+  auto* manifest = std::get_if<wire::manifest_msg>(&reply);
+  if (!manifest)
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": producer " + ch->peer + " answered open with no manifest");
+  if (manifest->status != wire::status::ok)
+    throw transfer_error(failure_of(manifest->status), "ucx transfer: " + who(req) + ": producer " + ch->peer + ": "
+                                                           + manifest->error);
+  const auto& groups = manifest->groups;
+  std::vector<plan::full_group_layout> layouts(broadcast ? groups.size() : 0);
+  std::uint64_t largest = 0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    auto bad = [&](const std::string& why) {
+      throw transfer_error(transfer_failure::producer_failed,
+                           "ucx transfer: " + who(req) + ": producer " + ch->peer + " sent a bad manifest: " + why);
+    };
+    if (i > 0 && groups[i].group <= groups[i - 1].group)
+      bad("groups out of order");
+    if (groups[i].bytes > options.max_group_bytes)
+      bad("group " + std::to_string(groups[i].group) + " of " + std::to_string(groups[i].bytes)
+          + " bytes exceeds max_group_bytes");
+    if (broadcast) {
+      std::vector<tensor_view> views;
+      for (const auto& s : groups[i].tensors) {
+        tensor_view v;
+        static_cast<tensor_spec&>(v) = s;
+        v.size = static_cast<std::size_t>(s.bytes());
+        views.push_back(std::move(v));
+      }
+      layouts[i] = plan::full_group_layout::of(views);
+      if (layouts[i].bytes != groups[i].bytes)
+        bad("group " + std::to_string(groups[i].group) + " announces " + std::to_string(groups[i].bytes)
+            + " bytes, its tensors take " + std::to_string(layouts[i].bytes));
+    }
+    largest = std::max(largest, groups[i].bytes);
+  }
+
+  // Receive buffers: allocated and touched once, reused by later pulls.
+  const std::size_t window = std::min<std::size_t>(std::max<std::size_t>(1, options.groups_in_flight), groups.size());
+  ensure_slots(*ch, window, static_cast<std::size_t>(largest));
+
+  pull_report report;
+  report.engine = req.engine;
+  report.worker = req.worker;
+  report.version = req.version;
+  std::vector<posted> slot_state(window);
+  // A failed pull leaves receives posted. While the producer is healthy
+  // and the deadline not past (a checksum mismatch, a throwing sink),
+  // let them complete for a moment: the producer's sends then finish
+  // normally instead of failing with the connection. Then cancel and
+  // release the rest before the connection (and its buffers) goes.
+  struct cancel_guard {
+    channel& ch;
+    std::vector<posted>& posts;
+    clock::time_point deadline;
+    ~cancel_guard() {
+      auto pending = [&] {
+        return std::any_of(posts.begin(), posts.end(), [](const posted& p) { return p.request != nullptr; });
+      };
+      if (pending() && !ch.failed && clock::now() < deadline)
+        drive(ch.worker, std::min(deadline, clock::now() + std::chrono::milliseconds(200)), [&] {
+          for (auto& p : posts)
+            if (p.request && ucp_request_check_status(p.request) != UCS_INPROGRESS) {
+              ucp_request_free(p.request);
+              p.request = nullptr;
+            }
+          return !pending();
+        }, std::chrono::milliseconds(1));
+      for (auto& p : posts)
+        if (p.request) {
+          ucp_request_cancel(ch.worker.handle, p.request);
+          ucp_request_free(p.request);
+          p.request = nullptr;
+        }
+    }
+  } cancel{*ch, slot_state, req.deadline};
+
+  auto issue = [&](std::size_t idx) {
+    auto& p = slot_state[idx % window];
+    p = posted{};
+    const std::uint64_t tag = ++ch->tag;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = 0;
+    void* r = ucp_tag_recv_nbx(ch->worker.handle, ch->slots[idx % window].data(),
+                               static_cast<std::size_t>(groups[idx].bytes), tag, ~std::uint64_t(0), &rp);
+    if (UCS_PTR_IS_ERR(r)) {
+      ch->failed = true;
+      ch->failure = std::string("cannot post a receive: ") + ucs_status_string(UCS_PTR_STATUS(r));
+      lost(*ch, req, "requesting group " + std::to_string(groups[idx].group));
+    }
+    p.request = r;
+    p.seq = ++ch->seq;
+    const auto left = ms_until(req.deadline).count();
+    const auto timeout = static_cast<std::uint32_t>(std::clamp<std::int64_t>(left, 1, UINT32_MAX));
+    send(*ch, req, wire::get_msg{p.seq, manifest->session, groups[idx].group, tag, timeout},
+         "requesting group " + std::to_string(groups[idx].group));
+  };
+  auto settle = [&](posted& p) {
+    if (p.done || !p.request)
+      return;
+    ucp_tag_recv_info_t info{};
+    const ucs_status_t s = ucp_tag_recv_request_test(p.request, &info);
+    if (s == UCS_INPROGRESS)
+      return;
+    p.done = true;
+    p.status = s;
+    p.length = info.length;
+    ucp_request_free(p.request);
+    p.request = nullptr;
+  };
+
+  for (std::size_t idx = 0; idx < window; ++idx)
+    issue(idx);
+  for (std::size_t idx = 0; idx < groups.size(); ++idx) {
+    const std::uint32_t group = groups[idx].group;
+    auto& p = slot_state[idx % window];
+    const std::string doing =
+        "receiving group " + std::to_string(group) + " of version " + std::to_string(req.version);
+    const wire::group_msg* header = nullptr;
+    const bool arrived = drive(ch->worker, req.deadline, [&] {
+      ch->pump();
+      settle(p);
+      auto it = ch->replies.find(p.seq);
+      header = it == ch->replies.end() ? nullptr : std::get_if<wire::group_msg>(&it->second);
+      return ch->failed || ch->replies.count(0) || (it != ch->replies.end() && !header)
+             || (header && (header->status != wire::status::ok || p.done));
+    });
+    if (ch->failed)
+      lost(*ch, req, doing);
+    if (!arrived)
+      throw transfer_error(transfer_failure::timeout,
+                           "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
+                               + std::to_string(req.version) + " did not arrive from producer " + ch->peer
+                               + " before the deadline; " + std::to_string(idx) + " of "
+                               + std::to_string(groups.size()) + " groups received");
+    if (!header) {
+      (void)await(*ch, req, p.seq, doing); // throws for a reject
+      throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch->peer
+                                                                  + " answered a get with something else");
+    }
+    if (header->status != wire::status::ok)
+      throw transfer_error(failure_of(header->status), "ucx transfer: " + who(req) + ": producer " + ch->peer
+                                                           + " could not send group " + std::to_string(group)
+                                                           + " of version " + std::to_string(req.version) + " ("
+                                                           + wire::to_string(header->status) + "): " + header->error);
+    if (p.status != UCS_OK || header->group != group || header->bytes != groups[idx].bytes
+        || p.length != groups[idx].bytes)
+      throw transfer_error(transfer_failure::producer_failed,
+                           "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
+                               + std::to_string(req.version) + " from producer " + ch->peer + " arrived damaged ("
+                               + (p.status != UCS_OK ? std::string(ucs_status_string(p.status))
+                                                     : std::to_string(p.length) + " bytes received, "
+                                                           + std::to_string(header->bytes) + " announced for group "
+                                                           + std::to_string(header->group) + ", "
+                                                           + std::to_string(groups[idx].bytes) + " expected")
+                               + ")");
+    const std::uint8_t* bytes = ch->slots[idx % window].data();
+    const std::size_t size = p.length;
+    const std::uint64_t got = checksum64(bytes, size);
+    if (got != header->checksum)
+      throw transfer_error(transfer_failure::checksum_mismatch,
+                           "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
+                               + std::to_string(req.version) + " failed its checksum (sent " + hex(header->checksum)
+                               + ", received " + hex(got) + " over " + std::to_string(size)
+                               + " bytes from producer " + ch->peer + "); the update is void");
+    ch->replies.erase(p.seq);
+    report.bytes += size;
+    ++report.groups;
+    if (broadcast)
+      sink.on_full_group(req.worker, group, plan::view_full_group(layouts[idx], bytes));
+    else
+      sink.on_group(req.worker, group, bytes, size);
+    if (idx + window < groups.size())
+      issue(idx + window);
+  }
+  // The session is done; no answer is awaited (a lost close only keeps a
+  // session the producer drops later).
+  const std::uint64_t close_seq = ++ch->seq;
+  ch->outbox.send(ch->ep, am_request, wire::encode(wire::close_msg{close_seq, manifest->session}), true);
+  ch->pump();
+  report.duration = clock::now() - t0;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    ++st.pulls;
+    st.bytes += report.bytes;
+  }
+  release(std::move(ch));
+  return report;
+}
+
+void puller_impl::ensure_slots(channel& ch, std::size_t window, std::size_t size) {
+  if (ch.slots.size() < window)
+    ch.slots.resize(window);
+  for (std::size_t i = 0; i < window; ++i) {
+    if (ch.slots[i].capacity() >= size && (size > 0 || ch.slots[i].capacity() > 0))
+      continue;
+    // A spare buffer of a closed connection, else a new one (touched now,
+    // not while the bytes arrive).
+    host_buffer b;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = std::find_if(spare.begin(), spare.end(), [&](const host_buffer& s) { return s.capacity() >= size; });
+      if (it != spare.end()) {
+        b = std::move(*it);
+        spare.erase(it);
+      }
+    }
+    if (b.capacity() < std::max<std::size_t>(size, 1)) {
+      b = host_buffer(std::max<std::size_t>(size, 1));
+      std::lock_guard<std::mutex> lock(mutex);
+      ++st.buffers;
+      st.buffer_bytes += b.capacity();
+    }
+    ch.slots[i] = std::move(b);
+  }
+}
+
+} // namespace ucx_detail
+
+using namespace ucx_detail;
+
+ucx_puller::ucx_puller(ucx_puller_options options) : impl_(std::make_unique<ucx_detail::puller_impl>()) {
+  options.groups_in_flight = std::max<std::size_t>(1, options.groups_in_flight);
+  if (!options.producer.empty())
+    split_address(options.producer); // throws for a malformed one
+  impl_->producer = options.producer;
+  impl_->options = std::move(options);
+  impl_->ctx = make_context(impl_->options.transports, impl_->options.net_devices, "puller");
+}
+
+ucx_puller::~ucx_puller() = default;
+
+void ucx_puller::set_producer(const std::string& address) {
+  split_address(address);
+  std::vector<std::unique_ptr<channel>> old;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->producer == address)
+      return;
+    impl_->producer = address;
+    old.swap(impl_->idle);
+  }
+  for (auto& ch : old)
+    impl_->destroy(std::move(ch));
+}
+
+std::string ucx_puller::producer() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->producer;
+}
+
+void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
+  if (!plan)
+    throw std::invalid_argument("ucx transfer: engine '" + engine + "' registered no plan");
+  try {
+    wire::check_plan(*plan);
+  } catch (const wire::wire_error& e) {
+    throw std::invalid_argument("ucx transfer: engine '" + engine + "' worker " + std::to_string(plan->worker) + ": "
+                                + e.what());
+  }
+  registration r;
+  auto encoded = std::make_shared<std::vector<std::uint8_t>>(wire::encode_plan(*plan));
+  r.digest = checksum64(encoded->data(), encoded->size());
+  r.encoded = std::move(encoded);
+  r.plan = std::move(plan);
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->workers[{engine, r.plan->worker}] = std::move(r);
+}
+
+void ucx_puller::unregister_engine(const std::string& engine) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  for (auto it = impl_->workers.begin(); it != impl_->workers.end();)
+    it = it->first.first == engine ? impl_->workers.erase(it) : std::next(it);
+}
+
+pull_report ucx_puller::pull(const pull_request& req, const group_sink& sink) {
+  return impl_->pull(req, sink);
+}
+
+ucx_puller_stats ucx_puller::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->st;
+}
+
+std::string ucx_puller::last_transports() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->last_lanes;
+}
+
+std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline) {
+  pull_request req;
+  req.engine = "(raw)";
+  req.deadline = deadline;
+  auto ch = impl_->connect(producer(), req);
+  std::string out;
+  if (ch->outbox.send(ch->ep, am_request, message, true)) {
+    drive(ch->worker, deadline, [&] {
+      ch->pump();
+      return ch->failed || !ch->replies.empty();
+    });
+    if (!ch->replies.empty()) {
+      std::visit(
+          [&](const auto& m) {
+            using T = std::decay_t<decltype(m)>;
+            if constexpr (std::is_same_v<T, wire::reject_msg> || std::is_same_v<T, wire::ack_msg>
+                          || std::is_same_v<T, wire::group_msg> || std::is_same_v<T, wire::manifest_msg>)
+              out = wire::to_string(m.status) + ": " + m.error;
+            else
+              out = "unexpected reply";
+          },
+          ch->replies.begin()->second);
+    }
+  }
+  impl_->destroy(std::move(ch));
+  return out;
+}
+
+
+} // namespace rlsync::transfer

@@ -1,0 +1,142 @@
+#pragma once
+// Internal to the ucx backend: the puller's state (ucx_transfer.hpp has the
+// protocol). Each pull runs on its caller's thread over a connection of its
+// own (a channel: a UCX worker and one endpoint), taken from the idle ones
+// or made anew, and returned for reuse after a successful pull.
+// puller_connections.cpp: connecting with retries until the deadline,
+// reuse and closing; puller.cpp: requests and the pull itself.
+#include "runtime/transfer/ucx/active_messages.hpp"
+#include "runtime/transfer/ucx/context.hpp"
+#include "runtime/transfer/ucx/host_buffer.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
+#include "runtime/transfer/ucx/ucx_wire.hpp"
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace rlsync::transfer::ucx_detail {
+
+namespace wire = ucx_wire;
+
+inline std::string who(const pull_request& r) {
+  return "engine '" + r.engine + "' worker " + std::to_string(r.worker);
+}
+
+// One connection to the producer: a UCX worker of its own (UCX workers are
+// single-threaded), one endpoint, the receive buffers. Used by one pull at
+// a time; kept between pulls.
+struct channel {
+  std::string peer; // "host:port" as configured
+  worker_handle worker;
+  ucp_ep_h ep = nullptr;
+  am_inbox inbox;
+  am_outbox outbox;
+  bool failed = false;
+  std::string failure;
+  std::set<std::uint64_t> plans; // digests registered on this connection
+  std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
+  std::map<std::uint64_t, wire::message> replies; // by seq; 0: a reject the producer could not attribute
+  std::vector<host_buffer> slots;
+  lane_info lanes;
+  bool connected = false;  // the producer answered hello
+  void* closing = nullptr; // a close that has not completed (see close_ep)
+
+  static void on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* self = static_cast<channel*>(arg);
+    self->failed = true;
+    self->failure = ucs_status_string(status);
+  }
+
+  // Decodes what arrived into `replies`; a reply that does not decode is a
+  // broken producer.
+  void pump() {
+    inbox.poll();
+    outbox.poll();
+    while (!inbox.ready.empty()) {
+      auto in = std::move(inbox.ready.front());
+      inbox.ready.pop_front();
+      if (in.too_big) {
+        failed = true;
+        failure = "the producer sent a reply of " + std::to_string(in.too_big) + " bytes";
+        continue;
+      }
+      try {
+        auto m = wire::decode(in.bytes.data(), in.bytes.size());
+        const std::uint64_t s = std::visit([](const auto& x) { return x.seq; }, m);
+        replies[s] = std::move(m);
+      } catch (const wire::wire_error& e) {
+        failed = true;
+        failure = std::string("malformed reply: ") + e.what();
+      }
+    }
+  }
+};
+
+struct registration {
+  std::shared_ptr<const plan::worker_plan> plan;
+  std::shared_ptr<const std::vector<std::uint8_t>> encoded;
+  std::uint64_t digest = 0;
+};
+
+// A receive posted for one group.
+struct posted {
+  void* request = nullptr;
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+  std::size_t length = 0;
+  std::uint64_t seq = 0;
+};
+
+struct puller_impl {
+  ucx_puller_options options;
+  std::unique_ptr<ucx_context> ctx;
+
+  mutable std::mutex mutex;
+  std::string producer;
+  std::map<std::pair<std::string, int>, registration> workers;
+  std::vector<std::unique_ptr<channel>> idle;
+  std::vector<host_buffer> spare; // receive buffers of connections that were closed
+  std::vector<std::unique_ptr<channel>> parked; // closing; see close_ep
+  ucx_puller_stats st;
+  std::string last_lanes;
+
+  ~puller_impl();
+
+  // -- connections --------------------------------------------------------------------
+
+  std::unique_ptr<channel> acquire(const std::string& peer, const pull_request& req);
+  void release(std::unique_ptr<channel> ch);
+  void destroy(std::unique_ptr<channel> ch, std::chrono::milliseconds grace = std::chrono::milliseconds(500));
+  void destroy_worker(channel& ch);
+  void recycle_buffers(channel& ch);
+  void reap_parked();
+  std::unique_ptr<channel> new_channel(const std::string& peer);
+  std::unique_ptr<channel> connect(const std::string& peer, const pull_request& req);
+  std::string try_connect(channel& ch, const std::string& peer, clock::time_point deadline);
+
+  // -- request/reply ------------------------------------------------------------------
+
+  [[noreturn]] void lost(channel& ch, const pull_request& req, const std::string& doing);
+  void send(channel& ch, const pull_request& req, const wire::message& m, const std::string& doing);
+  wire::message await(channel& ch, const pull_request& req, std::uint64_t seq, const std::string& doing);
+  void register_plan(channel& ch, const pull_request& req, const registration& r);
+
+  // -- the pull -----------------------------------------------------------------------
+
+  pull_report pull(const pull_request& req, const group_sink& sink);
+  void ensure_slots(channel& ch, std::size_t window, std::size_t size);
+};
+
+} // namespace rlsync::transfer::ucx_detail
