@@ -20,6 +20,7 @@
 #include "runtime/base/stats.hpp"
 
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -196,9 +197,14 @@ int main(int argc, char** argv) {
     const double median = rlsync::median(times);
     std::sort(times.begin(), times.end());
     double gb = static_cast<double>(n) / 1e9;
-    std::printf("{\"bytes\": %zu, \"ranks\": %d, \"iterations\": %zu, \"median_s\": %.9g, "
-                "\"min_s\": %.9g, \"gbps\": %.6g, \"gbps_per_receiver\": %.6g}\n",
-                n, ranks, k, median, times.front(), gb * (ranks - 1) / median, gb / median);
+    nlohmann::ordered_json out = {{"bytes", n},
+                                  {"ranks", ranks},
+                                  {"iterations", k},
+                                  {"median_s", median},
+                                  {"min_s", times.front()},
+                                  {"gbps", gb * (ranks - 1) / median},
+                                  {"gbps_per_receiver", gb / median}};
+    std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
   }
   MPI_Finalize();

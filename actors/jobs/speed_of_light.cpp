@@ -1,5 +1,7 @@
 #include "actors/jobs/speed_of_light.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -100,16 +102,23 @@ probe_result measure_ucx_gbps(const std::vector<ucx_transport>& transports, std:
 }
 
 std::optional<double> parse_mpi_bcast_median_s(const std::string& output) {
-  static const std::string key = "\"median_s\": ";
-  auto at = output.find(key);
-  if (at == std::string::npos)
-    return std::nullopt;
-  const char* start = output.c_str() + at + key.size();
-  char* end = nullptr;
-  double s = std::strtod(start, &end);
-  if (end == start || !(s > 0))
-    return std::nullopt;
-  return s;
+  // Its result is the last line that is a JSON object; mpirun may print
+  // warnings around it.
+  std::istringstream lines(output);
+  std::optional<double> found;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line.front() != '{')
+      continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+      continue;
+    auto it = j.find("median_s");
+    if (it != j.end() && it->is_number() && it->get<double>() > 0)
+      found = it->get<double>();
+    else
+      found.reset();
+  }
+  return found;
 }
 
 probe_result measure_mpi_bcast_s(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
