@@ -71,12 +71,6 @@ std::int64_t dimension(const CLI::Option* flag, std::uint64_t value, std::option
   return static_cast<std::int64_t>(value);
 }
 
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
-  return buf;
-}
-
 void print_written(const checkpoint_written& w) {
   double gbps = w.seconds > 0 ? static_cast<double>(w.bytes) / w.seconds / 1e9 : 0.0;
   char line[256];
@@ -162,7 +156,7 @@ void print_json(const checkpoint_summary& s) {
                        {"dtype", safetensors_name(t.type)},
                        {"shape", t.shape},
                        {"bytes", t.bytes},
-                       {checksum_algorithm, hex64(t.checksum)},
+                       {checksum_algorithm, checksum_hex(t.checksum)},
                        {"file", t.file}});
   ordered_json summary = {{"dir", s.dir},
                           {"files", s.files},
@@ -193,7 +187,7 @@ void print_table(const checkpoint_summary& s) {
   for (auto& t : s.tensors)
     std::cout << pad(t.name, name_w) << "  " << pad(std::string(safetensors_name(t.type)), 5) << "  "
               << pad(shape_string(t.shape), shape_w) << "  " << pad(std::to_string(t.bytes), 12) << "  "
-              << hex64(t.checksum) << "\n";
+              << checksum_hex(t.checksum) << "\n";
   std::cout << "total: " << s.tensors.size() << " tensors, " << s.total_bytes << " bytes in " << s.files.size()
             << (s.files.size() == 1 ? " file" : " files") << "\n";
   for (auto& p : s.layout_problems)

@@ -1,5 +1,6 @@
 #include "actors/jobs/bench_engine.hpp"
 
+#include "runtime/base/format.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/kernels.hpp"
@@ -7,7 +8,6 @@
 #include "runtime/plan/plan.hpp"
 
 #include <chrono>
-#include <cstdarg>
 #include <cstdio>
 #include <map>
 #include <ostream>
@@ -60,16 +60,6 @@ source_tensors make_source(const model_config& c, std::uint64_t seed) {
 void run_until_idle(engine::engine_core& core) {
   for (int i = 0; i < 1000000 && core.has_work(); ++i) // bounded: a bug must not hang the bench
     core.step();
-}
-
-std::string line(const char* format, ...) __attribute__((format(printf, 1, 2)));
-std::string line(const char* format, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(buf, sizeof buf, format, args);
-  va_end(args);
-  return buf;
 }
 
 void say(std::ostream* progress, const std::string& text) {
@@ -131,7 +121,7 @@ void measure_updates(engine::engine_core& core, int tp, const source_tensors& so
 
 void print_model_line(std::ostream& out, const bench_engine_options& o, const bench_engine_result& r) {
   const auto& c = o.model;
-  out << line("model: %lld layers, hidden %lld, heads %lld (kv %lld), intermediate %lld, vocab %lld: "
+  out << format("model: %lld layers, hidden %lld, heads %lld (kv %lld), intermediate %lld, vocab %lld: "
               "%.1fM parameters, %.1f MB bf16; kernels: %s",
               (long long)c.num_hidden_layers, (long long)c.hidden_size, (long long)c.num_attention_heads,
               (long long)c.num_key_value_heads, (long long)c.intermediate_size, (long long)c.vocab_size,
@@ -167,7 +157,7 @@ bench_engine_result run_bench_engine(const bench_engine_options& o, std::ostream
     opts.max_batch = 64;
     engine::engine_core core(c, opts);
     measure_updates(core, tp, source, k);
-    say(progress, line("tp %d  update: full tensors %.3f s (%.2f GB/s, cold); sharded: pack %.3f s, apply %.3f s "
+    say(progress, format("tp %d  update: full tensors %.3f s (%.2f GB/s, cold); sharded: pack %.3f s, apply %.3f s "
                        "(%.3f s allocating), again %.3f s (%.2f GB/s, warm) (%.1f MB per worker)",
                        tp, k.full_update_s, r.bytes / k.full_update_s / 1e9, k.pack_s, k.sharded_cold_s,
                        k.allocating_s, k.sharded_warm_s, r.bytes / k.sharded_warm_s / 1e9,
@@ -186,7 +176,7 @@ bench_engine_result run_bench_engine(const bench_engine_options& o, std::ostream
     }
     run_until_idle(core);
     k.prefill_tokens_per_s = 4.0 * o.prompt_tokens / seconds_since(t0);
-    say(progress, line("tp %d  prefill: %.0f tokens/s (4 prompts of %u tokens)", tp, k.prefill_tokens_per_s,
+    say(progress, format("tp %d  prefill: %.0f tokens/s (4 prompts of %u tokens)", tp, k.prefill_tokens_per_s,
                        o.prompt_tokens));
 
     for (auto batch : o.batches) {
@@ -206,7 +196,7 @@ bench_engine_result run_bench_engine(const bench_engine_options& o, std::ostream
       double decode_s = seconds_since(t0);
       bench_engine_decode d{batch, (produced - before) / decode_s, decode_s / o.steps * 1e3};
       k.decode.push_back(d);
-      say(progress, line("tp %d  decode batch %3u: %8.1f tokens/s (%.2f ms/step)", tp, batch, d.tokens_per_s,
+      say(progress, format("tp %d  decode batch %3u: %8.1f tokens/s (%.2f ms/step)", tp, batch, d.tokens_per_s,
                          d.ms_per_step));
     }
     r.cases.push_back(std::move(k));

@@ -2,6 +2,7 @@
 
 #include "actors/assembly/head_node.hpp"
 #include "actors/jobs/speed_of_light.hpp"
+#include "runtime/base/format.hpp"
 #include "runtime/base/stats.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/recording.hpp"
@@ -11,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -37,17 +37,6 @@ std::uint64_t sum_bytes(const std::vector<tensor_spec>& specs) {
 
 double ms(std::uint64_t ns) {
   return ns / 1e6;
-}
-
-/// printf into a string (the table's fixed-width columns).
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list args;
-  va_start(args, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, args);
-  va_end(args);
-  return buf;
 }
 
 /// `x` rounded to `digits` decimals, for JSON figures that carry no noise.

@@ -4,6 +4,8 @@
 #include "runtime/base/checksum.hpp"
 
 #include <xxhash.h>
+
+#include <cstdio>
 #ifdef RLSYNC_XXH3_DISPATCH
 // Renames XXH3_64bits_withSeed and XXH3_64bits_update to libxxhash's variants
 // that pick AVX2 or AVX-512 at run time (the plain ones are built for SSE2).
@@ -45,5 +47,11 @@ void checksum64_stream::update(const void* data, std::size_t size) {
 }
 
 std::uint64_t checksum64_stream::digest() const { return XXH3_64bits_digest(state_.get()); }
+
+std::string checksum_hex(std::uint64_t x) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
 
 } // namespace rlsync

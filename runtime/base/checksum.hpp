@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 // libxxhash's streaming state (xxhash.h: typedef struct XXH3_state_s
 // XXH3_state_t); declared here so that callers need not include xxhash.h.
@@ -19,6 +20,9 @@ inline constexpr const char* checksum_algorithm = "xxh3";
 /// One-shot checksum of `size` bytes at `data` (XXH3_64bits_withSeed; seed 0
 /// is plain XXH3_64bits). `data` may be null when `size` is 0.
 std::uint64_t checksum64(const void* data, std::size_t size, std::uint64_t seed = 0);
+
+/// A checksum (or plan digest) as people and logs see it: 16 hex digits.
+std::string checksum_hex(std::uint64_t x);
 
 /// Streaming checksum: update() any number of times with any chunk sizes,
 /// then digest(); the result equals checksum64() over the concatenated input.

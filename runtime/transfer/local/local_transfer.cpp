@@ -40,12 +40,6 @@ struct stream_key {
   }
 };
 
-std::string hex(std::uint64_t x) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
-  return buf;
-}
-
 std::string who(const pull_request& r) {
   return "engine '" + r.engine + "' worker " + std::to_string(r.worker);
 }
@@ -471,8 +465,8 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     if (got != sent_checksum)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "local transfer: " + who(req) + ": group " + std::to_string(g) + " of version "
-                               + std::to_string(req.version) + " failed its checksum (sent " + hex(sent_checksum)
-                               + ", received " + hex(got) + " over " + std::to_string(received.size())
+                               + std::to_string(req.version) + " failed its checksum (sent " + checksum_hex(sent_checksum)
+                               + ", received " + checksum_hex(got) + " over " + std::to_string(received.size())
                                + " bytes); the update is void");
     report.bytes += received.size();
     ++report.groups;

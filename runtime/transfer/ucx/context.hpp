@@ -19,12 +19,6 @@
 
 namespace rlsync::transfer::ucx_detail {
 
-inline std::string hex(std::uint64_t x) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
-  return buf;
-}
-
 inline void say(const ucx_log& log, const std::string& line) {
   if (log)
     log(line);

@@ -434,13 +434,13 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   if (!broadcast) {
     auto it = c->plans.find(m.plan);
     if (it == c->plans.end()) {
-      refuse(wire::status::not_registered, "plan " + hex(m.plan) + " is not registered on this connection");
+      refuse(wire::status::not_registered, "plan " + checksum_hex(m.plan) + " is not registered on this connection");
       return;
     }
     plan = it->second;
     if (plan->tp() != m.tp || plan->worker() != m.worker) {
       count_rejected();
-      refuse(wire::status::bad_request, "plan " + hex(m.plan) + " is worker " + std::to_string(plan->worker())
+      refuse(wire::status::bad_request, "plan " + checksum_hex(m.plan) + " is worker " + std::to_string(plan->worker())
                                             + " of tp " + std::to_string(plan->tp()) + ", the request names worker "
                                             + std::to_string(m.worker) + " of tp " + std::to_string(m.tp));
       return;

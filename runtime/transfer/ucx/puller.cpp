@@ -79,8 +79,8 @@ void puller_impl::register_plan(channel& ch, const pull_request& req, const regi
                                                     + " refused the sharding plan: " + a->error);
   if (a->digest != r.digest)
     throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch.peer
-                                                                + " acknowledged plan " + hex(a->digest)
-                                                                + ", sent " + hex(r.digest));
+                                                                + " acknowledged plan " + checksum_hex(a->digest)
+                                                                + ", sent " + checksum_hex(r.digest));
   ch.plans.insert(r.digest);
 }
 
@@ -287,8 +287,8 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     if (got != header->checksum)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
-                               + std::to_string(req.version) + " failed its checksum (sent " + hex(header->checksum)
-                               + ", received " + hex(got) + " over " + std::to_string(size)
+                               + std::to_string(req.version) + " failed its checksum (sent " + checksum_hex(header->checksum)
+                               + ", received " + checksum_hex(got) + " over " + std::to_string(size)
                                + " bytes from producer " + ch->peer + "); the update is void");
     ch->replies.erase(p.seq);
     report.bytes += size;
