@@ -272,11 +272,26 @@ int run_direct(attack_context& cx, const direct_options& d) {
   std::set<caf::actor_id> droppers;
   std::uint64_t next_request = 1;
   sweep(cx, s, reads, ids, d.reply_wait_ms, next_request, results, droppers);
-  std::uint64_t version = 1;
-  for (auto& [req, o] : results)
-    if (o.answer && o.answer->kind == reply_kind::answered && o.answer->content.match_elements<version_info>())
-      version = std::max<std::uint64_t>(1, o.answer->content.get_as<version_info>(0).version);
+  // The trainer keeps only its latest versions: ask again right before pulling.
+  auto latest_version = [](const std::map<std::uint64_t, outcome>& rs, std::set<caf::actor_id>* holders) {
+    std::uint64_t v = 0;
+    for (auto& [req, o] : rs)
+      if (o.answer && o.answer->kind == reply_kind::answered && o.answer->content.match_elements<version_info>()) {
+        v = std::max(v, o.answer->content.get_as<version_info>(0).version);
+        if (holders)
+          holders->insert(o.actor);
+      }
+    return v;
+  };
+  std::set<caf::actor_id> trainers;
+  std::uint64_t version = std::max<std::uint64_t>(1, latest_version(results, &trainers));
   if (!d.read_only) {
+    if (!trainers.empty() && s.conn && s.last != io_status::closed && s.last != io_status::failed) {
+      std::map<std::uint64_t, outcome> again;
+      send_round(cx, s, {{"version", caf::make_message(version_atom_v)}}, {trainers.begin(), trainers.end()}, 1000,
+                 next_request, again);
+      version = std::max(version, latest_version(again, nullptr));
+    }
     std::vector<probe> writes = {
       {"pull v" + std::to_string(version) + " group 0",
        caf::make_message(pull_atom_v, version, std::uint32_t{0})},
