@@ -7,6 +7,8 @@
 //      kept a connection it should have dropped ...),
 //   2  usage error,
 //   3  the target could not be reached (nothing was attacked).
+// `garbage` exits 0 once its bytes are sent: whether the process behind the
+// port survived is for the caller to check.
 // Every connect, read and write has a deadline: the client never hangs.
 #include "actors/interfaces.hpp"
 #include "actors/system_config.hpp"
@@ -660,7 +662,8 @@ int main(int argc, char** argv) {
     ->delimiter(',');
 
   int garbage_wait_ms = 1000;
-  auto* s_garbage = app.add_subcommand("garbage", "random bytes, 16 x 0xFF, connect-and-close (raw TCP)");
+  auto* s_garbage = app.add_subcommand("garbage", "random bytes, 16 x 0xFF, connect-and-close (raw TCP); exits 0 once "
+                                                "sent: whether the target survived is the caller's check");
   add_common(s_garbage, false);
   s_garbage->add_option("--wait-ms", garbage_wait_ms, "how long to watch each connection")
     ->check(CLI::Range(1, 600000));
