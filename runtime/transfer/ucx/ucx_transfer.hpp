@@ -2,8 +2,9 @@
 // The `ucx` data-plane backend: engine workers in other processes or on
 // other nodes pull a version from a trainer rank over UCX.
 //
-//   trainer rank:  ucx_producer  UCX context + worker + listener (host:port),
-//                                one progress thread, packing threads
+//   trainer rank:  ucx_producer  UCX context + worker (no listener: consumers
+//                                connect to its worker address), one
+//                                progress thread, packing threads
 //   engine:        ucx_puller    implements weight_puller; one connection
 //                                (UCX worker + endpoint) per concurrent pull,
 //                                kept and reused between pulls
@@ -16,9 +17,26 @@
 // against 0.3 GB/s over tcp (a loaded 2-core VM; UCX's tcp put runs at
 // ~26 MiB/s here, 227 MiB/s with UCX_TCP_TX_SEG_SIZE=64K).
 //
+// Admission. The producer listens on no port. A consumer asks the control
+// plane (the trainer, members only) for credentials per engine worker: the
+// producer's UCX worker address and a token (ucx_token_bytes random bytes)
+// the producer issued for that engine and worker, usable for
+// token_lifetime, at most max_tokens kept. The consumer creates an endpoint
+// to the address; the first message on it must be a hello with that
+// engine, worker and token. Anything else (no hello, a token unknown,
+// expired or issued for another worker, garbage) is answered
+// `unauthorized`, counted (stats.rejected, refused_hellos), logged at a
+// bounded rate, and its endpoint is closed at once: an unauthenticated
+// endpoint leaves no state behind. Every session on a connection must name
+// the connection's engine worker. UCX's own tcp transport still listens
+// (one ephemeral port per device); net_devices (UCX_NET_DEVICES, from the
+// node's address: ucx_net_device_for) keeps it to the node's interface.
+//
+//   control plane ── ticket (worker address, token) ──► consumer
 //   consumer                                   producer
-//   hello ─────────────────────────────────►   (first on a connection)
-//         ◄──────────────────────────── ack    transports checked, logged
+//   hello (engine, worker, token) ─────────►   (first on a connection;
+//         ◄──────────────────────────── ack    token checked, then transports
+//                                              checked, logged)
 //   plan (encoded sharding plan) ──────────►   decoded strictly, checked
 //         ◄──────────────────── ack (digest)   against the model; kept for
 //                                              the connection
@@ -49,15 +67,15 @@
 // must arrive by the pull's deadline (transfer_failure::timeout); the
 // producer gives up a send when the consumer's announced deadline has
 // passed: it closes that connection and the group leaves its cache (the
-// buffer itself goes once UCX lets go of it). A consumer that dies is seen
-// at once (the connection manager reports the reset); idle connections are
-// closed after idle_timeout.
+// buffer itself goes once UCX lets go of it). Idle connections, a dead
+// consumer's included (worker-address endpoints without peer error
+// handling report no reset), are closed after idle_timeout, and at most
+// max_connections exist.
 //
 // Transports. An empty transport list lets UCX choose (its UCX_TLS). A list
 // (topology transfer.ucx_transports) must name transports this machine has
 // (otherwise construction fails, listing what there is), becomes the
-// contexts' UCX_TLS (plus tcp, which UCX needs to establish client/server
-// connections even between shared-memory peers), and every endpoint's lanes
+// contexts' UCX_TLS (plus tcp where present), and every endpoint's lanes
 // are checked against it: a connection that would move bytes over a
 // transport the list does not name fails instead of silently running slower.
 // Each endpoint's transports are logged ("sysv/memory am, cma/memory rma_bw
@@ -68,7 +86,7 @@
 //
 // Code. This header is the backend's interface; the rest of this folder is
 // internal to it: context (UCX contexts, workers, transports, waiting),
-// active_messages (control messages), address (host:port), ucx_wire (the
+// active_messages (control messages), address (names, network devices), ucx_wire (the
 // wire format), producer_impl.hpp (producer.cpp: setup, progress thread,
 // requests; packed_cache.cpp: the cache, packers, sends) and puller_impl.hpp
 // (puller_connections.cpp: connecting, reuse, closing; puller.cpp: the pull).
