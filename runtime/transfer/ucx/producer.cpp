@@ -361,7 +361,8 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
   try {
     m = wire::decode(bytes.data(), bytes.size());
   } catch (const wire::wire_error& e) {
-    refuse_endpoint(ep, wire::peek_seq(bytes.data(), bytes.size()), std::string("a malformed first message: ") + e.what());
+    refuse_endpoint(ep, wire::peek_seq(bytes.data(), bytes.size()),
+                    std::string("a malformed first message: ") + e.what());
     return;
   }
   const auto* hello = std::get_if<wire::hello_msg>(&m);
