@@ -88,6 +88,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   }
   log("admitted by " + head.name);
   std::shared_ptr<transfer::weight_puller> puller;
+  std::shared_ptr<transfer::ucx_puller> ucx;
   // The trainer to ask for UCX tickets: replaced when the node rejoins (a
   // restarted head has a new producer address).
   struct ticket_desk {
@@ -127,7 +128,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
         sink("ucx: " + line);
     };
     try {
-      puller = std::make_shared<transfer::ucx_puller>(po);
+      puller = ucx = std::make_shared<transfer::ucx_puller>(po);
     } catch (const std::exception& e) {
       log(std::string("transfer.backend ucx: ") + e.what());
       end.exit_code = 1;
@@ -199,6 +200,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       std::lock_guard<std::mutex> lock(desk->mutex);
       desk->trainer = grant->trainer; // tickets (and a restarted head's producer address) come from it now
     }
+    if (ucx)
+      ucx->reset_connections(); // a restarted head's producer is another
     if (auto failure = register_all(grant->coordinator); !failure.empty()) {
       log(failure + "; stopping");
       end.exit_code = 1;

@@ -667,6 +667,25 @@ TEST_CASE("ucx: requests before a hello and sessions for another worker are refu
   test::check_identical(*e.weights, *test::loaded(*v1, 1));
 }
 
+TEST_CASE("ucx: an idle connection is reused only for max_idle, then made anew") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  using row = std::pair<std::chrono::milliseconds, std::uint64_t>; // max_idle, connections made by 3 pulls
+  for (auto [max_idle, connections] : {row{60000ms, 1}, row{0ms, 3}}) {
+    INFO("max_idle " << max_idle.count() << " ms");
+    auto options = loopback_puller(producer);
+    options.max_idle = max_idle;
+    ucx_puller puller(options);
+    test_engine e("rollout-0", c, 1, puller);
+    for (int i = 0; i < 3; ++i)
+      e.pull(puller, 1);
+    CHECK(puller.stats().connections == connections);
+  }
+}
+
 TEST_CASE("ucx: an address maps to the network device UCX should use") {
   struct row {
     std::string address;
@@ -809,6 +828,13 @@ TEST_CASE("ucx: a producer that shuts down fails the pulls that need it, and a n
   link->set(&again); // the control plane now hands out the new producer's address
   e.pull(puller, 1);
   test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  // A rejoining node drops its idle connections: the next pull connects anew.
+  const auto connections = puller.stats().connections;
+  e.pull(puller, 1);
+  CHECK(puller.stats().connections == connections); // reused
+  puller.reset_connections();
+  e.pull(puller, 1);
+  CHECK(puller.stats().connections == connections + 1);
 }
 
 TEST_CASE("ucx: named shared-memory transports are used, a connection that would fall back to tcp is refused") {

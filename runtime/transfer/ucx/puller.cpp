@@ -377,6 +377,17 @@ pull_report ucx_puller::pull(const pull_request& req, const group_sink& sink) {
   return impl_->pull(req, sink);
 }
 
+void ucx_puller::reset_connections() {
+  std::vector<std::unique_ptr<channel>> old;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->producer.clear();
+    old.swap(impl_->idle);
+  }
+  for (auto& ch : old)
+    impl_->destroy(std::move(ch));
+}
+
 ucx_puller_stats ucx_puller::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->st;

@@ -57,7 +57,8 @@ std::unique_ptr<channel> puller_impl::acquire(const pull_request& req) {
       std::lock_guard<std::mutex> lock(mutex);
       current = ch->address == producer;
     }
-    if (!ch->failed && current) {
+    const bool fresh = clock::now() - ch->idle_since < options.max_idle;
+    if (!ch->failed && current && fresh) {
       ch->replies.clear();
       return ch;
     }
@@ -70,6 +71,7 @@ void puller_impl::release(std::unique_ptr<channel> ch) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (ch->address == producer && !ch->failed) {
+      ch->idle_since = clock::now();
       idle.push_back(std::move(ch));
       return;
     }

@@ -54,6 +54,7 @@ struct channel {
   std::vector<host_buffer> slots;
   lane_info lanes;
   bool connected = false;  // the producer answered hello
+  clock::time_point idle_since; // when it was last given back
   std::string refused;     // the producer refused the hello's token: do not retry
   void* closing = nullptr; // a close that has not completed (see close_ep)
 

@@ -70,7 +70,9 @@
 // buffer itself goes once UCX lets go of it). Idle connections, a dead
 // consumer's included (worker-address endpoints without peer error
 // handling report no reset), are closed after idle_timeout, and at most
-// max_connections exist.
+// max_connections exist; a consumer, which is not told of that close,
+// reuses an idle connection only for max_idle (shorter) and then makes a
+// new one.
 //
 // Transports. An empty transport list lets UCX choose (its UCX_TLS). A list
 // (topology transfer.ucx_transports) must name transports this machine has
@@ -240,6 +242,10 @@ struct ucx_puller_options {
   /// Pause between attempts: doubles from backoff_initial up to backoff_max.
   std::chrono::milliseconds backoff_initial{10};
   std::chrono::milliseconds backoff_max{500};
+  /// An idle connection older than this is closed instead of reused: a
+  /// producer closes connections idle for its idle_timeout (30 min by
+  /// default) without this side hearing of it, so keep this below that.
+  std::chrono::milliseconds max_idle{std::chrono::minutes(10)};
   /// Largest group a producer may announce (receive buffers are this big at most).
   std::uint64_t max_group_bytes = std::uint64_t(16) << 30;
   ucx_log log;
@@ -277,6 +283,10 @@ public:
   /// allowed), cancelled (the producer went away).
   /// Safe to call from several threads at once (one connection each).
   pull_report pull(const pull_request& req, const group_sink& sink) override;
+
+  /// The producer may have changed (the node rejoined a restarted head):
+  /// idle connections are closed, and the next pulls ask for credentials.
+  void reset_connections();
 
   ucx_puller_stats stats() const;
   /// The transports of the latest connection made, as logged.
