@@ -75,7 +75,10 @@ using trainer_actor = caf::typed_actor<
   caf::reacts_to<pin_atom, std::uint64_t>,
   // step now (or join the step in flight); replies once it ended, with the
   // version then published; frozen and idle: at once; a failed step: an error
-  caf::replies_to<step_atom>::with<version_info>>::extend_with<heartbeat_actor>;
+  caf::replies_to<step_atom>::with<version_info>,
+  // UCX credentials for an engine worker (engine, worker): the producer's
+  // address and a fresh session token; an error when no producer runs
+  caf::replies_to<ucx_ticket_atom, std::string, std::int32_t>::with<ucx_ticket>>::extend_with<heartbeat_actor>;
 
 /// Routes generation requests to live, current replicas.
 using router_actor = caf::typed_actor<
@@ -120,9 +123,9 @@ struct join_grant {
   coordinator_actor coordinator;
   trainer_actor trainer;
   router_actor router;
-  /// The port of the trainer's UCX producer on the coordinator's node
-  /// (transfer.backend: ucx); 0: pull over CAF from `trainer`.
-  std::uint16_t ucx_port = 0;
+  /// The trainer runs a UCX producer (transfer.backend: ucx): engines ask
+  /// `trainer` for a ucx_ticket per worker; false: pull over CAF from it.
+  bool ucx = false;
   /// The dtype the trainer sends (rlsync::dtype as an integer): what every
   /// engine records its plans in.
   std::uint8_t source_dtype = static_cast<std::uint8_t>(dtype::bf16);
@@ -130,7 +133,7 @@ struct join_grant {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
-  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx_port, x.source_dtype);
+  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx, x.source_dtype);
 }
 
 /// The only actor a cluster's head node publishes: it admits nodes that prove

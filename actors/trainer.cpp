@@ -161,6 +161,19 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       }
     },
     [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+    [=](ucx_ticket_atom, const std::string& engine, std::int32_t worker) -> caf::result<ucx_ticket> {
+      const auto& office = self->state.cfg.ucx_tickets;
+      if (!office)
+        return make_error(errc::unknown_name, "this trainer runs no UCX producer");
+      if (engine.size() > 4096 || worker < 0)
+        return make_error(errc::malformed, "a UCX ticket for an engine name of " + std::to_string(engine.size())
+                                               + " bytes, worker " + std::to_string(worker));
+      try {
+        return office->issue(engine, worker);
+      } catch (const std::exception& e) {
+        return make_error(errc::unknown_name, e.what());
+      }
+    },
     [=](caf::tick_atom) {
       self->state.tick_pending = false;
       start_step(self);
@@ -233,8 +246,10 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   transfer::local_transfer_options o;
   o.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
   out.transfer = std::make_shared<transfer::local_transfer>(out.source, o);
+  out.ucx_tickets = std::make_shared<ucx_ticket_office>();
   trainer_config cfg;
   cfg.source = out.source;
+  cfg.ucx_tickets = out.ucx_tickets;
   cfg.step_time = t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   out.actor = spawn_trainer(sys, std::move(cfg));

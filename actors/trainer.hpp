@@ -34,6 +34,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 
 namespace rlsync {
@@ -50,6 +52,30 @@ public:
 /// the running job and drops queued ones.
 std::shared_ptr<job_runner> make_thread_runner(std::size_t queue_limit = 2);
 
+/// Where the trainer gets UCX tickets: empty until the node starts its UCX
+/// producer (after the trainer), emptied before the producer goes.
+/// Thread-safe.
+class ucx_ticket_office {
+public:
+  using issuer = std::function<ucx_ticket(const std::string& engine, int worker)>;
+  void open(issuer f) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    issue_ = std::move(f);
+  }
+  void close() { open(nullptr); }
+  /// Throws std::runtime_error when no producer runs.
+  ucx_ticket issue(const std::string& engine, int worker) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!issue_)
+      throw std::runtime_error("this trainer runs no UCX producer");
+    return issue_(engine, worker);
+  }
+
+private:
+  mutable std::mutex mutex_;
+  issuer issue_;
+};
+
 /// What the trainer is spawned with.
 struct trainer_config {
   std::shared_ptr<transfer::weight_source> source;
@@ -60,6 +86,8 @@ struct trainer_config {
   std::shared_ptr<job_runner> runner;
   /// Receives one line per failed step; empty: quiet.
   std::function<void(const std::string&)> log;
+  /// UCX tickets for member engines; none: the trainer issues none.
+  std::shared_ptr<ucx_ticket_office> ucx_tickets;
 };
 
 // Private to the trainer: a step finished.
@@ -107,6 +135,7 @@ trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg);
 struct local_trainer {
   std::shared_ptr<transfer::weight_source> source;
   std::shared_ptr<transfer::local_transfer> transfer;
+  std::shared_ptr<ucx_ticket_office> ucx_tickets; ///< opened by a node that runs a UCX producer
   trainer_actor actor;
 };
 

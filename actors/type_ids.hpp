@@ -98,6 +98,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::coordinator_status))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::weight_digest))
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::weight_digest>))
+  CAF_ADD_ATOM(rlsync, rlsync, ucx_ticket_atom, "ucxticket") // an engine worker asks for UCX credentials
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::ucx_ticket))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -139,6 +141,7 @@ RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, 
 RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history,
                x.unreachable, x.retired, x.live, x.below_min_live_events)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
+RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
 
 #undef RLSYNC_INSPECT
 

@@ -65,7 +65,9 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, c
   }
   std::cerr << "rlsync node " << node.name << ": coordinator, router and trainer up; gatekeeper on "
             << node.address << ":" << head->port()
-            << (head->producer() ? "; UCX producer on " + head->producer()->address() : std::string{}) << std::endl;
+            << (head->producer() ? "; UCX producer up (no listening port: members get its address from the trainer)"
+                                 : std::string{})
+            << std::endl;
 
   int rc = 0;
   if (job.run) {

@@ -20,6 +20,19 @@ std::string cluster_layout_problem(const topology& t) {
   return {};
 }
 
+std::string ucx_net_devices_for(const node_spec& node, const std::vector<ucx_transport>& transports,
+                                const std::function<void(const std::string&)>& log) {
+  // An RDMA device has no IP of its own to find it by: leave the choice to
+  // UCX (or the operator's UCX_NET_DEVICES) when the topology names rdma.
+  if (std::find(transports.begin(), transports.end(), ucx_transport::rdma) != transports.end())
+    return {};
+  std::string why;
+  std::string device = transfer::ucx_net_device_for(node.address, &why);
+  if (device.empty() && log)
+    log("ucx: node " + node.name + ": UCX may use every network interface: " + why);
+  return device;
+}
+
 head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
                      head_hooks hooks)
     : sys_(sys) {
@@ -39,12 +52,13 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   gc.admitted = admitted;
   gc.log = hooks.line;
   try {
-    // Remote engines pull from the trainer's UCX producer, on an ephemeral
-    // port announced in the join grant.
+    // Remote engines pull from the trainer's UCX producer. It opens no
+    // port: members ask the trainer for its address and a token per engine
+    // worker (ucx_ticket_atom).
     if (t.transfer.backend == transfer_backend::ucx) {
       transfer::ucx_producer_options po;
-      po.listen_address = node.address;
       po.transports = t.transfer.ucx_transports;
+      po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, hooks.log);
       po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
       auto log = hooks.log;
       po.log = [log](const std::string& line) {
@@ -56,7 +70,11 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
       } catch (const std::exception& e) {
         throw std::runtime_error(std::string("transfer.backend ucx: ") + e.what());
       }
-      gc.grant.ucx_port = producer_->port();
+      actors_.trainer.ucx_tickets->open([p = producer_.get()](const std::string& engine, int worker) {
+        auto c = p->issue(engine, worker);
+        return ucx_ticket{std::move(c.producer), std::move(c.token)};
+      });
+      gc.grant.ucx = true;
     }
     gate_ = caf::actor_cast<caf::actor>(sys.spawn(gatekeeper, gc));
     auto port = sys.middleman().publish(caf::actor_cast<gatekeeper_actor>(gate_), node.port, node.address.c_str(), true);
@@ -115,7 +133,9 @@ bool head_node::stop(std::chrono::milliseconds deadline) {
     all.push_back(a);
   actors_.engines.clear();
   bool ok = stop_and_await(sys_, std::move(all), deadline);
-  producer_.reset(); // after every actor that could hand out its port
+  if (actors_.trainer.ucx_tickets)
+    actors_.trainer.ucx_tickets->close();
+  producer_.reset(); // after every actor that could hand out its tickets
   return ok;
 }
 

@@ -22,6 +22,13 @@
 
 namespace rlsync {
 
+/// UCX_NET_DEVICES for a node's UCX producer or puller: the interface that
+/// holds the node's address ("127.0.0.1" -> "lo"), so that UCX's tcp
+/// transport listens there only. Empty (UCX picks; said on `log`) when the
+/// topology names rdma or the address belongs to no interface here.
+std::string ucx_net_devices_for(const node_spec& node, const std::vector<ucx_transport>& transports,
+                                const std::function<void(const std::string&)>& log);
+
 /// Why `t` cannot run as one process per node: the router and the trainer
 /// must share the coordinator's node, which needs a fixed port when other
 /// nodes must reach it. Empty when it can.

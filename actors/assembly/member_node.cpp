@@ -9,7 +9,11 @@
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 
+#include "actors/assembly/head_node.hpp"
+
 #include <algorithm>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 namespace rlsync {
@@ -85,10 +89,38 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   log("admitted by " + head.name);
   std::shared_ptr<transfer::weight_puller> puller;
   std::shared_ptr<transfer::ucx_puller> ucx;
-  if (grant->ucx_port != 0) {
+  // The trainer to ask for UCX tickets: replaced when the node rejoins (a
+  // restarted head has a new producer address).
+  struct ticket_desk {
+    std::mutex mutex;
+    trainer_actor trainer;
+  };
+  auto desk = std::make_shared<ticket_desk>();
+  desk->trainer = grant->trainer;
+  if (grant->ucx) {
     transfer::ucx_puller_options po;
-    po.producer = head.address + ":" + std::to_string(grant->ucx_port);
+    // Called on a pulling thread, never an actor's: a blocking request is fine.
+    po.credentials = [&sys, desk](const std::string& engine, int worker, transfer::clock::time_point deadline) {
+      trainer_actor trainer;
+      {
+        std::lock_guard<std::mutex> lock(desk->mutex);
+        trainer = desk->trainer;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transfer::clock::now());
+      if (left <= std::chrono::milliseconds(0))
+        throw std::runtime_error("the deadline passed before a UCX ticket was asked for");
+      caf::scoped_actor self{sys};
+      std::optional<ucx_ticket> ticket;
+      std::string failure = "no answer";
+      self->request(trainer, left, ucx_ticket_atom::value, engine, static_cast<std::int32_t>(worker))
+        .receive([&](ucx_ticket& t) { ticket = std::move(t); },
+                 [&](caf::error& err) { failure = sys.render(err); });
+      if (!ticket)
+        throw std::runtime_error("the trainer gave no UCX ticket: " + failure);
+      return transfer::ucx_credentials{std::move(ticket->producer), std::move(ticket->token)};
+    };
     po.transports = t.transfer.ucx_transports;
+    po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, opts.log);
     po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
     auto sink = opts.log;
     po.log = [sink](const std::string& line) {
@@ -164,8 +196,12 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       end.exit_code = 1;
       break;
     }
-    if (ucx && grant->ucx_port != 0)
-      ucx->set_producer(head.address + ":" + std::to_string(grant->ucx_port)); // a restarted head has a new port
+    {
+      std::lock_guard<std::mutex> lock(desk->mutex);
+      desk->trainer = grant->trainer; // tickets (and a restarted head's producer address) come from it now
+    }
+    if (ucx)
+      ucx->reset_connections(); // a restarted head's producer is another
     if (auto failure = register_all(grant->coordinator); !failure.empty()) {
       log(failure + "; stopping");
       end.exit_code = 1;

@@ -213,6 +213,14 @@ struct weight_digest {
   std::vector<std::uint64_t> checksums;
 };
 
+/// What an engine worker needs to pull over UCX, asked of the trainer (a
+/// members-only request): the producer's UCX worker address (it listens on
+/// no port of its own) and a session token it issued for that worker.
+struct ucx_ticket {
+  std::vector<std::uint8_t> producer;
+  std::vector<std::uint8_t> token;
+};
+
 // -- routing and status ---------------------------------------------------------
 
 /// The coordinator tells the router which engine may serve which version.

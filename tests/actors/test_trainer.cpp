@@ -446,3 +446,37 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: step refused by a full runner is an
   runner->refuse = false;
   CHECK(answer(request<version_info>(t, version_atom::value)).version == 1);
 }
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: UCX tickets come from the office once a producer opened it, never before") {
+  const model_config c = test::small_model(1);
+  auto cfg = config(test::small_source(c));
+  cfg.ucx_tickets = std::make_shared<ucx_ticket_office>();
+  auto office = cfg.ucx_tickets;
+  auto t = spawn(trainer, cfg);
+  run();
+  const std::int32_t worker = 1;
+  auto err = failure(request<ucx_ticket>(t, ucx_ticket_atom::value, std::string("e"), worker));
+  CHECK(is(err, errc::unknown_name));
+  CHECK(sys.render(err).find("runs no UCX producer") != std::string::npos);
+
+  std::vector<std::pair<std::string, int>> asked;
+  office->open([&](const std::string& engine, int w) {
+    asked.emplace_back(engine, w);
+    return ucx_ticket{{1, 2, 3}, std::vector<std::uint8_t>(32, 7)};
+  });
+  auto ticket = answer(request<ucx_ticket>(t, ucx_ticket_atom::value, std::string("e"), worker));
+  CHECK(ticket.producer == std::vector<std::uint8_t>{1, 2, 3});
+  CHECK(ticket.token.size() == 32);
+  REQUIRE(asked.size() == 1);
+  CHECK(asked[0] == std::make_pair(std::string("e"), 1));
+  // A negative worker or an absurd name is refused before the producer sees it.
+  CHECK(is(failure(request<ucx_ticket>(t, ucx_ticket_atom::value, std::string("e"), std::int32_t{-1})),
+           errc::malformed));
+  CHECK(is(failure(request<ucx_ticket>(t, ucx_ticket_atom::value, std::string(5000, 'x'), worker)), errc::malformed));
+  CHECK(asked.size() == 1);
+
+  office->close(); // the producer is going
+  CHECK(is(failure(request<ucx_ticket>(t, ucx_ticket_atom::value, std::string("e"), worker)), errc::unknown_name));
+  caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
+  run();
+}

@@ -41,7 +41,7 @@ grep -q '"completed": 32' "$dir/three.json" || { cat "$dir/three.json"; echo "FA
 grep -q "admitted by trainer-node" "$dir/a.log" || { cat "$dir/a.log"; echo "FAIL: engine-node-a not admitted"; exit 1; }
 grep -q "admitted by trainer-node" "$dir/b.log" || { cat "$dir/b.log"; echo "FAIL: engine-node-b not admitted"; exit 1; }
 for n in a b; do # every connection to the producer said which transport it uses: tcp only
-  grep -q "connected to producer $a0:[0-9]* .*\[tcp\]" "$dir/$n.log" \
+  grep -q "connected to producer ucx-[0-9a-f]* .*\[tcp\]" "$dir/$n.log" \
     || { cat "$dir/$n.log"; echo "FAIL: engine-node-$n did not pull over UCX/tcp"; exit 1; }
   ! grep "connected to producer" "$dir/$n.log" | grep -v "\[tcp\]" || { echo "FAIL: a connection not over tcp"; exit 1; }
 done

@@ -39,6 +39,9 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
     [=](pin_atom, std::uint64_t v) { script->pins.push_back(v); },
     [=](step_atom) { return script->current; },
     [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+    [=](ucx_ticket_atom, const std::string&, std::int32_t) -> caf::result<ucx_ticket> {
+      return make_error(errc::unknown_name, "the scripted trainer runs no UCX producer");
+    },
     [=](caf::publish_atom, const version_info& vi) {
       script->current = vi;
       for (auto& l : script->listeners)

@@ -5,6 +5,7 @@
 // the deadline with errors naming what failed; malformed peers are rejected
 // without disturbing the others. Skips (with a message) where UCX cannot
 // create a context.
+#include "runtime/base/checksum.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
@@ -20,8 +21,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <set>
+#include <sstream>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -66,21 +73,51 @@ struct log_lines {
 
 ucx_producer_options loopback_producer(std::vector<ucx_transport> transports = {}, ucx_log log = {}) {
   ucx_producer_options o;
-  o.listen_address = "127.0.0.1";
   o.net_devices = "lo"; // otherwise a 127.0.0.1 connection also takes eth0 as a second rail
   o.transports = std::move(transports);
   o.log = std::move(log);
   return o;
 }
 
-ucx_puller_options loopback_puller(const std::string& producer, std::vector<ucx_transport> transports = {},
+// Stands for the control plane: hands out credentials of whichever
+// producer is current (none: the request fails, as the trainer's would).
+struct producer_link {
+  std::mutex mutex;
+  ucx_producer* current = nullptr;
+  void set(ucx_producer* p) {
+    std::lock_guard<std::mutex> lock(mutex);
+    current = p;
+  }
+  ucx_credentials issue(const std::string& engine, int worker) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!current)
+      throw std::runtime_error("no producer runs");
+    return current->issue(engine, worker);
+  }
+};
+
+ucx_puller_options loopback_puller(ucx_credentials_source credentials, std::vector<ucx_transport> transports = {},
                                    ucx_log log = {}) {
   ucx_puller_options o;
-  o.producer = producer;
+  o.credentials = std::move(credentials);
   o.net_devices = "lo";
   o.transports = std::move(transports);
   o.log = std::move(log);
   return o;
+}
+
+ucx_puller_options loopback_puller(ucx_producer& producer, std::vector<ucx_transport> transports = {},
+                                   ucx_log log = {}) {
+  return loopback_puller([&producer](const std::string& engine, int worker,
+                                     clock::time_point) { return producer.issue(engine, worker); },
+                         std::move(transports), std::move(log));
+}
+
+ucx_puller_options loopback_puller(const std::shared_ptr<producer_link>& link,
+                                   std::vector<ucx_transport> transports = {}, ucx_log log = {}) {
+  return loopback_puller([link](const std::string& engine, int worker,
+                                clock::time_point) { return link->issue(engine, worker); },
+                         std::move(transports), std::move(log));
 }
 
 template <class F>
@@ -98,18 +135,51 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A loopback port nobody listens on: bound, then closed.
-std::uint16_t closed_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
+// How errors and logs name a producer: by a checksum of its worker address.
+std::string name_of(const ucx_producer& p) {
+  const auto& a = p.worker_address();
+  return "ucx-" + checksum_hex(checksum64(a.data(), a.size())).substr(0, 8);
+}
+
+// The local addresses ("127.0.0.1", "::1", ...) of every TCP socket this
+// process listens on, from its descriptors and /proc/net/tcp{,6}.
+std::vector<std::string> own_listening_addresses() {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0)
+      inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line); // the header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state != "0A" || !inodes.count(inode)) // 0A: LISTEN
+        continue;
+      const std::string hex = local.substr(0, local.find(':'));
+      char text[INET6_ADDRSTRLEN] = {};
+      if (hex.size() == 8) {
+        in_addr a{};
+        a.s_addr = static_cast<std::uint32_t>(std::stoul(hex, nullptr, 16));
+        inet_ntop(AF_INET, &a, text, sizeof text);
+      } else {
+        in6_addr a{};
+        for (int w = 0; w < 4; ++w) {
+          const auto word = static_cast<std::uint32_t>(std::stoul(hex.substr(8 * w, 8), nullptr, 16));
+          std::memcpy(a.s6_addr + 4 * w, &word, 4);
+        }
+        inet_ntop(AF_INET6, &a, text, sizeof text);
+      }
+      out.push_back(text);
+    }
+  }
+  return out;
 }
 
 // The producer counts a send once it sees it complete, which may be just
@@ -264,14 +334,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
 
 TEST_CASE("ucx wire: messages and plans of format version 1 (XXH64 checksums) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 2); // the byte after the magic
+  REQUIRE(message.at(4) == 3); // the byte after the magic
   message[4] = 1;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 1, expected 2"), wire::wire_error);
+                       doctest::Contains("format version 1, expected 3"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 2);
+  REQUIRE(plan.at(4) == 3);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 2"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 3"),
                        wire::wire_error);
 }
 
@@ -286,8 +356,8 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
     auto v1 = src->produce_next();
     log_lines log;
     ucx_producer producer(src, loopback_producer({}, log.sink()));
-    CHECK(producer.port() != 0);
-    ucx_puller puller(loopback_puller(producer.address(), {}, log.sink()));
+    CHECK(!producer.worker_address().empty());
+    ucx_puller puller(loopback_puller(producer, {}, log.sink()));
     test_engine e("rollout-0", c, tp, puller);
 
     auto report = e.pull(puller, 1);
@@ -301,7 +371,7 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
       CHECK(r.groups == 3);
     }
     // Both ends logged the transports of their endpoints.
-    CHECK(log.contains("ucx puller: engine 'rollout-0' worker 0 connected to producer " + producer.address()));
+    CHECK(log.contains("ucx puller: engine 'rollout-0' worker 0 connected to producer " + name_of(producer)));
     CHECK(log.contains("ucx producer: connection from"));
     MESSAGE("transports: " << puller.last_transports());
 
@@ -323,7 +393,7 @@ TEST_CASE("ucx: broadcast sends every worker the whole model, which it slices wi
     auto src = test::small_source(c);
     auto v1 = src->produce_next();
     ucx_producer producer(src, loopback_producer());
-    ucx_puller puller(loopback_puller(producer.address()));
+    ucx_puller puller(loopback_puller(producer));
     test_engine e("rollout-0", c, tp, puller);
     auto report = e.pull(puller, 1, transfer_mode::broadcast);
     test::check_identical(*e.weights, *test::loaded(*v1, tp));
@@ -338,7 +408,7 @@ TEST_CASE("ucx: over tcp only, the pull is identical and the endpoint reports tc
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
   ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
-  ucx_puller puller(loopback_puller(producer.address(), {ucx_transport::tcp}));
+  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
   test_engine e("rollout-0", c, 2, puller);
   e.pull(puller, 1);
   test::check_identical(*e.weights, *test::loaded(*v1, 2));
@@ -353,7 +423,7 @@ TEST_CASE("ucx: replicas with the same plan share the producer's packing and mem
   auto opts = loopback_producer();
   opts.max_packed_groups = 8; // 2 workers x 3 groups fit: the second replica packs nothing
   ucx_producer producer(src, opts);
-  ucx_puller puller(loopback_puller(producer.address()));
+  ucx_puller puller(loopback_puller(producer));
   test_engine a("rollout-0", c, 2, puller);
   test_engine b("rollout-1", c, 2, puller);
   a.pull(puller, 1);
@@ -370,7 +440,7 @@ TEST_CASE("ucx: replicas with the same plan share the producer's packing and mem
   auto small = loopback_producer();
   small.max_packed_groups = 2;
   ucx_producer tight(src, small);
-  ucx_puller p2(loopback_puller(tight.address()));
+  ucx_puller p2(loopback_puller(tight));
   test_engine x("rollout-0", c, 2, p2);
   test_engine y("rollout-1", c, 2, p2);
   auto fx = std::async(std::launch::async, [&] { return x.pull(p2, 1); });
@@ -388,14 +458,14 @@ TEST_CASE("ucx: a corrupted group fails that worker's pull with a checksum error
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
   ucx_producer producer(src, loopback_producer());
-  ucx_puller puller(loopback_puller(producer.address()));
+  ucx_puller puller(loopback_puller(producer));
   test_engine bad("rollout-0", c, 2, puller);
   test_engine good("rollout-1", c, 2, puller);
   producer.corrupt({"rollout-0", 1, 0, /*group*/ 1});
   auto err = expect_failure([&] { bad.pull(puller, 1); });
   CHECK(err.failure == transfer_failure::checksum_mismatch);
   CHECK(has(err.what(), "engine 'rollout-0' worker 1: group 1 of version 1 failed its checksum"));
-  CHECK(has(err.what(), producer.address()));
+  CHECK(has(err.what(), name_of(producer)));
   for (auto [w, g] : bad.received)
     CHECK_FALSE((w == 1 && g >= 1));
   CHECK(producer.stats().corruptions == 1);
@@ -412,7 +482,7 @@ TEST_CASE("ucx: a producer that never answers a group ends in a timeout at the d
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
   ucx_producer producer(src, loopback_producer());
-  ucx_puller puller(loopback_puller(producer.address()));
+  ucx_puller puller(loopback_puller(producer));
   test_engine e("rollout-0", c, 2, puller);
   // Connected and the plans registered first, so the failing pull needs
   // only an open and a few KiB before group 2 is all it waits for: its
@@ -426,7 +496,7 @@ TEST_CASE("ucx: a producer that never answers a group ends in a timeout at the d
   auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, deadline); });
   const auto took = clock::now() - t0;
   CHECK(err.failure == transfer_failure::timeout);
-  CHECK(has(err.what(), "group 2 of version 1 did not arrive from producer " + producer.address()));
+  CHECK(has(err.what(), "group 2 of version 1 did not arrive from producer " + name_of(producer)));
   CHECK(has(err.what(), "2 of 3 groups received"));
   CHECK(took >= deadline);
   CHECK(took < deadline + 5s);
@@ -440,43 +510,204 @@ TEST_CASE("ucx: a producer that never answers a group ends in a timeout at the d
   test::check_identical(*e.weights, *test::loaded(*v1, 2));
 }
 
-TEST_CASE("ucx: connecting to a closed port fails by the deadline, naming the peer") {
+TEST_CASE("ucx: connecting to a producer that is gone fails by the deadline, naming it") {
   SKIP_WITHOUT_UCX();
-  const std::uint16_t port = closed_port();
-  const std::string peer = "127.0.0.1:" + std::to_string(port);
   const model_config c = test::small_model(1);
-  ucx_puller puller(loopback_puller(peer));
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_credentials stale;
+  std::string name;
+  {
+    ucx_producer producer(src, loopback_producer());
+    stale = producer.issue("rollout-0", 0);
+    name = name_of(producer);
+  }
+  ucx_puller puller(loopback_puller([&](const std::string&, int, clock::time_point) { return stale; }));
   test_engine e("rollout-0", c, 1, puller);
   const auto t0 = clock::now();
   auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 400ms); });
   const auto took = clock::now() - t0;
-  CHECK(err.failure == transfer_failure::timeout);
-  CHECK(has(err.what(), "could not connect to producer " + peer + " before the deadline"));
   MESSAGE(std::string(err.what()));
-  CHECK(took >= 400ms); // a refused attempt is retried, not the end
+  CHECK(err.failure == transfer_failure::timeout);
+  CHECK(has(err.what(), "could not connect to producer " + name + " before the deadline"));
+  CHECK(took >= 400ms); // a failed attempt is retried, not the end
   CHECK(took < 5s);
 }
 
-TEST_CASE("ucx: a consumer retries a refused connection until a producer listens there, then pulls") {
+TEST_CASE("ucx: a pull without credentials fails at once, saying why") {
   SKIP_WITHOUT_UCX();
-  const std::uint16_t port = closed_port();
+  const model_config c = test::small_model(1);
+  auto link = std::make_shared<producer_link>(); // no producer runs
+  ucx_puller puller(loopback_puller(link));
+  test_engine e("rollout-0", c, 1, puller);
+  auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 5s); });
+  CHECK(err.failure == transfer_failure::producer_failed);
+  CHECK(has(err.what(), "no credentials for the producer: no producer runs"));
+  CHECK(puller.stats().connect_attempts == 0);
+}
+
+// -- tokens and the address exchange ---------------------------------------------------
+
+TEST_CASE("ucx: the producer's worker address travels with each token, and no socket listens beyond loopback") {
+  SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(1);
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
-  ucx_puller puller(loopback_puller("127.0.0.1:" + std::to_string(port)));
+  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
+  const auto a = producer.issue("rollout-0", 0), b = producer.issue("rollout-0", 0);
+  CHECK(a.producer == producer.worker_address());
+  CHECK(a.token.size() == ucx_token_bytes);
+  CHECK(a.token != b.token); // random, one per request
+  CHECK(producer.stats().tokens_issued == 2);
+  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
   test_engine e("rollout-0", c, 1, puller);
-  auto pulling = std::async(std::launch::async, [&] { return e.pull(puller, 1, transfer_mode::sharded, 60s); });
-  // The second attempt has begun: the first was refused (nobody listens)
-  // and the consumer tried again. Seen however long the attempts take.
-  REQUIRE(eventually([&] { return puller.stats().connect_attempts >= 2; }, 30s));
-  auto options = loopback_producer();
-  options.port = port;
-  ucx_producer producer(src, options);
-  const auto report = pulling.get();
-  CHECK(report.groups == plan::group_count(c));
+  e.pull(puller, 1);
   test::check_identical(*e.weights, *test::loaded(*v1, 1));
-  CHECK(puller.stats().connections == 1);
-  CHECK(puller.stats().connect_attempts >= 2);
+  CHECK(has(puller.last_transports(), "[tcp]"));
+  // UCX's tcp transport still listens (a port per device), on lo only.
+  const auto listening = own_listening_addresses();
+  MESSAGE("listening on: " << listening.size() << " socket(s)");
+  for (const auto& addr : listening) {
+    INFO("listening on " << addr);
+    CHECK((addr.rfind("127.", 0) == 0 || addr == "::1"));
+  }
+}
+
+TEST_CASE("ucx: a hello is served only with a token issued for its engine worker, unexpired and remembered") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  src->produce_next();
+  auto options = loopback_producer();
+  options.token_lifetime = 300ms;
+  options.max_tokens = 3;
+  log_lines log;
+  options.log = log.sink();
+  ucx_producer producer(src, options);
+  std::mt19937 rng(7);
+  struct row {
+    const char* what;
+    std::function<ucx_credentials(const std::string&, int)> credentials;
+    const char* refusal; // empty: served
+  };
+  const std::vector<row> rows{
+      {"a valid token", [&](const std::string& e, int w) { return producer.issue(e, w); }, ""},
+      {"a wrong token",
+       [&](const std::string&, int) {
+         ucx_credentials k{producer.worker_address(), std::vector<std::uint8_t>(ucx_token_bytes)};
+         for (auto& x : k.token)
+           x = static_cast<std::uint8_t>(rng());
+         return k;
+       },
+       "presented a token this producer did not issue"},
+      {"a token for another worker", [&](const std::string& e, int) { return producer.issue(e, 1); },
+       "presented a token issued for another engine worker"},
+      {"a token for another engine", [&](const std::string&, int w) { return producer.issue("rollout-9", w); },
+       "presented a token issued for another engine worker"},
+      {"an expired token",
+       [&](const std::string& e, int w) {
+         auto k = producer.issue(e, w);
+         std::this_thread::sleep_for(400ms);
+         return k;
+       },
+       "presented an expired token"},
+      {"a token pushed out of the bounded table",
+       [&](const std::string& e, int w) {
+         auto k = producer.issue(e, w);
+         for (int i = 0; i < 3; ++i)
+           producer.issue("rollout-" + std::to_string(i), 0);
+         return k;
+       },
+       "presented a token this producer did not issue"},
+  };
+  for (const auto& r : rows) {
+    INFO(r.what);
+    const auto refused_before = producer.stats().refused_hellos;
+    ucx_puller puller(loopback_puller(
+        [&](const std::string& e, int w, clock::time_point) { return r.credentials(e, w); }));
+    test_engine e("rollout-0", c, 1, puller);
+    if (std::string(r.refusal).empty()) {
+      CHECK(e.pull(puller, 1).groups == plan::group_count(c));
+      CHECK(producer.stats().refused_hellos == refused_before);
+      continue;
+    }
+    auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 5s); });
+    CHECK(err.failure == transfer_failure::producer_failed);
+    CHECK(has(err.what(), "refused the connection: unauthorized: producer: engine 'rollout-0' worker 0 "));
+    CHECK(has(err.what(), r.refusal));
+    CHECK(puller.stats().connect_attempts == 1); // a refusal is not retried
+    CHECK(producer.stats().refused_hellos == refused_before + 1);
+  }
+  CHECK(log.contains("ucx producer: refused an endpoint: "));
+}
+
+TEST_CASE("ucx: requests before a hello and sessions for another worker are refused and counted") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  // No hello: a get, a plan, garbage; each endpoint is refused and closed.
+  CHECK(has(puller.send_raw(wire::encode(wire::get_msg{8, 1, 0, 1, 1000}), in(5s), false),
+            "unauthorized: producer: a request before hello"));
+  auto plan = wire::encode_plan(engine::make_plan(c, 1, 0, dtype::bf16));
+  CHECK(has(puller.send_raw(wire::encode(wire::plan_msg{9, plan}), in(5s), false), "unauthorized"));
+  CHECK(has(puller.send_raw(std::vector<std::uint8_t>(16, 0xff), in(5s), false),
+            "unauthorized: producer: a malformed first message"));
+  CHECK(producer.stats().refused_hellos == 3);
+  CHECK(producer.stats().connections == 0);
+  // A connection whose token is for "(raw)" worker 0 cannot open another's session.
+  const auto reply = puller.send_raw(
+      wire::encode(wire::open_msg{10, "rollout-0", 0, 1, 1, transfer_mode::broadcast, 0}), in(5s));
+  CHECK(has(reply, "unauthorized: this connection's token is for engine '(raw)' worker 0"));
+  // The producer still serves the rightful engine.
+  test_engine e("rollout-0", c, 1, puller);
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("ucx: an idle connection is reused only for max_idle, then made anew") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  using row = std::pair<std::chrono::milliseconds, std::uint64_t>; // max_idle, connections made by 3 pulls
+  for (auto [max_idle, connections] : {row{60000ms, 1}, row{0ms, 3}}) {
+    INFO("max_idle " << max_idle.count() << " ms");
+    auto options = loopback_puller(producer);
+    options.max_idle = max_idle;
+    ucx_puller puller(options);
+    test_engine e("rollout-0", c, 1, puller);
+    for (int i = 0; i < 3; ++i)
+      e.pull(puller, 1);
+    CHECK(puller.stats().connections == connections);
+  }
+}
+
+TEST_CASE("ucx: an address maps to the network device UCX should use") {
+  struct row {
+    std::string address;
+    std::string device; // empty: none
+    std::string why;
+  };
+  const std::vector<row> rows{
+      {"127.0.0.1", "lo", ""},
+      {"127.0.0.2", "lo", ""},
+      {"localhost", "lo", ""},
+      {"0.0.0.0", "", "wildcard"},
+      {"", "", "wildcard"},
+      {"192.0.2.77", "", "belongs to no interface of this machine"}, // TEST-NET-1
+      {"no-such-host.invalid", "", "does not resolve"},
+  };
+  for (const auto& r : rows) {
+    INFO(r.address);
+    std::string why;
+    CHECK(ucx_net_device_for(r.address, &why) == r.device);
+    if (!r.why.empty())
+      CHECK(has(why, r.why));
+  }
 }
 
 TEST_CASE("ucx: malformed messages and plans are rejected with an error, the producer keeps serving") {
@@ -486,7 +717,7 @@ TEST_CASE("ucx: malformed messages and plans are rejected with an error, the pro
   auto v1 = src->produce_next();
   log_lines log;
   ucx_producer producer(src, loopback_producer({}, log.sink()));
-  ucx_puller puller(loopback_puller(producer.address()));
+  ucx_puller puller(loopback_puller(producer));
 
   auto answer = puller.send_raw({1, 2, 3, 4, 5}, in(5s));
   MESSAGE(answer);
@@ -533,7 +764,7 @@ TEST_CASE("ucx: pull errors name the version, the worker and the producer") {
   src->produce_next();
   src->produce_next(); // holds 2 and 3
   ucx_producer producer(src, loopback_producer());
-  ucx_puller puller(loopback_puller(producer.address()));
+  ucx_puller puller(loopback_puller(producer));
   test_engine e("e", c, 1, puller);
 
   auto err = expect_failure([&] { puller.pull({"e", 0, 1, transfer_mode::sharded, in(5s)}, e.sink()); });
@@ -552,8 +783,6 @@ TEST_CASE("ucx: pull errors name the version, the worker and the producer") {
   CHECK(err.failure == transfer_failure::producer_failed);
   CHECK(has(err.what(), "the plan was recorded for F32"));
 
-  CHECK_THROWS_AS(puller.set_producer("no-port"), std::invalid_argument);
-  CHECK_THROWS_AS(ucx_puller(loopback_puller("host:99999")), std::invalid_argument);
 }
 
 TEST_CASE("ucx: a topology naming a transport this machine lacks fails at construction, listing what there is") {
@@ -573,7 +802,8 @@ TEST_CASE("ucx: a topology naming a transport this machine lacks fails at constr
     CHECK(has(e.what(), "transfer.ucx_transports [rdma] names rdma, but UCX offers no rdma transport"));
     CHECK(has(e.what(), "available: "));
   }
-  CHECK_THROWS_AS(ucx_puller(loopback_puller("127.0.0.1:1", {ucx_transport::shm, ucx_transport::rdma})), ucx_error);
+  CHECK_THROWS_AS(ucx_puller(loopback_puller(ucx_credentials_source{}, {ucx_transport::shm, ucx_transport::rdma})),
+                  ucx_error);
 }
 
 TEST_CASE("ucx: a producer that shuts down fails the pulls that need it, and a new one is found again") {
@@ -581,19 +811,30 @@ TEST_CASE("ucx: a producer that shuts down fails the pulls that need it, and a n
   const model_config c = test::small_model(2);
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
+  auto link = std::make_shared<producer_link>();
   auto producer = std::make_unique<ucx_producer>(src, loopback_producer());
-  ucx_puller puller(loopback_puller(producer->address()));
+  link->set(producer.get());
+  ucx_puller puller(loopback_puller(link));
   test_engine e("rollout-0", c, 1, puller);
   e.pull(puller, 1);
+  link->set(nullptr);
   producer.reset(); // the idle connection now leads nowhere
   auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 300ms); });
-  CHECK((err.failure == transfer_failure::timeout || err.failure == transfer_failure::cancelled));
+  CHECK((err.failure == transfer_failure::timeout || err.failure == transfer_failure::cancelled
+         || err.failure == transfer_failure::producer_failed));
   MESSAGE(std::string(err.what()));
 
   ucx_producer again(src, loopback_producer());
-  puller.set_producer(again.address());
+  link->set(&again); // the control plane now hands out the new producer's address
   e.pull(puller, 1);
   test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  // A rejoining node drops its idle connections: the next pull connects anew.
+  const auto connections = puller.stats().connections;
+  e.pull(puller, 1);
+  CHECK(puller.stats().connections == connections); // reused
+  puller.reset_connections();
+  e.pull(puller, 1);
+  CHECK(puller.stats().connections == connections + 1);
 }
 
 TEST_CASE("ucx: named shared-memory transports are used, a connection that would fall back to tcp is refused") {
@@ -609,7 +850,7 @@ TEST_CASE("ucx: named shared-memory transports are used, a connection that would
   {
     const std::vector<ucx_transport> fast{ucx_transport::shm, ucx_transport::cma};
     ucx_producer producer(src, loopback_producer(fast));
-    ucx_puller puller(loopback_puller(producer.address(), fast));
+    ucx_puller puller(loopback_puller(producer, fast));
     test_engine e("rollout-0", c, 1, puller);
     e.pull(puller, 1);
     test::check_identical(*e.weights, *test::loaded(*v1, 1));
@@ -620,7 +861,7 @@ TEST_CASE("ucx: named shared-memory transports are used, a connection that would
     // common ground is tcp, which the consumer's list does not name.
     ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
     log_lines log;
-    ucx_puller puller(loopback_puller(producer.address(), {ucx_transport::shm}, log.sink()));
+    ucx_puller puller(loopback_puller(producer, {ucx_transport::shm}, log.sink()));
     test_engine e("rollout-0", c, 1, puller);
     auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 5s); });
     CHECK(err.failure == transfer_failure::producer_failed);
@@ -638,7 +879,7 @@ TEST_CASE("ucx: plans and manifests too large for one eager message travel by re
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
   ucx_producer producer(src, loopback_producer());
-  ucx_puller puller(loopback_puller(producer.address()));
+  ucx_puller puller(loopback_puller(producer));
   test_engine e("rollout-0", c, 2, puller);
   e.pull(puller, 1);
   test::check_identical(*e.weights, *test::loaded(*v1, 2));

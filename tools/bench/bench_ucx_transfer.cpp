@@ -59,12 +59,14 @@ void run(const char* name, const std::vector<ucx_transport>& transports, int tp,
          const std::shared_ptr<synthetic_source>& src) {
   const model_config c = src->config();
   ucx_producer_options po;
-  po.listen_address = "127.0.0.1";
   po.net_devices = "lo";
   po.transports = transports;
   ucx_producer producer(src, po);
+  ucx_producer* current = &producer; // what the control plane would hand out
   ucx_puller_options o;
-  o.producer = producer.address();
+  o.credentials = [&current](const std::string& engine, int worker, clock::time_point) {
+    return current->issue(engine, worker);
+  };
   o.net_devices = "lo";
   o.transports = transports;
   ucx_puller puller(o);
@@ -76,7 +78,7 @@ void run(const char* name, const std::vector<ucx_transport>& transports, int tp,
 
   po.max_packed_groups = 2;
   ucx_producer repacking(src, po);
-  puller.set_producer(repacking.address());
+  current = &repacking;
   pulls(puller, tp, v, 1); // connect, warm the producer's buffers
   const auto repack = pulls(puller, tp, v, repeats);
   std::printf("%-8s tp %d: cold %.2f GB/s; cached median %.2f (best %.2f); repack median %.2f (best %.2f) GB/s [%s]\n",

@@ -136,11 +136,10 @@ std::string list(const std::vector<ucx_transport>& ts) {
 }
 
 // UCX_TLS for a topology's transport list; throws ucx_error naming what is
-// missing. tcp is always added when present: UCX's client/server connection
-// establishment needs it even when shm and cma will carry every byte
-// (measured: UCX_TLS=posix,cma alone gives "Destination is unreachable" on
-// connect). The lane check on each endpoint keeps it from carrying data
-// unless the list names it.
+// missing. tcp is always added when present, so that two ends whose lists
+// share no transport meet over tcp and the lane check on the endpoint
+// refuses it naming tcp (instead of an unreachable destination); that
+// check keeps tcp from carrying data unless the list names it.
 std::string tls_for(const std::vector<ucx_transport>& named, const catalog& c, const std::string& role) {
   std::string tls;
   std::set<std::string> added;
@@ -167,17 +166,7 @@ std::string tls_for(const std::vector<ucx_transport>& named, const catalog& c, c
 } // namespace
 
 std::unique_ptr<ucx_context> make_context(const std::vector<ucx_transport>& named, const std::string& net_devices,
-                                          const std::string& role, bool fixed_port) {
-  if (fixed_port) {
-    // A producer restarted on its configured port must bind it at once,
-    // not wait until the old listener's port leaves TIME_WAIT (without
-    // SO_REUSEADDR it lingers there). The tcp connection manager takes this
-    // from the environment only (ucp_config_modify rejects it as an
-    // "invalid configuration"). Set once, before the first such context,
-    // and never over a value the user chose; ephemeral ports need nothing.
-    static std::once_flag reuseaddr;
-    std::call_once(reuseaddr, [] { setenv("UCX_TCP_CM_REUSEADDR", "y", 0); });
-  }
+                                          const std::string& role) {
   auto ctx = std::make_unique<ucx_context>();
   if (!named.empty())
     ctx->tls = tls_for(named, make_catalog(net_devices), role);

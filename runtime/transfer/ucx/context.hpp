@@ -41,11 +41,9 @@ struct ucx_context {
 
 /// A UCP context with UCX_TLS set from `named` (throws ucx_error naming what
 /// this machine lacks) and UCX_NET_DEVICES from `net_devices`; `role`
-/// ("producer", "puller") prefixes its errors. `fixed_port`: a listener
-/// will bind a configured port, which must be reusable at once after a
-/// restart.
+/// ("producer", "puller") prefixes its errors.
 std::unique_ptr<ucx_context> make_context(const std::vector<ucx_transport>& named, const std::string& net_devices,
-                                          const std::string& role, bool fixed_port = false);
+                                          const std::string& role);
 
 struct worker_handle {
   ucp_worker_h handle = nullptr;

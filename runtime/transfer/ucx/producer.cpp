@@ -1,13 +1,15 @@
 #include "runtime/transfer/ucx/producer_impl.hpp"
 
 #include "runtime/base/checksum.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/plan/groups.hpp"
-#include "runtime/transfer/ucx/address.hpp"
 
-#include <arpa/inet.h>
 #include <poll.h>
+#include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 
 namespace rlsync::transfer {
@@ -31,43 +33,25 @@ void producer_impl::start() {
     full_group_bytes[plan::group_of(c, p.name)] += p.bytes();
   }
 
-  ctx = make_context(options.transports, options.net_devices, "producer", options.port != 0);
+  ctx = make_context(options.transports, options.net_devices, "producer");
   worker = make_worker(ctx->handle, "producer");
   inbox.install(worker.handle, am_request, options.max_message_bytes);
+  refusal_log = std::make_unique<rate_limited_log>([log = options.log](const std::string& line) { say(log, line); });
 
-  socklen_t len = 0;
-  sockaddr_storage addr{};
-  try {
-    addr = resolve({options.listen_address, std::to_string(options.port)}, len, true);
-  } catch (const std::exception& e) {
-    throw ucx_error("ucx producer: listen address '" + options.listen_address + "': " + e.what());
-  }
-  ucp_listener_params_t lp{};
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-  lp.sockaddr.addrlen = len;
-  lp.conn_handler.cb = &producer_impl::on_connection;
-  lp.conn_handler.arg = this;
-  ucs_status_t s = ucp_listener_create(worker.handle, &lp, &listener);
-  if (s != UCS_OK)
-    throw ucx_error("ucx producer: cannot listen on " + options.listen_address + ":"
-                    + std::to_string(options.port) + ": " + ucs_status_string(s));
-  ucp_listener_attr_t la{};
-  la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  s = ucp_listener_query(listener, &la);
-  if (s != UCS_OK)
-    throw ucx_error(std::string("ucx producer: cannot query the listener: ") + ucs_status_string(s));
-  bound_port = la.sockaddr.ss_family == AF_INET6
-                   ? ntohs(reinterpret_cast<const sockaddr_in6*>(&la.sockaddr)->sin6_port)
-                   : ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
-  const bool any = options.listen_address == "0.0.0.0" || options.listen_address == "::"
-                   || options.listen_address.empty();
-  const std::string host = any ? "127.0.0.1" : options.listen_address;
-  bound_address =
-      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(bound_port);
+  // No listener: consumers connect to this worker address, which travels
+  // only over the authenticated control plane together with a token.
+  ucp_address_t* a = nullptr;
+  std::size_t len = 0;
+  if (const ucs_status_t s = ucp_worker_get_address(worker.handle, &a, &len); s != UCS_OK)
+    throw ucx_error(std::string("ucx producer: cannot get the worker's address: ") + ucs_status_string(s));
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(a);
+  address.assign(bytes, bytes + len);
+  ucp_worker_release_address(worker.handle, a);
 
-  say(options.log, "ucx producer: listening on " + sockaddr_string(la.sockaddr) + " (UCX_TLS="
-                       + (ctx->tls.empty() ? std::string("UCX default") : ctx->tls) + ")");
+  say(options.log, "ucx producer: serving on a UCX worker address of " + std::to_string(address.size())
+                       + " bytes, no listening port (UCX_TLS="
+                       + (ctx->tls.empty() ? std::string("UCX default") : ctx->tls) + ", UCX_NET_DEVICES="
+                       + (options.net_devices.empty() ? std::string("UCX default") : options.net_devices) + ")");
   for (unsigned i = 0; i < std::max(1u, options.pack_threads); ++i)
     packers.emplace_back([this] { pack_loop(); });
   progress = std::thread([this] { run(); });
@@ -78,11 +62,7 @@ void producer_impl::stop() {
   if (worker.handle)
     ucp_worker_signal(worker.handle);
   if (progress.joinable())
-    progress.join(); // its shutdown() released the listener and the connections
-  if (listener) {    // start() failed before the progress thread ran
-    ucp_listener_destroy(listener);
-    listener = nullptr;
-  }
+    progress.join(); // its shutdown() released the connections
   {
     std::lock_guard<std::mutex> lock(pack_mutex);
     pack_queue.clear();
@@ -121,47 +101,74 @@ void producer_impl::stop() {
   ctx.reset();
 }
 
-// -- UCX callbacks (called from ucp_worker_progress, on the progress thread) ---------
+// -- tokens -------------------------------------------------------------------------
 
-void producer_impl::on_connection(ucp_conn_request_h request, void* arg) {
-  auto* self = static_cast<producer_impl*>(arg);
-  std::string peer = "?";
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &attr) == UCS_OK)
-    peer = sockaddr_string(attr.client_address);
-  if (self->stopping) {
-    ucp_listener_reject(self->listener, request);
-    return;
+namespace {
+
+void random_bytes(std::uint8_t* out, std::size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::getrandom(out, n, 0);
+    if (got < 0) {
+      if (errno == EINTR)
+        continue;
+      throw ucx_error(std::string("ucx producer: no random bytes for a token: ") + std::strerror(errno));
+    }
+    out += got;
+    n -= static_cast<std::size_t>(got);
   }
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER
-                  | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  ep.conn_request = request;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_NONE; // PEER would restrict UCX to tcp lanes
-  ep.err_handler.cb = &producer_impl::on_ep_error;
-  ep.err_handler.arg = self;
-  ucp_ep_h handle = nullptr;
-  const ucs_status_t st = ucp_ep_create(self->worker.handle, &ep, &handle);
-  if (st != UCS_OK) {
-    say(self->options.log, "ucx producer: cannot accept a connection from " + peer + ": " + ucs_status_string(st));
-    return;
-  }
-  auto c = std::make_shared<connection>();
-  c->id = self->next_conn++;
-  c->ep = handle;
-  c->peer = peer;
-  c->last_active = clock::now();
-  self->conns[handle] = c;
-  {
-    std::lock_guard<std::mutex> lock(self->stats_mutex);
-    ++self->st.connections;
-  }
-  say(self->options.log, "ucx producer: accepted a connection from " + peer);
 }
 
-void producer_impl::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  static_cast<producer_impl*>(arg)->errors.emplace_back(ep, ucs_status_string(status));
+// Compares every byte whatever differs first, so that timing tells an
+// outsider nothing about a token's bytes.
+bool same_token(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  if (a.size() != b.size())
+    return false;
+  std::uint8_t diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<std::uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+} // namespace
+
+ucx_credentials producer_impl::issue(const std::string& engine, int worker_rank) {
+  issued_token t;
+  t.token.resize(ucx_token_bytes);
+  random_bytes(t.token.data(), t.token.size());
+  t.engine = engine;
+  t.worker = worker_rank;
+  t.expires = clock::now() + options.token_lifetime;
+  ucx_credentials out{address, t.token};
+  {
+    std::lock_guard<std::mutex> lock(token_mutex);
+    const auto now = clock::now();
+    while (!tokens.empty() && (tokens.size() >= options.max_tokens || tokens.front().expires <= now))
+      tokens.pop_front(); // issued in order: the oldest expires first
+    tokens.push_back(std::move(t));
+  }
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  ++st.tokens_issued;
+  return out;
+}
+
+std::string producer_impl::check_token(const wire::hello_msg& m) {
+  if (m.token.size() != ucx_token_bytes)
+    return "a token of " + std::to_string(m.token.size()) + " bytes (expected " + std::to_string(ucx_token_bytes)
+           + ")";
+  std::lock_guard<std::mutex> lock(token_mutex);
+  const issued_token* found = nullptr;
+  for (const auto& t : tokens)
+    if (same_token(t.token, m.token))
+      found = &t;
+  if (!found)
+    return "a token this producer did not issue (or forgot: " + std::to_string(options.max_tokens)
+           + " are kept)";
+  if (found->engine != m.engine || found->worker != m.worker)
+    return "a token issued for another engine worker";
+  if (clock::now() >= found->expires)
+    return "an expired token (tokens open connections for " + std::to_string(options.token_lifetime.count())
+           + " ms)";
+  return {};
 }
 
 // -- the progress thread ------------------------------------------------------------
@@ -175,7 +182,6 @@ void producer_impl::run() {
     inbox.poll();
     outbox.poll();
     poll_closes();
-    n += handle_errors();
     n += handle_messages();
     n += handle_packed();
     n += poll_sends();
@@ -196,10 +202,6 @@ void producer_impl::run() {
 }
 
 void producer_impl::shutdown() {
-  if (listener) {
-    ucp_listener_destroy(listener);
-    listener = nullptr;
-  }
   // Idle endpoints are not closed one by one (a graceful close needs each
   // consumer to progress, and an idle one does not): destroying the worker
   // (stop()) releases them, and consumers see the connection reset (their
@@ -249,22 +251,6 @@ void producer_impl::poll_closes() {
     ucp_request_free(*it);
     it = closes.erase(it);
   }
-}
-
-unsigned producer_impl::handle_errors() {
-  if (errors.empty())
-    return 0;
-  auto errs = std::move(errors);
-  errors.clear();
-  for (auto& [ep, why] : errs) {
-    auto it = conns.find(ep);
-    if (it == conns.end())
-      continue;
-    it->second->failed = true;
-    it->second->failure = why;
-    close_connection(it->second, "connection failed: " + why);
-  }
-  return static_cast<unsigned>(errs.size());
 }
 
 // Drops everything a connection holds and closes its endpoint. Sends in
@@ -317,7 +303,7 @@ unsigned producer_impl::handle_messages() {
     }
     auto it = conns.find(in.reply_ep);
     if (it == conns.end()) {
-      say(options.log, "ucx producer: dropped a message from an unknown endpoint");
+      admit(in.reply_ep, in.bytes, in.too_big);
       continue;
     }
     const conn_ptr c = it->second;
@@ -351,6 +337,94 @@ unsigned producer_impl::handle_messages() {
     std::visit([&](auto& x) { handle(c, x); }, m);
   }
   return n;
+}
+
+void producer_impl::refuse_endpoint(ucp_ep_h ep, std::uint64_t seq, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.rejected;
+    ++st.refused_hellos;
+  }
+  (*refusal_log)("ucx producer: refused an endpoint: " + why);
+  if (!ep)
+    return; // sent without a reply endpoint: nothing to answer or close
+  outbox.send(ep, am_reply, wire::encode(wire::reject_msg{seq, wire::status::unauthorized, "producer: " + why}), false);
+  start_close(ep); // flushes the answer first; nothing of it is kept
+}
+
+void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, std::size_t too_big) {
+  if (too_big) {
+    refuse_endpoint(ep, 0, "a first message of " + std::to_string(too_big) + " bytes, not a hello");
+    return;
+  }
+  wire::message m;
+  try {
+    m = wire::decode(bytes.data(), bytes.size());
+  } catch (const wire::wire_error& e) {
+    refuse_endpoint(ep, wire::peek_seq(bytes.data(), bytes.size()),
+                    std::string("a malformed first message: ") + e.what());
+    return;
+  }
+  const auto* hello = std::get_if<wire::hello_msg>(&m);
+  if (!hello) {
+    refuse_endpoint(ep, std::visit([](const auto& x) { return seq_of(x); }, m), "a request before hello");
+    return;
+  }
+  if (auto why = check_token(*hello); !why.empty()) {
+    refuse_endpoint(ep, hello->seq, "engine '" + printable(hello->engine) + "' worker " + std::to_string(hello->worker)
+                                        + " presented " + why);
+    return;
+  }
+  if (!ep) {
+    refuse_endpoint(ep, hello->seq, "a hello without a reply endpoint");
+    return;
+  }
+  if (conns.size() >= options.max_connections) {
+    refuse_endpoint(ep, hello->seq, "a hello beyond the limit of " + std::to_string(options.max_connections)
+                                        + " connections");
+    return;
+  }
+  auto c = std::make_shared<connection>();
+  c->id = next_conn++;
+  c->ep = ep;
+  c->engine = hello->engine;
+  c->worker = hello->worker;
+  c->peer = "engine '" + printable(c->engine) + "' worker " + std::to_string(c->worker) + " (connection "
+            + std::to_string(c->id) + ")";
+  c->last_active = clock::now();
+  conns[ep] = c;
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.connections;
+  }
+  say(options.log, "ucx producer: accepted a connection from " + c->peer);
+  check_lanes(*c);
+  if (!c->refused.empty()) {
+    count_rejected();
+    reply(c, wire::ack_msg{hello->seq, wire::status::not_allowed, 0, "producer: " + c->refused});
+    return;
+  }
+  reply(c, wire::ack_msg{hello->seq, wire::status::ok, 0, ""});
+}
+
+// A second hello on a connection: valid only with a valid token for the
+// same engine worker; otherwise the connection is closed.
+void producer_impl::handle(const conn_ptr& c, const wire::hello_msg& m) {
+  std::string why = check_token(m);
+  if (why.empty() && (m.engine != c->engine || m.worker != c->worker))
+    why = "a token for another engine worker than the connection's";
+  if (why.empty()) {
+    reply(c, wire::ack_msg{m.seq, wire::status::ok, 0, ""});
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.refused_hellos;
+  }
+  count_rejected();
+  (*refusal_log)("ucx producer: refused a hello on " + c->peer + ": " + why);
+  reply(c, wire::ack_msg{m.seq, wire::status::unauthorized, 0, "producer: " + why});
+  close_connection(c, "refused hello", false);
 }
 
 void producer_impl::check_lanes(connection& c) {
@@ -429,6 +503,14 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
     out.error = why;
     reply(c, out);
   };
+  if (m.engine != c->engine || m.worker != c->worker) {
+    count_rejected();
+    out.status = wire::status::unauthorized;
+    out.error = "this connection's token is for " + c->peer + ", not engine '" + printable(m.engine) + "' worker "
+                + std::to_string(m.worker);
+    reply(c, out);
+    return;
+  }
   const bool broadcast = m.mode == transfer_mode::broadcast;
   std::shared_ptr<const plan::grouped_plan> plan;
   if (!broadcast) {
@@ -552,6 +634,8 @@ ucx_producer::ucx_producer(std::shared_ptr<const weight_source> source, ucx_prod
   impl_->options.max_packed_groups = std::max<std::size_t>(1, impl_->options.max_packed_groups);
   auto& o = impl_->options;
   o.max_outstanding_per_connection = std::max<std::size_t>(1, o.max_outstanding_per_connection);
+  o.max_tokens = std::max<std::size_t>(1, o.max_tokens);
+  o.max_connections = std::max<std::size_t>(1, o.max_connections);
   try {
     impl_->start();
   } catch (...) {
@@ -564,12 +648,12 @@ ucx_producer::~ucx_producer() {
   impl_->stop();
 }
 
-std::uint16_t ucx_producer::port() const {
-  return impl_->bound_port;
+const std::vector<std::uint8_t>& ucx_producer::worker_address() const {
+  return impl_->address;
 }
 
-std::string ucx_producer::address() const {
-  return impl_->bound_address;
+ucx_credentials ucx_producer::issue(const std::string& engine, int worker) {
+  return impl_->issue(engine, worker);
 }
 
 const weight_source& ucx_producer::source() const {

@@ -4,6 +4,7 @@
 // their sessions and the packed-group cache; packing threads fill cache
 // buffers and hand them back. producer.cpp: setup, the progress thread and
 // the requests; packed_cache.cpp: the cache, the packers and the sends.
+#include "runtime/base/rate_limited_log.hpp"
 #include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/ucx/active_messages.hpp"
 #include "runtime/transfer/ucx/context.hpp"
@@ -57,10 +58,14 @@ struct session {
   clock::time_point last_used;
 };
 
+// Exists only once a hello presented a valid token: what it was issued for
+// is what every session on the connection must name.
 struct connection {
   std::uint64_t id = 0;
-  ucp_ep_h ep = nullptr;
-  std::string peer;
+  ucp_ep_h ep = nullptr; // the reply endpoint of the consumer's hello
+  std::string peer;      // "engine 'e' worker w (connection n)"
+  std::string engine;
+  int worker = 0;
   bool failed = false;
   std::string failure;
   bool closed = false;
@@ -129,20 +134,32 @@ struct send_op {
   bool abandoned = false; // past its deadline; kept until UCX lets go of the buffer
 };
 
+// A token the producer issued and for whom.
+struct issued_token {
+  std::vector<std::uint8_t> token;
+  std::string engine;
+  int worker = 0;
+  clock::time_point expires;
+};
+
 struct producer_impl {
   std::shared_ptr<const weight_source> source;
   ucx_producer_options options;
   std::unique_ptr<ucx_context> ctx;
   worker_handle worker;
-  ucp_listener_h listener = nullptr;
-  std::uint16_t bound_port = 0;
-  std::string bound_address;
+  std::vector<std::uint8_t> address; // the worker's, handed out with tokens
   am_inbox inbox;
   am_outbox outbox;
 
+  // Tokens issued (any thread), oldest first, at most options.max_tokens.
+  std::mutex token_mutex;
+  std::deque<issued_token> tokens;
+
+  // Refused hellos are an outsider's to provoke: logged at a bounded rate.
+  std::unique_ptr<rate_limited_log> refusal_log;
+
   // Progress thread only.
   std::map<ucp_ep_h, conn_ptr> conns;
-  std::vector<std::pair<ucp_ep_h, std::string>> errors; // from the error callback
   std::map<cache_key, entry_ptr> cache;
   std::deque<get_job> blocked; // waiting for a free cache slot
   std::vector<host_buffer> spare;
@@ -177,10 +194,12 @@ struct producer_impl {
   void start();
   void stop();
 
-  // -- UCX callbacks (called from ucp_worker_progress, on the progress thread) ---------
+  // -- tokens -------------------------------------------------------------------------
 
-  static void on_connection(ucp_conn_request_h request, void* arg);
-  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  ucx_credentials issue(const std::string& engine, int worker);
+  /// Empty when `m` presents a token issued for its engine and worker that
+  /// has not expired; otherwise why not.
+  std::string check_token(const wire::hello_msg& m);
 
   // -- the progress thread ------------------------------------------------------------
 
@@ -188,11 +207,16 @@ struct producer_impl {
   void shutdown();
   void start_close(ucp_ep_h ep);
   void poll_closes();
-  unsigned handle_errors();
   void close_connection(const conn_ptr& c, const std::string& why, bool loud = true);
   void reply(const conn_ptr& c, const wire::message& m);
   void count_rejected();
   unsigned handle_messages();
+  // A message on an endpoint that has not said a valid hello: a hello with
+  // a valid token makes it a connection; anything else is answered
+  // `unauthorized`, counted, logged at a bounded rate, and its endpoint
+  // closed at once, so it leaves nothing behind.
+  void admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, std::size_t too_big);
+  void refuse_endpoint(ucp_ep_h ep, std::uint64_t seq, const std::string& why);
 
   template <class T>
   static std::uint64_t seq_of(const T& x) {
@@ -203,7 +227,7 @@ struct producer_impl {
 
   // -- requests -----------------------------------------------------------------------
 
-  void handle(const conn_ptr& c, const wire::hello_msg& m) { reply(c, wire::ack_msg{m.seq, wire::status::ok, 0, ""}); }
+  void handle(const conn_ptr& c, const wire::hello_msg& m);
 
   void handle(const conn_ptr& c, const wire::plan_msg& m);
   void check_against_model(const plan::worker_plan& p) const;

@@ -2,7 +2,6 @@
 
 #include "runtime/base/checksum.hpp"
 #include "runtime/plan/grouped_plan.hpp"
-#include "runtime/transfer/ucx/address.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -92,7 +91,6 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   if (broadcast ? !sink.on_full_group : !sink.on_group)
     throw std::invalid_argument("ucx transfer: " + who(req) + ": no sink for " + to_string(req.mode) + " groups");
   registration reg;
-  std::string peer;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = workers.find({req.engine, req.worker});
@@ -100,12 +98,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       throw transfer_error(transfer_failure::not_registered,
                            "ucx transfer: " + who(req) + " has not registered its sharding plan");
     reg = it->second;
-    peer = producer;
   }
-  if (peer.empty())
-    throw std::invalid_argument("ucx transfer: " + who(req) + ": no producer address set");
 
-  std::unique_ptr<channel> ch = acquire(peer, req);
+  std::unique_ptr<channel> ch = acquire(req);
   struct guard {
     puller_impl* self;
     std::unique_ptr<channel>& ch;
@@ -348,33 +343,11 @@ using namespace ucx_detail;
 
 ucx_puller::ucx_puller(ucx_puller_options options) : impl_(std::make_unique<ucx_detail::puller_impl>()) {
   options.groups_in_flight = std::max<std::size_t>(1, options.groups_in_flight);
-  if (!options.producer.empty())
-    split_address(options.producer); // throws for a malformed one
-  impl_->producer = options.producer;
   impl_->options = std::move(options);
   impl_->ctx = make_context(impl_->options.transports, impl_->options.net_devices, "puller");
 }
 
 ucx_puller::~ucx_puller() = default;
-
-void ucx_puller::set_producer(const std::string& address) {
-  split_address(address);
-  std::vector<std::unique_ptr<channel>> old;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    if (impl_->producer == address)
-      return;
-    impl_->producer = address;
-    old.swap(impl_->idle);
-  }
-  for (auto& ch : old)
-    impl_->destroy(std::move(ch));
-}
-
-std::string ucx_puller::producer() const {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->producer;
-}
 
 void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
   if (!plan)
@@ -404,6 +377,17 @@ pull_report ucx_puller::pull(const pull_request& req, const group_sink& sink) {
   return impl_->pull(req, sink);
 }
 
+void ucx_puller::reset_connections() {
+  std::vector<std::unique_ptr<channel>> old;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->producer.clear();
+    old.swap(impl_->idle);
+  }
+  for (auto& ch : old)
+    impl_->destroy(std::move(ch));
+}
+
 ucx_puller_stats ucx_puller::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->st;
@@ -414,11 +398,21 @@ std::string ucx_puller::last_transports() const {
   return impl_->last_lanes;
 }
 
-std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline) {
+std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
+                                 bool hello_first) {
   pull_request req;
   req.engine = "(raw)";
   req.deadline = deadline;
-  auto ch = impl_->connect(producer(), req);
+  std::unique_ptr<channel> ch;
+  if (hello_first) {
+    ch = impl_->connect(req);
+  } else {
+    ch = impl_->new_channel(impl_->credentials(req), req);
+    if (std::string why; !impl_->create_endpoint(*ch, why)) {
+      impl_->destroy(std::move(ch));
+      throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + why);
+    }
+  }
   std::string out;
   if (ch->outbox.send(ch->ep, am_request, message, true)) {
     drive(ch->worker, deadline, [&] {

@@ -1,6 +1,6 @@
 #include "runtime/transfer/ucx/puller_impl.hpp"
 
-#include "runtime/transfer/ucx/address.hpp"
+#include "runtime/base/checksum.hpp"
 
 #include <algorithm>
 #include <thread>
@@ -33,33 +33,45 @@ puller_impl::~puller_impl() {
 
 // -- connections --------------------------------------------------------------------
 
-std::unique_ptr<channel> puller_impl::acquire(const std::string& peer, const pull_request& req) {
+// A connection is bound to the engine worker its token was issued for: only
+// that worker's pulls reuse it.
+std::unique_ptr<channel> puller_impl::acquire(const pull_request& req) {
   for (;;) {
     std::unique_ptr<channel> ch;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (idle.empty())
+      auto it = std::find_if(idle.begin(), idle.end(), [&](const std::unique_ptr<channel>& c) {
+        return c->engine == req.engine && c->engine_worker == req.worker;
+      });
+      if (it == idle.end())
         break;
-      ch = std::move(idle.back());
-      idle.pop_back();
+      ch = std::move(*it);
+      idle.erase(it);
     }
     // Notice a producer that went away while the connection was idle.
     for (int i = 0; i < 8; ++i)
       ucp_worker_progress(ch->worker.handle);
     ch->pump();
-    if (!ch->failed && ch->peer == peer) {
+    bool current = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      current = ch->address == producer;
+    }
+    const bool fresh = clock::now() - ch->idle_since < options.max_idle;
+    if (!ch->failed && current && fresh) {
       ch->replies.clear();
       return ch;
     }
     destroy(std::move(ch));
   }
-  return connect(peer, req);
+  return connect(req);
 }
 
 void puller_impl::release(std::unique_ptr<channel> ch) {
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (ch->peer == producer && !ch->failed) {
+    if (ch->address == producer && !ch->failed) {
+      ch->idle_since = clock::now();
       idle.push_back(std::move(ch));
       return;
     }
@@ -142,16 +154,67 @@ void puller_impl::reap_parked() {
   }
 }
 
-std::unique_ptr<channel> puller_impl::new_channel(const std::string& peer) {
+namespace {
+
+std::string producer_name(const std::vector<std::uint8_t>& address) {
+  return "ucx-" + checksum_hex(checksum64(address.data(), address.size())).substr(0, 8);
+}
+
+} // namespace
+
+std::unique_ptr<channel> puller_impl::new_channel(const ucx_credentials& creds, const pull_request& req) {
   auto ch = std::make_unique<channel>();
-  ch->peer = peer;
+  ch->address = creds.producer;
+  ch->peer = producer_name(creds.producer);
+  ch->engine = req.engine;
+  ch->engine_worker = req.worker;
   ch->worker = make_worker(ctx->handle, "puller");
   ch->inbox.install(ch->worker.handle, am_reply, std::size_t(256) << 20);
   return ch;
 }
 
-// Connects and says hello, retrying with backoff until the deadline.
-std::unique_ptr<channel> puller_impl::connect(const std::string& peer, const pull_request& req) {
+// Credentials for the request's engine worker, from the control plane. A
+// producer address other than the last one (a restarted head) retires the
+// idle connections to the old one.
+ucx_credentials puller_impl::credentials(const pull_request& req) {
+  if (!options.credentials)
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": no way to get credentials for the producer");
+  ucx_credentials creds;
+  try {
+    creds = options.credentials(req.engine, req.worker, req.deadline);
+  } catch (const std::exception& e) {
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": no credentials for the producer: " + e.what());
+  }
+  if (creds.producer.empty() || creds.token.size() != ucx_token_bytes)
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": the credentials name no producer address or a token of "
+                             + std::to_string(creds.token.size()) + " bytes");
+  std::vector<std::unique_ptr<channel>> old;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (producer != creds.producer) {
+      producer = creds.producer;
+      for (auto it = idle.begin(); it != idle.end();)
+        if ((*it)->address != producer) {
+          old.push_back(std::move(*it));
+          it = idle.erase(it);
+        } else {
+          ++it;
+        }
+    }
+  }
+  for (auto& ch : old)
+    destroy(std::move(ch));
+  return creds;
+}
+
+// Connects and says hello, retrying with backoff until the deadline; a
+// refused token ends it at once.
+std::unique_ptr<channel> puller_impl::connect(const pull_request& req) {
+  const ucx_credentials creds = credentials(req);
+  const std::string peer = producer_name(creds.producer);
   auto backoff = std::max(options.backoff_initial, std::chrono::milliseconds(1));
   std::string last = "no attempt made before the deadline";
   int attempts = 0;
@@ -167,8 +230,8 @@ std::unique_ptr<channel> puller_impl::connect(const std::string& peer, const pul
     const auto attempt_deadline = std::min(req.deadline, now + options.connect_attempt_timeout);
     // Each attempt on a worker of its own, destroyed with whatever a
     // failed attempt leaves behind.
-    std::unique_ptr<channel> ch = new_channel(peer);
-    if (auto err = try_connect(*ch, peer, attempt_deadline); err.empty()) {
+    std::unique_ptr<channel> ch = new_channel(creds, req);
+    if (auto err = try_connect(*ch, creds, attempt_deadline); err.empty()) {
       const std::string refused = lanes_refused(ch->lanes, options.transports);
       say(options.log, "ucx puller: " + who(req) + " connected to producer " + peer + " (attempt "
                            + std::to_string(attempts) + ") over " + ch->lanes.text + " [" + ch->lanes.summary()
@@ -184,6 +247,11 @@ std::unique_ptr<channel> puller_impl::connect(const std::string& peer, const pul
                              "ucx transfer: " + who(req) + ": producer " + peer + ": " + refused);
       }
       return ch;
+    } else if (!ch->refused.empty()) {
+      const std::string why = ch->refused;
+      destroy(std::move(ch), std::chrono::milliseconds(50));
+      throw transfer_error(transfer_failure::producer_failed,
+                           "ucx transfer: " + who(req) + ": producer " + peer + " refused the connection: " + why);
     } else {
       last = err;
     }
@@ -202,31 +270,31 @@ std::unique_ptr<channel> puller_impl::connect(const std::string& peer, const pul
                            + (attempts == 1 ? "" : "s") + "; last: " + last + ")");
 }
 
-// "" on success.
-std::string puller_impl::try_connect(channel& ch, const std::string& peer, clock::time_point deadline) {
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-  try {
-    addr = resolve(split_address(peer), len, false);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+bool puller_impl::create_endpoint(channel& ch, std::string& why) {
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER
                   | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-  ep.sockaddr.addrlen = len;
+  ep.address = reinterpret_cast<const ucp_address_t*>(ch.address.data());
   ep.err_mode = UCP_ERR_HANDLING_MODE_NONE; // PEER would restrict UCX to tcp lanes
   ep.err_handler.cb = &channel::on_error;
   ep.err_handler.arg = &ch;
   const ucs_status_t s = ucp_ep_create(ch.worker.handle, &ep, &ch.ep);
   if (s != UCS_OK) {
     ch.ep = nullptr;
-    return std::string("cannot create an endpoint: ") + ucs_status_string(s);
+    why = std::string("cannot create an endpoint: ") + ucs_status_string(s);
+    return false;
   }
+  return true;
+}
+
+// "" on success.
+std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline) {
+  std::string why;
+  if (!create_endpoint(ch, why))
+    return why;
   const std::uint64_t seq = ++ch.seq;
-  if (!ch.outbox.send(ch.ep, am_request, wire::encode(wire::hello_msg{seq}), true))
+  if (!ch.outbox.send(ch.ep, am_request, wire::encode(wire::hello_msg{seq, ch.engine, ch.engine_worker, creds.token}),
+                      true))
     return "cannot send";
   const bool answered = drive(ch.worker, deadline, [&] {
     ch.pump();
@@ -245,7 +313,16 @@ std::string puller_impl::try_connect(channel& ch, const std::string& peer, clock
     ch.connected = true;
     return {};
   }
-  return "unexpected answer to hello";
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, wire::ack_msg> || std::is_same_v<T, wire::reject_msg>)
+          ch.refused = wire::to_string(m.status) + ": " + m.error;
+        else
+          ch.refused = "an unexpected answer to hello";
+      },
+      it->second);
+  return ch.refused;
 }
 
 } // namespace rlsync::transfer::ucx_detail

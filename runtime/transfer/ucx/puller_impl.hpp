@@ -37,7 +37,10 @@ inline std::string who(const pull_request& r) {
 // single-threaded), one endpoint, the receive buffers. Used by one pull at
 // a time; kept between pulls.
 struct channel {
-  std::string peer; // "host:port" as configured
+  std::string peer;                  // "ucx-<checksum of the address>", for messages
+  std::vector<std::uint8_t> address; // the producer's worker address
+  std::string engine;                // the engine worker its token was for
+  int engine_worker = 0;
   worker_handle worker;
   ucp_ep_h ep = nullptr;
   am_inbox inbox;
@@ -51,6 +54,8 @@ struct channel {
   std::vector<host_buffer> slots;
   lane_info lanes;
   bool connected = false;  // the producer answered hello
+  clock::time_point idle_since; // when it was last given back
+  std::string refused;     // the producer refused the hello's token: do not retry
   void* closing = nullptr; // a close that has not completed (see close_ep)
 
   static void on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
@@ -104,7 +109,7 @@ struct puller_impl {
   std::unique_ptr<ucx_context> ctx;
 
   mutable std::mutex mutex;
-  std::string producer;
+  std::vector<std::uint8_t> producer; // the newest producer address the credentials named
   std::map<std::pair<std::string, int>, registration> workers;
   std::vector<std::unique_ptr<channel>> idle;
   std::vector<host_buffer> spare; // receive buffers of connections that were closed
@@ -116,15 +121,17 @@ struct puller_impl {
 
   // -- connections --------------------------------------------------------------------
 
-  std::unique_ptr<channel> acquire(const std::string& peer, const pull_request& req);
+  std::unique_ptr<channel> acquire(const pull_request& req);
   void release(std::unique_ptr<channel> ch);
   void destroy(std::unique_ptr<channel> ch, std::chrono::milliseconds grace = std::chrono::milliseconds(500));
   void destroy_worker(channel& ch);
   void recycle_buffers(channel& ch);
   void reap_parked();
-  std::unique_ptr<channel> new_channel(const std::string& peer);
-  std::unique_ptr<channel> connect(const std::string& peer, const pull_request& req);
-  std::string try_connect(channel& ch, const std::string& peer, clock::time_point deadline);
+  std::unique_ptr<channel> new_channel(const ucx_credentials& creds, const pull_request& req);
+  ucx_credentials credentials(const pull_request& req);
+  bool create_endpoint(channel& ch, std::string& why);
+  std::unique_ptr<channel> connect(const pull_request& req);
+  std::string try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline);
 
   // -- request/reply ------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 // The `ucx` data-plane backend: engine workers in other processes or on
 // other nodes pull a version from a trainer rank over UCX.
 //
-//   trainer rank:  ucx_producer  UCX context + worker + listener (host:port),
-//                                one progress thread, packing threads
+//   trainer rank:  ucx_producer  UCX context + worker (no listener: consumers
+//                                connect to its worker address), one
+//                                progress thread, packing threads
 //   engine:        ucx_puller    implements weight_puller; one connection
 //                                (UCX worker + endpoint) per concurrent pull,
 //                                kept and reused between pulls
@@ -16,9 +17,26 @@
 // against 0.3 GB/s over tcp (a loaded 2-core VM; UCX's tcp put runs at
 // ~26 MiB/s here, 227 MiB/s with UCX_TCP_TX_SEG_SIZE=64K).
 //
+// Admission. The producer listens on no port. A consumer asks the control
+// plane (the trainer, members only) for credentials per engine worker: the
+// producer's UCX worker address and a token (ucx_token_bytes random bytes)
+// the producer issued for that engine and worker, usable for
+// token_lifetime, at most max_tokens kept. The consumer creates an endpoint
+// to the address; the first message on it must be a hello with that
+// engine, worker and token. Anything else (no hello, a token unknown,
+// expired or issued for another worker, garbage) is answered
+// `unauthorized`, counted (stats.rejected, refused_hellos), logged at a
+// bounded rate, and its endpoint is closed at once: an unauthenticated
+// endpoint leaves no state behind. Every session on a connection must name
+// the connection's engine worker. UCX's own tcp transport still listens
+// (one ephemeral port per device); net_devices (UCX_NET_DEVICES, from the
+// node's address: ucx_net_device_for) keeps it to the node's interface.
+//
+//   control plane ── ticket (worker address, token) ──► consumer
 //   consumer                                   producer
-//   hello ─────────────────────────────────►   (first on a connection)
-//         ◄──────────────────────────── ack    transports checked, logged
+//   hello (engine, worker, token) ─────────►   (first on a connection;
+//         ◄──────────────────────────── ack    token checked, then transports
+//                                              checked, logged)
 //   plan (encoded sharding plan) ──────────►   decoded strictly, checked
 //         ◄──────────────────── ack (digest)   against the model; kept for
 //                                              the connection
@@ -49,15 +67,17 @@
 // must arrive by the pull's deadline (transfer_failure::timeout); the
 // producer gives up a send when the consumer's announced deadline has
 // passed: it closes that connection and the group leaves its cache (the
-// buffer itself goes once UCX lets go of it). A consumer that dies is seen
-// at once (the connection manager reports the reset); idle connections are
-// closed after idle_timeout.
+// buffer itself goes once UCX lets go of it). Idle connections, a dead
+// consumer's included (worker-address endpoints without peer error
+// handling report no reset), are closed after idle_timeout, and at most
+// max_connections exist; a consumer, which is not told of that close,
+// reuses an idle connection only for max_idle (shorter) and then makes a
+// new one.
 //
 // Transports. An empty transport list lets UCX choose (its UCX_TLS). A list
 // (topology transfer.ucx_transports) must name transports this machine has
 // (otherwise construction fails, listing what there is), becomes the
-// contexts' UCX_TLS (plus tcp, which UCX needs to establish client/server
-// connections even between shared-memory peers), and every endpoint's lanes
+// contexts' UCX_TLS (plus tcp where present), and every endpoint's lanes
 // are checked against it: a connection that would move bytes over a
 // transport the list does not name fails instead of silently running slower.
 // Each endpoint's transports are logged ("sysv/memory am, cma/memory rma_bw
@@ -68,7 +88,7 @@
 //
 // Code. This header is the backend's interface; the rest of this folder is
 // internal to it: context (UCX contexts, workers, transports, waiting),
-// active_messages (control messages), address (host:port), ucx_wire (the
+// active_messages (control messages), address (names, network devices), ucx_wire (the
 // wire format), producer_impl.hpp (producer.cpp: setup, progress thread,
 // requests; packed_cache.cpp: the cache, packers, sends) and puller_impl.hpp
 // (puller_connections.cpp: connecting, reuse, closing; puller.cpp: the pull).
@@ -107,8 +127,6 @@ std::string ucx_transports_here();
 using ucx_log = std::function<void(const std::string&)>;
 
 struct ucx_producer_options {
-  std::string listen_address = "0.0.0.0";
-  std::uint16_t port = 0; ///< 0: an ephemeral port (see ucx_producer::port)
   /// Transports the producer may use; empty: UCX decides.
   std::vector<ucx_transport> transports;
   /// UCX_NET_DEVICES ("lo" keeps a loopback connection off eth0); empty: UCX's.
@@ -127,14 +145,41 @@ struct ucx_producer_options {
   /// A connection with no request for this long is closed (its sessions and
   /// plans dropped); a partitioned consumer holds nothing forever.
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(30)};
+  /// A token may open connections for this long after it was issued.
+  std::chrono::milliseconds token_lifetime{std::chrono::minutes(10)};
+  /// Tokens held at once (>= 1); issuing one more forgets the oldest.
+  std::size_t max_tokens = 4096;
+  /// Connections that presented a valid token, at once (>= 1); a hello
+  /// beyond it is refused.
+  std::size_t max_connections = 1024;
   ucx_log log; ///< connections, transports, rejected requests; may be empty
 };
+
+/// Bytes in a session token.
+inline constexpr std::size_t ucx_token_bytes = 32;
+
+/// What a consumer needs to pull for one engine worker, handed to it over
+/// the authenticated control plane: the producer's UCX worker address
+/// (there is no listening port) and a token the producer issued for that
+/// engine worker.
+struct ucx_credentials {
+  std::vector<std::uint8_t> producer; ///< the producer's UCX worker address
+  std::vector<std::uint8_t> token;    ///< ucx_token_bytes random bytes
+};
+
+/// The UCX_NET_DEVICES value that keeps UCX on the interface holding
+/// `address` ("127.0.0.1" -> "lo", a host's own IP -> its interface).
+/// Empty, with `why` set, when the address is a wildcard, does not resolve
+/// or belongs to no interface of this machine (UCX then picks devices).
+std::string ucx_net_device_for(const std::string& address, std::string* why = nullptr);
 
 /// Cumulative since construction.
 struct ucx_producer_stats {
   std::uint64_t connections = 0;    ///< accepted
   std::uint64_t requests = 0;       ///< messages received
-  std::uint64_t rejected = 0;       ///< malformed or refused messages
+  std::uint64_t rejected = 0;       ///< malformed or refused messages, refused hellos included
+  std::uint64_t refused_hellos = 0; ///< hellos without a valid token, and requests before a hello
+  std::uint64_t tokens_issued = 0;
   std::uint64_t packs = 0;          ///< groups packed
   std::uint64_t packed_bytes = 0;
   std::size_t peak_packed = 0;      ///< most packed groups alive at once
@@ -146,18 +191,20 @@ struct ucx_producer_stats {
 
 class ucx_producer {
 public:
-  /// Starts listening and serving. Throws ucx_error when UCX cannot start,
-  /// a named transport is not available, or the address cannot be bound.
+  /// Starts serving. Throws ucx_error when UCX cannot start or a named
+  /// transport is not available.
   explicit ucx_producer(std::shared_ptr<const weight_source> source, ucx_producer_options options = {});
   /// Stops serving and closes every connection: pulls in progress fail.
   ~ucx_producer();
   ucx_producer(const ucx_producer&) = delete;
   ucx_producer& operator=(const ucx_producer&) = delete;
 
-  /// The port bound (the ephemeral one when options.port was 0).
-  std::uint16_t port() const;
-  /// "listen_address:port", or "127.0.0.1:port" when listening on 0.0.0.0.
-  std::string address() const;
+  /// The UCX worker address consumers connect to (ucp_worker_get_address).
+  const std::vector<std::uint8_t>& worker_address() const;
+  /// A fresh token for `engine`'s worker `worker`, with the worker address:
+  /// a hello must present it with that engine and worker, within
+  /// token_lifetime. Thread-safe. Hand it out only to admitted members.
+  ucx_credentials issue(const std::string& engine, int worker);
   const weight_source& source() const;
 
   ucx_producer_stats stats() const;
@@ -175,8 +222,14 @@ private:
   std::unique_ptr<ucx_detail::producer_impl> impl_;
 };
 
+/// Fetches credentials for one engine worker over the control plane (from
+/// the trainer); throws std::exception when it cannot by `deadline`.
+using ucx_credentials_source =
+    std::function<ucx_credentials(const std::string& engine, int worker, clock::time_point deadline)>;
+
 struct ucx_puller_options {
-  std::string producer; ///< "host:port" ("[v6]:port"); may be set later with set_producer
+  /// Asked before each new connection (connections are kept and reused).
+  ucx_credentials_source credentials;
   /// Transports the connections may use (the topology's
   /// transfer.ucx_transports); empty: UCX decides.
   std::vector<ucx_transport> transports;
@@ -189,6 +242,10 @@ struct ucx_puller_options {
   /// Pause between attempts: doubles from backoff_initial up to backoff_max.
   std::chrono::milliseconds backoff_initial{10};
   std::chrono::milliseconds backoff_max{500};
+  /// An idle connection older than this is closed instead of reused: a
+  /// producer closes connections idle for its idle_timeout (30 min by
+  /// default) without this side hearing of it, so keep this below that.
+  std::chrono::milliseconds max_idle{std::chrono::minutes(10)};
   /// Largest group a producer may announce (receive buffers are this big at most).
   std::uint64_t max_group_bytes = std::uint64_t(16) << 30;
   ucx_log log;
@@ -212,12 +269,6 @@ public:
   ucx_puller(const ucx_puller&) = delete;
   ucx_puller& operator=(const ucx_puller&) = delete;
 
-  /// Pulls from now on go to `address` ("host:port"); connections to the
-  /// previous producer are closed. Throws std::invalid_argument for a
-  /// malformed address.
-  void set_producer(const std::string& address);
-  std::string producer() const;
-
   /// Validates and encodes the plan (std::invalid_argument when it is not
   /// one a producer would accept); the producer checks it against the model
   /// when a connection first uses it.
@@ -227,10 +278,15 @@ public:
   /// received, verified and handed to the sink, or throws transfer_error:
   /// timeout (connecting or a group, by req.deadline, naming the producer),
   /// checksum_mismatch, version_unavailable, not_registered,
-  /// producer_failed (the producer refused or failed, or the connection
-  /// uses a transport not allowed), cancelled (the producer went away).
+  /// producer_failed (the producer refused or failed, refused the token,
+  /// no credentials could be had, or the connection uses a transport not
+  /// allowed), cancelled (the producer went away).
   /// Safe to call from several threads at once (one connection each).
   pull_report pull(const pull_request& req, const group_sink& sink) override;
+
+  /// The producer may have changed (the node rejoined a restarted head):
+  /// idle connections are closed, and the next pulls ask for credentials.
+  void reset_connections();
 
   ucx_puller_stats stats() const;
   /// The transports of the latest connection made, as logged.
@@ -239,8 +295,11 @@ public:
   /// Diagnostics and tests: sends `message` as-is on a fresh connection and
   /// returns the producer's answer as "status: text" (e.g. a malformed
   /// message's rejection), or "" when it sent none before `deadline`.
-  /// Throws transfer_error when it cannot connect.
-  std::string send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline);
+  /// The connection says hello first, with credentials for engine "(raw)"
+  /// worker 0, unless `hello_first` is false (then `message` is the first
+  /// thing the producer sees). Throws transfer_error when it cannot connect.
+  std::string send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
+                       bool hello_first = true);
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;

@@ -12,8 +12,8 @@ constexpr std::uint32_t message_magic = 0x58554c52; // "RLUX" as little-endian b
 constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // 2: group checksums and plan digests are XXH3 (64-bit); 1 used XXH64. A peer
 // of the other version is refused at the first message instead of failing
-// every checksum.
-constexpr std::uint8_t format_version = 2;
+// every checksum. 3: hello carries the engine worker and its session token.
+constexpr std::uint8_t format_version = 3;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -79,8 +79,10 @@ public:
     at_ += len;
     return s;
   }
-  std::vector<std::uint8_t> blob(const char* field) {
+  std::vector<std::uint8_t> blob(const char* field, std::size_t limit = std::numeric_limits<std::uint32_t>::max()) {
     const auto len = get<std::uint32_t>(field);
+    if (len > limit)
+      fail(std::string(field) + " of " + std::to_string(len) + " bytes exceeds the limit of " + std::to_string(limit));
     if (len > left())
       fail(std::string("truncated reading ") + field + " (" + std::to_string(len) + " bytes announced, "
            + std::to_string(left()) + " left)");
@@ -150,6 +152,7 @@ std::string to_string(status s) {
     case status::busy: return "busy";
     case status::shutting_down: return "shutting_down";
     case status::not_allowed: return "not_allowed";
+    case status::unauthorized: return "unauthorized";
   }
   return "status(" + std::to_string(static_cast<int>(s)) + ")";
 }
@@ -336,6 +339,9 @@ std::vector<std::uint8_t> encode(const message& m) {
         if constexpr (std::is_same_v<T, hello_msg>) {
           header(w, msg_type::hello);
           w.put(x.seq);
+          w.str(x.engine);
+          w.put(x.worker);
+          w.blob(x.token);
         } else if constexpr (std::is_same_v<T, plan_msg>) {
           header(w, msg_type::plan);
           w.put(x.seq);
@@ -413,7 +419,12 @@ message decode(const std::uint8_t* data, std::size_t size) {
       r.context("hello");
       hello_msg m;
       m.seq = r.get<std::uint64_t>("seq");
-      out = m;
+      m.engine = r.str("engine");
+      m.worker = r.get<std::int32_t>("worker");
+      if (m.worker < 0 || m.worker >= max_tp)
+        r.fail("worker " + std::to_string(m.worker) + " out of range");
+      m.token = r.blob("token", max_token_bytes);
+      out = std::move(m);
       break;
     }
     case msg_type::plan: {

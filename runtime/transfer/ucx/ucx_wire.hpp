@@ -16,7 +16,7 @@
 // byte blobs are a u32 length then the bytes; vectors a u32 count then the
 // elements.
 //
-//   message  = u32 magic "RLUX" | u8 format version (2) | u8 type | fields
+//   message  = u32 magic "RLUX" | u8 format version (3) | u8 type | fields
 //   plan     = u32 magic "RLPL" | u8 format version (2) | i32 tp | i32 worker
 //              | u32 entries | entry*
 //   entry    = str source | u8 dtype | shape source_shape | u16 ops | str*
@@ -50,6 +50,7 @@ inline constexpr std::size_t max_plan_entries = 1u << 22;
 inline constexpr std::size_t max_groups = 1u << 20;         ///< groups in a manifest
 inline constexpr std::size_t max_group_tensors = 1u << 16;  ///< tensors of one group (broadcast manifest)
 inline constexpr int max_tp = 1 << 16;
+inline constexpr std::size_t max_token_bytes = 64;
 
 // -- sharding plans -------------------------------------------------------------------
 
@@ -66,7 +67,8 @@ void check_plan(const plan::worker_plan& p);
 
 // -- control messages -----------------------------------------------------------------
 
-/// Consumer -> producer: hello (answered by ack), plan (ack), open
+/// Consumer -> producer: hello (engine, worker, token; answered by ack),
+/// plan (ack), open
 /// (manifest), get (group header, plus the group's bytes as a tagged
 /// message), close (ends a session; no answer), bye (the consumer is about
 /// to go: the producer closes the connection). Producer -> consumer: ack,
@@ -94,12 +96,18 @@ enum class status : std::uint8_t {
   busy,                ///< no packing slot or send window before the deadline
   shutting_down,
   not_allowed,         ///< the connection uses a transport the producer may not use
+  unauthorized,        ///< no valid token: hello refused, or a request before hello
 };
-inline constexpr std::uint8_t max_status = static_cast<std::uint8_t>(status::not_allowed);
+inline constexpr std::uint8_t max_status = static_cast<std::uint8_t>(status::unauthorized);
 std::string to_string(status s);
 
+/// The first message on a connection: who is pulling, and the token the
+/// producer issued for that engine worker over the control plane.
 struct hello_msg {
   std::uint64_t seq = 0;
+  std::string engine;
+  std::int32_t worker = 0;
+  std::vector<std::uint8_t> token; ///< ucx_token_bytes
 };
 struct plan_msg {
   std::uint64_t seq = 0;
