@@ -108,6 +108,13 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   // Engines record their plans in the dtype the trainer sends, as the head's own do.
   const auto source_dtype = static_cast<dtype>(grant->source_dtype);
   const auto incarnation = process_incarnation();
+  // The engines take orders only from this process and the coordinator and
+  // router of the grant they registered under (replaced when it rejoins).
+  auto drivers = std::make_shared<trusted_actors>();
+  auto trust_grant = [&] {
+    drivers->assign({grant->coordinator.address(), grant->router.address()});
+  };
+  trust_grant();
   std::vector<caf::actor> engines;
   std::vector<const engine_spec*> specs;
   auto deadline = t.cluster.connect_deadline;
@@ -122,8 +129,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   try {
     for (const auto& e : t.engines)
       if (e.node == node.name) {
-        engines.push_back(
-          caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, engine_config_from(t, e, puller, source_dtype))));
+        auto cfg = engine_config_from(t, e, puller, source_dtype);
+        cfg.authorize = local_or_trusted(sys.node(), drivers);
+        cfg.log = opts.log;
+        engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, std::move(cfg))));
         specs.push_back(&e);
       }
     failure = register_all(grant->coordinator);
@@ -166,6 +175,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     }
     if (ucx && grant->ucx_port != 0)
       ucx->set_producer(head.address + ":" + std::to_string(grant->ucx_port)); // a restarted head has a new port
+    trust_grant(); // before registering: the new coordinator's first order may follow at once
     if (auto failure = register_all(grant->coordinator); !failure.empty()) {
       log(failure + "; stopping");
       end.exit_code = 1;

@@ -191,7 +191,7 @@ private:
     rc.engine_deadline = 1000ms;
     rc.control_deadline = 100ms;
     rc.log = [w](const std::string& line) { w->add(w->router_log, line); };
-    router_ = caf::actor_cast<router_actor>(fx_.spawn(rlsync::router, rc));
+    router_ = caf::actor_cast<router_actor>(fx_.spawn(rlsync::router, rc, sender_policy{}));
     fx_.stop_first(router_); // it answers its clients as it stops
     trainer_ = spawn_trainer(version_info{++latest_, 4, 4096});
     coordinator_config c;
