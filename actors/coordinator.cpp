@@ -789,6 +789,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
   // Every handler: a peer that was not admitted reads, changes and learns nothing.
   auto guard = st.guard = std::make_shared<sender_guard>("coordinator", st.cfg.authorize, st.cfg.log);
+  refuse_stray_errors(self, guard);
   return {
     authorized(self, guard, [=](version_atom, const version_info& vi) {
       on_version(self, vi);

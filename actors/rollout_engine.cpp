@@ -177,6 +177,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   // Every handler: only the coordinator and router it registered with (and
   // this process's actors) drive it; anyone else is refused before the drill gate.
   auto guard = self->state.guard = std::make_shared<sender_guard>("engine " + name, cfg.authorize, cfg.log);
+  refuse_stray_errors(self, guard);
 
   return {
     authorized(self, guard, gated(self, [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {

@@ -383,6 +383,7 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
   // Every handler: a peer that was not admitted reads, routes and changes nothing.
   auto guard = self->state.guard
     = std::make_shared<sender_guard>("router", std::move(authorize), self->state.config.log);
+  refuse_stray_errors(self, guard);
   return {
     authorized(self, guard, [=](generate_atom, generate_request& req,
         token_sink_actor& sink) -> caf::result<generate_result> {

@@ -47,11 +47,12 @@ bool sender_guard::admits(const caf::strong_actor_ptr& sender, const caf::actor_
   return policy_ ? policy_(sender) : sender->node() == own;
 }
 
-caf::error sender_guard::refuse(const caf::strong_actor_ptr& sender, const std::string& message) {
+caf::error sender_guard::refuse(const caf::strong_actor_ptr& sender, const std::string& message,
+                                const std::string& why) {
   auto count = ++refused_;
   std::string from = sender ? "actor " + std::to_string(sender->id()) + " on node " + printable(to_string(sender->node()))
                             : std::string{"an anonymous sender"};
-  log_(actor_ + ": refused '" + printable(message) + "' from " + from + ": not admitted (" + std::to_string(count)
+  log_(actor_ + ": refused '" + printable(message) + "' from " + from + ": " + why + " (" + std::to_string(count)
        + " refused so far)");
   return make_error(errc::unauthenticated, actor_ + ": '" + message + "' refused: the sender's node is not admitted "
                                              "(nodes prove the cluster secret to the gatekeeper first)");

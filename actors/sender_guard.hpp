@@ -71,7 +71,8 @@ public:
 
   /// Counts and logs one refused message (`message`: its type, e.g. its
   /// leading atom) and returns the error a request gets.
-  caf::error refuse(const caf::strong_actor_ptr& sender, const std::string& message);
+  caf::error refuse(const caf::strong_actor_ptr& sender, const std::string& message,
+                    const std::string& why = "not admitted");
 
   /// Messages refused so far.
   std::uint64_t refused() const { return refused_.load(); }
@@ -132,6 +133,16 @@ auto authorize(Self self, std::shared_ptr<sender_guard> guard, F handler, R (F::
 }
 
 } // namespace detail
+
+/// Counts and logs a stray error message (one that answers no request)
+/// instead of ending the actor, CAF's default: any peer can send one, and it
+/// bypasses the behaviour.
+template <class Self>
+void refuse_stray_errors(Self self, std::shared_ptr<sender_guard> guard) {
+  self->set_error_handler([self, guard](caf::error& err) {
+    guard->refuse(self->current_sender(), "error " + to_string(err), "an error message that answers no request");
+  });
+}
 
 /// `handler` behind `guard`: it runs only for a sender the guard admits.
 /// The handler's signature is deduced from its call operator, so a generic

@@ -132,6 +132,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
   // Every handler: a peer that was not admitted pulls, steps and learns nothing.
   auto guard = self->state.guard
     = std::make_shared<sender_guard>("trainer", self->state.cfg.authorize, self->state.cfg.log);
+  refuse_stray_errors(self, guard);
   return {
     authorized(self, guard, [=](meta_atom) -> std::vector<tensor_meta> {
       std::vector<tensor_meta> out;

@@ -430,7 +430,7 @@ private:
     trainer_ = spawn_trainer(version_info{latest_, 4, 4096});
     trainer_alive_ = true;
     w_->note("restart the trainer at v" + std::to_string(latest_));
-    caf::anon_send(coordinator_, register_atom::value, caf::actor_cast<trainer_actor>(trainer_));
+    fx_.tell(coordinator_, register_atom::value, caf::actor_cast<trainer_actor>(trainer_));
   }
 
   // -- the end: heal, last version, quiet ------------------------------------------------------
