@@ -179,7 +179,7 @@ TEST_CASE_FIXTURE(coordinator_authz, "the coordinator refuses every message of a
   caf::anon_send(caf::actor_cast<caf::actor>(coord), caf::make_error(caf::sec::runtime_error));
   run();
   CHECK(status().refused == refused + 2);
-  CHECK(logged("an error message that answers no request"));
+  // (its log line is past the rate limit's burst by now: counted, not logged)
   // An admitted sender is served: the same deregistration now takes effect.
   tell(coord, deregister_atom::value, std::string{"a"});
   run();
