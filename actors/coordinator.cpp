@@ -190,14 +190,10 @@ std::string retired_text(const std::string& name, std::uint32_t restarts, std::i
 /// whether it is routable at once (it was current when it left).
 caf::expected<bool> on_register(self_ptr self, const engine_info& info, const rollout_engine_actor& engine) {
   auto& st = self->state;
-  if (info.name.empty() || !engine)
-    return make_error(errc::malformed, "registration without a name or an actor");
-  if (auto sender = self->current_sender(); st.cfg.admit && sender && sender->node() != self->node()
-                                            && !st.cfg.admit(sender->node())) {
-    log_line(self, "coordinator: refused registration of " + info.name + " from unadmitted node "
-                     + to_string(sender->node()));
-    return make_error(errc::unauthenticated, "node not admitted: prove the cluster secret to the gatekeeper first");
-  }
+  if (!engine)
+    return make_error(errc::malformed, "registration without an actor");
+  if (auto why = check(info); !why.empty())
+    return make_error(errc::malformed, "registration: " + why);
   registration_facts f;
   f.incarnation = info.incarnation;
   f.version = info.version;
@@ -791,13 +787,16 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   }
   if (st.cfg.heartbeat_interval.count() > 0)
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
+  // Every handler: a peer that was not admitted reads, changes and learns nothing.
+  auto guard = st.guard = std::make_shared<sender_guard>("coordinator", st.cfg.authorize, st.cfg.log);
+  refuse_stray_errors(self, guard);
   return {
-    [=](version_atom, const version_info& vi) {
+    authorized(self, guard, [=](version_atom, const version_info& vi) {
       on_version(self, vi);
       settle(self);
-    },
-    [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); },
-    [=](register_atom, router_actor& router) {
+    }),
+    authorized(self, guard, [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); }),
+    authorized(self, guard, [=](register_atom, router_actor& router) {
       auto& st = self->state;
       st.cfg.router = std::move(router);
       log_line(self, "coordinator: a new router attached; routing " + std::to_string(std::count_if(
@@ -808,33 +807,37 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
           self->send(st.cfg.router, route_atom::value, route_update{name, m.info.version, true}, m.handle);
       if (st.newest_heard)
         self->send(st.cfg.router, version_atom::value, st.newest);
-    },
-    [=](caf::tick_atom) {
+    }),
+    authorized(self, guard, [=](caf::tick_atom) {
       if (self->current_sender() == self->ctrl()) // only its own timer
         heartbeat_tick(self);
       settle(self);
-    },
-    [=](register_atom, const engine_info& info,
+    }),
+    authorized(self, guard, [=](register_atom, const engine_info& info,
         const rollout_engine_actor& engine) -> caf::result<registration> {
       auto joined = on_register(self, info, engine);
       settle(self); // a newcomer's cold sync; a replaced incarnation left the round
       if (!joined)
         return std::move(joined.error());
       return registration{self->state.synced_version, *joined};
-    },
-    [=](deregister_atom, const std::string& name) {
+    }),
+    authorized(self, guard, [=](deregister_atom, const std::string& name) {
+      if (auto why = check_name(name, "deregister: engine name"); !why.empty()) {
+        log_line(self, "coordinator: refused a deregistration: " + why);
+        return;
+      }
       drop_member(self, name, "deregistered");
       settle(self);
-    },
-    [=](sync_atom) -> caf::result<sync_report> {
+    }),
+    authorized(self, guard, [=](sync_atom) -> caf::result<sync_report> {
       // One round at a time, and a trainer to pull from: it gets the next
       // round, which may be this one.
       auto rp = self->make_response_promise<sync_report>();
       self->state.sync_waiters.push_back(rp);
       settle(self);
       return rp;
-    },
-    [=](status_atom) -> coordinator_status {
+    }),
+    authorized(self, guard, [=](status_atom) -> coordinator_status {
       auto& st = self->state;
       coordinator_status s;
       s.version = st.synced_version;
@@ -855,9 +858,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
         if (rec.retired)
           s.retired.push_back(name);
       s.below_min_live_events = st.live_alert.events;
+      s.refused = st.guard->refused();
       return s;
-    },
-    [=](digest_atom) -> caf::result<std::vector<weight_digest>> {
+    }),
+    authorized(self, guard, [=](digest_atom) -> caf::result<std::vector<weight_digest>> {
       // Fan out to every member; an engine that does not answer in time is
       // reported with its name only, so the caller sees it unverified.
       auto rp = self->make_response_promise<std::vector<weight_digest>>();
@@ -876,15 +880,20 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
           .then(answered, [=, name = name](caf::error&) mutable { answered(weight_digest{name, 0, true, {}, {}}); });
       }
       return rp;
-    },
-    [=](heartbeat_atom, const heartbeat& hb) {
+    }),
+    authorized(self, guard, [=](heartbeat_atom, const heartbeat& hb) {
       // A member's own unsolicited heartbeat proves it alive like an answer;
       // a name the sender does not own changes nothing (no per-sender state).
+      if (!check(hb).empty())
+        return; // no member has such a name
       if (auto sender = self->current_sender())
         heard_from(self, hb.from, sender->address());
       settle(self);
-    },
-    [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
+    }),
+    authorized(self, guard, [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
+      if (waves > max_probe_waves)
+        return make_error(errc::malformed, "probe: " + std::to_string(waves) + " waves exceed the bound of "
+                                             + std::to_string(max_probe_waves));
       if (waves == 0 || self->state.members.empty())
         return std::uint64_t{0};
       auto p = std::make_shared<control_probe>();
@@ -893,7 +902,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       p->started_ns = now_ns(self);
       probe_wave(self, p);
       return p->rp;
-    },
+    }),
   };
 }
 

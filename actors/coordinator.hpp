@@ -71,6 +71,7 @@
 // probe_atom times waves of heartbeats to every member, the control-plane
 // floor of a round; it keeps no state here and may run during a round.
 #include "actors/interfaces.hpp"
+#include "actors/sender_guard.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/control/coordinator_state_file.hpp"
 #include "runtime/control/membership_policy.hpp"
@@ -115,9 +116,11 @@ struct coordinator_config {
   std::function<std::uint64_t()> now_ns;
   /// Receives one line per round (and one per refused version); empty: quiet.
   std::function<void(const std::string&)> log = log_to_stderr;
-  /// Whether a registration's sender may join (its node proved the cluster
-  /// secret to the gatekeeper); empty: everyone. Local senders always may.
-  std::function<bool(const caf::node_id&)> admit;
+  /// Who may send to the coordinator besides itself (local_or_admitted:
+  /// this process and the nodes that proved the cluster secret to the
+  /// gatekeeper); empty: this process's actors only. Every other sender is
+  /// refused, on every message.
+  sender_policy authorize;
   /// Called with every round's report as it ends (e.g. progress lines); may be empty.
   std::function<void(const sync_report&)> on_report;
   /// Called as each phase of a round is sent out, with the engines still in
@@ -219,6 +222,8 @@ struct coordinator_state {
   min_live_alert live_alert;
   /// Bookkeeping steps the last round took (sync_round::ops): O(its engines).
   std::uint64_t last_round_ops = 0;
+  /// Refuses (counts, logs) messages from senders cfg.authorize does not admit.
+  std::shared_ptr<sender_guard> guard;
 
   static inline const char* name = "coordinator";
 };

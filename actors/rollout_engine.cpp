@@ -174,9 +174,13 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     deliver_pause_if_done();
   });
   auto ack = [self, name] { return phase_ack{name, self->state.core->version(), self->state.core->dirty()}; };
+  // Every handler: only the coordinator and router it registered with (and
+  // this process's actors) drive it; anyone else is refused before the drill gate.
+  auto guard = self->state.guard = std::make_shared<sender_guard>("engine " + name, cfg.authorize, cfg.log);
+  refuse_stray_errors(self, guard);
 
   return {
-    gated(self, [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
+    authorized(self, guard, gated(self, [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
       if (auto why = check(req); !why.empty())
         return make_error(errc::malformed, why);
       if (self->state.pause_promise) // a newer pause supersedes one still in flight
@@ -189,19 +193,19 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.pause_promise = rp;
       schedule_step();
       return rp;
-    }),
-    gated(self, [=](flush_atom) -> caf::result<phase_ack> {
+    })),
+    authorized(self, guard, gated(self, [=](flush_atom) -> caf::result<phase_ack> {
       self->state.core->flush();
       return held(self, ack());
-    }),
-    gated(self, [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
+    })),
+    authorized(self, guard, gated(self, [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->start_update(version))
         return to_error(*e);
       return held(self, ack());
-    }),
-    gated(self, [=](update_atom, const weight_bucket& bucket) -> caf::result<std::uint64_t> {
+    })),
+    authorized(self, guard, gated(self, [=](update_atom, const weight_bucket& bucket) -> caf::result<std::uint64_t> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto why = check(bucket); !why.empty())
@@ -222,8 +226,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         applied += t.size;
       }
       return applied;
-    }),
-    gated(self, [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
+    })),
+    authorized(self, guard, gated(self, [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
       auto& st = self->state;
       if (auto why = check(order); !why.empty())
         return make_error(errc::malformed, why);
@@ -248,7 +252,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       auto rp = self->make_response_promise<transfer_report>();
       st.transfer_promise = rp;
       return rp;
-    }),
+    })),
     [=](pull_atom, std::shared_ptr<pull_outcome> out) {
       auto& st = self->state;
       if (!st.transfer_promise || out->seq != st.transfer_seq)
@@ -267,14 +271,14 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         }
       deliver_held(self, rp, *out->report);
     },
-    gated(self, [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
+    authorized(self, guard, gated(self, [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto e = self->state.core->finish_update(version))
         return to_error(*e);
       return ack();
-    }),
-    gated(self, [=](resume_atom) -> caf::result<phase_ack> {
+    })),
+    authorized(self, guard, gated(self, [=](resume_atom) -> caf::result<phase_ack> {
       auto& st = self->state;
       if (st.core->in_session()) { // continue without finish: the round was aborted
         bool pulling = st.transfer_promise.has_value();
@@ -288,8 +292,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return to_error(*e);
       schedule_step();
       return ack();
-    }),
-    gated(self, [=](generate_atom, generate_request req, token_sink_actor sink) -> caf::result<generate_result> {
+    })),
+    authorized(self, guard, gated(self, [=](generate_atom, generate_request req, token_sink_actor sink) -> caf::result<generate_result> {
       auto id = req.request_id;
       // The same request again is a newer attempt: the router rerouted it
       // while this engine was unreachable and the abort of the old one was
@@ -321,19 +325,21 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->monitor(sink);
       schedule_step();
       return rp;
-    }),
-    gated(self, [=](abort_atom, std::uint64_t request_id) -> caf::result<bool> {
+    })),
+    authorized(self, guard, gated(self, [=](abort_atom, std::uint64_t request_id) -> caf::result<bool> {
       bool found = self->state.core->abort(request_id);
       deliver_pause_if_done();
       return found;
-    }),
-    gated(self, [=](status_atom) -> caf::result<engine_status> {
-      return self->state.core->status();
-    }),
-    gated(self, [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
+    })),
+    authorized(self, guard, gated(self, [=](status_atom) -> caf::result<engine_status> {
+      auto s = self->state.core->status();
+      s.refused = self->state.guard->refused();
+      return s;
+    })),
+    authorized(self, guard, gated(self, [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
       return heartbeat{name, hb.seq};
-    }),
-    gated(self, [=](digest_atom) -> caf::result<weight_digest> {
+    })),
+    authorized(self, guard, gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;
       d.engine = name;
       d.version = self->state.core->version();
@@ -343,8 +349,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         d.checksums.push_back(sum);
       }
       return d;
-    }),
-    [=](caf::timeout_atom, std::uint64_t id) {
+    })),
+    authorized(self, guard, [=](caf::timeout_atom, std::uint64_t id) {
       if (self->current_sender() != self->ctrl())
         return; // only its own timers
       auto i = self->state.held_acks.find(id);
@@ -353,8 +359,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       auto send = std::move(i->second);
       self->state.held_acks.erase(i);
       send();
-    },
-    [=](step_atom) {
+    }),
+    authorized(self, guard, [=](step_atom) {
       if (cut_off(self)) { // a hung process: no steps, no tokens; look again later
         self->delayed_send(self, std::chrono::milliseconds(10), step_atom::value);
         return;
@@ -363,7 +369,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.core->step();
       deliver_pause_if_done();
       schedule_step();
-    },
+    }),
   };
 }
 

@@ -16,6 +16,7 @@
 // before any later message of this actor: a pause reply therefore follows
 // every token produced before the pause.
 #include "actors/interfaces.hpp"
+#include "actors/sender_guard.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/puller.hpp"
@@ -53,6 +54,13 @@ struct rollout_engine_config {
   bool self_stepping = true;
   /// Drill faults; nullptr: none.
   std::shared_ptr<engine_fault_gate> faults;
+  /// Who may drive the engine besides itself: on a member node, the
+  /// coordinator and router it registered with (local_or_trusted); empty:
+  /// this process's actors only (one process plays every node). Every other
+  /// sender is refused, on every message.
+  sender_policy authorize;
+  /// Receives one line per refused message; empty: stderr.
+  std::function<void(const std::string&)> log;
 };
 
 /// How a data-plane pull ended, reported by the pulling thread.
@@ -98,6 +106,8 @@ struct rollout_engine_state {
   /// Acknowledgements held by a delay_acks drill, by id, sent when due.
   std::map<std::uint64_t, std::function<void()>> held_acks;
   std::uint64_t next_held_ack = 1;
+  /// Refuses (counts, logs) messages from senders cfg.authorize does not admit.
+  std::shared_ptr<sender_guard> guard;
   static inline const char* name = "rollout_engine";
 };
 

@@ -32,7 +32,7 @@ struct relay_state {
 
 token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer<relay_state> self,
                                              token_sink_actor sink, caf::actor_addr router,
-                                             const generate_request& request) {
+                                             const generate_request& request, std::shared_ptr<sender_guard> guard) {
   auto& st = self->state;
   st.sink = std::move(sink);
   st.request_id = request.request_id;
@@ -42,8 +42,9 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   // A relay lives as long as its request, and never longer than the router.
   self->monitor(caf::actor_cast<caf::abstract_actor*>(router));
   self->set_down_handler([=](caf::down_msg&) { self->quit(); });
+  // Under the router's guard: an outsider must not end a request or inject tokens.
   return {
-    [=](token_atom, token_event& ev) {
+    authorized(self, guard, [=](token_atom, token_event& ev) {
       auto& st = self->state;
       if (ev.request_id != st.request_id || ev.index < st.next_index
           || ev.index >= st.max_tokens)
@@ -59,12 +60,12 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
       if (ev.stale_kv)
         ++out.stale_kv_tokens;
       self->send(st.sink, token_atom_v, std::move(ev));
-    },
-    [=](finish_atom) -> generate_result {
+    }),
+    authorized(self, guard, [=](finish_atom) -> generate_result {
       // Every token that arrived before this message has been forwarded.
       self->quit();
       return std::move(self->state.forwarded);
-    },
+    }),
   };
 }
 
@@ -238,7 +239,7 @@ void dispatch(router_ptr self, request_record rec, std::size_t replica) {
   rec.engine = st.engines.at(r.name);
   ++rec.attempts;
   auto req = continued(rec);
-  rec.relay = self->spawn(token_relay, rec.sink, self->address(), req);
+  rec.relay = self->spawn(token_relay, rec.sink, self->address(), req, st.guard);
   auto ticket = rec.ticket;
   auto attempt = rec.attempts;
   self
@@ -260,7 +261,9 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
   if (auto r = find_replica(st, rec.engine_name); r != nullptr && r->outstanding > 0)
     --r->outstanding;
   // Best effort: a dead engine ignores it, an unreachable one gets it later.
-  caf::anon_send(rec.engine, abort_atom_v, rec.request.request_id);
+  // Sent as the router: an engine refuses anonymous messages.
+  self->request(rec.engine, st.config.control_deadline, abort_atom_v, rec.request.request_id)
+    .then([](bool) {}, [](caf::error&) {});
   auto ticket = rec.ticket;
   auto relay = rec.relay;
   st.rerouting.emplace(ticket, std::move(rec));
@@ -348,7 +351,8 @@ void shut_down(router_ptr self) {
   }
   for (auto& [ticket, rec] : st.running) {
     ++st.rejected;
-    caf::anon_send(rec.engine, abort_atom_v, rec.request.request_id);
+    self->request(rec.engine, st.config.control_deadline, abort_atom_v, rec.request.request_id) // as the router
+      .then([](bool) {}, [](caf::error&) {});
     rec.promise.deliver(make_error(errc::not_routable, "the router is shutting down"));
   }
   // Finished requests still waiting for their relay get their answer now.
@@ -365,7 +369,7 @@ void shut_down(router_ptr self) {
 
 } // namespace
 
-router_impl_actor::behavior_type router(router_ptr self, router_config config) {
+router_impl_actor::behavior_type router(router_ptr self, router_config config, sender_policy authorize) {
   self->state.config = std::move(config);
   self->state.rules.policy = self->state.config.policy;
   self->state.rules.staleness = self->state.config.staleness;
@@ -376,8 +380,12 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
     shut_down(self);
     self->quit(em.reason);
   });
+  // Every handler: a peer that was not admitted reads, routes and changes nothing.
+  auto guard = self->state.guard
+    = std::make_shared<sender_guard>("router", std::move(authorize), self->state.config.log);
+  refuse_stray_errors(self, guard);
   return {
-    [=](generate_atom, generate_request& req,
+    authorized(self, guard, [=](generate_atom, generate_request& req,
         token_sink_actor& sink) -> caf::result<generate_result> {
       auto& st = self->state;
       auto why = check(req);
@@ -413,11 +421,11 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
         st.queued.emplace(rec.ticket, std::move(rec));
       }
       return promise;
-    },
-    [=](route_atom, route_update& u, rollout_engine_actor& engine) {
+    }),
+    authorized(self, guard, [=](route_atom, route_update& u, rollout_engine_actor& engine) {
       auto& st = self->state;
-      if (u.engine.empty() || !engine)
-        return; // nothing to route to
+      if (!engine || !check(u).empty())
+        return; // nothing to route to (the coordinator never sends such a name)
       auto& known = st.engines[u.engine];
       if (known != engine) {
         // New, or restarted under the same name: watch this incarnation.
@@ -434,24 +442,24 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
       if (u.routable)
         st.rules.newest_version = std::max(st.rules.newest_version, u.version);
       drain_queue(self);
-    },
-    [=](version_atom, const version_info& published) {
+    }),
+    authorized(self, guard, [=](version_atom, const version_info& published) {
       // Only ever raises the bar: no queued request can become servable here.
       auto& rules = self->state.rules;
       rules.published_version = std::max(rules.published_version, published.version);
-    },
-    [=](evict_atom, const std::string& name) {
+    }),
+    authorized(self, guard, [=](evict_atom, const std::string& name) {
       // Its running requests stay with it: frozen in a round, they continue
       // once the next round brings it current.
       if (auto r = find_replica(self->state, name))
         r->routable = false;
-    },
-    [=](failed_atom, const std::string& name) {
+    }),
+    authorized(self, guard, [=](failed_atom, const std::string& name) {
       auto& st = self->state;
       if (auto i = st.engines.find(name); i != st.engines.end())
         engine_failed(self, i->second.address(), "failed: silent past the heartbeat timeout");
-    },
-    [=](caf::timeout_atom, std::uint64_t ticket, std::uint32_t attempts) {
+    }),
+    authorized(self, guard, [=](caf::timeout_atom, std::uint64_t ticket, std::uint32_t attempts) {
       if (self->current_sender() != self->ctrl())
         return; // only the router's own deadlines
       auto& st = self->state;
@@ -466,8 +474,8 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
                                      "no replica could serve request "
                                        + std::to_string(rec.request.request_id) + " within "
                                        + ms(st.config.queue_deadline)));
-    },
-    [=](status_atom) -> router_status {
+    }),
+    authorized(self, guard, [=](status_atom) -> router_status {
       auto& st = self->state;
       router_status s;
       for (auto& r : st.replicas)
@@ -478,16 +486,17 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
       s.completed = st.completed;
       s.rejected = st.rejected;
       s.rerouted = st.rerouted;
+      s.refused = st.guard->refused();
       return s;
-    },
-    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat {
+    }),
+    authorized(self, guard, [=](heartbeat_atom, const heartbeat& hb) -> heartbeat {
       return {self->state.config.name, hb.seq};
-    },
+    }),
   };
 }
 
-router_actor spawn_router(caf::actor_system& sys, router_config config) {
-  return sys.spawn(router, std::move(config));
+router_actor spawn_router(caf::actor_system& sys, router_config config, sender_policy authorize) {
+  return sys.spawn(router, std::move(config), std::move(authorize));
 }
 
 } // namespace rlsync

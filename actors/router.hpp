@@ -43,6 +43,7 @@
 // tokens, version spans shifted and joined. The old engine is told to abort
 // the request (best effort: it may be dead or unreachable).
 #include "actors/interfaces.hpp"
+#include "actors/sender_guard.hpp"
 #include "runtime/control/routing.hpp"
 
 #include <caf/actor_system.hpp>
@@ -109,15 +110,19 @@ struct router_state {
   std::uint64_t completed = 0;
   std::uint64_t rejected = 0;
   std::uint64_t rerouted = 0;
+  /// Refuses (counts, logs) messages from senders the router's policy does not admit.
+  std::shared_ptr<sender_guard> guard;
 
   static inline const char* name = "router";
 };
 
-/// The router's behaviour (spawn it with spawn_router).
+/// The router's behaviour (spawn it with spawn_router). `authorize`: who
+/// may send to it besides itself (local_or_admitted); empty: this process's
+/// actors only. Every other sender is refused, on every message.
 router_impl_actor::behavior_type router(router_impl_actor::stateful_pointer<router_state> self,
-                                        router_config config);
+                                        router_config config, sender_policy authorize);
 
-/// Spawns a router with `config`.
-router_actor spawn_router(caf::actor_system& sys, router_config config);
+/// Spawns a router with `config`, admitting senders as `authorize` says.
+router_actor spawn_router(caf::actor_system& sys, router_config config, sender_policy authorize = {});
 
 } // namespace rlsync

@@ -72,12 +72,13 @@ bool start_step(self_ptr self) {
   st.step_started = self->clock().now();
   auto source = st.cfg.source;
   auto me = caf::actor_cast<trainer_impl_actor>(self);
+  // Sent as the trainer itself: its guard refuses anonymous messages.
   bool posted = st.cfg.runner->post([source, me] {
     try {
       auto s = source->advance();
-      caf::anon_send(me, produced_atom::value, s ? s->version() : std::uint64_t{0});
+      caf::send_as(me, me, produced_atom::value, s ? s->version() : std::uint64_t{0});
     } catch (const std::exception& e) {
-      caf::anon_send(me, produced_atom::value, std::string(e.what()));
+      caf::send_as(me, me, produced_atom::value, std::string(e.what()));
     }
   });
   if (!posted) {
@@ -128,15 +129,19 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](const caf::down_msg& dm) { self->state.subscribers.erase(dm.source); });
   start_step(self);
+  // Every handler: a peer that was not admitted pulls, steps and learns nothing.
+  auto guard = self->state.guard
+    = std::make_shared<sender_guard>("trainer", self->state.cfg.authorize, self->state.cfg.log);
+  refuse_stray_errors(self, guard);
   return {
-    [=](meta_atom) -> std::vector<tensor_meta> {
+    authorized(self, guard, [=](meta_atom) -> std::vector<tensor_meta> {
       std::vector<tensor_meta> out;
       for (const auto& p : self->state.cfg.source->parameters())
         out.push_back(tensor_meta{p.name, static_cast<std::uint8_t>(p.type), p.shape});
       return out;
-    },
-    [=](version_atom) -> version_info { return self->state.published; },
-    [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
+    }),
+    authorized(self, guard, [=](version_atom) -> version_info { return self->state.published; }),
+    authorized(self, guard, [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
       const auto& source = *self->state.cfg.source;
       auto s = source.find(version);
       if (!s) {
@@ -149,19 +154,26 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (!s->holds_group(group))
         return make_error(errc::unknown_name, "group " + std::to_string(group) + " is not held by this trainer");
       return group_bucket(*s, group);
-    },
-    [=](subscribe_atom, const version_listener_actor& listener) {
+    }),
+    authorized(self, guard, [=](subscribe_atom, const version_listener_actor& listener) {
       if (!listener)
         return;
       auto addr = listener.address();
-      if (self->state.subscribers.emplace(addr, listener).second) {
+      auto& subscribers = self->state.subscribers;
+      if (subscribers.count(addr) == 0 && subscribers.size() >= self->state.cfg.max_subscribers) {
+        log(self, "trainer: refused a subscription: " + std::to_string(subscribers.size())
+                    + " listeners reach the bound of trainer_config.max_subscribers = "
+                    + std::to_string(self->state.cfg.max_subscribers));
+        return;
+      }
+      if (subscribers.emplace(addr, listener).second) {
         self->monitor(listener);
         if (self->state.published.version > 0)
           self->send(listener, version_atom::value, self->state.published);
       }
-    },
-    [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
-    [=](ucx_ticket_atom, const std::string& engine, std::int32_t worker) -> caf::result<ucx_ticket> {
+    }),
+    authorized(self, guard, [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; }),
+    authorized(self, guard, [=](ucx_ticket_atom, const std::string& engine, std::int32_t worker) -> caf::result<ucx_ticket> {
       const auto& office = self->state.cfg.ucx_tickets;
       if (!office)
         return make_error(errc::unknown_name, "this trainer runs no UCX producer");
@@ -173,12 +185,12 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       } catch (const std::exception& e) {
         return make_error(errc::unknown_name, e.what());
       }
-    },
-    [=](caf::tick_atom) {
+    }),
+    authorized(self, guard, [=](caf::tick_atom) {
       self->state.tick_pending = false;
       start_step(self);
-    },
-    [=](step_atom) -> caf::result<version_info> {
+    }),
+    authorized(self, guard, [=](step_atom) -> caf::result<version_info> {
       auto& st = self->state;
       if (!st.producing) {
         if (st.frozen)
@@ -189,8 +201,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       auto rp = self->make_response_promise<version_info>();
       st.step_waiters.push_back(rp);
       return rp;
-    },
-    [=](freeze_atom) -> caf::result<version_info> {
+    }),
+    authorized(self, guard, [=](freeze_atom) -> caf::result<version_info> {
       auto& st = self->state;
       st.frozen = true;
       if (!st.producing)
@@ -198,12 +210,12 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       auto rp = self->make_response_promise<version_info>();
       st.freeze_waiters.push_back(rp);
       return rp;
-    },
-    [=](pin_atom, std::uint64_t version) {
+    }),
+    authorized(self, guard, [=](pin_atom, std::uint64_t version) {
       if (!self->state.cfg.source->pin(version))
         log(self, "trainer: cannot keep version " + std::to_string(version) + " for the round: already dropped");
-    },
-    [=](produced_atom, std::uint64_t version) {
+    }),
+    authorized(self, guard, [=](produced_atom, std::uint64_t version) {
       auto& st = self->state;
       st.producing = false;
       ++st.steps;
@@ -216,8 +228,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       for (auto& rp : std::exchange(st.step_waiters, {}))
         rp.deliver(st.published); // unchanged when the source had nothing new
       schedule_tick(self);
-    },
-    [=](produced_atom, const std::string& error) {
+    }),
+    authorized(self, guard, [=](produced_atom, const std::string& error) {
       auto& st = self->state;
       st.producing = false;
       ++st.failed_steps;
@@ -230,7 +242,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       for (auto& rp : std::exchange(st.step_waiters, {}))
         rp.deliver(make_error(errc::malformed, "trainer: step failed: " + error));
       schedule_tick(self);
-    },
+    }),
   };
 }
 
@@ -240,7 +252,8 @@ trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg) {
   return sys.spawn(trainer, std::move(cfg));
 }
 
-local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank) {
+local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank,
+                                 sender_policy authorize) {
   local_trainer out;
   out.source = transfer::make_weight_source(t, rank);
   transfer::local_transfer_options o;
@@ -252,6 +265,7 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.ucx_tickets = out.ucx_tickets;
   cfg.step_time = t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
+  cfg.authorize = std::move(authorize);
   out.actor = spawn_trainer(sys, std::move(cfg));
   return out;
 }

@@ -24,6 +24,7 @@
 // Subscribers (the coordinator) hear of every version published, and of the
 // current one when they subscribe; they are monitored and dropped once down.
 #include "actors/interfaces.hpp"
+#include "actors/sender_guard.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
@@ -84,10 +85,16 @@ struct trainer_config {
   std::chrono::milliseconds step_time{200};
   /// Where versions are computed; none: a thread of the trainer's own.
   std::shared_ptr<job_runner> runner;
-  /// Receives one line per failed step; empty: quiet.
+  /// Receives one line per failed step (and per refused message); empty: quiet
+  /// (refusals then go to stderr).
   std::function<void(const std::string&)> log;
   /// UCX tickets for member engines; none: the trainer issues none.
   std::shared_ptr<ucx_ticket_office> ucx_tickets;
+  /// Who may send to the trainer besides itself (local_or_admitted); empty:
+  /// this process's actors only. Every other sender is refused, on every message.
+  sender_policy authorize;
+  /// Listeners kept at once (subscribe_atom); more are refused.
+  std::size_t max_subscribers = 64;
 };
 
 // Private to the trainer: a step finished.
@@ -119,6 +126,8 @@ struct trainer_state {
   std::uint64_t steps = 0;
   std::uint64_t failed_steps = 0;
   std::string last_error;
+  /// Refuses (counts, logs) messages from senders cfg.authorize does not admit.
+  std::shared_ptr<sender_guard> guard;
 
   static inline const char* name = "trainer";
 };
@@ -139,7 +148,8 @@ struct local_trainer {
   trainer_actor actor;
 };
 
-local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0);
+local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0,
+                                 sender_policy authorize = {});
 
 /// The whole tensors of group `g` of `s` as one checksummed bucket.
 weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g);

@@ -125,7 +125,7 @@ RLSYNC_INSPECT(engine_info, x.name, x.node, x.tp, x.version, x.dirty, x.incarnat
 RLSYNC_INSPECT(registration, x.current_version, x.routable)
 RLSYNC_INSPECT(heartbeat, x.from, x.seq)
 RLSYNC_INSPECT(engine_status, x.name, x.version, x.dirty, x.state, x.running, x.waiting,
-               x.frozen, x.tokens_generated, x.dirty_tokens, x.prefix_cache_hits, x.prefix_cache_queries)
+               x.frozen, x.tokens_generated, x.dirty_tokens, x.prefix_cache_hits, x.prefix_cache_queries, x.refused)
 RLSYNC_INSPECT(tensor_meta, x.name, x.dtype, x.shape)
 RLSYNC_INSPECT(bucket_entry, x.name, x.dtype, x.shape, x.offset, x.bytes, x.tensor_offset)
 RLSYNC_INSPECT(weight_bucket, x.version, x.group, x.entries, x.data, x.checksum)
@@ -137,9 +137,9 @@ RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, 
                x.bytes, x.control_ns, x.aborted)
 RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
-               x.rerouted)
+               x.rerouted, x.refused)
 RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history,
-               x.unreachable, x.retired, x.live, x.below_min_live_events)
+               x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
 

@@ -104,7 +104,9 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   std::optional<persisted_coordinator> restored; // before anything runs: a bad file stops the head cleanly
   if (!t.coordinator.state_file.empty())
     restored = read_coordinator_state(t.coordinator.state_file); // throws, naming file:line:column
-  d.trainer = make_local_trainer(sys, t, 0);
+  // Every actor here answers this process and the nodes opts.admit admitted, nobody else.
+  d.authorize = local_or_admitted(sys.node(), opts.admit);
+  d.trainer = make_local_trainer(sys, t, 0, d.authorize);
   d.source_dtype = source_dtype_of(t, *d.trainer.source);
   std::vector<const engine_spec*> hosted;
   for (const auto& e : t.engines) {
@@ -123,11 +125,11 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   auto rc = router_config_from(t);
   rc.log = opts.router_log;
   d.router_cfg = rc;
-  d.router = spawn_router(sys, rc);
+  d.router = spawn_router(sys, rc, d.authorize);
   auto cc = coordinator_config_from(t);
   cc.trainer = d.trainer.actor;
   cc.router = d.router;
-  cc.admit = opts.admit;
+  cc.authorize = d.authorize;
   cc.log = opts.log;
   cc.on_report = opts.on_sync;
   cc.on_phase = opts.on_phase;
@@ -205,8 +207,9 @@ router_actor local_deployment::restart_router(caf::actor_system& sys) {
     caf::anon_send_exit(router, caf::exit_reason::kill);
     self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
   }
-  router = spawn_router(sys, router_cfg);
-  caf::anon_send(coordinator, register_atom::value, router);
+  router = spawn_router(sys, router_cfg, authorize);
+  caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
+  self->send(coordinator, register_atom::value, router);
   return router;
 }
 
@@ -216,8 +219,10 @@ void local_deployment::restart_trainer(caf::actor_system& sys, const topology& t
   tc.source = trainer.source;
   tc.step_time = t.trainer.step_time;
   tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
+  tc.authorize = authorize;
   trainer.actor = spawn_trainer(sys, tc);
-  caf::anon_send(coordinator, register_atom::value, trainer.actor);
+  caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
+  self->send(coordinator, register_atom::value, trainer.actor);
 }
 
 void local_deployment::shutdown() {

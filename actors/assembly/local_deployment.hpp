@@ -51,6 +51,9 @@ struct local_deployment {
 
   /// The router's configuration as first spawned, for a restart.
   router_config router_cfg;
+  /// Who the trainer, router and coordinator admit (this process and the
+  /// nodes deployment_options::admit admitted), for restarts too.
+  sender_policy authorize;
 
   /// Kills the router (when alive) and spawns a new one, attached to the
   /// coordinator, which routes every current member to it. Returns it: the
@@ -75,8 +78,9 @@ struct deployment_options {
   /// The node whose engines run in this process; empty: every engine (one
   /// process plays every node).
   std::string node;
-  /// Whether a registration from another process's node is admitted (a
-  /// cluster's gatekeeper decides); empty: every one.
+  /// Whether another process's node is admitted (a cluster's gatekeeper
+  /// decides): the trainer, router and coordinator refuse every message from
+  /// any other node; empty: none (this process's actors only).
   std::function<bool(const caf::node_id&)> admit;
   /// The incarnation of the engines spawned here; 0: 1 at first, or the one
   /// on record when the coordinator starts from its state file.

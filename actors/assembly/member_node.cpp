@@ -140,6 +140,13 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   // Engines record their plans in the dtype the trainer sends, as the head's own do.
   const auto source_dtype = static_cast<dtype>(grant->source_dtype);
   const auto incarnation = process_incarnation();
+  // The engines take orders only from this process and the coordinator and
+  // router of the grant they registered under (replaced when it rejoins).
+  auto drivers = std::make_shared<trusted_actors>();
+  auto trust_grant = [&] {
+    drivers->assign({grant->coordinator.address(), grant->router.address()});
+  };
+  trust_grant();
   std::vector<caf::actor> engines;
   std::vector<const engine_spec*> specs;
   auto deadline = t.cluster.connect_deadline;
@@ -154,8 +161,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   try {
     for (const auto& e : t.engines)
       if (e.node == node.name) {
-        engines.push_back(
-          caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, engine_config_from(t, e, puller, source_dtype))));
+        auto cfg = engine_config_from(t, e, puller, source_dtype);
+        cfg.authorize = local_or_trusted(sys.node(), drivers);
+        cfg.log = opts.log;
+        engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, std::move(cfg))));
         specs.push_back(&e);
       }
     failure = register_all(grant->coordinator);
@@ -202,6 +211,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     }
     if (ucx)
       ucx->reset_connections(); // a restarted head's producer is another
+    trust_grant(); // before registering: the new coordinator's first order may follow at once
     if (auto failure = register_all(grant->coordinator); !failure.empty()) {
       log(failure + "; stopping");
       end.exit_code = 1;

@@ -1,6 +1,7 @@
 #include "runtime/control/protocol.hpp"
 
 #include "runtime/base/dtype.hpp"
+#include "runtime/base/printable.hpp"
 
 #include <cmath>
 #include <limits>
@@ -28,6 +29,41 @@ std::string to_string(finish_reason x) {
 }
 
 
+namespace {
+
+std::string over_bound(const char* field, std::size_t size, std::size_t bound, const char* unit) {
+  return std::string(field) + ": " + std::to_string(size) + " " + unit + " exceed the bound of "
+         + std::to_string(bound);
+}
+
+} // namespace
+
+std::string check_name(const std::string& name, const char* field) {
+  if (name.empty())
+    return std::string(field) + ": empty";
+  if (name.size() > max_name_bytes)
+    return over_bound(field, name.size(), max_name_bytes, "bytes");
+  return {};
+}
+
+std::string check(const engine_info& x) {
+  if (auto e = check_name(x.name, "engine_info.name"); !e.empty())
+    return e;
+  if (x.node.size() > max_name_bytes) // may be empty: an engine outside any topology node
+    return over_bound("engine_info.node", x.node.size(), max_name_bytes, "bytes");
+  return {};
+}
+
+std::string check(const heartbeat& x) {
+  if (x.from.size() > max_name_bytes)
+    return over_bound("heartbeat.from", x.from.size(), max_name_bytes, "bytes");
+  return {};
+}
+
+std::string check(const route_update& x) {
+  return check_name(x.engine, "route_update.engine");
+}
+
 std::string check(const pause_request& x) {
   if (static_cast<int>(x.mode) > static_cast<int>(pause_mode::keep))
     return "pause_request.mode: out of range (" + std::to_string(static_cast<int>(x.mode)) + ")";
@@ -49,6 +85,10 @@ std::string check_tokens(const std::vector<std::int32_t>& tokens, const char* fi
 std::string check(const generate_request& x) {
   if (x.prompt.empty())
     return "generate_request.prompt: empty";
+  if (x.prompt.size() > max_request_tokens)
+    return over_bound("generate_request.prompt", x.prompt.size(), max_request_tokens, "tokens");
+  if (x.generated.size() > max_request_tokens)
+    return over_bound("generate_request.generated", x.generated.size(), max_request_tokens, "tokens");
   if (auto e = check_tokens(x.prompt, "generate_request.prompt"); !e.empty())
     return e;
   if (auto e = check_tokens(x.generated, "generate_request.generated"); !e.empty())
@@ -82,9 +122,16 @@ std::string check(const generate_result& x) {
 }
 
 std::string check(const weight_bucket& x) {
+  if (x.entries.size() > max_bucket_entries)
+    return over_bound("weight_bucket.entries", x.entries.size(), max_bucket_entries, "entries");
   for (size_t i = 0; i < x.entries.size(); ++i) {
     const auto& e = x.entries[i];
-    std::string where = "weight_bucket.entries[" + std::to_string(i) + "] '" + e.name + "'";
+    std::string where = "weight_bucket.entries[" + std::to_string(i) + "]";
+    if (auto bad = check_name(e.name, (where + ".name").c_str()); !bad.empty())
+      return bad;
+    where += " '" + printable(e.name) + "'";
+    if (e.shape.size() > max_shape_rank)
+      return over_bound((where + ".shape").c_str(), e.shape.size(), max_shape_rank, "dimensions");
     if (e.dtype > static_cast<std::uint8_t>(dtype::f32))
       return where + ": unknown dtype " + std::to_string(e.dtype);
     std::uint64_t numel = 1;
@@ -107,6 +154,8 @@ std::string check(const weight_bucket& x) {
 std::string check(const transfer_order& x) {
   if (static_cast<int>(x.mode) > static_cast<int>(transfer_mode::broadcast))
     return "transfer_order.mode: out of range";
+  if (x.backend.size() > max_name_bytes)
+    return over_bound("transfer_order.backend", x.backend.size(), max_name_bytes, "bytes");
   return {};
 }
 

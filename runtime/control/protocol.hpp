@@ -124,6 +124,7 @@ struct engine_status {
   std::uint64_t dirty_tokens = 0; ///< tokens produced while dirty (never, by design)
   std::uint64_t prefix_cache_hits = 0;
   std::uint64_t prefix_cache_queries = 0;
+  std::uint64_t refused = 0; ///< messages refused: their sender may not drive this engine
 };
 
 // -- weight-update session ------------------------------------------------------
@@ -237,6 +238,7 @@ struct router_status {
   std::uint64_t completed = 0;
   std::uint64_t rejected = 0;
   std::uint64_t rerouted = 0;
+  std::uint64_t refused = 0; ///< messages refused: their sender's node is not admitted
 };
 
 struct coordinator_status {
@@ -249,6 +251,7 @@ struct coordinator_status {
   std::vector<std::string> retired;     ///< past max_restarts, refused for good
   std::uint32_t live = 0;               ///< members answering heartbeats
   std::uint64_t below_min_live_events = 0; ///< times live fell below min_live_engines
+  std::uint64_t refused = 0; ///< messages refused: their sender's node is not admitted
 };
 
 // -- names and checks ------------------------------------------------------------------
@@ -258,8 +261,30 @@ std::string to_string(scheduler_state x);
 std::string to_string(finish_reason x);
 std::string to_string(transfer_mode x);
 
+// -- bounds on what a peer can make rlsync hold -----------------------------------
+// Checked on arrival, before anything is stored or acted on; a value past
+// one is refused with the field and the bound named.
+
+/// Names a peer sends (engine, node, heartbeat sender, backend): bytes.
+constexpr std::size_t max_name_bytes = 256;
+/// Tokens of one request's prompt, and of what it already generated.
+constexpr std::size_t max_request_tokens = std::size_t{1} << 20;
+/// Tensors in one inline weight bucket.
+constexpr std::size_t max_bucket_entries = std::size_t{1} << 16;
+/// Dimensions of one tensor's shape.
+constexpr std::size_t max_shape_rank = 8;
+/// Heartbeat waves one control-plane probe may ask for.
+constexpr std::uint32_t max_probe_waves = 10000;
+
+/// Empty when `name` (field `field`) is non-empty and within max_name_bytes,
+/// else what is wrong with it.
+std::string check_name(const std::string& name, const char* field);
+
 /// Checks of values received from a peer. Each returns an empty string when
 /// the value is well formed, else what is wrong with it.
+std::string check(const engine_info& x);
+std::string check(const heartbeat& x);
+std::string check(const route_update& x);
 std::string check(const pause_request& x);
 std::string check(const generate_request& x);
 std::string check(const generate_result& x);

@@ -81,7 +81,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "pause goes to every engine at once, not 
   start();
   add_engine("a");
   add_engine("b");
-  caf::anon_send(coord, version_atom::value, version_info{1, 4, 4096});
+  tell(coord, version_atom::value, version_info{1, 4, 4096});
   auto [atom, vi] = expect_msg<version_atom, version_info>(coord);
   CHECK(vi.version == 1);
   // Both pause requests are out before either engine answered.
@@ -450,7 +450,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "a round over 1000 engines costs O(engine
   for (int i = 0; i < 1000; ++i) {
     auto name = "engine-" + std::to_string(1000 + i); // snapshot order is name order
     auto& e = spawn_engine(name);
-    caf::anon_send(coord, register_atom::value, engine_info{name, "node", 1, 0, false, 0},
+    tell(coord, register_atom::value, engine_info{name, "node", 1, 0, false, 0},
                    caf::actor_cast<rollout_engine_actor>(e.actor));
   }
   run(); // the cold syncs

@@ -45,8 +45,8 @@ TEST_CASE_FIXTURE(coordinator_fixture, "membership: retries, stale incarnations,
   CHECK(is((**unnamed).error(), errc::malformed));
   CHECK(routable("a"));
   routes->clear();
-  caf::anon_send(coord, deregister_atom::value, std::string{"a"});
-  caf::anon_send(coord, heartbeat_atom::value, heartbeat{"a", 1});
+  tell(coord, deregister_atom::value, std::string{"a"});
+  tell(coord, heartbeat_atom::value, heartbeat{"a", 1});
   run();
   CHECK(!member("a"));
   CHECK(*routes == std::vector<std::string>{"evict a"});

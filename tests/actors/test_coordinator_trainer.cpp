@@ -29,13 +29,13 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   add_engine("a");
   CHECK(engines["a"].script->starts.back() == 2);
   CHECK(engines["a"].script->orders.back().version == 2);
-  caf::anon_send(rec->listeners[0], version_atom::value, version_info{3, 4, 4096});
+  tell(rec->listeners[0], version_atom::value, version_info{3, 4, 4096});
   run();
   CHECK(status().version == 3);
   CHECK(engines["a"].script->starts.back() == 3);
   // Each round asks the trainer to keep its version (slow remote pulls).
   CHECK(rec->pins == std::vector<std::uint64_t>{2, 3});
-  caf::anon_send(rec->listeners[0], version_atom::value, version_info{4, 4, 4096});
+  tell(rec->listeners[0], version_atom::value, version_info{4, 4, 4096});
   run();
   CHECK(rec->pins.back() == 4);
 }
@@ -50,7 +50,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the router hears every version the train
   CHECK(*published == std::vector<std::uint64_t>{1, 2});
   auto second_seen = std::make_shared<router_script>();
   auto second = spawn(scripted_router, second_seen);
-  caf::anon_send(coord, register_atom::value, caf::actor_cast<router_actor>(second));
+  tell(coord, register_atom::value, caf::actor_cast<router_actor>(second));
   run();
   CHECK(second_seen->routes == std::vector<std::string>{"route a v2"});
   CHECK(second_seen->published == std::vector<std::uint64_t>{2});
@@ -116,7 +116,7 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "the trainer dies mid-round: resu
   auto rec2 = std::make_shared<trainer_script>();
   rec2->current = version_info{restarted_at, 4, 4096};
   trainer_actor trainer2 = spawn(scripted_trainer, rec2);
-  caf::anon_send(coord, register_atom::value, trainer2);
+  tell(coord, register_atom::value, trainer2);
   run();
   CHECK(rec2->listeners.size() == 1);
   auto target = std::max<std::uint64_t>(restarted_at, 4); // v4 was published meanwhile
@@ -135,7 +135,7 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "the trainer dies mid-round: resu
   CHECK(!(**waiting)->aborted);
   // And it is followed: its next version starts the next round.
   forget_history();
-  caf::anon_send(rec2->listeners.at(0), version_atom::value, version_info{target + 1, 4, 4096});
+  tell(rec2->listeners.at(0), version_atom::value, version_info{target + 1, 4, 4096});
   run();
   CHECK(status().version == target + 1);
 }

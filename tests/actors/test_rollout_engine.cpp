@@ -46,7 +46,7 @@ struct engine_fixture : test::actor_fixture {
   /// `n` engine steps, each run to quiescence (tokens reach the sink).
   void steps(int n) {
     for (int i = 0; i < n; ++i) {
-      caf::anon_send(engine_impl, step_atom::value);
+      caf::send_as(engine_impl, engine_impl, step_atom::value);
       run();
     }
   }

@@ -67,7 +67,7 @@ struct router_fixture : test::actor_fixture {
 
   void route(const router_actor& r, const rollout_engine_actor& e, const std::string& name,
              std::uint64_t version, bool routable = true) {
-    caf::anon_send(r, route_atom_v, route_update{name, version, routable}, e);
+    tell(r, route_atom_v, route_update{name, version, routable}, e);
     sched.run();
   }
 
@@ -230,7 +230,7 @@ TEST_CASE_FIXTURE(router_fixture, "prefix affinity is stable for a prefix and fa
   CHECK(submit(r, request(id++, {9, 8, 7, 6}))->result);
   CHECK(engines_of(*log) == strings{home});
   // Evicted: never chosen.
-  caf::anon_send(r, evict_atom_v, home);
+  tell(r, evict_atom_v, home);
   sched.run();
   log->dispatched.clear();
   CHECK(submit(r, request(id++, {9, 8, 7, 6}))->result);
@@ -313,7 +313,7 @@ TEST_CASE_FIXTURE(router_fixture, "a deadline message from anyone but the router
   auto r = make_router();
   auto out = submit(r, request(1));
   // The first ticket is 1: forge its deadline.
-  caf::anon_send(caf::actor_cast<router_impl_actor>(r), caf::timeout_atom_v, std::uint64_t{1}, std::uint32_t{0});
+  tell(caf::actor_cast<router_impl_actor>(r), caf::timeout_atom_v, std::uint64_t{1}, std::uint32_t{0});
   sched.run();
   CHECK(!out->answered());
   CHECK(status(r).queued == 1);
@@ -325,7 +325,7 @@ TEST_CASE_FIXTURE(router_fixture, "evicted and dead replicas are never chosen") 
   auto b = make_engine("b", 1, act::hold);
   route(r, a, "a", 1);
   route(r, b, "b", 1);
-  caf::anon_send(r, evict_atom_v, std::string{"a"});
+  tell(r, evict_atom_v, std::string{"a"});
   sched.run();
   auto on_b = submit(r, request(1));
   auto on_b2 = submit(r, request(2));
@@ -413,7 +413,7 @@ TEST_CASE_FIXTURE(router_fixture, "staleness counts from the trainer's newest ve
   route(r, a, "a", 1);
   route(r, b, "b", 1);
   auto published = [&](std::uint64_t v) {
-    caf::anon_send(r, version_atom_v, version_info{v, 4, 4096});
+    tell(r, version_atom_v, version_info{v, 4, 4096});
     sched.run();
   };
   published(2); // one behind the trainer: both still serve
@@ -523,7 +523,7 @@ TEST_CASE_FIXTURE(router_fixture, "a failed engine's requests continue elsewhere
   route(r, b, "b", 1);
   SUBCASE("dead: down message") { kill(a); }
   SUBCASE("silent: the coordinator reports it failed") {
-    caf::anon_send(r, failed_atom_v, std::string{"a"});
+    tell(r, failed_atom_v, std::string{"a"});
     sched.run();
     CHECK(log->aborted == strings{"a:1"});
     release(a); // its late answer is for an abandoned attempt
@@ -550,7 +550,7 @@ TEST_CASE_FIXTURE(router_fixture, "version spans survive a reroute: shifted and 
   route(r, a, "a", 3);
   auto to_b = submit(r, request(1, {1}, 4));
   auto to_c = submit(r, request(2, {1}, 4));
-  caf::anon_send(r, evict_atom_v, std::string{"a"});
+  tell(r, evict_atom_v, std::string{"a"});
   route(r, b, "b", 4); // v4 is newest; with staleness 0 only b serves now
   kill(a);
   REQUIRE(to_b->result);

@@ -191,7 +191,7 @@ private:
     rc.engine_deadline = 1000ms;
     rc.control_deadline = 100ms;
     rc.log = [w](const std::string& line) { w->add(w->router_log, line); };
-    router_ = caf::actor_cast<router_actor>(fx_.spawn(rlsync::router, rc));
+    router_ = caf::actor_cast<router_actor>(fx_.spawn(rlsync::router, rc, sender_policy{}));
     fx_.stop_first(router_); // it answers its clients as it stops
     trainer_ = spawn_trainer(version_info{++latest_, 4, 4096});
     coordinator_config c;
@@ -430,7 +430,7 @@ private:
     trainer_ = spawn_trainer(version_info{latest_, 4, 4096});
     trainer_alive_ = true;
     w_->note("restart the trainer at v" + std::to_string(latest_));
-    caf::anon_send(coordinator_, register_atom::value, caf::actor_cast<trainer_actor>(trainer_));
+    fx_.tell(coordinator_, register_atom::value, caf::actor_cast<trainer_actor>(trainer_));
   }
 
   // -- the end: heal, last version, quiet ------------------------------------------------------

@@ -5,6 +5,8 @@
 // end to end, with bounded waits.
 #include "actors/trainer.hpp"
 
+#include <caf/scoped_actor.hpp>
+
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/recording.hpp"
 #include "tests/support/actor_fixture.hpp"
@@ -117,7 +119,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a version every step_time, computed
   // The mailbox stays free while a step is computed.
   CHECK(answer(request<version_info>(t, version_atom::value)).version == 0);
   auto seen = std::make_shared<std::vector<version_info>>();
-  caf::anon_send(t, subscribe_atom::value, listener(seen));
+  tell(t, subscribe_atom::value, listener(seen));
   run();
   CHECK(seen->empty()); // nothing published yet
 
@@ -200,8 +202,8 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: late subscribers hear the current v
 
   auto seen = std::make_shared<std::vector<version_info>>();
   auto l = listener(seen);
-  caf::anon_send(t, subscribe_atom::value, l);
-  caf::anon_send(t, subscribe_atom::value, l); // twice: still told once
+  tell(t, subscribe_atom::value, l);
+  tell(t, subscribe_atom::value, l); // twice: still told once
   run();
   REQUIRE(seen->size() == 1);
   CHECK(seen->front().version == 1);
@@ -224,7 +226,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer over a checkpoint directory: a faile
   auto source = std::make_shared<transfer::checkpoint_dir_source>(o);
   auto t = spawn(trainer, config(source));
   auto seen = std::make_shared<std::vector<version_info>>();
-  caf::anon_send(t, subscribe_atom::value, listener(seen));
+  tell(t, subscribe_atom::value, listener(seen));
   run();
   finish_step(); // nothing there yet
   CHECK(seen->empty());
@@ -272,7 +274,8 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
       self->quit();
     }};
   });
-  caf::anon_send(lt.actor, subscribe_atom::value, l);
+  caf::scoped_actor client{sys}; // a named sender: the trainer refuses anonymous ones
+  client->send(lt.actor, subscribe_atom::value, l);
   REQUIRE(first_future.wait_for(10s) == std::future_status::ready);
   const version_info v = first_future.get();
   CHECK(v.version >= 1);
@@ -324,7 +327,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pinned version outlives keep_vers
   auto t = spawn(trainer, config(source));
   run();
   finish_step(); // version 1
-  caf::anon_send(t, pin_atom::value, std::uint64_t{1});
+  tell(t, pin_atom::value, std::uint64_t{1});
   run();
   for (int i = 0; i < 3; ++i) { // versions 2, 3, 4: version 1 would be dropped
     advance(10s);
@@ -332,11 +335,11 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pinned version outlives keep_vers
   }
   CHECK(source->versions() == std::vector<std::uint64_t>{1, 3, 4});
   CHECK(answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{0})).version == 1);
-  caf::anon_send(t, pin_atom::value, std::uint64_t{4}); // the next round's
+  tell(t, pin_atom::value, std::uint64_t{4}); // the next round's
   run();
   CHECK(source->versions() == std::vector<std::uint64_t>{3, 4});
   CHECK(source->pinned() == 4);
-  caf::anon_send(t, pin_atom::value, std::uint64_t{2}); // gone: the pin stays on 4
+  tell(t, pin_atom::value, std::uint64_t{2}); // gone: the pin stays on 4
   run();
   CHECK(source->pinned() == 4);
 }
@@ -346,7 +349,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pinned version outlives keep_vers
 TEST_CASE_FIXTURE(trainer_fixture, "trainer: step now starts a step at once and answers with the version it published") {
   auto t = spawn(trainer, config(test::small_source(test::small_model(2))));
   auto seen = std::make_shared<std::vector<version_info>>();
-  caf::anon_send(t, subscribe_atom::value, listener(seen));
+  tell(t, subscribe_atom::value, listener(seen));
   run();
   finish_step(); // version 1 at t = 0; the timer's next step is due at 100 ms
   REQUIRE(runner->jobs.empty());

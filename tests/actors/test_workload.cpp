@@ -306,7 +306,7 @@ TEST_CASE_FIXTURE(workload_fixture, "through the real router: queue_full is retr
   auto fut = done->get_future();
   spawn_workload(sys, real, small(3, 3), nullptr, done);
   run();
-  caf::anon_send(real, route_atom_v, route_update{"e", 2, true}, engine);
+  tell(real, route_atom_v, route_update{"e", 2, true}, engine);
   run(); // the queued request is served now
   CHECK(fut.wait_for(0s) != std::future_status::ready); // two wait for their retry
   advance(50ms); // the refused ones come back and are served

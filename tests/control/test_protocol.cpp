@@ -85,3 +85,53 @@ TEST_CASE("pause_request and transfer_order reject out-of-range enums") {
   o.mode = static_cast<transfer_mode>(3);
   CHECK(check(o).find("mode") != std::string::npos);
 }
+
+TEST_CASE("what a peer sends is bounded: each bound is refused naming the field and the bound") {
+  struct row {
+    const char* what;
+    std::string (*check_it)();
+    const char* expect;
+  };
+  const std::string long_name(max_name_bytes + 1, 'n');
+  static std::string name_over;
+  name_over = long_name;
+  const row rows[] = {
+    {"engine name", [] { return check(engine_info{name_over, "node", 1, 0, false, 0}); },
+     "engine_info.name: 257 bytes exceed the bound of 256"},
+    {"empty engine name", [] { return check(engine_info{"", "node", 1, 0, false, 0}); }, "engine_info.name: empty"},
+    {"node name", [] { return check(engine_info{"e", name_over, 1, 0, false, 0}); },
+     "engine_info.node: 257 bytes exceed the bound of 256"},
+    {"heartbeat sender", [] { return check(heartbeat{name_over, 1}); }, "heartbeat.from: 257 bytes"},
+    {"route engine", [] { return check(route_update{name_over, 1, true}); }, "route_update.engine: 257 bytes"},
+    {"prompt", [] {
+       auto r = good_request();
+       r.prompt.assign(max_request_tokens + 1, 1);
+       return check(r);
+     }, "generate_request.prompt: 1048577 tokens exceed the bound of 1048576"},
+    {"bucket entries", [] {
+       weight_bucket b;
+       b.entries.resize(max_bucket_entries + 1);
+       return check(b);
+     }, "weight_bucket.entries: 65537 entries exceed the bound of 65536"},
+    {"bucket entry name", [] {
+       weight_bucket b;
+       b.entries.push_back({name_over, 0, {1}, 0, 4, 0});
+       return check(b);
+     }, "weight_bucket.entries[0].name: 257 bytes"},
+    {"shape rank", [] {
+       weight_bucket b;
+       b.entries.push_back({"w", 0, std::vector<std::int64_t>(max_shape_rank + 1, 1), 0, 4, 0});
+       return check(b);
+     }, "shape: 9 dimensions exceed the bound of 8"},
+    {"transfer backend", [] { return check(transfer_order{1, transfer_mode::sharded, name_over}); },
+     "transfer_order.backend: 257 bytes"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto msg = r.check_it();
+    CHECK_MESSAGE(msg.find(r.expect) != std::string::npos, msg);
+  }
+  // At the bound: accepted.
+  CHECK(check(engine_info{std::string(max_name_bytes, 'n'), "node", 1, 0, false, 0}).empty());
+  CHECK(check(heartbeat{std::string(max_name_bytes, 'n'), 1}).empty());
+}

@@ -116,6 +116,19 @@ public:
     return out;
   }
 
+  /// Sends `xs...` to `dst` as a one-way message from a local client actor
+  /// (enqueued at once, like anon_send): guarded actors refuse anonymous
+  /// senders, as they would a peer nobody admitted.
+  template <class Handle, class... Ts>
+  void tell(const Handle& dst, Ts&&... xs) {
+    if (!client_)
+      client_ = spawn([](caf::event_based_actor* self) -> caf::behavior {
+        self->set_default_handler(caf::skip); // answers to one-way messages, if any: no reply to them
+        return {[](caf::exit_msg&) {}};
+      });
+    caf::send_as(client_, dst, std::forward<Ts>(xs)...);
+  }
+
   /// Whether the next message in `dst`'s mailbox matches `Ts...`.
   template <class... Ts, class Handle>
   bool next_msg_is(const Handle& dst) {
@@ -155,6 +168,7 @@ private:
   /// Jobs per pass of shutdown() (100 passes at most).
   static constexpr std::size_t teardown_job_limit = 10'000;
 
+  caf::actor client_; ///< tell()'s sender
   std::vector<caf::actor> tracked_;
   std::vector<caf::actor> stopped_first_;
 };

@@ -146,7 +146,7 @@ struct coordinator_fixture : actor_fixture {
   }
 
   void publish(std::uint64_t v, std::uint32_t groups = 4) {
-    caf::anon_send(coord, version_atom::value, version_info{v, groups, 4096});
+    tell(coord, version_atom::value, version_info{v, groups, 4096});
     run();
   }
 
@@ -174,7 +174,7 @@ struct coordinator_fixture : actor_fixture {
     auto s = request<coordinator_status>(coord, status_atom::value);
     run();
     REQUIRE(s->has_value());
-    REQUIRE(**s);
+    REQUIRE_MESSAGE(**s, (**s ? std::string{} : caf::to_string((*s)->error())));
     return ***s;
   }
 
@@ -261,7 +261,7 @@ struct coordinator_trainer_fixture : coordinator_fixture {
   /// The trainer publishes v3; the round runs until the engines hold (or answer) transfer.
   void publish_through_trainer(std::uint64_t v) {
     REQUIRE(!rec->listeners.empty());
-    caf::anon_send(rec->listeners.back(), version_atom::value, version_info{v, 4, 4096});
+    tell(rec->listeners.back(), version_atom::value, version_info{v, 4, 4096});
     run();
   }
 

@@ -1,0 +1,61 @@
+#include "actors/sender_guard.hpp"
+
+#include "runtime/base/printable.hpp"
+
+#include <caf/actor_addr.hpp>
+
+#include <iostream>
+
+namespace rlsync {
+
+sender_policy local_or_admitted(caf::node_id own, std::function<bool(const caf::node_id&)> admit) {
+  return [own, admit = std::move(admit)](const caf::strong_actor_ptr& sender) {
+    return sender->node() == own || (admit && admit(sender->node()));
+  };
+}
+
+void trusted_actors::assign(const std::vector<caf::actor_addr>& actors) {
+  std::set<std::pair<caf::node_id, caf::actor_id>> next;
+  for (const auto& a : actors)
+    if (a)
+      next.emplace(a.node(), a.id());
+  std::lock_guard<std::mutex> lock(mutex_);
+  actors_ = std::move(next);
+}
+
+bool trusted_actors::contains(const caf::strong_actor_ptr& sender) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sender && actors_.count({sender->node(), sender->id()}) > 0;
+}
+
+sender_policy local_or_trusted(caf::node_id own, std::shared_ptr<const trusted_actors> trusted) {
+  return [own, trusted = std::move(trusted)](const caf::strong_actor_ptr& sender) {
+    return sender->node() == own || (trusted && trusted->contains(sender));
+  };
+}
+
+sender_guard::sender_guard(std::string actor, sender_policy policy, std::function<void(const std::string&)> log)
+    : actor_(std::move(actor)), policy_(std::move(policy)),
+      log_(log ? std::move(log) : [](const std::string& line) { std::cerr << (line + '\n'); }) {}
+
+bool sender_guard::admits(const caf::strong_actor_ptr& sender, const caf::actor_control_block* self,
+                          const caf::node_id& own) const {
+  if (!sender)
+    return false; // anonymous: nobody vouches for it
+  if (sender.get() == self)
+    return true; // its own timers and steps
+  return policy_ ? policy_(sender) : sender->node() == own;
+}
+
+caf::error sender_guard::refuse(const caf::strong_actor_ptr& sender, const std::string& message,
+                                const std::string& why) {
+  auto count = ++refused_;
+  std::string from = sender ? "actor " + std::to_string(sender->id()) + " on node " + printable(to_string(sender->node()))
+                            : std::string{"an anonymous sender"};
+  log_(actor_ + ": refused '" + printable(message) + "' from " + from + ": " + why + " (" + std::to_string(count)
+       + " refused so far)");
+  return make_error(errc::unauthenticated, actor_ + ": '" + message + "' refused: the sender's node is not admitted "
+                                             "(nodes prove the cluster secret to the gatekeeper first)");
+}
+
+} // namespace rlsync
