@@ -211,16 +211,19 @@ TEST_CASE("topology errors: cluster") {
     {"bad environment variable name", plus("cluster:\n  secret_env: my-secret"),
      "t.yaml:7:15: cluster.secret_env: must be the name of an environment variable (letters, digits, '_'), "
      "not the secret itself"},
-    {"tls without a key", plus("cluster:\n  tls: {ca: c, cert: d}"), "TLS-NO-KEY"},
-    {"tls with an empty path", plus("cluster:\n  tls: {ca: '', cert: d, key: k}"), "TLS-EMPTY"},
-    {"{node} in the CA", plus("cluster:\n  tls: {ca: '{node}.pem', cert: d, key: k}"), "TLS-CA-NODE"},
-    {"tls is a map", plus("cluster:\n  tls: certs"), "TLS-NOT-MAP"},
-    {"allow_insecure_network is a bool", plus("cluster:\n  allow_insecure_network: maybe"), "INSECURE-BOOL"},
+    {"tls without a key", plus("cluster:\n  tls: {ca: c, cert: d}"), "t.yaml:7:8: cluster.tls.key: missing required key"},
+    {"tls with an empty path", plus("cluster:\n  tls: {ca: '', cert: d, key: k}"), "t.yaml:7:13: cluster.tls.ca: must not be empty"},
+    {"{node} in the CA", plus("cluster:\n  tls: {ca: '{node}.pem', cert: d, key: k}"), "t.yaml:7:13: cluster.tls.ca: must not contain {node}: every node trusts the same CA"},
+    {"tls is a map", plus("cluster:\n  tls: certs"), "t.yaml:7:8: cluster.tls: expected a map, got 'certs'"},
+    {"allow_insecure_network is a bool", plus("cluster:\n  allow_insecure_network: maybe"), "t.yaml:7:27: cluster.allow_insecure_network: expected true or false, got 'maybe'"},
     {"two nodes with neither tls nor allow_insecure_network", plus("cluster:\n  heartbeat_interval_ms: 100"),
-     "t.yaml:6:1: cluster: more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): "
+     "t.yaml:7:3: cluster: more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): "
      "without it anyone who reaches a node's port can read and forge cluster traffic; set "
      "cluster.allow_insecure_network: true to run without TLS anyway"},
-    {"two nodes and no cluster section", with("", ""), "NO-CLUSTER"},
+    {"two nodes and no cluster section", with("", ""), 
+     "t.yaml:3:8: nodes: more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): "
+     "without it anyone who reaches a node's port can read and forge cluster traffic; set "
+     "cluster.allow_insecure_network: true to run without TLS anyway"},
     {"timeout not above interval", plus("cluster:\n  heartbeat_interval_ms: 500\n  heartbeat_timeout_ms: 500"),
      "t.yaml:8:25: cluster.heartbeat_timeout_ms: must exceed heartbeat_interval_ms (500), got 500"},
     {"zero connect deadline", plus("cluster:\n  connect_deadline_ms: 0"),
@@ -589,7 +592,7 @@ nodes:
   - {name: n2, address: host-2.example, port: 4000}
 cluster:
   secret_file: secrets/cluster.key
-  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: /etc/{node}.key}
+  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "/etc/{node}.key"}
   heartbeat_interval_ms: 100
   heartbeat_timeout_ms: 300
   connect_deadline_ms: 2500
