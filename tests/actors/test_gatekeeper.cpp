@@ -60,7 +60,7 @@ TEST_CASE_FIXTURE(gatekeeper_fixture, "a node that proves its secret is admitted
   CHECK(*hello("engine-node-a") != *challenge); // fresh each time
 }
 
-TEST_CASE_FIXTURE(gatekeeper_fixture, "refusals: wrong secret, another node's secret, unknown names; all logged") {
+TEST_CASE_FIXTURE(gatekeeper_fixture, "refusals: wrong secret, another node's secret, unknown names, all logged") {
   auto challenge = hello("engine-node-b");
   REQUIRE(challenge);
   // engine-node-a's secret does not admit engine-node-b.
