@@ -99,6 +99,10 @@ pids+=($good)
 for _ in $(seq 1 100); do grep -q "engines registered" "$dir/good.log" && break; sleep 0.1; done
 grep -q "2 engines registered" "$dir/good.log" || { cat "$dir/good.log" "$dir/head.log"; echo "FAIL: a good node could not join after the attacks"; exit 1; }
 kill -TERM "${pids[0]}"
-set +e; wait "$good"; wrc=$?; set -e
+set +e; wait "$good"; wrc=$?; wait "${pids[0]}"; hrc=$?; set -e
 [ "$wrc" -eq 0 ] || { cat "$dir/good.log"; echo "FAIL: the worker exited $wrc when the head went away"; exit 1; }
+# The head published over TLS stops cleanly: port closed, every actor
+# terminated (no "still busy ... exiting anyway"), exit 0.
+[ "$hrc" -eq 0 ] && grep -q "stopped by signal 15" "$dir/head.log" && ! grep -q "still busy" "$dir/head.log" \
+  || { cat "$dir/head.log"; echo "FAIL: the head did not stop cleanly on SIGTERM (exit $hrc)"; exit 1; }
 echo ok
