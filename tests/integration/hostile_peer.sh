@@ -31,7 +31,7 @@ expect_today=0
 known_failures_today=(
   # CAF 0.17 keeps a TCP connection that never starts its TLS handshake (no
   # handshake deadline, no connection cap); TLS keeps it away from BASP, and
-  # outsider:idle-rss holds the cost to nothing. A firewall's job for now.
+  # outsider:idle-rss bounds its cost. A firewall's job for now.
   outsider:idle-refused
   # UCX's own tcp interface aborts on garbage (the ucx part of issue 12).
   outsider:garbage-survives
