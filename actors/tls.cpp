@@ -6,11 +6,15 @@
 
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -162,3 +166,54 @@ bool uses_tls(const caf::actor_system& sys) {
 }
 
 } // namespace rlsync
+
+// CAF 0.17's openssl module never clears OpenSSL's per-thread error queue
+// (it drains it only inside log statements, compiled out in Debian's build),
+// and SSL_get_error reads that queue first. So after one connection failed
+// on CAF's I/O thread (a killed peer, an outsider's refused handshake), the
+// next read there that merely had to wait for data looked failed too, and
+// CAF dropped that connection: a member's link. OpenSSL wants the queue
+// empty before each TLS I/O call; these definitions take precedence over
+// libssl's in every executable linking this file (CAF's calls included),
+// clear the queue and call libssl's.
+namespace {
+
+template <class Function>
+Function libssl_function(const char* name) {
+  void* f = ::dlsym(RTLD_NEXT, name);
+  if (f == nullptr) {
+    std::fprintf(stderr, "rlsync: cannot find OpenSSL's %s: %s\n", name, ::dlerror());
+    std::abort();
+  }
+  return reinterpret_cast<Function>(f);
+}
+
+} // namespace
+
+extern "C" {
+
+int SSL_read(SSL* ssl, void* buf, int num) {
+  static const auto libssl_read = libssl_function<int (*)(SSL*, void*, int)>("SSL_read");
+  ERR_clear_error();
+  return libssl_read(ssl, buf, num);
+}
+
+int SSL_write(SSL* ssl, const void* buf, int num) {
+  static const auto libssl_write = libssl_function<int (*)(SSL*, const void*, int)>("SSL_write");
+  ERR_clear_error();
+  return libssl_write(ssl, buf, num);
+}
+
+int SSL_accept(SSL* ssl) {
+  static const auto libssl_accept = libssl_function<int (*)(SSL*)>("SSL_accept");
+  ERR_clear_error();
+  return libssl_accept(ssl);
+}
+
+int SSL_connect(SSL* ssl) {
+  static const auto libssl_connect = libssl_function<int (*)(SSL*)>("SSL_connect");
+  ERR_clear_error();
+  return libssl_connect(ssl);
+}
+
+} // extern "C"

@@ -319,6 +319,49 @@ TEST_CASE("two actor systems over mutual TLS: the cluster's CA connects, another
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("an outsider's failed TLS handshakes do not drop a member's connection") {
+  // OpenSSL keeps errors in a per-thread queue and SSL_get_error reads it;
+  // CAF 0.17's openssl module never clears it, so one failed handshake made
+  // the next idle read of another connection on CAF's I/O thread look failed.
+  two_cas c;
+  auto server_cfg = tls_config(c.node(c.ours, "head"));
+  caf::actor_system server{*server_cfg};
+  auto echo = server.spawn([]() -> caf::behavior {
+    return {[](const std::string& s) { return "echo " + s; }};
+  });
+  auto port = publish_node(server, echo, 0, "127.0.0.1");
+  REQUIRE(port);
+  auto member_cfg = tls_config(c.node(c.ours, "w1"));
+  caf::actor_system member{*member_cfg};
+  auto remote = within_deadline([&] { return connect_node<caf::actor>(member, "127.0.0.1", *port); });
+  REQUIRE(remote);
+  caf::scoped_actor self{member};
+  self->monitor(*remote);
+  auto ask = [&] {
+    std::string reply;
+    self->request(*remote, std::chrono::seconds(10), std::string("hi"))
+      .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = member.render(e); });
+    return reply;
+  };
+  REQUIRE(ask() == "echo hi");
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    for (int i = 0; i < 3; ++i) {
+      auto outsider_cfg = tls_config(std::nullopt, true);
+      caf::actor_system outsider{*outsider_cfg};
+      auto r = within_deadline(
+        [&] { return caf::openssl::remote_actor<caf::actor>(outsider, "127.0.0.1", *port); });
+      CHECK(!r);
+    }
+    CHECK(ask() == "echo hi");
+    CHECK(ask() == "echo hi");
+  }
+  bool down = false;
+  self->receive([&](caf::down_msg&) { down = true; }, caf::after(std::chrono::milliseconds(200)) >> [] {});
+  CHECK(!down);
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a head published over TLS admits a member, then stops cleanly and closes its port") {
   two_cas c;
   const auto port = free_port();
