@@ -196,6 +196,11 @@ check huge-header-refused "$peer_rc" "huge header (1 GiB announced, twice): refu
 [ "$rss_growth_kb" -lt "$max_growth_kb" ]
 check huge-header-rss $? "huge header: the head's RSS grew $((rss_growth_kb / 1024)) MiB (limit $((max_growth_kb / 1024)) MiB)"
 serves; rc=$?; check huge-header-head-serves $rc "after the huge header: a round with both engines completes"
+if [ "$mode" = outsider ]; then
+  # A handshake TLS refused must not cost a member its connection.
+  lost=$(cat "$dir/$mode-c1-"*engines-*.log | grep -c "lost the link" || true)
+  [ "$lost" -eq 0 ]; check links-kept $? "after the refused attacks: no engine node lost its link to the head ($lost did)"
+fi
 recover "$mode-c1-idle" $rc
 
 if [ "$mode" = outsider ]; then # raw TCP: the same whoever sends it
