@@ -1,10 +1,15 @@
 #include "actors/gatekeeper.hpp"
 
+#include "runtime/base/printable.hpp"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -13,6 +18,13 @@
 namespace rlsync {
 
 namespace {
+
+// Longer names or proofs are malformed: a topology name is short and a
+// proof is 64 hex digits. Checked before anything is stored or hashed.
+constexpr std::size_t max_name_bytes = 256;
+constexpr std::size_t max_proof_bytes = 128;
+// A secret file is a few bytes of hex; anything this large is a mistake.
+constexpr std::size_t max_secret_bytes = 4096;
 
 std::string hex(const unsigned char* p, std::size_t n) {
   static const char digits[] = "0123456789abcdef";
@@ -44,6 +56,134 @@ bool admitted_nodes::contains(const caf::node_id& n) const {
   return nodes_.count(n) > 0;
 }
 
+std::string to_string(admission_verdict v) {
+  switch (v) {
+    case admission_verdict::ok:
+      return "ok";
+    case admission_verdict::malformed:
+      return "malformed name or proof";
+    case admission_verdict::unknown_node:
+      return "not a member node of the topology";
+    case admission_verdict::rate_limited:
+      return "rate limited";
+    case admission_verdict::busy:
+      return "too many pending challenges";
+    case admission_verdict::no_challenge:
+      return "no challenge for this name from this peer";
+    case admission_verdict::wrong_proof:
+      return "wrong proof";
+  }
+  return "?";
+}
+
+admission_control::admission_control(std::map<std::string, std::string> secrets, admission_limits limits,
+                                     std::function<clock::time_point()> now)
+    : secrets_(std::move(secrets)), limits_(limits), now_(std::move(now)) {
+  limits_.max_pending = std::max<std::size_t>(1, limits_.max_pending);
+  limits_.max_pending_per_peer = std::clamp<std::size_t>(limits_.max_pending_per_peer, 1, limits_.max_pending);
+  limits_.max_peers = std::max<std::size_t>(1, limits_.max_peers);
+}
+
+std::size_t admission_control::pending_of(const std::string& peer) const {
+  return static_cast<std::size_t>(
+    std::count_if(pending_.begin(), pending_.end(), [&](const challenge_entry& e) { return e.peer == peer; }));
+}
+
+bool admission_control::take_token(const std::string& peer, clock::time_point t) {
+  auto it = buckets_.find(peer);
+  if (it == buckets_.end()) {
+    if (buckets_.size() >= limits_.max_peers) { // forget the least recently seen peer
+      buckets_.erase(lru_.back());
+      lru_.pop_back();
+    }
+    lru_.push_front(peer);
+    it = buckets_.emplace(peer, bucket{static_cast<double>(limits_.burst), t, lru_.begin()}).first;
+  } else {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    auto elapsed = std::chrono::duration<double>(t - it->second.last).count();
+    if (elapsed > 0)
+      it->second.tokens = std::min(static_cast<double>(limits_.burst), it->second.tokens + elapsed * limits_.per_second);
+    it->second.last = std::max(it->second.last, t);
+  }
+  if (it->second.tokens < 1.0)
+    return false;
+  it->second.tokens -= 1.0;
+  return true;
+}
+
+void admission_control::expire(clock::time_point t) {
+  while (!pending_.empty() && t - pending_.front().issued >= limits_.challenge_ttl)
+    pending_.pop_front();
+}
+
+admission_verdict admission_control::hello(const std::string& peer, const std::string& node, std::string& challenge) {
+  auto t = now_();
+  if (!take_token(peer, t))
+    return admission_verdict::rate_limited;
+  if (node.empty() || node.size() > max_name_bytes)
+    return admission_verdict::malformed;
+  if (secrets_.count(node) == 0)
+    return admission_verdict::unknown_node;
+  expire(t);
+  // A peer that asks again drops its own oldest challenge, never another peer's.
+  if (pending_of(peer) >= limits_.max_pending_per_peer)
+    pending_.erase(std::find_if(pending_.begin(), pending_.end(),
+                                [&](const challenge_entry& e) { return e.peer == peer; }));
+  if (pending_.size() >= limits_.max_pending)
+    return admission_verdict::busy;
+  challenge = fresh_challenge();
+  pending_.push_back({peer, node, challenge, t});
+  return admission_verdict::ok;
+}
+
+admission_verdict admission_control::admit(const std::string& peer, const std::string& node, const std::string& proof) {
+  auto t = now_();
+  if (!take_token(peer, t)) // before any HMAC work
+    return admission_verdict::rate_limited;
+  if (node.empty() || node.size() > max_name_bytes || proof.empty() || proof.size() > max_proof_bytes)
+    return admission_verdict::malformed;
+  auto secret = secrets_.find(node);
+  if (secret == secrets_.end())
+    return admission_verdict::unknown_node;
+  expire(t);
+  bool any = false;
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->peer != peer || it->node != node)
+      continue;
+    any = true;
+    auto expected = join_proof(secret->second, it->challenge, node);
+    if (expected.size() == proof.size() && CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) == 0) {
+      pending_.erase(it);
+      return admission_verdict::ok;
+    }
+  }
+  if (!any)
+    return admission_verdict::no_challenge;
+  // A wrong answer burns this peer's challenges for the name: no guessing against one.
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [&](const challenge_entry& e) { return e.peer == peer && e.node == node; }),
+                 pending_.end());
+  return admission_verdict::wrong_proof;
+}
+
+std::map<std::string, std::string> member_secrets(const topology& t, const std::string& head,
+                                                  const std::string& shared_secret,
+                                                  const std::string& secret_file_override) {
+  const std::string& file = secret_file_override.empty() ? t.cluster.secret_file : secret_file_override;
+  bool per_node = file.find("{node}") != std::string::npos;
+  std::map<std::string, std::string> out;
+  for (const auto& n : t.nodes) {
+    if (n.name == head)
+      continue;
+    bool hosts_engines =
+      std::any_of(t.engines.begin(), t.engines.end(), [&](const engine_spec& e) { return e.node == n.name; });
+    if (!hosts_engines)
+      continue;
+    out[n.name] = per_node ? read_cluster_secret(with_node_name(file, n.name), "") : shared_secret;
+  }
+  return out;
+}
+
 std::string join_proof(const std::string& secret, const std::string& challenge, const std::string& node) {
   std::string message = challenge + "|" + node;
   unsigned char mac[EVP_MAX_MD_SIZE];
@@ -56,16 +196,31 @@ std::string join_proof(const std::string& secret, const std::string& challenge, 
 std::string read_cluster_secret(const std::string& secret_file, const std::string& secret_env) {
   std::string secret;
   if (!secret_file.empty()) {
+    const std::string name = printable(secret_file, 512);
+    struct stat st {};
+    if (::stat(secret_file.c_str(), &st) != 0)
+      throw std::runtime_error("cluster secret: cannot read " + name);
+    if (!S_ISREG(st.st_mode))
+      throw std::runtime_error("cluster secret: " + name + " is not a regular file");
+    // As ssh refuses a private key others can read: a secret others can read
+    // or replace is no secret.
+    if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+      throw std::runtime_error("cluster secret: " + name + " is accessible by group or others (mode "
+                               + std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7)
+                               + std::to_string(st.st_mode & 7) + "); chmod 600 it");
+    if (static_cast<std::size_t>(st.st_size) > max_secret_bytes)
+      throw std::runtime_error("cluster secret: " + name + " is larger than " + std::to_string(max_secret_bytes)
+                               + " bytes");
     std::ifstream in(secret_file);
     if (!in)
-      throw std::runtime_error("cluster secret: cannot read " + secret_file);
+      throw std::runtime_error("cluster secret: cannot read " + name);
     std::ostringstream os;
     os << in.rdbuf();
     secret = os.str();
     while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
       secret.pop_back();
     if (secret.empty())
-      throw std::runtime_error("cluster secret: " + secret_file + " is empty");
+      throw std::runtime_error("cluster secret: " + name + " is empty");
   } else if (!secret_env.empty()) {
     const char* v = std::getenv(secret_env.c_str());
     if (!v || !*v)
@@ -77,61 +232,57 @@ std::string read_cluster_secret(const std::string& secret_file, const std::strin
 
 gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<gatekeeper_state> self,
                                            gatekeeper_config cfg) {
-  self->state.cfg = std::move(cfg);
-  auto log = [self](const std::string& line) {
-    if (self->state.cfg.log)
-      self->state.cfg.log(line);
-  };
-  auto peer = [self] {
+  auto& st = self->state;
+  st.control.emplace(std::move(cfg.secrets), cfg.limits, cfg.now);
+  st.admitted = cfg.admitted;
+  st.grant = cfg.grant;
+  st.log = std::make_shared<rate_limited_log>(cfg.log, 10, std::chrono::seconds(10), cfg.now);
+  // The peer is the sender's CAF node id; a message without a sender has none.
+  auto peer_of = [self]() -> std::optional<caf::node_id> {
     auto s = self->current_sender();
-    return s ? to_string(s->node()) : std::string("an anonymous sender");
+    if (!s)
+      return std::nullopt;
+    return s->node();
+  };
+  auto refuse = [self](const char* what, const std::string& node, const std::string& peer,
+                       admission_verdict v) -> caf::error {
+    (*self->state.log)("gatekeeper: refused " + printable(node, 64) + " from " + peer + " (" + what + ": "
+                       + to_string(v) + ")");
+    switch (v) {
+      case admission_verdict::rate_limited:
+      case admission_verdict::busy:
+        return make_error(errc::queue_full, to_string(v) + "; retry later");
+      case admission_verdict::malformed:
+        return make_error(errc::malformed, to_string(v));
+      default:
+        return make_error(errc::unauthenticated, "node " + printable(node, 64) + ": " + to_string(v));
+    }
   };
   return {
     [=](hello_atom, const std::string& node) -> caf::result<std::string> {
-      auto& st = self->state;
-      if (node.empty() || node.size() > 256)
-        return make_error(errc::malformed, "hello: bad node name");
-      auto challenge = fresh_challenge();
-      st.pending.emplace(challenge, node);
-      st.order.push_back(challenge);
-      while (st.order.size() > st.cfg.max_pending) { // bounded: a flood drops the oldest
-        st.pending.erase(st.order.front());
-        st.order.pop_front();
-      }
+      auto peer = peer_of();
+      if (!peer)
+        return refuse("hello", node, "an anonymous sender", admission_verdict::malformed);
+      auto peer_name = to_string(*peer);
+      std::string challenge;
+      auto v = self->state.control->hello(peer_name, node, challenge);
+      if (v != admission_verdict::ok)
+        return refuse("hello", node, peer_name, v);
       return challenge;
     },
     [=](admit_atom, const std::string& node, const std::string& proof) -> caf::result<join_grant> {
-      auto& st = self->state;
-      // Find the challenge this node was given; each is good for one answer.
-      std::string challenge;
-      for (auto it = st.pending.begin(); it != st.pending.end(); ++it)
-        if (it->second == node) {
-          auto expected = join_proof(st.cfg.secret, it->first, node);
-          bool match = expected.size() == proof.size()
-                       && CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) == 0;
-          if (match) {
-            challenge = it->first;
-            break;
-          }
-        }
-      if (challenge.empty()) {
-        // A wrong answer burns the node's challenges: no guessing against one.
-        for (auto it = st.pending.begin(); it != st.pending.end();)
-          if (it->second == node) {
-            st.order.erase(std::find(st.order.begin(), st.order.end(), it->first));
-            it = st.pending.erase(it);
-          } else {
-            ++it;
-          }
-        log("gatekeeper: refused " + node + " from " + peer() + ": wrong proof or no challenge");
-        return make_error(errc::unauthenticated, "node " + node + ": proof does not match a challenge");
-      }
-      st.pending.erase(challenge);
-      st.order.erase(std::find(st.order.begin(), st.order.end(), challenge));
-      if (auto s = self->current_sender())
-        st.cfg.admitted->add(s->node());
-      log("gatekeeper: admitted " + node + " (" + peer() + ")");
-      return st.cfg.grant;
+      auto peer = peer_of();
+      if (!peer)
+        return refuse("admit", node, "an anonymous sender", admission_verdict::malformed);
+      auto peer_name = to_string(*peer);
+      auto v = self->state.control->admit(peer_name, node, proof);
+      if (v != admission_verdict::ok)
+        return refuse("admit", node, peer_name, v);
+      self->state.admitted->add(*peer);
+      // Admissions are few (one per member join): logged in full, not rate-limited.
+      if (cfg.log)
+        cfg.log("gatekeeper: admitted " + node + " (" + peer_name + ")");
+      return self->state.grant;
     },
   };
 }

@@ -1,30 +1,44 @@
 #pragma once
 // Cluster membership is authenticated: a joining node must prove it holds
-// the cluster secret before any of its actors is accepted.
+// its secret before any of its actors is accepted.
 //
 //   node                     gatekeeper (head node, the only published actor)
-//    │ hello(name) ───────────►  fresh 32-byte challenge, one use, bounded table
-//    │ ◄──────────── challenge
-//    │ admit(name, HMAC-SHA256(secret, challenge | name)) ──►  constant-time compare
+//    │ hello(name) ───────────►  a fresh 32-byte challenge, one use, bound to
+//    │ ◄──────────── challenge    the asking peer's CAF node id and to `name`
+//    │ admit(name, HMAC-SHA256(secret of name, challenge | name)) ──►
+//    │                           checked only against that peer's challenges
 //    │ ◄──────────── join_grant{coordinator, trainer, router}   and the sender's
 //    │                                                        node id joins the
 //    │                                                        admitted set, which the
 //    │                                                        coordinator checks on
 //    │                                                        every registration
 //
-// A wrong answer, an unknown or reused challenge, or a malformed message is
-// refused with errc::unauthenticated and logged; nothing else changes.
+// Each node may have a secret of its own (cluster.secret_file with {node}):
+// the head checks each name against that name's secret, so one member's
+// secret cannot admit another name. Only names the topology gives to member
+// nodes (not the head, hosting engines) get a challenge.
+//
+// Bounded work before admission: every hello and admit first spends a token
+// of the peer's bucket (before any HMAC); a peer holds a few challenges at
+// most, all peers together a small number, each expiring; a wrong answer
+// burns only that peer's challenges for that name. A refusal is an error
+// reply (errc::unauthenticated, errc::queue_full to retry later, or
+// errc::malformed) and a rate-limited log line; nothing else changes.
 #include "actors/interfaces.hpp"
+#include "runtime/base/rate_limited_log.hpp"
+#include "runtime/config/topology.hpp"
 
 #include <caf/node_id.hpp>
 
-#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <deque>
-
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -41,21 +55,96 @@ private:
   std::set<caf::node_id> nodes_;
 };
 
+struct admission_limits {
+  std::size_t max_pending_per_peer = 4; ///< a peer's own oldest challenge goes beyond this
+  std::size_t max_pending = 64;         ///< all peers together; beyond: refused (retry later)
+  std::chrono::milliseconds challenge_ttl{30000};
+  std::size_t burst = 8;                ///< per peer: messages at once ...
+  double per_second = 2.0;              ///< ... and refilled at this rate
+  std::size_t max_peers = 1024;         ///< buckets kept; the least recently seen go first
+};
+
+enum class admission_verdict {
+  ok,
+  malformed,     ///< an empty or overlong name or proof
+  unknown_node,  ///< not a member node of the topology
+  rate_limited,  ///< the peer's bucket is empty
+  busy,          ///< every challenge slot is taken
+  no_challenge,  ///< no challenge of this peer for this name
+  wrong_proof,   ///< the HMAC matches none of them (they are burnt)
+};
+
+std::string to_string(admission_verdict v);
+
+/// The gatekeeper's bookkeeping, apart from the actor so that tests can
+/// drive it as any peer with any clock. Every call does bounded work: at most
+/// max_pending challenges are scanned and max_pending_per_peer HMACs computed.
+class admission_control {
+public:
+  using clock = std::chrono::steady_clock;
+
+  /// `secrets`: member node name -> the secret it proves; only these names are admitted.
+  admission_control(std::map<std::string, std::string> secrets, admission_limits limits,
+                    std::function<clock::time_point()> now = [] { return clock::now(); });
+
+  /// A fresh challenge for `node` asked by `peer`, or the verdict that refuses it.
+  admission_verdict hello(const std::string& peer, const std::string& node, std::string& challenge);
+  /// Whether `proof` answers one of `peer`'s challenges for `node` (that one is used up).
+  admission_verdict admit(const std::string& peer, const std::string& node, const std::string& proof);
+
+  std::size_t pending() const { return pending_.size(); }
+  std::size_t pending_of(const std::string& peer) const;
+
+private:
+  struct challenge_entry {
+    std::string peer, node, challenge;
+    clock::time_point issued;
+  };
+  struct bucket {
+    double tokens;
+    clock::time_point last;
+    std::list<std::string>::iterator lru;
+  };
+  bool take_token(const std::string& peer, clock::time_point t);
+  void expire(clock::time_point t);
+
+  std::map<std::string, std::string> secrets_;
+  admission_limits limits_;
+  std::function<clock::time_point()> now_;
+  std::deque<challenge_entry> pending_; ///< oldest first; at most limits_.max_pending
+  std::map<std::string, bucket> buckets_;
+  std::list<std::string> lru_; ///< peers, most recently seen first
+};
+
+/// The names the gatekeeper admits, each with its secret: every node but
+/// the head's that hosts engines. With per-node secrets (secret_file with
+/// {node}) each is read from that node's file, else every name gets
+/// `shared_secret`. Throws as read_cluster_secret does.
+std::map<std::string, std::string> member_secrets(const topology& t, const std::string& head,
+                                                  const std::string& shared_secret,
+                                                  const std::string& secret_file_override = {});
+
 struct gatekeeper_config {
-  std::string secret; ///< never empty: a cluster without a secret publishes no gatekeeper
+  /// Member node name -> its secret; never empty: a cluster without a secret publishes no gatekeeper.
+  std::map<std::string, std::string> secrets;
   join_grant grant;
   std::shared_ptr<admitted_nodes> admitted;
   std::function<void(const std::string&)> log;
-  std::size_t max_pending = 1024; ///< outstanding challenges (oldest dropped first)
+  admission_limits limits;
+  std::function<admission_control::clock::time_point()> now = [] { return admission_control::clock::now(); };
 };
 
 struct gatekeeper_state {
-  gatekeeper_config cfg;
-  std::map<std::string, std::string> pending; ///< challenge (hex) -> node name
-  std::deque<std::string> order;              ///< challenges, oldest first
+  std::optional<admission_control> control;
+  std::shared_ptr<admitted_nodes> admitted;
+  join_grant grant;
+  std::shared_ptr<rate_limited_log> log;
   static inline const char* name = "gatekeeper";
 };
 
+// CAF 0.17 cannot bound an actor's mailbox: what keeps a flood cheap is that
+// each message costs O(1) here (a bucket lookup, then at most a few HMACs)
+// and refusals log through a rate-limited log.
 gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<gatekeeper_state> self,
                                            gatekeeper_config cfg);
 
@@ -64,7 +153,8 @@ std::string join_proof(const std::string& secret, const std::string& challenge, 
 
 /// Reads the cluster secret from a file (trailing newlines dropped) or an
 /// environment variable. Throws std::runtime_error naming the file or the
-/// variable when it is missing, unreadable or empty.
+/// variable when it is missing, unreadable, empty, not a regular file, or
+/// (a file) readable or writable by group or others.
 std::string read_cluster_secret(const std::string& secret_file, const std::string& secret_env);
 
 } // namespace rlsync

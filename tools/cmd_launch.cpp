@@ -2,6 +2,7 @@
 // its own `rlsync node` process, their output prefixed with the node's name,
 // all stopped together (SIGTERM, a grace period, SIGKILL) on Ctrl-C or when
 // one of them fails. The supervision itself is runtime/launcher.hpp.
+#include "actors/tls.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/process/launcher.hpp"
 #include "tools/cli.hpp"
@@ -19,6 +20,8 @@ const char* description =
   "Starts every node of the topology whose address is on this machine (loopback,\n"
   "localhost, or an address of a local interface) as a separate process:\n"
   "  rlsync node --topology T.yaml --node NAME [--secret-file FILE]\n"
+  "(FILE may contain {node}: each node reads its own). With cluster.tls every\n"
+  "node's certificate and key are checked before any node starts.\n"
   "Each line a node prints is shown prefixed with [NAME]. Children inherit the\n"
   "environment (so a cluster secret in an environment variable reaches them).";
 
@@ -148,6 +151,17 @@ int cmd_launch(const arg_list& argv) {
       std::cout << shell_quote(c.argv) << "\n";
     return 0;
   }
+
+  // Bad credentials are refused here, the file named, before any node starts
+  // (each node checks its own again).
+  if (t.cluster.tls)
+    for (auto* n : nodes)
+      try {
+        check_tls_files(t.cluster.tls->for_node(n->name));
+      } catch (const std::exception& e) {
+        std::cerr << "rlsync launch: node " << n->name << ": " << e.what() << "\n";
+        return 1;
+      }
 
   supervisor_options options;
   options.grace = std::chrono::milliseconds(grace_ms);

@@ -8,6 +8,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
+#include "actors/tls.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/job_flags.hpp"
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <csignal>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <thread>
 #include <unistd.h>
@@ -32,7 +34,8 @@ extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
 const char* description =
   "Runs the actors the topology places on node NAME. The coordinator's node publishes a\n"
   "gatekeeper on its address:port; every other node connects to it (retrying up to\n"
-  "cluster.connect_deadline_ms), proves the cluster secret (cluster.secret_file or\n"
+  "cluster.connect_deadline_ms), over mutual TLS when cluster.tls is set, proves its\n"
+  "secret (cluster.secret_file, where {node} stands for the node's name, or\n"
   "cluster.secret_env; --secret-file overrides the file), and registers its engines.\n"
   "--run (coordinator's node): once every engine registered, run the main job as\n"
   "`rlsync run` does, then exit. Engine nodes exit when the coordinator stops; when\n"
@@ -50,12 +53,12 @@ struct head_job {
   std::optional<std::string> json_path;
 };
 
-int run_head(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
-             const head_job& job, const std::string& path) {
+int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
+             std::map<std::string, std::string> secrets, const head_job& job, const std::string& path) {
   auto out = std::make_shared<job_console>(job.run && job.progress && isatty(STDERR_FILENO));
   std::unique_ptr<head_node> head;
   try {
-    head = std::make_unique<head_node>(sys, t, node, secret,
+    head = std::make_unique<head_node>(sys, t, node, std::move(secrets),
                                        head_hooks{[out](const std::string& l) { out->on_log(l); },
                                                   [out](const std::string& l) { out->line(l); },
                                                   [out](const sync_report& r) { out->on_sync(r); }});
@@ -136,18 +139,29 @@ int cmd_node(const arg_list& argv) {
     return 1;
   }
   const node_spec* head = t.find_node(t.coordinator.node);
+  const bool is_head = name == head->name;
+  // {node} in the file: each node proves its own secret; the head reads every member's.
+  const std::string file = secret_file.value_or(t.cluster.secret_file);
+  const bool per_node = file.find("{node}") != std::string::npos;
   std::string secret;
+  std::map<std::string, std::string> secrets;
+  system_config cfg;
   try {
-    secret = read_cluster_secret(secret_file.value_or(t.cluster.secret_file), t.cluster.secret_env);
+    if (!(is_head && per_node))
+      secret = read_cluster_secret(with_node_name(file, name), t.cluster.secret_env);
+    if (is_head)
+      secrets = member_secrets(t, head->name, secret, file);
+    configure_node_tls(cfg, t, name);
   } catch (const std::exception& e) {
     std::cerr << "rlsync node " << name << ": " << e.what() << "\n";
     return 1;
   }
-  if (secret.empty())
+  if (file.empty() && t.cluster.secret_env.empty())
     std::cerr << "rlsync node " << name << ": WARNING: no cluster secret configured (cluster.secret_file or "
                  "cluster.secret_env): any peer that reaches the coordinator's port can join\n";
+  if (auto warning = insecure_network_warning(t); !warning.empty())
+    std::cerr << warning << std::flush;
 
-  system_config cfg;
   // Heartbeats on both sides, or a silent partition is never noticed and a
   // one-sided timeout declares healthy idle peers dead.
   cfg.set("middleman.heartbeat-interval", caf::timespan{t.cluster.heartbeat_interval});
@@ -156,8 +170,8 @@ int cmd_node(const arg_list& argv) {
   auto old_int = std::signal(SIGINT, on_node_stop_signal);
   auto old_term = std::signal(SIGTERM, on_node_stop_signal);
   int rc = 0;
-  if (name == head->name) {
-    rc = run_head(sys, t, *node, secret, job, path);
+  if (is_head) {
+    rc = run_head(sys, t, *node, std::move(secrets), job, path);
   } else {
     member_node_options mo;
     mo.stop_requested = [] { return stop_signal != 0; };

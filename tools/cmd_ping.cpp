@@ -3,6 +3,7 @@
 // (or network namespaces) can reach each other before a cluster is started.
 #include "actors/interfaces.hpp"
 #include "actors/system_config.hpp"
+#include "actors/tls.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
@@ -51,7 +52,7 @@ int listen(caf::actor_system& sys, const std::string& where, std::uint64_t count
            std::chrono::milliseconds deadline) {
   auto [host, port] = split_host_port(where, "--listen");
   auto actor = sys.spawn(responder, count);
-  auto bound = sys.middleman().publish(actor, port, host.c_str(), true);
+  auto bound = publish_node(sys, actor, port, host);
   if (!bound) {
     std::cerr << "rlsync ping: cannot listen on " << where << ": " << sys.render(bound.error()) << "\n";
     caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
@@ -81,7 +82,7 @@ int connect(caf::actor_system& sys, const std::string& where, std::uint64_t coun
   auto backoff = std::chrono::milliseconds(20);
   caf::expected<heartbeat_actor> peer{caf::error{}};
   for (int attempt = 1;; ++attempt) {
-    peer = sys.middleman().remote_actor<heartbeat_actor>(host, port);
+    peer = connect_node<heartbeat_actor>(sys, host, port);
     if (peer)
       break;
     if (clock_type::now() + backoff >= give_up) {
@@ -126,7 +127,8 @@ int connect(caf::actor_system& sys, const std::string& where, std::uint64_t coun
 
 int cmd_ping(const arg_list& argv) {
   CLI::App app("A heartbeat round trip between two processes over CAF's middleman.\n"
-               "The listener exits after serving N pings; both sides give up after the deadline.",
+               "The listener exits after serving N pings; both sides give up after the deadline.\n"
+               "With --ca/--cert/--key both sides talk mutual TLS, as nodes with cluster.tls do.",
                "rlsync ping");
   cli::configure(app);
   std::string listen_at, connect_to;
@@ -137,8 +139,16 @@ int cmd_ping(const arg_list& argv) {
     app.add_option("--connect", connect_to, "ping HOST:PORT (or --listen)")->type_name("HOST:PORT");
   cli::add_size(app, "--count", count, "pings to serve or send")->default_val(count);
   cli::add_size(app, "--deadline-ms", deadline_ms, "give up after this long")->default_val(deadline_ms);
+  tls_spec tls;
+  auto ca_flag = app.add_option("--ca", tls.ca, "mutual TLS: the CA's certificate (PEM); needs --cert and --key")
+                   ->type_name("FILE");
+  auto cert_flag = app.add_option("--cert", tls.cert, "mutual TLS: this side's certificate (PEM)")->type_name("FILE");
+  auto key_flag = app.add_option("--key", tls.key, "mutual TLS: this side's key (PEM)")->type_name("FILE");
   if (!cli::parse(app, argv))
     return 0;
+  const auto tls_flags = ca_flag->count() + cert_flag->count() + key_flag->count();
+  if (tls_flags != 0 && tls_flags != 3)
+    throw cli::usage_error("--ca, --cert and --key go together");
   if ((listen_flag->count() > 0) == (connect_flag->count() > 0)) {
     std::cout << app.help();
     return 2;
@@ -147,6 +157,14 @@ int cmd_ping(const arg_list& argv) {
     throw cli::usage_error("--count: must be positive");
   auto deadline = std::chrono::milliseconds(deadline_ms);
   system_config cfg;
+  if (tls_flags == 3) {
+    try {
+      enable_tls(cfg, tls);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync ping: " << e.what() << "\n";
+      return 1;
+    }
+  }
   caf::actor_system sys{cfg};
   return listen_flag->count() > 0 ? listen(sys, listen_at, count, deadline)
                                   : connect(sys, connect_to, count, deadline);

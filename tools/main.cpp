@@ -34,6 +34,8 @@ const subcommand subcommands[] = {
    rlsync::tools::cmd_drill},
   {"launch", "start the nodes of a topology that live on this machine, one process each",
    rlsync::tools::cmd_launch},
+  {"certs", "make a cluster's CA, per-node certificates, keys and secrets (mutual TLS)",
+   rlsync::tools::cmd_certs},
 };
 
 void print_help(std::ostream& out) {

@@ -1,6 +1,7 @@
 #include "actors/assembly/head_node.hpp"
 
 #include "actors/gatekeeper.hpp"
+#include "actors/tls.hpp"
 
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
@@ -33,8 +34,8 @@ std::string ucx_net_devices_for(const node_spec& node, const std::vector<ucx_tra
   return device;
 }
 
-head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
-                     head_hooks hooks)
+head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec& node,
+                     std::map<std::string, std::string> member_secrets, head_hooks hooks)
     : sys_(sys) {
   auto admitted = std::make_shared<admitted_nodes>();
   deployment_options opts;
@@ -46,7 +47,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.on_sync = hooks.on_report;
   actors_ = assemble_head(sys, t, opts); // throws with nothing left running
   gatekeeper_config gc;
-  gc.secret = secret;
+  gc.secrets = std::move(member_secrets);
   gc.grant = {actors_.coordinator, actors_.trainer.actor, actors_.router};
   gc.grant.source_dtype = static_cast<std::uint8_t>(actors_.source_dtype);
   gc.admitted = admitted;
@@ -77,7 +78,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
       gc.grant.ucx = true;
     }
     gate_ = caf::actor_cast<caf::actor>(sys.spawn(gatekeeper, gc));
-    auto port = sys.middleman().publish(caf::actor_cast<gatekeeper_actor>(gate_), node.port, node.address.c_str(), true);
+    auto port = publish_node(sys, caf::actor_cast<gatekeeper_actor>(gate_), node.port, node.address);
     if (!port)
       throw std::runtime_error("cannot listen on " + node.address + ":" + std::to_string(node.port) + ": "
                                + sys.render(port.error()));

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,11 +43,14 @@ struct head_hooks {
 
 class head_node {
 public:
-  /// Starts everything and registers the local engines. Throws
-  /// std::runtime_error naming what failed (the port, UCX, a registration);
-  /// whatever had started is stopped first.
-  head_node(caf::actor_system& sys, const topology& t, const node_spec& node, const std::string& secret,
-            head_hooks hooks);
+  /// Starts everything and registers the local engines. `member_secrets`:
+  /// each member node's name and the secret it must prove (see
+  /// member_secrets() in gatekeeper.hpp). The gatekeeper is published over
+  /// TLS when `sys` has it (publish_node). Throws std::runtime_error naming
+  /// what failed (the port, UCX, a registration); whatever had started is
+  /// stopped first.
+  head_node(caf::actor_system& sys, const topology& t, const node_spec& node,
+            std::map<std::string, std::string> member_secrets, head_hooks hooks);
   /// Stops every actor (see stop()).
   ~head_node();
   head_node(const head_node&) = delete;

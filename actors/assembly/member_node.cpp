@@ -3,6 +3,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/caf_puller.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/tls.hpp"
 #include "actors/rollout_engine.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
@@ -40,7 +41,7 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
   int attempts = 0;
   while (!(stop_requested && stop_requested())) {
     ++attempts;
-    gate = sys.middleman().remote_actor<gatekeeper_actor>(head.address, head.port);
+    gate = connect_node<gatekeeper_actor>(sys, head.address, head.port);
     if (gate || clock_type::now() + backoff >= give_up)
       break;
     std::this_thread::sleep_for(backoff); // backoff between connection attempts
@@ -52,17 +53,29 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
     return std::nullopt;
   }
   // Prove the secret: hello -> challenge -> admit(HMAC) -> the cluster's handles.
+  // A gatekeeper busy with other peers says so (queue_full): try again,
+  // with backoff, until the deadline.
   caf::scoped_actor self{sys};
   std::optional<join_grant> grant;
   std::string failure;
   auto deadline = t.cluster.connect_deadline;
-  self->request(*gate, deadline, hello_atom::value, node.name)
-    .receive(
-      [&](const std::string& challenge) {
-        self->request(*gate, deadline, admit_atom::value, node.name, join_proof(secret, challenge, node.name))
-          .receive([&](join_grant& g) { grant = std::move(g); }, [&](caf::error& err) { failure = sys.render(err); });
-      },
-      [&](caf::error& err) { failure = sys.render(err); });
+  for (backoff = std::chrono::milliseconds(100);; backoff = std::min(backoff * 2, std::chrono::milliseconds(2000))) {
+    bool busy = false;
+    auto on_error = [&](caf::error& err) {
+      failure = sys.render(err);
+      busy = is(err, errc::queue_full);
+    };
+    self->request(*gate, deadline, hello_atom::value, node.name)
+      .receive(
+        [&](const std::string& challenge) {
+          self->request(*gate, deadline, admit_atom::value, node.name, join_proof(secret, challenge, node.name))
+            .receive([&](join_grant& g) { grant = std::move(g); }, on_error);
+        },
+        on_error);
+    if (grant || !busy || clock_type::now() + backoff >= give_up || (stop_requested && stop_requested()))
+      break;
+    std::this_thread::sleep_for(backoff); // the gatekeeper asked to retry later
+  }
   if (!grant) {
     why = head.name + " refused to admit this node: " + failure;
   } else if (grant->source_dtype > static_cast<std::uint8_t>(dtype::f32)) { // a peer can lie

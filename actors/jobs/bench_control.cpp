@@ -19,7 +19,9 @@ std::string control_topology_yaml(std::uint64_t engines, int port) {
     << port << "}\n";
   for (std::uint64_t i = 0; i < engines; ++i)
     y << "  - {name: n" << i << ", address: 127.0.0.1}\n";
-  y << "cluster: {secret_env: RLSYNC_BENCH_SECRET, heartbeat_interval_ms: 500, heartbeat_timeout_ms: 5000}\n"
+  // The bench session replaces these paths with its own CA's (bench_session::tls).
+  y << "cluster: {secret_env: RLSYNC_BENCH_SECRET, heartbeat_interval_ms: 500, heartbeat_timeout_ms: 5000, "
+       "tls: {ca: ca.pem, cert: '{node}.pem', key: '{node}.key'}}\n"
        "trainer: {node: head}\nengines:\n";
   for (std::uint64_t i = 0; i < engines; ++i)
     y << "  - {name: e" << i << ", node: n" << i << ", tp: 1}\n";

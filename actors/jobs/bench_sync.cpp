@@ -1,6 +1,9 @@
 #include "actors/jobs/bench_sync.hpp"
 
 #include "actors/assembly/head_node.hpp"
+#include "actors/certs.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/tls.hpp"
 #include "actors/jobs/speed_of_light.hpp"
 #include "runtime/base/format.hpp"
 #include "runtime/base/stats.hpp"
@@ -262,7 +265,20 @@ bench_session::bench_session(const topology& t, std::string exe, bool verbose,
     throw std::runtime_error("cannot create a temporary directory in /tmp");
   dir_ = tmpl;
   ::setenv("RLSYNC_BENCH_SECRET", secret_.c_str(), 1);
+  certs_options certs;
+  certs.out_dir = dir_ + "/certs";
+  for (const auto& n : t.nodes)
+    certs.nodes.push_back(n.name);
+  try {
+    make_certs(certs);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    throw;
+  }
+  tls_ = {certs.out_dir + "/ca.pem", certs.out_dir + "/{node}.pem", certs.out_dir + "/{node}.key"};
   cfg_ = std::make_unique<system_config>();
+  enable_tls(*cfg_, tls_.for_node(t.coordinator.node));
   cfg_->set("middleman.heartbeat-interval", caf::timespan{t.cluster.heartbeat_interval});
   cfg_->set("middleman.connection-timeout", caf::timespan{t.cluster.heartbeat_timeout});
   sys_ = std::make_unique<caf::actor_system>(*cfg_);
@@ -294,6 +310,8 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
   t.transfer.mode = mode;
   t.cluster.secret_env = "RLSYNC_BENCH_SECRET";
   t.cluster.secret_file.clear();
+  t.cluster.tls = s.tls();
+  t.cluster.allow_insecure_network = false;
   r.model_bytes = bf16_model_bytes(model);
   // The nodes' copy of the topology: the same model, mode and nodes.
   const std::string path = s.dir() + "/bench-" + name + ".yaml";
@@ -323,7 +341,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
   std::unique_ptr<head_node> head;
   auto& sys = s.system();
   try {
-    head = std::make_unique<head_node>(sys, t, *head_spec, s.secret(),
+    head = std::make_unique<head_node>(sys, t, *head_spec, member_secrets(t, head_spec->name, s.secret()),
                                        head_hooks{[&s](const std::string& l) {
                                                     if (s.verbose())
                                                       s.note(l);
@@ -414,7 +432,13 @@ std::string node_yaml(const topology& t) {
     << ", vocab_size: " << c.vocab_size << ", dtype: bf16, seed: " << t.model.seed << "}\nnodes:\n";
   for (const auto& n : t.nodes)
     y << "  - {name: " << n.name << ", address: '" << n.address << "', port: " << n.port << "}\n";
-  y << "cluster: {secret_env: " << t.cluster.secret_env
+  y << "cluster: {secret_env: " << t.cluster.secret_env;
+  if (t.cluster.tls)
+    y << ", tls: {ca: '" << t.cluster.tls->ca << "', cert: '" << t.cluster.tls->cert << "', key: '"
+      << t.cluster.tls->key << "'}";
+  else if (t.cluster.allow_insecure_network)
+    y << ", allow_insecure_network: true";
+  y
     << ", heartbeat_interval_ms: " << t.cluster.heartbeat_interval.count()
     << ", heartbeat_timeout_ms: " << t.cluster.heartbeat_timeout.count()
     << ", connect_deadline_ms: " << t.cluster.connect_deadline.count() << "}\n";

@@ -132,6 +132,9 @@ public:
   const std::string& exe() const { return exe_; }
   const std::string& dir() const { return dir_; }
   const std::string& secret() const { return secret_; }
+  /// The session's own credentials (a CA and a certificate per node of the
+  /// topology, in dir()/certs): the bench's nodes talk mutual TLS.
+  const tls_spec& tls() const { return tls_; }
   bool verbose() const { return verbose_; }
   void note(const std::string& line) const;
 
@@ -141,6 +144,7 @@ public:
 
 private:
   std::string exe_, dir_, secret_;
+  tls_spec tls_;
   bool verbose_ = false;
   std::function<void(const std::string&)> note_;
   std::unique_ptr<system_config> cfg_;
@@ -155,7 +159,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
                      transfer_mode mode, int rounds, bool probe);
 
 /// What an engine node needs of `t` as topology YAML: the (synthetic)
-/// model, the nodes, the cluster's secret and heartbeats, where the trainer,
+/// model, the nodes, the cluster's secret, TLS and heartbeats, where the trainer,
 /// router and coordinator are, each engine replica, and the transfer.
 std::string node_yaml(const topology& t);
 

@@ -32,9 +32,10 @@ const char* const secret_message =
 
 // Keys that parse but whose feature does not exist yet are refused, never
 // accepted and ignored; each message says which issue brings the feature.
-const char* const tls_refusal =
-  "not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
-  "cluster secret (secret_file or secret_env) and their traffic is not encrypted";
+const char* const insecure_refusal =
+  "more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it "
+  "anyone who reaches a node's port can read and forge cluster traffic; set "
+  "cluster.allow_insecure_network: true to run without TLS anyway";
 const char* const ranks_refusal =
   "more than one trainer rank is not available yet (trainer ranks come with issue #13); "
   "leave ranks out or list one rank holding every layer";
@@ -204,6 +205,9 @@ void reader::read(const YAML::Node& root_node) {
   read_sync(root);
   read_workload(root);
   read_drill(root);
+  // Whole-topology: checked only when everything else is valid (one mistake, one message).
+  if (d.empty() && t.nodes.size() > 1 && !t.cluster.tls && !t.cluster.allow_insecure_network)
+    root.error(root.has("cluster") ? "cluster" : "nodes", insecure_refusal);
 }
 
 void reader::read_model(const map_reader& root) {
@@ -319,7 +323,7 @@ void reader::read_nodes(const map_reader& root) {
 void reader::read_cluster(const map_reader& root) {
   const std::vector<std::pair<std::string, std::string>> forbidden = {{"secret", secret_message}};
   auto c = root.map("cluster",
-                    {"secret_file", "secret_env", "tls", "heartbeat_interval_ms",
+                    {"secret_file", "secret_env", "tls", "allow_insecure_network", "heartbeat_interval_ms",
                      "heartbeat_timeout_ms", "connect_deadline_ms"},
                     presence::optional, forbidden);
   auto& cl = t.cluster;
@@ -332,11 +336,20 @@ void reader::read_cluster(const map_reader& root) {
                           "not the secret itself");
     cl.secret_env.clear();
   }
-  if (c.has("tls")) {
-    c.error("tls", tls_refusal);
-    // Still read for its keys: a secret pasted under tls is reported as such.
-    c.map("tls", {"ca", "cert", "key"}, presence::optional, forbidden);
+  auto tls = c.map("tls", {"ca", "cert", "key"}, presence::optional, forbidden);
+  if (tls.present()) {
+    tls_spec spec;
+    bool ok = read_path(tls, "ca", spec.ca, presence::required);
+    ok &= read_path(tls, "cert", spec.cert, presence::required);
+    ok &= read_path(tls, "key", spec.key, presence::required);
+    if (ok && spec.ca.find("{node}") != std::string::npos) {
+      tls.error("ca", "must not contain {node}: every node trusts the same CA");
+      ok = false;
+    }
+    if (ok)
+      cl.tls = spec;
   }
+  c.read("allow_insecure_network", cl.allow_insecure_network);
   bool interval = c.read_ms("heartbeat_interval_ms", cl.heartbeat_interval, positive());
   bool timeout = c.read_ms("heartbeat_timeout_ms", cl.heartbeat_timeout, positive());
   c.read_ms("connect_deadline_ms", cl.connect_deadline, positive());
@@ -775,6 +788,19 @@ std::string_view to_string(transfer_backend v) { return name_of(backend_choices,
 std::string_view to_string(ucx_transport v) { return name_of(ucx_transport_choices, v); }
 std::string_view to_string(fault_action v) { return name_of(action_choices, v); }
 std::string_view to_string(fault_target v) { return name_of(target_choices, v); }
+
+bool is_topology_name(std::string_view name) { return is_plain_name(std::string(name)); }
+
+std::string with_node_name(std::string path, const std::string& node) {
+  const std::string placeholder = "{node}";
+  for (auto at = path.find(placeholder); at != std::string::npos; at = path.find(placeholder, at + node.size()))
+    path.replace(at, placeholder.size(), node);
+  return path;
+}
+
+tls_spec tls_spec::for_node(const std::string& node) const {
+  return {ca, with_node_name(cert, node), with_node_name(key, node)};
+}
 
 const node_spec* topology::find_node(std::string_view name) const {
   for (auto& n : nodes)

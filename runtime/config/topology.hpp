@@ -57,18 +57,34 @@ struct node_spec {
   std::uint16_t port = 0; // CAF middleman port; 0 = ephemeral
 };
 
+/// PEM files for mutual TLS between nodes. `cert` and `key` may contain
+/// `{node}`, replaced by a node's name (see for_node), so one topology
+/// serves every node; the CA is the cluster's, shared by all.
 struct tls_spec {
   std::string ca, cert, key; // absolute paths
+  tls_spec for_node(const std::string& node) const;
 };
+
+/// `path` with every `{node}` replaced by `node`.
+std::string with_node_name(std::string path, const std::string& node);
 
 struct cluster_spec {
   /// Where the cluster secret comes from: at most one is set; both empty
   /// means no secret. The secret itself is never in the topology.
+  /// secret_file may contain `{node}`: each node then proves a secret of its
+  /// own and the head checks each against that node's file.
   std::string secret_file; // absolute path
   std::string secret_env;  // environment variable name
-  /// Always empty: validation refuses `tls` until TLS between nodes exists
-  /// (issue #12); kept so that lifting the refusal is local to the reader.
+  /// Set: nodes connect over mutual TLS. Required when the topology has more
+  /// than one node, unless allow_insecure_network says otherwise.
   std::optional<tls_spec> tls;
+  /// Plaintext between nodes on purpose; every start warns loudly.
+  bool allow_insecure_network = false;
+
+  /// The secret file of `node` ({node} replaced); empty when there is none.
+  std::string secret_file_for(const std::string& node) const { return with_node_name(secret_file, node); }
+  /// Each node has a secret of its own (secret_file names {node}).
+  bool per_node_secrets() const { return secret_file.find("{node}") != std::string::npos; }
   milliseconds heartbeat_interval{500};
   milliseconds heartbeat_timeout{2000};
   milliseconds connect_deadline{10000};
@@ -196,6 +212,9 @@ struct topology {
   const node_spec* find_node(std::string_view name) const;
   const engine_spec* find_engine(std::string_view name) const;
 };
+
+/// A valid node, engine or topology name: non-empty, letters, digits, '.', '_', '-'.
+bool is_topology_name(std::string_view name);
 
 /// Every problem in a topology file, one "<file>:<line>:<col>: <path>: <message>"
 /// per entry of `errors`; what() joins them one per line.

@@ -86,6 +86,8 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "cert" << YAML::Value << cl.tls->cert;
     out << YAML::Key << "key" << YAML::Value << cl.tls->key << YAML::EndMap;
   }
+  if (cl.allow_insecure_network)
+    out << YAML::Key << "allow_insecure_network" << YAML::Value << true;
   out << YAML::Key << "heartbeat_interval_ms" << YAML::Value << ms(cl.heartbeat_interval);
   out << YAML::Key << "heartbeat_timeout_ms" << YAML::Value << ms(cl.heartbeat_timeout);
   out << YAML::Key << "connect_deadline_ms" << YAML::Value << ms(cl.connect_deadline);

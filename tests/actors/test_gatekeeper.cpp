@@ -1,7 +1,12 @@
-// Authenticated membership: the gatekeeper's challenge-response, one-time
-// challenges, refusals, and reading the cluster secret.
+// Authenticated membership: the gatekeeper's challenge-response as an actor,
+// the admission bookkeeping behind it (one table row per rule: names,
+// binding to the asking peer, per-node secrets, bounds, rate limits,
+// expiry), the member secrets the head checks, and reading a secret file.
 #include "actors/gatekeeper.hpp"
+#include "runtime/config/topology.hpp"
 #include "tests/support/actor_fixture.hpp"
+
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <fstream>
@@ -18,19 +23,17 @@ struct gatekeeper_fixture : test::actor_fixture {
 
   gatekeeper_fixture() {
     gatekeeper_config cfg;
-    cfg.secret = "s3cret";
+    cfg.secrets = {{"engine-node-a", "s3cret"}, {"engine-node-b", "other"}};
     cfg.admitted = admitted;
-    cfg.max_pending = 4;
     cfg.log = [this](const std::string& l) { lines.push_back(l); };
     gate = spawn(gatekeeper, cfg);
   }
 
-  std::string hello(const std::string& node) {
+  caf::expected<std::string> hello(const std::string& node) {
     auto r = request<std::string>(gate, hello_atom::value, node);
     run();
     REQUIRE(*r);
-    REQUIRE(**r);
-    return ***r;
+    return **r;
   }
 
   caf::expected<join_grant> admit(const std::string& node, const std::string& proof) {
@@ -43,57 +46,239 @@ struct gatekeeper_fixture : test::actor_fixture {
 
 } // namespace
 
-TEST_CASE_FIXTURE(gatekeeper_fixture, "a node that proves the secret is admitted, once per challenge") {
+TEST_CASE_FIXTURE(gatekeeper_fixture, "a node that proves its secret is admitted, once per challenge") {
   CHECK(!admitted->contains(sys.node()));
   auto challenge = hello("engine-node-a");
-  CHECK(challenge.size() == 64);
-  auto proof = join_proof("s3cret", challenge, "engine-node-a");
+  REQUIRE(challenge);
+  CHECK(challenge->size() == 64);
+  auto proof = join_proof("s3cret", *challenge, "engine-node-a");
   CHECK(admit("engine-node-a", proof));
   CHECK(admitted->contains(sys.node()));
   auto replay = admit("engine-node-a", proof);
   REQUIRE(!replay);
   CHECK(is(replay.error(), errc::unauthenticated));
-  CHECK(hello("engine-node-a") != challenge); // fresh each time
+  CHECK(*hello("engine-node-a") != *challenge); // fresh each time
 }
 
-TEST_CASE_FIXTURE(gatekeeper_fixture, "a wrong secret is refused, logged, and burns the challenge") {
-  auto challenge = hello("intruder");
-  auto wrong = admit("intruder", join_proof("guess", challenge, "intruder"));
+TEST_CASE_FIXTURE(gatekeeper_fixture, "refusals: wrong secret, another node's secret, unknown names, all logged") {
+  auto challenge = hello("engine-node-b");
+  REQUIRE(challenge);
+  // engine-node-a's secret does not admit engine-node-b.
+  auto wrong = admit("engine-node-b", join_proof("s3cret", *challenge, "engine-node-b"));
   REQUIRE(!wrong);
   CHECK(is(wrong.error(), errc::unauthenticated));
-  CHECK(!admitted->contains(sys.node()));
-  REQUIRE(!lines.empty());
-  CHECK(lines.back().find("refused intruder") != std::string::npos);
   // The right answer to the burnt challenge no longer works.
-  CHECK(!admit("intruder", join_proof("s3cret", challenge, "intruder")));
-}
-
-TEST_CASE_FIXTURE(gatekeeper_fixture, "proofs are bound to the node name and to an issued challenge") {
-  auto challenge = hello("a");
-  CHECK(!admit("b", join_proof("s3cret", challenge, "b"))); // b was never challenged
-  CHECK(!admit("a", join_proof("s3cret", "00ff", "a")));    // a challenge never issued
-  CHECK(!admit("a", "not hex at all"));
+  CHECK(!admit("engine-node-b", join_proof("other", *challenge, "engine-node-b")));
   CHECK(!admitted->contains(sys.node()));
+  auto unknown = hello("intruder\x1b[2J");
+  REQUIRE(!unknown);
+  CHECK(is(unknown.error(), errc::unauthenticated));
+  auto empty = hello("");
+  REQUIRE(!empty);
+  CHECK(is(empty.error(), errc::malformed));
+  REQUIRE(lines.size() >= 3);
+  CHECK(lines[0].find("refused engine-node-b") != std::string::npos);
+  // A peer's text reaches the log escaped.
+  bool escaped = false;
+  for (auto& l : lines) {
+    CHECK(l.find('\x1b') == std::string::npos);
+    escaped |= l.find("intruder\\x1b[2J") != std::string::npos;
+  }
+  CHECK(escaped);
 }
 
-TEST_CASE_FIXTURE(gatekeeper_fixture, "outstanding challenges are bounded: the oldest go first") {
-  auto first = hello("n0");
-  for (int i = 1; i <= 4; ++i)
-    hello("n" + std::to_string(i));
-  CHECK(!admit("n0", join_proof("s3cret", first, "n0"))); // dropped by the bound of 4
-  auto bad = request<std::string>(gate, hello_atom::value, std::string());
-  run();
-  CHECK(!**bad);
+TEST_CASE_FIXTURE(gatekeeper_fixture, "a flood of refusals is logged rate-limited") {
+  for (int i = 0; i < 100; ++i)
+    hello("nobody");
+  CHECK(lines.size() <= 10);
 }
 
-TEST_CASE("the cluster secret comes from a file or an environment variable, never silently empty") {
+namespace {
+
+enum class op { hello, admit, advance };
+// Which proof an admit carries: over the last challenge issued to
+// (challenge_peer or the sender, node), keyed with the node's secret, a
+// guessed one, or another node's; or over the first challenge issued; or empty.
+enum class proof_kind { right, guessed, other_nodes_secret, first_challenge, empty };
+
+struct step {
+  op what;
+  std::string peer, node;
+  admission_verdict expected = admission_verdict::ok;
+  proof_kind proof = proof_kind::right;
+  std::string challenge_peer = {};
+  int advance_ms = 0;
+};
+
+step hello(const std::string& peer, const std::string& node, admission_verdict v = admission_verdict::ok) {
+  return {op::hello, peer, node, v};
+}
+step admit(const std::string& peer, const std::string& node, admission_verdict v, proof_kind p = proof_kind::right,
+           const std::string& challenge_peer = {}) {
+  return {op::admit, peer, node, v, p, challenge_peer};
+}
+step advance(int ms) { return {op::advance, "", "", admission_verdict::ok, proof_kind::right, "", ms}; }
+
+struct admission_row {
+  const char* title;
+  admission_limits limits;
+  std::vector<step> steps;
+};
+
+admission_limits limits(std::size_t per_peer, std::size_t total, std::size_t burst, double per_second,
+                        int ttl_ms = 30000, std::size_t max_peers = 1024) {
+  admission_limits l;
+  l.max_pending_per_peer = per_peer;
+  l.max_pending = total;
+  l.burst = burst;
+  l.per_second = per_second;
+  l.challenge_ttl = std::chrono::milliseconds(ttl_ms);
+  l.max_peers = max_peers;
+  return l;
+}
+
+using V = admission_verdict;
+using P = proof_kind;
+
+} // namespace
+
+TEST_CASE("admission control: one row per rule") {
+  const admission_limits defaults = limits(4, 64, 8, 2.0);
+  const std::vector<admission_row> rows = {
+    {"a right proof admits once", defaults,
+     {hello("p1", "a"), admit("p1", "a", V::ok), admit("p1", "a", V::no_challenge)}},
+    {"only member names get a challenge", defaults,
+     {hello("p1", "head", V::unknown_node), hello("p1", "zz", V::unknown_node),
+      admit("p1", "zz", V::unknown_node, P::guessed)}},
+    {"malformed names and proofs", defaults,
+     {hello("p1", "", V::malformed), hello("p1", std::string(300, 'a'), V::malformed), hello("p1", "a"),
+      admit("p1", "a", V::malformed, P::empty), admit("p1", "a", V::ok)}},
+    {"a wrong proof burns the peer's challenges for that name", defaults,
+     {hello("p1", "a"), hello("p1", "a"), admit("p1", "a", V::wrong_proof, P::guessed),
+      admit("p1", "a", V::no_challenge)}},
+    {"one member's secret does not admit another name", defaults,
+     {hello("p1", "b"), admit("p1", "b", V::wrong_proof, P::other_nodes_secret)}},
+    {"another peer's wrong proofs cannot burn a legitimate challenge", defaults,
+     {hello("p1", "a"), admit("p2", "a", V::no_challenge, P::guessed), admit("p2", "a", V::no_challenge, P::guessed),
+      hello("p2", "a"), admit("p2", "a", V::wrong_proof, P::guessed), admit("p1", "a", V::ok)}},
+    {"a challenge answers only for the peer that asked", defaults,
+     {hello("p1", "a"), admit("p2", "a", V::no_challenge, P::right, "p1"), admit("p1", "a", V::ok)}},
+    {"a peer holds a few challenges: its own oldest goes first", limits(2, 64, 8, 2.0),
+     {hello("p1", "a"), hello("p1", "a"), hello("p1", "a"), admit("p1", "a", V::wrong_proof, P::first_challenge)}},
+    {"all peers together are bounded: busy, nobody's challenge evicted", limits(2, 3, 8, 2.0),
+     {hello("p1", "a"), hello("p2", "a"), hello("p3", "b"), hello("p4", "a", V::busy), admit("p1", "a", V::ok),
+      hello("p4", "a"), admit("p4", "a", V::ok)}},
+    {"the rate limit applies before any work, per peer", limits(4, 64, 3, 1.0),
+     {admit("p2", "a", V::no_challenge, P::guessed), admit("p2", "a", V::no_challenge, P::guessed),
+      admit("p2", "a", V::no_challenge, P::guessed), admit("p2", "a", V::rate_limited, P::guessed),
+      hello("p2", "a", V::rate_limited), hello("p1", "a"), advance(1000), hello("p2", "a"),
+      hello("p2", "a", V::rate_limited), admit("p1", "a", V::ok)}},
+    {"challenges expire", limits(4, 64, 8, 2.0, 1000),
+     {hello("p1", "a"), advance(999), admit("p1", "a", V::ok), hello("p1", "a"), advance(1000),
+      admit("p1", "a", V::no_challenge)}},
+    {"expired challenges free the global bound", limits(1, 1, 8, 2.0, 1000),
+     {hello("p1", "a"), hello("p2", "a", V::busy), advance(1000), hello("p2", "a"), admit("p2", "a", V::ok)}},
+    {"rate-limit buckets are bounded: the least recently seen peer is forgotten", limits(4, 64, 1, 0.0, 30000, 2),
+     {hello("p1", "a"), hello("p1", "a", V::rate_limited), hello("p2", "a"), hello("p3", "a"), hello("p1", "a"),
+      hello("p3", "a", V::rate_limited)}},
+  };
+  const std::map<std::string, std::string> secrets = {{"a", "secret-a"}, {"b", "secret-b"}};
+  for (const auto& row : rows) {
+    CAPTURE(row.title);
+    auto now = admission_control::clock::time_point{} + std::chrono::hours(1);
+    admission_control control(secrets, row.limits, [&] { return now; });
+    std::map<std::pair<std::string, std::string>, std::string> last, first;
+    int index = 0;
+    for (const auto& s : row.steps) {
+      CAPTURE(index++);
+      if (s.what == op::advance) {
+        now += std::chrono::milliseconds(s.advance_ms);
+        continue;
+      }
+      if (s.what == op::hello) {
+        std::string challenge;
+        CHECK(control.hello(s.peer, s.node, challenge) == s.expected);
+        if (s.expected == V::ok) {
+          CHECK(challenge.size() == 64);
+          last[{s.peer, s.node}] = challenge;
+          first.emplace(std::make_pair(s.peer, s.node), challenge);
+        }
+        continue;
+      }
+      auto key = std::make_pair(s.challenge_peer.empty() ? s.peer : s.challenge_peer, s.node);
+      std::string own = secrets.count(s.node) ? secrets.at(s.node) : "unknown";
+      std::string proof;
+      switch (s.proof) {
+        case P::right:
+          proof = join_proof(own, last[key], s.node);
+          break;
+        case P::guessed:
+          proof = join_proof("guess", last[key], s.node);
+          break;
+        case P::other_nodes_secret:
+          proof = join_proof(s.node == "a" ? secrets.at("b") : secrets.at("a"), last[key], s.node);
+          break;
+        case P::first_challenge:
+          proof = join_proof(own, first[key], s.node);
+          break;
+        case P::empty:
+          break;
+      }
+      CHECK(control.admit(s.peer, s.node, proof) == s.expected);
+    }
+    CHECK(control.pending() <= row.limits.max_pending);
+  }
+}
+
+TEST_CASE("member secrets: member nodes only, each from its own file or all shared") {
+  auto dir = "/tmp/rlsync-member-secrets-" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  for (auto node : {"w1", "w2"}) {
+    auto path = dir + "/" + node + ".secret";
+    std::ofstream(path) << "secret-of-" << node << "\n";
+    ::chmod(path.c_str(), 0600);
+  }
+  auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                          "intermediate_size: 128}}\nnodes: [{name: h, port: 4000}, {name: w1}, {name: w2}, {name: idle}]\n"
+                          "cluster: {allow_insecure_network: true, secret_file: '" + dir + "/{node}.secret'}\n"
+                          "trainer: {node: h}\nengines: [{name: e, node: h}, {name: f, node: w1}, {name: g, node: w2}]\n",
+                          "t.yaml", "/");
+  auto per_node = member_secrets(t, "h", "");
+  CHECK(per_node == std::map<std::string, std::string>{{"w1", "secret-of-w1"}, {"w2", "secret-of-w2"}});
+  auto shared = member_secrets(t, "h", "one", dir + "/w1.secret"); // an override without {node}: shared
+  CHECK(shared == std::map<std::string, std::string>{{"w1", "one"}, {"w2", "one"}});
+  std::remove((dir + "/w2.secret").c_str());
+  CHECK_THROWS_WITH_AS(member_secrets(t, "h", ""), doctest::Contains("w2.secret"), std::runtime_error);
+  std::remove((dir + "/w1.secret").c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("the cluster secret comes from a private regular file or an environment variable") {
   auto path = "/tmp/rlsync-secret-" + std::to_string(::getpid());
   std::ofstream(path) << "from-file\n";
+  ::chmod(path.c_str(), 0600);
   CHECK(read_cluster_secret(path, "") == "from-file");
+  struct {
+    mode_t mode;
+    bool accepted;
+  } modes[] = {{0600, true}, {0400, true}, {0640, false}, {0604, false}, {0620, false}, {0602, false}, {0644, false}};
+  for (auto m : modes) {
+    CAPTURE(m.mode);
+    ::chmod(path.c_str(), m.mode);
+    if (m.accepted)
+      CHECK(read_cluster_secret(path, "") == "from-file");
+    else
+      CHECK_THROWS_WITH_AS(read_cluster_secret(path, ""), doctest::Contains("accessible by group or others"),
+                           std::runtime_error);
+  }
+  ::chmod(path.c_str(), 0600);
   std::ofstream(path) << "\n";
   CHECK_THROWS_WITH_AS(read_cluster_secret(path, ""), doctest::Contains("is empty"), std::runtime_error);
   std::remove(path.c_str());
   CHECK_THROWS_WITH_AS(read_cluster_secret(path, ""), doctest::Contains(path.c_str()), std::runtime_error);
+  ::mkdir(path.c_str(), 0700);
+  CHECK_THROWS_WITH_AS(read_cluster_secret(path, ""), doctest::Contains("not a regular file"), std::runtime_error);
+  ::rmdir(path.c_str());
   ::setenv("RLSYNC_TEST_SECRET", "from-env", 1);
   CHECK(read_cluster_secret("", "RLSYNC_TEST_SECRET") == "from-env");
   ::unsetenv("RLSYNC_TEST_SECRET");

@@ -42,6 +42,9 @@ std::string with(const std::string& key, const std::string& text) {
 // The base with `extra` appended from line 6.
 std::string plus(const std::string& extra) { return with("", "") + extra + "\n"; }
 
+// Two nodes need TLS or this (checked once everything else is valid).
+const std::string insecure = "cluster: {allow_insecure_network: true}\n";
+
 // A synthetic model in block style: `fields` go on lines 4.. of the file.
 std::string synthetic(const std::string& fields) {
   return with("model", "model:\n  synthetic:\n" + fields);
@@ -83,8 +86,9 @@ const std::string top_keys =
 } // namespace
 
 TEST_CASE("topology: the base document of the error rows is valid") {
-  auto t = parse_topology(with("", ""), "t.yaml", "/base");
+  auto t = parse_topology(with("", "") + insecure, "t.yaml", "/base");
   CHECK(t.engines.size() == 2);
+  CHECK(t.cluster.allow_insecure_network);
 }
 
 TEST_CASE("topology errors: syntax and document shape") {
@@ -198,8 +202,6 @@ TEST_CASE("topology errors: cluster") {
     {"a secret in the file", plus("cluster:\n  secret: hunter2"),
      "t.yaml:7:3: cluster.secret: secrets are never read from the topology; use secret_file or secret_env"},
     {"a secret under tls", plus("cluster:\n  tls: {ca: c, cert: d, key: k, secret: s}"),
-     "t.yaml:7:8: cluster.tls: not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
-     "cluster secret (secret_file or secret_env) and their traffic is not encrypted\n"
      "t.yaml:7:33: cluster.tls.secret: secrets are never read from the topology; use secret_file or "
      "secret_env"},
     {"a secret at the top level", plus("secret: hunter2"),
@@ -209,12 +211,19 @@ TEST_CASE("topology errors: cluster") {
     {"bad environment variable name", plus("cluster:\n  secret_env: my-secret"),
      "t.yaml:7:15: cluster.secret_env: must be the name of an environment variable (letters, digits, '_'), "
      "not the secret itself"},
-    // TLS is refused until it exists: accepted, the cluster would run in plaintext.
-    {"tls", plus("cluster:\n  tls: {ca: c, cert: d, key: k}"), "t.yaml:7:8: cluster.tls: not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
-     "cluster secret (secret_file or secret_env) and their traffic is not encrypted"},
-    {"tls in block style", plus("cluster:\n  tls:\n    ca: ca.pem\n    cert: cert.pem"),
-     "t.yaml:8:5: cluster.tls: not available yet (TLS between nodes comes with the security issue, #12): nodes prove the "
-     "cluster secret (secret_file or secret_env) and their traffic is not encrypted"},
+    {"tls without a key", plus("cluster:\n  tls: {ca: c, cert: d}"), "t.yaml:7:8: cluster.tls.key: missing required key"},
+    {"tls with an empty path", plus("cluster:\n  tls: {ca: '', cert: d, key: k}"), "t.yaml:7:13: cluster.tls.ca: must not be empty"},
+    {"{node} in the CA", plus("cluster:\n  tls: {ca: '{node}.pem', cert: d, key: k}"), "t.yaml:7:13: cluster.tls.ca: must not contain {node}: every node trusts the same CA"},
+    {"tls is a map", plus("cluster:\n  tls: certs"), "t.yaml:7:8: cluster.tls: expected a map, got 'certs'"},
+    {"allow_insecure_network is a bool", plus("cluster:\n  allow_insecure_network: maybe"), "t.yaml:7:27: cluster.allow_insecure_network: expected true or false, got 'maybe'"},
+    {"two nodes with neither tls nor allow_insecure_network", plus("cluster:\n  heartbeat_interval_ms: 100"),
+     "t.yaml:7:3: cluster: more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): "
+     "without it anyone who reaches a node's port can read and forge cluster traffic; set "
+     "cluster.allow_insecure_network: true to run without TLS anyway"},
+    {"two nodes and no cluster section", with("", ""), 
+     "t.yaml:3:8: nodes: more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): "
+     "without it anyone who reaches a node's port can read and forge cluster traffic; set "
+     "cluster.allow_insecure_network: true to run without TLS anyway"},
     {"timeout not above interval", plus("cluster:\n  heartbeat_interval_ms: 500\n  heartbeat_timeout_ms: 500"),
      "t.yaml:8:25: cluster.heartbeat_timeout_ms: must exceed heartbeat_interval_ms (500), got 500"},
     {"zero connect deadline", plus("cluster:\n  connect_deadline_ms: 0"),
@@ -485,7 +494,7 @@ TEST_CASE("topology errors: every problem is reported, in file order") {
 }
 
 TEST_CASE("topology: defaults are filled in") {
-  auto t = parse_topology(with("engines", "engines: [{name: e, node: b}]"), "t.yaml", "/base");
+  auto t = parse_topology(with("engines", "engines: [{name: e, node: b}]") + insecure, "t.yaml", "/base");
   CHECK(t.name == "t");
   CHECK(t.source == "t.yaml");
   CHECK(t.base_dir == "/base");
@@ -565,7 +574,8 @@ TEST_CASE("topology: defaults are filled in") {
 }
 
 TEST_CASE("topology: empty sections read as defaults") {
-  auto t = parse_topology(plus("router:\ncoordinator:\ncluster:\nsync: {}\nworkload:\ndrill:"), "t.yaml", "/base");
+  auto t = parse_topology(with("nodes", "nodes: [{name: a}]") + "router:\ncoordinator:\ncluster:\nsync: {}\nworkload:\ndrill:\n",
+                          "t.yaml", "/base");
   CHECK(t.router.node == "a");
   CHECK(t.workload.prompts == 64);
   CHECK(t.drill.faults.empty());
@@ -582,6 +592,7 @@ nodes:
   - {name: n2, address: host-2.example, port: 4000}
 cluster:
   secret_file: secrets/cluster.key
+  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "/etc/{node}.key"}
   heartbeat_interval_ms: 100
   heartbeat_timeout_ms: 300
   connect_deadline_ms: 2500
@@ -638,6 +649,12 @@ drill:
   CHECK(t.nodes[1].address == "host-2.example");
   CHECK(t.nodes[1].port == 4000);
   CHECK(t.cluster.secret_file == "/cfg/secrets/cluster.key");
+  REQUIRE(t.cluster.tls);
+  CHECK(t.cluster.tls->ca == "/cfg/certs/ca.pem");
+  CHECK(t.cluster.tls->cert == "/cfg/certs/{node}.pem");
+  CHECK(t.cluster.tls->for_node("n2").cert == "/cfg/certs/n2.pem");
+  CHECK(t.cluster.tls->for_node("n2").key == "/etc/n2.key");
+  CHECK_FALSE(t.cluster.per_node_secrets());
   CHECK(t.cluster.heartbeat_interval == milliseconds(100));
   CHECK(t.cluster.heartbeat_timeout == milliseconds(300));
   CHECK(t.cluster.connect_deadline == milliseconds(2500));
@@ -737,7 +754,7 @@ TEST_CASE("yaml_fields: size fields accept integers and unit strings") {
   // The topology's one size field takes every spelling of its default.
   for (auto text : {"67108864", "64MiB", "64 MiB", "65536KiB", "'64MiB'"}) {
     CAPTURE(text);
-    auto t = parse_topology(plus(std::string("transfer: {bucket_bytes: ") + text + "}"), "t.yaml", "/base");
+    auto t = parse_topology(plus(insecure + "transfer: {bucket_bytes: " + text + "}"), "t.yaml", "/base");
     CHECK(t.transfer.bucket_bytes == std::int64_t(64) << 20);
   }
 }
@@ -754,7 +771,7 @@ TEST_CASE("topology: a checkpoint model takes its shape from config.json") {
   c.num_key_value_heads = 2;
   write_config_json(dir / "ckpt/config.json", c);
   {
-    std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}");
+    std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}") << insecure;
   }
   auto t = load_topology(dir / "t.yaml");
   CHECK_FALSE(t.model.synthetic());
@@ -800,7 +817,7 @@ TEST_CASE("topology: load_topology resolves paths against the file's directory")
   test::scratch_dir dir;
   std::filesystem::create_directories(dir / "sub");
   {
-    std::ofstream(dir / "sub/t.yaml") << plus("coordinator: {state_file: ../state/v}");
+    std::ofstream(dir / "sub/t.yaml") << plus(insecure + "coordinator: {state_file: ../state/v}");
   }
   auto t = load_topology(dir / "sub/t.yaml");
   CHECK(t.source == dir / "sub/t.yaml");
@@ -834,10 +851,20 @@ TEST_CASE("topology: the shipped configs load") {
   CHECK(cluster.nodes.size() == 3);
   CHECK(cluster.nodes[1].address == "10.0.0.2");
   CHECK(cluster.transfer.backend == transfer_backend::ucx);
-  CHECK(cluster.cluster.secret_env == "RLSYNC_SECRET");
+  // Mutual TLS and per-node secrets, {node} kept for each node to fill in.
+  CHECK(cluster.cluster.secret_file == src + "/configs/certs/{node}.secret");
+  CHECK(cluster.cluster.per_node_secrets());
+  CHECK(cluster.cluster.secret_file_for("engine-node-a") == src + "/configs/certs/engine-node-a.secret");
+  REQUIRE(cluster.cluster.tls);
+  CHECK(cluster.cluster.tls->ca == src + "/configs/certs/ca.pem");
+  CHECK(cluster.cluster.tls->for_node("engine-node-b").cert == src + "/configs/certs/engine-node-b.pem");
+  CHECK(cluster.cluster.tls->for_node("engine-node-b").key == src + "/configs/certs/engine-node-b.key");
+  CHECK_FALSE(cluster.cluster.allow_insecure_network);
+  auto multiprocess = load_topology(src + "/configs/multiprocess.yaml");
+  REQUIRE(multiprocess.cluster.tls);
+  CHECK(multiprocess.cluster.per_node_secrets());
   REQUIRE(cluster.trainer.ranks.size() == 1); // the second comes with trainer ranks (issue #13)
   CHECK(cluster.trainer.ranks[0].layers.size() == static_cast<std::size_t>(cluster.model.config.num_hidden_layers));
-  CHECK_FALSE(cluster.cluster.tls);
   CHECK(cluster.sync.min_live_engines == 2);
   CHECK(cluster.sync.wave_size == 2);
   std::set<std::string> engine_nodes;
@@ -847,7 +874,7 @@ TEST_CASE("topology: the shipped configs load") {
 }
 
 TEST_CASE("topology: to_yaml shows the resolved view") {
-  auto t = parse_topology(plus("transfer: {bucket_bytes: 64MiB, ucx_transports: [tcp]}\n"
+  auto t = parse_topology(plus(insecure + "transfer: {bucket_bytes: 64MiB, ucx_transports: [tcp]}\n"
                                "sync: {pause: {mode: wait, clear_cache: true}}\n"
                                "drill: {faults: [{at_sync: 1, action: kill, target: e-1}]}"),
                           "t.yaml", "/base");

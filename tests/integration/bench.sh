@@ -16,7 +16,8 @@ model:
 nodes:
   - {name: head, address: 127.0.0.1, port: $port}
   - {name: workers, address: 127.0.0.1}
-cluster: {secret_env: NOT_USED_BY_THE_BENCH}
+# The bench makes its own CA and certificates and runs every case over mutual TLS.
+cluster: {secret_env: NOT_USED_BY_THE_BENCH, allow_insecure_network: true}
 trainer: {node: head}
 engines:
   - {name: local, node: head, tp: 2}

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Several processes on loopback: `rlsync launch --run` starts a head node
 # (coordinator, router, trainer, one engine) and a worker node (two engines)
-# that joins by proving the cluster secret; the main job runs across them and
-# every engine ends byte-identical to the trainer. Then the refusals: a node
-# with the wrong secret, garbage bytes on the port, and a message of the
-# wrong type are refused, and the head keeps serving.
+# that joins over mutual TLS by proving its own secret (certificates and
+# per-node secrets from `rlsync certs make`); the main job runs across them
+# and every engine ends byte-identical to the trainer. Then the refusals: a
+# node with the wrong secret, a node whose certificate another CA signed, a
+# peer without a certificate, garbage bytes on the port, and a message of
+# the wrong type are refused, and the head keeps serving. Insecure mode
+# warns at every start.
 set -euo pipefail
 rlsync=$1
 dir=$(mktemp -d)
@@ -13,6 +16,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 # Below the ephemeral range (32768+), so that no outgoing connection holds it.
 port=$((20000 + ($$ % 6000) * 2))
+"$rlsync" certs make --out "$dir/certs" --nodes head,workers > /dev/null
+"$rlsync" certs make --out "$dir/other" --nodes workers > /dev/null
 cat > "$dir/two.yaml" <<YAML
 name: two
 model:
@@ -21,7 +26,8 @@ nodes:
   - {name: head, address: 127.0.0.1, port: $port}
   - {name: workers, address: 127.0.0.1, port: $((port + 1))}
 cluster:
-  secret_env: RLSYNC_CLUSTER_TEST_SECRET
+  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
+  secret_file: "certs/{node}.secret"
   heartbeat_interval_ms: 200
   heartbeat_timeout_ms: 2000
   connect_deadline_ms: 10000
@@ -34,7 +40,6 @@ coordinator: {node: head}
 transfer: {backend: ucx, mode: sharded}
 workload: {prompts: 12, concurrency: 4, max_tokens: 16}
 YAML
-export RLSYNC_CLUSTER_TEST_SECRET=correct-horse
 
 # 1. The main job across two processes.
 timeout 120 "$rlsync" launch "$dir/two.yaml" --run --json "$dir/two.json" > "$dir/launch.out" 2>&1 \
@@ -51,12 +56,37 @@ for _ in $(seq 1 100); do grep -q "gatekeeper on" "$dir/head.log" && break; slee
 grep -q "gatekeeper on" "$dir/head.log" || { cat "$dir/head.log"; echo "FAIL: head did not come up"; exit 1; }
 # Garbage bytes on the port: the connection is dropped, nothing else happens.
 exec 3<>"/dev/tcp/127.0.0.1/$port" && printf 'GARBAGE\x00\xff%.0s' {1..200} >&3 && exec 3>&- || true
-# A message of the wrong type to the gatekeeper: refused, logged by CAF, no crash.
-"$rlsync" ping --connect "127.0.0.1:$port" --count 1 --deadline-ms 3000 > "$dir/ping.out" 2>&1 && {
+# A message of the wrong type to the gatekeeper (over TLS, with a member's
+# certificate): refused, logged by CAF, no crash.
+"$rlsync" ping --connect "127.0.0.1:$port" --count 1 --deadline-ms 3000 --ca "$dir/certs/ca.pem" \
+  --cert "$dir/certs/workers.pem" --key "$dir/certs/workers.key" > "$dir/ping.out" 2>&1 && {
   cat "$dir/ping.out"; echo "FAIL: the gatekeeper answered a ping"; exit 1; }
-# The wrong secret: refused, and the node says so.
+# No certificate, or one another CA signed: the handshake never completes.
+timeout 30 "$rlsync" ping --connect "127.0.0.1:$port" --count 1 --deadline-ms 2000 > "$dir/ping.out" 2>&1 && {
+  cat "$dir/ping.out"; echo "FAIL: a peer without a certificate got through"; exit 1; }
+sed -e 's#certs/ca.pem#other/ca.pem#; s#"certs/{node}.pem"#"other/{node}.pem"#; s#"certs/{node}.key"#"other/{node}.key"#' \
+    -e 's/connect_deadline_ms: 10000/connect_deadline_ms: 2000/' "$dir/two.yaml" > "$dir/other.yaml"
+grep -q 'other/ca.pem' "$dir/other.yaml" || { echo "FAIL: could not make other.yaml"; exit 1; }
 set +e
-RLSYNC_CLUSTER_TEST_SECRET=wrong timeout 30 "$rlsync" node --topology "$dir/two.yaml" --node workers > "$dir/bad.log" 2>&1
+timeout 30 "$rlsync" node --topology "$dir/other.yaml" --node workers > "$dir/other.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q "cannot reach the coordinator's node" "$dir/other.log" \
+  || { cat "$dir/other.log"; echo "FAIL: a certificate of another CA: exit $rc"; exit 1; }
+# Insecure mode: refused by validation unless asked for, then a loud warning at every start.
+sed -e '/^  tls:/d' -e 's/connect_deadline_ms: 10000/connect_deadline_ms: 1000/' "$dir/two.yaml" > "$dir/plain.yaml"
+"$rlsync" validate "$dir/plain.yaml" > "$dir/plain.out" 2>&1 && { cat "$dir/plain.out"; echo "FAIL: two nodes without TLS validated"; exit 1; }
+grep -q "plain.yaml:[0-9]*:[0-9]*: cluster: more than one node needs cluster.tls" "$dir/plain.out" \
+  || { cat "$dir/plain.out"; echo "FAIL: no located refusal of plaintext"; exit 1; }
+sed -i 's/^cluster:/cluster:\n  allow_insecure_network: true/' "$dir/plain.yaml"
+timeout 30 "$rlsync" node --topology "$dir/plain.yaml" --node workers > "$dir/plain.log" 2>&1 || true
+[ "$(grep -c '^WARNING: ' "$dir/plain.log")" -ge 4 ] && grep -q "INSECURE NETWORK" "$dir/plain.log" \
+  || { cat "$dir/plain.log"; echo "FAIL: no loud warning in insecure mode"; exit 1; }
+# The wrong secret: refused, and the node says so.
+printf 'wrong\n' > "$dir/wrong.secret"
+chmod 600 "$dir/wrong.secret"
+set +e
+timeout 30 "$rlsync" node --topology "$dir/two.yaml" --node workers --secret-file "$dir/wrong.secret" > "$dir/bad.log" 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 1 ] || { cat "$dir/bad.log"; echo "FAIL: a wrong secret exited $rc, expected 1"; exit 1; }
@@ -69,6 +99,10 @@ pids+=($good)
 for _ in $(seq 1 100); do grep -q "engines registered" "$dir/good.log" && break; sleep 0.1; done
 grep -q "2 engines registered" "$dir/good.log" || { cat "$dir/good.log" "$dir/head.log"; echo "FAIL: a good node could not join after the attacks"; exit 1; }
 kill -TERM "${pids[0]}"
-set +e; wait "$good"; wrc=$?; set -e
+set +e; wait "$good"; wrc=$?; wait "${pids[0]}"; hrc=$?; set -e
 [ "$wrc" -eq 0 ] || { cat "$dir/good.log"; echo "FAIL: the worker exited $wrc when the head went away"; exit 1; }
+# The head published over TLS stops cleanly: port closed, every actor
+# terminated (no "still busy ... exiting anyway"), exit 0.
+[ "$hrc" -eq 0 ] && grep -q "stopped by signal 15" "$dir/head.log" && ! grep -q "still busy" "$dir/head.log" \
+  || { cat "$dir/head.log"; echo "FAIL: the head did not stop cleanly on SIGTERM (exit $hrc)"; exit 1; }
 echo ok

@@ -49,6 +49,7 @@ topology two_node_topology(const std::string& transfer = "{backend: ucx, mode: s
                         "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
                         "intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 7}}\n"
                         "nodes: [{name: head, address: 127.0.0.1, port: 24001}, {name: workers, address: 127.0.0.1}]\n"
+                        "cluster: {allow_insecure_network: true}\n"
                         "trainer: {node: head}\n"
                         "engines: [{name: local, node: head, tp: 2}, {name: remote, node: workers, replicas: 2, tp: 2}]\n"
                         "router: {node: head}\ncoordinator: {node: head}\n"
@@ -384,6 +385,14 @@ TEST_CASE("bench topologies: the nodes' copy reads back as the same deployment")
   CHECK(back.transfer.ucx_transports == t.transfer.ucx_transports);
   CHECK(back.cluster.secret_env == "RLSYNC_BENCH_SECRET");
   CHECK(back.cluster.heartbeat_timeout == t.cluster.heartbeat_timeout);
+  CHECK(back.cluster.allow_insecure_network);
+  // The session's credentials reach the nodes, {node} kept for each to fill in.
+  t.cluster.tls = tls_spec{"/c/ca.pem", "/c/{node}.pem", "/c/{node}.key"};
+  auto with_tls = parse_topology(node_yaml(t), "node.yaml", ".");
+  REQUIRE(with_tls.cluster.tls);
+  CHECK(with_tls.cluster.tls->cert == "/c/{node}.pem");
+  CHECK(with_tls.cluster.tls->for_node("workers").key == "/c/workers.key");
+  CHECK(!with_tls.cluster.allow_insecure_network);
 
   for (std::uint64_t n : {1, 8}) {
     auto c = parse_topology(control_topology_yaml(n, 20000), "bench-control.yaml", ".");

@@ -3,11 +3,13 @@
 # (coordinator, router, trainer) and two engine nodes join through the
 # gatekeeper over the veth links, the main job runs across them with the
 # weights pulled over UCX restricted to tcp (as between hosts without RDMA),
-# and every engine ends byte-identical to the trainer.
+# and every engine ends byte-identical to the trainer. Nodes talk mutual TLS
+# with certificates and per-node secrets from `rlsync certs make`.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 netns_up rlc 3 1
 a0=$(netns_addr 0) a1=$(netns_addr 1) a2=$(netns_addr 2)
+"$rlsync" certs make --out "$dir/certs" --nodes trainer-node,engine-node-a,engine-node-b > /dev/null
 cat > "$dir/three.yaml" <<YAML
 name: three
 model:
@@ -17,7 +19,8 @@ nodes:
   - {name: engine-node-a, address: $a1, port: 7300}
   - {name: engine-node-b, address: $a2, port: 7300}
 cluster:
-  secret_env: RLSYNC_NETNS_SECRET
+  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
+  secret_file: "certs/{node}.secret"
   heartbeat_interval_ms: 200
   heartbeat_timeout_ms: 2000
   connect_deadline_ms: 15000
@@ -30,7 +33,6 @@ coordinator: {node: trainer-node}
 transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
 workload: {prompts: 32, concurrency: 4, max_tokens: 48}
 YAML
-export RLSYNC_NETNS_SECRET=netns-secret
 netns_start 1 "$dir/a.log" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-a
 netns_start 2 "$dir/b.log" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-b
 timeout 180 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" --node trainer-node --run \

@@ -21,6 +21,7 @@ netns_cleanup_hook() { # the head runs under timeout: kill its child too
 }
 netns_up rld 3 1
 a0=$(netns_addr 0) a1=$(netns_addr 1) a2=$(netns_addr 2)
+"$rlsync" certs make --out "$dir/certs" --nodes trainer-node,engine-node-a,engine-node-b > /dev/null
 cat > "$dir/three.yaml" <<YAML
 name: three
 model:
@@ -30,7 +31,8 @@ nodes:
   - {name: engine-node-a, address: $a1, port: 7300}
   - {name: engine-node-b, address: $a2, port: 7300}
 cluster:
-  secret_env: RLSYNC_NETNS_SECRET
+  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
+  secret_file: "certs/{node}.secret"
   heartbeat_interval_ms: 200
   heartbeat_timeout_ms: 2000
   connect_deadline_ms: 15000
@@ -45,7 +47,6 @@ sync:
   deadlines_ms: {pause: 3000, flush: 1000, start: 2000, transfer: 5000, finish: 2000, continue: 1000}
 workload: {prompts: 240, concurrency: 6, max_tokens: 32}
 YAML
-export RLSYNC_NETNS_SECRET=netns-secret
 start_node() { # node namespace-index log; the pid goes to $started
   netns_start "$2" "$dir/$3.log" "$rlsync" node --topology "$dir/three.yaml" --node "$1"
 }

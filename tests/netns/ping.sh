@@ -6,11 +6,26 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 netns_up rlp 2
 a0=$(netns_addr 0)
+"$rlsync" certs make --out "$dir/certs" --nodes n0,n1 > /dev/null
+"$rlsync" certs make --out "$dir/other" --nodes n1 > /dev/null
+tls() { echo --ca "$dir/certs/ca.pem" --cert "$dir/certs/$1.pem" --key "$dir/certs/$1.key"; }
 
-# 1. A healthy link: 5 pings across namespaces.
+# 1. A healthy link: 5 pings across namespaces, plaintext and mutual TLS.
 netns_start 0 - "$rlsync" ping --listen "$a0:7100" --count 5 --deadline-ms 20000
 listener=$started
 ip netns exec "$name-1" "$rlsync" ping --connect "$a0:7100" --count 5 --deadline-ms 10000
+wait "$listener"
+netns_start 0 - "$rlsync" ping --listen "$a0:7102" --count 1 --deadline-ms 20000 $(tls n0)
+listener=$started
+# A certificate of another CA, and none at all, never complete the handshake.
+if ip netns exec "$name-1" "$rlsync" ping --connect "$a0:7102" --count 1 --deadline-ms 1500 \
+     --ca "$dir/other/ca.pem" --cert "$dir/other/n1.pem" --key "$dir/other/n1.key"; then
+  echo "FAIL: a certificate of another CA was accepted"; exit 1
+fi
+if ip netns exec "$name-1" "$rlsync" ping --connect "$a0:7102" --count 1 --deadline-ms 1500; then
+  echo "FAIL: a peer without a certificate was accepted"; exit 1
+fi
+ip netns exec "$name-1" "$rlsync" ping --connect "$a0:7102" --count 1 --deadline-ms 10000 $(tls n1)
 wait "$listener"
 
 # 2. A partitioned node: the connection attempt fails by its deadline and names the peer.
