@@ -40,6 +40,7 @@ int cmd_run(const arg_list& argv) {
        "--json", [&](const std::string& p) { json_path = p; }, "also write the summary as JSON to FILE")
     ->type_name("FILE");
   auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;
   if (files.size() != 1)
@@ -49,6 +50,7 @@ int cmd_run(const arg_list& argv) {
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
+  loaded->trainer.allow_nonfinite = allow_nonfinite->count() > 0;
   const topology& t = *loaded;
   auto w = workload_from(t, overrides);
   job_console out(no_progress->count() == 0 && isatty(STDERR_FILENO));
