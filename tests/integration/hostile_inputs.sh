@@ -77,12 +77,12 @@ expect 2 "--max-tokens: must be at most 1048576, got 4294967297" -- \
 expect 2 "--concurrency: must be at most 65536" -- "$rlsync" run "$tmp/ok.yaml" --concurrency 100000000
 expect 2 "--max-tokens: number out of range" -- "$rlsync" run "$tmp/ok.yaml" --max-tokens 99999999999999999999999
 expect 2 "--layers: must be at most 1024" -- \
-  "$rlsync" checkpoint make --out "$tmp/never" --layers 100000000 --hidden 64 --heads 4 --intermediate 128
+  "$rlsync" checkpoint make --out "$tmp/never" --layers 100000000 --hidden 64 --heads 4 --kv-heads 2 --intermediate 128 --seed 1
 expect 2 "--max-tokens: must be in 1..1048576" -- \
   "$rlsync" generate --checkpoint "$tmp/none" --prompt x --max-tokens 4294967297
 
 # --- checkpoints -------------------------------------------------------------
-"$rlsync" checkpoint make --out "$tmp/good" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --intermediate 128 \
+"$rlsync" checkpoint make --out "$tmp/good" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --intermediate 128 --seed 1 \
   >/dev/null || fail "checkpoint make"
 hostile_checkpoint() { # NAME: a copy of the good checkpoint
   cp -r "$tmp/good" "$tmp/$1"
