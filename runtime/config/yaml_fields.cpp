@@ -83,7 +83,9 @@ std::string range_message(const int_range& r, std::int64_t v) {
   constexpr auto lo = std::numeric_limits<std::int64_t>::min();
   constexpr auto hi = std::numeric_limits<std::int64_t>::max();
   std::string got = ", got " + std::to_string(v);
-  if (r.max == hi) {
+  // Below the least value: say what the lower bound is, as for an unbounded
+  // range ("must be positive, got 0"); above the greatest: name the range.
+  if (r.max == hi || v < r.min) {
     if (r.min == 1)
       return "must be positive" + got;
     if (r.min == 0)

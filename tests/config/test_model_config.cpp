@@ -172,7 +172,7 @@ TEST_CASE("config.json errors name the file and the field") {
      "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
      " \"num_attention_heads\": 8, \"rope_theta\": \"1e4\"}",
      "rope_theta: expected a number, got the string '1e4'"},
-    {"too large a file", std::string((16 << 20) + 1, ' '), "config.json: larger than 16777216 bytes"},
+    {"too large a file", std::string((16 << 20) + 1, ' '), "config.json: larger than the limit of 16777216 bytes"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);

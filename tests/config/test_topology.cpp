@@ -303,7 +303,7 @@ TEST_CASE("topology errors: engines") {
     {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),
      "t.yaml:5:34: engines[0].tp: must be positive, got 0"},
     {"zero replicas", with("engines", "engines: [{name: e, node: a, replicas: 0}]"),
-     "t.yaml:5:40: engines[0].replicas: must be between 1 and 4096, got 0"},
+     "t.yaml:5:40: engines[0].replicas: must be positive, got 0"},
     {"implausible replicas", with("engines", "engines: [{name: e, node: a, replicas: 1000000}]"),
      "t.yaml:5:40: engines[0].replicas: must be between 1 and 4096, got 1000000"},
     {"duplicate after expanding replicas",
@@ -445,7 +445,7 @@ TEST_CASE("hostile topologies: every size, count and deadline has an upper bound
      "t.yaml:5:18: model.synthetic.hidden_size: must be at most 65536, got 131072"},
     {"every size in range, the product too large",
      synthetic("    layers: 1024\n    hidden_size: 65536\n    heads: 512\n    intermediate_size: 1048576"),
-     "t.yaml:4:13: model.synthetic.layers: the model would have 211381923348480 parameters, more than the "
+     "t.yaml:4:13: model.synthetic.layers: the model would have 228698594803712 parameters, more than the "
      "limit of 1099511627776 (2^40)"},
     {"deadline near INT64_MAX (overflowed into instant eviction)",
      plus("sync: {deadlines_ms: {transfer: 9223372036854775000}}"),
@@ -462,7 +462,7 @@ TEST_CASE("hostile topologies: every size, count and deadline has an upper bound
      "t.yaml:5:41: engines[0].max_batch: must be between 1 and 65536, got 100000"},
     {"replicas in all beyond the cap",
      with("engines", "engines: [{name: e, node: a, replicas: 4096}, {name: f, node: a, replicas: 1}]"),
-     "t.yaml:5:75: engines[1].replicas: more than 4096 engine replicas in all"},
+     "t.yaml:5:76: engines[1].replicas: more than 4096 engine replicas in all"},
     {"router queue too large", plus("router: {queue_limit: 4294967296}"),
      "t.yaml:6:23: router.queue_limit: must be between 1 and 1048576, got 4294967296"},
     {"max_tokens beyond 2^32 (was narrowed)", plus("workload: {max_tokens: 4294967297}"),
@@ -475,7 +475,7 @@ TEST_CASE("hostile topologies: every size, count and deadline has an upper bound
      "t.yaml:6:22: sync.max_restarts: must be between 0 and 1000, got 1000000"},
     {"a drill delay beyond a day",
      plus("drill:\n  faults:\n    - {at_ms: 9223372036854775807, action: kill, target: e-0}"),
-     "t.yaml:8:16: drill.faults[0].at_ms: must be between 0 and 86400000, got 9223372036854775807"},
+     "t.yaml:8:15: drill.faults[0].at_ms: must be between 0 and 86400000, got 9223372036854775807"},
     {"a rank listing more layers than any model has",
      with("trainer", "trainer: {node: a, ranks: [{layers: [" + [] {
             std::string l;
@@ -483,7 +483,7 @@ TEST_CASE("hostile topologies: every size, count and deadline has an upper bound
               l += (i ? "," : "") + std::to_string(i);
             return l;
           }() + "]}]}"),
-     "t.yaml:4:38: trainer.ranks[0].layers: must list at most 1024 layers, got 1025"},
+     "t.yaml:4:37: trainer.ranks[0].layers: must list at most 1024 layers, got 1025"},
   });
 }
 
