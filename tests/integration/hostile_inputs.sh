@@ -59,6 +59,9 @@ if [ "$(cat /proc/sys/vm/overcommit_memory 2>/dev/null)" != 1 ]; then
     'layers: 200, hidden_size: 16384, heads: 128, kv_heads: 8, intermediate_size: 53248, vocab_size: 128256'
   expect 1 "cannot allocate" -- "$rlsync" run "$tmp/huge.yaml" --prompts 1
 fi
+# YAML nested 100,000 deep: refused by the parser, no stack overflow.
+python3 -c 'print("name: " + "["*100000 + "]"*100000)' >"$tmp/deep.yaml"
+expect 1 "deep.yaml:1:" -- "$rlsync" validate "$tmp/deep.yaml"
 mkfifo "$tmp/fifo.yaml"
 expect 1 "fifo.yaml: is a FIFO, not a regular file" -- "$rlsync" validate "$tmp/fifo.yaml"
 expect 1 "fifo.yaml: is a FIFO, not a regular file" -- "$rlsync" run "$tmp/fifo.yaml"
