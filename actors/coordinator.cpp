@@ -15,6 +15,8 @@
 // runtime/sync_round, its figures and log line in runtime/round_figures.
 #include "actors/coordinator.hpp"
 
+#include "runtime/base/printable.hpp"
+
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/exit_reason.hpp>
@@ -243,7 +245,7 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   if (d.verdict == registration_verdict::retire) {
     rec.retired = true;
     member_event(self, info.name, "retired");
-    log_line(self, "coordinator: ALERT: " + info.name + " retired: restart " + std::to_string(rec.restarts)
+    log_line(self, "coordinator: ALERT: " + printable(info.name) + " retired: restart " + std::to_string(rec.restarts)
                      + " is past sync.max_restarts = " + std::to_string(st.cfg.sync.max_restarts));
     persist(self);
     check_min_live(self);
@@ -257,7 +259,7 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   if (d.routable_at_once) {
     m.routable = true;
     m.newcomer = false;
-    log_line(self, "coordinator: " + info.name + " is back at v" + std::to_string(info.version)
+    log_line(self, "coordinator: " + printable(info.name) + " is back at v" + std::to_string(info.version)
                      + ", current: routable at once");
   }
   self->monitor(engine);

@@ -1,6 +1,7 @@
 #include "actors/gatekeeper.hpp"
 
 #include "runtime/base/printable.hpp"
+#include "runtime/base/regular_file.hpp"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -211,12 +212,7 @@ std::string read_cluster_secret(const std::string& secret_file, const std::strin
     if (static_cast<std::size_t>(st.st_size) > max_secret_bytes)
       throw std::runtime_error("cluster secret: " + name + " is larger than " + std::to_string(max_secret_bytes)
                                + " bytes");
-    std::ifstream in(secret_file);
-    if (!in)
-      throw std::runtime_error("cluster secret: cannot read " + name);
-    std::ostringstream os;
-    os << in.rdbuf();
-    secret = os.str();
+    secret = read_regular_file(secret_file, max_secret_bytes, "cluster secret");
     while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
       secret.pop_back();
     if (secret.empty())

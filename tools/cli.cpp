@@ -1,5 +1,7 @@
 #include "tools/cli.hpp"
 
+#include "runtime/base/printable.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -50,9 +52,9 @@ bool parse(CLI::App& app, const std::vector<std::string>& argv) {
   }
   for (auto& extra : app.remaining())
     if (extra.size() > 1 && extra[0] == '-')
-      throw usage_error("unknown flag '" + extra + "'");
+      throw usage_error("unknown flag '" + printable(extra) + "'");
   if (auto extras = app.remaining(); !extras.empty())
-    throw usage_error("unexpected argument '" + extras.front() + "'");
+    throw usage_error("unexpected argument '" + printable(extras.front()) + "'");
   return true;
 }
 
@@ -81,13 +83,13 @@ double parse_number(const std::string& text, const std::string& what) {
   errno = 0;
   double d = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d))
-    throw usage_error(what + ": expected a number, got '" + text + "'");
+    throw usage_error(what + ": expected a number, got '" + printable(text) + "'");
   return d;
 }
 
 std::uint64_t parse_size(const std::string& text, const std::string& what) {
   auto fail = [&](const std::string& why) -> std::uint64_t {
-    throw usage_error(what + ": " + why + ", got '" + text + "'");
+    throw usage_error(what + ": " + why + ", got '" + printable(text) + "'");
   };
   if (text.empty())
     return fail("expected a non-negative number");
@@ -113,7 +115,7 @@ std::uint64_t parse_size(const std::string& text, const std::string& what) {
       return n * mult;
     }
   }
-  return fail("unknown unit '" + unit + "' (use B, KiB, MiB, GiB, KB, MB, GB)");
+  return fail("unknown unit '" + printable(unit) + "' (use B, KiB, MiB, GiB, KB, MB, GB)");
 }
 
 } // namespace rlsync::cli

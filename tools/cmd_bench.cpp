@@ -57,8 +57,8 @@ int bench_engine(const arg_list& argv) {
   c.max_position_embeddings = 4096;
   for (auto& e : validate(c))
     throw cli::usage_error("model shape: " + e);
-  if (steps == 0 || prompt_tokens == 0 || prompt_tokens >= 4000)
-    throw cli::usage_error("--steps must be positive, --prompt in 1..3999");
+  if (steps == 0 || steps > 1'000'000 || prompt_tokens == 0 || prompt_tokens >= 4000)
+    throw cli::usage_error("--steps must be in 1..1000000, --prompt in 1..3999");
 
   jobs::bench_engine_options o;
   o.model = c;

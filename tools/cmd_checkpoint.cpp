@@ -1,6 +1,7 @@
 // rlsync checkpoint make | inspect: synthetic checkpoints, next versions,
 // and per-tensor checksums.
 #include "runtime/base/checksum.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/model_config.hpp"
 #include "tools/cli.hpp"
@@ -169,13 +170,16 @@ void print_json(const checkpoint_summary& s) {
 
 void print_table(const checkpoint_summary& s) {
   auto& c = s.config;
-  std::cout << "checkpoint " << s.dir << ": layers=" << c.num_hidden_layers << " hidden=" << c.hidden_size
+  std::cout << "checkpoint " << printable(s.dir) << ": layers=" << c.num_hidden_layers << " hidden=" << c.hidden_size
             << " heads=" << c.num_attention_heads << " kv_heads=" << c.num_key_value_heads
             << " intermediate=" << c.intermediate_size << " vocab=" << c.vocab_size
             << " tie=" << (c.tie_word_embeddings ? "true" : "false") << "\n";
   std::size_t name_w = 4, shape_w = 5;
+  // Tensor names come from the file: control characters are escaped.
+  std::vector<std::string> names;
   for (auto& t : s.tensors) {
-    name_w = std::max(name_w, t.name.size());
+    names.push_back(printable(t.name));
+    name_w = std::max(name_w, names.back().size());
     shape_w = std::max(shape_w, shape_string(t.shape).size());
   }
   auto pad = [](std::string x, std::size_t w) {
@@ -184,14 +188,16 @@ void print_table(const checkpoint_summary& s) {
   };
   std::cout << pad("name", name_w) << "  dtype  " << pad("shape", shape_w) << "  " << pad("bytes", 12)
             << "  " << checksum_algorithm << "\n";
-  for (auto& t : s.tensors)
-    std::cout << pad(t.name, name_w) << "  " << pad(std::string(safetensors_name(t.type)), 5) << "  "
+  for (std::size_t i = 0; i < s.tensors.size(); ++i) {
+    const auto& t = s.tensors[i];
+    std::cout << pad(names[i], name_w) << "  " << pad(std::string(safetensors_name(t.type)), 5) << "  "
               << pad(shape_string(t.shape), shape_w) << "  " << pad(std::to_string(t.bytes), 12) << "  "
               << checksum_hex(t.checksum) << "\n";
+  }
   std::cout << "total: " << s.tensors.size() << " tensors, " << s.total_bytes << " bytes in " << s.files.size()
             << (s.files.size() == 1 ? " file" : " files") << "\n";
   for (auto& p : s.layout_problems)
-    std::cout << "warning: not the Llama layout config.json implies: " << p << "\n";
+    std::cout << "warning: not the Llama layout config.json implies: " << printable(p, 1024) << "\n";
 }
 
 int inspect(const arg_list& argv) {
@@ -204,7 +210,7 @@ int inspect(const arg_list& argv) {
     return 0;
   if (dirs.size() != 1)
     throw cli::usage_error(dirs.empty() ? "inspect: missing checkpoint directory DIR"
-                                        : "inspect: unexpected argument '" + dirs[1] + "'");
+                                        : "inspect: unexpected argument '" + printable(dirs[1]) + "'");
   auto summary = inspect_checkpoint(dirs.front());
   if (json->count() > 0)
     print_json(summary);
@@ -228,7 +234,7 @@ int cmd_checkpoint(const arg_list& argv) {
     return make(rest);
   if (sub == "inspect")
     return inspect(rest);
-  throw cli::usage_error("unknown checkpoint subcommand '" + sub + "' (expected make or inspect)");
+  throw cli::usage_error("unknown checkpoint subcommand '" + printable(sub) + "' (expected make or inspect)");
 }
 
 } // namespace rlsync::tools

@@ -1,4 +1,5 @@
 // rlsync generate: the built-in engine, standalone, on a checkpoint directory.
+#include "runtime/base/printable.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/engine/engine_core.hpp"
@@ -108,6 +109,11 @@ int cmd_generate(const arg_list& argv) {
   auto t_done = std::chrono::steady_clock::now();
   if (!result) {
     std::cerr << "rlsync generate: the engine stopped without finishing the request\n";
+    return 1;
+  }
+  if (core.nonfinite_logits() > 0) {
+    std::cerr << (json ? "" : "\n") << "rlsync generate: error: the model produced NaN or infinite logits after "
+              << tokens.size() << " tokens: " << printable(dir) << " holds broken weights\n";
     return 1;
   }
   auto secs = [](auto from, auto to) { return std::chrono::duration<double>(to - from).count(); };

@@ -5,8 +5,10 @@
 #include "actors/tls.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/process/launcher.hpp"
+#include "runtime/base/printable.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
+#include "tools/job_flags.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -77,6 +79,7 @@ int cmd_launch(const arg_list& argv) {
     ->default_val(grace_ms);
   app.add_option_function<std::string>("--secret-file", keep(secret_file), "passed on to every node as it is")
     ->type_name("FILE");
+  auto allow_nonfinite = add_allow_nonfinite_flag(app);
   auto dry_run = app.add_flag("--dry-run", "print the command lines, one per node, and start nothing");
   auto run_job = app.add_flag("--run", "the coordinator's node runs the main job (as `rlsync run`) once every "
                                        "engine registered, then exits; the others follow");
@@ -108,7 +111,7 @@ int cmd_launch(const arg_list& argv) {
     for (auto& name : split_names(*node_list)) {
       const node_spec* n = t.find_node(name);
       if (!n)
-        throw cli::usage_error("--nodes: unknown node '" + name + "' (defined: " + defined_nodes(t) + ")");
+        throw cli::usage_error("--nodes: unknown node '" + printable(name) + "' (defined: " + defined_nodes(t) + ")");
       nodes.push_back(n);
     }
   } else {
@@ -133,6 +136,8 @@ int cmd_launch(const arg_list& argv) {
       c.argv.push_back("--secret-file");
       c.argv.push_back(*secret_file);
     }
+    if (allow_nonfinite->count() > 0 && n->name == t.trainer.node)
+      c.argv.push_back("--allow-nonfinite");
     // The main job runs on the coordinator's node; the workload flags go there.
     if (run_job->count() > 0 && n->name == t.coordinator.node) {
       c.argv.push_back("--run");

@@ -9,6 +9,7 @@
 #include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
+#include "runtime/base/printable.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/job_flags.hpp"
@@ -116,6 +117,7 @@ int cmd_node(const arg_list& argv) {
        "--json", [&](const std::string& p) { job.json_path = p; }, "with --run: also write the summary as JSON")
     ->type_name("FILE");
   auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;
   cli::require(topology_flag);
@@ -126,13 +128,14 @@ int cmd_node(const arg_list& argv) {
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
+  loaded->trainer.allow_nonfinite = allow_nonfinite->count() > 0;
   const topology& t = *loaded;
   const node_spec* node = t.find_node(name);
   if (!node) {
     std::string known;
     for (auto& n : t.nodes)
       known += (known.empty() ? "" : ", ") + n.name;
-    throw cli::usage_error("--node: no node '" + name + "' in " + path + " (defined: " + known + ")");
+    throw cli::usage_error("--node: no node '" + printable(name) + "' in " + printable(path) + " (defined: " + known + ")");
   }
   if (auto problem = cluster_layout_problem(t); !problem.empty()) {
     std::cerr << "rlsync node: " << path << ": " << problem << "\n";

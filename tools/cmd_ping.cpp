@@ -153,8 +153,12 @@ int cmd_ping(const arg_list& argv) {
     std::cout << app.help();
     return 2;
   }
-  if (count == 0)
-    throw cli::usage_error("--count: must be positive");
+  // Bounded: the round trips are kept for the median, and the deadline is
+  // added to the clock.
+  if (count == 0 || count > 1'000'000)
+    throw cli::usage_error("--count: must be in 1..1000000, got " + std::to_string(count));
+  if (deadline_ms == 0 || deadline_ms > 86'400'000)
+    throw cli::usage_error("--deadline-ms: must be in 1..86400000 (a day), got " + std::to_string(deadline_ms));
   auto deadline = std::chrono::milliseconds(deadline_ms);
   system_config cfg;
   if (tls_flags == 3) {

@@ -2,6 +2,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/jobs/main_job.hpp"
 #include "actors/system_config.hpp"
+#include "runtime/base/allocation.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/job_flags.hpp"
@@ -40,6 +41,7 @@ int cmd_run(const arg_list& argv) {
        "--json", [&](const std::string& p) { json_path = p; }, "also write the summary as JSON to FILE")
     ->type_name("FILE");
   auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;
   if (files.size() != 1)
@@ -49,7 +51,15 @@ int cmd_run(const arg_list& argv) {
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
+  loaded->trainer.allow_nonfinite = allow_nonfinite->count() > 0;
   const topology& t = *loaded;
+  // Each engine serves fp32 weights: a model that cannot fit is refused
+  // here, before any actor starts and fails on its own.
+  const auto engine_bytes = static_cast<std::uint64_t>(parameter_count(t.model.config).value_or(0)) * 4;
+  if (auto problem = beyond_host_memory("the engine's fp32 weights", engine_bytes); !problem.empty()) {
+    std::cerr << "rlsync run: " << path << ": " << problem << "\n";
+    return 1;
+  }
   auto w = workload_from(t, overrides);
   job_console out(no_progress->count() == 0 && isatty(STDERR_FILENO));
   system_config cfg;

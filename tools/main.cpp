@@ -1,4 +1,5 @@
 // rlsync: one executable, one subcommand per job.
+#include "runtime/base/printable.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::cerr << "rlsync: unknown subcommand '" << name << "'\n\n";
+  std::cerr << "rlsync: unknown subcommand '" << rlsync::printable(name) << "'\n\n";
   print_help(std::cerr);
   return 2;
 }

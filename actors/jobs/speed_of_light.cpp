@@ -1,5 +1,7 @@
 #include "actors/jobs/speed_of_light.hpp"
 
+#include "runtime/base/json.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -109,8 +111,14 @@ std::optional<double> parse_mpi_bcast_median_s(const std::string& output) {
   for (std::string line; std::getline(lines, line);) {
     if (line.empty() || line.front() != '{')
       continue;
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object())
+    // A flat object: the strict reader's default depth limit holds it.
+    nlohmann::json j;
+    try {
+      j = read_json_strict(line);
+    } catch (const json_read_error&) {
+      continue;
+    }
+    if (!j.is_object())
       continue;
     auto it = j.find("median_s");
     if (it != j.end() && it->is_number() && it->get<double>() > 0)

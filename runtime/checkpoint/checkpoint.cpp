@@ -1,10 +1,11 @@
-// Checkpoint directories: open (mapped, cross-checked against the index),
+// Checkpoint directories: open (read into memory, cross-checked against the index),
 // synthetic make, perturb, inspect.
 #include "runtime/checkpoint/checkpoint.hpp"
 
 #include "runtime/base/checksum.hpp"
 
 #include "runtime/base/json.hpp"
+#include "runtime/base/regular_file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -33,17 +34,11 @@ std::string join(const std::string& dir, const std::string& name) { return (fs::
 std::string errno_text() { return std::strerror(errno); }
 
 std::string read_small_file(const std::string& path, std::uint64_t limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw checkpoint_error(path + ": cannot open: " + errno_text());
-  std::string s;
-  char buf[65536];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    s.append(buf, static_cast<std::size_t>(in.gcount()));
-    if (s.size() > limit)
-      throw checkpoint_error(path + ": larger than " + std::to_string(limit) + " bytes");
+  try {
+    return read_regular_file(path, static_cast<std::size_t>(limit));
+  } catch (const file_error& e) {
+    throw checkpoint_error(e.what());
   }
-  return s;
 }
 
 bool is_plain_file_name(const std::string& s) {

@@ -49,7 +49,7 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
 /// buffers some checkpoints carry, and lm_head.weight when embeddings are tied.
 bool ignored_weight(const model_config& c, const std::string& name);
 
-/// A checkpoint directory, every safetensors file mapped read-only.
+/// A checkpoint directory, every safetensors file read into owned memory.
 /// Movable; views stay valid while it lives.
 class checkpoint {
 public:

@@ -1,5 +1,5 @@
-// safetensors: validating parser over a byte span (used by the mmap reader
-// and the fuzzer), the mapped reader, and the streaming writer.
+// safetensors: validating parser over a byte span (used by the file reader
+// and the fuzzer), the file reader (into owned memory), and the streaming writer.
 //
 // The header is parsed with nlohmann-json's SAX interface into header_value,
 // a small tree that keeps what nlohmann's own DOM would lose:
@@ -15,6 +15,8 @@
 #include "runtime/checkpoint/safetensors.hpp"
 
 #include "runtime/base/json.hpp"
+#include "runtime/base/printable.hpp"
+#include "runtime/base/regular_file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +28,6 @@
 #include <utility>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -405,28 +406,47 @@ safetensors_layout parse_safetensors(const void* data, std::size_t size, const s
 safetensors_file safetensors_file::open(const std::string& path) {
   safetensors_file f;
   f.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw checkpoint_error(path + ": cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    std::string why = S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file";
-    ::close(fd);
-    throw checkpoint_error(path + ": " + why);
+  regular_file file;
+  try {
+    file = open_regular_file(path);
+  } catch (const file_error& e) {
+    throw checkpoint_error(e.what());
   }
-  f.size_ = static_cast<std::size_t>(st.st_size);
-  if (f.size_ > 0) { // mmap of length 0 fails; an empty file is rejected by the parser
-    void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      std::string why = errno_text();
-      ::close(fd);
-      throw checkpoint_error(path + ": cannot map: " + why);
+  // Read into memory this process owns rather than mapped: a writer that
+  // truncates or rewrites the file in place while a mapping is in use would
+  // end this process with SIGBUS. A file that changes while it is read is
+  // refused here instead.
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_on_return{file.fd};
+  f.size_ = file.size;
+  if (f.size_ > 0) {
+    try {
+      f.data_.reset(new std::byte[f.size_]); // not zero-filled: every byte is read below
+    } catch (const std::bad_alloc&) {
+      throw checkpoint_error(printable(path) + ": cannot allocate " + std::to_string(f.size_)
+                             + " bytes to read the file into memory");
     }
-    f.map_ = m;
   }
-  ::close(fd); // the mapping keeps the file alive
-  // On a parse error f's destructor unmaps.
-  f.layout_ = parse_safetensors(f.map_ ? f.map_ : "", f.size_, path);
+  std::size_t done = 0;
+  while (done < f.size_) {
+    ssize_t n = ::read(file.fd, f.data_.get() + done, f.size_ - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      throw checkpoint_error(printable(path) + ": cannot read: " + errno_text());
+    if (n == 0)
+      throw checkpoint_error(printable(path) + ": changed while being read (shrank from "
+                             + std::to_string(f.size_) + " to " + std::to_string(done) + " bytes)");
+    done += static_cast<std::size_t>(n);
+  }
+  struct stat after {};
+  if (::fstat(file.fd, &after) != 0 || static_cast<std::size_t>(after.st_size) != f.size_)
+    throw checkpoint_error(printable(path) + ": changed while being read (was " + std::to_string(f.size_)
+                           + " bytes, now " + std::to_string(after.st_size) + ")");
+  // On a parse error f's destructor frees the buffer.
+  f.layout_ = parse_safetensors(f.data_ ? static_cast<const void*>(f.data_.get()) : "", f.size_, path);
   for (std::size_t i = 0; i < f.layout_.tensors.size(); ++i)
     f.by_name_.emplace(f.layout_.tensors[i].name, i);
   return f;
@@ -438,7 +458,7 @@ safetensors_file& safetensors_file::operator=(safetensors_file&& other) noexcept
   if (this != &other) {
     close();
     path_ = std::move(other.path_);
-    map_ = std::exchange(other.map_, nullptr);
+    data_ = std::move(other.data_);
     size_ = std::exchange(other.size_, 0);
     layout_ = std::move(other.layout_);
     by_name_ = std::move(other.by_name_);
@@ -451,9 +471,7 @@ safetensors_file& safetensors_file::operator=(safetensors_file&& other) noexcept
 safetensors_file::~safetensors_file() { close(); }
 
 void safetensors_file::close() {
-  if (map_)
-    ::munmap(map_, size_);
-  map_ = nullptr;
+  data_.reset();
   size_ = 0;
 }
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -48,12 +49,14 @@ constexpr std::uint64_t safetensors_max_header = 100'000'000;
 /// names, and a __metadata__ that is not an object of strings.
 safetensors_layout parse_safetensors(const void* data, std::size_t size, const std::string& source);
 
-/// A safetensors file mapped read-only; tensor data are read in place.
-/// Movable; unmaps on destruction (views into it then dangle).
+/// A safetensors file read whole into memory this object owns (never mapped:
+/// a writer truncating a mapped file would kill the reader with SIGBUS).
+/// Movable; frees the memory on destruction (views into it then dangle).
 class safetensors_file {
 public:
   safetensors_file() = default;
-  /// Maps and validates `path`; throws checkpoint_error.
+  /// Reads and validates `path`; throws checkpoint_error, also when the
+  /// file is not a regular file or changes size while it is read.
   static safetensors_file open(const std::string& path);
 
   safetensors_file(safetensors_file&& other) noexcept;
@@ -74,7 +77,7 @@ private:
   void close();
 
   std::string path_;
-  void* map_ = nullptr;
+  std::unique_ptr<std::byte[]> data_;
   std::size_t size_ = 0;
   safetensors_layout layout_;
   std::unordered_map<std::string, std::size_t> by_name_;

@@ -2,6 +2,7 @@
 // read_json_strict (duplicate keys and deep nesting refused); every field we
 // use is checked for its JSON type.
 #include "runtime/base/json.hpp"
+#include "runtime/base/regular_file.hpp"
 #include "runtime/config/model_config.hpp"
 
 #include <nlohmann/json.hpp>
@@ -59,28 +60,12 @@ bool read_bool(const json& root, const std::string& path, const char* field, boo
   return it->get<bool>();
 }
 
-std::string read_config_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    fail(path, "config.json", "cannot open file");
-  std::string text;
-  char buf[65536];
-  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
-    text.append(buf, static_cast<std::size_t>(in.gcount()));
-    if (text.size() > max_config_bytes)
-      fail(path, "config.json", "larger than " + std::to_string(max_config_bytes) + " bytes");
-  }
-  if (in.bad())
-    fail(path, "config.json", "cannot read file");
-  return text;
-}
-
 } // namespace
 
 model_config read_config_json(const std::string& path) {
   json root;
   try {
-    root = read_json_strict(read_config_text(path), config_limits);
+    root = read_json_strict(read_regular_file(path, max_config_bytes, "config.json"), config_limits);
   } catch (const json_read_error& e) {
     throw std::runtime_error(path + ": " + e.what());
   }

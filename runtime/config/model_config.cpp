@@ -1,22 +1,67 @@
 #include "runtime/config/model_config.hpp"
 
+#include "runtime/base/checked.hpp"
+
+#include <utility>
+
 namespace rlsync {
+
+std::optional<std::int64_t> parameter_count(const model_config& c) {
+  using i64 = std::int64_t;
+  if (c.hidden_size <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0
+      || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 || c.vocab_size <= 0)
+    return std::nullopt;
+  const i64 h = c.hidden_size;
+  auto kv_dim = checked_mul<i64>(c.num_key_value_heads, c.head_dim());
+  auto hh = checked_mul<i64>(h, h);
+  auto hkv = kv_dim ? checked_mul<i64>(h, *kv_dim) : std::nullopt;
+  auto hi = checked_mul<i64>(h, c.intermediate_size);
+  if (!hh || !hkv || !hi)
+    return std::nullopt;
+  // 2 h^2 (q, o) + 2 h kv_dim (k, v) + 3 h i (gate, up, down) + 2 h (norms).
+  std::optional<i64> per_layer = i64(0);
+  const std::pair<i64, i64> terms[] = {{2, *hh}, {2, *hkv}, {3, *hi}, {2, h}};
+  for (auto [times, term] : terms) {
+    auto product = checked_mul<i64>(times, term);
+    per_layer = product && per_layer ? checked_add<i64>(*per_layer, *product) : std::nullopt;
+  }
+  auto layers = per_layer ? checked_mul<i64>(c.num_hidden_layers, *per_layer) : std::nullopt;
+  auto embed = checked_mul<i64>(c.vocab_size, h);
+  if (!layers || !embed)
+    return std::nullopt;
+  auto total = checked_add<i64>(*layers, *embed);
+  total = total ? checked_add<i64>(*total, h) : std::nullopt;
+  if (total && !c.tie_word_embeddings)
+    total = checked_add<i64>(*total, *embed);
+  return total;
+}
 
 std::vector<std::string> validate(const model_config& c) {
   std::vector<std::string> errs;
-  auto positive = [&](const char* name, std::int64_t v) {
+  // Positive and at most `max`; the message names the bound that was broken.
+  auto bounded = [&](const char* name, std::int64_t v, std::int64_t max) {
     if (v <= 0)
       errs.push_back(std::string(name) + ": must be positive, got " + std::to_string(v));
-    return v > 0;
+    else if (v > max)
+      errs.push_back(std::string(name) + ": must be at most " + std::to_string(max) + ", got "
+                     + std::to_string(v));
+    return v > 0 && v <= max;
   };
-  bool ok = positive("hidden_size", c.hidden_size) & positive("num_attention_heads", c.num_attention_heads)
-            & positive("num_key_value_heads", c.num_key_value_heads);
-  positive("intermediate_size", c.intermediate_size);
-  positive("num_hidden_layers", c.num_hidden_layers);
-  positive("max_position_embeddings", c.max_position_embeddings);
-  if (c.vocab_size < min_vocab_size)
+  bool ok = bounded("hidden_size", c.hidden_size, max_hidden_size)
+            & bounded("num_attention_heads", c.num_attention_heads, max_attention_heads)
+            & bounded("num_key_value_heads", c.num_key_value_heads, max_attention_heads);
+  bool sizes_ok = bounded("intermediate_size", c.intermediate_size, max_intermediate_size);
+  sizes_ok &= bounded("num_hidden_layers", c.num_hidden_layers, max_hidden_layers);
+  bounded("max_position_embeddings", c.max_position_embeddings, max_position_embeddings_limit);
+  if (c.vocab_size < min_vocab_size) {
     errs.push_back("vocab_size: must be at least " + std::to_string(min_vocab_size)
                    + " (256 bytes, BOS, EOS), got " + std::to_string(c.vocab_size));
+    sizes_ok = false;
+  } else if (c.vocab_size > max_vocab_size) {
+    errs.push_back("vocab_size: must be at most " + std::to_string(max_vocab_size) + ", got "
+                   + std::to_string(c.vocab_size));
+    sizes_ok = false;
+  }
   if (!(c.rms_norm_eps > 0))
     errs.push_back("rms_norm_eps: must be positive");
   if (!(c.rope_theta > 0))
@@ -33,6 +78,16 @@ std::vector<std::string> validate(const model_config& c) {
     errs.push_back("num_key_value_heads: must divide num_attention_heads ("
                    + std::to_string(c.num_attention_heads) + "), got "
                    + std::to_string(c.num_key_value_heads));
+  if (!errs.empty() || !sizes_ok)
+    return errs;
+  // Each size is bounded, but together they can still describe more than
+  // any host holds.
+  auto params = parameter_count(c);
+  if (!params || *params > max_parameters)
+    errs.push_back("num_hidden_layers: the model would have "
+                   + (params ? std::to_string(*params) : std::string("more than 2^63"))
+                   + " parameters, more than the limit of " + std::to_string(max_parameters)
+                   + " (2^40)");
   return errs;
 }
 

@@ -2,6 +2,7 @@
 // The shape of a Llama/Qwen-style decoder, as Hugging Face's config.json
 // names it. Shared by topologies, checkpoints and the engine.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,28 @@ constexpr std::int64_t token_bos = 256;
 constexpr std::int64_t token_eos = 257;
 constexpr std::int64_t min_vocab_size = 258;
 
-/// Checks the shape on its own (positive sizes, heads divide hidden, kv heads
-/// divide heads, even head_dim for rotary, vocab >= 258). Returns one message
+/// Upper bounds on a model's shape, from config.json or a topology. They sit
+/// well above today's largest open models (Llama 3 405B: hidden 16384,
+/// intermediate 53248, 126 layers, 128 heads, vocab 128256) and keep every
+/// derived size (elements of a tensor, parameters, bytes) far inside 64 bits.
+constexpr std::int64_t max_vocab_size = std::int64_t(1) << 24;
+constexpr std::int64_t max_hidden_size = std::int64_t(1) << 16;
+constexpr std::int64_t max_intermediate_size = std::int64_t(1) << 20;
+constexpr std::int64_t max_hidden_layers = 1024;
+constexpr std::int64_t max_attention_heads = 1024;
+constexpr std::int64_t max_position_embeddings_limit = std::int64_t(1) << 24;
+/// 2^40 (about 1.1 trillion) parameters.
+constexpr std::int64_t max_parameters = std::int64_t(1) << 40;
+
+/// Parameters of a Llama-style decoder without biases: embeddings, per layer
+/// q/k/v/o, gate/up/down and two norms, the final norm, and the LM head
+/// unless tied. Computed with overflow checks: nullopt when it does not fit
+/// in 64 bits or a size is not positive.
+std::optional<std::int64_t> parameter_count(const model_config& c);
+
+/// Checks the shape on its own (positive sizes within the max_* bounds above,
+/// heads divide hidden, kv heads divide heads, even head_dim for rotary,
+/// vocab >= 258, at most max_parameters parameters). Returns one message
 /// per problem, each starting with the config.json field name, e.g.
 /// "num_key_value_heads: must divide num_attention_heads (8), got 3".
 std::vector<std::string> validate(const model_config& c);

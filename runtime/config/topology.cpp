@@ -6,6 +6,8 @@
 // gives one message, not a cascade.
 #include "runtime/config/topology.hpp"
 
+#include "runtime/base/printable.hpp"
+#include "runtime/base/regular_file.hpp"
 #include "runtime/config/topology_names.hpp"
 #include "runtime/config/yaml_fields.hpp"
 
@@ -25,7 +27,10 @@ using namespace yaml_fields;
 using namespace topology_names;
 namespace fs = std::filesystem;
 
-constexpr std::int64_t max_replicas = 4096;
+using namespace topology_limits;
+
+// A topology is a few kB; this only keeps a wrong file from being read whole.
+constexpr std::size_t max_topology_bytes = 16 << 20;
 
 const char* const secret_message =
   "secrets are never read from the topology; use secret_file or secret_env";
@@ -162,7 +167,7 @@ struct reader {
     if (!r.read(key, v, presence::required))
       return false;
     if (!is_plain_name(v)) {
-      r.error(key, "must be non-empty and use only letters, digits, '.', '_' and '-', got '" + v + "'");
+      r.error(key, "must be non-empty and use only letters, digits, '.', '_' and '-', got '" + printable(v) + "'");
       return false;
     }
     out = v;
@@ -176,7 +181,7 @@ struct reader {
     if (!r.read(key, v, p))
       return false;
     if (nodes_ok && !contains(node_names, v)) {
-      r.error(key, "unknown node '" + v + "' (defined: " + list_names(node_names) + ")");
+      r.error(key, "unknown node '" + printable(v) + "' (defined: " + list_names(node_names) + ")");
       return false;
     }
     out = v;
@@ -288,6 +293,11 @@ void reader::read_nodes(const map_reader& root) {
     root.error("nodes", "must list at least one node");
     return;
   }
+  if (static_cast<std::int64_t>(items->size()) > max_nodes) {
+    root.error("nodes", "must list at most " + std::to_string(max_nodes) + " nodes, got "
+                          + std::to_string(items->size()));
+    return;
+  }
   nodes_ok = true;
   std::map<std::string, std::string> endpoints; // "address:port" -> node name
   for (auto& item : *items) {
@@ -305,7 +315,7 @@ void reader::read_nodes(const map_reader& root) {
       node_names.push_back(n.name);
     }
     if (r.read("address", n.address) && !is_host(n.address))
-      r.error("address", "must be a host name or IP address, got '" + n.address + "'");
+      r.error("address", "must be a host name or IP address, got '" + printable(n.address) + "'");
     std::int64_t port = 0;
     if (r.read("port", port, between(0, 65535)))
       n.port = static_cast<std::uint16_t>(port);
@@ -350,9 +360,9 @@ void reader::read_cluster(const map_reader& root) {
       cl.tls = spec;
   }
   c.read("allow_insecure_network", cl.allow_insecure_network);
-  bool interval = c.read_ms("heartbeat_interval_ms", cl.heartbeat_interval, positive());
-  bool timeout = c.read_ms("heartbeat_timeout_ms", cl.heartbeat_timeout, positive());
-  c.read_ms("connect_deadline_ms", cl.connect_deadline, positive());
+  bool interval = c.read_ms("heartbeat_interval_ms", cl.heartbeat_interval, between(1, max_duration_ms));
+  bool timeout = c.read_ms("heartbeat_timeout_ms", cl.heartbeat_timeout, between(1, max_duration_ms));
+  c.read_ms("connect_deadline_ms", cl.connect_deadline, between(1, max_duration_ms));
   // Checked only when both were read (or defaulted) cleanly.
   if ((interval || !c.has("heartbeat_interval_ms")) && (timeout || !c.has("heartbeat_timeout_ms"))
       && cl.heartbeat_timeout <= cl.heartbeat_interval)
@@ -375,7 +385,7 @@ void reader::read_trainer(const map_reader& root) {
     else if (r.has("dir"))
       r.error("dir", "only used with source: checkpoint_dir");
   }
-  r.read_ms("step_time_ms", tr.step_time, non_negative());
+  r.read_ms("step_time_ms", tr.step_time, between(0, max_duration_ms));
   if (r.read("perturb", tr.perturb) && !(tr.perturb > 0))
     r.error("perturb", "must be positive, got " + format_double(tr.perturb));
   r.read("seed", tr.seed);
@@ -489,7 +499,7 @@ std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& r
     }
     std::int64_t a = std::stoll(first), b = std::stoll(last);
     if (a > b) {
-      rank.error("layers", "range start must not exceed its end, got '" + text + "'");
+      rank.error("layers", "range start must not exceed its end, got '" + printable(text) + "'");
       return std::nullopt;
     }
     if (!in_range(b, rank.mark("layers"), path))
@@ -502,6 +512,13 @@ std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& r
   }
   if (!node.IsSequence()) {
     rank.error("layers", expected + describe(node));
+    return std::nullopt;
+  }
+  // Each layer at most once: a longer list is wrong, and checking repeats
+  // in it would take quadratic time.
+  if (node.size() > static_cast<std::size_t>(max_hidden_layers)) {
+    rank.error("layers", "must list at most " + std::to_string(max_hidden_layers) + " layers, got "
+                           + std::to_string(node.size()));
     return std::nullopt;
   }
   std::size_t i = 0;
@@ -555,14 +572,14 @@ void reader::read_engines(const map_reader& root) {
     std::int64_t replicas = 1;
     // The cap catches typos (replicas: 1000000) before they expand.
     bool counted = r.read("replicas", replicas, between(1, max_replicas)) || !r.has("replicas");
-    if (r.read("tp", e.tp, positive()) && model_ok) {
+    if (r.read("tp", e.tp, between(1, max_tp)) && model_ok) {
       for (auto& problem : validate_tp(t.model.config, e.tp))
         r.error("tp", problem);
     }
-    r.read("max_batch", e.max_batch, positive());
-    r.read("queue_limit", e.queue_limit, positive());
-    r.read("kv_block_tokens", e.kv_block_tokens, positive());
-    r.read("prefix_cache_blocks", e.prefix_cache_blocks, non_negative());
+    r.read("max_batch", e.max_batch, between(1, max_batch_limit));
+    r.read("queue_limit", e.queue_limit, between(1, max_queue_limit));
+    r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
+    r.read("prefix_cache_blocks", e.prefix_cache_blocks, between(0, max_prefix_cache_blocks));
     if (!named || !counted) {
       engines_ok = false;
       continue;
@@ -572,6 +589,12 @@ void reader::read_engines(const map_reader& root) {
       r.error("name", "'" + e.group + "' is reserved (trainer, router and coordinator name those actors)");
       engines_ok = false;
       continue;
+    }
+    if (static_cast<std::int64_t>(t.engines.size()) + replicas > max_replicas) {
+      r.error(r.has("replicas") ? "replicas" : "name",
+              "more than " + std::to_string(max_replicas) + " engine replicas in all");
+      engines_ok = false;
+      break;
     }
     for (std::int64_t i = 0; i < replicas; ++i) {
       e.replica = i;
@@ -597,7 +620,7 @@ void reader::read_router(const map_reader& root) {
   t.router.node = first_node();
   read_node_ref(r, "node", t.router.node);
   r.read_choice("policy", t.router.policy, router_policy_choices);
-  r.read("queue_limit", t.router.queue_limit, positive());
+  r.read("queue_limit", t.router.queue_limit, between(1, max_queue_limit));
 }
 
 void reader::read_coordinator(const map_reader& root) {
@@ -622,7 +645,7 @@ void reader::read_transfer(const map_reader& root) {
                                 "buckets yet; got "
                               + std::to_string(tr.bucket_bytes)
                               + (human_size(tr.bucket_bytes).empty() ? "" : " (" + human_size(tr.bucket_bytes) + ")"));
-  r.read("groups_in_flight", tr.groups_in_flight, positive());
+  r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight));
   if (auto items = r.list("ucx_transports")) {
     for (auto& item : *items) {
       auto v = read_choice(d, item.node, item.node.Mark(), item.path, ucx_transport_choices);
@@ -640,8 +663,8 @@ void reader::read_sync(const map_reader& root) {
   auto r = root.map("sync", {"every_versions", "staleness", "wave_size", "deadlines_ms", "pause",
                              "min_live_engines", "max_restarts"});
   auto& s = t.sync;
-  bool every_ok = r.read("every_versions", s.every_versions, positive()) || !r.has("every_versions");
-  bool staleness_ok = r.read("staleness", s.staleness, non_negative()) || !r.has("staleness");
+  bool every_ok = r.read("every_versions", s.every_versions, between(1, max_version_count)) || !r.has("every_versions");
+  bool staleness_ok = r.read("staleness", s.staleness, between(0, max_version_count)) || !r.has("staleness");
   // Between rounds engines trail the trainer by up to every_versions - 1:
   // a smaller bound would hold every request back until the next round.
   if (every_ok && staleness_ok && s.staleness < s.every_versions - 1)
@@ -650,32 +673,33 @@ void reader::read_sync(const map_reader& root) {
               + std::to_string(s.every_versions - 1) + "): engines sync every "
               + std::to_string(s.every_versions) + " versions, so between rounds they trail the trainer by up to "
               + std::to_string(s.every_versions - 1));
-  r.read("wave_size", s.wave_size, non_negative());
+  r.read("wave_size", s.wave_size, between(0, max_replicas));
   auto pause = r.map("pause", {"mode", "clear_cache"});
   pause.read_choice("mode", s.pause.mode, pause_mode_choices);
   pause.read("clear_cache", s.pause.clear_cache);
   auto dl = r.map("deadlines_ms", {"pause", "flush", "start", "transfer", "finish", "continue"});
-  dl.read_ms("pause", s.deadlines.pause, positive());
-  dl.read_ms("flush", s.deadlines.flush, positive());
-  dl.read_ms("start", s.deadlines.start, positive());
-  dl.read_ms("transfer", s.deadlines.transfer, positive());
-  dl.read_ms("finish", s.deadlines.finish, positive());
-  dl.read_ms("continue", s.deadlines.resume, positive());
+  const auto deadline = between(1, max_duration_ms);
+  dl.read_ms("pause", s.deadlines.pause, deadline);
+  dl.read_ms("flush", s.deadlines.flush, deadline);
+  dl.read_ms("start", s.deadlines.start, deadline);
+  dl.read_ms("transfer", s.deadlines.transfer, deadline);
+  dl.read_ms("finish", s.deadlines.finish, deadline);
+  dl.read_ms("continue", s.deadlines.resume, deadline);
   // A round needing more live engines than exist could never complete.
-  if (r.read("min_live_engines", s.min_live_engines, positive()) && engines_ok
+  if (r.read("min_live_engines", s.min_live_engines, between(1, max_replicas)) && engines_ok
       && s.min_live_engines > static_cast<std::int64_t>(t.engines.size()))
     r.error("min_live_engines", "must not exceed the number of engine replicas ("
                                   + std::to_string(t.engines.size()) + "), got "
                                   + std::to_string(s.min_live_engines));
-  r.read("max_restarts", s.max_restarts, non_negative());
+  r.read("max_restarts", s.max_restarts, between(0, max_restarts_limit));
 }
 
 void reader::read_workload(const map_reader& root) {
   auto r = root.map("workload", {"prompts", "concurrency", "max_tokens", "temperature", "top_p", "seed"});
   auto& w = t.workload;
-  r.read("prompts", w.prompts, non_negative());
-  r.read("concurrency", w.concurrency, positive());
-  r.read("max_tokens", w.max_tokens, positive());
+  r.read("prompts", w.prompts, between(0, max_prompts));
+  r.read("concurrency", w.concurrency, between(1, max_concurrency));
+  r.read("max_tokens", w.max_tokens, between(1, max_tokens));
   if (r.read("temperature", w.temperature) && w.temperature < 0)
     r.error("temperature", "must not be negative, got " + format_double(w.temperature));
   if (r.read("top_p", w.top_p) && !(w.top_p > 0 && w.top_p <= 1))
@@ -688,6 +712,11 @@ void reader::read_drill(const map_reader& root) {
   auto items = drill.list("faults");
   if (!items)
     return;
+  if (static_cast<std::int64_t>(items->size()) > max_faults) {
+    drill.error("faults", "must list at most " + std::to_string(max_faults) + " faults, got "
+                            + std::to_string(items->size()));
+    return;
+  }
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path, {"at_sync", "phase", "at_ms", "action", "target", "duration_ms"},
                  drill.mark("faults"));
@@ -700,11 +729,11 @@ void reader::read_drill(const map_reader& root) {
       r.error("needs at_sync (a sync round, from 1) or at_ms (time since start) to say when it fires");
     } else if (r.has("at_sync")) {
       std::int64_t v = 0;
-      if (r.read("at_sync", v, positive()))
+      if (r.read("at_sync", v, between(1, max_version_count)))
         f.at_sync = v;
     } else {
       milliseconds v{};
-      if (r.read_ms("at_ms", v, non_negative()))
+      if (r.read_ms("at_ms", v, between(0, max_duration_ms)))
         f.at = v;
     }
     if (r.has("phase") && !r.has("at_sync"))
@@ -718,7 +747,7 @@ void reader::read_drill(const map_reader& root) {
       if (action_ok && f.action != fault_action::partition && f.action != fault_action::delay_acks
           && f.action != fault_action::kill)
         r.error("duration_ms", "only used with kill (restart after it), partition or delay_acks");
-      else if (r.read_ms("duration_ms", v, positive()))
+      else if (r.read_ms("duration_ms", v, between(1, max_duration_ms)))
         f.duration = v;
     }
     if (!action_ok || !target_ok || !nodes_ok || !engines_ok)
@@ -765,7 +794,7 @@ void reader::read_drill(const map_reader& root) {
       std::string expected;
       for (std::size_t i = 0; i < wanted.size(); ++i)
         expected += (i == 0 ? "" : i + 1 == wanted.size() ? " or " : ", ") + wanted[i];
-      r.error("target", "unknown target '" + f.target + "' for " + std::string(name_of(action_choices, f.action))
+      r.error("target", "unknown target '" + printable(f.target) + "' for " + std::string(name_of(action_choices, f.action))
                           + " (expected " + expected + ")");
       continue;
     }
@@ -848,15 +877,14 @@ topology parse_topology(const std::string& yaml_text, const std::string& source_
 }
 
 topology load_topology(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw topology_error({path + ": cannot open file"});
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad())
-    throw topology_error({path + ": cannot read file"});
+  std::string text;
+  try {
+    text = read_regular_file(path, max_topology_bytes);
+  } catch (const file_error& e) {
+    throw topology_error({e.what()});
+  }
   auto dir = fs::path(path).parent_path();
-  return parse_topology(text.str(), path, dir.empty() ? "." : dir.string());
+  return parse_topology(text, path, dir.empty() ? "." : dir.string());
 }
 
 } // namespace rlsync

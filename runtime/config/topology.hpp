@@ -57,6 +57,28 @@ struct node_spec {
   std::uint16_t port = 0; // CAF middleman port; 0 = ephemeral
 };
 
+namespace topology_limits {
+// Upper bounds on every count and duration a topology sets: far above any
+// real deployment, low enough that nothing derived from them (expanded
+// replicas, queue memory, deadline arithmetic on steady_clock) can overflow
+// or hang. README.md lists them under "Limits".
+inline constexpr std::int64_t max_replicas = 4096;     // per engine entry, and engines in all
+inline constexpr std::int64_t max_nodes = 4096;
+inline constexpr std::int64_t max_tp = 1024;
+inline constexpr std::int64_t max_batch_limit = 65536;
+inline constexpr std::int64_t max_queue_limit = 1 << 20;
+inline constexpr std::int64_t max_kv_block_tokens = 65536;
+inline constexpr std::int64_t max_prefix_cache_blocks = 1 << 24;
+inline constexpr std::int64_t max_groups_in_flight = 1024;
+inline constexpr std::int64_t max_version_count = 1 << 20; // every_versions, staleness, at_sync
+inline constexpr std::int64_t max_restarts_limit = 1000;
+inline constexpr std::int64_t max_prompts = 1 << 24;
+inline constexpr std::int64_t max_concurrency = 65536;
+inline constexpr std::int64_t max_tokens = 1 << 20;
+inline constexpr std::int64_t max_faults = 1024;
+inline constexpr std::int64_t max_duration_ms = 24 * 3600 * 1000; // one day: deadlines, intervals, delays
+} // namespace topology_limits
+
 /// PEM files for mutual TLS between nodes. `cert` and `key` may contain
 /// `{node}`, replaced by a node's name (see for_node), so one topology
 /// serves every node; the CA is the cluster's, shared by all.
@@ -105,6 +127,9 @@ struct trainer_spec {
   /// Exactly one once loaded, on `node`, holding every layer: validation
   /// refuses more ranks until they are built (issue #13).
   std::vector<trainer_rank> ranks;
+  /// Publish weights holding NaN or infinity instead of refusing the step.
+  /// Never read from the file: set by --allow-nonfinite on the command line.
+  bool allow_nonfinite = false;
 };
 
 /// One engine replica. A YAML entry with `replicas: n` becomes n of these.

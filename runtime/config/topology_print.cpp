@@ -12,22 +12,6 @@ namespace rlsync {
 
 using namespace topology_names;
 
-namespace {
-
-// Parameters of a Llama-style decoder without biases: embeddings, per layer
-// q/k/v/o, gate/up/down and two norms, the final norm, and the LM head unless
-// it is tied to the embeddings.
-std::int64_t parameter_count(const model_config& c) {
-  std::int64_t kv_dim = c.num_key_value_heads * c.head_dim();
-  std::int64_t per_layer = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * kv_dim
-                           + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size;
-  std::int64_t embed = c.vocab_size * c.hidden_size;
-  return embed + c.num_hidden_layers * per_layer + c.hidden_size
-         + (c.tie_word_embeddings ? 0 : embed);
-}
-
-} // namespace
-
 std::string to_yaml(const topology& t) {
   YAML::Emitter out;
   auto ms = [](milliseconds v) { return static_cast<long long>(v.count()); };
@@ -58,7 +42,8 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "rope_theta" << YAML::Value << format_double(c.rope_theta);
   out << YAML::Key << "rms_norm_eps" << YAML::Value << format_double(c.rms_norm_eps);
   out << YAML::Key << "tie_word_embeddings" << YAML::Value << c.tie_word_embeddings;
-  std::int64_t params = parameter_count(c);
+  // A topology that loaded passed validate(), which bounds the count.
+  std::int64_t params = parameter_count(c).value_or(0);
   out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment("Llama layout, no biases");
   if (t.model.weights_dtype) {
     std::int64_t bytes = params * static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype));

@@ -1,5 +1,7 @@
 #include "runtime/config/yaml_fields.hpp"
 
+#include "runtime/base/printable.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -45,7 +47,7 @@ std::string describe(const YAML::Node& node) {
   case YAML::NodeType::Sequence:
     return "a list";
   case YAML::NodeType::Scalar:
-    return "'" + node.Scalar() + "'";
+    return "'" + printable(node.Scalar()) + "'";
   default:
     return "nothing";
   }
@@ -81,7 +83,9 @@ std::string range_message(const int_range& r, std::int64_t v) {
   constexpr auto lo = std::numeric_limits<std::int64_t>::min();
   constexpr auto hi = std::numeric_limits<std::int64_t>::max();
   std::string got = ", got " + std::to_string(v);
-  if (r.max == hi) {
+  // Below the least value: say what the lower bound is, as for an unbounded
+  // range ("must be positive, got 0"); above the greatest: name the range.
+  if (r.max == hi || v < r.min) {
     if (r.min == 1)
       return "must be positive" + got;
     if (r.min == 0)
@@ -214,7 +218,7 @@ std::optional<std::int64_t> read_size(diagnostics& d, const YAML::Node& n, const
       return std::nullopt;
     return bytes;
   }
-  return bad("unknown size unit '" + unit + "' in " + describe(n) + " (use " + size_units_help + ")");
+  return bad("unknown size unit '" + printable(unit) + "' in " + describe(n) + " (use " + size_units_help + ")");
 }
 
 std::optional<double> read_double(diagnostics& d, const YAML::Node& n, const YAML::Mark& at,
@@ -266,7 +270,8 @@ map_reader::map_reader(diagnostics& d, const YAML::Node& node, std::string path,
       continue;
     }
     const std::string& name = key.Scalar();
-    std::string key_path = join_path(path_, name);
+    // The path is echoed in messages: a key from the file is escaped there.
+    std::string key_path = join_path(path_, printable(name));
     auto forbid = std::find_if(forbidden.begin(), forbidden.end(),
                                [&](auto& f) { return f.first == name; });
     if (forbid != forbidden.end()) {

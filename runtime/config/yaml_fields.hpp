@@ -3,6 +3,8 @@
 // declared, every value is type-checked, and every problem is recorded with
 // its file, 1-based line and column, and field path ("engines[1].tp"), so that
 // one pass reports all of them. Used by the topology reader.
+#include "runtime/base/printable.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
@@ -101,7 +103,7 @@ std::optional<E> read_choice(diagnostics& d, const YAML::Node& n, const YAML::Ma
       return value;
     names += (names.empty() ? "" : ", ") + std::string(name);
   }
-  d.add(at, path, "must be one of " + names + ", got '" + *text + "'");
+  d.add(at, path, "must be one of " + names + ", got '" + printable(*text) + "'");
   return std::nullopt;
 }
 

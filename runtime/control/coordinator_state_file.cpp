@@ -1,8 +1,10 @@
 #include "runtime/control/coordinator_state_file.hpp"
 
+#include "runtime/base/regular_file.hpp"
 #include "runtime/config/yaml_fields.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -171,37 +173,17 @@ persisted_coordinator parse_state(const std::string& text, const std::string& fi
   return s;
 }
 
-// The whole file; nullopt when it does not exist.
+// The whole file; nullopt when it does not exist. A FIFO or device in its
+// place is refused rather than read.
 std::optional<std::string> read_whole_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT)
-      return std::nullopt;
-    throw std::runtime_error(path + ": cannot open coordinator state: " + errno_text(err));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT)
+    return std::nullopt;
+  try {
+    return read_regular_file(path, state_file_bytes_max, "coordinator state");
+  } catch (const file_error& e) {
+    throw std::runtime_error(e.what());
   }
-  std::string text;
-  char buffer[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      throw std::runtime_error(path + ": cannot read coordinator state: " + errno_text(err));
-    }
-    if (n == 0)
-      break;
-    text.append(buffer, static_cast<std::size_t>(n));
-    if (text.size() > state_file_bytes_max) {
-      ::close(fd);
-      throw std::runtime_error(path + ": larger than " + std::to_string(state_file_bytes_max >> 20)
-                               + " MiB, not a coordinator state file");
-    }
-  }
-  ::close(fd);
-  return text;
 }
 
 std::vector<const persisted_member*> sorted_members(const persisted_coordinator& s) {

@@ -9,6 +9,7 @@
 #include "runtime/engine/weight_view.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace rlsync::engine {
@@ -251,7 +252,14 @@ std::size_t engine_core::step() {
     r.kv_version = std::min(r.kv_version, out.version);
     if (!samples[i])
       continue;
-    auto token = sample(out.last(i), config().vocab_size, r.req.sampling, r.generated());
+    const float* logits = out.last(i);
+    if (!std::all_of(logits, logits + config().vocab_size, [](float x) { return std::isfinite(x); })) {
+      // Sampling from NaN picks an arbitrary token: end the request as an error instead.
+      ++nonfinite_logits_;
+      finish(r, finish_reason::failed);
+      continue;
+    }
+    auto token = sample(logits, config().vocab_size, r.req.sampling, r.generated());
     emit(r, token, out.version, stale);
     ++produced;
     if (token == token_eos && r.req.sampling.stop_at_eos)

@@ -172,6 +172,9 @@ public:
   // -- status ---------------------------------------------------------------------
 
   engine_status status() const;
+  /// Requests ended `failed` because their logits held NaN or infinity
+  /// (broken weights): never sampled from, never reported as a success.
+  std::uint64_t nonfinite_logits() const { return nonfinite_logits_; }
   /// checksum64 of every parameter shard served now, as "worker/param" → checksum
   /// (fp32 bytes): compare an engine against weights loaded elsewhere.
   std::map<std::string, std::uint64_t> weight_checksums() const;
@@ -225,6 +228,7 @@ private:
 
   std::unique_ptr<prefix_cache> cache_;
   std::uint64_t tokens_generated_ = 0;
+  std::uint64_t nonfinite_logits_ = 0;
   std::uint64_t dirty_tokens_ = 0; ///< emitted while dirty: must stay 0 (a drill invariant)
 };
 

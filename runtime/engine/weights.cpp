@@ -1,5 +1,7 @@
 #include "runtime/engine/weights.hpp"
 
+#include "runtime/base/allocation.hpp"
+
 #include <stdexcept>
 
 namespace rlsync::engine {
@@ -77,11 +79,15 @@ std::uint64_t worker_weights::bytes() const {
 }
 
 std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp) {
-  auto set = std::make_shared<weight_set>();
-  set->workers.reserve(static_cast<std::size_t>(tp));
-  for (int w = 0; w < tp; ++w)
-    set->workers.emplace_back(shard_spec::make(c, tp, w));
-  return set;
+  // fp32, every worker's shard (replicated kv heads aside).
+  const std::uint64_t bytes = static_cast<std::uint64_t>(parameter_count(c).value_or(0)) * sizeof(float);
+  return allocating("the engine's fp32 weights (" + std::to_string(tp) + " workers)", bytes, [&] {
+    auto set = std::make_shared<weight_set>();
+    set->workers.reserve(static_cast<std::size_t>(tp));
+    for (int w = 0; w < tp; ++w)
+      set->workers.emplace_back(shard_spec::make(c, tp, w));
+    return set;
+  });
 }
 
 } // namespace rlsync::engine

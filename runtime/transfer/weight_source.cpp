@@ -1,12 +1,15 @@
 #include "runtime/transfer/weight_source.hpp"
 
+#include "runtime/base/allocation.hpp"
 #include "runtime/base/parallel.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/plan/groups.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <stdexcept>
@@ -64,7 +67,42 @@ std::string join_lines(const std::vector<std::string>& v) {
   return s;
 }
 
+// The first tensor of `tensors` holding NaN or infinity, as a message; "".
+template <class Tensors>
+std::string first_nonfinite(const Tensors& tensors) {
+  for (const auto& t : tensors)
+    if (auto problem = nonfinite_problem(t); !problem.empty())
+      return problem + " (--allow-nonfinite publishes it anyway)";
+  return "";
+}
+
 } // namespace
+
+std::string nonfinite_problem(const tensor_view& t) {
+  // By the bits: an all-ones exponent is infinity (zero mantissa) or NaN.
+  const std::size_t n = dtype_size(t.type) == 0 ? 0 : t.size / dtype_size(t.type);
+  auto report = [&](std::size_t i, bool nan) {
+    return "tensor '" + printable(t.name) + "' element " + std::to_string(i) + " is "
+           + (nan ? "NaN" : "infinite");
+  };
+  if (t.type == dtype::f32) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t bits;
+      std::memcpy(&bits, t.data + 4 * i, 4);
+      if ((bits & 0x7f800000u) == 0x7f800000u)
+        return report(i, (bits & 0x007fffffu) != 0);
+    }
+    return "";
+  }
+  const std::uint16_t exponent = t.type == dtype::bf16 ? 0x7f80 : 0x7c00;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, t.data + 2 * i, 2);
+    if ((bits & exponent) == exponent)
+      return report(i, (bits & static_cast<std::uint16_t>(~exponent & 0x7fff)) != 0);
+  }
+  return "";
+}
 
 // -- weight_snapshot ------------------------------------------------------------------
 
@@ -246,6 +284,13 @@ synthetic_source::synthetic_source(synthetic_options o)
       throw checkpoint_error(options_.initial_checkpoint + "/" + config_file_name + ": " + join_lines(d));
     if (ck.tensors().empty())
       throw checkpoint_error(options_.initial_checkpoint + ": no tensors");
+    if (!options_.allow_nonfinite) {
+      std::vector<tensor_view> views;
+      for (const auto& e : ck.tensors())
+        views.push_back(*e.tensor);
+      if (auto problem = first_nonfinite(views); !problem.empty())
+        throw checkpoint_error(options_.initial_checkpoint + ": " + problem);
+    }
     options_.type = ck.tensors().front().tensor->type;
   }
   for (auto& s : llama_parameter_specs(config(), options_.type))
@@ -267,7 +312,8 @@ snapshot_ptr synthetic_source::make_initial() const {
     offsets.push_back(total);
     total += s.bytes();
   }
-  std::vector<std::uint8_t> storage(static_cast<std::size_t>(total));
+  auto storage = allocating("the trainer's weights, version 1", total,
+                            [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
   if (!options_.initial_checkpoint.empty()) {
     auto ck = checkpoint::open(options_.initial_checkpoint);
     for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -304,7 +350,8 @@ snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
     offsets.push_back(total);
     total += t.size;
   }
-  std::vector<std::uint8_t> storage(static_cast<std::size_t>(total));
+  auto storage = allocating("the trainer's weights, version " + std::to_string(from.version() + 1), total,
+                            [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
   const std::uint64_t seed = options_.trainer_seed + from.version();
   // The same arithmetic as perturb_checkpoint: old + scale * noise in f32,
   // rounded to the tensor's dtype.
@@ -335,17 +382,45 @@ std::string step_dir_name(std::uint64_t step) {
   return "step-" + digits;
 }
 
-std::optional<std::uint64_t> parse_step_dir_name(const std::string& name) {
+namespace {
+
+enum class step_name { other, in_range, out_of_range };
+
+// "step-<digits>": its step, checked against the version range with no
+// overflow however many digits there are.
+step_name classify_step_dir_name(const std::string& name, std::uint64_t& step) {
   static const std::string prefix = "step-";
-  if (name.size() <= prefix.size() || name.size() > prefix.size() + 19 || name.compare(0, prefix.size(), prefix) != 0)
-    return std::nullopt;
-  std::uint64_t step = 0;
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0)
+    return step_name::other;
+  step = 0;
+  bool too_large = false;
   for (std::size_t i = prefix.size(); i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9')
-      return std::nullopt;
-    step = step * 10 + static_cast<std::uint64_t>(name[i] - '0');
+      return step_name::other;
+    const auto digit = static_cast<std::uint64_t>(name[i] - '0');
+    if (step > (max_step_version - digit) / 10)
+      too_large = true;
+    else
+      step = step * 10 + digit;
   }
+  return too_large || step == 0 ? step_name::out_of_range : step_name::in_range;
+}
+
+} // namespace
+
+std::optional<std::uint64_t> parse_step_dir_name(const std::string& name) {
+  std::uint64_t step = 0;
+  if (classify_step_dir_name(name, step) != step_name::in_range)
+    return std::nullopt;
   return step;
+}
+
+std::string step_name_problem(const std::string& name) {
+  std::uint64_t step = 0;
+  if (classify_step_dir_name(name, step) != step_name::out_of_range)
+    return "";
+  return "step directory '" + printable(name) + "' is outside the version range: steps run from 1 to "
+         + std::to_string(max_step_version) + " (2^62); it is skipped";
 }
 
 void mark_step_complete(const std::string& step_dir) {
@@ -392,21 +467,72 @@ std::vector<tensor_spec> checkpoint_dir_source::parameters() const {
 snapshot_ptr checkpoint_dir_source::poll() {
   auto current = latest();
   const std::uint64_t after = current ? current->version() : 0;
+  const auto now = std::chrono::steady_clock::now();
   std::optional<std::uint64_t> newest;
   std::string path; // of the newest
+  // Said once per name: they are marked reported only when thrown.
+  std::vector<std::string> notes, noted_names;
+  std::set<std::uint64_t> complete; // this scan's complete steps
   std::error_code ec;
   for (fs::directory_iterator it(options_.dir, ec), end; !ec && it != end; it.increment(ec)) {
-    auto step = parse_step_dir_name(it->path().filename().string());
-    if (!step || *step <= after || rejected_.count(*step) || (newest && *step <= *newest))
+    const std::string name = it->path().filename().string();
+    auto step = parse_step_dir_name(name);
+    if (!step) {
+      if (auto problem = step_name_problem(name); !problem.empty() && !reported_names_.count(name)) {
+        notes.push_back(problem);
+        noted_names.push_back(name);
+      }
       continue;
-    std::error_code ec2;
-    if (it->is_directory(ec2) && fs::is_regular_file(it->path() / step_complete_marker, ec2)) {
-      newest = step;
-      path = it->path().string();
     }
+    std::error_code ec2;
+    if (!it->is_directory(ec2) || !fs::is_regular_file(it->path() / step_complete_marker, ec2))
+      continue;
+    complete.insert(*step);
+    if (*step <= after) {
+      // Completed only after a newer version was published (a step seen
+      // complete before was merely superseded): versions only move forward.
+      if (*step < after && !complete_last_scan_.count(*step) && !reported_names_.count(name)) {
+        notes.push_back("step directory '" + printable(name) + "' appeared out of order, after version "
+                        + std::to_string(after) + " was published; it is skipped");
+        noted_names.push_back(name);
+      }
+      continue;
+    }
+    if (rejected_.count(*step) || (newest && *step <= *newest))
+      continue;
+    if (auto r = retrying_.find(*step); r != retrying_.end() && now < r->second.next_try)
+      continue;
+    newest = step;
+    path = it->path().string();
   }
-  if (!newest)
+  complete_last_scan_ = std::move(complete);
+  auto mark_noted = [&] { reported_names_.insert(noted_names.begin(), noted_names.end()); };
+  if (!newest) {
+    if (!notes.empty()) {
+      mark_noted();
+      throw checkpoint_error(options_.dir + ": " + join_lines(notes));
+    }
     return nullptr; // nothing new, or no directory yet
+  }
+  // A failure of this step is retried with backoff until retry_for has passed.
+  auto failed = [&] {
+    auto [it, fresh] = retrying_.try_emplace(*newest);
+    auto& f = it->second;
+    if (fresh) {
+      f.first_failure = now;
+      f.backoff = options_.retry_initial;
+    } else {
+      f.backoff = std::min(options_.retry_max, f.backoff * 2);
+    }
+    f.next_try = now + f.backoff;
+    if (now - f.first_failure >= options_.retry_for) {
+      rejected_.insert(*newest);
+      retrying_.erase(it);
+      return std::string(" (failing for ") + std::to_string(options_.retry_for.count())
+             + " ms: skipped for good)";
+    }
+    return " (retrying in " + std::to_string(f.backoff.count()) + " ms)";
+  };
   try {
     checkpoint ck = checkpoint::open(path);
     if (auto d = config_differences(config(), ck.config()); !d.empty())
@@ -429,19 +555,23 @@ snapshot_ptr checkpoint_dir_source::poll() {
     if (!problems.empty())
       throw checkpoint_error(path + ": " + join_lines(problems));
     auto snapshot = weight_snapshot::from_checkpoint(*newest, std::move(ck), held_groups());
+    if (!options_.allow_nonfinite)
+      if (auto problem = first_nonfinite(snapshot->tensors()); !problem.empty())
+        throw checkpoint_error(path + ": " + problem);
+    retrying_.erase(*newest);
     {
       std::lock_guard<std::mutex> lock(type_mutex_);
       seen_type_ = type;
     }
     publish(snapshot);
     return snapshot;
-  } catch (const checkpoint_error&) {
-    rejected_.insert(*newest);
-    throw;
+  } catch (const checkpoint_error& e) {
+    notes.insert(notes.begin(), e.what() + failed());
   } catch (const std::exception& e) {
-    rejected_.insert(*newest);
-    throw checkpoint_error(path + ": " + e.what());
+    notes.insert(notes.begin(), path + ": " + e.what() + failed());
   }
+  mark_noted();
+  throw checkpoint_error(join_lines(notes));
 }
 
 // -- from a topology -------------------------------------------------------------------
@@ -460,6 +590,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
     o.dir = tr.dir;
     o.type = t.model.weights_dtype;
     o.held_layers = held;
+    o.allow_nonfinite = tr.allow_nonfinite;
     return std::make_shared<checkpoint_dir_source>(std::move(o));
   }
   synthetic_options o;
@@ -470,6 +601,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   o.trainer_seed = tr.seed;
   o.perturb = tr.perturb;
   o.held_layers = held;
+  o.allow_nonfinite = tr.allow_nonfinite;
   return std::make_shared<synthetic_source>(std::move(o));
 }
 

@@ -21,12 +21,22 @@
 //                          A step is complete once its COMPLETE marker exists
 //                          (any contents); a writer writes and closes every
 //                          other file first, then the marker, so a reader
-//                          never maps a half-written step. The version is the
-//                          step number (steps start at 1).
+//                          never reads a half-written step. The version is the
+//                          step number (steps start at 1, at most
+//                          max_step_version). Each step is read into memory
+//                          the source owns, never mapped, so a step directory
+//                          changed under it is a refused step, not a crash.
+//                          A step that fails to load is retried with backoff
+//                          for a bounded time (its files may still be
+//                          arriving), then skipped for good.
+//
+// Both refuse to publish a version holding NaN or infinity unless told to
+// allow it (--allow-nonfinite).
 #include "runtime/base/dtype.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/config/model_config.hpp"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -54,7 +64,7 @@ public:
   static std::shared_ptr<const weight_snapshot> from_bytes(std::uint64_t version, const model_config& c,
                                                            std::vector<tensor_spec> specs,
                                                            std::vector<std::uint8_t> storage);
-  /// Views into a mapped checkpoint (kept alive by the snapshot), restricted
+  /// Views into a checkpoint read into memory (kept alive by the snapshot), restricted
   /// to the tensors of `held_groups`.
   static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
                                                                 const std::vector<std::uint32_t>& held_groups);
@@ -158,6 +168,7 @@ struct synthetic_options {
   /// Pipeline layers this rank holds; nullopt holds every layer.
   std::optional<std::vector<std::int64_t>> held_layers;
   std::size_t keep_versions = 2;
+  bool allow_nonfinite = false; ///< for an initial checkpoint holding NaN or infinity
   unsigned threads = 0; ///< generating threads; 0: min(hardware threads, 8)
 };
 
@@ -183,10 +194,23 @@ private:
 
 inline constexpr const char* step_complete_marker = "COMPLETE";
 
+/// The largest step a directory name may carry: versions are added to
+/// (staleness, every_versions) and compared across the cluster, so they stay
+/// far below 2^64.
+inline constexpr std::uint64_t max_step_version = std::uint64_t(1) << 62;
+
+/// "" when every element of `t` is finite, else a message naming the tensor
+/// and the first NaN or infinity in it ("tensor 'x' element 12 is NaN").
+std::string nonfinite_problem(const tensor_view& t);
+
 /// "step-000042" (six digits at least).
 std::string step_dir_name(std::uint64_t step);
-/// The step of a directory called "step-<digits>"; nullopt for other names.
+/// The step of a directory called "step-<digits>"; nullopt for other names
+/// and for steps beyond max_step_version (see step_name_problem).
 std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
+/// For a name "step-<digits>" whose step is 0 or beyond max_step_version,
+/// why it is refused; "" for every other name.
+std::string step_name_problem(const std::string& name);
 /// Writer side: publishes `step_dir` by writing its COMPLETE marker (and
 /// syncing it). Call once every other file of the step is written and closed.
 void mark_step_complete(const std::string& step_dir);
@@ -198,6 +222,12 @@ struct checkpoint_dir_options {
   std::optional<dtype> type;
   std::optional<std::vector<std::int64_t>> held_layers;
   std::size_t keep_versions = 2;
+  /// A step that fails to load is retried after retry_initial, doubling up
+  /// to retry_max, until retry_for has passed since its first failure.
+  std::chrono::milliseconds retry_initial{100};
+  std::chrono::milliseconds retry_max{5000};
+  std::chrono::milliseconds retry_for{60000};
+  bool allow_nonfinite = false;
 };
 
 /// Watches a directory for published steps (see the top of this file).
@@ -209,16 +239,27 @@ public:
   /// in the expected dtype (bf16 when not known yet).
   std::vector<tensor_spec> parameters() const override;
   snapshot_ptr advance() override { return poll(); }
-  /// Maps the newest complete step newer than the latest version and
+  /// Reads the newest complete step newer than the latest version and
   /// publishes it; nullptr when there is none (incomplete steps are
-  /// ignored). A step that does not fit the model throws checkpoint_error
-  /// naming the file at fault (its config.json, for a model that disagrees)
-  /// and is skipped by later polls.
+  /// ignored). A step that does not fit the model (or holds NaN or infinity)
+  /// throws checkpoint_error naming the file at fault (its config.json, for
+  /// a model that disagrees); later polls retry it with backoff until
+  /// retry_for has passed, then skip it for good. A directory named beyond
+  /// the version range, and a complete step older than the latest version
+  /// (out of order), throw checkpoint_error once each and are skipped.
   snapshot_ptr poll();
 
 private:
+  struct failed_step {
+    std::chrono::steady_clock::time_point first_failure, next_try;
+    std::chrono::milliseconds backoff{0};
+  };
+
   checkpoint_dir_options options_;
-  std::set<std::uint64_t> rejected_;
+  std::set<std::uint64_t> rejected_;              // skipped for good
+  std::unordered_map<std::uint64_t, failed_step> retrying_;
+  std::set<std::string> reported_names_;          // said once: out of range or out of order
+  std::set<std::uint64_t> complete_last_scan_;    // to tell a superseded step from a late one
   mutable std::mutex type_mutex_;
   std::optional<dtype> seen_type_;
 };

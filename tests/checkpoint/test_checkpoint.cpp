@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 using namespace rlsync;
 using rlsync::test::scratch_dir;
 namespace fs = std::filesystem;
@@ -378,4 +381,103 @@ TEST_CASE("checkpoint::open cross-checks shards against the index") {
   CHECK(error_of([&] { checkpoint::open(dir / "nothing"); })
             .find("no model.safetensors or model.safetensors.index.json")
         != std::string::npos);
+}
+
+TEST_CASE("hostile checkpoints: each is refused with its own message, never a crash or a hang") {
+  scratch_dir dir;
+  const auto c = tiny_config();
+  // A valid checkpoint, then one file replaced by something hostile.
+  auto setup = [&](const std::string& name) {
+    std::string d = dir / name;
+    make_synthetic_checkpoint(d, c, dtype::bf16, 1);
+    return d;
+  };
+  auto replace = [](const std::string& path, const std::function<void(const std::string&)>& make) {
+    fs::remove(path);
+    make(path);
+  };
+  auto fifo = [](const std::string& p) { REQUIRE(::mkfifo(p.c_str(), 0600) == 0); };
+  auto text = [](std::string content) { return [content](const std::string& p) { write_file(p, content); }; };
+  auto nested = [](std::size_t depth) {
+    return std::string(depth, '[') + std::string(depth, ']');
+  };
+  // tiny_config()'s config.json with one field's value replaced.
+  auto config_with = [](const std::string& field, const std::string& value) {
+    std::map<std::string, std::string> fields = {
+      {"vocab_size", "300"},         {"hidden_size", "64"},         {"intermediate_size", "128"},
+      {"num_hidden_layers", "2"},    {"num_attention_heads", "4"},  {"num_key_value_heads", "2"}};
+    fields[field] = value;
+    std::string json;
+    for (auto& [k, v] : fields)
+      json += (json.empty() ? "{\"" : ", \"") + k + "\": " + v;
+    return json + "}";
+  };
+  struct row {
+    const char* what;
+    const char* file; // replaced in a fresh valid checkpoint
+    std::function<void(const std::string&)> make;
+    std::string expected;
+  };
+  const std::vector<row> rows = {
+    {"config.json nested 100,000 deep (overflowed the stack)", "config.json",
+     text("{\"a\": " + nested(100000) + "}"), "JSON nested deeper than 32 levels"},
+    {"config.json is a FIFO (hung forever)", "config.json", fifo,
+     "config.json: config.json: is a FIFO, not a regular file"},
+    {"config.json is a directory", "config.json", [](const std::string& p) { fs::create_directory(p); },
+     "config.json: config.json: is a directory, not a regular file"},
+    {"config.json larger than 16 MiB", "config.json", text(std::string((16 << 20) + 1, ' ')),
+     "larger than the limit of 16777216 bytes"},
+    {"intermediate_size that wraps the parameter count", "config.json",
+     text(config_with("intermediate_size", "9223372036854775800")),
+     "intermediate_size: must be at most 1048576, got 9223372036854775800"},
+    {"vocab_size INT64_MAX", "config.json", text(config_with("vocab_size", "9223372036854775807")),
+     "vocab_size: must be at most 16777216, got 9223372036854775807"},
+    {"num_hidden_layers 100000000", "config.json", text(config_with("num_hidden_layers", "100000000")),
+     "num_hidden_layers: must be at most 1024, got 100000000"},
+    {"a size beyond int64", "config.json", text(config_with("hidden_size", "18446744073709551615")),
+     "hidden_size: 18446744073709551615 is too large"},
+    {"model.safetensors is a FIFO", "model.safetensors", fifo,
+     "model.safetensors: is a FIFO, not a regular file"},
+    {"model.safetensors is a directory", "model.safetensors", [](const std::string& p) { fs::create_directory(p); },
+     "model.safetensors: is a directory, not a regular file"},
+    {"model.safetensors is empty", "model.safetensors", text(""), "model.safetensors"},
+  };
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    CAPTURE(r.what);
+    std::string d = setup("c" + std::to_string(i));
+    replace(d + "/" + r.file, r.make);
+    std::string error = error_of([&] { checkpoint::open(d); });
+    CAPTURE(error);
+    CHECK(error.find(r.expected) != std::string::npos);
+  }
+
+  // A sharded checkpoint whose index is a FIFO or nested too deep.
+  const auto sharded = [&](const std::string& name) {
+    std::string d = dir / name;
+    make_synthetic_checkpoint(d, c, dtype::bf16, 1, /*shard_bytes*/ 16 << 10);
+    REQUIRE(fs::exists(d + "/model.safetensors.index.json"));
+    return d;
+  };
+  std::string index_fifo = sharded("index_fifo");
+  replace(index_fifo + "/model.safetensors.index.json", fifo);
+  CHECK(error_of([&] { checkpoint::open(index_fifo); }).find("is a FIFO, not a regular file") != std::string::npos);
+  std::string index_deep = sharded("index_deep");
+  replace(index_deep + "/model.safetensors.index.json", text("{\"weight_map\": " + nested(100000) + "}"));
+  CHECK(error_of([&] { checkpoint::open(index_deep); }).find("nested deeper") != std::string::npos);
+}
+
+TEST_CASE("an open checkpoint owns its bytes: truncating or rewriting its files cannot hurt it") {
+  // Mapped files ended the process with SIGBUS when a writer truncated them in place.
+  scratch_dir dir;
+  std::string d = dir / "ck";
+  make_synthetic_checkpoint(d, tiny_config(), dtype::bf16, 5);
+  auto before = checksums(d);
+  auto ck = checkpoint::open(d);
+  ::truncate((d + "/model.safetensors").c_str(), 0);
+  std::map<std::string, std::uint64_t> after;
+  for (const auto& e : ck.tensors())
+    after[e.tensor->name] = checksum64(e.tensor->data, e.tensor->size);
+  CHECK(after == before);
+  CHECK_FALSE(error_of([&] { checkpoint::open(d); }).empty()); // the truncated file is refused
 }

@@ -375,7 +375,7 @@ TEST_CASE("every file in tests/data/bad_safetensors is rejected with the right m
     // Rejected, with the path first and a reason after it.
     REQUIRE(message.size() > path.size() + 2);
     CHECK(message.compare(0, path.size() + 2, path + ": ") == 0);
-    // The in-memory parser agrees with the mapped reader.
+    // The in-memory parser agrees with the file reader.
     std::string bytes = read_file(path);
     CHECK(parse_error(bytes) == "mem" + message.substr(path.size()));
     if (auto it = expected.find(stem); it != expected.end()) {

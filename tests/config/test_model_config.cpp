@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -56,6 +57,26 @@ TEST_CASE("model shape validation: one row per rule") {
      "num_key_value_heads: must divide num_attention_heads (8), got 3"},
     {"zero eps", [](model_config& c) { c.rms_norm_eps = 0; }, "rms_norm_eps"},
     {"zero theta", [](model_config& c) { c.rope_theta = 0; }, "rope_theta"},
+    {"intermediate that wrapped the parameter count", [](model_config& c) { c.intermediate_size = 9223372036854775800; },
+     "intermediate_size: must be at most 1048576, got 9223372036854775800"},
+    {"vocab INT64_MAX", [](model_config& c) { c.vocab_size = INT64_MAX; },
+     "vocab_size: must be at most 16777216, got 9223372036854775807"},
+    {"layers 100000000", [](model_config& c) { c.num_hidden_layers = 100000000; },
+     "num_hidden_layers: must be at most 1024, got 100000000"},
+    {"hidden too large", [](model_config& c) { c.hidden_size = 1 << 20; }, "hidden_size: must be at most 65536"},
+    {"heads too many", [](model_config& c) { c.num_attention_heads = 2048; },
+     "num_attention_heads: must be at most 1024"},
+    {"positions too many", [](model_config& c) { c.max_position_embeddings = INT64_MAX; },
+     "max_position_embeddings: must be at most 16777216"},
+    {"each size in range, too many parameters",
+     [](model_config& c) {
+       c.hidden_size = 65536;
+       c.num_attention_heads = 512;
+       c.num_key_value_heads = 512;
+       c.intermediate_size = 1 << 20;
+       c.num_hidden_layers = 1024;
+     },
+     "more than the limit of 1099511627776 (2^40)"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
@@ -63,6 +84,22 @@ TEST_CASE("model shape validation: one row per rule") {
     r.mutate(c);
     CHECK(mentions(validate(c), r.expect));
   }
+}
+
+TEST_CASE("parameter_count: exact for the Llama layout, nullopt on overflow or a bad shape") {
+  auto c = small(); // h 64, i 128, 2 layers, 8 heads, 2 kv heads (kv_dim 16), vocab 320, untied
+  const std::int64_t per_layer = 2 * 64 * 64 + 2 * 64 * 16 + 3 * 64 * 128 + 2 * 64;
+  CHECK(parameter_count(c) == 2 * per_layer + 64 + 2 * 320 * 64);
+  c.tie_word_embeddings = true;
+  CHECK(parameter_count(c) == 2 * per_layer + 64 + 320 * 64);
+  c.intermediate_size = 9223372036854775800;
+  CHECK_FALSE(parameter_count(c));
+  c = small();
+  c.vocab_size = INT64_MAX;
+  CHECK_FALSE(parameter_count(c));
+  c = small();
+  c.num_hidden_layers = 0;
+  CHECK_FALSE(parameter_count(c));
 }
 
 TEST_CASE("tensor parallelism: tp must split heads and intermediate, kv split or replicated") {
@@ -135,7 +172,7 @@ TEST_CASE("config.json errors name the file and the field") {
      "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
      " \"num_attention_heads\": 8, \"rope_theta\": \"1e4\"}",
      "rope_theta: expected a number, got the string '1e4'"},
-    {"too large a file", std::string((16 << 20) + 1, ' '), "config.json: larger than 16777216 bytes"},
+    {"too large a file", std::string((16 << 20) + 1, ' '), "config.json: larger than the limit of 16777216 bytes"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);

@@ -5,6 +5,7 @@
 #include "tests/support/scratch_dir.hpp"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
@@ -132,7 +133,8 @@ TEST_CASE("topology errors: model") {
      "t.yaml:2:8: model: exactly one of checkpoint or synthetic must be set, got neither"},
     {"model is a list", with("model", "model: [a]"), "t.yaml:2:8: model: expected a map, got a list"},
     {"checkpoint without config.json", with("model", "model: {checkpoint: ck}"),
-     "t.yaml:2:21: model.checkpoint: /base/ck/config.json: config.json: cannot open file"},
+     "t.yaml:2:21: model.checkpoint: /base/ck/config.json: config.json: cannot open: No such file or "
+     "directory"},
     {"synthetic missing layers",
      synthetic("    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
      "t.yaml:4:5: model.synthetic.layers: missing required key"},
@@ -310,7 +312,7 @@ TEST_CASE("topology errors: engines") {
     {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),
      "t.yaml:5:34: engines[0].tp: must be positive, got 0"},
     {"zero replicas", with("engines", "engines: [{name: e, node: a, replicas: 0}]"),
-     "t.yaml:5:40: engines[0].replicas: must be between 1 and 4096, got 0"},
+     "t.yaml:5:40: engines[0].replicas: must be positive, got 0"},
     {"implausible replicas", with("engines", "engines: [{name: e, node: a, replicas: 1000000}]"),
      "t.yaml:5:40: engines[0].replicas: must be between 1 and 4096, got 1000000"},
     {"duplicate after expanding replicas",
@@ -429,6 +431,79 @@ TEST_CASE("topology errors: sync and workload") {
      "t.yaml:6:25: workload.concurrency: must be positive, got 0"},
     {"prompts as text", plus("workload: {prompts: lots}"),
      "t.yaml:6:21: workload.prompts: expected an integer, got 'lots'"},
+  });
+}
+
+TEST_CASE("hostile topologies: every size, count and deadline has an upper bound") {
+  check_rows({
+    {"intermediate_size that wraps the parameter count",
+     synthetic("    layers: 2\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 9223372036854775800"),
+     "t.yaml:7:24: model.synthetic.intermediate_size: must be at most 1048576, got 9223372036854775800"},
+    {"vocab_size INT64_MAX",
+     synthetic("    layers: 2\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    vocab_size: 9223372036854775807"),
+     "t.yaml:8:17: model.synthetic.vocab_size: must be at most 16777216, got 9223372036854775807"},
+    {"vocab_size beyond int64",
+     synthetic("    layers: 2\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    vocab_size: 99999999999999999999"),
+     "t.yaml:8:17: model.synthetic.vocab_size: integer out of range: '99999999999999999999'"},
+    {"layers: 100000000 (expanding it hung validate)",
+     synthetic("    layers: 100000000\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
+     "t.yaml:4:13: model.synthetic.layers: must be at most 1024, got 100000000"},
+    {"hidden_size too large", synthetic("    layers: 2\n    hidden_size: 131072\n    heads: 8\n    intermediate_size: 704"),
+     "t.yaml:5:18: model.synthetic.hidden_size: must be at most 65536, got 131072"},
+    {"every size in range, the product too large",
+     synthetic("    layers: 1024\n    hidden_size: 65536\n    heads: 512\n    intermediate_size: 1048576"),
+     "t.yaml:4:13: model.synthetic.layers: the model would have 228698594803712 parameters, more than the "
+     "limit of 1099511627776 (2^40)"},
+    {"deadline near INT64_MAX (overflowed into instant eviction)",
+     plus("sync: {deadlines_ms: {transfer: 9223372036854775000}}"),
+     "t.yaml:6:33: sync.deadlines_ms.transfer: must be between 1 and 86400000, got 9223372036854775000"},
+    {"heartbeat interval beyond a day", plus("cluster: {heartbeat_interval_ms: 86400001}"),
+     "t.yaml:6:34: cluster.heartbeat_interval_ms: must be between 1 and 86400000, got 86400001"},
+    {"step_time_ms beyond a day", with("trainer", "trainer: {node: a, step_time_ms: 100000000000}"),
+     "t.yaml:4:34: trainer.step_time_ms: must be between 0 and 86400000, got 100000000000"},
+    {"tp too large", with("engines", "engines: [{name: e, node: a, tp: 4096}]"),
+     "t.yaml:5:34: engines[0].tp: must be between 1 and 1024, got 4096"},
+    {"queue_limit too large", with("engines", "engines: [{name: e, node: a, queue_limit: 2000000000}]"),
+     "t.yaml:5:43: engines[0].queue_limit: must be between 1 and 1048576, got 2000000000"},
+    {"max_batch too large", with("engines", "engines: [{name: e, node: a, max_batch: 100000}]"),
+     "t.yaml:5:41: engines[0].max_batch: must be between 1 and 65536, got 100000"},
+    {"replicas in all beyond the cap",
+     with("engines", "engines: [{name: e, node: a, replicas: 4096}, {name: f, node: a, replicas: 1}]"),
+     "t.yaml:5:76: engines[1].replicas: more than 4096 engine replicas in all"},
+    {"router queue too large", plus("router: {queue_limit: 4294967296}"),
+     "t.yaml:6:23: router.queue_limit: must be between 1 and 1048576, got 4294967296"},
+    {"max_tokens beyond 2^32 (was narrowed)", plus("workload: {max_tokens: 4294967297}"),
+     "t.yaml:6:24: workload.max_tokens: must be between 1 and 1048576, got 4294967297"},
+    {"prompts too many", plus("workload: {prompts: 100000000}"),
+     "t.yaml:6:21: workload.prompts: must be between 0 and 16777216, got 100000000"},
+    {"every_versions too large", plus("sync: {every_versions: 9223372036854775807, staleness: 1}"),
+     "t.yaml:6:24: sync.every_versions: must be between 1 and 1048576, got 9223372036854775807"},
+    {"max_restarts too large", plus("sync: {max_restarts: 1000000}"),
+     "t.yaml:6:22: sync.max_restarts: must be between 0 and 1000, got 1000000"},
+    {"a drill delay beyond a day",
+     plus("drill:\n  faults:\n    - {at_ms: 9223372036854775807, action: kill, target: e-0}"),
+     "t.yaml:8:15: drill.faults[0].at_ms: must be between 0 and 86400000, got 9223372036854775807"},
+    {"a rank listing more layers than any model has",
+     with("trainer", "trainer: {node: a, ranks: [{layers: [" + [] {
+            std::string l;
+            for (int i = 0; i < 1025; ++i)
+              l += (i ? "," : "") + std::to_string(i);
+            return l;
+          }() + "]}]}"),
+     "t.yaml:4:37: trainer.ranks[0].layers: must list at most 1024 layers, got 1025"},
+  });
+}
+
+TEST_CASE("hostile topologies: control characters in echoed text are escaped") {
+  check_rows({
+    {"a name with an escape sequence", with("name", "name: \"a\\e[2Jb\""),
+     "t.yaml:1:7: name: must be non-empty and use only letters, digits, '.', '_' and '-', got 'a\\x1b[2Jb'"},
+    {"an unknown key with a newline", plus("\"x\\ny\": 1"),
+     "t.yaml:6:1: x\\x0ay: unknown key (expected one of: " + top_keys + ")"},
+    {"an integer field with a carriage return", plus("workload: {prompts: \"1\\r2\"}"),
+     "t.yaml:6:21: workload.prompts: expected an integer, got '1\\x0d2'"},
   });
 }
 
@@ -828,7 +903,42 @@ TEST_CASE("topology: load_topology resolves paths against the file's directory")
     load_topology(dir / "missing.yaml");
     FAIL("expected a topology_error");
   } catch (const topology_error& e) {
-    CHECK(std::string(e.what()) == (dir / "missing.yaml") + ": cannot open file");
+    CHECK(std::string(e.what()) == (dir / "missing.yaml") + ": cannot open: No such file or directory");
+  }
+}
+
+TEST_CASE("hostile topologies: files that are not regular files are refused at once") {
+  test::scratch_dir dir;
+  REQUIRE(::mkfifo((dir / "fifo.yaml").c_str(), 0600) == 0);
+  std::filesystem::create_directories(dir / "ckpt");
+  REQUIRE(::mkfifo((dir / "ckpt/config.json").c_str(), 0600) == 0);
+  std::filesystem::create_directories(dir / "dir.yaml");
+  struct row {
+    const char* title;
+    std::string path;
+    std::string expected;
+  };
+  {
+    std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}");
+  }
+  const row rows[] = {
+    {"a FIFO as the topology (opening it would wait for a writer)", dir / "fifo.yaml",
+     dir / "fifo.yaml" + ": is a FIFO, not a regular file"},
+    {"a directory as the topology", dir / "dir.yaml", dir / "dir.yaml" + ": is a directory, not a regular file"},
+    {"a character device as the topology (it never ends)", "/dev/zero",
+     "/dev/zero: is a character device, not a regular file"},
+    {"a FIFO as the checkpoint's config.json", dir / "t.yaml",
+     dir / "t.yaml" + ":2:21: model.checkpoint: " + (dir / "ckpt/config.json")
+       + ": config.json: is a FIFO, not a regular file"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.title);
+    try {
+      load_topology(r.path);
+      FAIL("expected a topology_error");
+    } catch (const topology_error& e) {
+      CHECK(std::string(e.what()) == r.expected);
+    }
   }
 }
 

@@ -157,7 +157,8 @@ TEST_CASE("coordinator state file: a missing file is a first start") {
   CHECK_FALSE(read_coordinator_state(dir / "no-such-dir/state.yaml").has_value());
   // Anything else that stops the read is an error, not a first start.
   CHECK_THROWS_WITH_AS(read_coordinator_state(dir.path()),
-                       doctest::Contains((dir.path() + ": cannot read").c_str()), std::runtime_error);
+                       doctest::Contains((dir.path() + ": coordinator state: is a directory, not a regular file").c_str()),
+                       std::runtime_error);
 }
 
 TEST_CASE("coordinator state file: malformed files name the file, line, column and field") {

@@ -10,7 +10,13 @@
 
 #include <doctest/doctest.h>
 
+#include "runtime/base/checksum.hpp"
+
+#include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <limits>
+#include <thread>
 
 using namespace rlsync;
 using namespace rlsync::transfer;
@@ -251,4 +257,170 @@ TEST_CASE("checkpoint_dir_source with a held-layers filter maps every file but e
   CHECK(s->find("model.embed_tokens.weight") != nullptr);
   CHECK(s->find("lm_head.weight") == nullptr);
   CHECK(s->group(0).size() == 10);
+}
+
+TEST_CASE("step directory names beyond the version range are refused with a message") {
+  CHECK(parse_step_dir_name("step-4611686018427387904") == max_step_version);
+  CHECK_FALSE(parse_step_dir_name("step-4611686018427387905"));
+  CHECK_FALSE(parse_step_dir_name("step-9999999999999999999"));
+  CHECK_FALSE(parse_step_dir_name("step-99999999999999999999999999"));
+  CHECK_FALSE(parse_step_dir_name("step-0"));
+  CHECK(step_name_problem("step-000042").empty());
+  CHECK(step_name_problem("checkpoint-3").empty());
+  CHECK(step_name_problem("step-12a").empty());
+  CHECK(step_name_problem("step-9999999999999999999")
+        == "step directory 'step-9999999999999999999' is outside the version range: steps run from 1 to "
+           "4611686018427387904 (2^62); it is skipped");
+  CHECK(step_name_problem("step-000").find("outside the version range") != std::string::npos);
+}
+
+namespace {
+
+checkpoint_dir_options dir_options(const std::string& dir, const model_config& c) {
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = dir;
+  o.retry_initial = std::chrono::milliseconds(1);
+  o.retry_max = std::chrono::milliseconds(1);
+  return o;
+}
+
+std::string poll_error(checkpoint_dir_source& src) {
+  try {
+    src.poll();
+  } catch (const checkpoint_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Writes a bf16 NaN over the first element of `file`'s data.
+void poison(const std::string& file) {
+  std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+  std::uint64_t header = 0;
+  f.read(reinterpret_cast<char*>(&header), 8);
+  f.seekp(static_cast<std::streamoff>(8 + header));
+  const unsigned char nan[2] = {0xc0, 0x7f}; // 0x7fc0, little-endian
+  f.write(reinterpret_cast<const char*>(nan), 2);
+}
+
+} // namespace
+
+TEST_CASE("checkpoint_dir_source: hostile step directories") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+
+  SUBCASE("a step named beyond the version range is reported once; training goes on") {
+    auto o = dir_options(tmp.path(), c);
+    checkpoint_dir_source src(o);
+    std::filesystem::create_directories(o.dir + "/step-9999999999999999999");
+    mark_step_complete(o.dir + "/step-9999999999999999999");
+    CHECK(poll_error(src).find("'step-9999999999999999999' is outside the version range") != std::string::npos);
+    CHECK(src.poll().get() == nullptr); // said once
+    const std::string step1 = o.dir + "/" + step_dir_name(1);
+    make_synthetic_checkpoint(step1, c, dtype::bf16, 3);
+    mark_step_complete(step1);
+    REQUIRE(src.poll().get() != nullptr);
+    CHECK(src.latest()->version() == 1);
+  }
+
+  SUBCASE("a step that fails while its files are missing is retried, then published") {
+    auto o = dir_options(tmp.path(), c);
+    checkpoint_dir_source src(o);
+    const std::string step = o.dir + "/" + step_dir_name(1);
+    make_synthetic_checkpoint(tmp / "staged", c, dtype::bf16, 3);
+    std::filesystem::create_directories(step);
+    mark_step_complete(step); // the marker before the files: a misbehaving writer
+    CHECK(poll_error(src).find("(retrying in 1 ms)") != std::string::npos);
+    for (auto& e : std::filesystem::directory_iterator(tmp / "staged"))
+      std::filesystem::copy(e.path(), step + "/" + e.path().filename().string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto v1 = src.poll();
+    REQUIRE(v1.get() != nullptr);
+    CHECK(v1->version() == 1);
+  }
+
+  SUBCASE("a step failing for longer than retry_for is skipped for good") {
+    auto o = dir_options(tmp.path(), c);
+    o.retry_for = std::chrono::milliseconds(0);
+    checkpoint_dir_source src(o);
+    const std::string step = o.dir + "/" + step_dir_name(1);
+    std::filesystem::create_directories(step);
+    mark_step_complete(step);
+    CHECK(poll_error(src).find("skipped for good") != std::string::npos);
+    make_synthetic_checkpoint(tmp / "staged", c, dtype::bf16, 3);
+    for (auto& e : std::filesystem::directory_iterator(tmp / "staged"))
+      std::filesystem::copy(e.path(), step + "/" + e.path().filename().string());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(src.poll().get() == nullptr);
+  }
+
+  SUBCASE("a step completed after a newer one was published is logged as out of order") {
+    auto o = dir_options(tmp.path(), c);
+    checkpoint_dir_source src(o);
+    const std::string step3 = o.dir + "/" + step_dir_name(3);
+    make_synthetic_checkpoint(step3, c, dtype::bf16, 3);
+    mark_step_complete(step3);
+    CHECK(src.poll()->version() == 3);
+    const std::string step2 = o.dir + "/" + step_dir_name(2);
+    make_synthetic_checkpoint(step2, c, dtype::bf16, 3);
+    mark_step_complete(step2);
+    CHECK(poll_error(src).find("'step-000002' appeared out of order, after version 3 was published")
+          != std::string::npos);
+    CHECK(src.poll().get() == nullptr); // said once
+  }
+
+  SUBCASE("non-finite weights are refused at publish unless allowed") {
+    auto o = dir_options(tmp.path(), c);
+    o.retry_for = std::chrono::milliseconds(0);
+    checkpoint_dir_source src(o);
+    const std::string step = o.dir + "/" + step_dir_name(1);
+    make_synthetic_checkpoint(step, c, dtype::bf16, 3);
+    poison(step + "/model.safetensors");
+    mark_step_complete(step);
+    std::string error = poll_error(src);
+    CHECK(error.find("is NaN (--allow-nonfinite publishes it anyway)") != std::string::npos);
+    CHECK(src.latest().get() == nullptr);
+
+    o.allow_nonfinite = true;
+    checkpoint_dir_source allowing(o);
+    REQUIRE(allowing.poll().get() != nullptr);
+    CHECK(allowing.latest()->version() == 1);
+  }
+
+  SUBCASE("a published step truncated in place stays intact in memory") {
+    auto o = dir_options(tmp.path(), c);
+    checkpoint_dir_source src(o);
+    const std::string step = o.dir + "/" + step_dir_name(1);
+    make_synthetic_checkpoint(step, c, dtype::bf16, 3);
+    mark_step_complete(step);
+    auto v1 = src.poll();
+    REQUIRE(v1.get() != nullptr);
+    std::filesystem::resize_file(step + "/model.safetensors", 0);
+    std::uint64_t sum = 0;
+    for (const auto& t : v1->tensors())
+      sum += checksum64(t.data, t.size); // touched every byte: a mapping would SIGBUS here
+    CHECK(sum != 0);
+  }
+}
+
+TEST_CASE("nonfinite_problem names the tensor and the element") {
+  float values[4] = {1.0f, 2.0f, std::numeric_limits<float>::infinity(), 0.0f};
+  tensor_view t;
+  t.name = "w\x1b";
+  t.type = dtype::f32;
+  t.shape = {4};
+  t.size = sizeof values;
+  t.data = reinterpret_cast<const std::byte*>(values);
+  CHECK(nonfinite_problem(t) == "tensor 'w\\x1b' element 2 is infinite");
+  values[2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(nonfinite_problem(t) == "tensor 'w\\x1b' element 2 is NaN");
+  values[2] = 3.0f;
+  CHECK(nonfinite_problem(t).empty());
+  std::uint16_t halves[2] = {0x3c00, 0x7c00}; // f16 1.0, +inf
+  t.type = dtype::f16;
+  t.shape = {2};
+  t.size = sizeof halves;
+  t.data = reinterpret_cast<const std::byte*>(halves);
+  CHECK(nonfinite_problem(t) == "tensor 'w\\x1b' element 1 is infinite");
 }
