@@ -34,6 +34,7 @@ const subcommand subcommands[] = {
    rlsync::tools::cmd_drill},
   {"launch", "start the nodes of a topology that live on this machine, one process each",
    rlsync::tools::cmd_launch},
+  {"soak", "syncs back to back; memory, descriptors and threads per 1,000 syncs", rlsync::tools::cmd_soak},
 };
 
 void print_help(std::ostream& out) {
