@@ -475,14 +475,25 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config) {
       st.queued.erase(i);
       st.in_flight.erase(rec.request.request_id);
       ++st.rejected;
-      rec.promise.deliver(make_error(
-        errc::not_routable, "deadline passed: no replica could serve request "
-                              + std::to_string(rec.request.request_id) + " within "
-                              + ms(hold_deadline(st, rec.request)) + " ("
-                              + (st.replicas.empty() ? std::string("no engine is up")
-                                                     : "none of " + std::to_string(st.replicas.size())
-                                                         + " known engines is current")
-                              + ")"));
+      auto why = "deadline passed: no replica could serve request " + std::to_string(rec.request.request_id)
+                 + " within " + ms(hold_deadline(st, rec.request)) + " ("
+                 + (st.replicas.empty() ? std::string("no engine is up")
+                                        : "none of " + std::to_string(st.replicas.size())
+                                            + " known engines is current")
+                 + ")";
+      if (rec.prior.tokens.empty()) {
+        rec.promise.deliver(make_error(errc::not_routable, std::move(why)));
+        return;
+      }
+      // A requeued reroute: its sink has tokens already, so the answer is a
+      // result carrying them (the stream stays whole), marked rejected.
+      if (st.config.log)
+        st.config.log("router: " + why);
+      auto res = rec.prior;
+      res.request_id = rec.request.request_id;
+      res.reason = finish_reason::rejected;
+      res.engine = rec.engine_name;
+      rec.promise.deliver(std::move(res));
     },
     [=](status_atom) -> router_status {
       auto& st = self->state;

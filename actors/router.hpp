@@ -13,6 +13,7 @@
 //      ├─ none, queue full ─────────────────────────────▶ error queue_full    [rejected]
 //      └─ none ─▶ queued, FIFO [queued] ─ a replica can serve ─▶ running
 //                   └ its deadline passes ───────────────▶ error not_routable [rejected]
+//                     (a requeued reroute: a result with its tokens so far, reason rejected)
 //
 // A request's deadline is its own deadline_ms, or the router's queue_deadline
 // when it has none; it counts from arrival, and from each requeue after its

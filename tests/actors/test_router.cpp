@@ -792,3 +792,21 @@ TEST_CASE_FIXTURE(router_fixture, "an engine reported silent comes back under th
   CHECK(status(r).routable == 1);
   CHECK(waiting->result);
 }
+
+TEST_CASE_FIXTURE(router_fixture, "a rerouted request past its deadline is rejected with the tokens its sink has") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, act::hold);
+  route(r, a, "a", 1);
+  auto req = request(1, {1, 2, 3}, 16);
+  req.deadline_ms = 2000;
+  auto out = submit(r, req);
+  kill(a); // after two tokens: requeued, nothing else to go to
+  CHECK(status(r).queued == 1);
+  sched.advance_time(2s);
+  sched.run();
+  REQUIRE(out->result);
+  CHECK(out->result->reason == finish_reason::rejected);
+  CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101});
+  CHECK(check(*out->result).empty());
+  CHECK(status(r).rejected == 1);
+}
