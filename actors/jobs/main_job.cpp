@@ -237,6 +237,9 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
                  const job_handles& h, job_console& out, const std::optional<std::string>& json_file) {
   const double memcpy_gbps = out.memcpy_gbps();
   caf::scoped_actor self{sys};
+  // From here a stop signal drains the job, even while it waits for engines.
+  auto previous_int = std::signal(SIGINT, on_job_stop_signal);
+  auto previous_term = std::signal(SIGTERM, on_job_stop_signal);
   // The workload starts once every engine has completed its cold sync, so
   // that it measures the fleet, not the first engine to be ready. Bounded.
   {
@@ -265,8 +268,6 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
       out.progress(p, total);
     },
     done);
-  auto previous_int = std::signal(SIGINT, on_job_stop_signal);
-  auto previous_term = std::signal(SIGTERM, on_job_stop_signal);
   // Bounded: every request has a deadline; this is the backstop for a bug.
   const auto give_up = clock_type::now() + std::chrono::minutes(30);
   bool stop_sent = false;
@@ -297,8 +298,11 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
     if (clock_type::now() > give_up) {
       out.line("rlsync run: the workload did not finish within 30 minutes");
       stop_workload(driver);
-      if (result_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      if (result_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+        std::signal(SIGINT, previous_int);
+        std::signal(SIGTERM, previous_term);
         return 1;
+      }
       break;
     }
   }
