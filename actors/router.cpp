@@ -77,6 +77,19 @@ std::string ms(std::chrono::milliseconds d) {
   return std::to_string(d.count()) + " ms";
 }
 
+/// How long `req` may wait for a replica: its own deadline, or the router's.
+std::chrono::milliseconds hold_deadline(const router_state& st, const generate_request& req) {
+  return req.deadline_ms != 0 ? std::chrono::milliseconds(req.deadline_ms) : st.config.queue_deadline;
+}
+
+/// Puts an accepted request in the queue with its deadline.
+void enqueue(router_ptr self, request_record rec) {
+  auto& st = self->state;
+  self->delayed_send(caf::actor_cast<router_impl_actor>(self), hold_deadline(st, rec.request),
+                     caf::timeout_atom_v, rec.ticket, rec.attempts);
+  st.queued.emplace(rec.ticket, std::move(rec));
+}
+
 std::optional<std::size_t> choose(router_ptr self, const generate_request& req) {
   auto& st = self->state;
   route_query q{req.min_version, 0};
@@ -307,10 +320,8 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
                     + rec.engine_name + " (" + why + ") after " + std::to_string(done) + " tokens");
     if (auto choice = choose(self, rec.request)) {
       dispatch(self, std::move(rec), *choice);
-    } else { // accepted already: it waits past the queue limit, with the queue's deadline
-      self->delayed_send(caf::actor_cast<router_impl_actor>(self), st.config.queue_deadline,
-                         caf::timeout_atom_v, rec.ticket, rec.attempts);
-      st.queued.emplace(rec.ticket, std::move(rec));
+    } else { // accepted already: it waits past the queue limit, with a fresh deadline
+      enqueue(self, std::move(rec));
     }
   };
   self->request(relay, st.config.control_deadline, finish_atom_v)
@@ -319,12 +330,15 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
 }
 
 /// An engine failed: drop it from the table (when it is still the handle on
-/// record) and reroute its running requests.
-void engine_failed(router_ptr self, const caf::actor_addr& who, const std::string& why) {
+/// record) and reroute its running requests. `died`: it is gone for good (a
+/// down message), not just silent.
+void engine_failed(router_ptr self, const caf::actor_addr& who, const std::string& why, bool died) {
   auto& st = self->state;
   for (auto i = st.engines.begin(); i != st.engines.end();) {
     if (i->second.address() == who) {
       auto name = i->first;
+      if (died) // a silent one may come back under the same handle
+        st.dead[name] = who;
       st.replicas.erase(std::remove_if(st.replicas.begin(), st.replicas.end(),
                                        [&](const replica_load& r) { return r.name == name; }),
                         st.replicas.end());
@@ -374,7 +388,7 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
   self->state.rules.policy = self->state.config.policy;
   self->state.rules.staleness = self->state.config.staleness;
   self->set_down_handler([=](caf::down_msg& dm) {
-    engine_failed(self, dm.source, "down: " + self->system().render(dm.reason));
+    engine_failed(self, dm.source, "down: " + self->system().render(dm.reason), true);
   });
   self->set_exit_handler([=](caf::exit_msg& em) {
     shut_down(self);
@@ -413,19 +427,18 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
       rec.promise = self->make_response_promise<generate_result>();
       auto promise = rec.promise;
       st.in_flight.emplace(rec.request.request_id, rec.ticket);
-      if (choice) {
+      if (choice)
         dispatch(self, std::move(rec), *choice);
-      } else {
-        self->delayed_send(caf::actor_cast<router_impl_actor>(self), st.config.queue_deadline,
-                           caf::timeout_atom_v, rec.ticket, rec.attempts);
-        st.queued.emplace(rec.ticket, std::move(rec));
-      }
+      else
+        enqueue(self, std::move(rec));
       return promise;
     }),
     authorized(self, guard, [=](route_atom, route_update& u, rollout_engine_actor& engine) {
       auto& st = self->state;
       if (!engine || !check(u).empty())
         return; // nothing to route to (the coordinator never sends such a name)
+      if (auto d = st.dead.find(u.engine); d != st.dead.end() && d->second == engine.address())
+        return; // news from before its death: it stays off the table
       auto& known = st.engines[u.engine];
       if (known != engine) {
         // New, or restarted under the same name: watch this incarnation.
@@ -457,7 +470,7 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
     authorized(self, guard, [=](failed_atom, const std::string& name) {
       auto& st = self->state;
       if (auto i = st.engines.find(name); i != st.engines.end())
-        engine_failed(self, i->second.address(), "failed: silent past the heartbeat timeout");
+        engine_failed(self, i->second.address(), "failed: silent past the heartbeat timeout", false);
     }),
     authorized(self, guard, [=](caf::timeout_atom, std::uint64_t ticket, std::uint32_t attempts) {
       if (self->current_sender() != self->ctrl())
@@ -470,10 +483,25 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
       st.queued.erase(i);
       st.in_flight.erase(rec.request.request_id);
       ++st.rejected;
-      rec.promise.deliver(make_error(errc::not_routable,
-                                     "no replica could serve request "
-                                       + std::to_string(rec.request.request_id) + " within "
-                                       + ms(st.config.queue_deadline)));
+      auto why = "deadline passed: no replica could serve request " + std::to_string(rec.request.request_id)
+                 + " within " + ms(hold_deadline(st, rec.request)) + " ("
+                 + (st.replicas.empty() ? std::string("no engine is up")
+                                        : "none of " + std::to_string(st.replicas.size())
+                                            + " known engines is current")
+                 + ")";
+      if (rec.prior.tokens.empty()) {
+        rec.promise.deliver(make_error(errc::not_routable, std::move(why)));
+        return;
+      }
+      // A requeued reroute: its sink has tokens already, so the answer is a
+      // result carrying them (the stream stays whole), marked rejected.
+      if (st.config.log)
+        st.config.log("router: " + why);
+      auto res = rec.prior;
+      res.request_id = rec.request.request_id;
+      res.reason = finish_reason::rejected;
+      res.engine = rec.engine_name;
+      rec.promise.deliver(std::move(res));
     }),
     authorized(self, guard, [=](status_atom) -> router_status {
       auto& st = self->state;

@@ -12,7 +12,13 @@
 //      │                                                                      [completed]
 //      ├─ none, queue full ─────────────────────────────▶ error queue_full    [rejected]
 //      └─ none ─▶ queued, FIFO [queued] ─ a replica can serve ─▶ running
-//                   └ queue_deadline passes ─────────────▶ error not_routable [rejected]
+//                   └ its deadline passes ───────────────▶ error not_routable [rejected]
+//                     (a requeued reroute: a result with its tokens so far, reason rejected)
+//
+// A request's deadline is its own deadline_ms, or the router's queue_deadline
+// when it has none; it counts from arrival, and from each requeue after its
+// engine failed. While every engine is down the queue holds requests until
+// one is current again: losing the fleet costs waiting time, not requests.
 //
 // Tokens do not pass through the router's mailbox, which must stay free for
 // route updates and evictions. Each dispatch of a request gets its own relay
@@ -25,7 +31,10 @@
 // requester's sink has every token before the requester has the result.
 //
 // Replicas come from the coordinator's route updates. The router monitors
-// each one. A replica that fails — it dies (down message), the coordinator
+// each one, and remembers the last incarnation of each name that went down:
+// a route update naming that handle again (sent before the coordinator
+// learnt of the death) is ignored, so the router never sends to an engine it
+// knows is dead. A replica that fails — it dies (down message), the coordinator
 // reports it silent past the heartbeat timeout (failed_atom), or it refuses
 // a request it cannot serve (dirty, full, evicted) — loses its running
 // requests to a reroute:
@@ -96,6 +105,9 @@ struct router_state {
   /// The routing table: one entry per known replica, by name.
   std::vector<replica_load> replicas;
   std::map<std::string, rollout_engine_actor> engines;
+  /// The incarnation of each name that last went down (one per name: names
+  /// come from the topology, so this stays bounded).
+  std::map<std::string, caf::actor_addr> dead;
   std::string round_robin_cursor;
   std::uint64_t next_ticket = 1;
   /// Waiting for a replica, FIFO: tickets grow with arrival. At most queue_limit.

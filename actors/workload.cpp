@@ -74,6 +74,8 @@ struct driver {
     req.sampling.max_tokens = opts.max_tokens;
     req.sampling.seed = opts.seed + i; // per request, so a rerun reproduces each result
     req.sampling.stop_at_eos = true;
+    req.deadline_ms = static_cast<std::uint32_t>(
+      std::clamp<std::int64_t>(opts.queue_deadline.count(), 0, max_request_deadline_ms));
     return req;
   }
 
@@ -116,7 +118,8 @@ struct driver {
     }
     req.generated = p.streamed;
     auto sink = caf::actor_cast<token_sink_actor>(self);
-    self->request(router, opts.request_deadline, generate_atom_v, std::move(req), sink)
+    // The router may hold it for its queue deadline before an engine starts on it.
+    self->request(router, opts.request_deadline + opts.queue_deadline, generate_atom_v, std::move(req), sink)
       .then([me, id, attempt](generate_result& r) { me->on_result(me, id, attempt, r); },
             [me, id, attempt](caf::error& err) { me->on_error(me, id, attempt, err); });
   }
@@ -316,6 +319,7 @@ workload_options to_workload_options(const workload_spec& spec) {
   o.temperature = static_cast<float>(spec.temperature);
   o.top_p = static_cast<float>(spec.top_p);
   o.seed = spec.seed;
+  o.queue_deadline = spec.request_deadline;
   return o;
 }
 

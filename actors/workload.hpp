@@ -36,7 +36,11 @@ struct workload_options {
   float temperature = 0;
   float top_p = 1;
   std::uint64_t seed = 1; ///< request i (from 0) samples with seed + i
-  std::chrono::milliseconds request_deadline{120000}; ///< per request, for the router's answer
+  std::chrono::milliseconds request_deadline{120000}; ///< per request, for the router's answer once running
+  /// Longest the router may hold a request while no engine can serve it
+  /// (sent as generate_request::deadline_ms; 0: the router's default). The
+  /// driver waits this much longer than request_deadline for an answer.
+  std::chrono::milliseconds queue_deadline{0};
   /// A request refused with queue_full or not_routable is sent again after
   /// 50 ms × attempt, at most this many times; then it counts as rejected.
   std::uint32_t max_retries = 3;

@@ -29,8 +29,11 @@ const char* description =
 
 const char* footer =
   "Ctrl-C (or SIGTERM) stops every node: SIGTERM, then SIGKILL after the grace\n"
-  "period (a second Ctrl-C skips the wait). A node that fails on its own stops the\n"
-  "others the same way. Nodes also die if the launcher dies.\n"
+  "period (a second Ctrl-C skips the wait). A node that fails on its own (non-zero\n"
+  "exit or a signal) is started again when the topology gives it `restart:\n"
+  "on-failure` (after 0.5 s, 1 s, 2 s... up to 30 s; at most its max_restarts\n"
+  "times); otherwise, or once its restarts run out, it stops the others the same\n"
+  "way. The coordinator's node is never restarted. Nodes also die if the launcher dies.\n"
   "Exit status: 0 every node exited 0, 1 a node failed (it is named) or no node is\n"
   "on this machine, 2 usage error, 128+N stopped by signal N (130 for Ctrl-C).";
 
@@ -82,7 +85,7 @@ int cmd_launch(const arg_list& argv) {
   auto allow_nonfinite = add_allow_nonfinite_flag(app);
   auto dry_run = app.add_flag("--dry-run", "print the command lines, one per node, and start nothing");
   auto run_job = app.add_flag("--run", "the coordinator's node runs the main job (as `rlsync run`) once every "
-                                       "engine registered, then exits; the others follow");
+                                       "engine registered, then exits; the others are then stopped");
   // Passed on as given with --run; `rlsync node` checks them.
   const char* const workload_flags[] = {"--prompts", "--concurrency", "--max-tokens", "--json"};
   std::optional<std::string> workload_values[4];
@@ -132,6 +135,9 @@ int cmd_launch(const arg_list& argv) {
   std::vector<child_spec> children;
   for (auto* n : nodes) {
     child_spec c{n->name, {exe, "node", "--topology", topology_path, "--node", n->name}};
+    // Validation refuses restarts on the coordinator's node: the head failing ends the job.
+    c.restart.on_failure = n->restart == node_restart::on_failure && n->name != t.coordinator.node;
+    c.restart.max_restarts = static_cast<std::uint32_t>(std::clamp<std::int64_t>(n->max_restarts, 0, max_node_restarts));
     if (secret_file) {
       c.argv.push_back("--secret-file");
       c.argv.push_back(*secret_file);
@@ -140,6 +146,7 @@ int cmd_launch(const arg_list& argv) {
       c.argv.push_back("--allow-nonfinite");
     // The main job runs on the coordinator's node; the workload flags go there.
     if (run_job->count() > 0 && n->name == t.coordinator.node) {
+      c.ends_run = true; // members of a finished job are stopped, not restarted
       c.argv.push_back("--run");
       c.argv.push_back("--no-progress");
       for (int i = 0; i < 4; ++i)

@@ -22,5 +22,6 @@ int cmd_ping(const arg_list& args);
 int cmd_launch(const arg_list& args);
 int cmd_drill(const arg_list& args);
 int cmd_certs(const arg_list& args);
+int cmd_soak(const arg_list& args);
 
 } // namespace rlsync::tools

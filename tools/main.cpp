@@ -37,6 +37,7 @@ const subcommand subcommands[] = {
    rlsync::tools::cmd_launch},
   {"certs", "make a cluster's CA, per-node certificates, keys and secrets (mutual TLS)",
    rlsync::tools::cmd_certs},
+  {"soak", "syncs back to back; memory, descriptors and threads per 1,000 syncs", rlsync::tools::cmd_soak},
 };
 
 void print_help(std::ostream& out) {

@@ -1,6 +1,8 @@
 #include "actors/jobs/drill_faults.hpp"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <stdexcept>
 
 namespace rlsync::jobs {
@@ -29,6 +31,26 @@ bool fault_has_end(const fault_spec& f) {
   if (f.target_kind == fault_target::engine || f.target_kind == fault_target::node)
     return true;
   return f.action == fault_action::kill;
+}
+
+std::int64_t engines_killed_at_once(const topology& t) {
+  // Key: when the kill fires ("ms:4000", "sync:16:transfer"); value: engines it takes.
+  std::map<std::string, std::set<std::string>> killed;
+  for (const auto& f : t.drill.faults) {
+    if (f.action != fault_action::kill)
+      continue;
+    std::string when = f.at ? "ms:" + std::to_string(f.at->count())
+                            : "sync:" + std::to_string(f.at_sync.value_or(0)) + ":" + std::string(to_string(f.phase));
+    auto& set = killed[when];
+    for (const auto& e : t.engines)
+      if ((f.target_kind == fault_target::engine && e.name == f.target)
+          || (f.target_kind == fault_target::node && e.node == f.target))
+        set.insert(e.name);
+  }
+  std::size_t most = 0;
+  for (const auto& [when, engines] : killed)
+    most = std::max(most, engines.size());
+  return static_cast<std::int64_t>(most);
 }
 
 std::string refuse_drill(const topology& t) {

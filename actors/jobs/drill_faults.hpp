@@ -24,6 +24,10 @@ std::string unsupported_fault(const fault_spec& f);
 /// coordinator or the trainer killed is restarted. False without a duration.
 bool fault_has_end(const fault_spec& f);
 
+/// The most engine replicas `faults` kill at the same moment (the same
+/// at_ms, or the same round and phase); a node's kill counts its engines.
+std::int64_t engines_killed_at_once(const topology& t);
+
 /// Why the drill in `t` cannot run in one process, or empty:
 /// "no drill.faults: ..." or "drill.faults[I]: why".
 std::string refuse_drill(const topology& t);

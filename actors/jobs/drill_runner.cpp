@@ -402,6 +402,7 @@ private:
     o.synced_version = end.status.version;
     o.min_live_engines = t_.sync.min_live_engines;
     o.below_min_live_events = end.status.below_min_live_events;
+    o.engines_killed_at_once = engines_killed_at_once(t_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       o.completed_versions = timeline_.completed_versions();

@@ -64,13 +64,17 @@ std::string job_summary_text(const job_outcome& o) {
   s << "\n== rlsync run " << o.label << (o.interrupted ? " (interrupted)" : "") << "\n";
   s << "requests: " << o.requests << " — " << result.completed << " completed, " << result.failed << " failed, "
     << result.rejected << " rejected, " << result.not_sent << " not sent\n";
+  if (!o.drain.empty())
+    s << "drain: " << o.drain << "\n";
   s << "tokens: " << result.tokens << " in " << fixed(o.seconds) << " s ("
     << fixed(o.seconds > 0 ? static_cast<double>(result.tokens) / o.seconds : 0) << " tokens/s), "
     << result.stale_kv_tokens << " over stale KV; by version:";
   for (auto& [v, n] : result.tokens_by_version)
     s << " v" << v << "=" << n;
   s << "\n";
-  s << "syncs: " << syncs.rounds << ", evictions: " << syncs.evictions;
+  s << "syncs: " << (o.total_syncs != 0 ? o.total_syncs : syncs.rounds) << ", evictions: " << syncs.evictions;
+  if (o.total_syncs > o.syncs.size())
+    s << " (figures over the cold sync and the last " << o.syncs.size() << " rounds)";
   if (auto cold = syncs.cold)
     s << "\n  cold sync: stall " << fixed(cold->stall_ms) << " ms, transfer " << fixed(cold->transfer_ms) << " ms, "
       << fixed(cold->gbps, 2) << " GB/s";
@@ -133,6 +137,7 @@ std::string job_summary_json(const job_outcome& o) {
   ordered_json j = {
     {"topology", o.label},
     {"interrupted", o.interrupted},
+    {"drain", o.drain},
     {"requests",
      {{"total", o.requests},
       {"completed", result.completed},
@@ -152,7 +157,7 @@ std::string job_summary_json(const job_outcome& o) {
 
 int job_exit_status(const job_outcome& o) {
   if (o.interrupted)
-    return 130;
+    return 128 + (o.stop_signal != 0 ? o.stop_signal : 2);
   if (o.below_min_live_events > 0)
     return 3; // the fleet was too small for a while: the run's figures do not stand
   const auto& r = o.workload;

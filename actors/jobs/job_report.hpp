@@ -45,12 +45,15 @@ bool weights_verified(const std::vector<engine_verification>& checks);
 /// What a finished main job reports.
 struct job_outcome {
   std::string label;          ///< the topology file
-  bool interrupted = false;   ///< Ctrl-C stopped sending
+  bool interrupted = false;   ///< Ctrl-C or SIGTERM stopped sending
+  int stop_signal = 0;        ///< which one (SIGINT, SIGTERM); 0 with interrupted: SIGINT
+  std::string drain;          ///< how the drain after the signal went (empty: none)
   std::uint32_t requests = 0; ///< the workload's prompts
   workload_result workload;
   double seconds = 0;     ///< the workload's wall-clock time
   double memcpy_gbps = 0; ///< the local data plane's speed of light
-  std::vector<sync_report> syncs; ///< every round, in order
+  std::vector<sync_report> syncs; ///< the cold round and the last ones, in order (a bounded record)
+  std::uint64_t total_syncs = 0;  ///< rounds in all (0: syncs.size())
   std::optional<sync_report> last; ///< the final round, when it completed
   std::string last_error;          ///< what failed on the way to it (empty: nothing)
   std::vector<engine_verification> checks;
@@ -69,7 +72,7 @@ std::string job_summary_text(const job_outcome& o);
 /// weights (one row per engine), weights_verified.
 std::string job_summary_json(const job_outcome& o);
 
-/// 130 interrupted; 3 engines live and serving fell below
+/// 128 + the signal when interrupted (130 for Ctrl-C); 3 engines live and serving fell below
 /// sync.min_live_engines (the figures do not stand); 0 every request
 /// completed, every stream whole and every engine identical to the trainer;
 /// 1 otherwise.

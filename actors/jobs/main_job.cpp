@@ -6,15 +6,18 @@
 #include "runtime/checkpoint/safetensors.hpp"
 
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 namespace rlsync::jobs {
@@ -24,8 +27,18 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 std::atomic<bool> interrupted{false};
+std::atomic<int> stop_signal{0}; // the first of SIGINT/SIGTERM received
 
-extern "C" void on_sigint(int) { interrupted = true; }
+extern "C" void on_job_stop_signal(int sig) {
+  int none = 0;
+  stop_signal.compare_exchange_strong(none, sig);
+  interrupted = true;
+}
+
+/// After a stop signal, how long requests in flight get to finish before
+/// the driver gives up on them. Well inside `rlsync launch`'s default 10 s
+/// grace, so that the summary is printed before a SIGKILL could come.
+constexpr auto drain_deadline = std::chrono::seconds(5);
 
 /// Serialises writes to stderr from the coordinator's and the driver's threads.
 class console {
@@ -105,6 +118,7 @@ workload_options workload_from(const topology& t, const workload_overrides& o) {
   w.temperature = static_cast<float>(t.workload.temperature);
   w.top_p = static_cast<float>(t.workload.top_p);
   w.seed = t.workload.seed;
+  w.queue_deadline = t.workload.request_deadline;
   if (w.concurrency == 0 || w.max_tokens == 0)
     throw std::invalid_argument("concurrency and max_tokens must be positive");
   return w;
@@ -113,12 +127,19 @@ workload_options workload_from(const topology& t, const workload_overrides& o) {
 struct job_console::impl {
   explicit impl(bool bar) : out(bar) {}
   console out;
+  bool quiet = false;
   mutable std::mutex mutex;
-  std::vector<sync_report> reports;
+  std::optional<sync_report> cold; ///< the first round that moved weights
+  std::deque<sync_report> recent;  ///< the last kept_rounds rounds
+  std::uint64_t cold_round = 0;    ///< its number, from 1
+  std::uint64_t rounds = 0;
+  std::uint64_t dropped = 0;
 };
 
-job_console::job_console(bool progress_bar)
-  : impl_(std::make_unique<impl>(progress_bar)), memcpy_gbps_(measure_memcpy_gbps()) {}
+job_console::job_console(bool progress_bar, bool quiet_syncs)
+  : impl_(std::make_unique<impl>(progress_bar)), memcpy_gbps_(measure_memcpy_gbps()) {
+  impl_->quiet = quiet_syncs;
+}
 
 job_console::~job_console() = default;
 
@@ -127,13 +148,21 @@ void job_console::on_sync(const sync_report& r) {
   bool cold = false; // the first round that moved weights
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
-    impl_->reports.push_back(r);
-    n = impl_->reports.size();
-    cold = r.engines_synced > 0
-           && std::count_if(impl_->reports.begin(), impl_->reports.end(),
-                            [](const sync_report& x) { return x.engines_synced > 0; })
-                == 1;
+    auto& st = *impl_;
+    n = ++st.rounds;
+    cold = r.engines_synced > 0 && !st.cold;
+    if (cold) {
+      st.cold = r;
+      st.cold_round = n;
+    }
+    st.recent.push_back(r);
+    if (st.recent.size() > kept_rounds) {
+      st.recent.pop_front();
+      ++st.dropped;
+    }
   }
+  if (impl_->quiet)
+    return;
   if (r.engines_synced == 0 && r.evicted.empty()) {
     line("sync " + std::to_string(n) + " v" + std::to_string(r.version) + ": every engine already current");
     return;
@@ -164,7 +193,22 @@ void job_console::done() { impl_->out.done(); }
 
 std::vector<sync_report> job_console::reports() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->reports;
+  std::vector<sync_report> out;
+  // The cold round leads while it has been dropped from the recent ones.
+  if (impl_->cold && impl_->cold_round <= impl_->dropped)
+    out.push_back(*impl_->cold);
+  out.insert(out.end(), impl_->recent.begin(), impl_->recent.end());
+  return out;
+}
+
+std::uint64_t job_console::dropped_rounds() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->dropped;
+}
+
+std::uint64_t job_console::total_rounds() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->rounds;
 }
 
 job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles& h) {
@@ -193,6 +237,9 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
                  const job_handles& h, job_console& out, const std::optional<std::string>& json_file) {
   const double memcpy_gbps = out.memcpy_gbps();
   caf::scoped_actor self{sys};
+  // From here a stop signal drains the job, even while it waits for engines.
+  auto previous_int = std::signal(SIGINT, on_job_stop_signal);
+  auto previous_term = std::signal(SIGTERM, on_job_stop_signal);
   // The workload starts once every engine has completed its cold sync, so
   // that it measures the fleet, not the first engine to be ready. Bounded.
   {
@@ -202,7 +249,7 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
     while (clock_type::now() < ready_by) {
       self->request(h.coordinator, std::chrono::seconds(5), status_atom::value)
         .receive([&](const coordinator_status& s) { routable = s.routable.size(); }, [](caf::error&) {});
-      if (routable >= t.engines.size())
+      if (routable >= t.engines.size() || interrupted)
         break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20)); // polling the coordinator's status
     }
@@ -213,39 +260,82 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   auto t0 = clock_type::now();
   auto done = std::make_shared<std::promise<workload_result>>();
   auto result_future = done->get_future();
-  auto driver = spawn_workload(sys, h.router, w, [&](const workload_progress& p) { out.progress(p, w.prompts); }, done);
-  auto previous = std::signal(SIGINT, on_sigint);
+  auto latest = std::make_shared<std::atomic<std::uint32_t>>(0); // requests in flight
+  auto driver = spawn_workload(
+    sys, h.router, w,
+    [&out, latest, total = w.prompts](const workload_progress& p) {
+      latest->store(p.sent - std::min(p.sent, p.completed + p.failed + p.rejected));
+      out.progress(p, total);
+    },
+    done);
   // Bounded: every request has a deadline; this is the backstop for a bug.
   const auto give_up = clock_type::now() + std::chrono::minutes(30);
   bool stop_sent = false;
+  std::optional<clock_type::time_point> drain_until;
+  std::string drain;
+  std::uint32_t in_flight_at_stop = 0;
   while (result_future.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
     if (interrupted && !stop_sent) {
-      out.line("interrupted: no new requests; waiting for the ones in flight");
+      // Drain: admit nothing new, give the requests in flight a bounded time.
+      in_flight_at_stop = latest->load();
+      out.line(std::string(stop_signal == SIGTERM ? "SIGTERM" : "interrupted") + ": no new requests; waiting up to "
+               + std::to_string(std::chrono::milliseconds(drain_deadline).count()) + " ms for the "
+               + std::to_string(in_flight_at_stop) + " in flight");
       stop_workload(driver);
       stop_sent = true;
+      drain_until = clock_type::now() + drain_deadline;
+    }
+    if (drain_until && clock_type::now() > *drain_until) {
+      // No engine may be left to answer them: the driver counts them failed.
+      drain = std::to_string(in_flight_at_stop) + " in flight at the signal; " + std::to_string(latest->load())
+              + " still unanswered after "
+              + std::to_string(std::chrono::milliseconds(drain_deadline).count()) + " ms, abandoned (failed)";
+      caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
+      if (result_future.wait_for(std::chrono::seconds(5)) != std::future_status::ready)
+        return 1;
+      break;
     }
     if (clock_type::now() > give_up) {
       out.line("rlsync run: the workload did not finish within 30 minutes");
       stop_workload(driver);
-      if (result_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      if (result_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+        std::signal(SIGINT, previous_int);
+        std::signal(SIGTERM, previous_term);
         return 1;
+      }
       break;
     }
   }
-  std::signal(SIGINT, previous);
+  std::signal(SIGINT, previous_int);
+  std::signal(SIGTERM, previous_term);
   auto result = result_future.get();
   out.done();
   double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
+  if (stop_sent && drain.empty())
+    drain = std::to_string(in_flight_at_stop) + " in flight at the signal, all answered";
 
-  auto end = finish_job(sys, t, h);
+  // After SIGTERM the job ends now: no final round (there may be no engine
+  // left to sync, and whoever sent it waits only a grace period).
+  job_end end;
+  if (stop_signal == SIGTERM) {
+    end.error = "skipped after SIGTERM";
+    caf::scoped_actor status_self{sys};
+    status_self->request(h.coordinator, std::chrono::seconds(2), status_atom::value)
+      .receive([&](coordinator_status& s) { end.status = std::move(s); }, [](caf::error&) {});
+  } else {
+    end = finish_job(sys, t, h);
+  }
   job_outcome o;
   o.label = path;
   o.interrupted = interrupted;
+  o.stop_signal = stop_signal;
+  o.drain = drain;
   o.requests = w.prompts;
   o.workload = std::move(result);
   o.seconds = seconds;
   o.memcpy_gbps = memcpy_gbps;
   o.syncs = out.reports();
+  o.total_syncs = out.total_rounds();
   o.last = end.last;
   o.last_error = end.error;
   o.checks = end.checks;

@@ -39,7 +39,8 @@ workload_options workload_from(const topology& t, const workload_overrides& o = 
 /// coordinator calls it), and a progress bar when stderr is a terminal.
 class job_console {
 public:
-  explicit job_console(bool progress_bar);
+  /// `quiet_syncs`: keep every round's figures but print no line per sync.
+  explicit job_console(bool progress_bar, bool quiet_syncs = false);
   ~job_console();
   /// The local data plane's speed of light, measured once at start.
   double memcpy_gbps() const { return memcpy_gbps_; }
@@ -50,7 +51,13 @@ public:
   void line(const std::string& text);
   void progress(const workload_progress& p, std::uint32_t total);
   void done();
+  /// The cold round (the first that moved weights) and the last
+  /// kept_rounds rounds: a long job's head must not grow with every sync.
   std::vector<sync_report> reports() const;
+  /// Rounds no longer in reports() (older than the last kept_rounds).
+  std::uint64_t dropped_rounds() const;
+  std::uint64_t total_rounds() const;
+  static constexpr std::size_t kept_rounds = 1024;
 
 private:
   struct impl;

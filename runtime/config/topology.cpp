@@ -124,6 +124,8 @@ struct reader {
   bool nodes_ok = false;   // every node entry has a valid name
   bool engines_ok = false; // every engine entry has a valid name and replica count
   std::vector<std::string> node_names;
+  /// Nodes with restart: on-failure, and where that key is (the head may not have it).
+  std::map<std::string, std::pair<YAML::Mark, std::string>> restart_marks;
   std::vector<std::string> engine_names;
 
   void read(const YAML::Node& root_node);
@@ -301,7 +303,8 @@ void reader::read_nodes(const map_reader& root) {
   nodes_ok = true;
   std::map<std::string, std::string> endpoints; // "address:port" -> node name
   for (auto& item : *items) {
-    map_reader r(d, item.node, item.path, {"name", "address", "port"}, root.mark("nodes"));
+    map_reader r(d, item.node, item.path, {"name", "address", "port", "restart", "max_restarts"},
+                 root.mark("nodes"));
     if (!r.valid()) {
       nodes_ok = false;
       continue;
@@ -326,6 +329,9 @@ void reader::read_nodes(const map_reader& root) {
       if (!fresh)
         r.error("port", endpoint + " is already used by node '" + it->second + "'");
     }
+    if (r.read_choice("restart", n.restart, node_restart_choices) && n.restart == node_restart::on_failure)
+      restart_marks.emplace(n.name, std::make_pair(r.mark("restart"), r.path("restart")));
+    r.read("max_restarts", n.max_restarts, between(0, max_node_restarts));
     t.nodes.push_back(std::move(n));
   }
 }
@@ -627,6 +633,12 @@ void reader::read_coordinator(const map_reader& root) {
   auto r = root.map("coordinator", {"node", "state_file"});
   t.coordinator.node = first_node();
   read_node_ref(r, "node", t.coordinator.node);
+  // The head holds the coordinator's state and runs the job: a restarted head
+  // would strand every member, so its failure ends the job instead.
+  if (auto i = restart_marks.find(t.coordinator.node); i != restart_marks.end())
+    d.add(i->second.first, i->second.second,
+          "the coordinator's node (" + t.coordinator.node
+            + ") is never restarted: its failure ends the job; use never here");
   read_path(r, "state_file", t.coordinator.state_file);
 }
 
@@ -695,7 +707,8 @@ void reader::read_sync(const map_reader& root) {
 }
 
 void reader::read_workload(const map_reader& root) {
-  auto r = root.map("workload", {"prompts", "concurrency", "max_tokens", "temperature", "top_p", "seed"});
+  auto r = root.map("workload",
+                    {"prompts", "concurrency", "max_tokens", "temperature", "top_p", "seed", "request_deadline_ms"});
   auto& w = t.workload;
   r.read("prompts", w.prompts, between(0, max_prompts));
   r.read("concurrency", w.concurrency, between(1, max_concurrency));
@@ -705,6 +718,7 @@ void reader::read_workload(const map_reader& root) {
   if (r.read("top_p", w.top_p) && !(w.top_p > 0 && w.top_p <= 1))
     r.error("top_p", "must be in (0, 1], got " + format_double(w.top_p));
   r.read("seed", w.seed);
+  r.read_ms("request_deadline_ms", w.request_deadline, between(1, max_request_deadline_ms));
 }
 
 void reader::read_drill(const map_reader& root) {
@@ -817,6 +831,7 @@ std::string_view to_string(transfer_backend v) { return name_of(backend_choices,
 std::string_view to_string(ucx_transport v) { return name_of(ucx_transport_choices, v); }
 std::string_view to_string(fault_action v) { return name_of(action_choices, v); }
 std::string_view to_string(fault_target v) { return name_of(target_choices, v); }
+std::string_view to_string(node_restart v) { return name_of(node_restart_choices, v); }
 
 bool is_topology_name(std::string_view name) { return is_plain_name(std::string(name)); }
 

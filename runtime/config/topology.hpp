@@ -21,6 +21,12 @@ namespace rlsync {
 
 using std::chrono::milliseconds;
 
+/// The longest request deadline (workload.request_deadline_ms, a request's
+/// own deadline_ms): one hour.
+inline constexpr std::int64_t max_request_deadline_ms = 3600 * 1000;
+/// The most restarts a node's max_restarts may allow.
+inline constexpr std::int64_t max_node_restarts = 100;
+
 enum class trainer_source { synthetic, checkpoint_dir };
 enum class router_policy { least_outstanding, round_robin, prefix_affinity };
 // nccl and cuda_ipc are refused by validation until the GPU backends exist.
@@ -29,6 +35,8 @@ enum class transfer_backend { local, ucx, nccl, cuda_ipc };
 enum class ucx_transport { shm, cma, tcp, rdma };
 enum class fault_action { kill, restart, partition, heal, delay_acks, corrupt };
 enum class fault_target { engine, node, trainer, router, coordinator };
+/// What `rlsync launch` does when a node's process fails on its own.
+enum class node_restart { never, on_failure };
 
 /// The YAML spellings ("least_outstanding", "cuda_ipc", ...).
 std::string_view to_string(trainer_source v);
@@ -37,6 +45,7 @@ std::string_view to_string(transfer_backend v);
 std::string_view to_string(ucx_transport v);
 std::string_view to_string(fault_action v);
 std::string_view to_string(fault_target v);
+std::string_view to_string(node_restart v);
 
 struct model_spec {
   model_config config;
@@ -55,6 +64,11 @@ struct node_spec {
   std::string name;
   std::string address = "127.0.0.1";
   std::uint16_t port = 0; // CAF middleman port; 0 = ephemeral
+  /// `rlsync launch` restarts the node's process after a failure (non-zero
+  /// exit or a signal), at most max_restarts times, with exponential backoff.
+  /// Never on the coordinator's node: the head failing ends the job.
+  node_restart restart = node_restart::never;
+  std::int64_t max_restarts = 3;
 };
 
 namespace topology_limits {
@@ -200,6 +214,9 @@ struct workload_spec {
   double temperature = 0.0;
   double top_p = 1.0;
   std::uint64_t seed = 1;
+  /// Longest the router holds one request while no engine can serve it
+  /// (carried in each request as generate_request::deadline_ms).
+  milliseconds request_deadline{30000};
 };
 
 struct fault_spec {

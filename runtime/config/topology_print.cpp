@@ -55,7 +55,9 @@ std::string to_yaml(const topology& t) {
   for (auto& n : t.nodes) {
     out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << n.name;
     out << YAML::Key << "address" << YAML::Value << n.address;
-    out << YAML::Key << "port" << YAML::Value << n.port << YAML::EndMap;
+    out << YAML::Key << "port" << YAML::Value << n.port;
+    out << YAML::Key << "restart" << YAML::Value << std::string(to_string(n.restart));
+    out << YAML::Key << "max_restarts" << YAML::Value << i64(n.max_restarts) << YAML::EndMap;
   }
   out << YAML::EndSeq;
 
@@ -162,7 +164,8 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "max_tokens" << YAML::Value << i64(w.max_tokens);
   out << YAML::Key << "temperature" << YAML::Value << format_double(w.temperature);
   out << YAML::Key << "top_p" << YAML::Value << format_double(w.top_p);
-  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(w.seed) << YAML::EndMap;
+  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(w.seed);
+  out << YAML::Key << "request_deadline_ms" << YAML::Value << i64(w.request_deadline.count()) << YAML::EndMap;
 
   if (!t.drill.faults.empty()) {
     out << YAML::Key << "drill" << YAML::Value << YAML::BeginMap;

@@ -103,6 +103,9 @@ std::string check(const generate_request& x) {
   if (x.generated.size() > s.max_tokens)
     return "generate_request.generated: " + std::to_string(x.generated.size())
            + " tokens exceed max_tokens " + std::to_string(s.max_tokens);
+  if (x.deadline_ms > max_request_deadline_ms)
+    return "generate_request.deadline_ms: " + std::to_string(x.deadline_ms) + " exceeds the limit of "
+           + std::to_string(max_request_deadline_ms) + " (an hour)";
   return {};
 }
 

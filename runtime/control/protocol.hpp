@@ -7,6 +7,7 @@
 // matching `check_*` function below, because a peer can lie: an enum out of
 // range or a span that does not add up is rejected, never trusted.
 #include "runtime/config/modes.hpp"
+#include "runtime/config/topology.hpp"
 
 #include <cstdint>
 #include <string>
@@ -50,6 +51,11 @@ struct generate_request {
   std::vector<std::int32_t> generated;
   sampling_params sampling;
   std::uint64_t min_version = 0; ///< staleness bound: do not serve below this version
+  /// Longest the router may hold the request while no engine can serve it
+  /// (every engine down, or none current), counted from its arrival and again
+  /// from each requeue after its engine failed; then it is rejected. 0: the
+  /// router's default. Relative, so that no clocks need to agree.
+  std::uint32_t deadline_ms = 0;
 };
 
 /// One streamed token. `index` counts generated tokens from 0 for the

@@ -45,6 +45,10 @@ struct drill_observation {
   std::vector<drill_engine_end> engines;
   std::int64_t min_live_engines = 1;
   std::uint64_t below_min_live_events = 0;
+  /// The most engine replicas the drill's own faults kill at the same moment.
+  /// When that leaves fewer than min_live_engines, falling below it is the
+  /// drill's doing: reported, not judged.
+  std::int64_t engines_killed_at_once = 0;
   /// Tokens per second before the first fault and after everything healed.
   double throughput_before = 0;
   double throughput_after = 0;

@@ -112,6 +112,7 @@ struct child_state {
   pid_t pid = -1;
   stream_state out, err;
   child_exit exit;
+  std::optional<clock_type::time_point> restart_at; // it failed and starts again then
   bool running() const { return pid > 0 && !exit.reaped; }
 };
 
@@ -307,6 +308,8 @@ public:
 
   launch_result run(int wake_fd, int devnull, bool sigpipe_was_ignored) {
     wake_fd_ = wake_fd;
+    devnull_ = devnull;
+    sigpipe_was_ignored_ = sigpipe_was_ignored;
     for (auto& c : children_) {
       // A stop requested before or during start-up: start nothing more.
       read_wake();
@@ -340,8 +343,14 @@ private:
     std::vector<stream_state*> streams;
     for (;;) {
       reap();
+      restart_due();
       auto now = clock_type::now();
       bool any_running = std::any_of(started_.begin(), started_.end(), [](auto* c) { return c->running(); });
+      // A child waiting for its restart keeps the run going as if it ran.
+      std::optional<clock_type::time_point> next_restart;
+      for (auto* c : started_)
+        if (c->restart_at && (!next_restart || *c->restart_at < *next_restart))
+          next_restart = c->restart_at;
       if (stopping_ && !killing_ && any_running && now >= grace_deadline_)
         escalate("still running after the grace period (" + std::to_string(options_.grace.count()) + " ms)");
       if (killing_ && any_running && now >= kill_deadline_) {
@@ -360,7 +369,7 @@ private:
             fds.push_back({s->fd, POLLIN, 0});
             streams.push_back(s);
           }
-      if (!any_running) {
+      if (!any_running && !next_restart) {
         if (streams.empty())
           break;
         if (!drain_deadline)
@@ -376,6 +385,8 @@ private:
         next = std::min(next, kill_deadline_);
       if (drain_deadline)
         next = std::min(next, *drain_deadline);
+      if (next_restart)
+        next = std::min(next, *next_restart);
       int r = ::poll(fds.data(), fds.size(), ms_until(next, now));
       if (r < 0) {
         if (errno == EINTR)
@@ -445,8 +456,56 @@ private:
           if (!read_once(*c, *s))
             break;
       report(*c, c->exit.describe());
-      if (!c->exit.stopped && !c->exit.success())
-        fail(*c);
+      if (!c->exit.stopped && !c->exit.success()) {
+        failed_on_its_own(*c);
+      } else if (c->spec->ends_run && !stopping_) {
+        report(*c, "the job is over; stopping the others");
+        begin_stop();
+      }
+    }
+  }
+
+  /// A child failed on its own: restarted after a backoff while its policy
+  /// allows, else the run fails.
+  void failed_on_its_own(child_state& c) {
+    const auto& policy = c.spec->restart;
+    auto delay = stopping_ ? std::nullopt : restart_delay(policy, c.exit.restarts);
+    if (!delay) {
+      if (policy.on_failure && !stopping_)
+        report(c, "failed after " + std::to_string(c.exit.restarts) + " restart(s), the most allowed");
+      fail(c);
+      return;
+    }
+    c.restart_at = clock_type::now() + *delay;
+    report(c, "restarting in " + std::to_string(delay->count()) + " ms (restart "
+                + std::to_string(c.exit.restarts + 1) + " of " + std::to_string(policy.max_restarts) + ")");
+  }
+
+  /// Starts again every child whose restart is due.
+  void restart_due() {
+    auto now = clock_type::now();
+    for (auto* c : started_) {
+      if (!c->restart_at || *c->restart_at > now || stopping_)
+        continue;
+      c->restart_at.reset();
+      // Streams a grandchild still holds open belong to the old incarnation.
+      close_stream(*c, c->out);
+      close_stream(*c, c->err);
+      auto restarts = c->exit.restarts + 1;
+      c->exit = child_exit{};
+      c->exit.name = c->spec->name;
+      c->exit.restarts = restarts;
+      c->pid = -1;
+      int e = spawn(*c, devnull_, sigpipe_was_ignored_);
+      if (e != 0) {
+        c->exit.exec_failed = true;
+        c->exit.reaped = true;
+        c->exit.code = e;
+        report(*c, c->exit.describe());
+        failed_on_its_own(*c);
+        continue;
+      }
+      report(*c, "restarted: pid " + std::to_string(c->pid) + " (restart " + std::to_string(restarts) + ")");
     }
   }
 
@@ -462,6 +521,8 @@ private:
   void begin_stop() {
     stopping_ = true;
     grace_deadline_ = clock_type::now() + options_.grace;
+    for (auto* c : started_)
+      c->restart_at.reset(); // a stop cancels pending restarts
     for (auto* c : started_)
       if (c->running()) {
         signal_child(c->pid, SIGTERM);
@@ -546,6 +607,8 @@ private:
   std::vector<char> buffer_;
   std::string line_;
   int wake_fd_ = -1;
+  int devnull_ = -1;
+  bool sigpipe_was_ignored_ = false;
   bool stopping_ = false, killing_ = false;
   clock_type::time_point grace_deadline_, kill_deadline_;
   launch_outcome outcome_ = launch_outcome::succeeded;
@@ -589,6 +652,17 @@ bool iequals(std::string_view a, std::string_view b) {
 } // namespace
 
 // ---------------------------------------------------------------------------
+
+std::optional<std::chrono::milliseconds> restart_delay(const restart_policy& p, std::uint32_t restarts_done) {
+  if (!p.on_failure || restarts_done >= p.max_restarts)
+    return std::nullopt;
+  auto cap = std::max(p.max_backoff, milliseconds(0));
+  auto delay = std::min(std::max(p.first_backoff, milliseconds(0)), cap);
+  // Doubling stops at the cap, so it never overflows.
+  for (std::uint32_t i = 0; i < restarts_done && delay > milliseconds(0) && delay < cap; ++i)
+    delay = delay.count() > cap.count() / 2 ? cap : delay * 2;
+  return delay;
+}
 
 std::string child_exit::describe() const {
   if (exec_failed)

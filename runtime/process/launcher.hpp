@@ -13,18 +13,44 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace rlsync {
+
+/// What the supervisor does when a child fails on its own (non-zero exit, a
+/// signal, or it could not start): stop the others (the default), or start
+/// it again after a backoff, a bounded number of times.
+struct restart_policy {
+  bool on_failure = false;
+  std::uint32_t max_restarts = 3;
+  /// Before the first restart; doubled before each further one, up to max_backoff.
+  std::chrono::milliseconds first_backoff{500};
+  std::chrono::milliseconds max_backoff{30000};
+};
+
+/// How long to wait before the restart that follows `restarts_done` earlier
+/// ones, or nullopt when `p` allows no more: first_backoff × 2^restarts_done,
+/// capped at max_backoff (no overflow however large restarts_done is).
+std::optional<std::chrono::milliseconds> restart_delay(const restart_policy& p, std::uint32_t restarts_done);
 
 /// One process to run. `argv[0]` is the path executed (no PATH search); the
 /// child inherits the environment and the working directory, reads
 /// /dev/null, and writes into pipes read by the supervisor.
 struct child_spec {
+  child_spec() = default;
+  child_spec(std::string child_name, std::vector<std::string> child_argv)
+      : name(std::move(child_name)), argv(std::move(child_argv)) {}
+
   std::string name; // the output prefix and the name in reports
   std::vector<std::string> argv;
+  restart_policy restart;
+  /// Its exit ends the run: exiting 0, it stops the others (they do not count
+  /// as failed); failing, it fails the run (the job's head).
+  bool ends_run = false;
 };
 
 /// Which of the supervisor's streams a line belongs to: a child's stdout
@@ -80,6 +106,7 @@ struct child_exit {
   bool stopped = false;  // the supervisor had sent it SIGTERM by then (it did not end on its own)
   bool killed = false;   // the supervisor sent it SIGKILL after the grace period
   bool exec_failed = false; // it never ran: fork or exec failed (`code` is the errno)
+  std::uint32_t restarts = 0; // times it was started again after failing (restart_policy)
 
   bool success() const { return reaped && !signaled && code == 0 && !exec_failed; }
   /// "exited 0", "exited 3", "killed by signal 9", "could not start: No such file or directory".
@@ -88,7 +115,8 @@ struct child_exit {
 
 enum class launch_outcome {
   succeeded,    // every child exited 0 on its own
-  child_failed, // a child failed on its own (non-zero exit, signal, could not start); the rest were stopped
+  child_failed, // a child failed on its own (non-zero exit, signal, could not start) with no
+                // restart left; the rest were stopped
   stopped,      // request_stop() (e.g. SIGINT/SIGTERM to the launcher) stopped them
 };
 

@@ -679,3 +679,134 @@ TEST_CASE_FIXTURE(router_fixture, "a router that stops answers every waiting req
   CHECK(is(*running->error, errc::not_routable));
   CHECK(log->aborted == strings{"a:2"}); // the engine is told to drop what it runs
 }
+
+TEST_CASE_FIXTURE(router_fixture, "a request's own deadline_ms bounds its wait; the rejection names why") {
+  struct row {
+    const char* name;
+    std::uint32_t deadline_ms; // the request's; 0: the router's
+    std::chrono::milliseconds router_deadline;
+    std::chrono::milliseconds waited;
+    bool rejected;
+  };
+  const row rows[] = {
+    {"own deadline, not yet passed", 5000, 30s, 4999ms, false},
+    {"own deadline passed", 5000, 30s, 5000ms, true},
+    {"own deadline longer than the router's", 60000, 30s, 30s, false},
+    {"no deadline: the router's, not yet passed", 0, 30s, 29999ms, false},
+    {"no deadline: the router's passed", 0, 30s, 30s, true},
+  };
+  for (auto& row : rows) {
+    CAPTURE(row.name);
+    router_config cfg;
+    cfg.queue_deadline = row.router_deadline;
+    auto r = make_router(cfg);
+    auto req = request(1);
+    req.deadline_ms = row.deadline_ms;
+    auto out = submit(r, req);
+    sched.advance_time(row.waited);
+    sched.run();
+    CHECK(out->answered() == row.rejected);
+    if (row.rejected) {
+      REQUIRE(out->error);
+      CHECK(is(*out->error, errc::not_routable));
+      auto text = sys.render(*out->error);
+      CHECK(text.find("deadline passed") != std::string::npos);
+      CHECK(text.find("no engine is up") != std::string::npos);
+      CHECK(status(r).rejected == 1);
+    } else {
+      CHECK(status(r).queued == 1);
+    }
+    caf::anon_send_exit(r, caf::exit_reason::user_shutdown); // answers what waits
+    sched.run();
+  }
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a deadline beyond the limit is refused as malformed") {
+  auto r = make_router();
+  auto req = request(1);
+  req.deadline_ms = static_cast<std::uint32_t>(max_request_deadline_ms) + 1;
+  auto out = submit(r, req);
+  REQUIRE(out->error);
+  CHECK(is(*out->error, errc::malformed));
+  CHECK(sys.render(*out->error).find("deadline_ms") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "every engine down: requests wait, nothing goes to a dead engine, none is lost") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, act::hold);
+  auto b = make_engine("b", 1, act::hold);
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  std::vector<std::shared_ptr<outcome>> outs;
+  // A budget no two attempts use up, so each request is still running when its engine dies.
+  for (std::uint64_t id = 1; id <= 4; ++id)
+    outs.push_back(submit(r, request(id, {1, 2, 3}, 16)));
+  CHECK(status(r).outstanding == 4);
+  // The whole fleet dies at once.
+  kill(a);
+  kill(b);
+  auto s = status(r);
+  CHECK(s.outstanding == 0);
+  CHECK(s.queued == 4);
+  CHECK(s.routable == 0);
+  // The coordinator, not yet aware, announces the dead incarnations again:
+  // the router keeps them off the table and sends them nothing.
+  log->dispatched.clear();
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  CHECK(status(r).routable == 0);
+  CHECK(log->dispatched.empty());
+  // New requests wait too (the queue holds them; no error).
+  outs.push_back(submit(r, request(5, {1, 2, 3}, 16)));
+  CHECK(status(r).queued == 5);
+  sched.advance_time(20s);
+  sched.run();
+  for (auto& o : outs)
+    CHECK(!o->answered());
+  // a restarts (a new incarnation under the same name): everything is served there.
+  auto a2 = make_engine("a", 1);
+  route(r, a2, "a", 1);
+  CHECK(engines_of(*log) == strings{"a", "a", "a", "a", "a"});
+  for (auto& o : outs) {
+    REQUIRE(o->result);
+    CHECK(o->result->engine == "a");
+    CHECK(check(*o->result).empty());
+  }
+  s = status(r);
+  CHECK(s.completed == 5);
+  CHECK(s.rejected == 0);
+  CHECK(s.queued == 0);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "an engine reported silent comes back under the same handle") {
+  auto r = make_router();
+  auto a = make_engine("a");
+  route(r, a, "a", 1);
+  caf::anon_send(r, failed_atom_v, std::string{"a"});
+  sched.run();
+  CHECK(status(r).routable == 0);
+  auto waiting = submit(r, request(1));
+  CHECK(!waiting->answered());
+  // Healed (not dead): the coordinator's update makes the same handle routable again.
+  route(r, a, "a", 1);
+  CHECK(status(r).routable == 1);
+  CHECK(waiting->result);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a rerouted request past its deadline is rejected with the tokens its sink has") {
+  auto r = make_router();
+  auto a = make_engine("a", 1, act::hold);
+  route(r, a, "a", 1);
+  auto req = request(1, {1, 2, 3}, 16);
+  req.deadline_ms = 2000;
+  auto out = submit(r, req);
+  kill(a); // after two tokens: requeued, nothing else to go to
+  CHECK(status(r).queued == 1);
+  sched.advance_time(2s);
+  sched.run();
+  REQUIRE(out->result);
+  CHECK(out->result->reason == finish_reason::rejected);
+  CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101});
+  CHECK(check(*out->result).empty());
+  CHECK(status(r).rejected == 1);
+}

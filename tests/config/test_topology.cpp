@@ -196,7 +196,33 @@ TEST_CASE("topology errors: nodes") {
      "t.yaml:3:28: nodes[0].address: must be a host name or IP address, got 'my host'"},
     {"same fixed endpoint twice", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4000}]"),
      "t.yaml:3:48: nodes[1].port: 127.0.0.1:4000 is already used by node 'a'"},
+    {"restart not a policy", with("nodes", "nodes: [{name: a}, {name: b, restart: always}]"),
+     "t.yaml:3:39: nodes[1].restart: must be one of never, on-failure, got 'always'"},
+    {"max_restarts beyond the bound", with("nodes", "nodes: [{name: a}, {name: b, max_restarts: 101}]"),
+     "t.yaml:3:44: nodes[1].max_restarts: must be between 0 and 100, got 101"},
+    {"negative max_restarts", with("nodes", "nodes: [{name: a}, {name: b, max_restarts: -1}]"),
+     "t.yaml:3:44: nodes[1].max_restarts: must be between 0 and 100, got -1"},
+    {"restart on the coordinator's node", with("nodes", "nodes: [{name: a, restart: on-failure}, {name: b}]"),
+     "t.yaml:3:28: nodes[0].restart: the coordinator's node (a) is never restarted: its failure ends the job; "
+     "use never here"},
   });
+}
+
+TEST_CASE("topology: restart and request deadline keys") {
+  auto defaults = parse_topology(with("", ""), "t.yaml", "/base");
+  CHECK(defaults.nodes[1].restart == node_restart::never);
+  CHECK(defaults.nodes[1].max_restarts == 3);
+  CHECK(defaults.workload.request_deadline == std::chrono::milliseconds(30000));
+  auto t = parse_topology(with("nodes", "nodes: [{name: a}, {name: b, restart: on-failure, max_restarts: 7}]")
+                            + "workload: {request_deadline_ms: 2500}\n",
+                          "t.yaml", "/base");
+  CHECK(t.nodes[0].restart == node_restart::never);
+  CHECK(t.nodes[1].restart == node_restart::on_failure);
+  CHECK(t.nodes[1].max_restarts == 7);
+  CHECK(t.workload.request_deadline == std::chrono::milliseconds(2500));
+  auto yaml = to_yaml(t);
+  CHECK(yaml.find("restart: on-failure") != std::string::npos);
+  CHECK(yaml.find("request_deadline_ms: 2500") != std::string::npos);
 }
 
 TEST_CASE("topology errors: cluster") {
@@ -431,6 +457,10 @@ TEST_CASE("topology errors: sync and workload") {
      "t.yaml:6:25: workload.concurrency: must be positive, got 0"},
     {"prompts as text", plus("workload: {prompts: lots}"),
      "t.yaml:6:21: workload.prompts: expected an integer, got 'lots'"},
+    {"zero request deadline", plus("workload: {request_deadline_ms: 0}"),
+     "t.yaml:6:33: workload.request_deadline_ms: must be between 1 and 3600000, got 0"},
+    {"request deadline beyond an hour", plus("workload: {request_deadline_ms: 3600001}"),
+     "t.yaml:6:33: workload.request_deadline_ms: must be between 1 and 3600000, got 3600001"},
   });
 }
 

@@ -122,3 +122,32 @@ TEST_CASE("drill check: throughput reported, not judged") {
     CHECK(rec.passed() == r.held);
   }
 }
+
+TEST_CASE("drill check: min_live is not judged when the drill itself kills too many at once") {
+  struct row {
+    const char* what;
+    std::int64_t killed_at_once;
+    std::int64_t min_live;
+    bool judged;
+  };
+  // healthy() has three engines.
+  const row rows[] = {
+    {"no kill", 0, 1, true},
+    {"one of three, min 1", 1, 1, true},
+    {"two of three, min 1", 2, 1, true},
+    {"all three, min 1", 3, 1, false},
+    {"two of three, min 2", 2, 2, false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto o = healthy();
+    o.min_live_engines = r.min_live;
+    o.engines_killed_at_once = r.killed_at_once;
+    o.below_min_live_events = 1;
+    auto results = check_drill(o);
+    REQUIRE(results.size() == 7);
+    CHECK(!results[6].held);
+    CHECK(results[6].judged == r.judged);
+    CHECK((results[6].evidence.find("reported, not judged") != std::string::npos) == !r.judged);
+  }
+}

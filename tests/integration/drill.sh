@@ -12,6 +12,9 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 for drill in "$root"/configs/drills/*.yaml; do
   name=$(basename "$drill" .yaml)
+  # Its engines never come back, so the invariants about live engines cannot
+  # hold: tests/integration/fleet.sh checks what it must show instead.
+  [ "$name" = fleet-loss-no-restart ] && continue
   set +e
   "$rlsync" drill "$drill" --report "$dir/$name" --throughput report > "$dir/$name.out" 2> "$dir/$name.err"
   rc=$?

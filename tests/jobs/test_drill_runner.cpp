@@ -515,3 +515,39 @@ TEST_CASE("drill runner: the --throughput values") {
   CHECK_FALSE(parse_throughput_verdict("Judge").has_value());
   CHECK_FALSE(parse_throughput_verdict("").has_value());
 }
+
+TEST_CASE("drill faults: the most engines killed at the same moment") {
+  topology t;
+  for (int i = 0; i < 3; ++i) {
+    engine_spec e;
+    e.name = "rollout-" + std::to_string(i);
+    e.node = i < 2 ? "a" : "b";
+    t.engines.push_back(e);
+  }
+  struct row {
+    const char* what;
+    std::vector<fault_spec> faults;
+    std::int64_t expected;
+  };
+  const row rows[] = {
+    {"none", {}, 0},
+    {"one kill", {at_ms(100, fault_action::kill, "rollout-0")}, 1},
+    {"two at different times", {at_ms(100, fault_action::kill, "rollout-0"), at_ms(200, fault_action::kill, "rollout-1")}, 1},
+    {"three at once",
+     {at_ms(100, fault_action::kill, "rollout-0"), at_ms(100, fault_action::kill, "rollout-1"),
+      at_ms(100, fault_action::kill, "rollout-2")},
+     3},
+    {"a partition is no kill", {at_ms(100, fault_action::partition, "rollout-0")}, 0},
+    {"the same round and phase",
+     {at_sync(4, sync_phase::pause, fault_action::kill, "rollout-0"),
+      at_sync(4, sync_phase::pause, fault_action::kill, "rollout-2"),
+      at_sync(4, sync_phase::transfer, fault_action::kill, "rollout-1")},
+     2},
+    {"a node's kill counts its engines", {at_ms(100, fault_action::kill, "a", fault_target::node)}, 2},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    t.drill.faults = r.faults;
+    CHECK(engines_killed_at_once(t) == r.expected);
+  }
+}

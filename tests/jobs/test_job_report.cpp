@@ -136,6 +136,8 @@ TEST_CASE("job report: weight lines and alerts for what went wrong") {
   };
   const row rows[] = {
     {"interrupted", [](job_outcome& o) { o.interrupted = true; }, "== rlsync run t.yaml (interrupted)\n"},
+    {"drained", [](job_outcome& o) { o.drain = "2 in flight, all answered within 5000 ms"; },
+     "drain: 2 in flight, all answered within 5000 ms\n"},
     {"an engine differs", [](job_outcome& o) { o.checks[1].mismatched = 3; }, "  b v5: 3 of 8 shards DIFFER"},
     {"an engine dirty", [](job_outcome& o) { o.checks[0].dirty = true; }, "  a v5: DIRTY"},
     {"an engine not verified", [](job_outcome& o) { o.checks[0].error = "no digest"; }, "  a v5: NOT VERIFIED: no digest"},
@@ -183,6 +185,7 @@ TEST_CASE("job report: exit status rules") {
     {"below min_live", [](job_outcome& o) { o.below_min_live_events = 1; }, 3},
     {"below min_live and a failure", [](job_outcome& o) { o.below_min_live_events = 1; o.checks.clear(); }, 3},
     {"interrupted", [](job_outcome& o) { o.interrupted = true; o.below_min_live_events = 1; }, 130},
+    {"stopped by SIGTERM", [](job_outcome& o) { o.interrupted = true; o.stop_signal = 15; }, 143},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
@@ -238,7 +241,7 @@ TEST_CASE("job report: the JSON carries every field") {
   std::vector<std::string> keys;
   for (auto& [k, v] : ordered.items())
     keys.push_back(k);
-  CHECK(keys == std::vector<std::string>{"topology", "interrupted", "requests", "tokens", "seconds", "memcpy_gbps",
+  CHECK(keys == std::vector<std::string>{"topology", "interrupted", "drain", "requests", "tokens", "seconds", "memcpy_gbps",
                                          "syncs", "weights", "weights_verified"});
 }
 

@@ -323,3 +323,111 @@ TEST_CASE("shell_quote: plain words stay, others are single-quoted") {
   CHECK(shell_quote({"/usr/bin/rlsync", "node", "--node", "a-1"}) == "/usr/bin/rlsync node --node a-1");
   CHECK(shell_quote({"a b", "it's", ""}) == "'a b' 'it'\\''s' ''");
 }
+
+TEST_CASE("restart_delay: attempts, exponential backoff, cap") {
+  using ms = milliseconds;
+  struct row {
+    const char* name;
+    restart_policy policy;
+    std::uint32_t restarts_done;
+    std::optional<ms> expected;
+  };
+  const restart_policy on{true, 3, ms(500), ms(30000)};
+  const restart_policy capped{true, 100, ms(500), ms(3000)};
+  const row rows[] = {
+    {"never restarts by default", restart_policy{}, 0, std::nullopt},
+    {"first restart: the first backoff", on, 0, ms(500)},
+    {"second: doubled", on, 1, ms(1000)},
+    {"third: doubled again", on, 2, ms(2000)},
+    {"past max_restarts: none", on, 3, std::nullopt},
+    {"zero restarts allowed", restart_policy{true, 0, ms(500), ms(30000)}, 0, std::nullopt},
+    {"capped at max_backoff", capped, 3, ms(3000)},
+    {"capped, far past the cap, no overflow", capped, 99, ms(3000)},
+    {"no backoff stays none", restart_policy{true, 5, ms(0), ms(1000)}, 4, ms(0)},
+    {"first backoff beyond the cap is the cap", restart_policy{true, 5, ms(9000), ms(1000)}, 0, ms(1000)},
+    {"huge count, huge cap: still the cap", restart_policy{true, 4000000000u, ms(1), ms::max()}, 3999999999u,
+     ms::max()},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.name);
+    CHECK(restart_delay(r.policy, r.restarts_done) == r.expected);
+  }
+}
+
+TEST_CASE("launcher: a child with restart on-failure is restarted with backoff, the others keep running") {
+  scratch_dir dir;
+  const std::string count = dir / "count";
+  const std::string peer_done = dir / "peer-done";
+  captured out;
+  supervisor_options opts;
+  opts.sink = out.sink();
+  supervisor sup(opts);
+  // flaky fails twice (SIGKILL, then exit 3) and succeeds the third time;
+  // peer runs until flaky succeeded and must never be stopped.
+  auto flaky = sh("flaky", "echo x >> '" + count + "'; n=$(wc -l < '" + count
+                             + "'); if [ $n -eq 1 ]; then kill -9 $$; fi; if [ $n -eq 2 ]; then exit 3; fi; "
+                               "touch '" + peer_done + "'");
+  flaky.restart = restart_policy{true, 3, milliseconds(50), milliseconds(1000)};
+  auto t0 = clock_type::now();
+  auto r = sup.run({flaky, sh("peer", wait_for(peer_done) + "exit 0")});
+  CHECK(r.outcome == launch_outcome::succeeded);
+  CHECK(exit_of(r, "flaky").success());
+  CHECK(exit_of(r, "flaky").restarts == 2);
+  CHECK(exit_of(r, "peer").success());
+  CHECK(!exit_of(r, "peer").stopped);
+  CHECK(out.has(output_stream::err, "[flaky] restarting in 50 ms (restart 1 of 3)\n"));
+  CHECK(out.has(output_stream::err, "[flaky] restarting in 100 ms (restart 2 of 3)\n"));
+  CHECK(seconds_since(t0) >= 0.15); // both backoffs were waited
+}
+
+TEST_CASE("launcher: restarts run out, then the failure stops the others") {
+  captured out;
+  supervisor_options opts;
+  opts.sink = out.sink();
+  supervisor sup(opts);
+  auto bad = sh("bad", "exit 4");
+  bad.restart = restart_policy{true, 2, milliseconds(10), milliseconds(100)};
+  auto r = sup.run({bad, sh("peer", "sleep 30")});
+  CHECK(r.outcome == launch_outcome::child_failed);
+  CHECK(r.failed == "bad");
+  CHECK(exit_of(r, "bad").restarts == 2);
+  CHECK(exit_of(r, "bad").code == 4);
+  CHECK(exit_of(r, "peer").stopped);
+  CHECK(out.has(output_stream::err, "[bad] failed after 2 restart(s), the most allowed\n"));
+}
+
+TEST_CASE("launcher: a stop cancels a pending restart") {
+  captured out;
+  supervisor_options opts;
+  opts.sink = out.sink();
+  supervisor sup(opts);
+  auto bad = sh("bad", "exit 1");
+  bad.restart = restart_policy{true, 3, milliseconds(60000), milliseconds(60000)};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    sup.request_stop();
+  });
+  auto t0 = clock_type::now();
+  auto r = sup.run({bad});
+  stopper.join();
+  CHECK(r.outcome == launch_outcome::stopped);
+  CHECK(exit_of(r, "bad").restarts == 0);
+  CHECK(seconds_since(t0) < 10);
+}
+
+TEST_CASE("launcher: a child that ends the run stops the others when it exits 0") {
+  captured out;
+  supervisor_options opts;
+  opts.sink = out.sink();
+  supervisor sup(opts);
+  auto head = sh("head", "exit 0");
+  head.ends_run = true;
+  auto member = sh("member", "sleep 30");
+  member.restart = restart_policy{true, 3, milliseconds(10), milliseconds(10)};
+  auto t0 = clock_type::now();
+  auto r = sup.run({head, member});
+  CHECK(r.outcome == launch_outcome::succeeded);
+  CHECK(exit_of(r, "member").stopped);
+  CHECK(exit_of(r, "member").restarts == 0); // stopped, not failed: no restart
+  CHECK(seconds_since(t0) < 10);
+}
