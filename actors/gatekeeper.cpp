@@ -22,7 +22,6 @@ namespace {
 
 // Longer names or proofs are malformed: a topology name is short and a
 // proof is 64 hex digits. Checked before anything is stored or hashed.
-constexpr std::size_t max_name_bytes = 256;
 constexpr std::size_t max_proof_bytes = 128;
 // A secret file is a few bytes of hex; anything this large is a mistake.
 constexpr std::size_t max_secret_bytes = 4096;
