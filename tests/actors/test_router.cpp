@@ -680,7 +680,7 @@ TEST_CASE_FIXTURE(router_fixture, "a router that stops answers every waiting req
   CHECK(log->aborted == strings{"a:2"}); // the engine is told to drop what it runs
 }
 
-TEST_CASE_FIXTURE(router_fixture, "a request's own deadline_ms bounds its wait; the rejection names why") {
+TEST_CASE_FIXTURE(router_fixture, "a request's own deadline_ms bounds its wait, and the rejection names why") {
   struct row {
     const char* name;
     std::uint32_t deadline_ms; // the request's; 0: the router's
@@ -782,7 +782,7 @@ TEST_CASE_FIXTURE(router_fixture, "an engine reported silent comes back under th
   auto r = make_router();
   auto a = make_engine("a");
   route(r, a, "a", 1);
-  caf::anon_send(r, failed_atom_v, std::string{"a"});
+  tell(r, failed_atom_v, std::string{"a"});
   sched.run();
   CHECK(status(r).routable == 0);
   auto waiting = submit(r, request(1));
