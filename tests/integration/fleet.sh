@@ -22,7 +22,6 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; tail -n 40 "$tmp/out" 2>/dev/null || true; exit 1; }
-export RLSYNC_SECRET=fleet-test-secret
 
 # The multiprocess topology on free ports, its engine nodes restarted on failure.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -32,6 +31,8 @@ sed -e "s/port: 7411/port: $port/" \
     -e 's/^  prompts: 64$/  prompts: 400/' \
     -e 's/^  max_tokens: 32$/  max_tokens: 24\n  request_deadline_ms: 60000/' \
     "$src/configs/multiprocess.yaml" >"$tmp/t.yaml"
+# The shipped config runs mutual TLS with per-node secrets: make them here.
+"$rlsync" certs make --out "$tmp/certs" --nodes head,engines-a,engines-b >/dev/null || fail "certs make"
 "$rlsync" validate "$tmp/t.yaml" >/dev/null || fail "the test topology does not validate"
 
 # Waits (bounded, $2 s) for a line matching $1 in $tmp/out.

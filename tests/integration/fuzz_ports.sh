@@ -20,7 +20,8 @@ port=$((20000 + ($$ % 6000) * 2 + 1))
 sed -e "s/port: 7411/port: $port/" -e 's/step_time_ms: 200/step_time_ms: 300/' \
   "$src/configs/multiprocess.yaml" > "$dir/mp.yaml"
 grep -q "port: $port" "$dir/mp.yaml" || fail "the scratch topology did not take port $port"
-export RLSYNC_SECRET=fuzz-every-port
+# The shipped config runs mutual TLS with per-node secrets: make them here.
+"$rlsync" certs make --out "$dir/certs" --nodes head,engines-a,engines-b > /dev/null || fail "certs make"
 
 "$rlsync" node --topology "$dir/mp.yaml" --node head > "$dir/head.log" 2>&1 &
 pids+=($!)
