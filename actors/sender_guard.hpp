@@ -19,6 +19,7 @@
 #include <caf/actor_control_block.hpp>
 #include <caf/atom.hpp>
 #include <caf/node_id.hpp>
+#include <caf/response_promise.hpp>
 #include <caf/result.hpp>
 
 #include <atomic>
@@ -123,9 +124,14 @@ auto authorize(Self self, std::shared_ptr<sender_guard> guard, F handler, R (F::
     const auto& sender = self->current_sender();
     if (!guard->admits(sender, self->ctrl(), self->node())) {
       auto err = guard->refuse(sender, message_name<Args...>());
-      if constexpr (std::is_void_v<out>)
-        return; // one-way: dropped
-      else
+      if constexpr (std::is_void_v<out>) {
+        // One-way: dropped. Sent as a request, CAF would answer an empty
+        // message, which a peer cannot tell from being served: it gets the error.
+        auto rp = self->template make_response_promise<caf::response_promise>();
+        if (rp.pending() && !rp.async())
+          rp.deliver(std::move(err));
+        return;
+      } else
         return out{std::move(err)};
     }
     return handler(std::forward<Args>(xs)...);
