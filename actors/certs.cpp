@@ -1,5 +1,6 @@
 #include "actors/certs.hpp"
 
+#include "actors/openssl_handles.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/config/topology.hpp"
 
@@ -27,18 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct pkey_free {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct x509_free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct bio_free {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
-using x509_ptr = std::unique_ptr<X509, x509_free>;
-using bio_ptr = std::unique_ptr<BIO, bio_free>;
+using namespace openssl_handles;
 
 [[noreturn]] void fail(const std::string& what) {
   unsigned long code = ERR_get_error();

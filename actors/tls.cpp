@@ -1,5 +1,6 @@
 #include "actors/tls.hpp"
 
+#include "actors/openssl_handles.hpp"
 #include "runtime/base/printable.hpp"
 
 #include <caf/openssl/manager.hpp>
@@ -25,24 +26,7 @@ namespace {
 // A PEM chain of a few certificates is a few kB; anything this large is not one.
 constexpr off_t max_pem_bytes = 1 << 20;
 
-struct bio_free {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct x509_free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct pkey_free {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct store_free {
-  void operator()(X509_STORE* s) const { X509_STORE_free(s); }
-};
-struct store_ctx_free {
-  void operator()(X509_STORE_CTX* c) const { X509_STORE_CTX_free(c); }
-};
-using bio_ptr = std::unique_ptr<BIO, bio_free>;
-using x509_ptr = std::unique_ptr<X509, x509_free>;
-using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_free>;
+using namespace openssl_handles;
 
 std::runtime_error tls_error(const std::string& what, const std::string& file, const std::string& why) {
   return std::runtime_error("cluster.tls." + what + ": " + printable(file, 512) + ": " + why);
@@ -112,8 +96,8 @@ void check_tls_files(const tls_spec& files) {
     ERR_clear_error();
     throw tls_error("key", files.key, "does not belong to the certificate " + printable(files.cert, 512));
   }
-  std::unique_ptr<X509_STORE, store_free> store(X509_STORE_new());
-  std::unique_ptr<X509_STORE_CTX, store_ctx_free> ctx(X509_STORE_CTX_new());
+  store_ptr store(X509_STORE_new());
+  store_ctx_ptr ctx(X509_STORE_CTX_new());
   STACK_OF(X509)* intermediates = sk_X509_new_null();
   if (!store || !ctx || !intermediates) {
     sk_X509_free(intermediates);
