@@ -109,6 +109,19 @@ std::uint16_t free_port() {
   return ntohs(a.sin_port);
 }
 
+/// Whether anything accepts a TCP connection on 127.0.0.1:`port` now.
+bool tcp_accepts(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0; // loopback: refused at once
+  ::close(fd);
+  return ok;
+}
+
 /// Runs `connect` with a deadline: a connection attempt that neither
 /// succeeds nor fails in 30 s is a hang, and fails the test.
 template <class F>
@@ -407,8 +420,9 @@ TEST_CASE("a head published over TLS admits a member, then stops cleanly and clo
   CHECK_MESSAGE(admitted, problem);
 
   CHECK(head->stop(std::chrono::seconds(10)));
-  // The port is closed: a member with valid credentials is refused at once.
-  auto after = within_deadline([&] { return connect_node<gatekeeper_actor>(member, "127.0.0.1", port); });
-  CHECK(!after);
+  // The port is closed: nothing accepts a connection there any more. (Asked
+  // through CAF, the member's middleman could answer from its cache of the
+  // connection it already had.)
+  CHECK(!tcp_accepts(port));
   head.reset();
 }
