@@ -41,6 +41,7 @@ struct sample {
   std::int64_t rss_kb = 0;
   std::int64_t fds = 0;
   std::int64_t threads = 0;
+  std::int64_t actors = 0; ///< running in this actor system
 };
 
 /// A field of /proc/self/status in its own unit (kB for VmRSS), or -1.
@@ -69,8 +70,9 @@ std::int64_t open_descriptors() {
   return n - 1; // the directory's own descriptor
 }
 
-sample take(std::uint64_t syncs) {
-  return {syncs, status_field("VmRSS"), open_descriptors(), status_field("Threads")};
+sample take(std::uint64_t syncs, caf::actor_system& sys) {
+  return {syncs, status_field("VmRSS"), open_descriptors(), status_field("Threads"),
+          static_cast<std::int64_t>(sys.registry().running())};
 }
 
 /// Least-squares slope of y over x, per 1,000 x; 0 with fewer than two points.
@@ -156,7 +158,7 @@ int cmd_soak(const arg_list& argv) {
   std::uint64_t syncs = 0;
   const auto t0 = clock_type::now();
   const auto until = t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(minutes * 60));
-  std::cout << "syncs\trss_kb\tfds\tthreads\n";
+  std::cout << "syncs\trss_kb\tfds\tthreads\tactors\n";
   while (failure.empty() && clock_type::now() < until) {
     bool stepped = false;
     self->request(d.trainer.actor, round_time, step_atom::value)
@@ -167,9 +169,9 @@ int cmd_soak(const arg_list& argv) {
     self->request(d.coordinator, round_time * 2, sync_atom::value)
       .receive([&](const sync_report&) { ++syncs; }, [&](caf::error& err) { failure = "sync: " + sys.render(err); });
     if (failure.empty() && syncs % sample_every == 0) {
-      samples.push_back(take(syncs));
+      samples.push_back(take(syncs, sys));
       auto& s = samples.back();
-      std::cout << s.syncs << "\t" << s.rss_kb << "\t" << s.fds << "\t" << s.threads << std::endl;
+      std::cout << s.syncs << "\t" << s.rss_kb << "\t" << s.fds << "\t" << s.threads << "\t" << s.actors << std::endl;
     }
   }
   double seconds = std::chrono::duration<double>(clock_type::now() - t0).count();
@@ -180,7 +182,8 @@ int cmd_soak(const arg_list& argv) {
             << fixed(seconds > 0 ? syncs / seconds : 0, 1) << " syncs/s), " << samples.size() << " samples\n";
   std::cout << "per 1000 syncs: rss " << fixed(slope_per_1000(fitted, &sample::rss_kb)) << " kB, fds "
             << fixed(slope_per_1000(fitted, &sample::fds)) << ", threads "
-            << fixed(slope_per_1000(fitted, &sample::threads)) << " (least squares over " << fitted.size()
+            << fixed(slope_per_1000(fitted, &sample::threads)) << ", actors "
+            << fixed(slope_per_1000(fitted, &sample::actors)) << " (least squares over " << fitted.size()
             << " samples; goal: flat)\n";
   if (!failure.empty()) {
     std::cerr << "rlsync soak: " << failure << "\n";

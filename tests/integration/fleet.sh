@@ -98,9 +98,9 @@ echo "ok: the head drained on SIGTERM with no engine alive (${took} s) and print
 
 # 3. soak: runs, prints samples and slopes.
 "$rlsync" soak "$src/configs/local.yaml" --minutes 0.1 --sample-every 5 >"$tmp/out" 2>&1 || fail "soak failed"
-grep -qE '^syncs	rss_kb	fds	threads$' "$tmp/out" || fail "soak: no sample header"
+grep -qE '^syncs	rss_kb	fds	threads	actors$' "$tmp/out" || fail "soak: no sample header"
 grep -qE '^soak: [0-9]+ syncs in ' "$tmp/out" || fail "soak: no totals"
-grep -qE '^per 1000 syncs: rss -?[0-9.]+ kB, fds -?[0-9.]+, threads -?[0-9.]+' "$tmp/out" || fail "soak: no slopes"
+grep -qE '^per 1000 syncs: rss -?[0-9.]+ kB, fds -?[0-9.]+, threads -?[0-9.]+, actors -?[0-9.]+' "$tmp/out" || fail "soak: no slopes"
 echo "ok: soak printed its figures"
 
 # 4. Drills: the whole fleet killed at once.
