@@ -208,9 +208,7 @@ std::string read_cluster_secret(const std::string& secret_file, const std::strin
       throw std::runtime_error("cluster secret: " + name + " is accessible by group or others (mode "
                                + std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7)
                                + std::to_string(st.st_mode & 7) + "); chmod 600 it");
-    if (static_cast<std::size_t>(st.st_size) > max_secret_bytes)
-      throw std::runtime_error("cluster secret: " + name + " is larger than " + std::to_string(max_secret_bytes)
-                               + " bytes");
+    // Bounded by the reader itself, before and while it reads.
     secret = read_regular_file(secret_file, max_secret_bytes, "cluster secret");
     while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
       secret.pop_back();

@@ -272,6 +272,9 @@ TEST_CASE("the cluster secret comes from a private regular file or an environmen
                            std::runtime_error);
   }
   ::chmod(path.c_str(), 0600);
+  std::ofstream(path) << std::string(4097, 'a');
+  CHECK_THROWS_WITH_AS(read_cluster_secret(path, ""), doctest::Contains("larger than the limit of 4096 bytes"),
+                       std::runtime_error);
   std::ofstream(path) << "\n";
   CHECK_THROWS_WITH_AS(read_cluster_secret(path, ""), doctest::Contains("is empty"), std::runtime_error);
   std::remove(path.c_str());
