@@ -554,7 +554,7 @@ void send_phase(self_ptr self) {
         ask<phase_ack>(self, name, phase, start_atom::value, v);
         break;
       case sync_phase::transfer:
-        ask<transfer_report>(self, name, phase, transfer_atom::value, order);
+        ask<transfer_report>(self, name, phase, transfer_atom::value, order, std::vector<trainer_actor>{});
         break;
       case sync_phase::finish:
         ask<phase_ack>(self, name, phase, finish_atom::value, v);
@@ -798,6 +798,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       settle(self);
     }),
     authorized(self, guard, [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); }),
+    authorized(self, guard, [=](register_atom, const rank_info& info, const trainer_actor&) -> caf::result<registration> {
+      return make_error(errc::malformed, "trainer rank " + std::to_string(info.rank)
+                                           + ": this coordinator does not take trainer ranks yet");
+    }),
     authorized(self, guard, [=](register_atom, router_actor& router) {
       auto& st = self->state;
       st.cfg.router = std::move(router);

@@ -32,32 +32,6 @@ using version_listener_actor = caf::typed_actor<
   // version v is ready to be pulled
   caf::reacts_to<version_atom, version_info>>;
 
-/// One rollout engine (all its tensor-parallel workers), with vLLM's pause and
-/// weight-update semantics.
-using rollout_engine_actor = caf::typed_actor<
-  // pause(mode, clear_cache); replies at idle, after every earlier token was delivered
-  caf::replies_to<pause_atom, pause_request>::with<pause_report>,
-  // reset the prefix cache
-  caf::replies_to<flush_atom>::with<phase_ack>,
-  // open the weight-update session for version v
-  caf::replies_to<start_atom, std::uint64_t>::with<phase_ack>,
-  // one bucket of the session, bytes inline; replies with the bytes applied
-  caf::replies_to<update_atom, weight_bucket>::with<std::uint64_t>,
-  // pull this engine's shards of a version from the producers over the data plane
-  caf::replies_to<transfer_atom, transfer_order>::with<transfer_report>,
-  // publish version v; an incomplete session fails and leaves the engine dirty
-  caf::replies_to<finish_atom, std::uint64_t>::with<phase_ack>,
-  // leave the pause (the round's "continue"); an error while a pause is in flight
-  caf::replies_to<resume_atom>::with<phase_ack>,
-  // generate; tokens stream to the sink, the reply is the finished request
-  caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
-  // abort one request; replies whether it was found
-  caf::replies_to<abort_atom, std::uint64_t>::with<bool>,
-  // what the engine holds and runs
-  caf::replies_to<status_atom>::with<engine_status>,
-  // checksums of the weights served now, to verify them against the trainer's
-  caf::replies_to<digest_atom>::with<weight_digest>>::extend_with<heartbeat_actor>;
-
 /// The trainer and its weight source: parameter metadata, versions, groups.
 using trainer_actor = caf::typed_actor<
   // metadata of every parameter: name, dtype, full shape
@@ -79,6 +53,34 @@ using trainer_actor = caf::typed_actor<
   // UCX credentials for an engine worker (engine, worker): the producer's
   // address and a fresh session token; an error when no producer runs
   caf::replies_to<ucx_ticket_atom, std::string, std::int32_t>::with<ucx_ticket>>::extend_with<heartbeat_actor>;
+
+/// One rollout engine (all its tensor-parallel workers), with vLLM's pause and
+/// weight-update semantics.
+using rollout_engine_actor = caf::typed_actor<
+  // pause(mode, clear_cache); replies at idle, after every earlier token was delivered
+  caf::replies_to<pause_atom, pause_request>::with<pause_report>,
+  // reset the prefix cache
+  caf::replies_to<flush_atom>::with<phase_ack>,
+  // open the weight-update session for version v
+  caf::replies_to<start_atom, std::uint64_t>::with<phase_ack>,
+  // one bucket of the session, bytes inline; replies with the bytes applied
+  caf::replies_to<update_atom, weight_bucket>::with<std::uint64_t>,
+  // pull this engine's shards of a version over the data plane: from the
+  // trainer ranks the order names (their handles, in the order's order), or
+  // from the engine's one producer when it names none
+  caf::replies_to<transfer_atom, transfer_order, std::vector<trainer_actor>>::with<transfer_report>,
+  // publish version v; an incomplete session fails and leaves the engine dirty
+  caf::replies_to<finish_atom, std::uint64_t>::with<phase_ack>,
+  // leave the pause (the round's "continue"); an error while a pause is in flight
+  caf::replies_to<resume_atom>::with<phase_ack>,
+  // generate; tokens stream to the sink, the reply is the finished request
+  caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
+  // abort one request; replies whether it was found
+  caf::replies_to<abort_atom, std::uint64_t>::with<bool>,
+  // what the engine holds and runs
+  caf::replies_to<status_atom>::with<engine_status>,
+  // checksums of the weights served now, to verify them against the trainer's
+  caf::replies_to<digest_atom>::with<weight_digest>>::extend_with<heartbeat_actor>;
 
 /// Routes generation requests to live, current replicas.
 using router_actor = caf::typed_actor<
@@ -104,6 +106,9 @@ using coordinator_actor = version_listener_actor::extend<
   caf::reacts_to<deregister_atom, std::string>,
   // a trainer (re)started: follow its versions and pin rounds through it
   caf::reacts_to<register_atom, trainer_actor>,
+  // a trainer rank joins (or rejoins after a restart) with what it holds;
+  // replies with the cluster's newest version (a restarted rank catches up to it)
+  caf::replies_to<register_atom, rank_info, trainer_actor>::with<registration>,
   // a router (re)started: tell it every routable member, and it all changes from now on
   caf::reacts_to<register_atom, router_actor>,
   // run one sync round now; replies with its figures
@@ -154,6 +159,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync_handles, caf::id_block::rlsync::end)
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::version_listener_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::rollout_engine_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::trainer_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (std::vector<rlsync::trainer_actor>))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::router_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::coordinator_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::join_grant))

@@ -227,10 +227,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       }
       return applied;
     })),
-    authorized(self, guard, gated(self, [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
+    authorized(self, guard, gated(self, [=](transfer_atom, const transfer_order& order, const std::vector<trainer_actor>& producers) -> caf::result<transfer_report> {
       auto& st = self->state;
       if (auto why = check(order); !why.empty())
         return make_error(errc::malformed, why);
+      if (producers.size() != order.producers.size())
+        return make_error(errc::malformed, name + ": the transfer order names " + std::to_string(order.producers.size())
+                                             + " producers but carries " + std::to_string(producers.size()) + " handles");
+      if (!order.producers.empty()) // pulls from several trainer ranks come with the M:N puller
+        return make_error(errc::malformed, name + ": this engine cannot pull from several trainer ranks yet");
       if (!st.puller)
         return make_error(errc::malformed, name + ": no data plane for backend '" + order.backend + "'");
       if (st.core->session_version() != order.version)

@@ -47,6 +47,11 @@ struct rollout_engine_config {
   std::string node;
   /// The data plane the transfer phase pulls from (nullptr: inline buckets only).
   std::shared_ptr<transfer::weight_puller> puller;
+  /// The puller of one trainer rank named by a transfer order (its holding
+  /// and actor handle); the engine keeps what it returns per rank
+  /// incarnation. Empty: orders naming trainer ranks are refused.
+  std::function<std::shared_ptr<transfer::weight_puller>(const producer_holding&, const trainer_actor&)>
+    producer_puller;
   /// How long a pull may take (the coordinator's transfer deadline bounds the phase too).
   std::uint64_t transfer_deadline_ms = 60000;
   /// Steps itself while it has work. Deterministic tests turn this off and

@@ -100,6 +100,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::weight_digest>))
   CAF_ADD_ATOM(rlsync, rlsync, ucx_ticket_atom, "ucxticket") // an engine worker asks for UCX credentials
   CAF_ADD_TYPE_ID(rlsync, (rlsync::ucx_ticket))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_info))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::producer_holding))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -129,10 +131,12 @@ RLSYNC_INSPECT(engine_status, x.name, x.version, x.dirty, x.state, x.running, x.
 RLSYNC_INSPECT(tensor_meta, x.name, x.dtype, x.shape)
 RLSYNC_INSPECT(bucket_entry, x.name, x.dtype, x.shape, x.offset, x.bytes, x.tensor_offset)
 RLSYNC_INSPECT(weight_bucket, x.version, x.group, x.entries, x.data, x.checksum)
-RLSYNC_INSPECT(transfer_order, x.version, x.mode, x.backend)
+RLSYNC_INSPECT(transfer_order, x.version, x.mode, x.backend, x.producers)
+RLSYNC_INSPECT(rank_info, x.rank, x.node, x.incarnation, x.held)
+RLSYNC_INSPECT(producer_holding, x.rank, x.incarnation, x.held)
 RLSYNC_INSPECT(transfer_report, x.engine, x.version, x.bytes, x.groups, x.duration_ns)
 RLSYNC_INSPECT(phase_ack, x.engine, x.version, x.dirty)
-RLSYNC_INSPECT(version_info, x.version, x.groups, x.total_bytes)
+RLSYNC_INSPECT(version_info, x.version, x.groups, x.total_bytes, x.checksums)
 RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, x.transfer_ns,
                x.bytes, x.control_ns, x.aborted)
 RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)

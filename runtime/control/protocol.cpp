@@ -159,6 +159,44 @@ std::string check(const transfer_order& x) {
     return "transfer_order.mode: out of range";
   if (x.backend.size() > max_name_bytes)
     return over_bound("transfer_order.backend", x.backend.size(), max_name_bytes, "bytes");
+  if (x.producers.size() > max_producers)
+    return over_bound("transfer_order.producers", x.producers.size(), max_producers, "producers");
+  for (const auto& p : x.producers)
+    if (auto why = check(p); !why.empty())
+      return "transfer_order." + why;
+  return {};
+}
+
+namespace {
+
+/// Held names: each a valid name, ascending without repeats, within the bound.
+std::string check_held(const std::vector<std::string>& held, const std::string& field) {
+  if (held.size() > max_held_tensors)
+    return over_bound(field.c_str(), held.size(), max_held_tensors, "tensors");
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (auto why = check_name(held[i], field.c_str()); !why.empty())
+      return why;
+    if (i > 0 && !(held[i - 1] < held[i]))
+      return field + ": not ascending without repeats at entry " + std::to_string(i);
+  }
+  return {};
+}
+
+} // namespace
+
+std::string check(const rank_info& x) {
+  if (auto why = check_name(x.node, "rank_info.node"); !why.empty())
+    return why;
+  return check_held(x.held, "rank_info.held");
+}
+
+std::string check(const producer_holding& x) {
+  return check_held(x.held, "producer_holding.held");
+}
+
+std::string check(const version_info& x) {
+  if (x.checksums.size() > max_held_tensors)
+    return over_bound("version_info.checksums", x.checksums.size(), max_held_tensors, "checksums");
   return {};
 }
 

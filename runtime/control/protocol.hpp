@@ -164,13 +164,34 @@ struct weight_bucket {
   std::uint64_t checksum = 0; ///< checksum64 of the bucket bytes
 };
 
+/// A trainer rank as it registers with the coordinator: which rank of the
+/// topology's trainer.ranks it is, which restart, and what it holds.
+struct rank_info {
+  std::uint32_t rank = 0; ///< index in the topology's trainer.ranks
+  std::string node;       ///< topology node it runs on
+  std::uint64_t incarnation = 0; ///< grows with every restart of this rank
+  std::vector<std::string> held; ///< names of the tensors it holds, ascending
+};
+
+/// One producer of a transfer: a trainer rank (this incarnation) and the
+/// tensors it holds. Engines pull each tensor from one of its holders.
+struct producer_holding {
+  std::uint32_t rank = 0;
+  std::uint64_t incarnation = 0;
+  std::vector<std::string> held; ///< tensor names, ascending
+};
+
 /// The coordinator's order for the transfer phase. Only what the engine
-/// uses: where to pull from, the pipeline depth and the group layout come
-/// from the engine's own data plane (its puller, set up from the topology).
+/// uses: the pipeline depth and the group layout come from the engine's own
+/// data plane (set up from the topology).
 struct transfer_order {
   std::uint64_t version = 0;
   transfer_mode mode = transfer_mode::sharded;
   std::string backend; ///< local, ucx (named in the engine's errors)
+  /// The trainer ranks to pull from and what each holds (their actor
+  /// handles travel beside the order, in the same order); empty: the
+  /// engine's one producer (a single trainer).
+  std::vector<producer_holding> producers;
 };
 
 /// What an engine reports once it has received and verified a version.
@@ -195,6 +216,10 @@ struct version_info {
   std::uint64_t version = 0;
   std::uint32_t groups = 0;
   std::uint64_t total_bytes = 0;
+  /// A trainer rank's: checksum64 of each tensor it holds, in the order of
+  /// its rank_info::held, so that the coordinator finds two ranks holding
+  /// one tensor with different bytes. Empty: not computed.
+  std::vector<std::uint64_t> checksums;
 };
 
 /// The coordinator's record of one sync round: stall, transfer, bytes (for
@@ -279,6 +304,10 @@ constexpr std::size_t max_request_tokens = std::size_t{1} << 20;
 constexpr std::size_t max_bucket_entries = std::size_t{1} << 16;
 /// Dimensions of one tensor's shape.
 constexpr std::size_t max_shape_rank = 8;
+/// Tensors one trainer rank may hold (rank_info::held, producer_holding::held).
+constexpr std::size_t max_held_tensors = std::size_t{1} << 18;
+/// Trainer ranks one transfer order may name.
+constexpr std::size_t max_producers = 4096;
 /// Heartbeat waves one control-plane probe may ask for.
 constexpr std::uint32_t max_probe_waves = 10000;
 
@@ -296,5 +325,8 @@ std::string check(const generate_request& x);
 std::string check(const generate_result& x);
 std::string check(const weight_bucket& x);
 std::string check(const transfer_order& x);
+std::string check(const rank_info& x);
+std::string check(const producer_holding& x);
+std::string check(const version_info& x);
 
 } // namespace rlsync

@@ -452,7 +452,7 @@ TEST_CASE_FIXTURE(engine_authz, "an engine refuses the orders of anyone but its 
     {"flush", ask(tag_ack{}, flush_atom::value)},
     {"start", ask(tag_ack{}, start_atom::value, std::uint64_t{5})},
     {"update", ask(tag_bytes{}, update_atom::value, weight_bucket{})},
-    {"transfer", ask(tag_transfer{}, transfer_atom::value, transfer_order{5, transfer_mode::sharded, "local"})},
+    {"transfer", ask(tag_transfer{}, transfer_atom::value, transfer_order{5, transfer_mode::sharded, "local", {}}, std::vector<trainer_actor>{})},
     {"finish", ask(tag_ack{}, finish_atom::value, std::uint64_t{5})},
     {"resume", ask(tag_ack{}, resume_atom::value)},
     {"generate", [&](F& f) -> std::optional<caf::error> {
@@ -568,7 +568,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
         [](flush_atom) -> phase_ack { return {}; },
         [](start_atom, std::uint64_t) -> phase_ack { return {}; },
         [](update_atom, const weight_bucket&) -> std::uint64_t { return 0; },
-        [](transfer_atom, const transfer_order&) -> transfer_report { return {}; },
+        [](transfer_atom, const transfer_order&, const std::vector<trainer_actor>&) -> transfer_report { return {}; },
         [](finish_atom, std::uint64_t) -> phase_ack { return {}; },
         [](resume_atom) -> phase_ack { return {}; },
         [](generate_atom, const generate_request&, const token_sink_actor&) -> generate_result { return {}; },

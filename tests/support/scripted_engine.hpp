@@ -193,7 +193,7 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
     [=](update_atom, const weight_bucket&) -> caf::result<std::uint64_t> {
       return make_error(errc::no_session, "the scripted engine takes no buckets");
     },
-    [=](transfer_atom, const transfer_order& o) -> caf::result<transfer_report> {
+    [=](transfer_atom, const transfer_order& o, const std::vector<trainer_actor>&) -> caf::result<transfer_report> {
       auto& script = *self->state.script;
       script.orders.push_back(o);
       auto bytes = script.transfer_bytes;

@@ -329,7 +329,7 @@ inline sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shar
     [=](update_atom, const weight_bucket&) -> caf::result<std::uint64_t> {
       return make_error(errc::no_session, "the simulated engine takes no inline buckets");
     },
-    [=](transfer_atom, const transfer_order& order) -> caf::result<transfer_report> {
+    [=](transfer_atom, const transfer_order& order, const std::vector<trainer_actor>&) -> caf::result<transfer_report> {
       auto& st = self->state;
       auto& c = *st.ctl;
       if (c.silenced)
