@@ -71,6 +71,11 @@ struct job_handles {
   coordinator_actor coordinator;
   trainer_actor trainer;
   std::shared_ptr<transfer::weight_source> source;
+  /// With several trainer ranks: every rank this process hosts (each
+  /// frozen at the end) and their sources (together the reference the
+  /// engines are verified against). Empty: `trainer` and `source` alone.
+  std::vector<trainer_actor> ranks;
+  std::vector<std::shared_ptr<transfer::weight_source>> sources;
 };
 
 /// How a job ends: the trainer frozen (no new versions), one last round
