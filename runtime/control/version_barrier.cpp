@@ -127,6 +127,17 @@ void version_barrier::check_version(std::uint64_t v, std::vector<barrier_error>&
                                      + (names.size() == 1 ? " tensor: " : " tensors: ") + first_names(names)});
 }
 
+bool version_barrier::holds(std::uint64_t v) const {
+  if (!complete() || !layout_errors_.empty())
+    return false;
+  for (auto& [r, rec] : joined_)
+    if (!find_version(rec.window, v))
+      return false;
+  std::vector<barrier_error> errors;
+  check_version(v, errors);
+  return errors.empty();
+}
+
 barrier_verdict version_barrier::evaluate() {
   barrier_verdict out;
   out.errors = layout_errors_;

@@ -69,6 +69,9 @@ public:
   std::string publish(std::uint32_t rank, const version_info& vi);
   /// The newest version any rank published (0: none).
   std::uint64_t newest_published() const { return newest_published_; }
+  /// Every rank of the topology joined and still holds `v`, the layout
+  /// checks out and `v` has no error: a round may pull it from them now.
+  bool holds(std::uint64_t v) const;
   /// The syncable version now and the errors; remembers the version so that
   /// none older is syncable later.
   barrier_verdict evaluate();

@@ -156,3 +156,20 @@ TEST_CASE("version_barrier: refused publications name the rank") {
   CHECK(b.publish(0, version_info{1, 4, 1, {7}}) == "rank 0 published v1 with 1 checksums for the 2 tensors it holds");
   CHECK(b.publish(0, version_info{1, 4, 1, {7, 8}}).empty());
 }
+
+TEST_CASE("version_barrier: holds(v) while every rank keeps v and it checks out") {
+  version_barrier b{2, names, 2};
+  REQUIRE(b.join(rank(0, {"a", "b"})).empty());
+  CHECK(!b.holds(1)); // rank 1 missing
+  REQUIRE(b.join(rank(1, {"b", "c"})).empty());
+  CHECK(b.publish(0, version_info{1, 4, 1, {1, 2}}).empty());
+  CHECK(!b.holds(1));
+  CHECK(b.publish(1, version_info{1, 4, 1, {2, 3}}).empty());
+  CHECK(b.holds(1));
+  CHECK(b.publish(0, version_info{2, 4, 1, {1, 2}}).empty());
+  CHECK(b.publish(1, version_info{2, 4, 1, {9, 3}}).empty()); // b differs at v2
+  CHECK(!b.holds(2));
+  CHECK(b.holds(1));
+  CHECK(b.publish(0, version_info{3, 4, 1, {}}).empty()); // rank 0 dropped v1
+  CHECK(!b.holds(1));
+}
