@@ -312,6 +312,7 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.step_time = t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);
+  cfg.rank_checksums = t.trainer.ranks.size() > 1; // the coordinator's layout check compares ranks' bytes
   out.actor = spawn_trainer(sys, std::move(cfg));
   return out;
 }

@@ -103,10 +103,19 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
     h.coordinator = head->coordinator();
     h.trainer = head->trainer();
     h.source = head->source();
+    std::vector<bool> here(t.trainer.ranks.size(), false);
     for (const auto& r : head->ranks()) {
       h.ranks.push_back(r.trainer.actor);
       h.sources.push_back(r.trainer.source);
+      here[r.rank] = true;
     }
+    // Ranks of other nodes hold what the engines are checked against: a
+    // synthetic one is rebuilt here (same options, same bytes); a checkpoint
+    // directory's steps are not, and leave the check incomplete.
+    for (std::size_t i = 0; i < here.size(); ++i)
+      if (!here[i])
+        if (auto s = std::dynamic_pointer_cast<transfer::synthetic_source>(transfer::make_weight_source(t, i)))
+          h.replayed.push_back(std::move(s));
     rc = run_main_job(sys, t, path, w, h, *out, job.json_path);
   } else {
     while (!stop_signal) // a head serves until told to stop

@@ -57,24 +57,15 @@ std::string register_engine(caf::actor_system& sys, const coordinator_actor& coo
   return failure;
 }
 
-rank_info rank_info_of(const topology& t, std::uint32_t rank, const transfer::weight_source& source,
-                       std::uint64_t incarnation) {
-  rank_info info;
-  info.rank = rank;
-  info.node = rank < t.trainer.ranks.size() ? t.trainer.ranks[rank].node : t.trainer.node;
-  info.incarnation = incarnation;
-  for (const auto& p : source.parameters())
-    info.held.push_back(p.name);
-  std::sort(info.held.begin(), info.held.end());
-  return info;
-}
-
-std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const rank_info& info,
-                          const trainer_actor& rank, std::chrono::milliseconds deadline) {
+std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const topology& t,
+                          const hosted_rank& r, std::chrono::milliseconds deadline) {
+  const auto& node = r.rank < t.trainer.ranks.size() ? t.trainer.ranks[r.rank].node : t.trainer.node;
+  auto info = rank_info_of(*r.trainer.source, r.rank, node, r.incarnation);
   std::string failure;
   caf::scoped_actor self{sys};
-  self->request(coordinator, deadline, register_atom::value, info, rank)
-    .receive([](const registration&) {}, [&](caf::error& err) { failure = sys.render(err); });
+  self->request(coordinator, deadline, register_atom::value, info, r.trainer.actor)
+    .receive([&](const registration& reg) { catch_up(r.trainer.actor, reg.current_version); },
+             [&](caf::error& err) { failure = sys.render(err); });
   return failure;
 }
 
@@ -209,8 +200,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
 
   if (!d.single_trainer)
     for (const auto& r : d.ranks)
-      if (auto failure = register_rank(sys, d.coordinator, rank_info_of(t, r.rank, *r.trainer.source, r.incarnation),
-                                       r.trainer.actor, opts.register_deadline);
+      if (auto failure = register_rank(sys, d.coordinator, t, r, opts.register_deadline);
           !failure.empty()) {
         stop_and_await(sys, actors_of(d));
         throw std::runtime_error("trainer rank " + std::to_string(r.rank)
@@ -279,8 +269,7 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
   }
   if (!single_trainer) // the ranks too, as they are (same incarnation: a reconnect)
     for (const auto& r : ranks)
-      register_rank(sys, coordinator, rank_info_of(t, r.rank, *r.trainer.source, r.incarnation), r.trainer.actor,
-                    std::chrono::seconds(10));
+      register_rank(sys, coordinator, t, r, std::chrono::seconds(10));
 }
 
 router_actor local_deployment::restart_router(caf::actor_system& sys) {
@@ -307,13 +296,13 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   tc.step_time = t.trainer.step_time;
   tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   tc.authorize = authorize;
+  tc.rank_checksums = !single_trainer;
   r.trainer.actor = spawn_trainer(sys, tc);
   ++r.incarnation;
   if (hosted == 0)
     trainer = r.trainer;
   if (!single_trainer)
-    return register_rank(sys, coordinator, rank_info_of(t, r.rank, *r.trainer.source, r.incarnation),
-                         r.trainer.actor, std::chrono::seconds(10));
+    return register_rank(sys, coordinator, t, r, std::chrono::seconds(10));
   caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
   self->send(coordinator, register_atom::value, r.trainer.actor);
   return {};

@@ -150,15 +150,12 @@ engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, s
 std::string register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,
                             const caf::actor& engine, std::chrono::milliseconds deadline);
 
-/// Trainer rank `rank` of `t` as it registers: its node, `incarnation` and
-/// the names of the tensors `source` holds, ascending.
-rank_info rank_info_of(const topology& t, std::uint32_t rank, const transfer::weight_source& source,
-                       std::uint64_t incarnation);
-
-/// Registers trainer rank `info` (actor `rank`) with `coordinator`, waiting
-/// up to `deadline`: the refusal (rendered), or empty once registered.
-std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const rank_info& info,
-                          const trainer_actor& rank, std::chrono::milliseconds deadline);
+/// Registers hosted rank `r` of `t` with `coordinator` (rank_info_of its
+/// source), waiting up to `deadline`, and has it catch up to the version the
+/// reply names (a restarted rank meets the others there): the refusal
+/// (rendered), or empty once registered.
+std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const topology& t,
+                          const hosted_rank& r, std::chrono::milliseconds deadline);
 
 /// Spawns the trainer ranks placed on `node` (every rank when empty), each
 /// with its own source, local data plane and trainer actor, admitting

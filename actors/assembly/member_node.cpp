@@ -164,8 +164,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   auto deadline = t.cluster.connect_deadline;
   auto register_all = [&](const coordinator_actor& coordinator) {
     for (const auto& r : ranks)
-      if (auto failure = register_rank(sys, coordinator, rank_info_of(t, r.rank, *r.trainer.source, r.incarnation),
-                                       r.trainer.actor, deadline);
+      if (auto failure = register_rank(sys, coordinator, t, r, deadline);
           !failure.empty())
         return "trainer rank " + std::to_string(r.rank) + " could not register with the coordinator: " + failure;
     if (router) {

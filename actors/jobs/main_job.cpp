@@ -238,8 +238,20 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
   std::vector<const transfer::weight_source*> sources;
   for (const auto& s : h.sources)
     sources.push_back(s.get());
-  if (sources.empty())
+  if (sources.empty() && h.source)
     sources.push_back(h.source.get());
+  std::uint64_t newest = 0;
+  for (const auto& d : digests)
+    newest = std::max(newest, d.version);
+  for (const auto& s : h.replayed) { // each version derives from the one before: step through them
+    try {
+      while (newest > 0 && (!s->latest() || s->latest()->version < newest))
+        s->produce_next();
+      sources.push_back(s.get());
+    } catch (const std::exception& e) {
+      end.error += (end.error.empty() ? "" : "; ") + std::string("replaying a trainer rank: ") + e.what();
+    }
+  }
   end.checks = verify_weights(t, sources, digests);
   self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
     .receive([&](coordinator_status& s) { end.status = std::move(s); }, [](caf::error&) {});

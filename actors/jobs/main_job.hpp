@@ -76,6 +76,10 @@ struct job_handles {
   /// engines are verified against). Empty: `trainer` and `source` alone.
   std::vector<trainer_actor> ranks;
   std::vector<std::shared_ptr<transfer::weight_source>> sources;
+  /// Synthetic ranks running in other processes, rebuilt here: the same
+  /// options make the same bytes, so each is advanced to the engines'
+  /// version before the check and joins the reference.
+  std::vector<std::shared_ptr<transfer::synthetic_source>> replayed;
 };
 
 /// How a job ends: the trainer frozen (no new versions), one last round
