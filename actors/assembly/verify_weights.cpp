@@ -20,6 +20,7 @@ std::vector<engine_verification> verify_weights(const topology& t,
   std::vector<engine_verification> out;
   // The trainer's weights through the engines' own loader, per (version, tp).
   std::map<std::pair<std::uint64_t, std::int64_t>, std::map<std::string, std::uint64_t>> reference;
+  std::map<std::pair<std::uint64_t, std::int64_t>, std::string> incomplete; // why no reference was made
   for (const auto& digest : digests) {
     engine_verification v;
     v.engine = digest.engine;
@@ -32,7 +33,7 @@ std::vector<engine_verification> verify_weights(const topology& t,
       v.error = "no checksums (no weights, or no answer in time)";
     } else {
       auto key = std::make_pair(v.version, spec->tp);
-      if (!reference.count(key)) {
+      if (!reference.count(key) && !incomplete.count(key)) {
         // Every rank's tensors of that version, each name once (replicas of
         // a layer range hold the same bytes; the coordinator checks that).
         std::vector<transfer::snapshot_ptr> snaps;
@@ -53,14 +54,20 @@ std::vector<engine_verification> verify_weights(const topology& t,
           snaps.push_back(std::move(snap)); // keeps the views valid
         }
         if (held) {
-          auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
-          engine::load_weights(tensors, *set);
-          reference[key] = engine::weight_checksums(*set);
+          try { // ranks that together miss a tensor make no reference
+            auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
+            engine::load_weights(tensors, *set);
+            reference[key] = engine::weight_checksums(*set);
+          } catch (const std::exception& e) {
+            incomplete[key] = e.what();
+          }
         }
       }
       auto ref = reference.find(key);
       if (std::all_of(sources.begin(), sources.end(), [](auto* s) { return s == nullptr; })) {
         v.error = "no trainer rank runs in this process to compare with";
+      } else if (auto why = incomplete.find(key); why != incomplete.end()) {
+        v.error = "the trainer's version " + std::to_string(v.version) + " here is incomplete: " + why->second;
       } else if (ref == reference.end()) {
         v.error = "the trainer no longer holds version " + std::to_string(v.version);
       } else {

@@ -139,6 +139,18 @@ TEST_CASE("assembly: two trainer ranks in one process sync every engine to the w
                           "engines: [{name: e, node: a, replicas: 2, tp: 2}]\n",
                           "t.yaml", "/tmp");
   auto d = deploy_local(sys, t, {});
+  struct stop_on_exit { // a failed REQUIRE must not leave actors the system's destructor waits for
+    caf::actor_system& sys;
+    local_deployment& d;
+    ~stop_on_exit() {
+      std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.coordinator), caf::actor_cast<caf::actor>(d.router)};
+      for (auto& r : d.ranks)
+        all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
+      for (auto& e : d.engines)
+        all.push_back(caf::actor_cast<caf::actor>(e));
+      stop_and_await(sys, all);
+    }
+  } guard{sys, d};
   REQUIRE(d.ranks.size() == 2);
   CHECK_FALSE(d.single_trainer);
   CHECK(d.ranks[0].trainer.source != d.ranks[1].trainer.source); // each rank its own source
@@ -169,5 +181,4 @@ TEST_CASE("assembly: two trainer ranks in one process sync every engine to the w
   // The check can fail: one rank's half is not the model.
   auto half = verify_weights(t, {d.ranks[0].trainer.source.get()}, digests);
   CHECK(std::none_of(half.begin(), half.end(), [](auto& v) { return v.ok(); }));
-  d.shutdown();
 }
