@@ -104,7 +104,7 @@ std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
     po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
     const std::string prefix = ranks.size() == 1 && t.trainer.ranks.size() == 1
                                  ? "ucx producer: "
-                                 : "ucx producer of rank " + std::to_string(r.rank) + ": ";
+                                 : "trainer rank " + std::to_string(r.rank) + ": ";
     po.log = [log, prefix](const std::string& line) {
       if (log)
         log(prefix + line);
