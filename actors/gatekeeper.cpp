@@ -175,9 +175,12 @@ std::map<std::string, std::string> member_secrets(const topology& t, const std::
   for (const auto& n : t.nodes) {
     if (n.name == head)
       continue;
-    bool hosts_engines =
-      std::any_of(t.engines.begin(), t.engines.end(), [&](const engine_spec& e) { return e.node == n.name; });
-    if (!hosts_engines)
+    // A member is a node that hosts something: engines, trainer ranks or the router.
+    bool hosts_actors =
+      std::any_of(t.engines.begin(), t.engines.end(), [&](const engine_spec& e) { return e.node == n.name; })
+      || std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(), [&](const trainer_rank& r) { return r.node == n.name; })
+      || t.router.node == n.name;
+    if (!hosts_actors)
       continue;
     out[n.name] = per_node ? read_cluster_secret(with_node_name(file, n.name), "") : shared_secret;
   }

@@ -117,9 +117,9 @@ private:
 };
 
 /// The names the gatekeeper admits, each with its secret: every node but
-/// the head's that hosts engines. With per-node secrets (secret_file with
-/// {node}) each is read from that node's file, else every name gets
-/// `shared_secret`. Throws as read_cluster_secret does.
+/// the head's that hosts something (engines, trainer ranks, the router).
+/// With per-node secrets (secret_file with {node}) each is read from that
+/// node's file, else every name gets `shared_secret`. Throws as read_cluster_secret does.
 std::map<std::string, std::string> member_secrets(const topology& t, const std::string& head,
                                                   const std::string& shared_secret,
                                                   const std::string& secret_file_override = {});

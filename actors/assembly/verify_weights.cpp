@@ -5,14 +5,22 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace rlsync {
 
 std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
                                                 const std::vector<weight_digest>& digests) {
+  return verify_weights(t, std::vector<const transfer::weight_source*>{&source}, digests);
+}
+
+std::vector<engine_verification> verify_weights(const topology& t,
+                                                const std::vector<const transfer::weight_source*>& sources,
+                                                const std::vector<weight_digest>& digests) {
   std::vector<engine_verification> out;
   // The trainer's weights through the engines' own loader, per (version, tp).
   std::map<std::pair<std::uint64_t, std::int64_t>, std::map<std::string, std::uint64_t>> reference;
+  std::map<std::pair<std::uint64_t, std::int64_t>, std::string> incomplete; // why no reference was made
   for (const auto& digest : digests) {
     engine_verification v;
     v.engine = digest.engine;
@@ -25,15 +33,42 @@ std::vector<engine_verification> verify_weights(const topology& t, const transfe
       v.error = "no checksums (no weights, or no answer in time)";
     } else {
       auto key = std::make_pair(v.version, spec->tp);
-      if (!reference.count(key)) {
-        if (auto snap = source.find(v.version)) {
-          auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
-          engine::load_weights(snap->tensors(), *set);
-          reference[key] = engine::weight_checksums(*set);
+      if (!reference.count(key) && !incomplete.count(key)) {
+        // Every rank's tensors of that version, each name once (replicas of
+        // a layer range hold the same bytes; the coordinator checks that).
+        std::vector<transfer::snapshot_ptr> snaps;
+        std::vector<const tensor_view*> tensors;
+        std::set<std::string> seen;
+        bool held = !sources.empty();
+        for (const auto* source : sources) {
+          if (!source)
+            continue;
+          auto snap = source->find(v.version);
+          if (!snap) {
+            held = false;
+            break;
+          }
+          for (const auto& tv : snap->tensors())
+            if (seen.insert(tv.name).second)
+              tensors.push_back(&tv);
+          snaps.push_back(std::move(snap)); // keeps the views valid
+        }
+        if (held) {
+          try { // ranks that together miss a tensor make no reference
+            auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
+            engine::load_weights(tensors, *set);
+            reference[key] = engine::weight_checksums(*set);
+          } catch (const std::exception& e) {
+            incomplete[key] = e.what();
+          }
         }
       }
       auto ref = reference.find(key);
-      if (ref == reference.end()) {
+      if (std::all_of(sources.begin(), sources.end(), [](auto* s) { return s == nullptr; })) {
+        v.error = "no trainer rank runs in this process to compare with";
+      } else if (auto why = incomplete.find(key); why != incomplete.end()) {
+        v.error = "the trainer's version " + std::to_string(v.version) + " here is incomplete: " + why->second;
+      } else if (ref == reference.end()) {
         v.error = "the trainer no longer holds version " + std::to_string(v.version);
       } else {
         v.shards = digest.names.size();

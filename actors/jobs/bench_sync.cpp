@@ -461,6 +461,11 @@ std::string node_yaml(const topology& t) {
 std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model) {
   if (auto problem = cluster_layout_problem(t); !problem.empty())
     return path + ": " + problem;
+  // The benchmark steps the one trainer on the coordinator's node itself.
+  const std::string& head = t.coordinator.node;
+  if (t.router.node != head || t.trainer.ranks.size() != 1 || t.trainer.ranks[0].node != head)
+    return path + ": the router and the trainer (one rank) must run on the coordinator's node (" + head
+           + ") for the benchmark";
   auto local = local_nodes(t);
   for (const auto& n : t.nodes)
     if (std::none_of(local.begin(), local.end(), [&](const node_spec* l) { return l->name == n.name; }))

@@ -407,9 +407,15 @@ TEST_CASE("bench sync refuses what it cannot deploy, naming the place") {
   auto t = two_node_topology();
   CHECK(bench_sync_problem(t, "two.yaml", model_of_size(8 << 20)) == "");
   auto remote_trainer = t;
-  remote_trainer.trainer.node = "workers";
+  remote_trainer.trainer.ranks[0].node = "workers";
   CHECK(bench_sync_problem(remote_trainer, "two.yaml", model_of_size(8 << 20))
-        == "two.yaml: the router and the trainer must run on the coordinator's node (head) for now");
+        == "two.yaml: the router and the trainer (one rank) must run on the coordinator's node (head) for the "
+           "benchmark");
+  auto two_ranks = t;
+  two_ranks.trainer.ranks.push_back(two_ranks.trainer.ranks[0]);
+  CHECK(bench_sync_problem(two_ranks, "two.yaml", model_of_size(8 << 20))
+        == "two.yaml: the router and the trainer (one rank) must run on the coordinator's node (head) for the "
+           "benchmark");
   auto no_port = t;
   no_port.nodes[0].port = 0; // the bench's nodes could not reach the head
   CHECK(bench_sync_problem(no_port, "two.yaml", model_of_size(8 << 20))
