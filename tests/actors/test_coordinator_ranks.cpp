@@ -88,7 +88,7 @@ std::vector<std::uint32_t> ranks_of(const transfer_order& o) {
 
 } // namespace
 
-TEST_CASE_FIXTURE(ranks_fixture, "no round until every rank registered; orders name both producers; the barrier waits for the slower rank") {
+TEST_CASE_FIXTURE(ranks_fixture, "no round until every rank registered, orders name both producers, the barrier waits for the slower rank") {
   start(rank_config());
   REQUIRE(register_rank(0, held_0));
   add_engine("a");
@@ -122,7 +122,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "no round until every rank registered; orders n
   CHECK(ranks_of(engines["a"].script->orders.back()) == std::vector<std::uint32_t>{0, 1});
 }
 
-TEST_CASE_FIXTURE(ranks_fixture, "a rank killed mid-transfer aborts the round; the round after it re-registers completes") {
+TEST_CASE_FIXTURE(ranks_fixture, "a rank killed mid-transfer aborts the round, the round after it re-registers completes") {
   start(rank_config());
   REQUIRE(register_rank(0, held_0));
   REQUIRE(register_rank(1, held_1));
@@ -181,7 +181,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "a rank killed mid-transfer aborts the round; t
   CHECK(!reports.back().aborted);
 }
 
-TEST_CASE_FIXTURE(ranks_fixture, "a rank silent past the heartbeat timeout mid-round aborts it; no round until it answers") {
+TEST_CASE_FIXTURE(ranks_fixture, "a rank silent past the heartbeat timeout mid-round aborts it, no round until it answers") {
   auto c = heartbeat_config();
   c.trainer_ranks = 2;
   c.parameter_names = model_names;

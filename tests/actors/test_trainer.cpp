@@ -488,7 +488,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: UCX tickets come from the office on
 
 // -- trainer ranks ---------------------------------------------------------------------
 
-TEST_CASE_FIXTURE(trainer_fixture, "trainer rank: versions carry each held tensor's checksum; catch_up publishes only the target") {
+TEST_CASE_FIXTURE(trainer_fixture, "trainer rank: versions carry each held tensor's checksum, catch_up publishes only the target") {
   const model_config c = test::small_model(3);
   transfer::synthetic_options o;
   o.config = c;

@@ -123,7 +123,7 @@ TEST_CASE("version_barrier: layouts") {
   }
 }
 
-TEST_CASE("version_barrier: never backwards; a restarted rank starts with nothing published") {
+TEST_CASE("version_barrier: never backwards, a restarted rank starts with nothing published") {
   version_barrier b{2, names, 2};
   REQUIRE(b.join(rank(0, {"a", "b"})).empty());
   REQUIRE(b.join(rank(1, {"b", "c"})).empty());
