@@ -137,9 +137,12 @@ TEST_CASE_FIXTURE(coordinator_authz, "the coordinator refuses every message of a
   using F = coordinator_authz;
   auto outsider_router = spawn(scripted_router, std::make_shared<router_script>());
   auto outsider_engine = caf::actor_cast<rollout_engine_actor>(spawn_engine("c").actor);
+  auto outsider_rank = caf::actor_cast<trainer_actor>(spawn(scripted_trainer, std::make_shared<trainer_script>()));
   const message_row<F> rows[] = {
     {"register an engine",
      [&](F& f) { return f.ask<registration>(register_atom::value, engine_info{"c", "n", 1, 0, false, 1}, outsider_engine); }},
+    {"register a trainer rank",
+     [&](F& f) { return f.ask<registration>(register_atom::value, rank_info{0, "n", 1, {"a"}}, outsider_rank); }},
     {"deregister", [](F& f) { return f.one_way(deregister_atom::value, std::string{"a"}); }},
     {"attach a router",
      [&](F& f) { return f.one_way(register_atom::value, caf::actor_cast<router_actor>(outsider_router)); }},
@@ -373,6 +376,7 @@ TEST_CASE_FIXTURE(trainer_authz, "the trainer refuses every message of a sender 
     {"heartbeat", ask(tag_beat{}, heartbeat_atom::value, heartbeat{"x", 1})},
     {"a forged step result", one_way(produced_atom::value, version_info{7, 4, 4096, {}})},
     {"a forged step failure", one_way(produced_atom::value, std::string{"forged"})},
+    {"a forged catch-up", one_way(catch_up_atom::value, std::uint64_t{9})},
     {"tick", one_way(caf::tick_atom::value)},
   };
   std::uint64_t refused_so_far = 0;

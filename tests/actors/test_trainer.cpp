@@ -13,6 +13,7 @@
 #include "tests/support/scratch_dir.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
+#include "runtime/base/checksum.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/plan/groups.hpp"
@@ -24,6 +25,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <deque>
 #include <future>
 
@@ -482,4 +484,66 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: UCX tickets come from the office on
   CHECK(is(failure(request<ucx_ticket>(t, ucx_ticket_atom::value, std::string("e"), worker)), errc::unknown_name));
   caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
   run();
+}
+
+// -- trainer ranks ---------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer rank: versions carry each held tensor's checksum, catch_up publishes only the target") {
+  const model_config c = test::small_model(3);
+  transfer::synthetic_options o;
+  o.config = c;
+  o.model_seed = 3;
+  o.trainer_seed = 11;
+  o.perturb = 0.05;
+  o.threads = 2;
+  o.held_layers = std::vector<std::int64_t>{1, 2}; // a pipeline stage: no embeddings
+  auto source = std::make_shared<transfer::synthetic_source>(o);
+  auto info = rank_info_of(*source, 1, "n1", 4);
+  CHECK(info.rank == 1);
+  CHECK(info.incarnation == 4);
+  CHECK(check(info).empty()); // ascending, as a registration needs
+  CHECK(std::find(info.held.begin(), info.held.end(), "model.embed_tokens.weight") == info.held.end());
+  CHECK(std::find(info.held.begin(), info.held.end(), "lm_head.weight") != info.held.end());
+
+  auto cfg = config(source);
+  cfg.rank_checksums = true;
+  auto t = spawn(trainer, cfg);
+  auto seen = std::make_shared<std::vector<version_info>>();
+  tell(t, subscribe_atom::value, listener(seen));
+  run();
+  finish_step();
+  REQUIRE(seen->size() == 1);
+  auto expected_checksums = [&](const transfer::weight_snapshot& s) {
+    std::vector<std::uint64_t> out;
+    for (auto& name : info.held) {
+      auto& view = s.at(name);
+      out.push_back(checksum64(view.data, view.size));
+    }
+    return out;
+  };
+  CHECK(seen->back().checksums == expected_checksums(*source->find(1)));
+
+  // A restarted rank told to catch up to v5: one step makes 2..5, publishes 5 only.
+  catch_up(caf::actor_cast<trainer_actor>(t), 5);
+  run();
+  REQUIRE(runner->jobs.size() == 1);
+  finish_step();
+  REQUIRE(seen->size() == 2);
+  CHECK(seen->back().version == 5);
+  // The same bytes as a rank that stepped through every version.
+  auto stepped = std::make_shared<transfer::synthetic_source>(o);
+  for (int i = 0; i < 5; ++i)
+    stepped->advance();
+  CHECK(seen->back().checksums == expected_checksums(*stepped->find(5)));
+  catch_up(caf::actor_cast<trainer_actor>(t), 3); // already past: nothing
+  run();
+  CHECK(runner->jobs.empty());
+  // Without rank_checksums, versions carry none.
+  auto plain = spawn(trainer, config(test::small_source(c)));
+  auto plain_seen = std::make_shared<std::vector<version_info>>();
+  tell(plain, subscribe_atom::value, listener(plain_seen));
+  run();
+  finish_step();
+  REQUIRE(plain_seen->size() == 1);
+  CHECK(plain_seen->back().checksums.empty());
 }
