@@ -7,6 +7,7 @@
 #include "actors/assembly/member_node.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/jobs/main_job.hpp"
+#include "actors/jobs/process_faults.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
 #include "runtime/base/printable.hpp"
@@ -16,6 +17,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -52,17 +54,25 @@ struct head_job {
   bool progress = true;
   workload_overrides workload;
   std::optional<std::string> json_path;
+  /// Print a structured line on stderr as each phase of a round goes out
+  /// (`rlsync drill` times its faults by them).
+  bool drill_events = false;
 };
 
 int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
              std::map<std::string, std::string> secrets, const head_job& job, const std::string& path) {
   auto out = std::make_shared<job_console>(job.run && job.progress && isatty(STDERR_FILENO));
   std::unique_ptr<head_node> head;
+  head_hooks hooks{[out](const std::string& l) { out->on_log(l); }, [out](const std::string& l) { out->line(l); },
+                   [out](const sync_report& r) { out->on_sync(r); }, {}};
+  if (job.drill_events)
+    hooks.on_phase = [](std::uint64_t round, std::uint64_t version, sync_phase phase,
+                        const std::vector<std::string>& engines) {
+      // One write per line: the drill reads them as they come.
+      std::cerr << (drill_phase_line(round, version, phase, engines) + "\n") << std::flush;
+    };
   try {
-    head = std::make_unique<head_node>(sys, t, node, std::move(secrets),
-                                       head_hooks{[out](const std::string& l) { out->on_log(l); },
-                                                  [out](const std::string& l) { out->line(l); },
-                                                  [out](const sync_report& r) { out->on_sync(r); }});
+    head = std::make_unique<head_node>(sys, t, node, std::move(secrets), std::move(hooks));
   } catch (const std::exception& e) {
     std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
     return 1;
@@ -117,6 +127,13 @@ int cmd_node(const arg_list& argv) {
        "--json", [&](const std::string& p) { job.json_path = p; }, "with --run: also write the summary as JSON")
     ->type_name("FILE");
   auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  std::optional<std::string> state_file;
+  app.add_option_function<std::string>(
+       "--state-file", [&](const std::string& f) { state_file = f; },
+       "coordinator's node: overrides coordinator.state_file (a restarted head resumes from it)")
+    ->type_name("FILE");
+  auto drill_events = app.add_flag("--drill-events", "coordinator's node: print a line on stderr as each phase "
+                                                     "of a round goes out (for `rlsync drill`)");
   auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;
@@ -125,10 +142,13 @@ int cmd_node(const arg_list& argv) {
   check_workload_flags(job.workload);
   job.run = run_flag->count() > 0;
   job.progress = no_progress->count() == 0;
+  job.drill_events = drill_events->count() > 0;
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
   loaded->trainer.allow_nonfinite = allow_nonfinite->count() > 0;
+  if (state_file)
+    loaded->coordinator.state_file = std::filesystem::absolute(*state_file).string();
   const topology& t = *loaded;
   const node_spec* node = t.find_node(name);
   if (!node) {

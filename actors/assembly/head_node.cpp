@@ -45,6 +45,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.register_deadline = t.cluster.connect_deadline;
   opts.log = hooks.log;
   opts.on_sync = hooks.on_report;
+  opts.on_phase = hooks.on_phase;
   actors_ = assemble_head(sys, t, opts); // throws with nothing left running
   gatekeeper_config gc;
   gc.secrets = std::move(member_secrets);

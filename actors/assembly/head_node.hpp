@@ -39,6 +39,8 @@ struct head_hooks {
   std::function<void(const std::string&)> log;     ///< coordinator and producer events
   std::function<void(const std::string&)> line;    ///< gatekeeper events
   std::function<void(const sync_report&)> on_report; ///< every round
+  /// As each phase of a round is sent (coordinator_config::on_phase); may be empty.
+  decltype(coordinator_config::on_phase) on_phase = {};
 };
 
 class head_node {

@@ -1,0 +1,96 @@
+#pragma once
+// The multi-process drill's pure parts: what each fault does to which node's
+// process (a signal, a restart, its network link cut), which faults processes
+// cannot stage, and the structured line the head prints as a round's phase
+// goes out (the drill times `at_sync` faults by it). The runner
+// (process_drill) forks the processes and reads the lines.
+#include "runtime/config/modes.hpp"
+#include "runtime/config/topology.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rlsync::jobs {
+
+/// Whether `rlsync drill` runs `t` as one process per node: more than one node.
+bool runs_as_processes(const topology& t);
+
+/// What a fault does to a node's process.
+enum class process_action : std::uint8_t {
+  kill,         ///< SIGKILL; with an end, started again after it
+  kill_restart, ///< SIGKILL and started again at once
+  stop,         ///< SIGSTOP; SIGCONT at its end (its acknowledgements wait meanwhile)
+  cut_link,     ///< its veth link down (network namespaces only); up again at its end
+  restore_link, ///< its veth link up
+};
+
+std::string_view to_string(process_action a);
+
+struct process_fault {
+  std::string node;        ///< the node whose process it hits
+  std::size_t node_index = 0; ///< in topology order (its namespace's index)
+  process_action action = process_action::kill;
+  /// When the fault ends (restart, SIGCONT, link up), after it fired; none: never.
+  std::optional<std::chrono::milliseconds> ends_after;
+  bool head = false;       ///< the node is the coordinator's (its restart resumes from the state file)
+};
+
+/// The plan for fault `f` of `t`, or why processes cannot stage it (the text
+/// names the fault's action and target; `place` is prefixed, e.g. "T.yaml:31:7").
+struct process_fault_plan {
+  std::optional<process_fault> fault;
+  std::string refusal;
+};
+process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bool netns, const std::string& place);
+
+/// Every fault of `t` planned; the first refusal ("PLACE: drill.faults[I]:
+/// why"), or "no drill.faults" when there is nothing to rehearse. `place(i)`
+/// gives fault i's "file:line:col".
+struct process_drill_plan {
+  std::vector<process_fault> faults; ///< parallel to t.drill.faults
+  std::string refusal;
+};
+process_drill_plan plan_process_drill(const topology& t, bool netns,
+                                      const std::function<std::string(std::size_t)>& place);
+
+/// The head's phase line: "rlsync-drill: phase round=16 version=17
+/// phase=transfer engines=rollout-a,rollout-b" (phase as drills spell it:
+/// "continue" for resume).
+inline constexpr std::string_view drill_phase_prefix = "rlsync-drill: phase ";
+std::string drill_phase_line(std::uint64_t round, std::uint64_t version, sync_phase phase,
+                             const std::vector<std::string>& engines);
+
+struct drill_phase_event {
+  std::uint64_t round = 0;
+  std::uint64_t version = 0;
+  sync_phase phase = sync_phase::pause;
+  std::vector<std::string> engines;
+};
+
+/// The event in one line of the head's stderr (a trailing '\n' or '\r' is
+/// ignored; so is a launcher's "[NAME] " prefix), or nullopt for any other
+/// line or a malformed one (numbers out of range, unknown phase, bad names).
+std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line);
+
+/// Versions the head announced, in order, over its restarts: "no version goes
+/// backwards". Returns the first regression as "v12 after v14 (round 9)", or
+/// empty. Not thread-safe.
+class version_watch {
+public:
+  void on_phase(const drill_phase_event& e);
+  const std::string& regression() const { return regression_; }
+  std::uint64_t highest() const { return highest_; }
+
+private:
+  std::uint64_t highest_ = 0;
+  std::uint64_t highest_round_ = 0;
+  std::string regression_;
+};
+
+} // namespace rlsync::jobs
