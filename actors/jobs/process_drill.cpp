@@ -53,6 +53,13 @@ constexpr std::size_t max_log_lines = 400;
 /// One line of the head's stderr is cut at this length (a bounded buffer).
 constexpr std::size_t max_line = 64 * 1024;
 
+std::vector<std::string> engine_names(const topology& t) {
+  std::vector<std::string> names;
+  for (auto& e : t.engines)
+    names.push_back(e.name);
+  return names;
+}
+
 bool notable(const std::string& line) {
   static const char* const words[] = {"evicted", "left (", "silent for", "answers again", "ABORTED", "restored",
                                       "admitted", "retired", "byte-identical", "differ", "FAILED", "rlsync drill"};
@@ -379,22 +386,26 @@ private:
       return;
     }
     double at = now_ms();
-    if (!rounds_started_) {
-      rounds_started_ = true;
-      rounds_t0_ = clock_type::now();
-    }
     ++phases_seen_;
     versions_.on_phase(*e);
+    auto round = rounds_.on_phase(*e);
+    if (round && !rounds_started_) {
+      rounds_started_ = true;
+      rounds_t0_ = clock_type::now();
+      timeline_.mark(at, "sync", "round 1: the whole fleet's first");
+      note("round 1 (the head's round " + std::to_string(e->round) + ") reached every engine: faults are timed from here");
+    }
     timeline_.on_phase(at, e->phase, e->engines);
-    if (e->phase == sync_phase::transfer)
-      timeline_.mark(at, "sync", "round " + std::to_string(e->round) + " v" + std::to_string(e->version));
+    if (e->phase == sync_phase::transfer && round)
+      timeline_.mark(at, "sync", "round " + std::to_string(*round) + " v" + std::to_string(e->version));
     if (e->phase == sync_phase::resume) { // only a round that finished goes on to continue
       completed_versions_.insert(e->version);
       for (auto& name : e->engines)
         timeline_.lane(at, name, lane_state::generating);
     }
-    for (auto i : schedule_.take_at_phase(e->round, e->phase))
-      fire(i);
+    if (round)
+      for (auto i : schedule_.take_at_phase(*round, e->phase))
+        fire(i);
   }
 
   void fire(std::size_t i) {
@@ -525,7 +536,7 @@ private:
         for (auto i : schedule_.take_ends_due(elapsed))
           end(i);
       } else if (clock_type::now() >= first_round_by) {
-        problem_ = "the head started no round within " + std::to_string((first_round_by - t0_) / milliseconds(1))
+        problem_ = "no round reached every engine within " + std::to_string((first_round_by - t0_) / milliseconds(1))
                    + " ms";
         note(problem_);
         return;
@@ -705,6 +716,7 @@ private:
   fault_schedule schedule_;
   drill_timeline timeline_;
   version_watch versions_;
+  drill_rounds rounds_{engine_names(t_)};
   drill_record rec_;
   std::vector<node_process> procs_; ///< the head first
   std::string exe_, netns_script_, ns_name_, state_file_, json_path_;

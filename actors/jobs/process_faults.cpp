@@ -2,6 +2,7 @@
 
 #include "runtime/config/topology_names.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 namespace rlsync::jobs {
@@ -192,6 +193,22 @@ std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line) {
       return std::nullopt;
   }
   return e;
+}
+
+drill_rounds::drill_rounds(std::vector<std::string> engines) : engines_(std::move(engines)) {}
+
+std::optional<std::uint64_t> drill_rounds::on_phase(const drill_phase_event& e) {
+  if (base_ == 0) {
+    for (auto& name : engines_)
+      if (std::find(e.engines.begin(), e.engines.end(), name) == e.engines.end())
+        return std::nullopt;
+    if (e.round == 0)
+      return std::nullopt;
+    base_ = e.round;
+  }
+  if (e.round < base_)
+    return std::nullopt;
+  return e.round - base_ + 1;
 }
 
 void version_watch::on_phase(const drill_phase_event& e) {

@@ -78,6 +78,23 @@ struct drill_phase_event {
 /// line or a malformed one (numbers out of range, unknown phase, bad names).
 std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line);
 
+/// Rounds as a drill counts them: round 1 is the first the head sends to
+/// every engine of the topology (the whole fleet's first sync, as round 1 is
+/// in one process). With processes the head starts rounds as soon as it is
+/// up, before the engine nodes have joined; those rounds do not count.
+class drill_rounds {
+public:
+  explicit drill_rounds(std::vector<std::string> engines);
+  /// The drill's number for the round of `e`; nullopt before round 1 (or for
+  /// a round numbered below it).
+  std::optional<std::uint64_t> on_phase(const drill_phase_event& e);
+  bool started() const { return base_ != 0; }
+
+private:
+  std::vector<std::string> engines_;
+  std::uint64_t base_ = 0; ///< the head's number of drill round 1
+};
+
 /// Versions the head announced, in order, over its restarts: "no version goes
 /// backwards". Returns the first regression as "v12 after v14 (round 9)", or
 /// empty. Not thread-safe.
