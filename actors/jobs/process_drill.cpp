@@ -419,9 +419,12 @@ private:
     }
     double at = now_ms();
     timeline_.mark(at, "fault", label);
-    for (auto& e : engines_on(f.node)) {
+    // A killed head's members lose their coordinator and must rejoin the next one.
+    bool everyone = f.head && (f.action == process_action::kill || f.action == process_action::kill_restart);
+    for (auto& e : everyone ? engine_names(t_) : engines_on(f.node)) {
       timeline_.on_fault(at, e, t_.drill.faults[i].action);
-      if (f.action == process_action::kill || f.action == process_action::kill_restart)
+      if ((f.action == process_action::kill || f.action == process_action::kill_restart)
+          && t_.find_engine(e)->node == f.node)
         timeline_.lane(at, e, lane_state::dead);
     }
     std::string why;
@@ -486,7 +489,7 @@ private:
     }
     timeline_.mark(at, "heal", f.node + " " + what);
     if (f.action == process_action::kill)
-      for (auto& e : engines_on(f.node))
+      for (auto& e : f.head ? engine_names(t_) : engines_on(f.node))
         timeline_.lane(at, e, lane_state::rejoining);
     note("end of " + fault_label(t_.drill.faults[i]) + ": node " + f.node + " " + what);
   }
@@ -685,8 +688,8 @@ private:
     invariant_result versions{"no version went backwards", versions_.regression().empty() && phases_seen_ > 0,
                               versions_.regression().empty()
                                 ? "the head announced " + std::to_string(phases_seen_)
-                                    + " phases, versions never decreasing (highest v"
-                                    + std::to_string(versions_.highest()) + ")"
+                                    + " phases, none below a completed round's (highest completed v"
+                                    + std::to_string(versions_.highest_completed()) + ")"
                                     + (head_kills_ > 0 ? ", across " + std::to_string(head_kills_)
                                                            + " restarts of the head from its state file"
                                                        : std::string())

@@ -215,11 +215,13 @@ void version_watch::on_phase(const drill_phase_event& e) {
   if (e.version < highest_) {
     if (regression_.empty())
       regression_ = "v" + std::to_string(e.version) + " (round " + std::to_string(e.round) + ") after v"
-                    + std::to_string(highest_) + " (round " + std::to_string(highest_round_) + ")";
+                    + std::to_string(highest_) + " completed (round " + std::to_string(highest_round_) + ")";
     return;
   }
-  highest_ = e.version;
-  highest_round_ = e.round;
+  if (e.phase == sync_phase::resume) {
+    highest_ = e.version;
+    highest_round_ = e.round;
+  }
 }
 
 } // namespace rlsync::jobs

@@ -95,14 +95,18 @@ private:
   std::uint64_t base_ = 0; ///< the head's number of drill round 1
 };
 
-/// Versions the head announced, in order, over its restarts: "no version goes
-/// backwards". Returns the first regression as "v12 after v14 (round 9)", or
-/// empty. Not thread-safe.
+/// "No version goes backwards", over the head's restarts: once a round of
+/// version V completed (its continue phase went out), no later round may
+/// carry a version below V. A round that died with its head (a transfer of
+/// V+1 cut short) completed nothing, so a restarted head may sync V again.
+/// regression() names the first breach: "v12 (round 9) after v14 completed
+/// (round 8)"; empty when none. Not thread-safe.
 class version_watch {
 public:
   void on_phase(const drill_phase_event& e);
   const std::string& regression() const { return regression_; }
-  std::uint64_t highest() const { return highest_; }
+  /// The highest version a completed round carried.
+  std::uint64_t highest_completed() const { return highest_; }
 
 private:
   std::uint64_t highest_ = 0;
