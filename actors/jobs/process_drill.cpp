@@ -222,10 +222,6 @@ private:
   }
 
   bool setup_netns() {
-    if (geteuid() != 0) {
-      std::cerr << "rlsync drill: --netns needs root: it makes a network namespace per node (deploy/netns.sh)\n";
-      return false;
-    }
     netns_script_ = o_.netns_script.empty() ? find_netns_script(exe_) : o_.netns_script;
     if (netns_script_.empty() || !std::filesystem::exists(netns_script_)) {
       std::cerr << "rlsync drill: --netns: deploy/netns.sh not found"
@@ -549,6 +545,12 @@ private:
         job_exit_ = h.exit_text;
         job_code_ = h.exit_code;
         note("the head's job ended: " + job_exit_);
+        // The job runs its prompts and stops, whatever the drill does: one
+        // that ends first leaves faults unhealed and replicas not rejoined.
+        if (schedule_.ends_pending())
+          problem_ = "the head's job ended " + std::to_string(static_cast<long long>(now_ms()))
+                     + " ms in, before every fault ended (a restart, SIGCONT or heal was still due): "
+                       "give the workload more prompts (workload.prompts)";
         return;
       }
       if (!h.running() && h.expect_death && !schedule_.ends_pending() && h.err_fd < 0) {
@@ -744,6 +746,10 @@ int run_process_drill(const topology& t, const std::string& path, const drill_op
   }
   if (auto problem = cluster_layout_problem(t); !problem.empty()) {
     std::cerr << path << ": " << problem << "\n";
+    return 1;
+  }
+  if (o.netns && geteuid() != 0) {
+    std::cerr << "rlsync drill: --netns needs root: it makes a network namespace per node (deploy/netns.sh)\n";
     return 1;
   }
   std::string dir = o.report_dir.empty() ? default_report_dir(t.name) : o.report_dir;
