@@ -34,6 +34,17 @@ std::atomic<int> stop_signal{0};
 
 extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
 
+/// SIGUSR1 on a head run with --drill-events: a drill's `corrupt`. Sent
+/// with sigqueue, its value is the target engine's index in the topology;
+/// plain kill: any engine. no_corruption: none pending.
+constexpr int no_corruption = -2;
+std::atomic<int> corrupt_request{no_corruption};
+static_assert(std::atomic<int>::is_always_lock_free, "touched from a signal handler");
+
+extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) {
+  corrupt_request = info && info->si_code == SI_QUEUE ? info->si_value.sival_int : -1;
+}
+
 const char* description =
   "Runs the actors the topology places on node NAME. The coordinator's node publishes a\n"
   "gatekeeper on its address:port; every other node connects to it (retrying up to\n"
@@ -83,17 +94,61 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
                                  : std::string{})
             << std::endl;
 
+  // A drill's `corrupt` arrives as SIGUSR1 (only with --drill-events: its
+  // default action would kill the node); a watcher arms the producer, out of
+  // the signal handler.
+  std::atomic<bool> watching{job.drill_events};
+  std::thread corrupt_watch;
+  if (job.drill_events) {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_corrupt_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, nullptr);
+    corrupt_watch = std::thread([&] {
+      while (watching) {
+        int request = corrupt_request.exchange(no_corruption);
+        if (request != no_corruption) {
+          std::string engine = request >= 0 && static_cast<std::size_t>(request) < t.engines.size()
+                                 ? t.engines[static_cast<std::size_t>(request)].name
+                                 : std::string();
+          std::cerr << ("rlsync node " + node.name + ": "
+                        + (head->corrupt_next_group(engine)
+                             ? "drill: the next group 0 " + (engine.empty() ? "any engine" : engine)
+                                 + " receives will be corrupted"
+                             : "drill: SIGUSR1 ignored: no UCX producer to corrupt")
+                        + "\n")
+                    << std::flush;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polls a counter the signal handler bumps
+      }
+    });
+  }
+  // Ended before the head stops (it uses the producer), and on every way out.
+  struct stop_watch {
+    std::atomic<bool>& watching;
+    std::thread& thread;
+    void operator()() {
+      watching = false;
+      if (thread.joinable())
+        thread.join();
+    }
+    ~stop_watch() { (*this)(); }
+  } end_corrupt_watch{watching, corrupt_watch};
+
   int rc = 0;
   if (job.run) {
     // The main job starts once every engine of the topology has registered.
     auto n = head->await_members(t.engines.size(), t.cluster.connect_deadline * 3, [] { return stop_signal != 0; });
     if (stop_signal) {
+      end_corrupt_watch();
       all_terminated = head->stop();
       return 128 + stop_signal;
     }
     if (n != t.engines.size()) {
       std::cerr << "rlsync node " << node.name << ": only " << n << " of " << t.engines.size()
                 << " engines registered within " << (t.cluster.connect_deadline * 3).count() << " ms\n";
+      end_corrupt_watch();
       all_terminated = head->stop();
       return 1;
     }
@@ -104,6 +159,7 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
     while (!stop_signal) // a head serves until told to stop
       std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls a flag the signal handler sets
   }
+  end_corrupt_watch();
   all_terminated = head->stop();
   return rc;
 }

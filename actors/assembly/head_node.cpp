@@ -90,6 +90,15 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   }
 }
 
+bool head_node::corrupt_next_group(const std::string& engine) {
+  if (!producer_)
+    return false;
+  transfer::corruption c; // any worker, any version; group 0, once
+  c.engine = engine;
+  producer_->corrupt(c);
+  return true;
+}
+
 head_node::~head_node() {
   stop();
 }

@@ -66,6 +66,10 @@ public:
   /// The UCX producer; nullptr unless transfer.backend is ucx.
   const transfer::ucx_producer* producer() const { return producer_.get(); }
   std::uint16_t port() const { return port_; }
+  /// Drills: the UCX producer alters the bytes of the next group 0 a worker
+  /// of `engine` (empty: any engine) receives, once, after computing their
+  /// checksum (the engine must catch it). False without a UCX producer.
+  bool corrupt_next_group(const std::string& engine);
   /// The engines of this node, spawned and registered.
   const std::vector<rollout_engine_impl>& local_engines() const { return actors_.engines; }
 

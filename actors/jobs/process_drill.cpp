@@ -417,7 +417,10 @@ private:
     timeline_.mark(at, "fault", label);
     // A killed head's members lose their coordinator and must rejoin the next one.
     bool everyone = f.head && (f.action == process_action::kill || f.action == process_action::kill_restart);
-    for (auto& e : everyone ? engine_names(t_) : engines_on(f.node)) {
+    auto hit = everyone ? engine_names(t_) : engines_on(f.node);
+    if (f.action == process_action::corrupt) // the named engine's bytes, from the head's producer
+      hit = {t_.drill.faults[i].target};
+    for (auto& e : hit) {
       timeline_.on_fault(at, e, t_.drill.faults[i].action);
       if ((f.action == process_action::kill || f.action == process_action::kill_restart)
           && t_.find_engine(e)->node == f.node)
@@ -440,6 +443,16 @@ private:
       kill(p->pid, SIGSTOP);
       p->stopped = true;
       break;
+    case process_action::corrupt: {
+      // The value names the engine (its index in the topology) whose bytes are altered.
+      sigval value{};
+      value.sival_int = -1;
+      for (std::size_t k = 0; k < t_.engines.size(); ++k)
+        if (t_.engines[k].name == t_.drill.faults[i].target)
+          value.sival_int = static_cast<int>(k);
+      sigqueue(p->pid, SIGUSR1, value);
+      break;
+    }
     case process_action::cut_link:
     case process_action::restore_link:
       if (!run_command({netns_script_, f.action == process_action::cut_link ? "partition" : "heal", ns_name_,
@@ -484,6 +497,7 @@ private:
     default: return;
     }
     timeline_.mark(at, "heal", f.node + " " + what);
+    last_end_ms_ = at;
     if (f.action == process_action::kill)
       for (auto& e : f.head ? engine_names(t_) : engines_on(f.node))
         timeline_.lane(at, e, lane_state::rejoining);
@@ -542,6 +556,7 @@ private:
       }
       auto& h = head();
       if (!h.running() && !h.expect_death && h.err_fd < 0) {
+        job_end_ms_ = now_ms();
         job_exit_ = h.exit_text;
         job_code_ = h.exit_code;
         note("the head's job ended: " + job_exit_);
@@ -658,8 +673,13 @@ private:
       }
     }
     // An engine the final check did not reach is not serving at the end.
+    std::string late;
     for (auto& e : t_.engines)
       if (!verified.count(e.name)) {
+        if (last_end_ms_ >= 0 && json_problem.empty())
+          late = "; the job ended " + std::to_string(static_cast<long long>(job_end_ms_ - last_end_ms_))
+                 + " ms after the last fault ended, before every engine was back: give the workload more prompts "
+                   "(workload.prompts)";
         drill_engine_end end;
         end.name = e.name;
         end.alive = false;
@@ -668,6 +688,8 @@ private:
       }
     auto list = check_drill(o);
     for (auto& inv : list) {
+      if (inv.name == "every live engine on the same version" && !inv.held)
+        inv.evidence += late;
       if (!json_problem.empty() && inv.name != "throughput back to its pre-fault level") {
         inv.held = false;
         inv.evidence = json_problem + "; " + inv.evidence;
@@ -732,6 +754,8 @@ private:
   std::uint64_t head_kills_ = 0;
   std::set<std::uint64_t> completed_versions_;
   std::string job_exit_;
+  double last_end_ms_ = -1; ///< when the last fault ended (restart, SIGCONT, link up); -1: none
+  double job_end_ms_ = 0;
   int job_code_ = -1;
   std::string problem_;
 };

@@ -18,6 +18,7 @@ std::string_view to_string(process_action a) {
   case process_action::stop: return "SIGSTOP";
   case process_action::cut_link: return "link down";
   case process_action::restore_link: return "link up";
+  case process_action::corrupt: return "SIGUSR1 (corrupt the next group)";
   }
   return "?";
 }
@@ -86,8 +87,21 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
       p.ends_after = f.duration;
     break;
   case fault_action::corrupt:
-    return refuse(what(f) + ": corrupting a group in flight is not staged with processes yet "
-                            "(the in-process drill does it: use a single-node topology)");
+    // The producer alters the bytes after their checksum; the head's UCX
+    // producer takes SIGUSR1 for it (rlsync node --drill-events).
+    if (t.transfer.backend != transfer_backend::ucx)
+      return refuse(what(f) + ": with processes the UCX producer corrupts a group; transfer.backend is not ucx");
+    if (t.trainer.node != t.coordinator.node)
+      return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and the "
+                              "trainer is on node " + t.trainer.node);
+    p.node = t.trainer.node;
+    p.node_index = 0;
+    for (std::size_t i = 0; i < t.nodes.size(); ++i)
+      if (t.nodes[i].name == p.node)
+        p.node_index = i;
+    p.head = true;
+    p.action = process_action::corrupt;
+    break;
   }
   return {p, {}};
 }

@@ -28,6 +28,7 @@ enum class process_action : std::uint8_t {
   stop,         ///< SIGSTOP; SIGCONT at its end (its acknowledgements wait meanwhile)
   cut_link,     ///< its veth link down (network namespaces only); up again at its end
   restore_link, ///< its veth link up
+  corrupt,      ///< SIGUSR1 to the producer's process: the next group 0 a worker receives is altered, once
 };
 
 std::string_view to_string(process_action a);

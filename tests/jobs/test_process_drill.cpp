@@ -103,10 +103,11 @@ TEST_CASE("process drill: each fault maps to a node's process and a signal or a 
      process_action::restore_link, -1, false, ""},
     {"heal without namespaces", fault(fault_action::heal, "engines-b", fault_target::node), false, "",
      process_action::restore_link, -1, false, "only with --netns"},
-    {"corrupt is not staged with processes", fault(fault_action::corrupt, "rollout-a", fault_target::engine), true,
-     "", process_action::kill, -1, false, "not staged with processes"},
+    {"corrupt: SIGUSR1 to the producer's process", fault(fault_action::corrupt, "rollout-a", fault_target::engine),
+     false, "head", process_action::corrupt, -1, true, ""},
   };
   auto t = three_nodes();
+  t.transfer.backend = transfer_backend::ucx;
   for (auto& r : rows) {
     CAPTURE(r.what);
     auto p = plan_process_fault(t, r.f, r.netns, "T.yaml:9:7: drill.faults[0]");
@@ -127,6 +128,22 @@ TEST_CASE("process drill: each fault maps to a node's process and a signal or a 
     else
       CHECK(p.fault->ends_after == milliseconds(r.ends_after_ms));
   }
+}
+
+TEST_CASE("process drill: corrupt needs the head's UCX producer") {
+  auto t = three_nodes();
+  auto f = fault(fault_action::corrupt, "rollout-b", fault_target::engine);
+  t.transfer.backend = transfer_backend::local;
+  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "T.yaml:3:3: corrupt of rollout-b: "
+                                                                        "with processes the UCX producer"));
+  t.transfer.backend = transfer_backend::ucx;
+  t.trainer.node = "engines-a";
+  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "the trainer is on node engines-a"));
+  t.trainer.node = "head";
+  auto p = plan_process_fault(t, f, false, "T.yaml:3:3");
+  REQUIRE(p.fault);
+  CHECK(p.fault->node == "head"); // not engines-b, where rollout-b runs: the producer is the head's
+  CHECK(p.fault->action == process_action::corrupt);
 }
 
 TEST_CASE("process drill: the first refused fault is named with its place and index") {
