@@ -16,6 +16,7 @@
 #include "actors/coordinator.hpp"
 
 #include "runtime/base/printable.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -37,6 +38,9 @@ coordinator_config coordinator_config_from(const topology& t) {
   cc.heartbeat_interval = t.cluster.heartbeat_interval;
   cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
   cc.state_file = t.coordinator.state_file;
+  cc.trainer_ranks = static_cast<std::uint32_t>(t.trainer.ranks.size());
+  for (auto& spec : llama_parameter_specs(t.model.config, t.model.weights_dtype.value_or(dtype::bf16)))
+    cc.parameter_names.push_back(spec.name);
   return cc;
 }
 
@@ -276,12 +280,22 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
 
 void abort_round(self_ptr self, const std::string& why);
 void on_version(self_ptr self, const version_info& vi);
+void review_barrier(self_ptr self);
 
 void on_down(self_ptr self, const caf::down_msg& dm) {
   auto& st = self->state;
   for (auto& [name, m] : st.members)
     if (m.handle.address() == dm.source) {
       drop_member(self, name, "down: " + self->system().render(dm.reason));
+      return;
+    }
+  for (auto& [r, rank] : st.ranks)
+    if (!rank.down && rank.handle.address() == dm.source) {
+      rank.down = true;
+      log_line(self, "coordinator: trainer rank " + std::to_string(r) + " is down (" + self->system().render(dm.reason)
+                       + "); no round until it registers again");
+      abort_round(self, "trainer rank " + std::to_string(r) + " is down");
+      review_barrier(self);
       return;
     }
   if (st.cfg.trainer && dm.source == st.cfg.trainer.address()) {
@@ -315,6 +329,125 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
       [=](caf::error& err) {
         log_line(self, "coordinator: the trainer did not report its version: " + self->system().render(err));
       });
+}
+
+// -- trainer ranks ----------------------------------------------------------------------
+
+/// Following ranks rather than a single trainer: the topology has several,
+/// or one registered.
+bool follows_ranks(const coordinator_state& st) {
+  return st.cfg.trainer_ranks > 1 || !st.ranks.empty();
+}
+
+/// What a (re)starting rank catches up to: the newest version the cluster
+/// published (a restored counter included), so that none goes backwards.
+std::uint64_t cluster_newest(const coordinator_state& st) {
+  return std::max({st.newest.version, st.synced_version, st.barrier.newest_published()});
+}
+
+/// Every rank of the topology registered, alive and answering.
+bool ranks_live(const coordinator_state& st) {
+  if (st.ranks.size() != st.cfg.trainer_ranks)
+    return false;
+  return std::all_of(st.ranks.begin(), st.ranks.end(),
+                     [](const auto& kv) { return !kv.second.down && !kv.second.unreachable; });
+}
+
+/// The rank whose handle sent the current message, if any.
+std::optional<std::uint32_t> sending_rank(self_ptr self) {
+  auto sender = self->current_sender();
+  if (!sender)
+    return std::nullopt;
+  for (auto& [r, rank] : self->state.ranks)
+    if (!rank.down && rank.handle.address() == sender->address())
+      return r;
+  return std::nullopt;
+}
+
+/// Asks the barrier what is syncable: logs each new error once, raises the
+/// round's version (on_version: never backwards), and notes whether every
+/// rank still holds it.
+void review_barrier(self_ptr self) {
+  auto& st = self->state;
+  auto verdict = st.barrier.evaluate();
+  std::set<std::string> keys;
+  for (auto& e : verdict.errors) {
+    keys.insert(e.key);
+    if (st.barrier_errors.count(e.key) == 0)
+      log_line(self, "coordinator: trainer ranks: " + e.text + "; no round on it");
+  }
+  st.barrier_errors = std::move(keys);
+  if (verdict.syncable)
+    on_version(self, *verdict.syncable);
+  st.ranks_hold_newest = st.newest_heard && st.barrier.holds(st.newest.version);
+}
+
+/// A rank published a version (its subscription, or the answer to our query).
+void on_rank_version(self_ptr self, std::uint32_t rank, const version_info& vi) {
+  if (auto why = check(vi); !why.empty()) {
+    log_line(self, "coordinator: refused a version of trainer rank " + std::to_string(rank) + ": " + why);
+    return;
+  }
+  if (auto why = self->state.barrier.publish(rank, vi); !why.empty()) {
+    log_line(self, "coordinator: refused a version: " + why);
+    return;
+  }
+  review_barrier(self);
+}
+
+/// A rank registers: refused with an error, or followed from now on (a
+/// higher incarnation replaces the old one: a restart).
+caf::expected<registration> on_register_rank(self_ptr self, const rank_info& info, const trainer_actor& handle) {
+  auto& st = self->state;
+  auto who = "trainer rank " + std::to_string(info.rank);
+  if (!handle)
+    return make_error(errc::malformed, who + ": registration without an actor");
+  if (auto why = check(info); !why.empty())
+    return make_error(errc::malformed, who + ": registration: " + why);
+  if (st.cfg.trainer_ranks == 0)
+    return make_error(errc::malformed, who + ": this coordinator follows no trainer ranks");
+  auto known = st.ranks.find(info.rank);
+  if (known != st.ranks.end()) {
+    auto& k = known->second;
+    if (k.handle.address() == handle.address() && k.info.incarnation == info.incarnation)
+      return registration{cluster_newest(st), false}; // a retry: nothing changes
+    if (info.incarnation <= k.info.incarnation)
+      return make_error(errc::version_mismatch, who + ": incarnation " + std::to_string(info.incarnation)
+                                                  + " is not newer than the registered "
+                                                  + std::to_string(k.info.incarnation));
+  }
+  if (auto why = st.barrier.join(info); !why.empty())
+    return make_error(errc::malformed, why);
+  if (known != st.ranks.end()) { // a restart: the old incarnation is gone
+    if (!known->second.down)
+      self->demonitor(known->second.handle.address());
+    abort_round(self, who + " replaced by incarnation " + std::to_string(info.incarnation));
+    st.ranks.erase(known);
+  }
+  coordinator_rank rank;
+  rank.info = info;
+  rank.handle = handle;
+  rank.last_heard_ns = now_ns(self);
+  st.ranks.emplace(info.rank, std::move(rank));
+  self->monitor(handle);
+  self->send(handle, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
+  // Versions published before the subscription arrived are learnt here.
+  self->request(handle, st.cfg.trainer_deadline, version_atom::value)
+    .then(
+      [=, r = info.rank, who_addr = handle.address()](version_info& vi) {
+        auto i = self->state.ranks.find(r);
+        if (i != self->state.ranks.end() && !i->second.down && i->second.handle.address() == who_addr)
+          on_rank_version(self, r, vi);
+        settle(self);
+      },
+      [=](caf::error& err) {
+        log_line(self, "coordinator: " + who + " did not report its version: " + self->system().render(err));
+      });
+  log_line(self, "coordinator: " + who + " (incarnation " + std::to_string(info.incarnation) + ", node "
+                   + printable(info.node) + ", " + std::to_string(info.held.size()) + " tensors) registered; "
+                   + std::to_string(st.ranks.size()) + " of " + std::to_string(st.cfg.trainer_ranks) + " ranks");
+  review_barrier(self);
+  return registration{cluster_newest(st), false};
 }
 
 // -- heartbeats -------------------------------------------------------------------------
@@ -352,8 +485,31 @@ void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& w
   check_min_live(self);
 }
 
+/// A rank silent past the heartbeat timeout: a round in progress is
+/// aborted, and none starts until it answers again.
+void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_ns) {
+  auto& st = self->state;
+  st.ranks.at(r).unreachable = true;
+  log_line(self, "coordinator: trainer rank " + std::to_string(r) + " silent for " + millis(silent_ns)
+                   + " (heartbeat timeout " + std::to_string(st.cfg.heartbeat_timeout.count())
+                   + " ms): unreachable; no round until it answers");
+  abort_round(self, "trainer rank " + std::to_string(r) + " is unreachable");
+}
+
+void heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who) {
+  auto& st = self->state;
+  auto i = st.ranks.find(r);
+  if (i == st.ranks.end() || i->second.down || i->second.handle.address() != who)
+    return; // gone or replaced meanwhile
+  i->second.last_heard_ns = now_ns(self);
+  if (!i->second.unreachable)
+    return;
+  i->second.unreachable = false;
+  log_line(self, "coordinator: trainer rank " + std::to_string(r) + " answers again");
+}
+
 /// Every heartbeat_interval: who has been silent too long, then the next
-/// heartbeat to every member.
+/// heartbeat to every member and every rank.
 void heartbeat_tick(self_ptr self) {
   auto& st = self->state;
   auto now = now_ns(self);
@@ -365,6 +521,12 @@ void heartbeat_tick(self_ptr self) {
       silent.emplace_back(name, now - m.last_heard_ns);
   for (auto& [name, ns] : silent)
     mark_unreachable(self, name, ns);
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> silent_ranks;
+  for (auto& [r, rank] : st.ranks)
+    if (!rank.down && !rank.unreachable && silent_too_long(now, rank.last_heard_ns, timeout))
+      silent_ranks.emplace_back(r, now - rank.last_heard_ns);
+  for (auto& [r, ns] : silent_ranks)
+    mark_rank_unreachable(self, r, ns);
   heartbeat hb{"coordinator", ++st.heartbeat_seq};
   // A late answer still proves it is alive: each heartbeat may take the
   // whole timeout (a few are in flight at once).
@@ -376,6 +538,15 @@ void heartbeat_tick(self_ptr self) {
           settle(self);
         },
         [](caf::error&) {});
+  for (auto& [r, rank] : st.ranks)
+    if (!rank.down)
+      self->request(rank.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
+        .then(
+          [=, r = r, who = rank.handle.address()](heartbeat&) {
+            heard_from_rank(self, r, who);
+            settle(self);
+          },
+          [](caf::error&) {});
   self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
 }
 
@@ -407,7 +578,10 @@ void on_version(self_ptr self, const version_info& vi) {
 /// Whether a round may start as far as the trainer is concerned: it reported
 /// a version (the first one starts the cold sync) and is not down (nothing
 /// to pull from). Without a trainer, versions arrive as messages: always.
+/// Following ranks: every rank is registered, live, and holds the version.
 bool trainer_ready(const coordinator_state& st) {
+  if (follows_ranks(st))
+    return ranks_live(st) && st.ranks_hold_newest;
   return !st.cfg.trainer || (st.newest_heard && !st.trainer_down);
 }
 
@@ -486,8 +660,18 @@ void open_round(self_ptr self) {
   st.round->record.id = id;
   st.round->record.version = st.newest.version;
   st.round->waiters = std::exchange(st.sync_waiters, {});
-  if (st.cfg.trainer && !st.round->book.done()) // consumers may pull it long after newer versions
+  if (st.round->book.done())
+    return;
+  // Consumers may pull it long after newer versions: every producer keeps it.
+  if (follows_ranks(st)) {
+    for (auto& [r, rank] : st.ranks) {
+      st.round->producers.push_back(producer_holding{r, rank.info.incarnation, rank.info.held});
+      st.round->producer_handles.push_back(rank.handle);
+      self->send(rank.handle, pin_atom::value, st.newest.version);
+    }
+  } else if (st.cfg.trainer) {
     self->send(st.cfg.trainer, pin_atom::value, st.newest.version);
+  }
 }
 
 template <class Reply>
@@ -538,6 +722,7 @@ void send_phase(self_ptr self) {
     order.version = v;
     order.mode = st.cfg.transfer.mode;
     order.backend = std::string{to_string(st.cfg.transfer.backend)};
+    order.producers = r.producers;
     r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
   for (auto& name : engines) {
@@ -554,7 +739,7 @@ void send_phase(self_ptr self) {
         ask<phase_ack>(self, name, phase, start_atom::value, v);
         break;
       case sync_phase::transfer:
-        ask<transfer_report>(self, name, phase, transfer_atom::value, order, std::vector<trainer_actor>{});
+        ask<transfer_report>(self, name, phase, transfer_atom::value, order, r.producer_handles);
         break;
       case sync_phase::finish:
         ask<phase_ack>(self, name, phase, finish_atom::value, v);
@@ -769,6 +954,7 @@ coordinator_impl_actor::behavior_type
 coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, coordinator_config cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
+  st.barrier = version_barrier{st.cfg.trainer_ranks, st.cfg.parameter_names, st.cfg.rank_keep_versions};
   if (auto& r = st.cfg.restored) { // a restart: the counter goes on from the file
     st.synced_version = r->synced_version;
     st.newest.version = r->newest_version;
@@ -794,13 +980,28 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   refuse_stray_errors(self, guard);
   return {
     authorized(self, guard, [=](version_atom, const version_info& vi) {
-      on_version(self, vi);
+      auto& st = self->state;
+      if (!follows_ranks(st)) {
+        on_version(self, vi);
+      } else if (auto r = sending_rank(self)) {
+        on_rank_version(self, *r, vi);
+      } else if (st.ignored_unranked_versions++ % 100 == 0) { // loud once, then now and then
+        log_line(self, "coordinator: ignored version " + std::to_string(vi.version)
+                         + " from a sender that is no registered trainer rank (following "
+                         + std::to_string(st.cfg.trainer_ranks) + " ranks)");
+      }
       settle(self);
     }),
     authorized(self, guard, [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); }),
-    authorized(self, guard, [=](register_atom, const rank_info& info, const trainer_actor&) -> caf::result<registration> {
-      return make_error(errc::malformed, "trainer rank " + std::to_string(info.rank)
-                                           + ": this coordinator does not take trainer ranks yet");
+    authorized(self, guard, [=](register_atom, const rank_info& info,
+        const trainer_actor& rank) -> caf::result<registration> {
+      auto joined = on_register_rank(self, info, rank);
+      settle(self); // the round a restart held back retries
+      if (!joined) {
+        log_line(self, "coordinator: refused a trainer rank: " + self->system().render(joined.error()));
+        return std::move(joined.error());
+      }
+      return *joined;
     }),
     authorized(self, guard, [=](register_atom, router_actor& router) {
       auto& st = self->state;

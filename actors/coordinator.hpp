@@ -63,6 +63,30 @@
 // completes). No round starts until a trainer attaches again (register_atom
 // with its handle); the next round then retries.
 //
+// Trainer ranks: a trainer that is many processes (trainer.ranks), each
+// holding part of the model, registers rank by rank (register_atom with a
+// rank_info). A single trainer (cfg.trainer) is the one-rank case whose
+// orders name no producers; once any rank registers (or the topology has
+// more than one), the coordinator follows ranks only:
+//
+//   rank: registered ──(down_msg)──▶ down ──(higher incarnation registers)──▶ registered
+//          │   ▲                       (a lower one is refused; the same handle is a retry)
+//          │   └──(answers a heartbeat again)── unreachable
+//          └──(no heartbeat answer for heartbeat_timeout)──▶ unreachable
+//
+// Versions are told per sender: each rank's go through the version barrier
+// (runtime/control/version_barrier), and the round's version is the newest
+// every rank published and still holds, whose layout checks out (every
+// parameter held; a tensor held twice has the same checksum); what is wrong
+// is logged once, naming the ranks and the tensor, and no round starts on it.
+// A round starts only when every rank of the topology is registered, live
+// and holds that version; it pins it on every rank, and its transfer orders
+// name every rank as a producer (rank, incarnation, held) with its handle. A
+// rank that dies or turns unreachable mid-round aborts the round as the
+// single trainer's death does; once it is back (a new incarnation
+// registered, caught up to the newest version the cluster published, which
+// its registration reply tells it), the round retries.
+//
 // With a state file, the version counter, restart counts and who was current
 // are written after every change (temporary name, renamed), and a restarted
 // coordinator starts from them: an engine that re-registers holding the
@@ -77,6 +101,7 @@
 #include "runtime/control/membership_policy.hpp"
 #include "runtime/control/round_figures.hpp"
 #include "runtime/control/sync_round.hpp"
+#include "runtime/control/version_barrier.hpp"
 
 #include <caf/typed_response_promise.hpp>
 
@@ -109,6 +134,16 @@ struct coordinator_config {
   /// Told which engines may serve (route) and which may not (evict); none:
   /// nobody is told.
   router_actor router;
+  /// The topology's trainer ranks. More than one: rounds wait until every
+  /// rank registered (register_atom with a rank_info); one: a rank may
+  /// register, or a single trainer attach; 0: rank registrations are refused.
+  std::uint32_t trainer_ranks = 0;
+  /// Every parameter of the model, for the ranks' layout check (each held by
+  /// some rank); empty: not checked.
+  std::vector<std::string> parameter_names;
+  /// Versions a rank keeps (its weight source's keep_versions): ranks past
+  /// each other by more than this hold no version in common.
+  std::size_t rank_keep_versions = 2;
   /// How long the trainer may take to answer the coordinator's version query.
   std::chrono::milliseconds trainer_deadline{5000};
   /// Time for the round's figures, in nanoseconds; empty: the actor clock
@@ -145,7 +180,8 @@ struct coordinator_config {
 };
 
 /// The topology's part of a coordinator's configuration: the sync section,
-/// the transfer section, the cluster's heartbeats and the state file. The
+/// the transfer section, the cluster's heartbeats, the state file, the
+/// trainer's rank count and the model's parameter names. The
 /// caller adds the actors and hooks (and `restored`).
 coordinator_config coordinator_config_from(const topology& t);
 
@@ -174,6 +210,18 @@ struct replica_record {
   bool was_routable = false;
 };
 
+/// One registered trainer rank, as the coordinator sees it.
+struct coordinator_rank {
+  rank_info info;
+  trainer_actor handle;
+  /// Its down message arrived: gone until a newer incarnation registers.
+  bool down = false;
+  /// Silent past the heartbeat timeout: no round until it answers.
+  bool unreachable = false;
+  /// When it last answered a heartbeat (or registered), coordinator clock.
+  std::uint64_t last_heard_ns = 0;
+};
+
 /// The round in progress.
 struct coordinator_round {
   coordinator_round(sync_round book, version_info target)
@@ -193,6 +241,10 @@ struct coordinator_round {
   std::set<std::string> dirty_after_abort;
   /// sync_atom requests answered when the round ends.
   std::vector<caf::typed_response_promise<sync_report>> waiters;
+  /// The trainer ranks the round pulls from and their handles, in the same
+  /// order (empty: the engines' one producer).
+  std::vector<producer_holding> producers;
+  std::vector<trainer_actor> producer_handles;
 };
 
 struct coordinator_state {
@@ -224,6 +276,15 @@ struct coordinator_state {
   std::uint64_t last_round_ops = 0;
   /// Refuses (counts, logs) messages from senders cfg.authorize does not admit.
   std::shared_ptr<sender_guard> guard;
+  /// Registered trainer ranks by index (at most cfg.trainer_ranks).
+  std::map<std::uint32_t, coordinator_rank> ranks;
+  /// Which version every rank published; the layout check.
+  version_barrier barrier;
+  /// Every rank holds st.newest, without errors (recomputed as ranks change).
+  bool ranks_hold_newest = false;
+  /// The barrier's errors last logged (their keys): each is logged once.
+  std::set<std::string> barrier_errors;
+  std::uint64_t ignored_unranked_versions = 0; ///< versions from no rank, while following ranks
 
   static inline const char* name = "coordinator";
 };

@@ -87,8 +87,12 @@ errc to_errc(transfer::transfer_failure f) {
   }
 }
 
+/// Pulls every worker's groups into a sink before a deadline: from the
+/// engine's one producer, or from several trainer ranks (the M:N pull).
+using pull_fn = std::function<transfer_report(const transfer::group_sink&, transfer::clock::time_point)>;
+
 /// Runs on the pulling thread: every worker's groups into the staging weights.
-std::shared_ptr<pull_outcome> pull_version(transfer::weight_puller& puller, const std::string& name,
+std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::string& name,
                                            std::vector<std::shared_ptr<const plan::grouped_plan>> plans,
                                            std::shared_ptr<engine::weight_set> staging, transfer_order order,
                                            std::chrono::milliseconds deadline) {
@@ -113,8 +117,7 @@ std::shared_ptr<pull_outcome> pull_version(transfer::weight_puller& puller, cons
     }
   };
   try {
-    auto report = transfer::pull_engine(puller, name, static_cast<int>(plans.size()), order.version, order.mode,
-                                        sink, transfer::clock::now() + deadline);
+    auto report = pull(sink, transfer::clock::now() + deadline);
     report.engine = name;
     out->report = report;
   } catch (const transfer::transfer_error& e) {
@@ -139,12 +142,16 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   for (int w = 0; w < cfg.options.tp; ++w) {
     auto plan = std::make_shared<const plan::worker_plan>(self->state.core->worker_plan(w));
     self->state.plans.push_back(std::make_shared<const plan::grouped_plan>(cfg.model, plan));
+    self->state.worker_plans.push_back(plan);
     if (cfg.puller)
       cfg.puller->register_worker(cfg.options.name, plan);
   }
-  self->attach_functor([puller = cfg.puller, name = cfg.options.name] {
+  self->state.producer_links = std::make_shared<std::map<std::uint32_t, std::shared_ptr<transfer::producer_link>>>();
+  self->attach_functor([puller = cfg.puller, links = self->state.producer_links, name = cfg.options.name] {
     if (puller)
       puller->unregister_engine(name);
+    for (auto& [rank, link] : *links)
+      link->unregister(name);
   });
   const std::string name = cfg.options.name;
 
@@ -234,10 +241,34 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       if (producers.size() != order.producers.size())
         return make_error(errc::malformed, name + ": the transfer order names " + std::to_string(order.producers.size())
                                              + " producers but carries " + std::to_string(producers.size()) + " handles");
-      if (!order.producers.empty()) // pulls from several trainer ranks come with the M:N puller
-        return make_error(errc::malformed, name + ": this engine cannot pull from several trainer ranks yet");
-      if (!st.puller)
+      // The trainer ranks of the order, each behind the puller of its current incarnation.
+      std::vector<std::shared_ptr<transfer::producer_link>> links;
+      if (!order.producers.empty()) {
+        if (!cfg.producer_puller)
+          return make_error(errc::malformed, name + ": no data plane to pull from trainer ranks (backend '"
+                                               + order.backend + "')");
+        for (std::size_t i = 0; i < order.producers.size(); ++i) {
+          const auto& h = order.producers[i];
+          auto& link = (*st.producer_links)[h.rank];
+          if (!link || link->holding().incarnation != h.incarnation || link->holding().held != h.held) {
+            std::shared_ptr<transfer::weight_puller> puller;
+            try {
+              puller = cfg.producer_puller(h, producers[i]);
+            } catch (const std::exception& e) {
+              return make_error(errc::malformed, name + ": no puller for trainer rank " + std::to_string(h.rank) + ": "
+                                                   + e.what());
+            }
+            if (!puller)
+              return make_error(errc::malformed, name + ": no puller for trainer rank " + std::to_string(h.rank));
+            if (link) // an earlier incarnation: its registrations go with it
+              link->unregister(name);
+            link = std::make_shared<transfer::producer_link>(h, std::move(puller));
+          }
+          links.push_back(link);
+        }
+      } else if (!st.puller) {
         return make_error(errc::malformed, name + ": no data plane for backend '" + order.backend + "'");
+      }
       if (st.core->session_version() != order.version)
         return make_error(errc::no_session, name + ": transfer of version " + std::to_string(order.version)
                                               + " outside its session");
@@ -246,9 +277,20 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // The pull blocks: it runs on its own thread and reports back here.
       auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
       auto seq = ++st.transfer_seq;
-      self->spawn<caf::detached>([puller = st.puller, name, plans = st.plans, staging = st.core->session_staging(),
+      pull_fn pull;
+      if (links.empty())
+        pull = [puller = st.puller, name, tp = static_cast<int>(st.plans.size()), order](const transfer::group_sink& sink,
+                                                                                       transfer::clock::time_point until) {
+          return transfer::pull_engine(*puller, name, tp, order.version, order.mode, sink, until);
+        };
+      else
+        pull = [links, name, model = cfg.model, plans = st.worker_plans, order](const transfer::group_sink& sink,
+                                                                               transfer::clock::time_point until) {
+          return transfer::pull_from_holders(model, {name, order.version, order.mode, until}, plans, links, sink);
+        };
+      self->spawn<caf::detached>([pull, name, plans = st.plans, staging = st.core->session_staging(),
                                   order, deadline, seq, engine = self->address()](caf::blocking_actor* worker) {
-        auto outcome = pull_version(*puller, name, plans, staging, order, deadline);
+        auto outcome = pull_version(pull, name, plans, staging, order, deadline);
         outcome->seq = seq;
         // A weak reference until here: a stopping engine must not be kept alive by its pull.
         if (auto e = caf::actor_cast<rollout_engine_impl>(engine))

@@ -72,11 +72,24 @@ bool start_step(self_ptr self) {
   st.step_started = self->clock().now();
   auto source = st.cfg.source;
   auto me = caf::actor_cast<trainer_impl_actor>(self);
+  auto target = st.catch_up_to;
+  bool checksums = st.cfg.rank_checksums;
   // Sent as the trainer itself: its guard refuses anonymous messages.
-  bool posted = st.cfg.runner->post([source, me] {
+  bool posted = st.cfg.runner->post([source, me, target, checksums] {
     try {
       auto s = source->advance();
-      caf::send_as(me, me, produced_atom::value, s ? s->version() : std::uint64_t{0});
+      // Catching up: every version derives from the one before, so each is
+      // made; only the last is published to subscribers.
+      if (s && s->version() < target && target - s->version() > max_catch_up_versions)
+        throw std::runtime_error("catching up from v" + std::to_string(s->version()) + " to v" + std::to_string(target)
+                                 + ": more than " + std::to_string(max_catch_up_versions) + " versions");
+      while (s && s->version() < target) {
+        auto next = source->advance();
+        if (!next)
+          break; // nothing newer to make (a checkpoint directory)
+        s = std::move(next);
+      }
+      caf::send_as(me, me, produced_atom::value, s ? published_info(*s, checksums) : version_info{});
     } catch (const std::exception& e) {
       caf::send_as(me, me, produced_atom::value, std::string(e.what()));
     }
@@ -89,14 +102,41 @@ bool start_step(self_ptr self) {
   return posted;
 }
 
-void publish(self_ptr self, const transfer::weight_snapshot& s) {
+void publish(self_ptr self, const version_info& vi) {
   auto& st = self->state;
-  st.published = version_info{s.version(), plan::group_count(s.config()), s.total_bytes()};
+  st.published = vi;
   for (auto& [addr, listener] : st.subscribers)
     self->send(listener, version_atom::value, st.published);
 }
 
 } // namespace
+
+void catch_up(const trainer_actor& trainer, std::uint64_t version) {
+  auto me = caf::actor_cast<trainer_impl_actor>(trainer);
+  caf::send_as(me, me, catch_up_atom::value, version); // as itself: its guard admits it
+}
+
+rank_info rank_info_of(const transfer::weight_source& source, std::uint32_t rank, std::string node,
+                       std::uint64_t incarnation) {
+  rank_info out{rank, std::move(node), incarnation, {}};
+  for (const auto& p : source.parameters())
+    out.held.push_back(p.name);
+  std::sort(out.held.begin(), out.held.end());
+  return out;
+}
+
+version_info published_info(const transfer::weight_snapshot& s, bool checksums) {
+  version_info vi{s.version(), plan::group_count(s.config()), s.total_bytes(), {}};
+  if (!checksums)
+    return vi;
+  std::vector<const tensor_view*> held;
+  for (const auto& t : s.tensors())
+    held.push_back(&t);
+  std::sort(held.begin(), held.end(), [](const tensor_view* a, const tensor_view* b) { return a->name < b->name; });
+  for (const auto* t : held)
+    vi.checksums.push_back(checksum64(t->data, t->size));
+  return vi;
+}
 
 std::shared_ptr<job_runner> make_thread_runner(std::size_t queue_limit) {
   return std::make_shared<thread_runner>(queue_limit);
@@ -215,14 +255,20 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (!self->state.cfg.source->pin(version))
         log(self, "trainer: cannot keep version " + std::to_string(version) + " for the round: already dropped");
     }),
-    authorized(self, guard, [=](produced_atom, std::uint64_t version) {
+    authorized(self, guard, [=](catch_up_atom, std::uint64_t version) {
+      auto& st = self->state;
+      if (version <= st.published.version)
+        return;
+      st.catch_up_to = std::max(st.catch_up_to, version);
+      start_step(self); // or, with one in flight, the next step catches up
+    }),
+    authorized(self, guard, [=](produced_atom, const version_info& made) {
       auto& st = self->state;
       st.producing = false;
       ++st.steps;
       st.last_error.clear();
-      if (version > st.published.version)
-        if (auto s = st.cfg.source->find(version))
-          publish(self, *s);
+      if (made.version > st.published.version)
+        publish(self, made);
       for (auto& rp : std::exchange(st.freeze_waiters, {}))
         rp.deliver(st.published);
       for (auto& rp : std::exchange(st.step_waiters, {}))
@@ -266,6 +312,7 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.step_time = t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);
+  cfg.rank_checksums = t.trainer.ranks.size() > 1; // the coordinator's layout check compares ranks' bytes
   out.actor = spawn_trainer(sys, std::move(cfg));
   return out;
 }

@@ -23,6 +23,14 @@
 //   - the CAF fallback: pull_atom returns one group's full tensors inline.
 // Subscribers (the coordinator) hear of every version published, and of the
 // current one when they subscribe; they are monitored and dropped once down.
+//
+// A trainer rank (rank_checksums) publishes with each version the checksum64
+// of every tensor it holds, in held-name order (rank_info_of), computed in
+// the step job, so that the coordinator finds two ranks holding one tensor
+// with different bytes. A restarted rank catches up (catch_up) to the version
+// the coordinator's registration reply names: its next step advances through
+// every version up to it (each derives from the one before) and publishes
+// only the last, so that it meets the other ranks at a version they hold.
 #include "actors/interfaces.hpp"
 #include "actors/sender_guard.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
@@ -95,18 +103,30 @@ struct trainer_config {
   sender_policy authorize;
   /// Listeners kept at once (subscribe_atom); more are refused.
   std::size_t max_subscribers = 64;
+  /// A trainer rank: each published version carries the checksums of the
+  /// tensors held (version_info::checksums, in rank_info_of's held order).
+  bool rank_checksums = false;
 };
+
+/// Versions one catch-up may advance through; a larger gap fails the step
+/// (the rank is too far behind to meet the others by stepping).
+constexpr std::uint64_t max_catch_up_versions = std::uint64_t{1} << 20;
 
 // Private to the trainer: a step finished.
 using produced_atom = caf::atom_constant<caf::atom("produced")>;
+// Private to the trainer's process: advance until this version (catch_up).
+using catch_up_atom = caf::atom_constant<caf::atom("catchup")>;
 
 /// The trainer's own interface: trainer_actor plus what it sends itself.
 /// Handles given out are trainer_actor.
 using trainer_impl_actor = trainer_actor::extend<
   // time for the next step
   caf::reacts_to<caf::tick_atom>,
-  // a step ended: the version it published, or 0 when there was nothing new
-  caf::reacts_to<produced_atom, std::uint64_t>,
+  // a step ended: the version it made (with its checksums for a rank), or
+  // version 0 when there was nothing new
+  caf::reacts_to<produced_atom, version_info>,
+  // advance until this version, publishing only it (a restarted rank)
+  caf::reacts_to<catch_up_atom, std::uint64_t>,
   // a step failed: why
   caf::reacts_to<produced_atom, std::string>>;
 
@@ -122,6 +142,7 @@ struct trainer_state {
   /// when it failed).
   std::vector<caf::typed_response_promise<version_info>> step_waiters;
   bool tick_pending = false; ///< a tick is on its way: schedule no second one
+  std::uint64_t catch_up_to = 0; ///< the next steps advance at least this far
   caf::actor_clock::time_point step_started;
   std::uint64_t steps = 0;
   std::uint64_t failed_steps = 0;
@@ -150,6 +171,22 @@ struct local_trainer {
 
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0,
                                  sender_policy authorize = {});
+
+/// Has a trainer this process spawned (spawn_trainer) advance until version
+/// `version` and publish only that one, off its mailbox: a restarted rank
+/// calls it with its registration's current_version. A version it already
+/// published changes nothing; a step in flight finishes first.
+void catch_up(const trainer_actor& trainer, std::uint64_t version);
+
+/// How a trainer rank registers: its index and node, this incarnation, and
+/// the names of the tensors `source` holds, ascending (the order of its
+/// version_info::checksums).
+rank_info rank_info_of(const transfer::weight_source& source, std::uint32_t rank, std::string node,
+                       std::uint64_t incarnation);
+
+/// What the trainer publishes for `s`: version, groups, bytes, and with
+/// `checksums` the checksum64 of each tensor held, in ascending name order.
+version_info published_info(const transfer::weight_snapshot& s, bool checksums);
 
 /// The whole tensors of group `g` of `s` as one checksummed bucket.
 weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g);

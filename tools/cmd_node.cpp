@@ -88,8 +88,12 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
     std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "rlsync node " << node.name << ": coordinator, router and trainer up; gatekeeper on "
-            << node.address << ":" << head->port()
+  std::cerr << "rlsync node " << node.name << ": coordinator"
+            << (head->router() ? ", router" : "")
+            << (head->ranks().size() == 1 && t.trainer.ranks.size() == 1 ? std::string(" and trainer")
+                : head->ranks().empty() ? std::string{}
+                                        : " and " + std::to_string(head->ranks().size()) + " trainer ranks")
+            << " up; gatekeeper on " << node.address << ":" << head->port()
             << (head->producer() ? "; UCX producer up (no listening port: members get its address from the trainer)"
                                  : std::string{})
             << std::endl;
@@ -137,6 +141,12 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
   } end_corrupt_watch{watching, corrupt_watch};
 
   int rc = 0;
+  if (job.run && !head->router()) {
+    std::cerr << "rlsync node " << node.name << ": --run sends the workload through the router, which the topology "
+              << "places on " << t.router.node << ": run the job where the router is on the coordinator's node\n";
+    all_terminated = head->stop();
+    return 1;
+  }
   if (job.run) {
     // The main job starts once every engine of the topology has registered.
     auto n = head->await_members(t.engines.size(), t.cluster.connect_deadline * 3, [] { return stop_signal != 0; });
@@ -153,8 +163,25 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
       return 1;
     }
     auto w = workload_from(t, job.workload);
-    rc = run_main_job(sys, t, path, w, {head->router(), head->coordinator(), head->trainer(), head->source()}, *out,
-                      job.json_path);
+    job_handles h;
+    h.router = head->router();
+    h.coordinator = head->coordinator();
+    h.trainer = head->trainer();
+    h.source = head->source();
+    std::vector<bool> here(t.trainer.ranks.size(), false);
+    for (const auto& r : head->ranks()) {
+      h.ranks.push_back(r.trainer.actor);
+      h.sources.push_back(r.trainer.source);
+      here[r.rank] = true;
+    }
+    // Ranks of other nodes hold what the engines are checked against: a
+    // synthetic one is rebuilt here (same options, same bytes); a checkpoint
+    // directory's steps are not, and leave the check incomplete.
+    for (std::size_t i = 0; i < here.size(); ++i)
+      if (!here[i])
+        if (auto s = std::dynamic_pointer_cast<transfer::synthetic_source>(transfer::make_weight_source(t, i)))
+          h.replayed.push_back(std::move(s));
+    rc = run_main_job(sys, t, path, w, h, *out, job.json_path);
   } else {
     while (!stop_signal) // a head serves until told to stop
       std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls a flag the signal handler sets

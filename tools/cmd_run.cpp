@@ -72,7 +72,15 @@ int cmd_run(const arg_list& argv) {
   opts.on_sync = [&](const sync_report& r) { out.on_sync(r); };
   opts.log = [&](const std::string& line) { out.on_log(line); };
   auto d = deploy_local(sys, t, opts);
-  job_handles h{d.router, d.coordinator, d.trainer.actor, d.trainer.source};
+  job_handles h;
+  h.router = d.router;
+  h.coordinator = d.coordinator;
+  h.trainer = d.trainer.actor;
+  h.source = d.trainer.source;
+  for (const auto& r : d.ranks) { // several ranks: each frozen, all together the reference
+    h.ranks.push_back(r.trainer.actor);
+    h.sources.push_back(r.trainer.source);
+  }
   auto rc = run_main_job(sys, t, path, w, h, out, json_path);
   d.shutdown();
   return rc;

@@ -1,5 +1,6 @@
 #include "actors/assembly/head_node.hpp"
 
+#include "actors/caf_puller.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/tls.hpp"
 
@@ -7,6 +8,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -14,8 +16,6 @@ namespace rlsync {
 
 std::string cluster_layout_problem(const topology& t) {
   const node_spec* head = t.find_node(t.coordinator.node);
-  if (t.router.node != head->name || t.trainer.node != head->name)
-    return "the router and the trainer must run on the coordinator's node (" + head->name + ") for now";
   if (head->port == 0 && t.nodes.size() > 1)
     return "nodes '" + head->name + "': the coordinator's node needs a fixed port for the others to reach it (port: 0)";
   return {};
@@ -34,6 +34,96 @@ std::string ucx_net_devices_for(const node_spec& node, const std::vector<ucx_tra
   return device;
 }
 
+transfer::ucx_credentials_source ucx_tickets_from(caf::actor_system& sys, std::function<trainer_actor()> trainer) {
+  return [&sys, trainer = std::move(trainer)](const std::string& engine, int worker,
+                                              transfer::clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transfer::clock::now());
+    if (left <= std::chrono::milliseconds(0))
+      throw std::runtime_error("the deadline passed before a UCX ticket was asked for");
+    auto handle = trainer();
+    if (!handle)
+      throw std::runtime_error("no trainer to ask for a UCX ticket");
+    caf::scoped_actor self{sys};
+    std::optional<ucx_ticket> ticket;
+    std::string failure = "no answer";
+    self->request(handle, left, ucx_ticket_atom::value, engine, static_cast<std::int32_t>(worker))
+      .receive([&](ucx_ticket& t) { ticket = std::move(t); }, [&](caf::error& err) { failure = sys.render(err); });
+    if (!ticket)
+      throw std::runtime_error("the trainer gave no UCX ticket: " + failure);
+    return transfer::ucx_credentials{std::move(ticket->producer), std::move(ticket->token)};
+  };
+}
+
+std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                                      std::function<trainer_actor()> trainer,
+                                                      const std::function<void(const std::string&)>& log) {
+  transfer::ucx_puller_options po;
+  po.credentials = ucx_tickets_from(sys, std::move(trainer));
+  po.transports = t.transfer.ucx_transports;
+  po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
+  po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
+  po.log = [log](const std::string& line) {
+    if (log)
+      log("ucx: " + line);
+  };
+  return std::make_shared<transfer::ucx_puller>(po);
+}
+
+producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                            std::function<void(const std::string&)> log) {
+  auto topo = std::make_shared<const topology>(t); // engines outlive the caller's copy
+  return [&sys, topo, node, log = std::move(log)](const producer_holding& h,
+                                                  const trainer_actor& rank) -> std::shared_ptr<transfer::weight_puller> {
+    if (!rank)
+      return nullptr;
+    if (topo->transfer.backend != transfer_backend::ucx)
+      return std::make_shared<caf_puller>(sys, rank, topo->model.config);
+    try { // one puller per rank incarnation: its producer's address changes with a restart
+      return make_ucx_puller(sys, *topo, node, [rank] { return rank; }, log);
+    } catch (const std::exception& e) {
+      if (log)
+        log("trainer rank " + std::to_string(h.rank) + ": transfer.backend ucx: " + e.what());
+      return nullptr;
+    }
+  };
+}
+
+std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
+  const topology& t, const node_spec& node, const std::vector<hosted_rank>& ranks,
+  const std::function<void(const std::string&)>& log) {
+  std::vector<std::unique_ptr<transfer::ucx_producer>> producers;
+  if (t.transfer.backend != transfer_backend::ucx)
+    return producers;
+  // Engines elsewhere pull from each rank's own producer. It opens no port:
+  // they ask the rank's trainer actor for its address and a token per
+  // engine worker (ucx_ticket_atom).
+  for (const auto& r : ranks) {
+    transfer::ucx_producer_options po;
+    po.transports = t.transfer.ucx_transports;
+    po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
+    po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
+    const std::string prefix = ranks.size() == 1 && t.trainer.ranks.size() == 1
+                                 ? "ucx producer: "
+                                 : "ucx producer of rank " + std::to_string(r.rank) + ": ";
+    po.log = [log, prefix](const std::string& line) {
+      if (log)
+        log(prefix + line);
+    };
+    try {
+      producers.push_back(std::make_unique<transfer::ucx_producer>(r.trainer.source, po));
+    } catch (const std::exception& e) {
+      for (const auto& opened : ranks)
+        opened.trainer.ucx_tickets->close();
+      throw std::runtime_error(std::string("transfer.backend ucx") + (t.trainer.ranks.size() == 1 ? "" : ", trainer rank " + std::to_string(r.rank)) + ": " + e.what());
+    }
+    r.trainer.ucx_tickets->open([p = producers.back().get()](const std::string& engine, int worker) {
+      auto c = p->issue(engine, worker);
+      return ucx_ticket{std::move(c.producer), std::move(c.token)};
+    });
+  }
+  return producers;
+}
+
 head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec& node,
                      std::map<std::string, std::string> member_secrets, head_hooks hooks)
     : sys_(sys) {
@@ -46,38 +136,19 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.log = hooks.log;
   opts.on_sync = hooks.on_report;
   opts.on_phase = hooks.on_phase;
+  opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log);
   actors_ = assemble_head(sys, t, opts); // throws with nothing left running
   gatekeeper_config gc;
   gc.secrets = std::move(member_secrets);
-  gc.grant = {actors_.coordinator, actors_.trainer.actor, actors_.router};
+  // The trainer a single-producer member pulls from (none when the ranks run
+  // elsewhere: orders then name each rank, which members reach by its handle).
+  gc.grant = {actors_.coordinator, actors_.single_trainer ? actors_.trainer.actor : trainer_actor{}, actors_.router};
   gc.grant.source_dtype = static_cast<std::uint8_t>(actors_.source_dtype);
   gc.admitted = admitted;
   gc.log = hooks.line;
   try {
-    // Remote engines pull from the trainer's UCX producer. It opens no
-    // port: members ask the trainer for its address and a token per engine
-    // worker (ucx_ticket_atom).
-    if (t.transfer.backend == transfer_backend::ucx) {
-      transfer::ucx_producer_options po;
-      po.transports = t.transfer.ucx_transports;
-      po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, hooks.log);
-      po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
-      auto log = hooks.log;
-      po.log = [log](const std::string& line) {
-        if (log)
-          log("ucx producer: " + line);
-      };
-      try {
-        producer_ = std::make_unique<transfer::ucx_producer>(actors_.trainer.source, po);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(std::string("transfer.backend ucx: ") + e.what());
-      }
-      actors_.trainer.ucx_tickets->open([p = producer_.get()](const std::string& engine, int worker) {
-        auto c = p->issue(engine, worker);
-        return ucx_ticket{std::move(c.producer), std::move(c.token)};
-      });
-      gc.grant.ucx = true;
-    }
+    producers_ = start_rank_producers(t, node, actors_.ranks, hooks.log);
+    gc.grant.ucx = t.transfer.backend == transfer_backend::ucx;
     gate_ = caf::actor_cast<caf::actor>(sys.spawn(gatekeeper, gc));
     auto port = publish_node(sys, caf::actor_cast<gatekeeper_actor>(gate_), node.port, node.address);
     if (!port)
@@ -139,14 +210,16 @@ bool head_node::stop(std::chrono::milliseconds deadline) {
   std::vector<caf::actor> all;
   for (const auto& e : actors_.engines)
     all.push_back(caf::actor_cast<caf::actor>(e));
-  for (auto a : {gate_, caf::actor_cast<caf::actor>(actors_.coordinator), caf::actor_cast<caf::actor>(actors_.router),
-                 caf::actor_cast<caf::actor>(actors_.trainer.actor)})
+  for (auto a : {gate_, caf::actor_cast<caf::actor>(actors_.coordinator), caf::actor_cast<caf::actor>(actors_.router)})
     all.push_back(a);
+  for (const auto& r : actors_.ranks)
+    all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
   actors_.engines.clear();
   bool ok = stop_and_await(sys_, std::move(all), deadline);
-  if (actors_.trainer.ucx_tickets)
-    actors_.trainer.ucx_tickets->close();
-  producer_.reset(); // after every actor that could hand out its tickets
+  for (const auto& r : actors_.ranks)
+    if (r.trainer.ucx_tickets)
+      r.trainer.ucx_tickets->close();
+  producers_.clear(); // after every actor that could hand out their tickets
   return ok;
 }
 

@@ -1,9 +1,9 @@
 #pragma once
 // What a cluster's head node runs, in this process: the head's actors as
-// assemble_head builds them (the coordinator, the router, the trainer with
-// its local data plane, and the engines the topology places on this node,
-// registered), plus the gatekeeper published on the node's address and, for
-// transfer.backend ucx, the trainer's UCX producer. Used by `rlsync node` on
+// assemble_head builds them (the coordinator, and whatever else the topology
+// places on this node: the router, trainer ranks with their local data
+// planes, engines, registered), plus the gatekeeper published on the node's
+// address and, for transfer.backend ucx, each local rank's UCX producer. Used by `rlsync node` on
 // the coordinator's node and by `rlsync bench sync/control`.
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/interfaces.hpp"
@@ -30,10 +30,35 @@ namespace rlsync {
 std::string ucx_net_devices_for(const node_spec& node, const std::vector<ucx_transport>& transports,
                                 const std::function<void(const std::string&)>& log);
 
-/// Why `t` cannot run as one process per node: the router and the trainer
-/// must share the coordinator's node, which needs a fixed port when other
-/// nodes must reach it. Empty when it can.
+/// Why `t` cannot run as one process per node: the coordinator's node
+/// needs a fixed port when other nodes must reach it. Empty when it can.
+/// Trainer ranks, the router and engines may run on any node.
 std::string cluster_layout_problem(const topology& t);
+
+/// UCX credentials asked of the trainer (rank) `trainer()` returns, with
+/// the deadline left (ucx_ticket_atom). Call only on a pulling thread: it
+/// blocks.
+transfer::ucx_credentials_source ucx_tickets_from(caf::actor_system& sys, std::function<trainer_actor()> trainer);
+
+/// A UCX puller on `node` whose connections get their credentials from
+/// ucx_tickets_from(trainer). Throws ucx_error when UCX cannot start.
+std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                                      std::function<trainer_actor()> trainer,
+                                                      const std::function<void(const std::string&)>& log);
+
+/// How engines on `node` pull from a trainer rank hosted in another
+/// process: for transfer.backend ucx, a UCX puller whose credentials come
+/// from the rank's handle; otherwise whole groups over CAF from it.
+producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topology& t, const node_spec& node,
+                                            std::function<void(const std::string&)> log);
+
+/// For transfer.backend ucx: a UCX producer on each of `ranks` (its own
+/// source), whose trainer actor then hands out its tickets; none for other
+/// backends. Close the ranks' ticket offices before the producers go.
+/// Throws std::runtime_error naming the rank when UCX cannot start.
+std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
+  const topology& t, const node_spec& node, const std::vector<hosted_rank>& ranks,
+  const std::function<void(const std::string&)>& log);
 
 struct head_hooks {
   std::function<void(const std::string&)> log;     ///< coordinator and producer events
@@ -59,12 +84,17 @@ public:
   head_node& operator=(const head_node&) = delete;
 
   coordinator_actor coordinator() const { return actors_.coordinator; }
+  /// The first trainer rank on this node; empty when it hosts none.
   trainer_actor trainer() const { return actors_.trainer.actor; }
+  /// Every trainer rank on this node.
+  const std::vector<hosted_rank>& ranks() const { return actors_.ranks; }
+  /// The router; empty when it runs on another node.
   router_actor router() const { return actors_.router; }
   std::shared_ptr<transfer::weight_source> source() const { return actors_.trainer.source; }
   std::shared_ptr<transfer::local_transfer> local_transfer() const { return actors_.trainer.transfer; }
-  /// The UCX producer; nullptr unless transfer.backend is ucx.
-  const transfer::ucx_producer* producer() const { return producer_.get(); }
+  /// The first rank's UCX producer; nullptr unless transfer.backend is ucx
+  /// and a rank runs here.
+  const transfer::ucx_producer* producer() const { return producers_.empty() ? nullptr : producers_.front().get(); }
   std::uint16_t port() const { return port_; }
   /// Drills: the UCX producer alters the bytes of the next group 0 a worker
   /// of `engine` (empty: any engine) receives, once, after computing their
@@ -89,7 +119,7 @@ public:
 private:
   caf::actor_system& sys_;
   local_deployment actors_;
-  std::unique_ptr<transfer::ucx_producer> producer_;
+  std::vector<std::unique_ptr<transfer::ucx_producer>> producers_; ///< one per rank here (ucx)
   caf::actor gate_;
   std::uint16_t port_ = 0;
   bool stopped_ = false;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
 #include <stdexcept>
 
 namespace rlsync {
@@ -56,6 +57,51 @@ std::string register_engine(caf::actor_system& sys, const coordinator_actor& coo
   return failure;
 }
 
+std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const topology& t,
+                          const hosted_rank& r, std::chrono::milliseconds deadline) {
+  const auto& node = r.rank < t.trainer.ranks.size() ? t.trainer.ranks[r.rank].node : t.trainer.node;
+  auto info = rank_info_of(*r.trainer.source, r.rank, node, r.incarnation);
+  std::string failure;
+  caf::scoped_actor self{sys};
+  self->request(coordinator, deadline, register_atom::value, info, r.trainer.actor)
+    .receive([&](const registration& reg) { catch_up(r.trainer.actor, reg.current_version); },
+             [&](caf::error& err) { failure = sys.render(err); });
+  return failure;
+}
+
+std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
+                                     const sender_policy& authorize, std::uint64_t incarnation) {
+  std::vector<hosted_rank> out;
+  try {
+    for (std::size_t i = 0; i < t.trainer.ranks.size(); ++i)
+      if (node.empty() || t.trainer.ranks[i].node == node)
+        out.push_back({static_cast<std::uint32_t>(i), incarnation, make_local_trainer(sys, t, i, authorize)});
+  } catch (...) { // a source that cannot be built: the ranks already spawned go too
+    std::vector<caf::actor> spawned;
+    for (auto& r : out)
+      spawned.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
+    stop_and_await(sys, std::move(spawned));
+    throw;
+  }
+  return out;
+}
+
+bool follows_single_trainer(const topology& t, const std::string& node) {
+  return t.trainer.ranks.size() == 1 && (node.empty() || t.trainer.ranks[0].node == node);
+}
+
+producer_puller_factory rank_pullers(const std::vector<hosted_rank>& ranks, producer_puller_factory remote) {
+  std::map<std::uint32_t, std::shared_ptr<transfer::weight_puller>> local;
+  for (const auto& r : ranks)
+    local[r.rank] = r.trainer.transfer;
+  return [local = std::move(local), remote = std::move(remote)](
+           const producer_holding& h, const trainer_actor& handle) -> std::shared_ptr<transfer::weight_puller> {
+    if (auto i = local.find(h.rank); i != local.end())
+      return i->second; // in this process: no copy over any wire
+    return remote ? remote(h, handle) : nullptr;
+  };
+}
+
 bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors, std::chrono::milliseconds deadline) {
   caf::scoped_actor self{sys};
   std::size_t alive = 0;
@@ -84,14 +130,16 @@ namespace {
 rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment& d, const topology& t,
                                  const engine_spec& spec, std::size_t i) {
   auto cfg = engine_config_from(t, spec, d.trainer.transfer, d.source_dtype);
+  cfg.producer_puller = rank_pullers(d.ranks, d.remote_pullers);
   cfg.faults = d.gates[i];
   return spawn_rollout_engine(sys, std::move(cfg));
 }
 
 /// Every actor of `d`, for stop_and_await.
 std::vector<caf::actor> actors_of(const local_deployment& d) {
-  std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.trainer.actor), caf::actor_cast<caf::actor>(d.coordinator),
-                              caf::actor_cast<caf::actor>(d.router)};
+  std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.coordinator), caf::actor_cast<caf::actor>(d.router)};
+  for (const auto& r : d.ranks)
+    all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
   for (const auto& e : d.engines)
     all.push_back(caf::actor_cast<caf::actor>(e));
   return all;
@@ -106,8 +154,18 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     restored = read_coordinator_state(t.coordinator.state_file); // throws, naming file:line:column
   // Every actor here answers this process and the nodes opts.admit admitted, nobody else.
   d.authorize = local_or_admitted(sys.node(), opts.admit);
-  d.trainer = make_local_trainer(sys, t, 0, d.authorize);
-  d.source_dtype = source_dtype_of(t, *d.trainer.source);
+  // Every rank placed here, each its own source and actor. The coordinator
+  // follows a single rank hosted with it directly, as before ranks existed;
+  // otherwise each rank registers (here below, or from its own node).
+  d.ranks = spawn_ranks(sys, t, opts.node, d.authorize, opts.incarnation != 0 ? opts.incarnation : 1);
+  if (!d.ranks.empty())
+    d.trainer = d.ranks.front().trainer;
+  d.single_trainer = follows_single_trainer(t, opts.node);
+  d.remote_pullers = opts.remote_pullers;
+  // Engines record their plans in the dtype the trainer sends; with no rank
+  // here, a source built for the question alone says (it publishes nothing).
+  d.source_dtype = d.trainer.source ? source_dtype_of(t, *d.trainer.source)
+                                    : source_dtype_of(t, *transfer::make_weight_source(t, 0));
   std::vector<const engine_spec*> hosted;
   for (const auto& e : t.engines) {
     if (!opts.node.empty() && e.node != opts.node)
@@ -125,9 +183,11 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   auto rc = router_config_from(t);
   rc.log = opts.router_log;
   d.router_cfg = rc;
-  d.router = spawn_router(sys, rc, d.authorize);
+  if (opts.node.empty() || t.router.node == opts.node) // else its own node's process registers it
+    d.router = spawn_router(sys, rc, d.authorize);
   auto cc = coordinator_config_from(t);
-  cc.trainer = d.trainer.actor;
+  if (d.single_trainer)
+    cc.trainer = d.trainer.actor;
   cc.router = d.router;
   cc.authorize = d.authorize;
   cc.log = opts.log;
@@ -138,6 +198,14 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);
 
+  if (!d.single_trainer)
+    for (const auto& r : d.ranks)
+      if (auto failure = register_rank(sys, d.coordinator, t, r, opts.register_deadline);
+          !failure.empty()) {
+        stop_and_await(sys, actors_of(d));
+        throw std::runtime_error("trainer rank " + std::to_string(r.rank)
+                                 + " could not register with the coordinator: " + failure);
+      }
   for (std::size_t i = 0; i < d.engines.size(); ++i) {
     auto info = engine_info_of(*hosted[i], d.incarnations[i]);
     if (auto failure = register_engine(sys, d.coordinator, info, caf::actor_cast<caf::actor>(d.engines[i]),
@@ -182,7 +250,8 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
     self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
   }
   auto cc = coordinator_cfg;
-  cc.trainer = trainer.actor;
+  if (single_trainer)
+    cc.trainer = trainer.actor;
   cc.router = router; // a router restarted since is the one to tell
   cc.restored = read_coordinator_state(cc.state_file); // throws, naming file:line:column
   coordinator = sys.spawn(rlsync::coordinator, cc);
@@ -198,6 +267,9 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
       register_engine(sys, coordinator, engine_info_of(*spec, incarnations[i], st->version, st->dirty),
                       caf::actor_cast<caf::actor>(engines[i]), std::chrono::seconds(10));
   }
+  if (!single_trainer) // the ranks too, as they are (same incarnation: a reconnect)
+    for (const auto& r : ranks)
+      register_rank(sys, coordinator, t, r, std::chrono::seconds(10));
 }
 
 router_actor local_deployment::restart_router(caf::actor_system& sys) {
@@ -213,16 +285,27 @@ router_actor local_deployment::restart_router(caf::actor_system& sys) {
   return router;
 }
 
-void local_deployment::restart_trainer(caf::actor_system& sys, const topology& t) {
-  caf::anon_send_exit(trainer.actor, caf::exit_reason::kill);
+std::string local_deployment::restart_trainer(caf::actor_system& sys, const topology& t, std::size_t hosted) {
+  if (hosted >= ranks.size())
+    return "no trainer rank " + std::to_string(hosted) + " runs in this process";
+  auto& r = ranks[hosted];
+  caf::anon_send_exit(r.trainer.actor, caf::exit_reason::kill);
   trainer_config tc;
-  tc.source = trainer.source;
+  tc.source = r.trainer.source;
+  tc.ucx_tickets = r.trainer.ucx_tickets;
   tc.step_time = t.trainer.step_time;
   tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   tc.authorize = authorize;
-  trainer.actor = spawn_trainer(sys, tc);
+  tc.rank_checksums = !single_trainer;
+  r.trainer.actor = spawn_trainer(sys, tc);
+  ++r.incarnation;
+  if (hosted == 0)
+    trainer = r.trainer;
+  if (!single_trainer)
+    return register_rank(sys, coordinator, t, r, std::chrono::seconds(10));
   caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
-  self->send(coordinator, register_atom::value, trainer.actor);
+  self->send(coordinator, register_atom::value, r.trainer.actor);
+  return {};
 }
 
 void local_deployment::shutdown() {
@@ -230,7 +313,8 @@ void local_deployment::shutdown() {
     if (handle)
       caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   };
-  stop(trainer.actor);
+  for (auto& r : ranks)
+    stop(r.trainer.actor);
   stop(coordinator);
   stop(router);
   for (auto& e : engines)

@@ -16,14 +16,38 @@
 #include <caf/node_id.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace rlsync {
 
-struct local_deployment {
+/// One trainer rank hosted in this process: its own source, local data
+/// plane, ticket office and trainer actor.
+struct hosted_rank {
+  std::uint32_t rank = 0;          ///< index in the topology's trainer.ranks
+  std::uint64_t incarnation = 1;   ///< one more per restart
   local_trainer trainer;
+};
+
+/// How an engine reaches the trainer rank a transfer order names
+/// (rollout_engine_config::producer_puller); nullptr when it cannot.
+using producer_puller_factory =
+  std::function<std::shared_ptr<transfer::weight_puller>(const producer_holding&, const trainer_actor&)>;
+
+struct local_deployment {
+  /// The first rank hosted here (rank 0 in one process); empty when this
+  /// process hosts no rank (a head holding the coordinator alone).
+  local_trainer trainer;
+  /// Every rank hosted here, in topology order (`trainer` is the first).
+  std::vector<hosted_rank> ranks;
+  /// The coordinator follows `trainer` itself (a single rank hosted with
+  /// it, as before ranks existed); false: every rank registers (rank_info).
+  bool single_trainer = true;
+  /// Engines reach ranks hosted elsewhere through it (deployment_options).
+  producer_puller_factory remote_pullers;
   std::vector<rollout_engine_impl> engines; ///< the hosted ones, in topology order
   std::vector<std::string> engine_names;
   /// Per engine: its drill faults (deployment_options::fault_gates), else nullptr.
@@ -62,8 +86,10 @@ struct local_deployment {
   router_actor restart_router(caf::actor_system& sys);
 
   /// A trainer on the same source (its checkpoints survive it): spawned and
-  /// attached to the coordinator, which retries the round it lost.
-  void restart_trainer(caf::actor_system& sys, const topology& t);
+  /// attached to the coordinator, which retries the round it lost. `hosted`:
+  /// which of `ranks`; with several ranks it registers again as the next
+  /// incarnation (returns the coordinator's refusal, or empty).
+  std::string restart_trainer(caf::actor_system& sys, const topology& t, std::size_t hosted = 0);
 
   /// Kills the coordinator (when `kill_first`) and starts a new one from
   /// its state file, then re-registers every live engine as it is (same
@@ -98,6 +124,9 @@ struct deployment_options {
   decltype(coordinator_config::on_member) on_member;
   /// One line per reroute from the router; empty: quiet.
   std::function<void(const std::string&)> router_log;
+  /// How the engines here pull from trainer ranks hosted in other processes;
+  /// empty: they cannot (one process hosts every rank).
+  producer_puller_factory remote_pullers;
 };
 
 /// The dtype the trainer sends, which every engine records its plans in:
@@ -120,6 +149,29 @@ engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, s
 /// `deadline`: the refusal (rendered), or empty once registered.
 std::string register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,
                             const caf::actor& engine, std::chrono::milliseconds deadline);
+
+/// Registers hosted rank `r` of `t` with `coordinator` (rank_info_of its
+/// source), waiting up to `deadline`, and has it catch up to the version the
+/// reply names (a restarted rank meets the others there): the refusal
+/// (rendered), or empty once registered.
+std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const topology& t,
+                          const hosted_rank& r, std::chrono::milliseconds deadline);
+
+/// Spawns the trainer ranks placed on `node` (every rank when empty), each
+/// with its own source, local data plane and trainer actor, admitting
+/// `authorize`. Throws what make_weight_source throws.
+std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
+                                     const sender_policy& authorize, std::uint64_t incarnation);
+
+/// Whether the coordinator on `node` (empty: one process) follows one
+/// trainer directly: the topology has one rank and it runs there. Otherwise
+/// ranks register with rank_info.
+bool follows_single_trainer(const topology& t, const std::string& node);
+
+/// The producer_puller of engines in a process hosting `ranks`: a hosted
+/// rank through its local data plane, any other through `remote` (nullptr
+/// without it).
+producer_puller_factory rank_pullers(const std::vector<hosted_rank>& ranks, producer_puller_factory remote);
 
 /// Stops `actors` (exit reason user_shutdown) and waits up to `deadline`
 /// until each has terminated; true if all did.

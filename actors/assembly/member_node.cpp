@@ -111,37 +111,15 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   auto desk = std::make_shared<ticket_desk>();
   desk->trainer = grant->trainer;
   if (grant->ucx) {
-    transfer::ucx_puller_options po;
-    // Called on a pulling thread, never an actor's: a blocking request is fine.
-    po.credentials = [&sys, desk](const std::string& engine, int worker, transfer::clock::time_point deadline) {
-      trainer_actor trainer;
-      {
-        std::lock_guard<std::mutex> lock(desk->mutex);
-        trainer = desk->trainer;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - transfer::clock::now());
-      if (left <= std::chrono::milliseconds(0))
-        throw std::runtime_error("the deadline passed before a UCX ticket was asked for");
-      caf::scoped_actor self{sys};
-      std::optional<ucx_ticket> ticket;
-      std::string failure = "no answer";
-      self->request(trainer, left, ucx_ticket_atom::value, engine, static_cast<std::int32_t>(worker))
-        .receive([&](ucx_ticket& t) { ticket = std::move(t); },
-                 [&](caf::error& err) { failure = sys.render(err); });
-      if (!ticket)
-        throw std::runtime_error("the trainer gave no UCX ticket: " + failure);
-      return transfer::ucx_credentials{std::move(ticket->producer), std::move(ticket->token)};
-    };
-    po.transports = t.transfer.ucx_transports;
-    po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, opts.log);
-    po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
-    auto sink = opts.log;
-    po.log = [sink](const std::string& line) {
-      if (sink)
-        sink("ucx: " + line);
-    };
     try {
-      puller = ucx = std::make_shared<transfer::ucx_puller>(po);
+      // The trainer to ask is read at each new connection: a rejoin replaces it.
+      puller = ucx = make_ucx_puller(
+        sys, t, node,
+        [desk] {
+          std::lock_guard<std::mutex> lock(desk->mutex);
+          return desk->trainer;
+        },
+        opts.log);
     } catch (const std::exception& e) {
       log(std::string("transfer.backend ucx: ") + e.what());
       end.exit_code = 1;
@@ -156,14 +134,43 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   // The engines take orders only from this process and the coordinator and
   // router of the grant they registered under (replaced when it rejoins).
   auto drivers = std::make_shared<trusted_actors>();
+  router_actor router; // when the topology places it here
   auto trust_grant = [&] {
-    drivers->assign({grant->coordinator.address(), grant->router.address()});
+    drivers->assign({grant->coordinator.address(), (router ? router : grant->router).address()});
   };
   trust_grant();
+  // Trainer ranks and the router placed here answer this process and
+  // whatever reaches it over its one link, the authenticated connection to
+  // the head (a member publishes no port): the coordinator, and engines of
+  // other nodes asking for groups or UCX tickets through it.
+  auto fabric = local_or_admitted(sys.node(), [](const caf::node_id&) { return true; });
+  std::vector<hosted_rank> ranks;
+  std::vector<std::unique_ptr<transfer::ucx_producer>> producers;
   std::vector<caf::actor> engines;
   std::vector<const engine_spec*> specs;
+  // Everything this node runs, stopped; the producers after every actor
+  // that could hand out their tickets.
+  auto stop_all = [&] {
+    std::vector<caf::actor> all = std::move(engines);
+    all.push_back(caf::actor_cast<caf::actor>(router));
+    for (const auto& r : ranks)
+      all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
+    bool ok = stop_and_await(sys, std::move(all));
+    for (const auto& r : ranks)
+      r.trainer.ucx_tickets->close();
+    producers.clear();
+    return ok;
+  };
   auto deadline = t.cluster.connect_deadline;
   auto register_all = [&](const coordinator_actor& coordinator) {
+    for (const auto& r : ranks)
+      if (auto failure = register_rank(sys, coordinator, t, r, deadline);
+          !failure.empty())
+        return "trainer rank " + std::to_string(r.rank) + " could not register with the coordinator: " + failure;
+    if (router) {
+      caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
+      self->send(coordinator, register_atom::value, router);
+    }
     for (std::size_t i = 0; i < engines.size(); ++i)
       if (auto failure = register_engine(sys, coordinator, engine_info_of(*specs[i], incarnation), engines[i], deadline);
           !failure.empty())
@@ -172,9 +179,19 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   };
   std::string failure;
   try {
+    ranks = spawn_ranks(sys, t, node.name, fabric, incarnation);
+    producers = start_rank_producers(t, node, ranks, opts.log);
+    if (t.router.node == node.name) {
+      auto rc = router_config_from(t);
+      rc.log = opts.log;
+      router = spawn_router(sys, rc, fabric);
+      trust_grant();
+    }
+    const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
     for (const auto& e : t.engines)
       if (e.node == node.name) {
         auto cfg = engine_config_from(t, e, puller, source_dtype);
+        cfg.producer_puller = pullers;
         cfg.authorize = local_or_trusted(sys.node(), drivers);
         cfg.log = opts.log;
         engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, std::move(cfg))));
@@ -186,11 +203,13 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   }
   if (!failure.empty()) {
     log(failure);
-    end.all_terminated = stop_and_await(sys, std::move(engines));
+    end.all_terminated = stop_all();
     end.exit_code = 1;
     return end;
   }
-  log(std::to_string(engines.size()) + " engines registered");
+  log(std::to_string(engines.size()) + " engines registered"
+      + (ranks.empty() ? std::string{} : ", " + std::to_string(ranks.size()) + " trainer ranks")
+      + (router ? ", the router" : ""));
   // Serve until told to stop or the job ended (the coordinator stopped). A
   // lost link (a partition, a flaky switch) is not the end: reconnect, prove
   // the secret again and register the same engines again (same incarnation:
@@ -230,9 +249,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       end.exit_code = 1;
       break;
     }
-    log("rejoined " + head.name + ", " + std::to_string(engines.size()) + " engines registered again");
+    log("rejoined " + head.name + ", " + std::to_string(engines.size()) + " engines registered again"
+        + (ranks.empty() ? std::string{} : ", " + std::to_string(ranks.size()) + " trainer ranks"));
   }
-  end.all_terminated = stop_and_await(sys, std::move(engines));
+  end.all_terminated = stop_all();
   return end;
 }
 

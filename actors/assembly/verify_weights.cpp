@@ -5,10 +5,17 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace rlsync {
 
 std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
+                                                const std::vector<weight_digest>& digests) {
+  return verify_weights(t, std::vector<const transfer::weight_source*>{&source}, digests);
+}
+
+std::vector<engine_verification> verify_weights(const topology& t,
+                                                const std::vector<const transfer::weight_source*>& sources,
                                                 const std::vector<weight_digest>& digests) {
   std::vector<engine_verification> out;
   // The trainer's weights through the engines' own loader, per (version, tp).
@@ -26,14 +33,35 @@ std::vector<engine_verification> verify_weights(const topology& t, const transfe
     } else {
       auto key = std::make_pair(v.version, spec->tp);
       if (!reference.count(key)) {
-        if (auto snap = source.find(v.version)) {
+        // Every rank's tensors of that version, each name once (replicas of
+        // a layer range hold the same bytes; the coordinator checks that).
+        std::vector<transfer::snapshot_ptr> snaps;
+        std::vector<const tensor_view*> tensors;
+        std::set<std::string> seen;
+        bool held = !sources.empty();
+        for (const auto* source : sources) {
+          if (!source)
+            continue;
+          auto snap = source->find(v.version);
+          if (!snap) {
+            held = false;
+            break;
+          }
+          for (const auto& tv : snap->tensors())
+            if (seen.insert(tv.name).second)
+              tensors.push_back(&tv);
+          snaps.push_back(std::move(snap)); // keeps the views valid
+        }
+        if (held) {
           auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
-          engine::load_weights(snap->tensors(), *set);
+          engine::load_weights(tensors, *set);
           reference[key] = engine::weight_checksums(*set);
         }
       }
       auto ref = reference.find(key);
-      if (ref == reference.end()) {
+      if (std::all_of(sources.begin(), sources.end(), [](auto* s) { return s == nullptr; })) {
+        v.error = "no trainer rank runs in this process to compare with";
+      } else if (ref == reference.end()) {
         v.error = "the trainer no longer holds version " + std::to_string(v.version);
       } else {
         v.shards = digest.names.size();

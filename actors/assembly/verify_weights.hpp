@@ -30,4 +30,11 @@ struct engine_verification {
 std::vector<engine_verification> verify_weights(const topology& t, const transfer::weight_source& source,
                                                 const std::vector<weight_digest>& digests);
 
+/// As above, against the trainer ranks' sources together: each tensor from
+/// the first source holding it at the engine's version (null sources are
+/// skipped). A version some rank no longer holds is unverified.
+std::vector<engine_verification> verify_weights(const topology& t,
+                                                const std::vector<const transfer::weight_source*>& sources,
+                                                const std::vector<weight_digest>& digests);
+
 } // namespace rlsync

@@ -216,8 +216,16 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
   caf::scoped_actor self{sys};
   // The trainer freezes first (no new versions), then one last round brings
   // every engine to its final version, which the check compares against.
-  self->request(h.trainer, std::chrono::seconds(30), freeze_atom::value)
-    .receive([](const version_info&) {}, [&](caf::error& err) { end.error = "trainer did not freeze: " + sys.render(err); });
+  auto trainers = h.ranks.empty() ? std::vector<trainer_actor>{h.trainer} : h.ranks;
+  for (std::size_t i = 0; i < trainers.size(); ++i)
+    if (trainers[i]) // a rank of another process stops publishing once its node stops
+      self->request(trainers[i], std::chrono::seconds(30), freeze_atom::value)
+        .receive([](const version_info&) {},
+                 [&](caf::error& err) {
+                   end.error += (end.error.empty() ? "" : "; ")
+                                + (trainers.size() == 1 ? std::string("trainer") : "trainer rank " + std::to_string(i))
+                                + " did not freeze: " + sys.render(err);
+                 });
   const auto& dl = t.sync.deadlines;
   auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
   self->request(h.coordinator, round_deadline, sync_atom::value)
@@ -227,7 +235,24 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
   self->request(h.coordinator, std::chrono::seconds(30), digest_atom::value)
     .receive([&](std::vector<weight_digest>& d) { digests = std::move(d); },
              [&](caf::error& err) { end.error += " digests: " + sys.render(err); });
-  end.checks = verify_weights(t, *h.source, digests);
+  std::vector<const transfer::weight_source*> sources;
+  for (const auto& s : h.sources)
+    sources.push_back(s.get());
+  if (sources.empty() && h.source)
+    sources.push_back(h.source.get());
+  std::uint64_t newest = 0;
+  for (const auto& d : digests)
+    newest = std::max(newest, d.version);
+  for (const auto& s : h.replayed) { // each version derives from the one before: step through them
+    try {
+      while (newest > 0 && (!s->latest() || s->latest()->version < newest))
+        s->produce_next();
+      sources.push_back(s.get());
+    } catch (const std::exception& e) {
+      end.error += (end.error.empty() ? "" : "; ") + std::string("replaying a trainer rank: ") + e.what();
+    }
+  }
+  end.checks = verify_weights(t, sources, digests);
   self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
     .receive([&](coordinator_status& s) { end.status = std::move(s); }, [](caf::error&) {});
   return end;

@@ -71,6 +71,15 @@ struct job_handles {
   coordinator_actor coordinator;
   trainer_actor trainer;
   std::shared_ptr<transfer::weight_source> source;
+  /// With several trainer ranks: every rank this process hosts (each
+  /// frozen at the end) and their sources (together the reference the
+  /// engines are verified against). Empty: `trainer` and `source` alone.
+  std::vector<trainer_actor> ranks;
+  std::vector<std::shared_ptr<transfer::weight_source>> sources;
+  /// Synthetic ranks running in other processes, rebuilt here: the same
+  /// options make the same bytes, so each is advanced to the engines'
+  /// version before the check and joins the reference.
+  std::vector<std::shared_ptr<transfer::synthetic_source>> replayed;
 };
 
 /// How a job ends: the trainer frozen (no new versions), one last round

@@ -41,9 +41,6 @@ const char* const insecure_refusal =
   "more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it "
   "anyone who reaches a node's port can read and forge cluster traffic; set "
   "cluster.allow_insecure_network: true to run without TLS anyway";
-const char* const ranks_refusal =
-  "more than one trainer rank is not available yet (trainer ranks come with issue #13); "
-  "leave ranks out or list one rank holding every layer";
 const char* const gpu_backend_refusal =
   "is not available yet (the GPU backends nccl and cuda_ipc come with the GPU issue); "
   "use local or ucx";
@@ -418,9 +415,14 @@ void reader::read_ranks(const map_reader& trainer) {
     trainer.error("ranks", "must list at least one rank (or leave ranks out: one rank holds all layers)");
     return;
   }
+  if (items->size() > static_cast<std::size_t>(max_ranks)) {
+    trainer.error("ranks", "must list at most " + std::to_string(max_ranks) + " ranks, got "
+                             + std::to_string(items->size()));
+    return;
+  }
+  // Each rank runs on its own node (default: the trainer's); several may
+  // share one, and ranks holding the same layers are replicas of them.
   bool ok = true;
-  // Where the first rank names a node other than the trainer's, if it does.
-  std::optional<std::pair<YAML::Mark, std::string>> elsewhere;
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path, {"node", "layers"}, trainer.mark("ranks"));
     if (!r.valid()) {
@@ -429,8 +431,8 @@ void reader::read_ranks(const map_reader& trainer) {
     }
     trainer_rank rank;
     rank.node = tr.node;
-    if (read_node_ref(r, "node", rank.node) && rank.node != tr.node && !tr.node.empty() && !elsewhere)
-      elsewhere.emplace(r.mark("node"), r.path("node"));
+    if (r.has("node") && !read_node_ref(r, "node", rank.node))
+      ok = false;
     auto held = read_layers(r);
     if (!held) {
       ok = false;
@@ -438,18 +440,6 @@ void reader::read_ranks(const map_reader& trainer) {
     }
     rank.layers = std::move(*held);
     tr.ranks.push_back(std::move(rank));
-  }
-  if (items->size() > 1) {
-    auto& second = (*items)[1];
-    d.add(second.node.Mark(), second.path, ranks_refusal);
-    return;
-  }
-  // The one rank is the trainer itself, built on the trainer's node.
-  if (elsewhere) {
-    d.add(elsewhere->first, elsewhere->second,
-          "must be the trainer's node '" + tr.node
-            + "': ranks on other nodes are not available yet (trainer ranks come with issue #13)");
-    return;
   }
   if (!ok || !model_ok)
     return;

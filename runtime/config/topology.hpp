@@ -78,6 +78,7 @@ namespace topology_limits {
 // or hang. README.md lists them under "Limits".
 inline constexpr std::int64_t max_replicas = 4096;     // per engine entry, and engines in all
 inline constexpr std::int64_t max_nodes = 4096;
+inline constexpr std::int64_t max_ranks = 4096;        // trainer ranks (the producers one order may name)
 inline constexpr std::int64_t max_tp = 1024;
 inline constexpr std::int64_t max_batch_limit = 65536;
 inline constexpr std::int64_t max_queue_limit = 1 << 20;
@@ -138,8 +139,10 @@ struct trainer_spec {
   milliseconds step_time{200};
   double perturb = 0.01;
   std::uint64_t seed = 7;
-  /// Exactly one once loaded, on `node`, holding every layer: validation
-  /// refuses more ranks until they are built (issue #13).
+  /// At least one once loaded (left out: one rank on `node` holding every
+  /// layer). Each runs on its own node, several may share one; together
+  /// they hold every layer, and ranks holding the same layer are replicas
+  /// (several holders engines may pull it from).
   std::vector<trainer_rank> ranks;
   /// Publish weights holding NaN or infinity instead of refusing the step.
   /// Never read from the file: set by --allow-nonfinite on the command line.

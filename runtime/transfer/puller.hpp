@@ -57,7 +57,9 @@ struct transfer_error : std::runtime_error {
 /// Where received groups go. Called on the pulling thread, in group order,
 /// only for verified bytes; the pointers are valid during the call only.
 /// pull_engine calls it from one thread per worker at once: a sink must be
-/// safe for concurrent calls with different workers.
+/// safe for concurrent calls with different workers. (The M:N pull,
+/// holder_pull.hpp, calls it once per complete group in the order groups
+/// complete, never twice at once for one worker.)
 struct group_sink {
   /// Sharded: the packed bytes of group `group` for worker `worker`: its
   /// plan entries of that group in plan order (apply_group applies them).

@@ -371,7 +371,7 @@ TEST_CASE_FIXTURE(trainer_authz, "the trainer refuses every message of a sender 
     {"pin", one_way(pin_atom::value, std::uint64_t{1})},
     {"step", ask(tag_version{}, step_atom::value)},
     {"heartbeat", ask(tag_beat{}, heartbeat_atom::value, heartbeat{"x", 1})},
-    {"a forged step result", one_way(produced_atom::value, std::uint64_t{7})},
+    {"a forged step result", one_way(produced_atom::value, version_info{7, 4, 4096, {}})},
     {"a forged step failure", one_way(produced_atom::value, std::string{"forged"})},
     {"tick", one_way(caf::tick_atom::value)},
   };

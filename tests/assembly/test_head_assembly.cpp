@@ -1,11 +1,18 @@
 // The one assembly of a head: its rule for the dtype every engine records
-// its plans in (the head announces it to the other nodes in the join grant).
+// its plans in (the head announces it to the other nodes in the join grant),
+// and how trainer ranks are placed, followed and pulled from.
+#include "actors/assembly/head_node.hpp"
 #include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/verify_weights.hpp"
+#include "actors/system_config.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
+#include <caf/scoped_actor.hpp>
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <optional>
+#include <thread>
 #include <vector>
 
 using namespace rlsync;
@@ -57,4 +64,110 @@ TEST_CASE("assembly: engines register as their replica, in the incarnation given
   CHECK(rejoined.incarnation == 3);
   CHECK(process_incarnation() == process_incarnation()); // one per process
   CHECK(process_incarnation() > 0);
+}
+
+TEST_CASE("assembly: the coordinator follows one trainer only when the one rank runs with it") {
+  struct row {
+    const char* ranks;
+    std::string node; ///< the coordinator's process hosts this node; empty: every node
+    bool single;
+  };
+  const std::vector<row> rows = {
+    {"", "", true},                                                    // one process, one rank
+    {"", "a", true},                                                   // the rank on the head's node
+    {", ranks: [{node: b, layers: all}]", "a", false},                 // the one rank elsewhere: it registers
+    {", ranks: [{layers: 0-1}, {layers: 2-3}]", "", false},            // several ranks always register
+    {", ranks: [{layers: 0-1}, {node: b, layers: 2-3}]", "a", false},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.ranks);
+    CAPTURE(r.node);
+    auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, "
+                            "intermediate_size: 128}}\nnodes: [{name: a, port: 7000}, {name: b}]\n"
+                            "cluster: {allow_insecure_network: true}\ntrainer: {node: a"
+                              + std::string(r.ranks) + "}\nengines: [{name: e, node: b}]\n",
+                            "t.yaml", "/tmp");
+    CHECK(follows_single_trainer(t, r.node) == r.single);
+    CHECK(cluster_layout_problem(t).empty()); // ranks, router and engines may run anywhere
+  }
+}
+
+TEST_CASE("assembly: engines pull from a rank in their process locally, from any other as told") {
+  transfer::synthetic_options o;
+  o.config = test::small_model(2);
+  o.threads = 1;
+  auto source = std::make_shared<transfer::synthetic_source>(o);
+  hosted_rank here;
+  here.rank = 1;
+  here.trainer.source = source;
+  here.trainer.transfer = std::make_shared<transfer::local_transfer>(source, transfer::local_transfer_options{});
+  auto elsewhere = std::make_shared<transfer::local_transfer>(source, transfer::local_transfer_options{});
+  std::vector<std::uint32_t> asked;
+  producer_puller_factory remote = [&](const producer_holding& h, const trainer_actor&) {
+    asked.push_back(h.rank);
+    return std::shared_ptr<transfer::weight_puller>(elsewhere);
+  };
+  struct row {
+    std::uint32_t rank;
+    bool with_remote;
+    std::shared_ptr<transfer::weight_puller> expected;
+  };
+  const std::vector<row> rows = {
+    {1, true, here.trainer.transfer}, // hosted: the in-process data plane, never the remote factory
+    {1, false, here.trainer.transfer},
+    {0, true, elsewhere},             // another process's rank: as the remote factory says
+    {0, false, nullptr},              // and none without it: the engine refuses the order
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.rank);
+    CAPTURE(r.with_remote);
+    asked.clear();
+    auto pullers = rank_pullers({here}, r.with_remote ? remote : producer_puller_factory{});
+    producer_holding h;
+    h.rank = r.rank;
+    CHECK(pullers(h, trainer_actor{}) == r.expected);
+    CHECK(asked == (r.with_remote && r.rank != 1 ? std::vector<std::uint32_t>{r.rank} : std::vector<std::uint32_t>{}));
+  }
+}
+
+TEST_CASE("assembly: two trainer ranks in one process sync every engine to the whole model") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, "
+                          "intermediate_size: 128}}\nnodes: [{name: a}]\n"
+                          "trainer: {node: a, step_time_ms: 3600000, ranks: [{layers: 0-1}, {layers: 2-3}]}\n"
+                          "engines: [{name: e, node: a, replicas: 2, tp: 2}]\n",
+                          "t.yaml", "/tmp");
+  auto d = deploy_local(sys, t, {});
+  REQUIRE(d.ranks.size() == 2);
+  CHECK_FALSE(d.single_trainer);
+  CHECK(d.ranks[0].trainer.source != d.ranks[1].trainer.source); // each rank its own source
+  CHECK(d.ranks[0].trainer.source->holds(d.ranks[0].trainer.source->parameters().front().name));
+  CHECK(d.ranks[0].trainer.source->parameters().size() + d.ranks[1].trainer.source->parameters().size()
+        >= t.model.config.num_hidden_layers);
+  caf::scoped_actor self{sys};
+  std::optional<sync_report> report;
+  std::string failure;
+  // Each rank publishes its first version as it starts; a round before both did finds nothing to sync.
+  for (int attempt = 0; attempt < 100 && !(report && report->version > 0); ++attempt) {
+    self->request(d.coordinator, std::chrono::seconds(30), sync_atom::value)
+      .receive([&](const sync_report& r) { report = r; }, [&](caf::error& err) { failure = sys.render(err); });
+    if (!(report && report->version > 0))
+      std::this_thread::sleep_for(std::chrono::milliseconds(50)); // the ranks' first step runs off their mailboxes
+  }
+  REQUIRE_MESSAGE((report && report->version > 0), failure);
+  std::vector<weight_digest> digests;
+  self->request(d.coordinator, std::chrono::seconds(30), digest_atom::value)
+    .receive([&](std::vector<weight_digest>& x) { digests = std::move(x); }, [](caf::error&) {});
+  REQUIRE(digests.size() == 2);
+  auto both = verify_weights(t, {d.ranks[0].trainer.source.get(), d.ranks[1].trainer.source.get()}, digests);
+  for (const auto& v : both) {
+    CAPTURE(v.engine);
+    CAPTURE(v.error);
+    CHECK(v.ok());
+  }
+  // The check can fail: one rank's half is not the model.
+  auto half = verify_weights(t, {d.ranks[0].trainer.source.get()}, digests);
+  CHECK(std::none_of(half.begin(), half.end(), [](auto& v) { return v.ok(); }));
+  d.shutdown();
 }

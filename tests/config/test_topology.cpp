@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -289,13 +290,14 @@ TEST_CASE("topology errors: trainer") {
      "t.yaml:4:35: trainer.ranks[0].node: unknown node 'c' (defined: a, b)"},
     {"rank without layers", with("trainer", "trainer: {node: a, ranks: [{node: a}]}"),
      "t.yaml:4:28: trainer.ranks[0].layers: missing required key"},
-    // Only the first rank is built: more are refused, as is one on another node.
-    {"two ranks", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {layers: 2-3}]}"),
-     "t.yaml:4:43: trainer.ranks[1]: more than one trainer rank is not available yet (trainer ranks come "
-     "with issue #13); leave ranks out or list one rank holding every layer"},
-    {"the rank on another node", with("trainer", "trainer: {node: a, ranks: [{node: b, layers: all}]}"),
-     "t.yaml:4:35: trainer.ranks[0].node: must be the trainer's node 'a': ranks on other nodes are not "
-     "available yet (trainer ranks come with issue #13)"},
+    {"a rank whose node is not a name", with("trainer", "trainer: {node: a, ranks: [{node: [b], layers: all}]}"),
+     "t.yaml:4:35: trainer.ranks[0].node: expected a string, got a list"},
+    {"a rank with an unknown key", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1, stage: 0}, {layers: 2-3}]}"),
+     "t.yaml:4:42: trainer.ranks[0].stage: unknown key (expected one of: node, layers)"},
+    {"the second rank out of range", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {node: b, layers: 2-4}]}"),
+     "t.yaml:4:61: trainer.ranks[1].layers: layer 4 out of range: the model has 4 layers (0-3)"},
+    {"two ranks leaving a layer unheld", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {node: b, layers: 3}]}"),
+     "t.yaml:4:27: trainer.ranks: layer 2 is held by no rank (the model has 4 layers)"},
     {"layer out of range", with("trainer", "trainer: {node: a, ranks: [{layers: [0, 1, 2, 3, 9]}]}"),
      "t.yaml:4:50: trainer.ranks[0].layers[4]: layer 9 out of range: the model has 4 layers (0-3)"},
     {"range out of range", with("trainer", "trainer: {node: a, ranks: [{layers: 0-4}]}"),
@@ -596,6 +598,45 @@ TEST_CASE("topology errors: every problem is reported, in file order") {
   } catch (const topology_error& e) {
     CHECK(std::string(e.what()) == joined(e.errors).substr(0, joined(e.errors).size() - 1));
   }
+}
+
+TEST_CASE("topology: trainer ranks on any node, several per node, replicas of a layer range") {
+  struct row {
+    const char* name;
+    std::string ranks;
+    std::vector<std::pair<std::string, std::vector<std::int64_t>>> expected; // node, layers per rank
+  };
+  const std::vector<row> rows{
+    {"left out: one rank on the trainer's node", "", {{"a", {0, 1, 2, 3}}}},
+    {"two pipeline stages on two nodes", ", ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]",
+     {{"a", {0, 1}}, {"b", {2, 3}}}},
+    {"two stages on one node, default node", ", ranks: [{layers: 2-3}, {layers: [1, 0]}]",
+     {{"a", {2, 3}}, {"a", {0, 1}}}},
+    {"no rank on the trainer's own node", ", ranks: [{node: b, layers: all}]", {{"b", {0, 1, 2, 3}}}},
+    {"two replicas of every layer", ", ranks: [{node: a, layers: all}, {node: b, layers: all}]",
+     {{"a", {0, 1, 2, 3}}, {"b", {0, 1, 2, 3}}}},
+    {"overlapping ranges", ", ranks: [{node: b, layers: 0-2}, {node: b, layers: 2-3}]",
+     {{"b", {0, 1, 2}}, {"b", {2, 3}}}},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    auto t = parse_topology(with("trainer", "trainer: {node: a" + r.ranks + "}") + insecure, "t.yaml", "/base");
+    REQUIRE(t.trainer.ranks.size() == r.expected.size());
+    for (std::size_t i = 0; i < r.expected.size(); ++i) {
+      CHECK(t.trainer.ranks[i].node == r.expected[i].first);
+      CHECK(t.trainer.ranks[i].layers == r.expected[i].second);
+    }
+  }
+}
+
+TEST_CASE("topology: the coordinator's node may host the coordinator alone") {
+  auto t = parse_topology(with("nodes", "nodes: [{name: a}, {name: b}, {name: head}]")
+                            + "router: {node: b}\ncoordinator: {node: head}\n" + insecure,
+                          "t.yaml", "/base");
+  CHECK(t.coordinator.node == "head");
+  CHECK(t.router.node == "b");
+  CHECK(t.trainer.ranks.at(0).node == "a");
+  CHECK(std::none_of(t.engines.begin(), t.engines.end(), [](auto& e) { return e.node == "head"; }));
 }
 
 TEST_CASE("topology: defaults are filled in") {
@@ -1003,8 +1044,11 @@ TEST_CASE("topology: the shipped configs load") {
   auto multiprocess = load_topology(src + "/configs/multiprocess.yaml");
   REQUIRE(multiprocess.cluster.tls);
   CHECK(multiprocess.cluster.per_node_secrets());
-  REQUIRE(cluster.trainer.ranks.size() == 1); // the second comes with trainer ranks (issue #13)
-  CHECK(cluster.trainer.ranks[0].layers.size() == static_cast<std::size_t>(cluster.model.config.num_hidden_layers));
+  REQUIRE(cluster.trainer.ranks.size() == 2); // two pipeline stages
+  CHECK(cluster.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2, 3});
+  CHECK(cluster.trainer.ranks[1].layers == std::vector<std::int64_t>{4, 5, 6, 7});
+  CHECK(cluster.transfer.mode == transfer_mode::sharded);
+  CHECK(std::all_of(cluster.engines.begin(), cluster.engines.end(), [](auto& e) { return e.tp == 4; }));
   CHECK(cluster.sync.min_live_engines == 2);
   CHECK(cluster.sync.wave_size == 2);
   std::set<std::string> engine_nodes;

@@ -26,13 +26,36 @@ namespace {
 
 using worker_id = std::pair<std::string, int>; // (engine, worker)
 
+// Whether two plans pack the same bytes: the same slices of the same
+// tensors, in the same order (which parameter they fill does not matter).
+bool same_packing(const plan::worker_plan& a, const plan::worker_plan& b) {
+  if (&a == &b)
+    return true;
+  if (a.entries.size() != b.entries.size())
+    return false;
+  for (std::size_t i = 0; i < a.entries.size(); ++i) {
+    const auto& x = a.entries[i];
+    const auto& y = b.entries[i];
+    if (x.source != y.source || x.source_type != y.source_type || x.source_shape != y.source_shape
+        || x.view.offset != y.view.offset || x.view.shape != y.view.shape || x.view.strides != y.view.strides)
+      return false;
+  }
+  return true;
+}
+
+// A sharded stream is the packing of one plan: replicas' worker w of one tp
+// share it, and so do sub-plans of an M:N pull that are equal; a worker
+// whose sub-plan differs (a retry re-planned on this producer) gets its own.
 struct stream_key {
   bool broadcast = false;
   int tp = 0;
   int worker = 0;
+  std::shared_ptr<const plan::grouped_plan> plan; // sharded only
 
   bool operator==(const stream_key& o) const {
-    return broadcast == o.broadcast && tp == o.tp && worker == o.worker;
+    if (broadcast || o.broadcast)
+      return broadcast == o.broadcast;
+    return tp == o.tp && worker == o.worker && same_packing(plan->plan(), o.plan->plan());
   }
   std::string describe() const {
     return broadcast ? std::string("broadcast")
@@ -382,7 +405,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
                            "local transfer: " + who(req) + ": version " + std::to_string(req.version)
                                + " is not held (held: " + (held.empty() ? "none" : held) + ")");
     }
-    const stream_key key = broadcast ? stream_key{true, 0, 0} : stream_key{false, plan->tp(), plan->worker()};
+    const stream_key key = broadcast ? stream_key{true, 0, 0, nullptr} : stream_key{false, plan->tp(), plan->worker(), plan};
 
     auto& passes = registry_->passes;
     for (auto it = passes.begin(); it != passes.end();) {
@@ -421,7 +444,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       // version yet (those that have would not come again).
       for (const auto& [id, wp] : registry_->workers) {
         auto last = registry_->last_version.find(id);
-        if ((broadcast || (wp->tp() == key.tp && wp->worker() == key.worker))
+        if ((broadcast || key == stream_key{false, wp->tp(), wp->worker(), wp})
             && (last == registry_->last_version.end() || last->second < req.version))
           p->expected.insert(id);
       }

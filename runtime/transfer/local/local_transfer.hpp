@@ -2,10 +2,12 @@
 // The `local` data-plane backend: engine workers in the trainer's
 // process pull a version straight from its WeightSource.
 //
-// Streams. Packed bytes depend only on (tp, worker), not on the replica, so
+// Streams. Packed bytes depend only on the plan, not on the replica, so
 // every replica's worker w of an engine with tensor parallelism tp reads the
-// same stream: its groups are packed once per version and shared (refcounted
-// buffers). Broadcast has one stream for everybody: the full tensors.
+// same stream (same tp, worker and packing): its groups are packed once per
+// version and shared (refcounted buffers). An M:N pull registers sub-plans:
+// equal ones share a stream, a different one (a retry re-planned here) gets
+// its own. Broadcast has one stream for everybody: the full tensors.
 //
 // Passes. A pull joins the running pass of its stream and version, or starts
 // one. A pass has one producer thread packing groups in order into a window

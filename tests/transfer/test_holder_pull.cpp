@@ -1,0 +1,450 @@
+// The M:N pull: engine workers pulling from several trainer ranks, each
+// behind its own local transfer, receive exactly the single-rank bytes;
+// replicas of a layer range split the workers as the holder rule says and
+// pack each sub-plan once per version; a failing holder is retried on
+// another; with none left the error names what was tried.
+#include "runtime/engine/loader.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/plan/groups.hpp"
+#include "runtime/plan/holders.hpp"
+#include "runtime/transfer/holder_pull.hpp"
+#include "runtime/transfer/local/local_transfer.hpp"
+
+#include "tests/support/transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+using namespace rlsync;
+using namespace rlsync::transfer;
+using namespace std::chrono_literals;
+using rlsync::test::in;
+
+namespace {
+
+std::shared_ptr<synthetic_source> source_holding(const model_config& c, std::optional<std::vector<std::int64_t>> layers) {
+  synthetic_options o;
+  o.config = c;
+  o.type = dtype::bf16;
+  o.model_seed = 3;
+  o.trainer_seed = 11;
+  o.perturb = 0.05;
+  o.keep_versions = 2;
+  o.threads = 2;
+  o.held_layers = std::move(layers);
+  return std::make_shared<synthetic_source>(std::move(o));
+}
+
+producer_holding holding_of(std::uint32_t rank, const weight_source& s) {
+  producer_holding h{rank, 1, {}};
+  for (const auto& spec : s.parameters())
+    h.held.push_back(spec.name);
+  std::sort(h.held.begin(), h.held.end());
+  return h;
+}
+
+/// Records, per (engine, worker, group), which puller sent bytes: a spy
+/// between the M:N pull and a backend.
+class spying_puller final : public weight_puller {
+public:
+  explicit spying_puller(std::shared_ptr<weight_puller> inner) : inner_(std::move(inner)) {}
+  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override {
+    inner_->register_worker(engine, std::move(plan));
+  }
+  void unregister_engine(const std::string& engine) override { inner_->unregister_engine(engine); }
+  pull_report pull(const pull_request& req, const group_sink& sink) override {
+    group_sink spy = sink;
+    spy.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      if (size > 0) {
+        std::lock_guard<std::mutex> lock(mutex);
+        sent.insert({req.engine, w, g});
+      }
+      sink.on_group(w, g, bytes, size);
+    };
+    return inner_->pull(req, spy);
+  }
+  std::mutex mutex;
+  std::set<std::tuple<std::string, int, std::uint32_t>> sent;
+
+private:
+  std::shared_ptr<weight_puller> inner_;
+};
+
+/// One engine pulling through the M:N pull: weights, plans, links.
+struct mn_engine {
+  std::string name;
+  model_config config;
+  std::shared_ptr<engine::weight_set> weights;
+  std::vector<std::shared_ptr<const plan::worker_plan>> plans;
+  std::vector<plan::grouped_plan> grouped;
+  std::vector<std::shared_ptr<producer_link>> links;
+  std::mutex mutex;
+  std::map<int, std::set<std::uint32_t>> received; // worker -> groups the sink saw
+  bool twice = false;                               // a group reached the sink twice for one worker
+
+  mn_engine(std::string n, const model_config& c, int tp,
+            const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>>& producers)
+      : name(std::move(n)), config(c), weights(engine::weight_set::make(c, tp)) {
+    for (int w = 0; w < tp; ++w) {
+      plans.push_back(std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
+      grouped.emplace_back(c, plans.back());
+    }
+    for (const auto& [h, p] : producers)
+      links.push_back(std::make_shared<producer_link>(h, p));
+  }
+
+  group_sink sink() {
+    group_sink s;
+    s.on_group = [this](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      engine::apply_group(grouped[static_cast<std::size_t>(w)], g, bytes, size, weights->workers[static_cast<std::size_t>(w)]);
+      note(w, g);
+    };
+    s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+      auto& dst = weights->workers[static_cast<std::size_t>(w)];
+      for (const auto& t : tensors)
+        if (!ignored_weight(config, t.name))
+          engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
+      std::lock_guard<std::mutex> lock(mutex);
+      received[w].insert(g);
+    };
+    return s;
+  }
+
+  void note(int w, std::uint32_t g) {
+    std::lock_guard<std::mutex> lock(mutex);
+    twice = twice || !received[w].insert(g).second;
+  }
+
+  transfer_report pull(std::uint64_t v, transfer_mode mode = transfer_mode::sharded,
+                       std::chrono::milliseconds deadline = 10s) {
+    received.clear();
+    return pull_from_holders(config, {name, v, mode, in(deadline)}, plans, links, sink());
+  }
+};
+
+/// Pulls `v` on every engine at once.
+void pull_all(std::vector<std::unique_ptr<mn_engine>>& engines, std::uint64_t v,
+              transfer_mode mode = transfer_mode::sharded, std::chrono::milliseconds deadline = 10s) {
+  std::vector<std::future<transfer_report>> runs;
+  for (auto& e : engines)
+    runs.push_back(std::async(std::launch::async, [&e, v, mode, deadline] { return e->pull(v, mode, deadline); }));
+  for (auto& r : runs)
+    r.get();
+}
+
+} // namespace
+
+TEST_CASE("a source holding half the layers has exactly the all-holding source's bytes, version by version") {
+  const model_config c = test::small_model(4);
+  auto full = source_holding(c, std::nullopt);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    auto f = full->produce_next();
+    auto a = first->produce_next();
+    auto b = second->produce_next();
+    CHECK(a->tensors().size() + b->tensors().size() == f->tensors().size());
+    for (const auto& half : {a, b})
+      for (const auto& t : half->tensors()) {
+        INFO("version " << v << " tensor " << t.name);
+        const auto* want = f->find(t.name);
+        REQUIRE(want != nullptr);
+        CHECK(test::bytes_of(t) == test::bytes_of(*want));
+      }
+  }
+  CHECK(first->held_groups() == std::vector<std::uint32_t>{0, 1});
+  CHECK(second->held_groups() == std::vector<std::uint32_t>{2, 3});
+}
+
+TEST_CASE("M:N pull from two pipeline halves gives every worker the single-rank bytes") {
+  const model_config c = test::small_model(4);
+  auto full = source_holding(c, std::nullopt);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  auto t0 = std::make_shared<local_transfer>(first);
+  auto t1 = std::make_shared<local_transfer>(second);
+  const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers = {
+    {holding_of(0, *first), t0}, {holding_of(1, *second), t1}};
+  for (int tp : {1, 2, 4})
+    for (std::size_t replicas : {std::size_t{1}, std::size_t{3}}) {
+      INFO("tp " << tp << ", " << replicas << " replicas");
+      std::vector<std::unique_ptr<mn_engine>> engines;
+      for (std::size_t r = 0; r < replicas; ++r)
+        engines.push_back(std::make_unique<mn_engine>("rollout-" + std::to_string(r), c, tp, producers));
+      for (std::uint64_t v = 1; v <= 2; ++v) {
+        INFO("version " << v);
+        if (full->find(v) == nullptr) {
+          full->produce_next();
+          first->produce_next();
+          second->produce_next();
+        }
+        pull_all(engines, v);
+        const auto want = test::loaded(*full->find(v), tp);
+        for (auto& e : engines) {
+          test::check_identical(*e->weights, *want);
+          CHECK_FALSE(e->twice);
+          for (int w = 0; w < tp; ++w)
+            CHECK(e->received[w].size() == 4);
+        }
+      }
+      // The report: the single-rank bytes, every group.
+      auto report = engines.front()->pull(2);
+      std::uint64_t want_bytes = 0;
+      for (const auto& p : engines.front()->plans)
+        want_bytes += plan::bytes_per_worker(*p);
+      CHECK(report.bytes == want_bytes);
+      CHECK(report.groups == 4);
+      CHECK(report.engine == "rollout-0");
+      CHECK(report.version == 2);
+    }
+}
+
+TEST_CASE("M:N pull, broadcast: each tensor from its chosen holder, the single-rank weights") {
+  const model_config c = test::small_model(4);
+  auto full = source_holding(c, std::nullopt);
+  auto a = source_holding(c, std::nullopt);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  for (auto& s : {full, a, first, second})
+    s->produce_next();
+  // A replica of everything and two halves: three producers, overlapping.
+  auto ta = std::make_shared<local_transfer>(a);
+  auto t0 = std::make_shared<local_transfer>(first);
+  auto t1 = std::make_shared<local_transfer>(second);
+  for (int tp : {1, 2}) {
+    INFO("tp " << tp);
+    mn_engine e("rollout-0", c, tp, {{holding_of(0, *a), ta}, {holding_of(1, *first), t0}, {holding_of(2, *second), t1}});
+    auto report = e.pull(1, transfer_mode::broadcast);
+    test::check_identical(*e.weights, *test::loaded(*full->find(1), tp));
+    CHECK(report.groups == 4);
+  }
+}
+
+TEST_CASE("M:N pull: replicas of one layer range split workers by the rule and pack each sub-plan once") {
+  const model_config c = test::small_model(4);
+  auto full = source_holding(c, std::nullopt);
+  auto a = source_holding(c, std::nullopt); // two ranks holding every layer: data-parallel replicas
+  auto b = source_holding(c, std::nullopt);
+  local_transfer_options o;
+  o.join_grace = 5s; // every registered replica joins one pass, however the threads are scheduled
+  auto ta = std::make_shared<local_transfer>(a, o);
+  auto tb = std::make_shared<local_transfer>(b, o);
+  auto spy_a = std::make_shared<spying_puller>(ta);
+  auto spy_b = std::make_shared<spying_puller>(tb);
+  const int tp = 2;
+  std::vector<std::unique_ptr<mn_engine>> engines;
+  for (int r = 0; r < 3; ++r)
+    engines.push_back(std::make_unique<mn_engine>(
+      "rollout-" + std::to_string(r), c, tp,
+      std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>>{{holding_of(0, *a), spy_a},
+                                                                              {holding_of(1, *b), spy_b}}));
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    INFO("version " << v);
+    for (auto& s : {full, a, b})
+      s->produce_next();
+    const auto before_a = ta->stats();
+    const auto before_b = tb->stats();
+    pull_all(engines, v);
+    for (auto& e : engines)
+      test::check_identical(*e->weights, *test::loaded(*full->find(v), tp));
+    if (v == 1)
+      continue; // the first pull registers the sub-plans as it goes: replicas may start apart
+    // Each producer has two streams (workers 0 and 1, their sub-plans) of the
+    // 4 groups it holds: 8 packs per version, however many replicas pull.
+    CHECK(ta->stats().passes - before_a.passes == 2);
+    CHECK(tb->stats().passes - before_b.passes == 2);
+    CHECK(ta->stats().packs - before_a.packs == 8);
+    CHECK(tb->stats().packs - before_b.packs == 8);
+  }
+  // Worker w takes group g from rank (w + g) % 2, in every replica.
+  for (auto& e : engines)
+    for (int w = 0; w < tp; ++w)
+      for (std::uint32_t g = 0; g < 4; ++g) {
+        INFO(e->name << " worker " << w << " group " << g);
+        const bool from_a = (static_cast<std::uint32_t>(w) + g) % 2 == 0;
+        CHECK(spy_a->sent.count({e->name, w, g}) == (from_a ? 1u : 0u));
+        CHECK(spy_b->sent.count({e->name, w, g}) == (from_a ? 0u : 1u));
+      }
+}
+
+TEST_CASE("M:N pull: a holder failing mid-pull is retried on the other holder, bytes unchanged") {
+  const model_config c = test::small_model(4);
+  auto full = source_holding(c, std::nullopt);
+  auto a = source_holding(c, std::nullopt);
+  auto b = source_holding(c, std::nullopt);
+  for (auto& s : {full, a, b})
+    s->produce_next();
+  auto ta = std::make_shared<local_transfer>(a);
+  auto tb = std::make_shared<local_transfer>(b);
+  const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers = {
+    {holding_of(0, *a), ta}, {holding_of(1, *b), tb}};
+
+  SUBCASE("a withheld group: the holder times out at half the deadline") {
+    // Rank 0 serves group 2 to workers 0 and 2 (worker + 2 even): it never
+    // comes; they time out and take it from rank 1 in the time left.
+    ta->withhold(2, 1);
+    std::vector<std::unique_ptr<mn_engine>> engines;
+    for (int r = 0; r < 2; ++r)
+      engines.push_back(std::make_unique<mn_engine>("rollout-" + std::to_string(r), c, 4, producers));
+    const auto t = clock::now();
+    pull_all(engines, 1, transfer_mode::sharded, 1600ms);
+    CHECK(clock::now() - t >= 800ms); // the first attempt's share of the deadline
+    for (auto& e : engines) {
+      test::check_identical(*e->weights, *test::loaded(*full->find(1), 4));
+      CHECK_FALSE(e->twice);
+    }
+  }
+  SUBCASE("a holder that lost the version: retried at once") {
+    b->produce_next(); // rank 1 has version 2, rank 0 does not
+    full->produce_next();
+    mn_engine e("rollout-0", c, 2, producers);
+    const auto t = clock::now();
+    e.pull(2, transfer_mode::sharded, 10s);
+    CHECK(clock::now() - t < 5s);
+    test::check_identical(*e.weights, *test::loaded(*full->find(2), 2));
+  }
+  SUBCASE("a holder whose transfer is gone mid-pull") {
+    // Rank 0's groups come through a puller that fails (as a destroyed
+    // transfer does: cancelled) after its first group.
+    struct failing final : weight_puller {
+      std::shared_ptr<weight_puller> inner;
+      void register_worker(const std::string& e, std::shared_ptr<const plan::worker_plan> p) override {
+        inner->register_worker(e, std::move(p));
+      }
+      void unregister_engine(const std::string& e) override { inner->unregister_engine(e); }
+      pull_report pull(const pull_request& req, const group_sink& sink) override {
+        group_sink once = sink;
+        int groups = 0;
+        once.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+          if (size > 0 && ++groups > 1)
+            throw transfer_error(transfer_failure::cancelled, "the producer stopped");
+          sink.on_group(w, g, bytes, size);
+        };
+        return inner->pull(req, once);
+      }
+    };
+    auto broken = std::make_shared<failing>();
+    broken->inner = ta;
+    mn_engine e("rollout-0", c, 2, {{holding_of(0, *a), broken}, {holding_of(1, *b), tb}});
+    e.pull(1);
+    test::check_identical(*e.weights, *test::loaded(*full->find(1), 2));
+    CHECK_FALSE(e.twice);
+  }
+}
+
+TEST_CASE("M:N pull: no other holder left is an error naming the tensor and the producers tried") {
+  const model_config c = test::small_model(4);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  first->produce_next();
+  second->produce_next();
+  auto t0 = std::make_shared<local_transfer>(first);
+  auto t1 = std::make_shared<local_transfer>(second);
+  mn_engine e("rollout-0", c, 2, {{holding_of(0, *first), t0}, {holding_of(1, *second), t1}});
+
+  SUBCASE("the only holder times out: it had the whole deadline") {
+    t1->withhold(3, 1);
+    const auto t = clock::now();
+    try {
+      e.pull(1, transfer_mode::sharded, 400ms);
+      FAIL("the pull succeeded");
+    } catch (const transfer_error& err) {
+      CHECK(clock::now() - t >= 400ms);
+      CHECK(err.failure == transfer_failure::timeout);
+      const std::string what = err.what();
+      CHECK(what.find("engine 'rollout-0' worker") != std::string::npos);
+      CHECK(what.find("is held by no producer left") != std::string::npos);
+      CHECK(what.find("model.layers.3.") != std::string::npos);
+      CHECK(what.find("tried rank 1 (incarnation 1)") != std::string::npos);
+      CHECK(what.find("did not arrive before the deadline") != std::string::npos);
+    }
+  }
+  SUBCASE("the only holder does not have the version") {
+    CHECK_THROWS_AS(e.pull(2), transfer_error);
+    try {
+      e.pull(2);
+    } catch (const transfer_error& err) {
+      CHECK(err.failure == transfer_failure::version_unavailable);
+      CHECK(std::string(err.what()).find("rank 0 (incarnation 1), rank 1 (incarnation 1)") != std::string::npos);
+    }
+  }
+  SUBCASE("a checksum mismatch is not retried") {
+    auto b = source_holding(c, std::vector<std::int64_t>{0, 1});
+    b->produce_next();
+    auto tb = std::make_shared<local_transfer>(b);
+    mn_engine r("rollout-1", c, 1,
+                {{holding_of(0, *first), t0}, {holding_of(1, *second), t1}, {holding_of(2, *b), tb}});
+    t0->corrupt({"", -1, 1, 0, 1}); // rank 0 serves group 0 to worker 0
+    try {
+      r.pull(1);
+      FAIL("the pull succeeded");
+    } catch (const transfer_error& err) {
+      CHECK(err.failure == transfer_failure::checksum_mismatch);
+    }
+  }
+  SUBCASE("a layout leaving a tensor unheld fails before pulling") {
+    auto h = holding_of(1, *second);
+    h.held.erase(std::find(h.held.begin(), h.held.end(), "lm_head.weight"));
+    mn_engine u("rollout-2", c, 1, {{holding_of(0, *first), t0}, {h, t1}});
+    CHECK_THROWS_WITH_AS(u.pull(1), "holder choice: tensor 'lm_head.weight' is held by no producer",
+                         std::invalid_argument);
+  }
+}
+
+TEST_CASE("local transfer: workers of one rank with different sub-plans get their own packing") {
+  // An M:N retry registers a different sub-plan for a worker rank whose
+  // other replicas pull their usual one from the same producer: they must
+  // not share a stream (same tp and worker, different bytes).
+  const model_config c = test::small_model(4);
+  auto src = source_holding(c, std::nullopt);
+  src->produce_next();
+  local_transfer_options o;
+  o.join_grace = 5s; // with one stream per (tp, worker), the second pull would surely join the first's pass
+  local_transfer xfer(src, o);
+  const auto whole = engine::make_plan(c, 2, 0, dtype::bf16);
+  std::vector<std::size_t> even, odd; // entries of groups 0, 2 and of 1, 3
+  for (std::size_t i = 0; i < whole.entries.size(); ++i)
+    (plan::group_of(c, whole.entries[i].source) % 2 == 0 ? even : odd).push_back(i);
+  const auto usual = plan::sub_plan(whole, even);
+  const auto retry = plan::sub_plan(whole, odd);
+  xfer.register_worker("usual", usual);
+  xfer.register_worker("retry", retry);
+  const plan::grouped_plan usual_g(c, usual), retry_g(c, retry);
+
+  auto pull = [&](const std::string& engine, const plan::grouped_plan& want) {
+    std::map<std::uint32_t, std::size_t> sizes;
+    group_sink s;
+    s.on_group = [&](int, std::uint32_t g, const std::uint8_t*, std::size_t size) { sizes[g] = size; };
+    xfer.pull({engine, 0, 1, transfer_mode::sharded, in(10s)}, s);
+    for (std::uint32_t g = 0; g < 4; ++g) {
+      INFO(engine << " group " << g);
+      CHECK(sizes[g] == want.bytes(g)); // groups it serves nothing of arrive empty
+    }
+  };
+  auto a = std::async(std::launch::async, [&] { pull("usual", usual_g); });
+  auto b = std::async(std::launch::async, [&] { pull("retry", retry_g); });
+  a.get();
+  b.get();
+  CHECK(xfer.stats().passes == 2);
+
+  // Equal sub-plans registered by two engines share one pass.
+  xfer.register_worker("usual-2", plan::sub_plan(whole, even));
+  src->produce_next();
+  const auto before = xfer.stats().passes;
+  auto sizes_of = [&](const std::string& engine) {
+    group_sink s;
+    s.on_group = [](int, std::uint32_t, const std::uint8_t*, std::size_t) {};
+    return xfer.pull({engine, 0, 2, transfer_mode::sharded, in(10s)}, s).bytes;
+  };
+  auto x = std::async(std::launch::async, [&] { return sizes_of("usual"); });
+  auto y = std::async(std::launch::async, [&] { return sizes_of("usual-2"); });
+  CHECK(x.get() == usual_g.total_bytes());
+  CHECK(y.get() == usual_g.total_bytes());
+  CHECK(xfer.stats().passes - before == 1);
+}
