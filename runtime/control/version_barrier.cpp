@@ -160,6 +160,8 @@ barrier_verdict version_barrier::evaluate() {
     auto by_newest = [](const auto& a, const auto& b) { return a.second.window.back().version < b.second.window.back().version; };
     auto oldest = std::min_element(joined_.begin(), joined_.end(), by_newest);
     auto newest = std::max_element(joined_.begin(), joined_.end(), by_newest);
+    if (oldest->second.window.back().version < last_syncable_)
+      return out; // a restarted rank below what was synced: catching up, no error
     out.errors.push_back(barrier_error{
       "skew " + std::to_string(oldest->first) + " " + std::to_string(newest->first),
       "ranks publish different versions: " + rank_name(newest->first) + " at v"

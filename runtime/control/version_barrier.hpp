@@ -14,6 +14,8 @@
 //                 name that is no parameter of the model
 //     skew        every rank published, but no version is in every window:
 //                 the newest rank is past the oldest by more than a window
+//                 (not an error while the oldest is below the last syncable
+//                 version: a restarted rank catching up)
 //     groups      one version number published with different group counts
 //     checksums   a tensor two ranks hold with different bytes at a version,
 //                 or a rank whose checksums do not match what it holds

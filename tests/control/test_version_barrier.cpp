@@ -138,7 +138,11 @@ TEST_CASE("version_barrier: never backwards; a restarted rank starts with nothin
   restarted.incarnation = 2;
   REQUIRE(b.join(restarted).empty());
   CHECK(!b.evaluate().syncable);
-  // It comes back at v4 (below the synced v5) : common v4 is behind, refused.
+  // It comes back at v1, far below: catching up, not an error.
+  CHECK(b.publish(1, version_info{1, 4, 1, {}}).empty());
+  CHECK(!b.evaluate().syncable);
+  CHECK(b.evaluate().errors.empty());
+  // Then at v4 (below the synced v5): common v4 is behind, refused.
   CHECK(b.publish(1, version_info{4, 4, 1, {}}).empty());
   auto v = b.evaluate();
   CHECK(!v.syncable);

@@ -20,6 +20,8 @@ struct trainer_script {
   version_info current{2, 4, 4096}; ///< answered to version, freeze and step
   std::vector<version_listener_actor> listeners;
   std::vector<std::uint64_t> pins;
+  /// Heartbeats go unanswered (a partitioned trainer rank).
+  bool silent = false;
 };
 
 /// A trainer that also takes `publish`: make this the current version and
@@ -38,7 +40,11 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
     [=](freeze_atom) { return script->current; },
     [=](pin_atom, std::uint64_t v) { script->pins.push_back(v); },
     [=](step_atom) { return script->current; },
-    [=](heartbeat_atom, const heartbeat& hb) { return hb; },
+    [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
+      if (script->silent)
+        return self->make_response_promise<heartbeat>(); // never delivered: the asker times out
+      return hb;
+    },
     [=](ucx_ticket_atom, const std::string&, std::int32_t) -> caf::result<ucx_ticket> {
       return make_error(errc::unknown_name, "the scripted trainer runs no UCX producer");
     },
