@@ -9,6 +9,7 @@
 #include "runtime/plan/holders.hpp"
 #include "runtime/transfer/holder_pull.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
+#include "runtime/transfer/ucx/ucx_transfer.hpp"
 
 #include "tests/support/transfer_fixtures.hpp"
 
@@ -447,4 +448,55 @@ TEST_CASE("local transfer: workers of one rank with different sub-plans get thei
   CHECK(x.get() == usual_g.total_bytes());
   CHECK(y.get() == usual_g.total_bytes());
   CHECK(xfer.stats().passes - before == 1);
+}
+
+TEST_CASE("M:N pull over UCX: two replica producers, sub-plans with empty groups, a retry, the single-rank bytes") {
+  std::string why;
+  if (!ucx_available(&why)) {
+    MESSAGE("skipped: UCX is not usable here: " << why);
+    return;
+  }
+  const model_config c = test::small_model(4);
+  auto full = source_holding(c, std::nullopt);
+  auto a = source_holding(c, std::nullopt);
+  auto b = source_holding(c, std::nullopt);
+  for (auto& s : {full, a, b})
+    s->produce_next();
+  auto loopback = [] {
+    ucx_producer_options o;
+    o.net_devices = "lo";
+    return o;
+  };
+  ucx_producer pa(a, loopback()), pb(b, loopback());
+  auto puller_of = [](ucx_producer& p) {
+    ucx_puller_options o;
+    o.net_devices = "lo";
+    o.credentials = [&p](const std::string& engine, int worker, clock::time_point) { return p.issue(engine, worker); };
+    return std::make_shared<ucx_puller>(o);
+  };
+  auto ua = puller_of(pa);
+  auto ub = puller_of(pb);
+  const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers = {
+    {holding_of(0, *a), ua}, {holding_of(1, *b), ub}};
+  std::vector<std::unique_ptr<mn_engine>> engines;
+  for (int r = 0; r < 2; ++r)
+    engines.push_back(std::make_unique<mn_engine>("rollout-" + std::to_string(r), c, 2, producers));
+  // Worker 0 takes groups 0 and 2 from rank 0, which holds 1 and 3 too: its
+  // sub-plan has no entries there, and those groups travel empty.
+  pull_all(engines, 1);
+  for (auto& e : engines) {
+    test::check_identical(*e->weights, *test::loaded(*full->find(1), 2));
+    CHECK_FALSE(e->twice);
+  }
+  // Per producer: two sub-plans (workers 0 and 1) of 4 held groups, packed
+  // at most once each however many replicas pull.
+  CHECK(pa.stats().packs <= 8);
+  CHECK(pb.stats().packs <= 8);
+
+  // Rank 0 lacks version 2: every worker retries its part on rank 1.
+  b->produce_next();
+  full->produce_next();
+  pull_all(engines, 2);
+  for (auto& e : engines)
+    test::check_identical(*e->weights, *test::loaded(*full->find(2), 2));
 }
