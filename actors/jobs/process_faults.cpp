@@ -94,6 +94,10 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
     if (t.trainer.node != t.coordinator.node)
       return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and the "
                               "trainer is on node " + t.trainer.node);
+    for (auto& r : t.trainer.ranks)
+      if (r.node != t.coordinator.node)
+        return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and a "
+                                "trainer rank is on node " + r.node);
     p.node = t.trainer.node;
     p.node_index = 0;
     for (std::size_t i = 0; i < t.nodes.size(); ++i)

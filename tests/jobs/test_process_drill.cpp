@@ -140,6 +140,9 @@ TEST_CASE("process drill: corrupt needs the head's UCX producer") {
   t.trainer.node = "engines-a";
   CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "the trainer is on node engines-a"));
   t.trainer.node = "head";
+  t.trainer.ranks = {trainer_rank{"head", {0, 1}}, trainer_rank{"engines-b", {2, 3}}};
+  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "a trainer rank is on node engines-b"));
+  t.trainer.ranks = {trainer_rank{"head", {0, 1, 2, 3}}};
   auto p = plan_process_fault(t, f, false, "T.yaml:3:3");
   REQUIRE(p.fault);
   CHECK(p.fault->node == "head"); // not engines-b, where rollout-b runs: the producer is the head's

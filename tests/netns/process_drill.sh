@@ -7,6 +7,8 @@
 #   2. engine-node-b's link is cut 3 s after round 1 (the process keeps
 #      running) and restored 2.5 s later: the head notices within the
 #      heartbeat timeout and takes it back after healing.
+#   3. configs/drills/process-rank-partition.yaml: trainer rank 1's node
+#      (two ranks, each on its own node) cut off as a transfer goes out.
 # Every judged invariant must hold. Without root the drill refuses --netns.
 set -euo pipefail
 rlsync=${1:?usage: $0 RLSYNC_BINARY SOURCE_ROOT}
@@ -70,6 +72,24 @@ grep -q 'rollout-b silent for\|rollout-b left (down' "$dir/report/head.log" \
   || { tail -40 "$dir/report/head.log"; echo "FAIL: the partition was not detected"; exit 1; }
 echo "partition detected: $(grep -o 'rollout-b silent for [0-9.]* ms\|rollout-b left (down[^)]*)' "$dir/report/head.log" | head -1)"
 echo "$(grep -c '^  held' "$dir/out") invariants held"
+# The shipped rank drill: trainer rank 1's node cut off mid-transfer
+# (configs/drills/process-rank-partition.yaml, which reads ../certs).
+mkdir -p "$dir/drills"
+cp "$root/configs/drills/process-rank-partition.yaml" "$dir/drills/"
+"$rlsync" certs make --out "$dir/certs" --nodes head,engines-a,engines-b,trainer-node-0,trainer-node-1 > /dev/null
+set +e
+"$rlsync" drill "$dir/drills/process-rank-partition.yaml" --netns --netns-script "$root/deploy/netns.sh" \
+  --report "$dir/ranks" --throughput report > "$dir/ranks.out" 2> "$dir/ranks.err"
+rc=$?
+set -e
+if [ "$rc" -ne 0 ]; then
+  cat "$dir/ranks.out"; tail -40 "$dir/ranks.err"; tail -60 "$dir/ranks/head.log" 2>/dev/null || true
+  echo "FAIL: process-rank-partition exited $rc"; exit 1
+fi
+grep -q 'node trainer-node-1: link down' "$dir/ranks.err" || { cat "$dir/ranks.err"; echo "FAIL: rank 1's link was not cut"; exit 1; }
+grep -q 'VIOLATED' "$dir/ranks.out" && { cat "$dir/ranks.out"; echo "FAIL: process-rank-partition: an invariant is violated"; exit 1; }
+echo "trainer rank partitioned mid-transfer: $(grep -c '^  held' "$dir/ranks.out") invariants held"
+
 # The namespaces are gone.
 if ip netns list | grep -q "^rldrill"; then ip netns list; echo "FAIL: namespaces left behind"; exit 1; fi
 # Without root, --netns is refused.
