@@ -162,11 +162,12 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
 }
 
 bool head_node::corrupt_next_group(const std::string& engine) {
-  if (!producer_)
+  // The first rank's producer: it holds layer 0, so it sends part of group 0.
+  if (producers_.empty())
     return false;
   transfer::corruption c; // any worker, any version; group 0, once
   c.engine = engine;
-  producer_->corrupt(c);
+  producers_.front()->corrupt(c);
   return true;
 }
 

@@ -96,7 +96,7 @@ public:
   /// and a rank runs here.
   const transfer::ucx_producer* producer() const { return producers_.empty() ? nullptr : producers_.front().get(); }
   std::uint16_t port() const { return port_; }
-  /// Drills: the UCX producer alters the bytes of the next group 0 a worker
+  /// Drills: the first rank's UCX producer alters the bytes of the next group 0 a worker
   /// of `engine` (empty: any engine) receives, once, after computing their
   /// checksum (the engine must catch it). False without a UCX producer.
   bool corrupt_next_group(const std::string& engine);

@@ -245,7 +245,7 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
     newest = std::max(newest, d.version);
   for (const auto& s : h.replayed) { // each version derives from the one before: step through them
     try {
-      while (newest > 0 && (!s->latest() || s->latest()->version < newest))
+      while (newest > 0 && (!s->latest() || s->latest()->version() < newest))
         s->produce_next();
       sources.push_back(s.get());
     } catch (const std::exception& e) {
