@@ -548,6 +548,14 @@ private:
           fire(i);
         for (auto i : schedule_.take_ends_due(elapsed))
           end(i);
+      } else if (auto gone = std::find_if(procs_.begin(), procs_.end(),
+                                          [](const node_process& p) { return !p.running() && !p.expect_death; });
+                 gone != procs_.end()) {
+        // Before round 1 nothing of the drill has happened: a node that
+        // ended on its own cannot be waited for (its log says why).
+        problem_ = "node " + gone->name + " " + gone->exit_text + " before round 1 (see " + gone->log_path + ")";
+        note(problem_);
+        return;
       } else if (clock_type::now() >= first_round_by) {
         problem_ = "no round reached every engine within " + std::to_string((first_round_by - t0_) / milliseconds(1))
                    + " ms";
