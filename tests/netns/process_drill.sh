@@ -74,11 +74,11 @@ echo "partition detected: $(grep -o 'rollout-b silent for [0-9.]* ms\|rollout-b 
 echo "$(grep -c '^  held' "$dir/out") invariants held"
 # The shipped rank drill: trainer rank 1's node cut off mid-transfer
 # (configs/drills/process-rank-partition.yaml, which reads ../certs).
-mkdir -p "$dir/drills"
-cp "$root/configs/drills/process-rank-partition.yaml" "$dir/drills/"
-"$rlsync" certs make --out "$dir/certs" --nodes head,engines-a,engines-b,trainer-node-0,trainer-node-1 > /dev/null
+mkdir -p "$dir/r/drills"
+cp "$root/configs/drills/process-rank-partition.yaml" "$dir/r/drills/"
+"$rlsync" certs make --out "$dir/r/certs" --nodes head,engines-a,engines-b,trainer-node-0,trainer-node-1 > /dev/null
 set +e
-"$rlsync" drill "$dir/drills/process-rank-partition.yaml" --netns --netns-script "$root/deploy/netns.sh" \
+"$rlsync" drill "$dir/r/drills/process-rank-partition.yaml" --netns --netns-script "$root/deploy/netns.sh" \
   --report "$dir/ranks" --throughput report > "$dir/ranks.out" 2> "$dir/ranks.err"
 rc=$?
 set -e
