@@ -10,7 +10,7 @@ namespace rlsync::tools {
 namespace {
 
 const char* description =
-  "Runs the topology in this process with its workload, fires the faults of its\n"
+  "Runs the topology (one node: in this process) with its workload, fires the faults of its\n"
   "drill: section, heals everything, then checks the invariants: every request\n"
   "finished or was rejected, no token lost or duplicated, every live engine on the\n"
   "same version with the trainer's weights, no token from a dirty engine, rejoined\n"
@@ -21,7 +21,13 @@ const char* description =
   "every other invariant is judged. Default: judge.\n"
   "Writes report.json and report.html (a timeline to open in a browser) into DIR,\n"
   "by default a new folder it names on its last line. Exit status: 0 every judged\n"
-  "invariant held, 1 one was violated (or a fault never fired), 2 bad usage.";
+  "invariant held, 1 one was violated (or a fault never fired), 2 bad usage.\n"
+  "A topology with several nodes runs as one `rlsync node` process per node on this\n"
+  "machine (with --netns, as root, each in its own network namespace): kill is\n"
+  "SIGKILL of the node's process (duration_ms: started again after it; a killed\n"
+  "head resumes from its state file), restart is SIGKILL and start, delay_acks is\n"
+  "SIGSTOP then SIGCONT after its duration, partition/heal cut and restore the\n"
+  "node's link (--netns only). at_ms counts from the head's first round.";
 
 } // namespace
 
@@ -34,6 +40,9 @@ int cmd_drill(const arg_list& argv) {
   app.add_option("--report", o.report_dir, "where report.json and report.html go")->type_name("DIR");
   std::string throughput = "judge";
   app.add_option("--throughput", throughput, "judge or report")->capture_default_str();
+  app.add_flag("--netns", o.netns, "several nodes: each in its own network namespace (root only; deploy/netns.sh)");
+  app.add_option("--netns-script", o.netns_script, "deploy/netns.sh, if not found above the executable")
+    ->type_name("FILE");
   if (!cli::parse(app, argv))
     return 0;
   if (files.size() != 1)

@@ -7,6 +7,7 @@
 #include "actors/assembly/member_node.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/jobs/main_job.hpp"
+#include "actors/jobs/process_faults.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
 #include "runtime/base/printable.hpp"
@@ -16,6 +17,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -31,6 +33,17 @@ namespace {
 std::atomic<int> stop_signal{0};
 
 extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
+
+/// SIGUSR1 on a head run with --drill-events: a drill's `corrupt`. Sent
+/// with sigqueue, its value is the target engine's index in the topology;
+/// plain kill: any engine. no_corruption: none pending.
+constexpr int no_corruption = -2;
+std::atomic<int> corrupt_request{no_corruption};
+static_assert(std::atomic<int>::is_always_lock_free, "touched from a signal handler");
+
+extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) {
+  corrupt_request = info && info->si_code == SI_QUEUE ? info->si_value.sival_int : -1;
+}
 
 const char* description =
   "Runs the actors the topology places on node NAME. The coordinator's node publishes a\n"
@@ -52,17 +65,25 @@ struct head_job {
   bool progress = true;
   workload_overrides workload;
   std::optional<std::string> json_path;
+  /// Print a structured line on stderr as each phase of a round goes out
+  /// (`rlsync drill` times its faults by them).
+  bool drill_events = false;
 };
 
 int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
              std::map<std::string, std::string> secrets, const head_job& job, const std::string& path) {
   auto out = std::make_shared<job_console>(job.run && job.progress && isatty(STDERR_FILENO));
   std::unique_ptr<head_node> head;
+  head_hooks hooks{[out](const std::string& l) { out->on_log(l); }, [out](const std::string& l) { out->line(l); },
+                   [out](const sync_report& r) { out->on_sync(r); }, {}};
+  if (job.drill_events)
+    hooks.on_phase = [](std::uint64_t round, std::uint64_t version, sync_phase phase,
+                        const std::vector<std::string>& engines) {
+      // One write per line: the drill reads them as they come.
+      std::cerr << (drill_phase_line(round, version, phase, engines) + "\n") << std::flush;
+    };
   try {
-    head = std::make_unique<head_node>(sys, t, node, std::move(secrets),
-                                       head_hooks{[out](const std::string& l) { out->on_log(l); },
-                                                  [out](const std::string& l) { out->line(l); },
-                                                  [out](const sync_report& r) { out->on_sync(r); }});
+    head = std::make_unique<head_node>(sys, t, node, std::move(secrets), std::move(hooks));
   } catch (const std::exception& e) {
     std::cerr << "rlsync node " << node.name << ": " << e.what() << "\n";
     return 1;
@@ -77,6 +98,48 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
                                  : std::string{})
             << std::endl;
 
+  // A drill's `corrupt` arrives as SIGUSR1 (only with --drill-events: its
+  // default action would kill the node); a watcher arms the producer, out of
+  // the signal handler.
+  std::atomic<bool> watching{job.drill_events};
+  std::thread corrupt_watch;
+  if (job.drill_events) {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_corrupt_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, nullptr);
+    corrupt_watch = std::thread([&] {
+      while (watching) {
+        int request = corrupt_request.exchange(no_corruption);
+        if (request != no_corruption) {
+          std::string engine = request >= 0 && static_cast<std::size_t>(request) < t.engines.size()
+                                 ? t.engines[static_cast<std::size_t>(request)].name
+                                 : std::string();
+          std::cerr << ("rlsync node " + node.name + ": "
+                        + (head->corrupt_next_group(engine)
+                             ? "drill: the next group 0 " + (engine.empty() ? "any engine" : engine)
+                                 + " receives will be corrupted"
+                             : "drill: SIGUSR1 ignored: no UCX producer to corrupt")
+                        + "\n")
+                    << std::flush;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polls a counter the signal handler bumps
+      }
+    });
+  }
+  // Ended before the head stops (it uses the producer), and on every way out.
+  struct stop_watch {
+    std::atomic<bool>& watching;
+    std::thread& thread;
+    void operator()() {
+      watching = false;
+      if (thread.joinable())
+        thread.join();
+    }
+    ~stop_watch() { (*this)(); }
+  } end_corrupt_watch{watching, corrupt_watch};
+
   int rc = 0;
   if (job.run && !head->router()) {
     std::cerr << "rlsync node " << node.name << ": --run sends the workload through the router, which the topology "
@@ -88,12 +151,14 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
     // The main job starts once every engine of the topology has registered.
     auto n = head->await_members(t.engines.size(), t.cluster.connect_deadline * 3, [] { return stop_signal != 0; });
     if (stop_signal) {
+      end_corrupt_watch();
       all_terminated = head->stop();
       return 128 + stop_signal;
     }
     if (n != t.engines.size()) {
       std::cerr << "rlsync node " << node.name << ": only " << n << " of " << t.engines.size()
                 << " engines registered within " << (t.cluster.connect_deadline * 3).count() << " ms\n";
+      end_corrupt_watch();
       all_terminated = head->stop();
       return 1;
     }
@@ -121,6 +186,7 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
     while (!stop_signal) // a head serves until told to stop
       std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls a flag the signal handler sets
   }
+  end_corrupt_watch();
   all_terminated = head->stop();
   return rc;
 }
@@ -144,6 +210,13 @@ int cmd_node(const arg_list& argv) {
        "--json", [&](const std::string& p) { job.json_path = p; }, "with --run: also write the summary as JSON")
     ->type_name("FILE");
   auto no_progress = app.add_flag("--no-progress", "no progress line on a terminal");
+  std::optional<std::string> state_file;
+  app.add_option_function<std::string>(
+       "--state-file", [&](const std::string& f) { state_file = f; },
+       "coordinator's node: overrides coordinator.state_file (a restarted head resumes from it)")
+    ->type_name("FILE");
+  auto drill_events = app.add_flag("--drill-events", "coordinator's node: print a line on stderr as each phase "
+                                                     "of a round goes out (for `rlsync drill`)");
   auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;
@@ -152,10 +225,13 @@ int cmd_node(const arg_list& argv) {
   check_workload_flags(job.workload);
   job.run = run_flag->count() > 0;
   job.progress = no_progress->count() == 0;
+  job.drill_events = drill_events->count() > 0;
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;
   loaded->trainer.allow_nonfinite = allow_nonfinite->count() > 0;
+  if (state_file)
+    loaded->coordinator.state_file = std::filesystem::absolute(*state_file).string();
   const topology& t = *loaded;
   const node_spec* node = t.find_node(name);
   if (!node) {

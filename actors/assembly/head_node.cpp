@@ -135,6 +135,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.register_deadline = t.cluster.connect_deadline;
   opts.log = hooks.log;
   opts.on_sync = hooks.on_report;
+  opts.on_phase = hooks.on_phase;
   opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log);
   actors_ = assemble_head(sys, t, opts); // throws with nothing left running
   gatekeeper_config gc;
@@ -158,6 +159,18 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
     stop();
     throw;
   }
+}
+
+bool head_node::corrupt_next_group(const std::string& engine) {
+  // The first rank's producer (with one rank, the only one). With several,
+  // another may serve group 0 to that engine; the corruption then waits
+  // for a group 0 this one sends.
+  if (producers_.empty())
+    return false;
+  transfer::corruption c; // any worker, any version; group 0, once
+  c.engine = engine;
+  producers_.front()->corrupt(c);
+  return true;
 }
 
 head_node::~head_node() {

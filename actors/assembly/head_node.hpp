@@ -64,6 +64,8 @@ struct head_hooks {
   std::function<void(const std::string&)> log;     ///< coordinator and producer events
   std::function<void(const std::string&)> line;    ///< gatekeeper events
   std::function<void(const sync_report&)> on_report; ///< every round
+  /// As each phase of a round is sent (coordinator_config::on_phase); may be empty.
+  decltype(coordinator_config::on_phase) on_phase = {};
 };
 
 class head_node {
@@ -94,6 +96,10 @@ public:
   /// and a rank runs here.
   const transfer::ucx_producer* producer() const { return producers_.empty() ? nullptr : producers_.front().get(); }
   std::uint16_t port() const { return port_; }
+  /// Drills: the first rank's UCX producer alters the bytes of the next group 0 a worker
+  /// of `engine` (empty: any engine) receives, once, after computing their
+  /// checksum (the engine must catch it). False without a UCX producer.
+  bool corrupt_next_group(const std::string& engine);
   /// The engines of this node, spawned and registered.
   const std::vector<rollout_engine_impl>& local_engines() const { return actors_.engines; }
 

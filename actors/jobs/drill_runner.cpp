@@ -2,6 +2,8 @@
 // is handed over from the coordinator's hook, which waits (bounded) until it
 // has fired, so that it lands exactly as that phase goes out.
 #include "actors/jobs/drill_runner.hpp"
+#include "actors/jobs/process_drill.hpp"
+#include "actors/jobs/process_faults.hpp"
 
 #include "actors/assembly/head_node.hpp"
 #include "actors/assembly/local_deployment.hpp"
@@ -510,6 +512,13 @@ int run_drill(const std::string& path, const drill_options& o) {
   if (!loaded)
     return 1;
   topology t = *loaded;
+  if (runs_as_processes(t))
+    return run_process_drill(t, path, o);
+  if (o.netns) {
+    std::cerr << path << ": --netns: the topology has one node, which the drill runs in this process; "
+                 "--netns is for topologies with several nodes\n";
+    return 1;
+  }
   if (auto why = refuse_drill(t); !why.empty()) {
     std::cerr << path << ": " << why << "\n";
     return 1;

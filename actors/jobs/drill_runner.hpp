@@ -36,6 +36,11 @@ std::optional<throughput_verdict> parse_throughput_verdict(std::string_view text
 struct drill_options {
   std::string report_dir; ///< empty: a new folder named after the drill and the time
   throughput_verdict throughput = throughput_verdict::judge;
+  /// Multi-node topologies (one process per node): each node in its own
+  /// network namespace (root only), so that partition can cut its link.
+  bool netns = false;
+  /// deploy/netns.sh; empty: looked for above the executable (build/tools/rlsync).
+  std::string netns_script;
 };
 
 /// Runs the topology's drill in `sys` (the topology must pass refuse_drill)
@@ -44,8 +49,9 @@ struct drill_options {
 drill_record rehearse(caf::actor_system& sys, const topology& t, const std::string& source,
                       throughput_verdict throughput);
 
-/// `rlsync drill`: loads the topology at `path`, refuses what one process
-/// cannot stage, runs the drill, writes report.json and report.html and
+/// `rlsync drill`: loads the topology at `path`; one with several nodes runs
+/// with a process per node (process_drill.hpp); otherwise refuses what one
+/// process cannot stage, runs the drill, writes report.json and report.html and
 /// prints the summary (stdout; progress on stderr). Returns the exit status:
 /// 0 every judged invariant held, 1 one was violated, a fault never fired,
 /// or the topology was refused.

@@ -130,6 +130,7 @@ std::string job_summary_json(const job_outcome& o) {
   for (auto& c : o.checks)
     weights.push_back({{"engine", c.engine},
                        {"version", c.version},
+                       {"dirty", c.dirty},
                        {"identical", c.ok()},
                        {"shards", c.shards},
                        {"mismatched", c.mismatched},
@@ -145,6 +146,11 @@ std::string job_summary_json(const job_outcome& o) {
       {"rejected", result.rejected},
       {"not_sent", result.not_sent}}},
     {"tokens", {{"total", result.tokens}, {"stale_kv", result.stale_kv_tokens}, {"by_version", by_version}}},
+    // What a drill with processes checks its stream invariant and min_live by.
+    {"streamed_tokens", result.streamed_tokens},
+    {"stream_mismatches", result.stream_mismatches},
+    {"min_live_engines", o.min_live_engines},
+    {"below_min_live_events", o.below_min_live_events},
     {"seconds", o.seconds},
     {"memcpy_gbps", o.memcpy_gbps},
     {"syncs", syncs},

@@ -231,7 +231,7 @@ TEST_CASE("job report: the JSON carries every field") {
   CHECK(last["gbps"].get<double>() == doctest::Approx(0.1));
   CHECK(last["evicted"] == nlohmann::json{"b"});
   REQUIRE(j["weights"].size() == 2);
-  CHECK(j["weights"][0] == nlohmann::json{{"engine", "a"}, {"version", 5}, {"identical", true}, {"shards", 8},
+  CHECK(j["weights"][0] == nlohmann::json{{"engine", "a"}, {"version", 5}, {"dirty", false}, {"identical", true}, {"shards", 8},
                                           {"mismatched", 0}, {"error", ""}});
   CHECK(j["weights"][1]["error"] == "bad \"quote\"\n");
   CHECK(j["weights"][1]["identical"] == false);
@@ -241,8 +241,9 @@ TEST_CASE("job report: the JSON carries every field") {
   std::vector<std::string> keys;
   for (auto& [k, v] : ordered.items())
     keys.push_back(k);
-  CHECK(keys == std::vector<std::string>{"topology", "interrupted", "drain", "requests", "tokens", "seconds", "memcpy_gbps",
-                                         "syncs", "weights", "weights_verified"});
+  CHECK(keys == std::vector<std::string>{"topology", "interrupted", "drain", "requests", "tokens", "streamed_tokens",
+                                         "stream_mismatches", "min_live_engines", "below_min_live_events", "seconds",
+                                         "memcpy_gbps", "syncs", "weights", "weights_verified"});
 }
 
 TEST_CASE("job report: JSON stays valid for odd values") {

@@ -1,0 +1,245 @@
+#include "actors/jobs/process_faults.hpp"
+
+#include "runtime/config/topology_names.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+namespace rlsync::jobs {
+
+bool runs_as_processes(const topology& t) {
+  return t.nodes.size() > 1;
+}
+
+std::string_view to_string(process_action a) {
+  switch (a) {
+  case process_action::kill: return "SIGKILL";
+  case process_action::kill_restart: return "SIGKILL and start again";
+  case process_action::stop: return "SIGSTOP";
+  case process_action::cut_link: return "link down";
+  case process_action::restore_link: return "link up";
+  case process_action::corrupt: return "SIGUSR1 (corrupt the next group)";
+  }
+  return "?";
+}
+
+namespace {
+
+/// The node a fault's target lives on.
+std::string node_of(const topology& t, const fault_spec& f) {
+  switch (f.target_kind) {
+  case fault_target::engine:
+    if (auto* e = t.find_engine(f.target))
+      return e->node;
+    return {};
+  case fault_target::node: return f.target;
+  case fault_target::trainer: return t.trainer.node;
+  case fault_target::router: return t.router.node;
+  case fault_target::coordinator: return t.coordinator.node;
+  }
+  return {};
+}
+
+std::string what(const fault_spec& f) {
+  return std::string(to_string(f.action)) + " of " + f.target;
+}
+
+} // namespace
+
+process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bool netns, const std::string& place) {
+  auto refuse = [&](const std::string& why) { return process_fault_plan{std::nullopt, place + ": " + why}; };
+  process_fault p;
+  p.node = node_of(t, f);
+  bool found = false;
+  for (std::size_t i = 0; i < t.nodes.size(); ++i)
+    if (t.nodes[i].name == p.node) {
+      p.node_index = i;
+      found = true;
+    }
+  if (!found)
+    return refuse(what(f) + ": no node hosts it");
+  p.head = p.node == t.coordinator.node;
+  switch (f.action) {
+  case fault_action::kill:
+    p.action = process_action::kill;
+    p.ends_after = f.duration;
+    // The head runs the job: nothing would finish it.
+    if (p.head && !f.duration)
+      return refuse(what(f) + " kills the head (node " + p.node
+                    + ", which runs the coordinator and the job) for good: give it a duration_ms to restart it after");
+    break;
+  case fault_action::restart:
+    p.action = process_action::kill_restart;
+    break;
+  case fault_action::delay_acks:
+    if (!f.duration)
+      return refuse(what(f) + " needs a duration_ms with processes (SIGSTOP, then SIGCONT after it)");
+    p.action = process_action::stop;
+    p.ends_after = f.duration;
+    break;
+  case fault_action::partition:
+  case fault_action::heal:
+    if (!netns)
+      return refuse(what(f) + " cuts node " + p.node
+                    + "'s network link: only with --netns (run as root), where each node has its own namespace");
+    p.action = f.action == fault_action::partition ? process_action::cut_link : process_action::restore_link;
+    if (f.action == fault_action::partition)
+      p.ends_after = f.duration;
+    break;
+  case fault_action::corrupt:
+    // The producer alters the bytes after their checksum; the head's UCX
+    // producer takes SIGUSR1 for it (rlsync node --drill-events).
+    if (t.transfer.backend != transfer_backend::ucx)
+      return refuse(what(f) + ": with processes the UCX producer corrupts a group; transfer.backend is not ucx");
+    if (t.trainer.node != t.coordinator.node)
+      return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and the "
+                              "trainer is on node " + t.trainer.node);
+    for (auto& r : t.trainer.ranks)
+      if (r.node != t.coordinator.node)
+        return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and a "
+                                "trainer rank is on node " + r.node);
+    p.node = t.trainer.node;
+    p.node_index = 0;
+    for (std::size_t i = 0; i < t.nodes.size(); ++i)
+      if (t.nodes[i].name == p.node)
+        p.node_index = i;
+    p.head = true;
+    p.action = process_action::corrupt;
+    break;
+  }
+  return {p, {}};
+}
+
+process_drill_plan plan_process_drill(const topology& t, bool netns,
+                                      const std::function<std::string(std::size_t)>& place) {
+  process_drill_plan plan;
+  if (t.drill.faults.empty()) {
+    plan.refusal = "no drill.faults: nothing to rehearse (see configs/drills/)";
+    return plan;
+  }
+  for (std::size_t i = 0; i < t.drill.faults.size(); ++i) {
+    auto p = plan_process_fault(t, t.drill.faults[i], netns, place(i) + ": drill.faults[" + std::to_string(i) + "]");
+    if (!p.fault) {
+      plan.faults.clear();
+      plan.refusal = p.refusal;
+      return plan;
+    }
+    plan.faults.push_back(*p.fault);
+  }
+  return plan;
+}
+
+std::string drill_phase_line(std::uint64_t round, std::uint64_t version, sync_phase phase,
+                             const std::vector<std::string>& engines) {
+  std::string line(drill_phase_prefix);
+  line += "round=" + std::to_string(round) + " version=" + std::to_string(version)
+          + " phase=" + std::string(topology_names::name_of(topology_names::phase_choices, phase)) + " engines=";
+  for (std::size_t i = 0; i < engines.size(); ++i)
+    line += (i ? "," : "") + engines[i];
+  return line;
+}
+
+namespace {
+
+/// Consumes "KEY=" at the front of `s`, then the value up to the next space
+/// (or the end); nullopt when `s` does not start with it.
+std::optional<std::string_view> field(std::string_view& s, std::string_view key) {
+  if (s.substr(0, key.size()) != key || s.size() <= key.size() || s[key.size()] != '=')
+    return std::nullopt;
+  s.remove_prefix(key.size() + 1);
+  auto space = s.find(' ');
+  auto value = s.substr(0, space);
+  s = space == std::string_view::npos ? std::string_view{} : s.substr(space + 1);
+  return value;
+}
+
+std::optional<std::uint64_t> number(std::string_view s) {
+  std::uint64_t v = 0;
+  if (s.empty())
+    return std::nullopt;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || end != s.data() + s.size())
+    return std::nullopt;
+  return v;
+}
+
+} // namespace
+
+std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line) {
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r'))
+    line.remove_suffix(1);
+  if (!line.empty() && line.front() == '[') { // a launcher's "[NAME] " prefix
+    auto close = line.find("] ");
+    if (close == std::string_view::npos)
+      return std::nullopt;
+    line.remove_prefix(close + 2);
+  }
+  if (line.substr(0, drill_phase_prefix.size()) != drill_phase_prefix)
+    return std::nullopt;
+  line.remove_prefix(drill_phase_prefix.size());
+  drill_phase_event e;
+  auto round = field(line, "round");
+  auto version = round ? field(line, "version") : std::nullopt;
+  auto phase = version ? field(line, "phase") : std::nullopt;
+  auto engines = phase ? field(line, "engines") : std::nullopt;
+  if (!engines || !line.empty())
+    return std::nullopt;
+  auto r = number(*round), v = number(*version);
+  if (!r || !v)
+    return std::nullopt;
+  e.round = *r;
+  e.version = *v;
+  bool known = false;
+  for (auto& [name, value] : topology_names::phase_choices)
+    if (name == *phase) {
+      e.phase = value;
+      known = true;
+    }
+  if (!known)
+    return std::nullopt;
+  std::string_view list = *engines;
+  while (!list.empty()) {
+    auto comma = list.find(',');
+    auto name = list.substr(0, comma);
+    if (!is_topology_name(name))
+      return std::nullopt;
+    e.engines.emplace_back(name);
+    if (comma == std::string_view::npos)
+      break;
+    list.remove_prefix(comma + 1);
+    if (list.empty()) // a trailing comma
+      return std::nullopt;
+  }
+  return e;
+}
+
+drill_rounds::drill_rounds(std::vector<std::string> engines) : engines_(std::move(engines)) {}
+
+std::optional<std::uint64_t> drill_rounds::on_phase(const drill_phase_event& e) {
+  if (base_ == 0) {
+    for (auto& name : engines_)
+      if (std::find(e.engines.begin(), e.engines.end(), name) == e.engines.end())
+        return std::nullopt;
+    if (e.round == 0)
+      return std::nullopt;
+    base_ = e.round;
+  }
+  if (e.round < base_)
+    return std::nullopt;
+  return e.round - base_ + 1;
+}
+
+void version_watch::on_phase(const drill_phase_event& e) {
+  if (e.version < highest_) {
+    if (regression_.empty())
+      regression_ = "v" + std::to_string(e.version) + " (round " + std::to_string(e.round) + ") after v"
+                    + std::to_string(highest_) + " completed (round " + std::to_string(highest_round_) + ")";
+    return;
+  }
+  if (e.phase == sync_phase::resume) {
+    highest_ = e.version;
+    highest_round_ = e.round;
+  }
+}
+
+} // namespace rlsync::jobs

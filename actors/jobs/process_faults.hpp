@@ -1,0 +1,118 @@
+#pragma once
+// The multi-process drill's pure parts: what each fault does to which node's
+// process (a signal, a restart, its network link cut), which faults processes
+// cannot stage, and the structured line the head prints as a round's phase
+// goes out (the drill times `at_sync` faults by it). The runner
+// (process_drill) forks the processes and reads the lines.
+#include "runtime/config/modes.hpp"
+#include "runtime/config/topology.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rlsync::jobs {
+
+/// Whether `rlsync drill` runs `t` as one process per node: more than one node.
+bool runs_as_processes(const topology& t);
+
+/// What a fault does to a node's process.
+enum class process_action : std::uint8_t {
+  kill,         ///< SIGKILL; with an end, started again after it
+  kill_restart, ///< SIGKILL and started again at once
+  stop,         ///< SIGSTOP; SIGCONT at its end (its acknowledgements wait meanwhile)
+  cut_link,     ///< its veth link down (network namespaces only); up again at its end
+  restore_link, ///< its veth link up
+  corrupt,      ///< SIGUSR1 to the producer's process: the next group 0 a worker receives is altered, once
+};
+
+std::string_view to_string(process_action a);
+
+struct process_fault {
+  std::string node;        ///< the node whose process it hits
+  std::size_t node_index = 0; ///< in topology order (its namespace's index)
+  process_action action = process_action::kill;
+  /// When the fault ends (restart, SIGCONT, link up), after it fired; none: never.
+  std::optional<std::chrono::milliseconds> ends_after;
+  bool head = false;       ///< the node is the coordinator's (its restart resumes from the state file)
+};
+
+/// The plan for fault `f` of `t`, or why processes cannot stage it (the text
+/// names the fault's action and target; `place` is prefixed, e.g. "T.yaml:31:7").
+struct process_fault_plan {
+  std::optional<process_fault> fault;
+  std::string refusal;
+};
+process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bool netns, const std::string& place);
+
+/// Every fault of `t` planned; the first refusal ("PLACE: drill.faults[I]:
+/// why"), or "no drill.faults" when there is nothing to rehearse. `place(i)`
+/// gives fault i's "file:line:col".
+struct process_drill_plan {
+  std::vector<process_fault> faults; ///< parallel to t.drill.faults
+  std::string refusal;
+};
+process_drill_plan plan_process_drill(const topology& t, bool netns,
+                                      const std::function<std::string(std::size_t)>& place);
+
+/// The head's phase line: "rlsync-drill: phase round=16 version=17
+/// phase=transfer engines=rollout-a,rollout-b" (phase as drills spell it:
+/// "continue" for resume).
+inline constexpr std::string_view drill_phase_prefix = "rlsync-drill: phase ";
+std::string drill_phase_line(std::uint64_t round, std::uint64_t version, sync_phase phase,
+                             const std::vector<std::string>& engines);
+
+struct drill_phase_event {
+  std::uint64_t round = 0;
+  std::uint64_t version = 0;
+  sync_phase phase = sync_phase::pause;
+  std::vector<std::string> engines;
+};
+
+/// The event in one line of the head's stderr (a trailing '\n' or '\r' is
+/// ignored; so is a launcher's "[NAME] " prefix), or nullopt for any other
+/// line or a malformed one (numbers out of range, unknown phase, bad names).
+std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line);
+
+/// Rounds as a drill counts them: round 1 is the first the head sends to
+/// every engine of the topology (the whole fleet's first sync, as round 1 is
+/// in one process). With processes the head starts rounds as soon as it is
+/// up, before the engine nodes have joined; those rounds do not count.
+class drill_rounds {
+public:
+  explicit drill_rounds(std::vector<std::string> engines);
+  /// The drill's number for the round of `e`; nullopt before round 1 (or for
+  /// a round numbered below it).
+  std::optional<std::uint64_t> on_phase(const drill_phase_event& e);
+  bool started() const { return base_ != 0; }
+
+private:
+  std::vector<std::string> engines_;
+  std::uint64_t base_ = 0; ///< the head's number of drill round 1
+};
+
+/// "No version goes backwards", over the head's restarts: once a round of
+/// version V completed (its continue phase went out), no later round may
+/// carry a version below V. A round that died with its head (a transfer of
+/// V+1 cut short) completed nothing, so a restarted head may sync V again.
+/// regression() names the first breach: "v12 (round 9) after v14 completed
+/// (round 8)"; empty when none. Not thread-safe.
+class version_watch {
+public:
+  void on_phase(const drill_phase_event& e);
+  const std::string& regression() const { return regression_; }
+  /// The highest version a completed round carried.
+  std::uint64_t highest_completed() const { return highest_; }
+
+private:
+  std::uint64_t highest_ = 0;
+  std::uint64_t highest_round_ = 0;
+  std::string regression_;
+};
+
+} // namespace rlsync::jobs

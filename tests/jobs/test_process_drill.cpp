@@ -1,0 +1,299 @@
+// The multi-process drill's pure parts: what each fault does to which node's
+// process, which faults processes refuse (with their place), the head's phase
+// lines, the drill's round numbers and the "no version goes backwards" watch.
+// The runner itself (processes, signals) runs in `cli: process-drill`.
+#include "actors/jobs/process_drill.hpp"
+#include "actors/jobs/process_faults.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+using namespace rlsync;
+using namespace rlsync::jobs;
+using std::chrono::milliseconds;
+
+namespace {
+
+/// head (coordinator, router, trainer), engines-a (rollout-a), engines-b (rollout-b, rollout-c).
+topology three_nodes() {
+  topology t;
+  t.name = "three";
+  for (auto name : {"head", "engines-a", "engines-b"}) {
+    node_spec n;
+    n.name = name;
+    t.nodes.push_back(n);
+  }
+  t.trainer.node = t.router.node = t.coordinator.node = "head";
+  for (auto [name, node] : {std::pair{"rollout-a", "engines-a"}, {"rollout-b", "engines-b"}, {"rollout-c", "engines-b"}}) {
+    engine_spec e;
+    e.name = name;
+    e.node = node;
+    t.engines.push_back(e);
+  }
+  return t;
+}
+
+fault_spec fault(fault_action action, const std::string& target, fault_target kind,
+                 std::optional<std::int64_t> duration_ms = std::nullopt) {
+  fault_spec f;
+  f.at_sync = 4;
+  f.phase = sync_phase::transfer;
+  f.action = action;
+  f.target = target;
+  f.target_kind = kind;
+  if (duration_ms)
+    f.duration = milliseconds(*duration_ms);
+  return f;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+} // namespace
+
+TEST_CASE("process drill: a topology with several nodes runs as processes") {
+  auto t = three_nodes();
+  CHECK(runs_as_processes(t));
+  t.nodes.resize(1);
+  CHECK_FALSE(runs_as_processes(t));
+}
+
+TEST_CASE("process drill: each fault maps to a node's process and a signal or a link") {
+  struct row {
+    const char* what;
+    fault_spec f;
+    bool netns;
+    const char* node; ///< empty: refused
+    process_action action;
+    std::int64_t ends_after_ms; ///< -1: no end
+    bool head;
+    const char* refusal; ///< part of it, when refused
+  };
+  const row rows[] = {
+    {"an engine's kill hits its node", fault(fault_action::kill, "rollout-b", fault_target::engine, 1500), false,
+     "engines-b", process_action::kill, 1500, false, ""},
+    {"a node killed for good", fault(fault_action::kill, "engines-a", fault_target::node), false, "engines-a",
+     process_action::kill, -1, false, ""},
+    {"restart: kill and start at once", fault(fault_action::restart, "engines-a", fault_target::node), false,
+     "engines-a", process_action::kill_restart, -1, false, ""},
+    {"the coordinator is the head", fault(fault_action::kill, "coordinator", fault_target::coordinator, 1000), false,
+     "head", process_action::kill, 1000, true, ""},
+    {"the trainer lives on the head", fault(fault_action::kill, "trainer", fault_target::trainer, 1000), false, "head",
+     process_action::kill, 1000, true, ""},
+    {"the router lives on the head", fault(fault_action::restart, "router", fault_target::router), false, "head",
+     process_action::kill_restart, -1, true, ""},
+    {"the head killed for good ends nothing", fault(fault_action::kill, "coordinator", fault_target::coordinator),
+     false, "", process_action::kill, -1, false, "give it a duration_ms"},
+    {"delay_acks: SIGSTOP, SIGCONT after", fault(fault_action::delay_acks, "rollout-c", fault_target::engine, 800),
+     false, "engines-b", process_action::stop, 800, false, ""},
+    {"delay_acks needs a duration", fault(fault_action::delay_acks, "rollout-c", fault_target::engine), false, "",
+     process_action::stop, -1, false, "needs a duration_ms"},
+    {"partition without namespaces", fault(fault_action::partition, "engines-b", fault_target::node, 2000), false, "",
+     process_action::cut_link, -1, false, "only with --netns"},
+    {"partition in namespaces", fault(fault_action::partition, "engines-b", fault_target::node, 2000), true,
+     "engines-b", process_action::cut_link, 2000, false, ""},
+    {"an engine's partition cuts its node", fault(fault_action::partition, "rollout-a", fault_target::engine), true,
+     "engines-a", process_action::cut_link, -1, false, ""},
+    {"heal in namespaces", fault(fault_action::heal, "engines-b", fault_target::node), true, "engines-b",
+     process_action::restore_link, -1, false, ""},
+    {"heal without namespaces", fault(fault_action::heal, "engines-b", fault_target::node), false, "",
+     process_action::restore_link, -1, false, "only with --netns"},
+    {"corrupt: SIGUSR1 to the producer's process", fault(fault_action::corrupt, "rollout-a", fault_target::engine),
+     false, "head", process_action::corrupt, -1, true, ""},
+  };
+  auto t = three_nodes();
+  t.transfer.backend = transfer_backend::ucx;
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto p = plan_process_fault(t, r.f, r.netns, "T.yaml:9:7: drill.faults[0]");
+    if (std::string(r.node).empty()) {
+      CHECK_FALSE(p.fault);
+      CHECK(contains(p.refusal, "T.yaml:9:7: drill.faults[0]: "));
+      CHECK(contains(p.refusal, r.refusal));
+      continue;
+    }
+    REQUIRE(p.fault);
+    CHECK(p.refusal.empty());
+    CHECK(p.fault->node == r.node);
+    CHECK(p.fault->action == r.action);
+    CHECK(p.fault->head == r.head);
+    CHECK(p.fault->node_index == static_cast<std::size_t>(std::string(r.node) == "head" ? 0 : std::string(r.node) == "engines-a" ? 1 : 2));
+    if (r.ends_after_ms < 0)
+      CHECK_FALSE(p.fault->ends_after);
+    else
+      CHECK(p.fault->ends_after == milliseconds(r.ends_after_ms));
+  }
+}
+
+TEST_CASE("process drill: corrupt needs the head's UCX producer") {
+  auto t = three_nodes();
+  auto f = fault(fault_action::corrupt, "rollout-b", fault_target::engine);
+  t.transfer.backend = transfer_backend::local;
+  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "T.yaml:3:3: corrupt of rollout-b: "
+                                                                        "with processes the UCX producer"));
+  t.transfer.backend = transfer_backend::ucx;
+  t.trainer.node = "engines-a";
+  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "the trainer is on node engines-a"));
+  t.trainer.node = "head";
+  t.trainer.ranks = {trainer_rank{"head", {0, 1}}, trainer_rank{"engines-b", {2, 3}}};
+  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "a trainer rank is on node engines-b"));
+  t.trainer.ranks = {trainer_rank{"head", {0, 1, 2, 3}}};
+  auto p = plan_process_fault(t, f, false, "T.yaml:3:3");
+  REQUIRE(p.fault);
+  CHECK(p.fault->node == "head"); // not engines-b, where rollout-b runs: the producer is the head's
+  CHECK(p.fault->action == process_action::corrupt);
+}
+
+TEST_CASE("process drill: the first refused fault is named with its place and index") {
+  auto t = three_nodes();
+  std::vector<std::size_t> asked;
+  auto place = [&](std::size_t i) {
+    asked.push_back(i);
+    return "T.yaml:" + std::to_string(30 + i) + ":7";
+  };
+  CHECK(contains(plan_process_drill(t, false, place).refusal, "no drill.faults"));
+  t.drill.faults = {fault(fault_action::kill, "rollout-a", fault_target::engine, 500),
+                    fault(fault_action::partition, "engines-b", fault_target::node, 500)};
+  auto refused = plan_process_drill(t, false, place);
+  CHECK(refused.faults.empty());
+  CHECK(contains(refused.refusal, "T.yaml:31:7: drill.faults[1]: partition of engines-b"));
+  auto planned = plan_process_drill(t, true, place);
+  CHECK(planned.refusal.empty());
+  REQUIRE(planned.faults.size() == 2);
+  CHECK(planned.faults[0].node == "engines-a");
+  CHECK(planned.faults[1].action == process_action::cut_link);
+}
+
+TEST_CASE("process drill: a fault's place in its YAML file") {
+  auto dir = std::filesystem::temp_directory_path() / ("rlsync-fault-place-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "t.yaml").string();
+  std::ofstream(path) << "name: x\n"
+                         "drill:\n"
+                         "  faults:\n"
+                         "    - {at_ms: 1, action: kill, target: a}\n"
+                         "    - at_ms: 2\n"
+                         "      action: kill\n";
+  CHECK(fault_place(path, 0) == path + ":4:7");
+  CHECK(fault_place(path, 1) == path + ":5:7");
+  CHECK(fault_place(path, 2) == path); // no such fault: the file alone
+  CHECK(fault_place((dir / "missing.yaml").string(), 0) == (dir / "missing.yaml").string());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("process drill: the head's phase lines, written and read back") {
+  auto line = drill_phase_line(16, 17, sync_phase::transfer, {"rollout-a", "rollout-b"});
+  CHECK(line == "rlsync-drill: phase round=16 version=17 phase=transfer engines=rollout-a,rollout-b");
+  auto e = parse_drill_phase_line(line + "\n");
+  REQUIRE(e);
+  CHECK(e->round == 16);
+  CHECK(e->version == 17);
+  CHECK(e->phase == sync_phase::transfer);
+  CHECK(e->engines == std::vector<std::string>{"rollout-a", "rollout-b"});
+  // "continue" is how drills spell the resume phase; a round may have no engines.
+  auto resume = parse_drill_phase_line(drill_phase_line(3, 2, sync_phase::resume, {}));
+  REQUIRE(resume);
+  CHECK(resume->phase == sync_phase::resume);
+  CHECK(resume->engines.empty());
+  CHECK(contains(drill_phase_line(3, 2, sync_phase::resume, {}), "phase=continue"));
+
+  struct row {
+    const char* line;
+    bool parsed;
+  };
+  const row rows[] = {
+    {"[head] rlsync-drill: phase round=1 version=1 phase=pause engines=a", true}, // a launcher's prefix
+    {"rlsync-drill: phase round=1 version=1 phase=pause engines=a\r\n", true},
+    {"rlsync-drill: phase round=18446744073709551615 version=0 phase=finish engines=a", true},
+    {"rlsync-drill: phase round=18446744073709551616 version=0 phase=finish engines=a", false}, // overflow
+    {"rlsync-drill: phase round=-1 version=0 phase=finish engines=a", false},
+    {"rlsync-drill: phase round=1 version=x phase=finish engines=a", false},
+    {"rlsync-drill: phase round=1 version=1 phase=later engines=a", false},
+    {"rlsync-drill: phase round=1 version=1 phase=resume engines=a", false}, // drills say continue
+    {"rlsync-drill: phase round=1 version=1 engines=a", false},
+    {"rlsync-drill: phase round=1 version=1 phase=pause engines=a,", false},
+    {"rlsync-drill: phase round=1 version=1 phase=pause engines=a,,b", false},
+    {"rlsync-drill: phase round=1 version=1 phase=pause engines=a/b", false},
+    {"rlsync-drill: phase round=1 version=1 phase=pause engines=a extra=1", false},
+    {"rlsync-drill: phase round= version=1 phase=pause engines=a", false},
+    {"sync 16 v17: 2 engines, stall 7.6 ms", false},
+    {"[head no closing bracket", false},
+    {"", false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.line);
+    CHECK(parse_drill_phase_line(r.line).has_value() == r.parsed);
+  }
+}
+
+TEST_CASE("process drill: round 1 is the first round that reaches every engine") {
+  drill_rounds rounds({"rollout-a", "rollout-b"});
+  struct row {
+    std::uint64_t head_round;
+    std::vector<std::string> engines;
+    std::int64_t drill_round; ///< -1: not counted
+  };
+  const row rows[] = {
+    {1, {}, -1},                             // the head is up, no engine joined yet
+    {5, {"rollout-a"}, -1},                  // one node joined
+    {7, {"rollout-b", "rollout-a"}, 1},      // the whole fleet: round 1
+    {8, {"rollout-a"}, 2},                   // later rounds count on, whoever is in them
+    {8, {"rollout-a"}, 2},                   // every phase of a round has its number
+    {6, {"rollout-a", "rollout-b"}, -1},     // numbered below round 1
+    {20, {}, 14},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.head_round);
+    drill_phase_event e;
+    e.round = r.head_round;
+    e.engines = r.engines;
+    auto n = rounds.on_phase(e);
+    if (r.drill_round < 0)
+      CHECK_FALSE(n);
+    else
+      CHECK(n == static_cast<std::uint64_t>(r.drill_round));
+  }
+  CHECK(rounds.started());
+}
+
+TEST_CASE("process drill: no version goes backwards past a completed round") {
+  struct event {
+    std::uint64_t round, version;
+    sync_phase phase;
+  };
+  struct row {
+    const char* what;
+    std::vector<event> events;
+    const char* regression; ///< empty: none
+  };
+  const row rows[] = {
+    {"rounds in order", {{1, 1, sync_phase::resume}, {2, 2, sync_phase::pause}, {2, 2, sync_phase::resume}}, ""},
+    {"a head killed mid-transfer syncs the last completed version again",
+     {{15, 14, sync_phase::resume}, {16, 15, sync_phase::transfer}, {16, 14, sync_phase::pause},
+      {16, 14, sync_phase::resume}},
+     ""},
+    {"a restarted head below a completed round",
+     {{15, 14, sync_phase::resume}, {16, 15, sync_phase::resume}, {16, 14, sync_phase::pause}},
+     "v14 (round 16) after v15 completed (round 16)"},
+    {"only the first breach is named",
+     {{3, 9, sync_phase::resume}, {4, 2, sync_phase::pause}, {5, 1, sync_phase::pause}},
+     "v2 (round 4) after v9 completed (round 3)"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    version_watch w;
+    for (auto& e : r.events) {
+      drill_phase_event p;
+      p.round = e.round;
+      p.version = e.version;
+      p.phase = e.phase;
+      w.on_phase(p);
+    }
+    CHECK(w.regression() == r.regression);
+  }
+}
