@@ -708,7 +708,7 @@ TEST_CASE("a trainer rank on a member node: tickets only to an engine's own node
   c.placements_from = policy;
   c.engines = std::make_shared<engine_nodes>();
   c.ucx_tickets = std::make_shared<ucx_ticket_office>();
-  c.ucx_tickets->open([](const std::string& engine, int worker) {
+  c.ucx_tickets->open([](const std::string& engine, int) {
     return ucx_ticket{{1, 2, 3}, std::vector<std::uint8_t>(engine.begin(), engine.end())};
   });
   auto trainer = spawn_trainer(rank_sys, c);
