@@ -167,6 +167,32 @@ void check_min_live(self_ptr self) {
 
 // -- membership -------------------------------------------------------------------
 
+/// Where every registered engine runs, for the trainers (ranks) followed.
+std::vector<engine_placement> engine_placements(const coordinator_state& st) {
+  std::vector<engine_placement> out;
+  out.reserve(st.members.size());
+  for (const auto& [name, m] : st.members)
+    out.push_back({name, to_string(m.handle.node())});
+  return out;
+}
+
+/// Tells `trainer` where the engines run: it issues an engine's UCX tickets
+/// only to that engine's node.
+void tell_placements(self_ptr self, const trainer_actor& trainer) {
+  if (trainer)
+    self->send(trainer, register_atom::value, engine_placements(self->state));
+}
+
+/// The same, to every trainer followed, after the members changed.
+void tell_placements(self_ptr self) {
+  auto& st = self->state;
+  if (st.cfg.trainer && !st.trainer_down)
+    tell_placements(self, st.cfg.trainer);
+  for (const auto& [r, rank] : st.ranks)
+    if (!rank.down)
+      tell_placements(self, rank.handle);
+}
+
 /// Forgets an engine: it left, died, or a newer incarnation replaced it. It
 /// leaves the round and the router stops using it.
 void drop_member(self_ptr self, std::string name, const std::string& why, bool replaced = false) {
@@ -176,6 +202,7 @@ void drop_member(self_ptr self, std::string name, const std::string& why, bool r
     return;
   self->demonitor(i->second.handle.address());
   st.members.erase(i); // first: nothing below may find it a member
+  tell_placements(self); // its node gets no more tickets for it
   if (st.round && st.round->book.still_to_sync(name))
     evict(self, name, why); // tells the router too
   else if (st.cfg.router)
@@ -268,6 +295,7 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   }
   self->monitor(engine);
   st.members.emplace(info.name, std::move(m));
+  tell_placements(self); // before any order: its workers ask for tickets then
   member_event(self, info.name, "registered");
   if (d.routable_at_once)
     member_event(self, info.name, "routable");
@@ -318,6 +346,7 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
   self->monitor(st.cfg.trainer);
+  tell_placements(self, st.cfg.trainer);
   self->send(st.cfg.trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
   // Versions published before the subscription arrived are learnt here.
   self->request(st.cfg.trainer, st.cfg.trainer_deadline, version_atom::value)
@@ -430,6 +459,7 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
   rank.last_heard_ns = now_ns(self);
   st.ranks.emplace(info.rank, std::move(rank));
   self->monitor(handle);
+  tell_placements(self, handle);
   self->send(handle, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
   // Versions published before the subscription arrived are learnt here.
   self->request(handle, st.cfg.trainer_deadline, version_atom::value)

@@ -52,7 +52,10 @@ using trainer_actor = caf::typed_actor<
   caf::replies_to<step_atom>::with<version_info>,
   // UCX credentials for an engine worker (engine, worker): the producer's
   // address and a fresh session token; an error when no producer runs
-  caf::replies_to<ucx_ticket_atom, std::string, std::int32_t>::with<ucx_ticket>>::extend_with<heartbeat_actor>;
+  caf::replies_to<ucx_ticket_atom, std::string, std::int32_t>::with<ucx_ticket>,
+  // where the registered engines run (the coordinator, at every change):
+  // tickets and weights go to those nodes only
+  caf::reacts_to<register_atom, std::vector<engine_placement>>>::extend_with<heartbeat_actor>;
 
 /// One rollout engine (all its tensor-parallel workers), with vLLM's pause and
 /// weight-update semantics.

@@ -4,6 +4,7 @@
 
 #include <caf/actor_addr.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 namespace rlsync {
@@ -28,10 +29,57 @@ bool trusted_actors::contains(const caf::strong_actor_ptr& sender) const {
   return sender && actors_.count({sender->node(), sender->id()}) > 0;
 }
 
+bool trusted_actors::contains_node(const caf::node_id& node) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::any_of(actors_.begin(), actors_.end(), [&](const auto& a) { return a.first == node; });
+}
+
 sender_policy local_or_trusted(caf::node_id own, std::shared_ptr<const trusted_actors> trusted) {
   return [own, trusted = std::move(trusted)](const caf::strong_actor_ptr& sender) {
     return sender->node() == own || (trusted && trusted->contains(sender));
   };
+}
+
+sender_policy local_or_nodes_of(caf::node_id own, std::shared_ptr<const trusted_actors> trusted) {
+  return [own, trusted = std::move(trusted)](const caf::strong_actor_ptr& sender) {
+    return sender->node() == own || (trusted && trusted->contains_node(sender->node()));
+  };
+}
+
+std::string engine_nodes::assign(const std::vector<engine_placement>& placements) {
+  if (placements.size() > max_engines)
+    return std::to_string(placements.size()) + " engine placements (at most " + std::to_string(max_engines) + ")";
+  std::map<std::string, std::string> next;
+  std::multiset<std::string> nodes;
+  for (const auto& p : placements) {
+    if (p.engine.empty() || p.engine.size() > max_engine_name_bytes)
+      return "an engine name of " + std::to_string(p.engine.size()) + " bytes (1 to "
+             + std::to_string(max_engine_name_bytes) + ")";
+    if (p.node.empty() || p.node.size() > max_engine_name_bytes)
+      return "engine '" + printable(p.engine) + "': a node id of " + std::to_string(p.node.size()) + " bytes";
+    auto [at, added] = next.emplace(p.engine, p.node);
+    if (!added && at->second != p.node)
+      return "engine '" + printable(p.engine) + "' placed on two nodes";
+    if (added)
+      nodes.insert(p.node);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  node_of_ = std::move(next);
+  nodes_ = std::move(nodes);
+  return {};
+}
+
+bool engine_nodes::hosts(const caf::node_id& node, const std::string& engine) const {
+  const auto id = to_string(node);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto i = node_of_.find(engine);
+  return i != node_of_.end() && i->second == id;
+}
+
+bool engine_nodes::hosts_any(const caf::node_id& node) const {
+  const auto id = to_string(node);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return nodes_.count(id) > 0;
 }
 
 sender_guard::sender_guard(std::string actor, sender_policy policy, std::function<void(const std::string&)> log)

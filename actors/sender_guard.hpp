@@ -25,12 +25,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace rlsync {
 
@@ -50,6 +52,8 @@ public:
   /// Replaces the set by `actors` (null handles are skipped).
   void assign(const std::vector<caf::actor_addr>& actors);
   bool contains(const caf::strong_actor_ptr& sender) const;
+  /// Whether `node` runs one of the actors.
+  bool contains_node(const caf::node_id& node) const;
 
 private:
   mutable std::mutex mutex_;
@@ -58,6 +62,37 @@ private:
 
 /// This process's actors and the actors in `trusted`: who may drive an engine.
 sender_policy local_or_trusted(caf::node_id own, std::shared_ptr<const trusted_actors> trusted);
+
+/// This process's actors and every actor of the nodes of the actors in
+/// `trusted` (e.g. the head's process, where the coordinator runs): who may
+/// drive a trainer rank on a member node. Node-wide because the head's main
+/// job, not only its coordinator, asks ranks to freeze.
+sender_policy local_or_nodes_of(caf::node_id own, std::shared_ptr<const trusted_actors> trusted);
+
+/// Where the registered engines run (engine name -> printed CAF node id), as
+/// the coordinator last said; thread-safe: a trainer's handlers and its
+/// guard read it. Bounded by what `assign` accepts.
+class engine_nodes {
+public:
+  /// Most engines one placement list may name; names longer than
+  /// max_engine_name_bytes are refused too.
+  static constexpr std::size_t max_engines = 4096;
+  static constexpr std::size_t max_engine_name_bytes = 4096;
+
+  /// Replaces every placement by `placements`. Returns an empty string, or
+  /// why the list is refused (too long, an empty or overlong name, a name
+  /// twice with different nodes); a refused list changes nothing.
+  std::string assign(const std::vector<engine_placement>& placements);
+  /// Whether `engine` is registered from `node`.
+  bool hosts(const caf::node_id& node, const std::string& engine) const;
+  /// Whether some registered engine runs on `node`.
+  bool hosts_any(const caf::node_id& node) const;
+
+private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::string> node_of_;  ///< engine -> node
+  std::multiset<std::string> nodes_;            ///< one entry per engine
+};
 
 /// One actor's gate: its policy, its refusal count and its rate-limited log.
 class sender_guard {

@@ -2,6 +2,7 @@
 
 #include "runtime/base/bounded_queue.hpp"
 #include "runtime/base/checksum.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/plan/groups.hpp"
 
@@ -172,16 +173,26 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
   // Every handler: a peer that was not admitted pulls, steps and learns nothing.
   auto guard = self->state.guard
     = std::make_shared<sender_guard>("trainer", self->state.cfg.authorize, self->state.cfg.log);
+  sender_policy engines_ask = self->state.cfg.authorize;
+  if (auto engines = self->state.cfg.engines)
+    engines_ask = [own = self->node(), authorize = self->state.cfg.authorize,
+                   engines](const caf::strong_actor_ptr& sender) {
+      return (authorize ? authorize(sender) : sender->node() == own) || engines->hosts_any(sender->node());
+    };
+  auto data_guard = self->state.data_guard
+    = std::make_shared<sender_guard>("trainer", std::move(engines_ask), self->state.cfg.log);
+  auto placements_guard = self->state.placements_guard
+    = std::make_shared<sender_guard>("trainer", self->state.cfg.placements_from, self->state.cfg.log);
   refuse_stray_errors(self, guard);
   return {
-    authorized(self, guard, [=](meta_atom) -> std::vector<tensor_meta> {
+    authorized(self, data_guard, [=](meta_atom) -> std::vector<tensor_meta> {
       std::vector<tensor_meta> out;
       for (const auto& p : self->state.cfg.source->parameters())
         out.push_back(tensor_meta{p.name, static_cast<std::uint8_t>(p.type), p.shape});
       return out;
     }),
-    authorized(self, guard, [=](version_atom) -> version_info { return self->state.published; }),
-    authorized(self, guard, [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
+    authorized(self, data_guard, [=](version_atom) -> version_info { return self->state.published; }),
+    authorized(self, data_guard, [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
       const auto& source = *self->state.cfg.source;
       auto s = source.find(version);
       if (!s) {
@@ -212,19 +223,34 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
           self->send(listener, version_atom::value, self->state.published);
       }
     }),
-    authorized(self, guard, [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; }),
-    authorized(self, guard, [=](ucx_ticket_atom, const std::string& engine, std::int32_t worker) -> caf::result<ucx_ticket> {
+    authorized(self, data_guard, [=](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; }),
+    authorized(self, data_guard, [=](ucx_ticket_atom, const std::string& engine, std::int32_t worker) -> caf::result<ucx_ticket> {
       const auto& office = self->state.cfg.ucx_tickets;
       if (!office)
         return make_error(errc::unknown_name, "this trainer runs no UCX producer");
       if (engine.size() > 4096 || worker < 0)
         return make_error(errc::malformed, "a UCX ticket for an engine name of " + std::to_string(engine.size())
                                                + " bytes, worker " + std::to_string(worker));
+      // A ticket is the engine worker's own: only the node that registered
+      // the engine gets one (another member could pull as that engine).
+      const auto& sender = self->current_sender();
+      if (const auto& engines = self->state.cfg.engines;
+          engines && sender->node() != self->node() && !engines->hosts(sender->node(), engine)) {
+        data_guard->refuse(sender, "ucxticket", "engine '" + printable(engine) + "' is not registered from that node");
+        return make_error(errc::unauthenticated, "trainer: a UCX ticket for engine '" + printable(engine)
+                                                   + "': that engine is not registered from the asking node");
+      }
       try {
         return office->issue(engine, worker);
       } catch (const std::exception& e) {
         return make_error(errc::unknown_name, e.what());
       }
+    }),
+    authorized(self, placements_guard, [=](register_atom, const std::vector<engine_placement>& placements) {
+      if (!self->state.cfg.engines)
+        return;
+      if (auto why = self->state.cfg.engines->assign(placements); !why.empty())
+        log(self, "trainer: refused engine placements: " + why);
     }),
     authorized(self, guard, [=](caf::tick_atom) {
       self->state.tick_pending = false;
@@ -299,7 +325,7 @@ trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg) {
 }
 
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank,
-                                 sender_policy authorize) {
+                                 sender_policy authorize, sender_policy placements_from) {
   local_trainer out;
   out.source = transfer::make_weight_source(t, rank);
   transfer::local_transfer_options o;
@@ -312,6 +338,8 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.step_time = t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);
+  cfg.engines = std::make_shared<engine_nodes>();
+  cfg.placements_from = std::move(placements_from);
   cfg.rank_checksums = t.trainer.ranks.size() > 1; // the coordinator's layout check compares ranks' bytes
   out.actor = spawn_trainer(sys, std::move(cfg));
   return out;

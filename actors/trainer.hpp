@@ -101,6 +101,15 @@ struct trainer_config {
   /// Who may send to the trainer besides itself (local_or_admitted); empty:
   /// this process's actors only. Every other sender is refused, on every message.
   sender_policy authorize;
+  /// Where the registered engines run, as the coordinator says
+  /// (register_atom with placements). Set: a UCX ticket for an engine goes
+  /// only to the node that registered it, and the nodes hosting engines may
+  /// also ask for weights (meta, version, pull, heartbeat, tickets), nothing
+  /// else. Null: tickets go to whoever `authorize` admits.
+  std::shared_ptr<engine_nodes> engines;
+  /// Who may say where engines run: the coordinator's process. Empty: this
+  /// process only (never an admitted member: it could claim any engine).
+  sender_policy placements_from;
   /// Listeners kept at once (subscribe_atom); more are refused.
   std::size_t max_subscribers = 64;
   /// A trainer rank: each published version carries the checksums of the
@@ -149,6 +158,10 @@ struct trainer_state {
   std::string last_error;
   /// Refuses (counts, logs) messages from senders cfg.authorize does not admit.
   std::shared_ptr<sender_guard> guard;
+  /// For what engines ask: cfg.authorize or a node hosting an engine.
+  std::shared_ptr<sender_guard> data_guard;
+  /// For engine placements: cfg.placements_from.
+  std::shared_ptr<sender_guard> placements_guard;
 
   static inline const char* name = "trainer";
 };
@@ -169,8 +182,10 @@ struct local_trainer {
   trainer_actor actor;
 };
 
+/// With its own engine_nodes: tickets go only to an engine's own node.
+/// `placements_from`: trainer_config::placements_from.
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0,
-                                 sender_policy authorize = {});
+                                 sender_policy authorize = {}, sender_policy placements_from = {});
 
 /// Has a trainer this process spawned (spawn_trainer) advance until version
 /// `version` and publish only that one, off its mailbox: a restarted rank

@@ -102,6 +102,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::ucx_ticket))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_info))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::producer_holding))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::engine_placement))
+  CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::engine_placement>))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -146,6 +148,7 @@ RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x
                x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
+RLSYNC_INSPECT(engine_placement, x.engine, x.node)
 
 #undef RLSYNC_INSPECT
 

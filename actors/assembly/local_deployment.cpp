@@ -70,12 +70,13 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
 }
 
 std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
-                                     const sender_policy& authorize, std::uint64_t incarnation) {
+                                     const sender_policy& authorize, std::uint64_t incarnation,
+                                     const sender_policy& placements_from) {
   std::vector<hosted_rank> out;
   try {
     for (std::size_t i = 0; i < t.trainer.ranks.size(); ++i)
       if (node.empty() || t.trainer.ranks[i].node == node)
-        out.push_back({static_cast<std::uint32_t>(i), incarnation, make_local_trainer(sys, t, i, authorize)});
+        out.push_back({static_cast<std::uint32_t>(i), incarnation, make_local_trainer(sys, t, i, authorize, placements_from)});
   } catch (...) { // a source that cannot be built: the ranks already spawned go too
     std::vector<caf::actor> spawned;
     for (auto& r : out)

@@ -159,9 +159,11 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
 
 /// Spawns the trainer ranks placed on `node` (every rank when empty), each
 /// with its own source, local data plane and trainer actor, admitting
-/// `authorize`. Throws what make_weight_source throws.
+/// `authorize`, and taking engine placements from `placements_from` (empty:
+/// this process, where the coordinator runs). Throws what make_weight_source throws.
 std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
-                                     const sender_policy& authorize, std::uint64_t incarnation);
+                                     const sender_policy& authorize, std::uint64_t incarnation,
+                                     const sender_policy& placements_from = {});
 
 /// Whether the coordinator on `node` (empty: one process) follows one
 /// trainer directly: the topology has one rank and it runs there. Otherwise

@@ -139,11 +139,18 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     drivers->assign({grant->coordinator.address(), (router ? router : grant->router).address()});
   };
   trust_grant();
-  // Trainer ranks and the router placed here answer this process and
-  // whatever reaches it over its one link, the authenticated connection to
-  // the head (a member publishes no port): the coordinator, and engines of
-  // other nodes asking for groups or UCX tickets through it.
+  // The router placed here answers this process and whatever reaches it
+  // over its one link, the authenticated connection to the head (a member
+  // publishes no port).
   auto fabric = local_or_admitted(sys.node(), [](const caf::node_id&) { return true; });
+  // Trainer ranks placed here are driven only by this process and the head's
+  // (the coordinator of the grant, its main job); engines of other nodes may
+  // ask them for weights and tickets once the coordinator says where they
+  // run (trainer_config::engines). Not `fabric`: the head forwards traffic
+  // of peers it never admitted too (CAF routes by node id).
+  auto rank_drivers = std::make_shared<trusted_actors>();
+  rank_drivers->assign({grant->coordinator.address()});
+  auto rank_policy = local_or_nodes_of(sys.node(), rank_drivers);
   std::vector<hosted_rank> ranks;
   std::vector<std::unique_ptr<transfer::ucx_producer>> producers;
   std::vector<caf::actor> engines;
@@ -179,7 +186,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   };
   std::string failure;
   try {
-    ranks = spawn_ranks(sys, t, node.name, fabric, incarnation);
+    ranks = spawn_ranks(sys, t, node.name, rank_policy, incarnation, rank_policy);
     producers = start_rank_producers(t, node, ranks, opts.log);
     if (t.router.node == node.name) {
       auto rc = router_config_from(t);
@@ -244,6 +251,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     if (ucx)
       ucx->reset_connections(); // a restarted head's producer is another
     trust_grant(); // before registering: the new coordinator's first order may follow at once
+    rank_drivers->assign({grant->coordinator.address()}); // a restarted head is another node
     if (auto failure = register_all(grant->coordinator); !failure.empty()) {
       log(failure + "; stopping");
       end.exit_code = 1;

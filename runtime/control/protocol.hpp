@@ -253,6 +253,15 @@ struct ucx_ticket {
   std::vector<std::uint8_t> token;
 };
 
+/// Where a registered engine runs, as the coordinator tells every trainer
+/// (rank) it follows: the CAF node id, printed, of the process that
+/// registered it. A trainer issues an engine's UCX tickets only to that node
+/// and serves weights to other nodes only when they host an engine.
+struct engine_placement {
+  std::string engine;
+  std::string node;
+};
+
 // -- routing and status ---------------------------------------------------------
 
 /// The coordinator tells the router which engine may serve which version.

@@ -306,6 +306,7 @@ struct trainer_authz : with_outsiders<actor_fixture> {
     c.runner = runner;
     c.log = refusal_log();
     c.authorize = policy();
+    c.placements_from = policy();
     impl = spawn(rlsync::trainer, c);
     trainer = caf::actor_cast<trainer_actor>(impl);
     step(); // v1
@@ -330,7 +331,8 @@ struct trainer_authz : with_outsiders<actor_fixture> {
 
   std::uint64_t refused() {
     auto* ptr = caf::actor_cast<caf::abstract_actor*>(impl);
-    return dynamic_cast<trainer_impl_actor::stateful_pointer<trainer_state>>(ptr)->state.guard->refused();
+    auto& st = dynamic_cast<trainer_impl_actor::stateful_pointer<trainer_state>>(ptr)->state;
+    return st.guard->refused() + st.data_guard->refused() + st.placements_guard->refused();
   }
 
   version_listener_actor listener() {
@@ -378,6 +380,7 @@ TEST_CASE_FIXTURE(trainer_authz, "the trainer refuses every message of a sender 
     {"a forged step failure", one_way(produced_atom::value, std::string{"forged"})},
     {"a forged catch-up", one_way(catch_up_atom::value, std::uint64_t{9})},
     {"tick", one_way(caf::tick_atom::value)},
+    {"engine placements", one_way(register_atom::value, std::vector<engine_placement>{{"e", "N"}})},
   };
   std::uint64_t refused_so_far = 0;
   for (auto& row : rows) {
@@ -523,6 +526,73 @@ TEST_CASE("a member engine's drivers: this process and the actors of its grant")
   CHECK(local_or_admitted(*elsewhere, [&](const caf::node_id& n) { return n == fx.sys.node(); })(sa));
 }
 
+TEST_CASE("engine placements: a list is taken whole or refused naming why") {
+  auto long_name = std::string(engine_nodes::max_engine_name_bytes + 1, 'x');
+  struct row {
+    const char* what;
+    std::vector<engine_placement> placements;
+    const char* refused; ///< nullptr: taken
+  };
+  std::vector<row> rows = {
+    {"empty", {}, nullptr},
+    {"two engines on one node", {{"a", "N1"}, {"b", "N1"}}, nullptr},
+    {"the same placement twice", {{"a", "N1"}, {"a", "N1"}}, nullptr},
+    {"one engine on two nodes", {{"a", "N1"}, {"a", "N2"}}, "placed on two nodes"},
+    {"an empty engine name", {{"", "N1"}}, "an engine name of 0 bytes"},
+    {"an overlong engine name", {{long_name, "N1"}}, "an engine name of 4097 bytes"},
+    {"an empty node id", {{"a", ""}}, "a node id of 0 bytes"},
+    {"too many", std::vector<engine_placement>(engine_nodes::max_engines + 1, {"a", "N1"}), "4097 engine placements"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    engine_nodes nodes;
+    REQUIRE(nodes.assign({{"before", "N0"}}).empty());
+    auto why = nodes.assign(r.placements);
+    if (r.refused) {
+      CHECK(why.find(r.refused) != std::string::npos);
+      CHECK(why.size() < 200); // a bounded line, not the list echoed
+    } else {
+      CHECK(why.empty());
+    }
+  }
+  // Placements by printed node id; a new list replaces the old one.
+  actor_fixture fx;
+  auto here = fx.sys.node();
+  auto elsewhere = caf::make_node_id(7, "0102030405060708090a0b0c0d0e0f1011121314");
+  REQUIRE(elsewhere);
+  engine_nodes nodes;
+  REQUIRE(nodes.assign({{"a", to_string(here)}, {"b", to_string(*elsewhere)}}).empty());
+  CHECK(nodes.hosts(here, "a"));
+  CHECK_FALSE(nodes.hosts(here, "b"));
+  CHECK_FALSE(nodes.hosts(here, "c"));
+  CHECK(nodes.hosts(*elsewhere, "b"));
+  CHECK(nodes.hosts_any(*elsewhere));
+  REQUIRE(nodes.assign({{"a", to_string(here)}}).empty());
+  CHECK_FALSE(nodes.hosts(*elsewhere, "b"));
+  CHECK_FALSE(nodes.hosts_any(*elsewhere));
+  CHECK(nodes.hosts_any(here));
+}
+
+TEST_CASE("a trainer rank's drivers: this process and every actor of the head's node") {
+  auto drivers = std::make_shared<trusted_actors>();
+  actor_fixture fx;
+  auto a = fx.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
+  auto b = fx.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
+  auto sa = caf::actor_cast<caf::strong_actor_ptr>(a);
+  auto sb = caf::actor_cast<caf::strong_actor_ptr>(b);
+  auto elsewhere = caf::make_node_id(7, "0102030405060708090a0b0c0d0e0f1011121314");
+  REQUIRE(elsewhere);
+  CHECK(local_or_nodes_of(fx.sys.node(), drivers)(sa)); // this process, whatever the set says
+  CHECK_FALSE(local_or_nodes_of(*elsewhere, drivers)(sa));
+  drivers->assign({a.address()}); // the coordinator of the grant
+  CHECK(drivers->contains_node(fx.sys.node()));
+  CHECK_FALSE(drivers->contains_node(*elsewhere));
+  // Any actor of the coordinator's node (its main job freezes ranks), not only the coordinator.
+  CHECK(local_or_nodes_of(*elsewhere, drivers)(sb));
+  drivers->assign({}); // a rejoin before the new grant is known: nobody but this process
+  CHECK_FALSE(local_or_nodes_of(*elsewhere, drivers)(sb));
+}
+
 // -- two nodes over loopback ------------------------------------------------------------
 
 struct network_config : caf::actor_system_config {
@@ -602,6 +672,91 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
   }
   head.middleman().close(*port);
   caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+}
+
+/// A request's outcome: no error when answered with an R.
+template <class R, class... Ts>
+caf::error ask(caf::scoped_actor& self, const trainer_actor& t, Ts... xs) {
+  caf::error out = make_error(errc::malformed, "no answer");
+  self->request(t, 5s, xs...).receive([&](R&) { out = caf::error{}; }, [&](caf::error& e) { out = e; });
+  return out;
+}
+
+TEST_CASE("a trainer rank on a member node: tickets only to an engine's own node, orders only from the head") {
+  // Three processes' worth of nodes: the rank's, the head's (the coordinator
+  // that says where engines run and drives the rank) and a peer that
+  // reaches the rank over the network (an engine node, or not).
+  network_config rank_cfg, head_cfg, peer_cfg;
+  caf::actor_system rank_sys{rank_cfg};
+  caf::actor_system head_sys{head_cfg};
+  caf::actor_system peer_sys{peer_cfg};
+  caf::scoped_actor head{head_sys};
+  caf::scoped_actor peer{peer_sys};
+  auto drivers = std::make_shared<trusted_actors>();
+  drivers->assign({head->address()});
+  auto policy = local_or_nodes_of(rank_sys.node(), drivers);
+  std::vector<std::string> lines;
+  std::mutex lines_mutex;
+  trainer_config c;
+  c.source = small_source(small_model(2));
+  c.step_time = 60s; // one step at start; none during the test
+  c.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(lines_mutex);
+    lines.push_back(line);
+  };
+  c.authorize = policy;
+  c.placements_from = policy;
+  c.engines = std::make_shared<engine_nodes>();
+  c.ucx_tickets = std::make_shared<ucx_ticket_office>();
+  c.ucx_tickets->open([](const std::string& engine, int) {
+    return ucx_ticket{{1, 2, 3}, std::vector<std::uint8_t>(engine.begin(), engine.end())};
+  });
+  auto trainer = spawn_trainer(rank_sys, c);
+  // Published only to hand the others its handle; a member publishes nothing
+  // and others reach its actors through the head.
+  auto port = rank_sys.middleman().publish(trainer, 0, "127.0.0.1", true);
+  REQUIRE(port);
+  auto at_head = head_sys.middleman().remote_actor<trainer_actor>("127.0.0.1", *port);
+  auto at_peer = peer_sys.middleman().remote_actor<trainer_actor>("127.0.0.1", *port);
+  REQUIRE(at_head);
+  REQUIRE(at_peer);
+  auto ticket = [&](const std::string& engine) {
+    return ask<ucx_ticket>(peer, *at_peer, ucx_ticket_atom::value, engine, std::int32_t{0});
+  };
+  // The head's answer to a request comes after its earlier one-way messages are handled.
+  auto place = [&](std::vector<engine_placement> p) {
+    head->send(*at_head, register_atom::value, std::move(p));
+    REQUIRE_FALSE(ask<version_info>(head, *at_head, version_atom::value));
+  };
+  const auto peer_node = to_string(peer_sys.node());
+  // No engine runs on the peer's node: it gets nothing at all.
+  CHECK(is(ask<std::vector<tensor_meta>>(peer, *at_peer, meta_atom::value), errc::unauthenticated));
+  CHECK(is(ticket("rollout-a"), errc::unauthenticated));
+  CHECK(is(ask<version_info>(peer, *at_peer, freeze_atom::value), errc::unauthenticated));
+  // Nor can it say where engines run: only the head can.
+  peer->send(*at_peer, register_atom::value, std::vector<engine_placement>{{"rollout-a", peer_node}});
+  CHECK(is(ask<std::vector<tensor_meta>>(peer, *at_peer, meta_atom::value), errc::unauthenticated));
+  CHECK(is(ticket("rollout-a"), errc::unauthenticated));
+  // The head places rollout-a on the peer's node, rollout-b elsewhere.
+  place({{"rollout-a", peer_node}, {"rollout-b", to_string(head_sys.node())}});
+  CHECK_FALSE(ask<std::vector<tensor_meta>>(peer, *at_peer, meta_atom::value));
+  CHECK_FALSE(ticket("rollout-a"));
+  CHECK(is(ticket("rollout-b"), errc::unauthenticated)); // another engine's worker: not this node's to pull as
+  CHECK(is(ticket("rollout-c"), errc::unauthenticated)); // not registered at all
+  CHECK(is(ask<version_info>(peer, *at_peer, freeze_atom::value), errc::unauthenticated)); // an engine node does not drive ranks
+  CHECK_FALSE(ask<version_info>(head, *at_head, freeze_atom::value));                        // the head does
+  // rollout-a left: its node gets no more tickets.
+  place({{"rollout-b", to_string(head_sys.node())}});
+  CHECK(is(ticket("rollout-a"), errc::unauthenticated));
+  {
+    std::lock_guard<std::mutex> lock(lines_mutex);
+    CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+      return l.find("refused 'ucxticket'") != std::string::npos
+             && l.find("engine 'rollout-b' is not registered from that node") != std::string::npos;
+    }));
+  }
+  rank_sys.middleman().close(*port);
+  caf::anon_send_exit(trainer, caf::exit_reason::user_shutdown);
 }
 
 } // namespace

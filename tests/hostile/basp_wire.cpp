@@ -63,6 +63,21 @@ bytes direct_request(caf::actor_system& sys, caf::actor_id source, caf::actor_id
   return encode_frame(sys, hdr, payload);
 }
 
+bytes routed_request(caf::actor_system& sys, const caf::node_id& source_node, const caf::node_id& dest_node,
+                     caf::actor_id source, caf::actor_id dest, std::uint64_t request, const caf::message& content) {
+  if (request == 0 || request > caf::message_id::request_id_mask)
+    throw std::out_of_range("request id " + std::to_string(request) + " outside 1 .. 2^60-1");
+  bytes payload;
+  caf::binary_serializer sink{sys, payload};
+  std::vector<caf::strong_actor_ptr> stages;
+  auto src = source_node;
+  auto dst = dest_node;
+  auto msg = content;
+  check(sink(src, dst, stages, msg), sys, "serializing a routed message");
+  header hdr{message_type::routed_message, 0, 0, caf::make_message_id(request).integer_value(), source, dest};
+  return encode_frame(sys, hdr, payload);
+}
+
 std::optional<frame> frame_reader::next(caf::actor_system& sys) {
   if (broken() || buffer_.size() < caf::io::basp::header_size)
     return std::nullopt;
@@ -100,7 +115,7 @@ std::optional<server_hello> read_server_hello(caf::actor_system& sys, const fram
 }
 
 std::optional<reply> read_reply(caf::actor_system& sys, const frame& f) {
-  if (f.hdr.operation != message_type::direct_message)
+  if (f.hdr.operation != message_type::direct_message && f.hdr.operation != message_type::routed_message)
     return std::nullopt;
   caf::message_id mid{f.hdr.operation_data};
   if (!mid.is_response())
@@ -110,6 +125,13 @@ std::optional<reply> read_reply(caf::actor_system& sys, const frame& f) {
   std::vector<caf::strong_actor_ptr> stages;
   caf::message msg;
   caf::binary_deserializer source{sys, f.payload};
+  caf::node_id from, to; // a routed reply names its nodes first
+  if (f.hdr.operation == message_type::routed_message)
+    if (auto err = source(from, to)) {
+      r.kind = reply_kind::undecodable;
+      r.text = "a routed reply without its nodes (" + sys.render(err) + ")";
+      return r;
+    }
   if (auto err = source(stages, msg)) {
     r.kind = reply_kind::undecodable;
     r.text = std::to_string(f.payload.size()) + " bytes (" + sys.render(err) + ")";

