@@ -74,6 +74,13 @@ model_config model_of_size(std::uint64_t bytes) {
   return c;
 }
 
+model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks) {
+  auto c = model_of_size(bytes);
+  for (int n : ranks)
+    c.num_hidden_layers = std::max<std::int64_t>(c.num_hidden_layers, std::min(n, max_bench_ranks));
+  return c;
+}
+
 model_config tiny_model() {
   model_config c;
   c.vocab_size = 320;
@@ -743,9 +750,14 @@ rank_kill_result run_rank_kill(bench_session& s, topology t, const model_config&
     return k;
   }
   k.restart_ms = std::chrono::duration<double, std::milli>(clock_type::now() - restart).count();
+  // Then the ranks step together, as a job's ranks do once one is back
+  // (the restarted rank, made on the same source, is a version ahead of the
+  // others after it catches up): the next round syncs a version they all hold.
   const auto give_up = restart + d.round_time() * 3;
   while (clock_type::now() < give_up) {
     ++k.rounds_to_complete;
+    if (k.error = d.step_all(); !k.error.empty())
+      return k;
     auto rep = d.sync(k.error);
     if (!rep)
       return k;
@@ -754,8 +766,6 @@ rank_kill_result run_rank_kill(bench_session& s, topology t, const model_config&
       k.first_complete = *rep;
       break;
     }
-    if (k.error = d.step_all(); !k.error.empty()) // a fresh version for the next try
-      return k;
   }
   if (k.restart_to_complete_ms < 0)
     k.error = d.failure("no round completed after the rank returned");
@@ -841,9 +851,9 @@ std::string bench_sync_problem(const topology& t, const std::string& path, const
   if (t.router.node != head)
     return path + ": the router must run on the coordinator's node (" + head + ") for the benchmark";
   for (int n : ranks)
-    if (n < 1 || n > model.num_hidden_layers)
-      return "--ranks " + std::to_string(n) + ": between 1 and the model's " + std::to_string(model.num_hidden_layers)
-             + " layers (each rank holds at least one)";
+    if (n < 1 || n > max_bench_ranks || n > model.num_hidden_layers)
+      return "--ranks " + std::to_string(n) + ": between 1 and " + std::to_string(max_bench_ranks) + " and at most the model's "
+             + std::to_string(model.num_hidden_layers) + " layers (each rank holds at least one)";
   auto local = local_nodes(t);
   for (const auto& n : t.nodes)
     if (std::none_of(local.begin(), local.end(), [&](const node_spec* l) { return l->name == n.name; }))
@@ -875,7 +885,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.cores = std::thread::hardware_concurrency();
   r.model_bytes = o.model_bytes;
   r.ucx_tls = ucx_tls(t.transfer.ucx_transports);
-  auto model = model_of_size(o.model_bytes);
+  auto model = bench_model(o.model_bytes, o.ranks);
 
   bench_session s(t, o.exe, o.verbose, o.note);
   s.note("measuring the speed of light...");
@@ -902,7 +912,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
       if (ranks > 1)
         name += "/" + std::to_string(ranks) + "r";
       s.note("bench " + name + ": " + std::to_string(t.engines.size()) + " engines, " + std::to_string(ranks)
-             + " trainer rank(s), model " + format("%.0f", o.model_bytes / 1e6) + " MB, " + std::to_string(o.syncs)
+             + " trainer rank(s), model " + format("%.0f", bf16_model_bytes(model) / 1e6) + " MB, " + std::to_string(o.syncs)
              + " syncs...");
       r.cases.push_back(run_case(s, t, name, model, mode, o.syncs, false, ranks));
     }

@@ -44,6 +44,14 @@ std::uint64_t bf16_model_bytes(const model_config& c);
 /// layers as fit.
 model_config model_of_size(std::uint64_t bytes);
 
+/// The bench's model: model_of_size(bytes), with at least as many layers
+/// as the largest of `ranks` (each rank holds at least one layer).
+model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks);
+
+/// The most trainer ranks one bench case deploys (each is a producer with
+/// its own threads, all on the coordinator's node).
+inline constexpr int max_bench_ranks = 16;
+
 /// The smallest model the engines accept at tp up to 8 (a few hundred kB).
 model_config tiny_model();
 
@@ -258,7 +266,7 @@ struct bench_sync_options {
 /// Why `t` cannot be benched (it must run as one process per node, every
 /// node must be on this machine, every engine's tp must fit `model`, the
 /// router must run on the coordinator's node, each of `ranks` must be
-/// between 1 and `model`'s layers), naming `path`; empty when it can. The
+/// between 1 and max_bench_ranks and `model`'s layers), naming `path`; empty when it can. The
 /// bench places the trainer ranks on the coordinator's node itself (it
 /// steps them), whatever nodes the topology gives them.
 std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model,
