@@ -24,7 +24,11 @@ const char* sync_description =
   "(default 256MiB; suffixes KiB MiB GiB), and for each mode runs the cold sync, then K warm\n"
   "syncs (default 5): stall, transfer, effective GB/s against the speed of light measured in\n"
   "this run, and control-plane overhead. Then K rounds of a near-empty model (the control plane\n"
-  "alone). Prints a table; --json FILE writes every figure.\n";
+  "alone). Prints a table; --json FILE writes every figure.\n"
+  "--ranks 1,2 runs each mode with one trainer rank and with two, each holding its share of\n"
+  "the layers (every rank on the coordinator's node), and reports per rank how often each\n"
+  "(plan, group) was packed per version; with a count above 1 a trainer rank is then killed\n"
+  "mid-transfer and restarted (the abort, the dirty engines, the first complete round).\n";
 
 const char* control_description =
   "Starts N engine processes (default 8, one engine each, tp 1) on loopback around a head in\n"
@@ -61,6 +65,19 @@ std::vector<transfer_mode> parse_modes(const std::string& text) {
   return modes;
 }
 
+std::vector<int> parse_rank_counts(const std::string& text) {
+  std::vector<int> counts;
+  std::stringstream ss(text);
+  for (std::string n; std::getline(ss, n, ',');) {
+    if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos || std::stoi(n) < 1)
+      throw cli::usage_error("--ranks: a list of rank counts like 1,2, got '" + text + "'");
+    counts.push_back(std::stoi(n));
+  }
+  if (counts.empty())
+    throw cli::usage_error("--ranks: a list of rank counts like 1,2, got '" + text + "'");
+  return counts;
+}
+
 } // namespace
 
 int bench_sync(const arg_list& argv) {
@@ -77,6 +94,11 @@ int bench_sync(const arg_list& argv) {
     ->type_name("N");
   cli::add_size(app, "--syncs", syncs, "warm syncs per mode (1..1000)")->type_name("K");
   app.add_option("--modes", modes, "sharded, broadcast or both")->capture_default_str();
+  std::optional<std::string> ranks;
+  app.add_option_function<std::string>(
+       "--ranks", [&](const std::string& r) { ranks = r; },
+       "trainer rank counts, e.g. 1,2 (default: 1, and the topology's count when it has several)")
+    ->type_name("N,M");
   app.add_option_function<std::string>(
        "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
     ->type_name("FILE");
@@ -95,10 +117,14 @@ int bench_sync(const arg_list& argv) {
   o.verbose = verbose->count() > 0;
   o.exe = self_executable();
   o.note = note;
+  std::optional<std::vector<int>> rank_counts;
+  if (ranks)
+    rank_counts = parse_rank_counts(*ranks);
   auto loaded = load_topology_or_report(o.path);
   if (!loaded)
     return 1;
-  if (auto problem = bench_sync_problem(*loaded, o.path, model_of_size(o.model_bytes)); !problem.empty()) {
+  o.ranks = rank_counts ? *rank_counts : default_rank_counts(*loaded);
+  if (auto problem = bench_sync_problem(*loaded, o.path, bench_model(o.model_bytes, o.ranks), o.ranks); !problem.empty()) {
     std::cerr << "rlsync bench sync: " << problem << "\n";
     return 1;
   }

@@ -95,6 +95,13 @@ public:
   /// The first rank's UCX producer; nullptr unless transfer.backend is ucx
   /// and a rank runs here.
   const transfer::ucx_producer* producer() const { return producers_.empty() ? nullptr : producers_.front().get(); }
+  /// Each hosted rank's UCX producer, in ranks() order; empty unless
+  /// transfer.backend is ucx.
+  const std::vector<std::unique_ptr<transfer::ucx_producer>>& rank_producers() const { return producers_; }
+  /// Kills hosted rank `hosted` (when alive) and starts it again on the same
+  /// source and producer as the next incarnation (local_deployment::
+  /// restart_trainer): the coordinator's refusal, or empty. Blocking.
+  std::string restart_rank(const topology& t, std::size_t hosted) { return actors_.restart_trainer(sys_, t, hosted); }
   std::uint16_t port() const { return port_; }
   /// Drills: the first rank's UCX producer alters the bytes of the next group 0 a worker
   /// of `engine` (empty: any engine) receives, once, after computing their

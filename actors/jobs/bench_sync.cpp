@@ -22,6 +22,7 @@
 #include <fstream>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -73,6 +74,13 @@ model_config model_of_size(std::uint64_t bytes) {
   return c;
 }
 
+model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks) {
+  auto c = model_of_size(bytes);
+  for (int n : ranks)
+    c.num_hidden_layers = std::max<std::int64_t>(c.num_hidden_layers, std::min(n, max_bench_ranks));
+  return c;
+}
+
 model_config tiny_model() {
   model_config c;
   c.vocab_size = 320;
@@ -109,6 +117,60 @@ light_budget light_of(const topology& t, const model_config& model, transfer_mod
   return b;
 }
 
+// -- trainer ranks -------------------------------------------------------------------
+
+std::vector<trainer_rank> split_layers(const std::string& node, std::int64_t layers, int ranks) {
+  if (ranks < 1 || layers < ranks)
+    return {};
+  std::vector<trainer_rank> out;
+  const std::int64_t share = layers / ranks, extra = layers % ranks;
+  std::int64_t next = 0;
+  for (int r = 0; r < ranks; ++r) {
+    trainer_rank rank{node, {}};
+    for (std::int64_t n = share + (r < extra ? 1 : 0); n > 0; --n)
+      rank.layers.push_back(next++);
+    out.push_back(std::move(rank));
+  }
+  return out;
+}
+
+std::size_t distinct_plans(const topology& t, transfer_mode mode, bool in_process) {
+  std::set<std::pair<std::int64_t, int>> plans;
+  for (const auto& e : t.engines) {
+    if ((e.node == t.coordinator.node) != in_process)
+      continue;
+    if (mode == transfer_mode::broadcast)
+      return 1;
+    for (int w = 0; w < e.tp; ++w)
+      plans.insert({e.tp, w});
+  }
+  return plans.size();
+}
+
+namespace {
+
+/// `packs` over what packing each (plan, group) once per version would take.
+double packs_per_plan_group(std::uint64_t packs, const rank_packs& p, std::size_t plans) {
+  const double once = static_cast<double>(p.versions) * static_cast<double>(plans) * static_cast<double>(p.groups);
+  return once > 0 ? packs / once : 0;
+}
+
+} // namespace
+
+double local_packs_per_plan_group(const rank_packs& p) {
+  return packs_per_plan_group(p.local_packs, p, p.local_plans);
+}
+
+double ucx_packs_per_plan_group(const rank_packs& p) {
+  return packs_per_plan_group(p.ucx_packs, p, p.ucx_plans);
+}
+
+bool packed_at_most_once(const rank_packs& p) {
+  // Bounded: at most 1000 warm rounds, a few hundred plans and groups.
+  const std::uint64_t per_plan = p.versions * p.groups;
+  return p.local_packs <= per_plan * p.local_plans && p.ucx_packs <= per_plan * p.ucx_plans;
+}
+
 // -- one case's figures -----------------------------------------------------------
 
 case_medians medians_of(const case_result& c) {
@@ -141,6 +203,11 @@ mode_ratios compare_modes(const case_result& broadcast, const case_result& shard
   auto b = medians_of(broadcast), s = medians_of(sharded);
   return {double(broadcast.bytes_per_sync) / std::max<std::uint64_t>(1, sharded.bytes_per_sync),
           b.transfer_ms / std::max(1e-9, s.transfer_ms), b.stall_ms / std::max(1e-9, s.stall_ms)};
+}
+
+rank_ratios compare_ranks(const case_result& ranks, const case_result& one) {
+  auto r = medians_of(ranks), o = medians_of(one);
+  return {r.transfer_ms / std::max(1e-9, o.transfer_ms), r.stall_ms / std::max(1e-9, o.stall_ms)};
 }
 
 double control_overhead(const case_result& c) {
@@ -185,6 +252,17 @@ nlohmann::ordered_json case_json(const case_result& c) {
   auto probes = nlohmann::ordered_json::array();
   for (double p : c.probe_ms)
     probes.push_back(rounded(p, 3));
+  auto packs = nlohmann::ordered_json::array();
+  for (const auto& p : c.packs)
+    packs.push_back({{"rank", p.rank},
+                     {"groups", p.groups},
+                     {"versions", p.versions},
+                     {"local_plans", p.local_plans},
+                     {"local_packs", p.local_packs},
+                     {"local_passes", p.local_passes},
+                     {"ucx_plans", p.ucx_plans},
+                     {"ucx_packs", p.ucx_packs},
+                     {"packed_at_most_once", packed_at_most_once(p)}});
   return {{"case", c.name},
           {"model_bytes", c.model_bytes},
           {"bytes_per_sync", c.bytes_per_sync},
@@ -194,6 +272,8 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"probe6_ms", probes},
           {"producer_peak_groups", c.producer_peak_groups},
           {"largest_group_bytes", c.largest_group},
+          {"ranks", c.ranks},
+          {"packs", packs},
           {"error", c.error}};
 }
 
@@ -295,132 +375,423 @@ void bench_session::note(const std::string& line) const {
     note_(line);
 }
 
-case_result run_case(bench_session& s, topology t, const std::string& name, const model_config& model,
-                     transfer_mode mode, int rounds, bool probe) {
-  case_result r;
-  r.name = name;
-  r.mode = mode;
+namespace {
+
+/// `t` as the bench deploys it: `model` from a synthetic source, `ranks`
+/// ranks on the coordinator's node sharing the layers, `mode`, the
+/// session's secret and TLS.
+void bench_layout(const bench_session& s, topology& t, const model_config& model, transfer_mode mode, int ranks) {
   t.model.config = model;
   t.model.checkpoint.clear();
   t.model.weights_dtype = dtype::bf16;
   t.trainer.source = trainer_source::synthetic;
-  t.trainer.ranks = {trainer_rank{t.trainer.node, {}}};
-  for (std::int64_t l = 0; l < model.num_hidden_layers; ++l)
-    t.trainer.ranks.front().layers.push_back(l);
+  t.trainer.node = t.coordinator.node; // this process steps every rank
+  t.trainer.ranks = split_layers(t.coordinator.node, model.num_hidden_layers, ranks);
   t.transfer.mode = mode;
   t.cluster.secret_env = "RLSYNC_BENCH_SECRET";
   t.cluster.secret_file.clear();
   t.cluster.tls = s.tls();
   t.cluster.allow_insecure_network = false;
-  r.model_bytes = bf16_model_bytes(model);
-  // The nodes' copy of the topology: the same model, mode and nodes.
-  const std::string path = s.dir() + "/bench-" + name + ".yaml";
-  {
-    std::ofstream f(path);
-    f << node_yaml(t);
-    if (!f) {
-      r.error = "cannot write " + path;
-      return r;
+}
+
+/// One deployment of a case: the head in this process (every trainer rank
+/// with it), the other nodes as `rlsync node` children, every round's
+/// report kept.
+class bench_deployment {
+public:
+  using phase_hook = std::function<void(std::uint64_t, std::uint64_t, sync_phase, const std::vector<std::string>&)>;
+
+  bench_deployment(bench_session& s, topology t, std::string name) : s_(s), t_(std::move(t)), name_(std::move(name)) {}
+  ~bench_deployment() { stop(); }
+
+  const topology& topo() const { return t_; }
+  head_node& head() { return *head_; }
+
+  /// Writes the nodes' topology, starts the head and the nodes, and waits
+  /// until every engine has registered and synced once: empty, or why not.
+  std::string start() {
+    // The nodes' copy of the topology: the same model, mode and nodes.
+    const std::string path = s_.dir() + "/bench-" + sanitized(name_) + ".yaml";
+    {
+      std::ofstream f(path);
+      f << node_yaml(t_);
+      if (!f)
+        return "cannot write " + path;
     }
-  }
-  // This process drives: no step unless asked, no round unless asked. Phase
-  // deadlines are generous: a large model on a loaded 2-core machine is slow
-  // everywhere, and a bench that evicts measures nothing.
-  t.trainer.step_time = std::chrono::hours(24);
-  t.sync.every_versions = std::int64_t(1) << 40;
-  for (auto* phase : {&t.sync.deadlines.pause, &t.sync.deadlines.start, &t.sync.deadlines.finish})
-    *phase = std::max(*phase, std::chrono::milliseconds(60000));
+    // This process drives: no step unless asked, no round unless asked. Phase
+    // deadlines are generous: a large model on a loaded 2-core machine is slow
+    // everywhere, and a bench that evicts measures nothing.
+    t_.trainer.step_time = std::chrono::hours(24);
+    t_.sync.every_versions = std::int64_t(1) << 40;
+    for (auto* phase : {&t_.sync.deadlines.pause, &t_.sync.deadlines.start, &t_.sync.deadlines.finish})
+      *phase = std::max(*phase, std::chrono::milliseconds(60000));
 
-  const node_spec* head_spec = t.find_node(t.coordinator.node);
-  std::vector<child_spec> children;
-  for (const auto& n : t.nodes)
-    if (n.name != head_spec->name)
-      children.push_back({n.name, {s.exe(), "node", "--topology", path, "--node", n.name}});
-  std::mutex mutex;
-  std::vector<sync_report> reports;
-  std::unique_ptr<head_node> head;
-  auto& sys = s.system();
-  try {
-    head = std::make_unique<head_node>(sys, t, *head_spec, member_secrets(t, head_spec->name, s.secret()),
-                                       head_hooks{[&s](const std::string& l) {
-                                                    if (s.verbose())
-                                                      s.note(l);
-                                                  },
-                                                  {},
-                                                  [&](const sync_report& rep) {
-                                                    std::lock_guard<std::mutex> lock(mutex);
-                                                    reports.push_back(rep);
-                                                  }});
-  } catch (const std::exception& e) {
-    r.error = e.what();
+    const node_spec* head_spec = t_.find_node(t_.coordinator.node);
+    std::vector<child_spec> children;
+    for (const auto& n : t_.nodes)
+      if (n.name != head_spec->name)
+        children.push_back({n.name, {s_.exe(), "node", "--topology", path, "--node", n.name}});
+    auto& s = s_;
+    try {
+      head_ = std::make_unique<head_node>(
+        s_.system(), t_, *head_spec, member_secrets(t_, head_spec->name, s_.secret()),
+        head_hooks{[&s](const std::string& l) {
+                     if (s.verbose())
+                       s.note(l);
+                   },
+                   {},
+                   [this](const sync_report& rep) {
+                     std::lock_guard<std::mutex> lock(mutex_);
+                     reports_.push_back(rep);
+                   },
+                   [this](std::uint64_t round, std::uint64_t version, sync_phase phase,
+                          const std::vector<std::string>& engines) {
+                     phase_hook hook;
+                     {
+                       std::lock_guard<std::mutex> lock(mutex_);
+                       hook = on_phase_;
+                     }
+                     if (hook)
+                       hook(round, version, phase, engines);
+                   }});
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    nodes_ = std::make_unique<node_children>(std::move(children), s_);
+
+    // Cold: every engine registered, then synced once. A round that evicts
+    // somebody (a slow first session start, say) is retried by asking for the
+    // next one: this process asks for every round itself.
+    caf::scoped_actor self{s_.system()};
+    auto cold_deadline = clock_type::now() + t_.cluster.connect_deadline * 2 + round_time();
+    while (head_->members() < t_.engines.size() && clock_type::now() < cold_deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (head_->routable() < t_.engines.size() && clock_type::now() < cold_deadline)
+      self->request(head_->coordinator(), round_time() * 2, sync_atom::value)
+        .receive([](const sync_report&) {}, [](caf::error&) {});
+    if (head_->routable() < t_.engines.size())
+      return failure("only " + std::to_string(head_->routable()) + " of " + std::to_string(t_.engines.size())
+                     + " engines registered and synced in time");
+    return {};
+  }
+
+  std::vector<sync_report> reports() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reports_;
+  }
+
+  void on_phase(phase_hook hook) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    on_phase_ = std::move(hook);
+  }
+
+  std::chrono::milliseconds round_time() const {
+    auto& d = t_.sync.deadlines;
+    return d.pause + d.flush + d.start + d.transfer + d.finish + d.resume;
+  }
+  std::chrono::milliseconds long_wait() const { return t_.cluster.connect_deadline + t_.sync.deadlines.transfer; }
+
+  /// One trainer step on every rank (the version barrier waits for all):
+  /// empty, or why not.
+  std::string step_all() {
+    caf::scoped_actor self{s_.system()};
+    for (const auto& r : head_->ranks()) {
+      std::string error = "no answer";
+      bool stepped = false;
+      self->request(r.trainer.actor, long_wait(), step_atom::value)
+        .receive([&](const version_info&) { stepped = true; }, [&](caf::error& err) { error = s_.system().render(err); });
+      if (!stepped)
+        return failure("trainer rank " + std::to_string(r.rank) + " did not step: " + error);
+    }
+    return {};
+  }
+
+  /// The next round's report; nullopt with `error` set when none came.
+  std::optional<sync_report> sync(std::string& error) {
+    caf::scoped_actor self{s_.system()};
+    std::optional<sync_report> rep;
+    self->request(head_->coordinator(), long_wait() * 2, sync_atom::value)
+      .receive([&](const sync_report& x) { rep = x; }, [&](caf::error& err) { error = s_.system().render(err); });
+    if (!rep)
+      error = failure("sync failed: " + error);
+    return rep;
+  }
+
+  /// `what`, with the nodes' last lines noted (unless they were shown).
+  std::string failure(const std::string& what) const {
+    auto tail = nodes_ ? nodes_->tail() : std::string{};
+    if (!tail.empty() && !s_.verbose())
+      s_.note("bench " + name_ + ": the nodes' last lines:\n" + tail);
+    return what;
+  }
+
+  void stop() {
+    on_phase({});
+    if (head_)
+      head_->stop();
+    if (nodes_)
+      nodes_->stop();
+  }
+
+private:
+  static std::string sanitized(std::string name) {
+    std::replace(name.begin(), name.end(), '/', '-');
+    return name;
+  }
+
+  bench_session& s_;
+  topology t_;
+  std::string name_;
+  std::mutex mutex_;
+  std::vector<sync_report> reports_;
+  phase_hook on_phase_;
+  std::unique_ptr<head_node> head_;
+  std::unique_ptr<node_children> nodes_;
+};
+
+/// Each hosted rank's packing counters now, in ranks() order.
+std::vector<rank_packs> packs_now(head_node& head, const topology& t) {
+  std::vector<rank_packs> out;
+  const auto& producers = head.rank_producers();
+  for (std::size_t i = 0; i < head.ranks().size(); ++i) {
+    const auto& r = head.ranks()[i];
+    rank_packs p;
+    p.rank = r.rank;
+    if (auto snapshot = r.trainer.source->latest())
+      p.groups = snapshot->groups().size();
+    p.local_plans = distinct_plans(t, t.transfer.mode, true);
+    p.ucx_plans = distinct_plans(t, t.transfer.mode, false);
+    if (r.trainer.transfer) {
+      auto st = r.trainer.transfer->stats();
+      p.local_packs = st.packs;
+      p.local_passes = st.passes;
+    }
+    if (i < producers.size() && producers[i]) {
+      p.ucx = true;
+      p.ucx_packs = producers[i]->stats().packs;
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+} // namespace
+
+case_result run_case(bench_session& s, topology t, const std::string& name, const model_config& model,
+                     transfer_mode mode, int rounds, bool probe, int ranks) {
+  case_result r;
+  r.name = name;
+  r.mode = mode;
+  r.ranks = ranks;
+  r.model_bytes = bf16_model_bytes(model);
+  bench_layout(s, t, model, mode, ranks);
+  if (t.trainer.ranks.empty()) {
+    r.error = std::to_string(ranks) + " ranks cannot share " + std::to_string(model.num_hidden_layers) + " layers";
     return r;
   }
-  node_children nodes(std::move(children), s);
-  auto fail = [&](const std::string& what) {
-    r.error = what;
-    auto tail = nodes.tail();
-    if (!tail.empty() && !s.verbose())
-      s.note("bench " + name + ": the nodes' last lines:\n" + tail);
+  bench_deployment d(s, t, name);
+  if (r.error = d.start(); !r.error.empty())
     return r;
-  };
-
-  // Cold: every engine registered, then synced once. A round that evicts
-  // somebody (a slow first session start, say) is retried by asking for the
-  // next one: this process asks for every round itself.
-  caf::scoped_actor self{sys};
-  auto& d = t.sync.deadlines;
-  auto round_time = d.pause + d.flush + d.start + d.transfer + d.finish + d.resume;
-  auto cold_deadline = clock_type::now() + t.cluster.connect_deadline * 2 + round_time;
-  while (head->members() < t.engines.size() && clock_type::now() < cold_deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  while (head->routable() < t.engines.size() && clock_type::now() < cold_deadline)
-    self->request(head->coordinator(), round_time * 2, sync_atom::value)
-      .receive([](const sync_report&) {}, [](caf::error&) {});
-  if (head->routable() < t.engines.size())
-    return fail("only " + std::to_string(head->routable()) + " of " + std::to_string(t.engines.size())
-                + " engines registered and synced in time");
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (auto& rep : reports)
-      if (rep.engines_synced > 0)
-        r.cold.push_back(rep);
-  }
+  for (auto& rep : d.reports())
+    if (rep.engines_synced > 0)
+      r.cold.push_back(rep);
   auto light = light_of(t, model, mode, s.memcpy_gbps, s.ucx_gbps);
   r.bytes_per_sync = light.bytes;
   r.light_ms = light.light_ms;
 
-  auto long_wait = t.cluster.connect_deadline + d.transfer;
+  auto& sys = s.system();
+  caf::scoped_actor self{sys};
+  const auto before = packs_now(d.head(), d.topo());
   for (int k = 0; k < rounds; ++k) {
     if (probe) {
       std::uint64_t ns = 0;
-      self->request(head->coordinator(), long_wait, probe_atom::value, std::uint32_t{6})
+      self->request(d.head().coordinator(), d.long_wait(), probe_atom::value, std::uint32_t{6})
         .receive([&](std::uint64_t x) { ns = x; }, [&](caf::error& err) { r.error = sys.render(err); });
       r.probe_ms.push_back(ns / 1e6);
     }
-    bool stepped = false;
-    self->request(head->trainer(), long_wait, step_atom::value)
-      .receive([&](const version_info&) { stepped = true; }, [&](caf::error& err) { r.error = sys.render(err); });
-    if (!stepped)
-      return fail("the trainer did not step: " + r.error);
-    std::optional<sync_report> rep;
-    self->request(head->coordinator(), long_wait * 2, sync_atom::value)
-      .receive([&](const sync_report& x) { rep = x; }, [&](caf::error& err) { r.error = sys.render(err); });
+    if (r.error = d.step_all(); !r.error.empty())
+      return r;
+    auto rep = d.sync(r.error);
     if (!rep)
-      return fail("sync failed: " + r.error);
-    if (!rep->evicted.empty())
-      return fail("sync " + std::to_string(k + 1) + " evicted " + rep->evicted.front());
+      return r;
+    if (!rep->evicted.empty()) {
+      r.error = d.failure("sync " + std::to_string(k + 1) + " evicted " + rep->evicted.front());
+      return r;
+    }
     r.warm.push_back(*rep);
   }
-  if (auto* p = head->producer())
-    r.producer_peak_groups = p->stats().peak_packed;
-  if (auto lt = head->local_transfer())
-    r.local_peak_bytes = lt->stats().peak_buffers;
-  if (auto snapshot = head->source()->latest())
-    for (auto g : snapshot->groups())
-      r.largest_group = std::max(r.largest_group, snapshot->group_bytes(g));
-  head->stop();
-  nodes.stop();
+  r.packs = packs_now(d.head(), d.topo());
+  for (std::size_t i = 0; i < r.packs.size() && i < before.size(); ++i) {
+    r.packs[i].versions = static_cast<std::uint64_t>(rounds);
+    r.packs[i].local_packs -= before[i].local_packs;
+    r.packs[i].local_passes -= before[i].local_passes;
+    r.packs[i].ucx_packs -= before[i].ucx_packs;
+  }
+  for (const auto& p : d.head().rank_producers())
+    r.producer_peak_groups = std::max(r.producer_peak_groups, p->stats().peak_packed);
+  for (const auto& rank : d.head().ranks()) {
+    if (rank.trainer.transfer)
+      r.local_peak_bytes = std::max<std::uint64_t>(r.local_peak_bytes, rank.trainer.transfer->stats().peak_buffers);
+    if (auto snapshot = rank.trainer.source->latest())
+      for (auto g : snapshot->groups())
+        r.largest_group = std::max(r.largest_group, snapshot->group_bytes(g));
+  }
+  d.stop();
   return r;
+}
+
+bool rank_kill_result::held() const {
+  return error.empty() && aborted && kill_to_abort_ms >= 0 && kill_to_abort_ms <= transfer_deadline_ms
+         && dirty_routable == 0 && dirty_tokens == 0 && restart_to_complete_ms >= 0;
+}
+
+rank_kill_result run_rank_kill(bench_session& s, topology t, const model_config& model, int ranks) {
+  rank_kill_result k;
+  k.ranks = ranks;
+  bench_layout(s, t, model, transfer_mode::sharded, ranks);
+  k.transfer_deadline_ms = static_cast<double>(t.sync.deadlines.transfer.count());
+  if (ranks < 2 || t.trainer.ranks.empty()) {
+    k.error = "the rank-kill case needs at least two ranks sharing " + std::to_string(model.num_hidden_layers)
+              + " layers";
+    return k;
+  }
+  bench_deployment d(s, t, "rank-kill");
+  if (k.error = d.start(); !k.error.empty())
+    return k;
+  auto& head = d.head();
+  auto& sys = s.system();
+  // A warm round first: every engine current and clean before the kill.
+  if (k.error = d.step_all(); !k.error.empty())
+    return k;
+  auto warm = d.sync(k.error);
+  if (!warm)
+    return k;
+  if (warm->aborted || !warm->evicted.empty()) {
+    k.error = d.failure("the warm round before the kill did not complete");
+    return k;
+  }
+
+  const std::size_t victim = head.ranks().size() - 1;
+  const hosted_rank& rank = head.ranks()[victim];
+  k.killed_rank = rank.rank;
+  if (k.error = d.step_all(); !k.error.empty())
+    return k;
+  // The victim withholds its first group of this version: the transfer
+  // cannot end before the kill, however small and fast the model.
+  std::uint64_t version = 0;
+  std::uint32_t withheld = 0;
+  if (auto snapshot = rank.trainer.source->latest()) {
+    version = snapshot->version();
+    if (!snapshot->groups().empty())
+      withheld = snapshot->groups().front();
+  }
+  if (rank.trainer.transfer)
+    rank.trainer.transfer->withhold(withheld, version);
+  if (victim < head.rank_producers().size())
+    head.rank_producers()[victim]->withhold(withheld, version);
+  std::mutex kill_mutex;
+  std::optional<clock_type::time_point> killed_at;
+  auto victim_actor = caf::actor_cast<caf::actor>(rank.trainer.actor);
+  d.on_phase([&](std::uint64_t, std::uint64_t, sync_phase phase, const std::vector<std::string>&) {
+    if (phase != sync_phase::transfer)
+      return;
+    std::lock_guard<std::mutex> lock(kill_mutex);
+    if (killed_at)
+      return;
+    killed_at = clock_type::now();
+    caf::anon_send_exit(victim_actor, caf::exit_reason::kill); // as SIGKILL: no goodbye
+  });
+  auto lost = d.sync(k.error);
+  const auto ended = clock_type::now();
+  d.on_phase({});
+  if (rank.trainer.transfer)
+    rank.trainer.transfer->clear_faults();
+  if (victim < head.rank_producers().size())
+    head.rank_producers()[victim]->clear_faults();
+  if (!lost)
+    return k;
+  {
+    std::lock_guard<std::mutex> lock(kill_mutex);
+    if (!killed_at) {
+      k.error = "the round reached no transfer phase: the rank was not killed";
+      return k;
+    }
+    k.kill_to_abort_ms = std::chrono::duration<double, std::milli>(ended - *killed_at).count();
+  }
+  k.aborted = lost->aborted;
+  if (!k.aborted)
+    k.kill_to_abort_ms = -1;
+
+  // No dirty engine serves: the coordinator routes none, and none of the
+  // engines here produced a token while dirty.
+  caf::scoped_actor self{sys};
+  self->request(head.coordinator(), d.long_wait(), status_atom::value)
+    .receive(
+      [&](const coordinator_status& st) {
+        for (const auto& m : st.members)
+          if (m.dirty) {
+            ++k.dirty_after_abort;
+            if (std::find(st.routable.begin(), st.routable.end(), m.name) != st.routable.end())
+              ++k.dirty_routable;
+          }
+      },
+      [&](caf::error& err) { k.error = "coordinator status: " + sys.render(err); });
+  for (const auto& e : head.local_engines())
+    self->request(e, d.long_wait(), status_atom::value)
+      .receive([&](const engine_status& st) { k.dirty_tokens += st.dirty_tokens; },
+               [&](caf::error& err) { k.error = "engine status: " + sys.render(err); });
+  if (!k.error.empty())
+    return k;
+
+  // The rank returns; the coordinator retries the lost version with it.
+  const auto restart = clock_type::now();
+  if (auto refused = head.restart_rank(d.topo(), victim); !refused.empty()) {
+    k.error = "the restarted rank was refused: " + refused;
+    return k;
+  }
+  k.restart_ms = std::chrono::duration<double, std::milli>(clock_type::now() - restart).count();
+  // Then the ranks step together, as a job's ranks do once one is back
+  // (the restarted rank, made on the same source, is a version ahead of the
+  // others after it catches up): the next round syncs a version they all hold.
+  const auto give_up = restart + d.round_time() * 3;
+  while (clock_type::now() < give_up) {
+    ++k.rounds_to_complete;
+    if (k.error = d.step_all(); !k.error.empty())
+      return k;
+    auto rep = d.sync(k.error);
+    if (!rep)
+      return k;
+    if (!rep->aborted && rep->evicted.empty() && rep->engines_synced > 0) {
+      k.restart_to_complete_ms = std::chrono::duration<double, std::milli>(clock_type::now() - restart).count();
+      k.first_complete = *rep;
+      break;
+    }
+  }
+  if (k.restart_to_complete_ms < 0)
+    k.error = d.failure("no round completed after the rank returned");
+  d.stop();
+  return k;
+}
+
+std::vector<std::string> rank_kill_lines(const rank_kill_result& k) {
+  std::vector<std::string> out;
+  if (!k.error.empty()) {
+    out.push_back(format("rank kill (%d ranks): failed: %s", k.ranks, k.error.c_str()));
+    return out;
+  }
+  out.push_back(format("rank kill (%d ranks, rank %u killed as the transfer phase began): ", k.ranks, k.killed_rank)
+                + (k.aborted ? format("round aborted %.1f ms after the kill (transfer deadline %.0f ms: %s)",
+                                      k.kill_to_abort_ms, k.transfer_deadline_ms,
+                                      k.kill_to_abort_ms <= k.transfer_deadline_ms ? "within" : "PAST IT")
+                             : std::string("the round was NOT aborted")));
+  out.push_back(format("rank kill: %zu engine(s) left dirty, %zu of them routed, %llu token(s) served dirty (%s)",
+                       k.dirty_after_abort, k.dirty_routable, static_cast<unsigned long long>(k.dirty_tokens),
+                       k.dirty_routable == 0 && k.dirty_tokens == 0 ? "no dirty engine served" : "A DIRTY ENGINE SERVED"));
+  out.push_back(format("rank kill: restart %.1f ms; first complete round %.1f ms after the restart (round %d after it, "
+                       "%u engines, transfer %.2f ms, stall %.2f ms)",
+                       k.restart_ms, k.restart_to_complete_ms, k.rounds_to_complete, k.first_complete.engines_synced,
+                       ms(k.first_complete.transfer_ns), ms(k.first_complete.stall_ns)));
+  return out;
 }
 
 std::string node_yaml(const topology& t) {
@@ -442,7 +813,19 @@ std::string node_yaml(const topology& t) {
     << ", heartbeat_interval_ms: " << t.cluster.heartbeat_interval.count()
     << ", heartbeat_timeout_ms: " << t.cluster.heartbeat_timeout.count()
     << ", connect_deadline_ms: " << t.cluster.connect_deadline.count() << "}\n";
-  y << "trainer: {node: " << t.trainer.node << "}\nengines:\n";
+  y << "trainer: {node: " << t.trainer.node;
+  if (t.trainer.ranks.size() > 1) { // one rank holding every layer is the default
+    y << ", ranks: [";
+    for (std::size_t i = 0; i < t.trainer.ranks.size(); ++i) {
+      const auto& rank = t.trainer.ranks[i];
+      y << (i ? ", " : "") << "{node: " << rank.node << ", layers: [";
+      for (std::size_t l = 0; l < rank.layers.size(); ++l)
+        y << (l ? ", " : "") << rank.layers[l];
+      y << "]}";
+    }
+    y << "]";
+  }
+  y << "}\nengines:\n";
   for (const auto& e : t.engines)
     y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp << ", max_batch: " << e.max_batch
       << ", queue_limit: " << e.queue_limit << "}\n";
@@ -458,14 +841,19 @@ std::string node_yaml(const topology& t) {
 
 // -- bench sync -------------------------------------------------------------------
 
-std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model) {
+std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model,
+                               const std::vector<int>& ranks) {
   if (auto problem = cluster_layout_problem(t); !problem.empty())
     return path + ": " + problem;
-  // The benchmark steps the one trainer on the coordinator's node itself.
+  // The benchmark steps every trainer rank itself, so it places them on the
+  // coordinator's node, with the router it asks for status.
   const std::string& head = t.coordinator.node;
-  if (t.router.node != head || t.trainer.ranks.size() != 1 || t.trainer.ranks[0].node != head)
-    return path + ": the router and the trainer (one rank) must run on the coordinator's node (" + head
-           + ") for the benchmark";
+  if (t.router.node != head)
+    return path + ": the router must run on the coordinator's node (" + head + ") for the benchmark";
+  for (int n : ranks)
+    if (n < 1 || n > max_bench_ranks || n > model.num_hidden_layers)
+      return "--ranks " + std::to_string(n) + ": between 1 and " + std::to_string(max_bench_ranks) + " and at most the model's "
+             + std::to_string(model.num_hidden_layers) + " layers (each rank holds at least one)";
   auto local = local_nodes(t);
   for (const auto& n : t.nodes)
     if (std::none_of(local.begin(), local.end(), [&](const node_spec* l) { return l->name == n.name; }))
@@ -477,8 +865,15 @@ std::string bench_sync_problem(const topology& t, const std::string& path, const
   return {};
 }
 
+std::vector<int> default_rank_counts(const topology& t) {
+  if (t.trainer.ranks.size() > 1)
+    return {1, static_cast<int>(t.trainer.ranks.size())};
+  return {1};
+}
+
 bool bench_sync_result::failed() const {
-  return std::any_of(cases.begin(), cases.end(), [](const case_result& c) { return !c.error.empty(); });
+  return std::any_of(cases.begin(), cases.end(), [](const case_result& c) { return !c.error.empty(); })
+         || (rank_kill && !rank_kill->held());
 }
 
 bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o) {
@@ -490,7 +885,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.cores = std::thread::hardware_concurrency();
   r.model_bytes = o.model_bytes;
   r.ucx_tls = ucx_tls(t.transfer.ucx_transports);
-  auto model = model_of_size(o.model_bytes);
+  auto model = bench_model(o.model_bytes, o.ranks);
 
   bench_session s(t, o.exe, o.verbose, o.note);
   s.note("measuring the speed of light...");
@@ -509,11 +904,21 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   s.ucx_gbps = r.ucx_gbps;
   s.ucx_why = r.ucx_why;
 
-  for (auto mode : o.modes) {
-    std::string name{to_string(mode)};
-    s.note("bench " + name + ": " + std::to_string(t.engines.size()) + " engines, model "
-           + format("%.0f", o.model_bytes / 1e6) + " MB, " + std::to_string(o.syncs) + " syncs...");
-    r.cases.push_back(run_case(s, t, name, model, mode, o.syncs, false));
+  int most_ranks = 1;
+  for (auto mode : o.modes)
+    for (int ranks : o.ranks) {
+      most_ranks = std::max(most_ranks, ranks);
+      std::string name{to_string(mode)};
+      if (ranks > 1)
+        name += "/" + std::to_string(ranks) + "r";
+      s.note("bench " + name + ": " + std::to_string(t.engines.size()) + " engines, " + std::to_string(ranks)
+             + " trainer rank(s), model " + format("%.0f", bf16_model_bytes(model) / 1e6) + " MB, " + std::to_string(o.syncs)
+             + " syncs...");
+      r.cases.push_back(run_case(s, t, name, model, mode, o.syncs, false, ranks));
+    }
+  if (most_ranks > 1) {
+    s.note("bench rank-kill: " + std::to_string(most_ranks) + " ranks, one killed mid-transfer...");
+    r.rank_kill = run_rank_kill(s, t, model, most_ranks);
   }
   s.note("bench control: " + std::to_string(t.engines.size()) + " engines, model "
          + format("%.0f", bf16_model_bytes(tiny_model()) / 1e3) + " kB, " + std::to_string(o.syncs) + " rounds...");
@@ -524,6 +929,28 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.mpi_bcast_s = mpi.value;
   r.mpi_why = mpi.why;
   return r;
+}
+
+std::vector<std::string> packs_lines(const std::vector<case_result>& cases) {
+  std::vector<std::string> out;
+  for (const auto& c : cases) {
+    if (!c.error.empty() || c.name == "control")
+      continue;
+    for (const auto& p : c.packs) {
+      std::string line = format("%s packs, rank %u (%zu groups, %llu versions):", c.name.c_str(), p.rank, p.groups,
+                                static_cast<unsigned long long>(p.versions));
+      if (p.local_plans > 0)
+        line += format(" local %llu packs in %llu passes for %zu plan(s), %.2f per (plan, group) per version;",
+                       static_cast<unsigned long long>(p.local_packs), static_cast<unsigned long long>(p.local_passes),
+                       p.local_plans, local_packs_per_plan_group(p));
+      if (p.ucx && p.ucx_plans > 0)
+        line += format(" UCX %llu packs for %zu plan(s), %.2f per (plan, group) per version;",
+                       static_cast<unsigned long long>(p.ucx_packs), p.ucx_plans, ucx_packs_per_plan_group(p));
+      line += packed_at_most_once(p) ? " each packed at most once per version" : " SOME PACKED TWICE IN A VERSION";
+      out.push_back(line);
+    }
+  }
+  return out;
 }
 
 std::string bench_sync_report(const bench_sync_result& r) {
@@ -553,6 +980,21 @@ std::string bench_sync_report(const bench_sync_result& r) {
     out += format("broadcast / sharded: %.2fx the bytes, %.2fx the transfer time, %.2fx the stall\n", x.bytes,
                   x.transfer, x.stall);
   }
+  for (auto& c : r.cases) {
+    if (!c.error.empty() || c.ranks < 2)
+      continue;
+    for (auto& one : r.cases)
+      if (one.error.empty() && one.ranks == 1 && one.mode == c.mode && one.name != "control") {
+        auto x = compare_ranks(c, one);
+        out += format("%s / %s: %.2fx the transfer time, %.2fx the stall (below 1: the ranks pack in parallel)\n",
+                      c.name.c_str(), one.name.c_str(), x.transfer, x.stall);
+      }
+  }
+  for (const auto& line : packs_lines(r.cases))
+    out += line + "\n";
+  if (r.rank_kill)
+    for (const auto& line : rank_kill_lines(*r.rank_kill))
+      out += line + "\n";
   for (auto& c : r.cases)
     if (c.error.empty() && c.name != "control")
       out += format("%s memory: largest group %.1f MB; UCX producer peak %zu packed groups (<= %.1f MB)\n",
@@ -582,12 +1024,29 @@ nlohmann::ordered_json bench_sync_json(const bench_sync_result& r) {
   auto cases = nlohmann::ordered_json::array();
   for (const auto& c : r.cases)
     cases.push_back(case_json(c));
-  return {{"topology", r.path},
-          {"memcpy_gbps", rounded(r.memcpy_gbps, 2)},
-          {"ucx_gbps", rounded(r.ucx_gbps, 2)},
-          {"cores", r.cores},
-          {"mpi_bcast_median_s", r.mpi_bcast_s},
-          {"cases", cases}};
+  nlohmann::ordered_json out{{"topology", r.path},
+                             {"memcpy_gbps", rounded(r.memcpy_gbps, 2)},
+                             {"ucx_gbps", rounded(r.ucx_gbps, 2)},
+                             {"cores", r.cores},
+                             {"mpi_bcast_median_s", r.mpi_bcast_s},
+                             {"cases", cases}};
+  if (r.rank_kill) {
+    const auto& k = *r.rank_kill;
+    out["rank_kill"] = {{"ranks", k.ranks},
+                        {"killed_rank", k.killed_rank},
+                        {"transfer_deadline_ms", k.transfer_deadline_ms},
+                        {"aborted", k.aborted},
+                        {"kill_to_abort_ms", rounded(k.kill_to_abort_ms, 3)},
+                        {"dirty_after_abort", k.dirty_after_abort},
+                        {"dirty_routable", k.dirty_routable},
+                        {"dirty_tokens", k.dirty_tokens},
+                        {"restart_ms", rounded(k.restart_ms, 3)},
+                        {"restart_to_complete_ms", rounded(k.restart_to_complete_ms, 3)},
+                        {"rounds_to_complete", k.rounds_to_complete},
+                        {"held", k.held()},
+                        {"error", k.error}};
+  }
+  return out;
 }
 
 } // namespace rlsync::jobs

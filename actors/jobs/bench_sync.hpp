@@ -44,6 +44,14 @@ std::uint64_t bf16_model_bytes(const model_config& c);
 /// layers as fit.
 model_config model_of_size(std::uint64_t bytes);
 
+/// The bench's model: model_of_size(bytes), with at least as many layers
+/// as the largest of `ranks` (each rank holds at least one layer).
+model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks);
+
+/// The most trainer ranks one bench case deploys (each is a producer with
+/// its own threads, all on the coordinator's node).
+inline constexpr int max_bench_ranks = 16;
+
 /// The smallest model the engines accept at tp up to 8 (a few hundred kB).
 model_config tiny_model();
 
@@ -62,12 +70,48 @@ struct light_budget {
 light_budget light_of(const topology& t, const model_config& model, transfer_mode mode, double memcpy_gbps,
                       double ucx_gbps);
 
+// -- trainer ranks -------------------------------------------------------------------
+
+/// `ranks` trainer ranks on `node`, each holding a contiguous share of
+/// `layers` (the first ones one layer more when it does not divide): the
+/// pipeline-parallel layout. Empty when ranks < 1 or ranks > layers.
+std::vector<trainer_rank> split_layers(const std::string& node, std::int64_t layers, int ranks);
+
+/// The distinct packings the engines of `t` ask a producer for: a plan per
+/// (tp, worker) sharded, one broadcast. `in_process`: the engines on the
+/// coordinator's node (they pull from the rank's local data plane), else
+/// the others (they pull from its UCX producer).
+std::size_t distinct_plans(const topology& t, transfer_mode mode, bool in_process);
+
+/// One producer's packing over the warm rounds of a case: how often each
+/// (plan, group) it holds was packed per version, however many replicas pulled.
+struct rank_packs {
+  std::uint32_t rank = 0;
+  std::size_t groups = 0;       ///< groups the rank holds
+  std::uint64_t versions = 0;   ///< warm rounds counted
+  std::size_t local_plans = 0;  ///< distinct plans of the in-process engines
+  std::uint64_t local_packs = 0, local_passes = 0; ///< local data plane, over the warm rounds
+  std::size_t ucx_plans = 0;    ///< distinct plans of the other nodes' engines
+  std::uint64_t ucx_packs = 0;  ///< UCX producer, over the warm rounds
+  bool ucx = false;             ///< the rank has a UCX producer
+};
+
+/// Packs per version of each (plan, group), rounded up: 1 when every
+/// (plan, group) was packed once per version; 0 when nothing was packed.
+double local_packs_per_plan_group(const rank_packs& p);
+double ucx_packs_per_plan_group(const rank_packs& p);
+/// Whether no (plan, group) was packed twice for one version: packs never
+/// exceed versions x plans x groups, on either data plane.
+bool packed_at_most_once(const rank_packs& p);
+
 // -- one case's figures -----------------------------------------------------------
 
 /// One deployment's figures.
 struct case_result {
-  std::string name; ///< sharded, broadcast, control
+  std::string name; ///< sharded, broadcast, control; "sharded/2r" with two ranks
   transfer_mode mode = transfer_mode::sharded;
+  int ranks = 1; ///< trainer ranks, each holding its share of the layers
+  std::vector<rank_packs> packs; ///< per rank, over the warm rounds
   std::uint64_t model_bytes = 0;
   std::uint64_t bytes_per_sync = 0; ///< received by every engine together, expected
   double light_ms = 0;              ///< speed-of-light transfer time; -1 not measured
@@ -98,6 +142,13 @@ struct mode_ratios {
   double bytes = 0, transfer = 0, stall = 0;
 };
 mode_ratios compare_modes(const case_result& broadcast, const case_result& sharded);
+
+/// `ranks` against one rank, same mode and model: ratios of median transfer
+/// and stall (below 1: faster with the ranks).
+struct rank_ratios {
+  double transfer = 0, stall = 0;
+};
+rank_ratios compare_ranks(const case_result& ranks, const case_result& one);
 
 /// A control round against six waves of round trips: median stall over
 /// median probe.
@@ -153,10 +204,44 @@ private:
 
 /// Deploys `t` with `model` and `mode` (a synthetic source, this process
 /// driving every step and round), waits for the cold syncs, then runs
-/// `rounds` warm rounds (a trainer step and a sync each), probing six waves
-/// of round trips before each when `probe`. A failure is the result's error.
+/// `rounds` warm rounds (every rank steps, then a sync), probing six waves
+/// of round trips before each when `probe`. `ranks` trainer ranks on the
+/// coordinator's node share the layers (split_layers). A failure is the
+/// result's error.
 case_result run_case(bench_session& s, topology t, const std::string& name, const model_config& model,
-                     transfer_mode mode, int rounds, bool probe);
+                     transfer_mode mode, int rounds, bool probe, int ranks = 1);
+
+/// A trainer rank killed mid-transfer, and brought back.
+struct rank_kill_result {
+  int ranks = 0;
+  std::uint32_t killed_rank = 0;
+  double transfer_deadline_ms = 0;
+  double kill_to_abort_ms = -1;     ///< -1: the round was not aborted
+  bool aborted = false;             ///< the round of the kill ended aborted
+  std::size_t dirty_after_abort = 0;    ///< engines left dirty by the abort
+  std::size_t dirty_routable = 0;       ///< dirty engines the coordinator routes to (must be 0)
+  std::uint64_t dirty_tokens = 0;       ///< tokens served while dirty, in-process engines (must be 0)
+  double restart_ms = 0;                ///< the rank's restart and registration
+  double restart_to_complete_ms = -1;   ///< restart to the end of the first complete round; -1: none
+  int rounds_to_complete = 0;           ///< rounds asked after the restart until one completed
+  sync_report first_complete;           ///< that round
+  std::string error;
+
+  /// Aborted within the transfer deadline, no dirty engine served, and a
+  /// round completed after the restart.
+  bool held() const;
+};
+
+/// Deploys `t` sharded with `ranks` (>= 2) ranks, runs a warm round, then
+/// kills the last rank's trainer actor as the transfer phase is sent (its
+/// producers withhold a group that round, so the kill lands mid-transfer
+/// whatever the model's size), awaits the aborted round, checks that no
+/// dirty engine is routed or served, restarts the rank and runs rounds
+/// until one completes with every engine.
+rank_kill_result run_rank_kill(bench_session& s, topology t, const model_config& model, int ranks);
+
+/// The rank-kill lines of the report.
+std::vector<std::string> rank_kill_lines(const rank_kill_result& k);
 
 /// What an engine node needs of `t` as topology YAML: the (synthetic)
 /// model, the nodes, the cluster's secret, TLS and heartbeats, where the trainer,
@@ -170,15 +255,26 @@ struct bench_sync_options {
   std::uint64_t model_bytes = std::uint64_t(256) << 20;
   int syncs = 5;
   std::vector<transfer_mode> modes{transfer_mode::sharded, transfer_mode::broadcast};
+  /// Trainer rank counts to run each mode with; a count above 1 also runs
+  /// the rank-kill case with the largest.
+  std::vector<int> ranks{1};
   bool verbose = false;
   std::string exe;
   std::function<void(const std::string&)> note;
 };
 
 /// Why `t` cannot be benched (it must run as one process per node, every
-/// node must be on this machine, every engine's tp must fit `model`),
-/// naming `path`; empty when it can.
-std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model);
+/// node must be on this machine, every engine's tp must fit `model`, the
+/// router must run on the coordinator's node, each of `ranks` must be
+/// between 1 and max_bench_ranks and `model`'s layers), naming `path`; empty when it can. The
+/// bench places the trainer ranks on the coordinator's node itself (it
+/// steps them), whatever nodes the topology gives them.
+std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model,
+                               const std::vector<int>& ranks = {1});
+
+/// The rank counts to run when --ranks is not given: 1, and the topology's
+/// count when it declares several ranks.
+std::vector<int> default_rank_counts(const topology& t);
 
 struct bench_sync_result {
   std::string path;
@@ -191,6 +287,7 @@ struct bench_sync_result {
   double ucx_gbps = 0;      ///< 0: not measured (ucx_why)
   std::string ucx_why, ucx_tls;
   std::vector<case_result> cases;
+  std::optional<rank_kill_result> rank_kill; ///< run when some rank count is above 1
   double mpi_bcast_s = 0; ///< 0: not measured (mpi_why)
   std::string mpi_why;
 
@@ -199,6 +296,10 @@ struct bench_sync_result {
 
 /// Runs every mode, then the control case, then the MPI_Bcast baseline.
 bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o);
+
+/// Per case and rank: its packs per (plan, group) per version on each data
+/// plane, and whether any was packed twice for one version.
+std::vector<std::string> packs_lines(const std::vector<case_result>& cases);
 
 /// What `rlsync bench sync` prints: the speeds of light, the table, the
 /// ratios, the memory bound, the control plane and the MPI baseline.

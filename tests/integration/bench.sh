@@ -35,6 +35,27 @@ grep -q "broadcast / sharded: 2.00x the bytes" "$dir/sync.out" || { cat "$dir/sy
 grep -q '"cases": \[' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no JSON cases"; exit 1; }
 ! grep -q '"error": "[^"]' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: a case failed"; exit 1; }
 
+# Two trainer ranks, each holding one of the two layers: the sharded case
+# with two producers, each rank's packs per (plan, group) per version, and
+# a rank killed mid-transfer: the round aborted, no dirty engine served, a
+# round completed after the rank returned (figures are printed, not judged).
+timeout 300 "$rlsync" bench sync --topology "$dir/two.yaml" --model-bytes 8MiB --syncs 1 --modes sharded --ranks 2 \
+  --json "$dir/ranks.json" > "$dir/ranks.out" 2> "$dir/ranks.err" \
+  || { cat "$dir/ranks.err" "$dir/ranks.out"; echo "FAIL: bench sync --ranks 2"; exit 1; }
+grep -Eq "^sharded/2r +[0-9.]+ +[0-9.]+" "$dir/ranks.out" || { cat "$dir/ranks.out"; echo "FAIL: no sharded/2r row"; exit 1; }
+for rank in 0 1; do
+  grep -Eq "^sharded/2r packs, rank $rank \(1 groups, 1 versions\): local [0-9]+ packs .* UCX [0-9]+ packs .*; each packed at most once per version$" "$dir/ranks.out" \
+    || { cat "$dir/ranks.out"; echo "FAIL: rank $rank's packs"; exit 1; }
+done
+grep -Eq "^rank kill \(2 ranks, rank 1 killed as the transfer phase began\): round aborted [0-9.]+ ms after the kill \(transfer deadline [0-9]+ ms: within\)$" "$dir/ranks.out" \
+  || { cat "$dir/ranks.out"; echo "FAIL: the kill's round was not aborted within the deadline"; exit 1; }
+grep -q "no dirty engine served" "$dir/ranks.out" || { cat "$dir/ranks.out"; echo "FAIL: a dirty engine served"; exit 1; }
+grep -Eq "^rank kill: restart [0-9.]+ ms; first complete round [0-9.]+ ms after the restart" "$dir/ranks.out" \
+  || { cat "$dir/ranks.out"; echo "FAIL: no round completed after the restart"; exit 1; }
+grep -q '"held": true' "$dir/ranks.json" || { cat "$dir/ranks.json"; echo "FAIL: rank kill JSON"; exit 1; }
+if "$rlsync" bench sync --topology "$dir/two.yaml" --ranks 2,x > "$dir/bad.out" 2>&1; then echo "FAIL: --ranks 2,x accepted"; exit 1; fi
+grep -q -- "--ranks" "$dir/bad.out" || { cat "$dir/bad.out"; echo "FAIL: --ranks not named"; exit 1; }
+
 timeout 120 "$rlsync" bench control --engines 2 --rounds 3 --json "$dir/control.json" > "$dir/control.out" 2>&1 \
   || { cat "$dir/control.out"; echo "FAIL: bench control"; exit 1; }
 grep -q "six CAF round-trip waves" "$dir/control.out" || { cat "$dir/control.out"; echo "FAIL: no baseline row"; exit 1; }

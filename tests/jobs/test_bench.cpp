@@ -215,7 +215,8 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   for (auto it = j.begin(); it != j.end(); ++it)
     keys.push_back(it.key());
   CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "light_ms", "cold", "warm",
-                                         "probe6_ms", "producer_peak_groups", "largest_group_bytes", "error"});
+                                         "probe6_ms", "producer_peak_groups", "largest_group_bytes", "ranks", "packs",
+                                         "error"});
   CHECK(j["case"] == "sharded");
   CHECK(j["bytes_per_sync"] == 74'700'000);
   CHECK(j["cold"].size() == 2);
@@ -406,16 +407,20 @@ TEST_CASE("bench topologies: the nodes' copy reads back as the same deployment")
 TEST_CASE("bench sync refuses what it cannot deploy, naming the place") {
   auto t = two_node_topology();
   CHECK(bench_sync_problem(t, "two.yaml", model_of_size(8 << 20)) == "");
+  // The bench places the ranks on the coordinator's node itself: a rank
+  // elsewhere in the file, or several, are accepted.
   auto remote_trainer = t;
   remote_trainer.trainer.ranks[0].node = "workers";
-  CHECK(bench_sync_problem(remote_trainer, "two.yaml", model_of_size(8 << 20))
-        == "two.yaml: the router and the trainer (one rank) must run on the coordinator's node (head) for the "
-           "benchmark");
-  auto two_ranks = t;
-  two_ranks.trainer.ranks.push_back(two_ranks.trainer.ranks[0]);
-  CHECK(bench_sync_problem(two_ranks, "two.yaml", model_of_size(8 << 20))
-        == "two.yaml: the router and the trainer (one rank) must run on the coordinator's node (head) for the "
-           "benchmark");
+  CHECK(bench_sync_problem(remote_trainer, "two.yaml", model_of_size(8 << 20)) == "");
+  auto remote_router = t;
+  remote_router.router.node = "workers";
+  CHECK(bench_sync_problem(remote_router, "two.yaml", model_of_size(8 << 20))
+        == "two.yaml: the router must run on the coordinator's node (head) for the benchmark");
+  CHECK(bench_sync_problem(t, "two.yaml", bench_model(8 << 20, {1, 2}), {1, 2}) == "");
+  CHECK(bench_sync_problem(t, "two.yaml", model_of_size(8 << 20), {2})
+        == "--ranks 2: between 1 and 16 and at most the model's 1 layers (each rank holds at least one)");
+  CHECK(bench_sync_problem(t, "two.yaml", bench_model(8 << 20, {0}), {0}).find("--ranks 0: ") == 0);
+  CHECK(bench_sync_problem(t, "two.yaml", bench_model(8 << 20, {17}), {17}).find("--ranks 17: ") == 0);
   auto no_port = t;
   no_port.nodes[0].port = 0; // the bench's nodes could not reach the head
   CHECK(bench_sync_problem(no_port, "two.yaml", model_of_size(8 << 20))
@@ -428,4 +433,173 @@ TEST_CASE("bench sync refuses what it cannot deploy, naming the place") {
   odd.num_attention_heads = 3; // tp 2 cannot split three heads
   odd.num_key_value_heads = 3;
   CHECK(bench_sync_problem(t, "two.yaml", odd).find("engine local: tp 2: ") == 0);
+}
+
+TEST_CASE("bench ranks: layers split as pipeline stages, and the default rank counts") {
+  struct row {
+    std::int64_t layers;
+    int ranks;
+    std::vector<std::vector<std::int64_t>> expected; // empty: refused
+  };
+  const std::vector<row> rows{
+    {2, 1, {{0, 1}}},
+    {2, 2, {{0}, {1}}},
+    {5, 2, {{0, 1, 2}, {3, 4}}}, // the first ranks one layer more
+    {7, 3, {{0, 1, 2}, {3, 4}, {5, 6}}},
+    {3, 3, {{0}, {1}, {2}}},
+    {2, 3, {}}, // a rank would hold nothing
+    {2, 0, {}},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.layers);
+    CAPTURE(r.ranks);
+    auto split = split_layers("head", r.layers, r.ranks);
+    REQUIRE(split.size() == r.expected.size());
+    for (std::size_t i = 0; i < split.size(); ++i) {
+      CHECK(split[i].node == "head");
+      CHECK(split[i].layers == r.expected[i]);
+    }
+  }
+  auto t = two_node_topology();
+  CHECK(default_rank_counts(t) == std::vector<int>{1});
+  t.trainer.ranks = split_layers("head", 2, 2);
+  CHECK(default_rank_counts(t) == std::vector<int>{1, 2});
+  CHECK(bench_model(8 << 20, {1}).num_hidden_layers == 1);
+  CHECK(bench_model(8 << 20, {1, 3}).num_hidden_layers == 3);
+  CHECK(bench_model(8 << 20, {1, 99}).num_hidden_layers == max_bench_ranks);
+}
+
+TEST_CASE("bench ranks: the nodes' copy carries the ranks and their layers") {
+  auto t = two_node_topology();
+  t.model.config = tiny_model();
+  t.model.config.num_hidden_layers = 3;
+  t.trainer.ranks = split_layers("head", 3, 2);
+  t.cluster.secret_env = "RLSYNC_BENCH_SECRET";
+  auto back = parse_topology(node_yaml(t), "node.yaml", ".");
+  REQUIRE(back.trainer.ranks.size() == 2);
+  CHECK(back.trainer.ranks[0].node == "head");
+  CHECK(back.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1});
+  CHECK(back.trainer.ranks[1].layers == std::vector<std::int64_t>{2});
+}
+
+TEST_CASE("bench packs: distinct plans per data plane, and packed at most once") {
+  // engines: local (head, tp 2), remote-0 and remote-1 (workers, tp 2).
+  auto t = two_node_topology();
+  CHECK(distinct_plans(t, transfer_mode::sharded, true) == 2);  // local's workers 0 and 1
+  CHECK(distinct_plans(t, transfer_mode::sharded, false) == 2); // both replicas share workers 0 and 1
+  CHECK(distinct_plans(t, transfer_mode::broadcast, true) == 1);
+  CHECK(distinct_plans(t, transfer_mode::broadcast, false) == 1);
+  t.engines[1].tp = 1; // remote-0 at tp 1: its worker 0 packs differently
+  CHECK(distinct_plans(t, transfer_mode::sharded, false) == 3);
+  t.engines.erase(t.engines.begin()); // no engine in the coordinator's process
+  CHECK(distinct_plans(t, transfer_mode::sharded, true) == 0);
+
+  struct row {
+    std::uint64_t local_packs, ucx_packs;
+    bool once;
+    double local_ratio, ucx_ratio;
+  };
+  // 2 versions, 3 groups, 2 local plans, 2 UCX plans: 12 packs each is once.
+  const std::vector<row> rows{
+    {12, 12, true, 1.0, 1.0},
+    {6, 0, true, 0.5, 0.0},   // fewer: some (plan, group) not asked for
+    {13, 12, false, 13.0 / 12, 1.0}, // one packed twice on the local data plane
+    {12, 24, false, 1.0, 2.0},       // every UCX one packed twice (a replica each)
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.local_packs);
+    CAPTURE(r.ucx_packs);
+    rank_packs p;
+    p.groups = 3;
+    p.versions = 2;
+    p.local_plans = 2;
+    p.ucx_plans = 2;
+    p.ucx = true;
+    p.local_packs = r.local_packs;
+    p.ucx_packs = r.ucx_packs;
+    CHECK(packed_at_most_once(p) == r.once);
+    CHECK(local_packs_per_plan_group(p) == doctest::Approx(r.local_ratio));
+    CHECK(ucx_packs_per_plan_group(p) == doctest::Approx(r.ucx_ratio));
+  }
+}
+
+TEST_CASE("bench ranks: the comparison with one rank and the packs in the report") {
+  auto one = sharded_case();
+  auto two = sharded_case();
+  two.name = "sharded/2r";
+  two.ranks = 2;
+  two.warm = {round_of(6, 5, 1, 9'000'000), round_of(5, 4, 1, 9'000'000), round_of(7, 6, 1, 9'000'000)};
+  auto x = compare_ranks(two, one);
+  CHECK(x.transfer == doctest::Approx(5.0 / 9));
+  CHECK(x.stall == doctest::Approx(6.0 / 12));
+  rank_packs p;
+  p.rank = 1;
+  p.groups = 2;
+  p.versions = 3;
+  p.local_plans = 2;
+  p.local_packs = 12;
+  p.local_passes = 6;
+  p.ucx_plans = 2;
+  p.ucx_packs = 14;
+  p.ucx = true;
+  two.packs = {p};
+  auto lines = packs_lines({one, two});
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]
+        == "sharded/2r packs, rank 1 (2 groups, 3 versions): local 12 packs in 6 passes for 2 plan(s), 1.00 per "
+           "(plan, group) per version; UCX 14 packs for 2 plan(s), 1.17 per (plan, group) per version; SOME PACKED "
+           "TWICE IN A VERSION");
+  bench_sync_result r;
+  r.cases = {one, two};
+  auto report = bench_sync_report(r);
+  CHECK(report.find("sharded/2r / sharded: 0.56x the transfer time, 0.50x the stall") != std::string::npos);
+  CHECK(bench_sync_json(r)["cases"][1]["packs"][0]["packed_at_most_once"] == false);
+}
+
+TEST_CASE("bench rank kill: what held means, and the lines") {
+  rank_kill_result k;
+  k.ranks = 2;
+  k.killed_rank = 1;
+  k.transfer_deadline_ms = 60000;
+  k.aborted = true;
+  k.kill_to_abort_ms = 19.5;
+  k.dirty_after_abort = 3;
+  k.restart_ms = 6;
+  k.restart_to_complete_ms = 2100;
+  k.rounds_to_complete = 1;
+  k.first_complete = round_of(1800, 500, 1300, 9'000'000);
+  CHECK(k.held());
+  auto lines = rank_kill_lines(k);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0]
+        == "rank kill (2 ranks, rank 1 killed as the transfer phase began): round aborted 19.5 ms after the kill "
+           "(transfer deadline 60000 ms: within)");
+  CHECK(lines[1] == "rank kill: 3 engine(s) left dirty, 0 of them routed, 0 token(s) served dirty (no dirty engine served)");
+  CHECK(lines[2].find("first complete round 2100.0 ms after the restart (round 1 after it, 3 engines") != std::string::npos);
+
+  struct row {
+    const char* what;
+    void (*spoil)(rank_kill_result&);
+  };
+  const std::vector<row> rows{
+    {"not aborted", [](rank_kill_result& x) { x.aborted = false; }},
+    {"past the deadline", [](rank_kill_result& x) { x.kill_to_abort_ms = 60001; }},
+    {"a dirty engine routed", [](rank_kill_result& x) { x.dirty_routable = 1; }},
+    {"a dirty token", [](rank_kill_result& x) { x.dirty_tokens = 1; }},
+    {"no complete round", [](rank_kill_result& x) { x.restart_to_complete_ms = -1; }},
+    {"an error", [](rank_kill_result& x) { x.error = "boom"; }},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    auto spoiled = k;
+    r.spoil(spoiled);
+    CHECK(!spoiled.held());
+    bench_sync_result result;
+    result.rank_kill = spoiled;
+    CHECK(result.failed());
+  }
+  bench_sync_result result;
+  result.rank_kill = k;
+  CHECK(!result.failed());
+  CHECK(bench_sync_json(result)["rank_kill"]["held"] == true);
 }
