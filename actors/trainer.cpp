@@ -74,11 +74,16 @@ bool start_step(self_ptr self) {
   auto source = st.cfg.source;
   auto me = caf::actor_cast<trainer_impl_actor>(self);
   auto target = st.catch_up_to;
+  bool catching_up = target > st.published.version;
   bool checksums = st.cfg.rank_checksums;
   // Sent as the trainer itself: its guard refuses anonymous messages.
-  bool posted = st.cfg.runner->post([source, me, target, checksums] {
+  bool posted = st.cfg.runner->post([source, me, target, catching_up, checksums] {
     try {
-      auto s = source->advance();
+      // A trainer restarted on a source that already holds the version it
+      // must catch up to publishes that one: making another would put this
+      // rank a version ahead of the others.
+      auto latest = source->latest();
+      auto s = catching_up && latest && latest->version() >= target ? latest : source->advance();
       // Catching up: every version derives from the one before, so each is
       // made; only the last is published to subscribers.
       if (s && s->version() < target && target - s->version() > max_catch_up_versions)
