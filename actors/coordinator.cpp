@@ -406,6 +406,17 @@ void review_barrier(self_ptr self) {
       log_line(self, "coordinator: trainer ranks: " + e.text + "; no round on it");
   }
   st.barrier_errors = std::move(keys);
+  // A rank left behind (it joined late or restarted) is told to catch up
+  // once per target: stepping at the others' pace it would never meet them.
+  for (auto r : verdict.behind) {
+    auto i = st.ranks.find(r);
+    if (i == st.ranks.end() || i->second.down || i->second.catch_up_sent >= verdict.catch_up_to)
+      continue;
+    i->second.catch_up_sent = verdict.catch_up_to;
+    log_line(self, "coordinator: trainer rank " + std::to_string(r) + " is behind: catching it up to v"
+                     + std::to_string(verdict.catch_up_to));
+    self->send(i->second.handle, catch_up_atom::value, verdict.catch_up_to);
+  }
   if (verdict.syncable)
     on_version(self, *verdict.syncable);
   st.ranks_hold_newest = st.newest_heard && st.barrier.holds(st.newest.version);

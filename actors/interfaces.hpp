@@ -44,6 +44,9 @@ using trainer_actor = caf::typed_actor<
   caf::reacts_to<subscribe_atom, version_listener_actor>,
   // training ended: publish no new version, keep serving the ones held; replies with the last
   caf::replies_to<freeze_atom>::with<version_info>,
+  // a rank behind the others (it joined late or restarted): make every
+  // version up to this one and publish only it
+  caf::reacts_to<catch_up_atom, std::uint64_t>,
   // a round transfers this version: keep it until the next pin, however many
   // versions are published meanwhile (consumers across the network are slow)
   caf::reacts_to<pin_atom, std::uint64_t>,

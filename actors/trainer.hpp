@@ -123,8 +123,6 @@ constexpr std::uint64_t max_catch_up_versions = std::uint64_t{1} << 20;
 
 // Private to the trainer: a step finished.
 using produced_atom = caf::atom_constant<caf::atom("produced")>;
-// Private to the trainer's process: advance until this version (catch_up).
-using catch_up_atom = caf::atom_constant<caf::atom("catchup")>;
 
 /// The trainer's own interface: trainer_actor plus what it sends itself.
 /// Handles given out are trainer_actor.
@@ -134,8 +132,6 @@ using trainer_impl_actor = trainer_actor::extend<
   // a step ended: the version it made (with its checksums for a rank), or
   // version 0 when there was nothing new
   caf::reacts_to<produced_atom, version_info>,
-  // advance until this version, publishing only it (a restarted rank)
-  caf::reacts_to<catch_up_atom, std::uint64_t>,
   // a step failed: why
   caf::reacts_to<produced_atom, std::string>>;
 

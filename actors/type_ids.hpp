@@ -100,6 +100,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::weight_digest>))
   CAF_ADD_ATOM(rlsync, rlsync, ucx_ticket_atom, "ucxticket") // an engine worker asks for UCX credentials
   CAF_ADD_TYPE_ID(rlsync, (rlsync::ucx_ticket))
+  CAF_ADD_ATOM(rlsync, rlsync, catch_up_atom, "catchup") // a trainer rank behind the others catches up
   CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_info))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::producer_holding))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::engine_placement))

@@ -160,6 +160,10 @@ barrier_verdict version_barrier::evaluate() {
     auto by_newest = [](const auto& a, const auto& b) { return a.second.window.back().version < b.second.window.back().version; };
     auto oldest = std::min_element(joined_.begin(), joined_.end(), by_newest);
     auto newest = std::max_element(joined_.begin(), joined_.end(), by_newest);
+    out.catch_up_to = newest->second.window.back().version;
+    for (auto& [r, rec] : joined_)
+      if (rec.window.back().version < out.catch_up_to)
+        out.behind.push_back(r);
     if (oldest->second.window.back().version < last_syncable_)
       return out; // a restarted rank below what was synced: catching up, no error
     out.errors.push_back(barrier_error{

@@ -48,6 +48,12 @@ struct barrier_verdict {
   std::optional<version_info> syncable;
   /// What is wrong, one entry per problem.
   std::vector<barrier_error> errors;
+  /// Ranks behind another so far that no version is common to all (one
+  /// joined late, or restarted): they must catch up to `catch_up_to`, the
+  /// newest version a rank published, or the gap never closes (every rank
+  /// steps at the same pace).
+  std::vector<std::uint32_t> behind;
+  std::uint64_t catch_up_to = 0;
 };
 
 class version_barrier {

@@ -177,3 +177,32 @@ TEST_CASE("version_barrier: holds(v) while every rank keeps v and it checks out"
   CHECK(b.publish(0, version_info{3, 4, 1, {}}).empty()); // rank 0 dropped v1
   CHECK(!b.holds(1));
 }
+
+TEST_CASE("version_barrier: ranks left behind are named with the version to catch up to") {
+  struct row {
+    const char* what;
+    std::vector<pub> published;
+    std::vector<std::uint32_t> behind;
+    std::uint64_t catch_up_to;
+  };
+  std::vector<row> rows = {
+    {"in step: nobody behind", {{0, 3}, {1, 3}}, {}, 0},
+    {"one step apart: a common version, nobody behind", {{0, 3}, {1, 3}, {0, 4}}, {}, 0},
+    {"rank 0 joined late, far behind", {{1, 5}, {1, 6}, {0, 1}}, {0}, 6},
+    {"rank 1 far behind", {{0, 1}, {0, 2}, {1, 1}, {0, 3}, {0, 4}}, {1}, 4},
+    {"caught up: nobody behind", {{0, 4}, {1, 1}, {1, 4}}, {}, 0},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    version_barrier b{2, names, 2};
+    REQUIRE(b.join(rank(0, {"a", "b"})).empty());
+    REQUIRE(b.join(rank(1, {"b", "c"})).empty());
+    barrier_verdict v;
+    for (auto& p : r.published) {
+      CHECK(b.publish(p.rank, version_info{p.version, p.groups, 100, p.checksums}).empty());
+      v = b.evaluate();
+    }
+    CHECK(v.behind == r.behind);
+    CHECK(v.catch_up_to == r.catch_up_to);
+  }
+}
