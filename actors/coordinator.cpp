@@ -409,9 +409,12 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
   auto known = st.ranks.find(info.rank);
   if (known != st.ranks.end()) {
     auto& k = known->second;
-    if (k.handle.address() == handle.address() && k.info.incarnation == info.incarnation)
+    bool same = k.handle.address() == handle.address() && k.info.incarnation == info.incarnation;
+    if (same && !k.down)
       return registration{cluster_newest(st), false}; // a retry: nothing changes
-    if (info.incarnation <= k.info.incarnation)
+    // Same and down: the same process again after its link was lost (a
+    // partition healed): followed again like a new registration.
+    if (!same && info.incarnation <= k.info.incarnation)
       return make_error(errc::version_mismatch, who + ": incarnation " + std::to_string(info.incarnation)
                                                   + " is not newer than the registered "
                                                   + std::to_string(k.info.incarnation));
