@@ -30,8 +30,8 @@ bool holds_layers_alone(const topology& t, const std::string& node);
 
 /// The most engine replicas `faults` kill at the same moment (the same
 /// at_ms, or the same round and phase); a node's kill counts its engines,
-/// and killing the trainer (or a node holding some layers alone) as a
-/// round's transfer goes out counts every engine (all receive part of the
+/// and killing the trainer (or killing or cutting off a node holding some
+/// layers alone) as a round's transfer goes out counts every engine (all receive part of the
 /// update and stay dirty).
 std::int64_t engines_killed_at_once(const topology& t);
 

@@ -573,7 +573,8 @@ TEST_CASE("drill faults: a trainer or a layer's only holder killed mid-transfer 
     {"the only holder, at pause: the round aborts clean", at_sync(8, sync_phase::pause, fault_action::kill, "rank-0", fault_target::node), 0},
     {"the only holder, at a time", at_ms(100, fault_action::kill, "rank-0", fault_target::node), 0},
     {"one of two holders, at transfer", at_sync(8, sync_phase::transfer, fault_action::kill, "rank-1", fault_target::node), 0},
-    {"the only holder partitioned", at_sync(8, sync_phase::transfer, fault_action::partition, "rank-0", fault_target::node), 0},
+    {"the only holder partitioned at transfer", at_sync(8, sync_phase::transfer, fault_action::partition, "rank-0", fault_target::node), 3},
+    {"an engine node partitioned", at_sync(8, sync_phase::transfer, fault_action::partition, "engines", fault_target::node), 0},
     {"an engine node at transfer counts its own", at_sync(8, sync_phase::transfer, fault_action::kill, "engines", fault_target::node), 3},
   };
   for (auto& r : rows) {
