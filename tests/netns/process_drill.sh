@@ -89,8 +89,10 @@ fi
 grep -q '"passed": true' "$dir/ranks/report.json" || { echo "FAIL: process-rank-partition: report.json does not say passed"; exit 1; }
 grep -q 'node trainer-node-1: link down' "$dir/ranks.err" || { cat "$dir/ranks.err"; echo "FAIL: rank 1's link was not cut"; exit 1; }
 grep -q 'VIOLATED' "$dir/ranks.out" && { cat "$dir/ranks.out"; echo "FAIL: process-rank-partition: an invariant is violated"; exit 1; }
-grep -q 'ABORTED (trainer rank 1 is unreachable\|ABORTED (trainer rank 1 is down' "$dir/ranks/head.log" \
-  || { tail -60 "$dir/ranks/head.log"; echo "FAIL: the round was not aborted"; exit 1; }
+# The cut lands a few ms after the transfer went out: a fast transfer may
+# finish first, and then the next round waits for the rank instead.
+grep -q 'trainer rank 1 silent for\|trainer rank 1 is down' "$dir/ranks/head.log" \
+  || { tail -60 "$dir/ranks/head.log"; echo "FAIL: the head never noticed rank 1 cut off"; exit 1; }
 # When its connection dropped, the same process rejoins once the link is
 # back and is followed again.
 ! grep -q 'trainer rank 1 is down' "$dir/ranks/head.log" || [ "$(grep -c 'trainer rank 1 (incarnation [0-9]*, node trainer-node-1, .*registered' "$dir/ranks/head.log")" -ge 2 ] \
