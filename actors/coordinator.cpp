@@ -449,9 +449,12 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
   auto known = st.ranks.find(info.rank);
   if (known != st.ranks.end()) {
     auto& k = known->second;
-    if (k.handle.address() == handle.address() && k.info.incarnation == info.incarnation)
+    bool same = k.handle.address() == handle.address() && k.info.incarnation == info.incarnation;
+    if (same && !k.down)
       return registration{cluster_newest(st), false}; // a retry: nothing changes
-    if (info.incarnation <= k.info.incarnation)
+    // Same and down: the same process again after its link was lost (a
+    // partition healed): followed again like a new registration.
+    if (!same && info.incarnation <= k.info.incarnation)
       return make_error(errc::version_mismatch, who + ": incarnation " + std::to_string(info.incarnation)
                                                   + " is not newer than the registered "
                                                   + std::to_string(k.info.incarnation));
@@ -1083,6 +1086,38 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       auto rp = self->make_response_promise<sync_report>();
       self->state.sync_waiters.push_back(rp);
       settle(self);
+      return rp;
+    }),
+    authorized(self, guard, [=](freeze_atom) -> caf::result<std::uint32_t> {
+      // A rank in another process keeps publishing until told: the job's
+      // last round and its check need versions that stop moving.
+      std::vector<trainer_actor> live;
+      for (auto& [r, rank] : self->state.ranks)
+        if (!rank.down && rank.handle)
+          live.push_back(rank.handle);
+      if (live.empty())
+        return std::uint32_t{0};
+      auto rp = self->make_response_promise<std::uint32_t>();
+      auto left = std::make_shared<std::size_t>(live.size());
+      auto frozen = std::make_shared<std::uint32_t>(0);
+      auto failed = std::make_shared<caf::error>(); // the first rank's failure
+      for (auto& handle : live) {
+        auto done = [=]() mutable {
+          if (--*left > 0)
+            return;
+          if (*failed)
+            rp.deliver(*failed);
+          else
+            rp.deliver(*frozen);
+        };
+        self->request(handle, self->state.cfg.sync.deadlines.finish, freeze_atom::value)
+          .then([=](const version_info&) mutable { ++*frozen; done(); },
+                [=](caf::error& err) mutable {
+                  if (!*failed)
+                    *failed = std::move(err);
+                  done();
+                });
+      }
       return rp;
     }),
     authorized(self, guard, [=](status_atom) -> coordinator_status {

@@ -117,6 +117,9 @@ using coordinator_actor = version_listener_actor::extend<
   caf::replies_to<register_atom, rank_info, trainer_actor>::with<registration>,
   // a router (re)started: tell it every routable member, and it all changes from now on
   caf::reacts_to<register_atom, router_actor>,
+  // training ended: freeze every registered trainer rank, those of other
+  // processes too (no new versions); replies with how many froze
+  caf::replies_to<freeze_atom>::with<std::uint32_t>,
   // run one sync round now; replies with its figures
   caf::replies_to<sync_atom>::with<sync_report>,
   // the version and the members

@@ -33,19 +33,37 @@ bool fault_has_end(const fault_spec& f) {
   return f.action == fault_action::kill;
 }
 
+bool holds_layers_alone(const topology& t, const std::string& node) {
+  std::set<std::int64_t> here, elsewhere;
+  for (const auto& r : t.trainer.ranks)
+    (r.node == node ? here : elsewhere).insert(r.layers.begin(), r.layers.end());
+  if (t.trainer.ranks.empty() && t.trainer.node == node)
+    return true;
+  return std::any_of(here.begin(), here.end(), [&](std::int64_t l) { return !elsewhere.count(l); });
+}
+
 std::int64_t engines_killed_at_once(const topology& t) {
   // Key: when the kill fires ("ms:4000", "sync:16:transfer"); value: engines it takes.
   std::map<std::string, std::set<std::string>> killed;
   for (const auto& f : t.drill.faults) {
-    if (f.action != fault_action::kill)
+    bool cuts_holder = f.action == fault_action::partition && f.target_kind == fault_target::node;
+    if (f.action != fault_action::kill && !cuts_holder)
       continue;
     std::string when = f.at ? "ms:" + std::to_string(f.at->count())
                             : "sync:" + std::to_string(f.at_sync.value_or(0)) + ":" + std::string(to_string(f.phase));
     auto& set = killed[when];
-    for (const auto& e : t.engines)
-      if ((f.target_kind == fault_target::engine && e.name == f.target)
-          || (f.target_kind == fault_target::node && e.node == f.target))
+    // Killed (or cut off) as a transfer goes out, the only holder of some
+    // layer leaves every engine with part of the update: all of them stay
+    // dirty until the next round.
+    bool takes_fleet = f.at_sync && f.phase == sync_phase::transfer
+                       && ((f.target_kind == fault_target::trainer && t.trainer.ranks.size() <= 1)
+                           || (f.target_kind == fault_target::node && holds_layers_alone(t, f.target)));
+    for (const auto& e : t.engines) {
+      bool its_own = (f.target_kind == fault_target::engine && e.name == f.target)
+                     || (f.target_kind == fault_target::node && e.node == f.target);
+      if (takes_fleet || (its_own && !cuts_holder)) // a partitioned engine is not killed
         set.insert(e.name);
+    }
   }
   std::size_t most = 0;
   for (const auto& [when, engines] : killed)

@@ -24,8 +24,15 @@ std::string unsupported_fault(const fault_spec& f);
 /// coordinator or the trainer killed is restarted. False without a duration.
 bool fault_has_end(const fault_spec& f);
 
+/// Whether `node` hosts trainer ranks holding a layer no rank elsewhere
+/// holds (or the single trainer): its death leaves that layer unheld.
+bool holds_layers_alone(const topology& t, const std::string& node);
+
 /// The most engine replicas `faults` kill at the same moment (the same
-/// at_ms, or the same round and phase); a node's kill counts its engines.
+/// at_ms, or the same round and phase); a node's kill counts its engines,
+/// and killing the trainer (or killing or cutting off a node holding some
+/// layers alone) as a round's transfer goes out counts every engine (all receive part of the
+/// update and stay dirty).
 std::int64_t engines_killed_at_once(const topology& t);
 
 /// Why the drill in `t` cannot run in one process, or empty:

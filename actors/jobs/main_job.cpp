@@ -163,6 +163,8 @@ void job_console::on_sync(const sync_report& r) {
   }
   if (impl_->quiet)
     return;
+  if (r.aborted && r.engines_synced == 0 && r.evicted.empty())
+    return; // the coordinator's "sync round ... ABORTED (why)" line said it
   if (r.engines_synced == 0 && r.evicted.empty()) {
     line("sync " + std::to_string(n) + " v" + std::to_string(r.version) + ": every engine already current");
     return;
@@ -180,7 +182,7 @@ void job_console::on_sync(const sync_report& r) {
 
 void job_console::on_log(const std::string& text) {
   // Round lines come through on_sync; membership and failures are worth a line.
-  if (text.rfind("sync round", 0) == 0)
+  if (text.rfind("sync round", 0) == 0 && text.find("ABORTED") == std::string::npos)
     return;
   line(text);
 }
@@ -226,6 +228,13 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
                                 + (trainers.size() == 1 ? std::string("trainer") : "trainer rank " + std::to_string(i))
                                 + " did not freeze: " + sys.render(err);
                  });
+  if (!t.trainer.ranks.empty()) // the ranks in other processes: through the coordinator, which knows them
+    self->request(h.coordinator, std::chrono::seconds(30), freeze_atom::value)
+      .receive([](std::uint32_t) {},
+               [&](caf::error& err) {
+                 end.error += (end.error.empty() ? "" : "; ") + std::string("trainer ranks did not freeze: ")
+                              + sys.render(err);
+               });
   const auto& dl = t.sync.deadlines;
   auto round_deadline = dl.pause + dl.flush + dl.start + dl.transfer + dl.finish + dl.resume + std::chrono::seconds(5);
   self->request(h.coordinator, round_deadline, sync_atom::value)

@@ -376,6 +376,13 @@ private:
       log << line << "\n";
     }
     auto e = parse_drill_phase_line(line);
+    if (!e && line.find("ABORTED") != std::string::npos) { // when a fault's round ended, on the timeline
+      double at = now_ms();
+      auto reason_end = line.find("):"); // "sync round 8 v11: ABORTED (why): ..."
+      timeline_.mark(at, "sync", reason_end == std::string::npos ? line : line.substr(0, reason_end + 1));
+      note("at " + std::to_string(static_cast<long long>(at)) + " ms: " + line);
+      return;
+    }
     if (!e) {
       if (notable(line) && rec_.log.size() < max_log_lines)
         rec_.log.push_back(line);

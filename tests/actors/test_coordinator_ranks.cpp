@@ -181,6 +181,35 @@ TEST_CASE_FIXTURE(ranks_fixture, "a rank killed mid-transfer aborts the round, t
   CHECK(!reports.back().aborted);
 }
 
+TEST_CASE_FIXTURE(ranks_fixture, "a rank whose link was lost reconnects as the same incarnation and is followed again") {
+  start(rank_config());
+  REQUIRE(register_rank(0, held_0));
+  REQUIRE(register_rank(1, held_1));
+  add_engine("a");
+  REQUIRE(routable("a"));
+  forget_history();
+  // A partition long enough for the connection to drop: the process lives on.
+  caf::anon_send(caf::actor_cast<caf::actor>(coord),
+                 caf::down_msg{ranks.at(1).actor.address(), caf::exit_reason::remote_link_unreachable});
+  run();
+  CHECK(logged("trainer rank 1 is down"));
+  rank_publish(0, {3, 4, 4096});
+  rank_publish(1, {3, 4, 4096}); // no round while rank 1 is down
+  CHECK(count(sync_phase::pause) == 0);
+  // The link is back: the same actor registers again with the same incarnation.
+  auto reg = register_as(1, held_1, 1);
+  REQUIRE(reg);
+  CHECK(lines_with("trainer rank 1 (incarnation 1,") == 1); // registered again (the log since forget_history)
+  rank_publish(1, {3, 4, 4096});
+  CHECK(status().version == 3);
+  CHECK(routable("a"));
+  REQUIRE(!reports.empty());
+  CHECK(!reports.back().aborted);
+  // A retry while it is followed changes nothing.
+  REQUIRE(register_as(1, held_1, 1));
+  CHECK(lines_with("trainer rank 1 (incarnation 1,") == 1);
+}
+
 TEST_CASE_FIXTURE(ranks_fixture, "a rank silent past the heartbeat timeout mid-round aborts it, no round until it answers") {
   auto c = heartbeat_config();
   c.trainer_ranks = 2;

@@ -551,3 +551,42 @@ TEST_CASE("drill faults: the most engines killed at the same moment") {
     CHECK(engines_killed_at_once(t) == r.expected);
   }
 }
+
+TEST_CASE("drill faults: a trainer or a layer's only holder killed mid-transfer dirties every engine") {
+  topology t;
+  t.trainer.node = "head";
+  for (int i = 0; i < 3; ++i) {
+    engine_spec e;
+    e.name = "rollout-" + std::to_string(i);
+    e.node = "engines";
+    t.engines.push_back(e);
+  }
+  // rank-0 holds layers 0-1 alone; layers 2-3 have a holder on rank-1 and one on rank-1b.
+  t.trainer.ranks = {{"rank-0", {0, 1}}, {"rank-1", {2, 3}}, {"rank-1b", {2, 3}}};
+  struct row {
+    const char* what;
+    fault_spec fault;
+    std::int64_t expected;
+  };
+  const row rows[] = {
+    {"the only holder of layers 0-1, at transfer", at_sync(8, sync_phase::transfer, fault_action::kill, "rank-0", fault_target::node), 3},
+    {"the only holder, at pause: the round aborts clean", at_sync(8, sync_phase::pause, fault_action::kill, "rank-0", fault_target::node), 0},
+    {"the only holder, at a time", at_ms(100, fault_action::kill, "rank-0", fault_target::node), 0},
+    {"one of two holders, at transfer", at_sync(8, sync_phase::transfer, fault_action::kill, "rank-1", fault_target::node), 0},
+    {"the only holder partitioned at transfer", at_sync(8, sync_phase::transfer, fault_action::partition, "rank-0", fault_target::node), 3},
+    {"an engine node partitioned", at_sync(8, sync_phase::transfer, fault_action::partition, "engines", fault_target::node), 0},
+    {"an engine node at transfer counts its own", at_sync(8, sync_phase::transfer, fault_action::kill, "engines", fault_target::node), 3},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    t.drill.faults = {r.fault};
+    CHECK(engines_killed_at_once(t) == r.expected);
+  }
+  CHECK(holds_layers_alone(t, "rank-0"));
+  CHECK_FALSE(holds_layers_alone(t, "rank-1"));
+  CHECK_FALSE(holds_layers_alone(t, "engines"));
+  t.trainer.ranks = {{"head", {0, 1, 2, 3}}}; // one trainer: a kill at transfer takes every engine
+  t.drill.faults = {at_sync(8, sync_phase::transfer, fault_action::kill, "trainer", fault_target::trainer)};
+  CHECK(engines_killed_at_once(t) == 3);
+  CHECK(holds_layers_alone(t, "head"));
+}
