@@ -198,8 +198,6 @@ struct coordinator_member {
   bool unreachable = false;
   /// When it last answered a heartbeat (or registered), coordinator clock.
   std::uint64_t last_heard_ns = 0;
-  /// The version it was last told to catch up to (0: none).
-  std::uint64_t catch_up_sent = 0;
 };
 
 /// What the coordinator remembers of a replica name across its incarnations.
@@ -222,6 +220,8 @@ struct coordinator_rank {
   bool unreachable = false;
   /// When it last answered a heartbeat (or registered), coordinator clock.
   std::uint64_t last_heard_ns = 0;
+  /// The version it was last told to catch up to (0: none).
+  std::uint64_t catch_up_sent = 0;
 };
 
 /// The round in progress.
