@@ -564,7 +564,7 @@ struct vouched_router_fixture : actor_fixture {
     auto target = engine;
     auto r = spawn([=](caf::event_based_actor* self) -> caf::behavior {
       return {[=](generate_atom, const generate_request& req, const token_sink_actor& s) {
-        self->request(target, std::chrono::hours(1), generate_atom::value, req, s)
+        self->request(target, std::chrono::seconds(3600), generate_atom::value, req, s)
           .then([=](generate_result& g) { *out = std::move(g); }, [=](caf::error& e) { *out = std::move(e); });
       }};
     });
@@ -603,10 +603,13 @@ TEST_CASE_FIXTURE(vouched_router_fixture, "a member engine obeys the router its 
   vouch(first.first, first.first);
   CHECK(refused(generate_through(first)));
   // The coordinator vouches for the first: it is obeyed, the other is not.
+  // Obeyed: the request reaches the engine, which answers it as it answers
+  // its drivers (it holds no weights yet, so it says that).
   vouch(coordinator, first.first);
-  auto served = generate_through(first);
-  REQUIRE(served);
-  CHECK(served->tokens.size() == 4);
+  auto obeyed = [](const caf::expected<generate_result>& r) {
+    return !r && is(r.error(), errc::engine_dirty);
+  };
+  CHECK(obeyed(generate_through(first)));
   CHECK(refused(generate_through(other)));
   // A trusted router cannot name another either.
   const auto before = refusals.size();
@@ -616,7 +619,7 @@ TEST_CASE_FIXTURE(vouched_router_fixture, "a member engine obeys the router its 
   CHECK(refused(generate_through(other)));
   // Restarted (a new handle), vouched for again: the new one is obeyed, the old one no more.
   vouch(coordinator, other.first);
-  CHECK(generate_through(other));
+  CHECK(obeyed(generate_through(other)));
   CHECK(refused(generate_through(first)));
   // A rejoin starts from the new grant: its coordinator, no router until vouched for again.
   drivers->granted(coordinator.address(), caf::actor_addr{});
@@ -635,11 +638,11 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator vouches for each router 
         == std::vector<std::string>{"e1:" + std::to_string(router.id()), "e2:" + std::to_string(router.id())});
   // A router that registers (on a member node; restarted: a new handle) is
   // named to every member, and to an engine that registers later.
-  auto restarted = spawn(scripted_router, std::make_shared<router_script>());
+  auto restarted = caf::actor_cast<router_actor>(spawn(scripted_router, std::make_shared<router_script>()));
   caf::send_as(caf::actor_cast<caf::actor>(router), coord, register_atom::value, restarted);
   run();
   REQUIRE(announced.size() == 1);
-  CHECK(announced.front() == restarted);
+  CHECK(announced.front().address() == restarted.address());
   add_engine("e3");
   const auto id = std::to_string(restarted.id());
   CHECK(std::vector<std::string>(journal->vouched.begin() + 2, journal->vouched.end())
