@@ -1050,6 +1050,12 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     authorized(self, guard, [=](register_atom, router_actor& router) {
       auto& st = self->state;
       st.cfg.router = std::move(router);
+      // Engines on other nodes obey only the router the coordinator names
+      // to them: every member first, then the router learns whom to route to.
+      for (auto& [name, m] : st.members)
+        self->send(m.handle, route_atom::value, caf::actor_cast<heartbeat_actor>(st.cfg.router));
+      if (st.cfg.on_router)
+        st.cfg.on_router(st.cfg.router);
       log_line(self, "coordinator: a new router attached; routing " + std::to_string(std::count_if(
                        st.members.begin(), st.members.end(), [](const auto& kv) { return kv.second.routable; }))
                        + " members");
@@ -1067,6 +1073,8 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     authorized(self, guard, [=](register_atom, const engine_info& info,
         const rollout_engine_actor& engine) -> caf::result<registration> {
       auto joined = on_register(self, info, engine);
+      if (joined && self->state.cfg.router) // before it is routable: engines elsewhere obey only a router named to them
+        self->send(engine, route_atom::value, caf::actor_cast<heartbeat_actor>(self->state.cfg.router));
       settle(self); // a newcomer's cold sync; a replaced incarnation left the round
       if (!joined)
         return std::move(joined.error());

@@ -166,6 +166,10 @@ struct coordinator_config {
   /// Called when a member changes: "registered", "routable", "evicted",
   /// "dirty", "unreachable", "reachable", "left", "retired"; may be empty.
   std::function<void(const std::string& engine, const std::string& what)> on_member;
+  /// Called (on the coordinator's thread) with each router that registers
+  /// (register_atom): the head's main job drives a router on another node
+  /// through it; may be empty.
+  std::function<void(const router_actor&)> on_router;
   /// Rounds kept for `status_atom`.
   std::size_t history_limit = 64;
   /// How often every member is sent a heartbeat; 0: never (failures are then

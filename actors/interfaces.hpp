@@ -85,6 +85,10 @@ using rollout_engine_actor = caf::typed_actor<
   caf::replies_to<abort_atom, std::uint64_t>::with<bool>,
   // what the engine holds and runs
   caf::replies_to<status_atom>::with<engine_status>,
+  // the coordinator vouches for this router (registered on any node): take
+  // its generate requests from now on, in place of the one before. Named by
+  // its heartbeat face: the router's own interface names engines.
+  caf::reacts_to<route_atom, heartbeat_actor>,
   // checksums of the weights served now, to verify them against the trainer's
   caf::replies_to<digest_atom>::with<weight_digest>>::extend_with<heartbeat_actor>;
 

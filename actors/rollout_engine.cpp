@@ -184,6 +184,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   // Every handler: only the coordinator and router it registered with (and
   // this process's actors) drive it; anyone else is refused before the drill gate.
   auto guard = self->state.guard = std::make_shared<sender_guard>("engine " + name, cfg.authorize, cfg.log);
+  const auto vouched = cfg.vouched_router;
   refuse_stray_errors(self, guard);
 
   return {
@@ -386,6 +387,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     authorized(self, guard, gated(self, [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
       return heartbeat{name, hb.seq};
     })),
+    authorized(self, guard, [=](route_atom, const heartbeat_actor& router) {
+      if (vouched && !vouched(self->current_sender(), router.address()))
+        guard->refuse(self->current_sender(), "route", "only the coordinator vouches for a router");
+    }),
     authorized(self, guard, gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;
       d.engine = name;

@@ -65,6 +65,10 @@ struct rollout_engine_config {
   /// this process's actors only (one process plays every node). Every other
   /// sender is refused, on every message.
   sender_policy authorize;
+  /// A `route_atom` naming a router arrived from `sender`: true when taken
+  /// (it came from the coordinator), false refuses it. Empty: ignored (the
+  /// engine's policy already admits every router it may obey).
+  std::function<bool(const caf::strong_actor_ptr& sender, const caf::actor_addr& router)> vouched_router;
   /// Receives one line per refused message; empty: stderr.
   std::function<void(const std::string&)> log;
 };

@@ -82,6 +82,43 @@ bool engine_nodes::hosts_any(const caf::node_id& node) const {
   return nodes_.count(id) > 0;
 }
 
+std::optional<engine_drivers::key> engine_drivers::key_of(const caf::actor_addr& a) {
+  if (!a)
+    return std::nullopt;
+  return key{a.node(), a.id()};
+}
+
+void engine_drivers::granted(const caf::actor_addr& coordinator, const caf::actor_addr& router) {
+  auto c = key_of(coordinator);
+  auto r = key_of(router);
+  std::lock_guard<std::mutex> lock(mutex_);
+  coordinator_ = std::move(c);
+  router_ = std::move(r);
+}
+
+bool engine_drivers::vouch(const caf::strong_actor_ptr& sender, const caf::actor_addr& router) {
+  auto r = key_of(router);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!sender || !coordinator_ || *coordinator_ != key{sender->node(), sender->id()})
+    return false;
+  router_ = std::move(r);
+  return true;
+}
+
+bool engine_drivers::contains(const caf::strong_actor_ptr& sender) const {
+  if (!sender)
+    return false;
+  const key k{sender->node(), sender->id()};
+  std::lock_guard<std::mutex> lock(mutex_);
+  return coordinator_ == k || router_ == k;
+}
+
+sender_policy local_or_driver(caf::node_id own, std::shared_ptr<const engine_drivers> drivers) {
+  return [own, drivers = std::move(drivers)](const caf::strong_actor_ptr& sender) {
+    return sender->node() == own || (drivers && drivers->contains(sender));
+  };
+}
+
 sender_guard::sender_guard(std::string actor, sender_policy policy, std::function<void(const std::string&)> log)
     : actor_(std::move(actor)), policy_(std::move(policy)),
       log_(log ? std::move(log) : [](const std::string& line) { std::cerr << (line + '\n'); }) {}

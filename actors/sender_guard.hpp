@@ -16,6 +16,7 @@
 #include "actors/type_ids.hpp"
 #include "runtime/base/rate_limited_log.hpp"
 
+#include <caf/actor_addr.hpp>
 #include <caf/actor_control_block.hpp>
 #include <caf/atom.hpp>
 #include <caf/node_id.hpp>
@@ -28,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -93,6 +95,31 @@ private:
   std::map<std::string, std::string> node_of_;  ///< engine -> node
   std::multiset<std::string> nodes_;            ///< one entry per engine
 };
+
+/// Who drives a member node's engines: the coordinator of the grant they
+/// registered under and one router, the grant's or the one that coordinator
+/// vouched for since (a router on a member node registers with the
+/// coordinator, which names it to every engine; a restarted router has a new
+/// handle and is vouched for again). Only the coordinator may vouch: a
+/// router, trusted or not, cannot name another. Thread-safe.
+class engine_drivers {
+public:
+  /// A (re)join: the grant's coordinator and router (null: none named yet).
+  void granted(const caf::actor_addr& coordinator, const caf::actor_addr& router);
+  /// `sender` names `router` as the one to obey: replaces the router when
+  /// `sender` is the coordinator (true), else changes nothing (false).
+  bool vouch(const caf::strong_actor_ptr& sender, const caf::actor_addr& router);
+  bool contains(const caf::strong_actor_ptr& sender) const;
+
+private:
+  using key = std::pair<caf::node_id, caf::actor_id>;
+  static std::optional<key> key_of(const caf::actor_addr& a);
+  mutable std::mutex mutex_;
+  std::optional<key> coordinator_, router_;
+};
+
+/// This process's actors and the engine's drivers.
+sender_policy local_or_driver(caf::node_id own, std::shared_ptr<const engine_drivers> drivers);
 
 /// One actor's gate: its policy, its refusal count and its rate-limited log.
 class sender_guard {

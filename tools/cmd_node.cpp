@@ -1,7 +1,8 @@
 // rlsync node: the actors a topology places on one node, in this process.
-// The coordinator's node runs a head_node (the coordinator, router, trainer,
-// its own engines, the gatekeeper and, for transfer.backend ucx, the UCX
-// producer) and with --run the main job once every engine has registered;
+// The coordinator's node runs a head_node (the coordinator and whatever else
+// the topology places there: router, trainer ranks, engines; the gatekeeper
+// and, for transfer.backend ucx, the UCX producer) and with --run the main
+// job once every engine and the router have registered;
 // every other node runs a member node (actors/assembly/member_node.hpp).
 #include "actors/assembly/head_node.hpp"
 #include "actors/assembly/member_node.hpp"
@@ -51,8 +52,8 @@ const char* description =
   "cluster.connect_deadline_ms), over mutual TLS when cluster.tls is set, proves its\n"
   "secret (cluster.secret_file, where {node} stands for the node's name, or\n"
   "cluster.secret_env; --secret-file overrides the file), and registers its engines.\n"
-  "--run (coordinator's node): once every engine registered, run the main job as\n"
-  "`rlsync run` does, then exit. Engine nodes exit when the coordinator stops; when\n"
+  "--run (coordinator's node): once every engine and the router (on any node)\n"
+  "registered, run the main job as `rlsync run` does, then exit. Engine nodes exit when the coordinator stops; when\n"
   "the link to it is lost they rejoin (as for the first join, up to connect_deadline_ms).\n"
   "SIGTERM or SIGINT stops a node cleanly.\n";
 
@@ -141,12 +142,6 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
   } end_corrupt_watch{watching, corrupt_watch};
 
   int rc = 0;
-  if (job.run && !head->router()) {
-    std::cerr << "rlsync node " << node.name << ": --run sends the workload through the router, which the topology "
-              << "places on " << t.router.node << ": run the job where the router is on the coordinator's node\n";
-    all_terminated = head->stop();
-    return 1;
-  }
   if (job.run) {
     // The main job starts once every engine of the topology has registered.
     auto n = head->await_members(t.engines.size(), t.cluster.connect_deadline * 3, [] { return stop_signal != 0; });
@@ -162,9 +157,19 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
       all_terminated = head->stop();
       return 1;
     }
+    // The workload goes through the router; one on another node registers
+    // with the coordinator when its node joins.
+    auto router = head->await_router(t.cluster.connect_deadline * 3, [] { return stop_signal != 0; });
+    if (!router) {
+      std::cerr << "rlsync node " << node.name << ": the router (node " << t.router.node
+                << ") did not register within " << (t.cluster.connect_deadline * 3).count() << " ms\n";
+      end_corrupt_watch();
+      all_terminated = head->stop();
+      return stop_signal ? 128 + stop_signal : 1;
+    }
     auto w = workload_from(t, job.workload);
     job_handles h;
-    h.router = head->router();
+    h.router = router;
     h.coordinator = head->coordinator();
     h.trainer = head->trainer();
     h.source = head->source();

@@ -137,6 +137,10 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.on_sync = hooks.on_report;
   opts.on_phase = hooks.on_phase;
   opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log);
+  opts.on_router = [registered = registered_](const router_actor& router) {
+    std::lock_guard<std::mutex> lock(registered->mutex);
+    registered->router = router;
+  };
   actors_ = assemble_head(sys, t, opts); // throws with nothing left running
   gatekeeper_config gc;
   gc.secrets = std::move(member_secrets);
@@ -192,6 +196,24 @@ std::size_t head_node::await_members(std::size_t n, std::chrono::milliseconds de
   while (seen < n && std::chrono::steady_clock::now() < give_up && !(stop_requested && stop_requested())) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls the coordinator and a signal's flag
     seen = members();
+  }
+  return seen;
+}
+
+router_actor head_node::router() const {
+  if (actors_.router)
+    return actors_.router;
+  std::lock_guard<std::mutex> lock(registered_->mutex);
+  return registered_->router;
+}
+
+router_actor head_node::await_router(std::chrono::milliseconds deadline,
+                                     const std::function<bool()>& stop_requested) const {
+  auto give_up = std::chrono::steady_clock::now() + deadline;
+  auto seen = router();
+  while (!seen && std::chrono::steady_clock::now() < give_up && !(stop_requested && stop_requested())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50)); // polls what the coordinator's hook wrote
+    seen = router();
   }
   return seen;
 }

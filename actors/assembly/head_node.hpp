@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -88,8 +89,12 @@ public:
   trainer_actor trainer() const { return actors_.trainer.actor; }
   /// Every trainer rank on this node.
   const std::vector<hosted_rank>& ranks() const { return actors_.ranks; }
-  /// The router; empty when it runs on another node.
-  router_actor router() const { return actors_.router; }
+  /// The router: this node's, or the last one that registered with the
+  /// coordinator from another node; empty while none has.
+  router_actor router() const;
+  /// Polls router() until there is one, `deadline` has passed or
+  /// `stop_requested()` says so; the router last seen (empty: none).
+  router_actor await_router(std::chrono::milliseconds deadline, const std::function<bool()>& stop_requested) const;
   std::shared_ptr<transfer::weight_source> source() const { return actors_.trainer.source; }
   std::shared_ptr<transfer::local_transfer> local_transfer() const { return actors_.trainer.transfer; }
   /// The first rank's UCX producer; nullptr unless transfer.backend is ucx
@@ -125,6 +130,12 @@ public:
 
 private:
   caf::actor_system& sys_;
+  /// The router that registered last (the coordinator's thread writes it).
+  struct registered_router {
+    mutable std::mutex mutex;
+    router_actor router;
+  };
+  std::shared_ptr<registered_router> registered_ = std::make_shared<registered_router>();
   local_deployment actors_;
   std::vector<std::unique_ptr<transfer::ucx_producer>> producers_; ///< one per rank here (ucx)
   caf::actor gate_;

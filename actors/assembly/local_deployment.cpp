@@ -195,6 +195,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.on_report = opts.on_sync;
   cc.on_phase = opts.on_phase;
   cc.on_member = opts.on_member;
+  cc.on_router = opts.on_router;
   d.coordinator_cfg = cc;
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);

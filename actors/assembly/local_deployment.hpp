@@ -122,6 +122,7 @@ struct deployment_options {
   /// The coordinator's phase and membership hooks (coordinator_config); may be empty.
   decltype(coordinator_config::on_phase) on_phase;
   decltype(coordinator_config::on_member) on_member;
+  decltype(coordinator_config::on_router) on_router;
   /// One line per reroute from the router; empty: quiet.
   std::function<void(const std::string&)> router_log;
   /// How the engines here pull from trainer ranks hosted in other processes;

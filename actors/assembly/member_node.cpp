@@ -131,13 +131,13 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   // Engines record their plans in the dtype the trainer sends, as the head's own do.
   const auto source_dtype = static_cast<dtype>(grant->source_dtype);
   const auto incarnation = process_incarnation();
-  // The engines take orders only from this process and the coordinator and
-  // router of the grant they registered under (replaced when it rejoins).
-  auto drivers = std::make_shared<trusted_actors>();
-  router_actor router; // when the topology places it here
-  auto trust_grant = [&] {
-    drivers->assign({grant->coordinator.address(), (router ? router : grant->router).address()});
-  };
+  // The engines take orders only from this process and the coordinator of
+  // the grant they registered under (replaced when it rejoins) and the
+  // router it names: the grant's, or one that registered on a member node
+  // since, which the coordinator vouches for to every engine.
+  auto drivers = std::make_shared<engine_drivers>();
+  router_actor router; // when the topology places it here (local: trusted anyway)
+  auto trust_grant = [&] { drivers->granted(grant->coordinator.address(), grant->router.address()); };
   trust_grant();
   // The router placed here answers this process and whatever reaches it
   // over its one link, the authenticated connection to the head (a member
@@ -192,14 +192,16 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       auto rc = router_config_from(t);
       rc.log = opts.log;
       router = spawn_router(sys, rc, fabric);
-      trust_grant();
     }
     const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
     for (const auto& e : t.engines)
       if (e.node == node.name) {
         auto cfg = engine_config_from(t, e, puller, source_dtype);
         cfg.producer_puller = pullers;
-        cfg.authorize = local_or_trusted(sys.node(), drivers);
+        cfg.authorize = local_or_driver(sys.node(), drivers);
+        cfg.vouched_router = [drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
+          return drivers->vouch(sender, r);
+        };
         cfg.log = opts.log;
         engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, std::move(cfg))));
         specs.push_back(&e);

@@ -469,6 +469,11 @@ TEST_CASE_FIXTURE(engine_authz, "an engine refuses the orders of anyone but its 
     {"status", ask(tag_status{}, status_atom::value)},
     {"heartbeat", ask(tag_beat{}, heartbeat_atom::value, heartbeat{"x", 1})},
     {"digest", ask(tag_digest{}, digest_atom::value)},
+    {"route", [](F& f) -> std::optional<caf::error> { // one way: naming a router is the coordinator's word
+       f.tell_as_outsider(f.engine, route_atom::value, heartbeat_actor{});
+       f.run();
+       return std::nullopt;
+     }},
     {"step", [](F& f) -> std::optional<caf::error> {
        f.tell_as_outsider(f.impl, step_atom::value);
        f.run();
@@ -591,6 +596,125 @@ TEST_CASE("a trainer rank's drivers: this process and every actor of the head's 
   CHECK(local_or_nodes_of(*elsewhere, drivers)(sb));
   drivers->assign({}); // a rejoin before the new grant is known: nobody but this process
   CHECK_FALSE(local_or_nodes_of(*elsewhere, drivers)(sb));
+// -- a router on a member node ---------------------------------------------------------
+
+/// An engine of another node than the fixture's (its policy's own node is
+/// another), driven by the coordinator of its grant and the router that
+/// coordinator vouches for; routers forward generate requests as themselves.
+struct vouched_router_fixture : actor_fixture {
+  std::shared_ptr<engine_drivers> drivers = std::make_shared<engine_drivers>();
+  std::vector<std::string> refusals;
+  rollout_engine_actor engine;
+  caf::actor coordinator = spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
+  std::shared_ptr<sink_record> tokens = std::make_shared<sink_record>();
+  token_sink_actor sink = spawn(recording_sink, tokens);
+  using outcome = std::shared_ptr<std::optional<caf::expected<generate_result>>>;
+  std::uint64_t next_request = 1;
+
+  vouched_router_fixture() {
+    auto elsewhere = caf::make_node_id(7, "0102030405060708090a0b0c0d0e0f1011121314");
+    REQUIRE(elsewhere);
+    rollout_engine_config cfg;
+    cfg.model = tiny_config();
+    cfg.options.name = "rollout-b";
+    cfg.authorize = local_or_driver(*elsewhere, drivers);
+    cfg.vouched_router = [d = drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
+      return d->vouch(sender, r);
+    };
+    cfg.log = [this](const std::string& line) { refusals.push_back(line); };
+    engine = caf::actor_cast<rollout_engine_actor>(spawn(rollout_engine, cfg));
+    drivers->granted(coordinator.address(), caf::actor_addr{}); // the grant names no router: it runs elsewhere
+  }
+
+  /// A router stand-in: forwards each generate request to the engine as itself.
+  std::pair<caf::actor, outcome> make_router() {
+    auto out = std::make_shared<std::optional<caf::expected<generate_result>>>();
+    auto target = engine;
+    auto r = spawn([=](caf::event_based_actor* self) -> caf::behavior {
+      return {[=](generate_atom, const generate_request& req, const token_sink_actor& s) {
+        self->request(target, std::chrono::seconds(3600), generate_atom::value, req, s)
+          .then([=](generate_result& g) { *out = std::move(g); }, [=](caf::error& e) { *out = std::move(e); });
+      }};
+    });
+    return {r, out};
+  }
+
+  /// `router` asks the engine to generate; the outcome once everything queued ran.
+  caf::expected<generate_result> generate_through(const std::pair<caf::actor, outcome>& router) {
+    router.second->reset();
+    generate_request req;
+    req.request_id = next_request++;
+    req.prompt = engine::encode("hello");
+    req.sampling.max_tokens = 4;
+    caf::anon_send(router.first, generate_atom::value, req, sink);
+    run();
+    REQUIRE(router.second->has_value());
+    return **router.second;
+  }
+
+  /// `from` names `router` to the engine as the one to obey.
+  void vouch(const caf::actor& from, const caf::actor& router) {
+    caf::send_as(from, engine, route_atom::value, caf::actor_cast<heartbeat_actor>(router));
+    run();
+  }
+};
+
+TEST_CASE_FIXTURE(vouched_router_fixture, "a member engine obeys the router its coordinator vouches for, and no other") {
+  auto first = make_router();
+  auto other = make_router(); // a router on yet another member node, never vouched for
+  auto refused = [](const caf::expected<generate_result>& r) {
+    return !r && is(r.error(), errc::unauthenticated);
+  };
+  // Before any vouching: no router is obeyed.
+  CHECK(refused(generate_through(first)));
+  // A router cannot vouch for itself or another: only the coordinator may.
+  vouch(first.first, first.first);
+  CHECK(refused(generate_through(first)));
+  // The coordinator vouches for the first: it is obeyed, the other is not.
+  // Obeyed: the request reaches the engine, which answers it as it answers
+  // its drivers (it holds no weights yet, so it says that).
+  vouch(coordinator, first.first);
+  auto obeyed = [](const caf::expected<generate_result>& r) {
+    return !r && is(r.error(), errc::engine_dirty);
+  };
+  CHECK(obeyed(generate_through(first)));
+  CHECK(refused(generate_through(other)));
+  // A trusted router cannot name another either.
+  const auto before = refusals.size();
+  vouch(first.first, other.first);
+  CHECK(refusals.size() == before + 1);
+  CHECK(refusals.back().find("only the coordinator vouches for a router") != std::string::npos);
+  CHECK(refused(generate_through(other)));
+  // Restarted (a new handle), vouched for again: the new one is obeyed, the old one no more.
+  vouch(coordinator, other.first);
+  CHECK(obeyed(generate_through(other)));
+  CHECK(refused(generate_through(first)));
+  // A rejoin starts from the new grant: its coordinator, no router until vouched for again.
+  drivers->granted(coordinator.address(), caf::actor_addr{});
+  CHECK(refused(generate_through(other)));
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator vouches for each router that registers to every member engine") {
+  std::vector<router_actor> announced;
+  auto c = config();
+  c.on_router = [&](const router_actor& r) { announced.push_back(r); };
+  start(c);
+  add_engine("e1");
+  add_engine("e2");
+  // The router it was spawned with is named to each engine as it registers.
+  CHECK(journal->vouched
+        == std::vector<std::string>{"e1:" + std::to_string(router.id()), "e2:" + std::to_string(router.id())});
+  // A router that registers (on a member node; restarted: a new handle) is
+  // named to every member, and to an engine that registers later.
+  auto restarted = caf::actor_cast<router_actor>(spawn(scripted_router, std::make_shared<router_script>()));
+  caf::send_as(caf::actor_cast<caf::actor>(router), coord, register_atom::value, restarted);
+  run();
+  REQUIRE(announced.size() == 1);
+  CHECK(announced.front().address() == restarted.address());
+  add_engine("e3");
+  const auto id = std::to_string(restarted.id());
+  CHECK(std::vector<std::string>(journal->vouched.begin() + 2, journal->vouched.end())
+        == std::vector<std::string>{"e1:" + id, "e2:" + id, "e3:" + id});
 }
 
 // -- two nodes over loopback ------------------------------------------------------------
@@ -648,6 +772,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
         [](generate_atom, const generate_request&, const token_sink_actor&) -> generate_result { return {}; },
         [](abort_atom, std::uint64_t) -> bool { return false; },
         [](status_atom) -> engine_status { return {}; },
+        [](route_atom, const heartbeat_actor&) {},
         [](digest_atom) -> weight_digest { return {}; },
         [](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
       };

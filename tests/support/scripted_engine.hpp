@@ -49,6 +49,7 @@ struct engine_journal {
   std::vector<heartbeat> beats;        ///< heartbeats, `from` set to the engine
   std::vector<std::string> dispatched; ///< "engine:request_id" per generate
   std::vector<std::string> aborted;    ///< "engine:request_id" per abort
+  std::vector<std::string> vouched;    ///< "engine:router actor id" per router the coordinator named
 };
 
 /// What one engine does and saw; shared with the test.
@@ -255,6 +256,9 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
       st.held.push_back({[rp, hb]() mutable { rp.deliver(hb); },
                          [rp](caf::error err) mutable { rp.deliver(std::move(err)); }});
       return rp;
+    },
+    [=](route_atom, const heartbeat_actor& router) {
+      self->state.journal->vouched.push_back(self->state.engine + ":" + std::to_string(router.id()));
     },
     [=](digest_atom) { return weight_digest{name, self->state.script->version, false, {}, {}}; },
     [=](release_atom) {

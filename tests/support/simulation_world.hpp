@@ -485,6 +485,7 @@ inline sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shar
         return dropped<heartbeat>(self);
       return heartbeat{name, hb.seq};
     },
+    [=](route_atom, const heartbeat_actor&) {}, // every actor of the simulation is local: trusted
     [=](digest_atom) -> caf::result<weight_digest> {
       auto& c = *self->state.ctl;
       if (c.silenced)
