@@ -596,6 +596,8 @@ TEST_CASE("a trainer rank's drivers: this process and every actor of the head's 
   CHECK(local_or_nodes_of(*elsewhere, drivers)(sb));
   drivers->assign({}); // a rejoin before the new grant is known: nobody but this process
   CHECK_FALSE(local_or_nodes_of(*elsewhere, drivers)(sb));
+}
+
 // -- a router on a member node ---------------------------------------------------------
 
 /// An engine of another node than the fixture's (its policy's own node is

@@ -345,3 +345,21 @@ TEST_CASE_FIXTURE(ranks_fixture, "a restored counter: ranks are told to catch up
   CHECK(status().version == 6);
   CHECK(routable("a"));
 }
+
+TEST_CASE_FIXTURE(ranks_fixture, "a rank left behind by more than a rank keeps is told to catch up, once per target") {
+  start(rank_config());
+  REQUIRE(register_rank(0, held_0, 1, {5, 4, 4096}));
+  rank_publish(0, {6, 4, 4096});
+  // Rank 1's node joined late: it starts at v1, five versions behind.
+  REQUIRE(register_rank(1, held_1, 1, {1, 4, 4096}));
+  add_engine("a");
+  CHECK(count(sync_phase::pause) == 0); // no version both hold
+  CHECK(ranks[1].script->catch_ups == std::vector<std::uint64_t>{6});
+  CHECK(ranks[0].script->catch_ups.empty());
+  rank_publish(1, {2, 4, 4096}); // still behind, same target: not told again
+  CHECK(ranks[1].script->catch_ups == std::vector<std::uint64_t>{6});
+  CHECK(lines_with("trainer rank 1 is behind: catching it up to v6") == 1);
+  rank_publish(1, {6, 4, 4096}); // caught up: the round runs
+  CHECK(status().version == 6);
+  CHECK(routable("a"));
+}

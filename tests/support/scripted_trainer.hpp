@@ -20,6 +20,7 @@ struct trainer_script {
   version_info current{2, 4, 4096}; ///< answered to version, freeze and step
   std::vector<version_listener_actor> listeners;
   std::vector<std::uint64_t> pins;
+  std::vector<std::uint64_t> catch_ups; ///< versions the coordinator told it to catch up to
   std::vector<engine_placement> placements; ///< as the coordinator last told
   /// Heartbeats go unanswered (a partitioned trainer rank).
   bool silent = false;
@@ -40,6 +41,7 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
     [=](subscribe_atom, const version_listener_actor& l) { script->listeners.push_back(l); },
     [=](freeze_atom) { return script->current; },
     [=](pin_atom, std::uint64_t v) { script->pins.push_back(v); },
+    [=](catch_up_atom, std::uint64_t v) { script->catch_ups.push_back(v); },
     [=](step_atom) { return script->current; },
     [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
       if (script->silent)
