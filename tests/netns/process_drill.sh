@@ -18,6 +18,10 @@ if ! "$root/deploy/netns.sh" can 2>/dev/null; then
   exit 77
 fi
 dir=$(mktemp -d)
+# Namespaces another run left (one killed by a timeout cannot clean up) are
+# not this run's fault: only new ones count below.
+drill_namespaces() { ip netns list | awk '{print $1}' | grep '^rldrill' | sort || true; }
+namespaces_before=$(drill_namespaces)
 trap 'rm -rf "$dir"' EXIT
 "$rlsync" certs make --out "$dir/certs" --nodes head,engine-node-a,engine-node-b > /dev/null
 cat > "$dir/netns-drill.yaml" <<YAML
@@ -99,8 +103,9 @@ grep -q 'trainer rank 1 silent for\|trainer rank 1 is down' "$dir/ranks/head.log
   || { tail -60 "$dir/ranks/head.log"; echo "FAIL: rank 1 never registered again after the heal"; exit 1; }
 echo "trainer rank partitioned mid-transfer: $(grep -o 'at [0-9]* ms: sync round [0-9]* v[0-9]*: ABORTED ([^)]*)' "$dir/ranks.err" | head -1); $(grep -c '^  held' "$dir/ranks.out") invariants held"
 
-# The namespaces are gone.
-if ip netns list | grep -q "^rldrill"; then ip netns list; echo "FAIL: namespaces left behind"; exit 1; fi
+# The namespaces this run made are gone.
+left=$(comm -13 <(echo "$namespaces_before") <(drill_namespaces))
+if [ -n "$left" ]; then echo "$left"; echo "FAIL: namespaces left behind"; exit 1; fi
 # Without root, --netns is refused.
 if command -v setpriv > /dev/null; then
   chmod 755 "$dir" && chmod 644 "$dir/netns-drill.yaml"
