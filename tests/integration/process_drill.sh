@@ -64,8 +64,14 @@ echo "head killed mid-transfer: $(grep -o 'restored from [^:]*: v[0-9]* synced' 
 # not judged), and the round after the rank rejoins completes.
 run process-rank-kill
 grep -q 'node trainer-node-1: SIGKILL' "$dir/process-rank-kill.err" || { echo "FAIL: rank 1 was not killed"; exit 1; }
-grep -q 'ABORTED (trainer rank 1 is down)' "$dir/process-rank-kill/head.log" \
-  || { tail -40 "$dir/process-rank-kill/head.log"; echo "FAIL: no round aborted"; exit 1; }
+# The kill fires a few ms after the transfer goes out; a transfer of this
+# small model can finish first (then nothing aborts, and the drill's
+# invariants still hold): reported, like the netns partition drill.
+if grep -q 'ABORTED (trainer rank 1 is down)' "$dir/process-rank-kill/head.log"; then
+  echo "rank kill: the round in flight aborted"
+else
+  echo "rank kill: the transfer finished before the kill landed (no abort this run)"
+fi
 [ "$(grep -c 'trainer rank 1 (incarnation [0-9]*, node trainer-node-1, .*registered' "$dir/process-rank-kill/head.log")" -ge 2 ] \
   || { tail -40 "$dir/process-rank-kill/head.log"; echo "FAIL: the restarted rank 1 never registered"; exit 1; }
 grep -q '^  reported  engines live and serving .*the drill kills 2 of 2 engines at once' "$dir/process-rank-kill.out" \
