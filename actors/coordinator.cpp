@@ -193,6 +193,25 @@ void tell_placements(self_ptr self) {
       tell_placements(self, rank.handle);
 }
 
+/// Follows a trainer (or rank) `who`: monitored, told where the engines run,
+/// subscribed to its versions, and asked for its current one (versions
+/// published before the subscription arrived), which goes to `heard`.
+template <class Heard>
+void follow_trainer(self_ptr self, const trainer_actor& trainer, const std::string& who, Heard heard) {
+  self->monitor(trainer);
+  tell_placements(self, trainer);
+  self->send(trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
+  self->request(trainer, self->state.cfg.trainer_deadline, version_atom::value)
+    .then(
+      [=](version_info& vi) {
+        heard(vi);
+        settle(self);
+      },
+      [=](caf::error& err) {
+        log_line(self, "coordinator: " + who + " did not report its version: " + self->system().render(err));
+      });
+}
+
 /// Forgets an engine: it left, died, or a newer incarnation replaced it. It
 /// leaves the round and the router stops using it.
 void drop_member(self_ptr self, std::string name, const std::string& why, bool replaced = false) {
@@ -345,19 +364,7 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
     self->demonitor(st.cfg.trainer.address());
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
-  self->monitor(st.cfg.trainer);
-  tell_placements(self, st.cfg.trainer);
-  self->send(st.cfg.trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
-  // Versions published before the subscription arrived are learnt here.
-  self->request(st.cfg.trainer, st.cfg.trainer_deadline, version_atom::value)
-    .then(
-      [=](version_info& vi) {
-        on_version(self, vi);
-        settle(self);
-      },
-      [=](caf::error& err) {
-        log_line(self, "coordinator: the trainer did not report its version: " + self->system().render(err));
-      });
+  follow_trainer(self, st.cfg.trainer, "the trainer", [=](const version_info& vi) { on_version(self, vi); });
 }
 
 // -- trainer ranks ----------------------------------------------------------------------
@@ -472,21 +479,11 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
   rank.handle = handle;
   rank.last_heard_ns = now_ns(self);
   st.ranks.emplace(info.rank, std::move(rank));
-  self->monitor(handle);
-  tell_placements(self, handle);
-  self->send(handle, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
-  // Versions published before the subscription arrived are learnt here.
-  self->request(handle, st.cfg.trainer_deadline, version_atom::value)
-    .then(
-      [=, r = info.rank, who_addr = handle.address()](version_info& vi) {
-        auto i = self->state.ranks.find(r);
-        if (i != self->state.ranks.end() && !i->second.down && i->second.handle.address() == who_addr)
-          on_rank_version(self, r, vi);
-        settle(self);
-      },
-      [=](caf::error& err) {
-        log_line(self, "coordinator: " + who + " did not report its version: " + self->system().render(err));
-      });
+  follow_trainer(self, handle, who, [=, r = info.rank, who_addr = handle.address()](const version_info& vi) {
+    auto i = self->state.ranks.find(r);
+    if (i != self->state.ranks.end() && !i->second.down && i->second.handle.address() == who_addr)
+      on_rank_version(self, r, vi);
+  });
   log_line(self, "coordinator: " + who + " (incarnation " + std::to_string(info.incarnation) + ", node "
                    + printable(info.node) + ", " + std::to_string(info.held.size()) + " tensors) registered; "
                    + std::to_string(st.ranks.size()) + " of " + std::to_string(st.cfg.trainer_ranks) + " ranks");
