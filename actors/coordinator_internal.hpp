@@ -1,0 +1,62 @@
+#pragma once
+// The coordinator's internals shared by its two translation units:
+// coordinator.cpp (membership, heartbeats, the sync round top to bottom, the
+// behaviour) and coordinator_ranks.cpp (trainer ranks: registration,
+// following, the version barrier, catch-up orders). Nothing else includes it.
+
+#include "actors/coordinator.hpp"
+
+#include <caf/actor_cast.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace rlsync::coordinator_detail {
+
+using self_ptr = coordinator_impl_actor::stateful_pointer<coordinator_state>;
+
+// -- defined in coordinator.cpp ---------------------------------------------------
+
+std::uint64_t now_ns(self_ptr self);
+void log_line(self_ptr self, const std::string& line);
+/// Moves the round on as far as it goes; every handler ends here.
+void settle(self_ptr self);
+void abort_round(self_ptr self, const std::string& why);
+/// A version the round may sync to (never backwards).
+void on_version(self_ptr self, const version_info& vi);
+void tell_placements(self_ptr self, const trainer_actor& trainer);
+
+/// Follows a trainer (or rank) `who`: monitored, told where the engines run,
+/// subscribed to its versions, and asked for its current one (versions
+/// published before the subscription arrived), which goes to `heard`.
+template <class Heard>
+void follow_trainer(self_ptr self, const trainer_actor& trainer, const std::string& who, Heard heard) {
+  self->monitor(trainer);
+  tell_placements(self, trainer);
+  self->send(trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
+  self->request(trainer, self->state.cfg.trainer_deadline, version_atom::value)
+    .then(
+      [=](version_info& vi) {
+        heard(vi);
+        settle(self);
+      },
+      [=](caf::error& err) {
+        log_line(self, "coordinator: " + who + " did not report its version: " + self->system().render(err));
+      });
+}
+
+// -- defined in coordinator_ranks.cpp ---------------------------------------------
+
+bool follows_ranks(const coordinator_state& st);
+std::uint64_t cluster_newest(const coordinator_state& st);
+bool ranks_live(const coordinator_state& st);
+std::optional<std::uint32_t> sending_rank(self_ptr self);
+void review_barrier(self_ptr self);
+void on_rank_version(self_ptr self, std::uint32_t rank, const version_info& vi);
+caf::expected<registration> on_register_rank(self_ptr self, const rank_info& info, const trainer_actor& handle);
+void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_ns);
+void heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who);
+caf::result<std::uint32_t> freeze_ranks(self_ptr self);
+
+} // namespace rlsync::coordinator_detail
