@@ -217,10 +217,17 @@ drill_rounds::drill_rounds(std::vector<std::string> engines) : engines_(std::mov
 
 std::optional<std::uint64_t> drill_rounds::on_phase(const drill_phase_event& e) {
   if (base_ == 0) {
-    for (auto& name : engines_)
-      if (std::find(e.engines.begin(), e.engines.end(), name) == e.engines.end())
-        return std::nullopt;
     if (e.round == 0)
+      return std::nullopt;
+    if (e.round != seen_round_) {
+      seen_round_ = e.round;
+      seen_engines_.clear();
+    }
+    for (auto& name : e.engines) // only the topology's engines: bounded by it
+      if (std::find(engines_.begin(), engines_.end(), name) != engines_.end()
+          && std::find(seen_engines_.begin(), seen_engines_.end(), name) == seen_engines_.end())
+        seen_engines_.push_back(name);
+    if (seen_engines_.size() < engines_.size())
       return std::nullopt;
     base_ = e.round;
   }

@@ -82,7 +82,10 @@ std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line);
 /// Rounds as a drill counts them: round 1 is the first the head sends to
 /// every engine of the topology (the whole fleet's first sync, as round 1 is
 /// in one process). With processes the head starts rounds as soon as it is
-/// up, before the engine nodes have joined; those rounds do not count.
+/// up, before the engine nodes have joined; those rounds do not count. With
+/// sync.wave_size each phase event names one wave's engines only: a round
+/// reaches every engine when its waves together do (round 1 is numbered from
+/// the event that completes the fleet on).
 class drill_rounds {
 public:
   explicit drill_rounds(std::vector<std::string> engines);
@@ -94,6 +97,10 @@ public:
 private:
   std::vector<std::string> engines_;
   std::uint64_t base_ = 0; ///< the head's number of drill round 1
+  /// Before round 1: the head's round being seen and the engines its waves
+  /// reached so far (at most the topology's engines).
+  std::uint64_t seen_round_ = 0;
+  std::vector<std::string> seen_engines_;
 };
 
 /// "No version goes backwards", over the head's restarts: once a round of

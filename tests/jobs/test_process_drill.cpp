@@ -261,6 +261,36 @@ TEST_CASE("process drill: round 1 is the first round that reaches every engine")
   CHECK(rounds.started());
 }
 
+TEST_CASE("process drill: with waves, round 1 is the first whose waves together reach every engine") {
+  drill_rounds rounds({"a-0", "a-1", "b-0", "b-1"});
+  struct row {
+    std::uint64_t head_round;
+    std::vector<std::string> engines;
+    std::int64_t drill_round; ///< -1: not counted
+  };
+  const row rows[] = {
+    {2, {"a-0", "a-1"}, -1},        // wave 1 of a round
+    {3, {"b-0", "b-1"}, -1},        // another round: round 2's wave does not carry over
+    {3, {"stranger", "a-0"}, -1},   // three of four: a name outside the topology counts for nothing
+    {3, {"a-0", "b-1"}, -1},        // repeats count once
+    {4, {"a-0", "a-1"}, -1},        // round 4, wave 1
+    {4, {"b-0", "b-1"}, 1},         // its wave 2 completes the fleet: round 1
+    {5, {"a-0", "a-1"}, 2},         // later rounds count on, one wave or several
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.head_round);
+    drill_phase_event e;
+    e.round = r.head_round;
+    e.engines = r.engines;
+    auto n = rounds.on_phase(e);
+    if (r.drill_round < 0)
+      CHECK_FALSE(n);
+    else
+      CHECK(n == static_cast<std::uint64_t>(r.drill_round));
+  }
+  CHECK(rounds.started());
+}
+
 TEST_CASE("process drill: no version goes backwards past a completed round") {
   struct event {
     std::uint64_t round, version;
