@@ -12,6 +12,13 @@
 #                             pid goes to $started and is killed on exit (with
 #                             $netns_kill_signal, TERM unless the test sets it)
 #
+#   cluster_yaml_rewritten OUT A0 A1 A2
+#                             configs/cluster.yaml with only what a machine
+#                             without its network must change: the three
+#                             nodes' addresses (A0..A2), ucx_transports (tcp)
+#                             and the state file's directory ($dir); fails when
+#                             the shipped file no longer has those lines
+#
 # A test that needs more at exit defines netns_cleanup_hook; it runs after the
 # kills and before the namespaces go.
 
@@ -64,4 +71,19 @@ netns_start() { # I LOG CMD...
   fi
   started=$!
   pids+=("$started")
+}
+
+cluster_yaml_rewritten() { # OUT A0 A1 A2
+  local out=$1 shipped="$root/configs/cluster.yaml" want changed
+  for want in 'address: 10.0.0.1' 'address: 10.0.0.2' 'address: 10.0.0.3' 'ucx_transports: \[rdma, tcp\]' \
+              'state_file: /var/lib/rlsync/coordinator.state'; do
+    grep -q "$want" "$shipped" || { echo "FAIL: $shipped no longer has '$want': update tests/netns/lib.sh"; exit 1; }
+  done
+  sed -e "s/address: 10\.0\.0\.1/address: $2/" -e "s/address: 10\.0\.0\.2/address: $3/" \
+      -e "s/address: 10\.0\.0\.3/address: $4/" -e "s/ucx_transports: \[rdma, tcp\]/ucx_transports: [tcp]/" \
+      -e "s|state_file: /var/lib/rlsync/coordinator.state|state_file: $dir/coordinator.state|" \
+      "$shipped" > "$out"
+  # Only the lines rewritten above differ from the shipped file.
+  changed=$(diff "$shipped" "$out" | grep -c '^>' || true)
+  [ "$changed" -eq 5 ] || { diff "$shipped" "$out" || true; echo "FAIL: $changed lines changed, expected 5"; exit 1; }
 }
