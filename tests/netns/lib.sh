@@ -18,6 +18,15 @@
 #                             nodes' addresses (A0..A2), ucx_transports (tcp)
 #                             and the state file's directory ($dir); fails when
 #                             the shipped file no longer has those lines
+#   netns_five_nodes PREFIX NET OUT NAME NODE1 NODE2 ROUTER TRAINER
+#                             five nodes (netns_up), head, NODE1, NODE2,
+#                             engine-node-a and engine-node-b at node 0..4's
+#                             address, their certificates in $dir/certs, and
+#                             topology OUT (validated): a tiny model, mutual
+#                             TLS with per-node secrets, one tp-2 engine on each
+#                             engine node, the coordinator on head, the router
+#                             on ROUTER, UCX over tcp, 16 prompts; TRAINER is
+#                             its trainer: block (YAML, two-space indented)
 #
 # A test that needs more at exit defines netns_cleanup_hook; it runs after the
 # kills and before the namespaces go.
@@ -86,4 +95,38 @@ cluster_yaml_rewritten() { # OUT A0 A1 A2
   # Only the lines rewritten above differ from the shipped file.
   changed=$(diff "$shipped" "$out" | grep -c '^>' || true)
   [ "$changed" -eq 5 ] || { diff "$shipped" "$out" || true; echo "FAIL: $changed lines changed, expected 5"; exit 1; }
+}
+
+netns_five_nodes() { # PREFIX NET OUT NAME NODE1 NODE2 ROUTER TRAINER
+  local out=$3 topology_name=$4 node1=$5 node2=$6 router=$7 trainer=$8 a=() i
+  netns_up "$1" 5 "$2"
+  for i in 0 1 2 3 4; do a+=("$(netns_addr $i)"); done
+  "$rlsync" certs make --out "$dir/certs" --nodes "head,$node1,$node2,engine-node-a,engine-node-b" > /dev/null
+  cat > "$out" <<YAML
+name: $topology_name
+model:
+  synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
+nodes:
+  - {name: head, address: ${a[0]}, port: 7400}
+  - {name: $node1, address: ${a[1]}, port: 7400}
+  - {name: $node2, address: ${a[2]}, port: 7400}
+  - {name: engine-node-a, address: ${a[3]}, port: 7400}
+  - {name: engine-node-b, address: ${a[4]}, port: 7400}
+cluster:
+  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
+  secret_file: "certs/{node}.secret"
+  heartbeat_interval_ms: 200
+  heartbeat_timeout_ms: 2000
+  connect_deadline_ms: 20000
+trainer:
+$trainer
+engines:
+  - {name: rollout-a, node: engine-node-a, tp: 2}
+  - {name: rollout-b, node: engine-node-b, tp: 2}
+router: {node: $router}
+coordinator: {node: head}
+transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
+workload: {prompts: 16, concurrency: 4, max_tokens: 24}
+YAML
+  "$rlsync" validate "$out" > /dev/null
 }

@@ -8,41 +8,11 @@
 # (the head rebuilds the synthetic ranks' bytes to check them).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-netns_up rlr 5 4
-a=(); for i in 0 1 2 3 4; do a+=("$(netns_addr $i)"); done
-nodes=head,trainer-0,trainer-1,engine-node-a,engine-node-b
-"$rlsync" certs make --out "$dir/certs" --nodes "$nodes" > /dev/null
-cat > "$dir/ranks.yaml" <<YAML
-name: ranks
-model:
-  synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
-nodes:
-  - {name: head, address: ${a[0]}, port: 7400}
-  - {name: trainer-0, address: ${a[1]}, port: 7400}
-  - {name: trainer-1, address: ${a[2]}, port: 7400}
-  - {name: engine-node-a, address: ${a[3]}, port: 7400}
-  - {name: engine-node-b, address: ${a[4]}, port: 7400}
-cluster:
-  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
-  secret_file: "certs/{node}.secret"
-  heartbeat_interval_ms: 200
-  heartbeat_timeout_ms: 2000
-  connect_deadline_ms: 20000
-trainer:
-  node: trainer-0
+netns_five_nodes rlr 4 "$dir/ranks.yaml" ranks trainer-0 trainer-1 head '  node: trainer-0
   step_time_ms: 200
   ranks:
     - {node: trainer-0, layers: "0-1"}
-    - {node: trainer-1, layers: "2-3"}
-engines:
-  - {name: rollout-a, node: engine-node-a, tp: 2}
-  - {name: rollout-b, node: engine-node-b, tp: 2}
-router: {node: head}
-coordinator: {node: head}
-transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
-workload: {prompts: 16, concurrency: 4, max_tokens: 24}
-YAML
-"$rlsync" validate "$dir/ranks.yaml" > /dev/null
+    - {node: trainer-1, layers: "2-3"}'
 netns_start 1 "$dir/t0.log" "$rlsync" node --topology "$dir/ranks.yaml" --node trainer-0
 netns_start 2 "$dir/t1.log" "$rlsync" node --topology "$dir/ranks.yaml" --node trainer-1
 netns_start 3 "$dir/a.log" "$rlsync" node --topology "$dir/ranks.yaml" --node engine-node-a

@@ -8,40 +8,10 @@
 # to the trainer.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-netns_up rlq 5 7
-a=(); for i in 0 1 2 3 4; do a+=("$(netns_addr $i)"); done
-nodes=head,router-node,trainer-node,engine-node-a,engine-node-b
-"$rlsync" certs make --out "$dir/certs" --nodes "$nodes" > /dev/null
-cat > "$dir/router.yaml" <<YAML
-name: remote-router
-model:
-  synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
-nodes:
-  - {name: head, address: ${a[0]}, port: 7400}
-  - {name: router-node, address: ${a[1]}, port: 7400}
-  - {name: trainer-node, address: ${a[2]}, port: 7400}
-  - {name: engine-node-a, address: ${a[3]}, port: 7400}
-  - {name: engine-node-b, address: ${a[4]}, port: 7400}
-cluster:
-  tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
-  secret_file: "certs/{node}.secret"
-  heartbeat_interval_ms: 200
-  heartbeat_timeout_ms: 2000
-  connect_deadline_ms: 20000
-trainer:
-  node: trainer-node
+netns_five_nodes rlq 7 "$dir/router.yaml" remote-router router-node trainer-node router-node '  node: trainer-node
   step_time_ms: 200
   ranks:
-    - {node: trainer-node, layers: "0-3"}
-engines:
-  - {name: rollout-a, node: engine-node-a, tp: 2}
-  - {name: rollout-b, node: engine-node-b, tp: 2}
-router: {node: router-node}
-coordinator: {node: head}
-transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
-workload: {prompts: 16, concurrency: 4, max_tokens: 24}
-YAML
-"$rlsync" validate "$dir/router.yaml" > /dev/null
+    - {node: trainer-node, layers: "0-3"}'
 logs() { for f in head r t a b; do echo "== $f"; cat "$dir/$f.log" 2>/dev/null || true; done; }
 netns_start 0 "$dir/head.log" timeout 240 "$rlsync" node --topology "$dir/router.yaml" --node head --run \
   --no-progress --json "$dir/run.json"
