@@ -542,6 +542,7 @@ void open_round(self_ptr self) {
       st.round->producers.push_back(producer_holding{r, rank.info.incarnation, rank.info.held});
       st.round->producer_handles.push_back(rank.handle);
       self->send(rank.handle, pin_atom::value, st.newest.version);
+      rank.pinned = st.newest.version;
     }
   } else if (st.cfg.trainer) {
     self->send(st.cfg.trainer, pin_atom::value, st.newest.version);
@@ -953,6 +954,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
           s.retired.push_back(name);
       s.below_min_live_events = st.live_alert.events;
       s.refused = st.guard->refused();
+      s.ranks = rank_statuses(st);
       return s;
     }),
     authorized(self, guard, [=](digest_atom) -> caf::result<std::vector<weight_digest>> {

@@ -226,6 +226,10 @@ struct coordinator_rank {
   std::uint64_t last_heard_ns = 0;
   /// The version it was last told to catch up to (0: none).
   std::uint64_t catch_up_sent = 0;
+  /// The newest version it published, and the one the last round pinned on
+  /// it (0: none yet); for the status.
+  std::uint64_t latest_published = 0;
+  std::uint64_t pinned = 0;
 };
 
 /// The round in progress.

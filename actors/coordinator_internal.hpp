@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace rlsync::coordinator_detail {
 
@@ -58,5 +59,7 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
 void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_ns);
 void heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who);
 caf::result<std::uint32_t> freeze_ranks(self_ptr self);
+/// Every registered rank for coordinator_status, by index.
+std::vector<rank_status> rank_statuses(const coordinator_state& st);
 
 } // namespace rlsync::coordinator_detail

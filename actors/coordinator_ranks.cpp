@@ -90,6 +90,8 @@ void on_rank_version(self_ptr self, std::uint32_t rank, const version_info& vi) 
     log_line(self, "coordinator: refused a version: " + why);
     return;
   }
+  if (auto i = self->state.ranks.find(rank); i != self->state.ranks.end())
+    i->second.latest_published = std::max(i->second.latest_published, vi.version);
   review_barrier(self);
 }
 
@@ -201,6 +203,17 @@ caf::result<std::uint32_t> freeze_ranks(self_ptr self) {
             });
   }
   return rp;
+}
+
+// -- status -------------------------------------------------------------------------------
+
+std::vector<rank_status> rank_statuses(const coordinator_state& st) {
+  std::vector<rank_status> out;
+  out.reserve(st.ranks.size()); // at most cfg.trainer_ranks
+  for (const auto& [r, rank] : st.ranks)
+    out.push_back(rank_status{r, rank.info.node, rank.info.incarnation, rank.latest_published, rank.pinned,
+                              !rank.down && !rank.unreachable});
+  return out;
 }
 
 } // namespace rlsync::coordinator_detail

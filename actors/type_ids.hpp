@@ -105,6 +105,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::producer_holding))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::engine_placement))
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::engine_placement>))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_status))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -146,7 +147,8 @@ RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
                x.rerouted, x.refused)
 RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history,
-               x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused)
+               x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused, x.ranks)
+RLSYNC_INSPECT(rank_status, x.rank, x.node, x.incarnation, x.latest_version, x.pinned_version, x.reachable)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
 RLSYNC_INSPECT(engine_placement, x.engine, x.node)

@@ -1,5 +1,6 @@
 #include "actors/jobs/job_report.hpp"
 
+#include "runtime/base/printable.hpp"
 #include "runtime/base/stats.hpp"
 #include "runtime/control/round_figures.hpp"
 
@@ -57,6 +58,13 @@ bool weights_verified(const std::vector<engine_verification>& checks) {
   return !checks.empty() && std::all_of(checks.begin(), checks.end(), [](auto& c) { return c.ok(); });
 }
 
+std::string rank_status_text(const rank_status& r) {
+  auto version = [](std::uint64_t v) { return v == 0 ? std::string("none") : "v" + std::to_string(v); };
+  return "rank " + std::to_string(r.rank) + " on " + printable(r.node) + " (incarnation "
+         + std::to_string(r.incarnation) + "): published " + version(r.latest_version) + ", pinned "
+         + version(r.pinned_version) + ", " + (r.reachable ? "reachable" : "UNREACHABLE");
+}
+
 std::string job_summary_text(const job_outcome& o) {
   const auto& result = o.workload;
   auto syncs = summarize_syncs(o.syncs);
@@ -99,6 +107,10 @@ std::string job_summary_text(const job_outcome& o) {
     else
       s << c.mismatched << " of " << c.shards << " shards DIFFER";
   }
+  if (!o.ranks.empty())
+    s << "\ntrainer ranks:";
+  for (auto& r : o.ranks)
+    s << "\n  " << rank_status_text(r);
   for (auto& e : result.errors)
     s << "\n  error: " << e;
   if (o.below_min_live_events > 0)
@@ -126,6 +138,14 @@ std::string job_summary_json(const job_outcome& o) {
                      {"control_ms", f.control_ms},
                      {"evicted", r.evicted}});
   }
+  ordered_json ranks = ordered_json::array();
+  for (auto& r : o.ranks)
+    ranks.push_back({{"rank", r.rank},
+                     {"node", r.node},
+                     {"incarnation", r.incarnation},
+                     {"latest_version", r.latest_version},
+                     {"pinned_version", r.pinned_version},
+                     {"reachable", r.reachable}});
   ordered_json weights = ordered_json::array();
   for (auto& c : o.checks)
     weights.push_back({{"engine", c.engine},
@@ -156,6 +176,7 @@ std::string job_summary_json(const job_outcome& o) {
     {"syncs", syncs},
     {"weights", weights},
     {"weights_verified", weights_verified(o.checks)},
+    {"ranks", ranks},
   };
   // Non-finite numbers come out as null; text that is not UTF-8 gets U+FFFD.
   return j.dump(2, ' ', false, ordered_json::error_handler_t::replace) + "\n";

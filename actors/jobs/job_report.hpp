@@ -60,11 +60,18 @@ struct job_outcome {
   std::int64_t min_live_engines = 1;
   std::uint64_t below_min_live_events = 0;
   std::size_t retired = 0;
+  std::vector<rank_status> ranks; ///< the coordinator's trainer ranks at the end (none: a single trainer)
 };
+
+/// One trainer rank in a line: "rank 1 on node-b (incarnation 7): published
+/// v12, pinned v11, reachable" ("none" for a version not seen yet,
+/// "UNREACHABLE" when down or silent).
+std::string rank_status_text(const rank_status& r);
 
 /// The summary printed on stdout: requests, tokens (by version), syncs with
 /// the cold sync and the warm medians, one weight verification line per
-/// engine, the workload's errors and the min_live alert.
+/// engine, one line per trainer rank, the workload's errors and the min_live
+/// alert.
 std::string job_summary_text(const job_outcome& o);
 
 /// The same as one JSON object (what `--json FILE` writes): topology,

@@ -376,6 +376,7 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   o.min_live_engines = t.sync.min_live_engines;
   o.below_min_live_events = end.status.below_min_live_events;
   o.retired = end.status.retired.size();
+  o.ranks = end.status.ranks;
   std::cout << job_summary_text(o) << std::flush;
   if (json_file) {
     std::ofstream f(*json_file);

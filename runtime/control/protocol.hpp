@@ -281,6 +281,16 @@ struct router_status {
   std::uint64_t refused = 0; ///< messages refused: their sender's node is not admitted
 };
 
+/// One trainer rank as the coordinator sees it (coordinator_status::ranks).
+struct rank_status {
+  std::uint32_t rank = 0;
+  std::string node;
+  std::uint64_t incarnation = 0;
+  std::uint64_t latest_version = 0; ///< the newest version it published (0: none yet)
+  std::uint64_t pinned_version = 0; ///< the version the last round pinned on it (0: none yet)
+  bool reachable = false;           ///< registered, not down, answering heartbeats
+};
+
 struct coordinator_status {
   std::uint64_t version = 0; ///< last version every live engine holds
   std::vector<engine_info> members;
@@ -292,6 +302,7 @@ struct coordinator_status {
   std::uint32_t live = 0;               ///< members answering heartbeats
   std::uint64_t below_min_live_events = 0; ///< times live fell below min_live_engines
   std::uint64_t refused = 0; ///< messages refused: their sender's node is not admitted
+  std::vector<rank_status> ranks; ///< the registered trainer ranks by index (none: a single trainer)
 };
 
 // -- names and checks ------------------------------------------------------------------

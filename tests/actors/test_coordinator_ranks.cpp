@@ -363,3 +363,54 @@ TEST_CASE_FIXTURE(ranks_fixture, "a rank left behind by more than a rank keeps i
   CHECK(status().version == 6);
   CHECK(routable("a"));
 }
+
+TEST_CASE_FIXTURE(ranks_fixture, "the status lists every rank: node, incarnation, latest and pinned versions, reachable") {
+  auto c = heartbeat_config();
+  c.trainer_ranks = 2;
+  c.parameter_names = model_names;
+  start(c);
+  CHECK(status().ranks.empty()); // none registered yet
+  REQUIRE(register_rank(0, held_0, 5));
+  {
+    auto st = status();
+    REQUIRE(st.ranks.size() == 1);
+    CHECK(st.ranks[0].rank == 0);
+    CHECK(st.ranks[0].node == "node");
+    CHECK(st.ranks[0].incarnation == 5);
+    CHECK(st.ranks[0].latest_version == 2); // its answer to the coordinator's query
+    CHECK(st.ranks[0].pinned_version == 0); // no round yet: rank 1 is missing
+    CHECK(st.ranks[0].reachable);
+  }
+  REQUIRE(register_rank(1, held_1, 9));
+  add_engine("a");
+  REQUIRE(routable("a"));
+  rank_publish(0, {3, 4, 4096});
+  rank_publish(0, {4, 4, 4096});
+  rank_publish(1, {3, 4, 4096});
+  {
+    auto st = status();
+    REQUIRE(st.ranks.size() == 2);
+    CHECK(st.ranks[0].latest_version == 4);
+    CHECK(st.ranks[1].latest_version == 3);
+    CHECK(st.ranks[0].pinned_version == 3); // the round pins the newest version both hold
+    CHECK(st.ranks[1].pinned_version == 3);
+    CHECK(st.ranks[1].incarnation == 9);
+  }
+  ranks[1].script->silent = true; // partitioned
+  ticks(5);
+  REQUIRE(logged("trainer rank 1 silent for"));
+  {
+    auto st = status();
+    CHECK(st.ranks[0].reachable);
+    CHECK_FALSE(st.ranks[1].reachable);
+  }
+  ranks[1].script->silent = false;
+  ticks(2);
+  CHECK(status().ranks[1].reachable);
+  kill_rank(0);
+  {
+    auto st = status();
+    REQUIRE(st.ranks.size() == 2); // still listed: down until a new incarnation registers
+    CHECK_FALSE(st.ranks[0].reachable);
+  }
+}

@@ -177,6 +177,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   coordinator_status cs{7, {sample_engine_info()}, {"rollout-1"}, 11, {sync_report{}}, {"rollout-2"}, {"rollout-3"}, 1, 2};
   cs.history[0].version = 6;
   cs.history[0].evicted = {"rollout-2"};
+  cs.ranks = {rank_status{1, "trainer-node", 7, 12, 11, false}};
   auto c = round_trip(cs);
   CHECK(c.version == 7);
   REQUIRE(c.members.size() == 1);
@@ -190,6 +191,13 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   CHECK(c.retired == std::vector<std::string>{"rollout-3"});
   CHECK(c.live == 1);
   CHECK(c.below_min_live_events == 2);
+  REQUIRE(c.ranks.size() == 1);
+  CHECK(c.ranks[0].rank == 1);
+  CHECK(c.ranks[0].node == "trainer-node");
+  CHECK(c.ranks[0].incarnation == 7);
+  CHECK(c.ranks[0].latest_version == 12);
+  CHECK(c.ranks[0].pinned_version == 11);
+  CHECK_FALSE(c.ranks[0].reachable);
 }
 
 TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive serialization") {

@@ -243,7 +243,36 @@ TEST_CASE("job report: the JSON carries every field") {
     keys.push_back(k);
   CHECK(keys == std::vector<std::string>{"topology", "interrupted", "drain", "requests", "tokens", "streamed_tokens",
                                          "stream_mismatches", "min_live_engines", "below_min_live_events", "seconds",
-                                         "memcpy_gbps", "syncs", "weights", "weights_verified"});
+                                         "memcpy_gbps", "syncs", "weights", "weights_verified", "ranks"});
+  CHECK(j["ranks"] == nlohmann::json::array()); // a single trainer: no ranks
+}
+
+TEST_CASE("job report: one line per trainer rank, in the text and the JSON") {
+  struct row {
+    rank_status rank;
+    const char* line;
+  };
+  const row rows[] = {
+    {{0, "trainer-node", 7, 12, 11, true}, "rank 0 on trainer-node (incarnation 7): published v12, pinned v11, reachable"},
+    {{1, "node-b", 3, 12, 0, true}, "rank 1 on node-b (incarnation 3): published v12, pinned none, reachable"},
+    {{2, "node-c", 9, 0, 0, false}, "rank 2 on node-c (incarnation 9): published none, pinned none, UNREACHABLE"},
+    {{3, "bad\nname", 1, 4, 4, false}, "rank 3 on bad\\nname (incarnation 1): published v4, pinned v4, UNREACHABLE"},
+  };
+  auto o = healthy();
+  CHECK_FALSE(contains(job_summary_text(o), "trainer ranks:")); // a single trainer
+  for (auto& r : rows) {
+    CAPTURE(r.line);
+    CHECK(rank_status_text(r.rank) == r.line);
+    o.ranks.push_back(r.rank);
+  }
+  auto text = job_summary_text(o);
+  CHECK(contains(text, "\ntrainer ranks:\n  rank 0 on trainer-node (incarnation 7): published v12, pinned v11, reachable\n"
+                       "  rank 1 on node-b"));
+  auto j = nlohmann::json::parse(job_summary_json(o));
+  REQUIRE(j["ranks"].size() == 4);
+  CHECK(j["ranks"][0] == nlohmann::json{{"rank", 0}, {"node", "trainer-node"}, {"incarnation", 7},
+                                        {"latest_version", 12}, {"pinned_version", 11}, {"reachable", true}});
+  CHECK(j["ranks"][2]["reachable"] == false);
 }
 
 TEST_CASE("job report: JSON stays valid for odd values") {
