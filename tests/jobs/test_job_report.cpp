@@ -256,7 +256,7 @@ TEST_CASE("job report: one line per trainer rank, in the text and the JSON") {
     {{0, "trainer-node", 7, 12, 11, true}, "rank 0 on trainer-node (incarnation 7): published v12, pinned v11, reachable"},
     {{1, "node-b", 3, 12, 0, true}, "rank 1 on node-b (incarnation 3): published v12, pinned none, reachable"},
     {{2, "node-c", 9, 0, 0, false}, "rank 2 on node-c (incarnation 9): published none, pinned none, UNREACHABLE"},
-    {{3, "bad\nname", 1, 4, 4, false}, "rank 3 on bad\\nname (incarnation 1): published v4, pinned v4, UNREACHABLE"},
+    {{3, "bad\nname", 1, 4, 4, false}, "rank 3 on bad\\x0aname (incarnation 1): published v4, pinned v4, UNREACHABLE"},
   };
   auto o = healthy();
   CHECK_FALSE(contains(job_summary_text(o), "trainer ranks:")); // a single trainer
