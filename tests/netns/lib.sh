@@ -18,11 +18,11 @@
 #                             nodes' addresses (A0..A2), ucx_transports (tcp)
 #                             and the state file's directory ($dir); fails when
 #                             the shipped file no longer has those lines
-#   netns_five_nodes PREFIX NET OUT NAME NODE1 NODE2 ROUTER TRAINER
+#   netns_five_nodes PREFIX NET FILE NAME NODE1 NODE2 ROUTER TRAINER
 #                             five nodes (netns_up), head, NODE1, NODE2,
 #                             engine-node-a and engine-node-b at node 0..4's
 #                             address, their certificates in $dir/certs, and
-#                             topology OUT (validated): a tiny model, mutual
+#                             topology $dir/FILE (validated): a tiny model, mutual
 #                             TLS with per-node secrets, one tp-2 engine on each
 #                             engine node, the coordinator on head, the router
 #                             on ROUTER, UCX over tcp, 16 prompts; TRAINER is
@@ -97,9 +97,10 @@ cluster_yaml_rewritten() { # OUT A0 A1 A2
   [ "$changed" -eq 5 ] || { diff "$shipped" "$out" || true; echo "FAIL: $changed lines changed, expected 5"; exit 1; }
 }
 
-netns_five_nodes() { # PREFIX NET OUT NAME NODE1 NODE2 ROUTER TRAINER
-  local out=$3 topology_name=$4 node1=$5 node2=$6 router=$7 trainer=$8 a=() i
+netns_five_nodes() { # PREFIX NET FILE NAME NODE1 NODE2 ROUTER TRAINER
+  local out topology_name=$4 node1=$5 node2=$6 router=$7 trainer=$8 a=() i
   netns_up "$1" 5 "$2"
+  out="$dir/$3" # $dir exists only from here on
   for i in 0 1 2 3 4; do a+=("$(netns_addr $i)"); done
   "$rlsync" certs make --out "$dir/certs" --nodes "head,$node1,$node2,engine-node-a,engine-node-b" > /dev/null
   cat > "$out" <<YAML

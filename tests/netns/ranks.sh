@@ -8,7 +8,7 @@
 # (the head rebuilds the synthetic ranks' bytes to check them).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-netns_five_nodes rlr 4 "$dir/ranks.yaml" ranks trainer-0 trainer-1 head '  node: trainer-0
+netns_five_nodes rlr 4 ranks.yaml ranks trainer-0 trainer-1 head '  node: trainer-0
   step_time_ms: 200
   ranks:
     - {node: trainer-0, layers: "0-1"}

@@ -8,7 +8,7 @@
 # to the trainer.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
-netns_five_nodes rlq 7 "$dir/router.yaml" remote-router router-node trainer-node router-node '  node: trainer-node
+netns_five_nodes rlq 7 router.yaml remote-router router-node trainer-node router-node '  node: trainer-node
   step_time_ms: 200
   ranks:
     - {node: trainer-node, layers: "0-3"}'
