@@ -8,7 +8,8 @@
 #      running) and restored 2.5 s later: the head notices within the
 #      heartbeat timeout and takes it back after healing.
 #   3. configs/drills/process-rank-partition.yaml: trainer rank 1's node
-#      (two ranks, each on its own node) cut off as a transfer goes out.
+#      (two ranks, each on its own node) cut off as a transfer goes out,
+#      while an engine waits for a group it withholds: the round aborts.
 # Every judged invariant must hold. Without root the drill refuses --netns.
 set -euo pipefail
 rlsync=${1:?usage: $0 RLSYNC_BINARY SOURCE_ROOT}
@@ -93,10 +94,15 @@ fi
 grep -q '"passed": true' "$dir/ranks/report.json" || { echo "FAIL: process-rank-partition: report.json does not say passed"; exit 1; }
 grep -q 'node trainer-node-1: link down' "$dir/ranks.err" || { cat "$dir/ranks.err"; echo "FAIL: rank 1's link was not cut"; exit 1; }
 grep -q 'VIOLATED' "$dir/ranks.out" && { cat "$dir/ranks.out"; echo "FAIL: process-rank-partition: an invariant is violated"; exit 1; }
-# The cut lands a few ms after the transfer went out: a fast transfer may
-# finish first, and then the next round waits for the rank instead.
+# As an earlier phase of that round went out, rank 1 was armed to withhold
+# a group of its version: the cut lands while an engine waits for it, and
+# the round aborts.
+grep -q 'withheld as the fault landed: trainer rank 1 withholds group [0-9]* of v[0-9]*' "$dir/ranks.err" \
+  || { cat "$dir/ranks.err"; echo "FAIL: no group withheld before the cut"; exit 1; }
 grep -q 'trainer rank 1 silent for\|trainer rank 1 is down' "$dir/ranks/head.log" \
   || { tail -60 "$dir/ranks/head.log"; echo "FAIL: the head never noticed rank 1 cut off"; exit 1; }
+grep -q 'sync round [0-9]* v[0-9]*: ABORTED' "$dir/ranks/head.log" \
+  || { tail -60 "$dir/ranks/head.log"; echo "FAIL: the round cut off mid-transfer did not abort"; exit 1; }
 # When its connection dropped, the same process rejoins once the link is
 # back and is followed again.
 ! grep -q 'trainer rank 1 is down' "$dir/ranks/head.log" || [ "$(grep -c 'trainer rank 1 (incarnation [0-9]*, node trainer-node-1, .*registered' "$dir/ranks/head.log")" -ge 2 ] \
