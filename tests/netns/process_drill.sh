@@ -4,9 +4,13 @@
 # deploy/netns.sh and removes them), weights over UCX/tcp:
 #   1. engine-node-a's process is SIGKILLed during round 6's finish and
 #      started again 1.5 s later;
-#   2. engine-node-b's link is cut 3 s after round 1 (the process keeps
+#   2. engine-node-b's link is cut as round 40 goes out (the process keeps
 #      running) and restored 2.5 s later: the head notices within the
-#      heartbeat timeout and takes it back after healing.
+#      heartbeat timeout and takes it back after healing. Timed by rounds, not
+#      by the clock: at 3 s after round 1 a loaded machine had not yet brought
+#      engine-node-a back, both engines were out at once and min_live failed;
+#      rounds slow down with the machine, and 34 rounds (8 s at 250 ms a step)
+#      are ample for a node restarted after 1.5 s to rejoin.
 #   3. configs/drills/process-rank-partition.yaml: trainer rank 1's node
 #      (two ranks, each on its own node) cut off as a transfer goes out,
 #      while an engine waits for a group it withholds: the round aborts.
@@ -56,7 +60,7 @@ workload: {prompts: 1200, concurrency: 8, max_tokens: 24, temperature: 0.0, seed
 drill:
   faults:
     - {at_sync: 6, phase: finish, action: kill, target: engine-node-a, duration_ms: 1500}
-    - {at_ms: 3000, action: partition, target: engine-node-b, duration_ms: 2500}
+    - {at_sync: 40, phase: pause, action: partition, target: engine-node-b, duration_ms: 2500}
 YAML
 set +e
 "$rlsync" drill "$dir/netns-drill.yaml" --netns --netns-script "$root/deploy/netns.sh" --report "$dir/report" \
