@@ -15,9 +15,17 @@
 #      (two ranks, each on its own node) cut off as a transfer goes out,
 #      while an engine waits for a group it withholds: the round aborts.
 # Every judged invariant must hold. Without root the drill refuses --netns.
+# CASE (the third argument) runs one part: drill (1 and 2) or ranks (3);
+# none runs both. ctest runs each as its own test: each drill's job is
+# CPU-bound and slows with the machine (see tests/integration/process_drill.sh).
 set -euo pipefail
-rlsync=${1:?usage: $0 RLSYNC_BINARY SOURCE_ROOT}
-root=${2:?usage: $0 RLSYNC_BINARY SOURCE_ROOT}
+rlsync=${1:?usage: $0 RLSYNC_BINARY SOURCE_ROOT [CASE]}
+root=${2:?usage: $0 RLSYNC_BINARY SOURCE_ROOT [CASE]}
+case=${3:-all}
+case $case in all | drill | ranks) ;;
+  *) echo "FAIL: unknown part '$case'"; exit 1 ;;
+esac
+part() { [ "$case" = all ] || [ "$case" = "$1" ]; }
 if ! "$root/deploy/netns.sh" can 2>/dev/null; then
   echo "skipping netns test $(basename "$0"): network namespaces cannot be created here (needs root and iproute2)"
   exit 77
@@ -62,6 +70,7 @@ drill:
     - {at_sync: 6, phase: finish, action: kill, target: engine-node-a, duration_ms: 1500}
     - {at_sync: 40, phase: pause, action: partition, target: engine-node-b, duration_ms: 2500}
 YAML
+if part drill; then
 set +e
 "$rlsync" drill "$dir/netns-drill.yaml" --netns --netns-script "$root/deploy/netns.sh" --report "$dir/report" \
   --throughput report > "$dir/out" 2> "$dir/err"
@@ -81,6 +90,8 @@ grep -q 'rollout-b silent for\|rollout-b left (down' "$dir/report/head.log" \
   || { tail -40 "$dir/report/head.log"; echo "FAIL: the partition was not detected"; exit 1; }
 echo "partition detected: $(grep -o 'rollout-b silent for [0-9.]* ms\|rollout-b left (down[^)]*)' "$dir/report/head.log" | head -1)"
 echo "$(grep -c '^  held' "$dir/out") invariants held"
+fi
+if part ranks; then
 # The shipped rank drill: trainer rank 1's node cut off mid-transfer
 # (configs/drills/process-rank-partition.yaml, which reads ../certs).
 mkdir -p "$dir/r/drills"
@@ -112,6 +123,7 @@ grep -q 'sync round [0-9]* v[0-9]*: ABORTED' "$dir/ranks/head.log" \
 ! grep -q 'trainer rank 1 is down' "$dir/ranks/head.log" || [ "$(grep -c 'trainer rank 1 (incarnation [0-9]*, node trainer-node-1, .*registered' "$dir/ranks/head.log")" -ge 2 ] \
   || { tail -60 "$dir/ranks/head.log"; echo "FAIL: rank 1 never registered again after the heal"; exit 1; }
 echo "trainer rank partitioned mid-transfer: $(grep -o 'at [0-9]* ms: sync round [0-9]* v[0-9]*: ABORTED ([^)]*)' "$dir/ranks.err" | head -1); $(grep -c '^  held' "$dir/ranks.out") invariants held"
+fi
 
 # The namespaces this run made are gone.
 left=$(comm -13 <(echo "$namespaces_before") <(drill_namespaces))
