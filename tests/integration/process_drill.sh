@@ -113,10 +113,13 @@ sed 's/    - {at_sync: 8, phase: finish, action: kill, target: engines-b, durati
 run process-corrupt
 grep -q 'SIGUSR1 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: head$' "$dir/process-corrupt.err" \
   || { cat "$dir/process-corrupt.err"; echo "FAIL: no SIGUSR1 sent"; exit 1; }
-grep -q 'drill: trainer rank 0: the next group 0 rollout-a receives of v[0-9]* will be corrupted' "$dir/process-corrupt/head.log" \
+v=$(grep -o 'drill: trainer rank 0: the next group 0 rollout-a receives of v[0-9]* will be corrupted' \
+      "$dir/process-corrupt/head.log" | grep -o 'of v[0-9]*' | head -1) \
   || { tail -40 "$dir/process-corrupt/head.log"; echo "FAIL: the head's producer was not armed"; exit 1; }
-[ "$(grep -c 'evicted rollout-a' "$dir/process-corrupt/head.log")" -eq 1 ] \
-  || { tail -40 "$dir/process-corrupt/head.log"; echo "FAIL: the corrupted group was not caught once"; exit 1; }
+# The round of that version evicts it (a loaded machine may evict it again
+# later for being slow: only this round's eviction is the corruption's).
+grep -q "^sync [0-9]* ${v#of }: .*evicted rollout-a" "$dir/process-corrupt/head.log" \
+  || { tail -40 "$dir/process-corrupt/head.log"; echo "FAIL: the corrupted group (${v#of }) was not caught"; exit 1; }
 echo "corrupted group caught: $(grep -o 'sync [0-9]* v[0-9]*: .*evicted rollout-a' "$dir/process-corrupt/head.log" | head -1 | sed 's/,.*evicted/: evicted/')"
 
 fi
@@ -124,7 +127,7 @@ fi
 if part rank-corrupt; then
 # corrupt with the ranks on member nodes (process-rank-kill's layout): both
 # rank nodes are armed for the round's version; whichever serves rollout-a's
-# group 0 alters it, so exactly one round evicts rollout-a, and it ends
+# group 0 alters it, so that round evicts rollout-a, and it ends
 # byte-identical after a clean sync.
 sed 's/    - {at_sync: 8, phase: transfer, action: kill, target: trainer-node-1, duration_ms: 2000}/    - {at_sync: 4, phase: start, action: corrupt, target: rollout-a}/' \
   "$dir/drills/process-rank-kill.yaml" > "$dir/drills/process-rank-corrupt.yaml"
@@ -132,12 +135,12 @@ run process-rank-corrupt
 grep -q 'SIGUSR1 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: trainer-node-0, trainer-node-1' \
   "$dir/process-rank-corrupt.err" || { cat "$dir/process-rank-corrupt.err"; echo "FAIL: the rank nodes were not signalled"; exit 1; }
 for n in 0 1; do
-  grep -q "drill: trainer rank $n: the next group 0 rollout-a receives of v[0-9]* will be corrupted" \
-    "$dir/process-rank-corrupt/trainer-node-$n.log" \
+  v=$(grep -o "drill: trainer rank $n: the next group 0 rollout-a receives of v[0-9]* will be corrupted" \
+        "$dir/process-rank-corrupt/trainer-node-$n.log" | grep -o 'of v[0-9]*' | head -1) \
     || { tail -20 "$dir/process-rank-corrupt/trainer-node-$n.log"; echo "FAIL: rank $n's producer was not armed"; exit 1; }
 done
-[ "$(grep -c 'evicted rollout-a' "$dir/process-rank-corrupt/head.log")" -eq 1 ] \
-  || { grep 'evicted' "$dir/process-rank-corrupt/head.log"; echo "FAIL: rollout-a was not evicted exactly once"; exit 1; }
+grep -q "^sync [0-9]* ${v#of }: .*evicted rollout-a" "$dir/process-rank-corrupt/head.log" \
+  || { grep 'evicted' "$dir/process-rank-corrupt/head.log"; echo "FAIL: the corrupted group (${v#of }) was not caught"; exit 1; }
 grep -q '^  held      every live engine on the same version: .*2 live engines at it, byte-identical' "$dir/process-rank-corrupt.out" \
   || { cat "$dir/process-rank-corrupt.out"; echo "FAIL: rank corrupt: engines not byte-identical"; exit 1; }
 echo "corrupted group from a member node's rank caught: $(grep -o 'sync [0-9]* v[0-9]*: .*evicted rollout-a' "$dir/process-rank-corrupt/head.log" | head -1 | sed 's/,.*evicted/: evicted/')"
