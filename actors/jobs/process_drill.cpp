@@ -438,23 +438,30 @@ private:
       sigval value{};
       value.sival_ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(*order));
       sigqueue(p->pid, drill_withhold_signal(), value);
-      armed_at_[i] = p->log_path;
+      armed_at_[i] = {p->log_path, version};
       note("armed for " + fault_label(spec) + ": node " + f.node + "'s trainer ranks withhold a group of v"
            + std::to_string(version));
     }
   }
 
-  /// What the armed node logged about the groups it withholds (its log
-  /// file: members' stderr), read when the fault fires.
+  /// What the armed node logged about the groups it withholds of the
+  /// armed version (its log file: members' stderr; its last MiB), read when
+  /// the fault fires.
   std::string withheld_groups(std::size_t i) const {
     auto it = armed_at_.find(i);
     if (it == armed_at_.end())
       return {};
-    std::ifstream in(it->second);
+    const auto& [log_path, version] = it->second;
+    constexpr std::streamoff tail = 1 << 20;
+    std::ifstream in(log_path, std::ios::ate);
+    if (!in)
+      return {};
+    in.seekg(std::max<std::streamoff>(0, static_cast<std::streamoff>(in.tellg()) - tail));
+    const std::string of_version = " of v" + std::to_string(version) + " ";
     std::string line, found;
-    while (std::getline(in, line))
+    while (std::getline(in, line) && found.size() < max_line)
       if (auto at = line.find("drill: trainer rank "); at != std::string::npos
-          && line.find(" withholds group ") != std::string::npos)
+          && line.find(" withholds group ") != std::string::npos && line.find(of_version) != std::string::npos)
         found += (found.empty() ? "" : "; ") + line.substr(at + 7);
     return found;
   }
@@ -839,7 +846,7 @@ private:
   std::uint64_t head_kills_ = 0;
   std::set<std::uint64_t> completed_versions_;
   std::set<std::size_t> armed_;                  ///< faults whose withhold was armed
-  std::map<std::size_t, std::string> armed_at_;  ///< fault -> the armed node's log
+  std::map<std::size_t, std::pair<std::string, std::uint64_t>> armed_at_; ///< fault -> the armed node's log, version
   std::string job_exit_;
   double last_end_ms_ = -1; ///< when the last fault ended (restart, SIGCONT, link up); -1: none
   double job_end_ms_ = 0;
