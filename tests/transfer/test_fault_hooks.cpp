@@ -41,7 +41,7 @@ TEST_CASE("fault_hooks: a withheld group, by version and release time") {
   }
 }
 
-TEST_CASE("fault_hooks: a released withhold stays released; clear drops every one") {
+TEST_CASE("fault_hooks: a released withhold stays released, and clear drops every one") {
   const auto t0 = fault_hooks::clock::time_point{} + 1h;
   fault_hooks hooks;
   hooks.withhold(1, 7, t0 + 1s);
