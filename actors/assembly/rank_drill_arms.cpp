@@ -49,11 +49,14 @@ std::vector<std::string> rank_drill_arms::corrupt(const std::string& engine, std
       continue;
     transfer::corruption c; // any worker; group 0, once
     c.engine = engine;
+    // From that version on: a signal handled after the round's group 0 went
+    // out alters the next round's instead of none.
     c.version = version;
+    c.or_later = true;
     producers_[i]->corrupt(c);
     lines.push_back("trainer rank " + std::to_string(ranks_[i].rank) + ": the next group 0 "
                     + (engine.empty() ? std::string("any engine") : engine) + " receives"
-                    + (version ? " of v" + std::to_string(version) : std::string()) + " will be corrupted");
+                    + (version ? " of v" + std::to_string(version) + " or later" : std::string()) + " will be corrupted");
   }
   return lines;
 }

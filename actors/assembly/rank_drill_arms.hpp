@@ -31,7 +31,7 @@ public:
   std::vector<std::string> withhold(std::uint64_t version, std::chrono::milliseconds release_after);
 
   /// Each rank's UCX producer alters the next group 0 `engine` (empty: any)
-  /// receives of `version` (0: any), once; one line per rank armed.
+  /// receives of `version` or later (0: any), once; one line per rank armed.
   std::vector<std::string> corrupt(const std::string& engine, std::uint64_t version);
 
 private:

@@ -27,7 +27,8 @@ bool fault_hooks::take_corruption(const std::string& engine, int worker, std::ui
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = corruptions_.begin(); it != corruptions_.end(); ++it)
     if ((it->engine.empty() || it->engine == engine) && (it->worker < 0 || it->worker == worker)
-        && (it->version == 0 || it->version == version) && it->group == group) {
+        && (it->version == 0 || it->version == version || (it->or_later && version > it->version))
+        && it->group == group) {
       if (--it->times == 0)
         corruptions_.erase(it);
       return true;

@@ -17,6 +17,7 @@ struct corruption {
   std::string engine;        ///< empty: any engine
   int worker = -1;           ///< -1: any worker
   std::uint64_t version = 0; ///< 0: any version
+  bool or_later = false;     ///< `version` is the first version to alter, not the only one
   std::uint32_t group = 0;
   std::uint32_t times = 1;   ///< receptions to alter
 };

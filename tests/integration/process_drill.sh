@@ -113,12 +113,16 @@ sed 's/    - {at_sync: 8, phase: finish, action: kill, target: engines-b, durati
 run process-corrupt
 grep -q 'SIGUSR1 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: head$' "$dir/process-corrupt.err" \
   || { cat "$dir/process-corrupt.err"; echo "FAIL: no SIGUSR1 sent"; exit 1; }
-v=$(grep -o 'drill: trainer rank 0: the next group 0 rollout-a receives of v[0-9]* will be corrupted' \
+v=$(grep -o 'drill: trainer rank 0: the next group 0 rollout-a receives of v[0-9]* or later will be corrupted' \
       "$dir/process-corrupt/head.log" | grep -o 'of v[0-9]*' | head -1) \
   || { tail -40 "$dir/process-corrupt/head.log"; echo "FAIL: the head's producer was not armed"; exit 1; }
-# The round of that version evicts it (a loaded machine may evict it again
-# later for being slow: only this round's eviction is the corruption's).
-grep -q "^sync [0-9]* ${v#of }: .*evicted rollout-a" "$dir/process-corrupt/head.log" \
+# A round of that version or later evicts it (the round of that version
+# unless the signal was handled after its group 0 went out; a loaded machine
+# may evict it again later for being slow).
+evicted_from() { # LOG VERSION: a round of VERSION or later that evicted rollout-a
+  awk -v from="$2" '/^sync [0-9]+ v[0-9]+: .*evicted rollout-a/ { v = substr($3, 2) + 0; if (v >= from) { print; exit } }' "$1"
+}
+[ -n "$(evicted_from "$dir/process-corrupt/head.log" "${v#of v}")" ] \
   || { tail -40 "$dir/process-corrupt/head.log"; echo "FAIL: the corrupted group (${v#of }) was not caught"; exit 1; }
 echo "corrupted group caught: $(grep -o 'sync [0-9]* v[0-9]*: .*evicted rollout-a' "$dir/process-corrupt/head.log" | head -1 | sed 's/,.*evicted/: evicted/')"
 
@@ -135,11 +139,14 @@ run process-rank-corrupt
 grep -q 'SIGUSR1 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: trainer-node-0, trainer-node-1' \
   "$dir/process-rank-corrupt.err" || { cat "$dir/process-rank-corrupt.err"; echo "FAIL: the rank nodes were not signalled"; exit 1; }
 for n in 0 1; do
-  v=$(grep -o "drill: trainer rank $n: the next group 0 rollout-a receives of v[0-9]* will be corrupted" \
+  v=$(grep -o "drill: trainer rank $n: the next group 0 rollout-a receives of v[0-9]* or later will be corrupted" \
         "$dir/process-rank-corrupt/trainer-node-$n.log" | grep -o 'of v[0-9]*' | head -1) \
     || { tail -20 "$dir/process-rank-corrupt/trainer-node-$n.log"; echo "FAIL: rank $n's producer was not armed"; exit 1; }
 done
-grep -q "^sync [0-9]* ${v#of }: .*evicted rollout-a" "$dir/process-rank-corrupt/head.log" \
+evicted_from() { # LOG VERSION: a round of VERSION or later that evicted rollout-a
+  awk -v from="$2" '/^sync [0-9]+ v[0-9]+: .*evicted rollout-a/ { v = substr($3, 2) + 0; if (v >= from) { print; exit } }' "$1"
+}
+[ -n "$(evicted_from "$dir/process-rank-corrupt/head.log" "${v#of v}")" ] \
   || { grep 'evicted' "$dir/process-rank-corrupt/head.log"; echo "FAIL: the corrupted group (${v#of }) was not caught"; exit 1; }
 grep -q '^  held      every live engine on the same version: .*2 live engines at it, byte-identical' "$dir/process-rank-corrupt.out" \
   || { cat "$dir/process-rank-corrupt.out"; echo "FAIL: rank corrupt: engines not byte-identical"; exit 1; }

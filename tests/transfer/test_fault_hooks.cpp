@@ -53,3 +53,31 @@ TEST_CASE("fault_hooks: a released withhold stays released, and clear drops ever
   hooks.clear();
   CHECK_FALSE(hooks.is_withheld_at(7, 2, t0));
 }
+
+TEST_CASE("fault_hooks: a corruption of one version, or from it on") {
+  struct row {
+    const char* what;
+    std::uint64_t version;
+    bool or_later;
+    std::uint64_t received;
+    bool altered;
+  };
+  const row rows[] = {
+    {"that version", 12, false, 12, true},   {"a later version, exact", 12, false, 13, false},
+    {"an earlier version", 12, true, 11, false}, {"that version, or later", 12, true, 12, true},
+    {"a later version, or later", 12, true, 14, true}, {"any version", 0, false, 3, true},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    fault_hooks hooks;
+    corruption c;
+    c.engine = "rollout-a";
+    c.version = r.version;
+    c.or_later = r.or_later;
+    hooks.corrupt(c);
+    CHECK_FALSE(hooks.take_corruption("rollout-b", 0, r.received, 0)); // another engine
+    CHECK_FALSE(hooks.take_corruption("rollout-a", 0, r.received, 1)); // another group
+    CHECK(hooks.take_corruption("rollout-a", 0, r.received, 0) == r.altered);
+    CHECK_FALSE(hooks.take_corruption("rollout-a", 0, r.received + 1, 0)); // once at most
+  }
+}
