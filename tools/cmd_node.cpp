@@ -6,6 +6,7 @@
 // every other node runs a member node (actors/assembly/member_node.hpp).
 #include "actors/assembly/head_node.hpp"
 #include "actors/assembly/member_node.hpp"
+#include "actors/assembly/rank_drill_arms.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/jobs/main_job.hpp"
 #include "actors/jobs/process_faults.hpp"
@@ -35,16 +36,84 @@ std::atomic<int> stop_signal{0};
 
 extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
 
-/// SIGUSR1 on a head run with --drill-events: a drill's `corrupt`. Sent
-/// with sigqueue, its value is the target engine's index in the topology;
-/// plain kill: any engine. no_corruption: none pending.
-constexpr int no_corruption = -2;
-std::atomic<int> corrupt_request{no_corruption};
-static_assert(std::atomic<int>::is_always_lock_free, "touched from a signal handler");
+/// A drill's orders (only with --drill-events): SIGUSR1 arms a corruption,
+/// drill_withhold_signal() a withheld group, in the trainer ranks hosted
+/// here. Sent with sigqueue, the value is a drill_order (engine, version);
+/// a plain kill: any engine, any version. The handlers only store it (a
+/// lock-free atomic); a watcher thread acts on it.
+constexpr std::uint64_t no_order = ~std::uint64_t{0};
+std::atomic<std::uint64_t> corrupt_order{no_order};
+std::atomic<std::uint64_t> withhold_order{no_order};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "touched from a signal handler");
 
-extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) {
-  corrupt_request = info && info->si_code == SI_QUEUE ? info->si_value.sival_int : -1;
+std::uint64_t order_of(const siginfo_t* info) {
+  return info && info->si_code == SI_QUEUE ? reinterpret_cast<std::uintptr_t>(info->si_value.sival_ptr) : 0;
 }
+extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) { corrupt_order = order_of(info); }
+extern "C" void on_withhold_signal(int, siginfo_t* info, void*) { withhold_order = order_of(info); }
+
+/// Installs the drill's signal handlers and arms `arms` as orders come,
+/// logging one line per rank armed; stop() before the ranks' producers go.
+class drill_signal_watch {
+public:
+  drill_signal_watch(const topology& t, std::shared_ptr<rank_drill_arms> arms,
+                     std::function<void(const std::string&)> log)
+      : arms_(std::move(arms)), log_(std::move(log)) {
+    // A withheld group is released at the latest when the round it was
+    // armed for would have timed out: its pause, flush, start and transfer
+    // (each at most a day, so the sum fits).
+    const auto& d = t.sync.deadlines;
+    release_after_ = d.pause + d.flush + d.start + d.transfer;
+    for (auto& e : t.engines)
+      engines_.push_back(e.name);
+    struct sigaction sa {};
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_sigaction = on_corrupt_signal;
+    sigaction(SIGUSR1, &sa, nullptr);
+    sa.sa_sigaction = on_withhold_signal;
+    sigaction(drill_withhold_signal(), &sa, nullptr);
+    thread_ = std::thread([this] {
+      while (watching_) {
+        if (auto v = corrupt_order.exchange(no_order); v != no_order)
+          corrupt(decode_drill_order(v));
+        if (auto v = withhold_order.exchange(no_order); v != no_order)
+          withhold(decode_drill_order(v));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polls what the signal handlers store
+      }
+    });
+  }
+  ~drill_signal_watch() { stop(); }
+  void stop() {
+    watching_ = false;
+    if (thread_.joinable())
+      thread_.join();
+  }
+
+private:
+  void corrupt(const drill_order& o) {
+    std::string engine = o.engine && *o.engine < engines_.size() ? engines_[*o.engine] : std::string();
+    auto lines = arms_->corrupt(engine, o.version);
+    if (lines.empty())
+      log_("drill: SIGUSR1 ignored: no UCX producer to corrupt");
+    for (auto& l : lines)
+      log_("drill: " + l);
+  }
+  void withhold(const drill_order& o) {
+    auto lines = arms_->withhold(o.version, release_after_);
+    if (lines.empty())
+      log_("drill: withhold ignored: no trainer rank here");
+    for (auto& l : lines)
+      log_("drill: " + l);
+  }
+
+  std::shared_ptr<rank_drill_arms> arms_;
+  std::function<void(const std::string&)> log_;
+  std::chrono::milliseconds release_after_{0};
+  std::vector<std::string> engines_;
+  std::atomic<bool> watching_{true};
+  std::thread thread_;
+};
 
 const char* description =
   "Runs the actors the topology places on node NAME. The coordinator's node publishes a\n"
@@ -99,47 +168,26 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
                                  : std::string{})
             << std::endl;
 
-  // A drill's `corrupt` arrives as SIGUSR1 (only with --drill-events: its
-  // default action would kill the node); a watcher arms the producer, out of
-  // the signal handler.
-  std::atomic<bool> watching{job.drill_events};
-  std::thread corrupt_watch;
-  if (job.drill_events) {
-    struct sigaction sa {};
-    sa.sa_sigaction = on_corrupt_signal;
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, nullptr);
-    corrupt_watch = std::thread([&] {
-      while (watching) {
-        int request = corrupt_request.exchange(no_corruption);
-        if (request != no_corruption) {
-          std::string engine = request >= 0 && static_cast<std::size_t>(request) < t.engines.size()
-                                 ? t.engines[static_cast<std::size_t>(request)].name
-                                 : std::string();
-          std::cerr << ("rlsync node " + node.name + ": "
-                        + (head->corrupt_next_group(engine)
-                             ? "drill: the next group 0 " + (engine.empty() ? "any engine" : engine)
-                                 + " receives will be corrupted"
-                             : "drill: SIGUSR1 ignored: no UCX producer to corrupt")
-                        + "\n")
-                    << std::flush;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polls a counter the signal handler bumps
-      }
+  // A drill's orders arrive as signals (only with --drill-events: their
+  // default action would kill the node). Stopped before the head stops (it
+  // owns the producers), and on every way out.
+  auto arms = std::make_shared<rank_drill_arms>();
+  arms->attach(head->ranks(), head->rank_producers());
+  std::optional<drill_signal_watch> watch;
+  if (job.drill_events)
+    watch.emplace(t, arms, [name = node.name](const std::string& line) {
+      std::cerr << ("rlsync node " + name + ": " + line + "\n") << std::flush;
     });
-  }
-  // Ended before the head stops (it uses the producer), and on every way out.
   struct stop_watch {
-    std::atomic<bool>& watching;
-    std::thread& thread;
+    std::optional<drill_signal_watch>& watch;
+    rank_drill_arms& arms;
     void operator()() {
-      watching = false;
-      if (thread.joinable())
-        thread.join();
+      if (watch)
+        watch->stop();
+      arms.detach();
     }
     ~stop_watch() { (*this)(); }
-  } end_corrupt_watch{watching, corrupt_watch};
+  } end_corrupt_watch{watch, *arms};
 
   int rc = 0;
   if (job.run) {
@@ -220,8 +268,10 @@ int cmd_node(const arg_list& argv) {
        "--state-file", [&](const std::string& f) { state_file = f; },
        "coordinator's node: overrides coordinator.state_file (a restarted head resumes from it)")
     ->type_name("FILE");
-  auto drill_events = app.add_flag("--drill-events", "coordinator's node: print a line on stderr as each phase "
-                                                     "of a round goes out (for `rlsync drill`)");
+  auto drill_events = app.add_flag("--drill-events", "for `rlsync drill`: the coordinator's node prints a line on "
+                                                     "stderr as each phase of a round goes out; every node takes "
+                                                     "the drill's signals to its trainer ranks (SIGUSR1: corrupt a "
+                                                     "group, SIGRTMIN+1: withhold one)");
   auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;
@@ -287,7 +337,14 @@ int cmd_node(const arg_list& argv) {
     member_node_options mo;
     mo.stop_requested = [] { return stop_signal != 0; };
     mo.log = [name](const std::string& line) { std::cerr << ("rlsync node " + name + ": " + line + "\n") << std::flush; };
+    // A drill arms the trainer ranks hosted here by signals (--drill-events).
+    mo.drill_arms = std::make_shared<rank_drill_arms>();
+    std::optional<drill_signal_watch> watch;
+    if (job.drill_events)
+      watch.emplace(t, mo.drill_arms, mo.log);
     auto end = run_member_node(sys, t, *node, *head, secret, mo);
+    if (watch)
+      watch->stop();
     all_terminated = end.all_terminated;
     rc = end.exit_code;
   }

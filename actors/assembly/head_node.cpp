@@ -165,18 +165,6 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   }
 }
 
-bool head_node::corrupt_next_group(const std::string& engine) {
-  // The first rank's producer (with one rank, the only one). With several,
-  // another may serve group 0 to that engine; the corruption then waits
-  // for a group 0 this one sends.
-  if (producers_.empty())
-    return false;
-  transfer::corruption c; // any worker, any version; group 0, once
-  c.engine = engine;
-  producers_.front()->corrupt(c);
-  return true;
-}
-
 head_node::~head_node() {
   stop();
 }

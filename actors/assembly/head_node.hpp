@@ -108,10 +108,6 @@ public:
   /// restart_trainer): the coordinator's refusal, or empty. Blocking.
   std::string restart_rank(const topology& t, std::size_t hosted) { return actors_.restart_trainer(sys_, t, hosted); }
   std::uint16_t port() const { return port_; }
-  /// Drills: the first rank's UCX producer alters the bytes of the next group 0 a worker
-  /// of `engine` (empty: any engine) receives, once, after computing their
-  /// checksum (the engine must catch it). False without a UCX producer.
-  bool corrupt_next_group(const std::string& engine);
   /// The engines of this node, spawned and registered.
   const std::vector<rollout_engine_impl>& local_engines() const { return actors_.engines; }
 

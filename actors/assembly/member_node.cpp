@@ -165,6 +165,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     bool ok = stop_and_await(sys, std::move(all));
     for (const auto& r : ranks)
       r.trainer.ucx_tickets->close();
+    if (opts.drill_arms)
+      opts.drill_arms->detach();
     producers.clear();
     return ok;
   };
@@ -188,6 +190,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   try {
     ranks = spawn_ranks(sys, t, node.name, rank_policy, incarnation, rank_policy);
     producers = start_rank_producers(t, node, ranks, opts.log);
+    if (opts.drill_arms)
+      opts.drill_arms->attach(ranks, producers);
     if (t.router.node == node.name) {
       auto rc = router_config_from(t);
       rc.log = opts.log;

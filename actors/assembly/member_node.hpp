@@ -6,6 +6,7 @@
 // coordinator. Its engines pull from the trainer's UCX producer when the
 // join grant names one, else whole groups over CAF. A lost link is not the
 // end: it rejoins and registers the same engines again. Used by `rlsync node`.
+#include "actors/assembly/rank_drill_arms.hpp"
 #include "actors/interfaces.hpp"
 #include "runtime/config/topology.hpp"
 
@@ -30,6 +31,9 @@ struct member_node_options {
   /// One line per event (admitted, registered, rejoined, why it stops), and
   /// the UCX puller's lines prefixed "ucx: "; called from several threads.
   std::function<void(const std::string&)> log;
+  /// Attached to the trainer ranks hosted here while their producers are
+  /// up (a drill's signals arm them); nullptr: none.
+  std::shared_ptr<rank_drill_arms> drill_arms;
 };
 
 /// How a member node ended.

@@ -20,7 +20,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <poll.h>
+#include <set>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <thread>
@@ -187,6 +189,8 @@ public:
         for (auto& a : std::vector<std::string>{"--run", "--no-progress", "--drill-events", "--json", json_path_,
                                                 "--state-file", state_file_})
           p.argv.push_back(a);
+      else if (hosts_rank(t_, n.name)) // its ranks take the drill's signals (corrupt, withhold)
+        p.argv.push_back("--drill-events");
       procs_.push_back(std::move(p));
     }
     // The head first: the members connect to it (retrying up to connect_deadline_ms).
@@ -406,12 +410,64 @@ private:
       for (auto& name : e->engines)
         timeline_.lane(at, name, lane_state::generating);
     }
+    if (round && e->phase < sync_phase::transfer)
+      arm_withholds(*round, e->version);
     if (round)
       for (auto i : schedule_.take_at_phase(*round, e->phase))
-        fire(i);
+        fire(i, e->version);
   }
 
-  void fire(std::size_t i) {
+  /// Before a kill, restart or cut of a node hosting trainer ranks at round
+  /// `round`'s transfer: its ranks withhold a group of the round's version
+  /// (released by their deadline), so the fault lands while an engine waits
+  /// for it however fast the transfer would be.
+  void arm_withholds(std::uint64_t round, std::uint64_t version) {
+    for (std::size_t i = 0; i < plan_.faults.size(); ++i) {
+      const auto& f = plan_.faults[i];
+      const auto& spec = t_.drill.faults[i];
+      if (!f.withhold_first || armed_.count(i) || !spec.at_sync || static_cast<std::uint64_t>(*spec.at_sync) != round)
+        continue;
+      armed_.insert(i);
+      auto* p = find(f.node);
+      auto order = encode_drill_order({std::nullopt, version});
+      if (!p || !p->running() || !order) {
+        note("withhold not armed for " + fault_label(spec) + ": "
+             + (order ? "node " + f.node + "'s process is not running" : "v" + std::to_string(version) + " too large"));
+        continue;
+      }
+      sigval value{};
+      value.sival_ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(*order));
+      sigqueue(p->pid, drill_withhold_signal(), value);
+      armed_at_[i] = {p->log_path, version};
+      note("armed for " + fault_label(spec) + ": node " + f.node + "'s trainer ranks withhold a group of v"
+           + std::to_string(version));
+    }
+  }
+
+  /// What the armed node logged about the groups it withholds of the
+  /// armed version (its log file: members' stderr; its last MiB), read when
+  /// the fault fires.
+  std::string withheld_groups(std::size_t i) const {
+    auto it = armed_at_.find(i);
+    if (it == armed_at_.end())
+      return {};
+    const auto& [log_path, version] = it->second;
+    constexpr std::streamoff tail = 1 << 20;
+    std::ifstream in(log_path, std::ios::ate);
+    if (!in)
+      return {};
+    in.seekg(std::max<std::streamoff>(0, static_cast<std::streamoff>(in.tellg()) - tail));
+    const std::string of_version = " of v" + std::to_string(version) + " ";
+    std::string line, found;
+    while (std::getline(in, line) && found.size() < max_line)
+      if (auto at = line.find("drill: trainer rank "); at != std::string::npos
+          && line.find(" withholds group ") != std::string::npos && line.find(of_version) != std::string::npos)
+        found += (found.empty() ? "" : "; ") + line.substr(at + 7);
+    return found;
+  }
+
+  /// `version`: the round's, for a fault fired at a phase (0: at a time).
+  void fire(std::size_t i, std::uint64_t version = 0) {
     const auto& f = plan_.faults.at(i);
     auto* p = find(f.node);
     std::string label = fault_label(t_.drill.faults[i]);
@@ -451,13 +507,29 @@ private:
       p->stopped = true;
       break;
     case process_action::corrupt: {
-      // The value names the engine (its index in the topology) whose bytes are altered.
-      sigval value{};
-      value.sival_int = -1;
+      // The value names the engine (its index in the topology) whose bytes
+      // are altered and the round's version: every process hosting a rank
+      // arms its producers, and only one round's group 0 is altered.
+      drill_order o{std::nullopt, version};
       for (std::size_t k = 0; k < t_.engines.size(); ++k)
         if (t_.engines[k].name == t_.drill.faults[i].target)
-          value.sival_int = static_cast<int>(k);
-      sigqueue(p->pid, SIGUSR1, value);
+          o.engine = static_cast<std::uint32_t>(k);
+      auto order = encode_drill_order(o);
+      if (!order) {
+        note("fault skipped: " + label + ": its engine index or v" + std::to_string(version) + " does not fit a signal");
+        schedule_.settle(i, false);
+        return;
+      }
+      sigval value{};
+      value.sival_ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(*order));
+      std::string sent;
+      for (auto& node : f.rank_nodes)
+        if (auto* q = find(node); q && q->running()) {
+          sigqueue(q->pid, SIGUSR1, value);
+          sent += (sent.empty() ? "" : ", ") + node;
+        }
+      note("fault: " + label + ": SIGUSR1 (corrupt group 0 of " + (version ? "v" + std::to_string(version) : "any version")
+           + ") to the nodes hosting trainer ranks: " + sent);
       break;
     }
     case process_action::cut_link:
@@ -471,7 +543,12 @@ private:
       }
       break;
     }
-    note("fault: " + label + ": node " + f.node + ": " + std::string(to_string(f.action)));
+    if (f.action != process_action::corrupt)
+      note("fault: " + label + ": node " + f.node + ": " + std::string(to_string(f.action)));
+    if (f.withhold_first) {
+      auto groups = withheld_groups(i);
+      note("withheld as the fault landed: " + (groups.empty() ? "nothing (node " + f.node + " logged no withheld group)" : groups));
+    }
     schedule_.settle(i, true);
     if (f.ends_after)
       schedule_.end_at(i, clock_type::now() - rounds_t0_ + *f.ends_after);
@@ -768,6 +845,8 @@ private:
   std::uint64_t phases_seen_ = 0;
   std::uint64_t head_kills_ = 0;
   std::set<std::uint64_t> completed_versions_;
+  std::set<std::size_t> armed_;                  ///< faults whose withhold was armed
+  std::map<std::size_t, std::pair<std::string, std::uint64_t>> armed_at_; ///< fault -> the armed node's log, version
   std::string job_exit_;
   double last_end_ms_ = -1; ///< when the last fault ended (restart, SIGCONT, link up); -1: none
   double job_end_ms_ = 0;

@@ -4,11 +4,19 @@
 
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 
 namespace rlsync::jobs {
 
 bool runs_as_processes(const topology& t) {
   return t.nodes.size() > 1;
+}
+
+bool hosts_rank(const topology& t, const std::string& node) {
+  if (t.trainer.ranks.empty())
+    return t.trainer.node == node;
+  return std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(),
+                     [&](const trainer_rank& r) { return r.node == node; });
 }
 
 std::string_view to_string(process_action a) {
@@ -21,6 +29,24 @@ std::string_view to_string(process_action a) {
   case process_action::corrupt: return "SIGUSR1 (corrupt the next group)";
   }
   return "?";
+}
+
+int drill_withhold_signal() {
+  return SIGRTMIN + 1;
+}
+
+std::optional<std::uint64_t> encode_drill_order(const drill_order& o) {
+  if ((o.engine && *o.engine > max_drill_order_engine) || o.version > max_drill_order_version)
+    return std::nullopt;
+  return (o.version << 16) | (o.engine ? std::uint64_t{*o.engine} + 1 : 0);
+}
+
+drill_order decode_drill_order(std::uint64_t value) {
+  drill_order o;
+  if (auto engine = value & 0xffff; engine != 0)
+    o.engine = static_cast<std::uint32_t>(engine - 1);
+  o.version = value >> 16;
+  return o;
 }
 
 namespace {
@@ -43,6 +69,7 @@ std::string node_of(const topology& t, const fault_spec& f) {
 std::string what(const fault_spec& f) {
   return std::string(to_string(f.action)) + " of " + f.target;
 }
+
 
 } // namespace
 
@@ -87,26 +114,29 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
       p.ends_after = f.duration;
     break;
   case fault_action::corrupt:
-    // The producer alters the bytes after their checksum; the head's UCX
-    // producer takes SIGUSR1 for it (rlsync node --drill-events).
+    // The producer alters the bytes after their checksum; each rank's UCX
+    // producer takes SIGUSR1 for it (rlsync node --drill-events). Group 0
+    // may be served by any rank holding its tensors: all are armed, each for
+    // the round's version only, so one round's group 0 is altered.
     if (t.transfer.backend != transfer_backend::ucx)
       return refuse(what(f) + ": with processes the UCX producer corrupts a group; transfer.backend is not ucx");
-    if (t.trainer.node != t.coordinator.node)
-      return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and the "
-                              "trainer is on node " + t.trainer.node);
-    for (auto& r : t.trainer.ranks)
-      if (r.node != t.coordinator.node)
-        return refuse(what(f) + ": with processes only the head's producer takes the corruption signal, and a "
-                                "trainer rank is on node " + r.node);
-    p.node = t.trainer.node;
-    p.node_index = 0;
+    p.rank_nodes.clear();
+    for (auto& n : t.nodes)
+      if (hosts_rank(t, n.name))
+        p.rank_nodes.push_back(n.name);
+    if (p.rank_nodes.empty())
+      return refuse(what(f) + ": no node hosts a trainer rank, whose producer would corrupt the group");
+    p.node = p.rank_nodes.front();
     for (std::size_t i = 0; i < t.nodes.size(); ++i)
       if (t.nodes[i].name == p.node)
         p.node_index = i;
-    p.head = true;
+    p.head = p.node == t.coordinator.node;
     p.action = process_action::corrupt;
     break;
   }
+  p.withhold_first = (p.action == process_action::kill || p.action == process_action::kill_restart
+                      || p.action == process_action::cut_link)
+                     && f.at_sync && f.phase == sync_phase::transfer && !p.head && hosts_rank(t, p.node);
   return {p, {}};
 }
 

@@ -21,6 +21,10 @@ namespace rlsync::jobs {
 /// Whether `rlsync drill` runs `t` as one process per node: more than one node.
 bool runs_as_processes(const topology& t);
 
+/// Whether `node` hosts a trainer rank of `t` (the trainer's node when
+/// trainer.ranks is left out).
+bool hosts_rank(const topology& t, const std::string& node);
+
 /// What a fault does to a node's process.
 enum class process_action : std::uint8_t {
   kill,         ///< SIGKILL; with an end, started again after it
@@ -28,8 +32,29 @@ enum class process_action : std::uint8_t {
   stop,         ///< SIGSTOP; SIGCONT at its end (its acknowledgements wait meanwhile)
   cut_link,     ///< its veth link down (network namespaces only); up again at its end
   restore_link, ///< its veth link up
-  corrupt,      ///< SIGUSR1 to the producer's process: the next group 0 a worker receives is altered, once
+  corrupt,      ///< SIGUSR1 to every process hosting a trainer rank: their UCX producers alter the next group 0
+                ///< the engine receives (of the round's version), once
 };
+
+/// The signal that has a node's trainer ranks withhold a group (sent with
+/// sigqueue, its value a drill_order naming the version); a real-time
+/// signal, so that one sent beside SIGUSR1 is neither merged nor lost.
+int drill_withhold_signal();
+
+/// What a drill's signal carries (sigqueue's 64-bit value): the engine
+/// whose bytes to alter (corrupt: its index in the topology; none: any
+/// engine) and the round's version (0: any). Bits 0-15: engine index + 1 (0:
+/// none), bits 16-63: the version.
+struct drill_order {
+  std::optional<std::uint32_t> engine;
+  std::uint64_t version = 0;
+  bool operator==(const drill_order& o) const { return engine == o.engine && version == o.version; }
+};
+inline constexpr std::uint32_t max_drill_order_engine = 0xfffd; // no order encodes to all ones
+inline constexpr std::uint64_t max_drill_order_version = (std::uint64_t{1} << 48) - 1;
+/// nullopt when the engine index or the version does not fit.
+std::optional<std::uint64_t> encode_drill_order(const drill_order& o);
+drill_order decode_drill_order(std::uint64_t value);
 
 std::string_view to_string(process_action a);
 
@@ -40,6 +65,16 @@ struct process_fault {
   /// When the fault ends (restart, SIGCONT, link up), after it fired; none: never.
   std::optional<std::chrono::milliseconds> ends_after;
   bool head = false;       ///< the node is the coordinator's (its restart resumes from the state file)
+  /// corrupt: every node hosting a trainer rank, in topology order (each
+  /// arms its ranks' UCX producers; only the one serving the engine's group 0
+  /// of the round's version alters it). `node` is the first of them.
+  std::vector<std::string> rank_nodes;
+  /// A kill, restart or partition of a member node hosting trainer ranks,
+  /// at a round's transfer: as an earlier phase of that round goes out, the
+  /// drill has those ranks withhold a group of the round's version (released
+  /// by a deadline), so the fault lands while an engine waits for that group
+  /// however small and fast the model.
+  bool withhold_first = false;
 };
 
 /// The plan for fault `f` of `t`, or why processes cannot stage it (the text

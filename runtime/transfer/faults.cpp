@@ -11,9 +11,9 @@ void fault_hooks::corrupt(corruption c) {
   corruptions_.push_back(std::move(c));
 }
 
-void fault_hooks::withhold(std::uint32_t group, std::uint64_t version) {
+void fault_hooks::withhold(std::uint32_t group, std::uint64_t version, clock::time_point until) {
   std::lock_guard<std::mutex> lock(mutex_);
-  withheld_.emplace_back(group, version);
+  withheld_.push_back({group, version, until});
 }
 
 void fault_hooks::clear() {
@@ -27,7 +27,8 @@ bool fault_hooks::take_corruption(const std::string& engine, int worker, std::ui
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = corruptions_.begin(); it != corruptions_.end(); ++it)
     if ((it->engine.empty() || it->engine == engine) && (it->worker < 0 || it->worker == worker)
-        && (it->version == 0 || it->version == version) && it->group == group) {
+        && (it->version == 0 || it->version == version || (it->or_later && version > it->version))
+        && it->group == group) {
       if (--it->times == 0)
         corruptions_.erase(it);
       return true;
@@ -35,10 +36,12 @@ bool fault_hooks::take_corruption(const std::string& engine, int worker, std::ui
   return false;
 }
 
-bool fault_hooks::is_withheld(std::uint64_t version, std::uint32_t group) const {
+bool fault_hooks::is_withheld_at(std::uint64_t version, std::uint32_t group, clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  withheld_.erase(std::remove_if(withheld_.begin(), withheld_.end(), [&](const auto& w) { return now >= w.until; }),
+                  withheld_.end());
   return std::any_of(withheld_.begin(), withheld_.end(),
-                     [&](const auto& w) { return w.first == group && (w.second == 0 || w.second == version); });
+                     [&](const auto& w) { return w.group == group && (w.version == 0 || w.version == version); });
 }
 
 } // namespace rlsync::transfer

@@ -130,23 +130,115 @@ TEST_CASE("process drill: each fault maps to a node's process and a signal or a 
   }
 }
 
-TEST_CASE("process drill: corrupt needs the head's UCX producer") {
+TEST_CASE("process drill: corrupt signals every node hosting a trainer rank") {
   auto t = three_nodes();
   auto f = fault(fault_action::corrupt, "rollout-b", fault_target::engine);
   t.transfer.backend = transfer_backend::local;
   CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "T.yaml:3:3: corrupt of rollout-b: "
                                                                         "with processes the UCX producer"));
   t.transfer.backend = transfer_backend::ucx;
-  t.trainer.node = "engines-a";
-  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "the trainer is on node engines-a"));
-  t.trainer.node = "head";
+  struct row {
+    const char* what;
+    const char* trainer_node;
+    std::vector<trainer_rank> ranks;
+    std::vector<std::string> rank_nodes; ///< empty: refused
+    const char* node;
+    bool head;
+  };
+  const row rows[] = {
+    {"one trainer on the head", "head", {}, {"head"}, "head", true},
+    {"one trainer on a member", "engines-a", {}, {"engines-a"}, "engines-a", false},
+    {"every rank on the head", "head", {trainer_rank{"head", {0, 1, 2, 3}}}, {"head"}, "head", true},
+    {"ranks on the head and a member", "head", {trainer_rank{"head", {0, 1}}, trainer_rank{"engines-b", {2, 3}}},
+     {"head", "engines-b"}, "head", true},
+    {"ranks on members only, in topology order", "engines-b",
+     {trainer_rank{"engines-b", {0, 1}}, trainer_rank{"engines-a", {2, 3}}}, {"engines-a", "engines-b"}, "engines-a",
+     false},
+    {"no node hosts a rank", "nowhere", {trainer_rank{"nowhere", {0, 1, 2, 3}}}, {}, "", false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    t.trainer.node = r.trainer_node;
+    t.trainer.ranks = r.ranks;
+    auto p = plan_process_fault(t, f, false, "T.yaml:3:3");
+    if (r.rank_nodes.empty()) {
+      CHECK_FALSE(p.fault);
+      CHECK(contains(p.refusal, "T.yaml:3:3: corrupt of rollout-b: no node hosts a trainer rank"));
+      continue;
+    }
+    REQUIRE(p.fault);
+    CHECK(p.fault->action == process_action::corrupt);
+    CHECK(p.fault->rank_nodes == r.rank_nodes);
+    CHECK(p.fault->node == r.node); // not engines-b, where rollout-b runs: the producers are the ranks'
+    CHECK(p.fault->head == r.head);
+    CHECK_FALSE(p.fault->withhold_first);
+  }
+}
+
+TEST_CASE("process drill: a rank's node killed or cut at transfer withholds a group first") {
+  auto t = three_nodes();
   t.trainer.ranks = {trainer_rank{"head", {0, 1}}, trainer_rank{"engines-b", {2, 3}}};
-  CHECK(contains(plan_process_fault(t, f, false, "T.yaml:3:3").refusal, "a trainer rank is on node engines-b"));
-  t.trainer.ranks = {trainer_rank{"head", {0, 1, 2, 3}}};
-  auto p = plan_process_fault(t, f, false, "T.yaml:3:3");
-  REQUIRE(p.fault);
-  CHECK(p.fault->node == "head"); // not engines-b, where rollout-b runs: the producer is the head's
-  CHECK(p.fault->action == process_action::corrupt);
+  auto at = [](fault_spec f, std::optional<sync_phase> phase) {
+    if (phase) {
+      f.phase = *phase;
+    } else {
+      f.at_sync.reset();
+      f.at = milliseconds(3000);
+    }
+    return f;
+  };
+  struct row {
+    const char* what;
+    fault_spec f;
+    bool withhold_first;
+  };
+  const row rows[] = {
+    {"kill at transfer", fault(fault_action::kill, "engines-b", fault_target::node, 2000), true},
+    {"restart at transfer", fault(fault_action::restart, "engines-b", fault_target::node), true},
+    {"partition at transfer", fault(fault_action::partition, "engines-b", fault_target::node, 2000), true},
+    {"an engine of the rank's node", fault(fault_action::kill, "rollout-b", fault_target::engine, 2000), true},
+    {"kill at finish", at(fault(fault_action::kill, "engines-b", fault_target::node, 2000), sync_phase::finish), false},
+    {"kill at start", at(fault(fault_action::kill, "engines-b", fault_target::node, 2000), sync_phase::start), false},
+    {"kill at a time", at(fault(fault_action::kill, "engines-b", fault_target::node, 2000), std::nullopt), false},
+    {"a node without ranks", fault(fault_action::kill, "engines-a", fault_target::node, 2000), false},
+    {"the head (it ends the round itself)", fault(fault_action::kill, "coordinator", fault_target::coordinator, 1000),
+     false},
+    {"delay_acks", fault(fault_action::delay_acks, "engines-b", fault_target::node, 800), false},
+    {"heal", fault(fault_action::heal, "engines-b", fault_target::node), false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto p = plan_process_fault(t, r.f, true, "T.yaml:9:7");
+    REQUIRE(p.fault);
+    CHECK(p.fault->withhold_first == r.withhold_first);
+  }
+}
+
+TEST_CASE("process drill: a drill signal's order, encoded and decoded") {
+  struct row {
+    const char* what;
+    drill_order o;
+    bool fits;
+  };
+  const row rows[] = {
+    {"any engine, any version", {std::nullopt, 0}, true},
+    {"engine 0", {0u, 0}, true},
+    {"engine 3, v12", {3u, 12}, true},
+    {"a version only (withhold)", {std::nullopt, 77}, true},
+    {"the largest of both", {max_drill_order_engine, max_drill_order_version}, true},
+    {"an engine index too large", {max_drill_order_engine + 1, 5}, false},
+    {"a version too large", {1u, max_drill_order_version + 1}, false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto v = encode_drill_order(r.o);
+    CHECK(v.has_value() == r.fits);
+    if (!v)
+      continue;
+    CHECK(*v != ~std::uint64_t{0}); // the receiver's "no order"
+    CHECK(decode_drill_order(*v) == r.o);
+  }
+  CHECK(decode_drill_order(0) == drill_order{std::nullopt, 0}); // a plain kill: any engine, any version
 }
 
 TEST_CASE("process drill: the first refused fault is named with its place and index") {

@@ -514,7 +514,9 @@ bool local_transfer::wait_for_packs(std::uint64_t packs, clock::time_point deadl
 
 void local_transfer::corrupt(corruption c) { shared_->faults.corrupt(std::move(c)); }
 
-void local_transfer::withhold(std::uint32_t group, std::uint64_t version) { shared_->faults.withhold(group, version); }
+void local_transfer::withhold(std::uint32_t group, std::uint64_t version, fault_hooks::clock::time_point until) {
+  shared_->faults.withhold(group, version, until);
+}
 
 void local_transfer::clear_faults() { shared_->faults.clear(); }
 

@@ -82,9 +82,11 @@ public:
 
   /// Arms a corruption (see `corruption`).
   void corrupt(corruption c);
-  /// Makes every pass's producer stop before packing `group` (of `version`,
-  /// 0: any): the group never arrives, consumers time out.
-  void withhold(std::uint32_t group, std::uint64_t version = 0);
+  /// Makes every pass's producer that reaches `group` (of `version`, 0: any)
+  /// before `until` stop before packing it: the group never arrives,
+  /// consumers time out.
+  void withhold(std::uint32_t group, std::uint64_t version = 0,
+                fault_hooks::clock::time_point until = fault_hooks::clock::time_point::max());
   void clear_faults();
 
   struct shared; // stats and fault hooks, shared with producer threads

@@ -667,7 +667,9 @@ ucx_producer_stats ucx_producer::stats() const {
 
 void ucx_producer::corrupt(corruption c) { impl_->faults.corrupt(std::move(c)); }
 
-void ucx_producer::withhold(std::uint32_t group, std::uint64_t version) { impl_->faults.withhold(group, version); }
+void ucx_producer::withhold(std::uint32_t group, std::uint64_t version, fault_hooks::clock::time_point until) {
+  impl_->faults.withhold(group, version, until);
+}
 
 void ucx_producer::clear_faults() { impl_->faults.clear(); }
 

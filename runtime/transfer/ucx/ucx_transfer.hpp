@@ -213,9 +213,10 @@ public:
   /// the group with one byte flipped (after the checksum was computed), so
   /// its pull fails with checksum_mismatch.
   void corrupt(corruption c);
-  /// Gets for `group` (of `version`; 0: any) are never answered: the
-  /// consumer times out.
-  void withhold(std::uint32_t group, std::uint64_t version = 0);
+  /// Gets for `group` (of `version`; 0: any) arriving before `until` are
+  /// never answered: the consumer times out.
+  void withhold(std::uint32_t group, std::uint64_t version = 0,
+                fault_hooks::clock::time_point until = fault_hooks::clock::time_point::max());
   void clear_faults();
 
 private:
