@@ -404,17 +404,16 @@ void route_weight_checker(control_ptr self, const http::request& rq, done_fn don
     self->state.checker_baseline.reset();
     return done(json_response(json{{"status", "reset"}}));
   }
-  const int tp = self->state.ctx.settings.tp;
   self->request(self->state.ctx.engine, deadline(self), sha256_atom::value)
     .await(
-      [self, done, action, baseline, tp](std::string& digests) {
+      [self, done, action, baseline](std::string& digests) {
         // "<worker>/<param>" -> vLLM's key "dp0:pp0:pcp0:tp<worker>:<param>".
         std::map<std::string, std::string> sums;
-        for (auto& [key, hex] : json::parse(digests).items()) {
+        const auto parsed = json::parse(digests); // kept alive: items() refers to it
+        for (auto& [key, hex] : parsed.items()) {
           auto slash = key.find('/');
           sums["dp0:pp0:pcp0:tp" + key.substr(0, slash) + ":" + key.substr(slash + 1)] = hex.get<std::string>();
         }
-        (void)tp;
         if (action == "checksum") {
           self->state.checker_baseline = sums;
           return done(json_response(json{{"checksums", sums}}));
@@ -680,11 +679,24 @@ void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor c
         // One short-lived actor per request: the I/O thread never waits,
         // and a control actor that misses the deadline still gets an answer out.
         sys.spawn([control, deadline, call, responder](caf::event_based_actor* self) {
+          // A control actor that dies with this request open never answers it.
+          self->monitor(control);
+          self->set_down_handler([self, responder](caf::down_msg& dm) {
+            responder->reply(error_envelope(500, "the request failed: the server's control actor stopped ("
+                                                   + self->system().render(dm.reason) + ")"));
+            self->quit();
+          });
           self->request(control, deadline, http_atom::value, call)
-            .then([responder](response& r) { responder->reply(std::move(r)); },
-                  [self, responder](caf::error& err) {
-                    responder->reply(error_envelope(500, "the request failed: " + self->system().render(err)));
-                  });
+            .then(
+              [self, responder](response& r) {
+                responder->reply(std::move(r));
+                self->quit();
+              },
+              [self, responder](caf::error& err) {
+                responder->reply(error_envelope(500, "the request failed: " + self->system().render(err)));
+                self->quit();
+              });
+          return caf::behavior{[](int) {}};
         });
       },
       method == "POST");
