@@ -74,7 +74,7 @@ std::string path_body(const std::string& dir) { return json{{"update_info", {{"p
 
 } // namespace
 
-TEST_CASE("serve: every route answers on its method, 405 on another, 404 elsewhere") {
+TEST_CASE("routes: every route answers on its method, 405 on another, 404 elsewhere") {
   serve_fixture f;
   for (auto& [method, path] : serve::engine_route_table()) {
     CAPTURE(path);
@@ -91,7 +91,7 @@ TEST_CASE("serve: every route answers on its method, 405 on another, 404 elsewhe
   CHECK(json::parse(nf.body) == json{{"detail", "Not Found"}});
 }
 
-TEST_CASE("serve: malformed bodies get 400 in vLLM's envelope naming the body or field") {
+TEST_CASE("routes: malformed bodies get 400 in vLLM's envelope naming the body or field") {
   serve_fixture f;
   const char* routes[] = {"/update_weights", "/init_weight_transfer_engine", "/finish_weight_update",
                           "/update_weight_version", "/weight_checker", "/collective_rpc", "/start_weight_update"};
@@ -124,7 +124,7 @@ TEST_CASE("serve: malformed bodies get 400 in vLLM's envelope naming the body or
   CHECK(prime["error"]["message"].get<std::string>().find("prime-rl") != std::string::npos);
 }
 
-TEST_CASE("serve: query booleans spelt every way clients spell them") {
+TEST_CASE("routes: query booleans spelt every way clients spell them") {
   serve_fixture f;
   for (auto spelling : {"true", "True", "TRUE", "1", "yes", "on", "false", "False", "FALSE", "0", "no", "off", "Off"}) {
     CAPTURE(spelling);
@@ -147,7 +147,7 @@ TEST_CASE("serve: query booleans spelt every way clients spell them") {
   }
 }
 
-TEST_CASE("serve: ordering mistakes answer 409, failures 500, and a disk update changes the digests") {
+TEST_CASE("routes: ordering mistakes answer 409, failures 500, and a disk update changes the digests") {
   serve_fixture f;
   CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "default"}});
   check_envelope(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"), 409), 409);
@@ -218,7 +218,7 @@ TEST_CASE("serve: ordering mistakes answer 409, failures 500, and a disk update 
   CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "v-one"}});
 }
 
-TEST_CASE("serve: --strict-vllm answers ordering mistakes with 500") {
+TEST_CASE("routes: --strict-vllm answers ordering mistakes with 500") {
   serve_fixture f(true);
   check_envelope(f.call_json("POST", "/finish_weight_update", "", 500), 500);
   CHECK(f.call_json("POST", "/start_weight_update")["message"] == "Weight update started");
@@ -228,7 +228,7 @@ TEST_CASE("serve: --strict-vllm answers ordering mistakes with 500") {
         "start_weight_update called while a weight update is already active. Call finish_weight_update first.");
 }
 
-TEST_CASE("serve: collective_rpc runs SkyRL's weight sync and names other methods") {
+TEST_CASE("routes: collective_rpc runs SkyRL's weight sync and names other methods") {
   serve_fixture f;
   auto rpc = [&](const std::string& method, json kwargs, unsigned expected) {
     return f.call_json("POST", "/collective_rpc",
@@ -251,7 +251,7 @@ TEST_CASE("serve: collective_rpc runs SkyRL's weight sync and names other method
   check_envelope(f.call_json("POST", "/collective_rpc", "{}", 400), 400, "body.method");
 }
 
-TEST_CASE("serve: sleep levels, models, world size, health and the token") {
+TEST_CASE("routes: sleep levels, models, world size, health and the token") {
   serve_fixture f(false, std::string("tok"));
   f.client->set_default_header("Authorization", "Bearer tok");
   CHECK(f.call("GET", "/health").status == 200);

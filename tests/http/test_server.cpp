@@ -75,7 +75,7 @@ server_options fast_options() {
 
 } // namespace
 
-TEST_CASE("http: routes answer with Content-Length and keep the connection alive") {
+TEST_CASE("server: routes answer with Content-Length and keep the connection alive") {
   server srv(fast_options());
   srv.route("GET", "/hello", [](const request& rq, std::shared_ptr<responder> r) {
     r->reply(text("{\"q\": \"" + (rq.query.count("name") ? rq.query.at("name") : "") + "\", \"m\": \"" + rq.method +
@@ -98,7 +98,7 @@ TEST_CASE("http: routes answer with Content-Length and keep the connection alive
   CHECK(srv.connections() == 1); // one kept-alive connection served all three
 }
 
-TEST_CASE("http: unknown path 404, wrong method 405, malformed query 400") {
+TEST_CASE("server: unknown path 404, wrong method 405, malformed query 400") {
   server srv(fast_options());
   srv.route("POST", "/pause", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
   auto port = srv.start();
@@ -113,7 +113,7 @@ TEST_CASE("http: unknown path 404, wrong method 405, malformed query 400") {
   CHECK(bad.status == 400);
 }
 
-TEST_CASE("http: the bearer token guards the routes that need it") {
+TEST_CASE("server: the bearer token guards the routes that need it") {
   auto o = fast_options();
   o.bearer_token = "s3cret";
   server srv(o);
@@ -129,7 +129,7 @@ TEST_CASE("http: the bearer token guards the routes that need it") {
   CHECK(c.send({"GET", "/health", "", "application/json", {}}).status == 200);
 }
 
-TEST_CASE("http: an over-size body is refused with 413, over-size headers with 431") {
+TEST_CASE("server: an over-size body is refused with 413, over-size headers with 431") {
   auto o = fast_options();
   o.max_body_bytes = 1024;
   o.max_header_bytes = 2048;
@@ -151,7 +151,7 @@ TEST_CASE("http: an over-size body is refused with 413, over-size headers with 4
   CHECK(calls == 1);
 }
 
-TEST_CASE("http: a slow client is cut at the read deadline, an idle one at the idle deadline") {
+TEST_CASE("server: a slow client is cut at the read deadline, an idle one at the idle deadline") {
   server srv(fast_options());
   srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
   auto port = srv.start();
@@ -177,7 +177,7 @@ TEST_CASE("http: a slow client is cut at the read deadline, an idle one at the i
   CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200);
 }
 
-TEST_CASE("http: connections over the bound are refused with 503; the server keeps serving") {
+TEST_CASE("server: connections over the bound are refused with 503; the server keeps serving") {
   auto o = fast_options();
   o.max_connections = 3;
   o.request_read_deadline = 5s;
@@ -200,7 +200,7 @@ TEST_CASE("http: connections over the bound are refused with 503; the server kee
   CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
 }
 
-TEST_CASE("http: garbage gets 400 and the server keeps serving") {
+TEST_CASE("server: garbage gets 400 and the server keeps serving") {
   server srv(fast_options());
   srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
   auto port = srv.start();
@@ -215,7 +215,7 @@ TEST_CASE("http: garbage gets 400 and the server keeps serving") {
   CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
 }
 
-TEST_CASE("http: answers from another thread, and a dropped responder answers 500") {
+TEST_CASE("server: answers from another thread, and a dropped responder answers 500") {
   server srv(fast_options());
   std::vector<std::thread> workers;
   std::mutex mu;
@@ -242,7 +242,7 @@ TEST_CASE("http: answers from another thread, and a dropped responder answers 50
     w.join();
 }
 
-TEST_CASE("http: a stream is chunked, read event by event, and the connection is reused after it") {
+TEST_CASE("server: a stream is chunked, read event by event, and the connection is reused after it") {
   server srv(fast_options());
   std::vector<std::thread> workers;
   srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
@@ -275,7 +275,7 @@ TEST_CASE("http: a stream is chunked, read event by event, and the connection is
     w.join();
 }
 
-TEST_CASE("http: writes to a stream whose client left return false; the bounded queue refuses floods") {
+TEST_CASE("server: writes to a stream whose client left return false; the bounded queue refuses floods") {
   auto o = fast_options();
   o.max_stream_queue_bytes = 64 << 10;
   server srv(o);
@@ -306,7 +306,7 @@ TEST_CASE("http: writes to a stream whose client left return false; the bounded 
   CHECK_FALSE(r->write("data: x\n\n"));
 }
 
-TEST_CASE("http: url_decode and parse_query") {
+TEST_CASE("url_decode and parse_query") {
   CHECK(url_decode("a%2Fb+c") == "a/b c");
   CHECK_FALSE(url_decode("%2"));
   CHECK_FALSE(url_decode("%zz"));

@@ -4,7 +4,7 @@
 
 using namespace rlsync::http;
 
-TEST_CASE("http: query booleans are read as clients spell them") {
+TEST_CASE("vllm_errors: query booleans are read as clients spell them") {
   struct row {
     const char* text;
     std::optional<bool> expected;
@@ -21,7 +21,7 @@ TEST_CASE("http: query booleans are read as clients spell them") {
   }
 }
 
-TEST_CASE("http: query_bool falls back when absent and names the parameter when bad") {
+TEST_CASE("vllm_errors: query_bool falls back when absent and names the parameter when bad") {
   request rq;
   CHECK(query_bool(rq, "clear_cache", true));
   CHECK_FALSE(query_bool(rq, "clear_cache", false));
@@ -37,7 +37,7 @@ TEST_CASE("http: query_bool falls back when absent and names the parameter when 
   }
 }
 
-TEST_CASE("http: the vLLM error envelope and the flat error") {
+TEST_CASE("vllm_errors: the vLLM error envelope and the flat error") {
   auto r = error_envelope(400, "bad thing", "body.update_info");
   CHECK(r.status == 400);
   auto j = nlohmann::json::parse(r.body);
@@ -55,7 +55,7 @@ TEST_CASE("http: the vLLM error envelope and the flat error") {
   CHECK_NOTHROW(error_envelope(400, std::string("\xff\xfe bad")));
 }
 
-TEST_CASE("http: bodies that are not JSON objects are refused naming body") {
+TEST_CASE("vllm_errors: bodies that are not JSON objects are refused naming body") {
   struct row {
     const char* body;
     bool ok;
@@ -79,7 +79,7 @@ TEST_CASE("http: bodies that are not JSON objects are refused naming body") {
   CHECK_THROWS_AS(parse_object_body("", false), bad_request);
 }
 
-TEST_CASE("http: field accessors name body.FIELD on a wrong type") {
+TEST_CASE("vllm_errors: field accessors name body.FIELD on a wrong type") {
   auto body = parse_object_body(R"({"update_info": 1, "weight_version": 7, "flag": "yes", "s": "x", "n": null})");
   try {
     optional_object(body, "update_info");
