@@ -177,7 +177,7 @@ TEST_CASE("server: a slow client is cut at the read deadline, an idle one at the
   CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200);
 }
 
-TEST_CASE("server: connections over the bound are refused with 503; the server keeps serving") {
+TEST_CASE("server: connections over the bound are refused with 503, the server keeps serving") {
   auto o = fast_options();
   o.max_connections = 3;
   o.request_read_deadline = 5s;
@@ -275,7 +275,7 @@ TEST_CASE("server: a stream is chunked, read event by event, and the connection 
     w.join();
 }
 
-TEST_CASE("server: writes to a stream whose client left return false; the bounded queue refuses floods") {
+TEST_CASE("server: writes to a stream whose client left return false, the bounded queue refuses floods") {
   auto o = fast_options();
   o.max_stream_queue_bytes = 64 << 10;
   server srv(o);
