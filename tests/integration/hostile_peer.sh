@@ -6,6 +6,8 @@
 # the fixed behaviour: the attack is refused, the head keeps serving (a sync
 # round with both engines completes after it), its memory stays bounded, and
 # legitimate joins succeed during an admit flood.
+# Then `rlsync serve`'s HTTP port: slow headers, huge bodies, many connections,
+# garbage and missing tokens are refused, and it keeps serving (serve:NAME).
 #
 # The attacks run twice: as an outsider (TLS without a certificate; also
 # once with a certificate another CA signed), which TLS must turn away
