@@ -23,5 +23,6 @@ int cmd_launch(const arg_list& args);
 int cmd_drill(const arg_list& args);
 int cmd_certs(const arg_list& args);
 int cmd_soak(const arg_list& args);
+int cmd_status(const arg_list& args);
 
 } // namespace rlsync::tools

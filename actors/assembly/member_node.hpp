@@ -8,10 +8,12 @@
 // end: it rejoins and registers the same engines again. Used by `rlsync node`.
 #include "actors/interfaces.hpp"
 #include "runtime/config/topology.hpp"
+#include "runtime/metrics/registry.hpp"
 
 #include <caf/actor_system.hpp>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -30,6 +32,8 @@ struct member_node_options {
   /// One line per event (admitted, registered, rejoined, why it stops), and
   /// the UCX puller's lines prefixed "ucx: "; called from several threads.
   std::function<void(const std::string&)> log;
+  /// Where this node's router and engines record their metrics; nullptr: nowhere.
+  std::shared_ptr<metrics::registry> metrics;
 };
 
 /// How a member node ended.
