@@ -1006,7 +1006,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     st.rounds = r->rounds;
     st.next_round_id = r->rounds + 1; // round numbers go on too (drills and logs count them)
     for (auto& pm : r->members)
-      st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable};
+      st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable, {}};
     log_line(self, "coordinator: restored from " + st.cfg.state_file + ": v" + std::to_string(st.synced_version)
                      + " synced, " + std::to_string(r->members.size()) + " replicas known");
   }

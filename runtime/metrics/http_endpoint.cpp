@@ -1,7 +1,9 @@
 #include "runtime/metrics/http_endpoint.hpp"
 
-#include <fstream>
+#include "runtime/base/regular_file.hpp"
+
 #include <stdexcept>
+#include <sys/stat.h>
 
 namespace rlsync::metrics {
 
@@ -48,15 +50,19 @@ std::string metrics_server::url() const {
 }
 
 std::string read_api_key_file(const std::string& file) {
-  std::ifstream in(file);
-  if (!in)
-    throw std::runtime_error("cluster.http_api_key_file " + file + ": cannot be read");
-  std::string line;
-  std::getline(in, line);
+  const std::string what = "cluster.http_api_key_file " + file;
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0)
+    throw std::runtime_error(what + ": cannot be read");
+  // As for the cluster secret: a token others can read or replace is no token.
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+    throw std::runtime_error(what + ": accessible by group or others; chmod 600 it");
+  auto text = read_regular_file(file, 4096, what); // a token, not a document
+  auto line = text.substr(0, text.find('\n'));
   auto begin = line.find_first_not_of(" \t\r");
   auto end = line.find_last_not_of(" \t\r");
   if (begin == std::string::npos)
-    throw std::runtime_error("cluster.http_api_key_file " + file + ": the first line is empty");
+    throw std::runtime_error(what + ": the first line is empty");
   return line.substr(begin, end - begin + 1);
 }
 

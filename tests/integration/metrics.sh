@@ -18,6 +18,7 @@ port=$((20000 + ($$ % 6000) * 2))
 mport=$((port + 1))
 "$rlsync" certs make --out "$dir/certs" --nodes head,workers > /dev/null
 echo "scrape-token-$$" > "$dir/api.key"
+chmod 600 "$dir/api.key"
 cat > "$dir/two.yaml" <<YAML
 name: two
 model:
