@@ -198,7 +198,7 @@ TEST_CASE("topology errors: nodes") {
     {"same fixed endpoint twice", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4000}]"),
      "t.yaml:3:48: nodes[1].port: 127.0.0.1:4000 is already used by node 'a'"},
     {"metrics port out of range", with("nodes", "nodes: [{name: a, metrics_port: -1}, {name: b}]"),
-     "t.yaml:3:33: nodes[0].metrics_port: must be between 0 and 65535, got -1"},
+     "t.yaml:3:33: nodes[0].metrics_port: must not be negative, got -1"},
     {"metrics port is the node's port", with("nodes", "nodes: [{name: a, port: 4000, metrics_port: 4000}, {name: b}]"),
      "t.yaml:3:45: nodes[0].metrics_port: must differ from the node's port 4000"},
     {"metrics port is another node's port",
