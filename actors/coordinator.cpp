@@ -702,8 +702,12 @@ void evict(self_ptr self, const std::string& name, const std::string& why) {
   auto phase = r.book.phase();
   if (!r.book.evict(name))
     return; // already out: its second failure changes nothing
-  r.record.eviction_notes.push_back(name + " (" + (in_wave ? std::string{to_string(phase)} : "before its wave")
-                                    + ": " + why + ")");
+  auto where = in_wave ? std::string{to_string(phase)} : std::string{"before its wave"};
+  r.record.eviction_notes.push_back(name + " (" + where + ": " + why + ")");
+  if (auto rec = st.replicas.find(name); rec != st.replicas.end())
+    rec->second.last_eviction = where + ": " + why;
+  if (st.cfg.on_evict)
+    st.cfg.on_evict(name, in_wave ? std::optional<sync_phase>{phase} : std::nullopt, why);
   if (auto i = st.members.find(name); i != st.members.end()) {
     i->second.routable = false;
     if (in_wave && dirty_after_eviction(phase)) // the update session may be half applied
@@ -838,7 +842,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     st.rounds = r->rounds;
     st.next_round_id = r->rounds + 1; // round numbers go on too (drills and logs count them)
     for (auto& pm : r->members)
-      st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable};
+      st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable, {}};
     log_line(self, "coordinator: restored from " + st.cfg.state_file + ": v" + std::to_string(st.synced_version)
                      + " synced, " + std::to_string(r->members.size()) + " replicas known");
   }
@@ -949,9 +953,12 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
         else
           ++s.live;
       }
-      for (auto& [name, rec] : st.replicas)
+      for (auto& [name, rec] : st.replicas) {
         if (rec.retired)
           s.retired.push_back(name);
+        if (!rec.last_eviction.empty())
+          s.last_evictions[name] = rec.last_eviction;
+      }
       s.below_min_live_events = st.live_alert.events;
       s.refused = st.guard->refused();
       s.ranks = rank_statuses(st);

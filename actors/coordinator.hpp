@@ -166,6 +166,9 @@ struct coordinator_config {
   /// Called when a member changes: "registered", "routable", "evicted",
   /// "dirty", "unreachable", "reachable", "left", "retired"; may be empty.
   std::function<void(const std::string& engine, const std::string& what)> on_member;
+  /// Called when an engine is evicted from a round: the phase it was in
+  /// (nullopt: a later wave, nothing sent to it yet) and why; may be empty.
+  std::function<void(const std::string& engine, std::optional<sync_phase> phase, const std::string& why)> on_evict;
   /// Called (on the coordinator's thread) with each router that registers
   /// (register_atom): the head's main job drives a router on another node
   /// through it; may be empty.
@@ -212,6 +215,8 @@ struct replica_record {
   /// From a state file: the version it held and whether it was current then.
   std::uint64_t version = 0;
   bool was_routable = false;
+  /// Its last eviction from a round, "phase: why" (empty: never evicted).
+  std::string last_eviction;
 };
 
 /// One registered trainer rank, as the coordinator sees it.

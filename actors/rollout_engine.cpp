@@ -1,5 +1,7 @@
 #include "actors/rollout_engine.hpp"
 
+#include "actors/fleet_metrics.hpp"
+
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/loader.hpp"
@@ -148,10 +150,26 @@ std::string sha256_hex(const void* data, std::size_t size) {
   return out;
 }
 
+/// Seconds since `since` into `h` (no metrics: nothing).
+void observe_since(metrics::histogram* h, std::chrono::steady_clock::time_point since) {
+  if (h)
+    h->observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count());
+}
+
+/// The transfer in flight ended (done, failed or abandoned): its update duration.
+void transfer_ended(engine_ptr self, const std::shared_ptr<engine_metrics>& m) {
+  if (!m)
+    return;
+  observe_since(&m->update_seconds, self->state.transfer_started);
+  m->operations_in_flight.dec();
+}
+
 } // namespace
 
 rollout_engine_impl::behavior_type
 rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self, rollout_engine_config cfg) {
+  const auto init_started = std::chrono::steady_clock::now();
+  const auto metrics = cfg.metrics;
   self->state.core = std::make_unique<engine::engine_core>(cfg.model, cfg.options);
   self->state.node = cfg.node;
   self->state.self_stepping = cfg.self_stepping;
@@ -165,6 +183,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       cfg.puller->register_worker(cfg.options.name, plan);
   }
   self->state.producer_links = std::make_shared<std::map<std::uint32_t, std::shared_ptr<transfer::producer_link>>>();
+  if (metrics) { // init: the engine, its plans and their data-plane registration
+    observe_since(&metrics->init_seconds, init_started);
+    metrics->sample(self->state.core->status());
+  }
   self->attach_functor([puller = cfg.puller, links = self->state.producer_links, name = cfg.options.name] {
     if (puller)
       puller->unregister_engine(name);
@@ -213,6 +235,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         self->state.pause_promise->deliver(make_error(errc::pause_in_flight, name + ": superseded by a newer pause"));
       self->state.pause_promise.reset();
       self->state.core->pause(req);
+      if (metrics)
+        metrics->sample(self->state.core->status());
       if (auto report = self->state.core->poll_pause())
         return held(self, *report);
       auto rp = self->make_response_promise<pause_report>();
@@ -227,7 +251,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     authorized(self, guard, gated(self, [=](start_atom, std::uint64_t version) -> caf::result<phase_ack> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
-      if (auto e = self->state.core->start_update(version))
+      auto started = std::chrono::steady_clock::now();
+      auto e = self->state.core->start_update(version);
+      observe_since(metrics ? &metrics->start_seconds : nullptr, started);
+      if (e)
         return to_error(*e);
       return held(self, ack());
     })),
@@ -246,11 +273,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, std::string(e.what()) + " (not accepted inline)");
       }
       std::uint64_t applied = 0;
+      auto started = std::chrono::steady_clock::now();
       for (const auto& t : tensors) {
-        if (auto err = self->state.core->apply_tensor(t))
+        if (auto err = self->state.core->apply_tensor(t)) {
+          observe_since(metrics ? &metrics->update_seconds : nullptr, started);
           return to_error(*err);
+        }
         applied += t.size;
       }
+      observe_since(metrics ? &metrics->update_seconds : nullptr, started);
       return applied;
     })),
     authorized(self, guard, gated(self, [=](transfer_atom, const transfer_order& order, const std::vector<trainer_actor>& producers) -> caf::result<transfer_report> {
@@ -317,6 +348,9 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       });
       auto rp = self->make_response_promise<transfer_report>();
       st.transfer_promise = rp;
+      st.transfer_started = std::chrono::steady_clock::now();
+      if (metrics)
+        metrics->operations_in_flight.inc();
       return rp;
     })),
     [=](pull_atom, std::shared_ptr<pull_outcome> out) {
@@ -325,6 +359,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return; // the pull of an aborted round: its session is gone
       auto rp = *st.transfer_promise;
       st.transfer_promise.reset();
+      transfer_ended(self, metrics);
       if (!out->report) {
         st.core->abort_update(); // dirty until a complete update
         rp.deliver(make_error(out->code, out->what));
@@ -340,7 +375,12 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     authorized(self, guard, gated(self, [=](finish_atom, std::uint64_t version) -> caf::result<phase_ack> {
       if (self->state.transfer_promise)
         return make_error(errc::malformed, name + ": a transfer is in flight");
-      if (auto e = self->state.core->finish_update(version))
+      auto started = std::chrono::steady_clock::now();
+      auto e = self->state.core->finish_update(version);
+      observe_since(metrics ? &metrics->finish_seconds : nullptr, started);
+      if (metrics)
+        metrics->sample(self->state.core->status());
+      if (e)
         return to_error(*e);
       return ack();
     })),
@@ -351,11 +391,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         if (pulling) {
           st.transfer_promise->deliver(make_error(errc::round_aborted, name + ": the round was aborted"));
           st.transfer_promise.reset();
+          transfer_ended(self, metrics);
         }
         st.core->abandon_update(pulling);
       }
-      if (auto e = self->state.core->resume())
-        return to_error(*e);
+      auto resumed = self->state.core->resume();
+      if (metrics)
+        metrics->sample(self->state.core->status());
+      if (resumed)
+        return to_error(*resumed);
       schedule_step();
       return ack();
     })),
@@ -383,8 +427,13 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       };
       // Refusals are answered before a promise exists: once a promise is
       // made, CAF sends nothing for the handler's return value.
+      auto prompt_tokens = req.prompt.size() + req.generated.size(); // a continuation prefills both
       if (auto e = self->state.core->add(std::move(req), std::move(cb)))
         return to_error(*e);
+      if (metrics) {
+        metrics->prompt_tokens.inc(static_cast<double>(prompt_tokens));
+        metrics->sample(self->state.core->status());
+      }
       auto rp = self->make_response_promise<generate_result>();
       self->state.pending.emplace(id, rp);
       self->state.sinks.emplace(sink.address(), id);
@@ -481,6 +530,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       }
       self->state.step_scheduled = false;
       self->state.core->step();
+      if (metrics)
+        metrics->sample(self->state.core->status());
       deliver_pause_if_done();
       schedule_step();
     }),

@@ -23,11 +23,14 @@
 #include "runtime/transfer/puller.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 
 namespace rlsync {
+
+struct engine_metrics; // actors/fleet_metrics.hpp
 
 /// Faults a drill injects into an in-process engine, shared
 /// between the engine actor and the drill runner; thread-safe.
@@ -71,6 +74,8 @@ struct rollout_engine_config {
   std::function<bool(const caf::strong_actor_ptr& sender, const caf::actor_addr& router)> vouched_router;
   /// Receives one line per refused message; empty: stderr.
   std::function<void(const std::string&)> log;
+  /// Where the engine records its vLLM metrics; nullptr: nowhere.
+  std::shared_ptr<engine_metrics> metrics;
 };
 
 /// How a data-plane pull ended, reported by the pulling thread.
@@ -133,6 +138,7 @@ struct rollout_engine_state {
   /// The transfer phase in flight: its reply waits for the pulling thread.
   std::optional<caf::typed_response_promise<transfer_report>> transfer_promise;
   std::uint64_t transfer_seq = 0; ///< transfers started; the one in flight has this number
+  std::chrono::steady_clock::time_point transfer_started; ///< of the one in flight (its duration metric)
   std::shared_ptr<engine_fault_gate> faults;
   /// Acknowledgements held by a delay_acks drill, by id, sent when due.
   std::map<std::uint64_t, std::function<void()>> held_acks;

@@ -82,12 +82,38 @@ std::chrono::milliseconds hold_deadline(const router_state& st, const generate_r
   return req.deadline_ms != 0 ? std::chrono::milliseconds(req.deadline_ms) : st.config.queue_deadline;
 }
 
+/// The router's figures; `per_engine`: with each engine's requests out too (O(engines) to build).
+router_status status_of(const router_state& st, bool per_engine) {
+  router_status s;
+  for (auto& r : st.replicas) {
+    if (is_current(r, st.rules))
+      ++s.routable;
+    if (per_engine)
+      s.outstanding_by_engine[r.name] = r.outstanding;
+  }
+  s.queued = static_cast<std::uint32_t>(st.queued.size());
+  s.outstanding = static_cast<std::uint32_t>(st.running.size());
+  s.completed = st.completed;
+  s.rejected = st.rejected;
+  s.rerouted = st.rerouted;
+  s.refused = st.guard->refused();
+  return s;
+}
+
+/// Tells config.on_status (the metrics) what changed: the queue, the
+/// requests out, the counts.
+void publish(router_ptr self) {
+  if (self->state.config.on_status)
+    self->state.config.on_status(status_of(self->state, false));
+}
+
 /// Puts an accepted request in the queue with its deadline.
 void enqueue(router_ptr self, request_record rec) {
   auto& st = self->state;
   self->delayed_send(caf::actor_cast<router_impl_actor>(self), hold_deadline(st, rec.request),
                      caf::timeout_atom_v, rec.ticket, rec.attempts);
   st.queued.emplace(rec.ticket, std::move(rec));
+  publish(self);
 }
 
 std::optional<std::size_t> choose(router_ptr self, const generate_request& req) {
@@ -173,6 +199,7 @@ void close_running(router_ptr self, std::map<std::uint64_t, request_record>::ite
   auto ticket = rec.ticket;
   auto relay = rec.relay;
   st.closing.emplace(ticket, std::move(rec));
+  publish(self);
   auto answer = [self, ticket](generate_result forwarded) {
     auto& st = self->state;
     auto i = st.closing.find(ticket);
@@ -262,6 +289,7 @@ void dispatch(router_ptr self, request_record rec, std::size_t replica) {
       [=](generate_result& res) { on_engine_result(self, ticket, attempt, std::move(res)); },
       [=](caf::error& err) { on_engine_error(self, ticket, attempt, err); });
   st.running.emplace(ticket, std::move(rec));
+  publish(self);
 }
 
 /// Sends a request whose engine failed elsewhere, continuing after what its
@@ -483,6 +511,7 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
       st.queued.erase(i);
       st.in_flight.erase(rec.request.request_id);
       ++st.rejected;
+      publish(self);
       auto why = "deadline passed: no replica could serve request " + std::to_string(rec.request.request_id)
                  + " within " + ms(hold_deadline(st, rec.request)) + " ("
                  + (st.replicas.empty() ? std::string("no engine is up")
@@ -504,18 +533,7 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
       rec.promise.deliver(std::move(res));
     }),
     authorized(self, guard, [=](status_atom) -> router_status {
-      auto& st = self->state;
-      router_status s;
-      for (auto& r : st.replicas)
-        if (is_current(r, st.rules))
-          ++s.routable;
-      s.queued = static_cast<std::uint32_t>(st.queued.size());
-      s.outstanding = static_cast<std::uint32_t>(st.running.size());
-      s.completed = st.completed;
-      s.rejected = st.rejected;
-      s.rerouted = st.rerouted;
-      s.refused = st.guard->refused();
-      return s;
+      return status_of(self->state, true);
     }),
     authorized(self, guard, [=](heartbeat_atom, const heartbeat& hb) -> heartbeat {
       return {self->state.config.name, hb.seq};

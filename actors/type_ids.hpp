@@ -145,9 +145,10 @@ RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, 
                x.bytes, x.control_ns, x.aborted)
 RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
-               x.rerouted, x.refused)
+               x.rerouted, x.refused, x.outstanding_by_engine)
 RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history,
-               x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused, x.ranks)
+               x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused, x.ranks,
+               x.last_evictions)
 RLSYNC_INSPECT(rank_status, x.rank, x.node, x.incarnation, x.latest_version, x.pinned_version, x.reachable)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)

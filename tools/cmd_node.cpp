@@ -13,6 +13,7 @@
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
 #include "runtime/base/printable.hpp"
+#include "runtime/metrics/http_endpoint.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/job_flags.hpp"
@@ -141,11 +142,13 @@ struct head_job {
 };
 
 int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
-             std::map<std::string, std::string> secrets, const head_job& job, const std::string& path) {
+             std::map<std::string, std::string> secrets, const head_job& job, const std::string& path,
+             std::shared_ptr<metrics::registry> metrics) {
   auto out = std::make_shared<job_console>(job.run && job.progress && isatty(STDERR_FILENO));
   std::unique_ptr<head_node> head;
   head_hooks hooks{[out](const std::string& l) { out->on_log(l); }, [out](const std::string& l) { out->line(l); },
                    [out](const sync_report& r) { out->on_sync(r); }, {}};
+  hooks.metrics = std::move(metrics);
   if (job.drill_events)
     hooks.on_phase = [](std::uint64_t round, std::uint64_t version, sync_phase phase,
                         const std::vector<std::string>& engines) {
@@ -327,12 +330,29 @@ int cmd_node(const arg_list& argv) {
   // one-sided timeout declares healthy idle peers dead.
   cfg.set("middleman.heartbeat-interval", caf::timespan{t.cluster.heartbeat_interval});
   cfg.set("middleman.connection-timeout", caf::timespan{t.cluster.heartbeat_timeout});
+  // The node's metrics port: its coordinator, router and engines record
+  // into one registry, served on the node's own address only.
+  std::shared_ptr<metrics::registry> registry;
+  std::unique_ptr<metrics::metrics_server> metrics_port;
+  if (node->metrics_port) {
+    registry = std::make_shared<metrics::registry>();
+    try {
+      std::optional<std::string> token;
+      if (!t.cluster.http_api_key_file.empty())
+        token = metrics::read_api_key_file(t.cluster.http_api_key_file);
+      metrics_port = std::make_unique<metrics::metrics_server>(registry, node->address, *node->metrics_port, token);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync node " << name << ": " << e.what() << "\n";
+      return 1;
+    }
+    std::cerr << "rlsync node " << name << ": metrics on " << metrics_port->url() << std::endl;
+  }
   caf::actor_system sys{cfg};
   auto old_int = std::signal(SIGINT, on_node_stop_signal);
   auto old_term = std::signal(SIGTERM, on_node_stop_signal);
   int rc = 0;
   if (is_head) {
-    rc = run_head(sys, t, *node, std::move(secrets), job, path);
+    rc = run_head(sys, t, *node, std::move(secrets), job, path, registry);
   } else {
     member_node_options mo;
     mo.stop_requested = [] { return stop_signal != 0; };
@@ -342,6 +362,7 @@ int cmd_node(const arg_list& argv) {
     std::optional<drill_signal_watch> watch;
     if (job.drill_events)
       watch.emplace(t, mo.drill_arms, mo.log);
+    mo.metrics = registry;
     auto end = run_member_node(sys, t, *node, *head, secret, mo);
     if (watch)
       watch->stop();

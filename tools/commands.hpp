@@ -24,5 +24,6 @@ int cmd_drill(const arg_list& args);
 int cmd_certs(const arg_list& args);
 int cmd_soak(const arg_list& args);
 int cmd_serve(const arg_list& args);  // tools/cmd_serve.cpp
+int cmd_status(const arg_list& args);
 
 } // namespace rlsync::tools

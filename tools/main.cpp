@@ -29,6 +29,8 @@ const subcommand subcommands[] = {
   {"validate", "check a topology file and print what it resolves to", rlsync::tools::cmd_validate},
   {"generate", "run the built-in engine on a checkpoint and print the text", rlsync::tools::cmd_generate},
   {"bench", "measure: engine (throughput, update time)", rlsync::tools::cmd_bench},
+  {"status", "print the fleet as the head sees it: engines, versions, evictions, last round",
+   rlsync::tools::cmd_status},
   {"ping", "heartbeat round trip to another rlsync process (connectivity check)",
    rlsync::tools::cmd_ping},
   {"drill", "rehearse failures: run a topology's drill faults, check the invariants, write a report",

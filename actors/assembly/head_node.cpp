@@ -136,6 +136,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.log = hooks.log;
   opts.on_sync = hooks.on_report;
   opts.on_phase = hooks.on_phase;
+  opts.metrics = hooks.metrics;
   opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log);
   opts.on_router = [registered = registered_](const router_actor& router) {
     std::lock_guard<std::mutex> lock(registered->mutex);

@@ -67,6 +67,8 @@ struct head_hooks {
   std::function<void(const sync_report&)> on_report; ///< every round
   /// As each phase of a round is sent (coordinator_config::on_phase); may be empty.
   decltype(coordinator_config::on_phase) on_phase = {};
+  /// Where the head's coordinator, router and engines record their metrics; nullptr: nowhere.
+  std::shared_ptr<metrics::registry> metrics = {};
 };
 
 class head_node {

@@ -1,5 +1,7 @@
 #include "actors/assembly/local_deployment.hpp"
 
+#include "actors/fleet_metrics.hpp"
+
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
@@ -133,6 +135,7 @@ rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment&
   auto cfg = engine_config_from(t, spec, d.trainer.transfer, d.source_dtype);
   cfg.producer_puller = rank_pullers(d.ranks, d.remote_pullers);
   cfg.faults = d.gates[i];
+  cfg.metrics = engine_metrics_in(d.metrics, spec.name);
   return spawn_rollout_engine(sys, std::move(cfg));
 }
 
@@ -163,6 +166,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     d.trainer = d.ranks.front().trainer;
   d.single_trainer = follows_single_trainer(t, opts.node);
   d.remote_pullers = opts.remote_pullers;
+  d.metrics = opts.metrics;
   // Engines record their plans in the dtype the trainer sends; with no rank
   // here, a source built for the question alone says (it publishes nothing).
   d.source_dtype = d.trainer.source ? source_dtype_of(t, *d.trainer.source)
@@ -183,6 +187,8 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   }
   auto rc = router_config_from(t);
   rc.log = opts.router_log;
+  if (opts.metrics)
+    instrument_router(*opts.metrics, rc);
   d.router_cfg = rc;
   if (opts.node.empty() || t.router.node == opts.node) // else its own node's process registers it
     d.router = spawn_router(sys, rc, d.authorize);
@@ -196,6 +202,8 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.on_phase = opts.on_phase;
   cc.on_member = opts.on_member;
   cc.on_router = opts.on_router;
+  if (opts.metrics)
+    instrument_coordinator(*opts.metrics, cc);
   d.coordinator_cfg = cc;
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);

@@ -11,6 +11,7 @@
 #include "actors/router.hpp"
 #include "actors/trainer.hpp"
 #include "runtime/config/topology.hpp"
+#include "runtime/metrics/registry.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/node_id.hpp>
@@ -59,6 +60,8 @@ struct local_deployment {
   coordinator_actor coordinator;
   /// The dtype engines record their plans in (what the trainer sends).
   dtype source_dtype = dtype::bf16;
+  /// Where engines (restarted ones too) record their metrics; nullptr: nowhere.
+  std::shared_ptr<metrics::registry> metrics;
   /// The coordinator's configuration as first spawned (hooks included), for a restart.
   coordinator_config coordinator_cfg;
 
@@ -128,6 +131,8 @@ struct deployment_options {
   /// How the engines here pull from trainer ranks hosted in other processes;
   /// empty: they cannot (one process hosts every rank).
   producer_puller_factory remote_pullers;
+  /// Where the coordinator, router and engines here record their metrics; nullptr: nowhere.
+  std::shared_ptr<metrics::registry> metrics;
 };
 
 /// The dtype the trainer sends, which every engine records its plans in:

@@ -2,6 +2,7 @@
 
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/caf_puller.hpp"
+#include "actors/fleet_metrics.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/tls.hpp"
 #include "actors/rollout_engine.hpp"
@@ -195,6 +196,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     if (t.router.node == node.name) {
       auto rc = router_config_from(t);
       rc.log = opts.log;
+      if (opts.metrics)
+        instrument_router(*opts.metrics, rc);
       router = spawn_router(sys, rc, fabric);
     }
     const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
@@ -207,6 +210,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
           return drivers->vouch(sender, r);
         };
         cfg.log = opts.log;
+        cfg.metrics = engine_metrics_in(opts.metrics, e.name);
         engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, std::move(cfg))));
         specs.push_back(&e);
       }

@@ -9,10 +9,12 @@
 #include "actors/assembly/rank_drill_arms.hpp"
 #include "actors/interfaces.hpp"
 #include "runtime/config/topology.hpp"
+#include "runtime/metrics/registry.hpp"
 
 #include <caf/actor_system.hpp>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -34,6 +36,8 @@ struct member_node_options {
   /// Attached to the trainer ranks hosted here while their producers are
   /// up (a drill's signals arm them); nullptr: none.
   std::shared_ptr<rank_drill_arms> drill_arms;
+  /// Where this node's router and engines record their metrics; nullptr: nowhere.
+  std::shared_ptr<metrics::registry> metrics;
 };
 
 /// How a member node ended.

@@ -300,7 +300,7 @@ void reader::read_nodes(const map_reader& root) {
   nodes_ok = true;
   std::map<std::string, std::string> endpoints; // "address:port" -> node name
   for (auto& item : *items) {
-    map_reader r(d, item.node, item.path, {"name", "address", "port", "restart", "max_restarts"},
+    map_reader r(d, item.node, item.path, {"name", "address", "port", "restart", "max_restarts", "metrics_port"},
                  root.mark("nodes"));
     if (!r.valid()) {
       nodes_ok = false;
@@ -326,6 +326,16 @@ void reader::read_nodes(const map_reader& root) {
       if (!fresh)
         r.error("port", endpoint + " is already used by node '" + it->second + "'");
     }
+    std::int64_t metrics_port = 0;
+    if (r.read("metrics_port", metrics_port, between(0, 65535))) {
+      n.metrics_port = static_cast<std::uint16_t>(metrics_port);
+      std::string endpoint = n.address + ":" + std::to_string(metrics_port);
+      if (metrics_port != 0 && metrics_port == n.port)
+        r.error("metrics_port", "must differ from the node's port " + std::to_string(n.port));
+      else if (metrics_port != 0)
+        if (auto [it, fresh] = endpoints.emplace(endpoint, n.name); !fresh)
+          r.error("metrics_port", endpoint + " is already used by node '" + it->second + "'");
+    }
     if (r.read_choice("restart", n.restart, node_restart_choices) && n.restart == node_restart::on_failure)
       restart_marks.emplace(n.name, std::make_pair(r.mark("restart"), r.path("restart")));
     r.read("max_restarts", n.max_restarts, between(0, max_node_restarts));
@@ -337,12 +347,13 @@ void reader::read_cluster(const map_reader& root) {
   const std::vector<std::pair<std::string, std::string>> forbidden = {{"secret", secret_message}};
   auto c = root.map("cluster",
                     {"secret_file", "secret_env", "tls", "allow_insecure_network", "heartbeat_interval_ms",
-                     "heartbeat_timeout_ms", "connect_deadline_ms"},
+                     "heartbeat_timeout_ms", "connect_deadline_ms", "http_api_key_file"},
                     presence::optional, forbidden);
   auto& cl = t.cluster;
   if (c.has("secret_file") && c.has("secret_env"))
     c.error("secret_env", "set at most one of secret_file and secret_env");
   read_path(c, "secret_file", cl.secret_file);
+  read_path(c, "http_api_key_file", cl.http_api_key_file);
   if (c.read("secret_env", cl.secret_env) && !is_env_name(cl.secret_env)) {
     // The value is not echoed: it may be the secret itself, pasted by mistake.
     c.error("secret_env", "must be the name of an environment variable (letters, digits, '_'), "

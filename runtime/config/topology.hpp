@@ -69,6 +69,9 @@ struct node_spec {
   /// Never on the coordinator's node: the head failing ends the job.
   node_restart restart = node_restart::never;
   std::int64_t max_restarts = 3;
+  /// Serve GET /metrics (and /health) over HTTP on the node's address at
+  /// this port; 0: ephemeral; absent: no metrics port.
+  std::optional<std::uint16_t> metrics_port;
 };
 
 namespace topology_limits {
@@ -125,6 +128,9 @@ struct cluster_spec {
   milliseconds heartbeat_interval{500};
   milliseconds heartbeat_timeout{2000};
   milliseconds connect_deadline{10000};
+  /// The bearer token of the cluster's HTTP ports (the first line of this
+  /// file, absolute path): every route but /health requires it; empty: none.
+  std::string http_api_key_file;
 };
 
 struct trainer_rank {

@@ -56,6 +56,8 @@ std::string to_yaml(const topology& t) {
     out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << n.name;
     out << YAML::Key << "address" << YAML::Value << n.address;
     out << YAML::Key << "port" << YAML::Value << n.port;
+    if (n.metrics_port)
+      out << YAML::Key << "metrics_port" << YAML::Value << *n.metrics_port;
     out << YAML::Key << "restart" << YAML::Value << std::string(to_string(n.restart));
     out << YAML::Key << "max_restarts" << YAML::Value << i64(n.max_restarts) << YAML::EndMap;
   }
@@ -67,6 +69,8 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "secret_file" << YAML::Value << cl.secret_file;
   if (!cl.secret_env.empty())
     out << YAML::Key << "secret_env" << YAML::Value << cl.secret_env;
+  if (!cl.http_api_key_file.empty())
+    out << YAML::Key << "http_api_key_file" << YAML::Value << cl.http_api_key_file;
   if (cl.tls) {
     out << YAML::Key << "tls" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "ca" << YAML::Value << cl.tls->ca;

@@ -10,6 +10,7 @@
 #include "runtime/config/topology.hpp"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -279,6 +280,8 @@ struct router_status {
   std::uint64_t rejected = 0;
   std::uint64_t rerouted = 0;
   std::uint64_t refused = 0; ///< messages refused: their sender's node is not admitted
+  /// Requests sent to each known engine, not yet finished.
+  std::map<std::string, std::uint32_t> outstanding_by_engine;
 };
 
 /// One trainer rank as the coordinator sees it (coordinator_status::ranks).
@@ -303,6 +306,8 @@ struct coordinator_status {
   std::uint64_t below_min_live_events = 0; ///< times live fell below min_live_engines
   std::uint64_t refused = 0; ///< messages refused: their sender's node is not admitted
   std::vector<rank_status> ranks; ///< the registered trainer ranks by index (none: a single trainer)
+  /// Each replica's last eviction from a round, "phase: why" (those never evicted are absent).
+  std::map<std::string, std::string> last_evictions;
 };
 
 // -- names and checks ------------------------------------------------------------------

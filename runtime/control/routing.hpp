@@ -12,6 +12,7 @@
 // A request no replica may serve waits in the router's bounded queue.
 // Among those, the policy picks one.
 #include "runtime/config/topology.hpp"
+#include "runtime/control/protocol.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -45,6 +46,9 @@ struct router_config {
   std::chrono::milliseconds control_deadline{5000};
   /// One line per reroute; empty: quiet.
   std::function<void(const std::string&)> log;
+  /// Told the router's figures as they change (requests queued, sent,
+  /// answered, rerouted): the metrics; empty: nobody.
+  std::function<void(const router_status&)> on_status;
 };
 
 /// The router's settings from a topology: its policy and queue limit, and

@@ -197,6 +197,15 @@ TEST_CASE("topology errors: nodes") {
      "t.yaml:3:28: nodes[0].address: must be a host name or IP address, got 'my host'"},
     {"same fixed endpoint twice", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4000}]"),
      "t.yaml:3:48: nodes[1].port: 127.0.0.1:4000 is already used by node 'a'"},
+    {"metrics port out of range", with("nodes", "nodes: [{name: a, metrics_port: -1}, {name: b}]"),
+     "t.yaml:3:33: nodes[0].metrics_port: must not be negative, got -1"},
+    {"metrics port is the node's port", with("nodes", "nodes: [{name: a, port: 4000, metrics_port: 4000}, {name: b}]"),
+     "t.yaml:3:45: nodes[0].metrics_port: must differ from the node's port 4000"},
+    {"metrics port is another node's port",
+     with("nodes", "nodes: [{name: a, port: 4000}, {name: b, metrics_port: 4000}]"),
+     "t.yaml:3:56: nodes[1].metrics_port: 127.0.0.1:4000 is already used by node 'a'"},
+    {"metrics port not a number", with("nodes", "nodes: [{name: a, metrics_port: web}, {name: b}]"),
+     "t.yaml:3:33: nodes[0].metrics_port: expected an integer, got 'web'"},
     {"restart not a policy", with("nodes", "nodes: [{name: a}, {name: b, restart: always}]"),
      "t.yaml:3:39: nodes[1].restart: must be one of never, on-failure, got 'always'"},
     {"max_restarts beyond the bound", with("nodes", "nodes: [{name: a}, {name: b, max_restarts: 101}]"),
@@ -657,6 +666,8 @@ TEST_CASE("topology: defaults are filled in") {
   REQUIRE(t.nodes.size() == 2);
   CHECK(t.nodes[0].address == "127.0.0.1");
   CHECK(t.nodes[0].port == 0);
+  CHECK_FALSE(t.nodes[0].metrics_port);
+  CHECK(t.cluster.http_api_key_file.empty());
   CHECK(t.cluster.secret_file.empty());
   CHECK(t.cluster.secret_env.empty());
   CHECK_FALSE(t.cluster.tls);
@@ -734,10 +745,11 @@ model:
               max_position_embeddings: 4096, rope_theta: 500000, rms_norm_eps: 1.0e-6,
               tie_word_embeddings: true, dtype: f32, seed: 42}
 nodes:
-  - {name: n1, address: 10.0.0.1, port: 4000}
-  - {name: n2, address: host-2.example, port: 4000}
+  - {name: n1, address: 10.0.0.1, port: 4000, metrics_port: 9100}
+  - {name: n2, address: host-2.example, port: 4000, metrics_port: 0}
 cluster:
   secret_file: secrets/cluster.key
+  http_api_key_file: secrets/http.key
   tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "/etc/{node}.key"}
   heartbeat_interval_ms: 100
   heartbeat_timeout_ms: 300
@@ -795,6 +807,9 @@ drill:
   CHECK(t.nodes[1].address == "host-2.example");
   CHECK(t.nodes[1].port == 4000);
   CHECK(t.cluster.secret_file == "/cfg/secrets/cluster.key");
+  CHECK(t.cluster.http_api_key_file == "/cfg/secrets/http.key");
+  CHECK(t.nodes[0].metrics_port == std::optional<std::uint16_t>{9100});
+  CHECK(t.nodes[1].metrics_port == std::optional<std::uint16_t>{0});
   REQUIRE(t.cluster.tls);
   CHECK(t.cluster.tls->ca == "/cfg/certs/ca.pem");
   CHECK(t.cluster.tls->cert == "/cfg/certs/{node}.pem");

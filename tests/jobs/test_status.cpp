@@ -1,0 +1,128 @@
+// rlsync status: the fleet view from the coordinator's and router's statuses, its text and JSON.
+#include "actors/jobs/status.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace rlsync;
+using namespace rlsync::jobs;
+
+namespace {
+
+engine_info member(const std::string& name, std::uint64_t version, bool dirty = false) {
+  engine_info m;
+  m.name = name;
+  m.node = "n-" + name;
+  m.version = version;
+  m.dirty = dirty;
+  m.incarnation = 1;
+  return m;
+}
+
+} // namespace
+
+TEST_CASE("status: each engine's state, row by row") {
+  struct row {
+    const char* what;
+    engine_info m;
+    bool routable, unreachable;
+    const char* eviction;
+    const char* state;
+  };
+  const std::vector<row> rows = {
+    {"routable: serving", member("a", 3), true, false, "", "serving"},
+    {"new, never synced", member("a", 0, true), false, false, "", "syncing"},
+    {"evicted, clean", member("a", 2), false, false, "transfer: no answer within 100 ms", "evicted"},
+    {"evicted mid-update: dirty", member("a", 2, true), false, false, "finish: boom", "dirty"},
+    {"evicted once, serving again", member("a", 3), true, false, "pause: x", "serving"},
+    {"silent: unreachable wins", member("a", 3), true, true, "", "unreachable"},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    coordinator_status c;
+    c.members.push_back(r.m);
+    if (r.routable)
+      c.routable.push_back(r.m.name);
+    if (r.unreachable)
+      c.unreachable.push_back(r.m.name);
+    if (*r.eviction)
+      c.last_evictions[r.m.name] = r.eviction;
+    auto v = fleet_view_of(c, std::nullopt);
+    REQUIRE(v.engines.size() == 1);
+    CHECK(v.engines[0].state == r.state);
+    CHECK(v.engines[0].last_eviction == r.eviction);
+    CHECK_FALSE(v.engines[0].outstanding);
+  }
+}
+
+TEST_CASE("status: the fleet in text and JSON") {
+  coordinator_status c;
+  c.version = 4;
+  c.rounds = 5;
+  c.live = 2;
+  c.members = {member("e1", 4), member("e0", 4), member("e2", 3, true)};
+  c.routable = {"e0", "e1"};
+  c.retired = {"e9"};
+  c.last_evictions = {{"e2", "transfer: no answer within 60000 ms"}, {"e9", "pause: down"}};
+  sync_report last;
+  last.version = 4;
+  last.engines_synced = 2;
+  last.evicted = {"e2"};
+  last.stall_ns = 3'000'000;
+  last.transfer_ns = 2'000'000;
+  last.bytes = 2'000'000;
+  last.control_ns = 1'000'000;
+  c.history = {sync_report{}, last};
+  router_status r;
+  r.routable = 2;
+  r.queued = 1;
+  r.outstanding = 3;
+  r.outstanding_by_engine = {{"e0", 2}, {"e1", 1}};
+  auto v = fleet_view_of(c, r);
+  REQUIRE(v.engines.size() == 4); // sorted, the retired one by name only
+  CHECK(v.engines[0].name == "e0");
+  CHECK(v.engines[0].outstanding == std::optional<std::uint32_t>{2});
+  CHECK(v.engines[2].name == "e2");
+  CHECK(v.engines[2].state == "dirty");
+  CHECK(v.engines[2].outstanding == std::optional<std::uint32_t>{0}); // the router has none out on it
+  CHECK(v.engines[3].name == "e9");
+  CHECK(v.engines[3].state == "retired");
+  REQUIRE(v.last_round);
+  CHECK(v.last_round->version == 4);
+
+  auto text = fleet_text(v);
+  CAPTURE(text);
+  CHECK(text.find("version 4, 5 rounds, 2 of 4 engines live\n") == 0);
+  CHECK(text.find("ENGINE  NODE  STATE    VERSION   OUTSTANDING  LAST EVICTION\n") != std::string::npos);
+  CHECK(text.find("e0      n-e0  serving  4         2            -\n") != std::string::npos);
+  CHECK(text.find("e2      n-e2  dirty    3         0            transfer: no answer within 60000 ms\n")
+        != std::string::npos);
+  CHECK(text.find("e9      -     retired  0         ?            pause: down\n") != std::string::npos); // no member: no router figure
+  CHECK(text.find("last round: version 4, 2 engines synced, 1 evicted; stall 3.0 ms, transfer 2.0 ms, 2000000 bytes")
+        != std::string::npos);
+  CHECK(text.find("router: 2 routable, 1 queued, 3 outstanding") != std::string::npos);
+
+  auto j = fleet_json(v);
+  CHECK(j["version"] == 4);
+  REQUIRE(j["engines"].size() == 4);
+  CHECK(j["engines"][2]["state"] == "dirty");
+  CHECK(j["engines"][2]["last_eviction"] == "transfer: no answer within 60000 ms");
+  CHECK(j["engines"][0]["last_eviction"].is_null());
+  CHECK(j["last_round"]["bytes"] == 2000000);
+  CHECK(j["router"]["queued"] == 1);
+  // Round-trips through text: what `--json` prints parses.
+  CHECK(nlohmann::json::parse(j.dump(2))["engines"][3]["name"] == "e9");
+}
+
+TEST_CASE("status: no router, no round yet") {
+  coordinator_status c;
+  c.members = {member("a", 0, true)};
+  auto v = fleet_view_of(c, std::nullopt);
+  auto text = fleet_text(v);
+  CHECK(text.find("last round: none yet\n") != std::string::npos);
+  CHECK(text.find("router: did not answer\n") != std::string::npos);
+  CHECK(text.find("a       n-a   syncing  0         ?") != std::string::npos);
+  auto j = fleet_json(v);
+  CHECK(j["router"].is_null());
+  CHECK(j["last_round"].is_null());
+  CHECK(j["engines"][0]["outstanding"].is_null());
+}
