@@ -1,0 +1,223 @@
+#include "runtime/http/client.hpp"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <cctype>
+
+namespace rlsync::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+struct client::impl {
+  std::string host;
+  std::uint16_t port;
+  std::chrono::milliseconds deadline;
+  std::vector<std::pair<std::string, std::string>> default_headers;
+  asio::io_context ioc{1};
+  std::optional<beast::tcp_stream> stream;
+  beast::flat_buffer buffer;
+  std::optional<bhttp::response_parser<bhttp::string_body>> stream_parser;
+  std::string pending_events;
+
+  // Runs the queued operations until they complete (each carries its own deadline).
+  void run() {
+    ioc.restart();
+    ioc.run();
+  }
+
+  void connect() {
+    stream.emplace(ioc);
+    buffer.clear();
+    beast::error_code result;
+    tcp::resolver resolver(ioc);
+    beast::error_code ec;
+    auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+    if (ec)
+      throw client_error("cannot resolve " + host + ": " + ec.message());
+    stream->expires_after(deadline);
+    stream->async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) { result = e; });
+    run();
+    if (result) {
+      stream.reset();
+      throw client_error("cannot connect to " + host + ":" + std::to_string(port) + ": " + result.message());
+    }
+  }
+
+  bhttp::request<bhttp::string_body> build(const client_request& rq) {
+    bhttp::request<bhttp::string_body> req;
+    req.version(11);
+    req.method_string(rq.method);
+    req.target(rq.target);
+    req.set(bhttp::field::host, host + ":" + std::to_string(port));
+    req.set(bhttp::field::user_agent, "rlsync");
+    for (auto& [n, v] : default_headers)
+      req.set(n, v);
+    for (auto& [n, v] : rq.headers)
+      req.set(n, v);
+    if (!rq.body.empty() || rq.method != "GET") {
+      if (!rq.body.empty())
+        req.set(bhttp::field::content_type, rq.content_type);
+      req.body() = rq.body;
+    }
+    req.keep_alive(true);
+    req.prepare_payload();
+    return req;
+  }
+
+  void write(const client_request& rq) {
+    auto req = build(rq);
+    for (int attempt = 0;; ++attempt) {
+      if (!stream)
+        connect();
+      beast::error_code result;
+      stream->expires_after(deadline);
+      bhttp::async_write(*stream, req, [&](beast::error_code e, std::size_t) { result = e; });
+      run();
+      if (!result)
+        return;
+      stream.reset();
+      // A kept-alive connection the server closed meanwhile: one fresh try.
+      if (attempt > 0 || result == beast::error::timeout)
+        throw client_error("cannot send " + rq.method + " " + rq.target + ": " + result.message());
+    }
+  }
+
+  template <class Message> static std::map<std::string, std::string> headers_of(const Message& m) {
+    std::map<std::string, std::string> out;
+    for (auto& f : m) {
+      std::string name(f.name_string());
+      for (auto& c : name)
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      out[name] = std::string(f.value());
+    }
+    return out;
+  }
+};
+
+client::client(std::string host, std::uint16_t port, std::chrono::milliseconds deadline)
+    : impl_(std::make_unique<impl>()) {
+  impl_->host = std::move(host);
+  impl_->port = port;
+  impl_->deadline = deadline;
+}
+
+client::~client() = default;
+
+void client::set_default_header(std::string name, std::string value) {
+  impl_->default_headers.emplace_back(std::move(name), std::move(value));
+}
+
+client_response client::send(const client_request& rq) {
+  impl_->stream_parser.reset();
+  impl_->write(rq);
+  bhttp::response_parser<bhttp::string_body> parser;
+  parser.body_limit(256u << 20);
+  beast::error_code result;
+  impl_->stream->expires_after(impl_->deadline);
+  bhttp::async_read(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
+  impl_->run();
+  if (result) {
+    impl_->stream.reset();
+    throw client_error("no answer to " + rq.method + " " + rq.target + ": " + result.message());
+  }
+  auto& msg = parser.get();
+  client_response out{msg.result_int(), impl::headers_of(msg), std::move(msg.body())};
+  if (!msg.keep_alive())
+    impl_->stream.reset();
+  return out;
+}
+
+client_response client::open_stream(const client_request& rq) {
+  impl_->write(rq);
+  auto& parser = impl_->stream_parser.emplace();
+  parser.body_limit(boost::none);
+  impl_->pending_events.clear();
+  beast::error_code result;
+  impl_->stream->expires_after(impl_->deadline);
+  bhttp::async_read_header(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
+  impl_->run();
+  if (result) {
+    impl_->stream.reset();
+    impl_->stream_parser.reset();
+    throw client_error("no answer to " + rq.method + " " + rq.target + ": " + result.message());
+  }
+  auto& msg = parser.get();
+  return client_response{msg.result_int(), impl::headers_of(msg), {}};
+}
+
+std::optional<std::string> client::next_event() {
+  if (!impl_->stream_parser)
+    return std::nullopt;
+  auto& parser = *impl_->stream_parser;
+  for (;;) {
+    // Events end with a blank line; "\r\n" line ends are allowed too.
+    auto& text = impl_->pending_events;
+    std::size_t end = std::string::npos, sep = 0;
+    for (const char* s : {"\n\n", "\r\n\r\n"}) {
+      auto at = text.find(s);
+      if (at != std::string::npos && (end == std::string::npos || at < end)) {
+        end = at;
+        sep = std::char_traits<char>::length(s);
+      }
+    }
+    if (end != std::string::npos) {
+      std::string event = text.substr(0, end);
+      text.erase(0, end + sep);
+      std::string data;
+      bool any = false;
+      std::size_t at = 0;
+      while (at <= event.size()) {
+        auto nl = event.find('\n', at);
+        std::string line = event.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+        if (!line.empty() && line.back() == '\r')
+          line.pop_back();
+        if (line.rfind("data:", 0) == 0) {
+          auto value = line.substr(5);
+          if (!value.empty() && value.front() == ' ')
+            value.erase(0, 1);
+          data += (any ? "\n" : "") + value;
+          any = true;
+        }
+        if (nl == std::string::npos)
+          break;
+        at = nl + 1;
+      }
+      if (any)
+        return data;
+      continue; // a comment or an event without data
+    }
+    if (parser.is_done()) {
+      impl_->stream_parser.reset();
+      return std::nullopt;
+    }
+    beast::error_code result;
+    impl_->stream->expires_after(impl_->deadline);
+    bhttp::async_read_some(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
+    impl_->run();
+    text += parser.get().body();
+    parser.get().body().clear();
+    if (result == bhttp::error::end_of_stream || (result && parser.is_done())) {
+      impl_->stream.reset();
+      impl_->stream_parser.reset();
+      return std::nullopt;
+    }
+    if (result) {
+      impl_->stream.reset();
+      impl_->stream_parser.reset();
+      throw client_error("stream broken: " + result.message());
+    }
+  }
+}
+
+client_response request_once(const std::string& host, std::uint16_t port, const client_request& rq,
+                             std::chrono::milliseconds deadline) {
+  client c(host, port, deadline);
+  return c.send(rq);
+}
+
+} // namespace rlsync::http

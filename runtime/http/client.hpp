@@ -1,0 +1,67 @@
+#pragma once
+// A small synchronous HTTP/1.1 client with a deadline on every operation
+// (Boost.Beast): tests drive rlsync's servers with it, and rlsync drives
+// servers that speak vLLM's API. One connection, kept alive between
+// requests and reopened when the server closed it.
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rlsync::http {
+
+struct client_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct client_request {
+  std::string method = "GET";
+  std::string target = "/";
+  std::string body; ///< sent with Content-Length (also when empty, for POST)
+  std::string content_type = "application/json";
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+struct client_response {
+  unsigned status = 0;
+  std::map<std::string, std::string> headers; ///< lower-case names
+  std::string body;
+};
+
+class client {
+public:
+  /// deadline bounds each request (connect, write and read together) and
+  /// each wait for a stream event.
+  client(std::string host, std::uint16_t port, std::chrono::milliseconds deadline = std::chrono::seconds(30));
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  /// Sends `rq` and reads the whole answer. Throws client_error on a
+  /// connection failure, a malformed answer or the deadline.
+  client_response send(const client_request& rq);
+  /// Sets a header sent with every request (e.g. Authorization).
+  void set_default_header(std::string name, std::string value);
+
+  /// Sends `rq` and reads the answer's header; the body then comes event by
+  /// event through next_event(). Returns status and headers (body empty).
+  client_response open_stream(const client_request& rq);
+  /// The next Server-Sent Event's data (its `data:` lines joined by "\n");
+  /// nullopt once the stream ended. Throws client_error on the deadline.
+  std::optional<std::string> next_event();
+
+private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// One request on a fresh connection.
+client_response request_once(const std::string& host, std::uint16_t port, const client_request& rq,
+                             std::chrono::milliseconds deadline = std::chrono::seconds(30));
+
+} // namespace rlsync::http

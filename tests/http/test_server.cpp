@@ -1,0 +1,319 @@
+// The HTTP server through real sockets on loopback: routing, bounds,
+// deadlines, tokens, streams, and a responder answered late or never.
+#include "runtime/http/client.hpp"
+#include "runtime/http/server.hpp"
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
+
+using namespace rlsync::http;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A plain socket for what a well-behaved client would never send.
+struct raw_socket {
+  int fd = -1;
+  explicit raw_socket(std::uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  }
+  ~raw_socket() {
+    if (fd >= 0)
+      ::close(fd);
+  }
+  void send_text(const std::string& s) { (void)::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
+  /// Everything until the peer closes (or 5 s pass).
+  std::string read_all() {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      auto n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0)
+        return out;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  /// True when the peer closed (recv returned 0 or reset) within 5 s.
+  bool closed_by_peer() {
+    char buf[4096];
+    for (;;) {
+      auto n = ::recv(fd, buf, sizeof buf, 0);
+      if (n == 0)
+        return true;
+      if (n < 0)
+        return errno == ECONNRESET;
+    }
+  }
+};
+
+response text(const std::string& body) { return {200, "application/json", body, {}}; }
+
+server_options fast_options() {
+  server_options o;
+  o.request_read_deadline = 400ms;
+  o.idle_deadline = 400ms;
+  o.write_deadline = 2s;
+  return o;
+}
+
+} // namespace
+
+TEST_CASE("http: routes answer with Content-Length and keep the connection alive") {
+  server srv(fast_options());
+  srv.route("GET", "/hello", [](const request& rq, std::shared_ptr<responder> r) {
+    r->reply(text("{\"q\": \"" + (rq.query.count("name") ? rq.query.at("name") : "") + "\", \"m\": \"" + rq.method +
+                  "\", \"ua\": \"" + (rq.headers.count("user-agent") ? rq.headers.at("user-agent") : "") + "\"}"));
+  });
+  srv.route("POST", "/echo", [](const request& rq, std::shared_ptr<responder> r) { r->reply(text(rq.body)); });
+  srv.route("POST", "/empty", [](const request&, std::shared_ptr<responder> r) { r->reply(text("")); });
+  auto port = srv.start();
+  REQUIRE(port != 0);
+  client c("127.0.0.1", port, 2s);
+  auto a = c.send({"GET", "/hello?name=a%20b+c", "", "application/json", {}});
+  CHECK(a.status == 200);
+  CHECK(a.body == R"({"q": "a b c", "m": "GET", "ua": "rlsync"})");
+  CHECK(a.headers.at("content-length") == std::to_string(a.body.size()));
+  auto b = c.send({"POST", "/echo", "{\"x\": 1}", "application/json", {}});
+  CHECK(b.body == "{\"x\": 1}");
+  auto e = c.send({"POST", "/empty", "", "application/json", {}});
+  CHECK(e.status == 200);
+  CHECK(e.headers.at("content-length") == "0");
+  CHECK(srv.connections() == 1); // one kept-alive connection served all three
+}
+
+TEST_CASE("http: unknown path 404, wrong method 405, malformed query 400") {
+  server srv(fast_options());
+  srv.route("POST", "/pause", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 2s);
+  auto nf = c.send({"GET", "/nope", "", "application/json", {}});
+  CHECK(nf.status == 404);
+  CHECK(nf.body == R"({"detail": "Not Found"})");
+  auto na = c.send({"GET", "/pause", "", "application/json", {}});
+  CHECK(na.status == 405);
+  CHECK(na.headers.at("allow") == "POST");
+  auto bad = c.send({"POST", "/pause?mode=%zz", "", "application/json", {}});
+  CHECK(bad.status == 400);
+}
+
+TEST_CASE("http: the bearer token guards the routes that need it") {
+  auto o = fast_options();
+  o.bearer_token = "s3cret";
+  server srv(o);
+  srv.route("POST", "/pause", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  srv.route("GET", "/health", [](const request&, std::shared_ptr<responder> r) { r->reply(text("")); }, false);
+  auto port = srv.start();
+  client c("127.0.0.1", port, 2s);
+  CHECK(c.send({"POST", "/pause", "", "application/json", {}}).status == 401);
+  CHECK(c.send({"POST", "/pause", "", "application/json", {{"Authorization", "Bearer wrong"}}}).status == 401);
+  CHECK(c.send({"POST", "/pause", "", "application/json", {{"Authorization", "Bearer s3cre"}}}).status == 401);
+  CHECK(c.send({"POST", "/pause", "", "application/json", {{"Authorization", "s3cret"}}}).status == 401);
+  CHECK(c.send({"POST", "/pause", "", "application/json", {{"Authorization", "Bearer s3cret"}}}).status == 200);
+  CHECK(c.send({"GET", "/health", "", "application/json", {}}).status == 200);
+}
+
+TEST_CASE("http: an over-size body is refused with 413, over-size headers with 431") {
+  auto o = fast_options();
+  o.max_body_bytes = 1024;
+  o.max_header_bytes = 2048;
+  server srv(o);
+  std::atomic<int> calls{0};
+  srv.route("POST", "/echo", [&](const request& rq, std::shared_ptr<responder> r) {
+    ++calls;
+    r->reply(text(rq.body));
+  });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 2s);
+  CHECK(c.send({"POST", "/echo", std::string(1024, 'x'), "text/plain", {}}).status == 200);
+  CHECK(c.send({"POST", "/echo", std::string(1025, 'x'), "text/plain", {}}).status == 413);
+  CHECK(c.send({"POST", "/echo", "", "text/plain", {{"X-Big", std::string(4096, 'h')}}}).status == 431);
+  // A declared length over the bound is refused before the body arrives.
+  raw_socket s(port);
+  s.send_text("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n");
+  CHECK(s.read_all().rfind("HTTP/1.1 413", 0) == 0);
+  CHECK(calls == 1);
+}
+
+TEST_CASE("http: a slow client is cut at the read deadline, an idle one at the idle deadline") {
+  server srv(fast_options());
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  {
+    raw_socket slow(port);
+    auto t0 = std::chrono::steady_clock::now();
+    slow.send_text("GET /x HTTP/1.1\r\nHost: x\r\n"); // never finishes its header
+    std::this_thread::sleep_for(200ms);
+    slow.send_text("X-Drip: 1\r\n");
+    CHECK(slow.closed_by_peer());
+    auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(took >= 350ms);
+    CHECK(took < 3s);
+  }
+  {
+    raw_socket idle(port);
+    idle.send_text("GET /x HTTP/1.1\r\nHost: x\r\n\r\n");
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(idle.closed_by_peer()); // the answer, then closed after the idle deadline
+    CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  }
+  client c("127.0.0.1", port, 2s);
+  CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200);
+}
+
+TEST_CASE("http: connections over the bound are refused with 503; the server keeps serving") {
+  auto o = fast_options();
+  o.max_connections = 3;
+  o.request_read_deadline = 5s;
+  server srv(o);
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  {
+    std::vector<std::unique_ptr<raw_socket>> held;
+    for (int i = 0; i < 3; ++i)
+      held.push_back(std::make_unique<raw_socket>(port));
+    for (int i = 0; i < 50 && srv.connections() < 3; ++i)
+      std::this_thread::sleep_for(10ms);
+    REQUIRE(srv.connections() == 3);
+    raw_socket extra(port);
+    CHECK(extra.read_all().rfind("HTTP/1.1 503", 0) == 0);
+  }
+  for (int i = 0; i < 100 && srv.connections() > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(srv.connections() == 0);
+  CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
+}
+
+TEST_CASE("http: garbage gets 400 and the server keeps serving") {
+  server srv(fast_options());
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  for (const char* junk : {"\x16\x03\x01\x02\x00\x01\x00\r\n\r\n", "GET\r\n\r\n", "HELLO WORLD\r\n\r\n",
+                           "GET /x HTTP/1.1\r\nContent-Length: -1\r\n\r\n"}) {
+    raw_socket s(port);
+    s.send_text(junk);
+    auto answer = s.read_all();
+    CAPTURE(junk);
+    CHECK((answer.empty() || answer.rfind("HTTP/1.1 400", 0) == 0));
+  }
+  CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
+}
+
+TEST_CASE("http: answers from another thread, and a dropped responder answers 500") {
+  server srv(fast_options());
+  std::vector<std::thread> workers;
+  std::mutex mu;
+  srv.route("GET", "/late", [&](const request&, std::shared_ptr<responder> r) {
+    std::lock_guard<std::mutex> lock(mu);
+    workers.emplace_back([r] {
+      std::this_thread::sleep_for(50ms);
+      r->reply(text("{\"late\": true}"));
+      CHECK_FALSE(r->reply(text("{}"))); // once only
+    });
+  });
+  srv.route("GET", "/dropped", [](const request&, std::shared_ptr<responder>) {});
+  srv.route("GET", "/throws", [](const request&, std::shared_ptr<responder>) { throw std::runtime_error("boom"); });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 2s);
+  CHECK(c.send({"GET", "/late", "", "application/json", {}}).body == "{\"late\": true}");
+  auto dropped = c.send({"GET", "/dropped", "", "application/json", {}});
+  CHECK(dropped.status == 500);
+  CHECK(dropped.body.find("\"error\"") != std::string::npos);
+  CHECK(c.send({"GET", "/throws", "", "application/json", {}}).status == 500);
+  CHECK(c.send({"GET", "/late", "", "application/json", {}}).status == 200);
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& w : workers)
+    w.join();
+}
+
+TEST_CASE("http: a stream is chunked, read event by event, and the connection is reused after it") {
+  server srv(fast_options());
+  std::vector<std::thread> workers;
+  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
+    workers.emplace_back([r] {
+      r->start_stream("text/event-stream");
+      for (int i = 0; i < 5; ++i)
+        CHECK(r->write("data: {\"i\": " + std::to_string(i) + "}\n\n"));
+      r->write("data: [DONE]\n\n");
+      r->finish();
+      CHECK_FALSE(r->write("data: late\n\n"));
+    });
+  });
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 2s);
+  auto head = c.open_stream({"POST", "/stream", "{}", "application/json", {}});
+  CHECK(head.status == 200);
+  CHECK(head.headers.at("content-type") == "text/event-stream");
+  CHECK(head.headers.at("transfer-encoding") == "chunked");
+  CHECK(head.headers.count("content-length") == 0);
+  std::vector<std::string> events;
+  while (auto e = c.next_event())
+    events.push_back(*e);
+  REQUIRE(events.size() == 6);
+  CHECK(events[0] == "{\"i\": 0}");
+  CHECK(events[5] == "[DONE]");
+  CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200);
+  CHECK(srv.connections() == 1);
+  for (auto& w : workers)
+    w.join();
+}
+
+TEST_CASE("http: writes to a stream whose client left return false; the bounded queue refuses floods") {
+  auto o = fast_options();
+  o.max_stream_queue_bytes = 64 << 10;
+  server srv(o);
+  std::promise<std::shared_ptr<responder>> got;
+  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
+    r->start_stream("text/event-stream");
+    got.set_value(r);
+  });
+  auto port = srv.start();
+  auto s = std::make_unique<raw_socket>(port);
+  s->send_text("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  auto r = got.get_future().get();
+  // The client reads nothing: the queue fills up and writes are refused.
+  bool refused = false;
+  std::string chunk(8 << 10, 'x');
+  for (int i = 0; i < 100000 && !refused; ++i)
+    refused = !r->write(chunk);
+  CHECK(refused);
+  s.reset(); // the client leaves
+  bool gone = false;
+  for (int i = 0; i < 300 && !gone; ++i) {
+    std::this_thread::sleep_for(10ms);
+    gone = r->client_gone() || !r->write("data: x\n\n") ;
+    if (gone)
+      gone = r->client_gone();
+  }
+  CHECK(gone);
+  CHECK_FALSE(r->write("data: x\n\n"));
+}
+
+TEST_CASE("http: url_decode and parse_query") {
+  CHECK(url_decode("a%2Fb+c") == "a/b c");
+  CHECK_FALSE(url_decode("%2"));
+  CHECK_FALSE(url_decode("%zz"));
+  auto q = parse_query("mode=keep&clear_cache=False&&flag&x=%3D");
+  REQUIRE(q);
+  CHECK(q->at("mode") == "keep");
+  CHECK(q->at("clear_cache") == "False");
+  CHECK(q->at("flag") == "");
+  CHECK(q->at("x") == "=");
+}
