@@ -23,6 +23,7 @@ struct completion_job {
   completion_target target;
   std::chrono::milliseconds deadline{0};
   std::chrono::milliseconds liveness{0};
+  std::chrono::milliseconds keepalive{0};
 };
 
 using completion_actor = token_sink_actor::extend<caf::reacts_to<caf::tick_atom>>;
@@ -32,6 +33,7 @@ struct completion_state {
   std::vector<std::uint32_t> received; ///< per choice: tokens taken so far
   std::size_t open = 0;                ///< choices not finished
   bool answered = false;
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
   static inline const char* name = "completion";
 };
 
@@ -74,6 +76,7 @@ std::vector<token_event> events_from(const generate_result& res, std::uint32_t f
 }
 
 void write_or_quit(completion_self self, std::string chunk) {
+  self->state.last_write = std::chrono::steady_clock::now();
   if (!self->state.job->responder->write(std::move(chunk)))
     self->quit(); // the client is gone or stopped reading: the engine aborts what is left
 }
@@ -186,10 +189,15 @@ completion_actor::behavior_type completion(completion_self self, std::shared_ptr
       take_token(self, static_cast<std::size_t>(ev.request_id - first), ev);
     },
     [self](caf::tick_atom) {
-      if (self->state.job->responder->client_gone()) {
+      auto& job = *self->state.job;
+      if (job.responder->client_gone()) {
         self->quit(); // its sink is down: the engine aborts the requests
         return;
       }
+      // A stream waiting for its first token (queued while paused) writes
+      // an SSE comment now and then: a write is what finds a closed client.
+      if (job.stream && std::chrono::steady_clock::now() - self->state.last_write >= job.keepalive)
+        write_or_quit(self, ": keep-alive\n\n");
       self->delayed_send(self, self->state.job->liveness, caf::tick_atom_v);
     },
   };
@@ -255,6 +263,7 @@ void completions_route::handle(const http::request& rq, std::shared_ptr<http::re
   job->responder = std::move(r);
   job->deadline = cfg_.request_deadline;
   job->liveness = cfg_.liveness_interval;
+  job->keepalive = cfg_.stream_keepalive;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job->target = target_;

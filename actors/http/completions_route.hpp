@@ -10,8 +10,9 @@
 //
 // Requests sent while the engine is paused wait in its queue (it never
 // rejects for a pause). An aborted request finishes with "abort". A client
-// that disconnects ends its request actor; the engine, which watches every
-// sink, aborts the requests it was generating for it.
+// that disconnects ends its request actor (a stream finds out at its next
+// write: tokens, or a keep-alive comment while it waits); the engine, which
+// watches every sink, aborts the requests it was generating for it.
 #include "actors/interfaces.hpp"
 #include "runtime/http/server.hpp"
 #include "runtime/vllm/completions.hpp"
@@ -60,6 +61,9 @@ struct completions_route_config {
   std::chrono::milliseconds request_deadline{std::chrono::minutes(10)};
   /// How often a request checks whether its client is still there.
   std::chrono::milliseconds liveness_interval{200};
+  /// A stream that wrote nothing for this long writes an SSE comment
+  /// (ignored by clients): writing is how a closed connection shows.
+  std::chrono::milliseconds stream_keepalive{std::chrono::seconds(2)};
   /// Generate request ids are taken from here up (apart from the ids other
   /// clients of the target use).
   std::uint64_t first_request_id = std::uint64_t{1} << 56;

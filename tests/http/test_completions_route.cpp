@@ -46,6 +46,7 @@ struct served_engine {
     rc.strict = strict;
     rc.label = [](std::uint64_t v) { return "v" + std::to_string(v); };
     rc.liveness_interval = std::chrono::milliseconds(20);
+    rc.stream_keepalive = std::chrono::milliseconds(20);
     route = std::make_unique<completions_route>(sys, rc, target_of(engine));
     route->mount(srv);
     port = srv.start();
@@ -79,7 +80,7 @@ struct served_engine {
       const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
       b.data.assign(p, p + t.size);
       b.checksum = checksum64(b.data.data(), b.data.size());
-      ask<std::uint64_t>(update_atom_v, b);
+      ask<std::uint64_t>(caf::update_atom_v, b);
     }
     ask<phase_ack>(finish_atom_v, version);
     ask<phase_ack>(resume_atom_v);
