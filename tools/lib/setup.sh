@@ -11,6 +11,7 @@ RLSYNC_PACKAGES=(
   libcaf-dev libucx-dev ucx-utils libyaml-cpp-dev doctest-dev libssl-dev
   libxxhash-dev nlohmann-json3-dev libcli11-dev
   iproute2
+  npm # the openai npm package's client test of /v1/completions
 )
 
 rlsync_install_missing() {
