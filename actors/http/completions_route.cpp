@@ -216,6 +216,10 @@ completion_target target_of(const rollout_engine_actor& engine) {
   return {caf::actor_cast<generator_actor>(engine), engine};
 }
 
+completion_target target_of(const router_actor& router) {
+  return {caf::actor_cast<generator_actor>(router), std::nullopt};
+}
+
 completions_route::completions_route(caf::actor_system& sys, completions_route_config cfg, completion_target target)
     : sys_(sys), cfg_(std::move(cfg)), target_(std::move(target)), next_id_(cfg_.first_request_id) {}
 
@@ -268,7 +272,15 @@ void completions_route::handle(const http::request& rq, std::shared_ptr<http::re
     std::lock_guard<std::mutex> lock(mu_);
     job->target = target_;
   }
-  sys_.spawn(completion, std::move(job));
+  if (cfg_.on_start) {
+    std::vector<std::uint64_t> ids;
+    for (auto& g : job->requests)
+      ids.push_back(g.request_id);
+    cfg_.on_start(job->opts.id, ids);
+  }
+  auto actor = sys_.spawn(completion, job);
+  if (cfg_.on_end)
+    actor->attach_functor([on_end = cfg_.on_end, id = job->opts.id] { on_end(id); });
 }
 
 } // namespace rlsync

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,6 +44,7 @@ struct completion_target {
 };
 
 completion_target target_of(const rollout_engine_actor& engine);
+completion_target target_of(const router_actor& router);
 
 struct completions_route_config {
   /// The model name answered in responses; a request naming another model
@@ -67,6 +69,11 @@ struct completions_route_config {
   /// Generate request ids are taken from here up (apart from the ids other
   /// clients of the target use).
   std::uint64_t first_request_id = std::uint64_t{1} << 56;
+  /// Told when a completion starts (its "cmpl-..." id and its engine
+  /// request ids, choice by choice) and when it ends, however it ends: what
+  /// /abort_requests needs to find it. Called from any thread; may be empty.
+  std::function<void(const std::string& id, const std::vector<std::uint64_t>& request_ids)> on_start;
+  std::function<void(const std::string& id)> on_end;
 };
 
 class completions_route {

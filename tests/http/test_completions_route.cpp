@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -32,6 +34,9 @@ struct served_engine {
   http::server srv{http::server_options{}};
   std::unique_ptr<completions_route> route;
   std::uint16_t port = 0;
+  std::mutex hooks_mu;
+  std::map<std::string, std::vector<std::uint64_t>> started; ///< completions begun, by id
+  std::set<std::string> ended;
 
   explicit served_engine(bool strict = false) : sys(init(cfg)) {
     rollout_engine_config ec;
@@ -47,6 +52,14 @@ struct served_engine {
     rc.label = [](std::uint64_t v) { return "v" + std::to_string(v); };
     rc.liveness_interval = std::chrono::milliseconds(20);
     rc.stream_keepalive = std::chrono::milliseconds(20);
+    rc.on_start = [this](const std::string& id, const std::vector<std::uint64_t>& ids) {
+      std::lock_guard<std::mutex> lock(hooks_mu);
+      started[id] = ids;
+    };
+    rc.on_end = [this](const std::string& id) {
+      std::lock_guard<std::mutex> lock(hooks_mu);
+      ended.insert(id);
+    };
     route = std::make_unique<completions_route>(sys, rc, target_of(engine));
     route->mount(srv);
     port = srv.start();
@@ -232,6 +245,23 @@ TEST_CASE("completions route: n choices with a seed differ from each other and r
     }
   }
   CHECK(distinct.size() == 3);
+  // Each completion was announced with its engine request ids, one per choice, and ended.
+  bool all_ended = false;
+  for (int i = 0; i < 500 && !all_ended; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(s.hooks_mu);
+      all_ended = s.ended.size() == 2;
+    }
+    if (!all_ended)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(all_ended);
+  {
+    std::lock_guard<std::mutex> lock(s.hooks_mu);
+    REQUIRE(s.started.count(a["id"].get<std::string>()));
+    CHECK(s.started[a["id"].get<std::string>()].size() == 3);
+    CHECK(s.ended.count(b["id"].get<std::string>()));
+  }
   // Streamed with the same seed: the same tokens.
   auto streamed = join(s.stream(body).first);
   for (int i = 0; i < 3; ++i)
