@@ -9,6 +9,9 @@
 #include <caf/actor_system.hpp>
 #include <caf/blocking_actor.hpp>
 
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+
 namespace rlsync {
 
 namespace {
@@ -126,6 +129,21 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
   } catch (const std::exception& e) {
     out->code = errc::malformed;
     out->what = name + ": " + e.what();
+  }
+  return out;
+}
+
+/// SHA-256 of `size` bytes as lower-case hex.
+std::string sha256_hex(const void* data, std::size_t size) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(data, size, digest, &length, EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("SHA-256 failed");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < length; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
   }
   return out;
 }
@@ -402,6 +420,50 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       }
       return d;
     })),
+    authorized(self, guard, [=](load_atom, const std::string& dir) -> caf::result<std::uint64_t> {
+      auto& st = self->state;
+      if (st.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is in flight");
+      if (!st.core->in_session())
+        return make_error(errc::no_session, name + ": load of " + dir + " outside a weight-update session");
+      try {
+        auto ckpt = checkpoint::open(dir);
+        // Checked whole before the first tensor lands, so that a wrong
+        // checkpoint leaves the session untouched.
+        auto problems = check_llama_parameters(ckpt, cfg.model, checkpoint_dtype(ckpt),
+                                               [&](const std::string& n) { return ignored_weight(cfg.model, n); });
+        if (!problems.empty())
+          return make_error(errc::malformed, dir + " does not fit the served model: " + problems.front()
+                                               + (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1)
+                                                                            + " more)" : ""));
+        std::uint64_t bytes = 0;
+        for (const auto& e : ckpt.tensors()) {
+          if (auto err = st.core->apply_tensor(*e.tensor))
+            return to_error(*err);
+          bytes += e.tensor->size;
+        }
+        return bytes;
+      } catch (const std::exception& e) {
+        return make_error(errc::malformed, dir + ": " + e.what());
+      }
+    }),
+    authorized(self, guard, [=](drop_atom) -> caf::result<phase_ack> {
+      auto& st = self->state;
+      if (st.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is in flight");
+      if (st.core->in_session())
+        st.core->abandon_update(false);
+      return ack();
+    }),
+    authorized(self, guard, [=](sha256_atom) -> caf::result<std::string> {
+      auto weights = self->state.core->weights();
+      nlohmann::json out = nlohmann::json::object();
+      if (weights)
+        for (std::size_t w = 0; w < weights->workers.size(); ++w)
+          for (const auto& p : weights->workers[w].params())
+            out[std::to_string(w) + "/" + p.name] = sha256_hex(p.data.data(), p.data.size() * sizeof(float));
+      return out.dump();
+    }),
     authorized(self, guard, [=](caf::timeout_atom, std::uint64_t id) {
       if (self->current_sender() != self->ctrl())
         return; // only its own timers

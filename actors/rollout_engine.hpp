@@ -90,11 +90,28 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<rlsync::pull_outcome>)
 
 namespace rlsync {
 
-/// The interface plus the actor's own messages: one step, a pull's end.
+// Messages only this process's own HTTP front end (`rlsync serve`) sends;
+// local, never on the wire, so plain atom constants without type IDs.
+using load_atom = caf::atom_constant<caf::atom("load")>;       // a checkpoint directory into the session
+using drop_atom = caf::atom_constant<caf::atom("dropsess")>;   // close the session, keep serving the old weights
+using sha256_atom = caf::atom_constant<caf::atom("sha256")>;   // SHA-256 per parameter shard
+
+/// The interface plus the actor's own messages: one step, a pull's end,
+/// and the disk weight-transfer backend of `rlsync serve`.
 using rollout_engine_impl =
   rollout_engine_actor::extend<caf::reacts_to<step_atom>, caf::reacts_to<pull_atom, std::shared_ptr<pull_outcome>>,
                                // a held acknowledgement is due (drills)
-                               caf::reacts_to<caf::timeout_atom, std::uint64_t>>;
+                               caf::reacts_to<caf::timeout_atom, std::uint64_t>,
+                               // load every tensor of a checkpoint directory into the open
+                               // session's staging weights (swapped in on finish); replies
+                               // with the bytes read. The checkpoint must match the served model.
+                               caf::replies_to<load_atom, std::string>::with<std::uint64_t>,
+                               // close the open session without publishing: an engine that received
+                               // nothing of it serves its old weights, clean; replies with the ack
+                               caf::replies_to<drop_atom>::with<phase_ack>,
+                               // SHA-256 (hex) of every parameter shard served now, fp32 bytes, as
+                               // one JSON object {"<worker>/<param>": hex}
+                               caf::replies_to<sha256_atom>::with<std::string>>;
 
 struct rollout_engine_state {
   std::unique_ptr<engine::engine_core> core;

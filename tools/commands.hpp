@@ -23,5 +23,6 @@ int cmd_launch(const arg_list& args);
 int cmd_drill(const arg_list& args);
 int cmd_certs(const arg_list& args);
 int cmd_soak(const arg_list& args);
+int cmd_serve(const arg_list& args);  // tools/cmd_serve.cpp
 
 } // namespace rlsync::tools

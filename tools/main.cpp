@@ -38,6 +38,8 @@ const subcommand subcommands[] = {
   {"certs", "make a cluster's CA, per-node certificates, keys and secrets (mutual TLS)",
    rlsync::tools::cmd_certs},
   {"soak", "syncs back to back; memory, descriptors and threads per 1,000 syncs", rlsync::tools::cmd_soak},
+  {"serve", "serve the built-in engine over vLLM's RL HTTP API (pause, weight updates, health)",
+   rlsync::tools::cmd_serve},
 };
 
 void print_help(std::ostream& out) {

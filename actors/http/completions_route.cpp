@@ -272,15 +272,14 @@ void completions_route::handle(const http::request& rq, std::shared_ptr<http::re
     std::lock_guard<std::mutex> lock(mu_);
     job->target = target_;
   }
-  if (cfg_.on_start) {
-    std::vector<std::uint64_t> ids;
-    for (auto& g : job->requests)
-      ids.push_back(g.request_id);
+  std::vector<std::uint64_t> ids;
+  for (auto& g : job->requests)
+    ids.push_back(g.request_id);
+  if (cfg_.on_start)
     cfg_.on_start(job->opts.id, ids);
-  }
   auto actor = sys_.spawn(completion, job);
   if (cfg_.on_end)
-    actor->attach_functor([on_end = cfg_.on_end, id = job->opts.id] { on_end(id); });
+    actor->attach_functor([on_end = cfg_.on_end, id = job->opts.id, ids] { on_end(id, ids); });
 }
 
 } // namespace rlsync

@@ -72,8 +72,9 @@ struct completions_route_config {
   /// Told when a completion starts (its "cmpl-..." id and its engine
   /// request ids, choice by choice) and when it ends, however it ends: what
   /// /abort_requests needs to find it. Called from any thread; may be empty.
-  std::function<void(const std::string& id, const std::vector<std::uint64_t>& request_ids)> on_start;
-  std::function<void(const std::string& id)> on_end;
+  using lifecycle_hook = std::function<void(const std::string& id, const std::vector<std::uint64_t>& request_ids)>;
+  lifecycle_hook on_start;
+  lifecycle_hook on_end;
 };
 
 class completions_route {

@@ -56,7 +56,7 @@ struct served_engine {
       std::lock_guard<std::mutex> lock(hooks_mu);
       started[id] = ids;
     };
-    rc.on_end = [this](const std::string& id) {
+    rc.on_end = [this](const std::string& id, const std::vector<std::uint64_t>&) {
       std::lock_guard<std::mutex> lock(hooks_mu);
       ended.insert(id);
     };

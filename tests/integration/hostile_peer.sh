@@ -270,6 +270,87 @@ serves; check direct-head-serves $? "after the direct messages: a round with bot
 stop_cluster
 done
 
+# rlsync serve's HTTP port (vLLM's API): slow headers, a huge body, many
+# connections, garbage, no token. After each, it keeps serving.
+echo "== serve: rlsync serve's HTTP port"
+mode=serve
+"$rlsync" checkpoint make --out "$dir/serve-ck" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seed 3 >/dev/null
+echo "hostile-key" > "$dir/serve.key"
+"$rlsync" serve --checkpoint "$dir/serve-ck" --port 0 --api-key-file "$dir/serve.key" > "$dir/serve.log" 2>&1 &
+pids+=($!)
+serve_url=""
+for _ in $(seq 1 200); do
+  serve_url=$(sed -n 's/^rlsync serve: listening on \(http:[^ ]*\).*/\1/p' "$dir/serve.log")
+  [ -n "$serve_url" ] && break
+  sleep 0.05
+done
+serve_port=${serve_url##*:}
+serve_ok() { [ "$(curl -s -o /dev/null -m 5 -w '%{http_code}' "$serve_url/health")" = 200 ]; }
+http_attack() { # NAME PYTHON: the snippet gets `port`, `connect()`; exits 0 when refused as it should be
+  timeout 60 python3 - "$serve_port" <<PY
+import socket, sys, time
+port = int(sys.argv[1])
+def connect():
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    return s
+def read_all(s):
+    out = b""
+    try:
+        while True:
+            b = s.recv(65536)
+            if not b: return out
+            out += b
+    except (socket.timeout, ConnectionResetError):
+        return out
+$2
+PY
+}
+if [ -z "$serve_url" ]; then
+  check serve-started 1 "rlsync serve did not start: $(tail -5 "$dir/serve.log")"
+else
+  http_attack slow 'import time
+s = connect(); s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n"); t0 = time.time()
+try:
+    while s.recv(100): pass
+except ConnectionResetError: pass
+took = time.time() - t0; print("slow headers: cut after %.1f s" % took); sys.exit(0 if took < 15 else 1)'
+  check slow-headers-cut $? "slow headers: the connection is cut at the read deadline"
+  serve_ok; check slow-headers-serves $? "after slow headers: /health answers"
+  http_attack huge 's = connect(); s.sendall(b"POST /update_weights HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer hostile-key\r\nContent-Length: 4000000000\r\n\r\n")
+a = read_all(s); print(a[:40]); sys.exit(0 if a.startswith(b"HTTP/1.1 413") else 1)'
+  check huge-body-refused $? "a 4 GB body announced: 413 before it arrives"
+  http_attack chunked 's = connect(); s.sendall(b"POST /update_weights HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer hostile-key\r\nTransfer-Encoding: chunked\r\n\r\n")
+try:
+    for i in range(20): s.sendall(b"100000\r\n" + b"x" * 0x100000 + b"\r\n")
+except (BrokenPipeError, ConnectionResetError): pass
+a = read_all(s); print(a[:40]); sys.exit(0 if a.startswith(b"HTTP/1.1 413") or a == b"" else 1)'
+  check huge-chunked-refused $? "a chunked body past the bound: refused"
+  serve_ok; check huge-body-serves $? "after huge bodies: /health answers"
+  http_attack many 'held = [connect() for i in range(200)]
+time.sleep(0.5)
+busy = 0
+for s in held[-20:]:
+    s.settimeout(2)
+    try:
+        if s.recv(100).startswith(b"HTTP/1.1 503"): busy += 1
+    except socket.timeout: pass
+print("connections over the bound answered 503:", busy); sys.exit(0 if busy > 0 else 1)'
+  check many-connections-refused $? "200 connections: those over the bound get 503"
+  serve_ok; check many-connections-serves $? "after many connections: /health answers"
+  http_attack garbage 'import os
+for junk in [os.urandom(4096), b"\x16\x03\x01" + os.urandom(300), b"GET / HTTP/9.9\r\n\r\n", b"\r\n" * 5000]:
+    s = connect(); s.sendall(junk); a = read_all(s); print(a[:30])
+    if a and not a.startswith(b"HTTP/1.1 4"): sys.exit(1)
+sys.exit(0)'
+  check garbage-refused $? "garbage: 4xx or closed"
+  serve_ok; check garbage-serves $? "after garbage: /health answers"
+  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST "$serve_url/pause")
+  [ "$code" = 401 ]; check no-token-refused $? "POST /pause without the bearer token: $code"
+  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST -H "Authorization: Bearer wrong" "$serve_url/start_weight_update")
+  [ "$code" = 401 ]; check wrong-token-refused $? "POST /start_weight_update with a wrong token: $code"
+  serve_ok; check serve-keeps-serving $? "rlsync serve keeps serving"
+fi
+
 echo
 if [ "${#failed[@]}" -eq 0 ]; then
   echo "hostile peer: every check passed"

@@ -9,8 +9,9 @@ RLSYNC_BUILD=${RLSYNC_BUILD:-$RLSYNC_ROOT/build}
 RLSYNC_PACKAGES=(
   cmake ninja-build g++ pkg-config ccache
   libcaf-dev libucx-dev ucx-utils libyaml-cpp-dev doctest-dev libssl-dev
-  libxxhash-dev nlohmann-json3-dev libcli11-dev
+  libxxhash-dev nlohmann-json3-dev libcli11-dev libboost-dev
   iproute2
+  curl python3-requests # rlsync serve's client-sequence tests
   npm # the openai npm package's client test of /v1/completions
 )
 

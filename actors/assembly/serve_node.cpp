@@ -1,0 +1,107 @@
+#include "actors/assembly/serve_node.hpp"
+
+#include "runtime/checkpoint/checkpoint.hpp"
+
+#include <caf/exit_reason.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <stdexcept>
+
+namespace rlsync {
+
+namespace {
+
+/// One blocking call to the engine at start-up, with a deadline.
+template <class T, class... Ts>
+T ask(caf::actor_system& sys, const rollout_engine_impl& engine, std::chrono::milliseconds deadline,
+      const std::string& what, Ts&&... xs) {
+  caf::scoped_actor self{sys};
+  std::optional<T> out;
+  std::string failure;
+  self->request(engine, deadline, std::forward<Ts>(xs)...)
+    .receive([&](T& value) { out = std::move(value); }, [&](caf::error& err) { failure = sys.render(err); });
+  if (!out)
+    throw std::runtime_error(what + ": " + failure);
+  return std::move(*out);
+}
+
+} // namespace
+
+serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys_(sys), options_(std::move(options)) {
+  const auto& dir = options_.checkpoint_dir;
+  auto ckpt = checkpoint::open(dir);
+  const dtype weights_dtype = checkpoint_dtype(ckpt);
+  auto problems = check_llama_parameters(ckpt, ckpt.config(), weights_dtype,
+                                         [&](const std::string& n) { return ignored_weight(ckpt.config(), n); });
+  if (!problems.empty())
+    throw std::runtime_error(dir + ": " + problems.front());
+  for (auto& e : validate_tp(ckpt.config(), options_.tp))
+    throw std::runtime_error("--tp: " + e);
+
+  rollout_engine_config cfg;
+  cfg.model = ckpt.config();
+  cfg.options.name = "serve";
+  cfg.options.tp = options_.tp;
+  cfg.options.source_dtype = weights_dtype;
+  cfg.node = "serve";
+  ctx_.engine = spawn_rollout_engine(sys_, std::move(cfg));
+  ctx_.settings.model_name = dir;
+  ctx_.settings.max_model_len = ckpt.config().max_position_embeddings;
+  ctx_.settings.tp = options_.tp;
+  ctx_.settings.strict_vllm = options_.strict_vllm;
+
+  // The first weights go in as any update does: a session of version 1.
+  try {
+    const auto deadline = ctx_.settings.load_deadline;
+    ask<pause_report>(sys_, ctx_.engine, deadline, "pause", pause_atom::value, pause_request{pause_mode::keep, false});
+    ask<phase_ack>(sys_, ctx_.engine, deadline, "start", start_atom::value, std::uint64_t{1});
+    ask<std::uint64_t>(sys_, ctx_.engine, deadline, "load " + dir, load_atom::value, dir);
+    ask<phase_ack>(sys_, ctx_.engine, deadline, "finish", finish_atom::value, std::uint64_t{1});
+    ask<phase_ack>(sys_, ctx_.engine, deadline, "resume", resume_atom::value);
+  } catch (...) {
+    caf::anon_send_exit(ctx_.engine, caf::exit_reason::user_shutdown);
+    throw;
+  }
+
+  control_ = serve::spawn_serve_control(sys_, ctx_);
+  server_ = std::make_unique<http::server>(options_.http);
+  serve::mount_engine_routes(*server_, sys_, control_, ctx_.settings);
+
+  completions_route_config rc;
+  rc.served_model = ctx_.settings.model_name;
+  rc.model = {ckpt.config().vocab_size, ckpt.config().max_position_embeddings};
+  rc.strict = options_.strict_vllm;
+  rc.request_deadline = ctx_.settings.request_deadline;
+  rc.label = [labels = ctx_.labels](std::uint64_t v) { return labels->label_of(v); };
+  // /abort_requests finds a completion by its id; choice i > 0 as "ID-i".
+  auto name = [](const std::string& id, std::size_t i) { return i == 0 ? id : id + "-" + std::to_string(i); };
+  rc.on_start = [requests = ctx_.requests, name](const std::string& id, const std::vector<std::uint64_t>& ids) {
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      requests->add(name(id, i), ids[i]);
+  };
+  rc.on_end = [requests = ctx_.requests, name](const std::string& id, const std::vector<std::uint64_t>& ids) {
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      requests->remove(name(id, i));
+  };
+  completions_ = std::make_unique<completions_route>(
+    sys_, std::move(rc), target_of(caf::actor_cast<rollout_engine_actor>(ctx_.engine)));
+  completions_->mount(*server_);
+}
+
+serve_node::~serve_node() { stop(); }
+
+std::uint16_t serve_node::start() { return server_->start(); }
+
+void serve_node::stop() {
+  if (stopped_)
+    return;
+  stopped_ = true;
+  if (server_)
+    server_->stop();
+  if (control_)
+    caf::anon_send_exit(control_, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(ctx_.engine, caf::exit_reason::user_shutdown);
+}
+
+} // namespace rlsync

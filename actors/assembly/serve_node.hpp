@@ -1,0 +1,63 @@
+#pragma once
+// `rlsync serve`: one built-in engine on a checkpoint, behind vLLM's RL HTTP
+// API, so that an RL framework drives it exactly as it drives `vllm serve`.
+//
+//   serve_node node{sys, options};          // engine up, weights loaded, control routes mounted
+//   node.http_server().route(...);          // more routes (/v1/completions, /metrics) before start
+//   auto port = node.start();               // listening
+//   ...
+//   node.stop();
+//
+// The engine is version 1 once the checkpoint is loaded (label "default");
+// every finished weight update is the next number, labelled as vLLM's
+// clients say (context().labels).
+#include "actors/http/completions_route.hpp"
+#include "actors/http/engine_routes.hpp"
+#include "actors/rollout_engine.hpp"
+#include "runtime/http/server.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include <memory>
+#include <string>
+
+namespace rlsync {
+
+struct serve_node_options {
+  std::string checkpoint_dir;
+  int tp = 1;
+  http::server_options http; ///< host, port, bounds, bearer token
+  bool strict_vllm = false;  ///< answer exactly as vLLM does (500 for ordering mistakes, no extras)
+};
+
+class serve_node {
+public:
+  /// Opens and checks the checkpoint, spawns the engine, loads the weights
+  /// and mounts the control routes. Throws std::runtime_error naming the
+  /// checkpoint when it cannot be served.
+  serve_node(caf::actor_system& sys, serve_node_options options);
+  ~serve_node(); ///< stops
+  serve_node(const serve_node&) = delete;
+  serve_node& operator=(const serve_node&) = delete;
+
+  /// Mount further routes here before start().
+  http::server& http_server() { return *server_; }
+  /// The engine, the labels, the running requests, the settings.
+  serve::serve_context& context() { return ctx_; }
+  rollout_engine_impl engine() const { return ctx_.engine; }
+  /// Binds and serves; the bound port.
+  std::uint16_t start();
+  /// Stops the HTTP server, then the actors.
+  void stop();
+
+private:
+  caf::actor_system& sys_;
+  serve_node_options options_;
+  serve::serve_context ctx_;
+  caf::actor control_;
+  std::unique_ptr<http::server> server_;
+  std::unique_ptr<completions_route> completions_; ///< POST /v1/completions
+  bool stopped_ = false;
+};
+
+} // namespace rlsync

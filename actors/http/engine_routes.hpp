@@ -1,0 +1,104 @@
+#pragma once
+// vLLM's RL control routes on an HTTP server, in front of one rollout-engine
+// actor (`rlsync serve`). Every route but /v1/completions and /metrics,
+// which other parts mount on the same server.
+//
+//   HTTP I/O thread ──► per-request actor ──request(deadline)──► serve control actor ──► engine actor
+//          ▲                     │                                (one at a time: await)
+//          └──── responder ◄─────┘ (answer, or 500 when the control actor misses the deadline)
+//
+// The control actor owns what vLLM keeps beside the engine: the weight
+// update session of the disk backend, the string version labels, the sleep
+// state, the weight checker's baseline. It handles one request at a time
+// (each engine call is awaited), so that two clients never interleave the
+// steps of a session. Ordering mistakes answer 409 (500 with strict_vllm, as
+// real vLLM does), failures 500, bad bodies 400, always in vLLM's envelope
+// (the flat {"error": "..."} on /pause, /resume, /is_paused, /abort_requests).
+#include "actors/rollout_engine.hpp"
+#include "runtime/http/server.hpp"
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+#include <nlohmann/json_fwd.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlsync::serve {
+
+/// The weight version labels: vLLM's versions are strings ("default" until
+/// a finish or update_weight_version sets one), the engine's are numbers.
+/// Thread-safe; shared with the completion route (weight_versions spans).
+class version_labels {
+public:
+  /// The label of engine version `v`: the one set for it, else the label of
+  /// the newest version below it that has one, else "default".
+  std::string label_of(std::uint64_t v) const;
+  void set(std::uint64_t v, std::string label);
+  /// Engine versions that carry `label` (labels need not be unique).
+  std::vector<std::uint64_t> versions_of(const std::string& label) const;
+
+private:
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, std::string> labels_;
+};
+
+/// The requests the completion route runs now, by their vLLM request id
+/// ("cmpl-..."), with their engine request ids: /abort_requests aborts
+/// them by name, or all of them. Thread-safe.
+class request_registry {
+public:
+  void add(const std::string& id, std::uint64_t engine_id);
+  void remove(const std::string& id);
+  std::optional<std::uint64_t> find(const std::string& id) const;
+  std::vector<std::uint64_t> all() const;
+
+private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::uint64_t> ids_;
+};
+
+struct serve_settings {
+  std::string model_name;          ///< /v1/models' id (the checkpoint path, as vLLM names a model)
+  std::int64_t max_model_len = 0;  ///< max_position_embeddings
+  int tp = 1;
+  bool strict_vllm = false;        ///< answer exactly as vLLM: 500 for ordering mistakes, no extras
+  std::chrono::milliseconds engine_deadline{60000};  ///< one engine call
+  std::chrono::milliseconds load_deadline{600000};   ///< loading a checkpoint from disk
+  std::chrono::milliseconds request_deadline{900000}; ///< a whole HTTP request (above both)
+};
+
+/// What the routes share.
+struct serve_context {
+  rollout_engine_impl engine;
+  serve_settings settings;
+  std::shared_ptr<version_labels> labels = std::make_shared<version_labels>();
+  std::shared_ptr<request_registry> requests = std::make_shared<request_registry>();
+};
+
+/// Spawns the control actor (it monitors the engine: /health answers 503
+/// once the engine is gone).
+caf::actor spawn_serve_control(caf::actor_system& sys, serve_context ctx);
+
+/// Mounts every control route on `srv` (call before srv.start()). GET
+/// routes need no token; POST routes need it when one is configured.
+void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor control, const serve_settings& settings);
+
+/// The routes mount_engine_routes mounts, as (method, path).
+const std::vector<std::pair<std::string, std::string>>& engine_route_table();
+
+/// Checks a disk backend update_info value: exactly {"path": dir} with dir
+/// non-empty and absolute. Returns the path; throws http::bad_request naming
+/// `param` (body.update_info...) otherwise. Existence is checked apart.
+std::string disk_update_path(const nlohmann::json& update_info, const std::string& param);
+/// "" when `dir` is a directory holding at least one *.safetensors at its
+/// top level, else why not.
+std::string disk_checkpoint_problem(const std::string& dir);
+
+} // namespace rlsync::serve

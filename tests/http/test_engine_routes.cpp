@@ -1,0 +1,281 @@
+// `rlsync serve`'s routes through the real server on an ephemeral port, in
+// front of a real engine on a synthetic checkpoint: the route table, the
+// envelopes on malformed bodies, booleans spelt every way, ordering
+// mistakes, the disk backend's checks, and a disk update that changes the
+// weight checker's digests.
+#include "actors/assembly/serve_node.hpp"
+#include "actors/system_config.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/http/client.hpp"
+#include "tests/support/engine_fixtures.hpp"
+#include "tests/support/scratch_dir.hpp"
+
+#include <caf/send.hpp>
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <thread>
+
+using namespace rlsync;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct serve_fixture {
+  test::scratch_dir dir;
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  std::unique_ptr<serve_node> node;
+  std::uint16_t port = 0;
+  std::unique_ptr<http::client> client;
+
+  explicit serve_fixture(bool strict = false, std::optional<std::string> token = std::nullopt) {
+    make_synthetic_checkpoint(dir / "v1", test::tiny_config(), dtype::f32, 7);
+    perturb_checkpoint(dir / "v1", dir / "v2", 0.05, 11);
+    serve_node_options o;
+    o.checkpoint_dir = dir / "v1";
+    o.tp = 2;
+    o.strict_vllm = strict;
+    o.http.bearer_token = token;
+    node = std::make_unique<serve_node>(sys, o);
+    port = node->start();
+    client = std::make_unique<http::client>("127.0.0.1", port, 20s);
+  }
+  ~serve_fixture() { node->stop(); }
+
+  http::client_response call(const std::string& method, const std::string& target, const std::string& body = "") {
+    return client->send({method, target, body, "application/json", {}});
+  }
+  json call_json(const std::string& method, const std::string& target, const std::string& body = "",
+                 unsigned expected = 200) {
+    auto r = call(method, target, body);
+    INFO(method << " " << target << " " << body << " -> " << r.status << " " << r.body);
+    CHECK(r.status == expected);
+    CHECK(r.headers.count("content-length") == 1);
+    return r.body.empty() ? json::object() : json::parse(r.body);
+  }
+};
+
+/// The envelope's fields, checked.
+void check_envelope(const json& j, unsigned code, const std::string& param = "") {
+  INFO(j.dump());
+  REQUIRE(j.contains("error"));
+  REQUIRE(j["error"].is_object());
+  CHECK(j["error"]["code"] == code);
+  CHECK(j["error"]["message"].is_string());
+  CHECK(j["error"]["type"].is_string());
+  if (!param.empty())
+    CHECK(j["error"]["param"] == param);
+}
+
+std::string path_body(const std::string& dir) { return json{{"update_info", {{"path", dir}}}}.dump(); }
+
+} // namespace
+
+TEST_CASE("serve: every route answers on its method, 405 on another, 404 elsewhere") {
+  serve_fixture f;
+  for (auto& [method, path] : serve::engine_route_table()) {
+    CAPTURE(path);
+    auto r = f.call(method, path, method == "POST" ? "{}" : "");
+    CHECK(r.status != 404);
+    CHECK(r.status != 405);
+    CHECK(r.headers.count("content-length") == 1);
+    CHECK(f.call(method == "GET" ? "POST" : "GET", path).status == 405);
+    // Leave the engine unpaused and out of any session for the next route.
+    f.call("POST", "/resume");
+  }
+  auto nf = f.call("GET", "/nope");
+  CHECK(nf.status == 404);
+  CHECK(json::parse(nf.body) == json{{"detail", "Not Found"}});
+}
+
+TEST_CASE("serve: malformed bodies get 400 in vLLM's envelope naming the body or field") {
+  serve_fixture f;
+  const char* routes[] = {"/update_weights", "/init_weight_transfer_engine", "/finish_weight_update",
+                          "/update_weight_version", "/weight_checker", "/collective_rpc", "/start_weight_update"};
+  for (auto route : routes)
+    for (auto body : {"[]", "1", "null", "\"x\"", "{"}) {
+      CAPTURE(route);
+      CAPTURE(body);
+      check_envelope(f.call_json("POST", route, body, 400), 400, "body");
+    }
+  check_envelope(f.call_json("POST", "/update_weights", R"({"update_info": 1})", 400), 400, "body.update_info");
+  check_envelope(f.call_json("POST", "/update_weights", "{}", 400), 400, "body.update_info");
+  check_envelope(f.call_json("POST", "/init_weight_transfer_engine", R"({"init_info": 1})", 400), 400,
+                 "body.init_info");
+  check_envelope(f.call_json("POST", "/init_weight_transfer_engine", R"({"init_info": {"master_port": 1}})", 400),
+                 400, "body.init_info.master_port");
+  check_envelope(f.call_json("POST", "/finish_weight_update", R"({"weight_version": 7})", 400), 400,
+                 "body.weight_version");
+  check_envelope(f.call_json("POST", "/update_weight_version", "{}", 400), 400, "body.new_version");
+  // The flat envelope on the routes that use it.
+  for (auto body : {"[]", "1", "null"}) {
+    auto j = f.call_json("POST", "/abort_requests", body, 400);
+    CHECK(j["error"].is_string());
+  }
+  CHECK(f.call_json("POST", "/abort_requests", R"({"request_ids": 5})", 400)["error"].is_string());
+  CHECK(f.call_json("POST", "/abort_requests", "{}") == json{{"status", "aborted"}, {"aborted", 0}});
+  CHECK(f.call_json("POST", "/abort_requests", R"({"request_ids": ["cmpl-x"]})")["aborted"] == 0);
+  // prime-rl's own shape is answered clearly.
+  auto prime = f.call_json("POST", "/update_weights", R"({"weight_dir": "/tmp/x"})", 400);
+  check_envelope(prime, 400, "body.weight_dir");
+  CHECK(prime["error"]["message"].get<std::string>().find("prime-rl") != std::string::npos);
+}
+
+TEST_CASE("serve: query booleans spelt every way clients spell them") {
+  serve_fixture f;
+  for (auto spelling : {"true", "True", "TRUE", "1", "yes", "on", "false", "False", "FALSE", "0", "no", "off", "Off"}) {
+    CAPTURE(spelling);
+    CHECK(f.call_json("POST", std::string("/pause?mode=keep&clear_cache=") + spelling) == json{{"status", "paused"}});
+    CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", true}});
+    CHECK(f.call_json("POST", "/resume") == json{{"status", "resumed"}});
+    CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", false}});
+    CHECK(f.call_json("POST", std::string("/reset_prefix_cache?reset_running_requests=") + spelling +
+                                  "&reset_external=" + spelling) == json{{"success", true}});
+    CHECK(f.call_json("GET", std::string("/get_world_size?include_dp=") + spelling) == json{{"world_size", 2}});
+  }
+  CHECK(f.call_json("POST", "/pause?clear_cache=maybe", "", 400)["error"].is_string());
+  CHECK(f.call_json("POST", "/pause?mode=sideways", "", 400)["error"].is_string());
+  check_envelope(f.call_json("POST", "/reset_prefix_cache?reset_external=2", "", 400), 400, "query.reset_external");
+  // Every mode, and the deprecated parameter.
+  for (auto q : {"mode=abort", "mode=wait", "mode=keep", "wait_for_inflight_requests=true", ""}) {
+    CAPTURE(q);
+    CHECK(f.call_json("POST", std::string("/pause?") + q) == json{{"status", "paused"}});
+    CHECK(f.call_json("POST", "/resume") == json{{"status", "resumed"}});
+  }
+}
+
+TEST_CASE("serve: ordering mistakes answer 409, failures 500, and a disk update changes the digests") {
+  serve_fixture f;
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "default"}});
+  check_envelope(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"), 409), 409);
+  check_envelope(f.call_json("POST", "/finish_weight_update", "", 409), 409);
+  auto before = f.call_json("POST", "/weight_checker", R"({"action": "checksum"})")["checksums"];
+  REQUIRE(before.size() > 0);
+  CHECK(before.contains("dp0:pp0:pcp0:tp0:model.embed_tokens.weight"));
+  CHECK(before.contains("dp0:pp0:pcp0:tp1:model.embed_tokens.weight"));
+  CHECK(before["dp0:pp0:pcp0:tp0:model.embed_tokens.weight"].get<std::string>().size() == 64);
+
+  CHECK(f.call_json("POST", "/init_weight_transfer_engine", R"({"init_info": {}})") ==
+        json{{"message", "Weight transfer initialized"}});
+  CHECK(f.call_json("POST", "/pause?mode=keep&clear_cache=false", "{}") == json{{"status", "paused"}});
+  CHECK(f.call_json("POST", "/start_weight_update", R"({"is_checkpoint_format": true})") ==
+        json{{"message", "Weight update started"}});
+  check_envelope(f.call_json("POST", "/start_weight_update", "", 409), 409);
+  // The disk path's checks.
+  check_envelope(f.call_json("POST", "/update_weights", R"({"update_info": {"path": "relative/dir"}})", 400), 400,
+                 "body.update_info.path");
+  check_envelope(f.call_json("POST", "/update_weights", R"({"update_info": {"path": ""}})", 400), 400,
+                 "body.update_info.path");
+  check_envelope(f.call_json("POST", "/update_weights", R"({"update_info": {"path": "/x", "names": []}})", 400), 400,
+                 "body.update_info.names");
+  check_envelope(f.call_json("POST", "/update_weights",
+                             json{{"update_info", json::array({{{"path", "/a"}}, {{"path", "/b"}}})}}.dump(), 400),
+                 400, "body.update_info");
+  check_envelope(f.call_json("POST", "/update_weights", path_body(f.dir / "missing"), 500), 500);
+  std::filesystem::create_directory(f.dir / "empty");
+  check_envelope(f.call_json("POST", "/update_weights", path_body(f.dir / "empty"), 500), 500);
+  // The real one, as a list of one.
+  CHECK(f.call_json("POST", "/update_weights", json{{"update_info", json::array({{{"path", f.dir / "v2"}}})}}.dump()) ==
+        json{{"message", "Weights updated"}});
+  check_envelope(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"), 409), 409); // one per session
+  CHECK(f.call_json("POST", "/finish_weight_update", R"({"weight_version": "step-1"})") ==
+        json{{"message", "Weight update finished"}});
+  CHECK(f.call_json("POST", "/resume", "{}") == json{{"status", "resumed"}});
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "step-1"}});
+
+  auto after = f.call_json("POST", "/weight_checker", R"({"action": "checksum"})")["checksums"];
+  CHECK(after.size() == before.size());
+  CHECK(after != before);
+  auto cmp = f.call_json("POST", "/weight_checker", json{{"action", "compare"}, {"baseline", before}}.dump());
+  CHECK(cmp["match"] == false);
+  CHECK(cmp["mismatches"].size() > 0);
+  CHECK(f.call_json("POST", "/weight_checker", json{{"action", "compare"}, {"baseline", after}}.dump())["match"] ==
+        true);
+  CHECK(f.call_json("POST", "/weight_checker", R"({"action": "compare"})")["match"] == true); // the stored baseline
+  CHECK(f.call_json("POST", "/weight_checker", R"({"action": "reset"})").contains("status"));
+  check_envelope(f.call_json("POST", "/weight_checker", R"({"action": "compare"})", 400), 400, "body.baseline");
+  check_envelope(f.call_json("POST", "/weight_checker", R"({"action": "nope"})", 400), 400, "body.action");
+
+  // A finish without a loaded checkpoint fails and drops the session; the label stays.
+  CHECK(f.call_json("POST", "/start_weight_update")["message"] == "Weight update started");
+  check_envelope(f.call_json("POST", "/finish_weight_update", R"({"weight_version": "step-2"})", 500), 500);
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "step-1"}});
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", false}}); // its implicit pause was resumed
+  check_envelope(f.call_json("POST", "/finish_weight_update", "", 409), 409);
+  // No pause needed (vLLM needs none): start pauses and finish resumes.
+  CHECK(f.call_json("POST", "/start_weight_update")["message"] == "Weight update started");
+  CHECK(f.call_json("POST", "/update_weights", path_body(f.dir / "v1"))["message"] == "Weights updated");
+  CHECK(f.call_json("POST", "/finish_weight_update")["message"] == "Weight update finished");
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", false}});
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "step-1"}}); // no label: kept
+  CHECK(f.call_json("POST", "/weight_checker", json{{"action", "compare"}, {"baseline", before}}.dump())["match"] ==
+        true); // back on v1's weights
+  CHECK(f.call_json("POST", "/update_weight_version", R"({"new_version": "v-one"})") ==
+        json{{"success", true}, {"new_version", "v-one"}});
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "v-one"}});
+}
+
+TEST_CASE("serve: --strict-vllm answers ordering mistakes with 500") {
+  serve_fixture f(true);
+  check_envelope(f.call_json("POST", "/finish_weight_update", "", 500), 500);
+  CHECK(f.call_json("POST", "/start_weight_update")["message"] == "Weight update started");
+  auto again = f.call_json("POST", "/start_weight_update", "", 500);
+  check_envelope(again, 500);
+  CHECK(again["error"]["message"] ==
+        "start_weight_update called while a weight update is already active. Call finish_weight_update first.");
+}
+
+TEST_CASE("serve: collective_rpc runs SkyRL's weight sync and names other methods") {
+  serve_fixture f;
+  auto rpc = [&](const std::string& method, json kwargs, unsigned expected) {
+    return f.call_json("POST", "/collective_rpc",
+                       json{{"method", method}, {"args", json::array()}, {"kwargs", kwargs}, {"timeout", 30}}.dump(),
+                       expected);
+  };
+  CHECK(rpc("skyrl_sleep_for_weight_sync", json::object(), 200) == json{{"results", {nullptr, nullptr}}});
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", true}});
+  CHECK(rpc("skyrl_wake_for_weight_sync", json::object(), 200)["results"].size() == 2);
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", false}});
+  CHECK(rpc("skyrl_start_weight_update", json::object(), 200)["results"].size() == 2);
+  auto nccl = rpc("update_weights_nccl", json::object(), 400);
+  check_envelope(nccl, 400, "body.method");
+  CHECK(nccl["error"]["message"].get<std::string>().find("update_weights_nccl") != std::string::npos);
+  CHECK(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"))["message"] == "Weights updated");
+  CHECK(rpc("skyrl_finish_weight_update", {{"weight_version", "sky-1"}}, 200)["results"].size() == 2);
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "sky-1"}});
+  auto other = rpc("reload_everything", json::object(), 400);
+  CHECK(other["error"]["message"].get<std::string>().find("reload_everything") != std::string::npos);
+  check_envelope(f.call_json("POST", "/collective_rpc", "{}", 400), 400, "body.method");
+}
+
+TEST_CASE("serve: sleep levels, models, world size, health and the token") {
+  serve_fixture f(false, std::string("tok"));
+  f.client->set_default_header("Authorization", "Bearer tok");
+  CHECK(f.call("GET", "/health").status == 200);
+  CHECK(f.call("GET", "/health").body.empty());
+  auto models = f.call_json("GET", "/v1/models");
+  CHECK(models["object"] == "list");
+  CHECK(models["data"][0]["max_model_len"] == 256);
+  CHECK(models["data"][0]["id"] == f.dir / "v1");
+  CHECK(f.call_json("POST", "/sleep?level=2&mode=abort").empty());
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", true}});
+  check_envelope(f.call_json("POST", "/sleep?level=3", "", 400), 400, "query.level");
+  CHECK(f.call_json("POST", "/wake_up?tags=weights").empty());
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", false}});
+  // Without the token: POST refused, GET served.
+  http::client bare("127.0.0.1", f.port, 5s);
+  CHECK(bare.send({"POST", "/pause", "", "application/json", {}}).status == 401);
+  CHECK(bare.send({"GET", "/is_paused", "", "application/json", {}}).status == 200);
+  // A dead engine: /health 503, the rest 500.
+  caf::anon_send_exit(f.node->engine(), caf::exit_reason::kill);
+  unsigned status = 0;
+  for (int i = 0; i < 100 && status != 503; ++i) {
+    std::this_thread::sleep_for(20ms);
+    status = f.call("GET", "/health").status;
+  }
+  CHECK(status == 503);
+  CHECK(f.call("GET", "/weight_info").status == 500);
+}
