@@ -102,7 +102,10 @@ void answer_if_done(completion_self self) {
     job.responder->write(vllm::stream_done);
     job.responder->finish();
   } else {
-    job.responder->reply(http::json_response(vllm::completion_response(job.opts, job.choices, job.prompt_tokens)));
+    // Dumped here: nlohmann::json would sort the keys vLLM's order lists.
+    auto body = vllm::completion_response(job.opts, job.choices, job.prompt_tokens)
+                  .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    job.responder->reply(http::response{200, "application/json", std::move(body), {}});
   }
   self->quit();
 }
