@@ -25,6 +25,7 @@ struct relay_state {
   std::uint64_t request_id = 0;
   std::uint32_t next_index = 0;  ///< the index the next new token must have at least
   std::uint32_t max_tokens = 0;  ///< indices at or past it are bogus: bounds the record
+  bool logprobs = false;         ///< the request asked for them: record them with the tokens
   generate_result forwarded;     ///< what reached the sink, with its version spans
 
   static inline const char* name = "router-relay";
@@ -38,6 +39,7 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   st.request_id = request.request_id;
   st.next_index = static_cast<std::uint32_t>(request.generated.size());
   st.max_tokens = request.sampling.max_tokens;
+  st.logprobs = request.sampling.logprobs;
   st.forwarded.request_id = request.request_id;
   // A relay lives as long as its request, and never longer than the router.
   self->monitor(caf::actor_cast<caf::abstract_actor*>(router));
@@ -59,6 +61,11 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
         out.spans.back().end = n + 1;
       if (ev.stale_kv)
         ++out.stale_kv_tokens;
+      if (st.logprobs) {
+        out.logprobs.push_back(ev.logprob);
+        out.top_tokens.insert(out.top_tokens.end(), ev.top_tokens.begin(), ev.top_tokens.end());
+        out.top_logprobs.insert(out.top_logprobs.end(), ev.top_logprobs.begin(), ev.top_logprobs.end());
+      }
       self->send(st.sink, token_atom_v, std::move(ev));
     }),
     authorized(self, guard, [=](finish_atom) -> generate_result {
@@ -163,6 +170,9 @@ generate_result stitch(generate_result head, const generate_result& tail) {
       head.spans.push_back(s);
   }
   head.stale_kv_tokens += tail.stale_kv_tokens;
+  head.logprobs.insert(head.logprobs.end(), tail.logprobs.begin(), tail.logprobs.end());
+  head.top_tokens.insert(head.top_tokens.end(), tail.top_tokens.begin(), tail.top_tokens.end());
+  head.top_logprobs.insert(head.top_logprobs.end(), tail.top_logprobs.begin(), tail.top_logprobs.end());
   return head;
 }
 

@@ -121,12 +121,14 @@ namespace rlsync {
 
 RLSYNC_INSPECT(pause_request, x.mode, x.clear_cache)
 RLSYNC_INSPECT(pause_report, x.engine, x.version, x.state, x.aborted, x.frozen, x.waited)
-RLSYNC_INSPECT(sampling_params, x.temperature, x.top_p, x.max_tokens, x.seed, x.stop_at_eos)
+RLSYNC_INSPECT(sampling_params, x.temperature, x.top_p, x.max_tokens, x.seed, x.stop_at_eos, x.logprobs,
+               x.top_logprobs, x.stop_token_ids)
 RLSYNC_INSPECT(generate_request, x.request_id, x.prompt, x.generated, x.sampling, x.min_version, x.deadline_ms)
-RLSYNC_INSPECT(token_event, x.request_id, x.index, x.token, x.version, x.stale_kv)
+RLSYNC_INSPECT(token_event, x.request_id, x.index, x.token, x.version, x.stale_kv, x.logprob, x.top_tokens,
+               x.top_logprobs)
 RLSYNC_INSPECT(version_span, x.version, x.begin, x.end)
 RLSYNC_INSPECT(generate_result, x.request_id, x.tokens, x.spans, x.reason, x.engine,
-               x.stale_kv_tokens)
+               x.stale_kv_tokens, x.logprobs, x.top_tokens, x.top_logprobs)
 RLSYNC_INSPECT(engine_info, x.name, x.node, x.tp, x.version, x.dirty, x.incarnation)
 RLSYNC_INSPECT(registration, x.current_version, x.routable)
 RLSYNC_INSPECT(heartbeat, x.from, x.seq)

@@ -67,6 +67,26 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   control_ = serve::spawn_serve_control(sys_, ctx_);
   server_ = std::make_unique<http::server>(options_.http);
   serve::mount_engine_routes(*server_, sys_, control_, ctx_.settings);
+
+  completions_route_config rc;
+  rc.served_model = ctx_.settings.model_name;
+  rc.model = {ckpt.config().vocab_size, ckpt.config().max_position_embeddings};
+  rc.strict = options_.strict_vllm;
+  rc.request_deadline = ctx_.settings.request_deadline;
+  rc.label = [labels = ctx_.labels](std::uint64_t v) { return labels->label_of(v); };
+  // /abort_requests finds a completion by its id; choice i > 0 as "ID-i".
+  auto name = [](const std::string& id, std::size_t i) { return i == 0 ? id : id + "-" + std::to_string(i); };
+  rc.on_start = [requests = ctx_.requests, name](const std::string& id, const std::vector<std::uint64_t>& ids) {
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      requests->add(name(id, i), ids[i]);
+  };
+  rc.on_end = [requests = ctx_.requests, name](const std::string& id, const std::vector<std::uint64_t>& ids) {
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      requests->remove(name(id, i));
+  };
+  completions_ = std::make_unique<completions_route>(
+    sys_, std::move(rc), target_of(caf::actor_cast<rollout_engine_actor>(ctx_.engine)));
+  completions_->mount(*server_);
 }
 
 serve_node::~serve_node() { stop(); }

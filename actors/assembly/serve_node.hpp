@@ -11,6 +11,7 @@
 // The engine is version 1 once the checkpoint is loaded (label "default");
 // every finished weight update is the next number, labelled as vLLM's
 // clients say (context().labels).
+#include "actors/http/completions_route.hpp"
 #include "actors/http/engine_routes.hpp"
 #include "actors/rollout_engine.hpp"
 #include "runtime/http/server.hpp"
@@ -55,6 +56,7 @@ private:
   serve::serve_context ctx_;
   caf::actor control_;
   std::unique_ptr<http::server> server_;
+  std::unique_ptr<completions_route> completions_; ///< POST /v1/completions
   bool stopped_ = false;
 };
 

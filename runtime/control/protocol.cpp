@@ -100,6 +100,16 @@ std::string check(const generate_request& x) {
     return "generate_request.sampling.top_p: must be in (0, 1]";
   if (s.max_tokens == 0)
     return "generate_request.sampling.max_tokens: must be positive";
+  if (s.top_logprobs > max_top_logprobs)
+    return "generate_request.sampling.top_logprobs: " + std::to_string(s.top_logprobs)
+           + " exceeds the limit of " + std::to_string(max_top_logprobs);
+  if (s.top_logprobs > 0 && !s.logprobs)
+    return "generate_request.sampling.top_logprobs: set without logprobs";
+  if (s.stop_token_ids.size() > max_stop_token_ids)
+    return over_bound("generate_request.sampling.stop_token_ids", s.stop_token_ids.size(), max_stop_token_ids,
+                      "tokens");
+  if (auto e = check_tokens(s.stop_token_ids, "generate_request.sampling.stop_token_ids"); !e.empty())
+    return e;
   if (x.generated.size() > s.max_tokens)
     return "generate_request.generated: " + std::to_string(x.generated.size())
            + " tokens exceed max_tokens " + std::to_string(s.max_tokens);
@@ -121,6 +131,16 @@ std::string check(const generate_result& x) {
   if (next != x.tokens.size())
     return "generate_result.spans: cover " + std::to_string(next) + " tokens, result has "
            + std::to_string(x.tokens.size());
+  if (!x.logprobs.empty() && x.logprobs.size() != x.tokens.size())
+    return "generate_result.logprobs: " + std::to_string(x.logprobs.size()) + " for "
+           + std::to_string(x.tokens.size()) + " tokens";
+  if (x.top_tokens.size() != x.top_logprobs.size())
+    return "generate_result.top_tokens: " + std::to_string(x.top_tokens.size()) + " tokens, "
+           + std::to_string(x.top_logprobs.size()) + " log-probabilities";
+  if (x.top_tokens.size() > x.tokens.size() * std::size_t{max_top_logprobs})
+    return "generate_result.top_tokens: more than " + std::to_string(max_top_logprobs) + " per token";
+  if (auto e = check_tokens(x.top_tokens, "generate_result.top_tokens"); !e.empty())
+    return e;
   return check_tokens(x.tokens, "generate_result.tokens");
 }
 

@@ -41,6 +41,15 @@ struct sampling_params {
   std::uint32_t max_tokens = 16;
   std::uint64_t seed = 0;
   bool stop_at_eos = true;
+  /// Report each sampled token's log-probability (log-softmax of the raw
+  /// logits, before temperature and top-p). Off by default: computing it
+  /// costs a pass over the vocabulary per token.
+  bool logprobs = false;
+  /// With logprobs: also this many most probable tokens per step, with
+  /// theirs (at most max_top_logprobs).
+  std::uint32_t top_logprobs = 0;
+  /// Tokens that end the request like EOS (reason eos), ignore_eos or not.
+  std::vector<std::int32_t> stop_token_ids;
 };
 
 /// A generation request. `generated` carries tokens already produced
@@ -68,6 +77,12 @@ struct token_event {
   std::int32_t token = 0;
   std::uint64_t version = 0; ///< weight version that produced this token
   bool stale_kv = false;     ///< produced over KV computed with older weights
+  /// With sampling.logprobs: the token's log-probability, and the
+  /// sampling.top_logprobs most probable tokens with theirs (most probable
+  /// first, ties by lower id). Empty or 0 otherwise.
+  float logprob = 0.0f;
+  std::vector<std::int32_t> top_tokens;
+  std::vector<float> top_logprobs;
 };
 
 /// Generated tokens [begin, end) produced with one weight version.
@@ -93,6 +108,11 @@ struct generate_result {
   finish_reason reason = finish_reason::length;
   std::string engine;               ///< the engine that produced the last token
   std::uint32_t stale_kv_tokens = 0;
+  /// With sampling.logprobs: one per token; else empty. Top tokens and their
+  /// log-probabilities are flat, sampling.top_logprobs per token.
+  std::vector<float> logprobs;
+  std::vector<std::int32_t> top_tokens;
+  std::vector<float> top_logprobs;
 };
 
 // -- membership and health ------------------------------------------------------
@@ -333,6 +353,10 @@ constexpr std::size_t max_shape_rank = 8;
 constexpr std::size_t max_held_tensors = std::size_t{1} << 18;
 /// Trainer ranks one transfer order may name.
 constexpr std::size_t max_producers = 4096;
+/// Most probable tokens a request may ask to see per step (vLLM's default max_logprobs).
+constexpr std::uint32_t max_top_logprobs = 20;
+/// Stop token ids of one request.
+constexpr std::size_t max_stop_token_ids = 256;
 /// Heartbeat waves one control-plane probe may ask for.
 constexpr std::uint32_t max_probe_waves = 10000;
 

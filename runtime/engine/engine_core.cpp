@@ -24,6 +24,9 @@ struct engine_core::request {
   std::vector<std::int32_t> produced; ///< tokens generated here
   std::vector<version_span> spans;    ///< over `produced`
   std::uint32_t stale_tokens = 0;
+  std::vector<float> logprobs; ///< over `produced`, with sampling.logprobs
+  std::vector<std::int32_t> top_tokens;
+  std::vector<float> top_logprobs;
   kv_sequence kv;
   /// Oldest weight version among the cached KV positions (meaningless when
   /// the cache is empty): a token sampled with newer weights over them is
@@ -259,10 +262,16 @@ std::size_t engine_core::step() {
       finish(r, finish_reason::failed);
       continue;
     }
-    auto token = sample(logits, config().vocab_size, r.req.sampling, r.generated());
-    emit(r, token, out.version, stale);
+    const auto& sampling = r.req.sampling;
+    auto token = sample(logits, config().vocab_size, sampling, r.generated());
+    std::optional<token_logprobs> lp; // only when asked: a pass over the vocabulary
+    if (sampling.logprobs)
+      lp = logprobs_of(logits, config().vocab_size, token, sampling.top_logprobs);
+    emit(r, token, out.version, stale, lp ? &*lp : nullptr);
     ++produced;
-    if (token == token_eos && r.req.sampling.stop_at_eos)
+    bool stop_token = std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), token)
+                      != sampling.stop_token_ids.end();
+    if ((token == token_eos && sampling.stop_at_eos) || stop_token)
       finish(r, finish_reason::eos);
     else if (r.generated() >= r.req.sampling.max_tokens
              || static_cast<std::int64_t>(r.context.size()) >= config().max_position_embeddings)
@@ -272,13 +281,22 @@ std::size_t engine_core::step() {
   return produced;
 }
 
-void engine_core::emit(request& r, std::int32_t token, std::uint64_t version, bool stale) {
+void engine_core::emit(request& r, std::int32_t token, std::uint64_t version, bool stale,
+                       const token_logprobs* lp) {
   token_event ev;
   ev.request_id = r.req.request_id;
   ev.index = r.generated();
   ev.token = token;
   ev.version = version;
   ev.stale_kv = stale;
+  if (lp) {
+    ev.logprob = lp->logprob;
+    ev.top_tokens = lp->top_tokens;
+    ev.top_logprobs = lp->top_logprobs;
+    r.logprobs.push_back(lp->logprob);
+    r.top_tokens.insert(r.top_tokens.end(), lp->top_tokens.begin(), lp->top_tokens.end());
+    r.top_logprobs.insert(r.top_logprobs.end(), lp->top_logprobs.begin(), lp->top_logprobs.end());
+  }
   if (stale)
     ++r.stale_tokens;
   auto local = static_cast<std::uint32_t>(r.produced.size());
@@ -303,6 +321,9 @@ void engine_core::finish(request& r, finish_reason why) {
   res.reason = why;
   res.engine = opts_.name;
   res.stale_kv_tokens = r.stale_tokens;
+  res.logprobs = std::move(r.logprobs);
+  res.top_tokens = std::move(r.top_tokens);
+  res.top_logprobs = std::move(r.top_logprobs);
   auto id = r.req.request_id;
   // Keep the KV for later requests with the same prefix when it was all
   // computed with the weights served now.

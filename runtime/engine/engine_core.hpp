@@ -28,6 +28,7 @@
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/kv_cache.hpp"
 #include "runtime/engine/model.hpp"
+#include "runtime/engine/sampling.hpp"
 #include "runtime/plan/plan.hpp"
 
 #include <cstdint>
@@ -187,7 +188,7 @@ private:
   void serve(std::shared_ptr<weight_set> weights, std::uint64_t version);
   void admit();
   void finish(request& r, finish_reason why);
-  void emit(request& r, std::int32_t token, std::uint64_t version, bool stale);
+  void emit(request& r, std::int32_t token, std::uint64_t version, bool stale, const token_logprobs* lp);
   void finish_paused_wait_if_idle();
   std::size_t running_count() const;
 

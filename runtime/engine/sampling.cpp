@@ -73,4 +73,31 @@ std::int32_t sample(const float* logits, std::int64_t vocab, const sampling_para
   return order[keep - 1]; // rounding left u at the very top
 }
 
+token_logprobs logprobs_of(const float* logits, std::int64_t vocab, std::int32_t token, std::uint32_t top_k) {
+  token_logprobs out;
+  if (vocab <= 0 || token < 0 || token >= vocab)
+    return out;
+  // log_softmax in double, shifted by the maximum so that exp never overflows.
+  const double top = static_cast<double>(logits[argmax(logits, vocab)]);
+  double total = 0.0;
+  for (std::int64_t i = 0; i < vocab; ++i)
+    total += std::exp(static_cast<double>(logits[i]) - top);
+  const double log_total = top + std::log(total);
+  auto logprob = [&](std::int64_t i) { return static_cast<float>(static_cast<double>(logits[i]) - log_total); };
+  out.logprob = logprob(token);
+  auto k = static_cast<std::size_t>(std::min<std::int64_t>(top_k, vocab));
+  if (k == 0)
+    return out;
+  std::vector<std::int32_t> order(static_cast<std::size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](std::int32_t a, std::int32_t b) {
+                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                    });
+  out.top_tokens.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+  for (auto t : out.top_tokens)
+    out.top_logprobs.push_back(logprob(t));
+  return out;
+}
+
 } // namespace rlsync::engine

@@ -531,3 +531,78 @@ TEST_CASE("abandon_update: an engine dirty before the session stays dirty, witho
     CHECK(h.core.version() == 1);
   }
 }
+
+TEST_CASE("logprobs: only when asked, on every token event and in the result, the same tokens either way") {
+  harness h;
+  REQUIRE(!h.add(1, "hello", 6)); // default: no logprobs computed
+  generate_request r;
+  r.request_id = 2;
+  r.prompt = encode("hello");
+  r.sampling.max_tokens = 6;
+  r.sampling.stop_at_eos = false;
+  r.sampling.logprobs = true;
+  r.sampling.top_logprobs = 3;
+  REQUIRE(!h.core.add(r, h.callbacks(2)));
+  h.drain();
+  auto& plain = h.seen[1];
+  auto& with = h.seen[2];
+  REQUIRE(plain.result);
+  REQUIRE(with.result);
+  CHECK(plain.ids() == with.ids()); // asking for logprobs changes nothing in the output
+  CHECK(plain.result->logprobs.empty());
+  CHECK(plain.result->top_tokens.empty());
+  for (auto& ev : plain.tokens) {
+    CHECK(ev.logprob == 0.0f);
+    CHECK(ev.top_tokens.empty());
+  }
+  REQUIRE(with.result->logprobs.size() == 6);
+  CHECK(with.result->top_tokens.size() == 18);
+  CHECK(with.result->top_logprobs.size() == 18);
+  CHECK(check(*with.result).empty());
+  for (std::size_t i = 0; i < with.tokens.size(); ++i) {
+    auto& ev = with.tokens[i];
+    CHECK(std::isfinite(ev.logprob));
+    CHECK(ev.logprob <= 0.0f);
+    CHECK(ev.logprob == with.result->logprobs[i]);
+    REQUIRE(ev.top_tokens.size() == 3);
+    // Greedy: the sampled token is the most probable one.
+    CHECK(ev.top_tokens[0] == ev.token);
+    CHECK(ev.top_logprobs[0] == ev.logprob);
+    CHECK(ev.top_logprobs[1] <= ev.top_logprobs[0]);
+  }
+  // Bounded: more than max_top_logprobs is refused.
+  r.request_id = 3;
+  r.sampling.top_logprobs = max_top_logprobs + 1;
+  auto e = h.core.add(r, {});
+  REQUIRE(e);
+  CHECK(e->what.find("top_logprobs") != std::string::npos);
+}
+
+TEST_CASE("stop_token_ids end a request with reason eos; ignore_eos (stop_at_eos off) runs past EOS") {
+  harness h;
+  REQUIRE(!h.add(1, "hello", 8));
+  h.drain();
+  auto free_run = h.seen[1].ids();
+  REQUIRE(free_run.size() == 8);
+  // Stop at the third token's id: the request ends on its first occurrence, token included.
+  auto stop = free_run[2];
+  auto first = static_cast<std::size_t>(std::find(free_run.begin(), free_run.end(), stop) - free_run.begin());
+  generate_request r;
+  r.request_id = 2;
+  r.prompt = encode("hello");
+  r.sampling.max_tokens = 8;
+  r.sampling.stop_at_eos = false;
+  r.sampling.stop_token_ids = {stop};
+  REQUIRE(!h.core.add(r, h.callbacks(2)));
+  h.drain();
+  auto& t = h.seen[2];
+  REQUIRE(t.result);
+  CHECK(t.result->reason == finish_reason::eos);
+  CHECK(t.ids() == std::vector<std::int32_t>(free_run.begin(), free_run.begin() + first + 1));
+  // A negative stop id is malformed.
+  r.request_id = 3;
+  r.sampling.stop_token_ids = {-1};
+  auto e = h.core.add(r, {});
+  REQUIRE(e);
+  CHECK(e->what.find("stop_token_ids") != std::string::npos);
+}

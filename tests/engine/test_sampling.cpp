@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <cmath>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -113,4 +114,41 @@ TEST_CASE("to_valid_utf8 keeps valid text and replaces each invalid byte with U+
   CHECK(to_valid_utf8("\xC3") == "\xEF\xBF\xBD");                 // truncated
   CHECK(to_valid_utf8("\xC0\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD"); // overlong
   CHECK(to_valid_utf8("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"); // surrogate
+}
+
+TEST_CASE("logprobs_of: log_softmax of the raw logits, top-k most probable first") {
+  struct row {
+    std::vector<float> logits;
+    std::int32_t token;
+    std::uint32_t k;
+    float logprob;
+    std::vector<std::int32_t> top;
+  };
+  const float ln2 = std::log(2.0f), ln3 = std::log(3.0f), ln4 = std::log(4.0f);
+  const std::vector<row> rows = {
+    {{0, 0}, 0, 0, -ln2, {}},                 // two equal: each log(1/2)
+    {{0, 0, 0, 0}, 3, 2, -ln4, {0, 1}},       // ties: lower id first
+    {{1000, 1000, 1000}, 1, 1, -ln3, {0}},    // large logits: no overflow
+    {{0, std::log(3.0f)}, 1, 5, -std::log(4.0f / 3.0f), {1, 0}}, // k capped at vocab
+    {{-5, 7, 2}, 1, 3, -std::log(1.0f + std::exp(-12.0f) + std::exp(-5.0f)), {1, 2, 0}},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.token);
+    auto lp = logprobs_of(r.logits.data(), static_cast<std::int64_t>(r.logits.size()), r.token, r.k);
+    CHECK(lp.logprob == doctest::Approx(r.logprob).epsilon(1e-5));
+    CHECK(lp.top_tokens == r.top);
+    REQUIRE(lp.top_logprobs.size() == r.top.size());
+    for (std::size_t i = 0; i < r.top.size(); ++i) {
+      auto direct = logprobs_of(r.logits.data(), static_cast<std::int64_t>(r.logits.size()), r.top[i], 0);
+      CHECK(lp.top_logprobs[i] == direct.logprob);
+      if (i > 0)
+        CHECK(lp.top_logprobs[i] <= lp.top_logprobs[i - 1]);
+    }
+  }
+  // Probabilities sum to one over the whole vocabulary.
+  auto logits = spread_logits();
+  double total = 0;
+  for (std::int32_t t = 0; t < 300; ++t)
+    total += std::exp(static_cast<double>(logprobs_of(logits.data(), 300, t, 0).logprob));
+  CHECK(total == doctest::Approx(1.0).epsilon(1e-5));
 }

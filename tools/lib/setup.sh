@@ -12,6 +12,7 @@ RLSYNC_PACKAGES=(
   libxxhash-dev nlohmann-json3-dev libcli11-dev libboost-dev
   iproute2
   curl python3-requests # rlsync serve's client-sequence tests
+  npm # the openai npm package's client test of /v1/completions
 )
 
 rlsync_install_missing() {
