@@ -578,7 +578,7 @@ TEST_CASE("logprobs: only when asked, on every token event and in the result, th
   CHECK(e->what.find("top_logprobs") != std::string::npos);
 }
 
-TEST_CASE("stop_token_ids end a request with reason eos; ignore_eos (stop_at_eos off) runs past EOS") {
+TEST_CASE("stop_token_ids end a request with reason eos, ignore_eos (stop_at_eos off) runs past EOS") {
   harness h;
   REQUIRE(!h.add(1, "hello", 8));
   h.drain();

@@ -313,7 +313,7 @@ TEST_CASE("completions route: bad requests answer vLLM's envelope") {
   }
 }
 
-TEST_CASE("completions route: requests wait while paused, start on resume; a pause(abort) ends them with abort") {
+TEST_CASE("completions route: requests wait while paused, start on resume, a pause(abort) ends them with abort") {
   served_engine s;
   s.ask<pause_report>(pause_atom_v, pause_request{pause_mode::keep, false});
   json body = {{"prompt", "Hi"}, {"max_tokens", 8}, {"temperature", 0}};

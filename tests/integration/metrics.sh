@@ -47,14 +47,14 @@ grep -q "metrics_port: $mport" "$dir/validate.log" || fail "validate does not pr
 pids+=($!)
 "$rlsync" node --topology "$dir/two.yaml" --node workers > "$dir/workers.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 100); do grep -q "metrics on" "$dir/workers.log" && grep -q "metrics on" "$dir/head.log" && break; sleep 0.1; done
+for _ in $(seq 1 600); do grep -q "metrics on" "$dir/workers.log" && grep -q "metrics on" "$dir/head.log" && break; sleep 0.1; done
 grep -q "rlsync node head: metrics on http://127.0.0.1:$mport/metrics" "$dir/head.log" || fail "head: no metrics URL"
 wurl=$(grep -o "http://127.0.0.1:[0-9]*/metrics" "$dir/workers.log" | head -1)
 [ -n "$wurl" ] || fail "workers: no metrics URL"
 
 # Every engine serving, as the status says.
 serving=0
-for _ in $(seq 1 150); do
+for _ in $(seq 1 300); do
   if "$rlsync" status "$dir/two.yaml" --json > "$dir/status.json" 2> "$dir/status.log"; then
     serving=$(jq '[.engines[] | select(.state == "serving")] | length' "$dir/status.json")
     [ "$serving" -eq 3 ] && break

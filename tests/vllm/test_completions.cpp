@@ -150,7 +150,7 @@ TEST_CASE("completions: bounds on prompt lists and prompt tokens") {
   CHECK(std::get<api_error>(long_prompt).message.find("7 tokens exceed the limit of 5") != std::string::npos);
 }
 
-TEST_CASE("completions: fields parse as RL clients send them; unknown fields are ignored") {
+TEST_CASE("completions: fields parse as RL clients send them, unknown fields are ignored") {
   auto d = parse_ok(R"({"prompt": "hi"})");
   CHECK(d.prompts == std::vector<std::vector<std::int32_t>>{engine::encode("hi")});
   CHECK(d.max_tokens == 16u);
@@ -260,7 +260,7 @@ TEST_CASE("completions: prompts the model cannot take are 400") {
     make_generate_requests(parse_ok(R"({"prompt": "0123456789", "max_tokens": 5})"), model, 1, 0)));
 }
 
-TEST_CASE("completions: stop strings cut the text and finish with stop; streamed deltas join to the text") {
+TEST_CASE("completions: stop strings cut the text and finish with stop, streamed deltas join to the text") {
   struct row {
     std::string output; // what the engine produces, byte by byte
     std::vector<std::string> stop;
@@ -302,7 +302,7 @@ TEST_CASE("completions: stop strings cut the text and finish with stop; streamed
   }
 }
 
-TEST_CASE("completions: a stop token ends with stop and its text left out; EOS has no text") {
+TEST_CASE("completions: a stop token ends with stop and its text left out, EOS has no text") {
   completion_request req;
   req.stop_token_ids = {'!'};
   response_options o;
@@ -353,7 +353,7 @@ TEST_CASE("completions: logprobs carry tokens, token_logprobs, top_logprobs and 
   CHECK(token_string('\n') == "\n");
 }
 
-TEST_CASE("completions: weight_versions spans, half-open and contiguous; strict mode leaves them out") {
+TEST_CASE("completions: weight_versions spans, half-open and contiguous, strict mode leaves them out") {
   completion_request req;
   response_options o;
   o.label = [](std::uint64_t v) { return v == 0 ? std::string("default") : "step-" + std::to_string(v); };
