@@ -475,6 +475,12 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (!st.core->in_session())
         return make_error(errc::no_session, name + ": load of " + dir + " outside a weight-update session");
+      // vLLM's "update" operation, observed on failure too.
+      struct observe_update {
+        metrics::histogram* h;
+        std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+        ~observe_update() { observe_since(h, since); }
+      } observe{metrics ? &metrics->update_seconds : nullptr};
       try {
         auto ckpt = checkpoint::open(dir);
         // Checked whole before the first tensor lands, so that a wrong

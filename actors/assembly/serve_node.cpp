@@ -1,6 +1,8 @@
 #include "actors/assembly/serve_node.hpp"
 
+#include "actors/fleet_metrics.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/metrics/http_endpoint.hpp"
 
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
@@ -45,6 +47,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   cfg.options.tp = options_.tp;
   cfg.options.source_dtype = weights_dtype;
   cfg.node = "serve";
+  cfg.metrics = engine_metrics_in(metrics_, cfg.options.name);
   ctx_.engine = spawn_rollout_engine(sys_, std::move(cfg));
   ctx_.settings.model_name = dir;
   ctx_.settings.max_model_len = ckpt.config().max_position_embeddings;
@@ -87,6 +90,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   completions_ = std::make_unique<completions_route>(
     sys_, std::move(rc), target_of(caf::actor_cast<rollout_engine_actor>(ctx_.engine)));
   completions_->mount(*server_);
+  metrics::mount_metrics(*server_, metrics_); // vLLM's engine metrics, behind the token when one is set
 }
 
 serve_node::~serve_node() { stop(); }

@@ -15,6 +15,7 @@
 #include "actors/http/engine_routes.hpp"
 #include "actors/rollout_engine.hpp"
 #include "runtime/http/server.hpp"
+#include "runtime/metrics/registry.hpp"
 
 #include <caf/actor_system.hpp>
 
@@ -53,6 +54,7 @@ public:
 private:
   caf::actor_system& sys_;
   serve_node_options options_;
+  std::shared_ptr<metrics::registry> metrics_ = std::make_shared<metrics::registry>(); ///< GET /metrics
   serve::serve_context ctx_;
   caf::actor control_;
   std::unique_ptr<http::server> server_;

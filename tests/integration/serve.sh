@@ -107,6 +107,16 @@ expect POST /resume "" 200 resumed
 expect POST /update_weight_version '{"new_version": "trl-3"}' 200 '"new_version":"trl-3"'
 expect GET /weight_info "" 200 '"trl-3"'
 
+# /metrics: vLLM's RL metric names, with the operations of the sync above observed.
+curl -sf "${auth[@]}" -D "$dir/metrics.headers" "$url/metrics" > "$dir/metrics.prom" || fail "GET /metrics"
+grep -qi '^content-type: text/plain; version=0.0.4' "$dir/metrics.headers" || fail "/metrics content type"
+for op in start update finish; do
+  grep -Eq "^vllm:rl_weight_update_operation_duration_seconds_count\{.*operation=\"$op\".*\} [1-9]" "$dir/metrics.prom" \
+    || fail "/metrics: no observed '$op' operation"
+done
+grep -q '^vllm:rl_weight_update_operations_in_flight' "$dir/metrics.prom" || fail "/metrics: no in-flight gauge"
+grep -q '^vllm:num_requests_running' "$dir/metrics.prom" || fail "/metrics: no running gauge"
+
 # vLLM's HTTPVLLMWeightSyncClient with Python's requests (raise_for_status,
 # timeout 300 s), then SkyRL's sequence through collective_rpc, then the
 # weight checker compares against v1's digests taken above.
