@@ -17,9 +17,11 @@ struct corruption {
   std::string engine;        ///< empty: any engine
   int worker = -1;           ///< -1: any worker
   std::uint64_t version = 0; ///< 0: any version
-  bool or_later = false;     ///< `version` is the first version to alter, not the only one
   std::uint32_t group = 0;
   std::uint32_t times = 1;   ///< receptions to alter
+  /// `version` is the first version to alter, not the only one. Last, so that
+  /// positional initializers {engine, worker, version, group, times} keep their meaning.
+  bool or_later = false;
 };
 
 class fault_hooks {

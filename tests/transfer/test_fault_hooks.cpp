@@ -78,6 +78,7 @@ TEST_CASE("fault_hooks: a corruption of one version, or from it on") {
     CHECK_FALSE(hooks.take_corruption("rollout-b", 0, r.received, 0)); // another engine
     CHECK_FALSE(hooks.take_corruption("rollout-a", 0, r.received, 1)); // another group
     CHECK(hooks.take_corruption("rollout-a", 0, r.received, 0) == r.altered);
-    CHECK_FALSE(hooks.take_corruption("rollout-a", 0, r.received + 1, 0)); // once at most
+    if (r.altered)
+      CHECK_FALSE(hooks.take_corruption("rollout-a", 0, r.received + 1, 0)); // once at most
   }
 }
