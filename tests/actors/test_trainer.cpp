@@ -266,6 +266,12 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
   topo.trainer.ranks = {trainer_rank{"local", {0, 1, 2}}};
   topo.transfer.groups_in_flight = 2;
   auto lt = make_local_trainer(sys, topo);
+  // The actor system's destructor waits for every actor: stop the trainer on
+  // every way out, a failed REQUIRE included, so a failure reports, not hangs.
+  struct stop_trainer {
+    caf::actor actor;
+    ~stop_trainer() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
+  } stop{caf::actor_cast<caf::actor>(lt.actor)};
 
   // A listener that hands the first version to the test and quits.
   std::promise<version_info> first;
@@ -276,6 +282,7 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
       self->quit();
     }};
   });
+  stop_trainer stop_listener{caf::actor_cast<caf::actor>(l)}; // it refers to `first`, destroyed before sys
   caf::scoped_actor client{sys}; // a named sender: the trainer refuses anonymous ones
   client->send(lt.actor, subscribe_atom::value, l);
   REQUIRE(first_future.wait_for(10s) == std::future_status::ready);
@@ -302,7 +309,6 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
     CHECK(report.groups == 3);
     test::check_identical(*set, *test::loaded(*snapshot, tp));
   }
-  caf::anon_send_exit(lt.actor, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE_FIXTURE(trainer_fixture, "trainer: freeze answers after the step in flight, then no new version is made") {
