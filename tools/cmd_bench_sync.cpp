@@ -146,6 +146,9 @@ int bench_control(const arg_list& argv) {
        "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
     ->type_name("FILE");
   auto verbose = app.add_flag("--verbose", "the nodes' own output too");
+  auto over_http = app.add_flag("--http", "instead: a zero-byte round's control phases over vLLM's HTTP routes "
+                                          "against rlsync serve servers in this process vs CAF requests to the "
+                                          "same engines, and the ratio");
   if (!cli::parse(app, argv))
     return 0;
   bench_control_options o;
@@ -155,6 +158,17 @@ int bench_control(const arg_list& argv) {
   if (rounds == 0 || rounds > 10000)
     throw cli::usage_error("--rounds: between 1 and 10000, got " + std::to_string(rounds));
   o.rounds = static_cast<int>(rounds);
+  if (over_http->count() > 0) {
+    auto r = run_bench_control_http(o.engines, o.rounds, note);
+    if (!r.error.empty()) {
+      std::cerr << "rlsync bench control --http: " << r.error << "\n";
+      return 1;
+    }
+    std::cout << bench_control_http_report(r) << std::flush;
+    if (json_path && !write_json("bench control --http", *json_path, bench_control_http_json(r)))
+      return 1;
+    return 0;
+  }
   o.verbose = verbose->count() > 0;
   o.exe = self_executable();
   o.note = note;

@@ -227,6 +227,23 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   log(std::to_string(engines.size()) + " engines registered"
       + (ranks.empty() ? std::string{} : ", " + std::to_string(ranks.size()) + " trainer ranks")
       + (router ? ", the router" : ""));
+  if (opts.on_registered) {
+    std::vector<std::pair<std::string, caf::actor>> registered;
+    for (std::size_t i = 0; i < engines.size(); ++i)
+      registered.emplace_back(specs[i]->name, engines[i]);
+    std::string refusal;
+    try {
+      refusal = opts.on_registered(registered);
+    } catch (const std::exception& e) {
+      refusal = e.what();
+    }
+    if (!refusal.empty()) {
+      log(refusal);
+      end.all_terminated = stop_all();
+      end.exit_code = 1;
+      return end;
+    }
+  }
   // Serve until told to stop or the job ended (the coordinator stopped). A
   // lost link (a partition, a flaky switch) is not the end: reconnect, prove
   // the secret again and register the same engines again (same incarnation:

@@ -17,6 +17,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rlsync {
 
@@ -38,6 +40,11 @@ struct member_node_options {
   std::shared_ptr<rank_drill_arms> drill_arms;
   /// Where this node's router and engines record their metrics; nullptr: nowhere.
   std::shared_ptr<metrics::registry> metrics;
+  /// Called once, after this node's engines first registered, with their
+  /// names and handles (`rlsync serve --topology` puts its HTTP routes in
+  /// front of one). A non-empty answer is why the node cannot go on: it
+  /// stops its actors and ends with exit code 1. Empty: nothing is called.
+  std::function<std::string(const std::vector<std::pair<std::string, caf::actor>>&)> on_registered;
 };
 
 /// How a member node ended.

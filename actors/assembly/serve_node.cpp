@@ -67,13 +67,30 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
     throw;
   }
 
+  mount(ckpt.config());
+}
+
+serve_node::serve_node(caf::actor_system& sys, serve_node_options options, rollout_engine_impl engine,
+                       const model_config& model, std::string model_name)
+    : sys_(sys), options_(std::move(options)), owns_engine_(false) {
+  ctx_.engine = std::move(engine);
+  ctx_.settings.model_name = std::move(model_name);
+  ctx_.settings.max_model_len = model.max_position_embeddings;
+  ctx_.settings.tp = options_.tp;
+  ctx_.settings.strict_vllm = options_.strict_vllm;
+  ctx_.settings.coordinated = true;
+  ctx_.labels->label_by_number(true);
+  mount(model);
+}
+
+void serve_node::mount(const model_config& model) {
   control_ = serve::spawn_serve_control(sys_, ctx_);
   server_ = std::make_unique<http::server>(options_.http);
   serve::mount_engine_routes(*server_, sys_, control_, ctx_.settings);
 
   completions_route_config rc;
   rc.served_model = ctx_.settings.model_name;
-  rc.model = {ckpt.config().vocab_size, ckpt.config().max_position_embeddings};
+  rc.model = {model.vocab_size, model.max_position_embeddings};
   rc.strict = options_.strict_vllm;
   rc.request_deadline = ctx_.settings.request_deadline;
   rc.label = [labels = ctx_.labels](std::uint64_t v) { return labels->label_of(v); };
@@ -105,7 +122,8 @@ void serve_node::stop() {
     server_->stop();
   if (control_)
     caf::anon_send_exit(control_, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(ctx_.engine, caf::exit_reason::user_shutdown);
+  if (owns_engine_)
+    caf::anon_send_exit(ctx_.engine, caf::exit_reason::user_shutdown);
 }
 
 } // namespace rlsync

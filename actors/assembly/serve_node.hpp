@@ -10,7 +10,8 @@
 //
 // The engine is version 1 once the checkpoint is loaded (label "default");
 // every finished weight update is the next number, labelled as vLLM's
-// clients say (context().labels).
+// clients say (context().labels). As a node of a topology, it fronts the
+// engine its member node registered instead (second constructor).
 #include "actors/http/completions_route.hpp"
 #include "actors/http/engine_routes.hpp"
 #include "actors/rollout_engine.hpp"
@@ -37,6 +38,13 @@ public:
   /// and mounts the control routes. Throws std::runtime_error naming the
   /// checkpoint when it cannot be served.
   serve_node(caf::actor_system& sys, serve_node_options options);
+  /// Fronts `engine`, which a topology's coordinator drives (`rlsync serve
+  /// --topology T --node N`): no checkpoint is loaded, the version labels
+  /// are the coordinator's version numbers, and the routes that would fight
+  /// the coordinator answer 409 (serve::coordinated_refusal). The engine is
+  /// not this object's: stop() leaves it running.
+  serve_node(caf::actor_system& sys, serve_node_options options, rollout_engine_impl engine,
+             const model_config& model, std::string model_name);
   ~serve_node(); ///< stops
   serve_node(const serve_node&) = delete;
   serve_node& operator=(const serve_node&) = delete;
@@ -52,6 +60,9 @@ public:
   void stop();
 
 private:
+  /// Mounts the control routes and /v1/completions in front of ctx_.engine.
+  void mount(const model_config& model);
+
   caf::actor_system& sys_;
   serve_node_options options_;
   std::shared_ptr<metrics::registry> metrics_ = std::make_shared<metrics::registry>(); ///< GET /metrics
@@ -60,6 +71,7 @@ private:
   std::unique_ptr<http::server> server_;
   std::unique_ptr<completions_route> completions_; ///< POST /v1/completions
   bool stopped_ = false;
+  bool owns_engine_ = true;
 };
 
 } // namespace rlsync

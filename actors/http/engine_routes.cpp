@@ -26,10 +26,17 @@ using http::response;
 
 std::string version_labels::label_of(std::uint64_t v) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (by_number_ && v > 0 && labels_.find(v) == labels_.end())
+    return std::to_string(v);
   auto it = labels_.upper_bound(v);
   if (it == labels_.begin())
     return "default";
   return std::prev(it)->second;
+}
+
+void version_labels::label_by_number(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  by_number_ = on;
 }
 
 void version_labels::set(std::uint64_t v, std::string label) {
@@ -113,6 +120,27 @@ std::string disk_checkpoint_problem(const std::string& dir) {
       return "";
   }
   return "'" + dir + "' holds no *.safetensors file at its top level";
+}
+
+std::string coordinated_refusal(const std::string& path) {
+  static const std::map<std::string, std::string> refused = {
+    {"/init_weight_transfer_engine", "its weights come from the trainer over rlsync's own transfer"},
+    {"/start_weight_update", "its weight updates are the coordinator's rounds"},
+    {"/update_weights", "its weight updates are the coordinator's rounds"},
+    {"/finish_weight_update", "its weight updates are the coordinator's rounds"},
+    {"/update_weight_version", "its versions are the coordinator's"},
+    {"/collective_rpc", "its weight updates are the coordinator's rounds"},
+    {"/pause", "the coordinator pauses and resumes it in its rounds"},
+    {"/resume", "the coordinator pauses and resumes it in its rounds"},
+    {"/reset_prefix_cache", "the coordinator flushes its caches in its rounds"},
+    {"/sleep", "sleeping would drop the weights the coordinator keeps current"},
+    {"/wake_up", "sleeping would drop the weights the coordinator keeps current"},
+  };
+  auto it = refused.find(path);
+  if (it == refused.end())
+    return "";
+  return path + " is refused: this server is a node of a topology and its coordinator owns the engine's weights ("
+         + it->second + ")";
 }
 
 namespace {
@@ -490,6 +518,9 @@ void dispatch(control_ptr self, const http::request& rq, done_fn done) {
              });
     return;
   }
+  if (st.ctx.settings.coordinated)
+    if (auto why = coordinated_refusal(path); !why.empty())
+      return done(flat ? flat_error(409, why) : error_envelope(409, why));
   if (st.engine_dead)
     return done(flat ? flat_error(500, "the engine is gone: " + st.engine_exit)
                      : error_envelope(500, "the engine is gone: " + st.engine_exit));

@@ -43,10 +43,14 @@ public:
   void set(std::uint64_t v, std::string label);
   /// Engine versions that carry `label` (labels need not be unique).
   std::vector<std::uint64_t> versions_of(const std::string& label) const;
+  /// A coordinator's versions are their own labels: with this set, a version
+  /// without a label reads as its number ("7"); version 0 stays "default".
+  void label_by_number(bool on);
 
 private:
   mutable std::mutex mu_;
   std::map<std::uint64_t, std::string> labels_;
+  bool by_number_ = false;
 };
 
 /// The requests the completion route runs now, by their vLLM request id
@@ -69,6 +73,10 @@ struct serve_settings {
   std::int64_t max_model_len = 0;  ///< max_position_embeddings
   int tp = 1;
   bool strict_vllm = false;        ///< answer exactly as vLLM: 500 for ordering mistakes, no extras
+  /// A topology's coordinator owns the engine's weights and rounds (`rlsync
+  /// serve --topology`): the weight-transfer, pause/resume, sleep and cache
+  /// routes answer 409 saying so; the rest serve as usual.
+  bool coordinated = false;
   std::chrono::milliseconds engine_deadline{60000};  ///< one engine call
   std::chrono::milliseconds load_deadline{600000};   ///< loading a checkpoint from disk
   std::chrono::milliseconds request_deadline{900000}; ///< a whole HTTP request (above both)
@@ -89,6 +97,10 @@ caf::actor spawn_serve_control(caf::actor_system& sys, serve_context ctx);
 /// Mounts every control route on `srv` (call before srv.start()). GET
 /// routes need no token; POST routes need it when one is configured.
 void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor control, const serve_settings& settings);
+
+/// Why `path` is refused when a coordinator owns the engine (settings.coordinated),
+/// or "" when the route serves anyway.
+std::string coordinated_refusal(const std::string& path);
 
 /// The routes mount_engine_routes mounts, as (method, path).
 const std::vector<std::pair<std::string, std::string>>& engine_route_table();

@@ -1,6 +1,19 @@
 #include "actors/jobs/bench_control.hpp"
 
+#include "actors/assembly/serve_node.hpp"
+#include "actors/system_config.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/http/client.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <stdlib.h>
 #include <unistd.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
 
 #include <algorithm>
 #include <cstdio>
@@ -86,6 +99,239 @@ nlohmann::ordered_json bench_control_json(const bench_control_result& r) {
           {"ucx_gbps", 0.0},
           {"cores", r.cores},
           {"control", case_json(r.control)}};
+}
+
+} // namespace rlsync::jobs
+
+// -- the HTTP case ---------------------------------------------------------------------
+
+namespace rlsync::jobs {
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  if (v.empty())
+    return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+/// One thread per engine, each with its keep-alive client, running one
+/// HTTP call per wave: the HTTP side of a wave is as parallel as the CAF side.
+class http_wave_pool {
+public:
+  explicit http_wave_pool(const std::vector<std::uint16_t>& ports) {
+    for (auto port : ports)
+      clients_.push_back(std::make_unique<http::client>("127.0.0.1", port, std::chrono::seconds(30)));
+    for (std::size_t i = 0; i < clients_.size(); ++i)
+      threads_.emplace_back([this, i] { work(i); });
+  }
+  ~http_wave_pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_)
+      t.join();
+  }
+  /// POSTs `target` to every engine at once; returns when all answered
+  /// (bounded by the clients' 30 s deadline). Throws naming the first failure.
+  void wave(const std::string& target) {
+    std::unique_lock<std::mutex> lock(mu_);
+    target_ = target;
+    answered_ = 0;
+    failure_.clear();
+    ++generation_;
+    wake_.notify_all();
+    done_.wait(lock, [&] { return answered_ == clients_.size(); });
+    if (!failure_.empty())
+      throw std::runtime_error(failure_);
+  }
+
+private:
+  void work(std::size_t i) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::string target;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
+        if (quit_)
+          return;
+        seen = generation_;
+        target = target_;
+      }
+      std::string failure;
+      try {
+        auto r = clients_[i]->send({"POST", target, "", "application/json", {}});
+        if (r.status != 200)
+          failure = "POST " + target + " answered " + std::to_string(r.status) + ": " + r.body;
+      } catch (const std::exception& e) {
+        failure = "POST " + target + ": " + e.what();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure.empty() && failure_.empty())
+        failure_ = failure;
+      if (++answered_ == clients_.size())
+        done_.notify_one();
+    }
+  }
+
+  std::vector<std::unique_ptr<http::client>> clients_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::string target_;
+  std::uint64_t generation_ = 0;
+  std::size_t answered_ = 0;
+  std::string failure_;
+  bool quit_ = false;
+};
+
+/// One CAF wave: `make_message(engine)` to every engine at once, every reply
+/// awaited (each within `deadline`). Throws naming the first failure.
+template <class Reply, class... Ts>
+void caf_wave(caf::scoped_actor& self, const std::vector<rollout_engine_impl>& engines, const std::string& what,
+              Ts... xs) {
+  const auto deadline = std::chrono::seconds(30);
+  // Every request goes out before the first reply is awaited.
+  using handle = decltype(self->request(engines.front(), deadline, xs...));
+  std::vector<handle> pending;
+  pending.reserve(engines.size());
+  for (const auto& e : engines)
+    pending.push_back(self->request(e, deadline, xs...));
+  std::string failure;
+  for (auto& h : pending)
+    h.receive([](Reply&) {}, [&](caf::error& err) {
+      if (failure.empty())
+        failure = what + ": " + self->system().render(err);
+    });
+  if (!failure.empty())
+    throw std::runtime_error(failure);
+}
+
+} // namespace
+
+double bench_control_http_result::ratio() const {
+  const double b = median_of(builtin_ms);
+  return b > 0 ? median_of(http_ms) / b : 0;
+}
+
+bench_control_http_result run_bench_control_http(std::uint64_t engines, int rounds,
+                                                 const std::function<void(const std::string&)>& note) {
+  bench_control_http_result r;
+  r.engines = engines;
+  r.rounds = rounds;
+  r.cores = std::thread::hardware_concurrency();
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "rlsync-bench-http-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) {
+    r.error = "cannot make a directory under " + fs::temp_directory_path().string();
+    return r;
+  }
+  const std::string dir = tmpl;
+  struct remove_dir {
+    std::string path;
+    ~remove_dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } cleanup{dir};
+  if (note)
+    note("bench control --http: " + std::to_string(engines) + " engines behind rlsync serve in this process, "
+         + std::to_string(rounds) + " rounds...");
+  try {
+    model_config c; // the process bench's near-empty model
+    c.vocab_size = 320;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 256;
+    make_synthetic_checkpoint(dir + "/model", c, dtype::bf16, 1);
+    system_config cfg;
+    caf::actor_system sys{cfg};
+    std::vector<std::unique_ptr<serve_node>> servers;
+    std::vector<rollout_engine_impl> handles;
+    std::vector<std::uint16_t> ports;
+    for (std::uint64_t i = 0; i < engines; ++i) {
+      serve_node_options o;
+      o.checkpoint_dir = dir + "/model";
+      o.http.port = 0;
+      servers.push_back(std::make_unique<serve_node>(sys, o));
+      ports.push_back(servers.back()->start());
+      handles.push_back(servers.back()->engine());
+    }
+    http_wave_pool pool(ports);
+    caf::scoped_actor self{sys};
+    using clock = std::chrono::steady_clock;
+    auto ms_since = [](clock::time_point t0) {
+      return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    };
+    // Every engine serves version 1 (the checkpoint) throughout: each
+    // session opens version 2 and is abandoned by the continue.
+    for (int round = 0; round <= rounds; ++round) { // round 0 warms both paths up
+      auto t0 = clock::now();
+      caf_wave<pause_report>(self, handles, "pause", pause_atom::value, pause_request{pause_mode::keep, false});
+      caf_wave<phase_ack>(self, handles, "flush", flush_atom::value);
+      caf_wave<phase_ack>(self, handles, "start", start_atom::value, std::uint64_t{2});
+      caf_wave<phase_ack>(self, handles, "continue", resume_atom::value);
+      double builtin = ms_since(t0);
+      t0 = clock::now();
+      pool.wave("/pause?mode=keep&clear_cache=false");
+      pool.wave("/reset_prefix_cache");
+      pool.wave("/start_weight_update");
+      pool.wave("/resume");
+      double over_http = ms_since(t0);
+      if (round > 0) {
+        r.builtin_ms.push_back(builtin);
+        r.http_ms.push_back(over_http);
+      }
+    }
+    for (auto& s : servers)
+      s->stop();
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+std::string bench_control_http_report(const bench_control_http_result& r) {
+  auto line = [](const char* what, const std::vector<double>& v) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%-34s %9.3f %9.3f %9.3f ms\n", what, median_of(v),
+                  v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()),
+                  v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()));
+    return std::string(buf);
+  };
+  char buf[256];
+  std::string out;
+  std::snprintf(buf, sizeof buf,
+                "rlsync bench control --http: %llu engines in one process, each behind rlsync serve; %d zero-byte "
+                "rounds, %u cores\n",
+                static_cast<unsigned long long>(r.engines), r.rounds, r.cores);
+  out += buf;
+  std::snprintf(buf, sizeof buf, "%-34s %9s %9s %9s\n", "pause, flush, start, continue", "median", "min", "max");
+  out += buf;
+  out += line("  built-in engines (CAF requests)", r.builtin_ms);
+  out += line("  the same engines over vLLM's HTTP", r.http_ms);
+  std::snprintf(buf, sizeof buf, "HTTP / built-in: %.2fx (goal at most 1.5x)\n", r.ratio());
+  out += buf;
+  return out;
+}
+
+nlohmann::ordered_json bench_control_http_json(const bench_control_http_result& r) {
+  return {{"engines", r.engines},
+          {"rounds", r.rounds},
+          {"cores", r.cores},
+          {"phases", {"pause", "flush", "start", "continue"}},
+          {"builtin_ms", r.builtin_ms},
+          {"http_ms", r.http_ms},
+          {"builtin_median_ms", median_of(r.builtin_ms)},
+          {"http_median_ms", median_of(r.http_ms)},
+          {"ratio", r.ratio()}};
 }
 
 } // namespace rlsync::jobs

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace rlsync::jobs {
 
@@ -36,6 +37,29 @@ struct bench_control_result {
 
 /// Runs the rounds; a failure is control.error.
 bench_control_result run_bench_control(const bench_control_options& o);
+
+/// `rlsync bench control --http`: the control phases of a zero-byte round
+/// (pause keep, flush, start, continue: no bytes move, and the continue
+/// abandons the session, as the coordinator's continue of an aborted round
+/// does) against `engines` built-in engines in this process, each behind its
+/// own `rlsync serve` HTTP server; every round drives the phases twice, as
+/// waves across all engines: once as CAF requests to the engine actors, once
+/// as vLLM's routes over keep-alive HTTP/1.1 (/pause?mode=keep, /reset_prefix_cache,
+/// /start_weight_update, /resume). Finish is not among them: over vLLM's API
+/// it needs a loaded checkpoint (the disk backend), so it is no zero-byte phase.
+struct bench_control_http_result {
+  std::uint64_t engines = 0;
+  int rounds = 0;
+  unsigned cores = 0;
+  std::vector<double> builtin_ms; ///< one round's four waves over CAF, per round
+  std::vector<double> http_ms;    ///< the same over HTTP, per round
+  std::string error;              ///< non-empty: the bench failed here
+  double ratio() const;           ///< median HTTP / median built-in; 0 when not measured
+};
+bench_control_http_result run_bench_control_http(std::uint64_t engines, int rounds,
+                                                 const std::function<void(const std::string&)>& note);
+std::string bench_control_http_report(const bench_control_http_result& r);
+nlohmann::ordered_json bench_control_http_json(const bench_control_http_result& r);
 
 /// What `rlsync bench control` prints: the round, its transfer and the six
 /// round-trip waves (median, min, max), and their ratio.

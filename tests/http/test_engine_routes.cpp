@@ -279,3 +279,94 @@ TEST_CASE("routes: sleep levels, models, world size, health and the token") {
   CHECK(status == 503);
   CHECK(f.call("GET", "/weight_info").status == 500);
 }
+
+TEST_CASE("routes: version labels, by their set label or (for a coordinator's versions) by number") {
+  struct row {
+    bool by_number;
+    std::vector<std::pair<std::uint64_t, std::string>> set;
+    std::uint64_t version;
+    std::string expected;
+  };
+  const std::vector<row> rows = {
+    {false, {}, 0, "default"},
+    {false, {}, 7, "default"},
+    {false, {{3, "step-3"}}, 5, "step-3"},
+    {false, {{3, "step-3"}}, 2, "default"},
+    {true, {}, 0, "default"},
+    {true, {}, 7, "7"},
+    {true, {{7, "step-7"}}, 7, "step-7"},
+    {true, {{7, "step-7"}}, 8, "8"},
+    {true, {}, 18446744073709551615ull, "18446744073709551615"},
+  };
+  for (const auto& r : rows) {
+    serve::version_labels labels;
+    labels.label_by_number(r.by_number);
+    for (const auto& [v, l] : r.set)
+      labels.set(v, l);
+    INFO("by_number " << r.by_number << " version " << r.version);
+    CHECK(labels.label_of(r.version) == r.expected);
+  }
+}
+
+TEST_CASE("routes: in front of a coordinator's engine, the routes that would fight it answer 409") {
+  serve_fixture owner; // an engine at version 1, as a member node's would be after its first round
+  serve_node_options o;
+  o.tp = 2;
+  serve_node coordinated(owner.sys, o, owner.node->engine(), test::tiny_config(), "served-model");
+  auto port = coordinated.start();
+  http::client client("127.0.0.1", port, 20s);
+  auto call = [&](const std::string& method, const std::string& target, const std::string& body = "") {
+    return client.send({method, target, body, "application/json", {}});
+  };
+  struct refused_row {
+    const char* path;
+    const char* body;
+    bool flat; // /pause and /resume answer vLLM's flat {"error": "..."}
+  };
+  const std::vector<refused_row> refused = {
+    {"/init_weight_transfer_engine", "{\"init_info\": {}}", false},
+    {"/start_weight_update", "{\"is_checkpoint_format\": true}", false},
+    {"/update_weights", "{\"update_info\": {\"path\": \"/tmp\"}}", false},
+    {"/finish_weight_update", "{\"weight_version\": \"step-9\"}", false},
+    {"/update_weight_version", "{\"new_version\": \"x\"}", false},
+    {"/collective_rpc", "{\"method\": \"skyrl_start_weight_update\"}", false},
+    {"/reset_prefix_cache", "{}", false},
+    {"/sleep?level=2", "", false},
+    {"/wake_up", "", false},
+    {"/pause?mode=keep", "", true},
+    {"/resume", "", true},
+  };
+  for (const auto& r : refused) {
+    auto answer = call("POST", r.path, r.body);
+    INFO(r.path << " -> " << answer.status << " " << answer.body);
+    CHECK(answer.status == 409);
+    auto j = json::parse(answer.body);
+    if (r.flat) {
+      REQUIRE(j["error"].is_string());
+      CHECK(j["error"].get<std::string>().find("coordinator owns the engine's weights") != std::string::npos);
+    } else {
+      check_envelope(j, 409);
+      CHECK(j["error"]["message"].get<std::string>().find("coordinator owns the engine's weights") !=
+            std::string::npos);
+    }
+  }
+  // Nothing of that reached the engine: still version 1, unpaused, no session.
+  auto info = call("GET", "/weight_info");
+  CHECK(info.status == 200);
+  CHECK(json::parse(info.body)["weight_version"] == "1"); // the coordinator's number, not "default"
+  CHECK(json::parse(call("GET", "/is_paused").body)["is_paused"] == false);
+  CHECK(call("GET", "/health").status == 200);
+  auto models = json::parse(call("GET", "/v1/models").body);
+  CHECK(models["data"][0]["id"] == "served-model");
+  auto sums = call("POST", "/weight_checker", "{\"action\": \"checksum\"}");
+  CHECK(sums.status == 200);
+  CHECK(json::parse(sums.body)["checksums"] == json::parse(owner.call("POST", "/weight_checker", "{}").body)["checksums"]);
+  auto completion = call("POST", "/v1/completions", "{\"prompt\": [5, 6, 7], \"max_tokens\": 3, \"temperature\": 0}");
+  REQUIRE(completion.status == 200);
+  auto choice = json::parse(completion.body)["choices"][0];
+  CHECK(choice["weight_versions"][0]["version"] == "1");
+  // Stopping the server leaves the engine to its owner (the member node).
+  coordinated.stop();
+  CHECK(owner.call("GET", "/health").status == 200);
+  CHECK(json::parse(owner.call("GET", "/weight_info").body)["weight_version"] == "default");
+}

@@ -60,6 +60,14 @@ timeout 120 "$rlsync" bench control --engines 2 --rounds 3 --json "$dir/control.
   || { cat "$dir/control.out"; echo "FAIL: bench control"; exit 1; }
 grep -q "six CAF round-trip waves" "$dir/control.out" || { cat "$dir/control.out"; echo "FAIL: no baseline row"; exit 1; }
 grep -q '"engines": 2' "$dir/control.json" || { cat "$dir/control.json"; echo "FAIL: control JSON"; exit 1; }
+# The HTTP case: both paths in one run, both figures and their ratio (reported, never asserted).
+timeout 120 "$rlsync" bench control --http --engines 2 --rounds 3 --json "$dir/http.json" > "$dir/http.out" 2>&1 \
+  || { cat "$dir/http.out"; echo "FAIL: bench control --http"; exit 1; }
+grep -q "built-in engines (CAF requests) *[0-9.]* " "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no built-in row"; exit 1; }
+grep -q "the same engines over vLLM's HTTP *[0-9.]* " "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no HTTP row"; exit 1; }
+grep -q "HTTP / built-in: [0-9.]*x" "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no ratio"; exit 1; }
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["http_ms"])==3 and len(j["builtin_ms"])==3 and j["ratio"]>0, j' \
+  "$dir/http.json" || { cat "$dir/http.json"; echo "FAIL: http JSON"; exit 1; }
 
 # Bad input is refused with the flag named.
 if "$rlsync" bench sync --topology "$dir/two.yaml" --syncs 0 > "$dir/bad.out" 2>&1; then echo "FAIL: --syncs 0 accepted"; exit 1; fi

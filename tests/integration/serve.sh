@@ -179,7 +179,7 @@ stop_server
 set +e
 out=$("$rlsync" serve --checkpoint "$dir/v1" --topology t.yaml --node n 2>&1); rc=$?
 set -e
-[ "$rc" -eq 2 ] && grep -q "not available yet" <<<"$out" || fail "--topology: rc $rc: $out"
+[ "$rc" -eq 2 ] && grep -q "leave --checkpoint out" <<<"$out" || fail "--topology with --checkpoint: rc $rc: $out"
 set +e
 out=$("$rlsync" serve --checkpoint "$dir/missing" --port 0 2>&1); rc=$?
 set -e
