@@ -12,13 +12,20 @@ RLSYNC_PACKAGES=(
   libxxhash-dev nlohmann-json3-dev libcli11-dev libboost-dev
   iproute2
   curl python3-requests # rlsync serve's client-sequence tests
-  npm # the openai npm package's client test of /v1/completions
+)
+# Commands whose Debian package is installed only when the command is missing:
+# NodeSource's nodejs carries its own npm and conflicts with Debian's.
+RLSYNC_COMMANDS=(
+  npm:npm # the openai npm package's client test of /v1/completions
 )
 
 rlsync_install_missing() {
   local missing=()
   for p in "${RLSYNC_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  for c in "${RLSYNC_COMMANDS[@]}"; do
+    command -v "${c%%:*}" > /dev/null || missing+=("${c#*:}")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "rlsync: installing missing packages: ${missing[*]}"
