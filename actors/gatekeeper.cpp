@@ -278,7 +278,10 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       // Admissions are few (one per member join): logged in full, not rate-limited.
       if (cfg.log)
         cfg.log("gatekeeper: admitted " + node + " (" + peer_name + ")");
-      return self->state.grant;
+      auto grant = self->state.grant;
+      if (!grant.router && cfg.current_router)
+        grant.router = cfg.current_router();
+      return grant;
     },
   };
 }

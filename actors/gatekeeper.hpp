@@ -128,6 +128,10 @@ struct gatekeeper_config {
   /// Member node name -> its secret; never empty: a cluster without a secret publishes no gatekeeper.
   std::map<std::string, std::string> secrets;
   join_grant grant;
+  /// The router registered since, when grant.router is empty (the topology
+  /// places it on a member node): the grant names it once there is one, so
+  /// that a node joining later (`rlsync status` too) reaches it. May be empty.
+  std::function<router_actor()> current_router;
   std::shared_ptr<admitted_nodes> admitted;
   std::function<void(const std::string&)> log;
   admission_limits limits;

@@ -41,8 +41,11 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   st.max_tokens = request.sampling.max_tokens;
   st.logprobs = request.sampling.logprobs;
   st.forwarded.request_id = request.request_id;
-  // A relay lives as long as its request, and never longer than the router.
+  // A relay lives as long as its request, and never longer than the router
+  // or its sink: a requester that hung up (an HTTP client gone) ends the
+  // relay, and the engine, which watches the relay, stops generating for it.
   self->monitor(caf::actor_cast<caf::abstract_actor*>(router));
+  self->monitor(caf::actor_cast<caf::abstract_actor*>(st.sink));
   self->set_down_handler([=](caf::down_msg&) { self->quit(); });
   // Under the router's guard: an outsider must not end a request or inject tokens.
   return {

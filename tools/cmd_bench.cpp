@@ -88,10 +88,11 @@ int bench_engine(const arg_list& argv) {
 
 int cmd_bench(const arg_list& argv) {
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
-    std::cout << "usage: rlsync bench engine|sync|control [options]   (rlsync bench NAME --help)\n"
+    std::cout << "usage: rlsync bench engine|sync|control|http [options]   (rlsync bench NAME --help)\n"
                  "  engine   the built-in engine: decode, prefill, applying an update\n"
                  "  sync     weight syncs of a topology, sharded and broadcast, against the speed of light\n"
-                 "  control  the control plane alone: zero-byte rounds across N engine processes\n";
+                 "  control  the control plane alone: zero-byte rounds across N engine processes\n"
+                 "  http     streaming throughput through the fleet's HTTP endpoint vs the direct path\n";
     return argv.empty() ? 2 : 0;
   }
   arg_list rest(argv.begin() + 1, argv.end());
@@ -101,7 +102,9 @@ int cmd_bench(const arg_list& argv) {
     return bench_sync(rest);
   if (argv[0] == "control")
     return bench_control(rest);
-  throw cli::usage_error("unknown benchmark '" + argv[0] + "' (available: engine, sync, control)");
+  if (argv[0] == "http")
+    return bench_http(rest);
+  throw cli::usage_error("unknown benchmark '" + argv[0] + "' (available: engine, sync, control, http)");
 }
 
 } // namespace rlsync::tools

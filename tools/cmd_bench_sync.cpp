@@ -1,6 +1,7 @@
-// rlsync bench sync / bench control: flags, one call into actors/jobs/
+// rlsync bench sync / bench control / bench http: flags, one call into actors/jobs/
 // (bench_sync.hpp, bench_control.hpp), the report and the exit status.
 #include "actors/jobs/bench_control.hpp"
+#include "actors/jobs/bench_http.hpp"
 #include "actors/jobs/bench_sync.hpp"
 #include "actors/jobs/main_job.hpp"
 #include "runtime/process/launcher.hpp"
@@ -35,6 +36,13 @@ const char* control_description =
   "this process, and runs K (default 20) sync rounds of a near-empty model: the control plane\n"
   "alone. Each round is compared with six waves of CAF round trips to every engine (pause,\n"
   "flush, start, transfer, finish and continue are six waves) measured between the rounds.\n";
+
+const char* http_description =
+  "Deploys N built-in engines (default 2, tp 1) in this process with the fleet's endpoint\n"
+  "(router.http_port) and compares streaming throughput: P prompts (default 64) of M tokens\n"
+  "(default 64), C at a time (default 8), sent by the workload driver to the router over CAF,\n"
+  "then by C HTTP clients streaming /v1/completions through the endpoint; R runs each way\n"
+  "(default 3), alternating. Prints tokens/s both ways and their ratio.\n";
 
 /// Progress lines on stderr, whole lines at once (the head's actors call it too).
 void note(const std::string& line) {
@@ -179,6 +187,50 @@ int bench_control(const arg_list& argv) {
   }
   std::cout << bench_control_report(r) << std::flush;
   if (json_path && !write_json("bench control", *json_path, bench_control_json(r)))
+    return 1;
+  return 0;
+}
+
+int bench_http(const arg_list& argv) {
+  CLI::App app(http_description, "rlsync bench http");
+  cli::configure(app);
+  bench_http_options o;
+  std::uint64_t engines = o.engines, prompts = o.prompts, concurrency = o.concurrency, max_tokens = o.max_tokens,
+                repeats = static_cast<std::uint64_t>(o.repeats);
+  std::optional<std::string> json_path;
+  cli::add_size(app, "--engines", engines, "engines (1..16)")->type_name("N");
+  cli::add_size(app, "--prompts", prompts, "prompts per run (1..100000)")->type_name("P");
+  cli::add_size(app, "--max-tokens", max_tokens, "tokens per prompt (1..1024)")->type_name("M");
+  cli::add_size(app, "--concurrency", concurrency, "requests at a time and HTTP clients (1..256)")->type_name("C");
+  cli::add_size(app, "--repeats", repeats, "runs each way (1..100)")->type_name("R");
+  app.add_option_function<std::string>(
+       "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
+    ->type_name("FILE");
+  if (!cli::parse(app, argv))
+    return 0;
+  auto check = [](const char* flag, std::uint64_t v, std::uint64_t lo, std::uint64_t hi) {
+    if (v < lo || v > hi)
+      throw cli::usage_error(std::string(flag) + ": between " + std::to_string(lo) + " and " + std::to_string(hi)
+                             + ", got " + std::to_string(v));
+  };
+  check("--engines", engines, 1, 16);
+  check("--prompts", prompts, 1, 100000);
+  check("--max-tokens", max_tokens, 1, 1024);
+  check("--concurrency", concurrency, 1, 256);
+  check("--repeats", repeats, 1, 100);
+  o.engines = engines;
+  o.prompts = static_cast<std::uint32_t>(prompts);
+  o.max_tokens = static_cast<std::uint32_t>(max_tokens);
+  o.concurrency = static_cast<std::uint32_t>(concurrency);
+  o.repeats = static_cast<int>(repeats);
+  o.note = note;
+  auto r = run_bench_http(o);
+  if (!r.error.empty()) {
+    std::cerr << "rlsync bench http: " << r.error << "\n";
+    return 1;
+  }
+  std::cout << bench_http_report(r) << std::flush;
+  if (json_path && !write_json("bench http", *json_path, bench_http_json(r)))
     return 1;
   return 0;
 }

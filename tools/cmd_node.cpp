@@ -170,6 +170,8 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
             << (head->producer() ? "; UCX producer up (no listening port: members get its address from the trainer)"
                                  : std::string{})
             << std::endl;
+  if (auto url = head->router_url(); !url.empty())
+    std::cerr << "rlsync node " << node.name << ": completions on " << url << "/v1/completions" << std::endl;
 
   // A drill's orders arrive as signals (only with --drill-events: their
   // default action would kill the node). Stopped before the head stops (it
@@ -334,8 +336,10 @@ int cmd_node(const arg_list& argv) {
   // into one registry, served on the node's own address only.
   std::shared_ptr<metrics::registry> registry;
   std::unique_ptr<metrics::metrics_server> metrics_port;
-  if (node->metrics_port) {
+  // The fleet endpoint (router.http_port) on the router's node serves /metrics too.
+  if (node->metrics_port || (t.router.http_port && t.router.node == name))
     registry = std::make_shared<metrics::registry>();
+  if (node->metrics_port) {
     try {
       std::optional<std::string> token;
       if (!t.cluster.http_api_key_file.empty())

@@ -72,6 +72,8 @@ int cmd_run(const arg_list& argv) {
   opts.on_sync = [&](const sync_report& r) { out.on_sync(r); };
   opts.log = [&](const std::string& line) { out.on_log(line); };
   auto d = deploy_local(sys, t, opts);
+  if (d.http)
+    std::cerr << "rlsync run " << path << ": completions on " << d.http->url() << "/v1/completions" << std::endl;
   job_handles h;
   h.router = d.router;
   h.coordinator = d.coordinator;

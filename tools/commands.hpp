@@ -16,6 +16,7 @@ int cmd_generate(const arg_list& args);
 int cmd_bench(const arg_list& args);
 int bench_sync(const arg_list& args);   // tools/cmd_bench_sync.cpp
 int bench_control(const arg_list& args);
+int bench_http(const arg_list& args);
 int cmd_run(const arg_list& args);
 int cmd_node(const arg_list& args);
 int cmd_ping(const arg_list& args);

@@ -150,6 +150,10 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   gc.grant = {actors_.coordinator, actors_.single_trainer ? actors_.trainer.actor : trainer_actor{}, actors_.router};
   gc.grant.source_dtype = static_cast<std::uint8_t>(actors_.source_dtype);
   gc.admitted = admitted;
+  gc.current_router = [registered = registered_] {
+    std::lock_guard<std::mutex> lock(registered->mutex);
+    return registered->router;
+  };
   gc.log = hooks.line;
   try {
     producers_ = start_rank_producers(t, node, actors_.ranks, hooks.log);

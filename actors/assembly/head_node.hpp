@@ -94,6 +94,9 @@ public:
   /// The router: this node's, or the last one that registered with the
   /// coordinator from another node; empty while none has.
   router_actor router() const;
+  /// The fleet's HTTP endpoint ("http://host:port") when router.http_port
+  /// puts it on this node; empty otherwise.
+  std::string router_url() const { return actors_.http ? actors_.http->url() : std::string{}; }
   /// Polls router() until there is one, `deadline` has passed or
   /// `stop_requested()` says so; the router last seen (empty: none).
   router_actor await_router(std::chrono::milliseconds deadline, const std::function<bool()>& stop_requested) const;

@@ -134,6 +134,12 @@ rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment&
                                  const engine_spec& spec, std::size_t i) {
   auto cfg = engine_config_from(t, spec, d.trainer.transfer, d.source_dtype);
   cfg.producer_puller = rank_pullers(d.ranks, d.remote_pullers);
+  // This process's actors drive it, and the router the coordinator vouches
+  // for when one registers from another node (router.node elsewhere).
+  cfg.authorize = local_or_driver(sys.node(), d.drivers);
+  cfg.vouched_router = [drivers = d.drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
+    return drivers->vouch(sender, r);
+  };
   cfg.faults = d.gates[i];
   cfg.metrics = engine_metrics_in(d.metrics, spec.name);
   return spawn_rollout_engine(sys, std::move(cfg));
@@ -167,6 +173,10 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   d.single_trainer = follows_single_trainer(t, opts.node);
   d.remote_pullers = opts.remote_pullers;
   d.metrics = opts.metrics;
+  const bool router_here = opts.node.empty() || t.router.node == opts.node;
+  // The fleet endpoint serves /metrics: it needs a registry if the node has none.
+  if (router_here && t.router.http_port && !d.metrics)
+    d.metrics = std::make_shared<metrics::registry>();
   // Engines record their plans in the dtype the trainer sends; with no rank
   // here, a source built for the question alone says (it publishes nothing).
   d.source_dtype = d.trainer.source ? source_dtype_of(t, *d.trainer.source)
@@ -187,11 +197,27 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   }
   auto rc = router_config_from(t);
   rc.log = opts.router_log;
-  if (opts.metrics)
-    instrument_router(*opts.metrics, rc);
+  if (d.metrics)
+    instrument_router(*d.metrics, rc);
   d.router_cfg = rc;
-  if (opts.node.empty() || t.router.node == opts.node) // else its own node's process registers it
+  if (router_here) // else its own node's process registers it
     d.router = spawn_router(sys, rc, d.authorize);
+  auto on_router = opts.on_router;
+  if (d.router && t.router.http_port) {
+    try {
+      d.http = std::make_shared<router_endpoint>(sys, router_endpoint_options_from(t, d.metrics), d.router);
+    } catch (...) {
+      stop_and_await(sys, actors_of(d));
+      throw;
+    }
+    // A router restarted here takes the endpoint's requests from then on.
+    on_router = [endpoint = std::weak_ptr<router_endpoint>(d.http), next = opts.on_router](const router_actor& r) {
+      if (auto e = endpoint.lock())
+        e->set_router(r);
+      if (next)
+        next(r);
+    };
+  }
   auto cc = coordinator_config_from(t);
   if (d.single_trainer)
     cc.trainer = d.trainer.actor;
@@ -201,12 +227,13 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.on_report = opts.on_sync;
   cc.on_phase = opts.on_phase;
   cc.on_member = opts.on_member;
-  cc.on_router = opts.on_router;
-  if (opts.metrics)
-    instrument_coordinator(*opts.metrics, cc);
+  cc.on_router = on_router;
+  if (d.metrics)
+    instrument_coordinator(*d.metrics, cc);
   d.coordinator_cfg = cc;
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);
+  d.drivers->granted(d.coordinator.address(), d.router.address());
 
   if (!d.single_trainer)
     for (const auto& r : d.ranks)
@@ -265,6 +292,7 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
   cc.router = router; // a router restarted since is the one to tell
   cc.restored = read_coordinator_state(cc.state_file); // throws, naming file:line:column
   coordinator = sys.spawn(rlsync::coordinator, cc);
+  drivers->granted(coordinator.address(), router.address()); // it vouches for routers from now on
   caf::scoped_actor self{sys};
   for (std::size_t i = 0; i < engines.size(); ++i) {
     std::optional<engine_status> st;
@@ -290,6 +318,8 @@ router_actor local_deployment::restart_router(caf::actor_system& sys) {
     self->receive([](const caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
   }
   router = spawn_router(sys, router_cfg, authorize);
+  if (http) // at once: the coordinator's word (on_router) comes asynchronously
+    http->set_router(router);
   caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
   self->send(coordinator, register_atom::value, router);
   return router;
@@ -319,6 +349,8 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
 }
 
 void local_deployment::shutdown() {
+  if (http)
+    http->stop(); // no new requests for actors on their way out
   auto stop = [](const auto& handle) {
     if (handle)
       caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);

@@ -7,6 +7,7 @@
 // cluster's head (head_node.hpp: `rlsync node`, `rlsync bench`). Engines of
 // other nodes register through register_engine as well (member_node.hpp).
 #include "actors/coordinator.hpp"
+#include "actors/http/router_endpoint.hpp"
 #include "actors/rollout_engine.hpp"
 #include "actors/router.hpp"
 #include "actors/trainer.hpp"
@@ -57,6 +58,11 @@ struct local_deployment {
   /// at first, one more per restart).
   std::vector<std::uint64_t> incarnations;
   router_actor router;
+  /// The fleet's HTTP endpoint (router.http_port) when the router runs here; else nullptr.
+  std::shared_ptr<router_endpoint> http;
+  /// Who besides this process may drive the engines here: the coordinator
+  /// and the router it vouches for (one registered from another node).
+  std::shared_ptr<engine_drivers> drivers = std::make_shared<engine_drivers>();
   coordinator_actor coordinator;
   /// The dtype engines record their plans in (what the trainer sends).
   dtype source_dtype = dtype::bf16;

@@ -138,6 +138,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   // since, which the coordinator vouches for to every engine.
   auto drivers = std::make_shared<engine_drivers>();
   router_actor router; // when the topology places it here (local: trusted anyway)
+  std::unique_ptr<router_endpoint> http; // router.http_port: the router's own endpoint
   auto trust_grant = [&] { drivers->granted(grant->coordinator.address(), grant->router.address()); };
   trust_grant();
   // The router placed here answers this process and whatever reaches it
@@ -159,6 +160,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   // Everything this node runs, stopped; the producers after every actor
   // that could hand out their tickets.
   auto stop_all = [&] {
+    if (http)
+      http->stop(); // no new requests for actors on their way out
     std::vector<caf::actor> all = std::move(engines);
     all.push_back(caf::actor_cast<caf::actor>(router));
     for (const auto& r : ranks)
@@ -199,6 +202,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       if (opts.metrics)
         instrument_router(*opts.metrics, rc);
       router = spawn_router(sys, rc, fabric);
+      if (t.router.http_port) {
+        http = std::make_unique<router_endpoint>(sys, router_endpoint_options_from(t, opts.metrics), router);
+        log("completions on " + http->url() + "/v1/completions");
+      }
     }
     const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
     for (const auto& e : t.engines)

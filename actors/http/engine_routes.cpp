@@ -1,6 +1,7 @@
 #include "actors/http/engine_routes.hpp"
 
 #include "runtime/http/vllm_errors.hpp"
+#include "runtime/vllm/completions.hpp"
 
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -508,16 +509,6 @@ void dispatch(control_ptr self, const http::request& rq, done_fn done) {
   auto& st = self->state;
   const auto& path = rq.path;
   const bool flat = path == "/pause" || path == "/resume" || path == "/is_paused" || path == "/abort_requests";
-  if (path == "/health") {
-    if (st.engine_dead)
-      return done(error_envelope(503, "the engine is gone: " + st.engine_exit));
-    self->request(st.ctx.engine, deadline(self), status_atom::value)
-      .await([done](engine_status&) { done(response{200, "application/json", "", {}}); },
-             [self, done](caf::error& err) {
-               done(error_envelope(503, "the engine does not answer: " + error_text(self->system(), err)));
-             });
-    return;
-  }
   if (st.ctx.settings.coordinated)
     if (auto why = coordinated_refusal(path); !why.empty())
       return done(flat ? flat_error(409, why) : error_envelope(409, why));
@@ -633,17 +624,8 @@ void dispatch(control_ptr self, const http::request& rq, done_fn done) {
       return do_wake(self, done);
     if (path == "/is_sleeping")
       return done(json_response(json{{"is_sleeping", st.sleeping}}));
-    if (path == "/v1/models") {
-      json model = {{"id", st.ctx.settings.model_name},
-                    {"object", "model"},
-                    {"created", static_cast<std::int64_t>(std::time(nullptr))},
-                    {"owned_by", "vllm"},
-                    {"root", st.ctx.settings.model_name},
-                    {"parent", nullptr},
-                    {"max_model_len", st.ctx.settings.max_model_len},
-                    {"permission", json::array()}};
-      return done(json_response(json{{"object", "list"}, {"data", json::array({model})}}));
-    }
+    if (path == "/v1/models")
+      return done(json_response(vllm::models_list(st.ctx.settings.model_name, st.ctx.settings.max_model_len)));
     done(error_envelope(404, "no route " + rq.method + " " + path));
   } catch (const bad_request& e) {
     done(flat ? flat_error(400, e.what()) : error_envelope(400, e.what(), e.param));
@@ -659,6 +641,7 @@ caf::behavior serve_control(control_ptr self, serve_context ctx) {
     if (dm.source == self->state.ctx.engine.address()) {
       self->state.engine_dead = true;
       self->state.engine_exit = self->system().render(dm.reason);
+      self->state.ctx.liveness->mark_gone(self->state.engine_exit);
     }
   });
   return {
@@ -688,7 +671,7 @@ const std::vector<std::pair<std::string, std::string>> route_table = {
   {"POST", "/sleep"},
   {"POST", "/wake_up"},
   {"GET", "/is_sleeping"},
-  {"GET", "/health"},
+  {"GET", "/health"}, // mounted apart: answered at once, from the engine's liveness
   {"GET", "/v1/models"},
 };
 
@@ -700,9 +683,30 @@ caf::actor spawn_serve_control(caf::actor_system& sys, serve_context ctx) {
   return sys.spawn(serve_control, std::move(ctx));
 }
 
-void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor control, const serve_settings& settings) {
-  auto deadline = settings.request_deadline;
+void engine_liveness::mark_gone(std::string why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  why_ = std::move(why);
+}
+
+std::optional<std::string> engine_liveness::gone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return why_;
+}
+
+void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor control, const serve_context& ctx) {
+  srv.route(
+    "GET", "/health",
+    [liveness = ctx.liveness](const http::request&, std::shared_ptr<http::responder> responder) {
+      if (auto why = liveness->gone())
+        responder->reply(error_envelope(503, "the engine is gone: " + *why));
+      else
+        responder->reply(response{200, "application/json", "", {}});
+    },
+    false);
+  auto deadline = ctx.settings.request_deadline;
   for (auto& [method, path] : route_table) {
+    if (path == "/health")
+      continue;
     srv.route(
       method, path,
       [&sys, control, deadline](const http::request& rq, std::shared_ptr<http::responder> responder) {

@@ -82,21 +82,38 @@ struct serve_settings {
   std::chrono::milliseconds request_deadline{900000}; ///< a whole HTTP request (above both)
 };
 
+/// Whether the engine is gone (and why): what /health answers from, apart
+/// from the control actor, so that a probe never waits behind a long
+/// control call (a checkpoint load). Thread-safe.
+class engine_liveness {
+public:
+  void mark_gone(std::string why);
+  /// Why the engine is gone; nullopt while it runs.
+  std::optional<std::string> gone() const;
+
+private:
+  mutable std::mutex mu_;
+  std::optional<std::string> why_;
+};
+
 /// What the routes share.
 struct serve_context {
   rollout_engine_impl engine;
   serve_settings settings;
   std::shared_ptr<version_labels> labels = std::make_shared<version_labels>();
   std::shared_ptr<request_registry> requests = std::make_shared<request_registry>();
+  std::shared_ptr<engine_liveness> liveness = std::make_shared<engine_liveness>();
 };
 
-/// Spawns the control actor (it monitors the engine: /health answers 503
-/// once the engine is gone).
+/// Spawns the control actor (it monitors the engine and marks
+/// ctx.liveness when it is gone).
 caf::actor spawn_serve_control(caf::actor_system& sys, serve_context ctx);
 
 /// Mounts every control route on `srv` (call before srv.start()). GET
 /// routes need no token; POST routes need it when one is configured.
-void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor control, const serve_settings& settings);
+/// /health answers from ctx.liveness at once, as vLLM's does: 200 while the
+/// engine runs (busy or not), 503 once it is gone.
+void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor control, const serve_context& ctx);
 
 /// Why `path` is refused when a coordinator owns the engine (settings.coordinated),
 /// or "" when the route serves anyway.

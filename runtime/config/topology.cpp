@@ -623,11 +623,27 @@ void reader::read_engines(const map_reader& root) {
 }
 
 void reader::read_router(const map_reader& root) {
-  auto r = root.map("router", {"node", "policy", "queue_limit"});
+  auto r = root.map("router", {"node", "policy", "queue_limit", "http_port"});
   t.router.node = first_node();
   read_node_ref(r, "node", t.router.node);
   r.read_choice("policy", t.router.policy, router_policy_choices);
   r.read("queue_limit", t.router.queue_limit, between(1, max_queue_limit));
+  std::int64_t http_port = 0;
+  if (r.read("http_port", http_port, between(0, 65535))) {
+    t.router.http_port = static_cast<std::uint16_t>(http_port);
+    // It binds the router node's address: no other port of the topology there.
+    const node_spec* home = t.find_node(t.router.node);
+    if (http_port != 0 && home)
+      for (const auto& n : t.nodes) {
+        if (n.address != home->address)
+          continue;
+        if (n.port == http_port || (n.metrics_port && *n.metrics_port == http_port)) {
+          r.error("http_port", home->address + ":" + std::to_string(http_port) + " is already used by node '"
+                                 + n.name + "'");
+          break;
+        }
+      }
+  }
 }
 
 void reader::read_coordinator(const map_reader& root) {

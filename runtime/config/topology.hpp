@@ -172,6 +172,10 @@ struct router_spec {
   std::string node; // default: the first node
   router_policy policy = router_policy::least_outstanding;
   std::int64_t queue_limit = 1024;
+  /// The fleet's HTTP endpoint on the router's node (its address):
+  /// /v1/completions, /health, /v1/models, /metrics. 0: an ephemeral port;
+  /// none: no endpoint.
+  std::optional<std::uint16_t> http_port;
 };
 
 struct coordinator_spec {

@@ -122,7 +122,10 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "router" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "node" << YAML::Value << t.router.node;
   out << YAML::Key << "policy" << YAML::Value << std::string(to_string(t.router.policy));
-  out << YAML::Key << "queue_limit" << YAML::Value << i64(t.router.queue_limit) << YAML::EndMap;
+  out << YAML::Key << "queue_limit" << YAML::Value << i64(t.router.queue_limit);
+  if (t.router.http_port)
+    out << YAML::Key << "http_port" << YAML::Value << static_cast<int>(*t.router.http_port);
+  out << YAML::EndMap;
 
   out << YAML::Key << "coordinator" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "node" << YAML::Value << t.coordinator.node;

@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <deque>
 #include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+
+#include <sys/socket.h>
 
 namespace rlsync::http {
 
@@ -339,6 +342,24 @@ private:
                             "\"param\": null, \"code\": 500}}"),
                 {}});
     }
+    if (buffer_.size() == 0)
+      watch_hangup();
+  }
+
+  /// While a request is being answered, nothing reads the socket: a client
+  /// that hung up would show only at the answer's write. Watch for the end
+  /// of the connection (client_gone() then says so, and whoever answers can
+  /// stop working for it). Data instead (a pipelined request) is left for
+  /// the next read.
+  void watch_hangup() {
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      if (ec || self->gone_)
+        return;
+      char byte;
+      auto n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        self->gone_ = true;
+    });
   }
 
 public:
@@ -400,6 +421,8 @@ bool responder::reply(response r) {
     return false;
   impl_->st = impl::state::replied;
   auto conn = std::move(impl_->conn);
+  if (conn->gone())
+    return false; // the client hung up: nobody reads it
   return impl_->core->post([conn, r = std::move(r)]() mutable { conn->send(std::move(r)); });
 }
 

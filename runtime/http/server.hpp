@@ -68,8 +68,8 @@ public:
   responder(const responder&) = delete;
   responder& operator=(const responder&) = delete;
 
-  /// A whole answer (with Content-Length). False when already completed or
-  /// the server has stopped.
+  /// A whole answer (with Content-Length). False when already completed,
+  /// the client has gone or the server has stopped.
   bool reply(response r);
   /// Starts a chunked 200 answer (e.g. "text/event-stream").
   bool start_stream(const std::string& content_type);

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <limits>
 
 namespace rlsync::vllm {
@@ -579,5 +580,17 @@ std::string usage_chunk(const response_options& o, const std::vector<completion_
 }
 
 const std::string stream_done = "data: [DONE]\n\n";
+
+nlohmann::json models_list(const std::string& model_name, std::int64_t max_model_len) {
+  nlohmann::json model = {{"id", model_name},
+                          {"object", "model"},
+                          {"created", static_cast<std::int64_t>(std::time(nullptr))},
+                          {"owned_by", "vllm"},
+                          {"root", model_name},
+                          {"parent", nullptr},
+                          {"max_model_len", max_model_len},
+                          {"permission", nlohmann::json::array()}};
+  return {{"object", "list"}, {"data", nlohmann::json::array({model})}};
+}
 
 } // namespace rlsync::vllm

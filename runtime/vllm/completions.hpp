@@ -186,6 +186,10 @@ std::string usage_chunk(const response_options& o, const std::vector<completion_
 /// `data: [DONE]\n\n`.
 extern const std::string stream_done;
 
+/// GET /v1/models' body: an OpenAI list of the one served model (TRL reads
+/// data[0].max_model_len).
+nlohmann::json models_list(const std::string& model_name, std::int64_t max_model_len);
+
 /// The token's text as logprobs report it: its byte when printable ASCII,
 /// "bytes:\xNN" for other bytes (vLLM's form for partial UTF-8), "<bos>",
 /// "<eos>", "<token N>" for ids without text.

@@ -5,6 +5,7 @@
 #include "actors/gatekeeper.hpp"
 #include "runtime/config/topology.hpp"
 #include "tests/support/actor_fixture.hpp"
+#include "tests/support/scripted_router.hpp"
 
 #include <sys/stat.h>
 
@@ -19,12 +20,14 @@ namespace {
 struct gatekeeper_fixture : test::actor_fixture {
   std::shared_ptr<admitted_nodes> admitted = std::make_shared<admitted_nodes>();
   std::vector<std::string> lines;
+  router_actor registered; ///< what current_router answers (a router registered from a member node)
   gatekeeper_actor gate;
 
   gatekeeper_fixture() {
     gatekeeper_config cfg;
     cfg.secrets = {{"engine-node-a", "s3cret"}, {"engine-node-b", "other"}};
     cfg.admitted = admitted;
+    cfg.current_router = [this] { return registered; };
     cfg.log = [this](const std::string& l) { lines.push_back(l); };
     gate = spawn(gatekeeper, cfg);
   }
@@ -58,6 +61,17 @@ TEST_CASE_FIXTURE(gatekeeper_fixture, "a node that proves its secret is admitted
   REQUIRE(!replay);
   CHECK(is(replay.error(), errc::unauthenticated));
   CHECK(*hello("engine-node-a") != *challenge); // fresh each time
+}
+
+TEST_CASE_FIXTURE(gatekeeper_fixture, "the grant names the router registered since when the head runs none") {
+  auto first = admit("engine-node-a", join_proof("s3cret", *hello("engine-node-a"), "engine-node-a"));
+  REQUIRE(first);
+  CHECK(!first->router); // none yet
+  registered = caf::actor_cast<router_actor>(
+    spawn(test::scripted_router, std::make_shared<test::router_script>()));
+  auto later = admit("engine-node-b", join_proof("other", *hello("engine-node-b"), "engine-node-b"));
+  REQUIRE(later);
+  CHECK(later->router == registered);
 }
 
 TEST_CASE_FIXTURE(gatekeeper_fixture, "refusals: wrong secret, another node's secret, unknown names, all logged") {

@@ -388,6 +388,16 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
     {"router on an unknown node", plus("router: {node: z}"),
      "t.yaml:6:16: router.node: unknown node 'z' (defined: a, b)"},
     {"empty value", plus("router:\n  queue_limit:"), "t.yaml:7:3: router.queue_limit: expected an integer, got nothing"},
+    {"http port out of range", plus("router: {http_port: 65536}"),
+     "t.yaml:6:21: router.http_port: must be between 0 and 65535, got 65536"},
+    {"http port is text", plus("router: {http_port: web}"),
+     "t.yaml:6:21: router.http_port: expected an integer, got 'web'"},
+    {"http port is the router node's port",
+     with("nodes", "nodes: [{name: a, port: 4000}, {name: b}]") + "router: {node: a, http_port: 4000}\n",
+     "t.yaml:6:30: router.http_port: 127.0.0.1:4000 is already used by node 'a'"},
+    {"http port is another node's metrics port on the same address",
+     with("nodes", "nodes: [{name: a}, {name: b, metrics_port: 9100}]") + "router: {node: a, http_port: 9100}\n",
+     "t.yaml:6:30: router.http_port: 127.0.0.1:9100 is already used by node 'b'"},
     {"empty state file", plus("coordinator: {state_file: ''}"),
      "t.yaml:6:27: coordinator.state_file: must not be empty"},
     {"backend out of range", plus("transfer: {backend: rdma}"),
@@ -697,6 +707,7 @@ TEST_CASE("topology: defaults are filled in") {
   CHECK(t.router.node == "a"); // the first node
   CHECK(t.router.policy == router_policy::least_outstanding);
   CHECK(t.router.queue_limit == 1024);
+  CHECK_FALSE(t.router.http_port);
   CHECK(t.coordinator.node == "a");
   CHECK(t.coordinator.state_file.empty());
   CHECK(t.transfer.backend == transfer_backend::local);
@@ -766,7 +777,7 @@ trainer:
 engines:
   - {name: big, node: n2, tp: 2, max_batch: 8, queue_limit: 16, kv_block_tokens: 32, prefix_cache_blocks: 0}
   - {name: many, node: n1, replicas: 3, tp: 4}
-router: {node: n2, policy: prefix_affinity, queue_limit: 7}
+router: {node: n2, policy: prefix_affinity, queue_limit: 7, http_port: 8100}
 coordinator: {node: n2, state_file: state/version}
 transfer: {backend: ucx, mode: broadcast, bucket_bytes: 64 MiB, groups_in_flight: 3, ucx_transports: [shm, rdma]}
 sync:
@@ -844,6 +855,7 @@ drill:
   CHECK(t.router.node == "n2");
   CHECK(t.router.policy == router_policy::prefix_affinity);
   CHECK(t.router.queue_limit == 7);
+  CHECK(t.router.http_port == std::uint16_t{8100});
   CHECK(t.coordinator.node == "n2");
   CHECK(t.coordinator.state_file == "/cfg/state/version");
   CHECK(t.transfer.backend == transfer_backend::ucx);

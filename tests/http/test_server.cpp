@@ -306,6 +306,48 @@ TEST_CASE("server: writes to a stream whose client left return false, the bounde
   CHECK_FALSE(r->write("data: x\n\n"));
 }
 
+TEST_CASE("server: a client that hangs up while its request is answered shows as gone before the answer") {
+  server srv(fast_options());
+  std::promise<std::shared_ptr<responder>> got;
+  srv.route("POST", "/slow", [&](const request&, std::shared_ptr<responder> r) { got.set_value(r); });
+  auto port = srv.start();
+  auto s = std::make_unique<raw_socket>(port);
+  s->send_text("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  auto r = got.get_future().get();
+  CHECK_FALSE(r->client_gone()); // still there, waiting
+  s.reset();                     // hangs up without reading
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    std::this_thread::sleep_for(10ms);
+    gone = r->client_gone();
+  }
+  CHECK(gone);
+  CHECK_FALSE(r->reply(text("{}"))); // nobody to answer
+}
+
+TEST_CASE("server: a waiting client that pipelines its next request is not taken for gone") {
+  server srv(fast_options());
+  std::promise<std::shared_ptr<responder>> got;
+  std::atomic<int> calls{0};
+  srv.route("POST", "/slow", [&](const request&, std::shared_ptr<responder> r) {
+    if (calls++ == 0)
+      got.set_value(r);
+    else
+      r->reply(text("{\"second\": true}"));
+  });
+  auto port = srv.start();
+  raw_socket s(port);
+  s.send_text("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  auto r = got.get_future().get();
+  s.send_text("POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(r->client_gone());
+  CHECK(r->reply(text("{\"first\": true}")));
+  auto both = s.read_all();
+  CHECK(both.find("{\"first\": true}") != std::string::npos);
+  CHECK(both.find("{\"second\": true}") != std::string::npos);
+}
+
 TEST_CASE("url_decode and parse_query") {
   CHECK(url_decode("a%2Fb+c") == "a/b c");
   CHECK_FALSE(url_decode("%2"));

@@ -68,6 +68,15 @@ grep -q "the same engines over vLLM's HTTP *[0-9.]* " "$dir/http.out" || { cat "
 grep -q "HTTP / built-in: [0-9.]*x" "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no ratio"; exit 1; }
 python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["http_ms"])==3 and len(j["builtin_ms"])==3 and j["ratio"]>0, j' \
   "$dir/http.json" || { cat "$dir/http.json"; echo "FAIL: http JSON"; exit 1; }
+# Streaming through the fleet's endpoint vs the driver's direct path (figures reported, never asserted).
+timeout 180 "$rlsync" bench http --engines 2 --prompts 8 --max-tokens 8 --concurrency 4 --repeats 2 \
+  --json "$dir/stream.json" > "$dir/stream.out" 2>&1 || { cat "$dir/stream.out"; echo "FAIL: bench http"; exit 1; }
+grep -q "workload driver -> router (CAF) *[0-9]* " "$dir/stream.out" || { cat "$dir/stream.out"; echo "FAIL: no direct row"; exit 1; }
+grep -q "HTTP / direct: [0-9.]*x" "$dir/stream.out" || { cat "$dir/stream.out"; echo "FAIL: no streaming ratio"; exit 1; }
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["http_tokens_per_s"])==2 and j["ratio"]>0, j' \
+  "$dir/stream.json" || { cat "$dir/stream.json"; echo "FAIL: bench http JSON"; exit 1; }
+if "$rlsync" bench http --engines 0 > "$dir/bad-http.out" 2>&1; then echo "FAIL: bench http --engines 0 accepted"; exit 1; fi
+grep -q -- "--engines" "$dir/bad-http.out" || { cat "$dir/bad-http.out"; echo "FAIL: bench http names no flag"; exit 1; }
 
 # Bad input is refused with the flag named.
 if "$rlsync" bench sync --topology "$dir/two.yaml" --syncs 0 > "$dir/bad.out" 2>&1; then echo "FAIL: --syncs 0 accepted"; exit 1; fi

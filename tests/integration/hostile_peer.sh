@@ -6,8 +6,10 @@
 # the fixed behaviour: the attack is refused, the head keeps serving (a sync
 # round with both engines completes after it), its memory stays bounded, and
 # legitimate joins succeed during an admit flood.
-# Then `rlsync serve`'s HTTP port: slow headers, huge bodies, many connections,
-# garbage and missing tokens are refused, and it keeps serving (serve:NAME).
+# Then the HTTP ports, `rlsync serve`'s and the fleet's endpoint
+# (router.http_port): slow headers, huge bodies, many connections, garbage
+# and missing tokens are refused, and each keeps serving (serve:NAME,
+# router-http:NAME).
 #
 # The attacks run twice: as an outsider (TLS without a certificate; also
 # once with a certificate another CA signed), which TLS must turn away
@@ -272,26 +274,17 @@ serves; check direct-head-serves $? "after the direct messages: a round with bot
 stop_cluster
 done
 
-# rlsync serve's HTTP port (vLLM's API): slow headers, a huge body, many
-# connections, garbage, no token. After each, it keeps serving.
-echo "== serve: rlsync serve's HTTP port"
-mode=serve
-"$rlsync" checkpoint make --out "$dir/serve-ck" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seed 3 >/dev/null
-echo "hostile-key" > "$dir/serve.key"
-"$rlsync" serve --checkpoint "$dir/serve-ck" --port 0 --api-key-file "$dir/serve.key" > "$dir/serve.log" 2>&1 &
-pids+=($!)
-serve_url=""
-for _ in $(seq 1 200); do
-  serve_url=$(sed -n 's/^rlsync serve: listening on \(http:[^ ]*\).*/\1/p' "$dir/serve.log")
-  [ -n "$serve_url" ] && break
-  sleep 0.05
-done
-serve_port=${serve_url##*:}
-serve_ok() { [ "$(curl -s -o /dev/null -m 5 -w '%{http_code}' "$serve_url/health")" = 200 ]; }
-http_attack() { # NAME PYTHON: the snippet gets `port`, `connect()`; exits 0 when refused as it should be
-  timeout 60 python3 - "$serve_port" <<PY
+# The HTTP ports (vLLM's API): rlsync serve's and the fleet's endpoint
+# (router.http_port). Slow headers, a huge body, many connections, garbage,
+# no token. After each, the port keeps serving (serve:NAME, router-http:NAME).
+http_port_of() { # URL -> its port
+  echo "${1##*:}"
+}
+http_ok() { [ "$(curl -s -o /dev/null -m 5 -w '%{http_code}' "$http_url/health")" = 200 ]; }
+http_attack() { # NAME PYTHON: the snippet gets `port`, `connect()`, `key`, `path`; exits 0 when refused as it should be
+  timeout 60 python3 - "$(http_port_of "$http_url")" "$http_key" "$http_path" <<PY
 import socket, sys, time
-port = int(sys.argv[1])
+port = int(sys.argv[1]); key = sys.argv[2].encode(); path = sys.argv[3].encode()
 def connect():
     s = socket.create_connection(("127.0.0.1", port), timeout=20)
     return s
@@ -307,9 +300,9 @@ def read_all(s):
 $2
 PY
 }
-if [ -z "$serve_url" ]; then
-  check serve-started 1 "rlsync serve did not start: $(tail -5 "$dir/serve.log")"
-else
+# http_suite: attacks $http_url, whose mutating route $http_path needs the
+# bearer token $http_key; check names get the prefix $mode.
+http_suite() {
   http_attack slow 'import time
 s = connect(); s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n"); t0 = time.time()
 try:
@@ -317,17 +310,17 @@ try:
 except ConnectionResetError: pass
 took = time.time() - t0; print("slow headers: cut after %.1f s" % took); sys.exit(0 if took < 15 else 1)'
   check slow-headers-cut $? "slow headers: the connection is cut at the read deadline"
-  serve_ok; check slow-headers-serves $? "after slow headers: /health answers"
-  http_attack huge 's = connect(); s.sendall(b"POST /update_weights HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer hostile-key\r\nContent-Length: 4000000000\r\n\r\n")
+  http_ok; check slow-headers-serves $? "after slow headers: /health answers"
+  http_attack huge 's = connect(); s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key + b"\r\nContent-Length: 4000000000\r\n\r\n")
 a = read_all(s); print(a[:40]); sys.exit(0 if a.startswith(b"HTTP/1.1 413") else 1)'
   check huge-body-refused $? "a 4 GB body announced: 413 before it arrives"
-  http_attack chunked 's = connect(); s.sendall(b"POST /update_weights HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer hostile-key\r\nTransfer-Encoding: chunked\r\n\r\n")
+  http_attack chunked 's = connect(); s.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
 try:
     for i in range(20): s.sendall(b"100000\r\n" + b"x" * 0x100000 + b"\r\n")
 except (BrokenPipeError, ConnectionResetError): pass
 a = read_all(s); print(a[:40]); sys.exit(0 if a.startswith(b"HTTP/1.1 413") or a == b"" else 1)'
   check huge-chunked-refused $? "a chunked body past the bound: refused"
-  serve_ok; check huge-body-serves $? "after huge bodies: /health answers"
+  http_ok; check huge-body-serves $? "after huge bodies: /health answers"
   http_attack many 'held = [connect() for i in range(200)]
 time.sleep(0.5)
 busy = 0
@@ -338,19 +331,73 @@ for s in held[-20:]:
     except socket.timeout: pass
 print("connections over the bound answered 503:", busy); sys.exit(0 if busy > 0 else 1)'
   check many-connections-refused $? "200 connections: those over the bound get 503"
-  serve_ok; check many-connections-serves $? "after many connections: /health answers"
+  http_ok; check many-connections-serves $? "after many connections: /health answers"
   http_attack garbage 'import os
 for junk in [os.urandom(4096), b"\x16\x03\x01" + os.urandom(300), b"GET / HTTP/9.9\r\n\r\n", b"\r\n" * 5000]:
     s = connect(); s.sendall(junk); a = read_all(s); print(a[:30])
     if a and not a.startswith(b"HTTP/1.1 4"): sys.exit(1)
 sys.exit(0)'
   check garbage-refused $? "garbage: 4xx or closed"
-  serve_ok; check garbage-serves $? "after garbage: /health answers"
-  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST "$serve_url/pause")
-  [ "$code" = 401 ]; check no-token-refused $? "POST /pause without the bearer token: $code"
-  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST -H "Authorization: Bearer wrong" "$serve_url/start_weight_update")
-  [ "$code" = 401 ]; check wrong-token-refused $? "POST /start_weight_update with a wrong token: $code"
-  serve_ok; check serve-keeps-serving $? "rlsync serve keeps serving"
+  http_ok; check garbage-serves $? "after garbage: /health answers"
+  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST -d '{}' "$http_url$http_path")
+  [ "$code" = 401 ]; check no-token-refused $? "POST $http_path without the bearer token: $code"
+  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST -d '{}' -H "Authorization: Bearer wrong" "$http_url$http_path")
+  [ "$code" = 401 ]; check wrong-token-refused $? "POST $http_path with a wrong token: $code"
+  http_ok; check keeps-serving $? "the port keeps serving"
+}
+url_in_log() { # LOG SED-EXPRESSION: waits up to 20 s for the URL the log prints
+  local url=""
+  for _ in $(seq 1 400); do
+    url=$(sed -n "$2" "$1" | head -1)
+    [ -n "$url" ] && break
+    sleep 0.05
+  done
+  echo "$url"
+}
+
+echo "== serve: rlsync serve's HTTP port"
+mode=serve
+"$rlsync" checkpoint make --out "$dir/serve-ck" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --seed 3 >/dev/null
+echo "hostile-key" > "$dir/serve.key"
+"$rlsync" serve --checkpoint "$dir/serve-ck" --port 0 --api-key-file "$dir/serve.key" > "$dir/serve.log" 2>&1 &
+pids+=($!)
+http_url=$(url_in_log "$dir/serve.log" 's/^rlsync serve: listening on \(http:[^ ]*\).*/\1/p')
+http_key=hostile-key
+http_path=/start_weight_update
+if [ -z "$http_url" ]; then
+  check started 1 "rlsync serve did not start: $(tail -5 "$dir/serve.log")"
+else
+  http_suite
+  code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -X POST "$http_url/pause")
+  [ "$code" = 401 ]; check pause-no-token-refused $? "POST /pause without the bearer token: $code"
+fi
+
+echo "== router-http: the fleet's endpoint (router.http_port)"
+mode=router-http
+echo "hostile-fleet-key" > "$dir/fleet.key"
+chmod 600 "$dir/fleet.key"
+cat > "$dir/fleet.yaml" <<YAML
+name: fleet
+model:
+  synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320}
+nodes: [{name: a}]
+cluster: {http_api_key_file: fleet.key}
+trainer: {node: a, step_time_ms: 1000}
+engines: [{name: e, node: a}]
+router: {http_port: 0}
+YAML
+"$rlsync" node --topology "$dir/fleet.yaml" --node a > "$dir/fleet.log" 2>&1 &
+pids+=($!)
+http_url=$(url_in_log "$dir/fleet.log" 's/.*completions on \(http:[^ ]*\)\/v1\/completions.*/\1/p')
+http_key=hostile-fleet-key
+http_path=/v1/completions
+if [ -z "$http_url" ]; then
+  check started 1 "the fleet's endpoint did not start: $(tail -5 "$dir/fleet.log")"
+else
+  http_suite
+  code=$(curl -s -o /dev/null -m 30 -w '%{http_code}' -H "Authorization: Bearer $http_key" \
+    -d '{"model": "fleet", "prompt": [1, 2], "max_tokens": 2}' "$http_url/v1/completions")
+  [ "$code" = 200 ]; check completes $? "a legitimate completion after the attacks: $code"
 fi
 
 echo
