@@ -91,6 +91,13 @@ void observe_since(metrics::histogram* h, clock_type::time_point since) {
     h->observe(std::chrono::duration<double>(clock_type::now() - since).count());
 }
 
+/// A message from this process (the adapter's workers and timers): the
+/// guard's policy may admit only the coordinator and router, not them.
+bool from_here(self_ptr self) {
+  const auto& sender = self->current_sender();
+  return sender && sender->node() == self->node();
+}
+
 ms remaining(clock_type::time_point until) {
   return std::chrono::duration_cast<ms>(until - clock_type::now());
 }
@@ -402,14 +409,17 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
   sample();
 
   return {
-    authorized(self, guard, [=](vllm_job_atom, std::shared_ptr<vllm_job_done> job) {
+    // The adapter's own workers (local only: these types never cross the network).
+    [=](vllm_job_atom, std::shared_ptr<vllm_job_done> job) {
+      if (!from_here(self))
+        return;
       --self->state.control_calls;
       if (job && job->apply)
         job->apply();
-    }),
-    authorized(self, guard, [=](vllm_health_atom, std::shared_ptr<vllm_health_report> r) {
+    },
+    [=](vllm_health_atom, std::shared_ptr<vllm_health_report> r) {
       auto& st = self->state;
-      if (!r)
+      if (!r || !from_here(self))
         return;
       if (!r->healthy) {
         if (st.healthy)
@@ -438,10 +448,10 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         if (cfg.on_recovered)
           cfg.on_recovered();
       }
-    }),
-    authorized(self, guard, [=](vllm_stream_atom, std::shared_ptr<vllm_stream_update> u) {
+    },
+    [=](vllm_stream_atom, std::shared_ptr<vllm_stream_update> u) {
       auto& st = self->state;
-      if (!u)
+      if (!u || !from_here(self))
         return;
       auto it = st.streams.find(u->stream);
       if (it == st.streams.end())
@@ -509,7 +519,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         st.streams.erase(u->stream);
         sample();
       }
-    }),
+    },
     authorized(self, guard, [=](pause_atom, const pause_request& req) -> caf::result<pause_report> {
       if (auto why = check(req); !why.empty())
         return make_error(errc::malformed, why);
