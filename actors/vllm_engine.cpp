@@ -136,7 +136,8 @@ errc to_errc(transfer::transfer_failure f) {
 
 /// A stream worker: POST /v1/completions, relays each chunk to the engine.
 void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn, std::uint64_t stream,
-                std::string body, std::shared_ptr<std::atomic<bool>> cancel, ms idle) {
+                std::string body, std::shared_ptr<std::atomic<bool>> cancel,
+                std::shared_ptr<std::atomic<bool>> stopped, ms idle) {
   auto send = [&](std::shared_ptr<vllm_stream_update> u) {
     if (auto e = caf::actor_cast<vllm_engine_impl>(engine))
       w->send(e, vllm_stream_atom::value, std::move(u));
@@ -154,7 +155,7 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
     if (head.status != 200)
       throw std::runtime_error("POST /v1/completions: HTTP " + std::to_string(head.status));
     bool finished = false, done = false;
-    while (!cancel->load()) {
+    while (!cancel->load() && !stopped->load()) {
       auto event = c.next_event();
       if (!event)
         break;
@@ -374,7 +375,8 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
     st.session.reset();
     st.session_dir.clear();
     st.sched = scheduler_state::unpaused;
-    ++st.phase_seq; // a transfer or pause in flight answers for a server that is gone
+    ++st.phase_seq; // a pause or finish in flight answers for a server that is gone
+    ++st.transfer_seq; // and so does a transfer
   };
 
   self->set_down_handler([self, close_stream](caf::down_msg& dm) {
@@ -530,6 +532,9 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       }
       auto rp = self->make_response_promise<pause_report>();
       auto seq = ++st.phase_seq;
+      std::set<std::uint64_t> at_send;
+      for (auto& [id, stream] : st.stream_of)
+        at_send.insert(stream);
       auto deadline = clock_type::now() + ms(cfg.pause_deadline_ms);
       http_phase(rp, "POST", vllm::pause_target(req.mode, req.clear_cache), "{}", cfg.pause_deadline_ms,
                  [=](const http::client_response&) mutable {
@@ -539,10 +544,13 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
                    report.engine = name;
                    report.version = st.version;
                    report.state = st.sched;
+                   // Counted as sent (the server may have ended them already);
+                   // waited for while still running here.
+                   auto n = static_cast<std::uint32_t>(at_send.size());
                    std::set<std::uint64_t> open;
-                   for (auto& [id, stream] : st.stream_of)
-                     open.insert(stream);
-                   auto n = static_cast<std::uint32_t>(open.size());
+                   for (auto stream : at_send)
+                     if (auto it = st.streams.find(stream); it != st.streams.end() && !it->second.answered)
+                       open.insert(stream);
                    (req.mode == pause_mode::abort ? report.aborted
                                                   : req.mode == pause_mode::wait ? report.waited : report.frozen) = n;
                    sample();
@@ -637,7 +645,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         return make_error(errc::queue_full, name + ": control calls in flight");
       auto rp = self->make_response_promise<transfer_report>();
       st.transfer_in_flight = true;
-      auto seq = ++st.phase_seq;
+      auto seq = st.transfer_seq;
       if (metrics)
         metrics->operations_in_flight.inc();
       auto began = clock_type::now();
@@ -687,11 +695,11 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
             observe_since(&metrics->update_seconds, began);
             metrics->operations_in_flight.dec();
           }
-          if (seq != st.phase_seq) { // a resume or a lost server ended the round
+          st.transfer_in_flight = false; // only now: its files are no longer being written
+          if (seq != st.transfer_seq) { // a resume or a lost server ended the round
             rp.deliver(make_error(errc::round_aborted, name + ": the round was aborted"));
             return;
           }
-          st.transfer_in_flight = false;
           if (!out->report) {
             st.dirty = true;
             say("transfer of version " + std::to_string(order.version) + " failed: " + out->what);
@@ -753,7 +761,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         // session is closed by a finish without a label; if it loaded a
         // version meanwhile that publishes it, so the engine stays dirty.
         ++st.phase_seq;
-        st.transfer_in_flight = false;
+        ++st.transfer_seq; // a transfer still running answers "aborted"
         st.session.reset();
         st.session_dir.clear();
       }
@@ -802,6 +810,8 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         return make_error(errc::malformed, why);
       if (!st.healthy)
         return make_error(errc::engine_dirty, name + ": the server is not healthy");
+      if (st.dirty && !st.session)
+        return make_error(errc::engine_dirty, name + ": the server may hold a partial update");
       auto id = req.request_id;
       // The same request again is a newer attempt (a reroute whose abort was lost): the old one ends.
       if (auto old = st.stream_of.find(id); old != st.stream_of.end())
@@ -838,7 +848,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       if (metrics)
         metrics->prompt_tokens.inc(static_cast<double>(st.streams.at(n).request.prompt.size()
                                                        + st.streams.at(n).request.generated.size()));
-      self->spawn<caf::detached>(run_stream, self->address(), conn, n, std::move(body), cancel,
+      self->spawn<caf::detached>(run_stream, self->address(), conn, n, std::move(body), cancel, st.stopped,
                                  ms(cfg.stream_idle_ms));
       sample();
       return rp;

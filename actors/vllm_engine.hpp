@@ -163,8 +163,9 @@ struct vllm_engine_state {
   scheduler_state sched = scheduler_state::unpaused;
   std::optional<std::uint64_t> session; ///< the version of the open weight-update session
   std::string session_dir;      ///< written and loaded by the session's transfer; empty: none
-  bool transfer_in_flight = false;
-  std::uint64_t phase_seq = 0;  ///< bumps with every phase call (a late answer of an older one is stale)
+  bool transfer_in_flight = false; ///< until its worker returned, even when its round was aborted
+  std::uint64_t transfer_seq = 0; ///< bumps when a round is aborted or the server lost: a late transfer is stale
+  std::uint64_t phase_seq = 0;  ///< bumps with every pause and finish (a late answer of an older one is stale)
   std::uint32_t control_calls = 0;
   std::chrono::steady_clock::time_point last_change; ///< of the last phase that changed the label
   bool healthy = false;         ///< until the first poll answers: not known healthy

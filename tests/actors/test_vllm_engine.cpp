@@ -250,6 +250,39 @@ struct vllm_fixture {
     return json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<std::int32_t>>();
   }
 
+  /// A generate request whose answer lands in a slot, read from any thread.
+  struct answer_slot {
+    std::mutex mu;
+    std::optional<caf::expected<generate_result>> value;
+    bool done() {
+      std::lock_guard<std::mutex> lock(mu);
+      return value.has_value();
+    }
+    std::optional<generate_result> result() {
+      std::lock_guard<std::mutex> lock(mu);
+      if (value && *value)
+        return **value;
+      return std::nullopt;
+    }
+  };
+  std::shared_ptr<answer_slot> generate_async(const generate_request& r, token_sink_actor sink) {
+    auto slot = std::make_shared<answer_slot>();
+    auto e = engine;
+    sys.spawn([=](caf::event_based_actor* self) {
+      self->request(e, std::chrono::seconds(30), generate_atom::value, r, sink)
+        .then(
+          [=](generate_result& x) {
+            std::lock_guard<std::mutex> lock(slot->mu);
+            slot->value = std::move(x);
+          },
+          [=](caf::error& err) {
+            std::lock_guard<std::mutex> lock(slot->mu);
+            slot->value = caf::expected<generate_result>(std::move(err));
+          });
+    });
+    return slot;
+  }
+
   http::client_response server_call(const std::string& method, const std::string& target, const std::string& body = "") {
     return http::request_once("127.0.0.1", port, {method, target, body, "application/json", {}});
   }
@@ -414,6 +447,7 @@ TEST_CASE("vllm engine: a full sync round over HTTP; greedy output equals a buil
 
   write_checkpoint(*f.source->find(2), f.dir / "ref-v2");
   auto want = f.reference_tokens(f.dir / "ref-v2", 12);
+  CHECK(f.reference_tokens(f.dir / "initial", 12) != want); // else the comparison would prove nothing
   auto [res, events] = f.generate(f.greedy(1, 12));
   REQUIRE(res);
   CHECK(res->tokens == want);
@@ -493,6 +527,34 @@ TEST_CASE("vllm engine: ordering mistakes the server answers 500 become error re
   f.sync(2);
   CHECK_FALSE(f.status().dirty);
   CHECK(f.status().version == 2);
+}
+
+TEST_CASE("vllm engine: pause(abort) replies after the aborted request ended; abort ends one request") {
+  vllm_fixture f;
+  f.sync(2);
+  f.must<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false});
+  auto sink = caf::actor_cast<token_sink_actor>(f.sys.spawn(locked_sink, std::make_shared<token_log>()));
+  auto first = f.generate_async(f.greedy(11, 50), sink);
+  auto second = f.generate_async(f.greedy(12, 50), sink);
+  REQUIRE(eventually([&] { return f.status().frozen == 2; }));
+  // One aborted by its id: answered at once, aborted.
+  CHECK(f.must<bool>(abort_atom::value, std::uint64_t{11}));
+  CHECK_FALSE(f.must<bool>(abort_atom::value, std::uint64_t{99}));
+  REQUIRE(eventually([&] { return first->done(); }));
+  REQUIRE(first->result());
+  CHECK(first->result()->reason == finish_reason::aborted);
+  // The other ends with the pause, whose reply comes after it.
+  auto report = f.must<pause_report>(pause_atom::value, pause_request{pause_mode::abort, false});
+  CHECK(report.aborted == 1);
+  CHECK(report.state == scheduler_state::paused_new);
+  CHECK(f.status().running + f.status().frozen == 0);
+  REQUIRE(eventually([&] { return second->done(); }));
+  REQUIRE(second->result());
+  CHECK(second->result()->reason == finish_reason::aborted);
+  f.must<phase_ack>(resume_atom::value);
+  auto [after, events] = f.generate(f.greedy(13, 5));
+  REQUIRE(after);
+  CHECK(after->tokens.size() == 5);
 }
 
 TEST_CASE("vllm engine: a server that never answers fails the phase within its deadline") {
