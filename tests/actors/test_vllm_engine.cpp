@@ -14,6 +14,7 @@
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/http/client.hpp"
+#include "runtime/http/server.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/vllm/remote_engine.hpp"
 #include "tests/support/engine_fixtures.hpp"
@@ -98,6 +99,84 @@ struct silent_server {
   ~silent_server() { ::close(fd); }
 };
 
+/// The error a request got; nullopt when it was answered.
+template <class T, class Handle, class... Ts>
+std::optional<caf::error> error_of(caf::scoped_actor& self, const Handle& h, Ts... xs) {
+  std::optional<caf::error> err;
+  self->request(h, std::chrono::seconds(30), xs...).receive([](T&) {}, [&](caf::error& e) { err = e; });
+  return err;
+}
+
+/// A stand-in for a real vLLM server: every control route answers 200 as
+/// vLLM does, /weight_checker knows vLLM's own shard names (not rlsync's),
+/// and /v1/completions streams a fixed script in vLLM's shape, reporting
+/// weight versions on the last chunk.
+struct fake_vllm {
+  std::mutex mu;
+  std::string label = "default";
+  std::vector<std::string> calls;   ///< "POST /pause?mode=keep&clear_cache=false", ...
+  std::string loaded;               ///< the last update_weights path
+  json last_completion;             ///< the last completions body
+  http::server srv;
+  std::uint16_t port = 0;
+
+  explicit fake_vllm(std::optional<std::string> token = std::nullopt)
+      : srv([&] {
+          http::server_options o;
+          o.bearer_token = token;
+          return o;
+        }()) {
+    auto ok = [this](std::string answer) {
+      return [this, answer](const http::request& rq, std::shared_ptr<http::responder> r) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          calls.push_back(rq.method + " " + rq.target);
+          if (rq.path == "/update_weights")
+            loaded = json::parse(rq.body)["update_info"]["path"];
+          if (rq.path == "/finish_weight_update" && !rq.body.empty()) {
+            auto j = json::parse(rq.body);
+            if (j.contains("weight_version"))
+              label = j["weight_version"];
+          }
+        }
+        r->reply({200, "application/json", answer, {}});
+      };
+    };
+    srv.route("GET", "/health", [](const http::request&, std::shared_ptr<http::responder> r) {
+      r->reply({200, "application/json", "", {}});
+    }, false);
+    srv.route("GET", "/weight_info", [this](const http::request&, std::shared_ptr<http::responder> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      r->reply({200, "application/json", json{{"weight_version", label}}.dump(), {}});
+    }, false);
+    for (auto path : {"/pause", "/resume", "/reset_prefix_cache", "/start_weight_update", "/update_weights",
+                      "/finish_weight_update", "/abort_requests"})
+      srv.route("POST", path, ok("{}"));
+    srv.route("POST", "/weight_checker",
+              ok(json{{"match", false}, {"mismatches", {"dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.weight_scale"}}}
+                   .dump()));
+    srv.route("POST", "/v1/completions", [this](const http::request& rq, std::shared_ptr<http::responder> r) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        last_completion = json::parse(rq.body);
+      }
+      r->start_stream("text/event-stream");
+      auto chunk = [](json tokens, json finish, json extra = json::object()) {
+        json c = {{"index", 0}, {"text", "x"}, {"logprobs", nullptr}, {"finish_reason", finish}, {"token_ids", tokens}};
+        c.update(extra);
+        return "data: " + json{{"id", "cmpl-fake"}, {"object", "text_completion"}, {"choices", {c}}}.dump() + "\n\n";
+      };
+      r->write(chunk({40, 41}, nullptr));
+      r->write(chunk({42}, "length",
+                     {{"weight_versions", {{{"version", "v2"}, {"start", 0}, {"end", 2}},
+                                           {{"version", "v3"}, {"start", 2}, {"end", 3}}}}}));
+      r->write("data: [DONE]\n\n");
+      r->finish();
+    });
+    port = srv.start();
+  }
+};
+
 struct vllm_fixture {
   test::scratch_dir dir;
   system_config cfg;
@@ -164,6 +243,13 @@ struct vllm_fixture {
     o.http.port = port; // 0 the first time; the same port for a restart
     server = std::make_unique<serve_node>(sys, o);
     port = server->start();
+  }
+
+  std::function<void(const std::string&)> engine_log() {
+    return [mu = log_mu, logs = logs](const std::string& line) {
+      std::lock_guard<std::mutex> lock(*mu);
+      logs->push_back(line);
+    };
   }
 
   bool logged(const std::string& part) {
@@ -669,4 +755,79 @@ TEST_CASE("vllm engine: a sender the policy does not admit is refused") {
   CHECK(f.status().refused == 2);
   // Nothing reached the server: a session can still start.
   f.must<phase_ack>(start_atom::value, std::uint64_t{2});
+}
+
+TEST_CASE("vllm engine: against a vLLM-shaped server: bearer token, its stream's versions, unknown checker keys") {
+  vllm_fixture f; // for its system, model and producer
+  fake_vllm fake("s3cret");
+  auto make = [&](std::string token) {
+    vllm_engine_config c;
+    c.model = f.model;
+    c.name = "fake";
+    c.url = "http://127.0.0.1:" + std::to_string(fake.port);
+    c.bearer_token = token;
+    c.weights_dir = f.dir / "fake-weights";
+    c.puller = f.puller;
+    c.health_interval_ms = 50;
+    c.log = f.engine_log();
+    return spawn_vllm_engine(f.sys, c);
+  };
+  caf::scoped_actor self{f.sys};
+  // Without the token the server refuses the mutating routes.
+  auto untrusted = make("");
+  auto refused = error_of<phase_ack>(self, untrusted, start_atom::value, std::uint64_t{2});
+  REQUIRE(refused);
+  CHECK(f.sys.render(*refused).find("401") != std::string::npos);
+  caf::anon_send_exit(untrusted, caf::exit_reason::user_shutdown);
+
+  auto e = make("s3cret");
+  REQUIRE(eventually([&] {
+    bool answered = false;
+    self->request(e, 300ms, heartbeat_atom::value, heartbeat{"t", 1})
+      .receive([&](heartbeat&) { answered = true; }, [](caf::error&) {});
+    return answered;
+  }));
+  CHECK_FALSE(error_of<pause_report>(self, e, pause_atom::value, pause_request{pause_mode::keep, false}));
+  CHECK_FALSE(error_of<phase_ack>(self, e, start_atom::value, std::uint64_t{2}));
+  CHECK_FALSE(error_of<transfer_report>(self, e, transfer_atom::value, f.order(2), std::vector<trainer_actor>{}));
+  CHECK_FALSE(error_of<phase_ack>(self, e, finish_atom::value, std::uint64_t{2}));
+  CHECK_FALSE(error_of<phase_ack>(self, e, resume_atom::value));
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    CHECK(fake.loaded == std::filesystem::absolute(f.dir / "fake-weights/v2").lexically_normal().string());
+    CHECK(fake.label == "v2");
+    std::vector<std::string> want = {"POST /pause?mode=keep&clear_cache=false", "POST /start_weight_update",
+                                     "POST /update_weights", "POST /finish_weight_update", "POST /resume"};
+    CHECK(fake.calls == want);
+  }
+  CHECK(checkpoint::open(f.dir / "fake-weights/v2").tensors().size() == vllm::checkpoint_tensors(f.model, dtype::bf16).size());
+
+  // The stream's weight_versions (last chunk) become the result's spans.
+  auto log = std::make_shared<token_log>();
+  std::optional<generate_result> res;
+  self->request(e, 30s, generate_atom::value, f.greedy(5, 3), f.sys.spawn(locked_sink, log))
+    .receive([&](generate_result& r) { res = r; }, [&](caf::error& err) { FAIL(f.sys.render(err)); });
+  REQUIRE(res);
+  CHECK(res->tokens == std::vector<std::int32_t>{40, 41, 42});
+  REQUIRE(res->spans.size() == 2);
+  CHECK(res->spans[0].version == 2);
+  CHECK(res->spans[1].version == 3);
+  CHECK(res->spans[1].begin == 2);
+  {
+    std::lock_guard<std::mutex> lock(fake.mu);
+    CHECK(fake.last_completion["prompt"] == json{1, 5, 9, 17});
+    CHECK(fake.last_completion["stream"] == true);
+  }
+
+  // A checker that names shards the adapter does not know: unverified, said so.
+  std::optional<weight_digest> d;
+  self->request(e, 30s, digest_atom::value).receive([&](weight_digest& x) { d = x; }, [&](caf::error& err) {
+    FAIL(f.sys.render(err));
+  });
+  REQUIRE(d);
+  CHECK(d->version == 2);
+  CHECK(d->names.empty());
+  CHECK_FALSE(d->dirty);
+  CHECK(f.logged("does not know"));
+  caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
 }
