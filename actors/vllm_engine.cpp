@@ -338,9 +338,26 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       fail(call + ": " + std::to_string(cfg.max_control_calls) + " control calls already in flight");
   };
 
+  // Kept by pause(abort|wait) until the streams it ended are relayed.
+  struct pause_wait {
+    caf::typed_response_promise<pause_report> rp;
+    pause_report report;
+    std::set<std::uint64_t> streams;
+    std::uint64_t seq;
+  };
+  auto waiting_pause = std::make_shared<std::optional<pause_wait>>();
+  auto deliver_pause_if_done = [waiting_pause] {
+    if (*waiting_pause && (*waiting_pause)->streams.empty()) {
+      (*waiting_pause)->rp.deliver((*waiting_pause)->report);
+      waiting_pause->reset();
+    }
+  };
+
   // Ends a stream's request with `r` (unanswered only): its promise answered,
   // the worker told to stop.
-  auto close_stream = [self, sample](std::uint64_t stream, std::optional<finish_reason> reason, caf::error err) {
+  auto close_stream = [self, sample, waiting_pause, deliver_pause_if_done](std::uint64_t stream,
+                                                                          std::optional<finish_reason> reason,
+                                                                          caf::error err) {
     auto& st = self->state;
     auto it = st.streams.find(stream);
     if (it == st.streams.end() || it->second.answered)
@@ -354,6 +371,10 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       s.promise.deliver(std::move(s.result));
     } else {
       s.promise.deliver(std::move(err));
+    }
+    if (*waiting_pause) { // the pause's reply follows the last of the streams it waits for
+      (*waiting_pause)->streams.erase(stream);
+      deliver_pause_if_done();
     }
     sample();
   };
@@ -389,21 +410,6 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
     for (auto n : orphans)
       close_stream(n, finish_reason::aborted, caf::error{});
   });
-
-  // Kept by pause(abort|wait) until the streams it ended are relayed.
-  struct pause_wait {
-    caf::typed_response_promise<pause_report> rp;
-    pause_report report;
-    std::set<std::uint64_t> streams;
-    std::uint64_t seq;
-  };
-  auto waiting_pause = std::make_shared<std::optional<pause_wait>>();
-  auto deliver_pause_if_done = [waiting_pause] {
-    if (*waiting_pause && (*waiting_pause)->streams.empty()) {
-      (*waiting_pause)->rp.deliver((*waiting_pause)->report);
-      waiting_pause->reset();
-    }
-  };
 
   // Starts the health poller.
   self->spawn<caf::detached>(run_health, self->address(), conn, ms(cfg.health_interval_ms),
@@ -461,8 +467,22 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       auto& s = it->second;
       if (!s.answered) {
         if (!u->completion_id.empty())
-          s.completion_id = u->completion_id;
-        for (std::size_t k = 0; k < u->tokens.size(); ++k) {
+          s.completion_id = u->completion_id.substr(0, max_name_bytes);
+        // A server that lies (more tokens than asked, ids outside the
+        // vocabulary) fails the request instead of growing it without bound.
+        std::string lie;
+        auto asked = s.request.sampling.max_tokens - s.request.generated.size();
+        if (s.result.tokens.size() + u->tokens.size() > asked)
+          lie = "the server sent more than the " + std::to_string(asked) + " tokens asked for";
+        for (auto t : u->tokens)
+          if (t >= cfg.model.vocab_size)
+            lie = "the server sent token " + std::to_string(t) + ", outside the vocabulary";
+        if (!lie.empty()) {
+          say("request " + std::to_string(s.request.request_id) + ": " + lie);
+          close_stream(u->stream, std::nullopt, make_error(errc::not_routable, name + ": " + lie));
+          u->tokens.clear();
+        }
+        for (std::size_t k = 0; k < u->tokens.size() && !s.answered; ++k) {
           token_event ev;
           ev.request_id = s.request.request_id;
           ev.index = static_cast<std::uint32_t>(s.request.generated.size() + s.result.tokens.size());
@@ -488,7 +508,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           ++st.tokens_generated;
           self->send(s.sink, token_atom::value, ev);
         }
-        if (u->spans) {
+        if (u->spans && !s.answered) {
           // The server's own account of which version made which token, when
           // every label is one of ours and the spans cover the tokens.
           std::vector<version_span> spans;
@@ -504,16 +524,14 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           if (usable && (spans.empty() ? s.result.tokens.empty() : spans.back().end == s.result.tokens.size()))
             s.result.spans = std::move(spans);
         }
-        if (u->finish) {
+        if (s.answered) {
+          // failed above
+        } else if (u->finish) {
           close_stream(u->stream, *u->finish, caf::error{});
         } else if (u->ended) {
           auto why = u->error.empty() ? std::string("the stream ended early") : u->error;
           say("request " + std::to_string(s.request.request_id) + " failed: " + why);
           close_stream(u->stream, std::nullopt, make_error(errc::not_routable, name + ": " + why));
-        }
-        if (*waiting_pause && s.answered) {
-          (*waiting_pause)->streams.erase(u->stream);
-          deliver_pause_if_done();
         }
       }
       if (u->ended) {
@@ -871,10 +889,6 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           }
           return [] {};
         });
-      if (*waiting_pause) {
-        (*waiting_pause)->streams.erase(n);
-        deliver_pause_if_done();
-      }
       return true;
     }),
     authorized(self, guard, [=](status_atom) -> caf::result<engine_status> { return status(); }),

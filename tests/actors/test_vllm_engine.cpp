@@ -763,7 +763,7 @@ TEST_CASE("vllm engine: against a vLLM-shaped server: bearer token, its stream's
   auto make = [&](std::string token) {
     vllm_engine_config c;
     c.model = f.model;
-    c.name = "fake";
+    c.name = token.empty() ? "fake-untrusted" : "fake"; // one name per engine: a stopping one unregisters its name
     c.url = "http://127.0.0.1:" + std::to_string(fake.port);
     c.bearer_token = token;
     c.weights_dir = f.dir / "fake-weights";
@@ -818,6 +818,13 @@ TEST_CASE("vllm engine: against a vLLM-shaped server: bearer token, its stream's
     CHECK(fake.last_completion["prompt"] == json{1, 5, 9, 17});
     CHECK(fake.last_completion["stream"] == true);
   }
+
+  // More tokens than asked for (the script sends 3): the request fails, nothing grows.
+  std::optional<caf::error> lie;
+  self->request(e, 30s, generate_atom::value, f.greedy(6, 2), f.sys.spawn(locked_sink, std::make_shared<token_log>()))
+    .receive([&](generate_result&) { FAIL("a lying server's answer was taken"); }, [&](caf::error& err) { lie = err; });
+  REQUIRE(lie);
+  CHECK(f.sys.render(*lie).find("more than the 2 tokens") != std::string::npos);
 
   // A checker that names shards the adapter does not know: unverified, said so.
   std::optional<weight_digest> d;
