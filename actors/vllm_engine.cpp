@@ -439,6 +439,23 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       }
       bool recovered = false;
       if (!st.healthy) {
+        // A fresh (or restarted) server: open its disk weight-transfer
+        // backend, as vLLM's clients do once ({} is the disk backend's init_info).
+        run_job(self, cfg.max_control_calls, [=]() -> std::function<void()> {
+          std::string problem;
+          try {
+            auto r = conn.call(ms(cfg.start_deadline_ms), "POST", "/init_weight_transfer_engine",
+                               R"({"init_info": {}})");
+            if (!ok_status(r.status))
+              problem = http_failure("POST /init_weight_transfer_engine", r);
+          } catch (const std::exception& e) {
+            problem = std::string("POST /init_weight_transfer_engine: ") + e.what();
+          }
+          return [=] {
+            if (!problem.empty())
+              say(problem + " (weight updates may fail)");
+          };
+        });
         recovered = st.ever_healthy;
         if (recovered)
           say("the server answers again: a restarted server holds its initial weights, version 0 until a sync");
@@ -760,10 +777,16 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
                    st.version = version;
                    st.dirty = false;
                    st.finished_label = label;
-                   for (auto& problem : vllm::remove_other_versions(weights_dir, version))
-                     say(problem);
                    sample();
                    rp.deliver(ack());
+                   // Older versions go off the (tmpfs) disk, off the actor's thread.
+                   run_job(self, cfg.max_control_calls, [=]() -> std::function<void()> {
+                     auto problems = vllm::remove_other_versions(weights_dir, version);
+                     return [=] {
+                       for (auto& problem : problems)
+                         say(problem);
+                     };
+                   });
                  },
                  metrics ? &metrics->finish_seconds : nullptr);
       return rp;
@@ -994,6 +1017,14 @@ rollout_engine_actor spawn_vllm_engine(caf::actor_system& sys, vllm_engine_confi
     throw std::invalid_argument("vllm engine " + cfg.name + ": no weights_dir");
   if (cfg.server_tp < 1)
     throw std::invalid_argument("vllm engine " + cfg.name + ": server_tp " + std::to_string(cfg.server_tp));
+  for (auto [value, what] : {std::pair{cfg.pause_deadline_ms, "pause_deadline_ms"}, {cfg.flush_deadline_ms, "flush_deadline_ms"},
+                              {cfg.start_deadline_ms, "start_deadline_ms"}, {cfg.transfer_deadline_ms, "transfer_deadline_ms"},
+                              {cfg.finish_deadline_ms, "finish_deadline_ms"}, {cfg.resume_deadline_ms, "resume_deadline_ms"},
+                              {cfg.abort_deadline_ms, "abort_deadline_ms"}, {cfg.digest_deadline_ms, "digest_deadline_ms"},
+                              {cfg.health_interval_ms, "health_interval_ms"}, {cfg.health_timeout_ms, "health_timeout_ms"},
+                              {cfg.stream_idle_ms, "stream_idle_ms"}})
+    if (value == 0)
+      throw std::invalid_argument("vllm engine " + cfg.name + ": " + what + " must be positive");
   if (cfg.max_streams == 0 || cfg.max_control_calls == 0)
     throw std::invalid_argument("vllm engine " + cfg.name + ": max_streams and max_control_calls must be positive");
   return caf::actor_cast<rollout_engine_actor>(sys.spawn(vllm_engine, std::move(cfg)));
