@@ -847,3 +847,47 @@ TEST_CASE("vllm engine: against a vLLM-shaped server: bearer token, its stream's
   CHECK(f.logged("does not know"));
   caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("vllm engine: an order naming two trainer ranks (M:N) writes the same version") {
+  std::map<std::uint32_t, std::shared_ptr<transfer::weight_puller>> ranks;
+  std::vector<std::shared_ptr<transfer::synthetic_source>> halves;
+  vllm_fixture f([&](vllm_engine_config& c) {
+    c.producer_puller = [&ranks](const producer_holding& h, const trainer_actor&) { return ranks.at(h.rank); };
+  });
+  // The fixture's trainer, split by layer: each rank holds one layer's group and what goes with it.
+  for (std::int64_t layer : {0, 1}) {
+    transfer::synthetic_options o;
+    o.config = f.model;
+    o.initial_checkpoint = f.dir / "initial";
+    o.perturb = 0.05;
+    o.trainer_seed = 11;
+    o.keep_versions = 4;
+    o.threads = 1;
+    o.held_layers = std::vector<std::int64_t>{layer};
+    auto s = std::make_shared<transfer::synthetic_source>(o);
+    s->produce_next();
+    s->produce_next();
+    ranks[static_cast<std::uint32_t>(layer)] = std::make_shared<transfer::local_transfer>(s);
+    halves.push_back(s);
+  }
+  transfer_order order = f.order(2);
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    producer_holding h{r, 1, {}};
+    for (const auto& spec : halves[r]->parameters())
+      h.held.push_back(spec.name);
+    std::sort(h.held.begin(), h.held.end());
+    order.producers.push_back(h);
+  }
+  f.must<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false});
+  f.must<phase_ack>(start_atom::value, std::uint64_t{2});
+  f.must<transfer_report>(transfer_atom::value, order, std::vector<trainer_actor>(2));
+  f.must<phase_ack>(finish_atom::value, std::uint64_t{2});
+  f.must<phase_ack>(resume_atom::value);
+  auto d = f.must<weight_digest>(digest_atom::value);
+  auto reference = engine::weight_set::make(f.model, 2);
+  engine::load_weights(f.source->find(2)->tensors(), *reference);
+  auto sums = engine::weight_checksums(*reference);
+  REQUIRE(d.names.size() == sums.size());
+  for (std::size_t i = 0; i < d.names.size(); ++i)
+    CHECK(sums.at(d.names[i]) == d.checksums[i]);
+}
