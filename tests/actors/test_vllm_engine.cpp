@@ -379,7 +379,7 @@ struct vllm_fixture {
 
 // -- the pure helpers ---------------------------------------------------------------
 
-TEST_CASE("vllm helpers: server URLs, version labels, pause targets") {
+TEST_CASE("helpers: server URLs, version labels, pause targets") {
   auto a = vllm::parse_server_url("http://127.0.0.1:8000");
   CHECK(a.host == "127.0.0.1");
   CHECK(a.port == 8000);
@@ -399,7 +399,7 @@ TEST_CASE("vllm helpers: server URLs, version labels, pause targets") {
   CHECK(vllm::pause_target(pause_mode::abort, true) == "/pause?mode=abort&clear_cache=true");
 }
 
-TEST_CASE("vllm helpers: a continuation's completion body is the token-id prompt with the rest to generate") {
+TEST_CASE("helpers: a continuation's completion body is the token-id prompt with the rest to generate") {
   generate_request r;
   r.request_id = 3;
   r.prompt = {1, 2};
@@ -426,7 +426,7 @@ TEST_CASE("vllm helpers: a continuation's completion body is the token-id prompt
   CHECK_THROWS_AS(vllm::completion_body(r, ""), std::invalid_argument);
 }
 
-TEST_CASE("vllm helpers: stream chunks parsed, malformed ones refused naming the field") {
+TEST_CASE("helpers: stream chunks parsed, malformed ones refused naming the field") {
   auto c = vllm::parse_completion_chunk(
     R"({"id":"cmpl-1","choices":[{"index":0,"text":"ab","token_ids":[5,6],"finish_reason":null,
         "logprobs":{"tokens":["a","b"],"token_logprobs":[-0.5,-1.5],
@@ -467,7 +467,7 @@ TEST_CASE("vllm helpers: stream chunks parsed, malformed ones refused naming the
   }
 }
 
-TEST_CASE("vllm helpers: a version directory written group by group opens as a checkpoint; old ones removed") {
+TEST_CASE("helpers: a version directory written group by group opens as a checkpoint, and old ones are removed") {
   test::scratch_dir dir;
   auto model = test::tiny_config();
   auto source = test::small_source(model);
@@ -504,7 +504,7 @@ TEST_CASE("vllm helpers: a version directory written group by group opens as a c
   CHECK(std::filesystem::exists(dir / "w/keep-me"));
 }
 
-TEST_CASE("vllm helpers: the whole-tensor plan names every tensor once, whole") {
+TEST_CASE("helpers: the whole-tensor plan names every tensor once, whole") {
   auto model = test::tiny_config();
   auto p = vllm::whole_tensor_plan(model, dtype::bf16);
   auto specs = vllm::checkpoint_tensors(model, dtype::bf16);
@@ -518,7 +518,7 @@ TEST_CASE("vllm helpers: the whole-tensor plan names every tensor once, whole") 
 
 // -- the actor against rlsync serve --strict-vllm --------------------------------------
 
-TEST_CASE("vllm engine: a full sync round over HTTP; greedy output equals a built-in engine on that version") {
+TEST_CASE("a full sync round over HTTP, then greedy output equals a built-in engine on that version") {
   vllm_fixture f;
   auto s = f.status();
   CHECK(s.version == 0); // the server's initial weights: not a version the adapter published
@@ -561,7 +561,7 @@ TEST_CASE("vllm engine: a full sync round over HTTP; greedy output equals a buil
   CHECK_FALSE(std::filesystem::exists(f.dir / "weights/v2"));
 }
 
-TEST_CASE("vllm engine: tokens relayed one by one with versions; a continuation continues the indexes") {
+TEST_CASE("tokens relayed one by one with versions, and a continuation continues the indexes") {
   vllm_fixture f;
   f.sync(2);
   auto [full, events] = f.generate(f.greedy(7, 10));
@@ -596,7 +596,7 @@ TEST_CASE("vllm engine: tokens relayed one by one with versions; a continuation 
   CHECK(done->tokens.empty());
 }
 
-TEST_CASE("vllm engine: ordering mistakes the server answers 500 become error replies and leave it dirty") {
+TEST_CASE("ordering mistakes the server answers 500 become error replies and leave it dirty") {
   vllm_fixture f;
   auto fin = f.ask<phase_ack>(10s, finish_atom::value, std::uint64_t{3});
   REQUIRE_FALSE(fin);
@@ -616,7 +616,7 @@ TEST_CASE("vllm engine: ordering mistakes the server answers 500 become error re
   CHECK(f.status().version == 2);
 }
 
-TEST_CASE("vllm engine: pause(abort) replies after the aborted request ended; abort ends one request") {
+TEST_CASE("pause(abort) replies after the aborted request ended, and abort ends one request") {
   vllm_fixture f;
   f.sync(2);
   f.must<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false});
@@ -644,7 +644,7 @@ TEST_CASE("vllm engine: pause(abort) replies after the aborted request ended; ab
   CHECK(after->tokens.size() == 5);
 }
 
-TEST_CASE("vllm engine: a server that never answers fails the phase within its deadline") {
+TEST_CASE("a server that never answers fails the phase within its deadline") {
   silent_server silent;
   vllm_fixture f;
   vllm_engine_config c;
@@ -672,7 +672,7 @@ TEST_CASE("vllm engine: a server that never answers fails the phase within its d
   caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("vllm engine: a server stopped mid-stream fails the request") {
+TEST_CASE("a server stopped mid-stream fails the request") {
   vllm_fixture f;
   f.sync(2);
   // Paused (keep): the stream is open and silent when the server goes.
@@ -691,7 +691,7 @@ TEST_CASE("vllm engine: a server stopped mid-stream fails the request") {
   caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("vllm engine: health loss leaves heartbeats unanswered; the restarted server is version 0") {
+TEST_CASE("health loss leaves heartbeats unanswered, and the restarted server is version 0") {
   vllm_fixture f;
   f.sync(2);
   CHECK(f.status().version == 2);
@@ -714,7 +714,7 @@ TEST_CASE("vllm engine: health loss leaves heartbeats unanswered; the restarted 
   CHECK(f.status().version == 2);
 }
 
-TEST_CASE("vllm engine: a label the adapter did not finish means a restart: version 0") {
+TEST_CASE("a label the adapter did not finish means a restart: version 0") {
   vllm_fixture f;
   f.sync(2);
   // As if the server restarted between two polls and someone labelled it.
@@ -724,7 +724,7 @@ TEST_CASE("vllm engine: a label the adapter did not finish means a restart: vers
   CHECK(*f.recovered >= 1);
 }
 
-TEST_CASE("vllm engine: the digest verifies only what the server's weight checker confirms") {
+TEST_CASE("the digest verifies only what the server's weight checker confirms") {
   vllm_fixture f;
   CHECK(f.must<weight_digest>(digest_atom::value).names.empty()); // version 0: nothing published
   f.sync(2);
@@ -741,7 +741,7 @@ TEST_CASE("vllm engine: the digest verifies only what the server's weight checke
   CHECK(f.logged("differ from version 2"));
 }
 
-TEST_CASE("vllm engine: a sender the policy does not admit is refused") {
+TEST_CASE("a sender the policy does not admit is refused") {
   vllm_fixture f;
   caf::scoped_actor outsider{f.sys};
   f.outsiders->insert(outsider->id());
@@ -758,7 +758,7 @@ TEST_CASE("vllm engine: a sender the policy does not admit is refused") {
   f.must<phase_ack>(start_atom::value, std::uint64_t{2});
 }
 
-TEST_CASE("vllm engine: against a vLLM-shaped server: bearer token, its stream's versions, unknown checker keys") {
+TEST_CASE("against a vLLM-shaped server: bearer token, its stream's versions, unknown checker keys") {
   vllm_fixture f; // for its system, model and producer
   fake_vllm fake("s3cret");
   auto make = [&](std::string token) {
@@ -848,7 +848,7 @@ TEST_CASE("vllm engine: against a vLLM-shaped server: bearer token, its stream's
   caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("vllm engine: an order naming two trainer ranks (M:N) writes the same version") {
+TEST_CASE("an order naming two trainer ranks (M:N) writes the same version") {
   std::map<std::uint32_t, std::shared_ptr<transfer::weight_puller>> ranks;
   std::vector<std::shared_ptr<transfer::synthetic_source>> halves;
   vllm_fixture f([&](vllm_engine_config& c) {
