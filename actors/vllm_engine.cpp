@@ -381,8 +381,13 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
 
   // The server is gone or restarted: its streams fail (the router reroutes
   // them), and whatever it serves now is its initial weights.
-  auto server_lost = [self, close_stream, say, name](const std::string& why) {
+  auto server_lost = [self, close_stream, say, name, waiting_pause](const std::string& why) {
     auto& st = self->state;
+    if (*waiting_pause) { // what it waits for ends with the server, not with the pause
+      auto wp = std::move(**waiting_pause);
+      waiting_pause->reset();
+      wp.rp.deliver(make_error(errc::round_aborted, name + ": pause: the server is lost: " + why));
+    }
     std::vector<std::uint64_t> open;
     for (auto& [id, stream] : st.stream_of)
       open.push_back(stream);
