@@ -324,17 +324,21 @@ struct vllm_fixture {
 
   /// Greedy tokens of a built-in engine on checkpoint `dir`, from its own HTTP route.
   std::vector<std::int32_t> reference_tokens(const std::string& ckpt, std::uint32_t max_tokens) {
+    return reference(ckpt, max_tokens)["token_ids"].get<std::vector<std::int32_t>>();
+  }
+  /// The greedy choice of a built-in engine on checkpoint `dir` (with the sampled tokens' logprobs).
+  json reference(const std::string& ckpt, std::uint32_t max_tokens) {
     serve_node_options o;
     o.checkpoint_dir = ckpt;
     o.tp = 1;
     serve_node ref(sys, o);
     auto p = ref.start();
     json body = {{"prompt", {1, 5, 9, 17}}, {"max_tokens", max_tokens}, {"temperature", 0},
-                 {"ignore_eos", true}, {"return_token_ids", true}};
+                 {"ignore_eos", true}, {"return_token_ids", true}, {"logprobs", 0}};
     auto r = http::request_once("127.0.0.1", p, {"POST", "/v1/completions", body.dump(), "application/json", {}});
     ref.stop();
     REQUIRE(r.status == 200);
-    return json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<std::int32_t>>();
+    return json::parse(r.body)["choices"][0];
   }
 
   /// A generate request whose answer lands in a slot, read from any thread.
@@ -558,7 +562,7 @@ TEST_CASE("a full sync round over HTTP, then greedy output equals a built-in eng
   f.sync(3, transfer_mode::broadcast);
   CHECK(f.status().version == 3);
   CHECK(std::filesystem::exists(f.dir / "weights/v3"));
-  CHECK_FALSE(std::filesystem::exists(f.dir / "weights/v2"));
+  CHECK(eventually([&] { return !std::filesystem::exists(f.dir / "weights/v2"); })); // removed off the actor's thread
 }
 
 TEST_CASE("tokens relayed one by one with versions, and a continuation continues the indexes") {
@@ -588,6 +592,20 @@ TEST_CASE("tokens relayed one by one with versions, and a continuation continues
   REQUIRE(rest_events.size() == 6);
   CHECK(rest_events.front().index == 4);
   CHECK(rest_events.back().index == 9);
+
+  // Log-probabilities relayed per token, as a built-in engine on version 2 reports them.
+  write_checkpoint(*f.source->find(2), f.dir / "ref-v2");
+  auto want = f.reference(f.dir / "ref-v2", 10)["logprobs"]["token_logprobs"].get<std::vector<float>>();
+  auto with_logprobs = f.greedy(10, 10);
+  with_logprobs.sampling.logprobs = true;
+  auto [lp, lp_events] = f.generate(with_logprobs);
+  REQUIRE(lp);
+  CHECK(lp->tokens == full->tokens);
+  REQUIRE(lp->logprobs.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CHECK(lp->logprobs[i] == doctest::Approx(want[i]).epsilon(1e-5));
+    CHECK(lp_events[i].logprob == lp->logprobs[i]);
+  }
 
   // Nothing left to generate: answered at once.
   auto done = f.ask<generate_result>(10s, generate_atom::value, f.greedy(9, 4, prefix),
