@@ -488,6 +488,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         return;
       auto& s = it->second;
       if (!s.answered) {
+        s.seen = true;
         if (!u->completion_id.empty())
           s.completion_id = u->completion_id.substr(0, max_name_bytes);
         // A server that lies (more tokens than asked, ids outside the
@@ -584,15 +585,29 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
                    report.engine = name;
                    report.version = st.version;
                    report.state = st.sched;
-                   // Counted as sent (the server may have ended them already);
-                   // waited for while still running here.
-                   auto n = static_cast<std::uint32_t>(at_send.size());
+                   // Counted as sent (the server may have ended them already).
                    std::set<std::uint64_t> open;
                    for (auto stream : at_send)
                      if (auto it = st.streams.find(stream); it != st.streams.end() && !it->second.answered)
                        open.insert(stream);
-                   (req.mode == pause_mode::abort ? report.aborted
-                                                  : req.mode == pause_mode::wait ? report.waited : report.frozen) = n;
+                   if (req.mode == pause_mode::abort) {
+                     // Aborted here too: one that had not reached the server
+                     // yet would wait in its queue, not end. Tokens still on
+                     // the wire are dropped with it (a continuation makes them again).
+                     report.aborted = static_cast<std::uint32_t>(at_send.size());
+                     for (auto stream : open)
+                       close_stream(stream, finish_reason::aborted, caf::error{});
+                     open.clear();
+                   } else if (req.mode == pause_mode::wait) {
+                     // Waited for: those the server runs (a chunk came); the
+                     // others wait in its queue until the resume, as queued
+                     // requests do in a built-in engine.
+                     for (auto i = open.begin(); i != open.end();)
+                       i = st.streams.at(*i).seen ? std::next(i) : open.erase(i);
+                     report.waited = static_cast<std::uint32_t>(open.size());
+                   } else {
+                     report.frozen = static_cast<std::uint32_t>(at_send.size());
+                   }
                    sample();
                    if (req.mode == pause_mode::keep || open.empty() || seq != st.phase_seq) {
                      rp.deliver(report);

@@ -4,8 +4,9 @@
 // transfer backend, or `rlsync serve`): the coordinator and the router drive
 // it exactly as they drive the built-in engine (rollout_engine_actor).
 //
-//   pause(mode, clear)  ─► POST /pause?mode=..&clear_cache=..   (abort, wait: replies once
-//                                                               the streams it ended are relayed)
+//   pause(mode, clear)  ─► POST /pause?mode=..&clear_cache=..   (abort: its open streams end
+//                                                               here too; wait: replies once the
+//                                                               running ones are relayed)
 //   flush               ─► POST /reset_prefix_cache
 //   start(v)            ─► POST /start_weight_update {"is_checkpoint_format": true}
 //   transfer(order)     ─► pull whole checkpoint tensors (one tp-1 worker) ─► weights_dir/v<v>/
@@ -153,6 +154,7 @@ struct vllm_stream {
   std::string completion_id;          ///< the server's, once its first chunk came
   std::shared_ptr<std::atomic<bool>> cancel; ///< tells the worker to close the stream
   bool answered = false;              ///< the promise was delivered (the worker may still run)
+  bool seen = false;                  ///< a chunk came: the server runs it
 };
 
 struct vllm_engine_state {
