@@ -8,6 +8,7 @@
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
 #include "runtime/base/printable.hpp"
+#include "runtime/metrics/http_endpoint.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
@@ -95,6 +96,9 @@ int serve_topology_node(const std::string& path, const std::string& name, const 
     throw cli::usage_error("--node: " + printable(path) + " places " + std::to_string(placed.size()) +
                            " engines on node " + printable(name) +
                            "; rlsync serve --topology fronts exactly one (give each served engine a node of its own)");
+  if (placed.front()->kind == engine_kind::vllm)
+    throw cli::usage_error("--node: engine " + printable(placed.front()->name) + " on node " + printable(name) +
+                           " is kind vllm: its own server already serves vLLM's API (run `rlsync node` there)");
   options.tp = static_cast<int>(placed.front()->tp);
   const std::string file = secret_file.value_or(t.cluster.secret_file);
   std::string secret;
@@ -115,7 +119,19 @@ int serve_topology_node(const std::string& path, const std::string& name, const 
   std::signal(SIGTERM, on_serve_stop_signal);
   std::unique_ptr<serve_node> server;
   const std::string model_name = t.model.synthetic() ? t.name : t.model.checkpoint;
+  // The engine records its metrics where GET /metrics reads them.
+  options.metrics = std::make_shared<metrics::registry>();
+  // Without --api-key-file the cluster's HTTP key guards the routes, as on every other port.
+  if (!options.http.bearer_token && !t.cluster.http_api_key_file.empty()) {
+    try {
+      options.http.bearer_token = metrics::read_api_key_file(t.cluster.http_api_key_file);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync serve " << name << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
   member_node_options mo;
+  mo.metrics = options.metrics;
   mo.stop_requested = [] { return serve_stop_signal != 0; };
   mo.log = [name](const std::string& line) { std::cerr << ("rlsync serve " + name + ": " + line + "\n") << std::flush; };
   mo.on_registered = [&](const std::vector<std::pair<std::string, caf::actor>>& engines) -> std::string {

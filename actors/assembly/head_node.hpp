@@ -114,7 +114,7 @@ public:
   std::string restart_rank(const topology& t, std::size_t hosted) { return actors_.restart_trainer(sys_, t, hosted); }
   std::uint16_t port() const { return port_; }
   /// The engines of this node, spawned and registered.
-  const std::vector<rollout_engine_impl>& local_engines() const { return actors_.engines; }
+  const std::vector<rollout_engine_actor>& local_engines() const { return actors_.engines; }
 
   /// Registered engines, as the coordinator says (0 when it does not answer in time).
   std::size_t members() const;

@@ -1,14 +1,18 @@
 #include "actors/assembly/local_deployment.hpp"
 
 #include "actors/fleet_metrics.hpp"
+#include "runtime/metrics/http_endpoint.hpp"
 
+#include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 
 namespace rlsync {
@@ -29,6 +33,117 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   cfg.puller = std::move(puller);
   cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
   return cfg;
+}
+
+vllm_engine_config vllm_engine_config_from(const topology& t, const engine_spec& e,
+                                           std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype) {
+  vllm_engine_config cfg;
+  cfg.model = t.model.config;
+  cfg.name = e.name;
+  cfg.node = e.node;
+  cfg.url = "http://" + (e.url_host.find(':') != std::string::npos ? "[" + e.url_host + "]" : e.url_host) + ":"
+            + std::to_string(e.url_port);
+  if (!e.api_key_file.empty())
+    cfg.bearer_token = metrics::read_api_key_file(e.api_key_file);
+  cfg.weights_dir = e.weights_dir;
+  cfg.source_dtype = source_dtype;
+  cfg.server_tp = static_cast<int>(e.tp);
+  cfg.puller = std::move(puller);
+  const auto& d = t.sync.deadlines;
+  auto ms = [](std::chrono::milliseconds x) { return static_cast<std::uint64_t>(x.count()); };
+  cfg.pause_deadline_ms = ms(d.pause);
+  cfg.flush_deadline_ms = ms(d.flush);
+  cfg.start_deadline_ms = ms(d.start);
+  cfg.transfer_deadline_ms = ms(d.transfer);
+  cfg.finish_deadline_ms = ms(d.finish);
+  cfg.resume_deadline_ms = ms(d.resume);
+  // A lost server must show before the coordinator's heartbeat timeout does.
+  cfg.health_interval_ms = ms(t.cluster.heartbeat_interval);
+  cfg.health_timeout_ms = ms(t.cluster.heartbeat_timeout);
+  cfg.max_streams = static_cast<std::uint32_t>(std::min<std::int64_t>(e.max_batch + e.queue_limit, 1 << 20));
+  return cfg;
+}
+
+namespace {
+
+/// Registers `engine` with `coordinator` as `info` without blocking the caller
+/// (an actor's thread): the answer, or the refusal, is logged.
+void register_async(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,
+                    const caf::actor& engine, std::function<void(const std::string&)> log) {
+  if (!coordinator)
+    return;
+  sys.spawn([=](caf::event_based_actor* self) {
+    auto say = [log](const std::string& line) {
+      if (log)
+        log(line);
+      else
+        std::cerr << (line + "\n");
+    };
+    self->request(coordinator, std::chrono::seconds(10), register_atom::value, info,
+                  caf::actor_cast<rollout_engine_actor>(engine))
+      .then(
+        [=](const registration&) {
+          say(info.name + ": its server answers again; registered as incarnation " + std::to_string(info.incarnation)
+              + " (unroutable until a sync brings it current)");
+        },
+        [=](caf::error& err) {
+          say(info.name + ": its server answers again, but the coordinator refused it: " + self->system().render(err));
+        });
+  });
+}
+
+std::uint64_t now_ms() {
+  return static_cast<std::uint64_t>(
+    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+} // namespace
+
+rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, const engine_spec& spec,
+                                   const replica_wiring& w) {
+  if (spec.kind == engine_kind::builtin) {
+    auto cfg = engine_config_from(t, spec, w.puller, w.source_dtype);
+    cfg.producer_puller = w.producer_puller;
+    cfg.authorize = w.authorize;
+    cfg.vouched_router = w.vouched_router;
+    cfg.log = w.log;
+    cfg.faults = w.faults;
+    cfg.metrics = engine_metrics_in(w.metrics, spec.name);
+    return spawn_rollout_engine(sys, std::move(cfg));
+  }
+  auto cfg = vllm_engine_config_from(t, spec, w.puller, w.source_dtype);
+  cfg.producer_puller = w.producer_puller;
+  cfg.authorize = w.authorize;
+  cfg.vouched_router = w.vouched_router;
+  cfg.log = w.log;
+  cfg.metrics = engine_metrics_in(w.metrics, spec.name);
+  // Its own address, known once spawned (an address, not a handle: the
+  // adapter must not keep itself alive).
+  struct self_slot {
+    std::mutex mutex;
+    caf::actor_addr address;
+  };
+  auto slot = std::make_shared<self_slot>();
+  auto incarnation = std::make_shared<std::atomic<std::uint64_t>>(w.incarnation);
+  cfg.on_recovered = [&sys, slot, incarnation, spec, coordinator = w.coordinator, log = w.log] {
+    caf::actor engine;
+    {
+      std::lock_guard<std::mutex> lock(slot->mutex);
+      engine = caf::actor_cast<caf::actor>(slot->address);
+    }
+    if (!engine || !coordinator)
+      return;
+    // The server holds its initial weights: a restart of this replica.
+    const auto next = std::max(incarnation->load() + 1, now_ms());
+    incarnation->store(next);
+    register_async(sys, coordinator(), engine_info_of(spec, next, 0, false), engine, log);
+  };
+  auto engine = spawn_vllm_engine(sys, std::move(cfg));
+  {
+    std::lock_guard<std::mutex> lock(slot->mutex);
+    slot->address = engine.address();
+  }
+  return engine;
 }
 
 dtype source_dtype_of(const topology& t, const transfer::weight_source& source) {
@@ -130,19 +245,23 @@ bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors, std:
 namespace {
 
 /// Spawns hosted engine `i` as replica `spec`, with its fault gate.
-rollout_engine_impl spawn_engine(caf::actor_system& sys, const local_deployment& d, const topology& t,
-                                 const engine_spec& spec, std::size_t i) {
-  auto cfg = engine_config_from(t, spec, d.trainer.transfer, d.source_dtype);
-  cfg.producer_puller = rank_pullers(d.ranks, d.remote_pullers);
+rollout_engine_actor spawn_engine(caf::actor_system& sys, const local_deployment& d, const topology& t,
+                                  const engine_spec& spec, std::size_t i) {
+  replica_wiring w;
+  w.puller = d.trainer.transfer;
+  w.producer_puller = rank_pullers(d.ranks, d.remote_pullers);
+  w.source_dtype = d.source_dtype;
   // This process's actors drive it, and the router the coordinator vouches
   // for when one registers from another node (router.node elsewhere).
-  cfg.authorize = local_or_driver(sys.node(), d.drivers);
-  cfg.vouched_router = [drivers = d.drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
+  w.authorize = local_or_driver(sys.node(), d.drivers);
+  w.vouched_router = [drivers = d.drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
     return drivers->vouch(sender, r);
   };
-  cfg.faults = d.gates[i];
-  cfg.metrics = engine_metrics_in(d.metrics, spec.name);
-  return spawn_rollout_engine(sys, std::move(cfg));
+  w.faults = d.gates[i];
+  w.metrics = d.metrics;
+  w.coordinator = [ref = d.current_coordinator] { return ref->get(); };
+  w.incarnation = d.incarnations[i];
+  return spawn_replica(sys, t, spec, w);
 }
 
 /// Every actor of `d`, for stop_and_await.
@@ -234,6 +353,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.restored = restored;
   d.coordinator = sys.spawn(coordinator, cc);
   d.drivers->granted(d.coordinator.address(), d.router.address());
+  d.current_coordinator->set(d.coordinator);
 
   if (!d.single_trainer)
     for (const auto& r : d.ranks)
@@ -293,6 +413,7 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
   cc.restored = read_coordinator_state(cc.state_file); // throws, naming file:line:column
   coordinator = sys.spawn(rlsync::coordinator, cc);
   drivers->granted(coordinator.address(), router.address()); // it vouches for routers from now on
+  current_coordinator->set(coordinator);
   caf::scoped_actor self{sys};
   for (std::size_t i = 0; i < engines.size(); ++i) {
     std::optional<engine_status> st;

@@ -11,6 +11,7 @@
 #include "actors/rollout_engine.hpp"
 #include "actors/router.hpp"
 #include "actors/trainer.hpp"
+#include "actors/vllm_engine.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/metrics/registry.hpp"
 
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,25 @@ struct hosted_rank {
 using producer_puller_factory =
   std::function<std::shared_ptr<transfer::weight_puller>(const producer_holding&, const trainer_actor&)>;
 
+/// The coordinator to talk to now, replaced when it restarts or a member
+/// rejoins another; read from actor threads (an adapter whose server came
+/// back registers it again). Thread-safe.
+class coordinator_ref {
+public:
+  void set(const coordinator_actor& c) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_ = c;
+  }
+  coordinator_actor get() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return current_;
+  }
+
+private:
+  mutable std::mutex mutex_;
+  coordinator_actor current_;
+};
+
 struct local_deployment {
   /// The first rank hosted here (rank 0 in one process); empty when this
   /// process hosts no rank (a head holding the coordinator alone).
@@ -50,7 +71,7 @@ struct local_deployment {
   bool single_trainer = true;
   /// Engines reach ranks hosted elsewhere through it (deployment_options).
   producer_puller_factory remote_pullers;
-  std::vector<rollout_engine_impl> engines; ///< the hosted ones, in topology order
+  std::vector<rollout_engine_actor> engines; ///< the hosted ones, in topology order (either kind)
   std::vector<std::string> engine_names;
   /// Per engine: its drill faults (deployment_options::fault_gates), else nullptr.
   std::vector<std::shared_ptr<engine_fault_gate>> gates;
@@ -63,6 +84,8 @@ struct local_deployment {
   /// Who besides this process may drive the engines here: the coordinator
   /// and the router it vouches for (one registered from another node).
   std::shared_ptr<engine_drivers> drivers = std::make_shared<engine_drivers>();
+  /// `coordinator`, for those on other threads.
+  std::shared_ptr<coordinator_ref> current_coordinator = std::make_shared<coordinator_ref>();
   coordinator_actor coordinator;
   /// The dtype engines record their plans in (what the trainer sends).
   dtype source_dtype = dtype::bf16;
@@ -195,6 +218,39 @@ bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
 /// An engine replica's configuration from the topology.
 rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
                                          std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype);
+
+/// The adapter's configuration for an external server (kind vllm) from the
+/// topology: the url, the server's tp, weights_dir, the phases' deadlines
+/// (sync.deadlines_ms), health polls as often as heartbeats
+/// (cluster.heartbeat_*), streams bounded by max_batch + queue_limit. Reads
+/// api_key_file: throws std::runtime_error naming it when it cannot.
+vllm_engine_config vllm_engine_config_from(const topology& t, const engine_spec& e,
+                                           std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype);
+
+/// What an engine replica of either kind takes from the process it runs in.
+struct replica_wiring {
+  std::shared_ptr<transfer::weight_puller> puller;
+  producer_puller_factory producer_puller;
+  dtype source_dtype = dtype::bf16;
+  sender_policy authorize;
+  std::function<bool(const caf::strong_actor_ptr& sender, const caf::actor_addr& router)> vouched_router;
+  std::function<void(const std::string&)> log;
+  std::shared_ptr<metrics::registry> metrics;
+  /// The built-in engine's drill faults; nullptr: none (an adapter has none).
+  std::shared_ptr<engine_fault_gate> faults;
+  /// kind vllm: the coordinator to register with again once the server
+  /// answers after it was lost (it restarted with its initial weights: a
+  /// restart, unroutable until a sync brought it current); asked then.
+  std::function<coordinator_actor()> coordinator;
+  /// The incarnation the replica registers with first; a recovery registers a higher one.
+  std::uint64_t incarnation = 1;
+};
+
+/// Spawns replica `spec` as its kind says: the built-in engine actor, or the
+/// adapter in front of its vLLM server. Throws std::runtime_error for an
+/// adapter whose api_key_file cannot be read.
+rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, const engine_spec& spec,
+                                   const replica_wiring& w);
 
 /// Spawns and wires a head as `opts` says: the trainer, the router, the
 /// coordinator (started from coordinator.state_file when it exists) and the

@@ -139,7 +139,12 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   auto drivers = std::make_shared<engine_drivers>();
   router_actor router; // when the topology places it here (local: trusted anyway)
   std::unique_ptr<router_endpoint> http; // router.http_port: the router's own endpoint
-  auto trust_grant = [&] { drivers->granted(grant->coordinator.address(), grant->router.address()); };
+  // The coordinator an adapter whose server came back registers with (actor threads read it).
+  auto current_coordinator = std::make_shared<coordinator_ref>();
+  auto trust_grant = [&] {
+    drivers->granted(grant->coordinator.address(), grant->router.address());
+    current_coordinator->set(grant->coordinator);
+  };
   trust_grant();
   // The router placed here answers this process and whatever reaches it
   // over its one link, the authenticated connection to the head (a member
@@ -210,15 +215,19 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
     for (const auto& e : t.engines)
       if (e.node == node.name) {
-        auto cfg = engine_config_from(t, e, puller, source_dtype);
-        cfg.producer_puller = pullers;
-        cfg.authorize = local_or_driver(sys.node(), drivers);
-        cfg.vouched_router = [drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
+        replica_wiring w;
+        w.puller = puller;
+        w.producer_puller = pullers;
+        w.source_dtype = source_dtype;
+        w.authorize = local_or_driver(sys.node(), drivers);
+        w.vouched_router = [drivers](const caf::strong_actor_ptr& sender, const caf::actor_addr& r) {
           return drivers->vouch(sender, r);
         };
-        cfg.log = opts.log;
-        cfg.metrics = engine_metrics_in(opts.metrics, e.name);
-        engines.push_back(caf::actor_cast<caf::actor>(spawn_rollout_engine(sys, std::move(cfg))));
+        w.log = opts.log;
+        w.metrics = opts.metrics;
+        w.coordinator = [current_coordinator] { return current_coordinator->get(); };
+        w.incarnation = incarnation;
+        engines.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
         specs.push_back(&e);
       }
     failure = register_all(grant->coordinator);

@@ -84,6 +84,8 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options, rollo
 }
 
 void serve_node::mount(const model_config& model) {
+  if (options_.metrics)
+    metrics_ = options_.metrics;
   control_ = serve::spawn_serve_control(sys_, ctx_);
   server_ = std::make_unique<http::server>(options_.http);
   serve::mount_engine_routes(*server_, sys_, control_, ctx_);

@@ -30,6 +30,9 @@ struct serve_node_options {
   int tp = 1;
   http::server_options http; ///< host, port, bounds, bearer token
   bool strict_vllm = false;  ///< answer exactly as vLLM does (500 for ordering mistakes, no extras)
+  /// What GET /metrics serves: as a topology's node, the registry its member
+  /// node's engine records into; nullptr: the server's own.
+  std::shared_ptr<metrics::registry> metrics;
 };
 
 class serve_node {

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 
 namespace rlsync {
@@ -136,6 +137,7 @@ struct reader {
   std::optional<std::vector<std::int64_t>> read_layers(const map_reader& rank);
   void read_engines(const map_reader& root);
   void read_router(const map_reader& root);
+  void read_vllm_server(const map_reader& r, engine_spec& e);
   void read_coordinator(const map_reader& root);
   void read_transfer(const map_reader& root);
   void read_sync(const map_reader& root);
@@ -567,7 +569,7 @@ void reader::read_engines(const map_reader& root) {
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path,
                  {"name", "node", "replicas", "tp", "max_batch", "queue_limit", "kv_block_tokens",
-                  "prefix_cache_blocks"},
+                  "prefix_cache_blocks", "kind", "url", "api_key_file", "weights_dir"},
                  root.mark("engines"));
     if (!r.valid()) {
       engines_ok = false;
@@ -587,6 +589,20 @@ void reader::read_engines(const map_reader& root) {
     r.read("queue_limit", e.queue_limit, between(1, max_queue_limit));
     r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
     r.read("prefix_cache_blocks", e.prefix_cache_blocks, between(0, max_prefix_cache_blocks));
+    r.read_choice("kind", e.kind, engine_kind_choices);
+    if (e.kind == engine_kind::vllm) {
+      read_vllm_server(r, e);
+      // One adapter fronts one server of its own: these are the built-in engine's.
+      for (const char* key : {"kv_block_tokens", "prefix_cache_blocks"})
+        if (r.has(key))
+          r.error(key, "applies to the built-in engine only; a vLLM server sets its own caches");
+      if (replicas != 1)
+        r.error("replicas", "must be 1 for kind vllm: each server is its own entry with its own url");
+    } else {
+      for (const char* key : {"url", "api_key_file", "weights_dir"})
+        if (r.has(key))
+          r.error(key, "applies to kind vllm only (this entry runs the built-in engine)");
+    }
     if (!named || !counted) {
       engines_ok = false;
       continue;
@@ -618,8 +634,39 @@ void reader::read_engines(const map_reader& root) {
       }
       engine_names.push_back(e.name);
       t.engines.push_back(e);
+      if (e.kind == engine_kind::vllm && e.weights_dir.empty())
+        t.engines.back().weights_dir = "/dev/shm/rlsync-" + e.name; // tmpfs: versions never touch a disk
     }
   }
+}
+
+void reader::read_vllm_server(const map_reader& r, engine_spec& e) {
+  if (r.read("url", e.url, presence::required)) {
+    // Plain http://host:port[/]: the adapter's client speaks HTTP/1.1 without TLS.
+    static const std::regex form(R"(^http://([^/:\[\]]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})/?$)");
+    std::smatch m;
+    if (e.url.rfind("https://", 0) == 0) {
+      r.error("url", "https is not supported (no TLS in rlsync's HTTP client): reach the server over "
+                     "loopback or a private network, e.g. http://127.0.0.1:8000");
+    } else if (!std::regex_match(e.url, m, form)) {
+      r.error("url", "must be http://HOST:PORT, got '" + printable(e.url) + "'");
+    } else {
+      std::string host = m[1].str();
+      if (host.front() == '[')
+        host = host.substr(1, host.size() - 2);
+      const long port = std::stol(m[2].str());
+      if (!is_host(host))
+        r.error("url", "must name a host name or IP address, got '" + printable(host) + "'");
+      else if (port < 1 || port > 65535)
+        r.error("url", "port must be between 1 and 65535, got " + std::to_string(port));
+      else {
+        e.url_host = host;
+        e.url_port = static_cast<std::uint16_t>(port);
+      }
+    }
+  }
+  read_path(r, "api_key_file", e.api_key_file);
+  read_path(r, "weights_dir", e.weights_dir);
 }
 
 void reader::read_router(const map_reader& root) {
@@ -829,6 +876,22 @@ void reader::read_drill(const map_reader& root) {
                           + " (expected " + expected + ")");
       continue;
     }
+    // Partitions and held acknowledgements act on the built-in engine's
+    // fault gate; an external server has none (kill its process instead).
+    if (f.action == fault_action::partition || f.action == fault_action::heal || f.action == fault_action::delay_acks) {
+      const engine_spec* server = nullptr;
+      for (const auto& e : t.engines)
+        if (e.kind == engine_kind::vllm
+            && (f.target_kind == fault_target::engine ? e.name == f.target : e.node == f.target)) {
+          server = &e;
+          break;
+        }
+      if (server) {
+        r.error("action", std::string(name_of(action_choices, f.action)) + " cannot act on engine '" + server->name
+                            + "' (kind vllm: an external server has no fault gate; kill its server instead)");
+        continue;
+      }
+    }
     t.drill.faults.push_back(std::move(f));
   }
 }
@@ -849,6 +912,7 @@ std::string_view to_string(ucx_transport v) { return name_of(ucx_transport_choic
 std::string_view to_string(fault_action v) { return name_of(action_choices, v); }
 std::string_view to_string(fault_target v) { return name_of(target_choices, v); }
 std::string_view to_string(node_restart v) { return name_of(node_restart_choices, v); }
+std::string_view to_string(engine_kind v) { return name_of(engine_kind_choices, v); }
 
 bool is_topology_name(std::string_view name) { return is_plain_name(std::string(name)); }
 

@@ -37,6 +37,10 @@ enum class fault_action { kill, restart, partition, heal, delay_acks, corrupt };
 enum class fault_target { engine, node, trainer, router, coordinator };
 /// What `rlsync launch` does when a node's process fails on its own.
 enum class node_restart { never, on_failure };
+/// What an engine entry runs: rlsync's own engine in the node's process, or
+/// an external server that speaks vLLM's HTTP API, fronted by an adapter
+/// actor on the node.
+enum class engine_kind { builtin, vllm };
 
 /// The YAML spellings ("least_outstanding", "cuda_ipc", ...).
 std::string_view to_string(trainer_source v);
@@ -46,6 +50,7 @@ std::string_view to_string(ucx_transport v);
 std::string_view to_string(fault_action v);
 std::string_view to_string(fault_target v);
 std::string_view to_string(node_restart v);
+std::string_view to_string(engine_kind v);
 
 struct model_spec {
   model_config config;
@@ -166,6 +171,17 @@ struct engine_spec {
   std::int64_t queue_limit = 256;
   std::int64_t kv_block_tokens = 16;
   std::int64_t prefix_cache_blocks = 1024;
+  engine_kind kind = engine_kind::builtin;
+  /// kind vllm: the server's base URL as written ("http://host:port") and
+  /// its parts.
+  std::string url;
+  std::string url_host;
+  std::uint16_t url_port = 0;
+  /// kind vllm: the file holding the server's API key (absolute); empty: none.
+  std::string api_key_file;
+  /// kind vllm: where the node writes each version's checkpoint for the
+  /// server to load (absolute; default /dev/shm/rlsync-<name>, tmpfs).
+  std::string weights_dir;
 };
 
 struct router_spec {

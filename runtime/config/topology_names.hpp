@@ -34,6 +34,8 @@ inline const choices<ucx_transport> ucx_transport_choices = {{"shm", ucx_transpo
                                                       {"rdma", ucx_transport::rdma}};
 inline const choices<pause_mode> pause_mode_choices = {
   {"keep", pause_mode::keep}, {"wait", pause_mode::wait}, {"abort", pause_mode::abort}};
+inline const choices<engine_kind> engine_kind_choices = {{"builtin", engine_kind::builtin},
+                                                         {"vllm", engine_kind::vllm}};
 inline const choices<node_restart> node_restart_choices = {{"never", node_restart::never},
                                                            {"on-failure", node_restart::on_failure}};
 inline const choices<fault_action> action_choices = {

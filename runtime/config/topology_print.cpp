@@ -115,6 +115,13 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "queue_limit" << YAML::Value << i64(e.queue_limit);
     out << YAML::Key << "kv_block_tokens" << YAML::Value << i64(e.kv_block_tokens);
     out << YAML::Key << "prefix_cache_blocks" << YAML::Value << i64(e.prefix_cache_blocks);
+    out << YAML::Key << "kind" << YAML::Value << std::string(to_string(e.kind));
+    if (e.kind == engine_kind::vllm) {
+      out << YAML::Key << "url" << YAML::Value << e.url;
+      if (!e.api_key_file.empty())
+        out << YAML::Key << "api_key_file" << YAML::Value << e.api_key_file;
+      out << YAML::Key << "weights_dir" << YAML::Value << e.weights_dir;
+    }
     out << YAML::EndMap;
   }
   out << YAML::EndSeq;

@@ -342,25 +342,24 @@ private:
                             "\"param\": null, \"code\": 500}}"),
                 {}});
     }
-    if (buffer_.size() == 0)
-      watch_hangup();
   }
 
+public:
   /// While a request is being answered, nothing reads the socket: a client
-  /// that hung up would show only at the answer's write. Watch for the end
-  /// of the connection (client_gone() then says so, and whoever answers can
-  /// stop working for it). Data instead (a pipelined request) is left for
-  /// the next read.
-  void watch_hangup() {
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      if (ec || self->gone_)
-        return;
-      char byte;
-      auto n = ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-        self->gone_ = true;
-    });
+  /// that hung up would show only at the answer's write. A look without
+  /// reading (on the I/O thread, like every other use of the socket) finds
+  /// the end of the connection; data instead (a pipelined request) stays for
+  /// the next read. client_gone() asks for one and sees its result next time.
+  void probe_hangup() {
+    if (gone_ || !stream_.socket().is_open())
+      return;
+    char byte;
+    auto n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      gone_ = true;
   }
+
+private:
 
 public:
   std::weak_ptr<server_core> core_shared_;
@@ -473,7 +472,18 @@ bool responder::client_gone() const {
     if (!impl_->core->running)
       return true;
   }
-  return impl_->conn ? impl_->conn->gone().load() : impl_->st != impl::state::streaming;
+  if (!impl_->conn)
+    return impl_->st != impl::state::streaming;
+  if (impl_->conn->gone())
+    return true;
+  if (impl_->st == impl::state::fresh) // not answered yet: has it hung up meanwhile?
+    // Weak: a queued probe must never be what keeps a connection (and its
+    // socket) alive past the server's I/O context.
+    impl_->core->post([conn = std::weak_ptr<connection>(impl_->conn)] {
+      if (auto c = conn.lock())
+        c->probe_hangup();
+    });
+  return false;
 }
 
 // ---- server ----

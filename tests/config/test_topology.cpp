@@ -334,7 +334,8 @@ TEST_CASE("topology errors: trainer") {
 
 TEST_CASE("topology errors: engines") {
   const std::string engine_keys =
-    "name, node, replicas, tp, max_batch, queue_limit, kv_block_tokens, prefix_cache_blocks";
+    "name, node, replicas, tp, max_batch, queue_limit, kv_block_tokens, prefix_cache_blocks, kind, url, "
+    "api_key_file, weights_dir";
   check_rows({
     {"typo never falls back to a default", with("engines", "engines:\n  - name: e\n    node: a\n    tpp: 2"),
      "t.yaml:8:5: engines[0].tpp: unknown key, did you mean 'tp'? (expected one of: " + engine_keys + ")"},
@@ -369,6 +370,30 @@ TEST_CASE("topology errors: engines") {
      "t.yaml:5:10: engines: expected a list, got a map"},
     {"entry not a map", with("engines", "engines: [e]"), "t.yaml:5:11: engines[0]: expected a map, got 'e'"},
     {"empty list", with("engines", "engines: []"), "t.yaml:5:10: engines: must list at least one engine"},
+    {"partition of an external server",
+     with("engines", "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1'}]") + "drill: {faults: [{at_sync: 1, action: partition, target: v}]}\n",
+     "t.yaml:6:39: drill.faults[0].action: partition cannot act on engine 'v' (kind vllm: an external server has "
+     "no fault gate; kill its server instead)"},
+    {"kind vllm without url", with("engines", "engines: [{name: e, node: a, kind: vllm}]"),
+     "t.yaml:5:11: engines[0].url: missing required key"},
+    {"https url", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'https://h:8000'}]"),
+     "t.yaml:5:47: engines[0].url: https is not supported (no TLS in rlsync's HTTP client): reach the server over loopback or a private network, e.g. http://127.0.0.1:8000"},
+    {"url without a port", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'http://h'}]"),
+     "t.yaml:5:47: engines[0].url: must be http://HOST:PORT, got 'http://h'"},
+    {"url with a path", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'http://h:8000/v1'}]"),
+     "t.yaml:5:47: engines[0].url: must be http://HOST:PORT, got 'http://h:8000/v1'"},
+    {"url port out of range", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'http://h:70000'}]"),
+     "t.yaml:5:47: engines[0].url: port must be between 1 and 65535, got 70000"},
+    {"kind out of range", with("engines", "engines: [{name: e, node: a, kind: sglang}]"),
+     "t.yaml:5:36: engines[0].kind: must be one of builtin, vllm, got 'sglang'"},
+    {"replicas of a server", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'http://h:1', replicas: 2}]"),
+     "t.yaml:5:71: engines[0].replicas: must be 1 for kind vllm: each server is its own entry with its own url"},
+    {"built-in cache keys on a server", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'http://h:1', prefix_cache_blocks: 8}]"),
+     "t.yaml:5:82: engines[0].prefix_cache_blocks: applies to the built-in engine only; a vLLM server sets its own caches"},
+    {"url on a built-in engine", with("engines", "engines: [{name: e, node: a, url: 'http://h:1'}]"),
+     "t.yaml:5:35: engines[0].url: applies to kind vllm only (this entry runs the built-in engine)"},
+    {"empty weights_dir", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'http://h:1', weights_dir: ''}]"),
+     "t.yaml:5:74: engines[0].weights_dir: must not be empty"},
     {"max_batch with junk", with("engines", "engines: [{name: e, node: a, max_batch: 32x}]"),
      "t.yaml:5:41: engines[0].max_batch: expected an integer, got '32x'"},
     {"fractional queue_limit", with("engines", "engines: [{name: e, node: a, queue_limit: 1.5}]"),
@@ -747,6 +772,31 @@ TEST_CASE("topology: empty sections read as defaults") {
   CHECK(t.router.node == "a");
   CHECK(t.workload.prompts == 64);
   CHECK(t.drill.faults.empty());
+}
+
+TEST_CASE("topology: an external vLLM server as an engine") {
+  auto t = parse_topology(with("engines", "engines:\n"
+                                           "  - {name: v, node: a, kind: vllm, url: 'http://10.0.0.5:8000/', tp: 2,\n"
+                                           "     api_key_file: keys/v.key, weights_dir: /dev/shm/w}\n"
+                                           "  - {name: w, node: b, kind: vllm, url: 'http://[::1]:8001'}\n"
+                                           "  - {name: e, node: a}")
+                            + insecure,
+                          "t.yaml", "/base");
+  REQUIRE(t.engines.size() == 3);
+  const auto& v = t.engines[0];
+  CHECK(v.kind == engine_kind::vllm);
+  CHECK(v.url == "http://10.0.0.5:8000/");
+  CHECK(v.url_host == "10.0.0.5");
+  CHECK(v.url_port == 8000);
+  CHECK(v.tp == 2); // the server's tensor parallelism: how its weights are verified
+  CHECK(v.api_key_file == "/base/keys/v.key");
+  CHECK(v.weights_dir == "/dev/shm/w");
+  CHECK(t.engines[1].url_host == "::1");
+  CHECK(t.engines[1].url_port == 8001);
+  CHECK(t.engines[1].api_key_file.empty());
+  CHECK(t.engines[1].weights_dir == "/dev/shm/rlsync-w"); // tmpfs by default
+  CHECK(t.engines[2].kind == engine_kind::builtin);
+  CHECK(t.engines[2].url.empty());
 }
 
 TEST_CASE("topology: every field is read") {

@@ -56,7 +56,8 @@ serving=0
 for _ in $(seq 1 300); do
   if "$rlsync" status "$dir/two.yaml" --json > "$dir/status.json" 2> "$dir/status.log"; then
     serving=$(jq '[.engines[] | select(.state == "serving")] | length' "$dir/status.json")
-    [ "$serving" -eq 3 ] && break
+    # The router hears of each routable engine just after the coordinator: wait for both.
+    [ "$serving" -eq 3 ] && jq -e '.router.routable == 3' "$dir/status.json" > /dev/null && break
   fi
   sleep 0.2
 done

@@ -99,10 +99,17 @@ while kill -0 "$head_pid" 2>/dev/null; do
     digests+=("$(sha256sum < "$dir/body" | cut -c1-64)")
     cp "$dir/body" "$dir/checker.json"
   fi
+  c=$(code GET /metrics 2>/dev/null) || break
+  [ "$c" = 200 ] && cp "$dir/body" "$dir/metrics.txt"
   sleep 0.05
 done
 wait "$head_pid" || fail "the head's job exited non-zero"
 [ "$completions" -ge 2 ] || fail "only $completions completions served during the job"
+# /metrics shows the served engine, which the coordinator drives (the node's registry).
+grep -q '^vllm:generation_tokens_total{engine="served"} [1-9]' "$dir/metrics.txt" \
+  || fail "/metrics has no served-engine series: $(grep -c . "$dir/metrics.txt") lines"
+grep -q '^vllm:rl_weight_update_operation_duration_seconds_count{engine="served",operation="finish"} [1-9]' \
+  "$dir/metrics.txt" || fail "/metrics counts no finished weight update of the served engine"
 grep -q '"weight_versions":\[{"version":"[0-9]*"' "$dir/completion.json" || fail "no weight_versions span: $(cat "$dir/completion.json")"
 numbered=$(printf '%s\n' "${versions[@]}" | grep -E '^[0-9]+$' | sort -u | wc -l)
 [ "$numbered" -ge 2 ] || fail "saw coordinator versions '${versions[*]}' at /weight_info, wanted two numbered ones"
