@@ -232,8 +232,20 @@ struct vllm_fixture {
   }
   ~vllm_fixture() {
     caf::anon_send_exit(engine, caf::exit_reason::user_shutdown);
-    if (server)
-      server->stop();
+    retire(server);
+  }
+
+  /// Stops a server and waits for its engine to end before freeing it:
+  /// serve_node::stop only asks its engine to quit, and the engine writes
+  /// into the node's metrics registry until it has.
+  void retire(std::unique_ptr<serve_node>& node) {
+    if (!node)
+      return;
+    caf::scoped_actor self{sys};
+    self->monitor(node->engine());
+    node->stop();
+    self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(20)) >> [] {});
+    node.reset();
   }
 
   void start_server(const std::string& checkpoint = "initial") {
@@ -242,6 +254,7 @@ struct vllm_fixture {
     o.tp = 2;
     o.strict_vllm = true;
     o.http.port = port; // 0 the first time; the same port for a restart
+    retire(server);
     server = std::make_unique<serve_node>(sys, o);
     port = server->start();
   }
@@ -331,12 +344,12 @@ struct vllm_fixture {
     serve_node_options o;
     o.checkpoint_dir = ckpt;
     o.tp = 1;
-    serve_node ref(sys, o);
-    auto p = ref.start();
+    auto ref = std::make_unique<serve_node>(sys, o);
+    auto p = ref->start();
     json body = {{"prompt", {1, 5, 9, 17}}, {"max_tokens", max_tokens}, {"temperature", 0},
                  {"ignore_eos", true}, {"return_token_ids", true}, {"logprobs", 0}};
     auto r = http::request_once("127.0.0.1", p, {"POST", "/v1/completions", body.dump(), "application/json", {}});
-    ref.stop();
+    retire(ref);
     REQUIRE(r.status == 200);
     return json::parse(r.body)["choices"][0];
   }
