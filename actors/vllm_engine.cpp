@@ -554,7 +554,10 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         } else if (u->ended) {
           auto why = u->error.empty() ? std::string("the stream ended early") : u->error;
           say("request " + std::to_string(s.request.request_id) + " failed: " + why);
-          close_stream(u->stream, std::nullopt, make_error(errc::not_routable, name + ": " + why));
+          // engine_dirty, not not_routable: the router then stops sending here
+          // until the next round, instead of trying this server again at once
+          // (the one with the fewest outstanding) until the reroutes run out.
+          close_stream(u->stream, std::nullopt, make_error(errc::engine_dirty, name + ": " + why));
         }
       }
       if (u->ended) {

@@ -1,5 +1,6 @@
 #include "actors/assembly/serve_node.hpp"
 
+#include "actors/assembly/local_deployment.hpp"
 #include "actors/fleet_metrics.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/metrics/http_endpoint.hpp"
@@ -122,10 +123,14 @@ void serve_node::stop() {
   stopped_ = true;
   if (server_)
     server_->stop();
+  // Waited for, not just told: the engine records into metrics_, which
+  // this object owns, until it has stopped (bounded: never a hang).
+  std::vector<caf::actor> actors;
   if (control_)
-    caf::anon_send_exit(control_, caf::exit_reason::user_shutdown);
+    actors.push_back(control_);
   if (owns_engine_)
-    caf::anon_send_exit(ctx_.engine, caf::exit_reason::user_shutdown);
+    actors.push_back(caf::actor_cast<caf::actor>(ctx_.engine));
+  stop_and_await(sys_, std::move(actors));
 }
 
 } // namespace rlsync
