@@ -502,6 +502,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, dir + ": " + e.what());
       }
     }),
+    authorized(self, guard, [=](release_atom) -> caf::result<std::uint64_t> {
+      auto& st = self->state;
+      if (st.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is in flight");
+      auto released = st.core->release_weights();
+      if (auto err = std::get_if<engine::engine_error>(&released))
+        return to_error(*err);
+      return std::get<std::uint64_t>(released);
+    }),
     authorized(self, guard, [=](drop_atom) -> caf::result<phase_ack> {
       auto& st = self->state;
       if (st.transfer_promise)

@@ -100,6 +100,7 @@ namespace rlsync {
 using load_atom = caf::atom_constant<caf::atom("load")>;       // a checkpoint directory into the session
 using drop_atom = caf::atom_constant<caf::atom("dropsess")>;   // close the session, keep serving the old weights
 using sha256_atom = caf::atom_constant<caf::atom("sha256")>;   // SHA-256 per parameter shard
+using release_atom = caf::atom_constant<caf::atom("release")>; // sleep level 2: drop the weights
 
 /// The interface plus the actor's own messages: one step, a pull's end,
 /// and the disk weight-transfer backend of `rlsync serve`.
@@ -116,7 +117,11 @@ using rollout_engine_impl =
                                caf::replies_to<drop_atom>::with<phase_ack>,
                                // SHA-256 (hex) of every parameter shard served now, fp32 bytes, as
                                // one JSON object {"<worker>/<param>": hex}
-                               caf::replies_to<sha256_atom>::with<std::string>>;
+                               caf::replies_to<sha256_atom>::with<std::string>,
+                               // sleep level 2: free the served weights and every spare set (paused,
+                               // idle, no session); replies with the bytes released. A session of
+                               // the same version brings them back (the wake)
+                               caf::replies_to<release_atom>::with<std::uint64_t>>;
 
 struct rollout_engine_state {
   std::unique_ptr<engine::engine_core> core;

@@ -51,6 +51,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   cfg.metrics = engine_metrics_in(metrics_, cfg.options.name);
   ctx_.engine = spawn_rollout_engine(sys_, std::move(cfg));
   ctx_.settings.model_name = dir;
+  ctx_.settings.checkpoint_dir = dir;
   ctx_.settings.max_model_len = ckpt.config().max_position_embeddings;
   ctx_.settings.tp = options_.tp;
   ctx_.settings.strict_vllm = options_.strict_vllm;

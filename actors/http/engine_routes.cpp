@@ -174,6 +174,13 @@ struct control_state {
   std::uint64_t session_version = 0;
   bool sleeping = false;
   int sleep_level = 0;
+  /// A level-2 sleep released the engine's weights; a wake loads them again
+  /// from published_dir (a finished update brings its own weights back).
+  bool weights_released = false;
+  /// The checkpoint directory of the weights served now: the one the server
+  /// started on, then each finished update's. Empty: none (a coordinated engine).
+  std::string published_dir;
+  std::string loaded_dir; ///< the open session's checkpoint
   std::optional<std::map<std::string, std::string>> checker_baseline;
   static inline const char* name = "serve_control";
 };
@@ -283,8 +290,9 @@ void do_update(control_ptr self, const std::string& dir, done_fn done) {
     return done(error_envelope(500, "update_weights failed: " + problem));
   self->request(st.ctx.engine, st.ctx.settings.load_deadline, load_atom::value, dir)
     .await(
-      [self, done](std::uint64_t) {
+      [self, done, dir](std::uint64_t) {
         self->state.loaded = true;
+        self->state.loaded_dir = dir;
         done(json_response(message("Weights updated")));
       },
       [self, done](caf::error& err) { done(engine_failure(self, err, "update_weights failed")); });
@@ -307,6 +315,8 @@ void do_finish(control_ptr self, std::optional<std::string> label, done_fn done)
       [self, done, label, version](phase_ack&) {
         auto& st = self->state;
         st.ctx.labels->set(version, label ? *label : st.ctx.labels->label_of(version - 1));
+        st.published_dir = st.loaded_dir;
+        st.weights_released = false; // the update brought weights back
         bool implicit = st.implicit_pause;
         st.session = st.loaded = st.implicit_pause = false;
         auto answer = json_response(message("Weight update finished"));
@@ -320,6 +330,9 @@ void do_finish(control_ptr self, std::optional<std::string> label, done_fn done)
 }
 
 void do_sleep(control_ptr self, int level, pause_mode mode, done_fn done) {
+  if (self->state.session)
+    return done(error_envelope(ordering_status(self), "sleep called during a weight update; call "
+                                                      "finish_weight_update first"));
   pause_request req{mode, true};
   do_pause(
     self, req,
@@ -327,18 +340,76 @@ void do_sleep(control_ptr self, int level, pause_mode mode, done_fn done) {
       self->request(self->state.ctx.engine, deadline(self), flush_atom::value)
         .await(
           [self, level, done](phase_ack&) {
-            self->state.sleeping = true;
-            self->state.sleep_level = level;
-            done(response{200, "application/json", "", {}});
+            auto asleep = [self, level, done] {
+              self->state.sleeping = true;
+              self->state.sleep_level = std::max(self->state.sleep_level, level);
+              done(response{200, "application/json", "", {}});
+            };
+            if (level < 2 || self->state.weights_released)
+              return asleep();
+            // Level 2: the weights go too (their memory is freed).
+            self->request(self->state.ctx.engine, deadline(self), release_atom::value)
+              .await(
+                [self, asleep](std::uint64_t) {
+                  self->state.weights_released = true;
+                  asleep();
+                },
+                [self, done](caf::error& err) { done(engine_failure(self, err, "sleep failed")); });
           },
           [self, done](caf::error& err) { done(engine_failure(self, err, "sleep failed")); });
     },
     done, false);
 }
 
+void do_wake(control_ptr self, done_fn done);
+
+/// Wake from level 2: the weights published last, from their checkpoint
+/// directory, as the version the engine held (start, load, finish), then resume.
+void restore_weights(control_ptr self, done_fn done) {
+  auto& st = self->state;
+  const auto dir = st.published_dir;
+  if (dir.empty())
+    return done(error_envelope(500, "wake_up failed: no checkpoint directory of the published weights to load; "
+                                    "the engine sleeps on"));
+  if (auto problem = disk_checkpoint_problem(dir); !problem.empty())
+    return done(error_envelope(500, "wake_up failed: the published weights cannot be loaded again (" + problem
+                                      + "); the engine sleeps on: load a checkpoint with a weight update"));
+  auto fail = [self, done](caf::error& err) { done(engine_failure(self, err, "wake_up failed")); };
+  self->request(st.ctx.engine, deadline(self), status_atom::value)
+    .await(
+      [self, done, dir, fail](engine_status& s) {
+        const auto version = s.version;
+        self->request(self->state.ctx.engine, deadline(self), start_atom::value, version)
+          .await(
+            [self, done, dir, fail, version](phase_ack&) {
+              self->request(self->state.ctx.engine, self->state.ctx.settings.load_deadline, load_atom::value, dir)
+                .await(
+                  [self, done, fail, version](std::uint64_t) {
+                    self->request(self->state.ctx.engine, deadline(self), finish_atom::value, version)
+                      .await(
+                        [self, done](phase_ack&) {
+                          self->state.weights_released = false;
+                          do_wake(self, done);
+                        },
+                        fail);
+                  },
+                  [self, done](caf::error& err) {
+                    // Nothing half-loaded is served: close the session, keep sleeping.
+                    self->request(self->state.ctx.engine, deadline(self), drop_atom::value)
+                      .await([](phase_ack&) {}, [](caf::error&) {});
+                    done(engine_failure(self, err, "wake_up failed"));
+                  });
+            },
+            fail);
+      },
+      fail);
+}
+
 void do_wake(control_ptr self, done_fn done) {
   if (!self->state.sleeping)
     return done(response{200, "application/json", "", {}});
+  if (self->state.weights_released)
+    return restore_weights(self, done);
   do_resume(
     self,
     [self, done] {
@@ -636,6 +707,7 @@ void dispatch(control_ptr self, const http::request& rq, done_fn done) {
 
 caf::behavior serve_control(control_ptr self, serve_context ctx) {
   self->state.ctx = std::move(ctx);
+  self->state.published_dir = self->state.ctx.settings.checkpoint_dir;
   self->monitor(self->state.ctx.engine);
   self->set_down_handler([self](caf::down_msg& dm) {
     if (dm.source == self->state.ctx.engine.address()) {

@@ -70,6 +70,9 @@ private:
 
 struct serve_settings {
   std::string model_name;          ///< /v1/models' id (the checkpoint path, as vLLM names a model)
+  /// The checkpoint the server started on (a level-2 wake reloads the
+  /// published weights from it until an update replaces them); empty: none.
+  std::string checkpoint_dir;
   std::int64_t max_model_len = 0;  ///< max_position_embeddings
   int tp = 1;
   bool strict_vllm = false;        ///< answer exactly as vLLM: 500 for ordering mistakes, no extras

@@ -149,12 +149,33 @@ void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t versi
   if (serving_) // the first load keeps the spare made at construction
     spare_ = std::move(serving_);
   serving_ = std::move(weights);
+  released_ = false;
   version_ = version;
   dirty_ = false;
   cache_->clear(); // cached KV belongs to the old weights
 }
 
 std::shared_ptr<const weight_set> engine_core::weights() const { return model_.weights(); }
+
+std::variant<std::uint64_t, engine_error> engine_core::release_weights() {
+  if (state_ == scheduler_state::unpaused || pause_in_flight() || !running_.empty())
+    return engine_error{errc::not_paused, opts_.name + ": releasing the weights needs a paused engine with no "
+                                                     "request admitted"};
+  if (session_)
+    return engine_error{errc::malformed, opts_.name + ": a weight-update session is open"};
+  std::uint64_t bytes = 0;
+  if (serving_)
+    for (const auto& w : serving_->workers)
+      for (const auto& p : w.params())
+        bytes += p.data.size() * sizeof(float);
+  model_.clear_weights();
+  serving_.reset();
+  spare_.reset();
+  reserve_.reset();
+  cache_->clear();
+  released_ = true;
+  return bytes;
+}
 
 // -- requests --------------------------------------------------------------------------
 
@@ -403,6 +424,9 @@ bool engine_core::pause_in_flight() const {
 }
 
 std::optional<engine_error> engine_core::resume() {
+  if (released_)
+    return engine_error{errc::engine_dirty, opts_.name + ": no weights to serve (released by a level-2 sleep; "
+                                                       "wake up or load a version first)"};
   if (pause_in_flight())
     return engine_error{errc::pause_in_flight, opts_.name + ": a wait-pause still has "
                                                  + std::to_string(running_.size()) + " running requests"};

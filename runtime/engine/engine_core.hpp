@@ -41,6 +41,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 namespace rlsync::engine {
@@ -95,8 +96,16 @@ public:
   bool dirty() const { return dirty_; }
   /// Worker w's sharding plan, recorded from the loader at construction.
   const plan::worker_plan& worker_plan(int w) const { return plans_.at(static_cast<std::size_t>(w)); }
-  /// The weights served now (nullptr before load()).
+  /// The weights served now (nullptr before load() and after release_weights()).
   std::shared_ptr<const weight_set> weights() const;
+  /// Sleep level 2: drops the weights served now and every spare set, so
+  /// that their memory is freed; the prefix cache goes too. The engine must
+  /// be paused with no request admitted and no session open. It serves
+  /// nothing until load() or a finished session brings weights back (a
+  /// session of the same version re-loads it): resume() is refused
+  /// meanwhile. Returns the bytes released, or why not.
+  std::variant<std::uint64_t, engine_error> release_weights();
+  bool released() const { return released_; }
 
   // -- requests -----------------------------------------------------------------
 
@@ -226,6 +235,7 @@ private:
   /// pages takes seconds at GB scale, and a session starts on the engine's
   /// own thread, where it would miss heartbeats and the start deadline.
   std::shared_ptr<weight_set> reserve_;
+  bool released_ = false; ///< release_weights() ran and no weights came since
 
   std::unique_ptr<prefix_cache> cache_;
   std::uint64_t tokens_generated_ = 0;

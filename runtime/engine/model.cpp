@@ -359,6 +359,11 @@ void model::set_weights(std::shared_ptr<const weight_set> w) {
   impl_->weights = std::move(w);
 }
 
+void model::clear_weights() {
+  std::lock_guard<std::mutex> lock(impl_->weights_mutex);
+  impl_->weights.reset();
+}
+
 std::shared_ptr<const weight_set> model::weights() const {
   std::lock_guard<std::mutex> lock(impl_->weights_mutex);
   return impl_->weights;

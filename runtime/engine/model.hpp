@@ -73,8 +73,11 @@ public:
   /// Serves `w` from the next step on (a step in flight keeps its set).
   /// Throws std::invalid_argument when `w` is shaped for another model.
   void set_weights(std::shared_ptr<const weight_set> w);
-  /// The set served now; nullptr before the first set_weights().
+  /// The set served now; nullptr before the first set_weights() and after
+  /// clear_weights().
   std::shared_ptr<const weight_set> weights() const;
+  /// Serves no weights (their memory goes with the last holder).
+  void clear_weights();
 
   /// An empty KV cache for this model.
   kv_sequence new_sequence() const;

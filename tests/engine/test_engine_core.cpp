@@ -283,6 +283,37 @@ TEST_CASE("pause(keep): requests freeze in place and continue unchanged on resum
   CHECK(h.seen[1].ids() == uninterrupted.seen[1].ids());
 }
 
+TEST_CASE("sleep level 2: released weights free their memory, a session of the same version brings them back") {
+  harness h;
+  const auto before = fresh_greedy(h.v1, 1, "the same prompt", {}, 6);
+  CHECK(h.core.release_weights().index() == 1); // unpaused: refused
+  REQUIRE(!h.add(1, "running", 50));
+  h.core.step();
+  h.core.pause({pause_mode::keep, false});
+  auto busy = h.core.release_weights();
+  REQUIRE(busy.index() == 1); // a frozen request still needs them
+  CHECK(std::get<engine_error>(busy).code == errc::not_paused);
+  h.core.resume();
+  h.core.pause({pause_mode::abort, true});
+  h.drain();
+  auto released = h.core.release_weights();
+  REQUIRE(released.index() == 0);
+  CHECK(std::get<std::uint64_t>(released) > 0);
+  CHECK(!h.core.weights());
+  CHECK(h.core.released());
+  auto refused = h.core.resume();
+  REQUIRE(refused);
+  CHECK(refused->code == errc::engine_dirty);
+  CHECK(h.core.version() == 1);
+  // Wake: version 1 again through a session (the same version is a full re-sync).
+  h.update(h.v1, 1);
+  CHECK_FALSE(h.core.released());
+  REQUIRE(!h.core.resume());
+  REQUIRE(!h.add(2, "the same prompt", 6));
+  h.drain();
+  CHECK(h.seen[2].ids() == before);
+}
+
 TEST_CASE("weight-update session: start needs a pause, finish needs every tensor, incomplete leaves the engine dirty") {
   harness h;
   auto v2 = make_source(h.config, dtype::bf16, 2);

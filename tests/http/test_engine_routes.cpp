@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -249,6 +250,39 @@ TEST_CASE("routes: collective_rpc runs SkyRL's weight sync and names other metho
   auto other = rpc("reload_everything", json::object(), 400);
   CHECK(other["error"]["message"].get<std::string>().find("reload_everything") != std::string::npos);
   check_envelope(f.call_json("POST", "/collective_rpc", "{}", 400), 400, "body.method");
+}
+
+TEST_CASE("routes: sleep level 2 frees the weights, wake_up loads the published ones again") {
+  serve_fixture f;
+  const std::string greedy = R"({"prompt": [5, 6, 7], "max_tokens": 6, "temperature": 0})";
+  auto tokens_of = [&] { return f.call_json("POST", "/v1/completions", greedy)["choices"][0]["token_ids"]; };
+  const auto before = tokens_of();
+  auto checksums = [&] { return f.call_json("POST", "/weight_checker", R"({"action": "checksum"})")["checksums"]; };
+  REQUIRE(!checksums().empty());
+  CHECK(f.call_json("POST", "/sleep?level=2").empty());
+  CHECK(checksums().empty()); // nothing held: the memory is freed
+  CHECK(f.call_json("POST", "/resume", "", 500).contains("error")); // no weights to serve
+  CHECK(f.call_json("POST", "/wake_up").empty());
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", false}});
+  CHECK(tokens_of() == before);
+  CHECK(f.call_json("GET", "/weight_info")["weight_version"] == "default"); // the same version again
+
+  // An update while asleep brings its own weights: the wake resumes on them.
+  CHECK(f.call_json("POST", "/sleep?level=2").empty());
+  CHECK(f.call_json("POST", "/start_weight_update").size() == 1);
+  CHECK(f.call_json("POST", "/update_weights", path_body(f.dir / "v2")).size() == 1);
+  CHECK(f.call_json("POST", "/finish_weight_update", R"({"weight_version": "v2"})").size() == 1);
+  CHECK(f.call_json("POST", "/wake_up").empty());
+  const auto after_update = tokens_of();
+  CHECK(after_update != before);
+
+  // Asleep again with the published directory gone: the wake fails, saying so, and it sleeps on.
+  CHECK(f.call_json("POST", "/sleep?level=2").empty());
+  std::filesystem::remove_all(f.dir / "v2");
+  auto failed = f.call_json("POST", "/wake_up", "", 500);
+  check_envelope(failed, 500);
+  CHECK(failed["error"]["message"].get<std::string>().find("v2") != std::string::npos);
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", true}});
 }
 
 TEST_CASE("routes: sleep levels, models, world size, health and the token") {
