@@ -264,15 +264,6 @@ rollout_engine_actor spawn_engine(caf::actor_system& sys, const local_deployment
   return spawn_replica(sys, t, spec, w);
 }
 
-/// Every actor of `d`, for stop_and_await.
-std::vector<caf::actor> actors_of(const local_deployment& d) {
-  std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.coordinator), caf::actor_cast<caf::actor>(d.router)};
-  for (const auto& r : d.ranks)
-    all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
-  for (const auto& e : d.engines)
-    all.push_back(caf::actor_cast<caf::actor>(e));
-  return all;
-}
 
 } // namespace
 
@@ -326,7 +317,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     try {
       d.http = std::make_shared<router_endpoint>(sys, router_endpoint_options_from(t, d.metrics), d.router);
     } catch (...) {
-      stop_and_await(sys, actors_of(d));
+      stop_and_await(sys, d.actors());
       throw;
     }
     // A router restarted here takes the endpoint's requests from then on.
@@ -359,7 +350,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     for (const auto& r : d.ranks)
       if (auto failure = register_rank(sys, d.coordinator, t, r, opts.register_deadline);
           !failure.empty()) {
-        stop_and_await(sys, actors_of(d));
+        stop_and_await(sys, d.actors());
         throw std::runtime_error("trainer rank " + std::to_string(r.rank)
                                  + " could not register with the coordinator: " + failure);
       }
@@ -368,7 +359,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     if (auto failure = register_engine(sys, d.coordinator, info, caf::actor_cast<caf::actor>(d.engines[i]),
                                        opts.register_deadline);
         !failure.empty()) {
-      stop_and_await(sys, actors_of(d));
+      stop_and_await(sys, d.actors());
       throw std::runtime_error("engine " + hosted[i]->name + " could not register with the coordinator: " + failure);
     }
   }
@@ -467,6 +458,15 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
   self->send(coordinator, register_atom::value, r.trainer.actor);
   return {};
+}
+
+std::vector<caf::actor> local_deployment::actors() const {
+  std::vector<caf::actor> all{caf::actor_cast<caf::actor>(coordinator), caf::actor_cast<caf::actor>(router)};
+  for (const auto& r : ranks)
+    all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
+  for (const auto& e : engines)
+    all.push_back(caf::actor_cast<caf::actor>(e));
+  return all;
 }
 
 void local_deployment::shutdown() {

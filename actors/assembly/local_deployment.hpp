@@ -96,6 +96,8 @@ struct local_deployment {
 
   /// Stops every actor (the trainer first, so no version appears mid-shutdown).
   void shutdown();
+  /// Every actor here (empty handles included), for stop_and_await.
+  std::vector<caf::actor> actors() const;
 
   /// Replaces engine `i` by a fresh process's worth of state: the old actor
   /// is killed (if alive), a new one spawned with the next incarnation and

@@ -131,12 +131,7 @@ bench_http_result run_bench_http(const bench_http_options& o) {
     ~stop_on_exit() {
       if (d.http)
         d.http->stop();
-      std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.coordinator), caf::actor_cast<caf::actor>(d.router)};
-      for (auto& rank : d.ranks)
-        all.push_back(caf::actor_cast<caf::actor>(rank.trainer.actor));
-      for (auto& e : d.engines)
-        all.push_back(caf::actor_cast<caf::actor>(e));
-      stop_and_await(sys, all);
+      stop_and_await(sys, d.actors());
     }
   } guard{sys, d};
   // One sync: every engine current before the runs.

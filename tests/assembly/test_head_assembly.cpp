@@ -142,14 +142,7 @@ TEST_CASE("assembly: two trainer ranks in one process sync every engine to the w
   struct stop_on_exit { // a failed REQUIRE must not leave actors the system's destructor waits for
     caf::actor_system& sys;
     local_deployment& d;
-    ~stop_on_exit() {
-      std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.coordinator), caf::actor_cast<caf::actor>(d.router)};
-      for (auto& r : d.ranks)
-        all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
-      for (auto& e : d.engines)
-        all.push_back(caf::actor_cast<caf::actor>(e));
-      stop_and_await(sys, all);
-    }
+    ~stop_on_exit() { stop_and_await(sys, d.actors()); }
   } guard{sys, d};
   REQUIRE(d.ranks.size() == 2);
   CHECK_FALSE(d.single_trainer);

@@ -39,12 +39,7 @@ struct deployment_stopper {
   ~deployment_stopper() {
     if (d.http)
       d.http->stop();
-    std::vector<caf::actor> all{caf::actor_cast<caf::actor>(d.coordinator), caf::actor_cast<caf::actor>(d.router)};
-    for (auto& r : d.ranks)
-      all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
-    for (auto& e : d.engines)
-      all.push_back(caf::actor_cast<caf::actor>(e));
-    stop_and_await(sys, all);
+    stop_and_await(sys, d.actors());
   }
 };
 
