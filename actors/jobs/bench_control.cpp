@@ -1,5 +1,6 @@
 #include "actors/jobs/bench_control.hpp"
 
+#include "actors/assembly/local_deployment.hpp"
 #include "actors/assembly/serve_node.hpp"
 #include "actors/system_config.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -211,11 +212,72 @@ void caf_wave(caf::scoped_actor& self, const std::vector<rollout_engine_impl>& e
     throw std::runtime_error(failure);
 }
 
+/// The stall of `rounds` whole rounds of topology `yaml` in this process
+/// (after the cold one and one more to warm up): the coordinator starts a
+/// round at each version the trainer publishes. Throws naming the failure.
+std::vector<double> coordinator_rounds(caf::actor_system& sys, const std::string& yaml, std::size_t engines,
+                                       int rounds) {
+  auto t = parse_topology(yaml, "bench-control-http.yaml", "/");
+  struct collected {
+    std::mutex mu;
+    std::condition_variable changed;
+    std::vector<sync_report> reports;
+  };
+  auto seen = std::make_shared<collected>();
+  deployment_options opts;
+  opts.on_sync = [seen](const sync_report& r) {
+    std::lock_guard<std::mutex> lock(seen->mu);
+    seen->reports.push_back(r);
+    seen->changed.notify_all();
+  };
+  auto d = deploy_local(sys, t, opts);
+  struct stop_on_exit {
+    caf::actor_system& sys;
+    local_deployment& d;
+    ~stop_on_exit() { stop_and_await(sys, d.actors()); }
+  } guard{sys, d};
+  const std::size_t wanted = static_cast<std::size_t>(rounds) + 2; // the cold round and a warm-up first
+  std::vector<double> out;
+  std::unique_lock<std::mutex> lock(seen->mu);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30) * wanted;
+  for (std::size_t next = 0; out.size() + 2 < wanted;) {
+    if (!seen->changed.wait_until(lock, give_up, [&] { return seen->reports.size() > next; }))
+      throw std::runtime_error(std::to_string(out.size()) + " of " + std::to_string(rounds) + " rounds in time");
+    const auto& r = seen->reports[next++];
+    if (r.aborted || !r.evicted.empty())
+      throw std::runtime_error("round of version " + std::to_string(r.version) + ": "
+                               + (r.aborted ? std::string("aborted") : "evicted " + r.evicted.front()));
+    if (r.engines_synced != engines)
+      continue; // every engine already current
+    if (next > 2)
+      out.push_back(static_cast<double>(r.stall_ns) / 1e6);
+  }
+  return out;
+}
+
+std::string rounds_topology(const std::string& model_dir, const std::vector<std::uint16_t>& servers,
+                            std::uint64_t engines, const std::string& weights_dir) {
+  std::ostringstream y;
+  y << "name: bench-control-http\nmodel: {checkpoint: " << model_dir << "}\nnodes: [{name: a}]\n"
+    << "trainer: {node: a, step_time_ms: 50}\nengines:\n";
+  if (servers.empty())
+    y << "  - {name: e, node: a, replicas: " << engines << "}\n";
+  for (std::size_t i = 0; i < servers.size(); ++i)
+    y << "  - {name: v" << i << ", node: a, kind: vllm, url: \"http://127.0.0.1:" << servers[i]
+      << "\", weights_dir: " << weights_dir << "/v" << i << "}\n";
+  return y.str();
+}
+
 } // namespace
 
 double bench_control_http_result::ratio() const {
   const double b = median_of(builtin_ms);
   return b > 0 ? median_of(http_ms) / b : 0;
+}
+
+double bench_control_http_result::round_ratio() const {
+  const double b = median_of(builtin_round_ms);
+  return b > 0 ? median_of(http_round_ms) / b : 0;
 }
 
 bench_control_http_result run_bench_control_http(std::uint64_t engines, int rounds,
@@ -290,6 +352,14 @@ bench_control_http_result run_bench_control_http(std::uint64_t engines, int roun
         r.http_ms.push_back(over_http);
       }
     }
+    // Whole rounds: the built-in engines, then engines of kind vllm in front
+    // of the same servers (the waves above left each unpaused, its session
+    // abandoned, on the checkpoint's weights).
+    if (note)
+      note("bench control --http: whole rounds, built-in engines, then engines of kind vllm...");
+    r.builtin_round_ms = coordinator_rounds(sys, rounds_topology(dir + "/model", {}, engines, ""), engines, rounds);
+    r.http_round_ms =
+      coordinator_rounds(sys, rounds_topology(dir + "/model", ports, engines, dir + "/weights"), engines, rounds);
     for (auto& s : servers)
       s->stop();
   } catch (const std::exception& e) {
@@ -317,7 +387,13 @@ std::string bench_control_http_report(const bench_control_http_result& r) {
   out += buf;
   out += line("  built-in engines (CAF requests)", r.builtin_ms);
   out += line("  the same engines over vLLM's HTTP", r.http_ms);
-  std::snprintf(buf, sizeof buf, "HTTP / built-in: %.2fx (goal at most 1.5x)\n", r.ratio());
+  std::snprintf(buf, sizeof buf, "HTTP / built-in: %.2fx\n", r.ratio());
+  out += buf;
+  std::snprintf(buf, sizeof buf, "%-34s %9s %9s %9s\n", "whole rounds (stall)", "median", "min", "max");
+  out += buf;
+  out += line("  built-in engines", r.builtin_round_ms);
+  out += line("  engines of kind vllm (HTTP, disk)", r.http_round_ms);
+  std::snprintf(buf, sizeof buf, "HTTP engines / built-in: %.2fx (goal at most 1.5x)\n", r.round_ratio());
   out += buf;
   return out;
 }
@@ -331,7 +407,12 @@ nlohmann::ordered_json bench_control_http_json(const bench_control_http_result& 
           {"http_ms", r.http_ms},
           {"builtin_median_ms", median_of(r.builtin_ms)},
           {"http_median_ms", median_of(r.http_ms)},
-          {"ratio", r.ratio()}};
+          {"ratio", r.ratio()},
+          {"builtin_round_ms", r.builtin_round_ms},
+          {"http_round_ms", r.http_round_ms},
+          {"builtin_round_median_ms", median_of(r.builtin_round_ms)},
+          {"http_round_median_ms", median_of(r.http_round_ms)},
+          {"round_ratio", r.round_ratio()}};
 }
 
 } // namespace rlsync::jobs

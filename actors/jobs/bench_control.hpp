@@ -53,8 +53,16 @@ struct bench_control_http_result {
   unsigned cores = 0;
   std::vector<double> builtin_ms; ///< one round's four waves over CAF, per round
   std::vector<double> http_ms;    ///< the same over HTTP, per round
+  /// Whole coordinator rounds (pause → flush → start → transfer → finish →
+  /// continue; the near-empty model moves every round) in this process:
+  /// each round's stall with N built-in engines, and with N engines of kind
+  /// vllm fronting the same rlsync serve servers (weights through the disk
+  /// backend: safetensors written, then loaded by the server).
+  std::vector<double> builtin_round_ms;
+  std::vector<double> http_round_ms;
   std::string error;              ///< non-empty: the bench failed here
   double ratio() const;           ///< median HTTP / median built-in; 0 when not measured
+  double round_ratio() const;     ///< the same for whole rounds
 };
 bench_control_http_result run_bench_control_http(std::uint64_t engines, int rounds,
                                                  const std::function<void(const std::string&)>& note);

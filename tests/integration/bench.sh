@@ -66,7 +66,9 @@ timeout 120 "$rlsync" bench control --http --engines 2 --rounds 3 --json "$dir/h
 grep -q "built-in engines (CAF requests) *[0-9.]* " "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no built-in row"; exit 1; }
 grep -q "the same engines over vLLM's HTTP *[0-9.]* " "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no HTTP row"; exit 1; }
 grep -q "HTTP / built-in: [0-9.]*x" "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no ratio"; exit 1; }
-python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["http_ms"])==3 and len(j["builtin_ms"])==3 and j["ratio"]>0, j' \
+grep -q "engines of kind vllm (HTTP, disk) *[0-9.]* " "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no whole-round row"; exit 1; }
+grep -q "HTTP engines / built-in: [0-9.]*x" "$dir/http.out" || { cat "$dir/http.out"; echo "FAIL: no round ratio"; exit 1; }
+python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert len(j["http_ms"])==3 and len(j["builtin_ms"])==3 and j["ratio"]>0 and len(j["http_round_ms"])==3 and len(j["builtin_round_ms"])==3 and j["round_ratio"]>0, j' \
   "$dir/http.json" || { cat "$dir/http.json"; echo "FAIL: http JSON"; exit 1; }
 # Streaming through the fleet's endpoint vs the driver's direct path (figures reported, never asserted).
 timeout 180 "$rlsync" bench http --engines 2 --prompts 8 --max-tokens 8 --concurrency 4 --repeats 2 \

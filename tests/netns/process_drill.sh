@@ -64,7 +64,7 @@ sync:
   deadlines_ms: {pause: 2000, flush: 1000, start: 2000, transfer: 10000, finish: 2000, continue: 1000}
   min_live_engines: 1
   max_restarts: 3
-workload: {prompts: 1200, concurrency: 8, max_tokens: 24, temperature: 0.0, seed: 1}
+workload: {prompts: 2000, concurrency: 8, max_tokens: 24, temperature: 0.0, seed: 1}
 drill:
   faults:
     - {at_sync: 6, phase: finish, action: kill, target: engine-node-a, duration_ms: 1500}
