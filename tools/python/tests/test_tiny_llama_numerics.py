@@ -5,7 +5,7 @@ Usage: python3 tools/python/tests/test_tiny_llama_numerics.py BUILD_DIR
 Builds random tiny models (untied GQA, tied multi-query, one whose EOS row is
 steered so that greedy decoding ends on EOS), rounds them to bf16, writes each
 as a Hugging Face checkpoint directory, runs ``BUILD_DIR/rlsync generate
---json`` greedily (tensor-parallel 1 and 2) on several prompts and asserts
+--json`` greedily (tensor-parallel 1 and 2, and the portable kernels) on several prompts and asserts
 that the prompt's token ids and the generated ones equal TinyLlama's, which
 decodes with the bf16 weights widened to fp32, as the engine does.
 
@@ -27,6 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 SKIP = 77
 GENERATE_TIMEOUT_S = 120
 MAX_TOKENS = 24
+# (tensor-parallel size, RLSYNC_KERNELS): the default kernels at tp 1 and 2, the portable ones at tp 1.
+ENGINE_RUNS = [(1, None), (2, None), (1, "baseline")]
 PROMPTS = ["hello", "The quick brown fox", "h\u00e9llo w\u00f6rld \u2603", "a", "0123456789" * 3]
 
 
@@ -38,10 +40,15 @@ def find_rlsync(build_dir: str) -> str:
                      "(build it: ninja -C BUILD_DIR rlsync)")
 
 
-def engine_generate(rlsync: str, checkpoint: str, prompt: str, max_tokens: int, tp: int, stop: bool) -> dict:
+def engine_generate(rlsync: str, checkpoint: str, prompt: str, max_tokens: int, tp: int, stop: bool,
+                    kernels: str | None) -> dict:
     cmd = [rlsync, "generate", "--checkpoint", checkpoint, "--prompt", prompt, "--max-tokens", str(max_tokens),
            "--tp", str(tp), "--json"] + ([] if stop else ["--no-stop"])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=GENERATE_TIMEOUT_S)
+    env = dict(os.environ)
+    env.pop("RLSYNC_KERNELS", None)
+    if kernels:
+        env["RLSYNC_KERNELS"] = kernels  # the engine's portable kernels instead of AVX2
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=GENERATE_TIMEOUT_S, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
     try:
@@ -122,10 +129,11 @@ def main() -> int:
                     if stop and want[-1] == tl.TOKEN_EOS:
                         ended_on_eos = True
                     min_margin = min(min_margin, top2_margin(widened, prompt_ids, want))
-                    for tp in (1, 2):
-                        label = f"{name} tp={tp} stop_at_eos={stop} prompt={prompt!r}"
+                    for tp, kernels in ENGINE_RUNS:
+                        label = f"{name} tp={tp}{' ' + kernels if kernels else ''} stop_at_eos={stop} " \
+                                f"prompt={prompt!r}"
                         try:
-                            got = engine_generate(rlsync, ckpt, prompt, MAX_TOKENS, tp, stop)
+                            got = engine_generate(rlsync, ckpt, prompt, MAX_TOKENS, tp, stop, kernels)
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
                             failures.append(f"{label}: {e}")
                             continue

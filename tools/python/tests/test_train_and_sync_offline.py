@@ -26,6 +26,7 @@ wrong tokens exits 1 with MISMATCH lines. Exit 77 when torch is missing.
 from __future__ import annotations
 
 import http.server
+import importlib
 import json
 import os
 import re
@@ -243,7 +244,7 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        import torch  # noqa: F401
+        importlib.import_module("torch")  # the example's subprocess imports it
     except ImportError as e:
         print(f"SKIP test_train_and_sync_offline: PyTorch is not importable by {sys.executable} ({e}); "
               "install python3-torch and run it with /usr/bin/python3")
