@@ -282,6 +282,30 @@ def expected_names(config: Union[LlamaConfig, Mapping]) -> list[str]:
     return names
 
 
+def names_of_layers(config: Union[LlamaConfig, Mapping], layers: Iterable[int]) -> list[str]:
+    """The parameters a trainer rank holding `layers` publishes, in checkpoint order.
+
+    As rlsync groups parameters: the embedding travels with layer 0, the final
+    norm and lm_head with the last layer, the rest with their own layer.
+    """
+    c = as_config(config)
+    held = set()
+    for layer in layers:
+        if not 0 <= layer < c.num_hidden_layers:
+            raise ValueError(f"layer {layer} outside the model's {c.num_hidden_layers} layers")
+        held.add(layer)
+    last = c.num_hidden_layers - 1
+
+    def group(name: str) -> int:
+        if name == "model.embed_tokens.weight":
+            return 0
+        if name in ("model.norm.weight", "lm_head.weight"):
+            return last
+        return int(name.split(".")[2])
+
+    return [n for n in expected_names(c) if group(n) in held]
+
+
 def model_from_state(state: Mapping[str, torch.Tensor], config: Union[LlamaConfig, Mapping]) -> TinyLlama:
     """An fp32 TinyLlama holding `state` widened to fp32 (exact for bf16 and f16), as the engine loads it."""
     model = TinyLlama(config)

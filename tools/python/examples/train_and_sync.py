@@ -213,6 +213,21 @@ def show(ids: Sequence[int]) -> str:
 
 # -- main ------------------------------------------------------------------------------
 
+def parse_layers(text: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected a layer or a range such as 0-3") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected a non-negative, ascending range")
+        out.update(range(first, last + 1))
+    return sorted(out)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Train a tiny Llama, publish every step to rlsync, check the fleet.")
     p.add_argument("--topology", required=True, help="the cluster's topology.yaml")
@@ -222,6 +237,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data (default 0)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
     p.add_argument("--seq-len", type=int, default=48, help="tokens per training sequence (default 48)")
+    p.add_argument("--layers", type=parse_layers, default=None,
+                   help="layers this rank holds, e.g. 0-3,6 (default: all); publishes only their tensors "
+                        "(the embedding goes with layer 0, the final norm and lm_head with the last)")
     p.add_argument("--first-version", type=int, default=1,
                    help="version of the first step's weights; later steps count up (default 1)")
     p.add_argument("--timeout-s", type=float, default=60.0,
@@ -262,6 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"train_and_sync: --prompt-len {args.prompt_len} + BOS + --max-tokens {args.max_tokens} exceed "
               f"max_position_embeddings ({config.max_position_embeddings})", file=sys.stderr)
         return 2
+    try:
+        held = tl.names_of_layers(config, args.layers if args.layers is not None
+                                  else range(config.num_hidden_layers))
+    except ValueError as e:
+        print(f"train_and_sync: --layers: {e}", file=sys.stderr)
+        return 2
     seq_len = min(args.seq_len, config.max_position_embeddings)
     url = topology.router_url.rstrip("/") + "/v1/completions"
     api_key = api_key_from_env()
@@ -291,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 version = args.first_version + step
                 published = tl.bf16_state_dict(model)
                 t0 = time.monotonic()
-                rank.publish(version, published)  # copies: `published` could change now without harm
+                # publish copies: `published` could change now without harm.
+                rank.publish(version, {name: published[name] for name in held})
                 publish_s += time.monotonic() - t0
                 print(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}, published version {version}", flush=True)
         finally:

@@ -161,6 +161,14 @@ def main() -> int:
         if len(tl.greedy_decode(tied, long_ids, MAX_TOKENS, stop_at_eos=False)) != 40 - len(long_ids):
             failures.append("greedy_decode does not stop at max_position_embeddings")
 
+    # Each trainer rank publishes its layers' tensors: embedding with layer 0, norm and lm_head with the last.
+    untied, tied = variants[0][1], variants[1][1]
+    halves = [tl.names_of_layers(untied, [0]), tl.names_of_layers(untied, [1])]
+    if sorted(halves[0] + halves[1]) != sorted(tl.expected_names(untied)) or set(halves[0]) & set(halves[1]):
+        failures.append(f"names_of_layers: halves do not partition the parameters: {halves}")
+    if "model.embed_tokens.weight" not in halves[0] or "lm_head.weight" not in halves[1] \
+            or "model.norm.weight" not in halves[1] or "lm_head.weight" in tl.names_of_layers(tied, [1]):
+        failures.append(f"names_of_layers: embedding, norm or lm_head in the wrong half: {halves}")
     print(f"{checked} engine runs compared; smallest top-2 logit gap in TinyLlama's decodes: {min_margin:.4g}")
     if failures:
         print(f"FAIL test_tiny_llama_numerics: {len(failures)} problem(s):")
