@@ -23,7 +23,9 @@ bf16 weights, widened to fp32 as the engine does.
     python3 train_and_sync.py --topology topology.yaml --steps 30
 
 The topology needs a head with an HTTP port (router_url) and a trainer rank
-whose ``source`` is ``external``. If the head's HTTP port requires a key, put
+whose ``source`` is ``external``. The greedy comparison expects engines of
+kind builtin, which compute in fp32 as TinyLlama does here; a vLLM server
+computes in bf16 and may pick other tokens where two are close. If the head's HTTP port requires a key, put
 it in the environment variable RLSYNC_API_KEY.
 
 Exit status: 0 when every greedy completion matched, 1 on a mismatch or a
@@ -33,6 +35,7 @@ failure (printed), 2 on bad arguments or a topology the example cannot use.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -79,6 +82,8 @@ def post_json(url: str, body: Mapping, api_key: str | None, timeout_s: float) ->
         raise HttpError(f"POST {url}: HTTP {e.code}: {detail}", e.code) from None
     except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
         raise HttpError(f"POST {url}: {getattr(e, 'reason', e)}") from None
+    except http.client.HTTPException as e:  # a malformed or truncated response
+        raise HttpError(f"POST {url}: {type(e).__name__}: {e}") from None
     if len(raw) > MAX_RESPONSE_BYTES:
         raise HttpError(f"POST {url}: response larger than {MAX_RESPONSE_BYTES} bytes")
     try:
@@ -316,7 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 published = tl.bf16_state_dict(model)
                 t0 = time.monotonic()
                 # publish copies: `published` could change now without harm.
-                rank.publish(version, {name: published[name] for name in held})
+                try:
+                    rank.publish(version, {name: published[name] for name in held})
+                except (ValueError, TypeError) as e:  # the binding names the tensor at fault
+                    print(f"FAIL: publish of version {version}: {e}")
+                    return 1
                 publish_s += time.monotonic() - t0
                 print(f"step {step + 1}/{args.steps}: loss {losses[-1]:.4f}, published version {version}", flush=True)
         finally:

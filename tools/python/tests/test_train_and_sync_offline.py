@@ -19,8 +19,9 @@ numerics:
   tokens the example compares come from rlsync's engine.
 
 Checks: exit 0 and a PASS line; the loss dropped; rollouts were served;
-every version was published in order; a run where the head answers with the
-wrong tokens exits 1 with MISMATCH lines. Exit 77 when torch is missing.
+every version was published in order; the ten-line loop of the example's
+docstring (the README's) runs as written; a run where the head answers with
+the wrong tokens exits 1 with MISMATCH lines. Exit 77 when torch is missing.
 """
 
 from __future__ import annotations
@@ -211,7 +212,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, {"object": "text_completion", "model": f"v{version}", "choices": choices})
 
 
-def run_example(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, steps: int) -> tuple[int, str, StandinHead]:
+def run_with_standins(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, args: list[str],
+                      timeout_s: float = EXAMPLE_TIMEOUT_S) -> tuple[int, str, StandinHead]:
+    """Runs `python3 ARGS` in a fresh directory holding topology.yaml, beside a stand-in head and binding."""
     work = os.path.join(tmp, name)
     checkpoints = os.path.join(work, "checkpoints")
     module_dir = os.path.join(work, "module")
@@ -221,22 +224,60 @@ def run_example(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, steps: i
         f.write(STANDIN_RLSYNC)
     head = StandinHead(rlsync, checkpoints, corrupt_greedy)
     threading.Thread(target=head.serve_forever, name="standin-head", daemon=True).start()
-    topology = os.path.join(work, "topology.json")
-    with open(topology, "w") as f:
+    # JSON is YAML: the stand-in Topology reads it with json.
+    with open(os.path.join(work, "topology.yaml"), "w") as f:
         json.dump({"model": CONFIG, "router_url": f"http://127.0.0.1:{head.server_address[1]}",
                    "checkpoints": checkpoints}, f)
-    env = dict(os.environ, PYTHONPATH=module_dir, RLSYNC_STANDIN_EXAMPLES=EXAMPLES, RLSYNC_API_KEY=API_KEY)
-    cmd = [sys.executable, os.path.join(EXAMPLES, "train_and_sync.py"), "--topology", topology,
-           "--steps", str(steps), "--seq-len", "40", "--check-prompts", "3", "--max-tokens", "16",
-           "--timeout-s", "60", "--seed", "3"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([module_dir, EXAMPLES]), RLSYNC_STANDIN_EXAMPLES=EXAMPLES,
+               RLSYNC_API_KEY=API_KEY)
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=EXAMPLE_TIMEOUT_S)
+        r = subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env, cwd=work,
+                           timeout=timeout_s)
     finally:
         head.shutdown()
         head.server_close()
     output = r.stdout + r.stderr
     print(f"--- {name}: exit {r.returncode}\n{output}")
     return r.returncode, output, head
+
+
+def run_example(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, steps: int) -> tuple[int, str, StandinHead]:
+    return run_with_standins(rlsync, tmp, name, corrupt_greedy, [
+        os.path.join(EXAMPLES, "train_and_sync.py"), "--topology", "topology.yaml", "--steps", str(steps),
+        "--seq-len", "40", "--check-prompts", "3", "--max-tokens", "16", "--timeout-s", "60", "--seed", "3"])
+
+
+def ten_line_loop() -> str:
+    """The loop in train_and_sync.py's docstring (the README's), dedented."""
+    with open(os.path.join(EXAMPLES, "train_and_sync.py"), encoding="utf-8") as f:
+        doc = f.read().split('"""')[1]
+    block = doc.split("::\n\n", 1)[1]
+    lines = []
+    for line in block.splitlines():
+        if line and not line.startswith("    "):
+            break
+        lines.append(line[4:])
+    return "\n".join(lines).strip() + "\n"
+
+
+def run_ten_line_loop(rlsync: str, tmp: str) -> list[str]:
+    """The docstring's loop runs as written (batches given) and publishes one version per batch."""
+    loop = ten_line_loop()
+    code_lines = [line for line in loop.splitlines() if line.strip()]
+    failures = [] if len(code_lines) == 10 else [f"ten-line loop: {len(code_lines)} lines:\n{loop}"]
+    script = os.path.join(tmp, "ten_line_loop.py")
+    with open(script, "w") as f:
+        f.write("import torch, train_and_sync\n"
+                "data = torch.Generator().manual_seed(0)\n"
+                "batches = [train_and_sync.training_batch(data, 4, 24) for _ in range(3)]\n"
+                + loop + "print('ten-line loop: synced', step)\n")
+    code, out, _ = run_with_standins(rlsync, tmp, "ten-line-loop", False, [script], timeout_s=120)
+    if code != 0 or "ten-line loop: synced 3" not in out:
+        failures.append(f"ten-line loop: exit {code}, did not sync version 3")
+    published = sorted(os.listdir(os.path.join(tmp, "ten-line-loop", "checkpoints")))
+    if [n for n in published if n != "loaded"] != ["v000001", "v000002", "v000003"]:
+        failures.append(f"ten-line loop: published {published}, expected v000001..v000003")
+    return failures
 
 
 def main() -> int:
@@ -276,6 +317,8 @@ def main() -> int:
             failures.append(f"honest head: {head.served['greedy']} greedy completions served, expected 3")
         if head.errors:
             failures.append(f"honest head: the head saw errors: {head.errors[:3]}")
+
+        failures += run_ten_line_loop(rlsync, tmp)
 
         code, out, head = run_example(rlsync, tmp, "corrupting-head", corrupt_greedy=True, steps=3)
         if code != 1 or "prompt 1: MISMATCH at token 2" not in out or "FAIL: 1 of 3" not in out:
