@@ -95,6 +95,17 @@ def post_json(url: str, body: Mapping, api_key: str | None, timeout_s: float) ->
     return answer
 
 
+def served_versions(answer: dict) -> set[str]:
+    """The weight-version labels rlsync adds to its choices (weight_versions spans); empty when absent."""
+    labels = set()
+    for choice in answer.get("choices") or []:
+        spans = choice.get("weight_versions") if isinstance(choice, dict) else None
+        for span in spans if isinstance(spans, list) else []:
+            if isinstance(span, dict) and "version" in span:
+                labels.add(str(span["version"]))
+    return labels
+
+
 def completion_token_ids(answer: dict, prompts: int, url: str) -> list[list[int]]:
     """choices[i].token_ids, ordered by choice index (one choice per prompt)."""
     choices = answer.get("choices")
@@ -194,12 +205,14 @@ class Rollouts(threading.Thread):
 # -- the fleet's greedy completions against TinyLlama's -----------------------------------
 
 def fleet_greedy(url: str, api_key: str | None, prompts: Sequence[Sequence[int]], max_tokens: int,
-                 timeout_s: float, attempts: int = 5) -> list[list[int]]:
+                 timeout_s: float, attempts: int = 5) -> tuple[list[list[int]], set[str]]:
+    """Greedy completions of `prompts` (token ids each) and the weight versions that served them."""
     body = {"prompt": [list(p) for p in prompts], "max_tokens": max_tokens, "temperature": 0.0,
             "return_token_ids": True}
     for attempt in range(1, attempts + 1):
         try:
-            return completion_token_ids(post_json(url, body, api_key, timeout_s), len(prompts), url)
+            answer = post_json(url, body, api_key, timeout_s)
+            return completion_token_ids(answer, len(prompts), url), served_versions(answer)
         except HttpError as e:
             # 4xx means the request itself is wrong: retrying would not help.
             if attempt == attempts or (e.status is not None and 400 <= e.status < 500 and e.status != 429):
@@ -341,7 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = rank.status()
 
     prompts = check_prompts(args.check_prompts, args.prompt_len)
-    fleet = fleet_greedy(url, api_key, prompts, args.max_tokens, args.request_timeout_s)
+    try:
+        fleet, versions = fleet_greedy(url, api_key, prompts, args.max_tokens, args.request_timeout_s)
+    except HttpError as e:
+        print(f"FAIL: greedy completions from the fleet: {e}")
+        return 1
     mismatches = 0
     print()
     print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f} over {len(losses)} steps")
@@ -355,6 +372,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rollouts.gave_up:
             print(f"rollouts stopped early: {rollouts.gave_up}")
     print(f"fleet status: {json.dumps(status, default=str)[:2000]}")
+    if versions:
+        print(f"greedy completions served by weight version(s): {', '.join(sorted(versions))}")
+    # Labels are decimal versions unless the cluster names them; decimal ones must be the last published.
+    if versions and all(v.isdigit() for v in versions) and versions != {str(version)}:
+        print(f"FAIL: the fleet answered with version(s) {sorted(versions)}, not {version}")
+        mismatches += 1
     for i, (prompt, got) in enumerate(zip(prompts, fleet)):
         want = tl.greedy_decode(published, prompt, args.max_tokens, config=config)
         if got == want:
@@ -365,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"prompt {i}: MISMATCH at token {at}: {show(prompt[1:])}\n"
                   f"  fleet     {got}\n  TinyLlama {want}")
     if mismatches:
-        print(f"FAIL: {mismatches} of {len(prompts)} greedy completions differ from TinyLlama's")
+        print(f"FAIL: {mismatches} problem(s): greedy completions that differ from TinyLlama's, or stale weights")
         return 1
     if rollouts and rollouts.gave_up:
         print("FAIL: the rollouts gave up while training")

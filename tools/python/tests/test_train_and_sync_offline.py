@@ -21,7 +21,8 @@ numerics:
 Checks: exit 0 and a PASS line; the loss dropped; rollouts were served;
 every version was published in order; the ten-line loop of the example's
 docstring (the README's) runs as written; a run where the head answers with
-the wrong tokens exits 1 with MISMATCH lines. Exit 77 when torch is missing.
+the wrong tokens exits 1 with MISMATCH lines, and one where it answers from
+an older version exits 1 naming it. Exit 77 when torch is missing.
 """
 
 from __future__ import annotations
@@ -125,9 +126,13 @@ class StandinHead(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, rlsync: str, checkpoints: str, corrupt_greedy: bool):
+    def __init__(self, rlsync: str, checkpoints: str, fault: str):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.rlsync, self.checkpoints, self.corrupt_greedy = rlsync, checkpoints, corrupt_greedy
+        # fault: "" (honest), "wrong-token" (greedy choice 1 gets a wrong third token),
+        # "stale" (greedy answers from the version before the newest, labelled as such).
+        if fault not in ("", "wrong-token", "stale"):
+            raise ValueError(f"stand-in head: unknown fault {fault!r}")
+        self.rlsync, self.checkpoints, self.fault = rlsync, checkpoints, fault
         self.lock = threading.Lock()
         self.served = {"sampled": 0, "greedy": 0, "refused": 0}
         self.errors: list[str] = []
@@ -198,13 +203,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 s.served["refused"] += 1
                 return self.reply(503, {"error": "no weights yet"})
             version, ckpt = newest
+            if temperature == 0 and s.fault == "stale" and version > 1:
+                version -= 1
+                ckpt = os.path.join(s.checkpoints, f"v{version:06d}")
             try:
                 choices = []
                 for i, p in enumerate(prompts):
                     ids = s.generate(ckpt, p, max_tokens, temperature, seed + i)
-                    if temperature == 0 and s.corrupt_greedy and i == 1:
+                    if temperature == 0 and s.fault == "wrong-token" and i == 1:
                         ids = ids[:2] + [(ids[2] + 1) % 256] + ids[3:]
-                    choices.append({"index": i, "text": "", "token_ids": ids, "finish_reason": "length"})
+                    choices.append({"index": i, "text": "", "token_ids": ids, "finish_reason": "length",
+                                    "weight_versions": [{"version": str(version), "start": 0, "end": len(ids)}]})
                 s.served["greedy" if temperature == 0 else "sampled"] += len(prompts)
             except (ValueError, RuntimeError, subprocess.TimeoutExpired) as e:
                 s.errors.append(str(e))
@@ -212,7 +221,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply(200, {"object": "text_completion", "model": f"v{version}", "choices": choices})
 
 
-def run_with_standins(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, args: list[str],
+def run_with_standins(rlsync: str, tmp: str, name: str, fault: str, args: list[str],
                       timeout_s: float = EXAMPLE_TIMEOUT_S) -> tuple[int, str, StandinHead]:
     """Runs `python3 ARGS` in a fresh directory holding topology.yaml, beside a stand-in head and binding."""
     work = os.path.join(tmp, name)
@@ -222,7 +231,7 @@ def run_with_standins(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, ar
     os.makedirs(module_dir)
     with open(os.path.join(module_dir, "rlsync.py"), "w") as f:
         f.write(STANDIN_RLSYNC)
-    head = StandinHead(rlsync, checkpoints, corrupt_greedy)
+    head = StandinHead(rlsync, checkpoints, fault)
     threading.Thread(target=head.serve_forever, name="standin-head", daemon=True).start()
     # JSON is YAML: the stand-in Topology reads it with json.
     with open(os.path.join(work, "topology.yaml"), "w") as f:
@@ -241,8 +250,8 @@ def run_with_standins(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, ar
     return r.returncode, output, head
 
 
-def run_example(rlsync: str, tmp: str, name: str, corrupt_greedy: bool, steps: int) -> tuple[int, str, StandinHead]:
-    return run_with_standins(rlsync, tmp, name, corrupt_greedy, [
+def run_example(rlsync: str, tmp: str, name: str, fault: str, steps: int) -> tuple[int, str, StandinHead]:
+    return run_with_standins(rlsync, tmp, name, fault, [
         os.path.join(EXAMPLES, "train_and_sync.py"), "--topology", "topology.yaml", "--steps", str(steps),
         "--seq-len", "40", "--check-prompts", "3", "--max-tokens", "16", "--timeout-s", "60", "--seed", "3"])
 
@@ -271,7 +280,7 @@ def run_ten_line_loop(rlsync: str, tmp: str) -> list[str]:
                 "data = torch.Generator().manual_seed(0)\n"
                 "batches = [train_and_sync.training_batch(data, 4, 24) for _ in range(3)]\n"
                 + loop + "print('ten-line loop: synced', step)\n")
-    code, out, _ = run_with_standins(rlsync, tmp, "ten-line-loop", False, [script], timeout_s=120)
+    code, out, _ = run_with_standins(rlsync, tmp, "ten-line-loop", "", [script], timeout_s=120)
     if code != 0 or "ten-line loop: synced 3" not in out:
         failures.append(f"ten-line loop: exit {code}, did not sync version 3")
     published = sorted(os.listdir(os.path.join(tmp, "ten-line-loop", "checkpoints")))
@@ -300,7 +309,7 @@ def main() -> int:
     failures = []
     with tempfile.TemporaryDirectory(prefix="rlsync-train-offline-") as tmp:
         steps = 40
-        code, out, head = run_example(rlsync, tmp, "honest-head", corrupt_greedy=False, steps=steps)
+        code, out, head = run_example(rlsync, tmp, "honest-head", "", steps)
         if code != 0 or "PASS: all 3 greedy completions" not in out:
             failures.append(f"honest head: exit {code}, no PASS line")
         published = sorted(n for n in os.listdir(os.path.join(tmp, "honest-head", "checkpoints"))
@@ -313,6 +322,8 @@ def main() -> int:
             failures.append(f"honest head: the loss did not halve: {losses.group(0) if losses else 'no loss line'}")
         if head.served["sampled"] == 0 or "rollouts served while training: 0 " in out:
             failures.append(f"honest head: no rollouts served while training ({head.served})")
+        if f"served by weight version(s): {steps}\n" not in out:
+            failures.append(f"honest head: no line saying version {steps} served the greedy completions")
         if head.served["greedy"] != 3:
             failures.append(f"honest head: {head.served['greedy']} greedy completions served, expected 3")
         if head.errors:
@@ -320,9 +331,13 @@ def main() -> int:
 
         failures += run_ten_line_loop(rlsync, tmp)
 
-        code, out, head = run_example(rlsync, tmp, "corrupting-head", corrupt_greedy=True, steps=3)
-        if code != 1 or "prompt 1: MISMATCH at token 2" not in out or "FAIL: 1 of 3" not in out:
-            failures.append(f"corrupting head: exit {code}; expected 1 with prompt 1 mismatching at token 2")
+        code, out, head = run_example(rlsync, tmp, "wrong-token-head", "wrong-token", 3)
+        if code != 1 or "prompt 1: MISMATCH at token 2" not in out or "FAIL: 1 problem(s)" not in out:
+            failures.append(f"wrong-token head: exit {code}; expected 1 with prompt 1 mismatching at token 2")
+
+        code, out, head = run_example(rlsync, tmp, "stale-head", "stale", 3)
+        if code != 1 or "FAIL: the fleet answered with version(s) ['2'], not 3" not in out:
+            failures.append(f"stale head: exit {code}; expected 1 and a line naming version 2 against 3")
     print(f"head traffic of the last run: {head.served}")
     if failures:
         print("FAIL test_train_and_sync_offline:")
