@@ -283,10 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import rlsync  # the binding: PYTHONPATH=build/python
 
-    topology = rlsync.Topology(args.topology)
     try:
+        topology = rlsync.Topology(args.topology)  # errors name file:line:col
         config = tl.LlamaConfig.from_dict(topology.model)
-    except ValueError as e:
+    except (ValueError, OSError, RuntimeError) as e:
         print(f"train_and_sync: {args.topology}: {e}", file=sys.stderr)
         return 2
     if not topology.router_url:
