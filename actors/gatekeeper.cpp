@@ -172,8 +172,13 @@ std::map<std::string, std::string> member_secrets(const topology& t, const std::
   const std::string& file = secret_file_override.empty() ? t.cluster.secret_file : secret_file_override;
   bool per_node = file.find("{node}") != std::string::npos;
   std::map<std::string, std::string> out;
+  const bool external = t.trainer.source == trainer_source::external;
   for (const auto& n : t.nodes) {
-    if (n.name == head)
+    const bool hosts_external_rank =
+      external && std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(),
+                              [&](const trainer_rank& r) { return r.node == n.name; });
+    // An external rank's process joins under its node's name, the head's too.
+    if (n.name == head && !hosts_external_rank)
       continue;
     // A member is a node that hosts something: engines, trainer ranks or the router.
     bool hosts_actors =

@@ -117,7 +117,9 @@ private:
 };
 
 /// The names the gatekeeper admits, each with its secret: every node but
-/// the head's that hosts something (engines, trainer ranks, the router).
+/// the head's that hosts something (engines, trainer ranks, the router), and
+/// every node hosting an external trainer rank (trainer.source: external),
+/// the head's too: that rank's own process proves its node's secret.
 /// With per-node secrets (secret_file with {node}) each is read from that
 /// node's file, else every name gets `shared_secret`. Throws as read_cluster_secret does.
 std::map<std::string, std::string> member_secrets(const topology& t, const std::string& head,

@@ -330,9 +330,10 @@ trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg) {
 }
 
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank,
-                                 sender_policy authorize, sender_policy placements_from) {
+                                 sender_policy authorize, sender_policy placements_from,
+                                 std::shared_ptr<transfer::weight_source> source) {
   local_trainer out;
-  out.source = transfer::make_weight_source(t, rank);
+  out.source = source ? std::move(source) : transfer::make_weight_source(t, rank);
   transfer::local_transfer_options o;
   o.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
   out.transfer = std::make_shared<transfer::local_transfer>(out.source, o);
@@ -340,7 +341,7 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   trainer_config cfg;
   cfg.source = out.source;
   cfg.ucx_tickets = out.ucx_tickets;
-  cfg.step_time = t.trainer.step_time;
+  cfg.step_time = t.trainer.source == trainer_source::external ? external_poll_interval : t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);
   cfg.engines = std::make_shared<engine_nodes>();

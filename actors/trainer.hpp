@@ -179,9 +179,17 @@ struct local_trainer {
 };
 
 /// With its own engine_nodes: tickets go only to an engine's own node.
-/// `placements_from`: trainer_config::placements_from.
+/// `placements_from`: trainer_config::placements_from. `source`: the rank's
+/// source when another part of the process owns it (an external rank's
+/// publishes, which the trainer polls every external_poll_interval between
+/// the steps publishing asks for); null: make_weight_source(t, rank).
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0,
-                                 sender_policy authorize = {}, sender_policy placements_from = {});
+                                 sender_policy authorize = {}, sender_policy placements_from = {},
+                                 std::shared_ptr<transfer::weight_source> source = nullptr);
+
+/// How often a trainer on an external source looks for a version pushed
+/// while a step was in flight (each push also asks for a step at once).
+constexpr std::chrono::milliseconds external_poll_interval{20};
 
 /// Has a trainer this process spawned (spawn_trainer) advance until version
 /// `version` and publish only that one, off its mailbox: a restarted rank

@@ -119,6 +119,20 @@ int cmd_launch(const arg_list& argv) {
     }
   } else {
     nodes = local_nodes(t);
+    // A node hosting only external trainer ranks has nothing to start: the
+    // ranks' own processes (rlsync.TrainerRank) join under its name.
+    const auto local = nodes.size();
+    nodes.erase(std::remove_if(nodes.begin(), nodes.end(),
+                               [&](const node_spec* n) { return !t.node_runs_anything(n->name); }),
+                nodes.end());
+    for (auto& n : t.nodes)
+      if (!t.node_runs_anything(n.name))
+        std::cerr << "rlsync launch: node " << n.name << " runs nothing to start (external trainer ranks join "
+                  << "from their own processes)\n";
+    if (nodes.empty() && local > 0) {
+      std::cerr << "rlsync launch: no node of " << path << " on this machine runs anything to start\n";
+      return 1;
+    }
     if (nodes.empty()) {
       std::string addresses;
       for (auto& n : t.nodes)

@@ -234,8 +234,9 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
     }
     // Ranks of other nodes hold what the engines are checked against: a
     // synthetic one is rebuilt here (same options, same bytes); a checkpoint
-    // directory's steps are not, and leave the check incomplete.
-    for (std::size_t i = 0; i < here.size(); ++i)
+    // directory's steps (and an external rank's publishes) are not, and
+    // leave the check incomplete.
+    for (std::size_t i = 0; i < here.size() && t.trainer.source != trainer_source::external; ++i)
       if (!here[i])
         if (auto s = std::dynamic_pointer_cast<transfer::synthetic_source>(transfer::make_weight_source(t, i)))
           h.replayed.push_back(std::move(s));

@@ -18,6 +18,9 @@ std::string cluster_layout_problem(const topology& t) {
   const node_spec* head = t.find_node(t.coordinator.node);
   if (head->port == 0 && t.nodes.size() > 1)
     return "nodes '" + head->name + "': the coordinator's node needs a fixed port for the others to reach it (port: 0)";
+  if (head->port == 0 && t.trainer.source == trainer_source::external)
+    return "nodes '" + head->name + "': the coordinator's node needs a fixed port for the external trainer ranks "
+           "(trainer.source: external) to reach it (port: 0)";
   return {};
 }
 

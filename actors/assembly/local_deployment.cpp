@@ -1,5 +1,7 @@
 #include "actors/assembly/local_deployment.hpp"
 
+#include "runtime/transfer/external_source.hpp"
+
 #include "actors/fleet_metrics.hpp"
 #include "runtime/metrics/http_endpoint.hpp"
 
@@ -191,7 +193,8 @@ std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, 
                                      const sender_policy& placements_from) {
   std::vector<hosted_rank> out;
   try {
-    for (std::size_t i = 0; i < t.trainer.ranks.size(); ++i)
+    // External ranks are their own processes' (external_rank.hpp).
+    for (std::size_t i = 0; t.trainer.source != trainer_source::external && i < t.trainer.ranks.size(); ++i)
       if (node.empty() || t.trainer.ranks[i].node == node)
         out.push_back({static_cast<std::uint32_t>(i), incarnation, make_local_trainer(sys, t, i, authorize, placements_from)});
   } catch (...) { // a source that cannot be built: the ranks already spawned go too
@@ -205,7 +208,7 @@ std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, 
 }
 
 bool follows_single_trainer(const topology& t, const std::string& node) {
-  return t.trainer.ranks.size() == 1 && (node.empty() || t.trainer.ranks[0].node == node);
+  return t.trainer.source != trainer_source::external && t.trainer.ranks.size() == 1 && (node.empty() || t.trainer.ranks[0].node == node);
 }
 
 producer_puller_factory rank_pullers(const std::vector<hosted_rank>& ranks, producer_puller_factory remote) {
@@ -289,8 +292,9 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     d.metrics = std::make_shared<metrics::registry>();
   // Engines record their plans in the dtype the trainer sends; with no rank
   // here, a source built for the question alone says (it publishes nothing).
-  d.source_dtype = d.trainer.source ? source_dtype_of(t, *d.trainer.source)
-                                    : source_dtype_of(t, *transfer::make_weight_source(t, 0));
+  d.source_dtype = d.trainer.source                            ? source_dtype_of(t, *d.trainer.source)
+                  : t.trainer.source == trainer_source::external ? transfer::external_weights_dtype(t)
+                                                                 : source_dtype_of(t, *transfer::make_weight_source(t, 0));
   std::vector<const engine_spec*> hosted;
   for (const auto& e : t.engines) {
     if (!opts.node.empty() && e.node != opts.node)
@@ -367,6 +371,9 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
 }
 
 local_deployment deploy_local(caf::actor_system& sys, const topology& t, deployment_options opts) {
+  if (t.trainer.source == trainer_source::external)
+    throw std::runtime_error("trainer.source: external: the ranks are outside processes that join through the "
+                             "head's gatekeeper; run this topology with `rlsync node` or `rlsync launch`");
   opts.node.clear();
   return assemble_head(sys, t, opts);
 }

@@ -194,7 +194,8 @@ std::string register_engine(caf::actor_system& sys, const coordinator_actor& coo
 std::string register_rank(caf::actor_system& sys, const coordinator_actor& coordinator, const topology& t,
                           const hosted_rank& r, std::chrono::milliseconds deadline);
 
-/// Spawns the trainer ranks placed on `node` (every rank when empty), each
+/// Spawns the trainer ranks placed on `node` (every rank when empty; none
+/// when they are external: their own processes host them), each
 /// with its own source, local data plane and trainer actor, admitting
 /// `authorize`, and taking engine placements from `placements_from` (empty:
 /// this process, where the coordinator runs). Throws what make_weight_source throws.

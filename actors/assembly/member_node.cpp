@@ -111,7 +111,9 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   };
   auto desk = std::make_shared<ticket_desk>();
   desk->trainer = grant->trainer;
-  if (grant->ucx) {
+  if (opts.external_rank) {
+    // A rank's own process pulls nothing.
+  } else if (grant->ucx) {
     try {
       // The trainer to ask is read at each new connection: a rejoin replaces it.
       puller = ucx = make_ucx_puller(
@@ -144,6 +146,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   auto trust_grant = [&] {
     drivers->granted(grant->coordinator.address(), grant->router.address());
     current_coordinator->set(grant->coordinator);
+    if (opts.coordinator)
+      opts.coordinator->set(grant->coordinator);
   };
   trust_grant();
   // The router placed here answers this process and whatever reaches it
@@ -197,11 +201,17 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   };
   std::string failure;
   try {
-    ranks = spawn_ranks(sys, t, node.name, rank_policy, incarnation, rank_policy);
+    if (opts.external_rank)
+      ranks.push_back({*opts.external_rank, incarnation,
+                       make_local_trainer(sys, t, *opts.external_rank, rank_policy, rank_policy, opts.external_source)});
+    else
+      ranks = spawn_ranks(sys, t, node.name, rank_policy, incarnation, rank_policy);
+    if (opts.on_ranks)
+      opts.on_ranks(ranks);
     producers = start_rank_producers(t, node, ranks, opts.log);
     if (opts.drill_arms)
       opts.drill_arms->attach(ranks, producers);
-    if (t.router.node == node.name) {
+    if (t.router.node == node.name && !opts.external_rank) {
       auto rc = router_config_from(t);
       rc.log = opts.log;
       if (opts.metrics)
@@ -214,7 +224,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     }
     const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
     for (const auto& e : t.engines)
-      if (e.node == node.name) {
+      if (e.node == node.name && !opts.external_rank) {
         replica_wiring w;
         w.puller = puller;
         w.producer_puller = pullers;

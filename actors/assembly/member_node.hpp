@@ -6,6 +6,7 @@
 // coordinator. Its engines pull from the trainer's UCX producer when the
 // join grant names one, else whole groups over CAF. A lost link is not the
 // end: it rejoins and registers the same engines again. Used by `rlsync node`.
+#include "actors/assembly/local_deployment.hpp"
 #include "actors/assembly/rank_drill_arms.hpp"
 #include "actors/interfaces.hpp"
 #include "runtime/config/topology.hpp"
@@ -13,6 +14,7 @@
 
 #include <caf/actor_system.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -45,6 +47,16 @@ struct member_node_options {
   /// front of one). A non-empty answer is why the node cannot go on: it
   /// stops its actors and ends with exit code 1. Empty: nothing is called.
   std::function<std::string(const std::vector<std::pair<std::string, caf::actor>>&)> on_registered;
+  /// Set: this process is an external trainer rank's own (trainer.source:
+  /// external; the `rlsync` Python module): it hosts rank `external_rank`
+  /// alone, on `external_source`, and no engine or router of its node.
+  std::optional<std::uint32_t> external_rank;
+  std::shared_ptr<transfer::weight_source> external_source;
+  /// Called once with the ranks spawned here, before they register.
+  std::function<void(const std::vector<hosted_rank>&)> on_ranks;
+  /// Kept pointing at the coordinator this node registered with (a rejoin
+  /// replaces it); nullptr: not kept.
+  std::shared_ptr<coordinator_ref> coordinator;
 };
 
 /// How a member node ended.

@@ -401,6 +401,11 @@ void reader::read_trainer(const map_reader& root) {
     else if (r.has("dir"))
       r.error("dir", "only used with source: checkpoint_dir");
   }
+  // An outside process decides when its versions appear and what they hold.
+  if (source_ok && tr.source == trainer_source::external)
+    for (const char* key : {"step_time_ms", "perturb", "seed"})
+      if (r.has(key))
+        r.error(key, "not used with source: external (the rank's own process publishes its versions)");
   r.read_ms("step_time_ms", tr.step_time, between(0, max_duration_ms));
   if (r.read("perturb", tr.perturb) && !(tr.perturb > 0))
     r.error("perturb", "must be positive, got " + format_double(tr.perturb));
@@ -876,6 +881,13 @@ void reader::read_drill(const map_reader& root) {
                           + " (expected " + expected + ")");
       continue;
     }
+    // An external rank's process is the user's: no node process can kill or restart it.
+    if (f.target_kind == fault_target::trainer && t.trainer.source == trainer_source::external) {
+      r.error("target", std::string(name_of(action_choices, f.action))
+                          + " cannot act on the trainer: its ranks are outside processes (source: external); "
+                            "stop them yourself");
+      continue;
+    }
     // Partitions and held acknowledgements act on the built-in engine's
     // fault gate; an external server has none (kill its process instead).
     if (f.action == fault_action::partition || f.action == fault_action::heal || f.action == fault_action::delay_acks) {
@@ -932,6 +944,19 @@ const node_spec* topology::find_node(std::string_view name) const {
     if (n.name == name)
       return &n;
   return nullptr;
+}
+
+bool topology::node_runs_anything(std::string_view name) const {
+  if (coordinator.node == name || router.node == name)
+    return true;
+  for (const auto& e : engines)
+    if (e.node == name)
+      return true;
+  if (trainer.source != trainer_source::external)
+    for (const auto& r : trainer.ranks)
+      if (r.node == name)
+        return true;
+  return false;
 }
 
 const engine_spec* topology::find_engine(std::string_view name) const {

@@ -27,7 +27,11 @@ inline constexpr std::int64_t max_request_deadline_ms = 3600 * 1000;
 /// The most restarts a node's max_restarts may allow.
 inline constexpr std::int64_t max_node_restarts = 100;
 
-enum class trainer_source { synthetic, checkpoint_dir };
+/// Where trainer versions come from: generated here (synthetic), read from
+/// step directories (checkpoint_dir), or handed in by an outside process per
+/// rank (external: the `rlsync` Python module's TrainerRank joins the cluster
+/// as that rank; nodes start nothing for it).
+enum class trainer_source { synthetic, checkpoint_dir, external };
 enum class router_policy { least_outstanding, round_robin, prefix_affinity };
 // nccl and cuda_ipc are refused by validation until the GPU backends exist.
 enum class transfer_backend { local, ucx, nccl, cuda_ipc };
@@ -282,6 +286,10 @@ struct topology {
 
   const node_spec* find_node(std::string_view name) const;
   const engine_spec* find_engine(std::string_view name) const;
+  /// Whether `rlsync node` has anything to run on node `name`: the
+  /// coordinator, the router, an engine or a trainer rank that is not
+  /// external (an external rank's own process joins on its own).
+  bool node_runs_anything(std::string_view name) const;
 };
 
 /// A valid node, engine or topology name: non-empty, letters, digits, '.', '_', '-'.

@@ -17,7 +17,8 @@ using yaml_fields::choices;
 
 inline const choices<dtype> dtype_choices = {{"bf16", dtype::bf16}, {"f16", dtype::f16}, {"f32", dtype::f32}};
 inline const choices<trainer_source> trainer_source_choices = {
-  {"synthetic", trainer_source::synthetic}, {"checkpoint_dir", trainer_source::checkpoint_dir}};
+  {"synthetic", trainer_source::synthetic}, {"checkpoint_dir", trainer_source::checkpoint_dir},
+  {"external", trainer_source::external}};
 inline const choices<router_policy> router_policy_choices = {
   {"least_outstanding", router_policy::least_outstanding},
   {"round_robin", router_policy::round_robin},

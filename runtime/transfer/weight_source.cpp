@@ -128,27 +128,36 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_bytes(std::uint64_t
                                                                    std::vector<tensor_spec> specs,
                                                                    std::vector<std::uint8_t> storage) {
   auto bytes = std::make_shared<std::vector<std::uint8_t>>(std::move(storage));
+  const auto size = static_cast<std::uint64_t>(bytes->size());
+  std::shared_ptr<const std::uint8_t> data(bytes, bytes->data()); // aliases the vector: it lives as long
+  return from_buffer(version, c, std::move(specs), std::move(data), size);
+}
+
+std::shared_ptr<const weight_snapshot> weight_snapshot::from_buffer(std::uint64_t version, const model_config& c,
+                                                                    std::vector<tensor_spec> specs,
+                                                                    std::shared_ptr<const std::uint8_t> storage,
+                                                                    std::uint64_t size) {
   std::vector<tensor_view> views;
   std::uint64_t offset = 0;
   for (auto& s : specs) {
     tensor_view v;
     static_cast<tensor_spec&>(v) = std::move(s);
     v.size = static_cast<std::size_t>(v.bytes());
-    if (offset + v.size > bytes->size())
-      throw std::invalid_argument("weight snapshot: tensor '" + v.name + "' beyond the "
-                                  + std::to_string(bytes->size()) + " bytes given");
-    v.data = reinterpret_cast<const std::byte*>(bytes->data() + offset);
+    if (v.size > size || offset > size - v.size)
+      throw std::invalid_argument("weight snapshot: tensor '" + v.name + "' beyond the " + std::to_string(size)
+                                  + " bytes given");
+    v.data = reinterpret_cast<const std::byte*>(storage.get() + offset);
     v.offset = offset;
     offset += v.size;
     views.push_back(std::move(v));
   }
-  if (offset != bytes->size())
-    throw std::invalid_argument("weight snapshot: " + std::to_string(bytes->size()) + " bytes given, the tensors take "
+  if (offset != size)
+    throw std::invalid_argument("weight snapshot: " + std::to_string(size) + " bytes given, the tensors take "
                                 + std::to_string(offset));
   std::shared_ptr<weight_snapshot> s(new weight_snapshot);
   s->version_ = version;
   s->config_ = c;
-  s->storage_ = bytes;
+  s->storage_ = std::move(storage);
   s->index(std::move(views));
   return s;
 }
@@ -584,6 +593,10 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   else if (!tr.ranks.empty())
     throw std::out_of_range("weight source: trainer rank " + std::to_string(rank) + " of "
                             + std::to_string(tr.ranks.size()));
+  if (tr.source == trainer_source::external)
+    throw std::invalid_argument("trainer rank " + std::to_string(rank)
+                                + " is external (trainer.source: external): its own process provides it "
+                                  "(rlsync.TrainerRank in Python)");
   if (tr.source == trainer_source::checkpoint_dir) {
     checkpoint_dir_options o;
     o.config = t.model.config;

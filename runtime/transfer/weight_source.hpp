@@ -64,6 +64,12 @@ public:
   static std::shared_ptr<const weight_snapshot> from_bytes(std::uint64_t version, const model_config& c,
                                                            std::vector<tensor_spec> specs,
                                                            std::vector<std::uint8_t> storage);
+  /// As from_bytes, over `size` bytes at `storage` that the snapshot keeps
+  /// alive (memory that was never zero-filled: one pass fewer over the bytes).
+  static std::shared_ptr<const weight_snapshot> from_buffer(std::uint64_t version, const model_config& c,
+                                                            std::vector<tensor_spec> specs,
+                                                            std::shared_ptr<const std::uint8_t> storage,
+                                                            std::uint64_t size);
   /// Views into a checkpoint read into memory (kept alive by the snapshot), restricted
   /// to the tensors of `held_groups`.
   static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
@@ -266,7 +272,8 @@ private:
 
 /// The source of trainer rank `rank` of a topology: synthetic (from the
 /// model's seed or checkpoint, perturbed with the trainer's seed) or a
-/// checkpoint directory, holding that rank's layers.
+/// checkpoint directory, holding that rank's layers. Throws
+/// std::invalid_argument for an external rank (make_external_source).
 std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t rank = 0);
 
 } // namespace rlsync::transfer

@@ -283,7 +283,15 @@ TEST_CASE("topology errors: trainer") {
     {"unknown node", with("trainer", "trainer: {node: gpu9}"),
      "t.yaml:4:17: trainer.node: unknown node 'gpu9' (defined: a, b)"},
     {"source out of range", with("trainer", "trainer: {node: a, source: magic}"),
-     "t.yaml:4:28: trainer.source: must be one of synthetic, checkpoint_dir, got 'magic'"},
+     "t.yaml:4:28: trainer.source: must be one of synthetic, checkpoint_dir, external, got 'magic'"},
+    {"external with a step time", with("trainer", "trainer: {node: a, source: external, step_time_ms: 5}"),
+     "t.yaml:4:52: trainer.step_time_ms: not used with source: external (the rank's own process publishes its versions)"},
+    {"external with a perturbation", with("trainer", "trainer: {node: a, source: external, perturb: 0.5}"),
+     "t.yaml:4:47: trainer.perturb: not used with source: external (the rank's own process publishes its versions)"},
+    {"external with a seed", with("trainer", "trainer: {node: a, source: external, seed: 3}"),
+     "t.yaml:4:44: trainer.seed: not used with source: external (the rank's own process publishes its versions)"},
+    {"external with a directory", with("trainer", "trainer: {node: a, source: external, dir: ckpts}"),
+     "t.yaml:4:43: trainer.dir: only used with source: checkpoint_dir"},
     {"checkpoint_dir without dir", with("trainer", "trainer: {node: a, source: checkpoint_dir}"),
      "t.yaml:4:10: trainer.dir: missing required key"},
     {"dir without checkpoint_dir", with("trainer", "trainer: {node: a, dir: ckpts}"),
@@ -618,6 +626,10 @@ TEST_CASE("topology errors: drill") {
      "corrupt, got 'explode'"},
     {"missing target", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill}"),
      "t.yaml:8:7: drill.faults[0].target: missing required key"},
+    {"killing an external trainer", with("trainer", "trainer: {node: a, source: external}")
+                                       + "drill:\n  faults:\n    - {at_sync: 1, action: kill, target: trainer}\n",
+     "t.yaml:8:42: drill.faults[0].target: kill cannot act on the trainer: its ranks are outside processes (source: "
+     "external); stop them yourself"},
     {"faults not a list", plus("drill: {faults: {at_sync: 1}}"),
      "t.yaml:6:17: drill.faults: expected a list, got a map"},
   });

@@ -15,13 +15,23 @@
 #   - after all of it a round with both engines completes.
 # (An admitted member asking for another engine's tickets is
 # tests/actors/test_authorization.cpp's "a trainer rank on a member node".)
+# With --python, the ranks are external (trainer.source: external): two
+# Python processes (rlsync.TrainerRank, tests/python/publish_loop.py), rank
+# 0 joining under the head's node name, rank 1 as node "ranks"; the same
+# checks hold for them: a Python rank authenticates exactly as a node does.
 #
-#   hostile_rank.sh RLSYNC HOSTILE_PEER SOURCE_DIR
+#   hostile_rank.sh RLSYNC HOSTILE_PEER SOURCE_DIR [--python PYTHON BUILD_DIR]
 set -uo pipefail
 rlsync=$1
 peer=$2
 src=$3
+python_rank=${4:-}
 command -v ss >/dev/null || { echo "skip: no ss here"; exit 77; }
+if [ "$python_rank" = --python ]; then
+  py=$5
+  export PYTHONPATH="$6/python:$src/tools/python/examples"
+  "$py" -c "import torch, rlsync" 2>/dev/null || { echo "skip: no torch or no rlsync module for $py"; exit 77; }
+fi
 dir=$(mktemp -d)
 pids=()
 cleanup() {
@@ -34,7 +44,7 @@ fail() { echo "FAIL: $*"; for f in "$dir"/*.log; do echo "== $f"; tail -n 30 "$f
 
 # Below the ephemeral range, away from hostile_peer.sh's (14000-19999) and cluster.sh's.
 port=$((12000 + ($$ % 1000) * 2))
-python3 - "$src/configs/multiprocess.yaml" "$dir/topology.yaml" "$port" <<'PY' || fail "could not make the scratch topology"
+python3 - "$src/configs/multiprocess.yaml" "$dir/topology.yaml" "$port" ${python_rank:+external} <<'PY' || fail "could not make the scratch topology"
 import sys
 src, dst, port = sys.argv[1], sys.argv[2], sys.argv[3]
 text = open(src).read()
@@ -49,8 +59,11 @@ swap("  - name: engines-b\n    address: 127.0.0.1\n",
 # Steps of 1 s: the ranks start stepping when their processes start, and
 # (today) a rank that registers more versions behind than a rank keeps (2)
 # never meets the other; the members start first, the head last.
-swap("  step_time_ms: 200\n",
-     "  step_time_ms: 1000\n  ranks:\n    - node: head\n      layers: \"0-1\"\n    - node: ranks\n      layers: \"2-3\"\n")
+ranks = "  ranks:\n    - node: head\n      layers: \"0-1\"\n    - node: ranks\n      layers: \"2-3\"\n"
+if len(sys.argv) > 4:  # Python ranks: they publish on their own clock
+    swap("  source: synthetic\n  step_time_ms: 200\n", "  source: external\n" + ranks)
+else:
+    swap("  step_time_ms: 200\n", "  step_time_ms: 1000\n" + ranks)
 open(dst, "w").write(text)
 PY
 "$rlsync" validate "$dir/topology.yaml" > "$dir/validate.out" 2>&1 || { cat "$dir/validate.out"; fail "the scratch topology does not validate"; }
@@ -64,10 +77,18 @@ check() { # NAME STATUS MESSAGE
 
 log="$dir/head.log"
 for n in ranks engines-a engines-b; do # they retry joining until the head is up
+  if [ -n "$python_rank" ] && [ "$n" = ranks ]; then continue; fi
   "$rlsync" node --topology "$dir/topology.yaml" --node "$n" > "$dir/$n.log" 2>&1 &
   pids+=($!)
   [ "$n" = ranks ] && rank_pid=$!
 done
+if [ -n "$python_rank" ]; then # the ranks' own processes, both on one clock
+  epoch=$(date +%s)
+  "$py" "$src/tests/python/publish_loop.py" "$dir/topology.yaml" 1 "$epoch" > "$dir/ranks.log" 2>&1 &
+  rank_pid=$!; pids+=("$rank_pid")
+  "$py" "$src/tests/python/publish_loop.py" "$dir/topology.yaml" 0 "$epoch" > "$dir/rank0.log" 2>&1 &
+  pids+=($!)
+fi
 "$rlsync" node --topology "$dir/topology.yaml" --node head > "$log" 2>&1 &
 head_pid=$!; pids+=("$head_pid")
 for _ in $(seq 1 100); do grep -q "gatekeeper on" "$log" && break; sleep 0.1; done

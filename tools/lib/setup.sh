@@ -12,6 +12,7 @@ RLSYNC_PACKAGES=(
   libxxhash-dev nlohmann-json3-dev libcli11-dev libboost-dev
   iproute2
   curl python3-requests # rlsync serve's client-sequence tests
+  python3-dev pybind11-dev python3-torch # the rlsync Python module, its example and tests
 )
 # Commands whose Debian package is installed only when the command is missing:
 # NodeSource's nodejs carries its own npm and conflicts with Debian's.

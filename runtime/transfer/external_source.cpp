@@ -1,0 +1,188 @@
+#include "runtime/transfer/external_source.hpp"
+
+#include "runtime/base/allocation.hpp"
+#include "runtime/base/parallel.hpp"
+#include "runtime/base/tensor.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/topology.hpp"
+#include "runtime/plan/groups.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+namespace rlsync::transfer {
+
+namespace {
+
+/// "0-3, 6": the layers (groups) held, as ranges.
+std::string ranges_of(const std::vector<std::uint32_t>& sorted) {
+  std::string out;
+  for (std::size_t i = 0; i < sorted.size();) {
+    std::size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1)
+      ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(sorted[i]);
+    if (j > i)
+      out += "-" + std::to_string(sorted[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+/// Copies are cut into pieces of this size so that two threads share even a
+/// model made of one large tensor.
+constexpr std::uint64_t copy_piece_bytes = std::uint64_t{8} << 20;
+
+} // namespace
+
+external_source::external_source(external_options o)
+    : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)) {
+  for (auto& s : llama_parameter_specs(config(), options_.type))
+    if (holds(s.name))
+      specs_.push_back(std::move(s));
+}
+
+std::uint64_t external_source::last_pushed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_pushed_;
+}
+
+snapshot_ptr external_source::advance() {
+  snapshot_ptr next;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    next = std::move(pending_);
+    pending_.reset();
+  }
+  if (next)
+    publish(next);
+  return next;
+}
+
+void external_source::push(std::uint64_t version, const std::vector<tensor_input>& tensors) {
+  std::lock_guard<std::mutex> one_push(push_mutex_);
+  const std::string& who = options_.who;
+  if (version == 0 || version > max_step_version)
+    throw std::invalid_argument("version " + std::to_string(version) + ": must be in [1, 2^62]");
+  if (auto last = last_pushed(); version <= last)
+    throw std::invalid_argument("version " + std::to_string(version) + ": must exceed the last version published ("
+                                + std::to_string(last) + ")");
+  // Match every input to a held parameter, naming the first tensor at fault.
+  std::map<std::string, const tensor_input*> given;
+  const tensor_input* embedding = nullptr;
+  for (const auto& t : tensors)
+    if (t.name == "model.embed_tokens.weight")
+      embedding = &t;
+  for (const auto& t : tensors) {
+    const std::string where = "tensor '" + t.name + "'";
+    std::uint32_t group = 0;
+    try {
+      group = plan::group_of(config(), t.name);
+    } catch (const std::invalid_argument&) {
+      throw std::invalid_argument(where + ": not a parameter of the topology's model (Hugging Face Llama names: "
+                                          "model.embed_tokens.weight, model.layers.N.*, model.norm.weight, lm_head.weight)");
+    }
+    if (config().tie_word_embeddings && t.name == "lm_head.weight") {
+      // A tied module's state_dict lists the embedding twice, one storage.
+      if (embedding && embedding->data == t.data && embedding->bytes == t.bytes)
+        continue;
+      throw std::invalid_argument(where + ": the model ties its embeddings (tie_word_embeddings) but this tensor is "
+                                          "not model.embed_tokens.weight's storage: leave it out");
+    }
+    if (!std::binary_search(held_groups().begin(), held_groups().end(), group))
+      throw std::invalid_argument(where + ": layer " + std::to_string(group) + " is not held by " + who
+                                  + " (it holds layers " + ranges_of(held_groups()) + ")");
+    if (!given.emplace(t.name, &t).second)
+      throw std::invalid_argument(where + ": given twice");
+  }
+  std::uint64_t total = 0;
+  std::vector<std::uint64_t> offsets;
+  std::vector<const tensor_input*> inputs;
+  std::vector<std::string> missing;
+  for (const auto& spec : specs_) {
+    auto it = given.find(spec.name);
+    if (it == given.end()) {
+      missing.push_back(spec.name);
+      continue;
+    }
+    const tensor_input& t = *it->second;
+    const std::string where = "tensor '" + t.name + "'";
+    if (t.shape != spec.shape)
+      throw std::invalid_argument(where + ": shape " + shape_string(t.shape) + ", the model's is "
+                                  + shape_string(spec.shape));
+    if (t.type != spec.type)
+      throw std::invalid_argument(where + ": dtype " + std::string(safetensors_name(t.type)) + ", the topology's weights are "
+                                  + std::string(safetensors_name(spec.type)));
+    if (t.bytes != spec.bytes() || (t.bytes > 0 && !t.data))
+      throw std::invalid_argument(where + ": " + std::to_string(t.bytes) + " bytes given, its shape and dtype take "
+                                  + std::to_string(spec.bytes()));
+    offsets.push_back(total);
+    inputs.push_back(&t);
+    total += spec.bytes(); // bounded: the model's parameter count was validated
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 3; ++i)
+      list += (i ? ", '" : "'") + missing[i] + "'";
+    if (missing.size() > 3)
+      list += " and " + std::to_string(missing.size() - 3) + " more";
+    throw std::invalid_argument("missing tensor" + std::string(missing.size() > 1 ? "s " : " ") + list + " (held by "
+                                + who + ": layers " + ranges_of(held_groups()) + ")");
+  }
+  // The one copy, into memory never zero-filled: the page faults of a fresh
+  // buffer are paid inside the copy, on both threads.
+  const std::string what = who + "'s weights, version " + std::to_string(version);
+  std::shared_ptr<std::uint8_t> buffer = allocating(what, total, [&] {
+    return std::shared_ptr<std::uint8_t>(new std::uint8_t[static_cast<std::size_t>(total)],
+                                         std::default_delete<std::uint8_t[]>());
+  });
+  struct piece {
+    std::size_t input;
+    std::uint64_t from, bytes;
+  };
+  std::vector<piece> pieces;
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    for (std::uint64_t from = 0; from < inputs[i]->bytes; from += copy_piece_bytes)
+      pieces.push_back({i, from, std::min(copy_piece_bytes, inputs[i]->bytes - from)});
+  parallel_for(pieces.size(), std::max(1u, options_.copy_threads), [&](std::size_t k) {
+    const piece& p = pieces[k];
+    std::memcpy(buffer.get() + offsets[p.input] + p.from, static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from,
+                static_cast<std::size_t>(p.bytes));
+  });
+  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(buffer), total);
+  if (!options_.allow_nonfinite) { // on the copy: what is checked is what is served
+    const auto& views = snapshot->tensors();
+    std::vector<std::string> problems(views.size());
+    parallel_for(views.size(), std::max(1u, options_.copy_threads),
+                 [&](std::size_t i) { problems[i] = nonfinite_problem(views[i]); });
+    for (const auto& problem : problems)
+      if (!problem.empty())
+        throw std::invalid_argument(problem + " (version " + std::to_string(version) + ")");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_ = std::move(snapshot); // a newer version supersedes one not yet published
+  last_pushed_ = version;
+}
+
+dtype external_weights_dtype(const topology& t) {
+  if (t.model.weights_dtype)
+    return *t.model.weights_dtype;
+  return checkpoint_dtype(checkpoint::open(t.model.checkpoint));
+}
+
+std::shared_ptr<external_source> make_external_source(const topology& t, std::size_t rank, bool allow_nonfinite) {
+  if (rank >= t.trainer.ranks.size())
+    throw std::out_of_range("trainer rank " + std::to_string(rank) + ": the topology has "
+                            + std::to_string(t.trainer.ranks.size()) + " rank(s)");
+  external_options o;
+  o.config = t.model.config;
+  o.type = external_weights_dtype(t);
+  o.held_layers = t.trainer.ranks[rank].layers;
+  o.allow_nonfinite = allow_nonfinite;
+  o.who = "trainer rank " + std::to_string(rank);
+  return std::make_shared<external_source>(std::move(o));
+}
+
+} // namespace rlsync::transfer

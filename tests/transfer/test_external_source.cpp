@@ -1,0 +1,200 @@
+// The external source: what a PyTorch trainer's publish hands in is checked
+// against the model and the rank's layers (each refusal names the tensor),
+// copied once, and published by the trainer's next step.
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/groups.hpp"
+#include "runtime/transfer/external_source.hpp"
+
+#include "tests/support/transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+using namespace rlsync;
+using namespace rlsync::transfer;
+using rlsync::test::bytes_of;
+using rlsync::test::small_model;
+
+namespace {
+
+/// A trainer's tensors: every parameter of `c` in `type`, filled with a
+/// pattern that depends on the version, owned here.
+struct state_dict {
+  std::vector<std::vector<std::uint8_t>> storage;
+  std::vector<tensor_input> inputs;
+
+  state_dict(const model_config& c, dtype type, std::uint8_t fill, const std::vector<std::int64_t>& layers = {}) {
+    for (const auto& s : llama_parameter_specs(c, type)) {
+      if (!layers.empty()) {
+        auto g = static_cast<std::int64_t>(plan::group_of(c, s.name));
+        if (std::find(layers.begin(), layers.end(), g) == layers.end())
+          continue;
+      }
+      storage.emplace_back(static_cast<std::size_t>(s.bytes()), fill); // 0x3c3c: a finite bf16
+      inputs.push_back({s.name, s.type, s.shape, nullptr, s.bytes()});
+    }
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      inputs[i].data = storage[i].data();
+  }
+  tensor_input& at(const std::string& name) {
+    for (auto& t : inputs)
+      if (t.name == name)
+        return t;
+    throw std::out_of_range(name);
+  }
+  void erase(const std::string& name) {
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].name == name) {
+        inputs.erase(inputs.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  }
+};
+
+external_options options_for(const model_config& c, std::optional<std::vector<std::int64_t>> layers = std::nullopt) {
+  external_options o;
+  o.config = c;
+  o.type = dtype::bf16;
+  o.held_layers = std::move(layers);
+  o.who = "trainer rank 1";
+  return o;
+}
+
+std::string refusal(external_source& s, std::uint64_t version, const std::vector<tensor_input>& inputs) {
+  try {
+    s.push(version, inputs);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST_CASE("external source: a push is copied once and published by the next step") {
+  auto c = small_model(3);
+  external_source source(options_for(c));
+  CHECK(source.advance() == nullptr); // nothing pushed yet
+  state_dict sd(c, dtype::bf16, 0x3c);
+  source.push(1, sd.inputs);
+  // The caller's tensors change at once (the training loop goes on): the
+  // version pushed keeps what it had.
+  for (auto& b : sd.storage)
+    std::memset(b.data(), 0x3d, b.size());
+  auto v1 = source.advance();
+  REQUIRE(v1);
+  CHECK(v1->version() == 1);
+  CHECK(source.latest() == v1);
+  REQUIRE(v1->tensors().size() == sd.inputs.size());
+  for (const auto& t : v1->tensors()) {
+    INFO(t.name);
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
+  }
+  CHECK(source.advance() == nullptr); // published once
+}
+
+TEST_CASE("external source: a newer push supersedes one not published yet") {
+  auto c = small_model(2);
+  external_source source(options_for(c));
+  state_dict a(c, dtype::bf16, 0x3c), b(c, dtype::bf16, 0x3d);
+  source.push(1, a.inputs);
+  source.push(2, b.inputs);
+  CHECK(source.last_pushed() == 2);
+  auto s = source.advance();
+  REQUIRE(s);
+  CHECK(s->version() == 2);
+  CHECK(source.versions() == std::vector<std::uint64_t>{2});
+}
+
+TEST_CASE("external source: a rank holding some layers publishes exactly those") {
+  auto c = small_model(4);
+  external_source source(options_for(c, std::vector<std::int64_t>{2, 3}));
+  state_dict mine(c, dtype::bf16, 0x3c, {2, 3});
+  source.push(1, mine.inputs);
+  auto s = source.advance();
+  REQUIRE(s);
+  CHECK(s->groups() == std::vector<std::uint32_t>{2, 3});
+  CHECK(s->find("lm_head.weight") != nullptr);
+  CHECK(s->find("model.embed_tokens.weight") == nullptr);
+}
+
+TEST_CASE("external source: a tied model's state_dict may list the embedding twice") {
+  auto c = small_model(2, /*tied=*/true);
+  external_source source(options_for(c));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  // A tied PyTorch module lists lm_head.weight as the embedding's storage.
+  const auto& embedding = sd.at("model.embed_tokens.weight");
+  sd.inputs.push_back({"lm_head.weight", dtype::bf16, embedding.shape, embedding.data, embedding.bytes});
+  CHECK(refusal(source, 1, sd.inputs) == "");
+  // Another tensor under that name is not the tied one.
+  std::vector<std::uint8_t> other(static_cast<std::size_t>(embedding.bytes), 0x3c);
+  sd.inputs.back().data = other.data();
+  CHECK(refusal(source, 2, sd.inputs).find("tensor 'lm_head.weight': the model ties its embeddings") == 0);
+}
+
+TEST_CASE("external source: every refusal names the tensor or the version, and nothing is queued") {
+  auto c = small_model(4);
+  const std::int64_t h = c.hidden_size;
+  struct row {
+    const char* what;
+    std::uint64_t version;
+    std::function<void(state_dict&)> change;
+    std::string expected; // the start of the message
+  };
+  const std::vector<row> rows = {
+    {"version 0", 0, [](state_dict&) {}, "version 0: must be in [1, 2^62]"},
+    {"not a parameter", 1, [](state_dict& s) { s.inputs.push_back({"model.layers.0.mlp.bias", dtype::bf16, {4}, s.storage[0].data(), 8}); },
+     "tensor 'model.layers.0.mlp.bias': not a parameter of the topology's model"},
+    {"a layer the rank does not hold", 1,
+     [](state_dict& s) { s.inputs.push_back({"model.layers.0.input_layernorm.weight", dtype::bf16, {64}, s.storage[0].data(), 128}); },
+     "tensor 'model.layers.0.input_layernorm.weight': layer 0 is not held by trainer rank 1 (it holds layers 2-3)"},
+    {"given twice", 1, [](state_dict& s) { s.inputs.push_back(s.inputs.front()); }, "tensor 'model.layers.2.input_layernorm.weight': given twice"},
+    {"missing", 1, [](state_dict& s) { s.erase("model.norm.weight"); },
+     "missing tensor 'model.norm.weight' (held by trainer rank 1: layers 2-3)"},
+    {"wrong shape", 1, [h](state_dict& s) { s.at("model.norm.weight").shape = {h + 1}; },
+     "tensor 'model.norm.weight': shape [" + std::to_string(h + 1) + "], the model's is [" + std::to_string(h) + "]"},
+    {"wrong dtype", 1, [](state_dict& s) { s.at("model.norm.weight").type = dtype::f16; },
+     "tensor 'model.norm.weight': dtype F16, the topology's weights are BF16"},
+    {"bytes disagree", 1, [](state_dict& s) { s.at("model.norm.weight").bytes -= 2; },
+     "tensor 'model.norm.weight': " + std::to_string(2 * h - 2) + " bytes given"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    external_source source(options_for(c, std::vector<std::int64_t>{2, 3}));
+    state_dict sd(c, dtype::bf16, 0x3c, {2, 3});
+    r.change(sd);
+    auto message = refusal(source, r.version, sd.inputs);
+    CHECK(message.rfind(r.expected, 0) == 0);
+    CHECK(source.last_pushed() == 0);
+    CHECK(source.advance() == nullptr);
+  }
+}
+
+TEST_CASE("external source: versions only grow, and NaN is refused unless allowed") {
+  auto c = small_model(2);
+  external_source source(options_for(c));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  source.push(5, sd.inputs);
+  CHECK(refusal(source, 5, sd.inputs) == "version 5: must exceed the last version published (5)");
+  CHECK(refusal(source, 4, sd.inputs) == "version 4: must exceed the last version published (5)");
+  auto& norm = sd.at("model.norm.weight");
+  std::vector<std::uint16_t> values(static_cast<std::size_t>(c.hidden_size), 0x3c3c);
+  values[3] = 0x7fc0; // NaN
+  norm.data = values.data();
+  auto message = refusal(source, 6, sd.inputs);
+  CHECK(message.find("model.norm.weight") != std::string::npos);
+  CHECK(message.find("NaN") != std::string::npos);
+  CHECK(source.last_pushed() == 5);
+
+  auto o = options_for(c);
+  o.allow_nonfinite = true;
+  external_source lenient(o);
+  CHECK(refusal(lenient, 1, sd.inputs) == "");
+}
