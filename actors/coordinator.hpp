@@ -138,6 +138,10 @@ struct coordinator_config {
   /// rank registered (register_atom with a rank_info); one: a rank may
   /// register, or a single trainer attach; 0: rank registrations are refused.
   std::uint32_t trainer_ranks = 0;
+  /// Rounds wait for rank registrations even with one rank (it runs in
+  /// another process: a member node's or an external one), rather than
+  /// taking versions as messages until it registers.
+  bool await_ranks = false;
   /// Every parameter of the model, for the ranks' layout check (each held by
   /// some rank); empty: not checked.
   std::vector<std::string> parameter_names;

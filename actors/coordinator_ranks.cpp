@@ -23,7 +23,7 @@ namespace rlsync::coordinator_detail {
 /// Following ranks rather than a single trainer: the topology has several,
 /// or one registered.
 bool follows_ranks(const coordinator_state& st) {
-  return st.cfg.trainer_ranks > 1 || !st.ranks.empty();
+  return st.cfg.trainer_ranks > 1 || !st.ranks.empty() || st.cfg.await_ranks;
 }
 
 /// What a (re)starting rank catches up to: the newest version the cluster

@@ -335,6 +335,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   auto cc = coordinator_config_from(t);
   if (d.single_trainer)
     cc.trainer = d.trainer.actor;
+  cc.await_ranks = !d.single_trainer; // a lone rank of another process: no cold round before it registers
   cc.router = d.router;
   cc.authorize = d.authorize;
   cc.log = opts.log;

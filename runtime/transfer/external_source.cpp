@@ -39,9 +39,11 @@ constexpr std::uint64_t copy_piece_bytes = std::uint64_t{8} << 20;
 
 external_source::external_source(external_options o)
     : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)) {
-  for (auto& s : llama_parameter_specs(config(), options_.type))
+  for (auto& s : llama_parameter_specs(config(), options_.type)) {
+    parameter_names_.insert(s.name);
     if (holds(s.name))
       specs_.push_back(std::move(s));
+  }
 }
 
 std::uint64_t external_source::last_pushed() const {
@@ -77,13 +79,11 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
       embedding = &t;
   for (const auto& t : tensors) {
     const std::string where = "tensor '" + t.name + "'";
-    std::uint32_t group = 0;
-    try {
-      group = plan::group_of(config(), t.name);
-    } catch (const std::invalid_argument&) {
+    if (!parameter_names_.count(t.name) && !(config().tie_word_embeddings && t.name == "lm_head.weight"))
       throw std::invalid_argument(where + ": not a parameter of the topology's model (Hugging Face Llama names: "
-                                          "model.embed_tokens.weight, model.layers.N.*, model.norm.weight, lm_head.weight)");
-    }
+                                          "model.embed_tokens.weight, model.layers.N.{input_layernorm, self_attn.q_proj, "
+                                          "...}.weight, model.norm.weight, lm_head.weight)");
+    const std::uint32_t group = plan::group_of(config(), t.name);
     if (config().tie_word_embeddings && t.name == "lm_head.weight") {
       // A tied module's state_dict lists the embedding twice, one storage.
       if (embedding && embedding->data == t.data && embedding->bytes == t.bytes)

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,7 @@ public:
 private:
   external_options options_;
   std::vector<tensor_spec> specs_; // held, parameter order
+  std::set<std::string> parameter_names_; // every parameter of the model
   std::mutex push_mutex_;          // one push at a time
   mutable std::mutex mutex_;       // guards pending_, last_pushed_
   snapshot_ptr pending_;

@@ -414,3 +414,19 @@ TEST_CASE_FIXTURE(ranks_fixture, "the status lists every rank: node, incarnation
     CHECK_FALSE(st.ranks[0].reachable);
   }
 }
+
+TEST_CASE_FIXTURE(ranks_fixture, "one rank of another process: no round before it registers, then the cold sync") {
+  auto c = config();
+  c.trainer_ranks = 1; // a lone rank on a member node, or an external one (a PyTorch trainer)
+  c.await_ranks = true;
+  c.parameter_names = model_names;
+  start(c);
+  add_engine("a");
+  CHECK(count(sync_phase::pause) == 0); // no version to move, nothing to pull from
+  CHECK(status().rounds == 0);
+  CHECK(!routable("a"));
+  REQUIRE(register_rank(0, model_names));
+  CHECK(routable("a"));
+  CHECK(status().version == 2);
+  CHECK(engines["a"].script->starts == std::vector<std::uint64_t>{2});
+}

@@ -1117,6 +1117,14 @@ TEST_CASE("topology: the shipped configs load") {
   CHECK(local.transfer.backend == transfer_backend::local);
   CHECK(local.workload.prompts == 64);
 
+  auto pytorch = load_topology(src + "/configs/pytorch.yaml");
+  CHECK(pytorch.trainer.source == trainer_source::external);
+  CHECK(pytorch.trainer.ranks.size() == 1);
+  CHECK(pytorch.trainer.ranks[0].node == "trainer");
+  CHECK_FALSE(pytorch.node_runs_anything("trainer"));
+  CHECK(pytorch.node_runs_anything("head"));
+  CHECK(pytorch.router.http_port == std::optional<std::uint16_t>(8421));
+
   auto cluster = load_topology(src + "/configs/cluster.yaml");
   CHECK(cluster.nodes.size() == 3);
   CHECK(cluster.nodes[1].address == "10.0.0.2");

@@ -81,7 +81,7 @@ std::string refusal(external_source& s, std::uint64_t version, const std::vector
 TEST_CASE("external source: a push is copied once and published by the next step") {
   auto c = small_model(3);
   external_source source(options_for(c));
-  CHECK(source.advance() == nullptr); // nothing pushed yet
+  CHECK(!source.advance()); // nothing pushed yet
   state_dict sd(c, dtype::bf16, 0x3c);
   source.push(1, sd.inputs);
   // The caller's tensors change at once (the training loop goes on): the
@@ -89,15 +89,15 @@ TEST_CASE("external source: a push is copied once and published by the next step
   for (auto& b : sd.storage)
     std::memset(b.data(), 0x3d, b.size());
   auto v1 = source.advance();
-  REQUIRE(v1);
+  REQUIRE(bool(v1));
   CHECK(v1->version() == 1);
-  CHECK(source.latest() == v1);
+  CHECK(source.latest().get() == v1.get());
   REQUIRE(v1->tensors().size() == sd.inputs.size());
   for (const auto& t : v1->tensors()) {
     INFO(t.name);
     CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
   }
-  CHECK(source.advance() == nullptr); // published once
+  CHECK(!source.advance()); // published once
 }
 
 TEST_CASE("external source: a newer push supersedes one not published yet") {
@@ -108,7 +108,7 @@ TEST_CASE("external source: a newer push supersedes one not published yet") {
   source.push(2, b.inputs);
   CHECK(source.last_pushed() == 2);
   auto s = source.advance();
-  REQUIRE(s);
+  REQUIRE(bool(s));
   CHECK(s->version() == 2);
   CHECK(source.versions() == std::vector<std::uint64_t>{2});
 }
@@ -119,10 +119,10 @@ TEST_CASE("external source: a rank holding some layers publishes exactly those")
   state_dict mine(c, dtype::bf16, 0x3c, {2, 3});
   source.push(1, mine.inputs);
   auto s = source.advance();
-  REQUIRE(s);
+  REQUIRE(bool(s));
   CHECK(s->groups() == std::vector<std::uint32_t>{2, 3});
-  CHECK(s->find("lm_head.weight") != nullptr);
-  CHECK(s->find("model.embed_tokens.weight") == nullptr);
+  CHECK(s->find("lm_head.weight"));
+  CHECK_FALSE(s->find("model.embed_tokens.weight"));
 }
 
 TEST_CASE("external source: a tied model's state_dict may list the embedding twice") {
@@ -166,14 +166,16 @@ TEST_CASE("external source: every refusal names the tensor or the version, and n
      "tensor 'model.norm.weight': " + std::to_string(2 * h - 2) + " bytes given"},
   };
   for (const auto& r : rows) {
-    CAPTURE(r.what);
+    const std::string what = r.what;
+    CAPTURE(what);
     external_source source(options_for(c, std::vector<std::int64_t>{2, 3}));
     state_dict sd(c, dtype::bf16, 0x3c, {2, 3});
     r.change(sd);
     auto message = refusal(source, r.version, sd.inputs);
+    CAPTURE(message);
     CHECK(message.rfind(r.expected, 0) == 0);
     CHECK(source.last_pushed() == 0);
-    CHECK(source.advance() == nullptr);
+    CHECK(!source.advance());
   }
 }
 
