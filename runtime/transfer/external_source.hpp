@@ -9,6 +9,12 @@
 //   advance()         (the trainer actor's step) publishes the newest one
 //                     queued; an older queued one is superseded unpublished.
 //
+// Fresh memory costs a page fault per page (most of a copy's time on a VM),
+// so the buffer of a version the source dropped is kept for the next push
+// (one spare, of the model's size); a fresh one asks for transparent huge
+// pages. Memory: the versions kept (keep_versions, the pinned one, the one
+// queued) and one spare.
+//
 // Never blocks on a transfer: a round pins the version it moves (pin) and
 // keeps it alive through its pointer, whatever push does meanwhile.
 #include "runtime/transfer/weight_source.hpp"
@@ -65,6 +71,9 @@ private:
   external_options options_;
   std::vector<tensor_spec> specs_; // held, parameter order
   std::set<std::string> parameter_names_; // every parameter of the model
+  struct spare_buffers; // freed versions' memory, for the next push
+  std::shared_ptr<spare_buffers> spares_;
+  std::shared_ptr<std::uint8_t> buffer_for(std::uint64_t bytes, const std::string& what);
   std::mutex push_mutex_;          // one push at a time
   mutable std::mutex mutex_;       // guards pending_, last_pushed_
   snapshot_ptr pending_;

@@ -78,30 +78,62 @@ std::string first_nonfinite(const Tensors& tensors) {
 
 } // namespace
 
-std::string nonfinite_problem(const tensor_view& t) {
-  // By the bits: an all-ones exponent is infinity (zero mantissa) or NaN.
-  const std::size_t n = dtype_size(t.type) == 0 ? 0 : t.size / dtype_size(t.type);
-  auto report = [&](std::size_t i, bool nan) {
-    return "tensor '" + printable(t.name) + "' element " + std::to_string(i) + " is "
-           + (nan ? "NaN" : "infinite");
-  };
-  if (t.type == dtype::f32) {
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint32_t bits;
-      std::memcpy(&bits, t.data + 4 * i, 4);
-      if ((bits & 0x7f800000u) == 0x7f800000u)
-        return report(i, (bits & 0x007fffffu) != 0);
-    }
-    return "";
-  }
-  const std::uint16_t exponent = t.type == dtype::bf16 ? 0x7f80 : 0x7c00;
+namespace {
+
+/// Whether any of `n` elements at `data` has an all-ones exponent, without
+/// an early exit, so that the compiler vectorizes it.
+template <class Bits>
+bool any_all_ones_exponent(const std::byte* data, std::size_t n, Bits exponent) {
+  Bits seen = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    std::uint16_t bits;
-    std::memcpy(&bits, t.data + 2 * i, 2);
-    if ((bits & exponent) == exponent)
-      return report(i, (bits & static_cast<std::uint16_t>(~exponent & 0x7fff)) != 0);
+    Bits bits;
+    std::memcpy(&bits, data + sizeof(Bits) * i, sizeof(Bits));
+    seen |= static_cast<Bits>((bits & exponent) == exponent);
   }
-  return "";
+  return seen != 0;
+}
+
+template <class Bits>
+std::optional<nonfinite_element> scan(const std::byte* data, std::size_t count, Bits exponent, Bits mantissa) {
+  constexpr std::size_t block = 4096; // clean blocks in one vectorized pass; a flagged one element by element
+  for (std::size_t first = 0; first < count; first += block) {
+    const std::size_t n = std::min(block, count - first);
+    if (!any_all_ones_exponent(data + sizeof(Bits) * first, n, exponent))
+      continue;
+    for (std::size_t i = first; i < first + n; ++i) {
+      Bits bits;
+      std::memcpy(&bits, data + sizeof(Bits) * i, sizeof(Bits));
+      if ((bits & exponent) == exponent)
+        return nonfinite_element{i, (bits & mantissa) != 0};
+    }
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+std::optional<nonfinite_element> first_nonfinite_element(dtype type, const std::byte* data, std::size_t count) {
+  // By the bits: an all-ones exponent is infinity (zero mantissa) or NaN.
+  switch (type) {
+    case dtype::f32:
+      return scan<std::uint32_t>(data, count, 0x7f800000u, 0x007fffffu);
+    case dtype::bf16:
+      return scan<std::uint16_t>(data, count, 0x7f80, 0x007f);
+    case dtype::f16:
+      return scan<std::uint16_t>(data, count, 0x7c00, 0x03ff);
+  }
+  return std::nullopt;
+}
+
+std::string nonfinite_message(const std::string& tensor, const nonfinite_element& e) {
+  return "tensor '" + printable(tensor) + "' element " + std::to_string(e.index) + " is "
+         + (e.nan ? "NaN" : "infinite");
+}
+
+std::string nonfinite_problem(const tensor_view& t) {
+  const std::size_t n = dtype_size(t.type) == 0 ? 0 : t.size / dtype_size(t.type);
+  auto found = first_nonfinite_element(t.type, t.data, n);
+  return found ? nonfinite_message(t.name, *found) : std::string{};
 }
 
 // -- weight_snapshot ------------------------------------------------------------------

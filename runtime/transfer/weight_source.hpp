@@ -209,6 +209,15 @@ inline constexpr std::uint64_t max_step_version = std::uint64_t(1) << 62;
 /// and the first NaN or infinity in it ("tensor 'x' element 12 is NaN").
 std::string nonfinite_problem(const tensor_view& t);
 
+/// The first NaN or infinity among `count` elements of `type` at `data`.
+struct nonfinite_element {
+  std::size_t index = 0;
+  bool nan = false; ///< else infinite
+};
+std::optional<nonfinite_element> first_nonfinite_element(dtype type, const std::byte* data, std::size_t count);
+/// nonfinite_problem's message for element `e` of tensor `tensor`.
+std::string nonfinite_message(const std::string& tensor, const nonfinite_element& e);
+
 /// "step-000042" (six digits at least).
 std::string step_dir_name(std::uint64_t step);
 /// The step of a directory called "step-<digits>"; nullopt for other names

@@ -101,6 +101,7 @@ transfer:
   mode: sharded
 sync:
   every_versions: {every_versions}
+  staleness: {max(1, every_versions - 1)}
   deadlines_ms: {{pause: 5000, flush: 2000, start: 2000, transfer: {transfer_ms}, finish: 5000, continue: 2000}}
 {extra}"""
 

@@ -19,7 +19,7 @@ cluster.import_rlsync(build_dir)
 
 with cluster.Cluster(rlsync_bin, ranks=["0-3"], engines=2, tp=2) as c:
     example = os.path.join(cluster.EXAMPLES, "train_and_sync.py")
-    p = subprocess.run([sys.executable, example, "--topology", c.topology, "--steps", "25", "--timeout-s", "60"],
+    p = subprocess.run([sys.executable, example, "--topology", c.topology, "--steps", "30", "--lr", "0.03", "--timeout-s", "60"],
                        capture_output=True, text=True, timeout=400, env=cluster.python_env(build_dir))
     print(p.stdout)
     print(p.stderr)

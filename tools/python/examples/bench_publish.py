@@ -10,7 +10,7 @@
             (write the safetensors step directory, then read it back).
 
     PYTHONPATH=build/python:tools/python/examples:tests/python \\
-      python3 tools/python/bench_publish.py build/tools/rlsync [publish|step]
+      python3 tools/python/examples/bench_publish.py build/tools/rlsync [publish|step]
 """
 import os
 import shutil
