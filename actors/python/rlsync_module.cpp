@@ -8,6 +8,7 @@
 #include "actors/assembly/external_rank.hpp"
 #include "runtime/base/dtype.hpp"
 #include "runtime/config/topology.hpp"
+#include "runtime/config/topology_names.hpp"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -255,7 +256,7 @@ public:
   py::dict wait_synced(std::uint64_t version, double timeout_s) {
     auto& r = open();
     if (!(timeout_s >= 0) || !std::isfinite(timeout_s) || timeout_s > 24 * 3600)
-      raise(PyExc_ValueError, "wait_synced: timeout_s must be in [0, 86400], got " + std::to_string(timeout_s));
+      raise(PyExc_ValueError, "wait_synced: timeout_s must be in [0, 86400], got " + topology_names::format_double(timeout_s));
     bool interrupted = false;
     sync_progress p;
     {
@@ -270,8 +271,8 @@ public:
       throw py::error_already_set();
     if (!p.synced)
       raise(PyExc_TimeoutError,
-            "version " + std::to_string(version) + " not served by every live engine within " + std::to_string(timeout_s)
-              + " s: "
+            "version " + std::to_string(version) + " not served by every live engine within "
+              + topology_names::format_double(timeout_s) + " s: "
               + (p.answered ? "the fleet is at version " + std::to_string(p.status.version) + " (" + engines_line(p.status)
                                 + "); a round needs every rank's publish of a version, and sync.every_versions decides "
                                   "which versions are synced"

@@ -90,9 +90,11 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "source" << YAML::Value << std::string(to_string(tr.source));
   if (!tr.dir.empty())
     out << YAML::Key << "dir" << YAML::Value << tr.dir;
-  out << YAML::Key << "step_time_ms" << YAML::Value << ms(tr.step_time);
-  out << YAML::Key << "perturb" << YAML::Value << format_double(tr.perturb);
-  out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(tr.seed);
+  if (tr.source != trainer_source::external) { // an outside process decides these
+    out << YAML::Key << "step_time_ms" << YAML::Value << ms(tr.step_time);
+    out << YAML::Key << "perturb" << YAML::Value << format_double(tr.perturb);
+    out << YAML::Key << "seed" << YAML::Value << static_cast<unsigned long long>(tr.seed);
+  }
   out << YAML::Key << "ranks" << YAML::Value << YAML::BeginSeq;
   for (auto& r : tr.ranks) {
     out << YAML::BeginMap << YAML::Key << "node" << YAML::Value << r.node;
