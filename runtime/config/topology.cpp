@@ -22,6 +22,20 @@
 
 namespace rlsync {
 
+std::string format_layers(const std::vector<std::int64_t>& layers) {
+  std::string out;
+  for (std::size_t i = 0; i < layers.size();) {
+    std::size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1)
+      ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]);
+    if (j > i)
+      out += "-" + std::to_string(layers[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
 namespace {
 
 using namespace yaml_fields;
@@ -54,21 +68,6 @@ std::string list_names(const std::vector<std::string>& names, std::size_t limit 
   if (names.size() > limit)
     out += ", ... (" + std::to_string(names.size()) + " in all)";
   return names.empty() ? "none" : out;
-}
-
-/// "0-3, 5, 7-8" for a sorted list of layers.
-std::string format_layers(const std::vector<std::int64_t>& layers) {
-  std::string out;
-  for (std::size_t i = 0; i < layers.size();) {
-    std::size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1)
-      ++j;
-    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]);
-    if (j > i)
-      out += "-" + std::to_string(layers[j]);
-    i = j + 1;
-  }
-  return out;
 }
 
 bool contains(const std::vector<std::string>& v, const std::string& x) {

@@ -114,6 +114,9 @@ struct tls_spec {
   tls_spec for_node(const std::string& node) const;
 };
 
+/// "0-3, 5, 7-8" for a sorted list of layers.
+std::string format_layers(const std::vector<std::int64_t>& layers);
+
 /// `path` with every `{node}` replaced by `node`.
 std::string with_node_name(std::string path, const std::string& node);
 

@@ -19,19 +19,9 @@ namespace rlsync::transfer {
 
 namespace {
 
-/// "0-3, 6": the layers (groups) held, as ranges.
-std::string ranges_of(const std::vector<std::uint32_t>& sorted) {
-  std::string out;
-  for (std::size_t i = 0; i < sorted.size();) {
-    std::size_t j = i;
-    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1)
-      ++j;
-    out += (out.empty() ? "" : ", ") + std::to_string(sorted[i]);
-    if (j > i)
-      out += "-" + std::to_string(sorted[j]);
-    i = j + 1;
-  }
-  return out;
+/// "0-3, 6": the layers held (layer l is group l).
+std::string ranges_of(const std::vector<std::uint32_t>& groups) {
+  return format_layers(std::vector<std::int64_t>(groups.begin(), groups.end()));
 }
 
 /// Copies are cut into pieces of this size so that two threads share even a
