@@ -40,12 +40,11 @@ external_rank::external_rank(const topology& t, std::uint32_t rank, external_ran
   std::unique_lock<std::mutex> lock(mutex_);
   // Joining is bounded by connect_deadline (join, then each registration).
   const auto deadline = t.cluster.connect_deadline * 3;
-  bool answered = changed_.wait_for(lock, deadline, [this] { return ready_ || finished_; });
+  changed_.wait_for(lock, deadline, [this] { return ready_ || finished_; });
   if (ready_)
     return;
   std::string why = finished_ ? failure_ : "not registered within " + std::to_string(deadline.count()) + " ms";
   lock.unlock();
-  (void)answered;
   close();
   throw std::runtime_error("trainer rank " + std::to_string(rank) + " (node " + node_ + "): "
                            + (why.empty() ? std::string("could not join the cluster") : why));

@@ -35,8 +35,7 @@ constexpr std::uint64_t huge_page_bytes = std::uint64_t{2} << 20;
 
 struct external_source::spare_buffers {
   std::mutex mutex;
-  std::uint64_t bytes = 0;      ///< the size every spare has
-  std::vector<std::uint8_t*> free; ///< at most max_spares
+  std::vector<std::uint8_t*> free; ///< at most max_spares, each of the held tensors' size
   static constexpr std::size_t max_spares = 2;
   ~spare_buffers() {
     for (auto* p : free)
@@ -44,11 +43,12 @@ struct external_source::spare_buffers {
   }
 };
 
-std::shared_ptr<std::uint8_t> external_source::buffer_for(std::uint64_t bytes, const std::string& what) {
+std::shared_ptr<std::uint8_t> external_source::buffer_for(const std::string& what) {
+  const std::uint64_t bytes = held_bytes_;
   std::uint8_t* memory = nullptr;
   {
     std::lock_guard<std::mutex> lock(spares_->mutex);
-    if (spares_->bytes == bytes && !spares_->free.empty()) {
+    if (!spares_->free.empty()) {
       memory = spares_->free.back();
       spares_->free.pop_back();
     }
@@ -65,10 +65,10 @@ std::shared_ptr<std::uint8_t> external_source::buffer_for(std::uint64_t bytes, c
   }
   // Back to the spares when the version is dropped, while this source lives.
   std::weak_ptr<spare_buffers> spares = spares_;
-  return std::shared_ptr<std::uint8_t>(memory, [spares, bytes](std::uint8_t* p) {
+  return std::shared_ptr<std::uint8_t>(memory, [spares](std::uint8_t* p) {
     if (auto s = spares.lock()) {
       std::lock_guard<std::mutex> lock(s->mutex);
-      if (s->bytes == bytes && s->free.size() < spare_buffers::max_spares) {
+      if (s->free.size() < spare_buffers::max_spares) {
         s->free.push_back(p);
         return;
       }
@@ -82,8 +82,10 @@ external_source::external_source(external_options o)
       spares_(std::make_shared<spare_buffers>()) {
   for (auto& s : llama_parameter_specs(config(), options_.type)) {
     parameter_names_.insert(s.name);
-    if (holds(s.name))
+    if (holds(s.name)) {
+      held_bytes_ += s.bytes(); // bounded: the model's parameter count was validated
       specs_.push_back(std::move(s));
+    }
   }
 }
 
@@ -174,11 +176,7 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   }
   // The one copy, into a dropped version's buffer or fresh memory never
   // zero-filled (its page faults are paid inside the copy, on both threads).
-  {
-    std::lock_guard<std::mutex> lock(spares_->mutex);
-    spares_->bytes = total; // the same every push: the held tensors' bytes
-  }
-  std::shared_ptr<std::uint8_t> buffer = buffer_for(total, who + "'s weights, version " + std::to_string(version));
+  std::shared_ptr<std::uint8_t> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
   struct piece {
     std::size_t input;
     std::uint64_t from, bytes;

@@ -73,7 +73,9 @@ private:
   std::set<std::string> parameter_names_; // every parameter of the model
   struct spare_buffers; // freed versions' memory, for the next push
   std::shared_ptr<spare_buffers> spares_;
-  std::shared_ptr<std::uint8_t> buffer_for(std::uint64_t bytes, const std::string& what);
+  std::uint64_t held_bytes_ = 0; // every push copies exactly this much
+  /// A buffer of held_bytes_: a spare, or fresh memory asking for huge pages.
+  std::shared_ptr<std::uint8_t> buffer_for(const std::string& what);
   std::mutex push_mutex_;          // one push at a time
   mutable std::mutex mutex_;       // guards pending_, last_pushed_
   snapshot_ptr pending_;
