@@ -525,7 +525,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       if (weights)
         for (std::size_t w = 0; w < weights->workers.size(); ++w)
           for (const auto& p : weights->workers[w].params())
-            out[std::to_string(w) + "/" + p.name] = sha256_hex(p.data.data(), p.data.size() * sizeof(float));
+            out[std::to_string(w) + "/" + p.name] = sha256_hex(p.bytes.data(), p.bytes.size());
       return out.dump();
     }),
     authorized(self, guard, [=](caf::timeout_atom, std::uint64_t id) {

@@ -969,13 +969,13 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           for (const auto& e : ckpt.tensors())
             if (!ignored_weight(model, e.tensor->name))
               views.push_back(e.tensor);
-          auto set = engine::weight_set::make(model, tp);
+          auto set = engine::weight_set::make(model, tp, checkpoint_dtype(ckpt));
           engine::load_weights(views, *set);
           json baseline = json::object();
           for (std::size_t w = 0; w < set->workers.size(); ++w)
             for (const auto& p : set->workers[w].params())
               baseline["dp0:pp0:pcp0:tp" + std::to_string(w) + ":" + p.name] =
-                sha256_hex(p.data.data(), p.data.size() * sizeof(float));
+                sha256_hex(p.bytes.data(), p.bytes.size());
           for (auto& [param, sum] : engine::weight_checksums(*set)) {
             d.names.push_back(param);
             d.checksums.push_back(sum);

@@ -78,7 +78,7 @@ int cmd_generate(const arg_list& argv) {
   opts.tp = static_cast<int>(tp);
   opts.source_dtype = weights_dtype;
   engine::engine_core core(config, opts);
-  auto weights = engine::weight_set::make(config, opts.tp);
+  auto weights = engine::weight_set::make(config, opts.tp, weights_dtype);
   engine::load_checkpoint(ckpt, *weights);
   core.load(std::move(weights), 0);
   auto t_loaded = std::chrono::steady_clock::now();

@@ -55,7 +55,9 @@ std::vector<engine_verification> verify_weights(const topology& t,
         }
         if (held) {
           try { // ranks that together miss a tensor make no reference
-            auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp));
+            // Stored as the engines store what the trainer sends: in its dtype.
+            const dtype stored = tensors.empty() ? dtype::bf16 : tensors.front()->type;
+            auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp), stored);
             engine::load_weights(tensors, *set);
             reference[key] = engine::weight_checksums(*set);
           } catch (const std::exception& e) {

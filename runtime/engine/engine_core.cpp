@@ -122,7 +122,7 @@ struct engine_core::prefix_cache {
 // -- construction and weights ------------------------------------------------------
 
 engine_core::engine_core(const model_config& c, engine_options opts)
-  : opts_(std::move(opts)), model_(c, opts_.tp),
+  : opts_(std::move(opts)), model_(c, opts_.tp, opts_.source_dtype),
     cache_(std::make_unique<prefix_cache>(opts_.block_tokens, opts_.prefix_cache_blocks)) {
   if (opts_.max_batch == 0 || opts_.queue_limit == 0 || opts_.prefill_chunk <= 0)
     throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
@@ -167,7 +167,7 @@ std::variant<std::uint64_t, engine_error> engine_core::release_weights() {
   if (serving_)
     for (const auto& w : serving_->workers)
       for (const auto& p : w.params())
-        bytes += p.data.size() * sizeof(float);
+        bytes += p.bytes.size();
   model_.clear_weights();
   serving_.reset();
   spare_.reset();
@@ -599,7 +599,7 @@ std::map<std::string, std::uint64_t> weight_checksums(const weight_set& ws) {
   std::map<std::string, std::uint64_t> out;
   for (std::size_t w = 0; w < ws.workers.size(); ++w)
     for (const auto& p : ws.workers[w].params())
-      out[std::to_string(w) + "/" + p.name] = checksum64(p.data.data(), p.data.size() * sizeof(float));
+      out[std::to_string(w) + "/" + p.name] = checksum64(p.bytes.data(), p.bytes.size());
   return out;
 }
 

@@ -8,14 +8,14 @@
 namespace rlsync::engine::kernels {
 
 namespace baseline {
-void matmul_nt_impl(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t,
+void matmul_nt_impl(const float*, std::int64_t, const void*, rlsync::dtype, std::int64_t, float*, std::int64_t,
                     std::int64_t, std::int64_t, std::int64_t);
 float dot_impl(const float*, const float*, std::int64_t);
 } // namespace baseline
 
 #if defined(RLSYNC_KERNELS_AVX2)
 namespace avx2 {
-void matmul_nt_impl(const float*, std::int64_t, const float*, std::int64_t, float*, std::int64_t,
+void matmul_nt_impl(const float*, std::int64_t, const void*, rlsync::dtype, std::int64_t, float*, std::int64_t,
                     std::int64_t, std::int64_t, std::int64_t);
 float dot_impl(const float*, const float*, std::int64_t);
 } // namespace avx2
@@ -50,9 +50,13 @@ const table& active() {
 
 } // namespace
 
-void matmul_nt(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
-               std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) {
-  active().matmul(a, lda, w, ldw, out, ldo, rows, n, depth);
+void matmul_nt(const float* a, std::int64_t lda, typed_ptr w, std::int64_t ldw, float* out, std::int64_t ldo,
+               std::int64_t rows, std::int64_t n, std::int64_t depth) {
+  active().matmul(a, lda, w.data, w.type, ldw, out, ldo, rows, n, depth);
+}
+
+void widen(typed_ptr src, float* out, std::int64_t count) {
+  convert_to_f32(src.type, src.data, out, static_cast<std::size_t>(count));
 }
 
 float dot(const float* a, const float* b, std::int64_t depth) { return active().dot(a, b, depth); }

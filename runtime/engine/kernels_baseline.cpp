@@ -1,5 +1,7 @@
 // The kernels for the baseline instruction set, on GCC/Clang generic
 // vectors of 4 floats (SSE2 on x86-64, NEON on arm64), two per `vec`.
+#include "runtime/engine/kernels.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -11,11 +13,27 @@ struct vec {
   v4 lo, hi;
 };
 
+inline float widen1(float x) { return x; }
+inline float widen1(bf16_t x) { // the top half of an fp32
+  const std::uint32_t u = std::uint32_t(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float widen1(f16_t x) { return rlsync::f16_to_f32(x.bits); }
+
 inline vec vload(const float* p) {
   vec v;
   std::memcpy(&v.lo, p, sizeof v.lo);
   std::memcpy(&v.hi, p + 4, sizeof v.hi);
   return v;
+}
+template <class W>
+inline vec vload(const W* p) {
+  float f[8];
+  for (int i = 0; i < 8; ++i)
+    f[i] = widen1(p[i]);
+  return vload(f);
 }
 inline vec vzero() { return vec{v4{}, v4{}}; }
 inline vec vmadd(vec a, vec b, vec acc) { return vec{acc.lo + a.lo * b.lo, acc.hi + a.hi * b.hi}; }

@@ -3,11 +3,13 @@
 //
 // Every dot product keeps `lanes` independent partial sums over k = l
 // (mod lanes), adds them in a fixed tree, then adds the tail in order: one
-// sequence of operations per element, whatever the blocking.
+// sequence of operations per element, whatever the blocking and whatever
+// the dtype the weights are stored in (they are widened exactly on load).
 
-// Provided by the including file: `vec` (8 floats), vload(const float*)
-// (unaligned), vzero(), vmadd(a, b, acc), vstore(float*, vec), and the
-// scalar madd(a, b, acc).
+// Provided by the including file: `vec` (8 floats), vload(const float*),
+// vload(const bf16_t*), vload(const f16_t*) (unaligned; the 16-bit ones
+// widen), vzero(), vmadd(a, b, acc), vstore(float*, vec), the scalar
+// madd(a, b, acc), and scalar widen1(float | bf16_t | f16_t).
 constexpr int lanes = 8;
 
 inline float sum_lanes(vec v) {
@@ -18,10 +20,12 @@ inline float sum_lanes(vec v) {
 
 // R activation rows times C weight rows: the register-blocked core. The
 // accumulators are R * C vectors, few enough to live in registers (4 x 3
-// leaves room for 3 weight vectors and 1 activation vector in AVX2's 16).
-template <int R, int C>
-inline void micro(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
-                  std::int64_t ldo, std::int64_t depth) {
+// leaves room for 3 weight vectors and 1 activation vector in AVX2's 16;
+// 1 x 6 gives a batch-1 decode six independent chains to hide the FMA
+// latency behind while it streams weights).
+template <int R, int C, class W>
+inline void micro(const float* a, std::int64_t lda, const W* w, std::int64_t ldw, float* out, std::int64_t ldo,
+                  std::int64_t depth) {
   vec acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c)
@@ -41,28 +45,32 @@ inline void micro(const float* a, std::int64_t lda, const float* w, std::int64_t
     for (int c = 0; c < C; ++c) {
       float s = sum_lanes(acc[r][c]);
       for (std::int64_t k = body; k < depth; ++k)
-        s = madd(a[r * lda + k], w[c * ldw + k], s);
+        s = madd(a[r * lda + k], widen1(w[c * ldw + k]), s);
       out[r * ldo + c] = s;
     }
 }
 
-template <int R>
-inline void row_block(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
+template <int R, class W>
+inline void row_block(const float* a, std::int64_t lda, const W* w, std::int64_t ldw, float* out,
                       std::int64_t ldo, std::int64_t j0, std::int64_t j1, std::int64_t depth) {
   std::int64_t j = j0;
+  if constexpr (R == 1)
+    for (; j + 6 <= j1; j += 6)
+      micro<1, 6>(a, lda, w + j * ldw, ldw, out + j, ldo, depth);
   for (; j + 3 <= j1; j += 3)
     micro<R, 3>(a, lda, w + j * ldw, ldw, out + j, ldo, depth);
   for (; j < j1; ++j)
     micro<R, 1>(a, lda, w + j * ldw, ldw, out + j, ldo, depth);
 }
 
-void matmul_nt_impl(const float* a, std::int64_t lda, const float* w, std::int64_t ldw, float* out,
-                    std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) {
-  // Weight rows in blocks of about 64 KiB (a multiple of 3 rows) stay in L2
+template <class W>
+void matmul_nt_typed(const float* a, std::int64_t lda, const W* w, std::int64_t ldw, float* out, std::int64_t ldo,
+                     std::int64_t rows, std::int64_t n, std::int64_t depth) {
+  // Weight rows in blocks of about 64 KiB (a multiple of 6 rows) stay in L2
   // while every activation row passes over them; the activations (at most a
   // few hundred KiB for a decode batch) stream from L2 as well.
-  const std::int64_t row_bytes = std::max<std::int64_t>(1, depth * static_cast<std::int64_t>(sizeof(float)));
-  const std::int64_t block = std::max<std::int64_t>(3, (64 << 10) / row_bytes / 3 * 3);
+  const std::int64_t row_bytes = std::max<std::int64_t>(1, depth * static_cast<std::int64_t>(sizeof(W)));
+  const std::int64_t block = std::max<std::int64_t>(6, (64 << 10) / row_bytes / 6 * 6);
   for (std::int64_t j0 = 0; j0 < n; j0 += block) {
     const std::int64_t j1 = std::min(n, j0 + block);
     std::int64_t r = 0;
@@ -74,6 +82,21 @@ void matmul_nt_impl(const float* a, std::int64_t lda, const float* w, std::int64
     case 1: row_block<1>(a + r * lda, lda, w, ldw, out + r * ldo, ldo, j0, j1, depth); break;
     default: break;
     }
+  }
+}
+
+void matmul_nt_impl(const float* a, std::int64_t lda, const void* w, rlsync::dtype type, std::int64_t ldw,
+                    float* out, std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) {
+  switch (type) {
+  case rlsync::dtype::f32:
+    matmul_nt_typed(a, lda, static_cast<const float*>(w), ldw, out, ldo, rows, n, depth);
+    break;
+  case rlsync::dtype::bf16:
+    matmul_nt_typed(a, lda, static_cast<const bf16_t*>(w), ldw, out, ldo, rows, n, depth);
+    break;
+  case rlsync::dtype::f16:
+    matmul_nt_typed(a, lda, static_cast<const f16_t*>(w), ldw, out, ldo, rows, n, depth);
+    break;
   }
 }
 

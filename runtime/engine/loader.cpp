@@ -177,7 +177,7 @@ void load_checkpoint(const rlsync::checkpoint& ckpt, weight_set& set) {
 
 std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp) {
   auto ckpt = rlsync::checkpoint::open(dir);
-  auto set = weight_set::make(ckpt.config(), tp);
+  auto set = weight_set::make(ckpt.config(), tp, checkpoint_dtype(ckpt));
   load_checkpoint(ckpt, *set);
   return set;
 }

@@ -10,7 +10,8 @@
 //                  q/k/v are viewed per head to select whole heads
 //   (3) select     nothing to select in a dense Llama (no experts)
 //   (4) shard      narrow to this worker's heads / intermediate / vocab slice
-//   (5)-(7)        copy_into: stage, convert to fp32, store in the parameter
+//   (5)-(7)        copy_into: stage, convert to the engine's storage dtype
+//                  (a copy when the checkpoint's agrees), store in the parameter
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/engine/weight_view.hpp"
 #include "runtime/engine/weights.hpp"
@@ -39,7 +40,8 @@ void load_weights(const std::vector<rlsync::tensor_view>& tensors, weight_set& s
 /// Every tensor of an opened checkpoint into `set`.
 void load_checkpoint(const rlsync::checkpoint& ckpt, weight_set& set);
 /// Opens the checkpoint directory `dir` (config.json + safetensors) and
-/// loads it into a new set for `tp` workers. The set's version is 0.
+/// loads it into a new set for `tp` workers, stored in the checkpoint's
+/// dtype. The set's version is 0.
 std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp);
 
 } // namespace rlsync::engine

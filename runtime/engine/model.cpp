@@ -30,6 +30,7 @@ struct workspace {
   std::vector<float> act;    // [T, inter]
   std::vector<float> scores; // [positions]
   std::vector<float> final;  // [logit rows, D]
+  std::vector<float> norm;   // [D] the norm weights in use, widened
 };
 
 template <class T>
@@ -80,6 +81,7 @@ int checked_tp(const model_config& c, int tp) {
 struct model::impl {
   model_config cfg;
   int tp;
+  dtype weights_type;
   worker_pool pool;
   std::int64_t o_chunks;    // all-reduce chunks of o_proj's input (heads)
   std::int64_t down_chunks; // ... of down_proj's input (intermediate)
@@ -95,8 +97,8 @@ struct model::impl {
   std::vector<float> part_down; // [down_chunks, T, D]
   std::vector<workspace> spaces;
 
-  impl(const model_config& c, int tp_)
-      : cfg(c), tp(tp_), pool(checked_tp(c, tp_)),
+  impl(const model_config& c, int tp_, dtype type)
+      : cfg(c), tp(tp_), weights_type(type), pool(checked_tp(c, tp_)),
         o_chunks(reduce_chunks(c.num_attention_heads, tp_)),
         down_chunks(reduce_chunks(c.intermediate_size, tp_)), spaces(static_cast<std::size_t>(tp_)) {
     // HF computes inv_freq = 1 / theta^(2i/d) and freqs = position * inv_freq
@@ -231,6 +233,7 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
   grow(ws.act, T * s.inter);
   grow(ws.scores, max_positions);
   grow(ws.final, R * D);
+  grow(ws.norm, D);
   for (const auto& it : batch)
     it.seq->reserve(w, it.start + static_cast<std::int64_t>(it.tokens.size()));
 
@@ -238,8 +241,7 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
   for (std::int64_t t = 0; t < T; ++t) {
     const std::int64_t id = ids[static_cast<std::size_t>(t)];
     if (id >= s.vocab_begin && id < s.vocab_end)
-      std::memcpy(&x0[static_cast<std::size_t>(t * D)], W.embed() + (id - s.vocab_begin) * D,
-                  static_cast<std::size_t>(D) * sizeof(float));
+      kernels::widen(W.embed() + (id - s.vocab_begin) * D, &x0[static_cast<std::size_t>(t * D)], D);
   }
   pool.barrier();
   std::memcpy(ws.x.data(), x0.data(), static_cast<std::size_t>(T * D) * sizeof(float));
@@ -253,8 +255,9 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
     const layer_weights L = W.layer(l);
 
     // Attention.
+    kernels::widen(L.input_norm, ws.norm.data(), D);
     for (std::int64_t t = 0; t < T; ++t)
-      rms_norm(x + t * D, L.input_norm, h + t * D, D, eps);
+      rms_norm(x + t * D, ws.norm.data(), h + t * D, D, eps);
     kernels::matmul_nt(h, D, L.qkv, D, ws.qkv.data(), qkv_rows, T, qkv_rows, D);
     for (std::int64_t t = 0; t < T; ++t) {
       const auto& tok = tokens[static_cast<std::size_t>(t)];
@@ -307,8 +310,9 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
     reduce_into(x, part_o.data(), o_chunks, T * D, h);
 
     // MLP.
+    kernels::widen(L.post_norm, ws.norm.data(), D);
     for (std::int64_t t = 0; t < T; ++t)
-      rms_norm(x + t * D, L.post_norm, h + t * D, D, eps);
+      rms_norm(x + t * D, ws.norm.data(), h + t * D, D, eps);
     kernels::matmul_nt(h, D, L.gate_up, D, ws.gu.data(), 2 * s.inter, T, 2 * s.inter, D);
     for (std::int64_t t = 0; t < T; ++t) {
       const float* g = ws.gu.data() + t * 2 * s.inter;
@@ -326,21 +330,26 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
   }
 
   // Final norm and this worker's vocab columns of the logits.
+  kernels::widen(W.final_norm(), ws.norm.data(), D);
   for (std::int64_t r = 0; r < R; ++r)
-    rms_norm(x + logit_tokens[static_cast<std::size_t>(r)] * D, W.final_norm(), ws.final.data() + r * D, D,
+    rms_norm(x + logit_tokens[static_cast<std::size_t>(r)] * D, ws.norm.data(), ws.final.data() + r * D, D,
              eps);
   if (s.vocab() > 0 && R > 0)
     kernels::matmul_nt(ws.final.data(), D, W.lm_head(), D, out.logits.data() + s.vocab_begin, cfg.vocab_size,
                        R, s.vocab(), D);
 }
 
-model::model(const model_config& c, int tp) : impl_(std::make_unique<impl>(c, tp)) {}
+model::model(const model_config& c, int tp, dtype weights_type)
+    : impl_(std::make_unique<impl>(c, tp, weights_type)) {}
 model::~model() = default;
 
 const model_config& model::config() const { return impl_->cfg; }
 int model::tp() const { return impl_->tp; }
+dtype model::weights_type() const { return impl_->weights_type; }
 
-std::shared_ptr<weight_set> model::make_weights() const { return weight_set::make(impl_->cfg, impl_->tp); }
+std::shared_ptr<weight_set> model::make_weights() const {
+  return weight_set::make(impl_->cfg, impl_->tp, impl_->weights_type);
+}
 
 void model::set_weights(std::shared_ptr<const weight_set> w) {
   if (!w || w->tp() != impl_->tp)

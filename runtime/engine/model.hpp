@@ -1,6 +1,7 @@
 #pragma once
 // A decoder-only transformer with the numerics of Hugging Face's
-// LlamaForCausalLM (fp32), run by `tp` tensor-parallel workers that each hold
+// LlamaForCausalLM (fp32 arithmetic; weights stored in the dtype they arrive
+// in and widened exactly inside the kernels), run by `tp` tensor-parallel workers that each hold
 // only their shard, as vLLM shards it:
 //
 //   embed (vocab-parallel rows, gathered)
@@ -59,13 +60,16 @@ struct forward_output {
 class model {
 public:
   /// Throws std::invalid_argument when `c` cannot be sharded `tp` ways.
-  model(const model_config& c, int tp);
+  /// make_weights() allocates `weights_type` (what the checkpoint or the
+  /// trainer sends); set_weights() accepts any dtype.
+  model(const model_config& c, int tp, dtype weights_type);
   ~model();
   model(const model&) = delete;
   model& operator=(const model&) = delete;
 
   const model_config& config() const;
   int tp() const;
+  dtype weights_type() const;
 
   /// A zeroed weight set shaped for this model: fill it (loader.hpp), then
   /// set_weights(). Several may exist at once (serving + staging).

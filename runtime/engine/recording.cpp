@@ -82,7 +82,8 @@ weight_ptr recording_weight(std::string name, dtype type, std::vector<std::int64
 }
 
 plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources) {
-  worker_weights shapes(shard_spec::make(c, tp, worker), /*allocate=*/false);
+  // Shapes only: the storage dtype plays no part in a plan.
+  worker_weights shapes(shard_spec::make(c, tp, worker), dtype::f32, /*allocate=*/false);
   auto sink = std::make_shared<std::vector<plan_entry>>();
   for (const auto& spec : sources)
     if (!ignored_weight(c, spec.name))
@@ -108,7 +109,7 @@ plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype sou
 }
 
 std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c) {
-  worker_weights shapes(shard_spec::make(c, p.tp, p.worker), /*allocate=*/false);
+  worker_weights shapes(shard_spec::make(c, p.tp, p.worker), dtype::f32, /*allocate=*/false);
   std::map<std::string, std::vector<std::pair<std::int64_t, std::int64_t>>> ranges; // param -> [begin, end)
   std::vector<std::string> problems;
   for (const auto& e : p.entries) {

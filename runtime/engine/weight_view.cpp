@@ -12,9 +12,19 @@ void store_packed(const void* packed, dtype type, std::int64_t count, parameter&
   if (dst_offset < 0 || count < 0 || dst_offset + count > dst.numel())
     throw std::out_of_range("store into '" + dst.name + "': elements [" + std::to_string(dst_offset) + ", "
                             + std::to_string(dst_offset + count) + ") outside its " + std::to_string(dst.numel()));
-  if (static_cast<std::int64_t>(dst.data.size()) != dst.numel())
+  if (dst.bytes.size() != static_cast<std::size_t>(dst.numel()) * dtype_size(dst.type))
     throw std::logic_error("store into '" + dst.name + "': the parameter holds no data");
-  convert_to_f32(type, packed, dst.data.data() + dst_offset, static_cast<std::size_t>(count));
+  unsigned char* at = dst.bytes.data() + static_cast<std::size_t>(dst_offset) * dtype_size(dst.type);
+  if (type == dst.type) {
+    if (count > 0)
+      std::memcpy(at, packed, static_cast<std::size_t>(count) * dtype_size(type));
+  } else if (dst.type == dtype::f32) {
+    convert_to_f32(type, packed, reinterpret_cast<float*>(at), static_cast<std::size_t>(count));
+  } else { // the engine never rounds a weight it was sent
+    throw std::invalid_argument("store into '" + dst.name + "': " + std::string(short_name(type))
+                                + " elements into a parameter stored as " + std::string(short_name(dst.type))
+                                + " would round them");
+  }
 }
 
 // -- real views -----------------------------------------------------------------

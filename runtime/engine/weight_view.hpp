@@ -23,7 +23,8 @@
 namespace rlsync::engine {
 
 /// Steps 6 and 7 of the weight lifecycle (process, store): converts `count` packed elements of `type` to
-/// fp32 and stores them in `dst` at element `dst_offset`. Throws
+/// the parameter's dtype (a copy when they agree, exact widening into f32) and stores them in `dst` at
+/// element `dst_offset`. Throws std::invalid_argument when that would round (f32 into bf16, f16 <-> bf16). Throws
 /// std::out_of_range when they do not fit, std::logic_error when `dst` holds
 /// no data (a shape-only parameter).
 void store_packed(const void* packed, dtype type, std::int64_t count, parameter& dst, std::int64_t dst_offset);

@@ -24,12 +24,13 @@ constexpr const char* layer_suffixes[per_layer] = {param::input_norm, param::qkv
                                           param::post_norm,  param::gate_up, param::down};
 } // namespace
 
-worker_weights::worker_weights(const shard_spec& s, bool allocate) : shard_(s), allocated_(allocate) {
+worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
+    : shard_(s), type_(type), allocated_(allocate) {
   const auto& c = s.config;
   const std::int64_t d = c.hidden_size;
   auto add = [&](std::string name, std::vector<std::int64_t> shape) {
     index_.emplace(name, params_.size());
-    params_.push_back(parameter{std::move(name), std::move(shape), {}});
+    params_.push_back(parameter{std::move(name), std::move(shape), type, {}});
   };
   add(param::embed, {s.vocab(), d});
   const std::vector<std::int64_t> layer_shapes[per_layer] = {
@@ -46,7 +47,7 @@ worker_weights::worker_weights(const shard_spec& s, bool allocate) : shard_(s), 
   }
   if (allocate)
     for (auto& p : params_)
-      p.data.assign(static_cast<std::size_t>(p.numel()), 0.0f);
+      p.bytes.assign(static_cast<std::size_t>(p.numel()) * dtype_size(type), 0);
 }
 
 parameter& worker_weights::at(const std::string& name) {
@@ -67,25 +68,25 @@ const parameter* worker_weights::find(const std::string& name) const {
 
 layer_weights worker_weights::layer(std::int64_t l) const {
   const parameter* p = &params_[1 + static_cast<std::size_t>(l) * per_layer];
-  return layer_weights{p[0].data.data(), p[1].data.data(), p[2].data.data(),
-                       p[3].data.data(), p[4].data.data(), p[5].data.data()};
+  return layer_weights{p[0].ref(), p[1].ref(), p[2].ref(), p[3].ref(), p[4].ref(), p[5].ref()};
 }
 
 std::uint64_t worker_weights::bytes() const {
   std::uint64_t n = 0;
   for (auto& p : params_)
-    n += static_cast<std::uint64_t>(p.numel()) * sizeof(float);
+    n += static_cast<std::uint64_t>(p.numel()) * dtype_size(p.type);
   return n;
 }
 
-std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp) {
-  // fp32, every worker's shard (replicated kv heads aside).
-  const std::uint64_t bytes = static_cast<std::uint64_t>(parameter_count(c).value_or(0)) * sizeof(float);
-  return allocating("the engine's fp32 weights (" + std::to_string(tp) + " workers)", bytes, [&] {
+std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp, dtype type) {
+  // Every worker's shard (replicated kv heads aside).
+  const std::uint64_t bytes = static_cast<std::uint64_t>(parameter_count(c).value_or(0)) * dtype_size(type);
+  return allocating("the engine's " + std::string(short_name(type)) + " weights (" + std::to_string(tp)
+                      + " workers)", bytes, [&] {
     auto set = std::make_shared<weight_set>();
     set->workers.reserve(static_cast<std::size_t>(tp));
     for (int w = 0; w < tp; ++w)
-      set->workers.emplace_back(shard_spec::make(c, tp, w));
+      set->workers.emplace_back(shard_spec::make(c, tp, w), type);
     return set;
   });
 }

@@ -1,12 +1,18 @@
 #pragma once
-// The engine's parameters: per tensor-parallel worker, each shard as fp32,
-// row-major, weight rows contiguous over the input dim (the layout the
-// matmul kernels want, and Hugging Face's [out, in]).
+// The engine's parameters: per tensor-parallel worker, each shard row-major,
+// weight rows contiguous over the input dim (the layout the matmul kernels
+// want, and Hugging Face's [out, in]), in the dtype the weights arrive in
+// (bf16, f16 or f32). The kernels widen 16-bit weights to fp32 in registers:
+// widening is exact, so results are bit-identical to fp32 storage of the
+// same values, while a decode step reads half the bytes and applying a
+// version is a copy.
 //
 // A weight_set is one complete copy of every worker's parameters plus the
 // version they hold. The engine serves from one set while a weight update
 // fills another (a staging copy), then swaps the pointer: a forward step
 // holds its set for its whole duration, so a swap never tears a step.
+#include "runtime/base/dtype.hpp"
+#include "runtime/engine/kernels.hpp"
 #include "runtime/engine/shard.hpp"
 
 #include <cstdint>
@@ -17,14 +23,17 @@
 
 namespace rlsync::engine {
 
-/// One parameter of one worker. `data` is empty for shape-only parameters
-/// (the ones the plan recorder writes into).
+/// One parameter of one worker. `bytes` is empty for shape-only parameters
+/// (the ones the plan recorder writes into), else numel() elements of `type`.
 struct parameter {
   std::string name;
   std::vector<std::int64_t> shape;
-  std::vector<float> data;
+  dtype type = dtype::f32;
+  std::vector<unsigned char> bytes;
 
   std::int64_t numel() const;
+  bool holds_data() const { return !bytes.empty() || numel() == 0; }
+  kernels::typed_ptr ref() const { return {bytes.data(), type}; }
 };
 
 /// Engine parameter names (vLLM's fused names). Layer parameters of layer l:
@@ -44,20 +53,20 @@ inline constexpr const char* down = "mlp.down_proj.weight";
 
 /// Pointers to one layer's parameters, for the forward pass.
 struct layer_weights {
-  const float* input_norm; ///< [hidden]
-  const float* qkv;        ///< [(heads + 2 kv_heads) * head_dim, hidden]: q rows, k rows, v rows
-  const float* o;          ///< [hidden, heads * head_dim] (this worker's columns)
-  const float* post_norm;  ///< [hidden]
-  const float* gate_up;    ///< [2 * inter, hidden]: gate rows, then up rows
-  const float* down;       ///< [hidden, inter] (this worker's columns)
+  kernels::typed_ptr input_norm; ///< [hidden]
+  kernels::typed_ptr qkv;        ///< [(heads + 2 kv_heads) * head_dim, hidden]: q rows, k rows, v rows
+  kernels::typed_ptr o;          ///< [hidden, heads * head_dim] (this worker's columns)
+  kernels::typed_ptr post_norm;  ///< [hidden]
+  kernels::typed_ptr gate_up;    ///< [2 * inter, hidden]: gate rows, then up rows
+  kernels::typed_ptr down;       ///< [hidden, inter] (this worker's columns)
 };
 
 /// Every parameter one worker holds.
 class worker_weights {
 public:
-  /// Allocates (zero-filled) every parameter of this shard, or only records
-  /// their shapes when `allocate` is false.
-  explicit worker_weights(const shard_spec& shard, bool allocate = true);
+  /// Allocates (zero-filled) every parameter of this shard in `type`, or
+  /// only records their shapes when `allocate` is false.
+  worker_weights(const shard_spec& shard, dtype type, bool allocate = true);
 
   const shard_spec& shard() const { return shard_; }
   bool allocated() const { return allocated_; }
@@ -67,16 +76,18 @@ public:
   const parameter& at(const std::string& name) const;
   const parameter* find(const std::string& name) const;
 
-  const float* embed() const { return params_[0].data.data(); }   ///< [vocab slice, hidden]
-  const float* final_norm() const { return params_[final_norm_].data.data(); }
+  dtype type() const { return type_; }
+  kernels::typed_ptr embed() const { return params_[0].ref(); } ///< [vocab slice, hidden]
+  kernels::typed_ptr final_norm() const { return params_[final_norm_].ref(); }
   /// lm_head rows, or the embedding's when tied (same vocab slice).
-  const float* lm_head() const { return params_[lm_head_].data.data(); }
+  kernels::typed_ptr lm_head() const { return params_[lm_head_].ref(); }
   layer_weights layer(std::int64_t l) const;
 
   std::uint64_t bytes() const;
 
 private:
   shard_spec shard_;
+  dtype type_;
   bool allocated_;
   std::vector<parameter> params_;
   std::unordered_map<std::string, std::size_t> index_;
@@ -88,10 +99,11 @@ struct weight_set {
   std::vector<worker_weights> workers;
   std::uint64_t version = 0;
 
-  /// Allocates zeroed parameters for every worker.
-  static std::shared_ptr<weight_set> make(const model_config& c, int tp);
+  /// Allocates zeroed parameters of `type` for every worker.
+  static std::shared_ptr<weight_set> make(const model_config& c, int tp, dtype type);
   int tp() const { return static_cast<int>(workers.size()); }
   const model_config& config() const { return workers.front().shard().config; }
+  dtype type() const { return workers.front().type(); }
 };
 
 } // namespace rlsync::engine

@@ -291,7 +291,7 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
 
   // The engine side: register plans, pull the version, compare.
   const int tp = 2;
-  auto set = engine::weight_set::make(topo.model.config, tp);
+  auto set = engine::weight_set::make(topo.model.config, tp, dtype::bf16);
   std::vector<plan::grouped_plan> plans;
   for (int w = 0; w < tp; ++w) {
     auto plan = std::make_shared<const plan::worker_plan>(engine::make_plan(topo.model.config, tp, w, dtype::bf16));

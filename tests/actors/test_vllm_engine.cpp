@@ -561,7 +561,7 @@ TEST_CASE("a full sync round over HTTP, then greedy output equals a built-in eng
   auto d = f.must<weight_digest>(digest_atom::value);
   CHECK(d.version == 2);
   CHECK_FALSE(d.dirty);
-  auto reference = engine::weight_set::make(f.model, 2);
+  auto reference = engine::weight_set::make(f.model, 2, dtype::bf16);
   engine::load_weights(f.source->find(2)->tensors(), *reference);
   auto sums = engine::weight_checksums(*reference);
   REQUIRE(d.names.size() == sums.size());
@@ -915,7 +915,7 @@ TEST_CASE("an order naming two trainer ranks (M:N) writes the same version") {
   f.must<phase_ack>(finish_atom::value, std::uint64_t{2});
   f.must<phase_ack>(resume_atom::value);
   auto d = f.must<weight_digest>(digest_atom::value);
-  auto reference = engine::weight_set::make(f.model, 2);
+  auto reference = engine::weight_set::make(f.model, 2, dtype::bf16);
   engine::load_weights(f.source->find(2)->tensors(), *reference);
   auto sums = engine::weight_checksums(*reference);
   REQUIRE(d.names.size() == sums.size());

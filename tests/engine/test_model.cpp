@@ -82,7 +82,7 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
   for (const auto& r : rows) {
     CAPTURE(r.what);
     auto src = make_source(r.config, r.type, 7);
-    model m(r.config, r.tp);
+    model m(r.config, r.tp, r.type);
     m.set_weights(src.load(r.tp));
     for (const auto& prompt : prompts) {
       auto seq = m.new_sequence();
@@ -107,7 +107,7 @@ TEST_CASE("incremental decoding equals a full recompute, bit for bit") {
   auto src = make_source(cfg, dtype::bf16, 11);
   for (int tp : {1, 2}) {
     CAPTURE(tp);
-    model m(cfg, tp);
+    model m(cfg, tp, dtype::bf16);
     m.set_weights(src.load(tp));
     auto seq = m.new_sequence();
     std::vector<std::int32_t> all = encode("incremental");
@@ -128,7 +128,7 @@ TEST_CASE("incremental decoding equals a full recompute, bit for bit") {
 TEST_CASE("a batched step computes each sequence exactly as alone") {
   auto cfg = tiny_config(4, 2, true);
   auto src = make_source(cfg, dtype::bf16, 3);
-  model m(cfg, 2);
+  model m(cfg, 2, dtype::bf16);
   m.set_weights(src.load(2));
   // Prefill chunks and single decode tokens mixed in one step.
   std::vector<kv_sequence> together, alone;
@@ -153,7 +153,7 @@ TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split 
     CAPTURE(kv);
     auto cfg = tiny_config(4, kv);
     auto src = make_source(cfg, dtype::bf16, 5);
-    model m1(cfg, 1);
+    model m1(cfg, 1, dtype::bf16);
     m1.set_weights(src.load(1));
     auto base = generate(m1, prompts, 24);
     std::set<std::int32_t> distinct;
@@ -162,7 +162,7 @@ TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split 
     CHECK(distinct.size() > 4); // not a degenerate model repeating one token
     for (int tp : {2, 4}) {
       CAPTURE(tp);
-      model m(cfg, tp);
+      model m(cfg, tp, dtype::bf16);
       m.set_weights(src.load(tp));
       auto g = generate(m, prompts, 24);
       CHECK(g.tokens == base.tokens);
@@ -175,7 +175,7 @@ TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split 
 TEST_CASE("truncate, copy_prefix and clear keep decoding exact") {
   auto cfg = tiny_config(4, 2);
   auto src = make_source(cfg, dtype::f32, 9);
-  model m(cfg, 2);
+  model m(cfg, 2, dtype::f32);
   m.set_weights(src.load(2));
   const auto prompt = encode("shared prefix, then more");
   auto a = m.new_sequence();
@@ -206,7 +206,7 @@ TEST_CASE("truncate, copy_prefix and clear keep decoding exact") {
 TEST_CASE("weights swap between steps and outputs carry their version") {
   auto cfg = tiny_config(4, 2);
   auto v1 = make_source(cfg, dtype::bf16, 1), v2 = make_source(cfg, dtype::bf16, 2);
-  model m(cfg, 2);
+  model m(cfg, 2, dtype::bf16);
   auto seq = m.new_sequence();
   CHECK_THROWS_WITH_AS(m.forward({{&seq, {1, 2}, 0, false}}), doctest::Contains("no weights"),
                        std::invalid_argument);
@@ -228,16 +228,16 @@ TEST_CASE("weights swap between steps and outputs carry their version") {
   CHECK(out2.version == 2);
   CHECK_FALSE(same_bits(out2.last(0), out1.last(0), out1.vocab));
 
-  CHECK_THROWS_AS(m.set_weights(weight_set::make(cfg, 4)), std::invalid_argument);
+  CHECK_THROWS_AS(m.set_weights(weight_set::make(cfg, 4, dtype::bf16)), std::invalid_argument);
 }
 
 TEST_CASE("forward rejects bad batches before touching any cache") {
   auto cfg = tiny_config(4, 2);
-  model m(cfg, 1);
+  model m(cfg, 1, dtype::bf16);
   m.set_weights(make_source(cfg, dtype::bf16, 1).load(1));
   auto seq = m.new_sequence();
   m.forward({{&seq, {1, 2, 3}, 0, false}});
-  model other(tiny_config(4, 4), 1);
+  model other(tiny_config(4, 4), 1, dtype::bf16);
   auto foreign = other.new_sequence();
   struct row {
     const char* what;
@@ -258,5 +258,39 @@ TEST_CASE("forward rejects bad batches before touching any cache") {
     CHECK_THROWS_WITH_AS(m.forward(r.batch), doctest::Contains(r.expect), std::invalid_argument);
     CHECK(seq.length() == 3);
   }
-  CHECK_THROWS_AS(model(tiny_config(4, 2), 3), std::invalid_argument);
+  CHECK_THROWS_AS(model(tiny_config(4, 2), 3, dtype::bf16), std::invalid_argument);
+}
+
+TEST_CASE("weights stored as they arrive serve bit for bit what their fp32 copy serves") {
+  auto cfg = tiny_config(4, 2);
+  for (dtype type : {dtype::bf16, dtype::f16})
+    for (int tp : {1, 2}) {
+      CAPTURE(short_name(type));
+      CAPTURE(tp);
+      auto src = make_source(cfg, type, 17);
+      model narrow(cfg, tp, type), wide(cfg, tp, dtype::f32);
+      auto stored = narrow.make_weights();
+      auto widened = wide.make_weights();
+      load_weights(src.views(), *stored);
+      load_weights(src.views(), *widened);
+      CHECK(stored->type() == type);
+      CHECK(widened->type() == dtype::f32);
+      CHECK(2 * stored->workers[0].bytes() == widened->workers[0].bytes()); // half the memory
+      narrow.set_weights(stored);
+      wide.set_weights(widened);
+      auto a = generate(narrow, prompts, 12), b = generate(wide, prompts, 12);
+      CHECK(a.tokens == b.tokens);
+      REQUIRE(a.logits.size() == b.logits.size());
+      CHECK(same_bits(a.logits.data(), b.logits.data(), static_cast<std::int64_t>(a.logits.size())));
+    }
+}
+
+TEST_CASE("the engine never rounds a weight: narrowing stores are refused") {
+  auto cfg = tiny_config(4, 2);
+  auto f32_src = make_source(cfg, dtype::f32, 1), f16_src = make_source(cfg, dtype::f16, 1);
+  auto bf16_set = weight_set::make(cfg, 1, dtype::bf16);
+  CHECK_THROWS_WITH_AS(load_weights(f32_src.views(), *bf16_set), doctest::Contains("would round"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(load_weights(f16_src.views(), *bf16_set), doctest::Contains("f16 elements into a parameter stored as bf16"),
+                       std::invalid_argument);
 }

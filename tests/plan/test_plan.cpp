@@ -68,12 +68,13 @@ TEST_CASE("view geometry: narrow, transpose, reshape as torch does") {
 TEST_CASE("real views materialise a reshape strides cannot express, recording views refuse it") {
   auto src = iota_tensor(6);
   model_config c = tiny_config();
-  worker_weights dst(shard_spec::make(c, 1, 0));
+  worker_weights dst(shard_spec::make(c, 1, 0), dtype::f32);
   auto& target = dst.at("model.norm.weight"); // 64 floats
   auto real = real_weight("t", dtype::f32, {2, 3}, src.data());
   real->transpose(0, 1)->view({6})->copy_into(target, 10);
-  CHECK(std::vector<float>(target.data.begin() + 10, target.data.begin() + 16)
-        == std::vector<float>{0, 3, 1, 4, 2, 5});
+  std::vector<float> got(6);
+  std::memcpy(got.data(), target.bytes.data() + 10 * sizeof(float), sizeof(float) * 6);
+  CHECK(got == std::vector<float>{0, 3, 1, 4, 2, 5});
 
   auto sink = std::make_shared<std::vector<plan_entry>>();
   auto rec = recording_weight("model.layers.0.mlp.up_proj.weight", dtype::bf16, {2, 3}, sink);
@@ -125,7 +126,7 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
         CAPTURE(w);
         auto p = make_plan(r.config, tp, w, r.type);
         CHECK(check_coverage(p, r.config).empty());
-        worker_weights replayed(shard_spec::make(r.config, tp, w));
+        worker_weights replayed(shard_spec::make(r.config, tp, w), r.type);
         for (const auto& e : p.entries) {
           auto bytes = replay(e, src.data(e.source), r.type);
           REQUIRE(bytes.size() == e.bytes());
@@ -137,8 +138,8 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
           const auto& a = real.params()[i];
           const auto& b = replayed.params()[i];
           CAPTURE(a.name);
-          REQUIRE(a.data.size() == b.data.size());
-          CHECK(std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0);
+          REQUIRE(a.bytes.size() == b.bytes.size());
+          CHECK(std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0);
         }
         sum += bytes_per_worker(p);
       }
@@ -191,7 +192,7 @@ TEST_CASE("a plan entry shards the way vLLM does") {
 TEST_CASE("the loader rejects unknown, missing and misshapen tensors") {
   auto c = tiny_config(4, 2);
   auto src = make_source(c, dtype::bf16, 1);
-  auto set = weight_set::make(c, 2);
+  auto set = weight_set::make(c, 2, dtype::bf16);
 
   auto views = src.views();
   views.back().shape = {301, 32}; // lm_head
@@ -228,9 +229,10 @@ TEST_CASE("load_checkpoint reads a checkpoint directory") {
   std::vector<rlsync::tensor_view> views;
   for (const auto& e : ckpt.tensors())
     views.push_back(*e.tensor);
-  auto again = weight_set::make(c, 2);
+  CHECK(set->type() == dtype::bf16); // stored as the checkpoint holds them
+  auto again = weight_set::make(c, 2, dtype::bf16);
   load_weights(views, *again);
   for (int w = 0; w < 2; ++w)
     for (std::size_t i = 0; i < set->workers[w].params().size(); ++i)
-      CHECK(set->workers[w].params()[i].data == again->workers[w].params()[i].data);
+      CHECK(set->workers[w].params()[i].bytes == again->workers[w].params()[i].bytes);
 }

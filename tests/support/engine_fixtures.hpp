@@ -83,7 +83,7 @@ struct source_weights {
   }
 
   std::shared_ptr<engine::weight_set> load(int tp) const {
-    auto set = engine::weight_set::make(config, tp);
+    auto set = engine::weight_set::make(config, tp, type);
     engine::load_weights(views(), *set);
     return set;
   }

@@ -51,7 +51,7 @@ inline std::shared_ptr<transfer::synthetic_source> small_source(const model_conf
 /// What engine::load_weights makes of a snapshot: the reference every
 /// transfer must reproduce exactly.
 inline std::shared_ptr<engine::weight_set> loaded(const transfer::weight_snapshot& s, int tp) {
-  auto set = engine::weight_set::make(s.config(), tp);
+  auto set = engine::weight_set::make(s.config(), tp, s.tensors().empty() ? dtype::bf16 : s.tensors().front().type);
   engine::load_weights(s.tensors(), *set);
   return set;
 }
@@ -65,8 +65,9 @@ inline void check_identical(const engine::weight_set& got, const engine::weight_
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
       INFO("worker " << w << " parameter " << a[i].name);
-      REQUIRE(a[i].data.size() == b[i].data.size());
-      CHECK(std::memcmp(a[i].data.data(), b[i].data.data(), a[i].data.size() * sizeof(float)) == 0);
+      REQUIRE(a[i].type == b[i].type);
+      REQUIRE(a[i].bytes.size() == b[i].bytes.size());
+      CHECK(std::memcmp(a[i].bytes.data(), b[i].bytes.data(), a[i].bytes.size()) == 0);
     }
   }
 }
@@ -92,7 +93,7 @@ struct test_engine {
   std::vector<std::pair<int, std::uint32_t>> received;
 
   test_engine(std::string n, const model_config& c, int tp_, transfer::weight_puller& p, dtype type = dtype::bf16)
-      : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_)) {
+      : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_, type)) {
     for (int w = 0; w < tp; ++w) {
       auto plan = std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, type));
       plans.emplace_back(c, plan);

@@ -91,7 +91,7 @@ struct mn_engine {
 
   mn_engine(std::string n, const model_config& c, int tp,
             const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>>& producers)
-      : name(std::move(n)), config(c), weights(engine::weight_set::make(c, tp)) {
+      : name(std::move(n)), config(c), weights(engine::weight_set::make(c, tp, dtype::bf16)) {
     for (int w = 0; w < tp; ++w) {
       plans.push_back(std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
       grouped.emplace_back(c, plans.back());
