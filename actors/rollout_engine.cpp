@@ -112,6 +112,19 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
     for (const auto* e : plan.entries(g))
       out->received[static_cast<std::size_t>(w)].insert(e->source);
   };
+  // Stored as sent: the data plane copies each group straight into place.
+  sink.targets = [&](int w, std::uint32_t g) {
+    std::vector<transfer::store_target> out;
+    auto ranges = engine::group_destinations(*plans[static_cast<std::size_t>(w)], g,
+                                             staging->workers[static_cast<std::size_t>(w)]);
+    for (const auto& r : ranges)
+      out.push_back({r.at, r.bytes});
+    return out;
+  };
+  sink.on_stored = [&](int w, std::uint32_t g) {
+    for (const auto* e : plans[static_cast<std::size_t>(w)]->entries(g))
+      out->received[static_cast<std::size_t>(w)].insert(e->source);
+  };
   sink.on_full_group = [&](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
     auto& dst = staging->workers[static_cast<std::size_t>(w)];
     for (const auto& t : tensors) {

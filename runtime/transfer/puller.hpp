@@ -13,7 +13,10 @@
 //   transfer:      pull({engine, worker, v, mode, deadline}, sink)
 //                                                    on one thread per worker
 //                  -> sink.on_group / on_full_group once per group, in order,
-//                     after the group's checksum verified
+//                     after the group's checksum verified; or, when the sink
+//                     names targets, each group copied straight into them
+//                     and checksummed as it lands (store_in_place.hpp), then
+//                     sink.on_stored
 //   engine gone:   unregister_engine(engine)
 //
 // pull() blocks the calling thread until the version is in or the deadline
@@ -54,6 +57,12 @@ struct transfer_error : std::runtime_error {
   transfer_failure failure;
 };
 
+/// Where a group's packed bytes land in place: `bytes` writable bytes at `at`.
+struct store_target {
+  std::uint8_t* at = nullptr;
+  std::size_t bytes = 0;
+};
+
 /// Where received groups go. Called on the pulling thread, in group order,
 /// only for verified bytes; the pointers are valid during the call only.
 /// pull_engine calls it from one thread per worker at once: a sink must be
@@ -66,6 +75,15 @@ struct group_sink {
   std::function<void(int worker, std::uint32_t group, const std::uint8_t* bytes, std::size_t size)> on_group;
   /// Broadcast: the group's full tensors; the engine slices them itself.
   std::function<void(int worker, std::uint32_t group, const std::vector<tensor_view>& tensors)> on_full_group;
+  /// Optional, sharded: where worker `worker` keeps group `group`'s packed
+  /// bytes unchanged, one target per plan entry in plan order (in its
+  /// staging weights); empty when it converts any of them. With targets, a
+  /// puller copies the group there itself in one pass, checksumming the
+  /// bytes as they land, and calls on_stored once they verified instead of
+  /// on_group. A checksum failure then leaves the group partly written: the
+  /// pull fails and the update is void, as for any failure.
+  std::function<std::vector<store_target>(int worker, std::uint32_t group)> targets;
+  std::function<void(int worker, std::uint32_t group)> on_stored;
 };
 
 struct pull_request {

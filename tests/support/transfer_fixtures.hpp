@@ -91,6 +91,9 @@ struct test_engine {
   std::vector<plan::grouped_plan> plans;
   std::mutex mutex;
   std::vector<std::pair<int, std::uint32_t>> received;
+  /// Offer the data plane the groups' places in the weights, as the engine
+  /// does when it keeps the dtype it is sent (store_in_place.hpp).
+  bool in_place = false;
 
   test_engine(std::string n, const model_config& c, int tp_, transfer::weight_puller& p, dtype type = dtype::bf16)
       : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_, type)) {
@@ -114,6 +117,16 @@ struct test_engine {
           engine::load_weight(*engine::real_weight(t.name, t.type, t.shape, t.data), dst);
       note(w, g);
     };
+    if (in_place) {
+      s.targets = [this](int w, std::uint32_t g) {
+        std::vector<transfer::store_target> out;
+        for (auto r : engine::group_destinations(plans[static_cast<std::size_t>(w)], g,
+                                                 weights->workers[static_cast<std::size_t>(w)]))
+          out.push_back({r.at, r.bytes});
+        return out;
+      };
+      s.on_stored = [this](int w, std::uint32_t g) { note(w, g); };
+    }
     return s;
   }
 

@@ -23,14 +23,16 @@ using rlsync::test::plan_bytes;
 using rlsync::test::test_engine;
 
 TEST_CASE("sharded pull applied with the plan equals load_weights, each worker getting only its bytes") {
+  for (bool in_place : {false, true})
   for (bool tied : {false, true})
     for (int tp : {1, 2, 4}) { // tp 4 > 2 kv heads: kv heads are replicated
-      INFO("tp " << tp << (tied ? ", tied embeddings" : ""));
+      INFO("tp " << tp << (tied ? ", tied embeddings" : "") << (in_place ? ", stored in place" : ""));
       const model_config c = test::small_model(3, tied);
       auto src = test::small_source(c);
       auto v1 = src->produce_next();
       local_transfer xfer(src);
       test_engine e("rollout-0", c, tp, xfer);
+      e.in_place = in_place;
 
       auto report = e.pull(xfer, 1);
       test::check_identical(*e.weights, *test::loaded(*v1, tp));
@@ -166,12 +168,15 @@ TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and p
 }
 
 TEST_CASE("a corrupted group fails that worker's pull with a checksum error, a healthy peer completes") {
+  for (bool in_place : {false, true}) {
+  INFO((in_place ? "stored in place" : "through the sink"));
   const model_config c = test::small_model(3);
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
   local_transfer xfer(src);
   test_engine bad("rollout-0", c, 2, xfer);
   test_engine good("rollout-1", c, 2, xfer);
+  bad.in_place = good.in_place = in_place;
   xfer.corrupt({"rollout-0", 1, 0, /*group*/ 1});
   try {
     bad.pull(xfer, 1);
@@ -190,6 +195,7 @@ TEST_CASE("a corrupted group fails that worker's pull with a checksum error, a h
   test::check_identical(*good.weights, *test::loaded(*v1, 2));
   bad.pull(xfer, 1); // the fault fired once: a retry is clean
   test::check_identical(*bad.weights, *test::loaded(*v1, 2));
+  }
 }
 
 TEST_CASE("a group that never comes times out with an error naming it") {

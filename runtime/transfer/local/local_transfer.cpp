@@ -3,6 +3,7 @@
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/parallel.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/store_in_place.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -475,25 +476,40 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
   std::vector<std::uint8_t> received; // this worker's receive buffer, reused
   for (std::size_t idx = 0; idx < p->groups.size(); ++idx) {
     const std::uint32_t g = p->groups[idx];
-    std::uint64_t sent_checksum = 0;
+    std::uint64_t sent = 0, got = 0;
+    std::size_t size = 0;
+    bool stored = false;
     {
       auto buf = p->wait_group(idx, req);
-      received.assign(buf->bytes.begin(), buf->bytes.end()); // the bytes move
-      sent_checksum = buf->checksum;
+      size = buf->bytes.size();
+      sent = buf->checksum;
+      const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, g, size);
+      if (!targets.empty()) {
+        // One pass: from the packed group straight into the engine's
+        // staging, checksummed as it lands (the slot is held meanwhile).
+        got = store_group(buf->bytes.data(), targets, size > 0 && shared_->take_corruption(req, g));
+        stored = true;
+      } else {
+        received.assign(buf->bytes.begin(), buf->bytes.end()); // the bytes move
+      }
     }
     p->consumed(me, idx); // the producer may reuse the slot while we verify and apply
-    if (!received.empty() && shared_->take_corruption(req, g))
-      received[received.size() / 2] ^= 0x5a;
-    const std::uint64_t got = checksum64(received.data(), received.size());
-    if (got != sent_checksum)
+    if (!stored) {
+      if (!received.empty() && shared_->take_corruption(req, g))
+        received[received.size() / 2] ^= 0x5a;
+      got = checksum64(received.data(), received.size());
+    }
+    if (got != sent)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "local transfer: " + who(req) + ": group " + std::to_string(g) + " of version "
-                               + std::to_string(req.version) + " failed its checksum (sent " + checksum_hex(sent_checksum)
-                               + ", received " + checksum_hex(got) + " over " + std::to_string(received.size())
+                               + std::to_string(req.version) + " failed its checksum (sent " + checksum_hex(sent)
+                               + ", received " + checksum_hex(got) + " over " + std::to_string(size)
                                + " bytes); the update is void");
-    report.bytes += received.size();
+    report.bytes += size;
     ++report.groups;
-    if (broadcast)
+    if (stored)
+      sink.on_stored(req.worker, g);
+    else if (broadcast)
       sink.on_full_group(req.worker, g, plan::view_full_group(p->layouts[idx], received.data()));
     else
       sink.on_group(req.worker, g, received.data(), received.size());

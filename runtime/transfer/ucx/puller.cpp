@@ -2,6 +2,7 @@
 
 #include "runtime/base/checksum.hpp"
 #include "runtime/plan/grouped_plan.hpp"
+#include "runtime/transfer/store_in_place.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -278,7 +279,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                + ")");
     const std::uint8_t* bytes = ch->slots[idx % window].data();
     const std::size_t size = p.length;
-    const std::uint64_t got = checksum64(bytes, size);
+    // Sharded into a sink that keeps the bytes as sent: stored in place and
+    // checksummed as they land, one pass; else checksummed here first.
+    const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, group, size);
+    const std::uint64_t got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
     if (got != header->checksum)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
@@ -288,7 +292,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     ch->replies.erase(p.seq);
     report.bytes += size;
     ++report.groups;
-    if (broadcast)
+    if (!targets.empty())
+      sink.on_stored(req.worker, group);
+    else if (broadcast)
       sink.on_full_group(req.worker, group, plan::view_full_group(layouts[idx], bytes));
     else
       sink.on_group(req.worker, group, bytes, size);

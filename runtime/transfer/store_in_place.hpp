@@ -1,0 +1,30 @@
+#pragma once
+// The receiving side's one pass: a group's packed bytes copied straight to
+// where the engine keeps them (its staging weights, in the dtype they were
+// sent), each piece checksummed right after it lands, while it is still in
+// cache. It replaces three passes (copy into a receive slot, checksum it,
+// copy it into staging) wherever the engine stores what it is sent.
+#include "runtime/transfer/puller.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace rlsync::transfer {
+
+/// Bytes checksummed at a time: small enough to still be in L2 when read back.
+inline constexpr std::size_t store_piece_bytes = std::size_t(64) << 10;
+
+/// The sink's targets for group `group` of `worker`: empty when it offers
+/// none (it takes the packed bytes through on_group). Throws
+/// std::invalid_argument when they do not add up to `size`, the group's
+/// packed bytes.
+std::vector<store_target> group_targets(const group_sink& sink, int worker, std::uint32_t group, std::size_t size);
+
+/// Copies `packed` into `targets` in order and returns the checksum64 of the
+/// bytes as they landed (equal to checksum64 over `packed` when nothing went
+/// wrong). With `corrupt`, one landed byte is flipped before it is
+/// checksummed (the drill).
+std::uint64_t store_group(const std::uint8_t* packed, const std::vector<store_target>& targets, bool corrupt = false);
+
+} // namespace rlsync::transfer
