@@ -3,6 +3,7 @@
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/parallel.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/host_buffer.hpp"
 #include "runtime/transfer/store_in_place.hpp"
 
 #include <algorithm>
@@ -79,6 +80,42 @@ struct local_transfer::shared {
 
   fault_hooks faults;
 
+  // Packed buffers no pass holds, kept touched for the next ones: a fresh
+  // 24 MB buffer costs page faults worth more than packing it (at most
+  // max_spare_buffers, 2 x groups_in_flight, the largest kept).
+  std::mutex spare_mutex;
+  std::vector<host_buffer> spare;
+  std::size_t max_spare_buffers = 8;
+
+  host_buffer take_buffer(std::size_t size) {
+    {
+      std::lock_guard<std::mutex> lock(spare_mutex);
+      auto best = spare.end();
+      for (auto it = spare.begin(); it != spare.end(); ++it)
+        if (it->capacity() >= size && (best == spare.end() || it->capacity() < best->capacity()))
+          best = it;
+      if (best != spare.end()) {
+        host_buffer b = std::move(*best);
+        spare.erase(best);
+        return b;
+      }
+    }
+    return host_buffer(size);
+  }
+
+  void give_back(host_buffer b) {
+    if (b.capacity() == 0)
+      return;
+    std::lock_guard<std::mutex> lock(spare_mutex);
+    spare.push_back(std::move(b));
+    if (spare.size() > max_spare_buffers) { // drop the smallest
+      auto smallest = std::min_element(spare.begin(), spare.end(), [](const host_buffer& x, const host_buffer& y) {
+        return x.capacity() < y.capacity();
+      });
+      spare.erase(smallest);
+    }
+  }
+
   void count_pack(std::uint64_t bytes) {
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
@@ -113,15 +150,23 @@ struct live_counter {
   std::shared_ptr<local_transfer::shared> owner;
 };
 
+// A packed group in a reused buffer: the first `size` bytes of `buffer`.
 struct packed_group {
-  explicit packed_group(std::shared_ptr<live_counter> c, std::size_t size) : bytes(size), counter(std::move(c)) {
+  explicit packed_group(std::shared_ptr<live_counter> c, std::size_t n)
+      : buffer(c->owner->take_buffer(n)), size(n), counter(std::move(c)) {
     counter->owner->note_live_buffers(++counter->live);
   }
-  ~packed_group() { --counter->live; }
+  ~packed_group() {
+    --counter->live;
+    counter->owner->give_back(std::move(buffer));
+  }
   packed_group(const packed_group&) = delete;
   packed_group& operator=(const packed_group&) = delete;
 
-  std::vector<std::uint8_t> bytes;
+  std::uint8_t* data() const { return buffer.data(); }
+
+  host_buffer buffer;
+  std::size_t size = 0;
   std::uint64_t checksum = 0;
   std::shared_ptr<live_counter> counter;
 };
@@ -280,7 +325,7 @@ struct local_transfer::pass {
         failure = e.what();
         break;
       }
-      owner->count_pack(buf->bytes.size());
+      owner->count_pack(buf->size);
       {
         std::lock_guard<std::mutex> lock(m);
         window.push_back(std::move(buf));
@@ -319,12 +364,12 @@ struct local_transfer::pass {
     std::shared_ptr<packed_group> buf;
     if (key.broadcast) {
       buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(layouts[idx].bytes));
-      pack_full_group(snapshot->group(g), layouts[idx], buf->bytes.data());
+      pack_full_group(snapshot->group(g), layouts[idx], buf->data());
     } else {
       buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(plan->bytes(g)));
-      pack_group(*plan, g, *snapshot, buf->bytes.data());
+      pack_group(*plan, g, *snapshot, buf->data());
     }
-    buf->checksum = checksum64(buf->bytes.data(), buf->bytes.size());
+    buf->checksum = checksum64(buf->data(), buf->size);
     return buf;
   }
 };
@@ -344,6 +389,7 @@ local_transfer::local_transfer(std::shared_ptr<const weight_source> source, loca
   if (!source_)
     throw std::invalid_argument("local transfer: no weight source");
   options_.groups_in_flight = std::max<std::size_t>(1, options_.groups_in_flight);
+  shared_->max_spare_buffers = 2 * options_.groups_in_flight;
 }
 
 local_transfer::~local_transfer() {
@@ -481,16 +527,16 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     bool stored = false;
     {
       auto buf = p->wait_group(idx, req);
-      size = buf->bytes.size();
+      size = buf->size;
       sent = buf->checksum;
       const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, g, size);
       if (!targets.empty()) {
         // One pass: from the packed group straight into the engine's
         // staging, checksummed as it lands (the slot is held meanwhile).
-        got = store_group(buf->bytes.data(), targets, size > 0 && shared_->take_corruption(req, g));
+        got = store_group(buf->data(), targets, size > 0 && shared_->take_corruption(req, g));
         stored = true;
       } else {
-        received.assign(buf->bytes.begin(), buf->bytes.end()); // the bytes move
+        received.assign(buf->data(), buf->data() + size); // the bytes move
       }
     }
     p->consumed(me, idx); // the producer may reuse the slot while we verify and apply

@@ -24,6 +24,9 @@
 //            (or start)        receive buffer ─► release the window slot ─►
 //                              verify checksum ─► sink callback
 //
+// Memory. Packed buffers are reused, touched once: at most groups_in_flight
+// alive per running pass, and at most 2 x groups_in_flight kept spare.
+//
 // Every wait has a deadline: a consumer waiting for a group that does not
 // come fails with transfer_failure::timeout; a producer whose consumers all
 // left stops. Fault hooks (corrupt, withhold) rehearse drills.

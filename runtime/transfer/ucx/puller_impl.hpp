@@ -7,7 +7,7 @@
 // reuse and closing; puller.cpp: requests and the pull itself.
 #include "runtime/transfer/ucx/active_messages.hpp"
 #include "runtime/transfer/ucx/context.hpp"
-#include "runtime/transfer/ucx/host_buffer.hpp"
+#include "runtime/transfer/host_buffer.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
