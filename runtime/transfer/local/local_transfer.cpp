@@ -103,6 +103,19 @@ struct local_transfer::shared {
     return host_buffer(size);
   }
 
+  // At registration, not in the first sync's stall: enough touched buffers
+  // of `size` for one pass's window (`count`), within max_spare_buffers.
+  void prefault(std::size_t size, std::size_t count) {
+    std::lock_guard<std::mutex> lock(spare_mutex);
+    std::size_t fit = 0;
+    for (const auto& b : spare)
+      fit += b.capacity() >= size ? 1 : 0;
+    while (fit < count && spare.size() < max_spare_buffers) {
+      spare.emplace_back(size);
+      ++fit;
+    }
+  }
+
   void give_back(host_buffer b) {
     if (b.capacity() == 0)
       return;
@@ -412,6 +425,10 @@ void local_transfer::register_worker(const std::string& engine, std::shared_ptr<
     throw std::invalid_argument("local transfer: engine '" + engine + "': worker " + std::to_string(plan->worker)
                                 + " of tp " + std::to_string(plan->tp));
   auto grouped = std::make_shared<const plan::grouped_plan>(source_->config(), std::move(plan));
+  std::uint64_t largest = 0;
+  for (std::uint32_t g = 0; g < grouped->group_count(); ++g)
+    largest = std::max(largest, grouped->bytes(g));
+  shared_->prefault(static_cast<std::size_t>(largest), options_.groups_in_flight);
   std::lock_guard<std::mutex> lock(registry_->mutex);
   registry_->workers[{engine, grouped->worker()}] = std::move(grouped);
 }

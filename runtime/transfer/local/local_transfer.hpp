@@ -25,7 +25,9 @@
 //                              verify checksum ─► sink callback
 //
 // Memory. Packed buffers are reused, touched once: at most groups_in_flight
-// alive per running pass, and at most 2 x groups_in_flight kept spare.
+// alive per running pass, and at most 2 x groups_in_flight kept spare. A
+// registration touches a window's worth of the plan's largest group, so
+// that the first sync does not fault them in inside its stall.
 //
 // Every wait has a deadline: a consumer waiting for a group that does not
 // come fails with transfer_failure::timeout; a producer whose consumers all
