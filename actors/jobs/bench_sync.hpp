@@ -288,7 +288,9 @@ struct bench_sync_result {
   std::string ucx_why, ucx_tls;
   std::vector<case_result> cases;
   std::optional<rank_kill_result> rank_kill; ///< run when some rank count is above 1
-  double mpi_bcast_s = 0; ///< 0: not measured (mpi_why)
+  double mpi_bcast_s = 0; ///< the faster of the two below; 0: not measured (mpi_why)
+  double mpi_bcast_defaults_s = 0;       ///< Open MPI's defaults
+  double mpi_bcast_no_single_copy_s = 0; ///< vader's single-copy mechanism off
   std::string mpi_why;
 
   bool failed() const;

@@ -254,6 +254,8 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   control.probe_ms = {2.0};
   r.cases = {sharded, broadcast, control};
   r.mpi_bcast_s = 0.0045;
+  r.mpi_bcast_defaults_s = 0.0045;
+  r.mpi_bcast_no_single_copy_s = 0; // that run failed
   auto text = bench_sync_report(r);
   CAPTURE(text);
   CHECK(text.find("rlsync bench sync two.yaml: 3 engines on 2 node(s), backend ucx, 2 cores\n") == 0);
@@ -266,8 +268,8 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
         != std::string::npos);
   CHECK(text.find("control plane: median round 4.00 ms (164 kB model) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
         != std::string::npos);
-  CHECK(text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 4.50 ms; sharded transfer 9.00 ms: "
-                  "0.50x (slower)\n")
+  CHECK(text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 4.50 ms (defaults 4.50 ms, vader "
+                  "single copy off failed: the faster counts); sharded transfer 9.00 ms: 0.50x (slower)\n")
         != std::string::npos);
   CHECK(!r.failed());
 
@@ -355,6 +357,18 @@ TEST_CASE("rlsync-mpi-bcast output: the median seconds") {
     REQUIRE(s.has_value() == r.seconds.has_value());
     if (s)
       CHECK(*s == doctest::Approx(*r.seconds));
+  }
+}
+
+TEST_CASE("MPI_Bcast baseline: the faster of defaults and single copy off counts") {
+  struct row {
+    double defaults, no_single_copy, best;
+  };
+  const row rows[] = {{0.05, 0.06, 0.05}, {0.07, 0.055, 0.055}, {0, 0.06, 0.06}, {0.05, 0, 0.05}, {0, 0, 0}};
+  for (const auto& r : rows) {
+    CAPTURE(r.defaults);
+    CAPTURE(r.no_single_copy);
+    CHECK(mpi_bcast_result{r.defaults, r.no_single_copy, {}}.best_s() == r.best);
   }
 }
 
