@@ -481,8 +481,9 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
     refuse(wire::status::producer_failed, std::string("the plan does not fit this producer's model: ") + e.what());
     return;
   }
+  const auto& held = source->held_groups();
   for (std::uint32_t g = 0; g < grouped->group_count(); ++g) {
-    if (grouped->bytes(g) > budget) {
+    if (grouped->bytes(g) > budget && std::binary_search(held.begin(), held.end(), g)) {
       refuse(wire::status::producer_failed,
              "the plan packs " + std::to_string(grouped->bytes(g)) + " bytes for group " + std::to_string(g)
                  + ", more than the producer's packed budget of " + std::to_string(budget)
