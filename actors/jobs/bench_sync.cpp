@@ -392,9 +392,9 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
   auto& sys = s.system();
   caf::scoped_actor self{sys};
   const auto before = packs_now(d.head(), d.topo());
-  std::vector<std::uint64_t> ahead_before;
+  std::vector<transfer::ucx_producer_stats> producers_before;
   for (const auto& p : d.head().rank_producers())
-    ahead_before.push_back(p->stats().packs_ahead);
+    producers_before.push_back(p->stats());
   for (int k = 0; k < rounds; ++k) {
     if (probe) {
       std::uint64_t ns = 0;
@@ -425,8 +425,9 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.producer_peak_groups = std::max(r.producer_peak_groups, s.peak_packed);
     r.producer_peak_bytes = std::max(r.producer_peak_bytes, s.peak_packed_bytes);
     r.producer_budget_bytes = std::max(r.producer_budget_bytes, s.budget_bytes);
-    r.producer_packs_ahead += s.packs_ahead - (i < ahead_before.size() ? ahead_before[i] : 0);
-    r.producer_evictions += s.evictions;
+    const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
+    r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
+    r.producer_evictions += s.evictions - b.evictions;
   }
   for (const auto& rank : d.head().ranks()) {
     if (rank.trainer.transfer)
@@ -643,7 +644,7 @@ std::string bench_sync_report(const bench_sync_result& r) {
   for (auto& c : r.cases)
     if (c.error.empty() && c.name != "control")
       out += format("%s memory: largest group %.1f MB; UCX producer peak %.1f MB packed (%zu groups) of its "
-                    "%.1f MB budget; %llu groups packed ahead in the warm rounds, %llu dropped while needed\n",
+                    "%.1f MB budget; warm rounds: %llu groups packed ahead, %llu dropped while needed\n",
                     c.name.c_str(), c.largest_group / 1e6, c.producer_peak_bytes / 1e6, c.producer_peak_groups,
                     c.producer_budget_bytes / 1e6, static_cast<unsigned long long>(c.producer_packs_ahead),
                     static_cast<unsigned long long>(c.producer_evictions));

@@ -268,7 +268,7 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
         != std::string::npos);
   CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 49.8 MB packed (4 groups) of its "
-                  "99.6 MB budget; 6 groups packed ahead in the warm rounds, 0 dropped while needed\n")
+                  "99.6 MB budget; warm rounds: 6 groups packed ahead, 0 dropped while needed\n")
         != std::string::npos);
   CHECK(text.find("control plane: median round 4.00 ms (164 kB model) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
         != std::string::npos);
