@@ -163,6 +163,20 @@ entry_ptr producer_impl::pick_victim(const get_job* demand, clock::time_point no
   return all_stuck ? forced_one : nullptr;
 }
 
+entry_ptr producer_impl::stale_entry(clock::time_point now) const {
+  if (!newest)
+    return nullptr;
+  entry_ptr oldest;
+  for (const auto& [k, e] : cache)
+    if (k.version < newest->version() && e->refs == 0 && e->st != cache_entry::state::packing
+        && (!oldest || e->last_use < oldest->last_use)) {
+      const pins p = pins_of(*e, now);
+      if (p.hard.empty() && !p.soft)
+        oldest = e;
+    }
+  return oldest;
+}
+
 void producer_impl::drop(const entry_ptr& e) {
   if (e->buffer.capacity() > 0)
     spare.push_back({std::move(e->buffer), e->bytes});
@@ -181,6 +195,12 @@ bool producer_impl::make_room(std::uint64_t bytes, const get_job* demand, host_b
       reuse = std::move(fit->buffer);
       spare.erase(fit);
       return true;
+    }
+    // Before touching fresh memory, recycle a group of an older version
+    // that nobody still needs: reusing a buffer beats faulting in new pages.
+    if (const entry_ptr stale = stale_entry(now)) {
+      drop(stale);
+      continue;
     }
     if (held + bytes <= budget)
       return true;

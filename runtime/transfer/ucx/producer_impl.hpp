@@ -296,6 +296,9 @@ struct producer_impl {
   // enough, if one is kept. False when there is none to be had now.
   bool make_room(std::uint64_t bytes, const get_job* demand, host_buffer& reuse);
   entry_ptr pick_victim(const get_job* demand, clock::time_point now, bool& still_needed);
+  /// The least recently used group of an older version than the newest
+  /// that nobody still needs; nullptr when none.
+  entry_ptr stale_entry(clock::time_point now) const;
   void drop(const entry_ptr& e);
   entry_ptr start_pack(const cache_key& k, snapshot_ptr snapshot, std::shared_ptr<const plan::grouped_plan> plan,
                        std::uint64_t bytes, host_buffer buffer, bool ahead);
