@@ -592,6 +592,32 @@ TEST_CASE("ucx: a replica that vanishes mid-version pins the budget only until i
   stalled.get();
 }
 
+TEST_CASE("ucx: a replica that does not pull this version (a later wave) holds up the others only for the grace") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  const auto sizes = shard_group_bytes(c, 1);
+  auto opts = loopback_producer();
+  opts.packed_budget_bytes = largest_of(sizes);
+  opts.soft_pin_grace = 100ms;
+  ucx_producer producer(src, opts);
+  ucx_puller puller(loopback_puller(producer));
+  test_engine a("rollout-0", c, 1, puller);
+  test_engine b("rollout-1", c, 1, puller);
+  a.pull(puller, 1);
+  b.pull(puller, 1); // both known now
+  auto v2 = src->produce_next();
+  const auto before = producer.stats();
+  // Only a pulls: the group packed ahead for both waits for b until the
+  // grace has passed, then is dropped (counted) to make room for a's next.
+  a.pull(puller, 2, transfer_mode::sharded, 20s);
+  test::check_identical(*a.weights, *test::loaded(*v2, 1));
+  CHECK(producer.stats().evictions > before.evictions);
+  b.pull(puller, 2); // b's wave: served too, repacking what it missed
+  test::check_identical(*b.weights, *test::loaded(*v2, 1));
+}
+
 TEST_CASE("ucx: a budget below a group is refused when a plan or a broadcast session needs it") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);

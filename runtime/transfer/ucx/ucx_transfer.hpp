@@ -156,8 +156,10 @@ struct ucx_producer_options {
   /// Pack each version for the plans known as soon as it is published.
   bool pack_ahead = true;
   /// How long after the first session of a version opens a group packed
-  /// ahead stays reserved for replicas that have not opened one yet.
-  std::chrono::milliseconds soft_pin_grace{1000};
+  /// ahead stays reserved for replicas that have not opened one yet: the
+  /// replicas of one round open theirs within milliseconds; a replica in a
+  /// later wave should not hold up the first.
+  std::chrono::milliseconds soft_pin_grace{250};
   /// Until its first get says the pull's deadline, a session pins groups this long.
   std::chrono::milliseconds first_get_grace{10000};
   /// Threads packing groups (>= 1), next to the one progress thread.
