@@ -104,7 +104,9 @@ std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
     transfer::ucx_producer_options po;
     po.transports = t.transfer.ucx_transports;
     po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
-    po.max_packed_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
+    // transfer.packed_budget_bytes; 0: enough for 2 x groups_in_flight of the largest group.
+    po.packed_budget_bytes = static_cast<std::uint64_t>(t.transfer.packed_budget_bytes);
+    po.default_budget_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
     const std::string prefix = ranks.size() == 1 && t.trainer.ranks.size() == 1
                                  ? "ucx producer: "
                                  : "trainer rank " + std::to_string(r.rank) + ": ";

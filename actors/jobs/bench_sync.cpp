@@ -275,6 +275,10 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"warm", rounds(c.warm)},
           {"probe6_ms", probes},
           {"producer_peak_groups", c.producer_peak_groups},
+          {"producer_peak_bytes", c.producer_peak_bytes},
+          {"producer_budget_bytes", c.producer_budget_bytes},
+          {"producer_packs_ahead", c.producer_packs_ahead},
+          {"producer_evictions", c.producer_evictions},
           {"largest_group_bytes", c.largest_group},
           {"ranks", c.ranks},
           {"packs", packs},
@@ -388,6 +392,9 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
   auto& sys = s.system();
   caf::scoped_actor self{sys};
   const auto before = packs_now(d.head(), d.topo());
+  std::vector<transfer::ucx_producer_stats> producers_before;
+  for (const auto& p : d.head().rank_producers())
+    producers_before.push_back(p->stats());
   for (int k = 0; k < rounds; ++k) {
     if (probe) {
       std::uint64_t ns = 0;
@@ -413,8 +420,15 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.packs[i].local_passes -= before[i].local_passes;
     r.packs[i].ucx_packs -= before[i].ucx_packs;
   }
-  for (const auto& p : d.head().rank_producers())
-    r.producer_peak_groups = std::max(r.producer_peak_groups, p->stats().peak_packed);
+  for (std::size_t i = 0; i < d.head().rank_producers().size(); ++i) {
+    const auto s = d.head().rank_producers()[i]->stats();
+    r.producer_peak_groups = std::max(r.producer_peak_groups, s.peak_packed);
+    r.producer_peak_bytes = std::max(r.producer_peak_bytes, s.peak_packed_bytes);
+    r.producer_budget_bytes = std::max(r.producer_budget_bytes, s.budget_bytes);
+    const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
+    r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
+    r.producer_evictions += s.evictions - b.evictions;
+  }
   for (const auto& rank : d.head().ranks()) {
     if (rank.trainer.transfer)
       r.local_peak_bytes = std::max<std::uint64_t>(r.local_peak_bytes, rank.trainer.transfer->stats().peak_buffers);
@@ -631,8 +645,11 @@ std::string bench_sync_report(const bench_sync_result& r) {
       out += line + "\n";
   for (auto& c : r.cases)
     if (c.error.empty() && c.name != "control")
-      out += format("%s memory: largest group %.1f MB; UCX producer peak %zu packed groups (<= %.1f MB)\n",
-                    c.name.c_str(), c.largest_group / 1e6, c.producer_peak_groups, producer_bound_bytes(c) / 1e6);
+      out += format("%s memory: largest group %.1f MB; UCX producer peak %.1f MB packed (%zu groups) of its "
+                    "%.1f MB budget; warm rounds: %llu groups packed ahead, %llu dropped while needed\n",
+                    c.name.c_str(), c.largest_group / 1e6, c.producer_peak_bytes / 1e6, c.producer_peak_groups,
+                    c.producer_budget_bytes / 1e6, static_cast<unsigned long long>(c.producer_packs_ahead),
+                    static_cast<unsigned long long>(c.producer_evictions));
   for (auto& c : r.cases)
     if (c.name == "control" && c.error.empty()) {
       auto m = medians_of(c);

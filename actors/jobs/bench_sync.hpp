@@ -119,6 +119,10 @@ struct case_result {
   std::vector<sync_report> warm;
   std::vector<double> probe_ms;          ///< six waves of round trips, one per warm round
   std::size_t producer_peak_groups = 0;  ///< UCX producer: packed groups alive at once
+  std::uint64_t producer_peak_bytes = 0; ///< UCX producer: packed bytes held at once (spares included)
+  std::uint64_t producer_budget_bytes = 0; ///< UCX producer: its packed budget (transfer.packed_budget_bytes)
+  std::uint64_t producer_packs_ahead = 0;  ///< UCX producer: groups packed before a get asked, warm rounds
+  std::uint64_t producer_evictions = 0;    ///< UCX producer: groups dropped while a replica needed them, warm rounds
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
   std::uint64_t largest_group = 0;
   std::string error;

@@ -710,8 +710,24 @@ void reader::read_coordinator(const map_reader& root) {
   read_path(r, "state_file", t.coordinator.state_file);
 }
 
+// Parameters of the model's largest group (groups.hpp: one transformer
+// block; the first also holds the embeddings, the last the final norm and
+// the LM head unless tied), and which group that is.
+std::pair<std::int64_t, std::int64_t> largest_group_parameters(const model_config& c) {
+  const std::int64_t h = c.hidden_size, kv = c.num_key_value_heads * c.head_dim();
+  const std::int64_t block = 2 * h + 2 * h * h + 2 * kv * h + 3 * h * c.intermediate_size;
+  const std::int64_t last = c.num_hidden_layers - 1;
+  std::int64_t first_group = block + c.vocab_size * h;
+  std::int64_t last_group = block + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
+  if (last == 0)
+    return {0, first_group + last_group - block};
+  return first_group >= last_group ? std::pair<std::int64_t, std::int64_t>{0, first_group}
+                                   : std::pair<std::int64_t, std::int64_t>{last, last_group};
+}
+
 void reader::read_transfer(const map_reader& root) {
-  auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports"});
+  auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports",
+                                 "packed_budget_bytes"});
   auto& tr = t.transfer;
   if (r.read_choice("backend", tr.backend, backend_choices)
       && (tr.backend == transfer_backend::nccl || tr.backend == transfer_backend::cuda_ipc))
@@ -736,6 +752,32 @@ void reader::read_transfer(const map_reader& root) {
       else
         tr.ucx_transports.push_back(*v);
     }
+  }
+  // The producer packs one whole group at a time: a budget below the
+  // largest group one consumer needs could never be met. Sharded, a
+  // worker's share of a group is at least 1/tp of it (every element goes to
+  // some worker); broadcast sends it whole. A checkpoint's dtype is not
+  // known yet: its smallest possible element (2 bytes) gives the bound.
+  if (r.read_size("packed_budget_bytes", tr.packed_budget_bytes, non_negative()) && tr.packed_budget_bytes > 0
+      && model_ok && !t.engines.empty()) {
+    const auto [group, parameters] = largest_group_parameters(t.model.config);
+    const std::int64_t element = t.model.weights_dtype ? static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype)) : 2;
+    std::int64_t tp = 0; // the engine whose share is largest: the smallest tp
+    for (const auto& e : t.engines)
+      tp = tp == 0 ? e.tp : std::min(tp, e.tp);
+    if (tr.mode == transfer_mode::broadcast)
+      tp = 1;
+    const std::int64_t needed = (parameters + tp - 1) / tp * element;
+    if (tr.packed_budget_bytes < needed)
+      r.error("packed_budget_bytes",
+              std::to_string(tr.packed_budget_bytes) + " bytes is less than one packed group: group "
+                + std::to_string(group) + " of the model is " + std::to_string(parameters * element) + " bytes"
+                + (t.model.weights_dtype ? "" : " (at 2 bytes a parameter)")
+                + (tp > 1 ? ", of which a worker of tp " + std::to_string(tp) + " needs at least "
+                              + std::to_string(needed)
+                          : std::string(tr.mode == transfer_mode::broadcast ? ", sent whole in broadcast" : ""))
+                + "; the producer packs whole groups, so give at least " + std::to_string(needed)
+                + " (or 0 for the default)");
   }
 }
 

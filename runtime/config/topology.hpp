@@ -214,6 +214,10 @@ struct transfer_spec {
   std::int64_t bucket_bytes = std::int64_t(64) << 20;
   std::int64_t groups_in_flight = 2;
   std::vector<ucx_transport> ucx_transports; // empty = UCX decides
+  /// The ucx producer's memory bound: bytes of packed groups it holds at
+  /// once, packed ahead and kept until every replica pulled them. 0 (the
+  /// default): 2 x groups_in_flight (at least 2) of the model's largest group.
+  std::int64_t packed_budget_bytes = 0;
 };
 
 /// Per-phase deadlines of a sync round.

@@ -6,6 +6,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <string>
 
 namespace rlsync {
@@ -153,7 +154,14 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "ucx_transports" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (auto u : x.ucx_transports)
     out << std::string(to_string(u));
-  out << YAML::EndSeq << YAML::EndMap;
+  out << YAML::EndSeq;
+  out << YAML::Key << "packed_budget_bytes" << YAML::Value << i64(x.packed_budget_bytes);
+  if (x.packed_budget_bytes == 0)
+    out << YAML::Comment("the default: " + std::to_string(std::max<std::int64_t>(2, 2 * x.groups_in_flight))
+                         + " x the largest group");
+  else if (auto h = human_size(x.packed_budget_bytes); !h.empty())
+    out << YAML::Comment(h);
+  out << YAML::EndMap;
 
   const auto& s = t.sync;
   out << YAML::Key << "sync" << YAML::Value << YAML::BeginMap;

@@ -1,12 +1,21 @@
 #include "runtime/transfer/packing.hpp"
 
+#include "runtime/base/checksum.hpp"
+#include "runtime/plan/strided.hpp"
+
+#include <algorithm>
+
 #include <cstring>
 #include <stdexcept>
 
 namespace rlsync::transfer {
 
-void pack_group(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s, std::uint8_t* out) {
-  for (const auto* e : p.entries(g)) {
+namespace {
+
+// The tensor of snapshot `s` that entry `e` of group `g` packs from, checked
+// against what the plan recorded.
+const tensor_view& source_of(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s,
+                             const plan::plan_entry* e) {
     const tensor_view* t = s.find(e->source);
     if (!t)
       throw std::invalid_argument("pack group " + std::to_string(g) + " for worker " + std::to_string(p.worker())
@@ -18,9 +27,47 @@ void pack_group(const plan::grouped_plan& p, std::uint32_t g, const weight_snaps
                                   + ", the plan was recorded for "
                                   + std::string(safetensors_name(e->source_type)) + " "
                                   + shape_string(e->source_shape));
-    plan::replay_into(*e, t->data, t->type, out);
+  return *t;
+}
+
+} // namespace
+
+void pack_group(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s, std::uint8_t* out) {
+  for (const auto* e : p.entries(g)) {
+    const tensor_view& t = source_of(p, g, s, e);
+    plan::replay_into(*e, t.data, t.type, out);
     out += e->bytes();
   }
+}
+
+std::uint64_t pack_group_checksummed(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s,
+                                     std::uint8_t* out) {
+  checksum64_stream sum;
+  for (const auto* e : p.entries(g)) {
+    const tensor_view& t = source_of(p, g, s, e);
+    const std::size_t es = dtype_size(t.type);
+    const auto& v = e->view;
+    const std::int64_t n = v.numel();
+    if (v.shape.empty() || n == 0 || static_cast<std::uint64_t>(n) * es <= checksum_piece_bytes) {
+      plan::gather(v, t.data, es, out);
+      sum.update(out, e->bytes());
+      out += e->bytes();
+      continue;
+    }
+    // Pieces of whole rows of the first dimension: narrowing it keeps the
+    // packed order, so pieces land back to back.
+    const std::int64_t rows = v.shape[0];
+    const std::uint64_t row_bytes = static_cast<std::uint64_t>(n / rows) * es;
+    const std::int64_t step = std::max<std::int64_t>(1, static_cast<std::int64_t>(checksum_piece_bytes / row_bytes));
+    for (std::int64_t r = 0; r < rows; r += step) {
+      const std::int64_t len = std::min(step, rows - r);
+      plan::gather(plan::narrow(v, 0, r, len), t.data, es, out);
+      const std::size_t bytes = static_cast<std::size_t>(static_cast<std::uint64_t>(len) * row_bytes);
+      sum.update(out, bytes);
+      out += bytes;
+    }
+  }
+  return sum.digest();
 }
 
 void pack_full_group(const std::vector<tensor_view>& tensors, const plan::full_group_layout& layout, std::uint8_t* out) {
@@ -35,6 +82,34 @@ void pack_full_group(const std::vector<tensor_view>& tensors, const plan::full_g
     std::memcpy(out + layout.offsets[i], tensors[i].data, tensors[i].size);
     end = layout.offsets[i] + tensors[i].size;
   }
+}
+
+std::uint64_t pack_full_group_checksummed(const std::vector<tensor_view>& tensors,
+                                          const plan::full_group_layout& layout, std::uint8_t* out) {
+  if (tensors.size() != layout.specs.size())
+    throw std::invalid_argument("pack full group: layout of " + std::to_string(layout.specs.size()) + " tensors, "
+                                + std::to_string(tensors.size()) + " given");
+  checksum64_stream sum;
+  std::uint64_t end = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].size != layout.specs[i].bytes())
+      throw std::invalid_argument("pack full group: tensor '" + tensors[i].name + "' does not fit its layout");
+    std::memset(out + end, 0, static_cast<std::size_t>(layout.offsets[i] - end)); // alignment padding
+    sum.update(out + end, static_cast<std::size_t>(layout.offsets[i] - end));
+    const auto* src = reinterpret_cast<const std::uint8_t*>(tensors[i].data);
+    for (std::uint64_t done = 0; done < tensors[i].size;) {
+      const auto piece = static_cast<std::size_t>(std::min<std::uint64_t>(checksum_piece_bytes, tensors[i].size - done));
+      std::memcpy(out + layout.offsets[i] + done, src + done, piece);
+      sum.update(out + layout.offsets[i] + done, piece);
+      done += piece;
+    }
+    end = layout.offsets[i] + tensors[i].size;
+  }
+  if (layout.bytes > end) { // trailing padding, if the layout has any
+    std::memset(out + end, 0, static_cast<std::size_t>(layout.bytes - end));
+    sum.update(out + end, static_cast<std::size_t>(layout.bytes - end));
+  }
+  return sum.digest();
 }
 
 } // namespace rlsync::transfer

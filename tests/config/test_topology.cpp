@@ -475,7 +475,29 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:28: transfer.ucx_transports: expected a list, got 'tcp'"},
     {"transport twice", plus("transfer: {ucx_transports: [tcp, tcp]}"),
      "t.yaml:6:34: transfer.ucx_transports[1]: 'tcp' is listed twice"},
+    // The base model's largest group is the last (a block, the final norm,
+    // the LM head): 819968 parameters, 1639936 bytes in bf16; a worker of
+    // tp 2 packs at least half of it.
+    {"packed budget below one worker's share of a group", plus("transfer: {packed_budget_bytes: 819967}"),
+     "t.yaml:6:33: transfer.packed_budget_bytes: 819967 bytes is less than one packed group: group 3 of the "
+     "model is 1639936 bytes, of which a worker of tp 2 needs at least 819968; the producer packs whole "
+     "groups, so give at least 819968 (or 0 for the default)"},
+    {"packed budget below a whole group in broadcast", plus("transfer: {mode: broadcast, packed_budget_bytes: 1MiB}"),
+     "t.yaml:6:50: transfer.packed_budget_bytes: 1048576 bytes is less than one packed group: group 3 of the "
+     "model is 1639936 bytes, sent whole in broadcast; the producer packs whole groups, so give at least "
+     "1639936 (or 0 for the default)"},
+    {"negative packed budget", plus("transfer: {packed_budget_bytes: -1}"),
+     "t.yaml:6:33: transfer.packed_budget_bytes: must not be negative, got '-1'"},
   });
+  // One group's worth is enough; 0 picks the default.
+  for (const char* ok : {"transfer: {packed_budget_bytes: 819968}", "transfer: {packed_budget_bytes: 1GiB}",
+                         "transfer: {packed_budget_bytes: 0}"}) {
+    CAPTURE(ok);
+    CHECK(errors_of(plus(ok) + insecure).empty());
+  }
+  CHECK(parse_topology(plus("transfer: {packed_budget_bytes: 4MiB}") + insecure, "t.yaml", "/base")
+          .transfer.packed_budget_bytes
+        == 4 << 20);
 }
 
 TEST_CASE("topology errors: sync and workload") {

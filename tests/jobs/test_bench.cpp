@@ -40,6 +40,9 @@ case_result sharded_case() {
   c.cold = {round_of(40, 20, 20, 9'000'000), round_of(50, 30, 20, 9'000'000)};
   c.warm = {round_of(14, 10, 4, 9'000'000), round_of(10, 8, 2, 9'000'000), round_of(12, 9, 3, 9'000'000)};
   c.producer_peak_groups = 4;
+  c.producer_peak_bytes = 49'800'000;
+  c.producer_budget_bytes = 99'600'000;
+  c.producer_packs_ahead = 6;
   c.largest_group = 24'900'000;
   return c;
 }
@@ -215,7 +218,9 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   for (auto it = j.begin(); it != j.end(); ++it)
     keys.push_back(it.key());
   CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "light_ms", "cold", "warm",
-                                         "probe6_ms", "producer_peak_groups", "largest_group_bytes", "ranks", "packs",
+                                         "probe6_ms", "producer_peak_groups", "producer_peak_bytes",
+                                         "producer_budget_bytes", "producer_packs_ahead", "producer_evictions",
+                                         "largest_group_bytes", "ranks", "packs",
                                          "error"});
   CHECK(j["case"] == "sharded");
   CHECK(j["bytes_per_sync"] == 74'700'000);
@@ -264,7 +269,8 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
         != std::string::npos);
   CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
         != std::string::npos);
-  CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 4 packed groups (<= 99.6 MB)\n")
+  CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 49.8 MB packed (4 groups) of its "
+                  "99.6 MB budget; warm rounds: 6 groups packed ahead, 0 dropped while needed\n")
         != std::string::npos);
   CHECK(text.find("control plane: median round 4.00 ms (164 kB model) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
         != std::string::npos);

@@ -23,6 +23,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +33,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 
 using namespace rlsync;
 using namespace rlsync::transfer;
@@ -193,6 +195,28 @@ bool eventually(F&& f, std::chrono::milliseconds within = 5s) {
     std::this_thread::sleep_for(1ms);
   }
   return true;
+}
+
+// Packed bytes of every (worker, group) of `c` at `tp`, bf16.
+std::vector<std::uint64_t> shard_group_bytes(const model_config& c, int tp) {
+  std::vector<std::uint64_t> out;
+  for (int w = 0; w < tp; ++w) {
+    plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
+    for (std::uint32_t g = 0; g < p.group_count(); ++g)
+      out.push_back(p.bytes(g));
+  }
+  return out;
+}
+
+std::uint64_t sum_of(const std::vector<std::uint64_t>& v) {
+  std::uint64_t n = 0;
+  for (auto x : v)
+    n += x;
+  return n;
+}
+
+std::uint64_t largest_of(const std::vector<std::uint64_t>& v) {
+  return *std::max_element(v.begin(), v.end());
 }
 
 } // namespace
@@ -420,8 +444,9 @@ TEST_CASE("ucx: replicas with the same plan share the producer's packing and mem
   const model_config c = test::small_model(3);
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
+  const auto sizes = shard_group_bytes(c, 2);
   auto opts = loopback_producer();
-  opts.max_packed_groups = 8; // 2 workers x 3 groups fit: the second replica packs nothing
+  opts.packed_budget_bytes = sum_of(sizes); // 2 workers x 3 groups fit: the second replica packs nothing
   ucx_producer producer(src, opts);
   ucx_puller puller(loopback_puller(producer));
   test_engine a("rollout-0", c, 2, puller);
@@ -434,11 +459,12 @@ TEST_CASE("ucx: replicas with the same plan share the producer's packing and mem
   CHECK(eventually([&] { return producer.stats().groups_sent == 2 * 2 * 3; }));
   auto s = producer.stats();
   CHECK(s.packs == 2 * 3);
-  CHECK(s.peak_packed <= 8);
+  CHECK(s.budget_bytes == sum_of(sizes));
+  CHECK(s.peak_packed_bytes <= s.budget_bytes);
 
-  // A small cache still serves concurrent replicas, never holding more.
+  // A small budget still serves concurrent replicas, never holding more.
   auto small = loopback_producer();
-  small.max_packed_groups = 2;
+  small.packed_budget_bytes = 2 * largest_of(sizes);
   ucx_producer tight(src, small);
   ucx_puller p2(loopback_puller(tight));
   test_engine x("rollout-0", c, 2, p2);
@@ -449,7 +475,166 @@ TEST_CASE("ucx: replicas with the same plan share the producer's packing and mem
   fy.get();
   test::check_identical(*x.weights, *ref);
   test::check_identical(*y.weights, *ref);
+  CHECK(tight.stats().peak_packed_bytes <= 2 * largest_of(sizes));
   CHECK(tight.stats().peak_packed <= 2);
+}
+
+// Both replicas pull every version at once, as a sync round does.
+static void pull_together(test_engine& a, test_engine& b, ucx_puller& p, std::uint64_t v) {
+  auto fa = std::async(std::launch::async, [&] { return a.pull(p, v); });
+  auto fb = std::async(std::launch::async, [&] { return b.pull(p, v); });
+  fa.get();
+  fb.get();
+}
+
+TEST_CASE("ucx: in the steady state each (plan, group) is packed once per version for 2 replicas x 2 workers") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  const auto sizes = shard_group_bytes(c, 2);
+  for (std::uint64_t groups : {std::uint64_t(2), std::uint64_t(1)}) {
+    // Two groups: replicas of a worker take groups together; one: every
+    // get waits for the one packed group to be taken by both replicas.
+    CAPTURE(groups);
+    auto opts = loopback_producer();
+    opts.packed_budget_bytes = groups * largest_of(sizes);
+    opts.soft_pin_grace = 30s; // replicas open their sessions within it, however loaded the machine
+    ucx_producer producer(src, opts);
+    ucx_puller puller(loopback_puller(producer));
+    test_engine a("rollout-0", c, 2, puller);
+    test_engine b("rollout-1", c, 2, puller);
+    pull_together(a, b, puller, src->latest()->version()); // the replicas become known
+    for (int round = 0; round < 2; ++round) {
+      auto v = src->produce_next();
+      const auto before = producer.stats();
+      pull_together(a, b, puller, v->version());
+      auto ref = test::loaded(*v, 2);
+      test::check_identical(*a.weights, *ref);
+      test::check_identical(*b.weights, *ref);
+      const auto after = producer.stats();
+      CHECK(after.packs - before.packs == 2 * 3); // groups x distinct plans
+      CHECK(after.evictions == before.evictions);
+      CHECK(after.peak_packed_bytes <= opts.packed_budget_bytes);
+      CHECK(after.peak_packed <= groups);
+    }
+  }
+}
+
+TEST_CASE("ucx: a published version is packed ahead for the plans known, before any consumer asks") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer()); // the default budget holds the whole (small) version
+  ucx_puller puller(loopback_puller(producer));
+  test_engine a("rollout-0", c, 2, puller);
+  a.pull(puller, 1);
+  const auto before = producer.stats();
+  auto v2 = src->produce_next();
+  CHECK(eventually([&] { return producer.stats().packs == before.packs + 2 * 3; }));
+  auto s = producer.stats();
+  CHECK(s.packs_ahead - before.packs_ahead == 2 * 3);
+  a.pull(puller, 2);
+  test::check_identical(*a.weights, *test::loaded(*v2, 2));
+  CHECK(producer.stats().packs == s.packs); // every group was there already
+}
+
+TEST_CASE("ucx: a replica that vanishes mid-version pins the budget only until its deadline") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  const auto sizes = shard_group_bytes(c, 1);
+  auto opts = loopback_producer();
+  opts.packed_budget_bytes = largest_of(sizes); // one group at a time
+  opts.soft_pin_grace = 30s;
+  ucx_producer producer(src, opts);
+  ucx_puller puller(loopback_puller(producer));
+  auto one_at_a_time = loopback_puller(producer);
+  one_at_a_time.groups_in_flight = 1;
+  ucx_puller stalling(one_at_a_time);
+  test_engine a("rollout-0", c, 1, puller);
+  test_engine b("rollout-1", c, 1, stalling);
+  a.pull(puller, 1);
+  b.pull(stalling, 1); // with one group of budget, b needs group 0 again while 2 waits for it: dropped
+  const auto evicted_before = producer.stats().evictions;
+  auto v2 = src->produce_next();
+
+  // b takes group 0, then hangs in its sink past its deadline, its session
+  // open: the group packed next is pinned for it, until that deadline.
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::promise<void> hung;
+  auto stalled = std::async(std::launch::async, [&] {
+    auto sink = b.sink();
+    auto on_group = sink.on_group;
+    bool first = true;
+    sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      on_group(w, g, bytes, size);
+      if (std::exchange(first, false)) {
+        hung.set_value();
+        released.wait();
+      }
+    };
+    try {
+      transfer::pull_engine(stalling, b.name, 1, 2, transfer_mode::sharded, sink, test::in(1500ms));
+    } catch (const transfer_error&) {
+    }
+  });
+  hung.get_future().wait();
+  a.pull(puller, 2, transfer_mode::sharded, 20s);
+  test::check_identical(*a.weights, *test::loaded(*v2, 1));
+  auto s = producer.stats();
+  CHECK(s.evictions == evicted_before); // a got every group without dropping b's: b's pin ended at its deadline
+  CHECK(s.peak_packed_bytes <= largest_of(sizes));
+  release.set_value();
+  stalled.get();
+}
+
+TEST_CASE("ucx: a replica that does not pull this version (a later wave) holds up the others only for the grace") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  const auto sizes = shard_group_bytes(c, 1);
+  auto opts = loopback_producer();
+  opts.packed_budget_bytes = largest_of(sizes);
+  opts.soft_pin_grace = 100ms;
+  ucx_producer producer(src, opts);
+  ucx_puller puller(loopback_puller(producer));
+  test_engine a("rollout-0", c, 1, puller);
+  test_engine b("rollout-1", c, 1, puller);
+  a.pull(puller, 1);
+  b.pull(puller, 1); // both known now
+  auto v2 = src->produce_next();
+  const auto before = producer.stats();
+  // Only a pulls: the group packed ahead for both waits for b until the
+  // grace has passed, then is dropped (counted) to make room for a's next.
+  a.pull(puller, 2, transfer_mode::sharded, 20s);
+  test::check_identical(*a.weights, *test::loaded(*v2, 1));
+  CHECK(producer.stats().evictions > before.evictions);
+  b.pull(puller, 2); // b's wave: served too, repacking what it missed
+  test::check_identical(*b.weights, *test::loaded(*v2, 1));
+}
+
+TEST_CASE("ucx: a budget below a group is refused when a plan or a broadcast session needs it") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  const auto sizes = shard_group_bytes(c, 2);
+  auto opts = loopback_producer();
+  opts.packed_budget_bytes = largest_of(sizes) - 1;
+  ucx_producer producer(src, opts);
+  ucx_puller puller(loopback_puller(producer));
+  test_engine a("rollout-0", c, 2, puller);
+  auto err = expect_failure([&] { a.pull(puller, 1); });
+  CHECK(err.failure == transfer_failure::producer_failed);
+  CHECK(has(err.what(), "more than the producer's packed budget of " + std::to_string(largest_of(sizes) - 1)));
+  auto err2 = expect_failure([&] { a.pull(puller, 1, transfer_mode::broadcast); });
+  CHECK(err2.failure == transfer_failure::producer_failed);
+  CHECK(has(err2.what(), "bytes in broadcast, more than the producer's packed budget"));
 }
 
 TEST_CASE("ucx: a corrupted group fails that worker's pull with a checksum error, the rest goes on") {

@@ -76,7 +76,7 @@ void run(const char* name, const std::vector<ucx_transport>& transports, int tp,
   const auto cold = pulls(puller, tp, v, 1);
   const auto cached = pulls(puller, tp, v, repeats);
 
-  po.max_packed_groups = 2;
+  po.default_budget_groups = 2; // less than the model: every pull repacks
   ucx_producer repacking(src, po);
   current = &repacking;
   pulls(puller, tp, v, 1); // connect, warm the producer's buffers

@@ -9,33 +9,33 @@ namespace rlsync::transfer::ucx_detail {
 
 // -- the packed-group cache ---------------------------------------------------------
 
+std::string consumer_of(const std::string& engine, int worker) {
+  return engine + '\n' + std::to_string(worker);
+}
+
 // Serves a get from the cache: sends a packed group, waits for one being
-// packed, or starts packing it in a free (or freed) slot; with every slot
-// busy sending, the get waits in `blocked` until one frees or its deadline.
+// packed, or starts packing it once there is room in the budget; without
+// room the get waits in `blocked` until there is, or its deadline.
 void producer_impl::start_get(get_job j) {
   auto it = cache.find(j.key);
   if (it == cache.end()) {
-    if (cache.size() >= options.max_packed_groups && !evict_one()) {
+    if (j.bytes > budget) { // refused at plan or open already; kept as a guard
+      reply(j.conn, wire::group_msg{j.seq, wire::status::producer_failed,
+                                    "group " + std::to_string(j.group) + " packs " + std::to_string(j.bytes)
+                                        + " bytes, more than the producer's packed budget of "
+                                        + std::to_string(budget) + " bytes (transfer.packed_budget_bytes)",
+                                    j.group, 0, 0});
+      finish_get(j);
+      return;
+    }
+    host_buffer reuse;
+    if (!make_room(j.bytes, &j, reuse)) {
       blocked.push_back(std::move(j));
       return;
     }
-    auto e = std::make_shared<cache_entry>();
-    e->key = j.key;
-    it = cache.emplace(j.key, e).first;
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      st.peak_packed = std::max(st.peak_packed, cache.size());
-    }
-    pack_job pj;
-    pj.key = j.key;
-    pj.snapshot = j.snapshot;
-    pj.plan = j.key.broadcast ? nullptr : j.plan;
-    pj.buffer = take_spare();
-    {
-      std::lock_guard<std::mutex> lock(pack_mutex);
-      pack_queue.push_back(std::move(pj));
-    }
-    pack_cv.notify_one();
+    it = cache.find(start_pack(j.key, j.snapshot, j.key.broadcast ? nullptr : j.plan, j.bytes, std::move(reuse),
+                               false)
+                        ->key);
   }
   const entry_ptr e = it->second;
   e->last_use = ++use_clock;
@@ -47,30 +47,279 @@ void producer_impl::start_get(get_job j) {
   }
 }
 
-host_buffer producer_impl::take_spare() {
-  if (spare.empty())
-    return {};
-  auto best = std::max_element(spare.begin(), spare.end(), [](const host_buffer& a, const host_buffer& b) {
-    return a.capacity() < b.capacity();
-  });
-  host_buffer b = std::move(*best);
-  spare.erase(best);
-  return b;
+std::uint64_t producer_impl::packed_size(const cache_key& k, const weight_snapshot& s,
+                                         const plan::grouped_plan* p) const {
+  if (k.broadcast)
+    return plan::full_group_layout::of(s.group(k.group)).bytes;
+  return p->bytes(k.group);
 }
 
-// Frees the least recently used entry nobody waits for or sends from.
-bool producer_impl::evict_one() {
-  auto victim = cache.end();
-  for (auto it = cache.begin(); it != cache.end(); ++it)
-    if (it->second->refs == 0 && it->second->st != cache_entry::state::packing
-        && (victim == cache.end() || it->second->last_use < victim->second->last_use))
-      victim = it;
-  if (victim == cache.end())
-    return false;
-  if (victim->second->buffer.capacity() > 0 && spare.size() + cache.size() <= options.max_packed_groups)
-    spare.push_back(std::move(victim->second->buffer));
-  cache.erase(victim);
-  return true;
+// Packed groups, spare buffers, and groups dropped while UCX still sends
+// from them: everything counted against the budget.
+std::uint64_t producer_impl::held_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& [k, e] : cache)
+    n += e->bytes;
+  for (const auto& b : spare)
+    n += b.bytes;
+  std::set<const cache_entry*> gone;
+  for (const auto& o : sends)
+    if (o.abandoned && gone.insert(o.entry.get()).second)
+      n += o.entry->bytes;
+  return n;
+}
+
+pins producer_impl::pins_of(const cache_entry& e, clock::time_point now) const {
+  // A consumer may have several connections (a reconnect, an idle one).
+  struct consumer {
+    bool hard = false, session = false;
+    std::uint64_t opened = 0; // the newest version it opened with this plan
+  };
+  std::map<std::string, consumer> seen;
+  for (const auto& [ep, c] : conns) {
+    if (c->closed)
+      continue;
+    auto used = c->opened.find({e.key.broadcast, e.key.plan});
+    if (used == c->opened.end())
+      continue;
+    const std::string who = consumer_of(c->engine, c->worker);
+    if (e.served.count(who))
+      continue;
+    auto& k = seen[who];
+    k.opened = std::max(k.opened, used->second);
+    for (const auto& [id, s] : c->sessions) {
+      if (s.version != e.key.version || (s.mode == transfer_mode::broadcast) != e.key.broadcast
+          || s.digest != e.key.plan)
+        continue;
+      k.session = true;
+      k.hard = k.hard || now < s.pin_until;
+    }
+  }
+  pins p;
+  const bool newest_version = newest && e.key.version == newest->version();
+  for (const auto& [who, k] : seen) {
+    if (k.hard)
+      p.hard.push_back(who);
+    else if (!k.session && k.opened < e.key.version && newest_version)
+      p.soft = true; // it pulled an earlier version with this plan: expected for this one
+  }
+  return p;
+}
+
+// What may go to make room, best first: a group nobody still needs (every
+// replica had it, its version is old, its sessions ended or passed their
+// deadlines), least recently used; then, for a get only, a group packed
+// ahead for replicas without a session (of another version than the get's,
+// or once soft_pin_grace has passed since the get's version's first session
+// opened); then, when every group held waits only for consumers that are
+// themselves waiting for room (nothing else could free any), the least
+// recently used of them.
+entry_ptr producer_impl::pick_victim(const get_job* demand, clock::time_point now, bool& still_needed) {
+  std::set<std::string> stuck;
+  if (demand) {
+    stuck.insert(consumer_of(demand->engine, demand->worker));
+    for (const auto& j : blocked)
+      stuck.insert(consumer_of(j.engine, j.worker));
+  }
+  bool soft_expired = false;
+  if (demand)
+    if (auto f = first_open.find(demand->version); f != first_open.end())
+      soft_expired = now >= f->second + options.soft_pin_grace;
+  entry_ptr free_one, soft_one, forced_one;
+  bool all_stuck = demand != nullptr;
+  auto older = [](const entry_ptr& a, const entry_ptr& b) { return !b || a->last_use < b->last_use; };
+  for (const auto& [k, e] : cache) {
+    if (e->refs > 0 || e->st == cache_entry::state::packing) {
+      all_stuck = false;
+      continue;
+    }
+    const pins p = pins_of(*e, now);
+    const bool soft_droppable = !p.soft || (demand && (e->key.version != demand->version || soft_expired));
+    if (p.hard.empty() && !p.soft) {
+      if (older(e, free_one))
+        free_one = e;
+      continue;
+    }
+    if (p.hard.empty() && soft_droppable && demand) {
+      // Another version's first, then the group packed furthest ahead: it is needed last.
+      auto rank = [&](const entry_ptr& x) { return std::make_pair(x->key.version != demand->version, x->key.group); };
+      if (!soft_one || rank(e) > rank(soft_one))
+        soft_one = e;
+      continue;
+    }
+    const bool stuck_only = soft_droppable && !p.hard.empty()
+                            && std::all_of(p.hard.begin(), p.hard.end(),
+                                           [&](const std::string& who) { return stuck.count(who) > 0; });
+    if (!stuck_only)
+      all_stuck = false;
+    else if (older(e, forced_one))
+      forced_one = e;
+  }
+  still_needed = !free_one;
+  if (free_one)
+    return free_one;
+  if (soft_one)
+    return soft_one;
+  return all_stuck ? forced_one : nullptr;
+}
+
+entry_ptr producer_impl::stale_entry(clock::time_point now) const {
+  if (!newest)
+    return nullptr;
+  entry_ptr oldest;
+  for (const auto& [k, e] : cache)
+    if (k.version < newest->version() && e->refs == 0 && e->st != cache_entry::state::packing
+        && (!oldest || e->last_use < oldest->last_use)) {
+      const pins p = pins_of(*e, now);
+      if (p.hard.empty() && !p.soft)
+        oldest = e;
+    }
+  return oldest;
+}
+
+void producer_impl::drop(const entry_ptr& e) {
+  if (e->buffer.capacity() > 0)
+    spare.push_back({std::move(e->buffer), e->bytes});
+  cache.erase(e->key);
+}
+
+bool producer_impl::make_room(std::uint64_t bytes, const get_job* demand, host_buffer& reuse) {
+  const auto now = clock::now();
+  for (;;) {
+    auto fit = spare.end();
+    for (auto it = spare.begin(); it != spare.end(); ++it)
+      if (it->buffer.capacity() >= bytes && (fit == spare.end() || it->buffer.capacity() < fit->buffer.capacity()))
+        fit = it;
+    const std::uint64_t held = held_bytes();
+    if (fit != spare.end() && held - fit->bytes + bytes <= budget) {
+      reuse = std::move(fit->buffer);
+      spare.erase(fit);
+      return true;
+    }
+    // Before touching fresh memory, recycle a group of an older version
+    // that nobody still needs: reusing a buffer beats faulting in new pages.
+    if (const entry_ptr stale = stale_entry(now)) {
+      drop(stale);
+      continue;
+    }
+    if (held + bytes <= budget)
+      return true;
+    if (!spare.empty()) { // too small to reuse, or in the way: the largest goes
+      spare.erase(std::max_element(spare.begin(), spare.end(), [](const spare_buffer& a, const spare_buffer& b) {
+        return a.bytes < b.bytes;
+      }));
+      continue;
+    }
+    bool still_needed = false;
+    const entry_ptr victim = pick_victim(demand, now, still_needed);
+    if (!victim)
+      return false;
+    if (still_needed) {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++st.evictions;
+    }
+    drop(victim);
+  }
+}
+
+entry_ptr producer_impl::start_pack(const cache_key& k, snapshot_ptr snapshot,
+                                    std::shared_ptr<const plan::grouped_plan> plan, std::uint64_t bytes,
+                                    host_buffer buffer, bool ahead) {
+  auto e = std::make_shared<cache_entry>();
+  e->key = k;
+  e->bytes = bytes;
+  e->ahead = ahead;
+  e->last_use = ++use_clock;
+  cache.emplace(k, e);
+  if (newest && k.version == newest->version())
+    packed_in_newest.insert(k);
+  {
+    const std::uint64_t held = held_bytes();
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    st.peak_packed = std::max(st.peak_packed, cache.size());
+    st.peak_packed_bytes = std::max(st.peak_packed_bytes, held);
+  }
+  pack_job pj;
+  pj.key = k;
+  pj.snapshot = std::move(snapshot);
+  pj.plan = std::move(plan);
+  pj.buffer = std::move(buffer);
+  {
+    std::lock_guard<std::mutex> lock(pack_mutex);
+    if (ahead)
+      pack_queue.push_back(std::move(pj));
+    else
+      pack_queue.push_front(std::move(pj)); // a consumer waits for it: before packing ahead
+  }
+  pack_cv.notify_one();
+  return e;
+}
+
+// A newer version published: forget what was packed of the last one and
+// pack the new one ahead.
+unsigned producer_impl::check_published() {
+  auto latest = source->latest();
+  if (!latest || (newest && latest->version() <= newest->version()))
+    return 0;
+  newest = std::move(latest);
+  packed_in_newest.clear();
+  while (first_open.size() > 16)
+    first_open.erase(first_open.begin());
+  retry_blocked = true; // groups of older versions no longer wait for anyone without a session
+  pack_ahead();
+  return 1;
+}
+
+// Packs the newest version for every plan (and broadcast) that consumers
+// opened sessions with, group by group, each (plan, group) once, as far as
+// the budget allows without dropping anything still needed. Gets waiting
+// for room go first.
+unsigned producer_impl::pack_ahead() {
+  if (!options.pack_ahead || !newest || !blocked.empty())
+    return 0;
+  std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
+  bool broadcast = false;
+  for (const auto& [ep, c] : conns) {
+    if (c->closed)
+      continue;
+    for (const auto& [stream, version] : c->opened) {
+      if (stream.first)
+        broadcast = true;
+      else if (auto p = c->plans.find(stream.second); p != c->plans.end())
+        plans.emplace(stream.second, p->second);
+    }
+  }
+  unsigned n = 0;
+  const std::uint64_t v = newest->version();
+  // False when the budget has no room for it now: stop there, in order.
+  auto pack = [&](const cache_key& k, const std::shared_ptr<const plan::grouped_plan>& p) {
+    if (packed_in_newest.count(k) || cache.count(k))
+      return true;
+    if (!k.broadcast && !newest->holds_group(k.group))
+      return true;
+    std::uint64_t bytes = 0;
+    try {
+      bytes = packed_size(k, *newest, p.get());
+    } catch (const std::exception&) {
+      return true; // a get will pack it and say what is wrong
+    }
+    if (bytes > budget)
+      return true;
+    host_buffer reuse;
+    if (!make_room(bytes, nullptr, reuse))
+      return false;
+    start_pack(k, newest, p, bytes, std::move(reuse), true);
+    ++n;
+    return true;
+  };
+  for (auto g : newest->groups()) {
+    for (const auto& [d, p] : plans)
+      if (!pack({false, d, v, g}, p))
+        return n;
+    if (broadcast && !pack({true, 0, v, g}, nullptr))
+      return n;
+  }
+  return n;
 }
 
 void producer_impl::release(const entry_ptr& e) {
@@ -123,6 +372,8 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
     return;
   }
   reply(j.conn, wire::group_msg{j.seq, wire::status::ok, "", j.group, e->size, e->checksum});
+  e->served.insert(consumer_of(j.engine, j.worker));
+  retry_blocked = true; // it may be needed by nobody now
   finish_get(j);
   if (req == nullptr) {
     count_sent(op.bytes);
@@ -176,18 +427,24 @@ unsigned producer_impl::poll_sends() {
   if (retry_blocked) {
     retry_blocked = false;
     n += start_blocked();
+    n += pack_ahead();
   }
   return n;
 }
 
+// Gets waiting for room, in arrival order; one that still finds none keeps
+// its place, and those behind it may be served from groups packed already.
 unsigned producer_impl::start_blocked() {
   unsigned n = 0;
-  while (!blocked.empty() && (cache.count(blocked.front().key) || cache.size() < options.max_packed_groups
-                              || evict_one())) {
-    auto j = std::move(blocked.front());
-    blocked.pop_front();
+  std::deque<get_job> waiting;
+  waiting.swap(blocked);
+  while (!waiting.empty()) {
+    auto j = std::move(waiting.front());
+    waiting.pop_front();
+    const std::size_t before = blocked.size();
     start_get(std::move(j));
-    ++n;
+    if (blocked.size() == before)
+      ++n;
   }
   return n;
 }
@@ -203,9 +460,10 @@ void producer_impl::sweep(clock::time_point now) {
     blocked.erase(blocked.begin() + static_cast<std::ptrdiff_t>(i));
     count_rejected();
     reply(j.conn, wire::group_msg{j.seq, wire::status::busy,
-                                  "no packing slot freed before the deadline ("
-                                      + std::to_string(options.max_packed_groups)
-                                      + " packed groups alive, all being sent)",
+                                  "no room in the packed budget of " + std::to_string(budget)
+                                      + " bytes (transfer.packed_budget_bytes) before the deadline: "
+                                      + std::to_string(cache.size())
+                                      + " packed groups held, each still needed by a replica",
                                   j.group, 0, 0});
     finish_get(j);
   }
@@ -215,6 +473,9 @@ void producer_impl::sweep(clock::time_point now) {
       idle.push_back(c);
   for (auto& c : idle)
     close_connection(c, "idle for longer than " + std::to_string(options.idle_timeout.count()) + " ms");
+  // Pins end with time too (deadlines, soft_pin_grace).
+  if (!blocked.empty() || options.pack_ahead)
+    retry_blocked = true;
 }
 
 unsigned producer_impl::handle_packed() {
@@ -236,6 +497,8 @@ unsigned producer_impl::handle_packed() {
     if (r.error.empty()) {
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++st.packs;
+      if (e->ahead)
+        ++st.packs_ahead;
       st.packed_bytes += r.size;
     } else {
       say(options.log, "ucx producer: packing failed: " + r.error);
@@ -275,14 +538,13 @@ void producer_impl::pack_loop() {
         r.size = static_cast<std::size_t>(layout.bytes);
         if (job.buffer.capacity() < r.size)
           job.buffer = host_buffer(r.size);
-        pack_full_group(tensors, layout, job.buffer.data());
+        r.checksum = pack_full_group_checksummed(tensors, layout, job.buffer.data());
       } else {
         r.size = static_cast<std::size_t>(job.plan->bytes(g));
         if (job.buffer.capacity() < r.size)
           job.buffer = host_buffer(r.size);
-        pack_group(*job.plan, g, *job.snapshot, job.buffer.data());
+        r.checksum = pack_group_checksummed(*job.plan, g, *job.snapshot, job.buffer.data());
       }
-      r.checksum = checksum64(job.buffer.data(), r.size);
     } catch (const std::exception& e) {
       r.error = e.what();
       r.size = 0;

@@ -28,9 +28,26 @@ void producer_impl::start() {
   // The model's full group sizes bound what a plan may make us pack.
   const auto& c = source->config();
   full_group_bytes.assign(plan::group_count(c), 0);
+  std::vector<std::vector<tensor_view>> layouts(full_group_bytes.size());
   for (const auto& p : source->parameters()) {
     params_by_name[p.name] = p;
-    full_group_bytes[plan::group_of(c, p.name)] += p.bytes();
+    const auto g = plan::group_of(c, p.name);
+    full_group_bytes[g] += p.bytes();
+    tensor_view v;
+    static_cast<tensor_spec&>(v) = p;
+    v.size = static_cast<std::size_t>(p.bytes());
+    layouts[g].push_back(std::move(v));
+  }
+  // The default budget: a few of the largest groups a consumer may ask for
+  // (broadcast's, with its alignment, is the largest).
+  std::uint64_t largest = 1;
+  for (std::size_t g = 0; g < layouts.size(); ++g)
+    largest = std::max({largest, full_group_bytes[g], plan::full_group_layout::of(layouts[g]).bytes});
+  budget = options.packed_budget_bytes != 0 ? options.packed_budget_bytes
+                                            : largest * std::max<std::size_t>(1, options.default_budget_groups);
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    st.budget_bytes = budget;
   }
 
   ctx = make_context(options.transports, options.net_devices, "producer");
@@ -183,6 +200,7 @@ void producer_impl::run() {
     outbox.poll();
     poll_closes();
     n += handle_messages();
+    n += check_published();
     n += handle_packed();
     n += poll_sends();
     const auto now = clock::now();
@@ -276,7 +294,8 @@ void producer_impl::close_connection(const conn_ptr& c, const std::string& why, 
   c->plans.clear();
   c->plan_order.clear();
   conns.erase(c->ep);
-  start_close(c->ep); // completes in the background (poll_closes)
+  retry_blocked = true; // its pins are gone
+  start_close(c->ep);   // completes in the background (poll_closes)
 }
 
 void producer_impl::reply(const conn_ptr& c, const wire::message& m) {
@@ -462,13 +481,22 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
     refuse(wire::status::producer_failed, std::string("the plan does not fit this producer's model: ") + e.what());
     return;
   }
-  for (std::uint32_t g = 0; g < grouped->group_count(); ++g)
+  const auto& held = source->held_groups();
+  for (std::uint32_t g = 0; g < grouped->group_count(); ++g) {
+    if (grouped->bytes(g) > budget && std::binary_search(held.begin(), held.end(), g)) {
+      refuse(wire::status::producer_failed,
+             "the plan packs " + std::to_string(grouped->bytes(g)) + " bytes for group " + std::to_string(g)
+                 + ", more than the producer's packed budget of " + std::to_string(budget)
+                 + " bytes (transfer.packed_budget_bytes)");
+      return;
+    }
     if (grouped->bytes(g) > 4 * std::max<std::uint64_t>(full_group_bytes[g], 1)) {
       refuse(wire::status::producer_failed,
              "the plan packs " + std::to_string(grouped->bytes(g)) + " bytes for group " + std::to_string(g)
                  + ", more than 4x the group's " + std::to_string(full_group_bytes[g]));
       return;
     }
+  }
   if (c->plans.size() >= max_plans_per_connection) {
     c->plans.erase(c->plan_order.front());
     c->plan_order.pop_front();
@@ -548,11 +576,19 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   s.snapshot = snapshot;
   s.plan = plan;
   s.last_used = clock::now();
+  s.pin_until = s.last_used + options.first_get_grace;
   for (auto g : snapshot->groups()) {
     wire::group_info gi;
     gi.group = g;
     if (broadcast) {
       const auto layout = plan::full_group_layout::of(snapshot->group(g));
+      if (layout.bytes > budget) {
+        refuse(wire::status::producer_failed,
+               "group " + std::to_string(g) + " is " + std::to_string(layout.bytes)
+                   + " bytes in broadcast, more than the producer's packed budget of " + std::to_string(budget)
+                   + " bytes (transfer.packed_budget_bytes)");
+        return;
+      }
       gi.bytes = layout.bytes;
       gi.tensors = layout.specs;
     } else {
@@ -568,6 +604,9 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
     c->sessions.erase(oldest);
   }
   out.session = s.id;
+  auto& opened = c->opened[{broadcast, s.digest}];
+  opened = std::max(opened, s.version);
+  first_open.emplace(s.version, s.last_used);
   c->sessions[s.id] = std::move(s);
   reply(c, out);
 }
@@ -612,6 +651,9 @@ void producer_impl::handle(const conn_ptr& c, const wire::get_msg& m) {
   j.key = cache_key{s.mode == transfer_mode::broadcast, s.digest, s.version, m.group};
   j.snapshot = s.snapshot;
   j.plan = s.plan;
+  j.bytes = packed_size(j.key, *s.snapshot, s.plan.get());
+  s.pin_until = s.got_any ? std::max(s.pin_until, j.deadline) : j.deadline;
+  s.got_any = true;
   ++c->outstanding;
   start_get(std::move(j));
 }
@@ -631,7 +673,6 @@ ucx_producer::ucx_producer(std::shared_ptr<const weight_source> source, ucx_prod
     throw std::invalid_argument("ucx producer: no weight source");
   impl_->source = std::move(source);
   impl_->options = std::move(options);
-  impl_->options.max_packed_groups = std::max<std::size_t>(1, impl_->options.max_packed_groups);
   auto& o = impl_->options;
   o.max_outstanding_per_connection = std::max<std::size_t>(1, o.max_outstanding_per_connection);
   o.max_tokens = std::max<std::size_t>(1, o.max_tokens);

@@ -56,6 +56,11 @@ struct session {
   std::shared_ptr<const plan::grouped_plan> plan;
   std::set<std::uint32_t> groups;
   clock::time_point last_used;
+  // The session keeps the groups it has not been sent from being dropped
+  // until then: the deadline its latest get announced (first_get_grace
+  // after the open, before any get).
+  clock::time_point pin_until;
+  bool got_any = false;
 };
 
 // Exists only once a hello presented a valid token: what it was issued for
@@ -74,6 +79,10 @@ struct connection {
   std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
   std::deque<std::uint64_t> plan_order;
   std::map<std::uint64_t, session> sessions;
+  // The plans this consumer opened sessions with ((true, 0): broadcast),
+  // each with the newest version it opened: what a version is packed ahead
+  // for, and who a packed group waits for.
+  std::map<std::pair<bool, std::uint64_t>, std::uint64_t> opened;
   std::uint64_t next_session = 1;
   std::size_t outstanding = 0; // gets accepted and not finished
   clock::time_point last_active;
@@ -91,6 +100,7 @@ struct get_job {
   std::uint64_t version = 0;
   // What packing the group takes, should it have to be packed.
   cache_key key;
+  std::uint64_t bytes = 0; // packed size
   snapshot_ptr snapshot;
   std::shared_ptr<const plan::grouped_plan> plan;
 };
@@ -99,14 +109,34 @@ struct cache_entry {
   cache_key key;
   enum class state { packing, ready, failed } st = state::packing;
   host_buffer buffer;
+  std::uint64_t bytes = 0; // counted against the budget: the packed size
   std::size_t size = 0;
   std::uint64_t checksum = 0;
   std::string error;
+  bool ahead = false;   // packed ahead, before any get asked for it
   std::size_t refs = 0; // waiters and sends in flight: not evictable while > 0
   std::vector<get_job> waiters;
   std::uint64_t last_use = 0;
+  std::set<std::string> served; // consumers (consumer_of) sent this group
 };
 using entry_ptr = std::shared_ptr<cache_entry>;
+
+// A buffer kept for reuse, counted against the budget as the bytes it last held.
+struct spare_buffer {
+  host_buffer buffer;
+  std::uint64_t bytes = 0;
+};
+
+// Who still needs a packed group: consumers with a session open for its
+// version (hard: never dropped for them unless they are all stuck), and
+// consumers that used its plan before but have no session yet (soft).
+struct pins {
+  std::vector<std::string> hard;
+  bool soft = false;
+};
+
+/// How a consumer (one engine worker) is named in `served`.
+std::string consumer_of(const std::string& engine, int worker);
 
 struct pack_job {
   cache_key key;
@@ -161,13 +191,17 @@ struct producer_impl {
   // Progress thread only.
   std::map<ucp_ep_h, conn_ptr> conns;
   std::map<cache_key, entry_ptr> cache;
-  std::deque<get_job> blocked; // waiting for a free cache slot
-  std::vector<host_buffer> spare;
+  std::deque<get_job> blocked; // waiting for room in the budget
+  std::vector<spare_buffer> spare;
+  std::uint64_t budget = 0;                    // packed_budget_bytes, resolved
+  snapshot_ptr newest;                         // the newest version published
+  std::set<cache_key> packed_in_newest;        // keys of it packed once already
+  std::map<std::uint64_t, clock::time_point> first_open; // version -> its first session
   std::list<send_op> sends;
   std::uint64_t use_clock = 0;
   std::uint64_t next_conn = 1;
   std::vector<std::vector<std::uint8_t>> graveyard; // bytes UCX may still read at teardown
-  bool retry_blocked = false;                       // a cache slot may have freed
+  bool retry_blocked = false;                       // room may have freed
   std::list<void*> closes;                          // endpoint closes in progress
   bool leak_worker = false;                         // see shutdown()
 
@@ -233,7 +267,10 @@ struct producer_impl {
   void check_against_model(const plan::worker_plan& p) const;
   void handle(const conn_ptr& c, const wire::open_msg& m);
 
-  void handle(const conn_ptr& c, const wire::close_msg& m) { c->sessions.erase(m.session); }
+  void handle(const conn_ptr& c, const wire::close_msg& m) {
+    c->sessions.erase(m.session);
+    retry_blocked = true; // its pins are gone
+  }
 
   // The consumer is going: close from this side first, while the endpoint
   // is healthy. (Were the consumer to close first, this side would see a
@@ -251,8 +288,22 @@ struct producer_impl {
   // -- the packed-group cache ---------------------------------------------------------
 
   void start_get(get_job j);
-  host_buffer take_spare();
-  bool evict_one();
+  std::uint64_t packed_size(const cache_key& k, const weight_snapshot& s, const plan::grouped_plan* p) const;
+  std::uint64_t held_bytes() const;
+  pins pins_of(const cache_entry& e, clock::time_point now) const;
+  // Room for `bytes` more within the budget, dropping what may be dropped
+  // for `demand` (nullptr: packing ahead); `reuse` gets a spare buffer large
+  // enough, if one is kept. False when there is none to be had now.
+  bool make_room(std::uint64_t bytes, const get_job* demand, host_buffer& reuse);
+  entry_ptr pick_victim(const get_job* demand, clock::time_point now, bool& still_needed);
+  /// The least recently used group of an older version than the newest
+  /// that nobody still needs; nullptr when none.
+  entry_ptr stale_entry(clock::time_point now) const;
+  void drop(const entry_ptr& e);
+  entry_ptr start_pack(const cache_key& k, snapshot_ptr snapshot, std::shared_ptr<const plan::grouped_plan> plan,
+                       std::uint64_t bytes, host_buffer buffer, bool ahead);
+  unsigned check_published();
+  unsigned pack_ahead();
   void release(const entry_ptr& e);
   void finish_get(const get_job& j);
   void fail_get(const get_job& j, const entry_ptr& e);

@@ -53,12 +53,27 @@
 //
 // Sharing and memory. Packed bytes depend only on the plan (the same worker
 // rank of every replica has the same plan, hence the same digest) and the
-// version, so the producer keeps a cache of packed groups keyed by (plan
-// digest, version, group), or (broadcast, version, group), holding at most
-// max_packed_groups buffers in all: replicas pulling together share one
-// packing; buffers are reused, touched once. A consumer holds
-// groups_in_flight receive buffers per concurrent pull, allocated and
-// touched once, reused by later pulls.
+// version, so the producer keeps packed groups keyed by (plan digest,
+// version, group), or (broadcast, version, group), within a byte budget
+// (packed_budget_bytes; spare buffers kept for reuse count against it).
+// Packing ahead: when a version is published, the packing threads pack it
+// for the plans consumers opened sessions with before (and broadcast, if a
+// consumer used it), group by group in order, as far as the budget allows,
+// before any get; the checksum is folded into the packing pass. Holding: a
+// packed group stays until every replica known to use its plan (a live
+// connection that opened a session with it) has been sent it in that
+// version, so one packing serves all replicas of a worker rank, and the
+// replicas, holding the budget between them, take groups together. To make
+// room, in order: groups every replica has, or of older versions, go
+// first; a get may then drop groups packed ahead for replicas that have no
+// session (for another version, or soft_pin_grace after the first session
+// of its own version opened: a replica in a later wave); a get never drops
+// a group an open session still needs (it waits, until its deadline),
+// unless every such session is itself waiting for room (then it drops one:
+// stats.evictions counts every drop a replica still needed). A session pins
+// groups only until its pull's deadline, a closed connection not at all. A
+// consumer holds groups_in_flight receive buffers per concurrent pull,
+// allocated and touched once, reused by later pulls.
 //
 // Deadlines. A network partition gives UCX no error (none in 45 s here,
 // even with keepalives at 1 s; a killed peer shows in ~5 ms), so every wait
@@ -131,8 +146,22 @@ struct ucx_producer_options {
   std::vector<ucx_transport> transports;
   /// UCX_NET_DEVICES ("lo" keeps a loopback connection off eth0); empty: UCX's.
   std::string net_devices;
-  /// Packed groups alive at once, in all (>= 1): the producer's memory bound.
-  std::size_t max_packed_groups = 8;
+  /// The producer's memory bound: bytes of packed groups (and spare buffers)
+  /// held at once. 0: default_budget_groups times the model's largest full
+  /// group. A group larger than the budget is refused when a plan or a
+  /// broadcast session would need it.
+  std::uint64_t packed_budget_bytes = 0;
+  /// The default budget, in largest full groups (>= 1).
+  std::size_t default_budget_groups = 4;
+  /// Pack each version for the plans known as soon as it is published.
+  bool pack_ahead = true;
+  /// How long after the first session of a version opens a group packed
+  /// ahead stays reserved for replicas that have not opened one yet: the
+  /// replicas of one round open theirs within milliseconds; a replica in a
+  /// later wave should not hold up the first.
+  std::chrono::milliseconds soft_pin_grace{250};
+  /// Until its first get says the pull's deadline, a session pins groups this long.
+  std::chrono::milliseconds first_get_grace{10000};
   /// Threads packing groups (>= 1), next to the one progress thread.
   unsigned pack_threads = 1;
   /// Requests a connection may have outstanding (gets not yet sent).
@@ -181,8 +210,12 @@ struct ucx_producer_stats {
   std::uint64_t refused_hellos = 0; ///< hellos without a valid token, and requests before a hello
   std::uint64_t tokens_issued = 0;
   std::uint64_t packs = 0;          ///< groups packed
+  std::uint64_t packs_ahead = 0;    ///< of which packed ahead, before any get asked for them
   std::uint64_t packed_bytes = 0;
   std::size_t peak_packed = 0;      ///< most packed groups alive at once
+  std::uint64_t budget_bytes = 0;   ///< packed_budget_bytes as resolved
+  std::uint64_t peak_packed_bytes = 0; ///< most bytes held at once: packed groups and spare buffers
+  std::uint64_t evictions = 0;      ///< packed groups dropped while a replica still needed them
   std::uint64_t groups_sent = 0;
   std::uint64_t bytes_sent = 0;
   std::uint64_t corruptions = 0;    ///< sends the corrupt hook altered

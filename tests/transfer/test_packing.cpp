@@ -1,0 +1,55 @@
+// Packing with the checksum folded in: the same bytes as pack_group /
+// pack_full_group and the checksum of those bytes, on a model whose
+// tensors span many checksum pieces (row-split, column-split and
+// replicated entries alike), for every worker of several tp sizes.
+#include "runtime/base/checksum.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/transfer/packing.hpp"
+
+#include "tests/support/transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+using namespace rlsync;
+using namespace rlsync::transfer;
+
+TEST_CASE("packing: the checksum folded into packing equals packing, then hashing") {
+  model_config c = test::small_model(2);
+  c.hidden_size = 512; // the embeddings and the MLP span several pieces of checksum_piece_bytes
+  c.intermediate_size = 1408;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.vocab_size = 4099; // rows that do not divide a piece evenly
+  auto src = test::small_source(c);
+  auto s = src->produce_next();
+  std::uint64_t largest_entry = 0;
+  for (int tp : {1, 2, 4}) {
+    for (int w = 0; w < tp; ++w) {
+      CAPTURE(tp);
+      CAPTURE(w);
+      plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
+      for (const auto& e : p.plan().entries)
+        largest_entry = std::max(largest_entry, e.bytes());
+      for (auto g : s->groups()) {
+        CAPTURE(g);
+        std::vector<std::uint8_t> two(p.bytes(g), 0), one(p.bytes(g), 0xee);
+        pack_group(p, g, *s, two.data());
+        const std::uint64_t sum = pack_group_checksummed(p, g, *s, one.data());
+        CHECK(one == two);
+        CHECK(sum == checksum64(two.data(), two.size()));
+      }
+    }
+  }
+  CHECK(largest_entry > 4 * checksum_piece_bytes); // the piece-by-piece path ran
+  for (auto g : s->groups()) {
+    const auto& tensors = s->group(g);
+    const auto layout = plan::full_group_layout::of(tensors);
+    std::vector<std::uint8_t> two(layout.bytes, 0), one(layout.bytes, 0xee);
+    pack_full_group(tensors, layout, two.data());
+    const std::uint64_t sum = pack_full_group_checksummed(tensors, layout, one.data());
+    CHECK(one == two);
+    CHECK(sum == checksum64(two.data(), two.size()));
+  }
+}
