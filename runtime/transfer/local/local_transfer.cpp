@@ -377,12 +377,11 @@ struct local_transfer::pass {
     std::shared_ptr<packed_group> buf;
     if (key.broadcast) {
       buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(layouts[idx].bytes));
-      pack_full_group(snapshot->group(g), layouts[idx], buf->data());
+      buf->checksum = pack_full_group_checksummed(snapshot->group(g), layouts[idx], buf->data());
     } else {
       buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(plan->bytes(g)));
-      pack_group(*plan, g, *snapshot, buf->data());
+      buf->checksum = pack_group_checksummed(*plan, g, *snapshot, buf->data());
     }
-    buf->checksum = checksum64(buf->data(), buf->size);
     return buf;
   }
 };
