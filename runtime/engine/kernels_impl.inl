@@ -31,7 +31,14 @@ inline void micro(const float* a, std::int64_t lda, const W* w, std::int64_t ldw
     for (int c = 0; c < C; ++c)
       acc[r][c] = vzero();
   const std::int64_t body = depth - depth % lanes;
+  // A batch-1 decode streams the weights once: fetch the next block's rows
+  // (they follow these in memory) two cache lines per step, ahead of need.
+  const char* next = reinterpret_cast<const char*>(w + C * ldw);
   for (std::int64_t k = 0; k < body; k += lanes) {
+    if constexpr (R == 1 && C > 1) {
+      __builtin_prefetch(next + k * 16, 0, 3);
+      __builtin_prefetch(next + k * 16 + 64, 0, 3);
+    }
     vec wv[C];
     for (int c = 0; c < C; ++c)
       wv[c] = vload(w + c * ldw + k);
