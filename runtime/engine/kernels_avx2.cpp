@@ -15,14 +15,7 @@ namespace rlsync::engine::kernels::avx2 {
 
 using vec = __m256;
 
-inline float widen1(float x) { return x; }
-inline float widen1(bf16_t x) { // the top half of an fp32
-  const std::uint32_t u = std::uint32_t(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline float widen1(f16_t x) { return rlsync::f16_to_f32(x.bits); }
+#include "runtime/engine/kernels_widen.inl"
 
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 // bf16 is the top half of an fp32: zero-extend to 32 bits and shift.

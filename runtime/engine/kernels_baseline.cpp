@@ -13,14 +13,7 @@ struct vec {
   v4 lo, hi;
 };
 
-inline float widen1(float x) { return x; }
-inline float widen1(bf16_t x) { // the top half of an fp32
-  const std::uint32_t u = std::uint32_t(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-inline float widen1(f16_t x) { return rlsync::f16_to_f32(x.bits); }
+#include "runtime/engine/kernels_widen.inl"
 
 inline vec vload(const float* p) {
   vec v;
