@@ -39,7 +39,7 @@ TEST_CASE("store_group copies into each target in order and checksums what lande
   CHECK(a[0] == (packed[0] ^ 0x5a));
 }
 
-TEST_CASE("group_targets: none without a sink that stores in place; sizes must add up to the group") {
+TEST_CASE("group_targets: none without a sink that stores in place, and sizes must add up to the group") {
   group_sink sink;
   CHECK(group_targets(sink, 0, 0, 10).empty());
   std::uint8_t buf[8];
@@ -83,7 +83,7 @@ TEST_CASE("the engine's places for a group: byte ranges of its parameters, none 
   }
 }
 
-TEST_CASE("ucx: stored in place, a pull equals load_weights; a corrupted group fails it naming the group") {
+TEST_CASE("ucx: stored in place, a pull equals load_weights and a corrupted group fails it naming the group") {
   std::string why;
   if (!ucx_available(&why)) {
     MESSAGE("skipped: UCX is not usable here: " << why);
