@@ -35,7 +35,8 @@ std::vector<std::string> rank_drill_arms::withhold(std::uint64_t version, std::c
       r.trainer.transfer->withhold(group, version, until);
     if (i < producers_.size() && producers_[i])
       producers_[i]->withhold(group, version, until);
-    lines.push_back(who + " withholds group " + std::to_string(group) + " of v" + std::to_string(version)
+    lines.push_back(who + " withholds group " + std::to_string(group) + " of "
+                    + (version ? "v" + std::to_string(version) : std::string("any version"))
                     + " (released after " + std::to_string(release_after.count()) + " ms at the latest)");
   }
   return lines;

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <poll.h>
 #include <set>
 #include <sys/prctl.h>
@@ -54,6 +55,11 @@ using std::chrono::milliseconds;
 constexpr std::size_t max_log_lines = 400;
 /// One line of the head's stderr is cut at this length (a bounded buffer).
 constexpr std::size_t max_line = 64 * 1024;
+/// After the last fault ended: the longest the drill waits for a round on
+/// every engine before it stops the job anyway (the report says who is out),
+/// and how long it lets the fleet run once back.
+constexpr milliseconds recovery_deadline{30000};
+constexpr milliseconds settle_window{2000};
 
 std::vector<std::string> engine_names(const topology& t) {
   std::vector<std::string> names;
@@ -186,8 +192,13 @@ public:
                                               "--node", n.name})
         p.argv.push_back(a);
       if (p.head)
+        // The job runs until the drill stops it (SIGINT: it drains, runs its
+        // last round and checks every engine), so that its length follows
+        // the faults and not the machine's speed: workload.prompts counts
+        // for `rlsync run` only.
         for (auto& a : std::vector<std::string>{"--run", "--no-progress", "--drill-events", "--json", json_path_,
-                                                "--state-file", state_file_})
+                                                "--state-file", state_file_, "--prompts",
+                                                std::to_string(topology_limits::max_prompts)})
           p.argv.push_back(a);
       else if (hosts_rank(t_, n.name)) // its ranks take the drill's signals (corrupt, withhold)
         p.argv.push_back("--drill-events");
@@ -395,6 +406,7 @@ private:
     double at = now_ms();
     ++phases_seen_;
     versions_.on_phase(*e);
+    recovery_.on_phase(*e);
     auto round = rounds_.on_phase(*e);
     if (round && !rounds_started_) {
       rounds_started_ = true;
@@ -410,22 +422,32 @@ private:
       for (auto& name : e->engines)
         timeline_.lane(at, name, lane_state::generating);
     }
-    if (round && e->phase < sync_phase::transfer)
-      arm_withholds(*round, e->version);
+    if (round)
+      arm_withholds(*round, e->version, e->phase);
     if (round)
       for (auto i : schedule_.take_at_phase(*round, e->phase))
         fire(i, e->version);
   }
 
   /// Before a kill, restart or cut of a node hosting trainer ranks at round
-  /// `round`'s transfer: its ranks withhold a group of the round's version
-  /// (released by their deadline), so the fault lands while an engine waits
-  /// for it however fast the transfer would be.
-  void arm_withholds(std::uint64_t round, std::uint64_t version) {
+  /// R's transfer: its ranks withhold a group (released by their deadline),
+  /// so the fault lands while an engine waits for it however fast the
+  /// transfer would be. Armed as round R-1 continues, a trainer step before
+  /// round R, for any version (nothing else is pulled in between); where
+  /// R-1 never continued, as an earlier phase of round R goes out, for its
+  /// version. (Armed only by round R's pause, the order once reached the
+  /// ranks after a fast machine's transfer had begun: a watcher polls for it
+  /// every 5 ms.)
+  void arm_withholds(std::uint64_t round, std::uint64_t version, sync_phase phase) {
     for (std::size_t i = 0; i < plan_.faults.size(); ++i) {
       const auto& f = plan_.faults[i];
       const auto& spec = t_.drill.faults[i];
-      if (!f.withhold_first || armed_.count(i) || !spec.at_sync || static_cast<std::uint64_t>(*spec.at_sync) != round)
+      if (!f.withhold_first || armed_.count(i) || !spec.at_sync)
+        continue;
+      const auto at = static_cast<std::uint64_t>(*spec.at_sync);
+      if (round + 1 == at && phase == sync_phase::resume)
+        version = 0; // any version: the next round's
+      else if (round != at || phase >= sync_phase::transfer)
         continue;
       armed_.insert(i);
       auto* p = find(f.node);
@@ -439,8 +461,8 @@ private:
       value.sival_ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(*order));
       sigqueue(p->pid, drill_withhold_signal(), value);
       armed_at_[i] = {p->log_path, version};
-      note("armed for " + fault_label(spec) + ": node " + f.node + "'s trainer ranks withhold a group of v"
-           + std::to_string(version));
+      note("armed for " + fault_label(spec) + ": node " + f.node + "'s trainer ranks withhold a group of "
+           + (version ? "v" + std::to_string(version) : std::string("the next version")));
     }
   }
 
@@ -457,7 +479,7 @@ private:
     if (!in)
       return {};
     in.seekg(std::max<std::streamoff>(0, static_cast<std::streamoff>(in.tellg()) - tail));
-    const std::string of_version = " of v" + std::to_string(version) + " ";
+    const std::string of_version = version ? " of v" + std::to_string(version) + " " : std::string(" of any version ");
     std::string line, found;
     while (std::getline(in, line) && found.size() < max_line)
       if (auto at = line.find("drill: trainer rank "); at != std::string::npos
@@ -632,6 +654,7 @@ private:
           fire(i);
         for (auto i : schedule_.take_ends_due(elapsed))
           end(i);
+        stop_job_when_recovered();
       } else if (auto gone = std::find_if(procs_.begin(), procs_.end(),
                                           [](const node_process& p) { return !p.running() && !p.expect_death; });
                  gone != procs_.end()) {
@@ -652,12 +675,13 @@ private:
         job_exit_ = h.exit_text;
         job_code_ = h.exit_code;
         note("the head's job ended: " + job_exit_);
-        // The job runs its prompts and stops, whatever the drill does: one
-        // that ends first leaves faults unhealed and replicas not rejoined.
+        // The job runs until the drill stops it: one that ends first (it
+        // failed; its log says why) leaves faults unhealed and replicas not
+        // rejoined.
         if (schedule_.ends_pending())
           problem_ = "the head's job ended " + std::to_string(static_cast<long long>(now_ms()))
-                     + " ms in, before every fault ended (a restart, SIGCONT or heal was still due): "
-                       "give the workload more prompts (workload.prompts)";
+                     + " ms in, before every fault ended (a restart, SIGCONT or heal was still due; see "
+                     + h.log_path + ")";
         return;
       }
       if (!h.running() && h.expect_death && !schedule_.ends_pending() && h.err_fd < 0) {
@@ -671,6 +695,38 @@ private:
         return;
       }
     }
+  }
+
+  /// Once every fault fired and ended, and a round after that reached every
+  /// engine (or the recovery deadline passed), the head's job is stopped a
+  /// settle window later.
+  void stop_job_when_recovered() {
+    if (job_stopped_ || !schedule_.all_settled() || schedule_.ends_pending())
+      return;
+    auto now = clock_type::now();
+    if (!recovery_.armed()) {
+      recovery_.arm();
+      faults_over_at_ = now;
+      return;
+    }
+    if (recovery_.recovered() && !recovered_at_) {
+      recovered_at_ = now;
+      note("every engine completed a round after the last fault; the job stops in "
+           + std::to_string(settle_window.count()) + " ms");
+    }
+    bool settled = recovered_at_ && now - *recovered_at_ >= settle_window;
+    bool gave_up = !recovered_at_ && now - faults_over_at_ >= recovery_deadline;
+    if (!settled && !gave_up)
+      return;
+    auto& h = head();
+    if (!h.running())
+      return;
+    if (gave_up)
+      note("no round reached every engine within " + std::to_string(recovery_deadline.count())
+           + " ms after the last fault; stopping the job anyway");
+    kill(h.pid, SIGINT);
+    job_stopped_ = true;
+    note("the drill stops the head's job (SIGINT: it drains, runs its last round and checks every engine)");
   }
 
   /// The members end when the head's coordinator stops; those that do not
@@ -733,7 +789,13 @@ private:
         o.sent = r.at("total").get<std::uint32_t>();
         o.completed = r.at("completed").get<std::uint32_t>();
         o.rejected = r.at("rejected").get<std::uint32_t>();
-        o.failed = r.at("failed").get<std::uint32_t>() + r.at("not_sent").get<std::uint32_t>();
+        o.failed = r.at("failed").get<std::uint32_t>();
+        // Prompts the drill's stop left unsent are not lost requests.
+        auto not_sent = r.at("not_sent").get<std::uint32_t>();
+        if (job_stopped_ && j.value("interrupted", false))
+          o.sent -= std::min(o.sent, not_sent);
+        else
+          o.failed += not_sent;
         o.tokens = j.at("tokens").at("total").get<std::uint64_t>();
         o.streamed_tokens = j.value("streamed_tokens", o.tokens);
         o.stream_mismatches = j.value("stream_mismatches", 0u);
@@ -770,8 +832,7 @@ private:
       if (!verified.count(e.name)) {
         if (last_end_ms_ >= 0 && json_problem.empty())
           late = "; the job ended " + std::to_string(static_cast<long long>(job_end_ms_ - last_end_ms_))
-                 + " ms after the last fault ended, before every engine was back: give the workload more prompts "
-                   "(workload.prompts)";
+                 + " ms after the last fault ended, before every engine was back";
         drill_engine_end end;
         end.name = e.name;
         end.alive = false;
@@ -833,6 +894,7 @@ private:
   const process_drill_plan plan_;
   const std::string dir_;
   fault_schedule schedule_;
+  fleet_recovery_watch recovery_{engine_names(t_)};
   drill_timeline timeline_;
   version_watch versions_;
   drill_rounds rounds_{engine_names(t_)};
@@ -851,6 +913,9 @@ private:
   double last_end_ms_ = -1; ///< when the last fault ended (restart, SIGCONT, link up); -1: none
   double job_end_ms_ = 0;
   int job_code_ = -1;
+  bool job_stopped_ = false; ///< the drill sent the head SIGINT
+  clock_type::time_point faults_over_at_;
+  std::optional<clock_type::time_point> recovered_at_;
   std::string problem_;
 };
 

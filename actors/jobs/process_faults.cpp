@@ -279,4 +279,26 @@ void version_watch::on_phase(const drill_phase_event& e) {
   }
 }
 
+fleet_recovery_watch::fleet_recovery_watch(std::vector<std::string> engines) : engines_(std::move(engines)) {}
+
+void fleet_recovery_watch::arm() {
+  armed_ = true;
+  round_ = 0;
+  resumed_.clear();
+}
+
+void fleet_recovery_watch::on_phase(const drill_phase_event& e) {
+  if (!armed_ || recovered_ || e.phase != sync_phase::resume)
+    return;
+  if (e.round != round_) {
+    round_ = e.round;
+    resumed_.clear();
+  }
+  for (auto& name : e.engines) // only the topology's engines: bounded by it
+    if (std::find(engines_.begin(), engines_.end(), name) != engines_.end()
+        && std::find(resumed_.begin(), resumed_.end(), name) == resumed_.end())
+      resumed_.push_back(name);
+  recovered_ = resumed_.size() == engines_.size();
+}
+
 } // namespace rlsync::jobs

@@ -157,4 +157,28 @@ private:
   std::string regression_;
 };
 
+/// When a process drill ends its job. The head's job runs until the drill
+/// stops it (as in one process), so that the job's length follows the faults,
+/// not the machine's speed: once every fault fired and ended (arm()), a
+/// round whose continue phase reaches every engine of the topology (its
+/// waves together) shows the fleet back, and the drill stops the job a
+/// settle time later. Not thread-safe.
+class fleet_recovery_watch {
+public:
+  explicit fleet_recovery_watch(std::vector<std::string> engines);
+  /// Every fault is over: only rounds from here on count.
+  void arm();
+  bool armed() const { return armed_; }
+  void on_phase(const drill_phase_event& e);
+  /// A round after arm() completed on every engine.
+  bool recovered() const { return recovered_; }
+
+private:
+  std::vector<std::string> engines_;
+  bool armed_ = false;
+  bool recovered_ = false;
+  std::uint64_t round_ = 0;           ///< the head's round being collected
+  std::vector<std::string> resumed_;  ///< its engines at continue so far
+};
+
 } // namespace rlsync::jobs

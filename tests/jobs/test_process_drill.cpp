@@ -419,3 +419,35 @@ TEST_CASE("process drill: no version goes backwards past a completed round") {
     CHECK(w.regression() == r.regression);
   }
 }
+
+TEST_CASE("process drill: the job stops once a round after the last fault reached every engine") {
+  fleet_recovery_watch watch({"a-0", "a-1", "b-0"});
+  struct row {
+    bool arm_before;  ///< every fault is over as this event comes
+    std::uint64_t head_round;
+    sync_phase phase;
+    std::vector<std::string> engines;
+    bool recovered;
+  };
+  const row rows[] = {
+    {false, 3, sync_phase::resume, {"a-0", "a-1", "b-0"}, false},  // before the faults ended: does not count
+    {true, 4, sync_phase::transfer, {"a-0", "a-1", "b-0"}, false}, // not yet continued
+    {false, 4, sync_phase::resume, {"a-0", "a-1"}, false},         // b-0 still out
+    {false, 5, sync_phase::resume, {"b-0", "stranger"}, false},    // another round's wave: round 4's does not carry over
+    {false, 5, sync_phase::resume, {"a-0", "b-0"}, false},         // repeats count once
+    {false, 5, sync_phase::resume, {"a-1"}, true},                 // round 5's waves together: the fleet is back
+    {false, 6, sync_phase::resume, {"a-0"}, true},                 // and stays so
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.head_round);
+    if (r.arm_before)
+      watch.arm();
+    drill_phase_event e;
+    e.round = r.head_round;
+    e.phase = r.phase;
+    e.engines = r.engines;
+    watch.on_phase(e);
+    CHECK(watch.recovered() == r.recovered);
+  }
+  CHECK(watch.armed());
+}
