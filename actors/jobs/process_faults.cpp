@@ -245,6 +245,16 @@ std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line) {
 
 drill_rounds::drill_rounds(std::vector<std::string> engines) : engines_(std::move(engines)) {}
 
+/// Adds to `seen` each of `names` that is one of the topology's `engines`
+/// and not seen yet: bounded by the topology, whatever a line names.
+static void add_known_engines(const std::vector<std::string>& engines, const std::vector<std::string>& names,
+                       std::vector<std::string>& seen) {
+  for (auto& name : names)
+    if (std::find(engines.begin(), engines.end(), name) != engines.end()
+        && std::find(seen.begin(), seen.end(), name) == seen.end())
+      seen.push_back(name);
+}
+
 std::optional<std::uint64_t> drill_rounds::on_phase(const drill_phase_event& e) {
   if (base_ == 0) {
     if (e.round == 0)
@@ -253,10 +263,7 @@ std::optional<std::uint64_t> drill_rounds::on_phase(const drill_phase_event& e) 
       seen_round_ = e.round;
       seen_engines_.clear();
     }
-    for (auto& name : e.engines) // only the topology's engines: bounded by it
-      if (std::find(engines_.begin(), engines_.end(), name) != engines_.end()
-          && std::find(seen_engines_.begin(), seen_engines_.end(), name) == seen_engines_.end())
-        seen_engines_.push_back(name);
+    add_known_engines(engines_, e.engines, seen_engines_);
     if (seen_engines_.size() < engines_.size())
       return std::nullopt;
     base_ = e.round;
@@ -294,10 +301,7 @@ void fleet_recovery_watch::on_phase(const drill_phase_event& e) {
     round_ = e.round;
     resumed_.clear();
   }
-  for (auto& name : e.engines) // only the topology's engines: bounded by it
-    if (std::find(engines_.begin(), engines_.end(), name) != engines_.end()
-        && std::find(resumed_.begin(), resumed_.end(), name) == resumed_.end())
-      resumed_.push_back(name);
+  add_known_engines(engines_, e.engines, resumed_);
   recovered_ = resumed_.size() == engines_.size();
 }
 
