@@ -248,7 +248,7 @@ drill_rounds::drill_rounds(std::vector<std::string> engines) : engines_(std::mov
 /// Adds to `seen` each of `names` that is one of the topology's `engines`
 /// and not seen yet: bounded by the topology, whatever a line names.
 static void add_known_engines(const std::vector<std::string>& engines, const std::vector<std::string>& names,
-                       std::vector<std::string>& seen) {
+                              std::vector<std::string>& seen) {
   for (auto& name : names)
     if (std::find(engines.begin(), engines.end(), name) != engines.end()
         && std::find(seen.begin(), seen.end(), name) == seen.end())
