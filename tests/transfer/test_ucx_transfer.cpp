@@ -316,7 +316,7 @@ TEST_CASE("ucx wire: views outside their source tensor, and absurd sizes, are re
 }
 
 TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are rejected") {
-  wire::open_msg o{7, "rollout-0", 1, 2, 42, transfer_mode::broadcast, 0x1234};
+  wire::open_msg o{7, "rollout-0", 1, 2, 42, transfer_mode::broadcast, 0x1234, 2, 100, 5000};
   auto bytes = wire::encode(o);
   auto m = wire::decode(bytes.data(), bytes.size());
   const auto* back = std::get_if<wire::open_msg>(&m);
@@ -327,7 +327,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
   CHECK(back->version == 42);
   CHECK(back->mode == transfer_mode::broadcast);
   CHECK(back->plan == 0x1234);
+  CHECK(back->prefetch == 2);
+  CHECK(back->tag_base == 100);
+  CHECK(back->timeout_ms == 5000);
   CHECK(wire::peek_seq(bytes.data(), bytes.size()) == 7);
+  o.prefetch = wire::max_prefetch + 1;
+  bytes = wire::encode(o);
+  CHECK_THROWS_WITH_AS(wire::decode(bytes.data(), bytes.size()), doctest::Contains("prefetch of 65 groups, at most 64"),
+                       wire::wire_error);
 
   wire::manifest_msg mf;
   mf.seq = 9;
@@ -356,16 +363,16 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
     CHECK_THROWS_AS(wire::decode(bytes.data(), n), wire::wire_error);
 }
 
-TEST_CASE("ucx wire: messages and plans of format version 1 (XXH64 checksums) are refused naming both versions") {
+TEST_CASE("ucx wire: messages and plans of an older format version (3: open without prefetch) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 3); // the byte after the magic
-  message[4] = 1;
+  REQUIRE(message.at(4) == 4); // the byte after the magic
+  message[4] = 3;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 1, expected 3"), wire::wire_error);
+                       doctest::Contains("format version 3, expected 4"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 3);
+  REQUIRE(plan.at(4) == 4);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 3"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 4"),
                        wire::wire_error);
 }
 
@@ -407,6 +414,41 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
     CHECK(puller.stats().connections == connections);
     CHECK(puller.stats().buffers <= static_cast<std::size_t>(tp) * 2); // groups_in_flight per concurrent pull
   }
+}
+
+TEST_CASE("ucx: the open carries the first groups_in_flight gets, the rest are asked for one by one") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3); // 3 groups
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  for (std::size_t in_flight : {std::size_t(1), std::size_t(2), std::size_t(5)}) {
+    CAPTURE(in_flight);
+    ucx_producer producer(src, loopback_producer());
+    auto po = loopback_puller(producer);
+    po.groups_in_flight = in_flight;
+    ucx_puller puller(po);
+    test_engine e("rollout-0", c, 1, puller);
+    auto report = e.pull(puller, 1);
+    test::check_identical(*e.weights, *test::loaded(*v1, 1));
+    CHECK(report.groups == 3);
+    // A send counts once UCX completes it on the producer's side, a moment after the consumer has it.
+    const auto until = in(10s);
+    while (producer.stats().groups_sent < 3 && clock::now() < until)
+      std::this_thread::sleep_for(1ms);
+    const auto st = producer.stats();
+    CHECK(st.groups_sent == 3);
+    CHECK(st.gets_carried == std::min<std::size_t>(in_flight, 3));
+    // hello, plan, open, a get for each group the open did not carry (the close may still be on its way).
+    CHECK(st.requests >= 3 + (3 - st.gets_carried));
+    CHECK(st.requests <= 4 + (3 - st.gets_carried));
+  }
+  // An open the producer refuses carries nothing.
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 1, puller);
+  CHECK_THROWS_AS(e.pull(puller, 9), transfer_error);
+  CHECK(producer.stats().gets_carried == 0);
+  CHECK(producer.stats().groups_sent == 0);
 }
 
 TEST_CASE("ucx: broadcast sends every worker the whole model, which it slices with its loader") {

@@ -524,6 +524,10 @@ void producer_impl::check_against_model(const plan::worker_plan& p) const {
 }
 
 void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
+  // A version published since the last loop turn becomes the newest before
+  // the open's carried gets pack any of it: packing ahead then knows what
+  // they packed, and packs nothing twice.
+  check_published();
   wire::manifest_msg out;
   out.seq = m.seq;
   auto refuse = [&](wire::status s, const std::string& why) {
@@ -607,21 +611,36 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   auto& opened = c->opened[{broadcast, s.digest}];
   opened = std::max(opened, s.version);
   first_open.emplace(s.version, s.last_used);
-  c->sessions[s.id] = std::move(s);
+  auto& opened_session = c->sessions[s.id] = std::move(s);
   reply(c, out);
+  // The first gets ride on the open: the consumer reserved their sequence
+  // numbers and tags, so its first group needs no further round trip.
+  const std::size_t first = std::min<std::size_t>(m.prefetch, out.groups.size());
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    st.gets_carried += first;
+  }
+  for (std::size_t i = 0; i < first; ++i)
+    serve(c, opened_session, wire::get_msg{m.seq + 1 + i, opened_session.id, out.groups[i].group, m.tag_base + i,
+                                           m.timeout_ms});
 }
 
 void producer_impl::handle(const conn_ptr& c, const wire::get_msg& m) {
-  auto refuse = [&](wire::status s, const std::string& why) {
-    count_rejected();
-    reply(c, wire::group_msg{m.seq, s, why, m.group, 0, 0});
-  };
   auto sit = c->sessions.find(m.session);
   if (sit == c->sessions.end()) {
-    refuse(wire::status::not_registered, "session " + std::to_string(m.session) + " is not open on this connection");
+    count_rejected();
+    reply(c, wire::group_msg{m.seq, wire::status::not_registered,
+                             "session " + std::to_string(m.session) + " is not open on this connection", m.group, 0, 0});
     return;
   }
-  session& s = sit->second;
+  serve(c, sit->second, m);
+}
+
+void producer_impl::serve(const conn_ptr& c, session& s, const wire::get_msg& m) {
+  auto refuse = [&](wire::status st, const std::string& why) {
+    count_rejected();
+    reply(c, wire::group_msg{m.seq, st, why, m.group, 0, 0});
+  };
   s.last_used = clock::now();
   if (!s.groups.count(m.group)) {
     refuse(wire::status::bad_request, "group " + std::to_string(m.group) + " is not part of version "

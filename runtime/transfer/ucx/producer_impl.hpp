@@ -278,6 +278,8 @@ struct producer_impl {
   void handle(const conn_ptr& c, const wire::bye_msg&) { close_connection(c, "the consumer said goodbye", false); }
 
   void handle(const conn_ptr& c, const wire::get_msg& m);
+  /// Answers one get of session `s` (a get message, or one the open carried).
+  void serve(const conn_ptr& c, session& s, const wire::get_msg& m);
 
   void handle(const conn_ptr& c, const wire::ack_msg& m) { unexpected(c, m.seq); }
   void handle(const conn_ptr& c, const wire::manifest_msg& m) { unexpected(c, m.seq); }

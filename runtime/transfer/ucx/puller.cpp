@@ -116,10 +116,21 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   if (!broadcast)
     register_plan(*ch, req, reg);
 
-  // Open the version.
+  // Open the version; the first groups_in_flight gets ride on the open
+  // (their sequence numbers and tags reserved here), so the first group
+  // follows the manifest without another round trip. Their receives are
+  // posted once the manifest gave the sizes; UCX holds what arrives first.
+  const auto timeout_ms = [&] {
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms_until(req.deadline).count(), 1, UINT32_MAX));
+  };
   const std::uint64_t open_seq = ++ch->seq;
-  const wire::open_msg open{open_seq,    req.engine, req.worker, reg.plan->tp,
-                            req.version, req.mode,   broadcast ? 0 : reg.digest};
+  const auto prefetch = static_cast<std::uint32_t>(std::min<std::size_t>(options.groups_in_flight, wire::max_prefetch));
+  const std::uint64_t first_seq = ch->seq + 1;
+  const std::uint64_t tag_base = ch->tag + 1;
+  ch->seq += prefetch;
+  ch->tag += prefetch;
+  const wire::open_msg open{open_seq,  req.engine, req.worker,   reg.plan->tp, req.version, req.mode,
+                            broadcast ? 0 : reg.digest, prefetch, tag_base,     timeout_ms()};
   send(*ch, req, open, "opening version " + std::to_string(req.version));
   auto reply = await(*ch, req, open_seq, "opening version " + std::to_string(req.version));
   auto* manifest = std::get_if<wire::manifest_msg>(&reply);
@@ -198,10 +209,12 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     }
   } cancel{*ch, slot_state, req.deadline};
 
+  // Posts the receive of group idx with `tag`; sends its get unless the open carried it.
   auto issue = [&](std::size_t idx) {
     auto& p = slot_state[idx % window];
     p = posted{};
-    const std::uint64_t tag = ++ch->tag;
+    const bool carried = idx < prefetch;
+    const std::uint64_t tag = carried ? tag_base + idx : ++ch->tag;
     ucp_request_param_t rp{};
     rp.op_attr_mask = 0;
     void* r = ucp_tag_recv_nbx(ch->worker.handle, ch->slots[idx % window].data(),
@@ -212,10 +225,12 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       lost(*ch, req, "requesting group " + std::to_string(groups[idx].group));
     }
     p.request = r;
+    if (carried) {
+      p.seq = first_seq + idx;
+      return;
+    }
     p.seq = ++ch->seq;
-    const auto left = ms_until(req.deadline).count();
-    const auto timeout = static_cast<std::uint32_t>(std::clamp<std::int64_t>(left, 1, UINT32_MAX));
-    send(*ch, req, wire::get_msg{p.seq, manifest->session, groups[idx].group, tag, timeout},
+    send(*ch, req, wire::get_msg{p.seq, manifest->session, groups[idx].group, tag, timeout_ms()},
          "requesting group " + std::to_string(groups[idx].group));
   };
   auto settle = [&](posted& p) {

@@ -41,12 +41,18 @@
 //         ◄──────────────────── ack (digest)   against the model; kept for
 //                                              the connection
 //   open (engine, worker, tp, version, mode,   the version's snapshot is
-//         plan digest) ────────────────────►   held for the session
+//         plan digest, prefetch n, tags,       held for the session
+//         timeout) ────────────────────────►
 //         ◄──── manifest (session, groups, sizes; broadcast: tensor specs)
-//   get (session, group, tag) × groups_in_flight, each after posting the
-//         receive for that tag ────────────►   packed once per (plan,
-//         ◄────────── group bytes (tagged)     version, group) and shared by
-//         ◄──── group header (size, checksum)  every consumer with that plan
+//         ◄────────── group bytes (tagged)     the first n groups follow at
+//         ◄──── group header (size, checksum)  once, as if asked by gets
+//                                              (n = groups_in_flight): the
+//                                              consumer posts their receives
+//                                              when the manifest arrives
+//   get (session, group, tag), each after      packed once per (plan,
+//         posting the receive for that tag ►   version, group) and shared by
+//         ◄────────── group bytes (tagged)     every consumer with that plan
+//         ◄──── group header (size, checksum)
 //   ... the next get as each group is verified and handed to the sink
 //   close (session) ───────────────────────►
 //   bye (when the connection is dropped) ──►   closes its side first
@@ -217,6 +223,7 @@ struct ucx_producer_stats {
   std::uint64_t peak_packed_bytes = 0; ///< most bytes held at once: packed groups and spare buffers
   std::uint64_t evictions = 0;      ///< packed groups dropped while a replica still needed them
   std::uint64_t groups_sent = 0;
+  std::uint64_t gets_carried = 0;   ///< of the gets served, those an open carried (no get message)
   std::uint64_t bytes_sent = 0;
   std::uint64_t corruptions = 0;    ///< sends the corrupt hook altered
   std::uint64_t withheld = 0;       ///< gets the withhold hook dropped

@@ -13,7 +13,7 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // 2: group checksums and plan digests are XXH3 (64-bit); 1 used XXH64. A peer
 // of the other version is refused at the first message instead of failing
 // every checksum. 3: hello carries the engine worker and its session token.
-constexpr std::uint8_t format_version = 3;
+constexpr std::uint8_t format_version = 4;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -355,6 +355,9 @@ std::vector<std::uint8_t> encode(const message& m) {
           w.put(x.version);
           w.put(static_cast<std::uint8_t>(x.mode));
           w.put(x.plan);
+          w.put(x.prefetch);
+          w.put(x.tag_base);
+          w.put(x.timeout_ms);
         } else if constexpr (std::is_same_v<T, get_msg>) {
           header(w, msg_type::get);
           w.put(x.seq);
@@ -448,6 +451,11 @@ message decode(const std::uint8_t* data, std::size_t size) {
         r.fail("unknown transfer mode " + std::to_string(mode));
       m.mode = static_cast<transfer_mode>(mode);
       m.plan = r.get<std::uint64_t>("plan digest");
+      m.prefetch = r.get<std::uint32_t>("prefetch");
+      if (m.prefetch > max_prefetch)
+        r.fail("prefetch of " + std::to_string(m.prefetch) + " groups, at most " + std::to_string(max_prefetch));
+      m.tag_base = r.get<std::uint64_t>("tag base");
+      m.timeout_ms = r.get<std::uint32_t>("timeout");
       if (m.tp < 1 || m.tp > max_tp || m.worker < 0 || m.worker >= m.tp)
         r.fail("worker " + std::to_string(m.worker) + " of tp " + std::to_string(m.tp) + " out of range");
       out = std::move(m);

@@ -121,7 +121,15 @@ struct open_msg {
   std::uint64_t version = 0;
   transfer_mode mode = transfer_mode::sharded;
   std::uint64_t plan = 0; ///< digest of the registered plan (sharded); 0 for broadcast
+  /// The first `prefetch` groups of the manifest are sent right after it, as
+  /// if asked by gets with sequence numbers seq+1.. and tags tag_base.. that
+  /// the consumer reserved, each waited for timeout_ms: no get round trip
+  /// precedes the first group. At most max_prefetch.
+  std::uint32_t prefetch = 0;
+  std::uint64_t tag_base = 0;
+  std::uint32_t timeout_ms = 0;
 };
+constexpr std::uint32_t max_prefetch = 64;
 struct get_msg {
   std::uint64_t seq = 0;
   std::uint64_t session = 0;
