@@ -351,14 +351,38 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
                                                                                transfer::clock::time_point until) {
           return transfer::pull_from_holders(model, {name, order.version, order.mode, until}, plans, links, sink);
         };
-      self->spawn<caf::detached>([pull, name, plans = st.plans, staging = st.core->session_staging(),
-                                  order, deadline, seq, engine = self->address()](caf::blocking_actor* worker) {
+      // On the kept pulling thread when it is free, else on a thread of its own.
+      const bool kept = !st.pull_thread_busy;
+      auto job = std::make_shared<pull_job>();
+      job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(), order, deadline, seq, kept,
+                  engine = self->address()] {
         auto outcome = pull_version(pull, name, plans, staging, order, deadline);
         outcome->seq = seq;
+        outcome->kept_thread = kept;
         // A weak reference until here: a stopping engine must not be kept alive by its pull.
         if (auto e = caf::actor_cast<rollout_engine_impl>(engine))
-          worker->send(e, pull_atom::value, std::move(outcome));
-      });
+          caf::anon_send(e, pull_atom::value, std::move(outcome));
+      };
+      if (kept) {
+        if (!st.pull_thread) {
+          // An empty job stops it (sent as the engine goes, after any pull it still runs).
+          st.pull_thread = self->spawn<caf::detached>([](caf::blocking_actor* thread) {
+            bool running = true;
+            thread->receive_while(running)([&](pull_atom, const std::shared_ptr<pull_job>& j) {
+              if (j)
+                j->run();
+              else
+                running = false;
+            });
+          });
+          self->attach_functor(
+            [thread = st.pull_thread] { caf::anon_send(thread, pull_atom::value, std::shared_ptr<pull_job>{}); });
+        }
+        st.pull_thread_busy = true;
+        caf::anon_send(st.pull_thread, pull_atom::value, std::move(job));
+      } else {
+        self->spawn<caf::detached>([job](caf::blocking_actor*) { job->run(); });
+      }
       auto rp = self->make_response_promise<transfer_report>();
       st.transfer_promise = rp;
       st.transfer_started = std::chrono::steady_clock::now();
@@ -368,6 +392,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     })),
     [=](pull_atom, std::shared_ptr<pull_outcome> out) {
       auto& st = self->state;
+      if (out->kept_thread)
+        st.pull_thread_busy = false;
       if (!st.transfer_promise || out->seq != st.transfer_seq)
         return; // the pull of an aborted round: its session is gone
       auto rp = *st.transfer_promise;

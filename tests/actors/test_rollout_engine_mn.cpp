@@ -1,7 +1,9 @@
-// The rollout-engine actor's M:N pull: a transfer order naming two trainer
-// ranks (each holding half the layers behind its own local transfer) makes
-// the engine hold exactly the weights a single-rank pull gives. On CAF's
-// threaded scheduler: the pull runs on a thread of its own.
+// The rollout-engine actor's pulls, on CAF's threaded scheduler (a pull
+// runs on the engine's kept pulling thread): the M:N pull, where a transfer
+// order naming two trainer ranks (each holding half the layers behind its
+// own local transfer) makes the engine hold exactly the weights a
+// single-rank pull gives; and a pull an aborted round left running, which
+// does not hold up the next round's.
 #include "actors/rollout_engine.hpp"
 #include "actors/system_config.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
@@ -14,7 +16,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 using namespace rlsync;
 
@@ -61,6 +67,57 @@ rollout_engine_config engine_config(const model_config& c, const std::string& na
   cfg.transfer_deadline_ms = 10000;
   return cfg;
 }
+
+/// Holds the pulls of version `gated` until released (or their deadline),
+/// and records which thread ran each version's worker-0 pull.
+struct gated_puller : transfer::weight_puller {
+  std::shared_ptr<transfer::weight_puller> inner;
+  std::uint64_t gated = 0;
+  std::mutex m;
+  std::condition_variable cv;
+  bool released = false;
+  std::map<std::uint64_t, std::thread::id> thread_of;
+  std::set<std::uint64_t> done;
+
+  explicit gated_puller(std::shared_ptr<transfer::weight_puller> p, std::uint64_t v) : inner(std::move(p)), gated(v) {}
+  void register_worker(const std::string& e, std::shared_ptr<const plan::worker_plan> p) override {
+    inner->register_worker(e, std::move(p));
+  }
+  void unregister_engine(const std::string& e) override { inner->unregister_engine(e); }
+  transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
+    {
+      std::unique_lock<std::mutex> lock(m);
+      if (req.worker == 0)
+        thread_of[req.version] = std::this_thread::get_id();
+      if (req.version == gated && !cv.wait_until(lock, req.deadline, [&] { return released; }))
+        throw transfer::transfer_error(transfer::transfer_failure::timeout, "gated");
+    }
+    struct on_return { // whether the pull succeeds or throws
+      gated_puller* self;
+      transfer::pull_request req;
+      ~on_return() {
+        std::lock_guard<std::mutex> lock(self->m);
+        if (req.worker == 0)
+          self->done.insert(req.version);
+      }
+    } mark{this, req};
+    return inner->pull(req, sink);
+  }
+  bool returned(std::uint64_t v) {
+    std::lock_guard<std::mutex> lock(m);
+    return done.count(v) > 0;
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(m);
+    released = true;
+    cv.notify_all();
+  }
+  std::thread::id thread_of_version(std::uint64_t v) {
+    std::lock_guard<std::mutex> lock(m);
+    auto it = thread_of.find(v);
+    return it == thread_of.end() ? std::thread::id{} : it->second;
+  }
+};
 
 /// start, transfer, finish; the digest of the weights then served.
 weight_digest sync(caf::scoped_actor& self, const rollout_engine_actor& e, const transfer_order& order,
@@ -151,4 +208,59 @@ TEST_CASE("rollout engine: an order naming two trainer ranks gives the single-ra
 
   self->send_exit(one, caf::exit_reason::user_shutdown);
   self->send_exit(mn, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("rollout engine: a pull an aborted round left running does not hold up the next round's") {
+  const model_config c = test::small_model(2);
+  auto full = source_holding(c, std::nullopt);
+  full->produce_next();
+  auto gate = std::make_shared<gated_puller>(std::make_shared<transfer::local_transfer>(full), 1);
+
+  threaded_system ts;
+  caf::scoped_actor self{ts.sys};
+  auto cfg = engine_config(c, "rollout-0");
+  cfg.puller = gate;
+  auto e = spawn_rollout_engine(ts.sys, cfg);
+  const auto t = std::chrono::seconds(20);
+  auto fail = [&](const caf::error& err) { FAIL(ts.sys.render(err)); };
+
+  // Round 1: its pull blocks; the round is aborted (continue without finish).
+  self->request(e, t, pause_atom::value, pause_request{pause_mode::keep, false}).receive([](const pause_report&) {}, fail);
+  self->request(e, t, start_atom::value, std::uint64_t{1}).receive([](const phase_ack&) {}, fail);
+  auto first = self->request(e, t, transfer_atom::value, transfer_order{1, transfer_mode::sharded, "local", {}},
+                             std::vector<trainer_actor>{});
+  const auto until = std::chrono::steady_clock::now() + t;
+  while (gate->thread_of_version(1) == std::thread::id{} && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(gate->thread_of_version(1) != std::thread::id{});
+  self->request(e, t, resume_atom::value).receive([](const phase_ack&) {}, fail);
+  bool aborted = false;
+  first.receive([](const transfer_report&) {}, [&](const caf::error& err) { aborted = is(err, errc::round_aborted); });
+  CHECK(aborted);
+
+  // Round 2 completes while round 1's pull still blocks: on a thread of its own.
+  full->produce_next();
+  auto two = sync(self, e, transfer_order{2, transfer_mode::sharded, "local", {}}, {});
+  CHECK(two.version == 2);
+  CHECK_FALSE(two.dirty);
+  CHECK(gate->thread_of_version(2) != gate->thread_of_version(1));
+
+  // Round 1's pull ends late; its outcome is stale and changes nothing.
+  gate->release();
+  self->request(e, t, digest_atom::value).receive([&](const weight_digest& d) { CHECK(d.checksums == two.checksums); },
+                                                  fail);
+
+  // The kept thread is free again once the stale outcome reached the engine
+  // (a message sent as the late pull returned, well before round 4's order).
+  while (!gate->returned(1) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(gate->returned(1));
+  for (std::uint64_t v : {3, 4}) {
+    full->produce_next();
+    auto d = sync(self, e, transfer_order{v, transfer_mode::sharded, "local", {}}, {});
+    CHECK(d.version == v);
+    CHECK_FALSE(d.dirty);
+  }
+  CHECK(gate->thread_of_version(4) == gate->thread_of_version(1));
+  self->send_exit(e, caf::exit_reason::user_shutdown);
 }
