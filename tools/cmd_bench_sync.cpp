@@ -4,10 +4,12 @@
 #include "actors/jobs/bench_http.hpp"
 #include "actors/jobs/bench_sync.hpp"
 #include "actors/jobs/main_job.hpp"
+#include "actors/jobs/speed_of_light.hpp"
 #include "runtime/process/launcher.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -111,10 +113,13 @@ int bench_sync(const arg_list& argv) {
        "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
     ->type_name("FILE");
   auto verbose = app.add_flag("--verbose", "the nodes' own output too");
+  auto no_mpi = app.add_flag("--no-mpi", "without the MPI_Bcast baseline (engines in other processes otherwise "
+                                         "need Open MPI: the bench refuses to run without it)");
   if (!cli::parse(app, argv))
     return 0;
   cli::require(topology_flag);
   bench_sync_options o;
+  o.mpi = no_mpi->count() == 0;
   o.path = path;
   if (model_bytes)
     o.model_bytes = *model_bytes;
@@ -136,6 +141,16 @@ int bench_sync(const arg_list& argv) {
     std::cerr << "rlsync bench sync: " << problem << "\n";
     return 1;
   }
+  // Engines in other processes are judged against MPI_Bcast: without it the
+  // run would lack its yardstick, so it does not start (it installs nothing).
+  const bool remote = std::any_of(loaded->engines.begin(), loaded->engines.end(),
+                                  [&](const engine_spec& e) { return e.node != loaded->coordinator.node; });
+  if (o.mpi && remote)
+    if (auto missing = mpi_bcast_missing(o.exe); !missing.empty()) {
+      std::cerr << "rlsync bench sync: " << o.path << " has engines in other processes, whose baseline is "
+                << "MPI_Bcast, and " << missing << "; or pass --no-mpi to bench without the baseline\n";
+      return 1;
+    }
   auto r = run_bench_sync(*loaded, o);
   std::cout << bench_sync_report(r) << std::flush;
   if (json_path && !write_json("bench sync", *json_path, bench_sync_json(r)))

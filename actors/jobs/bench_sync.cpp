@@ -428,6 +428,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
+    r.ucx_transports.insert(s.data_transports.begin(), s.data_transports.end());
   }
   for (const auto& rank : d.head().ranks()) {
     if (rank.trainer.transfer)
@@ -535,13 +536,14 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
 
   bench_session s(t, o.exe, o.verbose, o.note);
   s.note("measuring the speed of light...");
-  s.memcpy_gbps = r.memcpy_gbps = measure_memcpy_gbps(std::size_t(256) << 20);
+  s.memcpy_gbps = r.memcpy_light.before = measure_memcpy_gbps(std::size_t(256) << 20);
   r.remote = std::any_of(t.engines.begin(), t.engines.end(),
                          [&](const engine_spec& e) { return e.node != t.coordinator.node; });
+  const bool raw_ucx = r.remote && t.transfer.backend == transfer_backend::ucx;
   auto group_guess = std::min<std::uint64_t>(static_cast<std::uint64_t>(t.transfer.bucket_bytes), 64u << 20);
-  if (r.remote && t.transfer.backend == transfer_backend::ucx) {
+  if (raw_ucx) {
     auto ucx = measure_ucx_gbps(t.transfer.ucx_transports, group_guess, o.model_bytes);
-    r.ucx_gbps = ucx.value;
+    r.ucx_gbps = r.ucx_light.before = ucx.value;
     r.ucx_why = ucx.why;
   } else if (r.remote) {
     r.ucx_why = "remote engines pull over CAF (transfer.backend " + std::string(to_string(t.transfer.backend))
@@ -570,13 +572,46 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
          + format("%.0f", bf16_model_bytes(tiny_model()) / 1e3) + " kB, " + std::to_string(o.syncs) + " rounds...");
   r.cases.push_back(run_case(s, t, "control", tiny_model(), transfer_mode::sharded, o.syncs, true));
 
+  // The light again, the raw UCX over the transports the data plane's
+  // connections used; each case's light is the faster of the two.
+  s.note("measuring the speed of light again...");
+  r.memcpy_light.after = measure_memcpy_gbps(std::size_t(256) << 20);
+  if (raw_ucx) {
+    std::set<std::string> used;
+    for (const auto& c : r.cases)
+      used.insert(c.ucx_transports.begin(), c.ucx_transports.end());
+    r.ucx_tls_after = ucx_tls_of(used);
+    auto ucx = r.ucx_tls_after.empty() ? measure_ucx_gbps(t.transfer.ucx_transports, group_guess, o.model_bytes)
+                                       : measure_ucx_gbps(r.ucx_tls_after, group_guess, o.model_bytes);
+    r.ucx_light.after = ucx.value;
+    if (r.ucx_light.best() > 0)
+      r.ucx_why.clear();
+    else if (r.ucx_why.empty())
+      r.ucx_why = ucx.why;
+  }
+  r.memcpy_gbps = r.memcpy_light.best();
+  r.ucx_gbps = r.ucx_light.best();
+  for (auto& c : r.cases)
+    if (c.error.empty())
+      c.light_ms = light_of(t, c.name == "control" ? tiny_model() : model, c.mode, r.memcpy_gbps, r.ucx_gbps).light_ms;
+
   // The classic baseline: MPI_Bcast of the model to one rank per engine.
+  if (!o.mpi) {
+    r.mpi_why = "not measured: --no-mpi";
+    return r;
+  }
   auto mpi = measure_mpi_bcast(o.exe, bf16_model_bytes(model), t.engines.size(), static_cast<std::uint64_t>(o.syncs));
   r.mpi_bcast_s = mpi.best_s();
   r.mpi_bcast_defaults_s = mpi.defaults_s;
   r.mpi_bcast_no_single_copy_s = mpi.no_single_copy_s;
   r.mpi_why = mpi.why;
   return r;
+}
+
+double light_pair::spread() const {
+  if (before <= 0 || after <= 0)
+    return 0;
+  return std::abs(before - after) / best();
 }
 
 std::vector<std::string> packs_lines(const std::vector<case_result>& cases) {
@@ -612,7 +647,19 @@ std::string bench_sync_report(const bench_sync_result& r) {
     else
       out += ", not measured: " + r.ucx_why;
   }
-  out += "\n\n";
+  out += "\n";
+  if (r.memcpy_light.after > 0) {
+    out += format("measured before / after the cases: memcpy %.1f / %.1f GB/s (spread %.0f%%)", r.memcpy_light.before,
+                  r.memcpy_light.after, 100 * r.memcpy_light.spread());
+    if (r.ucx_light.best() > 0)
+      out += format("; raw UCX %.2f / %.2f GB/s (spread %.0f%%)", r.ucx_light.before, r.ucx_light.after,
+                    100 * r.ucx_light.spread())
+             + (r.ucx_tls_after.empty() ? std::string()
+                                        : ", after over " + r.ucx_tls_after
+                                              + ", the transports the data plane's connections used");
+    out += "; % light uses the faster\n";
+  }
+  out += "\n";
   for (const auto& line : case_table(r.cases))
     out += line + "\n";
   const case_result* sharded = nullptr;
@@ -681,6 +728,11 @@ nlohmann::ordered_json bench_sync_json(const bench_sync_result& r) {
   nlohmann::ordered_json out{{"topology", r.path},
                              {"memcpy_gbps", rounded(r.memcpy_gbps, 2)},
                              {"ucx_gbps", rounded(r.ucx_gbps, 2)},
+                             {"memcpy_gbps_before", rounded(r.memcpy_light.before, 2)},
+                             {"memcpy_gbps_after", rounded(r.memcpy_light.after, 2)},
+                             {"ucx_gbps_before", rounded(r.ucx_light.before, 2)},
+                             {"ucx_gbps_after", rounded(r.ucx_light.after, 2)},
+                             {"ucx_tls_after", r.ucx_tls_after},
                              {"cores", r.cores},
                              {"mpi_bcast_median_s", r.mpi_bcast_s},
                              {"mpi_bcast_defaults_median_s", r.mpi_bcast_defaults_s},

@@ -25,10 +25,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -124,6 +126,7 @@ struct case_result {
   std::uint64_t producer_packs_ahead = 0;  ///< UCX producer: groups packed before a get asked, warm rounds
   std::uint64_t producer_evictions = 0;    ///< UCX producer: groups dropped while a replica needed them, warm rounds
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
+  std::set<std::string> ucx_transports;  ///< UCX producers: the data transports their connections used
   std::uint64_t largest_group = 0;
   std::string error;
 };
@@ -263,6 +266,7 @@ struct bench_sync_options {
   /// the rank-kill case with the largest.
   std::vector<int> ranks{1};
   bool verbose = false;
+  bool mpi = true; ///< run the MPI_Bcast baseline (rlsync bench sync refuses without Open MPI unless --no-mpi)
   std::string exe;
   std::function<void(const std::string&)> note;
 };
@@ -280,16 +284,30 @@ std::string bench_sync_problem(const topology& t, const std::string& path, const
 /// count when it declares several ranks.
 std::vector<int> default_rank_counts(const topology& t);
 
+/// A speed of light measured before and after the cases (0: not measured):
+/// the machine may change under a bench, and the spread shows by how much.
+struct light_pair {
+  double before = 0, after = 0;
+  double best() const { return std::max(before, after); } ///< what % light compares with
+  /// |before - after| / best; 0 when either is missing.
+  double spread() const;
+};
+
 struct bench_sync_result {
   std::string path;
   std::size_t engines = 0, nodes = 0;
   transfer_backend backend = transfer_backend::ucx;
   unsigned cores = 0;
   std::uint64_t model_bytes = 0; ///< as requested
-  double memcpy_gbps = 0;
+  double memcpy_gbps = 0;    ///< memcpy_light.best()
   bool remote = false;      ///< some engine outside this process
-  double ucx_gbps = 0;      ///< 0: not measured (ucx_why)
+  double ucx_gbps = 0;      ///< ucx_light.best(); 0: not measured (ucx_why)
   std::string ucx_why, ucx_tls;
+  light_pair memcpy_light, ucx_light;
+  /// UCX_TLS of the second raw UCX measure: the data transports the UCX
+  /// producers' connection logs named during the cases (empty: none seen,
+  /// measured as the first).
+  std::string ucx_tls_after;
   std::vector<case_result> cases;
   std::optional<rank_kill_result> rank_kill; ///< run when some rank count is above 1
   double mpi_bcast_s = 0; ///< the faster of the two below; 0: not measured (mpi_why)

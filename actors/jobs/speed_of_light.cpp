@@ -72,8 +72,21 @@ std::optional<double> parse_ucx_perftest_gbps(const std::string& output) {
   return fields[5] * 1048576.0 / 1e9;
 }
 
+std::string ucx_tls_of(const std::set<std::string>& data_transports) {
+  std::string tls;
+  for (const auto& t : data_transports)
+    tls += (tls.empty() ? "" : ",") + t;
+  return tls;
+}
+
 probe_result measure_ucx_gbps(const std::vector<ucx_transport>& transports, std::uint64_t message_bytes,
                               std::uint64_t total_bytes) {
+  return measure_ucx_gbps(ucx_tls(transports), message_bytes, total_bytes);
+}
+
+probe_result measure_ucx_gbps(const std::string& tls, std::uint64_t message_bytes, std::uint64_t total_bytes) {
+  if (tls.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_,") != std::string::npos)
+    return {0, "not a UCX transport list: '" + tls + "'"}; // it goes into a shell command
   if (::system("command -v ucx_perftest >/dev/null 2>&1") != 0)
     return {0, "ucx_perftest not installed (apt-get install ucx-utils)"};
   message_bytes = std::clamp<std::uint64_t>(message_bytes, 1 << 20, std::uint64_t(256) << 20);
@@ -81,11 +94,8 @@ probe_result measure_ucx_gbps(const std::vector<ucx_transport>& transports, std:
   std::mt19937 rng{static_cast<unsigned>(::getpid())};
   int port = 30000 + static_cast<int>(rng() % 2000);
   std::string env;
-  if (!transports.empty()) {
-    // tcp too: UCX needs it to connect client and server (ucx_transfer.hpp).
-    auto tls = ucx_tls(transports);
+  if (!tls.empty()) // tcp too: UCX needs it to connect client and server (ucx_transfer.hpp).
     env = "UCX_TLS=" + tls + (tls.find("tcp") == std::string::npos ? ",tcp" : "") + " ";
-  }
   std::string server = env + "timeout 60 ucx_perftest -p " + std::to_string(port) + " >/dev/null 2>&1 &";
   if (::system(server.c_str()) != 0)
     return {0, "could not start ucx_perftest"};
@@ -129,13 +139,30 @@ std::optional<double> parse_mpi_bcast_median_s(const std::string& output) {
   return found;
 }
 
+namespace {
+
+std::string mpi_bcast_binary(const std::string& exe) {
+  return (std::filesystem::path(exe).parent_path() / "rlsync-mpi-bcast").string();
+}
+
+} // namespace
+
+std::string mpi_bcast_missing(const std::string& exe) {
+  const bool mpirun = ::system("command -v mpirun >/dev/null 2>&1") == 0;
+  const bool bin = std::filesystem::exists(mpi_bcast_binary(exe));
+  if (mpirun && bin)
+    return {};
+  std::string what = !mpirun ? "Open MPI's mpirun is not installed" : "rlsync-mpi-bcast was not built beside " + exe;
+  return what + ": apt-get install openmpi-bin libopenmpi-dev, then rebuild (CMake builds rlsync-mpi-bcast when "
+                "it finds MPI; tools/check and tools/quickstart install both)";
+}
+
 mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
                                    std::uint64_t iterations) {
   mpi_bcast_result r;
-  auto bin = (std::filesystem::path(exe).parent_path() / "rlsync-mpi-bcast").string();
-  if (!std::filesystem::exists(bin) || ::system("command -v mpirun >/dev/null 2>&1") != 0) {
-    r.why = "not measured: Open MPI or rlsync-mpi-bcast missing (apt-get install openmpi-bin libopenmpi-dev, "
-            "rebuild)";
+  const auto bin = mpi_bcast_binary(exe);
+  if (auto missing = mpi_bcast_missing(exe); !missing.empty()) {
+    r.why = "not measured: " + missing;
     return r;
   }
   auto run = [&](const std::string& mca, double& median, std::string& failure) {

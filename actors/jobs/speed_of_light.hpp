@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,13 @@ std::optional<double> parse_ucx_perftest_gbps(const std::string& output);
 /// (8 to 256 messages). Each ucx_perftest runs at most 60 s.
 probe_result measure_ucx_gbps(const std::vector<ucx_transport>& transports, std::uint64_t message_bytes,
                               std::uint64_t total_bytes);
+/// The same over UCX_TLS `tls` as UCX names transports ("sysv,cma": the
+/// transports a data plane's connection log shows); empty: UCX decides.
+probe_result measure_ucx_gbps(const std::string& tls, std::uint64_t message_bytes, std::uint64_t total_bytes);
+
+/// UCX_TLS for the data transports a connection log named, sorted and
+/// without duplicates; empty for none.
+std::string ucx_tls_of(const std::set<std::string>& data_transports);
 
 /// The median seconds of the "median_s" field of rlsync-mpi-bcast's JSON
 /// line; nullopt without one.
@@ -63,6 +71,10 @@ struct mpi_bcast_result {
 /// MPI_Bcast of `bytes` from one rank to `receivers`, `iterations` times
 /// (tools/mpi_bcast_bench.cpp, built as rlsync-mpi-bcast beside `exe` when
 /// MPI is found), in both configurations. Each run takes at most 300 s.
+/// Why the MPI_Bcast baseline cannot run here (mpirun or rlsync-mpi-bcast
+/// beside `exe` missing) and how to get it; empty when it can.
+std::string mpi_bcast_missing(const std::string& exe);
+
 mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
                                    std::uint64_t iterations);
 

@@ -26,11 +26,20 @@ router: {node: head}
 coordinator: {node: head}
 transfer: {backend: ucx, mode: sharded}
 YAML
-timeout 240 "$rlsync" bench sync --topology "$dir/two.yaml" --model-bytes 8MiB --syncs 2 --json "$dir/sync.json" \
+# tools/check installs Open MPI; run by hand without it, the bench goes without its baseline.
+mpi=()
+command -v mpirun > /dev/null && [ -x "$(dirname "$rlsync")/rlsync-mpi-bcast" ] || mpi=(--no-mpi)
+timeout 240 "$rlsync" bench sync "${mpi[@]}" --topology "$dir/two.yaml" --model-bytes 8MiB --syncs 2 --json "$dir/sync.json" \
   > "$dir/sync.out" 2> "$dir/sync.err" || { cat "$dir/sync.err" "$dir/sync.out"; echo "FAIL: bench sync"; exit 1; }
 for row in sharded broadcast control; do
   grep -Eq "^$row +[0-9.]+ +[0-9.]+" "$dir/sync.out" || { cat "$dir/sync.out"; echo "FAIL: no $row row"; exit 1; }
 done
+grep -Eq "^measured before / after the cases: memcpy [0-9.]+ / [0-9.]+ GB/s \(spread [0-9]+%\)" "$dir/sync.out" \
+  || { cat "$dir/sync.out"; echo "FAIL: no light before and after"; exit 1; }
+if [ ${#mpi[@]} -eq 0 ]; then
+  grep -Eq "^MPI_Bcast \(Open MPI\) of the 8 MB model to 3 ranks: median [0-9.]+ ms" "$dir/sync.out" \
+    || { cat "$dir/sync.out"; echo "FAIL: no MPI_Bcast baseline"; exit 1; }
+fi
 grep -q "broadcast / sharded: 2.00x the bytes" "$dir/sync.out" || { cat "$dir/sync.out"; echo "FAIL: broadcast must move tp (2) x the bytes"; exit 1; }
 grep -q '"cases": \[' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no JSON cases"; exit 1; }
 ! grep -q '"error": "[^"]' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: a case failed"; exit 1; }
@@ -39,7 +48,7 @@ grep -q '"cases": \[' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no
 # with two producers, each rank's packs per (plan, group) per version, and
 # a rank killed mid-transfer: the round aborted, no dirty engine served, a
 # round completed after the rank returned (figures are printed, not judged).
-timeout 300 "$rlsync" bench sync --topology "$dir/two.yaml" --model-bytes 8MiB --syncs 1 --modes sharded --ranks 2 \
+timeout 300 "$rlsync" bench sync "${mpi[@]}" --topology "$dir/two.yaml" --model-bytes 8MiB --syncs 1 --modes sharded --ranks 2 \
   --json "$dir/ranks.json" > "$dir/ranks.out" 2> "$dir/ranks.err" \
   || { cat "$dir/ranks.err" "$dir/ranks.out"; echo "FAIL: bench sync --ranks 2"; exit 1; }
 grep -Eq "^sharded/2r +[0-9.]+ +[0-9.]+" "$dir/ranks.out" || { cat "$dir/ranks.out"; echo "FAIL: no sharded/2r row"; exit 1; }
@@ -53,6 +62,13 @@ grep -q "no dirty engine served" "$dir/ranks.out" || { cat "$dir/ranks.out"; ech
 grep -Eq "^rank kill: restart [0-9.]+ ms; first complete round [0-9.]+ ms after the restart" "$dir/ranks.out" \
   || { cat "$dir/ranks.out"; echo "FAIL: no round completed after the restart"; exit 1; }
 grep -q '"held": true' "$dir/ranks.json" || { cat "$dir/ranks.json"; echo "FAIL: rank kill JSON"; exit 1; }
+# Without Open MPI (no mpirun on PATH) a cross-process bench refuses to start,
+# saying how to get it or to pass --no-mpi.
+if PATH=/nonexistent "$rlsync" bench sync --topology "$dir/two.yaml" > "$dir/nompi.out" 2>&1; then
+  echo "FAIL: bench sync ran without mpirun"; exit 1
+fi
+grep -q "mpirun is not installed: apt-get install openmpi-bin libopenmpi-dev" "$dir/nompi.out" \
+  && grep -q -- "--no-mpi" "$dir/nompi.out" || { cat "$dir/nompi.out"; echo "FAIL: no clear refusal without MPI"; exit 1; }
 if "$rlsync" bench sync --topology "$dir/two.yaml" --ranks 2,x > "$dir/bad.out" 2>&1; then echo "FAIL: --ranks 2,x accepted"; exit 1; fi
 grep -q -- "--ranks" "$dir/bad.out" || { cat "$dir/bad.out"; echo "FAIL: --ranks not named"; exit 1; }
 

@@ -258,6 +258,9 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   control.warm = {round_of(4, 1, 3, 164'224)};
   control.probe_ms = {2.0};
   r.cases = {sharded, broadcast, control};
+  r.memcpy_light = {13.84, 12.1};
+  r.ucx_light = {1.1, 1.224};
+  r.ucx_tls_after = "cma,sysv";
   r.mpi_bcast_s = 0.0045;
   r.mpi_bcast_defaults_s = 0.0045;
   r.mpi_bcast_no_single_copy_s = 0; // that run failed
@@ -265,7 +268,10 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   CAPTURE(text);
   CHECK(text.find("rlsync bench sync two.yaml: 3 engines on 2 node(s), backend ucx, 2 cores\n") == 0);
   CHECK(text.find("speed of light: memcpy 13.8 GB/s (engines in this process), raw UCX 1.22 GB/s "
-                  "(ucx_perftest tag_bw, UCX_TLS sm,cma, other processes)\n\nmode ")
+                  "(ucx_perftest tag_bw, UCX_TLS sm,cma, other processes)\n"
+                  "measured before / after the cases: memcpy 13.8 / 12.1 GB/s (spread 13%); raw UCX 1.10 / 1.22 GB/s "
+                  "(spread 10%), after over cma,sysv, the transports the data plane's connections used; % light uses "
+                  "the faster\n\nmode ")
         != std::string::npos);
   CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
         != std::string::npos);
@@ -376,6 +382,38 @@ TEST_CASE("MPI_Bcast baseline: the faster of defaults and single copy off counts
     CAPTURE(r.no_single_copy);
     CHECK(mpi_bcast_result{r.defaults, r.no_single_copy, {}}.best_s() == r.best);
   }
+}
+
+TEST_CASE("speed of light before and after: the faster counts, the spread is relative to it") {
+  struct row {
+    double before, after, best, spread;
+  };
+  const row rows[] = {{10, 10, 10, 0}, {10, 8, 10, 0.2}, {8, 10, 10, 0.2}, {0, 10, 10, 0}, {10, 0, 10, 0}, {0, 0, 0, 0}};
+  for (const auto& r : rows) {
+    CAPTURE(r.before);
+    CAPTURE(r.after);
+    const light_pair l{r.before, r.after};
+    CHECK(l.best() == r.best);
+    CHECK(l.spread() == doctest::Approx(r.spread));
+  }
+}
+
+TEST_CASE("MPI_Bcast baseline: missing pieces are named with how to get them") {
+  // No rlsync-mpi-bcast beside an executable in a directory of its own.
+  auto why = mpi_bcast_missing("/nonexistent-rlsync-dir/rlsync");
+  CHECK(why.find("apt-get install openmpi-bin libopenmpi-dev") != std::string::npos);
+  CHECK((why.find("rlsync-mpi-bcast was not built beside /nonexistent-rlsync-dir/rlsync") != std::string::npos
+         || why.find("mpirun is not installed") != std::string::npos));
+}
+
+TEST_CASE("UCX_TLS of the transports a connection log named") {
+  CHECK(ucx_tls_of({}) == "");
+  CHECK(ucx_tls_of({"sysv", "cma"}) == "cma,sysv");
+  CHECK(ucx_tls_of({"tcp"}) == "tcp");
+  // The list goes into a shell command: anything but transport names is refused unrun.
+  auto r = measure_ucx_gbps(std::string("sysv;touch /tmp/x"), 1 << 20, 1 << 20);
+  CHECK(r.value == 0);
+  CHECK(r.why == "not a UCX transport list: 'sysv;touch /tmp/x'");
 }
 
 TEST_CASE("UCX_TLS of the topology's transports") {

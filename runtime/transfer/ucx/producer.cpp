@@ -452,6 +452,10 @@ void producer_impl::check_lanes(connection& c) {
   c.lanes_checked = true;
   const lane_info l = ep_lanes(c.ep);
   c.refused = lanes_refused(l, options.transports);
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    st.data_transports.insert(l.data_tls.begin(), l.data_tls.end());
+  }
   say(options.log, "ucx producer: connection from " + c.peer + " uses " + l.text + " [" + l.summary() + "]"
                        + (c.refused.empty() ? "" : "; refused: " + c.refused));
 }

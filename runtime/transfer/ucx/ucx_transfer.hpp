@@ -123,6 +123,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -227,6 +228,9 @@ struct ucx_producer_stats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t corruptions = 0;    ///< sends the corrupt hook altered
   std::uint64_t withheld = 0;       ///< gets the withhold hook dropped
+  /// The UCX transports ("sysv", "cma", "tcp"...) of the data lanes of every
+  /// connection accepted, as their log lines name them.
+  std::set<std::string> data_transports;
 };
 
 class ucx_producer {
