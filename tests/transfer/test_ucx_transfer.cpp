@@ -10,6 +10,8 @@
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/host_buffer.hpp"
+#include "runtime/transfer/ucx/shared_memory.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
@@ -365,14 +367,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
 
 TEST_CASE("ucx wire: messages and plans of an older format version (3: open without prefetch) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 4); // the byte after the magic
+  REQUIRE(message.at(4) == 5); // the byte after the magic
   message[4] = 3;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 3, expected 4"), wire::wire_error);
+                       doctest::Contains("format version 3, expected 5"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 4);
+  REQUIRE(plan.at(4) == 5);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 4"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 5"),
                        wire::wire_error);
 }
 
@@ -438,9 +440,11 @@ TEST_CASE("ucx: the open carries the first groups_in_flight gets, the rest are a
     const auto st = producer.stats();
     CHECK(st.groups_sent == 3);
     CHECK(st.gets_carried == std::min<std::size_t>(in_flight, 3));
-    // hello, plan, open, a get for each group the open did not carry (the close may still be on its way).
-    CHECK(st.requests >= 3 + (3 - st.gets_carried));
-    CHECK(st.requests <= 4 + (3 - st.gets_carried));
+    // hello, plan, open, a get for each group the open did not carry, a done
+    // for each group lent in shared memory (the last done and the close may
+    // still be on their way).
+    CHECK(st.requests >= 3 + (3 - st.gets_carried) + st.groups_lent - 1);
+    CHECK(st.requests <= 4 + (3 - st.gets_carried) + st.groups_lent);
   }
   // An open the producer refuses carries nothing.
   ucx_producer producer(src, loopback_producer());
@@ -449,6 +453,103 @@ TEST_CASE("ucx: the open carries the first groups_in_flight gets, the rest are a
   CHECK_THROWS_AS(e.pull(puller, 9), transfer_error);
   CHECK(producer.stats().gets_carried == 0);
   CHECK(producer.stats().groups_sent == 0);
+}
+
+TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, without it they come by tag") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  struct row {
+    bool producer_offers, puller_maps, lent;
+  };
+  const row rows[] = {{true, true, true}, {false, true, false}, {true, false, false}};
+  for (const auto& r : rows) {
+    CAPTURE(r.producer_offers);
+    CAPTURE(r.puller_maps);
+    for (auto mode : {transfer_mode::sharded, transfer_mode::broadcast}) {
+      CAPTURE(mode);
+      log_lines log;
+      auto po = loopback_producer({}, log.sink());
+      po.shared_memory = r.producer_offers;
+      ucx_producer producer(src, po);
+      auto qo = loopback_puller(producer, {}, log.sink());
+      qo.shared_memory = r.puller_maps;
+      ucx_puller puller(qo);
+      test_engine e("rollout-0", c, 2, puller);
+      for (int round = 0; round < 2; ++round) {
+        auto v = round == 0 ? src->latest() : src->produce_next();
+        auto report = e.pull(puller, v->version(), mode);
+        test::check_identical(*e.weights, *test::loaded(*v, 2));
+        CHECK(report.groups == 3);
+      }
+      const auto until = in(10s);
+      while (producer.stats().groups_sent < 12 && clock::now() < until)
+        std::this_thread::sleep_for(1ms);
+      CHECK(producer.stats().groups_sent == 12); // 2 workers x 3 groups x 2 versions
+      CHECK(producer.stats().groups_lent == (r.lent ? 12u : 0u));
+      CHECK(puller.stats().groups_mapped == (r.lent ? 12u : 0u));
+      CHECK(log.contains("groups in shared memory") == r.lent);
+      if (r.lent) {
+        // Each packed buffer mapped once per connection and kept: no more mappings than buffers.
+        CHECK(puller.stats().mappings <= producer.stats().packs);
+        CHECK(puller.stats().buffers == 0); // no receive buffer was needed
+      }
+    }
+  }
+}
+
+TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not mapped") {
+  SKIP_WITHOUT_UCX();
+  host_buffer b(100, shareable);
+  REQUIRE(b.shared());
+  std::string why;
+  wire::shared_region r{static_cast<std::uint32_t>(::getpid()), b.fd(), b.mapped_bytes(), b.id()};
+  {
+    ucx_detail::shared_mapping m(r, why);
+    REQUIRE(m);
+    CHECK(m.data_bytes() >= 100);
+    b.data()[7] = 42; // one memory: the mapping sees the writer's bytes
+    CHECK(m.data()[7] == 42);
+  }
+  auto other = r;
+  other.id += 1; // another buffer's id: the header says otherwise
+  CHECK_FALSE(ucx_detail::shared_mapping(other, why));
+  CHECK(why.find("is not the shared buffer named") != std::string::npos);
+  auto gone = r;
+  gone.fd = 100000; // no such descriptor
+  CHECK_FALSE(ucx_detail::shared_mapping(gone, why));
+  CHECK(why.find("cannot open /proc/") != std::string::npos);
+  auto larger = r;
+  larger.bytes *= 4; // more than the memfd holds
+  CHECK_FALSE(ucx_detail::shared_mapping(larger, why));
+  CHECK(why.find("is smaller than") != std::string::npos);
+}
+
+TEST_CASE("ucx wire: a shared region is named whole or not at all") {
+  wire::group_msg g{3, wire::status::ok, "", 1, 100, 7};
+  g.shared = {1234, 9, 8192, 77};
+  auto bytes = wire::encode(g);
+  auto m = wire::decode(bytes.data(), bytes.size());
+  REQUIRE(std::get_if<wire::group_msg>(&m));
+  CHECK(std::get<wire::group_msg>(m).shared.id == 77);
+  CHECK(std::get<wire::group_msg>(m).shared.fd == 9);
+  for (auto bad : {wire::shared_region{0, 9, 8192, 77}, wire::shared_region{1234, -1, 8192, 77},
+                   wire::shared_region{1234, 9, 100, 77}, wire::shared_region{1234, 9, wire::max_shared_bytes + 1, 77}}) {
+    g.shared = bad;
+    bytes = wire::encode(g);
+    CHECK_THROWS_WITH_AS(wire::decode(bytes.data(), bytes.size()), doctest::Contains("is no shared buffer"),
+                         wire::wire_error);
+  }
+  wire::done_msg d{5, 2, 1};
+  bytes = wire::encode(d);
+  m = wire::decode(bytes.data(), bytes.size());
+  REQUIRE(std::get_if<wire::done_msg>(&m));
+  CHECK(std::get<wire::done_msg>(m).group == 1);
+  wire::hello_msg h{1, "rollout-0", 0, {1, 2}, std::string(wire::max_host_bytes + 1, 'x')};
+  bytes = wire::encode(h); // encoding cuts the host to the limit
+  m = wire::decode(bytes.data(), bytes.size());
+  CHECK(std::get<wire::hello_msg>(m).host.size() == wire::max_host_bytes);
 }
 
 TEST_CASE("ucx: broadcast sends every worker the whole model, which it slices with its loader") {

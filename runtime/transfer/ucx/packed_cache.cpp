@@ -17,6 +17,13 @@ std::string consumer_of(const std::string& engine, int worker) {
 // packed, or starts packing it once there is room in the budget; without
 // room the get waits in `blocked` until there is, or its deadline.
 void producer_impl::start_get(get_job j) {
+  // A shared session's groups are lent in order: its consumer copies them
+  // in order and gives each back only then, so a later group lent while an
+  // earlier one waits for room could hold the budget the earlier one needs.
+  if (j.shared && std::any_of(blocked.begin(), blocked.end(), [&](const get_job& b) { return b.conn == j.conn; })) {
+    blocked.push_back(std::move(j));
+    return;
+  }
   auto it = cache.find(j.key);
   if (it == cache.end()) {
     if (j.bytes > budget) { // refused at plan or open already; kept as a guard
@@ -354,8 +361,29 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
   op.bytes = e->size;
   op.group = j.group;
   const std::uint8_t* data = e->buffer.data();
-  if (take_corruption(j) && e->size > 0) {
-    // The drill: this consumer receives altered bytes under the true checksum.
+  const bool corrupt = take_corruption(j) && e->size > 0;
+  if (j.shared && e->buffer.shared() && !corrupt) {
+    // Lent: the consumer maps the buffer and copies the group from it;
+    // it stays pinned until the consumer's done, or the get's deadline.
+    op.lent = true;
+    op.seq = j.seq;
+    wire::group_msg header{j.seq, wire::status::ok, "", j.group, e->size, e->checksum};
+    header.shared = region_of(e->buffer);
+    reply(j.conn, header);
+    e->served.insert(consumer_of(j.engine, j.worker));
+    retry_blocked = true;
+    finish_get(j);
+    {
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      ++st.groups_lent;
+    }
+    sends.push_back(std::move(op));
+    return;
+  }
+  if (corrupt) {
+    // The drill: this consumer receives altered bytes under the true
+    // checksum, by tag (a shared session's consumer takes such a group by
+    // tag too).
     op.altered.assign(data, data + e->size);
     op.altered[op.altered.size() / 2] ^= 0x5a;
     data = op.altered.data();
@@ -394,6 +422,23 @@ unsigned producer_impl::poll_sends() {
   unsigned n = 0;
   const auto now = clock::now();
   for (auto it = sends.begin(); it != sends.end();) {
+    if (it->lent) {
+      if (it->conn->closed) { // its consumer is gone: the group is free
+        release(it->entry);
+        it = sends.erase(it);
+        ++n;
+        continue;
+      }
+      if (!it->abandoned && now >= it->deadline) {
+        // Not given back before the consumer's deadline: as for a send.
+        it->abandoned = true;
+        close_connection(it->conn, "group " + std::to_string(it->group)
+                                       + " was not given back before the consumer's deadline");
+        ++n;
+      }
+      ++it;
+      continue;
+    }
     const ucs_status_t s = ucp_request_check_status(it->request);
     if (s == UCS_INPROGRESS) {
       if (!it->abandoned && now >= it->deadline) {
@@ -537,12 +582,12 @@ void producer_impl::pack_loop() {
         const auto layout = plan::full_group_layout::of(tensors);
         r.size = static_cast<std::size_t>(layout.bytes);
         if (job.buffer.capacity() < r.size)
-          job.buffer = host_buffer(r.size);
+          job.buffer = new_buffer(r.size);
         r.checksum = pack_full_group_checksummed(tensors, layout, job.buffer.data());
       } else {
         r.size = static_cast<std::size_t>(job.plan->bytes(g));
         if (job.buffer.capacity() < r.size)
-          job.buffer = host_buffer(r.size);
+          job.buffer = new_buffer(r.size);
         r.checksum = pack_group_checksummed(*job.plan, g, *job.snapshot, job.buffer.data());
       }
     } catch (const std::exception& e) {

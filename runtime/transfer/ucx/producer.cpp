@@ -3,9 +3,11 @@
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/ucx/shared_memory.hpp"
 
 #include <poll.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -50,6 +52,16 @@ void producer_impl::start() {
     st.budget_bytes = budget;
   }
 
+  if (options.shared_memory) {
+    host = this_host_id();
+    try {
+      if (!host.empty())
+        probe = host_buffer(1, shareable);
+    } catch (const std::exception& e) {
+      say(options.log, std::string("ucx producer: no shared memory, groups go by tag: ") + e.what());
+      host.clear();
+    }
+  }
   ctx = make_context(options.transports, options.net_devices, "producer");
   worker = make_worker(ctx->handle, "producer");
   inbox.install(worker.handle, am_request, options.max_message_bytes);
@@ -229,7 +241,7 @@ void producer_impl::shutdown() {
   outbox.poll();
   for (auto& [ep, c] : conns) {
     const bool busy = outbox.pending_on(ep) || std::any_of(sends.begin(), sends.end(), [&](const send_op& o) {
-                        return o.conn == c && ucp_request_check_status(o.request) == UCS_INPROGRESS;
+                        return o.conn == c && o.request && ucp_request_check_status(o.request) == UCS_INPROGRESS;
                       });
     c->closed = true;
     if (busy)
@@ -246,7 +258,8 @@ void producer_impl::shutdown() {
     leak_worker = true;
   }
   for (auto& s : sends)
-    ucp_request_free(s.request); // the buffers stay alive until the worker is gone
+    if (s.request)
+      ucp_request_free(s.request); // the buffers stay alive until the worker is gone
   inbox.cancel_all();
   outbox.abandon(graveyard);
 }
@@ -411,6 +424,7 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
   c->peer = "engine '" + printable(c->engine) + "' worker " + std::to_string(c->worker) + " (connection "
             + std::to_string(c->id) + ")";
   c->last_active = clock::now();
+  c->same_host = !host.empty() && hello->host == host;
   conns[ep] = c;
   {
     std::lock_guard<std::mutex> lock(stats_mutex);
@@ -423,7 +437,38 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
     reply(c, wire::ack_msg{hello->seq, wire::status::not_allowed, 0, "producer: " + c->refused});
     return;
   }
-  reply(c, wire::ack_msg{hello->seq, wire::status::ok, 0, ""});
+  wire::ack_msg ack{hello->seq, wire::status::ok, 0, ""};
+  if (c->same_host)
+    ack.probe = region_of(probe);
+  reply(c, ack);
+}
+
+wire::shared_region producer_impl::region_of(const host_buffer& b) const {
+  return {static_cast<std::uint32_t>(::getpid()), b.fd(), b.mapped_bytes(), b.id()};
+}
+
+host_buffer producer_impl::new_buffer(std::size_t bytes) const {
+  if (!host.empty()) {
+    try {
+      return host_buffer(bytes, shareable);
+    } catch (const std::exception&) {
+      // Out of memfds or mappings: this group goes by tag.
+    }
+  }
+  return host_buffer(bytes);
+}
+
+// The consumer copied a group lent in shared memory: it is free again.
+void producer_impl::handle(const conn_ptr& c, const wire::done_msg& m) {
+  for (auto it = sends.begin(); it != sends.end(); ++it)
+    if (it->lent && it->conn == c && it->seq == m.seq && it->group == m.group) {
+      if (!it->abandoned)
+        count_sent(it->bytes);
+      release(it->entry);
+      sends.erase(it);
+      return;
+    }
+  // A done after the deadline closed its lending: nothing to do.
 }
 
 // A second hello on a connection: valid only with a valid token for the
@@ -581,6 +626,8 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   s.version = m.version;
   s.mode = m.mode;
   s.digest = broadcast ? 0 : m.plan;
+  s.shared = m.shared && c->same_host;
+  out.shared = s.shared;
   s.snapshot = snapshot;
   s.plan = plan;
   s.last_used = clock::now();
@@ -674,6 +721,7 @@ void producer_impl::serve(const conn_ptr& c, session& s, const wire::get_msg& m)
   j.key = cache_key{s.mode == transfer_mode::broadcast, s.digest, s.version, m.group};
   j.snapshot = s.snapshot;
   j.plan = s.plan;
+  j.shared = s.shared;
   j.bytes = packed_size(j.key, *s.snapshot, s.plan.get());
   s.pin_until = s.got_any ? std::max(s.pin_until, j.deadline) : j.deadline;
   s.got_any = true;

@@ -55,6 +55,7 @@ struct session {
   snapshot_ptr snapshot; // the version stays intact while it is pulled
   std::shared_ptr<const plan::grouped_plan> plan;
   std::set<std::uint32_t> groups;
+  bool shared = false; // groups are lent in shared memory
   clock::time_point last_used;
   // The session keeps the groups it has not been sent from being dropped
   // until then: the deadline its latest get announced (first_get_grace
@@ -75,6 +76,7 @@ struct connection {
   std::string failure;
   bool closed = false;
   bool lanes_checked = false;
+  bool same_host = false; // its hello named this host: it may map our shared memory
   std::string refused; // non-empty: the lanes use a transport not allowed
   std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
   std::deque<std::uint64_t> plan_order;
@@ -103,6 +105,7 @@ struct get_job {
   std::uint64_t bytes = 0; // packed size
   snapshot_ptr snapshot;
   std::shared_ptr<const plan::grouped_plan> plan;
+  bool shared = false; // lend it in shared memory where the packed buffer is shared
 };
 
 struct cache_entry {
@@ -162,6 +165,10 @@ struct send_op {
   std::uint64_t bytes = 0;
   std::uint32_t group = 0;
   bool abandoned = false; // past its deadline; kept until UCX lets go of the buffer
+  // Lent in shared memory: done when the consumer says so (a done for the
+  // get's seq), or its connection closes.
+  bool lent = false;
+  std::uint64_t seq = 0;
 };
 
 // A token the producer issued and for whom.
@@ -223,6 +230,13 @@ struct producer_impl {
   std::map<std::string, tensor_spec> params_by_name;
   std::vector<std::uint64_t> full_group_bytes; // per model group, from the source's parameters
 
+  // Shared memory: this host's boot id (empty: not offered) and the page a
+  // consumer on it maps first, to learn whether it can map ours at all.
+  std::string host;
+  host_buffer probe;
+  wire::shared_region region_of(const host_buffer& b) const;
+  host_buffer new_buffer(std::size_t bytes) const; // shareable when offered
+
   // -- setup --------------------------------------------------------------------------
 
   void start();
@@ -276,6 +290,7 @@ struct producer_impl {
   // is healthy. (Were the consumer to close first, this side would see a
   // failed endpoint, and closing that makes UCX log flush errors.)
   void handle(const conn_ptr& c, const wire::bye_msg&) { close_connection(c, "the consumer said goodbye", false); }
+  void handle(const conn_ptr& c, const wire::done_msg& m);
 
   void handle(const conn_ptr& c, const wire::get_msg& m);
   /// Answers one get of session `s` (a get message, or one the open carried).

@@ -129,8 +129,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const std::uint64_t tag_base = ch->tag + 1;
   ch->seq += prefetch;
   ch->tag += prefetch;
+  ++ch->pulls;
   const wire::open_msg open{open_seq,  req.engine, req.worker,   reg.plan->tp, req.version, req.mode,
-                            broadcast ? 0 : reg.digest, prefetch, tag_base,     timeout_ms()};
+                            broadcast ? 0 : reg.digest, prefetch, tag_base,     timeout_ms(), ch->shared};
   send(*ch, req, open, "opening version " + std::to_string(req.version));
   auto reply = await(*ch, req, open_seq, "opening version " + std::to_string(req.version));
   auto* manifest = std::get_if<wire::manifest_msg>(&reply);
@@ -140,6 +141,12 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   if (manifest->status != wire::status::ok)
     throw transfer_error(failure_of(manifest->status), "ucx transfer: " + who(req) + ": producer " + ch->peer + ": "
                                                            + manifest->error);
+  if (manifest->shared && !ch->shared)
+    throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch->peer
+                                                                + " lends groups in shared memory unasked");
+  // Lent: each group is copied from the producer's shared memory, no
+  // receive is posted (unless the producer sends one by tag after all).
+  const bool lent = manifest->shared;
   const auto& groups = manifest->groups;
   std::vector<plan::full_group_layout> layouts(broadcast ? groups.size() : 0);
   std::uint64_t largest = 0;
@@ -169,9 +176,11 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     largest = std::max(largest, groups[i].bytes);
   }
 
-  // Receive buffers: allocated and touched once, reused by later pulls.
+  // Receive buffers: allocated and touched once, reused by later pulls
+  // (a lent session needs them only for a group sent by tag after all).
   const std::size_t window = std::min<std::size_t>(std::max<std::size_t>(1, options.groups_in_flight), groups.size());
-  ensure_slots(*ch, window, static_cast<std::size_t>(largest));
+  if (!lent)
+    ensure_slots(*ch, window, static_cast<std::size_t>(largest));
 
   pull_report report;
   report.engine = req.engine;
@@ -209,28 +218,42 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     }
   } cancel{*ch, slot_state, req.deadline};
 
-  // Posts the receive of group idx with `tag`; sends its get unless the open carried it.
-  auto issue = [&](std::size_t idx) {
+  auto post_receive = [&](std::size_t idx) {
+    ensure_slots(*ch, window, static_cast<std::size_t>(largest));
     auto& p = slot_state[idx % window];
-    p = posted{};
-    const bool carried = idx < prefetch;
-    const std::uint64_t tag = carried ? tag_base + idx : ++ch->tag;
+    ucp_tag_recv_info_t info{};
     ucp_request_param_t rp{};
-    rp.op_attr_mask = 0;
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+    rp.recv_info.tag_info = &info;
     void* r = ucp_tag_recv_nbx(ch->worker.handle, ch->slots[idx % window].data(),
-                               static_cast<std::size_t>(groups[idx].bytes), tag, ~std::uint64_t(0), &rp);
+                               static_cast<std::size_t>(groups[idx].bytes), p.tag, ~std::uint64_t(0), &rp);
     if (UCS_PTR_IS_ERR(r)) {
       ch->failed = true;
       ch->failure = std::string("cannot post a receive: ") + ucs_status_string(UCS_PTR_STATUS(r));
       lost(*ch, req, "requesting group " + std::to_string(groups[idx].group));
     }
+    if (!r) { // it had arrived already (a receive posted late, in a lent session)
+      p.done = true;
+      p.status = UCS_OK;
+      p.length = info.length;
+    }
     p.request = r;
+  };
+  // Gives group idx a tag and (unless lent) posts its receive; sends its
+  // get unless the open carried it.
+  auto issue = [&](std::size_t idx) {
+    auto& p = slot_state[idx % window];
+    p = posted{};
+    const bool carried = idx < prefetch;
+    p.tag = carried ? tag_base + idx : ++ch->tag;
+    if (!lent)
+      post_receive(idx);
     if (carried) {
       p.seq = first_seq + idx;
       return;
     }
     p.seq = ++ch->seq;
-    send(*ch, req, wire::get_msg{p.seq, manifest->session, groups[idx].group, tag, timeout_ms()},
+    send(*ch, req, wire::get_msg{p.seq, manifest->session, groups[idx].group, p.tag, timeout_ms()},
          "requesting group " + std::to_string(groups[idx].group));
   };
   auto settle = [&](posted& p) {
@@ -260,8 +283,11 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       settle(p);
       auto it = ch->replies.find(p.seq);
       header = it == ch->replies.end() ? nullptr : std::get_if<wire::group_msg>(&it->second);
+      const bool in_shared = header && header->shared.id != 0;
+      if (lent && header && header->status == wire::status::ok && !in_shared && !p.request && !p.done)
+        post_receive(idx); // a lent session's group sent by tag after all (the corrupt drill)
       return ch->failed || ch->replies.count(0) || (it != ch->replies.end() && !header)
-             || (header && (header->status != wire::status::ok || p.done));
+             || (header && (header->status != wire::status::ok || p.done || in_shared));
     });
     if (ch->failed)
       lost(*ch, req, doing);
@@ -281,8 +307,19 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                                            + " could not send group " + std::to_string(group)
                                                            + " of version " + std::to_string(req.version) + " ("
                                                            + wire::to_string(header->status) + "): " + header->error);
-    if (p.status != UCS_OK || header->group != group || header->bytes != groups[idx].bytes
-        || p.length != groups[idx].bytes)
+    const std::uint8_t* bytes = nullptr;
+    std::size_t size = p.length;
+    if (header->shared.id != 0) {
+      if (!lent || header->group != group || header->bytes != groups[idx].bytes)
+        throw transfer_error(transfer_failure::producer_failed,
+                             "ucx transfer: " + who(req) + ": producer " + ch->peer + " lent group "
+                                 + std::to_string(header->group) + " of " + std::to_string(header->bytes)
+                                 + " bytes " + (lent ? "" : "unasked ") + "for group " + std::to_string(group) + " of "
+                                 + std::to_string(groups[idx].bytes));
+      bytes = mapped_group(*ch, req, header->shared, header->bytes);
+      size = static_cast<std::size_t>(header->bytes);
+    } else if (p.status != UCS_OK || header->group != group || header->bytes != groups[idx].bytes
+               || p.length != groups[idx].bytes)
       throw transfer_error(transfer_failure::producer_failed,
                            "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
                                + std::to_string(req.version) + " from producer " + ch->peer + " arrived damaged ("
@@ -292,8 +329,8 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                                            + std::to_string(header->group) + ", "
                                                            + std::to_string(groups[idx].bytes) + " expected")
                                + ")");
-    const std::uint8_t* bytes = ch->slots[idx % window].data();
-    const std::size_t size = p.length;
+    else
+      bytes = ch->slots[idx % window].data();
     // Sharded into a sink that keeps the bytes as sent: stored in place and
     // checksummed as they land, one pass; else checksummed here first.
     const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, group, size);
@@ -304,6 +341,7 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                + std::to_string(req.version) + " failed its checksum (sent " + checksum_hex(header->checksum)
                                + ", received " + checksum_hex(got) + " over " + std::to_string(size)
                                + " bytes from producer " + ch->peer + "); the update is void");
+    const bool from_shared = header->shared.id != 0;
     ch->replies.erase(p.seq);
     report.bytes += size;
     ++report.groups;
@@ -313,6 +351,11 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       sink.on_full_group(req.worker, group, plan::view_full_group(layouts[idx], bytes));
     else
       sink.on_group(req.worker, group, bytes, size);
+    if (from_shared) { // copied: the producer may reuse the buffer (no answer awaited)
+      ch->outbox.send(ch->ep, am_request, wire::encode(wire::done_msg{p.seq, manifest->session, group}), true);
+      std::lock_guard<std::mutex> lock(mutex);
+      ++st.groups_mapped;
+    }
     if (idx + window < groups.size())
       issue(idx + window);
   }
@@ -321,6 +364,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const std::uint64_t close_seq = ++ch->seq;
   ch->outbox.send(ch->ep, am_request, wire::encode(wire::close_msg{close_seq, manifest->session}), true);
   ch->pump();
+  // Producer buffers this pull and the one before did not use may have
+  // been freed: their mappings would keep that memory alive.
+  for (auto it = ch->maps.begin(); it != ch->maps.end();)
+    it = it->second.last_pull + 1 < ch->pulls ? ch->maps.erase(it) : std::next(it);
   report.duration = clock::now() - t0;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -329,6 +376,39 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   }
   release(std::move(ch));
   return report;
+}
+
+const std::uint8_t* puller_impl::mapped_group(channel& ch, const pull_request& req, const wire::shared_region& r,
+                                              std::uint64_t bytes) {
+  auto it = ch.maps.find(r.id);
+  if (it == ch.maps.end() || it->second.map.mapped_bytes() != r.bytes) {
+    std::string why;
+    shared_mapping m(r, why);
+    if (!m)
+      throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": cannot map the shared "
+                                                                  "memory producer " + ch.peer + " lent a group in: "
+                                                                  + why);
+    if (it != ch.maps.end())
+      ch.maps.erase(it);
+    if (ch.maps.size() >= max_mappings)
+      ch.maps.erase(std::min_element(ch.maps.begin(), ch.maps.end(), [](const auto& a, const auto& b) {
+        return a.second.last_pull < b.second.last_pull;
+      }));
+    it = ch.maps.emplace(r.id, channel::mapped{std::move(m), ch.pulls}).first;
+    std::size_t mapped = 0;
+    for (const auto& [id, x] : ch.maps)
+      mapped += x.map.mapped_bytes();
+    std::lock_guard<std::mutex> lock(mutex);
+    ++st.mappings;
+    st.peak_mapped_bytes = std::max(st.peak_mapped_bytes, mapped);
+  }
+  it->second.last_pull = ch.pulls;
+  if (bytes > it->second.map.data_bytes())
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": producer " + ch.peer + " lent a group of "
+                             + std::to_string(bytes) + " bytes in a buffer of "
+                             + std::to_string(it->second.map.data_bytes()));
+  return it->second.map.data();
 }
 
 void puller_impl::ensure_slots(channel& ch, std::size_t window, std::size_t size) {

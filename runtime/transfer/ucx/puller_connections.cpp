@@ -235,7 +235,9 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req) {
       const std::string refused = lanes_refused(ch->lanes, options.transports);
       say(options.log, "ucx puller: " + who(req) + " connected to producer " + peer + " (attempt "
                            + std::to_string(attempts) + ") over " + ch->lanes.text + " [" + ch->lanes.summary()
-                           + "]" + (refused.empty() ? "" : "; refused: " + refused));
+                           + "]" + (refused.empty() ? "" : "; refused: " + refused)
+                           + (ch->shared ? "; groups in shared memory"
+                                         : ch->shared_why.empty() ? "" : "; no shared memory: " + ch->shared_why));
       {
         std::lock_guard<std::mutex> lock(mutex);
         ++st.connections;
@@ -293,8 +295,9 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
   if (!create_endpoint(ch, why))
     return why;
   const std::uint64_t seq = ++ch.seq;
-  if (!ch.outbox.send(ch.ep, am_request, wire::encode(wire::hello_msg{seq, ch.engine, ch.engine_worker, creds.token}),
-                      true))
+  const std::string host = options.shared_memory ? this_host_id() : std::string();
+  if (!ch.outbox.send(ch.ep, am_request,
+                      wire::encode(wire::hello_msg{seq, ch.engine, ch.engine_worker, creds.token, host}), true))
     return "cannot send";
   const bool answered = drive(ch.worker, deadline, [&] {
     ch.pump();
@@ -308,6 +311,11 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
   if (it == ch.replies.end())
     it = ch.replies.find(0);
   if (const auto* a = std::get_if<wire::ack_msg>(&it->second); a && a->status == wire::status::ok) {
+    if (a->probe.id != 0) { // the producer is on this host: can we map its memory?
+      std::string why;
+      ch.shared = static_cast<bool>(shared_mapping(a->probe, why));
+      ch.shared_why = why;
+    }
     ch.replies.erase(it);
     ch.lanes = ep_lanes(ch.ep);
     ch.connected = true;

@@ -7,6 +7,7 @@
 // reuse and closing; puller.cpp: requests and the pull itself.
 #include "runtime/transfer/ucx/active_messages.hpp"
 #include "runtime/transfer/ucx/context.hpp"
+#include "runtime/transfer/ucx/shared_memory.hpp"
 #include "runtime/transfer/host_buffer.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
@@ -57,6 +58,18 @@ struct channel {
   clock::time_point idle_since; // when it was last given back
   std::string refused;     // the producer refused the hello's token: do not retry
   void* closing = nullptr; // a close that has not completed (see close_ep)
+  // Shared memory: whether the producer's probe mapped (then sessions ask
+  // for lent groups), and the producer buffers mapped, by id, with the
+  // pull that last used each (buffers unused for a whole pull are unmapped:
+  // the producer may have freed them).
+  bool shared = false;
+  std::string shared_why; // why not, when the producer offered it
+  struct mapped {
+    shared_mapping map;
+    std::uint64_t last_pull = 0;
+  };
+  std::map<std::uint64_t, mapped> maps;
+  std::uint64_t pulls = 0;
 
   static void on_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* self = static_cast<channel*>(arg);
@@ -102,6 +115,7 @@ struct posted {
   ucs_status_t status = UCS_OK;
   std::size_t length = 0;
   std::uint64_t seq = 0;
+  std::uint64_t tag = 0;
 };
 
 struct puller_impl {
@@ -144,6 +158,11 @@ struct puller_impl {
 
   pull_report pull(const pull_request& req, const group_sink& sink);
   void ensure_slots(channel& ch, std::size_t window, std::size_t size);
+  /// Where a group lent in region `r` lies in this process: the region
+  /// mapped (once, then kept while pulls use it), checked to hold `bytes`.
+  const std::uint8_t* mapped_group(channel& ch, const pull_request& req, const wire::shared_region& r,
+                                   std::uint64_t bytes);
+  static constexpr std::size_t max_mappings = 256; // per connection
 };
 
 } // namespace rlsync::transfer::ucx_detail

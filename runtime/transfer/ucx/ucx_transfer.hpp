@@ -49,6 +49,8 @@
 //                                              (n = groups_in_flight): the
 //                                              consumer posts their receives
 //                                              when the manifest arrives
+//   (lent in shared memory, see below: no tagged bytes; the consumer
+//    maps the named buffer, copies, and sends done (session, group))
 //   get (session, group, tag), each after      packed once per (plan,
 //         posting the receive for that tag ►   version, group) and shared by
 //         ◄────────── group bytes (tagged)     every consumer with that plan
@@ -81,6 +83,26 @@
 // consumer holds groups_in_flight receive buffers per concurrent pull,
 // allocated and touched once, reused by later pulls.
 //
+// Shared memory. On one host the bytes need not travel: the producer packs
+// into memfd-backed buffers (host_buffer.hpp, a header page naming each)
+// and lends them. A consumer's hello names its host (the kernel's boot
+// id); from the same host, the ack names a probe buffer, which the
+// consumer maps through /proc/<pid>/fd/<fd> (the access CMA needs too) and
+// checks against its header. When that works, its opens ask for lent
+// groups: a group's header then names the buffer (pid, fd, length, id)
+// instead of a tagged message following, the consumer maps it (once per
+// buffer, kept while its pulls use it) and copies the group straight into
+// its staging with the checksum folded into that one copy, then says done;
+// the producer holds the group until then (or the get's deadline, as for a
+// send). Lent groups are given back in order, so a session's gets are
+// served in order too (a later group lent ahead of an earlier one waiting
+// for room could hold the budget that one needs). A group the producer
+// cannot lend (a buffer that is not shared, the corrupt drill) comes by
+// tag even in such a session. Across hosts, or when the probe does not
+// map, everything goes by tag as above. A consumer unmaps buffers its last
+// two pulls did not use (the producer may have freed them; the mapping
+// would keep their memory), and keeps at most max_mappings.
+//
 // Deadlines. A network partition gives UCX no error (none in 45 s here,
 // even with keepalives at 1 s; a killed peer shows in ~5 ms), so every wait
 // is bounded by the application: connecting retries with backoff until the
@@ -110,7 +132,7 @@
 // Code. This header is the backend's interface; the rest of this folder is
 // internal to it: context (UCX contexts, workers, transports, waiting),
 // active_messages (control messages), address (names, network devices), ucx_wire (the
-// wire format), producer_impl.hpp (producer.cpp: setup, progress thread,
+// wire format), shared_memory (the host id, mapping a lent buffer), producer_impl.hpp (producer.cpp: setup, progress thread,
 // requests; packed_cache.cpp: the cache, packers, sends) and puller_impl.hpp
 // (puller_connections.cpp: connecting, reuse, closing; puller.cpp: the pull).
 #include "runtime/config/topology.hpp"
@@ -162,6 +184,10 @@ struct ucx_producer_options {
   std::size_t default_budget_groups = 4;
   /// Pack each version for the plans known as soon as it is published.
   bool pack_ahead = true;
+  /// Packed groups live in shared memory (memfd) and consumers on this
+  /// host that can map it copy from there straight into their staging:
+  /// one copy on the receiving side instead of two ("Shared memory" above).
+  bool shared_memory = true;
   /// How long after the first session of a version opens a group packed
   /// ahead stays reserved for replicas that have not opened one yet: the
   /// replicas of one round open theirs within milliseconds; a replica in a
@@ -225,6 +251,7 @@ struct ucx_producer_stats {
   std::uint64_t evictions = 0;      ///< packed groups dropped while a replica still needed them
   std::uint64_t groups_sent = 0;
   std::uint64_t gets_carried = 0;   ///< of the gets served, those an open carried (no get message)
+  std::uint64_t groups_lent = 0;    ///< of the groups sent, those lent in shared memory (the rest went by tag)
   std::uint64_t bytes_sent = 0;
   std::uint64_t corruptions = 0;    ///< sends the corrupt hook altered
   std::uint64_t withheld = 0;       ///< gets the withhold hook dropped
@@ -281,6 +308,9 @@ struct ucx_puller_options {
   std::string net_devices; ///< UCX_NET_DEVICES; empty: UCX's
   /// Groups requested ahead per pull (>= 1); each needs a receive buffer.
   std::size_t groups_in_flight = 2;
+  /// Map the packed groups of producers on this host (when they offer it
+  /// and their memory can be mapped) rather than receive them by tag.
+  bool shared_memory = true;
   /// One connection attempt (connect + hello) may take this long before it
   /// is abandoned and retried.
   std::chrono::milliseconds connect_attempt_timeout{1000};
@@ -303,6 +333,9 @@ struct ucx_puller_stats {
   std::uint64_t bytes = 0;           ///< received and verified
   std::size_t buffers = 0;           ///< receive buffers allocated (each touched once)
   std::uint64_t buffer_bytes = 0;
+  std::uint64_t groups_mapped = 0;   ///< groups copied from the producer's shared memory (the rest came by tag)
+  std::uint64_t mappings = 0;        ///< producer buffers mapped
+  std::size_t peak_mapped_bytes = 0; ///< most bytes mapped at once on one connection
 };
 
 class ucx_puller final : public weight_puller {

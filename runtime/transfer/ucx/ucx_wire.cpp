@@ -13,7 +13,7 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // 2: group checksums and plan digests are XXH3 (64-bit); 1 used XXH64. A peer
 // of the other version is refused at the first message instead of failing
 // every checksum. 3: hello carries the engine worker and its session token.
-constexpr std::uint8_t format_version = 4;
+constexpr std::uint8_t format_version = 5;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -313,6 +313,33 @@ status get_status(reader& r) {
   return static_cast<status>(s);
 }
 
+bool get_flag(reader& r, const char* field) {
+  const auto f = r.get<std::uint8_t>(field);
+  if (f > 1)
+    r.fail(std::string(field) + " flag " + std::to_string(f) + ", expected 0 or 1");
+  return f == 1;
+}
+
+void put_region(writer& w, const shared_region& x) {
+  w.put(x.pid);
+  w.put(x.fd);
+  w.put(x.bytes);
+  w.put(x.id);
+}
+
+shared_region get_region(reader& r, const char* field) {
+  shared_region x;
+  x.pid = r.get<std::uint32_t>(field);
+  x.fd = r.get<std::int32_t>(field);
+  x.bytes = r.get<std::uint64_t>(field);
+  x.id = r.get<std::uint64_t>(field);
+  // A region is named whole or not at all; its length is bounded like a group's.
+  if (x.id != 0 && (x.pid == 0 || x.fd < 0 || x.bytes <= shared_header_bytes || x.bytes > max_shared_bytes))
+    r.fail(std::string(field) + ": pid " + std::to_string(x.pid) + ", fd " + std::to_string(x.fd) + ", "
+           + std::to_string(x.bytes) + " bytes is no shared buffer");
+  return x;
+}
+
 std::vector<tensor_spec> get_specs(reader& r) {
   constexpr std::size_t min_spec = 4 + 1 + 1;
   const auto n = r.count<std::uint32_t>("tensor count", max_group_tensors, min_spec);
@@ -342,6 +369,7 @@ std::vector<std::uint8_t> encode(const message& m) {
           w.str(x.engine);
           w.put(x.worker);
           w.blob(x.token);
+          w.str(x.host.substr(0, max_host_bytes));
         } else if constexpr (std::is_same_v<T, plan_msg>) {
           header(w, msg_type::plan);
           w.put(x.seq);
@@ -358,6 +386,7 @@ std::vector<std::uint8_t> encode(const message& m) {
           w.put(x.prefetch);
           w.put(x.tag_base);
           w.put(x.timeout_ms);
+          w.put(static_cast<std::uint8_t>(x.shared));
         } else if constexpr (std::is_same_v<T, get_msg>) {
           header(w, msg_type::get);
           w.put(x.seq);
@@ -372,12 +401,18 @@ std::vector<std::uint8_t> encode(const message& m) {
         } else if constexpr (std::is_same_v<T, bye_msg>) {
           header(w, msg_type::bye);
           w.put(x.seq);
+        } else if constexpr (std::is_same_v<T, done_msg>) {
+          header(w, msg_type::done);
+          w.put(x.seq);
+          w.put(x.session);
+          w.put(x.group);
         } else if constexpr (std::is_same_v<T, ack_msg>) {
           header(w, msg_type::ack);
           w.put(x.seq);
           w.put(static_cast<std::uint8_t>(x.status));
           w.put(x.digest);
           w.str(x.error.substr(0, max_error_bytes));
+          put_region(w, x.probe);
         } else if constexpr (std::is_same_v<T, manifest_msg>) {
           header(w, msg_type::manifest);
           w.put(x.seq);
@@ -390,6 +425,7 @@ std::vector<std::uint8_t> encode(const message& m) {
             w.put(g.bytes);
             put_specs(w, g.tensors);
           }
+          w.put(static_cast<std::uint8_t>(x.shared));
         } else if constexpr (std::is_same_v<T, group_msg>) {
           header(w, msg_type::group);
           w.put(x.seq);
@@ -398,6 +434,7 @@ std::vector<std::uint8_t> encode(const message& m) {
           w.put(x.group);
           w.put(x.bytes);
           w.put(x.checksum);
+          put_region(w, x.shared);
         } else if constexpr (std::is_same_v<T, reject_msg>) {
           header(w, msg_type::reject);
           w.put(x.seq);
@@ -427,6 +464,7 @@ message decode(const std::uint8_t* data, std::size_t size) {
       if (m.worker < 0 || m.worker >= max_tp)
         r.fail("worker " + std::to_string(m.worker) + " out of range");
       m.token = r.blob("token", max_token_bytes);
+      m.host = r.str("host", max_host_bytes);
       out = std::move(m);
       break;
     }
@@ -456,6 +494,7 @@ message decode(const std::uint8_t* data, std::size_t size) {
         r.fail("prefetch of " + std::to_string(m.prefetch) + " groups, at most " + std::to_string(max_prefetch));
       m.tag_base = r.get<std::uint64_t>("tag base");
       m.timeout_ms = r.get<std::uint32_t>("timeout");
+      m.shared = get_flag(r, "shared");
       if (m.tp < 1 || m.tp > max_tp || m.worker < 0 || m.worker >= m.tp)
         r.fail("worker " + std::to_string(m.worker) + " of tp " + std::to_string(m.tp) + " out of range");
       out = std::move(m);
@@ -487,6 +526,15 @@ message decode(const std::uint8_t* data, std::size_t size) {
       out = m;
       break;
     }
+    case msg_type::done: {
+      r.context("done");
+      done_msg m;
+      m.seq = r.get<std::uint64_t>("seq");
+      m.session = r.get<std::uint64_t>("session");
+      m.group = r.get<std::uint32_t>("group");
+      out = m;
+      break;
+    }
     case msg_type::ack: {
       r.context("ack");
       ack_msg m;
@@ -494,6 +542,7 @@ message decode(const std::uint8_t* data, std::size_t size) {
       m.status = get_status(r);
       m.digest = r.get<std::uint64_t>("digest");
       m.error = r.str("error", max_error_bytes);
+      m.probe = get_region(r, "probe");
       out = std::move(m);
       break;
     }
@@ -511,6 +560,7 @@ message decode(const std::uint8_t* data, std::size_t size) {
         g.bytes = r.get<std::uint64_t>("group bytes");
         g.tensors = get_specs(r);
       }
+      m.shared = get_flag(r, "shared");
       out = std::move(m);
       break;
     }
@@ -523,6 +573,7 @@ message decode(const std::uint8_t* data, std::size_t size) {
       m.group = r.get<std::uint32_t>("group");
       m.bytes = r.get<std::uint64_t>("bytes");
       m.checksum = r.get<std::uint64_t>("checksum");
+      m.shared = get_region(r, "shared region");
       out = std::move(m);
       break;
     }

@@ -70,9 +70,11 @@ void check_plan(const plan::worker_plan& p);
 /// Consumer -> producer: hello (engine, worker, token; answered by ack),
 /// plan (ack), open
 /// (manifest), get (group header, plus the group's bytes as a tagged
-/// message), close (ends a session; no answer), bye (the consumer is about
-/// to go: the producer closes the connection). Producer -> consumer: ack,
-/// manifest, group, reject (the answer to a message it could not decode).
+/// message, or where the group lies in shared memory), done (a group lent
+/// in shared memory was copied; no answer), close (ends a session; no
+/// answer), bye (the consumer is about to go: the producer closes the
+/// connection). Producer -> consumer: ack, manifest, group, reject (the
+/// answer to a message it could not decode).
 enum class msg_type : std::uint8_t {
   hello = 1,
   plan = 2,
@@ -80,6 +82,7 @@ enum class msg_type : std::uint8_t {
   get = 4,
   close = 5,
   bye = 6,
+  done = 7,
   ack = 0x81,
   manifest = 0x82,
   group = 0x83,
@@ -108,7 +111,11 @@ struct hello_msg {
   std::string engine;
   std::int32_t worker = 0;
   std::vector<std::uint8_t> token; ///< ucx_token_bytes
+  /// The consumer's host (its kernel boot id), when it can map the
+  /// producer's shared memory; empty: it cannot, or will not.
+  std::string host;
 };
+constexpr std::size_t max_host_bytes = 64;
 struct plan_msg {
   std::uint64_t seq = 0;
   std::vector<std::uint8_t> plan; ///< encode_plan bytes
@@ -128,6 +135,9 @@ struct open_msg {
   std::uint32_t prefetch = 0;
   std::uint64_t tag_base = 0;
   std::uint32_t timeout_ms = 0;
+  /// The consumer mapped the probe the hello's ack named: lend groups in
+  /// shared memory rather than send them.
+  bool shared = false;
 };
 constexpr std::uint32_t max_prefetch = 64;
 struct get_msg {
@@ -144,11 +154,24 @@ struct close_msg {
 struct bye_msg {
   std::uint64_t seq = 0;
 };
+/// Where a producer's shareable buffer is: its process, the memfd there,
+/// the length to map and the id its header page carries (id 0: none).
+constexpr std::uint64_t shared_header_bytes = 4096;          ///< host_buffer's shared_header::bytes
+constexpr std::uint64_t max_shared_bytes = std::uint64_t(1) << 40; ///< a sanity bound on one mapping
+struct shared_region {
+  std::uint32_t pid = 0;
+  std::int32_t fd = -1;
+  std::uint64_t bytes = 0;
+  std::uint64_t id = 0;
+};
 struct ack_msg {
   std::uint64_t seq = 0;
   ucx_wire::status status = status::ok;
   std::uint64_t digest = 0; ///< plan: the digest requests name it by
   std::string error;
+  /// A hello from the producer's host: a probe buffer the consumer maps to
+  /// learn whether it can map the producer's memory (id 0: none offered).
+  shared_region probe;
 };
 struct group_info {
   std::uint32_t group = 0;
@@ -161,6 +184,7 @@ struct manifest_msg {
   std::string error;
   std::uint64_t session = 0;
   std::vector<group_info> groups; ///< ascending
+  bool shared = false; ///< the session's groups are lent in shared memory
 };
 struct group_msg {
   std::uint64_t seq = 0; ///< the get's
@@ -169,6 +193,14 @@ struct group_msg {
   std::uint32_t group = 0;
   std::uint64_t bytes = 0;
   std::uint64_t checksum = 0; ///< checksum64 of the packed bytes
+  /// A shared session's group: the buffer it lies in, its bytes from the
+  /// data start (a header page in); lent until the consumer says done.
+  shared_region shared;
+};
+struct done_msg {
+  std::uint64_t seq = 0;     ///< the get's (or the open's carried get's)
+  std::uint64_t session = 0;
+  std::uint32_t group = 0;
 };
 struct reject_msg {
   std::uint64_t seq = 0; ///< 0 when not even the header could be read
@@ -176,8 +208,8 @@ struct reject_msg {
   std::string error;
 };
 
-using message = std::variant<hello_msg, plan_msg, open_msg, get_msg, close_msg, bye_msg, ack_msg, manifest_msg,
-                             group_msg, reject_msg>;
+using message = std::variant<hello_msg, plan_msg, open_msg, get_msg, close_msg, bye_msg, done_msg, ack_msg,
+                             manifest_msg, group_msg, reject_msg>;
 
 std::vector<std::uint8_t> encode(const message& m);
 /// Strict; throws wire_error.

@@ -1,0 +1,79 @@
+#include "runtime/transfer/ucx/shared_memory.hpp"
+
+#include "runtime/transfer/host_buffer.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace rlsync::transfer::ucx_detail {
+
+static_assert(ucx_wire::shared_header_bytes == shared_header::bytes, "one header size on both sides");
+
+std::string this_host_id() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  if (id.size() > ucx_wire::max_host_bytes)
+    return {};
+  return id;
+}
+
+shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& why) {
+  const std::string path = "/proc/" + std::to_string(r.pid) + "/fd/" + std::to_string(r.fd);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    why = "cannot open " + path + ": " + std::strerror(errno);
+    return;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < r.bytes) {
+    ::close(fd);
+    why = path + " is smaller than the " + std::to_string(r.bytes) + " bytes named";
+    return;
+  }
+  void* p = ::mmap(nullptr, r.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  ::close(fd); // the mapping keeps the memory
+  if (p == MAP_FAILED) {
+    why = "cannot map " + path + ": " + std::strerror(err);
+    return;
+  }
+  base_ = static_cast<const std::uint8_t*>(p);
+  bytes_ = r.bytes;
+  shared_header h;
+  std::memcpy(&h, base_, sizeof h);
+  if (h.magic != shared_header::magic_value || h.id != r.id) {
+    why = path + " is not the shared buffer named (another process, or gone)";
+    reset();
+  }
+}
+
+shared_mapping::shared_mapping(shared_mapping&& o) noexcept
+    : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+shared_mapping& shared_mapping::operator=(shared_mapping&& o) noexcept {
+  if (this != &o) {
+    reset();
+    base_ = std::exchange(o.base_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+shared_mapping::~shared_mapping() { reset(); }
+
+void shared_mapping::reset() {
+  if (base_)
+    ::munmap(const_cast<std::uint8_t*>(base_), bytes_);
+  base_ = nullptr;
+  bytes_ = 0;
+}
+
+} // namespace rlsync::transfer::ucx_detail
