@@ -691,7 +691,10 @@ std::string bench_sync_report(const bench_sync_result& r) {
     for (const auto& line : rank_kill_lines(*r.rank_kill))
       out += line + "\n";
   for (auto& c : r.cases)
-    if (c.error.empty() && c.name != "control")
+    if (c.error.empty() && c.name != "control" && c.producer_budget_bytes == 0) // no UCX producer
+      out += format("%s memory: largest group %.1f MB; local data plane peak %.1f MB of buffers\n", c.name.c_str(),
+                    c.largest_group / 1e6, c.local_peak_bytes / 1e6);
+    else if (c.error.empty() && c.name != "control")
       out += format("%s memory: largest group %.1f MB; UCX producer peak %.1f MB packed (%zu groups) of its "
                     "%.1f MB budget; warm rounds: %llu groups packed ahead, %llu dropped while needed\n",
                     c.name.c_str(), c.largest_group / 1e6, c.producer_peak_bytes / 1e6, c.producer_peak_groups,

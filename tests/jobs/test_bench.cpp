@@ -278,6 +278,14 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 49.8 MB packed (4 groups) of its "
                   "99.6 MB budget; warm rounds: 6 groups packed ahead, 0 dropped while needed\n")
         != std::string::npos);
+  {
+    auto local = r; // the local data plane alone: its buffers, no UCX producer
+    local.cases[0].producer_budget_bytes = 0;
+    local.cases[0].local_peak_bytes = 50'000'000;
+    CHECK(bench_sync_report(local).find("sharded memory: largest group 24.9 MB; local data plane peak 50.0 MB of "
+                                        "buffers\n")
+          != std::string::npos);
+  }
   CHECK(text.find("control plane: median round 4.00 ms (164 kB model) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
         != std::string::npos);
   CHECK(text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 4.50 ms (defaults 4.50 ms, vader "
