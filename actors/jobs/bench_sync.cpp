@@ -420,6 +420,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.packs[i].local_passes -= before[i].local_passes;
     r.packs[i].ucx_packs -= before[i].ucx_packs;
   }
+  std::uint64_t sent = 0, lent = 0;
   for (std::size_t i = 0; i < d.head().rank_producers().size(); ++i) {
     const auto s = d.head().rank_producers()[i]->stats();
     r.producer_peak_groups = std::max(r.producer_peak_groups, s.peak_packed);
@@ -429,7 +430,10 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
     r.ucx_transports.insert(s.data_transports.begin(), s.data_transports.end());
+    sent += s.groups_sent - b.groups_sent;
+    lent += s.groups_lent - b.groups_lent;
   }
+  r.lent = sent > 0 && lent == sent;
   for (const auto& rank : d.head().ranks()) {
     if (rank.trainer.transfer)
       r.local_peak_bytes = std::max<std::uint64_t>(r.local_peak_bytes, rank.trainer.transfer->stats().peak_buffers);
@@ -593,7 +597,9 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.ucx_gbps = r.ucx_light.best();
   for (auto& c : r.cases)
     if (c.error.empty())
-      c.light_ms = light_of(t, c.name == "control" ? tiny_model() : model, c.mode, r.memcpy_gbps, r.ucx_gbps).light_ms;
+      c.light_ms = light_of(t, c.name == "control" ? tiny_model() : model, c.mode, r.memcpy_gbps,
+                            c.lent ? r.memcpy_gbps : r.ucx_gbps)
+                     .light_ms;
 
   // The classic baseline: MPI_Bcast of the model to one rank per engine.
   if (!o.mpi) {
@@ -662,6 +668,12 @@ std::string bench_sync_report(const bench_sync_result& r) {
   out += "\n";
   for (const auto& line : case_table(r.cases))
     out += line + "\n";
+  std::string lent;
+  for (const auto& c : r.cases)
+    if (c.error.empty() && c.lent)
+      lent += (lent.empty() ? "" : ", ") + c.name;
+  if (!lent.empty())
+    out += "lent in shared memory, copied once (their light is memcpy's): " + lent + "\n";
   const case_result* sharded = nullptr;
   const case_result* broadcast = nullptr;
   for (auto& c : r.cases) {

@@ -127,6 +127,9 @@ struct case_result {
   std::uint64_t producer_evictions = 0;    ///< UCX producer: groups dropped while a replica needed them, warm rounds
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
   std::set<std::string> ucx_transports;  ///< UCX producers: the data transports their connections used
+  /// Every group the UCX producers sent in the warm rounds was lent in
+  /// shared memory: the engines copied it once, so its light is memcpy's.
+  bool lent = false;
   std::uint64_t largest_group = 0;
   std::string error;
 };

@@ -12,7 +12,9 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -61,12 +63,15 @@ public:
   /// when the memfd cannot be made or mapped).
   host_buffer(std::size_t size, shareable_t) {
     const std::size_t rounded = (std::max<std::size_t>(size, 1) + 4095) / 4096 * 4096;
-    const int fd = ::memfd_create("rlsync-packed", MFD_CLOEXEC);
+    const int fd = ::memfd_create("rlsync-packed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
       throw std::runtime_error("memfd_create failed: " + std::string(std::strerror(errno)));
     const std::size_t total = shared_header::bytes + rounded;
     void* p = MAP_FAILED;
-    if (::ftruncate(fd, static_cast<off_t>(total)) == 0)
+    // Sealed at its size: a consumer that maps it can never be cut short
+    // (no SIGBUS), and checks the seal to know it maps a memfd.
+    if (::ftruncate(fd, static_cast<off_t>(total)) == 0
+        && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
       p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
@@ -82,13 +87,27 @@ public:
     data_ = std::unique_ptr<std::uint8_t, region>(base + shared_header::bytes, region{base, total, fd, h.id});
     capacity_ = rounded;
   }
+  host_buffer(host_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, std::unique_ptr<std::uint8_t, region>(nullptr, region{}))),
+        capacity_(std::exchange(o.capacity_, 0)) {}
+  host_buffer& operator=(host_buffer&& o) noexcept {
+    if (this != &o) {
+      data_ = std::exchange(o.data_, std::unique_ptr<std::uint8_t, region>(nullptr, region{}));
+      capacity_ = std::exchange(o.capacity_, 0);
+    }
+    return *this;
+  }
+  host_buffer(const host_buffer&) = delete;
+  host_buffer& operator=(const host_buffer&) = delete;
+  ~host_buffer() = default;
+
   std::uint8_t* data() const { return data_.get(); }
   std::size_t capacity() const { return capacity_; }
   bool shared() const { return data_ && data_.get_deleter().base; }
   /// Shareable buffers: the memfd, its length (header included) and the id in its header.
-  int fd() const { return data_.get_deleter().fd; }
-  std::size_t mapped_bytes() const { return data_.get_deleter().bytes; }
-  std::uint64_t id() const { return data_.get_deleter().id; }
+  int fd() const { return shared() ? data_.get_deleter().fd : -1; }
+  std::size_t mapped_bytes() const { return shared() ? data_.get_deleter().bytes : 0; }
+  std::uint64_t id() const { return shared() ? data_.get_deleter().id : 0; }
 
 private:
   static std::uint64_t next_id() {

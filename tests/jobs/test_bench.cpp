@@ -7,8 +7,13 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
+
+#include <unistd.h>
 #include <vector>
 
 using namespace rlsync;
@@ -273,6 +278,13 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
                   "(spread 10%), after over cma,sysv, the transports the data plane's connections used; % light uses "
                   "the faster\n\nmode ")
         != std::string::npos);
+  CHECK(text.find("lent in shared memory") == std::string::npos); // no case was
+  {
+    auto lent = r;
+    lent.cases[0].lent = true;
+    CHECK(bench_sync_report(lent).find("\nlent in shared memory, copied once (their light is memcpy's): sharded\n")
+          != std::string::npos);
+  }
   CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
         != std::string::npos);
   CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 49.8 MB packed (4 groups) of its "
@@ -412,6 +424,22 @@ TEST_CASE("MPI_Bcast baseline: missing pieces are named with how to get them") {
   CHECK(why.find("apt-get install openmpi-bin libopenmpi-dev") != std::string::npos);
   CHECK((why.find("rlsync-mpi-bcast was not built beside /nonexistent-rlsync-dir/rlsync") != std::string::npos
          || why.find("mpirun is not installed") != std::string::npos));
+}
+
+TEST_CASE("MPI_Bcast baseline: with mpirun on PATH and rlsync-mpi-bcast beside the executable nothing is missing") {
+  const auto dir = std::filesystem::temp_directory_path() / ("rlsync-mpi-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (const char* name : {"mpirun", "rlsync-mpi-bcast"}) {
+    std::ofstream(dir / name) << "#!/bin/sh\nexit 0\n";
+    std::filesystem::permissions(dir / name, std::filesystem::perms::owner_all);
+  }
+  const std::string old_path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", (dir.string() + ":" + old_path).c_str(), 1);
+  CHECK(mpi_bcast_missing((dir / "rlsync").string()) == "");
+  ::setenv("PATH", "/nonexistent", 1); // no mpirun: named first
+  CHECK(mpi_bcast_missing((dir / "rlsync").string()).find("Open MPI's mpirun is not installed") == 0);
+  ::setenv("PATH", old_path.c_str(), 1);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("UCX_TLS of the transports a connection log named") {

@@ -19,7 +19,10 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -524,6 +527,46 @@ TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not
   larger.bytes *= 4; // more than the memfd holds
   CHECK_FALSE(ucx_detail::shared_mapping(larger, why));
   CHECK(why.find("is smaller than") != std::string::npos);
+
+  // A FIFO (opening it must not block) and an unsealed memfd are refused.
+  const std::string fifo = "/tmp/rlsync-test-fifo-" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const int ffd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(ffd >= 0);
+  CHECK_FALSE(ucx_detail::shared_mapping({r.pid, ffd, r.bytes, r.id}, why));
+  CHECK(why.find("is not a memfd sealed against shrinking") != std::string::npos);
+  ::close(ffd);
+  ::unlink(fifo.c_str());
+  const int mfd = ::memfd_create("unsealed", MFD_CLOEXEC);
+  REQUIRE(mfd >= 0);
+  REQUIRE(::ftruncate(mfd, static_cast<off_t>(r.bytes)) == 0);
+  CHECK_FALSE(ucx_detail::shared_mapping({r.pid, mfd, r.bytes, r.id}, why));
+  CHECK(why.find("is not a memfd sealed against shrinking") != std::string::npos);
+  ::close(mfd);
+}
+
+TEST_CASE("host buffers: a moved-from buffer is empty and names no shared memory") {
+  host_buffer a(100, shareable);
+  const auto id = a.id();
+  const int fd = a.fd();
+  host_buffer b(std::move(a));
+  CHECK(b.shared());
+  CHECK(b.id() == id);
+  CHECK(b.fd() == fd);
+  CHECK_FALSE(a.shared());
+  CHECK(a.data() == nullptr);
+  CHECK(a.capacity() == 0);
+  CHECK(a.fd() == -1);
+  CHECK(a.id() == 0);
+  CHECK(a.mapped_bytes() == 0);
+  host_buffer c(64);
+  c = std::move(b); // the plain buffer c held is freed, the shared one moves in
+  CHECK(c.shared());
+  CHECK(c.id() == id);
+  CHECK(b.capacity() == 0);
+  CHECK(b.data() == nullptr);
+  CHECK((::fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK) != 0); // still open, sealed
 }
 
 TEST_CASE("ucx wire: a shared region is named whole or not at all") {

@@ -423,18 +423,24 @@ unsigned producer_impl::poll_sends() {
   const auto now = clock::now();
   for (auto it = sends.begin(); it != sends.end();) {
     if (it->lent) {
-      if (it->conn->closed) { // its consumer is gone: the group is free
+      // Not given back (its consumer gone, or past the consumer's
+      // deadline): the consumer may still map the buffer, so it leaves the
+      // cache and is freed, never reused for another group (which the
+      // consumer could read unchecked); the connection is closed.
+      const bool gone = it->conn->closed;
+      if (gone || now >= it->deadline) {
+        for (auto c = cache.begin(); c != cache.end(); ++c)
+          if (c->second == it->entry) {
+            cache.erase(c);
+            break;
+          }
+        if (!gone)
+          close_connection(it->conn, "group " + std::to_string(it->group)
+                                         + " was not given back before the consumer's deadline");
         release(it->entry);
         it = sends.erase(it);
         ++n;
         continue;
-      }
-      if (!it->abandoned && now >= it->deadline) {
-        // Not given back before the consumer's deadline: as for a send.
-        it->abandoned = true;
-        close_connection(it->conn, "group " + std::to_string(it->group)
-                                       + " was not given back before the consumer's deadline");
-        ++n;
       }
       ++it;
       continue;

@@ -451,8 +451,11 @@ host_buffer producer_impl::new_buffer(std::size_t bytes) const {
   if (!host.empty()) {
     try {
       return host_buffer(bytes, shareable);
-    } catch (const std::exception&) {
-      // Out of memfds or mappings: this group goes by tag.
+    } catch (const std::exception& e) {
+      // Out of memfds (descriptors) or mappings: this group goes by tag.
+      if (!unshared_logged.exchange(true))
+        say(options.log, std::string("ucx producer: a packed buffer of ") + std::to_string(bytes)
+                             + " bytes could not be shared, such groups go by tag: " + e.what());
     }
   }
   return host_buffer(bytes);
@@ -662,7 +665,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   auto& opened = c->opened[{broadcast, s.digest}];
   opened = std::max(opened, s.version);
   first_open.emplace(s.version, s.last_used);
-  auto& opened_session = c->sessions[s.id] = std::move(s);
+  c->sessions[s.id] = std::move(s);
   reply(c, out);
   // The first gets ride on the open: the consumer reserved their sequence
   // numbers and tags, so its first group needs no further round trip.
@@ -671,9 +674,13 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     st.gets_carried += first;
   }
-  for (std::size_t i = 0; i < first; ++i)
-    serve(c, opened_session, wire::get_msg{m.seq + 1 + i, opened_session.id, out.groups[i].group, m.tag_base + i,
-                                           m.timeout_ms});
+  for (std::size_t i = 0; i < first; ++i) {
+    auto opened_session = c->sessions.find(out.session);
+    if (c->closed || opened_session == c->sessions.end())
+      break;
+    serve(c, opened_session->second,
+          wire::get_msg{m.seq + 1 + i, out.session, out.groups[i].group, m.tag_base + i, m.timeout_ms});
+  }
 }
 
 void producer_impl::handle(const conn_ptr& c, const wire::get_msg& m) {

@@ -236,6 +236,7 @@ struct producer_impl {
   host_buffer probe;
   wire::shared_region region_of(const host_buffer& b) const;
   host_buffer new_buffer(std::size_t bytes) const; // shareable when offered
+  mutable std::atomic<bool> unshared_logged{false}; // a buffer that could not be shared was logged
 
   // -- setup --------------------------------------------------------------------------
 

@@ -332,7 +332,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     else
       bytes = ch->slots[idx % window].data();
     // Sharded into a sink that keeps the bytes as sent: stored in place and
-    // checksummed as they land, one pass; else checksummed here first.
+    // checksummed as they land, one pass; else checksummed here first. (A
+    // lent buffer read twice so does not change in between: the producer
+    // rewrites a buffer only after every lend of it came back done; one
+    // not given back is never reused.)
     const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, group, size);
     const std::uint64_t got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
     if (got != header->checksum)
@@ -364,10 +367,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const std::uint64_t close_seq = ++ch->seq;
   ch->outbox.send(ch->ep, am_request, wire::encode(wire::close_msg{close_seq, manifest->session}), true);
   ch->pump();
-  // Producer buffers this pull and the one before did not use may have
-  // been freed: their mappings would keep that memory alive.
+  // Producer buffers this pull did not use may have been freed: their
+  // mappings would keep that memory alive beyond the producer's budget.
   for (auto it = ch->maps.begin(); it != ch->maps.end();)
-    it = it->second.last_pull + 1 < ch->pulls ? ch->maps.erase(it) : std::next(it);
+    it = it->second.last_pull < ch->pulls ? ch->maps.erase(it) : std::next(it);
   report.duration = clock::now() - t0;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -380,6 +383,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
 
 const std::uint8_t* puller_impl::mapped_group(channel& ch, const pull_request& req, const wire::shared_region& r,
                                               std::uint64_t bytes) {
+  if (r.pid != ch.shared_pid)
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": producer " + ch.peer + " lent a group in process "
+                             + std::to_string(r.pid) + ", its probe was in process " + std::to_string(ch.shared_pid));
   auto it = ch.maps.find(r.id);
   if (it == ch.maps.end() || it->second.map.mapped_bytes() != r.bytes) {
     std::string why;

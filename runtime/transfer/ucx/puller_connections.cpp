@@ -314,6 +314,7 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
     if (a->probe.id != 0) { // the producer is on this host: can we map its memory?
       std::string why;
       ch.shared = static_cast<bool>(shared_mapping(a->probe, why));
+      ch.shared_pid = ch.shared ? a->probe.pid : 0;
       ch.shared_why = why;
     }
     ch.replies.erase(it);

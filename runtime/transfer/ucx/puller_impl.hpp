@@ -63,7 +63,8 @@ struct channel {
   // pull that last used each (buffers unused for a whole pull are unmapped:
   // the producer may have freed them).
   bool shared = false;
-  std::string shared_why; // why not, when the producer offered it
+  std::uint32_t shared_pid = 0; // the producer process whose probe mapped: lent regions must name it
+  std::string shared_why;       // why not, when the producer offered it
   struct mapped {
     shared_mapping map;
     std::uint64_t last_pull = 0;

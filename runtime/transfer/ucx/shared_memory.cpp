@@ -27,13 +27,20 @@ std::string this_host_id() {
 
 shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& why) {
   const std::string path = "/proc/" + std::to_string(r.pid) + "/fd/" + std::to_string(r.fd);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Whatever the peer names: never block on it (a FIFO), never take a terminal.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     why = "cannot open " + path + ": " + std::strerror(errno);
     return;
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < r.bytes) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 || !(seals & F_SEAL_SHRINK)) {
+    ::close(fd);
+    why = path + " is not a memfd sealed against shrinking";
+    return;
+  }
+  if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < r.bytes) {
     ::close(fd);
     why = path + " is smaller than the " + std::to_string(r.bytes) + " bytes named";
     return;

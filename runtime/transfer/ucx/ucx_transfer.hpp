@@ -93,15 +93,21 @@
 // instead of a tagged message following, the consumer maps it (once per
 // buffer, kept while its pulls use it) and copies the group straight into
 // its staging with the checksum folded into that one copy, then says done;
-// the producer holds the group until then (or the get's deadline, as for a
-// send). Lent groups are given back in order, so a session's gets are
+// the producer holds the group until then. One not given back (the get's
+// deadline passed, the connection closed) leaves the cache and its buffer
+// is freed, never reused: the consumer may still map it, and a buffer is
+// rewritten only once every lend of it came back. Lent groups are given back in order, so a session's gets are
 // served in order too (a later group lent ahead of an earlier one waiting
 // for room could hold the budget that one needs). A group the producer
 // cannot lend (a buffer that is not shared, the corrupt drill) comes by
 // tag even in such a session. Across hosts, or when the probe does not
-// map, everything goes by tag as above. A consumer unmaps buffers its last
-// two pulls did not use (the producer may have freed them; the mapping
-// would keep their memory), and keeps at most max_mappings.
+// map, everything goes by tag as above. A consumer unmaps the buffers a
+// pull did not use (the producer may have freed them; the mapping would
+// keep their memory beyond its budget), and keeps at most max_mappings.
+// What a peer names is not trusted: the consumer opens it without blocking
+// (a FIFO), maps it only if it is a memfd sealed against shrinking (the
+// producer seals each buffer at its size: no SIGBUS), checks its header,
+// and maps nothing of another process than its probe's.
 //
 // Deadlines. A network partition gives UCX no error (none in 45 s here,
 // even with keepalives at 1 s; a killed peer shows in ~5 ms), so every wait
