@@ -80,8 +80,9 @@
 // unless every such session is itself waiting for room (then it drops one:
 // stats.evictions counts every drop a replica still needed). A session pins
 // groups only until its pull's deadline, a closed connection not at all. A
-// consumer holds groups_in_flight receive buffers per concurrent pull,
-// allocated and touched once, reused by later pulls.
+// consumer receiving by tag holds groups_in_flight receive buffers per
+// concurrent pull, allocated and touched once, reused by later pulls (one
+// whose groups are lent in shared memory needs none).
 //
 // Shared memory. On one host the bytes need not travel: the producer packs
 // into memfd-backed buffers (host_buffer.hpp, a header page naming each)
