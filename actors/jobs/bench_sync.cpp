@@ -279,6 +279,7 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"producer_budget_bytes", c.producer_budget_bytes},
           {"producer_packs_ahead", c.producer_packs_ahead},
           {"producer_evictions", c.producer_evictions},
+          {"producer_buffers_made", c.producer_buffers_made},
           {"largest_group_bytes", c.largest_group},
           {"ranks", c.ranks},
           {"packs", packs},
@@ -429,6 +430,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
+    r.producer_buffers_made += s.buffers_made - b.buffers_made;
     r.ucx_transports.insert(s.data_transports.begin(), s.data_transports.end());
     sent += s.groups_sent - b.groups_sent;
     lent += s.groups_lent - b.groups_lent;
@@ -708,10 +710,12 @@ std::string bench_sync_report(const bench_sync_result& r) {
                     c.largest_group / 1e6, c.local_peak_bytes / 1e6);
     else if (c.error.empty() && c.name != "control")
       out += format("%s memory: largest group %.1f MB; UCX producer peak %.1f MB packed (%zu groups) of its "
-                    "%.1f MB budget; warm rounds: %llu groups packed ahead, %llu dropped while needed\n",
+                    "%.1f MB budget; warm rounds: %llu groups packed ahead, %llu dropped while needed, %llu "
+                    "buffers made\n",
                     c.name.c_str(), c.largest_group / 1e6, c.producer_peak_bytes / 1e6, c.producer_peak_groups,
                     c.producer_budget_bytes / 1e6, static_cast<unsigned long long>(c.producer_packs_ahead),
-                    static_cast<unsigned long long>(c.producer_evictions));
+                    static_cast<unsigned long long>(c.producer_evictions),
+                    static_cast<unsigned long long>(c.producer_buffers_made));
   for (auto& c : r.cases)
     if (c.name == "control" && c.error.empty()) {
       auto m = medians_of(c);

@@ -349,6 +349,19 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
   m = wire::decode(bytes.data(), bytes.size());
   REQUIRE(std::get_if<wire::manifest_msg>(&m));
   CHECK(std::get<wire::manifest_msg>(m).groups.at(0).tensors.at(0).shape == std::vector<std::int64_t>{8, 8});
+  // A shared manifest names the producer's live buffers; a count past the
+  // limit is refused before anything is allocated for it.
+  auto shared = mf;
+  shared.shared = true;
+  shared.live_buffers = {11, 22, 33};
+  auto sb = wire::encode(shared);
+  m = wire::decode(sb.data(), sb.size());
+  REQUIRE(std::get_if<wire::manifest_msg>(&m));
+  CHECK(std::get<wire::manifest_msg>(m).shared);
+  CHECK(std::get<wire::manifest_msg>(m).live_buffers == std::vector<std::uint64_t>{11, 22, 33});
+  const std::uint32_t too_many = wire::max_live_buffers + 1;
+  std::memcpy(sb.data() + sb.size() - 3 * 8 - 4, &too_many, sizeof too_many);
+  CHECK_THROWS_WITH_AS(wire::decode(sb.data(), sb.size()), doctest::Contains("live buffer count"), wire::wire_error);
 
   auto bad_type = wire::encode(wire::hello_msg{1});
   bad_type[5] = 0x33;
@@ -370,14 +383,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
 
 TEST_CASE("ucx wire: messages and plans of an older format version (3: open without prefetch) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 5); // the byte after the magic
+  REQUIRE(message.at(4) == 6); // the byte after the magic
   message[4] = 3;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 3, expected 5"), wire::wire_error);
+                       doctest::Contains("format version 3, expected 6"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 5);
+  REQUIRE(plan.at(4) == 6);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 5"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 6"),
                        wire::wire_error);
 }
 
@@ -480,22 +493,25 @@ TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, wi
       qo.shared_memory = r.puller_maps;
       ucx_puller puller(qo);
       test_engine e("rollout-0", c, 2, puller);
-      for (int round = 0; round < 2; ++round) {
+      for (int round = 0; round < 4; ++round) {
         auto v = round == 0 ? src->latest() : src->produce_next();
         auto report = e.pull(puller, v->version(), mode);
         test::check_identical(*e.weights, *test::loaded(*v, 2));
         CHECK(report.groups == 3);
       }
       const auto until = in(10s);
-      while (producer.stats().groups_sent < 12 && clock::now() < until)
+      while (producer.stats().groups_sent < 24 && clock::now() < until)
         std::this_thread::sleep_for(1ms);
-      CHECK(producer.stats().groups_sent == 12); // 2 workers x 3 groups x 2 versions
-      CHECK(producer.stats().groups_lent == (r.lent ? 12u : 0u));
-      CHECK(puller.stats().groups_mapped == (r.lent ? 12u : 0u));
+      CHECK(producer.stats().groups_sent == 24); // 2 workers x 3 groups x 4 versions
+      CHECK(producer.stats().groups_lent == (r.lent ? 24u : 0u));
+      CHECK(puller.stats().groups_mapped == (r.lent ? 24u : 0u));
       CHECK(log.contains("groups in shared memory") == r.lent);
       if (r.lent) {
-        // Each packed buffer mapped once per connection and kept: no more mappings than buffers.
-        CHECK(puller.stats().mappings <= producer.stats().packs);
+        // Packed buffers are reused version after version, and each is
+        // mapped once per connection (2 here) and kept while the producer
+        // holds it, not mapped again by every pull.
+        CHECK(producer.stats().buffers_made < producer.stats().packs);
+        CHECK(puller.stats().mappings <= 2 * producer.stats().buffers_made);
         CHECK(puller.stats().buffers == 0); // no receive buffer was needed
       }
     }

@@ -184,6 +184,19 @@ entry_ptr producer_impl::stale_entry(clock::time_point now) const {
   return oldest;
 }
 
+std::vector<std::uint64_t> producer_impl::live_buffers() const {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [k, e] : cache)
+    if (e->buffer_id != 0)
+      ids.push_back(e->buffer_id);
+  for (const auto& b : spare)
+    if (b.buffer.id() != 0)
+      ids.push_back(b.buffer.id());
+  if (ids.size() > wire::max_live_buffers)
+    ids.resize(wire::max_live_buffers); // the consumer maps the rest again when lent them
+  return ids;
+}
+
 void producer_impl::drop(const entry_ptr& e) {
   if (e->buffer.capacity() > 0)
     spare.push_back({std::move(e->buffer), e->bytes});
@@ -234,6 +247,7 @@ entry_ptr producer_impl::start_pack(const cache_key& k, snapshot_ptr snapshot,
                                     host_buffer buffer, bool ahead) {
   auto e = std::make_shared<cache_entry>();
   e->key = k;
+  e->buffer_id = buffer.id();
   e->bytes = bytes;
   e->ahead = ahead;
   e->last_use = ++use_clock;
@@ -541,6 +555,7 @@ unsigned producer_impl::handle_packed() {
       continue; // cannot happen: packing entries are never evicted
     const entry_ptr e = it->second;
     e->buffer = std::move(r.buffer);
+    e->buffer_id = e->buffer.id();
     e->size = r.size;
     e->checksum = r.checksum;
     e->error = r.error;
@@ -568,6 +583,14 @@ unsigned producer_impl::handle_packed() {
 
 // -- packers ------------------------------------------------------------------------
 
+host_buffer producer_impl::made_buffer(std::size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.buffers_made;
+  }
+  return new_buffer(bytes);
+}
+
 void producer_impl::pack_loop() {
   for (;;) {
     pack_job job;
@@ -588,12 +611,12 @@ void producer_impl::pack_loop() {
         const auto layout = plan::full_group_layout::of(tensors);
         r.size = static_cast<std::size_t>(layout.bytes);
         if (job.buffer.capacity() < r.size)
-          job.buffer = new_buffer(r.size);
+          job.buffer = made_buffer(r.size);
         r.checksum = pack_full_group_checksummed(tensors, layout, job.buffer.data());
       } else {
         r.size = static_cast<std::size_t>(job.plan->bytes(g));
         if (job.buffer.capacity() < r.size)
-          job.buffer = new_buffer(r.size);
+          job.buffer = made_buffer(r.size);
         r.checksum = pack_group_checksummed(*job.plan, g, *job.snapshot, job.buffer.data());
       }
     } catch (const std::exception& e) {

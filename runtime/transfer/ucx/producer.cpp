@@ -631,6 +631,8 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   s.digest = broadcast ? 0 : m.plan;
   s.shared = m.shared && c->same_host;
   out.shared = s.shared;
+  if (s.shared)
+    out.live_buffers = live_buffers();
   s.snapshot = snapshot;
   s.plan = plan;
   s.last_used = clock::now();

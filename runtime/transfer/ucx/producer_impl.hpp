@@ -112,6 +112,7 @@ struct cache_entry {
   cache_key key;
   enum class state { packing, ready, failed } st = state::packing;
   host_buffer buffer;
+  std::uint64_t buffer_id = 0; // the shareable buffer it is (being) packed into; 0: none yet, or not shareable
   std::uint64_t bytes = 0; // counted against the budget: the packed size
   std::size_t size = 0;
   std::uint64_t checksum = 0;
@@ -236,6 +237,8 @@ struct producer_impl {
   host_buffer probe;
   wire::shared_region region_of(const host_buffer& b) const;
   host_buffer new_buffer(std::size_t bytes) const; // shareable when offered
+  host_buffer made_buffer(std::size_t bytes);      // new_buffer, counted (pack thread)
+  std::vector<std::uint64_t> live_buffers() const; // shareable buffers held: a shared manifest names them
   mutable std::atomic<bool> unshared_logged{false}; // a buffer that could not be shared was logged
 
   // -- setup --------------------------------------------------------------------------

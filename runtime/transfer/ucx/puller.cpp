@@ -5,6 +5,7 @@
 #include "runtime/transfer/store_in_place.hpp"
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 #include <type_traits>
 
@@ -147,6 +148,14 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   // Lent: each group is copied from the producer's shared memory, no
   // receive is posted (unless the producer sends one by tag after all).
   const bool lent = manifest->shared;
+  // Mappings of buffers the producer no longer holds go: they would keep
+  // freed memory alive beyond its budget. The rest stay mapped for the
+  // next pulls (mapping a buffer anew costs a page-table walk of it).
+  if (lent) {
+    const std::set<std::uint64_t> live(manifest->live_buffers.begin(), manifest->live_buffers.end());
+    for (auto it = ch->maps.begin(); it != ch->maps.end();)
+      it = live.count(it->first) ? std::next(it) : ch->maps.erase(it);
+  }
   const auto& groups = manifest->groups;
   std::vector<plan::full_group_layout> layouts(broadcast ? groups.size() : 0);
   std::uint64_t largest = 0;
@@ -367,10 +376,6 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const std::uint64_t close_seq = ++ch->seq;
   ch->outbox.send(ch->ep, am_request, wire::encode(wire::close_msg{close_seq, manifest->session}), true);
   ch->pump();
-  // Producer buffers this pull did not use may have been freed: their
-  // mappings would keep that memory alive beyond the producer's budget.
-  for (auto it = ch->maps.begin(); it != ch->maps.end();)
-    it = it->second.last_pull < ch->pulls ? ch->maps.erase(it) : std::next(it);
   report.duration = clock::now() - t0;
   {
     std::lock_guard<std::mutex> lock(mutex);

@@ -60,8 +60,8 @@ struct channel {
   void* closing = nullptr; // a close that has not completed (see close_ep)
   // Shared memory: whether the producer's probe mapped (then sessions ask
   // for lent groups), and the producer buffers mapped, by id, with the
-  // pull that last used each (buffers unused for a whole pull are unmapped:
-  // the producer may have freed them).
+  // pull that last used each (kept while the producer's manifests name
+  // them: one it no longer holds is unmapped at the next open).
   bool shared = false;
   std::uint32_t shared_pid = 0; // the producer process whose probe mapped: lent regions must name it
   std::string shared_why;       // why not, when the producer offered it

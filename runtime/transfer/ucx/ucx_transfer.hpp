@@ -92,7 +92,7 @@
 // checks against its header. When that works, its opens ask for lent
 // groups: a group's header then names the buffer (pid, fd, length, id)
 // instead of a tagged message following, the consumer maps it (once per
-// buffer, kept while its pulls use it) and copies the group straight into
+// buffer, kept while the producer holds it) and copies the group straight into
 // its staging with the checksum folded into that one copy, then says done;
 // the producer holds the group until then. One not given back (the get's
 // deadline passed, the connection closed) leaves the cache and its buffer
@@ -102,9 +102,10 @@
 // for room could hold the budget that one needs). A group the producer
 // cannot lend (a buffer that is not shared, the corrupt drill) comes by
 // tag even in such a session. Across hosts, or when the probe does not
-// map, everything goes by tag as above. A consumer unmaps the buffers a
-// pull did not use (the producer may have freed them; the mapping would
-// keep their memory beyond its budget), and keeps at most max_mappings.
+// map, everything goes by tag as above. A shared manifest names the
+// buffers the producer holds; the consumer unmaps the others as it opens
+// (a mapping would keep freed memory alive beyond the producer's budget)
+// and keeps at most max_mappings: a buffer is mapped once, not per pull.
 // What a peer names is not trusted: the consumer opens it without blocking
 // (a FIFO), maps it only if it is a memfd sealed against shrinking (the
 // producer seals each buffer at its size: no SIGBUS), checks its header,
@@ -252,6 +253,7 @@ struct ucx_producer_stats {
   std::uint64_t packs = 0;          ///< groups packed
   std::uint64_t packs_ahead = 0;    ///< of which packed ahead, before any get asked for them
   std::uint64_t packed_bytes = 0;
+  std::uint64_t buffers_made = 0;   ///< packed buffers allocated (the rest reused one): each new one is faulted in, and mapped anew by consumers
   std::size_t peak_packed = 0;      ///< most packed groups alive at once
   std::uint64_t budget_bytes = 0;   ///< packed_budget_bytes as resolved
   std::uint64_t peak_packed_bytes = 0; ///< most bytes held at once: packed groups and spare buffers

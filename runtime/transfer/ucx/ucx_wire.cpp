@@ -13,7 +13,7 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // 2: group checksums and plan digests are XXH3 (64-bit); 1 used XXH64. A peer
 // of the other version is refused at the first message instead of failing
 // every checksum. 3: hello carries the engine worker and its session token.
-constexpr std::uint8_t format_version = 5;
+constexpr std::uint8_t format_version = 6;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -426,6 +426,10 @@ std::vector<std::uint8_t> encode(const message& m) {
             put_specs(w, g.tensors);
           }
           w.put(static_cast<std::uint8_t>(x.shared));
+          const auto live = std::min(x.live_buffers.size(), max_live_buffers);
+          w.put(static_cast<std::uint32_t>(live));
+          for (std::size_t i = 0; i < live; ++i)
+            w.put(x.live_buffers[i]);
         } else if constexpr (std::is_same_v<T, group_msg>) {
           header(w, msg_type::group);
           w.put(x.seq);
@@ -561,6 +565,9 @@ message decode(const std::uint8_t* data, std::size_t size) {
         g.tensors = get_specs(r);
       }
       m.shared = get_flag(r, "shared");
+      m.live_buffers.resize(r.count<std::uint32_t>("live buffer count", max_live_buffers, 8));
+      for (auto& id : m.live_buffers)
+        id = r.get<std::uint64_t>("live buffer");
       out = std::move(m);
       break;
     }

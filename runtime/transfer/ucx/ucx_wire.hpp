@@ -49,6 +49,7 @@ inline constexpr std::size_t max_ops = 64;                  ///< ops per plan en
 inline constexpr std::size_t max_plan_entries = 1u << 22;
 inline constexpr std::size_t max_groups = 1u << 20;         ///< groups in a manifest
 inline constexpr std::size_t max_group_tensors = 1u << 16;  ///< tensors of one group (broadcast manifest)
+inline constexpr std::size_t max_live_buffers = 1u << 12;   ///< shared buffers a manifest names
 inline constexpr int max_tp = 1 << 16;
 inline constexpr std::size_t max_token_bytes = 64;
 
@@ -185,6 +186,10 @@ struct manifest_msg {
   std::uint64_t session = 0;
   std::vector<group_info> groups; ///< ascending
   bool shared = false; ///< the session's groups are lent in shared memory
+  /// A shared session: the ids of the shareable buffers the producer holds
+  /// now (at most max_live_buffers). The consumer keeps its mappings of
+  /// these and drops the rest (freed: a mapping would keep them alive).
+  std::vector<std::uint64_t> live_buffers;
 };
 struct group_msg {
   std::uint64_t seq = 0; ///< the get's
