@@ -167,6 +167,14 @@ engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, s
   return engine_info{spec.name, spec.node, static_cast<std::uint32_t>(spec.tp), version, dirty, incarnation};
 }
 
+std::string await_engine_ready(caf::actor_system& sys, const caf::actor& engine) {
+  std::string failure;
+  caf::scoped_actor self{sys};
+  self->request(caf::actor_cast<rollout_engine_actor>(engine), engine_ready_deadline, status_atom::value)
+    .receive([](const engine_status&) {}, [&](caf::error& err) { failure = sys.render(err); });
+  return failure;
+}
+
 std::string register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,
                             const caf::actor& engine, std::chrono::milliseconds deadline) {
   std::string failure;
@@ -360,6 +368,10 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
                                  + " could not register with the coordinator: " + failure);
       }
   for (std::size_t i = 0; i < d.engines.size(); ++i) {
+    if (auto failure = await_engine_ready(sys, caf::actor_cast<caf::actor>(d.engines[i])); !failure.empty()) {
+      stop_and_await(sys, d.actors());
+      throw std::runtime_error("engine " + hosted[i]->name + " did not come up: " + failure);
+    }
     auto info = engine_info_of(*hosted[i], d.incarnations[i]);
     if (auto failure = register_engine(sys, d.coordinator, info, caf::actor_cast<caf::actor>(d.engines[i]),
                                        opts.register_deadline);
@@ -391,6 +403,8 @@ std::string local_deployment::restart_engine(caf::actor_system& sys, const topol
     return "engine " + engine_names[i] + " is not in the topology";
   ++incarnations[i];
   engines[i] = spawn_engine(sys, *this, t, *spec, i);
+  if (auto failure = await_engine_ready(sys, caf::actor_cast<caf::actor>(engines[i])); !failure.empty())
+    return "did not come up: " + failure;
   return register_engine(sys, coordinator, engine_info_of(*spec, incarnations[i]),
                          caf::actor_cast<caf::actor>(engines[i]), deadline);
 }

@@ -182,6 +182,16 @@ std::uint64_t process_incarnation();
 engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, std::uint64_t version = 0,
                            bool dirty = true);
 
+/// How long a new engine may take to come up: it faults in its staging
+/// weights as it starts (about a second per GB here), before it answers.
+inline constexpr std::chrono::minutes engine_ready_deadline{5};
+
+/// Waits until a newly spawned `engine` answers (its construction, staging
+/// included, is done), up to engine_ready_deadline: the failure (rendered),
+/// or empty. Registering it before that would let the first round's pause
+/// wait for the construction.
+std::string await_engine_ready(caf::actor_system& sys, const caf::actor& engine);
+
 /// Registers `engine` as `info` with `coordinator`, waiting up to
 /// `deadline`: the refusal (rendered), or empty once registered.
 std::string register_engine(caf::actor_system& sys, const coordinator_actor& coordinator, const engine_info& info,

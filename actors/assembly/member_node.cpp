@@ -240,7 +240,11 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
         engines.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
         specs.push_back(&e);
       }
-    failure = register_all(grant->coordinator);
+    for (std::size_t i = 0; i < engines.size() && failure.empty(); ++i)
+      if (auto why = await_engine_ready(sys, engines[i]); !why.empty())
+        failure = "engine " + specs[i]->name + " did not come up: " + why;
+    if (failure.empty())
+      failure = register_all(grant->coordinator);
   } catch (const std::exception& e) {
     failure = e.what();
   }
