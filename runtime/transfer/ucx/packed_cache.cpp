@@ -197,6 +197,11 @@ std::vector<std::uint64_t> producer_impl::live_buffers() const {
   return ids;
 }
 
+void producer_impl::forget(const entry_ptr& e) {
+  if (auto it = cache.find(e->key); it != cache.end() && it->second == e)
+    cache.erase(it);
+}
+
 void producer_impl::drop(const entry_ptr& e) {
   if (e->buffer.capacity() > 0)
     spare.push_back({std::move(e->buffer), e->bytes});
@@ -374,55 +379,47 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
   op.deadline = j.deadline;
   op.bytes = e->size;
   op.group = j.group;
-  const std::uint8_t* data = e->buffer.data();
+  wire::group_msg header{j.seq, wire::status::ok, "", j.group, e->size, e->checksum};
   const bool corrupt = take_corruption(j) && e->size > 0;
   if (j.shared && e->buffer.shared() && !corrupt) {
     // Lent: the consumer maps the buffer and copies the group from it;
     // it stays pinned until the consumer's done, or the get's deadline.
     op.lent = true;
     op.seq = j.seq;
-    wire::group_msg header{j.seq, wire::status::ok, "", j.group, e->size, e->checksum};
     header.shared = region_of(e->buffer);
-    reply(j.conn, header);
-    e->served.insert(consumer_of(j.engine, j.worker));
-    retry_blocked = true;
-    finish_get(j);
-    {
-      std::lock_guard<std::mutex> lock(stats_mutex);
-      ++st.groups_lent;
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.groups_lent;
+  } else {
+    const std::uint8_t* data = e->buffer.data();
+    if (corrupt) {
+      // The drill: this consumer receives altered bytes under the true
+      // checksum, by tag (a shared session's consumer takes such a group by
+      // tag too).
+      op.altered.assign(data, data + e->size);
+      op.altered[op.altered.size() / 2] ^= 0x5a;
+      data = op.altered.data();
     }
-    sends.push_back(std::move(op));
-    return;
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = 0;
+    op.request = ucp_tag_send_nbx(j.conn->ep, data, e->size, j.tag, &rp);
+    if (UCS_PTR_IS_ERR(op.request)) {
+      reply(j.conn, wire::group_msg{j.seq, wire::status::producer_failed,
+                                    std::string("cannot send: ") + ucs_status_string(UCS_PTR_STATUS(op.request)),
+                                    j.group, 0, 0});
+      finish_get(j);
+      release(e);
+      return;
+    }
   }
-  if (corrupt) {
-    // The drill: this consumer receives altered bytes under the true
-    // checksum, by tag (a shared session's consumer takes such a group by
-    // tag too).
-    op.altered.assign(data, data + e->size);
-    op.altered[op.altered.size() / 2] ^= 0x5a;
-    data = op.altered.data();
-  }
-  ucp_request_param_t rp{};
-  rp.op_attr_mask = 0;
-  void* req = ucp_tag_send_nbx(j.conn->ep, data, e->size, j.tag, &rp);
-  if (UCS_PTR_IS_ERR(req)) {
-    reply(j.conn, wire::group_msg{j.seq, wire::status::producer_failed,
-                                  std::string("cannot send: ") + ucs_status_string(UCS_PTR_STATUS(req)), j.group,
-                                  0, 0});
-    finish_get(j);
-    release(e);
-    return;
-  }
-  reply(j.conn, wire::group_msg{j.seq, wire::status::ok, "", j.group, e->size, e->checksum});
+  reply(j.conn, header);
   e->served.insert(consumer_of(j.engine, j.worker));
   retry_blocked = true; // it may be needed by nobody now
   finish_get(j);
-  if (req == nullptr) {
+  if (!op.lent && op.request == nullptr) { // sent already
     count_sent(op.bytes);
     release(e);
     return;
   }
-  op.request = req;
   sends.push_back(std::move(op));
 }
 
@@ -443,11 +440,7 @@ unsigned producer_impl::poll_sends() {
       // consumer could read unchecked); the connection is closed.
       const bool gone = it->conn->closed;
       if (gone || now >= it->deadline) {
-        for (auto c = cache.begin(); c != cache.end(); ++c)
-          if (c->second == it->entry) {
-            cache.erase(c);
-            break;
-          }
+        forget(it->entry);
         if (!gone)
           close_connection(it->conn, "group " + std::to_string(it->group)
                                          + " was not given back before the consumer's deadline");
@@ -467,11 +460,7 @@ unsigned producer_impl::poll_sends() {
         // leaves the cache (its slot serves others) but its buffer stays
         // alive with this send until UCX lets go of it.
         it->abandoned = true;
-        for (auto c = cache.begin(); c != cache.end(); ++c)
-          if (c->second == it->entry) {
-            cache.erase(c);
-            break;
-          }
+        forget(it->entry);
         close_connection(it->conn, "group " + std::to_string(it->group)
                                        + " was not taken before the consumer's deadline");
         ++n;

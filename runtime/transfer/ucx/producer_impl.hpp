@@ -320,7 +320,8 @@ struct producer_impl {
   /// The least recently used group of an older version than the newest
   /// that nobody still needs; nullptr when none.
   entry_ptr stale_entry(clock::time_point now) const;
-  void drop(const entry_ptr& e);
+  void drop(const entry_ptr& e);   // leaves the cache, its buffer kept for reuse
+  void forget(const entry_ptr& e); // leaves the cache, its buffer freed with the entry
   entry_ptr start_pack(const cache_key& k, snapshot_ptr snapshot, std::shared_ptr<const plan::grouped_plan> plan,
                        std::uint64_t bytes, host_buffer buffer, bool ahead);
   unsigned check_published();
