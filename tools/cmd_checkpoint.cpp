@@ -28,8 +28,9 @@ const char* make_description =
     "  rlsync checkpoint make --out DIR --layers L --hidden H --heads A --kv-heads K --seed S [...]\n"
     "  rlsync checkpoint make --from DIR --perturb SCALE --seed S --out DIR2\n"
     "\n"
-    "The first writes a seeded synthetic Llama-style checkpoint (config.json and\n"
-    "safetensors, sharded with an index above --shard-bytes). The second writes the next\n"
+    "The first writes a seeded synthetic checkpoint (config.json and safetensors, sharded\n"
+    "with an index above --shard-bytes) of a Llama (--arch llama, the default) or a Qwen3\n"
+    "(--arch qwen3: per-head q/k norms, --head-dim D, by default H/A). The second writes the next\n"
     "version of DIR: every element becomes old + SCALE * noise(seed, tensor, index), with\n"
     "noise uniform in [-1, 1), rounded to the tensor's dtype (changes below half a unit in\n"
     "the last place are lost: a bf16 1.0 needs SCALE > 0.004). DIR2 must not exist (or be\n"
@@ -39,14 +40,14 @@ const char* inspect_description =
     "Lists every tensor of checkpoint DIR: name, dtype, shape, bytes and the xxh3\n"
     "checksum of its bytes (XXH3 64-bit, seed 0, 16 hex digits: what xxhsum -H3\n"
     "prints for the same bytes), then the total. Warns when the tensors do not match\n"
-    "the Llama layout config.json implies.";
+    "the layout config.json implies (its model_type: llama or qwen3).";
 
 // Flag for each config.json field validate() may name.
 const std::pair<const char*, const char*> field_flags[] = {
   {"vocab_size", "--vocab"},           {"hidden_size", "--hidden"},
   {"intermediate_size", "--intermediate"}, {"num_hidden_layers", "--layers"},
   {"num_attention_heads", "--heads"},  {"num_key_value_heads", "--kv-heads"},
-  {"max_position_embeddings", "--max-positions"},
+  {"max_position_embeddings", "--max-positions"}, {"head_dim", "--head-dim"},
 };
 
 // "num_key_value_heads: must divide ..." -> "--kv-heads: must divide ..."
@@ -85,9 +86,10 @@ void print_written(const checkpoint_written& w) {
 int make(const arg_list& argv) {
   CLI::App app(make_description, "rlsync checkpoint make");
   cli::configure(app);
-  std::string out, from, dtype = "bf16";
+  std::string out, from, dtype = "bf16", arch = "llama";
   std::uint64_t seed = 0, shard_bytes = default_shard_bytes;
   std::uint64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, vocab = 0, max_positions = 0;
+  std::uint64_t head_dim = 0;
   double scale = 0.0;
   auto out_flag = app.add_option("--out", out, "output directory")->type_name("DIR");
   auto layers_flag = cli::add_size(app, "--layers", layers, "num_hidden_layers");
@@ -98,6 +100,8 @@ int make(const arg_list& argv) {
                                          "intermediate_size (default 8/3*H rounded up to a multiple of 64)");
   auto vocab_flag = cli::add_size(app, "--vocab", vocab, "vocab_size, at least 258")->default_str("320");
   auto dtype_flag = app.add_option("--dtype", dtype, "bf16, f16 or f32")->capture_default_str();
+  auto arch_flag = app.add_option("--arch", arch, "llama or qwen3")->capture_default_str();
+  auto head_dim_flag = cli::add_size(app, "--head-dim", head_dim, "head_dim (qwen3 only; default H/A)");
   model_config c;
   auto max_positions_flag = cli::add_size(app, "--max-positions", max_positions, "max_position_embeddings")
                               ->default_val(c.max_position_embeddings);
@@ -119,7 +123,8 @@ int make(const arg_list& argv) {
     if (perturb_flag->count() == 0)
       throw cli::usage_error("missing required flag --perturb (with --from)");
     for (const CLI::Option* shape_flag : {layers_flag, hidden_flag, heads_flag, kv_heads_flag, intermediate_flag,
-                                          vocab_flag, dtype_flag, max_positions_flag, tie_flag, shard_bytes_flag})
+                                          vocab_flag, dtype_flag, max_positions_flag, tie_flag, shard_bytes_flag,
+                                          arch_flag, head_dim_flag})
       if (shape_flag->count() > 0)
         throw cli::usage_error(shape_flag->get_name() + " cannot be combined with --from (the shape comes from "
                                + from + ")");
@@ -127,6 +132,14 @@ int make(const arg_list& argv) {
     return 0;
   }
 
+  auto parsed_arch = arch_of_model_type(arch);
+  if (!parsed_arch)
+    throw cli::usage_error("--arch: expected llama or qwen3, got '" + printable(arch) + "'");
+  c.arch = *parsed_arch;
+  if (head_dim_flag->count() > 0 && c.arch != model_arch::qwen3)
+    throw cli::usage_error("--head-dim: only with --arch qwen3 (a llama's head_dim is H/A)");
+  if (head_dim_flag->count() > 0)
+    c.explicit_head_dim = dimension(head_dim_flag, head_dim, std::nullopt);
   c.num_hidden_layers = dimension(layers_flag, layers, std::nullopt);
   c.hidden_size = dimension(hidden_flag, hidden, std::nullopt);
   c.num_attention_heads = dimension(heads_flag, heads, std::nullopt);
@@ -170,8 +183,10 @@ void print_json(const checkpoint_summary& s) {
 
 void print_table(const checkpoint_summary& s) {
   auto& c = s.config;
-  std::cout << "checkpoint " << printable(s.dir) << ": layers=" << c.num_hidden_layers << " hidden=" << c.hidden_size
+  std::cout << "checkpoint " << printable(s.dir) << ": arch=" << to_string(c.arch)
+            << " layers=" << c.num_hidden_layers << " hidden=" << c.hidden_size
             << " heads=" << c.num_attention_heads << " kv_heads=" << c.num_key_value_heads
+            << " head_dim=" << c.head_dim()
             << " intermediate=" << c.intermediate_size << " vocab=" << c.vocab_size
             << " tie=" << (c.tie_word_embeddings ? "true" : "false") << "\n";
   std::size_t name_w = 4, shape_w = 5;
@@ -197,7 +212,8 @@ void print_table(const checkpoint_summary& s) {
   std::cout << "total: " << s.tensors.size() << " tensors, " << s.total_bytes << " bytes in " << s.files.size()
             << (s.files.size() == 1 ? " file" : " files") << "\n";
   for (auto& p : s.layout_problems)
-    std::cout << "warning: not the Llama layout config.json implies: " << printable(p, 1024) << "\n";
+    std::cout << "warning: not the " << (c.arch == model_arch::qwen3 ? "Qwen3" : "Llama")
+              << " layout config.json implies: " << printable(p, 1024) << "\n";
 }
 
 int inspect(const arg_list& argv) {

@@ -55,6 +55,7 @@ py::dict model_dict(const model_config& c) {
   d["rope_theta"] = c.rope_theta;
   d["tie_word_embeddings"] = c.tie_word_embeddings;
   d["head_dim"] = c.head_dim();
+  d["model_type"] = to_string(c.arch);
   return d;
 }
 

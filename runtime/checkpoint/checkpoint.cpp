@@ -286,7 +286,7 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
   const std::int64_t h = c.hidden_size, hd = c.head_dim(), inter = c.intermediate_size;
   const std::int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
   std::vector<tensor_spec> specs;
-  specs.reserve(static_cast<std::size_t>(9 * std::max<std::int64_t>(c.num_hidden_layers, 0) + 3));
+  specs.reserve(static_cast<std::size_t>(11 * std::max<std::int64_t>(c.num_hidden_layers, 0) + 3));
   auto add = [&](std::string name, std::vector<std::int64_t> shape) {
     specs.push_back(tensor_spec{std::move(name), type, std::move(shape)});
   };
@@ -298,6 +298,10 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
     add(p + "self_attn.k_proj.weight", {kv, h});
     add(p + "self_attn.v_proj.weight", {kv, h});
     add(p + "self_attn.o_proj.weight", {h, q});
+    if (c.qk_norm()) {
+      add(p + "self_attn.q_norm.weight", {hd});
+      add(p + "self_attn.k_norm.weight", {hd});
+    }
     add(p + "post_attention_layernorm.weight", {h});
     add(p + "mlp.gate_proj.weight", {inter, h});
     add(p + "mlp.up_proj.weight", {inter, h});

@@ -36,6 +36,8 @@ inline constexpr std::size_t default_chunk_elements = 1 << 20;
 ///   model.layers.N.self_attn.k_proj.weight     [kv_heads*head_dim, hidden]
 ///   model.layers.N.self_attn.v_proj.weight     [kv_heads*head_dim, hidden]
 ///   model.layers.N.self_attn.o_proj.weight     [hidden, heads*head_dim]
+///   model.layers.N.self_attn.q_norm.weight     [head_dim]  (qwen3 only)
+///   model.layers.N.self_attn.k_norm.weight     [head_dim]  (qwen3 only)
 ///   model.layers.N.post_attention_layernorm.weight [hidden]
 ///   model.layers.N.mlp.gate_proj.weight        [intermediate, hidden]
 ///   model.layers.N.mlp.up_proj.weight          [intermediate, hidden]

@@ -2,6 +2,7 @@
 // read_json_strict (duplicate keys and deep nesting refused); every field we
 // use is checked for its JSON type.
 #include "runtime/base/json.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/base/regular_file.hpp"
 #include "runtime/config/model_config.hpp"
 
@@ -72,6 +73,17 @@ model_config read_config_json(const std::string& path) {
   if (!root.is_object())
     throw std::runtime_error(path + ": expected a JSON object, got " + json_describe(root));
   model_config c;
+  if (auto it = root.find("model_type"); it != root.end()) {
+    if (!it->is_string())
+      fail(path, "model_type", "expected a string, got " + json_describe(*it));
+    auto arch = arch_of_model_type(it->get<std::string>());
+    if (!arch)
+      fail(path, "model_type", "'" + printable(it->get<std::string>()) + "' is not an architecture rlsync runs "
+                                   "(llama, qwen3)");
+    c.arch = *arch;
+  }
+  if (read_bool(root, path, "attention_bias", false))
+    fail(path, "attention_bias", "true: rlsync's engine has no attention biases");
   c.vocab_size = read_int(root, path, "vocab_size", nullptr);
   c.hidden_size = read_int(root, path, "hidden_size", nullptr);
   c.intermediate_size = read_int(root, path, "intermediate_size", nullptr);
@@ -82,6 +94,12 @@ model_config read_config_json(const std::string& path) {
   c.rms_norm_eps = read_double(root, path, "rms_norm_eps", c.rms_norm_eps);
   c.rope_theta = read_double(root, path, "rope_theta", c.rope_theta);
   c.tie_word_embeddings = read_bool(root, path, "tie_word_embeddings", c.tie_word_embeddings);
+  if (c.arch == model_arch::qwen3 && root.contains("head_dim")) {
+    const std::int64_t none = 0;
+    c.explicit_head_dim = read_int(root, path, "head_dim", &none);
+    if (c.explicit_head_dim <= 0)
+      fail(path, "head_dim", "must be positive, got " + std::to_string(c.explicit_head_dim));
+  }
   auto errs = validate(c);
   if (!errs.empty())
     throw std::runtime_error(path + ": " + errs.front());
@@ -90,9 +108,10 @@ model_config read_config_json(const std::string& path) {
 
 void write_config_json(const std::string& path, const model_config& c) {
   // Field order as transformers writes it for LlamaForCausalLM.
+  const bool qwen3 = c.arch == model_arch::qwen3;
   nlohmann::ordered_json config = {
-    {"architectures", nlohmann::ordered_json::array({"LlamaForCausalLM"})},
-    {"model_type", "llama"},
+    {"architectures", nlohmann::ordered_json::array({qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"})},
+    {"model_type", to_string(c.arch)},
     {"hidden_act", "silu"},
     {"vocab_size", c.vocab_size},
     {"hidden_size", c.hidden_size},
@@ -107,6 +126,10 @@ void write_config_json(const std::string& path, const model_config& c) {
     {"bos_token_id", token_bos},
     {"eos_token_id", token_eos},
   };
+  if (qwen3) {
+    config["head_dim"] = c.head_dim();
+    config["attention_bias"] = false;
+  }
   std::ofstream out(path, std::ios::trunc);
   out << config.dump(2) << "\n";
   out.flush();

@@ -6,21 +6,43 @@
 
 namespace rlsync {
 
+const char* to_string(model_arch a) {
+  switch (a) {
+    case model_arch::llama:
+      return "llama";
+    case model_arch::qwen3:
+      return "qwen3";
+  }
+  return "?";
+}
+
+std::optional<model_arch> arch_of_model_type(const std::string& model_type) {
+  if (model_type == "llama")
+    return model_arch::llama;
+  if (model_type == "qwen3")
+    return model_arch::qwen3;
+  return std::nullopt;
+}
+
 std::optional<std::int64_t> parameter_count(const model_config& c) {
   using i64 = std::int64_t;
   if (c.hidden_size <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0
       || c.intermediate_size <= 0 || c.num_hidden_layers <= 0 || c.vocab_size <= 0)
     return std::nullopt;
-  const i64 h = c.hidden_size;
-  auto kv_dim = checked_mul<i64>(c.num_key_value_heads, c.head_dim());
-  auto hh = checked_mul<i64>(h, h);
+  const i64 h = c.hidden_size, hd = c.head_dim();
+  if (hd <= 0)
+    return std::nullopt;
+  auto kv_dim = checked_mul<i64>(c.num_key_value_heads, hd);
+  auto q_dim = checked_mul<i64>(c.num_attention_heads, hd);
+  auto hq = q_dim ? checked_mul<i64>(h, *q_dim) : std::nullopt;
   auto hkv = kv_dim ? checked_mul<i64>(h, *kv_dim) : std::nullopt;
   auto hi = checked_mul<i64>(h, c.intermediate_size);
-  if (!hh || !hkv || !hi)
+  if (!hq || !hkv || !hi)
     return std::nullopt;
-  // 2 h^2 (q, o) + 2 h kv_dim (k, v) + 3 h i (gate, up, down) + 2 h (norms).
+  // 2 h q_dim (q, o) + 2 h kv_dim (k, v) + 3 h i (gate, up, down) + 2 h
+  // (norms) + 2 head_dim (Qwen3's q/k head norms).
   std::optional<i64> per_layer = i64(0);
-  const std::pair<i64, i64> terms[] = {{2, *hh}, {2, *hkv}, {3, *hi}, {2, h}};
+  const std::pair<i64, i64> terms[] = {{2, *hq}, {2, *hkv}, {3, *hi}, {2, h}, {c.qk_norm() ? 2 : 0, hd}};
   for (auto [times, term] : terms) {
     auto product = checked_mul<i64>(times, term);
     per_layer = product && per_layer ? checked_add<i64>(*per_layer, *product) : std::nullopt;
@@ -66,9 +88,21 @@ std::vector<std::string> validate(const model_config& c) {
     errs.push_back("rms_norm_eps: must be positive");
   if (!(c.rope_theta > 0))
     errs.push_back("rope_theta: must be positive");
+  if (c.explicit_head_dim != 0 && c.arch != model_arch::qwen3) {
+    errs.push_back(std::string("head_dim: only qwen3 models may set it (a ") + to_string(c.arch)
+                   + " model's is hidden_size / num_attention_heads)");
+    ok = false;
+  } else if (c.explicit_head_dim < 0 || c.explicit_head_dim > max_head_dim) {
+    errs.push_back("head_dim: must be positive and at most " + std::to_string(max_head_dim) + ", got "
+                   + std::to_string(c.explicit_head_dim));
+    ok = false;
+  }
   if (!ok)
     return errs;
-  if (c.hidden_size % c.num_attention_heads != 0)
+  if (c.explicit_head_dim > 0) {
+    if (c.head_dim() % 2 != 0)
+      errs.push_back("head_dim: must be even for rotary embeddings, got " + std::to_string(c.head_dim()));
+  } else if (c.hidden_size % c.num_attention_heads != 0)
     errs.push_back("num_attention_heads: must divide hidden_size (" + std::to_string(c.hidden_size)
                    + "), got " + std::to_string(c.num_attention_heads));
   else if (c.head_dim() % 2 != 0)

@@ -8,7 +8,22 @@
 
 namespace rlsync {
 
+/// The decoder architectures the engine runs, as config.json's model_type
+/// names them:
+///   llama  LlamaForCausalLM: head_dim = hidden / heads
+///   qwen3  Qwen3ForCausalLM: an explicit head_dim (may differ from hidden /
+///          heads) and an RMSNorm over each query and key head
+///          (self_attn.q_norm / k_norm, [head_dim]) before the rotary
+///          embedding; no attention bias
+enum class model_arch { llama, qwen3 };
+
+/// "llama", "qwen3".
+const char* to_string(model_arch a);
+/// The architecture config.json's model_type names; nullopt for another.
+std::optional<model_arch> arch_of_model_type(const std::string& model_type);
+
 struct model_config {
+  model_arch arch = model_arch::llama;
   std::int64_t vocab_size = 0;
   std::int64_t hidden_size = 0;
   std::int64_t intermediate_size = 0;
@@ -19,8 +34,15 @@ struct model_config {
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
+  /// Qwen3's config.json head_dim; 0: hidden_size / num_attention_heads
+  /// (Llama's rule, and Qwen3's when the field is absent).
+  std::int64_t explicit_head_dim = 0;
 
-  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  std::int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
+  }
+  /// Whether each layer normalises its query and key heads (Qwen3).
+  bool qk_norm() const { return arch == model_arch::qwen3; }
 };
 
 /// The byte-level tokenizer's reserved ids: bytes 0..255, then BOS and EOS.
@@ -37,18 +59,20 @@ constexpr std::int64_t max_hidden_size = std::int64_t(1) << 16;
 constexpr std::int64_t max_intermediate_size = std::int64_t(1) << 20;
 constexpr std::int64_t max_hidden_layers = 1024;
 constexpr std::int64_t max_attention_heads = 1024;
+constexpr std::int64_t max_head_dim = 4096;
 constexpr std::int64_t max_position_embeddings_limit = std::int64_t(1) << 24;
 /// 2^40 (about 1.1 trillion) parameters.
 constexpr std::int64_t max_parameters = std::int64_t(1) << 40;
 
 /// Parameters of a Llama-style decoder without biases: embeddings, per layer
-/// q/k/v/o, gate/up/down and two norms, the final norm, and the LM head
-/// unless tied. Computed with overflow checks: nullopt when it does not fit
+/// q/k/v/o, gate/up/down and two norms (Qwen3: and the q/k head norms), the
+/// final norm, and the LM head unless tied. Computed with overflow checks: nullopt when it does not fit
 /// in 64 bits or a size is not positive.
 std::optional<std::int64_t> parameter_count(const model_config& c);
 
 /// Checks the shape on its own (positive sizes within the max_* bounds above,
-/// heads divide hidden, kv heads divide heads, even head_dim for rotary,
+/// heads divide hidden unless head_dim is explicit (Qwen3 only), kv heads
+/// divide heads, even head_dim for rotary,
 /// vocab >= 258, at most max_parameters parameters). Returns one message
 /// per problem, each starting with the config.json field name, e.g.
 /// "num_key_value_heads: must divide num_attention_heads (8), got 3".
@@ -67,12 +91,15 @@ namespace rlsync {
 
 /// Reads a Hugging Face config.json. Unknown keys are ignored (HF writes many
 /// we do not need); num_key_value_heads defaults to num_attention_heads.
+/// model_type picks the architecture (absent: llama); another model type,
+/// or attention_bias true, is refused naming the field.
 /// Throws std::runtime_error "<path>: <field>: <problem>" on a missing file,
 /// invalid JSON, a missing required field or a value of the wrong type, and
 /// on any problem validate() finds.
 model_config read_config_json(const std::string& path);
 
-/// Writes `c` as a Hugging Face-style config.json (LlamaForCausalLM).
+/// Writes `c` as a Hugging Face-style config.json (LlamaForCausalLM or
+/// Qwen3ForCausalLM, as c.arch says).
 void write_config_json(const std::string& path, const model_config& c);
 
 } // namespace rlsync

@@ -31,8 +31,10 @@ void load_vocab_rows(const weight_view& src, worker_weights& dst, const char* pa
   src.narrow(0, s.vocab_begin, s.vocab())->copy_into(dst.at(param_name), 0);
 }
 
-void load_replicated(const weight_view& src, worker_weights& dst, const std::string& param_name) {
-  expect_shape(src, {dst.shard().config.hidden_size});
+// A norm every worker holds whole: [hidden], or Qwen3's [head_dim] head norms.
+void load_replicated(const weight_view& src, worker_weights& dst, const std::string& param_name,
+                     std::int64_t size) {
+  expect_shape(src, {size});
   src.copy_into(dst.at(param_name), 0);
 }
 
@@ -105,14 +107,16 @@ void load_weight(const weight_view& src, worker_weights& dst) {
   if (name == "lm_head.weight" && !c.tie_word_embeddings)
     return load_vocab_rows(src, dst, param::lm_head);
   if (name == "model.norm.weight")
-    return load_replicated(src, dst, param::final_norm);
+    return load_replicated(src, dst, param::final_norm, c.hidden_size);
   std::int64_t l = 0;
   std::string suffix;
   if (split_layer_name(name, l, suffix) && l < c.num_hidden_layers) {
     if (suffix == "input_layernorm.weight")
-      return load_replicated(src, dst, layer_param_name(l, param::input_norm));
+      return load_replicated(src, dst, layer_param_name(l, param::input_norm), c.hidden_size);
     if (suffix == "post_attention_layernorm.weight")
-      return load_replicated(src, dst, layer_param_name(l, param::post_norm));
+      return load_replicated(src, dst, layer_param_name(l, param::post_norm), c.hidden_size);
+    if (c.qk_norm() && (suffix == param::q_norm || suffix == param::k_norm))
+      return load_replicated(src, dst, layer_param_name(l, suffix.c_str()), c.head_dim());
     if (suffix == "self_attn.q_proj.weight")
       return load_qkv(src, dst, l, qkv_part::q);
     if (suffix == "self_attn.k_proj.weight")

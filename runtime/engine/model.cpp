@@ -31,6 +31,7 @@ struct workspace {
   std::vector<float> scores; // [positions]
   std::vector<float> final;  // [logit rows, D]
   std::vector<float> norm;   // [D] the norm weights in use, widened
+  std::vector<float> q_norm, k_norm; // [head_dim] Qwen3's head norms, widened
 };
 
 template <class T>
@@ -234,6 +235,8 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
   grow(ws.scores, max_positions);
   grow(ws.final, R * D);
   grow(ws.norm, D);
+  grow(ws.q_norm, hd);
+  grow(ws.k_norm, hd);
   for (const auto& it : batch)
     it.seq->reserve(w, it.start + static_cast<std::int64_t>(it.tokens.size()));
 
@@ -259,9 +262,17 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
     for (std::int64_t t = 0; t < T; ++t)
       rms_norm(x + t * D, ws.norm.data(), h + t * D, D, eps);
     kernels::matmul_nt(h, D, L.qkv, D, ws.qkv.data(), qkv_rows, T, qkv_rows, D);
+    const bool qk_norm = L.q_norm.data != nullptr;
+    if (qk_norm) {
+      kernels::widen(L.q_norm, ws.q_norm.data(), hd);
+      kernels::widen(L.k_norm, ws.k_norm.data(), hd);
+    }
     for (std::int64_t t = 0; t < T; ++t) {
       const auto& tok = tokens[static_cast<std::size_t>(t)];
       float* row = ws.qkv.data() + t * qkv_rows;
+      if (qk_norm) // Qwen3: each q and k head normalised on its own, before the rotary embedding
+        for (std::int64_t q = 0; q < s.heads + s.kv_heads; ++q)
+          rms_norm(row + q * hd, q < s.heads ? ws.q_norm.data() : ws.k_norm.data(), row + q * hd, hd, eps);
       const float* cs = &rope_cos[static_cast<std::size_t>(tok.position * half)];
       const float* sn = &rope_sin[static_cast<std::size_t>(tok.position * half)];
       for (std::int64_t q = 0; q < s.heads + s.kv_heads; ++q) // q heads, then k heads
@@ -359,7 +370,7 @@ void model::set_weights(std::shared_ptr<const weight_set> w) {
   if (c.vocab_size != m.vocab_size || c.hidden_size != m.hidden_size
       || c.intermediate_size != m.intermediate_size || c.num_hidden_layers != m.num_hidden_layers
       || c.num_attention_heads != m.num_attention_heads || c.num_key_value_heads != m.num_key_value_heads
-      || c.tie_word_embeddings != m.tie_word_embeddings)
+      || c.tie_word_embeddings != m.tie_word_embeddings || c.arch != m.arch || c.head_dim() != m.head_dim())
     throw std::invalid_argument("engine: weight set shaped for another model");
   for (const auto& ww : w->workers)
     if (!ww.allocated())

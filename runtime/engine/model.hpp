@@ -1,12 +1,13 @@
 #pragma once
 // A decoder-only transformer with the numerics of Hugging Face's
-// LlamaForCausalLM (fp32 arithmetic; weights stored in the dtype they arrive
+// LlamaForCausalLM and Qwen3ForCausalLM (fp32 arithmetic; weights stored in the dtype they arrive
 // in and widened exactly inside the kernels), run by `tp` tensor-parallel workers that each hold
 // only their shard, as vLLM shards it:
 //
 //   embed (vocab-parallel rows, gathered)
 //   per layer:  h = rmsnorm(x)            replicated
 //               qkv = h Wqkv^T            column-parallel: local q/k/v heads
+//               (Qwen3: rmsnorm each q and k head, replicated head norms)
 //               rope(q, k); cache k, v; causal GQA attention per local head
 //               x += all_reduce(att Wo^T) row-parallel
 //               h = rmsnorm(x)

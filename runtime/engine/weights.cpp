@@ -18,10 +18,12 @@ std::string layer_param_name(std::int64_t layer, const char* suffix) {
 }
 
 namespace {
-// Layer parameters come in this order, six per layer, after the embedding.
-constexpr std::size_t per_layer = 6;
-constexpr const char* layer_suffixes[per_layer] = {param::input_norm, param::qkv,     param::o,
-                                          param::post_norm,  param::gate_up, param::down};
+// Layer parameters come in this order after the embedding: six per layer,
+// and Qwen3's two head norms after them.
+constexpr std::size_t max_per_layer = 8;
+constexpr const char* layer_suffixes[max_per_layer] = {param::input_norm, param::qkv,     param::o,
+                                                       param::post_norm,  param::gate_up, param::down,
+                                                       param::q_norm,     param::k_norm};
 } // namespace
 
 worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
@@ -33,10 +35,12 @@ worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
     params_.push_back(parameter{std::move(name), std::move(shape), type, {}});
   };
   add(param::embed, {s.vocab(), d});
-  const std::vector<std::int64_t> layer_shapes[per_layer] = {
-      {d}, {s.qkv_rows(), d}, {d, s.heads * s.head_dim}, {d}, {2 * s.inter, d}, {d, s.inter}};
+  const std::vector<std::int64_t> layer_shapes[max_per_layer] = {
+      {d}, {s.qkv_rows(), d}, {d, s.heads * s.head_dim}, {d}, {2 * s.inter, d}, {d, s.inter}, {s.head_dim},
+      {s.head_dim}};
+  per_layer_ = c.qk_norm() ? 8 : 6;
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-    for (std::size_t i = 0; i < per_layer; ++i)
+    for (std::size_t i = 0; i < per_layer_; ++i)
       add(layer_param_name(l, layer_suffixes[i]), layer_shapes[i]);
   final_norm_ = params_.size();
   add(param::final_norm, {d});
@@ -67,8 +71,13 @@ const parameter* worker_weights::find(const std::string& name) const {
 }
 
 layer_weights worker_weights::layer(std::int64_t l) const {
-  const parameter* p = &params_[1 + static_cast<std::size_t>(l) * per_layer];
-  return layer_weights{p[0].ref(), p[1].ref(), p[2].ref(), p[3].ref(), p[4].ref(), p[5].ref()};
+  const parameter* p = &params_[1 + static_cast<std::size_t>(l) * per_layer_];
+  layer_weights w{p[0].ref(), p[1].ref(), p[2].ref(), p[3].ref(), p[4].ref(), p[5].ref(), {}, {}};
+  if (per_layer_ == 8) {
+    w.q_norm = p[6].ref();
+    w.k_norm = p[7].ref();
+  }
+  return w;
 }
 
 std::uint64_t worker_weights::bytes() const {

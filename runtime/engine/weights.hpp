@@ -49,6 +49,8 @@ inline constexpr const char* o = "self_attn.o_proj.weight";
 inline constexpr const char* post_norm = "post_attention_layernorm.weight";
 inline constexpr const char* gate_up = "mlp.gate_up_proj.weight";
 inline constexpr const char* down = "mlp.down_proj.weight";
+inline constexpr const char* q_norm = "self_attn.q_norm.weight"; // qwen3
+inline constexpr const char* k_norm = "self_attn.k_norm.weight"; // qwen3
 } // namespace param
 
 /// Pointers to one layer's parameters, for the forward pass.
@@ -59,6 +61,8 @@ struct layer_weights {
   kernels::typed_ptr post_norm;  ///< [hidden]
   kernels::typed_ptr gate_up;    ///< [2 * inter, hidden]: gate rows, then up rows
   kernels::typed_ptr down;       ///< [hidden, inter] (this worker's columns)
+  kernels::typed_ptr q_norm;     ///< [head_dim], Qwen3 only (null data otherwise): every q head's RMSNorm
+  kernels::typed_ptr k_norm;     ///< [head_dim], Qwen3 only: every k head's
 };
 
 /// Every parameter one worker holds.
@@ -92,6 +96,7 @@ private:
   std::vector<parameter> params_;
   std::unordered_map<std::string, std::size_t> index_;
   std::size_t final_norm_ = 0, lm_head_ = 0;
+  std::size_t per_layer_ = 0; // parameters per layer, in layer order after the embedding
 };
 
 /// One complete copy of an engine's weights: one worker_weights per tp rank.

@@ -54,6 +54,9 @@ std::vector<std::string> config_differences(const model_config& model, const mod
   cmp("num_key_value_heads", model.num_key_value_heads, step.num_key_value_heads);
   cmp("rms_norm_eps", model.rms_norm_eps, step.rms_norm_eps);
   cmp("rope_theta", model.rope_theta, step.rope_theta);
+  cmp("head_dim", model.head_dim(), step.head_dim());
+  if (model.arch != step.arch)
+    out.push_back(std::string("model_type is ") + to_string(step.arch) + ", the model is " + to_string(model.arch));
   if (model.tie_word_embeddings != step.tie_word_embeddings)
     out.push_back(std::string("tie_word_embeddings is ") + (step.tie_word_embeddings ? "true" : "false")
                   + ", the model has " + (model.tie_word_embeddings ? "true" : "false"));
