@@ -450,8 +450,9 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
 std::string node_yaml(const topology& t) {
   const auto& c = t.model.config;
   std::ostringstream y;
-  y << "name: " << t.name << "\nmodel:\n  synthetic: {layers: " << c.num_hidden_layers
-    << ", hidden_size: " << c.hidden_size << ", heads: " << c.num_attention_heads
+  y << "name: " << t.name << "\nmodel:\n  synthetic: {arch: " << to_string(c.arch) << ", layers: "
+    << c.num_hidden_layers << ", hidden_size: " << c.hidden_size << ", heads: " << c.num_attention_heads
+    << (c.explicit_head_dim > 0 ? ", head_dim: " + std::to_string(c.explicit_head_dim) : std::string{})
     << ", kv_heads: " << c.num_key_value_heads << ", intermediate_size: " << c.intermediate_size
     << ", vocab_size: " << c.vocab_size << ", dtype: bf16, seed: " << t.model.seed << "}\nnodes:\n";
   for (const auto& n : t.nodes)

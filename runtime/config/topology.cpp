@@ -246,9 +246,9 @@ void reader::read_model(const map_reader& root) {
 
 void reader::read_synthetic(const map_reader& model) {
   auto s = model.map("synthetic",
-                     {"layers", "hidden_size", "heads", "kv_heads", "intermediate_size", "vocab_size",
-                      "max_position_embeddings", "rope_theta", "rms_norm_eps", "tie_word_embeddings",
-                      "dtype", "seed"});
+                     {"arch", "layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size",
+                      "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps",
+                      "tie_word_embeddings", "dtype", "seed"});
   if (!s.present())
     return;
   auto& c = t.model.config;
@@ -256,11 +256,13 @@ void reader::read_synthetic(const map_reader& model) {
   // Ranges are left to validate() below, which knows the relations between
   // fields; it must only see fields that were read. An absent optional key
   // keeps its default and is fine.
-  bool ok = s.read("layers", c.num_hidden_layers, {}, presence::required);
+  bool ok = !s.has("arch") || s.read_choice("arch", c.arch, arch_choices);
+  ok &= s.read("layers", c.num_hidden_layers, {}, presence::required);
   ok &= s.read("hidden_size", c.hidden_size, {}, presence::required);
   ok &= s.read("heads", c.num_attention_heads, {}, presence::required);
   c.num_key_value_heads = c.num_attention_heads;
   ok &= !s.has("kv_heads") || s.read("kv_heads", c.num_key_value_heads);
+  ok &= !s.has("head_dim") || s.read("head_dim", c.explicit_head_dim);
   ok &= s.read("intermediate_size", c.intermediate_size, {}, presence::required);
   ok &= !s.has("vocab_size") || s.read("vocab_size", c.vocab_size);
   ok &= !s.has("max_position_embeddings") || s.read("max_position_embeddings", c.max_position_embeddings);
@@ -714,8 +716,10 @@ void reader::read_coordinator(const map_reader& root) {
 // block; the first also holds the embeddings, the last the final norm and
 // the LM head unless tied), and which group that is.
 std::pair<std::int64_t, std::int64_t> largest_group_parameters(const model_config& c) {
-  const std::int64_t h = c.hidden_size, kv = c.num_key_value_heads * c.head_dim();
-  const std::int64_t block = 2 * h + 2 * h * h + 2 * kv * h + 3 * h * c.intermediate_size;
+  const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim(),
+                     kv = c.num_key_value_heads * c.head_dim();
+  const std::int64_t block =
+    2 * h + 2 * q * h + 2 * kv * h + 3 * h * c.intermediate_size + (c.qk_norm() ? 2 * c.head_dim() : 0);
   const std::int64_t last = c.num_hidden_layers - 1;
   std::int64_t first_group = block + c.vocab_size * h;
   std::int64_t last_group = block + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);

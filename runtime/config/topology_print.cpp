@@ -32,6 +32,7 @@ std::string to_yaml(const topology& t) {
   }
   if (t.model.weights_dtype)
     out << YAML::Key << "dtype" << YAML::Value << dtype_name(*t.model.weights_dtype);
+  out << YAML::Key << "arch" << YAML::Value << to_string(c.arch);
   out << YAML::Key << "layers" << YAML::Value << i64(c.num_hidden_layers);
   out << YAML::Key << "hidden_size" << YAML::Value << i64(c.hidden_size);
   out << YAML::Key << "heads" << YAML::Value << i64(c.num_attention_heads);
@@ -45,7 +46,7 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "tie_word_embeddings" << YAML::Value << c.tie_word_embeddings;
   // A topology that loaded passed validate(), which bounds the count.
   std::int64_t params = parameter_count(c).value_or(0);
-  out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment("Llama layout, no biases");
+  out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment(c.qk_norm() ? "Qwen3 layout, no biases" : "Llama layout, no biases");
   if (t.model.weights_dtype) {
     std::int64_t bytes = params * static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype));
     out << YAML::Key << "weight_bytes" << YAML::Value << i64(bytes);

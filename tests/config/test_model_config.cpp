@@ -173,6 +173,18 @@ TEST_CASE("config.json errors name the file and the field") {
      " \"num_attention_heads\": 8, \"rope_theta\": \"1e4\"}",
      "rope_theta: expected a number, got the string '1e4'"},
     {"too large a file", std::string((16 << 20) + 1, ' '), "config.json: larger than the limit of 16777216 bytes"},
+    {"another architecture", "{\"model_type\": \"qwen2\"}", "model_type: 'qwen2' is not an architecture rlsync runs"},
+    {"model_type not a string", "{\"model_type\": 3}", "model_type: expected a string"},
+    {"attention bias", "{\"model_type\": \"qwen3\", \"attention_bias\": true}",
+     "attention_bias: true: rlsync's engine has no attention biases"},
+    {"qwen3 head_dim zero",
+     "{\"model_type\": \"qwen3\", \"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128,"
+     " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 0}",
+     "head_dim: must be positive, got 0"},
+    {"qwen3 head_dim odd",
+     "{\"model_type\": \"qwen3\", \"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128,"
+     " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 7}",
+     "head_dim: must be even for rotary embeddings, got 7"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
@@ -195,6 +207,37 @@ TEST_CASE("config.json errors name the file and the field") {
     missing = e.what();
   }
   CHECK(missing.find("cannot open") != std::string::npos);
+}
+
+TEST_CASE("config.json: a Qwen3 config keeps its architecture and head_dim, which may differ from hidden / heads") {
+  auto c = small();
+  c.arch = model_arch::qwen3;
+  c.explicit_head_dim = 32; // hidden 64 / 8 heads would be 8
+  CHECK(validate(c).empty());
+  // q and o are [8 * 32, 64], k and v [2 * 32, 64], plus the two head norms of 32.
+  const std::int64_t per_layer = 2 * 64 * 256 + 2 * 64 * 64 + 3 * 64 * 128 + 2 * 64 + 2 * 32;
+  CHECK(parameter_count(c) == 2 * per_layer + 64 + 2 * 320 * 64);
+  auto path = temp_path("qwen3-config.json");
+  write_config_json(path, c);
+  auto r = read_config_json(path);
+  std::remove(path.c_str());
+  CHECK(r.arch == model_arch::qwen3);
+  CHECK(r.head_dim() == 32);
+  CHECK(r.qk_norm());
+  // A Qwen3 config without head_dim: hidden / heads, as Hugging Face's default.
+  std::ofstream(path) << R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 320,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})";
+  r = read_config_json(path);
+  std::remove(path.c_str());
+  CHECK(r.arch == model_arch::qwen3);
+  CHECK(r.head_dim() == 16);
+  // head_dim belongs to Qwen3: a Llama shape that names one is refused.
+  auto llama = small();
+  llama.explicit_head_dim = 32;
+  CHECK(mentions(validate(llama), "head_dim: only qwen3 models may set it"));
+  CHECK(std::string(to_string(model_arch::llama)) == "llama");
+  CHECK(arch_of_model_type("llama") == model_arch::llama);
+  CHECK_FALSE(arch_of_model_type("mistral"));
 }
 
 TEST_CASE("config.json: kv heads default to attention heads, unknown HF keys are ignored") {

@@ -174,10 +174,35 @@ TEST_CASE("topology errors: model") {
      "t.yaml:8:11: model.synthetic.seed: must not be negative, got -1"},
     {"typo in a synthetic key",
      synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    kv_head: 4"),
-     "t.yaml:8:5: model.synthetic.kv_head: unknown key, did you mean 'kv_heads'? (expected one of: layers, "
-     "hidden_size, heads, kv_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta, "
+     "t.yaml:8:5: model.synthetic.kv_head: unknown key, did you mean 'kv_heads'? (expected one of: arch, layers, "
+     "hidden_size, heads, kv_heads, head_dim, intermediate_size, vocab_size, max_position_embeddings, rope_theta, "
      "rms_norm_eps, tie_word_embeddings, dtype, seed)"},
+    {"an architecture rlsync does not run",
+     synthetic("    arch: mistral\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
+     "t.yaml:4:11: model.synthetic.arch: must be one of llama, qwen3, got 'mistral'"},
+    {"head_dim on a llama",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    head_dim: 64\n    intermediate_size: 704"),
+     "t.yaml:7:15: model.synthetic.head_dim: only qwen3 models may set it (a llama model's is hidden_size / "
+     "num_attention_heads)"},
+    {"odd qwen3 head_dim",
+     synthetic("    arch: qwen3\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    head_dim: 33\n"
+               "    intermediate_size: 704"),
+     "t.yaml:8:15: model.synthetic.head_dim: must be even for rotary embeddings, got 33"},
   });
+}
+
+TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, and prints its architecture") {
+  auto t = parse_topology(synthetic("    arch: qwen3\n    layers: 2\n    hidden_size: 64\n    heads: 4\n"
+                                    "    kv_heads: 2\n    head_dim: 32\n    intermediate_size: 128")
+                            + insecure,
+                          "t.yaml", "/base");
+  CHECK(t.model.config.arch == model_arch::qwen3);
+  CHECK(t.model.config.head_dim() == 32);
+  CHECK(t.model.config.qk_norm());
+  const auto printed = to_yaml(t);
+  CHECK(printed.find("arch: qwen3") != std::string::npos);
+  CHECK(printed.find("head_dim: 32") != std::string::npos);
+  CHECK(printed.find("Qwen3 layout") != std::string::npos);
 }
 
 TEST_CASE("topology errors: nodes") {

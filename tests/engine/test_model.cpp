@@ -16,6 +16,7 @@ using namespace rlsync;
 using namespace rlsync::engine;
 using rlsync::test::make_source;
 using rlsync::test::tiny_config;
+using rlsync::test::tiny_qwen3_config;
 
 namespace {
 
@@ -66,7 +67,7 @@ const std::vector<std::vector<std::int32_t>> prompts = {
 
 } // namespace
 
-TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, bf16 and f32") {
+TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, bf16 and f32, Llama and Qwen3") {
   struct row {
     const char* what;
     model_config config;
@@ -78,6 +79,9 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
       {"GQA bf16 tp1", tiny_config(4, 2), dtype::bf16, 1},
       {"GQA tied f16 tp2", tiny_config(4, 2, true), dtype::f16, 2},
       {"MQA tied bf16 tp4", tiny_config(4, 1, true), dtype::bf16, 4},
+      {"Qwen3 GQA bf16 tp1", tiny_qwen3_config(4, 2), dtype::bf16, 1},
+      {"Qwen3 GQA tied bf16 tp2", tiny_qwen3_config(4, 2, true), dtype::bf16, 2},
+      {"Qwen3 MQA f32 tp4, head_dim 16 = hidden / heads", tiny_qwen3_config(4, 1, false, 16), dtype::f32, 4},
   };
   for (const auto& r : rows) {
     CAPTURE(r.what);
@@ -148,10 +152,11 @@ TEST_CASE("a batched step computes each sequence exactly as alone") {
   }
 }
 
-TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split or replicated") {
-  for (auto kv : {4, 2, 1}) {
+TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split or replicated, Llama and Qwen3") {
+  for (auto [kv, qwen3] : {std::pair{4, false}, {2, false}, {1, false}, {2, true}, {1, true}}) {
     CAPTURE(kv);
-    auto cfg = tiny_config(4, kv);
+    CAPTURE(qwen3);
+    auto cfg = qwen3 ? tiny_qwen3_config(4, kv) : tiny_config(4, kv);
     auto src = make_source(cfg, dtype::bf16, 5);
     model m1(cfg, 1, dtype::bf16);
     m1.set_weights(src.load(1));

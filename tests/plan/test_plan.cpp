@@ -98,7 +98,7 @@ TEST_CASE("real views materialise a reshape strides cannot express, recording vi
   CHECK_THROWS_AS(rec->copy_into(target, 60), std::out_of_range);
 }
 
-TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp 1, 2, 4") {
+TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp 1, 2, 4, Llama and Qwen3") {
   struct row {
     const char* what;
     model_config config;
@@ -108,6 +108,7 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
       {"kv split", tiny_config(4, 4), dtype::bf16},
       {"kv 2 < tp 4", tiny_config(4, 2, true), dtype::bf16},
       {"kv 1, f32", tiny_config(4, 1), dtype::f32},
+      {"Qwen3, kv 2 < tp 4, head_dim 24", test::tiny_qwen3_config(4, 2, true), dtype::bf16},
   };
   for (const auto& r : rows) {
     auto src = make_source(r.config, r.type, 21);
@@ -147,7 +148,9 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
       // norms) and kv heads replicated when there are fewer than tp.
       const auto& c = r.config;
       const auto es = static_cast<std::int64_t>(dtype_size(r.type));
-      const auto norms = static_cast<std::uint64_t>(c.hidden_size * (2 * c.num_hidden_layers + 1) * es);
+      const auto head_norms = c.qk_norm() ? 2 * c.num_hidden_layers * c.head_dim() : 0; // Qwen3's q/k norms
+      const auto norms =
+        static_cast<std::uint64_t>((c.hidden_size * (2 * c.num_hidden_layers + 1) + head_norms) * es);
       const auto kv_bytes = static_cast<std::uint64_t>(2 * c.num_hidden_layers * c.num_key_value_heads
                                                        * c.head_dim() * c.hidden_size * es);
       const std::uint64_t kv_copies = tp > c.num_key_value_heads ? tp / c.num_key_value_heads : 1;

@@ -1,6 +1,7 @@
 #pragma once
 // Test weights generated in memory from a seed, tiny model shapes, and an
-// independent reference implementation of LlamaForCausalLM's forward pass.
+// independent reference implementation of LlamaForCausalLM's and
+// Qwen3ForCausalLM's forward pass.
 #include "runtime/base/dtype.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/model_config.hpp"
@@ -49,6 +50,16 @@ inline model_config tiny_config(std::int64_t heads = 4, std::int64_t kv_heads = 
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 10000.0;
   c.tie_word_embeddings = tied;
+  return c;
+}
+
+/// tiny_config as a Qwen3: q/k head norms, and a head_dim (24) that is not
+/// hidden / heads, so q is wider than the hidden state.
+inline model_config tiny_qwen3_config(std::int64_t heads = 4, std::int64_t kv_heads = 2, bool tied = false,
+                                      std::int64_t head_dim = 24) {
+  model_config c = tiny_config(heads, kv_heads, tied);
+  c.arch = model_arch::qwen3;
+  c.explicit_head_dim = head_dim;
   return c;
 }
 
@@ -112,15 +123,18 @@ inline source_weights make_source(const model_config& c, dtype type, std::uint64
   return s;
 }
 
-/// LlamaForCausalLM's forward pass over a whole sequence, written from the
-/// Hugging Face code with naive loops and double accumulators, sharing
-/// nothing with the engine: logits of every position, [T][vocab].
+/// LlamaForCausalLM's (and Qwen3ForCausalLM's: q/k head norms before the
+/// rotary embedding, an explicit head_dim) forward pass over a whole
+/// sequence, written from the Hugging Face code with naive loops and double
+/// accumulators, sharing nothing with the engine: logits of every position,
+/// [T][vocab].
 inline std::vector<std::vector<float>> reference_logits(const source_weights& w,
                                                         const std::vector<std::int32_t>& tokens) {
   using mat = std::vector<std::vector<double>>;
   const auto& c = w.config;
   const std::size_t T = tokens.size(), D = c.hidden_size, H = c.num_attention_heads, KV = c.num_key_value_heads,
-                    hd = D / H, I = c.intermediate_size, V = c.vocab_size;
+                    hd = c.explicit_head_dim > 0 ? std::size_t(c.explicit_head_dim) : D / H,
+                    I = c.intermediate_size, V = c.vocab_size;
   auto zeros = [](std::size_t rows, std::size_t cols) { return mat(rows, std::vector<double>(cols)); };
   auto linear = [&](const mat& x, const std::string& name, std::size_t out, std::size_t in) {
     auto W = w.f32(name); // [out, in]
@@ -131,17 +145,20 @@ inline std::vector<std::vector<float>> reference_logits(const source_weights& w,
           y[t][o] += x[t][i] * W[o * in + i];
     return y;
   };
+  // RMSNorm over `n` values at v with weights g.
+  auto rmsnorm_span = [&](double* v, const std::vector<float>& g, std::size_t n) {
+    double ss = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      ss += v[i] * v[i];
+    const double r = 1.0 / std::sqrt(ss / double(n) + c.rms_norm_eps);
+    for (std::size_t i = 0; i < n; ++i)
+      v[i] = g[i] * (v[i] * r);
+  };
   auto rmsnorm = [&](const mat& x, const std::string& name) {
     auto g = w.f32(name);
     mat y = x;
-    for (auto& row : y) {
-      double ss = 0;
-      for (double v : row)
-        ss += v * v;
-      const double r = 1.0 / std::sqrt(ss / double(D) + c.rms_norm_eps);
-      for (std::size_t i = 0; i < D; ++i)
-        row[i] = g[i] * (row[i] * r);
-    }
+    for (auto& row : y)
+      rmsnorm_span(row.data(), g, D);
     return y;
   };
   // rotate_half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), inv_freq = theta^(-2i/d).
@@ -165,6 +182,15 @@ inline std::vector<std::vector<float>> reference_logits(const source_weights& w,
     mat q = linear(h, p + "self_attn.q_proj.weight", H * hd, D);
     mat k = linear(h, p + "self_attn.k_proj.weight", KV * hd, D);
     mat v = linear(h, p + "self_attn.v_proj.weight", KV * hd, D);
+    if (c.arch == model_arch::qwen3) { // Qwen3Attention: q_norm / k_norm over each head, then rope
+      auto qn = w.f32(p + "self_attn.q_norm.weight"), kn = w.f32(p + "self_attn.k_norm.weight");
+      for (std::size_t t = 0; t < T; ++t) {
+        for (std::size_t j = 0; j < H; ++j)
+          rmsnorm_span(&q[t][j * hd], qn, hd);
+        for (std::size_t j = 0; j < KV; ++j)
+          rmsnorm_span(&k[t][j * hd], kn, hd);
+      }
+    }
     for (std::size_t t = 0; t < T; ++t) {
       for (std::size_t j = 0; j < H; ++j)
         rope(&q[t][j * hd], t);
