@@ -61,13 +61,16 @@ std::uint64_t bf16_model_bytes(const model_config& c) {
   return sum_bytes(llama_parameter_specs(c, dtype::bf16));
 }
 
-model_config model_of_size(std::uint64_t bytes) {
+model_config model_of_size(std::uint64_t bytes, model_arch arch) {
   model_config c;
+  c.arch = arch;
   c.vocab_size = 320;
   c.hidden_size = 1024;
-  c.intermediate_size = 2816;
+  c.intermediate_size = arch == model_arch::qwen3 ? 3072 : 2816;
   c.num_attention_heads = 16;
   c.num_key_value_heads = 8;
+  if (arch == model_arch::qwen3)
+    c.explicit_head_dim = 128;
   c.num_hidden_layers = 1;
   std::uint64_t one = bf16_model_bytes(c);
   c.num_hidden_layers = 2;
@@ -78,8 +81,8 @@ model_config model_of_size(std::uint64_t bytes) {
   return c;
 }
 
-model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks) {
-  auto c = model_of_size(bytes);
+model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks, model_arch arch) {
+  auto c = model_of_size(bytes, arch);
   for (int n : ranks)
     c.num_hidden_layers = std::max<std::int64_t>(c.num_hidden_layers, std::min(n, max_bench_ranks));
   return c;
@@ -539,7 +542,8 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.cores = std::thread::hardware_concurrency();
   r.model_bytes = o.model_bytes;
   r.ucx_tls = ucx_tls(t.transfer.ucx_transports);
-  auto model = bench_model(o.model_bytes, o.ranks);
+  r.arch = t.model.config.arch;
+  auto model = bench_model(o.model_bytes, o.ranks, r.arch);
 
   bench_session s(t, o.exe, o.verbose, o.note);
   s.note("measuring the speed of light...");
@@ -646,8 +650,9 @@ std::vector<std::string> packs_lines(const std::vector<case_result>& cases) {
 }
 
 std::string bench_sync_report(const bench_sync_result& r) {
-  std::string out = format("rlsync bench sync %s: %zu engines on %zu node(s), backend %s, %u cores\n", r.path.c_str(),
-                           r.engines, r.nodes, std::string(to_string(r.backend)).c_str(), r.cores);
+  std::string out = format("rlsync bench sync %s: %zu engines on %zu node(s), backend %s, %u cores%s\n",
+                           r.path.c_str(), r.engines, r.nodes, std::string(to_string(r.backend)).c_str(), r.cores,
+                           r.arch == model_arch::llama ? "" : (std::string(", a ") + to_string(r.arch) + " model").c_str());
   out += format("speed of light: memcpy %.1f GB/s (engines in this process)", r.memcpy_gbps);
   if (r.remote) {
     if (r.ucx_gbps > 0)

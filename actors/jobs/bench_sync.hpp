@@ -41,14 +41,15 @@ namespace rlsync::jobs {
 /// Bytes of `c`'s parameters in bf16.
 std::uint64_t bf16_model_bytes(const model_config& c);
 
-/// A synthetic bf16 llama of about `bytes` (never less than one layer):
-/// hidden 1024 (16 heads, 8 kv heads), intermediate 2816, vocab 320, as many
-/// layers as fit.
-model_config model_of_size(std::uint64_t bytes);
+/// A synthetic bf16 model of about `bytes` (never less than one layer),
+/// as many layers as fit, vocab 320: a llama of hidden 1024 (16 heads, 8 kv
+/// heads), intermediate 2816; a qwen3 shaped as Qwen3-0.6B's layers (hidden
+/// 1024, 16 heads of 128, 8 kv heads, intermediate 3072).
+model_config model_of_size(std::uint64_t bytes, model_arch arch = model_arch::llama);
 
-/// The bench's model: model_of_size(bytes), with at least as many layers
-/// as the largest of `ranks` (each rank holds at least one layer).
-model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks);
+/// The bench's model: model_of_size(bytes, arch), with at least as many
+/// layers as the largest of `ranks` (each rank holds at least one layer).
+model_config bench_model(std::uint64_t bytes, const std::vector<int>& ranks, model_arch arch = model_arch::llama);
 
 /// The most trainer ranks one bench case deploys (each is a producer with
 /// its own threads, all on the coordinator's node).
@@ -299,6 +300,7 @@ struct light_pair {
 
 struct bench_sync_result {
   std::string path;
+  model_arch arch = model_arch::llama; ///< the topology's architecture, which the bench's model takes
   std::size_t engines = 0, nodes = 0;
   transfer_backend backend = transfer_backend::ucx;
   unsigned cores = 0;

@@ -186,6 +186,15 @@ TEST_CASE("bench models: about the requested size, never empty") {
     CHECK(bytes >= one_layer);
   }
   CHECK(bf16_model_bytes(tiny_model()) == 164'224);
+  // A qwen3 topology's bench model is a qwen3 too: Qwen3-0.6B's layer shape.
+  auto q = model_of_size(std::uint64_t(256) << 20, model_arch::qwen3);
+  CHECK(q.arch == model_arch::qwen3);
+  CHECK(q.head_dim() == 128);
+  CHECK(validate(q).empty());
+  CHECK(bf16_model_bytes(q) <= std::uint64_t(256) << 20);
+  auto bigger = q;
+  ++bigger.num_hidden_layers;
+  CHECK(bf16_model_bytes(bigger) > std::uint64_t(256) << 20);
 }
 
 TEST_CASE("bench table: one row per case") {
@@ -274,6 +283,11 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   auto text = bench_sync_report(r);
   CAPTURE(text);
   CHECK(text.find("rlsync bench sync two.yaml: 3 engines on 2 node(s), backend ucx, 2 cores\n") == 0);
+  {
+    auto qwen3 = r;
+    qwen3.arch = model_arch::qwen3;
+    CHECK(bench_sync_report(qwen3).find("backend ucx, 2 cores, a qwen3 model\n") != std::string::npos);
+  }
   CHECK(text.find("speed of light: memcpy 13.8 GB/s (engines in this process), raw UCX 1.22 GB/s "
                   "(ucx_perftest tag_bw, UCX_TLS sm,cma, other processes)\n"
                   "measured before / after the cases: memcpy 13.8 / 12.1 GB/s (spread 13%); raw UCX 1.10 / 1.22 GB/s "
