@@ -3,7 +3,8 @@
 Usage: python3 tools/python/tests/test_tiny_llama_numerics.py BUILD_DIR
 
 Builds random tiny models (untied GQA, tied multi-query, one whose EOS row is
-steered so that greedy decoding ends on EOS), rounds them to bf16, writes each
+steered so that greedy decoding ends on EOS, and two Qwen3s: per-head q/k
+norms, a head_dim that is not hidden / heads), rounds them to bf16, writes each
 as a Hugging Face checkpoint directory, runs ``BUILD_DIR/rlsync generate
 --json`` greedily (tensor-parallel 1 and 2, and the portable kernels) on several prompts and asserts
 that the prompt's token ids and the generated ones equal TinyLlama's, which
@@ -107,6 +108,10 @@ def main() -> int:
                           rope_theta=500000.0, max_position_embeddings=40), None, False),
         ("untied-eos", dict(base, num_key_value_heads=2), ("hello", 5), True),
         ("tied-eos", dict(base, num_key_value_heads=2, tie_word_embeddings=True), ("a", 3), True),
+        # Qwen3: per-head q/k norms, head_dim not hidden / heads (q wider than the hidden state).
+        ("qwen3-gqa", dict(base, num_key_value_heads=2, model_type="qwen3", head_dim=24), None, False),
+        ("qwen3-tied-mqa", dict(base, num_key_value_heads=1, tie_word_embeddings=True, model_type="qwen3",
+                                head_dim=32), None, False),
     ]
     failures, checked, min_margin = [], 0, float("inf")
     with tempfile.TemporaryDirectory(prefix="rlsync-tiny-llama-") as tmp:
@@ -116,6 +121,9 @@ def main() -> int:
             # hang on summation order (the engine's kernels sum in another order).
             model = tl.TinyLlama(config, initializer_range=0.2)
             state = tl.bf16_state_dict(model)
+            for norm in [n for n in state if n.endswith(("q_norm.weight", "k_norm.weight"))]:
+                # Qwen3's head norms start at 1 in HF's init: make q's and k's differ, so a swap shows.
+                state[norm] = (1.0 + 0.4 * (torch.rand(state[norm].shape) - 0.5)).to(torch.bfloat16)
             if steer:
                 state = steer_eos(tl, state, config, *steer)
             ckpt = os.path.join(tmp, name)

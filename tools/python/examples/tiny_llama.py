@@ -1,8 +1,8 @@
-"""A small Llama-architecture decoder in plain PyTorch, numerically matched to rlsync's engine.
+"""A small Llama- or Qwen3-architecture decoder in plain PyTorch, numerically matched to rlsync's engine.
 
-The parameter names are Hugging Face's (LlamaForCausalLM), so ``state_dict()``
-is exactly what rlsync loads from a checkpoint or takes through
-``TrainerRank.publish``::
+The parameter names are Hugging Face's (LlamaForCausalLM, Qwen3ForCausalLM),
+so ``state_dict()`` is exactly what rlsync loads from a checkpoint or takes
+through ``TrainerRank.publish``::
 
     model.embed_tokens.weight                      [vocab, hidden]
     model.layers.{i}.input_layernorm.weight        [hidden]
@@ -10,6 +10,8 @@ is exactly what rlsync loads from a checkpoint or takes through
     model.layers.{i}.self_attn.k_proj.weight       [kv_heads * head_dim, hidden]
     model.layers.{i}.self_attn.v_proj.weight       [kv_heads * head_dim, hidden]
     model.layers.{i}.self_attn.o_proj.weight       [hidden, heads * head_dim]
+    model.layers.{i}.self_attn.q_norm.weight       [head_dim]  (qwen3 only)
+    model.layers.{i}.self_attn.k_norm.weight       [head_dim]  (qwen3 only)
     model.layers.{i}.post_attention_layernorm.weight [hidden]
     model.layers.{i}.mlp.gate_proj.weight          [intermediate, hidden]
     model.layers.{i}.mlp.up_proj.weight            [intermediate, hidden]
@@ -26,6 +28,9 @@ an engine serving those weights computes, up to summation order):
   ``inv_freq[i] = 1 / rope_theta^(2i / head_dim)``; positions count from 0,
   and the first prompt token (BOS when the prompt came from text) is
   position 0.
+* Qwen3 (``model_type="qwen3"``): head_dim may differ from hidden / heads, and
+  each q and k head goes through its own RMSNorm (q_norm, k_norm, over
+  head_dim) before the rotary embedding, as Hugging Face's Qwen3Attention.
 * Attention: grouped-query (q head h reads kv head h // (heads / kv_heads)),
   scores ``q.k * head_dim^-0.5``, causal, softmax in fp32.
 * MLP: ``down(silu(gate(x)) * up(x))``. No biases anywhere.
@@ -70,10 +75,16 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = False
+    model_type: str = "llama"
+    head_dim: int | None = None  # qwen3 may set it; else hidden_size / num_attention_heads
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.model_type not in ("llama", "qwen3"):
+            raise ValueError(f"model config: model_type: expected llama or qwen3, got {self.model_type!r}")
+        if self.head_dim is not None and self.model_type != "qwen3":
+            raise ValueError("model config: head_dim: only qwen3 models may set it")
         problems = []
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
@@ -85,12 +96,15 @@ class LlamaConfig:
         if self.vocab_size < MIN_VOCAB_SIZE:
             problems.append(f"vocab_size: must be at least {MIN_VOCAB_SIZE} (bytes, BOS, EOS), "
                             f"got {self.vocab_size}")
-        if self.hidden_size % self.num_attention_heads:
+        if self.head_dim is not None:
+            if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
+                problems.append(f"head_dim: expected a positive even integer, got {self.head_dim!r}")
+        elif self.hidden_size % self.num_attention_heads:
             problems.append(f"num_attention_heads: must divide hidden_size ({self.hidden_size}), "
                             f"got {self.num_attention_heads}")
-        elif self.head_dim % 2:
-            problems.append(f"hidden_size / num_attention_heads: head_dim {self.head_dim} must be even "
-                            "for rotary embeddings")
+        elif (self.hidden_size // self.num_attention_heads) % 2:
+            problems.append(f"hidden_size / num_attention_heads: head_dim "
+                            f"{self.hidden_size // self.num_attention_heads} must be even for rotary embeddings")
         if self.num_attention_heads % self.num_key_value_heads:
             problems.append(f"num_key_value_heads: must divide num_attention_heads "
                             f"({self.num_attention_heads}), got {self.num_key_value_heads}")
@@ -102,8 +116,13 @@ class LlamaConfig:
             raise ValueError("model config: " + "; ".join(problems))
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def dim_per_head(self) -> int:
+        """head_dim as the model uses it: the explicit one (qwen3), else hidden_size / num_attention_heads."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "LlamaConfig":
@@ -113,13 +132,21 @@ class LlamaConfig:
                                "num_attention_heads") if n not in d]
         if missing:
             raise ValueError("model config: missing " + ", ".join(missing))
-        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+        fields = {k: v for k, v in d.items() if k in names and v is not None}
+        if fields.get("model_type", "llama") != "qwen3":
+            fields.pop("head_dim", None)  # a Llama's is hidden / heads (newer transformers write it too)
+        return cls(**fields)
 
     def to_dict(self) -> dict:
-        """config.json fields, as transformers writes them for LlamaForCausalLM."""
-        out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
-        out.update(dataclasses.asdict(self))
+        """config.json fields, as transformers writes them for LlamaForCausalLM or Qwen3ForCausalLM."""
+        arch = "Qwen3ForCausalLM" if self.qk_norm else "LlamaForCausalLM"
+        out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu"}
+        fields = dataclasses.asdict(self)
+        del fields["model_type"], fields["head_dim"]
+        out.update(fields)
         out.update({"bos_token_id": TOKEN_BOS, "eos_token_id": TOKEN_EOS})
+        if self.qk_norm:
+            out.update({"head_dim": self.dim_per_head, "attention_bias": False})
         return out
 
 
@@ -141,7 +168,7 @@ class RMSNorm(nn.Module):
 
 def rotary_tables(config: LlamaConfig, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [positions, head_dim], each half repeated (rotate-half layout), fp32."""
-    hd = config.head_dim
+    hd = config.dim_per_head
     # As the engine: inv_freq in fp32 from a fp32 theta, then position * inv_freq in fp32.
     theta = torch.tensor(config.rope_theta, dtype=torch.float32)
     inv_freq = 1.0 / torch.pow(theta, torch.arange(0, hd, 2, dtype=torch.float32) / hd)
@@ -160,17 +187,24 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        self.head_dim = config.dim_per_head
         h = config.hidden_size
         self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        if config.qk_norm:  # Qwen3: one RMSNorm over each head's head_dim values
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.qk_norm:  # before the rotary embedding, as Qwen3Attention
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -234,7 +268,7 @@ class TinyLlama(nn.Module):
         """HF's initialisation: matrices ~ N(0, std), norm weights 1."""
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                if name.endswith("norm.weight"):
                     p.fill_(1.0)
                 else:
                     p.normal_(0.0, std)
@@ -273,8 +307,10 @@ def expected_names(config: Union[LlamaConfig, Mapping]) -> list[str]:
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight", p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                  p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight",
-                  p + "post_attention_layernorm.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
+                  p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight"]
+        if c.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        names += [p + "post_attention_layernorm.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
                   p + "mlp.down_proj.weight"]
     names.append("model.norm.weight")
     if not c.tie_word_embeddings:
