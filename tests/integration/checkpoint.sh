@@ -78,9 +78,25 @@ expect_usage "missing required flag --from" make --perturb 0.1 --seed 1 "${out[@
 expect_usage "--perturb: expected a number, got 'lots'" make --from "$tmp/a" --perturb lots --seed 1 "${out[@]}"
 expect_usage "inspect: missing checkpoint directory" inspect
 expect_usage "unknown flag '--yaml'" inspect "$tmp/a" --yaml
+expect_usage "--arch: expected llama or qwen3, got 'mistral'" make --out "$tmp/never" "${shape[@]}" --seed 1 --arch mistral
+expect_usage "--head-dim: only with --arch qwen3" make --out "$tmp/never" "${shape[@]}" --seed 1 --head-dim 32
+expect_usage "--head-dim: must be even for rotary embeddings, got 7" make --out "$tmp/never" "${shape[@]}" --seed 1 \
+  --arch qwen3 --head-dim 7
 expect_usage "unknown checkpoint subcommand 'frobnicate'" frobnicate
 expect_usage "expected 'make' or 'inspect'"
 [ -e "$tmp/never" ] && fail "a failed make left its output directory"
+
+# a Qwen3: config.json names it, every layer adds its q/k head norms of head_dim, inspect says so
+"$rlsync" checkpoint make --out "$tmp/q" "${shape[@]}" --arch qwen3 --head-dim 32 --seed 1 >"$tmp/q.out"
+grep -q "^wrote $tmp/q: .* 25 tensors" "$tmp/q.out" || fail "qwen3 make output: $(cat "$tmp/q.out")"
+grep -q '"model_type": "qwen3"' "$tmp/q/config.json" || fail "qwen3 config.json: $(cat "$tmp/q/config.json")"
+grep -q '"head_dim": 32' "$tmp/q/config.json" || fail "qwen3 config.json head_dim"
+"$rlsync" checkpoint inspect "$tmp/q" >"$tmp/q.txt"
+grep -q "arch=qwen3 .* head_dim=32 " "$tmp/q.txt" || fail "qwen3 inspect header: $(head -1 "$tmp/q.txt")"
+grep -q "^model.layers.1.self_attn.k_norm.weight  *BF16  *\[32\] " "$tmp/q.txt" || fail "qwen3 k_norm row"
+grep -q "^model.layers.0.self_attn.q_proj.weight  *BF16  *\[128, 64\] " "$tmp/q.txt" || fail "qwen3 q_proj row"
+grep -q warning "$tmp/q.txt" && fail "layout warning on a synthetic qwen3 checkpoint"
+"$rlsync" generate --checkpoint "$tmp/q" --prompt hi --max-tokens 4 --tp 2 >/dev/null || fail "generate on a qwen3"
 
 # runtime errors: exit 1 with the reason
 rc=0
