@@ -303,6 +303,16 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
       add(p + "self_attn.k_norm.weight", {hd});
     }
     add(p + "post_attention_layernorm.weight", {h});
+    if (c.sparse_layer(l)) {
+      add(p + "mlp.gate.weight", {c.num_experts, h}); // the router
+      for (std::int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {c.moe_intermediate_size, h});
+        add(x + "up_proj.weight", {c.moe_intermediate_size, h});
+        add(x + "down_proj.weight", {h, c.moe_intermediate_size});
+      }
+      continue;
+    }
     add(p + "mlp.gate_proj.weight", {inter, h});
     add(p + "mlp.up_proj.weight", {inter, h});
     add(p + "mlp.down_proj.weight", {h, inter});

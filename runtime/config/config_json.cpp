@@ -79,7 +79,7 @@ model_config read_config_json(const std::string& path) {
     auto arch = arch_of_model_type(it->get<std::string>());
     if (!arch)
       fail(path, "model_type", "'" + printable(it->get<std::string>()) + "' is not an architecture rlsync runs "
-                                   "(llama, qwen3)");
+                                   "(llama, qwen3, qwen3_moe)");
     c.arch = *arch;
   }
   if (read_bool(root, path, "attention_bias", false))
@@ -94,7 +94,26 @@ model_config read_config_json(const std::string& path) {
   c.rms_norm_eps = read_double(root, path, "rms_norm_eps", c.rms_norm_eps);
   c.rope_theta = read_double(root, path, "rope_theta", c.rope_theta);
   c.tie_word_embeddings = read_bool(root, path, "tie_word_embeddings", c.tie_word_embeddings);
-  if (c.arch == model_arch::qwen3 && root.contains("head_dim")) {
+  if (c.arch == model_arch::qwen3_moe) {
+    c.num_experts = read_int(root, path, "num_experts", nullptr);
+    c.num_experts_per_tok = read_int(root, path, "num_experts_per_tok", nullptr);
+    c.moe_intermediate_size = read_int(root, path, "moe_intermediate_size", nullptr);
+    c.norm_topk_prob = read_bool(root, path, "norm_topk_prob", false); // Hugging Face's default
+    const std::int64_t one = 1;
+    c.decoder_sparse_step = read_int(root, path, "decoder_sparse_step", &one);
+    if (auto it = root.find("mlp_only_layers"); it != root.end() && !it->is_null()) {
+      if (!it->is_array())
+        fail(path, "mlp_only_layers", "expected a list of layer indices, got " + json_describe(*it));
+      if (it->size() > static_cast<std::size_t>(max_hidden_layers))
+        fail(path, "mlp_only_layers", "more than " + std::to_string(max_hidden_layers) + " layers");
+      for (const auto& l : *it) {
+        if (!l.is_number_integer())
+          fail(path, "mlp_only_layers", "expected integers, got " + json_describe(l));
+        c.mlp_only_layers.push_back(l.get<std::int64_t>());
+      }
+    }
+  }
+  if (c.qk_norm() && root.contains("head_dim")) {
     const std::int64_t none = 0;
     c.explicit_head_dim = read_int(root, path, "head_dim", &none);
     if (c.explicit_head_dim <= 0)
@@ -108,9 +127,12 @@ model_config read_config_json(const std::string& path) {
 
 void write_config_json(const std::string& path, const model_config& c) {
   // Field order as transformers writes it for LlamaForCausalLM.
-  const bool qwen3 = c.arch == model_arch::qwen3;
+  const bool qwen3 = c.qk_norm();
+  const char* architecture = c.arch == model_arch::qwen3_moe ? "Qwen3MoeForCausalLM"
+                             : qwen3                         ? "Qwen3ForCausalLM"
+                                                             : "LlamaForCausalLM";
   nlohmann::ordered_json config = {
-    {"architectures", nlohmann::ordered_json::array({qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"})},
+    {"architectures", nlohmann::ordered_json::array({architecture})},
     {"model_type", to_string(c.arch)},
     {"hidden_act", "silu"},
     {"vocab_size", c.vocab_size},
@@ -129,6 +151,14 @@ void write_config_json(const std::string& path, const model_config& c) {
   if (qwen3) {
     config["head_dim"] = c.head_dim();
     config["attention_bias"] = false;
+  }
+  if (c.arch == model_arch::qwen3_moe) {
+    config["num_experts"] = c.num_experts;
+    config["num_experts_per_tok"] = c.num_experts_per_tok;
+    config["moe_intermediate_size"] = c.moe_intermediate_size;
+    config["norm_topk_prob"] = c.norm_topk_prob;
+    config["decoder_sparse_step"] = c.decoder_sparse_step;
+    config["mlp_only_layers"] = c.mlp_only_layers;
   }
   std::ofstream out(path, std::ios::trunc);
   out << config.dump(2) << "\n";

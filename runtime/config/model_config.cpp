@@ -12,6 +12,8 @@ const char* to_string(model_arch a) {
       return "llama";
     case model_arch::qwen3:
       return "qwen3";
+    case model_arch::qwen3_moe:
+      return "qwen3_moe";
   }
   return "?";
 }
@@ -21,7 +23,18 @@ std::optional<model_arch> arch_of_model_type(const std::string& model_type) {
     return model_arch::llama;
   if (model_type == "qwen3")
     return model_arch::qwen3;
+  if (model_type == "qwen3_moe")
+    return model_arch::qwen3_moe;
   return std::nullopt;
+}
+
+bool model_config::sparse_layer(std::int64_t l) const {
+  if (arch != model_arch::qwen3_moe || num_experts <= 0 || decoder_sparse_step <= 0)
+    return false;
+  for (auto d : mlp_only_layers)
+    if (d == l)
+      return false;
+  return (l + 1) % decoder_sparse_step == 0;
 }
 
 std::optional<std::int64_t> parameter_count(const model_config& c) {
@@ -39,15 +52,34 @@ std::optional<std::int64_t> parameter_count(const model_config& c) {
   auto hi = checked_mul<i64>(h, c.intermediate_size);
   if (!hq || !hkv || !hi)
     return std::nullopt;
-  // 2 h q_dim (q, o) + 2 h kv_dim (k, v) + 3 h i (gate, up, down) + 2 h
-  // (norms) + 2 head_dim (Qwen3's q/k head norms).
-  std::optional<i64> per_layer = i64(0);
-  const std::pair<i64, i64> terms[] = {{2, *hq}, {2, *hkv}, {3, *hi}, {2, h}, {c.qk_norm() ? 2 : 0, hd}};
+  // A sparse layer's MLP: the router (experts x h) and each expert's three
+  // matrices of h x moe_intermediate_size, in place of 3 h i.
+  std::optional<i64> moe_mlp;
+  if (c.arch == model_arch::qwen3_moe) {
+    auto per_expert = checked_mul<i64>(h, c.moe_intermediate_size);
+    per_expert = per_expert ? checked_mul<i64>(3, *per_expert) : std::nullopt;
+    auto experts = per_expert ? checked_mul<i64>(c.num_experts, *per_expert) : std::nullopt;
+    auto router = checked_mul<i64>(c.num_experts, h);
+    moe_mlp = experts && router ? checked_add<i64>(*experts, *router) : std::nullopt;
+    if (!moe_mlp)
+      return std::nullopt;
+  }
+  // 2 h q_dim (q, o) + 2 h kv_dim (k, v) + 2 h (norms) + 2 head_dim
+  // (Qwen3's q/k head norms), and the MLP: 3 h i (gate, up, down) dense.
+  std::optional<i64> attention = i64(0);
+  const std::pair<i64, i64> terms[] = {{2, *hq}, {2, *hkv}, {2, h}, {c.qk_norm() ? 2 : 0, hd}};
   for (auto [times, term] : terms) {
     auto product = checked_mul<i64>(times, term);
-    per_layer = product && per_layer ? checked_add<i64>(*per_layer, *product) : std::nullopt;
+    attention = product && attention ? checked_add<i64>(*attention, *product) : std::nullopt;
   }
-  auto layers = per_layer ? checked_mul<i64>(c.num_hidden_layers, *per_layer) : std::nullopt;
+  const auto dense_mlp = checked_mul<i64>(3, *hi);
+  if (!attention || !dense_mlp)
+    return std::nullopt;
+  std::optional<i64> layers = i64(0);
+  for (i64 l = 0; l < c.num_hidden_layers && layers; ++l) {
+    auto layer = checked_add<i64>(*attention, c.sparse_layer(l) ? *moe_mlp : *dense_mlp);
+    layers = layer ? checked_add<i64>(*layers, *layer) : std::nullopt;
+  }
   auto embed = checked_mul<i64>(c.vocab_size, h);
   if (!layers || !embed)
     return std::nullopt;
@@ -88,8 +120,30 @@ std::vector<std::string> validate(const model_config& c) {
     errs.push_back("rms_norm_eps: must be positive");
   if (!(c.rope_theta > 0))
     errs.push_back("rope_theta: must be positive");
-  if (c.explicit_head_dim != 0 && c.arch != model_arch::qwen3) {
-    errs.push_back(std::string("head_dim: only qwen3 models may set it (a ") + to_string(c.arch)
+  if (c.arch == model_arch::qwen3_moe) {
+    ok &= bounded("num_experts", c.num_experts, max_experts);
+    ok &= bounded("moe_intermediate_size", c.moe_intermediate_size, max_intermediate_size);
+    if (bounded("num_experts_per_tok", c.num_experts_per_tok, max_experts) && c.num_experts > 0
+        && c.num_experts_per_tok > c.num_experts) {
+      errs.push_back("num_experts_per_tok: must be at most num_experts (" + std::to_string(c.num_experts) + "), got "
+                     + std::to_string(c.num_experts_per_tok));
+      ok = false;
+    }
+    ok &= bounded("decoder_sparse_step", c.decoder_sparse_step, max_hidden_layers);
+    for (auto l : c.mlp_only_layers)
+      if (l < 0 || l >= c.num_hidden_layers) {
+        errs.push_back("mlp_only_layers: layer " + std::to_string(l) + " is not in [0, "
+                       + std::to_string(c.num_hidden_layers) + ")");
+        ok = false;
+      }
+  } else if (c.num_experts != 0 || c.num_experts_per_tok != 0 || c.moe_intermediate_size != 0
+             || !c.mlp_only_layers.empty()) {
+    errs.push_back(std::string("num_experts: only qwen3_moe models have experts (this is a ") + to_string(c.arch)
+                   + ")");
+    ok = false;
+  }
+  if (c.explicit_head_dim != 0 && !c.qk_norm()) {
+    errs.push_back(std::string("head_dim: only qwen3 and qwen3_moe models may set it (a ") + to_string(c.arch)
                    + " model's is hidden_size / num_attention_heads)");
     ok = false;
   } else if (c.explicit_head_dim < 0 || c.explicit_head_dim > max_head_dim) {
@@ -136,6 +190,9 @@ std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp) {
                    + "), got " + std::to_string(tp));
   if (c.intermediate_size > 0 && c.intermediate_size % tp != 0)
     errs.push_back("must divide intermediate_size (" + std::to_string(c.intermediate_size)
+                   + "), got " + std::to_string(tp));
+  if (c.arch == model_arch::qwen3_moe && c.moe_intermediate_size > 0 && c.moe_intermediate_size % tp != 0)
+    errs.push_back("must divide moe_intermediate_size (" + std::to_string(c.moe_intermediate_size)
                    + "), got " + std::to_string(tp));
   auto kv = c.num_key_value_heads;
   if (kv > 0 && kv % tp != 0 && tp % kv != 0)

@@ -15,9 +15,13 @@ namespace rlsync {
 ///          heads) and an RMSNorm over each query and key head
 ///          (self_attn.q_norm / k_norm, [head_dim]) before the rotary
 ///          embedding; no attention bias
-enum class model_arch { llama, qwen3 };
+///   qwen3_moe  Qwen3MoeForCausalLM: qwen3's attention; in its sparse layers
+///          the MLP is a router (mlp.gate, [experts, hidden]) choosing
+///          num_experts_per_tok of num_experts SwiGLU experts
+///          (mlp.experts.{e}.{gate,up,down}_proj, moe_intermediate_size)
+enum class model_arch { llama, qwen3, qwen3_moe };
 
-/// "llama", "qwen3".
+/// "llama", "qwen3", "qwen3_moe".
 const char* to_string(model_arch a);
 /// The architecture config.json's model_type names; nullopt for another.
 std::optional<model_arch> arch_of_model_type(const std::string& model_type);
@@ -37,12 +41,21 @@ struct model_config {
   /// Qwen3's config.json head_dim; 0: hidden_size / num_attention_heads
   /// (Llama's rule, and Qwen3's when the field is absent).
   std::int64_t explicit_head_dim = 0;
+  // qwen3_moe: the experts, as Hugging Face's Qwen3MoeConfig names them.
+  std::int64_t num_experts = 0;
+  std::int64_t num_experts_per_tok = 0;
+  std::int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;          ///< renormalise the chosen experts' probabilities to sum to 1
+  std::int64_t decoder_sparse_step = 1; ///< layer l is sparse when (l + 1) % step == 0 ...
+  std::vector<std::int64_t> mlp_only_layers; ///< ... and not listed here (those keep the dense MLP)
 
   std::int64_t head_dim() const {
     return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;
   }
-  /// Whether each layer normalises its query and key heads (Qwen3).
-  bool qk_norm() const { return arch == model_arch::qwen3; }
+  /// Whether each layer normalises its query and key heads (Qwen3, Qwen3-MoE).
+  bool qk_norm() const { return arch == model_arch::qwen3 || arch == model_arch::qwen3_moe; }
+  /// Whether layer `l`'s MLP is a mixture of experts.
+  bool sparse_layer(std::int64_t l) const;
 };
 
 /// The byte-level tokenizer's reserved ids: bytes 0..255, then BOS and EOS.
@@ -60,6 +73,7 @@ constexpr std::int64_t max_intermediate_size = std::int64_t(1) << 20;
 constexpr std::int64_t max_hidden_layers = 1024;
 constexpr std::int64_t max_attention_heads = 1024;
 constexpr std::int64_t max_head_dim = 4096;
+constexpr std::int64_t max_experts = 4096;
 constexpr std::int64_t max_position_embeddings_limit = std::int64_t(1) << 24;
 /// 2^40 (about 1.1 trillion) parameters.
 constexpr std::int64_t max_parameters = std::int64_t(1) << 40;

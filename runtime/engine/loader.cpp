@@ -79,6 +79,49 @@ void load_down(const weight_view& src, worker_weights& dst, std::int64_t layer) 
   src.narrow(1, s.inter_begin, s.inter)->copy_into(dst.at(layer_param_name(layer, param::down)), 0);
 }
 
+// Qwen3-MoE: the router, whole on every worker.
+void load_router(const weight_view& src, worker_weights& dst, std::int64_t layer) {
+  const auto& c = dst.shard().config;
+  expect_shape(src, {c.num_experts, c.hidden_size});
+  src.copy_into(dst.at(layer_param_name(layer, param::router)), 0);
+}
+
+// Qwen3-MoE expert e, sliced by tp as a dense MLP: gate/up column-parallel,
+// fused into the expert's gate_up_proj; down row-parallel.
+void load_expert(const weight_view& src, worker_weights& dst, std::int64_t layer, std::int64_t expert,
+                 const std::string& part) {
+  const shard_spec& s = dst.shard();
+  const std::int64_t D = s.config.hidden_size, mi = s.config.moe_intermediate_size;
+  if (part == "down_proj.weight") {
+    expect_shape(src, {D, mi});
+    src.narrow(1, s.moe_inter_begin, s.moe_inter)
+        ->copy_into(dst.at(layer_param_name(layer, param::expert_suffix(expert, true).c_str())), 0);
+    return;
+  }
+  expect_shape(src, {mi, D});
+  src.narrow(0, s.moe_inter_begin, s.moe_inter)
+      ->copy_into(dst.at(layer_param_name(layer, param::expert_suffix(expert, false).c_str())),
+                  part == "up_proj.weight" ? s.moe_inter * D : 0);
+}
+
+// "mlp.experts.<E>.<part>" -> E and part; false when not an expert name.
+bool split_expert_name(const std::string& suffix, std::int64_t& expert, std::string& part) {
+  static const std::string prefix = "mlp.experts.";
+  if (suffix.compare(0, prefix.size(), prefix) != 0)
+    return false;
+  std::size_t i = prefix.size(), digits = 0;
+  std::int64_t n = 0;
+  while (i < suffix.size() && suffix[i] >= '0' && suffix[i] <= '9' && digits < 9) {
+    n = n * 10 + (suffix[i++] - '0');
+    ++digits;
+  }
+  if (digits == 0 || i >= suffix.size() || suffix[i] != '.')
+    return false;
+  expert = n;
+  part = suffix.substr(i + 1);
+  return part == "gate_proj.weight" || part == "up_proj.weight" || part == "down_proj.weight";
+}
+
 // "model.layers.<N>.<suffix>" -> N and suffix; false when not a layer name.
 bool split_layer_name(const std::string& name, std::int64_t& layer, std::string& suffix) {
   static const std::string prefix = "model.layers.";
@@ -125,6 +168,15 @@ void load_weight(const weight_view& src, worker_weights& dst) {
       return load_qkv(src, dst, l, qkv_part::v);
     if (suffix == "self_attn.o_proj.weight")
       return load_o(src, dst, l);
+    if (c.sparse_layer(l)) { // (3) select: expert e's tensors go to expert e
+      std::int64_t e = 0;
+      std::string part;
+      if (suffix == param::router)
+        return load_router(src, dst, l);
+      if (split_expert_name(suffix, e, part) && e < c.num_experts)
+        return load_expert(src, dst, l, e, part);
+      fail(src, "not a parameter of this model (layer " + std::to_string(l) + " is a mixture of experts)");
+    }
     if (suffix == "mlp.gate_proj.weight")
       return load_gate_up(src, dst, l, false);
     if (suffix == "mlp.up_proj.weight")

@@ -32,6 +32,14 @@ struct workspace {
   std::vector<float> final;  // [logit rows, D]
   std::vector<float> norm;   // [D] the norm weights in use, widened
   std::vector<float> q_norm, k_norm; // [head_dim] Qwen3's head norms, widened
+  // Qwen3-MoE: each token's experts (ascending) and their weights, [T, k];
+  // router logits [T, experts]; an expert's tokens gathered, and its activations.
+  std::vector<std::int32_t> chosen;
+  std::vector<float> chosen_weight;
+  std::vector<float> router_logits;
+  std::vector<std::int64_t> expert_slots; // slot t * k + j of each gathered row
+  std::vector<float> expert_in, expert_gu, expert_act;
+  std::vector<float> moe_sum, moe_expert; // [D] the reduction's accumulators
 };
 
 template <class T>
@@ -86,6 +94,7 @@ struct model::impl {
   worker_pool pool;
   std::int64_t o_chunks;    // all-reduce chunks of o_proj's input (heads)
   std::int64_t down_chunks; // ... of down_proj's input (intermediate)
+  std::int64_t moe_chunks;  // ... of each expert's down_proj input (moe_intermediate_size)
 
   mutable std::mutex weights_mutex;
   std::shared_ptr<const weight_set> weights;
@@ -96,12 +105,15 @@ struct model::impl {
   std::vector<float> x0;        // [T, D] embedding gather
   std::vector<float> part_o;    // [o_chunks, T, D]
   std::vector<float> part_down; // [down_chunks, T, D]
+  std::vector<float> part_moe;  // [moe_chunks, T * experts_per_tok, D]
   std::vector<workspace> spaces;
 
   impl(const model_config& c, int tp_, dtype type)
       : cfg(c), tp(tp_), weights_type(type), pool(checked_tp(c, tp_)),
         o_chunks(reduce_chunks(c.num_attention_heads, tp_)),
-        down_chunks(reduce_chunks(c.intermediate_size, tp_)), spaces(static_cast<std::size_t>(tp_)) {
+        down_chunks(reduce_chunks(c.intermediate_size, tp_)),
+        moe_chunks(c.arch == model_arch::qwen3_moe ? reduce_chunks(c.moe_intermediate_size, tp_) : 0),
+        spaces(static_cast<std::size_t>(tp_)) {
     // HF computes inv_freq = 1 / theta^(2i/d) and freqs = position * inv_freq
     // in fp32; so do we.
     const std::int64_t hd = cfg.head_dim();
@@ -158,6 +170,8 @@ struct model::impl {
   }
 
   void step(const std::vector<forward_item>& batch, forward_output& out);
+  void moe_mlp(int w, const layer_weights& L, const shard_spec& s, workspace& ws, std::int64_t T, float* x,
+               const float* h);
   void run_worker(int w, const weight_set& ws, const std::vector<forward_item>& batch,
                   const std::vector<token_slot>& tokens, const std::vector<std::int32_t>& ids,
                   const std::vector<std::int64_t>& logit_tokens, forward_output& out);
@@ -203,6 +217,8 @@ void model::impl::step(const std::vector<forward_item>& batch, forward_output& o
   grow(x0, T * D);
   grow(part_o, o_chunks * T * D);
   grow(part_down, down_chunks * T * D);
+  if (moe_chunks > 0)
+    grow(part_moe, moe_chunks * T * cfg.num_experts_per_tok * D);
   out.logits.assign(static_cast<std::size_t>(static_cast<std::int64_t>(logit_tokens.size()) * cfg.vocab_size),
                     0.0f);
 
@@ -324,6 +340,10 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
     kernels::widen(L.post_norm, ws.norm.data(), D);
     for (std::int64_t t = 0; t < T; ++t)
       rms_norm(x + t * D, ws.norm.data(), h + t * D, D, eps);
+    if (L.experts > 0) {
+      moe_mlp(w, L, s, ws, T, x, h);
+      continue;
+    }
     kernels::matmul_nt(h, D, L.gate_up, D, ws.gu.data(), 2 * s.inter, T, 2 * s.inter, D);
     for (std::int64_t t = 0; t < T; ++t) {
       const float* g = ws.gu.data() + t * 2 * s.inter;
@@ -348,6 +368,109 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
   if (s.vocab() > 0 && R > 0)
     kernels::matmul_nt(ws.final.data(), D, W.lm_head(), D, out.logits.data() + s.vocab_begin, cfg.vocab_size,
                        R, s.vocab(), D);
+}
+
+// Qwen3-MoE's sparse MLP, as Hugging Face's Qwen3MoeSparseMoeBlock: router
+// logits h Wgate^T, softmax over all experts in fp32, the top k (the lowest
+// index on a tie), renormalised to sum 1 when norm_topk_prob; each chosen
+// expert's SwiGLU output times its weight, summed over the chosen experts in
+// ascending expert order, added to the residual. Every worker routes every
+// token (the router is whole everywhere, so all agree) and computes its
+// slice of each expert's intermediate; the down partials are reduced in
+// fixed chunk order, as the dense MLP's, so outputs do not depend on tp.
+void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, workspace& ws, std::int64_t T,
+                          float* x, const float* h) {
+  const std::int64_t D = cfg.hidden_size, E = L.experts, k = cfg.num_experts_per_tok, mi = s.moe_inter;
+  grow(ws.router_logits, T * E);
+  grow(ws.chosen, T * k);
+  grow(ws.chosen_weight, T * k);
+  grow(ws.moe_sum, D);
+  grow(ws.moe_expert, D);
+  kernels::matmul_nt(h, D, L.router, D, ws.router_logits.data(), E, T, E, D);
+  std::vector<std::int32_t> order(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    float* prob = ws.router_logits.data() + t * E;
+    float top = -INFINITY, sum = 0.0f;
+    for (std::int64_t e = 0; e < E; ++e)
+      top = std::max(top, prob[e]);
+    for (std::int64_t e = 0; e < E; ++e)
+      sum += (prob[e] = std::exp(prob[e] - top));
+    for (std::int64_t e = 0; e < E; ++e) {
+      prob[e] /= sum;
+      order[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(e);
+    }
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int32_t a, std::int32_t b) {
+      return prob[a] != prob[b] ? prob[a] > prob[b] : a < b;
+    });
+    float picked = 0.0f;
+    for (std::int64_t j = 0; j < k; ++j)
+      picked += prob[order[static_cast<std::size_t>(j)]];
+    std::sort(order.begin(), order.begin() + k); // summed in ascending expert order, as HF's loop over experts
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int32_t e = order[static_cast<std::size_t>(j)];
+      ws.chosen[static_cast<std::size_t>(t * k + j)] = e;
+      ws.chosen_weight[static_cast<std::size_t>(t * k + j)] = cfg.norm_topk_prob ? prob[e] / picked : prob[e];
+    }
+  }
+  // Each expert over the tokens that chose it: this worker's intermediate
+  // slice, its down partial per chunk into part_moe at the token's slot.
+  const std::int64_t local_chunks = moe_chunks / tp, width = mi / local_chunks;
+  for (std::int64_t e = 0; e < E; ++e) {
+    ws.expert_slots.clear();
+    for (std::int64_t slot = 0; slot < T * k; ++slot)
+      if (ws.chosen[static_cast<std::size_t>(slot)] == e)
+        ws.expert_slots.push_back(slot);
+    const auto n = static_cast<std::int64_t>(ws.expert_slots.size());
+    if (n == 0)
+      continue;
+    grow(ws.expert_in, n * D);
+    grow(ws.expert_gu, n * 2 * mi);
+    grow(ws.expert_act, n * mi);
+    for (std::int64_t r = 0; r < n; ++r)
+      std::memcpy(ws.expert_in.data() + r * D, h + (ws.expert_slots[static_cast<std::size_t>(r)] / k) * D,
+                  static_cast<std::size_t>(D) * sizeof(float));
+    const parameter& gate_up = L.expert_params[2 * e];
+    const parameter& down = L.expert_params[2 * e + 1];
+    kernels::matmul_nt(ws.expert_in.data(), D, gate_up.ref(), D, ws.expert_gu.data(), 2 * mi, n, 2 * mi, D);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* g = ws.expert_gu.data() + r * 2 * mi;
+      const float* u = g + mi;
+      float* a = ws.expert_act.data() + r * mi;
+      for (std::int64_t i = 0; i < mi; ++i)
+        a[i] = g[i] * (1.0f / (1.0f + std::exp(-g[i]))) * u[i]; // silu(g) * u, as torch
+    }
+    for (std::int64_t c = 0; c < local_chunks; ++c)
+      for (std::int64_t r = 0; r < n; ++r) {
+        const std::int64_t slot = ws.expert_slots[static_cast<std::size_t>(r)];
+        kernels::matmul_nt(ws.expert_act.data() + r * mi + c * width, mi, down.ref() + c * width, mi,
+                           &part_moe[static_cast<std::size_t>(((w * local_chunks + c) * T * k + slot) * D)], D, 1,
+                           D, width);
+      }
+  }
+  pool.barrier();
+  // x_t += the sum over its experts (ascending) of weight * the expert's
+  // down output, whose chunk partials are added in global chunk order.
+  float* acc = ws.moe_sum.data();
+  float* y = ws.moe_expert.data();
+  for (std::int64_t t = 0; t < T; ++t) {
+    std::fill(acc, acc + D, 0.0f);
+    for (std::int64_t j = 0; j < k; ++j) {
+      const std::int64_t slot = t * k + j;
+      std::memcpy(y, &part_moe[static_cast<std::size_t>(slot * D)], static_cast<std::size_t>(D) * sizeof(float));
+      for (std::int64_t c = 1; c < moe_chunks; ++c) {
+        const float* p = &part_moe[static_cast<std::size_t>((c * T * k + slot) * D)];
+        for (std::int64_t i = 0; i < D; ++i)
+          y[i] += p[i];
+      }
+      const float weight = ws.chosen_weight[static_cast<std::size_t>(slot)];
+      for (std::int64_t i = 0; i < D; ++i)
+        acc[i] += y[i] * weight;
+    }
+    for (std::int64_t i = 0; i < D; ++i)
+      x[t * D + i] += acc[i];
+  }
+  // The next writer of part_moe is a later layer, after o_proj's barrier:
+  // every worker has finished reading it by then.
 }
 
 model::model(const model_config& c, int tp, dtype weights_type)

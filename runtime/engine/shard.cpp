@@ -35,6 +35,8 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker) {
   }
   s.inter = c.intermediate_size / tp;
   s.inter_begin = worker * s.inter;
+  s.moe_inter = c.moe_intermediate_size / tp;
+  s.moe_inter_begin = worker * s.moe_inter;
   std::int64_t per = (c.vocab_size + tp - 1) / tp;
   s.vocab_begin = std::min<std::int64_t>(c.vocab_size, worker * per);
   s.vocab_end = std::min<std::int64_t>(c.vocab_size, (worker + 1) * per);

@@ -22,6 +22,8 @@ struct shard_spec {
   std::int64_t kv_begin = 0;    ///< first global kv head
   std::int64_t inter = 0;       ///< local intermediate size
   std::int64_t inter_begin = 0;
+  std::int64_t moe_inter = 0;       ///< qwen3_moe: local slice of every expert's intermediate size
+  std::int64_t moe_inter_begin = 0;
   std::int64_t vocab_begin = 0; ///< local vocabulary rows [vocab_begin, vocab_end)
   std::int64_t vocab_end = 0;
 

@@ -17,14 +17,9 @@ std::string layer_param_name(std::int64_t layer, const char* suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
 }
 
-namespace {
-// Layer parameters come in this order after the embedding: six per layer,
-// and Qwen3's two head norms after them.
-constexpr std::size_t max_per_layer = 8;
-constexpr const char* layer_suffixes[max_per_layer] = {param::input_norm, param::qkv,     param::o,
-                                                       param::post_norm,  param::gate_up, param::down,
-                                                       param::q_norm,     param::k_norm};
-} // namespace
+std::string param::expert_suffix(std::int64_t expert, bool down) {
+  return "mlp.experts." + std::to_string(expert) + (down ? ".down_proj.weight" : ".gate_up_proj.weight");
+}
 
 worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
     : shard_(s), type_(type), allocated_(allocate) {
@@ -35,13 +30,29 @@ worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
     params_.push_back(parameter{std::move(name), std::move(shape), type, {}});
   };
   add(param::embed, {s.vocab(), d});
-  const std::vector<std::int64_t> layer_shapes[max_per_layer] = {
-      {d}, {s.qkv_rows(), d}, {d, s.heads * s.head_dim}, {d}, {2 * s.inter, d}, {d, s.inter}, {s.head_dim},
-      {s.head_dim}};
-  per_layer_ = c.qk_norm() ? 8 : 6;
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-    for (std::size_t i = 0; i < per_layer_; ++i)
-      add(layer_param_name(l, layer_suffixes[i]), layer_shapes[i]);
+  // Each layer: the norms and attention, its MLP (dense, or the router and
+  // every expert's fused gate/up and down), then Qwen3's head norms.
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    layer_first_.push_back(params_.size());
+    add(layer_param_name(l, param::input_norm), {d});
+    add(layer_param_name(l, param::qkv), {s.qkv_rows(), d});
+    add(layer_param_name(l, param::o), {d, s.heads * s.head_dim});
+    add(layer_param_name(l, param::post_norm), {d});
+    if (c.sparse_layer(l)) {
+      add(layer_param_name(l, param::router), {c.num_experts, d});
+      for (std::int64_t e = 0; e < c.num_experts; ++e) {
+        add(layer_param_name(l, param::expert_suffix(e, false).c_str()), {2 * s.moe_inter, d});
+        add(layer_param_name(l, param::expert_suffix(e, true).c_str()), {d, s.moe_inter});
+      }
+    } else {
+      add(layer_param_name(l, param::gate_up), {2 * s.inter, d});
+      add(layer_param_name(l, param::down), {d, s.inter});
+    }
+    if (c.qk_norm()) {
+      add(layer_param_name(l, param::q_norm), {s.head_dim});
+      add(layer_param_name(l, param::k_norm), {s.head_dim});
+    }
+  }
   final_norm_ = params_.size();
   add(param::final_norm, {d});
   lm_head_ = 0; // tied: the embedding's rows
@@ -71,11 +82,26 @@ const parameter* worker_weights::find(const std::string& name) const {
 }
 
 layer_weights worker_weights::layer(std::int64_t l) const {
-  const parameter* p = &params_[1 + static_cast<std::size_t>(l) * per_layer_];
-  layer_weights w{p[0].ref(), p[1].ref(), p[2].ref(), p[3].ref(), p[4].ref(), p[5].ref(), {}, {}};
-  if (per_layer_ == 8) {
-    w.q_norm = p[6].ref();
-    w.k_norm = p[7].ref();
+  const auto& c = shard_.config;
+  const parameter* p = &params_[layer_first_[static_cast<std::size_t>(l)]];
+  layer_weights w;
+  w.input_norm = p[0].ref();
+  w.qkv = p[1].ref();
+  w.o = p[2].ref();
+  w.post_norm = p[3].ref();
+  std::size_t next = 4;
+  if (c.sparse_layer(l)) {
+    w.router = p[next++].ref();
+    w.experts = c.num_experts;
+    w.expert_params = &p[next];
+    next += static_cast<std::size_t>(2 * c.num_experts);
+  } else {
+    w.gate_up = p[next++].ref();
+    w.down = p[next++].ref();
+  }
+  if (c.qk_norm()) {
+    w.q_norm = p[next].ref();
+    w.k_norm = p[next + 1].ref();
   }
   return w;
 }

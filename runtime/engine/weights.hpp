@@ -51,6 +51,9 @@ inline constexpr const char* gate_up = "mlp.gate_up_proj.weight";
 inline constexpr const char* down = "mlp.down_proj.weight";
 inline constexpr const char* q_norm = "self_attn.q_norm.weight"; // qwen3
 inline constexpr const char* k_norm = "self_attn.k_norm.weight"; // qwen3
+inline constexpr const char* router = "mlp.gate.weight";          // qwen3_moe sparse layers
+/// "mlp.experts.<e>.gate_up_proj.weight" / "...down_proj.weight" (qwen3_moe).
+std::string expert_suffix(std::int64_t expert, bool down);
 } // namespace param
 
 /// Pointers to one layer's parameters, for the forward pass.
@@ -63,6 +66,12 @@ struct layer_weights {
   kernels::typed_ptr down;       ///< [hidden, inter] (this worker's columns)
   kernels::typed_ptr q_norm;     ///< [head_dim], Qwen3 only (null data otherwise): every q head's RMSNorm
   kernels::typed_ptr k_norm;     ///< [head_dim], Qwen3 only: every k head's
+  // A sparse (mixture-of-experts) layer instead of gate_up/down (whose data is then null):
+  kernels::typed_ptr router;     ///< [experts, hidden], whole on every worker
+  std::int64_t experts = 0;      ///< 0 for a dense layer
+  /// Expert e's fused gate/up rows [2 * moe_inter, hidden] at expert_params[2e],
+  /// its down columns [hidden, moe_inter] at expert_params[2e + 1].
+  const struct parameter* expert_params = nullptr;
 };
 
 /// Every parameter one worker holds.
@@ -96,7 +105,7 @@ private:
   std::vector<parameter> params_;
   std::unordered_map<std::string, std::size_t> index_;
   std::size_t final_norm_ = 0, lm_head_ = 0;
-  std::size_t per_layer_ = 0; // parameters per layer, in layer order after the embedding
+  std::vector<std::size_t> layer_first_; // each layer's first parameter (layers follow the embedding)
 };
 
 /// One complete copy of an engine's weights: one worker_weights per tp rank.

@@ -234,7 +234,7 @@ TEST_CASE("config.json: a Qwen3 config keeps its architecture and head_dim, whic
   // head_dim belongs to Qwen3: a Llama shape that names one is refused.
   auto llama = small();
   llama.explicit_head_dim = 32;
-  CHECK(mentions(validate(llama), "head_dim: only qwen3 models may set it"));
+  CHECK(mentions(validate(llama), "head_dim: only qwen3 and qwen3_moe models may set it"));
   CHECK(std::string(to_string(model_arch::llama)) == "llama");
   CHECK(arch_of_model_type("llama") == model_arch::llama);
   CHECK_FALSE(arch_of_model_type("mistral"));

@@ -182,7 +182,7 @@ TEST_CASE("topology errors: model") {
      "t.yaml:4:11: model.synthetic.arch: must be one of llama, qwen3, got 'mistral'"},
     {"head_dim on a llama",
      synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    head_dim: 64\n    intermediate_size: 704"),
-     "t.yaml:7:15: model.synthetic.head_dim: only qwen3 models may set it (a llama model's is hidden_size / "
+     "t.yaml:7:15: model.synthetic.head_dim: only qwen3 and qwen3_moe models may set it (a llama model's is hidden_size / "
      "num_attention_heads)"},
     {"odd qwen3 head_dim",
      synthetic("    arch: qwen3\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    head_dim: 33\n"

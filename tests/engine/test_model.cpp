@@ -82,6 +82,9 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
       {"Qwen3 GQA bf16 tp1", tiny_qwen3_config(4, 2), dtype::bf16, 1},
       {"Qwen3 GQA tied bf16 tp2", tiny_qwen3_config(4, 2, true), dtype::bf16, 2},
       {"Qwen3 MQA f32 tp4, head_dim 16 = hidden / heads", tiny_qwen3_config(4, 1, false, 16), dtype::f32, 4},
+      {"Qwen3-MoE bf16 tp1", test::tiny_moe_config(2), dtype::bf16, 1},
+      {"Qwen3-MoE bf16 tp2, top-k not renormalised", test::tiny_moe_config(2, false), dtype::bf16, 2},
+      {"Qwen3-MoE f32 tp4, kv replicated", test::tiny_moe_config(1), dtype::f32, 4},
   };
   for (const auto& r : rows) {
     CAPTURE(r.what);
@@ -153,10 +156,13 @@ TEST_CASE("a batched step computes each sequence exactly as alone") {
 }
 
 TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split or replicated, Llama and Qwen3") {
-  for (auto [kv, qwen3] : {std::pair{4, false}, {2, false}, {1, false}, {2, true}, {1, true}}) {
+  for (auto [kv, arch] : {std::pair{4, model_arch::llama}, {2, model_arch::llama}, {1, model_arch::llama},
+                          {2, model_arch::qwen3}, {1, model_arch::qwen3}, {2, model_arch::qwen3_moe}}) {
     CAPTURE(kv);
-    CAPTURE(qwen3);
-    auto cfg = qwen3 ? tiny_qwen3_config(4, kv) : tiny_config(4, kv);
+    CAPTURE(to_string(arch));
+    auto cfg = arch == model_arch::qwen3_moe ? test::tiny_moe_config(kv)
+               : arch == model_arch::qwen3   ? tiny_qwen3_config(4, kv)
+                                             : tiny_config(4, kv);
     auto src = make_source(cfg, dtype::bf16, 5);
     model m1(cfg, 1, dtype::bf16);
     m1.set_weights(src.load(1));

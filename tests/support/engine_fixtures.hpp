@@ -63,6 +63,19 @@ inline model_config tiny_qwen3_config(std::int64_t heads = 4, std::int64_t kv_he
   return c;
 }
 
+/// tiny_qwen3_config as a Qwen3-MoE: 8 experts of intermediate 32, 2 per
+/// token; layer 0 dense (mlp_only_layers), layer 1 sparse.
+inline model_config tiny_moe_config(std::int64_t kv_heads = 2, bool norm_topk_prob = true) {
+  model_config c = tiny_qwen3_config(4, kv_heads);
+  c.arch = model_arch::qwen3_moe;
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.norm_topk_prob = norm_topk_prob;
+  c.mlp_only_layers = {0};
+  return c;
+}
+
 /// A checkpoint's tensors, in memory, in one dtype.
 struct source_weights {
   model_config config;
@@ -182,7 +195,7 @@ inline std::vector<std::vector<float>> reference_logits(const source_weights& w,
     mat q = linear(h, p + "self_attn.q_proj.weight", H * hd, D);
     mat k = linear(h, p + "self_attn.k_proj.weight", KV * hd, D);
     mat v = linear(h, p + "self_attn.v_proj.weight", KV * hd, D);
-    if (c.arch == model_arch::qwen3) { // Qwen3Attention: q_norm / k_norm over each head, then rope
+    if (c.qk_norm()) { // Qwen3Attention: q_norm / k_norm over each head, then rope
       auto qn = w.f32(p + "self_attn.q_norm.weight"), kn = w.f32(p + "self_attn.k_norm.weight");
       for (std::size_t t = 0; t < T; ++t) {
         for (std::size_t j = 0; j < H; ++j)
@@ -220,6 +233,42 @@ inline std::vector<std::vector<float>> reference_logits(const source_weights& w,
       for (std::size_t i = 0; i < D; ++i)
         x[t][i] += o[t][i];
     h = rmsnorm(x, p + "post_attention_layernorm.weight");
+    if (c.sparse_layer(l)) { // Qwen3MoeSparseMoeBlock
+      const std::size_t E = std::size_t(c.num_experts), K = std::size_t(c.num_experts_per_tok),
+                        MI = std::size_t(c.moe_intermediate_size);
+      mat router = linear(h, p + "mlp.gate.weight", E, D);
+      for (std::size_t t = 0; t < T; ++t) {
+        double top = -INFINITY, sum = 0;
+        for (double v : router[t])
+          top = std::max(top, v);
+        std::vector<double> prob(E);
+        for (std::size_t e = 0; e < E; ++e)
+          sum += (prob[e] = std::exp(router[t][e] - top));
+        std::vector<std::size_t> idx(E);
+        for (std::size_t e = 0; e < E; ++e) {
+          prob[e] /= sum;
+          idx[e] = e;
+        }
+        std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return prob[a] > prob[b]; });
+        double picked = 0;
+        for (std::size_t j = 0; j < K; ++j)
+          picked += prob[idx[j]];
+        for (std::size_t j = 0; j < K; ++j) {
+          const std::size_t e = idx[j];
+          const double wgt = c.norm_topk_prob ? prob[e] / picked : prob[e];
+          const std::string x_ = p + "mlp.experts." + std::to_string(e) + ".";
+          mat one = {h[t]};
+          mat g = linear(one, x_ + "gate_proj.weight", MI, D);
+          mat u = linear(one, x_ + "up_proj.weight", MI, D);
+          for (std::size_t i = 0; i < MI; ++i)
+            g[0][i] = g[0][i] / (1.0 + std::exp(-g[0][i])) * u[0][i];
+          mat d = linear(g, x_ + "down_proj.weight", D, MI);
+          for (std::size_t i = 0; i < D; ++i)
+            x[t][i] += wgt * d[0][i];
+        }
+      }
+      continue;
+    }
     mat gate = linear(h, p + "mlp.gate_proj.weight", I, D);
     mat up = linear(h, p + "mlp.up_proj.weight", I, D);
     for (std::size_t t = 0; t < T; ++t)

@@ -84,7 +84,7 @@ class LlamaConfig:
         if self.model_type not in ("llama", "qwen3"):
             raise ValueError(f"model config: model_type: expected llama or qwen3, got {self.model_type!r}")
         if self.head_dim is not None and self.model_type != "qwen3":
-            raise ValueError("model config: head_dim: only qwen3 models may set it")
+            raise ValueError("model config: head_dim: only qwen3 and qwen3_moe models may set it")
         problems = []
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
