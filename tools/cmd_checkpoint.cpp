@@ -29,8 +29,10 @@ const char* make_description =
     "  rlsync checkpoint make --from DIR --perturb SCALE --seed S --out DIR2\n"
     "\n"
     "The first writes a seeded synthetic checkpoint (config.json and safetensors, sharded\n"
-    "with an index above --shard-bytes) of a Llama (--arch llama, the default) or a Qwen3\n"
-    "(--arch qwen3: per-head q/k norms, --head-dim D, by default H/A). The second writes the next\n"
+    "with an index above --shard-bytes) of a Llama (--arch llama, the default), a Qwen3\n"
+    "(--arch qwen3: per-head q/k norms, --head-dim D, by default H/A) or a Qwen3-MoE\n"
+    "(--arch qwen3_moe: as qwen3, every layer's MLP --experts E SwiGLU experts of\n"
+    "--moe-intermediate M, --experts-per-tok K chosen per token). The second writes the next\n"
     "version of DIR: every element becomes old + SCALE * noise(seed, tensor, index), with\n"
     "noise uniform in [-1, 1), rounded to the tensor's dtype (changes below half a unit in\n"
     "the last place are lost: a bf16 1.0 needs SCALE > 0.004). DIR2 must not exist (or be\n"
@@ -48,6 +50,8 @@ const std::pair<const char*, const char*> field_flags[] = {
   {"intermediate_size", "--intermediate"}, {"num_hidden_layers", "--layers"},
   {"num_attention_heads", "--heads"},  {"num_key_value_heads", "--kv-heads"},
   {"max_position_embeddings", "--max-positions"}, {"head_dim", "--head-dim"},
+  {"num_experts", "--experts"}, {"num_experts_per_tok", "--experts-per-tok"},
+  {"moe_intermediate_size", "--moe-intermediate"},
 };
 
 // "num_key_value_heads: must divide ..." -> "--kv-heads: must divide ..."
@@ -89,7 +93,7 @@ int make(const arg_list& argv) {
   std::string out, from, dtype = "bf16", arch = "llama";
   std::uint64_t seed = 0, shard_bytes = default_shard_bytes;
   std::uint64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, vocab = 0, max_positions = 0;
-  std::uint64_t head_dim = 0;
+  std::uint64_t head_dim = 0, experts = 0, experts_per_tok = 0, moe_intermediate = 0;
   double scale = 0.0;
   auto out_flag = app.add_option("--out", out, "output directory")->type_name("DIR");
   auto layers_flag = cli::add_size(app, "--layers", layers, "num_hidden_layers");
@@ -100,8 +104,13 @@ int make(const arg_list& argv) {
                                          "intermediate_size (default 8/3*H rounded up to a multiple of 64)");
   auto vocab_flag = cli::add_size(app, "--vocab", vocab, "vocab_size, at least 258")->default_str("320");
   auto dtype_flag = app.add_option("--dtype", dtype, "bf16, f16 or f32")->capture_default_str();
-  auto arch_flag = app.add_option("--arch", arch, "llama or qwen3")->capture_default_str();
+  auto arch_flag = app.add_option("--arch", arch, "llama, qwen3 or qwen3_moe")->capture_default_str();
   auto head_dim_flag = cli::add_size(app, "--head-dim", head_dim, "head_dim (qwen3 only; default H/A)");
+  auto experts_flag = cli::add_size(app, "--experts", experts, "num_experts (qwen3_moe)");
+  auto experts_per_tok_flag = cli::add_size(app, "--experts-per-tok", experts_per_tok,
+                                            "num_experts_per_tok (qwen3_moe, default 2)");
+  auto moe_intermediate_flag = cli::add_size(app, "--moe-intermediate", moe_intermediate,
+                                             "moe_intermediate_size (qwen3_moe, default I/4)");
   model_config c;
   auto max_positions_flag = cli::add_size(app, "--max-positions", max_positions, "max_position_embeddings")
                               ->default_val(c.max_position_embeddings);
@@ -124,7 +133,8 @@ int make(const arg_list& argv) {
       throw cli::usage_error("missing required flag --perturb (with --from)");
     for (const CLI::Option* shape_flag : {layers_flag, hidden_flag, heads_flag, kv_heads_flag, intermediate_flag,
                                           vocab_flag, dtype_flag, max_positions_flag, tie_flag, shard_bytes_flag,
-                                          arch_flag, head_dim_flag})
+                                          arch_flag, head_dim_flag, experts_flag, experts_per_tok_flag,
+                                          moe_intermediate_flag})
       if (shape_flag->count() > 0)
         throw cli::usage_error(shape_flag->get_name() + " cannot be combined with --from (the shape comes from "
                                + from + ")");
@@ -134,10 +144,13 @@ int make(const arg_list& argv) {
 
   auto parsed_arch = arch_of_model_type(arch);
   if (!parsed_arch)
-    throw cli::usage_error("--arch: expected llama or qwen3, got '" + printable(arch) + "'");
+    throw cli::usage_error("--arch: expected llama, qwen3 or qwen3_moe, got '" + printable(arch) + "'");
   c.arch = *parsed_arch;
-  if (head_dim_flag->count() > 0 && c.arch != model_arch::qwen3)
-    throw cli::usage_error("--head-dim: only with --arch qwen3 (a llama's head_dim is H/A)");
+  if (head_dim_flag->count() > 0 && !c.qk_norm())
+    throw cli::usage_error("--head-dim: only with --arch qwen3 or qwen3_moe (a llama's head_dim is H/A)");
+  for (const CLI::Option* moe_flag : {experts_flag, experts_per_tok_flag, moe_intermediate_flag})
+    if (moe_flag->count() > 0 && c.arch != model_arch::qwen3_moe)
+      throw cli::usage_error(moe_flag->get_name() + ": only with --arch qwen3_moe");
   if (head_dim_flag->count() > 0)
     c.explicit_head_dim = dimension(head_dim_flag, head_dim, std::nullopt);
   c.num_hidden_layers = dimension(layers_flag, layers, std::nullopt);
@@ -151,6 +164,12 @@ int make(const arg_list& argv) {
   c.vocab_size = dimension(vocab_flag, vocab, 320);
   c.max_position_embeddings = dimension(max_positions_flag, max_positions, c.max_position_embeddings);
   c.tie_word_embeddings = tie_flag->count() > 0;
+  if (c.arch == model_arch::qwen3_moe) {
+    c.num_experts = dimension(experts_flag, experts, std::nullopt);
+    c.num_experts_per_tok = dimension(experts_per_tok_flag, experts_per_tok, 2);
+    c.moe_intermediate_size =
+      dimension(moe_intermediate_flag, moe_intermediate, std::max<std::int64_t>(c.intermediate_size / 4, 1));
+  }
   auto type = parse_short_dtype(dtype);
   if (!type)
     throw cli::usage_error("--dtype: expected bf16, f16 or f32, got '" + dtype + "'");
@@ -187,6 +206,10 @@ void print_table(const checkpoint_summary& s) {
             << " layers=" << c.num_hidden_layers << " hidden=" << c.hidden_size
             << " heads=" << c.num_attention_heads << " kv_heads=" << c.num_key_value_heads
             << " head_dim=" << c.head_dim()
+            << (c.arch == model_arch::qwen3_moe ? " experts=" + std::to_string(c.num_experts) + " per_tok="
+                                                    + std::to_string(c.num_experts_per_tok) + " moe_intermediate="
+                                                    + std::to_string(c.moe_intermediate_size)
+                                                : std::string{})
             << " intermediate=" << c.intermediate_size << " vocab=" << c.vocab_size
             << " tie=" << (c.tie_word_embeddings ? "true" : "false") << "\n";
   std::size_t name_w = 4, shape_w = 5;
@@ -212,7 +235,7 @@ void print_table(const checkpoint_summary& s) {
   std::cout << "total: " << s.tensors.size() << " tensors, " << s.total_bytes << " bytes in " << s.files.size()
             << (s.files.size() == 1 ? " file" : " files") << "\n";
   for (auto& p : s.layout_problems)
-    std::cout << "warning: not the " << (c.arch == model_arch::qwen3 ? "Qwen3" : "Llama")
+    std::cout << "warning: not the " << (c.arch == model_arch::llama ? "Llama" : c.qk_norm() && c.num_experts == 0 ? "Qwen3" : "Qwen3-MoE")
               << " layout config.json implies: " << printable(p, 1024) << "\n";
 }
 

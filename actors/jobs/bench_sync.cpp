@@ -69,8 +69,13 @@ model_config model_of_size(std::uint64_t bytes, model_arch arch) {
   c.intermediate_size = arch == model_arch::qwen3 ? 3072 : 2816;
   c.num_attention_heads = 16;
   c.num_key_value_heads = 8;
-  if (arch == model_arch::qwen3)
+  if (arch != model_arch::llama)
     c.explicit_head_dim = 128;
+  if (arch == model_arch::qwen3_moe) { // Qwen3-30B-A3B's expert shape, fewer experts: 16 of 768, 2 per token
+    c.num_experts = 16;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 768;
+  }
   c.num_hidden_layers = 1;
   std::uint64_t one = bf16_model_bytes(c);
   c.num_hidden_layers = 2;
@@ -456,6 +461,12 @@ std::string node_yaml(const topology& t) {
   y << "name: " << t.name << "\nmodel:\n  synthetic: {arch: " << to_string(c.arch) << ", layers: "
     << c.num_hidden_layers << ", hidden_size: " << c.hidden_size << ", heads: " << c.num_attention_heads
     << (c.explicit_head_dim > 0 ? ", head_dim: " + std::to_string(c.explicit_head_dim) : std::string{})
+    << (c.arch == model_arch::qwen3_moe
+          ? ", experts: " + std::to_string(c.num_experts) + ", experts_per_tok: " + std::to_string(c.num_experts_per_tok)
+              + ", moe_intermediate_size: " + std::to_string(c.moe_intermediate_size)
+              + ", norm_topk_prob: " + (c.norm_topk_prob ? "true" : "false")
+              + ", decoder_sparse_step: " + std::to_string(c.decoder_sparse_step)
+          : std::string{})
     << ", kv_heads: " << c.num_key_value_heads << ", intermediate_size: " << c.intermediate_size
     << ", vocab_size: " << c.vocab_size << ", dtype: bf16, seed: " << t.model.seed << "}\nnodes:\n";
   for (const auto& n : t.nodes)

@@ -44,7 +44,8 @@ std::uint64_t bf16_model_bytes(const model_config& c);
 /// A synthetic bf16 model of about `bytes` (never less than one layer),
 /// as many layers as fit, vocab 320: a llama of hidden 1024 (16 heads, 8 kv
 /// heads), intermediate 2816; a qwen3 shaped as Qwen3-0.6B's layers (hidden
-/// 1024, 16 heads of 128, 8 kv heads, intermediate 3072).
+/// 1024, 16 heads of 128, 8 kv heads, intermediate 3072); a qwen3_moe with
+/// qwen3's attention and 16 experts of 768 (2 per token) in every layer.
 model_config model_of_size(std::uint64_t bytes, model_arch arch = model_arch::llama);
 
 /// The bench's model: model_of_size(bytes, arch), with at least as many

@@ -102,6 +102,10 @@ bool is_env_name(const std::string& s) {
 std::string synthetic_key(const std::string& config_field) {
   if (config_field == "num_hidden_layers")
     return "layers";
+  if (config_field == "num_experts")
+    return "experts";
+  if (config_field == "num_experts_per_tok")
+    return "experts_per_tok";
   if (config_field == "num_attention_heads")
     return "heads";
   if (config_field == "num_key_value_heads")
@@ -247,8 +251,9 @@ void reader::read_model(const map_reader& root) {
 void reader::read_synthetic(const map_reader& model) {
   auto s = model.map("synthetic",
                      {"arch", "layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size",
-                      "vocab_size", "max_position_embeddings", "rope_theta", "rms_norm_eps",
-                      "tie_word_embeddings", "dtype", "seed"});
+                      "experts", "experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                      "decoder_sparse_step", "mlp_only_layers", "vocab_size", "max_position_embeddings",
+                      "rope_theta", "rms_norm_eps", "tie_word_embeddings", "dtype", "seed"});
   if (!s.present())
     return;
   auto& c = t.model.config;
@@ -264,6 +269,33 @@ void reader::read_synthetic(const map_reader& model) {
   ok &= !s.has("kv_heads") || s.read("kv_heads", c.num_key_value_heads);
   ok &= !s.has("head_dim") || s.read("head_dim", c.explicit_head_dim);
   ok &= s.read("intermediate_size", c.intermediate_size, {}, presence::required);
+  // Qwen3-MoE's experts (validate() refuses them on another architecture).
+  if (c.arch == model_arch::qwen3_moe)
+    c.num_experts_per_tok = 2;
+  ok &= !s.has("experts") || s.read("experts", c.num_experts);
+  ok &= !s.has("experts_per_tok") || s.read("experts_per_tok", c.num_experts_per_tok);
+  ok &= !s.has("moe_intermediate_size") || s.read("moe_intermediate_size", c.moe_intermediate_size);
+  ok &= !s.has("norm_topk_prob") || s.read("norm_topk_prob", c.norm_topk_prob);
+  ok &= !s.has("decoder_sparse_step") || s.read("decoder_sparse_step", c.decoder_sparse_step);
+  if (s.has("mlp_only_layers")) {
+    const YAML::Node list = s.get("mlp_only_layers");
+    if (!list.IsSequence() || list.size() > static_cast<std::size_t>(max_hidden_layers)) {
+      s.error("mlp_only_layers", "expected a list of at most " + std::to_string(max_hidden_layers)
+                                   + " layer indices, got " + describe(list));
+      ok = false;
+    } else {
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        std::int64_t l = 0;
+        if (!YAML::convert<std::int64_t>::decode(list[i], l)) {
+          d.add(list[i].Mark(), s.path("mlp_only_layers") + "[" + std::to_string(i) + "]",
+                "expected a layer index, got " + describe(list[i]));
+          ok = false;
+        } else {
+          c.mlp_only_layers.push_back(l);
+        }
+      }
+    }
+  }
   ok &= !s.has("vocab_size") || s.read("vocab_size", c.vocab_size);
   ok &= !s.has("max_position_embeddings") || s.read("max_position_embeddings", c.max_position_embeddings);
   ok &= !s.has("rope_theta") || s.read("rope_theta", c.rope_theta);
@@ -718,15 +750,21 @@ void reader::read_coordinator(const map_reader& root) {
 std::pair<std::int64_t, std::int64_t> largest_group_parameters(const model_config& c) {
   const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim(),
                      kv = c.num_key_value_heads * c.head_dim();
-  const std::int64_t block =
-    2 * h + 2 * q * h + 2 * kv * h + 3 * h * c.intermediate_size + (c.qk_norm() ? 2 * c.head_dim() : 0);
+  const std::int64_t attention = 2 * h + 2 * q * h + 2 * kv * h + (c.qk_norm() ? 2 * c.head_dim() : 0);
+  auto block = [&](std::int64_t l) {
+    return attention
+           + (c.sparse_layer(l) ? c.num_experts * h * (1 + 3 * c.moe_intermediate_size) : 3 * h * c.intermediate_size);
+  };
   const std::int64_t last = c.num_hidden_layers - 1;
-  std::int64_t first_group = block + c.vocab_size * h;
-  std::int64_t last_group = block + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h);
   if (last == 0)
-    return {0, first_group + last_group - block};
-  return first_group >= last_group ? std::pair<std::int64_t, std::int64_t>{0, first_group}
-                                   : std::pair<std::int64_t, std::int64_t>{last, last_group};
+    return {0, block(0) + c.vocab_size * h + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h)};
+  std::pair<std::int64_t, std::int64_t> best{0, block(0) + c.vocab_size * h};
+  for (std::int64_t l = 1; l <= last; ++l) {
+    const std::int64_t g = block(l) + (l == last ? h + (c.tie_word_embeddings ? 0 : c.vocab_size * h) : 0);
+    if (g > best.second)
+      best = {l, g};
+  }
+  return best;
 }
 
 void reader::read_transfer(const map_reader& root) {

@@ -16,7 +16,8 @@ namespace rlsync::topology_names {
 using yaml_fields::choices;
 
 inline const choices<dtype> dtype_choices = {{"bf16", dtype::bf16}, {"f16", dtype::f16}, {"f32", dtype::f32}};
-inline const choices<model_arch> arch_choices = {{"llama", model_arch::llama}, {"qwen3", model_arch::qwen3}};
+inline const choices<model_arch> arch_choices = {
+  {"llama", model_arch::llama}, {"qwen3", model_arch::qwen3}, {"qwen3_moe", model_arch::qwen3_moe}};
 inline const choices<trainer_source> trainer_source_choices = {
   {"synthetic", trainer_source::synthetic}, {"checkpoint_dir", trainer_source::checkpoint_dir},
   {"external", trainer_source::external}};

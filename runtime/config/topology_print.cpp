@@ -39,6 +39,17 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "kv_heads" << YAML::Value << i64(c.num_key_value_heads);
   out << YAML::Key << "head_dim" << YAML::Value << i64(c.head_dim());
   out << YAML::Key << "intermediate_size" << YAML::Value << i64(c.intermediate_size);
+  if (c.arch == model_arch::qwen3_moe) {
+    out << YAML::Key << "experts" << YAML::Value << i64(c.num_experts);
+    out << YAML::Key << "experts_per_tok" << YAML::Value << i64(c.num_experts_per_tok);
+    out << YAML::Key << "moe_intermediate_size" << YAML::Value << i64(c.moe_intermediate_size);
+    out << YAML::Key << "norm_topk_prob" << YAML::Value << c.norm_topk_prob;
+    out << YAML::Key << "decoder_sparse_step" << YAML::Value << i64(c.decoder_sparse_step);
+    out << YAML::Key << "mlp_only_layers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (auto l : c.mlp_only_layers)
+      out << i64(l);
+    out << YAML::EndSeq;
+  }
   out << YAML::Key << "vocab_size" << YAML::Value << i64(c.vocab_size);
   out << YAML::Key << "max_position_embeddings" << YAML::Value << i64(c.max_position_embeddings);
   out << YAML::Key << "rope_theta" << YAML::Value << format_double(c.rope_theta);
@@ -46,7 +57,9 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "tie_word_embeddings" << YAML::Value << c.tie_word_embeddings;
   // A topology that loaded passed validate(), which bounds the count.
   std::int64_t params = parameter_count(c).value_or(0);
-  out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment(c.qk_norm() ? "Qwen3 layout, no biases" : "Llama layout, no biases");
+  out << YAML::Key << "parameters" << YAML::Value << i64(params) << YAML::Comment(c.arch == model_arch::qwen3_moe ? "Qwen3-MoE layout, no biases"
+                                                                              : c.qk_norm() ? "Qwen3 layout, no biases"
+                                                                                            : "Llama layout, no biases");
   if (t.model.weights_dtype) {
     std::int64_t bytes = params * static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype));
     out << YAML::Key << "weight_bytes" << YAML::Value << i64(bytes);

@@ -1,6 +1,6 @@
 #pragma once
 // A decoder-only transformer with the numerics of Hugging Face's
-// LlamaForCausalLM and Qwen3ForCausalLM (fp32 arithmetic; weights stored in the dtype they arrive
+// LlamaForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM (fp32 arithmetic; weights stored in the dtype they arrive
 // in and widened exactly inside the kernels), run by `tp` tensor-parallel workers that each hold
 // only their shard, as vLLM shards it:
 //
@@ -13,6 +13,8 @@
 //               h = rmsnorm(x)
 //               gu = h Wgate_up^T         column-parallel
 //               x += all_reduce(silu(g) * u Wdown^T)   row-parallel
+//               (Qwen3-MoE sparse layers: route each token to its top-k
+//               experts, each sliced as this MLP; weighted sum, fixed order)
 //   logits = rmsnorm(x) Wlm^T             vocab-parallel columns, gathered
 //
 // The all-reduce forms partial sums per fixed chunk of the reduced dim

@@ -175,11 +175,28 @@ TEST_CASE("topology errors: model") {
     {"typo in a synthetic key",
      synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    kv_head: 4"),
      "t.yaml:8:5: model.synthetic.kv_head: unknown key, did you mean 'kv_heads'? (expected one of: arch, layers, "
-     "hidden_size, heads, kv_heads, head_dim, intermediate_size, vocab_size, max_position_embeddings, rope_theta, "
+     "hidden_size, heads, kv_heads, head_dim, intermediate_size, experts, experts_per_tok, moe_intermediate_size, "
+     "norm_topk_prob, decoder_sparse_step, mlp_only_layers, vocab_size, max_position_embeddings, rope_theta, "
      "rms_norm_eps, tie_word_embeddings, dtype, seed)"},
+    {"experts on a dense model",
+     synthetic("    arch: qwen3\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    experts: 8"),
+     "t.yaml:9:14: model.synthetic.experts: only qwen3_moe models have experts (this is a qwen3)"},
+    {"more experts per token than experts",
+     synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    experts: 4\n    experts_per_tok: 5\n    moe_intermediate_size: 64"),
+     "t.yaml:10:22: model.synthetic.experts_per_tok: must be at most num_experts (4), got 5"},
+    {"an mlp-only layer past the model",
+     synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    experts: 4\n    moe_intermediate_size: 64\n    mlp_only_layers: [0, 9]"),
+     "t.yaml:11:22: model.synthetic.mlp_only_layers: layer 9 is not in [0, 4)"},
+    {"an mlp-only layer that is not a number",
+     synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    experts: 4\n    moe_intermediate_size: 64\n    mlp_only_layers: [0, x]"),
+     "t.yaml:11:26: model.synthetic.mlp_only_layers[1]: expected a layer index, got 'x'"},
     {"an architecture rlsync does not run",
      synthetic("    arch: mistral\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
-     "t.yaml:4:11: model.synthetic.arch: must be one of llama, qwen3, got 'mistral'"},
+     "t.yaml:4:11: model.synthetic.arch: must be one of llama, qwen3, qwen3_moe, got 'mistral'"},
     {"head_dim on a llama",
      synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    head_dim: 64\n    intermediate_size: 704"),
      "t.yaml:7:15: model.synthetic.head_dim: only qwen3 and qwen3_moe models may set it (a llama model's is hidden_size / "
@@ -191,7 +208,7 @@ TEST_CASE("topology errors: model") {
   });
 }
 
-TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, and prints its architecture") {
+TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its experts, both print their architecture") {
   auto t = parse_topology(synthetic("    arch: qwen3\n    layers: 2\n    hidden_size: 64\n    heads: 4\n"
                                     "    kv_heads: 2\n    head_dim: 32\n    intermediate_size: 128")
                             + insecure,
@@ -203,6 +220,27 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, and prints its archit
   CHECK(printed.find("arch: qwen3") != std::string::npos);
   CHECK(printed.find("head_dim: 32") != std::string::npos);
   CHECK(printed.find("Qwen3 layout") != std::string::npos);
+
+  auto m = parse_topology(synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 64\n    heads: 4\n"
+                                    "    kv_heads: 2\n    intermediate_size: 128\n    experts: 8\n"
+                                    "    moe_intermediate_size: 32\n    mlp_only_layers: [0]\n"
+                                    "    decoder_sparse_step: 2")
+                            + insecure,
+                          "t.yaml", "/base");
+  const auto& c = m.model.config;
+  CHECK(c.arch == model_arch::qwen3_moe);
+  CHECK(c.num_experts == 8);
+  CHECK(c.num_experts_per_tok == 2); // the default
+  CHECK(c.norm_topk_prob);
+  // Sparse: (l + 1) % 2 == 0 and not mlp-only: layers 1 and 3.
+  CHECK_FALSE(c.sparse_layer(0));
+  CHECK(c.sparse_layer(1));
+  CHECK_FALSE(c.sparse_layer(2));
+  CHECK(c.sparse_layer(3));
+  const auto moe_printed = to_yaml(m);
+  CHECK(moe_printed.find("experts: 8") != std::string::npos);
+  CHECK(moe_printed.find("mlp_only_layers: [0]") != std::string::npos);
+  CHECK(moe_printed.find("Qwen3-MoE layout") != std::string::npos);
 }
 
 TEST_CASE("topology errors: nodes") {

@@ -78,7 +78,7 @@ expect_usage "missing required flag --from" make --perturb 0.1 --seed 1 "${out[@
 expect_usage "--perturb: expected a number, got 'lots'" make --from "$tmp/a" --perturb lots --seed 1 "${out[@]}"
 expect_usage "inspect: missing checkpoint directory" inspect
 expect_usage "unknown flag '--yaml'" inspect "$tmp/a" --yaml
-expect_usage "--arch: expected llama or qwen3, got 'mistral'" make --out "$tmp/never" "${shape[@]}" --seed 1 --arch mistral
+expect_usage "--arch: expected llama, qwen3 or qwen3_moe, got 'mistral'" make --out "$tmp/never" "${shape[@]}" --seed 1 --arch mistral
 expect_usage "--head-dim: only with --arch qwen3" make --out "$tmp/never" "${shape[@]}" --seed 1 --head-dim 32
 expect_usage "--head-dim: must be even for rotary embeddings, got 7" make --out "$tmp/never" "${shape[@]}" --seed 1 \
   --arch qwen3 --head-dim 7
@@ -97,6 +97,24 @@ grep -q "^model.layers.1.self_attn.k_norm.weight  *BF16  *\[32\] " "$tmp/q.txt" 
 grep -q "^model.layers.0.self_attn.q_proj.weight  *BF16  *\[128, 64\] " "$tmp/q.txt" || fail "qwen3 q_proj row"
 grep -q warning "$tmp/q.txt" && fail "layout warning on a synthetic qwen3 checkpoint"
 "$rlsync" generate --checkpoint "$tmp/q" --prompt hi --max-tokens 4 --tp 2 >/dev/null || fail "generate on a qwen3"
+
+# a Qwen3-MoE: the router and every expert's three tensors in each layer
+"$rlsync" checkpoint make --out "$tmp/m" "${shape[@]}" --arch qwen3_moe --experts 4 --moe-intermediate 32 --seed 1 >"$tmp/m.out"
+grep -q "^wrote $tmp/m: .* 45 tensors" "$tmp/m.out" || fail "qwen3_moe make output: $(cat "$tmp/m.out")"
+grep -q '"num_experts": 4' "$tmp/m/config.json" || fail "qwen3_moe config.json: $(cat "$tmp/m/config.json")"
+"$rlsync" checkpoint inspect "$tmp/m" >"$tmp/m.txt"
+grep -q "arch=qwen3_moe .* experts=4 per_tok=2 moe_intermediate=32" "$tmp/m.txt" || fail "moe header: $(head -1 "$tmp/m.txt")"
+grep -q "^model.layers.1.mlp.experts.3.down_proj.weight  *BF16  *\[64, 32\] " "$tmp/m.txt" || fail "expert row"
+grep -q "^model.layers.0.mlp.gate.weight  *BF16  *\[4, 64\] " "$tmp/m.txt" || fail "router row"
+grep -q warning "$tmp/m.txt" && fail "layout warning on a synthetic qwen3_moe checkpoint"
+for tp in 1 2; do
+  "$rlsync" generate --checkpoint "$tmp/m" --prompt "hello moe" --max-tokens 8 --tp $tp --json \
+    | sed 's/.*"token_ids":\(\[[^]]*\]\).*/\1/' >"$tmp/m.tp$tp" || fail "generate on a qwen3_moe, tp $tp"
+done
+cmp -s "$tmp/m.tp1" "$tmp/m.tp2" || fail "qwen3_moe tokens differ between tp 1 and 2: $(cat "$tmp/m.tp1") $(cat "$tmp/m.tp2")"
+expect_usage "--experts: only with --arch qwen3_moe" make --out "$tmp/never" "${shape[@]}" --seed 1 --experts 4
+expect_usage "--experts-per-tok: must be at most num_experts (4), got 5" make --out "$tmp/never" "${shape[@]}" \
+  --seed 1 --arch qwen3_moe --experts 4 --experts-per-tok 5
 
 # runtime errors: exit 1 with the reason
 rc=0

@@ -109,6 +109,7 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
       {"kv 2 < tp 4", tiny_config(4, 2, true), dtype::bf16},
       {"kv 1, f32", tiny_config(4, 1), dtype::f32},
       {"Qwen3, kv 2 < tp 4, head_dim 24", test::tiny_qwen3_config(4, 2, true), dtype::bf16},
+      {"Qwen3-MoE, 8 experts sliced by tp", test::tiny_moe_config(2), dtype::bf16},
   };
   for (const auto& r : rows) {
     auto src = make_source(r.config, r.type, 21);
@@ -149,8 +150,11 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
       const auto& c = r.config;
       const auto es = static_cast<std::int64_t>(dtype_size(r.type));
       const auto head_norms = c.qk_norm() ? 2 * c.num_hidden_layers * c.head_dim() : 0; // Qwen3's q/k norms
-      const auto norms =
-        static_cast<std::uint64_t>((c.hidden_size * (2 * c.num_hidden_layers + 1) + head_norms) * es);
+      std::int64_t routers = 0; // Qwen3-MoE: every worker holds each sparse layer's router whole
+      for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+        routers += c.sparse_layer(l) ? c.num_experts * c.hidden_size : 0;
+      const auto norms = static_cast<std::uint64_t>(
+        (c.hidden_size * (2 * c.num_hidden_layers + 1) + head_norms + routers) * es);
       const auto kv_bytes = static_cast<std::uint64_t>(2 * c.num_hidden_layers * c.num_key_value_heads
                                                        * c.head_dim() * c.hidden_size * es);
       const std::uint64_t kv_copies = tp > c.num_key_value_heads ? tp / c.num_key_value_heads : 1;
