@@ -240,6 +240,60 @@ TEST_CASE("config.json: a Qwen3 config keeps its architecture and head_dim, whic
   CHECK_FALSE(arch_of_model_type("mistral"));
 }
 
+TEST_CASE("config.json: a Qwen3-MoE config keeps its experts; the dense and sparse layers follow HF's rule") {
+  auto c = small();
+  c.arch = model_arch::qwen3_moe;
+  c.explicit_head_dim = 16;
+  c.num_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.norm_topk_prob = false;
+  c.decoder_sparse_step = 1;
+  c.mlp_only_layers = {1};
+  CHECK(validate(c).empty());
+  CHECK(c.sparse_layer(0));
+  CHECK_FALSE(c.sparse_layer(1)); // mlp_only_layers
+  // Layer 0: router 8 x 64 and 8 experts of 3 x 64 x 32; layer 1 dense.
+  const std::int64_t attention = 2 * 64 * 128 + 2 * 64 * 32 + 2 * 64 + 2 * 16;
+  CHECK(parameter_count(c) == attention + 8 * 64 + 8 * 3 * 64 * 32 + attention + 3 * 64 * 128 + 64 + 2 * 320 * 64);
+  CHECK(validate_tp(c, 2).empty());
+  c.moe_intermediate_size = 30;
+  CHECK(mentions(validate_tp(c, 4), "must divide moe_intermediate_size (30)"));
+  c.moe_intermediate_size = 32;
+  auto path = temp_path("qwen3-moe-config.json");
+  write_config_json(path, c);
+  auto r = read_config_json(path);
+  std::remove(path.c_str());
+  CHECK(r.arch == model_arch::qwen3_moe);
+  CHECK(r.num_experts == 8);
+  CHECK(r.num_experts_per_tok == 2);
+  CHECK(r.moe_intermediate_size == 32);
+  CHECK_FALSE(r.norm_topk_prob);
+  CHECK(r.mlp_only_layers == std::vector<std::int64_t>{1});
+  CHECK(r.head_dim() == 16);
+  // Refusals name the field.
+  auto bad = c;
+  bad.num_experts_per_tok = 9;
+  CHECK(mentions(validate(bad), "num_experts_per_tok: must be at most num_experts (8), got 9"));
+  bad = c;
+  bad.mlp_only_layers = {2};
+  CHECK(mentions(validate(bad), "mlp_only_layers: layer 2 is not in [0, 2)"));
+  bad = small();
+  bad.num_experts = 8;
+  CHECK(mentions(validate(bad), "num_experts: only qwen3_moe models have experts"));
+  std::ofstream(path) << R"({"model_type": "qwen3_moe", "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "mlp_only_layers": "none"})";
+  std::string msg;
+  try {
+    read_config_json(path);
+  } catch (const std::runtime_error& e) {
+    msg = e.what();
+  }
+  std::remove(path.c_str());
+  CHECK(msg.find("mlp_only_layers: expected a list of layer indices") != std::string::npos);
+}
+
 TEST_CASE("config.json: kv heads default to attention heads, unknown HF keys are ignored") {
   auto path = temp_path("hf-config.json");
   std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
