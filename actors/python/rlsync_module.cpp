@@ -56,6 +56,14 @@ py::dict model_dict(const model_config& c) {
   d["tie_word_embeddings"] = c.tie_word_embeddings;
   d["head_dim"] = c.head_dim();
   d["model_type"] = to_string(c.arch);
+  if (c.arch == model_arch::qwen3_moe) {
+    d["num_experts"] = c.num_experts;
+    d["num_experts_per_tok"] = c.num_experts_per_tok;
+    d["moe_intermediate_size"] = c.moe_intermediate_size;
+    d["norm_topk_prob"] = c.norm_topk_prob;
+    d["decoder_sparse_step"] = c.decoder_sparse_step;
+    d["mlp_only_layers"] = c.mlp_only_layers;
+  }
   return d;
 }
 

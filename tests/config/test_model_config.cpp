@@ -240,7 +240,7 @@ TEST_CASE("config.json: a Qwen3 config keeps its architecture and head_dim, whic
   CHECK_FALSE(arch_of_model_type("mistral"));
 }
 
-TEST_CASE("config.json: a Qwen3-MoE config keeps its experts; the dense and sparse layers follow HF's rule") {
+TEST_CASE("config.json: a Qwen3-MoE config keeps its experts, the dense and sparse layers follow HF's rule") {
   auto c = small();
   c.arch = model_arch::qwen3_moe;
   c.explicit_head_dim = 16;

@@ -69,7 +69,9 @@ grep -qE '^\[head\] requests: 400 — 400 completed, 0 failed, 0 rejected' "$tmp
 echo "ok: an engine node SIGKILLed under launch --run was restarted and the job completed"
 
 # 2. No engine left, then SIGTERM to the head: it drains, prints its summary, exits.
-sed -e '/restart: on-failure/d' "$tmp/t.yaml" >"$tmp/norestart.yaml"
+# Enough requests that the job is still running when the engines die (400
+# complete in under 2 s here).
+sed -e '/restart: on-failure/d' -e 's/^  prompts: 400$/  prompts: 100000/' "$tmp/t.yaml" >"$tmp/norestart.yaml"
 "$rlsync" node --topology "$tmp/norestart.yaml" --node head --run --no-progress >"$tmp/out" 2>&1 &
 head_pid=$!
 launcher=$head_pid
