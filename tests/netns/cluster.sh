@@ -31,7 +31,7 @@ engines:
 router: {node: trainer-node}
 coordinator: {node: trainer-node}
 transfer: {backend: ucx, mode: sharded, ucx_transports: [tcp]}
-workload: {prompts: 32, concurrency: 4, max_tokens: 48}
+workload: {prompts: 128, concurrency: 4, max_tokens: 48}  # long enough for several syncs (trainer steps every 100 ms)
 YAML
 netns_start 1 "$dir/a.log" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-a
 netns_start 2 "$dir/b.log" "$rlsync" node --topology "$dir/three.yaml" --node engine-node-b
@@ -39,7 +39,7 @@ timeout 180 ip netns exec "$name-0" "$rlsync" node --topology "$dir/three.yaml" 
   --no-progress --json "$dir/three.json" > "$dir/head.log" 2>&1 \
   || { cat "$dir/head.log" "$dir/a.log" "$dir/b.log"; echo "FAIL: the main job across namespaces failed"; exit 1; }
 grep -q '"weights_verified": true' "$dir/three.json" || { cat "$dir/head.log"; echo "FAIL: weights not verified"; exit 1; }
-grep -q '"completed": 32' "$dir/three.json" || { cat "$dir/three.json"; echo "FAIL: requests lost"; exit 1; }
+grep -q '"completed": 128' "$dir/three.json" || { cat "$dir/three.json"; echo "FAIL: requests lost"; exit 1; }
 grep -q "admitted by trainer-node" "$dir/a.log" || { cat "$dir/a.log"; echo "FAIL: engine-node-a not admitted"; exit 1; }
 grep -q "admitted by trainer-node" "$dir/b.log" || { cat "$dir/b.log"; echo "FAIL: engine-node-b not admitted"; exit 1; }
 for n in a b; do # every connection to the producer said which transport it uses: tcp only
