@@ -104,27 +104,9 @@ void load_expert(const weight_view& src, worker_weights& dst, std::int64_t layer
                   part == "up_proj.weight" ? s.moe_inter * D : 0);
 }
 
-// "mlp.experts.<E>.<part>" -> E and part; false when not an expert name.
-bool split_expert_name(const std::string& suffix, std::int64_t& expert, std::string& part) {
-  static const std::string prefix = "mlp.experts.";
-  if (suffix.compare(0, prefix.size(), prefix) != 0)
-    return false;
-  std::size_t i = prefix.size(), digits = 0;
-  std::int64_t n = 0;
-  while (i < suffix.size() && suffix[i] >= '0' && suffix[i] <= '9' && digits < 9) {
-    n = n * 10 + (suffix[i++] - '0');
-    ++digits;
-  }
-  if (digits == 0 || i >= suffix.size() || suffix[i] != '.')
-    return false;
-  expert = n;
-  part = suffix.substr(i + 1);
-  return part == "gate_proj.weight" || part == "up_proj.weight" || part == "down_proj.weight";
-}
-
-// "model.layers.<N>.<suffix>" -> N and suffix; false when not a layer name.
-bool split_layer_name(const std::string& name, std::int64_t& layer, std::string& suffix) {
-  static const std::string prefix = "model.layers.";
+// "<prefix><N>.<rest>" -> N and rest; false when `name` is not of that form
+// (N: 1 to 9 decimal digits).
+bool split_indexed(const std::string& name, const std::string& prefix, std::int64_t& index, std::string& rest) {
   if (name.compare(0, prefix.size(), prefix) != 0)
     return false;
   std::size_t i = prefix.size(), digits = 0;
@@ -135,9 +117,20 @@ bool split_layer_name(const std::string& name, std::int64_t& layer, std::string&
   }
   if (digits == 0 || i >= name.size() || name[i] != '.')
     return false;
-  layer = n;
-  suffix = name.substr(i + 1);
+  index = n;
+  rest = name.substr(i + 1);
   return true;
+}
+
+// "mlp.experts.<E>.<part>" -> E and part; false when not an expert's tensor.
+bool split_expert_name(const std::string& suffix, std::int64_t& expert, std::string& part) {
+  return split_indexed(suffix, "mlp.experts.", expert, part)
+         && (part == "gate_proj.weight" || part == "up_proj.weight" || part == "down_proj.weight");
+}
+
+// "model.layers.<N>.<suffix>" -> N and suffix; false when not a layer name.
+bool split_layer_name(const std::string& name, std::int64_t& layer, std::string& suffix) {
+  return split_indexed(name, "model.layers.", layer, suffix);
 }
 
 } // namespace
