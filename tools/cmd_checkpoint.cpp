@@ -90,7 +90,7 @@ void print_written(const checkpoint_written& w) {
 int make(const arg_list& argv) {
   CLI::App app(make_description, "rlsync checkpoint make");
   cli::configure(app);
-  std::string out, from, dtype = "bf16", arch = "llama";
+  std::string out, from, dtype = "bf16", arch = "llama", expert_layout = "separate";
   std::uint64_t seed = 0, shard_bytes = default_shard_bytes;
   std::uint64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, intermediate = 0, vocab = 0, max_positions = 0;
   std::uint64_t head_dim = 0, experts = 0, experts_per_tok = 0, moe_intermediate = 0;
@@ -111,6 +111,11 @@ int make(const arg_list& argv) {
                                             "num_experts_per_tok (qwen3_moe, default 2)");
   auto moe_intermediate_flag = cli::add_size(app, "--moe-intermediate", moe_intermediate,
                                              "moe_intermediate_size (qwen3_moe, default I/4)");
+  auto expert_layout_flag =
+    app.add_option("--expert-layout", expert_layout,
+                   "qwen3_moe: separate (mlp.experts.{e}.*_proj.weight) or fused (mlp.experts.gate_up_proj and "
+                   "down_proj, every expert in one tensor, as Llama-4)")
+      ->capture_default_str();
   model_config c;
   auto max_positions_flag = cli::add_size(app, "--max-positions", max_positions, "max_position_embeddings")
                               ->default_val(c.max_position_embeddings);
@@ -134,7 +139,7 @@ int make(const arg_list& argv) {
     for (const CLI::Option* shape_flag : {layers_flag, hidden_flag, heads_flag, kv_heads_flag, intermediate_flag,
                                           vocab_flag, dtype_flag, max_positions_flag, tie_flag, shard_bytes_flag,
                                           arch_flag, head_dim_flag, experts_flag, experts_per_tok_flag,
-                                          moe_intermediate_flag})
+                                          moe_intermediate_flag, expert_layout_flag})
       if (shape_flag->count() > 0)
         throw cli::usage_error(shape_flag->get_name() + " cannot be combined with --from (the shape comes from "
                                + from + ")");
@@ -148,7 +153,7 @@ int make(const arg_list& argv) {
   c.arch = *parsed_arch;
   if (head_dim_flag->count() > 0 && !c.qk_norm())
     throw cli::usage_error("--head-dim: only with --arch qwen3 or qwen3_moe (a llama's head_dim is H/A)");
-  for (const CLI::Option* moe_flag : {experts_flag, experts_per_tok_flag, moe_intermediate_flag})
+  for (const CLI::Option* moe_flag : {experts_flag, experts_per_tok_flag, moe_intermediate_flag, expert_layout_flag})
     if (moe_flag->count() > 0 && c.arch != model_arch::qwen3_moe)
       throw cli::usage_error(moe_flag->get_name() + ": only with --arch qwen3_moe");
   if (head_dim_flag->count() > 0)
@@ -169,6 +174,9 @@ int make(const arg_list& argv) {
     c.num_experts_per_tok = dimension(experts_per_tok_flag, experts_per_tok, 2);
     c.moe_intermediate_size =
       dimension(moe_intermediate_flag, moe_intermediate, std::max<std::int64_t>(c.intermediate_size / 4, 1));
+    if (expert_layout != "separate" && expert_layout != "fused")
+      throw cli::usage_error("--expert-layout: expected separate or fused, got '" + printable(expert_layout) + "'");
+    c.fused_experts = expert_layout == "fused";
   }
   auto type = parse_short_dtype(dtype);
   if (!type)

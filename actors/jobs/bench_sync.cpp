@@ -466,6 +466,7 @@ std::string node_yaml(const topology& t) {
               + ", moe_intermediate_size: " + std::to_string(c.moe_intermediate_size)
               + ", norm_topk_prob: " + (c.norm_topk_prob ? "true" : "false")
               + ", decoder_sparse_step: " + std::to_string(c.decoder_sparse_step)
+              + ", expert_layout: " + (c.fused_experts ? "fused" : "separate")
           : std::string{})
     << ", kv_heads: " << c.num_key_value_heads << ", intermediate_size: " << c.intermediate_size
     << ", vocab_size: " << c.vocab_size << ", dtype: bf16, seed: " << t.model.seed << "}\nnodes:\n";
@@ -555,6 +556,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.ucx_tls = ucx_tls(t.transfer.ucx_transports);
   r.arch = t.model.config.arch;
   auto model = bench_model(o.model_bytes, o.ranks, r.arch);
+  model.fused_experts = r.fused_experts = r.arch == model_arch::qwen3_moe && t.model.config.fused_experts;
 
   bench_session s(t, o.exe, o.verbose, o.note);
   s.note("measuring the speed of light...");
@@ -663,7 +665,11 @@ std::vector<std::string> packs_lines(const std::vector<case_result>& cases) {
 std::string bench_sync_report(const bench_sync_result& r) {
   std::string out = format("rlsync bench sync %s: %zu engines on %zu node(s), backend %s, %u cores%s\n",
                            r.path.c_str(), r.engines, r.nodes, std::string(to_string(r.backend)).c_str(), r.cores,
-                           r.arch == model_arch::llama ? "" : (std::string(", a ") + to_string(r.arch) + " model").c_str());
+                           r.arch == model_arch::llama
+                             ? ""
+                             : (std::string(", a ") + to_string(r.arch) + " model"
+                                + (r.fused_experts ? " (fused experts)" : ""))
+                                 .c_str());
   out += format("speed of light: memcpy %.1f GB/s (engines in this process)", r.memcpy_gbps);
   if (r.remote) {
     if (r.ucx_gbps > 0)

@@ -302,6 +302,7 @@ struct light_pair {
 struct bench_sync_result {
   std::string path;
   model_arch arch = model_arch::llama; ///< the topology's architecture, which the bench's model takes
+  bool fused_experts = false;          ///< ... and its expert layout
   std::size_t engines = 0, nodes = 0;
   transfer_backend backend = transfer_backend::ucx;
   unsigned cores = 0;

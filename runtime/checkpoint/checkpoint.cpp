@@ -305,6 +305,11 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
     add(p + "post_attention_layernorm.weight", {h});
     if (c.sparse_layer(l)) {
       add(p + "mlp.gate.weight", {c.num_experts, h}); // the router
+      if (c.fused_experts) {
+        add(p + "mlp.experts.gate_up_proj", {c.num_experts, h, 2 * c.moe_intermediate_size});
+        add(p + "mlp.experts.down_proj", {c.num_experts, c.moe_intermediate_size, h});
+        continue;
+      }
       for (std::int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
         add(x + "gate_proj.weight", {c.moe_intermediate_size, h});
@@ -377,6 +382,14 @@ checkpoint checkpoint::open(const std::string& dir) {
       ck.tensors_.push_back(entry{&t, fi});
       ck.total_bytes_ += t.size;
     }
+  // A Qwen3-MoE's expert layout is in its tensors, not in config.json: the
+  // first sparse layer's fused gate_up_proj says fused.
+  if (ck.config_.arch == model_arch::qwen3_moe)
+    for (std::int64_t l = 0; l < ck.config_.num_hidden_layers; ++l)
+      if (ck.config_.sparse_layer(l)) {
+        ck.config_.fused_experts = ck.find("model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj") != nullptr;
+        break;
+      }
   return ck;
 }
 

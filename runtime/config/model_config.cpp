@@ -137,7 +137,7 @@ std::vector<std::string> validate(const model_config& c) {
         ok = false;
       }
   } else if (c.num_experts != 0 || c.num_experts_per_tok != 0 || c.moe_intermediate_size != 0
-             || !c.mlp_only_layers.empty()) {
+             || !c.mlp_only_layers.empty() || c.fused_experts) {
     errs.push_back(std::string("num_experts: only qwen3_moe models have experts (this is a ") + to_string(c.arch)
                    + ")");
     ok = false;

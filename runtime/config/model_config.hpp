@@ -48,6 +48,14 @@ struct model_config {
   bool norm_topk_prob = true;          ///< renormalise the chosen experts' probabilities to sum to 1
   std::int64_t decoder_sparse_step = 1; ///< layer l is sparse when (l + 1) % step == 0 ...
   std::vector<std::int64_t> mlp_only_layers; ///< ... and not listed here (those keep the dense MLP)
+  /// How a checkpoint stores a sparse layer's experts: separate (false,
+  /// Hugging Face's Qwen3-MoE: mlp.experts.{e}.{gate,up,down}_proj.weight) or
+  /// fused (true, as Llama-4: mlp.experts.gate_up_proj [experts, hidden,
+  /// 2 * moe_intermediate], gate then up on the last axis, and
+  /// mlp.experts.down_proj [experts, moe_intermediate, hidden], both
+  /// transposed against the separate layout). Not in config.json: a
+  /// checkpoint's tensors say which (checkpoint::open).
+  bool fused_experts = false;
 
   std::int64_t head_dim() const {
     return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;

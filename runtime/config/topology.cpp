@@ -252,7 +252,7 @@ void reader::read_synthetic(const map_reader& model) {
   auto s = model.map("synthetic",
                      {"arch", "layers", "hidden_size", "heads", "kv_heads", "head_dim", "intermediate_size",
                       "experts", "experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                      "decoder_sparse_step", "mlp_only_layers", "vocab_size", "max_position_embeddings",
+                      "decoder_sparse_step", "mlp_only_layers", "expert_layout", "vocab_size", "max_position_embeddings",
                       "rope_theta", "rms_norm_eps", "tie_word_embeddings", "dtype", "seed"});
   if (!s.present())
     return;
@@ -277,6 +277,7 @@ void reader::read_synthetic(const map_reader& model) {
   ok &= !s.has("moe_intermediate_size") || s.read("moe_intermediate_size", c.moe_intermediate_size);
   ok &= !s.has("norm_topk_prob") || s.read("norm_topk_prob", c.norm_topk_prob);
   ok &= !s.has("decoder_sparse_step") || s.read("decoder_sparse_step", c.decoder_sparse_step);
+  ok &= !s.has("expert_layout") || s.read_choice("expert_layout", c.fused_experts, expert_layout_choices);
   if (s.has("mlp_only_layers")) {
     const YAML::Node list = s.get("mlp_only_layers");
     if (!list.IsSequence() || list.size() > static_cast<std::size_t>(max_hidden_layers)) {

@@ -16,6 +16,8 @@ namespace rlsync::topology_names {
 using yaml_fields::choices;
 
 inline const choices<dtype> dtype_choices = {{"bf16", dtype::bf16}, {"f16", dtype::f16}, {"f32", dtype::f32}};
+/// How a synthetic Qwen3-MoE stores its experts (model_config::fused_experts).
+inline const choices<bool> expert_layout_choices = {{"separate", false}, {"fused", true}};
 inline const choices<model_arch> arch_choices = {
   {"llama", model_arch::llama}, {"qwen3", model_arch::qwen3}, {"qwen3_moe", model_arch::qwen3_moe}};
 inline const choices<trainer_source> trainer_source_choices = {

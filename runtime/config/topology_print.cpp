@@ -45,6 +45,7 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "moe_intermediate_size" << YAML::Value << i64(c.moe_intermediate_size);
     out << YAML::Key << "norm_topk_prob" << YAML::Value << c.norm_topk_prob;
     out << YAML::Key << "decoder_sparse_step" << YAML::Value << i64(c.decoder_sparse_step);
+    out << YAML::Key << "expert_layout" << YAML::Value << (c.fused_experts ? "fused" : "separate");
     out << YAML::Key << "mlp_only_layers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (auto l : c.mlp_only_layers)
       out << i64(l);

@@ -122,6 +122,27 @@ bool split_indexed(const std::string& name, const std::string& prefix, std::int6
   return true;
 }
 
+// Qwen3-MoE, fused layout (as Llama-4): one tensor holds every expert,
+// transposed against the separate layout. For each expert this worker
+// selects the expert (3), transposes and splits gate from up (2), and
+// takes its intermediate slice (4).
+void load_fused_experts(const weight_view& src, worker_weights& dst, std::int64_t layer, bool down) {
+  const shard_spec& s = dst.shard();
+  const std::int64_t D = s.config.hidden_size, mi = s.config.moe_intermediate_size, E = s.config.num_experts;
+  expect_shape(src, down ? std::vector<std::int64_t>{E, mi, D} : std::vector<std::int64_t>{E, D, 2 * mi});
+  for (std::int64_t e = 0; e < E; ++e) {
+    auto expert = src.narrow(0, e, 1); // (3) select
+    auto& param = dst.at(layer_param_name(layer, param::expert_suffix(e, down).c_str()));
+    if (down) { // [mi, D] -> this worker's rows, transposed to [D, moe_inter]
+      expert->view({mi, D})->narrow(0, s.moe_inter_begin, s.moe_inter)->transpose(0, 1)->copy_into(param, 0);
+      continue;
+    }
+    auto both = expert->view({D, 2 * mi}); // gate columns [0, mi), up columns [mi, 2 mi)
+    both->narrow(1, s.moe_inter_begin, s.moe_inter)->transpose(0, 1)->copy_into(param, 0);
+    both->narrow(1, mi + s.moe_inter_begin, s.moe_inter)->transpose(0, 1)->copy_into(param, s.moe_inter * D);
+  }
+}
+
 // "mlp.experts.<E>.<part>" -> E and part; false when not an expert's tensor.
 bool split_expert_name(const std::string& suffix, std::int64_t& expert, std::string& part) {
   return split_indexed(suffix, "mlp.experts.", expert, part)
@@ -166,7 +187,9 @@ void load_weight(const weight_view& src, worker_weights& dst) {
       std::string part;
       if (suffix == param::router)
         return load_router(src, dst, l);
-      if (split_expert_name(suffix, e, part) && e < c.num_experts)
+      if (c.fused_experts && (suffix == "mlp.experts.gate_up_proj" || suffix == "mlp.experts.down_proj"))
+        return load_fused_experts(src, dst, l, suffix == "mlp.experts.down_proj");
+      if (!c.fused_experts && split_expert_name(suffix, e, part) && e < c.num_experts)
         return load_expert(src, dst, l, e, part);
       fail(src, "not a parameter of this model (layer " + std::to_string(l) + " is a mixture of experts)");
     }

@@ -55,6 +55,12 @@ std::vector<std::string> config_differences(const model_config& model, const mod
   cmp("rms_norm_eps", model.rms_norm_eps, step.rms_norm_eps);
   cmp("rope_theta", model.rope_theta, step.rope_theta);
   cmp("head_dim", model.head_dim(), step.head_dim());
+  cmp("num_experts", model.num_experts, step.num_experts);
+  cmp("num_experts_per_tok", model.num_experts_per_tok, step.num_experts_per_tok);
+  cmp("moe_intermediate_size", model.moe_intermediate_size, step.moe_intermediate_size);
+  if (model.fused_experts != step.fused_experts)
+    out.push_back(std::string("the experts are ") + (step.fused_experts ? "fused" : "separate") + ", the model's "
+                  + (model.fused_experts ? "fused" : "separate"));
   if (model.arch != step.arch)
     out.push_back(std::string("model_type is ") + to_string(step.arch) + ", the model is " + to_string(model.arch));
   if (model.tie_word_embeddings != step.tie_word_embeddings)

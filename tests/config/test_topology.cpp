@@ -176,7 +176,7 @@ TEST_CASE("topology errors: model") {
      synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    kv_head: 4"),
      "t.yaml:8:5: model.synthetic.kv_head: unknown key, did you mean 'kv_heads'? (expected one of: arch, layers, "
      "hidden_size, heads, kv_heads, head_dim, intermediate_size, experts, experts_per_tok, moe_intermediate_size, "
-     "norm_topk_prob, decoder_sparse_step, mlp_only_layers, vocab_size, max_position_embeddings, rope_theta, "
+     "norm_topk_prob, decoder_sparse_step, mlp_only_layers, expert_layout, vocab_size, max_position_embeddings, rope_theta, "
      "rms_norm_eps, tie_word_embeddings, dtype, seed)"},
     {"experts on a dense model",
      synthetic("    arch: qwen3\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
@@ -224,7 +224,7 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   auto m = parse_topology(synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 64\n    heads: 4\n"
                                     "    kv_heads: 2\n    intermediate_size: 128\n    experts: 8\n"
                                     "    moe_intermediate_size: 32\n    mlp_only_layers: [0]\n"
-                                    "    decoder_sparse_step: 2")
+                                    "    decoder_sparse_step: 2\n    expert_layout: fused")
                             + insecure,
                           "t.yaml", "/base");
   const auto& c = m.model.config;
@@ -232,6 +232,7 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   CHECK(c.num_experts == 8);
   CHECK(c.num_experts_per_tok == 2); // the default
   CHECK(c.norm_topk_prob);
+  CHECK(c.fused_experts);
   // Sparse: (l + 1) % 2 == 0 and not mlp-only: layers 1 and 3.
   CHECK_FALSE(c.sparse_layer(0));
   CHECK(c.sparse_layer(1));
@@ -240,6 +241,7 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   const auto moe_printed = to_yaml(m);
   CHECK(moe_printed.find("experts: 8") != std::string::npos);
   CHECK(moe_printed.find("mlp_only_layers: [0]") != std::string::npos);
+  CHECK(moe_printed.find("expert_layout: fused") != std::string::npos);
   CHECK(moe_printed.find("Qwen3-MoE layout") != std::string::npos);
 }
 

@@ -85,6 +85,7 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
       {"Qwen3-MoE bf16 tp1", test::tiny_moe_config(2), dtype::bf16, 1},
       {"Qwen3-MoE bf16 tp2, top-k not renormalised", test::tiny_moe_config(2, false), dtype::bf16, 2},
       {"Qwen3-MoE f32 tp4, kv replicated", test::tiny_moe_config(1), dtype::f32, 4},
+      {"Qwen3-MoE fused experts bf16 tp2", test::tiny_moe_config(2, true, true), dtype::bf16, 2},
   };
   for (const auto& r : rows) {
     CAPTURE(r.what);

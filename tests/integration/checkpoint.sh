@@ -112,6 +112,21 @@ for tp in 1 2; do
     | sed 's/.*"token_ids":\(\[[^]]*\]\).*/\1/' >"$tmp/m.tp$tp" || fail "generate on a qwen3_moe, tp $tp"
 done
 cmp -s "$tmp/m.tp1" "$tmp/m.tp2" || fail "qwen3_moe tokens differ between tp 1 and 2: $(cat "$tmp/m.tp1") $(cat "$tmp/m.tp2")"
+# fused experts (as Llama-4): two tensors per sparse layer; the loader selects, transposes and splits
+"$rlsync" checkpoint make --out "$tmp/f" "${shape[@]}" --arch qwen3_moe --experts 4 --moe-intermediate 32 \
+  --expert-layout fused --seed 1 >"$tmp/f.out"
+grep -q "^wrote $tmp/f: .* 25 tensors" "$tmp/f.out" || fail "fused make output: $(cat "$tmp/f.out")"
+"$rlsync" checkpoint inspect "$tmp/f" >"$tmp/f.txt"
+grep -q "^model.layers.0.mlp.experts.gate_up_proj  *BF16  *\[4, 64, 64\] " "$tmp/f.txt" || fail "fused gate_up row"
+grep -q "^model.layers.1.mlp.experts.down_proj  *BF16  *\[4, 32, 64\] " "$tmp/f.txt" || fail "fused down row"
+grep -q warning "$tmp/f.txt" && fail "layout warning on a fused checkpoint"
+for tp in 1 2; do
+  "$rlsync" generate --checkpoint "$tmp/f" --prompt "hello moe" --max-tokens 8 --tp $tp --json \
+    | sed 's/.*"token_ids":\(\[[^]]*\]\).*/\1/' >"$tmp/f.tp$tp" || fail "generate on fused experts, tp $tp"
+done
+cmp -s "$tmp/f.tp1" "$tmp/f.tp2" || fail "fused-expert tokens differ between tp 1 and 2"
+expect_usage "--expert-layout: expected separate or fused, got 'packed'" make --out "$tmp/never" "${shape[@]}" \
+  --seed 1 --arch qwen3_moe --experts 4 --expert-layout packed
 expect_usage "--experts: only with --arch qwen3_moe" make --out "$tmp/never" "${shape[@]}" --seed 1 --experts 4
 expect_usage "--experts-per-tok: must be at most num_experts (4), got 5" make --out "$tmp/never" "${shape[@]}" \
   --seed 1 --arch qwen3_moe --experts 4 --experts-per-tok 5

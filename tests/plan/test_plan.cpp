@@ -110,6 +110,7 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
       {"kv 1, f32", tiny_config(4, 1), dtype::f32},
       {"Qwen3, kv 2 < tp 4, head_dim 24", test::tiny_qwen3_config(4, 2, true), dtype::bf16},
       {"Qwen3-MoE, 8 experts sliced by tp", test::tiny_moe_config(2), dtype::bf16},
+      {"Qwen3-MoE, fused experts: selected, transposed, split", test::tiny_moe_config(2, true, true), dtype::bf16},
   };
   for (const auto& r : rows) {
     auto src = make_source(r.config, r.type, 21);

@@ -65,8 +65,9 @@ inline model_config tiny_qwen3_config(std::int64_t heads = 4, std::int64_t kv_he
 
 /// tiny_qwen3_config as a Qwen3-MoE: 8 experts of intermediate 32, 2 per
 /// token; layer 0 dense (mlp_only_layers), layer 1 sparse.
-inline model_config tiny_moe_config(std::int64_t kv_heads = 2, bool norm_topk_prob = true) {
+inline model_config tiny_moe_config(std::int64_t kv_heads = 2, bool norm_topk_prob = true, bool fused = false) {
   model_config c = tiny_qwen3_config(4, kv_heads);
+  c.fused_experts = fused;
   c.arch = model_arch::qwen3_moe;
   c.num_experts = 8;
   c.num_experts_per_tok = 2;
@@ -256,15 +257,38 @@ inline std::vector<std::vector<float>> reference_logits(const source_weights& w,
         for (std::size_t j = 0; j < K; ++j) {
           const std::size_t e = idx[j];
           const double wgt = c.norm_topk_prob ? prob[e] / picked : prob[e];
-          const std::string x_ = p + "mlp.experts." + std::to_string(e) + ".";
-          mat one = {h[t]};
-          mat g = linear(one, x_ + "gate_proj.weight", MI, D);
-          mat u = linear(one, x_ + "up_proj.weight", MI, D);
-          for (std::size_t i = 0; i < MI; ++i)
-            g[0][i] = g[0][i] / (1.0 + std::exp(-g[0][i])) * u[0][i];
-          mat d = linear(g, x_ + "down_proj.weight", D, MI);
-          for (std::size_t i = 0; i < D; ++i)
-            x[t][i] += wgt * d[0][i];
+          // Expert e's gate [MI][D], up [MI][D], down [D][MI], from either layout.
+          std::vector<double> gate(MI * D), up(MI * D), down(D * MI);
+          if (c.fused_experts) { // gate_up [E][D][2 MI], down [E][MI][D]
+            auto gu = w.f32(p + "mlp.experts.gate_up_proj"), dn = w.f32(p + "mlp.experts.down_proj");
+            for (std::size_t i = 0; i < MI; ++i)
+              for (std::size_t d = 0; d < D; ++d) {
+                gate[i * D + d] = gu[(e * D + d) * 2 * MI + i];
+                up[i * D + d] = gu[(e * D + d) * 2 * MI + MI + i];
+                down[d * MI + i] = dn[(e * MI + i) * D + d];
+              }
+          } else {
+            const std::string x_ = p + "mlp.experts." + std::to_string(e) + ".";
+            auto g = w.f32(x_ + "gate_proj.weight"), u = w.f32(x_ + "up_proj.weight"), dn = w.f32(x_ + "down_proj.weight");
+            gate.assign(g.begin(), g.end());
+            up.assign(u.begin(), u.end());
+            down.assign(dn.begin(), dn.end());
+          }
+          std::vector<double> act(MI);
+          for (std::size_t i = 0; i < MI; ++i) {
+            double g = 0, u = 0;
+            for (std::size_t d = 0; d < D; ++d) {
+              g += h[t][d] * gate[i * D + d];
+              u += h[t][d] * up[i * D + d];
+            }
+            act[i] = g / (1.0 + std::exp(-g)) * u;
+          }
+          for (std::size_t d = 0; d < D; ++d) {
+            double y = 0;
+            for (std::size_t i = 0; i < MI; ++i)
+              y += act[i] * down[d * MI + i];
+            x[t][d] += wgt * y;
+          }
         }
       }
       continue;
