@@ -98,6 +98,15 @@ grep -q "^model.layers.0.self_attn.q_proj.weight  *BF16  *\[128, 64\] " "$tmp/q.
 grep -q warning "$tmp/q.txt" && fail "layout warning on a synthetic qwen3 checkpoint"
 "$rlsync" generate --checkpoint "$tmp/q" --prompt hi --max-tokens 4 --tp 2 >/dev/null || fail "generate on a qwen3"
 
+# Greedy tokens of checkpoint $1 at tp 1 and tp 2 are the same.
+same_tokens_across_tp() {
+  for tp in 1 2; do
+    "$rlsync" generate --checkpoint "$1" --prompt "hello moe" --max-tokens 8 --tp $tp --json \
+      | sed 's/.*"token_ids":\(\[[^]]*\]\).*/\1/' >"$1.tp$tp" || fail "generate on $1, tp $tp"
+  done
+  cmp -s "$1.tp1" "$1.tp2" || fail "$1: tokens differ between tp 1 and 2: $(cat "$1.tp1") $(cat "$1.tp2")"
+}
+
 # a Qwen3-MoE: the router and every expert's three tensors in each layer
 "$rlsync" checkpoint make --out "$tmp/m" "${shape[@]}" --arch qwen3_moe --experts 4 --moe-intermediate 32 --seed 1 >"$tmp/m.out"
 grep -q "^wrote $tmp/m: .* 45 tensors" "$tmp/m.out" || fail "qwen3_moe make output: $(cat "$tmp/m.out")"
@@ -107,11 +116,7 @@ grep -q "arch=qwen3_moe .* experts=4 per_tok=2 moe_intermediate=32" "$tmp/m.txt"
 grep -q "^model.layers.1.mlp.experts.3.down_proj.weight  *BF16  *\[64, 32\] " "$tmp/m.txt" || fail "expert row"
 grep -q "^model.layers.0.mlp.gate.weight  *BF16  *\[4, 64\] " "$tmp/m.txt" || fail "router row"
 grep -q warning "$tmp/m.txt" && fail "layout warning on a synthetic qwen3_moe checkpoint"
-for tp in 1 2; do
-  "$rlsync" generate --checkpoint "$tmp/m" --prompt "hello moe" --max-tokens 8 --tp $tp --json \
-    | sed 's/.*"token_ids":\(\[[^]]*\]\).*/\1/' >"$tmp/m.tp$tp" || fail "generate on a qwen3_moe, tp $tp"
-done
-cmp -s "$tmp/m.tp1" "$tmp/m.tp2" || fail "qwen3_moe tokens differ between tp 1 and 2: $(cat "$tmp/m.tp1") $(cat "$tmp/m.tp2")"
+same_tokens_across_tp "$tmp/m"
 # fused experts (as Llama-4): two tensors per sparse layer; the loader selects, transposes and splits
 "$rlsync" checkpoint make --out "$tmp/f" "${shape[@]}" --arch qwen3_moe --experts 4 --moe-intermediate 32 \
   --expert-layout fused --seed 1 >"$tmp/f.out"
@@ -120,11 +125,7 @@ grep -q "^wrote $tmp/f: .* 25 tensors" "$tmp/f.out" || fail "fused make output: 
 grep -q "^model.layers.0.mlp.experts.gate_up_proj  *BF16  *\[4, 64, 64\] " "$tmp/f.txt" || fail "fused gate_up row"
 grep -q "^model.layers.1.mlp.experts.down_proj  *BF16  *\[4, 32, 64\] " "$tmp/f.txt" || fail "fused down row"
 grep -q warning "$tmp/f.txt" && fail "layout warning on a fused checkpoint"
-for tp in 1 2; do
-  "$rlsync" generate --checkpoint "$tmp/f" --prompt "hello moe" --max-tokens 8 --tp $tp --json \
-    | sed 's/.*"token_ids":\(\[[^]]*\]\).*/\1/' >"$tmp/f.tp$tp" || fail "generate on fused experts, tp $tp"
-done
-cmp -s "$tmp/f.tp1" "$tmp/f.tp2" || fail "fused-expert tokens differ between tp 1 and 2"
+same_tokens_across_tp "$tmp/f"
 expect_usage "--expert-layout: expected separate or fused, got 'packed'" make --out "$tmp/never" "${shape[@]}" \
   --seed 1 --arch qwen3_moe --experts 4 --expert-layout packed
 expect_usage "--experts: only with --arch qwen3_moe" make --out "$tmp/never" "${shape[@]}" --seed 1 --experts 4
