@@ -493,7 +493,9 @@ void model::set_weights(std::shared_ptr<const weight_set> w) {
   if (c.vocab_size != m.vocab_size || c.hidden_size != m.hidden_size
       || c.intermediate_size != m.intermediate_size || c.num_hidden_layers != m.num_hidden_layers
       || c.num_attention_heads != m.num_attention_heads || c.num_key_value_heads != m.num_key_value_heads
-      || c.tie_word_embeddings != m.tie_word_embeddings || c.arch != m.arch || c.head_dim() != m.head_dim())
+      || c.tie_word_embeddings != m.tie_word_embeddings || c.arch != m.arch || c.head_dim() != m.head_dim()
+      || c.num_experts != m.num_experts || c.moe_intermediate_size != m.moe_intermediate_size
+      || c.decoder_sparse_step != m.decoder_sparse_step || c.mlp_only_layers != m.mlp_only_layers)
     throw std::invalid_argument("engine: weight set shaped for another model");
   for (const auto& ww : w->workers)
     if (!ww.allocated())

@@ -241,6 +241,17 @@ TEST_CASE("weights swap between steps and outputs carry their version") {
   CHECK_FALSE(same_bits(out2.last(0), out1.last(0), out1.vocab));
 
   CHECK_THROWS_AS(m.set_weights(weight_set::make(cfg, 4, dtype::bf16)), std::invalid_argument);
+
+  // A set shaped for another architecture or another set of experts is refused.
+  auto moe = test::tiny_moe_config(2);
+  model mm(moe, 1, dtype::bf16);
+  auto fewer = moe;
+  fewer.num_experts = 4;
+  CHECK_THROWS_WITH_AS(mm.set_weights(weight_set::make(fewer, 1, dtype::bf16)),
+                       doctest::Contains("shaped for another model"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(mm.set_weights(weight_set::make(tiny_qwen3_config(4, 2), 1, dtype::bf16)),
+                       doctest::Contains("shaped for another model"), std::invalid_argument);
+  mm.set_weights(test::make_source(moe, dtype::bf16, 1).load(1)); // its own shape is taken
 }
 
 TEST_CASE("forward rejects bad batches before touching any cache") {
