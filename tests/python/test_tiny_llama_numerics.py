@@ -3,8 +3,9 @@
 Usage: python3 tools/python/tests/test_tiny_llama_numerics.py BUILD_DIR
 
 Builds random tiny models (untied GQA, tied multi-query, one whose EOS row is
-steered so that greedy decoding ends on EOS, and two Qwen3s: per-head q/k
-norms, a head_dim that is not hidden / heads), rounds them to bf16, writes each
+steered so that greedy decoding ends on EOS, two Qwen3s: per-head q/k
+norms, a head_dim that is not hidden / heads, and a Qwen3-MoE: a dense and a
+sparse layer of 8 experts, 2 per token), rounds them to bf16, writes each
 as a Hugging Face checkpoint directory, runs ``BUILD_DIR/rlsync generate
 --json`` greedily (tensor-parallel 1 and 2, and the portable kernels) on several prompts and asserts
 that the prompt's token ids and the generated ones equal TinyLlama's, which
@@ -112,6 +113,10 @@ def main() -> int:
         ("qwen3-gqa", dict(base, num_key_value_heads=2, model_type="qwen3", head_dim=24), None, False),
         ("qwen3-tied-mqa", dict(base, num_key_value_heads=1, tie_word_embeddings=True, model_type="qwen3",
                                 head_dim=32), None, False),
+        # Qwen3-MoE: layer 0 dense, layer 1 eight experts of 32, two per token, renormalised.
+        ("qwen3-moe", dict(base, num_key_value_heads=2, model_type="qwen3_moe", head_dim=24, num_experts=8,
+                           num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                           mlp_only_layers=[0]), None, False),
     ]
     failures, checked, min_margin = [], 0, float("inf")
     with tempfile.TemporaryDirectory(prefix="rlsync-tiny-llama-") as tmp:

@@ -1,4 +1,4 @@
-"""A small Llama- or Qwen3-architecture decoder in plain PyTorch, numerically matched to rlsync's engine.
+"""A small Llama, Qwen3 or Qwen3-MoE decoder in plain PyTorch, numerically matched to rlsync's engine.
 
 The parameter names are Hugging Face's (LlamaForCausalLM, Qwen3ForCausalLM),
 so ``state_dict()`` is exactly what rlsync loads from a checkpoint or takes
@@ -31,6 +31,12 @@ an engine serving those weights computes, up to summation order):
 * Qwen3 (``model_type="qwen3"``): head_dim may differ from hidden / heads, and
   each q and k head goes through its own RMSNorm (q_norm, k_norm, over
   head_dim) before the rotary embedding, as Hugging Face's Qwen3Attention.
+* Qwen3-MoE (``model_type="qwen3_moe"``): Qwen3's attention; in sparse layers
+  ((i + 1) % decoder_sparse_step == 0, i not in mlp_only_layers) the MLP is a
+  router ``mlp.gate`` and ``num_experts`` SwiGLU experts
+  (``mlp.experts.{e}.{gate,up,down}_proj``): softmax over all experts in fp32,
+  the top ``num_experts_per_tok``, renormalised when ``norm_topk_prob``, the
+  experts' outputs weighted and added in ascending expert order.
 * Attention: grouped-query (q head h reads kv head h // (heads / kv_heads)),
   scores ``q.k * head_dim^-0.5``, causal, softmax in fp32.
 * MLP: ``down(silu(gate(x)) * up(x))``. No biases anywhere.
@@ -77,14 +83,26 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     model_type: str = "llama"
     head_dim: int | None = None  # qwen3 may set it; else hidden_size / num_attention_heads
+    # qwen3_moe (Hugging Face's Qwen3MoeConfig names and defaults)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple = ()
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        if self.model_type not in ("llama", "qwen3"):
-            raise ValueError(f"model config: model_type: expected llama or qwen3, got {self.model_type!r}")
-        if self.head_dim is not None and self.model_type != "qwen3":
+        if self.model_type not in ("llama", "qwen3", "qwen3_moe"):
+            raise ValueError(f"model config: model_type: expected llama, qwen3 or qwen3_moe, got {self.model_type!r}")
+        if self.head_dim is not None and not self.qk_norm:
             raise ValueError("model config: head_dim: only qwen3 and qwen3_moe models may set it")
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if self.model_type == "qwen3_moe" and not (0 < self.num_experts_per_tok <= self.num_experts
+                                                    and self.moe_intermediate_size > 0):
+            raise ValueError("model config: qwen3_moe needs 0 < num_experts_per_tok <= num_experts and a positive "
+                             "moe_intermediate_size")
         problems = []
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
@@ -122,7 +140,12 @@ class LlamaConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type == "qwen3"
+        return self.model_type in ("qwen3", "qwen3_moe")
+
+    def sparse_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts (Hugging Face's rule)."""
+        return (self.model_type == "qwen3_moe" and self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "LlamaConfig":
@@ -139,10 +162,17 @@ class LlamaConfig:
 
     def to_dict(self) -> dict:
         """config.json fields, as transformers writes them for LlamaForCausalLM or Qwen3ForCausalLM."""
-        arch = "Qwen3ForCausalLM" if self.qk_norm else "LlamaForCausalLM"
+        arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM"}[self.model_type]
         out = {"architectures": [arch], "model_type": self.model_type, "hidden_act": "silu"}
         fields = dataclasses.asdict(self)
         del fields["model_type"], fields["head_dim"]
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                     "decoder_sparse_step", "mlp_only_layers"):
+            if self.model_type != "qwen3_moe":
+                del fields[name]
+        if self.model_type == "qwen3_moe":
+            fields["mlp_only_layers"] = list(self.mlp_only_layers)
         out.update(fields)
         out.update({"bos_token_id": TOKEN_BOS, "eos_token_id": TOKEN_EOS})
         if self.qk_norm:
@@ -232,13 +262,50 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
+class Expert(nn.Module):
     def __init__(self, config: LlamaConfig):
+        super().__init__()
+        h, i = config.hidden_size, config.moe_intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    """Qwen3MoeSparseMoeBlock: a router over all experts, the top k per token, weighted and summed."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(config) for _ in range(config.num_experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        flat = x.reshape(-1, h)
+        probs = torch.softmax(self.gate(flat).float(), dim=-1)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):  # ascending expert order, as Hugging Face's loop
+            rows, slot = torch.nonzero(chosen == e, as_tuple=True)
+            if rows.numel():
+                out.index_add_(0, rows, expert(flat[rows]) * weights[rows, slot, None].to(flat.dtype))
+        return out.reshape(b, t, h)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = SparseMoE(config) if config.sparse_layer(layer) else MLP(config)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -249,7 +316,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -310,8 +377,13 @@ def expected_names(config: Union[LlamaConfig, Mapping]) -> list[str]:
                   p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight"]
         if c.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        names += [p + "post_attention_layernorm.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
-                  p + "mlp.down_proj.weight"]
+        names.append(p + "post_attention_layernorm.weight")
+        if c.sparse_layer(i):
+            names.append(p + "mlp.gate.weight")
+            for e in range(c.num_experts):
+                names += [f"{p}mlp.experts.{e}.{m}_proj.weight" for m in ("gate", "up", "down")]
+        else:
+            names += [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"]
     names.append("model.norm.weight")
     if not c.tie_word_embeddings:
         names.append("lm_head.weight")
