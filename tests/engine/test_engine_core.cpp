@@ -385,15 +385,19 @@ TEST_CASE("sharded session: plan-packed groups give the same weights as loading 
   }
 }
 
-TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals a fresh engine on the new weights") {
+TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals a fresh engine on the new weights, "
+          "Llama and Qwen3-MoE") {
+  for (const auto& config : {tiny_config(), test::tiny_moe_config(2), test::tiny_moe_config(1, true, true)})
   for (int tp : {1, 2}) {
     for (std::size_t pause_after : {1u, 5u}) {
       for (const std::string prompt : {"policy version k", "async RL overlaps"}) {
+        CAPTURE(to_string(config.arch));
+        CAPTURE(config.fused_experts);
         CAPTURE(tp);
         CAPTURE(pause_after);
         CAPTURE(prompt);
         const std::uint32_t max_tokens = 12;
-        harness h(tp);
+        harness h(tp, {}, config);
         auto v2 = make_source(h.config, dtype::bf16, 2);
         REQUIRE(!h.add(1, prompt, max_tokens));
         h.run_until(1, pause_after);
