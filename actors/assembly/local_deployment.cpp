@@ -355,6 +355,13 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     instrument_coordinator(*d.metrics, cc);
   d.coordinator_cfg = cc;
   cc.restored = restored;
+  // Every engine up (its staging faulted in) before the coordinator starts:
+  // the first round then takes them all, registered together below.
+  for (std::size_t i = 0; i < d.engines.size(); ++i)
+    if (auto failure = await_engine_ready(sys, caf::actor_cast<caf::actor>(d.engines[i])); !failure.empty()) {
+      stop_and_await(sys, d.actors());
+      throw std::runtime_error("engine " + hosted[i]->name + " did not come up: " + failure);
+    }
   d.coordinator = sys.spawn(coordinator, cc);
   d.drivers->granted(d.coordinator.address(), d.router.address());
   d.current_coordinator->set(d.coordinator);
@@ -368,10 +375,6 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
                                  + " could not register with the coordinator: " + failure);
       }
   for (std::size_t i = 0; i < d.engines.size(); ++i) {
-    if (auto failure = await_engine_ready(sys, caf::actor_cast<caf::actor>(d.engines[i])); !failure.empty()) {
-      stop_and_await(sys, d.actors());
-      throw std::runtime_error("engine " + hosted[i]->name + " did not come up: " + failure);
-    }
     auto info = engine_info_of(*hosted[i], d.incarnations[i]);
     if (auto failure = register_engine(sys, d.coordinator, info, caf::actor_cast<caf::actor>(d.engines[i]),
                                        opts.register_deadline);
