@@ -97,7 +97,18 @@ for f in "$dir/head.prom" "$dir/workers.prom"; do
     grep -q "^# TYPE $name " "$f" || fail "no $name in $f"
   done
 done
-equals "$dir/head.prom" 'vllm:rl_weight_update_operations_in_flight{engine="local"}' 0
+# The trainer keeps publishing, so a scrape may land inside a transfer: the
+# gauge is 0 or 1 (one transfer per engine at a time), and it comes back to 0
+# (a leaked increment would never let it).
+inflight='vllm:rl_weight_update_operations_in_flight{engine="local"}'
+v=$(value "$dir/head.prom" "$inflight")
+[ "$v" = 0 ] || [ "$v" = 1 ] || fail "$inflight: $v, wanted 0 or 1"
+for _ in $(seq 1 100); do
+  [ "$v" = 0 ] && break
+  sleep 0.1
+  v=$(curl -sf -H "$auth" "$hurl/metrics" | awk -v s="$inflight" '$1 == s { print $2 }')
+done
+[ "$v" = 0 ] || fail "$inflight stays at $v for 10 s"
 for op in init start update finish; do
   at_least "$dir/head.prom" "vllm:rl_weight_update_operation_duration_seconds_count{engine=\"local\",operation=\"$op\"}" 1
 done
