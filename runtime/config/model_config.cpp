@@ -179,7 +179,7 @@ std::vector<std::string> validate(const model_config& c) {
   return errs;
 }
 
-std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp) {
+std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp, bool expert_parallel) {
   std::vector<std::string> errs;
   if (tp <= 0) {
     errs.push_back("must be positive, got " + std::to_string(tp));
@@ -191,7 +191,13 @@ std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp) {
   if (c.intermediate_size > 0 && c.intermediate_size % tp != 0)
     errs.push_back("must divide intermediate_size (" + std::to_string(c.intermediate_size)
                    + "), got " + std::to_string(tp));
-  if (c.arch == model_arch::qwen3_moe && c.moe_intermediate_size > 0 && c.moe_intermediate_size % tp != 0)
+  if (expert_parallel && c.arch != model_arch::qwen3_moe)
+    errs.push_back("expert parallelism needs a mixture-of-experts model (arch qwen3_moe), not " + std::string(to_string(c.arch)));
+  if (expert_parallel && c.arch == model_arch::qwen3_moe && c.num_experts > 0 && c.num_experts < tp)
+    errs.push_back("with expert parallelism must be at most num_experts (" + std::to_string(c.num_experts)
+                   + "), so that every worker holds an expert, got " + std::to_string(tp));
+  if (!expert_parallel && c.arch == model_arch::qwen3_moe && c.moe_intermediate_size > 0
+      && c.moe_intermediate_size % tp != 0)
     errs.push_back("must divide moe_intermediate_size (" + std::to_string(c.moe_intermediate_size)
                    + "), got " + std::to_string(tp));
   auto kv = c.num_key_value_heads;

@@ -105,7 +105,10 @@ std::vector<std::string> validate(const model_config& c);
 /// either split (tp divides them) or replicated (they divide tp).
 /// Returns one message per problem, without a field prefix, e.g.
 /// "must divide num_attention_heads (8), got 3".
-std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp);
+/// With `expert_parallel` (vLLM's --enable-expert-parallel) experts are not
+/// sliced but placed whole, so tp need not divide moe_intermediate_size;
+/// the model must then have experts, at least tp of them.
+std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp, bool expert_parallel = false);
 
 } // namespace rlsync
 

@@ -122,12 +122,12 @@ struct engine_core::prefix_cache {
 // -- construction and weights ------------------------------------------------------
 
 engine_core::engine_core(const model_config& c, engine_options opts)
-  : opts_(std::move(opts)), model_(c, opts_.tp, opts_.source_dtype),
+  : opts_(std::move(opts)), model_(c, opts_.tp, opts_.source_dtype, opts_.expert_parallel),
     cache_(std::make_unique<prefix_cache>(opts_.block_tokens, opts_.prefix_cache_blocks)) {
   if (opts_.max_batch == 0 || opts_.queue_limit == 0 || opts_.prefill_chunk <= 0)
     throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
   for (int w = 0; w < opts_.tp; ++w)
-    plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype));
+    plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype, opts_.expert_parallel));
   if (opts_.preallocate_staging) { // now, not on the engine's thread in the middle of a round
     spare_ = model_.make_weights();
     reserve_ = model_.make_weights();

@@ -49,6 +49,9 @@ namespace rlsync::engine {
 struct engine_options {
   std::string name = "engine";
   int tp = 1;
+  /// Experts placed whole over the tp workers instead of sliced (vLLM's
+  /// --enable-expert-parallel); needs a mixture-of-experts model.
+  bool expert_parallel = false;
   std::uint32_t max_batch = 32;       ///< requests running at once
   std::uint32_t queue_limit = 256;    ///< requests waiting (a full queue rejects)
   std::int64_t prefill_chunk = 256;   ///< prompt tokens fed per request per step

@@ -87,18 +87,20 @@ void load_router(const weight_view& src, worker_weights& dst, std::int64_t layer
 }
 
 // Qwen3-MoE expert e, sliced by tp as a dense MLP: gate/up column-parallel,
-// fused into the expert's gate_up_proj; down row-parallel.
+// fused into the expert's gate_up_proj; down row-parallel. With expert
+// parallelism (3) selects: a worker loads only the experts it holds, whole.
 void load_expert(const weight_view& src, worker_weights& dst, std::int64_t layer, std::int64_t expert,
                  const std::string& part) {
   const shard_spec& s = dst.shard();
   const std::int64_t D = s.config.hidden_size, mi = s.config.moe_intermediate_size;
+  expect_shape(src, part == "down_proj.weight" ? std::vector<std::int64_t>{D, mi} : std::vector<std::int64_t>{mi, D});
+  if (!s.holds_expert(expert))
+    return;
   if (part == "down_proj.weight") {
-    expect_shape(src, {D, mi});
     src.narrow(1, s.moe_inter_begin, s.moe_inter)
         ->copy_into(dst.at(layer_param_name(layer, param::expert_suffix(expert, true).c_str())), 0);
     return;
   }
-  expect_shape(src, {mi, D});
   src.narrow(0, s.moe_inter_begin, s.moe_inter)
       ->copy_into(dst.at(layer_param_name(layer, param::expert_suffix(expert, false).c_str())),
                   part == "up_proj.weight" ? s.moe_inter * D : 0);
@@ -124,13 +126,14 @@ bool split_indexed(const std::string& name, const std::string& prefix, std::int6
 
 // Qwen3-MoE, fused layout (as Llama-4): one tensor holds every expert,
 // transposed against the separate layout. For each expert this worker
-// selects the expert (3), transposes and splits gate from up (2), and
-// takes its intermediate slice (4).
+// selects each expert it holds (3: all of them, or with expert parallelism
+// its own), transposes and splits gate from up (2), and takes its
+// intermediate slice (4: the whole of it with expert parallelism).
 void load_fused_experts(const weight_view& src, worker_weights& dst, std::int64_t layer, bool down) {
   const shard_spec& s = dst.shard();
   const std::int64_t D = s.config.hidden_size, mi = s.config.moe_intermediate_size, E = s.config.num_experts;
   expect_shape(src, down ? std::vector<std::int64_t>{E, mi, D} : std::vector<std::int64_t>{E, D, 2 * mi});
-  for (std::int64_t e = 0; e < E; ++e) {
+  for (std::int64_t e = s.expert_begin; e < s.expert_begin + s.experts; ++e) {
     auto expert = src.narrow(0, e, 1); // (3) select
     auto& param = dst.at(layer_param_name(layer, param::expert_suffix(e, down).c_str()));
     if (down) { // [mi, D] -> this worker's rows, transposed to [D, moe_inter]
@@ -247,9 +250,9 @@ void load_checkpoint(const rlsync::checkpoint& ckpt, weight_set& set) {
   load_weights(ptrs, set);
 }
 
-std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp) {
+std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp, bool expert_parallel) {
   auto ckpt = rlsync::checkpoint::open(dir);
-  auto set = weight_set::make(ckpt.config(), tp, checkpoint_dtype(ckpt));
+  auto set = weight_set::make(ckpt.config(), tp, checkpoint_dtype(ckpt), expert_parallel);
   load_checkpoint(ckpt, *set);
   return set;
 }

@@ -8,7 +8,8 @@
 //                  at their row offsets in the fused parameter
 //   (2) relayout   HF Linear weights are [out, in], the engine's layout too;
 //                  q/k/v are viewed per head to select whole heads
-//   (3) select     nothing to select in a dense Llama (no experts)
+//   (3) select     a mixture-of-experts layer's tensor goes to its expert;
+//                  with expert parallelism only to the worker holding it
 //   (4) shard      narrow to this worker's heads / intermediate / vocab slice
 //   (5)-(7)        copy_into: stage, convert to the engine's storage dtype
 //                  (a copy when the checkpoint's agrees), store in the parameter
@@ -40,8 +41,8 @@ void load_weights(const std::vector<rlsync::tensor_view>& tensors, weight_set& s
 /// Every tensor of an opened checkpoint into `set`.
 void load_checkpoint(const rlsync::checkpoint& ckpt, weight_set& set);
 /// Opens the checkpoint directory `dir` (config.json + safetensors) and
-/// loads it into a new set for `tp` workers, stored in the checkpoint's
-/// dtype. The set's version is 0.
-std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp);
+/// loads it into a new set for `tp` workers (experts placed whole when
+/// `expert_parallel`), stored in the checkpoint's dtype. The set's version is 0.
+std::shared_ptr<weight_set> load_checkpoint(const std::string& dir, int tp, bool expert_parallel = false);
 
 } // namespace rlsync::engine

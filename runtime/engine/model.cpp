@@ -34,6 +34,7 @@ struct workspace {
   std::vector<float> q_norm, k_norm; // [head_dim] Qwen3's head norms, widened
   // Qwen3-MoE: each token's experts (ascending) and their weights, [T, k];
   // router logits [T, experts]; an expert's tokens gathered, and its activations.
+  std::vector<std::int32_t> expert_order; // [experts] the router's ranking of one token
   std::vector<std::int32_t> chosen;
   std::vector<float> chosen_weight;
   std::vector<float> router_logits;
@@ -66,22 +67,28 @@ void rope(float* v, const float* cos, const float* sin, std::int64_t half) {
   }
 }
 
-// x += ((p[0] + p[1]) + p[2]) + ... over `chunks` partials of n floats each,
-// in chunk order: the tp-independent all-reduce. `tmp` holds n floats.
-void reduce_into(float* x, const float* partials, std::int64_t chunks, std::int64_t n, float* tmp) {
-  std::memcpy(tmp, partials, static_cast<std::size_t>(n) * sizeof(float));
+// out = ((p[0] + p[1]) + p[2]) + ... over `chunks` partials of n floats,
+// `stride` floats apart, in chunk order: the tp-independent all-reduce.
+void sum_chunks(float* out, const float* partials, std::int64_t chunks, std::int64_t stride, std::int64_t n) {
+  std::memcpy(out, partials, static_cast<std::size_t>(n) * sizeof(float));
   for (std::int64_t c = 1; c < chunks; ++c) {
-    const float* p = partials + c * n;
+    const float* p = partials + c * stride;
     for (std::int64_t i = 0; i < n; ++i)
-      tmp[i] += p[i];
+      out[i] += p[i];
   }
+}
+
+// x += the chunk-ordered sum of `chunks` contiguous partials of n floats.
+// `tmp` holds n floats.
+void reduce_into(float* x, const float* partials, std::int64_t chunks, std::int64_t n, float* tmp) {
+  sum_chunks(tmp, partials, chunks, n, n);
   for (std::int64_t i = 0; i < n; ++i)
     x[i] += tmp[i];
 }
 
 // Validates the sharding before anything is started (the pool included).
-int checked_tp(const model_config& c, int tp) {
-  shard_spec::make(c, tp, 0);
+int checked_tp(const model_config& c, int tp, bool expert_parallel) {
+  shard_spec::make(c, tp, 0, expert_parallel);
   return tp;
 }
 
@@ -90,6 +97,7 @@ int checked_tp(const model_config& c, int tp) {
 struct model::impl {
   model_config cfg;
   int tp;
+  bool expert_parallel;
   dtype weights_type;
   worker_pool pool;
   std::int64_t o_chunks;    // all-reduce chunks of o_proj's input (heads)
@@ -108,11 +116,12 @@ struct model::impl {
   std::vector<float> part_moe;  // [moe_chunks, T * experts_per_tok, D]
   std::vector<workspace> spaces;
 
-  impl(const model_config& c, int tp_, dtype type)
-      : cfg(c), tp(tp_), weights_type(type), pool(checked_tp(c, tp_)),
+  impl(const model_config& c, int tp_, dtype type, bool ep)
+      : cfg(c), tp(tp_), expert_parallel(ep), weights_type(type), pool(checked_tp(c, tp_, ep)),
         o_chunks(reduce_chunks(c.num_attention_heads, tp_)),
         down_chunks(reduce_chunks(c.intermediate_size, tp_)),
-        moe_chunks(c.arch == model_arch::qwen3_moe ? reduce_chunks(c.moe_intermediate_size, tp_) : 0),
+        // Whole experts: chunked as at tp 1, whatever tp is.
+        moe_chunks(c.arch == model_arch::qwen3_moe ? reduce_chunks(c.moe_intermediate_size, ep ? 1 : tp_) : 0),
         spaces(static_cast<std::size_t>(tp_)) {
     // HF computes inv_freq = 1 / theta^(2i/d) and freqs = position * inv_freq
     // in fp32; so do we.
@@ -376,18 +385,23 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
 // expert's SwiGLU output times its weight, summed over the chosen experts in
 // ascending expert order, added to the residual. Every worker routes every
 // token (the router is whole everywhere, so all agree) and computes its
-// slice of each expert's intermediate; the down partials are reduced in
-// fixed chunk order, as the dense MLP's, so outputs do not depend on tp.
+// slice of each expert's intermediate, or with expert parallelism the whole
+// of the experts it holds, for the tokens routed to them (the dispatch).
+// Either way each expert's down output is formed as partials per fixed
+// chunk of its intermediate dim, into part_moe at the token's slot; the
+// combine adds them in chunk order, then the experts in ascending order,
+// so outputs do not depend on tp nor on expert parallelism.
 void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, workspace& ws, std::int64_t T,
                           float* x, const float* h) {
-  const std::int64_t D = cfg.hidden_size, E = L.experts, k = cfg.num_experts_per_tok, mi = s.moe_inter;
+  const std::int64_t D = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, mi = s.moe_inter;
   grow(ws.router_logits, T * E);
   grow(ws.chosen, T * k);
   grow(ws.chosen_weight, T * k);
   grow(ws.moe_sum, D);
   grow(ws.moe_expert, D);
   kernels::matmul_nt(h, D, L.router, D, ws.router_logits.data(), E, T, E, D);
-  std::vector<std::int32_t> order(static_cast<std::size_t>(E));
+  grow(ws.expert_order, E);
+  auto& order = ws.expert_order;
   for (std::int64_t t = 0; t < T; ++t) {
     float* prob = ws.router_logits.data() + t * E;
     float top = -INFINITY, sum = 0.0f;
@@ -399,7 +413,7 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
       prob[e] /= sum;
       order[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(e);
     }
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](std::int32_t a, std::int32_t b) {
+    std::partial_sort(order.begin(), order.begin() + k, order.begin() + E, [&](std::int32_t a, std::int32_t b) {
       return prob[a] != prob[b] ? prob[a] > prob[b] : a < b;
     });
     float picked = 0.0f;
@@ -412,10 +426,12 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
       ws.chosen_weight[static_cast<std::size_t>(t * k + j)] = cfg.norm_topk_prob ? prob[e] / picked : prob[e];
     }
   }
-  // Each expert over the tokens that chose it: this worker's intermediate
-  // slice, its down partial per chunk into part_moe at the token's slot.
-  const std::int64_t local_chunks = moe_chunks / tp, width = mi / local_chunks;
-  for (std::int64_t e = 0; e < E; ++e) {
+  // Each local expert over the tokens that chose it: this worker's
+  // intermediate slice (its chunks of every expert) or the whole expert (all
+  // chunks of its own experts), each chunk's down partial into part_moe.
+  const std::int64_t local_chunks = s.expert_parallel ? moe_chunks : moe_chunks / tp;
+  const std::int64_t first_chunk = s.expert_parallel ? 0 : w * local_chunks, width = mi / local_chunks;
+  for (std::int64_t e = L.expert_begin; e < L.expert_begin + L.experts; ++e) {
     ws.expert_slots.clear();
     for (std::int64_t slot = 0; slot < T * k; ++slot)
       if (ws.chosen[static_cast<std::size_t>(slot)] == e)
@@ -429,8 +445,8 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
     for (std::int64_t r = 0; r < n; ++r)
       std::memcpy(ws.expert_in.data() + r * D, h + (ws.expert_slots[static_cast<std::size_t>(r)] / k) * D,
                   static_cast<std::size_t>(D) * sizeof(float));
-    const parameter& gate_up = L.expert_params[2 * e];
-    const parameter& down = L.expert_params[2 * e + 1];
+    const parameter& gate_up = L.expert_params[2 * (e - L.expert_begin)];
+    const parameter& down = L.expert_params[2 * (e - L.expert_begin) + 1];
     kernels::matmul_nt(ws.expert_in.data(), D, gate_up.ref(), D, ws.expert_gu.data(), 2 * mi, n, 2 * mi, D);
     for (std::int64_t r = 0; r < n; ++r) {
       const float* g = ws.expert_gu.data() + r * 2 * mi;
@@ -443,7 +459,7 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
       for (std::int64_t r = 0; r < n; ++r) {
         const std::int64_t slot = ws.expert_slots[static_cast<std::size_t>(r)];
         kernels::matmul_nt(ws.expert_act.data() + r * mi + c * width, mi, down.ref() + c * width, mi,
-                           &part_moe[static_cast<std::size_t>(((w * local_chunks + c) * T * k + slot) * D)], D, 1,
+                           &part_moe[static_cast<std::size_t>(((first_chunk + c) * T * k + slot) * D)], D, 1,
                            D, width);
       }
   }
@@ -456,12 +472,7 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
     std::fill(acc, acc + D, 0.0f);
     for (std::int64_t j = 0; j < k; ++j) {
       const std::int64_t slot = t * k + j;
-      std::memcpy(y, &part_moe[static_cast<std::size_t>(slot * D)], static_cast<std::size_t>(D) * sizeof(float));
-      for (std::int64_t c = 1; c < moe_chunks; ++c) {
-        const float* p = &part_moe[static_cast<std::size_t>((c * T * k + slot) * D)];
-        for (std::int64_t i = 0; i < D; ++i)
-          y[i] += p[i];
-      }
+      sum_chunks(y, &part_moe[static_cast<std::size_t>(slot * D)], moe_chunks, T * k * D, D);
       const float weight = ws.chosen_weight[static_cast<std::size_t>(slot)];
       for (std::int64_t i = 0; i < D; ++i)
         acc[i] += y[i] * weight;
@@ -473,21 +484,26 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
   // every worker has finished reading it by then.
 }
 
-model::model(const model_config& c, int tp, dtype weights_type)
-    : impl_(std::make_unique<impl>(c, tp, weights_type)) {}
+model::model(const model_config& c, int tp, dtype weights_type, bool expert_parallel)
+    : impl_(std::make_unique<impl>(c, tp, weights_type, expert_parallel)) {}
 model::~model() = default;
 
 const model_config& model::config() const { return impl_->cfg; }
 int model::tp() const { return impl_->tp; }
+bool model::expert_parallel() const { return impl_->expert_parallel; }
 dtype model::weights_type() const { return impl_->weights_type; }
 
 std::shared_ptr<weight_set> model::make_weights() const {
-  return weight_set::make(impl_->cfg, impl_->tp, impl_->weights_type);
+  return weight_set::make(impl_->cfg, impl_->tp, impl_->weights_type, impl_->expert_parallel);
 }
 
 void model::set_weights(std::shared_ptr<const weight_set> w) {
   if (!w || w->tp() != impl_->tp)
     throw std::invalid_argument("engine: weight set for another tensor-parallel size");
+  if (w->expert_parallel() != impl_->expert_parallel)
+    throw std::invalid_argument(std::string("engine: weight set ")
+                                + (w->expert_parallel() ? "with" : "without") + " expert parallelism, the engine "
+                                + (impl_->expert_parallel ? "places experts whole" : "slices every expert"));
   const auto& c = w->config();
   const auto& m = impl_->cfg;
   if (c.vocab_size != m.vocab_size || c.hidden_size != m.hidden_size

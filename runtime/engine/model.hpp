@@ -14,7 +14,8 @@
 //               gu = h Wgate_up^T         column-parallel
 //               x += all_reduce(silu(g) * u Wdown^T)   row-parallel
 //               (Qwen3-MoE sparse layers: route each token to its top-k
-//               experts, each sliced as this MLP; weighted sum, fixed order)
+//               experts, each sliced as this MLP or, with expert
+//               parallelism, held whole by one worker; weighted sum, fixed order)
 //   logits = rmsnorm(x) Wlm^T             vocab-parallel columns, gathered
 //
 // The all-reduce forms partial sums per fixed chunk of the reduced dim
@@ -65,13 +66,15 @@ public:
   /// Throws std::invalid_argument when `c` cannot be sharded `tp` ways.
   /// make_weights() allocates `weights_type` (what the checkpoint or the
   /// trainer sends); set_weights() accepts any dtype.
-  model(const model_config& c, int tp, dtype weights_type);
+  /// `expert_parallel`: experts placed whole over the workers (shard.hpp).
+  model(const model_config& c, int tp, dtype weights_type, bool expert_parallel = false);
   ~model();
   model(const model&) = delete;
   model& operator=(const model&) = delete;
 
   const model_config& config() const;
   int tp() const;
+  bool expert_parallel() const;
   dtype weights_type() const;
 
   /// A zeroed weight set shaped for this model: fill it (loader.hpp), then

@@ -81,9 +81,10 @@ weight_ptr recording_weight(std::string name, dtype type, std::vector<std::int64
                                           std::move(sink));
 }
 
-plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources) {
+plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources,
+                            bool expert_parallel) {
   // Shapes only: the storage dtype plays no part in a plan.
-  worker_weights shapes(shard_spec::make(c, tp, worker), dtype::f32, /*allocate=*/false);
+  worker_weights shapes(shard_spec::make(c, tp, worker, expert_parallel), dtype::f32, /*allocate=*/false);
   auto sink = std::make_shared<std::vector<plan_entry>>();
   for (const auto& spec : sources)
     if (!ignored_weight(c, spec.name))
@@ -95,9 +96,9 @@ plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std
   return p;
 }
 
-plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype source) {
-  plan::worker_plan p = make_plan(c, tp, worker, llama_parameter_specs(c, source));
-  auto problems = check_coverage(p, c);
+plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype source, bool expert_parallel) {
+  plan::worker_plan p = make_plan(c, tp, worker, llama_parameter_specs(c, source), expert_parallel);
+  auto problems = check_coverage(p, c, expert_parallel);
   if (!problems.empty()) {
     std::string all;
     for (const auto& e : problems)
@@ -108,8 +109,8 @@ plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype sou
   return p;
 }
 
-std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c) {
-  worker_weights shapes(shard_spec::make(c, p.tp, p.worker), dtype::f32, /*allocate=*/false);
+std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c, bool expert_parallel) {
+  worker_weights shapes(shard_spec::make(c, p.tp, p.worker, expert_parallel), dtype::f32, /*allocate=*/false);
   std::map<std::string, std::vector<std::pair<std::int64_t, std::int64_t>>> ranges; // param -> [begin, end)
   std::vector<std::string> problems;
   for (const auto& e : p.entries) {

@@ -20,16 +20,20 @@ namespace rlsync::engine {
 weight_ptr recording_weight(std::string name, dtype type, std::vector<std::int64_t> shape,
                             std::shared_ptr<std::vector<plan::plan_entry>> sink);
 
-/// The plan of worker `worker` of `tp` for a whole checkpoint of `c` in
-/// `source` dtype. Checks that it writes every element of every parameter
-/// exactly once (std::logic_error otherwise). Throws what the loader throws.
-plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype source = dtype::bf16);
+/// The plan of worker `worker` of `tp` (experts placed whole when
+/// `expert_parallel`) for a whole checkpoint of `c` in `source` dtype.
+/// Checks that it writes every element of every parameter exactly once
+/// (std::logic_error otherwise). Throws what the loader throws.
+plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype source = dtype::bf16,
+                            bool expert_parallel = false);
 /// The plan for the tensors `sources` only (a trainer rank holding some
 /// layers); ignored names are skipped. No coverage check.
-plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources);
+plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources,
+                            bool expert_parallel = false);
 
 /// Problems with the coverage of the worker's parameters: elements written
 /// twice or never. Empty when the plan fills every parameter exactly once.
-std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c);
+std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c,
+                                        bool expert_parallel = false);
 
 } // namespace rlsync::engine

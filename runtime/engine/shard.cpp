@@ -6,11 +6,22 @@
 
 namespace rlsync::engine {
 
-shard_spec shard_spec::make(const model_config& c, int tp, int worker) {
+namespace {
+
+// vLLM's linear expert placement: E / ep experts per worker, the first
+// E % ep workers one more.
+std::int64_t first_expert(std::int64_t experts, int ep, int worker) {
+  const std::int64_t base = experts / ep, extra = experts % ep;
+  return worker * base + std::min<std::int64_t>(worker, extra);
+}
+
+} // namespace
+
+shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expert_parallel) {
   std::string problems;
   for (auto& e : validate(c))
     problems += "\n  " + e;
-  for (auto& e : validate_tp(c, tp))
+  for (auto& e : validate_tp(c, tp, expert_parallel))
     problems += "\n  tp: " + e;
   if (problems.empty() && (worker < 0 || worker >= tp))
     problems = "\n  worker: must be in [0, " + std::to_string(tp) + "), got " + std::to_string(worker);
@@ -21,6 +32,7 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker) {
   s.config = c;
   s.tp = tp;
   s.worker = worker;
+  s.expert_parallel = expert_parallel;
   s.head_dim = c.head_dim();
   s.heads = c.num_attention_heads / tp;
   s.head_begin = worker * s.heads;
@@ -35,12 +47,26 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker) {
   }
   s.inter = c.intermediate_size / tp;
   s.inter_begin = worker * s.inter;
-  s.moe_inter = c.moe_intermediate_size / tp;
-  s.moe_inter_begin = worker * s.moe_inter;
+  if (expert_parallel) {
+    s.moe_inter = c.moe_intermediate_size;
+    s.expert_begin = first_expert(c.num_experts, tp, worker);
+    s.experts = first_expert(c.num_experts, tp, worker + 1) - s.expert_begin;
+  } else {
+    s.moe_inter = c.moe_intermediate_size / tp;
+    s.moe_inter_begin = worker * s.moe_inter;
+    s.experts = c.num_experts;
+  }
   std::int64_t per = (c.vocab_size + tp - 1) / tp;
   s.vocab_begin = std::min<std::int64_t>(c.vocab_size, worker * per);
   s.vocab_end = std::min<std::int64_t>(c.vocab_size, (worker + 1) * per);
   return s;
+}
+
+int expert_owner(std::int64_t e, std::int64_t experts, int ep) {
+  int w = 0;
+  while (w + 1 < ep && first_expert(experts, ep, w + 1) <= e)
+    ++w;
+  return w;
 }
 
 std::int64_t reduce_chunks(std::int64_t units, int tp) {

@@ -4,6 +4,12 @@
 // when there are at least tp of them, else each worker holds one replicated
 // kv head; the vocabulary (embedding and lm_head rows) is split in
 // ceil(vocab / tp) slices, the last one possibly shorter.
+//
+// A mixture-of-experts layer is sliced the same way by default: every worker
+// holds its tp slice of every expert's intermediate dim. With expert
+// parallelism (vLLM's --enable-expert-parallel; EP size = tp here) each
+// worker instead holds whole experts, placed as vLLM's linear placement
+// does: E / tp each, the first E % tp workers one more, in index order.
 #include "runtime/config/model_config.hpp"
 
 #include <cstdint>
@@ -14,6 +20,7 @@ struct shard_spec {
   model_config config;
   int tp = 1;
   int worker = 0;
+  bool expert_parallel = false;
 
   std::int64_t head_dim = 0;
   std::int64_t heads = 0;       ///< local q heads: num_attention_heads / tp
@@ -22,16 +29,19 @@ struct shard_spec {
   std::int64_t kv_begin = 0;    ///< first global kv head
   std::int64_t inter = 0;       ///< local intermediate size
   std::int64_t inter_begin = 0;
-  std::int64_t moe_inter = 0;       ///< qwen3_moe: local slice of every expert's intermediate size
-  std::int64_t moe_inter_begin = 0;
+  std::int64_t moe_inter = 0;       ///< qwen3_moe: local slice of every local expert's intermediate size
+  std::int64_t moe_inter_begin = 0; ///< (the whole of it with expert parallelism)
+  std::int64_t expert_begin = 0;    ///< qwen3_moe: local experts [expert_begin, expert_begin + experts)
+  std::int64_t experts = 0;         ///< (all of them without expert parallelism)
   std::int64_t vocab_begin = 0; ///< local vocabulary rows [vocab_begin, vocab_end)
   std::int64_t vocab_end = 0;
 
   /// Throws std::invalid_argument when `c` fails validate() or validate_tp(),
   /// or when worker is outside [0, tp).
-  static shard_spec make(const model_config& c, int tp, int worker);
+  static shard_spec make(const model_config& c, int tp, int worker, bool expert_parallel = false);
 
   std::int64_t vocab() const { return vocab_end - vocab_begin; }
+  bool holds_expert(std::int64_t e) const { return e >= expert_begin && e < expert_begin + experts; }
   /// Rows of the fused qkv projection: (heads + 2 * kv_heads) * head_dim.
   std::int64_t qkv_rows() const { return (heads + 2 * kv_heads) * head_dim; }
 };
@@ -44,5 +54,9 @@ struct shard_spec {
 /// 8, 4, 2, 1 dividing it) unless tp does not divide that, in which case it
 /// is tp itself (still correct, but then not bit-identical to other tp).
 std::int64_t reduce_chunks(std::int64_t units, int tp);
+
+/// The worker holding expert `e` of `experts` placed over `ep` workers
+/// (shard_spec's placement).
+int expert_owner(std::int64_t e, std::int64_t experts, int ep);
 
 } // namespace rlsync::engine

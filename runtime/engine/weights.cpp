@@ -31,7 +31,7 @@ worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
   };
   add(param::embed, {s.vocab(), d});
   // Each layer: the norms and attention, its MLP (dense, or the router and
-  // every expert's fused gate/up and down), then Qwen3's head norms.
+  // each local expert's fused gate/up and down), then Qwen3's head norms.
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     layer_first_.push_back(params_.size());
     add(layer_param_name(l, param::input_norm), {d});
@@ -40,7 +40,7 @@ worker_weights::worker_weights(const shard_spec& s, dtype type, bool allocate)
     add(layer_param_name(l, param::post_norm), {d});
     if (c.sparse_layer(l)) {
       add(layer_param_name(l, param::router), {c.num_experts, d});
-      for (std::int64_t e = 0; e < c.num_experts; ++e) {
+      for (std::int64_t e = s.expert_begin; e < s.expert_begin + s.experts; ++e) {
         add(layer_param_name(l, param::expert_suffix(e, false).c_str()), {2 * s.moe_inter, d});
         add(layer_param_name(l, param::expert_suffix(e, true).c_str()), {d, s.moe_inter});
       }
@@ -92,9 +92,10 @@ layer_weights worker_weights::layer(std::int64_t l) const {
   std::size_t next = 4;
   if (c.sparse_layer(l)) {
     w.router = p[next++].ref();
-    w.experts = c.num_experts;
+    w.experts = shard_.experts;
+    w.expert_begin = shard_.expert_begin;
     w.expert_params = &p[next];
-    next += static_cast<std::size_t>(2 * c.num_experts);
+    next += static_cast<std::size_t>(2 * shard_.experts);
   } else {
     w.gate_up = p[next++].ref();
     w.down = p[next++].ref();
@@ -113,7 +114,7 @@ std::uint64_t worker_weights::bytes() const {
   return n;
 }
 
-std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp, dtype type) {
+std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp, dtype type, bool expert_parallel) {
   // Every worker's shard (replicated kv heads aside).
   const std::uint64_t bytes = static_cast<std::uint64_t>(parameter_count(c).value_or(0)) * dtype_size(type);
   return allocating("the engine's " + std::string(short_name(type)) + " weights (" + std::to_string(tp)
@@ -121,7 +122,7 @@ std::shared_ptr<weight_set> weight_set::make(const model_config& c, int tp, dtyp
     auto set = std::make_shared<weight_set>();
     set->workers.reserve(static_cast<std::size_t>(tp));
     for (int w = 0; w < tp; ++w)
-      set->workers.emplace_back(shard_spec::make(c, tp, w), type);
+      set->workers.emplace_back(shard_spec::make(c, tp, w, expert_parallel), type);
     return set;
   });
 }

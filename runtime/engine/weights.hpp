@@ -68,9 +68,11 @@ struct layer_weights {
   kernels::typed_ptr k_norm;     ///< [head_dim], Qwen3 only: every k head's
   // A sparse (mixture-of-experts) layer instead of gate_up/down (whose data is then null):
   kernels::typed_ptr router;     ///< [experts, hidden], whole on every worker
-  std::int64_t experts = 0;      ///< 0 for a dense layer
-  /// Expert e's fused gate/up rows [2 * moe_inter, hidden] at expert_params[2e],
-  /// its down columns [hidden, moe_inter] at expert_params[2e + 1].
+  std::int64_t experts = 0;      ///< local experts [expert_begin, expert_begin + experts); 0 for a dense layer
+  std::int64_t expert_begin = 0;
+  /// Local expert i's (expert expert_begin + i) fused gate/up rows
+  /// [2 * moe_inter, hidden] at expert_params[2i], its down columns
+  /// [hidden, moe_inter] at expert_params[2i + 1].
   const struct parameter* expert_params = nullptr;
 };
 
@@ -114,8 +116,9 @@ struct weight_set {
   std::uint64_t version = 0;
 
   /// Allocates zeroed parameters of `type` for every worker.
-  static std::shared_ptr<weight_set> make(const model_config& c, int tp, dtype type);
+  static std::shared_ptr<weight_set> make(const model_config& c, int tp, dtype type, bool expert_parallel = false);
   int tp() const { return static_cast<int>(workers.size()); }
+  bool expert_parallel() const { return workers.front().shard().expert_parallel; }
   const model_config& config() const { return workers.front().shard().config; }
   dtype type() const { return workers.front().type(); }
 };

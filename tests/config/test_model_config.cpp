@@ -105,6 +105,7 @@ TEST_CASE("parameter_count: exact for the Llama layout, nullopt on overflow or a
 TEST_CASE("tensor parallelism: tp must split heads and intermediate, kv split or replicated") {
   auto c = small(); // 8 heads, 2 kv heads, intermediate 128
   CHECK(validate_tp(c, 1).empty());
+  CHECK(mentions(validate_tp(c, 2, /*expert_parallel=*/true), "needs a mixture-of-experts model (arch qwen3_moe), not llama"));
   CHECK(validate_tp(c, 2).empty());
   CHECK(validate_tp(c, 4).empty()); // kv 2 < tp 4: replicated
   CHECK(validate_tp(c, 8).empty());
@@ -259,6 +260,8 @@ TEST_CASE("config.json: a Qwen3-MoE config keeps its experts, the dense and spar
   CHECK(validate_tp(c, 2).empty());
   c.moe_intermediate_size = 30;
   CHECK(mentions(validate_tp(c, 4), "must divide moe_intermediate_size (30)"));
+  CHECK(validate_tp(c, 4, /*expert_parallel=*/true).empty()); // whole experts: no slicing
+  CHECK(mentions(validate_tp(c, 16, true), "at most num_experts (8)"));
   c.moe_intermediate_size = 32;
   auto path = temp_path("qwen3-moe-config.json");
   write_config_json(path, c);

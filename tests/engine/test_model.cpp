@@ -73,6 +73,7 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
     model_config config;
     dtype type;
     int tp;
+    bool expert_parallel = false;
   };
   const row rows[] = {
       {"MHA f32 tp1", tiny_config(4, 4), dtype::f32, 1},
@@ -86,12 +87,14 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
       {"Qwen3-MoE bf16 tp2, top-k not renormalised", test::tiny_moe_config(2, false), dtype::bf16, 2},
       {"Qwen3-MoE f32 tp4, kv replicated", test::tiny_moe_config(1), dtype::f32, 4},
       {"Qwen3-MoE fused experts bf16 tp2", test::tiny_moe_config(2, true, true), dtype::bf16, 2},
+      {"Qwen3-MoE expert-parallel bf16 tp2", test::tiny_moe_config(2), dtype::bf16, 2, true},
+      {"Qwen3-MoE expert-parallel fused f32 tp4, 6 experts", test::tiny_moe_config_with(6, true), dtype::f32, 4, true},
   };
   for (const auto& r : rows) {
     CAPTURE(r.what);
     auto src = make_source(r.config, r.type, 7);
-    model m(r.config, r.tp, r.type);
-    m.set_weights(src.load(r.tp));
+    model m(r.config, r.tp, r.type, r.expert_parallel);
+    m.set_weights(src.load(r.tp, r.expert_parallel));
     for (const auto& prompt : prompts) {
       auto seq = m.new_sequence();
       auto out = m.forward({{&seq, prompt, 0, /*all_logits=*/true}});
@@ -182,6 +185,94 @@ TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split 
       CHECK(same_bits(g.logits.data(), base.logits.data(), static_cast<std::int64_t>(g.logits.size())));
     }
   }
+}
+
+TEST_CASE("expert parallelism: greedy generation is bit-identical to sliced experts, tp 1, 2 and 4") {
+  // Whole experts on one worker each (8 experts: 4, 2 per worker; 6: 3,
+  // 2 + 2 + 1 + 1), separate and fused checkpoints, against tp 1.
+  for (auto [experts, fused] : {std::pair{8, false}, {6, false}, {6, true}}) {
+    CAPTURE(experts);
+    CAPTURE(fused);
+    auto cfg = test::tiny_moe_config_with(experts, fused);
+    auto src = make_source(cfg, dtype::bf16, 9);
+    model m1(cfg, 1, dtype::bf16);
+    m1.set_weights(src.load(1));
+    auto base = generate(m1, prompts, 24);
+    std::set<std::int32_t> distinct;
+    for (auto& t : base.tokens)
+      distinct.insert(t.begin(), t.end());
+    CHECK(distinct.size() > 4);
+    for (int tp : {1, 2, 4}) {
+      CAPTURE(tp);
+      model m(cfg, tp, dtype::bf16, /*expert_parallel=*/true);
+      CHECK(m.expert_parallel());
+      auto set = src.load(tp, true);
+      std::int64_t held = 0;
+      for (const auto& w : set->workers) {
+        CHECK(w.shard().moe_inter == cfg.moe_intermediate_size); // whole experts
+        CHECK(w.shard().expert_begin == held);                   // contiguous, in worker order
+        CHECK(w.shard().experts >= experts / tp);
+        held += w.shard().experts;
+      }
+      CHECK(held == experts);
+      m.set_weights(set);
+      auto g = generate(m, prompts, 24);
+      CHECK(g.tokens == base.tokens);
+      REQUIRE(g.logits.size() == base.logits.size());
+      CHECK(same_bits(g.logits.data(), base.logits.data(), static_cast<std::int64_t>(g.logits.size())));
+    }
+  }
+}
+
+TEST_CASE("expert parallelism: placement, validation and mismatched weight sets") {
+  // vLLM's linear placement: E / ep each, the first E % ep one more.
+  struct row {
+    std::int64_t experts;
+    int ep;
+    std::vector<std::int64_t> first, count;
+  };
+  const row rows[] = {
+      {8, 1, {0}, {8}},
+      {8, 4, {0, 2, 4, 6}, {2, 2, 2, 2}},
+      {6, 4, {0, 2, 4, 5}, {2, 2, 1, 1}},
+      {7, 2, {0, 4}, {4, 3}},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.experts);
+    CAPTURE(r.ep);
+    auto cfg = test::tiny_moe_config_with(r.experts);
+    for (int w = 0; w < r.ep; ++w) {
+      auto s = shard_spec::make(cfg, r.ep, w, true);
+      CHECK(s.expert_begin == r.first[static_cast<std::size_t>(w)]);
+      CHECK(s.experts == r.count[static_cast<std::size_t>(w)]);
+      for (std::int64_t e = s.expert_begin; e < s.expert_begin + s.experts; ++e)
+        CHECK(expert_owner(e, r.experts, r.ep) == w);
+    }
+  }
+  // Expert parallelism needs experts, at least one per worker; it lifts
+  // the need for tp to divide moe_intermediate_size.
+  CHECK_THROWS_WITH_AS(model(tiny_qwen3_config(4, 2), 2, dtype::bf16, true),
+                       doctest::Contains("needs a mixture-of-experts model"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(model(test::tiny_moe_config_with(3), 4, dtype::bf16, true),
+                       doctest::Contains("at most num_experts (3)"), std::invalid_argument);
+  auto odd = test::tiny_moe_config_with(8);
+  odd.moe_intermediate_size = 30; // 30 % 4 != 0: sliced experts cannot, whole ones can
+  CHECK_THROWS_AS(model(odd, 4, dtype::bf16), std::invalid_argument);
+  auto odd_src = make_source(odd, dtype::bf16, 1);
+  model whole(odd, 4, dtype::bf16, true), one(odd, 1, dtype::bf16);
+  whole.set_weights(odd_src.load(4, true));
+  one.set_weights(odd_src.load(1));
+  auto a = generate(whole, prompts, 8), b = generate(one, prompts, 8);
+  CHECK(a.tokens == b.tokens);
+  CHECK(same_bits(a.logits.data(), b.logits.data(), static_cast<std::int64_t>(a.logits.size())));
+  // A set with the other placement is refused, naming it.
+  auto cfg = test::tiny_moe_config(2);
+  model sliced(cfg, 2, dtype::bf16);
+  CHECK_THROWS_WITH_AS(sliced.set_weights(make_source(cfg, dtype::bf16, 1).load(2, true)),
+                       doctest::Contains("with expert parallelism"), std::invalid_argument);
+  model ep(cfg, 2, dtype::bf16, true);
+  CHECK_THROWS_WITH_AS(ep.set_weights(make_source(cfg, dtype::bf16, 1).load(2)),
+                       doctest::Contains("without expert parallelism"), std::invalid_argument);
 }
 
 TEST_CASE("truncate, copy_prefix and clear keep decoding exact") {

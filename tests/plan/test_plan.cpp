@@ -103,6 +103,7 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
     const char* what;
     model_config config;
     dtype type;
+    bool expert_parallel = false;
   };
   const row rows[] = {
       {"kv split", tiny_config(4, 4), dtype::bf16},
@@ -111,6 +112,9 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
       {"Qwen3, kv 2 < tp 4, head_dim 24", test::tiny_qwen3_config(4, 2, true), dtype::bf16},
       {"Qwen3-MoE, 8 experts sliced by tp", test::tiny_moe_config(2), dtype::bf16},
       {"Qwen3-MoE, fused experts: selected, transposed, split", test::tiny_moe_config(2, true, true), dtype::bf16},
+      {"Qwen3-MoE, expert parallelism: whole experts", test::tiny_moe_config(2), dtype::bf16, true},
+      {"Qwen3-MoE, expert parallelism, 6 experts placed unevenly", test::tiny_moe_config_with(6), dtype::bf16, true},
+      {"Qwen3-MoE, expert parallelism, fused experts", test::tiny_moe_config_with(6, true), dtype::bf16, true},
   };
   for (const auto& r : rows) {
     auto src = make_source(r.config, r.type, 21);
@@ -123,13 +127,18 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
     for (int tp : {1, 2, 4}) {
       CAPTURE(r.what);
       CAPTURE(tp);
-      auto loaded = src.load(tp);
+      CAPTURE(r.expert_parallel);
+      auto loaded = src.load(tp, r.expert_parallel);
       std::uint64_t sum = 0;
       for (int w = 0; w < tp; ++w) {
         CAPTURE(w);
-        auto p = make_plan(r.config, tp, w, r.type);
-        CHECK(check_coverage(p, r.config).empty());
-        worker_weights replayed(shard_spec::make(r.config, tp, w), r.type);
+        auto p = make_plan(r.config, tp, w, r.type, r.expert_parallel);
+        CHECK(check_coverage(p, r.config, r.expert_parallel).empty());
+        if (r.expert_parallel) // a whole expert's tensors, and only its holder's
+          for (const auto& e : p.entries)
+            if (e.source.find(".mlp.experts.") != std::string::npos)
+              CHECK(e.numel() == r.config.moe_intermediate_size * r.config.hidden_size);
+        worker_weights replayed(shard_spec::make(r.config, tp, w, r.expert_parallel), r.type);
         for (const auto& e : p.entries) {
           auto bytes = replay(e, src.data(e.source), r.type);
           REQUIRE(bytes.size() == e.bytes());
@@ -147,7 +156,8 @@ TEST_CASE("replaying each worker's plan gives exactly what the loader writes, tp
         sum += bytes_per_worker(p);
       }
       // Everything arrives once, except what every worker keeps whole (the
-      // norms) and kv heads replicated when there are fewer than tp.
+      // norms) and kv heads replicated when there are fewer than tp: so with
+      // expert parallelism no worker receives an expert it does not hold.
       const auto& c = r.config;
       const auto es = static_cast<std::int64_t>(dtype_size(r.type));
       const auto head_norms = c.qk_norm() ? 2 * c.num_hidden_layers * c.head_dim() : 0; // Qwen3's q/k norms

@@ -77,6 +77,13 @@ inline model_config tiny_moe_config(std::int64_t kv_heads = 2, bool norm_topk_pr
   return c;
 }
 
+/// The same with `experts` experts (6: placed 2, 2, 1, 1 over four workers).
+inline model_config tiny_moe_config_with(std::int64_t experts, bool fused = false) {
+  model_config c = tiny_moe_config(2, true, fused);
+  c.num_experts = experts;
+  return c;
+}
+
 /// A checkpoint's tensors, in memory, in one dtype.
 struct source_weights {
   model_config config;
@@ -107,8 +114,8 @@ struct source_weights {
     return out;
   }
 
-  std::shared_ptr<engine::weight_set> load(int tp) const {
-    auto set = engine::weight_set::make(config, tp, type);
+  std::shared_ptr<engine::weight_set> load(int tp, bool expert_parallel = false) const {
+    auto set = engine::weight_set::make(config, tp, type, expert_parallel);
     engine::load_weights(views(), *set);
     return set;
   }
