@@ -100,6 +100,7 @@ int serve_topology_node(const std::string& path, const std::string& name, const 
     throw cli::usage_error("--node: engine " + printable(placed.front()->name) + " on node " + printable(name) +
                            " is kind vllm: its own server already serves vLLM's API (run `rlsync node` there)");
   options.tp = static_cast<int>(placed.front()->tp);
+  options.expert_parallel = placed.front()->expert_parallel;
   const std::string file = secret_file.value_or(t.cluster.secret_file);
   std::string secret;
   system_config cfg;
@@ -166,6 +167,7 @@ int cmd_serve(const arg_list& argv) {
   std::uint64_t tp = 1, port = 8000;
   auto dir_flag = app.add_option("--checkpoint", dir, "checkpoint directory (required)")->type_name("DIR");
   cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
+  auto ep_flag = app.add_flag("--expert-parallel", "place whole experts over the tp workers (MoE models)");
   app.add_option("--host", host, "address to listen on")->default_val(host);
   cli::add_size(app, "--port", port, "TCP port, 0 for an ephemeral one")->default_val(port);
   auto key_flag = app.add_option("--api-key-file", api_key_file, "file holding the bearer token POST routes need")
@@ -191,6 +193,8 @@ int cmd_serve(const arg_list& argv) {
                              "trainer; leave --checkpoint out");
     if (app.get_option("--tp")->count() > 0)
       throw cli::usage_error("--tp: with --topology the engine's tp is the topology's");
+    if (ep_flag->count() > 0)
+      throw cli::usage_error("--expert-parallel: with --topology the engine's expert_parallel is the topology's");
   } else {
     cli::require(dir_flag);
     if (secret_flag->count() > 0)
@@ -204,6 +208,7 @@ int cmd_serve(const arg_list& argv) {
   serve_node_options options;
   options.checkpoint_dir = dir;
   options.tp = static_cast<int>(tp);
+  options.expert_parallel = ep_flag->count() > 0;
   options.http.host = host;
   options.http.port = static_cast<std::uint16_t>(port);
   options.strict_vllm = strict->count() > 0;

@@ -39,13 +39,14 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
                                          [&](const std::string& n) { return ignored_weight(ckpt.config(), n); });
   if (!problems.empty())
     throw std::runtime_error(dir + ": " + problems.front());
-  for (auto& e : validate_tp(ckpt.config(), options_.tp))
-    throw std::runtime_error("--tp: " + e);
+  for (auto& e : validate_tp(ckpt.config(), options_.tp, options_.expert_parallel))
+    throw std::runtime_error((e.rfind("expert parallelism", 0) == 0 ? "--expert-parallel: " : "--tp: ") + e);
 
   rollout_engine_config cfg;
   cfg.model = ckpt.config();
   cfg.options.name = "serve";
   cfg.options.tp = options_.tp;
+  cfg.options.expert_parallel = options_.expert_parallel;
   cfg.options.source_dtype = weights_dtype;
   cfg.node = "serve";
   cfg.metrics = engine_metrics_in(metrics_, cfg.options.name);

@@ -28,6 +28,7 @@ namespace rlsync {
 struct serve_node_options {
   std::string checkpoint_dir;
   int tp = 1;
+  bool expert_parallel = false; ///< experts placed whole over the tp workers
   http::server_options http; ///< host, port, bounds, bearer token
   bool strict_vllm = false;  ///< answer exactly as vLLM does (500 for ordering mistakes, no extras)
   /// What GET /metrics serves: as a topology's node, the registry its member

@@ -109,7 +109,7 @@ std::uint64_t engine_bytes(const model_config& c, const engine_spec& e, transfer
     return static_cast<std::uint64_t>(e.tp) * bf16_model_bytes(c);
   std::uint64_t total = 0;
   for (int w = 0; w < e.tp; ++w)
-    for (const auto& entry : engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16).entries)
+    for (const auto& entry : engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel).entries)
       total += entry.bytes();
   return total;
 }
@@ -529,7 +529,7 @@ std::string bench_sync_problem(const topology& t, const std::string& path, const
       return path + ": node '" + n.name + "' (" + n.address
              + ") is not on this machine; the benchmark starts every node itself";
   for (const auto& e : t.engines)
-    if (auto errors = validate_tp(model, e.tp); !errors.empty())
+    if (auto errors = validate_tp(model, e.tp, e.expert_parallel); !errors.empty())
       return "engine " + e.name + ": tp " + std::to_string(e.tp) + ": " + errors.front();
   return {};
 }

@@ -607,8 +607,8 @@ void reader::read_engines(const map_reader& root) {
   std::map<std::string, std::string> owner; // replica name -> the entry's path
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path,
-                 {"name", "node", "replicas", "tp", "max_batch", "queue_limit", "kv_block_tokens",
-                  "prefix_cache_blocks", "kind", "url", "api_key_file", "weights_dir"},
+                 {"name", "node", "replicas", "tp", "expert_parallel", "max_batch", "queue_limit",
+                  "kv_block_tokens", "prefix_cache_blocks", "kind", "url", "api_key_file", "weights_dir"},
                  root.mark("engines"));
     if (!r.valid()) {
       engines_ok = false;
@@ -620,9 +620,11 @@ void reader::read_engines(const map_reader& root) {
     std::int64_t replicas = 1;
     // The cap catches typos (replicas: 1000000) before they expand.
     bool counted = r.read("replicas", replicas, between(1, max_replicas)) || !r.has("replicas");
-    if (r.read("tp", e.tp, between(1, max_tp)) && model_ok) {
-      for (auto& problem : validate_tp(t.model.config, e.tp))
-        r.error("tp", problem);
+    const bool ep_ok = !r.has("expert_parallel") || r.read("expert_parallel", e.expert_parallel);
+    const bool tp_ok = r.read("tp", e.tp, between(1, max_tp)) || !r.has("tp");
+    if (tp_ok && model_ok && ep_ok) {
+      for (auto& problem : validate_tp(t.model.config, e.tp, e.expert_parallel))
+        r.error(problem.rfind("expert parallelism needs", 0) == 0 ? "expert_parallel" : "tp", problem);
     }
     r.read("max_batch", e.max_batch, between(1, max_batch_limit));
     r.read("queue_limit", e.queue_limit, between(1, max_queue_limit));
@@ -635,6 +637,10 @@ void reader::read_engines(const map_reader& root) {
       for (const char* key : {"kv_block_tokens", "prefix_cache_blocks"})
         if (r.has(key))
           r.error(key, "applies to the built-in engine only; a vLLM server sets its own caches");
+      if (r.has("expert_parallel"))
+        r.error("expert_parallel",
+                "applies to the built-in engine only; a vLLM server is started with --enable-expert-parallel "
+                "(the adapter pulls whole tensors either way)");
       if (replicas != 1)
         r.error("replicas", "must be 1 for kind vllm: each server is its own entry with its own url");
     } else {

@@ -174,6 +174,9 @@ struct engine_spec {
   std::int64_t replica = 0;  // index within the group
   std::string node;
   std::int64_t tp = 1;
+  /// Experts placed whole over the tp workers (EP size = tp) instead of
+  /// sliced by tp; the built-in engine only, a mixture-of-experts model only.
+  bool expert_parallel = false;
   std::int64_t max_batch = 32;
   std::int64_t queue_limit = 256;
   std::int64_t kv_block_tokens = 16;

@@ -243,6 +243,25 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   CHECK(moe_printed.find("mlp_only_layers: [0]") != std::string::npos);
   CHECK(moe_printed.find("expert_layout: fused") != std::string::npos);
   CHECK(moe_printed.find("Qwen3-MoE layout") != std::string::npos);
+
+  // Expert parallelism: tp need not divide moe_intermediate_size, at most
+  // one worker per expert; the printed topology keeps the key.
+  const std::string moe = "    arch: qwen3_moe\n    layers: 2\n    hidden_size: 64\n    heads: 4\n    kv_heads: 2\n"
+                          "    intermediate_size: 128\n    experts: 6\n    moe_intermediate_size: 30\n";
+  auto moe_with = [&](const std::string& engines) { // engines on line 14
+    return "name: t\nmodel:\n  synthetic:\n" + moe + "nodes: [{name: a}, {name: b}]\ntrainer: {node: a}\n" + engines
+           + "\n" + insecure;
+  };
+  auto ep = parse_topology(moe_with("engines: [{name: e, node: a, tp: 4, expert_parallel: true}]"), "t.yaml", "/base");
+  CHECK(ep.engines.front().expert_parallel);
+  CHECK(to_yaml(ep).find("expert_parallel: true") != std::string::npos);
+  CHECK(to_yaml(m).find("expert_parallel") == std::string::npos);
+  CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 4}]")))
+        == "t.yaml:14:34: engines[0].tp: must divide moe_intermediate_size (30), got 4\n");
+  CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 2, expert_parallel: true, kind: vllm, "
+                                  "url: 'http://127.0.0.1:8000'}]")))
+        == "t.yaml:14:54: engines[0].expert_parallel: applies to the built-in engine only; a vLLM server is "
+           "started with --enable-expert-parallel (the adapter pulls whole tensors either way)\n");
 }
 
 TEST_CASE("topology errors: nodes") {
@@ -407,8 +426,8 @@ TEST_CASE("topology errors: trainer") {
 
 TEST_CASE("topology errors: engines") {
   const std::string engine_keys =
-    "name, node, replicas, tp, max_batch, queue_limit, kv_block_tokens, prefix_cache_blocks, kind, url, "
-    "api_key_file, weights_dir";
+    "name, node, replicas, tp, expert_parallel, max_batch, queue_limit, kv_block_tokens, prefix_cache_blocks, "
+    "kind, url, api_key_file, weights_dir";
   check_rows({
     {"typo never falls back to a default", with("engines", "engines:\n  - name: e\n    node: a\n    tpp: 2"),
      "t.yaml:8:5: engines[0].tpp: unknown key, did you mean 'tp'? (expected one of: " + engine_keys + ")"},
@@ -420,6 +439,11 @@ TEST_CASE("topology errors: engines") {
     {"tp in the second entry",
      with("engines", "engines:\n  - {name: e, node: a}\n  - {name: f, node: b, tp: 16}"),
      "t.yaml:7:28: engines[1].tp: must divide num_attention_heads (8), got 16"},
+    {"expert parallelism of a dense model", with("engines", "engines: [{name: e, node: a, expert_parallel: true}]"),
+     "t.yaml:5:47: engines[0].expert_parallel: expert parallelism needs a mixture-of-experts model (arch "
+     "qwen3_moe), not llama"},
+    {"expert_parallel not a boolean", with("engines", "engines: [{name: e, node: a, expert_parallel: 2}]"),
+     "t.yaml:5:47: engines[0].expert_parallel: expected true or false, got '2'"},
     {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),
      "t.yaml:5:34: engines[0].tp: must be positive, got 0"},
     {"zero replicas", with("engines", "engines: [{name: e, node: a, replicas: 0}]"),

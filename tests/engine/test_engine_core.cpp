@@ -38,7 +38,7 @@ struct harness {
 
   explicit harness(int tp = 1, engine_options opts = {}, model_config c = tiny_config())
     : config(c), v1(make_source(c, dtype::bf16, 1)), core(c, with_tp(opts, tp)) {
-    core.load(v1.load(tp), 1);
+    core.load(v1.load(tp, opts.expert_parallel), 1);
   }
 
   static engine_options with_tp(engine_options o, int tp) {
@@ -83,16 +83,38 @@ struct harness {
       REQUIRE(!core.apply_tensor(t));
     REQUIRE(!core.finish_update(version));
   }
+
+  /// The same through each worker's plan, as a sharded transfer delivers
+  /// it: per source tensor the worker's plan names, the replayed bytes.
+  void update_sharded(const source_weights& w, std::uint64_t version, int tp) {
+    REQUIRE(!core.start_update(version));
+    for (int worker = 0; worker < tp; ++worker)
+      for (const auto& spec : w.specs) {
+        std::vector<std::uint8_t> packed;
+        bool named = false;
+        for (const auto& e : core.worker_plan(worker).entries)
+          if (e.source == spec.name) {
+            auto bytes = replay(e, w.data(spec.name), w.type);
+            packed.insert(packed.end(), bytes.begin(), bytes.end());
+            named = true;
+          }
+        if (named)
+          REQUIRE(!core.apply_packed(worker, std::set<std::string>{spec.name}, packed.data(), packed.size()));
+      }
+    REQUIRE(!core.finish_update(version));
+  }
 };
 
 /// Greedy tokens of a fresh engine holding `w` for `prompt` followed by
 /// `prefix` (the tokens generated before a pause).
 std::vector<std::int32_t> fresh_greedy(const source_weights& w, int tp, const std::string& prompt,
-                                       const std::vector<std::int32_t>& prefix, std::uint32_t max_tokens) {
+                                       const std::vector<std::int32_t>& prefix, std::uint32_t max_tokens,
+                                       bool expert_parallel = false) {
   engine_options o;
   o.tp = tp;
+  o.expert_parallel = expert_parallel;
   engine_core core(w.config, o);
-  core.load(w.load(tp), 2);
+  core.load(w.load(tp, expert_parallel), 2);
   generate_request r;
   r.request_id = 1;
   r.prompt = encode(prompt);
@@ -386,32 +408,51 @@ TEST_CASE("sharded session: plan-packed groups give the same weights as loading 
 }
 
 TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals a fresh engine on the new weights, "
-          "Llama and Qwen3-MoE") {
-  for (const auto& config : {tiny_config(), test::tiny_moe_config(2), test::tiny_moe_config(1, true, true)})
-  for (int tp : {1, 2}) {
+          "Llama and Qwen3-MoE, experts sliced (tp) or placed whole (tp x ep)") {
+  struct row {
+    model_config config;
+    int tp;
+    bool expert_parallel;
+  };
+  std::vector<row> rows;
+  for (int tp : {1, 2})
+    for (const auto& config : {tiny_config(), test::tiny_moe_config(2), test::tiny_moe_config(1, true, true)})
+      rows.push_back({config, tp, false});
+  for (int tp : {2, 4}) // whole experts, updated through each worker's plan
+    for (const auto& config : {test::tiny_moe_config(2), test::tiny_moe_config_with(6, true)})
+      rows.push_back({config, tp, true});
+  for (const auto& [config, tp, ep] : rows) {
     for (std::size_t pause_after : {1u, 5u}) {
       for (const std::string prompt : {"policy version k", "async RL overlaps"}) {
         CAPTURE(to_string(config.arch));
         CAPTURE(config.fused_experts);
         CAPTURE(tp);
+        CAPTURE(ep);
         CAPTURE(pause_after);
         CAPTURE(prompt);
         const std::uint32_t max_tokens = 12;
-        harness h(tp, {}, config);
+        engine_options opts;
+        opts.expert_parallel = ep;
+        harness h(tp, opts, config);
         auto v2 = make_source(h.config, dtype::bf16, 2);
         REQUIRE(!h.add(1, prompt, max_tokens));
         h.run_until(1, pause_after);
         h.core.pause({pause_mode::keep, true});
         REQUIRE(h.core.poll_pause());
         h.core.flush();
-        h.update(v2, 2);
+        if (ep)
+          h.update_sharded(v2, 2, tp);
+        else
+          h.update(v2, 2);
         REQUIRE(!h.core.resume());
         h.drain();
         auto all = h.seen[1].ids();
         REQUIRE(all.size() == max_tokens);
         std::vector<std::int32_t> before(all.begin(), all.begin() + static_cast<long>(pause_after));
         std::vector<std::int32_t> after(all.begin() + static_cast<long>(pause_after), all.end());
-        CHECK(after == fresh_greedy(v2, tp, prompt, before, max_tokens));
+        CHECK(after == fresh_greedy(v2, tp, prompt, before, max_tokens, ep));
+        if (ep) // and so does a fresh engine of tp 1 with sliced experts: EP changes no bit
+          CHECK(after == fresh_greedy(v2, 1, prompt, before, max_tokens));
         // Every token after the pause was produced by V2 over fresh KV.
         for (std::size_t i = pause_after; i < max_tokens; ++i) {
           CHECK(h.seen[1].tokens[i].version == 2);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # rlsync generate on a synthetic checkpoint: JSON output, greedy determinism,
-# identical tokens for tp 1/2/4, bad flags exit 2 naming the flag, a missing
+# identical tokens for tp 1/2/4 (Llama, Qwen3, Qwen3-MoE separate and fused,
+# with and without expert parallelism), bad flags exit 2 naming the flag, a missing
 # checkpoint exits 1. Also a smoke run of `rlsync bench engine` on a tiny model.
 set -euo pipefail
 rlsync=$1
@@ -18,6 +19,29 @@ t1=$(tokens --tp 1)
 n=$(tr ',' '\n' <<<"$t1" | grep -c '[0-9]')
 [ "$n" -eq 12 ] || { echo "FAIL: expected 12 tokens, got $n: $t1"; exit 1; }
 
+# Qwen3 and Qwen3-MoE (separate and fused experts; 6 experts of 30 are placed
+# 2, 2, 1, 1 over four workers with expert parallelism, and 30 cannot be
+# sliced 4 ways without it): the same tokens for every tp, expert
+# parallelism on and off.
+"$rlsync" checkpoint make --out "$dir/q3" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3 --head-dim 32 \
+  --seed 3 >/dev/null
+"$rlsync" checkpoint make --out "$dir/moe" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3_moe \
+  --experts 6 --moe-intermediate 30 --seed 3 >/dev/null
+"$rlsync" checkpoint make --out "$dir/fused" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3_moe \
+  --experts 6 --moe-intermediate 30 --expert-layout fused --seed 3 >/dev/null
+for ck in q3 moe fused; do
+  base=$(tokens --tp 1 --checkpoint "$dir/$ck")
+  [ -n "$base" ] || { echo "FAIL: $ck: no tokens"; exit 1; }
+  [ "$(tokens --tp 2 --checkpoint "$dir/$ck")" = "$base" ] || { echo "FAIL: $ck: tp 2 differs from tp 1"; exit 1; }
+  [ "$ck" = q3 ] && continue
+  for tp in 1 2 4; do
+    [ "$(tokens --tp $tp --expert-parallel --checkpoint "$dir/$ck")" = "$base" ] \
+      || { echo "FAIL: $ck: tp $tp with expert parallelism differs from tp 1"; exit 1; }
+  done
+done
+"$rlsync" generate --checkpoint "$dir/moe" --prompt hi --max-tokens 2 --tp 2 --expert-parallel --json \
+  | grep -q '"tp":2,"expert_parallel":true' || { echo "FAIL: --json does not mark expert parallelism"; exit 1; }
+
 json=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 3 --json)
 for key in prompt_token_ids token_ids text finish_reason version_spans; do
   grep -q "\"$key\"" <<<"$json" || { echo "FAIL: --json lacks $key: $json"; exit 1; }
@@ -34,6 +58,13 @@ expect_exit() { # CODE PATTERN ARGS...
   grep -q -- "$pattern" <<<"$out" || { echo "FAIL: '$*' did not say '$pattern': $out"; exit 1; }
 }
 expect_exit 2 "--tp" generate --checkpoint "$dir/ck" --prompt x --tp 3
+expect_exit 2 "--tp: must divide moe_intermediate_size (30)" generate --checkpoint "$dir/moe" --prompt x --tp 4
+expect_exit 2 "--expert-parallel: expert parallelism needs a mixture-of-experts model" \
+  generate --checkpoint "$dir/ck" --prompt x --tp 2 --expert-parallel
+"$rlsync" checkpoint make --out "$dir/two" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3_moe \
+  --experts 2 --moe-intermediate 32 --seed 3 >/dev/null
+expect_exit 2 "--tp: with expert parallelism must be at most num_experts (2)" \
+  generate --checkpoint "$dir/two" --prompt x --tp 4 --expert-parallel
 expect_exit 2 "--temperature" generate --checkpoint "$dir/ck" --prompt x --temperature -1
 expect_exit 2 "--prompt" generate --checkpoint "$dir/ck"
 expect_exit 2 "unknown flag" generate --checkpoint "$dir/ck" --prompt x --bogus
