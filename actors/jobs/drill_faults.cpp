@@ -34,12 +34,24 @@ bool fault_has_end(const fault_spec& f) {
 }
 
 bool holds_layers_alone(const topology& t, const std::string& node) {
-  std::set<std::int64_t> here, elsewhere;
+  // What ranks hold: (layer, -1) for a layer's dense tensors, (layer, e)
+  // for expert e of a sparse layer when some rank holds only some experts.
+  const auto& c = t.model.config;
+  const bool split_experts = std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(),
+                                         [](const trainer_rank& r) { return r.experts.has_value(); });
+  std::set<std::pair<std::int64_t, std::int64_t>> here, elsewhere;
   for (const auto& r : t.trainer.ranks)
-    (r.node == node ? here : elsewhere).insert(r.layers.begin(), r.layers.end());
+    for (auto l : r.layers) {
+      auto& held = r.node == node ? here : elsewhere;
+      held.insert({l, -1});
+      if (split_experts && c.sparse_layer(l))
+        for (std::int64_t e = 0; e < c.num_experts; ++e)
+          if (!r.experts || std::binary_search(r.experts->begin(), r.experts->end(), e))
+            held.insert({l, e});
+    }
   if (t.trainer.ranks.empty() && t.trainer.node == node)
     return true;
-  return std::any_of(here.begin(), here.end(), [&](std::int64_t l) { return !elsewhere.count(l); });
+  return std::any_of(here.begin(), here.end(), [&](const auto& unit) { return !elsewhere.count(unit); });
 }
 
 std::int64_t engines_killed_at_once(const topology& t) {

@@ -84,6 +84,10 @@ struct topology_view {
       py::dict d;
       d["node"] = r.node;
       d["layers"] = r.layers;
+      if (r.experts)
+        d["experts"] = *r.experts;
+      else
+        d["experts"] = py::none();
       out.append(d);
     }
     return out;

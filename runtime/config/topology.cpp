@@ -138,6 +138,8 @@ struct reader {
   void read_trainer(const map_reader& root);
   void read_ranks(const map_reader& trainer);
   std::optional<std::vector<std::int64_t>> read_layers(const map_reader& rank);
+  std::optional<std::vector<std::int64_t>> read_indices(const map_reader& rank, const char* key, const std::string& unit,
+                                                        std::int64_t count, std::int64_t max_listed);
   void read_engines(const map_reader& root);
   void read_router(const map_reader& root);
   void read_vllm_server(const map_reader& r, engine_spec& e);
@@ -476,7 +478,7 @@ void reader::read_ranks(const map_reader& trainer) {
   // share one, and ranks holding the same layers are replicas of them.
   bool ok = true;
   for (auto& item : *items) {
-    map_reader r(d, item.node, item.path, {"node", "layers"}, trainer.mark("ranks"));
+    map_reader r(d, item.node, item.path, {"node", "layers", "experts"}, trainer.mark("ranks"));
     if (!r.valid()) {
       ok = false;
       continue;
@@ -491,6 +493,19 @@ void reader::read_ranks(const map_reader& trainer) {
       continue;
     }
     rank.layers = std::move(*held);
+    if (r.has("experts") && model_ok) {
+      const auto& c = t.model.config;
+      if (c.arch != model_arch::qwen3_moe) {
+        r.error("experts", "needs a mixture-of-experts model (arch qwen3_moe), not " + std::string(to_string(c.arch)));
+        ok = false;
+      } else if (c.fused_experts) {
+        r.error("experts", "the model's experts are fused (mlp.experts.gate_up_proj holds every expert of a "
+                           "layer): a rank holds all of a layer's experts or none");
+        ok = false;
+      } else if (!(rank.experts = read_indices(r, "experts", "expert", c.num_experts, max_experts))) {
+        ok = false;
+      }
+    }
     tr.ranks.push_back(std::move(rank));
   }
   if (!ok || !model_ok)
@@ -508,24 +523,49 @@ void reader::read_ranks(const map_reader& trainer) {
                              + format_layers(missing) + (missing.size() == 1 ? " is" : " are")
                              + " held by no rank (the model has " + std::to_string(layers)
                              + " layers)");
+  // Every expert of every sparse layer, by some rank holding that layer.
+  const auto& c = t.model.config;
+  if (!missing.empty() || c.arch != model_arch::qwen3_moe)
+    return;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    if (!c.sparse_layer(l))
+      continue;
+    std::vector<bool> held(static_cast<std::size_t>(c.num_experts), false);
+    for (auto& rank : tr.ranks)
+      if (std::binary_search(rank.layers.begin(), rank.layers.end(), l))
+        for (std::int64_t e = 0; e < c.num_experts; ++e)
+          if (!rank.experts || std::binary_search(rank.experts->begin(), rank.experts->end(), e))
+            held[static_cast<std::size_t>(e)] = true;
+    std::vector<std::int64_t> unheld;
+    for (std::int64_t e = 0; e < c.num_experts; ++e)
+      if (!held[static_cast<std::size_t>(e)])
+        unheld.push_back(e);
+    if (!unheld.empty()) {
+      trainer.error("ranks", "layer " + std::to_string(l) + ": " + (unheld.size() == 1 ? "expert " : "experts ")
+                               + format_layers(unheld) + (unheld.size() == 1 ? " is" : " are")
+                               + " held by no rank holding the layer (the model has "
+                               + std::to_string(c.num_experts) + " experts)");
+      return; // one layer says it; the others are usually the same
+    }
+  }
 }
 
 // `all`, a list of indices, or a range string "a-b" (inclusive; "a" alone is
-// one layer). Indices are checked against the model when its shape is known.
-std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& rank) {
-  if (!rank.require("layers"))
-    return std::nullopt;
-  const std::string path = rank.path("layers");
-  YAML::Node node = rank.get("layers");
-  const std::int64_t count = model_ok ? t.model.config.num_hidden_layers : 0;
-  const std::string expected = "expected `all`, a list of layer indices or a range like \"0-3\", got ";
+// one index) of a rank's `key` (layers, experts): `count` of them, each a
+// `unit`. Indices are checked against the model when its shape is known.
+std::optional<std::vector<std::int64_t>> reader::read_indices(const map_reader& rank, const char* key,
+                                                              const std::string& unit, std::int64_t count,
+                                                              std::int64_t max_listed) {
+  const std::string path = rank.path(key);
+  YAML::Node node = rank.get(key);
+  const std::string expected = "expected `all`, a list of " + unit + " indices or a range like \"0-3\", got ";
   std::vector<std::int64_t> layers;
   bool ok = true;
   auto in_range = [&](std::int64_t l, const YAML::Mark& at, const std::string& p) {
     if (!model_ok || l < count)
       return true;
-    d.add(at, p, "layer " + std::to_string(l) + " out of range: the model has " + std::to_string(count)
-                   + " layers (0-" + std::to_string(count - 1) + ")");
+    d.add(at, p, unit + " " + std::to_string(l) + " out of range: the model has " + std::to_string(count) + " "
+                   + unit + "s (0-" + std::to_string(count - 1) + ")");
     return false;
   };
   if (node.IsScalar()) {
@@ -542,15 +582,15 @@ std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& r
              && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
     };
     if (!digits(first) || !digits(last)) {
-      rank.error("layers", expected + describe(node));
+      rank.error(key, expected + describe(node));
       return std::nullopt;
     }
     std::int64_t a = std::stoll(first), b = std::stoll(last);
     if (a > b) {
-      rank.error("layers", "range start must not exceed its end, got '" + printable(text) + "'");
+      rank.error(key, "range start must not exceed its end, got '" + printable(text) + "'");
       return std::nullopt;
     }
-    if (!in_range(b, rank.mark("layers"), path))
+    if (!in_range(b, rank.mark(key), path))
       return std::nullopt;
     if (!model_ok)
       return layers; // unchecked: do not expand "0-999999999"
@@ -559,14 +599,14 @@ std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& r
     return layers;
   }
   if (!node.IsSequence()) {
-    rank.error("layers", expected + describe(node));
+    rank.error(key, expected + describe(node));
     return std::nullopt;
   }
-  // Each layer at most once: a longer list is wrong, and checking repeats
+  // Each index at most once: a longer list is wrong, and checking repeats
   // in it would take quadratic time.
-  if (node.size() > static_cast<std::size_t>(max_hidden_layers)) {
-    rank.error("layers", "must list at most " + std::to_string(max_hidden_layers) + " layers, got "
-                           + std::to_string(node.size()));
+  if (node.size() > static_cast<std::size_t>(max_listed)) {
+    rank.error(key, "must list at most " + std::to_string(max_listed) + " " + unit + "s, got "
+                      + std::to_string(node.size()));
     return std::nullopt;
   }
   std::size_t i = 0;
@@ -579,7 +619,7 @@ std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& r
       continue;
     }
     if (std::find(layers.begin(), layers.end(), *l) != layers.end()) {
-      d.add(item.Mark(), item_path, "layer " + std::to_string(*l) + " is listed twice");
+      d.add(item.Mark(), item_path, unit + " " + std::to_string(*l) + " is listed twice");
       ok = false;
       continue;
     }
@@ -588,11 +628,17 @@ std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& r
   if (!ok)
     return std::nullopt;
   if (layers.empty()) {
-    rank.error("layers", "must name at least one layer");
+    rank.error(key, "must name at least one " + unit);
     return std::nullopt;
   }
   std::sort(layers.begin(), layers.end());
   return layers;
+}
+
+std::optional<std::vector<std::int64_t>> reader::read_layers(const map_reader& rank) {
+  if (!rank.require("layers"))
+    return std::nullopt;
+  return read_indices(rank, "layers", "layer", model_ok ? t.model.config.num_hidden_layers : 0, max_hidden_layers);
 }
 
 void reader::read_engines(const map_reader& root) {

@@ -148,6 +148,10 @@ struct cluster_spec {
 struct trainer_rank {
   std::string node;
   std::vector<std::int64_t> layers; // ascending, no repeats
+  /// Qwen3-MoE with separate expert tensors: the experts this rank holds of
+  /// each of its sparse layers (expert parallelism in the trainer),
+  /// ascending, no repeats; nullopt: all of them.
+  std::optional<std::vector<std::int64_t>> experts;
 };
 
 struct trainer_spec {

@@ -117,7 +117,14 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "layers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (auto l : r.layers)
       out << i64(l);
-    out << YAML::EndSeq << YAML::EndMap;
+    out << YAML::EndSeq;
+    if (r.experts) {
+      out << YAML::Key << "experts" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (auto e : *r.experts)
+        out << i64(e);
+      out << YAML::EndSeq;
+    }
+    out << YAML::EndMap;
   }
   out << YAML::EndSeq << YAML::EndMap;
 

@@ -50,6 +50,24 @@ std::vector<tensor_spec> group_members(const model_config& c, const std::vector<
   return out;
 }
 
+std::optional<std::int64_t> expert_of(const std::string& name) {
+  static const std::string marker = ".mlp.experts.";
+  if (name.compare(0, 13, "model.layers.") != 0)
+    return std::nullopt;
+  const auto at = name.find(marker);
+  if (at == std::string::npos)
+    return std::nullopt;
+  std::size_t i = at + marker.size(), digits = 0;
+  std::int64_t e = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && digits < 9) {
+    e = e * 10 + (name[i++] - '0');
+    ++digits;
+  }
+  if (digits == 0 || i >= name.size() || name[i] != '.')
+    return std::nullopt; // "mlp.experts.gate_up_proj": fused, every expert
+  return e;
+}
+
 std::vector<std::uint32_t> groups_of_layers(const model_config& c, const std::vector<std::int64_t>& layers) {
   std::vector<std::uint32_t> out;
   for (auto l : layers) {

@@ -10,6 +10,7 @@
 #include "runtime/config/model_config.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ std::uint32_t group_of(const model_config& c, const std::string& name);
 /// Throws what group_of throws, and std::out_of_range for g >= L.
 std::vector<tensor_spec> group_members(const model_config& c, const std::vector<tensor_spec>& specs,
                                        std::uint32_t g);
+
+/// The expert whose tensor `name` is (model.layers.N.mlp.experts.E.*, the
+/// separate layout); nullopt for every other name, fused expert tensors
+/// included (they hold every expert of their layer).
+std::optional<std::int64_t> expert_of(const std::string& name);
 
 /// The groups a trainer rank holding pipeline layers `layers` holds: layer l
 /// is group l. Sorted, duplicates removed; throws std::out_of_range for a

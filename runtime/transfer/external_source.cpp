@@ -78,7 +78,7 @@ std::shared_ptr<std::uint8_t> external_source::buffer_for(const std::string& wha
 }
 
 external_source::external_source(external_options o)
-    : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)),
+    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),
       spares_(std::make_shared<spare_buffers>()) {
   for (auto& s : llama_parameter_specs(config(), options_.type)) {
     parameter_names_.insert(s.name);
@@ -137,6 +137,10 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (!std::binary_search(held_groups().begin(), held_groups().end(), group))
       throw std::invalid_argument(where + ": layer " + std::to_string(group) + " is not held by " + who
                                   + " (it holds layers " + ranges_of(held_groups()) + ")");
+    if (!holds(t.name)) // a held layer, but another rank's expert
+      throw std::invalid_argument(where + ": expert " + std::to_string(plan::expert_of(t.name).value_or(-1))
+                                  + " is not held by " + who + " (it holds experts "
+                                  + format_layers(*held_experts()) + ")");
     if (!given.emplace(t.name, &t).second)
       throw std::invalid_argument(where + ": given twice");
   }
@@ -224,6 +228,7 @@ std::shared_ptr<external_source> make_external_source(const topology& t, std::si
   o.config = t.model.config;
   o.type = external_weights_dtype(t);
   o.held_layers = t.trainer.ranks[rank].layers;
+  o.held_experts = t.trainer.ranks[rank].experts;
   o.allow_nonfinite = allow_nonfinite;
   o.who = "trainer rank " + std::to_string(rank);
   return std::make_shared<external_source>(std::move(o));

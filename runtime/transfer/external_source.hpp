@@ -41,6 +41,7 @@ struct external_options {
   model_config config;
   dtype type = dtype::bf16; ///< every tensor pushed must have it (what engines record plans in)
   std::optional<std::vector<std::int64_t>> held_layers;
+  std::optional<std::vector<std::int64_t>> held_experts; ///< nullopt: every expert of its layers
   std::size_t keep_versions = 2;
   bool allow_nonfinite = false;
   unsigned copy_threads = 2; ///< threads copying one push

@@ -204,15 +204,15 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_buffer(std::uint64_
 }
 
 std::shared_ptr<const weight_snapshot> weight_snapshot::from_checkpoint(std::uint64_t version, checkpoint ckpt,
-                                                                        const std::vector<std::uint32_t>& held_groups) {
+                                                                        const std::function<bool(const std::string&)>& held) {
   auto owned = std::make_shared<checkpoint>(std::move(ckpt));
   std::shared_ptr<weight_snapshot> s(new weight_snapshot);
   s->version_ = version;
   s->config_ = owned->config();
   std::vector<tensor_view> views;
   for (const auto& e : owned->tensors()) {
-    const std::uint32_t g = plan::group_of(s->config_, e.tensor->name);
-    if (std::binary_search(held_groups.begin(), held_groups.end(), g))
+    plan::group_of(s->config_, e.tensor->name); // throws for a name in no group
+    if (held(e.tensor->name))
       views.push_back(*e.tensor);
   }
   // Parameter order within a group, whatever the files' order.
@@ -255,21 +255,35 @@ std::uint64_t weight_snapshot::group_bytes(std::uint32_t g) const {
 // -- weight_source ----------------------------------------------------------------------
 
 weight_source::weight_source(model_config c, const std::optional<std::vector<std::int64_t>>& held_layers,
-                             std::size_t keep_versions)
-    : config_(std::move(c)), keep_(std::max<std::size_t>(1, keep_versions)) {
+                             std::size_t keep_versions, std::optional<std::vector<std::int64_t>> held_experts)
+    : config_(std::move(c)), experts_(std::move(held_experts)), keep_(std::max<std::size_t>(1, keep_versions)) {
   if (auto problems = validate(config_); !problems.empty())
     throw std::invalid_argument("weight source: invalid model: " + join_lines(problems));
   held_ = held_layers ? plan::groups_of_layers(config_, *held_layers) : all_groups(config_);
   if (held_.empty())
     throw std::invalid_argument("weight source: holds no layer");
+  if (experts_) {
+    if (config_.arch != model_arch::qwen3_moe || config_.fused_experts)
+      throw std::invalid_argument("weight source: holds some experts, but the model has no separate expert tensors");
+    std::sort(experts_->begin(), experts_->end());
+    experts_->erase(std::unique(experts_->begin(), experts_->end()), experts_->end());
+    if (experts_->empty() || experts_->front() < 0 || experts_->back() >= config_.num_experts)
+      throw std::invalid_argument("weight source: held experts must be in [0, "
+                                  + std::to_string(config_.num_experts) + ")");
+  }
 }
 
 bool weight_source::holds(const std::string& name) const {
   try {
-    return std::binary_search(held_.begin(), held_.end(), plan::group_of(config_, name));
+    if (!std::binary_search(held_.begin(), held_.end(), plan::group_of(config_, name)))
+      return false;
   } catch (const std::invalid_argument&) {
     return false;
   }
+  if (!experts_)
+    return true;
+  const auto e = plan::expert_of(name);
+  return !e || std::binary_search(experts_->begin(), experts_->end(), *e);
 }
 
 snapshot_ptr weight_source::latest() const {
@@ -325,7 +339,7 @@ void weight_source::publish(snapshot_ptr s) {
 // -- synthetic_source -------------------------------------------------------------------
 
 synthetic_source::synthetic_source(synthetic_options o)
-    : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)) {
+    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)) {
   if (!std::isfinite(options_.perturb))
     throw std::invalid_argument("synthetic weight source: perturbation must be finite");
   if (!options_.initial_checkpoint.empty()) {
@@ -490,7 +504,7 @@ void mark_step_complete(const std::string& step_dir) {
 }
 
 checkpoint_dir_source::checkpoint_dir_source(checkpoint_dir_options o)
-    : weight_source(o.config, o.held_layers, o.keep_versions), options_(std::move(o)) {
+    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)) {
   if (options_.dir.empty())
     throw std::invalid_argument("checkpoint directory source: no directory");
   seen_type_ = options_.type;
@@ -604,7 +618,8 @@ snapshot_ptr checkpoint_dir_source::poll() {
     problems.insert(problems.end(), layout.begin(), layout.end());
     if (!problems.empty())
       throw checkpoint_error(path + ": " + join_lines(problems));
-    auto snapshot = weight_snapshot::from_checkpoint(*newest, std::move(ck), held_groups());
+    auto snapshot =
+      weight_snapshot::from_checkpoint(*newest, std::move(ck), [this](const std::string& n) { return holds(n); });
     if (!options_.allow_nonfinite)
       if (auto problem = first_nonfinite(snapshot->tensors()); !problem.empty())
         throw checkpoint_error(path + ": " + problem);
@@ -628,9 +643,11 @@ snapshot_ptr checkpoint_dir_source::poll() {
 
 std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t rank) {
   const trainer_spec& tr = t.trainer;
-  std::optional<std::vector<std::int64_t>> held;
-  if (rank < tr.ranks.size())
+  std::optional<std::vector<std::int64_t>> held, experts;
+  if (rank < tr.ranks.size()) {
     held = tr.ranks[rank].layers;
+    experts = tr.ranks[rank].experts;
+  }
   else if (!tr.ranks.empty())
     throw std::out_of_range("weight source: trainer rank " + std::to_string(rank) + " of "
                             + std::to_string(tr.ranks.size()));
@@ -644,6 +661,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
     o.dir = tr.dir;
     o.type = t.model.weights_dtype;
     o.held_layers = held;
+    o.held_experts = experts;
     o.allow_nonfinite = tr.allow_nonfinite;
     return std::make_shared<checkpoint_dir_source>(std::move(o));
   }
@@ -655,6 +673,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   o.trainer_seed = tr.seed;
   o.perturb = tr.perturb;
   o.held_layers = held;
+  o.held_experts = experts;
   o.allow_nonfinite = tr.allow_nonfinite;
   return std::make_shared<synthetic_source>(std::move(o));
 }

@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -71,9 +72,9 @@ public:
                                                             std::shared_ptr<const std::uint8_t> storage,
                                                             std::uint64_t size);
   /// Views into a checkpoint read into memory (kept alive by the snapshot), restricted
-  /// to the tensors of `held_groups`.
+  /// to the tensors `held` says are held.
   static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
-                                                                const std::vector<std::uint32_t>& held_groups);
+                                                                const std::function<bool(const std::string&)>& held);
 
   std::uint64_t version() const { return version_; }
   const model_config& config() const { return config_; }
@@ -121,8 +122,11 @@ public:
   /// The groups this source holds, ascending (all unless a held-layers filter).
   const std::vector<std::uint32_t>& held_groups() const { return held_; }
   /// Whether tensor `name` is among those this source holds (false for a
-  /// name that is not a parameter of the model).
+  /// name that is not a parameter of the model): in a held group and, for an
+  /// expert's tensor, of a held expert.
   bool holds(const std::string& name) const;
+  /// The experts held of every held sparse layer, ascending; nullopt: all.
+  const std::optional<std::vector<std::int64_t>>& held_experts() const { return experts_; }
   /// Metadata of every parameter held (name, dtype, full shape), in
   /// parameter order.
   virtual std::vector<tensor_spec> parameters() const = 0;
@@ -148,8 +152,10 @@ public:
   std::uint64_t pinned() const;
 
 protected:
+  /// Throws std::invalid_argument for held experts of a model without
+  /// separate expert tensors, or outside [0, num_experts).
   weight_source(model_config c, const std::optional<std::vector<std::int64_t>>& held_layers,
-                std::size_t keep_versions);
+                std::size_t keep_versions, std::optional<std::vector<std::int64_t>> held_experts = std::nullopt);
   /// Adds `s` as the newest version, dropping the oldest beyond keep_versions.
   /// Throws std::logic_error unless its version exceeds the latest.
   void publish(snapshot_ptr s);
@@ -157,6 +163,7 @@ protected:
 private:
   model_config config_;
   std::vector<std::uint32_t> held_;
+  std::optional<std::vector<std::int64_t>> experts_;
   std::size_t keep_;
   mutable std::mutex mutex_;
   std::deque<snapshot_ptr> versions_; // ascending
@@ -173,6 +180,8 @@ struct synthetic_options {
   double perturb = 0.01;
   /// Pipeline layers this rank holds; nullopt holds every layer.
   std::optional<std::vector<std::int64_t>> held_layers;
+  /// Experts this rank holds of every held sparse layer; nullopt holds all.
+  std::optional<std::vector<std::int64_t>> held_experts;
   std::size_t keep_versions = 2;
   bool allow_nonfinite = false; ///< for an initial checkpoint holding NaN or infinity
   unsigned threads = 0; ///< generating threads; 0: min(hardware threads, 8)
@@ -236,6 +245,8 @@ struct checkpoint_dir_options {
   /// The dtype every step must have; nullopt accepts the first step's.
   std::optional<dtype> type;
   std::optional<std::vector<std::int64_t>> held_layers;
+  /// Experts this rank holds of every held sparse layer; nullopt holds all.
+  std::optional<std::vector<std::int64_t>> held_experts;
   std::size_t keep_versions = 2;
   /// A step that fails to load is retried after retry_initial, doubling up
   /// to retry_max, until retry_for has passed since its first failure.

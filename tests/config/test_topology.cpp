@@ -256,6 +256,36 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   CHECK(ep.engines.front().expert_parallel);
   CHECK(to_yaml(ep).find("expert_parallel: true") != std::string::npos);
   CHECK(to_yaml(m).find("expert_parallel") == std::string::npos);
+  // Trainer ranks holding experts: two halves of every sparse layer's
+  // experts; every expert of every sparse layer must be held.
+  const std::string engines = "engines: [{name: e, node: a}]";
+  auto ranks_with = [&](const std::string& ranks) { // ranks on line 13
+    return "name: t\nmodel:\n  synthetic:\n" + moe + "nodes: [{name: a}, {name: b}]\ntrainer: {node: a, ranks: "
+           + ranks + "}\n" + engines + "\n" + insecure;
+  };
+  auto halves = parse_topology(ranks_with("[{layers: all, experts: 0-2}, {node: b, layers: all, experts: [5, 3, 4]}]"),
+                               "t.yaml", "/base");
+  REQUIRE(halves.trainer.ranks.size() == 2);
+  CHECK(halves.trainer.ranks[0].experts == std::vector<std::int64_t>{0, 1, 2});
+  CHECK(halves.trainer.ranks[1].experts == std::vector<std::int64_t>{3, 4, 5});
+  CHECK(to_yaml(halves).find("experts: [3, 4, 5]") != std::string::npos);
+  CHECK_FALSE(parse_topology(ranks_with("[{layers: all}]"), "t.yaml", "/base").trainer.ranks[0].experts);
+  CHECK(joined(errors_of(ranks_with("[{layers: all, experts: 0-2}, {node: b, layers: all, experts: 3-4}]")))
+        == "t.yaml:13:27: trainer.ranks: layer 0: expert 5 is held by no rank holding the layer (the model has 6 "
+           "experts)\n");
+  CHECK(joined(errors_of(ranks_with("[{layers: 0, experts: 0-5}, {node: b, layers: 1, experts: 0-2}]")))
+        == "t.yaml:13:27: trainer.ranks: layer 1: experts 3-5 are held by no rank holding the layer (the model has 6 "
+           "experts)\n");
+  CHECK(joined(errors_of(ranks_with("[{layers: all, experts: [0, 6]}]")))
+        == "t.yaml:13:55: trainer.ranks[0].experts[1]: expert 6 out of range: the model has 6 experts (0-5)\n");
+  auto fused = moe + "    expert_layout: fused\n";
+  CHECK(joined(errors_of("name: t\nmodel:\n  synthetic:\n" + fused + "nodes: [{name: a}]\ntrainer: {node: a, ranks: "
+                         "[{layers: all, experts: 0-2}, {layers: all, experts: 3-5}]}\n" + engines + "\n"))
+        == "t.yaml:14:51: trainer.ranks[0].experts: the model's experts are fused (mlp.experts.gate_up_proj holds "
+           "every expert of a layer): a rank holds all of a layer's experts or none\n"
+           "t.yaml:14:80: trainer.ranks[1].experts: the model's experts are fused (mlp.experts.gate_up_proj holds "
+           "every expert of a layer): a rank holds all of a layer's experts or none\n");
+
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 4}]")))
         == "t.yaml:14:34: engines[0].tp: must divide moe_intermediate_size (30), got 4\n");
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 2, expert_parallel: true, kind: vllm, "
@@ -394,7 +424,7 @@ TEST_CASE("topology errors: trainer") {
     {"a rank whose node is not a name", with("trainer", "trainer: {node: a, ranks: [{node: [b], layers: all}]}"),
      "t.yaml:4:35: trainer.ranks[0].node: expected a string, got a list"},
     {"a rank with an unknown key", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1, stage: 0}, {layers: 2-3}]}"),
-     "t.yaml:4:42: trainer.ranks[0].stage: unknown key (expected one of: node, layers)"},
+     "t.yaml:4:42: trainer.ranks[0].stage: unknown key (expected one of: node, layers, experts)"},
     {"the second rank out of range", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {node: b, layers: 2-4}]}"),
      "t.yaml:4:61: trainer.ranks[1].layers: layer 4 out of range: the model has 4 layers (0-3)"},
     {"two ranks leaving a layer unheld", with("trainer", "trainer: {node: a, ranks: [{layers: 0-1}, {node: b, layers: 3}]}"),
@@ -403,6 +433,8 @@ TEST_CASE("topology errors: trainer") {
      "t.yaml:4:50: trainer.ranks[0].layers[4]: layer 9 out of range: the model has 4 layers (0-3)"},
     {"range out of range", with("trainer", "trainer: {node: a, ranks: [{layers: 0-4}]}"),
      "t.yaml:4:37: trainer.ranks[0].layers: layer 4 out of range: the model has 4 layers (0-3)"},
+    {"experts of a dense model", with("trainer", "trainer: {node: a, ranks: [{layers: all, experts: 0-3}]}"),
+     "t.yaml:4:51: trainer.ranks[0].experts: needs a mixture-of-experts model (arch qwen3_moe), not llama"},
     {"layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: [0, 1, 3]}]}"),
      "t.yaml:4:27: trainer.ranks: layer 2 is held by no rank (the model has 4 layers)"},
     {"several layers not covered", with("trainer", "trainer: {node: a, ranks: [{layers: [1]}]}"),

@@ -50,8 +50,10 @@ inline std::shared_ptr<transfer::synthetic_source> small_source(const model_conf
 
 /// What engine::load_weights makes of a snapshot: the reference every
 /// transfer must reproduce exactly.
-inline std::shared_ptr<engine::weight_set> loaded(const transfer::weight_snapshot& s, int tp) {
-  auto set = engine::weight_set::make(s.config(), tp, s.tensors().empty() ? dtype::bf16 : s.tensors().front().type);
+inline std::shared_ptr<engine::weight_set> loaded(const transfer::weight_snapshot& s, int tp,
+                                                  bool expert_parallel = false) {
+  auto set = engine::weight_set::make(s.config(), tp, s.tensors().empty() ? dtype::bf16 : s.tensors().front().type,
+                                      expert_parallel);
   engine::load_weights(s.tensors(), *set);
   return set;
 }

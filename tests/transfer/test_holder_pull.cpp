@@ -11,6 +11,7 @@
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
+#include "tests/support/engine_fixtures.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
@@ -29,7 +30,8 @@ using rlsync::test::in;
 
 namespace {
 
-std::shared_ptr<synthetic_source> source_holding(const model_config& c, std::optional<std::vector<std::int64_t>> layers) {
+std::shared_ptr<synthetic_source> source_holding(const model_config& c, std::optional<std::vector<std::int64_t>> layers,
+                                                 std::optional<std::vector<std::int64_t>> experts = std::nullopt) {
   synthetic_options o;
   o.config = c;
   o.type = dtype::bf16;
@@ -39,6 +41,7 @@ std::shared_ptr<synthetic_source> source_holding(const model_config& c, std::opt
   o.keep_versions = 2;
   o.threads = 2;
   o.held_layers = std::move(layers);
+  o.held_experts = std::move(experts);
   return std::make_shared<synthetic_source>(std::move(o));
 }
 
@@ -87,13 +90,16 @@ struct mn_engine {
   std::vector<std::shared_ptr<producer_link>> links;
   std::mutex mutex;
   std::map<int, std::set<std::uint32_t>> received; // worker -> groups the sink saw
+  std::map<int, std::uint64_t> received_bytes;      // worker -> packed bytes the sink saw
   bool twice = false;                               // a group reached the sink twice for one worker
 
   mn_engine(std::string n, const model_config& c, int tp,
-            const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>>& producers)
-      : name(std::move(n)), config(c), weights(engine::weight_set::make(c, tp, dtype::bf16)) {
+            const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>>& producers,
+            bool expert_parallel = false)
+      : name(std::move(n)), config(c), weights(engine::weight_set::make(c, tp, dtype::bf16, expert_parallel)) {
     for (int w = 0; w < tp; ++w) {
-      plans.push_back(std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
+      plans.push_back(
+        std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16, expert_parallel)));
       grouped.emplace_back(c, plans.back());
     }
     for (const auto& [h, p] : producers)
@@ -104,7 +110,7 @@ struct mn_engine {
     group_sink s;
     s.on_group = [this](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
       engine::apply_group(grouped[static_cast<std::size_t>(w)], g, bytes, size, weights->workers[static_cast<std::size_t>(w)]);
-      note(w, g);
+      note(w, g, size);
     };
     s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
       auto& dst = weights->workers[static_cast<std::size_t>(w)];
@@ -117,14 +123,16 @@ struct mn_engine {
     return s;
   }
 
-  void note(int w, std::uint32_t g) {
+  void note(int w, std::uint32_t g, std::size_t size) {
     std::lock_guard<std::mutex> lock(mutex);
     twice = twice || !received[w].insert(g).second;
+    received_bytes[w] += size;
   }
 
   transfer_report pull(std::uint64_t v, transfer_mode mode = transfer_mode::sharded,
                        std::chrono::milliseconds deadline = 10s) {
     received.clear();
+    received_bytes.clear();
     return pull_from_holders(config, {name, v, mode, in(deadline)}, plans, links, sink());
   }
 };
@@ -203,6 +211,45 @@ TEST_CASE("M:N pull from two pipeline halves gives every worker the single-rank 
       CHECK(report.groups == 4);
       CHECK(report.engine == "rollout-0");
       CHECK(report.version == 2);
+    }
+}
+
+TEST_CASE("M:N pull, EP-local: two ranks holding different experts of the same blocks") {
+  // Expert parallelism in the trainer: both ranks hold every layer's dense
+  // tensors, each half of every sparse layer's experts. Each engine worker
+  // pulls each expert from the rank holding it and receives exactly what its
+  // loader writes: with expert parallelism only its own experts, whole.
+  const model_config c = test::tiny_moe_config(2); // 8 experts, layers 1-3 sparse
+  auto full = source_holding(c, std::nullopt);
+  auto low = source_holding(c, std::nullopt, std::vector<std::int64_t>{0, 1, 2, 3});
+  auto high = source_holding(c, std::nullopt, std::vector<std::int64_t>{4, 5, 6, 7});
+  for (auto& s : {full, low, high})
+    s->produce_next();
+  auto tl = std::make_shared<local_transfer>(low);
+  auto th = std::make_shared<local_transfer>(high);
+  const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers = {
+    {holding_of(0, *low), tl}, {holding_of(1, *high), th}};
+  for (bool ep : {false, true})
+    for (int tp : {1, 2, 4}) {
+      CAPTURE(ep);
+      CAPTURE(tp);
+      mn_engine e("rollout-0", c, tp, producers, ep);
+      auto report = e.pull(1);
+      test::check_identical(*e.weights, *test::loaded(*full->find(1), tp, ep));
+      CHECK_FALSE(e.twice);
+      std::uint64_t total = 0;
+      for (int w = 0; w < tp; ++w) {
+        CHECK(e.received_bytes[w] == plan::bytes_per_worker(*e.plans[static_cast<std::size_t>(w)]));
+        total += e.received_bytes[w];
+      }
+      CHECK(report.bytes == total);
+      if (ep) // worker 0's plan names its own experts only: it never gathers another's
+        for (const auto& entry : e.plans[0]->entries)
+          if (auto x = plan::expert_of(entry.source))
+            CHECK(*x < 8 / tp);
+      auto b = e.pull(1, transfer_mode::broadcast);
+      test::check_identical(*e.weights, *test::loaded(*full->find(1), tp, ep));
+      CHECK(b.groups == static_cast<std::uint32_t>(c.num_hidden_layers));
     }
 }
 

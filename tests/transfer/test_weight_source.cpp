@@ -5,6 +5,7 @@
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
+#include "tests/support/engine_fixtures.hpp"
 #include "tests/support/scratch_dir.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
@@ -143,6 +144,42 @@ TEST_CASE("synthetic source with a held-layers filter holds those groups only") 
                     return bad;
                   }()),
                   std::out_of_range);
+}
+
+TEST_CASE("synthetic source holding some experts: the layers' dense tensors and those experts only") {
+  const model_config c = test::tiny_moe_config(2); // 8 experts, layer 0 dense
+  synthetic_options o;
+  o.config = c;
+  o.held_experts = std::vector<std::int64_t>{6, 2, 3};
+  synthetic_source rank(o);
+  o.held_experts.reset();
+  synthetic_source full(o);
+  CHECK(rank.held_experts() == std::vector<std::int64_t>{2, 3, 6});
+  CHECK(rank.holds("model.layers.1.mlp.experts.2.up_proj.weight"));
+  CHECK(rank.holds("model.layers.1.mlp.gate.weight")); // the router: every rank of the layer
+  CHECK(rank.holds("model.layers.1.self_attn.q_proj.weight"));
+  CHECK(rank.holds("model.layers.0.mlp.down_proj.weight")); // a dense layer
+  CHECK_FALSE(rank.holds("model.layers.1.mlp.experts.4.down_proj.weight"));
+  auto part = rank.produce_next();
+  auto all = full.produce_next();
+  std::size_t experts = 0;
+  for (const auto& t : part->tensors()) {
+    CHECK(bytes_of(t) == bytes_of(all->at(t.name)));
+    if (auto e = plan::expert_of(t.name)) {
+      CHECK((*e == 2 || *e == 3 || *e == 6));
+      ++experts;
+    }
+  }
+  CHECK(experts == 3 * 3 * static_cast<std::size_t>(c.num_hidden_layers - 1)); // gate, up, down of each sparse layer
+  CHECK(part->tensors().size() + 5 * 3 * static_cast<std::size_t>(c.num_hidden_layers - 1) == all->tensors().size());
+  CHECK(plan::expert_of("model.layers.1.mlp.experts.12.gate_proj.weight") == 12);
+  CHECK_FALSE(plan::expert_of("model.layers.1.mlp.experts.gate_up_proj"));
+  CHECK_FALSE(plan::expert_of("model.layers.1.mlp.gate.weight"));
+  auto bad = o;
+  bad.held_experts = std::vector<std::int64_t>{8};
+  CHECK_THROWS_WITH_AS(synthetic_source{bad}, doctest::Contains("must be in [0, 8)"), std::invalid_argument);
+  bad.config = test::tiny_moe_config(2, true, /*fused=*/true);
+  CHECK_THROWS_WITH_AS(synthetic_source{bad}, doctest::Contains("no separate expert tensors"), std::invalid_argument);
 }
 
 TEST_CASE("synthetic source can start from a checkpoint") {
