@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace rlsync {
 
@@ -18,9 +19,11 @@ std::vector<engine_verification> verify_weights(const topology& t,
                                                 const std::vector<const transfer::weight_source*>& sources,
                                                 const std::vector<weight_digest>& digests) {
   std::vector<engine_verification> out;
-  // The trainer's weights through the engines' own loader, per (version, tp).
-  std::map<std::pair<std::uint64_t, std::int64_t>, std::map<std::string, std::uint64_t>> reference;
-  std::map<std::pair<std::uint64_t, std::int64_t>, std::string> incomplete; // why no reference was made
+  // The trainer's weights through the engines' own loader, per (version, tp,
+  // expert parallelism): the shards each such engine holds.
+  using shape_key = std::tuple<std::uint64_t, std::int64_t, bool>;
+  std::map<shape_key, std::map<std::string, std::uint64_t>> reference;
+  std::map<shape_key, std::string> incomplete; // why no reference was made
   for (const auto& digest : digests) {
     engine_verification v;
     v.engine = digest.engine;
@@ -32,7 +35,7 @@ std::vector<engine_verification> verify_weights(const topology& t,
     } else if (digest.names.empty()) {
       v.error = "no checksums (no weights, or no answer in time)";
     } else {
-      auto key = std::make_pair(v.version, spec->tp);
+      auto key = std::make_tuple(v.version, spec->tp, spec->expert_parallel);
       if (!reference.count(key) && !incomplete.count(key)) {
         // Every rank's tensors of that version, each name once (replicas of
         // a layer range hold the same bytes; the coordinator checks that).
@@ -57,7 +60,8 @@ std::vector<engine_verification> verify_weights(const topology& t,
           try { // ranks that together miss a tensor make no reference
             // Stored as the engines store what the trainer sends: in its dtype.
             const dtype stored = tensors.empty() ? dtype::bf16 : tensors.front()->type;
-            auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp), stored);
+            auto set = engine::weight_set::make(t.model.config, static_cast<int>(spec->tp), stored,
+                                                spec->expert_parallel);
             engine::load_weights(tensors, *set);
             reference[key] = engine::weight_checksums(*set);
           } catch (const std::exception& e) {

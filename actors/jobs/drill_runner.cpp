@@ -387,7 +387,12 @@ private:
       note("drill: the workload did not finish its outstanding requests within 120 s");
       wr.failed = 1;
     }
-    auto end = finish_job(sys_, t_, {d_.router, d_.coordinator, d_.trainer.actor, d_.trainer.source});
+    job_handles handles{d_.router, d_.coordinator, d_.trainer.actor, d_.trainer.source, {}, {}, {}};
+    for (const auto& r : d_.ranks) { // several ranks: each frozen, all together the reference
+      handles.ranks.push_back(r.trainer.actor);
+      handles.sources.push_back(r.trainer.source);
+    }
+    auto end = finish_job(sys_, t_, handles);
     if (!end.error.empty())
       note("drill: the final round: " + end.error);
     caf::scoped_actor self{sys_};
