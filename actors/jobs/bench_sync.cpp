@@ -114,6 +114,25 @@ std::uint64_t engine_bytes(const model_config& c, const engine_spec& e, transfer
   return total;
 }
 
+std::vector<worker_bytes> bytes_per_worker(const model_config& c, const topology& t) {
+  std::vector<worker_bytes> out;
+  for (const auto& e : t.engines) {
+    if (std::any_of(out.begin(), out.end(),
+                    [&](const worker_bytes& b) { return b.tp == e.tp && b.expert_parallel == e.expert_parallel; }))
+      continue;
+    worker_bytes b{e.tp, e.expert_parallel, 0, ~std::uint64_t{0}, bf16_model_bytes(c)};
+    for (int w = 0; w < e.tp; ++w) {
+      std::uint64_t n = 0;
+      for (const auto& entry : engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel).entries)
+        n += entry.bytes();
+      b.sharded_max = std::max(b.sharded_max, n);
+      b.sharded_min = std::min(b.sharded_min, n);
+    }
+    out.push_back(b);
+  }
+  return out;
+}
+
 light_budget light_of(const topology& t, const model_config& model, transfer_mode mode, double memcpy_gbps,
                       double ucx_gbps) {
   light_budget b;
@@ -496,7 +515,8 @@ std::string node_yaml(const topology& t) {
   }
   y << "}\nengines:\n";
   for (const auto& e : t.engines)
-    y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp << ", max_batch: " << e.max_batch
+    y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp
+      << (e.expert_parallel ? ", expert_parallel: true" : "") << ", max_batch: " << e.max_batch
       << ", queue_limit: " << e.queue_limit << "}\n";
   y << "router: {node: " << t.router.node << "}\ncoordinator: {node: " << t.coordinator.node << "}\n";
   y << "transfer: {backend: " << to_string(t.transfer.backend) << ", mode: " << to_string(t.transfer.mode)
@@ -576,6 +596,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   s.ucx_gbps = r.ucx_gbps;
   s.ucx_why = r.ucx_why;
 
+  r.per_worker = bytes_per_worker(model, t);
   int most_ranks = 1;
   for (auto mode : o.modes)
     for (int ranks : o.ranks) {
@@ -690,6 +711,12 @@ std::string bench_sync_report(const bench_sync_result& r) {
                                               + ", the transports the data plane's connections used");
     out += "; % light uses the faster\n";
   }
+  for (const auto& b : r.per_worker) // a worker keeps 1/tp of a sharded layer, all of a broadcast one
+    out += format("bytes per worker, tp %lld%s: sharded %.1f MB%s, broadcast %.1f MB (%.1fx)\n",
+                  static_cast<long long>(b.tp), b.expert_parallel ? " with expert parallelism" : "",
+                  b.sharded_max / 1e6,
+                  b.sharded_min == b.sharded_max ? "" : format(" (%.1f MB the least)", b.sharded_min / 1e6).c_str(),
+                  b.broadcast / 1e6, double(b.broadcast) / std::max<std::uint64_t>(1, b.sharded_max));
   out += "\n";
   for (const auto& line : case_table(r.cases))
     out += line + "\n";
@@ -780,6 +807,14 @@ nlohmann::ordered_json bench_sync_json(const bench_sync_result& r) {
                              {"mpi_bcast_defaults_median_s", r.mpi_bcast_defaults_s},
                              {"mpi_bcast_no_single_copy_median_s", r.mpi_bcast_no_single_copy_s},
                              {"cases", cases}};
+  auto per_worker = nlohmann::ordered_json::array();
+  for (const auto& b : r.per_worker)
+    per_worker.push_back({{"tp", b.tp},
+                          {"expert_parallel", b.expert_parallel},
+                          {"sharded_max_bytes", b.sharded_max},
+                          {"sharded_min_bytes", b.sharded_min},
+                          {"broadcast_bytes", b.broadcast}});
+  out["bytes_per_worker"] = per_worker;
   if (r.rank_kill) {
     const auto& k = *r.rank_kill;
     out["rank_kill"] = {{"ranks", k.ranks},

@@ -63,6 +63,16 @@ model_config tiny_model();
 /// or every parameter once per worker (broadcast).
 std::uint64_t engine_bytes(const model_config& c, const engine_spec& e, transfer_mode mode);
 
+/// What one engine worker receives per sync, for each engine shape (tp,
+/// expert parallelism) of the topology: the largest and smallest of its
+/// workers' plan bytes (sharded), against the whole model (broadcast).
+struct worker_bytes {
+  std::int64_t tp = 1;
+  bool expert_parallel = false;
+  std::uint64_t sharded_max = 0, sharded_min = 0, broadcast = 0;
+};
+std::vector<worker_bytes> bytes_per_worker(const model_config& c, const topology& t);
+
 /// The bytes all engines receive per sync, and their speed-of-light time.
 struct light_budget {
   std::uint64_t bytes = 0;
@@ -317,6 +327,7 @@ struct bench_sync_result {
   /// measured as the first).
   std::string ucx_tls_after;
   std::vector<case_result> cases;
+  std::vector<worker_bytes> per_worker; ///< of the bench's model, per engine shape
   std::optional<rank_kill_result> rank_kill; ///< run when some rank count is above 1
   double mpi_bcast_s = 0; ///< the faster of the two below; 0: not measured (mpi_why)
   double mpi_bcast_defaults_s = 0;       ///< Open MPI's defaults

@@ -167,6 +167,48 @@ TEST_CASE("bench figures: bytes per sync and the speed of light of a topology") 
   CHECK(light_of(t, model, transfer_mode::broadcast, 10, 5).bytes == 3 * 2 * whole);
 }
 
+TEST_CASE("bench figures: bytes per worker of a MoE model, sharded (experts sliced or whole) against broadcast") {
+  auto t = parse_topology("name: moe\n"
+                          "model: {synthetic: {arch: qwen3_moe, layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                          "intermediate_size: 128, experts: 6, moe_intermediate_size: 32, vocab_size: 320}}\n"
+                          "nodes: [{name: head, address: 127.0.0.1, port: 24001}, {name: workers, address: 127.0.0.1}]\n"
+                          "cluster: {allow_insecure_network: true}\n"
+                          "trainer: {node: head}\n"
+                          "engines: [{name: ep, node: head, tp: 4, expert_parallel: true}, {name: sliced, node: workers, "
+                          "replicas: 2, tp: 4}, {name: one, node: head}]\n",
+                          "moe.yaml", ".");
+  const auto& model = t.model.config;
+  const auto whole = bf16_model_bytes(model);
+  auto per_worker = bytes_per_worker(model, t);
+  REQUIRE(per_worker.size() == 3); // the two sliced replicas share a shape
+  const auto& ep = per_worker[0];
+  const auto& sliced = per_worker[1];
+  CHECK(ep.expert_parallel);
+  CHECK_FALSE(sliced.expert_parallel);
+  CHECK(per_worker[2].sharded_max == whole);
+  for (const auto& b : per_worker)
+    CHECK(b.broadcast == whole);
+  // 6 experts over 4 workers: 2, 2, 1, 1 whole experts; sliced, every worker alike.
+  CHECK(ep.sharded_min < ep.sharded_max);
+  CHECK(sliced.sharded_min == sliced.sharded_max);
+  CHECK(sliced.sharded_max < whole / 3);
+  CHECK(ep.sharded_max < whole / 2);
+  bench_sync_result r;
+  r.path = "moe.yaml";
+  r.arch = model.arch;
+  r.per_worker = per_worker;
+  const auto report = bench_sync_report(r);
+  CHECK(report.find(", a qwen3_moe model") != std::string::npos);
+  CHECK(report.find("bytes per worker, tp 4 with expert parallelism: sharded ") != std::string::npos);
+  CHECK(report.find("MB the least), broadcast ") != std::string::npos);
+  CHECK(bench_sync_json(r)["bytes_per_worker"][0]["expert_parallel"] == true);
+  // The nodes' copy keeps expert parallelism.
+  t.cluster.secret_env = "RLSYNC_BENCH_SECRET";
+  auto back = parse_topology(node_yaml(t), "node.yaml", ".");
+  CHECK(back.engines[0].expert_parallel);
+  CHECK_FALSE(back.engines[1].expert_parallel);
+}
+
 TEST_CASE("bench models: about the requested size, never empty") {
   const auto one_layer = [] {
     auto c = model_of_size(0);
