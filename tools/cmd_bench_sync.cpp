@@ -137,7 +137,7 @@ int bench_sync(const arg_list& argv) {
   if (!loaded)
     return 1;
   o.ranks = rank_counts ? *rank_counts : default_rank_counts(*loaded);
-  if (auto problem = bench_sync_problem(*loaded, o.path, bench_model(o.model_bytes, o.ranks), o.ranks); !problem.empty()) {
+  if (auto problem = bench_sync_problem(*loaded, o.path, bench_model(o.model_bytes, o.ranks, loaded->model.config.arch), o.ranks); !problem.empty()) {
     std::cerr << "rlsync bench sync: " << problem << "\n";
     return 1;
   }

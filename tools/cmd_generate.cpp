@@ -36,6 +36,10 @@ int cmd_generate(const arg_list& argv) {
   cli::add_size(app, "--max-tokens", max_tokens, "tokens to generate, 1..1048576")->default_val(max_tokens);
   cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
   auto ep_flag = app.add_flag("--expert-parallel", "place whole experts over the tp workers (MoE models)");
+  std::string weights_flag = "received";
+  app.add_option("--weights", weights_flag, "serve from the weights as received, or int8 computed from them")
+    ->default_val(weights_flag)
+    ->type_name("received|int8");
   cli::add_number(app, "--temperature", temperature, "0 is greedy")->default_val(temperature);
   cli::add_number(app, "--top-p", top_p, "nucleus sampling, in (0, 1]")->default_val(top_p);
   cli::add_size(app, "--seed", seed, "sampling seed")->default_val(seed);
@@ -73,12 +77,16 @@ int cmd_generate(const arg_list& argv) {
   }
   const auto& config = ckpt.config();
   const bool expert_parallel = ep_flag->count() > 0;
+  const auto format = engine::weight_format_of(weights_flag);
+  if (!format)
+    throw cli::usage_error("--weights: expected received or int8, got '" + printable(weights_flag) + "'");
   for (auto& e : validate_tp(config, static_cast<std::int64_t>(tp), expert_parallel))
     throw cli::usage_error((e.rfind("expert parallelism", 0) == 0 ? "--expert-parallel: " : "--tp: ") + e);
   engine::engine_options opts;
   opts.name = "generate";
   opts.tp = static_cast<int>(tp);
   opts.expert_parallel = expert_parallel;
+  opts.weights = *format;
   opts.source_dtype = weights_dtype;
   engine::engine_core core(config, opts);
   auto weights = engine::weight_set::make(config, opts.tp, weights_dtype, expert_parallel);
@@ -133,13 +141,15 @@ int cmd_generate(const arg_list& argv) {
                         {"version_spans", std::move(spans)},
                         {"tp", tp},
                         {"expert_parallel", expert_parallel},
+                        {"weights", engine::to_string(*format)},
                         {"load_seconds", secs(t0, t_loaded)},
                         {"generate_seconds", secs(t_loaded, t_done)}};
     std::cout << out.dump() << "\n"; // one line; text is valid UTF-8 already
   } else {
     std::cout << "\n";
     std::cerr << "[" << tokens.size() << " tokens, " << to_string(result->reason) << ", tp " << tp
-              << (expert_parallel ? " (expert-parallel)" : "") << ", load " << secs(t0, t_loaded) << " s, "
+              << (expert_parallel ? " (expert-parallel)" : "") << (*format == engine::weight_format::int8 ? ", int8" : "")
+              << ", load " << secs(t0, t_loaded) << " s, "
               << (decode_s > 0 ? (tokens.size() - 1) / decode_s : 0.0) << " tokens/s]\n";
   }
   return 0;

@@ -101,6 +101,7 @@ int serve_topology_node(const std::string& path, const std::string& name, const 
                            " is kind vllm: its own server already serves vLLM's API (run `rlsync node` there)");
   options.tp = static_cast<int>(placed.front()->tp);
   options.expert_parallel = placed.front()->expert_parallel;
+  options.weights = engine::weight_format_of(placed.front()->weights).value_or(engine::weight_format::received);
   const std::string file = secret_file.value_or(t.cluster.secret_file);
   std::string secret;
   system_config cfg;
@@ -168,6 +169,10 @@ int cmd_serve(const arg_list& argv) {
   auto dir_flag = app.add_option("--checkpoint", dir, "checkpoint directory (required)")->type_name("DIR");
   cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
   auto ep_flag = app.add_flag("--expert-parallel", "place whole experts over the tp workers (MoE models)");
+  std::string weights = "received";
+  auto weights_flag = app.add_option("--weights", weights, "serve from the weights as received, or int8 computed from them")
+                        ->default_val(weights)
+                        ->type_name("received|int8");
   app.add_option("--host", host, "address to listen on")->default_val(host);
   cli::add_size(app, "--port", port, "TCP port, 0 for an ephemeral one")->default_val(port);
   auto key_flag = app.add_option("--api-key-file", api_key_file, "file holding the bearer token POST routes need")
@@ -195,6 +200,8 @@ int cmd_serve(const arg_list& argv) {
       throw cli::usage_error("--tp: with --topology the engine's tp is the topology's");
     if (ep_flag->count() > 0)
       throw cli::usage_error("--expert-parallel: with --topology the engine's expert_parallel is the topology's");
+    if (weights_flag->count() > 0)
+      throw cli::usage_error("--weights: with --topology the engine's weights are the topology's");
   } else {
     cli::require(dir_flag);
     if (secret_flag->count() > 0)
@@ -209,6 +216,10 @@ int cmd_serve(const arg_list& argv) {
   options.checkpoint_dir = dir;
   options.tp = static_cast<int>(tp);
   options.expert_parallel = ep_flag->count() > 0;
+  if (auto f = engine::weight_format_of(weights))
+    options.weights = *f;
+  else
+    throw cli::usage_error("--weights: expected received or int8, got '" + printable(weights) + "'");
   options.http.host = host;
   options.http.port = static_cast<std::uint16_t>(port);
   options.strict_vllm = strict->count() > 0;

@@ -26,6 +26,7 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   cfg.options.name = e.name;
   cfg.options.tp = static_cast<int>(e.tp);
   cfg.options.expert_parallel = e.expert_parallel;
+  cfg.options.weights = engine::weight_format_of(e.weights).value_or(engine::weight_format::received); // validated
   cfg.options.max_batch = static_cast<std::uint32_t>(e.max_batch);
   cfg.options.queue_limit = static_cast<std::uint32_t>(e.queue_limit);
   cfg.options.block_tokens = e.kv_block_tokens;

@@ -47,6 +47,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   cfg.options.name = "serve";
   cfg.options.tp = options_.tp;
   cfg.options.expert_parallel = options_.expert_parallel;
+  cfg.options.weights = options_.weights;
   cfg.options.source_dtype = weights_dtype;
   cfg.node = "serve";
   cfg.metrics = engine_metrics_in(metrics_, cfg.options.name);

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <thread>
 
@@ -109,7 +110,10 @@ std::uint64_t engine_bytes(const model_config& c, const engine_spec& e, transfer
     return static_cast<std::uint64_t>(e.tp) * bf16_model_bytes(c);
   std::uint64_t total = 0;
   for (int w = 0; w < e.tp; ++w)
-    for (const auto& entry : engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel).entries)
+    // The control case's tiny dense model has no experts to place.
+    for (const auto& entry :
+         engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel && c.arch == model_arch::qwen3_moe)
+           .entries)
       total += entry.bytes();
   return total;
 }
@@ -166,14 +170,14 @@ std::vector<trainer_rank> split_layers(const std::string& node, std::int64_t lay
 }
 
 std::size_t distinct_plans(const topology& t, transfer_mode mode, bool in_process) {
-  std::set<std::pair<std::int64_t, int>> plans;
+  std::set<std::tuple<std::int64_t, bool, int>> plans; // (tp, experts placed whole, worker)
   for (const auto& e : t.engines) {
     if ((e.node == t.coordinator.node) != in_process)
       continue;
     if (mode == transfer_mode::broadcast)
       return 1;
     for (int w = 0; w < e.tp; ++w)
-      plans.insert({e.tp, w});
+      plans.insert({e.tp, e.expert_parallel && t.model.config.arch == model_arch::qwen3_moe, w});
   }
   return plans.size();
 }

@@ -79,6 +79,9 @@ private:
 /// session's secret and TLS.
 inline void bench_layout(const bench_session& s, topology& t, const model_config& model, transfer_mode mode, int ranks) {
   t.model.config = model;
+  if (model.arch != model_arch::qwen3_moe) // the control case's tiny dense model: no experts to place
+    for (auto& e : t.engines)
+      e.expert_parallel = false;
   t.model.checkpoint.clear();
   t.model.weights_dtype = dtype::bf16;
   t.trainer.source = trainer_source::synthetic;

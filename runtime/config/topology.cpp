@@ -653,7 +653,7 @@ void reader::read_engines(const map_reader& root) {
   std::map<std::string, std::string> owner; // replica name -> the entry's path
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path,
-                 {"name", "node", "replicas", "tp", "expert_parallel", "max_batch", "queue_limit",
+                 {"name", "node", "replicas", "tp", "expert_parallel", "weights", "max_batch", "queue_limit",
                   "kv_block_tokens", "prefix_cache_blocks", "kind", "url", "api_key_file", "weights_dir"},
                  root.mark("engines"));
     if (!r.valid()) {
@@ -672,6 +672,8 @@ void reader::read_engines(const map_reader& root) {
       for (auto& problem : validate_tp(t.model.config, e.tp, e.expert_parallel))
         r.error(problem.rfind("expert parallelism needs", 0) == 0 ? "expert_parallel" : "tp", problem);
     }
+    if (r.read("weights", e.weights) && e.weights != "received" && e.weights != "int8")
+      r.error("weights", "expected received or int8, got '" + printable(e.weights) + "'");
     r.read("max_batch", e.max_batch, between(1, max_batch_limit));
     r.read("queue_limit", e.queue_limit, between(1, max_queue_limit));
     r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
@@ -683,6 +685,9 @@ void reader::read_engines(const map_reader& root) {
       for (const char* key : {"kv_block_tokens", "prefix_cache_blocks"})
         if (r.has(key))
           r.error(key, "applies to the built-in engine only; a vLLM server sets its own caches");
+      if (r.has("weights"))
+        r.error("weights", "applies to the built-in engine only; a vLLM server quantizes with its own --quantization "
+                           "(the adapter hands it the weights as received)");
       if (r.has("expert_parallel"))
         r.error("expert_parallel",
                 "applies to the built-in engine only; a vLLM server is started with --enable-expert-parallel "

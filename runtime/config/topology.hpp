@@ -181,6 +181,10 @@ struct engine_spec {
   /// Experts placed whole over the tp workers (EP size = tp) instead of
   /// sliced by tp; the built-in engine only, a mixture-of-experts model only.
   bool expert_parallel = false;
+  /// What the built-in engine serves from: "received" (the weights as the
+  /// trainer sends them) or "int8" (quantized per output channel on the
+  /// engine after each update: the process step).
+  std::string weights = "received";
   std::int64_t max_batch = 32;
   std::int64_t queue_limit = 256;
   std::int64_t kv_block_tokens = 16;

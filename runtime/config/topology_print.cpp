@@ -138,6 +138,8 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "tp" << YAML::Value << i64(e.tp);
     if (e.expert_parallel)
       out << YAML::Key << "expert_parallel" << YAML::Value << true;
+    if (e.weights != "received")
+      out << YAML::Key << "weights" << YAML::Value << e.weights;
     out << YAML::Key << "max_batch" << YAML::Value << i64(e.max_batch);
     out << YAML::Key << "queue_limit" << YAML::Value << i64(e.queue_limit);
     out << YAML::Key << "kv_block_tokens" << YAML::Value << i64(e.kv_block_tokens);

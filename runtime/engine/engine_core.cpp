@@ -1,4 +1,5 @@
 #include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/process.hpp"
 
 #include "runtime/base/checksum.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -145,6 +146,7 @@ void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t versio
 
 void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   weights->version = version;
+  process_weights(*weights, opts_.weights); // step (6): from what arrived, before any step reads it
   model_.set_weights(weights);
   if (serving_) // the first load keeps the spare made at construction
     spare_ = std::move(serving_);

@@ -26,6 +26,7 @@
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/control/protocol.hpp"
 #include "runtime/engine/apply_packed.hpp"
+#include "runtime/engine/process.hpp"
 #include "runtime/engine/kv_cache.hpp"
 #include "runtime/engine/model.hpp"
 #include "runtime/engine/sampling.hpp"
@@ -52,6 +53,9 @@ struct engine_options {
   /// Experts placed whole over the tp workers instead of sliced (vLLM's
   /// --enable-expert-parallel); needs a mixture-of-experts model.
   bool expert_parallel = false;
+  /// What the engine serves from (process.hpp): the weights as received, or
+  /// int8 computed from them each time a version is served.
+  weight_format weights = weight_format::received;
   std::uint32_t max_batch = 32;       ///< requests running at once
   std::uint32_t queue_limit = 256;    ///< requests waiting (a full queue rejects)
   std::int64_t prefill_chunk = 256;   ///< prompt tokens fed per request per step

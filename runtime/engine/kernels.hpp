@@ -18,14 +18,20 @@
 
 namespace rlsync::engine::kernels {
 
-/// Elements of a stored weight tensor: their address and dtype.
+/// Elements of a stored weight tensor: their address and dtype, or (the
+/// engine's int8 process step) int8 elements whose row j is scaled by
+/// row_scales[j]: w[j][k] = row_scales[j] * q[j][k].
 struct typed_ptr {
   const void* data = nullptr;
-  dtype type = dtype::f32;
+  dtype type = dtype::f32;        ///< ignored when int8()
+  const float* row_scales = nullptr;
 
-  /// The element `elements` further on.
+  bool int8() const { return row_scales != nullptr; }
+  /// The element `elements` further on: a column offset for int8 weights
+  /// (the rows, hence their scales, stay the same).
   typed_ptr operator+(std::int64_t elements) const {
-    return {static_cast<const unsigned char*>(data) + elements * static_cast<std::int64_t>(dtype_size(type)), type};
+    const std::int64_t size = int8() ? 1 : static_cast<std::int64_t>(dtype_size(type));
+    return {static_cast<const unsigned char*>(data) + elements * size, type, row_scales};
   }
 };
 
@@ -39,6 +45,7 @@ struct f16_t {
 
 /// out[r * ldo + j] = sum_k a[r * lda + k] * w[j * ldw + k] for r < rows,
 /// j < n, k < depth: activations times a weight matrix stored [out, in].
+/// int8 weights: the sum over q, times row_scales[j] once at the end.
 void matmul_nt(const float* a, std::int64_t lda, typed_ptr w, std::int64_t ldw, float* out, std::int64_t ldo,
                std::int64_t rows, std::int64_t n, std::int64_t depth);
 /// The same with fp32 weights.
@@ -50,7 +57,8 @@ inline void matmul_nt(const float* a, std::int64_t lda, const float* w, std::int
 /// sum_k a[k] * b[k], with the same per-element operations as matmul_nt.
 float dot(const float* a, const float* b, std::int64_t depth);
 
-/// out[i] = src[i] as fp32 for i < count (exact).
+/// out[i] = src[i] as fp32 for i < count (exact). Not for int8 weights
+/// (std::invalid_argument): the process step quantizes matrices only.
 void widen(typed_ptr src, float* out, std::int64_t count);
 
 /// "avx2+fma" or "baseline" (RLSYNC_KERNELS=baseline forces the latter).

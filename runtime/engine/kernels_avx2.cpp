@@ -24,6 +24,10 @@ inline vec vload(const bf16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 inline vec vload(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// int8: sign-extend 8 bytes to 32 bits, convert (exact).
+inline vec vload(const std::int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vmadd(vec a, vec b, vec acc) { return _mm256_fmadd_ps(a, b, acc); }
 inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }

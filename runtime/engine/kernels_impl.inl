@@ -107,6 +107,17 @@ void matmul_nt_impl(const float* a, std::int64_t lda, const void* w, rlsync::dty
   }
 }
 
+// int8 weights: the same sums over the widened q (exact), each output
+// scaled by its row's scale once.
+void matmul_nt_i8_impl(const float* a, std::int64_t lda, const std::int8_t* w, const float* row_scales,
+                       std::int64_t ldw, float* out, std::int64_t ldo, std::int64_t rows, std::int64_t n,
+                       std::int64_t depth) {
+  matmul_nt_typed(a, lda, w, ldw, out, ldo, rows, n, depth);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; ++j)
+      out[r * ldo + j] *= row_scales[j];
+}
+
 float dot_impl(const float* a, const float* b, std::int64_t depth) {
   float out;
   micro<1, 1>(a, 0, b, 0, &out, 0, depth);

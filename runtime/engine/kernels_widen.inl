@@ -9,3 +9,4 @@ inline float widen1(bf16_t x) { // the top half of an fp32
   return f;
 }
 inline float widen1(f16_t x) { return rlsync::f16_to_f32(x.bits); }
+inline float widen1(std::int8_t x) { return static_cast<float>(x); }

@@ -30,10 +30,18 @@ struct parameter {
   std::vector<std::int64_t> shape;
   dtype type = dtype::f32;
   std::vector<unsigned char> bytes;
+  /// The int8 process step's form of a matrix [out, in] (process.hpp):
+  /// q[j][k] * scales[j] approximates it; empty otherwise. `bytes` stay as
+  /// received (what the weight checksums cover and the next update overwrites).
+  std::vector<std::int8_t> q;
+  std::vector<float> scales;
 
   std::int64_t numel() const;
   bool holds_data() const { return !bytes.empty() || numel() == 0; }
-  kernels::typed_ptr ref() const { return {bytes.data(), type}; }
+  /// What the kernels read: the int8 form once processed, else the bytes.
+  kernels::typed_ptr ref() const {
+    return q.empty() ? kernels::typed_ptr{bytes.data(), type} : kernels::typed_ptr{q.data(), type, scales.data()};
+  }
 };
 
 /// Engine parameter names (vLLM's fused names). Layer parameters of layer l:

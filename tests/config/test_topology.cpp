@@ -255,6 +255,10 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   auto ep = parse_topology(moe_with("engines: [{name: e, node: a, tp: 4, expert_parallel: true}]"), "t.yaml", "/base");
   CHECK(ep.engines.front().expert_parallel);
   CHECK(to_yaml(ep).find("expert_parallel: true") != std::string::npos);
+  auto int8 = parse_topology(moe_with("engines: [{name: e, node: a, tp: 2, weights: int8}]"), "t.yaml", "/base");
+  CHECK(int8.engines.front().weights == "int8");
+  CHECK(to_yaml(int8).find("weights: int8") != std::string::npos);
+  CHECK(to_yaml(ep).find("weights:") == std::string::npos);
   CHECK(to_yaml(m).find("expert_parallel") == std::string::npos);
   // Trainer ranks holding experts: two halves of every sparse layer's
   // experts; every expert of every sparse layer must be held.
@@ -458,8 +462,8 @@ TEST_CASE("topology errors: trainer") {
 
 TEST_CASE("topology errors: engines") {
   const std::string engine_keys =
-    "name, node, replicas, tp, expert_parallel, max_batch, queue_limit, kv_block_tokens, prefix_cache_blocks, "
-    "kind, url, api_key_file, weights_dir";
+    "name, node, replicas, tp, expert_parallel, weights, max_batch, queue_limit, kv_block_tokens, "
+    "prefix_cache_blocks, kind, url, api_key_file, weights_dir";
   check_rows({
     {"typo never falls back to a default", with("engines", "engines:\n  - name: e\n    node: a\n    tpp: 2"),
      "t.yaml:8:5: engines[0].tpp: unknown key, did you mean 'tp'? (expected one of: " + engine_keys + ")"},
@@ -474,6 +478,8 @@ TEST_CASE("topology errors: engines") {
     {"expert parallelism of a dense model", with("engines", "engines: [{name: e, node: a, expert_parallel: true}]"),
      "t.yaml:5:47: engines[0].expert_parallel: expert parallelism needs a mixture-of-experts model (arch "
      "qwen3_moe), not llama"},
+    {"an unknown weight format", with("engines", "engines: [{name: e, node: a, weights: fp8}]"),
+     "t.yaml:5:39: engines[0].weights: expected received or int8, got 'fp8'"},
     {"expert_parallel not a boolean", with("engines", "engines: [{name: e, node: a, expert_parallel: 2}]"),
      "t.yaml:5:47: engines[0].expert_parallel: expected true or false, got '2'"},
     {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),

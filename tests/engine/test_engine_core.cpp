@@ -109,10 +109,11 @@ struct harness {
 /// `prefix` (the tokens generated before a pause).
 std::vector<std::int32_t> fresh_greedy(const source_weights& w, int tp, const std::string& prompt,
                                        const std::vector<std::int32_t>& prefix, std::uint32_t max_tokens,
-                                       bool expert_parallel = false) {
+                                       bool expert_parallel = false, weight_format weights = weight_format::received) {
   engine_options o;
   o.tp = tp;
   o.expert_parallel = expert_parallel;
+  o.weights = weights;
   engine_core core(w.config, o);
   core.load(w.load(tp, expert_parallel), 2);
   generate_request r;
@@ -413,6 +414,7 @@ TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals 
     model_config config;
     int tp;
     bool expert_parallel;
+    weight_format weights = weight_format::received;
   };
   std::vector<row> rows;
   for (int tp : {1, 2})
@@ -421,18 +423,23 @@ TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals 
   for (int tp : {2, 4}) // whole experts, updated through each worker's plan
     for (const auto& config : {test::tiny_moe_config(2), test::tiny_moe_config_with(6, true)})
       rows.push_back({config, tp, true});
-  for (const auto& [config, tp, ep] : rows) {
+  // Served as int8 computed from the received bf16 (the process step).
+  rows.push_back({tiny_config(), 2, false, weight_format::int8});
+  rows.push_back({test::tiny_moe_config(2), 2, true, weight_format::int8});
+  for (const auto& [config, tp, ep, weights] : rows) {
     for (std::size_t pause_after : {1u, 5u}) {
       for (const std::string prompt : {"policy version k", "async RL overlaps"}) {
         CAPTURE(to_string(config.arch));
         CAPTURE(config.fused_experts);
         CAPTURE(tp);
         CAPTURE(ep);
+        CAPTURE(to_string(weights));
         CAPTURE(pause_after);
         CAPTURE(prompt);
         const std::uint32_t max_tokens = 12;
         engine_options opts;
         opts.expert_parallel = ep;
+        opts.weights = weights;
         harness h(tp, opts, config);
         auto v2 = make_source(h.config, dtype::bf16, 2);
         REQUIRE(!h.add(1, prompt, max_tokens));
@@ -450,9 +457,14 @@ TEST_CASE("correctness check: pause(keep, clear_cache) + update + resume equals 
         REQUIRE(all.size() == max_tokens);
         std::vector<std::int32_t> before(all.begin(), all.begin() + static_cast<long>(pause_after));
         std::vector<std::int32_t> after(all.begin() + static_cast<long>(pause_after), all.end());
-        CHECK(after == fresh_greedy(v2, tp, prompt, before, max_tokens, ep));
-        if (ep) // and so does a fresh engine of tp 1 with sliced experts: EP changes no bit
+        CHECK(after == fresh_greedy(v2, tp, prompt, before, max_tokens, ep, weights));
+        if (ep && weights == weight_format::received) // and so does tp 1 with sliced experts: EP changes no bit
           CHECK(after == fresh_greedy(v2, 1, prompt, before, max_tokens));
+        if (weights == weight_format::int8) { // served from int8, the received bf16 kept beside it
+          const auto& served = *h.core.weights();
+          CHECK_FALSE(served.workers[0].at("model.layers.0.self_attn.qkv_proj.weight").q.empty());
+          CHECK(served.workers[0].at("model.layers.0.input_layernorm.weight").q.empty());
+        }
         // Every token after the pause was produced by V2 over fresh KV.
         for (std::size_t i = pause_after; i < max_tokens; ++i) {
           CHECK(h.seen[1].tokens[i].version == 2);

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 using namespace rlsync;
@@ -68,6 +69,46 @@ TEST_CASE("16-bit weights compute exactly what their fp32 copy computes") {
             CHECK(narrow[static_cast<std::size_t>(r * ldo + n)] == -7.0f);
           }
         }
+}
+
+TEST_CASE("int8 weights compute their fp32 copy's sums, each scaled by its row's scale") {
+  INFO("kernels: " << kernels::variant());
+  for (std::int64_t rows : {1, 3, 4, 5})
+    for (std::int64_t n : {1, 6, 7})
+      for (std::int64_t depth : {5, 16, 37}) {
+        CAPTURE(rows);
+        CAPTURE(n);
+        CAPTURE(depth);
+        const std::int64_t ldw = depth + 3, lda = depth + 1, ldo = n + 2;
+        std::mt19937 g(static_cast<std::uint32_t>(rows * 131 + n * 7 + depth));
+        std::uniform_int_distribution<int> qd(-127, 127);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<std::int8_t> q(static_cast<std::size_t>(n * ldw));
+        std::vector<float> q_f32(q.size()), scales(static_cast<std::size_t>(n)), a(static_cast<std::size_t>(rows * lda));
+        for (std::size_t i = 0; i < q.size(); ++i)
+          q_f32[i] = q[i] = static_cast<std::int8_t>(qd(g));
+        for (auto& s : scales)
+          s = 0.01f * (1.0f + u(g));
+        for (auto& x : a)
+          x = u(g);
+        std::vector<float> plain(static_cast<std::size_t>(rows * ldo), -7.0f), int8 = plain;
+        kernels::matmul_nt(a.data(), lda, q_f32.data(), ldw, plain.data(), ldo, rows, n, depth);
+        kernels::matmul_nt(a.data(), lda, kernels::typed_ptr{q.data(), dtype::bf16, scales.data()}, ldw, int8.data(),
+                           ldo, rows, n, depth);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t j = 0; j < n; ++j) {
+            const float want = plain[static_cast<std::size_t>(r * ldo + j)] * scales[static_cast<std::size_t>(j)];
+            CHECK(std::memcmp(&want, &int8[static_cast<std::size_t>(r * ldo + j)], sizeof want) == 0);
+          }
+          CHECK(int8[static_cast<std::size_t>(r * ldo + n)] == -7.0f);
+        }
+        // A column offset keeps the rows' scales.
+        auto shifted = kernels::typed_ptr{q.data(), dtype::bf16, scales.data()} + 2;
+        CHECK(shifted.data == q.data() + 2);
+        CHECK(shifted.row_scales == scales.data());
+      }
+  float out = 0;
+  CHECK_THROWS_AS(kernels::widen(kernels::typed_ptr{nullptr, dtype::bf16, &out}, &out, 1), std::invalid_argument);
 }
 
 TEST_CASE("widen converts each stored dtype to fp32 exactly") {

@@ -3,6 +3,7 @@
 #include "tests/support/engine_fixtures.hpp"
 
 #include "runtime/engine/model.hpp"
+#include "runtime/engine/process.hpp"
 #include "runtime/engine/tokenizer.hpp"
 
 #include <doctest/doctest.h>
@@ -273,6 +274,82 @@ TEST_CASE("expert parallelism: placement, validation and mismatched weight sets"
   model ep(cfg, 2, dtype::bf16, true);
   CHECK_THROWS_WITH_AS(ep.set_weights(make_source(cfg, dtype::bf16, 1).load(2)),
                        doctest::Contains("without expert parallelism"), std::invalid_argument);
+}
+
+TEST_CASE("int8 process step: per-output-channel symmetric int8 within tolerance of bf16, Llama, Qwen3, Qwen3-MoE") {
+  struct row {
+    const char* what;
+    model_config config;
+    int tp;
+    bool expert_parallel;
+  };
+  const row rows[] = {
+      {"Llama GQA tp1", tiny_config(4, 2), 1, false},
+      {"Llama tp2", tiny_config(4, 2, true), 2, false},
+      {"Qwen3 tp2", tiny_qwen3_config(4, 2), 2, false},
+      {"Qwen3-MoE tp2", test::tiny_moe_config(2), 2, false},
+      {"Qwen3-MoE tp4 expert-parallel, fused", test::tiny_moe_config_with(6, true), 4, true},
+  };
+  double worst_all = 0, sum = 0;
+  int runs = 0;
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    auto src = make_source(r.config, dtype::bf16, 13);
+    model exact(r.config, r.tp, dtype::bf16, r.expert_parallel), quantized(r.config, r.tp, dtype::bf16, r.expert_parallel);
+    exact.set_weights(src.load(r.tp, r.expert_parallel));
+    auto set = src.load(r.tp, r.expert_parallel);
+    process_weights(*set, weight_format::int8);
+    // Every matrix of every worker quantized per output channel, the rest as received.
+    for (const auto& w : set->workers)
+      for (const auto& p : w.params()) {
+        CAPTURE(p.name);
+        REQUIRE(p.q.empty() == !quantized_parameter(p.name));
+        if (p.q.empty())
+          continue;
+        const std::int64_t rows_n = p.shape[0], cols = p.shape[1];
+        std::vector<float> orig(static_cast<std::size_t>(p.numel()));
+        convert_to_f32(p.type, p.bytes.data(), orig.data(), orig.size());
+        for (std::int64_t j = 0; j < rows_n; ++j) {
+          int biggest = 0;
+          const float s = p.scales[static_cast<std::size_t>(j)];
+          for (std::int64_t k = 0; k < cols; ++k) {
+            const auto i = static_cast<std::size_t>(j * cols + k);
+            biggest = std::max(biggest, std::abs(int(p.q[i])));
+            CHECK(std::abs(p.q[i] * s - orig[i]) <= 0.5f * s * 1.0001f);
+          }
+          CHECK(biggest == 127); // symmetric: the row's largest magnitude maps to 127
+        }
+      }
+    quantized.set_weights(set);
+    for (const auto& prompt : prompts) {
+      auto a = exact.new_sequence(), b = quantized.new_sequence();
+      auto x = exact.forward({{&a, prompt, 0, true}});
+      auto y = quantized.forward({{&b, prompt, 0, true}});
+      double worst = 0, spread = 0;
+      for (std::size_t i = 0; i < x.logits.size(); ++i) {
+        worst = std::max(worst, std::abs(double(x.logits[i]) - y.logits[i]));
+        spread = std::max(spread, std::abs(double(x.logits[i])));
+      }
+      CAPTURE(worst / spread);
+      CHECK(worst > 0);                // the int8 weights are what runs
+      CHECK(worst < 0.08 * spread);    // and they stay close to bf16: 0.4-1% typically, 5.7% the worst seen
+      worst_all = std::max(worst_all, worst / spread);
+      sum += worst / spread;
+      ++runs;
+    }
+  }
+  CHECK(sum / runs < 0.015); // on average within 1.5% of the largest logit
+  MESSAGE("int8 against bf16, max |dlogit| / max |logit|: mean " << sum / runs << ", worst " << worst_all);
+  // Back to the weights as received: the int8 form is dropped.
+  auto src = make_source(tiny_config(4, 2), dtype::bf16, 13);
+  auto set = src.load(1);
+  process_weights(*set, weight_format::int8);
+  process_weights(*set, weight_format::received);
+  for (const auto& p : set->workers[0].params())
+    CHECK(p.q.empty());
+  CHECK(weight_format_of("int8") == weight_format::int8);
+  CHECK(weight_format_of("received") == weight_format::received);
+  CHECK_FALSE(weight_format_of("fp8"));
 }
 
 TEST_CASE("truncate, copy_prefix and clear keep decoding exact") {

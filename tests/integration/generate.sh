@@ -42,6 +42,14 @@ done
 "$rlsync" generate --checkpoint "$dir/moe" --prompt hi --max-tokens 2 --tp 2 --expert-parallel --json \
   | grep -q '"tp":2,"expert_parallel":true' || { echo "FAIL: --json does not mark expert parallelism"; exit 1; }
 
+# The int8 process step: marked in --json, and it changes the logits (a
+# test of its tolerance against bf16 is the engine's own).
+q=$("$rlsync" generate --checkpoint "$dir/moe" --prompt "hello rlsync" --max-tokens 12 --no-stop --tp 2 \
+      --expert-parallel --weights int8 --json)
+grep -q '"expert_parallel":true,"weights":"int8"' <<<"$q" || { echo "FAIL: --json does not mark int8: $q"; exit 1; }
+grep -q '"expert_parallel":false,"weights":"received"' <<<"$("$rlsync" generate --checkpoint "$dir/ck" --prompt hi \
+  --max-tokens 2 --json)" || { echo "FAIL: --json does not mark the weights as received"; exit 1; }
+
 json=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 3 --json)
 for key in prompt_token_ids token_ids text finish_reason version_spans; do
   grep -q "\"$key\"" <<<"$json" || { echo "FAIL: --json lacks $key: $json"; exit 1; }
@@ -65,6 +73,7 @@ expect_exit 2 "--expert-parallel: expert parallelism needs a mixture-of-experts 
   --experts 2 --moe-intermediate 32 --seed 3 >/dev/null
 expect_exit 2 "--tp: with expert parallelism must be at most num_experts (2)" \
   generate --checkpoint "$dir/two" --prompt x --tp 4 --expert-parallel
+expect_exit 2 "--weights: expected received or int8, got 'fp8'" generate --checkpoint "$dir/ck" --prompt x --weights fp8
 expect_exit 2 "--temperature" generate --checkpoint "$dir/ck" --prompt x --temperature -1
 expect_exit 2 "--prompt" generate --checkpoint "$dir/ck"
 expect_exit 2 "unknown flag" generate --checkpoint "$dir/ck" --prompt x --bogus

@@ -175,7 +175,42 @@ expect POST /finish_weight_update "" 500 '"code":500' # --strict-vllm: 500, not 
 expect POST /resume "" 200 resumed
 stop_server
 
+# A Qwen3-MoE served with expert parallelism: the greedy completion is
+# `rlsync generate` at tp 1 with sliced experts, token for token.
+"$rlsync" checkpoint make --out "$dir/moe" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3_moe \
+  --experts 6 --moe-intermediate 32 --seed 3 >/dev/null
+"$rlsync" serve --checkpoint "$dir/moe" --tp 2 --expert-parallel --port 0 >"$dir/serve.log" 2>&1 &
+server_pid=$!
+url=""
+for _ in $(seq 1 200); do
+  url=$(sed -n 's/^rlsync serve: listening on \(http:[^ ]*\).*/\1/p' "$dir/serve.log")
+  [ -n "$url" ] && break
+  kill -0 "$server_pid" 2>/dev/null || fail "rlsync serve --expert-parallel exited"
+  sleep 0.05
+done
+[ -n "$url" ] || fail "rlsync serve --expert-parallel did not print its URL"
+want=$("$rlsync" generate --checkpoint "$dir/moe" --prompt "hello rlsync" --max-tokens 12 --json \
+         | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["token_ids"]))')
+got=$(curl -sS -X POST "$url/v1/completions" -H 'Content-Type: application/json' \
+        --data '{"prompt": "hello rlsync", "max_tokens": 12, "temperature": 0}' \
+      | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["token_ids"]))')
+[ "$got" = "$want" ] || fail "MoE served with expert parallelism: $got, rlsync generate at tp 1: $want"
+stop_server
+
 # Flags refused clearly.
+set +e
+out=$("$rlsync" serve --checkpoint "$dir/v1" --tp 2 --expert-parallel --port 0 2>&1); rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q -- "--expert-parallel: expert parallelism needs a mixture-of-experts model" <<<"$out" \
+  || fail "--expert-parallel on a dense model: rc $rc: $out"
+set +e
+out=$("$rlsync" serve --topology t.yaml --node n --expert-parallel 2>&1); rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q -- "--expert-parallel: with --topology" <<<"$out" || fail "--topology with --expert-parallel: rc $rc: $out"
+set +e
+out=$("$rlsync" serve --topology t.yaml --node n --weights int8 2>&1); rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q -- "--weights: with --topology" <<<"$out" || fail "--topology with --weights: rc $rc: $out"
 set +e
 out=$("$rlsync" serve --checkpoint "$dir/v1" --topology t.yaml --node n 2>&1); rc=$?
 set -e
