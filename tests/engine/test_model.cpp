@@ -66,6 +66,19 @@ const std::vector<std::vector<std::int32_t>> prompts = {
     encode("Hello, world"), encode("a"), encode("The quick brown fox jumps over the lazy dog."),
     {256, 299, 0, 255, 257, 42}};
 
+// Greedy generation at tp 1 (sliced experts), checked not degenerate: the
+// baseline the other shardings must reproduce bit for bit.
+generation tp1_baseline(const model_config& cfg, const test::source_weights& src) {
+  model m1(cfg, 1, dtype::bf16);
+  m1.set_weights(src.load(1));
+  auto base = generate(m1, prompts, 24);
+  std::set<std::int32_t> distinct;
+  for (auto& t : base.tokens)
+    distinct.insert(t.begin(), t.end());
+  CHECK(distinct.size() > 4); // not a degenerate model repeating one token
+  return base;
+}
+
 } // namespace
 
 TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, bf16 and f32, Llama and Qwen3") {
@@ -169,13 +182,7 @@ TEST_CASE("greedy generation is bit-identical for tp 1, 2 and 4, kv heads split 
                : arch == model_arch::qwen3   ? tiny_qwen3_config(4, kv)
                                              : tiny_config(4, kv);
     auto src = make_source(cfg, dtype::bf16, 5);
-    model m1(cfg, 1, dtype::bf16);
-    m1.set_weights(src.load(1));
-    auto base = generate(m1, prompts, 24);
-    std::set<std::int32_t> distinct;
-    for (auto& t : base.tokens)
-      distinct.insert(t.begin(), t.end());
-    CHECK(distinct.size() > 4); // not a degenerate model repeating one token
+    auto base = tp1_baseline(cfg, src);
     for (int tp : {2, 4}) {
       CAPTURE(tp);
       model m(cfg, tp, dtype::bf16);
@@ -196,13 +203,7 @@ TEST_CASE("expert parallelism: greedy generation is bit-identical to sliced expe
     CAPTURE(fused);
     auto cfg = test::tiny_moe_config_with(experts, fused);
     auto src = make_source(cfg, dtype::bf16, 9);
-    model m1(cfg, 1, dtype::bf16);
-    m1.set_weights(src.load(1));
-    auto base = generate(m1, prompts, 24);
-    std::set<std::int32_t> distinct;
-    for (auto& t : base.tokens)
-      distinct.insert(t.begin(), t.end());
-    CHECK(distinct.size() > 4);
+    auto base = tp1_baseline(cfg, src);
     for (int tp : {1, 2, 4}) {
       CAPTURE(tp);
       model m(cfg, tp, dtype::bf16, /*expert_parallel=*/true);

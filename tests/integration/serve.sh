@@ -19,9 +19,13 @@ fail() { echo "FAIL: $*"; [ -f "$dir/serve.log" ] && sed 's/^/  serve: /' "$dir/
 "$rlsync" checkpoint make --from "$dir/v1" --perturb 0.05 --seed 4 --out "$dir/v2" >/dev/null
 "$rlsync" checkpoint make --from "$dir/v2" --perturb 0.05 --seed 5 --out "$dir/v3" >/dev/null
 
-# Starts rlsync serve with ARGS on an ephemeral port; sets $url.
-start_server() {
-  "$rlsync" serve --checkpoint "$dir/v1" --tp 2 --port 0 "$@" >"$dir/serve.log" 2>&1 &
+# Starts rlsync serve on v1 at tp 2 with ARGS on an ephemeral port; sets $url.
+start_server() { start_server_on "$dir/v1" --tp 2 "$@"; }
+# The same on checkpoint CK with ARGS.
+start_server_on() {
+  local ck=$1
+  shift
+  "$rlsync" serve --checkpoint "$ck" --port 0 "$@" >"$dir/serve.log" 2>&1 &
   server_pid=$!
   url=""
   for _ in $(seq 1 200); do
@@ -179,16 +183,7 @@ stop_server
 # `rlsync generate` at tp 1 with sliced experts, token for token.
 "$rlsync" checkpoint make --out "$dir/moe" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3_moe \
   --experts 6 --moe-intermediate 32 --seed 3 >/dev/null
-"$rlsync" serve --checkpoint "$dir/moe" --tp 2 --expert-parallel --port 0 >"$dir/serve.log" 2>&1 &
-server_pid=$!
-url=""
-for _ in $(seq 1 200); do
-  url=$(sed -n 's/^rlsync serve: listening on \(http:[^ ]*\).*/\1/p' "$dir/serve.log")
-  [ -n "$url" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "rlsync serve --expert-parallel exited"
-  sleep 0.05
-done
-[ -n "$url" ] || fail "rlsync serve --expert-parallel did not print its URL"
+start_server_on "$dir/moe" --tp 2 --expert-parallel
 want=$("$rlsync" generate --checkpoint "$dir/moe" --prompt "hello rlsync" --max-tokens 12 --json \
          | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["token_ids"]))')
 got=$(curl -sS -X POST "$url/v1/completions" -H 'Content-Type: application/json' \
