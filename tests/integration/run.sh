@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# rlsync run end to end on a tiny model, in both transfer modes: every
+# rlsync run end to end on a tiny model, in both transfer modes (and, sharded,
+# on Qwen3 and Qwen3-MoE, experts separate or fused, placed whole or sliced,
+# served as received or as int8): every
 # request completes, syncs happen, and every engine ends byte-identical to the
 # trainer (the --json summary says so); a bad topology exits 1 with its place.
 set -euo pipefail
@@ -35,6 +37,27 @@ sb=$(per_engine "$dir/sharded.json")
 bb=$(per_engine "$dir/broadcast.json")
 [ -n "$sb" ] && [ -n "$bb" ] && [ "$sb" -lt "$bb" ] || { echo "FAIL: sharded cold sync moved $sb bytes per engine, broadcast $bb"; exit 1; }
 echo "cold sync bytes per engine: sharded $sb, broadcast $bb"
+# Every architecture and expert layout, sharded: Qwen3; Qwen3-MoE with its
+# experts placed whole over each engine's workers; fused experts served as int8.
+for arch in qwen3 moe fused; do
+  case $arch in
+    qwen3) model='    arch: qwen3\n    head_dim: 32' engine='' ;;
+    moe) model='    arch: qwen3_moe\n    experts: 4\n    moe_intermediate_size: 32' engine='\n    expert_parallel: true' ;;
+    fused) model='    arch: qwen3_moe\n    experts: 4\n    moe_intermediate_size: 32\n    expert_layout: fused'
+           engine='\n    weights: int8' ;;
+  esac
+  sed -e 's/layers: 4/layers: 2/' -e 's/hidden_size: 256/hidden_size: 64/' -e 's/intermediate_size: 704/intermediate_size: 128/' \
+      -e 's/step_time_ms: 200/step_time_ms: 50/' -e "s/^    seed: 1\$/    seed: 1\n$model/" -e "s/^    tp: 2\$/    tp: 2$engine/" \
+      "$root/configs/local.yaml" > "$dir/$arch.yaml"
+  "$rlsync" run "$dir/$arch.yaml" --prompts 12 --concurrency 4 --max-tokens 24 --json "$dir/$arch.json" --no-progress \
+    > "$dir/$arch.out" 2> "$dir/$arch.err" || { cat "$dir/$arch.out" "$dir/$arch.err"; echo "FAIL: run ($arch) exited non-zero"; exit 1; }
+  grep -q '"completed": 12' "$dir/$arch.json" || { cat "$dir/$arch.json"; echo "FAIL: not every request completed ($arch)"; exit 1; }
+  grep -q '"weights_verified": true' "$dir/$arch.json" || { cat "$dir/$arch.json"; echo "FAIL: weights not verified ($arch)"; exit 1; }
+  grep -q "byte-identical to the trainer" "$dir/$arch.out" || { cat "$dir/$arch.out"; echo "FAIL: summary ($arch)"; exit 1; }
+  echo "$arch: $(grep -c '^sync ' "$dir/$arch.err") sync lines"
+done
+grep -q "arch: qwen3_moe" "$dir/fused.yaml" && grep -q "expert_layout: fused" "$dir/fused.yaml" && grep -q "weights: int8" "$dir/fused.yaml" \
+  && grep -q "expert_parallel: true" "$dir/moe.yaml" || { cat "$dir/moe.yaml" "$dir/fused.yaml"; echo "FAIL: topologies not as meant"; exit 1; }
 printf 'name: bad\nnodes: []\n' > "$dir/bad.yaml"
 set +e
 out=$("$rlsync" run "$dir/bad.yaml" 2>&1); rc=$?
