@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
 
 namespace rlsync::tools {
@@ -22,6 +23,28 @@ const char* description =
   "streams the generated text. Greedy unless --temperature > 0 (seeded, top-p\n"
   "nucleus). Stops at EOS unless --no-stop. --json prints one object instead:\n"
   "prompt_token_ids, token_ids, text, finish_reason, version_spans, timings.";
+
+// The logits of every position of `prompt`, one prefill through a model
+// serving the engine's own weight set (its tp, expert placement and format),
+// written raw for numerics checks against a reference. False (said on
+// stderr) when the file cannot be written.
+bool write_prompt_logits(const engine::engine_core& core, const std::vector<std::int32_t>& prompt,
+                         const std::string& path) {
+  const auto& o = core.options();
+  engine::model m(core.config(), o.tp, o.source_dtype, o.expert_parallel);
+  m.set_weights(core.weights());
+  auto seq = m.new_sequence();
+  const auto out = m.forward({{&seq, prompt, 0, /*all_logits=*/true}});
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "--logits writes the host's floats as little-endian");
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(out.logits.data()),
+          static_cast<std::streamsize>(out.logits.size() * sizeof(float)));
+  if (!f.flush()) {
+    std::cerr << "rlsync generate: --logits: cannot write " << printable(path) << "\n";
+    return false;
+  }
+  return true;
+}
 
 } // namespace
 
@@ -45,6 +68,12 @@ int cmd_generate(const arg_list& argv) {
   cli::add_size(app, "--seed", seed, "sampling seed")->default_val(seed);
   auto no_stop = app.add_flag("--no-stop", "do not stop at EOS");
   auto json_flag = app.add_flag("--json", "print one JSON object");
+  std::string logits_file;
+  auto logits_flag =
+    app.add_option("--logits", logits_file,
+                   "also write the logits of every prompt position to FILE (float32, little-endian, "
+                   "[prompt tokens, vocab]), from the engine's own weights")
+      ->type_name("FILE");
   if (!cli::parse(app, argv))
     return 0;
   cli::require(dir_flag);
@@ -97,6 +126,8 @@ int cmd_generate(const arg_list& argv) {
   generate_request req;
   req.request_id = 1;
   req.prompt = engine::encode(prompt);
+  if (logits_flag->count() > 0 && !write_prompt_logits(core, req.prompt, logits_file))
+    return 1;
   req.sampling = sampling;
   const bool json = json_flag->count() > 0;
   std::vector<std::int32_t> tokens;

@@ -50,6 +50,15 @@ grep -q '"expert_parallel":true,"weights":"int8"' <<<"$q" || { echo "FAIL: --jso
 grep -q '"expert_parallel":false,"weights":"received"' <<<"$("$rlsync" generate --checkpoint "$dir/ck" --prompt hi \
   --max-tokens 2 --json)" || { echo "FAIL: --json does not mark the weights as received"; exit 1; }
 
+# --logits: every prompt position's logits, float32 [prompt tokens, vocab]
+# (BOS + "hi" = 3 tokens, vocabulary 320); an unwritable file is an error.
+"$rlsync" generate --checkpoint "$dir/ck" --prompt hi --max-tokens 1 --logits "$dir/hi.f32" >/dev/null
+[ "$(stat -c %s "$dir/hi.f32")" -eq $((3 * 320 * 4)) ] || { echo "FAIL: --logits wrote $(stat -c %s "$dir/hi.f32") bytes"; exit 1; }
+set +e
+out=$("$rlsync" generate --checkpoint "$dir/ck" --prompt hi --max-tokens 1 --logits "$dir/no/such/dir/l.f32" 2>&1); rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q -- "--logits: cannot write" <<<"$out" || { echo "FAIL: unwritable --logits: rc $rc: $out"; exit 1; }
+
 json=$("$rlsync" generate --checkpoint "$dir/ck" --prompt "hi" --max-tokens 3 --json)
 for key in prompt_token_ids token_ids text finish_reason version_spans; do
   grep -q "\"$key\"" <<<"$json" || { echo "FAIL: --json lacks $key: $json"; exit 1; }

@@ -1,4 +1,4 @@
-"""TinyLlama's greedy decode equals rlsync's engine, token for token.
+"""TinyLlama's greedy decode equals rlsync's engine, token for token, and its logits within 1e-4.
 
 Usage: python3 tools/python/tests/test_tiny_llama_numerics.py BUILD_DIR
 
@@ -7,9 +7,12 @@ steered so that greedy decoding ends on EOS, two Qwen3s: per-head q/k
 norms, a head_dim that is not hidden / heads, and a Qwen3-MoE: a dense and a
 sparse layer of 8 experts, 2 per token), rounds them to bf16, writes each
 as a Hugging Face checkpoint directory, runs ``BUILD_DIR/rlsync generate
---json`` greedily (tensor-parallel 1 and 2, and the portable kernels) on several prompts and asserts
+--json`` greedily (tensor-parallel 1 and 2, the portable kernels, and for the
+MoE model expert parallelism over 2 workers) on several prompts and asserts
 that the prompt's token ids and the generated ones equal TinyLlama's, which
-decodes with the bf16 weights widened to fp32, as the engine does.
+decodes with the bf16 weights widened to fp32, as the engine does, and that
+the logits of every prompt position (``--logits``) are within 1e-4 of the
+largest of TinyLlama's.
 
 Exit 0: pass; 1: a mismatch or an error (each printed); 77: torch is missing
 (ctest's skip code); 2: bad usage.
@@ -29,8 +32,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools",
 SKIP = 77
 GENERATE_TIMEOUT_S = 120
 MAX_TOKENS = 24
-# (tensor-parallel size, RLSYNC_KERNELS): the default kernels at tp 1 and 2, the portable ones at tp 1.
-ENGINE_RUNS = [(1, None), (2, None), (1, "baseline")]
+# (tensor-parallel size, RLSYNC_KERNELS, expert parallelism): the default kernels at tp 1 and 2, the
+# portable ones at tp 1, and (mixture-of-experts models only) whole experts over 2 workers.
+ENGINE_RUNS = [(1, None, False), (2, None, False), (1, "baseline", False), (2, None, True)]
+# max |logit difference| / max |logit| of every prompt position, engine against TinyLlama.
+LOGITS_TOLERANCE = 1e-4
 PROMPTS = ["hello", "The quick brown fox", "h\u00e9llo w\u00f6rld \u2603", "a", "0123456789" * 3]
 
 
@@ -43,9 +49,9 @@ def find_rlsync(build_dir: str) -> str:
 
 
 def engine_generate(rlsync: str, checkpoint: str, prompt: str, max_tokens: int, tp: int, stop: bool,
-                    kernels: str | None) -> dict:
+                    kernels: str | None, extra: list[str] | None = None) -> dict:
     cmd = [rlsync, "generate", "--checkpoint", checkpoint, "--prompt", prompt, "--max-tokens", str(max_tokens),
-           "--tp", str(tp), "--json"] + ([] if stop else ["--no-stop"])
+           "--tp", str(tp), "--json"] + ([] if stop else ["--no-stop"]) + (extra or [])
     env = dict(os.environ)
     env.pop("RLSYNC_KERNELS", None)
     if kernels:
@@ -118,7 +124,7 @@ def main() -> int:
                            num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
                            mlp_only_layers=[0]), None, False),
     ]
-    failures, checked, min_margin = [], 0, float("inf")
+    failures, checked, min_margin, worst_logits = [], 0, float("inf"), 0.0
     with tempfile.TemporaryDirectory(prefix="rlsync-tiny-llama-") as tmp:
         for seed, (name, config, steer, must_end_on_eos) in enumerate(variants):
             torch.manual_seed(1000 + seed)
@@ -142,14 +148,33 @@ def main() -> int:
                     if stop and want[-1] == tl.TOKEN_EOS:
                         ended_on_eos = True
                     min_margin = min(min_margin, top2_margin(widened, prompt_ids, want))
-                    for tp, kernels in ENGINE_RUNS:
-                        label = f"{name} tp={tp}{' ' + kernels if kernels else ''} stop_at_eos={stop} " \
-                                f"prompt={prompt!r}"
+                    for tp, kernels, ep in ENGINE_RUNS:
+                        if ep and "num_experts" not in config:
+                            continue
+                        label = f"{name} tp={tp}{' ' + kernels if kernels else ''}{' ep' if ep else ''} " \
+                                f"stop_at_eos={stop} prompt={prompt!r}"
+                        logits_file = os.path.join(tmp, "logits.f32")
                         try:
-                            got = engine_generate(rlsync, ckpt, prompt, MAX_TOKENS, tp, stop, kernels)
+                            got = engine_generate(rlsync, ckpt, prompt, MAX_TOKENS, tp, stop, kernels,
+                                                  (["--expert-parallel"] if ep else [])
+                                                  + ["--logits", logits_file])
                         except (RuntimeError, subprocess.TimeoutExpired) as e:
                             failures.append(f"{label}: {e}")
                             continue
+                        # Every prompt position's logits against TinyLlama's, in fp32.
+                        with open(logits_file, "rb") as f:
+                            engine_logits = torch.frombuffer(bytearray(f.read()), dtype=torch.float32)
+                        with torch.no_grad():
+                            ref = widened(torch.tensor([prompt_ids]))[0].float()
+                        if engine_logits.numel() != ref.numel():
+                            failures.append(f"{label}: --logits wrote {engine_logits.numel()} floats, "
+                                            f"expected {ref.numel()}")
+                        else:
+                            ratio = float((engine_logits.view_as(ref) - ref).abs().max() / ref.abs().max())
+                            worst_logits = max(worst_logits, ratio)
+                            if not ratio <= LOGITS_TOLERANCE:
+                                failures.append(f"{label}: max |dlogit| / max |logit| = {ratio:.3g} > "
+                                                f"{LOGITS_TOLERANCE}")
                         checked += 1
                         if got.get("prompt_token_ids") != prompt_ids:
                             failures.append(f"{label}: prompt ids: engine {got.get('prompt_token_ids')}, "
@@ -182,13 +207,15 @@ def main() -> int:
     if "model.embed_tokens.weight" not in halves[0] or "lm_head.weight" not in halves[1] \
             or "model.norm.weight" not in halves[1] or "lm_head.weight" in tl.names_of_layers(tied, [1]):
         failures.append(f"names_of_layers: embedding, norm or lm_head in the wrong half: {halves}")
-    print(f"{checked} engine runs compared; smallest top-2 logit gap in TinyLlama's decodes: {min_margin:.4g}")
+    print(f"{checked} engine runs compared; smallest top-2 logit gap in TinyLlama's decodes: {min_margin:.4g}; "
+          f"worst max |dlogit| / max |logit| over the prompts: {worst_logits:.3g} (at most {LOGITS_TOLERANCE})")
     if failures:
         print(f"FAIL test_tiny_llama_numerics: {len(failures)} problem(s):")
         for f in failures:
             print("  " + f)
         return 1
-    print("PASS test_tiny_llama_numerics: TinyLlama's greedy tokens equal rlsync generate's")
+    print("PASS test_tiny_llama_numerics: TinyLlama's greedy tokens equal rlsync generate's, and so do the "
+          "prompts' logits within tolerance")
     return 0
 
 
