@@ -63,20 +63,29 @@ void load_o(const weight_view& src, worker_weights& dst, std::int64_t layer) {
   src.narrow(1, s.head_begin * hd, s.heads * hd)->copy_into(dst.at(layer_param_name(layer, param::o)), 0);
 }
 
-// Column-parallel gate/up, fused into gate_up_proj: [gate rows; up rows].
-void load_gate_up(const weight_view& src, worker_weights& dst, std::int64_t layer, bool up) {
-  const shard_spec& s = dst.shard();
-  const std::int64_t D = s.config.hidden_size;
-  expect_shape(src, {s.config.intermediate_size, D});
-  src.narrow(0, s.inter_begin, s.inter)
-      ->copy_into(dst.at(layer_param_name(layer, param::gate_up)), up ? s.inter * D : 0);
+// An MLP's gate or up rows [begin, begin + count) (column-parallel) into its
+// fused gate_up parameter: gate rows first, then up rows.
+void load_gate_up_rows(const weight_view& src, parameter& gate_up, std::int64_t begin, std::int64_t count, bool up) {
+  src.narrow(0, begin, count)->copy_into(gate_up, up ? count * src.shape()[1] : 0);
 }
 
-// Row-parallel down_proj: this worker's intermediate columns.
+// An MLP's down columns [begin, begin + count) (row-parallel).
+void load_down_columns(const weight_view& src, parameter& down, std::int64_t begin, std::int64_t count) {
+  src.narrow(1, begin, count)->copy_into(down, 0);
+}
+
+// A dense layer's gate/up: this worker's intermediate rows.
+void load_gate_up(const weight_view& src, worker_weights& dst, std::int64_t layer, bool up) {
+  const shard_spec& s = dst.shard();
+  expect_shape(src, {s.config.intermediate_size, s.config.hidden_size});
+  load_gate_up_rows(src, dst.at(layer_param_name(layer, param::gate_up)), s.inter_begin, s.inter, up);
+}
+
+// A dense layer's down_proj: this worker's intermediate columns.
 void load_down(const weight_view& src, worker_weights& dst, std::int64_t layer) {
   const shard_spec& s = dst.shard();
   expect_shape(src, {s.config.hidden_size, s.config.intermediate_size});
-  src.narrow(1, s.inter_begin, s.inter)->copy_into(dst.at(layer_param_name(layer, param::down)), 0);
+  load_down_columns(src, dst.at(layer_param_name(layer, param::down)), s.inter_begin, s.inter);
 }
 
 // Qwen3-MoE: the router, whole on every worker.
@@ -96,14 +105,12 @@ void load_expert(const weight_view& src, worker_weights& dst, std::int64_t layer
   expect_shape(src, part == "down_proj.weight" ? std::vector<std::int64_t>{D, mi} : std::vector<std::int64_t>{mi, D});
   if (!s.holds_expert(expert))
     return;
-  if (part == "down_proj.weight") {
-    src.narrow(1, s.moe_inter_begin, s.moe_inter)
-        ->copy_into(dst.at(layer_param_name(layer, param::expert_suffix(expert, true).c_str())), 0);
-    return;
-  }
-  src.narrow(0, s.moe_inter_begin, s.moe_inter)
-      ->copy_into(dst.at(layer_param_name(layer, param::expert_suffix(expert, false).c_str())),
-                  part == "up_proj.weight" ? s.moe_inter * D : 0);
+  const bool down = part == "down_proj.weight";
+  auto& target = dst.at(layer_param_name(layer, param::expert_suffix(expert, down).c_str()));
+  if (down)
+    load_down_columns(src, target, s.moe_inter_begin, s.moe_inter);
+  else
+    load_gate_up_rows(src, target, s.moe_inter_begin, s.moe_inter, part == "up_proj.weight");
 }
 
 // "<prefix><N>.<rest>" -> N and rest; false when `name` is not of that form
