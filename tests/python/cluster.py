@@ -61,12 +61,21 @@ MODEL = dict(layers=4, hidden_size=64, heads=4, kv_heads=2, intermediate_size=12
 
 def topology_text(*, port: int, http_port: int, certs: str, ranks: list[str], engines: int = 2, tp: int = 1,
                   backend: str = "ucx", model: dict | None = None, transfer_ms: int = 20000,
-                  every_versions: int = 1, extra: str = "") -> str:
+                  every_versions: int = 1, extra: str = "", engine_keys: str = "") -> str:
     """Two nodes on 127.0.0.1: `head` (coordinator, router, engines) and
-    `trainer` (the external ranks, each holding the layers given, e.g. "0-1")."""
+    `trainer` (the external ranks, each holding the layers given, e.g. "0-1",
+    or layers and experts, e.g. "all/0-3"). `model` may add synthetic keys
+    (arch, experts, ...); `engine_keys` is appended to every engine entry."""
     m = dict(MODEL, **(model or {}))
-    rank_lines = "".join(f"    - {{node: trainer, layers: \"{layers}\"}}\n" for layers in ranks)
-    engine_lines = "".join(f"  - {{name: rollout-{i}, node: head, tp: {tp}}}\n" for i in range(engines))
+    moe_lines = "".join(f"    {k}: {v}\n" for k, v in m.items() if k not in MODEL)
+
+    def rank_line(held: str) -> str:
+        layers, _, experts = held.partition("/")
+        return (f"    - {{node: trainer, layers: \"{layers}\"" + (f", experts: \"{experts}\"" if experts else "")
+                + "}\n")
+
+    rank_lines = "".join(rank_line(held) for held in ranks)
+    engine_lines = "".join(f"  - {{name: rollout-{i}, node: head, tp: {tp}{engine_keys}}}\n" for i in range(engines))
     return f"""name: python-test
 model:
   synthetic:
@@ -77,7 +86,7 @@ model:
     intermediate_size: {m['intermediate_size']}
     vocab_size: {m['vocab_size']}
     dtype: bf16
-nodes:
+{moe_lines}nodes:
   - {{name: head, address: 127.0.0.1, port: {port}}}
   - {{name: trainer, address: 127.0.0.1}}
 cluster:

@@ -56,7 +56,7 @@ import json
 import math
 import os
 import struct
-from typing import Iterable, Mapping, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -390,11 +390,14 @@ def expected_names(config: Union[LlamaConfig, Mapping]) -> list[str]:
     return names
 
 
-def names_of_layers(config: Union[LlamaConfig, Mapping], layers: Iterable[int]) -> list[str]:
+def names_of_layers(config: Union[LlamaConfig, Mapping], layers: Iterable[int],
+                    experts: Optional[Iterable[int]] = None) -> list[str]:
     """The parameters a trainer rank holding `layers` publishes, in checkpoint order.
 
     As rlsync groups parameters: the embedding travels with layer 0, the final
-    norm and lm_head with the last layer, the rest with their own layer.
+    norm and lm_head with the last layer, the rest with their own layer. With
+    `experts` (a topology's trainer.ranks[].experts) a sparse layer's experts
+    are only those; its router and dense tensors stay.
     """
     c = as_config(config)
     held = set()
@@ -411,7 +414,15 @@ def names_of_layers(config: Union[LlamaConfig, Mapping], layers: Iterable[int]) 
             return last
         return int(name.split(".")[2])
 
-    return [n for n in expected_names(c) if group(n) in held]
+    kept = None if experts is None else set(experts)
+
+    def expert_held(name: str) -> bool:
+        parts = name.split(".")  # model.layers.N.mlp.experts.E.<proj>.weight
+        if kept is None or len(parts) < 7 or parts[3:5] != ["mlp", "experts"] or not parts[5].isdigit():
+            return True
+        return int(parts[5]) in kept
+
+    return [n for n in expected_names(c) if group(n) in held and expert_held(n)]
 
 
 def model_from_state(state: Mapping[str, torch.Tensor], config: Union[LlamaConfig, Mapping]) -> TinyLlama:

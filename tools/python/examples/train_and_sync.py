@@ -256,7 +256,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
     p.add_argument("--seq-len", type=int, default=48, help="tokens per training sequence (default 48)")
     p.add_argument("--layers", type=parse_layers, default=None,
-                   help="layers this rank holds, e.g. 0-3,6 (default: all); publishes only their tensors "
+                   help="layers this rank holds, e.g. 0-3,6 (default: the topology's rank's); publishes only their tensors "
                         "(the embedding goes with layer 0, the final norm and lm_head with the last)")
     p.add_argument("--first-version", type=int, default=1,
                    help="version of the first step's weights; later steps count up (default 1)")
@@ -298,9 +298,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"train_and_sync: --prompt-len {args.prompt_len} + BOS + --max-tokens {args.max_tokens} exceed "
               f"max_position_embeddings ({config.max_position_embeddings})", file=sys.stderr)
         return 2
+    # What this rank holds: --layers, else the topology's trainer.ranks[rank] (its layers and, for a
+    # mixture of experts split over ranks, its experts).
+    ranks = topology.ranks
+    own = ranks[args.rank] if 0 <= args.rank < len(ranks) else {}
     try:
         held = tl.names_of_layers(config, args.layers if args.layers is not None
-                                  else range(config.num_hidden_layers))
+                                  else own.get("layers", range(config.num_hidden_layers)),
+                                  own.get("experts"))
     except ValueError as e:
         print(f"train_and_sync: --layers: {e}", file=sys.stderr)
         return 2
