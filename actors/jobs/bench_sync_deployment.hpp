@@ -12,6 +12,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <fstream>
@@ -49,7 +50,10 @@ public:
     };
     sup_ = std::make_unique<supervisor>(o);
     if (!children.empty())
-      thread_ = std::thread([this, children = std::move(children)] { result_ = sup_->run(children); });
+      thread_ = std::thread([this, children = std::move(children)] {
+        result_ = sup_->run(children);
+        ended_ = true; // every node process is gone (one failing stops the others)
+      });
   }
   ~node_children() { stop(); }
   void stop() {
@@ -58,6 +62,8 @@ public:
       thread_.join();
     }
   }
+  /// Whether the node processes have all exited.
+  bool ended() const { return ended_; }
   std::string tail() const {
     std::lock_guard<std::mutex> lock(mutex_);
     std::string s;
@@ -70,6 +76,7 @@ private:
   std::unique_ptr<supervisor> sup_;
   std::thread thread_;
   launch_result result_;
+  std::atomic<bool> ended_{false};
   mutable std::mutex mutex_;
   std::deque<std::string> tail_;
 };
@@ -164,8 +171,12 @@ public:
     // next one: this process asks for every round itself.
     caf::scoped_actor self{s_.system()};
     auto cold_deadline = clock_type::now() + t_.cluster.connect_deadline * 2 + round_time();
-    while (head_->members() < t_.engines.size() && clock_type::now() < cold_deadline)
+    // A node process that exits (a topology it refuses, a port taken) ends
+    // the wait at once: its engines will never register.
+    while (head_->members() < t_.engines.size() && clock_type::now() < cold_deadline && !nodes_->ended())
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (nodes_->ended() && head_->members() < t_.engines.size())
+      return failure("the node processes exited before their engines registered (their last lines are above)");
     while (head_->routable() < t_.engines.size() && clock_type::now() < cold_deadline)
       self->request(head_->coordinator(), round_time() * 2, sync_atom::value)
         .receive([](const sync_report&) {}, [](caf::error&) {});
