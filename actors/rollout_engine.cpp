@@ -355,8 +355,11 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       const bool kept = !st.pull_thread_busy;
       auto job = std::make_shared<pull_job>();
       job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(), order, deadline, seq, kept,
-                  engine = self->address()] {
+                  format = st.core->options().weights, engine = self->address()] {
         auto outcome = pull_version(pull, name, plans, staging, order, deadline);
+        // The process step here, off the engine's thread: finish then only swaps.
+        if (outcome->report && format == engine::weight_format::int8 && staging)
+          engine::process_weights(*staging, format);
         outcome->seq = seq;
         outcome->kept_thread = kept;
         // A weak reference until here: a stopping engine must not be kept alive by its pull.

@@ -126,8 +126,6 @@ int cmd_generate(const arg_list& argv) {
   generate_request req;
   req.request_id = 1;
   req.prompt = engine::encode(prompt);
-  if (logits_flag->count() > 0 && !write_prompt_logits(core, req.prompt, logits_file))
-    return 1;
   req.sampling = sampling;
   const bool json = json_flag->count() > 0;
   std::vector<std::int32_t> tokens;
@@ -145,6 +143,9 @@ int cmd_generate(const arg_list& argv) {
     std::cerr << "rlsync generate: " << failed->what << "\n";
     return 1;
   }
+  // After add(), which refused a prompt the model cannot take.
+  if (logits_flag->count() > 0 && !write_prompt_logits(core, req.prompt, logits_file))
+    return 1;
   // Bounded: every step produces a token or advances a prefill chunk.
   for (std::uint64_t i = 0; core.has_work() && i < 4 * (max_tokens + req.prompt.size()) + 16; ++i)
     core.step();

@@ -527,15 +527,29 @@ void reader::read_ranks(const map_reader& trainer) {
   const auto& c = t.model.config;
   if (!missing.empty() || c.arch != model_arch::qwen3_moe)
     return;
+  // Bounded work: the (layer, listed expert) pairs to mark.
+  std::int64_t pairs = 0;
+  for (auto& rank : tr.ranks)
+    if (rank.experts)
+      pairs += static_cast<std::int64_t>(rank.layers.size()) * static_cast<std::int64_t>(rank.experts->size());
+  if (pairs > (std::int64_t(1) << 26)) {
+    trainer.error("ranks", "the ranks list " + std::to_string(pairs) + " (layer, expert) pairs, more than 2^26");
+    return;
+  }
   for (std::int64_t l = 0; l < layers; ++l) {
     if (!c.sparse_layer(l))
       continue;
     std::vector<bool> held(static_cast<std::size_t>(c.num_experts), false);
-    for (auto& rank : tr.ranks)
-      if (std::binary_search(rank.layers.begin(), rank.layers.end(), l))
-        for (std::int64_t e = 0; e < c.num_experts; ++e)
-          if (!rank.experts || std::binary_search(rank.experts->begin(), rank.experts->end(), e))
-            held[static_cast<std::size_t>(e)] = true;
+    for (auto& rank : tr.ranks) {
+      if (!std::binary_search(rank.layers.begin(), rank.layers.end(), l))
+        continue;
+      if (!rank.experts) { // every expert of the layer
+        held.assign(held.size(), true);
+        break;
+      }
+      for (auto e : *rank.experts)
+        held[static_cast<std::size_t>(e)] = true;
+    }
     std::vector<std::int64_t> unheld;
     for (std::int64_t e = 0; e < c.num_experts; ++e)
       if (!held[static_cast<std::size_t>(e)])
@@ -690,8 +704,8 @@ void reader::read_engines(const map_reader& root) {
                            "(the adapter hands it the weights as received)");
       if (r.has("expert_parallel"))
         r.error("expert_parallel",
-                "applies to the built-in engine only; a vLLM server is started with --enable-expert-parallel "
-                "(the adapter pulls whole tensors either way)");
+                "applies to the built-in engine only; rlsync's vLLM adapter serves servers without expert "
+                "parallelism (its weight check compares the sliced layout)");
       if (replicas != 1)
         r.error("replicas", "must be 1 for kind vllm: each server is its own entry with its own url");
     } else {

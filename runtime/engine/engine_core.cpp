@@ -146,10 +146,16 @@ void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t versio
 
 void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   weights->version = version;
-  process_weights(*weights, opts_.weights); // step (6): from what arrived, before any step reads it
+  // Step (6), from what arrived, before any step reads it (unless the
+  // pulling thread already did it for these bytes).
+  if (!(opts_.weights == weight_format::int8 && weights->processed))
+    process_weights(*weights, opts_.weights);
   model_.set_weights(weights);
-  if (serving_) // the first load keeps the spare made at construction
+  if (serving_) { // the first load keeps the spare made at construction
+    if (serving_->processed && serving_.use_count() == 1)
+      process_weights(*serving_, weight_format::received); // a spare holds no int8 form
     spare_ = std::move(serving_);
+  }
   serving_ = std::move(weights);
   released_ = false;
   version_ = version;
@@ -462,6 +468,7 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   else
     s.staging = model_.make_weights();
   spare_.reset();
+  s.staging->processed = false; // its bytes are about to change
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
   s.was_dirty = dirty_;
   session_ = std::move(s);
@@ -490,6 +497,7 @@ std::optional<engine_error> engine_core::apply_packed(int worker, const std::set
     return engine_error{errc::malformed, "packed group for worker " + std::to_string(worker) + " has "
                                            + std::to_string(size) + " bytes, the plan expects "
                                            + std::to_string(expected)};
+  session_->staging->processed = false;
   auto& dst = session_->staging->workers[static_cast<std::size_t>(worker)];
   const std::uint8_t* at = bytes;
   for (const auto& e : p.entries)
@@ -506,6 +514,7 @@ std::optional<engine_error> engine_core::apply_tensor(const rlsync::tensor_view&
     return engine_error{errc::no_session, opts_.name + ": apply without start_update"};
   if (ignored_weight(config(), t.name))
     return std::nullopt;
+  session_->staging->processed = false;
   try {
     auto view = real_weight(t.name, t.type, t.shape, t.data);
     for (auto& w : session_->staging->workers)

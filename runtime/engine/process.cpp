@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <thread>
+#include <vector>
 
 namespace rlsync::engine {
 
@@ -38,11 +41,19 @@ void quantize(parameter& p) {
   for (std::int64_t j = 0; j < rows; ++j) {
     convert_to_f32(p.type, p.bytes.data() + static_cast<std::size_t>(j * cols) * es, row.data(), row.size());
     float amax = 0.0f;
-    for (float x : row)
+    bool finite = true;
+    for (float x : row) {
+      finite = finite && std::isfinite(x);
       amax = std::max(amax, std::fabs(x));
+    }
+    std::int8_t* q = p.q.data() + j * cols;
+    if (!finite) { // NaN or infinity (allow_nonfinite): the row's outputs are NaN, as the engine's checks expect
+      p.scales[static_cast<std::size_t>(j)] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(q, q + cols, std::int8_t{0});
+      continue;
+    }
     const float scale = amax / 127.0f;
     p.scales[static_cast<std::size_t>(j)] = scale;
-    std::int8_t* q = p.q.data() + j * cols;
     for (std::int64_t k = 0; k < cols; ++k) {
       const float v = scale > 0 ? std::nearbyint(row[static_cast<std::size_t>(k)] / scale) : 0.0f;
       q[k] = static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
@@ -53,18 +64,22 @@ void quantize(parameter& p) {
 } // namespace
 
 void process_weights(weight_set& set, weight_format f) {
-  // Workers hold disjoint parameters: one thread each, as the loader.
-  parallel_for(set.workers.size(), set.workers.size(), [&](std::size_t w) {
-    for (const auto& ref : set.workers[w].params()) {
-      auto& p = set.workers[w].at(ref.name);
-      if (f == weight_format::int8 && quantized_parameter(p.name) && p.shape.size() == 2 && p.holds_data()) {
-        quantize(p);
-      } else {
-        p.q.clear();
-        p.scales.clear();
-      }
+  // Parameters are independent: spread them over the machine's threads.
+  std::vector<parameter*> all;
+  for (auto& w : set.workers)
+    for (const auto& ref : w.params())
+      all.push_back(&w.at(ref.name));
+  const unsigned threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 16u));
+  parallel_for(all.size(), threads, [&](std::size_t i) {
+    parameter& p = *all[i];
+    if (f == weight_format::int8 && quantized_parameter(p.name) && p.shape.size() == 2 && p.holds_data()) {
+      quantize(p);
+    } else { // released, not kept: a set that is not served holds no int8 form
+      std::vector<std::int8_t>().swap(p.q);
+      std::vector<float>().swap(p.scales);
     }
   });
+  set.processed = f == weight_format::int8;
 }
 
 } // namespace rlsync::engine

@@ -27,8 +27,12 @@ std::optional<weight_format> weight_format_of(const std::string& s);
 bool quantized_parameter(const std::string& name);
 
 /// Computes `f`'s form of every worker's parameters in place (int8: fills
-/// q and scales of each quantized matrix from its bytes; received: clears
-/// them). Run on a set no step reads yet (a staging set before it is served).
+/// q and scales of each quantized matrix from its bytes, a row holding NaN
+/// or infinity getting a NaN scale; received: frees them), spread over the
+/// machine's threads, and sets set.processed. Run on a set no step reads:
+/// a staging set before it is served (rollout engines do it on their
+/// pulling thread once a pull is complete, so that finish does not wait for
+/// it), or one leaving service.
 void process_weights(weight_set& set, weight_format f);
 
 } // namespace rlsync::engine

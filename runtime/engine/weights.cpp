@@ -110,7 +110,7 @@ layer_weights worker_weights::layer(std::int64_t l) const {
 std::uint64_t worker_weights::bytes() const {
   std::uint64_t n = 0;
   for (auto& p : params_)
-    n += static_cast<std::uint64_t>(p.numel()) * dtype_size(p.type);
+    n += static_cast<std::uint64_t>(p.numel()) * dtype_size(p.type) + p.q.size() + p.scales.size() * sizeof(float);
   return n;
 }
 

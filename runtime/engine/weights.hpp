@@ -106,6 +106,7 @@ public:
   kernels::typed_ptr lm_head() const { return params_[lm_head_].ref(); }
   layer_weights layer(std::int64_t l) const;
 
+  /// Every parameter's bytes, and its int8 form when it has one.
   std::uint64_t bytes() const;
 
 private:
@@ -122,6 +123,9 @@ private:
 struct weight_set {
   std::vector<worker_weights> workers;
   std::uint64_t version = 0;
+  /// The int8 form (parameter::q) is current for the bytes: set by
+  /// process_weights(int8), cleared by every write of a session.
+  bool processed = false;
 
   /// Allocates zeroed parameters of `type` for every worker.
   static std::shared_ptr<weight_set> make(const model_config& c, int tp, dtype type, bool expert_parallel = false);

@@ -267,7 +267,9 @@ weight_source::weight_source(model_config c, const std::optional<std::vector<std
       throw std::invalid_argument("weight source: holds some experts, but the model has no separate expert tensors");
     std::sort(experts_->begin(), experts_->end());
     experts_->erase(std::unique(experts_->begin(), experts_->end()), experts_->end());
-    if (experts_->empty() || experts_->front() < 0 || experts_->back() >= config_.num_experts)
+    if (experts_->empty())
+      throw std::invalid_argument("weight source: holds no expert (leave held experts out to hold all)");
+    if (experts_->front() < 0 || experts_->back() >= config_.num_experts)
       throw std::invalid_argument("weight source: held experts must be in [0, "
                                   + std::to_string(config_.num_experts) + ")");
   }

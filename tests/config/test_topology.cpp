@@ -294,8 +294,8 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
         == "t.yaml:14:34: engines[0].tp: must divide moe_intermediate_size (30), got 4\n");
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 2, expert_parallel: true, kind: vllm, "
                                   "url: 'http://127.0.0.1:8000'}]")))
-        == "t.yaml:14:54: engines[0].expert_parallel: applies to the built-in engine only; a vLLM server is "
-           "started with --enable-expert-parallel (the adapter pulls whole tensors either way)\n");
+        == "t.yaml:14:54: engines[0].expert_parallel: applies to the built-in engine only; "
+           "rlsync's vLLM adapter serves servers without expert parallelism (its weight check compares the sliced layout)\n");
 }
 
 TEST_CASE("topology errors: nodes") {

@@ -341,13 +341,25 @@ TEST_CASE("int8 process step: per-output-channel symmetric int8 within tolerance
   }
   CHECK(sum / runs < 0.015); // on average within 1.5% of the largest logit
   MESSAGE("int8 against bf16, max |dlogit| / max |logit|: mean " << sum / runs << ", worst " << worst_all);
-  // Back to the weights as received: the int8 form is dropped.
+  // Back to the weights as received: the int8 form is dropped, its memory freed.
   auto src = make_source(tiny_config(4, 2), dtype::bf16, 13);
   auto set = src.load(1);
+  const auto received_bytes = set->workers[0].bytes();
   process_weights(*set, weight_format::int8);
+  CHECK(set->processed);
+  CHECK(set->workers[0].bytes() > received_bytes); // the int8 form is counted
   process_weights(*set, weight_format::received);
+  CHECK_FALSE(set->processed);
+  CHECK(set->workers[0].bytes() == received_bytes);
   for (const auto& p : set->workers[0].params())
-    CHECK(p.q.empty());
+    CHECK((p.q.empty() && p.q.capacity() == 0));
+  // A row holding NaN keeps it: its scale is NaN (so are its outputs), never a silent zero.
+  auto& qkv = set->workers[0].at("model.layers.0.self_attn.qkv_proj.weight");
+  const std::uint16_t nan_bits = 0x7FC0; // bf16 quiet NaN
+  std::memcpy(qkv.bytes.data() + 2 * qkv.shape[1] * 2, &nan_bits, 2); // row 2, column 0
+  process_weights(*set, weight_format::int8);
+  CHECK(std::isnan(qkv.scales[2]));
+  CHECK(std::isfinite(qkv.scales[1]));
   CHECK(weight_format_of("int8") == weight_format::int8);
   CHECK(weight_format_of("received") == weight_format::received);
   CHECK_FALSE(weight_format_of("fp8"));
