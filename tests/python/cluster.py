@@ -191,3 +191,34 @@ def python_env(build_dir: str) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(build_dir, "python"), EXAMPLES])
     return env
+
+
+def run_example_ranks(c: Cluster, build_dir: str, per_rank: list[list[str]], steps: int) -> None:
+    """Runs train_and_sync.py once per rank (rank i with per_rank[i]'s extra
+    flags; the ranks after the first send no rollouts) against cluster `c`,
+    and fails unless each one's greedy completions equal TinyLlama's and the
+    fleet's status lists the last rank."""
+    example = os.path.join(EXAMPLES, "train_and_sync.py")
+    common = [sys.executable, example, "--topology", c.topology, "--steps", str(steps), "--timeout-s", "90"]
+    env = python_env(build_dir)
+    env["OMP_NUM_THREADS"] = "1"  # several trainers on two cores; one thread each trains identically
+    ranks = [subprocess.Popen(common + ["--rank", str(i)] + extra + ([] if i == 0 else ["--no-rollouts"]),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for i, extra in enumerate(per_rank)]
+    outputs = []
+    for p in ranks:
+        try:
+            out, _ = p.communicate(timeout=400)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+        outputs.append(out)
+    for i, out in enumerate(outputs):
+        print(f"---- rank {i} ----\n{out}")
+    for i, p in enumerate(ranks):
+        if p.returncode != 0 or "PASS: all 4 greedy completions equal TinyLlama's" not in outputs[i]:
+            c.dump()
+            fail(f"rank {i} exited {p.returncode}")
+    # Every round pulled from every rank: the status of the last one names them.
+    if f'"rank": {len(ranks) - 1}' not in outputs[0]:
+        fail(f"the fleet status does not list rank {len(ranks) - 1}")
