@@ -199,6 +199,15 @@ def main() -> int:
         if len(tl.greedy_decode(tied, long_ids, MAX_TOKENS, stop_at_eos=False)) != 40 - len(long_ids):
             failures.append("greedy_decode does not stop at max_position_embeddings")
 
+    # A Qwen3-MoE's explicit head_dim survives config.json (Qwen3-30B-A3B: 128, hidden / heads 64), and a
+    # rank holding some experts publishes its layers' dense tensors and only those experts.
+    moe_config = variants[-1][1]
+    if tl.LlamaConfig.from_dict(tl.as_config(moe_config).to_dict()).dim_per_head != 24:
+        failures.append("LlamaConfig.from_dict drops a qwen3_moe head_dim")
+    low = tl.names_of_layers(moe_config, [0, 1], experts=[0, 1, 2, 3])
+    if "model.layers.1.mlp.experts.4.up_proj.weight" in low or "model.layers.1.mlp.experts.3.up_proj.weight" not in low \
+            or "model.layers.1.mlp.gate.weight" not in low or "model.layers.0.mlp.up_proj.weight" not in low:
+        failures.append("names_of_layers with experts: wrong tensors")
     # Each trainer rank publishes its layers' tensors: embedding with layer 0, norm and lm_head with the last.
     untied, tied = variants[0][1], variants[1][1]
     halves = [tl.names_of_layers(untied, [0]), tl.names_of_layers(untied, [1])]

@@ -156,7 +156,7 @@ class LlamaConfig:
         if missing:
             raise ValueError("model config: missing " + ", ".join(missing))
         fields = {k: v for k, v in d.items() if k in names and v is not None}
-        if fields.get("model_type", "llama") != "qwen3":
+        if fields.get("model_type", "llama") not in ("qwen3", "qwen3_moe"):
             fields.pop("head_dim", None)  # a Llama's is hidden / heads (newer transformers write it too)
         return cls(**fields)
 
