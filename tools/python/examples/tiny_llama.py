@@ -251,21 +251,11 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    """SwiGLU: a dense layer's MLP, or (intermediate_size = moe_intermediate_size) one expert."""
+
+    def __init__(self, config: LlamaConfig, intermediate_size: Optional[int] = None):
         super().__init__()
-        h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Expert(nn.Module):
-    def __init__(self, config: LlamaConfig):
-        super().__init__()
-        h, i = config.hidden_size, config.moe_intermediate_size
+        h, i = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_proj = nn.Linear(h, i, bias=False)
         self.up_proj = nn.Linear(h, i, bias=False)
         self.down_proj = nn.Linear(i, h, bias=False)
@@ -282,7 +272,7 @@ class SparseMoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(config) for _ in range(config.num_experts))
+        self.experts = nn.ModuleList(MLP(config, config.moe_intermediate_size) for _ in range(config.num_experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
