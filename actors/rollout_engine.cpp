@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
+#include <iostream>
+
 namespace rlsync {
 
 namespace {
@@ -48,6 +50,23 @@ auto gate(engine_ptr self, F handler, Result (F::*)(Args...) const) {
 template <class F>
 auto gated(engine_ptr self, F handler) {
   return gate(self, std::move(handler), &F::operator());
+}
+
+/// True when a worker thread of the engine died (a kill_worker drill is
+/// applied here first): the engine stops with the failure as its exit
+/// reason — what the coordinator sees, evicting it — and serves nothing more.
+bool worker_died(engine_ptr self) {
+  auto& st = self->state;
+  if (st.faults)
+    if (int rank = st.faults->kill_rank.exchange(-1); rank >= 0)
+      st.core->kill_worker(std::min(rank, st.core->dp() - 1),
+                           std::min(st.faults->kill_worker.load(), st.core->options().tp - 1));
+  auto failure = st.core->failure();
+  if (!failure)
+    return false;
+  std::cerr << *failure << ": the engine stops\n";
+  self->quit(caf::make_error(caf::sec::runtime_error, *failure));
+  return true;
 }
 
 /// How long a delay_acks drill still holds acknowledgements; 0: not held.
@@ -494,6 +513,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       return s;
     })),
     authorized(self, guard, gated(self, [=](heartbeat_atom, const heartbeat& hb) -> caf::result<heartbeat> {
+      if (worker_died(self))
+        return caf::make_error(caf::sec::runtime_error, *self->state.core->failure());
       return heartbeat{name, hb.seq};
     })),
     authorized(self, guard, [=](route_atom, const heartbeat_actor& router) {
@@ -586,6 +607,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return;
       }
       self->state.step_scheduled = false;
+      if (worker_died(self))
+        return;
       self->state.core->step();
       if (metrics)
         metrics->sample(self->state.core->status());

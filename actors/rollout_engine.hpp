@@ -42,6 +42,12 @@ struct engine_fault_gate {
   /// Phase acknowledgements are held until this steady-clock time (ns
   /// since the clock's epoch): a straggler past the phase deadline. 0: none.
   std::atomic<std::int64_t> acks_held_until_ns{0};
+  /// kill_worker: tp worker `kill_worker` of data-parallel rank `kill_rank`
+  /// dies when the engine next looks (a heartbeat or a step); -1: none. The
+  /// engine then reports the failure and stops, as a process whose worker
+  /// died does, and the coordinator evicts it.
+  std::atomic<int> kill_rank{-1};
+  std::atomic<int> kill_worker{0};
 };
 
 /// What an engine actor is made from.

@@ -101,6 +101,7 @@ int serve_topology_node(const std::string& path, const std::string& name, const 
                            " is kind vllm: its own server already serves vLLM's API (run `rlsync node` there)");
   options.tp = static_cast<int>(placed.front()->tp);
   options.expert_parallel = placed.front()->expert_parallel;
+  options.dp = static_cast<int>(placed.front()->dp);
   options.weights = engine::weight_format_of(placed.front()->weights).value_or(engine::weight_format::received);
   const std::string file = secret_file.value_or(t.cluster.secret_file);
   std::string secret;
@@ -169,6 +170,8 @@ int cmd_serve(const arg_list& argv) {
   auto dir_flag = app.add_option("--checkpoint", dir, "checkpoint directory (required)")->type_name("DIR");
   cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
   auto ep_flag = app.add_flag("--expert-parallel", "place whole experts over the tp workers (MoE models)");
+  std::uint64_t dp = 1;
+  cli::add_size(app, "--dp", dp, "data-parallel scheduler ranks, 1..64 (one pause covers them all)")->default_val(dp);
   std::string weights = "received";
   auto weights_flag = app.add_option("--weights", weights, "serve from the weights as received, or int8 computed from them")
                         ->default_val(weights)
@@ -200,6 +203,8 @@ int cmd_serve(const arg_list& argv) {
       throw cli::usage_error("--tp: with --topology the engine's tp is the topology's");
     if (ep_flag->count() > 0)
       throw cli::usage_error("--expert-parallel: with --topology the engine's expert_parallel is the topology's");
+    if (app.get_option("--dp")->count() > 0)
+      throw cli::usage_error("--dp: with --topology the engine's dp is the topology's");
     if (weights_flag->count() > 0)
       throw cli::usage_error("--weights: with --topology the engine's weights are the topology's");
   } else {
@@ -209,6 +214,8 @@ int cmd_serve(const arg_list& argv) {
   }
   if (tp == 0 || tp > 64)
     throw cli::usage_error("--tp: must be in 1..64");
+  if (dp == 0 || dp > 64)
+    throw cli::usage_error("--dp: must be in 1..64");
   if (port > 65535)
     throw cli::usage_error("--port: must be in 0..65535");
 
@@ -216,6 +223,7 @@ int cmd_serve(const arg_list& argv) {
   options.checkpoint_dir = dir;
   options.tp = static_cast<int>(tp);
   options.expert_parallel = ep_flag->count() > 0;
+  options.dp = static_cast<int>(dp);
   if (auto f = engine::weight_format_of(weights))
     options.weights = *f;
   else

@@ -26,6 +26,9 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   cfg.options.name = e.name;
   cfg.options.tp = static_cast<int>(e.tp);
   cfg.options.expert_parallel = e.expert_parallel;
+  cfg.options.dp = static_cast<int>(e.dp);
+  cfg.options.balance = e.dp_balance == "prefix_affinity" ? engine::dp_balance::prefix_affinity
+                                                          : engine::dp_balance::least_outstanding; // validated
   cfg.options.weights = engine::weight_format_of(e.weights).value_or(engine::weight_format::received); // validated
   cfg.options.max_batch = static_cast<std::uint32_t>(e.max_batch);
   cfg.options.queue_limit = static_cast<std::uint32_t>(e.queue_limit);

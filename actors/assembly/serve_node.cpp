@@ -47,6 +47,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   cfg.options.name = "serve";
   cfg.options.tp = options_.tp;
   cfg.options.expert_parallel = options_.expert_parallel;
+  cfg.options.dp = options_.dp;
   cfg.options.weights = options_.weights;
   cfg.options.source_dtype = weights_dtype;
   cfg.node = "serve";
@@ -56,6 +57,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   ctx_.settings.checkpoint_dir = dir;
   ctx_.settings.max_model_len = ckpt.config().max_position_embeddings;
   ctx_.settings.tp = options_.tp;
+  ctx_.settings.dp = options_.dp;
   ctx_.settings.strict_vllm = options_.strict_vllm;
 
   // The first weights go in as any update does: a session of version 1.
@@ -81,6 +83,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options, rollo
   ctx_.settings.model_name = std::move(model_name);
   ctx_.settings.max_model_len = model.max_position_embeddings;
   ctx_.settings.tp = options_.tp;
+  ctx_.settings.dp = options_.dp;
   ctx_.settings.strict_vllm = options_.strict_vllm;
   ctx_.settings.coordinated = true;
   ctx_.labels->label_by_number(true);

@@ -29,6 +29,7 @@ struct serve_node_options {
   std::string checkpoint_dir;
   int tp = 1;
   bool expert_parallel = false; ///< experts placed whole over the tp workers
+  int dp = 1;                   ///< data-parallel scheduler ranks, one pause for all
   engine::weight_format weights = engine::weight_format::received; ///< what the engine serves from
   http::server_options http; ///< host, port, bounds, bearer token
   bool strict_vllm = false;  ///< answer exactly as vLLM does (500 for ordering mistakes, no extras)

@@ -507,13 +507,16 @@ void route_weight_checker(control_ptr self, const http::request& rq, done_fn don
   self->request(self->state.ctx.engine, deadline(self), sha256_atom::value)
     .await(
       [self, done, action, baseline](std::string& digests) {
-        // "<worker>/<param>" -> vLLM's key "dp0:pp0:pcp0:tp<worker>:<param>".
+        // "<worker>/<param>" -> vLLM's key "dp<rank>:pp0:pcp0:tp<worker>:<param>", for every
+        // data-parallel rank: they serve one shared set, so each rank's digests are those bytes'.
         std::map<std::string, std::string> sums;
         const auto parsed = json::parse(digests); // kept alive: items() refers to it
-        for (auto& [key, hex] : parsed.items()) {
-          auto slash = key.find('/');
-          sums["dp0:pp0:pcp0:tp" + key.substr(0, slash) + ":" + key.substr(slash + 1)] = hex.get<std::string>();
-        }
+        for (int rank = 0; rank < self->state.ctx.settings.dp; ++rank)
+          for (auto& [key, hex] : parsed.items()) {
+            auto slash = key.find('/');
+            sums["dp" + std::to_string(rank) + ":pp0:pcp0:tp" + key.substr(0, slash) + ":" + key.substr(slash + 1)] =
+              hex.get<std::string>();
+          }
         if (action == "checksum") {
           self->state.checker_baseline = sums;
           return done(json_response(json{{"checksums", sums}}));
@@ -677,8 +680,8 @@ void dispatch(control_ptr self, const http::request& rq, done_fn done) {
     if (path == "/weight_checker")
       return route_weight_checker(self, rq, done);
     if (path == "/get_world_size") {
-      http::query_bool(rq, "include_dp", true);
-      return done(json_response(json{{"world_size", st.ctx.settings.tp}}));
+      const bool include_dp = http::query_bool(rq, "include_dp", true);
+      return done(json_response(json{{"world_size", st.ctx.settings.tp * (include_dp ? st.ctx.settings.dp : 1)}}));
     }
     if (path == "/collective_rpc")
       return route_collective_rpc(self, rq, done);

@@ -75,6 +75,7 @@ struct serve_settings {
   std::string checkpoint_dir;
   std::int64_t max_model_len = 0;  ///< max_position_embeddings
   int tp = 1;
+  int dp = 1; ///< data-parallel ranks: /get_world_size counts them unless include_dp=false, as vLLM does
   bool strict_vllm = false;        ///< answer exactly as vLLM: 500 for ordering mistakes, no extras
   /// A topology's coordinator owns the engine's weights and rounds (`rlsync
   /// serve --topology`): the weight-transfer, pause/resume, sleep and cache

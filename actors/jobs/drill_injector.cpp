@@ -78,6 +78,13 @@ bool fault_injector::fire(const fault_spec& spec) {
       case fault_action::corrupt:
         d_.trainer.transfer->corrupt({name, -1, 0, 0, 1});
         break;
+      case fault_action::kill_worker:
+        // The engine applies it at its next heartbeat or step, reports the
+        // failure and stops; the coordinator evicts it.
+        d_.gates[i]->kill_worker = static_cast<int>(spec.worker);
+        d_.gates[i]->kill_rank = static_cast<int>(spec.dp_rank);
+        h_.lane(name, lane_state::dead);
+        break;
     }
   }
   return true;
@@ -104,11 +111,12 @@ void fault_injector::end(const fault_spec& spec) {
   for (auto i : engines_of(spec)) {
     if (spec.action == fault_action::partition)
       d_.gates[i]->partitioned = false;
-    else if (spec.action == fault_action::kill)
+    else if (spec.action == fault_action::kill || spec.action == fault_action::kill_worker)
       restart_engine(i);
     // delay_acks ends by itself at its time
   }
-  h_.mark("heal", (spec.action == fault_action::kill ? "restart " : "heal ") + spec.target);
+  const bool killed = spec.action == fault_action::kill || spec.action == fault_action::kill_worker;
+  h_.mark("heal", (killed ? "restart " : "heal ") + spec.target);
   h_.note("drill: end of fault: " + fault_label(spec));
 }
 

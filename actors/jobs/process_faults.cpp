@@ -113,6 +113,9 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
     if (f.action == fault_action::partition)
       p.ends_after = f.duration;
     break;
+  case fault_action::kill_worker:
+    return refuse(what(f) + ": a worker thread is killed through the engine's in-process fault gate; run this "
+                            "drill in one process (rlsync drill without --processes)");
   case fault_action::corrupt:
     // The producer alters the bytes after their checksum; each rank's UCX
     // producer takes SIGUSR1 for it (rlsync node --drill-events). Group 0

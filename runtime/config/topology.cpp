@@ -667,7 +667,7 @@ void reader::read_engines(const map_reader& root) {
   std::map<std::string, std::string> owner; // replica name -> the entry's path
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path,
-                 {"name", "node", "replicas", "tp", "expert_parallel", "weights", "max_batch", "queue_limit",
+                 {"name", "node", "replicas", "tp", "dp", "dp_balance", "expert_parallel", "weights", "max_batch", "queue_limit",
                   "kv_block_tokens", "prefix_cache_blocks", "kind", "url", "api_key_file", "weights_dir"},
                  root.mark("engines"));
     if (!r.valid()) {
@@ -686,6 +686,10 @@ void reader::read_engines(const map_reader& root) {
       for (auto& problem : validate_tp(t.model.config, e.tp, e.expert_parallel))
         r.error(problem.rfind("expert parallelism needs", 0) == 0 ? "expert_parallel" : "tp", problem);
     }
+    r.read("dp", e.dp, between(1, max_dp));
+    if (r.read("dp_balance", e.dp_balance) && e.dp_balance != "least_outstanding"
+        && e.dp_balance != "prefix_affinity")
+      r.error("dp_balance", "expected least_outstanding or prefix_affinity, got '" + printable(e.dp_balance) + "'");
     if (r.read("weights", e.weights) && e.weights != "received" && e.weights != "int8")
       r.error("weights", "expected received or int8, got '" + printable(e.weights) + "'");
     r.read("max_batch", e.max_batch, between(1, max_batch_limit));
@@ -699,6 +703,10 @@ void reader::read_engines(const map_reader& root) {
       for (const char* key : {"kv_block_tokens", "prefix_cache_blocks"})
         if (r.has(key))
           r.error(key, "applies to the built-in engine only; a vLLM server sets its own caches");
+      for (const char* key : {"dp", "dp_balance"})
+        if (r.has(key))
+          r.error(key, "applies to the built-in engine only; start the vLLM server with --data-parallel-size "
+                       "(its internal load balancer pauses every rank on the adapter's one pause call)");
       if (r.has("weights"))
         r.error("weights", "applies to the built-in engine only; a vLLM server quantizes with its own --quantization "
                            "(the adapter hands it the weights as received)");
@@ -956,7 +964,7 @@ void reader::read_drill(const map_reader& root) {
     return;
   }
   for (auto& item : *items) {
-    map_reader r(d, item.node, item.path, {"at_sync", "phase", "at_ms", "action", "target", "duration_ms"},
+    map_reader r(d, item.node, item.path, {"at_sync", "phase", "at_ms", "action", "target", "duration_ms", "dp_rank", "worker"},
                  drill.mark("faults"));
     if (!r.valid())
       continue;
@@ -983,12 +991,17 @@ void reader::read_drill(const map_reader& root) {
     if (r.has("duration_ms")) {
       milliseconds v{};
       if (action_ok && f.action != fault_action::partition && f.action != fault_action::delay_acks
-          && f.action != fault_action::kill)
-        r.error("duration_ms", "only used with kill (restart after it), partition or delay_acks");
+          && f.action != fault_action::kill && f.action != fault_action::kill_worker)
+        r.error("duration_ms", "only used with kill or kill_worker (restart after it), partition or delay_acks");
       else if (r.read_ms("duration_ms", v, between(1, max_duration_ms)))
         f.duration = v;
     }
-    if (!action_ok || !target_ok || !nodes_ok || !engines_ok)
+    for (const char* key : {"dp_rank", "worker"})
+      if (r.has(key) && action_ok && f.action != fault_action::kill_worker)
+        r.error(key, "only used with kill_worker (which rank's worker thread dies)");
+    const bool rank_ok = r.read("dp_rank", f.dp_rank, between(0, max_dp - 1)) || !r.has("dp_rank");
+    const bool worker_ok = r.read("worker", f.worker, between(0, max_tp - 1)) || !r.has("worker");
+    if (!action_ok || !target_ok || !nodes_ok || !engines_ok || !rank_ok || !worker_ok)
       continue;
     // Which kinds of target each action accepts, most specific first.
     std::vector<fault_target> kinds;
@@ -1004,6 +1017,7 @@ void reader::read_drill(const map_reader& root) {
       break;
     case fault_action::delay_acks:
     case fault_action::corrupt:
+    case fault_action::kill_worker:
       kinds = {fault_target::engine};
       break;
     }
@@ -1056,6 +1070,25 @@ void reader::read_drill(const map_reader& root) {
       if (server) {
         r.error("action", std::string(name_of(action_choices, f.action)) + " cannot act on engine '" + server->name
                             + "' (kind vllm: an external server has no fault gate; kill its server instead)");
+        continue;
+      }
+    }
+    if (f.action == fault_action::kill_worker) {
+      const auto& e = *std::find_if(t.engines.begin(), t.engines.end(),
+                                    [&](const engine_spec& x) { return x.name == f.target; });
+      if (e.kind == engine_kind::vllm) {
+        r.error("action", "kill_worker cannot act on engine '" + e.name
+                            + "' (kind vllm: rlsync does not own its worker processes; kill its server instead)");
+        continue;
+      }
+      if (f.dp_rank >= e.dp) {
+        r.error("dp_rank", "engine '" + e.name + "' has " + std::to_string(e.dp) + " data-parallel rank"
+                             + (e.dp == 1 ? "" : "s") + " (0.." + std::to_string(e.dp - 1) + ")");
+        continue;
+      }
+      if (f.worker >= e.tp) {
+        r.error("worker", "engine '" + e.name + "' has " + std::to_string(e.tp) + " tp worker"
+                            + (e.tp == 1 ? "" : "s") + " per rank (0.." + std::to_string(e.tp - 1) + ")");
         continue;
       }
     }

@@ -37,7 +37,7 @@ enum class router_policy { least_outstanding, round_robin, prefix_affinity };
 enum class transfer_backend { local, ucx, nccl, cuda_ipc };
 // transfer_mode (sharded, broadcast) comes from config/modes.hpp.
 enum class ucx_transport { shm, cma, tcp, rdma };
-enum class fault_action { kill, restart, partition, heal, delay_acks, corrupt };
+enum class fault_action { kill, restart, partition, heal, delay_acks, corrupt, kill_worker };
 enum class fault_target { engine, node, trainer, router, coordinator };
 /// What `rlsync launch` does when a node's process fails on its own.
 enum class node_restart { never, on_failure };
@@ -92,6 +92,8 @@ inline constexpr std::int64_t max_replicas = 4096;     // per engine entry, and 
 inline constexpr std::int64_t max_nodes = 4096;
 inline constexpr std::int64_t max_ranks = 4096;        // trainer ranks (the producers one order may name)
 inline constexpr std::int64_t max_tp = 1024;
+/// Data-parallel scheduler ranks of one built-in engine (the engine refuses more).
+inline constexpr std::int64_t max_dp = 64;
 inline constexpr std::int64_t max_batch_limit = 65536;
 inline constexpr std::int64_t max_queue_limit = 1 << 20;
 inline constexpr std::int64_t max_kv_block_tokens = 65536;
@@ -181,6 +183,12 @@ struct engine_spec {
   /// Experts placed whole over the tp workers (EP size = tp) instead of
   /// sliced by tp; the built-in engine only, a mixture-of-experts model only.
   bool expert_parallel = false;
+  /// Data-parallel scheduler ranks behind the one engine (built-in engine):
+  /// each with its own batch, queue and KV cache, all sharing one copy of the
+  /// weights; one pause covers them all.
+  std::int64_t dp = 1;
+  /// Which rank takes a new request: "least_outstanding" or "prefix_affinity".
+  std::string dp_balance = "least_outstanding";
   /// What the built-in engine serves from: "received" (the weights as the
   /// trainer sends them) or "int8" (quantized per output channel on the
   /// engine after each update: the process step).
@@ -278,8 +286,11 @@ struct fault_spec {
   std::string target;       // an engine replica or node name, or trainer/router/coordinator
                             // (partition/heal: a node, or one engine: its messages are dropped)
   fault_target target_kind = fault_target::engine;
-  /// partition, delay_acks: how long they last; kill: restart after it. Else unset.
+  /// partition, delay_acks: how long they last; kill, kill_worker: restart after it. Else unset.
   std::optional<milliseconds> duration;
+  /// kill_worker: which data-parallel rank's tp worker thread dies.
+  std::int64_t dp_rank = 0;
+  std::int64_t worker = 0;
 };
 
 struct drill_spec {

@@ -46,7 +46,8 @@ inline const choices<node_restart> node_restart_choices = {{"never", node_restar
 inline const choices<fault_action> action_choices = {
   {"kill", fault_action::kill},           {"restart", fault_action::restart},
   {"partition", fault_action::partition}, {"heal", fault_action::heal},
-  {"delay_acks", fault_action::delay_acks}, {"corrupt", fault_action::corrupt}};
+  {"delay_acks", fault_action::delay_acks}, {"corrupt", fault_action::corrupt},
+  {"kill_worker", fault_action::kill_worker}};
 inline const choices<sync_phase> phase_choices = {
   {"pause", sync_phase::pause},       {"flush", sync_phase::flush},   {"start", sync_phase::start},
   {"transfer", sync_phase::transfer}, {"finish", sync_phase::finish}, {"continue", sync_phase::resume}};

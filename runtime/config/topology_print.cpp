@@ -136,6 +136,10 @@ std::string to_yaml(const topology& t) {
     out << YAML::Key << "replica" << YAML::Value << i64(e.replica);
     out << YAML::Key << "node" << YAML::Value << e.node;
     out << YAML::Key << "tp" << YAML::Value << i64(e.tp);
+    if (e.dp != 1 || e.dp_balance != "least_outstanding") {
+      out << YAML::Key << "dp" << YAML::Value << i64(e.dp);
+      out << YAML::Key << "dp_balance" << YAML::Value << e.dp_balance;
+    }
     if (e.expert_parallel)
       out << YAML::Key << "expert_parallel" << YAML::Value << true;
     if (e.weights != "received")
@@ -233,6 +237,10 @@ std::string to_yaml(const topology& t) {
       out << YAML::Key << "target_kind" << YAML::Value << std::string(to_string(f.target_kind));
       if (f.duration)
         out << YAML::Key << "duration_ms" << YAML::Value << ms(*f.duration);
+      if (f.action == fault_action::kill_worker) {
+        out << YAML::Key << "dp_rank" << YAML::Value << i64(f.dp_rank);
+        out << YAML::Key << "worker" << YAML::Value << i64(f.worker);
+      }
       out << YAML::EndMap;
     }
     out << YAML::EndSeq << YAML::EndMap;

@@ -120,24 +120,53 @@ struct engine_core::prefix_cache {
   }
 };
 
+// -- one data-parallel rank -------------------------------------------------------------
+
+// Its own model (and so its own tp workers and scratch) over the weight set
+// every rank shares, its own requests, queue and prefix cache.
+struct engine_core::scheduler_rank {
+  int index;
+  model net;
+  std::unordered_map<std::uint64_t, std::unique_ptr<request>> requests;
+  std::deque<std::uint64_t> waiting;  ///< FIFO of ids not yet admitted
+  std::vector<std::uint64_t> running; ///< admitted (running or frozen), admission order
+  prefix_cache cache;
+
+  scheduler_rank(int i, const model_config& c, const engine_options& o)
+    : index(i), net(c, o.tp, o.source_dtype, o.expert_parallel), cache(o.block_tokens, o.prefix_cache_blocks) {}
+
+  std::size_t outstanding() const { return requests.size(); }
+};
+
 // -- construction and weights ------------------------------------------------------
 
+namespace {
+// Ranks beyond this are a configuration error, not a request for threads.
+constexpr int max_dp = 64;
+} // namespace
+
 engine_core::engine_core(const model_config& c, engine_options opts)
-  : opts_(std::move(opts)), model_(c, opts_.tp, opts_.source_dtype, opts_.expert_parallel),
-    cache_(std::make_unique<prefix_cache>(opts_.block_tokens, opts_.prefix_cache_blocks)) {
+  : opts_(std::move(opts)), rank_pause_(std::max(1, opts_.dp)) {
   if (opts_.max_batch == 0 || opts_.queue_limit == 0 || opts_.prefill_chunk <= 0)
     throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
+  if (opts_.dp < 1 || opts_.dp > max_dp)
+    throw std::invalid_argument("engine options: dp must be 1.." + std::to_string(max_dp) + ", got "
+                                + std::to_string(opts_.dp));
+  for (int r = 0; r < opts_.dp; ++r)
+    ranks_.push_back(std::make_unique<scheduler_rank>(r, c, opts_));
   for (int w = 0; w < opts_.tp; ++w)
     plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype, opts_.expert_parallel));
   if (opts_.preallocate_staging) { // now, not on the engine's thread in the middle of a round
-    spare_ = model_.make_weights();
-    reserve_ = model_.make_weights();
+    spare_ = primary().make_weights();
+    reserve_ = primary().make_weights();
   }
 }
 
 engine_core::~engine_core() = default;
 
-const model_config& engine_core::config() const { return model_.config(); }
+const model_config& engine_core::config() const { return primary().config(); }
+model& engine_core::primary() { return ranks_.front()->net; }
+const model& engine_core::primary() const { return ranks_.front()->net; }
 
 void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   session_.reset();
@@ -150,7 +179,8 @@ void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t versi
   // pulling thread already did it for these bytes).
   if (!(opts_.weights == weight_format::int8 && weights->processed))
     process_weights(*weights, opts_.weights);
-  model_.set_weights(weights);
+  for (auto& rank : ranks_) // every rank serves the one set: fanned out by reference
+    rank->net.set_weights(weights);
   if (serving_) { // the first load keeps the spare made at construction
     if (serving_->processed && serving_.use_count() == 1)
       process_weights(*serving_, weight_format::received); // a spare holds no int8 form
@@ -160,13 +190,14 @@ void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t versi
   released_ = false;
   version_ = version;
   dirty_ = false;
-  cache_->clear(); // cached KV belongs to the old weights
+  for (auto& rank : ranks_)
+    rank->cache.clear(); // cached KV belongs to the old weights
 }
 
-std::shared_ptr<const weight_set> engine_core::weights() const { return model_.weights(); }
+std::shared_ptr<const weight_set> engine_core::weights() const { return primary().weights(); }
 
 std::variant<std::uint64_t, engine_error> engine_core::release_weights() {
-  if (state_ == scheduler_state::unpaused || pause_in_flight() || !running_.empty())
+  if (state_ == scheduler_state::unpaused || pause_in_flight() || running_count() > 0)
     return engine_error{errc::not_paused, opts_.name + ": releasing the weights needs a paused engine with no "
                                                      "request admitted"};
   if (session_)
@@ -176,11 +207,13 @@ std::variant<std::uint64_t, engine_error> engine_core::release_weights() {
     for (const auto& w : serving_->workers)
       for (const auto& p : w.params())
         bytes += p.bytes.size();
-  model_.clear_weights();
+  for (auto& rank : ranks_) {
+    rank->net.clear_weights();
+    rank->cache.clear();
+  }
   serving_.reset();
   spare_.reset();
   reserve_.reset();
-  cache_->clear();
   released_ = true;
   return bytes;
 }
@@ -201,47 +234,95 @@ std::optional<engine_error> engine_core::add(generate_request req, request_callb
     return engine_error{errc::malformed, "prompt of " + std::to_string(context_size)
                                            + " tokens leaves no room below max_position_embeddings ("
                                            + std::to_string(c.max_position_embeddings) + ")"};
-  if (requests_.count(req.request_id))
+  if (rank_of(req.request_id))
     return engine_error{errc::malformed, "request " + std::to_string(req.request_id) + " already exists"};
   if (dirty_ && !session_)
     return engine_error{errc::engine_dirty, opts_.name + " holds no complete weights"};
-  if (waiting_.size() >= opts_.queue_limit)
+  auto& rank = choose_rank(req);
+  if (rank.waiting.size() >= opts_.queue_limit)
     return engine_error{errc::queue_full, opts_.name + ": " + std::to_string(opts_.queue_limit)
-                                            + " requests already waiting"};
+                                            + " requests already waiting"
+                                            + (opts_.dp > 1 ? " on rank " + std::to_string(rank.index) : "")};
   auto r = std::make_unique<request>();
   r->context = req.prompt;
   r->context.insert(r->context.end(), req.generated.begin(), req.generated.end());
   r->prior = static_cast<std::uint32_t>(req.generated.size());
-  r->kv = model_.new_sequence();
+  r->kv = rank.net.new_sequence();
   r->req = std::move(req);
   r->cb = std::move(cb);
   auto id = r->req.request_id;
-  requests_.emplace(id, std::move(r));
-  waiting_.push_back(id);
+  rank.requests.emplace(id, std::move(r));
+  rank.waiting.push_back(id);
+  return std::nullopt;
+}
+
+engine_core::scheduler_rank& engine_core::choose_rank(const generate_request& req) {
+  auto least = std::min_element(ranks_.begin(), ranks_.end(), [](const auto& a, const auto& b) {
+    return a->outstanding() < b->outstanding(); // the first of equals: the lowest rank
+  });
+  if (opts_.balance == dp_balance::prefix_affinity && !req.prompt.empty()) {
+    auto block = std::min<std::size_t>(static_cast<std::size_t>(opts_.block_tokens), req.prompt.size());
+    auto h = checksum64(req.prompt.data(), block * sizeof(std::int32_t), 0);
+    auto& preferred = *ranks_[static_cast<std::size_t>(h % ranks_.size())];
+    if (preferred.outstanding() <= (*least)->outstanding() + opts_.max_batch)
+      return preferred;
+  }
+  return **least;
+}
+
+std::optional<int> engine_core::rank_of(std::uint64_t request_id) const {
+  for (const auto& rank : ranks_)
+    if (rank->requests.count(request_id))
+      return rank->index;
+  return std::nullopt;
+}
+
+std::pair<std::uint32_t, std::uint32_t> engine_core::rank_load(int rank) const {
+  const auto& r = *ranks_.at(static_cast<std::size_t>(rank));
+  return {static_cast<std::uint32_t>(r.running.size()), static_cast<std::uint32_t>(r.waiting.size())};
+}
+
+void engine_core::kill_worker(int rank, int worker) {
+  if (rank < 0 || rank >= opts_.dp)
+    throw std::out_of_range(opts_.name + ": no data-parallel rank " + std::to_string(rank));
+  ranks_[static_cast<std::size_t>(rank)]->net.kill_worker(worker);
+}
+
+std::optional<std::string> engine_core::failure() const {
+  for (const auto& rank : ranks_)
+    if (auto w = rank->net.dead_worker(); w >= 0)
+      return opts_.name + ": data-parallel rank " + std::to_string(rank->index) + ", tp worker " + std::to_string(w)
+             + " died";
   return std::nullopt;
 }
 
 bool engine_core::abort(std::uint64_t request_id) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end())
+  auto at = rank_of(request_id);
+  if (!at)
     return false;
-  finish(*it->second, finish_reason::aborted);
+  auto& rank = *ranks_[static_cast<std::size_t>(*at)];
+  finish(rank, *rank.requests.at(request_id), finish_reason::aborted);
   finish_paused_wait_if_idle();
   return true;
 }
 
-std::size_t engine_core::running_count() const { return running_.size(); }
+std::size_t engine_core::running_count() const {
+  std::size_t n = 0;
+  for (const auto& rank : ranks_)
+    n += rank->running.size();
+  return n;
+}
 
-void engine_core::admit() {
-  while (running_.size() < opts_.max_batch && !waiting_.empty()) {
-    auto id = waiting_.front();
-    waiting_.pop_front();
-    auto& r = *requests_.at(id);
+void engine_core::admit(scheduler_rank& rank) {
+  while (rank.running.size() < opts_.max_batch && !rank.waiting.empty()) {
+    auto id = rank.waiting.front();
+    rank.waiting.pop_front();
+    auto& r = *rank.requests.at(id);
     r.admitted = true;
-    running_.push_back(id);
+    rank.running.push_back(id);
     // At least one token must be fed to get logits: look up all but the last.
     auto max_hit = static_cast<std::int64_t>(r.context.size()) - 1;
-    auto [kv, length] = cache_->lookup(r.context, max_hit, version_);
+    auto [kv, length] = rank.cache.lookup(r.context, max_hit, version_);
     if (length > 0) {
       r.kv.copy_prefix(*kv, length);
       r.kv_version = version_;
@@ -252,16 +333,26 @@ void engine_core::admit() {
 std::size_t engine_core::step() {
   if (dirty_ || state_ == scheduler_state::paused_all)
     return 0;
+  // Every rank one step of its own batch, in rank order (they share the
+  // owner's thread; each runs its own tp workers).
+  std::size_t produced = 0;
+  for (auto& rank : ranks_)
+    produced += step(*rank);
+  finish_paused_wait_if_idle();
+  return produced;
+}
+
+std::size_t engine_core::step(scheduler_rank& rank) {
   if (state_ == scheduler_state::unpaused)
-    admit();
-  if (running_.empty())
+    admit(rank);
+  if (rank.running.empty())
     return 0;
 
   std::vector<forward_item> batch;
   std::vector<request*> order;
   std::vector<bool> samples;
-  for (auto id : running_) {
-    auto& r = *requests_.at(id);
+  for (auto id : rank.running) {
+    auto& r = *rank.requests.at(id);
     auto start = r.kv.length();
     auto end = std::min<std::int64_t>(static_cast<std::int64_t>(r.context.size()), start + opts_.prefill_chunk);
     if (start == 0)
@@ -274,7 +365,7 @@ std::size_t engine_core::step() {
     order.push_back(&r);
     samples.push_back(end == static_cast<std::int64_t>(r.context.size()));
   }
-  auto out = model_.forward(batch);
+  auto out = rank.net.forward(batch);
 
   std::size_t produced = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {
@@ -288,7 +379,7 @@ std::size_t engine_core::step() {
     if (!std::all_of(logits, logits + config().vocab_size, [](float x) { return std::isfinite(x); })) {
       // Sampling from NaN picks an arbitrary token: end the request as an error instead.
       ++nonfinite_logits_;
-      finish(r, finish_reason::failed);
+      finish(rank, r, finish_reason::failed);
       continue;
     }
     const auto& sampling = r.req.sampling;
@@ -301,12 +392,11 @@ std::size_t engine_core::step() {
     bool stop_token = std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), token)
                       != sampling.stop_token_ids.end();
     if ((token == token_eos && sampling.stop_at_eos) || stop_token)
-      finish(r, finish_reason::eos);
+      finish(rank, r, finish_reason::eos);
     else if (r.generated() >= r.req.sampling.max_tokens
              || static_cast<std::int64_t>(r.context.size()) >= config().max_position_embeddings)
-      finish(r, finish_reason::length);
+      finish(rank, r, finish_reason::length);
   }
-  finish_paused_wait_if_idle();
   return produced;
 }
 
@@ -342,7 +432,7 @@ void engine_core::emit(request& r, std::int32_t token, std::uint64_t version, bo
     r.cb.on_token(ev);
 }
 
-void engine_core::finish(request& r, finish_reason why) {
+void engine_core::finish(scheduler_rank& rank, request& r, finish_reason why) {
   generate_result res;
   res.request_id = r.req.request_id;
   res.tokens = std::move(r.produced);
@@ -357,13 +447,13 @@ void engine_core::finish(request& r, finish_reason why) {
   // Keep the KV for later requests with the same prefix when it was all
   // computed with the weights served now.
   if (r.kv.length() > 0 && r.kv_version == version_ && !dirty_)
-    cache_->insert(r.context, std::make_shared<const kv_sequence>(std::move(r.kv)), version_);
+    rank.cache.insert(r.context, std::make_shared<const kv_sequence>(std::move(r.kv)), version_);
   auto cb = std::move(r.cb.on_finish);
   if (r.admitted)
-    running_.erase(std::find(running_.begin(), running_.end(), id));
+    rank.running.erase(std::find(rank.running.begin(), rank.running.end(), id));
   else
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
-  requests_.erase(id);
+    rank.waiting.erase(std::find(rank.waiting.begin(), rank.waiting.end(), id));
+  rank.requests.erase(id);
   if (cb)
     cb(std::move(res));
 }
@@ -371,7 +461,10 @@ void engine_core::finish(request& r, finish_reason why) {
 bool engine_core::has_work() const {
   if (dirty_ || state_ == scheduler_state::paused_all)
     return false;
-  return !running_.empty() || (state_ == scheduler_state::unpaused && !waiting_.empty());
+  for (const auto& rank : ranks_)
+    if (!rank->running.empty() || (state_ == scheduler_state::unpaused && !rank->waiting.empty()))
+      return true;
+  return false;
 }
 
 // -- pause and resume ---------------------------------------------------------------------
@@ -381,30 +474,34 @@ void engine_core::pause(const pause_request& req) {
   p.req = req;
   p.report.engine = opts_.name;
   completed_pause_.reset();
-  if (req.clear_cache)
-    cache_->clear();
-  switch (req.mode) {
-    case pause_mode::abort: {
-      state_ = scheduler_state::paused_new;
-      // Every request known now, admitted first (vLLM aborts them all).
-      std::vector<std::uint64_t> ids(running_.begin(), running_.end());
-      ids.insert(ids.end(), waiting_.begin(), waiting_.end());
-      for (auto id : ids)
-        finish(*requests_.at(id), finish_reason::aborted);
-      p.report.aborted = static_cast<std::uint32_t>(ids.size());
-      break;
+  rank_pause_.begin(req.mode);
+  // Every rank, in one call: no rank keeps stepping while another pauses.
+  for (auto& rank : ranks_) {
+    if (req.clear_cache)
+      rank->cache.clear();
+    switch (req.mode) {
+      case pause_mode::abort: {
+        state_ = scheduler_state::paused_new;
+        // Every request known now, admitted first (vLLM aborts them all).
+        std::vector<std::uint64_t> ids(rank->running.begin(), rank->running.end());
+        ids.insert(ids.end(), rank->waiting.begin(), rank->waiting.end());
+        for (auto id : ids)
+          finish(*rank, *rank->requests.at(id), finish_reason::aborted);
+        p.report.aborted += static_cast<std::uint32_t>(ids.size());
+        break;
+      }
+      case pause_mode::wait:
+        state_ = scheduler_state::paused_new;
+        p.report.waited += static_cast<std::uint32_t>(rank->running.size());
+        break;
+      case pause_mode::keep:
+        state_ = scheduler_state::paused_all;
+        p.report.frozen += static_cast<std::uint32_t>(rank->running.size());
+        if (req.clear_cache)
+          for (auto id : rank->running)
+            rank->requests.at(id)->kv.clear(); // recomputed with the new weights on resume
+        break;
     }
-    case pause_mode::wait:
-      state_ = scheduler_state::paused_new;
-      p.report.waited = static_cast<std::uint32_t>(running_.size());
-      break;
-    case pause_mode::keep:
-      state_ = scheduler_state::paused_all;
-      p.report.frozen = static_cast<std::uint32_t>(running_.size());
-      if (req.clear_cache)
-        for (auto id : running_)
-          requests_.at(id)->kv.clear(); // recomputed with the new weights on resume
-      break;
   }
   pause_ = p;
   finish_paused_wait_if_idle();
@@ -413,7 +510,13 @@ void engine_core::pause(const pause_request& req) {
 void engine_core::finish_paused_wait_if_idle() {
   if (!pause_ || completed_pause_)
     return;
-  if (pause_->req.mode == pause_mode::wait && !running_.empty())
+  // A rank reaches the pause condition at once for abort and keep; for wait
+  // once its running requests have finished.
+  bool complete = rank_pause_.now() == rank_pause::phase::paused;
+  for (const auto& rank : ranks_)
+    if (pause_->req.mode != pause_mode::wait || rank->running.empty())
+      complete = rank_pause_.reached(rank->index) || complete;
+  if (!complete)
     return;
   auto report = pause_->report;
   report.version = version_;
@@ -428,23 +531,30 @@ std::optional<pause_report> engine_core::poll_pause() {
 }
 
 bool engine_core::pause_in_flight() const {
-  return pause_ && pause_->req.mode == pause_mode::wait && !running_.empty();
+  return pause_ && rank_pause_.now() == rank_pause::phase::pausing;
 }
 
 std::optional<engine_error> engine_core::resume() {
   if (released_)
     return engine_error{errc::engine_dirty, opts_.name + ": no weights to serve (released by a level-2 sleep; "
                                                        "wake up or load a version first)"};
-  if (pause_in_flight())
+  if (pause_in_flight() || !rank_pause_.resume())
     return engine_error{errc::pause_in_flight, opts_.name + ": a wait-pause still has "
-                                                 + std::to_string(running_.size()) + " running requests"};
+                                                 + std::to_string(running_count()) + " running requests"
+                                                 + (opts_.dp > 1 ? " on " + std::to_string(rank_pause_.outstanding())
+                                                                     + " of " + std::to_string(opts_.dp) + " ranks"
+                                                                 : "")};
+  // Every rank restarts in this call: none steps while another is still paused.
   state_ = scheduler_state::unpaused;
   pause_.reset();
   completed_pause_.reset();
   return std::nullopt;
 }
 
-void engine_core::flush() { cache_->clear(); }
+void engine_core::flush() {
+  for (auto& rank : ranks_)
+    rank->cache.clear();
+}
 
 // -- weight-update session -------------------------------------------------------------
 
@@ -466,7 +576,7 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   else if (reserve_)
     s.staging = std::move(reserve_);
   else
-    s.staging = model_.make_weights();
+    s.staging = primary().make_weights();
   spare_.reset();
   s.staging->processed = false; // its bytes are about to change
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
@@ -596,13 +706,15 @@ engine_status engine_core::status() const {
   s.version = version_;
   s.dirty = dirty_;
   s.state = state_;
-  auto admitted = static_cast<std::uint32_t>(running_.size());
+  auto admitted = static_cast<std::uint32_t>(running_count());
   (state_ == scheduler_state::paused_all ? s.frozen : s.running) = admitted;
-  s.waiting = static_cast<std::uint32_t>(waiting_.size());
+  for (const auto& rank : ranks_) {
+    s.waiting += static_cast<std::uint32_t>(rank->waiting.size());
+    s.prefix_cache_hits += rank->cache.hits;
+    s.prefix_cache_queries += rank->cache.queries;
+  }
   s.tokens_generated = tokens_generated_;
   s.dirty_tokens = dirty_tokens_;
-  s.prefix_cache_hits = cache_->hits;
-  s.prefix_cache_queries = cache_->queries;
   return s;
 }
 
@@ -615,7 +727,7 @@ std::map<std::string, std::uint64_t> weight_checksums(const weight_set& ws) {
 }
 
 std::map<std::string, std::uint64_t> engine_core::weight_checksums() const {
-  auto ws = model_.weights();
+  auto ws = primary().weights();
   return ws ? engine::weight_checksums(*ws) : std::map<std::string, std::uint64_t>{};
 }
 

@@ -1,8 +1,8 @@
 #pragma once
-// The built-in rollout engine: a continuous-batching scheduler over the
-// tensor-parallel model, with vLLM's pause/resume and weight-update
+// The built-in rollout engine: `dp` continuous-batching scheduler ranks over
+// the tensor-parallel model, with vLLM's pause/resume and weight-update
 // semantics. Single-threaded by contract: one owner thread calls
-// every method (the model runs its own tp workers inside a step). Callbacks
+// every method (each rank's model runs its own tp workers inside a step). Callbacks
 // run synchronously on that thread, so a token has been handed to its
 // requester before the call that produced it returns — which is what lets
 // pause() report "every earlier token delivered" without vLLM's 20 ms sleep.
@@ -18,6 +18,16 @@
 // wait lets running requests finish) → resume; pause(keep) → paused_all
 // (step nothing; running requests frozen in place).
 //
+// Data parallelism (vLLM's DP with its internal load balancer): each of the
+// `dp` ranks has its own batch, queue, KV caches, prefix cache and tp
+// workers; a request goes to one rank (least outstanding, or prefix
+// affinity) and stays there. The ranks hold identical weights, so they
+// share one weight set: a version is received once per engine and fanned
+// out by reference (no copy per rank). Pause, resume, flush and the
+// weight-update session are engine-wide: one pause covers every rank and
+// completes when the last rank reaches its condition (rank_pause.hpp); a
+// resume while any rank is on its way is pause_in_flight.
+//
 // Weight-update session: start_update(v) (paused only) → apply_* → finish_update(v).
 // From start until a successful finish the engine is dirty and generates
 // nothing; finish checks that every checkpoint tensor arrived for every
@@ -27,6 +37,7 @@
 #include "runtime/control/protocol.hpp"
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/process.hpp"
+#include "runtime/engine/rank_pause.hpp"
 #include "runtime/engine/kv_cache.hpp"
 #include "runtime/engine/model.hpp"
 #include "runtime/engine/sampling.hpp"
@@ -47,17 +58,30 @@
 
 namespace rlsync::engine {
 
+/// Which data-parallel rank takes a new request.
+enum class dp_balance : std::uint8_t {
+  least_outstanding, ///< the rank with the fewest requests (waiting + running); ties: the lowest rank
+  /// The rank the prompt's first prefix-cache block hashes to, so that
+  /// requests sharing a prompt (a GRPO group) share its cached KV; the
+  /// least outstanding rank instead when that one has max_batch more
+  /// requests than it.
+  prefix_affinity,
+};
+
 struct engine_options {
   std::string name = "engine";
   int tp = 1;
+  /// Scheduler ranks (vLLM's data_parallel_size), each with tp workers.
+  int dp = 1;
+  dp_balance balance = dp_balance::least_outstanding;
   /// Experts placed whole over the tp workers instead of sliced (vLLM's
   /// --enable-expert-parallel); needs a mixture-of-experts model.
   bool expert_parallel = false;
   /// What the engine serves from (process.hpp): the weights as received, or
   /// int8 computed from them each time a version is served.
   weight_format weights = weight_format::received;
-  std::uint32_t max_batch = 32;       ///< requests running at once
-  std::uint32_t queue_limit = 256;    ///< requests waiting (a full queue rejects)
+  std::uint32_t max_batch = 32;       ///< requests running at once, per rank
+  std::uint32_t queue_limit = 256;    ///< requests waiting per rank (a full queue rejects)
   std::int64_t prefill_chunk = 256;   ///< prompt tokens fed per request per step
   std::int64_t block_tokens = 16;     ///< prefix-cache block size
   std::size_t prefix_cache_blocks = 1024;
@@ -116,7 +140,7 @@ public:
 
   // -- requests -----------------------------------------------------------------
 
-  /// Accepts a request (queued until it can run). Refuses a malformed
+  /// Accepts a request (queued on one rank until it can run). Refuses a malformed
   /// request, a token outside the vocabulary, a duplicate id, a full queue
   /// (queue_full) and a dirty engine (engine_dirty).
   std::optional<engine_error> add(generate_request req, request_callbacks cb);
@@ -188,7 +212,20 @@ public:
 
   // -- status ---------------------------------------------------------------------
 
+  /// The whole engine: counts summed over the ranks.
   engine_status status() const;
+  int dp() const { return opts_.dp; }
+  /// One rank's requests: running (or frozen) and waiting.
+  std::pair<std::uint32_t, std::uint32_t> rank_load(int rank) const;
+  /// The rank that holds request `id`, if any.
+  std::optional<int> rank_of(std::uint64_t request_id) const;
+
+  /// Fault injection (drills): tp worker `worker` of rank `rank` dies (its
+  /// thread ends). The engine is broken from then on: failure() says so,
+  /// and a step of that rank throws engine::worker_died.
+  void kill_worker(int rank, int worker);
+  /// Why the engine cannot serve any more (a worker died), if so.
+  std::optional<std::string> failure() const;
   /// Requests ended `failed` because their logits held NaN or infinity
   /// (broken weights): never sampled from, never reported as a success.
   std::uint64_t nonfinite_logits() const { return nonfinite_logits_; }
@@ -199,25 +236,29 @@ public:
 private:
   struct request;
   struct prefix_cache;
+  struct scheduler_rank;
 
   /// Swaps `weights` in as the served set of `version`.
   void serve(std::shared_ptr<weight_set> weights, std::uint64_t version);
-  void admit();
-  void finish(request& r, finish_reason why);
+  scheduler_rank& choose_rank(const generate_request& req);
+  void admit(scheduler_rank& rank);
+  std::size_t step(scheduler_rank& rank);
+  void finish(scheduler_rank& rank, request& r, finish_reason why);
   void emit(request& r, std::int32_t token, std::uint64_t version, bool stale, const token_logprobs* lp);
+  /// Tells the pause which ranks have reached its condition; completes it
+  /// when the last one has.
   void finish_paused_wait_if_idle();
   std::size_t running_count() const;
+  /// Rank 0's model: the engine's shapes (every rank's are the same).
+  model& primary();
+  const model& primary() const;
 
   engine_options opts_;
-  model model_;
+  std::vector<std::unique_ptr<scheduler_rank>> ranks_;
   std::vector<plan::worker_plan> plans_;
   std::uint64_t version_ = 0;
   bool dirty_ = true; // nothing loaded yet
   scheduler_state state_ = scheduler_state::unpaused;
-
-  std::unordered_map<std::uint64_t, std::unique_ptr<request>> requests_;
-  std::deque<std::uint64_t> waiting_; ///< FIFO of ids not yet admitted
-  std::vector<std::uint64_t> running_; ///< admitted (running or frozen), admission order
 
   struct pending_pause {
     pause_request req;
@@ -225,6 +266,7 @@ private:
   };
   std::optional<pending_pause> pause_;
   std::optional<pause_report> completed_pause_;
+  rank_pause rank_pause_;
 
   struct session {
     std::uint64_t version = 0;
@@ -244,7 +286,6 @@ private:
   std::shared_ptr<weight_set> reserve_;
   bool released_ = false; ///< release_weights() ran and no weights came since
 
-  std::unique_ptr<prefix_cache> cache_;
   std::uint64_t tokens_generated_ = 0;
   std::uint64_t nonfinite_logits_ = 0;
   std::uint64_t dirty_tokens_ = 0; ///< emitted while dirty: must stay 0 (a drill invariant)

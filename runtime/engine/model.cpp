@@ -491,6 +491,8 @@ model::~model() = default;
 const model_config& model::config() const { return impl_->cfg; }
 int model::tp() const { return impl_->tp; }
 bool model::expert_parallel() const { return impl_->expert_parallel; }
+void model::kill_worker(int worker) { impl_->pool.kill(worker); }
+int model::dead_worker() const { return impl_->pool.dead(); }
 dtype model::weights_type() const { return impl_->weights_type; }
 
 std::shared_ptr<weight_set> model::make_weights() const {

@@ -89,6 +89,12 @@ public:
   /// Serves no weights (their memory goes with the last holder).
   void clear_weights();
 
+  /// Fault injection (drills): tp worker `worker` dies (its thread ends);
+  /// every later forward() throws worker_died.
+  void kill_worker(int worker);
+  /// The tp worker that died, or -1.
+  int dead_worker() const;
+
   /// An empty KV cache for this model.
   kv_sequence new_sequence() const;
 

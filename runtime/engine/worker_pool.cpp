@@ -41,7 +41,19 @@ void worker_pool::fail(std::exception_ptr e) {
   barrier_cv_.notify_all();
 }
 
+void worker_pool::kill(int worker) {
+  if (worker < 0 || worker >= size_)
+    throw std::out_of_range("engine worker pool: no worker " + std::to_string(worker));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dead_ = worker;
+  }
+  job_cv_.notify_all(); // its thread wakes and ends
+}
+
 void worker_pool::run(const std::function<void(int)>& fn) {
+  if (auto w = dead_.load(); w >= 0)
+    throw worker_died("engine worker " + std::to_string(w) + " died");
   {
     // No worker is inside a barrier between runs; reset before publishing.
     std::lock_guard<std::mutex> lock(barrier_mutex_);
@@ -76,8 +88,8 @@ void worker_pool::thread_main(int worker) {
     const std::function<void(int)>* job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      job_cv_.wait(lock, [&] { return stopping_ || job_generation_ != seen; });
-      if (stopping_)
+      job_cv_.wait(lock, [&] { return stopping_ || dead_ == worker || job_generation_ != seen; });
+      if (stopping_ || dead_ == worker)
         return;
       seen = job_generation_;
       job = job_;

@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,13 @@ public:
   /// From inside fn: returns once every worker has called it (the n-th time).
   void barrier();
 
+  /// Fault injection (drills): worker `worker` dies — its thread ends — and
+  /// every later run() throws worker_died at once instead of waiting for it.
+  /// Called by run()'s caller, between runs.
+  void kill(int worker);
+  /// The worker that died, or -1.
+  int dead() const { return dead_.load(); }
+
 private:
   void thread_main(int worker);
   void fail(std::exception_ptr e);
@@ -51,6 +59,7 @@ private:
   int running_ = 0;
   bool stopping_ = false;
   std::exception_ptr error_;
+  std::atomic<int> dead_{-1};
 
   // Barrier: arrivals in this round, and a generation that flips when the
   // last one arrives. `broken_` releases every waiter after a failure.
@@ -59,6 +68,11 @@ private:
   int arrived_ = 0;
   std::atomic<std::uint64_t> barrier_generation_{0};
   std::atomic<bool> broken_{false};
+};
+
+/// Thrown by run() once a worker has died.
+struct worker_died : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 /// Thrown by barrier() in the other workers when one worker failed.

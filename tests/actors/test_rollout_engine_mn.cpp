@@ -6,6 +6,7 @@
 // does not hold up the next round's.
 #include "actors/rollout_engine.hpp"
 #include "actors/system_config.hpp"
+#include "runtime/engine/recording.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
@@ -121,7 +122,8 @@ struct gated_puller : transfer::weight_puller {
 
 /// start, transfer, finish; the digest of the weights then served.
 weight_digest sync(caf::scoped_actor& self, const rollout_engine_actor& e, const transfer_order& order,
-                   const std::vector<trainer_actor>& handles, std::string* failure = nullptr) {
+                   const std::vector<trainer_actor>& handles, std::string* failure = nullptr,
+                   std::uint64_t* bytes = nullptr) {
   const auto t = std::chrono::seconds(20);
   weight_digest out;
   auto fail = [&](const caf::error& err) {
@@ -134,7 +136,13 @@ weight_digest sync(caf::scoped_actor& self, const rollout_engine_actor& e, const
   self->request(e, t, start_atom::value, order.version).receive([](const phase_ack&) {}, fail);
   bool transferred = false;
   self->request(e, t, transfer_atom::value, order, handles)
-    .receive([&](const transfer_report& r) { transferred = r.version == order.version && r.bytes > 0; }, fail);
+    .receive(
+      [&](const transfer_report& r) {
+        transferred = r.version == order.version && r.bytes > 0;
+        if (bytes)
+          *bytes = r.bytes;
+      },
+      fail);
   if (!transferred)
     return out;
   self->request(e, t, finish_atom::value, order.version).receive([](const phase_ack&) {}, fail);
@@ -263,4 +271,33 @@ TEST_CASE("rollout engine: a pull an aborted round left running does not hold up
   }
   CHECK(gate->thread_of_version(4) == gate->thread_of_version(1));
   self->send_exit(e, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("rollout engine: data-parallel ranks share one pull: bytes per engine for dp 1, 2, 4 are the same") {
+  const model_config c = test::small_model(4);
+  auto source = source_holding(c, std::nullopt);
+  source->produce_next();
+  threaded_system ts;
+  caf::scoped_actor self{ts.sys};
+  std::uint64_t plan_bytes = 0;
+  for (int w = 0; w < 2; ++w)
+    plan_bytes += plan::bytes_per_worker(engine::make_plan(c, 2, w, dtype::bf16));
+  std::optional<weight_digest> first;
+  for (int dp : {1, 2, 4}) {
+    CAPTURE(dp);
+    auto cfg = engine_config(c, "rollout-dp" + std::to_string(dp));
+    cfg.options.dp = dp;
+    cfg.puller = std::make_shared<transfer::local_transfer>(source);
+    auto e = spawn_rollout_engine(ts.sys, cfg);
+    std::uint64_t bytes = 0;
+    auto got = sync(self, e, transfer_order{1, transfer_mode::sharded, "local", {}}, {}, nullptr, &bytes);
+    MESSAGE("dp " << dp << ": " << bytes << " bytes pulled per engine (tp 2)");
+    CHECK(bytes == plan_bytes); // each worker rank's shard once, not once per data-parallel rank
+    CHECK(got.version == 1);
+    CHECK_FALSE(got.dirty);
+    if (!first)
+      first = got;
+    CHECK(got.checksums == first->checksums);
+    self->send_exit(e, caf::exit_reason::user_shutdown);
+  }
 }

@@ -462,7 +462,7 @@ TEST_CASE("topology errors: trainer") {
 
 TEST_CASE("topology errors: engines") {
   const std::string engine_keys =
-    "name, node, replicas, tp, expert_parallel, weights, max_batch, queue_limit, kv_block_tokens, "
+    "name, node, replicas, tp, dp, dp_balance, expert_parallel, weights, max_batch, queue_limit, kv_block_tokens, "
     "prefix_cache_blocks, kind, url, api_key_file, weights_dir";
   check_rows({
     {"typo never falls back to a default", with("engines", "engines:\n  - name: e\n    node: a\n    tpp: 2"),
@@ -482,6 +482,12 @@ TEST_CASE("topology errors: engines") {
      "t.yaml:5:39: engines[0].weights: expected received or int8, got 'fp8'"},
     {"expert_parallel not a boolean", with("engines", "engines: [{name: e, node: a, expert_parallel: 2}]"),
      "t.yaml:5:47: engines[0].expert_parallel: expected true or false, got '2'"},
+    {"dp zero", with("engines", "engines: [{name: e, node: a, dp: 0}]"),
+     "t.yaml:5:34: engines[0].dp: must be positive, got 0"},
+    {"dp past the bound", with("engines", "engines: [{name: e, node: a, dp: 65}]"),
+     "t.yaml:5:34: engines[0].dp: must be between 1 and 64, got 65"},
+    {"an unknown balance", with("engines", "engines: [{name: e, node: a, dp: 2, dp_balance: random}]"),
+     "t.yaml:5:50: engines[0].dp_balance: expected least_outstanding or prefix_affinity, got 'random'"},
     {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),
      "t.yaml:5:34: engines[0].tp: must be positive, got 0"},
     {"zero replicas", with("engines", "engines: [{name: e, node: a, replicas: 0}]"),
@@ -767,12 +773,23 @@ TEST_CASE("topology errors: drill") {
     {"at_sync zero", plus("drill:\n  faults:\n    - {at_sync: 0, action: kill, target: e-0}"),
      "t.yaml:8:17: drill.faults[0].at_sync: must be positive, got 0"},
     {"duration on corrupt", plus("drill:\n  faults:\n    - {at_sync: 1, action: corrupt, target: e-0, duration_ms: 5}"),
-     "t.yaml:8:63: drill.faults[0].duration_ms: only used with kill (restart after it), partition or delay_acks"},
+     "t.yaml:8:63: drill.faults[0].duration_ms: only used with kill or kill_worker (restart after it), partition or "
+     "delay_acks"},
     {"zero duration", plus("drill:\n  faults:\n    - {at_sync: 1, action: partition, target: b, duration_ms: 0}"),
      "t.yaml:8:63: drill.faults[0].duration_ms: must be positive, got 0"},
     {"action out of range", plus("drill:\n  faults:\n    - {at_sync: 1, action: explode, target: e-0}"),
      "t.yaml:8:28: drill.faults[0].action: must be one of kill, restart, partition, heal, delay_acks, "
-     "corrupt, got 'explode'"},
+     "corrupt, kill_worker, got 'explode'"},
+    {"kill_worker past the engine's ranks",
+     plus("drill:\n  faults:\n    - {at_sync: 1, action: kill_worker, target: e-0, dp_rank: 1}"),
+     "t.yaml:8:X: drill.faults[0].dp_rank: engine 'e-0' has 1 data-parallel rank (0..0)"},
+    {"kill_worker past the rank's workers",
+     plus("drill:\n  faults:\n    - {at_sync: 1, action: kill_worker, target: e-0, worker: 2}"),
+     "t.yaml:8:X: drill.faults[0].worker: engine 'e-0' has 1 tp worker per rank (0..0)"},
+    {"dp_rank on a kill", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill, target: e-0, dp_rank: 0}"),
+     "t.yaml:8:X: drill.faults[0].dp_rank: only used with kill_worker (which rank's worker thread dies)"},
+    {"kill_worker needs an engine", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill_worker, target: a}"),
+     "t.yaml:8:X: drill.faults[0].target: unknown target 'a' for kill_worker (expected an engine (e-0, e-1))"},
     {"missing target", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill}"),
      "t.yaml:8:7: drill.faults[0].target: missing required key"},
     {"killing an external trainer", with("trainer", "trainer: {node: a, source: external}")

@@ -694,3 +694,162 @@ TEST_CASE("stop_token_ids end a request with reason eos, ignore_eos (stop_at_eos
   REQUIRE(e);
   CHECK(e->what.find("stop_token_ids") != std::string::npos);
 }
+
+// -- data parallelism ----------------------------------------------------------------------
+
+namespace {
+engine_options with_dp(int dp, dp_balance balance = dp_balance::least_outstanding) {
+  engine_options o;
+  o.dp = dp;
+  o.balance = balance;
+  return o;
+}
+} // namespace
+
+TEST_CASE("data parallelism: requests spread least-outstanding over the ranks, outputs equal dp 1's") {
+  harness one;
+  harness two(1, with_dp(2));
+  const std::vector<std::string> prompts{"rank zero", "rank one", "zero again", "one again", "fifth"};
+  for (std::uint64_t id = 1; id <= prompts.size(); ++id) {
+    REQUIRE(!one.add(id, prompts[id - 1], 5 + static_cast<std::uint32_t>(id)));
+    REQUIRE(!two.add(id, prompts[id - 1], 5 + static_cast<std::uint32_t>(id)));
+  }
+  // Fewest outstanding first, ties to the lowest rank: 0, 1, 0, 1, 0.
+  for (std::uint64_t id = 1; id <= prompts.size(); ++id)
+    CHECK(two.core.rank_of(id) == static_cast<int>((id - 1) % 2));
+  CHECK(two.core.rank_load(0).second == 3);
+  CHECK(two.core.rank_load(1).second == 2);
+  CHECK(two.core.status().waiting == 5);
+  // Id 1 waits on rank 0; the least outstanding rank now is 1: still a duplicate.
+  auto dup = two.add(1, "a duplicate id", 3);
+  REQUIRE(dup);
+  CHECK(dup->code == errc::malformed);
+  CHECK(two.core.rank_of(1) == 0);
+  one.drain();
+  two.drain();
+  for (std::uint64_t id = 1; id <= prompts.size(); ++id) {
+    REQUIRE(two.seen[id].result);
+    CHECK(two.seen[id].ids() == one.seen[id].ids());
+  }
+  CHECK(two.core.status().tokens_generated == one.core.status().tokens_generated);
+}
+
+TEST_CASE("data parallelism: prefix affinity keeps a prompt's requests on one rank until it is max_batch ahead") {
+  engine_options o = with_dp(4, dp_balance::prefix_affinity);
+  o.max_batch = 2;
+  harness h(1, o);
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    REQUIRE(!h.add(id, "the same prompt of a GRPO group", 4));
+  auto home = h.core.rank_of(1);
+  REQUIRE(home);
+  CHECK(h.core.rank_of(2) == home);
+  CHECK(h.core.rank_of(3) == home); // 2 ahead of the idle ranks: still at most max_batch
+  REQUIRE(!h.add(4, "the same prompt of a GRPO group", 4));
+  CHECK(h.core.rank_of(4) != home); // 3 ahead: the least outstanding rank takes it
+  CHECK(h.core.rank_of(4) == (*home == 0 ? 1 : 0));
+  h.drain();
+  for (std::uint64_t id = 2; id <= 4; ++id)
+    CHECK(h.seen[id].ids() == h.seen[1].ids());
+}
+
+TEST_CASE("data parallelism: the queue limit is per rank") {
+  engine_options o = with_dp(2);
+  o.queue_limit = 1;
+  harness h(1, o);
+  REQUIRE(!h.add(1, "a", 3));
+  REQUIRE(!h.add(2, "b", 3));
+  auto full = h.add(3, "c", 3);
+  REQUIRE(full);
+  CHECK(full->code == errc::queue_full);
+  CHECK(full->what.find("rank 0") != std::string::npos);
+}
+
+TEST_CASE("data parallelism: one pause(wait) for all ranks completes when the last rank is idle") {
+  harness h(1, with_dp(2));
+  REQUIRE(!h.add(1, "long on rank 0", 12));
+  REQUIRE(!h.add(2, "short on rank 1", 3));
+  REQUIRE(h.core.rank_of(2) == 1);
+  h.run_until(2, 1);
+  h.core.pause({pause_mode::wait, false});
+  REQUIRE(!h.add(3, "queued during the pause", 2));
+  for (int i = 0; i < 100 && !h.seen[2].result; ++i)
+    h.core.step();
+  REQUIRE(h.seen[2].result); // rank 1 reached its condition, rank 0 has not
+  CHECK(h.core.rank_load(1).first == 0);
+  CHECK(h.core.pause_in_flight());
+  CHECK(!h.core.poll_pause());
+  auto early = h.core.resume();
+  REQUIRE(early);
+  CHECK(early->code == errc::pause_in_flight);
+  CHECK(early->what.find("1 of 2 ranks") != std::string::npos);
+  CHECK(h.core.state() == scheduler_state::paused_new); // the refusal changed nothing
+  h.drain();
+  auto report = h.core.poll_pause();
+  REQUIRE(report);
+  CHECK(report->waited == 2);
+  CHECK(h.seen[1].tokens.size() == 12);
+  CHECK(!h.seen[3].result); // queued, never admitted while paused
+  REQUIRE(!h.core.resume());
+  h.drain();
+  CHECK(h.seen[3].result);
+}
+
+TEST_CASE("data parallelism: pause(abort) and pause(keep) cover every rank at once") {
+  harness h(1, with_dp(3));
+  for (std::uint64_t id = 1; id <= 4; ++id)
+    REQUIRE(!h.add(id, "r" + std::to_string(id), 10));
+  h.run_until(1, 2);
+  h.core.pause({pause_mode::keep, false});
+  auto kept = h.core.poll_pause();
+  REQUIRE(kept);
+  CHECK(kept->frozen == 4); // every rank's running requests (ranks 0, 1, 2, 0)
+  CHECK(h.core.step() == 0); // no rank steps while paused
+  REQUIRE(!h.core.resume());
+  h.core.step();
+  h.core.pause({pause_mode::abort, false});
+  auto aborted = h.core.poll_pause();
+  REQUIRE(aborted);
+  CHECK(aborted->aborted == 4);
+  for (std::uint64_t id = 1; id <= 4; ++id) {
+    REQUIRE(h.seen[id].result);
+    CHECK(h.seen[id].result->reason == finish_reason::aborted);
+  }
+  CHECK(h.core.status().running + h.core.status().waiting == 0);
+}
+
+TEST_CASE("correctness check with dp 2: a request on each rank, pause(keep), update, resume: each equals a "
+          "fresh engine on the new weights") {
+  struct row {
+    model_config config;
+    int tp;
+    bool expert_parallel;
+  };
+  for (const auto& [config, tp, ep] : {row{tiny_config(), 2, false}, row{test::tiny_moe_config(2), 2, true}}) {
+    CAPTURE(tp);
+    CAPTURE(ep);
+    engine_options o = with_dp(2);
+    o.expert_parallel = ep;
+    harness h(tp, o, config);
+    auto v2 = make_source(h.config, dtype::bf16, 2);
+    const std::uint32_t max_tokens = 10;
+    const std::vector<std::string> prompts{"policy version k", "async RL overlaps"};
+    REQUIRE(!h.add(1, prompts[0], max_tokens));
+    REQUIRE(!h.add(2, prompts[1], max_tokens));
+    CHECK(h.core.rank_of(1) == 0);
+    CHECK(h.core.rank_of(2) == 1);
+    h.run_until(1, 3);
+    h.core.pause({pause_mode::keep, true});
+    REQUIRE(h.core.poll_pause());
+    h.core.flush();
+    h.update_sharded(v2, 2, tp); // received once, served by both ranks
+    REQUIRE(!h.core.resume());
+    h.drain();
+    for (std::uint64_t id : {1, 2}) {
+      auto all = h.seen[id].ids();
+      REQUIRE(all.size() == max_tokens);
+      std::vector<std::int32_t> before(all.begin(), all.begin() + 3), after(all.begin() + 3, all.end());
+      CHECK(after == fresh_greedy(v2, tp, prompts[id - 1], before, max_tokens, ep));
+      CHECK(h.seen[id].tokens[3].version == 2);
+    }
+  }
+}

@@ -37,6 +37,20 @@ sb=$(per_engine "$dir/sharded.json")
 bb=$(per_engine "$dir/broadcast.json")
 [ -n "$sb" ] && [ -n "$bb" ] && [ "$sb" -lt "$bb" ] || { echo "FAIL: sharded cold sync moved $sb bytes per engine, broadcast $bb"; exit 1; }
 echo "cold sync bytes per engine: sharded $sb, broadcast $bb"
+# Data-parallel engines: 2 and 4 scheduler ranks per engine share one copy of
+# the weights, so each engine pulls the same bytes as with dp 1 (once, not
+# once per rank), and every request still completes on byte-identical engines.
+for dp in 2 4; do
+  sed "s/^    tp: 2$/    tp: 2\n    dp: $dp/" "$dir/sharded.yaml" > "$dir/dp$dp.yaml"
+  grep -q "dp: $dp" "$dir/dp$dp.yaml" || { echo "FAIL: could not set dp $dp"; exit 1; }
+  "$rlsync" run "$dir/dp$dp.yaml" --prompts 12 --concurrency 4 --max-tokens 24 --json "$dir/dp$dp.json" --no-progress \
+    > "$dir/dp$dp.out" 2> "$dir/dp$dp.err" || { cat "$dir/dp$dp.out" "$dir/dp$dp.err"; echo "FAIL: run (dp $dp) exited non-zero"; exit 1; }
+  grep -q '"completed": 12' "$dir/dp$dp.json" || { cat "$dir/dp$dp.json"; echo "FAIL: not every request completed (dp $dp)"; exit 1; }
+  grep -q '"weights_verified": true' "$dir/dp$dp.json" || { echo "FAIL: weights not verified (dp $dp)"; exit 1; }
+  db=$(per_engine "$dir/dp$dp.json")
+  [ "$db" = "$sb" ] || { echo "FAIL: dp $dp: $db bytes per engine, dp 1: $sb"; exit 1; }
+done
+echo "bytes pulled per engine: dp 1 $sb, dp 2 $sb, dp 4 $sb"
 # Every architecture and expert layout, sharded: Qwen3; Qwen3-MoE with its
 # experts placed whole over each engine's workers; fused experts served as int8.
 for arch in qwen3 moe fused; do

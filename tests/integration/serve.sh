@@ -192,7 +192,46 @@ got=$(curl -sS -X POST "$url/v1/completions" -H 'Content-Type: application/json'
 [ "$got" = "$want" ] || fail "MoE served with expert parallelism: $got, rlsync generate at tp 1: $want"
 stop_server
 
+# Data parallelism: two scheduler ranks behind one address. The world size
+# counts them (unless include_dp=false, as vLLM's), the weight checker names
+# each rank, one pause covers both, a disk update reaches both, and a
+# completion on either rank equals `rlsync generate` on the new weights.
+start_server --dp 2
+expect GET /get_world_size "" 200 '{"world_size":4}'
+expect GET '/get_world_size?include_dp=false' "" 200 '{"world_size":2}'
+digest >"$dir/dp"
+grep -q '^dp1:pp0:pcp0:tp1:' "$dir/dp" || fail "no dp1 keys in the weight checker: $(head -3 "$dir/dp")"
+[ "$(grep -c '^dp0:' "$dir/dp")" = "$(grep -c '^dp1:' "$dir/dp")" ] || fail "dp ranks differ in their keys"
+expect POST '/pause?mode=keep' "" 200 paused
+expect POST /start_weight_update '{"is_checkpoint_format": true}' 200 'Weight update started'
+expect POST /update_weights "{\"update_info\": {\"path\": \"$dir/v2\"}}" 200 'Weights updated'
+expect POST /finish_weight_update "" 200 'Weight update finished'
+expect POST /resume "" 200 resumed
+want=$("$rlsync" generate --checkpoint "$dir/v2" --prompt "data parallel" --max-tokens 8 --json \
+         | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["token_ids"]))')
+# Two at once: least outstanding puts one on each rank.
+pids=()
+for i in 1 2; do
+  curl -sS --max-time 60 -X POST "$url/v1/completions" -H 'Content-Type: application/json' \
+    --data '{"prompt": "data parallel", "max_tokens": 8, "temperature": 0}' >"$dir/dp$i.json" &
+  pids+=($!)
+done
+wait "${pids[@]}"
+for i in 1 2; do
+  got=$(python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["token_ids"]))' <"$dir/dp$i.json")
+  [ "$got" = "$want" ] || fail "dp 2, completion $i: $got, rlsync generate on v2: $want"
+done
+stop_server
+
 # Flags refused clearly.
+set +e
+out=$("$rlsync" serve --checkpoint "$dir/v1" --dp 0 --port 0 2>&1); rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q -- "--dp: must be in 1..64" <<<"$out" || fail "--dp 0: rc $rc: $out"
+set +e
+out=$("$rlsync" serve --topology t.yaml --node n --dp 2 2>&1); rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q -- "--dp: with --topology" <<<"$out" || fail "--topology with --dp: rc $rc: $out"
 set +e
 out=$("$rlsync" serve --checkpoint "$dir/v1" --tp 2 --expert-parallel --port 0 2>&1); rc=$?
 set -e
