@@ -1,6 +1,6 @@
 #pragma once
-// The rollout-engine actor: one built-in engine (all its tp workers) behind
-// the rollout_engine_actor interface.
+// The rollout-engine actor: one built-in engine (all its dp scheduler ranks and their tp
+// workers) behind the rollout_engine_actor interface.
 //
 // The engine core is single-threaded; this actor owns it and is its only
 // caller. Generation advances by `step` messages the actor sends itself, one

@@ -487,7 +487,7 @@ TEST_CASE("topology errors: engines") {
     {"dp past the bound", with("engines", "engines: [{name: e, node: a, dp: 65}]"),
      "t.yaml:5:34: engines[0].dp: must be between 1 and 64, got 65"},
     {"an unknown balance", with("engines", "engines: [{name: e, node: a, dp: 2, dp_balance: random}]"),
-     "t.yaml:5:50: engines[0].dp_balance: expected least_outstanding or prefix_affinity, got 'random'"},
+     "t.yaml:5:49: engines[0].dp_balance: expected least_outstanding or prefix_affinity, got 'random'"},
     {"tp zero", with("engines", "engines: [{name: e, node: a, tp: 0}]"),
      "t.yaml:5:34: engines[0].tp: must be positive, got 0"},
     {"zero replicas", with("engines", "engines: [{name: e, node: a, replicas: 0}]"),
@@ -782,14 +782,14 @@ TEST_CASE("topology errors: drill") {
      "corrupt, kill_worker, got 'explode'"},
     {"kill_worker past the engine's ranks",
      plus("drill:\n  faults:\n    - {at_sync: 1, action: kill_worker, target: e-0, dp_rank: 1}"),
-     "t.yaml:8:X: drill.faults[0].dp_rank: engine 'e-0' has 1 data-parallel rank (0..0)"},
+     "t.yaml:8:63: drill.faults[0].dp_rank: engine 'e-0' has 1 data-parallel rank (0..0)"},
     {"kill_worker past the rank's workers",
      plus("drill:\n  faults:\n    - {at_sync: 1, action: kill_worker, target: e-0, worker: 2}"),
-     "t.yaml:8:X: drill.faults[0].worker: engine 'e-0' has 1 tp worker per rank (0..0)"},
+     "t.yaml:8:62: drill.faults[0].worker: engine 'e-0' has 2 tp workers per rank (0..1)"},
     {"dp_rank on a kill", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill, target: e-0, dp_rank: 0}"),
-     "t.yaml:8:X: drill.faults[0].dp_rank: only used with kill_worker (which rank's worker thread dies)"},
+     "t.yaml:8:56: drill.faults[0].dp_rank: only used with kill_worker (which rank's worker thread dies)"},
     {"kill_worker needs an engine", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill_worker, target: a}"),
-     "t.yaml:8:X: drill.faults[0].target: unknown target 'a' for kill_worker (expected an engine (e-0, e-1))"},
+     "t.yaml:8:49: drill.faults[0].target: unknown target 'a' for kill_worker (expected an engine (e-0, e-1))"},
     {"missing target", plus("drill:\n  faults:\n    - {at_sync: 1, action: kill}"),
      "t.yaml:8:7: drill.faults[0].target: missing required key"},
     {"killing an external trainer", with("trainer", "trainer: {node: a, source: external}")
@@ -1311,7 +1311,9 @@ TEST_CASE("topology: the shipped configs load") {
   CHECK(cluster.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2, 3});
   CHECK(cluster.trainer.ranks[1].layers == std::vector<std::int64_t>{4, 5, 6, 7});
   CHECK(cluster.transfer.mode == transfer_mode::sharded);
-  CHECK(std::all_of(cluster.engines.begin(), cluster.engines.end(), [](auto& e) { return e.tp == 4; }));
+  for (auto& e : cluster.engines) // rollout-b: two data-parallel ranks of tp 2
+    CHECK(e.tp * e.dp == 4);
+  CHECK(std::any_of(cluster.engines.begin(), cluster.engines.end(), [](auto& e) { return e.dp == 2; }));
   CHECK(cluster.sync.min_live_engines == 2);
   CHECK(cluster.sync.wave_size == 2);
   std::set<std::string> engine_nodes;

@@ -37,6 +37,9 @@ for drill in "$root"/configs/drills/*.yaml; do
 done
 # The drills themselves did what they say.
 grep -q 'rerouted from rollout-0' "$dir/engine-kill.err" || { echo "FAIL: engine-kill rerouted nothing"; exit 1; }
+grep -q 'coordinator: rollout-0 left (down: .*data-parallel rank 1, tp worker 1 died' "$dir/dp-worker-kill.err" \
+  || { echo "FAIL: dp-worker-kill: the engine did not report its dead worker"; exit 1; }
+grep -q 'rollout-0 restarted as incarnation 2' "$dir/dp-worker-kill.err" || { echo "FAIL: dp-worker-kill: no restart"; exit 1; }
 grep -q 'rollout-1 silent for' "$dir/partition.err" || { echo "FAIL: partition was not detected"; exit 1; }
 grep -q 'checksum' "$dir/partition.err" || { echo "FAIL: the corrupted group was not caught"; exit 1; }
 grep -q 'ABORTED (the trainer is down)' "$dir/trainer-kill.err" || { echo "FAIL: trainer-kill aborted no round"; exit 1; }
