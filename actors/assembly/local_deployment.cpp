@@ -405,6 +405,7 @@ std::string local_deployment::restart_engine(caf::actor_system& sys, const topol
   if (gates[i]) { // the new process starts whole
     gates[i]->partitioned = false;
     gates[i]->acks_held_until_ns = 0;
+    gates[i]->kill_rank = -1; // a kill the old incarnation never applied dies with it
   }
   const engine_spec* spec = t.find_engine(engine_names[i]);
   if (!spec)

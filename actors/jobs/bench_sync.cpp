@@ -519,8 +519,8 @@ std::string node_yaml(const topology& t) {
   }
   y << "}\nengines:\n";
   for (const auto& e : t.engines)
-    y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp
-      << (e.expert_parallel ? ", expert_parallel: true" : "") << (e.weights != "received" ? ", weights: " + e.weights : "")
+    y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp << ", dp: " << e.dp
+      << ", dp_balance: " << e.dp_balance << (e.expert_parallel ? ", expert_parallel: true" : "") << (e.weights != "received" ? ", weights: " + e.weights : "")
       << ", max_batch: " << e.max_batch
       << ", queue_limit: " << e.queue_limit << "}\n";
   y << "router: {node: " << t.router.node << "}\ncoordinator: {node: " << t.coordinator.node << "}\n";

@@ -238,11 +238,19 @@ std::optional<engine_error> engine_core::add(generate_request req, request_callb
     return engine_error{errc::malformed, "request " + std::to_string(req.request_id) + " already exists"};
   if (dirty_ && !session_)
     return engine_error{errc::engine_dirty, opts_.name + " holds no complete weights"};
-  auto& rank = choose_rank(req);
-  if (rank.waiting.size() >= opts_.queue_limit)
+  auto* chosen = &choose_rank(req);
+  if (chosen->waiting.size() >= opts_.queue_limit) { // another rank with room, the least outstanding
+    chosen = nullptr;
+    for (auto& r : ranks_)
+      if (r->waiting.size() < opts_.queue_limit && (!chosen || r->outstanding() < chosen->outstanding()))
+        chosen = r.get();
+  }
+  if (!chosen)
     return engine_error{errc::queue_full, opts_.name + ": " + std::to_string(opts_.queue_limit)
                                             + " requests already waiting"
-                                            + (opts_.dp > 1 ? " on rank " + std::to_string(rank.index) : "")};
+                                            + (opts_.dp > 1 ? " on each of its " + std::to_string(opts_.dp) + " ranks"
+                                                            : "")};
+  auto& rank = *chosen;
   auto r = std::make_unique<request>();
   r->context = req.prompt;
   r->context.insert(r->context.end(), req.generated.begin(), req.generated.end());

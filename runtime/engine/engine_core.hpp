@@ -63,8 +63,8 @@ enum class dp_balance : std::uint8_t {
   least_outstanding, ///< the rank with the fewest requests (waiting + running); ties: the lowest rank
   /// The rank the prompt's first prefix-cache block hashes to, so that
   /// requests sharing a prompt (a GRPO group) share its cached KV; the
-  /// least outstanding rank instead when that one has max_batch more
-  /// requests than it.
+  /// least outstanding rank instead when that one has more than max_batch
+  /// requests more than it.
   prefix_affinity,
 };
 
@@ -81,7 +81,9 @@ struct engine_options {
   /// int8 computed from them each time a version is served.
   weight_format weights = weight_format::received;
   std::uint32_t max_batch = 32;       ///< requests running at once, per rank
-  std::uint32_t queue_limit = 256;    ///< requests waiting per rank (a full queue rejects)
+  /// Requests waiting per rank: a request goes to another rank when its own
+  /// rank's queue is full, and is refused (queue_full) when every queue is.
+  std::uint32_t queue_limit = 256;
   std::int64_t prefill_chunk = 256;   ///< prompt tokens fed per request per step
   std::int64_t block_tokens = 16;     ///< prefix-cache block size
   std::size_t prefix_cache_blocks = 1024;

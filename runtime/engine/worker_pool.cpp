@@ -13,6 +13,7 @@ constexpr int spin_polls = 2000;
 worker_pool::worker_pool(int size) : size_(size) {
   if (size < 1)
     throw std::invalid_argument("engine worker pool: size must be at least 1");
+  killed_.assign(static_cast<std::size_t>(size), false);
   threads_.reserve(static_cast<std::size_t>(size - 1));
   for (int w = 1; w < size; ++w)
     threads_.emplace_back([this, w] { thread_main(w); });
@@ -46,7 +47,9 @@ void worker_pool::kill(int worker) {
     throw std::out_of_range("engine worker pool: no worker " + std::to_string(worker));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    dead_ = worker;
+    killed_[static_cast<std::size_t>(worker)] = true;
+    int none = -1;
+    dead_.compare_exchange_strong(none, worker);
   }
   job_cv_.notify_all(); // its thread wakes and ends
 }
@@ -88,9 +91,20 @@ void worker_pool::thread_main(int worker) {
     const std::function<void(int)>* job;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      job_cv_.wait(lock, [&] { return stopping_ || dead_ == worker || job_generation_ != seen; });
-      if (stopping_ || dead_ == worker)
+      const auto killed = [&] { return killed_[static_cast<std::size_t>(worker)]; };
+      job_cv_.wait(lock, [&] { return stopping_ || killed() || job_generation_ != seen; });
+      if (stopping_)
         return;
+      if (killed()) {
+        if (job_generation_ != seen) { // a run counts on this worker: fail it, do not hang it
+          lock.unlock();
+          fail(std::make_exception_ptr(worker_died("engine worker " + std::to_string(worker) + " died")));
+          lock.lock();
+          if (--running_ == 0)
+            done_cv_.notify_one();
+        }
+        return;
+      }
       seen = job_generation_;
       job = job_;
     }

@@ -39,9 +39,10 @@ public:
 
   /// Fault injection (drills): worker `worker` dies — its thread ends — and
   /// every later run() throws worker_died at once instead of waiting for it.
-  /// Called by run()'s caller, between runs.
+  /// Meant for run()'s caller between runs; a kill that lands while a run is
+  /// being handed out fails that run (worker_died) rather than hang it.
   void kill(int worker);
-  /// The worker that died, or -1.
+  /// The first worker that died, or -1.
   int dead() const { return dead_.load(); }
 
 private:
@@ -59,6 +60,7 @@ private:
   int running_ = 0;
   bool stopping_ = false;
   std::exception_ptr error_;
+  std::vector<bool> killed_; ///< per worker, under mutex_
   std::atomic<int> dead_{-1};
 
   // Barrier: arrivals in this round, and a generation that flips when the

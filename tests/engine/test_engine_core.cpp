@@ -6,6 +6,7 @@
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/tokenizer.hpp"
+#include "runtime/engine/worker_pool.hpp"
 
 #include <doctest/doctest.h>
 
@@ -182,20 +183,26 @@ TEST_CASE("tensor parallelism: the engine core's greedy outputs are identical fo
   }
 }
 
-TEST_CASE("bounded queue: a full waiting queue rejects with queue_full") {
-  engine_options o;
-  o.queue_limit = 2;
-  o.max_batch = 1;
-  harness h(1, o);
-  CHECK(!h.add(1, "a", 2));
-  CHECK(!h.add(2, "b", 2));
-  auto e = h.add(3, "c", 2);
-  REQUIRE(e);
-  CHECK(e->code == errc::queue_full);
-  h.drain();
-  CHECK(h.seen[1].result);
-  CHECK(h.seen[2].result);
-  CHECK(!h.add(3, "c", 2)); // room again
+TEST_CASE("bounded queue: a full waiting queue rejects with queue_full (the limit is per data-parallel rank)") {
+  for (int dp : {1, 2}) {
+    CAPTURE(dp);
+    engine_options o;
+    o.queue_limit = 2;
+    o.max_batch = 1;
+    o.dp = dp;
+    harness h(1, o);
+    const auto room = static_cast<std::uint64_t>(2 * dp);
+    for (std::uint64_t id = 1; id <= room; ++id)
+      CHECK(!h.add(id, "r" + std::to_string(id), 2));
+    auto e = h.add(room + 1, "one more", 2);
+    REQUIRE(e);
+    CHECK(e->code == errc::queue_full);
+    CHECK((e->what.find("on each of its 2 ranks") != std::string::npos) == (dp > 1));
+    h.drain();
+    for (std::uint64_t id = 1; id <= room; ++id)
+      CHECK(h.seen[id].result);
+    CHECK(!h.add(room + 1, "one more", 2)); // room again
+  }
 }
 
 TEST_CASE("malformed requests are refused with the reason") {
@@ -734,7 +741,7 @@ TEST_CASE("data parallelism: requests spread least-outstanding over the ranks, o
   CHECK(two.core.status().tokens_generated == one.core.status().tokens_generated);
 }
 
-TEST_CASE("data parallelism: prefix affinity keeps a prompt's requests on one rank until it is max_batch ahead") {
+TEST_CASE("data parallelism: prefix affinity keeps a prompt's requests on one rank until it is over max_batch ahead") {
   engine_options o = with_dp(4, dp_balance::prefix_affinity);
   o.max_batch = 2;
   harness h(1, o);
@@ -750,18 +757,6 @@ TEST_CASE("data parallelism: prefix affinity keeps a prompt's requests on one ra
   h.drain();
   for (std::uint64_t id = 2; id <= 4; ++id)
     CHECK(h.seen[id].ids() == h.seen[1].ids());
-}
-
-TEST_CASE("data parallelism: the queue limit is per rank") {
-  engine_options o = with_dp(2);
-  o.queue_limit = 1;
-  harness h(1, o);
-  REQUIRE(!h.add(1, "a", 3));
-  REQUIRE(!h.add(2, "b", 3));
-  auto full = h.add(3, "c", 3);
-  REQUIRE(full);
-  CHECK(full->code == errc::queue_full);
-  CHECK(full->what.find("rank 0") != std::string::npos);
 }
 
 TEST_CASE("data parallelism: one pause(wait) for all ranks completes when the last rank is idle") {
@@ -852,4 +847,32 @@ TEST_CASE("correctness check with dp 2: a request on each rank, pause(keep), upd
       CHECK(h.seen[id].tokens[3].version == 2);
     }
   }
+}
+
+TEST_CASE("data parallelism: a full queue on the chosen rank sends the request to a rank with room") {
+  engine_options o = with_dp(2, dp_balance::prefix_affinity);
+  o.queue_limit = 1;
+  harness h(1, o);
+  REQUIRE(!h.add(1, "one prompt", 3));
+  auto home = h.core.rank_of(1);
+  REQUIRE(!h.add(2, "one prompt", 3)); // its rank's queue is full: the other one
+  CHECK(h.core.rank_of(2) != home);
+  auto full = h.add(3, "one prompt", 3);
+  REQUIRE(full);
+  CHECK(full->code == errc::queue_full);
+  h.drain();
+  CHECK(h.seen[2].ids() == h.seen[1].ids());
+}
+
+TEST_CASE("data parallelism: a rank's dead worker thread breaks the engine, and it says which") {
+  harness h(2, with_dp(2));
+  REQUIRE(!h.add(1, "on rank 0", 4));
+  REQUIRE(!h.add(2, "on rank 1", 4));
+  h.run_until(1, 1);
+  CHECK_FALSE(h.core.failure());
+  h.core.kill_worker(1, 1);
+  REQUIRE(h.core.failure());
+  CHECK(*h.core.failure() == "engine: data-parallel rank 1, tp worker 1 died");
+  CHECK_THROWS_AS(h.core.step(), worker_died); // never waits for the dead thread
+  CHECK_THROWS_AS(h.core.kill_worker(2, 0), std::out_of_range);
 }

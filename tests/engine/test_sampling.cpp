@@ -106,6 +106,28 @@ TEST_CASE("worker pool: barriers hold every round, a failure reaches the caller 
   }
 }
 
+TEST_CASE("worker pool: a killed worker's thread ends and every later run fails at once, never hangs") {
+  for (int n : {1, 2, 4})
+    for (int victim = 0; victim < n; ++victim) {
+      CAPTURE(n);
+      CAPTURE(victim);
+      worker_pool pool(n);
+      pool.run([&](int) { pool.barrier(); });
+      CHECK(pool.dead() == -1);
+      pool.kill(victim);
+      pool.kill(victim); // again: nothing more
+      CHECK(pool.dead() == victim);
+      for (int i = 0; i < 3; ++i)
+        CHECK_THROWS_WITH_AS(pool.run([&](int) { pool.barrier(); }),
+                             ("engine worker " + std::to_string(victim) + " died").c_str(), worker_died);
+      if (n > 1) {
+        pool.kill((victim + 1) % n); // a second death: the first stays the one reported
+        CHECK(pool.dead() == victim);
+      }
+    } // the destructor joins the threads that remain, and the dead ones
+  CHECK_THROWS_AS(worker_pool(2).kill(2), std::out_of_range);
+}
+
 TEST_CASE("to_valid_utf8 keeps valid text and replaces each invalid byte with U+FFFD") {
   using rlsync::engine::to_valid_utf8;
   CHECK(to_valid_utf8("plain ascii") == "plain ascii");

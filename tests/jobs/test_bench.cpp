@@ -175,7 +175,7 @@ TEST_CASE("bench figures: bytes per worker of a MoE model, sharded (experts slic
                           "cluster: {allow_insecure_network: true}\n"
                           "trainer: {node: head}\n"
                           "engines: [{name: ep, node: head, tp: 4, expert_parallel: true}, {name: sliced, node: workers, "
-                          "replicas: 2, tp: 4}, {name: one, node: head, weights: int8}]\n",
+                          "replicas: 2, tp: 4, dp: 2, dp_balance: prefix_affinity}, {name: one, node: head, weights: int8}]\n",
                           "moe.yaml", ".");
   const auto& model = t.model.config;
   const auto whole = bf16_model_bytes(model);
@@ -209,6 +209,9 @@ TEST_CASE("bench figures: bytes per worker of a MoE model, sharded (experts slic
   CHECK_FALSE(back.engines[1].expert_parallel);
   CHECK(back.engines[3].weights == "int8"); // and the process step
   CHECK(back.engines[0].weights == "received");
+  CHECK(back.engines[1].dp == 2); // and data parallelism
+  CHECK(back.engines[1].dp_balance == "prefix_affinity");
+  CHECK(back.engines[0].dp == 1);
 }
 
 TEST_CASE("bench models: about the requested size, never empty") {
