@@ -9,6 +9,7 @@
 // Membership and failure handling, the trainer, and waves (of a round and of
 // the control-plane probe) are in test_coordinator_*.cpp.
 #include "tests/support/coordinator_fixture.hpp"
+#include "tests/support/fleet_scale.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/exit_reason.hpp>
@@ -433,39 +434,27 @@ TEST_CASE("coordinator_config_from carries the sync section (pause, wave_size, s
 
 // -- scale ------------------------------------------------------------------------------
 
-TEST_CASE_FIXTURE(coordinator_fixture, "a round over 1000 engines costs O(engines) bookkeeping, in one wave or in waves") {
-  std::size_t wave_size = 0;
-  SUBCASE("one wave") {
-    wave_size = 0;
+TEST_CASE("a round's messages and bookkeeping grow linearly with the fleet: 100 and 1000 engines, one wave or "
+          "waves of 100") {
+  for (std::size_t wave_size : {0, 100}) {
+    CAPTURE(wave_size);
+    auto small = measure_fleet_round(100, wave_size);
+    auto large = measure_fleet_round(1000, wave_size);
+    CHECK(small.synced == 100);
+    CHECK(large.synced == 1000);
+    // Six phases, a request and a reply each, per engine: about 12 messages.
+    const double small_msgs = static_cast<double>(small.messages) / 100, large_msgs = static_cast<double>(large.messages) / 1000;
+    CAPTURE(small_msgs);
+    CAPTURE(large_msgs);
+    CHECK(small_msgs >= 12);
+    CHECK(large_msgs <= small_msgs * 1.1); // linear: the same per engine, give or take the fixed part
+    // The coordinator's book: about 25 steps per engine (see the sync_round
+    // test); a linear search per reply would take hundreds per engine at 1000.
+    const double small_ops = static_cast<double>(small.ops) / 100, large_ops = static_cast<double>(large.ops) / 1000;
+    CAPTURE(small_ops);
+    CAPTURE(large_ops);
+    CHECK(large.ops > 1000);
+    CHECK(large_ops < 30);
+    CHECK(large_ops <= small_ops * 1.1);
   }
-  SUBCASE("waves of 100") {
-    wave_size = 100;
-  }
-  CAPTURE(wave_size);
-  auto c = config();
-  c.sync.wave_size = static_cast<std::int64_t>(wave_size);
-  c.log = {};
-  c.on_member = {};
-  start(c);
-  for (int i = 0; i < 1000; ++i) {
-    auto name = "engine-" + std::to_string(1000 + i); // snapshot order is name order
-    auto& e = spawn_engine(name);
-    tell(coord, register_atom::value, engine_info{name, "node", 1, 0, false, 0},
-                   caf::actor_cast<rollout_engine_actor>(e.actor));
-  }
-  run(); // the cold syncs
-  REQUIRE(status().routable.size() == 1000);
-  forget_history();
-  publish(1);
-  REQUIRE(reports.size() == 1);
-  CHECK(reports[0].engines_synced == 1000);
-  CHECK(count(sync_phase::resume) == 1000);
-  // The coordinator's own state after the round: how many steps its book took.
-  auto* self = dynamic_cast<caf::stateful_actor<coordinator_state, coordinator_impl_actor::base>*>(
-    caf::actor_cast<caf::abstract_actor*>(coord));
-  REQUIRE(self != nullptr);
-  // Per engine about 25 (see the sync_round test); a linear search per
-  // reply would take hundreds of thousands more.
-  CHECK(self->state.last_round_ops < 30 * 1000);
-  CHECK(self->state.last_round_ops > 1000);
 }

@@ -1,0 +1,88 @@
+// The control plane at fleet scale: one sync round of the real coordinator
+// (and router) over 100 to 10,000 scripted engines on CAF's deterministic
+// scheduler, printing per round the messages, the coordinator's bookkeeping
+// steps, the CPU time of running the round and the fleet's heap, each also
+// per engine, and how each grew against the smallest fleet (linear growth:
+// per-engine figures stay flat). Figures, not pass/fail: it exits non-zero
+// only when a round did not sync the engines it should have.
+//
+//   bench_fleet [N ...] [--failing K]    default: 100 1000 10000; --failing 20:
+//                                        every 20th engine fails its transfer (5 %)
+#define DOCTEST_CONFIG_IMPLEMENT // the fixtures' checks, outside a doctest run
+#include "tests/support/fleet_scale.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+int usage(const char* why) {
+  std::cerr << "bench_fleet: " << why << "\nusage: bench_fleet [N ...] [--failing K] [--wave W]\n";
+  return 2;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  // The fixtures' checks outside a test case: a failed one ends the bench.
+  doctest::Context checks;
+  checks.setAsDefaultForAssertsOutOfTestCases();
+  checks.setAssertHandler([](const doctest::AssertData& d) {
+    std::cerr << "bench_fleet: check failed at " << d.m_file << ":" << d.m_line << "\n";
+    std::exit(1);
+  });
+  std::vector<std::size_t> sizes;
+  std::size_t failing_every = 0, wave = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto number = [&](const std::string& text) -> std::size_t {
+      char* end = nullptr;
+      auto v = std::strtoull(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || v == 0 || v > 100000)
+        throw std::invalid_argument("'" + text + "' is not a count in 1..100000");
+      return static_cast<std::size_t>(v);
+    };
+    try {
+      if (a == "--failing" && i + 1 < argc)
+        failing_every = number(argv[++i]);
+      else if (a == "--wave" && i + 1 < argc)
+        wave = number(argv[++i]);
+      else
+        sizes.push_back(number(a));
+    } catch (const std::exception& e) {
+      return usage(e.what());
+    }
+  }
+  if (sizes.empty())
+    sizes = {100, 1000, 10000};
+  std::printf("one warm sync round over N scripted engines (wave %zu%s), CAF's deterministic scheduler:\n", wave,
+              failing_every ? (", every " + std::to_string(failing_every) + "th engine failing its transfer").c_str()
+                            : "");
+  std::printf("%8s %9s %10s %8s %10s %8s %9s %10s %9s %10s %8s\n", "engines", "synced", "messages", "/engine",
+              "book ops", "/engine", "cpu ms", "cpu us/eng", "heap MB", "heap B/eng", "growth");
+  double first_cpu_per_engine = 0;
+  int status = 0;
+  for (auto n : sizes) {
+    auto r = rlsync::test::measure_fleet_round(n, wave, failing_every);
+    const double per = static_cast<double>(n);
+    const double cpu_per_engine = r.cpu_ms * 1e3 / per;
+    if (first_cpu_per_engine == 0)
+      first_cpu_per_engine = cpu_per_engine;
+    std::printf("%8zu %9zu %10llu %8.1f %10llu %8.1f %9.1f %10.2f %9.1f %10.0f %7.2fx\n", n, r.synced,
+                static_cast<unsigned long long>(r.messages), static_cast<double>(r.messages) / per,
+                static_cast<unsigned long long>(r.ops), static_cast<double>(r.ops) / per, r.cpu_ms, cpu_per_engine,
+                static_cast<double>(r.heap_bytes) / 1e6, static_cast<double>(r.heap_bytes) / per,
+                cpu_per_engine / first_cpu_per_engine);
+    if (r.synced + r.evicted != n || r.evicted != r.failing) {
+      std::printf("  round over %zu engines: %zu synced, %zu evicted, %zu told to fail\n", n, r.synced, r.evicted,
+                  r.failing);
+      status = 1;
+    }
+  }
+  std::printf("growth: CPU time per engine against the smallest fleet (1.00x everywhere = linear)\n");
+  return status;
+}
