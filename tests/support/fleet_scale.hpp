@@ -23,6 +23,7 @@ struct fleet_round {
   std::uint64_t messages = 0;      ///< delivered during the round (a warm round, after every cold sync)
   std::uint64_t ops = 0;           ///< the coordinator's bookkeeping steps for the round
   double cpu_ms = 0;               ///< CPU time of running the round (this thread runs every actor)
+  double join_cpu_ms = 0;          ///< CPU time of the fleet joining: every registration and cold sync
   std::uint64_t heap_bytes = 0;    ///< heap in use by the fleet after the round (coordinator, engines, records)
   std::size_t synced = 0;          ///< engines the round's report counts as synced
   std::size_t evicted = 0;         ///< engines the round evicted (those told to fail)
@@ -57,6 +58,7 @@ inline fleet_round measure_fleet_round(std::size_t engines, std::size_t wave_siz
     c.log = {};
     c.on_member = {};
     f.start(c);
+    const auto join_before = cpu_ms_now();
     for (std::size_t i = 0; i < engines; ++i) {
       auto name = "engine-" + std::to_string(100000 + i); // snapshot order is name order
       auto& e = f.spawn_engine(name);
@@ -64,6 +66,7 @@ inline fleet_round measure_fleet_round(std::size_t engines, std::size_t wave_siz
              caf::actor_cast<rollout_engine_actor>(e.actor));
     }
     f.run(); // the cold syncs
+    out.join_cpu_ms = cpu_ms_now() - join_before;
     f.forget_history();
     if (failing_every > 0)
       for (std::size_t i = 0; i < engines; i += failing_every) {
