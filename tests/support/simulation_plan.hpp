@@ -159,4 +159,68 @@ inline plan make_plan(std::uint64_t seed) {
   return p;
 }
 
+/// A fleet: `engines` engines, and in every round from the second on a
+/// `failing_percent` share of them hit by an engine fault (kill, silence,
+/// slowness, a bad transfer) as one of that round's phases goes out; no
+/// retirement (max_restarts above what the plan can use up). Requests spread
+/// over the plan as in make_plan.
+inline plan make_fleet_plan(std::uint64_t seed, std::uint32_t engines, std::uint32_t failing_percent,
+                            std::int64_t wave_size = 0) {
+  std::mt19937_64 rng{seed};
+  auto pick = [&](std::uint64_t n) { return static_cast<std::int64_t>(rng() % n); };
+  plan p;
+  p.seed = seed;
+  p.engines = engines;
+  p.plan_ms = 800;
+  p.max_restarts = 1000;
+  p.wave_size = wave_size;
+  for (std::uint32_t i = 0; i < engines + 64; ++i)
+    p.transfer_ms.push_back(2 + pick(19));
+  for (std::int64_t t = 0; (t += 60 + pick(100)) < p.plan_ms - 50;) {
+    fault f;
+    f.at_ms = t;
+    p.faults.push_back(f); // a publish
+  }
+  const auto per_round = std::max<std::uint32_t>(1, engines * failing_percent / 100);
+  for (std::uint64_t round = 2; round <= 6; ++round)
+    for (std::uint32_t i = 0; i < per_round; ++i) {
+      fault f;
+      f.at_round = round;
+      f.phase = static_cast<sync_phase>(pick(6));
+      f.target = static_cast<std::uint32_t>(pick(engines));
+      auto k = pick(100); // kill 35 %, silence 35 %, slow 15 %, bad transfer 15 %
+      f.kind = k < 35 ? fault_kind::kill_engine
+             : k < 70 ? fault_kind::silence
+             : k < 85 ? fault_kind::slow
+                      : fault_kind::bad_transfer;
+      switch (f.kind) {
+        case fault_kind::kill_engine:
+          f.duration_ms = 10 + pick(300);
+          f.keep_version = pick(4) == 0;
+          break;
+        case fault_kind::silence:
+          f.duration_ms = pick(3) == 0 ? 3 + pick(40) : 60 + pick(250);
+          break;
+        case fault_kind::slow:
+          f.duration_ms = 20 + pick(200);
+          f.delay_ms = 20 + pick(180);
+          break;
+        default:
+          break;
+      }
+      p.faults.push_back(f);
+    }
+  std::stable_sort(p.faults.begin(), p.faults.end(),
+                   [](const fault& a, const fault& b) { return a.at_ms < b.at_ms; });
+  for (std::int64_t i = 1; i <= static_cast<std::int64_t>(engines); ++i) {
+    request_plan r;
+    r.at_ms = 10 + pick(static_cast<std::uint64_t>(p.plan_ms - 150));
+    r.req.request_id = static_cast<std::uint64_t>(i);
+    r.req.prompt = {1, 2, static_cast<std::int32_t>(i % 50)};
+    r.req.sampling.max_tokens = 4 + static_cast<std::uint32_t>(pick(37));
+    p.requests.push_back(r);
+  }
+  return p;
+}
+
 } // namespace rlsync::test::sim
