@@ -64,6 +64,42 @@ struct request_plan {
   generate_request req;
 };
 
+/// Request `i`: when it is sent (within the plan's first plan_ms - 140 ms), its
+/// prompt and length.
+template <class Pick>
+request_plan draw_request(Pick& pick, std::int64_t i, std::int64_t plan_ms) {
+  request_plan r;
+  r.at_ms = 10 + pick(static_cast<std::uint64_t>(plan_ms - 150));
+  r.req.request_id = static_cast<std::uint64_t>(i);
+  r.req.prompt = {1, 2, static_cast<std::int32_t>(i % 50)};
+  r.req.sampling.max_tokens = 4 + static_cast<std::uint32_t>(pick(37));
+  return r;
+}
+
+/// How long fault `f` lasts (and how late a slow engine answers); a fifth
+/// of the kills last to the end when `forever_kills`.
+template <class Pick>
+void draw_duration(Pick& pick, fault& f, bool forever_kills) {
+  switch (f.kind) {
+    case fault_kind::kill_engine:
+      f.duration_ms = forever_kills && pick(5) == 0 ? -1 : 10 + pick(300);
+      f.keep_version = pick(4) == 0;
+      break;
+    case fault_kind::silence: // a third stay below the heartbeat timeout
+      f.duration_ms = pick(3) == 0 ? 3 + pick(40) : 60 + pick(250);
+      break;
+    case fault_kind::slow:
+      f.duration_ms = 20 + pick(200);
+      f.delay_ms = 20 + pick(180); // phase deadlines are 100 ms (transfer 200)
+      break;
+    case fault_kind::kill_trainer:
+      f.duration_ms = pick(6) == 0 ? -1 : 5 + pick(250);
+      break;
+    default:
+      break;
+  }
+}
+
 /// Everything a seed decides, drawn up front (rng() % n: the same on every
 /// standard library, unlike the distributions).
 struct plan {
@@ -112,24 +148,7 @@ inline plan make_plan(std::uint64_t seed) {
            : k < 90 ? fault_kind::bad_transfer
                     : fault_kind::kill_trainer;
     f.target = static_cast<std::uint32_t>(pick(16));
-    switch (f.kind) {
-      case fault_kind::kill_engine:
-        f.duration_ms = pick(5) == 0 ? -1 : 10 + pick(300);
-        f.keep_version = pick(4) == 0;
-        break;
-      case fault_kind::silence: // a third stay below the heartbeat timeout
-        f.duration_ms = pick(3) == 0 ? 3 + pick(40) : 60 + pick(250);
-        break;
-      case fault_kind::slow:
-        f.duration_ms = 20 + pick(200);
-        f.delay_ms = 20 + pick(180); // phase deadlines are 100 ms (transfer 200)
-        break;
-      case fault_kind::kill_trainer:
-        f.duration_ms = pick(6) == 0 ? -1 : 5 + pick(250);
-        break;
-      default:
-        break;
-    }
+    draw_duration(pick, f, true);
   };
   for (auto n = 3 + pick(6); n > 0; --n) {
     fault f;
@@ -146,14 +165,8 @@ inline plan make_plan(std::uint64_t seed) {
   }
   std::stable_sort(p.faults.begin(), p.faults.end(),
                    [](const fault& a, const fault& b) { return a.at_ms < b.at_ms; });
-  for (auto n = 25 + pick(30), i = std::int64_t{1}; i <= n; ++i) {
-    request_plan r;
-    r.at_ms = 10 + pick(static_cast<std::uint64_t>(p.plan_ms - 150));
-    r.req.request_id = static_cast<std::uint64_t>(i);
-    r.req.prompt = {1, 2, static_cast<std::int32_t>(i % 50)};
-    r.req.sampling.max_tokens = 4 + static_cast<std::uint32_t>(pick(37));
-    p.requests.push_back(r);
-  }
+  for (auto n = 25 + pick(30), i = std::int64_t{1}; i <= n; ++i)
+    p.requests.push_back(draw_request(pick, i, p.plan_ms));
   // Drawn last, so that the draws above stay what they were for every seed.
   p.wave_size = pick(3) == 0 ? 1 + pick(2) : 0;
   return p;
@@ -193,33 +206,13 @@ inline plan make_fleet_plan(std::uint64_t seed, std::uint32_t engines, std::uint
              : k < 70 ? fault_kind::silence
              : k < 85 ? fault_kind::slow
                       : fault_kind::bad_transfer;
-      switch (f.kind) {
-        case fault_kind::kill_engine:
-          f.duration_ms = 10 + pick(300);
-          f.keep_version = pick(4) == 0;
-          break;
-        case fault_kind::silence:
-          f.duration_ms = pick(3) == 0 ? 3 + pick(40) : 60 + pick(250);
-          break;
-        case fault_kind::slow:
-          f.duration_ms = 20 + pick(200);
-          f.delay_ms = 20 + pick(180);
-          break;
-        default:
-          break;
-      }
+      draw_duration(pick, f, false);
       p.faults.push_back(f);
     }
   std::stable_sort(p.faults.begin(), p.faults.end(),
                    [](const fault& a, const fault& b) { return a.at_ms < b.at_ms; });
-  for (std::int64_t i = 1; i <= static_cast<std::int64_t>(engines); ++i) {
-    request_plan r;
-    r.at_ms = 10 + pick(static_cast<std::uint64_t>(p.plan_ms - 150));
-    r.req.request_id = static_cast<std::uint64_t>(i);
-    r.req.prompt = {1, 2, static_cast<std::int32_t>(i % 50)};
-    r.req.sampling.max_tokens = 4 + static_cast<std::uint32_t>(pick(37));
-    p.requests.push_back(r);
-  }
+  for (std::int64_t i = 1; i <= static_cast<std::int64_t>(engines); ++i)
+    p.requests.push_back(draw_request(pick, i, p.plan_ms));
   return p;
 }
 
