@@ -305,10 +305,10 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   if (d.routable_at_once && st.cfg.router)
     self->send(st.cfg.router, route_atom::value, route_update{info.name, info.version, true}, engine);
   persist(self);
-  // Only a member serving at once changes the count (a replaced one was
-  // counted out by drop_member): a fleet joining stays O(1) per registration
-  // here instead of a pass over every member each.
-  if (d.routable_at_once)
+  // Only a member serving at once, or one replacing a member (drop_member
+  // leaves the count to here), changes the count: a fleet joining stays
+  // O(1) per registration here instead of a pass over every member each.
+  if (d.routable_at_once || d.replaces)
     check_min_live(self);
   return d.routable_at_once; // a newcomer: settle starts its cold sync
 }
@@ -480,9 +480,6 @@ bool round_wanted(const coordinator_state& st) {
 
 void open_round(self_ptr self);
 void send_phase(self_ptr self);
-void send_more(self_ptr self);
-/// Phase requests unanswered at once, at most (coordinator_round::unsent).
-constexpr std::size_t phase_window = 256;
 void close_wave(self_ptr self);
 void close_round(self_ptr self);
 
@@ -568,37 +565,21 @@ void on_failure(self_ptr self, std::uint64_t round_id, std::size_t wave, const s
 template <class Reply, class... Ts>
 void ask(self_ptr self, const std::string& name, sync_phase phase, Ts... xs) {
   auto& st = self->state;
-  auto& r = *st.round;
-  auto id = r.book.id();
-  auto wave = r.book.wave();
-  // What is left of the phase's deadline: every request of the phase expires together.
-  auto elapsed = std::chrono::nanoseconds(now_ns(self) - r.phase_sent_ns);
-  auto left = std::max<std::chrono::nanoseconds>(deadline_of(st.cfg.sync.deadlines, phase) - elapsed,
-                                                  std::chrono::milliseconds{1});
-  // One request of the window answered (or failed): the next one may go.
-  auto answered = [=] {
-    auto& now = self->state.round;
-    if (now && now->book.id() == id && now->sent_wave == wave && now->sent_phase == phase && now->in_flight > 0) {
-      --now->in_flight;
-      send_more(self);
-    }
-  };
-  self->request(st.members.at(name).handle, std::chrono::duration_cast<std::chrono::milliseconds>(left), xs...)
+  auto id = st.round->book.id();
+  auto wave = st.round->book.wave();
+  self->request(st.members.at(name).handle, deadline_of(st.cfg.sync.deadlines, phase), xs...)
     .then(
       [=](Reply& reply) {
         on_reply(self, id, wave, name, phase, reply);
-        answered();
         settle(self);
       },
       [=](caf::error& err) {
         on_failure(self, id, wave, name, phase, err);
-        answered();
         settle(self);
       });
 }
 
-/// Fans the current phase out to every live engine of the current wave,
-/// through the window.
+/// Fans the current phase out to every live engine of the current wave at once.
 void send_phase(self_ptr self) {
   auto& st = self->state;
   auto& r = *st.round;
@@ -615,55 +596,37 @@ void send_phase(self_ptr self) {
   }
   if (st.cfg.on_phase)
     st.cfg.on_phase(r.book.id(), v, phase, engines);
-  r.order = transfer_order{};
+  transfer_order order;
   if (phase == sync_phase::transfer) {
-    r.order.version = v;
-    r.order.mode = st.cfg.transfer.mode;
-    r.order.backend = std::string{to_string(st.cfg.transfer.backend)};
-    r.order.producers = r.producers;
+    order.version = v;
+    order.mode = st.cfg.transfer.mode;
+    order.backend = std::string{to_string(st.cfg.transfer.backend)};
+    order.producers = r.producers;
     r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
-  r.unsent = std::move(engines);
-  r.next_unsent = 0;
-  r.in_flight = 0;
-  r.phase_sent_ns = now_ns(self);
-  send_more(self);
-}
-
-/// Sends the current phase to the next engines while the window has room
-/// (engines evicted before their turn are skipped).
-void send_more(self_ptr self) {
-  auto& st = self->state;
-  auto& r = *st.round;
-  auto v = r.book.version();
-  while (r.in_flight < phase_window && r.next_unsent < r.unsent.size()) {
-    const auto name = r.unsent[r.next_unsent++];
-    if (!r.book.waiting_on(name))
-      continue;
-    ++r.in_flight;
-    switch (r.sent_phase) {
+  for (auto& name : engines) {
+    switch (phase) {
       case sync_phase::pause:
         // sync.pause; by default keep (running requests freeze and continue
         // after the update) without clear_cache (flush resets the prefix cache).
-        ask<pause_report>(self, name, r.sent_phase, pause_atom::value, st.cfg.sync.pause);
+        ask<pause_report>(self, name, phase, pause_atom::value, st.cfg.sync.pause);
         break;
       case sync_phase::flush:
-        ask<phase_ack>(self, name, r.sent_phase, flush_atom::value);
+        ask<phase_ack>(self, name, phase, flush_atom::value);
         break;
       case sync_phase::start:
-        ask<phase_ack>(self, name, r.sent_phase, start_atom::value, v);
+        ask<phase_ack>(self, name, phase, start_atom::value, v);
         break;
       case sync_phase::transfer:
-        ask<transfer_report>(self, name, r.sent_phase, transfer_atom::value, r.order, r.producer_handles);
+        ask<transfer_report>(self, name, phase, transfer_atom::value, order, r.producer_handles);
         break;
       case sync_phase::finish:
-        ask<phase_ack>(self, name, r.sent_phase, finish_atom::value, v);
+        ask<phase_ack>(self, name, phase, finish_atom::value, v);
         break;
       case sync_phase::resume:
-        ask<phase_ack>(self, name, r.sent_phase, resume_atom::value);
+        ask<phase_ack>(self, name, phase, resume_atom::value);
         break;
       case sync_phase::done:
-        --r.in_flight;
         break;
     }
   }

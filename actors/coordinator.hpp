@@ -253,17 +253,6 @@ struct coordinator_round {
   bool sent_any = false;
   std::size_t sent_wave = 0;
   sync_phase sent_phase = sync_phase::pause;
-  /// The phase goes out through a window of at most a few hundred requests
-  /// unanswered at once: CAF 0.17 keeps an actor's pending responses in a
-  /// flat vector, so n requests in flight cost O(n) per reply (O(n^2) per
-  /// phase at 10,000 engines). Its engines in send order, the next to send,
-  /// the requests unanswered, when the phase went out (every request's
-  /// deadline ends at the phase's), and the transfer phase's order.
-  std::vector<std::string> unsent;
-  std::size_t next_unsent = 0;
-  std::size_t in_flight = 0;
-  std::uint64_t phase_sent_ns = 0;
-  transfer_order order;
   /// Times per wave, bytes, evictions and outcomes: the report's material.
   round_record record;
   /// Engines of the current wave that said at `continue` that they hold a

@@ -6,8 +6,9 @@
 // per-engine figures stay flat). Figures, not pass/fail: it exits non-zero
 // only when a round did not sync the engines it should have.
 //
-//   bench_fleet [N ...] [--failing K]    default: 100 1000 10000; --failing 20:
-//                                        every 20th engine fails its transfer (5 %)
+//   bench_fleet [N ...] [--failing K] [--wave W]
+//     N: fleet sizes (default 100 1000 10000); --failing 20: every 20th engine
+//     fails its transfer (5 %); --wave W: sync.wave_size (0, the default: one wave)
 #define DOCTEST_CONFIG_IMPLEMENT // the fixtures' checks, outside a doctest run
 #include "tests/support/fleet_scale.hpp"
 
@@ -39,18 +40,18 @@ int main(int argc, char** argv) {
   std::size_t failing_every = 0, wave = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    auto number = [&](const std::string& text) -> std::size_t {
+    auto number = [&](const std::string& text, unsigned long long least = 1) -> std::size_t {
       char* end = nullptr;
       auto v = std::strtoull(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || v == 0 || v > 100000)
-        throw std::invalid_argument("'" + text + "' is not a count in 1..100000");
+      if (text.empty() || text[0] == '-' || *end != '\0' || v < least || v > 100000)
+        throw std::invalid_argument("'" + text + "' is not a count in " + std::to_string(least) + "..100000");
       return static_cast<std::size_t>(v);
     };
     try {
       if (a == "--failing" && i + 1 < argc)
         failing_every = number(argv[++i]);
       else if (a == "--wave" && i + 1 < argc)
-        wave = number(argv[++i]);
+        wave = number(argv[++i], 0);
       else
         sizes.push_back(number(a));
     } catch (const std::exception& e) {
