@@ -10,6 +10,7 @@
 #include "runtime/base/stats.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/recording.hpp"
+#include "runtime/plan/plan.hpp"
 #include "runtime/process/launcher.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -109,12 +110,9 @@ std::uint64_t engine_bytes(const model_config& c, const engine_spec& e, transfer
   if (mode == transfer_mode::broadcast)
     return static_cast<std::uint64_t>(e.tp) * bf16_model_bytes(c);
   std::uint64_t total = 0;
-  for (int w = 0; w < e.tp; ++w)
-    // The control case's tiny dense model has no experts to place.
-    for (const auto& entry :
-         engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel && c.arch == model_arch::qwen3_moe)
-           .entries)
-      total += entry.bytes();
+  for (int w = 0; w < e.tp; ++w) // the control case's tiny dense model has no experts to place
+    total += plan::bytes_per_worker(
+      engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel && c.arch == model_arch::qwen3_moe));
   return total;
 }
 
@@ -126,9 +124,7 @@ std::vector<worker_bytes> bytes_per_worker(const model_config& c, const topology
       continue;
     worker_bytes b{e.tp, e.expert_parallel, 0, ~std::uint64_t{0}, bf16_model_bytes(c)};
     for (int w = 0; w < e.tp; ++w) {
-      std::uint64_t n = 0;
-      for (const auto& entry : engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel).entries)
-        n += entry.bytes();
+      auto n = plan::bytes_per_worker(engine::make_plan(c, static_cast<int>(e.tp), w, dtype::bf16, e.expert_parallel));
       b.sharded_max = std::max(b.sharded_max, n);
       b.sharded_min = std::min(b.sharded_min, n);
     }

@@ -238,13 +238,7 @@ std::optional<engine_error> engine_core::add(generate_request req, request_callb
     return engine_error{errc::malformed, "request " + std::to_string(req.request_id) + " already exists"};
   if (dirty_ && !session_)
     return engine_error{errc::engine_dirty, opts_.name + " holds no complete weights"};
-  auto* chosen = &choose_rank(req);
-  if (chosen->waiting.size() >= opts_.queue_limit) { // another rank with room, the least outstanding
-    chosen = nullptr;
-    for (auto& r : ranks_)
-      if (r->waiting.size() < opts_.queue_limit && (!chosen || r->outstanding() < chosen->outstanding()))
-        chosen = r.get();
-  }
+  auto* chosen = choose_rank(req);
   if (!chosen)
     return engine_error{errc::queue_full, opts_.name + ": " + std::to_string(opts_.queue_limit)
                                             + " requests already waiting"
@@ -264,18 +258,21 @@ std::optional<engine_error> engine_core::add(generate_request req, request_callb
   return std::nullopt;
 }
 
-engine_core::scheduler_rank& engine_core::choose_rank(const generate_request& req) {
-  auto least = std::min_element(ranks_.begin(), ranks_.end(), [](const auto& a, const auto& b) {
-    return a->outstanding() < b->outstanding(); // the first of equals: the lowest rank
-  });
-  if (opts_.balance == dp_balance::prefix_affinity && !req.prompt.empty()) {
+engine_core::scheduler_rank* engine_core::choose_rank(const generate_request& req) {
+  // Only ranks whose queue has room; the first of equals: the lowest rank.
+  scheduler_rank* least = nullptr;
+  for (auto& r : ranks_)
+    if (r->waiting.size() < opts_.queue_limit && (!least || r->outstanding() < least->outstanding()))
+      least = r.get();
+  if (least && opts_.balance == dp_balance::prefix_affinity && !req.prompt.empty()) {
     auto block = std::min<std::size_t>(static_cast<std::size_t>(opts_.block_tokens), req.prompt.size());
     auto h = checksum64(req.prompt.data(), block * sizeof(std::int32_t), 0);
     auto& preferred = *ranks_[static_cast<std::size_t>(h % ranks_.size())];
-    if (preferred.outstanding() <= (*least)->outstanding() + opts_.max_batch)
-      return preferred;
+    if (preferred.waiting.size() < opts_.queue_limit
+        && preferred.outstanding() <= least->outstanding() + opts_.max_batch)
+      return &preferred;
   }
-  return **least;
+  return least;
 }
 
 std::optional<int> engine_core::rank_of(std::uint64_t request_id) const {
@@ -520,11 +517,10 @@ void engine_core::finish_paused_wait_if_idle() {
     return;
   // A rank reaches the pause condition at once for abort and keep; for wait
   // once its running requests have finished.
-  bool complete = rank_pause_.now() == rank_pause::phase::paused;
   for (const auto& rank : ranks_)
     if (pause_->req.mode != pause_mode::wait || rank->running.empty())
-      complete = rank_pause_.reached(rank->index) || complete;
-  if (!complete)
+      rank_pause_.reached(rank->index);
+  if (rank_pause_.now() != rank_pause::phase::paused)
     return;
   auto report = pause_->report;
   report.version = version_;
@@ -546,7 +542,7 @@ std::optional<engine_error> engine_core::resume() {
   if (released_)
     return engine_error{errc::engine_dirty, opts_.name + ": no weights to serve (released by a level-2 sleep; "
                                                        "wake up or load a version first)"};
-  if (pause_in_flight() || !rank_pause_.resume())
+  if (!rank_pause_.resume()) // refused while any rank is still on its way to the pause
     return engine_error{errc::pause_in_flight, opts_.name + ": a wait-pause still has "
                                                  + std::to_string(running_count()) + " running requests"
                                                  + (opts_.dp > 1 ? " on " + std::to_string(rank_pause_.outstanding())

@@ -242,7 +242,9 @@ private:
 
   /// Swaps `weights` in as the served set of `version`.
   void serve(std::shared_ptr<weight_set> weights, std::uint64_t version);
-  scheduler_rank& choose_rank(const generate_request& req);
+  /// The rank a new request goes to (balance, among ranks whose queue has
+  /// room); nullptr when every queue is full.
+  scheduler_rank* choose_rank(const generate_request& req);
   void admit(scheduler_rank& rank);
   std::size_t step(scheduler_rank& rank);
   void finish(scheduler_rank& rank, request& r, finish_reason why);
