@@ -12,6 +12,7 @@ int cmd_version(const arg_list& args);
 int cmd_devices(const arg_list& args);
 int cmd_checkpoint(const arg_list& args);
 int cmd_validate(const arg_list& args);
+int cmd_plan(const arg_list& args);
 int cmd_generate(const arg_list& args);
 int cmd_bench(const arg_list& args);
 int bench_sync(const arg_list& args);   // tools/cmd_bench_sync.cpp

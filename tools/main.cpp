@@ -27,6 +27,8 @@ const subcommand subcommands[] = {
    rlsync::tools::cmd_devices},
   {"checkpoint", "make, perturb and inspect safetensors checkpoints", rlsync::tools::cmd_checkpoint},
   {"validate", "check a topology file and print what it resolves to", rlsync::tools::cmd_validate},
+  {"plan", "predict a cluster's sync: bytes per link, memory, time, bottleneck, speed of light",
+   rlsync::tools::cmd_plan},
   {"generate", "run the built-in engine on a checkpoint and print the text", rlsync::tools::cmd_generate},
   {"bench", "measure: engine (throughput, update time)", rlsync::tools::cmd_bench},
   {"status", "print the fleet as the head sees it: engines, versions, evictions, last round",

@@ -81,36 +81,47 @@ weight_ptr recording_weight(std::string name, dtype type, std::vector<std::int64
                                           std::move(sink));
 }
 
-plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources,
-                            bool expert_parallel) {
+plan::worker_plan make_plan(const shard_spec& shard, const std::vector<tensor_spec>& sources, bool check) {
   // Shapes only: the storage dtype plays no part in a plan.
-  worker_weights shapes(shard_spec::make(c, tp, worker, expert_parallel), dtype::f32, /*allocate=*/false);
+  worker_weights shapes(shard, dtype::f32, /*allocate=*/false);
   auto sink = std::make_shared<std::vector<plan_entry>>();
   for (const auto& spec : sources)
-    if (!ignored_weight(c, spec.name))
+    if (!ignored_weight(shard.config, spec.name))
       load_weight(*recording_weight(spec.name, spec.type, spec.shape, sink), shapes);
   plan::worker_plan p;
-  p.tp = tp;
-  p.worker = worker;
+  p.tp = shard.tp;
+  p.worker = shard.worker;
   p.entries = std::move(*sink);
-  return p;
-}
-
-plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype source, bool expert_parallel) {
-  plan::worker_plan p = make_plan(c, tp, worker, llama_parameter_specs(c, source), expert_parallel);
-  auto problems = check_coverage(p, c, expert_parallel);
-  if (!problems.empty()) {
-    std::string all;
-    for (const auto& e : problems)
-      all += "\n  " + e;
-    throw std::logic_error("sharding plan for worker " + std::to_string(worker) + " of " + std::to_string(tp)
-                           + " does not fill the engine's parameters:" + all);
+  if (check) {
+    auto problems = check_coverage(p, shard);
+    if (!problems.empty()) {
+      std::string all;
+      for (const auto& e : problems)
+        all += "\n  " + e;
+      throw std::logic_error("sharding plan for worker " + std::to_string(shard.worker) + " of "
+                             + std::to_string(shard.tp)
+                             + (shard.dp > 1 ? " (data-parallel rank " + std::to_string(shard.dp_rank) + ")" : "")
+                             + " does not fill the engine's parameters:" + all);
+    }
   }
   return p;
 }
 
+plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources,
+                            bool expert_parallel) {
+  return make_plan(shard_spec::make(c, tp, worker, expert_parallel), sources, false);
+}
+
+plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype source, bool expert_parallel) {
+  return make_plan(shard_spec::make(c, tp, worker, expert_parallel), llama_parameter_specs(c, source), true);
+}
+
 std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c, bool expert_parallel) {
-  worker_weights shapes(shard_spec::make(c, p.tp, p.worker, expert_parallel), dtype::f32, /*allocate=*/false);
+  return check_coverage(p, shard_spec::make(c, p.tp, p.worker, expert_parallel));
+}
+
+std::vector<std::string> check_coverage(const plan::worker_plan& p, const shard_spec& shard) {
+  worker_weights shapes(shard, dtype::f32, /*allocate=*/false);
   std::map<std::string, std::vector<std::pair<std::int64_t, std::int64_t>>> ranges; // param -> [begin, end)
   std::vector<std::string> problems;
   for (const auto& e : p.entries) {

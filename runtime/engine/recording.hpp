@@ -6,6 +6,7 @@
 // cannot express (a view() of non-contiguous elements) throws at plan time,
 // naming the tensor and the op chain.
 #include "runtime/config/model_config.hpp"
+#include "runtime/engine/shard.hpp"
 #include "runtime/engine/weight_view.hpp"
 #include "runtime/plan/plan.hpp"
 
@@ -31,9 +32,16 @@ plan::worker_plan make_plan(const model_config& c, int tp, int worker, dtype sou
 plan::worker_plan make_plan(const model_config& c, int tp, int worker, const std::vector<tensor_spec>& sources,
                             bool expert_parallel = false);
 
+/// The plan of the worker `shard` describes (any layout shard_spec::make
+/// accepts, experts over dp x tp workers included) for the tensors
+/// `sources`, checked for coverage when `check` (std::logic_error naming
+/// the worker). plan.worker is the shard's tp worker.
+plan::worker_plan make_plan(const shard_spec& shard, const std::vector<tensor_spec>& sources, bool check);
+
 /// Problems with the coverage of the worker's parameters: elements written
 /// twice or never. Empty when the plan fills every parameter exactly once.
 std::vector<std::string> check_coverage(const plan::worker_plan& p, const model_config& c,
                                         bool expert_parallel = false);
+std::vector<std::string> check_coverage(const plan::worker_plan& p, const shard_spec& shard);
 
 } // namespace rlsync::engine

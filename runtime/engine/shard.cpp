@@ -18,6 +18,10 @@ std::int64_t first_expert(std::int64_t experts, int ep, int worker) {
 } // namespace
 
 shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expert_parallel) {
+  return make(c, tp, worker, expert_parallel, 1, 0);
+}
+
+shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expert_parallel, int dp, int dp_rank) {
   std::string problems;
   for (auto& e : validate(c))
     problems += "\n  " + e;
@@ -25,6 +29,13 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expe
     problems += "\n  tp: " + e;
   if (problems.empty() && (worker < 0 || worker >= tp))
     problems = "\n  worker: must be in [0, " + std::to_string(tp) + "), got " + std::to_string(worker);
+  if (problems.empty() && (dp < 1 || dp_rank < 0 || dp_rank >= dp))
+    problems = "\n  dp_rank: must be in [0, " + std::to_string(dp) + "), got " + std::to_string(dp_rank);
+  if (problems.empty() && dp > 1 && !expert_parallel)
+    problems = "\n  dp: expert placement over data-parallel ranks needs expert parallelism";
+  if (problems.empty() && dp > 1 && c.num_experts < std::int64_t(dp) * tp)
+    problems = "\n  dp: " + std::to_string(dp) + " x tp " + std::to_string(tp) + " workers exceed the "
+               + std::to_string(c.num_experts) + " experts (every worker must hold one)";
   if (!problems.empty())
     throw std::invalid_argument("engine shard: model cannot be sharded:" + problems);
 
@@ -33,6 +44,8 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expe
   s.tp = tp;
   s.worker = worker;
   s.expert_parallel = expert_parallel;
+  s.dp = dp;
+  s.dp_rank = dp_rank;
   s.head_dim = c.head_dim();
   s.heads = c.num_attention_heads / tp;
   s.head_begin = worker * s.heads;
@@ -49,8 +62,9 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expe
   s.inter_begin = worker * s.inter;
   if (expert_parallel) {
     s.moe_inter = c.moe_intermediate_size;
-    s.expert_begin = first_expert(c.num_experts, tp, worker);
-    s.experts = first_expert(c.num_experts, tp, worker + 1) - s.expert_begin;
+    const int ep = s.ep_size(), rank = s.ep_rank();
+    s.expert_begin = first_expert(c.num_experts, ep, rank);
+    s.experts = first_expert(c.num_experts, ep, rank + 1) - s.expert_begin;
   } else {
     s.moe_inter = c.moe_intermediate_size / tp;
     s.moe_inter_begin = worker * s.moe_inter;

@@ -10,6 +10,12 @@
 // parallelism (vLLM's --enable-expert-parallel; EP size = tp here) each
 // worker instead holds whole experts, placed as vLLM's linear placement
 // does: E / tp each, the first E % tp workers one more, in index order.
+// With data parallelism as well (vLLM's DP attention + EP experts: EP size =
+// tp x dp) the experts are placed the same way over all dp x tp workers of the
+// engine, worker w of dp rank d being EP rank d * tp + w; attention, the
+// dense MLP and the vocabulary stay split by tp alone. `rlsync plan` records
+// such layouts; the built-in engine runs with dp = 1 placement (its dp ranks
+// share one copy of the experts).
 #include "runtime/config/model_config.hpp"
 
 #include <cstdint>
@@ -21,6 +27,8 @@ struct shard_spec {
   int tp = 1;
   int worker = 0;
   bool expert_parallel = false;
+  int dp = 1;      ///< data-parallel ranks the experts are placed over (with expert_parallel)
+  int dp_rank = 0; ///< this worker's rank among them
 
   std::int64_t head_dim = 0;
   std::int64_t heads = 0;       ///< local q heads: num_attention_heads / tp
@@ -39,6 +47,15 @@ struct shard_spec {
   /// Throws std::invalid_argument when `c` fails validate() or validate_tp(),
   /// or when worker is outside [0, tp).
   static shard_spec make(const model_config& c, int tp, int worker, bool expert_parallel = false);
+  /// The same with experts placed over dp x tp workers (EP rank dp_rank * tp
+  /// + worker). Throws std::invalid_argument as above, when dp_rank is outside
+  /// [0, dp), when dp > 1 without expert parallelism, or when the experts are
+  /// fewer than dp x tp.
+  static shard_spec make(const model_config& c, int tp, int worker, bool expert_parallel, int dp, int dp_rank);
+
+  /// Expert-parallel group: size and this worker's rank in it.
+  int ep_size() const { return expert_parallel ? tp * dp : 1; }
+  int ep_rank() const { return expert_parallel ? dp_rank * tp + worker : 0; }
 
   std::int64_t vocab() const { return vocab_end - vocab_begin; }
   bool holds_expert(std::int64_t e) const { return e >= expert_begin && e < expert_begin + experts; }
