@@ -1163,23 +1163,11 @@ topology parse_topology(const std::string& yaml_text, const std::string& source_
   topology t;
   t.source = source_name;
   t.base_dir = fs::absolute(base_dir.empty() ? fs::path(".") : fs::path(base_dir)).lexically_normal().string();
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(yaml_text);
-  } catch (const YAML::Exception& e) {
-    d.add(e.mark, "", "syntax error: " + e.msg);
+  auto doc = load_one_document(d, yaml_text, "topology");
+  if (!doc)
     throw topology_error(d.lines());
-  }
-  if (docs.empty() || (docs.size() == 1 && docs[0].IsNull())) {
-    d.add(YAML::Mark(), "topology", "the file is empty");
-    throw topology_error(d.lines());
-  }
-  if (docs.size() > 1) {
-    d.add(docs[1].Mark(), "topology", "expected one YAML document, got " + std::to_string(docs.size()));
-    throw topology_error(d.lines());
-  }
   reader r(d, fs::path(t.base_dir), t);
-  r.read(docs[0]);
+  r.read(*doc);
   if (!d.empty())
     throw topology_error(d.lines());
   return t;

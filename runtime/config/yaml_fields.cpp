@@ -423,4 +423,23 @@ std::optional<std::vector<list_item>> map_reader::list(const std::string& key, p
   return items;
 }
 
+std::optional<YAML::Node> load_one_document(diagnostics& d, const std::string& text, const std::string& root) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    d.add(e.mark, "", "syntax error: " + e.msg);
+    return std::nullopt;
+  }
+  if (docs.empty() || (docs.size() == 1 && docs[0].IsNull())) {
+    d.add(YAML::Mark(), root, "the file is empty");
+    return std::nullopt;
+  }
+  if (docs.size() > 1) {
+    d.add(docs[1].Mark(), root, "expected one YAML document, got " + std::to_string(docs.size()));
+    return std::nullopt;
+  }
+  return docs[0];
+}
+
 } // namespace rlsync::yaml_fields

@@ -107,6 +107,10 @@ std::optional<E> read_choice(diagnostics& d, const YAML::Node& n, const YAML::Ma
   return std::nullopt;
 }
 
+/// The one YAML document of a configuration file: nullopt after recording a
+/// syntax error, an empty file or several documents (named `root`).
+std::optional<YAML::Node> load_one_document(diagnostics& d, const std::string& text, const std::string& root);
+
 enum class presence { optional, required };
 
 /// One element of a YAML list, with its path ("engines[2]").

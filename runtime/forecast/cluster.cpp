@@ -255,20 +255,11 @@ cluster parse_cluster(const std::string& yaml_text, const std::string& source_na
   diagnostics d(source_name);
   cluster c;
   c.source = source_name;
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(yaml_text);
-  } catch (const YAML::Exception& e) {
-    d.add(e.mark, "", "syntax error: " + e.msg);
+  auto doc = load_one_document(d, yaml_text, "cluster");
+  if (!doc)
     throw cluster_error(d.lines());
-  }
-  if (docs.size() != 1 || docs[0].IsNull()) {
-    d.add(docs.size() > 1 ? docs[1].Mark() : YAML::Mark(), "cluster",
-          docs.size() > 1 ? "expected one YAML document" : "the file is empty");
-    throw cluster_error(d.lines());
-  }
   reader r(d, fs::absolute(base_dir.empty() ? fs::path(".") : fs::path(base_dir)), c);
-  r.read(docs[0]);
+  r.read(*doc);
   if (!d.empty())
     throw cluster_error(d.lines());
   return c;
