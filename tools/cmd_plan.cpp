@@ -37,7 +37,7 @@ int cmd_plan(const arg_list& argv) {
   const auto layout = forecast::build_layout(c);
   const auto report = forecast::make_report(c, layout);
   if (json)
-    std::cout << forecast::to_json(c, layout, report).dump(2) << "\n";
+    std::cout << forecast::to_json(c, layout, report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   else
     std::cout << forecast::to_text(c, layout, report);
   return 0;

@@ -29,7 +29,9 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expe
     problems += "\n  tp: " + e;
   if (problems.empty() && (worker < 0 || worker >= tp))
     problems = "\n  worker: must be in [0, " + std::to_string(tp) + "), got " + std::to_string(worker);
-  if (problems.empty() && (dp < 1 || dp_rank < 0 || dp_rank >= dp))
+  if (problems.empty() && dp < 1)
+    problems = "\n  dp: must be positive, got " + std::to_string(dp);
+  if (problems.empty() && (dp_rank < 0 || dp_rank >= dp))
     problems = "\n  dp_rank: must be in [0, " + std::to_string(dp) + "), got " + std::to_string(dp_rank);
   if (problems.empty() && dp > 1 && !expert_parallel)
     problems = "\n  dp: expert placement over data-parallel ranks needs expert parallelism";

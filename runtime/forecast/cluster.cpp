@@ -1,6 +1,7 @@
 #include "runtime/forecast/cluster.hpp"
 
 #include "runtime/base/regular_file.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/topology_names.hpp"
 #include "runtime/config/yaml_fields.hpp"
 
@@ -64,12 +65,38 @@ public:
     read_transfer(root);
     read_sync(root, engines_ok);
     read_published(root);
-    if (trainer_ok && engines_ok && fabric_ok && c_.trainer.ranks() + c_.engine_gpus() > max_gpus)
-      root.error("the trainer's " + std::to_string(c_.trainer.ranks()) + " GPUs and the engines' "
-                 + std::to_string(c_.engine_gpus()) + " exceed " + std::to_string(max_gpus));
+    if (trainer_ok && engines_ok && fabric_ok)
+      check_size(root);
   }
 
 private:
+  // Bounds on what planning will do, so that no accepted file runs for hours.
+  void check_size(const map_reader& root) {
+    if (c_.trainer.ranks() + c_.engine_gpus() > max_gpus) {
+      root.error("the trainer's " + std::to_string(c_.trainer.ranks()) + " GPUs and the engines' "
+                 + std::to_string(c_.engine_gpus()) + " exceed " + std::to_string(max_gpus));
+      return;
+    }
+    if (c_.engine_count() > max_engines) {
+      root.error("engines", std::to_string(c_.engine_count()) + " engine replicas, more than "
+                              + std::to_string(max_engines));
+      return;
+    }
+    const auto tensors = static_cast<std::int64_t>(llama_parameter_specs(c_.model, c_.weights).size());
+    const std::int64_t trainer_work = c_.trainer.ranks() * (tensors / c_.trainer.pp + 1);
+    std::int64_t engine_work = 0;
+    for (const auto& e : c_.engines)
+      engine_work += ((e.expert_parallel ? e.workers() : e.tp) + e.workers()) * tensors;
+    if (trainer_work > max_planning_work)
+      root.error("trainer", "planning would list " + std::to_string(trainer_work)
+                              + " held tensors (ranks x a stage's tensors), more than "
+                              + std::to_string(max_planning_work) + "; plan a smaller slice of the cluster");
+    if (engine_work > max_planning_work)
+      root.error("engines", "planning would record and assign " + std::to_string(engine_work)
+                              + " plan entries (engine workers x the model's tensors), more than "
+                              + std::to_string(max_planning_work) + "; plan fewer engine shapes");
+  }
+
   bool read_model(const map_reader& root) {
     auto m = root.map("model", {"config", "dtype", "note"}, presence::required);
     if (!m.present())
@@ -207,10 +234,14 @@ private:
   }
 
   void read_published(const map_reader& root) {
-    auto p = root.map("published", {"source", "sharded_s", "nccl_broadcast_s", "light_serial_s", "light_parallel_s"});
+    auto p = root.map("published", {"source", "sharded_s", "sharded_is_calibration", "nccl_broadcast_s", "light_serial_s",
+                                     "light_parallel_s"});
     if (!p.present())
       return;
     p.read("source", c_.published.source);
+    p.read("sharded_is_calibration", c_.published.sharded_is_calibration);
+    if (c_.published.sharded_is_calibration && !p.has("sharded_s"))
+      p.error("sharded_is_calibration", "names no figure: sharded_s is not set");
     read_seconds(p, "sharded_s", c_.published.sharded);
     read_seconds(p, "nccl_broadcast_s", c_.published.nccl_broadcast);
     read_seconds(p, "light_serial_s", c_.published.light_serial);

@@ -23,6 +23,11 @@ inline constexpr std::int64_t max_nodes = 4096;
 inline constexpr std::int64_t max_parallel = 4096; // tp, pp, ep, dp, replicas
 inline constexpr std::int64_t max_gpus = 65536;    // all engine workers, all trainer ranks
 inline constexpr double max_gbytes_per_s = 100000;
+inline constexpr std::int64_t max_engines = 4096; // engine replicas in all
+/// Planning work: trainer ranks x the tensors of a stage (what they hold),
+/// and recorded plans plus holder choices x the checkpoint's tensors. About
+/// ten times Kimi-K2's 48-node scenario, which plans in a few seconds.
+inline constexpr std::int64_t max_planning_work = 40'000'000;
 } // namespace cluster_limits
 
 enum class pp_order { serial, parallel };
@@ -65,6 +70,9 @@ struct engine_layout {
 struct published_figures {
   std::optional<double> sharded, nccl_broadcast, light_serial, light_parallel;
   std::string source; ///< where they come from, printed
+  /// The sharded figure is the one the model's constant was fitted on:
+  /// printed as such, never as a check.
+  bool sharded_is_calibration = false;
 };
 
 struct cluster {

@@ -102,6 +102,8 @@ flow_result simulate(const std::vector<link>& links, const std::vector<flow>& fl
     double step = std::numeric_limits<double>::infinity();
     for (auto f : active)
       step = std::min(step, remaining[f] / rate[f]);
+    if (!(step > 0) || !std::isfinite(step)) // cannot happen with positive capacities; never loop on it
+      throw std::logic_error("flow model: no flow can advance (step " + std::to_string(step) + " s)");
     now += step;
     std::vector<std::size_t> still;
     still.reserve(active.size());

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <unordered_map>
 
 namespace rlsync::forecast {
 
@@ -23,6 +24,15 @@ std::int64_t first_layer(std::int64_t layers, std::int64_t pp, std::int64_t s) {
 
 std::string slice_key(const plan::plan_entry& e) {
   return e.source + "@" + std::to_string(e.view.offset) + "+" + std::to_string(e.numel());
+}
+
+// Tensors Megatron keeps whole on every tp rank: the norms and the router.
+bool tp_replicated(const std::string& name) {
+  const auto ends = [&](const char* tail) {
+    const std::string t = tail;
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  return ends("norm.weight") || ends("mlp.gate.weight");
 }
 
 } // namespace
@@ -47,6 +57,7 @@ layout build_layout(const cluster& c) {
   out.group_bytes.assign(out.groups, 0);
   out.group_dense_bytes.assign(out.groups, 0);
   out.group_tensors.assign(out.groups, 0);
+  out.group_gathers.assign(out.groups, 0);
   std::vector<std::uint32_t> spec_group(specs.size());
   std::vector<std::int64_t> spec_expert(specs.size(), -1);
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -54,10 +65,13 @@ layout build_layout(const cluster& c) {
     spec_group[i] = g;
     out.group_bytes[g] += specs[i].bytes();
     out.group_tensors[g] += 1;
-    if (auto e = plan::expert_of(specs[i].name))
-      spec_expert[i] = *e;
+    const bool expert = plan::expert_of(specs[i].name).has_value();
+    if (expert)
+      spec_expert[i] = *plan::expert_of(specs[i].name);
     else
       out.group_dense_bytes[g] += specs[i].bytes();
+    out.group_gathers[g] += (T.pp > 1 ? 1 : 0) + (expert ? (T.ep > 1 ? 1 : 0)
+                                                         : (T.tp > 1 && !tp_replicated(specs[i].name) ? 1 : 0));
     out.model_bytes += specs[i].bytes();
   }
   out.tensors = specs.size();
@@ -99,9 +113,13 @@ layout build_layout(const cluster& c) {
   // class, so broadcast traffic is computed per class, not per tensor.
   struct tensor_class {
     std::uint32_t group;
-    std::string key, representative;
+    std::string representative;
     std::uint64_t bytes = 0, tensors = 0;
+    std::uint32_t first_id = 0; ///< its tensors' work ids: [first_id, first_id + tensors)
   };
+  // Work ids: a sharded slice by its key, a broadcast tensor by its class.
+  std::unordered_map<std::string, std::uint32_t> slice_ids;
+  std::uint32_t next_id = 0;
   std::vector<tensor_class> classes;
   {
     std::map<std::pair<std::uint32_t, std::int64_t>, tensor_class> by_key;
@@ -110,28 +128,40 @@ layout build_layout(const cluster& c) {
       auto& k = by_key[{spec_group[i], ep_rank}];
       if (k.tensors == 0) {
         k.group = spec_group[i];
-        k.key = "g" + std::to_string(spec_group[i]) + (ep_rank < 0 ? "" : ".ep" + std::to_string(ep_rank));
         k.representative = specs[i].name;
       }
       k.bytes += specs[i].bytes();
       k.tensors += 1;
     }
-    for (auto& [key, k] : by_key)
+    for (auto& [key, k] : by_key) {
+      k.first_id = next_id;
+      next_id += static_cast<std::uint32_t>(k.tensors);
       classes.push_back(std::move(k));
+    }
   }
 
   // Each engine worker's plan, recorded once for all replicas.
   const auto started = std::chrono::steady_clock::now();
-  std::int64_t next_gpu = 0;
+  std::int64_t next_gpu = 0, next_replica = 0;
   for (std::size_t e = 0; e < c.engines.size(); ++e) {
     const auto& E = c.engines[e];
     const std::size_t first_plan = out.plans.size();
+    // Without expert parallelism every dp rank's tp worker w keeps the same
+    // slices: recorded once, its holders chosen per dp rank.
+    std::vector<plan::worker_plan> by_worker(static_cast<std::size_t>(E.tp));
     for (std::int64_t d = 0; d < E.dp; ++d)
       for (std::int64_t w = 0; w < E.tp; ++w) {
-        const auto shard = engine::shard_spec::make(m, static_cast<int>(E.tp), static_cast<int>(w), E.expert_parallel,
-                                                    E.expert_parallel ? static_cast<int>(E.dp) : 1,
-                                                    E.expert_parallel ? static_cast<int>(d) : 0);
-        auto p = engine::make_plan(shard, specs, /*check=*/true);
+        plan::worker_plan p;
+        if (E.expert_parallel || d == 0) {
+          const auto shard = engine::shard_spec::make(m, static_cast<int>(E.tp), static_cast<int>(w),
+                                                      E.expert_parallel, E.expert_parallel ? static_cast<int>(E.dp) : 1,
+                                                      E.expert_parallel ? static_cast<int>(d) : 0);
+          p = engine::make_plan(shard, specs, /*check=*/true);
+          if (!E.expert_parallel)
+            by_worker[static_cast<std::size_t>(w)] = p;
+        } else {
+          p = by_worker[static_cast<std::size_t>(w)];
+        }
         // The holder rule turns on the worker's index among all the engine's
         // GPUs, so that dp ranks spread over the holders as tp workers do.
         p.worker = static_cast<int>(d * E.tp + w);
@@ -149,7 +179,10 @@ layout build_layout(const cluster& c) {
           share.group = g;
           share.producer = choice.holder[i];
           share.bytes += entry.bytes();
-          share.work.push_back(slice_key(entry));
+          auto [id, fresh] = slice_ids.emplace(slice_key(entry), next_id);
+          if (fresh)
+            ++next_id;
+          share.work.push_back(id->second);
           rec.bytes += entry.bytes();
         }
         for (const auto& k : classes) {
@@ -159,7 +192,7 @@ layout build_layout(const cluster& c) {
           share.producer = producer;
           share.bytes += k.bytes;
           for (std::uint64_t t = 0; t < k.tensors; ++t)
-            share.work.push_back(k.key + "#" + std::to_string(t));
+            share.work.push_back(k.first_id + static_cast<std::uint32_t>(t));
         }
         for (auto& [key, value] : shares)
           rec.shares.push_back(std::move(value));
@@ -173,6 +206,7 @@ layout build_layout(const cluster& c) {
           consumer x;
           x.engine = e;
           x.replica = r;
+          x.replica_index = next_replica + r;
           x.dp_rank = d;
           x.worker = w;
           x.place = {T.nodes + next_gpu / gpn, next_gpu % gpn};
@@ -180,6 +214,7 @@ layout build_layout(const cluster& c) {
           out.consumers.push_back(x);
           ++next_gpu;
         }
+    next_replica += E.replicas;
   }
   out.record_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;

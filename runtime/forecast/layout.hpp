@@ -5,6 +5,12 @@
 // dp x tp workers where the engine has them), and every plan entry's
 // producer is chosen by the data plane's holder rule (plan::choose_holders)
 // over what each trainer rank holds. Nothing is allocated but the plans.
+//
+// A planning assumption that differs from the runtime: every engine worker
+// (each of dp x tp GPUs) pulls its own plan, and the holder rule turns on its
+// index among the engine's GPUs (dp rank x tp + tp worker), so data-parallel
+// ranks spread over the holders as tp workers do. The built-in engine's dp
+// ranks instead share one copy, pulled once per engine.
 #include "runtime/forecast/cluster.hpp"
 #include "runtime/plan/plan.hpp"
 
@@ -31,6 +37,7 @@ struct producer {
 struct consumer {
   std::size_t engine = 0;  ///< index into cluster::engines
   std::int64_t replica = 0;
+  std::int64_t replica_index = 0; ///< among every engine replica of the cluster, in order
   std::int64_t dp_rank = 0;
   std::int64_t worker = 0; ///< tp worker
   gpu_place place;
@@ -43,9 +50,9 @@ struct plan_share {
   std::size_t producer = 0;
   std::uint64_t bytes = 0;
   /// What the producer does for it: the slices it packs (sharded) or the
-  /// tensors it sends (broadcast), each named by a key so that equal work
-  /// for several workers (replicas, a dp rank's dense tensors) counts once.
-  std::vector<std::string> work;
+  /// tensors it sends (broadcast), each an id so that equal work for several
+  /// workers (replicas, a dp rank's dense tensors) counts once.
+  std::vector<std::uint32_t> work;
 };
 
 struct recorded_plan {
@@ -68,6 +75,10 @@ struct layout {
   std::vector<std::uint64_t> group_bytes;       ///< per group: the checkpoint's bytes
   std::vector<std::uint64_t> group_dense_bytes; ///< per group: the bytes that are not experts
   std::vector<std::uint64_t> group_tensors;     ///< per group: checkpoint tensors
+  /// Per group: the collectives that gather its tensors whole on one rank
+  /// (per tensor: one across pp when pp > 1, one across ep for an expert when
+  /// ep > 1, one across tp for a tp-split dense tensor when tp > 1).
+  std::vector<std::uint64_t> group_gathers;
   /// Per producer and group: bytes it holds after the tp gather.
   std::vector<std::vector<std::uint64_t>> held_bytes;
   double record_seconds = 0; ///< wall time spent recording plans

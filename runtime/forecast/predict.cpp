@@ -40,17 +40,14 @@ private:
   std::map<std::string, std::size_t> index_;
 };
 
-std::int64_t replica_index(const cluster& c, const consumer& x) {
-  std::int64_t base = 0;
-  for (std::size_t e = 0; e < x.engine; ++e)
-    base += c.engines[e].replicas;
-  return base + x.replica;
-}
-
 std::vector<const consumer*> syncing(const cluster& c, const layout& l, const sync_knobs& k) {
+  std::vector<char> chosen(static_cast<std::size_t>(c.engine_count()), k.engines.empty() ? 1 : 0);
+  for (auto e : k.engines)
+    if (e >= 0 && e < c.engine_count())
+      chosen[static_cast<std::size_t>(e)] = 1;
   std::vector<const consumer*> out;
   for (const auto& x : l.consumers)
-    if (k.engines.empty() || std::find(k.engines.begin(), k.engines.end(), replica_index(c, x)) != k.engines.end())
+    if (chosen[static_cast<std::size_t>(x.replica_index)])
       out.push_back(&x);
   return out;
 }
@@ -85,7 +82,7 @@ phase_flows flows_of(const cluster& c, const layout& l, const std::vector<const 
 // (sharded) or tensors it sends (broadcast); replicas' identical slices once.
 std::uint64_t group_ops(const layout& l, const std::vector<const consumer*>& consumers, std::uint32_t g,
                         plan_mode mode) {
-  std::map<std::size_t, std::unordered_set<std::string>> work;
+  std::map<std::size_t, std::unordered_set<std::uint32_t>> work;
   std::set<std::size_t> seen_plans;
   for (const auto* x : consumers) {
     if (!seen_plans.insert(x->plan).second)
@@ -190,7 +187,6 @@ sync_prediction predict_sync(const cluster& c, const layout& l, const sync_knobs
 baseline_prediction predict_nccl_broadcast(const cluster& c, const layout& l, const model_constants& mc) {
   baseline_prediction out;
   const auto& T = c.trainer;
-  out.ops_per_tensor = (T.tp > 1) + (T.pp > 1) + (T.ep > 1) + 2; // the gathers, the broadcast, the engine's load
   const double nic = mc.efficiency * c.fabric.nic_bytes_per_s, intra = mc.efficiency * c.fabric.intra_node_bytes_per_s;
   // Rank 0 (trainer node 0, stage 0) collects every tensor: a stage's dense
   // tensors after its tp gather (over the node's links for stage 0, then over
@@ -219,8 +215,9 @@ baseline_prediction predict_nccl_broadcast(const cluster& c, const layout& l, co
     }
     out.broadcast_s += bytes / nic;
     out.tensors += l.group_tensors[g];
+    out.operations += l.group_gathers[g] + 2 * l.group_tensors[g]; // the gathers, the broadcast, the engine's load
   }
-  out.overhead_s = mc.op_s * static_cast<double>(out.tensors) * static_cast<double>(out.ops_per_tensor);
+  out.overhead_s = mc.op_s * static_cast<double>(out.operations);
   out.seconds = out.gather_s + out.broadcast_s + out.overhead_s;
   return out;
 }
@@ -272,7 +269,14 @@ traffic_summary summarize(const cluster& c, const layout& l, const sync_knobs& k
   for (std::size_t p = 0; p < l.producers.size(); ++p)
     for (std::uint32_t g = 0; g < l.groups; ++g)
       producer_peak = std::max(producer_peak, l.held_bytes[p][g] + packed[p][g]);
-  const auto window = static_cast<std::uint64_t>(k.groups_in_flight);
+  // No more groups are in flight than one phase has.
+  std::uint64_t most_groups = 0;
+  if (k.pp == pp_order::parallel)
+    most_groups = l.groups;
+  else
+    for (const auto& p : l.producers)
+      most_groups = std::max<std::uint64_t>(most_groups, p.groups.size());
+  const auto window = std::min(static_cast<std::uint64_t>(k.groups_in_flight), std::max<std::uint64_t>(most_groups, 1));
   out.producer_memory = window * producer_peak;
   out.consumer_memory = window * largest_receipt;
 

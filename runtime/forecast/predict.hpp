@@ -9,6 +9,8 @@
 // A sync is one phase per pipeline stage (pp serial: the stages' groups go
 // one stage after another, as vLLM's layerwise reload needs) or a single
 // phase (pp parallel). Within a phase:
+// (the model tells one group in flight from several; more than two change
+// memory, not time)
 //   groups_in_flight >= 2   groups are pipelined: the phase's flows run as one
 //                           fluid transfer, the trainer's tp gather of the next
 //                           group overlaps it (the phase takes the longer of
@@ -72,14 +74,14 @@ struct sync_prediction {
 sync_prediction predict_sync(const cluster& c, const layout& l, const sync_knobs& k, const model_constants& mc = {});
 
 /// The per-tensor NCCL broadcast baseline, as SkyRL runs it: every tensor of
-/// the checkpoint is gathered whole onto trainer rank 0 (across tp, pp and
-/// ep: one collective per dimension larger than 1), broadcast to every engine
-/// worker (the ring runs at one NIC's bandwidth) and loaded by the engine
-/// (one call), tensor after tensor.
+/// the checkpoint is gathered whole onto trainer rank 0 (layout::group_gathers:
+/// a collective across pp, and across ep for an expert or tp for a tp-split
+/// dense tensor), broadcast to every engine worker (the ring runs at one NIC's
+/// bandwidth) and loaded by the engine (one call), tensor after tensor.
 struct baseline_prediction {
   double seconds = 0, gather_s = 0, broadcast_s = 0, overhead_s = 0;
   std::uint64_t tensors = 0;
-  std::int64_t ops_per_tensor = 0;
+  std::uint64_t operations = 0; ///< gathers, broadcasts and loads
 };
 baseline_prediction predict_nccl_broadcast(const cluster& c, const layout& l, const model_constants& mc = {});
 
@@ -99,8 +101,10 @@ struct traffic_summary {
   std::vector<link_load> busiest_links;
   std::uint64_t largest_group = 0;     ///< the checkpoint's largest group
   std::uint32_t largest_group_index = 0;
-  std::uint64_t producer_memory = 0;   ///< groups in flight x (group held after the gather + packed bytes)
-  std::uint64_t consumer_memory = 0;   ///< groups in flight x the largest group one worker receives
+  /// groups in flight (at most a phase's groups) x (the group held after the
+  /// gather + its packed bytes) on the busiest producer
+  std::uint64_t producer_memory = 0;
+  std::uint64_t consumer_memory = 0;   ///< the same window x the largest group one worker receives
 };
 traffic_summary summarize(const cluster& c, const layout& l, const sync_knobs& k);
 

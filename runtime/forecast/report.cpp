@@ -19,9 +19,11 @@ std::string bytes_text(double b) {
   return format("%.0f B", b);
 }
 
-std::string versus(double predicted, const std::optional<double>& published) {
+std::string versus(double predicted, const std::optional<double>& published, bool calibration = false) {
   if (!published)
     return "";
+  if (calibration)
+    return format("   (published %.2f s: the model's calibration)", *published);
   return format("   (published %.2f s: %+.0f %%)", *published, 100.0 * (predicted / *published - 1.0));
 }
 
@@ -79,12 +81,11 @@ plan_report make_report(const cluster& c, const layout& l, const model_constants
   r.light_parallel_bottleneck = p.bottleneck;
   r.knobs.push_back({std::string("pp ") + pp_name(k.pp == pp_order::serial ? pp_order::parallel : pp_order::serial),
                      k.pp == pp_order::serial ? p : s});
-  for (std::int64_t w : {std::int64_t(1), std::int64_t(2), std::int64_t(8)}) {
-    if (w == k.groups_in_flight)
-      continue;
+  {
+    // The model tells one group in flight from several (more change memory only).
     auto other = k;
-    other.groups_in_flight = w;
-    r.knobs.push_back({"groups in flight " + std::to_string(w), predict_sync(c, l, other, mc)});
+    other.groups_in_flight = k.groups_in_flight == 1 ? 2 : 1;
+    r.knobs.push_back({"groups in flight " + std::to_string(other.groups_in_flight), predict_sync(c, l, other, mc)});
   }
   auto other_mode = k;
   other_mode.mode = k.mode == plan_mode::sharded ? plan_mode::broadcast : plan_mode::sharded;
@@ -165,7 +166,10 @@ std::string to_text(const cluster& c, const layout& l, const plan_report& r) {
 
   const auto& p = r.configured;
   o << "\nprediction (" << knobs_text(p.knobs) << ")\n";
-  o << format("  sync             %.2f s%s\n", p.seconds, versus(p.seconds, c.published.sharded).c_str());
+  o << format("  sync             %.2f s%s\n", p.seconds,
+              c.mode == plan_mode::sharded
+                ? versus(p.seconds, c.published.sharded, c.published.sharded_is_calibration).c_str()
+                : "");
   o << format("  bottleneck       %s\n", p.bottleneck.c_str());
   o << format("  speed of light   %.2f s with pp serial (%s)%s\n", r.light_serial_s, r.light_serial_bottleneck.c_str(),
               versus(r.light_serial_s, c.published.light_serial).c_str());
@@ -187,9 +191,9 @@ std::string to_text(const cluster& c, const layout& l, const plan_report& r) {
     o << format("  %-44s %8.2f s  (%+.0f %%), light %.2f s\n", name.c_str(), k.seconds,
                 100.0 * (k.seconds / p.seconds - 1.0), k.light_s);
   const auto& b = r.baseline;
-  o << format("  %-44s %8.2f s  (gather %.1f s, broadcast %.1f s, %llu tensors x %lld calls %.1f s)%s\n",
+  o << format("  %-44s %8.2f s  (gather %.1f s, broadcast %.1f s, %llu tensors: %llu calls %.1f s)%s\n",
               "per-tensor NCCL broadcast (SkyRL's baseline)", b.seconds, b.gather_s, b.broadcast_s,
-              static_cast<unsigned long long>(b.tensors), static_cast<long long>(b.ops_per_tensor), b.overhead_s,
+              static_cast<unsigned long long>(b.tensors), static_cast<unsigned long long>(b.operations), b.overhead_s,
               versus(b.seconds, c.published.nccl_broadcast).c_str());
 
   o << "\nwaves (engines outside the syncing wave keep generating)\n";
@@ -232,6 +236,7 @@ nlohmann::json to_json(const cluster& c, const layout& l, const plan_report& r) 
   nlohmann::json published = nlohmann::json::object();
   if (c.published.sharded)
     published["sharded_s"] = *c.published.sharded;
+  published["sharded_is_calibration"] = c.published.sharded_is_calibration;
   if (c.published.nccl_broadcast)
     published["nccl_broadcast_s"] = *c.published.nccl_broadcast;
   if (c.published.light_serial)
@@ -263,7 +268,7 @@ nlohmann::json to_json(const cluster& c, const layout& l, const plan_report& r) 
             {"broadcast_s", r.baseline.broadcast_s},
             {"overhead_s", r.baseline.overhead_s},
             {"tensors", r.baseline.tensors},
-            {"ops_per_tensor", r.baseline.ops_per_tensor}}},
+            {"operations", r.baseline.operations}}},
           {"waves", waves},
           {"constants",
            {{"efficiency", r.constants.efficiency},

@@ -60,6 +60,10 @@ TEST_CASE("cluster: every mistake is refused with file, line, column and field")
     {"a missing config.json", test::small_cluster(e).replace(test::small_cluster(e).find("config.json"), 11, "nope.json"),
      "model.config:"},
     {"a negative published time", test::small_cluster(e, "published: {sharded_s: -1}\n"), "published.sharded_s: must be"},
+    {"a calibration naming no figure", test::small_cluster(e, "published: {sharded_is_calibration: true}\n"),
+     "published.sharded_is_calibration: names no figure"},
+    {"too many engines", test::small_cluster("  - {name: e, tp: 1, replicas: 3000}\n  - {name: f, tp: 1, replicas: 3000}\n"),
+     "engines: 6000 engine replicas, more than 4096"},
   };
   for (const auto& r : table) {
     const std::string what = r.what;
@@ -76,6 +80,14 @@ TEST_CASE("cluster: every mistake is refused with file, line, column and field")
       CHECK(all.rfind(path + ":", 0) == 0);
     }
   }
+}
+
+TEST_CASE("cluster: a cluster whose planning would take hours is refused") {
+  // 4096 experts over 4096 workers: each worker's plan is recorded and assigned
+  // over the model's 12,000 tensors.
+  test::cluster_files files(test::tiny_moe_config_with(4096));
+  CHECK_THROWS_WITH_AS(files.load(test::small_cluster("  - {name: e, tp: 1, dp: 4096, expert_parallel: true}\n")),
+                       doctest::Contains("engines: planning would record and assign"), cluster_error);
 }
 
 TEST_CASE("cluster: a file that is not there, or not YAML, is one clear error") {

@@ -1,7 +1,9 @@
 // Predictions on a small cluster: the speed of light by hand, the parts of
 // the sync time, and the direction of every knob.
 #include "runtime/forecast/predict.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/forecast/report.hpp"
+#include "runtime/plan/groups.hpp"
 #include "tests/forecast/forecast_fixtures.hpp"
 
 #include <doctest/doctest.h>
@@ -73,8 +75,17 @@ TEST_CASE("predict: the per-tensor broadcast baseline counts a call per dimensio
   const auto c = files.load(test::small_cluster("  - {name: e, tp: 2}\n"));
   const auto l = build_layout(c);
   const auto b = predict_nccl_broadcast(c, l);
-  CHECK(b.ops_per_tensor == 5); // tp, pp and ep gathers, the broadcast, the engine's load
   CHECK(b.tensors == l.tensors);
+  // Per tensor: a pp gather; an ep gather (experts) or a tp gather (split
+  // dense tensors; the norms and the router are whole on every tp rank);
+  // then the broadcast and the engine's load.
+  std::uint64_t expected = 0;
+  for (const auto& s : llama_parameter_specs(c.model, dtype::bf16)) {
+    const bool expert = plan::expert_of(s.name).has_value();
+    const bool whole = s.name.find("norm.weight") != std::string::npos || s.name.find("mlp.gate.weight") != std::string::npos;
+    expected += 1 + (expert || !whole ? 1 : 0) + 2;
+  }
+  CHECK(b.operations == expected);
   CHECK(b.broadcast_s == doctest::Approx(static_cast<double>(l.model_bytes) / (0.9 * 10e9)));
   CHECK(b.seconds == doctest::Approx(b.gather_s + b.broadcast_s + b.overhead_s));
 }
@@ -91,7 +102,10 @@ TEST_CASE("predict: traffic and memory per side") {
   CHECK(t.largest_group == *std::max_element(l.group_bytes.begin(), l.group_bytes.end()));
   CHECK(t.consumer_memory > 0);
   CHECK(t.producer_memory > 0);
+  // Each stage has one group here: no window holds more than one.
   k.groups_in_flight = 4;
+  CHECK(summarize(c, l, k).consumer_memory == t.consumer_memory);
+  k.pp = pp_order::parallel; // both groups in one phase: two in flight
   CHECK(summarize(c, l, k).consumer_memory == 2 * t.consumer_memory);
 
   const auto r = make_report(c, l);
@@ -101,4 +115,5 @@ TEST_CASE("predict: traffic and memory per side") {
   const auto j = to_json(c, l, r);
   CHECK(j["prediction"]["seconds"].get<double>() == doctest::Approx(r.configured.seconds));
   CHECK(j["waves"].size() == 2); // wave sizes 1 and 2
+  CHECK(text.find("published") == std::string::npos); // none given
 }

@@ -32,7 +32,9 @@ q = json.load(open(f"{tmp}/qwen3-235b-rdt.json"))
 # The model at full size: Qwen3-235B-A22B has about 37,000 tensors, 470 GB in bf16.
 assert q["model"]["tensors"] == 36945, q["model"]["tensors"]
 assert 469e9 < q["model"]["bytes"] < 471e9, q["model"]["bytes"]
-within("Qwen3-235B pipelined sharded", q["prediction"]["seconds"], q["published"]["sharded_s"])
+# The pipelined sharded 3.49 s is the model's one calibration: shown, not a check.
+assert q["published"]["sharded_is_calibration"] is True
+print(f"Qwen3-235B pipelined sharded: {q['prediction']['seconds']:.2f} s (the calibration: {q['published']['sharded_s']} s)")
 within("Qwen3-235B per-tensor NCCL broadcast", q["nccl_broadcast"]["seconds"], q["published"]["nccl_broadcast_s"])
 assert q["prediction"]["bottleneck"].endswith("nic out"), q["prediction"]["bottleneck"]
 
