@@ -3,6 +3,7 @@
 
 #include "runtime/base/checksum.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/topology.hpp"
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/recording.hpp"
@@ -140,17 +141,13 @@ struct engine_core::scheduler_rank {
 
 // -- construction and weights ------------------------------------------------------
 
-namespace {
-// Ranks beyond this are a configuration error, not a request for threads.
-constexpr int max_dp = 64;
-} // namespace
-
 engine_core::engine_core(const model_config& c, engine_options opts)
   : opts_(std::move(opts)), rank_pause_(std::max(1, opts_.dp)) {
   if (opts_.max_batch == 0 || opts_.queue_limit == 0 || opts_.prefill_chunk <= 0)
     throw std::invalid_argument("engine options: max_batch, queue_limit and prefill_chunk must be positive");
-  if (opts_.dp < 1 || opts_.dp > max_dp)
-    throw std::invalid_argument("engine options: dp must be 1.." + std::to_string(max_dp) + ", got "
+  // Ranks beyond the topology's bound are a configuration error, not a request for threads.
+  if (opts_.dp < 1 || opts_.dp > topology_limits::max_dp)
+    throw std::invalid_argument("engine options: dp must be 1.." + std::to_string(topology_limits::max_dp) + ", got "
                                 + std::to_string(opts_.dp));
   for (int r = 0; r < opts_.dp; ++r)
     ranks_.push_back(std::make_unique<scheduler_rank>(r, c, opts_));
