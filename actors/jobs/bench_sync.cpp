@@ -157,7 +157,7 @@ std::vector<trainer_rank> split_layers(const std::string& node, std::int64_t lay
   const std::int64_t share = layers / ranks, extra = layers % ranks;
   std::int64_t next = 0;
   for (int r = 0; r < ranks; ++r) {
-    trainer_rank rank{node, {}};
+    trainer_rank rank{node, {}, std::nullopt}; // every expert of its layers
     for (std::int64_t n = share + (r < extra ? 1 : 0); n > 0; --n)
       rank.layers.push_back(next++);
     out.push_back(std::move(rank));
@@ -474,6 +474,18 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
   return r;
 }
 
+namespace {
+// ", mlp_only_layers: [0, 3]" (dense layers of a mixture of experts), or nothing.
+std::string mlp_only_layers(const model_config& c) {
+  if (c.mlp_only_layers.empty())
+    return {};
+  std::string out = ", mlp_only_layers: [";
+  for (std::size_t i = 0; i < c.mlp_only_layers.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(c.mlp_only_layers[i]);
+  return out + "]";
+}
+} // namespace
+
 std::string node_yaml(const topology& t) {
   const auto& c = t.model.config;
   std::ostringstream y;
@@ -485,7 +497,7 @@ std::string node_yaml(const topology& t) {
               + ", moe_intermediate_size: " + std::to_string(c.moe_intermediate_size)
               + ", norm_topk_prob: " + (c.norm_topk_prob ? "true" : "false")
               + ", decoder_sparse_step: " + std::to_string(c.decoder_sparse_step)
-              + ", expert_layout: " + (c.fused_experts ? "fused" : "separate")
+              + ", expert_layout: " + (c.fused_experts ? "fused" : "separate") + mlp_only_layers(c)
           : std::string{})
     << ", kv_heads: " << c.num_key_value_heads << ", intermediate_size: " << c.intermediate_size
     << ", vocab_size: " << c.vocab_size << ", dtype: bf16, seed: " << t.model.seed << "}\nnodes:\n";
@@ -509,7 +521,14 @@ std::string node_yaml(const topology& t) {
       y << (i ? ", " : "") << "{node: " << rank.node << ", layers: [";
       for (std::size_t l = 0; l < rank.layers.size(); ++l)
         y << (l ? ", " : "") << rank.layers[l];
-      y << "]}";
+      y << "]";
+      if (rank.experts) { // expert parallelism in the trainer: the experts it holds
+        y << ", experts: [";
+        for (std::size_t x = 0; x < rank.experts->size(); ++x)
+          y << (x ? ", " : "") << (*rank.experts)[x];
+        y << "]";
+      }
+      y << "}";
     }
     y << "]";
   }

@@ -639,6 +639,26 @@ TEST_CASE("bench ranks: the nodes' copy carries the ranks and their layers") {
   CHECK(back.trainer.ranks[1].layers == std::vector<std::int64_t>{2});
 }
 
+TEST_CASE("bench ranks: the nodes' copy keeps a mixture of experts' dense layers and ranks' experts") {
+  auto t = two_node_topology();
+  auto& c = t.model.config;
+  c = tiny_model();
+  c.arch = model_arch::qwen3_moe;
+  c.num_hidden_layers = 2;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 32;
+  c.mlp_only_layers = {0};
+  t.trainer.ranks = {trainer_rank{"head", {0, 1}, std::vector<std::int64_t>{0, 1}},
+                     trainer_rank{"head", {0, 1}, std::vector<std::int64_t>{2, 3}}};
+  t.cluster.secret_env = "RLSYNC_BENCH_SECRET";
+  auto back = parse_topology(node_yaml(t), "node.yaml", ".");
+  CHECK(back.model.config.mlp_only_layers == std::vector<std::int64_t>{0});
+  REQUIRE(back.trainer.ranks.size() == 2);
+  REQUIRE(back.trainer.ranks[1].experts);
+  CHECK(*back.trainer.ranks[1].experts == std::vector<std::int64_t>{2, 3});
+}
+
 TEST_CASE("bench packs: distinct plans per data plane, and packed at most once") {
   // engines: local (head, tp 2), remote-0 and remote-1 (workers, tp 2).
   auto t = two_node_topology();
