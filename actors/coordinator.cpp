@@ -1,7 +1,6 @@
 // The coordinator (state diagram in coordinator.hpp). Top to bottom:
-// helpers, membership, heartbeats, when a round is due, the round itself
-// (`settle`, then the steps it takes, phase by phase), and the behaviour
-// that wires messages to them.
+// helpers, when a round is due, the round itself (`settle`, then the steps
+// it takes, phase by phase), and the behaviour that wires messages to them.
 //
 // One rule keeps it free of re-entrancy: handlers and reply callbacks only
 // record what happened (an acknowledgement, an eviction, a new member, an
@@ -10,9 +9,11 @@
 // the end of a round can start the next one: `settle` loops through all of
 // that; nothing else sends a phase or ends a round.
 //
-// Trainer ranks (registration, following their versions through the version
-// barrier, catch-up orders, rank heartbeats) live in coordinator_ranks.cpp;
-// helpers both files use are declared in coordinator_internal.hpp.
+// Membership (engines registering, leaving, dying; the trainer restarting)
+// and heartbeats live in coordinator_membership.cpp; trainer ranks
+// (registration, following their versions through the version barrier,
+// catch-up orders, rank heartbeats) in coordinator_ranks.cpp; helpers the
+// files share are declared in coordinator_internal.hpp.
 //
 // Decisions live in runtime/membership_policy (who joins, registrations,
 // liveness, the min_live alert), the round's bookkeeping in
@@ -93,8 +94,6 @@ member_view view_of(const coordinator_member& m) {
   return member_view{m.routable, m.info.dirty, m.info.version, m.unreachable, m.newcomer};
 }
 
-void evict(self_ptr self, const std::string& name, const std::string& why);
-
 // -- persistence and alerts ---------------------------------------------------------
 
 /// Writes the state file (when configured). A failed write is logged, never
@@ -166,266 +165,6 @@ void check_min_live(self_ptr self) {
     case min_live_change::none:
       break;
   }
-}
-
-// -- membership -------------------------------------------------------------------
-
-/// Where every registered engine runs, for the trainers (ranks) followed.
-std::vector<engine_placement> engine_placements(const coordinator_state& st) {
-  std::vector<engine_placement> out;
-  out.reserve(st.members.size());
-  for (const auto& [name, m] : st.members)
-    out.push_back({name, to_string(m.handle.node())});
-  return out;
-}
-
-/// Tells `trainer` where the engines run: it issues an engine's UCX tickets
-/// only to that engine's node.
-void tell_placements(self_ptr self, const trainer_actor& trainer) {
-  if (trainer)
-    self->send(trainer, register_atom::value, engine_placements(self->state));
-}
-
-/// The same, to every trainer followed, after the members changed.
-void tell_placements(self_ptr self) {
-  auto& st = self->state;
-  if (st.cfg.trainer && !st.trainer_down)
-    tell_placements(self, st.cfg.trainer);
-  for (const auto& [r, rank] : st.ranks)
-    if (!rank.down)
-      tell_placements(self, rank.handle);
-}
-
-/// Forgets an engine: it left, died, or a newer incarnation replaced it. It
-/// leaves the round and the router stops using it.
-void drop_member(self_ptr self, std::string name, const std::string& why, bool replaced = false) {
-  auto& st = self->state;
-  auto i = st.members.find(name);
-  if (i == st.members.end())
-    return;
-  self->demonitor(i->second.handle.address());
-  st.members.erase(i); // first: nothing below may find it a member
-  tell_placements(self); // its node gets no more tickets for it
-  if (st.round && st.round->book.still_to_sync(name))
-    evict(self, name, why); // tells the router too
-  else if (st.cfg.router)
-    self->send(st.cfg.router, evict_atom::value, name);
-  log_line(self, "coordinator: " + name + " left (" + why + ")");
-  member_event(self, name, "left");
-  persist(self);
-  if (!replaced) // its successor registers in this same message: no gap in the fleet
-    check_min_live(self);
-}
-
-std::string retired_text(const std::string& name, std::uint32_t restarts, std::int64_t max_restarts) {
-  return name + " is retired after " + std::to_string(restarts) + " restarts (sync.max_restarts = "
-         + std::to_string(max_restarts) + ")";
-}
-
-/// A registration: refused with an error, or the member joins; returns
-/// whether it is routable at once (it was current when it left).
-caf::expected<bool> on_register(self_ptr self, const engine_info& info, const rollout_engine_actor& engine) {
-  auto& st = self->state;
-  if (!engine)
-    return make_error(errc::malformed, "registration without an actor");
-  if (auto why = check(info); !why.empty())
-    return make_error(errc::malformed, "registration: " + why);
-  registration_facts f;
-  f.incarnation = info.incarnation;
-  f.version = info.version;
-  f.dirty = info.dirty;
-  f.synced_version = st.synced_version;
-  f.max_restarts = st.cfg.sync.max_restarts;
-  auto seen = st.replicas.find(info.name);
-  if (seen != st.replicas.end()) {
-    f.known_replica = true;
-    f.retired = seen->second.retired;
-    f.last_incarnation = seen->second.incarnation;
-    f.restarts = seen->second.restarts;
-    f.recorded_version = seen->second.version;
-    f.was_routable = seen->second.was_routable;
-  }
-  auto known = st.members.find(info.name);
-  if (known != st.members.end()) {
-    f.registered = true;
-    f.registered_incarnation = known->second.info.incarnation;
-    f.same_actor = known->second.handle.address() == engine.address();
-  }
-  auto d = decide_registration(f);
-  switch (d.verdict) {
-    case registration_verdict::retired:
-      return make_error(errc::evicted, retired_text(info.name, f.restarts, f.max_restarts));
-    case registration_verdict::retry: // nothing changes
-      return known->second.routable;
-    case registration_verdict::not_newer:
-      return make_error(errc::version_mismatch,
-                        info.name + ": incarnation " + std::to_string(info.incarnation)
-                          + " is not newer than the registered " + std::to_string(f.registered_incarnation));
-    case registration_verdict::older_than_seen:
-      return make_error(errc::version_mismatch, info.name + ": incarnation " + std::to_string(info.incarnation)
-                                                  + " is older than the last one seen, "
-                                                  + std::to_string(f.last_incarnation));
-    case registration_verdict::join:
-    case registration_verdict::retire:
-      break;
-  }
-  if (d.replaces)
-    drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation), true);
-  auto& rec = st.replicas[info.name]; // a first registration creates the record
-  if (d.restart) {
-    ++rec.restarts;
-    rec.was_routable = false;
-  }
-  if (d.verdict == registration_verdict::retire) {
-    rec.retired = true;
-    member_event(self, info.name, "retired");
-    log_line(self, "coordinator: ALERT: " + printable(info.name) + " retired: restart " + std::to_string(rec.restarts)
-                     + " is past sync.max_restarts = " + std::to_string(st.cfg.sync.max_restarts));
-    persist(self);
-    check_min_live(self);
-    return make_error(errc::evicted, retired_text(info.name, rec.restarts, st.cfg.sync.max_restarts));
-  }
-  rec.incarnation = info.incarnation;
-  coordinator_member m;
-  m.info = info;
-  m.handle = engine;
-  m.last_heard_ns = now_ns(self);
-  if (d.routable_at_once) {
-    m.routable = true;
-    m.newcomer = false;
-    log_line(self, "coordinator: " + printable(info.name) + " is back at v" + std::to_string(info.version)
-                     + ", current: routable at once");
-  }
-  self->monitor(engine);
-  st.members.emplace(info.name, std::move(m));
-  tell_placements(self); // before any order: its workers ask for tickets then
-  member_event(self, info.name, "registered");
-  if (d.routable_at_once)
-    member_event(self, info.name, "routable");
-  if (d.routable_at_once && st.cfg.router)
-    self->send(st.cfg.router, route_atom::value, route_update{info.name, info.version, true}, engine);
-  persist(self);
-  // Only a member serving at once, or one replacing a member (drop_member
-  // leaves the count to here), changes the count: a fleet joining stays
-  // O(1) per registration here instead of a pass over every member each.
-  if (d.routable_at_once || d.replaces)
-    check_min_live(self);
-  return d.routable_at_once; // a newcomer: settle starts its cold sync
-}
-
-void on_down(self_ptr self, const caf::down_msg& dm) {
-  auto& st = self->state;
-  for (auto& [name, m] : st.members)
-    if (m.handle.address() == dm.source) {
-      drop_member(self, name, "down: " + self->system().render(dm.reason));
-      return;
-    }
-  for (auto& [r, rank] : st.ranks)
-    if (!rank.down && rank.handle.address() == dm.source) {
-      rank.down = true;
-      log_line(self, "coordinator: trainer rank " + std::to_string(r) + " is down (" + self->system().render(dm.reason)
-                       + "); no round until it registers again");
-      abort_round(self, "trainer rank " + std::to_string(r) + " is down");
-      review_barrier(self);
-      return;
-    }
-  if (st.cfg.trainer && dm.source == st.cfg.trainer.address()) {
-    st.trainer_down = true;
-    if (dm.reason != caf::exit_reason::user_shutdown && dm.reason != caf::exit_reason::normal) // not a shutdown
-      log_line(self, "coordinator: the trainer is down (" + self->system().render(dm.reason)
-                       + "); no round until a trainer attaches again");
-    abort_round(self, "the trainer is down");
-  }
-  // else: an incarnation already replaced: nothing to do here
-}
-
-/// A (restarted) trainer: follow its versions, pin the next rounds there.
-void attach_trainer(self_ptr self, trainer_actor trainer) {
-  auto& st = self->state;
-  if (!trainer)
-    return;
-  if (st.cfg.trainer && st.cfg.trainer != trainer && !st.trainer_down)
-    self->demonitor(st.cfg.trainer.address());
-  st.cfg.trainer = std::move(trainer);
-  st.trainer_down = false;
-  follow_trainer(self, st.cfg.trainer, "the trainer", [=](const version_info& vi) { on_version(self, vi); });
-}
-
-// -- heartbeats -------------------------------------------------------------------------
-
-/// A member silent past the heartbeat timeout: out of the round and out of
-/// routing; the router reroutes its requests. It stays a member.
-void mark_unreachable(self_ptr self, const std::string& name, std::uint64_t silent_ns) {
-  auto& st = self->state;
-  auto& m = st.members.at(name);
-  m.unreachable = true;
-  m.routable = false;
-  member_event(self, name, "unreachable");
-  log_line(self, "coordinator: " + name + " silent for " + millis(silent_ns) + " (heartbeat timeout "
-                   + std::to_string(st.cfg.heartbeat_timeout.count()) + " ms): unreachable");
-  if (st.cfg.router)
-    self->send(st.cfg.router, failed_atom::value, name);
-  check_min_live(self);
-  if (st.round && st.round->book.still_to_sync(name))
-    evict(self, name, "unreachable");
-}
-
-void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who) {
-  auto& st = self->state;
-  auto i = st.members.find(name);
-  if (i == st.members.end() || i->second.handle.address() != who)
-    return; // gone or replaced meanwhile
-  auto& m = i->second;
-  m.last_heard_ns = now_ns(self);
-  if (!m.unreachable)
-    return;
-  m.unreachable = false;
-  m.newcomer = true; // a round is due: its full transfer brings it current
-  member_event(self, name, "reachable");
-  log_line(self, "coordinator: " + name + " answers again: rejoins at the next sync boundary");
-  check_min_live(self);
-}
-
-/// Every heartbeat_interval: who has been silent too long, then the next
-/// heartbeat to every member and every rank.
-void heartbeat_tick(self_ptr self) {
-  auto& st = self->state;
-  auto now = now_ns(self);
-  auto timeout = static_cast<std::uint64_t>(
-    std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.heartbeat_timeout).count());
-  std::vector<std::pair<std::string, std::uint64_t>> silent;
-  for (auto& [name, m] : st.members)
-    if (!m.unreachable && silent_too_long(now, m.last_heard_ns, timeout))
-      silent.emplace_back(name, now - m.last_heard_ns);
-  for (auto& [name, ns] : silent)
-    mark_unreachable(self, name, ns);
-  std::vector<std::pair<std::uint32_t, std::uint64_t>> silent_ranks;
-  for (auto& [r, rank] : st.ranks)
-    if (!rank.down && !rank.unreachable && silent_too_long(now, rank.last_heard_ns, timeout))
-      silent_ranks.emplace_back(r, now - rank.last_heard_ns);
-  for (auto& [r, ns] : silent_ranks)
-    mark_rank_unreachable(self, r, ns);
-  heartbeat hb{"coordinator", ++st.heartbeat_seq};
-  // A late answer still proves it is alive: each heartbeat may take the
-  // whole timeout (a few are in flight at once).
-  for (auto& [name, m] : st.members)
-    self->request(m.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
-      .then(
-        [=, name = name, who = m.handle.address()](heartbeat&) {
-          heard_from(self, name, who);
-          settle(self);
-        },
-        [](caf::error&) {});
-  for (auto& [r, rank] : st.ranks)
-    if (!rank.down)
-      self->request(rank.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
-        .then(
-          [=, r = r, who = rank.handle.address()](heartbeat&) {
-            heard_from_rank(self, r, who);
-            settle(self);
-          },
-          [](caf::error&) {});
-  self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
 }
 
 // -- when a round is due --------------------------------------------------------

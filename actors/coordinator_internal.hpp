@@ -1,8 +1,10 @@
 #pragma once
-// The coordinator's internals shared by its two translation units:
-// coordinator.cpp (membership, heartbeats, the sync round top to bottom, the
-// behaviour) and coordinator_ranks.cpp (trainer ranks: registration,
-// following, the version barrier, catch-up orders). Nothing else includes it.
+// The coordinator's internals shared by its translation units:
+// coordinator.cpp (the sync round top to bottom, the behaviour),
+// coordinator_membership.cpp (engines joining, leaving and dying, the
+// trainer, heartbeats) and coordinator_ranks.cpp (trainer ranks:
+// registration, following, the version barrier, catch-up orders). Nothing
+// else includes it.
 
 #include "actors/coordinator.hpp"
 
@@ -26,7 +28,28 @@ void settle(self_ptr self);
 void abort_round(self_ptr self, const std::string& why);
 /// A version the round may sync to (never backwards).
 void on_version(self_ptr self, const version_info& vi);
+void member_event(self_ptr self, const std::string& engine, const char* what);
+/// Writes the state file (when configured); a failed write is logged.
+void persist(self_ptr self);
+/// sync.min_live_engines: raises the alert once per fall below it.
+void check_min_live(self_ptr self);
+/// Takes an engine out of the round and out of routing.
+void evict(self_ptr self, const std::string& name, const std::string& why);
+
+// -- defined in coordinator_membership.cpp ------------------------------------------
+
 void tell_placements(self_ptr self, const trainer_actor& trainer);
+/// Forgets an engine: it left, died, or a newer incarnation replaced it.
+void drop_member(self_ptr self, std::string name, const std::string& why, bool replaced = false);
+/// A registration: refused with an error, or the member joins; returns
+/// whether it is routable at once.
+caf::expected<bool> on_register(self_ptr self, const engine_info& info, const rollout_engine_actor& engine);
+void on_down(self_ptr self, const caf::down_msg& dm);
+/// A (restarted) trainer: follow its versions, pin the next rounds there.
+void attach_trainer(self_ptr self, trainer_actor trainer);
+void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who);
+/// Every heartbeat_interval: who has been silent too long, then the next heartbeats.
+void heartbeat_tick(self_ptr self);
 
 /// Follows a trainer (or rank) `who`: monitored, told where the engines run,
 /// subscribed to its versions, and asked for its current one (versions
