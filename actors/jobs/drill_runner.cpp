@@ -484,14 +484,6 @@ private:
 
 } // namespace
 
-std::optional<throughput_verdict> parse_throughput_verdict(std::string_view text) {
-  if (text == "judge")
-    return throughput_verdict::judge;
-  if (text == "report")
-    return throughput_verdict::report;
-  return std::nullopt;
-}
-
 drill_record rehearse(caf::actor_system& sys, const topology& t, const std::string& source,
                       throughput_verdict throughput) {
   drill_runner runner(sys, t, source, throughput);
@@ -499,18 +491,6 @@ drill_record rehearse(caf::actor_system& sys, const topology& t, const std::stri
   return runner.record_copy();
 }
 
-std::string default_report_dir(const std::string& drill_name) {
-  char stamp[32];
-  std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
-  std::string base = "rlsync-drill-" + drill_name + "-" + stamp;
-  std::string dir = base;
-  for (int k = 2; std::filesystem::exists(dir); ++k)
-    dir = base + "-" + std::to_string(k);
-  return dir;
-}
 
 int run_drill(const std::string& path, const drill_options& o) {
   auto loaded = load_topology_or_report(path);

@@ -13,6 +13,7 @@
 // apart: drill_faults (labels, refusals, when each fault is due and ends),
 // drill_timeline (lanes, marks and failover times from the hooks' events),
 // drill_figures (throughput windows, figures, the summary).
+#include "actors/jobs/drill_options.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/drill/drill_report.hpp"
 
@@ -23,25 +24,6 @@
 #include <string_view>
 
 namespace rlsync::jobs {
-
-/// What the throughput invariant counts for: judged (a drop fails the drill)
-/// or reported (its figures are written and printed, marked "reported, not
-/// judged", and never fail the drill: on a shared machine other jobs move
-/// tokens/s by more than the 10% it allows).
-enum class throughput_verdict { judge, report };
-
-/// "judge" or "report", or nullopt.
-std::optional<throughput_verdict> parse_throughput_verdict(std::string_view text);
-
-struct drill_options {
-  std::string report_dir; ///< empty: a new folder named after the drill and the time
-  throughput_verdict throughput = throughput_verdict::judge;
-  /// Multi-node topologies (one process per node): each node in its own
-  /// network namespace (root only), so that partition can cut its link.
-  bool netns = false;
-  /// deploy/netns.sh; empty: looked for above the executable (build/tools/rlsync).
-  std::string netns_script;
-};
 
 /// Runs the topology's drill in `sys` (the topology must pass refuse_drill)
 /// and returns its record: timeline, figures and invariants. Never hangs:
@@ -56,8 +38,5 @@ drill_record rehearse(caf::actor_system& sys, const topology& t, const std::stri
 /// 0 every judged invariant held, 1 one was violated, a fault never fired,
 /// or the topology was refused.
 int run_drill(const std::string& path, const drill_options& o);
-
-/// "rlsync-drill-NAME-YYYYmmdd-HHMMSS", with "-2", "-3"... if it exists.
-std::string default_report_dir(const std::string& drill_name);
 
 } // namespace rlsync::jobs

@@ -8,7 +8,7 @@
 // the head's job ends, the invariants are checked on what the processes
 // report (the job's JSON, the head's lines) and the report is written like
 // the in-process drill's, saying which invariants processes cannot check.
-#include "actors/jobs/drill_runner.hpp"
+#include "actors/jobs/drill_options.hpp"
 #include "runtime/config/topology.hpp"
 
 #include <string>
