@@ -601,7 +601,13 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
   // Every handler: a peer that was not admitted reads, changes and learns nothing.
   auto guard = st.guard = std::make_shared<sender_guard>("coordinator", st.cfg.authorize, st.cfg.log);
-  refuse_stray_errors(self, guard);
+  // Stray errors are refused and counted, except a heartbeat's: a member
+  // whose handler fails is silent, which the tick judges.
+  self->set_error_handler([self, guard](caf::error& err) {
+    if (auto sender = self->current_sender(); sender && self->state.heartbeat_targets.count(sender->address()))
+      return;
+    guard->refuse(self->current_sender(), "error " + to_string(err), "an error message that answers no request");
+  });
   return {
     authorized(self, guard, [=](version_atom, const version_info& vi) {
       auto& st = self->state;
@@ -727,14 +733,19 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       }
       return rp;
     }),
+    authorized(self, guard, [=](const heartbeat&) {
+      // The common answer (alive, as before) changes nothing a round waits
+      // on: no settle, so a tick stays O(members).
+      if (heard_heartbeat(self))
+        settle(self);
+    }),
     authorized(self, guard, [=](heartbeat_atom, const heartbeat& hb) {
       // A member's own unsolicited heartbeat proves it alive like an answer;
       // a name the sender does not own changes nothing (no per-sender state).
       if (!check(hb).empty())
         return; // no member has such a name
-      if (auto sender = self->current_sender())
-        heard_from(self, hb.from, sender->address());
-      settle(self);
+      if (auto sender = self->current_sender(); sender && heard_from(self, hb.from, sender->address()))
+        settle(self);
     }),
     authorized(self, guard, [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
       if (waves > max_probe_waves)

@@ -113,6 +113,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <variant>
 #include <vector>
 
 namespace rlsync {
@@ -288,6 +290,9 @@ struct coordinator_state {
   bool trainer_down = false;
   std::uint64_t ignored_versions = 0; ///< older than the counter (logged now and then)
   std::uint64_t heartbeat_seq = 0;
+  /// Who the last tick sent a heartbeat to (a member's name or a rank),
+  /// by address: how an answer, a plain message, finds its sender.
+  std::unordered_map<caf::actor_addr, std::variant<std::string, std::uint32_t>> heartbeat_targets;
   /// min_live_engines: armed once that many members served; below it now;
   /// how often it fell below.
   min_live_alert live_alert;
@@ -310,7 +315,11 @@ struct coordinator_state {
 
 /// The coordinator's interface plus its own heartbeat tick. Handles given
 /// out are coordinator_actor.
-using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>>;
+/// Heartbeats go out one-way: CAF sends a handler's result for a one-way
+/// message back as a plain message (the `heartbeat` here), which it does not
+/// track, so a tick costs O(members), where n requests in flight cost CAF
+/// O(n) per answer.
+using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>, caf::reacts_to<heartbeat>>;
 
 /// The coordinator's behaviour; spawn with `sys.spawn(coordinator, cfg)`.
 coordinator_impl_actor::behavior_type

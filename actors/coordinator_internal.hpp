@@ -47,9 +47,14 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
 void on_down(self_ptr self, const caf::down_msg& dm);
 /// A (restarted) trainer: follow its versions, pin the next rounds there.
 void attach_trainer(self_ptr self, trainer_actor trainer);
-void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who);
+/// Records that member `name` (at `who`) answered; true when that changed
+/// something beyond the time (it was unreachable), so the round may move.
+bool heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who);
 /// Every heartbeat_interval: who has been silent too long, then the next heartbeats.
 void heartbeat_tick(self_ptr self);
+/// An answer to the last tick's heartbeats (a plain message): its sender is
+/// alive. True when it was unreachable (the round may move).
+bool heard_heartbeat(self_ptr self);
 
 /// Follows a trainer (or rank) `who`: monitored, told where the engines run,
 /// subscribed to its versions, and asked for its current one (versions
@@ -80,7 +85,7 @@ void review_barrier(self_ptr self);
 void on_rank_version(self_ptr self, std::uint32_t rank, const version_info& vi);
 caf::expected<registration> on_register_rank(self_ptr self, const rank_info& info, const trainer_actor& handle);
 void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_ns);
-void heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who);
+bool heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who);
 caf::result<std::uint32_t> freeze_ranks(self_ptr self);
 /// Every registered rank for coordinator_status, by index.
 std::vector<rank_status> rank_statuses(const coordinator_state& st);

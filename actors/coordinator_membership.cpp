@@ -220,24 +220,39 @@ void mark_unreachable(self_ptr self, const std::string& name, std::uint64_t sile
     evict(self, name, "unreachable");
 }
 
-void heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who) {
+bool heard_from(self_ptr self, const std::string& name, const caf::actor_addr& who) {
   auto& st = self->state;
   auto i = st.members.find(name);
   if (i == st.members.end() || i->second.handle.address() != who)
-    return; // gone or replaced meanwhile
+    return false; // gone or replaced meanwhile
   auto& m = i->second;
   m.last_heard_ns = now_ns(self);
   if (!m.unreachable)
-    return;
+    return false;
   m.unreachable = false;
   m.newcomer = true; // a round is due: its full transfer brings it current
   member_event(self, name, "reachable");
   log_line(self, "coordinator: " + name + " answers again: rejoins at the next sync boundary");
   check_min_live(self);
+  return true;
 }
 
 /// Every heartbeat_interval: who has been silent too long, then the next
 /// heartbeat to every member and every rank.
+bool heard_heartbeat(self_ptr self) {
+  auto& st = self->state;
+  auto sender = self->current_sender();
+  if (!sender)
+    return false;
+  auto who = sender->address();
+  auto i = st.heartbeat_targets.find(who);
+  if (i == st.heartbeat_targets.end())
+    return false; // not asked since the last tick (replaced, gone): proves nothing
+  if (auto* name = std::get_if<std::string>(&i->second))
+    return heard_from(self, *name, who);
+  return heard_from_rank(self, std::get<std::uint32_t>(i->second), who);
+}
+
 void heartbeat_tick(self_ptr self) {
   auto& st = self->state;
   auto now = now_ns(self);
@@ -256,25 +271,19 @@ void heartbeat_tick(self_ptr self) {
   for (auto& [r, ns] : silent_ranks)
     mark_rank_unreachable(self, r, ns);
   heartbeat hb{"coordinator", ++st.heartbeat_seq};
-  // A late answer still proves it is alive: each heartbeat may take the
-  // whole timeout (a few are in flight at once).
-  for (auto& [name, m] : st.members)
-    self->request(m.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
-      .then(
-        [=, name = name, who = m.handle.address()](heartbeat&) {
-          heard_from(self, name, who);
-          settle(self);
-        },
-        [](caf::error&) {});
+  // One-way: each answer comes back as a plain `heartbeat` (heard_heartbeat);
+  // a late one still proves its sender alive. A failing handler's error
+  // goes to the error handler and proves nothing.
+  st.heartbeat_targets.clear();
+  for (auto& [name, m] : st.members) {
+    st.heartbeat_targets.emplace(m.handle.address(), name);
+    self->send(m.handle, heartbeat_atom::value, hb);
+  }
   for (auto& [r, rank] : st.ranks)
-    if (!rank.down)
-      self->request(rank.handle, st.cfg.heartbeat_timeout, heartbeat_atom::value, hb)
-        .then(
-          [=, r = r, who = rank.handle.address()](heartbeat&) {
-            heard_from_rank(self, r, who);
-            settle(self);
-          },
-          [](caf::error&) {});
+    if (!rank.down) {
+      st.heartbeat_targets.emplace(rank.handle.address(), r);
+      self->send(rank.handle, heartbeat_atom::value, hb);
+    }
   self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
 }
 

@@ -157,16 +157,17 @@ void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_
   abort_round(self, "trainer rank " + std::to_string(r) + " is unreachable");
 }
 
-void heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who) {
+bool heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who) {
   auto& st = self->state;
   auto i = st.ranks.find(r);
   if (i == st.ranks.end() || i->second.down || i->second.handle.address() != who)
-    return; // gone or replaced meanwhile
+    return false; // gone or replaced meanwhile
   i->second.last_heard_ns = now_ns(self);
   if (!i->second.unreachable)
-    return;
+    return false;
   i->second.unreachable = false;
   log_line(self, "coordinator: trainer rank " + std::to_string(r) + " answers again");
+  return true;
 }
 
 // -- the end of a job ---------------------------------------------------------------------

@@ -106,6 +106,39 @@ TEST_CASE_FIXTURE(coordinator_fixture, "heartbeat timeout: a silent member is fa
   CHECK(logged("2 live engines serving within sync.staleness again"));
 }
 
+TEST_CASE_FIXTURE(coordinator_fixture, "heartbeats go out one-way: two messages a member, a failing one is silence") {
+  auto c = heartbeat_config();
+  start(c);
+  add_engine("a");
+  add_engine("b");
+  publish(1);
+  forget_history();
+  // A tick: the coordinator's timer, a heartbeat to each member, each answer
+  // a plain message (CAF tracks no request for them).
+  advance(std::chrono::milliseconds{100});
+  auto beats_of = [&](const std::string& e) {
+    return std::count_if(journal->beats.begin(), journal->beats.end(), [&](const heartbeat& hb) { return hb.from == e; });
+  };
+  CHECK(beats_of("a") == 1);
+  CHECK(beats_of("b") == 1);
+  CHECK(status().unreachable.empty());
+  // b's handler fails: its error answers no request, yet it is not refused
+  // as a stray error; b is silent, and the timeout judges it.
+  engines["b"].script->on_heartbeat = act::fail;
+  ticks(5);
+  auto s = status();
+  CHECK(s.unreachable == std::vector<std::string>{"b"});
+  CHECK(s.refused == 0);
+  CHECK_FALSE(logged("refused"));
+  // An error from a sender the tick did not address is still a stray error.
+  auto stray = sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {}; });
+  caf::send_as(stray, caf::actor_cast<caf::actor>(coord), caf::make_error(caf::sec::runtime_error, "stray"));
+  run();
+  CHECK(status().refused == 1);
+  caf::anon_send_exit(stray, caf::exit_reason::user_shutdown);
+  run();
+}
+
 TEST_CASE_FIXTURE(coordinator_fixture, "heartbeat timeout during a round: the silent member is evicted, the others complete it") {
   start(heartbeat_config());
   add_engine("a");

@@ -24,6 +24,8 @@ struct fleet_round {
   std::uint64_t ops = 0;           ///< the coordinator's bookkeeping steps for the round
   double cpu_ms = 0;               ///< CPU time of running the round (this thread runs every actor)
   double join_cpu_ms = 0;          ///< CPU time of the fleet joining: every registration and cold sync
+  std::uint64_t tick_messages = 0; ///< one heartbeat tick after the rounds: messages
+  double tick_cpu_ms = 0;          ///< and CPU time
   std::uint64_t heap_bytes = 0;    ///< heap in use by the fleet after the round (coordinator, engines, records)
   std::size_t synced = 0;          ///< engines the round's report counts as synced
   std::size_t evicted = 0;         ///< engines the round evicted (those told to fail)
@@ -55,6 +57,10 @@ inline fleet_round measure_fleet_round(std::size_t engines, std::size_t wave_siz
     coordinator_fixture f;
     auto c = f.config();
     c.sync.wave_size = static_cast<std::int64_t>(wave_size);
+    // One tick, fired by hand after the rounds (shorter than every phase
+    // deadline, so that nothing else falls due); nobody goes silent.
+    c.heartbeat_interval = std::chrono::milliseconds{500};
+    c.heartbeat_timeout = std::chrono::hours{1};
     c.log = {};
     c.on_member = {};
     f.start(c);
@@ -85,6 +91,10 @@ inline fleet_round measure_fleet_round(std::size_t engines, std::size_t wave_siz
     }
     out.messages /= rounds;
     out.cpu_ms = cpu / static_cast<double>(rounds);
+    const auto tick_before = cpu_ms_now();
+    f.sched.advance_time(c.heartbeat_interval);
+    out.tick_messages = f.run();
+    out.tick_cpu_ms = cpu_ms_now() - tick_before;
     out.heap_bytes = heap_in_use() - heap_before;
     if (!f.reports.empty()) {
       out.synced = f.reports.back().engines_synced;

@@ -65,7 +65,7 @@ struct engine_script {
   /// Resume first fails every held reply with round_aborted, as the real
   /// engine fails the transfer in flight when an aborted round continues.
   bool fail_held_on_resume = false;
-  act on_heartbeat = act::answer; ///< answer, hold or drop
+  act on_heartbeat = act::answer; ///< answer, hold, drop or fail
 
   // -- generation --
   /// answer: stream the tokens and reply; hold: stream them, reply at the
@@ -250,6 +250,8 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
       st.journal->beats.push_back(heartbeat{name, hb.seq});
       if (st.script->on_heartbeat == act::drop)
         return self->make_response_promise<heartbeat>(); // never delivered
+      if (st.script->on_heartbeat == act::fail)
+        return caf::make_error(caf::sec::runtime_error, "heartbeat handler failed");
       if (st.script->on_heartbeat != act::hold)
         return hb;
       auto rp = self->make_response_promise<heartbeat>();
