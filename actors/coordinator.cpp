@@ -601,10 +601,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
   // Every handler: a peer that was not admitted reads, changes and learns nothing.
   auto guard = st.guard = std::make_shared<sender_guard>("coordinator", st.cfg.authorize, st.cfg.log);
-  // Stray errors are refused and counted, except a heartbeat's: a member
-  // whose handler fails is silent, which the tick judges.
+  // Stray errors are refused and counted, except a heartbeat's: a current
+  // member or rank whose handler fails is silent, which the tick judges.
   self->set_error_handler([self, guard](caf::error& err) {
-    if (auto sender = self->current_sender(); sender && self->state.heartbeat_targets.count(sender->address()))
+    if (auto sender = self->current_sender(); sender && is_heartbeat_target(self->state, sender->address()))
       return;
     guard->refuse(self->current_sender(), "error " + to_string(err), "an error message that answers no request");
   });

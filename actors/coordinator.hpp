@@ -268,6 +268,15 @@ struct coordinator_round {
   std::vector<trainer_actor> producer_handles;
 };
 
+/// Hashes an address by node and id: CAF 0.17's own hash takes the id
+/// alone, and actors of different member nodes, numbered by their own
+/// counters, share ids, which would pile them into a few buckets.
+struct actor_addr_hash {
+  std::size_t operator()(const caf::actor_addr& a) const {
+    return std::hash<caf::node_id>{}(a.node()) * 31 + std::hash<caf::actor_id>{}(a.id());
+  }
+};
+
 struct coordinator_state {
   coordinator_config cfg;
   std::map<std::string, coordinator_member> members;
@@ -292,7 +301,7 @@ struct coordinator_state {
   std::uint64_t heartbeat_seq = 0;
   /// Who the last tick sent a heartbeat to (a member's name or a rank),
   /// by address: how an answer, a plain message, finds its sender.
-  std::unordered_map<caf::actor_addr, std::variant<std::string, std::uint32_t>> heartbeat_targets;
+  std::unordered_map<caf::actor_addr, std::variant<std::string, std::uint32_t>, actor_addr_hash> heartbeat_targets;
   /// min_live_engines: armed once that many members served; below it now;
   /// how often it fell below.
   min_live_alert live_alert;

@@ -55,6 +55,8 @@ void heartbeat_tick(self_ptr self);
 /// An answer to the last tick's heartbeats (a plain message): its sender is
 /// alive. True when it was unreachable (the round may move).
 bool heard_heartbeat(self_ptr self);
+/// `who` was sent the last tick's heartbeat and is still that member or rank.
+bool is_heartbeat_target(const coordinator_state& st, const caf::actor_addr& who);
 
 /// Follows a trainer (or rank) `who`: monitored, told where the engines run,
 /// subscribed to its versions, and asked for its current one (versions

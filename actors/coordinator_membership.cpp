@@ -237,8 +237,18 @@ bool heard_from(self_ptr self, const std::string& name, const caf::actor_addr& w
   return true;
 }
 
-/// Every heartbeat_interval: who has been silent too long, then the next
-/// heartbeat to every member and every rank.
+bool is_heartbeat_target(const coordinator_state& st, const caf::actor_addr& who) {
+  auto i = st.heartbeat_targets.find(who);
+  if (i == st.heartbeat_targets.end())
+    return false;
+  if (auto* name = std::get_if<std::string>(&i->second)) {
+    auto m = st.members.find(*name);
+    return m != st.members.end() && m->second.handle.address() == who;
+  }
+  auto r = st.ranks.find(std::get<std::uint32_t>(i->second));
+  return r != st.ranks.end() && !r->second.down && r->second.handle.address() == who;
+}
+
 bool heard_heartbeat(self_ptr self) {
   auto& st = self->state;
   auto sender = self->current_sender();
@@ -253,6 +263,8 @@ bool heard_heartbeat(self_ptr self) {
   return heard_from_rank(self, std::get<std::uint32_t>(i->second), who);
 }
 
+/// Every heartbeat_interval: who has been silent too long, then the next
+/// heartbeat to every member and every rank.
 void heartbeat_tick(self_ptr self) {
   auto& st = self->state;
   auto now = now_ns(self);
