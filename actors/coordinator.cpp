@@ -603,10 +603,8 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   auto guard = st.guard = std::make_shared<sender_guard>("coordinator", st.cfg.authorize, st.cfg.log);
   // Stray errors are refused and counted, except a heartbeat's: a current
   // member or rank whose handler fails is silent, which the tick judges.
-  self->set_error_handler([self, guard](caf::error& err) {
-    if (auto sender = self->current_sender(); sender && is_heartbeat_target(self->state, sender->address()))
-      return;
-    guard->refuse(self->current_sender(), "error " + to_string(err), "an error message that answers no request");
+  refuse_stray_errors(self, guard, [self](const caf::strong_actor_ptr& sender) {
+    return is_heartbeat_target(self->state, sender->address());
   });
   return {
     authorized(self, guard, [=](version_atom, const version_info& vi) {

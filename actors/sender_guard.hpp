@@ -204,10 +204,14 @@ auto authorize(Self self, std::shared_ptr<sender_guard> guard, F handler, R (F::
 
 /// Counts and logs a stray error message (one that answers no request)
 /// instead of ending the actor, CAF's default: any peer can send one, and it
-/// bypasses the behaviour.
+/// bypasses the behaviour. Errors from a sender `expected` admits (the
+/// answer to a one-way message the actor sent it) are dropped silently.
 template <class Self>
-void refuse_stray_errors(Self self, std::shared_ptr<sender_guard> guard) {
-  self->set_error_handler([self, guard](caf::error& err) {
+void refuse_stray_errors(Self self, std::shared_ptr<sender_guard> guard,
+                         std::function<bool(const caf::strong_actor_ptr&)> expected = {}) {
+  self->set_error_handler([self, guard, expected](caf::error& err) {
+    if (expected && self->current_sender() && expected(self->current_sender()))
+      return;
     guard->refuse(self->current_sender(), "error " + to_string(err), "an error message that answers no request");
   });
 }

@@ -25,29 +25,39 @@ void check(const std::vector<link>& links, const std::vector<flow>& flows) {
   }
 }
 
+// Each flow's links without repeats.
+std::vector<std::size_t> distinct(std::vector<std::size_t> ls) {
+  std::sort(ls.begin(), ls.end());
+  ls.erase(std::unique(ls.begin(), ls.end()), ls.end());
+  return ls;
+}
+
 } // namespace
 
-flow_result simulate(const std::vector<link>& links, const std::vector<flow>& flows) {
+std::vector<double> link_bytes(const std::vector<link>& links, const std::vector<flow>& flows) {
   check(links, flows);
+  std::vector<double> out(links.size(), 0.0);
+  for (const auto& f : flows)
+    for (auto l : distinct(f.links))
+      out[l] += f.bytes;
+  return out;
+}
+
+flow_result simulate(const std::vector<link>& links, const std::vector<flow>& flows) {
   flow_result out;
   out.finish.assign(flows.size(), 0.0);
-  out.link_bytes.assign(links.size(), 0.0);
   out.bottleneck = links.size();
 
+  out.link_bytes = link_bytes(links, flows); // checks the input
   // Each flow's links without repeats, and each link's flows.
   std::vector<std::vector<std::size_t>> crosses(flows.size());
   std::vector<std::vector<std::size_t>> carried(links.size());
   std::vector<double> remaining(flows.size());
   std::vector<std::size_t> active;
   for (std::size_t f = 0; f < flows.size(); ++f) {
-    auto ls = flows[f].links;
-    std::sort(ls.begin(), ls.end());
-    ls.erase(std::unique(ls.begin(), ls.end()), ls.end());
-    for (auto l : ls) {
+    crosses[f] = distinct(flows[f].links);
+    for (auto l : crosses[f])
       carried[l].push_back(f);
-      out.link_bytes[l] += flows[f].bytes;
-    }
-    crosses[f] = std::move(ls);
     remaining[f] = flows[f].bytes;
     if (flows[f].bytes > 0 && !crosses[f].empty())
       active.push_back(f);

@@ -34,6 +34,10 @@ struct flow_result {
   double light_seconds = 0;
 };
 
+/// Bytes that cross each link (a link a flow names twice counts once).
+/// Throws what simulate throws for bad input.
+std::vector<double> link_bytes(const std::vector<link>& links, const std::vector<flow>& flows);
+
 /// Runs the flows to completion. Throws std::invalid_argument for a
 /// capacity that is not positive and finite, negative or non-finite bytes,
 /// or a link index out of range; a flow with bytes and no links finishes at 0.

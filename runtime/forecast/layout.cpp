@@ -54,6 +54,10 @@ layout build_layout(const cluster& c) {
     if (!ignored_weight(m, s.name))
       specs.push_back(std::move(s));
   out.groups = plan::group_count(m);
+  out.group_stage.assign(out.groups, 0);
+  for (std::int64_t s = 0; s < T.pp; ++s)
+    for (auto l = first_layer(m.num_hidden_layers, T.pp, s); l < first_layer(m.num_hidden_layers, T.pp, s + 1); ++l)
+      out.group_stage[static_cast<std::size_t>(l)] = s; // group l is layer l
   out.group_bytes.assign(out.groups, 0);
   out.group_dense_bytes.assign(out.groups, 0);
   out.group_tensors.assign(out.groups, 0);
@@ -65,9 +69,9 @@ layout build_layout(const cluster& c) {
     spec_group[i] = g;
     out.group_bytes[g] += specs[i].bytes();
     out.group_tensors[g] += 1;
-    const bool expert = plan::expert_of(specs[i].name).has_value();
+    const auto expert = plan::expert_of(specs[i].name);
     if (expert)
-      spec_expert[i] = *plan::expert_of(specs[i].name);
+      spec_expert[i] = *expert;
     else
       out.group_dense_bytes[g] += specs[i].bytes();
     out.group_gathers[g] += (T.pp > 1 ? 1 : 0) + (expert ? (T.ep > 1 ? 1 : 0)
@@ -87,15 +91,11 @@ layout build_layout(const cluster& c) {
     p.stage = r / per_stage;
     p.tp_rank = r % T.tp;
     const std::int64_t ep_rank = (r % per_stage) % T.ep;
-    const auto first = first_layer(m.num_hidden_layers, T.pp, p.stage),
-               last = first_layer(m.num_hidden_layers, T.pp, p.stage + 1);
-    for (auto l = first; l < last; ++l)
-      p.groups.push_back(static_cast<std::uint32_t>(l));
     producer_holding h;
     h.rank = p.rank;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       const auto g = spec_group[i];
-      if (g < first || g >= last)
+      if (out.group_stage[g] != p.stage)
         continue;
       if (spec_expert[i] >= 0 && T.ep > 1 && spec_expert[i] / experts_per_ep != ep_rank)
         continue;

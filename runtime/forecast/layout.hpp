@@ -31,7 +31,6 @@ struct producer {
   gpu_place place;
   std::int64_t stage = 0;
   std::int64_t tp_rank = 0;
-  std::vector<std::uint32_t> groups; ///< the groups of its stage's layers
 };
 
 struct consumer {
@@ -75,6 +74,7 @@ struct layout {
   std::vector<std::uint64_t> group_bytes;       ///< per group: the checkpoint's bytes
   std::vector<std::uint64_t> group_dense_bytes; ///< per group: the bytes that are not experts
   std::vector<std::uint64_t> group_tensors;     ///< per group: checkpoint tensors
+  std::vector<std::int64_t> group_stage;        ///< per group: the pipeline stage holding it
   /// Per group: the collectives that gather its tensors whole on one rank
   /// (per tensor: one across pp when pp > 1, one across ep for an expert when
   /// ep > 1, one across tp for a tp-split dense tensor when tp > 1).

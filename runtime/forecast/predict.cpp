@@ -52,6 +52,13 @@ std::vector<const consumer*> syncing(const cluster& c, const layout& l, const sy
   return out;
 }
 
+std::set<std::uint32_t> all_groups(const layout& l) {
+  std::set<std::uint32_t> all;
+  for (std::uint32_t g = 0; g < l.groups; ++g)
+    all.insert(g);
+  return all;
+}
+
 const std::vector<plan_share>& shares_of(const recorded_plan& p, plan_mode m) {
   return m == plan_mode::sharded ? p.shares : p.broadcast;
 }
@@ -158,16 +165,12 @@ sync_prediction predict_sync(const cluster& c, const layout& l, const sync_knobs
   const auto consumers = syncing(c, l, k);
   std::vector<std::pair<std::string, std::set<std::uint32_t>>> phases;
   if (k.pp == pp_order::serial) {
-    for (const auto& p : l.producers) {
-      if (p.tp_rank != 0 || (!phases.empty() && phases.back().first == "stage " + std::to_string(p.stage)))
-        continue;
-      phases.push_back({"stage " + std::to_string(p.stage), {p.groups.begin(), p.groups.end()}});
-    }
-  } else {
-    std::set<std::uint32_t> all;
+    for (std::int64_t s = 0; s < c.trainer.pp; ++s)
+      phases.push_back({"stage " + std::to_string(s), {}});
     for (std::uint32_t g = 0; g < l.groups; ++g)
-      all.insert(g);
-    phases.push_back({"all stages", all});
+      phases[static_cast<std::size_t>(l.group_stage[g])].second.insert(g);
+  } else {
+    phases.push_back({"all stages", all_groups(l)});
   }
   double most_light = -1;
   for (auto& [name, groups] : phases) {
@@ -193,14 +196,9 @@ baseline_prediction predict_nccl_broadcast(const cluster& c, const layout& l, co
   // a NIC from any other stage), each expert from its nearest holder.
   const std::int64_t per_stage = T.tp * T.dp, gpn = c.fabric.gpus_per_node;
   for (std::uint32_t g = 0; g < l.groups; ++g) {
-    std::int64_t stage = 0;
-    for (const auto& p : l.producers)
-      if (std::find(p.groups.begin(), p.groups.end(), g) != p.groups.end()) {
-        stage = p.stage;
-        break;
-      }
+    const std::int64_t stage = l.group_stage[g];
     const double bytes = static_cast<double>(l.group_bytes[g]), dense = static_cast<double>(l.group_dense_bytes[g]);
-    out.gather_s += dense * static_cast<double>(T.tp - 1) / static_cast<double>(T.tp) / intra;
+    out.gather_s += gather_seconds(c, l, g, mc);
     if (stage != 0)
       out.gather_s += dense / nic;
     const double part = (bytes - dense) / static_cast<double>(T.ep);
@@ -270,24 +268,19 @@ traffic_summary summarize(const cluster& c, const layout& l, const sync_knobs& k
     for (std::uint32_t g = 0; g < l.groups; ++g)
       producer_peak = std::max(producer_peak, l.held_bytes[p][g] + packed[p][g]);
   // No more groups are in flight than one phase has.
-  std::uint64_t most_groups = 0;
-  if (k.pp == pp_order::parallel)
-    most_groups = l.groups;
-  else
-    for (const auto& p : l.producers)
-      most_groups = std::max<std::uint64_t>(most_groups, p.groups.size());
+  std::uint64_t most_groups = l.groups;
+  if (k.pp == pp_order::serial) {
+    std::vector<std::uint64_t> per_stage(static_cast<std::size_t>(c.trainer.pp), 0);
+    for (auto s : l.group_stage)
+      ++per_stage[static_cast<std::size_t>(s)];
+    most_groups = *std::max_element(per_stage.begin(), per_stage.end());
+  }
   const auto window = std::min(static_cast<std::uint64_t>(k.groups_in_flight), std::max<std::uint64_t>(most_groups, 1));
   out.producer_memory = window * producer_peak;
   out.consumer_memory = window * largest_receipt;
 
-  std::set<std::uint32_t> all;
-  for (std::uint32_t g = 0; g < l.groups; ++g)
-    all.insert(g);
-  const auto f = flows_of(c, l, consumers, all, k.mode);
-  std::vector<double> link_bytes(f.links.size(), 0);
-  for (const auto& fl : f.flows)
-    for (auto li : fl.links)
-      link_bytes[li] += fl.bytes;
+  const auto f = flows_of(c, l, consumers, all_groups(l), k.mode);
+  const auto link_bytes = forecast::link_bytes(f.links, f.flows);
   std::vector<std::size_t> order(f.links.size());
   for (std::size_t i = 0; i < order.size(); ++i)
     order[i] = i;

@@ -38,14 +38,13 @@ TEST_CASE("layout: each engine worker takes what the engine's own plan records")
     CHECK(bytes_of(l.plans[x.plan].shares) == plan::bytes_per_worker(p));
     CHECK(l.plans[x.plan].entries == p.entries.size());
     // Every share comes from a rank of the stage holding its group.
-    for (const auto& s : l.plans[x.plan].shares) {
-      const auto& groups = l.producers[s.producer].groups;
-      CHECK(std::find(groups.begin(), groups.end(), s.group) != groups.end());
-    }
+    for (const auto& s : l.plans[x.plan].shares)
+      CHECK(l.producers[s.producer].stage == l.group_stage[s.group]);
   }
   CHECK(place_name(c, l.consumers[3].place) == "e1.gpu1");
   CHECK(place_name(c, l.producers[2].place) == "t1.gpu0");
   CHECK(l.producers[2].stage == 1);
+  CHECK(l.group_stage == std::vector<std::int64_t>{0, 1}); // pp 2 over 2 layers
 }
 
 TEST_CASE("layout: broadcast gives every worker the whole checkpoint") {
