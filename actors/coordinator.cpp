@@ -298,26 +298,6 @@ void on_reply(self_ptr self, std::uint64_t round_id, std::size_t wave, const std
 void on_failure(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name,
                 sync_phase phase, const caf::error& err);
 
-/// One request of the current phase to one engine, with the phase's deadline.
-/// The callbacks carry the round, wave and phase, so an answer cannot reach
-/// a later one; each ends with settle.
-template <class Reply, class... Ts>
-void ask(self_ptr self, const std::string& name, sync_phase phase, Ts... xs) {
-  auto& st = self->state;
-  auto id = st.round->book.id();
-  auto wave = st.round->book.wave();
-  self->request(st.members.at(name).handle, deadline_of(st.cfg.sync.deadlines, phase), xs...)
-    .then(
-      [=](Reply& reply) {
-        on_reply(self, id, wave, name, phase, reply);
-        settle(self);
-      },
-      [=](caf::error& err) {
-        on_failure(self, id, wave, name, phase, err);
-        settle(self);
-      });
-}
-
 /// Fans the current phase out to every live engine of the current wave at once.
 void send_phase(self_ptr self) {
   auto& st = self->state;
@@ -335,40 +315,83 @@ void send_phase(self_ptr self) {
   }
   if (st.cfg.on_phase)
     st.cfg.on_phase(r.book.id(), v, phase, engines);
-  transfer_order order;
+  // One order for every engine of the wave, one-way: only the token differs.
+  phase_order order;
+  order.phase = phase;
+  order.deadline_ms = deadline_of(st.cfg.sync.deadlines, phase).count();
+  order.pause = st.cfg.sync.pause; // by default keep (running requests freeze and continue
+                                   // after the update) without clear_cache (flush resets the prefix cache)
+  order.version = v;
   if (phase == sync_phase::transfer) {
-    order.version = v;
-    order.mode = st.cfg.transfer.mode;
-    order.backend = std::string{to_string(st.cfg.transfer.backend)};
-    order.producers = r.producers;
+    order.transfer.version = v;
+    order.transfer.mode = st.cfg.transfer.mode;
+    order.transfer.backend = std::string{to_string(st.cfg.transfer.backend)};
+    order.transfer.producers = r.producers;
+    order.producers = r.producer_handles;
     r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
-  for (auto& name : engines) {
-    switch (phase) {
-      case sync_phase::pause:
-        // sync.pause; by default keep (running requests freeze and continue
-        // after the update) without clear_cache (flush resets the prefix cache).
-        ask<pause_report>(self, name, phase, pause_atom::value, st.cfg.sync.pause);
-        break;
-      case sync_phase::flush:
-        ask<phase_ack>(self, name, phase, flush_atom::value);
-        break;
-      case sync_phase::start:
-        ask<phase_ack>(self, name, phase, start_atom::value, v);
-        break;
-      case sync_phase::transfer:
-        ask<transfer_report>(self, name, phase, transfer_atom::value, order, r.producer_handles);
-        break;
-      case sync_phase::finish:
-        ask<phase_ack>(self, name, phase, finish_atom::value, v);
-        break;
-      case sync_phase::resume:
-        ask<phase_ack>(self, name, phase, resume_atom::value);
-        break;
-      case sync_phase::done:
-        break;
-    }
+  r.first_token = st.next_token;
+  st.next_token += engines.size();
+  for (std::size_t i = 0; i < engines.size(); ++i) {
+    order.token = r.first_token + i;
+    self->send(st.members.at(engines[i]).handle, phase_atom::value, order);
   }
+  r.ordered = std::move(engines);
+  // One deadline for the whole phase: whoever has not answered by then is evicted.
+  self->delayed_send(self, deadline_of(st.cfg.sync.deadlines, phase), caf::timeout_atom::value, r.first_token);
+}
+
+/// The engine a phase_done with `token` answers for, or none: a token of an
+/// earlier phase, wave or round (a late answer, ignored as a late reply
+/// was), or a sender that is not the engine the order went to (refused).
+const std::string* answerer(self_ptr self, std::uint64_t token) {
+  auto& st = self->state;
+  if (!st.round)
+    return nullptr;
+  auto& r = *st.round;
+  if (token < r.first_token || token - r.first_token >= r.ordered.size())
+    return nullptr;
+  const auto& name = r.ordered[token - r.first_token];
+  auto sender = self->current_sender();
+  auto m = st.members.find(name);
+  if (!sender || m == st.members.end() || !m->second.handle || sender->node() != m->second.handle->node()
+      || sender->id() != m->second.handle->id()) {
+    st.guard->refuse(sender, "phase_done", "an answer for an order sent to " + name);
+    return nullptr;
+  }
+  return &name;
+}
+
+/// An engine's answer to the current phase's order.
+template <class Reply>
+void on_answer(self_ptr self, std::uint64_t token, const Reply& reply) {
+  if (auto name = answerer(self, token)) {
+    auto& r = *self->state.round;
+    on_reply(self, r.book.id(), r.sent_wave, *name, r.sent_phase, reply);
+    settle(self);
+  }
+}
+
+void on_answer_error(self_ptr self, std::uint64_t token, const caf::error& err) {
+  if (auto name = answerer(self, token)) {
+    auto& r = *self->state.round;
+    on_failure(self, r.book.id(), r.sent_wave, *name, r.sent_phase, err);
+    settle(self);
+  }
+}
+
+/// The deadline of the phase whose orders began at `first_token`: every
+/// engine it still waits on is evicted, as a request's timeout did.
+void on_phase_deadline(self_ptr self, std::uint64_t first_token) {
+  auto& st = self->state;
+  if (!st.round || st.round->first_token != first_token)
+    return; // that phase ended
+  auto& r = *st.round;
+  auto late = r.ordered; // evictions may end the wave, and the next phase reorders
+  for (auto& name : late)
+    if (r.book.waiting_on(name))
+      on_failure(self, r.book.id(), r.sent_wave, name, r.sent_phase, caf::make_error(caf::sec::request_timeout));
+  settle(self);
 }
 
 /// What is wrong with a reply, or nothing. Engines that answer for another
@@ -744,6 +767,22 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
         return; // no member has such a name
       if (auto sender = self->current_sender(); sender && heard_from(self, hb.from, sender->address()))
         settle(self);
+    }),
+    authorized(self, guard, [=](phase_done_atom, std::uint64_t token, const pause_report& rep) {
+      on_answer(self, token, rep);
+    }),
+    authorized(self, guard, [=](phase_done_atom, std::uint64_t token, const transfer_report& rep) {
+      on_answer(self, token, rep);
+    }),
+    authorized(self, guard, [=](phase_done_atom, std::uint64_t token, const phase_ack& ack) {
+      on_answer(self, token, ack);
+    }),
+    authorized(self, guard, [=](phase_done_atom, std::uint64_t token, const caf::error& err) {
+      on_answer_error(self, token, err);
+    }),
+    authorized(self, guard, [=](caf::timeout_atom, std::uint64_t first_token) {
+      if (self->current_sender() == self->ctrl()) // only its own timers
+        on_phase_deadline(self, first_token);
     }),
     authorized(self, guard, [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
       if (waves > max_probe_waves)

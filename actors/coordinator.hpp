@@ -266,6 +266,11 @@ struct coordinator_round {
   /// order (empty: the engines' one producer).
   std::vector<producer_holding> producers;
   std::vector<trainer_actor> producer_handles;
+  /// The orders of the phase last sent: the engine at index i got token
+  /// first_token + i, so an answer finds its engine in O(1), and an answer
+  /// with any other token is late (an earlier phase, wave or round).
+  std::uint64_t first_token = 0;
+  std::vector<std::string> ordered;
 };
 
 /// Hashes an address by node and id: CAF 0.17's own hash takes the id
@@ -299,6 +304,8 @@ struct coordinator_state {
   bool trainer_down = false;
   std::uint64_t ignored_versions = 0; ///< older than the counter (logged now and then)
   std::uint64_t heartbeat_seq = 0;
+  /// The next phase order's token: never reused, so no answer is taken for a later order.
+  std::uint64_t next_token = 1;
   /// Who the last tick sent a heartbeat to (a member's name or a rank),
   /// by address: how an answer, a plain message, finds its sender.
   std::unordered_map<caf::actor_addr, std::variant<std::string, std::uint32_t>, actor_addr_hash> heartbeat_targets;
@@ -322,13 +329,15 @@ struct coordinator_state {
   static inline const char* name = "coordinator";
 };
 
-/// The coordinator's interface plus its own heartbeat tick. Handles given
-/// out are coordinator_actor.
-/// Heartbeats go out one-way: CAF sends a handler's result for a one-way
-/// message back as a plain message (the `heartbeat` here), which it does not
-/// track, so a tick costs O(members), where n requests in flight cost CAF
-/// O(n) per answer.
-using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>, caf::reacts_to<heartbeat>>;
+/// The coordinator's interface plus its own timers: the heartbeat tick and
+/// each phase's deadline (by the phase's first token). Handles given out are
+/// coordinator_actor.
+/// Heartbeats and phase orders go out one-way: CAF sends a handler's result
+/// for a one-way message back as a plain message (the `heartbeat` here),
+/// which it does not track, so a tick or a phase costs O(members), where n
+/// requests in flight cost CAF O(n) per answer.
+using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>, caf::reacts_to<heartbeat>,
+                                                         caf::reacts_to<caf::timeout_atom, std::uint64_t>>;
 
 /// The coordinator's behaviour; spawn with `sys.spawn(coordinator, cfg)`.
 coordinator_impl_actor::behavior_type

@@ -60,6 +60,34 @@ using trainer_actor = caf::typed_actor<
   // tickets and weights go to those nodes only
   caf::reacts_to<register_atom, std::vector<engine_placement>>>::extend_with<heartbeat_actor>;
 
+/// The coordinator's order for one phase of a sync round, sent one-way: the
+/// engine answers with `phase_done` and the order's token (the answer the
+/// phase's request would get), so the coordinator holds no CAF request per
+/// engine (see actors/phase_orders.hpp). The fields a phase does not use stay empty.
+struct phase_order {
+  /// Names this (round, wave, phase, engine): an answer with another token is late.
+  std::uint64_t token = 0;
+  sync_phase phase = sync_phase::pause;
+  /// The phase's deadline at the coordinator, in milliseconds (1 ms to max_phase_deadline_ms).
+  std::int64_t deadline_ms = 0;
+  pause_request pause;                 ///< pause
+  std::uint64_t version = 0;           ///< start, finish
+  transfer_order transfer;             ///< transfer
+  std::vector<trainer_actor> producers; ///< transfer: the handles of transfer.producers, in order
+};
+
+/// The longest phase deadline an order may carry: a day.
+constexpr std::int64_t max_phase_deadline_ms = 24LL * 3600 * 1000;
+
+/// What is wrong with an order, or nothing.
+std::string check(const phase_order& x);
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, phase_order& x) {
+  return f(caf::meta::type_name("phase_order"), x.token, x.phase, x.deadline_ms, x.pause, x.version, x.transfer,
+           x.producers);
+}
+
 /// One rollout engine (all its tensor-parallel workers), with vLLM's pause and
 /// weight-update semantics.
 using rollout_engine_actor = caf::typed_actor<
@@ -90,7 +118,10 @@ using rollout_engine_actor = caf::typed_actor<
   // its heartbeat face: the router's own interface names engines.
   caf::reacts_to<route_atom, heartbeat_actor>,
   // checksums of the weights served now, to verify them against the trainer's
-  caf::replies_to<digest_atom>::with<weight_digest>>::extend_with<heartbeat_actor>;
+  caf::replies_to<digest_atom>::with<weight_digest>,
+  // the coordinator's order for one sync phase, one-way: answered with
+  // phase_done and the order's token, as the phase's request above would be
+  caf::reacts_to<phase_atom, phase_order>>::extend_with<heartbeat_actor>;
 
 /// Routes generation requests to live, current replicas.
 using router_actor = caf::typed_actor<
@@ -132,6 +163,12 @@ using coordinator_actor = version_listener_actor::extend<
   caf::replies_to<digest_atom>::with<std::vector<weight_digest>>,
   // a member engine says it is alive (as if it answered a heartbeat)
   caf::reacts_to<heartbeat_atom, heartbeat>,
+  // an engine's answer to a phase order (token, then what the phase's
+  // request would have answered): pause, transfer, the other four, a failure
+  caf::reacts_to<phase_done_atom, std::uint64_t, pause_report>,
+  caf::reacts_to<phase_done_atom, std::uint64_t, transfer_report>,
+  caf::reacts_to<phase_done_atom, std::uint64_t, phase_ack>,
+  caf::reacts_to<phase_done_atom, std::uint64_t, caf::error>,
   // n waves of heartbeats to every member, one wave at a time; replies with
   // the nanoseconds they took (a round's control-plane floor)
   caf::replies_to<probe_atom, std::uint32_t>::with<std::uint64_t>>;
@@ -177,4 +214,5 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync_handles, caf::id_block::rlsync::end)
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::coordinator_actor))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::join_grant))
   CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::gatekeeper_actor))
+  CAF_ADD_TYPE_ID(rlsync_handles, (rlsync::phase_order))
 CAF_END_TYPE_ID_BLOCK(rlsync_handles)

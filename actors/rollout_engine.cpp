@@ -1,5 +1,7 @@
 #include "actors/rollout_engine.hpp"
 
+#include "actors/phase_orders.hpp"
+
 #include "actors/fleet_metrics.hpp"
 
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -520,6 +522,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     authorized(self, guard, [=](route_atom, const heartbeat_actor& router) {
       if (vouched && !vouched(self->current_sender(), router.address()))
         guard->refuse(self->current_sender(), "route", "only the coordinator vouches for a router");
+    }),
+    authorized(self, guard, [=](phase_atom, const phase_order& order) {
+      if (!cut_off(self)) // a partition drill: the order is lost, as the request would go unanswered
+        serve_phase_order(self, order);
     }),
     authorized(self, guard, gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;

@@ -106,6 +106,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::engine_placement))
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::engine_placement>))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_status))
+  CAF_ADD_ATOM(rlsync, rlsync, phase_atom, "phase")          // the coordinator's one-way order for one sync phase
+  CAF_ADD_ATOM(rlsync, rlsync, phase_done_atom, "phasedone") // an engine's answer to it, with the order's token
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 

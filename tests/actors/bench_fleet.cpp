@@ -63,20 +63,24 @@ int main(int argc, char** argv) {
   std::printf("one warm sync round over N scripted engines (wave %zu%s), CAF's deterministic scheduler:\n", wave,
               failing_every ? (", every " + std::to_string(failing_every) + "th engine failing its transfer").c_str()
                             : "");
-  std::printf("%8s %9s %10s %8s %10s %8s %9s %10s %9s %10s %8s %9s %9s %8s\n", "engines", "synced", "messages",
-              "/engine", "book ops", "/engine", "cpu ms", "cpu us/eng", "heap MB", "heap B/eng", "growth", "join ms",
-              "tick msgs", "tick us/eng");
-  double first_cpu_per_engine = 0;
+  std::printf("%8s %9s %10s %8s %10s %8s %9s %10s %11s %8s %9s %10s %8s %9s %9s %8s\n", "engines", "synced",
+              "messages", "/engine", "book ops", "/engine", "cpu ms", "cpu us/eng", "coord us/eng", "growth", "heap MB",
+              "heap B/eng", "growth", "join ms", "tick msgs", "tick us/eng");
+  double first_cpu_per_engine = 0, first_coordinator_per_engine = 0;
   int status = 0;
   for (auto n : sizes) {
     auto r = rlsync::test::measure_fleet_round(n, wave, failing_every);
     const double per = static_cast<double>(n);
     const double cpu_per_engine = r.cpu_ms * 1e3 / per;
-    if (first_cpu_per_engine == 0)
+    const double coordinator_per_engine = r.coordinator_ms * 1e3 / per;
+    if (first_cpu_per_engine == 0) {
       first_cpu_per_engine = cpu_per_engine;
-    std::printf("%8zu %9zu %10llu %8.1f %10llu %8.1f %9.1f %10.2f %9.1f %10.0f %7.2fx %9.1f %9llu %8.2f\n", n, r.synced,
-                static_cast<unsigned long long>(r.messages), static_cast<double>(r.messages) / per,
+      first_coordinator_per_engine = coordinator_per_engine;
+    }
+    std::printf("%8zu %9zu %10llu %8.1f %10llu %8.1f %9.1f %10.2f %11.2f %7.2fx %9.1f %10.0f %7.2fx %9.1f %9llu %8.2f\n",
+                n, r.synced, static_cast<unsigned long long>(r.messages), static_cast<double>(r.messages) / per,
                 static_cast<unsigned long long>(r.ops), static_cast<double>(r.ops) / per, r.cpu_ms, cpu_per_engine,
+                coordinator_per_engine, coordinator_per_engine / first_coordinator_per_engine,
                 static_cast<double>(r.heap_bytes) / 1e6, static_cast<double>(r.heap_bytes) / per,
                 cpu_per_engine / first_cpu_per_engine, r.join_cpu_ms, static_cast<unsigned long long>(r.tick_messages),
                 r.tick_cpu_ms * 1e3 / per);
@@ -86,7 +90,8 @@ int main(int argc, char** argv) {
       status = 1;
     }
   }
-  std::printf("growth: a round's CPU time per engine against the smallest fleet's (1.00x everywhere = linear);\n"
+  std::printf("coord: the coordinator's own jobs within the round; growth after it: its time per engine against\n"
+              "the smallest fleet's; growth after heap: the whole round's CPU per engine likewise (1.00x = linear);\n"
               "join ms: CPU time of every engine registering and its cold sync;\n"
               "tick: one heartbeat tick to every engine (one-way heartbeats: answers are plain messages)\n");
   return status;

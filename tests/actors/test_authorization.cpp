@@ -157,6 +157,15 @@ TEST_CASE_FIXTURE(coordinator_authz, "the coordinator refuses every message of a
        f.run();
        return std::optional<caf::error>{};
      }},
+    {"a phase answer", [](F& f) { return f.one_way(phase_done_atom::value, std::uint64_t{1}, phase_ack{"a", 9}); }},
+    {"a phase failure", [](F& f) {
+       return f.one_way(phase_done_atom::value, std::uint64_t{1}, caf::make_error(caf::sec::runtime_error));
+     }},
+    {"a phase deadline", [](F& f) {
+       f.tell_as_outsider(caf::actor_cast<coordinator_impl_actor>(f.coord), caf::timeout_atom::value, std::uint64_t{1});
+       f.run();
+       return std::optional<caf::error>{};
+     }},
   };
   start_guarded();
   auto before = membership();
@@ -469,6 +478,15 @@ TEST_CASE_FIXTURE(engine_authz, "an engine refuses the orders of anyone but its 
     {"status", ask(tag_status{}, status_atom::value)},
     {"heartbeat", ask(tag_beat{}, heartbeat_atom::value, heartbeat{"x", 1})},
     {"digest", ask(tag_digest{}, digest_atom::value)},
+    {"phase order", [](F& f) -> std::optional<caf::error> { // one way: refused before it reaches pause
+       phase_order order;
+       order.phase = sync_phase::pause;
+       order.deadline_ms = 1000;
+       order.pause = pause_request{pause_mode::abort, true};
+       f.tell_as_outsider(f.engine, phase_atom::value, order);
+       f.run();
+       return std::nullopt;
+     }},
     {"route", [](F& f) -> std::optional<caf::error> { // one way: naming a router is the coordinator's word
        f.tell_as_outsider(f.engine, route_atom::value, heartbeat_actor{});
        f.run();
@@ -777,6 +795,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
         [](route_atom, const heartbeat_actor&) {},
         [](digest_atom) -> weight_digest { return {}; },
         [](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
+        [](phase_atom, const phase_order&) {},
       };
     });
     self->request(*remote, 5s, register_atom::value, engine_info{"intruder", "x", 1, 0, false, 1}, fake)

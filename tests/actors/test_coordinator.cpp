@@ -85,11 +85,14 @@ TEST_CASE_FIXTURE(coordinator_fixture, "pause goes to every engine at once, not 
   tell(coord, version_atom::value, version_info{1, 4, 4096});
   auto [atom, vi] = expect_msg<version_atom, version_info>(coord);
   CHECK(vi.version == 1);
-  // Both pause requests are out before either engine answered.
-  CHECK(next_msg_is<pause_atom, pause_request>(engines["a"].actor));
-  CHECK(next_msg_is<pause_atom, pause_request>(engines["b"].actor));
-  expect_msg<pause_atom, pause_request>(engines["b"].actor);
-  expect_msg<pause_atom, pause_request>(engines["a"].actor);
+  // Both pause orders are out before either engine answered, each with its own token.
+  CHECK(next_msg_is<phase_atom, phase_order>(engines["a"].actor));
+  CHECK(next_msg_is<phase_atom, phase_order>(engines["b"].actor));
+  auto [atom_b, order_b] = expect_msg<phase_atom, phase_order>(engines["b"].actor);
+  auto [atom_a, order_a] = expect_msg<phase_atom, phase_order>(engines["a"].actor);
+  CHECK(order_a.phase == sync_phase::pause);
+  CHECK(order_b.phase == sync_phase::pause);
+  CHECK(order_a.token != order_b.token);
   run();
   CHECK(last_report().engines_synced == 2);
 }
@@ -111,6 +114,30 @@ TEST_CASE_FIXTURE(coordinator_fixture, "no engine receives start before every li
   CHECK(count(sync_phase::resume) == 3);
   check_barrier_order();
   CHECK(last_report().engines_synced == 3);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "a phase answer counts only from the engine its order went to") {
+  start();
+  add_engine("a");
+  add_engine("b");
+  forget_history();
+  engines["b"].on(sync_phase::flush, act::hold);
+  publish(1);
+  REQUIRE(count(sync_phase::flush) == 2);
+  // Every token issued so far, answered by another (admitted) actor: the two
+  // of the current phase are refused as not from their engines, the older
+  // ones are late and ignored. Nobody starts.
+  auto refused = status().refused;
+  for (std::uint64_t token = 0; token < 100; ++token)
+    tell(coord, phase_done_atom::value, token, phase_ack{"b", 1});
+  run();
+  CHECK(status().refused == refused + 2);
+  CHECK(count(sync_phase::start) == 0);
+  // b's own answer, now, is the one that counts.
+  release("b");
+  CHECK(count(sync_phase::start) == 2);
+  CHECK(last_report().engines_synced == 2);
+  CHECK(last_report().evicted.empty());
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "an engine that never answers pause is evicted at the deadline") {

@@ -12,6 +12,8 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
+
 using namespace rlsync;
 
 namespace {
@@ -270,6 +272,76 @@ TEST_CASE_FIXTURE(serialization_fixture, "whole messages with atoms round-trip t
   auto reg = round_trip_message(caf::make_message(register_atom::value, sample_engine_info()));
   REQUIRE(reg.match_elements<register_atom, engine_info>());
   CHECK(reg.get_as<engine_info>(1).name == "rollout-1");
+}
+
+TEST_CASE_FIXTURE(serialization_fixture, "phase orders and their answers survive serialization") {
+  phase_order in;
+  in.token = 77;
+  in.phase = sync_phase::transfer;
+  in.deadline_ms = 60000;
+  in.pause = pause_request{pause_mode::wait, true};
+  in.version = 9;
+  in.transfer = transfer_order{9, transfer_mode::broadcast, "ucx", {producer_holding{1, 3, {"a", "b"}}}};
+  auto out = round_trip(in);
+  CHECK(out.token == 77);
+  CHECK(out.phase == sync_phase::transfer);
+  CHECK(out.deadline_ms == 60000);
+  CHECK(out.pause.mode == pause_mode::wait);
+  CHECK(out.pause.clear_cache);
+  CHECK(out.version == 9);
+  CHECK(out.transfer.version == 9);
+  CHECK(out.transfer.mode == transfer_mode::broadcast);
+  CHECK(out.transfer.backend == "ucx");
+  REQUIRE(out.transfer.producers.size() == 1);
+  CHECK(out.transfer.producers[0].held == std::vector<std::string>{"a", "b"});
+  CHECK(out.producers.empty());
+  auto done = round_trip_message(caf::make_message(phase_done_atom::value, std::uint64_t{77}, phase_ack{"e", 9, true}));
+  REQUIRE(done.match_elements<phase_done_atom, std::uint64_t, phase_ack>());
+  CHECK(done.get_as<std::uint64_t>(1) == 77);
+  CHECK(done.get_as<phase_ack>(2).dirty);
+  auto failed = round_trip_message(
+    caf::make_message(phase_done_atom::value, std::uint64_t{78}, make_error(errc::checksum_mismatch, "group 3")));
+  REQUIRE(failed.match_elements<phase_done_atom, std::uint64_t, caf::error>());
+  CHECK(is(failed.get_as<caf::error>(2), errc::checksum_mismatch));
+}
+
+TEST_CASE("a phase order is checked before an engine acts on it") {
+  auto valid = [] {
+    phase_order o;
+    o.phase = sync_phase::finish;
+    o.deadline_ms = 1000;
+    o.version = 3;
+    return o;
+  };
+  struct row {
+    const char* name;
+    std::function<void(phase_order&)> change;
+    const char* refusal; ///< a part of the reason; nullptr: accepted
+  };
+  const row rows[] = {
+    {"as sent", [](phase_order&) {}, nullptr},
+    {"the longest deadline", [](phase_order& o) { o.deadline_ms = max_phase_deadline_ms; }, nullptr},
+    {"no deadline", [](phase_order& o) { o.deadline_ms = 0; }, "phase_order.deadline_ms"},
+    {"a negative deadline", [](phase_order& o) { o.deadline_ms = -5; }, "phase_order.deadline_ms"},
+    {"a deadline past a day", [](phase_order& o) { o.deadline_ms = max_phase_deadline_ms + 1; },
+     "phase_order.deadline_ms"},
+    {"the phase done", [](phase_order& o) { o.phase = sync_phase::done; }, "phase_order.phase"},
+    {"a phase out of range", [](phase_order& o) { o.phase = static_cast<sync_phase>(42); }, "phase_order.phase"},
+    {"a pause mode out of range", [](phase_order& o) { o.pause.mode = static_cast<pause_mode>(9); },
+     "phase_order.pause_request.mode"},
+    {"a transfer mode out of range", [](phase_order& o) { o.transfer.mode = static_cast<transfer_mode>(9); },
+     "phase_order.transfer_order.mode"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    auto o = valid();
+    r.change(o);
+    auto why = check(o);
+    if (r.refusal == nullptr)
+      CHECK(why.empty());
+    else
+      CHECK(why.find(r.refusal) != std::string::npos);
+  }
 }
 
 TEST_CASE_FIXTURE(serialization_fixture, "a truncated buffer fails to deserialize instead of crashing") {

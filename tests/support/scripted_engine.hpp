@@ -11,6 +11,7 @@
 // (the coordinator's barrier and the router's choices are promises about that
 // order). One thread runs every actor here: no locks.
 #include "actors/interfaces.hpp"
+#include "actors/phase_orders.hpp"
 
 #include <caf/atom.hpp>
 #include <caf/exit_reason.hpp>
@@ -263,6 +264,7 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
       self->state.journal->vouched.push_back(self->state.engine + ":" + std::to_string(router.id()));
     },
     [=](digest_atom) { return weight_digest{name, self->state.script->version, false, {}, {}}; },
+    [=](phase_atom, const phase_order& order) { serve_phase_order(self, order); },
     [=](release_atom) {
       auto& held = self->state.held;
       if (held.empty())

@@ -21,6 +21,7 @@
 // the real engine's state, so that the simulation's checks can compare what
 // the coordinator believes with what the engines hold.
 #include "actors/interfaces.hpp"
+#include "actors/phase_orders.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/atom.hpp>
@@ -491,6 +492,10 @@ inline sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shar
       if (c.silenced)
         return dropped<weight_digest>(self);
       return weight_digest{name, c.version, c.dirty, {}, {}};
+    },
+    [=](phase_atom, const phase_order& order) {
+      if (!self->state.ctl->silenced) // partitioned: the order is lost
+        serve_phase_order(self, order);
     },
     [=](caf::tick_atom) {
       self->state.tick_scheduled = false;
