@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <utility>
 
 namespace rlsync {
@@ -273,7 +274,12 @@ void open_round(self_ptr self) {
   }
   auto wave_size = static_cast<std::size_t>(std::max<std::int64_t>(st.cfg.sync.wave_size, 0));
   auto id = st.next_round_id++;
+  std::vector<rollout_engine_actor> handles;
+  handles.reserve(names.size());
+  for (auto& name : names)
+    handles.push_back(st.members.at(name).handle);
   st.round.emplace(sync_round{id, st.newest.version, std::move(names), wave_size}, st.newest);
+  st.round->handles = std::move(handles);
   st.round->record.id = id;
   st.round->record.version = st.newest.version;
   st.round->waiters = std::exchange(st.sync_waiters, {});
@@ -293,10 +299,8 @@ void open_round(self_ptr self) {
 }
 
 template <class Reply>
-void on_reply(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name, sync_phase phase,
-              const Reply& reply);
-void on_failure(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name,
-                sync_phase phase, const caf::error& err);
+void on_reply(self_ptr self, std::size_t place, const Reply& reply);
+void on_failure(self_ptr self, std::size_t place, const caf::error& err);
 
 /// Fans the current phase out to every live engine of the current wave at once.
 void send_phase(self_ptr self) {
@@ -307,14 +311,14 @@ void send_phase(self_ptr self) {
   r.sent_any = true;
   r.sent_wave = r.book.wave();
   r.sent_phase = phase;
-  auto engines = r.book.wave_engines();
+  auto places = r.book.wave_indices();
   if (phase == sync_phase::pause) { // a wave begins
     r.record.waves.emplace_back();
     r.record.waves.back().pause_sent_ns = now_ns(self);
     r.dirty_after_abort.clear();
   }
   if (st.cfg.on_phase)
-    st.cfg.on_phase(r.book.id(), v, phase, engines);
+    st.cfg.on_phase(r.book.id(), v, phase, r.book.wave_engines());
   // One order for every engine of the wave, one-way: only the token differs.
   phase_order order;
   order.phase = phase;
@@ -331,51 +335,49 @@ void send_phase(self_ptr self) {
     r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
   r.first_token = st.next_token;
-  st.next_token += engines.size();
-  for (std::size_t i = 0; i < engines.size(); ++i) {
+  st.next_token += places.size();
+  for (std::size_t i = 0; i < places.size(); ++i) {
     order.token = r.first_token + i;
-    self->send(st.members.at(engines[i]).handle, phase_atom::value, order);
+    self->send(r.handles[places[i]], phase_atom::value, order);
   }
-  r.ordered = std::move(engines);
+  r.ordered = std::move(places);
   // One deadline for the whole phase: whoever has not answered by then is evicted.
   self->delayed_send(self, deadline_of(st.cfg.sync.deadlines, phase), caf::timeout_atom::value, r.first_token);
 }
 
-/// The engine a phase_done with `token` answers for, or none: a token of an
-/// earlier phase, wave or round (a late answer, ignored as a late reply
-/// was), or a sender that is not the engine the order went to (refused).
-const std::string* answerer(self_ptr self, std::uint64_t token) {
+/// The place (in the round's snapshot) of the engine a phase_done with
+/// `token` answers for, or none: a token of an earlier phase, wave or round
+/// (a late answer, ignored as a late reply was), or a sender that is not the
+/// engine the order went to (refused and counted).
+std::optional<std::size_t> answerer(self_ptr self, std::uint64_t token) {
   auto& st = self->state;
   if (!st.round)
-    return nullptr;
+    return std::nullopt;
   auto& r = *st.round;
   if (token < r.first_token || token - r.first_token >= r.ordered.size())
-    return nullptr;
-  const auto& name = r.ordered[token - r.first_token];
-  auto sender = self->current_sender();
-  auto m = st.members.find(name);
-  if (!sender || m == st.members.end() || !m->second.handle || sender->node() != m->second.handle->node()
-      || sender->id() != m->second.handle->id()) {
-    st.guard->refuse(sender, "phase_done", "an answer for an order sent to " + name);
-    return nullptr;
+    return std::nullopt;
+  auto place = r.ordered[token - r.first_token];
+  const auto& sender = self->current_sender();
+  const auto& handle = r.handles[place];
+  if (!sender || !handle || sender->node() != handle->node() || sender->id() != handle->id()) {
+    st.guard->refuse(sender, "phase_done", "an answer for an order sent to " + r.book.engine(place));
+    return std::nullopt;
   }
-  return &name;
+  return place;
 }
 
 /// An engine's answer to the current phase's order.
 template <class Reply>
 void on_answer(self_ptr self, std::uint64_t token, const Reply& reply) {
-  if (auto name = answerer(self, token)) {
-    auto& r = *self->state.round;
-    on_reply(self, r.book.id(), r.sent_wave, *name, r.sent_phase, reply);
+  if (auto place = answerer(self, token)) {
+    on_reply(self, *place, reply);
     settle(self);
   }
 }
 
 void on_answer_error(self_ptr self, std::uint64_t token, const caf::error& err) {
-  if (auto name = answerer(self, token)) {
-    auto& r = *self->state.round;
-    on_failure(self, r.book.id(), r.sent_wave, *name, r.sent_phase, err);
+  if (auto place = answerer(self, token)) {
+    on_failure(self, *place, err);
     settle(self);
   }
 }
@@ -387,10 +389,8 @@ void on_phase_deadline(self_ptr self, std::uint64_t first_token) {
   if (!st.round || st.round->first_token != first_token)
     return; // that phase ended
   auto& r = *st.round;
-  auto late = r.ordered; // evictions may end the wave, and the next phase reorders
-  for (auto& name : late)
-    if (r.book.waiting_on(name))
-      on_failure(self, r.book.id(), r.sent_wave, name, r.sent_phase, caf::make_error(caf::sec::request_timeout));
+  for (auto place : r.ordered) // evictions change neither the orders nor the places
+    on_failure(self, place, caf::make_error(caf::sec::request_timeout));
   settle(self);
 }
 
@@ -422,16 +422,21 @@ void count_bytes(coordinator_round& r, const transfer_report& rep) {
   r.record.bytes += rep.bytes;
 }
 
+/// Whether the engine at `place` owes an answer to the orders last sent:
+/// false for a late answer (the phase moved on, e.g. an abort skipped to
+/// `continue`) or an engine evicted or already heard from.
+bool owes_answer(const coordinator_round& r, std::size_t place) {
+  return r.book.phase() == r.sent_phase && r.book.waiting_on_at(place);
+}
+
 /// Records one engine's answer: O(1), whatever the size of the round.
 template <class Reply>
-void on_reply(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name, sync_phase phase,
-              const Reply& reply) {
-  auto& st = self->state;
-  // A late answer of an evicted engine, or one for an earlier round: ignored.
-  if (!st.round || st.round->book.id() != round_id || st.round->book.wave() != wave
-      || st.round->book.phase() != phase || !st.round->book.waiting_on(name))
+void on_reply(self_ptr self, std::size_t place, const Reply& reply) {
+  auto& r = *self->state.round;
+  if (!owes_answer(r, place))
     return;
-  auto& r = *st.round;
+  const auto& name = r.book.engine(place);
+  auto phase = r.sent_phase;
   if (auto what = check_reply(r, phase, reply); !what.empty()) {
     evict(self, name, what);
     return;
@@ -442,21 +447,19 @@ void on_reply(self_ptr self, std::uint64_t round_id, std::size_t wave, const std
     if (is_dirty(reply))
       r.dirty_after_abort.insert(name);
   }
-  r.book.ack(name, phase);
+  r.book.ack_at(place, phase);
 }
 
-void on_failure(self_ptr self, std::uint64_t round_id, std::size_t wave, const std::string& name,
-                sync_phase phase, const caf::error& err) {
+void on_failure(self_ptr self, std::size_t place, const caf::error& err) {
   auto& st = self->state;
-  // A failure of an earlier phase arrives late only after an abort skipped it.
-  if (!st.round || st.round->book.id() != round_id || st.round->book.wave() != wave
-      || st.round->book.phase() != phase)
+  auto& r = *st.round;
+  if (!owes_answer(r, place))
     return;
   auto why = err == caf::sec::request_timeout
                ? "no answer within "
-                   + std::to_string(deadline_of(st.cfg.sync.deadlines, phase).count()) + " ms"
+                   + std::to_string(deadline_of(st.cfg.sync.deadlines, r.sent_phase).count()) + " ms"
                : self->system().render(err);
-  evict(self, name, why);
+  evict(self, r.book.engine(place), why);
 }
 
 /// Takes an engine out of the round and out of routing. It stays a member

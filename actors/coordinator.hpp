@@ -266,11 +266,14 @@ struct coordinator_round {
   /// order (empty: the engines' one producer).
   std::vector<producer_holding> producers;
   std::vector<trainer_actor> producer_handles;
-  /// The orders of the phase last sent: the engine at index i got token
-  /// first_token + i, so an answer finds its engine in O(1), and an answer
-  /// with any other token is late (an earlier phase, wave or round).
+  /// The engines' handles, by place in the book's snapshot: a member whose
+  /// handle changes (a new incarnation) leaves the round.
+  std::vector<rollout_engine_actor> handles;
+  /// The orders of the phase last sent: the engine at place ordered[i] got
+  /// token first_token + i, so an answer finds its engine in O(1), and an
+  /// answer with any other token is late (an earlier phase, wave or round).
   std::uint64_t first_token = 0;
-  std::vector<std::string> ordered;
+  std::vector<std::size_t> ordered;
 };
 
 /// Hashes an address by node and id: CAF 0.17's own hash takes the id

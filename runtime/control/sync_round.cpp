@@ -19,13 +19,13 @@ sync_round::sync_round(std::uint64_t id, std::uint64_t version, std::vector<std:
   // 0 (or more than there are engines): everybody in one wave.
   wave_size_ = wave_size == 0 || wave_size > engines_.size() ? std::max<std::size_t>(engines_.size(), 1) : wave_size;
   wave_live_.assign((engines_.size() + wave_size_ - 1) / wave_size_, 0);
-  slots_.reserve(engines_.size());
+  slots_.resize(engines_.size());
+  places_.reserve(engines_.size());
   for (std::size_t i = 0; i < engines_.size(); ++i) {
     ++ops_;
-    slot s;
-    s.wave = i / wave_size_;
-    slots_.emplace(engines_[i], s);
-    ++wave_live_[s.wave];
+    slots_[i].wave = i / wave_size_;
+    places_.emplace(engines_[i], i);
+    ++wave_live_[slots_[i].wave];
   }
   if (engines_.empty())
     phase_ = sync_phase::done;
@@ -35,40 +35,61 @@ sync_round::sync_round(std::uint64_t id, std::uint64_t version, std::vector<std:
 
 const sync_round::slot* sync_round::find(std::string_view name) const {
   ++ops_;
-  auto i = slots_.find(std::string{name});
-  return i == slots_.end() ? nullptr : &i->second;
+  auto i = places_.find(std::string{name});
+  return i == places_.end() ? nullptr : &slots_[i->second];
 }
 
 sync_round::slot* sync_round::find(std::string_view name) {
   return const_cast<slot*>(static_cast<const sync_round*>(this)->find(name));
 }
 
+const sync_round::slot* sync_round::at(std::size_t i) const {
+  ++ops_;
+  return i < slots_.size() ? &slots_[i] : nullptr;
+}
+
+sync_round::slot* sync_round::at(std::size_t i) {
+  return const_cast<slot*>(static_cast<const sync_round*>(this)->at(i));
+}
+
 std::vector<std::string> sync_round::live() const {
   std::vector<std::string> out;
-  for (auto& name : engines_) {
+  for (std::size_t i = 0; i < engines_.size(); ++i) {
     ++ops_;
-    if (!slots_.at(name).evicted)
-      out.push_back(name);
+    if (!slots_[i].evicted)
+      out.push_back(engines_[i]);
   }
   return out;
 }
 
-std::vector<std::string> sync_round::wave_engines() const {
-  std::vector<std::string> out;
+std::vector<std::size_t> sync_round::wave_indices() const {
+  std::vector<std::size_t> out;
   if (done())
     return out;
   auto first = wave_ * wave_size_;
   auto last = std::min(first + wave_size_, engines_.size());
   for (auto i = first; i < last; ++i) {
     ++ops_;
-    if (!slots_.at(engines_[i]).evicted)
-      out.push_back(engines_[i]);
+    if (!slots_[i].evicted)
+      out.push_back(i);
   }
+  return out;
+}
+
+std::vector<std::string> sync_round::wave_engines() const {
+  std::vector<std::string> out;
+  for (auto i : wave_indices())
+    out.push_back(engines_[i]);
   return out;
 }
 
 bool sync_round::waiting_on(std::string_view name) const {
   auto s = find(name);
+  return s && s->pending;
+}
+
+bool sync_round::waiting_on_at(std::size_t i) const {
+  auto s = at(i);
   return s && s->pending;
 }
 
@@ -91,15 +112,30 @@ bool sync_round::wave_ending() const {
   return !done() && barrier_reached() && (phase_ == sync_phase::resume || wave_live_[wave_] == 0);
 }
 
+namespace {
+
+/// Clears a pending slot of the current wave; false when the ack is stale.
+template <class Slot>
+bool clear_pending(Slot* s, std::size_t wave, std::size_t& pending) {
+  if (!s || !s->pending || s->wave != wave)
+    return false;
+  s->pending = false;
+  --pending;
+  return true;
+}
+
+} // namespace
+
 bool sync_round::ack(std::string_view name, sync_phase phase) {
   if (phase != phase_ || done())
     return false;
-  auto s = find(name);
-  if (!s || !s->pending || s->wave != wave_)
+  return clear_pending(find(name), wave_, pending_);
+}
+
+bool sync_round::ack_at(std::size_t i, sync_phase phase) {
+  if (phase != phase_ || done())
     return false;
-  s->pending = false;
-  --pending_;
-  return true;
+  return clear_pending(at(i), wave_, pending_);
 }
 
 bool sync_round::evict(std::string_view name) {
@@ -122,7 +158,7 @@ void sync_round::pend_wave() {
   auto last = std::min(first + wave_size_, engines_.size());
   for (auto i = first; i < last; ++i) {
     ++ops_;
-    auto& s = slots_.at(engines_[i]);
+    auto& s = slots_[i];
     s.pending = !s.evicted;
     pending_ += s.pending ? 1 : 0;
   }

@@ -9,8 +9,10 @@
 // cut into waves of at most N, and each wave goes through every phase, pause
 // to resume, before the next one pauses. N = 0 is one wave of everybody.
 //
-// Every reply costs O(1): engines are keyed by name, and the barrier is a
-// count of pending engines. Only a new phase touches every engine of its wave.
+// Every reply costs O(1): engines are numbered by their place in the snapshot
+// (the coordinator answers by number; a name is one hash lookup), and the
+// barrier is a count of pending engines. Only a new phase touches every
+// engine of its wave, walking an array.
 #include "runtime/config/modes.hpp"
 
 #include <cstddef>
@@ -58,11 +60,19 @@ public:
   /// ones the current phase goes to.
   std::vector<std::string> wave_engines() const;
 
+  /// The same, by place in the snapshot (what `engine` names): the numbers
+  /// the `_at` calls take.
+  std::vector<std::size_t> wave_indices() const;
+
+  /// The engine at place `i` of the snapshot (i < the snapshot's size).
+  const std::string& engine(std::size_t i) const { return engines_.at(i); }
+
   /// Engines evicted from the round, in eviction order.
   const std::vector<std::string>& evicted() const { return evicted_; }
 
-  /// Whether the current phase still waits on `name`.
+  /// Whether the current phase still waits on `name` (or on place `i`).
   bool waiting_on(std::string_view name) const;
+  bool waiting_on_at(std::size_t i) const;
 
   /// Whether `name` is in the round and not evicted.
   bool in_round(std::string_view name) const;
@@ -85,6 +95,8 @@ public:
   /// acknowledgement is stale: another phase, an engine not in the current
   /// wave, or one that already acknowledged.
   bool ack(std::string_view name, sync_phase phase);
+  /// The same for the engine at place `i` (out of range: stale).
+  bool ack_at(std::size_t i, sync_phase phase);
 
   /// Removes `name` from the round (from the current wave or a later one).
   /// Returns false when it was not in it or its wave has ended.
@@ -122,6 +134,8 @@ private:
 
   const slot* find(std::string_view name) const;
   slot* find(std::string_view name);
+  const slot* at(std::size_t i) const;
+  slot* at(std::size_t i);
   /// Makes every live engine of the current wave pending.
   void pend_wave();
   /// The next wave with a live engine at `pause`, or `done`.
@@ -135,7 +149,8 @@ private:
   bool aborted_ = false;
   bool wave_aborted_ = false;
   std::vector<std::string> engines_; ///< the snapshot, in order
-  std::unordered_map<std::string, slot> slots_;
+  std::vector<slot> slots_;          ///< engines_[i]'s at i
+  std::unordered_map<std::string, std::size_t> places_; ///< name -> i
   std::vector<std::size_t> wave_live_; ///< live engines per wave
   std::size_t pending_ = 0;            ///< pending engines of the current wave
   std::vector<std::string> evicted_;
