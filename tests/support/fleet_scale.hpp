@@ -50,8 +50,9 @@ inline double cpu_ms_now() {
 
 /// Runs every queued job, as actor_fixture::run, and adds the time spent in
 /// `actor`'s own jobs to `ms` (a steady clock around each: one thread runs
-/// them all, so wall time is its CPU time). Returns the jobs run.
-inline std::uint64_t run_timing(coordinator_fixture& f, caf::resumable* actor, double& ms) {
+/// them all, so wall time is its CPU time). Returns the jobs run. Never
+/// inlined: tools/fleet-instructions counts the instructions run inside it.
+[[gnu::noinline]] inline std::uint64_t run_timing(coordinator_fixture& f, caf::resumable* actor, double& ms) {
   std::uint64_t jobs = 0;
   double ns = 0;
   while (f.sched.has_job()) {

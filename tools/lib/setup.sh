@@ -14,6 +14,7 @@ RLSYNC_PACKAGES=(
   curl python3-requests # rlsync serve's client-sequence tests
   python3-dev pybind11-dev python3-torch # the rlsync Python module, its example and tests
   openmpi-bin libopenmpi-dev # rlsync-mpi-bcast: bench sync's MPI_Bcast baseline
+  valgrind # tools/fleet-instructions: a sync round's instructions per engine
 )
 # Commands whose Debian package is installed only when the command is missing:
 # NodeSource's nodejs carries its own npm and conflicts with Debian's.
