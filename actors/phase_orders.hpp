@@ -11,36 +11,62 @@
 // The engine runs the order through its own request handler for the phase,
 // by asking itself: every engine kind (with its deferred answers, drills and
 // guards) then answers an order exactly as it answers the request, and the
-// engine holds at most a few requests of its own. The request to itself is
-// bounded by twice the phase's deadline: the coordinator's own deadline has
-// passed by then, so the engine never waits longer than it would be waited on.
+// engine holds at most a few requests of its own.
+//
+// The request to itself carries no timeout. The coordinator's phase deadline
+// is what bounds the round; a CAF timeout per order would wake the clock
+// thread of every engine process at every phase, and on a loaded host that
+// cost the control round about 15 % (`rlsync bench control`). What a handler
+// that never answers would leave behind (a partition drill can begin between
+// an order and its handling) is bounded instead: an engine holds at most
+// max_unanswered_phase_orders unanswered orders and refuses more with
+// queue_full, which evicts it.
 #include "actors/interfaces.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/error.hpp>
 
-#include <chrono>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 namespace rlsync {
 
+/// Phase orders an engine holds unanswered: normally none or one (phases
+/// reach an engine one at a time); a few when answers were held across rounds.
+constexpr std::uint32_t max_unanswered_phase_orders = 16;
+
+/// Kept in the engine's state: its unanswered phase orders.
+struct phase_order_count {
+  std::uint32_t unanswered = 0;
+};
+
 namespace phase_order_detail {
 
 template <class Reply, class Self, class... Ts>
-void ask_self(Self* self, const coordinator_actor& coordinator, std::uint64_t token, std::chrono::milliseconds bound,
+void ask_self(Self* self, phase_order_count& count, const coordinator_actor& coordinator, std::uint64_t token,
               Ts&&... xs) {
-  self->request(caf::actor_cast<rollout_engine_actor>(self), bound, std::forward<Ts>(xs)...)
-    .then([self, coordinator, token](Reply& reply) { self->send(coordinator, phase_done_atom::value, token, std::move(reply)); },
-          [self, coordinator, token](caf::error& err) { self->send(coordinator, phase_done_atom::value, token, std::move(err)); });
+  ++count.unanswered;
+  auto* n = &count; // in the actor's state: it outlives every continuation the actor runs
+  self->request(caf::actor_cast<rollout_engine_actor>(self), caf::infinite, std::forward<Ts>(xs)...)
+    .then(
+      [self, n, coordinator, token](Reply& reply) {
+        --n->unanswered;
+        self->send(coordinator, phase_done_atom::value, token, std::move(reply));
+      },
+      [self, n, coordinator, token](caf::error& err) {
+        --n->unanswered;
+        self->send(coordinator, phase_done_atom::value, token, std::move(err));
+      });
 }
 
 } // namespace phase_order_detail
 
 /// Serves one phase order; the answer goes to the order's sender (the
-/// coordinator). An order that fails its check is answered with errc::malformed.
+/// coordinator). An order that fails its check is answered with
+/// errc::malformed; one past max_unanswered_phase_orders with errc::queue_full.
 template <class Self>
-void serve_phase_order(Self* self, const phase_order& order) {
+void serve_phase_order(Self* self, phase_order_count& count, const phase_order& order) {
   using phase_order_detail::ask_self;
   auto coordinator = caf::actor_cast<coordinator_actor>(self->current_sender());
   if (!coordinator)
@@ -49,26 +75,30 @@ void serve_phase_order(Self* self, const phase_order& order) {
     self->send(coordinator, phase_done_atom::value, order.token, make_error(errc::malformed, why));
     return;
   }
-  auto bound = std::chrono::milliseconds{order.deadline_ms} * 2;
+  if (count.unanswered >= max_unanswered_phase_orders) {
+    self->send(coordinator, phase_done_atom::value, order.token,
+               make_error(errc::queue_full, std::to_string(count.unanswered) + " phase orders still unanswered"));
+    return;
+  }
   switch (order.phase) {
     case sync_phase::pause:
-      ask_self<pause_report>(self, coordinator, order.token, bound, pause_atom::value, order.pause);
+      ask_self<pause_report>(self, count, coordinator, order.token, pause_atom::value, order.pause);
       break;
     case sync_phase::flush:
-      ask_self<phase_ack>(self, coordinator, order.token, bound, flush_atom::value);
+      ask_self<phase_ack>(self, count, coordinator, order.token, flush_atom::value);
       break;
     case sync_phase::start:
-      ask_self<phase_ack>(self, coordinator, order.token, bound, start_atom::value, order.version);
+      ask_self<phase_ack>(self, count, coordinator, order.token, start_atom::value, order.version);
       break;
     case sync_phase::transfer:
-      ask_self<transfer_report>(self, coordinator, order.token, bound, transfer_atom::value, order.transfer,
+      ask_self<transfer_report>(self, count, coordinator, order.token, transfer_atom::value, order.transfer,
                                 order.producers);
       break;
     case sync_phase::finish:
-      ask_self<phase_ack>(self, coordinator, order.token, bound, finish_atom::value, order.version);
+      ask_self<phase_ack>(self, count, coordinator, order.token, finish_atom::value, order.version);
       break;
     case sync_phase::resume:
-      ask_self<phase_ack>(self, coordinator, order.token, bound, resume_atom::value);
+      ask_self<phase_ack>(self, count, coordinator, order.token, resume_atom::value);
       break;
     case sync_phase::done: // refused by check
       break;

@@ -1,7 +1,5 @@
 #include "actors/rollout_engine.hpp"
 
-#include "actors/phase_orders.hpp"
-
 #include "actors/fleet_metrics.hpp"
 
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -525,7 +523,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     }),
     authorized(self, guard, [=](phase_atom, const phase_order& order) {
       if (!cut_off(self)) // a partition drill: the order is lost, as the request would go unanswered
-        serve_phase_order(self, order);
+        serve_phase_order(self, self->state.phase_orders, order);
     }),
     authorized(self, guard, gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;

@@ -16,6 +16,7 @@
 // before any later message of this actor: a pause reply therefore follows
 // every token produced before the pause.
 #include "actors/interfaces.hpp"
+#include "actors/phase_orders.hpp"
 #include "actors/sender_guard.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/transfer/holder_pull.hpp"
@@ -139,6 +140,7 @@ using rollout_engine_impl =
 
 struct rollout_engine_state {
   std::unique_ptr<engine::engine_core> core;
+  phase_order_count phase_orders; ///< the coordinator's, taken and not yet answered
   std::string node;
   bool self_stepping = true;
   bool step_scheduled = false;

@@ -1,7 +1,5 @@
 #include "actors/vllm_engine.hpp"
 
-#include "actors/phase_orders.hpp"
-
 #include "actors/fleet_metrics.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/engine_core.hpp"
@@ -949,7 +947,9 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       if (vouched && !vouched(self->current_sender(), router.address()))
         guard->refuse(self->current_sender(), "route", "only the coordinator vouches for a router");
     }),
-    authorized(self, guard, [=](phase_atom, const phase_order& order) { serve_phase_order(self, order); }),
+    authorized(self, guard, [=](phase_atom, const phase_order& order) {
+      serve_phase_order(self, self->state.phase_orders, order);
+    }),
     authorized(self, guard, [=](digest_atom) -> caf::result<weight_digest> {
       auto& st = self->state;
       weight_digest d;

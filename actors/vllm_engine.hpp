@@ -31,6 +31,7 @@
 //              server holds its initial weights, so the coordinator must give
 //              it a full sync before it is routable again
 #include "actors/interfaces.hpp"
+#include "actors/phase_orders.hpp"
 #include "actors/sender_guard.hpp"
 #include "runtime/config/model_config.hpp"
 #include "runtime/transfer/holder_pull.hpp"
@@ -159,6 +160,7 @@ struct vllm_stream {
 
 struct vllm_engine_state {
   std::string node;
+  phase_order_count phase_orders; ///< the coordinator's, taken and not yet answered
   std::uint64_t version = 0;    ///< what the server holds, as the adapter knows it (0: its initial weights)
   bool dirty = false;
   std::string finished_label;   ///< the label of the adapter's last successful finish; empty: none

@@ -12,8 +12,6 @@
 
 #include <doctest/doctest.h>
 
-#include <functional>
-
 using namespace rlsync;
 
 namespace {
@@ -303,45 +301,6 @@ TEST_CASE_FIXTURE(serialization_fixture, "phase orders and their answers survive
     caf::make_message(phase_done_atom::value, std::uint64_t{78}, make_error(errc::checksum_mismatch, "group 3")));
   REQUIRE(failed.match_elements<phase_done_atom, std::uint64_t, caf::error>());
   CHECK(is(failed.get_as<caf::error>(2), errc::checksum_mismatch));
-}
-
-TEST_CASE("a phase order is checked before an engine acts on it") {
-  auto valid = [] {
-    phase_order o;
-    o.phase = sync_phase::finish;
-    o.deadline_ms = 1000;
-    o.version = 3;
-    return o;
-  };
-  struct row {
-    const char* name;
-    std::function<void(phase_order&)> change;
-    const char* refusal; ///< a part of the reason; nullptr: accepted
-  };
-  const row rows[] = {
-    {"as sent", [](phase_order&) {}, nullptr},
-    {"the longest deadline", [](phase_order& o) { o.deadline_ms = max_phase_deadline_ms; }, nullptr},
-    {"no deadline", [](phase_order& o) { o.deadline_ms = 0; }, "phase_order.deadline_ms"},
-    {"a negative deadline", [](phase_order& o) { o.deadline_ms = -5; }, "phase_order.deadline_ms"},
-    {"a deadline past a day", [](phase_order& o) { o.deadline_ms = max_phase_deadline_ms + 1; },
-     "phase_order.deadline_ms"},
-    {"the phase done", [](phase_order& o) { o.phase = sync_phase::done; }, "phase_order.phase"},
-    {"a phase out of range", [](phase_order& o) { o.phase = static_cast<sync_phase>(42); }, "phase_order.phase"},
-    {"a pause mode out of range", [](phase_order& o) { o.pause.mode = static_cast<pause_mode>(9); },
-     "phase_order.pause_request.mode"},
-    {"a transfer mode out of range", [](phase_order& o) { o.transfer.mode = static_cast<transfer_mode>(9); },
-     "phase_order.transfer_order.mode"},
-  };
-  for (const auto& r : rows) {
-    CAPTURE(r.name);
-    auto o = valid();
-    r.change(o);
-    auto why = check(o);
-    if (r.refusal == nullptr)
-      CHECK(why.empty());
-    else
-      CHECK(why.find(r.refusal) != std::string::npos);
-  }
 }
 
 TEST_CASE_FIXTURE(serialization_fixture, "a truncated buffer fails to deserialize instead of crashing") {

@@ -99,6 +99,7 @@ struct scripted_engine_state {
   };
 
   std::string engine;
+  phase_order_count phase_orders;
   std::shared_ptr<engine_script> script;
   std::shared_ptr<engine_journal> journal;
   std::vector<held_reply> held; ///< phase and heartbeat replies, oldest first
@@ -264,7 +265,7 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
       self->state.journal->vouched.push_back(self->state.engine + ":" + std::to_string(router.id()));
     },
     [=](digest_atom) { return weight_digest{name, self->state.script->version, false, {}, {}}; },
-    [=](phase_atom, const phase_order& order) { serve_phase_order(self, order); },
+    [=](phase_atom, const phase_order& order) { serve_phase_order(self, self->state.phase_orders, order); },
     [=](release_atom) {
       auto& held = self->state.held;
       if (held.empty())

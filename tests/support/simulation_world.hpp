@@ -179,6 +179,7 @@ struct sim_request {
 };
 
 struct sim_engine_state {
+  phase_order_count phase_orders;
   std::shared_ptr<engine_ctl> ctl;
   world_ptr w;
   std::map<std::uint64_t, sim_request> requests; ///< by request id
@@ -495,7 +496,7 @@ inline sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shar
     },
     [=](phase_atom, const phase_order& order) {
       if (!self->state.ctl->silenced) // partitioned: the order is lost
-        serve_phase_order(self, order);
+        serve_phase_order(self, self->state.phase_orders, order);
     },
     [=](caf::tick_atom) {
       self->state.tick_scheduled = false;
