@@ -274,12 +274,12 @@ void open_round(self_ptr self) {
   }
   auto wave_size = static_cast<std::size_t>(std::max<std::int64_t>(st.cfg.sync.wave_size, 0));
   auto id = st.next_round_id++;
-  std::vector<rollout_engine_actor> handles;
-  handles.reserve(names.size());
+  std::vector<caf::actor_addr> engines_at;
+  engines_at.reserve(names.size());
   for (auto& name : names)
-    handles.push_back(st.members.at(name).handle);
+    engines_at.push_back(st.members.at(name).handle.address());
   st.round.emplace(sync_round{id, st.newest.version, std::move(names), wave_size}, st.newest);
-  st.round->handles = std::move(handles);
+  st.round->engines_at = std::move(engines_at);
   st.round->record.id = id;
   st.round->record.version = st.newest.version;
   st.round->waiters = std::exchange(st.sync_waiters, {});
@@ -335,10 +335,12 @@ void send_phase(self_ptr self) {
     r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
   r.first_token = st.next_token;
-  st.next_token += places.size();
+  st.next_token += std::max<std::size_t>(places.size(), 1); // never reused, not even by an empty phase
   for (std::size_t i = 0; i < places.size(); ++i) {
     order.token = r.first_token + i;
-    self->send(r.handles[places[i]], phase_atom::value, order);
+    // One that is gone already: its down message evicts it.
+    if (auto engine = caf::actor_cast<rollout_engine_actor>(r.engines_at[places[i]]))
+      self->send(engine, phase_atom::value, order);
   }
   r.ordered = std::move(places);
   // One deadline for the whole phase: whoever has not answered by then is evicted.
@@ -358,8 +360,8 @@ std::optional<std::size_t> answerer(self_ptr self, std::uint64_t token) {
     return std::nullopt;
   auto place = r.ordered[token - r.first_token];
   const auto& sender = self->current_sender();
-  const auto& handle = r.handles[place];
-  if (!sender || !handle || sender->node() != handle->node() || sender->id() != handle->id()) {
+  const auto& engine = r.engines_at[place];
+  if (!sender || !engine || sender->node() != engine.node() || sender->id() != engine.id()) {
     st.guard->refuse(sender, "phase_done", "an answer for an order sent to " + r.book.engine(place));
     return std::nullopt;
   }

@@ -266,9 +266,10 @@ struct coordinator_round {
   /// order (empty: the engines' one producer).
   std::vector<producer_holding> producers;
   std::vector<trainer_actor> producer_handles;
-  /// The engines' handles, by place in the book's snapshot: a member whose
-  /// handle changes (a new incarnation) leaves the round.
-  std::vector<rollout_engine_actor> handles;
+  /// The engines' addresses (weak: a round keeps no engine alive), by place
+  /// in the book's snapshot; a member whose handle changes (a new
+  /// incarnation) leaves the round.
+  std::vector<caf::actor_addr> engines_at;
   /// The orders of the phase last sent: the engine at place ordered[i] got
   /// token first_token + i, so an answer finds its engine in O(1), and an
   /// answer with any other token is late (an earlier phase, wave or round).

@@ -14,6 +14,9 @@ std::string check(const phase_order& x) {
     return "phase_order." + why;
   if (auto why = check(x.transfer); !why.empty())
     return "phase_order." + why;
+  if (x.producers.size() != x.transfer.producers.size())
+    return "phase_order.producers: " + std::to_string(x.producers.size()) + " handles for "
+           + std::to_string(x.transfer.producers.size()) + " producers";
   return {};
 }
 

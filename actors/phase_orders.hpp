@@ -16,11 +16,13 @@
 // The request to itself carries no timeout. The coordinator's phase deadline
 // is what bounds the round; a CAF timeout per order would wake the clock
 // thread of every engine process at every phase, and on a loaded host that
-// cost the control round about 15 % (`rlsync bench control`). What a handler
-// that never answers would leave behind (a partition drill can begin between
-// an order and its handling) is bounded instead: an engine holds at most
-// max_unanswered_phase_orders unanswered orders and refuses more with
-// queue_full, which evicts it.
+// cost the control round about 15 % (`rlsync bench control`). An order that
+// passed the engine's partition gate is answered (the gate lets the engine's
+// own requests through); what a handler that still never answers leaves
+// behind (the test engines' silent modes, a simulated partition losing an
+// answer) is a few hundred bytes of continuation in CAF, and it is bounded:
+// an engine holds at most max_unanswered_phase_orders unanswered orders and
+// refuses more with queue_full, which evicts it.
 #include "actors/interfaces.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -33,8 +35,8 @@
 namespace rlsync {
 
 /// Phase orders an engine holds unanswered: normally none or one (phases
-/// reach an engine one at a time); a few when answers were held across rounds.
-constexpr std::uint32_t max_unanswered_phase_orders = 16;
+/// reach an engine one at a time); more only where answers are lost.
+constexpr std::uint32_t max_unanswered_phase_orders = 1024;
 
 /// Kept in the engine's state: its unanswered phase orders.
 struct phase_order_count {

@@ -37,7 +37,8 @@ caf::result<Ts...> unanswered(engine_ptr self, caf::result<Ts...>*) {
 template <class F, class Result, class... Args>
 auto gate(engine_ptr self, F handler, Result (F::*)(Args...) const) {
   return [self, handler](Args... xs) -> Result {
-    if (cut_off(self))
+    // The engine's own request (a phase order it took before the cut) passes.
+    if (cut_off(self) && self->current_sender() != self->ctrl())
       return unanswered(self, static_cast<Result*>(nullptr));
     return handler(std::forward<Args>(xs)...);
   };
@@ -45,7 +46,7 @@ auto gate(engine_ptr self, F handler, Result (F::*)(Args...) const) {
 
 /// The partition gate around a request handler from outside: while a drill
 /// cuts the engine off, the request goes unanswered and the handler does not
-/// run. The wrapper has the handler's own signature, so the behaviour's
+/// run (the phase-order handler applies it to an order as it arrives). The wrapper has the handler's own signature, so the behaviour's
 /// typing is unchanged.
 template <class F>
 auto gated(engine_ptr self, F handler) {

@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty())
     sizes = {100, 1000, 10000};
-  std::printf("one warm sync round over N scripted engines (wave %zu%s), CAF's deterministic scheduler:\n", wave,
+  std::printf("one warm sync round (the mean of %zu) over N scripted engines (wave %zu%s), CAF's deterministic scheduler:\n",
+              rlsync::test::fleet_rounds, wave,
               failing_every ? (", every " + std::to_string(failing_every) + "th engine failing its transfer").c_str()
                             : "");
   std::printf("%8s %9s %10s %8s %10s %8s %9s %10s %11s %8s %9s %10s %8s %9s %9s %8s\n", "engines", "synced",
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
   double first_cpu_per_engine = 0, first_coordinator_per_engine = 0;
   int status = 0;
   for (auto n : sizes) {
-    auto r = rlsync::test::measure_fleet_round(n, wave, failing_every);
+    auto r = rlsync::test::measure_fleet_round(n, wave, failing_every, rlsync::test::fleet_rounds);
     const double per = static_cast<double>(n);
     const double cpu_per_engine = r.cpu_ms * 1e3 / per;
     const double coordinator_per_engine = r.coordinator_ms * 1e3 / per;

@@ -75,6 +75,8 @@ TEST_CASE("a phase order is checked before an engine acts on it") {
      "phase_order.pause_request.mode"},
     {"a transfer mode out of range", [](phase_order& o) { o.transfer.mode = static_cast<transfer_mode>(9); },
      "phase_order.transfer_order.mode"},
+    {"a producer handle without its holding", [](phase_order& o) { o.producers.emplace_back(); },
+     "phase_order.producers: 1 handles for 0 producers"},
   };
   for (const auto& r : rows) {
     CAPTURE(r.name);
@@ -119,10 +121,10 @@ TEST_CASE_FIXTURE(coordinator_fixture, "an engine holds a bounded number of unan
   run();
   CHECK(answers->empty()); // every one held
   // One more is refused at once: the engine would hold more than its bound.
-  caf::send_as(sink, e.actor, phase_atom::value, order_of(sync_phase::pause, 100));
+  caf::send_as(sink, e.actor, phase_atom::value, order_of(sync_phase::pause, 5000));
   run();
   REQUIRE(answers->size() == 1);
-  CHECK(answers->back().token == 100);
+  CHECK(answers->back().token == 5000);
   CHECK(answers->back().what.find("queue_full") != std::string::npos);
   // An answer frees a place: the oldest held goes out with its token, and the next order is held again.
   caf::anon_send(e.actor, release_atom::value);
@@ -130,7 +132,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "an engine holds a bounded number of unan
   REQUIRE(answers->size() == 2);
   CHECK(answers->back().token == 1);
   CHECK(answers->back().what == "pause");
-  caf::send_as(sink, e.actor, phase_atom::value, order_of(sync_phase::pause, 101));
+  caf::send_as(sink, e.actor, phase_atom::value, order_of(sync_phase::pause, 5001));
   run();
   CHECK(answers->size() == 2);
 }

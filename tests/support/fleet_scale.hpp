@@ -69,11 +69,14 @@ inline double cpu_ms_now() {
   return jobs;
 }
 
+/// Warm rounds the benchmark measures (tools/fleet-instructions reads it from its output).
+constexpr std::size_t fleet_rounds = 3;
+
 /// Registers `engines` scripted engines, lets their cold syncs run, then
 /// measures `rounds` rounds (>= 1), each towards a new version, in which every
 /// `failing_every`-th engine (0: none) answers its transfer with an error.
 inline fleet_round measure_fleet_round(std::size_t engines, std::size_t wave_size = 0,
-                                       std::size_t failing_every = 0, std::size_t rounds = 3) {
+                                       std::size_t failing_every = 0, std::size_t rounds = fleet_rounds) {
   const auto heap_before = heap_in_use();
   fleet_round out;
   out.engines = engines;
