@@ -4,8 +4,7 @@
 #include "actors/phase_orders.hpp"
 
 #include "tests/support/coordinator_fixture.hpp"
-
-#include <caf/event_based_actor.hpp>
+#include "tests/support/phase_answer_sink.hpp"
 
 #include <doctest/doctest.h>
 
@@ -18,45 +17,8 @@
 using namespace rlsync;
 using namespace rlsync::test;
 
-namespace {
-
-/// What came back to the order's sender: token and what it carried.
-struct answer {
-  std::uint64_t token = 0;
-  std::string what; ///< "pause", "ack", "transfer" or the error's rendering
-};
-
-/// Stands in for the coordinator: records every phase_done it gets.
-caf::behavior answer_sink(caf::event_based_actor* self, std::shared_ptr<std::vector<answer>> out) {
-  return {
-    [=](phase_done_atom, std::uint64_t token, const pause_report&) { out->push_back({token, "pause"}); },
-    [=](phase_done_atom, std::uint64_t token, const phase_ack&) { out->push_back({token, "ack"}); },
-    [=](phase_done_atom, std::uint64_t token, const transfer_report&) { out->push_back({token, "transfer"}); },
-    [=](phase_done_atom, std::uint64_t token, const caf::error& err) {
-      out->push_back({token, self->system().render(err)});
-    },
-  };
-}
-
-phase_order order_of(sync_phase phase, std::uint64_t token) {
-  phase_order o;
-  o.token = token;
-  o.phase = phase;
-  o.deadline_ms = 1000;
-  o.version = 3;
-  return o;
-}
-
-} // namespace
-
 TEST_CASE("a phase order is checked before an engine acts on it") {
-  auto valid = [] {
-    phase_order o;
-    o.phase = sync_phase::finish;
-    o.deadline_ms = 1000;
-    o.version = 3;
-    return o;
-  };
+  auto valid = [] { return order_of(sync_phase::finish, 1); };
   struct row {
     const char* name;
     std::function<void(phase_order&)> change;

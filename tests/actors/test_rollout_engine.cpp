@@ -4,6 +4,7 @@
 #include "actors/rollout_engine.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/engine/tokenizer.hpp"
+#include "tests/support/phase_answer_sink.hpp"
 #include "tests/support/actor_fixture.hpp"
 #include "tests/support/engine_fixtures.hpp"
 #include "tests/support/recording_sink.hpp"
@@ -294,6 +295,30 @@ TEST_CASE_FIXTURE(engine_fixture, "a request whose sink is gone ends on the engi
   REQUIRE(**kept);
   CHECK((**kept)->tokens.size() == 8);
   CHECK(other_log->tokens.size() == 2);
+}
+
+TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: an order is lost while cut off, one taken before is answered") {
+  rollout_engine_config cfg;
+  cfg.model = test::tiny_config();
+  cfg.options.name = "rollout-order-cut";
+  cfg.self_stepping = false;
+  cfg.faults = std::make_shared<engine_fault_gate>();
+  auto engine = caf::actor_cast<rollout_engine_actor>(spawn(rollout_engine, cfg));
+  auto answers = std::make_shared<std::vector<test::answer>>();
+  auto coordinator = spawn(test::answer_sink, answers);
+  cfg.faults->partitioned = true;
+  caf::send_as(coordinator, engine, phase_atom::value, test::order_of(sync_phase::flush, 1));
+  run();
+  CHECK(answers->empty()); // lost in the partition
+  cfg.faults->partitioned = false;
+  caf::send_as(coordinator, engine, phase_atom::value, test::order_of(sync_phase::flush, 2));
+  sched.run_once(); // the engine takes the order (and asks itself the flush) ...
+  REQUIRE(answers->empty());
+  cfg.faults->partitioned = true; // ... and is cut off before it answers itself
+  run();
+  REQUIRE(answers->size() == 1); // an order taken is answered
+  CHECK(answers->front().token == 2);
+  CHECK(answers->front().what == "ack");
 }
 
 TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: cut off, no request is answered, healed, every one is") {
