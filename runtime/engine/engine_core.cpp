@@ -123,18 +123,17 @@ struct engine_core::prefix_cache {
 
 // -- one data-parallel rank -------------------------------------------------------------
 
-// Its own model (and so its own tp workers and scratch) over the weight set
-// every rank shares, its own requests, queue and prefix cache.
+// Its own requests, queue and prefix cache; its tp workers are its part of
+// the engine's model, which steps every rank's batch in lockstep.
 struct engine_core::scheduler_rank {
   int index;
-  model net;
   std::unordered_map<std::uint64_t, std::unique_ptr<request>> requests;
   std::deque<std::uint64_t> waiting;  ///< FIFO of ids not yet admitted
   std::vector<std::uint64_t> running; ///< admitted (running or frozen), admission order
   prefix_cache cache;
 
-  scheduler_rank(int i, const model_config& c, const engine_options& o)
-    : index(i), net(c, o.tp, o.source_dtype, o.expert_parallel), cache(o.block_tokens, o.prefix_cache_blocks) {}
+  scheduler_rank(int i, const engine_options& o)
+    : index(i), cache(o.block_tokens, o.prefix_cache_blocks) {}
 
   std::size_t outstanding() const { return requests.size(); }
 };
@@ -149,8 +148,9 @@ engine_core::engine_core(const model_config& c, engine_options opts)
   if (opts_.dp < 1 || opts_.dp > topology_limits::max_dp)
     throw std::invalid_argument("engine options: dp must be 1.." + std::to_string(topology_limits::max_dp) + ", got "
                                 + std::to_string(opts_.dp));
+  net_ = std::make_unique<model>(c, opts_.tp, opts_.source_dtype, opts_.expert_parallel, opts_.dp);
   for (int r = 0; r < opts_.dp; ++r)
-    ranks_.push_back(std::make_unique<scheduler_rank>(r, c, opts_));
+    ranks_.push_back(std::make_unique<scheduler_rank>(r, opts_));
   for (int w = 0; w < opts_.tp; ++w)
     plans_.push_back(make_plan(c, opts_.tp, w, opts_.source_dtype, opts_.expert_parallel));
   if (opts_.preallocate_staging) { // now, not on the engine's thread in the middle of a round
@@ -162,8 +162,8 @@ engine_core::engine_core(const model_config& c, engine_options opts)
 engine_core::~engine_core() = default;
 
 const model_config& engine_core::config() const { return primary().config(); }
-model& engine_core::primary() { return ranks_.front()->net; }
-const model& engine_core::primary() const { return ranks_.front()->net; }
+model& engine_core::primary() { return *net_; }
+const model& engine_core::primary() const { return *net_; }
 
 void engine_core::load(std::shared_ptr<weight_set> weights, std::uint64_t version) {
   session_.reset();
@@ -176,8 +176,7 @@ void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t versi
   // pulling thread already did it for these bytes).
   if (!(opts_.weights == weight_format::int8 && weights->processed))
     process_weights(*weights, opts_.weights);
-  for (auto& rank : ranks_) // every rank serves the one set: fanned out by reference
-    rank->net.set_weights(weights);
+  net_->set_weights(weights); // every rank serves the one set: fanned out by reference
   if (serving_) { // the first load keeps the spare made at construction
     if (serving_->processed && serving_.use_count() == 1)
       process_weights(*serving_, weight_format::received); // a spare holds no int8 form
@@ -204,10 +203,9 @@ std::variant<std::uint64_t, engine_error> engine_core::release_weights() {
     for (const auto& w : serving_->workers)
       for (const auto& p : w.params())
         bytes += p.bytes.size();
-  for (auto& rank : ranks_) {
-    rank->net.clear_weights();
+  net_->clear_weights();
+  for (auto& rank : ranks_)
     rank->cache.clear();
-  }
   serving_.reset();
   spare_.reset();
   reserve_.reset();
@@ -246,7 +244,7 @@ std::optional<engine_error> engine_core::add(generate_request req, request_callb
   r->context = req.prompt;
   r->context.insert(r->context.end(), req.generated.begin(), req.generated.end());
   r->prior = static_cast<std::uint32_t>(req.generated.size());
-  r->kv = rank.net.new_sequence();
+  r->kv = net_->new_sequence();
   r->req = std::move(req);
   r->cb = std::move(cb);
   auto id = r->req.request_id;
@@ -287,14 +285,15 @@ std::pair<std::uint32_t, std::uint32_t> engine_core::rank_load(int rank) const {
 void engine_core::kill_worker(int rank, int worker) {
   if (rank < 0 || rank >= opts_.dp)
     throw std::out_of_range(opts_.name + ": no data-parallel rank " + std::to_string(rank));
-  ranks_[static_cast<std::size_t>(rank)]->net.kill_worker(worker);
+  if (worker < 0 || worker >= opts_.tp)
+    throw std::out_of_range(opts_.name + ": no tp worker " + std::to_string(worker));
+  net_->kill_worker(rank * opts_.tp + worker);
 }
 
 std::optional<std::string> engine_core::failure() const {
-  for (const auto& rank : ranks_)
-    if (auto w = rank->net.dead_worker(); w >= 0)
-      return opts_.name + ": data-parallel rank " + std::to_string(rank->index) + ", tp worker " + std::to_string(w)
-             + " died";
+  if (auto w = net_->dead_worker(); w >= 0)
+    return opts_.name + ": data-parallel rank " + std::to_string(w / opts_.tp) + ", tp worker "
+           + std::to_string(w % opts_.tp) + " died";
   return std::nullopt;
 }
 
@@ -335,24 +334,30 @@ void engine_core::admit(scheduler_rank& rank) {
 std::size_t engine_core::step() {
   if (dirty_ || state_ == scheduler_state::paused_all)
     return 0;
-  // Every rank one step of its own batch, in rank order (they share the
-  // owner's thread; each runs its own tp workers).
+  // Every rank's batch in one lockstep forward (a rank with nothing to run
+  // takes part with an empty one: with expert parallelism its workers
+  // compute their experts for the other ranks' tokens).
+  std::vector<rank_batch> work(ranks_.size());
+  std::vector<std::vector<forward_item>> batches(ranks_.size());
+  bool any = false;
+  for (std::size_t d = 0; d < ranks_.size(); ++d) {
+    gather(*ranks_[d], batches[d], work[d]);
+    any |= !batches[d].empty();
+  }
   std::size_t produced = 0;
-  for (auto& rank : ranks_)
-    produced += step(*rank);
+  if (any) {
+    std::vector<forward_output> outs;
+    net_->forward_ranks(batches, outs);
+    for (std::size_t d = 0; d < ranks_.size(); ++d)
+      produced += deliver(*ranks_[d], batches[d], work[d], outs[d]);
+  }
   finish_paused_wait_if_idle();
   return produced;
 }
 
-std::size_t engine_core::step(scheduler_rank& rank) {
+void engine_core::gather(scheduler_rank& rank, std::vector<forward_item>& batch, rank_batch& work) {
   if (state_ == scheduler_state::unpaused)
     admit(rank);
-  if (rank.running.empty())
-    return 0;
-
-  std::vector<forward_item> batch;
-  std::vector<request*> order;
-  std::vector<bool> samples;
   for (auto id : rank.running) {
     auto& r = *rank.requests.at(id);
     auto start = r.kv.length();
@@ -364,10 +369,15 @@ std::size_t engine_core::step(scheduler_rank& rank) {
     item.start = start;
     item.tokens.assign(r.context.begin() + start, r.context.begin() + end);
     batch.push_back(std::move(item));
-    order.push_back(&r);
-    samples.push_back(end == static_cast<std::int64_t>(r.context.size()));
+    work.order.push_back(&r);
+    work.samples.push_back(end == static_cast<std::int64_t>(r.context.size()));
   }
-  auto out = rank.net.forward(batch);
+}
+
+std::size_t engine_core::deliver(scheduler_rank& rank, const std::vector<forward_item>& batch,
+                                 const rank_batch& work, const forward_output& out) {
+  const auto& order = work.order;
+  const auto& samples = work.samples;
 
   std::size_t produced = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {

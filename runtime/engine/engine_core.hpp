@@ -2,7 +2,7 @@
 // The built-in rollout engine: `dp` continuous-batching scheduler ranks over
 // the tensor-parallel model, with vLLM's pause/resume and weight-update
 // semantics. Single-threaded by contract: one owner thread calls
-// every method (each rank's model runs its own tp workers inside a step). Callbacks
+// every method (the model runs its dp x tp workers inside a step). Callbacks
 // run synchronously on that thread, so a token has been handed to its
 // requester before the call that produced it returns — which is what lets
 // pause() report "every earlier token delivered" without vLLM's 20 ms sleep.
@@ -21,7 +21,9 @@
 // Data parallelism (vLLM's DP with its internal load balancer): each of the
 // `dp` ranks has its own batch, queue, KV caches, prefix cache and tp
 // workers; a request goes to one rank (least outstanding, or prefix
-// affinity) and stays there. The ranks hold identical weights, so they
+// affinity) and stays there. A step runs every rank's batch in one lockstep
+// forward (model.hpp: with expert parallelism the experts are computed by
+// all dp x tp workers for every rank's tokens). The ranks hold identical weights, so they
 // share one weight set: a version is received once per engine and fanned
 // out by reference (no copy per rank). Pause, resume, flush and the
 // weight-update session are engine-wide: one pause covers every rank and
@@ -246,18 +248,29 @@ private:
   /// room); nullptr when every queue is full.
   scheduler_rank* choose_rank(const generate_request& req);
   void admit(scheduler_rank& rank);
-  std::size_t step(scheduler_rank& rank);
+  /// What one rank's step feeds its requests with: the request of each
+  /// batch item, and whether its logits are sampled (its prompt is all in).
+  struct rank_batch {
+    std::vector<request*> order;
+    std::vector<bool> samples;
+  };
+  /// Admits into `rank` (unpaused) and builds its batch for the next step.
+  void gather(scheduler_rank& rank, std::vector<forward_item>& batch, rank_batch& work);
+  /// Samples and emits what `rank`'s part of the step produced; returns the tokens.
+  std::size_t deliver(scheduler_rank& rank, const std::vector<forward_item>& batch, const rank_batch& work,
+                      const forward_output& out);
   void finish(scheduler_rank& rank, request& r, finish_reason why);
   void emit(request& r, std::int32_t token, std::uint64_t version, bool stale, const token_logprobs* lp);
   /// Tells the pause which ranks have reached its condition; completes it
   /// when the last one has.
   void finish_paused_wait_if_idle();
   std::size_t running_count() const;
-  /// Rank 0's model: the engine's shapes (every rank's are the same).
+  /// The engine's model (every rank's workers).
   model& primary();
   const model& primary() const;
 
   engine_options opts_;
+  std::unique_ptr<model> net_; ///< dp x tp workers, stepping every rank in lockstep
   std::vector<std::unique_ptr<scheduler_rank>> ranks_;
   std::vector<plan::worker_plan> plans_;
   std::uint64_t version_ = 0;

@@ -20,6 +20,14 @@ struct token_slot {
   std::int64_t position;
 };
 
+// One row of an expert's dispatch: slot t * k + j of data-parallel rank
+// `rank`'s step, whose expert input (the normalised token) is at `in`.
+struct expert_row {
+  int rank;
+  std::int64_t slot;
+  const float* in;
+};
+
 // A worker's private scratch, reused across steps (grown, never shrunk).
 struct workspace {
   std::vector<float> x;      // [T, D] residual stream (every worker holds all of it)
@@ -38,15 +46,18 @@ struct workspace {
   std::vector<std::int32_t> chosen;
   std::vector<float> chosen_weight;
   std::vector<float> router_logits;
-  std::vector<std::int64_t> expert_slots; // slot t * k + j of each gathered row
+  std::vector<expert_row> expert_rows; // the rows gathered for one expert
   std::vector<float> expert_in, expert_gu, expert_act;
   std::vector<float> moe_sum, moe_expert; // [D] the reduction's accumulators
+  std::uint64_t expert_rows_run = 0; // (token, expert) rows this worker has computed, ever
 };
 
+// At least one element, so that data() is never null (a rank with no
+// tokens in a step still passes its buffers around).
 template <class T>
 void grow(std::vector<T>& v, std::int64_t n) {
-  if (static_cast<std::int64_t>(v.size()) < n)
-    v.resize(static_cast<std::size_t>(n));
+  if (static_cast<std::int64_t>(v.size()) < std::max<std::int64_t>(n, 1))
+    v.resize(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
 }
 
 // HF LlamaRMSNorm: w * (x * rsqrt(mean(x^2) + eps)), fp32.
@@ -86,10 +97,15 @@ void reduce_into(float* x, const float* partials, std::int64_t chunks, std::int6
     x[i] += tmp[i];
 }
 
-// Validates the sharding before anything is started (the pool included).
-int checked_tp(const model_config& c, int tp, bool expert_parallel) {
+// Validates the sharding before anything is started (the pool included);
+// returns the pool's size, dp x tp.
+int checked_workers(const model_config& c, int tp, bool expert_parallel, int dp) {
   shard_spec::make(c, tp, 0, expert_parallel);
-  return tp;
+  if (dp < 1)
+    throw std::invalid_argument("engine: dp must be positive, got " + std::to_string(dp));
+  if (expert_parallel && dp > 1)
+    shard_spec::make(c, tp, 0, expert_parallel, dp, 0); // experts placed over dp x tp: enough of them
+  return dp * tp;
 }
 
 } // namespace
@@ -97,32 +113,55 @@ int checked_tp(const model_config& c, int tp, bool expert_parallel) {
 struct model::impl {
   model_config cfg;
   int tp;
+  int dp;
   bool expert_parallel;
   dtype weights_type;
-  worker_pool pool;
+  worker_pool pool; // dp x tp workers: worker g is tp worker g % tp of rank g / tp
   std::int64_t o_chunks;    // all-reduce chunks of o_proj's input (heads)
   std::int64_t down_chunks; // ... of down_proj's input (intermediate)
   std::int64_t moe_chunks;  // ... of each expert's down_proj input (moe_intermediate_size)
+  // With expert parallelism: worker g computes experts [compute_begin[g],
+  // compute_begin[g] + compute_count[g]) for every rank's tokens (EP rank g
+  // of dp x tp, vLLM's linear placement).
+  std::vector<std::int64_t> compute_begin, compute_count;
 
   mutable std::mutex weights_mutex;
   std::shared_ptr<const weight_set> weights;
 
+  // One data-parallel rank's part of a step, and the scratch its tp workers
+  // share (grown, never shrunk).
+  struct rank_step {
+    const std::vector<forward_item>* batch = nullptr;
+    forward_output* out = nullptr;
+    std::vector<token_slot> tokens;
+    std::vector<std::int32_t> ids;
+    std::vector<std::int64_t> logit_tokens; // step-token index of each logits row
+    std::vector<float> x0;        // [T, D] embedding gather
+    std::vector<float> part_o;    // [o_chunks, T, D]
+    std::vector<float> part_down; // [down_chunks, T, D]
+    std::vector<float> part_moe;  // [moe_chunks, T * experts_per_tok, D]
+    std::int64_t size() const { return static_cast<std::int64_t>(tokens.size()); }
+  };
+
   std::mutex step_mutex; // one step at a time; guards everything below
   std::vector<float> rope_cos, rope_sin; // [positions, head_dim / 2]
   std::vector<float> inv_freq;
-  std::vector<float> x0;        // [T, D] embedding gather
-  std::vector<float> part_o;    // [o_chunks, T, D]
-  std::vector<float> part_down; // [down_chunks, T, D]
-  std::vector<float> part_moe;  // [moe_chunks, T * experts_per_tok, D]
-  std::vector<workspace> spaces;
+  std::vector<rank_step> ranks; // dp
+  std::vector<workspace> spaces; // dp x tp
 
-  impl(const model_config& c, int tp_, dtype type, bool ep)
-      : cfg(c), tp(tp_), expert_parallel(ep), weights_type(type), pool(checked_tp(c, tp_, ep)),
+  impl(const model_config& c, int tp_, dtype type, bool ep, int dp_)
+      : cfg(c), tp(tp_), dp(dp_), expert_parallel(ep), weights_type(type), pool(checked_workers(c, tp_, ep, dp_)),
         o_chunks(reduce_chunks(c.num_attention_heads, tp_)),
         down_chunks(reduce_chunks(c.intermediate_size, tp_)),
         // Whole experts: chunked as at tp 1, whatever tp is.
         moe_chunks(c.arch == model_arch::qwen3_moe ? reduce_chunks(c.moe_intermediate_size, ep ? 1 : tp_) : 0),
-        spaces(static_cast<std::size_t>(tp_)) {
+        ranks(static_cast<std::size_t>(dp_)), spaces(static_cast<std::size_t>(dp_ * tp_)) {
+    if (ep)
+      for (int g = 0; g < dp * tp; ++g) {
+        const auto s = shard_spec::make(c, tp, g % tp, true, dp, g / tp);
+        compute_begin.push_back(s.expert_begin);
+        compute_count.push_back(s.experts);
+      }
     // HF computes inv_freq = 1 / theta^(2i/d) and freqs = position * inv_freq
     // in fp32; so do we.
     const std::int64_t hd = cfg.head_dim();
@@ -147,46 +186,51 @@ struct model::impl {
       }
   }
 
-  void validate(const std::vector<forward_item>& batch) const {
+  void validate(const std::vector<std::vector<forward_item>>& batches) const {
     std::vector<const kv_sequence*> seqs;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      const auto& it = batch[i];
-      auto fail = [&](const std::string& what) {
-        throw std::invalid_argument("engine forward: item " + std::to_string(i) + ": " + what);
-      };
-      if (!it.seq)
-        fail("no sequence");
-      if (!it.seq->compatible(cfg, tp))
-        fail("KV cache shaped for another model");
-      if (it.tokens.empty())
-        fail("no tokens");
-      if (it.start < 0 || it.start > it.seq->length())
-        fail("start " + std::to_string(it.start) + " outside the cache (length "
-             + std::to_string(it.seq->length()) + ")");
-      const auto end = it.start + static_cast<std::int64_t>(it.tokens.size());
-      if (end > cfg.max_position_embeddings)
-        fail("positions up to " + std::to_string(end) + " exceed max_position_embeddings ("
-             + std::to_string(cfg.max_position_embeddings) + ")");
-      for (auto t : it.tokens)
-        if (t < 0 || t >= cfg.vocab_size)
-          fail("token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(cfg.vocab_size)
-               + ")");
-      seqs.push_back(it.seq);
-    }
+    for (std::size_t d = 0; d < batches.size(); ++d)
+      for (std::size_t i = 0; i < batches[d].size(); ++i) {
+        const auto& it = batches[d][i];
+        auto fail = [&](const std::string& what) {
+          throw std::invalid_argument("engine forward: " + (dp > 1 ? "rank " + std::to_string(d) + ", " : "")
+                                      + "item " + std::to_string(i) + ": " + what);
+        };
+        if (!it.seq)
+          fail("no sequence");
+        if (!it.seq->compatible(cfg, tp))
+          fail("KV cache shaped for another model");
+        if (it.tokens.empty())
+          fail("no tokens");
+        if (it.start < 0 || it.start > it.seq->length())
+          fail("start " + std::to_string(it.start) + " outside the cache (length "
+               + std::to_string(it.seq->length()) + ")");
+        const auto end = it.start + static_cast<std::int64_t>(it.tokens.size());
+        if (end > cfg.max_position_embeddings)
+          fail("positions up to " + std::to_string(end) + " exceed max_position_embeddings ("
+               + std::to_string(cfg.max_position_embeddings) + ")");
+        for (auto t : it.tokens)
+          if (t < 0 || t >= cfg.vocab_size)
+            fail("token " + std::to_string(t) + " outside the vocabulary [0, " + std::to_string(cfg.vocab_size)
+                 + ")");
+        seqs.push_back(it.seq);
+      }
     std::sort(seqs.begin(), seqs.end());
     if (std::adjacent_find(seqs.begin(), seqs.end()) != seqs.end())
-      throw std::invalid_argument("engine forward: a sequence appears twice in one batch");
+      throw std::invalid_argument("engine forward: a sequence appears twice in one step");
   }
 
-  void step(const std::vector<forward_item>& batch, forward_output& out);
-  void moe_mlp(int w, const layer_weights& L, const shard_spec& s, workspace& ws, std::int64_t T, float* x,
+  void step(const std::vector<std::vector<forward_item>>& batches, std::vector<forward_output>& outs);
+  void run_worker(int g, const weight_set& set);
+  void moe_mlp(int g, const weight_set& set, std::int64_t l, const layer_weights& L, workspace& ws, float* x,
                const float* h);
-  void run_worker(int w, const weight_set& ws, const std::vector<forward_item>& batch,
-                  const std::vector<token_slot>& tokens, const std::vector<std::int32_t>& ids,
-                  const std::vector<std::int64_t>& logit_tokens, forward_output& out);
+  void run_expert(workspace& ws, const parameter& gate_up, const parameter& down, std::int64_t mi,
+                  std::int64_t first_chunk, std::int64_t chunks);
 };
 
-void model::impl::step(const std::vector<forward_item>& batch, forward_output& out) {
+void model::impl::step(const std::vector<std::vector<forward_item>>& batches, std::vector<forward_output>& outs) {
+  if (batches.size() != static_cast<std::size_t>(dp))
+    throw std::invalid_argument("engine forward: " + std::to_string(batches.size()) + " batches for "
+                                + std::to_string(dp) + " data-parallel ranks");
   std::shared_ptr<const weight_set> ws;
   {
     std::lock_guard<std::mutex> lock(weights_mutex);
@@ -194,56 +238,68 @@ void model::impl::step(const std::vector<forward_item>& batch, forward_output& o
   }
   if (!ws)
     throw std::invalid_argument("engine forward: no weights loaded");
-  validate(batch);
+  validate(batches);
 
-  std::vector<token_slot> tokens;
-  std::vector<std::int32_t> ids;
-  std::vector<std::int64_t> logit_tokens; // step-token index of each logits row
-  out.first_row.assign(1, 0);
-  std::int64_t max_position = 0;
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    const auto& it = batch[i];
-    it.seq->truncate(it.start);
-    const auto n = static_cast<std::int64_t>(it.tokens.size());
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (it.all_logits || j == n - 1)
-        logit_tokens.push_back(static_cast<std::int64_t>(tokens.size()));
-      tokens.push_back({i, it.start + j});
-      ids.push_back(it.tokens[static_cast<std::size_t>(j)]);
-    }
-    max_position = std::max(max_position, it.start + n);
-    out.first_row.push_back(static_cast<std::int64_t>(logit_tokens.size()));
-  }
-  const auto T = static_cast<std::int64_t>(tokens.size());
+  outs.resize(batches.size());
   const std::int64_t D = cfg.hidden_size;
-  out.vocab = cfg.vocab_size;
-  out.version = ws->version;
-  if (T == 0) {
-    out.logits.clear();
-    return;
+  std::int64_t max_position = 0, total = 0;
+  for (std::size_t d = 0; d < batches.size(); ++d) {
+    rank_step& r = ranks[d];
+    forward_output& out = outs[d];
+    r.batch = &batches[d];
+    r.out = &out;
+    r.tokens.clear();
+    r.ids.clear();
+    r.logit_tokens.clear();
+    out.first_row.assign(1, 0);
+    for (std::size_t i = 0; i < batches[d].size(); ++i) {
+      const auto& it = batches[d][i];
+      it.seq->truncate(it.start);
+      const auto n = static_cast<std::int64_t>(it.tokens.size());
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (it.all_logits || j == n - 1)
+          r.logit_tokens.push_back(r.size());
+        r.tokens.push_back({i, it.start + j});
+        r.ids.push_back(it.tokens[static_cast<std::size_t>(j)]);
+      }
+      max_position = std::max(max_position, it.start + n);
+      out.first_row.push_back(static_cast<std::int64_t>(r.logit_tokens.size()));
+    }
+    const std::int64_t T = r.size();
+    total += T;
+    out.vocab = cfg.vocab_size;
+    out.version = ws->version;
+    out.logits.assign(static_cast<std::size_t>(static_cast<std::int64_t>(r.logit_tokens.size()) * cfg.vocab_size),
+                      0.0f);
+    grow(r.x0, T * D);
+    grow(r.part_o, o_chunks * T * D);
+    grow(r.part_down, down_chunks * T * D);
+    if (moe_chunks > 0)
+      grow(r.part_moe, moe_chunks * T * cfg.num_experts_per_tok * D);
   }
+  if (total == 0)
+    return;
   ensure_rope(max_position);
-  grow(x0, T * D);
-  grow(part_o, o_chunks * T * D);
-  grow(part_down, down_chunks * T * D);
-  if (moe_chunks > 0)
-    grow(part_moe, moe_chunks * T * cfg.num_experts_per_tok * D);
-  out.logits.assign(static_cast<std::size_t>(static_cast<std::int64_t>(logit_tokens.size()) * cfg.vocab_size),
-                    0.0f);
 
-  pool.run([&](int w) { run_worker(w, *ws, batch, tokens, ids, logit_tokens, out); });
-  for (const auto& it : batch)
-    it.seq->set_length(it.start + static_cast<std::int64_t>(it.tokens.size()));
+  pool.run([&](int g) { run_worker(g, *ws); });
+  for (const auto& batch : batches)
+    for (const auto& it : batch)
+      it.seq->set_length(it.start + static_cast<std::int64_t>(it.tokens.size()));
 }
 
-void model::impl::run_worker(int w, const weight_set& set, const std::vector<forward_item>& batch,
-                             const std::vector<token_slot>& tokens, const std::vector<std::int32_t>& ids,
-                             const std::vector<std::int64_t>& logit_tokens, forward_output& out) {
+// Worker g: tp worker t = g % tp of rank d = g / tp, over rank d's tokens.
+// Every worker of every rank crosses the same barriers (a rank with no
+// tokens runs an empty step), so the ranks move in lockstep.
+void model::impl::run_worker(int g, const weight_set& set) {
+  const int d = g / tp, w = g % tp;
+  rank_step& rs = ranks[static_cast<std::size_t>(d)];
+  const std::vector<forward_item>& batch = *rs.batch;
+  const std::vector<token_slot>& tokens = rs.tokens;
   const worker_weights& W = set.workers[static_cast<std::size_t>(w)];
   const shard_spec& s = W.shard();
-  workspace& ws = spaces[static_cast<std::size_t>(w)];
-  const auto T = static_cast<std::int64_t>(tokens.size());
-  const auto R = static_cast<std::int64_t>(logit_tokens.size());
+  workspace& ws = spaces[static_cast<std::size_t>(g)];
+  const std::int64_t T = rs.size();
+  const auto R = static_cast<std::int64_t>(rs.logit_tokens.size());
   const std::int64_t D = cfg.hidden_size, hd = s.head_dim, half = hd / 2;
   const std::int64_t q_width = s.heads * hd, kv_width = s.kv_heads * hd, qkv_rows = s.qkv_rows();
   const std::int64_t group = cfg.num_attention_heads / cfg.num_key_value_heads; // q heads per kv head
@@ -266,16 +322,19 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
     it.seq->reserve(w, it.start + static_cast<std::int64_t>(it.tokens.size()));
 
   // Embedding: each worker writes the rows of the tokens in its vocab slice.
+  float* x0 = rs.x0.data();
   for (std::int64_t t = 0; t < T; ++t) {
-    const std::int64_t id = ids[static_cast<std::size_t>(t)];
+    const std::int64_t id = rs.ids[static_cast<std::size_t>(t)];
     if (id >= s.vocab_begin && id < s.vocab_end)
-      kernels::widen(W.embed() + (id - s.vocab_begin) * D, &x0[static_cast<std::size_t>(t * D)], D);
+      kernels::widen(W.embed() + (id - s.vocab_begin) * D, x0 + t * D, D);
   }
   pool.barrier();
-  std::memcpy(ws.x.data(), x0.data(), static_cast<std::size_t>(T * D) * sizeof(float));
+  std::memcpy(ws.x.data(), x0, static_cast<std::size_t>(T * D) * sizeof(float));
 
   float* x = ws.x.data();
   float* h = ws.h.data();
+  float* part_o = rs.part_o.data();
+  float* part_down = rs.part_down.data();
   const std::int64_t o_local = o_chunks / tp, o_width = q_width / o_local;
   const std::int64_t down_local = down_chunks / tp, down_width = s.inter / down_local;
 
@@ -333,49 +392,49 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
         for (std::int64_t p = 0; p < n; ++p) {
           const float pr = sc[p] / sum;
           const float* v = values + p * kv_width + kv * hd;
-          for (std::int64_t d = 0; d < hd; ++d)
-            o[d] += pr * v[d];
+          for (std::int64_t d2 = 0; d2 < hd; ++d2)
+            o[d2] += pr * v[d2];
         }
       }
     }
-    // o_proj, row-parallel: one partial per chunk of heads, in global order.
+    // o_proj, row-parallel: one partial per chunk of heads, in global order;
+    // the all-reduce is over this rank's tp workers (its own partials).
     for (std::int64_t c = 0; c < o_local; ++c)
       kernels::matmul_nt(ws.att.data() + c * o_width, q_width, L.o + c * o_width, q_width,
-                         &part_o[static_cast<std::size_t>((w * o_local + c) * T * D)], D, T, D, o_width);
+                         part_o + (w * o_local + c) * T * D, D, T, D, o_width);
     pool.barrier();
-    reduce_into(x, part_o.data(), o_chunks, T * D, h);
+    reduce_into(x, part_o, o_chunks, T * D, h);
 
     // MLP.
     kernels::widen(L.post_norm, ws.norm.data(), D);
     for (std::int64_t t = 0; t < T; ++t)
       rms_norm(x + t * D, ws.norm.data(), h + t * D, D, eps);
     if (L.experts > 0) {
-      moe_mlp(w, L, s, ws, T, x, h);
+      moe_mlp(g, set, l, L, ws, x, h);
       continue;
     }
     kernels::matmul_nt(h, D, L.gate_up, D, ws.gu.data(), 2 * s.inter, T, 2 * s.inter, D);
     for (std::int64_t t = 0; t < T; ++t) {
-      const float* g = ws.gu.data() + t * 2 * s.inter;
-      const float* u = g + s.inter;
+      const float* gt = ws.gu.data() + t * 2 * s.inter;
+      const float* u = gt + s.inter;
       float* a = ws.act.data() + t * s.inter;
       for (std::int64_t i = 0; i < s.inter; ++i)
-        a[i] = g[i] * (1.0f / (1.0f + std::exp(-g[i]))) * u[i]; // silu(g) * u, as torch
+        a[i] = gt[i] * (1.0f / (1.0f + std::exp(-gt[i]))) * u[i]; // silu(g) * u, as torch
     }
     for (std::int64_t c = 0; c < down_local; ++c)
       kernels::matmul_nt(ws.act.data() + c * down_width, s.inter, L.down + c * down_width, s.inter,
-                         &part_down[static_cast<std::size_t>((w * down_local + c) * T * D)], D, T, D,
-                         down_width);
+                         part_down + (w * down_local + c) * T * D, D, T, D, down_width);
     pool.barrier();
-    reduce_into(x, part_down.data(), down_chunks, T * D, h);
+    reduce_into(x, part_down, down_chunks, T * D, h);
   }
 
   // Final norm and this worker's vocab columns of the logits.
   kernels::widen(W.final_norm(), ws.norm.data(), D);
   for (std::int64_t r = 0; r < R; ++r)
-    rms_norm(x + logit_tokens[static_cast<std::size_t>(r)] * D, ws.norm.data(), ws.final.data() + r * D, D,
+    rms_norm(x + rs.logit_tokens[static_cast<std::size_t>(r)] * D, ws.norm.data(), ws.final.data() + r * D, D,
              eps);
   if (s.vocab() > 0 && R > 0)
-    kernels::matmul_nt(ws.final.data(), D, W.lm_head(), D, out.logits.data() + s.vocab_begin, cfg.vocab_size,
+    kernels::matmul_nt(ws.final.data(), D, W.lm_head(), D, rs.out->logits.data() + s.vocab_begin, cfg.vocab_size,
                        R, s.vocab(), D);
 }
 
@@ -383,17 +442,26 @@ void model::impl::run_worker(int w, const weight_set& set, const std::vector<for
 // logits h Wgate^T, softmax over all experts in fp32, the top k (the lowest
 // index on a tie), renormalised to sum 1 when norm_topk_prob; each chosen
 // expert's SwiGLU output times its weight, summed over the chosen experts in
-// ascending expert order, added to the residual. Every worker routes every
-// token (the router is whole everywhere, so all agree) and computes its
-// slice of each expert's intermediate, or with expert parallelism the whole
-// of the experts it holds, for the tokens routed to them (the dispatch).
-// Either way each expert's down output is formed as partials per fixed
-// chunk of its intermediate dim, into part_moe at the token's slot; the
-// combine adds them in chunk order, then the experts in ascending order,
-// so outputs do not depend on tp nor on expert parallelism.
-void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, workspace& ws, std::int64_t T,
+// ascending expert order, added to the residual.
+//
+// Every worker routes its rank's tokens (the router is whole everywhere, so
+// a rank's tp workers agree). Without expert parallelism each worker then
+// computes its slice of every expert's intermediate for its rank's tokens.
+// With it (vLLM's EP, EP size dp x tp) worker g computes the whole of its own
+// experts for the tokens of every rank routed to them: the dispatch, after a
+// barrier that makes every rank's routing visible; the ranks step in
+// lockstep, so one pass over an expert's weights serves them all. Either way
+// each expert's down output is formed as partials per fixed chunk of its
+// intermediate dim, into the token's rank's part_moe at its slot; the
+// combine adds them in chunk order, then the experts in ascending order, so
+// outputs depend neither on tp, expert parallelism, dp nor on which worker
+// computed an expert.
+void model::impl::moe_mlp(int g, const weight_set& set, std::int64_t l, const layer_weights& L, workspace& ws,
                           float* x, const float* h) {
-  const std::int64_t D = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, mi = s.moe_inter;
+  const int d = g / tp, w = g % tp;
+  rank_step& rs = ranks[static_cast<std::size_t>(d)];
+  const std::int64_t T = rs.size();
+  const std::int64_t D = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok;
   grow(ws.router_logits, T * E);
   grow(ws.chosen, T * k);
   grow(ws.chosen_weight, T * k);
@@ -426,53 +494,48 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
       ws.chosen_weight[static_cast<std::size_t>(t * k + j)] = cfg.norm_topk_prob ? prob[e] / picked : prob[e];
     }
   }
-  // Each local expert over the tokens that chose it: this worker's
-  // intermediate slice (its chunks of every expert) or the whole expert (all
-  // chunks of its own experts), each chunk's down partial into part_moe.
-  const std::int64_t local_chunks = s.expert_parallel ? moe_chunks : moe_chunks / tp;
-  const std::int64_t first_chunk = s.expert_parallel ? 0 : w * local_chunks, width = mi / local_chunks;
-  for (std::int64_t e = L.expert_begin; e < L.expert_begin + L.experts; ++e) {
-    ws.expert_slots.clear();
-    for (std::int64_t slot = 0; slot < T * k; ++slot)
-      if (ws.chosen[static_cast<std::size_t>(slot)] == e)
-        ws.expert_slots.push_back(slot);
-    const auto n = static_cast<std::int64_t>(ws.expert_slots.size());
-    if (n == 0)
-      continue;
-    grow(ws.expert_in, n * D);
-    grow(ws.expert_gu, n * 2 * mi);
-    grow(ws.expert_act, n * mi);
-    for (std::int64_t r = 0; r < n; ++r)
-      std::memcpy(ws.expert_in.data() + r * D, h + (ws.expert_slots[static_cast<std::size_t>(r)] / k) * D,
-                  static_cast<std::size_t>(D) * sizeof(float));
-    const parameter& gate_up = L.expert_params[2 * (e - L.expert_begin)];
-    const parameter& down = L.expert_params[2 * (e - L.expert_begin) + 1];
-    kernels::matmul_nt(ws.expert_in.data(), D, gate_up.ref(), D, ws.expert_gu.data(), 2 * mi, n, 2 * mi, D);
-    for (std::int64_t r = 0; r < n; ++r) {
-      const float* g = ws.expert_gu.data() + r * 2 * mi;
-      const float* u = g + mi;
-      float* a = ws.expert_act.data() + r * mi;
-      for (std::int64_t i = 0; i < mi; ++i)
-        a[i] = g[i] * (1.0f / (1.0f + std::exp(-g[i]))) * u[i]; // silu(g) * u, as torch
-    }
-    for (std::int64_t c = 0; c < local_chunks; ++c)
-      for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t slot = ws.expert_slots[static_cast<std::size_t>(r)];
-        kernels::matmul_nt(ws.expert_act.data() + r * mi + c * width, mi, down.ref() + c * width, mi,
-                           &part_moe[static_cast<std::size_t>(((first_chunk + c) * T * k + slot) * D)], D, 1,
-                           D, width);
+
+  if (expert_parallel) {
+    if (dp > 1)
+      pool.barrier(); // the dispatch reads every rank's routing and inputs
+    const auto begin = compute_begin[static_cast<std::size_t>(g)];
+    for (std::int64_t e = begin; e < begin + compute_count[static_cast<std::size_t>(g)]; ++e) {
+      ws.expert_rows.clear();
+      for (int r = 0; r < dp; ++r) { // a rank's tp workers agree: its first one stands for the others
+        const workspace& routed = r == d ? ws : spaces[static_cast<std::size_t>(r * tp)];
+        for (std::int64_t slot = 0; slot < ranks[static_cast<std::size_t>(r)].size() * k; ++slot)
+          if (routed.chosen[static_cast<std::size_t>(slot)] == e)
+            ws.expert_rows.push_back({r, slot, routed.h.data() + (slot / k) * D});
       }
+      // The shared weight set holds each expert once, in the tp worker the
+      // dp = 1 placement gives it to; on one host every worker reads it there.
+      const layer_weights held = set.workers[static_cast<std::size_t>(expert_owner(e, E, tp))].layer(l);
+      const parameter* p = held.expert_params + 2 * (e - held.expert_begin);
+      run_expert(ws, p[0], p[1], cfg.moe_intermediate_size, 0, moe_chunks);
+    }
+  } else {
+    const std::int64_t local_chunks = moe_chunks / tp;
+    for (std::int64_t e = L.expert_begin; e < L.expert_begin + L.experts; ++e) {
+      ws.expert_rows.clear();
+      for (std::int64_t slot = 0; slot < T * k; ++slot)
+        if (ws.chosen[static_cast<std::size_t>(slot)] == e)
+          ws.expert_rows.push_back({d, slot, h + (slot / k) * D});
+      const parameter* p = L.expert_params + 2 * (e - L.expert_begin);
+      run_expert(ws, p[0], p[1], set.workers[static_cast<std::size_t>(w)].shard().moe_inter, w * local_chunks,
+                 local_chunks);
+    }
   }
   pool.barrier();
   // x_t += the sum over its experts (ascending) of weight * the expert's
   // down output, whose chunk partials are added in global chunk order.
   float* acc = ws.moe_sum.data();
   float* y = ws.moe_expert.data();
+  const float* part_moe = rs.part_moe.data();
   for (std::int64_t t = 0; t < T; ++t) {
     std::fill(acc, acc + D, 0.0f);
     for (std::int64_t j = 0; j < k; ++j) {
       const std::int64_t slot = t * k + j;
-      sum_chunks(y, &part_moe[static_cast<std::size_t>(slot * D)], moe_chunks, T * k * D, D);
+      sum_chunks(y, part_moe + slot * D, moe_chunks, T * k * D, D);
       const float weight = ws.chosen_weight[static_cast<std::size_t>(slot)];
       for (std::int64_t i = 0; i < D; ++i)
         acc[i] += y[i] * weight;
@@ -484,12 +547,49 @@ void model::impl::moe_mlp(int w, const layer_weights& L, const shard_spec& s, wo
   // every worker has finished reading it by then.
 }
 
-model::model(const model_config& c, int tp, dtype weights_type, bool expert_parallel)
-    : impl_(std::make_unique<impl>(c, tp, weights_type, expert_parallel)) {}
+// One expert (fused gate/up rows [2 mi, D], down columns [D, mi]) over the
+// gathered ws.expert_rows: SwiGLU, then the down partial of each of
+// `chunks` chunks of mi (global chunk first_chunk + c) into the row's rank's
+// part_moe at its slot.
+void model::impl::run_expert(workspace& ws, const parameter& gate_up, const parameter& down, std::int64_t mi,
+                             std::int64_t first_chunk, std::int64_t chunks) {
+  const std::int64_t D = cfg.hidden_size, k = cfg.num_experts_per_tok;
+  const auto n = static_cast<std::int64_t>(ws.expert_rows.size());
+  if (n == 0)
+    return;
+  ws.expert_rows_run += static_cast<std::uint64_t>(n);
+  grow(ws.expert_in, n * D);
+  grow(ws.expert_gu, n * 2 * mi);
+  grow(ws.expert_act, n * mi);
+  for (std::int64_t r = 0; r < n; ++r)
+    std::memcpy(ws.expert_in.data() + r * D, ws.expert_rows[static_cast<std::size_t>(r)].in,
+                static_cast<std::size_t>(D) * sizeof(float));
+  kernels::matmul_nt(ws.expert_in.data(), D, gate_up.ref(), D, ws.expert_gu.data(), 2 * mi, n, 2 * mi, D);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const float* gt = ws.expert_gu.data() + r * 2 * mi;
+    const float* u = gt + mi;
+    float* a = ws.expert_act.data() + r * mi;
+    for (std::int64_t i = 0; i < mi; ++i)
+      a[i] = gt[i] * (1.0f / (1.0f + std::exp(-gt[i]))) * u[i]; // silu(g) * u, as torch
+  }
+  const std::int64_t width = mi / chunks;
+  for (std::int64_t c = 0; c < chunks; ++c)
+    for (std::int64_t r = 0; r < n; ++r) {
+      const expert_row& row = ws.expert_rows[static_cast<std::size_t>(r)];
+      rank_step& target = ranks[static_cast<std::size_t>(row.rank)];
+      float* part = target.part_moe.data() + ((first_chunk + c) * target.size() * k + row.slot) * D;
+      kernels::matmul_nt(ws.expert_act.data() + r * mi + c * width, mi, down.ref() + c * width, mi, part, D, 1, D,
+                         width);
+    }
+}
+
+model::model(const model_config& c, int tp, dtype weights_type, bool expert_parallel, int dp)
+    : impl_(std::make_unique<impl>(c, tp, weights_type, expert_parallel, dp)) {}
 model::~model() = default;
 
 const model_config& model::config() const { return impl_->cfg; }
 int model::tp() const { return impl_->tp; }
+int model::dp() const { return impl_->dp; }
 bool model::expert_parallel() const { return impl_->expert_parallel; }
 void model::kill_worker(int worker) { impl_->pool.kill(worker); }
 int model::dead_worker() const { return impl_->pool.dead(); }
@@ -534,9 +634,25 @@ std::shared_ptr<const weight_set> model::weights() const {
 
 kv_sequence model::new_sequence() const { return kv_sequence(impl_->cfg, impl_->tp); }
 
-void model::forward(const std::vector<forward_item>& batch, forward_output& out) {
+std::vector<std::uint64_t> model::expert_rows() const {
   std::lock_guard<std::mutex> lock(impl_->step_mutex);
-  impl_->step(batch, out);
+  std::vector<std::uint64_t> rows;
+  for (const auto& ws : impl_->spaces)
+    rows.push_back(ws.expert_rows_run);
+  return rows;
+}
+
+void model::forward_ranks(const std::vector<std::vector<forward_item>>& batches, std::vector<forward_output>& outs) {
+  std::lock_guard<std::mutex> lock(impl_->step_mutex);
+  impl_->step(batches, outs);
+}
+
+void model::forward(const std::vector<forward_item>& batch, forward_output& out) {
+  std::vector<std::vector<forward_item>> batches(static_cast<std::size_t>(impl_->dp));
+  batches.front() = batch;
+  std::vector<forward_output> outs;
+  forward_ranks(batches, outs);
+  out = std::move(outs.front());
 }
 
 forward_output model::forward(const std::vector<forward_item>& batch) {

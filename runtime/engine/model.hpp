@@ -26,6 +26,14 @@
 // One forward() call is one scheduler step over a batch of sequences, each
 // contributing any number of new tokens (a prefill chunk or one decode
 // token). Weights are a weight_set swapped atomically between steps.
+//
+// Data parallelism (vLLM's DP attention): `dp` ranks of tp workers each, in
+// one pool, step in lockstep over one batch per rank (forward_ranks). Each
+// rank's attention, dense MLP and vocabulary run on its own tp workers over
+// its own tokens; the ranks share one weight set. With expert parallelism
+// the experts are computed by all dp x tp workers (EP size dp x tp, vLLM's
+// linear placement): worker (d, t) runs its experts over the tokens of every
+// rank routed to them. Outputs do not depend on dp nor on the rank.
 #include "runtime/config/model_config.hpp"
 #include "runtime/engine/kv_cache.hpp"
 #include "runtime/engine/weights.hpp"
@@ -67,13 +75,16 @@ public:
   /// make_weights() allocates `weights_type` (what the checkpoint or the
   /// trainer sends); set_weights() accepts any dtype.
   /// `expert_parallel`: experts placed whole over the workers (shard.hpp).
-  model(const model_config& c, int tp, dtype weights_type, bool expert_parallel = false);
+  /// `dp` data-parallel ranks (dp x tp workers); with expert parallelism the
+  /// experts must number at least dp x tp (std::invalid_argument).
+  model(const model_config& c, int tp, dtype weights_type, bool expert_parallel = false, int dp = 1);
   ~model();
   model(const model&) = delete;
   model& operator=(const model&) = delete;
 
   const model_config& config() const;
   int tp() const;
+  int dp() const;
   bool expert_parallel() const;
   dtype weights_type() const;
 
@@ -89,10 +100,11 @@ public:
   /// Serves no weights (their memory goes with the last holder).
   void clear_weights();
 
-  /// Fault injection (drills): tp worker `worker` dies (its thread ends);
-  /// every later forward() throws worker_died.
+  /// Fault injection (drills): worker `worker` (tp worker worker % tp of
+  /// rank worker / tp) dies (its thread ends); every later forward() throws
+  /// worker_died.
   void kill_worker(int worker);
-  /// The tp worker that died, or -1.
+  /// The worker that died (rank * tp + tp worker), or -1.
   int dead_worker() const;
 
   /// An empty KV cache for this model.
@@ -109,6 +121,14 @@ public:
   /// long prefills.
   void forward(const std::vector<forward_item>& batch, forward_output& out);
   forward_output forward(const std::vector<forward_item>& batch);
+  /// One lockstep step of every data-parallel rank: batches[d] is rank d's
+  /// batch (possibly empty), outs[d] its output. Validated as forward()
+  /// (a sequence may appear once in the whole step); std::invalid_argument
+  /// when there are not dp batches. forward() is this with `batch` on rank 0.
+  void forward_ranks(const std::vector<std::vector<forward_item>>& batches, std::vector<forward_output>& outs);
+  /// Per worker (rank * tp + tp worker): the (token, expert) rows it has
+  /// run through experts since construction — where experts are computed.
+  std::vector<std::uint64_t> expert_rows() const;
 
 private:
   struct impl;

@@ -292,6 +292,12 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
 
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 4}]")))
         == "t.yaml:14:34: engines[0].tp: must divide moe_intermediate_size (30), got 4\n");
+  // With dp the EP size is dp x tp (vLLM's): 3 x 2 workers over 6 experts, not 2 x 4.
+  CHECK(parse_topology(moe_with("engines: [{name: e, node: a, tp: 2, dp: 3, expert_parallel: true}]"), "t.yaml",
+                       "/base").engines.front().dp == 3);
+  CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 4, dp: 2, expert_parallel: true}]")))
+        == "t.yaml:14:41: engines[0].dp: with expert_parallel, dp 2 x tp 4 workers exceed the model's 6 experts "
+           "(every worker computes at least one)\n");
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 2, expert_parallel: true, kind: vllm, "
                                   "url: 'http://127.0.0.1:8000'}]")))
         == "t.yaml:14:54: engines[0].expert_parallel: applies to the built-in engine only; "

@@ -875,4 +875,5 @@ TEST_CASE("data parallelism: a rank's dead worker thread breaks the engine, and 
   CHECK(*h.core.failure() == "engine: data-parallel rank 1, tp worker 1 died");
   CHECK_THROWS_AS(h.core.step(), worker_died); // never waits for the dead thread
   CHECK_THROWS_AS(h.core.kill_worker(2, 0), std::out_of_range);
+  CHECK_THROWS_AS(h.core.kill_worker(0, 2), std::out_of_range); // not rank 1's worker 0
 }

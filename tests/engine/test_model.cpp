@@ -79,6 +79,34 @@ generation tp1_baseline(const model_config& cfg, const test::source_weights& src
   return base;
 }
 
+/// generate() over `dp` data-parallel ranks stepping in lockstep: prompt i on
+/// rank i % dp. Same layout as generate()'s logits (per step, prompt order).
+generation generate_ranks(model& m, const std::vector<std::vector<std::int32_t>>& prompts, int steps) {
+  const auto dp = static_cast<std::size_t>(m.dp());
+  generation g;
+  std::vector<kv_sequence> seqs;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    seqs.push_back(m.new_sequence());
+  g.tokens.resize(prompts.size());
+  std::vector<std::int32_t> next(prompts.size());
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::vector<forward_item>> batches(dp);
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      batches[i % dp].push_back(s == 0 ? forward_item{&seqs[i], prompts[i], 0, false}
+                                       : forward_item{&seqs[i], {next[i]}, seqs[i].length(), false});
+    std::vector<forward_output> outs;
+    m.forward_ranks(batches, outs);
+    REQUIRE(outs.size() == dp);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const float* row = outs[i % dp].last(i / dp);
+      g.logits.insert(g.logits.end(), row, row + outs[i % dp].vocab);
+      next[i] = static_cast<std::int32_t>(std::max_element(row, row + outs[i % dp].vocab) - row);
+      g.tokens[i].push_back(next[i]);
+    }
+  }
+  return g;
+}
+
 } // namespace
 
 TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, bf16 and f32, Llama and Qwen3") {
@@ -275,6 +303,86 @@ TEST_CASE("expert parallelism: placement, validation and mismatched weight sets"
   model ep(cfg, 2, dtype::bf16, true);
   CHECK_THROWS_WITH_AS(ep.set_weights(make_source(cfg, dtype::bf16, 1).load(2)),
                        doctest::Contains("without expert parallelism"), std::invalid_argument);
+}
+
+TEST_CASE("data parallelism: ranks in lockstep equal tp 1, and experts are computed by all dp x tp workers") {
+  auto cfg = test::tiny_moe_config_with(8);
+  auto src = make_source(cfg, dtype::bf16, 9);
+  auto base = tp1_baseline(cfg, src);
+  std::int64_t sparse = 0;
+  for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+    sparse += cfg.sparse_layer(l) ? 1 : 0;
+  REQUIRE(sparse > 0);
+  struct shape {
+    int dp, tp;
+    bool ep;
+  };
+  for (auto [dp, tp, ep] : {shape{2, 1, false}, {2, 2, false}, {3, 1, false}, {2, 1, true}, {2, 2, true}, {4, 2, true}}) {
+    CAPTURE(dp);
+    CAPTURE(tp);
+    CAPTURE(ep);
+    model m(cfg, tp, dtype::bf16, ep, dp);
+    CHECK(m.dp() == dp);
+    m.set_weights(src.load(tp, ep));
+    // Every prompt on its own rank gives tp 1's tokens and logits, bit for bit.
+    auto g = generate_ranks(m, prompts, 24);
+    CHECK(g.tokens == base.tokens);
+    REQUIRE(g.logits.size() == base.logits.size());
+    CHECK(same_bits(g.logits.data(), base.logits.data(), static_cast<std::int64_t>(g.logits.size())));
+
+    // One step with tokens on rank 0 only: every (token, chosen expert) row
+    // is computed once engine-wide (sliced: once per tp slice). With expert
+    // parallelism the workers of the idle ranks compute their experts for
+    // rank 0's tokens; without it they compute nothing.
+    auto before = m.expert_rows();
+    REQUIRE(before.size() == static_cast<std::size_t>(dp * tp));
+    auto seq = m.new_sequence();
+    const auto& prompt = prompts[2];
+    std::vector<std::vector<forward_item>> batches(static_cast<std::size_t>(dp));
+    batches[0].push_back({&seq, prompt, 0, false});
+    std::vector<forward_output> outs;
+    m.forward_ranks(batches, outs);
+    CHECK(outs[1].logits.empty());
+    CHECK(outs[1].first_row == std::vector<std::int64_t>{0});
+    auto after = m.expert_rows();
+    std::uint64_t total = 0, idle_ranks = 0;
+    for (int w = 0; w < dp * tp; ++w) {
+      const auto rows = after[static_cast<std::size_t>(w)] - before[static_cast<std::size_t>(w)];
+      total += rows;
+      if (w >= tp)
+        idle_ranks += rows;
+    }
+    const auto pairs = static_cast<std::uint64_t>(prompt.size()) * static_cast<std::uint64_t>(cfg.num_experts_per_tok)
+                       * static_cast<std::uint64_t>(sparse);
+    CHECK(total == pairs * static_cast<std::uint64_t>(ep ? 1 : tp));
+    if (ep)
+      CHECK(idle_ranks > 0);
+    else
+      CHECK(idle_ranks == 0);
+    // The same prompt served by the last rank instead gives the same logits.
+    auto again = m.new_sequence();
+    std::vector<std::vector<forward_item>> moved(static_cast<std::size_t>(dp));
+    moved.back().push_back({&again, prompt, 0, false});
+    std::vector<forward_output> outs2;
+    m.forward_ranks(moved, outs2);
+    CHECK(same_bits(outs2.back().last(0), outs[0].last(0), cfg.vocab_size));
+  }
+
+  // vLLM's EP size is dp x tp: every worker must hold an expert.
+  CHECK_THROWS_WITH_AS(model(cfg, 2, dtype::bf16, true, 8), doctest::Contains("exceed the 8 experts"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(model(cfg, 1, dtype::bf16, false, 0), std::invalid_argument);
+  model m(cfg, 1, dtype::bf16, true, 2);
+  m.set_weights(src.load(1, true));
+  auto seq = m.new_sequence();
+  std::vector<forward_output> outs;
+  CHECK_THROWS_WITH_AS(m.forward_ranks({{{&seq, {1, 2}, 0, false}}}, outs), doctest::Contains("1 batches for 2"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(m.forward_ranks({{{&seq, {1, 2}, 0, false}}, {{&seq, {3}, 0, false}}}, outs),
+                       doctest::Contains("twice"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(m.forward_ranks({{}, {{&seq, {1, 999999}, 0, false}}}, outs),
+                       doctest::Contains("rank 1, item 0: token 999999"), std::invalid_argument);
+  CHECK(seq.length() == 0); // refused before touching any cache
 }
 
 TEST_CASE("int8 process step: per-output-channel symmetric int8 within tolerance of bf16, Llama, Qwen3, Qwen3-MoE") {
