@@ -14,8 +14,9 @@
 // tp x dp) the experts are placed the same way over all dp x tp workers of the
 // engine, worker w of dp rank d being EP rank d * tp + w; attention, the
 // dense MLP and the vocabulary stay split by tp alone. `rlsync plan` records
-// such layouts; the built-in engine runs with dp = 1 placement (its dp ranks
-// share one copy of the experts).
+// such layouts. The built-in engine holds its experts with dp = 1 placement
+// (its ranks share one copy in one process) and computes them with this one,
+// over all dp x tp workers (model.hpp).
 #include "runtime/config/model_config.hpp"
 
 #include <cstdint>
