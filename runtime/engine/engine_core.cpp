@@ -369,7 +369,7 @@ void engine_core::gather(scheduler_rank& rank, std::vector<forward_item>& batch,
     item.start = start;
     item.tokens.assign(r.context.begin() + start, r.context.begin() + end);
     batch.push_back(std::move(item));
-    work.order.push_back(&r);
+    work.order.push_back(id);
     work.samples.push_back(end == static_cast<std::int64_t>(r.context.size()));
   }
 }
@@ -381,7 +381,11 @@ std::size_t engine_core::deliver(scheduler_rank& rank, const std::vector<forward
 
   std::size_t produced = 0;
   for (std::size_t i = 0; i < order.size(); ++i) {
-    auto& r = *order[i];
+    // Looked up again: a callback of an earlier delivery may have ended it.
+    auto found = rank.requests.find(order[i]);
+    if (found == rank.requests.end() || &found->second->kv != batch[i].seq)
+      continue;
+    auto& r = *found->second;
     // Stale: positions cached before this step were computed with older weights.
     bool stale = batch[i].start > 0 && r.kv_version < out.version;
     r.kv_version = std::min(r.kv_version, out.version);

@@ -251,7 +251,7 @@ private:
   /// What one rank's step feeds its requests with: the request of each
   /// batch item, and whether its logits are sampled (its prompt is all in).
   struct rank_batch {
-    std::vector<request*> order;
+    std::vector<std::uint64_t> order; ///< request ids
     std::vector<bool> samples;
   };
   /// Admits into `rank` (unpaused) and builds its batch for the next step.

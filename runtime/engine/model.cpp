@@ -101,8 +101,10 @@ void reduce_into(float* x, const float* partials, std::int64_t chunks, std::int6
 // returns the pool's size, dp x tp.
 int checked_workers(const model_config& c, int tp, bool expert_parallel, int dp) {
   shard_spec::make(c, tp, 0, expert_parallel);
-  if (dp < 1)
-    throw std::invalid_argument("engine: dp must be positive, got " + std::to_string(dp));
+  // A bound on threads, not a model property: the topology allows 64 x 64.
+  if (dp < 1 || std::int64_t(dp) * tp > 4096)
+    throw std::invalid_argument("engine: dp must be positive with dp x tp at most 4096 workers, got dp "
+                                + std::to_string(dp) + " x tp " + std::to_string(tp));
   if (expert_parallel && dp > 1)
     shard_spec::make(c, tp, 0, expert_parallel, dp, 0); // experts placed over dp x tp: enough of them
   return dp * tp;

@@ -484,6 +484,10 @@ TEST_CASE("topology errors: engines") {
     {"expert parallelism of a dense model", with("engines", "engines: [{name: e, node: a, expert_parallel: true}]"),
      "t.yaml:5:47: engines[0].expert_parallel: expert parallelism needs a mixture-of-experts model (arch "
      "qwen3_moe), not llama"},
+    {"expert parallelism of a dense model, with dp",
+     with("engines", "engines: [{name: e, node: a, dp: 2, expert_parallel: true}]"),
+     "t.yaml:5:54: engines[0].expert_parallel: expert parallelism needs a mixture-of-experts model (arch "
+     "qwen3_moe), not llama"},
     {"an unknown weight format", with("engines", "engines: [{name: e, node: a, weights: fp8}]"),
      "t.yaml:5:39: engines[0].weights: expected received or int8, got 'fp8'"},
     {"expert_parallel not a boolean", with("engines", "engines: [{name: e, node: a, expert_parallel: 2}]"),

@@ -372,6 +372,8 @@ TEST_CASE("data parallelism: ranks in lockstep equal tp 1, and experts are compu
   CHECK_THROWS_WITH_AS(model(cfg, 2, dtype::bf16, true, 8), doctest::Contains("exceed the 8 experts"),
                        std::invalid_argument);
   CHECK_THROWS_AS(model(cfg, 1, dtype::bf16, false, 0), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(model(cfg, 1, dtype::bf16, false, 5000), doctest::Contains("at most 4096 workers"),
+                       std::invalid_argument); // refused before any thread starts
   model m(cfg, 1, dtype::bf16, true, 2);
   m.set_weights(src.load(1, true));
   auto seq = m.new_sequence();
