@@ -41,6 +41,8 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
     throw std::runtime_error(dir + ": " + problems.front());
   for (auto& e : validate_tp(ckpt.config(), options_.tp, options_.expert_parallel))
     throw std::runtime_error((e.rfind("expert parallelism", 0) == 0 ? "--expert-parallel: " : "--tp: ") + e);
+  for (auto& e : validate_dp(ckpt.config(), options_.tp, options_.dp, options_.expert_parallel))
+    throw std::runtime_error("--dp: " + e);
 
   rollout_engine_config cfg;
   cfg.model = ckpt.config();

@@ -179,6 +179,15 @@ std::vector<std::string> validate(const model_config& c) {
   return errs;
 }
 
+std::vector<std::string> validate_dp(const model_config& c, std::int64_t tp, std::int64_t dp, bool expert_parallel) {
+  std::vector<std::string> errs;
+  if (expert_parallel && c.arch == model_arch::qwen3_moe && dp > 1 && tp > 0 && c.num_experts < dp * tp)
+    errs.push_back("with expert parallelism, dp " + std::to_string(dp) + " x tp " + std::to_string(tp)
+                   + " workers exceed the model's " + std::to_string(c.num_experts)
+                   + " experts (every worker computes at least one)");
+  return errs;
+}
+
 std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp, bool expert_parallel) {
   std::vector<std::string> errs;
   if (tp <= 0) {

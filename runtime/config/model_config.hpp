@@ -110,6 +110,12 @@ std::vector<std::string> validate(const model_config& c);
 /// the model must then have experts, at least tp of them.
 std::vector<std::string> validate_tp(const model_config& c, std::int64_t tp, bool expert_parallel = false);
 
+/// Checks `dp` data-parallel ranks of `tp` workers (the model already passes
+/// validate_tp): with expert parallelism on a mixture-of-experts model the
+/// EP size is dp x tp (vLLM's), so the experts must number at least dp x tp.
+/// Returns one message per problem, without a field prefix.
+std::vector<std::string> validate_dp(const model_config& c, std::int64_t tp, std::int64_t dp, bool expert_parallel);
+
 } // namespace rlsync
 
 namespace rlsync {

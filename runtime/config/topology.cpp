@@ -686,12 +686,9 @@ void reader::read_engines(const map_reader& root) {
       for (auto& problem : validate_tp(t.model.config, e.tp, e.expert_parallel))
         r.error(problem.rfind("expert parallelism needs", 0) == 0 ? "expert_parallel" : "tp", problem);
     }
-    if (r.read("dp", e.dp, between(1, max_dp)) && tp_ok && model_ok && ep_ok && e.expert_parallel && e.dp > 1
-        && t.model.config.arch == model_arch::qwen3_moe && t.model.config.num_experts < std::int64_t(e.dp) * e.tp)
-      // vLLM's EP size is dp x tp: every worker of every rank computes experts.
-      r.error("dp", "with expert_parallel, dp " + std::to_string(e.dp) + " x tp " + std::to_string(e.tp)
-                        + " workers exceed the model's " + std::to_string(t.model.config.num_experts)
-                        + " experts (every worker computes at least one)");
+    if (r.read("dp", e.dp, between(1, max_dp)) && tp_ok && model_ok && ep_ok)
+      for (auto& problem : validate_dp(t.model.config, e.tp, e.dp, e.expert_parallel))
+        r.error("dp", problem);
     if (r.read("dp_balance", e.dp_balance) && e.dp_balance != "least_outstanding"
         && e.dp_balance != "prefix_affinity")
       r.error("dp_balance", "expected least_outstanding or prefix_affinity, got '" + printable(e.dp_balance) + "'");

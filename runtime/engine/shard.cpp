@@ -35,9 +35,9 @@ shard_spec shard_spec::make(const model_config& c, int tp, int worker, bool expe
     problems = "\n  dp_rank: must be in [0, " + std::to_string(dp) + "), got " + std::to_string(dp_rank);
   if (problems.empty() && dp > 1 && !expert_parallel)
     problems = "\n  dp: expert placement over data-parallel ranks needs expert parallelism";
-  if (problems.empty() && dp > 1 && c.num_experts < std::int64_t(dp) * tp)
-    problems = "\n  dp: " + std::to_string(dp) + " x tp " + std::to_string(tp) + " workers exceed the "
-               + std::to_string(c.num_experts) + " experts (every worker must hold one)";
+  if (problems.empty())
+    for (auto& e : validate_dp(c, tp, dp, expert_parallel))
+      problems += "\n  dp: " + e;
   if (!problems.empty())
     throw std::invalid_argument("engine shard: model cannot be sharded:" + problems);
 

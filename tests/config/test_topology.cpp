@@ -296,7 +296,7 @@ TEST_CASE("topology: a synthetic Qwen3 keeps its head_dim, a Qwen3-MoE its exper
   CHECK(parse_topology(moe_with("engines: [{name: e, node: a, tp: 2, dp: 3, expert_parallel: true}]"), "t.yaml",
                        "/base").engines.front().dp == 3);
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 4, dp: 2, expert_parallel: true}]")))
-        == "t.yaml:14:41: engines[0].dp: with expert_parallel, dp 2 x tp 4 workers exceed the model's 6 experts "
+        == "t.yaml:14:41: engines[0].dp: with expert parallelism, dp 2 x tp 4 workers exceed the model's 6 experts "
            "(every worker computes at least one)\n");
   CHECK(joined(errors_of(moe_with("engines: [{name: e, node: a, tp: 2, expert_parallel: true, kind: vllm, "
                                   "url: 'http://127.0.0.1:8000'}]")))

@@ -368,8 +368,8 @@ TEST_CASE("data parallelism: ranks in lockstep equal tp 1, and experts are compu
     CHECK(same_bits(outs2.back().last(0), outs[0].last(0), cfg.vocab_size));
   }
 
-  // vLLM's EP size is dp x tp: every worker must hold an expert.
-  CHECK_THROWS_WITH_AS(model(cfg, 2, dtype::bf16, true, 8), doctest::Contains("exceed the 8 experts"),
+  // vLLM's EP size is dp x tp: every worker must compute an expert.
+  CHECK_THROWS_WITH_AS(model(cfg, 2, dtype::bf16, true, 8), doctest::Contains("exceed the model's 8 experts"),
                        std::invalid_argument);
   CHECK_THROWS_AS(model(cfg, 1, dtype::bf16, false, 0), std::invalid_argument);
   CHECK_THROWS_WITH_AS(model(cfg, 1, dtype::bf16, false, 5000), doctest::Contains("at most 4096 workers"),

@@ -74,7 +74,7 @@ TEST_CASE("layout: experts placed over dp x tp workers, attention split by tp al
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(engine::shard_spec::make(m, 2, 0, true, 2, 2), doctest::Contains("dp_rank"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(engine::shard_spec::make(m, 2, 0, true, 8, 0), doctest::Contains("exceed the 8 experts"),
+  CHECK_THROWS_WITH_AS(engine::shard_spec::make(m, 2, 0, true, 8, 0), doctest::Contains("exceed the model's 8 experts"),
                        std::invalid_argument);
 
   // Recorded through the cluster: worker (d, w) takes experts 2(2d + w), +1 only.

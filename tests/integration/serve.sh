@@ -183,14 +183,23 @@ stop_server
 # `rlsync generate` at tp 1 with sliced experts, token for token.
 "$rlsync" checkpoint make --out "$dir/moe" --layers 2 --hidden 64 --heads 4 --kv-heads 2 --arch qwen3_moe \
   --experts 6 --moe-intermediate 32 --seed 3 >/dev/null
-start_server_on "$dir/moe" --tp 2 --expert-parallel
+# With --dp 2 the EP size is dp x tp = 4: the idle rank's workers compute
+# their experts for the busy rank's tokens, and the output stays the same.
 want=$("$rlsync" generate --checkpoint "$dir/moe" --prompt "hello rlsync" --max-tokens 12 --json \
          | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["token_ids"]))')
-got=$(curl -sS -X POST "$url/v1/completions" -H 'Content-Type: application/json' \
-        --data '{"prompt": "hello rlsync", "max_tokens": 12, "temperature": 0}' \
-      | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["token_ids"]))')
-[ "$got" = "$want" ] || fail "MoE served with expert parallelism: $got, rlsync generate at tp 1: $want"
-stop_server
+for dp in 1 2; do
+  start_server_on "$dir/moe" --tp 2 --dp "$dp" --expert-parallel
+  got=$(curl -sS -X POST "$url/v1/completions" -H 'Content-Type: application/json' \
+          --data '{"prompt": "hello rlsync", "max_tokens": 12, "temperature": 0}' \
+        | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["choices"][0]["token_ids"]))')
+  [ "$got" = "$want" ] || fail "MoE served with expert parallelism, dp $dp: $got, rlsync generate at tp 1: $want"
+  stop_server
+done
+set +e
+out=$("$rlsync" serve --checkpoint "$dir/moe" --tp 2 --dp 4 --expert-parallel --port 0 2>&1); rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q -- "--dp: with expert parallelism, dp 4 x tp 2 workers exceed the model's 6 experts" \
+  <<<"$out" || fail "--dp 4 x --tp 2 over 6 experts: rc $rc: $out"
 
 # Data parallelism: two scheduler ranks behind one address. The world size
 # counts them (unless include_dp=false, as vLLM's), the weight checker names
