@@ -408,8 +408,12 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
     CHECK(!producer.worker_address().empty());
     ucx_puller puller(loopback_puller(producer, {}, log.sink()));
     test_engine e("rollout-0", c, tp, puller);
+    // Registration made a UCX worker per engine worker, so that the first
+    // connections do not make theirs inside the sync.
+    CHECK(puller.stats().workers_made_ahead == static_cast<std::uint64_t>(tp));
 
     auto report = e.pull(puller, 1);
+    CHECK(puller.stats().workers_taken_ahead == static_cast<std::uint64_t>(tp));
     test::check_identical(*e.weights, *test::loaded(*v1, tp));
     CHECK(report.version == 1);
     CHECK(report.groups == 3);
@@ -432,6 +436,28 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
     CHECK(puller.stats().connections == connections);
     CHECK(puller.stats().buffers <= static_cast<std::size_t>(tp) * 2); // groups_in_flight per concurrent pull
   }
+}
+
+TEST_CASE("ucx: UCX workers made ahead number at most the engine workers registered") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  log_lines log;
+  ucx_producer producer(src, loopback_producer({}, log.sink()));
+  ucx_puller puller(loopback_puller(producer, {}, log.sink()));
+  auto plan_of = [&](int w) { return std::make_shared<const plan::worker_plan>(engine::make_plan(c, 2, w, dtype::bf16)); };
+  puller.register_worker("a", plan_of(0));
+  puller.register_worker("a", plan_of(1));
+  CHECK(puller.stats().workers_made_ahead == 2);
+  puller.register_worker("a", plan_of(0)); // the same worker again: nothing more
+  CHECK(puller.stats().workers_made_ahead == 2);
+  // Unregistering drops the workers it no longer needs: the next
+  // registration makes one again (kept, it would have taken a spare).
+  puller.unregister_engine("a");
+  puller.register_worker("b", plan_of(0));
+  CHECK(puller.stats().workers_made_ahead == 3);
+  CHECK(puller.stats().workers_taken_ahead == 0);
+  CHECK(puller.stats().connect_attempts == 0); // nothing connects before a pull
 }
 
 TEST_CASE("ucx: the open carries the first groups_in_flight gets, the rest are asked for one by one") {

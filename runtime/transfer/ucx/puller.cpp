@@ -476,14 +476,20 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
   r.digest = checksum64(encoded->data(), encoded->size());
   r.encoded = std::move(encoded);
   r.plan = std::move(plan);
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  impl_->workers[{engine, r.plan->worker}] = std::move(r);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->workers[{engine, r.plan->worker}] = std::move(r);
+  }
+  impl_->make_ready_worker(); // here, at engine start, rather than inside the first sync
 }
 
 void ucx_puller::unregister_engine(const std::string& engine) {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  for (auto it = impl_->workers.begin(); it != impl_->workers.end();)
-    it = it->first.first == engine ? impl_->workers.erase(it) : std::next(it);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    for (auto it = impl_->workers.begin(); it != impl_->workers.end();)
+      it = it->first.first == engine ? impl_->workers.erase(it) : std::next(it);
+  }
+  impl_->trim_ready_workers();
 }
 
 pull_report ucx_puller::pull(const pull_request& req, const group_sink& sink) {

@@ -28,10 +28,50 @@ puller_impl::~puller_impl() {
     (void)ctx.release();
   }
   spare.clear();
+  for (auto& w : ready)
+    ucp_worker_destroy(w.handle); // no endpoint was ever made on them
+  ready.clear();
   ctx.reset();
 }
 
 // -- connections --------------------------------------------------------------------
+
+void puller_impl::make_ready_worker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (ready.size() >= workers.size())
+      return;
+  }
+  worker_handle w;
+  try {
+    w = make_worker(ctx->handle, "puller");
+  } catch (const ucx_error& e) {
+    say(options.log, std::string("ucx puller: no worker made ahead (the first connection makes its own): ") + e.what());
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (ready.size() < workers.size()) {
+      ready.push_back(w);
+      ++st.workers_made_ahead;
+      return;
+    }
+  }
+  ucp_worker_destroy(w.handle); // registrations raced past the bound
+}
+
+void puller_impl::trim_ready_workers() {
+  std::vector<worker_handle> extra;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    while (ready.size() > workers.size()) {
+      extra.push_back(ready.back());
+      ready.pop_back();
+    }
+  }
+  for (auto& w : extra)
+    ucp_worker_destroy(w.handle);
+}
 
 // A connection is bound to the engine worker its token was issued for: only
 // that worker's pulls reuse it.
@@ -168,7 +208,16 @@ std::unique_ptr<channel> puller_impl::new_channel(const ucx_credentials& creds, 
   ch->peer = producer_name(creds.producer);
   ch->engine = req.engine;
   ch->engine_worker = req.worker;
-  ch->worker = make_worker(ctx->handle, "puller");
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!ready.empty()) {
+      ch->worker = ready.back();
+      ready.pop_back();
+      ++st.workers_taken_ahead;
+    }
+  }
+  if (!ch->worker.handle)
+    ch->worker = make_worker(ctx->handle, "puller");
   ch->inbox.install(ch->worker.handle, am_reply, std::size_t(256) << 20);
   return ch;
 }

@@ -129,6 +129,11 @@ struct puller_impl {
   std::vector<std::unique_ptr<channel>> idle;
   std::vector<host_buffer> spare; // receive buffers of connections that were closed
   std::vector<std::unique_ptr<channel>> parked; // closing; see close_ep
+  /// UCX workers made when engine workers registered, for their first
+  /// connections: making one opens every transport (18-37 ms measured here),
+  /// which would otherwise fall inside the first sync's stall. At most one
+  /// per registered engine worker.
+  std::vector<worker_handle> ready;
   ucx_puller_stats st;
   std::string last_lanes;
 
@@ -143,6 +148,10 @@ struct puller_impl {
   void recycle_buffers(channel& ch);
   void reap_parked();
   std::unique_ptr<channel> new_channel(const ucx_credentials& creds, const pull_request& req);
+  /// Makes a worker ahead while fewer are ready than engine workers registered.
+  void make_ready_worker();
+  /// Destroys ready workers beyond the registered engine workers.
+  void trim_ready_workers();
   ucx_credentials credentials(const pull_request& req);
   bool create_endpoint(channel& ch, std::string& why);
   std::unique_ptr<channel> connect(const pull_request& req);

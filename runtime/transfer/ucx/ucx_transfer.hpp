@@ -341,6 +341,8 @@ struct ucx_puller_options {
 struct ucx_puller_stats {
   std::uint64_t connections = 0;     ///< established
   std::uint64_t connect_attempts = 0;
+  std::uint64_t workers_made_ahead = 0; ///< UCX workers made at registration, before any connection
+  std::uint64_t workers_taken_ahead = 0; ///< connections that started on one of them
   std::uint64_t pulls = 0;           ///< completed
   std::uint64_t bytes = 0;           ///< received and verified
   std::size_t buffers = 0;           ///< receive buffers allocated (each touched once)
