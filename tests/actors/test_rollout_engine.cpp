@@ -24,6 +24,17 @@ weight_bucket bucket_of(const tensor_view& t, std::uint64_t version) {
   return b;
 }
 
+/// A test-stepped engine of the tiny model behind a fault gate the test
+/// cuts off and heals (cfg.faults->partitioned).
+rollout_engine_config partitionable(const std::string& name) {
+  rollout_engine_config cfg;
+  cfg.model = test::tiny_config();
+  cfg.options.name = name;
+  cfg.self_stepping = false;
+  cfg.faults = std::make_shared<engine_fault_gate>();
+  return cfg;
+}
+
 struct engine_fixture : test::actor_fixture {
   model_config config = test::tiny_config();
   test::source_weights v1 = test::make_source(config, dtype::bf16, 1);
@@ -298,11 +309,7 @@ TEST_CASE_FIXTURE(engine_fixture, "a request whose sink is gone ends on the engi
 }
 
 TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: an order is lost while cut off, one taken before is answered") {
-  rollout_engine_config cfg;
-  cfg.model = test::tiny_config();
-  cfg.options.name = "rollout-order-cut";
-  cfg.self_stepping = false;
-  cfg.faults = std::make_shared<engine_fault_gate>();
+  auto cfg = partitionable("rollout-order-cut");
   auto engine = caf::actor_cast<rollout_engine_actor>(spawn(rollout_engine, cfg));
   auto answers = std::make_shared<std::vector<test::answer>>();
   auto coordinator = spawn(test::answer_sink, answers);
@@ -322,11 +329,7 @@ TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: an order is lost while c
 }
 
 TEST_CASE_FIXTURE(test::actor_fixture, "partition gate: cut off, no request is answered, healed, every one is") {
-  rollout_engine_config cfg;
-  cfg.model = test::tiny_config();
-  cfg.options.name = "rollout-cut";
-  cfg.self_stepping = false;
-  cfg.faults = std::make_shared<engine_fault_gate>();
+  auto cfg = partitionable("rollout-cut");
   auto engine = caf::actor_cast<rollout_engine_actor>(spawn(rollout_engine, cfg));
   cfg.faults->partitioned = true;
   auto hb = request<heartbeat>(engine, heartbeat_atom::value, heartbeat{"coordinator", 7});
