@@ -414,6 +414,10 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
 
     auto report = e.pull(puller, 1);
     CHECK(puller.stats().workers_taken_ahead == static_cast<std::uint64_t>(tp));
+    // Registering a worker again (holder pulls do, at pull time) makes none:
+    // its connection is kept.
+    puller.register_worker(e.name, std::make_shared<const plan::worker_plan>(e.plans.front().plan()));
+    CHECK(puller.stats().workers_made_ahead == static_cast<std::uint64_t>(tp));
     test::check_identical(*e.weights, *test::loaded(*v1, tp));
     CHECK(report.version == 1);
     CHECK(report.groups == 3);

@@ -476,11 +476,18 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
   r.digest = checksum64(encoded->data(), encoded->size());
   r.encoded = std::move(encoded);
   r.plan = std::move(plan);
+  bool fresh = false;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
-    impl_->workers[{engine, r.plan->worker}] = std::move(r);
+    auto& slot = impl_->workers[{engine, r.plan->worker}];
+    fresh = !slot.plan;
+    slot = std::move(r);
   }
-  impl_->make_ready_worker(); // here, at engine start, rather than inside the first sync
+  // A new engine worker's first connection gets its UCX worker now (engine
+  // start) rather than inside the first sync. A re-registration (holder
+  // pulls change their plan at pull time) keeps its connection: none made.
+  if (fresh)
+    impl_->make_ready_worker();
 }
 
 void ucx_puller::unregister_engine(const std::string& engine) {

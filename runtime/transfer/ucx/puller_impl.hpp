@@ -148,7 +148,8 @@ struct puller_impl {
   void recycle_buffers(channel& ch);
   void reap_parked();
   std::unique_ptr<channel> new_channel(const ucx_credentials& creds, const pull_request& req);
-  /// Makes a worker ahead while fewer are ready than engine workers registered.
+  /// Makes a worker ahead (for a newly registered engine worker) while
+  /// fewer are ready than engine workers registered.
   void make_ready_worker();
   /// Destroys ready workers beyond the registered engine workers.
   void trim_ready_workers();
