@@ -1,4 +1,5 @@
 #include "runtime/engine/process.hpp"
+#include "runtime/engine/int8_bits.hpp"
 
 #include "runtime/base/parallel.hpp"
 
@@ -30,9 +31,7 @@ bool quantized_parameter(const std::string& name) {
              || ends_with(".gate_up_proj.weight") || ends_with(".down_proj.weight"));
 }
 
-namespace {
-
-void quantize(parameter& p) {
+void quantize_int8(parameter& p) {
   const std::int64_t rows = p.shape.front(), cols = p.numel() / std::max<std::int64_t>(1, rows);
   std::vector<float> row(static_cast<std::size_t>(cols));
   p.q.resize(static_cast<std::size_t>(p.numel()));
@@ -52,16 +51,12 @@ void quantize(parameter& p) {
       std::fill(q, q + cols, std::int8_t{0});
       continue;
     }
-    const float scale = amax / 127.0f;
+    const float scale = int8_bits::row_scale(amax);
     p.scales[static_cast<std::size_t>(j)] = scale;
-    for (std::int64_t k = 0; k < cols; ++k) {
-      const float v = scale > 0 ? std::nearbyint(row[static_cast<std::size_t>(k)] / scale) : 0.0f;
-      q[k] = static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
-    }
+    for (std::int64_t k = 0; k < cols; ++k)
+      q[k] = int8_bits::quantize(row[static_cast<std::size_t>(k)], scale);
   }
 }
-
-} // namespace
 
 void process_weights(weight_set& set, weight_format f) {
   // Parameters are independent: spread them over the machine's threads.
@@ -73,7 +68,7 @@ void process_weights(weight_set& set, weight_format f) {
   parallel_for(all.size(), threads, [&](std::size_t i) {
     parameter& p = *all[i];
     if (f == weight_format::int8 && quantized_parameter(p.name) && p.shape.size() == 2 && p.holds_data()) {
-      quantize(p);
+      quantize_int8(p);
     } else { // released, not kept: a set that is not served holds no int8 form
       std::vector<std::int8_t>().swap(p.q);
       std::vector<float>().swap(p.scales);

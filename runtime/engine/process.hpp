@@ -26,6 +26,10 @@ std::optional<weight_format> weight_format_of(const std::string& s);
 /// Whether `name` is one of the matrices the int8 format quantizes.
 bool quantized_parameter(const std::string& name);
 
+/// The int8 form of one matrix [rows, ...] from its bytes: fills p.q and
+/// p.scales (the GPU kernel of the same step is checked against this).
+void quantize_int8(parameter& p);
+
 /// Computes `f`'s form of every worker's parameters in place (int8: fills
 /// q and scales of each quantized matrix from its bytes, a row holding NaN
 /// or infinity getting a NaN scale; received: frees them), spread over the

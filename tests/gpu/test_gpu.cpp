@@ -1,36 +1,156 @@
-// GPU checks: run on a machine with a CUDA device, skip (exit 77) elsewhere.
+// GPU checks: every kernel against the CPU path, bit for bit. Runs on a
+// machine with a CUDA device, skips (exit 77) elsewhere; prints one line per
+// check and exits 1 on the first mismatch (tools/device-check shows them).
 #include "gpu/device.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/mixsum.hpp"
+#include "runtime/base/dtype.hpp"
+#include "runtime/engine/process.hpp"
+#include "tests/gpu/view_cases.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
+using namespace rlsync;
+
+namespace {
+
+int failures = 0;
+
+void report(bool ok, const std::string& what) {
+  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
+  failures += ok ? 0 : 1;
+}
+
+template <class T>
+gpu::device_buffer to_device(const std::vector<T>& host) {
+  gpu::device_buffer d(host.size() * sizeof(T));
+  gpu::copy(d.data(), host.data(), d.size(), gpu::copy_kind::host_to_device);
+  return d;
+}
+
+template <class T>
+std::vector<T> to_host(const gpu::device_buffer& d, std::size_t count) {
+  std::vector<T> host(count);
+  gpu::copy(host.data(), d.data(), count * sizeof(T), gpu::copy_kind::device_to_host);
+  return host;
+}
+
+void check_replay() {
+  std::vector<std::uint16_t> source(4 * 6 * 8);
+  for (std::size_t i = 0; i < source.size(); ++i)
+    source[i] = static_cast<std::uint16_t>(i * 40503u + 7);
+  auto d_source = to_device(source);
+  for (const auto& c : test::views_of_4x6x8()) {
+    const auto flat = gpu::flatten(c.view, static_cast<std::int64_t>(source.size()));
+    const auto n = static_cast<std::size_t>(flat.numel);
+    std::vector<std::uint16_t> expect(n);
+    plan::gather(c.view, source.data(), 2, expect.data());
+    gpu::device_buffer d_packed(n * 2);
+    gpu::gather(flat, d_source.data(), 2, d_packed.data());
+    report(to_host<std::uint16_t>(d_packed, n) == expect, std::string("gather ") + c.name);
+
+    gpu::device_buffer d_back(source.size() * 2);
+    {
+      std::vector<std::uint16_t> zeros(source.size(), 0), expect_back(source.size(), 0);
+      gpu::copy(d_back.data(), zeros.data(), d_back.size(), gpu::copy_kind::host_to_device);
+      gpu::scatter_host(flat, expect.data(), 2, expect_back.data());
+      gpu::scatter(flat, d_packed.data(), 2, d_back.data());
+      report(to_host<std::uint16_t>(d_back, source.size()) == expect_back, std::string("scatter ") + c.name);
+    }
+  }
+}
+
+/// Every 16-bit pattern (normals, subnormals, infinities, NaNs) widened,
+/// then fp32 values around every rounding boundary narrowed.
+void check_convert() {
+  std::vector<std::uint16_t> all(65536);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    all[i] = static_cast<std::uint16_t>(i);
+  auto d_all = to_device(all);
+  for (dtype t : {dtype::bf16, dtype::f16}) {
+    std::vector<float> expect(all.size());
+    convert_to_f32(t, all.data(), expect.data(), all.size());
+    gpu::device_buffer d_wide(all.size() * 4);
+    gpu::convert(t, d_all.data(), dtype::f32, d_wide.data(), all.size());
+    auto got = to_host<float>(d_wide, all.size());
+    report(std::memcmp(got.data(), expect.data(), got.size() * 4) == 0,
+           std::string("convert every ") + std::string(short_name(t)) + " to f32");
+
+    std::vector<float> narrow_in;
+    for (float x : expect) {
+      narrow_in.push_back(x);
+      narrow_in.push_back(std::nextafter(x, std::numeric_limits<float>::infinity()));
+      narrow_in.push_back(std::nextafter(x, -std::numeric_limits<float>::infinity()));
+    }
+    std::vector<std::uint16_t> expect_narrow(narrow_in.size());
+    convert_from_f32(t, narrow_in.data(), expect_narrow.data(), narrow_in.size());
+    auto d_in = to_device(narrow_in);
+    gpu::device_buffer d_narrow(narrow_in.size() * 2);
+    gpu::convert(dtype::f32, d_in.data(), t, d_narrow.data(), narrow_in.size());
+    report(to_host<std::uint16_t>(d_narrow, narrow_in.size()) == expect_narrow,
+           std::string("convert f32 to ") + std::string(short_name(t)) + " at every rounding boundary");
+  }
+}
+
+void check_quantize() {
+  engine::parameter p;
+  p.name = "model.layers.0.mlp.down_proj.weight";
+  p.shape = {37, 300};
+  p.type = dtype::bf16;
+  std::vector<float> values(37 * 300);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = std::sin(static_cast<float>(i) * 0.37f) * static_cast<float>(1 + i % 11);
+  for (std::size_t k = 0; k < 300; ++k)
+    values[5 * 300 + k] = 0.0f; // an all-zero row
+  values[9 * 300 + 17] = std::numeric_limits<float>::quiet_NaN(); // a non-finite row
+  p.bytes.resize(values.size() * 2);
+  convert_from_f32(dtype::bf16, values.data(), p.bytes.data(), values.size());
+  engine::quantize_int8(p);
+
+  auto d_matrix = to_device(p.bytes);
+  gpu::device_buffer d_scales(37 * 4), d_q(37 * 300);
+  gpu::quantize_int8(dtype::bf16, d_matrix.data(), 37, 300, static_cast<float*>(d_scales.data()),
+                     static_cast<std::int8_t*>(d_q.data()));
+  auto scales = to_host<float>(d_scales, 37);
+  auto q = to_host<std::int8_t>(d_q, 37 * 300);
+  report(std::memcmp(scales.data(), p.scales.data(), 37 * 4) == 0 && q == p.q,
+         "int8 process step of a bf16 [37, 300] matrix (a zero row, a NaN row)");
+}
+
+void check_mixsum() {
+  std::vector<unsigned char> bytes((1 << 22) + 13);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<unsigned char>((i * 2654435761u) >> 11);
+  auto d = to_device(bytes);
+  report(gpu::mixsum64_device(d.data(), bytes.size()) == gpu::mixsum64(bytes.data(), bytes.size()),
+         "mixsum64 of 4 MiB + 13 bytes");
+  // An unaligned start takes the byte-wise loads.
+  const auto* at = static_cast<const unsigned char*>(d.data()) + 3;
+  report(gpu::mixsum64_device(at, 1000) == gpu::mixsum64(bytes.data() + 3, 1000), "mixsum64 of an unaligned piece");
+}
+
+} // namespace
+
 int main() {
-  auto info = rlsync::gpu::query_devices();
+  auto info = gpu::query_devices();
   if (!info.compiled_with_cuda || info.device_count == 0) {
     std::printf("skipping gpu tests: %s\n", info.detail.c_str());
     return 77;
   }
   std::printf("device: %s\n", info.detail.c_str());
-  // bf16 -> fp32 on the device must equal the bit-shift definition on the host.
-  std::vector<std::uint16_t> src(1 << 20);
-  for (size_t i = 0; i < src.size(); ++i)
-    src[i] = static_cast<std::uint16_t>(i * 2654435761u >> 7);
-  std::vector<float> dst(src.size());
-  std::string why;
-  if (!rlsync::gpu::bf16_to_f32(src.data(), dst.data(), src.size(), why)) {
-    std::printf("FAIL: bf16_to_f32: %s\n", why.c_str());
-    return 1;
+  try {
+    check_replay();
+    check_convert();
+    check_quantize();
+    check_mixsum();
+  } catch (const std::exception& e) {
+    report(false, std::string("threw: ") + e.what());
   }
-  for (size_t i = 0; i < src.size(); ++i) {
-    std::uint32_t bits = static_cast<std::uint32_t>(src[i]) << 16;
-    float expect;
-    std::memcpy(&expect, &bits, 4);
-    if (std::memcmp(&expect, &dst[i], 4) != 0) {
-      std::printf("FAIL: element %zu differs\n", i);
-      return 1;
-    }
-  }
-  std::printf("ok: bf16_to_f32 on %zu elements\n", src.size());
-  return 0;
+  std::printf("%d failure(s)\n", failures);
+  return failures == 0 ? 0 : 1;
 }

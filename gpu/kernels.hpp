@@ -1,0 +1,87 @@
+#pragma once
+// Device memory and the kernels the GPU data planes run: replay plan
+// entries into a packed buffer (gather) and back (scatter), convert dtypes,
+// quantize for the int8 process step, checksum. Every kernel runs on the
+// calling thread's current device and default stream and has finished when
+// the call returns (the pipelined transports will take streams).
+//
+// Built without CUDA (kernels_stub.cpp) every entry point throws gpu_error
+// "rlsync was built without CUDA": nothing pretends to have run.
+#include "gpu/flat_view.hpp"
+#include "runtime/base/dtype.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace rlsync::gpu {
+
+struct gpu_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// `bytes` of device memory (cudaMalloc), freed on destruction. Move-only.
+class device_buffer {
+public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t bytes); ///< throws gpu_error
+  ~device_buffer();
+  device_buffer(device_buffer&& other) noexcept;
+  device_buffer& operator=(device_buffer&& other) noexcept;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// `bytes` of page-locked host memory (cudaHostAlloc), which H2D/D2H copies
+/// and NCCL's proxies read at full speed. Move-only.
+class pinned_buffer {
+public:
+  pinned_buffer() = default;
+  explicit pinned_buffer(std::size_t bytes); ///< throws gpu_error
+  ~pinned_buffer();
+  pinned_buffer(pinned_buffer&& other) noexcept;
+  pinned_buffer& operator=(pinned_buffer&& other) noexcept;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+enum class copy_kind { host_to_device, device_to_host, device_to_device };
+/// cudaMemcpy, then a check of the result. Throws gpu_error.
+void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind);
+
+/// packed[i] = source[source_index(v, i)], `element_size` bytes each
+/// (2 or 4), device pointers. Throws gpu_error.
+void gather(const flat_view& v, const void* source, std::size_t element_size, void* packed);
+/// target[source_index(v, i)] = packed[i].
+void scatter(const flat_view& v, const void* packed, std::size_t element_size, void* target);
+
+/// `count` elements from `from` to `to` (bf16/f16 <-> f32, or a copy when
+/// equal), bit-identical to convert_to_f32/convert_from_f32 on the host.
+/// bf16 <-> f16 is refused (std::invalid_argument): no plane needs it.
+void convert(dtype from, const void* source, dtype to, void* target, std::size_t count);
+
+/// The int8 process step of a [rows, cols] matrix of `type` on the device:
+/// scales[j] and q[j * cols + k] as engine::process_weights computes them
+/// (a row holding NaN or infinity gets a NaN scale and zeros).
+void quantize_int8(dtype type, const void* matrix, std::int64_t rows, std::int64_t cols, float* scales,
+                   std::int8_t* q);
+
+/// mixsum64 (mixsum.hpp) of `bytes` bytes of device memory.
+std::uint64_t mixsum64_device(const void* data, std::size_t bytes);
+
+} // namespace rlsync::gpu

@@ -1,0 +1,25 @@
+// Built without nvcc: every kernel entry point throws, nothing pretends to run.
+#include "gpu/kernels.hpp"
+
+namespace rlsync::gpu {
+namespace {
+[[noreturn]] void unavailable() { throw gpu_error("rlsync was built without CUDA"); }
+} // namespace
+
+device_buffer::device_buffer(std::size_t) { unavailable(); }
+device_buffer::~device_buffer() = default;
+device_buffer::device_buffer(device_buffer&&) noexcept = default;
+device_buffer& device_buffer::operator=(device_buffer&&) noexcept = default;
+pinned_buffer::pinned_buffer(std::size_t) { unavailable(); }
+pinned_buffer::~pinned_buffer() = default;
+pinned_buffer::pinned_buffer(pinned_buffer&&) noexcept = default;
+pinned_buffer& pinned_buffer::operator=(pinned_buffer&&) noexcept = default;
+
+void copy(void*, const void*, std::size_t, copy_kind) { unavailable(); }
+void gather(const flat_view&, const void*, std::size_t, void*) { unavailable(); }
+void scatter(const flat_view&, const void*, std::size_t, void*) { unavailable(); }
+void convert(dtype, const void*, dtype, void*, std::size_t) { unavailable(); }
+void quantize_int8(dtype, const void*, std::int64_t, std::int64_t, float*, std::int8_t*) { unavailable(); }
+std::uint64_t mixsum64_device(const void*, std::size_t) { unavailable(); }
+
+} // namespace rlsync::gpu
