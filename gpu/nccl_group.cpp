@@ -1,0 +1,127 @@
+#include "gpu/nccl_group.hpp"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+
+namespace rlsync::gpu {
+
+std::string comm_member::describe() const {
+  return producer ? "trainer rank " + std::to_string(rank)
+                  : "engine " + engine + " worker " + std::to_string(rank);
+}
+
+bool comm_member::operator==(const comm_member& o) const {
+  return std::tie(producer, engine, rank) == std::tie(o.producer, o.engine, o.rank);
+}
+
+bool comm_member::operator<(const comm_member& o) const {
+  // Producers first: !producer is false for them.
+  return std::make_tuple(!producer, engine, rank) < std::make_tuple(!o.producer, o.engine, o.rank);
+}
+
+int comm_layout::rank_of(const comm_member& m) const {
+  auto it = std::find(members.begin(), members.end(), m);
+  return it == members.end() ? -1 : static_cast<int>(it - members.begin());
+}
+
+namespace {
+
+/// Why `members` (in the order given) cannot be a communicator, or "".
+std::string layout_problem(const std::vector<comm_member>& members) {
+  if (members.size() > max_comm_members)
+    return std::to_string(members.size()) + " members; a communicator takes at most "
+           + std::to_string(max_comm_members);
+  bool any_producer = false, any_worker = false;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const auto& m = members[i];
+    if (m.rank < 0)
+      return m.describe() + " has a negative rank";
+    if (!m.producer && m.engine.empty())
+      return "a worker without an engine name";
+    if (m.producer && !m.engine.empty())
+      return "trainer rank " + std::to_string(m.rank) + " names an engine";
+    if (i > 0 && !(members[i - 1] < m))
+      return members[i - 1] == m ? m.describe() + " is named twice"
+                                 : m.describe() + " is out of order (producers first, then workers by engine)";
+    any_producer |= m.producer;
+    any_worker |= !m.producer;
+  }
+  if (!any_producer)
+    return "no trainer rank to send";
+  if (!any_worker)
+    return "no engine worker to receive";
+  return {};
+}
+
+std::string names(const std::vector<comm_member>& ms) {
+  std::string out;
+  for (std::size_t i = 0; i < ms.size() && i < 4; ++i)
+    out += (i ? ", " : "") + ms[i].describe();
+  if (ms.size() > 4)
+    out += " and " + std::to_string(ms.size() - 4) + " more";
+  return out;
+}
+
+} // namespace
+
+comm_layout make_layout(std::uint64_t epoch, std::vector<comm_member> members) {
+  std::sort(members.begin(), members.end());
+  if (auto problem = layout_problem(members); !problem.empty())
+    throw std::invalid_argument("NCCL communicator: " + problem);
+  return {epoch, std::move(members)};
+}
+
+const char* to_string(comm_action a) {
+  switch (a) {
+  case comm_action::keep: return "keep";
+  case comm_action::abort_now: return "abort";
+  case comm_action::rebuild: return "rebuild";
+  case comm_action::close: return "close";
+  }
+  return "?";
+}
+
+comm_decision decide(const comm_layout& current, bool healthy, const std::vector<comm_member>& wanted,
+                     bool at_boundary) {
+  const bool exists = !current.members.empty();
+  std::vector<comm_member> gone; // in the communicator, no longer wanted
+  for (const auto& m : current.members)
+    if (std::find(wanted.begin(), wanted.end(), m) == wanted.end())
+      gone.push_back(m);
+  if (!at_boundary) {
+    if (exists && !healthy)
+      return {comm_action::abort_now, {}, "the communicator failed"};
+    if (!gone.empty())
+      return {comm_action::abort_now, {}, names(gone) + (gone.size() == 1 ? " is" : " are") + " gone"};
+    return {};
+  }
+  std::vector<comm_member> next = wanted;
+  std::sort(next.begin(), next.end());
+  next.erase(std::unique(next.begin(), next.end()), next.end());
+  if (!layout_problem(next).empty())
+    return {exists ? comm_action::close : comm_action::keep, {}, exists ? layout_problem(next) : ""};
+  if (exists && healthy && next == current.members)
+    return {};
+  std::string why = !exists    ? "no communicator yet"
+                    : !healthy ? "the communicator failed"
+                               : "members changed";
+  return {comm_action::rebuild, comm_layout{current.epoch + 1, std::move(next)}, why};
+}
+
+join_result join_rank(const nccl_rendezvous& r, const comm_member& me, std::uint64_t held_epoch) {
+  if (r.epoch <= held_epoch)
+    return {-1, "stale rendezvous: epoch " + std::to_string(r.epoch) + ", already at "
+                  + std::to_string(held_epoch)};
+  if (std::all_of(r.id.begin(), r.id.end(), [](std::uint8_t b) { return b == 0; }))
+    return {-1, "the rendezvous carries an empty NCCL id"};
+  if (auto problem = layout_problem(r.members); !problem.empty())
+    return {-1, "bad rendezvous: " + problem};
+  auto it = std::find(r.members.begin(), r.members.end(), me);
+  if (it == r.members.end())
+    return {-1, me.describe() + " is not a member of communicator epoch " + std::to_string(r.epoch)};
+  return {static_cast<int>(it - r.members.begin()), {}};
+}
+
+} // namespace rlsync::gpu

@@ -1,0 +1,185 @@
+// Communicator membership as pure functions: the canonical rank order, the
+// keep / abort / rebuild / close decisions, and a member's checks of a
+// rendezvous (stale, empty, out of order, not for it).
+#include "gpu/nccl_comm.hpp"
+#include "gpu/nccl_group.hpp"
+
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace rlsync;
+using gpu::comm_action;
+using gpu::comm_member;
+
+namespace {
+
+comm_member t(int r) { return comm_member::trainer_rank(r); }
+comm_member w(const char* engine, int worker) { return comm_member::worker(engine, worker); }
+
+std::string layout_error(std::vector<comm_member> ms) {
+  try {
+    gpu::make_layout(1, std::move(ms));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+gpu::nccl_id some_id() {
+  gpu::nccl_id id{};
+  id[3] = 7;
+  return id;
+}
+
+} // namespace
+
+TEST_CASE("make_layout: producers first by rank, then workers by engine and worker") {
+  auto l = gpu::make_layout(3, {w("r1", 1), t(1), w("r0", 1), w("r1", 0), t(0), w("r0", 0)});
+  CHECK(l.epoch == 3);
+  CHECK(l.members == std::vector<comm_member>{t(0), t(1), w("r0", 0), w("r0", 1), w("r1", 0), w("r1", 1)});
+  CHECK(l.rank_of(w("r1", 0)) == 4);
+  CHECK(l.rank_of(w("r2", 0)) == -1);
+  CHECK(w("r0", 1).describe() == "engine r0 worker 1");
+  CHECK(t(2).describe() == "trainer rank 2");
+
+  CHECK(layout_error({t(0), w("r0", 0), w("r0", 0)}) == "NCCL communicator: engine r0 worker 0 is named twice");
+  CHECK(layout_error({w("r0", 0), w("r1", 0)}) == "NCCL communicator: no trainer rank to send");
+  CHECK(layout_error({t(0), t(1)}) == "NCCL communicator: no engine worker to receive");
+  CHECK(layout_error({t(0), w("r0", -1)}) == "NCCL communicator: engine r0 worker -1 has a negative rank");
+  CHECK(layout_error({t(0), w("", 0)}) == "NCCL communicator: a worker without an engine name");
+  std::vector<comm_member> many{t(0)};
+  for (int i = 0; i < 65536; ++i)
+    many.push_back(w("r", i));
+  CHECK(layout_error(many) == "NCCL communicator: 65537 members; a communicator takes at most 65536");
+}
+
+TEST_CASE("decide: keep, abort mid-round, rebuild or close at a boundary") {
+  const auto current = gpu::make_layout(5, {t(0), w("r0", 0), w("r0", 1), w("r1", 0), w("r1", 1)});
+  const std::vector<comm_member> all = current.members;
+  const std::vector<comm_member> r1_dead{t(0), w("r0", 0), w("r0", 1)};
+  const std::vector<comm_member> r2_joins{t(0), w("r0", 0), w("r0", 1), w("r1", 0), w("r1", 1), w("r2", 0)};
+  const std::vector<comm_member> no_engines{t(0)};
+  struct row {
+    const char* name;
+    const gpu::comm_layout* layout;
+    bool healthy;
+    std::vector<comm_member> wanted;
+    bool boundary;
+    comm_action action;
+    std::string why;
+    std::uint64_t next_epoch;
+    std::size_t next_size;
+  };
+  const gpu::comm_layout none;
+  const row rows[] = {
+    {"all alive mid-round", &current, true, all, false, comm_action::keep, "", 0, 0},
+    {"all alive at a boundary", &current, true, all, true, comm_action::keep, "", 0, 0},
+    {"an engine died mid-round", &current, true, r1_dead, false, comm_action::abort_now,
+     "engine r1 worker 0, engine r1 worker 1 are gone", 0, 0},
+    {"one worker died mid-round", &current, true, {t(0), w("r0", 0), w("r0", 1), w("r1", 1)}, false,
+     comm_action::abort_now, "engine r1 worker 0 is gone", 0, 0},
+    {"failed mid-round", &current, false, all, false, comm_action::abort_now, "the communicator failed", 0, 0},
+    {"a newcomer mid-round waits", &current, true, r2_joins, false, comm_action::keep, "", 0, 0},
+    {"an engine died, at the boundary", &current, true, r1_dead, true, comm_action::rebuild, "members changed", 6, 3},
+    {"a newcomer at the boundary", &current, true, r2_joins, true, comm_action::rebuild, "members changed", 6, 6},
+    {"aborted earlier, at the boundary", &current, false, all, true, comm_action::rebuild,
+     "the communicator failed", 6, 5},
+    {"no engines left", &current, true, no_engines, true, comm_action::close, "no engine worker to receive", 0, 0},
+    {"the first communicator", &none, false, all, true, comm_action::rebuild, "no communicator yet", 1, 5},
+    {"nothing yet, nobody to talk to", &none, false, no_engines, true, comm_action::keep, "", 0, 0},
+    {"nothing yet, mid-round", &none, false, all, false, comm_action::keep, "", 0, 0},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    auto d = gpu::decide(*r.layout, r.healthy, r.wanted, r.boundary);
+    CHECK(std::string(gpu::to_string(d.action)) == gpu::to_string(r.action));
+    CHECK(d.why == r.why);
+    if (r.action == comm_action::rebuild) {
+      CHECK(d.next.epoch == r.next_epoch);
+      CHECK(d.next.members.size() == r.next_size);
+      CHECK(d.next.members.front() == t(0)); // canonical order: the producer is rank 0
+    }
+  }
+}
+
+TEST_CASE("join_rank: a member's rank, or why it refuses the rendezvous") {
+  gpu::nccl_rendezvous r{4, some_id(), {t(0), w("r0", 0), w("r0", 1)}};
+  CHECK(gpu::join_rank(r, w("r0", 1), 3).rank == 2);
+  CHECK(gpu::join_rank(r, t(0), 0).rank == 0);
+  CHECK(gpu::join_rank(r, w("r0", 1), 4).error == "stale rendezvous: epoch 4, already at 4");
+  CHECK(gpu::join_rank(r, w("r0", 1), 9).error == "stale rendezvous: epoch 4, already at 9");
+  CHECK(gpu::join_rank(r, w("r1", 0), 3).error == "engine r1 worker 0 is not a member of communicator epoch 4");
+  auto empty = r;
+  empty.id = {};
+  CHECK(gpu::join_rank(empty, w("r0", 1), 3).error == "the rendezvous carries an empty NCCL id");
+  auto reordered = r; // a peer that disagrees about ranks would pair the wrong buffers
+  std::swap(reordered.members[1], reordered.members[2]);
+  CHECK(gpu::join_rank(reordered, w("r0", 1), 3).error
+        == "bad rendezvous: engine r0 worker 0 is out of order (producers first, then workers by engine)");
+  auto twice = r;
+  twice.members.push_back(w("r0", 1));
+  CHECK(gpu::join_rank(twice, w("r0", 1), 3).error == "bad rendezvous: engine r0 worker 1 is named twice");
+}
+
+TEST_CASE("make_nccl_id: a fresh id where NCCL is linked, a clear refusal where not") {
+#ifdef RLSYNC_HAVE_NCCL
+  // ncclGetUniqueId needs no device: it opens the root's bootstrap socket.
+  const auto a = gpu::make_nccl_id(), b = gpu::make_nccl_id();
+  CHECK(a != gpu::nccl_id{});
+  CHECK(a != b);
+#else
+  CHECK_THROWS_WITH(gpu::make_nccl_id(), "rlsync was built without NCCL");
+#endif
+}
+
+#ifdef RLSYNC_HAVE_NCCL
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+namespace {
+/// NCCL 2.28's id: an 8-byte random magic, then the root's sockaddr.
+bool root_address(const gpu::nccl_id& id, sockaddr_in& out) {
+  std::memcpy(&out, id.data() + 8, sizeof out);
+  return out.sin_family == AF_INET && out.sin_port != 0;
+}
+
+bool send_and_close(const sockaddr_in& at, const std::vector<unsigned char>& payload) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0
+                  && (payload.empty() || ::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL) >= 0);
+  ::close(fd);
+  return ok;
+}
+} // namespace
+
+TEST_CASE("hostile: NCCL's bootstrap root survives strangers and garbage on its port") {
+  // The process that makes an id listens for the communicator's members;
+  // anyone on the network can reach that port. A peer without the id's
+  // magic must be turned away without harming the root.
+  const auto id = gpu::make_nccl_id();
+  sockaddr_in at{};
+  if (!root_address(id, at)) {
+    MESSAGE("skipping: this NCCL's id does not carry an IPv4 root address where 2.28's does");
+    return;
+  }
+  std::mt19937 rng(7);
+  std::vector<std::vector<unsigned char>> payloads{{}, std::vector<unsigned char>(64, 0xff),
+                                                   std::vector<unsigned char>(4096)};
+  for (auto& b : payloads.back())
+    b = static_cast<unsigned char>(rng());
+  payloads.emplace_back(id.begin(), id.begin() + 8); // the right magic, then nothing: a stalled joiner
+  for (const auto& p : payloads)
+    CHECK(send_and_close(at, p));
+  CHECK(send_and_close(at, {})); // still listening
+}
+#endif
