@@ -2,6 +2,7 @@
 // stride; the per-element arithmetic comes from headers the CPU path uses
 // too (flat_view.hpp, dtype_bits.hpp, int8_bits.hpp, mixsum.hpp), which is
 // what makes the two paths agree bit for bit.
+#include "gpu/cuda_ipc.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mixsum.hpp"
 #include "runtime/base/dtype_bits.hpp"
@@ -9,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <utility>
 
 namespace rlsync::gpu {
@@ -258,6 +260,37 @@ std::uint64_t mixsum64_device(const void* data, std::size_t bytes) {
   unsigned long long host = 0;
   copy(&host, sum.data(), sizeof host, copy_kind::device_to_host);
   return mixsum_finish(host, bytes);
+}
+
+static_assert(sizeof(cudaIpcMemHandle_t) == ipc_handle_bytes, "CUDA_IPC_HANDLE_SIZE changed");
+
+ipc_handle export_buffer(const device_buffer& buffer) {
+  cudaIpcMemHandle_t raw;
+  check(cudaIpcGetMemHandle(&raw, buffer.data()), "cudaIpcGetMemHandle");
+  ipc_handle h;
+  std::memcpy(h.data(), &raw, h.size());
+  return h;
+}
+
+ipc_mapping::ipc_mapping(const ipc_handle& handle, std::size_t bytes) : size_(bytes) {
+  cudaIpcMemHandle_t raw;
+  std::memcpy(&raw, handle.data(), handle.size());
+  check(cudaIpcOpenMemHandle(&data_, raw, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+}
+ipc_mapping::~ipc_mapping() {
+  if (data_)
+    cudaIpcCloseMemHandle(data_);
+}
+ipc_mapping::ipc_mapping(ipc_mapping&& other) noexcept
+  : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+ipc_mapping& ipc_mapping::operator=(ipc_mapping&& other) noexcept {
+  if (this != &other) {
+    if (data_)
+      cudaIpcCloseMemHandle(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
 }
 
 } // namespace rlsync::gpu

@@ -1,4 +1,5 @@
 // Built without nvcc: every kernel entry point throws, nothing pretends to run.
+#include "gpu/cuda_ipc.hpp"
 #include "gpu/kernels.hpp"
 
 namespace rlsync::gpu {
@@ -21,5 +22,11 @@ void scatter(const flat_view&, const void*, std::size_t, void*) { unavailable();
 void convert(dtype, const void*, dtype, void*, std::size_t) { unavailable(); }
 void quantize_int8(dtype, const void*, std::int64_t, std::int64_t, float*, std::int8_t*) { unavailable(); }
 std::uint64_t mixsum64_device(const void*, std::size_t) { unavailable(); }
+
+ipc_handle export_buffer(const device_buffer&) { unavailable(); }
+ipc_mapping::ipc_mapping(const ipc_handle&, std::size_t) { unavailable(); }
+ipc_mapping::~ipc_mapping() = default;
+ipc_mapping::ipc_mapping(ipc_mapping&&) noexcept = default;
+ipc_mapping& ipc_mapping::operator=(ipc_mapping&&) noexcept = default;
 
 } // namespace rlsync::gpu
