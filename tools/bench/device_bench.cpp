@@ -1,0 +1,186 @@
+// rlsync-device-bench: the GPU speed of light and the GPU planes' kernels,
+// as a Markdown table (tools/device-check runs it after the gpu tests).
+//
+//   rlsync-device-bench [--bytes N]      figures on device 0; exit 77 without one
+//   rlsync-device-bench --ipc-child HEX BYTES CHECKSUM
+//                                        (internal) the second process of the IPC row
+//
+// Every figure is the median of 5 timed repetitions after one warm-up, on a
+// steady clock around calls that return once the device is done. Exits 1
+// when a checksum disagrees across processes or a call fails.
+#include "gpu/cuda_ipc.hpp"
+#include "gpu/device.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/mixsum.hpp"
+#include "runtime/plan/strided.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+using namespace rlsync;
+
+namespace {
+
+using seconds = std::chrono::duration<double>;
+
+double median_seconds(const std::function<void()>& run) {
+  run(); // warm-up: first-touch, module load
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    t.push_back(seconds(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+void row(const std::string& what, double bytes, double s, const std::string& note = "") {
+  std::printf("| %s | %.1f GB/s | %.3f ms | %s |\n", what.c_str(), bytes / s / 1e9, s * 1e3, note.c_str());
+}
+
+std::string hex(const gpu::ipc_handle& h) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (auto b : h) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+bool unhex(const std::string& s, gpu::ipc_handle& h) {
+  if (s.size() != 2 * h.size())
+    return false;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    char* end = nullptr;
+    const std::string pair = s.substr(2 * i, 2);
+    h[i] = static_cast<std::uint8_t>(std::strtoul(pair.c_str(), &end, 16));
+    if (end != pair.c_str() + 2)
+      return false;
+  }
+  return true;
+}
+
+/// The second process: maps the parent's buffer, times device-to-device
+/// copies out of it, and checks what it copied.
+int ipc_child(const std::string& handle_hex, std::size_t bytes, std::uint64_t expect) {
+  gpu::ipc_handle h{};
+  if (!unhex(handle_hex, h)) {
+    std::fprintf(stderr, "bad handle\n");
+    return 2;
+  }
+  gpu::ipc_mapping mapped(h, bytes);
+  gpu::device_buffer mine(bytes);
+  const double s = median_seconds(
+    [&] { gpu::copy(mine.data(), mapped.data(), bytes, gpu::copy_kind::device_to_device); });
+  const bool same = gpu::mixsum64_device(mine.data(), bytes) == expect;
+  row("CUDA IPC, a second process copies out of the mapped buffer", static_cast<double>(bytes), s,
+      same ? "checksum equal" : "CHECKSUM DIFFERS");
+  return same ? 0 : 1;
+}
+
+int run_ipc(const char* self, const gpu::device_buffer& buf, std::uint64_t sum) {
+  const std::string h = hex(gpu::export_buffer(buf)), n = std::to_string(buf.size()), c = std::to_string(sum);
+  std::vector<std::string> args{self, "--ipc-child", h, n, c};
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  std::fflush(stdout);
+  if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
+    std::printf("| CUDA IPC | - | - | could not start the second process |\n");
+    return 1;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+int bench(const char* self, std::size_t bytes) {
+  auto info = gpu::query_devices();
+  if (info.device_count == 0) {
+    std::printf("no CUDA device: %s\n", info.detail.c_str());
+    return 77;
+  }
+  bytes = bytes / 4 * 4;
+  std::printf("device: %s, %zu MiB per figure\n\n", info.detail.c_str(), bytes >> 20);
+  std::printf("| what | rate | median time | note |\n|---|---|---|---|\n");
+
+  gpu::pinned_buffer host(bytes);
+  std::memset(host.data(), 0x5a, bytes);
+  gpu::device_buffer a(bytes), b(bytes);
+  row("cudaMemcpy host to device (pinned)", static_cast<double>(bytes),
+      median_seconds([&] { gpu::copy(a.data(), host.data(), bytes, gpu::copy_kind::host_to_device); }), "speed of light");
+  row("cudaMemcpy device to host (pinned)", static_cast<double>(bytes),
+      median_seconds([&] { gpu::copy(host.data(), a.data(), bytes, gpu::copy_kind::device_to_host); }), "speed of light");
+  row("cudaMemcpy device to device", 2.0 * static_cast<double>(bytes),
+      median_seconds([&] { gpu::copy(b.data(), a.data(), bytes, gpu::copy_kind::device_to_device); }),
+      "speed of light (read + write)");
+
+  // A bf16 matrix [rows, 4096]: the packing a tp-2 column split and a
+  // transpose need, counted as bytes read plus bytes written.
+  const std::int64_t cols = 4096, rows = static_cast<std::int64_t>(bytes / 2) / cols;
+  const auto whole = plan::strided::dense({rows, cols});
+  const auto half_cols = gpu::flatten(plan::narrow(whole, 1, cols / 2, cols / 2), rows * cols);
+  const auto transposed = gpu::flatten(plan::transpose(whole, 0, 1), rows * cols);
+  row("replay gather, half the columns (tp 2 split)", 2.0 * static_cast<double>(half_cols.numel) * 2,
+      median_seconds([&] { gpu::gather(half_cols, a.data(), 2, b.data()); }));
+  row("replay gather, transpose", 2.0 * static_cast<double>(transposed.numel) * 2,
+      median_seconds([&] { gpu::gather(transposed, a.data(), 2, b.data()); }));
+  const std::size_t widen = bytes / 4; // bf16 elements whose fp32 form fits in b
+  row("convert bf16 to f32", static_cast<double>(widen) * 6,
+      median_seconds([&] { gpu::convert(dtype::bf16, a.data(), dtype::f32, b.data(), widen); }));
+  std::uint64_t sum = 0;
+  row("mixsum64 checksum", static_cast<double>(bytes), median_seconds([&] { sum = gpu::mixsum64_device(a.data(), bytes); }));
+  const std::int64_t qrows = 4096, qcols = static_cast<std::int64_t>(bytes / 2) / qrows;
+  gpu::device_buffer scales(static_cast<std::size_t>(qrows) * 4);
+  row("int8 process step of a bf16 matrix", static_cast<double>(qrows * qcols) * 3,
+      median_seconds([&] {
+        gpu::quantize_int8(dtype::bf16, a.data(), qrows, qcols, static_cast<float*>(scales.data()),
+                           static_cast<std::int8_t*>(b.data()));
+      }));
+
+  const int ipc = run_ipc(self, a, sum);
+  std::printf("| NCCL transfers | - | - | not measured: NCCL refuses two ranks on one GPU, and libnccl "
+              "(218 MB) exceeds what the device tool carries |\n");
+  std::printf("| engine decode on the GPU vs the CPU | - | - | not built: the engine runs on the CPU only |\n");
+  return ipc == 0 ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc == 5 && std::string(argv[1]) == "--ipc-child")
+      return ipc_child(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
+    std::size_t bytes = std::size_t{1} << 30;
+    if (argc == 3 && std::string(argv[1]) == "--bytes")
+      bytes = std::strtoull(argv[2], nullptr, 10);
+    else if (argc != 1) {
+      std::fprintf(stderr, "usage: %s [--bytes N]\n", argv[0]);
+      return 2;
+    }
+    if (bytes < (std::size_t{64} << 20)) {
+      std::fprintf(stderr, "--bytes: at least 64 MiB, got %zu\n", bytes);
+      return 2;
+    }
+    return bench(argv[0], bytes);
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}
