@@ -121,6 +121,27 @@ dtype dtype_of(const std::string& name, const py::handle& tensor) {
         "tensor '" + name + "': unsupported dtype " + torch_name + " (publish bf16, f16 or f32, as the topology's model)");
 }
 
+bool on_cuda(const py::handle& tensor) {
+  return py::hasattr(tensor, "device") && std::string(py::str(tensor.attr("device"))).rfind("cuda", 0) == 0;
+}
+
+/// A CUDA tensor copied into page-locked host memory (a blocking copy on
+/// the tensor's stream), which the producer then packs as any CPU tensor:
+/// the UCX and local planes serve host memory. Packing on the device and
+/// serving over NCCL or CUDA IPC (gpu/) are not wired into the producer yet.
+py::object staged_on_host(const std::string& name, const py::handle& tensor) {
+  try {
+    auto torch = py::module_::import("torch");
+    py::object host = torch.attr("empty")(tensor.attr("shape"), py::arg("dtype") = tensor.attr("dtype"),
+                                          py::arg("pin_memory") = true);
+    host.attr("copy_")(tensor);
+    return host;
+  } catch (const py::error_already_set& e) {
+    raise(PyExc_RuntimeError, "tensor '" + name + "': staging it from " + std::string(py::str(tensor.attr("device")))
+                                + " into host memory failed: " + e.what());
+  }
+}
+
 /// One state_dict entry as a borrowed tensor_input, or a clear error.
 transfer::tensor_input input_of(const std::string& name, const py::handle& tensor) {
   if (!py::hasattr(tensor, "data_ptr") || !py::hasattr(tensor, "is_contiguous"))
@@ -128,10 +149,8 @@ transfer::tensor_input input_of(const std::string& name, const py::handle& tenso
                              + std::string(py::str(py::type::of(tensor).attr("__name__"))));
   const std::string device = py::str(tensor.attr("device"));
   if (device != "cpu")
-    raise(PyExc_ValueError,
-          "tensor '" + name + "' is on " + device
-            + ": only CPU tensors can be published for now; GPU tensors come with the GPU backends work (\"Weights on "
-              "GPUs: CUDA pack/unpack, NCCL and CUDA IPC backends\"). Publish a CPU copy (tensor.cpu()) meanwhile");
+    raise(PyExc_ValueError, "tensor '" + name + "' is on " + device
+                              + ": only CPU and CUDA tensors can be published (CUDA ones are staged through host memory)");
   if (py::hasattr(tensor, "layout") && std::string(py::str(tensor.attr("layout"))) != "torch.strided")
     raise(PyExc_ValueError, "tensor '" + name + "': layout " + std::string(py::str(tensor.attr("layout")))
                               + " (only dense tensors can be published)");
@@ -253,8 +272,11 @@ public:
       if (!py::isinstance<py::str>(pair[0]))
         raise(PyExc_TypeError, "publish: tensor names must be strings");
       const std::string name = pair[0].cast<std::string>();
-      inputs.push_back(input_of(name, pair[1]));
-      alive.push_back(py::reinterpret_borrow<py::object>(pair[1]));
+      py::object tensor = py::reinterpret_borrow<py::object>(pair[1]);
+      if (on_cuda(tensor))
+        tensor = staged_on_host(name, tensor);
+      inputs.push_back(input_of(name, tensor));
+      alive.push_back(std::move(tensor));
     }
     try {
       py::gil_scoped_release free;

@@ -86,8 +86,8 @@ with cluster.Cluster(rlsync_bin, ranks=["0-1", "2-3"]) as c:
         ]
         for error_type, needle, state in cases:
             expect(error_type, needle, lambda: rank.publish(1, state))
-        # GPU tensors name the work that brings them.
-        expect(ValueError, "GPU tensors come with the GPU backends work",
+        # Tensors on a device other than the CPU or CUDA say what is accepted.
+        expect(ValueError, "only CPU and CUDA tensors can be published",
                lambda: rank.publish(1, dict(mine, **{name: torch.empty(128, 64, dtype=torch.bfloat16,
                                                                         device="meta")})))
         assert rank.last_published == 0, rank.last_published
