@@ -107,6 +107,11 @@ std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
     // transfer.packed_budget_bytes; 0: enough for 2 x groups_in_flight of the largest group.
     po.packed_budget_bytes = static_cast<std::uint64_t>(t.transfer.packed_budget_bytes);
     po.default_budget_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
+    // Buffers made ahead hold what the engine of the smallest tp asks for.
+    std::int64_t smallest_tp = 0;
+    for (const auto& e : t.engines)
+      smallest_tp = smallest_tp == 0 ? e.tp : std::min(smallest_tp, e.tp);
+    po.prewarm_split = t.transfer.mode == transfer_mode::sharded ? static_cast<std::size_t>(std::max<std::int64_t>(1, smallest_tp)) : 1;
     const std::string prefix = ranks.size() == 1 && t.trainer.ranks.size() == 1
                                  ? "ucx producer: "
                                  : "trainer rank " + std::to_string(r.rank) + ": ";

@@ -307,6 +307,7 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"producer_packs_ahead", c.producer_packs_ahead},
           {"producer_evictions", c.producer_evictions},
           {"producer_buffers_made", c.producer_buffers_made},
+          {"producer_buffers_prewarmed", c.producer_buffers_prewarmed},
           {"largest_group_bytes", c.largest_group},
           {"ranks", c.ranks},
           {"packs", packs},
@@ -458,6 +459,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
     r.producer_buffers_made += s.buffers_made - b.buffers_made;
+    r.producer_buffers_prewarmed += s.buffers_prewarmed;
     r.ucx_transports.insert(s.data_transports.begin(), s.data_transports.end());
     sent += s.groups_sent - b.groups_sent;
     lent += s.groups_lent - b.groups_lent;
@@ -780,10 +782,11 @@ std::string bench_sync_report(const bench_sync_result& r) {
                     c.largest_group / 1e6, c.local_peak_bytes / 1e6);
     else if (c.error.empty() && c.name != "control")
       out += format("%s memory: largest group %.1f MB; UCX producer peak %.1f MB packed (%zu groups) of its "
-                    "%.1f MB budget; warm rounds: %llu groups packed ahead, %llu dropped while needed, %llu "
-                    "buffers made\n",
+                    "%.1f MB budget (%llu buffers made at start); warm rounds: %llu groups packed ahead, %llu "
+                    "dropped while needed, %llu buffers made\n",
                     c.name.c_str(), c.largest_group / 1e6, c.producer_peak_bytes / 1e6, c.producer_peak_groups,
-                    c.producer_budget_bytes / 1e6, static_cast<unsigned long long>(c.producer_packs_ahead),
+                    c.producer_budget_bytes / 1e6, static_cast<unsigned long long>(c.producer_buffers_prewarmed),
+                    static_cast<unsigned long long>(c.producer_packs_ahead),
                     static_cast<unsigned long long>(c.producer_evictions),
                     static_cast<unsigned long long>(c.producer_buffers_made));
   for (auto& c : r.cases)

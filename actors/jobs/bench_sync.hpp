@@ -138,6 +138,7 @@ struct case_result {
   std::uint64_t producer_packs_ahead = 0;  ///< UCX producer: groups packed before a get asked, warm rounds
   std::uint64_t producer_evictions = 0;    ///< UCX producer: groups dropped while a replica needed them, warm rounds
   std::uint64_t producer_buffers_made = 0; ///< UCX producer: packed buffers allocated in the warm rounds (not reused)
+  std::uint64_t producer_buffers_prewarmed = 0; ///< UCX producers: packed buffers made and written at start, before v1
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
   std::set<std::string> ucx_transports;  ///< UCX producers: the data transports their connections used
   /// Every group the UCX producers sent in the warm rounds was lent in

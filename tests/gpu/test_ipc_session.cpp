@@ -43,7 +43,7 @@ TEST_CASE("ipc producer: two slots, a slot reused only once both consumers acked
   CHECK(p.begin(2, {"r0/0"}) == "");
 }
 
-TEST_CASE("ipc producer: a dead consumer's acks are not awaited; abort releases everyone alive") {
+TEST_CASE("ipc producer: a dead consumer's acks are not awaited, and abort releases everyone alive") {
   ipc_producer_session p(1);
   REQUIRE(p.begin(7, {"a", "b", "c"}) == "");
   CHECK(p.publish() == "");

@@ -49,6 +49,7 @@ case_result sharded_case() {
   c.producer_budget_bytes = 99'600'000;
   c.producer_packs_ahead = 6;
   c.producer_buffers_made = 2;
+  c.producer_buffers_prewarmed = 8;
   c.largest_group = 24'900'000;
   return c;
 }
@@ -282,7 +283,7 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "light_ms", "cold", "warm",
                                          "probe6_ms", "producer_peak_groups", "producer_peak_bytes",
                                          "producer_budget_bytes", "producer_packs_ahead", "producer_evictions",
-                                         "producer_buffers_made",
+                                         "producer_buffers_made", "producer_buffers_prewarmed",
                                          "largest_group_bytes", "ranks", "packs",
                                          "error"});
   CHECK(j["case"] == "sharded");
@@ -351,7 +352,7 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
         != std::string::npos);
   CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 49.8 MB packed (4 groups) of its "
-                  "99.6 MB budget; warm rounds: 6 groups packed ahead, 0 dropped while needed, 2 buffers made\n")
+                  "99.6 MB budget (8 buffers made at start); warm rounds: 6 groups packed ahead, 0 dropped while needed, 2 buffers made\n")
         != std::string::npos);
   {
     auto local = r; // the local data plane alone: its buffers, no UCX producer

@@ -541,10 +541,53 @@ TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, wi
         // mapped once per connection (2 here) and kept while the producer
         // holds it, not mapped again by every pull.
         CHECK(producer.stats().buffers_made < producer.stats().packs);
-        CHECK(puller.stats().mappings <= 2 * producer.stats().buffers_made);
+        CHECK(puller.stats().mappings <= 2 * (producer.stats().buffers_made + producer.stats().buffers_prewarmed));
         CHECK(puller.stats().buffers == 0); // no receive buffer was needed
       }
     }
+  }
+}
+
+TEST_CASE("ucx: the producer makes and writes its budget's buffers at start, and the first version packs into them") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  // Room for 6 or more buffers of a whole group (small groups: the 64 KiB
+  // of slack makes every buffer a whole group's size): every pack of tp 2
+  // (2 workers x 3 groups) fits one made at start.
+  const std::uint64_t budget = 7 * largest_of(shard_group_bytes(c, 1));
+  struct row {
+    const char* name;
+    bool prewarm;
+    std::size_t split;
+    int tp;
+  };
+  const row rows[] = {
+    {"prewarmed for tp 2, a tp-2 engine", true, 2, 2},
+    {"prewarmed for tp 1, a tp-1 engine", true, 1, 1},
+    {"no prewarming: the first version packs into fresh buffers", false, 2, 2},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    auto po = loopback_producer();
+    po.packed_budget_bytes = budget;
+    po.prewarm_buffers = r.prewarm;
+    po.prewarm_split = r.split;
+    ucx_producer producer(src, po);
+    const auto before = producer.stats();
+    if (r.prewarm) // 7, or 6 where broadcast's aligned layout makes the largest group a little larger
+      CHECK(before.buffers_prewarmed >= 6);
+    else
+      CHECK(before.buffers_prewarmed == 0);
+    CHECK(before.buffers_made == 0);
+    ucx_puller puller(loopback_puller(producer));
+    test_engine e("rollout-0", c, r.tp, puller);
+    e.pull(puller, src->latest()->version(), transfer_mode::sharded);
+    test::check_identical(*e.weights, *test::loaded(*src->latest(), r.tp));
+    const auto after = producer.stats();
+    CHECK((after.buffers_made == 0) == r.prewarm);
+    CHECK(after.peak_packed_bytes <= budget);
   }
 }
 

@@ -192,6 +192,14 @@ struct ucx_producer_options {
   std::size_t default_budget_groups = 4;
   /// Pack each version for the plans known as soon as it is published.
   bool pack_ahead = true;
+  /// At start, make and write the budget's worth of packed buffers, so that
+  /// the first sync does not pay for fresh memory in the stall. Each holds
+  /// the largest full group divided by prewarm_split, plus 1/64 of slack
+  /// (replicated norms): a sharded engine of tp t packs about 1/t of a
+  /// group, so the head passes the smallest tp (1 for broadcast). A group
+  /// that does not fit gets a fresh buffer, as without prewarming.
+  bool prewarm_buffers = true;
+  std::size_t prewarm_split = 1;
   /// Packed groups live in shared memory (memfd) and consumers on this
   /// host that can map it copy from there straight into their staging:
   /// one copy on the receiving side instead of two ("Shared memory" above).
@@ -257,6 +265,7 @@ struct ucx_producer_stats {
   std::uint64_t packs_ahead = 0;    ///< of which packed ahead, before any get asked for them
   std::uint64_t packed_bytes = 0;
   std::uint64_t buffers_made = 0;   ///< packed buffers allocated (the rest reused one): each new one is faulted in, and mapped anew by consumers
+  std::uint64_t buffers_prewarmed = 0; ///< made and written at start, before any version (not in buffers_made)
   std::size_t peak_packed = 0;      ///< most packed groups alive at once
   std::uint64_t budget_bytes = 0;   ///< packed_budget_bytes as resolved
   std::uint64_t peak_packed_bytes = 0; ///< most bytes held at once: packed groups and spare buffers
