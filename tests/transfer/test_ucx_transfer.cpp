@@ -553,8 +553,7 @@ TEST_CASE("ucx: the producer makes and writes its budget's buffers at start, and
   const model_config c = test::small_model(3);
   auto src = test::small_source(c);
   src->produce_next();
-  // Room for 6 or more buffers of a whole group (small groups: the 64 KiB
-  // of slack makes every buffer a whole group's size): every pack of tp 2
+  // Room for 6 or more buffers of a whole group: every pack of tp 1 or 2
   // (2 workers x 3 groups) fits one made at start.
   const std::uint64_t budget = 7 * largest_of(shard_group_bytes(c, 1));
   struct row {
@@ -565,6 +564,7 @@ TEST_CASE("ucx: the producer makes and writes its budget's buffers at start, and
   };
   const row rows[] = {
     {"prewarmed for tp 2, a tp-2 engine", true, 2, 2},
+    {"prewarmed for tp 1, a tp-2 engine", true, 1, 2},
     {"prewarmed for tp 1, a tp-1 engine", true, 1, 1},
     {"no prewarming: the first version packs into fresh buffers", false, 2, 2},
   };

@@ -453,10 +453,18 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
 void producer_impl::prewarm_buffers(std::uint64_t largest) {
   if (!options.prewarm_buffers)
     return;
+  // As many buffers of a share and 1/64 more as the budget holds (a
+  // worker's share of a group exceeds 1/tp of it by replicated norms; a
+  // buffer that is too small is dropped and a fresh one made, every
+  // version), the budget split evenly among them.
   const std::uint64_t split = std::max<std::size_t>(1, options.prewarm_split);
   const std::uint64_t share = (largest + split - 1) / split;
-  const std::uint64_t size = std::min(largest, share + share / 64 + 65536);
-  for (std::uint64_t held = 0; held + size <= budget; held += size) {
+  const std::uint64_t least = std::min(largest, share + share / 64 + 65536);
+  const std::uint64_t count = budget / least;
+  if (count == 0)
+    return;
+  const std::uint64_t size = std::max(least, budget / count / 4096 * 4096);
+  for (std::uint64_t made = 0; made < count; ++made) {
     host_buffer b = new_buffer(static_cast<std::size_t>(size));
     std::memset(b.data(), 0, b.capacity());
     const std::uint64_t bytes = b.capacity();

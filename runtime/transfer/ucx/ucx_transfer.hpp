@@ -193,11 +193,12 @@ struct ucx_producer_options {
   /// Pack each version for the plans known as soon as it is published.
   bool pack_ahead = true;
   /// At start, make and write the budget's worth of packed buffers, so that
-  /// the first sync does not pay for fresh memory in the stall. Each holds
-  /// the largest full group divided by prewarm_split, plus 1/64 of slack
-  /// (replicated norms): a sharded engine of tp t packs about 1/t of a
-  /// group, so the head passes the smallest tp (1 for broadcast). A group
-  /// that does not fit gets a fresh buffer, as without prewarming.
+  /// the first sync does not pay for fresh memory in the stall: as many as
+  /// the budget holds of at least the largest full group divided by
+  /// prewarm_split and 1/64 more, the budget split evenly among them. A sharded engine of
+  /// tp t packs about 1/t of a group, so the head passes the smallest tp
+  /// (1 for broadcast). A group that does not fit gets a fresh buffer, as
+  /// without prewarming.
   bool prewarm_buffers = true;
   std::size_t prewarm_split = 1;
   /// Packed groups live in shared memory (memfd) and consumers on this
