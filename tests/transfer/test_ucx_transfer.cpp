@@ -591,6 +591,26 @@ TEST_CASE("ucx: the producer makes and writes its budget's buffers at start, and
   }
 }
 
+TEST_CASE("ucx: buffers made at start stay within the budget and at 64, however large the budget") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  const std::uint64_t largest = largest_of(shard_group_bytes(c, 1));
+  for (std::uint64_t budget : {largest + 4096, 3 * largest + 4095, 1000 * largest}) {
+    CAPTURE(budget);
+    auto po = loopback_producer();
+    po.packed_budget_bytes = budget;
+    ucx_producer producer(src, po);
+    const auto st = producer.stats();
+    CHECK(st.buffers_prewarmed >= 1);
+    CHECK(st.buffers_prewarmed <= 64);
+    // Nothing packed yet: the peak is the buffers' capacity, within the budget.
+    CHECK(st.peak_packed_bytes > 0);
+    CHECK(st.peak_packed_bytes <= budget);
+  }
+}
+
 TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not mapped") {
   SKIP_WITHOUT_UCX();
   host_buffer b(100, shareable);

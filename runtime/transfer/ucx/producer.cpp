@@ -457,13 +457,19 @@ void producer_impl::prewarm_buffers(std::uint64_t largest) {
   // worker's share of a group exceeds 1/tp of it by replicated norms; a
   // buffer that is too small is dropped and a fresh one made, every
   // version), the budget split evenly among them.
+  // Sizes are whole pages, as a shareable buffer's capacity is, so that the
+  // buffers' capacities never add up past the budget; at most
+  // max_prewarmed_buffers of them (a descriptor and a mapping each), however
+  // large the budget is against the groups.
+  constexpr std::uint64_t page = 4096;
   const std::uint64_t split = std::max<std::size_t>(1, options.prewarm_split);
   const std::uint64_t share = (largest + split - 1) / split;
-  const std::uint64_t least = std::min(largest, share + share / 64 + 65536);
-  const std::uint64_t count = budget / least;
+  const std::uint64_t least = (std::min(largest, share + share / 64 + 65536) + page - 1) / page * page;
+  const std::uint64_t fit = budget / least;
+  const std::uint64_t count = std::min<std::uint64_t>(fit, max_prewarmed_buffers);
   if (count == 0)
     return;
-  const std::uint64_t size = std::max(least, budget / count / 4096 * 4096);
+  const std::uint64_t size = count == fit ? std::max(least, budget / count / page * page) : least;
   for (std::uint64_t made = 0; made < count; ++made) {
     host_buffer b = new_buffer(static_cast<std::size_t>(size));
     std::memset(b.data(), 0, b.capacity());
@@ -472,6 +478,9 @@ void producer_impl::prewarm_buffers(std::uint64_t largest) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++st.buffers_prewarmed;
   }
+  const std::uint64_t held = held_bytes();
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  st.peak_packed_bytes = std::max(st.peak_packed_bytes, held);
 }
 
 wire::shared_region producer_impl::region_of(const host_buffer& b) const {
