@@ -19,27 +19,19 @@ using ipc_handle = std::array<std::uint8_t, ipc_handle_bytes>;
 /// cudaIpcGetMemHandle of the buffer's allocation.
 ipc_handle export_buffer(const device_buffer& buffer);
 
+struct close_ipc {
+  void operator()(void* p) const noexcept;
+};
+
 /// Another process's exported buffer mapped into this one
-/// (cudaIpcOpenMemHandle); unmapped on destruction. Move-only.
-class ipc_mapping {
+/// (cudaIpcOpenMemHandle); unmapped on destruction.
+class ipc_mapping : public owned_memory<close_ipc> {
 public:
   ipc_mapping() = default;
   /// Maps `handle`; `bytes` is what the producer says the buffer holds
   /// (CUDA cannot tell a consumer its size; the session's chunk checks
   /// keep reads within it). Throws gpu_error.
   ipc_mapping(const ipc_handle& handle, std::size_t bytes);
-  ~ipc_mapping();
-  ipc_mapping(ipc_mapping&& other) noexcept;
-  ipc_mapping& operator=(ipc_mapping&& other) noexcept;
-  ipc_mapping(const ipc_mapping&) = delete;
-  ipc_mapping& operator=(const ipc_mapping&) = delete;
-
-  void* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
-private:
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
 };
 
 } // namespace rlsync::gpu

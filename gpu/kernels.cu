@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
-#include <utility>
 
 namespace rlsync::gpu {
 namespace {
@@ -163,44 +162,22 @@ __global__ void mixsum_kernel(const unsigned char* data, std::size_t bytes, unsi
 
 } // namespace
 
-device_buffer::device_buffer(std::size_t bytes) : size_(bytes) {
+void free_device::operator()(void* p) const noexcept { cudaFree(p); }
+void free_pinned::operator()(void* p) const noexcept { cudaFreeHost(p); }
+void close_ipc::operator()(void* p) const noexcept { cudaIpcCloseMemHandle(p); }
+
+device_buffer::device_buffer(std::size_t bytes) {
+  void* p = nullptr;
   if (bytes > 0)
-    check(cudaMalloc(&data_, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
-}
-device_buffer::~device_buffer() {
-  if (data_)
-    cudaFree(data_);
-}
-device_buffer::device_buffer(device_buffer&& other) noexcept
-  : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-device_buffer& device_buffer::operator=(device_buffer&& other) noexcept {
-  if (this != &other) {
-    if (data_)
-      cudaFree(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
+    check(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+  adopt(p, bytes);
 }
 
-pinned_buffer::pinned_buffer(std::size_t bytes) : size_(bytes) {
+pinned_buffer::pinned_buffer(std::size_t bytes) {
+  void* p = nullptr;
   if (bytes > 0)
-    check(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault), "cudaHostAlloc(" + std::to_string(bytes) + " bytes)");
-}
-pinned_buffer::~pinned_buffer() {
-  if (data_)
-    cudaFreeHost(data_);
-}
-pinned_buffer::pinned_buffer(pinned_buffer&& other) noexcept
-  : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-pinned_buffer& pinned_buffer::operator=(pinned_buffer&& other) noexcept {
-  if (this != &other) {
-    if (data_)
-      cudaFreeHost(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
+    check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc(" + std::to_string(bytes) + " bytes)");
+  adopt(p, bytes);
 }
 
 void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind) {
@@ -272,25 +249,12 @@ ipc_handle export_buffer(const device_buffer& buffer) {
   return h;
 }
 
-ipc_mapping::ipc_mapping(const ipc_handle& handle, std::size_t bytes) : size_(bytes) {
+ipc_mapping::ipc_mapping(const ipc_handle& handle, std::size_t bytes) {
   cudaIpcMemHandle_t raw;
   std::memcpy(&raw, handle.data(), handle.size());
-  check(cudaIpcOpenMemHandle(&data_, raw, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
-}
-ipc_mapping::~ipc_mapping() {
-  if (data_)
-    cudaIpcCloseMemHandle(data_);
-}
-ipc_mapping::ipc_mapping(ipc_mapping&& other) noexcept
-  : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-ipc_mapping& ipc_mapping::operator=(ipc_mapping&& other) noexcept {
-  if (this != &other) {
-    if (data_)
-      cudaIpcCloseMemHandle(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
+  void* p = nullptr;
+  check(cudaIpcOpenMemHandle(&p, raw, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  adopt(p, bytes);
 }
 
 } // namespace rlsync::gpu

@@ -21,43 +21,71 @@ struct gpu_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// `bytes` of device memory (cudaMalloc), freed on destruction. Move-only.
-class device_buffer {
+/// `size` bytes at `data` that `Release` gives back on destruction (cudaFree,
+/// cudaFreeHost, cudaIpcCloseMemHandle). Move-only.
+template <class Release>
+class owned_memory {
 public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t bytes); ///< throws gpu_error
-  ~device_buffer();
-  device_buffer(device_buffer&& other) noexcept;
-  device_buffer& operator=(device_buffer&& other) noexcept;
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
+  owned_memory() = default;
+  ~owned_memory() { reset(); }
+  owned_memory(owned_memory&& other) noexcept : data_(other.data_), size_(other.size_) {
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  owned_memory& operator=(owned_memory&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = other.data_;
+      size_ = other.size_;
+      other.data_ = nullptr;
+      other.size_ = 0;
+    }
+    return *this;
+  }
+  owned_memory(const owned_memory&) = delete;
+  owned_memory& operator=(const owned_memory&) = delete;
 
   void* data() const { return data_; }
   std::size_t size() const { return size_; }
 
+protected:
+  void adopt(void* data, std::size_t size) {
+    reset();
+    data_ = data;
+    size_ = size;
+  }
+
 private:
+  void reset() {
+    if (data_)
+      Release{}(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
   void* data_ = nullptr;
   std::size_t size_ = 0;
 };
 
+struct free_device {
+  void operator()(void* p) const noexcept;
+};
+struct free_pinned {
+  void operator()(void* p) const noexcept;
+};
+
+/// `bytes` of device memory (cudaMalloc).
+class device_buffer : public owned_memory<free_device> {
+public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t bytes); ///< throws gpu_error
+};
+
 /// `bytes` of page-locked host memory (cudaHostAlloc), which H2D/D2H copies
-/// and NCCL's proxies read at full speed. Move-only.
-class pinned_buffer {
+/// and NCCL's proxies read at full speed.
+class pinned_buffer : public owned_memory<free_pinned> {
 public:
   pinned_buffer() = default;
   explicit pinned_buffer(std::size_t bytes); ///< throws gpu_error
-  ~pinned_buffer();
-  pinned_buffer(pinned_buffer&& other) noexcept;
-  pinned_buffer& operator=(pinned_buffer&& other) noexcept;
-  pinned_buffer(const pinned_buffer&) = delete;
-  pinned_buffer& operator=(const pinned_buffer&) = delete;
-
-  void* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
-private:
-  void* data_ = nullptr;
-  std::size_t size_ = 0;
 };
 
 enum class copy_kind { host_to_device, device_to_host, device_to_device };

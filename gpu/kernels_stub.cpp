@@ -7,14 +7,13 @@ namespace {
 [[noreturn]] void unavailable() { throw gpu_error("rlsync was built without CUDA"); }
 } // namespace
 
+// Nothing is ever allocated without CUDA, so nothing is ever released.
+void free_device::operator()(void*) const noexcept {}
+void free_pinned::operator()(void*) const noexcept {}
+void close_ipc::operator()(void*) const noexcept {}
+
 device_buffer::device_buffer(std::size_t) { unavailable(); }
-device_buffer::~device_buffer() = default;
-device_buffer::device_buffer(device_buffer&&) noexcept = default;
-device_buffer& device_buffer::operator=(device_buffer&&) noexcept = default;
 pinned_buffer::pinned_buffer(std::size_t) { unavailable(); }
-pinned_buffer::~pinned_buffer() = default;
-pinned_buffer::pinned_buffer(pinned_buffer&&) noexcept = default;
-pinned_buffer& pinned_buffer::operator=(pinned_buffer&&) noexcept = default;
 
 void copy(void*, const void*, std::size_t, copy_kind) { unavailable(); }
 void gather(const flat_view&, const void*, std::size_t, void*) { unavailable(); }
@@ -25,8 +24,5 @@ std::uint64_t mixsum64_device(const void*, std::size_t) { unavailable(); }
 
 ipc_handle export_buffer(const device_buffer&) { unavailable(); }
 ipc_mapping::ipc_mapping(const ipc_handle&, std::size_t) { unavailable(); }
-ipc_mapping::~ipc_mapping() = default;
-ipc_mapping::ipc_mapping(ipc_mapping&&) noexcept = default;
-ipc_mapping& ipc_mapping::operator=(ipc_mapping&&) noexcept = default;
 
 } // namespace rlsync::gpu
