@@ -44,12 +44,24 @@ constexpr shareable_t shareable{};
 class host_buffer {
 public:
   host_buffer() = default;
+  /// The capacity a buffer made for `size` bytes gets (what it holds of
+  /// memory, the header page of a shareable one aside): whole pages, and
+  /// whole huge pages from 2 MiB on for a private one.
+  static std::size_t capacity_for(std::size_t size, bool shareable) {
+    constexpr std::size_t huge = std::size_t(2) << 20;
+    if (shareable)
+      return (std::max<std::size_t>(size, 1) + 4095) / 4096 * 4096;
+    if (size == 0)
+      return 0;
+    const std::size_t align = size >= huge ? huge : 4096;
+    return (size + align - 1) / align * align;
+  }
   explicit host_buffer(std::size_t size) {
     if (size == 0)
       return;
     constexpr std::size_t huge = std::size_t(2) << 20;
     const std::size_t align = size >= huge ? huge : 4096;
-    const std::size_t rounded = (size + align - 1) / align * align;
+    const std::size_t rounded = capacity_for(size, false);
     void* p = nullptr;
     if (posix_memalign(&p, align, rounded) != 0)
       throw std::bad_alloc();
@@ -62,7 +74,7 @@ public:
   /// A shareable buffer of at least `size` bytes (throws std::runtime_error
   /// when the memfd cannot be made or mapped).
   host_buffer(std::size_t size, shareable_t) {
-    const std::size_t rounded = (std::max<std::size_t>(size, 1) + 4095) / 4096 * 4096;
+    const std::size_t rounded = capacity_for(size, true);
     const int fd = ::memfd_create("rlsync-packed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
       throw std::runtime_error("memfd_create failed: " + std::string(std::strerror(errno)));

@@ -456,31 +456,33 @@ void producer_impl::prewarm_buffers(std::uint64_t largest) {
   // As many buffers of a share and 1/64 more as the budget holds (a
   // worker's share of a group exceeds 1/tp of it by replicated norms; a
   // buffer that is too small is dropped and a fresh one made, every
-  // version), the budget split evenly among them.
-  // Sizes are whole pages, as a shareable buffer's capacity is, so that the
-  // buffers' capacities never add up past the budget; at most
+  // version). No larger: the budget counts the bytes a group packs, not
+  // the buffer it lies in, so a buffer's slack is memory the budget does
+  // not see.
+  // Sizes are whole pages, and buffers are made while their capacities
+  // (private ones round to huge pages) stay within the budget; at most
   // max_prewarmed_buffers of them (a descriptor and a mapping each), however
   // large the budget is against the groups.
   constexpr std::uint64_t page = 4096;
   const std::uint64_t split = std::max<std::size_t>(1, options.prewarm_split);
   const std::uint64_t share = (largest + split - 1) / split;
   const std::uint64_t least = (std::min(largest, share + share / 64 + 65536) + page - 1) / page * page;
-  const std::uint64_t fit = budget / least;
-  const std::uint64_t count = std::min<std::uint64_t>(fit, max_prewarmed_buffers);
-  if (count == 0)
-    return;
-  const std::uint64_t size = count == fit ? std::max(least, budget / count / page * page) : least;
+  const std::uint64_t count = std::min<std::uint64_t>(budget / least, max_prewarmed_buffers);
+  const std::uint64_t size = least;
+  std::uint64_t held = 0;
   for (std::uint64_t made = 0; made < count; ++made) {
     host_buffer b = new_buffer(static_cast<std::size_t>(size));
-    std::memset(b.data(), 0, b.capacity());
     const std::uint64_t bytes = b.capacity();
+    if (held + bytes > budget) // a private buffer (no shared memory) rounds to huge pages
+      break;
+    held += bytes;
+    std::memset(b.data(), 0, b.capacity());
     spare.push_back({std::move(b), bytes});
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++st.buffers_prewarmed;
   }
-  const std::uint64_t held = held_bytes();
   std::lock_guard<std::mutex> lock(stats_mutex);
-  st.peak_packed_bytes = std::max(st.peak_packed_bytes, held);
+  st.peak_packed_bytes = std::max(st.peak_packed_bytes, held_bytes());
 }
 
 wire::shared_region producer_impl::region_of(const host_buffer& b) const {

@@ -194,8 +194,8 @@ struct ucx_producer_options {
   bool pack_ahead = true;
   /// At start, make and write the budget's worth of packed buffers, so that
   /// the first sync does not pay for fresh memory in the stall: as many as
-  /// the budget holds of at least the largest full group divided by
-  /// prewarm_split and 1/64 more, the budget split evenly among them. A sharded engine of
+  /// the budget holds (at most 64) of the largest full group divided by
+  /// prewarm_split and 1/64 more. A sharded engine of
   /// tp t packs about 1/t of a group, so the head passes the smallest tp
   /// (1 for broadcast). A group that does not fit gets a fresh buffer, as
   /// without prewarming.
