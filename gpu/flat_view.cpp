@@ -2,6 +2,7 @@
 
 #include "runtime/base/checked.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,23 @@ flat_view flatten(const plan::strided& v, std::int64_t source_numel) {
   return out;
 }
 
+bool one_to_one(const flat_view& v) {
+  std::int64_t order[max_view_dims];
+  int n = 0;
+  for (int d = 0; d < v.ndim; ++d)
+    if (v.shape[d] > 1)
+      order[n++] = d;
+  std::sort(order, order + n, [&](std::int64_t a, std::int64_t b) { return v.strides[a] < v.strides[b]; });
+  std::int64_t span = 1; // elements the dims so far cover, in strides of the smallest
+  for (int i = 0; i < n; ++i) {
+    const std::int64_t d = order[i];
+    if (v.strides[d] < span)
+      return false;
+    span = v.strides[d] * v.shape[d]; // no overflow: flatten() checked the reach
+  }
+  return true;
+}
+
 void gather_host(const flat_view& v, const void* source, std::size_t element_size, void* packed) {
   const auto* src = static_cast<const unsigned char*>(source);
   auto* dst = static_cast<unsigned char*>(packed);
@@ -54,6 +72,8 @@ void gather_host(const flat_view& v, const void* source, std::size_t element_siz
 }
 
 void scatter_host(const flat_view& v, const void* packed, std::size_t element_size, void* target) {
+  if (!one_to_one(v))
+    throw std::invalid_argument("scatter into a view whose elements overlap (a stride of 0, or dims that interleave)");
   const auto* src = static_cast<const unsigned char*>(packed);
   auto* dst = static_cast<unsigned char*>(target);
   for (std::int64_t i = 0; i < v.numel; ++i)

@@ -42,9 +42,16 @@ RLSYNC_HD inline std::int64_t source_index(const flat_view& v, std::int64_t line
 /// write out of bounds on its word), all arithmetic overflow-checked.
 flat_view flatten(const plan::strided& v, std::int64_t source_numel);
 
+/// Whether distinct elements of `v` are distinct source elements (no
+/// stride-0 or overlapping dims), which a scatter needs: two threads
+/// writing one element would race. Sufficient test: sorted by stride,
+/// every dim of extent > 1 steps past the whole of the dims below it.
+bool one_to_one(const flat_view& v);
+
 /// CPU reference of the device gather: packed[i] = source[source_index(v, i)].
 void gather_host(const flat_view& v, const void* source, std::size_t element_size, void* packed);
-/// The inverse: target[source_index(v, i)] = packed[i].
+/// The inverse: target[source_index(v, i)] = packed[i]. Throws
+/// std::invalid_argument when !one_to_one(v).
 void scatter_host(const flat_view& v, const void* packed, std::size_t element_size, void* target);
 
 } // namespace rlsync::gpu

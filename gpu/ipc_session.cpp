@@ -24,8 +24,10 @@ std::string ipc_producer_session::begin(std::uint64_t session, const std::vector
 }
 
 std::optional<std::size_t> ipc_producer_session::free_slot() const {
-  if (!open_ || pending_.size() >= slots_)
+  if (!open_)
     return std::nullopt;
+  if (next_chunk_ >= slots_ && pending_.count(next_chunk_ - static_cast<std::uint32_t>(slots_)))
+    return std::nullopt; // the slot's last chunk is still being read
   return next_chunk_ % slots_;
 }
 
@@ -33,7 +35,7 @@ std::string ipc_producer_session::publish() {
   if (!open_)
     return "no session is open";
   if (!free_slot())
-    return "every slot holds a chunk not yet acked";
+    return "the next slot still holds a chunk not yet acked";
   if (consumers_.empty())
     return "every consumer is gone";
   pending_[next_chunk_] = consumers_;
@@ -41,9 +43,12 @@ std::string ipc_producer_session::publish() {
   return {};
 }
 
-std::string ipc_producer_session::ack(const std::string& who, std::uint32_t chunk) {
+std::string ipc_producer_session::ack(std::uint64_t session, const std::string& who, std::uint32_t chunk) {
   if (!open_)
     return "no session is open";
+  if (session != session_)
+    return who + " acked chunk " + std::to_string(chunk) + " of session " + std::to_string(session)
+           + "; session " + std::to_string(session_) + " is open";
   if (!consumers_.count(who))
     return who + " is not a consumer of session " + std::to_string(session_);
   auto it = pending_.find(chunk);

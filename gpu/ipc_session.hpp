@@ -32,15 +32,18 @@ public:
   /// Opens session `session` (newer than any before) for `consumers`.
   /// Returns "" (then export the buffer and send the handle) or why not.
   std::string begin(std::uint64_t session, const std::vector<std::string>& consumers);
-  /// The slot chunk `next_chunk()` goes into, or nullopt while every slot
-  /// holds a chunk some consumer has not acked (or no session is open).
+  /// The slot chunk `next_chunk()` goes into (next_chunk() % slots), or
+  /// nullopt while the chunk that slot last held is not acked by every live
+  /// consumer (acks may come out of order), or no session is open.
   std::optional<std::size_t> free_slot() const;
   std::uint32_t next_chunk() const { return next_chunk_; }
   /// Announces chunk next_chunk() as packed into free_slot(). "" or why not.
   std::string publish();
-  /// Consumer `who` has copied chunk `chunk` out. "" or why the ack is
-  /// refused (unknown consumer, a chunk not outstanding, a second ack).
-  std::string ack(const std::string& who, std::uint32_t chunk);
+  /// Consumer `who` has copied chunk `chunk` of `session` out. "" or why the
+  /// ack is refused (another session's: a late ack of an aborted one must
+  /// not free a slot of the next; an unknown consumer; a chunk not
+  /// outstanding; a second ack).
+  std::string ack(std::uint64_t session, const std::string& who, std::uint32_t chunk);
   /// `who` died or left: its acks are no longer awaited.
   void consumer_gone(const std::string& who);
   /// Closes the session once every chunk is acked. "" or why not.

@@ -193,6 +193,8 @@ void gather(const flat_view& v, const void* source, std::size_t element_size, vo
 }
 
 void scatter(const flat_view& v, const void* packed, std::size_t element_size, void* target) {
+  if (!one_to_one(v))
+    throw std::invalid_argument("scatter into a view whose elements overlap (a stride of 0, or dims that interleave)");
   if (v.numel > 0)
     launch_by_size<scatter_launch>("scatter", element_size, v.numel, packed, target, v);
 }

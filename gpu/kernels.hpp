@@ -95,7 +95,8 @@ void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind);
 /// packed[i] = source[source_index(v, i)], `element_size` bytes each
 /// (2 or 4), device pointers. Throws gpu_error.
 void gather(const flat_view& v, const void* source, std::size_t element_size, void* packed);
-/// target[source_index(v, i)] = packed[i].
+/// target[source_index(v, i)] = packed[i]; std::invalid_argument when
+/// !one_to_one(v) (threads would race on one element).
 void scatter(const flat_view& v, const void* packed, std::size_t element_size, void* target);
 
 /// `count` elements from `from` to `to` (bf16/f16 <-> f32, or a copy when

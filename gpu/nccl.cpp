@@ -52,6 +52,7 @@ struct nccl_comm::state {
   cudaStream_t stream = nullptr;
   int device = 0, rank = 0, size = 0;
   bool aborted = false;
+  bool ready = false;      ///< init done and no operation running: NCCL takes the next call
   bool op_pending = false; ///< an enqueued operation the stream has not finished
 };
 
@@ -99,12 +100,15 @@ comm_poll nccl_comm::poll(std::string& why) {
     why = std::string(ncclGetErrorString(async)) + ": " + ncclGetLastError(s_->comm);
     return comm_poll::failed;
   }
-  if (!s_->op_pending)
+  if (!s_->op_pending) {
+    s_->ready = true;
     return comm_poll::done;
+  }
   const cudaError_t q = cudaStreamQuery(s_->stream);
   if (q == cudaErrorNotReady)
     return comm_poll::in_progress;
   s_->op_pending = false;
+  s_->ready = q == cudaSuccess;
   if (q != cudaSuccess) {
     why = std::string("stream: ") + cudaGetErrorString(q);
     return comm_poll::failed;
@@ -120,18 +124,29 @@ void nccl_comm::abort() {
   s_->comm = nullptr;
 }
 
+namespace {
+/// In non-blocking mode NCCL takes a call only once the last one (and the
+/// init) polled as done.
+void require_ready(bool aborted, bool ready, const char* what) {
+  if (aborted)
+    throw gpu_error(std::string(what) + " on an aborted communicator");
+  if (!ready)
+    throw gpu_error(std::string(what) + " before the communicator's init or last operation finished: wait_for it first");
+}
+} // namespace
+
 void nccl_comm::enqueue_broadcast(void* data, std::size_t bytes, int root) {
-  if (s_->aborted)
-    throw gpu_error("broadcast on an aborted communicator");
+  require_ready(s_->aborted, s_->ready, "broadcast");
   check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+  s_->ready = false;
   check_nccl(ncclBroadcast(data, data, bytes, ncclUint8, root, s_->comm, s_->stream), "ncclBroadcast");
   s_->op_pending = true;
 }
 
 void nccl_comm::enqueue_p2p(const std::vector<p2p_op>& ops) {
-  if (s_->aborted)
-    throw gpu_error("send/recv on an aborted communicator");
+  require_ready(s_->aborted, s_->ready, "send/recv");
   check_cuda(cudaSetDevice(s_->device), "cudaSetDevice");
+  s_->ready = false;
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   for (const auto& op : ops) {
     const ncclResult_t r = op.send ? ncclSend(op.data, op.bytes, ncclUint8, op.peer, s_->comm, s_->stream)

@@ -40,7 +40,8 @@ public:
   void abort() override;
 
   /// ncclBroadcast of `bytes` at `data` (device memory) from `root`, in
-  /// place, on the communicator's stream. Throws gpu_error.
+  /// place, on the communicator's stream. Only once the init, and the last
+  /// operation, polled done (NCCL's non-blocking rule). Throws gpu_error.
   void enqueue_broadcast(void* data, std::size_t bytes, int root);
   /// The sends and receives of one step of a sharded pull, as one NCCL group.
   void enqueue_p2p(const std::vector<p2p_op>& ops);

@@ -100,8 +100,9 @@ comm_decision decide(const comm_layout& current, bool healthy, const std::vector
   std::vector<comm_member> next = wanted;
   std::sort(next.begin(), next.end());
   next.erase(std::unique(next.begin(), next.end()), next.end());
-  if (!layout_problem(next).empty())
-    return {exists ? comm_action::close : comm_action::keep, {}, exists ? layout_problem(next) : ""};
+  if (!layout_problem(next).empty()) // nobody to talk to: the epoch stays, so later rendezvous are newer
+    return {exists ? comm_action::close : comm_action::keep, comm_layout{current.epoch, {}},
+            exists ? layout_problem(next) : ""};
   if (exists && healthy && next == current.members)
     return {};
   std::string why = !exists    ? "no communicator yet"

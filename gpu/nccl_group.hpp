@@ -75,7 +75,7 @@ const char* to_string(comm_action a);
 
 struct comm_decision {
   comm_action action = comm_action::keep;
-  comm_layout next; ///< for rebuild: the new members under epoch + 1
+  comm_layout next; ///< rebuild: the new members under epoch + 1; close: none, the epoch kept
   std::string why;  ///< for everything but keep: which member, or what changed
 };
 

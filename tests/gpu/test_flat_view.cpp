@@ -89,3 +89,26 @@ TEST_CASE("flatten refuses views a kernel could not replay safely, naming why") 
   // An empty view reaches nothing, wherever it points.
   CHECK(refused(plan::narrow(whole, 0, 4, 0), 0) == "accepted");
 }
+
+TEST_CASE("scatter takes only views whose elements are distinct source elements") {
+  for (const auto& c : views_of_4x6x8()) {
+    CAPTURE(c.name);
+    CHECK(gpu::one_to_one(gpu::flatten(c.view, 4 * 6 * 8)));
+  }
+  strided broadcast_rows; // expand(): every row the same 8 elements
+  broadcast_rows.shape = {4, 8};
+  broadcast_rows.strides = {0, 1};
+  const auto flat = gpu::flatten(broadcast_rows, 8);
+  CHECK(!gpu::one_to_one(flat));
+  std::vector<std::uint16_t> packed(32, 1), target(8, 0);
+  gpu::gather_host(flat, target.data(), 2, packed.data()); // reading twice is fine
+  CHECK_THROWS_AS(gpu::scatter_host(flat, packed.data(), 2, target.data()), std::invalid_argument);
+  strided interleaved; // dims [2, 3] with strides [2, 1]: element (0, 2) and (1, 0) coincide
+  interleaved.shape = {2, 3};
+  interleaved.strides = {2, 1};
+  CHECK(!gpu::one_to_one(gpu::flatten(interleaved, 100)));
+  strided single; // extent-1 dims never overlap, whatever their stride
+  single.shape = {1, 5};
+  single.strides = {0, 1};
+  CHECK(gpu::one_to_one(gpu::flatten(single, 5)));
+}

@@ -22,38 +22,57 @@ TEST_CASE("ipc producer: two slots, a slot reused only once both consumers acked
   CHECK(p.free_slot() == 1u);
   CHECK(p.publish() == ""); // chunk 1 in slot 1
   CHECK(p.free_slot() == std::nullopt);
-  CHECK(p.publish() == "every slot holds a chunk not yet acked");
+  CHECK(p.publish() == "the next slot still holds a chunk not yet acked");
 
-  CHECK(p.ack("r0/0", 0) == "");
+  CHECK(p.ack(1, "r0/0", 0) == "");
   CHECK(p.free_slot() == std::nullopt); // r1/0 still reads slot 0
-  CHECK(p.ack("r0/0", 0) == "r0/0 acked chunk 0, which it does not hold");
-  CHECK(p.ack("r2/0", 0) == "r2/0 is not a consumer of session 1");
-  CHECK(p.ack("r1/0", 2) == "r1/0 acked chunk 2, which it does not hold");
+  CHECK(p.ack(1, "r0/0", 0) == "r0/0 acked chunk 0, which it does not hold");
+  CHECK(p.ack(1, "r2/0", 0) == "r2/0 is not a consumer of session 1");
+  CHECK(p.ack(1, "r1/0", 2) == "r1/0 acked chunk 2, which it does not hold");
   CHECK(p.finish() == "2 chunk(s) not acked, the first 0");
-  CHECK(p.ack("r1/0", 0) == "");
+  CHECK(p.ack(1, "r1/0", 0) == "");
   CHECK(p.free_slot() == 0u); // chunk 2 reuses slot 0
   CHECK(p.next_chunk() == 2u);
-  CHECK(p.ack("r1/0", 1) == "");
-  CHECK(p.ack("r0/0", 1) == "");
+  CHECK(p.ack(1, "r1/0", 1) == "");
+  CHECK(p.ack(1, "r0/0", 1) == "");
   CHECK(p.outstanding() == 0u);
   CHECK(p.finish() == "");
   CHECK(!p.open());
   CHECK(p.begin(1, {"r0/0"}) == "session 1 is not newer than 1");
   CHECK(p.begin(2, {}) == "a session without consumers");
   CHECK(p.begin(2, {"r0/0"}) == "");
+  CHECK(p.publish() == "");
+  // A late ack of session 1 must not free session 2's slot.
+  CHECK(p.ack(1, "r0/0", 0) == "r0/0 acked chunk 0 of session 1; session 2 is open");
+  CHECK(p.ack(2, "r0/0", 0) == "");
+}
+
+TEST_CASE("ipc producer: acks out of order free a slot only once the chunk it held is acked") {
+  ipc_producer_session p(2);
+  REQUIRE(p.begin(1, {"a"}) == "");
+  CHECK(p.publish() == ""); // chunk 0, slot 0
+  CHECK(p.publish() == ""); // chunk 1, slot 1
+  CHECK(p.ack(1, "a", 1) == "");
+  CHECK(p.outstanding() == 1u);
+  CHECK(p.free_slot() == std::nullopt); // chunk 2 would go to slot 0, which chunk 0 still holds
+  CHECK(p.publish() == "the next slot still holds a chunk not yet acked");
+  CHECK(p.ack(1, "a", 0) == "");
+  CHECK(p.free_slot() == 0u);
+  CHECK(p.publish() == ""); // chunk 2, slot 0
+  CHECK(p.free_slot() == 1u); // chunk 3 into slot 1: chunk 1 was acked
 }
 
 TEST_CASE("ipc producer: a dead consumer's acks are not awaited, and abort releases everyone alive") {
   ipc_producer_session p(1);
   REQUIRE(p.begin(7, {"a", "b", "c"}) == "");
   CHECK(p.publish() == "");
-  CHECK(p.ack("a", 0) == "");
+  CHECK(p.ack(7, "a", 0) == "");
   CHECK(p.free_slot() == std::nullopt);
   p.consumer_gone("b");
   CHECK(p.free_slot() == std::nullopt); // c still reads
   p.consumer_gone("c");
   CHECK(p.free_slot() == 0u); // nobody alive holds chunk 0
-  CHECK(p.ack("b", 0) == "b is not a consumer of session 7");
+  CHECK(p.ack(7, "b", 0) == "b is not a consumer of session 7");
   CHECK(p.publish() == "");
   CHECK(p.abort() == std::vector<std::string>{"a"});
   CHECK(!p.open());

@@ -97,6 +97,10 @@ TEST_CASE("decide: keep, abort mid-round, rebuild or close at a boundary") {
     auto d = gpu::decide(*r.layout, r.healthy, r.wanted, r.boundary);
     CHECK(std::string(gpu::to_string(d.action)) == gpu::to_string(r.action));
     CHECK(d.why == r.why);
+    if (r.action == comm_action::close) {
+      CHECK(d.next.members.empty());
+      CHECK(d.next.epoch == r.layout->epoch); // a later rebuild is still newer than epoch 5
+    }
     if (r.action == comm_action::rebuild) {
       CHECK(d.next.epoch == r.next_epoch);
       CHECK(d.next.members.size() == r.next_size);

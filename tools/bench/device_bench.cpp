@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -92,9 +93,10 @@ int ipc_child(const std::string& handle_hex, std::size_t bytes, std::uint64_t ex
   return same ? 0 : 1;
 }
 
-int run_ipc(const char* self, const gpu::device_buffer& buf, std::uint64_t sum) {
+int run_ipc(const gpu::device_buffer& buf, std::uint64_t sum) {
+  const char* self = "/proc/self/exe"; // argv[0] may be a bare name found on PATH
   const std::string h = hex(gpu::export_buffer(buf)), n = std::to_string(buf.size()), c = std::to_string(sum);
-  std::vector<std::string> args{self, "--ipc-child", h, n, c};
+  std::vector<std::string> args{"rlsync-device-bench", "--ipc-child", h, n, c};
   std::vector<char*> argv;
   for (auto& a : args)
     argv.push_back(a.data());
@@ -106,11 +108,16 @@ int run_ipc(const char* self, const gpu::device_buffer& buf, std::uint64_t sum) 
     return 1;
   }
   int status = 0;
-  waitpid(pid, &status, 0);
+  pid_t waited = -1;
+  do
+    waited = waitpid(pid, &status, 0);
+  while (waited < 0 && errno == EINTR);
+  if (waited != pid)
+    return 1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
-int bench(const char* self, std::size_t bytes) {
+int bench(std::size_t bytes) {
   auto info = gpu::query_devices();
   if (info.device_count == 0) {
     std::printf("no CUDA device: %s\n", info.detail.c_str());
@@ -154,7 +161,7 @@ int bench(const char* self, std::size_t bytes) {
                            static_cast<std::int8_t*>(b.data()));
       }));
 
-  const int ipc = run_ipc(self, a, sum);
+  const int ipc = run_ipc(a, sum);
   std::printf("| NCCL transfers | - | - | not measured: NCCL refuses two ranks on one GPU, and libnccl "
               "(218 MB) exceeds what the device tool carries |\n");
   std::printf("| engine decode on the GPU vs the CPU | - | - | not built: the engine runs on the CPU only |\n");
@@ -178,7 +185,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--bytes: at least 64 MiB, got %zu\n", bytes);
       return 2;
     }
-    return bench(argv[0], bytes);
+    return bench(bytes);
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;
