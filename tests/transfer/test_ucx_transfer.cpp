@@ -383,14 +383,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
 
 TEST_CASE("ucx wire: messages and plans of an older format version (3: open without prefetch) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 6); // the byte after the magic
+  REQUIRE(message.at(4) == 7); // the byte after the magic
   message[4] = 3;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 3, expected 6"), wire::wire_error);
+                       doctest::Contains("format version 3, expected 7"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 6);
+  REQUIRE(plan.at(4) == 7);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 6"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 7"),
                        wire::wire_error);
 }
 
@@ -611,6 +611,57 @@ TEST_CASE("ucx: buffers made at start stay within the budget and at 64, however 
   }
 }
 
+TEST_CASE("ucx: workers connected ahead at registration pull over those connections, buffers already mapped") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  src->produce_next();
+  auto po = loopback_producer();
+  po.packed_budget_bytes = 7 * largest_of(shard_group_bytes(c, 1)); // every pack of tp 2 in a buffer made at start
+  ucx_producer producer(src, po);
+  auto qo = loopback_puller(producer);
+  qo.connect_ahead = true;
+  ucx_puller puller(qo);
+  test_engine e("rollout-0", c, 2, puller);
+  REQUIRE(eventually([&] { return puller.stats().connected_ahead == 2; }));
+  const auto before = puller.stats();
+  CHECK(before.connections == 2);
+  CHECK(before.mapped_ahead == 2 * producer.stats().buffers_prewarmed); // each connection maps them all
+  e.pull(puller, src->latest()->version(), transfer_mode::sharded);
+  test::check_identical(*e.weights, *test::loaded(*src->latest(), 2));
+  const auto after = puller.stats();
+  CHECK(after.connections == 2);               // the pull took the connections made ahead
+  CHECK(after.groups_mapped == 6);             // 2 workers x 3 groups, lent in shared memory
+  CHECK(after.mappings == before.mappings);    // in buffers mapped ahead: none mapped inside the pull
+}
+
+TEST_CASE("ucx: a worker that cannot connect ahead still pulls, connecting then") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  auto qo = loopback_puller(producer);
+  auto real = qo.credentials;
+  std::atomic<int> asked{0};
+  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
+    if (asked++ == 0)
+      throw std::runtime_error("no trainer yet"); // the first ask (connecting ahead) fails
+    return real(engine, worker, deadline);
+  };
+  qo.connect_ahead = true;
+  log_lines log;
+  qo.log = log.sink();
+  ucx_puller puller(qo);
+  test_engine e("rollout-0", c, 1, puller);
+  REQUIRE(eventually([&] { return log.contains("not connected ahead (its first pull connects)"); }));
+  CHECK(log.contains("no credentials for the producer: no trainer yet"));
+  CHECK(puller.stats().connected_ahead == 0);
+  e.pull(puller, src->latest()->version(), transfer_mode::sharded);
+  test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
+  CHECK(puller.stats().connections == 1);
+}
+
 TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not mapped") {
   SKIP_WITHOUT_UCX();
   host_buffer b(100, shareable);
@@ -693,6 +744,23 @@ TEST_CASE("ucx wire: a shared region is named whole or not at all") {
     CHECK_THROWS_WITH_AS(wire::decode(bytes.data(), bytes.size()), doctest::Contains("is no shared buffer"),
                          wire::wire_error);
   }
+  // An ack names the producer's buffers whole, each checked as a group's region.
+  wire::ack_msg a{4, wire::status::ok, 0, ""};
+  a.probe = {1234, 9, 8192, 77};
+  a.buffers = {{1234, 10, 8192, 78}, {1234, 11, 16384, 79}};
+  bytes = wire::encode(a);
+  m = wire::decode(bytes.data(), bytes.size());
+  REQUIRE(std::get_if<wire::ack_msg>(&m));
+  REQUIRE(std::get<wire::ack_msg>(m).buffers.size() == 2);
+  CHECK(std::get<wire::ack_msg>(m).buffers[1].id == 79);
+  a.buffers.push_back({1234, 12, 100, 80});
+  bytes = wire::encode(a);
+  CHECK_THROWS_WITH_AS(wire::decode(bytes.data(), bytes.size()), doctest::Contains("buffer: pid 1234, fd 12, 100 bytes is no shared buffer"),
+                       wire::wire_error);
+  bytes = wire::encode(wire::ack_msg{4, wire::status::ok, 0, ""});
+  bytes.resize(bytes.size() - 4); // the buffer count cut off
+  bytes.insert(bytes.end(), {0xff, 0xff, 0xff, 0xff}); // 2^32 - 1 buffers announced, none there
+  CHECK_THROWS_AS(wire::decode(bytes.data(), bytes.size()), wire::wire_error);
   wire::done_msg d{5, 2, 1};
   bytes = wire::encode(d);
   m = wire::decode(bytes.data(), bytes.size());

@@ -439,8 +439,19 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
     return;
   }
   wire::ack_msg ack{hello->seq, wire::status::ok, 0, ""};
-  if (c->same_host)
+  if (c->same_host) {
     ack.probe = region_of(probe);
+    // The buffers groups will be lent in: a consumer connecting ahead of
+    // its first pull maps and faults them in then.
+    auto offer = [&](const host_buffer& b) {
+      if (b.shared() && ack.buffers.size() < wire::max_live_buffers)
+        ack.buffers.push_back(region_of(b));
+    };
+    for (const auto& b : spare)
+      offer(b.buffer);
+    for (const auto& [k, e] : cache)
+      offer(e->buffer);
+  }
   reply(c, ack);
 }
 

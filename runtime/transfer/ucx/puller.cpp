@@ -471,6 +471,7 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
     throw std::invalid_argument("ucx transfer: engine '" + engine + "' worker " + std::to_string(plan->worker) + ": "
                                 + e.what());
   }
+  const int worker_of_plan = plan->worker;
   registration r;
   auto encoded = std::make_shared<std::vector<std::uint8_t>>(wire::encode_plan(*plan));
   r.digest = checksum64(encoded->data(), encoded->size());
@@ -486,8 +487,11 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
   // A new engine worker's first connection gets its UCX worker now (engine
   // start) rather than inside the first sync. A re-registration (holder
   // pulls change their plan at pull time) keeps its connection: none made.
-  if (fresh)
+  if (fresh) {
     impl_->make_ready_worker();
+    if (impl_->options.connect_ahead)
+      impl_->start_connect_ahead(engine, worker_of_plan);
+  }
 }
 
 void ucx_puller::unregister_engine(const std::string& engine) {

@@ -8,6 +8,14 @@
 namespace rlsync::transfer::ucx_detail {
 
 puller_impl::~puller_impl() {
+  std::vector<std::thread> connecting;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stopping = true;
+    connecting.swap(ahead);
+  }
+  for (auto& t : connecting) // each ends by its connect_ahead_timeout
+    t.join();
   auto channels = std::move(idle);
   for (auto& ch : channels)
     destroy(std::move(ch));
@@ -261,7 +269,52 @@ ucx_credentials puller_impl::credentials(const pull_request& req) {
 
 // Connects and says hello, retrying with backoff until the deadline; a
 // refused token ends it at once.
-std::unique_ptr<channel> puller_impl::connect(const pull_request& req) {
+void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (stopping)
+    return;
+  ahead.emplace_back([this, engine, worker] {
+    pull_request req;
+    req.engine = engine;
+    req.worker = worker;
+    req.deadline = clock::now() + options.connect_ahead_timeout;
+    try {
+      auto ch = connect(req, true);
+      {
+        std::lock_guard<std::mutex> l(mutex);
+        ++st.connected_ahead;
+      }
+      release(std::move(ch)); // idle: the worker's first pull takes it
+    } catch (const std::exception& e) {
+      say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());
+    }
+  });
+}
+
+// Reading one byte a page maps each page into this process now: the
+// first touch of a fresh mapping is what costs (a trap per page on a VM),
+// not the copy that follows.
+void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>& regions) {
+  std::size_t mapped = 0;
+  for (const auto& r : regions) {
+    if (r.pid != ch.shared_pid || ch.maps.count(r.id) || ch.maps.size() >= max_mappings)
+      continue;
+    std::string why;
+    shared_mapping m(r, why);
+    if (!m)
+      continue; // the pull maps it, or says why, if a group is lent in it
+    volatile std::uint8_t sink = 0;
+    for (std::size_t at = 0; at < m.data_bytes(); at += 4096)
+      sink = static_cast<std::uint8_t>(sink + m.data()[at]);
+    ch.maps.emplace(r.id, channel::mapped{std::move(m), ch.pulls});
+    ++mapped;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  st.mapped_ahead += mapped;
+  st.mappings += mapped;
+}
+
+std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_ahead) {
   const ucx_credentials creds = credentials(req);
   const std::string peer = producer_name(creds.producer);
   auto backoff = std::max(options.backoff_initial, std::chrono::milliseconds(1));
@@ -280,7 +333,7 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req) {
     // Each attempt on a worker of its own, destroyed with whatever a
     // failed attempt leaves behind.
     std::unique_ptr<channel> ch = new_channel(creds, req);
-    if (auto err = try_connect(*ch, creds, attempt_deadline); err.empty()) {
+    if (auto err = try_connect(*ch, creds, attempt_deadline, map_ahead); err.empty()) {
       const std::string refused = lanes_refused(ch->lanes, options.transports);
       say(options.log, "ucx puller: " + who(req) + " connected to producer " + peer + " (attempt "
                            + std::to_string(attempts) + ") over " + ch->lanes.text + " [" + ch->lanes.summary()
@@ -339,7 +392,8 @@ bool puller_impl::create_endpoint(channel& ch, std::string& why) {
 }
 
 // "" on success.
-std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline) {
+std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline,
+                                     bool map_ahead) {
   std::string why;
   if (!create_endpoint(ch, why))
     return why;
@@ -365,6 +419,8 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
       ch.shared = static_cast<bool>(shared_mapping(a->probe, why));
       ch.shared_pid = ch.shared ? a->probe.pid : 0;
       ch.shared_why = why;
+      if (ch.shared && map_ahead)
+        this->map_ahead(ch, a->buffers);
     }
     ch.replies.erase(it);
     ch.lanes = ep_lanes(ch.ep);

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -134,6 +135,9 @@ struct puller_impl {
   /// which would otherwise fall inside the first sync's stall. At most one
   /// per registered engine worker.
   std::vector<worker_handle> ready;
+  /// Connections being made ahead (connect_ahead), joined on destruction.
+  std::vector<std::thread> ahead;
+  bool stopping = false; // under mutex: no new connection ahead starts
   ucx_puller_stats st;
   std::string last_lanes;
 
@@ -155,8 +159,13 @@ struct puller_impl {
   void trim_ready_workers();
   ucx_credentials credentials(const pull_request& req);
   bool create_endpoint(channel& ch, std::string& why);
-  std::unique_ptr<channel> connect(const pull_request& req);
-  std::string try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline);
+  /// `map_ahead`: map and fault in the buffers the producer's answer names.
+  std::unique_ptr<channel> connect(const pull_request& req, bool map_ahead = false);
+  std::string try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline, bool map_ahead);
+  /// Maps and faults in `regions` of the producer whose probe mapped.
+  void map_ahead(channel& ch, const std::vector<wire::shared_region>& regions);
+  /// Starts connecting engine worker (engine, worker) in the background.
+  void start_connect_ahead(const std::string& engine, int worker);
 
   // -- request/reply ------------------------------------------------------------------
 

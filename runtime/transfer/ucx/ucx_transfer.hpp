@@ -345,6 +345,13 @@ struct ucx_puller_options {
   std::chrono::milliseconds max_idle{std::chrono::minutes(10)};
   /// Largest group a producer may announce (receive buffers are this big at most).
   std::uint64_t max_group_bytes = std::uint64_t(16) << 30;
+  /// When an engine worker registers, connect it in the background (ticket,
+  /// endpoint, hello) and map and fault in the buffers the producer names
+  /// in its answer, so that its first pull finds a connection whose
+  /// mappings are warm instead of making them inside the stall. A pull that
+  /// comes first connects itself, as without it.
+  bool connect_ahead = false;
+  std::chrono::milliseconds connect_ahead_timeout{5000};
   ucx_log log;
 };
 
@@ -353,6 +360,8 @@ struct ucx_puller_stats {
   std::uint64_t connect_attempts = 0;
   std::uint64_t workers_made_ahead = 0; ///< UCX workers made at registration, before any connection
   std::uint64_t workers_taken_ahead = 0; ///< connections that started on one of them
+  std::uint64_t connected_ahead = 0; ///< connections made at registration (connect_ahead)
+  std::uint64_t mapped_ahead = 0;    ///< producer buffers they mapped and faulted in
   std::uint64_t pulls = 0;           ///< completed
   std::uint64_t bytes = 0;           ///< received and verified
   std::size_t buffers = 0;           ///< receive buffers allocated (each touched once)

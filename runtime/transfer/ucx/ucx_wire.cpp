@@ -13,7 +13,8 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // 2: group checksums and plan digests are XXH3 (64-bit); 1 used XXH64. A peer
 // of the other version is refused at the first message instead of failing
 // every checksum. 3: hello carries the engine worker and its session token.
-constexpr std::uint8_t format_version = 6;
+// 7: an ack names the producer's shareable buffers (connecting ahead).
+constexpr std::uint8_t format_version = 7;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -413,6 +414,10 @@ std::vector<std::uint8_t> encode(const message& m) {
           w.put(x.digest);
           w.str(x.error.substr(0, max_error_bytes));
           put_region(w, x.probe);
+          const auto lent = std::min(x.buffers.size(), max_live_buffers);
+          w.put(static_cast<std::uint32_t>(lent));
+          for (std::size_t i = 0; i < lent; ++i)
+            put_region(w, x.buffers[i]);
         } else if constexpr (std::is_same_v<T, manifest_msg>) {
           header(w, msg_type::manifest);
           w.put(x.seq);
@@ -547,6 +552,9 @@ message decode(const std::uint8_t* data, std::size_t size) {
       m.digest = r.get<std::uint64_t>("digest");
       m.error = r.str("error", max_error_bytes);
       m.probe = get_region(r, "probe");
+      m.buffers.resize(r.count<std::uint32_t>("buffer count", max_live_buffers, 4 + 4 + 8 + 8));
+      for (auto& b : m.buffers)
+        b = get_region(r, "buffer");
       out = std::move(m);
       break;
     }

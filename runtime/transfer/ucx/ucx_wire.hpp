@@ -16,8 +16,8 @@
 // byte blobs are a u32 length then the bytes; vectors a u32 count then the
 // elements.
 //
-//   message  = u32 magic "RLUX" | u8 format version (3) | u8 type | fields
-//   plan     = u32 magic "RLPL" | u8 format version (2) | i32 tp | i32 worker
+//   message  = u32 magic "RLUX" | u8 format version (7) | u8 type | fields
+//   plan     = u32 magic "RLPL" | u8 format version (7) | i32 tp | i32 worker
 //              | u32 entries | entry*
 //   entry    = str source | u8 dtype | shape source_shape | u16 ops | str*
 //              | i64 view.offset | u8 rank | i64 view.shape[rank]
@@ -173,6 +173,10 @@ struct ack_msg {
   /// A hello from the producer's host: a probe buffer the consumer maps to
   /// learn whether it can map the producer's memory (id 0: none offered).
   shared_region probe;
+  /// With a probe: the shareable buffers the producer holds now (at most
+  /// max_live_buffers), which a consumer connecting ahead of its first pull
+  /// may map and fault in then, rather than inside the pull.
+  std::vector<shared_region> buffers;
 };
 struct group_info {
   std::uint32_t group = 0;
