@@ -3,19 +3,20 @@
 #include "runtime/base/checksum.hpp"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 namespace rlsync::transfer::ucx_detail {
 
 puller_impl::~puller_impl() {
-  std::vector<std::thread> connecting;
+  std::vector<connecting> threads;
   {
     std::lock_guard<std::mutex> lock(mutex);
     stopping = true;
-    connecting.swap(ahead);
+    threads.swap(ahead);
   }
-  for (auto& t : connecting) // each ends by its connect_ahead_timeout
-    t.join();
+  for (auto& t : threads) // each ends by its connect_ahead_timeout
+    t.thread.join();
   auto channels = std::move(idle);
   for (auto& ch : channels)
     destroy(std::move(ch));
@@ -273,22 +274,42 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
   std::lock_guard<std::mutex> lock(mutex);
   if (stopping)
     return;
-  ahead.emplace_back([this, engine, worker] {
-    pull_request req;
-    req.engine = engine;
-    req.worker = worker;
-    req.deadline = clock::now() + options.connect_ahead_timeout;
-    try {
-      auto ch = connect(req, true);
-      {
-        std::lock_guard<std::mutex> l(mutex);
-        ++st.connected_ahead;
-      }
-      release(std::move(ch)); // idle: the worker's first pull takes it
-    } catch (const std::exception& e) {
-      say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());
+  for (auto it = ahead.begin(); it != ahead.end();)
+    if (it->done->load()) {
+      it->thread.join(); // returns at once: it has finished
+      it = ahead.erase(it);
+    } else {
+      ++it;
     }
-  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t;
+  try {
+    t = std::thread([this, engine, worker, done] {
+      struct mark_done {
+        std::atomic<bool>& d;
+        ~mark_done() { d = true; }
+      } mark{*done};
+      pull_request req;
+      req.engine = engine;
+      req.worker = worker;
+      req.deadline = clock::now() + options.connect_ahead_timeout;
+      try {
+        auto ch = connect(req, true);
+        {
+          std::lock_guard<std::mutex> l(mutex);
+          ++st.connected_ahead;
+        }
+        release(std::move(ch)); // idle: the worker's first pull takes it
+      } catch (const std::exception& e) {
+        say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());
+      }
+    });
+  } catch (const std::system_error& e) { // no thread to spare: the first pull connects
+    say(options.log, "ucx puller: engine '" + engine + "' worker " + std::to_string(worker)
+                         + " not connected ahead: " + e.what());
+    return;
+  }
+  ahead.push_back({std::move(t), std::move(done)});
 }
 
 // Reading one byte a page maps each page into this process now: the

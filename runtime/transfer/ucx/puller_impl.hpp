@@ -14,6 +14,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -135,8 +136,14 @@ struct puller_impl {
   /// which would otherwise fall inside the first sync's stall. At most one
   /// per registered engine worker.
   std::vector<worker_handle> ready;
-  /// Connections being made ahead (connect_ahead), joined on destruction.
-  std::vector<std::thread> ahead;
+  /// Connections being made ahead (connect_ahead): each thread and whether
+  /// it has finished; finished ones are joined as new ones start, the rest
+  /// on destruction.
+  struct connecting {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<connecting> ahead;
   bool stopping = false; // under mutex: no new connection ahead starts
   ucx_puller_stats st;
   std::string last_lanes;
