@@ -635,6 +635,31 @@ TEST_CASE("ucx: workers connected ahead at registration pull over those connecti
   CHECK(after.mappings == before.mappings);    // in buffers mapped ahead: none mapped inside the pull
 }
 
+TEST_CASE("ucx: a pull that comes while its worker is connecting ahead waits for that connection") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  auto qo = loopback_puller(producer);
+  auto real = qo.credentials;
+  std::atomic<int> asked{0};
+  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
+    if (asked++ == 0)
+      std::this_thread::sleep_for(300ms); // the connection ahead is slow to get its ticket
+    return real(engine, worker, deadline);
+  };
+  qo.connect_ahead = true;
+  ucx_puller puller(qo);
+  test_engine e("rollout-0", c, 1, puller);
+  REQUIRE(eventually([&] { return asked.load() == 1; }));
+  e.pull(puller, src->latest()->version(), transfer_mode::sharded); // while the ticket is on its way
+  test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
+  CHECK(asked.load() == 1); // the pull asked for no ticket of its own
+  CHECK(puller.stats().connections == 1);
+  CHECK(puller.stats().connected_ahead == 1);
+}
+
 TEST_CASE("ucx: a worker that cannot connect ahead still pulls, connecting then") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(2);

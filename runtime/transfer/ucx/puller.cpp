@@ -495,11 +495,21 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
 }
 
 void ucx_puller::unregister_engine(const std::string& engine) {
+  std::vector<std::unique_ptr<ucx_detail::channel>> gone; // its idle connections: their mappings would outlive it
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     for (auto it = impl_->workers.begin(); it != impl_->workers.end();)
       it = it->first.first == engine ? impl_->workers.erase(it) : std::next(it);
+    for (auto it = impl_->idle.begin(); it != impl_->idle.end();)
+      if ((*it)->engine == engine) {
+        gone.push_back(std::move(*it));
+        it = impl_->idle.erase(it);
+      } else {
+        ++it;
+      }
   }
+  for (auto& ch : gone)
+    impl_->destroy(std::move(ch));
   impl_->trim_ready_workers();
 }
 

@@ -10,12 +10,12 @@ namespace rlsync::transfer::ucx_detail {
 
 puller_impl::~puller_impl() {
   std::vector<connecting> threads;
+  stopping = true; // connections ahead give up at their next attempt or page
   {
     std::lock_guard<std::mutex> lock(mutex);
-    stopping = true;
     threads.swap(ahead);
   }
-  for (auto& t : threads) // each ends by its connect_ahead_timeout
+  for (auto& t : threads) // each ends by its connect_ahead_timeout, or sooner seeing `stopping`
     t.thread.join();
   auto channels = std::move(idle);
   for (auto& ch : channels)
@@ -85,6 +85,13 @@ void puller_impl::trim_ready_workers() {
 // A connection is bound to the engine worker its token was issued for: only
 // that worker's pulls reuse it.
 std::unique_ptr<channel> puller_impl::acquire(const pull_request& req) {
+  {
+    // A connection being made ahead for this worker is this pull's: wait
+    // for it (until the pull's deadline) rather than make a second one.
+    std::unique_lock<std::mutex> lock(mutex);
+    ahead_done.wait_until(lock, req.deadline,
+                          [&] { return !connecting_ahead.count({req.engine, req.worker}); });
+  }
   for (;;) {
     std::unique_ptr<channel> ch;
     {
@@ -268,11 +275,10 @@ ucx_credentials puller_impl::credentials(const pull_request& req) {
   return creds;
 }
 
-// Connects and says hello, retrying with backoff until the deadline; a
-// refused token ends it at once.
 void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
+  const std::pair<std::string, int> key{engine, worker};
   std::lock_guard<std::mutex> lock(mutex);
-  if (stopping)
+  if (stopping || connecting_ahead.count(key))
     return;
   for (auto it = ahead.begin(); it != ahead.end();)
     if (it->done->load()) {
@@ -281,44 +287,61 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
     } else {
       ++it;
     }
+  ahead.reserve(ahead.size() + 1); // so that keeping the thread below cannot throw
   auto done = std::make_shared<std::atomic<bool>>(false);
   std::thread t;
   try {
-    t = std::thread([this, engine, worker, done] {
-      struct mark_done {
-        std::atomic<bool>& d;
-        ~mark_done() { d = true; }
-      } mark{*done};
+    t = std::thread([this, key, done] {
       pull_request req;
-      req.engine = engine;
-      req.worker = worker;
+      req.engine = key.first;
+      req.worker = key.second;
       req.deadline = clock::now() + options.connect_ahead_timeout;
+      std::unique_ptr<channel> ch;
       try {
-        auto ch = connect(req, true);
-        {
-          std::lock_guard<std::mutex> l(mutex);
-          ++st.connected_ahead;
-        }
-        release(std::move(ch)); // idle: the worker's first pull takes it
+        ch = connect(req, true);
       } catch (const std::exception& e) {
         say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());
+      } catch (...) {
+        say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects)");
       }
+      bool keep = false;
+      {
+        std::lock_guard<std::mutex> l(mutex);
+        keep = ch && !stopping && workers.count(key); // the engine may have gone meanwhile
+      }
+      if (keep) {
+        release(std::move(ch)); // idle: the worker's first pull takes it
+      } else if (ch) {
+        destroy(std::move(ch));
+      }
+      {
+        std::lock_guard<std::mutex> l(mutex);
+        if (keep)
+          ++st.connected_ahead;
+        connecting_ahead.erase(key);
+      }
+      ahead_done.notify_all();
+      *done = true;
     });
   } catch (const std::system_error& e) { // no thread to spare: the first pull connects
     say(options.log, "ucx puller: engine '" + engine + "' worker " + std::to_string(worker)
                          + " not connected ahead: " + e.what());
     return;
   }
+  connecting_ahead.insert(key);
   ahead.push_back({std::move(t), std::move(done)});
 }
 
 // Reading one byte a page maps each page into this process now: the
 // first touch of a fresh mapping is what costs (a trap per page on a VM),
 // not the copy that follows.
-void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>& regions) {
+void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>& regions,
+                            clock::time_point deadline) {
   std::size_t mapped = 0;
   for (const auto& r : regions) {
-    if (r.pid != ch.shared_pid || ch.maps.count(r.id) || ch.maps.size() >= max_mappings)
+    if (stopping || clock::now() >= deadline)
+      break; // what is left the pull maps as it needs it
+    if (r.id == 0 || r.pid != ch.shared_pid || ch.maps.count(r.id) || ch.maps.size() >= max_mappings)
       continue;
     std::string why;
     shared_mapping m(r, why);
@@ -330,11 +353,17 @@ void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>&
     ch.maps.emplace(r.id, channel::mapped{std::move(m), ch.pulls});
     ++mapped;
   }
+  std::size_t bytes = 0;
+  for (const auto& [id, x] : ch.maps)
+    bytes += x.map.mapped_bytes();
   std::lock_guard<std::mutex> lock(mutex);
   st.mapped_ahead += mapped;
   st.mappings += mapped;
+  st.peak_mapped_bytes = std::max(st.peak_mapped_bytes, bytes);
 }
 
+// Connects and says hello, retrying with backoff until the deadline; a
+// refused token ends it at once.
 std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_ahead) {
   const ucx_credentials creds = credentials(req);
   const std::string peer = producer_name(creds.producer);
@@ -343,7 +372,7 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_
   int attempts = 0;
   for (;;) {
     const auto now = clock::now();
-    if (now >= req.deadline)
+    if (now >= req.deadline || stopping)
       break;
     ++attempts;
     {
@@ -441,7 +470,7 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
       ch.shared_pid = ch.shared ? a->probe.pid : 0;
       ch.shared_why = why;
       if (ch.shared && map_ahead)
-        this->map_ahead(ch, a->buffers);
+        this->map_ahead(ch, a->buffers, deadline);
     }
     ch.replies.erase(it);
     ch.lanes = ep_lanes(ch.ep);

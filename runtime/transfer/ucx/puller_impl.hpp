@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -144,7 +145,11 @@ struct puller_impl {
     std::shared_ptr<std::atomic<bool>> done;
   };
   std::vector<connecting> ahead;
-  bool stopping = false; // under mutex: no new connection ahead starts
+  /// Engine workers being connected ahead: their first pull waits for that
+  /// connection (ahead_done) instead of making a second one.
+  std::set<std::pair<std::string, int>> connecting_ahead;
+  std::condition_variable ahead_done;
+  std::atomic<bool> stopping{false}; // no new connection ahead starts; those under way give up
   ucx_puller_stats st;
   std::string last_lanes;
 
@@ -170,7 +175,7 @@ struct puller_impl {
   std::unique_ptr<channel> connect(const pull_request& req, bool map_ahead = false);
   std::string try_connect(channel& ch, const ucx_credentials& creds, clock::time_point deadline, bool map_ahead);
   /// Maps and faults in `regions` of the producer whose probe mapped.
-  void map_ahead(channel& ch, const std::vector<wire::shared_region>& regions);
+  void map_ahead(channel& ch, const std::vector<wire::shared_region>& regions, clock::time_point deadline);
   /// Starts connecting engine worker (engine, worker) in the background.
   void start_connect_ahead(const std::string& engine, int worker);
 
