@@ -65,7 +65,10 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
   po.transports = t.transfer.ucx_transports;
   po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
   po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
-  po.connect_ahead = true; // the first sync finds its connections made and the producer's buffers mapped
+  // connect_ahead stays off: the puller registers an engine's workers before
+  // the engine registers with the coordinator, and the trainer issues UCX
+  // tickets only to registered engines, so a connection ahead would be
+  // refused (measured: "that engine is not registered from the asking node").
   po.log = [log](const std::string& line) {
     if (log)
       log("ucx: " + line);

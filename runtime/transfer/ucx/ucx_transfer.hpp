@@ -349,7 +349,10 @@ struct ucx_puller_options {
   /// endpoint, hello) and map and fault in the buffers the producer names
   /// in its answer, so that its first pull finds a connection whose
   /// mappings are warm instead of making them inside the stall. A pull that
-  /// comes first connects itself, as without it.
+  /// comes first connects itself, as without it. It needs credentials at
+  /// registration time: rlsync's trainers issue tickets only once the
+  /// engine registered with the coordinator, which comes later, so rlsync's
+  /// nodes leave it off for now.
   bool connect_ahead = false;
   std::chrono::milliseconds connect_ahead_timeout{5000};
   ucx_log log;
