@@ -26,6 +26,12 @@ using nlohmann::json;
 namespace {
 
 struct served_engine {
+  // First, so destroyed last: the route's on_start/on_end hooks write
+  // these from the actor system's threads, which may still run one after
+  // the test's last request returned, until `sys` is gone.
+  std::mutex hooks_mu;
+  std::map<std::string, std::vector<std::uint64_t>> started; ///< completions begun, by id
+  std::set<std::string> ended;
   caf::actor_system_config cfg;
   caf::actor_system sys;
   model_config config = test::tiny_config();
@@ -34,9 +40,6 @@ struct served_engine {
   http::server srv{http::server_options{}};
   std::unique_ptr<completions_route> route;
   std::uint16_t port = 0;
-  std::mutex hooks_mu;
-  std::map<std::string, std::vector<std::uint64_t>> started; ///< completions begun, by id
-  std::set<std::string> ended;
 
   explicit served_engine(bool strict = false) : sys(init(cfg)) {
     rollout_engine_config ec;
