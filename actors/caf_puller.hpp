@@ -36,4 +36,25 @@ private:
   std::chrono::milliseconds group_deadline_;
 };
 
+/// 2 s plus the model's largest group (as f32) at 10 MB/s: how long one
+/// group may take to arrive whole-tensor from a trainer.
+std::chrono::milliseconds whole_group_deadline(const model_config& model);
+
+/// What one group of a whole-group pull may wait for: the group deadline or
+/// what is left of the pull's, whichever is sooner. Throws transfer_error
+/// (timeout) when the pull's deadline has passed.
+std::chrono::milliseconds group_wait(const transfer::pull_request& req, std::uint32_t group,
+                                     std::chrono::milliseconds group_deadline);
+
+/// Turns a trainer's refusal of group `group` into the transfer_error it
+/// means (the version gone, a timeout, a producer failure). Never returns.
+[[noreturn]] void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, std::uint32_t group);
+
+/// Checks a whole-group bucket a trainer sent for group `group` of
+/// `req.version` (layout, identity, checksum: a peer can lie), hands its
+/// tensors to sink.on_full_group and adds it to `report`. Throws
+/// transfer_error.
+void deliver_whole_group(const transfer::pull_request& req, std::uint32_t group, const weight_bucket& bucket,
+                         const transfer::group_sink& sink, transfer::pull_report& report);
+
 } // namespace rlsync

@@ -56,6 +56,11 @@ using trainer_actor = caf::typed_actor<
   // UCX credentials for an engine worker (engine, worker): the producer's
   // address and a fresh session token; an error when no producer runs
   caf::replies_to<ucx_ticket_atom, std::string, std::int32_t>::with<ucx_ticket>,
+  // cuda_ipc: write a group into the worker's slot of the exported device
+  // buffer and say where; an error when no cuda_ipc producer runs
+  caf::replies_to<ipc_pull_atom, ipc_pull>::with<ipc_chunk>,
+  // cuda_ipc: the worker's session ended (it copied what it wanted, or gave up)
+  caf::reacts_to<ipc_release_atom, ipc_pull>,
   // where the registered engines run (the coordinator, at every change):
   // tickets and weights go to those nodes only
   caf::reacts_to<register_atom, std::vector<engine_placement>>>::extend_with<heartbeat_actor>;

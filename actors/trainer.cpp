@@ -4,6 +4,7 @@
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/config/topology.hpp"
+#include "gpu/ipc_producer.hpp"
 #include "runtime/plan/groups.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -169,6 +170,41 @@ weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g) 
   return b;
 }
 
+/// Group `group` of `version` as a bucket, or why the source cannot give it.
+caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, std::uint32_t group) {
+  const auto& source = *self->state.cfg.source;
+  auto s = source.find(version);
+  if (!s) {
+    std::string held;
+    for (auto v : source.versions())
+      held += (held.empty() ? "" : ", ") + std::to_string(v);
+    return make_error(errc::version_gone, "version " + std::to_string(version) + " is not held (held: "
+                                              + (held.empty() ? "none" : held) + ")");
+  }
+  if (!s->holds_group(group))
+    return make_error(errc::unknown_name, "group " + std::to_string(group) + " is not held by this trainer");
+  return group_bucket(*s, group);
+}
+
+/// An engine worker's own credentials (a UCX ticket, a cuda_ipc slot) go
+/// only to the node that registered the engine: another member could act
+/// as that engine. Returns the refusal, or nothing when the sender may.
+std::optional<caf::error> engine_from_sender(self_ptr self, const std::shared_ptr<sender_guard>& data_guard,
+                                             const std::string& engine, std::int32_t worker, const char* message,
+                                             const std::string& what) {
+  if (engine.size() > 4096 || worker < 0)
+    return make_error(errc::malformed, what + " for an engine name of " + std::to_string(engine.size())
+                                         + " bytes, worker " + std::to_string(worker));
+  const auto& sender = self->current_sender();
+  if (const auto& engines = self->state.cfg.engines;
+      engines && sender->node() != self->node() && !engines->hosts(sender->node(), engine)) {
+    data_guard->refuse(sender, message, "engine '" + printable(engine) + "' is not registered from that node");
+    return make_error(errc::unauthenticated, "trainer: " + what + " for engine '" + printable(engine)
+                                               + "': that engine is not registered from the asking node");
+  }
+  return std::nullopt;
+}
+
 trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
   if (!cfg.runner)
     cfg.runner = make_thread_runner();
@@ -198,18 +234,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
     }),
     authorized(self, data_guard, [=](version_atom) -> version_info { return self->state.published; }),
     authorized(self, data_guard, [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
-      const auto& source = *self->state.cfg.source;
-      auto s = source.find(version);
-      if (!s) {
-        std::string held;
-        for (auto v : source.versions())
-          held += (held.empty() ? "" : ", ") + std::to_string(v);
-        return make_error(errc::version_gone, "version " + std::to_string(version) + " is not held (held: "
-                                                  + (held.empty() ? "none" : held) + ")");
-      }
-      if (!s->holds_group(group))
-        return make_error(errc::unknown_name, "group " + std::to_string(group) + " is not held by this trainer");
-      return group_bucket(*s, group);
+      return held_bucket(self, version, group);
     }),
     authorized(self, guard, [=](subscribe_atom, const version_listener_actor& listener) {
       if (!listener)
@@ -233,23 +258,44 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       const auto& office = self->state.cfg.ucx_tickets;
       if (!office)
         return make_error(errc::unknown_name, "this trainer runs no UCX producer");
-      if (engine.size() > 4096 || worker < 0)
-        return make_error(errc::malformed, "a UCX ticket for an engine name of " + std::to_string(engine.size())
-                                               + " bytes, worker " + std::to_string(worker));
-      // A ticket is the engine worker's own: only the node that registered
-      // the engine gets one (another member could pull as that engine).
-      const auto& sender = self->current_sender();
-      if (const auto& engines = self->state.cfg.engines;
-          engines && sender->node() != self->node() && !engines->hosts(sender->node(), engine)) {
-        data_guard->refuse(sender, "ucxticket", "engine '" + printable(engine) + "' is not registered from that node");
-        return make_error(errc::unauthenticated, "trainer: a UCX ticket for engine '" + printable(engine)
-                                                   + "': that engine is not registered from the asking node");
-      }
+      if (auto refused = engine_from_sender(self, data_guard, engine, worker, "ucxticket", "a UCX ticket"))
+        return *refused;
       try {
         return office->issue(engine, worker);
       } catch (const std::exception& e) {
         return make_error(errc::unknown_name, e.what());
       }
+    }),
+    authorized(self, data_guard, [=](ipc_pull_atom, const ipc_pull& req) -> caf::result<ipc_chunk> {
+      auto producer = self->state.cfg.cuda_ipc ? self->state.cfg.cuda_ipc->producer() : nullptr;
+      if (!producer)
+        return make_error(errc::unknown_name, "this trainer runs no cuda_ipc producer");
+      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ipcpull", "a cuda_ipc pull"))
+        return *refused;
+      auto bucket = held_bucket(self, req.version, req.group);
+      if (!bucket)
+        return bucket.error();
+      try {
+        auto at = producer->place(req.engine + "/" + std::to_string(req.worker), req.session, req.chunk,
+                                  bucket->data.data(), bucket->data.size());
+        ipc_chunk out;
+        out.session = at.session;
+        out.chunk = at.chunk;
+        out.handle.assign(at.handle.begin(), at.handle.end());
+        out.buffer_bytes = at.buffer_bytes;
+        out.offset = at.offset;
+        out.bytes = at.bytes;
+        bucket->data.clear();
+        out.bucket = std::move(*bucket);
+        return out;
+      } catch (const std::exception& e) {
+        return make_error(errc::unknown_name, std::string("trainer: cuda_ipc: ") + e.what());
+      }
+    }),
+    authorized(self, data_guard, [=](ipc_release_atom, const ipc_pull& req) {
+      auto producer = self->state.cfg.cuda_ipc ? self->state.cfg.cuda_ipc->producer() : nullptr;
+      if (producer && !engine_from_sender(self, data_guard, req.engine, req.worker, "ipcrelease", "a cuda_ipc release"))
+        producer->release(req.engine + "/" + std::to_string(req.worker), req.session);
     }),
     authorized(self, placements_guard, [=](register_atom, const std::vector<engine_placement>& placements) {
       if (!self->state.cfg.engines)
@@ -341,6 +387,8 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   trainer_config cfg;
   cfg.source = out.source;
   cfg.ucx_tickets = out.ucx_tickets;
+  out.cuda_ipc = std::make_shared<ipc_desk>();
+  cfg.cuda_ipc = out.cuda_ipc;
   cfg.step_time = t.trainer.source == trainer_source::external ? external_poll_interval : t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);

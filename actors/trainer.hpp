@@ -47,6 +47,10 @@
 #include <stdexcept>
 #include <string>
 
+namespace rlsync::gpu {
+class ipc_producer; // gpu/ipc_producer.hpp
+} // namespace rlsync::gpu
+
 namespace rlsync {
 
 /// Runs jobs off the actor's mailbox (where a version is computed).
@@ -85,6 +89,25 @@ private:
   issuer issue_;
 };
 
+/// The trainer's cuda_ipc producer, opened by the node that made it (it
+/// needs a device, which a trainer may lack) and closed when the node stops.
+class ipc_desk {
+public:
+  void open(std::shared_ptr<gpu::ipc_producer> p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    producer_ = std::move(p);
+  }
+  void close() { open(nullptr); }
+  std::shared_ptr<gpu::ipc_producer> producer() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return producer_;
+  }
+
+private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<gpu::ipc_producer> producer_;
+};
+
 /// What the trainer is spawned with.
 struct trainer_config {
   std::shared_ptr<transfer::weight_source> source;
@@ -98,6 +121,8 @@ struct trainer_config {
   std::function<void(const std::string&)> log;
   /// UCX tickets for member engines; none: the trainer issues none.
   std::shared_ptr<ucx_ticket_office> ucx_tickets;
+  /// The cuda_ipc producer engines pull from; none: the trainer serves none.
+  std::shared_ptr<ipc_desk> cuda_ipc;
   /// Who may send to the trainer besides itself (local_or_admitted); empty:
   /// this process's actors only. Every other sender is refused, on every message.
   sender_policy authorize;
@@ -175,6 +200,7 @@ struct local_trainer {
   std::shared_ptr<transfer::weight_source> source;
   std::shared_ptr<transfer::local_transfer> transfer;
   std::shared_ptr<ucx_ticket_office> ucx_tickets; ///< opened by a node that runs a UCX producer
+  std::shared_ptr<ipc_desk> cuda_ipc;               ///< opened by a node that runs a cuda_ipc producer
   trainer_actor actor;
 };
 

@@ -100,6 +100,10 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::weight_digest>))
   CAF_ADD_ATOM(rlsync, rlsync, ucx_ticket_atom, "ucxticket") // an engine worker asks for UCX credentials
   CAF_ADD_TYPE_ID(rlsync, (rlsync::ucx_ticket))
+  CAF_ADD_ATOM(rlsync, rlsync, ipc_pull_atom, "ipcpull")       // an engine worker asks for a group over cuda_ipc
+  CAF_ADD_ATOM(rlsync, rlsync, ipc_release_atom, "ipcrelease") // ... and ends its session
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::ipc_pull))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::ipc_chunk))
   CAF_ADD_ATOM(rlsync, rlsync, catch_up_atom, "catchup") // a trainer rank behind the others catches up
   CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_info))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::producer_holding))
@@ -156,6 +160,8 @@ RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x
 RLSYNC_INSPECT(rank_status, x.rank, x.node, x.incarnation, x.latest_version, x.pinned_version, x.reachable)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
+RLSYNC_INSPECT(ipc_pull, x.engine, x.worker, x.version, x.group, x.chunk, x.session)
+RLSYNC_INSPECT(ipc_chunk, x.session, x.chunk, x.handle, x.buffer_bytes, x.offset, x.bytes, x.bucket)
 RLSYNC_INSPECT(engine_placement, x.engine, x.node)
 
 #undef RLSYNC_INSPECT

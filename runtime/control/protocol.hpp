@@ -274,6 +274,32 @@ struct ucx_ticket {
   std::vector<std::uint8_t> token;
 };
 
+/// What an engine worker asks a trainer for over cuda_ipc (a members-only
+/// request): group `group` of `version` as chunk `chunk` of its session
+/// `session` (chunk 0 with session 0 begins a session). Also the release
+/// that ends the session (version, group and chunk unused).
+struct ipc_pull {
+  std::string engine;
+  std::int32_t worker = 0;
+  std::uint64_t version = 0;
+  std::uint32_t group = 0;
+  std::uint32_t chunk = 0;
+  std::uint64_t session = 0;
+};
+
+/// The answer: the group's bucket bytes lie at [offset, offset + bytes) of
+/// the trainer's exported device buffer (`handle`: a cudaIpcMemHandle_t,
+/// `buffer_bytes` long); `bucket` is the bucket without its bytes.
+struct ipc_chunk {
+  std::uint64_t session = 0;
+  std::uint32_t chunk = 0;
+  std::vector<std::uint8_t> handle;
+  std::uint64_t buffer_bytes = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  weight_bucket bucket;
+};
+
 /// Where a registered engine runs, as the coordinator tells every trainer
 /// (rank) it follows: the CAF node id, printed, of the process that
 /// registered it. A trainer issues an engine's UCX tickets only to that node

@@ -10,6 +10,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct trainer_script {
   std::vector<engine_placement> placements; ///< as the coordinator last told
   /// Heartbeats go unanswered (a partitioned trainer rank).
   bool silent = false;
+  /// Answers cuda_ipc pulls (a producer that may lie); none: refuse them.
+  std::function<caf::result<ipc_chunk>(const ipc_pull&)> ipc;
+  std::vector<ipc_pull> ipc_releases; ///< releases received, in order
 };
 
 /// A trainer that also takes `publish`: make this the current version and
@@ -51,6 +55,12 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
     [=](ucx_ticket_atom, const std::string&, std::int32_t) -> caf::result<ucx_ticket> {
       return make_error(errc::unknown_name, "the scripted trainer runs no UCX producer");
     },
+    [=](ipc_pull_atom, const ipc_pull& req) -> caf::result<ipc_chunk> {
+      if (!script->ipc)
+        return make_error(errc::unknown_name, "the scripted trainer runs no cuda_ipc producer");
+      return script->ipc(req);
+    },
+    [=](ipc_release_atom, const ipc_pull& req) { script->ipc_releases.push_back(req); },
     [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
     [=](caf::publish_atom, const version_info& vi) {
       script->current = vi;

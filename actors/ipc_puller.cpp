@@ -1,0 +1,124 @@
+#include "actors/ipc_puller.hpp"
+
+#include "actors/caf_puller.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/groups.hpp"
+
+#include <caf/scoped_actor.hpp>
+
+#include <algorithm>
+
+namespace rlsync {
+
+using transfer::transfer_error;
+using transfer::transfer_failure;
+
+ipc_puller::ipc_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
+                       std::shared_ptr<gpu::ipc_memory> memory)
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), memory_(std::move(memory)),
+    group_deadline_(whole_group_deadline(model_)) {
+  if (!memory_)
+    throw std::invalid_argument("a cuda_ipc puller without device memory");
+  std::vector<std::uint64_t> group_bytes(plan::group_count(model_), 0);
+  for (const auto& spec : llama_parameter_specs(model_, dtype::f32))
+    group_bytes[plan::group_of(model_, spec.name)] += spec.bytes();
+  largest_group_bytes_ = *std::max_element(group_bytes.begin(), group_bytes.end());
+}
+
+void ipc_puller::unregister_engine(const std::string& engine) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto prefix = engine + "/";
+  for (auto it = books_.lower_bound(prefix); it != books_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
+    it = books_.erase(it);
+}
+
+transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
+  transfer::pull_report report;
+  report.engine = req.engine;
+  report.worker = req.worker;
+  report.version = req.version;
+  const auto t0 = transfer::clock::now();
+  const auto consumer = req.engine + "/" + std::to_string(req.worker);
+  caf::scoped_actor self{sys_};
+  ipc_pull ask;
+  ask.engine = req.engine;
+  ask.worker = req.worker;
+  ask.version = req.version;
+  std::unique_ptr<gpu::ipc_memory::mapping> mapping;
+  std::vector<std::uint8_t> handle; // the session's
+  // Whatever way the pull ends, the session ends with it on both sides.
+  struct end_session {
+    ipc_puller& p;
+    caf::scoped_actor& self;
+    ipc_pull& ask;
+    const std::string& consumer;
+    std::unique_ptr<gpu::ipc_memory::mapping>& mapping;
+    ~end_session() {
+      mapping.reset();
+      if (ask.session == 0)
+        return;
+      self->send(p.trainer_, ipc_release_atom::value, ask);
+      std::lock_guard<std::mutex> lock(p.mutex_);
+      p.books_[consumer].close(ask.session);
+    }
+  } ender{*this, self, ask, consumer, mapping};
+  auto refuse = [&](const std::string& why) {
+    return transfer_error(transfer_failure::producer_failed, "trainer over cuda_ipc: " + why);
+  };
+  const auto groups = plan::group_count(model_);
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    auto left = group_wait(req, g, group_deadline_);
+    ask.group = g;
+    ask.chunk = g;
+    std::optional<ipc_chunk> chunk;
+    caf::error failure;
+    self->request(trainer_, left, ipc_pull_atom::value, ask)
+      .receive([&](ipc_chunk& c) { chunk = std::move(c); }, [&](caf::error& e) { failure = std::move(e); });
+    if (!chunk)
+      throw_trainer_refusal(sys_, failure, g);
+    if (chunk->handle.size() != gpu::ipc_handle_bytes)
+      throw refuse("a handle of " + std::to_string(chunk->handle.size()) + " bytes");
+    if (chunk->bytes > largest_group_bytes_)
+      throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes)
+                   + " bytes, more than the model's largest group (" + std::to_string(largest_group_bytes_) + ")");
+    if (g == 0) {
+      {
+        // A mapping never outlives its pull, so there is no older one to unmap.
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (auto opened = books_[consumer].open(chunk->session); !opened.error.empty())
+          throw refuse(opened.error);
+      }
+      ask.session = chunk->session; // from here on the session is released on every way out
+      handle = chunk->handle;
+      gpu::ipc_handle h;
+      std::copy(handle.begin(), handle.end(), h.begin());
+      try {
+        mapping = memory_->map(h, static_cast<std::size_t>(chunk->buffer_bytes));
+      } catch (const std::exception& e) {
+        throw refuse(std::string("cannot map its buffer (cuda_ipc needs the engine on the trainer's host): ")
+                     + e.what());
+      }
+    } else if (chunk->session != ask.session || chunk->handle != handle) {
+      throw refuse("chunk " + std::to_string(g) + " names another session or buffer");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto why = books_[consumer].chunk(chunk->session, chunk->chunk, chunk->offset, chunk->bytes,
+                                            chunk->buffer_bytes);
+          !why.empty())
+        throw refuse(why);
+    }
+    auto& bucket = chunk->bucket;
+    bucket.data.resize(static_cast<std::size_t>(chunk->bytes));
+    try {
+      mapping->read(static_cast<std::size_t>(chunk->offset), bucket.data.data(), bucket.data.size());
+    } catch (const std::exception& e) {
+      throw refuse(std::string("reading group ") + std::to_string(g) + ": " + e.what());
+    }
+    deliver_whole_group(req, g, bucket, sink, report);
+  }
+  report.duration = transfer::clock::now() - t0;
+  return report;
+}
+
+} // namespace rlsync

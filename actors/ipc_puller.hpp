@@ -1,0 +1,54 @@
+#pragma once
+// The consumer side of the cuda_ipc backend, for engines in other processes
+// on the trainer's host: each engine worker asks the trainer for every
+// group of a version (ipc_pull_atom); the trainer writes the group's bucket
+// into the worker's slot of its exported device buffer and answers with
+// the buffer's handle, where the bytes lie and the bucket's layout and
+// checksum. The worker maps the buffer once per session, copies the bytes
+// out, verifies them and slices whole tensors as the CAF path does (the
+// built-in engine computes on the CPU: its weights live in host memory).
+// A session ends with a release (ipc_release_atom), on success and on
+// failure, and the mapping with it.
+//
+// Peers can lie: a handle of the wrong size, a session that does not grow,
+// a chunk out of order, a range outside the buffer or larger than the
+// model's largest group, a handle that changes mid-session are refused
+// before any byte is read.
+#include "actors/interfaces.hpp"
+#include "gpu/ipc_memory.hpp"
+#include "gpu/ipc_session.hpp"
+#include "runtime/config/model_config.hpp"
+#include "runtime/transfer/puller.hpp"
+
+#include <caf/actor_system.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace rlsync {
+
+class ipc_puller final : public transfer::weight_puller {
+public:
+  ipc_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
+             std::shared_ptr<gpu::ipc_memory> memory);
+
+  /// No plans needed: the trainer sends whole groups, each worker slices them.
+  void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
+  void unregister_engine(const std::string& engine) override;
+  /// Blocks the calling thread (a pulling thread, never an actor's handler).
+  transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;
+
+private:
+  caf::actor_system& sys_;
+  trainer_actor trainer_;
+  model_config model_;
+  std::shared_ptr<gpu::ipc_memory> memory_;
+  std::chrono::milliseconds group_deadline_;
+  std::uint64_t largest_group_bytes_ = 0; ///< as f32: what no chunk may exceed
+  std::mutex mutex_;
+  /// Per "engine/worker": the sessions it has seen (they only grow).
+  std::map<std::string, gpu::ipc_consumer_session> books_;
+};
+
+} // namespace rlsync

@@ -1,0 +1,259 @@
+// The cuda_ipc backend end to end on the real scheduler, with device memory
+// played in host memory (tests/gpu/fake_ipc_memory.hpp): a trainer with an
+// ipc_producer serves engine workers through its exported buffer; the
+// puller verifies what it copies out and refuses a producer that lies.
+#include "actors/ipc_puller.hpp"
+
+#include "actors/system_config.hpp"
+#include "actors/trainer.hpp"
+#include "gpu/ipc_producer.hpp"
+#include "tests/gpu/fake_ipc_memory.hpp"
+#include "tests/support/scripted_trainer.hpp"
+#include "tests/support/transfer_fixtures.hpp"
+
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/groups.hpp"
+#include "runtime/transfer/bucket.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/actor_system_config.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <mutex>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+
+namespace {
+
+using tensors_by_name = std::map<std::string, std::vector<std::uint8_t>>;
+
+/// Records every whole tensor the pull delivers, per worker.
+struct recording_sink {
+  std::mutex mutex;
+  std::map<int, tensors_by_name> got;
+  transfer::group_sink sink() {
+    transfer::group_sink s;
+    s.on_full_group = [this](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& t : tensors)
+        got[w][t.name] = test::bytes_of(t);
+    };
+    return s;
+  }
+};
+
+struct ipc_fixture {
+  caf::actor_system_config cfg = [] {
+    caf::actor_system_config c;
+    register_rlsync_types(c);
+    return c;
+  }();
+  caf::actor_system sys{cfg};
+  std::shared_ptr<test::fake_ipc_memory> memory = std::make_shared<test::fake_ipc_memory>();
+  model_config model = test::small_model(3);
+  std::shared_ptr<transfer::synthetic_source> source = test::small_source(model, 4);
+  std::shared_ptr<ipc_desk> desk = std::make_shared<ipc_desk>();
+  trainer_actor trainer;
+  std::vector<caf::actor> to_stop;
+
+  ipc_fixture() {
+    trainer_config c;
+    c.source = source;
+    c.step_time = 1h; // versions come when the test asks
+    c.cuda_ipc = desk;
+    trainer = spawn_trainer(sys, std::move(c));
+    to_stop.push_back(caf::actor_cast<caf::actor>(trainer));
+  }
+  ~ipc_fixture() {
+    for (auto& a : to_stop)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  std::uint64_t step() {
+    caf::scoped_actor self{sys};
+    std::uint64_t v = 0;
+    self->request(trainer, 10s, step_atom::value).receive([&](const version_info& vi) { v = vi.version; },
+                                                          [](caf::error&) {});
+    REQUIRE(v > 0);
+    return v;
+  }
+
+  /// What the source's largest group packs to (its tensors are bf16).
+  std::size_t largest_group_bytes() const {
+    std::vector<std::size_t> bytes(plan::group_count(model), 0);
+    for (const auto& spec : llama_parameter_specs(model, dtype::bf16))
+      bytes[plan::group_of(model, spec.name)] += static_cast<std::size_t>(spec.bytes());
+    return *std::max_element(bytes.begin(), bytes.end());
+  }
+
+  /// Every tensor of version v, as the snapshot holds it.
+  tensors_by_name expected(std::uint64_t v) const {
+    tensors_by_name out;
+    auto s = source->find(v);
+    REQUIRE(s);
+    for (const auto& t : s->tensors())
+      out[t.name] = test::bytes_of(t);
+    return out;
+  }
+
+  transfer::transfer_failure failure_of(transfer::weight_puller& p, const std::string& engine, std::uint64_t v,
+                                        std::string& what) {
+    recording_sink rec;
+    try {
+      transfer::pull_engine(p, engine, 1, v, transfer_mode::sharded, rec.sink(), test::in(10s));
+    } catch (const transfer::transfer_error& e) {
+      what = e.what();
+      return e.failure;
+    }
+    FAIL("the pull succeeded");
+    return transfer::transfer_failure::cancelled;
+  }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: workers pull whole groups through the trainer's exported buffer") {
+  auto producer = std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 2);
+  desk->open(producer);
+  const auto v = step();
+  ipc_puller puller(sys, trainer, model, memory);
+  recording_sink rec;
+  auto report = transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::sharded, rec.sink(), test::in(10s));
+  CHECK(report.groups == plan::group_count(model));
+  const auto want = expected(v);
+  REQUIRE(rec.got.size() == 2);
+  CHECK(rec.got[0] == want); // whole tensors: each worker slices its own shard
+  CHECK(rec.got[1] == want);
+  // One buffer, mapped once per session, no mapping left behind.
+  CHECK(memory->allocations == 1);
+  CHECK(memory->mappings_made == 2);
+  CHECK(memory->mappings_open == 0);
+  auto stats = producer->stats();
+  CHECK(stats.sessions == 2);
+  CHECK(stats.chunks == 2 * plan::group_count(model));
+  CHECK(stats.aborted == 0);
+  // Both sessions were released: another engine's workers find free slots.
+  const auto v2 = step();
+  recording_sink rec2;
+  transfer::pull_engine(puller, "rollout-1", 2, v2, transfer_mode::sharded, rec2.sink(), test::in(10s));
+  CHECK(rec2.got[1] == expected(v2));
+}
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: bytes that changed in device memory fail the pull, the next one succeeds") {
+  desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 1));
+  const auto v = step();
+  ipc_puller puller(sys, trainer, model, memory);
+  memory->corrupt_reads = true;
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::checksum_mismatch);
+  CHECK(memory->mappings_open == 0);
+  memory->corrupt_reads = false;
+  recording_sink rec;
+  transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::sharded, rec.sink(), test::in(10s));
+  CHECK(rec.got[0] == expected(v));
+}
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a trainer without a producer, or a version it no longer holds, is refused") {
+  const auto v = step();
+  ipc_puller puller(sys, trainer, model, memory);
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("runs no cuda_ipc producer") != std::string::npos);
+  desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 1));
+  CHECK(failure_of(puller, "rollout-0", v + 100, what) == transfer::transfer_failure::version_unavailable);
+  // The slot is too small for a group: the producer says so.
+  desk->open(std::make_shared<gpu::ipc_producer>(memory, 16, 1));
+  CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("does not fit an IPC slot") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a producer that lies is refused before a byte is read, and released") {
+  // A scripted trainer answers with real group layouts and checksums from
+  // the source, and lies about one field per case.
+  const auto v = step();
+  auto snapshot = source->find(v);
+  auto real = memory->allocate(largest_group_bytes() * 2);
+  struct lie {
+    const char* name;
+    std::function<void(ipc_chunk&)> edit; ///< applied to every answer
+    std::uint32_t at_chunk;               ///< ... from this chunk on
+    const char* says;
+  };
+  const std::vector<lie> lies = {
+    {"a short handle", [](ipc_chunk& c) { c.handle.resize(10); }, 0, "a handle of 10 bytes"},
+    {"a range past the buffer", [](ipc_chunk& c) { c.offset = c.buffer_bytes - 1; }, 0, "outside"},
+    {"more bytes than any group", [](ipc_chunk& c) { c.bytes = std::uint64_t{1} << 40; }, 0, "largest group"},
+    {"another session mid-pull", [](ipc_chunk& c) { c.session += 1; }, 1, "another session"},
+    {"a chunk out of order", [](ipc_chunk& c) { c.chunk += 1; }, 1, "was next"},
+    {"a handle that is not exported", [](ipc_chunk& c) { c.handle[5] ^= 0xff; }, 0, "cannot map"},
+  };
+  std::uint64_t session = 1000;
+  for (const auto& l : lies) {
+    CAPTURE(l.name);
+    auto script = std::make_shared<test::trainer_script>();
+    const std::uint64_t this_session = ++session;
+    script->ipc = [&, this_session](const ipc_pull& req) -> caf::result<ipc_chunk> {
+      weight_bucket b;
+      {
+        caf::scoped_actor asker{sys};
+        asker->request(trainer, 10s, pull_atom::value, req.version, req.group)
+          .receive([&](weight_bucket& got) { b = std::move(got); }, [](caf::error&) {});
+      }
+      real->write(0, b.data.data(), b.data.size());
+      ipc_chunk c;
+      c.session = this_session;
+      c.chunk = req.chunk;
+      c.handle.assign(real->handle().begin(), real->handle().end());
+      c.buffer_bytes = real->size();
+      c.offset = 0;
+      c.bytes = b.data.size();
+      b.data.clear();
+      c.bucket = std::move(b);
+      if (req.chunk >= l.at_chunk)
+        l.edit(c);
+      return c;
+    };
+    auto liar = sys.spawn(test::scripted_trainer, script);
+    to_stop.push_back(caf::actor_cast<caf::actor>(liar));
+    ipc_puller puller(sys, liar, model, memory);
+    std::string what;
+    CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
+    CHECK(what.find(l.says) != std::string::npos);
+    CHECK(memory->mappings_open == 0);
+  }
+  // The same session twice is a replay: refused at its chunk 0.
+  auto script = std::make_shared<test::trainer_script>();
+  ipc_chunk first;
+  script->ipc = [&](const ipc_pull& req) -> caf::result<ipc_chunk> {
+    weight_bucket b;
+    {
+      caf::scoped_actor asker{sys};
+      asker->request(trainer, 10s, pull_atom::value, req.version, req.group)
+        .receive([&](weight_bucket& got) { b = std::move(got); }, [](caf::error&) {});
+    }
+    real->write(0, b.data.data(), b.data.size());
+    ipc_chunk c;
+    c.session = 7;
+    c.chunk = req.chunk;
+    c.handle.assign(real->handle().begin(), real->handle().end());
+    c.buffer_bytes = real->size();
+    c.bytes = b.data.size();
+    b.data.clear();
+    c.bucket = std::move(b);
+    return c;
+  };
+  auto replayer = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(replayer));
+  ipc_puller puller(sys, replayer, model, memory);
+  recording_sink rec;
+  transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::sharded, rec.sink(), test::in(10s));
+  CHECK(rec.got[0] == expected(v));
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("a replay") != std::string::npos);
+}
