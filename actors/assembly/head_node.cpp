@@ -2,7 +2,10 @@
 
 #include "actors/caf_puller.hpp"
 #include "actors/gatekeeper.hpp"
+#include "actors/ipc_puller.hpp"
 #include "actors/tls.hpp"
+#include "gpu/ipc_producer.hpp"
+#include "runtime/plan/groups.hpp"
 
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
@@ -83,6 +86,15 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
                                                   const trainer_actor& rank) -> std::shared_ptr<transfer::weight_puller> {
     if (!rank)
       return nullptr;
+    if (topo->transfer.backend == transfer_backend::cuda_ipc) {
+      try {
+        return std::make_shared<ipc_puller>(sys, rank, topo->model.config, gpu::cuda_ipc_memory());
+      } catch (const std::exception& e) {
+        if (log)
+          log("trainer rank " + std::to_string(h.rank) + ": transfer.backend cuda_ipc: " + e.what());
+        return nullptr;
+      }
+    }
     if (topo->transfer.backend != transfer_backend::ucx)
       return std::make_shared<caf_puller>(sys, rank, topo->model.config);
     try { // one puller per rank incarnation: its producer's address changes with a restart
@@ -95,10 +107,36 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
   };
 }
 
+void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks) {
+  if (ranks.empty())
+    return;
+  std::shared_ptr<gpu::ipc_memory> memory;
+  try {
+    memory = gpu::cuda_ipc_memory();
+  } catch (const gpu::gpu_error& e) {
+    throw std::runtime_error(std::string("transfer.backend cuda_ipc: ") + e.what());
+  }
+  // A slot per engine worker of the topology (an upper bound on who pulls
+  // from one rank), each as large as the rank's largest group.
+  std::size_t workers = 0;
+  for (const auto& e : t.engines)
+    workers += static_cast<std::size_t>(e.tp * e.dp);
+  for (const auto& r : ranks) {
+    std::vector<std::uint64_t> group_bytes(plan::group_count(t.model.config), 0);
+    for (const auto& p : r.trainer.source->parameters())
+      group_bytes[plan::group_of(t.model.config, p.name)] += p.bytes();
+    const auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
+    r.trainer.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, static_cast<std::size_t>(largest),
+                                                                 std::max<std::size_t>(1, workers)));
+  }
+}
+
 std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
   const topology& t, const node_spec& node, const std::vector<hosted_rank>& ranks,
   const std::function<void(const std::string&)>& log) {
   std::vector<std::unique_ptr<transfer::ucx_producer>> producers;
+  if (t.transfer.backend == transfer_backend::cuda_ipc)
+    open_ipc_producers(t, ranks);
   if (t.transfer.backend != transfer_backend::ucx)
     return producers;
   // Engines elsewhere pull from each rank's own producer. It opens no port:
@@ -248,9 +286,12 @@ bool head_node::stop(std::chrono::milliseconds deadline) {
     all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
   actors_.engines.clear();
   bool ok = stop_and_await(sys_, std::move(all), deadline);
-  for (const auto& r : actors_.ranks)
+  for (const auto& r : actors_.ranks) {
     if (r.trainer.ucx_tickets)
       r.trainer.ucx_tickets->close();
+    if (r.trainer.cuda_ipc)
+      r.trainer.cuda_ipc->close();
+  }
   producers_.clear(); // after every actor that could hand out their tickets
   return ok;
 }

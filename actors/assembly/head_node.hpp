@@ -49,14 +49,22 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
 
 /// How engines on `node` pull from a trainer rank hosted in another
 /// process: for transfer.backend ucx, a UCX puller whose credentials come
-/// from the rank's handle; otherwise whole groups over CAF from it.
+/// from the rank's handle; for cuda_ipc, an ipc_puller on the rank's
+/// exported buffer; otherwise whole groups over CAF from it.
 producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topology& t, const node_spec& node,
                                             std::function<void(const std::string&)> log);
 
+/// For transfer.backend cuda_ipc: opens a cuda_ipc producer on each of
+/// `ranks` (their trainer actors then serve pulls through it). Throws
+/// std::runtime_error naming the missing device or CUDA. Close the ranks'
+/// cuda_ipc desks when the node stops.
+void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks);
+
 /// For transfer.backend ucx: a UCX producer on each of `ranks` (its own
 /// source), whose trainer actor then hands out its tickets; none for other
-/// backends. Close the ranks' ticket offices before the producers go.
-/// Throws std::runtime_error naming the rank when UCX cannot start.
+/// backends (for cuda_ipc it calls open_ipc_producers). Close the ranks'
+/// ticket offices before the producers go. Throws std::runtime_error naming
+/// the rank when UCX cannot start.
 std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
   const topology& t, const node_spec& node, const std::vector<hosted_rank>& ranks,
   const std::function<void(const std::string&)>& log);

@@ -283,7 +283,16 @@ rollout_engine_actor spawn_engine(caf::actor_system& sys, const local_deployment
 
 } // namespace
 
+std::string backend_device_problem(const topology& t, const gpu::device_info& devices) {
+  if (t.transfer.backend != transfer_backend::cuda_ipc || devices.device_count > 0)
+    return {};
+  return "transfer.backend cuda_ipc needs a CUDA device at start-up, and this process sees none ("
+         + (devices.detail.empty() ? std::string("no CUDA device") : devices.detail) + ")";
+}
+
 local_deployment assemble_head(caf::actor_system& sys, const topology& t, const deployment_options& opts) {
+  if (auto why = backend_device_problem(t, gpu::query_devices()); !why.empty())
+    throw std::runtime_error(why);
   local_deployment d;
   std::optional<persisted_coordinator> restored; // before anything runs: a bad file stops the head cleanly
   if (!t.coordinator.state_file.empty())

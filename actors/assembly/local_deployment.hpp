@@ -12,6 +12,7 @@
 #include "actors/router.hpp"
 #include "actors/trainer.hpp"
 #include "actors/vllm_engine.hpp"
+#include "gpu/device.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/metrics/registry.hpp"
 
@@ -212,6 +213,11 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
 std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
                                      const sender_policy& authorize, std::uint64_t incarnation,
                                      const sender_policy& placements_from = {});
+
+/// Why this process cannot run `t`'s transfer backend on what `devices`
+/// shows (gpu::query_devices()): cuda_ipc needs a CUDA device at start-up.
+/// Empty when it can. Every deployment asks before it starts anything.
+std::string backend_device_problem(const topology& t, const gpu::device_info& devices);
 
 /// Whether the coordinator on `node` (empty: one process) follows one
 /// trainer directly: the topology has one rank and it runs there. Otherwise

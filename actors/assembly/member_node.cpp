@@ -2,6 +2,7 @@
 
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/caf_puller.hpp"
+#include "actors/ipc_puller.hpp"
 #include "actors/fleet_metrics.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/tls.hpp"
@@ -93,6 +94,11 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       opts.log(line);
   };
   member_node_end end;
+  if (auto problem = backend_device_problem(t, gpu::query_devices()); !problem.empty()) {
+    log(problem); // before joining: a node that cannot move weights never registers
+    end.exit_code = 1;
+    return end;
+  }
   std::string why;
   auto grant = join_cluster(sys, t, node, head, secret, opts.stop_requested, why);
   if (!grant) {
@@ -113,6 +119,14 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   desk->trainer = grant->trainer;
   if (opts.external_rank) {
     // A rank's own process pulls nothing.
+  } else if (t.transfer.backend == transfer_backend::cuda_ipc) {
+    try {
+      puller = std::make_shared<ipc_puller>(sys, grant->trainer, t.model.config, gpu::cuda_ipc_memory());
+    } catch (const std::exception& e) {
+      log(std::string("transfer.backend cuda_ipc: ") + e.what());
+      end.exit_code = 1;
+      return end;
+    }
   } else if (grant->ucx) {
     try {
       // The trainer to ask is read at each new connection: a rejoin replaces it.
@@ -176,8 +190,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     for (const auto& r : ranks)
       all.push_back(caf::actor_cast<caf::actor>(r.trainer.actor));
     bool ok = stop_and_await(sys, std::move(all));
-    for (const auto& r : ranks)
+    for (const auto& r : ranks) {
       r.trainer.ucx_tickets->close();
+      r.trainer.cuda_ipc->close();
+    }
     if (opts.drill_arms)
       opts.drill_arms->detach();
     producers.clear();

@@ -8,6 +8,7 @@
 
 #include "runtime/base/printable.hpp"
 #include "runtime/base/regular_file.hpp"
+#include "runtime/config/build_features.hpp"
 #include "runtime/config/topology_names.hpp"
 #include "runtime/config/yaml_fields.hpp"
 
@@ -56,9 +57,9 @@ const char* const insecure_refusal =
   "more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it "
   "anyone who reaches a node's port can read and forge cluster traffic; set "
   "cluster.allow_insecure_network: true to run without TLS anyway";
-const char* const gpu_backend_refusal =
-  "is not available yet (the GPU backends nccl and cuda_ipc come with the GPU issue); "
-  "use local or ucx";
+const char* const nccl_refusal =
+  "'nccl' is not available yet: NCCL communicators are built (gpu/) but no data plane moves weights over "
+  "them; use ucx, or cuda_ipc for engines on the trainer's host";
 
 /// "a, b, c", cut after `limit` names so that 64 replicas stay readable.
 std::string list_names(const std::vector<std::string>& names, std::size_t limit = 8) {
@@ -145,6 +146,7 @@ struct reader {
   void read_vllm_server(const map_reader& r, engine_spec& e);
   void read_coordinator(const map_reader& root);
   void read_transfer(const map_reader& root);
+  void check_cuda_ipc(const map_reader& r);
   void read_sync(const map_reader& root);
   void read_workload(const map_reader& root);
   void read_drill(const map_reader& root);
@@ -849,14 +851,39 @@ std::pair<std::int64_t, std::int64_t> largest_group_parameters(const model_confi
   return best;
 }
 
+// cuda_ipc: engines in other processes map the trainer's exported device
+// buffer (ipc_puller.hpp), which needs CUDA in this build, one host, and
+// whole groups (it does not pack shards on the device yet). The device
+// itself is checked at start-up, where it is used.
+void reader::check_cuda_ipc(const map_reader& r) {
+  if (!cuda_compiled_in()) {
+    r.error("backend", "'cuda_ipc' needs rlsync built with CUDA, and this build has none (nvcc was not found "
+                       "when it was configured); use local or ucx");
+    return;
+  }
+  for (const auto& n : t.nodes)
+    if (n.address != t.nodes.front().address) {
+      r.error("backend", "'cuda_ipc' maps the trainer's GPU memory into the engines' processes, so every node "
+                         "runs on one host: node '" + n.name + "' is at " + n.address + ", node '"
+                           + t.nodes.front().name + "' at " + t.nodes.front().address + "; use ucx across hosts");
+      return;
+    }
+  if (t.transfer.mode != transfer_mode::broadcast)
+    r.error("backend", "'cuda_ipc' moves whole groups, which every engine worker slices itself: set "
+                       "transfer.mode: broadcast (sharded pulls over cuda_ipc need packing on the device, not "
+                       "built yet)");
+}
+
 void reader::read_transfer(const map_reader& root) {
   auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports",
                                  "packed_budget_bytes"});
   auto& tr = t.transfer;
-  if (r.read_choice("backend", tr.backend, backend_choices)
-      && (tr.backend == transfer_backend::nccl || tr.backend == transfer_backend::cuda_ipc))
-    r.error("backend", "'" + std::string(to_string(tr.backend)) + "' " + gpu_backend_refusal);
+  const bool backend_read = r.read_choice("backend", tr.backend, backend_choices);
   r.read_choice("mode", tr.mode, mode_choices);
+  if (backend_read && tr.backend == transfer_backend::nccl)
+    r.error("backend", nccl_refusal);
+  if (backend_read && tr.backend == transfer_backend::cuda_ipc)
+    check_cuda_ipc(r);
   const std::int64_t default_bucket = transfer_spec{}.bucket_bytes;
   if (r.read_size("bucket_bytes", tr.bucket_bytes, positive()) && tr.bucket_bytes != default_bucket)
     r.error("bucket_bytes", "only the default " + human_size(default_bucket)

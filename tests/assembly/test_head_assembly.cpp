@@ -175,3 +175,34 @@ TEST_CASE("assembly: two trainer ranks in one process sync every engine to the w
   auto half = verify_weights(t, {d.ranks[0].trainer.source.get()}, digests);
   CHECK(std::none_of(half.begin(), half.end(), [](auto& v) { return v.ok(); }));
 }
+
+TEST_CASE("assembly: cuda_ipc needs a CUDA device at start-up, the other backends none") {
+  struct row {
+    transfer_backend backend;
+    int devices;
+    const char* detail;
+    const char* problem; ///< "" when the deployment may start
+  };
+  const std::vector<row> rows = {
+    {transfer_backend::cuda_ipc, 0, "no CUDA device",
+     "transfer.backend cuda_ipc needs a CUDA device at start-up, and this process sees none (no CUDA device)"},
+    {transfer_backend::cuda_ipc, 0, "", // a runtime that said nothing
+     "transfer.backend cuda_ipc needs a CUDA device at start-up, and this process sees none (no CUDA device)"},
+    {transfer_backend::cuda_ipc, 0, "rlsync was built without CUDA",
+     "transfer.backend cuda_ipc needs a CUDA device at start-up, and this process sees none (rlsync was built "
+     "without CUDA)"},
+    {transfer_backend::cuda_ipc, 1, "NVIDIA H200", ""},
+    {transfer_backend::ucx, 0, "no CUDA device", ""},
+    {transfer_backend::local, 0, "no CUDA device", ""},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(to_string(r.backend));
+    CAPTURE(r.devices);
+    topology t;
+    t.transfer.backend = r.backend;
+    gpu::device_info info;
+    info.device_count = r.devices;
+    info.detail = r.detail;
+    CHECK(backend_device_problem(t, info) == r.problem);
+  }
+}

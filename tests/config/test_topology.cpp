@@ -1,6 +1,7 @@
 // Topology loading: the shipped configs, defaults and resolution, and one
 // row per error path with the exact "file:line:col: path: message" text.
 #include "runtime/config/topology.hpp"
+#include "runtime/config/build_features.hpp"
 #include "runtime/config/yaml_fields.hpp"
 #include "tests/support/scratch_dir.hpp"
 
@@ -578,13 +579,10 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:27: coordinator.state_file: must not be empty"},
     {"backend out of range", plus("transfer: {backend: rdma}"),
      "t.yaml:6:21: transfer.backend: must be one of local, ucx, nccl, cuda_ipc, got 'rdma'"},
-    // The GPU backends parse but are refused: accepted, they ran the CPU path.
+    // nccl parses but is refused: no data plane moves weights over it yet.
     {"nccl backend", plus("transfer: {backend: nccl}"),
-     "t.yaml:6:21: transfer.backend: 'nccl' is not available yet (the GPU backends nccl and cuda_ipc come "
-     "with the GPU issue); use local or ucx"},
-    {"cuda_ipc backend", plus("transfer: {backend: cuda_ipc}"),
-     "t.yaml:6:21: transfer.backend: 'cuda_ipc' is not available yet (the GPU backends nccl and cuda_ipc "
-     "come with the GPU issue); use local or ucx"},
+     "t.yaml:6:21: transfer.backend: 'nccl' is not available yet: NCCL communicators are built (gpu/) but no "
+     "data plane moves weights over them; use ucx, or cuda_ipc for engines on the trainer's host"},
     // Groups are never cut into buckets: only the default size is honest.
     {"bucket_bytes other than the default", plus("transfer: {bucket_bytes: 256MiB}"),
      "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted for now: every data plane "
@@ -641,6 +639,28 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
   CHECK(parse_topology(plus("transfer: {packed_budget_bytes: 4MiB}") + insecure, "t.yaml", "/base")
           .transfer.packed_budget_bytes
         == 4 << 20);
+}
+
+TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole groups, refused otherwise") {
+  const auto text = plus(insecure + "transfer: {backend: cuda_ipc, mode: broadcast}");
+  if (!cuda_compiled_in()) {
+    check_rows({{"a build without CUDA", text,
+                 "t.yaml:7:21: transfer.backend: 'cuda_ipc' needs rlsync built with CUDA, and this build has none "
+                 "(nvcc was not found when it was configured); use local or ucx"}});
+    return;
+  }
+  // The device is checked at start-up (head_node, member_node), not here.
+  CHECK(parse_topology(text, "t.yaml", "/base").transfer.backend == transfer_backend::cuda_ipc);
+  check_rows({
+    {"sharded", plus(insecure + "transfer: {backend: cuda_ipc}"),
+     "t.yaml:7:21: transfer.backend: 'cuda_ipc' moves whole groups, which every engine worker slices itself: "
+     "set transfer.mode: broadcast (sharded pulls over cuda_ipc need packing on the device, not built yet)"},
+    {"two hosts",
+     with("nodes", "nodes: [{name: a}, {name: b, address: 10.0.0.2}]") + insecure
+       + "transfer: {backend: cuda_ipc, mode: broadcast}\n",
+     "t.yaml:7:21: transfer.backend: 'cuda_ipc' maps the trainer's GPU memory into the engines' processes, so "
+     "every node runs on one host: node 'b' is at 10.0.0.2, node 'a' at 127.0.0.1; use ucx across hosts"},
+  });
 }
 
 TEST_CASE("topology errors: sync and workload") {
