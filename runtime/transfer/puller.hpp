@@ -4,9 +4,9 @@
 // (local/local_transfer.hpp: engines in the trainer's process), `ucx`
 // (ucx/ucx_transfer.hpp: engines in other processes or on other nodes) and
 // the CAF fallback (actors/caf_puller.hpp: whole groups as CAF messages,
-// for remote engines when the head runs no UCX producer). GPU backends
-// (the topology's nccl and cuda_ipc) are future work: the topology refuses
-// them.
+// for remote engines when the head runs no UCX producer), and cuda_ipc
+// (actors/ipc_puller.hpp: whole groups through the trainer's exported
+// device buffer). nccl is future work: the topology refuses it.
 //
 //   engine start:  register_worker(engine, plan)    for each of its workers,
 //                                                    plans from engine::make_plan
