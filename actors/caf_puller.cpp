@@ -8,11 +8,30 @@
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
+#include <set>
 
 namespace rlsync {
 
 using transfer::transfer_error;
 using transfer::transfer_failure;
+
+std::vector<std::uint32_t> groups_holding(const model_config& model, const std::vector<std::string>& held) {
+  const std::set<std::string> names(held.begin(), held.end());
+  std::set<std::uint32_t> groups;
+  for (const auto& spec : llama_parameter_specs(model, dtype::f32))
+    if (names.count(spec.name))
+      groups.insert(plan::group_of(model, spec.name));
+  return {groups.begin(), groups.end()};
+}
+
+std::vector<std::uint32_t> groups_or_all(const model_config& model, std::optional<std::vector<std::uint32_t>> groups) {
+  if (groups)
+    return std::move(*groups);
+  std::vector<std::uint32_t> all(plan::group_count(model));
+  for (std::uint32_t g = 0; g < all.size(); ++g)
+    all[g] = g;
+  return all;
+}
 
 std::chrono::milliseconds whole_group_deadline(const model_config& model) {
   std::vector<std::uint64_t> group_bytes(plan::group_count(model), 0);
@@ -64,8 +83,10 @@ void deliver_whole_group(const transfer::pull_request& req, std::uint32_t g, con
   ++report.groups;
 }
 
-caf_puller::caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model)
-  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), group_deadline_(whole_group_deadline(model_)) {}
+caf_puller::caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
+                       std::optional<std::vector<std::uint32_t>> groups)
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
+    group_deadline_(whole_group_deadline(model_)) {}
 
 transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
   transfer::pull_report report;
@@ -74,8 +95,7 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
   report.version = req.version;
   auto t0 = transfer::clock::now();
   caf::scoped_actor self{sys_};
-  const auto groups = plan::group_count(model_);
-  for (std::uint32_t g = 0; g < groups; ++g) {
+  for (const std::uint32_t g : groups_) {
     auto left = group_wait(req, g, group_deadline_);
     std::optional<weight_bucket> bucket;
     caf::error failure;

@@ -13,11 +13,17 @@
 
 #include <caf/actor_system.hpp>
 
+#include <optional>
+#include <vector>
+
 namespace rlsync {
 
 class caf_puller final : public transfer::weight_puller {
 public:
-  caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model);
+  /// `groups`: the groups the trainer (rank) holds, which a pull streams;
+  /// none: every group of the model.
+  caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
+             std::optional<std::vector<std::uint32_t>> groups = std::nullopt);
 
   /// No plans needed: the trainer sends whole groups, each worker slices them.
   void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
@@ -29,12 +35,20 @@ private:
   caf::actor_system& sys_;
   trainer_actor trainer_;
   model_config model_;
+  std::vector<std::uint32_t> groups_; ///< pulled, in order
   /// How long one group may take. A request to a remote actor whose node is
   /// gone only ever times out (CAF 0.17 answers request_timeout, never
   /// request_receiver_down), so each group gets its own, shorter deadline:
   /// 2 s plus the largest group at 10 MB/s.
   std::chrono::milliseconds group_deadline_;
 };
+
+/// The groups holding `held` (tensor names, a trainer rank's), ascending:
+/// what a whole-group pull from that rank streams. Unknown names are skipped.
+std::vector<std::uint32_t> groups_holding(const model_config& model, const std::vector<std::string>& held);
+
+/// `groups`, or every group of `model` when none are given.
+std::vector<std::uint32_t> groups_or_all(const model_config& model, std::optional<std::vector<std::uint32_t>> groups);
 
 /// 2 s plus the model's largest group (as f32) at 10 MB/s: how long one
 /// group may take to arrive whole-tensor from a trainer.

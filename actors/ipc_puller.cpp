@@ -13,10 +13,10 @@ namespace rlsync {
 using transfer::transfer_error;
 using transfer::transfer_failure;
 
-ipc_puller::ipc_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
-                       std::shared_ptr<gpu::ipc_memory> memory)
-  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), memory_(std::move(memory)),
-    group_deadline_(whole_group_deadline(model_)) {
+ipc_puller::ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
+                       std::shared_ptr<gpu::ipc_memory> memory, std::optional<std::vector<std::uint32_t>> groups)
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
+    memory_(std::move(memory)), group_deadline_(whole_group_deadline(model_)) {
   if (!memory_)
     throw std::invalid_argument("a cuda_ipc puller without device memory");
   std::vector<std::uint64_t> group_bytes(plan::group_count(model_), 0);
@@ -40,6 +40,7 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   const auto t0 = transfer::clock::now();
   const auto consumer = req.engine + "/" + std::to_string(req.worker);
   caf::scoped_actor self{sys_};
+  const trainer_actor trainer = trainer_();
   ipc_pull ask;
   ask.engine = req.engine;
   ask.worker = req.worker;
@@ -50,6 +51,7 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   struct end_session {
     ipc_puller& p;
     caf::scoped_actor& self;
+    const trainer_actor& trainer;
     ipc_pull& ask;
     const std::string& consumer;
     std::unique_ptr<gpu::ipc_memory::mapping>& mapping;
@@ -57,38 +59,40 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
       mapping.reset();
       if (ask.session == 0)
         return;
-      self->send(p.trainer_, ipc_release_atom::value, ask);
+      self->send(trainer, ipc_release_atom::value, ask);
       std::lock_guard<std::mutex> lock(p.mutex_);
-      p.books_[consumer].close(ask.session);
+      if (auto it = p.books_.find(consumer); it != p.books_.end()) // gone: its engine unregistered
+        it->second.close(ask.session);
     }
-  } ender{*this, self, ask, consumer, mapping};
+  } ender{*this, self, trainer, ask, consumer, mapping};
   auto refuse = [&](const std::string& why) {
     return transfer_error(transfer_failure::producer_failed, "trainer over cuda_ipc: " + why);
   };
-  const auto groups = plan::group_count(model_);
-  for (std::uint32_t g = 0; g < groups; ++g) {
+  for (std::uint32_t k = 0; k < groups_.size(); ++k) {
+    const std::uint32_t g = groups_[k];
     auto left = group_wait(req, g, group_deadline_);
     ask.group = g;
-    ask.chunk = g;
+    ask.chunk = k;
     std::optional<ipc_chunk> chunk;
     caf::error failure;
-    self->request(trainer_, left, ipc_pull_atom::value, ask)
+    self->request(trainer, left, ipc_pull_atom::value, ask)
       .receive([&](ipc_chunk& c) { chunk = std::move(c); }, [&](caf::error& e) { failure = std::move(e); });
     if (!chunk)
       throw_trainer_refusal(sys_, failure, g);
+    if (k == 0)
+      ask.session = chunk->session; // from here on the session is released on every way out
     if (chunk->handle.size() != gpu::ipc_handle_bytes)
       throw refuse("a handle of " + std::to_string(chunk->handle.size()) + " bytes");
     if (chunk->bytes > largest_group_bytes_)
       throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes)
                    + " bytes, more than the model's largest group (" + std::to_string(largest_group_bytes_) + ")");
-    if (g == 0) {
+    if (k == 0) {
       {
         // A mapping never outlives its pull, so there is no older one to unmap.
         std::lock_guard<std::mutex> lock(mutex_);
         if (auto opened = books_[consumer].open(chunk->session); !opened.error.empty())
           throw refuse(opened.error);
       }
-      ask.session = chunk->session; // from here on the session is released on every way out
       handle = chunk->handle;
       gpu::ipc_handle h;
       std::copy(handle.begin(), handle.end(), h.begin());
@@ -99,7 +103,7 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
                      + e.what());
       }
     } else if (chunk->session != ask.session || chunk->handle != handle) {
-      throw refuse("chunk " + std::to_string(g) + " names another session or buffer");
+      throw refuse("group " + std::to_string(g) + " names another session or buffer");
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);

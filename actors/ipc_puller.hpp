@@ -22,16 +22,21 @@
 
 #include <caf/actor_system.hpp>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <vector>
 
 namespace rlsync {
 
 class ipc_puller final : public transfer::weight_puller {
 public:
-  ipc_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
-             std::shared_ptr<gpu::ipc_memory> memory);
+  /// `trainer()` is asked at each pull (a node that rejoins a restarted
+  /// head swaps it); `groups`: those the trainer (rank) holds, none: all.
+  ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
+             std::shared_ptr<gpu::ipc_memory> memory, std::optional<std::vector<std::uint32_t>> groups = std::nullopt);
 
   /// No plans needed: the trainer sends whole groups, each worker slices them.
   void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
@@ -41,8 +46,9 @@ public:
 
 private:
   caf::actor_system& sys_;
-  trainer_actor trainer_;
+  std::function<trainer_actor()> trainer_;
   model_config model_;
+  std::vector<std::uint32_t> groups_; ///< pulled, in order
   std::shared_ptr<gpu::ipc_memory> memory_;
   std::chrono::milliseconds group_deadline_;
   std::uint64_t largest_group_bytes_ = 0; ///< as f32: what no chunk may exceed

@@ -392,8 +392,8 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.step_time = t.trainer.source == trainer_source::external ? external_poll_interval : t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);
-  cfg.engines = std::make_shared<engine_nodes>();
-  cfg.placements_from = std::move(placements_from);
+  cfg.engines = out.engines = std::make_shared<engine_nodes>();
+  cfg.placements_from = out.placements_from = std::move(placements_from);
   cfg.rank_checksums = t.trainer.ranks.size() > 1; // the coordinator's layout check compares ranks' bytes
   out.actor = spawn_trainer(sys, std::move(cfg));
   return out;

@@ -201,6 +201,8 @@ struct local_trainer {
   std::shared_ptr<transfer::local_transfer> transfer;
   std::shared_ptr<ucx_ticket_office> ucx_tickets; ///< opened by a node that runs a UCX producer
   std::shared_ptr<ipc_desk> cuda_ipc;               ///< opened by a node that runs a cuda_ipc producer
+  std::shared_ptr<engine_nodes> engines;            ///< where engines run, as the coordinator said
+  sender_policy placements_from;                    ///< who may say it
   trainer_actor actor;
 };
 

@@ -18,6 +18,9 @@ ipc_producer::ipc_producer(std::shared_ptr<ipc_memory> memory, std::size_t slot_
   if (!checked_mul(slot_bytes, slots))
     throw std::invalid_argument("an IPC producer of " + std::to_string(slots) + " slots of "
                                 + std::to_string(slot_bytes) + " bytes overflows");
+  // At start: a device without the memory fails the node now, not its first sync.
+  buffer_ = memory_->allocate(slot_bytes_ * slots_);
+  stats_.buffer_bytes = buffer_->size();
 }
 
 ipc_producer::consumer& ipc_producer::slot_for(const std::string& who) {
@@ -74,12 +77,14 @@ ipc_placement ipc_producer::place(const std::string& who, std::uint64_t session,
     if (auto why = c.book.ack(session, who, chunk - 1); !why.empty())
       throw std::runtime_error(why);
   }
-  if (!buffer_) {
-    buffer_ = memory_->allocate(slot_bytes_ * slots_);
-    stats_.buffer_bytes = buffer_->size();
-  }
   const std::size_t offset = c.slot * slot_bytes_;
-  buffer_->write(offset, bytes, n);
+  try {
+    buffer_->write(offset, bytes, n);
+  } catch (...) {
+    c.book.abort(); // the consumer gets the error and no chunk: nothing of the session is awaited
+    ++stats_.aborted;
+    throw;
+  }
   if (auto why = c.book.publish(); !why.empty())
     throw std::runtime_error(why);
   ++stats_.chunks;

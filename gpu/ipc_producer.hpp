@@ -36,17 +36,18 @@ struct ipc_placement {
 
 struct ipc_producer_stats {
   std::uint64_t sessions = 0;  ///< sessions begun
-  std::uint64_t aborted = 0;   ///< ended by a new chunk 0 or by eviction, not a release
+  std::uint64_t aborted = 0;   ///< ended by a new chunk 0 or a failed write, not a release
   std::uint64_t chunks = 0;    ///< chunks written
   std::uint64_t bytes = 0;     ///< bytes written
-  std::size_t buffer_bytes = 0; ///< the exported buffer, once allocated
+  std::size_t buffer_bytes = 0; ///< the exported buffer
 };
 
 class ipc_producer {
 public:
-  /// `slots` consumers at once, each chunk at most `slot_bytes`. The buffer
-  /// (slots x slot_bytes, overflow-checked) is allocated at the first chunk.
-  /// Throws std::invalid_argument for zero sizes or an overflowing product.
+  /// `slots` consumers at once, each chunk at most `slot_bytes`. Allocates
+  /// the buffer (slots x slot_bytes, overflow-checked) now. Throws
+  /// std::invalid_argument for zero sizes or an overflowing product,
+  /// gpu_error when the device cannot hold it.
   ipc_producer(std::shared_ptr<ipc_memory> memory, std::size_t slot_bytes, std::size_t slots);
 
   /// Writes chunk `chunk` of consumer `who` (`n` bytes at `bytes`) into its
@@ -54,7 +55,7 @@ public:
   /// still had open); chunk k > 0 names the session chunk 0 began and acks
   /// chunk k - 1. Throws std::runtime_error saying why a request is refused
   /// (out of order, a chunk larger than a slot, every slot busy), gpu_error
-  /// when the device fails.
+  /// when the device fails (the session then ends: nothing is awaited).
   ipc_placement place(const std::string& who, std::uint64_t session, std::uint32_t chunk,
                       const std::uint8_t* bytes, std::size_t n);
   /// `who` copied out what it wanted of session `session`, or gave up: its

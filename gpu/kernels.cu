@@ -185,6 +185,11 @@ void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind) {
                            : kind == copy_kind::device_to_host ? cudaMemcpyDeviceToHost
                                                                : cudaMemcpyDeviceToDevice;
   check(cudaMemcpy(dst, src, bytes, k), "cudaMemcpy(" + std::to_string(bytes) + " bytes)");
+  // From pageable host memory cudaMemcpy may return once the bytes are
+  // staged, before they reach the device; another process reading them
+  // (cuda_ipc) must see them all, so the copy ends here.
+  if (kind != copy_kind::device_to_host)
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemcpy");
 }
 
 void gather(const flat_view& v, const void* source, std::size_t element_size, void* packed) {

@@ -89,7 +89,8 @@ public:
 };
 
 enum class copy_kind { host_to_device, device_to_host, device_to_device };
-/// cudaMemcpy, then a check of the result. Throws gpu_error.
+/// cudaMemcpy, then a check of the result; the bytes are on the device (or
+/// host) when it returns, for every process. Throws gpu_error.
 void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind);
 
 /// packed[i] = source[source_index(v, i)], `element_size` bytes each

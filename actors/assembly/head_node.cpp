@@ -88,7 +88,8 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
       return nullptr;
     if (topo->transfer.backend == transfer_backend::cuda_ipc) {
       try {
-        return std::make_shared<ipc_puller>(sys, rank, topo->model.config, gpu::cuda_ipc_memory());
+        return std::make_shared<ipc_puller>(sys, [rank] { return rank; }, topo->model.config, gpu::cuda_ipc_memory(),
+                                            groups_holding(topo->model.config, h.held));
       } catch (const std::exception& e) {
         if (log)
           log("trainer rank " + std::to_string(h.rank) + ": transfer.backend cuda_ipc: " + e.what());
@@ -96,7 +97,7 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
       }
     }
     if (topo->transfer.backend != transfer_backend::ucx)
-      return std::make_shared<caf_puller>(sys, rank, topo->model.config);
+      return std::make_shared<caf_puller>(sys, rank, topo->model.config, groups_holding(topo->model.config, h.held));
     try { // one puller per rank incarnation: its producer's address changes with a restart
       return make_ucx_puller(sys, *topo, node, [rank] { return rank; }, log);
     } catch (const std::exception& e) {
@@ -116,18 +117,27 @@ void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks
   } catch (const gpu::gpu_error& e) {
     throw std::runtime_error(std::string("transfer.backend cuda_ipc: ") + e.what());
   }
-  // A slot per engine worker of the topology (an upper bound on who pulls
-  // from one rank), each as large as the rank's largest group.
-  std::size_t workers = 0;
-  for (const auto& e : t.engines)
-    workers += static_cast<std::size_t>(e.tp * e.dp);
   for (const auto& r : ranks) {
+    // A slot per tensor-parallel worker of every engine in another process
+    // (those in the rank's own use the local plane; data-parallel ranks
+    // share their engine's weights), each as large as the rank's largest
+    // group. The buffer is allocated now: a device short of memory fails
+    // the start, not the first sync.
+    std::size_t workers = 0;
+    for (const auto& e : t.engines)
+      if (e.node != t.trainer.ranks[r.rank].node)
+        workers += static_cast<std::size_t>(e.tp);
     std::vector<std::uint64_t> group_bytes(plan::group_count(t.model.config), 0);
     for (const auto& p : r.trainer.source->parameters())
       group_bytes[plan::group_of(t.model.config, p.name)] += p.bytes();
     const auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
-    r.trainer.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, static_cast<std::size_t>(largest),
-                                                                 std::max<std::size_t>(1, workers)));
+    try {
+      r.trainer.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, static_cast<std::size_t>(largest),
+                                                                   std::max<std::size_t>(1, workers)));
+    } catch (const gpu::gpu_error& e) {
+      throw std::runtime_error("transfer.backend cuda_ipc, trainer rank " + std::to_string(r.rank) + ": "
+                               + e.what());
+    }
   }
 }
 

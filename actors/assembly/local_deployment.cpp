@@ -485,6 +485,11 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   trainer_config tc;
   tc.source = r.trainer.source;
   tc.ucx_tickets = r.trainer.ucx_tickets;
+  tc.cuda_ipc = r.trainer.cuda_ipc;
+  // Who may ask for an engine's tickets and slots survives the restart:
+  // the placements the coordinator told, and who may tell them.
+  tc.engines = r.trainer.engines;
+  tc.placements_from = r.trainer.placements_from;
   tc.step_time = t.trainer.step_time;
   tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   tc.authorize = authorize;

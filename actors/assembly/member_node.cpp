@@ -121,7 +121,13 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     // A rank's own process pulls nothing.
   } else if (t.transfer.backend == transfer_backend::cuda_ipc) {
     try {
-      puller = std::make_shared<ipc_puller>(sys, grant->trainer, t.model.config, gpu::cuda_ipc_memory());
+      puller = std::make_shared<ipc_puller>(
+        sys,
+        [desk] { // the trainer to ask is read at each pull: a rejoin replaces it
+          std::lock_guard<std::mutex> lock(desk->mutex);
+          return desk->trainer;
+        },
+        t.model.config, gpu::cuda_ipc_memory());
     } catch (const std::exception& e) {
       log(std::string("transfer.backend cuda_ipc: ") + e.what());
       end.exit_code = 1;

@@ -612,8 +612,10 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
     r.ucx_gbps = r.ucx_light.before = ucx.value;
     r.ucx_why = ucx.why;
   } else if (r.remote) {
-    r.ucx_why = "remote engines pull over CAF (transfer.backend " + std::string(to_string(t.transfer.backend))
-                + "): no raw baseline";
+    r.ucx_why = std::string(t.transfer.backend == transfer_backend::cuda_ipc
+                              ? "remote engines pull through CUDA IPC"
+                              : "remote engines pull over CAF")
+                + " (transfer.backend " + std::string(to_string(t.transfer.backend)) + "): no raw baseline";
   }
   s.ucx_gbps = r.ucx_gbps;
   s.ucx_why = r.ucx_why;

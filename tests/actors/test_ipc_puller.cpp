@@ -4,6 +4,8 @@
 // puller verifies what it copies out and refuses a producer that lies.
 #include "actors/ipc_puller.hpp"
 
+#include "actors/caf_puller.hpp"
+
 #include "actors/system_config.hpp"
 #include "actors/trainer.hpp"
 #include "gpu/ipc_producer.hpp"
@@ -31,6 +33,16 @@ using namespace std::chrono_literals;
 namespace {
 
 using tensors_by_name = std::map<std::string, std::vector<std::uint8_t>>;
+
+std::function<trainer_actor()> asking(trainer_actor t) {
+  return [t] { return t; };
+}
+
+/// Everything `a` was sent before this call has been handled when it returns.
+void drain(caf::actor_system& sys, const trainer_actor& a) {
+  caf::scoped_actor self{sys};
+  self->request(a, 10s, version_atom::value).receive([](const version_info&) {}, [](caf::error&) {});
+}
 
 /// Records every whole tensor the pull delivers, per worker.
 struct recording_sink {
@@ -121,7 +133,7 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: workers pull whole groups through the 
   auto producer = std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 2);
   desk->open(producer);
   const auto v = step();
-  ipc_puller puller(sys, trainer, model, memory);
+  ipc_puller puller(sys, asking(trainer), model, memory);
   recording_sink rec;
   auto report = transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::sharded, rec.sink(), test::in(10s));
   CHECK(report.groups == plan::group_count(model));
@@ -141,13 +153,35 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: workers pull whole groups through the 
   const auto v2 = step();
   recording_sink rec2;
   transfer::pull_engine(puller, "rollout-1", 2, v2, transfer_mode::sharded, rec2.sink(), test::in(10s));
+  CHECK(rec2.got[0] == expected(v2));
   CHECK(rec2.got[1] == expected(v2));
+}
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a rank's puller streams only the groups that rank holds") {
+  desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 1));
+  const auto v = step();
+  // A rank holding the middle layer's tensors only.
+  std::vector<std::string> held;
+  for (const auto& spec : llama_parameter_specs(model, dtype::bf16))
+    if (plan::group_of(model, spec.name) == 1)
+      held.push_back(spec.name);
+  REQUIRE_FALSE(held.empty());
+  const auto groups = groups_holding(model, held);
+  REQUIRE(groups == std::vector<std::uint32_t>{1});
+  ipc_puller puller(sys, asking(trainer), model, memory, groups);
+  recording_sink rec;
+  auto report = transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  CHECK(report.groups == 1);
+  tensors_by_name want;
+  for (const auto& name : held)
+    want[name] = expected(v).at(name);
+  CHECK(rec.got[0] == want);
 }
 
 TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: bytes that changed in device memory fail the pull, the next one succeeds") {
   desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 1));
   const auto v = step();
-  ipc_puller puller(sys, trainer, model, memory);
+  ipc_puller puller(sys, asking(trainer), model, memory);
   memory->corrupt_reads = true;
   std::string what;
   CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::checksum_mismatch);
@@ -160,7 +194,7 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: bytes that changed in device memory fa
 
 TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a trainer without a producer, or a version it no longer holds, is refused") {
   const auto v = step();
-  ipc_puller puller(sys, trainer, model, memory);
+  ipc_puller puller(sys, asking(trainer), model, memory);
   std::string what;
   CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
   CHECK(what.find("runs no cuda_ipc producer") != std::string::npos);
@@ -220,11 +254,16 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a producer that lies is refused before
     };
     auto liar = sys.spawn(test::scripted_trainer, script);
     to_stop.push_back(caf::actor_cast<caf::actor>(liar));
-    ipc_puller puller(sys, liar, model, memory);
+    ipc_puller puller(sys, asking(liar), model, memory);
     std::string what;
     CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
     CHECK(what.find(l.says) != std::string::npos);
     CHECK(memory->mappings_open == 0);
+    // Whatever was refused, the session the liar opened is released.
+    drain(sys, liar);
+    REQUIRE(script->ipc_releases.size() == 1);
+    CHECK(script->ipc_releases[0].session == this_session);
+    CHECK(script->ipc_releases[0].engine == "rollout-0");
   }
   // The same session twice is a replay: refused at its chunk 0.
   auto script = std::make_shared<test::trainer_script>();
@@ -249,7 +288,7 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a producer that lies is refused before
   };
   auto replayer = sys.spawn(test::scripted_trainer, script);
   to_stop.push_back(caf::actor_cast<caf::actor>(replayer));
-  ipc_puller puller(sys, replayer, model, memory);
+  ipc_puller puller(sys, asking(replayer), model, memory);
   recording_sink rec;
   transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::sharded, rec.sink(), test::in(10s));
   CHECK(rec.got[0] == expected(v));

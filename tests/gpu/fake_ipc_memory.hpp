@@ -24,14 +24,19 @@ struct fake_ipc_memory : gpu::ipc_memory, std::enable_shared_from_this<fake_ipc_
   /// Set: every read flips the lowest bit of the first byte it returns
   /// (memory that changed under the consumer).
   bool corrupt_reads = false;
+  bool fail_writes = false;      ///< set: writes throw as a failing device would
+  bool fail_allocations = false; ///< set: allocations throw (out of device memory)
 
   struct buffer_impl final : gpu::ipc_memory::buffer {
     gpu::ipc_handle h{};
     std::shared_ptr<bytes> data;
+    const bool* fail = nullptr;
     const gpu::ipc_handle& handle() const override { return h; }
     std::size_t size() const override { return data->size(); }
     void write(std::size_t offset, const std::uint8_t* from, std::size_t n) override {
       gpu::check_range(offset, n, data->size(), "a write to the exported buffer");
+      if (*fail)
+        throw gpu::gpu_error("cudaMemcpy: an illegal memory access was encountered");
       if (n > 0)
         std::memcpy(data->data() + offset, from, n);
     }
@@ -56,7 +61,10 @@ struct fake_ipc_memory : gpu::ipc_memory, std::enable_shared_from_this<fake_ipc_
 
   std::unique_ptr<buffer> allocate(std::size_t n) override {
     std::lock_guard<std::mutex> lock(mutex);
+    if (fail_allocations)
+      throw gpu::gpu_error("cudaMalloc(" + std::to_string(n) + " bytes): out of memory");
     auto b = std::make_unique<buffer_impl>();
+    b->fail = &fail_writes;
     ++allocations;
     b->h[0] = static_cast<std::uint8_t>(allocations);
     b->h[1] = 0xa5;

@@ -126,7 +126,27 @@ TEST_CASE("ipc producer: sessions grow across producers, sizes are checked") {
   CHECK_THROWS_AS(gpu::ipc_producer(mem, 1, 0), std::invalid_argument);
   CHECK_THROWS_AS(gpu::ipc_producer(mem, SIZE_MAX / 2, 3), std::invalid_argument);
   CHECK_THROWS_AS(gpu::ipc_producer(nullptr, 1, 1), std::invalid_argument);
-  // No buffer is made before the first chunk.
-  gpu::ipc_producer lazy(mem, 1 << 20, 4);
-  CHECK(lazy.stats().buffer_bytes == 0);
+  // The buffer is made at construction: a device without the memory fails the node's start.
+  const int before = mem->allocations;
+  gpu::ipc_producer eager(mem, 1 << 20, 4);
+  CHECK(eager.stats().buffer_bytes == 4u << 20);
+  CHECK(mem->allocations == before + 1);
+  mem->fail_allocations = true;
+  CHECK_THROWS_AS(gpu::ipc_producer(mem, 1 << 20, 4), gpu::gpu_error);
+}
+
+TEST_CASE("ipc producer: a write the device fails ends the session, the consumer begins again") {
+  auto mem = std::make_shared<test::fake_ipc_memory>();
+  gpu::ipc_producer producer(mem, 8, 1);
+  auto b = pattern(8, 9);
+  auto first = producer.place("a/0", 0, 0, b.data(), b.size());
+  mem->fail_writes = true;
+  CHECK_THROWS_AS(producer.place("a/0", first.session, 1, b.data(), b.size()), gpu::gpu_error);
+  CHECK(producer.stats().aborted == 1);
+  mem->fail_writes = false;
+  // Nothing of that session is awaited: the slot is free for another consumer, and a/0 begins anew.
+  auto other = producer.place("b/0", 0, 0, b.data(), b.size());
+  CHECK(read_back(*mem, other) == b);
+  producer.release("b/0", other.session);
+  CHECK(producer.place("a/0", 0, 0, b.data(), b.size()).session > first.session);
 }
