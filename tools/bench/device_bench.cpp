@@ -12,6 +12,7 @@
 #include "gpu/device.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mixsum.hpp"
+#include "runtime/base/stats.hpp"
 #include "runtime/plan/strided.hpp"
 
 #include <spawn.h>
@@ -44,8 +45,7 @@ double median_seconds(const std::function<void()>& run) {
     run();
     t.push_back(seconds(std::chrono::steady_clock::now() - start).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[2];
+  return median(std::move(t));
 }
 
 void row(const std::string& what, double bytes, double s, const std::string& note = "") {

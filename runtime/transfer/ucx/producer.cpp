@@ -477,9 +477,8 @@ void producer_impl::prewarm_buffers(std::uint64_t largest) {
   constexpr std::uint64_t page = 4096;
   const std::uint64_t split = std::max<std::size_t>(1, options.prewarm_split);
   const std::uint64_t share = (largest + split - 1) / split;
-  const std::uint64_t least = (std::min(largest, share + share / 64 + 65536) + page - 1) / page * page;
-  const std::uint64_t count = std::min<std::uint64_t>(budget / least, max_prewarmed_buffers);
-  const std::uint64_t size = least;
+  const std::uint64_t size = (std::min(largest, share + share / 64 + 65536) + page - 1) / page * page;
+  const std::uint64_t count = std::min<std::uint64_t>(budget / size, max_prewarmed_buffers);
   std::uint64_t held = 0;
   for (std::uint64_t made = 0; made < count; ++made) {
     host_buffer b = new_buffer(static_cast<std::size_t>(size));

@@ -237,9 +237,9 @@ struct producer_impl {
   host_buffer probe;
   wire::shared_region region_of(const host_buffer& b) const;
   host_buffer new_buffer(std::size_t bytes) const; // shareable when offered
-  host_buffer made_buffer(std::size_t bytes);
+  host_buffer made_buffer(std::size_t bytes);      // new_buffer, counted (pack thread)
   void prewarm_buffers(std::uint64_t largest);
-  static constexpr std::uint64_t max_prewarmed_buffers = 64;      // new_buffer, counted (pack thread)
+  static constexpr std::uint64_t max_prewarmed_buffers = 64;
   std::vector<std::uint64_t> live_buffers() const; // shareable buffers held: a shared manifest names them
   mutable std::atomic<bool> unshared_logged{false}; // a buffer that could not be shared was logged
 
