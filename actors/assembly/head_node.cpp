@@ -71,7 +71,7 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
   // connect_ahead stays off: the puller registers an engine's workers before
   // the engine registers with the coordinator, and the trainer issues UCX
   // tickets only to registered engines, so a connection ahead would be
-  // refused. Member nodes call connect_ahead(engine) once it registered.
+  // refused (measured: "that engine is not registered from the asking node").
   po.log = [log](const std::string& line) {
     if (log)
       log("ucx: " + line);

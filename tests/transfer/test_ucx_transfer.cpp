@@ -687,36 +687,6 @@ TEST_CASE("ucx: a worker that cannot connect ahead still pulls, connecting then"
   CHECK(puller.stats().connections == 1);
 }
 
-TEST_CASE("ucx: connect_ahead(engine) connects the workers without a connection once tickets are issued") {
-  SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(2);
-  auto src = test::small_source(c);
-  src->produce_next();
-  ucx_producer producer(src, loopback_producer());
-  auto qo = loopback_puller(producer); // connect_ahead off, as on rlsync's nodes
-  auto real = qo.credentials;
-  std::atomic<bool> known{false}; // rlsync's trainer: tickets only for an engine the coordinator registered
-  std::atomic<int> asked{0};
-  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
-    ++asked;
-    if (!known)
-      throw std::runtime_error("that engine is not registered from the asking node");
-    return real(engine, worker, deadline);
-  };
-  ucx_puller puller(qo);
-  test_engine e("rollout-0", c, 2, puller);
-  CHECK(asked.load() == 0); // registering the plans asks for nothing
-  known = true;
-  puller.connect_ahead("rollout-0");
-  REQUIRE(eventually([&] { return puller.stats().connected_ahead == 2; }));
-  puller.connect_ahead("rollout-0"); // both connected: nothing to do
-  puller.connect_ahead("rollout-9"); // no such engine: nothing to do
-  e.pull(puller, src->latest()->version(), transfer_mode::sharded);
-  test::check_identical(*e.weights, *test::loaded(*src->latest(), 2));
-  CHECK(puller.stats().connections == 2); // the pull took the connections made ahead
-  CHECK(asked.load() == 2);
-}
-
 TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not mapped") {
   SKIP_WITHOUT_UCX();
   host_buffer b(100, shareable);

@@ -5,7 +5,6 @@
 #include "runtime/transfer/store_in_place.hpp"
 
 #include <algorithm>
-#include <limits>
 #include <set>
 #include <stdexcept>
 #include <type_traits>
@@ -462,24 +461,6 @@ ucx_puller::ucx_puller(ucx_puller_options options) : impl_(std::make_unique<ucx_
 }
 
 ucx_puller::~ucx_puller() = default;
-
-void ucx_puller::connect_ahead(const std::string& engine) {
-  std::vector<int> waiting; // registered workers with no connection yet
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    for (auto it = impl_->workers.lower_bound({engine, std::numeric_limits<int>::min()});
-         it != impl_->workers.end() && it->first.first == engine; ++it) {
-      const int w = it->first.second;
-      const bool connected = std::any_of(impl_->idle.begin(), impl_->idle.end(), [&](const auto& ch) {
-        return ch->engine == engine && ch->engine_worker == w;
-      });
-      if (!connected)
-        waiting.push_back(w);
-    }
-  }
-  for (int w : waiting)
-    impl_->start_connect_ahead(engine, w); // skips a worker already connecting
-}
 
 void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
   if (!plan)

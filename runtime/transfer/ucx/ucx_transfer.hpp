@@ -352,7 +352,7 @@ struct ucx_puller_options {
   /// comes first connects itself, as without it. It needs credentials at
   /// registration time: rlsync's trainers issue tickets only once the
   /// engine registered with the coordinator, which comes later, so rlsync's
-  /// nodes leave it off and call connect_ahead(engine) then instead.
+  /// nodes leave it off for now.
   bool connect_ahead = false;
   std::chrono::milliseconds connect_ahead_timeout{5000};
   ucx_log log;
@@ -388,12 +388,6 @@ public:
   /// when a connection first uses it.
   void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override;
   void unregister_engine(const std::string& engine) override;
-  /// Connects every registered worker of `engine` that has no connection
-  /// yet in the background, as connect_ahead does at registration: for a
-  /// producer that issues credentials only once the engine is known to it
-  /// (rlsync's trainers: after the coordinator acknowledged its
-  /// registration). A failure is logged; the first pull then connects.
-  void connect_ahead(const std::string& engine);
   /// Blocks until every group of the version the producer holds has been
   /// received, verified and handed to the sink, or throws transfer_error:
   /// timeout (connecting or a group, by req.deadline, naming the producer),
