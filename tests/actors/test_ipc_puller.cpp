@@ -206,11 +206,31 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a trainer without a producer, or a ver
   CHECK(what.find("does not fit an IPC slot") != std::string::npos);
 }
 
+/// What an honest producer answers for `req` in session `session`: the
+/// group's bucket from the real trainer, written at the start of `buffer`.
+ipc_chunk honest_answer(caf::actor_system& sys, const trainer_actor& trainer, gpu::ipc_memory::buffer& buffer,
+                        std::uint64_t session, const ipc_pull& req) {
+  weight_bucket b;
+  caf::scoped_actor asker{sys};
+  asker->request(trainer, 10s, pull_atom::value, req.version, req.group)
+    .receive([&](weight_bucket& got) { b = std::move(got); }, [](caf::error&) {});
+  buffer.write(0, b.data.data(), b.data.size());
+  ipc_chunk c;
+  c.session = session;
+  c.chunk = req.chunk;
+  c.handle.assign(buffer.handle().begin(), buffer.handle().end());
+  c.buffer_bytes = buffer.size();
+  c.offset = 0;
+  c.bytes = b.data.size();
+  b.data.clear();
+  c.bucket = std::move(b);
+  return c;
+}
+
 TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a producer that lies is refused before a byte is read, and released") {
   // A scripted trainer answers with real group layouts and checksums from
   // the source, and lies about one field per case.
   const auto v = step();
-  auto snapshot = source->find(v);
   auto real = memory->allocate(largest_group_bytes() * 2);
   struct lie {
     const char* name;
@@ -232,22 +252,7 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a producer that lies is refused before
     auto script = std::make_shared<test::trainer_script>();
     const std::uint64_t this_session = ++session;
     script->ipc = [&, this_session](const ipc_pull& req) -> caf::result<ipc_chunk> {
-      weight_bucket b;
-      {
-        caf::scoped_actor asker{sys};
-        asker->request(trainer, 10s, pull_atom::value, req.version, req.group)
-          .receive([&](weight_bucket& got) { b = std::move(got); }, [](caf::error&) {});
-      }
-      real->write(0, b.data.data(), b.data.size());
-      ipc_chunk c;
-      c.session = this_session;
-      c.chunk = req.chunk;
-      c.handle.assign(real->handle().begin(), real->handle().end());
-      c.buffer_bytes = real->size();
-      c.offset = 0;
-      c.bytes = b.data.size();
-      b.data.clear();
-      c.bucket = std::move(b);
+      auto c = honest_answer(sys, trainer, *real, this_session, req);
       if (req.chunk >= l.at_chunk)
         l.edit(c);
       return c;
@@ -267,24 +272,8 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a producer that lies is refused before
   }
   // The same session twice is a replay: refused at its chunk 0.
   auto script = std::make_shared<test::trainer_script>();
-  ipc_chunk first;
   script->ipc = [&](const ipc_pull& req) -> caf::result<ipc_chunk> {
-    weight_bucket b;
-    {
-      caf::scoped_actor asker{sys};
-      asker->request(trainer, 10s, pull_atom::value, req.version, req.group)
-        .receive([&](weight_bucket& got) { b = std::move(got); }, [](caf::error&) {});
-    }
-    real->write(0, b.data.data(), b.data.size());
-    ipc_chunk c;
-    c.session = 7;
-    c.chunk = req.chunk;
-    c.handle.assign(real->handle().begin(), real->handle().end());
-    c.buffer_bytes = real->size();
-    c.bytes = b.data.size();
-    b.data.clear();
-    c.bucket = std::move(b);
-    return c;
+    return honest_answer(sys, trainer, *real, 7, req);
   };
   auto replayer = sys.spawn(test::scripted_trainer, script);
   to_stop.push_back(caf::actor_cast<caf::actor>(replayer));
