@@ -272,6 +272,11 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         return make_error(errc::unknown_name, "this trainer runs no cuda_ipc producer");
       if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ipcpull", "a cuda_ipc pull"))
         return *refused;
+      // A worker number no engine has would take a slot another engine needs.
+      if (const auto most = producer->workers_per_engine(); most > 0 && static_cast<std::size_t>(req.worker) >= most)
+        return make_error(errc::malformed, "trainer: cuda_ipc: worker " + std::to_string(req.worker) + " of engine '"
+                                             + printable(req.engine) + "': engines have at most "
+                                             + std::to_string(most) + " workers");
       auto bucket = held_bucket(self, req.version, req.group);
       if (!bucket)
         return bucket.error();

@@ -7,8 +7,9 @@
 
 namespace rlsync::gpu {
 
-ipc_producer::ipc_producer(std::shared_ptr<ipc_memory> memory, std::size_t slot_bytes, std::size_t slots)
-  : memory_(std::move(memory)), slot_bytes_(slot_bytes), slots_(slots),
+ipc_producer::ipc_producer(std::shared_ptr<ipc_memory> memory, std::size_t slot_bytes, std::size_t slots,
+                           std::size_t workers_per_engine)
+  : memory_(std::move(memory)), slot_bytes_(slot_bytes), slots_(slots), workers_per_engine_(workers_per_engine),
     next_session_(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) | 1) {
   if (!memory_)
     throw std::invalid_argument("an IPC producer without device memory");

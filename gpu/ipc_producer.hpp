@@ -48,7 +48,11 @@ public:
   /// the buffer (slots x slot_bytes, overflow-checked) now. Throws
   /// std::invalid_argument for zero sizes or an overflowing product,
   /// gpu_error when the device cannot hold it.
-  ipc_producer(std::shared_ptr<ipc_memory> memory, std::size_t slot_bytes, std::size_t slots);
+  /// `workers_per_engine`: the most workers any engine has (the topology's
+  /// largest tp), which bounds the slots one engine's consumers can hold;
+  /// 0: unbounded. The trainer refuses a worker index at or past it.
+  ipc_producer(std::shared_ptr<ipc_memory> memory, std::size_t slot_bytes, std::size_t slots,
+               std::size_t workers_per_engine = 0);
 
   /// Writes chunk `chunk` of consumer `who` (`n` bytes at `bytes`) into its
   /// slot. Chunk 0 with session 0 begins a new session (ending one `who`
@@ -63,6 +67,7 @@ public:
   void release(const std::string& who, std::uint64_t session);
 
   ipc_producer_stats stats() const;
+  std::size_t workers_per_engine() const { return workers_per_engine_; }
 
 private:
   struct consumer {
@@ -74,6 +79,7 @@ private:
   std::shared_ptr<ipc_memory> memory_;
   std::size_t slot_bytes_;
   std::size_t slots_;
+  std::size_t workers_per_engine_;
   mutable std::mutex mutex_;
   std::unique_ptr<ipc_memory::buffer> buffer_;
   std::map<std::string, consumer> consumers_; ///< at most slots_

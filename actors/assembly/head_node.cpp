@@ -124,16 +124,19 @@ void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks
     // group. The buffer is allocated now: a device short of memory fails
     // the start, not the first sync.
     std::size_t workers = 0;
-    for (const auto& e : t.engines)
+    std::size_t largest_tp = 1;
+    for (const auto& e : t.engines) {
+      largest_tp = std::max(largest_tp, static_cast<std::size_t>(e.tp));
       if (e.node != t.trainer.ranks[r.rank].node)
         workers += static_cast<std::size_t>(e.tp);
+    }
     std::vector<std::uint64_t> group_bytes(plan::group_count(t.model.config), 0);
     for (const auto& p : r.trainer.source->parameters())
       group_bytes[plan::group_of(t.model.config, p.name)] += p.bytes();
     const auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
     try {
       r.trainer.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, static_cast<std::size_t>(largest),
-                                                                   std::max<std::size_t>(1, workers)));
+                                                                   std::max<std::size_t>(1, workers), largest_tp));
     } catch (const gpu::gpu_error& e) {
       throw std::runtime_error("transfer.backend cuda_ipc, trainer rank " + std::to_string(r.rank) + ": "
                                + e.what());

@@ -200,6 +200,17 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a trainer without a producer, or a ver
   CHECK(what.find("runs no cuda_ipc producer") != std::string::npos);
   desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 1));
   CHECK(failure_of(puller, "rollout-0", v + 100, what) == transfer::transfer_failure::version_unavailable);
+  // A worker number past the largest tp would take another engine's slot.
+  desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 4, 2));
+  {
+    recording_sink rec;
+    try {
+      transfer::pull_engine(puller, "rollout-0", 3, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+      FAIL("worker 2 of 2 at most was served");
+    } catch (const transfer::transfer_error& e) {
+      CHECK(std::string(e.what()).find("engines have at most 2 workers") != std::string::npos);
+    }
+  }
   // The slot is too small for a group: the producer says so.
   desk->open(std::make_shared<gpu::ipc_producer>(memory, 16, 1));
   CHECK(failure_of(puller, "rollout-0", v, what) == transfer::transfer_failure::producer_failed);
