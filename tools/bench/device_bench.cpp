@@ -4,12 +4,15 @@
 //   rlsync-device-bench [--bytes N]      figures on device 0; exit 77 without one
 //   rlsync-device-bench --ipc-child HEX BYTES CHECKSUM
 //                                        (internal) the second process of the IPC row
+//   rlsync-device-bench --backend-child HEX BUFFER OFFSET BYTES CHECKSUM
+//                                        (internal) the engine process of the cuda_ipc row
 //
 // Every figure is the median of 5 timed repetitions after one warm-up, on a
 // steady clock around calls that return once the device is done. Exits 1
 // when a checksum disagrees across processes or a call fails.
 #include "gpu/cuda_ipc.hpp"
 #include "gpu/device.hpp"
+#include "gpu/ipc_producer.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mixsum.hpp"
 #include "runtime/base/stats.hpp"
@@ -93,10 +96,30 @@ int ipc_child(const std::string& handle_hex, std::size_t bytes, std::uint64_t ex
   return same ? 0 : 1;
 }
 
-int run_ipc(const gpu::device_buffer& buf, std::uint64_t sum) {
+/// The cuda_ipc backend's engine side: maps the trainer's exported buffer as
+/// ipc_puller does, times copying one slot's chunk out to host memory, and
+/// checks what it copied.
+int backend_child(const std::string& handle_hex, std::size_t buffer_bytes, std::size_t offset, std::size_t bytes,
+                  std::uint64_t expect) {
+  gpu::ipc_handle h{};
+  if (!unhex(handle_hex, h)) {
+    std::fprintf(stderr, "bad handle\n");
+    return 2;
+  }
+  auto mapping = gpu::cuda_ipc_memory()->map(h, buffer_bytes);
+  std::vector<std::uint8_t> out(bytes);
+  const double s = median_seconds([&] { mapping->read(offset, out.data(), bytes); });
+  const bool same = gpu::mixsum64(out.data(), bytes) == expect;
+  row("cuda_ipc backend: the engine process copies its slot out (device to host, pageable)",
+      static_cast<double>(bytes), s, same ? "checksum equal" : "CHECKSUM DIFFERS");
+  return same ? 0 : 1;
+}
+
+/// Runs this binary again with `args` (after argv[0]) and returns its exit code.
+int run_child(const std::vector<std::string>& child_args) {
   const char* self = "/proc/self/exe"; // argv[0] may be a bare name found on PATH
-  const std::string h = hex(gpu::export_buffer(buf)), n = std::to_string(buf.size()), c = std::to_string(sum);
-  std::vector<std::string> args{"rlsync-device-bench", "--ipc-child", h, n, c};
+  std::vector<std::string> args{"rlsync-device-bench"};
+  args.insert(args.end(), child_args.begin(), child_args.end());
   std::vector<char*> argv;
   for (auto& a : args)
     argv.push_back(a.data());
@@ -104,7 +127,7 @@ int run_ipc(const gpu::device_buffer& buf, std::uint64_t sum) {
   pid_t pid = 0;
   std::fflush(stdout);
   if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
-    std::printf("| CUDA IPC | - | - | could not start the second process |\n");
+    std::printf("| %s | - | - | could not start the second process |\n", child_args[0].c_str());
     return 1;
   }
   int status = 0;
@@ -115,6 +138,30 @@ int run_ipc(const gpu::device_buffer& buf, std::uint64_t sum) {
   if (waited != pid)
     return 1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+int run_ipc(const gpu::device_buffer& buf, std::uint64_t sum) {
+  return run_child({"--ipc-child", hex(gpu::export_buffer(buf)), std::to_string(buf.size()), std::to_string(sum)});
+}
+
+/// The cuda_ipc backend's own classes on the device: a producer of two
+/// slots writes a chunk from pageable host memory into the second (as the
+/// trainer does, synchronized), and another process maps and reads it.
+int run_backend(std::size_t bytes) {
+  std::vector<std::uint8_t> chunk(bytes);
+  for (std::size_t i = 0; i < bytes; ++i)
+    chunk[i] = static_cast<std::uint8_t>(i * 131 + 7);
+  gpu::ipc_producer producer(gpu::cuda_ipc_memory(), bytes, 2);
+  gpu::ipc_placement at;
+  producer.place("bench/0", 0, 0, chunk.data(), bytes); // the first slot
+  const double s = median_seconds([&] {
+    at = producer.place("bench/1", 0, 0, chunk.data(), bytes); // each a new session of the second
+  });
+  row("cuda_ipc backend: the trainer writes a slot (host to device, pageable, synchronized)",
+      static_cast<double>(bytes), s);
+  gpu::ipc_handle h = at.handle;
+  return run_child({"--backend-child", hex(h), std::to_string(at.buffer_bytes), std::to_string(at.offset),
+                    std::to_string(at.bytes), std::to_string(gpu::mixsum64(chunk.data(), bytes))});
 }
 
 int bench(std::size_t bytes) {
@@ -162,10 +209,11 @@ int bench(std::size_t bytes) {
       }));
 
   const int ipc = run_ipc(a, sum);
+  const int backend = run_backend(std::min<std::size_t>(bytes, std::size_t{256} << 20));
   std::printf("| NCCL transfers | - | - | not measured: NCCL refuses two ranks on one GPU, and libnccl "
               "(218 MB) exceeds what the device tool carries |\n");
   std::printf("| engine decode on the GPU vs the CPU | - | - | not built: the engine runs on the CPU only |\n");
-  return ipc == 0 ? 0 : 1;
+  return ipc == 0 && backend == 0 ? 0 : 1;
 }
 
 } // namespace
@@ -174,6 +222,9 @@ int main(int argc, char** argv) {
   try {
     if (argc == 5 && std::string(argv[1]) == "--ipc-child")
       return ipc_child(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
+    if (argc == 7 && std::string(argv[1]) == "--backend-child")
+      return backend_child(argv[2], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10),
+                           std::strtoull(argv[5], nullptr, 10), std::strtoull(argv[6], nullptr, 10));
     std::size_t bytes = std::size_t{1} << 30;
     if (argc == 3 && std::string(argv[1]) == "--bytes")
       bytes = std::strtoull(argv[2], nullptr, 10);
