@@ -31,7 +31,7 @@ void producer_impl::start_get(get_job j) {
                                     "group " + std::to_string(j.group) + " packs " + std::to_string(j.bytes)
                                         + " bytes, more than the producer's packed budget of "
                                         + std::to_string(budget) + " bytes (transfer.packed_budget_bytes)",
-                                    j.group, 0, 0});
+                                    j.group, 0, 0, {}});
       finish_get(j);
       return;
     }
@@ -362,7 +362,7 @@ void producer_impl::fail_get(const get_job& j, const entry_ptr& e) {
   reply(j.conn, wire::group_msg{j.seq, wire::status::producer_failed,
                                 "the producer failed to pack group " + std::to_string(j.group) + " of version "
                                     + std::to_string(j.version) + ": " + e->error,
-                                j.group, 0, 0});
+                                j.group, 0, 0, {}});
   finish_get(j);
   release(e);
 }
@@ -379,7 +379,7 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
   op.deadline = j.deadline;
   op.bytes = e->size;
   op.group = j.group;
-  wire::group_msg header{j.seq, wire::status::ok, "", j.group, e->size, e->checksum};
+  wire::group_msg header{j.seq, wire::status::ok, "", j.group, e->size, e->checksum, {}};
   const bool corrupt = take_corruption(j) && e->size > 0;
   if (j.shared && e->buffer.shared() && !corrupt) {
     // Lent: the consumer maps the buffer and copies the group from it;
@@ -405,7 +405,7 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
     if (UCS_PTR_IS_ERR(op.request)) {
       reply(j.conn, wire::group_msg{j.seq, wire::status::producer_failed,
                                     std::string("cannot send: ") + ucs_status_string(UCS_PTR_STATUS(op.request)),
-                                    j.group, 0, 0});
+                                    j.group, 0, 0, {}});
       finish_get(j);
       release(e);
       return;
@@ -518,7 +518,7 @@ void producer_impl::sweep(clock::time_point now) {
                                       + " bytes (transfer.packed_budget_bytes) before the deadline: "
                                       + std::to_string(cache.size())
                                       + " packed groups held, each still needed by a replica",
-                                  j.group, 0, 0});
+                                  j.group, 0, 0, {}});
     finish_get(j);
   }
   std::vector<conn_ptr> idle;

@@ -435,10 +435,10 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
   check_lanes(*c);
   if (!c->refused.empty()) {
     count_rejected();
-    reply(c, wire::ack_msg{hello->seq, wire::status::not_allowed, 0, "producer: " + c->refused});
+    reply(c, wire::ack_msg{hello->seq, wire::status::not_allowed, 0, "producer: " + c->refused, {}, {}});
     return;
   }
-  wire::ack_msg ack{hello->seq, wire::status::ok, 0, ""};
+  wire::ack_msg ack{hello->seq, wire::status::ok, 0, "", {}, {}};
   if (c->same_host) {
     ack.probe = region_of(probe);
     // The buffers groups will be lent in: a consumer connecting ahead of
@@ -533,7 +533,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::hello_msg& m) {
   if (why.empty() && (m.engine != c->engine || m.worker != c->worker))
     why = "a token for another engine worker than the connection's";
   if (why.empty()) {
-    reply(c, wire::ack_msg{m.seq, wire::status::ok, 0, ""});
+    reply(c, wire::ack_msg{m.seq, wire::status::ok, 0, "", {}, {}});
     return;
   }
   {
@@ -542,7 +542,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::hello_msg& m) {
   }
   count_rejected();
   (*refusal_log)("ucx producer: refused a hello on " + c->peer + ": " + why);
-  reply(c, wire::ack_msg{m.seq, wire::status::unauthorized, 0, "producer: " + why});
+  reply(c, wire::ack_msg{m.seq, wire::status::unauthorized, 0, "producer: " + why, {}, {}});
   close_connection(c, "refused hello", false);
 }
 
@@ -566,11 +566,11 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   auto refuse = [&](wire::status s, const std::string& why) {
     count_rejected();
     say(options.log, "ucx producer: rejected a plan from " + c->peer + ": " + why);
-    reply(c, wire::ack_msg{m.seq, s, 0, why});
+    reply(c, wire::ack_msg{m.seq, s, 0, why, {}, {}});
   };
   const std::uint64_t digest = checksum64(m.plan.data(), m.plan.size());
   if (c->plans.count(digest)) {
-    reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, ""});
+    reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
     return;
   }
   std::shared_ptr<const plan::grouped_plan> grouped;
@@ -607,7 +607,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   }
   c->plans[digest] = std::move(grouped);
   c->plan_order.push_back(digest);
-  reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, ""});
+  reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
 }
 
 // Entries for tensors this producer holds must match them in dtype and
@@ -742,7 +742,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::get_msg& m) {
   if (sit == c->sessions.end()) {
     count_rejected();
     reply(c, wire::group_msg{m.seq, wire::status::not_registered,
-                             "session " + std::to_string(m.session) + " is not open on this connection", m.group, 0, 0});
+                             "session " + std::to_string(m.session) + " is not open on this connection", m.group, 0, 0, {}});
     return;
   }
   serve(c, sit->second, m);
@@ -751,7 +751,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::get_msg& m) {
 void producer_impl::serve(const conn_ptr& c, session& s, const wire::get_msg& m) {
   auto refuse = [&](wire::status st, const std::string& why) {
     count_rejected();
-    reply(c, wire::group_msg{m.seq, st, why, m.group, 0, 0});
+    reply(c, wire::group_msg{m.seq, st, why, m.group, 0, 0, {}});
   };
   s.last_used = clock::now();
   if (!s.groups.count(m.group)) {
