@@ -108,14 +108,16 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
   };
 }
 
-void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks) {
+void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks,
+                        std::shared_ptr<gpu::ipc_memory> memory) {
   if (ranks.empty())
     return;
-  std::shared_ptr<gpu::ipc_memory> memory;
-  try {
-    memory = gpu::cuda_ipc_memory();
-  } catch (const gpu::gpu_error& e) {
-    throw std::runtime_error(std::string("transfer.backend cuda_ipc: ") + e.what());
+  if (!memory) {
+    try {
+      memory = gpu::cuda_ipc_memory();
+    } catch (const gpu::gpu_error& e) {
+      throw std::runtime_error(std::string("transfer.backend cuda_ipc: ") + e.what());
+    }
   }
   for (const auto& r : ranks) {
     // A slot per tensor-parallel worker of every engine in another process

@@ -8,6 +8,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/trainer.hpp"
+#include "gpu/ipc_memory.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
@@ -55,10 +56,11 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
                                             std::function<void(const std::string&)> log);
 
 /// For transfer.backend cuda_ipc: opens a cuda_ipc producer on each of
-/// `ranks` (their trainer actors then serve pulls through it). Throws
-/// std::runtime_error naming the missing device or CUDA. Close the ranks'
-/// cuda_ipc desks when the node stops.
-void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks);
+/// `ranks` (their trainer actors then serve pulls through it) in `memory`
+/// (none: the CUDA device's). Throws std::runtime_error naming the missing
+/// device or CUDA. Close the ranks' cuda_ipc desks when the node stops.
+void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks,
+                        std::shared_ptr<gpu::ipc_memory> memory = nullptr);
 
 /// For transfer.backend ucx: a UCX producer on each of `ranks` (its own
 /// source), whose trainer actor then hands out its tickets; none for other

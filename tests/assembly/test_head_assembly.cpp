@@ -5,9 +5,13 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/assembly/verify_weights.hpp"
 #include "actors/system_config.hpp"
+#include "gpu/ipc_producer.hpp"
+#include "runtime/plan/groups.hpp"
+#include "tests/gpu/fake_ipc_memory.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -205,4 +209,50 @@ TEST_CASE("assembly: cuda_ipc needs a CUDA device at start-up, the other backend
     info.detail = r.detail;
     CHECK(backend_device_problem(t, info) == r.problem);
   }
+}
+
+TEST_CASE("assembly: cuda_ipc producers: a slot per tp worker of engines elsewhere, the largest tp per engine") {
+  caf::actor_system_config cfg;
+  register_rlsync_types(cfg);
+  caf::actor_system sys{cfg};
+  topology t;
+  t.model.config = test::small_model(2);
+  t.model.weights_dtype = dtype::bf16;
+  t.trainer.ranks = {trainer_rank{"a", {0, 1}}};
+  t.transfer.backend = transfer_backend::cuda_ipc;
+  t.transfer.mode = transfer_mode::broadcast;
+  auto engine = [](std::string name, std::string node, std::int64_t tp, std::int64_t dp) {
+    engine_spec e;
+    e.name = std::move(name);
+    e.node = std::move(node);
+    e.tp = tp;
+    e.dp = dp;
+    return e;
+  };
+  t.engines = {engine("here", "a", 4, 1),   // the rank's own process: the local plane, no slot
+               engine("b-0", "b", 2, 1),
+               engine("c-0", "c", 1, 3)};  // data-parallel ranks share the engine's weights: one slot
+  std::vector<hosted_rank> ranks;
+  ranks.push_back({0, 1, make_local_trainer(sys, t)});
+  struct stop_trainer {
+    caf::actor actor;
+    ~stop_trainer() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
+  } stop{caf::actor_cast<caf::actor>(ranks[0].trainer.actor)};
+  auto memory = std::make_shared<test::fake_ipc_memory>();
+  open_ipc_producers(t, ranks, memory);
+  auto producer = ranks[0].trainer.cuda_ipc->producer();
+  REQUIRE(producer);
+  std::uint64_t largest = 0;
+  for (std::uint32_t g = 0; g < plan::group_count(t.model.config); ++g) {
+    std::uint64_t bytes = 0;
+    for (const auto& p : ranks[0].trainer.source->parameters())
+      if (plan::group_of(t.model.config, p.name) == g)
+        bytes += p.bytes();
+    largest = std::max(largest, bytes);
+  }
+  CHECK(producer->stats().buffer_bytes == 3 * largest); // b-0's two workers and c-0's one
+  CHECK(producer->workers_per_engine() == 4);           // the largest tp of any engine
+  CHECK(memory->allocations == 1);                      // made at start
+  ranks[0].trainer.cuda_ipc->close();
+  CHECK_FALSE(ranks[0].trainer.cuda_ipc->producer());
 }
