@@ -83,7 +83,7 @@ void deliver_whole_group(const transfer::pull_request& req, std::uint32_t g, con
   ++report.groups;
 }
 
-caf_puller::caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
+caf_puller::caf_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                        std::optional<std::vector<std::uint32_t>> groups)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
     group_deadline_(whole_group_deadline(model_)) {}
@@ -95,11 +95,12 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
   report.version = req.version;
   auto t0 = transfer::clock::now();
   caf::scoped_actor self{sys_};
+  const trainer_actor trainer = trainer_();
   for (const std::uint32_t g : groups_) {
     auto left = group_wait(req, g, group_deadline_);
     std::optional<weight_bucket> bucket;
     caf::error failure;
-    self->request(trainer_, left, pull_atom::value, req.version, g)
+    self->request(trainer, left, pull_atom::value, req.version, g)
       .receive([&](weight_bucket& b) { bucket = std::move(b); }, [&](caf::error& e) { failure = std::move(e); });
     if (!bucket)
       throw_trainer_refusal(sys_, failure, g);

@@ -13,6 +13,7 @@
 
 #include <caf/actor_system.hpp>
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -20,9 +21,10 @@ namespace rlsync {
 
 class caf_puller final : public transfer::weight_puller {
 public:
-  /// `groups`: the groups the trainer (rank) holds, which a pull streams;
-  /// none: every group of the model.
-  caf_puller(caf::actor_system& sys, trainer_actor trainer, model_config model,
+  /// `trainer()` is asked at each pull (a node that rejoins a restarted
+  /// head swaps it); `groups`: the groups the trainer (rank) holds, which a
+  /// pull streams; none: every group of the model.
+  caf_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
              std::optional<std::vector<std::uint32_t>> groups = std::nullopt);
 
   /// No plans needed: the trainer sends whole groups, each worker slices them.
@@ -33,7 +35,7 @@ public:
 
 private:
   caf::actor_system& sys_;
-  trainer_actor trainer_;
+  std::function<trainer_actor()> trainer_;
   model_config model_;
   std::vector<std::uint32_t> groups_; ///< pulled, in order
   /// How long one group may take. A request to a remote actor whose node is

@@ -109,25 +109,24 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   log("admitted by " + head.name);
   std::shared_ptr<transfer::weight_puller> puller;
   std::shared_ptr<transfer::ucx_puller> ucx;
-  // The trainer to ask for UCX tickets: replaced when the node rejoins (a
-  // restarted head has a new producer address).
+  // The trainer every puller asks (for UCX tickets, cuda_ipc slots, groups
+  // over CAF), read at each connection or pull: replaced when the node
+  // rejoins (a restarted head has a new trainer and producer address).
   struct ticket_desk {
     std::mutex mutex;
     trainer_actor trainer;
   };
   auto desk = std::make_shared<ticket_desk>();
   desk->trainer = grant->trainer;
+  auto current_trainer = [desk] {
+    std::lock_guard<std::mutex> lock(desk->mutex);
+    return desk->trainer;
+  };
   if (opts.external_rank) {
     // A rank's own process pulls nothing.
   } else if (t.transfer.backend == transfer_backend::cuda_ipc) {
     try {
-      puller = std::make_shared<ipc_puller>(
-        sys,
-        [desk] { // the trainer to ask is read at each pull: a rejoin replaces it
-          std::lock_guard<std::mutex> lock(desk->mutex);
-          return desk->trainer;
-        },
-        t.model.config, gpu::cuda_ipc_memory());
+      puller = std::make_shared<ipc_puller>(sys, current_trainer, t.model.config, gpu::cuda_ipc_memory());
     } catch (const std::exception& e) {
       log(std::string("transfer.backend cuda_ipc: ") + e.what());
       end.exit_code = 1;
@@ -135,21 +134,14 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     }
   } else if (grant->ucx) {
     try {
-      // The trainer to ask is read at each new connection: a rejoin replaces it.
-      puller = ucx = make_ucx_puller(
-        sys, t, node,
-        [desk] {
-          std::lock_guard<std::mutex> lock(desk->mutex);
-          return desk->trainer;
-        },
-        opts.log);
+      puller = ucx = make_ucx_puller(sys, t, node, current_trainer, opts.log);
     } catch (const std::exception& e) {
       log(std::string("transfer.backend ucx: ") + e.what());
       end.exit_code = 1;
       return end;
     }
   } else {
-    puller = std::make_shared<caf_puller>(sys, grant->trainer, t.model.config);
+    puller = std::make_shared<caf_puller>(sys, current_trainer, t.model.config);
   }
   // Engines record their plans in the dtype the trainer sends, as the head's own do.
   const auto source_dtype = static_cast<dtype>(grant->source_dtype);
