@@ -122,20 +122,25 @@ void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks
   }
   for (const auto& r : ranks) {
     // A slot per tensor-parallel worker of every engine in another process
-    // (those in the rank's own use the local plane; data-parallel ranks
-    // share their engine's weights), each as large as the rank's largest
-    // group. The buffer is allocated now: a device short of memory fails
-    // the start, not the first sync.
+    // (those in the rank's own use the local plane, unless the rank is an
+    // external trainer's process; data-parallel ranks share their engine's
+    // weights), each as large as the rank's largest group. The buffer is
+    // allocated now: a device short of memory fails the start, not the
+    // first sync.
+    const bool rank_alone = t.trainer.source == trainer_source::external;
     std::size_t workers = 0;
     std::size_t largest_tp = 1;
     for (const auto& e : t.engines) {
       largest_tp = std::max(largest_tp, static_cast<std::size_t>(e.tp));
-      if (e.node != t.trainer.ranks[r.rank].node)
+      if (rank_alone || e.node != t.trainer.ranks[r.rank].node)
         workers += static_cast<std::size_t>(e.tp);
     }
+    // A checkpoint's dtype is known only once its first snapshot is read:
+    // until then, slots hold its groups as f32, the largest element.
+    const dtype element = t.model.weights_dtype.value_or(dtype::f32);
     std::vector<std::uint64_t> group_bytes(plan::group_count(t.model.config), 0);
     for (const auto& p : r.trainer.source->parameters())
-      group_bytes[plan::group_of(t.model.config, p.name)] += p.bytes();
+      group_bytes[plan::group_of(t.model.config, p.name)] += static_cast<std::uint64_t>(p.numel()) * dtype_size(element);
     const auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
     try {
       r.trainer.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, static_cast<std::size_t>(largest),

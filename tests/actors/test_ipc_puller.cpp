@@ -8,6 +8,7 @@
 
 #include "actors/system_config.hpp"
 #include "actors/trainer.hpp"
+#include "runtime/config/topology.hpp"
 #include "gpu/ipc_producer.hpp"
 #include "tests/gpu/fake_ipc_memory.hpp"
 #include "tests/support/scripted_trainer.hpp"
@@ -157,25 +158,56 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: workers pull whole groups through the 
   CHECK(rec2.got[1] == expected(v2));
 }
 
-TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: a rank's puller streams only the groups that rank holds") {
-  desk->open(std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 1));
-  const auto v = step();
-  // A rank holding the middle layer's tensors only.
+TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank holds") {
+  caf::actor_system_config cfg;
+  register_rlsync_types(cfg);
+  caf::actor_system sys{cfg};
+  topology t;
+  t.model.config = test::small_model(3);
+  t.model.weights_dtype = dtype::bf16;
+  t.model.seed = 3;
+  t.trainer.step_time = 1h;
+  t.trainer.ranks = {trainer_rank{"a", {0, 1}}, trainer_rank{"a", {2}}};
+  auto rank = make_local_trainer(sys, t, 1); // the last layer's rank
+  struct stop_trainer {
+    caf::actor actor;
+    ~stop_trainer() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
+  } stop{caf::actor_cast<caf::actor>(rank.actor)};
+  std::uint64_t v = 0;
+  {
+    caf::scoped_actor self{sys};
+    self->request(rank.actor, 10s, step_atom::value).receive([&](const version_info& vi) { v = vi.version; },
+                                                             [](caf::error&) {});
+  }
+  REQUIRE(v > 0);
   std::vector<std::string> held;
-  for (const auto& spec : llama_parameter_specs(model, dtype::bf16))
-    if (plan::group_of(model, spec.name) == 1)
-      held.push_back(spec.name);
-  REQUIRE_FALSE(held.empty());
-  const auto groups = groups_holding(model, held);
-  REQUIRE(groups == std::vector<std::uint32_t>{1});
-  ipc_puller puller(sys, asking(trainer), model, memory, groups);
-  recording_sink rec;
-  auto report = transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
-  CHECK(report.groups == 1);
   tensors_by_name want;
-  for (const auto& name : held)
-    want[name] = expected(v).at(name);
-  CHECK(rec.got[0] == want);
+  for (const auto& tensor : rank.source->find(v)->tensors()) {
+    held.push_back(tensor.name);
+    want[tensor.name] = test::bytes_of(tensor);
+  }
+  const auto groups = groups_holding(t.model.config, held);
+  REQUIRE(groups.size() < plan::group_count(t.model.config));
+  auto memory = std::make_shared<test::fake_ipc_memory>();
+  rank.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, 1 << 20, 1));
+  ipc_puller over_ipc(sys, asking(rank.actor), t.model.config, memory, groups);
+  caf_puller over_caf(sys, asking(rank.actor), t.model.config, groups);
+  for (transfer::weight_puller* p : {static_cast<transfer::weight_puller*>(&over_ipc),
+                                     static_cast<transfer::weight_puller*>(&over_caf)}) {
+    recording_sink rec;
+    auto report = transfer::pull_engine(*p, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    CHECK(report.groups == groups.size());
+    CHECK(rec.got[0] == want);
+  }
+  // Asked for every group, as both did before, a rank refuses the first it lacks.
+  caf_puller every_group(sys, asking(rank.actor), t.model.config);
+  recording_sink rec;
+  try {
+    transfer::pull_engine(every_group, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    FAIL("a rank served a group it does not hold");
+  } catch (const transfer::transfer_error& e) {
+    CHECK(std::string(e.what()).find("is not held by this trainer") != std::string::npos);
+  }
 }
 
 TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: bytes that changed in device memory fail the pull, the next one succeeds") {

@@ -255,4 +255,17 @@ TEST_CASE("assembly: cuda_ipc producers: a slot per tp worker of engines elsewhe
   CHECK(memory->allocations == 1);                      // made at start
   ranks[0].trainer.cuda_ipc->close();
   CHECK_FALSE(ranks[0].trainer.cuda_ipc->producer());
+
+  // An external trainer's rank runs alone in its process, whatever node it
+  // names: every engine pulls from it.
+  auto external = t;
+  external.trainer.source = trainer_source::external;
+  open_ipc_producers(external, ranks, memory);
+  CHECK(ranks[0].trainer.cuda_ipc->producer()->stats().buffer_bytes == 7 * largest);
+  // A checkpoint's dtype is not known at start: slots hold its groups as f32.
+  auto checkpoint = t;
+  checkpoint.model.weights_dtype.reset();
+  open_ipc_producers(checkpoint, ranks, memory);
+  CHECK(ranks[0].trainer.cuda_ipc->producer()->stats().buffer_bytes == 3 * 2 * largest);
+  ranks[0].trainer.cuda_ipc->close();
 }
