@@ -189,7 +189,7 @@ void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind) {
   // staged, before they reach the device; another process reading them
   // (cuda_ipc) must see them all, so the copy ends here.
   if (kind != copy_kind::device_to_host)
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after cudaMemcpy");
+    check(cudaStreamSynchronize(0), "cudaStreamSynchronize after cudaMemcpy");
 }
 
 void gather(const flat_view& v, const void* source, std::size_t element_size, void* packed) {
