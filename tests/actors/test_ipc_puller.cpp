@@ -12,6 +12,7 @@
 #include "gpu/ipc_producer.hpp"
 #include "tests/gpu/fake_ipc_memory.hpp"
 #include "tests/support/scripted_trainer.hpp"
+#include "tests/support/threaded_system.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -61,11 +62,7 @@ struct recording_sink {
 };
 
 struct ipc_fixture {
-  caf::actor_system_config cfg = [] {
-    caf::actor_system_config c;
-    register_rlsync_types(c);
-    return c;
-  }();
+  test::rlsync_config cfg;
   caf::actor_system sys{cfg};
   std::shared_ptr<test::fake_ipc_memory> memory = std::make_shared<test::fake_ipc_memory>();
   model_config model = test::small_model(3);
@@ -159,20 +156,13 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: workers pull whole groups through the 
 }
 
 TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank holds") {
-  caf::actor_system_config cfg;
-  register_rlsync_types(cfg);
+  test::rlsync_config cfg;
   caf::actor_system sys{cfg};
-  topology t;
-  t.model.config = test::small_model(3);
-  t.model.weights_dtype = dtype::bf16;
-  t.model.seed = 3;
+  topology t = test::small_topology(3);
   t.trainer.step_time = 1h;
   t.trainer.ranks = {trainer_rank{"a", {0, 1}}, trainer_rank{"a", {2}}};
   auto rank = make_local_trainer(sys, t, 1); // the last layer's rank
-  struct stop_trainer {
-    caf::actor actor;
-    ~stop_trainer() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
-  } stop{caf::actor_cast<caf::actor>(rank.actor)};
+  test::stop_on_exit stop{caf::actor_cast<caf::actor>(rank.actor)};
   std::uint64_t v = 0;
   {
     caf::scoped_actor self{sys};

@@ -11,6 +11,7 @@
 #include "runtime/engine/recording.hpp"
 #include "tests/support/actor_fixture.hpp"
 #include "tests/support/scratch_dir.hpp"
+#include "tests/support/threaded_system.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include "runtime/base/checksum.hpp"
@@ -254,24 +255,14 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer over a checkpoint directory: a faile
 }
 
 TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls what it is told about") {
-  caf::actor_system_config cfg;
-  register_rlsync_types(cfg);
+  test::rlsync_config cfg;
   caf::actor_system sys{cfg};
 
-  topology topo;
-  topo.model.config = test::small_model(3);
-  topo.model.weights_dtype = dtype::bf16;
-  topo.model.seed = 3;
+  topology topo = test::small_topology(3);
   topo.trainer.step_time = 20ms;
-  topo.trainer.ranks = {trainer_rank{"local", {0, 1, 2}}};
   topo.transfer.groups_in_flight = 2;
   auto lt = make_local_trainer(sys, topo);
-  // The actor system's destructor waits for every actor: stop the trainer on
-  // every way out, a failed REQUIRE included, so a failure reports, not hangs.
-  struct stop_trainer {
-    caf::actor actor;
-    ~stop_trainer() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
-  } stop{caf::actor_cast<caf::actor>(lt.actor)};
+  test::stop_on_exit stop{caf::actor_cast<caf::actor>(lt.actor)};
 
   // A listener that hands the first version to the test and quits.
   std::promise<version_info> first;
@@ -282,7 +273,7 @@ TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls 
       self->quit();
     }};
   });
-  stop_trainer stop_listener{caf::actor_cast<caf::actor>(l)}; // it refers to `first`, destroyed before sys
+  test::stop_on_exit stop_listener{caf::actor_cast<caf::actor>(l)}; // it refers to `first`, destroyed before sys
   caf::scoped_actor client{sys}; // a named sender: the trainer refuses anonymous ones
   client->send(lt.actor, subscribe_atom::value, l);
   REQUIRE(first_future.wait_for(10s) == std::future_status::ready);

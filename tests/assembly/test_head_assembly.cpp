@@ -8,6 +8,7 @@
 #include "gpu/ipc_producer.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_ipc_memory.hpp"
+#include "tests/support/threaded_system.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <caf/scoped_actor.hpp>
@@ -212,13 +213,9 @@ TEST_CASE("assembly: cuda_ipc needs a CUDA device at start-up, the other backend
 }
 
 TEST_CASE("assembly: cuda_ipc producers: a slot per tp worker of engines elsewhere, the largest tp per engine") {
-  caf::actor_system_config cfg;
-  register_rlsync_types(cfg);
+  test::rlsync_config cfg;
   caf::actor_system sys{cfg};
-  topology t;
-  t.model.config = test::small_model(2);
-  t.model.weights_dtype = dtype::bf16;
-  t.trainer.ranks = {trainer_rank{"a", {0, 1}}};
+  topology t = test::small_topology(2);
   t.transfer.backend = transfer_backend::cuda_ipc;
   t.transfer.mode = transfer_mode::broadcast;
   auto engine = [](std::string name, std::string node, std::int64_t tp, std::int64_t dp) {
@@ -234,10 +231,7 @@ TEST_CASE("assembly: cuda_ipc producers: a slot per tp worker of engines elsewhe
                engine("c-0", "c", 1, 3)};  // data-parallel ranks share the engine's weights: one slot
   std::vector<hosted_rank> ranks;
   ranks.push_back({0, 1, make_local_trainer(sys, t)});
-  struct stop_trainer {
-    caf::actor actor;
-    ~stop_trainer() { caf::anon_send_exit(actor, caf::exit_reason::user_shutdown); }
-  } stop{caf::actor_cast<caf::actor>(ranks[0].trainer.actor)};
+  test::stop_on_exit stop{caf::actor_cast<caf::actor>(ranks[0].trainer.actor)};
   auto memory = std::make_shared<test::fake_ipc_memory>();
   open_ipc_producers(t, ranks, memory);
   auto producer = ranks[0].trainer.cuda_ipc->producer();
