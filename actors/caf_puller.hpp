@@ -1,11 +1,12 @@
 #pragma once
 // The data plane of last resort: weights through CAF itself. Each engine
-// worker asks the trainer actor for every group of a version (full tensors,
-// one checksummed bucket per group) and slices them with its own loader, as
-// in broadcast mode, whatever mode the pull names (the sink's on_full_group
-// receives them). Works wherever the middleman reaches: `rlsync node` uses
-// it for remote engines when the head runs no UCX producer (any
-// transfer.backend but ucx; with ucx they pull over UCX, ucx_transfer.hpp).
+// worker asks the trainer actor (rank) for every group of a version it
+// holds (full tensors, one checksummed bucket per group) and slices them
+// with its own loader, as in broadcast mode, whatever mode the pull names
+// (the sink's on_full_group receives them). Works wherever the middleman
+// reaches: `rlsync node` uses it for remote engines when the head runs no
+// UCX producer (transfer.backend local; ucx pulls over UCX,
+// ucx_transfer.hpp; cuda_ipc through the device, ipc_puller.hpp).
 // Runs at CAF's ~0.6 GB/s and moves tp times the bytes of a sharded pull.
 #include "actors/interfaces.hpp"
 #include "runtime/config/model_config.hpp"
