@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace rlsync::gpu {
 
@@ -47,15 +48,13 @@ flat_view flatten(const plan::strided& v, std::int64_t source_numel) {
 }
 
 bool one_to_one(const flat_view& v) {
-  std::int64_t order[max_view_dims];
-  int n = 0;
+  std::vector<std::int64_t> order; // the dims that move, by stride
   for (int d = 0; d < v.ndim; ++d)
     if (v.shape[d] > 1)
-      order[n++] = d;
-  std::sort(order, order + n, [&](std::int64_t a, std::int64_t b) { return v.strides[a] < v.strides[b]; });
+      order.push_back(d);
+  std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return v.strides[a] < v.strides[b]; });
   std::int64_t span = 1; // elements the dims so far cover, in strides of the smallest
-  for (int i = 0; i < n; ++i) {
-    const std::int64_t d = order[i];
+  for (const std::int64_t d : order) {
     if (v.strides[d] < span)
       return false;
     span = v.strides[d] * v.shape[d]; // no overflow: flatten() checked the reach
