@@ -34,10 +34,8 @@ std::vector<std::uint32_t> groups_or_all(const model_config& model, std::optiona
 }
 
 std::chrono::milliseconds whole_group_deadline(const model_config& model) {
-  std::vector<std::uint64_t> group_bytes(plan::group_count(model), 0);
-  for (const auto& spec : llama_parameter_specs(model, dtype::f32)) // f32: the largest element type
-    group_bytes[plan::group_of(model, spec.name)] += spec.bytes();
-  auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
+  // f32: the largest element type.
+  const auto largest = plan::largest_group_bytes(model, llama_parameter_specs(model, dtype::f32), dtype::f32);
   return std::chrono::milliseconds(2000 + largest / 10000);
 }
 

@@ -19,10 +19,7 @@ ipc_puller::ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> tr
     memory_(std::move(memory)), group_deadline_(whole_group_deadline(model_)) {
   if (!memory_)
     throw std::invalid_argument("a cuda_ipc puller without device memory");
-  std::vector<std::uint64_t> group_bytes(plan::group_count(model_), 0);
-  for (const auto& spec : llama_parameter_specs(model_, dtype::f32))
-    group_bytes[plan::group_of(model_, spec.name)] += spec.bytes();
-  largest_group_bytes_ = *std::max_element(group_bytes.begin(), group_bytes.end());
+  largest_group_bytes_ = plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32);
 }
 
 void ipc_puller::unregister_engine(const std::string& engine) {

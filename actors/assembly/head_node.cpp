@@ -138,10 +138,7 @@ void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks
     // A checkpoint's dtype is known only once its first snapshot is read:
     // until then, slots hold its groups as f32, the largest element.
     const dtype element = t.model.weights_dtype.value_or(dtype::f32);
-    std::vector<std::uint64_t> group_bytes(plan::group_count(t.model.config), 0);
-    for (const auto& p : r.trainer.source->parameters())
-      group_bytes[plan::group_of(t.model.config, p.name)] += static_cast<std::uint64_t>(p.numel()) * dtype_size(element);
-    const auto largest = *std::max_element(group_bytes.begin(), group_bytes.end());
+    const auto largest = plan::largest_group_bytes(t.model.config, r.trainer.source->parameters(), element);
     try {
       r.trainer.cuda_ipc->open(std::make_shared<gpu::ipc_producer>(memory, static_cast<std::size_t>(largest),
                                                                    std::max<std::size_t>(1, workers), largest_tp));

@@ -1,5 +1,7 @@
 #include "runtime/plan/groups.hpp"
 
+#include "runtime/base/checked.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -79,6 +81,19 @@ std::vector<std::uint32_t> groups_of_layers(const model_config& c, const std::ve
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+std::uint64_t largest_group_bytes(const model_config& c, const std::vector<tensor_spec>& specs, dtype element) {
+  std::vector<std::uint64_t> group_bytes(group_count(c), 0);
+  for (const auto& spec : specs) {
+    const auto bytes = checked_mul(static_cast<std::uint64_t>(spec.numel()), static_cast<std::uint64_t>(dtype_size(element)));
+    auto& sum = group_bytes[group_of(c, spec.name)];
+    const auto grown = bytes ? checked_add(sum, *bytes) : std::nullopt;
+    if (!grown)
+      throw std::overflow_error("parameter groups: the group of '" + spec.name + "' holds more than 2^64 bytes");
+    sum = *grown;
+  }
+  return group_bytes.empty() ? 0 : *std::max_element(group_bytes.begin(), group_bytes.end());
 }
 
 } // namespace rlsync::plan

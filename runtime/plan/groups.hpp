@@ -34,6 +34,12 @@ std::vector<tensor_spec> group_members(const model_config& c, const std::vector<
 /// included (they hold every expert of their layer).
 std::optional<std::int64_t> expert_of(const std::string& name);
 
+/// The bytes of the largest group of `specs` with every element `element`
+/// wide (f32 bounds any checkpoint's dtype): what a whole-group transfer
+/// may carry at most. 0 for a model without layers. Throws what group_of
+/// throws, and std::overflow_error for sizes that do not fit 64 bits.
+std::uint64_t largest_group_bytes(const model_config& c, const std::vector<tensor_spec>& specs, dtype element);
+
 /// The groups a trainer rank holding pipeline layers `layers` holds: layer l
 /// is group l. Sorted, duplicates removed; throws std::out_of_range for a
 /// layer outside [0, L).

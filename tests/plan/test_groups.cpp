@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 using namespace rlsync;
@@ -86,4 +87,24 @@ TEST_CASE("groups_of_layers: a pipeline rank's layers are its groups") {
   CHECK(plan::groups_of_layers(c, {}).empty());
   CHECK_THROWS_AS(plan::groups_of_layers(c, {4}), std::out_of_range);
   CHECK_THROWS_AS(plan::groups_of_layers(c, {-1}), std::out_of_range);
+}
+
+TEST_CASE("largest_group_bytes: the heaviest block at the element width asked, overflow refused") {
+  const model_config c = test::small_model(3, /*tied=*/false);
+  const auto specs = llama_parameter_specs(c, dtype::bf16);
+  std::vector<std::uint64_t> per_group(3, 0);
+  for (const auto& s : specs)
+    per_group[plan::group_of(c, s.name)] += static_cast<std::uint64_t>(s.numel());
+  const auto heaviest = *std::max_element(per_group.begin(), per_group.end());
+  CHECK(heaviest == per_group[2]); // the last group carries the untied LM head and the final norm
+  CHECK(plan::largest_group_bytes(c, specs, dtype::bf16) == heaviest * 2);
+  CHECK(plan::largest_group_bytes(c, specs, dtype::f32) == heaviest * 4); // the element asked, not the specs'
+  CHECK(plan::largest_group_bytes(c, {}, dtype::f32) == 0);
+
+  std::vector<tensor_spec> huge{{"model.layers.0.mlp.up_proj.weight", dtype::f32, {std::int64_t{1} << 40, std::int64_t{1} << 22}}};
+  CHECK_THROWS_AS(plan::largest_group_bytes(c, huge, dtype::f32), std::overflow_error);
+  huge.push_back(huge[0]);
+  huge[0].shape = {std::int64_t{1} << 40, std::int64_t{1} << 21}; // 2^63 bytes each: the sum overflows
+  huge[1] = huge[0];
+  CHECK_THROWS_WITH_AS(plan::largest_group_bytes(c, huge, dtype::f32), doctest::Contains("up_proj"), std::overflow_error);
 }
