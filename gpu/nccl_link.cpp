@@ -1,0 +1,69 @@
+// p2p_link over nccl_comm: no NCCL call of its own, so it builds
+// everywhere; built without NCCL, nccl_comm::start throws and so does
+// nccl_link().
+#include "gpu/nccl_link.hpp"
+
+#include "gpu/ipc_memory.hpp"
+#include "gpu/kernels.hpp"
+#include "gpu/nccl_comm.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace rlsync::gpu {
+
+void check_p2p(const comm_layout& layout, int rank, int peer, std::size_t n, std::size_t capacity,
+               const char* what) {
+  if (peer < 0 || peer >= layout.size() || peer == rank)
+    throw gpu_error(std::string(what) + ": peer " + std::to_string(peer) + " is not another member of epoch "
+                    + std::to_string(layout.epoch) + "'s " + std::to_string(layout.size()) + " ranks");
+  check_range(0, n, capacity, what);
+}
+
+namespace {
+
+class nccl_p2p_link final : public p2p_link {
+public:
+  nccl_p2p_link(std::unique_ptr<nccl_comm> comm, comm_layout layout, int rank, device_buffer staging)
+    : comm_(std::move(comm)), layout_(std::move(layout)), rank_(rank), staging_(std::move(staging)) {}
+
+  comm_poll poll(std::string& why) override { return comm_->poll(why); }
+  void abort() override { comm_->abort(); }
+  const comm_layout& layout() const override { return layout_; }
+  int rank() const override { return rank_; }
+  std::size_t capacity() const override { return staging_.size(); }
+
+  void send(const std::uint8_t* host, std::size_t n, int peer) override {
+    check_p2p(layout_, rank_, peer, n, capacity(), "nccl send");
+    // The previous operation polled done, so nothing reads the staging now.
+    copy(staging_.data(), host, n, copy_kind::host_to_device);
+    comm_->enqueue_p2p({{true, peer, staging_.data(), n}});
+  }
+  void recv(std::size_t n, int peer) override {
+    check_p2p(layout_, rank_, peer, n, capacity(), "nccl receive");
+    comm_->enqueue_p2p({{false, peer, staging_.data(), n}});
+  }
+  void read(std::uint8_t* host, std::size_t n) override {
+    check_range(0, n, capacity(), "nccl read");
+    copy(host, staging_.data(), n, copy_kind::device_to_host);
+  }
+
+private:
+  std::unique_ptr<nccl_comm> comm_;
+  comm_layout layout_;
+  int rank_;
+  device_buffer staging_;
+};
+
+} // namespace
+
+std::unique_ptr<p2p_link> nccl_link(const nccl_id& id, comm_layout layout, int rank, int device, std::size_t capacity) {
+  if (rank < 0 || rank >= layout.size())
+    throw std::invalid_argument("nccl: rank " + std::to_string(rank) + " outside epoch "
+                                + std::to_string(layout.epoch) + "'s " + std::to_string(layout.size()) + " members");
+  auto comm = nccl_comm::start(id, rank, layout.size(), device); // makes `device` current
+  device_buffer staging(capacity == 0 ? 1 : capacity);
+  return std::make_unique<nccl_p2p_link>(std::move(comm), std::move(layout), rank, std::move(staging));
+}
+
+} // namespace rlsync::gpu

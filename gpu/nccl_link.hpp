@@ -1,0 +1,54 @@
+#pragma once
+// One member's end of an NCCL communicator as the nccl backend uses it: a
+// trainer rank sends whole groups to engine workers point to point. Host
+// bytes go in and come out; each member stages them through one device
+// buffer as large as the largest group. (The built-in engine computes on
+// the CPU, so its bytes leave the device again at once.)
+//
+// nccl_link() is NCCL's (nccl_comm.hpp, driven non-blocking); the CPU
+// tests run the protocol above it over tests/gpu/fake_nccl_world.hpp, a
+// world of members in host memory, so only the copies need a device.
+//
+// Like nccl_comm, a link takes one operation at a time: after send() or
+// recv(), wait_for() it (comm_wait.hpp) before the next one.
+#include "gpu/comm_wait.hpp"
+#include "gpu/kernels.hpp" // gpu_error
+#include "gpu/nccl_group.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace rlsync::gpu {
+
+class p2p_link : public communicator {
+public:
+  /// The layout of the communicator this link belongs to, and its rank in it.
+  virtual const comm_layout& layout() const = 0;
+  virtual int rank() const = 0;
+  /// The most bytes one send or receive carries (the staging's size).
+  virtual std::size_t capacity() const = 0;
+  /// Copies `n` host bytes into staging and enqueues their send to NCCL
+  /// rank `peer`. Throws gpu_error (an aborted link, an operation still
+  /// running, a peer outside the communicator) or std::out_of_range past
+  /// capacity().
+  virtual void send(const std::uint8_t* host, std::size_t n, int peer) = 0;
+  /// Enqueues the receive of `n` bytes from `peer` into staging. Throws as send.
+  virtual void recv(std::size_t n, int peer) = 0;
+  /// Copies the last receive's first `n` bytes to host memory, once it
+  /// polled done. Throws gpu_error or std::out_of_range.
+  virtual void read(std::uint8_t* host, std::size_t n) = 0;
+};
+
+/// Joins `layout` (its epoch's unique id: `id`) as `rank` on CUDA device
+/// `device`, with `capacity` bytes of device staging; returns at once:
+/// wait_for() the init like any other operation. Throws gpu_error (built
+/// without CUDA or NCCL, no device, out of memory) or
+/// std::invalid_argument (a rank outside the layout).
+std::unique_ptr<p2p_link> nccl_link(const nccl_id& id, comm_layout layout, int rank, int device, std::size_t capacity);
+
+/// The checks every link makes before an operation; throws gpu_error or
+/// std::out_of_range naming what is wrong.
+void check_p2p(const comm_layout& layout, int rank, int peer, std::size_t n, std::size_t capacity, const char* what);
+
+} // namespace rlsync::gpu

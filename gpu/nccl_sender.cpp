@@ -1,0 +1,96 @@
+#include "gpu/nccl_sender.hpp"
+
+#include <chrono>
+#include <stdexcept>
+
+namespace rlsync::gpu {
+
+nccl_sender::nccl_sender(std::unique_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks)
+  : link_(link ? std::move(link) : throw std::invalid_argument("an nccl sender without a link")),
+    layout_(link_->layout()), rank_(link_->rank()), capacity_(link_->capacity()), hooks_(std::move(hooks)),
+    queue_(queue_bound) {
+  // Stopping counts as a dead member: a send in flight ends at the next poll.
+  hooks_.dead_member = [this, dead = std::move(hooks_.dead_member)]() -> std::optional<std::string> {
+    if (stopping_.load())
+      return std::string("the trainer's nccl sender is stopping");
+    return dead ? dead() : std::nullopt;
+  };
+  thread_ = std::thread([this] { run(); });
+}
+
+nccl_sender::~nccl_sender() {
+  stopping_ = true;
+  queue_.close();
+  thread_.join();
+  if (!aborted_)
+    link_->abort();
+}
+
+std::string nccl_sender::submit(job j) {
+  if (auto why = failure(); !why.empty())
+    return "the communicator of epoch " + std::to_string(layout_.epoch) + " failed (" + why
+           + "): it is rebuilt at the next sync boundary";
+  if (!j.bytes)
+    return "no bytes to send";
+  try {
+    check_p2p(layout_, rank_, j.peer, j.bytes->size(), capacity_, "nccl send");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  if (!queue_.try_push(std::move(j)))
+    return "the send queue is full or closed";
+  return {};
+}
+
+std::string nccl_sender::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+void nccl_sender::fail(const std::string& why, bool abort_link) {
+  if (abort_link)
+    link_->abort();
+  aborted_ = true; // wait_for aborted it otherwise: a link is aborted at most once
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure_.empty())
+    failure_ = why;
+}
+
+void nccl_sender::run() {
+  bool initialized = false;
+  while (true) {
+    auto next = queue_.pop_until(clock::now() + std::chrono::milliseconds(100));
+    if (!next) {
+      if (queue_.closed())
+        return;
+      continue;
+    }
+    // After a failure, queued sends are dropped: their workers' receives
+    // end at their own deadlines, as they would against a dead trainer.
+    if (!failure().empty() || stopping_.load())
+      continue;
+    const auto& j = *next;
+    if (!initialized) {
+      auto init = wait_for(*link_, j.deadline, "init of epoch " + std::to_string(layout_.epoch), hooks_);
+      if (!init.ok()) {
+        fail(init.why, false);
+        continue;
+      }
+      initialized = true;
+    }
+    try {
+      link_->send(j.bytes->data(), j.bytes->size(), j.peer);
+    } catch (const std::exception& e) {
+      fail(j.what + ": " + e.what(), true);
+      continue;
+    }
+    auto done = wait_for(*link_, j.deadline, j.what, hooks_);
+    if (!done.ok()) {
+      fail(done.why, false);
+      continue;
+    }
+    ++sent_;
+  }
+}
+
+} // namespace rlsync::gpu

@@ -1,0 +1,78 @@
+#pragma once
+// A trainer rank's side of the nccl backend: one thread sends the groups
+// engine workers asked for over the rank's link, one at a time in the order
+// asked (NCCL's non-blocking mode takes an operation only once the last
+// polled done), each against the deadline its puller gave.
+//
+//   submit ─▶ [queue, bounded] ─▶ thread: init done? ─▶ send ─▶ wait_for(deadline)
+//                                          │ failed, past the deadline, a member dead,
+//                                          ▼ or the sender stopping
+//                                   abort the link; failure() says why
+//
+// NCCL cannot recover a communicator once an operation on it failed, so the
+// first failure ends this sender: every later submit is refused, and the
+// coordinator rebuilds the communicator without the dead member at the next
+// boundary (nccl_group.hpp's decide()).
+#include "gpu/nccl_link.hpp"
+#include "runtime/base/bounded_queue.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace rlsync::gpu {
+
+class nccl_sender {
+public:
+  struct job {
+    std::shared_ptr<const std::vector<std::uint8_t>> bytes;
+    int peer = 0;              ///< the worker's NCCL rank
+    clock::time_point deadline; ///< when the worker stops waiting
+    std::string what;           ///< "group 3 to engine rollout-0 worker 1"
+  };
+
+  /// Serves `link` (must not be null) from a thread of its own; at most
+  /// `queue_bound` sends wait. `hooks`: comm_wait's world (tests).
+  nccl_sender(std::unique_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks = {});
+  /// Stops the thread; a send in flight is aborted with the link (bounded by
+  /// one poll interval, never by a peer).
+  ~nccl_sender();
+  nccl_sender(const nccl_sender&) = delete;
+  nccl_sender& operator=(const nccl_sender&) = delete;
+
+  /// Queues `j`. Empty when queued, else why not: the link failed, the
+  /// queue is full, the peer is not another member, the bytes exceed the
+  /// link's capacity.
+  std::string submit(job j);
+
+  const comm_layout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  std::size_t capacity() const { return capacity_; }
+  /// Why the link failed; empty while it serves.
+  std::string failure() const;
+  /// Groups whose send completed.
+  std::uint64_t sent() const { return sent_.load(); }
+
+private:
+  void run();
+  void fail(const std::string& why, bool abort_link);
+
+  std::unique_ptr<p2p_link> link_;
+  const comm_layout layout_;
+  const int rank_;
+  const std::size_t capacity_;
+  wait_hooks hooks_;
+  bounded_queue<job> queue_;
+  std::atomic<bool> stopping_{false};
+  bool aborted_ = false; ///< the link; touched by the thread, then by the destructor after it
+  std::atomic<std::uint64_t> sent_{0};
+  mutable std::mutex mutex_;
+  std::string failure_;
+  std::thread thread_;
+};
+
+} // namespace rlsync::gpu

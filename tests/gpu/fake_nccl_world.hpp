@@ -1,0 +1,163 @@
+#pragma once
+// NCCL's point-to-point semantics in host memory, so that the nccl backend
+// runs end to end on the CPU: a send completes once its peer posted the
+// matching receive (and the other way round), in the order each pair
+// posted them; a member that never posts holds its peer up until that
+// peer's deadline, as on a real communicator; a size mismatch fails both
+// sides as NCCL's truncation error does. Thread-safe: members run on
+// threads of their own.
+#include "gpu/nccl_link.hpp"
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rlsync::test {
+
+class fake_nccl_world {
+  struct op {
+    bool send = true;
+    std::size_t n = 0;
+    std::vector<std::uint8_t> bytes; ///< what a send carries; where a receive lands
+    bool done = false;
+    std::string failed; ///< non-empty: NCCL's error
+  };
+  using pair_key = std::pair<int, int>; // (from, to)
+
+public:
+  class link final : public gpu::p2p_link {
+  public:
+    link(std::shared_ptr<fake_nccl_world> world, gpu::comm_layout layout, int rank, std::size_t capacity)
+      : world_(std::move(world)), layout_(std::move(layout)), rank_(rank), capacity_(capacity) {}
+    ~link() override { abort(); }
+
+    gpu::comm_poll poll(std::string& why) override {
+      std::lock_guard<std::mutex> lock(world_->mutex_);
+      if (aborted_) {
+        why = "the communicator was aborted";
+        return gpu::comm_poll::failed;
+      }
+      if (!last_ || last_->done)
+        return gpu::comm_poll::done;
+      if (!last_->failed.empty()) {
+        why = last_->failed;
+        return gpu::comm_poll::failed;
+      }
+      return gpu::comm_poll::in_progress;
+    }
+    void abort() override {
+      std::lock_guard<std::mutex> lock(world_->mutex_);
+      ++aborts;
+      if (aborted_)
+        return;
+      aborted_ = true;
+      world_->forget(last_);
+    }
+    const gpu::comm_layout& layout() const override { return layout_; }
+    int rank() const override { return rank_; }
+    std::size_t capacity() const override { return capacity_; }
+
+    void send(const std::uint8_t* host, std::size_t n, int peer) override {
+      gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl send");
+      auto o = begin(true, n);
+      o->bytes.assign(host, host + n);
+      world_->post(rank_, peer, o);
+    }
+    void recv(std::size_t n, int peer) override {
+      gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl receive");
+      world_->post(peer, rank_, begin(false, n));
+    }
+    void read(std::uint8_t* host, std::size_t n) override {
+      std::lock_guard<std::mutex> lock(world_->mutex_);
+      if (!last_ || last_->send || !last_->done)
+        throw gpu::gpu_error("nccl read before a receive finished");
+      if (n > last_->bytes.size())
+        throw std::out_of_range("nccl read past the received bytes");
+      std::copy(last_->bytes.begin(), last_->bytes.begin() + static_cast<std::ptrdiff_t>(n), host);
+    }
+
+    int aborts = 0;
+
+  private:
+    std::shared_ptr<op> begin(bool send, std::size_t n) {
+      std::lock_guard<std::mutex> lock(world_->mutex_);
+      if (aborted_)
+        throw gpu::gpu_error("nccl operation on an aborted communicator");
+      if (last_ && !last_->done && last_->failed.empty())
+        throw gpu::gpu_error("nccl operation before the last one finished");
+      last_ = std::make_shared<op>();
+      last_->send = send;
+      last_->n = n;
+      return last_;
+    }
+
+    std::shared_ptr<fake_nccl_world> world_;
+    gpu::comm_layout layout_;
+    int rank_;
+    std::size_t capacity_;
+    bool aborted_ = false;
+    std::shared_ptr<op> last_;
+  };
+
+  static std::shared_ptr<fake_nccl_world> make() { return std::shared_ptr<fake_nccl_world>(new fake_nccl_world); }
+
+  static std::unique_ptr<link> join(const std::shared_ptr<fake_nccl_world>& world, gpu::comm_layout layout, int rank,
+                                    std::size_t capacity) {
+    return std::make_unique<link>(world, std::move(layout), rank, capacity);
+  }
+
+  /// Sends posted and not yet matched (a receiver that never came).
+  std::size_t unmatched() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::size_t n = 0;
+    for (auto& [key, q] : sends_)
+      n += q.size();
+    for (auto& [key, q] : recvs_)
+      n += q.size();
+    return n;
+  }
+
+private:
+  fake_nccl_world() = default;
+
+  // Under mutex_: match `o` (from -> to) with the other side's oldest, or queue it.
+  void post(int from, int to, const std::shared_ptr<op>& o) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& mine = o->send ? sends_[{from, to}] : recvs_[{from, to}];
+    auto& theirs = o->send ? recvs_[{from, to}] : sends_[{from, to}];
+    if (theirs.empty()) {
+      mine.push_back(o);
+      return;
+    }
+    auto other = theirs.front();
+    theirs.pop_front();
+    auto& s = o->send ? *o : *other;
+    auto& r = o->send ? *other : *o;
+    if (s.n != r.n) {
+      s.failed = r.failed = "invalid usage: message truncated (sent " + std::to_string(s.n) + " bytes, receiving "
+                            + std::to_string(r.n) + ")";
+      return;
+    }
+    r.bytes = s.bytes;
+    s.done = r.done = true;
+  }
+  void forget(const std::shared_ptr<op>& o) {
+    if (!o)
+      return;
+    for (auto* m : {&sends_, &recvs_})
+      for (auto& [key, q] : *m)
+        for (auto it = q.begin(); it != q.end();)
+          it = *it == o ? q.erase(it) : std::next(it);
+  }
+
+  std::mutex mutex_;
+  std::map<pair_key, std::deque<std::shared_ptr<op>>> sends_, recvs_;
+};
+
+} // namespace rlsync::test

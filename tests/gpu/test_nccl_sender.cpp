@@ -1,0 +1,153 @@
+// A trainer rank's nccl sender over the host-memory NCCL world: groups reach
+// the workers that post receives; a worker that never does, a dead member,
+// a size mismatch or a stop end the link (aborted once) and every send after.
+#include "gpu/nccl_sender.hpp"
+
+#include "tests/gpu/fake_nccl_world.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <numeric>
+#include <thread>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+using gpu::comm_member;
+
+namespace {
+
+// NCCL rank 0: trainer rank 0; ranks 1 and 2: workers 0 and 1 of engine e.
+gpu::comm_layout two_workers() {
+  return gpu::make_layout(1, {comm_member::trainer_rank(0), comm_member::worker("e", 0), comm_member::worker("e", 1)});
+}
+
+std::shared_ptr<const std::vector<std::uint8_t>> bytes_of(std::size_t n, std::uint8_t seed) {
+  auto v = std::make_shared<std::vector<std::uint8_t>>(n);
+  std::iota(v->begin(), v->end(), seed);
+  return v;
+}
+
+gpu::nccl_sender::job job_to(int peer, std::shared_ptr<const std::vector<std::uint8_t>> bytes,
+                             gpu::clock::duration wait = 5s) {
+  return {std::move(bytes), peer, gpu::clock::now() + wait, "group 0 to rank " + std::to_string(peer)};
+}
+
+// A worker's side: receive n bytes from rank 0 within `wait`.
+std::vector<std::uint8_t> receive(gpu::p2p_link& l, std::size_t n, gpu::clock::duration wait = 5s) {
+  l.recv(n, 0);
+  auto out = gpu::wait_for(l, gpu::clock::now() + wait, "receive");
+  REQUIRE_MESSAGE(out.ok(), out.why);
+  std::vector<std::uint8_t> got(n);
+  l.read(got.data(), n);
+  return got;
+}
+
+bool eventually(const std::function<bool()>& f) {
+  for (auto until = gpu::clock::now() + 10s; gpu::clock::now() < until; std::this_thread::sleep_for(1ms))
+    if (f())
+      return true;
+  return false;
+}
+
+} // namespace
+
+TEST_CASE("nccl sender: each worker receives the bytes queued for it, in the order asked") {
+  auto world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8);
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
+  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
+  const auto a = bytes_of(100, 1), b = bytes_of(200, 7), c = bytes_of(1024, 3);
+  CHECK(sender.submit(job_to(1, a)).empty());
+  CHECK(sender.submit(job_to(2, b)).empty());
+  CHECK(sender.submit(job_to(1, c)).empty());
+  std::vector<std::uint8_t> got_b;
+  std::thread other([&] { got_b = receive(*w1, 200); });
+  CHECK(receive(*w0, 100) == *a);
+  CHECK(receive(*w0, 1024) == *c);
+  other.join();
+  CHECK(got_b == *b);
+  CHECK(eventually([&] { return sender.sent() == 3; }));
+  CHECK(sender.failure().empty());
+}
+
+TEST_CASE("nccl sender: refuses what no send could carry, and a full queue") {
+  auto world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 64), 1);
+  CHECK(sender.submit(job_to(0, bytes_of(8, 0))).find("not another member") != std::string::npos);
+  CHECK(sender.submit(job_to(3, bytes_of(8, 0))).find("not another member") != std::string::npos);
+  CHECK(sender.submit(job_to(-1, bytes_of(8, 0))).find("not another member") != std::string::npos);
+  CHECK(sender.submit(job_to(1, bytes_of(65, 0))).find("outside a buffer of 64 bytes") != std::string::npos);
+  CHECK(sender.submit(job_to(1, nullptr)) == "no bytes to send");
+  // One send in flight (posted, its worker not yet receiving), one queued: the next is refused.
+  CHECK(sender.submit(job_to(1, bytes_of(8, 0))).empty());
+  REQUIRE(eventually([&] { return world->unmatched() == 1; }));
+  CHECK(sender.submit(job_to(2, bytes_of(8, 0))).empty());
+  CHECK(sender.submit(job_to(2, bytes_of(8, 0))) == "the send queue is full or closed");
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 64);
+  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 64);
+  CHECK(receive(*w0, 8) == *bytes_of(8, 0));
+  CHECK(receive(*w1, 8) == *bytes_of(8, 0));
+  CHECK(eventually([&] { return sender.sent() == 2; }));
+}
+
+TEST_CASE("nccl sender: a worker that never receives ends the link at the deadline, and every send after") {
+  auto world = test::fake_nccl_world::make();
+  auto link = test::fake_nccl_world::join(world, two_workers(), 0, 64);
+  auto* raw = link.get();
+  gpu::nccl_sender sender(std::move(link), 4);
+  CHECK(sender.submit(job_to(1, bytes_of(8, 0), 30ms)).empty());
+  REQUIRE(eventually([&] { return !sender.failure().empty(); }));
+  CHECK(sender.failure().find("group 0 to rank 1: not done by the phase deadline") != std::string::npos);
+  CHECK(raw->aborts == 1);
+  CHECK(world->unmatched() == 0); // the abort took the send back
+  const auto refused = sender.submit(job_to(2, bytes_of(8, 0)));
+  CHECK(refused.find("the communicator of epoch 1 failed") != std::string::npos);
+  CHECK(refused.find("rebuilt at the next sync boundary") != std::string::npos);
+  CHECK(sender.sent() == 0);
+}
+
+TEST_CASE("nccl sender: a member the coordinator declares dead aborts the send in flight") {
+  auto world = test::fake_nccl_world::make();
+  gpu::wait_hooks hooks;
+  std::atomic<bool> dead{false};
+  hooks.dead_member = [&]() -> std::optional<std::string> {
+    return dead ? std::optional<std::string>("engine e worker 0") : std::nullopt;
+  };
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 64), 4, hooks);
+  CHECK(sender.submit(job_to(1, bytes_of(8, 0), 60s)).empty());
+  REQUIRE(eventually([&] { return world->unmatched() == 1; }));
+  dead = true;
+  REQUIRE(eventually([&] { return !sender.failure().empty(); }));
+  CHECK(sender.failure().find("engine e worker 0 died") != std::string::npos);
+}
+
+TEST_CASE("nccl sender: a receive of another size fails both sides, as NCCL's truncation does") {
+  auto world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 64), 4);
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 64);
+  CHECK(sender.submit(job_to(1, bytes_of(16, 0))).empty());
+  w0->recv(8, 0);
+  auto out = gpu::wait_for(*w0, gpu::clock::now() + 5s, "receive");
+  CHECK(out.result == gpu::wait_outcome::kind::failed);
+  CHECK(out.why.find("truncated") != std::string::npos);
+  REQUIRE(eventually([&] { return !sender.failure().empty(); }));
+  CHECK(sender.failure().find("truncated") != std::string::npos);
+}
+
+TEST_CASE("nccl sender: stopping with a send in flight returns at the next poll, not at the deadline") {
+  auto world = test::fake_nccl_world::make();
+  auto link = test::fake_nccl_world::join(world, two_workers(), 0, 64);
+  auto* raw = link.get();
+  auto sender = std::make_unique<gpu::nccl_sender>(std::move(link), 4);
+  CHECK(sender->submit(job_to(1, bytes_of(8, 0), 600s)).empty());
+  REQUIRE(eventually([&] { return world->unmatched() == 1; }));
+  CHECK(raw->aborts == 0);
+  sender.reset(); // would hang for 600 s if the stop were not polled
+  CHECK(world->unmatched() == 0);
+}
+
+TEST_CASE("nccl link: a rank outside the layout is refused before NCCL is asked") {
+  CHECK_THROWS_AS(gpu::nccl_link(gpu::nccl_id{}, two_workers(), 3, 0, 64), std::invalid_argument);
+  CHECK_THROWS_AS(gpu::nccl_link(gpu::nccl_id{}, two_workers(), -1, 0, 64), std::invalid_argument);
+}
