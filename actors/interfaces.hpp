@@ -61,6 +61,9 @@ using trainer_actor = caf::typed_actor<
   caf::replies_to<ipc_pull_atom, ipc_pull>::with<ipc_chunk>,
   // cuda_ipc: the worker's session ended (it copied what it wanted, or gave up)
   caf::reacts_to<ipc_release_atom, ipc_pull>,
+  // nccl: queue a group's send to the worker on the rank's communicator and
+  // say what arrives; an error when no nccl sender runs or the epoch differs
+  caf::replies_to<nccl_pull_atom, nccl_pull>::with<nccl_chunk>,
   // where the registered engines run (the coordinator, at every change):
   // tickets and weights go to those nodes only
   caf::reacts_to<register_atom, std::vector<engine_placement>>>::extend_with<heartbeat_actor>;

@@ -5,6 +5,7 @@
 #include "runtime/base/printable.hpp"
 #include "runtime/config/topology.hpp"
 #include "gpu/ipc_producer.hpp"
+#include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
 
 #include <caf/actor_cast.hpp>
@@ -302,6 +303,41 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (producer && !engine_from_sender(self, data_guard, req.engine, req.worker, "ipcrelease", "a cuda_ipc release"))
         producer->release(req.engine + "/" + std::to_string(req.worker), req.session);
     }),
+    authorized(self, data_guard, [=](nccl_pull_atom, const nccl_pull& req) -> caf::result<nccl_chunk> {
+      auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
+      if (!sender)
+        return make_error(errc::unknown_name, "this trainer runs no nccl sender");
+      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ncclpull", "an nccl pull"))
+        return *refused;
+      const auto& layout = sender->layout();
+      if (req.epoch != layout.epoch)
+        return make_error(errc::unknown_name, "trainer: nccl: epoch " + std::to_string(req.epoch)
+                                                + " asked; this rank's communicator is epoch "
+                                                + std::to_string(layout.epoch));
+      const int peer = layout.rank_of(gpu::comm_member::worker(req.engine, req.worker));
+      if (peer < 0)
+        return make_error(errc::unknown_name, "trainer: nccl: engine '" + printable(req.engine) + "' worker "
+                                                + std::to_string(req.worker) + " is not in epoch "
+                                                + std::to_string(layout.epoch) + "'s communicator");
+      auto bucket = held_bucket(self, req.version, req.group);
+      if (!bucket)
+        return bucket.error();
+      auto bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(bucket->data));
+      bucket->data.clear();
+      // A worker's wait bounds the send's; never longer than a phase may last.
+      const auto wait = std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
+      gpu::nccl_sender::job job{bytes, peer, gpu::clock::now() + wait,
+                                "group " + std::to_string(req.group) + " of version " + std::to_string(req.version)
+                                  + " to engine " + printable(req.engine) + " worker " + std::to_string(req.worker)};
+      if (auto why = sender->submit(std::move(job)); !why.empty())
+        return make_error(errc::unknown_name, "trainer: nccl: " + why);
+      nccl_chunk out;
+      out.epoch = layout.epoch;
+      out.root = sender->rank();
+      out.bytes = bytes->size();
+      out.bucket = std::move(*bucket);
+      return out;
+    }),
     authorized(self, placements_guard, [=](register_atom, const std::vector<engine_placement>& placements) {
       if (!self->state.cfg.engines)
         return;
@@ -394,6 +430,8 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.ucx_tickets = out.ucx_tickets;
   out.cuda_ipc = std::make_shared<ipc_desk>();
   cfg.cuda_ipc = out.cuda_ipc;
+  out.nccl = std::make_shared<nccl_desk>();
+  cfg.nccl = out.nccl;
   cfg.step_time = t.trainer.source == trainer_source::external ? external_poll_interval : t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);

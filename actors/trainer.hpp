@@ -49,6 +49,7 @@
 
 namespace rlsync::gpu {
 class ipc_producer; // gpu/ipc_producer.hpp
+class nccl_sender;  // gpu/nccl_sender.hpp
 } // namespace rlsync::gpu
 
 namespace rlsync {
@@ -89,24 +90,30 @@ private:
   issuer issue_;
 };
 
-/// The trainer's cuda_ipc producer, opened by the node that made it (it
-/// needs a device, which a trainer may lack) and closed when the node stops.
-class ipc_desk {
+/// A producer the trainer serves from (a cuda_ipc producer, an nccl
+/// sender), opened by the node that made it (it needs a device, which a
+/// trainer may lack), swapped when it is rebuilt and closed when the node
+/// stops.
+template <class Producer>
+class producer_desk {
 public:
-  void open(std::shared_ptr<gpu::ipc_producer> p) {
+  void open(std::shared_ptr<Producer> p) {
     std::lock_guard<std::mutex> lock(mutex_);
     producer_ = std::move(p);
   }
   void close() { open(nullptr); }
-  std::shared_ptr<gpu::ipc_producer> producer() const {
+  std::shared_ptr<Producer> producer() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return producer_;
   }
 
 private:
   mutable std::mutex mutex_;
-  std::shared_ptr<gpu::ipc_producer> producer_;
+  std::shared_ptr<Producer> producer_;
 };
+
+using ipc_desk = producer_desk<gpu::ipc_producer>;
+using nccl_desk = producer_desk<gpu::nccl_sender>;
 
 /// What the trainer is spawned with.
 struct trainer_config {
@@ -123,6 +130,9 @@ struct trainer_config {
   std::shared_ptr<ucx_ticket_office> ucx_tickets;
   /// The cuda_ipc producer engines pull from; none: the trainer serves none.
   std::shared_ptr<ipc_desk> cuda_ipc;
+  /// The rank's nccl sender, swapped at every rebuild of the communicator;
+  /// none: the trainer serves no nccl pulls.
+  std::shared_ptr<nccl_desk> nccl;
   /// Who may send to the trainer besides itself (local_or_admitted); empty:
   /// this process's actors only. Every other sender is refused, on every message.
   sender_policy authorize;
@@ -201,6 +211,7 @@ struct local_trainer {
   std::shared_ptr<transfer::local_transfer> transfer;
   std::shared_ptr<ucx_ticket_office> ucx_tickets; ///< opened by a node that runs a UCX producer
   std::shared_ptr<ipc_desk> cuda_ipc;               ///< opened by a node that runs a cuda_ipc producer
+  std::shared_ptr<nccl_desk> nccl;                  ///< opened by a node in an nccl communicator
   std::shared_ptr<engine_nodes> engines;            ///< where engines run, as the coordinator said
   sender_policy placements_from;                    ///< who may say it
   trainer_actor actor;

@@ -112,6 +112,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::rank_status))
   CAF_ADD_ATOM(rlsync, rlsync, phase_atom, "phase")          // the coordinator's one-way order for one sync phase
   CAF_ADD_ATOM(rlsync, rlsync, phase_done_atom, "phasedone") // an engine's answer to it, with the order's token
+  CAF_ADD_ATOM(rlsync, rlsync, nccl_pull_atom, "ncclpull") // an engine worker asks for a group over NCCL
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_pull))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_chunk))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -162,6 +165,8 @@ RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
 RLSYNC_INSPECT(ipc_pull, x.engine, x.worker, x.version, x.group, x.chunk, x.session)
 RLSYNC_INSPECT(ipc_chunk, x.session, x.chunk, x.handle, x.buffer_bytes, x.offset, x.bytes, x.bucket)
+RLSYNC_INSPECT(nccl_pull, x.engine, x.worker, x.version, x.group, x.epoch, x.wait_ms)
+RLSYNC_INSPECT(nccl_chunk, x.epoch, x.root, x.bytes, x.bucket)
 RLSYNC_INSPECT(engine_placement, x.engine, x.node)
 
 #undef RLSYNC_INSPECT

@@ -33,7 +33,7 @@ public:
   /// Non-blocking. On failed, `why` says what NCCL or CUDA reported.
   virtual comm_poll poll(std::string& why) = 0;
   /// ncclCommAbort: unblocks every enqueued operation and frees the
-  /// communicator. Called at most once; nothing may be enqueued after it.
+  /// communicator. Idempotent; nothing may be enqueued after it.
   virtual void abort() = 0;
 };
 

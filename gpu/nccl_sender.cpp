@@ -22,8 +22,7 @@ nccl_sender::~nccl_sender() {
   stopping_ = true;
   queue_.close();
   thread_.join();
-  if (!aborted_)
-    link_->abort();
+  link_->abort();
 }
 
 std::string nccl_sender::submit(job j) {
@@ -47,10 +46,8 @@ std::string nccl_sender::failure() const {
   return failure_;
 }
 
-void nccl_sender::fail(const std::string& why, bool abort_link) {
-  if (abort_link)
-    link_->abort();
-  aborted_ = true; // wait_for aborted it otherwise: a link is aborted at most once
+void nccl_sender::fail(const std::string& why) {
+  link_->abort(); // wait_for may have already: aborting is idempotent
   std::lock_guard<std::mutex> lock(mutex_);
   if (failure_.empty())
     failure_ = why;
@@ -73,7 +70,7 @@ void nccl_sender::run() {
     if (!initialized) {
       auto init = wait_for(*link_, j.deadline, "init of epoch " + std::to_string(layout_.epoch), hooks_);
       if (!init.ok()) {
-        fail(init.why, false);
+        fail(init.why);
         continue;
       }
       initialized = true;
@@ -81,12 +78,12 @@ void nccl_sender::run() {
     try {
       link_->send(j.bytes->data(), j.bytes->size(), j.peer);
     } catch (const std::exception& e) {
-      fail(j.what + ": " + e.what(), true);
+      fail(j.what + ": " + e.what());
       continue;
     }
     auto done = wait_for(*link_, j.deadline, j.what, hooks_);
     if (!done.ok()) {
-      fail(done.why, false);
+      fail(done.why);
       continue;
     }
     ++sent_;

@@ -59,7 +59,7 @@ public:
 
 private:
   void run();
-  void fail(const std::string& why, bool abort_link);
+  void fail(const std::string& why);
 
   std::unique_ptr<p2p_link> link_;
   const comm_layout layout_;
@@ -68,7 +68,6 @@ private:
   wait_hooks hooks_;
   bounded_queue<job> queue_;
   std::atomic<bool> stopping_{false};
-  bool aborted_ = false; ///< the link; touched by the thread, then by the destructor after it
   std::atomic<std::uint64_t> sent_{0};
   mutable std::mutex mutex_;
   std::string failure_;

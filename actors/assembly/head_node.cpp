@@ -309,6 +309,8 @@ bool head_node::stop(std::chrono::milliseconds deadline) {
       r.trainer.ucx_tickets->close();
     if (r.trainer.cuda_ipc)
       r.trainer.cuda_ipc->close();
+    if (r.trainer.nccl)
+      r.trainer.nccl->close();
   }
   producers_.clear(); // after every actor that could hand out their tickets
   return ok;

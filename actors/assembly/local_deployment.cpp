@@ -486,6 +486,7 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   tc.source = r.trainer.source;
   tc.ucx_tickets = r.trainer.ucx_tickets;
   tc.cuda_ipc = r.trainer.cuda_ipc;
+  tc.nccl = r.trainer.nccl;
   // Who may ask for an engine's tickets and slots survives the restart:
   // the placements the coordinator told, and who may tell them.
   tc.engines = r.trainer.engines;

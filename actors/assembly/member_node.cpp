@@ -191,6 +191,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     for (const auto& r : ranks) {
       r.trainer.ucx_tickets->close();
       r.trainer.cuda_ipc->close();
+      r.trainer.nccl->close();
     }
     if (opts.drill_arms)
       opts.drill_arms->detach();

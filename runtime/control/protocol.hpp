@@ -300,6 +300,28 @@ struct ipc_chunk {
   weight_bucket bucket;
 };
 
+/// nccl: an engine worker asks a trainer (rank) to send group `group` of
+/// `version` to it over the communicator of `epoch`, and waits `wait_ms` for
+/// the bytes (the send's deadline on the trainer's clock).
+struct nccl_pull {
+  std::string engine;
+  std::int32_t worker = 0;
+  std::uint64_t version = 0;
+  std::uint32_t group = 0;
+  std::uint64_t epoch = 0;
+  std::uint32_t wait_ms = 0;
+};
+
+/// The answer, once the send is queued: the group's `bytes` bucket bytes
+/// arrive over NCCL from rank `root` of communicator `epoch`; `bucket` is
+/// the bucket without its bytes.
+struct nccl_chunk {
+  std::uint64_t epoch = 0;
+  std::int32_t root = 0;
+  std::uint64_t bytes = 0;
+  weight_bucket bucket;
+};
+
 /// Where a registered engine runs, as the coordinator tells every trainer
 /// (rank) it follows: the CAF node id, printed, of the process that
 /// registered it. A trainer issues an engine's UCX tickets only to that node

@@ -257,6 +257,28 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(r.aborted);
 }
 
+TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls and their answers survive serialization") {
+  auto msg = round_trip_message(caf::make_message(nccl_pull_atom::value, nccl_pull{"rollout-1", 1, 6, 3, 2, 1500}));
+  REQUIRE(msg.match_elements<nccl_pull_atom, nccl_pull>());
+  const auto& p = msg.get_as<nccl_pull>(1);
+  CHECK(p.engine == "rollout-1");
+  CHECK(p.worker == 1);
+  CHECK(p.version == 6);
+  CHECK(p.group == 3);
+  CHECK(p.epoch == 2);
+  CHECK(p.wait_ms == 1500);
+
+  nccl_chunk c{2, 0, 24, sample_bucket()};
+  c.bucket.data.clear(); // the bytes travel over NCCL
+  auto out = round_trip(c);
+  CHECK(out.epoch == 2);
+  CHECK(out.root == 0);
+  CHECK(out.bytes == 24);
+  CHECK(out.bucket.checksum == sample_bucket().checksum);
+  CHECK(out.bucket.entries.size() == 2);
+  CHECK(out.bucket.data.empty());
+}
+
 TEST_CASE_FIXTURE(serialization_fixture, "whole messages with atoms round-trip through the registered types") {
   auto in = caf::make_message(pause_atom::value, pause_request{pause_mode::keep, false});
   auto out = round_trip_message(in);

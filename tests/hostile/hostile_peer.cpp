@@ -349,13 +349,13 @@ struct routed_options {
   std::string node;  ///< whose actors are asked: a member's (a trainer rank's node)
   std::string claim; ///< the source node claimed; empty: this client's own
   caf::actor_id max_id = 32;
-  std::string engine = "rollout-a"; ///< whose UCX tickets and cuda_ipc slot are asked for
+  std::string engine = "rollout-a"; ///< whose UCX tickets, cuda_ipc slot and nccl sends are asked for
   int reply_wait_ms = 3000;
 };
 
 /// Requests to the actors of another node, sent to the head for it to
 /// forward (CAF routes by node id, admitted or not): UCX tickets, cuda_ipc
-/// pulls, weights' metadata, the version, freeze. Refused when no actor answers.
+/// and nccl pulls, weights' metadata, the version, freeze. Refused when no actor answers.
 int run_routed(attack_context& cx, const routed_options& o) {
   caf::node_id dest;
   if (auto err = caf::parse(o.node, dest); err || !dest) {
@@ -376,6 +376,7 @@ int run_routed(attack_context& cx, const routed_options& o) {
   std::vector<probe> probes = {
     {"ucx ticket for " + o.engine, caf::make_message(ucx_ticket_atom_v, o.engine, std::int32_t{0})},
     {"cuda_ipc pull for " + o.engine, caf::make_message(ipc_pull_atom_v, ipc_pull{o.engine, 0, 1, 0, 0, 0})},
+    {"nccl pull for " + o.engine, caf::make_message(nccl_pull_atom_v, nccl_pull{o.engine, 0, 1, 0, 1, 1000})},
     {"meta", caf::make_message(meta_atom_v)},
     {"version", caf::make_message(version_atom_v)},
     {"freeze", caf::make_message(freeze_atom_v)},

@@ -28,6 +28,8 @@ struct trainer_script {
   /// Answers cuda_ipc pulls (a producer that may lie); none: refuse them.
   std::function<caf::result<ipc_chunk>(const ipc_pull&)> ipc;
   std::vector<ipc_pull> ipc_releases; ///< releases received, in order
+  /// Answers nccl pulls (a trainer that may lie); none: refuse them.
+  std::function<caf::result<nccl_chunk>(const nccl_pull&)> nccl;
 };
 
 /// A trainer that also takes `publish`: make this the current version and
@@ -61,6 +63,11 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
       return script->ipc(req);
     },
     [=](ipc_release_atom, const ipc_pull& req) { script->ipc_releases.push_back(req); },
+    [=](nccl_pull_atom, const nccl_pull& req) -> caf::result<nccl_chunk> {
+      if (!script->nccl)
+        return make_error(errc::unknown_name, "the scripted trainer runs no nccl sender");
+      return script->nccl(req);
+    },
     [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
     [=](caf::publish_atom, const version_info& vi) {
       script->current = vi;

@@ -1,0 +1,269 @@
+// The nccl backend end to end on the real scheduler, with NCCL played in
+// host memory (tests/gpu/fake_nccl_world.hpp): a trainer whose rank sends
+// through an nccl_sender serves engine workers that receive through their
+// links; the puller verifies what it receives, refuses a trainer that lies
+// and never waits past its deadline.
+#include "actors/nccl_puller.hpp"
+
+#include "actors/system_config.hpp"
+#include "actors/trainer.hpp"
+#include "gpu/nccl_sender.hpp"
+#include "tests/gpu/fake_nccl_world.hpp"
+#include "tests/support/scripted_trainer.hpp"
+#include "tests/support/threaded_system.hpp"
+#include "tests/support/transfer_fixtures.hpp"
+
+#include "runtime/plan/groups.hpp"
+#include "runtime/transfer/bucket.hpp"
+
+#include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <mutex>
+
+using namespace rlsync;
+using namespace std::chrono_literals;
+using gpu::comm_member;
+
+namespace {
+
+using tensors_by_name = std::map<std::string, std::vector<std::uint8_t>>;
+
+struct recording_sink {
+  std::mutex mutex;
+  std::map<int, tensors_by_name> got;
+  transfer::group_sink sink() {
+    transfer::group_sink s;
+    s.on_full_group = [this](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (const auto& t : tensors)
+        got[w][t.name] = test::bytes_of(t);
+    };
+    return s;
+  }
+};
+
+constexpr std::size_t staging = 1 << 20;
+
+struct nccl_fixture {
+  test::rlsync_config cfg;
+  caf::actor_system sys{cfg};
+  model_config model = test::small_model(3);
+  std::shared_ptr<transfer::synthetic_source> source = test::small_source(model, 4);
+  std::shared_ptr<nccl_desk> desk = std::make_shared<nccl_desk>();
+  std::shared_ptr<test::fake_nccl_world> world = test::fake_nccl_world::make();
+  trainer_actor trainer;
+  std::vector<caf::actor> to_stop;
+  // Epoch 1: trainer rank 0, then rollout-0's two workers.
+  gpu::comm_layout layout = gpu::make_layout(
+    1, {comm_member::trainer_rank(0), comm_member::worker("rollout-0", 0), comm_member::worker("rollout-0", 1)});
+  std::map<int, std::shared_ptr<gpu::p2p_link>> worker_links;
+
+  nccl_fixture() {
+    trainer_config c;
+    c.source = source;
+    c.step_time = 1h; // versions come when the test asks
+    c.nccl = desk;
+    trainer = spawn_trainer(sys, std::move(c));
+    to_stop.push_back(caf::actor_cast<caf::actor>(trainer));
+    for (int w : {0, 1})
+      worker_links[w] = test::fake_nccl_world::join(world, layout, w + 1, staging);
+  }
+  ~nccl_fixture() {
+    for (auto& a : to_stop)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  std::shared_ptr<gpu::nccl_sender> open_sender(gpu::comm_layout l) {
+    auto sender = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, std::move(l), 0, staging), 16);
+    desk->open(sender);
+    return sender;
+  }
+
+  nccl_puller::link_of links() {
+    return [this](const std::string& engine, int worker) -> std::shared_ptr<gpu::p2p_link> {
+      if (engine != "rollout-0" || worker_links.count(worker) == 0)
+        return nullptr;
+      return worker_links[worker];
+    };
+  }
+
+  std::function<trainer_actor()> asking(trainer_actor t) {
+    return [t] { return t; };
+  }
+
+  std::uint64_t step() {
+    caf::scoped_actor self{sys};
+    std::uint64_t v = 0;
+    self->request(trainer, 10s, step_atom::value).receive([&](const version_info& vi) { v = vi.version; },
+                                                          [](caf::error&) {});
+    REQUIRE(v > 0);
+    return v;
+  }
+
+  tensors_by_name expected(std::uint64_t v) const {
+    tensors_by_name out;
+    auto s = source->find(v);
+    REQUIRE(s);
+    for (const auto& t : s->tensors())
+      out[t.name] = test::bytes_of(t);
+    return out;
+  }
+
+  transfer::transfer_failure failure_of(transfer::weight_puller& p, const std::string& engine, int workers,
+                                        std::uint64_t v, std::string& what, std::chrono::milliseconds wait = 10s) {
+    recording_sink rec;
+    try {
+      transfer::pull_engine(p, engine, workers, v, transfer_mode::broadcast, rec.sink(), test::in(wait));
+    } catch (const transfer::transfer_error& e) {
+      what = e.what();
+      return e.failure;
+    }
+    FAIL("the pull succeeded");
+    return transfer::transfer_failure::cancelled;
+  }
+
+  /// The trainer's honest bucket for `req`, bytes included.
+  weight_bucket honest_bucket(const nccl_pull& req) {
+    weight_bucket b;
+    caf::scoped_actor asker{sys};
+    asker->request(trainer, 10s, pull_atom::value, req.version, req.group)
+      .receive([&](weight_bucket& got) { b = std::move(got); }, [](caf::error&) {});
+    REQUIRE(!b.data.empty());
+    return b;
+  }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: each worker receives every group from the trainer rank's sender") {
+  auto sender = open_sender(layout);
+  const auto v = step();
+  nccl_puller puller(sys, asking(trainer), model, links());
+  recording_sink rec;
+  auto report = transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  const auto groups = plan::group_count(model);
+  CHECK(report.groups == groups);
+  REQUIRE(rec.got.size() == 2);
+  CHECK(rec.got[0] == expected(v)); // whole tensors: each worker slices its own shard
+  CHECK(rec.got[1] == expected(v));
+  CHECK(sender->sent() == 2 * groups);
+  CHECK(sender->failure().empty());
+  CHECK(world->unmatched() == 0);
+  // The same communicator serves the next version.
+  const auto v2 = step();
+  recording_sink rec2;
+  transfer::pull_engine(puller, "rollout-0", 2, v2, transfer_mode::broadcast, rec2.sink(), test::in(10s));
+  CHECK(rec2.got[1] == expected(v2));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: a worker in no communicator, a trainer without a sender, a stale epoch") {
+  const auto v = step();
+  nccl_puller puller(sys, asking(trainer), model, links());
+  std::string what;
+  CHECK(failure_of(puller, "rollout-1", 1, v, what) == transfer::transfer_failure::not_registered);
+  CHECK(what.find("joins at the next sync boundary") != std::string::npos);
+  CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("runs no nccl sender") != std::string::npos);
+  // The trainer's rank moved on to epoch 2 while this worker holds epoch 1.
+  auto next = layout;
+  next.epoch = 2;
+  open_sender(next);
+  CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("epoch 1 asked; this rank's communicator is epoch 2") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer refuses a worker outside its communicator and a version gone") {
+  // A communicator with worker 0 only: worker 1 of rollout-0 is no member.
+  open_sender(gpu::make_layout(1, {comm_member::trainer_rank(0), comm_member::worker("rollout-0", 0)}));
+  worker_links[0] = test::fake_nccl_world::join(
+    world, gpu::make_layout(1, {comm_member::trainer_rank(0), comm_member::worker("rollout-0", 0)}), 1, staging);
+  const auto v = step();
+  nccl_puller puller(sys, asking(trainer), model, links());
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", 2, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("worker 1 is not in epoch 1's communicator") != std::string::npos);
+  worker_links.erase(1);
+  CHECK(failure_of(puller, "rollout-0", 1, v + 100, what) == transfer::transfer_failure::version_unavailable);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: a trainer that answers but never sends holds nobody past the deadline") {
+  const auto v = step();
+  auto script = std::make_shared<test::trainer_script>();
+  script->nccl = [&](const nccl_pull& req) -> caf::result<nccl_chunk> {
+    auto b = honest_bucket(req);
+    nccl_chunk c{req.epoch, 0, b.data.size(), std::move(b)};
+    c.bucket.data.clear();
+    return c;
+  };
+  auto silent = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(silent));
+  nccl_puller puller(sys, asking(silent), model, links());
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", 1, v, what, 300ms) == transfer::transfer_failure::timeout);
+  CHECK(what.find("not done by the phase deadline; aborted the communicator") != std::string::npos);
+  CHECK(world->unmatched() == 0); // the receive was taken back with the abort
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: a trainer that lies is refused before a receive is posted") {
+  const auto v = step();
+  struct lie {
+    const char* name;
+    std::function<void(nccl_chunk&)> edit;
+    const char* says;
+  };
+  const std::vector<lie> lies = {
+    {"another epoch", [](nccl_chunk& c) { c.epoch = 9; }, "on epoch 9, this worker is in 1"},
+    {"a root that is a worker", [](nccl_chunk& c) { c.root = 2; }, "from rank 2, which is no trainer rank"},
+    {"a root outside the communicator", [](nccl_chunk& c) { c.root = 7; }, "from rank 7"},
+    {"more bytes than any group", [](nccl_chunk& c) { c.bytes = std::uint64_t{1} << 40; }, "largest group"},
+  };
+  for (const auto& l : lies) {
+    CAPTURE(l.name);
+    worker_links[0] = test::fake_nccl_world::join(world, layout, 1, staging); // a fresh link per case
+    auto script = std::make_shared<test::trainer_script>();
+    script->nccl = [&](const nccl_pull& req) -> caf::result<nccl_chunk> {
+      auto b = honest_bucket(req);
+      nccl_chunk c{req.epoch, 0, b.data.size(), std::move(b)};
+      c.bucket.data.clear();
+      l.edit(c);
+      return c;
+    };
+    auto liar = sys.spawn(test::scripted_trainer, script);
+    to_stop.push_back(caf::actor_cast<caf::actor>(liar));
+    nccl_puller puller(sys, asking(liar), model, links());
+    std::string what;
+    CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
+    CHECK(what.find(l.says) != std::string::npos);
+    CHECK(world->unmatched() == 0);
+  }
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: bytes that changed on the way fail the checksum; another size fails the link") {
+  const auto v = step();
+  auto sender = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, layout, 0, staging), 16);
+  std::size_t extra = 0; // bytes the liar adds to what it says it sends
+  auto script = std::make_shared<test::trainer_script>();
+  script->nccl = [&](const nccl_pull& req) -> caf::result<nccl_chunk> {
+    auto b = honest_bucket(req);
+    auto sent = std::make_shared<std::vector<std::uint8_t>>(b.data);
+    (*sent)[sent->size() / 2] ^= 0x40;
+    sent->resize(sent->size() + extra);
+    REQUIRE(sender->submit({sent, 1, gpu::clock::now() + 10s, "a changed group"}).empty());
+    nccl_chunk c{req.epoch, 0, b.data.size(), std::move(b)};
+    c.bucket.data.clear();
+    return c;
+  };
+  auto liar = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(liar));
+  nccl_puller puller(sys, asking(liar), model, links());
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::checksum_mismatch);
+  extra = 8;
+  CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("truncated") != std::string::npos);
+}
