@@ -5,7 +5,7 @@
 
 namespace rlsync::gpu {
 
-nccl_sender::nccl_sender(std::unique_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks)
+nccl_sender::nccl_sender(std::shared_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks)
   : link_(link ? std::move(link) : throw std::invalid_argument("an nccl sender without a link")),
     layout_(link_->layout()), rank_(link_->rank()), capacity_(link_->capacity()), hooks_(std::move(hooks)),
     queue_(queue_bound) {

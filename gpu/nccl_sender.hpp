@@ -37,7 +37,7 @@ public:
 
   /// Serves `link` (must not be null) from a thread of its own; at most
   /// `queue_bound` sends wait. `hooks`: comm_wait's world (tests).
-  nccl_sender(std::unique_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks = {});
+  nccl_sender(std::shared_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks = {});
   /// Stops the thread; a send in flight is aborted with the link (bounded by
   /// one poll interval, never by a peer).
   ~nccl_sender();
@@ -61,7 +61,7 @@ private:
   void run();
   void fail(const std::string& why);
 
-  std::unique_ptr<p2p_link> link_;
+  std::shared_ptr<p2p_link> link_;
   const comm_layout layout_;
   const int rank_;
   const std::size_t capacity_;

@@ -7,6 +7,7 @@
 
 #include "actors/system_config.hpp"
 #include "actors/trainer.hpp"
+#include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
 #include "tests/support/scripted_trainer.hpp"
@@ -266,4 +267,45 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: bytes that changed on the way fail the ch
   extra = 8;
   CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
   CHECK(what.find("truncated") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: two processes join one rendezvous, serve a version, rebuild without a worker") {
+  // The trainer's process hosts rank 0, the engine's process both workers;
+  // both receive the coordinator's rendezvous.
+  auto factory = [this](const gpu::nccl_id&, const gpu::comm_layout& l, int rank) -> std::unique_ptr<gpu::p2p_link> {
+    return test::fake_nccl_world::join(world, l, rank, staging);
+  };
+  gpu::nccl_membership trainer_process(factory), engine_process(factory);
+  const comm_member rank0 = comm_member::trainer_rank(0), w0 = comm_member::worker("rollout-0", 0),
+                    w1 = comm_member::worker("rollout-0", 1);
+  auto rendezvous = [](std::uint64_t epoch, std::vector<comm_member> members) {
+    gpu::nccl_rendezvous r;
+    r.epoch = epoch;
+    r.id.fill(static_cast<std::uint8_t>(epoch));
+    r.members = gpu::make_layout(epoch, std::move(members)).members;
+    return r;
+  };
+  auto join_both = [&](const gpu::nccl_rendezvous& r) {
+    REQUIRE(trainer_process.join(r, {rank0}).empty());
+    REQUIRE(engine_process.join(r, {w0, w1}).empty());
+    desk->open(std::make_shared<gpu::nccl_sender>(trainer_process.link(rank0), 16));
+  };
+  nccl_puller puller(sys, asking(trainer), model, [&](const std::string& engine, int worker) {
+    return engine_process.link(comm_member::worker(engine, worker));
+  });
+  join_both(rendezvous(1, {rank0, w0, w1}));
+  const auto v = step();
+  recording_sink rec;
+  transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  CHECK(rec.got[0] == expected(v));
+  CHECK(rec.got[1] == expected(v));
+  // Worker 1 is gone at the next boundary: epoch 2 leaves it out.
+  join_both(rendezvous(2, {rank0, w0}));
+  const auto v2 = step();
+  recording_sink rec2;
+  transfer::pull_engine(puller, "rollout-0", 1, v2, transfer_mode::broadcast, rec2.sink(), test::in(10s));
+  CHECK(rec2.got[0] == expected(v2));
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", 2, v2, what) == transfer::transfer_failure::not_registered);
+  CHECK(world->unmatched() == 0);
 }

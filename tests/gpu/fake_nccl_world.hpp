@@ -53,10 +53,10 @@ public:
     }
     void abort() override {
       std::lock_guard<std::mutex> lock(world_->mutex_);
-      ++aborts;
       if (aborted_)
         return;
       aborted_ = true;
+      ++world_->aborted_[{layout_.epoch, rank_}];
       world_->forget(last_);
     }
     const gpu::comm_layout& layout() const override { return layout_; }
@@ -81,8 +81,6 @@ public:
         throw std::out_of_range("nccl read past the received bytes");
       std::copy(last_->bytes.begin(), last_->bytes.begin() + static_cast<std::ptrdiff_t>(n), host);
     }
-
-    int aborts = 0;
 
   private:
     std::shared_ptr<op> begin(bool send, std::size_t n) {
@@ -110,6 +108,14 @@ public:
   static std::unique_ptr<link> join(const std::shared_ptr<fake_nccl_world>& world, gpu::comm_layout layout, int rank,
                                     std::size_t capacity) {
     return std::make_unique<link>(world, std::move(layout), rank, capacity);
+  }
+
+  /// How many links of (epoch, rank) were aborted, whether or not they
+  /// still exist.
+  int aborted(std::uint64_t epoch, int rank) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = aborted_.find({epoch, rank});
+    return it == aborted_.end() ? 0 : it->second;
   }
 
   /// Sends posted and not yet matched (a receiver that never came).
@@ -158,6 +164,7 @@ private:
 
   std::mutex mutex_;
   std::map<pair_key, std::deque<std::shared_ptr<op>>> sends_, recvs_;
+  std::map<std::pair<std::uint64_t, int>, int> aborted_;
 };
 
 } // namespace rlsync::test

@@ -93,13 +93,11 @@ TEST_CASE("nccl sender: refuses what no send could carry, and a full queue") {
 
 TEST_CASE("nccl sender: a worker that never receives ends the link at the deadline, and every send after") {
   auto world = test::fake_nccl_world::make();
-  auto link = test::fake_nccl_world::join(world, two_workers(), 0, 64);
-  auto* raw = link.get();
-  gpu::nccl_sender sender(std::move(link), 4);
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 64), 4);
   CHECK(sender.submit(job_to(1, bytes_of(8, 0), 30ms)).empty());
   REQUIRE(eventually([&] { return !sender.failure().empty(); }));
   CHECK(sender.failure().find("group 0 to rank 1: not done by the phase deadline") != std::string::npos);
-  CHECK(raw->aborts >= 1);
+  CHECK(world->aborted(1, 0) == 1);
   CHECK(world->unmatched() == 0); // the abort took the send back
   const auto refused = sender.submit(job_to(2, bytes_of(8, 0)));
   CHECK(refused.find("the communicator of epoch 1 failed") != std::string::npos);
@@ -137,13 +135,12 @@ TEST_CASE("nccl sender: a receive of another size fails both sides, as NCCL's tr
 
 TEST_CASE("nccl sender: stopping with a send in flight returns at the next poll, not at the deadline") {
   auto world = test::fake_nccl_world::make();
-  auto link = test::fake_nccl_world::join(world, two_workers(), 0, 64);
-  auto* raw = link.get();
-  auto sender = std::make_unique<gpu::nccl_sender>(std::move(link), 4);
+  auto sender = std::make_unique<gpu::nccl_sender>(test::fake_nccl_world::join(world, two_workers(), 0, 64), 4);
   CHECK(sender->submit(job_to(1, bytes_of(8, 0), 600s)).empty());
   REQUIRE(eventually([&] { return world->unmatched() == 1; }));
-  CHECK(raw->aborts == 0);
+  CHECK(world->aborted(1, 0) == 0);
   sender.reset(); // would hang for 600 s if the stop were not polled
+  CHECK(world->aborted(1, 0) == 1);
   CHECK(world->unmatched() == 0);
 }
 

@@ -1,0 +1,51 @@
+#pragma once
+// A process's members of the current NCCL communicator: its trainer ranks
+// and engine workers. At a sync boundary the coordinator sends every
+// process hosting a member the same rendezvous (nccl_group.hpp); join()
+// checks it for each member this process hosts (join_rank: a newer epoch,
+// the canonical order, the member in it), starts a link for each, and only
+// then replaces the older epoch's links, aborting them. A refused or failed
+// join changes nothing.
+//
+// A hosted member the rendezvous leaves out (an engine that registered
+// after the coordinator planned it) has no link: its pulls fail until the
+// next boundary makes it a member, as DESIGN's rejoin rule says.
+#include "gpu/nccl_link.hpp"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace rlsync::gpu {
+
+class nccl_membership {
+public:
+  /// Starts one member's link: nccl_link() on the member's device, or a
+  /// fake world's (tests). Throws on failure.
+  using link_factory = std::function<std::unique_ptr<p2p_link>(const nccl_id& id, const comm_layout& layout, int rank)>;
+
+  explicit nccl_membership(link_factory make);
+  ~nccl_membership(); ///< aborts every link
+
+  /// Joins every member of `hosted` that `r` names. Empty when joined (a
+  /// hosted member `r` leaves out gets no link), else why not.
+  std::string join(const nccl_rendezvous& r, const std::vector<comm_member>& hosted);
+  /// Aborts and forgets every link (the node stops, or the coordinator
+  /// closed the communicator); the epoch is kept, so a replay stays stale.
+  void leave();
+
+  /// The member's link in the current epoch; null when it is in none.
+  std::shared_ptr<p2p_link> link(const comm_member& m) const;
+  std::uint64_t epoch() const;
+
+private:
+  link_factory make_;
+  mutable std::mutex mutex_;
+  std::uint64_t epoch_ = 0;
+  std::map<comm_member, std::shared_ptr<p2p_link>> links_;
+};
+
+} // namespace rlsync::gpu

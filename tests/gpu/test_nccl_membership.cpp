@@ -1,0 +1,119 @@
+// A process's members of the NCCL communicator: a rendezvous is joined
+// whole or not at all, replaces the older epoch's links (aborted, so that
+// nobody waits on them) and leaves out members it does not name.
+#include "gpu/nccl_membership.hpp"
+
+#include "tests/gpu/fake_nccl_world.hpp"
+
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+
+using namespace rlsync;
+using gpu::comm_member;
+
+namespace {
+
+gpu::nccl_rendezvous rendezvous(std::uint64_t epoch, std::vector<comm_member> members) {
+  gpu::nccl_rendezvous r;
+  r.epoch = epoch;
+  r.id.fill(0);
+  r.id[0] = static_cast<std::uint8_t>(epoch);
+  r.members = gpu::make_layout(epoch, std::move(members)).members;
+  return r;
+}
+
+struct counting_factory {
+  std::shared_ptr<test::fake_nccl_world> world = test::fake_nccl_world::make();
+  int made = 0;
+  int fail_at = -1; ///< the made-th link throws
+
+  gpu::nccl_membership::link_factory factory() {
+    return [this](const gpu::nccl_id&, const gpu::comm_layout& layout, int rank) -> std::unique_ptr<gpu::p2p_link> {
+      if (made++ == fail_at)
+        throw gpu::gpu_error("cudaSetDevice: invalid device ordinal");
+      return test::fake_nccl_world::join(world, layout, rank, 64);
+    };
+  }
+};
+
+const comm_member trainer0 = comm_member::trainer_rank(0);
+const comm_member w0 = comm_member::worker("rollout-0", 0);
+const comm_member w1 = comm_member::worker("rollout-0", 1);
+const comm_member late = comm_member::worker("rollout-9", 0);
+
+} // namespace
+
+TEST_CASE("nccl membership: hosted members get links at their ranks, a member left out gets none") {
+  counting_factory f;
+  gpu::nccl_membership engines(f.factory());
+  CHECK(engines.join(rendezvous(1, {trainer0, w0, w1}), {w0, w1, late}).empty());
+  CHECK(engines.epoch() == 1);
+  REQUIRE(engines.link(w0).get() != nullptr);
+  CHECK(engines.link(w0)->rank() == 1);
+  CHECK(engines.link(w1)->rank() == 2);
+  CHECK(engines.link(w1)->layout().epoch == 1);
+  CHECK(engines.link(late).get() == nullptr); // joins at the next boundary
+  CHECK(engines.link(trainer0).get() == nullptr); // hosted elsewhere
+}
+
+TEST_CASE("nccl membership: a newer epoch replaces the links and aborts the old ones") {
+  counting_factory f;
+  gpu::nccl_membership engines(f.factory());
+  REQUIRE(engines.join(rendezvous(1, {trainer0, w0, w1}), {w0, w1}).empty());
+  auto held = engines.link(w1); // a puller mid-pull keeps its link
+  // w1 died: the coordinator rebuilt without it.
+  CHECK(engines.join(rendezvous(2, {trainer0, w0}), {w0, w1}).empty());
+  CHECK(engines.epoch() == 2);
+  CHECK(engines.link(w0)->layout().epoch == 2);
+  CHECK(engines.link(w1).get() == nullptr);
+  CHECK(f.world->aborted(1, 1) == 1);
+  CHECK(f.world->aborted(1, 2) == 1);
+  std::string why;
+  CHECK(held->poll(why) == gpu::comm_poll::failed); // never a hang for whoever still holds it
+  CHECK(f.world->aborted(2, 1) == 0);
+}
+
+TEST_CASE("nccl membership: a stale, empty or disordered rendezvous changes nothing") {
+  counting_factory f;
+  gpu::nccl_membership engines(f.factory());
+  REQUIRE(engines.join(rendezvous(3, {trainer0, w0}), {w0}).empty());
+  auto before = engines.link(w0);
+  CHECK(engines.join(rendezvous(3, {trainer0, w0}), {w0}).find("stale rendezvous") != std::string::npos);
+  CHECK(engines.join(rendezvous(2, {trainer0, w0}), {w0}).find("stale rendezvous") != std::string::npos);
+  auto empty_id = rendezvous(4, {trainer0, w0});
+  empty_id.id.fill(0);
+  CHECK(engines.join(empty_id, {w0}).find("empty NCCL id") != std::string::npos);
+  auto disordered = rendezvous(4, {trainer0, w0});
+  std::swap(disordered.members[0], disordered.members[1]);
+  CHECK(engines.join(disordered, {w0}).find("bad rendezvous") != std::string::npos);
+  CHECK(engines.epoch() == 3);
+  CHECK(engines.link(w0).get() == before.get());
+  CHECK(f.made == 1);
+}
+
+TEST_CASE("nccl membership: a link that cannot start fails the whole join, the old epoch stays") {
+  counting_factory f;
+  gpu::nccl_membership engines(f.factory());
+  REQUIRE(engines.join(rendezvous(1, {trainer0, w0, w1}), {w0, w1}).empty());
+  f.fail_at = 3; // epoch 2's second link
+  const auto why = engines.join(rendezvous(2, {trainer0, w0, w1}), {w0, w1});
+  CHECK(why.find("joining epoch 2: cudaSetDevice: invalid device ordinal") != std::string::npos);
+  CHECK(engines.epoch() == 1);
+  CHECK(engines.link(w0)->layout().epoch == 1);
+  CHECK(f.world->aborted(2, 1) == 1); // epoch 2's first link, started and then given up
+  CHECK(f.world->aborted(1, 1) == 0);
+}
+
+TEST_CASE("nccl membership: leaving aborts every link and keeps the epoch") {
+  counting_factory f;
+  gpu::nccl_membership engines(f.factory());
+  REQUIRE(engines.join(rendezvous(5, {trainer0, w0}), {w0, trainer0}).empty());
+  engines.leave();
+  CHECK(engines.link(w0).get() == nullptr);
+  CHECK(engines.link(trainer0).get() == nullptr);
+  CHECK(f.world->aborted(5, 0) == 1);
+  CHECK(f.world->aborted(5, 1) == 1);
+  CHECK(engines.epoch() == 5);
+  CHECK(engines.join(rendezvous(5, {trainer0, w0}), {w0}).find("stale") != std::string::npos);
+}
