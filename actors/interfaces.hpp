@@ -64,6 +64,11 @@ using trainer_actor = caf::typed_actor<
   // nccl: queue a group's send to the worker on the rank's communicator and
   // say what arrives; an error when no nccl sender runs or the epoch differs
   caf::replies_to<nccl_pull_atom, nccl_pull>::with<nccl_chunk>,
+  // nccl, from the coordinator only: a new communicator's unique id (rank 0
+  // makes it: NCCL's bootstrap root listens in its process) ...
+  caf::replies_to<nccl_id_atom>::with<std::vector<std::uint8_t>>,
+  // ... and the rendezvous to join as this rank; the answer is the epoch joined
+  caf::replies_to<nccl_join_atom, nccl_rendezvous_msg>::with<std::uint64_t>,
   // where the registered engines run (the coordinator, at every change):
   // tickets and weights go to those nodes only
   caf::reacts_to<register_atom, std::vector<engine_placement>>>::extend_with<heartbeat_actor>;

@@ -5,6 +5,7 @@
 #include "runtime/base/printable.hpp"
 #include "runtime/config/topology.hpp"
 #include "gpu/ipc_producer.hpp"
+#include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
 
@@ -337,6 +338,32 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       out.bytes = bytes->size();
       out.bucket = std::move(*bucket);
       return out;
+    }),
+    authorized(self, placements_guard, [=](nccl_id_atom) -> caf::result<std::vector<std::uint8_t>> {
+      if (!self->state.cfg.make_nccl_id)
+        return make_error(errc::unknown_name, "this trainer makes no nccl ids");
+      try {
+        return self->state.cfg.make_nccl_id();
+      } catch (const std::exception& e) {
+        return make_error(errc::unknown_name, std::string("trainer: nccl id: ") + e.what());
+      }
+    }),
+    authorized(self, placements_guard, [=](nccl_join_atom, const nccl_rendezvous_msg& msg) -> caf::result<std::uint64_t> {
+      const auto& cfg = self->state.cfg;
+      if (!cfg.nccl_membership || !cfg.nccl)
+        return make_error(errc::unknown_name, "this trainer joins no nccl communicator");
+      const auto me = gpu::comm_member::trainer_rank(cfg.nccl_rank);
+      try {
+        const auto r = gpu::from_wire(msg);
+        if (auto why = cfg.nccl_membership->join(r, {me}); !why.empty())
+          return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + why);
+        // Left out of this epoch (the coordinator rebuilt without it): it serves no nccl pulls.
+        auto link = cfg.nccl_membership->link(me);
+        cfg.nccl->open(link ? std::make_shared<gpu::nccl_sender>(link, cfg.nccl_send_queue) : nullptr);
+        return r.epoch;
+      } catch (const std::exception& e) {
+        return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + e.what());
+      }
     }),
     authorized(self, placements_guard, [=](register_atom, const std::vector<engine_placement>& placements) {
       if (!self->state.cfg.engines)

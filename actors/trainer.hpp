@@ -50,6 +50,7 @@
 namespace rlsync::gpu {
 class ipc_producer; // gpu/ipc_producer.hpp
 class nccl_sender;  // gpu/nccl_sender.hpp
+class nccl_membership; // gpu/nccl_membership.hpp
 } // namespace rlsync::gpu
 
 namespace rlsync {
@@ -133,6 +134,15 @@ struct trainer_config {
   /// The rank's nccl sender, swapped at every rebuild of the communicator;
   /// none: the trainer serves no nccl pulls.
   std::shared_ptr<nccl_desk> nccl;
+  /// The process's NCCL membership, through which this rank (as trainer
+  /// rank `nccl_rank`) joins the coordinator's rendezvous and opens its
+  /// sender in `nccl`; none: nccl_join_atom is refused.
+  std::shared_ptr<gpu::nccl_membership> nccl_membership;
+  int nccl_rank = 0;
+  std::size_t nccl_send_queue = 256; ///< sends queued at most (one per worker and group in flight)
+  /// Makes a communicator's unique id (gpu::make_nccl_id: NCCL listens for
+  /// the members' bootstrap here); none: nccl_id_atom is refused.
+  std::function<std::vector<std::uint8_t>()> make_nccl_id;
   /// Who may send to the trainer besides itself (local_or_admitted); empty:
   /// this process's actors only. Every other sender is refused, on every message.
   sender_policy authorize;

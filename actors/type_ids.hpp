@@ -115,6 +115,11 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, nccl_pull_atom, "ncclpull") // an engine worker asks for a group over NCCL
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_pull))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_chunk))
+  CAF_ADD_ATOM(rlsync, rlsync, nccl_id_atom, "ncclid")     // the coordinator asks trainer rank 0 for a unique id
+  CAF_ADD_ATOM(rlsync, rlsync, nccl_join_atom, "nccljoin") // ... and every member's process to join the rendezvous
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_member))
+  CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::nccl_member>))
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_rendezvous_msg))
 
 CAF_END_TYPE_ID_BLOCK(rlsync)
 
@@ -167,6 +172,8 @@ RLSYNC_INSPECT(ipc_pull, x.engine, x.worker, x.version, x.group, x.chunk, x.sess
 RLSYNC_INSPECT(ipc_chunk, x.session, x.chunk, x.handle, x.buffer_bytes, x.offset, x.bytes, x.bucket)
 RLSYNC_INSPECT(nccl_pull, x.engine, x.worker, x.version, x.group, x.epoch, x.wait_ms)
 RLSYNC_INSPECT(nccl_chunk, x.epoch, x.root, x.bytes, x.bucket)
+RLSYNC_INSPECT(nccl_member, x.producer, x.engine, x.rank)
+RLSYNC_INSPECT(nccl_rendezvous_msg, x.epoch, x.id, x.members)
 RLSYNC_INSPECT(engine_placement, x.engine, x.node)
 
 #undef RLSYNC_INSPECT

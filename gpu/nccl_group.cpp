@@ -125,4 +125,34 @@ join_result join_rank(const nccl_rendezvous& r, const comm_member& me, std::uint
   return {static_cast<int>(it - r.members.begin()), {}};
 }
 
+nccl_rendezvous_msg to_wire(const nccl_rendezvous& r) {
+  nccl_rendezvous_msg m;
+  m.epoch = r.epoch;
+  m.id.assign(r.id.begin(), r.id.end());
+  for (const auto& member : r.members)
+    m.members.push_back({member.producer, member.engine, member.rank});
+  return m;
+}
+
+nccl_rendezvous from_wire(const nccl_rendezvous_msg& m) {
+  if (m.id.size() != nccl_id_bytes)
+    throw std::invalid_argument("NCCL rendezvous: an id of " + std::to_string(m.id.size()) + " bytes, not "
+                                + std::to_string(nccl_id_bytes));
+  if (m.members.size() > max_comm_members)
+    throw std::invalid_argument("NCCL rendezvous: " + std::to_string(m.members.size()) + " members, more than "
+                                + std::to_string(max_comm_members));
+  nccl_rendezvous r;
+  r.epoch = m.epoch;
+  std::copy(m.id.begin(), m.id.end(), r.id.begin());
+  for (std::size_t i = 0; i < m.members.size(); ++i) {
+    const auto& w = m.members[i];
+    if (w.rank < 0 || w.producer != w.engine.empty() || w.engine.size() > 4096)
+      throw std::invalid_argument("NCCL rendezvous: member " + std::to_string(i) + " is neither a trainer rank "
+                                  "nor an engine's worker (rank " + std::to_string(w.rank) + ", engine name of "
+                                  + std::to_string(w.engine.size()) + " bytes)");
+    r.members.push_back(w.producer ? comm_member::trainer_rank(w.rank) : comm_member::worker(w.engine, w.rank));
+  }
+  return r;
+}
+
 } // namespace rlsync::gpu

@@ -16,6 +16,8 @@
 //   [healthy] --------------------------> abort   ----------------------------> rebuild (epoch + 1)
 //       |  mid-round: newcomers wait               boundary, nobody to talk to
 //       +------------------------------> keep      ----------------------------> close
+#include "runtime/control/protocol.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -108,5 +110,13 @@ struct join_result {
 /// duplicates, within max_comm_members, with a producer and a worker, and
 /// `me` must be one of them.
 join_result join_rank(const nccl_rendezvous& r, const comm_member& me, std::uint64_t held_epoch);
+
+/// The rendezvous as the coordinator's messages carry it, and back.
+/// from_wire throws std::invalid_argument naming what is wrong: an id that
+/// is not NCCL's 128 bytes, more than max_comm_members members, a negative
+/// rank, an engine name on a producer or none on a worker. (join_rank
+/// checks the rest: epoch, order, duplicates.)
+nccl_rendezvous_msg to_wire(const nccl_rendezvous& r);
+nccl_rendezvous from_wire(const nccl_rendezvous_msg& m);
 
 } // namespace rlsync::gpu

@@ -322,6 +322,23 @@ struct nccl_chunk {
   weight_bucket bucket;
 };
 
+/// A member of an NCCL communicator on the wire (gpu::comm_member): a
+/// trainer rank, or worker `rank` of engine `engine`.
+struct nccl_member {
+  bool producer = false;
+  std::string engine;
+  std::int32_t rank = 0;
+};
+
+/// The coordinator's rendezvous for a new communicator
+/// (gpu::nccl_rendezvous): every process hosting a member joins it.
+/// gpu::from_wire checks it (the id is NCCL's 128 bytes).
+struct nccl_rendezvous_msg {
+  std::uint64_t epoch = 0;
+  std::vector<std::uint8_t> id;
+  std::vector<nccl_member> members; ///< in rank order
+};
+
 /// Where a registered engine runs, as the coordinator tells every trainer
 /// (rank) it follows: the CAF node id, printed, of the process that
 /// registered it. A trainer issues an engine's UCX tickets only to that node

@@ -309,3 +309,75 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: two processes join one rendezvous, serve 
   CHECK(failure_of(puller, "rollout-0", 2, v2, what) == transfer::transfer_failure::not_registered);
   CHECK(world->unmatched() == 0);
 }
+
+TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rendezvous through its messages") {
+  test::rlsync_config cfg;
+  caf::actor_system sys{cfg};
+  const model_config model = test::small_model(3);
+  auto source = test::small_source(model, 4);
+  auto world = test::fake_nccl_world::make();
+  auto factory = [world](const gpu::nccl_id&, const gpu::comm_layout& l, int rank) -> std::unique_ptr<gpu::p2p_link> {
+    return test::fake_nccl_world::join(world, l, rank, staging);
+  };
+  auto desk = std::make_shared<nccl_desk>();
+  trainer_config c;
+  c.source = source;
+  c.step_time = 1h;
+  c.nccl = desk;
+  c.nccl_membership = std::make_shared<gpu::nccl_membership>(factory);
+  c.nccl_rank = 0;
+  c.make_nccl_id = [] { return std::vector<std::uint8_t>(gpu::nccl_id_bytes, 0x5a); };
+  auto trainer = spawn_trainer(sys, std::move(c));
+  test::stop_on_exit stop{caf::actor_cast<caf::actor>(trainer)};
+  caf::scoped_actor coordinator{sys}; // this process: the one that may send rendezvous
+
+  std::vector<std::uint8_t> id;
+  coordinator->request(trainer, 10s, nccl_id_atom::value)
+    .receive([&](std::vector<std::uint8_t>& got) { id = std::move(got); }, [](caf::error&) {});
+  REQUIRE(id.size() == gpu::nccl_id_bytes);
+  const comm_member rank0 = comm_member::trainer_rank(0), w0 = comm_member::worker("rollout-0", 0);
+  auto rendezvous = [&](std::uint64_t epoch, std::vector<comm_member> members) {
+    gpu::nccl_rendezvous r;
+    r.epoch = epoch;
+    std::copy(id.begin(), id.end(), r.id.begin());
+    r.members = gpu::make_layout(epoch, std::move(members)).members;
+    return gpu::to_wire(r);
+  };
+  auto join = [&](const nccl_rendezvous_msg& m, std::string& error) {
+    std::uint64_t epoch = 0;
+    coordinator->request(trainer, 10s, nccl_join_atom::value, m)
+      .receive([&](std::uint64_t e) { epoch = e; }, [&](caf::error& e) { error = sys.render(e); });
+    return epoch;
+  };
+  std::string error;
+  CHECK(join(rendezvous(1, {rank0, w0}), error) == 1);
+  REQUIRE(desk->producer());
+  CHECK(desk->producer()->layout().epoch == 1);
+  CHECK(desk->producer()->rank() == 0);
+
+  // The engine's process joins the same rendezvous; its worker pulls.
+  gpu::nccl_membership engine_process(factory);
+  REQUIRE(engine_process.join(gpu::from_wire(rendezvous(1, {rank0, w0})), {w0}).empty());
+  std::uint64_t v = 0;
+  coordinator->request(trainer, 10s, step_atom::value).receive([&](const version_info& vi) { v = vi.version; },
+                                                               [](caf::error&) {});
+  nccl_puller puller(sys, [trainer] { return trainer; }, model,
+                     [&](const std::string& engine, int worker) {
+                       return engine_process.link(comm_member::worker(engine, worker));
+                     });
+  recording_sink rec;
+  transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  CHECK(rec.got[0].size() == source->find(v)->tensors().size());
+
+  // A replayed or malformed rendezvous is refused and changes nothing.
+  CHECK(join(rendezvous(1, {rank0, w0}), error) == 0);
+  CHECK(error.find("trainer rank 0: stale rendezvous") != std::string::npos);
+  auto short_id = rendezvous(2, {rank0, w0});
+  short_id.id.resize(8);
+  CHECK(join(short_id, error) == 0);
+  CHECK(error.find("an id of 8 bytes") != std::string::npos);
+  CHECK(desk->producer()->layout().epoch == 1);
+  // An epoch without this rank: it serves no nccl pulls.
+  CHECK(join(rendezvous(2, {comm_member::trainer_rank(1), w0}), error) == 2);
+  CHECK(desk->producer() == nullptr);
+}

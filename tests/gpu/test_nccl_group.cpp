@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -187,3 +188,35 @@ TEST_CASE("hostile: NCCL's bootstrap root survives strangers and garbage on its 
   CHECK(send_and_close(at, {})); // still listening
 }
 #endif
+
+TEST_CASE("a rendezvous crosses the wire unchanged, and a malformed one is refused by name") {
+  gpu::nccl_rendezvous r;
+  r.epoch = 4;
+  r.id.fill(7);
+  r.members = gpu::make_layout(4, {t(0), t(1), w("rollout-0", 0), w("rollout-0", 1)}).members;
+  const auto back = gpu::from_wire(gpu::to_wire(r));
+  CHECK(back.epoch == 4);
+  CHECK(back.id == r.id);
+  CHECK(back.members == r.members);
+
+  struct row {
+    const char* name;
+    std::function<void(nccl_rendezvous_msg&)> edit;
+    const char* says;
+  };
+  const row rows[] = {
+    {"a short id", [](nccl_rendezvous_msg& m) { m.id.resize(16); }, "an id of 16 bytes, not 128"},
+    {"a long id", [](nccl_rendezvous_msg& m) { m.id.resize(129); }, "an id of 129 bytes"},
+    {"a negative rank", [](nccl_rendezvous_msg& m) { m.members[0].rank = -1; }, "member 0 is neither"},
+    {"a producer with an engine", [](nccl_rendezvous_msg& m) { m.members[1].engine = "x"; }, "member 1 is neither"},
+    {"a worker without one", [](nccl_rendezvous_msg& m) { m.members[3].engine.clear(); }, "member 3 is neither"},
+    {"too many members",
+     [](nccl_rendezvous_msg& m) { m.members.resize(gpu::max_comm_members + 1, m.members[2]); }, "members, more than"},
+  };
+  for (const auto& x : rows) {
+    CAPTURE(x.name);
+    auto m = gpu::to_wire(r);
+    x.edit(m);
+    CHECK_THROWS_WITH_AS(gpu::from_wire(m), doctest::Contains(x.says), std::invalid_argument);
+  }
+}

@@ -68,6 +68,12 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
         return make_error(errc::unknown_name, "the scripted trainer runs no nccl sender");
       return script->nccl(req);
     },
+    [=](nccl_id_atom) -> caf::result<std::vector<std::uint8_t>> {
+      return make_error(errc::unknown_name, "the scripted trainer makes no nccl ids");
+    },
+    [=](nccl_join_atom, const nccl_rendezvous_msg&) -> caf::result<std::uint64_t> {
+      return make_error(errc::unknown_name, "the scripted trainer joins no nccl communicator");
+    },
     [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
     [=](caf::publish_atom, const version_info& vi) {
       script->current = vi;
