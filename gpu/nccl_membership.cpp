@@ -13,13 +13,33 @@ nccl_membership::nccl_membership(link_factory make) : make_(std::move(make)) {
 nccl_membership::~nccl_membership() { leave(); }
 
 std::string nccl_membership::join(const nccl_rendezvous& r, const std::vector<comm_member>& hosted) {
-  // Stale, an empty id, members out of order: the whole rendezvous is refused.
-  if (auto valid = join_rank(r, r.members.empty() ? comm_member{} : r.members.front(), epoch()); valid.rank < 0)
-    return valid.error;
+  std::lock_guard<std::mutex> one_join_at_a_time(join_mutex_);
+  const std::uint64_t held = epoch();
+  // Several actors of one process (two trainer ranks, two engines) each join
+  // the same rendezvous for their own members: the first replaces the older
+  // epoch, the others add their links to it.
+  const bool same_epoch = held > 0 && r.epoch == held;
+  if (same_epoch) {
+    if (left_)
+      return "stale rendezvous: epoch " + std::to_string(r.epoch) + " was left";
+    if (r.id != joined_.id || r.members != joined_.members)
+      return "a second rendezvous for epoch " + std::to_string(r.epoch) + " that differs from the first";
+  } else if (auto valid = join_rank(r, r.members.empty() ? comm_member{} : r.members.front(), held); valid.rank < 0) {
+    return valid.error; // stale, an empty id, members out of order: refused whole
+  }
   std::vector<std::pair<comm_member, int>> mine;
-  for (const auto& m : hosted)
-    if (auto it = std::find(r.members.begin(), r.members.end(), m); it != r.members.end())
+  std::string already;
+  for (const auto& m : hosted) {
+    auto it = std::find(r.members.begin(), r.members.end(), m);
+    if (it == r.members.end())
+      continue;
+    if (same_epoch && link(m))
+      already += (already.empty() ? "" : ", ") + m.describe();
+    else
       mine.emplace_back(m, static_cast<int>(it - r.members.begin()));
+  }
+  if (!already.empty())
+    return "stale rendezvous: epoch " + std::to_string(r.epoch) + " already joined by " + already;
   comm_layout layout;
   layout.epoch = r.epoch;
   layout.members = r.members;
@@ -35,11 +55,15 @@ std::string nccl_membership::join(const nccl_rendezvous& r, const std::vector<co
   std::map<comm_member, std::shared_ptr<p2p_link>> old;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (r.epoch <= epoch_) // another join won meanwhile
-      return "stale rendezvous: epoch " + std::to_string(r.epoch) + ", already at " + std::to_string(epoch_);
-    epoch_ = r.epoch;
-    old.swap(links_);
-    links_ = std::move(next);
+    if (same_epoch) {
+      links_.insert(next.begin(), next.end());
+    } else {
+      epoch_ = r.epoch;
+      joined_ = r;
+      left_ = false;
+      old.swap(links_);
+      links_ = std::move(next);
+    }
   }
   for (auto& [name, l] : old)
     l->abort(); // a puller still holding one sees it fail, never hang
@@ -47,9 +71,11 @@ std::string nccl_membership::join(const nccl_rendezvous& r, const std::vector<co
 }
 
 void nccl_membership::leave() {
+  std::lock_guard<std::mutex> no_join_meanwhile(join_mutex_);
   std::map<comm_member, std::shared_ptr<p2p_link>> old;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    left_ = true;
     old.swap(links_);
   }
   for (auto& [name, l] : old)

@@ -2,10 +2,13 @@
 // A process's members of the current NCCL communicator: its trainer ranks
 // and engine workers. At a sync boundary the coordinator sends every
 // process hosting a member the same rendezvous (nccl_group.hpp); join()
-// checks it for each member this process hosts (join_rank: a newer epoch,
-// the canonical order, the member in it), starts a link for each, and only
-// then replaces the older epoch's links, aborting them. A refused or failed
-// join changes nothing.
+// checks it (join_rank: a newer epoch, a non-empty id, the canonical
+// order), starts a link for each member it names among `hosted`, and only
+// then replaces the older epoch's links, aborting them. Each actor joins
+// for its own members (two trainer ranks or two engines in one process):
+// the same rendezvous again adds the links of members not yet joined, a
+// member joined twice or a different rendezvous for the epoch is refused.
+// A refused or failed join changes nothing.
 //
 // A hosted member the rendezvous leaves out (an engine that registered
 // after the coordinator planned it) has no link: its pulls fail until the
@@ -31,7 +34,7 @@ public:
   ~nccl_membership(); ///< aborts every link
 
   /// Joins every member of `hosted` that `r` names. Empty when joined (a
-  /// hosted member `r` leaves out gets no link), else why not.
+  /// hosted member `r` leaves out gets no link), else why not. Thread-safe.
   std::string join(const nccl_rendezvous& r, const std::vector<comm_member>& hosted);
   /// Aborts and forgets every link (the node stops, or the coordinator
   /// closed the communicator); the epoch is kept, so a replay stays stale.
@@ -43,6 +46,9 @@ public:
 
 private:
   link_factory make_;
+  std::mutex join_mutex_; ///< joins one at a time; mutex_ guards what readers see
+  nccl_rendezvous joined_; ///< the current epoch's rendezvous
+  bool left_ = false;      ///< leave() since: the epoch is joined no more
   mutable std::mutex mutex_;
   std::uint64_t epoch_ = 0;
   std::map<comm_member, std::shared_ptr<p2p_link>> links_;

@@ -117,3 +117,21 @@ TEST_CASE("nccl membership: leaving aborts every link and keeps the epoch") {
   CHECK(engines.epoch() == 5);
   CHECK(engines.join(rendezvous(5, {trainer0, w0}), {w0}).find("stale") != std::string::npos);
 }
+
+TEST_CASE("nccl membership: the actors of one process each join the epoch for their own members") {
+  counting_factory f;
+  gpu::nccl_membership process(f.factory());
+  const comm_member rank1 = comm_member::trainer_rank(1);
+  const auto r = rendezvous(1, {trainer0, rank1, w0});
+  CHECK(process.join(r, {trainer0}).empty()); // trainer rank 0's actor
+  CHECK(process.join(r, {rank1}).empty());    // rank 1's, in the same process
+  CHECK(process.link(trainer0)->rank() == 0);
+  CHECK(process.link(rank1)->rank() == 1);
+  CHECK(f.world->aborted(1, 0) == 0); // the second join added, it did not replace
+  CHECK(process.join(r, {rank1}).find("epoch 1 already joined by trainer rank 1") != std::string::npos);
+  auto other = rendezvous(1, {trainer0, rank1, w0});
+  other.id[5] = 9;
+  CHECK(process.join(other, {w0}).find("differs from the first") != std::string::npos);
+  CHECK(process.link(w0).get() == nullptr);
+  CHECK(f.made == 2);
+}
