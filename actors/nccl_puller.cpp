@@ -8,6 +8,8 @@
 
 #include <caf/scoped_actor.hpp>
 
+#include <algorithm>
+#include <mutex>
 #include <stdexcept>
 
 namespace rlsync {
@@ -65,14 +67,25 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
   ask.epoch = layout.epoch;
   for (const std::uint32_t g : groups_) {
     const auto left = group_wait(req, g, group_deadline_);
+    const auto until = transfer::clock::now() + left; // the ask, the receive and the read together
+    const auto what = "group " + std::to_string(g) + " of version " + std::to_string(req.version) + " to " + me;
+    // One exchange on the link at a time: this worker may pull from other trainer ranks at once.
+    std::unique_lock<std::timed_mutex> turn(link->turn(), std::defer_lock);
+    if (!turn.try_lock_until(until))
+      throw transfer_error(transfer_failure::timeout, "nccl: " + what + ": the link stayed busy past the deadline");
     ask.group = g;
-    ask.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(left.count(), 600'000));
+    ask.wait_ms = static_cast<std::uint32_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(left.count(), 600'000)));
     std::optional<nccl_chunk> chunk;
     caf::error failure;
     self->request(trainer, left, nccl_pull_atom::value, ask)
       .receive([&](nccl_chunk& c) { chunk = std::move(c); }, [&](caf::error& e) { failure = std::move(e); });
-    if (!chunk)
+    if (!chunk) {
+      // Unanswered, the send may be queued all the same: a later receive
+      // would take its bytes for another group's. The link cannot be trusted.
+      if (failure == caf::sec::request_timeout)
+        link->abort();
       throw_trainer_refusal(sys_, failure, g);
+    }
     if (chunk->epoch != layout.epoch)
       throw refuse("group " + std::to_string(g) + " on epoch " + std::to_string(chunk->epoch) + ", this worker is in "
                    + std::to_string(layout.epoch));
@@ -84,14 +97,13 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
                    + " bytes, more than the model's largest group (" + std::to_string(largest_group_bytes_)
                    + ") or the staging (" + std::to_string(link->capacity()) + ")");
     const auto n = static_cast<std::size_t>(chunk->bytes);
-    const auto what = "group " + std::to_string(g) + " of version " + std::to_string(req.version) + " to " + me;
     try {
       link->recv(n, chunk->root);
     } catch (const std::exception& e) {
       link->abort();
       throw transfer_error(transfer_failure::producer_failed, "nccl: " + what + ": " + e.what());
     }
-    if (auto got = gpu::wait_for(*link, transfer::clock::now() + left, what, hooks_); !got.ok())
+    if (auto got = gpu::wait_for(*link, until, what, hooks_); !got.ok())
       throw_wait_failure(got);
     auto& bucket = chunk->bucket;
     bucket.data.resize(n);
@@ -101,6 +113,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
       link->abort();
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
+    turn.unlock(); // the bytes are out of the staging: the next exchange may begin
     deliver_whole_group(req, g, bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;

@@ -355,6 +355,10 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       const auto me = gpu::comm_member::trainer_rank(cfg.nccl_rank);
       try {
         const auto r = gpu::from_wire(msg);
+        // A retry after a lost reply: the rank serves that epoch already.
+        if (auto serving = cfg.nccl->producer();
+            serving && serving->layout().epoch == r.epoch && serving->layout().members == r.members)
+          return r.epoch;
         if (auto why = cfg.nccl_membership->join(r, {me}); !why.empty())
           return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + why);
         // Left out of this epoch (the coordinator rebuilt without it): it serves no nccl pulls.

@@ -180,6 +180,14 @@ pinned_buffer::pinned_buffer(std::size_t bytes) {
   adopt(p, bytes);
 }
 
+device_guard::device_guard(int device) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (device != previous_)
+    check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+}
+
+device_guard::~device_guard() { cudaSetDevice(previous_); }
+
 void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind) {
   const cudaMemcpyKind k = kind == copy_kind::host_to_device   ? cudaMemcpyHostToDevice
                            : kind == copy_kind::device_to_host ? cudaMemcpyDeviceToHost

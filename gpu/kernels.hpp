@@ -88,6 +88,21 @@ public:
   explicit pinned_buffer(std::size_t bytes); ///< throws gpu_error
 };
 
+/// Makes `device` the calling thread's current CUDA device for its
+/// lifetime and restores the one before: the nccl plane's links run on
+/// whatever thread polls them (a sender's, a puller's, an actor's), each
+/// on its own device. Throws gpu_error (or, built without CUDA, that).
+class device_guard {
+public:
+  explicit device_guard(int device);
+  ~device_guard();
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+
+private:
+  int previous_ = 0;
+};
+
 enum class copy_kind { host_to_device, device_to_host, device_to_device };
 /// cudaMemcpy, then a check of the result; the bytes are on the device (or
 /// host) when it returns, for every process. Throws gpu_error.

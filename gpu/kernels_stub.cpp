@@ -15,6 +15,8 @@ void close_ipc::operator()(void*) const noexcept {}
 device_buffer::device_buffer(std::size_t) { unavailable(); }
 pinned_buffer::pinned_buffer(std::size_t) { unavailable(); }
 
+device_guard::device_guard(int) { unavailable(); }
+device_guard::~device_guard() = default;
 void copy(void*, const void*, std::size_t, copy_kind) { unavailable(); }
 void gather(const flat_view&, const void*, std::size_t, void*) { unavailable(); }
 void scatter(const flat_view&, const void*, std::size_t, void*) { unavailable(); }

@@ -7,6 +7,7 @@
 #include "gpu/kernels.hpp"
 #include "gpu/nccl_comm.hpp"
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -22,36 +23,60 @@ void check_p2p(const comm_layout& layout, int rank, int peer, std::size_t n, std
 
 namespace {
 
+// Every method takes the link's lock and its device: a membership aborts a
+// link from one thread while a sender or puller polls it from another, and
+// nccl_comm itself is not thread-safe.
 class nccl_p2p_link final : public p2p_link {
 public:
-  nccl_p2p_link(std::unique_ptr<nccl_comm> comm, comm_layout layout, int rank, device_buffer staging)
-    : comm_(std::move(comm)), layout_(std::move(layout)), rank_(rank), staging_(std::move(staging)) {}
+  nccl_p2p_link(std::unique_ptr<nccl_comm> comm, comm_layout layout, int rank, int device, device_buffer staging)
+    : comm_(std::move(comm)), layout_(std::move(layout)), rank_(rank), device_(device), staging_(std::move(staging)) {}
+  ~nccl_p2p_link() override {
+    device_guard on(device_); // the staging and the communicator are freed on their device
+    comm_.reset();
+    staging_ = device_buffer();
+  }
 
-  comm_poll poll(std::string& why) override { return comm_->poll(why); }
-  void abort() override { comm_->abort(); }
+  comm_poll poll(std::string& why) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
+    return comm_->poll(why);
+  }
+  void abort() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
+    comm_->abort();
+  }
   const comm_layout& layout() const override { return layout_; }
   int rank() const override { return rank_; }
   std::size_t capacity() const override { return staging_.size(); }
 
   void send(const std::uint8_t* host, std::size_t n, int peer) override {
     check_p2p(layout_, rank_, peer, n, capacity(), "nccl send");
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
     // The previous operation polled done, so nothing reads the staging now.
     copy(staging_.data(), host, n, copy_kind::host_to_device);
     comm_->enqueue_p2p({{true, peer, staging_.data(), n}});
   }
   void recv(std::size_t n, int peer) override {
     check_p2p(layout_, rank_, peer, n, capacity(), "nccl receive");
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
     comm_->enqueue_p2p({{false, peer, staging_.data(), n}});
   }
   void read(std::uint8_t* host, std::size_t n) override {
     check_range(0, n, capacity(), "nccl read");
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
     copy(host, staging_.data(), n, copy_kind::device_to_host);
   }
 
 private:
+  std::mutex mutex_;
   std::unique_ptr<nccl_comm> comm_;
   comm_layout layout_;
   int rank_;
+  int device_;
   device_buffer staging_;
 };
 
@@ -61,9 +86,10 @@ std::unique_ptr<p2p_link> nccl_link(const nccl_id& id, comm_layout layout, int r
   if (rank < 0 || rank >= layout.size())
     throw std::invalid_argument("nccl: rank " + std::to_string(rank) + " outside epoch "
                                 + std::to_string(layout.epoch) + "'s " + std::to_string(layout.size()) + " members");
-  auto comm = nccl_comm::start(id, rank, layout.size(), device); // makes `device` current
+  device_guard on(device); // the caller's thread (an actor's) keeps its own device
+  auto comm = nccl_comm::start(id, rank, layout.size(), device);
   device_buffer staging(capacity == 0 ? 1 : capacity);
-  return std::make_unique<nccl_p2p_link>(std::move(comm), std::move(layout), rank, std::move(staging));
+  return std::make_unique<nccl_p2p_link>(std::move(comm), std::move(layout), rank, device, std::move(staging));
 }
 
 } // namespace rlsync::gpu

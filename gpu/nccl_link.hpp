@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 namespace rlsync::gpu {
 
@@ -38,6 +39,15 @@ public:
   /// Copies the last receive's first `n` bytes to host memory, once it
   /// polled done. Throws gpu_error or std::out_of_range.
   virtual void read(std::uint8_t* host, std::size_t n) = 0;
+
+  /// Held by whoever runs one exchange on the link (ask, receive, wait,
+  /// read): an engine worker pulling from several trainer ranks at once
+  /// (holder_pull.hpp) shares its one link between them. Take it with a
+  /// deadline (try_lock_until): the holder's exchange is bounded by its own.
+  std::timed_mutex& turn() { return turn_; }
+
+private:
+  std::timed_mutex turn_;
 };
 
 /// Joins `layout` (its epoch's unique id: `id`) as `rank` on CUDA device

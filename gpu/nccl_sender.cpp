@@ -1,5 +1,6 @@
 #include "gpu/nccl_sender.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -53,6 +54,8 @@ void nccl_sender::fail(const std::string& why) {
     failure_ = why;
 }
 
+clock::time_point nccl_sender::now() const { return hooks_.now ? hooks_.now() : clock::now(); }
+
 void nccl_sender::run() {
   bool initialized = false;
   while (true) {
@@ -68,12 +71,21 @@ void nccl_sender::run() {
       continue;
     const auto& j = *next;
     if (!initialized) {
-      auto init = wait_for(*link_, j.deadline, "init of epoch " + std::to_string(layout_.epoch), hooks_);
+      // The init waits for every member's join, not for one worker: it gets
+      // its own bound rather than the first job's, which may be short.
+      const auto init_until = std::max(j.deadline, now() + init_wait);
+      auto init = wait_for(*link_, init_until, "init of epoch " + std::to_string(layout_.epoch), hooks_);
       if (!init.ok()) {
         fail(init.why);
         continue;
       }
       initialized = true;
+    }
+    // Its worker stopped waiting: posted now, the send could only time out
+    // and take the communicator down with it for everyone.
+    if (now() >= j.deadline) {
+      ++expired_;
+      continue;
     }
     try {
       link_->send(j.bytes->data(), j.bytes->size(), j.peer);

@@ -4,7 +4,7 @@
 // asked (NCCL's non-blocking mode takes an operation only once the last
 // polled done), each against the deadline its puller gave.
 //
-//   submit ─▶ [queue, bounded] ─▶ thread: init done? ─▶ send ─▶ wait_for(deadline)
+//   submit ─▶ [queue, bounded] ─▶ thread: init done? ─▶ expired? drop ─▶ send ─▶ wait_for(deadline)
 //                                          │ failed, past the deadline, a member dead,
 //                                          ▼ or the sender stopping
 //                                   abort the link; failure() says why
@@ -56,9 +56,15 @@ public:
   std::string failure() const;
   /// Groups whose send completed.
   std::uint64_t sent() const { return sent_.load(); }
+  /// Sends dropped unposted: their deadline passed while they queued.
+  std::uint64_t expired() const { return expired_.load(); }
+
+  /// How long the communicator's init may take at least (every member joins).
+  static constexpr std::chrono::seconds init_wait{60};
 
 private:
   void run();
+  clock::time_point now() const;
   void fail(const std::string& why);
 
   std::shared_ptr<p2p_link> link_;
@@ -69,6 +75,7 @@ private:
   bounded_queue<job> queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> sent_{0};
+  std::atomic<std::uint64_t> expired_{0};
   mutable std::mutex mutex_;
   std::string failure_;
   std::thread thread_;

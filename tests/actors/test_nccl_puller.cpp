@@ -369,8 +369,12 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
   transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
   CHECK(rec.got[0].size() == source->find(v)->tensors().size());
 
-  // A replayed or malformed rendezvous is refused and changes nothing.
-  CHECK(join(rendezvous(1, {rank0, w0}), error) == 0);
+  // A retry of the same rendezvous (its reply was lost) is answered and
+  // keeps the sender; an older or malformed one is refused and changes nothing.
+  const auto serving = desk->producer();
+  CHECK(join(rendezvous(1, {rank0, w0}), error) == 1);
+  CHECK(desk->producer() == serving);
+  CHECK(join(rendezvous(0, {rank0, w0}), error) == 0);
   CHECK(error.find("trainer rank 0: stale rendezvous") != std::string::npos);
   auto short_id = rendezvous(2, {rank0, w0});
   short_id.id.resize(8);
@@ -380,4 +384,18 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
   // An epoch without this rank: it serves no nccl pulls.
   CHECK(join(rendezvous(2, {comm_member::trainer_rank(1), w0}), error) == 2);
   CHECK(desk->producer() == nullptr);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: a pull waits its turn on a shared link, never past its deadline") {
+  open_sender(layout);
+  const auto v = step();
+  nccl_puller puller(sys, asking(trainer), model, links());
+  std::unique_lock<std::timed_mutex> other_exchange(worker_links[0]->turn()); // another rank's pull, say
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", 1, v, what, 300ms) == transfer::transfer_failure::timeout);
+  CHECK(what.find("the link stayed busy past the deadline") != std::string::npos);
+  other_exchange.unlock();
+  recording_sink rec;
+  transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  CHECK(rec.got[0] == expected(v));
 }
