@@ -13,6 +13,7 @@
 #include "tests/gpu/fake_ipc_memory.hpp"
 #include "tests/support/scripted_trainer.hpp"
 #include "tests/support/threaded_system.hpp"
+#include "tests/support/whole_group_pulls.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -34,7 +35,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-using tensors_by_name = std::map<std::string, std::vector<std::uint8_t>>;
+using test::tensors_by_name;
+using recording_sink = test::whole_tensor_sink;
 
 std::function<trainer_actor()> asking(trainer_actor t) {
   return [t] { return t; };
@@ -45,21 +47,6 @@ void drain(caf::actor_system& sys, const trainer_actor& a) {
   caf::scoped_actor self{sys};
   self->request(a, 10s, version_atom::value).receive([](const version_info&) {}, [](caf::error&) {});
 }
-
-/// Records every whole tensor the pull delivers, per worker.
-struct recording_sink {
-  std::mutex mutex;
-  std::map<int, tensors_by_name> got;
-  transfer::group_sink sink() {
-    transfer::group_sink s;
-    s.on_full_group = [this](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (const auto& t : tensors)
-        got[w][t.name] = test::bytes_of(t);
-    };
-    return s;
-  }
-};
 
 struct ipc_fixture {
   test::rlsync_config cfg;
@@ -84,14 +71,7 @@ struct ipc_fixture {
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }
 
-  std::uint64_t step() {
-    caf::scoped_actor self{sys};
-    std::uint64_t v = 0;
-    self->request(trainer, 10s, step_atom::value).receive([&](const version_info& vi) { v = vi.version; },
-                                                          [](caf::error&) {});
-    REQUIRE(v > 0);
-    return v;
-  }
+  std::uint64_t step() { return test::step_trainer(sys, trainer); }
 
   /// What the source's largest group packs to (its tensors are bf16).
   std::size_t largest_group_bytes() const {
@@ -101,27 +81,11 @@ struct ipc_fixture {
     return *std::max_element(bytes.begin(), bytes.end());
   }
 
-  /// Every tensor of version v, as the snapshot holds it.
-  tensors_by_name expected(std::uint64_t v) const {
-    tensors_by_name out;
-    auto s = source->find(v);
-    REQUIRE(s);
-    for (const auto& t : s->tensors())
-      out[t.name] = test::bytes_of(t);
-    return out;
-  }
+  tensors_by_name expected(std::uint64_t v) const { return test::tensors_of(*source, v); }
 
   transfer::transfer_failure failure_of(transfer::weight_puller& p, const std::string& engine, std::uint64_t v,
                                         std::string& what) {
-    recording_sink rec;
-    try {
-      transfer::pull_engine(p, engine, 1, v, transfer_mode::sharded, rec.sink(), test::in(10s));
-    } catch (const transfer::transfer_error& e) {
-      what = e.what();
-      return e.failure;
-    }
-    FAIL("the pull succeeded");
-    return transfer::transfer_failure::cancelled;
+    return test::pull_failure(p, engine, 1, v, what);
   }
 };
 

@@ -12,6 +12,7 @@
 #include "tests/gpu/fake_nccl_world.hpp"
 #include "tests/support/scripted_trainer.hpp"
 #include "tests/support/threaded_system.hpp"
+#include "tests/support/whole_group_pulls.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include "runtime/plan/groups.hpp"
@@ -25,6 +26,7 @@
 
 #include <map>
 #include <mutex>
+#include <thread>
 
 using namespace rlsync;
 using namespace std::chrono_literals;
@@ -32,21 +34,8 @@ using gpu::comm_member;
 
 namespace {
 
-using tensors_by_name = std::map<std::string, std::vector<std::uint8_t>>;
-
-struct recording_sink {
-  std::mutex mutex;
-  std::map<int, tensors_by_name> got;
-  transfer::group_sink sink() {
-    transfer::group_sink s;
-    s.on_full_group = [this](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (const auto& t : tensors)
-        got[w][t.name] = test::bytes_of(t);
-    };
-    return s;
-  }
-};
+using test::tensors_by_name;
+using recording_sink = test::whole_tensor_sink;
 
 constexpr std::size_t staging = 1 << 20;
 
@@ -97,35 +86,13 @@ struct nccl_fixture {
     return [t] { return t; };
   }
 
-  std::uint64_t step() {
-    caf::scoped_actor self{sys};
-    std::uint64_t v = 0;
-    self->request(trainer, 10s, step_atom::value).receive([&](const version_info& vi) { v = vi.version; },
-                                                          [](caf::error&) {});
-    REQUIRE(v > 0);
-    return v;
-  }
+  std::uint64_t step() { return test::step_trainer(sys, trainer); }
 
-  tensors_by_name expected(std::uint64_t v) const {
-    tensors_by_name out;
-    auto s = source->find(v);
-    REQUIRE(s);
-    for (const auto& t : s->tensors())
-      out[t.name] = test::bytes_of(t);
-    return out;
-  }
+  tensors_by_name expected(std::uint64_t v) const { return test::tensors_of(*source, v); }
 
   transfer::transfer_failure failure_of(transfer::weight_puller& p, const std::string& engine, int workers,
                                         std::uint64_t v, std::string& what, std::chrono::milliseconds wait = 10s) {
-    recording_sink rec;
-    try {
-      transfer::pull_engine(p, engine, workers, v, transfer_mode::broadcast, rec.sink(), test::in(wait));
-    } catch (const transfer::transfer_error& e) {
-      what = e.what();
-      return e.failure;
-    }
-    FAIL("the pull succeeded");
-    return transfer::transfer_failure::cancelled;
+    return test::pull_failure(p, engine, workers, v, what, wait);
   }
 
   /// The trainer's honest bucket for `req`, bytes included.
@@ -152,6 +119,10 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: each worker receives every group from the
   REQUIRE(rec.got.size() == 2);
   CHECK(rec.got[0] == expected(v)); // whole tensors: each worker slices its own shard
   CHECK(rec.got[1] == expected(v));
+  // The workers' receives completed; the sender's thread sees its sends
+  // complete at its next poll.
+  for (auto until = transfer::clock::now() + 10s; sender->sent() < 2 * groups && transfer::clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
   CHECK(sender->sent() == 2 * groups);
   CHECK(sender->failure().empty());
   CHECK(world->unmatched() == 0);
