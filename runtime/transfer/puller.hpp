@@ -1,12 +1,14 @@
 #pragma once
 // The consumer side of a data-plane backend: what an engine worker calls
-// to receive one version. Three backends implement it: `local`
+// to receive one version. Five backends implement it: `local`
 // (local/local_transfer.hpp: engines in the trainer's process), `ucx`
-// (ucx/ucx_transfer.hpp: engines in other processes or on other nodes) and
+// (ucx/ucx_transfer.hpp: engines in other processes or on other nodes),
 // the CAF fallback (actors/caf_puller.hpp: whole groups as CAF messages,
-// for remote engines when the head runs no UCX producer), and cuda_ipc
+// for remote engines when the head runs no UCX producer), cuda_ipc
 // (actors/ipc_puller.hpp: whole groups through the trainer's exported
-// device buffer). nccl is future work: the topology refuses it.
+// device buffer) and nccl (actors/nccl_puller.hpp: whole groups point to
+// point over an NCCL communicator; built, but the topology refuses it until
+// nodes join the coordinator's rendezvous).
 //
 //   engine start:  register_worker(engine, plan)    for each of its workers,
 //                                                    plans from engine::make_plan
