@@ -51,9 +51,16 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     throw transfer_error(transfer_failure::not_registered,
                          "nccl: " + me + " is in no communicator yet: it joins at the next sync boundary");
   const auto& layout = link->layout();
-  if (auto init = gpu::wait_for(*link, req.deadline, "init of epoch " + std::to_string(layout.epoch), hooks_);
-      !init.ok())
-    throw_wait_failure(init);
+  {
+    // Under the turn: polled by two pulls at once, one could see (and
+    // abort) the other's exchange.
+    std::unique_lock<std::timed_mutex> turn(link->turn(), std::defer_lock);
+    if (!turn.try_lock_until(req.deadline))
+      throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the link stayed busy past the deadline");
+    if (auto init = gpu::wait_for(*link, req.deadline, "init of epoch " + std::to_string(layout.epoch), hooks_);
+        !init.ok())
+      throw_wait_failure(init);
+  }
   auto refuse = [&](const std::string& why) {
     link->abort(); // nothing was posted, but a lying trainer ends this communicator for us
     return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
@@ -73,11 +80,16 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     std::unique_lock<std::timed_mutex> turn(link->turn(), std::defer_lock);
     if (!turn.try_lock_until(until))
       throw transfer_error(transfer_failure::timeout, "nccl: " + what + ": the link stayed busy past the deadline");
+    // What is left after waiting for the turn: the trainer must not be
+    // promised more than this worker waits, or its send outlives the receive.
+    const auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(until - transfer::clock::now());
+    if (rest.count() <= 0)
+      throw transfer_error(transfer_failure::timeout, "nccl: " + what + ": the deadline passed waiting for the link");
     ask.group = g;
-    ask.wait_ms = static_cast<std::uint32_t>(std::max<std::int64_t>(1, std::min<std::int64_t>(left.count(), 600'000)));
+    ask.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(rest.count(), 600'000));
     std::optional<nccl_chunk> chunk;
     caf::error failure;
-    self->request(trainer, left, nccl_pull_atom::value, ask)
+    self->request(trainer, rest, nccl_pull_atom::value, ask)
       .receive([&](nccl_chunk& c) { chunk = std::move(c); }, [&](caf::error& e) { failure = std::move(e); });
     if (!chunk) {
       // Unanswered, the send may be queued all the same: a later receive

@@ -355,9 +355,9 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       const auto me = gpu::comm_member::trainer_rank(cfg.nccl_rank);
       try {
         const auto r = gpu::from_wire(msg);
-        // A retry after a lost reply: the rank serves that epoch already.
+        // A retry after a lost reply: the rank serves this very rendezvous already.
         if (auto serving = cfg.nccl->producer();
-            serving && serving->layout().epoch == r.epoch && serving->layout().members == r.members)
+            serving && serving->layout().epoch == r.epoch && cfg.nccl_membership->joined(r, me))
           return r.epoch;
         if (auto why = cfg.nccl_membership->join(r, {me}); !why.empty())
           return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + why);

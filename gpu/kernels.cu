@@ -182,11 +182,23 @@ pinned_buffer::pinned_buffer(std::size_t bytes) {
 
 device_guard::device_guard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
+  restore_ = true;
   if (device != previous_)
     check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  ok_ = true;
 }
 
-device_guard::~device_guard() { cudaSetDevice(previous_); }
+device_guard::device_guard(int device, std::nothrow_t) noexcept {
+  if (cudaGetDevice(&previous_) != cudaSuccess)
+    return;
+  restore_ = true;
+  ok_ = device == previous_ || cudaSetDevice(device) == cudaSuccess;
+}
+
+device_guard::~device_guard() {
+  if (restore_)
+    cudaSetDevice(previous_);
+}
 
 void copy(void* dst, const void* src, std::size_t bytes, copy_kind kind) {
   const cudaMemcpyKind k = kind == copy_kind::host_to_device   ? cudaMemcpyHostToDevice

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -95,12 +96,18 @@ public:
 class device_guard {
 public:
   explicit device_guard(int device);
+  /// Never throws (for aborts and destructors): ok() says whether `device`
+  /// is current.
+  device_guard(int device, std::nothrow_t) noexcept;
   ~device_guard();
+  bool ok() const { return ok_; }
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
 
 private:
   int previous_ = 0;
+  bool ok_ = false;
+  bool restore_ = false;
 };
 
 enum class copy_kind { host_to_device, device_to_host, device_to_device };

@@ -16,6 +16,7 @@ device_buffer::device_buffer(std::size_t) { unavailable(); }
 pinned_buffer::pinned_buffer(std::size_t) { unavailable(); }
 
 device_guard::device_guard(int) { unavailable(); }
+device_guard::device_guard(int, std::nothrow_t) noexcept {}
 device_guard::~device_guard() = default;
 void copy(void*, const void*, std::size_t, copy_kind) { unavailable(); }
 void gather(const flat_view&, const void*, std::size_t, void*) { unavailable(); }

@@ -31,20 +31,25 @@ public:
   nccl_p2p_link(std::unique_ptr<nccl_comm> comm, comm_layout layout, int rank, int device, device_buffer staging)
     : comm_(std::move(comm)), layout_(std::move(layout)), rank_(rank), device_(device), staging_(std::move(staging)) {}
   ~nccl_p2p_link() override {
-    device_guard on(device_); // the staging and the communicator are freed on their device
+    device_guard on(device_, std::nothrow); // freed on their device where it can be made current
     comm_.reset();
     staging_ = device_buffer();
   }
 
+  // poll and abort never throw: they run in wait loops, aborts and destructors.
   comm_poll poll(std::string& why) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    device_guard on(device_);
+    device_guard on(device_, std::nothrow);
+    if (!on.ok()) {
+      why = "cannot make device " + std::to_string(device_) + " current";
+      return comm_poll::failed;
+    }
     return comm_->poll(why);
   }
   void abort() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    device_guard on(device_);
-    comm_->abort();
+    device_guard on(device_, std::nothrow);
+    comm_->abort(); // whatever the device: ncclCommAbort frees what it can
   }
   const comm_layout& layout() const override { return layout_; }
   int rank() const override { return rank_; }

@@ -88,6 +88,11 @@ std::shared_ptr<p2p_link> nccl_membership::link(const comm_member& m) const {
   return it == links_.end() ? nullptr : it->second;
 }
 
+bool nccl_membership::joined(const nccl_rendezvous& r, const comm_member& m) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !left_ && r.epoch == epoch_ && r.id == joined_.id && r.members == joined_.members && links_.count(m) > 0;
+}
+
 std::uint64_t nccl_membership::epoch() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return epoch_;

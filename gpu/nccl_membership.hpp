@@ -43,6 +43,9 @@ public:
   /// The member's link in the current epoch; null when it is in none.
   std::shared_ptr<p2p_link> link(const comm_member& m) const;
   std::uint64_t epoch() const;
+  /// Whether `m` holds a link from this very rendezvous (same epoch, id and
+  /// members): a retried join that needs no answer but yes.
+  bool joined(const nccl_rendezvous& r, const comm_member& m) const;
 
 private:
   link_factory make_;

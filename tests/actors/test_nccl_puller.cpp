@@ -25,6 +25,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -345,6 +346,10 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
   const auto serving = desk->producer();
   CHECK(join(rendezvous(1, {rank0, w0}), error) == 1);
   CHECK(desk->producer() == serving);
+  auto other_id = rendezvous(1, {rank0, w0});
+  other_id.id[3] ^= 1;
+  CHECK(join(other_id, error) == 0); // the same epoch with another id is no retry
+  CHECK(error.find("differs from the first") != std::string::npos);
   CHECK(join(rendezvous(0, {rank0, w0}), error) == 0);
   CHECK(error.find("trainer rank 0: stale rendezvous") != std::string::npos);
   auto short_id = rendezvous(2, {rank0, w0});
@@ -358,15 +363,24 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: a pull waits its turn on a shared link, never past its deadline") {
-  open_sender(layout);
+  auto sender = open_sender(layout);
   const auto v = step();
   nccl_puller puller(sys, asking(trainer), model, links());
-  std::unique_lock<std::timed_mutex> other_exchange(worker_links[0]->turn()); // another rank's pull, say
+  // Another rank's pull, say, holds the link's turn on a thread of its own.
+  std::promise<void> holding, release;
+  std::thread other_exchange([&, link = worker_links[0]] {
+    std::lock_guard<std::timed_mutex> turn(link->turn());
+    holding.set_value();
+    release.get_future().wait();
+  });
+  holding.get_future().wait();
   std::string what;
   CHECK(failure_of(puller, "rollout-0", 1, v, what, 300ms) == transfer::transfer_failure::timeout);
   CHECK(what.find("the link stayed busy past the deadline") != std::string::npos);
-  other_exchange.unlock();
+  release.set_value();
+  other_exchange.join();
   recording_sink rec;
   transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
   CHECK(rec.got[0] == expected(v));
+  CHECK(sender->failure().empty()); // nothing the busy link refused reached the sender
 }
