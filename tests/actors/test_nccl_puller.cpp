@@ -216,7 +216,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: a trainer that lies is refused before a r
   }
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "nccl: bytes that changed on the way fail the checksum; another size fails the link") {
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: bytes that changed on the way fail the checksum, another size fails the link") {
   const auto v = step();
   auto sender = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, layout, 0, staging), 16);
   std::size_t extra = 0; // bytes the liar adds to what it says it sends
