@@ -233,8 +233,8 @@ void settle(self_ptr self) {
   bool round_closed = false;
   for (;;) {
     if (!st.round) {
-      if (!round_wanted(st))
-        break;
+      if (!round_wanted(st) || !nccl_ready(self))
+        break; // a rendezvous's answers settle again
       open_round(self);
       continue;
     }
@@ -479,6 +479,8 @@ void evict(self_ptr self, const std::string& name, const std::string& why) {
     rec->second.last_eviction = where + ": " + why;
   if (st.cfg.on_evict)
     st.cfg.on_evict(name, in_wave ? std::optional<sync_phase>{phase} : std::nullopt, why);
+  if (in_wave && (phase == sync_phase::transfer || phase == sync_phase::finish))
+    nccl_suspect(self, name + " was evicted in " + std::string{to_string(phase)}); // its link may be aborted
   if (auto i = st.members.find(name); i != st.members.end()) {
     i->second.routable = false;
     if (in_wave && dirty_after_eviction(phase)) // the update session may be half applied
@@ -555,6 +557,7 @@ void close_round(self_ptr self) {
   if (st.cfg.on_report)
     st.cfg.on_report(rep);
   persist(self);
+  nccl_round_ended(self);
   for (auto& w : r.waiters)
     w.deliver(rep);
 }
@@ -788,6 +791,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     authorized(self, guard, [=](caf::timeout_atom, std::uint64_t first_token) {
       if (self->current_sender() == self->ctrl()) // only its own timers
         on_phase_deadline(self, first_token);
+    }),
+    authorized(self, guard, [=](nccl_join_atom) {
+      if (self->current_sender() == self->ctrl()) // its own retry timer
+        settle(self);
     }),
     authorized(self, guard, [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {
       if (waves > max_probe_waves)

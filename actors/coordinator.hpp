@@ -96,6 +96,7 @@
 // floor of a round; it keeps no state here and may run during a round.
 #include "actors/interfaces.hpp"
 #include "actors/sender_guard.hpp"
+#include "gpu/nccl_group.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/control/coordinator_state_file.hpp"
 #include "runtime/control/membership_policy.hpp"
@@ -152,6 +153,13 @@ struct coordinator_config {
   std::size_t rank_keep_versions = 2;
   /// How long the trainer may take to answer the coordinator's version query.
   std::chrono::milliseconds trainer_deadline{5000};
+  /// transfer.backend nccl: after a trainer rank failed a rendezvous, the
+  /// next waits this long (an engine that fails is left out at once).
+  std::chrono::milliseconds nccl_retry{1000};
+  /// Whether an engine and a producer run in one process (their CAF nodes
+  /// match): its workers then take that producer's weights over the local
+  /// plane, and join no communicator for it. Empty: compare CAF nodes.
+  std::function<bool(const caf::actor_addr& engine, const caf::actor_addr& producer)> shares_process;
   /// Time for the round's figures, in nanoseconds; empty: the actor clock
   /// (the simulated clock under the deterministic test scheduler).
   std::function<std::uint64_t()> now_ns;
@@ -223,6 +231,25 @@ struct replica_record {
   bool was_routable = false;
   /// Its last eviction from a round, "phase: why" (empty: never evicted).
   std::string last_eviction;
+};
+
+/// transfer.backend nccl: the communicator the members joined, and the
+/// rendezvous that builds the next one (coordinator_nccl.cpp).
+struct coordinator_nccl {
+  /// What every member joined (epoch 0, no members: none yet).
+  gpu::comm_layout layout;
+  /// Joined, and no member failed, restarted or was evicted in a transfer since.
+  bool healthy = false;
+  /// A rendezvous in flight: rounds wait for it.
+  bool joining = false;
+  /// The newest epoch any rendezvous named: a retry names a newer one, so
+  /// members that joined the failed one take it.
+  std::uint64_t epoch_sent = 0;
+  /// Engines whose join failed: left out until the round after ends.
+  std::set<std::string> left_out;
+  /// After a trainer rank failed the rendezvous: none before this time.
+  std::uint64_t retry_at_ns = 0;
+  std::uint64_t rebuilds = 0;
 };
 
 /// One registered trainer rank, as the coordinator sees it.
@@ -329,6 +356,8 @@ struct coordinator_state {
   /// The barrier's errors last logged (their keys): each is logged once.
   std::set<std::string> barrier_errors;
   std::uint64_t ignored_unranked_versions = 0; ///< versions from no rank, while following ranks
+  /// transfer.backend nccl only.
+  coordinator_nccl nccl;
 
   static inline const char* name = "coordinator";
 };
@@ -340,8 +369,10 @@ struct coordinator_state {
 /// for a one-way message back as a plain message (the `heartbeat` here),
 /// which it does not track, so a tick or a phase costs O(members), where n
 /// requests in flight cost CAF O(n) per answer.
+/// nccl_join_atom alone: the retry of a failed rendezvous is due.
 using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>, caf::reacts_to<heartbeat>,
-                                                         caf::reacts_to<caf::timeout_atom, std::uint64_t>>;
+                                                         caf::reacts_to<caf::timeout_atom, std::uint64_t>,
+                                                         caf::reacts_to<nccl_join_atom>>;
 
 /// The coordinator's behaviour; spawn with `sys.spawn(coordinator, cfg)`.
 coordinator_impl_actor::behavior_type

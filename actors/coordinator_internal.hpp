@@ -92,4 +92,16 @@ caf::result<std::uint32_t> freeze_ranks(self_ptr self);
 /// Every registered rank for coordinator_status, by index.
 std::vector<rank_status> rank_statuses(const coordinator_state& st);
 
+// -- defined in coordinator_nccl.cpp ----------------------------------------------
+
+/// transfer.backend nccl, at a round boundary: true when the communicator
+/// serves the round as it is; false while a rendezvous builds the next one
+/// (started here when none is in flight), whose end settles again.
+bool nccl_ready(self_ptr self);
+/// Something a member holds of the communicator may be broken (it failed a
+/// transfer, restarted): the next boundary rebuilds it.
+void nccl_suspect(self_ptr self, const std::string& member);
+/// A round ended: engines left out of the last rendezvous are asked again.
+void nccl_round_ended(self_ptr self);
+
 } // namespace rlsync::coordinator_detail

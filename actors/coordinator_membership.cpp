@@ -119,8 +119,10 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
     case registration_verdict::retire:
       break;
   }
-  if (d.replaces)
+  if (d.replaces) {
     drop_member(self, info.name, "replaced by incarnation " + std::to_string(info.incarnation), true);
+    nccl_suspect(self, info.name + " restarted"); // the new incarnation holds no link
+  }
   auto& rec = st.replicas[info.name]; // a first registration creates the record
   if (d.restart) {
     ++rec.restarts;
@@ -196,6 +198,8 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
     return;
   if (st.cfg.trainer && st.cfg.trainer != trainer && !st.trainer_down)
     self->demonitor(st.cfg.trainer.address());
+  if (st.cfg.trainer && st.cfg.trainer != trainer)
+    nccl_suspect(self, "the trainer restarted"); // the new one holds no link
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
   follow_trainer(self, st.cfg.trainer, "the trainer", [=](const version_info& vi) { on_version(self, vi); });

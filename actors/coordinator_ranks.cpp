@@ -125,6 +125,7 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
     if (!known->second.down)
       self->demonitor(known->second.handle.address());
     abort_round(self, who + " replaced by incarnation " + std::to_string(info.incarnation));
+    nccl_suspect(self, who + " restarted"); // the new incarnation holds no link
     st.ranks.erase(known);
   }
   coordinator_rank rank;

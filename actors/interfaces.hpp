@@ -132,6 +132,9 @@ using rollout_engine_actor = caf::typed_actor<
   caf::reacts_to<route_atom, heartbeat_actor>,
   // checksums of the weights served now, to verify them against the trainer's
   caf::replies_to<digest_atom>::with<weight_digest>,
+  // nccl, from the coordinator only: join the rendezvous with this engine's
+  // workers (each its own member); replies with the epoch joined
+  caf::replies_to<nccl_join_atom, nccl_rendezvous_msg>::with<std::uint64_t>,
   // the coordinator's order for one sync phase, one-way: answered with
   // phase_done and the order's token, as the phase's request above would be
   caf::reacts_to<phase_atom, phase_order>>::extend_with<heartbeat_actor>;

@@ -526,6 +526,14 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       if (!cut_off(self)) // a partition drill: the order is lost, as the request would go unanswered
         serve_phase_order(self, self->state.phase_orders, order);
     }),
+    authorized(self, guard, gated(self, [=, join = cfg.nccl_join](nccl_join_atom, const nccl_rendezvous_msg& msg)
+                                          -> caf::result<std::uint64_t> {
+      if (!join)
+        return make_error(errc::unknown_name, "engine " + name + " joins no nccl communicator");
+      if (auto why = join(msg); !why.empty())
+        return make_error(errc::malformed, "engine " + name + ": " + why);
+      return msg.epoch;
+    })),
     authorized(self, guard, gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;
       d.engine = name;

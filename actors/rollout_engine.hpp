@@ -83,6 +83,11 @@ struct rollout_engine_config {
   std::function<void(const std::string&)> log;
   /// Where the engine records its vLLM metrics; nullptr: nowhere.
   std::shared_ptr<engine_metrics> metrics;
+  /// nccl: joins the coordinator's rendezvous with this engine's workers
+  /// (the process's gpu::nccl_membership); empty when joined, else why not.
+  /// Empty function: nccl_join_atom is refused (the engine pulls over no
+  /// NCCL communicator).
+  std::function<std::string(const nccl_rendezvous_msg&)> nccl_join;
 };
 
 /// How a data-plane pull ended, reported by the pulling thread.

@@ -950,6 +950,13 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
     authorized(self, guard, [=](phase_atom, const phase_order& order) {
       serve_phase_order(self, self->state.phase_orders, order);
     }),
+    authorized(self, guard, [=](nccl_join_atom, const nccl_rendezvous_msg&) -> caf::result<std::uint64_t> {
+      // The vLLM server holds the weights: rlsync's NCCL links end in this
+      // process, where nothing reads them. (vLLM's own NCCL path is its
+      // update_weights_nccl route, not wired here.)
+      return make_error(errc::unknown_name, "engine " + name + " (vllm) joins no rlsync nccl communicator: "
+                                            "the server's GPUs are not this process's");
+    }),
     authorized(self, guard, [=](digest_atom) -> caf::result<weight_digest> {
       auto& st = self->state;
       weight_digest d;

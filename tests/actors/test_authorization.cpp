@@ -478,6 +478,7 @@ TEST_CASE_FIXTURE(engine_authz, "an engine refuses the orders of anyone but its 
     {"status", ask(tag_status{}, status_atom::value)},
     {"heartbeat", ask(tag_beat{}, heartbeat_atom::value, heartbeat{"x", 1})},
     {"digest", ask(tag_digest{}, digest_atom::value)},
+    {"nccl join", ask(tag_bytes{}, nccl_join_atom::value, nccl_rendezvous_msg{})},
     {"phase order", [](F& f) -> std::optional<caf::error> { // one way: refused before it reaches pause
        phase_order order;
        order.phase = sync_phase::pause;
@@ -794,6 +795,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
         [](status_atom) -> engine_status { return {}; },
         [](route_atom, const heartbeat_actor&) {},
         [](digest_atom) -> weight_digest { return {}; },
+        [](nccl_join_atom, const nccl_rendezvous_msg& m) -> std::uint64_t { return m.epoch; },
         [](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
         [](phase_atom, const phase_order&) {},
       };

@@ -83,6 +83,10 @@ struct engine_script {
   std::vector<pause_request> pauses;
   std::vector<std::uint64_t> starts;
   std::vector<transfer_order> orders;
+
+  // -- nccl --
+  act on_nccl_join = act::answer; ///< answer (the epoch), fail or drop
+  std::vector<nccl_rendezvous_msg> nccl_joins;
 };
 
 /// Delivers the oldest held phase or heartbeat reply.
@@ -265,6 +269,15 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
       self->state.journal->vouched.push_back(self->state.engine + ":" + std::to_string(router.id()));
     },
     [=](digest_atom) { return weight_digest{name, self->state.script->version, false, {}, {}}; },
+    [=](nccl_join_atom, const nccl_rendezvous_msg& msg) -> caf::result<std::uint64_t> {
+      auto& script = *self->state.script;
+      script.nccl_joins.push_back(msg);
+      if (script.on_nccl_join == act::fail)
+        return make_error(errc::malformed, self->state.engine + " told to refuse the rendezvous");
+      if (script.on_nccl_join == act::drop)
+        return self->make_response_promise<std::uint64_t>(); // never delivered
+      return msg.epoch;
+    },
     [=](phase_atom, const phase_order& order) { serve_phase_order(self, self->state.phase_orders, order); },
     [=](release_atom) {
       auto& held = self->state.held;

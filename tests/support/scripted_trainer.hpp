@@ -30,6 +30,12 @@ struct trainer_script {
   std::vector<ipc_pull> ipc_releases; ///< releases received, in order
   /// Answers nccl pulls (a trainer that may lie); none: refuse them.
   std::function<caf::result<nccl_chunk>(const nccl_pull&)> nccl;
+  /// Answers the coordinator's ask for a unique id; none: refuse it.
+  std::function<caf::result<std::vector<std::uint8_t>>()> nccl_id;
+  /// Whether it joins a rendezvous (answering its epoch); every one it
+  /// was sent lands in nccl_joins.
+  bool nccl_joins_ok = false;
+  std::vector<nccl_rendezvous_msg> nccl_joins;
 };
 
 /// A trainer that also takes `publish`: make this the current version and
@@ -69,10 +75,15 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
       return script->nccl(req);
     },
     [=](nccl_id_atom) -> caf::result<std::vector<std::uint8_t>> {
-      return make_error(errc::unknown_name, "the scripted trainer makes no nccl ids");
+      if (!script->nccl_id)
+        return make_error(errc::unknown_name, "the scripted trainer makes no nccl ids");
+      return script->nccl_id();
     },
-    [=](nccl_join_atom, const nccl_rendezvous_msg&) -> caf::result<std::uint64_t> {
-      return make_error(errc::unknown_name, "the scripted trainer joins no nccl communicator");
+    [=](nccl_join_atom, const nccl_rendezvous_msg& msg) -> caf::result<std::uint64_t> {
+      script->nccl_joins.push_back(msg);
+      if (!script->nccl_joins_ok)
+        return make_error(errc::unknown_name, "the scripted trainer joins no nccl communicator");
+      return msg.epoch;
     },
     [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
     [=](caf::publish_atom, const version_info& vi) {

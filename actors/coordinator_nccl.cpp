@@ -1,0 +1,247 @@
+// transfer.backend nccl: the coordinator keeps one NCCL communicator of the
+// live trainer ranks and the engine workers that pull from them, and
+// rebuilds it only at a round boundary (gpu/nccl_group.hpp draws the rule).
+//
+//   round wanted ─► decide(layout, healthy, wanted) ─ keep ─► open the round
+//                        │ rebuild
+//                        ▼
+//   ask the first producer rank for a unique id ─► every member's actor joins
+//   (its ranks or its workers) ─► all joined: the new layout, settle
+//                               └─► an engine refused: left out, rebuild now
+//                               └─► a rank refused or was silent: retry later
+//
+// Every ask has the start phase's deadline: a member that never answers
+// fails the rendezvous, never hangs it. Inside a round nothing here runs:
+// pulls on a broken communicator fail by their own deadlines (the sender
+// and puller poll and abort), the engines are evicted, and the boundary
+// after rebuilds.
+#include "actors/coordinator_internal.hpp"
+
+#include <algorithm>
+#include <memory>
+
+namespace rlsync::coordinator_detail {
+
+namespace {
+
+struct producer_ref {
+  std::uint32_t rank = 0;
+  trainer_actor handle;
+};
+
+std::vector<producer_ref> live_producers(const coordinator_state& st) {
+  std::vector<producer_ref> out;
+  if (follows_ranks(st)) {
+    for (const auto& [r, k] : st.ranks)
+      if (!k.down && !k.unreachable && k.handle)
+        out.push_back({r, k.handle});
+  } else if (st.cfg.trainer && !st.trainer_down) {
+    out.push_back({0, st.cfg.trainer});
+  }
+  return out;
+}
+
+bool shares_process(const coordinator_state& st, const caf::actor_addr& engine, const caf::actor_addr& producer) {
+  if (st.cfg.shares_process)
+    return st.cfg.shares_process(engine, producer);
+  return engine.node() == producer.node();
+}
+
+/// An engine's workers are members when some producer runs in another
+/// process: a producer in its own process hands it weights over the local plane.
+bool pulls_over_nccl(const coordinator_state& st, const coordinator_member& m,
+                     const std::vector<producer_ref>& producers) {
+  return std::any_of(producers.begin(), producers.end(), [&](const producer_ref& p) {
+    return !shares_process(st, m.handle.address(), p.handle.address());
+  });
+}
+
+std::vector<gpu::comm_member> wanted_members(const coordinator_state& st, const std::vector<producer_ref>& producers) {
+  std::vector<gpu::comm_member> out;
+  for (const auto& p : producers)
+    out.push_back(gpu::comm_member::trainer_rank(static_cast<int>(p.rank)));
+  for (const auto& [name, m] : st.members) {
+    if (m.unreachable || st.nccl.left_out.count(name) || !pulls_over_nccl(st, m, producers))
+      continue;
+    for (std::uint32_t w = 0; w < m.info.tp; ++w)
+      out.push_back(gpu::comm_member::worker(name, static_cast<int>(w)));
+  }
+  return out;
+}
+
+/// The answers of one rendezvous as they arrive.
+struct join_tally {
+  std::uint64_t epoch = 0;
+  std::size_t left = 0;
+  std::vector<std::string> engines_failed; ///< "name: why"
+  std::vector<std::string> names_failed;
+  std::string rank_failure; ///< the first rank that failed, and why
+};
+
+bool current(const coordinator_state& st, std::uint64_t epoch) {
+  return st.nccl.joining && st.nccl.epoch_sent == epoch;
+}
+
+void retry_later(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  st.nccl.joining = false;
+  st.nccl.healthy = false;
+  st.nccl.retry_at_ns = now_ns(self) + static_cast<std::uint64_t>(st.cfg.nccl_retry.count()) * 1000000u;
+  log_line(self, "coordinator: nccl: " + why + "; the next rendezvous in " + std::to_string(st.cfg.nccl_retry.count())
+                   + " ms");
+  self->delayed_send(self, st.cfg.nccl_retry, nccl_join_atom::value);
+}
+
+void joins_answered(self_ptr self, const gpu::comm_layout& next, const join_tally& t) {
+  auto& st = self->state;
+  auto& n = st.nccl;
+  if (!t.rank_failure.empty()) {
+    retry_later(self, "communicator epoch " + std::to_string(t.epoch) + " failed: " + t.rank_failure);
+  } else if (!t.engines_failed.empty()) {
+    // Out until the round after ends, then asked again (DESIGN: a replica
+    // rejoins at a sync boundary); its pulls fail meanwhile and it is evicted.
+    n.joining = false;
+    n.healthy = false;
+    n.left_out.insert(t.names_failed.begin(), t.names_failed.end());
+    std::string list;
+    for (const auto& f : t.engines_failed)
+      list += (list.empty() ? "" : "; ") + f;
+    log_line(self, "coordinator: nccl: communicator epoch " + std::to_string(t.epoch)
+                     + " is rebuilt without engines that did not join: " + list);
+  } else {
+    n.joining = false;
+    n.healthy = true;
+    n.layout = next;
+    ++n.rebuilds;
+    log_line(self, "coordinator: nccl: communicator epoch " + std::to_string(t.epoch) + " joined by "
+                     + std::to_string(next.members.size()) + " members");
+  }
+  settle(self);
+}
+
+template <class Handle>
+void ask_to_join(self_ptr self, const Handle& who, const nccl_rendezvous_msg& msg, std::shared_ptr<join_tally> tally,
+                 const gpu::comm_layout& next, std::function<void(join_tally&, const std::string&)> failed) {
+  auto answered = [=](const std::string& why) {
+    if (!current(self->state, tally->epoch))
+      return; // a newer rendezvous replaced this one
+    if (!why.empty())
+      failed(*tally, why);
+    if (--tally->left == 0)
+      joins_answered(self, next, *tally);
+  };
+  self->request(who, self->state.cfg.sync.deadlines.start, nccl_join_atom::value, msg)
+    .then(
+      [=](std::uint64_t epoch) {
+        answered(epoch == msg.epoch ? std::string{}
+                                    : "answered epoch " + std::to_string(epoch) + " for " + std::to_string(msg.epoch));
+      },
+      [=](caf::error& err) { answered(self->system().render(err)); });
+}
+
+void send_joins(self_ptr self, const gpu::comm_layout& next, const std::vector<std::uint8_t>& id,
+                const std::vector<producer_ref>& producers) {
+  auto& st = self->state;
+  gpu::nccl_rendezvous r;
+  r.epoch = next.epoch;
+  r.members = next.members;
+  if (id.size() != r.id.size())
+    return retry_later(self, "the unique id has " + std::to_string(id.size()) + " bytes, not NCCL's "
+                               + std::to_string(r.id.size()));
+  std::copy(id.begin(), id.end(), r.id.begin());
+  const auto msg = gpu::to_wire(r);
+  auto tally = std::make_shared<join_tally>();
+  tally->epoch = next.epoch;
+  std::vector<std::string> engines;
+  for (const auto& m : next.members)
+    if (!m.producer && (engines.empty() || engines.back() != m.engine))
+      engines.push_back(m.engine); // canonical order: an engine's workers are adjacent
+  std::vector<producer_ref> ranks;
+  for (const auto& p : producers)
+    if (next.rank_of(gpu::comm_member::trainer_rank(static_cast<int>(p.rank))) >= 0)
+      ranks.push_back(p);
+  tally->left = ranks.size() + engines.size();
+  for (const auto& p : ranks)
+    ask_to_join(self, p.handle, msg, tally, next, [rank = p.rank](join_tally& t, const std::string& why) {
+      if (t.rank_failure.empty())
+        t.rank_failure = "trainer rank " + std::to_string(rank) + " did not join: " + why;
+    });
+  for (const auto& name : engines)
+    ask_to_join(self, st.members.at(name).handle, msg, tally, next, [name](join_tally& t, const std::string& why) {
+      t.engines_failed.push_back(name + ": " + why);
+      t.names_failed.push_back(name);
+    });
+}
+
+void start_rendezvous(self_ptr self, gpu::comm_layout next, const std::vector<producer_ref>& producers,
+                      const std::string& why) {
+  auto& n = self->state.nccl;
+  n.joining = true;
+  next.epoch = std::max(next.epoch, n.epoch_sent + 1);
+  n.epoch_sent = next.epoch;
+  // The root (the first member, a producer) makes the id: NCCL's bootstrap
+  // listens in the process that made it.
+  const auto found = std::find_if(producers.begin(), producers.end(), [&](const producer_ref& p) {
+    return static_cast<int>(p.rank) == next.members.front().rank;
+  });
+  if (found == producers.end()) // decide() takes members from `producers`: never
+    return retry_later(self, "no live trainer rank " + std::to_string(next.members.front().rank) + " to make an id");
+  const producer_ref root = *found;
+  log_line(self, "coordinator: nccl: building communicator epoch " + std::to_string(next.epoch) + " of "
+                   + std::to_string(next.members.size()) + " members (" + why + ")");
+  const auto epoch = next.epoch;
+  self->request(root.handle, self->state.cfg.sync.deadlines.start, nccl_id_atom::value)
+    .then(
+      [=](std::vector<std::uint8_t>& id) {
+        if (current(self->state, epoch))
+          send_joins(self, next, id, producers);
+      },
+      [=](caf::error& err) {
+        if (current(self->state, epoch))
+          retry_later(self, "trainer rank " + std::to_string(root.rank) + " made no unique id for epoch "
+                              + std::to_string(epoch) + ": " + self->system().render(err));
+      });
+}
+
+} // namespace
+
+bool nccl_ready(self_ptr self) {
+  auto& st = self->state;
+  auto& n = st.nccl;
+  if (st.cfg.transfer.backend != transfer_backend::nccl)
+    return true;
+  if (n.joining || now_ns(self) < n.retry_at_ns)
+    return false; // its answers, or the retry timer, settle again
+  const auto producers = live_producers(st);
+  auto d = gpu::decide(n.layout, n.healthy, wanted_members(st, producers), true);
+  switch (d.action) {
+    case gpu::comm_action::keep:
+      return true;
+    case gpu::comm_action::close:
+      // Its members' links idle until the next rendezvous replaces them.
+      log_line(self, "coordinator: nccl: communicator epoch " + std::to_string(n.layout.epoch) + " closed: " + d.why);
+      n.layout = d.next;
+      n.healthy = false;
+      return true;
+    case gpu::comm_action::abort_now: // never at a boundary
+    case gpu::comm_action::rebuild:
+      break;
+  }
+  start_rendezvous(self, std::move(d.next), producers, d.why);
+  return false;
+}
+
+void nccl_suspect(self_ptr self, const std::string& member) {
+  auto& n = self->state.nccl;
+  if (self->state.cfg.transfer.backend != transfer_backend::nccl || !n.healthy)
+    return;
+  n.healthy = false;
+  log_line(self, "coordinator: nccl: " + member + ": communicator epoch " + std::to_string(n.layout.epoch)
+                   + " is rebuilt at the next boundary");
+}
+
+void nccl_round_ended(self_ptr self) {
+  self->state.nccl.left_out.clear();
+}
+
+} // namespace rlsync::coordinator_detail
