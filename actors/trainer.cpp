@@ -5,6 +5,7 @@
 #include "runtime/base/printable.hpp"
 #include "runtime/config/topology.hpp"
 #include "gpu/ipc_producer.hpp"
+#include "gpu/nccl_comm.hpp"
 #include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
@@ -447,9 +448,19 @@ trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg) {
   return sys.spawn(trainer, std::move(cfg));
 }
 
+void serve_over_nccl(trainer_config& cfg, std::shared_ptr<gpu::nccl_membership> membership, int rank) {
+  cfg.nccl_membership = std::move(membership);
+  cfg.nccl_rank = rank;
+  cfg.make_nccl_id = [] { // NCCL's bootstrap listens in the process that made it: the root's
+    const auto id = gpu::make_nccl_id();
+    return std::vector<std::uint8_t>(id.begin(), id.end());
+  };
+}
+
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank,
                                  sender_policy authorize, sender_policy placements_from,
-                                 std::shared_ptr<transfer::weight_source> source) {
+                                 std::shared_ptr<transfer::weight_source> source,
+                                 std::shared_ptr<gpu::nccl_membership> nccl) {
   local_trainer out;
   out.source = source ? std::move(source) : transfer::make_weight_source(t, rank);
   transfer::local_transfer_options o;
@@ -463,6 +474,8 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.cuda_ipc = out.cuda_ipc;
   out.nccl = std::make_shared<nccl_desk>();
   cfg.nccl = out.nccl;
+  if (nccl)
+    serve_over_nccl(cfg, std::move(nccl), static_cast<int>(rank));
   cfg.step_time = t.trainer.source == trainer_source::external ? external_poll_interval : t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);

@@ -232,9 +232,15 @@ struct local_trainer {
 /// source when another part of the process owns it (an external rank's
 /// publishes, which the trainer polls every external_poll_interval between
 /// the steps publishing asks for); null: make_weight_source(t, rank).
+/// The process's end of the nccl communicator (nccl_plane.hpp) for trainer
+/// rank `rank`: it joins the coordinator's rendezvous there, opens its
+/// sender in cfg.nccl, and makes unique ids (gpu::make_nccl_id) as a root.
+void serve_over_nccl(trainer_config& cfg, std::shared_ptr<gpu::nccl_membership> membership, int rank);
+
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0,
                                  sender_policy authorize = {}, sender_policy placements_from = {},
-                                 std::shared_ptr<transfer::weight_source> source = nullptr);
+                                 std::shared_ptr<transfer::weight_source> source = nullptr,
+                                 std::shared_ptr<gpu::nccl_membership> nccl = nullptr);
 
 /// How often a trainer on an external source looks for a version pushed
 /// while a step was in flight (each push also asks for a step at once).

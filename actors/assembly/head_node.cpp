@@ -3,6 +3,7 @@
 #include "actors/caf_puller.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/ipc_puller.hpp"
+#include "actors/assembly/nccl_plane.hpp"
 #include "actors/tls.hpp"
 #include "gpu/ipc_producer.hpp"
 #include "runtime/plan/groups.hpp"
@@ -80,12 +81,22 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
 }
 
 producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topology& t, const node_spec& node,
-                                            std::function<void(const std::string&)> log) {
+                                            std::function<void(const std::string&)> log,
+                                            std::shared_ptr<gpu::nccl_membership> nccl) {
   auto topo = std::make_shared<const topology>(t); // engines outlive the caller's copy
-  return [&sys, topo, node, log = std::move(log)](const producer_holding& h,
-                                                  const trainer_actor& rank) -> std::shared_ptr<transfer::weight_puller> {
+  return [&sys, topo, node, log = std::move(log), nccl](const producer_holding& h,
+                                                        const trainer_actor& rank) -> std::shared_ptr<transfer::weight_puller> {
     if (!rank)
       return nullptr;
+    if (topo->transfer.backend == transfer_backend::nccl) {
+      if (!nccl) {
+        if (log)
+          log("trainer rank " + std::to_string(h.rank) + ": transfer.backend nccl: this process joins no communicator");
+        return nullptr;
+      }
+      return std::make_shared<nccl_puller>(sys, [rank] { return rank; }, topo->model.config, nccl_links(nccl),
+                                           groups_holding(topo->model.config, h.held));
+    }
     if (topo->transfer.backend == transfer_backend::cuda_ipc) {
       try {
         return std::make_shared<ipc_puller>(sys, [rank] { return rank; }, topo->model.config, gpu::cuda_ipc_memory(),
@@ -207,7 +218,9 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.on_sync = hooks.on_report;
   opts.on_phase = hooks.on_phase;
   opts.metrics = hooks.metrics;
-  opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log);
+  if (t.transfer.backend == transfer_backend::nccl)
+    opts.nccl = make_nccl_membership(t, hosted_members(t, node.name), hooks.nccl_links);
+  opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log, opts.nccl);
   opts.on_router = [registered = registered_](const router_actor& router) {
     std::lock_guard<std::mutex> lock(registered->mutex);
     registered->router = router;
@@ -312,6 +325,8 @@ bool head_node::stop(std::chrono::milliseconds deadline) {
     if (r.trainer.nccl)
       r.trainer.nccl->close();
   }
+  if (actors_.nccl)
+    actors_.nccl->leave(); // aborts every link: a peer's wait on this process ends now
   producers_.clear(); // after every actor that could hand out their tickets
   return ok;
 }

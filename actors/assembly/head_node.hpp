@@ -9,6 +9,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/trainer.hpp"
 #include "gpu/ipc_memory.hpp"
+#include "gpu/nccl_membership.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
@@ -51,9 +52,12 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
 /// How engines on `node` pull from a trainer rank hosted in another
 /// process: for transfer.backend ucx, a UCX puller whose credentials come
 /// from the rank's handle; for cuda_ipc, an ipc_puller on the rank's
-/// exported buffer; otherwise whole groups over CAF from it.
+/// exported buffer; for nccl, an nccl_puller over the links of `nccl`
+/// (the process's membership, nccl_plane.hpp); otherwise whole groups over
+/// CAF from it.
 producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topology& t, const node_spec& node,
-                                            std::function<void(const std::string&)> log);
+                                            std::function<void(const std::string&)> log,
+                                            std::shared_ptr<gpu::nccl_membership> nccl = nullptr);
 
 /// For transfer.backend cuda_ipc: opens a cuda_ipc producer on each of
 /// `ranks` (their trainer actors then serve pulls through it) in `memory`
@@ -79,6 +83,9 @@ struct head_hooks {
   decltype(coordinator_config::on_phase) on_phase = {};
   /// Where the head's coordinator, router and engines record their metrics; nullptr: nowhere.
   std::shared_ptr<metrics::registry> metrics = {};
+  /// transfer.backend nccl: how the head's members start their links;
+  /// empty: nccl_link on each member's device (tests give a fake world's).
+  gpu::nccl_membership::link_factory nccl_links = {};
 };
 
 class head_node {

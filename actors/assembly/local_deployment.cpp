@@ -1,4 +1,5 @@
 #include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/nccl_plane.hpp"
 
 #include "runtime/transfer/external_source.hpp"
 
@@ -116,6 +117,8 @@ rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, co
     cfg.log = w.log;
     cfg.faults = w.faults;
     cfg.metrics = engine_metrics_in(w.metrics, spec.name);
+    if (w.nccl)
+      cfg.nccl_join = engine_nccl_join(w.nccl, spec.name, static_cast<int>(spec.tp));
     return spawn_rollout_engine(sys, std::move(cfg));
   }
   auto cfg = vllm_engine_config_from(t, spec, w.puller, w.source_dtype);
@@ -203,13 +206,14 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
 
 std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
                                      const sender_policy& authorize, std::uint64_t incarnation,
-                                     const sender_policy& placements_from) {
+                                     const sender_policy& placements_from,
+                                     std::shared_ptr<gpu::nccl_membership> nccl) {
   std::vector<hosted_rank> out;
   try {
     // External ranks are their own processes' (external_rank.hpp).
     for (std::size_t i = 0; t.trainer.source != trainer_source::external && i < t.trainer.ranks.size(); ++i)
       if (node.empty() || t.trainer.ranks[i].node == node)
-        out.push_back({static_cast<std::uint32_t>(i), incarnation, make_local_trainer(sys, t, i, authorize, placements_from)});
+        out.push_back({static_cast<std::uint32_t>(i), incarnation, make_local_trainer(sys, t, i, authorize, placements_from, nullptr, nccl)});
   } catch (...) { // a source that cannot be built: the ranks already spawned go too
     std::vector<caf::actor> spawned;
     for (auto& r : out)
@@ -277,6 +281,7 @@ rollout_engine_actor spawn_engine(caf::actor_system& sys, const local_deployment
   w.metrics = d.metrics;
   w.coordinator = [ref = d.current_coordinator] { return ref->get(); };
   w.incarnation = d.incarnations[i];
+  w.nccl = d.nccl;
   return spawn_replica(sys, t, spec, w);
 }
 
@@ -284,9 +289,10 @@ rollout_engine_actor spawn_engine(caf::actor_system& sys, const local_deployment
 } // namespace
 
 std::string backend_device_problem(const topology& t, const gpu::device_info& devices) {
-  if (t.transfer.backend != transfer_backend::cuda_ipc || devices.device_count > 0)
+  const bool on_device = t.transfer.backend == transfer_backend::cuda_ipc || t.transfer.backend == transfer_backend::nccl;
+  if (!on_device || devices.device_count > 0)
     return {};
-  return "transfer.backend cuda_ipc needs a CUDA device at start-up, and this process sees none ("
+  return "transfer.backend " + std::string{to_string(t.transfer.backend)} + " needs a CUDA device at start-up, and this process sees none ("
          + (devices.detail.empty() ? std::string("no CUDA device") : devices.detail) + ")";
 }
 
@@ -302,7 +308,8 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   // Every rank placed here, each its own source and actor. The coordinator
   // follows a single rank hosted with it directly, as before ranks existed;
   // otherwise each rank registers (here below, or from its own node).
-  d.ranks = spawn_ranks(sys, t, opts.node, d.authorize, opts.incarnation != 0 ? opts.incarnation : 1);
+  d.nccl = opts.nccl;
+  d.ranks = spawn_ranks(sys, t, opts.node, d.authorize, opts.incarnation != 0 ? opts.incarnation : 1, {}, d.nccl);
   if (!d.ranks.empty())
     d.trainer = d.ranks.front().trainer;
   d.single_trainer = follows_single_trainer(t, opts.node);
@@ -487,6 +494,8 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   tc.ucx_tickets = r.trainer.ucx_tickets;
   tc.cuda_ipc = r.trainer.cuda_ipc;
   tc.nccl = r.trainer.nccl;
+  if (nccl)
+    serve_over_nccl(tc, nccl, static_cast<int>(r.rank));
   // Who may ask for an engine's tickets and slots survives the restart:
   // the placements the coordinator told, and who may tell them.
   tc.engines = r.trainer.engines;

@@ -72,6 +72,7 @@ struct local_deployment {
   bool single_trainer = true;
   /// Engines reach ranks hosted elsewhere through it (deployment_options).
   producer_puller_factory remote_pullers;
+  std::shared_ptr<gpu::nccl_membership> nccl; ///< kept for restarted engines
   std::vector<rollout_engine_actor> engines; ///< the hosted ones, in topology order (either kind)
   std::vector<std::string> engine_names;
   /// Per engine: its drill faults (deployment_options::fault_gates), else nullptr.
@@ -165,6 +166,10 @@ struct deployment_options {
   producer_puller_factory remote_pullers;
   /// Where the coordinator, router and engines here record their metrics; nullptr: nowhere.
   std::shared_ptr<metrics::registry> metrics;
+  /// transfer.backend nccl: this process's end of the communicator
+  /// (nccl_plane.hpp), which its ranks and engines join; nullptr: none
+  /// (one process: every engine takes its rank's weights over the local plane).
+  std::shared_ptr<gpu::nccl_membership> nccl;
 };
 
 /// The dtype the trainer sends, which every engine records its plans in:
@@ -212,10 +217,11 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
 /// this process, where the coordinator runs). Throws what make_weight_source throws.
 std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, const std::string& node,
                                      const sender_policy& authorize, std::uint64_t incarnation,
-                                     const sender_policy& placements_from = {});
+                                     const sender_policy& placements_from = {},
+                                     std::shared_ptr<gpu::nccl_membership> nccl = nullptr);
 
 /// Why this process cannot run `t`'s transfer backend on what `devices`
-/// shows (gpu::query_devices()): cuda_ipc needs a CUDA device at start-up.
+/// shows (gpu::query_devices()): cuda_ipc and nccl need a CUDA device at start-up.
 /// Empty when it can. Every deployment asks before it starts anything.
 std::string backend_device_problem(const topology& t, const gpu::device_info& devices);
 
@@ -263,6 +269,9 @@ struct replica_wiring {
   std::function<coordinator_actor()> coordinator;
   /// The incarnation the replica registers with first; a recovery registers a higher one.
   std::uint64_t incarnation = 1;
+  /// transfer.backend nccl: the process's membership, which a built-in
+  /// engine joins with its workers; nullptr: it joins none.
+  std::shared_ptr<gpu::nccl_membership> nccl;
 };
 
 /// Spawns replica `spec` as its kind says: the built-in engine actor, or the

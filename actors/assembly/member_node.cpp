@@ -3,6 +3,8 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/caf_puller.hpp"
 #include "actors/ipc_puller.hpp"
+#include "actors/assembly/nccl_plane.hpp"
+#include "actors/nccl_puller.hpp"
 #include "actors/fleet_metrics.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/tls.hpp"
@@ -122,8 +124,15 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     std::lock_guard<std::mutex> lock(desk->mutex);
     return desk->trainer;
   };
+  // transfer.backend nccl: this process's end of the communicator, which
+  // its ranks and engines join (nccl_plane.hpp).
+  std::shared_ptr<gpu::nccl_membership> nccl;
+  if (t.transfer.backend == transfer_backend::nccl)
+    nccl = make_nccl_membership(t, hosted_members(t, node.name, opts.external_rank), opts.nccl_links);
   if (opts.external_rank) {
     // A rank's own process pulls nothing.
+  } else if (nccl) {
+    puller = std::make_shared<nccl_puller>(sys, current_trainer, t.model.config, nccl_links(nccl));
   } else if (t.transfer.backend == transfer_backend::cuda_ipc) {
     try {
       puller = std::make_shared<ipc_puller>(sys, current_trainer, t.model.config, gpu::cuda_ipc_memory());
@@ -193,6 +202,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       r.trainer.cuda_ipc->close();
       r.trainer.nccl->close();
     }
+    if (nccl)
+      nccl->leave(); // aborts every link: a peer's wait on this process ends now
     if (opts.drill_arms)
       opts.drill_arms->detach();
     producers.clear();
@@ -218,9 +229,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   try {
     if (opts.external_rank)
       ranks.push_back({*opts.external_rank, incarnation,
-                       make_local_trainer(sys, t, *opts.external_rank, rank_policy, rank_policy, opts.external_source)});
+                       make_local_trainer(sys, t, *opts.external_rank, rank_policy, rank_policy, opts.external_source,
+                                          nccl)});
     else
-      ranks = spawn_ranks(sys, t, node.name, rank_policy, incarnation, rank_policy);
+      ranks = spawn_ranks(sys, t, node.name, rank_policy, incarnation, rank_policy, nccl);
     if (opts.on_ranks)
       opts.on_ranks(ranks);
     producers = start_rank_producers(t, node, ranks, opts.log);
@@ -237,7 +249,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
         log("completions on " + http->url() + "/v1/completions");
       }
     }
-    const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log));
+    const auto pullers = rank_pullers(ranks, remote_rank_pullers(sys, t, node, opts.log, nccl));
     for (const auto& e : t.engines)
       if (e.node == node.name && !opts.external_rank) {
         replica_wiring w;
@@ -252,6 +264,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
         w.metrics = opts.metrics;
         w.coordinator = [current_coordinator] { return current_coordinator->get(); };
         w.incarnation = incarnation;
+        w.nccl = nccl;
         engines.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
         specs.push_back(&e);
       }

@@ -9,6 +9,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/assembly/rank_drill_arms.hpp"
 #include "actors/interfaces.hpp"
+#include "gpu/nccl_membership.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/metrics/registry.hpp"
 
@@ -57,6 +58,9 @@ struct member_node_options {
   /// Kept pointing at the coordinator this node registered with (a rejoin
   /// replaces it); nullptr: not kept.
   std::shared_ptr<coordinator_ref> coordinator;
+  /// transfer.backend nccl: how this node's members start their links;
+  /// empty: nccl_link on each member's device (tests give a fake world's).
+  gpu::nccl_membership::link_factory nccl_links;
 };
 
 /// How a member node ended.

@@ -10,4 +10,12 @@ bool cuda_compiled_in() {
 #endif
 }
 
+bool nccl_compiled_in() {
+#if defined(RLSYNC_NCCL_COMPILED_IN)
+  return true;
+#else
+  return false;
+#endif
+}
+
 } // namespace rlsync

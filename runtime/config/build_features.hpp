@@ -7,5 +7,7 @@ namespace rlsync {
 
 /// gpu/ was built by nvcc: the CUDA data planes exist in this binary.
 bool cuda_compiled_in();
+/// ... and NCCL was found and linked: the nccl data plane exists too.
+bool nccl_compiled_in();
 
 } // namespace rlsync

@@ -57,9 +57,6 @@ const char* const insecure_refusal =
   "more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it "
   "anyone who reaches a node's port can read and forge cluster traffic; set "
   "cluster.allow_insecure_network: true to run without TLS anyway";
-const char* const nccl_refusal =
-  "'nccl' is not available yet: NCCL communicators are built (gpu/) but no data plane moves weights over "
-  "them; use ucx, or cuda_ipc for engines on the trainer's host";
 
 /// "a, b, c", cut after `limit` names so that 64 replicas stay readable.
 std::string list_names(const std::vector<std::string>& names, std::size_t limit = 8) {
@@ -147,6 +144,7 @@ struct reader {
   void read_coordinator(const map_reader& root);
   void read_transfer(const map_reader& root);
   void check_cuda_ipc(const map_reader& r);
+  void check_nccl(const map_reader& r);
   void read_sync(const map_reader& root);
   void read_workload(const map_reader& root);
   void read_drill(const map_reader& root);
@@ -874,6 +872,30 @@ void reader::check_cuda_ipc(const map_reader& r) {
                        "built yet)");
 }
 
+// nccl: each engine worker in another process than a trainer rank is a
+// member of the coordinator's communicator and receives whole groups point
+// to point (nccl_puller.hpp); it needs CUDA and NCCL in this build, whole
+// groups, and rlsync's own engines (a vLLM server's GPUs are not the
+// node's). The device itself is checked at start-up.
+void reader::check_nccl(const map_reader& r) {
+  if (!cuda_compiled_in() || !nccl_compiled_in()) {
+    r.error("backend", std::string("'nccl' needs rlsync built with CUDA and NCCL, and this build has ")
+                         + (cuda_compiled_in() ? "no NCCL (nccl.h or libnccl was not found" : "no CUDA (nvcc was not found")
+                         + " when it was configured); use local or ucx");
+    return;
+  }
+  if (t.transfer.mode != transfer_mode::broadcast)
+    r.error("backend", "'nccl' sends whole groups, which every engine worker slices itself: set "
+                       "transfer.mode: broadcast (sharded sends over nccl need packing on the device, not "
+                       "built yet)");
+  for (const auto& e : t.engines)
+    if (e.kind == engine_kind::vllm) {
+      r.error("backend", "'nccl' delivers into rlsync's own engines, and engine '" + e.name
+                           + "' is a vLLM server, whose GPUs this node does not hold; use ucx");
+      return;
+    }
+}
+
 void reader::read_transfer(const map_reader& root) {
   auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports",
                                  "packed_budget_bytes"});
@@ -881,7 +903,7 @@ void reader::read_transfer(const map_reader& root) {
   const bool backend_read = r.read_choice("backend", tr.backend, backend_choices);
   r.read_choice("mode", tr.mode, mode_choices);
   if (backend_read && tr.backend == transfer_backend::nccl)
-    r.error("backend", nccl_refusal);
+    check_nccl(r);
   if (backend_read && tr.backend == transfer_backend::cuda_ipc)
     check_cuda_ipc(r);
   const std::int64_t default_bucket = transfer_spec{}.bucket_bytes;

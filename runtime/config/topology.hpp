@@ -33,7 +33,7 @@ inline constexpr std::int64_t max_node_restarts = 100;
 /// as that rank; nodes start nothing for it).
 enum class trainer_source { synthetic, checkpoint_dir, external };
 enum class router_policy { least_outstanding, round_robin, prefix_affinity };
-// nccl and cuda_ipc are refused by validation until the GPU backends exist.
+// nccl and cuda_ipc need a CUDA build (validation) and a device (start-up).
 enum class transfer_backend { local, ucx, nccl, cuda_ipc };
 // transfer_mode (sharded, broadcast) comes from config/modes.hpp.
 enum class ucx_transport { shm, cma, tcp, rdma };

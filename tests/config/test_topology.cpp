@@ -579,10 +579,6 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:27: coordinator.state_file: must not be empty"},
     {"backend out of range", plus("transfer: {backend: rdma}"),
      "t.yaml:6:21: transfer.backend: must be one of local, ucx, nccl, cuda_ipc, got 'rdma'"},
-    // nccl parses but is refused: no data plane moves weights over it yet.
-    {"nccl backend", plus("transfer: {backend: nccl}"),
-     "t.yaml:6:21: transfer.backend: 'nccl' is not available yet: NCCL communicators are built (gpu/) but no "
-     "data plane moves weights over them; use ucx, or cuda_ipc for engines on the trainer's host"},
     // Groups are never cut into buckets: only the default size is honest.
     {"bucket_bytes other than the default", plus("transfer: {bucket_bytes: 256MiB}"),
      "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted for now: every data plane "
@@ -660,6 +656,27 @@ TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole
        + "transfer: {backend: cuda_ipc, mode: broadcast}\n",
      "t.yaml:7:21: transfer.backend: 'cuda_ipc' maps the trainer's GPU memory into the engines' processes, so "
      "every node runs on one host: node 'b' is at 10.0.0.2, node 'a' at 127.0.0.1; use ucx across hosts"},
+  });
+}
+
+TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build for whole groups and built-in engines") {
+  const auto text = plus(insecure + "transfer: {backend: nccl, mode: broadcast}");
+  if (!cuda_compiled_in() || !nccl_compiled_in()) {
+    const auto errors = errors_of(text);
+    REQUIRE(errors.size() == 1);
+    CHECK(errors.front().find("t.yaml:7:21: transfer.backend: 'nccl' needs rlsync built with CUDA and NCCL") == 0);
+    return;
+  }
+  // The device is checked at start-up (head_node, member_node), not here.
+  CHECK(parse_topology(text, "t.yaml", "/base").transfer.backend == transfer_backend::nccl);
+  check_rows({
+    {"sharded", plus(insecure + "transfer: {backend: nccl}"),
+     "t.yaml:7:21: transfer.backend: 'nccl' sends whole groups, which every engine worker slices itself: set "
+     "transfer.mode: broadcast (sharded sends over nccl need packing on the device, not built yet)"},
+    {"a vLLM engine", with("engines", "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1'}]") + insecure
+                        + "transfer: {backend: nccl, mode: broadcast}\n",
+     "t.yaml:7:21: transfer.backend: 'nccl' delivers into rlsync's own engines, and engine 'v' is a vLLM server, "
+     "whose GPUs this node does not hold; use ucx"},
   });
 }
 

@@ -494,6 +494,9 @@ inline sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shar
         return dropped<weight_digest>(self);
       return weight_digest{name, c.version, c.dirty, {}, {}};
     },
+    [=](nccl_join_atom, const nccl_rendezvous_msg&) -> caf::result<std::uint64_t> { // the simulation moves no weights
+      return make_error(errc::unknown_name, name + " joins no nccl communicator");
+    },
     [=](phase_atom, const phase_order& order) {
       if (!self->state.ctl->silenced) // partitioned: the order is lost
         serve_phase_order(self, self->state.phase_orders, order);

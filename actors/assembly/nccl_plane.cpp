@@ -1,0 +1,78 @@
+#include "actors/assembly/nccl_plane.hpp"
+
+#include "gpu/device.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/groups.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace rlsync {
+
+std::vector<gpu::comm_member> hosted_members(const topology& t, const std::string& node,
+                                             std::optional<std::size_t> external_rank) {
+  std::vector<gpu::comm_member> out;
+  if (external_rank) {
+    out.push_back(gpu::comm_member::trainer_rank(static_cast<int>(*external_rank)));
+    return out;
+  }
+  if (t.trainer.source != trainer_source::external)
+    for (std::size_t r = 0; r < t.trainer.ranks.size(); ++r)
+      if (node.empty() || t.trainer.ranks[r].node == node)
+        out.push_back(gpu::comm_member::trainer_rank(static_cast<int>(r)));
+  for (const auto& e : t.engines)
+    if (node.empty() || e.node == node)
+      for (std::int64_t w = 0; w < e.tp; ++w)
+        out.push_back(gpu::comm_member::worker(e.name, static_cast<int>(w)));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int device_of(const std::vector<gpu::comm_member>& hosted, const gpu::comm_member& m) {
+  auto it = std::find(hosted.begin(), hosted.end(), m);
+  if (it == hosted.end())
+    throw std::invalid_argument(m.describe() + " does not run in this process");
+  return static_cast<int>(it - hosted.begin());
+}
+
+std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
+                                                           gpu::nccl_membership::link_factory make) {
+  if (make)
+    return std::make_shared<gpu::nccl_membership>(std::move(make));
+  const auto capacity = static_cast<std::size_t>(
+    plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32), dtype::f32));
+  return std::make_shared<gpu::nccl_membership>(
+    [hosted = std::move(hosted), capacity](const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
+      const auto& member = layout.members.at(static_cast<std::size_t>(rank));
+      const int device = device_of(hosted, member);
+      const int devices = gpu::query_devices().device_count;
+      if (device >= devices)
+        throw std::runtime_error(member.describe() + " takes device " + std::to_string(device) + " (member "
+                                 + std::to_string(device + 1) + " of " + std::to_string(hosted.size())
+                                 + " this process hosts), and it sees " + std::to_string(devices)
+                                 + " CUDA devices: give it one GPU per member");
+      return gpu::nccl_link(id, layout, rank, device, capacity);
+    });
+}
+
+std::function<std::string(const nccl_rendezvous_msg&)> engine_nccl_join(std::shared_ptr<gpu::nccl_membership> m,
+                                                                         std::string engine, int tp) {
+  std::vector<gpu::comm_member> workers;
+  for (int w = 0; w < tp; ++w)
+    workers.push_back(gpu::comm_member::worker(engine, w));
+  return [m = std::move(m), workers = std::move(workers)](const nccl_rendezvous_msg& msg) -> std::string {
+    try {
+      return m->join(gpu::from_wire(msg), workers);
+    } catch (const std::exception& e) { // a rendezvous a peer mangled
+      return e.what();
+    }
+  };
+}
+
+nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m) {
+  return [m = std::move(m)](const std::string& engine, int worker) {
+    return m->link(gpu::comm_member::worker(engine, worker));
+  };
+}
+
+} // namespace rlsync

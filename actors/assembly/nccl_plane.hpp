@@ -1,0 +1,51 @@
+#pragma once
+// transfer.backend nccl: one process's end of the coordinator's NCCL
+// communicator. The process hosts some members (its trainer ranks, its
+// engines' workers) and one gpu::nccl_membership joins them all: a trainer
+// rank's actor joins for its rank, an engine's for its workers.
+//
+// Devices: NCCL refuses two members of one communicator on one GPU, so
+// every member the process hosts takes a device of its own, in the
+// canonical member order (trainer ranks, then engines by name and worker):
+// the first hosted member device 0, the next device 1. Processes on one
+// host see disjoint GPUs through CUDA_VISIBLE_DEVICES, as every
+// multi-process GPU job does. A member past the devices the process sees
+// fails its join, naming both.
+#include "actors/nccl_puller.hpp"
+#include "gpu/nccl_membership.hpp"
+#include "runtime/config/topology.hpp"
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlsync {
+
+/// The members a process hosts, in canonical order: the trainer ranks on
+/// `node` (or `external_rank` alone: a rank's own process), then the
+/// workers of the engines on `node` (none for an external rank's process).
+/// `node` empty: every rank and engine (one process plays every node).
+std::vector<gpu::comm_member> hosted_members(const topology& t, const std::string& node,
+                                             std::optional<std::size_t> external_rank = std::nullopt);
+
+/// The device a hosted member joins on: its place in `hosted`. Throws
+/// std::invalid_argument when the process does not host it.
+int device_of(const std::vector<gpu::comm_member>& hosted, const gpu::comm_member& m);
+
+/// The process's membership: links from nccl_link on each member's device,
+/// staging the model's largest group as f32 (what no group exceeds), or
+/// from `make` when given (a fake world in tests).
+std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
+                                                           gpu::nccl_membership::link_factory make = {});
+
+/// An engine's answer to the coordinator's rendezvous: joins `engine`'s
+/// workers 0..tp-1 (rollout_engine_config::nccl_join).
+std::function<std::string(const nccl_rendezvous_msg&)> engine_nccl_join(std::shared_ptr<gpu::nccl_membership> m,
+                                                                         std::string engine, int tp);
+
+/// What an nccl_puller receives over: the worker's link in `m`.
+nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m);
+
+} // namespace rlsync

@@ -1,0 +1,194 @@
+// transfer.backend nccl: the coordinator builds the communicator at a round
+// boundary (actors/coordinator_nccl.cpp) on the deterministic scheduler,
+// against a scripted trainer (rank 0 of every communicator) and scripted
+// engines that join, refuse or fall silent.
+#include "tests/support/coordinator_fixture.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace rlsync;
+using namespace rlsync::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct nccl_fixture : coordinator_fixture {
+  std::shared_ptr<trainer_script> rec = std::make_shared<trainer_script>();
+  trainer_actor trainer;
+  int ids_made = 0;
+
+  nccl_fixture() {
+    rec->nccl_joins_ok = true;
+    rec->nccl_id = [this]() -> caf::result<std::vector<std::uint8_t>> {
+      ++ids_made;
+      return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(ids_made));
+    };
+  }
+
+  coordinator_config nccl_config() {
+    auto c = config();
+    c.transfer.backend = transfer_backend::nccl;
+    c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; }; // every engine elsewhere
+    return c;
+  }
+
+  void start_nccl(coordinator_config c) {
+    trainer = spawn(scripted_trainer, rec);
+    c.trainer = trainer;
+    start(c);
+  }
+
+  void publish_through_trainer(std::uint64_t v) {
+    REQUIRE(!rec->listeners.empty());
+    tell(rec->listeners.back(), version_atom::value, version_info{v, 4, 4096});
+    run();
+  }
+
+  /// "t0 a/0 b/0": the members of a rendezvous, in rank order.
+  static std::string members_of(const nccl_rendezvous_msg& m) {
+    std::string out;
+    for (const auto& x : m.members)
+      out += (out.empty() ? "" : " ") + (x.producer ? "t" + std::to_string(x.rank) : x.engine + "/" + std::to_string(x.rank));
+    return out;
+  }
+
+  std::vector<std::uint64_t> epochs_joined(const std::string& engine) {
+    std::vector<std::uint64_t> out;
+    for (const auto& m : engines.at(engine).script->nccl_joins)
+      out.push_back(m.epoch);
+    return out;
+  }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(nccl_fixture, "the first round waits for the rendezvous: rank 0 makes the id, every member joins") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  REQUIRE(rec->nccl_joins.size() == 1);
+  const auto& first = rec->nccl_joins.front();
+  CHECK(first.epoch == 1);
+  CHECK(first.id == std::vector<std::uint8_t>(128, 1));
+  CHECK(members_of(first) == "t0 a/0");
+  CHECK(engines["a"].script->nccl_joins.size() == 1);
+  CHECK(engines["a"].script->nccl_joins.front().id == first.id); // one rendezvous for all
+  CHECK(routable("a"));                                          // the round ran after the joins
+  CHECK(logged("communicator epoch 1 joined by 2 members"));
+  // A newcomer changes the members: the boundary before its round rebuilds.
+  add_engine("b");
+  REQUIRE(rec->nccl_joins.size() == 2);
+  CHECK(members_of(rec->nccl_joins.back()) == "t0 a/0 b/0");
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2});
+  CHECK(epochs_joined("b") == std::vector<std::uint64_t>{2});
+  CHECK(routable("b"));
+  // Nobody changed: the next version syncs over the same communicator.
+  publish_through_trainer(3);
+  CHECK(status().version == 3);
+  CHECK(rec->nccl_joins.size() == 2);
+  CHECK(ids_made == 2);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "an engine that refuses the rendezvous is left out at once and asked again after the round") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  auto& b = spawn_engine("b");
+  b.script->on_nccl_join = act::fail;
+  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  // Epoch 2 named b, which refused; epoch 3 leaves it out and the round runs.
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2, 3});
+  CHECK(epochs_joined("b") == std::vector<std::uint64_t>{2});
+  CHECK(members_of(rec->nccl_joins.back()) == "t0 a/0");
+  CHECK(logged("rebuilt without engines that did not join: b: "));
+  CHECK(logged("b told to refuse the rendezvous"));
+  CHECK(routable("b")); // a scripted transfer needs no link; a real one fails and is evicted
+  // The round ended: at the next boundary b is a member again.
+  b.script->on_nccl_join = act::answer;
+  publish_through_trainer(3);
+  CHECK(epochs_joined("b") == std::vector<std::uint64_t>{2, 4});
+  CHECK(members_of(rec->nccl_joins.back()) == "t0 a/0 b/0");
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "a silent engine fails the rendezvous at the start deadline, never hangs it") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  auto& b = spawn_engine("b");
+  b.script->on_nccl_join = act::drop;
+  const auto rounds = status().rounds;
+  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  CHECK(status().rounds == rounds); // b's round waits on the rendezvous
+  advance(1s);                      // the start deadline
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2, 3});
+  CHECK(status().rounds == rounds + 1);
+  CHECK(logged("rebuilt without engines that did not join: b: "));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "a trainer that makes no id holds the rounds and is asked again after nccl_retry") {
+  auto made = rec->nccl_id;
+  rec->nccl_id = nullptr; // refuses
+  start_nccl(nccl_config());
+  const auto rounds = status().rounds; // the trainer's first version, synced with nobody: no member to join
+  auto& a = spawn_engine("a");
+  join(engine_info{"a", "node", 1, 0, false, 0}, a);
+  CHECK(status().rounds == rounds);
+  CHECK(a.script->nccl_joins.empty());
+  CHECK(logged("trainer rank 0 made no unique id for epoch 1"));
+  CHECK(logged("the next rendezvous in 1000 ms"));
+  rec->nccl_id = made;
+  advance(500ms);
+  CHECK(a.script->nccl_joins.empty()); // not before the retry is due
+  advance(500ms);
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{2}); // a newer epoch than the failed one
+  CHECK(status().rounds == rounds + 1);
+  CHECK(routable("a"));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "a trainer rank that refuses to join fails the rendezvous, and the retry names a newer epoch") {
+  rec->nccl_joins_ok = false;
+  start_nccl(nccl_config());
+  const auto rounds = status().rounds;
+  add_engine("a");
+  CHECK(status().rounds == rounds);
+  CHECK(logged("trainer rank 0 did not join"));
+  rec->nccl_joins_ok = true;
+  advance(1s);
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2});
+  CHECK(status().rounds == rounds + 1);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "an engine evicted in its transfer marks the communicator: the next boundary rebuilds it") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  add_engine("b");
+  REQUIRE(epochs_joined("a") == std::vector<std::uint64_t>{1, 2});
+  engines["b"].on(sync_phase::transfer, act::fail);
+  publish_through_trainer(3);
+  CHECK(!routable("b"));
+  CHECK(logged("b was evicted in transfer"));
+  engines["b"].on(sync_phase::transfer, act::answer);
+  publish_through_trainer(4);
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2, 3}); // same members, a new communicator
+  CHECK(routable("b"));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "engines in the producer's own process join nothing: no communicator, rounds run") {
+  auto c = nccl_config();
+  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return true; };
+  start_nccl(c);
+  add_engine("a");
+  CHECK(routable("a"));
+  CHECK(rec->nccl_joins.empty());
+  CHECK(ids_made == 0);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "other backends never rendezvous") {
+  auto c = nccl_config();
+  c.transfer.backend = transfer_backend::ucx;
+  start_nccl(c);
+  add_engine("a");
+  CHECK(routable("a"));
+  CHECK(rec->nccl_joins.empty());
+  CHECK(engines["a"].script->nccl_joins.empty());
+}
