@@ -181,7 +181,7 @@ TEST_CASE("assembly: two trainer ranks in one process sync every engine to the w
   CHECK(std::none_of(half.begin(), half.end(), [](auto& v) { return v.ok(); }));
 }
 
-TEST_CASE("assembly: cuda_ipc needs a CUDA device at start-up, the other backends none") {
+TEST_CASE("assembly: cuda_ipc and nccl need a CUDA device at start-up, the other backends none") {
   struct row {
     transfer_backend backend;
     int devices;
@@ -197,6 +197,9 @@ TEST_CASE("assembly: cuda_ipc needs a CUDA device at start-up, the other backend
      "transfer.backend cuda_ipc needs a CUDA device at start-up, and this process sees none (rlsync was built "
      "without CUDA)"},
     {transfer_backend::cuda_ipc, 1, "NVIDIA H200", ""},
+    {transfer_backend::nccl, 0, "no CUDA device",
+     "transfer.backend nccl needs a CUDA device at start-up, and this process sees none (no CUDA device)"},
+    {transfer_backend::nccl, 1, "NVIDIA H200", ""},
     {transfer_backend::ucx, 0, "no CUDA device", ""},
     {transfer_backend::local, 0, "no CUDA device", ""},
   };

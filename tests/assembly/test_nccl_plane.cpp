@@ -1,0 +1,197 @@
+// transfer.backend nccl assembled (actors/assembly/nccl_plane.hpp): which
+// members a process hosts and on which device, an engine's join, and a
+// whole sync over the plane — the coordinator's rendezvous, the trainer's
+// sender, the engines' pullers — on NCCL's semantics in host memory
+// (tests/gpu/fake_nccl_world.hpp).
+#include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/nccl_plane.hpp"
+#include "actors/assembly/verify_weights.hpp"
+#include "actors/coordinator.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/groups.hpp"
+#include "tests/gpu/fake_nccl_world.hpp"
+#include "tests/support/threaded_system.hpp"
+
+#include <caf/scoped_actor.hpp>
+#include <doctest/doctest.h>
+
+#include <mutex>
+#include <optional>
+#include <thread>
+
+using namespace rlsync;
+
+namespace {
+
+topology two_node_topology() {
+  auto t = test::small_topology(2);
+  t.nodes = {node_spec{}, node_spec{}};
+  t.nodes[0].name = "a";
+  t.nodes[1].name = "b";
+  t.trainer.ranks = {trainer_rank{"a", {0}}, trainer_rank{"b", {1}}};
+  t.engines.resize(3);
+  t.engines[0].name = "e-1";
+  t.engines[0].node = "b";
+  t.engines[0].tp = 2;
+  t.engines[1].name = "e-0";
+  t.engines[1].node = "b";
+  t.engines[1].tp = 1;
+  t.engines[2].name = "f";
+  t.engines[2].node = "a";
+  t.engines[2].tp = 1;
+  return t;
+}
+
+std::string described(const std::vector<gpu::comm_member>& ms) {
+  std::string out;
+  for (const auto& m : ms)
+    out += (out.empty() ? "" : ", ") + m.describe();
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("nccl plane: a process hosts its ranks, then its engines' workers, each on the next device") {
+  const auto t = two_node_topology();
+  struct row {
+    const char* node;
+    std::optional<std::size_t> external_rank;
+    const char* members;
+  };
+  const std::vector<row> rows = {
+    {"a", std::nullopt, "trainer rank 0, engine f worker 0"},
+    {"b", std::nullopt, "trainer rank 1, engine e-0 worker 0, engine e-1 worker 0, engine e-1 worker 1"},
+    {"", std::nullopt,
+     "trainer rank 0, trainer rank 1, engine e-0 worker 0, engine e-1 worker 0, engine e-1 worker 1, "
+     "engine f worker 0"},
+    {"b", std::size_t{1}, "trainer rank 1"}, // an external rank's own process: the rank alone
+    {"c", std::nullopt, ""},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.node);
+    CHECK(described(hosted_members(t, r.node, r.external_rank)) == r.members);
+  }
+  const auto b = hosted_members(t, "b");
+  CHECK(device_of(b, gpu::comm_member::trainer_rank(1)) == 0);
+  CHECK(device_of(b, gpu::comm_member::worker("e-1", 1)) == 3);
+  CHECK_THROWS_WITH(device_of(b, gpu::comm_member::worker("f", 0)), "engine f worker 0 does not run in this process");
+  // External ranks run in processes of their own: no node hosts them.
+  auto external = t;
+  external.trainer.source = trainer_source::external;
+  CHECK(described(hosted_members(external, "a")) == "engine f worker 0");
+}
+
+TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvous is refused, not thrown") {
+  const auto t = two_node_topology();
+  auto world = test::fake_nccl_world::make();
+  auto membership = make_nccl_membership(
+    t, hosted_members(t, "b"), [world](const gpu::nccl_id&, const gpu::comm_layout& l, int rank) -> std::unique_ptr<gpu::p2p_link> {
+      return test::fake_nccl_world::join(world, l, rank, 1024);
+    });
+  auto join = engine_nccl_join(membership, "e-1", 2);
+  gpu::nccl_rendezvous r;
+  r.epoch = 1;
+  r.id.fill(7);
+  r.members = gpu::make_layout(1, {gpu::comm_member::trainer_rank(0), gpu::comm_member::worker("e-1", 0),
+                                   gpu::comm_member::worker("e-1", 1)})
+                .members;
+  auto mangled = gpu::to_wire(r);
+  mangled.id.resize(5);
+  CHECK(join(mangled).find("128") != std::string::npos); // names NCCL's id size
+  CHECK(membership->epoch() == 0);
+  CHECK(join(gpu::to_wire(r)).empty());
+  CHECK(membership->link(gpu::comm_member::worker("e-1", 0)) != nullptr);
+  CHECK(membership->link(gpu::comm_member::worker("e-1", 1)) != nullptr);
+  CHECK(membership->link(gpu::comm_member::worker("e-0", 0)) == nullptr); // not named: no link
+  CHECK(nccl_links(membership)("e-1", 1) == membership->link(gpu::comm_member::worker("e-1", 1)));
+  CHECK_FALSE(join(gpu::to_wire(r)).empty()); // the same workers twice: refused
+}
+
+TEST_CASE("nccl plane: a round moves every engine's weights from the trainer over the communicator") {
+  test::rlsync_config cfg;
+  caf::actor_system sys{cfg};
+  auto t = test::small_topology(2);
+  t.trainer.step_time = std::chrono::hours(1); // one version: the first
+  t.transfer.backend = transfer_backend::nccl;
+  t.transfer.mode = transfer_mode::broadcast;
+  t.engines.resize(2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    t.engines[i].name = "e-" + std::to_string(i);
+    t.engines[i].node = "a";
+    t.engines[i].tp = static_cast<std::int64_t>(i + 1);
+  }
+  // The trainer's process and the engines' share one fake world, as
+  // processes on one host share NCCL's; each process its own membership.
+  auto world = test::fake_nccl_world::make();
+  const auto staging = plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32),
+                                                 dtype::f32);
+  auto fake_links = [world, staging](const gpu::nccl_id&, const gpu::comm_layout& l,
+                                     int rank) -> std::unique_ptr<gpu::p2p_link> {
+    return test::fake_nccl_world::join(world, l, rank, static_cast<std::size_t>(staging));
+  };
+  auto trainer_process = make_nccl_membership(t, {gpu::comm_member::trainer_rank(0)}, fake_links);
+  auto engine_process = make_nccl_membership(t, hosted_members(t, "a"), fake_links);
+  auto trainer = make_local_trainer(sys, t, 0, {}, {}, nullptr, trainer_process);
+  std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(trainer.actor)};
+  struct stop_all {
+    caf::actor_system& sys;
+    std::vector<caf::actor>& actors;
+    ~stop_all() { stop_and_await(sys, actors); }
+  } guard{sys, actors};
+  for (const auto& e : t.engines) {
+    replica_wiring w;
+    w.puller = std::make_shared<nccl_puller>(sys, [tr = trainer.actor] { return tr; }, t.model.config,
+                                             nccl_links(engine_process));
+    w.source_dtype = dtype::bf16;
+    w.nccl = engine_process;
+    actors.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
+    REQUIRE(await_engine_ready(sys, actors.back()).empty());
+  }
+  std::mutex log_mutex;
+  std::vector<std::string> lines;
+  auto cc = coordinator_config_from(t);
+  cc.trainer = trainer.actor;
+  cc.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; }; // as if apart
+  cc.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(log_mutex);
+    lines.push_back(line);
+  };
+  auto coord = sys.spawn(coordinator, cc);
+  actors.push_back(caf::actor_cast<caf::actor>(coord));
+  for (std::size_t i = 0; i < t.engines.size(); ++i)
+    REQUIRE(register_engine(sys, coord, engine_info_of(t.engines[i], 1), actors[i + 1], std::chrono::seconds(10))
+              .empty());
+  caf::scoped_actor self{sys};
+  auto routable = [&] {
+    std::size_t n = 0;
+    self->request(coord, std::chrono::seconds(10), status_atom::value)
+      .receive([&](const coordinator_status& s) { n = s.routable.size(); }, [](caf::error&) {});
+    return n;
+  };
+  std::string failure;
+  std::vector<std::string> evicted;
+  // The engines may register on either side of the trainer's first version:
+  // one round or two bring both current.
+  for (int attempt = 0; attempt < 100 && routable() < 2; ++attempt) {
+    self->request(coord, std::chrono::seconds(30), sync_atom::value)
+      .receive([&](const sync_report& r) { evicted.insert(evicted.end(), r.evicted.begin(), r.evicted.end()); }, [&](caf::error& err) { failure = sys.render(err); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20)); // the trainer's first step runs off its mailbox
+  }
+  REQUIRE_MESSAGE(routable() == 2, failure);
+  CHECK(evicted.empty());
+  std::vector<weight_digest> digests;
+  self->request(coord, std::chrono::seconds(30), digest_atom::value)
+    .receive([&](std::vector<weight_digest>& x) { digests = std::move(x); }, [](caf::error&) {});
+  REQUIRE(digests.size() == 2);
+  for (const auto& v : verify_weights(t, *trainer.source, digests)) {
+    CAPTURE(v.engine);
+    CAPTURE(v.error);
+    CHECK(v.ok());
+  }
+  // One communicator: the trainer's rank and the three workers.
+  CHECK(engine_process->epoch() == trainer_process->epoch());
+  CHECK(engine_process->link(gpu::comm_member::worker("e-1", 1)) != nullptr);
+  std::lock_guard<std::mutex> lock(log_mutex);
+  CHECK(std::any_of(lines.begin(), lines.end(),
+                    [](const std::string& l) { return l.find("joined by 4 members") != std::string::npos; }));
+}
