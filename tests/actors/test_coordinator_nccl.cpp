@@ -65,7 +65,7 @@ struct nccl_fixture : coordinator_fixture {
 
 } // namespace
 
-TEST_CASE_FIXTURE(nccl_fixture, "the first round waits for the rendezvous: rank 0 makes the id, every member joins") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: the first round waits for the rendezvous: rank 0 makes the id, every member joins") {
   start_nccl(nccl_config());
   add_engine("a");
   REQUIRE(rec->nccl_joins.size() == 1);
@@ -91,7 +91,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "the first round waits for the rendezvous: rank 
   CHECK(ids_made == 2);
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "an engine that refuses the rendezvous is left out at once and asked again after the round") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine that refuses the rendezvous is left out at once and asked again after the round") {
   start_nccl(nccl_config());
   add_engine("a");
   auto& b = spawn_engine("b");
@@ -111,7 +111,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "an engine that refuses the rendezvous is left o
   CHECK(members_of(rec->nccl_joins.back()) == "t0 a/0 b/0");
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "a silent engine fails the rendezvous at the start deadline, never hangs it") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a silent engine fails the rendezvous at the start deadline, never hangs it") {
   start_nccl(nccl_config());
   add_engine("a");
   auto& b = spawn_engine("b");
@@ -125,7 +125,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "a silent engine fails the rendezvous at the sta
   CHECK(logged("rebuilt without engines that did not join: b: "));
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "a trainer that makes no id holds the rounds and is asked again after nccl_retry") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer that makes no id holds the rounds and is asked again after nccl_retry") {
   auto made = rec->nccl_id;
   rec->nccl_id = nullptr; // refuses
   start_nccl(nccl_config());
@@ -145,7 +145,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "a trainer that makes no id holds the rounds and
   CHECK(routable("a"));
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "a trainer rank that refuses to join fails the rendezvous, and the retry names a newer epoch") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer rank that refuses to join fails the rendezvous, and the retry names a newer epoch") {
   rec->nccl_joins_ok = false;
   start_nccl(nccl_config());
   const auto rounds = status().rounds;
@@ -158,7 +158,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "a trainer rank that refuses to join fails the r
   CHECK(status().rounds == rounds + 1);
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "an engine evicted in its transfer marks the communicator: the next boundary rebuilds it") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine evicted in its transfer marks the communicator: the next boundary rebuilds it") {
   start_nccl(nccl_config());
   add_engine("a");
   add_engine("b");
@@ -173,7 +173,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "an engine evicted in its transfer marks the com
   CHECK(routable("b"));
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "engines in the producer's own process join nothing: no communicator, rounds run") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: engines in the producer's own process join nothing: no communicator, rounds run") {
   auto c = nccl_config();
   c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return true; };
   start_nccl(c);
@@ -183,7 +183,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "engines in the producer's own process join noth
   CHECK(ids_made == 0);
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "other backends never rendezvous") {
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: other backends never rendezvous") {
   auto c = nccl_config();
   c.transfer.backend = transfer_backend::ucx;
   start_nccl(c);

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# transfer.backend cuda_ipc and nccl in a CUDA build (nccl with NCCL linked
+# too): validation accepts each in broadcast mode and refuses it sharded;
+# start-up then needs a CUDA device: without one `rlsync run` exits 1
+# naming it, starting nothing. With one this script skips: a one-process
+# run would not move weights over either (its engines use the local
+# plane); rlsync-device-bench's cuda_ipc rows check the device path.
+set -euo pipefail
+rlsync=$1 root=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+backends=(cuda_ipc)
+if "$rlsync" devices | grep -q '^nccl: *compiled in'; then
+  backends+=(nccl)
+else
+  echo "nccl: skipped, this build has no NCCL"
+fi
+"$rlsync" devices | grep -q '^devices: 0' && no_device=1 || no_device=0
+for b in "${backends[@]}"; do
+  sed -e "s/^  backend: local .*/  backend: $b/" -e 's/^  mode: sharded .*/  mode: broadcast/' \
+      -e 's/layers: 4/layers: 2/' -e 's/hidden_size: 256/hidden_size: 64/' \
+      -e 's/intermediate_size: 704/intermediate_size: 128/' -e 's/step_time_ms: 200/step_time_ms: 50/' \
+      "$root/configs/local.yaml" > "$dir/$b.yaml"
+  grep -q "backend: $b" "$dir/$b.yaml" && grep -q 'mode: broadcast' "$dir/$b.yaml" \
+    || { echo "FAIL: could not set the backend $b"; exit 1; }
+  "$rlsync" validate "$dir/$b.yaml" > "$dir/validate.out" 2>&1 \
+    || { cat "$dir/validate.out"; echo "FAIL: validate refused $b"; exit 1; }
+  grep -q "backend: $b" "$dir/validate.out" || { cat "$dir/validate.out"; echo "FAIL: the resolved topology lost $b"; exit 1; }
+  sed 's/^  mode: broadcast/  mode: sharded/' "$dir/$b.yaml" > "$dir/sharded.yaml"
+  if "$rlsync" validate "$dir/sharded.yaml" > "$dir/sharded.out" 2>&1; then
+    echo "FAIL: $b was accepted in sharded mode"; exit 1
+  fi
+  grep -Eq "sharded.yaml:[0-9]+:[0-9]+: transfer.backend: '$b' (moves|sends) whole groups" "$dir/sharded.out" \
+    || { cat "$dir/sharded.out"; echo "FAIL: the sharded refusal of $b does not name its place"; exit 1; }
+  if [ $no_device -eq 0 ]; then
+    echo "$b: skipping the start-up refusal: this machine has a CUDA device"
+    continue
+  fi
+  set +e
+  "$rlsync" run "$dir/$b.yaml" --prompts 6 --concurrency 2 --max-tokens 8 --json "$dir/run.json" --no-progress \
+    > "$dir/run.out" 2> "$dir/run.err"
+  rc=$?
+  set -e
+  [ $rc -eq 1 ] || { cat "$dir/run.out" "$dir/run.err"; echo "FAIL: $b without a device: the run exited $rc, not 1"; exit 1; }
+  grep -q "transfer.backend $b needs a CUDA device at start-up" "$dir/run.err" \
+    || { cat "$dir/run.err"; echo "FAIL: the refusal of $b does not name the missing device"; exit 1; }
+  grep -q '^sync ' "$dir/run.err" && { echo "FAIL: a refused start-up ran syncs"; exit 1; }
+  echo "$b, no CUDA device: start-up refused: $(grep 'needs a CUDA device' "$dir/run.err")"
+done
+[ $no_device -eq 1 ] || exit 77
