@@ -46,6 +46,9 @@ coordinator_config coordinator_config_from(const topology& t) {
   cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
   cc.state_file = t.coordinator.state_file;
   cc.trainer_ranks = static_cast<std::uint32_t>(t.trainer.ranks.size());
+  cc.nccl_epoch_base = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    std::chrono::system_clock::now().time_since_epoch())
+                                                    .count());
   for (auto& spec : llama_parameter_specs(t.model.config, t.model.weights_dtype.value_or(dtype::bf16)))
     cc.parameter_names.push_back(spec.name);
   return cc;
@@ -479,7 +482,8 @@ void evict(self_ptr self, const std::string& name, const std::string& why) {
     rec->second.last_eviction = where + ": " + why;
   if (st.cfg.on_evict)
     st.cfg.on_evict(name, in_wave ? std::optional<sync_phase>{phase} : std::nullopt, why);
-  if (in_wave && (phase == sync_phase::transfer || phase == sync_phase::finish))
+  if (in_wave && (phase == sync_phase::transfer || phase == sync_phase::finish)
+      && st.nccl.layout.rank_of(gpu::comm_member::worker(name, 0)) >= 0)
     nccl_suspect(self, name + " was evicted in " + std::string{to_string(phase)}); // its link may be aborted
   if (auto i = st.members.find(name); i != st.members.end()) {
     i->second.routable = false;
@@ -498,6 +502,7 @@ void abort_round(self_ptr self, const std::string& why) {
   if (!st.round || !st.round->book.abort())
     return; // no round, or it is resuming already: it completes
   st.round->record.abort_reason = why;
+  nccl_suspect(self, "the round was aborted (" + why + ")"); // pulls cut short may have aborted their links
 }
 
 /// The wave's survivors become routable at the round's version, or, when the

@@ -156,6 +156,12 @@ struct coordinator_config {
   /// transfer.backend nccl: after a trainer rank failed a rendezvous, the
   /// next waits this long (an engine that fails is left out at once).
   std::chrono::milliseconds nccl_retry{1000};
+  /// transfer.backend nccl: the first communicator's epoch is above this.
+  /// A member keeps its epoch across a coordinator restart and refuses
+  /// anything not newer, so deployments start it at the wall clock's
+  /// milliseconds (coordinator_config_from): a restarted coordinator's
+  /// rendezvous are newer than its predecessor's, one per millisecond at most.
+  std::uint64_t nccl_epoch_base = 0;
   /// Whether an engine and a producer run in one process (their CAF nodes
   /// match): its workers then take that producer's weights over the local
   /// plane, and join no communicator for it. Empty: compare CAF nodes.
@@ -247,8 +253,14 @@ struct coordinator_nccl {
   std::uint64_t epoch_sent = 0;
   /// Engines whose join failed: left out until the round after ends.
   std::set<std::string> left_out;
-  /// After a trainer rank failed the rendezvous: none before this time.
+  /// After a trainer rank failed the rendezvous: none before this time;
+  /// the wait doubles with every failure in a row (up to 30 s).
   std::uint64_t retry_at_ns = 0;
+  std::chrono::milliseconds retry_delay{0};
+  std::uint32_t failures_in_a_row = 0;
+  /// A member restarted or failed while a rendezvous was in flight: the
+  /// one joined is built again at once.
+  bool suspect_while_joining = false;
   std::uint64_t rebuilds = 0;
 };
 

@@ -8,7 +8,8 @@
 //   ask the first producer rank for a unique id ─► every member's actor joins
 //   (its ranks or its workers) ─► all joined: the new layout, settle
 //                               └─► an engine refused: left out, rebuild now
-//                               └─► a rank refused or was silent: retry later
+//                               └─► a rank refused or was silent: retry later,
+//                                   each wait twice the last (up to 30 s)
 //
 // Every ask has the start phase's deadline: a member that never answers
 // fails the rendezvous, never hangs it. Inside a round nothing here runs:
@@ -82,14 +83,20 @@ bool current(const coordinator_state& st, std::uint64_t epoch) {
   return st.nccl.joining && st.nccl.epoch_sent == epoch;
 }
 
+/// The longest wait between rendezvous that a trainer rank failed.
+constexpr std::chrono::milliseconds max_retry_delay{30000};
+
 void retry_later(self_ptr self, const std::string& why) {
   auto& st = self->state;
-  st.nccl.joining = false;
-  st.nccl.healthy = false;
-  st.nccl.retry_at_ns = now_ns(self) + static_cast<std::uint64_t>(st.cfg.nccl_retry.count()) * 1000000u;
-  log_line(self, "coordinator: nccl: " + why + "; the next rendezvous in " + std::to_string(st.cfg.nccl_retry.count())
-                   + " ms");
-  self->delayed_send(self, st.cfg.nccl_retry, nccl_join_atom::value);
+  auto& n = st.nccl;
+  n.joining = false;
+  n.healthy = false;
+  ++n.failures_in_a_row;
+  n.retry_delay = n.retry_delay.count() == 0 ? st.cfg.nccl_retry : std::min(n.retry_delay * 2, max_retry_delay);
+  n.retry_at_ns = now_ns(self) + static_cast<std::uint64_t>(n.retry_delay.count()) * 1000000u;
+  log_line(self, "coordinator: nccl: " + why + "; no round until a rendezvous succeeds (" + std::to_string(n.failures_in_a_row)
+                   + " failed in a row), the next in " + std::to_string(n.retry_delay.count()) + " ms");
+  self->delayed_send(self, n.retry_delay, nccl_join_atom::value);
 }
 
 void joins_answered(self_ptr self, const gpu::comm_layout& next, const join_tally& t) {
@@ -108,10 +115,19 @@ void joins_answered(self_ptr self, const gpu::comm_layout& next, const join_tall
       list += (list.empty() ? "" : "; ") + f;
     log_line(self, "coordinator: nccl: communicator epoch " + std::to_string(t.epoch)
                      + " is rebuilt without engines that did not join: " + list);
+  } else if (n.suspect_while_joining) {
+    // Someone restarted or failed mid-rendezvous: the new incarnation holds
+    // no link, so what was joined cannot serve. Build it again now.
+    n.joining = false;
+    n.healthy = false;
+    log_line(self, "coordinator: nccl: communicator epoch " + std::to_string(t.epoch)
+                     + " was joined, but a member restarted or failed meanwhile: built again");
   } else {
     n.joining = false;
     n.healthy = true;
     n.layout = next;
+    n.retry_delay = std::chrono::milliseconds{0};
+    n.failures_in_a_row = 0;
     ++n.rebuilds;
     log_line(self, "coordinator: nccl: communicator epoch " + std::to_string(t.epoch) + " joined by "
                      + std::to_string(next.members.size()) + " members");
@@ -119,77 +135,103 @@ void joins_answered(self_ptr self, const gpu::comm_layout& next, const join_tall
   settle(self);
 }
 
-template <class Handle>
-void ask_to_join(self_ptr self, const Handle& who, const nccl_rendezvous_msg& msg, std::shared_ptr<join_tally> tally,
-                 const gpu::comm_layout& next, std::function<void(join_tally&, const std::string&)> failed) {
-  auto answered = [=](const std::string& why) {
-    if (!current(self->state, tally->epoch))
-      return; // a newer rendezvous replaced this one
-    if (!why.empty())
-      failed(*tally, why);
-    if (--tally->left == 0)
-      joins_answered(self, next, *tally);
-  };
-  self->request(who, self->state.cfg.sync.deadlines.start, nccl_join_atom::value, msg)
-    .then(
-      [=](std::uint64_t epoch) {
-        answered(epoch == msg.epoch ? std::string{}
-                                    : "answered epoch " + std::to_string(epoch) + " for " + std::to_string(msg.epoch));
-      },
-      [=](caf::error& err) { answered(self->system().render(err)); });
+using failure_note = void (*)(join_tally&, const std::string& who, const std::string& why);
+
+void rank_failed(join_tally& t, const std::string& who, const std::string& why) {
+  if (t.rank_failure.empty())
+    t.rank_failure = who + " did not join: " + why;
 }
 
-void send_joins(self_ptr self, const gpu::comm_layout& next, const std::vector<std::uint8_t>& id,
+void engine_failed(join_tally& t, const std::string& name, const std::string& why) {
+  t.engines_failed.push_back(name + ": " + why);
+  t.names_failed.push_back(name);
+}
+
+/// One rendezvous's shared parts: every ask refers to them, none copies them
+/// (a communicator of thousands of members, asked of thousands of engines).
+struct rendezvous_ask {
+  std::shared_ptr<const gpu::comm_layout> next;
+  std::shared_ptr<const nccl_rendezvous_msg> msg;
+  std::shared_ptr<join_tally> tally;
+};
+
+/// One member's answer (or failure) counted; the last one ends the rendezvous.
+void count_answer(self_ptr self, const rendezvous_ask& ask, failure_note failed, const std::string& who,
+                  const std::string& why) {
+  if (!current(self->state, ask.tally->epoch))
+    return; // a newer rendezvous replaced this one
+  if (!why.empty())
+    failed(*ask.tally, who, why);
+  if (--ask.tally->left == 0)
+    joins_answered(self, *ask.next, *ask.tally);
+}
+
+template <class Handle>
+void ask_to_join(self_ptr self, const Handle& handle, const rendezvous_ask& ask, failure_note failed,
+                 const std::string& who) {
+  self->request(handle, self->state.cfg.sync.deadlines.start, nccl_join_atom::value, *ask.msg)
+    .then(
+      [=](std::uint64_t epoch) {
+        const auto sent = ask.msg->epoch;
+        count_answer(self, ask, failed, who,
+                     epoch == sent ? std::string{}
+                                   : "answered epoch " + std::to_string(epoch) + " for " + std::to_string(sent));
+      },
+      [=](caf::error& err) { count_answer(self, ask, failed, who, self->system().render(err)); });
+}
+
+void send_joins(self_ptr self, const std::shared_ptr<const gpu::comm_layout>& next, const std::vector<std::uint8_t>& id,
                 const std::vector<producer_ref>& producers) {
   auto& st = self->state;
   gpu::nccl_rendezvous r;
-  r.epoch = next.epoch;
-  r.members = next.members;
+  r.epoch = next->epoch;
+  r.members = next->members;
   if (id.size() != r.id.size())
     return retry_later(self, "the unique id has " + std::to_string(id.size()) + " bytes, not NCCL's "
                                + std::to_string(r.id.size()));
   std::copy(id.begin(), id.end(), r.id.begin());
-  const auto msg = gpu::to_wire(r);
-  auto tally = std::make_shared<join_tally>();
-  tally->epoch = next.epoch;
+  rendezvous_ask ask{next, std::make_shared<const nccl_rendezvous_msg>(gpu::to_wire(r)), std::make_shared<join_tally>()};
+  ask.tally->epoch = next->epoch;
   std::vector<std::string> engines;
-  for (const auto& m : next.members)
+  for (const auto& m : next->members)
     if (!m.producer && (engines.empty() || engines.back() != m.engine))
       engines.push_back(m.engine); // canonical order: an engine's workers are adjacent
   std::vector<producer_ref> ranks;
   for (const auto& p : producers)
-    if (next.rank_of(gpu::comm_member::trainer_rank(static_cast<int>(p.rank))) >= 0)
+    if (next->rank_of(gpu::comm_member::trainer_rank(static_cast<int>(p.rank))) >= 0)
       ranks.push_back(p);
-  tally->left = ranks.size() + engines.size();
+  ask.tally->left = ranks.size() + engines.size();
   for (const auto& p : ranks)
-    ask_to_join(self, p.handle, msg, tally, next, [rank = p.rank](join_tally& t, const std::string& why) {
-      if (t.rank_failure.empty())
-        t.rank_failure = "trainer rank " + std::to_string(rank) + " did not join: " + why;
-    });
-  for (const auto& name : engines)
-    ask_to_join(self, st.members.at(name).handle, msg, tally, next, [name](join_tally& t, const std::string& why) {
-      t.engines_failed.push_back(name + ": " + why);
-      t.names_failed.push_back(name);
-    });
+    ask_to_join(self, p.handle, ask, rank_failed, "trainer rank " + std::to_string(p.rank));
+  for (const auto& name : engines) {
+    // It may have left while the id was made: it fails the rendezvous, counted like any other.
+    auto m = st.members.find(name);
+    if (m == st.members.end())
+      count_answer(self, ask, engine_failed, name, "it left before the rendezvous");
+    else
+      ask_to_join(self, m->second.handle, ask, engine_failed, name);
+  }
 }
 
-void start_rendezvous(self_ptr self, gpu::comm_layout next, const std::vector<producer_ref>& producers,
+void start_rendezvous(self_ptr self, gpu::comm_layout planned, const std::vector<producer_ref>& producers,
                       const std::string& why) {
   auto& n = self->state.nccl;
   n.joining = true;
-  next.epoch = std::max(next.epoch, n.epoch_sent + 1);
-  n.epoch_sent = next.epoch;
+  n.suspect_while_joining = false;
+  planned.epoch = std::max({planned.epoch, n.epoch_sent + 1, self->state.cfg.nccl_epoch_base + 1});
+  n.epoch_sent = planned.epoch;
+  auto next = std::make_shared<const gpu::comm_layout>(std::move(planned));
   // The root (the first member, a producer) makes the id: NCCL's bootstrap
   // listens in the process that made it.
   const auto found = std::find_if(producers.begin(), producers.end(), [&](const producer_ref& p) {
-    return static_cast<int>(p.rank) == next.members.front().rank;
+    return static_cast<int>(p.rank) == next->members.front().rank;
   });
   if (found == producers.end()) // decide() takes members from `producers`: never
-    return retry_later(self, "no live trainer rank " + std::to_string(next.members.front().rank) + " to make an id");
+    return retry_later(self, "no live trainer rank " + std::to_string(next->members.front().rank) + " to make an id");
   const producer_ref root = *found;
-  log_line(self, "coordinator: nccl: building communicator epoch " + std::to_string(next.epoch) + " of "
-                   + std::to_string(next.members.size()) + " members (" + why + ")");
-  const auto epoch = next.epoch;
+  log_line(self, "coordinator: nccl: building communicator epoch " + std::to_string(next->epoch) + " of "
+                   + std::to_string(next->members.size()) + " members (" + why + ")");
+  const auto epoch = next->epoch;
   self->request(root.handle, self->state.cfg.sync.deadlines.start, nccl_id_atom::value)
     .then(
       [=](std::vector<std::uint8_t>& id) {
@@ -233,7 +275,11 @@ bool nccl_ready(self_ptr self) {
 
 void nccl_suspect(self_ptr self, const std::string& member) {
   auto& n = self->state.nccl;
-  if (self->state.cfg.transfer.backend != transfer_backend::nccl || !n.healthy)
+  if (self->state.cfg.transfer.backend != transfer_backend::nccl)
+    return;
+  if (n.joining)
+    n.suspect_while_joining = true;
+  if (!n.healthy)
     return;
   n.healthy = false;
   log_line(self, "coordinator: nccl: " + member + ": communicator epoch " + std::to_string(n.layout.epoch)

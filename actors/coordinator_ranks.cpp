@@ -156,6 +156,7 @@ void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_
                    + " (heartbeat timeout " + std::to_string(st.cfg.heartbeat_timeout.count())
                    + " ms): unreachable; no round until it answers");
   abort_round(self, "trainer rank " + std::to_string(r) + " is unreachable");
+  nccl_suspect(self, "trainer rank " + std::to_string(r) + " went silent"); // its peers' waits may have aborted links
 }
 
 bool heard_from_rank(self_ptr self, std::uint32_t r, const caf::actor_addr& who) {

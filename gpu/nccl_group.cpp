@@ -1,6 +1,7 @@
 #include "gpu/nccl_group.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <stdexcept>
 #include <tuple>
@@ -86,11 +87,14 @@ const char* to_string(comm_action a) {
 comm_decision decide(const comm_layout& current, bool healthy, const std::vector<comm_member>& wanted,
                      bool at_boundary) {
   const bool exists = !current.members.empty();
-  std::vector<comm_member> gone; // in the communicator, no longer wanted
-  for (const auto& m : current.members)
-    if (std::find(wanted.begin(), wanted.end(), m) == wanted.end())
-      gone.push_back(m);
   if (!at_boundary) {
+    // In the communicator, no longer wanted; both sorted: O(M log M), not a
+    // find per member (a boundary of 65536 members must not stall the coordinator).
+    std::vector<comm_member> sorted_wanted = wanted, sorted_current = current.members, gone;
+    std::sort(sorted_wanted.begin(), sorted_wanted.end());
+    std::sort(sorted_current.begin(), sorted_current.end());
+    std::set_difference(sorted_current.begin(), sorted_current.end(), sorted_wanted.begin(), sorted_wanted.end(),
+                        std::back_inserter(gone));
     if (exists && !healthy)
       return {comm_action::abort_now, {}, "the communicator failed"};
     if (!gone.empty())

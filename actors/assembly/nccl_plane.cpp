@@ -16,14 +16,22 @@ std::vector<gpu::comm_member> hosted_members(const topology& t, const std::strin
     out.push_back(gpu::comm_member::trainer_rank(static_cast<int>(*external_rank)));
     return out;
   }
-  if (t.trainer.source != trainer_source::external)
-    for (std::size_t r = 0; r < t.trainer.ranks.size(); ++r)
-      if (node.empty() || t.trainer.ranks[r].node == node)
-        out.push_back(gpu::comm_member::trainer_rank(static_cast<int>(r)));
-  for (const auto& e : t.engines)
-    if (node.empty() || e.node == node)
-      for (std::int64_t w = 0; w < e.tp; ++w)
-        out.push_back(gpu::comm_member::worker(e.name, static_cast<int>(w)));
+  const bool external = t.trainer.source == trainer_source::external; // every rank its own process
+  bool rank_elsewhere = external;
+  for (std::size_t r = 0; r < t.trainer.ranks.size(); ++r) {
+    if (!external && (node.empty() || t.trainer.ranks[r].node == node))
+      out.push_back(gpu::comm_member::trainer_rank(static_cast<int>(r)));
+    else
+      rank_elsewhere = true;
+  }
+  // The coordinator's rule (coordinator_nccl.cpp): an engine joins when it
+  // pulls from some rank in another process; one whose every rank runs here
+  // takes their weights over the local plane and needs no device.
+  if (rank_elsewhere)
+    for (const auto& e : t.engines)
+      if (node.empty() || e.node == node)
+        for (std::int64_t w = 0; w < e.tp; ++w)
+          out.push_back(gpu::comm_member::worker(e.name, static_cast<int>(w)));
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -35,10 +43,23 @@ int device_of(const std::vector<gpu::comm_member>& hosted, const gpu::comm_membe
   return static_cast<int>(it - hosted.begin());
 }
 
+static_assert(gpu::max_comm_members == topology_limits::max_nccl_members, "validation bounds what NCCL takes");
+
+std::string nccl_device_problem(const std::vector<gpu::comm_member>& hosted, const gpu::device_info& devices) {
+  if (hosted.size() <= static_cast<std::size_t>(std::max(devices.device_count, 0)))
+    return {};
+  return "transfer.backend nccl: this process hosts " + std::to_string(hosted.size()) + " communicator members ("
+         + hosted.front().describe() + (hosted.size() > 1 ? " ... " + hosted.back().describe() : std::string{})
+         + "), each on a GPU of its own, and sees " + std::to_string(devices.device_count) + " CUDA devices"
+         + (devices.detail.empty() ? std::string{} : " (" + devices.detail + ")");
+}
+
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
                                                            gpu::nccl_membership::link_factory make) {
   if (make)
     return std::make_shared<gpu::nccl_membership>(std::move(make));
+  if (auto why = nccl_device_problem(hosted, gpu::query_devices()); !why.empty())
+    throw std::runtime_error(why);
   const auto capacity = static_cast<std::size_t>(
     plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32), dtype::f32));
   return std::make_shared<gpu::nccl_membership>(

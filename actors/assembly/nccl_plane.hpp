@@ -12,6 +12,7 @@
 // multi-process GPU job does. A member past the devices the process sees
 // fails its join, naming both.
 #include "actors/nccl_puller.hpp"
+#include "gpu/device.hpp"
 #include "gpu/nccl_membership.hpp"
 #include "runtime/config/topology.hpp"
 
@@ -25,8 +26,10 @@ namespace rlsync {
 
 /// The members a process hosts, in canonical order: the trainer ranks on
 /// `node` (or `external_rank` alone: a rank's own process), then the
-/// workers of the engines on `node` (none for an external rank's process).
-/// `node` empty: every rank and engine (one process plays every node).
+/// workers of the engines on `node` when some rank runs in another process
+/// (as the coordinator decides: an engine whose every rank runs with it
+/// takes their weights over the local plane). `node` empty: one process
+/// plays every node, and no engine joins.
 std::vector<gpu::comm_member> hosted_members(const topology& t, const std::string& node,
                                              std::optional<std::size_t> external_rank = std::nullopt);
 
@@ -34,9 +37,15 @@ std::vector<gpu::comm_member> hosted_members(const topology& t, const std::strin
 /// std::invalid_argument when the process does not host it.
 int device_of(const std::vector<gpu::comm_member>& hosted, const gpu::comm_member& m);
 
+/// Why this process cannot host `hosted` on what `devices` shows: a member
+/// per GPU. Empty when it can.
+std::string nccl_device_problem(const std::vector<gpu::comm_member>& hosted, const gpu::device_info& devices);
+
 /// The process's membership: links from nccl_link on each member's device,
 /// staging the model's largest group as f32 (what no group exceeds), or
-/// from `make` when given (a fake world in tests).
+/// from `make` when given (a fake world in tests). Without `make`, throws
+/// std::runtime_error (nccl_device_problem) when the process sees fewer
+/// devices than it hosts members: the start-up fails, not a later join.
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
                                                            gpu::nccl_membership::link_factory make = {});
 

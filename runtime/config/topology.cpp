@@ -888,12 +888,19 @@ void reader::check_nccl(const map_reader& r) {
     r.error("backend", "'nccl' sends whole groups, which every engine worker slices itself: set "
                        "transfer.mode: broadcast (sharded sends over nccl need packing on the device, not "
                        "built yet)");
-  for (const auto& e : t.engines)
+  std::int64_t members = static_cast<std::int64_t>(t.trainer.ranks.size()); // each term bounded: no overflow
+  for (const auto& e : t.engines) {
     if (e.kind == engine_kind::vllm) {
       r.error("backend", "'nccl' delivers into rlsync's own engines, and engine '" + e.name
                            + "' is a vLLM server, whose GPUs this node does not hold; use ucx");
       return;
     }
+    members += e.tp;
+  }
+  if (members > topology_limits::max_nccl_members)
+    r.error("backend", "'nccl' puts every trainer rank and engine worker in one communicator, at most "
+                         + std::to_string(topology_limits::max_nccl_members) + " members; this topology has "
+                         + std::to_string(members));
 }
 
 void reader::read_transfer(const map_reader& root) {

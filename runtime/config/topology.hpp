@@ -106,6 +106,8 @@ inline constexpr std::int64_t max_concurrency = 65536;
 inline constexpr std::int64_t max_tokens = 1 << 20;
 inline constexpr std::int64_t max_faults = 1024;
 inline constexpr std::int64_t max_duration_ms = 24 * 3600 * 1000; // one day: deadlines, intervals, delays
+/// transfer.backend nccl: trainer ranks plus engine workers in one communicator (gpu::max_comm_members).
+inline constexpr std::int64_t max_nccl_members = 65536;
 } // namespace topology_limits
 
 /// PEM files for mutual TLS between nodes. `cert` and `key` may contain

@@ -3,6 +3,7 @@
 // against a scripted trainer (rank 0 of every communicator) and scripted
 // engines that join, refuse or fall silent.
 #include "tests/support/coordinator_fixture.hpp"
+#include "tests/support/threaded_system.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -17,7 +18,7 @@ namespace {
 
 struct nccl_fixture : coordinator_fixture {
   std::shared_ptr<trainer_script> rec = std::make_shared<trainer_script>();
-  trainer_actor trainer;
+  scripted_trainer_actor trainer;
   int ids_made = 0;
 
   nccl_fixture() {
@@ -135,7 +136,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer that makes no id ho
   CHECK(status().rounds == rounds);
   CHECK(a.script->nccl_joins.empty());
   CHECK(logged("trainer rank 0 made no unique id for epoch 1"));
-  CHECK(logged("the next rendezvous in 1000 ms"));
+  CHECK(logged("the next in 1000 ms"));
   rec->nccl_id = made;
   advance(500ms);
   CHECK(a.script->nccl_joins.empty()); // not before the retry is due
@@ -191,4 +192,66 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: other backends never rendezvo
   CHECK(routable("a"));
   CHECK(rec->nccl_joins.empty());
   CHECK(engines["a"].script->nccl_joins.empty());
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine that leaves while the id is made fails the rendezvous, nothing else") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  rec->hold_nccl_ids = true;
+  auto& b = spawn_engine("b");
+  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  REQUIRE(rec->held_ids.size() == 1); // epoch 2, for a and b
+  kill(b);                            // dropped while the trainer makes the id
+  rec->hold_nccl_ids = false;
+  tell(trainer, release_ids_atom::value);
+  run();
+  CHECK(logged("b: it left before the rendezvous"));
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2});
+  // No round is due (a is current): the next one builds the communicator without b.
+  publish_through_trainer(3);
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2, 3});
+  CHECK(members_of(rec->nccl_joins.back()) == "t0 a/0");
+  CHECK(status().version == 3);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a member that restarts mid-rendezvous gets the communicator built again") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  auto& b = spawn_engine("b");
+  b.script->on_nccl_join = act::hold;
+  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  REQUIRE(epochs_joined("a") == std::vector<std::uint64_t>{1, 2}); // a answered epoch 2, b holds it
+  auto& a2 = spawn_engine("a");                                      // a's process restarted
+  join(engine_info{"a", "node", 1, 0, false, 1}, a2);
+  b.script->on_nccl_join = act::answer;
+  release("b");
+  CHECK(logged("a member restarted or failed meanwhile: built again"));
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{3}); // the new incarnation joins the next epoch
+  CHECK(epochs_joined("b") == std::vector<std::uint64_t>{2, 3});
+  CHECK(routable("b"));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: epochs start above the base, so a restarted coordinator's are newer") {
+  auto c = nccl_config();
+  c.nccl_epoch_base = 5000;
+  start_nccl(c);
+  add_engine("a");
+  CHECK(epochs_joined("a") == std::vector<std::uint64_t>{5001});
+  // Deployments take the wall clock's milliseconds.
+  const auto before = static_cast<std::uint64_t>(
+    std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  CHECK(coordinator_config_from(test::small_topology(2)).nccl_epoch_base >= before);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer that keeps failing is asked ever less often, up to 30 s apart") {
+  rec->nccl_id = nullptr;
+  start_nccl(nccl_config());
+  auto& a = spawn_engine("a");
+  join(engine_info{"a", "node", 1, 0, false, 0}, a);
+  for (const char* wait : {"1000 ms", "2000 ms", "4000 ms", "8000 ms", "16000 ms", "30000 ms", "30000 ms"}) {
+    CAPTURE(wait);
+    CHECK(logged(std::string("the next in ") + wait));
+    advance(30s);
+  }
+  CHECK(logged("(7 failed in a row)"));
 }

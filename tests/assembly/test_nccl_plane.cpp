@@ -61,9 +61,7 @@ TEST_CASE("nccl plane: a process hosts its ranks, then its engines' workers, eac
   const std::vector<row> rows = {
     {"a", std::nullopt, "trainer rank 0, engine f worker 0"},
     {"b", std::nullopt, "trainer rank 1, engine e-0 worker 0, engine e-1 worker 0, engine e-1 worker 1"},
-    {"", std::nullopt,
-     "trainer rank 0, trainer rank 1, engine e-0 worker 0, engine e-1 worker 0, engine e-1 worker 1, "
-     "engine f worker 0"},
+    {"", std::nullopt, "trainer rank 0, trainer rank 1"}, // one process: every engine takes the local plane
     {"b", std::size_t{1}, "trainer rank 1"}, // an external rank's own process: the rank alone
     {"c", std::nullopt, ""},
   };
@@ -79,6 +77,39 @@ TEST_CASE("nccl plane: a process hosts its ranks, then its engines' workers, eac
   auto external = t;
   external.trainer.source = trainer_source::external;
   CHECK(described(hosted_members(external, "a")) == "engine f worker 0");
+  // Every rank on a: a's engines take their weights locally and need no GPU; b's join.
+  auto one_rank = t;
+  one_rank.trainer.ranks = {trainer_rank{"a", {0, 1}}};
+  CHECK(described(hosted_members(one_rank, "a")) == "trainer rank 0");
+  CHECK(described(hosted_members(one_rank, "b")) == "engine e-0 worker 0, engine e-1 worker 0, engine e-1 worker 1");
+}
+
+TEST_CASE("nccl plane: a process needs a GPU per member it hosts, or it does not start") {
+  const auto t = two_node_topology();
+  const auto b = hosted_members(t, "b"); // four members
+  struct row {
+    int devices;
+    const char* detail;
+    const char* problem;
+  };
+  const std::vector<row> rows = {
+    {4, "", ""},
+    {8, "", ""},
+    {3, "", "transfer.backend nccl: this process hosts 4 communicator members (trainer rank 1 ... engine e-1 "
+            "worker 1), each on a GPU of its own, and sees 3 CUDA devices"},
+    {0, "no CUDA device", "transfer.backend nccl: this process hosts 4 communicator members (trainer rank 1 ... "
+                          "engine e-1 worker 1), each on a GPU of its own, and sees 0 CUDA devices (no CUDA device)"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.devices);
+    gpu::device_info info;
+    info.device_count = r.devices;
+    info.detail = r.detail;
+    CHECK(nccl_device_problem(b, info) == r.problem);
+  }
+  CHECK(nccl_device_problem({}, gpu::device_info{}).empty()); // a process that hosts no member
+  if (gpu::query_devices().device_count < 4) // the start-up refuses before any link
+    CHECK_THROWS_WITH_AS(make_nccl_membership(t, b), doctest::Contains("communicator members"), std::runtime_error);
 }
 
 TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvous is refused, not thrown") {

@@ -673,6 +673,12 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build for whole groups 
     {"sharded", plus(insecure + "transfer: {backend: nccl}"),
      "t.yaml:7:21: transfer.backend: 'nccl' sends whole groups, which every engine worker slices itself: set "
      "transfer.mode: broadcast (sharded sends over nccl need packing on the device, not built yet)"},
+    {"more members than a communicator takes",
+     "name: t\nmodel: {synthetic: {layers: 2, hidden_size: 1024, heads: 64, kv_heads: 64, intermediate_size: 128}}\n"
+     "nodes: [{name: a}, {name: b}]\ntrainer: {node: a}\nengines: [{name: e, node: a, replicas: 1024, tp: 64}]\n"
+       + insecure + "transfer: {backend: nccl, mode: broadcast}\n",
+     "t.yaml:7:21: transfer.backend: 'nccl' puts every trainer rank and engine worker in one communicator, at "
+     "most 65536 members; this topology has 65537"},
     {"a vLLM engine", with("engines", "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1'}]") + insecure
                         + "transfer: {backend: nccl, mode: broadcast}\n",
      "t.yaml:7:21: transfer.backend: 'nccl' delivers into rlsync's own engines, and engine 'v' is a vLLM server, "

@@ -85,7 +85,7 @@ struct engine_script {
   std::vector<transfer_order> orders;
 
   // -- nccl --
-  act on_nccl_join = act::answer; ///< answer (the epoch), fail or drop
+  act on_nccl_join = act::answer; ///< answer (the epoch), fail, hold (until released) or drop
   std::vector<nccl_rendezvous_msg> nccl_joins;
 };
 
@@ -276,6 +276,12 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
         return make_error(errc::malformed, self->state.engine + " told to refuse the rendezvous");
       if (script.on_nccl_join == act::drop)
         return self->make_response_promise<std::uint64_t>(); // never delivered
+      if (script.on_nccl_join == act::hold) {
+        auto rp = self->make_response_promise<std::uint64_t>();
+        self->state.held.push_back({[rp, e = msg.epoch]() mutable { rp.deliver(e); },
+                                    [rp](caf::error err) mutable { rp.deliver(std::move(err)); }});
+        return rp;
+      }
       return msg.epoch;
     },
     [=](phase_atom, const phase_order& order) { serve_phase_order(self, self->state.phase_orders, order); },

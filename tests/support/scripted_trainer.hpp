@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct trainer_script {
   std::function<caf::result<nccl_chunk>(const nccl_pull&)> nccl;
   /// Answers the coordinator's ask for a unique id; none: refuse it.
   std::function<caf::result<std::vector<std::uint8_t>>()> nccl_id;
+  /// Keep every ask for an id unanswered, in held_ids, until the test delivers it.
+  bool hold_nccl_ids = false;
+  std::vector<caf::typed_response_promise<std::vector<std::uint8_t>>> held_ids;
   /// Whether it joins a rendezvous (answering its epoch); every one it
   /// was sent lands in nccl_joins.
   bool nccl_joins_ok = false;
@@ -40,7 +44,11 @@ struct trainer_script {
 
 /// A trainer that also takes `publish`: make this the current version and
 /// tell every subscriber.
-using scripted_trainer_actor = trainer_actor::extend<caf::reacts_to<caf::publish_atom, version_info>>;
+/// Answers every held id ask with nccl_id() (an error without it).
+using release_ids_atom = caf::atom_constant<caf::atom("relids")>;
+
+using scripted_trainer_actor =
+  trainer_actor::extend<caf::reacts_to<caf::publish_atom, version_info>, caf::reacts_to<release_ids_atom>>;
 
 inline scripted_trainer_actor::behavior_type
 scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_script> script) {
@@ -75,6 +83,10 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
       return script->nccl(req);
     },
     [=](nccl_id_atom) -> caf::result<std::vector<std::uint8_t>> {
+      if (script->hold_nccl_ids) {
+        script->held_ids.push_back(self->make_response_promise<std::vector<std::uint8_t>>());
+        return script->held_ids.back();
+      }
       if (!script->nccl_id)
         return make_error(errc::unknown_name, "the scripted trainer makes no nccl ids");
       return script->nccl_id();
@@ -86,6 +98,19 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
       return msg.epoch;
     },
     [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
+    [=](release_ids_atom) {
+      for (auto& rp : std::exchange(script->held_ids, {})) {
+        if (!script->nccl_id) {
+          rp.deliver(make_error(errc::unknown_name, "the scripted trainer makes no nccl ids"));
+          continue;
+        }
+        auto id = script->nccl_id();
+        if (id.flag == caf::rt_value && id.value.match_elements<std::vector<std::uint8_t>>())
+          rp.deliver(id.value.get_as<std::vector<std::uint8_t>>(0));
+        else
+          rp.deliver(make_error(errc::unknown_name, "the scripted trainer made no id"));
+      }
+    },
     [=](caf::publish_atom, const version_info& vi) {
       script->current = vi;
       for (auto& l : script->listeners)
