@@ -48,6 +48,15 @@ struct nccl_fixture : coordinator_fixture {
     run();
   }
 
+  /// Spawns engine `name` that treats the rendezvous as `on_join` says, and
+  /// registers it (incarnation `incarnation`); what follows runs.
+  engine_handle& join_engine(const std::string& name, act on_join, std::uint64_t incarnation = 0) {
+    auto& e = spawn_engine(name);
+    e.script->on_nccl_join = on_join;
+    join(engine_info{name, "node", 1, 0, false, incarnation}, e);
+    return e;
+  }
+
   /// "t0 a/0 b/0": the members of a rendezvous, in rank order.
   static std::string members_of(const nccl_rendezvous_msg& m) {
     std::string out;
@@ -95,9 +104,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: the first round waits for the
 TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine that refuses the rendezvous is left out at once and asked again after the round") {
   start_nccl(nccl_config());
   add_engine("a");
-  auto& b = spawn_engine("b");
-  b.script->on_nccl_join = act::fail;
-  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  auto& b = join_engine("b", act::fail);
   // Epoch 2 named b, which refused; epoch 3 leaves it out and the round runs.
   CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2, 3});
   CHECK(epochs_joined("b") == std::vector<std::uint64_t>{2});
@@ -115,10 +122,8 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine that refuses the re
 TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a silent engine fails the rendezvous at the start deadline, never hangs it") {
   start_nccl(nccl_config());
   add_engine("a");
-  auto& b = spawn_engine("b");
-  b.script->on_nccl_join = act::drop;
   const auto rounds = status().rounds;
-  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  join_engine("b", act::drop);
   CHECK(status().rounds == rounds); // b's round waits on the rendezvous
   advance(1s);                      // the start deadline
   CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2, 3});
@@ -131,8 +136,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer that makes no id ho
   rec->nccl_id = nullptr; // refuses
   start_nccl(nccl_config());
   const auto rounds = status().rounds; // the trainer's first version, synced with nobody: no member to join
-  auto& a = spawn_engine("a");
-  join(engine_info{"a", "node", 1, 0, false, 0}, a);
+  auto& a = join_engine("a", act::answer);
   CHECK(status().rounds == rounds);
   CHECK(a.script->nccl_joins.empty());
   CHECK(logged("trainer rank 0 made no unique id for epoch 1"));
@@ -198,8 +202,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine that leaves while t
   start_nccl(nccl_config());
   add_engine("a");
   rec->hold_nccl_ids = true;
-  auto& b = spawn_engine("b");
-  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  auto& b = join_engine("b", act::answer);
   REQUIRE(rec->held_ids.size() == 1); // epoch 2, for a and b
   kill(b);                            // dropped while the trainer makes the id
   rec->hold_nccl_ids = false;
@@ -217,12 +220,9 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: an engine that leaves while t
 TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a member that restarts mid-rendezvous gets the communicator built again") {
   start_nccl(nccl_config());
   add_engine("a");
-  auto& b = spawn_engine("b");
-  b.script->on_nccl_join = act::hold;
-  join(engine_info{"b", "node", 1, 0, false, 0}, b);
+  auto& b = join_engine("b", act::hold);
   REQUIRE(epochs_joined("a") == std::vector<std::uint64_t>{1, 2}); // a answered epoch 2, b holds it
-  auto& a2 = spawn_engine("a");                                      // a's process restarted
-  join(engine_info{"a", "node", 1, 0, false, 1}, a2);
+  join_engine("a", act::answer, 1); // a's process restarted
   b.script->on_nccl_join = act::answer;
   release("b");
   CHECK(logged("a member restarted or failed meanwhile: built again"));
@@ -246,8 +246,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: epochs start above the base, 
 TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer that keeps failing is asked ever less often, up to 30 s apart") {
   rec->nccl_id = nullptr;
   start_nccl(nccl_config());
-  auto& a = spawn_engine("a");
-  join(engine_info{"a", "node", 1, 0, false, 0}, a);
+  join_engine("a", act::answer);
   for (const char* wait : {"1000 ms", "2000 ms", "4000 ms", "8000 ms", "16000 ms", "30000 ms", "30000 ms"}) {
     CAPTURE(wait);
     CHECK(logged(std::string("the next in ") + wait));
