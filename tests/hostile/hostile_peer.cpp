@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <random>
 #include <thread>
@@ -254,6 +255,18 @@ bool sweep(attack_context& cx, session& s, const std::vector<probe>& probes, std
   return true;
 }
 
+/// A rendezvous as the coordinator would send it, naming trainer rank 0 and
+/// worker 0 of every likely engine, with a made-up id.
+nccl_rendezvous_msg forged_rendezvous() {
+  nccl_rendezvous_msg m;
+  m.epoch = std::numeric_limits<std::uint64_t>::max(); // newer than anything held
+  m.id.assign(128, 0x5a);
+  m.members.push_back(nccl_member{true, {}, 0});
+  for (const char* engine : {"rollout-a", "rollout-b", "rollout-0", "rollout-1"})
+    m.members.push_back(nccl_member{false, engine, 0});
+  return m;
+}
+
 int run_direct(attack_context& cx, const direct_options& d) {
   session s{cx.sys, nullptr};
   int rc = refused;
@@ -298,6 +311,10 @@ int run_direct(attack_context& cx, const direct_options& d) {
       {"pull v" + std::to_string(version) + " group 0",
        caf::make_message(pull_atom_v, version, std::uint32_t{0})},
       {"freeze", caf::make_message(freeze_atom_v)},
+      // NCCL's rendezvous is the coordinator's alone: a stranger gets no
+      // unique id (its bootstrap address and magic) and joins nobody.
+      {"nccl id", caf::make_message(nccl_id_atom_v)},
+      {"nccl join", caf::make_message(nccl_join_atom_v, forged_rendezvous())},
     };
     for (auto& name : d.deregister)
       writes.push_back({"deregister " + name, caf::make_message(deregister_atom_v, name)});
