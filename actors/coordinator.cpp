@@ -745,6 +745,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       s.below_min_live_events = st.live_alert.events;
       s.refused = st.guard->refused();
       s.ranks = rank_statuses(st);
+      s.nccl_epoch = st.nccl.layout.epoch;
+      s.nccl_members = static_cast<std::uint32_t>(st.nccl.layout.members.size());
+      s.nccl_rebuilds = st.nccl.rebuilds;
+      s.nccl_healthy = st.nccl.healthy;
       return s;
     }),
     authorized(self, guard, [=](digest_atom) -> caf::result<std::vector<weight_digest>> {

@@ -164,7 +164,7 @@ RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, 
                x.rerouted, x.refused, x.outstanding_by_engine)
 RLSYNC_INSPECT(coordinator_status, x.version, x.members, x.routable, x.rounds, x.history,
                x.unreachable, x.retired, x.live, x.below_min_live_events, x.refused, x.ranks,
-               x.last_evictions)
+               x.last_evictions, x.nccl_epoch, x.nccl_members, x.nccl_rebuilds, x.nccl_healthy)
 RLSYNC_INSPECT(rank_status, x.rank, x.node, x.incarnation, x.latest_version, x.pinned_version, x.reachable)
 RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums)
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)

@@ -41,6 +41,10 @@ fleet_view fleet_view_of(const coordinator_status& c, const std::optional<router
   v.live = c.live;
   v.below_min_live_events = c.below_min_live_events;
   v.router = r;
+  v.nccl_epoch = c.nccl_epoch;
+  v.nccl_members = c.nccl_members;
+  v.nccl_rebuilds = c.nccl_rebuilds;
+  v.nccl_healthy = c.nccl_healthy;
   if (!c.history.empty())
     v.last_round = c.history.back();
   std::set<std::string> seen;
@@ -112,6 +116,9 @@ std::string fleet_text(const fleet_view& v) {
         << " rejected, " << v.router->rerouted << " rerouted\n";
   else
     out << "router: did not answer\n";
+  if (v.nccl_epoch != 0 || v.nccl_rebuilds != 0)
+    out << "nccl: communicator epoch " << v.nccl_epoch << ", " << v.nccl_members << " members, "
+        << (v.nccl_healthy ? "serving" : "rebuilt at the next round") << "; " << v.nccl_rebuilds << " built\n";
   return out.str();
 }
 
@@ -148,6 +155,13 @@ nlohmann::ordered_json fleet_json(const fleet_view& v) {
                    {"rejected", v.router->rejected},   {"rerouted", v.router->rerouted}};
   else
     j["router"] = nullptr;
+  if (v.nccl_epoch != 0 || v.nccl_rebuilds != 0)
+    j["nccl"] = {{"epoch", v.nccl_epoch},
+                 {"members", v.nccl_members},
+                 {"serving", v.nccl_healthy},
+                 {"built", v.nccl_rebuilds}};
+  else
+    j["nccl"] = nullptr;
   return j;
 }
 

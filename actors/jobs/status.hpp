@@ -43,6 +43,11 @@ struct fleet_view {
   std::vector<fleet_engine> engines; ///< by name; retired replicas included
   std::optional<sync_report> last_round;
   std::optional<router_status> router;
+  /// transfer.backend nccl: the communicator (epoch 0 and no rebuild: none shown).
+  std::uint64_t nccl_epoch = 0;
+  std::uint32_t nccl_members = 0;
+  std::uint64_t nccl_rebuilds = 0;
+  bool nccl_healthy = false;
 };
 
 /// The view from the coordinator's status and, when it answered, the router's.

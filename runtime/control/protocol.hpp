@@ -393,6 +393,13 @@ struct coordinator_status {
   std::vector<rank_status> ranks; ///< the registered trainer ranks by index (none: a single trainer)
   /// Each replica's last eviction from a round, "phase: why" (those never evicted are absent).
   std::map<std::string, std::string> last_evictions;
+  /// transfer.backend nccl: the communicator the members joined (epoch 0:
+  /// none), its members, how many were built, and whether it serves (no
+  /// member failed since).
+  std::uint64_t nccl_epoch = 0;
+  std::uint32_t nccl_members = 0;
+  std::uint64_t nccl_rebuilds = 0;
+  bool nccl_healthy = false;
 };
 
 // -- names and checks ------------------------------------------------------------------

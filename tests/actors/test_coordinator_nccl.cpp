@@ -94,6 +94,11 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: the first round waits for the
   CHECK(epochs_joined("a") == std::vector<std::uint64_t>{1, 2});
   CHECK(epochs_joined("b") == std::vector<std::uint64_t>{2});
   CHECK(routable("b"));
+  auto s = status(); // what `rlsync status` shows
+  CHECK(s.nccl_epoch == 2);
+  CHECK(s.nccl_members == 3);
+  CHECK(s.nccl_rebuilds == 2);
+  CHECK(s.nccl_healthy);
   // Nobody changed: the next version syncs over the same communicator.
   publish_through_trainer(3);
   CHECK(status().version == 3);

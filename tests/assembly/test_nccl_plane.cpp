@@ -162,8 +162,17 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   };
   auto trainer_process = make_nccl_membership(t, {gpu::comm_member::trainer_rank(0)}, fake_links);
   auto engine_process = make_nccl_membership(t, hosted_members(t, "a"), fake_links);
-  auto trainer = make_local_trainer(sys, t, 0, {}, {}, nullptr, trainer_process);
-  std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(trainer.actor)};
+  trainer_config tc; // make_local_trainer's, but for the id
+  tc.source = transfer::make_weight_source(t, 0);
+  tc.step_time = t.trainer.step_time;
+  tc.nccl = std::make_shared<nccl_desk>();
+  tc.engines = std::make_shared<engine_nodes>();
+  serve_over_nccl(tc, trainer_process, 0);
+  // No NCCL bootstrap socket in a unit test (and no NCCL at all in the stub build).
+  tc.make_nccl_id = [] { return std::vector<std::uint8_t>(128, 7); };
+  const auto source = tc.source;
+  const auto trainer = spawn_trainer(sys, tc);
+  std::vector<caf::actor> actors{caf::actor_cast<caf::actor>(trainer)};
   struct stop_all {
     caf::actor_system& sys;
     std::vector<caf::actor>& actors;
@@ -171,7 +180,7 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   } guard{sys, actors};
   for (const auto& e : t.engines) {
     replica_wiring w;
-    w.puller = std::make_shared<nccl_puller>(sys, [tr = trainer.actor] { return tr; }, t.model.config,
+    w.puller = std::make_shared<nccl_puller>(sys, [trainer] { return trainer; }, t.model.config,
                                              nccl_links(engine_process));
     w.source_dtype = dtype::bf16;
     w.nccl = engine_process;
@@ -181,7 +190,7 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   std::mutex log_mutex;
   std::vector<std::string> lines;
   auto cc = coordinator_config_from(t);
-  cc.trainer = trainer.actor;
+  cc.trainer = trainer;
   cc.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; }; // as if apart
   cc.log = [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(log_mutex);
@@ -203,8 +212,9 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   std::vector<std::string> evicted;
   // The engines may register on either side of the trainer's first version:
   // one round or two bring both current.
-  for (int attempt = 0; attempt < 100 && routable() < 2; ++attempt) {
-    self->request(coord, std::chrono::seconds(30), sync_atom::value)
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (routable() < 2 && std::chrono::steady_clock::now() < give_up) {
+    self->request(coord, std::chrono::seconds(10), sync_atom::value)
       .receive([&](const sync_report& r) { evicted.insert(evicted.end(), r.evicted.begin(), r.evicted.end()); }, [&](caf::error& err) { failure = sys.render(err); });
     std::this_thread::sleep_for(std::chrono::milliseconds(20)); // the trainer's first step runs off its mailbox
   }
@@ -214,7 +224,7 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   self->request(coord, std::chrono::seconds(30), digest_atom::value)
     .receive([&](std::vector<weight_digest>& x) { digests = std::move(x); }, [](caf::error&) {});
   REQUIRE(digests.size() == 2);
-  for (const auto& v : verify_weights(t, *trainer.source, digests)) {
+  for (const auto& v : verify_weights(t, *source, digests)) {
     CAPTURE(v.engine);
     CAPTURE(v.error);
     CHECK(v.ok());

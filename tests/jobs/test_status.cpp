@@ -111,6 +111,22 @@ TEST_CASE("status: the fleet in text and JSON") {
   CHECK(j["router"]["queued"] == 1);
   // Round-trips through text: what `--json` prints parses.
   CHECK(nlohmann::json::parse(j.dump(2))["engines"][3]["name"] == "e9");
+  CHECK(text.find("nccl:") == std::string::npos); // no communicator: no line
+  CHECK(j["nccl"].is_null());
+}
+
+TEST_CASE("status: the nccl communicator, when there is one") {
+  coordinator_status c;
+  c.nccl_epoch = 1733300000002;
+  c.nccl_members = 5;
+  c.nccl_rebuilds = 2;
+  c.nccl_healthy = true;
+  auto v = fleet_view_of(c, std::nullopt);
+  CHECK(fleet_text(v).find("nccl: communicator epoch 1733300000002, 5 members, serving; 2 built\n")
+        != std::string::npos);
+  CHECK(fleet_json(v)["nccl"]["members"] == 5);
+  c.nccl_healthy = false;
+  CHECK(fleet_text(fleet_view_of(c, std::nullopt)).find("5 members, rebuilt at the next round") != std::string::npos);
 }
 
 TEST_CASE("status: no router, no round yet") {
