@@ -29,16 +29,14 @@ constexpr std::size_t max_sessions_per_connection = 64;
 void producer_impl::start() {
   // The model's full group sizes bound what a plan may make us pack.
   const auto& c = source->config();
-  full_group_bytes.assign(plan::group_count(c), 0);
+  intake.emplace(*source);
+  const auto& full_group_bytes = intake->full_group_bytes();
   std::vector<std::vector<tensor_view>> layouts(full_group_bytes.size());
   for (const auto& p : source->parameters()) {
-    params_by_name[p.name] = p;
-    const auto g = plan::group_of(c, p.name);
-    full_group_bytes[g] += p.bytes();
     tensor_view v;
     static_cast<tensor_spec&>(v) = p;
     v.size = static_cast<std::size_t>(p.bytes());
-    layouts[g].push_back(std::move(v));
+    layouts[plan::group_of(c, p.name)].push_back(std::move(v));
   }
   // The default budget: a few of the largest groups a consumer may ask for
   // (broadcast's, with its alignment, is the largest).
@@ -575,18 +573,13 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   }
   std::shared_ptr<const plan::grouped_plan> grouped;
   try {
-    auto p = std::make_shared<const plan::worker_plan>(wire::decode_plan(m.plan.data(), m.plan.size()));
-    check_against_model(*p);
-    grouped = std::make_shared<const plan::grouped_plan>(source->config(), std::move(p));
-  } catch (const wire::wire_error& e) {
-    refuse(wire::status::bad_request, std::string("malformed plan: ") + e.what());
-    return;
-  } catch (const std::exception& e) {
-    refuse(wire::status::producer_failed, std::string("the plan does not fit this producer's model: ") + e.what());
+    grouped = intake->accept(m.plan.data(), m.plan.size());
+  } catch (const plan_intake::refusal& e) {
+    refuse(e.malformed ? wire::status::bad_request : wire::status::producer_failed, e.what());
     return;
   }
   const auto& held = source->held_groups();
-  for (std::uint32_t g = 0; g < grouped->group_count(); ++g) {
+  for (std::uint32_t g = 0; g < grouped->group_count(); ++g)
     if (grouped->bytes(g) > budget && std::binary_search(held.begin(), held.end(), g)) {
       refuse(wire::status::producer_failed,
              "the plan packs " + std::to_string(grouped->bytes(g)) + " bytes for group " + std::to_string(g)
@@ -594,13 +587,6 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
                  + " bytes (transfer.packed_budget_bytes)");
       return;
     }
-    if (grouped->bytes(g) > 4 * std::max<std::uint64_t>(full_group_bytes[g], 1)) {
-      refuse(wire::status::producer_failed,
-             "the plan packs " + std::to_string(grouped->bytes(g)) + " bytes for group " + std::to_string(g)
-                 + ", more than 4x the group's " + std::to_string(full_group_bytes[g]));
-      return;
-    }
-  }
   if (c->plans.size() >= max_plans_per_connection) {
     c->plans.erase(c->plan_order.front());
     c->plan_order.pop_front();
@@ -608,23 +594,6 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   c->plans[digest] = std::move(grouped);
   c->plan_order.push_back(digest);
   reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
-}
-
-// Entries for tensors this producer holds must match them in dtype and
-// shape (entries for tensors it does not hold are another rank's).
-void producer_impl::check_against_model(const plan::worker_plan& p) const {
-  for (std::size_t i = 0; i < p.entries.size(); ++i) {
-    const auto& e = p.entries[i];
-    auto it = params_by_name.find(e.source);
-    if (it == params_by_name.end())
-      continue;
-    if (it->second.type != e.source_type || it->second.shape != e.source_shape)
-      throw std::invalid_argument("plan entry " + std::to_string(i) + ": tensor '" + e.source + "' is "
-                                  + std::string(safetensors_name(it->second.type)) + " "
-                                  + shape_string(it->second.shape) + ", the plan was recorded for "
-                                  + std::string(safetensors_name(e.source_type)) + " "
-                                  + shape_string(e.source_shape));
-  }
 }
 
 void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {

@@ -9,6 +9,7 @@
 #include "runtime/transfer/ucx/active_messages.hpp"
 #include "runtime/transfer/ucx/context.hpp"
 #include "runtime/transfer/host_buffer.hpp"
+#include "runtime/transfer/plan_intake.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -228,8 +230,7 @@ struct producer_impl {
 
   fault_hooks faults;
 
-  std::map<std::string, tensor_spec> params_by_name;
-  std::vector<std::uint64_t> full_group_bytes; // per model group, from the source's parameters
+  std::optional<plan_intake> intake; // set by start(): what a consumer's plan must fit
 
   // Shared memory: this host's boot id (empty: not offered) and the page a
   // consumer on it maps first, to learn whether it can map ours at all.
@@ -284,7 +285,6 @@ struct producer_impl {
   void handle(const conn_ptr& c, const wire::hello_msg& m);
 
   void handle(const conn_ptr& c, const wire::plan_msg& m);
-  void check_against_model(const plan::worker_plan& p) const;
   void handle(const conn_ptr& c, const wire::open_msg& m);
 
   void handle(const conn_ptr& c, const wire::close_msg& m) {
