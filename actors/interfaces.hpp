@@ -64,6 +64,8 @@ using trainer_actor = caf::typed_actor<
   // nccl: queue a group's send to the worker on the rank's communicator and
   // say what arrives; an error when no nccl sender runs or the epoch differs
   caf::replies_to<nccl_pull_atom, nccl_pull>::with<nccl_chunk>,
+  // nccl, sharded: keep the worker's plan for its pulls; the answer is its digest
+  caf::replies_to<nccl_plan_atom, nccl_plan>::with<std::uint64_t>,
   // nccl, from the coordinator only: a new communicator's unique id (rank 0
   // makes it: NCCL's bootstrap root listens in its process) ...
   caf::replies_to<nccl_id_atom>::with<std::vector<std::uint8_t>>,

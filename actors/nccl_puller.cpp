@@ -4,13 +4,17 @@
 #include "actors/type_ids.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/base/checksum.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/store_in_place.hpp"
+#include "runtime/transfer/ucx/ucx_wire.hpp"
 
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
 
 namespace rlsync {
 
@@ -27,6 +31,67 @@ nccl_puller::nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> 
     throw std::invalid_argument("an nccl puller without links");
 }
 
+void nccl_puller::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
+  if (!plan)
+    throw std::invalid_argument("nccl transfer: engine '" + engine + "' registered no plan");
+  registration r;
+  r.plan = std::make_shared<const plan::grouped_plan>(model_, plan);
+  r.encoded = transfer::ucx_wire::encode_plan(*plan);
+  r.digest = checksum64(r.encoded.data(), r.encoded.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  plans_[{engine, plan->worker}] = std::move(r);
+}
+
+void nccl_puller::unregister_engine(const std::string& engine) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = plans_.begin(); it != plans_.end();)
+    it = it->first.first == engine ? plans_.erase(it) : std::next(it);
+}
+
+std::pair<std::shared_ptr<const plan::grouped_plan>, std::uint64_t>
+nccl_puller::registered_plan(caf::scoped_actor& self, const trainer_actor& trainer, const transfer::pull_request& req,
+                             std::uint64_t epoch) {
+  const auto me = "engine " + printable(req.engine) + " worker " + std::to_string(req.worker);
+  nccl_plan ask;
+  std::shared_ptr<const plan::grouped_plan> plan;
+  std::uint64_t digest = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = plans_.find({req.engine, req.worker});
+    if (it == plans_.end())
+      throw transfer_error(transfer_failure::not_registered, "nccl: " + me + " registered no plan");
+    plan = it->second.plan;
+    digest = it->second.digest;
+    if (it->second.trainer == trainer.address() && it->second.epoch == epoch)
+      return {plan, digest};
+    ask.plan = it->second.encoded;
+  }
+  ask.engine = req.engine;
+  ask.worker = req.worker;
+  ask.epoch = epoch;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - transfer::clock::now());
+  if (left.count() <= 0)
+    throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the deadline passed before its plan was sent");
+  std::optional<std::uint64_t> answer;
+  caf::error failure;
+  self->request(trainer, left, nccl_plan_atom::value, std::move(ask))
+    .receive([&](std::uint64_t d) { answer = d; }, [&](caf::error& e) { failure = std::move(e); });
+  if (!answer)
+    throw transfer_error(failure == caf::sec::request_timeout ? transfer_failure::timeout
+                                                              : transfer_failure::producer_failed,
+                         "nccl: " + me + ": the trainer did not take its plan: " + sys_.render(failure));
+  if (*answer != digest)
+    throw transfer_error(transfer_failure::producer_failed,
+                         "trainer over nccl: took the plan of " + me + " as " + checksum_hex(*answer) + ", it is "
+                           + checksum_hex(digest));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto it = plans_.find({req.engine, req.worker}); it != plans_.end() && it->second.digest == digest) {
+    it->second.trainer = trainer.address();
+    it->second.epoch = epoch;
+  }
+  return {plan, digest};
+}
+
 namespace {
 
 /// A failed wait: past the deadline is a timeout, anything else the
@@ -35,6 +100,32 @@ namespace {
   throw transfer_error(out.result == gpu::wait_outcome::kind::deadline ? transfer_failure::timeout
                                                                        : transfer_failure::producer_failed,
                        "nccl: " + out.why);
+}
+
+/// Sharded: the worker's entries of group `g`, verified, handed on packed
+/// or stored where the engine keeps them.
+void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& answer,
+                          const std::vector<std::uint8_t>& packed, const transfer::group_sink& sink,
+                          transfer::pull_report& report) {
+  if (answer.version != req.version || answer.group != g)
+    throw transfer_error(transfer_failure::producer_failed, "trainer answered group " + std::to_string(g)
+                                                              + " of version " + std::to_string(req.version)
+                                                              + " with another");
+  const auto targets = transfer::group_targets(sink, req.worker, g, packed.size());
+  const auto got = targets.empty() ? checksum64(packed.data(), packed.size())
+                                   : transfer::store_group(packed.data(), targets);
+  if (got != answer.checksum)
+    throw transfer_error(transfer_failure::checksum_mismatch,
+                         "nccl: group " + std::to_string(g) + " of version " + std::to_string(req.version)
+                           + " failed its checksum (sent " + checksum_hex(answer.checksum) + ", received "
+                           + checksum_hex(got) + " over " + std::to_string(packed.size())
+                           + " bytes); the update is void");
+  if (targets.empty())
+    sink.on_group(req.worker, g, packed.data(), packed.size());
+  else
+    sink.on_stored(req.worker, g);
+  report.bytes += packed.size();
+  ++report.groups;
 }
 
 } // namespace
@@ -67,12 +158,22 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
   };
   caf::scoped_actor self{sys_};
   const trainer_actor trainer = trainer_();
+  const bool sharded = req.mode == transfer_mode::sharded;
+  std::shared_ptr<const plan::grouped_plan> plan;
   nccl_pull ask;
+  if (sharded)
+    std::tie(plan, ask.plan) = registered_plan(self, trainer, req, layout.epoch);
   ask.engine = req.engine;
   ask.worker = req.worker;
   ask.version = req.version;
   ask.epoch = layout.epoch;
+  std::vector<std::uint8_t> packed; // sharded: the group's bytes, reused
   for (const std::uint32_t g : groups_) {
+    if (sharded && plan->bytes(g) == 0) { // none of this worker's entries: nothing to move
+      sink.on_group(req.worker, g, packed.data(), 0);
+      ++report.groups;
+      continue;
+    }
     const auto left = group_wait(req, g, group_deadline_);
     const auto until = transfer::clock::now() + left; // the ask, the receive and the read together
     const auto what = "group " + std::to_string(g) + " of version " + std::to_string(req.version) + " to " + me;
@@ -104,10 +205,15 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     if (chunk->root < 0 || chunk->root >= layout.size() || !layout.members[static_cast<std::size_t>(chunk->root)].producer)
       throw refuse("group " + std::to_string(g) + " from rank " + std::to_string(chunk->root)
                    + ", which is no trainer rank of epoch " + std::to_string(layout.epoch));
-    if (chunk->bytes > largest_group_bytes_ || chunk->bytes > link->capacity())
+    if (sharded && chunk->bytes != plan->bytes(g))
+      throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes) + " bytes, the plan of " + me
+                   + " packs " + std::to_string(plan->bytes(g)));
+    if (!sharded && chunk->bytes > largest_group_bytes_)
       throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes)
-                   + " bytes, more than the model's largest group (" + std::to_string(largest_group_bytes_)
-                   + ") or the staging (" + std::to_string(link->capacity()) + ")");
+                   + " bytes, more than the model's largest group (" + std::to_string(largest_group_bytes_) + ")");
+    if (chunk->bytes > link->capacity()) // the trainer's sender refuses such a send: it lies
+      throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes)
+                   + " bytes, more than the staging (" + std::to_string(link->capacity()) + ")");
     const auto n = static_cast<std::size_t>(chunk->bytes);
     try {
       link->recv(n, chunk->root);
@@ -118,15 +224,19 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     if (auto got = gpu::wait_for(*link, until, what, hooks_); !got.ok())
       throw_wait_failure(got);
     auto& bucket = chunk->bucket;
-    bucket.data.resize(n);
+    auto& into = sharded ? packed : bucket.data;
+    into.resize(n);
     try {
-      link->read(bucket.data.data(), n);
+      link->read(into.data(), n);
     } catch (const std::exception& e) {
       link->abort();
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
     turn.unlock(); // the bytes are out of the staging: the next exchange may begin
-    deliver_whole_group(req, g, bucket, sink, report);
+    if (sharded)
+      deliver_packed_group(req, g, bucket, packed, sink, report);
+    else
+      deliver_whole_group(req, g, bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;
   return report;

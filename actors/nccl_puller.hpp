@@ -2,27 +2,39 @@
 // The consumer side of the nccl backend: each engine worker is a member of
 // the current NCCL communicator (its link), and asks the trainer (rank) for
 // every group of a version (nccl_pull_atom). The trainer queues the group's
-// bucket for its sender (gpu/nccl_sender.hpp) and answers with the bucket's
-// layout, checksum and size; the worker posts the matching receive, waits
-// for it against the group's deadline (never blindly: comm_wait.hpp), copies
-// the bytes out of its device staging, verifies them and slices whole
-// tensors as the CAF path does (the built-in engine computes on the CPU).
+// bytes for its sender (gpu/nccl_sender.hpp) and answers with their size
+// and checksum; the worker posts the matching receive, waits for it against
+// the group's deadline (never blindly: comm_wait.hpp), copies the bytes out
+// of its device staging and verifies them.
+//
+//   broadcast  the trainer sends the group whole; the worker slices whole
+//              tensors as the CAF path does (the built-in engine computes
+//              on the CPU);
+//   sharded    the worker registers its plan with the trainer once per
+//              communicator and trainer (nccl_plan_atom, answered with the
+//              plan's digest); the trainer packs the worker's entries of
+//              each group (≈ 1/tp of it) and sends only those, which the
+//              worker hands on packed (or stores in place).
 //
 // A worker that is in no communicator (it joined after the last boundary)
 // fails its pull; so does any failure of the link, which is then aborted:
 // NCCL cannot mend a communicator, the coordinator rebuilds it at the next
 // boundary. A trainer that lies (another epoch, a root that is no
-// producer, more bytes than the largest group or the staging) is refused
-// before a receive is posted.
+// producer, more bytes than the largest group or the staging, a sharded
+// group of another size than the plan packs) is refused before a receive
+// is posted.
 #include "actors/interfaces.hpp"
 #include "gpu/nccl_link.hpp"
 #include "runtime/config/model_config.hpp"
+#include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/puller.hpp"
 
 #include <caf/actor_system.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,13 +52,28 @@ public:
   nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model, link_of links,
               std::optional<std::vector<std::uint32_t>> groups = std::nullopt, gpu::wait_hooks hooks = {});
 
-  /// No plans needed: the trainer sends whole groups, each worker slices them.
-  void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
-  void unregister_engine(const std::string&) override {}
+  /// Keeps the worker's plan for sharded pulls (broadcast needs none).
+  /// Throws std::invalid_argument for a plan that does not fit the model.
+  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override;
+  void unregister_engine(const std::string& engine) override;
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;
 
 private:
+  /// A worker's plan, and where it was last registered.
+  struct registration {
+    std::shared_ptr<const plan::grouped_plan> plan;
+    std::vector<std::uint8_t> encoded; ///< the ucx wire's plan encoding
+    std::uint64_t digest = 0;          ///< checksum64 of `encoded`
+    caf::actor_addr trainer;           ///< registered with this trainer (rank) ...
+    std::uint64_t epoch = 0;           ///< ... in this communicator
+  };
+  /// The worker's plan and its digest, registered with `trainer` in `epoch`
+  /// (asking it now unless it was already). Throws transfer_error.
+  std::pair<std::shared_ptr<const plan::grouped_plan>, std::uint64_t>
+  registered_plan(caf::scoped_actor& self, const trainer_actor& trainer, const transfer::pull_request& req,
+                  std::uint64_t epoch);
+
   caf::actor_system& sys_;
   std::function<trainer_actor()> trainer_;
   model_config model_;
@@ -55,6 +82,8 @@ private:
   gpu::wait_hooks hooks_;
   std::chrono::milliseconds group_deadline_;
   std::uint64_t largest_group_bytes_ = 0; ///< as f32: what no group may exceed
+  std::mutex mutex_; ///< pulls of several workers run at once
+  std::map<std::pair<std::string, int>, registration> plans_;
 };
 
 } // namespace rlsync

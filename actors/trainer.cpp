@@ -9,6 +9,7 @@
 #include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/packing.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
@@ -174,7 +175,8 @@ weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g) 
 }
 
 /// Group `group` of `version` as a bucket, or why the source cannot give it.
-caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, std::uint32_t group) {
+/// Version `version` when group `group` of it is held, else why not.
+caf::expected<transfer::snapshot_ptr> held_group(self_ptr self, std::uint64_t version, std::uint32_t group) {
   const auto& source = *self->state.cfg.source;
   auto s = source.find(version);
   if (!s) {
@@ -186,7 +188,40 @@ caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, s
   }
   if (!s->holds_group(group))
     return make_error(errc::unknown_name, "group " + std::to_string(group) + " is not held by this trainer");
-  return group_bucket(*s, group);
+  return s;
+}
+
+caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, std::uint32_t group) {
+  auto s = held_group(self, version, group);
+  if (!s)
+    return s.error();
+  return group_bucket(**s, group);
+}
+
+/// nccl, sharded: the worker's entries of the group, packed as its plan
+/// (registered under digest req.plan) says.
+caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) {
+  auto it = self->state.nccl_plans.find({req.engine, req.worker});
+  if (it == self->state.nccl_plans.end() || it->second.digest != req.plan)
+    return make_error(errc::unknown_name, "trainer: nccl: plan " + checksum_hex(req.plan) + " of engine '"
+                                            + printable(req.engine) + "' worker " + std::to_string(req.worker)
+                                            + " is not registered with this rank");
+  auto s = held_group(self, req.version, req.group);
+  if (!s)
+    return s.error();
+  const auto& plan = *it->second.plan;
+  weight_bucket b;
+  b.version = req.version;
+  b.group = req.group;
+  try {
+    b.data.resize(static_cast<std::size_t>(plan.bytes(req.group)));
+    b.checksum = transfer::pack_group_checksummed(plan, req.group, **s, b.data.data());
+  } catch (const std::exception& e) { // an entry of a tensor this rank does not hold
+    return make_error(errc::malformed, "trainer: nccl: packing group " + std::to_string(req.group) + " for engine '"
+                                         + printable(req.engine) + "' worker " + std::to_string(req.worker) + ": "
+                                         + e.what());
+  }
+  return b;
 }
 
 /// An engine worker's own credentials (a UCX ticket, a cuda_ipc slot) go
@@ -321,7 +356,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         return make_error(errc::unknown_name, "trainer: nccl: engine '" + printable(req.engine) + "' worker "
                                                 + std::to_string(req.worker) + " is not in epoch "
                                                 + std::to_string(layout.epoch) + "'s communicator");
-      auto bucket = held_bucket(self, req.version, req.group);
+      auto bucket = req.plan == 0 ? held_bucket(self, req.version, req.group) : packed_bucket(self, req);
       if (!bucket)
         return bucket.error();
       auto bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(bucket->data));
@@ -339,6 +374,41 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       out.bytes = bytes->size();
       out.bucket = std::move(*bucket);
       return out;
+    }),
+    authorized(self, data_guard, [=](nccl_plan_atom, const nccl_plan& req) -> caf::result<std::uint64_t> {
+      auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
+      if (!sender)
+        return make_error(errc::unknown_name, "this trainer runs no nccl sender");
+      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ncclplan", "an nccl plan"))
+        return *refused;
+      const auto& layout = sender->layout();
+      const auto who = "engine '" + printable(req.engine) + "' worker " + std::to_string(req.worker);
+      if (req.epoch != layout.epoch || layout.rank_of(gpu::comm_member::worker(req.engine, req.worker)) < 0)
+        return make_error(errc::unknown_name, "trainer: nccl: the plan of " + who + " for epoch "
+                                                + std::to_string(req.epoch) + ": " + who + " is no member of epoch "
+                                                + std::to_string(layout.epoch) + "'s communicator");
+      auto& st = self->state;
+      const auto digest = checksum64(req.plan.data(), req.plan.size());
+      const std::pair<std::string, std::int32_t> key{req.engine, req.worker};
+      if (auto it = st.nccl_plans.find(key); it != st.nccl_plans.end() && it->second.digest == digest)
+        return digest;
+      if (!st.plan_intake)
+        st.plan_intake = std::make_shared<const transfer::plan_intake>(*st.cfg.source);
+      std::shared_ptr<const plan::grouped_plan> plan;
+      try {
+        plan = st.plan_intake->accept(req.plan.data(), req.plan.size());
+      } catch (const transfer::plan_intake::refusal& e) {
+        return make_error(errc::malformed, "trainer: nccl: the plan of " + who + ": " + e.what());
+      }
+      if (plan->worker() != req.worker)
+        return make_error(errc::malformed, "trainer: nccl: " + who + " registered the plan of worker "
+                                             + std::to_string(plan->worker()));
+      // Members of an older communicator pull no more: their plans go.
+      for (auto it = st.nccl_plans.begin(); it != st.nccl_plans.end();)
+        it = layout.rank_of(gpu::comm_member::worker(it->first.first, it->first.second)) < 0 ? st.nccl_plans.erase(it)
+                                                                                            : std::next(it);
+      st.nccl_plans[key] = {digest, std::move(plan)};
+      return digest;
     }),
     authorized(self, placements_guard, [=](nccl_id_atom) -> caf::result<std::vector<std::uint8_t>> {
       if (!self->state.cfg.make_nccl_id)

@@ -33,7 +33,9 @@
 // only the last, so that it meets the other ranks at a version they hold.
 #include "actors/interfaces.hpp"
 #include "actors/sender_guard.hpp"
+#include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
+#include "runtime/transfer/plan_intake.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <caf/actor_system.hpp>
@@ -203,6 +205,15 @@ struct trainer_state {
   std::shared_ptr<sender_guard> data_guard;
   /// For engine placements: cfg.placements_from.
   std::shared_ptr<sender_guard> placements_guard;
+  /// nccl, sharded: the plan each engine worker registered (nccl_plan_atom)
+  /// and its digest. Only members of the rank's current communicator keep
+  /// one, so it holds at most as many as the communicator has members.
+  struct registered_plan {
+    std::uint64_t digest = 0;
+    std::shared_ptr<const plan::grouped_plan> plan;
+  };
+  std::map<std::pair<std::string, std::int32_t>, registered_plan> nccl_plans;
+  std::shared_ptr<const transfer::plan_intake> plan_intake; ///< made at the first plan
 
   static inline const char* name = "trainer";
 };

@@ -115,6 +115,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, nccl_pull_atom, "ncclpull") // an engine worker asks for a group over NCCL
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_pull))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_chunk))
+  CAF_ADD_ATOM(rlsync, rlsync, nccl_plan_atom, "ncclplan") // ... after registering its plan (sharded)
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_plan))
   CAF_ADD_ATOM(rlsync, rlsync, nccl_id_atom, "ncclid")     // the coordinator asks trainer rank 0 for a unique id
   CAF_ADD_ATOM(rlsync, rlsync, nccl_join_atom, "nccljoin") // ... and every member's process to join the rendezvous
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_member))
@@ -170,7 +172,8 @@ RLSYNC_INSPECT(weight_digest, x.engine, x.version, x.dirty, x.names, x.checksums
 RLSYNC_INSPECT(ucx_ticket, x.producer, x.token)
 RLSYNC_INSPECT(ipc_pull, x.engine, x.worker, x.version, x.group, x.chunk, x.session)
 RLSYNC_INSPECT(ipc_chunk, x.session, x.chunk, x.handle, x.buffer_bytes, x.offset, x.bytes, x.bucket)
-RLSYNC_INSPECT(nccl_pull, x.engine, x.worker, x.version, x.group, x.epoch, x.wait_ms)
+RLSYNC_INSPECT(nccl_pull, x.engine, x.worker, x.version, x.group, x.epoch, x.wait_ms, x.plan)
+RLSYNC_INSPECT(nccl_plan, x.engine, x.worker, x.epoch, x.plan)
 RLSYNC_INSPECT(nccl_chunk, x.epoch, x.root, x.bytes, x.bucket)
 RLSYNC_INSPECT(nccl_member, x.producer, x.engine, x.rank)
 RLSYNC_INSPECT(nccl_rendezvous_msg, x.epoch, x.id, x.members)

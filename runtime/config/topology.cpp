@@ -873,10 +873,11 @@ void reader::check_cuda_ipc(const map_reader& r) {
 }
 
 // nccl: each engine worker in another process than a trainer rank is a
-// member of the coordinator's communicator and receives whole groups point
-// to point (nccl_puller.hpp); it needs CUDA and NCCL in this build, whole
-// groups, and rlsync's own engines (a vLLM server's GPUs are not the
-// node's). The device itself is checked at start-up.
+// member of the coordinator's communicator and receives its groups point
+// to point (nccl_puller.hpp: whole in broadcast mode, its plan's entries
+// packed by the rank in sharded mode); it needs CUDA and NCCL in this
+// build and rlsync's own engines (a vLLM server's GPUs are not the node's).
+// The device itself is checked at start-up.
 void reader::check_nccl(const map_reader& r) {
   if (!cuda_compiled_in() || !nccl_compiled_in()) {
     r.error("backend", std::string("'nccl' needs rlsync built with CUDA and NCCL, and this build has ")
@@ -884,10 +885,6 @@ void reader::check_nccl(const map_reader& r) {
                          + " when it was configured); use local or ucx");
     return;
   }
-  if (t.transfer.mode != transfer_mode::broadcast)
-    r.error("backend", "'nccl' sends whole groups, which every engine worker slices itself: set "
-                       "transfer.mode: broadcast (sharded sends over nccl need packing on the device, not "
-                       "built yet)");
   std::int64_t members = static_cast<std::int64_t>(t.trainer.ranks.size()); // each term bounded: no overflow
   for (const auto& e : t.engines) {
     if (e.kind == engine_kind::vllm) {

@@ -302,7 +302,10 @@ struct ipc_chunk {
 
 /// nccl: an engine worker asks a trainer (rank) to send group `group` of
 /// `version` to it over the communicator of `epoch`, and waits `wait_ms` for
-/// the bytes (the send's deadline on the trainer's clock).
+/// the bytes (the send's deadline on the trainer's clock). `plan` 0: the
+/// group whole (broadcast mode); else the digest of the worker's plan as it
+/// registered it (nccl_plan): the rank packs the worker's entries of the
+/// group (sharded mode).
 struct nccl_pull {
   std::string engine;
   std::int32_t worker = 0;
@@ -310,11 +313,24 @@ struct nccl_pull {
   std::uint32_t group = 0;
   std::uint64_t epoch = 0;
   std::uint32_t wait_ms = 0;
+  std::uint64_t plan = 0;
 };
 
-/// The answer, once the send is queued: the group's `bytes` bucket bytes
-/// arrive over NCCL from rank `root` of communicator `epoch`; `bucket` is
-/// the bucket without its bytes.
+/// nccl, sharded: an engine worker's sharding plan (the ucx wire's plan
+/// encoding), registered with a trainer rank in the communicator of `epoch`
+/// before the worker asks it for packed groups. The answer is the plan's
+/// digest (checksum64 of `plan`), which the worker's pulls name.
+struct nccl_plan {
+  std::string engine;
+  std::int32_t worker = 0;
+  std::uint64_t epoch = 0;
+  std::vector<std::uint8_t> plan;
+};
+
+/// The answer, once the send is queued: the group's `bytes` bytes arrive
+/// over NCCL from rank `root` of communicator `epoch`; `bucket` is the
+/// bucket without its bytes (sharded: no entries, the checksum of the
+/// packed bytes).
 struct nccl_chunk {
   std::uint64_t epoch = 0;
   std::int32_t root = 0;

@@ -257,8 +257,8 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(r.aborted);
 }
 
-TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls and their answers survive serialization") {
-  auto msg = round_trip_message(caf::make_message(nccl_pull_atom::value, nccl_pull{"rollout-1", 1, 6, 3, 2, 1500}));
+TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls, plans and their answers survive serialization") {
+  auto msg = round_trip_message(caf::make_message(nccl_pull_atom::value, nccl_pull{"rollout-1", 1, 6, 3, 2, 1500, 77}));
   REQUIRE(msg.match_elements<nccl_pull_atom, nccl_pull>());
   const auto& p = msg.get_as<nccl_pull>(1);
   CHECK(p.engine == "rollout-1");
@@ -267,6 +267,15 @@ TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls and their answers survive s
   CHECK(p.group == 3);
   CHECK(p.epoch == 2);
   CHECK(p.wait_ms == 1500);
+  CHECK(p.plan == 77);
+
+  auto plan = round_trip_message(caf::make_message(nccl_plan_atom::value, nccl_plan{"rollout-1", 1, 2, {1, 2, 3}}));
+  REQUIRE(plan.match_elements<nccl_plan_atom, nccl_plan>());
+  const auto& np = plan.get_as<nccl_plan>(1);
+  CHECK(np.engine == "rollout-1");
+  CHECK(np.worker == 1);
+  CHECK(np.epoch == 2);
+  CHECK(np.plan == std::vector<std::uint8_t>{1, 2, 3});
 
   nccl_chunk c{2, 0, 24, sample_bucket()};
   c.bucket.data.clear(); // the bytes travel over NCCL

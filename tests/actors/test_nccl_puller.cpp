@@ -15,8 +15,12 @@
 #include "tests/support/whole_group_pulls.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
+#include "runtime/base/checksum.hpp"
+#include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/bucket.hpp"
+#include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/ucx/ucx_wire.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -239,6 +243,174 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: bytes that changed on the way fail the ch
   extra = 8;
   CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
   CHECK(what.find("truncated") != std::string::npos);
+}
+
+namespace {
+
+/// The plan the worker of `req` registered last with the scripted trainer.
+plan::grouped_plan newest_plan(const test::trainer_script& script, const nccl_pull& req, const model_config& model) {
+  for (auto it = script.nccl_plans.rbegin(); it != script.nccl_plans.rend(); ++it)
+    if (it->engine == req.engine && it->worker == req.worker)
+      return plan::grouped_plan(model, std::make_shared<const plan::worker_plan>(
+                                         transfer::ucx_wire::decode_plan(it->plan.data(), it->plan.size())));
+  throw std::logic_error("no plan registered");
+}
+
+/// Pulls `v` sharded into `e`, expecting it to fail: how, and why.
+transfer::transfer_failure sharded_failure(test::test_engine& e, transfer::weight_puller& p, std::uint64_t v,
+                                           std::string& what, std::chrono::milliseconds wait = 10s) {
+  try {
+    e.pull(p, v, transfer_mode::sharded, wait);
+  } catch (const transfer::transfer_error& x) {
+    what = x.what();
+    return x.failure;
+  }
+  FAIL("the pull succeeded");
+  return transfer::transfer_failure::cancelled;
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, each worker receives only its plan's bytes, packed by the trainer rank") {
+  auto sender = open_sender(layout);
+  const auto v = step();
+  nccl_puller puller(sys, asking(trainer), model, links());
+  for (bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    test::test_engine e("rollout-0", model, 2, puller);
+    e.in_place = in_place;
+    const auto sent_before = sender->sent();
+    auto report = e.pull(puller, v);
+    test::check_identical(*e.weights, *test::loaded(*source->find(v), 2));
+    CHECK(report.bytes == test::plan_bytes(e)); // ≈ 1/tp of the model per worker, not the whole
+    CHECK(report.bytes < 2 * source->find(v)->total_bytes());
+    std::uint64_t sends = 0; // a group with none of a worker's entries moves nothing
+    for (const auto& p : e.plans)
+      for (std::uint32_t g = 0; g < p.group_count(); ++g)
+        sends += p.bytes(g) > 0 ? 1 : 0;
+    for (auto until = transfer::clock::now() + 10s; sender->sent() - sent_before < sends && transfer::clock::now() < until;)
+      std::this_thread::sleep_for(1ms);
+    CHECK(sender->sent() - sent_before == sends);
+    CHECK(sender->failure().empty());
+  }
+  // The next version over the same communicator, the plans registered already.
+  const auto v2 = step();
+  test::test_engine e("rollout-0", model, 2, puller);
+  e.pull(puller, v2);
+  test::check_identical(*e.weights, *test::loaded(*source->find(v2), 2));
+  CHECK(world->unmatched() == 0);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, the plan is registered once per trainer and communicator") {
+  const auto v = step();
+  auto script = std::make_shared<test::trainer_script>();
+  auto sender = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, layout, 0, staging), 16);
+  script->nccl = [&](const nccl_pull& req) -> caf::result<nccl_chunk> {
+    // What the trainer would pack: the same plan, replayed here.
+    const auto plan = newest_plan(*script, req, model);
+    auto bytes = std::make_shared<std::vector<std::uint8_t>>(static_cast<std::size_t>(plan.bytes(req.group)));
+    nccl_chunk c{req.epoch, 0, bytes->size(), {}};
+    c.bucket.version = req.version;
+    c.bucket.group = req.group;
+    c.bucket.checksum = transfer::pack_group_checksummed(plan, req.group, *source->find(req.version), bytes->data());
+    REQUIRE(sender->submit({bytes, layout.rank_of(comm_member::worker(req.engine, req.worker)),
+                            gpu::clock::now() + 10s, "a packed group"}).empty());
+    return c;
+  };
+  auto rank = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(rank));
+  nccl_puller puller(sys, asking(rank), model, links());
+  test::test_engine e("rollout-0", model, 2, puller);
+  e.pull(puller, v);
+  test::check_identical(*e.weights, *test::loaded(*source->find(v), 2));
+  REQUIRE(script->nccl_plans.size() == 2); // one per worker
+  CHECK(script->nccl_plans[0].epoch == 1);
+  e.pull(puller, v);
+  CHECK(script->nccl_plans.size() == 2); // registered already
+  // A new plan (the engine re-registered its worker) is sent again.
+  test::test_engine again("rollout-0", model, 1, puller);
+  again.pull(puller, v);
+  test::check_identical(*again.weights, *test::loaded(*source->find(v), 1));
+  CHECK(script->nccl_plans.size() == 3);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a trainer that lies about the plan or a group's size is refused") {
+  const auto v = step();
+  auto script = std::make_shared<test::trainer_script>();
+  script->nccl_plan_answer = [](const nccl_plan&) -> caf::result<std::uint64_t> { return std::uint64_t{42}; };
+  auto liar = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(liar));
+  nccl_puller puller(sys, asking(liar), model, links());
+  test::test_engine e("rollout-0", model, 1, puller);
+  std::string what;
+  CHECK(sharded_failure(e, puller, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("took the plan of engine rollout-0 worker 0 as") != std::string::npos);
+
+  script->nccl_plan_answer = nullptr; // takes it honestly, then says a group is larger than the plan packs
+  script->nccl = [&](const nccl_pull& req) -> caf::result<nccl_chunk> {
+    return nccl_chunk{req.epoch, 0, 1 << 16, {}};
+  };
+  CHECK(sharded_failure(e, puller, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("bytes, the plan of engine rollout-0 worker 0 packs") != std::string::npos);
+  CHECK(world->unmatched() == 0); // refused before a receive was posted
+
+  worker_links[0] = test::fake_nccl_world::join(world, layout, 1, staging); // the refusal aborted the last link
+  nccl_puller unplanned(sys, asking(liar), model, links());
+  test::whole_tensor_sink rec;
+  try {
+    transfer::pull_engine(unplanned, "rollout-0", 1, v, transfer_mode::sharded, rec.sink(), test::in(10s));
+    FAIL("a worker without a plan pulled sharded");
+  } catch (const transfer::transfer_error& x) {
+    CHECK(x.failure == transfer::transfer_failure::not_registered);
+  }
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer rank takes only a fitting plan of a member, and packs only it") {
+  open_sender(layout);
+  const auto v = step();
+  caf::scoped_actor self{sys};
+  auto ask = [&](auto&&... xs) {
+    std::string error;
+    std::uint64_t digest = 0;
+    self->request(trainer, 10s, std::forward<decltype(xs)>(xs)...)
+      .receive([&](std::uint64_t d) { digest = d; }, [&](caf::error& e) { error = sys.render(e); });
+    return std::make_pair(digest, error);
+  };
+  const auto plan = engine::make_plan(model, 2, 1, dtype::bf16);
+  const auto encoded = transfer::ucx_wire::encode_plan(plan);
+  struct row {
+    const char* name;
+    nccl_plan msg;
+    const char* says; // empty: taken
+  };
+  auto truncated = encoded;
+  truncated.resize(encoded.size() / 2);
+  auto other_model = engine::make_plan(test::small_model(3, true), 2, 1, dtype::f32);
+  const std::vector<row> rows = {
+    {"a member's plan", {"rollout-0", 1, 1, encoded}, ""},
+    {"again: the same digest", {"rollout-0", 1, 1, encoded}, ""},
+    {"truncated bytes", {"rollout-0", 1, 1, truncated}, "malformed plan"},
+    {"another worker's plan", {"rollout-0", 0, 1, encoded}, "registered the plan of worker 1"},
+    {"a plan of other dtypes", {"rollout-0", 1, 1, transfer::ucx_wire::encode_plan(other_model)}, "does not fit"},
+    {"an older epoch", {"rollout-0", 1, 0, encoded}, "is no member of epoch 1's communicator"},
+    {"an engine outside the communicator", {"rollout-9", 1, 1, encoded}, "is no member"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    auto [digest, error] = ask(nccl_plan_atom::value, r.msg);
+    if (*r.says == 0) {
+      CHECK(error.empty());
+      CHECK(digest == checksum64(encoded.data(), encoded.size()));
+    } else {
+      CHECK(error.find(r.says) != std::string::npos);
+    }
+  }
+  // A pull naming another digest than the one registered is refused.
+  nccl_pull pull{"rollout-0", 1, v, 0, 1, 1000, 7};
+  std::string error;
+  self->request(trainer, 10s, nccl_pull_atom::value, pull)
+    .receive([](nccl_chunk&) {}, [&](caf::error& e) { error = sys.render(e); });
+  CHECK(error.find("plan 0000000000000007 of engine 'rollout-0' worker 1 is not registered") != std::string::npos);
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: two processes join one rendezvous, serve a version, rebuild without a worker") {

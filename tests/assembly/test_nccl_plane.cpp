@@ -138,13 +138,16 @@ TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvou
   CHECK_FALSE(join(gpu::to_wire(r)).empty()); // the same workers twice: refused
 }
 
-TEST_CASE("nccl plane: a round moves every engine's weights from the trainer over the communicator") {
+namespace {
+
+// One round over a fake NCCL world, through the nodes' own wiring.
+void round_over_nccl(transfer_mode mode) {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};
   auto t = test::small_topology(2);
   t.trainer.step_time = std::chrono::hours(1); // one version: the first
   t.transfer.backend = transfer_backend::nccl;
-  t.transfer.mode = transfer_mode::broadcast;
+  t.transfer.mode = mode;
   t.engines.resize(2);
   for (std::size_t i = 0; i < 2; ++i) {
     t.engines[i].name = "e-" + std::to_string(i);
@@ -235,4 +238,13 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   std::lock_guard<std::mutex> lock(log_mutex);
   CHECK(std::any_of(lines.begin(), lines.end(),
                     [](const std::string& l) { return l.find("joined by 4 members") != std::string::npos; }));
+}
+
+} // namespace
+
+TEST_CASE("nccl plane: a round moves every engine's weights from the trainer over the communicator") {
+  for (auto mode : {transfer_mode::broadcast, transfer_mode::sharded}) {
+    CAPTURE(to_string(mode));
+    round_over_nccl(mode);
+  }
 }

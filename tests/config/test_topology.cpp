@@ -659,7 +659,7 @@ TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole
   });
 }
 
-TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build for whole groups and built-in engines") {
+TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broadcast, for built-in engines") {
   const auto text = plus(insecure + "transfer: {backend: nccl, mode: broadcast}");
   if (!cuda_compiled_in() || !nccl_compiled_in()) {
     const auto errors = errors_of(text);
@@ -669,10 +669,10 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build for whole groups 
   }
   // The device is checked at start-up (head_node, member_node), not here.
   CHECK(parse_topology(text, "t.yaml", "/base").transfer.backend == transfer_backend::nccl);
+  const auto sharded = parse_topology(plus(insecure + "transfer: {backend: nccl}"), "t.yaml", "/base");
+  CHECK(sharded.transfer.backend == transfer_backend::nccl);
+  CHECK(sharded.transfer.mode == transfer_mode::sharded);
   check_rows({
-    {"sharded", plus(insecure + "transfer: {backend: nccl}"),
-     "t.yaml:7:21: transfer.backend: 'nccl' sends whole groups, which every engine worker slices itself: set "
-     "transfer.mode: broadcast (sharded sends over nccl need packing on the device, not built yet)"},
     {"more members than a communicator takes",
      "name: t\nmodel: {synthetic: {layers: 2, hidden_size: 1024, heads: 64, kv_heads: 64, intermediate_size: 128}}\n"
      "nodes: [{name: a}, {name: b}]\ntrainer: {node: a}\nengines: [{name: e, node: a, replicas: 1024, tp: 64}]\n"

@@ -393,7 +393,8 @@ int run_routed(attack_context& cx, const routed_options& o) {
   std::vector<probe> probes = {
     {"ucx ticket for " + o.engine, caf::make_message(ucx_ticket_atom_v, o.engine, std::int32_t{0})},
     {"cuda_ipc pull for " + o.engine, caf::make_message(ipc_pull_atom_v, ipc_pull{o.engine, 0, 1, 0, 0, 0})},
-    {"nccl pull for " + o.engine, caf::make_message(nccl_pull_atom_v, nccl_pull{o.engine, 0, 1, 0, 1, 1000})},
+    {"nccl pull for " + o.engine, caf::make_message(nccl_pull_atom_v, nccl_pull{o.engine, 0, 1, 0, 1, 1000, 0})},
+    {"nccl plan for " + o.engine, caf::make_message(nccl_plan_atom_v, nccl_plan{o.engine, 0, 1, {1, 2, 3}})},
     {"meta", caf::make_message(meta_atom_v)},
     {"version", caf::make_message(version_atom_v)},
     {"freeze", caf::make_message(freeze_atom_v)},

@@ -5,6 +5,7 @@
 // version to every subscriber when the test tells it to. One thread runs
 // every actor here: no locks.
 #include "actors/interfaces.hpp"
+#include "runtime/base/checksum.hpp"
 
 #include <caf/atom.hpp>
 #include <caf/typed_event_based_actor.hpp>
@@ -31,6 +32,10 @@ struct trainer_script {
   std::vector<ipc_pull> ipc_releases; ///< releases received, in order
   /// Answers nccl pulls (a trainer that may lie); none: refuse them.
   std::function<caf::result<nccl_chunk>(const nccl_pull&)> nccl;
+  /// Answers plan registrations (sharded nccl pulls); none: the plan's
+  /// checksum64, as a trainer rank that took it. Each one lands in nccl_plans.
+  std::function<caf::result<std::uint64_t>(const nccl_plan&)> nccl_plan_answer;
+  std::vector<nccl_plan> nccl_plans;
   /// Answers the coordinator's ask for a unique id; none: refuse it.
   std::function<caf::result<std::vector<std::uint8_t>>()> nccl_id;
   /// Keep every ask for an id unanswered, in held_ids, until the test delivers it.
@@ -81,6 +86,12 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
       if (!script->nccl)
         return make_error(errc::unknown_name, "the scripted trainer runs no nccl sender");
       return script->nccl(req);
+    },
+    [=](nccl_plan_atom, const nccl_plan& req) -> caf::result<std::uint64_t> {
+      script->nccl_plans.push_back(req);
+      if (script->nccl_plan_answer)
+        return script->nccl_plan_answer(req);
+      return checksum64(req.plan.data(), req.plan.size());
     },
     [=](nccl_id_atom) -> caf::result<std::vector<std::uint8_t>> {
       if (script->hold_nccl_ids) {
