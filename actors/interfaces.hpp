@@ -66,6 +66,9 @@ using trainer_actor = caf::typed_actor<
   caf::replies_to<nccl_pull_atom, nccl_pull>::with<nccl_chunk>,
   // nccl, sharded: keep the worker's plan for its pulls; the answer is its digest
   caf::replies_to<nccl_plan_atom, nccl_plan>::with<std::uint64_t>,
+  // nccl, the collective baseline: broadcast the version to every member
+  // (once per version and communicator) and say what comes, in order
+  caf::replies_to<nccl_broadcast_atom, nccl_pull>::with<nccl_manifest>,
   // nccl, from the coordinator only: a new communicator's unique id (rank 0
   // makes it: NCCL's bootstrap root listens in its process) ...
   caf::replies_to<nccl_id_atom>::with<std::vector<std::uint8_t>>,

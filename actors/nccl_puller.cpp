@@ -22,11 +22,13 @@ using transfer::transfer_error;
 using transfer::transfer_failure;
 
 nccl_puller::nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
-                         link_of links, std::optional<std::vector<std::uint32_t>> groups, gpu::wait_hooks hooks)
+                         link_of links, std::optional<std::vector<std::uint32_t>> groups, gpu::wait_hooks hooks,
+                         bool collective)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), links_(std::move(links)),
     groups_(groups_or_all(model_, std::move(groups))), hooks_(std::move(hooks)),
     group_deadline_(whole_group_deadline(model_)),
-    largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)) {
+    largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)),
+    collective_(collective) {
   if (!links_)
     throw std::invalid_argument("an nccl puller without links");
 }
@@ -152,6 +154,11 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
         !init.ok())
       throw_wait_failure(init);
   }
+  if (collective_ && req.mode == transfer_mode::broadcast) {
+    pull_collective(req, sink, *link, report);
+    report.duration = transfer::clock::now() - t0;
+    return report;
+  }
   auto refuse = [&](const std::string& why) {
     link->abort(); // nothing was posted, but a lying trainer ends this communicator for us
     return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
@@ -240,6 +247,89 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
   }
   report.duration = transfer::clock::now() - t0;
   return report;
+}
+
+void nccl_puller::pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink,
+                                  gpu::p2p_link& link, transfer::pull_report& report) {
+  const auto me = "engine " + printable(req.engine) + " worker " + std::to_string(req.worker);
+  const auto& layout = link.layout();
+  // One exchange for the whole version: its broadcasts follow each other on the link.
+  std::unique_lock<std::timed_mutex> turn(link.turn(), std::defer_lock);
+  if (!turn.try_lock_until(req.deadline))
+    throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the link stayed busy past the deadline");
+  const auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - transfer::clock::now());
+  if (rest.count() <= 0)
+    throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the deadline passed waiting for the link");
+  nccl_pull ask;
+  ask.engine = req.engine;
+  ask.worker = req.worker;
+  ask.version = req.version;
+  ask.epoch = layout.epoch;
+  ask.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(rest.count(), 600'000));
+  caf::scoped_actor self{sys_};
+  std::optional<nccl_manifest> manifest;
+  caf::error failure;
+  self->request(trainer_(), rest, nccl_broadcast_atom::value, ask)
+    .receive([&](nccl_manifest& m) { manifest = std::move(m); }, [&](caf::error& e) { failure = std::move(e); });
+  if (!manifest) {
+    if (failure == caf::sec::request_timeout)
+      link.abort(); // the broadcast may run all the same: this member would be missing from it
+    throw_trainer_refusal(sys_, failure, 0);
+  }
+  auto refuse = [&](const std::string& why) {
+    link.abort(); // the other members' broadcasts cannot complete without this one: end them now
+    return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
+  };
+  const auto& m = *manifest;
+  if (m.epoch != layout.epoch)
+    throw refuse("a broadcast on epoch " + std::to_string(m.epoch) + ", " + me + " is in " + std::to_string(layout.epoch));
+  if (m.root < 0 || m.root >= layout.size() || !layout.members[static_cast<std::size_t>(m.root)].producer)
+    throw refuse("a broadcast from rank " + std::to_string(m.root) + ", which is no trainer rank of epoch "
+                 + std::to_string(layout.epoch));
+  if (m.buckets.size() != m.bytes.size() || m.buckets.size() > plan::group_count(model_))
+    throw refuse("a manifest of " + std::to_string(m.buckets.size()) + " buckets and " + std::to_string(m.bytes.size())
+                 + " sizes for a model of " + std::to_string(plan::group_count(model_)) + " groups");
+  for (std::size_t i = 0; i < m.bytes.size(); ++i)
+    if (m.bytes[i] < 8 || m.bytes[i] - 8 > largest_group_bytes_ || m.bytes[i] > link.capacity())
+      throw refuse("bucket " + std::to_string(i) + " of " + std::to_string(m.bytes[i])
+                   + " bytes: not 8 to the model's largest group (" + std::to_string(largest_group_bytes_)
+                   + ") and its checksum, within the staging (" + std::to_string(link.capacity()) + ")");
+  try {
+    receive_broadcasts(req, m, link, sink, report);
+  } catch (...) {
+    link.abort(); // a member that stops holds every other up: end their broadcasts now
+    throw;
+  }
+}
+
+void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m, gpu::p2p_link& link,
+                                     const transfer::group_sink& sink, transfer::pull_report& report) {
+  const auto me = "engine " + printable(req.engine) + " worker " + std::to_string(req.worker);
+  std::vector<std::uint8_t> received;
+  for (std::size_t i = 0; i < m.buckets.size(); ++i) {
+    auto bucket = m.buckets[i];
+    const auto n = static_cast<std::size_t>(m.bytes[i]);
+    const auto what = "bucket " + std::to_string(i) + " (group " + std::to_string(bucket.group) + ") of version "
+                      + std::to_string(req.version) + " broadcast to " + me;
+    try {
+      link.broadcast(nullptr, n, m.root);
+    } catch (const std::exception& e) {
+      throw transfer_error(transfer_failure::producer_failed, "nccl: " + what + ": " + e.what());
+    }
+    if (auto got = gpu::wait_for(link, req.deadline, what, hooks_); !got.ok())
+      throw_wait_failure(got);
+    received.resize(n);
+    try {
+      link.read(received.data(), n);
+    } catch (const std::exception& e) {
+      throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
+    }
+    bucket.checksum = 0;
+    for (int k = 0; k < 8; ++k)
+      bucket.checksum |= std::uint64_t{received[n - 8 + static_cast<std::size_t>(k)]} << (8 * k);
+    bucket.data.assign(received.begin(), received.end() - 8);
+    deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
+  }
 }
 
 } // namespace rlsync

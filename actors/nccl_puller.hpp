@@ -10,6 +10,13 @@
 //   broadcast  the trainer sends the group whole; the worker slices whole
 //              tensors as the CAF path does (the built-in engine computes
 //              on the CPU);
+//   broadcast, collective (the baseline, vLLM's packed NCCL broadcast; one
+//              trainer rank): the worker asks once for the version
+//              (nccl_broadcast_atom) and joins the rank's broadcast of every
+//              group, in the order its manifest gives, with every other
+//              member of the communicator; each bucket carries its checksum
+//              after its bytes. One member missing holds every other up to
+//              its deadline, which is why it is the baseline;
 //   sharded    the worker registers its plan with the trainer once per
 //              communicator and trainer (nccl_plan_atom, answered with the
 //              plan's digest); the trainer packs the worker's entries of
@@ -48,9 +55,12 @@ public:
 
   /// `trainer()` is asked at each pull (a node that rejoins a restarted
   /// head swaps it); `groups`: those the trainer (rank) holds, none: all;
-  /// `hooks`: comm_wait's world (tests).
+  /// `hooks`: comm_wait's world (tests); `collective`: broadcast mode joins
+  /// the rank's collective broadcast instead of pulling groups point to
+  /// point (every member of the communicator must pull each version).
   nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model, link_of links,
-              std::optional<std::vector<std::uint32_t>> groups = std::nullopt, gpu::wait_hooks hooks = {});
+              std::optional<std::vector<std::uint32_t>> groups = std::nullopt, gpu::wait_hooks hooks = {},
+              bool collective = false);
 
   /// Keeps the worker's plan for sharded pulls (broadcast needs none).
   /// Throws std::invalid_argument for a plan that does not fit the model.
@@ -74,6 +84,12 @@ private:
   registered_plan(caf::scoped_actor& self, const trainer_actor& trainer, const transfer::pull_request& req,
                   std::uint64_t epoch);
 
+  /// Broadcast mode, collective: the whole version through the rank's broadcasts.
+  void pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink, gpu::p2p_link& link,
+                       transfer::pull_report& report);
+  void receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m, gpu::p2p_link& link,
+                          const transfer::group_sink& sink, transfer::pull_report& report);
+
   caf::actor_system& sys_;
   std::function<trainer_actor()> trainer_;
   model_config model_;
@@ -82,6 +98,7 @@ private:
   gpu::wait_hooks hooks_;
   std::chrono::milliseconds group_deadline_;
   std::uint64_t largest_group_bytes_ = 0; ///< as f32: what no group may exceed
+  bool collective_ = false;
   std::mutex mutex_; ///< pulls of several workers run at once
   std::map<std::pair<std::string, int>, registration> plans_;
 };

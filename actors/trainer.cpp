@@ -153,44 +153,54 @@ std::shared_ptr<job_runner> make_thread_runner(std::size_t queue_limit) {
   return std::make_shared<thread_runner>(queue_limit);
 }
 
-weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g) {
+weight_bucket group_layout(const transfer::weight_snapshot& s, std::uint32_t g) {
   weight_bucket b;
   b.version = s.version();
   b.group = g;
-  const auto& tensors = s.group(g);
-  b.data.reserve(static_cast<std::size_t>(s.group_bytes(g)));
-  for (const auto& t : tensors) {
+  std::uint64_t offset = 0;
+  for (const auto& t : s.group(g)) {
     bucket_entry e;
     e.name = t.name;
     e.dtype = static_cast<std::uint8_t>(t.type);
     e.shape = t.shape;
-    e.offset = b.data.size();
+    e.offset = offset;
     e.bytes = t.size;
+    offset += t.size;
+    b.entries.push_back(std::move(e));
+  }
+  return b;
+}
+
+weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g) {
+  auto b = group_layout(s, g);
+  b.data.reserve(static_cast<std::size_t>(s.group_bytes(g)));
+  for (const auto& t : s.group(g)) {
     auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
     b.data.insert(b.data.end(), p, p + t.size);
-    b.entries.push_back(std::move(e));
   }
   b.checksum = checksum64(b.data.data(), b.data.size());
   return b;
 }
 
-/// Group `group` of `version` as a bucket, or why the source cannot give it.
+caf::error version_not_held(self_ptr self, std::uint64_t version) {
+  std::string held;
+  for (auto v : self->state.cfg.source->versions())
+    held += (held.empty() ? "" : ", ") + std::to_string(v);
+  return make_error(errc::version_gone, "version " + std::to_string(version) + " is not held (held: "
+                                            + (held.empty() ? "none" : held) + ")");
+}
+
 /// Version `version` when group `group` of it is held, else why not.
 caf::expected<transfer::snapshot_ptr> held_group(self_ptr self, std::uint64_t version, std::uint32_t group) {
-  const auto& source = *self->state.cfg.source;
-  auto s = source.find(version);
-  if (!s) {
-    std::string held;
-    for (auto v : source.versions())
-      held += (held.empty() ? "" : ", ") + std::to_string(v);
-    return make_error(errc::version_gone, "version " + std::to_string(version) + " is not held (held: "
-                                              + (held.empty() ? "none" : held) + ")");
-  }
+  auto s = self->state.cfg.source->find(version);
+  if (!s)
+    return version_not_held(self, version);
   if (!s->holds_group(group))
     return make_error(errc::unknown_name, "group " + std::to_string(group) + " is not held by this trainer");
   return s;
 }
 
+/// Group `group` of `version` as a bucket, or why the source cannot give it.
 caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, std::uint32_t group) {
   auto s = held_group(self, version, group);
   if (!s)
@@ -222,6 +232,53 @@ caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) 
                                          + e.what());
   }
   return b;
+}
+
+/// nccl, the collective baseline: what the rank broadcasts of `req.version`
+/// to every member of its communicator, started at the first ask of a
+/// version and communicator and answered to every later one.
+caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared_ptr<gpu::nccl_sender>& sender,
+                                                const nccl_pull& req) {
+  auto& st = self->state;
+  const auto& layout = sender->layout();
+  if (st.nccl_broadcast && st.nccl_broadcast->version == req.version && st.nccl_broadcast->epoch == layout.epoch)
+    return st.nccl_broadcast->manifest;
+  const auto producers = std::count_if(layout.members.begin(), layout.members.end(),
+                                       [](const gpu::comm_member& m) { return m.producer; });
+  if (producers != 1)
+    return make_error(errc::unknown_name, "trainer: nccl: a collective broadcast needs a communicator with one "
+                                          "trainer rank, epoch " + std::to_string(layout.epoch) + " has "
+                                            + std::to_string(producers));
+  auto s = st.cfg.source->find(req.version);
+  if (!s)
+    return version_not_held(self, req.version);
+  nccl_manifest m;
+  m.epoch = layout.epoch;
+  m.root = sender->rank();
+  for (auto g : s->groups()) {
+    m.buckets.push_back(group_layout(*s, g));
+    m.bytes.push_back(s->group_bytes(g) + 8); // and the checksum
+    if (m.bytes.back() > sender->capacity())
+      return make_error(errc::unknown_name, "trainer: nccl: group " + std::to_string(g) + " broadcasts "
+                                              + std::to_string(m.bytes.back()) + " bytes, more than the staging's "
+                                              + std::to_string(sender->capacity()));
+  }
+  gpu::nccl_sender::collective c;
+  c.buckets = m.buckets.size();
+  c.pack = [s, groups = s->groups()](std::size_t i, std::vector<std::uint8_t>& out) {
+    auto b = group_bucket(*s, groups[i]);
+    out = std::move(b.data);
+    for (int k = 0; k < 8; ++k)
+      out.push_back(static_cast<std::uint8_t>(b.checksum >> (8 * k)));
+  };
+  // The members' waits bound the broadcast's; never longer than a phase may last.
+  c.deadline = gpu::clock::now() + std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
+  c.what = "version " + std::to_string(req.version) + " broadcast to epoch " + std::to_string(layout.epoch)
+           + "'s members";
+  if (auto why = sender->submit(std::move(c)); !why.empty())
+    return make_error(errc::unknown_name, "trainer: nccl: " + why);
+  st.nccl_broadcast = trainer_state::collective_broadcast{req.version, layout.epoch, m};
+  return m;
 }
 
 /// An engine worker's own credentials (a UCX ticket, a cuda_ipc slot) go
@@ -374,6 +431,20 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       out.bytes = bytes->size();
       out.bucket = std::move(*bucket);
       return out;
+    }),
+    authorized(self, data_guard, [=](nccl_broadcast_atom, const nccl_pull& req) -> caf::result<nccl_manifest> {
+      auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
+      if (!sender)
+        return make_error(errc::unknown_name, "this trainer runs no nccl sender");
+      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ncclbcast", "an nccl broadcast"))
+        return *refused;
+      const auto& layout = sender->layout();
+      if (req.epoch != layout.epoch || layout.rank_of(gpu::comm_member::worker(req.engine, req.worker)) < 0)
+        return make_error(errc::unknown_name, "trainer: nccl: engine '" + printable(req.engine) + "' worker "
+                                                + std::to_string(req.worker) + " asked for a broadcast on epoch "
+                                                + std::to_string(req.epoch) + ", and is no member of epoch "
+                                                + std::to_string(layout.epoch) + "'s communicator");
+      return collective_broadcast(self, sender, req);
     }),
     authorized(self, data_guard, [=](nccl_plan_atom, const nccl_plan& req) -> caf::result<std::uint64_t> {
       auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;

@@ -46,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -214,6 +215,14 @@ struct trainer_state {
   };
   std::map<std::pair<std::string, std::int32_t>, registered_plan> nccl_plans;
   std::shared_ptr<const transfer::plan_intake> plan_intake; ///< made at the first plan
+  /// nccl, the collective baseline: the version last broadcast (or being
+  /// broadcast) to every member, on which communicator, and what it sends.
+  struct collective_broadcast {
+    std::uint64_t version = 0;
+    std::uint64_t epoch = 0;
+    nccl_manifest manifest;
+  };
+  std::optional<collective_broadcast> nccl_broadcast;
 
   static inline const char* name = "trainer";
 };
@@ -275,5 +284,7 @@ version_info published_info(const transfer::weight_snapshot& s, bool checksums);
 
 /// The whole tensors of group `g` of `s` as one checksummed bucket.
 weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g);
+/// As group_bucket, without the bytes or their checksum: the entries only.
+weight_bucket group_layout(const transfer::weight_snapshot& s, std::uint32_t g);
 
 } // namespace rlsync

@@ -117,6 +117,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_chunk))
   CAF_ADD_ATOM(rlsync, rlsync, nccl_plan_atom, "ncclplan") // ... after registering its plan (sharded)
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_plan))
+  CAF_ADD_ATOM(rlsync, rlsync, nccl_broadcast_atom, "ncclbcast") // ... or for a version broadcast to every member
+  CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_manifest))
   CAF_ADD_ATOM(rlsync, rlsync, nccl_id_atom, "ncclid")     // the coordinator asks trainer rank 0 for a unique id
   CAF_ADD_ATOM(rlsync, rlsync, nccl_join_atom, "nccljoin") // ... and every member's process to join the rendezvous
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_member))
@@ -174,6 +176,7 @@ RLSYNC_INSPECT(ipc_pull, x.engine, x.worker, x.version, x.group, x.chunk, x.sess
 RLSYNC_INSPECT(ipc_chunk, x.session, x.chunk, x.handle, x.buffer_bytes, x.offset, x.bytes, x.bucket)
 RLSYNC_INSPECT(nccl_pull, x.engine, x.worker, x.version, x.group, x.epoch, x.wait_ms, x.plan)
 RLSYNC_INSPECT(nccl_plan, x.engine, x.worker, x.epoch, x.plan)
+RLSYNC_INSPECT(nccl_manifest, x.epoch, x.root, x.buckets, x.bytes)
 RLSYNC_INSPECT(nccl_chunk, x.epoch, x.root, x.bytes, x.bucket)
 RLSYNC_INSPECT(nccl_member, x.producer, x.engine, x.rank)
 RLSYNC_INSPECT(nccl_rendezvous_msg, x.epoch, x.id, x.members)

@@ -21,6 +21,16 @@ void check_p2p(const comm_layout& layout, int rank, int peer, std::size_t n, std
   check_range(0, n, capacity, what);
 }
 
+void check_broadcast(const comm_layout& layout, int rank, int root, const std::uint8_t* host, std::size_t n,
+                     std::size_t capacity) {
+  if (root < 0 || root >= layout.size())
+    throw gpu_error("nccl broadcast: root " + std::to_string(root) + " is no member of epoch "
+                    + std::to_string(layout.epoch) + "'s " + std::to_string(layout.size()) + " ranks");
+  if (root == rank && host == nullptr)
+    throw gpu_error("nccl broadcast: the root passes no bytes");
+  check_range(0, n, capacity, "nccl broadcast");
+}
+
 namespace {
 
 // Every method takes the link's lock and its device: a membership aborts a
@@ -68,6 +78,14 @@ public:
     std::lock_guard<std::mutex> lock(mutex_);
     device_guard on(device_);
     comm_->enqueue_p2p({{false, peer, staging_.data(), n}});
+  }
+  void broadcast(const std::uint8_t* host, std::size_t n, int root) override {
+    check_broadcast(layout_, rank_, root, host, n, capacity());
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
+    if (root == rank_)
+      copy(staging_.data(), host, n, copy_kind::host_to_device);
+    comm_->enqueue_broadcast(staging_.data(), n, root);
   }
   void read(std::uint8_t* host, std::size_t n) override {
     check_range(0, n, capacity(), "nccl read");

@@ -1,9 +1,10 @@
 #pragma once
 // One member's end of an NCCL communicator as the nccl backend uses it: a
-// trainer rank sends whole groups to engine workers point to point. Host
-// bytes go in and come out; each member stages them through one device
-// buffer as large as the largest group. (The built-in engine computes on
-// the CPU, so its bytes leave the device again at once.)
+// trainer rank sends groups to engine workers point to point, or
+// broadcasts each group to every member at once (the collective baseline).
+// Host bytes go in and come out; each member stages them through one
+// device buffer as large as the largest group. (The built-in engine
+// computes on the CPU, so its bytes leave the device again at once.)
 //
 // nccl_link() is NCCL's (nccl_comm.hpp, driven non-blocking); the CPU
 // tests run the protocol above it over tests/gpu/fake_nccl_world.hpp, a
@@ -36,8 +37,14 @@ public:
   virtual void send(const std::uint8_t* host, std::size_t n, int peer) = 0;
   /// Enqueues the receive of `n` bytes from `peer` into staging. Throws as send.
   virtual void recv(std::size_t n, int peer) = 0;
-  /// Copies the last receive's first `n` bytes to host memory, once it
-  /// polled done. Throws gpu_error or std::out_of_range.
+  /// Enqueues a broadcast of `n` bytes from NCCL rank `root` to every
+  /// member, a collective: every member calls it, in the same order, with
+  /// the same `n` and `root`. The root passes its `n` host bytes (copied
+  /// into staging first); the others pass nullptr and read() once it polled
+  /// done. Throws as send.
+  virtual void broadcast(const std::uint8_t* host, std::size_t n, int root) = 0;
+  /// Copies the last receive's (or broadcast's) first `n` bytes to host
+  /// memory, once it polled done. Throws gpu_error or std::out_of_range.
   virtual void read(std::uint8_t* host, std::size_t n) = 0;
 
   /// Held by whoever runs one exchange on the link (ask, receive, wait,
@@ -60,5 +67,9 @@ std::unique_ptr<p2p_link> nccl_link(const nccl_id& id, comm_layout layout, int r
 /// The checks every link makes before an operation; throws gpu_error or
 /// std::out_of_range naming what is wrong.
 void check_p2p(const comm_layout& layout, int rank, int peer, std::size_t n, std::size_t capacity, const char* what);
+/// As check_p2p, for a broadcast: `root` is a member (possibly this one),
+/// and the root passes bytes.
+void check_broadcast(const comm_layout& layout, int rank, int root, const std::uint8_t* host, std::size_t n,
+                     std::size_t capacity);
 
 } // namespace rlsync::gpu

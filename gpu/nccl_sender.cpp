@@ -42,6 +42,17 @@ std::string nccl_sender::submit(job j) {
   return {};
 }
 
+std::string nccl_sender::submit(collective c) {
+  if (auto why = failure(); !why.empty())
+    return "the communicator of epoch " + std::to_string(layout_.epoch) + " failed (" + why
+           + "): it is rebuilt at the next sync boundary";
+  if (c.buckets == 0 || !c.pack)
+    return "nothing to broadcast";
+  if (!queue_.try_push(std::move(c)))
+    return "the send queue is full or closed";
+  return {};
+}
+
 std::string nccl_sender::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
@@ -69,11 +80,11 @@ void nccl_sender::run() {
     // end at their own deadlines, as they would against a dead trainer.
     if (!failure().empty() || stopping_.load())
       continue;
-    const auto& j = *next;
+    const auto deadline = std::visit([](const auto& x) { return x.deadline; }, *next);
     if (!initialized) {
       // The init waits for every member's join, not for one worker: it gets
       // its own bound rather than the first job's, which may be short.
-      const auto init_until = std::max(j.deadline, now() + init_wait);
+      const auto init_until = std::max(deadline, now() + init_wait);
       auto init = wait_for(*link_, init_until, "init of epoch " + std::to_string(layout_.epoch), hooks_);
       if (!init.ok()) {
         fail(init.why);
@@ -83,22 +94,65 @@ void nccl_sender::run() {
     }
     // Its worker stopped waiting: posted now, the send could only time out
     // and take the communicator down with it for everyone.
-    if (now() >= j.deadline) {
+    if (now() >= deadline) {
       ++expired_;
       continue;
     }
+    if (const auto* j = std::get_if<job>(&*next))
+      send_one(*j);
+    else
+      broadcast_all(std::get<collective>(*next));
+  }
+}
+
+void nccl_sender::send_one(const job& j) {
+  try {
+    link_->send(j.bytes->data(), j.bytes->size(), j.peer);
+  } catch (const std::exception& e) {
+    fail(j.what + ": " + e.what());
+    return;
+  }
+  auto done = wait_for(*link_, j.deadline, j.what, hooks_);
+  if (!done.ok()) {
+    fail(done.why);
+    return;
+  }
+  ++sent_;
+}
+
+// Two host buffers: bucket i is on the wire from one while bucket i + 1 is
+// packed into the other. (The link's one device staging takes bucket i + 1
+// only once bucket i's broadcast polled done.)
+void nccl_sender::broadcast_all(const collective& c) {
+  std::vector<std::uint8_t> on_wire, next;
+  auto pack = [&](std::size_t i) {
     try {
-      link_->send(j.bytes->data(), j.bytes->size(), j.peer);
+      c.pack(i, next);
+      return true;
     } catch (const std::exception& e) {
-      fail(j.what + ": " + e.what());
-      continue;
+      fail(c.what + ": packing bucket " + std::to_string(i) + ": " + e.what());
+      return false;
     }
-    auto done = wait_for(*link_, j.deadline, j.what, hooks_);
+  };
+  if (!pack(0))
+    return;
+  for (std::size_t i = 0; i < c.buckets; ++i) {
+    std::swap(on_wire, next);
+    const auto what = c.what + ", bucket " + std::to_string(i) + " of " + std::to_string(c.buckets);
+    try {
+      link_->broadcast(on_wire.data(), on_wire.size(), rank_);
+    } catch (const std::exception& e) {
+      fail(what + ": " + e.what());
+      return;
+    }
+    if (i + 1 < c.buckets && !pack(i + 1))
+      return; // the link is aborted: every member's wait ends
+    auto done = wait_for(*link_, c.deadline, what, hooks_);
     if (!done.ok()) {
       fail(done.why);
-      continue;
+      return;
     }
-    ++sent_;
+    ++broadcast_;
   }
 }
 

@@ -2,7 +2,9 @@
 // A trainer rank's side of the nccl backend: one thread sends the groups
 // engine workers asked for over the rank's link, one at a time in the order
 // asked (NCCL's non-blocking mode takes an operation only once the last
-// polled done), each against the deadline its puller gave.
+// polled done), each against the deadline its puller gave. It also runs
+// the collective baseline: one version broadcast bucket by bucket to every
+// member, packing bucket i + 1 while bucket i is on the wire.
 //
 //   submit ─▶ [queue, bounded] ─▶ thread: init done? ─▶ expired? drop ─▶ send ─▶ wait_for(deadline)
 //                                          │ failed, past the deadline, a member dead,
@@ -18,10 +20,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 namespace rlsync::gpu {
@@ -33,6 +37,17 @@ public:
     int peer = 0;              ///< the worker's NCCL rank
     clock::time_point deadline; ///< when the worker stops waiting
     std::string what;           ///< "group 3 to engine rollout-0 worker 1"
+  };
+
+  /// A broadcast of `buckets` buckets from this rank to every member.
+  struct collective {
+    std::size_t buckets = 0;
+    /// Packs bucket i into `out` (resizing it). Called on the sender's
+    /// thread: bucket i + 1 while bucket i is on the wire (two buffers, as
+    /// vLLM's packed broadcast). What it throws fails the communicator.
+    std::function<void(std::size_t i, std::vector<std::uint8_t>& out)> pack;
+    clock::time_point deadline; ///< when the members stop waiting
+    std::string what;           ///< "version 3 to every member"
   };
 
   /// Serves `link` (must not be null) from a thread of its own; at most
@@ -48,6 +63,9 @@ public:
   /// queue is full, the peer is not another member, the bytes exceed the
   /// link's capacity.
   std::string submit(job j);
+  /// Queues `c`, behind the sends queued before it. Empty when queued, else
+  /// why not (the link failed, the queue is full, nothing to broadcast).
+  std::string submit(collective c);
 
   const comm_layout& layout() const { return layout_; }
   int rank() const { return rank_; }
@@ -56,14 +74,18 @@ public:
   std::string failure() const;
   /// Groups whose send completed.
   std::uint64_t sent() const { return sent_.load(); }
-  /// Sends dropped unposted: their deadline passed while they queued.
+  /// Sends and collectives dropped unposted: their deadline passed while they queued.
   std::uint64_t expired() const { return expired_.load(); }
+  /// Buckets whose broadcast completed.
+  std::uint64_t broadcast() const { return broadcast_.load(); }
 
   /// How long the communicator's init may take at least (every member joins).
   static constexpr std::chrono::seconds init_wait{60};
 
 private:
   void run();
+  void send_one(const job& j);
+  void broadcast_all(const collective& c);
   clock::time_point now() const;
   void fail(const std::string& why);
 
@@ -72,10 +94,11 @@ private:
   const int rank_;
   const std::size_t capacity_;
   wait_hooks hooks_;
-  bounded_queue<job> queue_;
+  bounded_queue<std::variant<job, collective>> queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> sent_{0};
   std::atomic<std::uint64_t> expired_{0};
+  std::atomic<std::uint64_t> broadcast_{0};
   mutable std::mutex mutex_;
   std::string failure_;
   std::thread thread_;

@@ -95,7 +95,8 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
         return nullptr;
       }
       return std::make_shared<nccl_puller>(sys, [rank] { return rank; }, topo->model.config, nccl_links(nccl),
-                                           groups_holding(topo->model.config, h.held));
+                                           groups_holding(topo->model.config, h.held), gpu::wait_hooks{},
+                                           topo->transfer.collective);
     }
     if (topo->transfer.backend == transfer_backend::cuda_ipc) {
       try {

@@ -54,14 +54,17 @@ std::string nccl_device_problem(const std::vector<gpu::comm_member>& hosted, con
          + (devices.detail.empty() ? std::string{} : " (" + devices.detail + ")");
 }
 
+std::size_t nccl_staging_bytes(const model_config& c) {
+  return static_cast<std::size_t>(plan::largest_group_bytes(c, llama_parameter_specs(c, dtype::f32), dtype::f32)) + 8;
+}
+
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
                                                            gpu::nccl_membership::link_factory make) {
   if (make)
     return std::make_shared<gpu::nccl_membership>(std::move(make));
   if (auto why = nccl_device_problem(hosted, gpu::query_devices()); !why.empty())
     throw std::runtime_error(why);
-  const auto capacity = static_cast<std::size_t>(
-    plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32), dtype::f32));
+  const auto capacity = nccl_staging_bytes(t.model.config);
   return std::make_shared<gpu::nccl_membership>(
     [hosted = std::move(hosted), capacity](const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
       const auto& member = layout.members.at(static_cast<std::size_t>(rank));

@@ -41,8 +41,13 @@ int device_of(const std::vector<gpu::comm_member>& hosted, const gpu::comm_membe
 /// per GPU. Empty when it can.
 std::string nccl_device_problem(const std::vector<gpu::comm_member>& hosted, const gpu::device_info& devices);
 
+/// The device staging of each member's link: the model's largest group as
+/// f32 (what no group exceeds), and the 8-byte checksum a collective
+/// broadcast sends after a group.
+std::size_t nccl_staging_bytes(const model_config& c);
+
 /// The process's membership: links from nccl_link on each member's device,
-/// staging the model's largest group as f32 (what no group exceeds), or
+/// with nccl_staging_bytes of staging, or
 /// from `make` when given (a fake world in tests). Without `make`, throws
 /// std::runtime_error (nccl_device_problem) when the process sees fewer
 /// devices than it hosts members: the start-up fails, not a later join.

@@ -902,10 +902,18 @@ void reader::check_nccl(const map_reader& r) {
 
 void reader::read_transfer(const map_reader& root) {
   auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports",
-                                 "packed_budget_bytes"});
+                                 "packed_budget_bytes", "collective"});
   auto& tr = t.transfer;
   const bool backend_read = r.read_choice("backend", tr.backend, backend_choices);
   r.read_choice("mode", tr.mode, mode_choices);
+  if (r.has("collective") && r.read("collective", tr.collective) && tr.collective) {
+    if (tr.backend != transfer_backend::nccl || tr.mode != transfer_mode::broadcast)
+      r.error("collective", "a collective broadcast runs over NCCL and sends whole groups: it needs backend: nccl "
+                            "and mode: broadcast");
+    else if (t.trainer.ranks.size() != 1)
+      r.error("collective", "a collective broadcast has one root: it needs one trainer rank, this topology has "
+                              + std::to_string(t.trainer.ranks.size()));
+  }
   if (backend_read && tr.backend == transfer_backend::nccl)
     check_nccl(r);
   if (backend_read && tr.backend == transfer_backend::cuda_ipc)

@@ -239,6 +239,13 @@ struct transfer_spec {
   /// once, packed ahead and kept until every replica pulled them. 0 (the
   /// default): 2 x groups_in_flight (at least 2) of the model's largest group.
   std::int64_t packed_budget_bytes = 0;
+  /// backend nccl, mode broadcast, one trainer rank: the collective
+  /// baseline (vLLM's packed NCCL broadcast): the rank broadcasts each group
+  /// to every member of the communicator at once, packing the next while
+  /// one is on the wire. Every member takes part in every version, so one
+  /// that stops holds all others up to the phase deadline. false: each
+  /// worker pulls whole groups point to point.
+  bool collective = false;
 };
 
 /// Per-phase deadlines of a sync round.

@@ -338,6 +338,20 @@ struct nccl_chunk {
   weight_bucket bucket;
 };
 
+/// nccl, the collective baseline (broadcast mode, one trainer rank): what
+/// the rank broadcasts to every member of communicator `epoch` for the
+/// version an engine worker asked for (nccl_broadcast_atom, an nccl_pull
+/// without group or plan), bucket by bucket in this order. Broadcast i
+/// carries `bytes[i]` bytes: bucket i's data, then its checksum64 in 8
+/// little-endian bytes (known only once the rank packed it). `buckets` are
+/// without their bytes.
+struct nccl_manifest {
+  std::uint64_t epoch = 0;
+  std::int32_t root = 0;
+  std::vector<weight_bucket> buckets;
+  std::vector<std::uint64_t> bytes;
+};
+
 /// A member of an NCCL communicator on the wire (gpu::comm_member): a
 /// trainer rank, or worker `rank` of engine `engine`.
 struct nccl_member {

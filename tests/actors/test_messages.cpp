@@ -257,7 +257,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(r.aborted);
 }
 
-TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls, plans and their answers survive serialization") {
+TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls, plans, manifests and their answers survive serialization") {
   auto msg = round_trip_message(caf::make_message(nccl_pull_atom::value, nccl_pull{"rollout-1", 1, 6, 3, 2, 1500, 77}));
   REQUIRE(msg.match_elements<nccl_pull_atom, nccl_pull>());
   const auto& p = msg.get_as<nccl_pull>(1);
@@ -276,6 +276,15 @@ TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls, plans and their answers su
   CHECK(np.worker == 1);
   CHECK(np.epoch == 2);
   CHECK(np.plan == std::vector<std::uint8_t>{1, 2, 3});
+
+  nccl_manifest m{3, 0, {sample_bucket()}, {sample_bucket().data.size() + 8}};
+  m.buckets[0].data.clear(); // the bytes travel over NCCL
+  auto mo = round_trip(m);
+  CHECK(mo.epoch == 3);
+  CHECK(mo.root == 0);
+  REQUIRE(mo.buckets.size() == 1);
+  CHECK(mo.buckets[0].entries.size() == sample_bucket().entries.size());
+  CHECK(mo.bytes == m.bytes);
 
   nccl_chunk c{2, 0, 24, sample_bucket()};
   c.bucket.data.clear(); // the bytes travel over NCCL

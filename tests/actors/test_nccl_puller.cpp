@@ -413,6 +413,106 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer rank takes only a fitting pla
   CHECK(error.find("plan 0000000000000007 of engine 'rollout-0' worker 1 is not registered") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's broadcast of each group") {
+  auto sender = open_sender(layout);
+  nccl_puller puller(sys, asking(trainer), model, links(), std::nullopt, {}, true);
+  for (int round = 0; round < 2; ++round) {
+    const auto v = step();
+    recording_sink rec;
+    auto report =
+      transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    CHECK(report.groups == plan::group_count(model));
+    REQUIRE(rec.got.size() == 2);
+    CHECK(rec.got[0] == expected(v));
+    CHECK(rec.got[1] == expected(v));
+  }
+  CHECK(sender->broadcast() == 2 * plan::group_count(model)); // once per group, not once per worker
+  CHECK(sender->sent() == 0);
+  CHECK(world->open_broadcasts() == 0);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying manifest is refused before a receive") {
+  const auto v = step();
+  {
+    // Two trainer ranks: a broadcast would need every rank to take part.
+    const auto two = gpu::make_layout(1, {comm_member::trainer_rank(0), comm_member::trainer_rank(1),
+                                          comm_member::worker("rollout-0", 0)});
+    open_sender(two);
+    worker_links[0] = test::fake_nccl_world::join(world, two, 2, staging);
+    nccl_puller puller(sys, asking(trainer), model, links(), std::nullopt, {}, true);
+    std::string what;
+    CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
+    CHECK(what.find("a collective broadcast needs a communicator with one trainer rank, epoch 1 has 2")
+          != std::string::npos);
+  }
+  auto honest = [&](const nccl_pull& req) {
+    nccl_manifest m{req.epoch, 0, {}, {}};
+    for (std::uint32_t g = 0; g < plan::group_count(model); ++g) {
+      auto b = honest_bucket({req.engine, req.worker, req.version, g, req.epoch, 1000, 0});
+      m.bytes.push_back(b.data.size() + 8);
+      b.data.clear();
+      m.buckets.push_back(std::move(b));
+    }
+    return m;
+  };
+  struct lie {
+    const char* name;
+    std::function<void(nccl_manifest&)> edit;
+    const char* says;
+  };
+  const std::vector<lie> lies = {
+    {"another epoch", [](nccl_manifest& m) { m.epoch = 9; }, "a broadcast on epoch 9"},
+    {"a root that is a worker", [](nccl_manifest& m) { m.root = 1; }, "from rank 1, which is no trainer rank"},
+    {"sizes that do not match the buckets", [](nccl_manifest& m) { m.bytes.pop_back(); }, "sizes for a model of"},
+    {"a bucket without its checksum", [](nccl_manifest& m) { m.bytes[0] = 7; }, "bucket 0 of 7 bytes"},
+    {"a bucket past the staging", [](nccl_manifest& m) { m.bytes[1] = staging + 1; }, "within the staging"},
+  };
+  for (const auto& l : lies) {
+    CAPTURE(l.name);
+    worker_links[0] = test::fake_nccl_world::join(world, layout, 1, staging); // a fresh link per case
+    auto script = std::make_shared<test::trainer_script>();
+    script->nccl_broadcast = [&](const nccl_pull& req) -> caf::result<nccl_manifest> {
+      auto m = honest(req);
+      l.edit(m);
+      return m;
+    };
+    auto liar = sys.spawn(test::scripted_trainer, script);
+    to_stop.push_back(caf::actor_cast<caf::actor>(liar));
+    nccl_puller puller(sys, asking(liar), model, links(), std::nullopt, {}, true);
+    std::string what;
+    CHECK(failure_of(puller, "rollout-0", 1, v, what) == transfer::transfer_failure::producer_failed);
+    CHECK(what.find(l.says) != std::string::npos);
+    CHECK(world->open_broadcasts() == 0); // nothing was posted
+  }
+  // Bytes that changed on the way fail the checksum after them.
+  worker_links[0] = test::fake_nccl_world::join(world, layout, 1, staging);
+  worker_links[1] = test::fake_nccl_world::join(world, layout, 2, staging);
+  auto root = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, layout, 0, staging), 16);
+  auto script = std::make_shared<test::trainer_script>();
+  script->nccl_broadcast = [&](const nccl_pull& req) -> caf::result<nccl_manifest> {
+    auto m = honest(req);
+    gpu::nccl_sender::collective c;
+    c.buckets = m.buckets.size();
+    c.pack = [this, req](std::size_t i, std::vector<std::uint8_t>& out) {
+      auto b = honest_bucket({req.engine, req.worker, req.version, static_cast<std::uint32_t>(i), req.epoch, 1000, 0});
+      out = b.data;
+      out[out.size() / 2] ^= 0x40; // changed after its checksum was taken
+      for (int k = 0; k < 8; ++k)
+        out.push_back(static_cast<std::uint8_t>(b.checksum >> (8 * k)));
+    };
+    c.deadline = gpu::clock::now() + 10s;
+    c.what = "a changed version";
+    if (root->broadcast() == 0 && root->failure().empty())
+      REQUIRE(root->submit(std::move(c)).empty());
+    return m;
+  };
+  auto liar = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(liar));
+  nccl_puller puller(sys, asking(liar), model, links(), std::nullopt, {}, true);
+  std::string what;
+  CHECK(failure_of(puller, "rollout-0", 2, v, what) == transfer::transfer_failure::checksum_mismatch);
+}
+
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: two processes join one rendezvous, serve a version, rebuild without a worker") {
   // The trainer's process hosts rank 0, the engine's process both workers;
   // both receive the coordinator's rendezvous.

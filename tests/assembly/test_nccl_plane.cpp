@@ -7,6 +7,7 @@
 #include "actors/assembly/nccl_plane.hpp"
 #include "actors/assembly/verify_weights.hpp"
 #include "actors/coordinator.hpp"
+#include "gpu/nccl_sender.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
@@ -141,13 +142,14 @@ TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvou
 namespace {
 
 // One round over a fake NCCL world, through the nodes' own wiring.
-void round_over_nccl(transfer_mode mode) {
+void round_over_nccl(transfer_mode mode, bool collective) {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};
   auto t = test::small_topology(2);
   t.trainer.step_time = std::chrono::hours(1); // one version: the first
   t.transfer.backend = transfer_backend::nccl;
   t.transfer.mode = mode;
+  t.transfer.collective = collective;
   t.engines.resize(2);
   for (std::size_t i = 0; i < 2; ++i) {
     t.engines[i].name = "e-" + std::to_string(i);
@@ -157,8 +159,7 @@ void round_over_nccl(transfer_mode mode) {
   // The trainer's process and the engines' share one fake world, as
   // processes on one host share NCCL's; each process its own membership.
   auto world = test::fake_nccl_world::make();
-  const auto staging = plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32),
-                                                 dtype::f32);
+  const auto staging = nccl_staging_bytes(t.model.config);
   auto fake_links = [world, staging](const gpu::nccl_id&, const gpu::comm_layout& l,
                                      int rank) -> std::unique_ptr<gpu::p2p_link> {
     return test::fake_nccl_world::join(world, l, rank, static_cast<std::size_t>(staging));
@@ -184,7 +185,8 @@ void round_over_nccl(transfer_mode mode) {
   for (const auto& e : t.engines) {
     replica_wiring w;
     w.puller = std::make_shared<nccl_puller>(sys, [trainer] { return trainer; }, t.model.config,
-                                             nccl_links(engine_process));
+                                             nccl_links(engine_process), std::nullopt, gpu::wait_hooks{},
+                                             t.transfer.collective);
     w.source_dtype = dtype::bf16;
     w.nccl = engine_process;
     actors.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
@@ -235,6 +237,11 @@ void round_over_nccl(transfer_mode mode) {
   // One communicator: the trainer's rank and the three workers.
   CHECK(engine_process->epoch() == trainer_process->epoch());
   CHECK(engine_process->link(gpu::comm_member::worker("e-1", 1)) != nullptr);
+  // The collective broadcast every group to the three workers; else it sent each point to point.
+  const auto sender = tc.nccl->producer();
+  REQUIRE(sender);
+  CHECK((sender->broadcast() > 0) == collective);
+  CHECK((sender->sent() > 0) == !collective);
   std::lock_guard<std::mutex> lock(log_mutex);
   CHECK(std::any_of(lines.begin(), lines.end(),
                     [](const std::string& l) { return l.find("joined by 4 members") != std::string::npos; }));
@@ -245,6 +252,10 @@ void round_over_nccl(transfer_mode mode) {
 TEST_CASE("nccl plane: a round moves every engine's weights from the trainer over the communicator") {
   for (auto mode : {transfer_mode::broadcast, transfer_mode::sharded}) {
     CAPTURE(to_string(mode));
-    round_over_nccl(mode);
+    round_over_nccl(mode, false);
   }
+}
+
+TEST_CASE("nccl plane: a round broadcasts the version to every engine worker at once (the collective baseline)") {
+  round_over_nccl(transfer_mode::broadcast, true);
 }

@@ -659,6 +659,16 @@ TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole
   });
 }
 
+TEST_CASE("topology: a collective broadcast is refused without nccl") {
+  check_rows({
+    {"over ucx", plus(insecure + "transfer: {backend: ucx, mode: broadcast, collective: true}"),
+     "t.yaml:7:55: transfer.collective: a collective broadcast runs over NCCL and sends whole groups: it needs "
+     "backend: nccl and mode: broadcast"},
+    {"not a bool", plus(insecure + "transfer: {collective: maybe}"), "t.yaml:7:24: transfer.collective: expected true or false, got 'maybe'"},
+  });
+  CHECK_FALSE(parse_topology(plus(insecure + "transfer: {collective: false}"), "t.yaml", "/base").transfer.collective);
+}
+
 TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broadcast, for built-in engines") {
   const auto text = plus(insecure + "transfer: {backend: nccl, mode: broadcast}");
   if (!cuda_compiled_in() || !nccl_compiled_in()) {
@@ -672,7 +682,18 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
   const auto sharded = parse_topology(plus(insecure + "transfer: {backend: nccl}"), "t.yaml", "/base");
   CHECK(sharded.transfer.backend == transfer_backend::nccl);
   CHECK(sharded.transfer.mode == transfer_mode::sharded);
+  CHECK_FALSE(sharded.transfer.collective);
+  CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}"), "t.yaml", "/base")
+          .transfer.collective);
   check_rows({
+    {"a collective of shards", plus(insecure + "transfer: {backend: nccl, collective: true}"),
+     "t.yaml:7:39: transfer.collective: a collective broadcast runs over NCCL and sends whole groups: it needs "
+     "backend: nccl and mode: broadcast"},
+    {"a collective of two roots",
+     with("trainer", "trainer: {node: a, ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]}") + insecure
+       + "transfer: {backend: nccl, mode: broadcast, collective: true}\n",
+     "t.yaml:7:56: transfer.collective: a collective broadcast has one root: it needs one trainer rank, this "
+     "topology has 2"},
     {"more members than a communicator takes",
      "name: t\nmodel: {synthetic: {layers: 2, hidden_size: 1024, heads: 64, kv_heads: 64, intermediate_size: 128}}\n"
      "nodes: [{name: a}, {name: b}]\ntrainer: {node: a}\nengines: [{name: e, node: a, replicas: 1024, tp: 64}]\n"

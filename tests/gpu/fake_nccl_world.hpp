@@ -1,11 +1,13 @@
 #pragma once
-// NCCL's point-to-point semantics in host memory, so that the nccl backend
-// runs end to end on the CPU: a send completes once its peer posted the
-// matching receive (and the other way round), in the order each pair
-// posted them; a member that never posts holds its peer up until that
-// peer's deadline, as on a real communicator; a size mismatch fails both
-// sides as NCCL's truncation error does. Thread-safe: members run on
-// threads of their own.
+// NCCL's point-to-point and broadcast semantics in host memory, so that
+// the nccl backend runs end to end on the CPU: a send completes once its
+// peer posted the matching receive (and the other way round), in the order
+// each pair posted them; a broadcast completes once every member of the
+// communicator posted its own (the k-th of each member's broadcasts
+// match); a member that never posts holds the others up until their
+// deadlines, as on a real communicator; a size or root mismatch fails every
+// side as NCCL's errors do. Thread-safe: members run on threads of their
+// own.
 #include "gpu/nccl_link.hpp"
 
 #include <deque>
@@ -73,6 +75,13 @@ public:
       gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl receive");
       world_->post(peer, rank_, begin(false, n));
     }
+    void broadcast(const std::uint8_t* host, std::size_t n, int root) override {
+      gpu::check_broadcast(layout_, rank_, root, host, n, capacity_);
+      auto o = begin(root == rank_, n);
+      if (root == rank_)
+        o->bytes.assign(host, host + n);
+      world_->join_broadcast(layout_, rank_, root, broadcasts_++, o);
+    }
     void read(std::uint8_t* host, std::size_t n) override {
       std::lock_guard<std::mutex> lock(world_->mutex_);
       if (!last_ || last_->send || !last_->done)
@@ -101,6 +110,7 @@ public:
     std::size_t capacity_;
     bool aborted_ = false;
     std::shared_ptr<op> last_;
+    std::uint64_t broadcasts_ = 0; ///< posted so far: the next one's place in the sequence
   };
 
   static std::shared_ptr<fake_nccl_world> make() { return std::shared_ptr<fake_nccl_world>(new fake_nccl_world); }
@@ -129,8 +139,48 @@ public:
     return n;
   }
 
+  /// Broadcasts some member posted that not every member has yet.
+  std::size_t open_broadcasts() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return broadcasts_.size();
+  }
+
 private:
   fake_nccl_world() = default;
+
+  // One collective: the members' ops as they post, and what they agreed on.
+  struct collective {
+    std::map<int, std::shared_ptr<op>> ops; // by rank
+    std::map<int, int> roots;               // the root each rank named
+  };
+
+  // Adds rank's `o` to broadcast number `seq` of the communicator; once
+  // every member posted, it completes (or fails, for all) at once.
+  void join_broadcast(const gpu::comm_layout& layout, int rank, int root, std::uint64_t seq,
+                      const std::shared_ptr<op>& o) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& c = broadcasts_[{layout.epoch, seq}];
+    c.ops[rank] = o;
+    c.roots[rank] = root;
+    if (c.ops.size() < static_cast<std::size_t>(layout.size()))
+      return;
+    std::string failed;
+    for (const auto& [r, x] : c.ops)
+      if (x->n != o->n || c.roots[r] != root)
+        failed = "invalid usage: broadcast " + std::to_string(seq) + " of epoch " + std::to_string(layout.epoch)
+                 + ": members disagree on its size or root";
+    const auto from = c.ops.find(root);
+    for (auto& [r, x] : c.ops) {
+      if (!failed.empty()) {
+        x->failed = failed;
+        continue;
+      }
+      if (r != root)
+        x->bytes = from->second->bytes;
+      x->done = true;
+    }
+    broadcasts_.erase({layout.epoch, seq});
+  }
 
   // Under mutex_: match `o` (from -> to) with the other side's oldest, or queue it.
   void post(int from, int to, const std::shared_ptr<op>& o) {
@@ -160,11 +210,16 @@ private:
       for (auto& [key, q] : *m)
         for (auto it = q.begin(); it != q.end();)
           it = *it == o ? q.erase(it) : std::next(it);
+    // An aborted member never completes its broadcast: neither does anyone's.
+    for (auto& [key, c] : broadcasts_)
+      for (auto it = c.ops.begin(); it != c.ops.end();)
+        it = it->second == o ? c.ops.erase(it) : std::next(it);
   }
 
   std::mutex mutex_;
   std::map<pair_key, std::deque<std::shared_ptr<op>>> sends_, recvs_;
   std::map<std::pair<std::uint64_t, int>, int> aborted_;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, collective> broadcasts_; // (epoch, seq)
 };
 
 } // namespace rlsync::test

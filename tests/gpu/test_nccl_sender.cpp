@@ -8,7 +8,9 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 
 using namespace rlsync;
@@ -162,4 +164,119 @@ TEST_CASE("nccl sender: stopping with a send in flight returns at the next poll,
 TEST_CASE("nccl link: a rank outside the layout is refused before NCCL is asked") {
   CHECK_THROWS_AS(gpu::nccl_link(gpu::nccl_id{}, two_workers(), 3, 0, 64), std::invalid_argument);
   CHECK_THROWS_AS(gpu::nccl_link(gpu::nccl_id{}, two_workers(), -1, 0, 64), std::invalid_argument);
+}
+
+namespace {
+
+// A member's side of broadcast i of `n` bytes from rank 0; on failure, what the wait said.
+std::vector<std::uint8_t> join_broadcast(gpu::p2p_link& l, std::size_t n, gpu::clock::duration wait = 5s) {
+  l.broadcast(nullptr, n, 0);
+  auto out = gpu::wait_for(l, gpu::clock::now() + wait, "broadcast");
+  if (!out.ok())
+    return std::vector<std::uint8_t>(out.why.begin(), out.why.end());
+  std::vector<std::uint8_t> got(n);
+  l.read(got.data(), n);
+  return got;
+}
+
+} // namespace
+
+TEST_CASE("nccl sender: a collective reaches every member bucket by bucket, the next packed while one is out") {
+  auto world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8);
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
+  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
+  const std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> buckets = {bytes_of(100, 1), bytes_of(1024, 5),
+                                                                                 bytes_of(7, 9)};
+  std::mutex m;
+  std::vector<std::string> events; // packs and completed receives, in the order they happened
+  gpu::nccl_sender::collective c;
+  c.buckets = buckets.size();
+  c.pack = [&](std::size_t i, std::vector<std::uint8_t>& out) {
+    out = *buckets[i];
+    std::lock_guard<std::mutex> lock(m);
+    events.push_back("pack " + std::to_string(i));
+  };
+  c.deadline = gpu::clock::now() + 5s;
+  c.what = "a version";
+  REQUIRE(sender.submit(std::move(c)).empty());
+  std::vector<std::vector<std::uint8_t>> got1;
+  std::thread other([&] {
+    for (const auto& b : buckets)
+      got1.push_back(join_broadcast(*w1, b->size()));
+  });
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    if (i == 0) // the root packed bucket 1 before bucket 0 could complete without this member
+      CHECK(eventually([&] {
+        std::lock_guard<std::mutex> lock(m);
+        return events.size() == 2;
+      }));
+    CHECK(join_broadcast(*w0, buckets[i]->size()) == *buckets[i]);
+  }
+  other.join();
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    CHECK(got1[i] == *buckets[i]);
+  CHECK(eventually([&] { return sender.broadcast() == 3; }));
+  CHECK(sender.failure().empty());
+  CHECK(events == std::vector<std::string>{"pack 0", "pack 1", "pack 2"});
+  CHECK(world->open_broadcasts() == 0);
+}
+
+TEST_CASE("nccl sender: a collective with a member missing ends at the deadline, a failed pack at once") {
+  auto world = test::fake_nccl_world::make();
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 64);
+  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 64);
+  {
+    gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 64), 8);
+    gpu::nccl_sender::collective c;
+    c.buckets = 1;
+    c.pack = [](std::size_t, std::vector<std::uint8_t>& out) { out.assign(16, 3); };
+    c.deadline = gpu::clock::now() + 300ms;
+    c.what = "a version";
+    REQUIRE(sender.submit(std::move(c)).empty());
+    const auto got = join_broadcast(*w0, 16, 1s); // worker 1 never joins
+    CHECK(std::string(got.begin(), got.end()).find("aborted") != std::string::npos);
+    CHECK(eventually([&] { return !sender.failure().empty(); }));
+    CHECK(sender.failure().find("not done by the phase deadline") != std::string::npos);
+    CHECK(sender.submit(gpu::nccl_sender::collective{1, c.pack, gpu::clock::now() + 1s, "again"}).find("failed")
+          != std::string::npos);
+  }
+  // Epoch 2: bucket 1 cannot be packed while bucket 0 is out. The root's
+  // link is aborted; no member gets the whole version (as on NCCL, the
+  // others' waits end at their own deadlines).
+  auto layout2 = two_workers();
+  layout2.epoch = 2;
+  auto v0 = test::fake_nccl_world::join(world, layout2, 1, 64);
+  auto v1 = test::fake_nccl_world::join(world, layout2, 2, 64);
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, layout2, 0, 64), 8);
+  gpu::nccl_sender::collective c;
+  c.buckets = 2;
+  c.pack = [](std::size_t i, std::vector<std::uint8_t>& out) {
+    if (i == 1)
+      throw std::runtime_error("tensor 'x' is gone");
+    out.assign(16, 1);
+  };
+  c.deadline = gpu::clock::now() + 30s;
+  c.what = "version 4";
+  REQUIRE(sender.submit(std::move(c)).empty());
+  auto whole_version = [](gpu::p2p_link& l) {
+    return join_broadcast(l, 16, 500ms) == std::vector<std::uint8_t>(16, 1)
+           && join_broadcast(l, 16, 500ms) == std::vector<std::uint8_t>(16, 1);
+  };
+  bool second = true;
+  std::thread other([&] { second = whole_version(*v1); });
+  CHECK_FALSE(whole_version(*v0));
+  other.join();
+  CHECK_FALSE(second);
+  CHECK(eventually([&] { return sender.failure().find("packing bucket 1: tensor 'x' is gone") != std::string::npos; }));
+}
+
+TEST_CASE("nccl link: a broadcast names a member as root, the root passes bytes, within the staging") {
+  auto world = test::fake_nccl_world::make();
+  auto root = test::fake_nccl_world::join(world, two_workers(), 0, 64);
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 64);
+  const std::uint8_t b[65] = {};
+  CHECK_THROWS_WITH_AS(w0->broadcast(nullptr, 8, 3), doctest::Contains("root 3 is no member"), gpu::gpu_error);
+  CHECK_THROWS_WITH_AS(root->broadcast(nullptr, 8, 0), doctest::Contains("the root passes no bytes"), gpu::gpu_error);
+  CHECK_THROWS_AS(root->broadcast(b, 65, 0), std::out_of_range);
 }

@@ -395,6 +395,8 @@ int run_routed(attack_context& cx, const routed_options& o) {
     {"cuda_ipc pull for " + o.engine, caf::make_message(ipc_pull_atom_v, ipc_pull{o.engine, 0, 1, 0, 0, 0})},
     {"nccl pull for " + o.engine, caf::make_message(nccl_pull_atom_v, nccl_pull{o.engine, 0, 1, 0, 1, 1000, 0})},
     {"nccl plan for " + o.engine, caf::make_message(nccl_plan_atom_v, nccl_plan{o.engine, 0, 1, {1, 2, 3}})},
+    {"nccl broadcast for " + o.engine,
+     caf::make_message(nccl_broadcast_atom_v, nccl_pull{o.engine, 0, 1, 0, 1, 1000, 0})},
     {"meta", caf::make_message(meta_atom_v)},
     {"version", caf::make_message(version_atom_v)},
     {"freeze", caf::make_message(freeze_atom_v)},

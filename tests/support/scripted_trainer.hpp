@@ -36,6 +36,8 @@ struct trainer_script {
   /// checksum64, as a trainer rank that took it. Each one lands in nccl_plans.
   std::function<caf::result<std::uint64_t>(const nccl_plan&)> nccl_plan_answer;
   std::vector<nccl_plan> nccl_plans;
+  /// Answers collective broadcast asks (a trainer that may lie); none: refuse them.
+  std::function<caf::result<nccl_manifest>(const nccl_pull&)> nccl_broadcast;
   /// Answers the coordinator's ask for a unique id; none: refuse it.
   std::function<caf::result<std::vector<std::uint8_t>>()> nccl_id;
   /// Keep every ask for an id unanswered, in held_ids, until the test delivers it.
@@ -86,6 +88,11 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
       if (!script->nccl)
         return make_error(errc::unknown_name, "the scripted trainer runs no nccl sender");
       return script->nccl(req);
+    },
+    [=](nccl_broadcast_atom, const nccl_pull& req) -> caf::result<nccl_manifest> {
+      if (!script->nccl_broadcast)
+        return make_error(errc::unknown_name, "the scripted trainer broadcasts nothing");
+      return script->nccl_broadcast(req);
     },
     [=](nccl_plan_atom, const nccl_plan& req) -> caf::result<std::uint64_t> {
       script->nccl_plans.push_back(req);
