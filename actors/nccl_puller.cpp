@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <tuple>
 
 namespace rlsync {
@@ -154,8 +155,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
         !init.ok())
       throw_wait_failure(init);
   }
-  if (collective_ && req.mode == transfer_mode::broadcast) {
-    pull_collective(req, sink, *link, report);
+  if (collective_ && req.mode == transfer_mode::broadcast && pull_collective(req, sink, *link, report)) {
     report.duration = transfer::clock::now() - t0;
     return report;
   }
@@ -249,7 +249,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
   return report;
 }
 
-void nccl_puller::pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink,
+bool nccl_puller::pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink,
                                   gpu::p2p_link& link, transfer::pull_report& report) {
   const auto me = "engine " + printable(req.engine) + " worker " + std::to_string(req.worker);
   const auto& layout = link.layout();
@@ -265,22 +265,40 @@ void nccl_puller::pull_collective(const transfer::pull_request& req, const trans
   ask.worker = req.worker;
   ask.version = req.version;
   ask.epoch = layout.epoch;
-  ask.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(rest.count(), 600'000));
   caf::scoped_actor self{sys_};
   std::optional<nccl_manifest> manifest;
-  caf::error failure;
-  self->request(trainer_(), rest, nccl_broadcast_atom::value, ask)
-    .receive([&](nccl_manifest& m) { manifest = std::move(m); }, [&](caf::error& e) { failure = std::move(e); });
-  if (!manifest) {
-    if (failure == caf::sec::request_timeout)
-      link.abort(); // the broadcast may run all the same: this member would be missing from it
-    throw_trainer_refusal(sys_, failure, 0);
+  const auto trainer = trainer_();
+  // Ask until the rank starts the broadcast or says to pull point to point
+  // (it decides within its join window); every ask bounded by the deadline.
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(req.deadline - transfer::clock::now());
+    if (left.count() <= 0)
+      throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the deadline passed waiting for the "
+                                                        "other members to ask for version "
+                                                        + std::to_string(req.version));
+    ask.wait_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(left.count(), 600'000));
+    caf::error failure;
+    manifest.reset();
+    self->request(trainer, left, nccl_broadcast_atom::value, ask)
+      .receive([&](nccl_manifest& m) { manifest = std::move(m); }, [&](caf::error& e) { failure = std::move(e); });
+    if (!manifest) {
+      if (failure == caf::sec::request_timeout)
+        link.abort(); // the broadcast may run all the same: this member would be missing from it
+      throw_trainer_refusal(sys_, failure, 0);
+    }
+    if (manifest->status == nccl_manifest::point_to_point)
+      return false;
+    if (manifest->status != nccl_manifest::wait)
+      break;
+    std::this_thread::sleep_for(std::min(std::chrono::milliseconds(5), left));
   }
   auto refuse = [&](const std::string& why) {
-    link.abort(); // the other members' broadcasts cannot complete without this one: end them now
+    link.abort(); // a lying trainer ends this communicator for us (the others wait to their deadlines)
     return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
   };
   const auto& m = *manifest;
+  if (m.status != nccl_manifest::broadcast)
+    throw refuse("a manifest of status " + std::to_string(m.status));
   if (m.epoch != layout.epoch)
     throw refuse("a broadcast on epoch " + std::to_string(m.epoch) + ", " + me + " is in " + std::to_string(layout.epoch));
   if (m.root < 0 || m.root >= layout.size() || !layout.members[static_cast<std::size_t>(m.root)].producer)
@@ -294,12 +312,23 @@ void nccl_puller::pull_collective(const transfer::pull_request& req, const trans
       throw refuse("bucket " + std::to_string(i) + " of " + std::to_string(m.bytes[i])
                    + " bytes: not 8 to the model's largest group (" + std::to_string(largest_group_bytes_)
                    + ") and its checksum, within the staging (" + std::to_string(link.capacity()) + ")");
+  // The buckets must be the groups this rank holds, in order: anything else
+  // would leave the version incomplete, or apply a group twice.
+  bool same_groups = m.buckets.size() == groups_.size();
+  for (std::size_t i = 0; same_groups && i < groups_.size(); ++i)
+    same_groups = m.buckets[i].group == groups_[i] && m.buckets[i].version == req.version;
+  if (!same_groups)
+    throw refuse("a manifest of " + std::to_string(m.buckets.size()) + " buckets that are not version "
+                 + std::to_string(req.version) + "'s " + std::to_string(groups_.size()) + " groups in order");
   try {
     receive_broadcasts(req, m, link, sink, report);
   } catch (...) {
-    link.abort(); // a member that stops holds every other up: end their broadcasts now
+    // This member is gone from the broadcast: the others' waits end at their
+    // own deadlines (an abort is local), but this link takes no more part.
+    link.abort();
     throw;
   }
+  return true;
 }
 
 void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m, gpu::p2p_link& link,

@@ -15,8 +15,13 @@
 //              (nccl_broadcast_atom) and joins the rank's broadcast of every
 //              group, in the order its manifest gives, with every other
 //              member of the communicator; each bucket carries its checksum
-//              after its bytes. One member missing holds every other up to
-//              its deadline, which is why it is the baseline;
+//              after its bytes. The rank starts it once every worker asked
+//              (it answers "wait" until then); if they do not all ask within
+//              its join window (a round that leaves members out), or the
+//              version was broadcast already, the worker pulls the groups
+//              point to point as without it. A member that stops during the
+//              broadcast holds the others up to their deadlines, which is
+//              why it is the baseline;
 //   sharded    the worker registers its plan with the trainer once per
 //              communicator and trainer (nccl_plan_atom, answered with the
 //              plan's digest); the trainer packs the worker's entries of
@@ -84,8 +89,9 @@ private:
   registered_plan(caf::scoped_actor& self, const trainer_actor& trainer, const transfer::pull_request& req,
                   std::uint64_t epoch);
 
-  /// Broadcast mode, collective: the whole version through the rank's broadcasts.
-  void pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink, gpu::p2p_link& link,
+  /// Broadcast mode, collective: the whole version through the rank's
+  /// broadcasts; false when the rank says to pull it point to point.
+  bool pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink, gpu::p2p_link& link,
                        transfer::pull_report& report);
   void receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m, gpu::p2p_link& link,
                           const transfer::group_sink& sink, transfer::pull_report& report);

@@ -234,15 +234,17 @@ caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) 
   return b;
 }
 
-/// nccl, the collective baseline: what the rank broadcasts of `req.version`
-/// to every member of its communicator, started at the first ask of a
-/// version and communicator and answered to every later one.
+/// nccl, the collective baseline: the answer to a worker's ask for
+/// `req.version` (see nccl_manifest). The broadcast starts at the ask that
+/// completes the communicator's workers, within the join window of the first
+/// ask; after the window, or once it ran, every ask is sent point to point.
 caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared_ptr<gpu::nccl_sender>& sender,
                                                 const nccl_pull& req) {
   auto& st = self->state;
   const auto& layout = sender->layout();
-  if (st.nccl_broadcast && st.nccl_broadcast->version == req.version && st.nccl_broadcast->epoch == layout.epoch)
-    return st.nccl_broadcast->manifest;
+  if (auto why = sender->failure(); !why.empty())
+    return make_error(errc::unknown_name, "trainer: nccl: the communicator of epoch " + std::to_string(layout.epoch)
+                                            + " failed (" + why + "): it is rebuilt at the next sync boundary");
   const auto producers = std::count_if(layout.members.begin(), layout.members.end(),
                                        [](const gpu::comm_member& m) { return m.producer; });
   if (producers != 1)
@@ -252,33 +254,78 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   auto s = st.cfg.source->find(req.version);
   if (!s)
     return version_not_held(self, req.version);
-  nccl_manifest m;
-  m.epoch = layout.epoch;
-  m.root = sender->rank();
+  const auto now = std::chrono::steady_clock::now();
+  if (!st.nccl_broadcast || st.nccl_broadcast->version != req.version || st.nccl_broadcast->epoch != layout.epoch) {
+    const auto queued_until = st.nccl_broadcast && st.nccl_broadcast->epoch == layout.epoch ? st.nccl_broadcast->done_at : 0;
+    st.nccl_broadcast = trainer_state::collective_broadcast{};
+    st.nccl_broadcast->version = req.version;
+    st.nccl_broadcast->epoch = layout.epoch;
+    st.nccl_broadcast->first_ask = now;
+    st.nccl_broadcast->done_at = queued_until;
+  }
+  auto& b = *st.nccl_broadcast;
+  nccl_manifest answer;
+  answer.epoch = layout.epoch;
+  answer.root = sender->rank();
+  if (b.phase == trainer_state::collective_broadcast::started) {
+    // Every member took part in it, or it is over: asked again, nobody else would join.
+    if (sender->broadcast() >= b.done_at || now >= b.deadline)
+      b.phase = trainer_state::collective_broadcast::closed;
+    else
+      return b.manifest;
+  }
+  if (b.phase == trainer_state::collective_broadcast::closed) {
+    answer.status = nccl_manifest::point_to_point;
+    return answer;
+  }
+  b.asked.emplace(req.engine, req.worker); // a member: checked by the handler
+  const auto workers = static_cast<std::size_t>(layout.size() - producers);
+  if (b.asked.size() < workers) {
+    if (now - b.first_ask < st.cfg.nccl_join_window) {
+      answer.status = nccl_manifest::wait;
+      return answer;
+    }
+    b.phase = trainer_state::collective_broadcast::closed; // a member is not in this round
+    log(self, "trainer: nccl: " + std::to_string(b.asked.size()) + " of " + std::to_string(workers)
+                + " workers asked for version " + std::to_string(req.version) + " within "
+                + std::to_string(st.cfg.nccl_join_window.count()) + " ms: it moves point to point");
+    answer.status = nccl_manifest::point_to_point;
+    return answer;
+  }
   for (auto g : s->groups()) {
-    m.buckets.push_back(group_layout(*s, g));
-    m.bytes.push_back(s->group_bytes(g) + 8); // and the checksum
-    if (m.bytes.back() > sender->capacity())
+    answer.buckets.push_back(group_layout(*s, g));
+    answer.bytes.push_back(s->group_bytes(g) + 8); // and the checksum
+    if (answer.bytes.back() > sender->capacity())
       return make_error(errc::unknown_name, "trainer: nccl: group " + std::to_string(g) + " broadcasts "
-                                              + std::to_string(m.bytes.back()) + " bytes, more than the staging's "
+                                              + std::to_string(answer.bytes.back()) + " bytes, more than the staging's "
                                               + std::to_string(sender->capacity()));
   }
   gpu::nccl_sender::collective c;
-  c.buckets = m.buckets.size();
+  c.buckets = answer.buckets.size();
   c.pack = [s, groups = s->groups()](std::size_t i, std::vector<std::uint8_t>& out) {
-    auto b = group_bucket(*s, groups[i]);
-    out = std::move(b.data);
+    out.clear(); // keeps its capacity: the two buffers are reused bucket after bucket
+    out.reserve(static_cast<std::size_t>(s->group_bytes(groups[i])) + 8);
+    for (const auto& t : s->group(groups[i])) {
+      auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+      out.insert(out.end(), p, p + t.size);
+    }
+    const auto sum = checksum64(out.data(), out.size());
     for (int k = 0; k < 8; ++k)
-      out.push_back(static_cast<std::uint8_t>(b.checksum >> (8 * k)));
+      out.push_back(static_cast<std::uint8_t>(sum >> (8 * k)));
   };
   // The members' waits bound the broadcast's; never longer than a phase may last.
   c.deadline = gpu::clock::now() + std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
   c.what = "version " + std::to_string(req.version) + " broadcast to epoch " + std::to_string(layout.epoch)
            + "'s members";
+  const auto deadline = c.deadline;
+  const auto done_at = std::max(sender->broadcast(), b.done_at) + c.buckets; // behind any broadcast still queued
   if (auto why = sender->submit(std::move(c)); !why.empty())
     return make_error(errc::unknown_name, "trainer: nccl: " + why);
-  st.nccl_broadcast = trainer_state::collective_broadcast{req.version, layout.epoch, m};
-  return m;
+  b.phase = trainer_state::collective_broadcast::started;
+  b.manifest = answer;
+  b.done_at = done_at;
+  b.deadline = deadline;
+  return answer;
 }
 
 /// An engine worker's own credentials (a UCX ticket, a cuda_ipc slot) go

@@ -47,6 +47,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -143,6 +144,11 @@ struct trainer_config {
   std::shared_ptr<gpu::nccl_membership> nccl_membership;
   int nccl_rank = 0;
   std::size_t nccl_send_queue = 256; ///< sends queued at most (one per worker and group in flight)
+  /// The collective baseline starts a version's broadcast once every worker
+  /// of the communicator asked for it within this long of the first ask;
+  /// otherwise every worker pulls it point to point (a round that leaves
+  /// members out would never complete a broadcast).
+  std::chrono::milliseconds nccl_join_window{2000};
   /// Makes a communicator's unique id (gpu::make_nccl_id: NCCL listens for
   /// the members' bootstrap here); none: nccl_id_atom is refused.
   std::function<std::vector<std::uint8_t>()> make_nccl_id;
@@ -220,7 +226,12 @@ struct trainer_state {
   struct collective_broadcast {
     std::uint64_t version = 0;
     std::uint64_t epoch = 0;
-    nccl_manifest manifest;
+    enum { gathering, started, closed } phase = gathering;
+    std::set<std::pair<std::string, std::int32_t>> asked; ///< workers that asked (members only)
+    std::chrono::steady_clock::time_point first_ask;
+    nccl_manifest manifest;              ///< once started
+    std::uint64_t done_at = 0;           ///< the sender's broadcast() count once it completed
+    std::chrono::steady_clock::time_point deadline; ///< the broadcast's
   };
   std::optional<collective_broadcast> nccl_broadcast;
 

@@ -338,14 +338,20 @@ struct nccl_chunk {
   weight_bucket bucket;
 };
 
-/// nccl, the collective baseline (broadcast mode, one trainer rank): what
-/// the rank broadcasts to every member of communicator `epoch` for the
-/// version an engine worker asked for (nccl_broadcast_atom, an nccl_pull
-/// without group or plan), bucket by bucket in this order. Broadcast i
-/// carries `bytes[i]` bytes: bucket i's data, then its checksum64 in 8
-/// little-endian bytes (known only once the rank packed it). `buckets` are
-/// without their bytes.
+/// nccl, the collective baseline (broadcast mode, one trainer rank): the
+/// answer to an engine worker's ask for a version (nccl_broadcast_atom, an
+/// nccl_pull without group or plan). A broadcast starts only once every
+/// worker of the communicator asked for the version; until then the answer
+/// is `wait` (ask again). If they do not all ask within the rank's join
+/// window, or the version was broadcast already, it is `point_to_point`:
+/// pull the groups one by one (nccl_pull_atom). With `broadcast`: what the
+/// rank broadcasts to every member of communicator `epoch`, bucket by bucket
+/// in this order. Broadcast i carries `bytes[i]` bytes: bucket i's data,
+/// then its checksum64 in 8 little-endian bytes (known only once the rank
+/// packed it). `buckets` are without their bytes.
 struct nccl_manifest {
+  enum status_t : std::uint8_t { broadcast = 0, wait = 1, point_to_point = 2 };
+  std::uint8_t status = broadcast;
   std::uint64_t epoch = 0;
   std::int32_t root = 0;
   std::vector<weight_bucket> buckets;

@@ -3,6 +3,7 @@
 #include "runtime/plan/groups.hpp"
 
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 namespace rlsync::plan {
@@ -14,8 +15,12 @@ grouped_plan::grouped_plan(const model_config& c, std::shared_ptr<const worker_p
   for (const auto& e : plan_->entries) {
     const std::uint32_t g = group_of(c, e.source);
     entries_[g].push_back(&e);
-    bytes_[g] += e.bytes();
-    total_ += e.bytes();
+    const auto n = e.bytes();
+    if (n > std::numeric_limits<std::uint64_t>::max() - total_) // bytes_[g] <= total_: both fit
+      throw std::invalid_argument("grouped plan: the entries of worker " + std::to_string(plan_->worker)
+                                  + " add up to more than 2^64 bytes");
+    bytes_[g] += n;
+    total_ += n;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/transfer/plan_intake.hpp"
 
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
@@ -9,6 +10,8 @@
 namespace rlsync::transfer {
 
 plan_intake::plan_intake(const weight_source& source) : config_(source.config()) {
+  for (const auto& p : llama_parameter_specs(config_, dtype::f32))
+    model_shapes_[p.name] = p.shape;
   full_group_bytes_.assign(plan::group_count(config_), 0);
   for (const auto& p : source.parameters()) {
     params_by_name_[p.name] = p;
@@ -38,9 +41,17 @@ std::shared_ptr<const plan::grouped_plan> plan_intake::accept(const std::uint8_t
 void plan_intake::check_against_model(const plan::worker_plan& p) const {
   for (std::size_t i = 0; i < p.entries.size(); ++i) {
     const auto& e = p.entries[i];
+    auto shape = model_shapes_.find(e.source);
+    if (shape == model_shapes_.end())
+      throw std::invalid_argument("plan entry " + std::to_string(i) + ": '" + e.source
+                                  + "' is no parameter of the model");
+    if (shape->second != e.source_shape)
+      throw std::invalid_argument("plan entry " + std::to_string(i) + ": tensor '" + e.source + "' is "
+                                  + shape_string(shape->second) + ", the plan was recorded for "
+                                  + shape_string(e.source_shape));
     auto it = params_by_name_.find(e.source);
     if (it == params_by_name_.end())
-      continue;
+      continue; // another rank's
     if (it->second.type != e.source_type || it->second.shape != e.source_shape)
       throw std::invalid_argument("plan entry " + std::to_string(i) + ": tensor '" + e.source + "' is "
                                   + std::string(safetensors_name(it->second.type)) + " "

@@ -3,11 +3,12 @@
 // plan message and the trainer's nccl_plan_atom both hand over a plan that a
 // peer encoded (ucx_wire's plan encoding), and both pack whatever it says.
 // So before anything is packed: the bytes decode under the wire's limits,
-// every entry reads inside its source, entries for tensors this producer
-// holds match them in dtype and shape (entries for other tensors are
-// another rank's), every entry's tensor is in a group of the model, and no
-// group packs more than 4x its full bytes (a plan repeating entries must
-// not make a producer pack without bound).
+// every entry reads inside its source, every entry names a parameter of the
+// model in its shape (so that no made-up tensor can make a size wrap),
+// entries for tensors this producer holds match them in dtype too (entries
+// for other tensors are another rank's), and no group packs more than 4x
+// its full bytes (a plan repeating entries must not make a producer pack
+// without bound).
 #include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
@@ -43,7 +44,8 @@ private:
   void check_against_model(const plan::worker_plan& p) const;
 
   model_config config_;
-  std::map<std::string, tensor_spec> params_by_name_;
+  std::map<std::string, tensor_spec> params_by_name_;       ///< held
+  std::map<std::string, std::vector<std::int64_t>> model_shapes_; ///< every parameter of the model
   std::vector<std::uint64_t> full_group_bytes_;
 };
 

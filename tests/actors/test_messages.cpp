@@ -277,9 +277,10 @@ TEST_CASE_FIXTURE(serialization_fixture, "nccl pulls, plans, manifests and their
   CHECK(np.epoch == 2);
   CHECK(np.plan == std::vector<std::uint8_t>{1, 2, 3});
 
-  nccl_manifest m{3, 0, {sample_bucket()}, {sample_bucket().data.size() + 8}};
+  nccl_manifest m{nccl_manifest::wait, 3, 0, {sample_bucket()}, {sample_bucket().data.size() + 8}};
   m.buckets[0].data.clear(); // the bytes travel over NCCL
   auto mo = round_trip(m);
+  CHECK(mo.status == nccl_manifest::wait);
   CHECK(mo.epoch == 3);
   CHECK(mo.root == 0);
   REQUIRE(mo.buckets.size() == 1);

@@ -63,6 +63,7 @@ struct nccl_fixture {
     c.source = source;
     c.step_time = 1h; // versions come when the test asks
     c.nccl = desk;
+    c.nccl_join_window = 300ms; // the collective's: a worker alone falls back soon
     trainer = spawn_trainer(sys, std::move(c));
     to_stop.push_back(caf::actor_cast<caf::actor>(trainer));
     for (int w : {0, 1})
@@ -256,6 +257,14 @@ plan::grouped_plan newest_plan(const test::trainer_script& script, const nccl_pu
   throw std::logic_error("no plan registered");
 }
 
+/// Whether `count` of `sender` reaches `n` within 10 s: the sender counts
+/// an operation at its next poll, after the workers already have the bytes.
+bool counted(const gpu::nccl_sender& sender, std::uint64_t (gpu::nccl_sender::*count)() const, std::uint64_t n) {
+  for (auto until = transfer::clock::now() + 10s; (sender.*count)() < n && transfer::clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
+  return (sender.*count)() == n;
+}
+
 /// Pulls `v` sharded into `e`, expecting it to fail: how, and why.
 transfer::transfer_failure sharded_failure(test::test_engine& e, transfer::weight_puller& p, std::uint64_t v,
                                            std::string& what, std::chrono::milliseconds wait = 10s) {
@@ -386,12 +395,15 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer rank takes only a fitting pla
   auto truncated = encoded;
   truncated.resize(encoded.size() / 2);
   auto other_model = engine::make_plan(test::small_model(3, true), 2, 1, dtype::f32);
+  auto made_up = plan; // another rank's tensor would be skipped: one that no rank has is refused
+  made_up.entries.back().source = "model.layers.0.made_up";
   const std::vector<row> rows = {
     {"a member's plan", {"rollout-0", 1, 1, encoded}, ""},
     {"again: the same digest", {"rollout-0", 1, 1, encoded}, ""},
     {"truncated bytes", {"rollout-0", 1, 1, truncated}, "malformed plan"},
     {"another worker's plan", {"rollout-0", 0, 1, encoded}, "registered the plan of worker 1"},
     {"a plan of other dtypes", {"rollout-0", 1, 1, transfer::ucx_wire::encode_plan(other_model)}, "does not fit"},
+    {"a made-up tensor", {"rollout-0", 1, 1, transfer::ucx_wire::encode_plan(made_up)}, "is no parameter of the model"},
     {"an older epoch", {"rollout-0", 1, 0, encoded}, "is no member of epoch 1's communicator"},
     {"an engine outside the communicator", {"rollout-9", 1, 1, encoded}, "is no member"},
   };
@@ -416,8 +428,9 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer rank takes only a fitting pla
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's broadcast of each group") {
   auto sender = open_sender(layout);
   nccl_puller puller(sys, asking(trainer), model, links(), std::nullopt, {}, true);
+  std::uint64_t last = 0;
   for (int round = 0; round < 2; ++round) {
-    const auto v = step();
+    const auto v = last = step();
     recording_sink rec;
     auto report =
       transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
@@ -426,9 +439,34 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's
     CHECK(rec.got[0] == expected(v));
     CHECK(rec.got[1] == expected(v));
   }
-  CHECK(sender->broadcast() == 2 * plan::group_count(model)); // once per group, not once per worker
+  // Once per group, not once per worker (the sender sees each complete at its next poll).
+  for (auto until = transfer::clock::now() + 10s;
+       sender->broadcast() < 2 * plan::group_count(model) && transfer::clock::now() < until;)
+    std::this_thread::sleep_for(1ms);
+  CHECK(sender->broadcast() == 2 * plan::group_count(model));
   CHECK(sender->sent() == 0);
   CHECK(world->open_broadcasts() == 0);
+  // Asked again, a version broadcast already moves point to point: nobody else would join a broadcast.
+  recording_sink again;
+  transfer::pull_engine(puller, "rollout-0", 1, last, transfer_mode::broadcast, again.sink(), test::in(10s));
+  CHECK(again.got[0] == expected(last));
+  CHECK(counted(*sender, &gpu::nccl_sender::sent, plan::group_count(model)));
+  CHECK(sender->broadcast() == 2 * plan::group_count(model));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, a worker alone in its round pulls point to point after the window") {
+  auto sender = open_sender(layout);
+  nccl_puller puller(sys, asking(trainer), model, links(), std::nullopt, {}, true);
+  const auto v = step();
+  recording_sink rec; // worker 1 of the communicator never asks
+  transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  CHECK(rec.got[0] == expected(v));
+  CHECK(counted(*sender, &gpu::nccl_sender::sent, plan::group_count(model)));
+  CHECK(sender->broadcast() == 0);
+  // Worker 1, later in the same version, is not held up either.
+  recording_sink late;
+  transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, late.sink(), test::in(10s));
+  CHECK(late.got[0] == expected(v));
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying manifest is refused before a receive") {
@@ -446,7 +484,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying ma
           != std::string::npos);
   }
   auto honest = [&](const nccl_pull& req) {
-    nccl_manifest m{req.epoch, 0, {}, {}};
+    nccl_manifest m{nccl_manifest::broadcast, req.epoch, 0, {}, {}};
     for (std::uint32_t g = 0; g < plan::group_count(model); ++g) {
       auto b = honest_bucket({req.engine, req.worker, req.version, g, req.epoch, 1000, 0});
       m.bytes.push_back(b.data.size() + 8);
@@ -466,6 +504,8 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying ma
     {"sizes that do not match the buckets", [](nccl_manifest& m) { m.bytes.pop_back(); }, "sizes for a model of"},
     {"a bucket without its checksum", [](nccl_manifest& m) { m.bytes[0] = 7; }, "bucket 0 of 7 bytes"},
     {"a bucket past the staging", [](nccl_manifest& m) { m.bytes[1] = staging + 1; }, "within the staging"},
+    {"the groups out of order", [](nccl_manifest& m) { std::swap(m.buckets[0], m.buckets[1]); }, "in order"},
+    {"a status no rank sends", [](nccl_manifest& m) { m.status = 7; }, "a manifest of status 7"},
   };
   for (const auto& l : lies) {
     CAPTURE(l.name);

@@ -1,6 +1,7 @@
 // Parameter groups: one transformer block each; the embedding joins the
 // first, the final norm and lm_head the last.
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/plan/grouped_plan.hpp"
 #include "runtime/plan/groups.hpp"
 
 #include "tests/support/transfer_fixtures.hpp"
@@ -107,4 +108,22 @@ TEST_CASE("largest_group_bytes: the heaviest block at the element width asked, o
   huge[0].shape = {std::int64_t{1} << 40, std::int64_t{1} << 21}; // 2^63 bytes each: the sum overflows
   huge[1] = huge[0];
   CHECK_THROWS_WITH_AS(plan::largest_group_bytes(c, huge, dtype::f32), doctest::Contains("up_proj"), std::overflow_error);
+}
+
+TEST_CASE("grouped plan: entries whose bytes add up past 2^64 are refused, not wrapped") {
+  const model_config c = test::small_model(2);
+  plan::worker_plan p;
+  for (int i = 0; i < 3; ++i) { // each 2^61 f32 elements: 2^63 bytes
+    plan::plan_entry e;
+    e.source = "model.layers.0.made_up";
+    e.source_type = dtype::f32;
+    e.source_shape = {std::int64_t(1) << 61};
+    e.view = plan::strided::dense(e.source_shape);
+    e.param = "x";
+    p.entries.push_back(e);
+  }
+  CHECK_THROWS_WITH_AS(plan::grouped_plan(c, std::make_shared<const plan::worker_plan>(p)),
+                       doctest::Contains("add up to more than 2^64 bytes"), std::invalid_argument);
+  p.entries.resize(1); // one alone fits
+  CHECK(plan::grouped_plan(c, std::make_shared<const plan::worker_plan>(p)).total_bytes() == std::uint64_t(1) << 63);
 }
