@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # transfer.backend cuda_ipc and nccl in a CUDA build (nccl with NCCL linked
-# too): validation accepts each in broadcast mode and refuses it sharded;
+# too): validation accepts each in broadcast mode; cuda_ipc it refuses
+# sharded, nccl it accepts sharded and with transfer.collective (refused
+# sharded);
 # start-up then needs a CUDA device: without one `rlsync run` exits 1
 # naming it, starting nothing. With one this script skips: a one-process
 # run would not move weights over either (its engines use the local
@@ -27,11 +29,29 @@ for b in "${backends[@]}"; do
     || { cat "$dir/validate.out"; echo "FAIL: validate refused $b"; exit 1; }
   grep -q "backend: $b" "$dir/validate.out" || { cat "$dir/validate.out"; echo "FAIL: the resolved topology lost $b"; exit 1; }
   sed 's/^  mode: broadcast/  mode: sharded/' "$dir/$b.yaml" > "$dir/sharded.yaml"
-  if "$rlsync" validate "$dir/sharded.yaml" > "$dir/sharded.out" 2>&1; then
-    echo "FAIL: $b was accepted in sharded mode"; exit 1
+  if [ "$b" = nccl ]; then
+    # nccl moves each worker's shard too, and on request broadcasts whole
+    # groups collectively (broadcast mode only).
+    "$rlsync" validate "$dir/sharded.yaml" > "$dir/sharded.out" 2>&1 \
+      || { cat "$dir/sharded.out"; echo "FAIL: validate refused nccl in sharded mode"; exit 1; }
+    sed 's/^  # collective: true .*/  collective: true/' "$dir/$b.yaml" > "$dir/collective.yaml"
+    sed 's/^  # collective: true .*/  collective: true/' "$dir/sharded.yaml" > "$dir/collective_sharded.yaml"
+    grep -q '^  collective: true' "$dir/collective.yaml" || { echo "FAIL: could not set transfer.collective"; exit 1; }
+    "$rlsync" validate "$dir/collective.yaml" > "$dir/collective.out" 2>&1 \
+      || { cat "$dir/collective.out"; echo "FAIL: validate refused the nccl collective"; exit 1; }
+    if "$rlsync" validate "$dir/collective_sharded.yaml" > "$dir/collective_sharded.out" 2>&1; then
+      echo "FAIL: a collective was accepted in sharded mode"; exit 1
+    fi
+    grep -Eq "collective_sharded.yaml:[0-9]+:[0-9]+: transfer.collective: a collective broadcast runs over NCCL" \
+      "$dir/collective_sharded.out" \
+      || { cat "$dir/collective_sharded.out"; echo "FAIL: the collective's refusal does not name its place"; exit 1; }
+  else
+    if "$rlsync" validate "$dir/sharded.yaml" > "$dir/sharded.out" 2>&1; then
+      echo "FAIL: $b was accepted in sharded mode"; exit 1
+    fi
+    grep -Eq "sharded.yaml:[0-9]+:[0-9]+: transfer.backend: '$b' moves whole groups" "$dir/sharded.out" \
+      || { cat "$dir/sharded.out"; echo "FAIL: the sharded refusal of $b does not name its place"; exit 1; }
   fi
-  grep -Eq "sharded.yaml:[0-9]+:[0-9]+: transfer.backend: '$b' (moves|sends) whole groups" "$dir/sharded.out" \
-    || { cat "$dir/sharded.out"; echo "FAIL: the sharded refusal of $b does not name its place"; exit 1; }
   if [ $no_device -eq 0 ]; then
     echo "$b: skipping the start-up refusal: this machine has a CUDA device"
     continue
