@@ -6,6 +6,7 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/store_in_place.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
@@ -105,6 +106,26 @@ namespace {
                        "nccl: " + out.why);
 }
 
+/// A trainer's answer that lies about the communicator, refused before
+/// anything is posted: the link is aborted (a lying trainer ends this
+/// communicator for us; the other members wait to their deadlines).
+transfer_error refuse_trainer(gpu::p2p_link& link, const std::string& why) {
+  link.abort();
+  return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
+}
+
+/// Why `what` (a group, a broadcast) cannot come from this communicator:
+/// another epoch, or a root that is no trainer rank. Empty when it can.
+std::string sender_problem(const gpu::comm_layout& layout, std::uint64_t epoch, std::int32_t root,
+                           const std::string& what) {
+  if (epoch != layout.epoch)
+    return what + " on epoch " + std::to_string(epoch) + ", this worker is in " + std::to_string(layout.epoch);
+  if (root < 0 || root >= layout.size() || !layout.members[static_cast<std::size_t>(root)].producer)
+    return what + " from rank " + std::to_string(root) + ", which is no trainer rank of epoch "
+           + std::to_string(layout.epoch);
+  return {};
+}
+
 /// Sharded: the worker's entries of group `g`, verified, handed on packed
 /// or stored where the engine keeps them.
 void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& answer,
@@ -159,10 +180,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     report.duration = transfer::clock::now() - t0;
     return report;
   }
-  auto refuse = [&](const std::string& why) {
-    link->abort(); // nothing was posted, but a lying trainer ends this communicator for us
-    return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
-  };
+  auto refuse = [&](const std::string& why) { return refuse_trainer(*link, why); };
   caf::scoped_actor self{sys_};
   const trainer_actor trainer = trainer_();
   const bool sharded = req.mode == transfer_mode::sharded;
@@ -206,12 +224,8 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
         link->abort();
       throw_trainer_refusal(sys_, failure, g);
     }
-    if (chunk->epoch != layout.epoch)
-      throw refuse("group " + std::to_string(g) + " on epoch " + std::to_string(chunk->epoch) + ", this worker is in "
-                   + std::to_string(layout.epoch));
-    if (chunk->root < 0 || chunk->root >= layout.size() || !layout.members[static_cast<std::size_t>(chunk->root)].producer)
-      throw refuse("group " + std::to_string(g) + " from rank " + std::to_string(chunk->root)
-                   + ", which is no trainer rank of epoch " + std::to_string(layout.epoch));
+    if (auto why = sender_problem(layout, chunk->epoch, chunk->root, "group " + std::to_string(g)); !why.empty())
+      throw refuse(why);
     if (sharded && chunk->bytes != plan->bytes(g))
       throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes) + " bytes, the plan of " + me
                    + " packs " + std::to_string(plan->bytes(g)));
@@ -292,23 +306,18 @@ bool nccl_puller::pull_collective(const transfer::pull_request& req, const trans
       break;
     std::this_thread::sleep_for(std::min(std::chrono::milliseconds(5), left));
   }
-  auto refuse = [&](const std::string& why) {
-    link.abort(); // a lying trainer ends this communicator for us (the others wait to their deadlines)
-    return transfer_error(transfer_failure::producer_failed, "trainer over nccl: " + why);
-  };
+  auto refuse = [&](const std::string& why) { return refuse_trainer(link, why); };
   const auto& m = *manifest;
   if (m.status != nccl_manifest::broadcast)
     throw refuse("a manifest of status " + std::to_string(m.status));
-  if (m.epoch != layout.epoch)
-    throw refuse("a broadcast on epoch " + std::to_string(m.epoch) + ", " + me + " is in " + std::to_string(layout.epoch));
-  if (m.root < 0 || m.root >= layout.size() || !layout.members[static_cast<std::size_t>(m.root)].producer)
-    throw refuse("a broadcast from rank " + std::to_string(m.root) + ", which is no trainer rank of epoch "
-                 + std::to_string(layout.epoch));
+  if (auto why = sender_problem(layout, m.epoch, m.root, "a broadcast"); !why.empty())
+    throw refuse(why);
   if (m.buckets.size() != m.bytes.size() || m.buckets.size() > plan::group_count(model_))
     throw refuse("a manifest of " + std::to_string(m.buckets.size()) + " buckets and " + std::to_string(m.bytes.size())
                  + " sizes for a model of " + std::to_string(plan::group_count(model_)) + " groups");
   for (std::size_t i = 0; i < m.bytes.size(); ++i)
-    if (m.bytes[i] < 8 || m.bytes[i] - 8 > largest_group_bytes_ || m.bytes[i] > link.capacity())
+    if (m.bytes[i] < transfer::checksum_trailer_bytes
+        || m.bytes[i] - transfer::checksum_trailer_bytes > largest_group_bytes_ || m.bytes[i] > link.capacity())
       throw refuse("bucket " + std::to_string(i) + " of " + std::to_string(m.bytes[i])
                    + " bytes: not 8 to the model's largest group (" + std::to_string(largest_group_bytes_)
                    + ") and its checksum, within the staging (" + std::to_string(link.capacity()) + ")");
@@ -353,10 +362,7 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
     } catch (const std::exception& e) {
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
-    bucket.checksum = 0;
-    for (int k = 0; k < 8; ++k)
-      bucket.checksum |= std::uint64_t{received[n - 8 + static_cast<std::size_t>(k)]} << (8 * k);
-    bucket.data.assign(received.begin(), received.end() - 8);
+    std::tie(bucket.data, bucket.checksum) = transfer::split_checksum(received.data(), n);
     deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
   }
 }

@@ -9,7 +9,9 @@
 #include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/packing.hpp"
+#include "runtime/transfer/plan_intake.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>
@@ -294,7 +296,7 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   }
   for (auto g : s->groups()) {
     answer.buckets.push_back(group_layout(*s, g));
-    answer.bytes.push_back(s->group_bytes(g) + 8); // and the checksum
+    answer.bytes.push_back(s->group_bytes(g) + transfer::checksum_trailer_bytes);
     if (answer.bytes.back() > sender->capacity())
       return make_error(errc::unknown_name, "trainer: nccl: group " + std::to_string(g) + " broadcasts "
                                               + std::to_string(answer.bytes.back()) + " bytes, more than the staging's "
@@ -304,14 +306,12 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   c.buckets = answer.buckets.size();
   c.pack = [s, groups = s->groups()](std::size_t i, std::vector<std::uint8_t>& out) {
     out.clear(); // keeps its capacity: the two buffers are reused bucket after bucket
-    out.reserve(static_cast<std::size_t>(s->group_bytes(groups[i])) + 8);
+    out.reserve(static_cast<std::size_t>(s->group_bytes(groups[i])) + transfer::checksum_trailer_bytes);
     for (const auto& t : s->group(groups[i])) {
       auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
       out.insert(out.end(), p, p + t.size);
     }
-    const auto sum = checksum64(out.data(), out.size());
-    for (int k = 0; k < 8; ++k)
-      out.push_back(static_cast<std::uint8_t>(sum >> (8 * k)));
+    transfer::append_checksum(out);
   };
   // The members' waits bound the broadcast's; never longer than a phase may last.
   c.deadline = gpu::clock::now() + std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
@@ -345,6 +345,30 @@ std::optional<caf::error> engine_from_sender(self_ptr self, const std::shared_pt
                                                + "': that engine is not registered from the asking node");
   }
   return std::nullopt;
+}
+
+/// The rank's nccl sender, for a message from engine worker (engine,
+/// worker) about communicator `epoch`: refused when the rank runs none,
+/// the asking node did not register the engine, the epoch is not the
+/// current one, or the worker is no member of it.
+caf::expected<std::shared_ptr<gpu::nccl_sender>>
+nccl_member_sender(self_ptr self, const std::shared_ptr<sender_guard>& data_guard, const std::string& engine,
+                   std::int32_t worker, std::uint64_t epoch, const char* message, const std::string& what) {
+  auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
+  if (!sender)
+    return make_error(errc::unknown_name, "this trainer runs no nccl sender");
+  if (auto refused = engine_from_sender(self, data_guard, engine, worker, message, what))
+    return *refused;
+  const auto& layout = sender->layout();
+  if (epoch != layout.epoch)
+    return make_error(errc::unknown_name, "trainer: nccl: " + what + " on epoch " + std::to_string(epoch)
+                                            + " asked; this rank's communicator is epoch "
+                                            + std::to_string(layout.epoch));
+  if (layout.rank_of(gpu::comm_member::worker(engine, worker)) < 0)
+    return make_error(errc::unknown_name, "trainer: nccl: " + what + ": engine '" + printable(engine) + "' worker "
+                                            + std::to_string(worker) + " is not in epoch "
+                                            + std::to_string(layout.epoch) + "'s communicator");
+  return sender;
 }
 
 trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
@@ -445,21 +469,12 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         producer->release(req.engine + "/" + std::to_string(req.worker), req.session);
     }),
     authorized(self, data_guard, [=](nccl_pull_atom, const nccl_pull& req) -> caf::result<nccl_chunk> {
-      auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
-      if (!sender)
-        return make_error(errc::unknown_name, "this trainer runs no nccl sender");
-      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ncclpull", "an nccl pull"))
-        return *refused;
+      auto member = nccl_member_sender(self, data_guard, req.engine, req.worker, req.epoch, "ncclpull", "a pull");
+      if (!member)
+        return member.error();
+      const auto& sender = *member;
       const auto& layout = sender->layout();
-      if (req.epoch != layout.epoch)
-        return make_error(errc::unknown_name, "trainer: nccl: epoch " + std::to_string(req.epoch)
-                                                + " asked; this rank's communicator is epoch "
-                                                + std::to_string(layout.epoch));
       const int peer = layout.rank_of(gpu::comm_member::worker(req.engine, req.worker));
-      if (peer < 0)
-        return make_error(errc::unknown_name, "trainer: nccl: engine '" + printable(req.engine) + "' worker "
-                                                + std::to_string(req.worker) + " is not in epoch "
-                                                + std::to_string(layout.epoch) + "'s communicator");
       auto bucket = req.plan == 0 ? held_bucket(self, req.version, req.group) : packed_bucket(self, req);
       if (!bucket)
         return bucket.error();
@@ -480,41 +495,28 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       return out;
     }),
     authorized(self, data_guard, [=](nccl_broadcast_atom, const nccl_pull& req) -> caf::result<nccl_manifest> {
-      auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
-      if (!sender)
-        return make_error(errc::unknown_name, "this trainer runs no nccl sender");
-      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ncclbcast", "an nccl broadcast"))
-        return *refused;
-      const auto& layout = sender->layout();
-      if (req.epoch != layout.epoch || layout.rank_of(gpu::comm_member::worker(req.engine, req.worker)) < 0)
-        return make_error(errc::unknown_name, "trainer: nccl: engine '" + printable(req.engine) + "' worker "
-                                                + std::to_string(req.worker) + " asked for a broadcast on epoch "
-                                                + std::to_string(req.epoch) + ", and is no member of epoch "
-                                                + std::to_string(layout.epoch) + "'s communicator");
-      return collective_broadcast(self, sender, req);
+      auto member = nccl_member_sender(self, data_guard, req.engine, req.worker, req.epoch, "ncclbcast",
+                                       "a broadcast ask");
+      if (!member)
+        return member.error();
+      return collective_broadcast(self, *member, req);
     }),
     authorized(self, data_guard, [=](nccl_plan_atom, const nccl_plan& req) -> caf::result<std::uint64_t> {
-      auto sender = self->state.cfg.nccl ? self->state.cfg.nccl->producer() : nullptr;
-      if (!sender)
-        return make_error(errc::unknown_name, "this trainer runs no nccl sender");
-      if (auto refused = engine_from_sender(self, data_guard, req.engine, req.worker, "ncclplan", "an nccl plan"))
-        return *refused;
-      const auto& layout = sender->layout();
+      auto member = nccl_member_sender(self, data_guard, req.engine, req.worker, req.epoch, "ncclplan", "a plan");
+      if (!member)
+        return member.error();
+      const auto& layout = (*member)->layout();
       const auto who = "engine '" + printable(req.engine) + "' worker " + std::to_string(req.worker);
-      if (req.epoch != layout.epoch || layout.rank_of(gpu::comm_member::worker(req.engine, req.worker)) < 0)
-        return make_error(errc::unknown_name, "trainer: nccl: the plan of " + who + " for epoch "
-                                                + std::to_string(req.epoch) + ": " + who + " is no member of epoch "
-                                                + std::to_string(layout.epoch) + "'s communicator");
       auto& st = self->state;
       const auto digest = checksum64(req.plan.data(), req.plan.size());
       const std::pair<std::string, std::int32_t> key{req.engine, req.worker};
       if (auto it = st.nccl_plans.find(key); it != st.nccl_plans.end() && it->second.digest == digest)
         return digest;
-      if (!st.plan_intake)
-        st.plan_intake = std::make_shared<const transfer::plan_intake>(*st.cfg.source);
       std::shared_ptr<const plan::grouped_plan> plan;
       try {
-        plan = st.plan_intake->accept(req.plan.data(), req.plan.size());
+        // Made for each plan (one per worker and communicator): a checkpoint
+        // source learns its dtype at its first snapshot, so a kept one could be stale.
+        plan = transfer::plan_intake(*st.cfg.source).accept(req.plan.data(), req.plan.size());
       } catch (const transfer::plan_intake::refusal& e) {
         return make_error(errc::malformed, "trainer: nccl: the plan of " + who + ": " + e.what());
       }

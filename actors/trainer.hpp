@@ -35,7 +35,6 @@
 #include "actors/sender_guard.hpp"
 #include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
-#include "runtime/transfer/plan_intake.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <caf/actor_system.hpp>
@@ -220,7 +219,6 @@ struct trainer_state {
     std::shared_ptr<const plan::grouped_plan> plan;
   };
   std::map<std::pair<std::string, std::int32_t>, registered_plan> nccl_plans;
-  std::shared_ptr<const transfer::plan_intake> plan_intake; ///< made at the first plan
   /// nccl, the collective baseline: the version last broadcast (or being
   /// broadcast) to every member, on which communicator, and what it sends.
   struct collective_broadcast {

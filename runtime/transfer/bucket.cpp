@@ -193,4 +193,20 @@ std::vector<tensor_view> bucket_assembler::tensors() const {
   return out;
 }
 
+void append_checksum(std::vector<std::uint8_t>& bytes) {
+  const auto sum = checksum64(bytes.data(), bytes.size());
+  for (std::size_t k = 0; k < checksum_trailer_bytes; ++k)
+    bytes.push_back(static_cast<std::uint8_t>(sum >> (8 * k)));
+}
+
+std::pair<std::vector<std::uint8_t>, std::uint64_t> split_checksum(const std::uint8_t* bytes, std::size_t size) {
+  if (size < checksum_trailer_bytes)
+    throw std::invalid_argument("a bucket of " + std::to_string(size) + " bytes has no room for its checksum");
+  const std::size_t n = size - checksum_trailer_bytes;
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < checksum_trailer_bytes; ++k)
+    sum |= std::uint64_t{bytes[n + k]} << (8 * k);
+  return {std::vector<std::uint8_t>(bytes, bytes + n), sum};
+}
+
 } // namespace rlsync::transfer

@@ -34,6 +34,15 @@ std::vector<weight_bucket> bucketize_packed(std::uint64_t version, std::uint32_t
 /// Whether the bucket's data hash to its checksum.
 bool verify_bucket(const weight_bucket& b);
 
+/// A collective broadcast's bucket is a group's bytes followed by their
+/// checksum64 as 8 little-endian bytes (known only once the group is packed).
+inline constexpr std::size_t checksum_trailer_bytes = 8;
+/// Appends checksum64 of `bytes`' current contents to it.
+void append_checksum(std::vector<std::uint8_t>& bytes);
+/// The bytes before the trailer and the checksum it holds. Throws
+/// std::invalid_argument when fewer than 8 bytes came.
+std::pair<std::vector<std::uint8_t>, std::uint64_t> split_checksum(const std::uint8_t* bytes, std::size_t size);
+
 /// Views of the whole tensors a (checked) bucket carries, into its data.
 /// Throws std::invalid_argument naming the tensor for a piece of a split one.
 std::vector<tensor_view> whole_tensor_views(const weight_bucket& b);

@@ -404,8 +404,9 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer rank takes only a fitting pla
     {"another worker's plan", {"rollout-0", 0, 1, encoded}, "registered the plan of worker 1"},
     {"a plan of other dtypes", {"rollout-0", 1, 1, transfer::ucx_wire::encode_plan(other_model)}, "does not fit"},
     {"a made-up tensor", {"rollout-0", 1, 1, transfer::ucx_wire::encode_plan(made_up)}, "is no parameter of the model"},
-    {"an older epoch", {"rollout-0", 1, 0, encoded}, "is no member of epoch 1's communicator"},
-    {"an engine outside the communicator", {"rollout-9", 1, 1, encoded}, "is no member"},
+    {"an older epoch", {"rollout-0", 1, 0, encoded}, "a plan on epoch 0 asked; this rank's communicator is epoch 1"},
+    {"an engine outside the communicator", {"rollout-9", 1, 1, encoded},
+     "a plan: engine 'rollout-9' worker 1 is not in epoch 1's communicator"},
   };
   for (const auto& r : rows) {
     CAPTURE(r.name);
@@ -536,9 +537,8 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying ma
     c.pack = [this, req](std::size_t i, std::vector<std::uint8_t>& out) {
       auto b = honest_bucket({req.engine, req.worker, req.version, static_cast<std::uint32_t>(i), req.epoch, 1000, 0});
       out = b.data;
-      out[out.size() / 2] ^= 0x40; // changed after its checksum was taken
-      for (int k = 0; k < 8; ++k)
-        out.push_back(static_cast<std::uint8_t>(b.checksum >> (8 * k)));
+      transfer::append_checksum(out);
+      out[(out.size() - transfer::checksum_trailer_bytes) / 2] ^= 0x40; // changed after its checksum was taken
     };
     c.deadline = gpu::clock::now() + 10s;
     c.what = "a changed version";
