@@ -622,7 +622,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       self->state.step_scheduled = false;
       if (worker_died(self))
         return;
-      self->state.core->step();
+      try {
+        self->state.core->step();
+      } catch (const std::exception& e) {
+        // A step that failed (on a device: a CUDA or cuBLAS error) leaves its
+        // requests half-advanced: the engine stops, as for a dead worker.
+        std::cerr << self->state.core->options().name << ": a step failed: " << e.what() << ": the engine stops\n";
+        self->quit(caf::make_error(caf::sec::runtime_error, std::string(e.what())));
+        return;
+      }
       if (metrics)
         metrics->sample(self->state.core->status());
       deliver_pause_if_done();

@@ -5,6 +5,7 @@
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/tokenizer.hpp"
+#include "gpu/engine_device.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
@@ -32,6 +33,7 @@ bool write_prompt_logits(const engine::engine_core& core, const std::vector<std:
                          const std::string& path) {
   const auto& o = core.options();
   engine::model m(core.config(), o.tp, o.source_dtype, o.expert_parallel);
+  m.set_device(o.device); // the products where the engine runs them (a second device copy)
   m.set_weights(core.weights());
   auto seq = m.new_sequence();
   const auto out = m.forward({{&seq, prompt, 0, /*all_logits=*/true}});
@@ -63,6 +65,10 @@ int cmd_generate(const arg_list& argv) {
   app.add_option("--weights", weights_flag, "serve from the weights as received, or int8 computed from them")
     ->default_val(weights_flag)
     ->type_name("received|int8");
+  std::string device_flag = "cpu";
+  app.add_option("--device", device_flag, "run the matrix products on the CPU, or on CUDA device 0 (cuBLAS)")
+    ->default_val(device_flag)
+    ->type_name("cpu|cuda");
   cli::add_number(app, "--temperature", temperature, "0 is greedy")->default_val(temperature);
   cli::add_number(app, "--top-p", top_p, "nucleus sampling, in (0, 1]")->default_val(top_p);
   cli::add_size(app, "--seed", seed, "sampling seed")->default_val(seed);
@@ -111,7 +117,17 @@ int cmd_generate(const arg_list& argv) {
     throw cli::usage_error("--weights: expected received or int8, got '" + printable(weights_flag) + "'");
   for (auto& e : validate_tp(config, static_cast<std::int64_t>(tp), expert_parallel))
     throw cli::usage_error((e.rfind("expert parallelism", 0) == 0 ? "--expert-parallel: " : "--tp: ") + e);
+  if (device_flag != "cpu" && device_flag != "cuda")
+    throw cli::usage_error("--device: expected cpu or cuda, got '" + printable(device_flag) + "'");
   engine::engine_options opts;
+  if (device_flag == "cuda") {
+    try {
+      opts.device = gpu::make_engine_device(0);
+    } catch (const std::exception& e) {
+      std::cerr << "rlsync generate: --device cuda: " << e.what() << "\n";
+      return 1;
+    }
+  }
   opts.name = "generate";
   opts.tp = static_cast<int>(tp);
   opts.expert_parallel = expert_parallel;
@@ -174,6 +190,7 @@ int cmd_generate(const arg_list& argv) {
                         {"tp", tp},
                         {"expert_parallel", expert_parallel},
                         {"weights", engine::to_string(*format)},
+                        {"device", opts.device ? opts.device->name() : std::string("cpu")},
                         {"load_seconds", secs(t0, t_loaded)},
                         {"generate_seconds", secs(t_loaded, t_done)}};
     std::cout << out.dump() << "\n"; // one line; text is valid UTF-8 already
@@ -181,6 +198,7 @@ int cmd_generate(const arg_list& argv) {
     std::cout << "\n";
     std::cerr << "[" << tokens.size() << " tokens, " << to_string(result->reason) << ", tp " << tp
               << (expert_parallel ? " (expert-parallel)" : "") << (*format == engine::weight_format::int8 ? ", int8" : "")
+              << (opts.device ? ", " + opts.device->name() : std::string())
               << ", load " << secs(t0, t_loaded) << " s, "
               << (decode_s > 0 ? (tokens.size() - 1) / decode_s : 0.0) << " tokens/s]\n";
   }

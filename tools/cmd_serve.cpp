@@ -176,6 +176,10 @@ int cmd_serve(const arg_list& argv) {
   auto weights_flag = app.add_option("--weights", weights, "serve from the weights as received, or int8 computed from them")
                         ->default_val(weights)
                         ->type_name("received|int8");
+  std::string device = "cpu";
+  auto device_flag = app.add_option("--device", device, "run the matrix products on the CPU, or on CUDA device 0 (cuBLAS)")
+                       ->default_val(device)
+                       ->type_name("cpu|cuda");
   app.add_option("--host", host, "address to listen on")->default_val(host);
   cli::add_size(app, "--port", port, "TCP port, 0 for an ephemeral one")->default_val(port);
   auto key_flag = app.add_option("--api-key-file", api_key_file, "file holding the bearer token POST routes need")
@@ -207,6 +211,8 @@ int cmd_serve(const arg_list& argv) {
       throw cli::usage_error("--dp: with --topology the engine's dp is the topology's");
     if (weights_flag->count() > 0)
       throw cli::usage_error("--weights: with --topology the engine's weights are the topology's");
+    if (device_flag->count() > 0)
+      throw cli::usage_error("--device: with --topology the engine's device is the topology's");
   } else {
     cli::require(dir_flag);
     if (secret_flag->count() > 0)
@@ -228,6 +234,9 @@ int cmd_serve(const arg_list& argv) {
     options.weights = *f;
   else
     throw cli::usage_error("--weights: expected received or int8, got '" + printable(weights) + "'");
+  if (device != "cpu" && device != "cuda")
+    throw cli::usage_error("--device: expected cpu or cuda, got '" + printable(device) + "'");
+  options.on_cuda = device == "cuda";
   options.http.host = host;
   options.http.port = static_cast<std::uint16_t>(port);
   options.strict_vllm = strict->count() > 0;

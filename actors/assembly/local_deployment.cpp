@@ -1,5 +1,6 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/assembly/nccl_plane.hpp"
+#include "gpu/engine_device.hpp"
 
 #include "runtime/transfer/external_source.hpp"
 
@@ -37,6 +38,8 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   cfg.options.prefix_cache_blocks = static_cast<std::size_t>(e.prefix_cache_blocks);
   cfg.options.source_dtype = source_dtype;
   cfg.options.preallocate_staging = true;
+  if (e.device == "cuda") // throws, naming the missing device (start-up checked it: backend_device_problem)
+    cfg.options.device = gpu::make_engine_device(0);
   cfg.node = e.node;
   cfg.puller = std::move(puller);
   cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
@@ -288,16 +291,22 @@ rollout_engine_actor spawn_engine(caf::actor_system& sys, const local_deployment
 
 } // namespace
 
-std::string backend_device_problem(const topology& t, const gpu::device_info& devices) {
+std::string backend_device_problem(const topology& t, const gpu::device_info& devices, const std::string& node) {
+  if (devices.device_count > 0)
+    return {};
+  for (const auto& e : t.engines)
+    if (e.device == "cuda" && (node.empty() || e.node == node))
+      return "engine '" + e.name + "' runs on device cuda, and this process sees no CUDA device ("
+             + (devices.detail.empty() ? std::string("no CUDA device") : devices.detail) + ")";
   const bool on_device = t.transfer.backend == transfer_backend::cuda_ipc || t.transfer.backend == transfer_backend::nccl;
-  if (!on_device || devices.device_count > 0)
+  if (!on_device)
     return {};
   return "transfer.backend " + std::string{to_string(t.transfer.backend)} + " needs a CUDA device at start-up, and this process sees none ("
          + (devices.detail.empty() ? std::string("no CUDA device") : devices.detail) + ")";
 }
 
 local_deployment assemble_head(caf::actor_system& sys, const topology& t, const deployment_options& opts) {
-  if (auto why = backend_device_problem(t, gpu::query_devices()); !why.empty())
+  if (auto why = backend_device_problem(t, gpu::query_devices(), opts.node); !why.empty())
     throw std::runtime_error(why);
   local_deployment d;
   std::optional<persisted_coordinator> restored; // before anything runs: a bad file stops the head cleanly

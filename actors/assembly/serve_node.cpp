@@ -1,4 +1,5 @@
 #include "actors/assembly/serve_node.hpp"
+#include "gpu/engine_device.hpp"
 
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/fleet_metrics.hpp"
@@ -51,6 +52,8 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
   cfg.options.expert_parallel = options_.expert_parallel;
   cfg.options.dp = options_.dp;
   cfg.options.weights = options_.weights;
+  if (options_.on_cuda) // throws gpu_error naming the missing device
+    cfg.options.device = gpu::make_engine_device(0);
   cfg.options.source_dtype = weights_dtype;
   cfg.node = "serve";
   cfg.metrics = engine_metrics_in(metrics_, cfg.options.name);

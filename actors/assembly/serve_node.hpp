@@ -31,6 +31,7 @@ struct serve_node_options {
   bool expert_parallel = false; ///< experts placed whole over the tp workers
   int dp = 1;                   ///< data-parallel scheduler ranks, one pause for all
   engine::weight_format weights = engine::weight_format::received; ///< what the engine serves from
+  bool on_cuda = false; ///< weights and matrix products on CUDA device 0 (gpu/engine_device.hpp)
   http::server_options http; ///< host, port, bounds, bearer token
   bool strict_vllm = false;  ///< answer exactly as vLLM does (500 for ordering mistakes, no extras)
   /// What GET /metrics serves: as a topology's node, the registry its member

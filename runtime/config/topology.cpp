@@ -667,7 +667,7 @@ void reader::read_engines(const map_reader& root) {
   std::map<std::string, std::string> owner; // replica name -> the entry's path
   for (auto& item : *items) {
     map_reader r(d, item.node, item.path,
-                 {"name", "node", "replicas", "tp", "dp", "dp_balance", "expert_parallel", "weights", "max_batch", "queue_limit",
+                 {"name", "node", "replicas", "tp", "dp", "dp_balance", "expert_parallel", "weights", "device", "max_batch", "queue_limit",
                   "kv_block_tokens", "prefix_cache_blocks", "kind", "url", "api_key_file", "weights_dir"},
                  root.mark("engines"));
     if (!r.valid()) {
@@ -694,6 +694,8 @@ void reader::read_engines(const map_reader& root) {
       r.error("dp_balance", "expected least_outstanding or prefix_affinity, got '" + printable(e.dp_balance) + "'");
     if (r.read("weights", e.weights) && e.weights != "received" && e.weights != "int8")
       r.error("weights", "expected received or int8, got '" + printable(e.weights) + "'");
+    if (r.read("device", e.device) && e.device != "cpu" && e.device != "cuda")
+      r.error("device", "expected cpu or cuda, got '" + printable(e.device) + "'");
     r.read("max_batch", e.max_batch, between(1, max_batch_limit));
     r.read("queue_limit", e.queue_limit, between(1, max_queue_limit));
     r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
@@ -709,6 +711,8 @@ void reader::read_engines(const map_reader& root) {
         if (r.has(key))
           r.error(key, "applies to the built-in engine only; start the vLLM server with --data-parallel-size "
                        "(its internal load balancer pauses every rank on the adapter's one pause call)");
+      if (r.has("device"))
+        r.error("device", "applies to the built-in engine only; a vLLM server runs on the devices it was started on");
       if (r.has("weights"))
         r.error("weights", "applies to the built-in engine only; a vLLM server quantizes with its own --quantization "
                            "(the adapter hands it the weights as received)");
@@ -722,6 +726,9 @@ void reader::read_engines(const map_reader& root) {
       for (const char* key : {"url", "api_key_file", "weights_dir"})
         if (r.has(key))
           r.error(key, "applies to kind vllm only (this entry runs the built-in engine)");
+      if (e.device == "cuda" && !cuda_compiled_in())
+        r.error("device", "'cuda' needs rlsync built with CUDA, and this build has none (nvcc was not found when "
+                          "it was configured); use cpu");
     }
     if (!named || !counted) {
       engines_ok = false;

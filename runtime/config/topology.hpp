@@ -195,6 +195,10 @@ struct engine_spec {
   /// trainer sends them) or "int8" (quantized per output channel on the
   /// engine after each update: the process step).
   std::string weights = "received";
+  /// Where the built-in engine holds its weights and runs its matrix
+  /// products: "cpu", or "cuda" (CUDA device 0 of its process, cuBLAS; a
+  /// CUDA build only, and a device at start-up).
+  std::string device = "cpu";
   std::int64_t max_batch = 32;
   std::int64_t queue_limit = 256;
   std::int64_t kv_block_tokens = 16;

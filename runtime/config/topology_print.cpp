@@ -144,6 +144,8 @@ std::string to_yaml(const topology& t) {
       out << YAML::Key << "expert_parallel" << YAML::Value << true;
     if (e.weights != "received")
       out << YAML::Key << "weights" << YAML::Value << e.weights;
+    if (e.device != "cpu")
+      out << YAML::Key << "device" << YAML::Value << e.device;
     out << YAML::Key << "max_batch" << YAML::Value << i64(e.max_batch);
     out << YAML::Key << "queue_limit" << YAML::Value << i64(e.queue_limit);
     out << YAML::Key << "kv_block_tokens" << YAML::Value << i64(e.kv_block_tokens);

@@ -149,6 +149,7 @@ engine_core::engine_core(const model_config& c, engine_options opts)
     throw std::invalid_argument("engine options: dp must be 1.." + std::to_string(topology_limits::max_dp) + ", got "
                                 + std::to_string(opts_.dp));
   net_ = std::make_unique<model>(c, opts_.tp, opts_.source_dtype, opts_.expert_parallel, opts_.dp);
+  net_->set_device(opts_.device);
   for (int r = 0; r < opts_.dp; ++r)
     ranks_.push_back(std::make_unique<scheduler_rank>(r, opts_));
   for (int w = 0; w < opts_.tp; ++w)
@@ -670,7 +671,18 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
   }
   auto staging = std::move(session_->staging);
   session_.reset();
-  serve(std::move(staging), version);
+  try {
+    serve(staging, version);
+  } catch (const std::exception& e) {
+    // The device's copy of the version failed (device_gemm.hpp): the old
+    // set is still served, and the engine stays dirty as after any
+    // incomplete update.
+    if (staging->processed)
+      process_weights(*staging, weight_format::received);
+    spare_ = std::move(staging);
+    return engine_error{errc::update_incomplete, opts_.name + ": version " + std::to_string(version)
+                                                   + " could not be served: " + e.what()};
+  }
   return std::nullopt;
 }
 

@@ -95,6 +95,9 @@ struct engine_options {
   /// in a model's worth of pages on the engine's thread). Off for one-shot
   /// uses that only load().
   bool preallocate_staging = false;
+  /// Where the matrix products run (device_gemm.hpp): null, the CPU; else a
+  /// device holding a copy of each version served (gpu/engine_device.hpp).
+  std::shared_ptr<device_backend> device;
 };
 
 /// How a request's output reaches its requester.

@@ -1,5 +1,6 @@
 #include "runtime/engine/model.hpp"
 
+#include "runtime/engine/device_gemm.hpp"
 #include "runtime/engine/kernels.hpp"
 #include "runtime/engine/worker_pool.hpp"
 
@@ -129,6 +130,8 @@ struct model::impl {
 
   mutable std::mutex weights_mutex;
   std::shared_ptr<const weight_set> weights;
+  std::shared_ptr<device_backend> device;       // null: every product on the CPU
+  std::shared_ptr<const device_weights> mirror; // the device's copy of `weights`
 
   // One data-parallel rank's part of a step, and the scratch its tp workers
   // share (grown, never shrunk).
@@ -150,6 +153,17 @@ struct model::impl {
   std::vector<float> inv_freq;
   std::vector<rank_step> ranks; // dp
   std::vector<workspace> spaces; // dp x tp
+  const device_weights* step_mirror = nullptr; // the device copy this step multiplies by, or null
+
+  // Every product of the forward pass: on the device serving the step's
+  // weights, else on the CPU.
+  void matmul_nt(const float* a, std::int64_t lda, kernels::typed_ptr w, std::int64_t ldw, float* out,
+                 std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) const {
+    if (step_mirror)
+      step_mirror->matmul_nt(a, lda, w, ldw, out, ldo, rows, n, depth);
+    else
+      kernels::matmul_nt(a, lda, w, ldw, out, ldo, rows, n, depth);
+  }
 
   impl(const model_config& c, int tp_, dtype type, bool ep, int dp_)
       : cfg(c), tp(tp_), dp(dp_), expert_parallel(ep), weights_type(type), pool(checked_workers(c, tp_, ep, dp_)),
@@ -234,9 +248,11 @@ void model::impl::step(const std::vector<std::vector<forward_item>>& batches, st
     throw std::invalid_argument("engine forward: " + std::to_string(batches.size()) + " batches for "
                                 + std::to_string(dp) + " data-parallel ranks");
   std::shared_ptr<const weight_set> ws;
+  std::shared_ptr<const device_weights> held; // kept for the step, as `ws` is
   {
     std::lock_guard<std::mutex> lock(weights_mutex);
     ws = weights;
+    held = mirror;
   }
   if (!ws)
     throw std::invalid_argument("engine forward: no weights loaded");
@@ -283,6 +299,11 @@ void model::impl::step(const std::vector<std::vector<forward_item>>& batches, st
     return;
   ensure_rope(max_position);
 
+  step_mirror = held.get();
+  struct forget {
+    const device_weights*& p;
+    ~forget() { p = nullptr; }
+  } forget_mirror{step_mirror};
   pool.run([&](int g) { run_worker(g, *ws); });
   for (const auto& batch : batches)
     for (const auto& it : batch)
@@ -347,7 +368,7 @@ void model::impl::run_worker(int g, const weight_set& set) {
     kernels::widen(L.input_norm, ws.norm.data(), D);
     for (std::int64_t t = 0; t < T; ++t)
       rms_norm(x + t * D, ws.norm.data(), h + t * D, D, eps);
-    kernels::matmul_nt(h, D, L.qkv, D, ws.qkv.data(), qkv_rows, T, qkv_rows, D);
+    matmul_nt(h, D, L.qkv, D, ws.qkv.data(), qkv_rows, T, qkv_rows, D);
     const bool qk_norm = L.q_norm.data != nullptr;
     if (qk_norm) {
       kernels::widen(L.q_norm, ws.q_norm.data(), hd);
@@ -402,7 +423,7 @@ void model::impl::run_worker(int g, const weight_set& set) {
     // o_proj, row-parallel: one partial per chunk of heads, in global order;
     // the all-reduce is over this rank's tp workers (its own partials).
     for (std::int64_t c = 0; c < o_local; ++c)
-      kernels::matmul_nt(ws.att.data() + c * o_width, q_width, L.o + c * o_width, q_width,
+      matmul_nt(ws.att.data() + c * o_width, q_width, L.o + c * o_width, q_width,
                          part_o + (w * o_local + c) * T * D, D, T, D, o_width);
     pool.barrier();
     reduce_into(x, part_o, o_chunks, T * D, h);
@@ -415,7 +436,7 @@ void model::impl::run_worker(int g, const weight_set& set) {
       moe_mlp(g, set, l, L, ws, x, h);
       continue;
     }
-    kernels::matmul_nt(h, D, L.gate_up, D, ws.gu.data(), 2 * s.inter, T, 2 * s.inter, D);
+    matmul_nt(h, D, L.gate_up, D, ws.gu.data(), 2 * s.inter, T, 2 * s.inter, D);
     for (std::int64_t t = 0; t < T; ++t) {
       const float* gt = ws.gu.data() + t * 2 * s.inter;
       const float* u = gt + s.inter;
@@ -424,7 +445,7 @@ void model::impl::run_worker(int g, const weight_set& set) {
         a[i] = gt[i] * (1.0f / (1.0f + std::exp(-gt[i]))) * u[i]; // silu(g) * u, as torch
     }
     for (std::int64_t c = 0; c < down_local; ++c)
-      kernels::matmul_nt(ws.act.data() + c * down_width, s.inter, L.down + c * down_width, s.inter,
+      matmul_nt(ws.act.data() + c * down_width, s.inter, L.down + c * down_width, s.inter,
                          part_down + (w * down_local + c) * T * D, D, T, D, down_width);
     pool.barrier();
     reduce_into(x, part_down, down_chunks, T * D, h);
@@ -436,7 +457,7 @@ void model::impl::run_worker(int g, const weight_set& set) {
     rms_norm(x + rs.logit_tokens[static_cast<std::size_t>(r)] * D, ws.norm.data(), ws.final.data() + r * D, D,
              eps);
   if (s.vocab() > 0 && R > 0)
-    kernels::matmul_nt(ws.final.data(), D, W.lm_head(), D, rs.out->logits.data() + s.vocab_begin, cfg.vocab_size,
+    matmul_nt(ws.final.data(), D, W.lm_head(), D, rs.out->logits.data() + s.vocab_begin, cfg.vocab_size,
                        R, s.vocab(), D);
 }
 
@@ -469,7 +490,7 @@ void model::impl::moe_mlp(int g, const weight_set& set, std::int64_t l, const la
   grow(ws.chosen_weight, T * k);
   grow(ws.moe_sum, D);
   grow(ws.moe_expert, D);
-  kernels::matmul_nt(h, D, L.router, D, ws.router_logits.data(), E, T, E, D);
+  matmul_nt(h, D, L.router, D, ws.router_logits.data(), E, T, E, D);
   grow(ws.expert_order, E);
   auto& order = ws.expert_order;
   for (std::int64_t t = 0; t < T; ++t) {
@@ -566,7 +587,7 @@ void model::impl::run_expert(workspace& ws, const parameter& gate_up, const para
   for (std::int64_t r = 0; r < n; ++r)
     std::memcpy(ws.expert_in.data() + r * D, ws.expert_rows[static_cast<std::size_t>(r)].in,
                 static_cast<std::size_t>(D) * sizeof(float));
-  kernels::matmul_nt(ws.expert_in.data(), D, gate_up.ref(), D, ws.expert_gu.data(), 2 * mi, n, 2 * mi, D);
+  matmul_nt(ws.expert_in.data(), D, gate_up.ref(), D, ws.expert_gu.data(), 2 * mi, n, 2 * mi, D);
   for (std::int64_t r = 0; r < n; ++r) {
     const float* gt = ws.expert_gu.data() + r * 2 * mi;
     const float* u = gt + mi;
@@ -580,7 +601,7 @@ void model::impl::run_expert(workspace& ws, const parameter& gate_up, const para
       const expert_row& row = ws.expert_rows[static_cast<std::size_t>(r)];
       rank_step& target = ranks[static_cast<std::size_t>(row.rank)];
       float* part = target.part_moe.data() + ((first_chunk + c) * target.size() * k + row.slot) * D;
-      kernels::matmul_nt(ws.expert_act.data() + r * mi + c * width, mi, down.ref() + c * width, mi, part, D, 1, D,
+      matmul_nt(ws.expert_act.data() + r * mi + c * width, mi, down.ref() + c * width, mi, part, D, 1, D,
                          width);
     }
 }
@@ -620,13 +641,32 @@ void model::set_weights(std::shared_ptr<const weight_set> w) {
   for (const auto& ww : w->workers)
     if (!ww.allocated())
       throw std::invalid_argument("engine: weight set without data");
+  // The upload runs before the swap, outside the lock: steps go on with
+  // the old set meanwhile, and a failed upload leaves it served.
+  std::shared_ptr<const device_weights> mirror;
+  if (impl_->device)
+    mirror = impl_->device->mirror(*w);
   std::lock_guard<std::mutex> lock(impl_->weights_mutex);
   impl_->weights = std::move(w);
+  impl_->mirror = std::move(mirror);
+}
+
+void model::set_device(std::shared_ptr<device_backend> device) {
+  std::lock_guard<std::mutex> lock(impl_->weights_mutex);
+  if (impl_->weights)
+    throw std::logic_error("engine: the device is chosen before any weights are served");
+  impl_->device = std::move(device);
+}
+
+const device_backend* model::device() const {
+  std::lock_guard<std::mutex> lock(impl_->weights_mutex);
+  return impl_->device.get();
 }
 
 void model::clear_weights() {
   std::lock_guard<std::mutex> lock(impl_->weights_mutex);
   impl_->weights.reset();
+  impl_->mirror.reset();
 }
 
 std::shared_ptr<const weight_set> model::weights() const {

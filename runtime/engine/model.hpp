@@ -44,6 +44,8 @@
 
 namespace rlsync::engine {
 
+class device_backend;
+
 /// One sequence's part of a step.
 struct forward_item {
   kv_sequence* seq = nullptr;
@@ -99,6 +101,12 @@ public:
   std::shared_ptr<const weight_set> weights() const;
   /// Serves no weights (their memory goes with the last holder).
   void clear_weights();
+  /// Runs every matrix product on `device` (device_gemm.hpp) from the next
+  /// set_weights() on, which then also copies the set there; null: the
+  /// CPU. std::logic_error once weights are served.
+  void set_device(std::shared_ptr<device_backend> device);
+  /// The device products run on, or null.
+  const device_backend* device() const;
 
   /// Fault injection (drills): worker `worker` (tp worker worker % tp of
   /// rank worker / tp) dies (its thread ends); every later forward() throws

@@ -215,6 +215,26 @@ TEST_CASE("assembly: cuda_ipc and nccl need a CUDA device at start-up, the other
   }
 }
 
+TEST_CASE("assembly: an engine on device cuda needs a CUDA device in the process that runs it") {
+  topology t;
+  engine_spec on_gpu, on_cpu;
+  on_gpu.name = "g";
+  on_gpu.node = "b";
+  on_gpu.device = "cuda";
+  on_cpu.name = "c";
+  on_cpu.node = "a";
+  t.engines = {on_cpu, on_gpu};
+  gpu::device_info none;
+  none.detail = "no CUDA device";
+  CHECK(backend_device_problem(t, none)
+        == "engine 'g' runs on device cuda, and this process sees no CUDA device (no CUDA device)");
+  CHECK(backend_device_problem(t, none, "b") == backend_device_problem(t, none));
+  CHECK(backend_device_problem(t, none, "a").empty()); // node a runs only the CPU engine
+  gpu::device_info one;
+  one.device_count = 1;
+  CHECK(backend_device_problem(t, one).empty());
+}
+
 TEST_CASE("assembly: cuda_ipc producers: a slot per tp worker of engines elsewhere, the largest tp per engine") {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};

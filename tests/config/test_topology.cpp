@@ -469,7 +469,7 @@ TEST_CASE("topology errors: trainer") {
 
 TEST_CASE("topology errors: engines") {
   const std::string engine_keys =
-    "name, node, replicas, tp, dp, dp_balance, expert_parallel, weights, max_batch, queue_limit, kv_block_tokens, "
+    "name, node, replicas, tp, dp, dp_balance, expert_parallel, weights, device, max_batch, queue_limit, kv_block_tokens, "
     "prefix_cache_blocks, kind, url, api_key_file, weights_dir";
   check_rows({
     {"typo never falls back to a default", with("engines", "engines:\n  - name: e\n    node: a\n    tpp: 2"),
@@ -491,6 +491,11 @@ TEST_CASE("topology errors: engines") {
      "qwen3_moe), not llama"},
     {"an unknown weight format", with("engines", "engines: [{name: e, node: a, weights: fp8}]"),
      "t.yaml:5:39: engines[0].weights: expected received or int8, got 'fp8'"},
+    {"an unknown device", with("engines", "engines: [{name: e, node: a, device: tpu}]"),
+     "t.yaml:5:38: engines[0].device: expected cpu or cuda, got 'tpu'"},
+    {"a device for a vLLM server", with("engines", "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1', device: cuda}]"),
+     "t.yaml:5:69: engines[0].device: applies to the built-in engine only; a vLLM server runs on the devices it "
+     "was started on"},
     {"expert_parallel not a boolean", with("engines", "engines: [{name: e, node: a, expert_parallel: 2}]"),
      "t.yaml:5:47: engines[0].expert_parallel: expected true or false, got '2'"},
     {"dp zero", with("engines", "engines: [{name: e, node: a, dp: 0}]"),
@@ -657,6 +662,23 @@ TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole
      "t.yaml:7:21: transfer.backend: 'cuda_ipc' maps the trainer's GPU memory into the engines' processes, so "
      "every node runs on one host: node 'b' is at 10.0.0.2, node 'a' at 127.0.0.1; use ucx across hosts"},
   });
+}
+
+TEST_CASE("topology: an engine on device cuda is accepted in a CUDA build, refused by validation otherwise") {
+  const auto text = with("engines", "engines: [{name: e, node: a, device: cuda}]") + insecure;
+  if (!cuda_compiled_in()) {
+    check_rows({{"a build without CUDA", text,
+                 "t.yaml:5:38: engines[0].device: 'cuda' needs rlsync built with CUDA, and this build has none (nvcc "
+                 "was not found when it was configured); use cpu"}});
+    return;
+  }
+  // The device itself is checked at start-up (backend_device_problem), not here.
+  const auto t = parse_topology(text, "t.yaml", "/base");
+  CHECK(t.engines.front().device == "cuda");
+  CHECK(to_yaml(t).find("device: cuda") != std::string::npos);
+  CHECK(to_yaml(parse_topology(with("engines", "engines: [{name: e, node: a}]") + insecure, "t.yaml", "/base"))
+          .find("device:")
+        == std::string::npos);
 }
 
 TEST_CASE("topology: a collective broadcast is refused without nccl") {

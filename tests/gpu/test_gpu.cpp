@@ -2,11 +2,15 @@
 // machine with a CUDA device, skips (exit 77) elsewhere; prints one line per
 // check and exits 1 on the first mismatch (tools/device-check shows them).
 #include "gpu/device.hpp"
+#include "gpu/engine_device.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mixsum.hpp"
 #include "runtime/base/dtype.hpp"
 #include "runtime/engine/process.hpp"
+#include "runtime/engine/engine_core.hpp"
+#include "runtime/engine/tokenizer.hpp"
 #include "tests/gpu/view_cases.hpp"
+#include "tests/support/engine_fixtures.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -134,6 +138,80 @@ void check_mixsum() {
   report(gpu::mixsum64_device(at, 1000) == gpu::mixsum64(bytes.data() + 3, 1000), "mixsum64 of an unaligned piece");
 }
 
+// Greedy generation on one engine_core: `before` tokens, then (when
+// `next` is given) pause(keep, clear_cache), load `next`, resume, and the
+// rest: the seed documents' correctness check, with the products on the GPU.
+std::vector<std::int32_t> generate(engine::engine_core& core, const std::vector<std::int32_t>& prompt,
+                                   std::uint32_t tokens, std::size_t pause_after = 0,
+                                   std::shared_ptr<engine::weight_set> next = nullptr) {
+  generate_request req;
+  req.request_id = 1;
+  req.prompt = prompt;
+  req.sampling.max_tokens = tokens;
+  req.sampling.stop_at_eos = false;
+  std::vector<std::int32_t> out;
+  if (auto failed = core.add(req, {[&](const token_event& e) { out.push_back(e.token); }, [](generate_result) {}}))
+    throw std::runtime_error("add: " + failed->what);
+  bool paused = false;
+  for (int i = 0; i < 10000 && core.has_work(); ++i) {
+    core.step();
+    if (next && !paused && out.size() == pause_after) {
+      core.pause({pause_mode::keep, true});
+      core.load(next, 2);
+      core.resume();
+      paused = true;
+    }
+  }
+  return out;
+}
+
+/// The engine with its products on the GPU (cuBLAS) against the CPU
+/// kernels: logits equal to rounding, the correctness check bit for bit
+/// between two GPU engines, and the decode speed of both.
+void check_engine() {
+  const auto config = test::tiny_config();
+  const auto prompt = engine::encode("weights on the device");
+  for (int tp : {1, 2})
+    for (auto format : {engine::weight_format::received, engine::weight_format::int8}) {
+      const std::string what = "engine on the GPU, tp " + std::to_string(tp) + ", " + engine::to_string(format);
+      auto v1 = test::make_source(config, dtype::bf16, 1), v2 = test::make_source(config, dtype::bf16, 2);
+      engine::model cpu(config, tp, dtype::bf16), gpu_model(config, tp, dtype::bf16);
+      gpu_model.set_device(gpu::make_engine_device(0));
+      auto set = v1.load(tp);
+      engine::process_weights(*set, format);
+      cpu.set_weights(set);
+      gpu_model.set_weights(set);
+      auto seq_cpu = cpu.new_sequence(), seq_gpu = gpu_model.new_sequence();
+      auto a = cpu.forward({{&seq_cpu, prompt, 0, true}});
+      auto b = gpu_model.forward({{&seq_gpu, prompt, 0, true}});
+      float scale = 0, worst = 0;
+      for (std::size_t i = 0; i < a.logits.size(); ++i) {
+        scale = std::max(scale, std::fabs(a.logits[i]));
+        worst = std::max(worst, std::fabs(a.logits[i] - b.logits[i]));
+      }
+      report(a.logits.size() == b.logits.size() && worst <= 1e-4f * std::max(scale, 1.0f),
+             what + ": every prompt position's logits within 1e-4 of the CPU's (max diff " + std::to_string(worst)
+               + " of " + std::to_string(scale) + ")");
+
+      engine::engine_options opts;
+      opts.tp = tp;
+      opts.weights = format;
+      opts.device = gpu::make_engine_device(0);
+      engine::engine_core updated(config, opts), fresh(config, opts);
+      updated.load(v1.load(tp), 1);
+      fresh.load(v2.load(tp), 2);
+      const std::size_t pause_after = 3;
+      const std::uint32_t max_tokens = 10;
+      auto all = generate(updated, prompt, max_tokens, pause_after, v2.load(tp));
+      auto prefix = prompt;
+      prefix.insert(prefix.end(), all.begin(), all.begin() + static_cast<long>(pause_after));
+      auto expect = generate(fresh, prefix, max_tokens - static_cast<std::uint32_t>(pause_after));
+      std::vector<std::int32_t> after(all.begin() + static_cast<long>(pause_after), all.end());
+      report(all.size() == max_tokens && after == expect,
+             what + ": pause(keep, clear_cache), update, resume equals a fresh GPU engine on the new weights");
+    }
+}
+
 } // namespace
 
 int main() {
@@ -148,6 +226,7 @@ int main() {
     check_convert();
     check_quantize();
     check_mixsum();
+    check_engine();
   } catch (const std::exception& e) {
     report(false, std::string("threw: ") + e.what());
   }

@@ -67,4 +67,36 @@ for b in "${backends[@]}"; do
   grep -q '^sync ' "$dir/run.err" && { echo "FAIL: a refused start-up ran syncs"; exit 1; }
   echo "$b, no CUDA device: start-up refused: $(grep 'needs a CUDA device' "$dir/run.err")"
 done
+# The built-in engine on a GPU: validation takes engines[].device: cuda in a
+# CUDA build; without a device the run is refused naming the engine, and
+# rlsync generate --device cuda names the missing device.
+sed -e 's/layers: 4/layers: 2/' -e 's/hidden_size: 256/hidden_size: 64/' \
+    -e 's/intermediate_size: 704/intermediate_size: 128/' -e 's/^    tp: 2$/    tp: 2\n    device: cuda/' \
+    "$root/configs/local.yaml" > "$dir/engine_cuda.yaml"
+grep -q '^    device: cuda' "$dir/engine_cuda.yaml" || { echo "FAIL: could not set the engine's device"; exit 1; }
+"$rlsync" validate "$dir/engine_cuda.yaml" > "$dir/engine_cuda.out" 2>&1 \
+  || { cat "$dir/engine_cuda.out"; echo "FAIL: validate refused device: cuda"; exit 1; }
+grep -q "device: cuda" "$dir/engine_cuda.out" || { cat "$dir/engine_cuda.out"; echo "FAIL: the resolved topology lost device: cuda"; exit 1; }
+"$rlsync" checkpoint make --out "$dir/ck" --layers 1 --hidden 64 --heads 4 --kv-heads 2 --seed 1 > /dev/null
+if [ $no_device -eq 1 ]; then
+  set +e
+  "$rlsync" run "$dir/engine_cuda.yaml" --prompts 6 --concurrency 2 --max-tokens 8 --no-progress \
+    > "$dir/run.out" 2> "$dir/run.err"
+  rc=$?
+  set -e
+  [ $rc -eq 1 ] || { cat "$dir/run.out" "$dir/run.err"; echo "FAIL: device cuda without a device: the run exited $rc, not 1"; exit 1; }
+  grep -q "engine 'rollout-0' runs on device cuda, and this process sees no CUDA device" "$dir/run.err" \
+    || { cat "$dir/run.err"; echo "FAIL: the refusal does not name the engine"; exit 1; }
+  set +e
+  "$rlsync" generate --checkpoint "$dir/ck" --prompt hi --max-tokens 2 --device cuda > "$dir/gen.out" 2> "$dir/gen.err"
+  rc=$?
+  set -e
+  [ $rc -eq 1 ] && grep -q "rlsync generate: --device cuda: engine device: no CUDA device 0" "$dir/gen.err" \
+    || { cat "$dir/gen.out" "$dir/gen.err"; echo "FAIL: generate --device cuda without a device (exit $rc)"; exit 1; }
+  echo "engine device cuda, no CUDA device: start-up and generate refused"
+fi
+if "$rlsync" generate --checkpoint "$dir/ck" --prompt hi --device tpu > "$dir/gen.out" 2>&1; then
+  echo "FAIL: --device tpu was accepted"; exit 1
+fi
+grep -q -- "--device: expected cpu or cuda, got 'tpu'" "$dir/gen.out" || { cat "$dir/gen.out"; echo "FAIL: --device tpu"; exit 1; }
 [ $no_device -eq 1 ] || exit 77
