@@ -255,6 +255,20 @@ out=$("$rlsync" serve --topology t.yaml --node n --weights int8 2>&1); rc=$?
 set -e
 [ "$rc" -eq 2 ] && grep -q -- "--weights: with --topology" <<<"$out" || fail "--topology with --weights: rc $rc: $out"
 set +e
+out=$("$rlsync" serve --topology t.yaml --node n --device cuda 2>&1); rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q -- "--device: with --topology" <<<"$out" || fail "--topology with --device: rc $rc: $out"
+set +e
+out=$("$rlsync" serve --checkpoint "$dir/v1" --device tpu --port 0 2>&1); rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q -- "--device: expected cpu or cuda, got 'tpu'" <<<"$out" || fail "--device tpu: rc $rc: $out"
+if "$rlsync" devices | grep -q '^devices: 0'; then
+  set +e
+  out=$("$rlsync" serve --checkpoint "$dir/v1" --device cuda --port 0 2>&1); rc=$?
+  set -e
+  [ "$rc" -eq 1 ] && grep -q -- "engine device: " <<<"$out" || fail "--device cuda without a device: rc $rc: $out"
+fi
+set +e
 out=$("$rlsync" serve --checkpoint "$dir/v1" --topology t.yaml --node n 2>&1); rc=$?
 set -e
 [ "$rc" -eq 2 ] && grep -q "leave --checkpoint out" <<<"$out" || fail "--topology with --checkpoint: rc $rc: $out"
