@@ -2,6 +2,7 @@
 // machine with a CUDA device, skips (exit 77) elsewhere; prints one line per
 // check and exits 1 on the first mismatch (tools/device-check shows them).
 #include "gpu/device.hpp"
+#include "gpu/device_pack.hpp"
 #include "gpu/engine_device.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/mixsum.hpp"
@@ -11,6 +12,8 @@
 #include "runtime/engine/tokenizer.hpp"
 #include "tests/gpu/view_cases.hpp"
 #include "tests/support/engine_fixtures.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/transfer/weight_source.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -138,6 +141,38 @@ void check_mixsum() {
   report(gpu::mixsum64_device(at, 1000) == gpu::mixsum64(bytes.data() + 3, 1000), "mixsum64 of an unaligned piece");
 }
 
+/// A worker's group packed on the device from the device copy of the
+/// version, bit for bit the host pack device's bytes and mixsum64 trailer
+/// (which the CPU tests check against transfer::pack_group).
+void check_device_pack() {
+  const model_config c = test::tiny_config();
+  const auto source = test::make_source(c, dtype::bf16, 5);
+  std::vector<std::uint8_t> storage;
+  for (const auto& spec : source.specs) {
+    const auto& b = source.bytes.at(spec.name);
+    storage.insert(storage.end(), b.begin(), b.end());
+  }
+  auto s = transfer::weight_snapshot::from_bytes(1, c, source.specs, std::move(storage));
+  auto on_gpu = gpu::cuda_pack_device();
+  auto on_host = gpu::host_pack_device();
+  gpu::device_snapshot gpu_copy(*s, *on_gpu), host_copy(*s, *on_host);
+  for (int tp : {1, 2}) {
+    bool same = true;
+    for (int w = 0; w < tp; ++w) {
+      plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
+      for (auto g : s->groups()) {
+        const auto layout = gpu::layout_group(p, g, *s);
+        std::vector<std::uint8_t> expect(layout.bytes + 8);
+        on_host->pack(layout, host_copy.sources(), expect.data());
+        gpu::device_buffer out(expect.size());
+        on_gpu->pack(layout, gpu_copy.sources(), out.data());
+        same = same && to_host<std::uint8_t>(out, expect.size()) == expect;
+      }
+    }
+    report(same, "every worker's groups packed on the device from its copy of the version, tp " + std::to_string(tp));
+  }
+}
+
 // Greedy generation on one engine_core: `before` tokens, then (when
 // `next` is given) pause(keep, clear_cache), load `next`, resume, and the
 // rest: the seed documents' correctness check, with the products on the GPU.
@@ -226,6 +261,7 @@ int main() {
     check_convert();
     check_quantize();
     check_mixsum();
+    check_device_pack();
     check_engine();
   } catch (const std::exception& e) {
     report(false, std::string("threw: ") + e.what());

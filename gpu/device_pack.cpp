@@ -1,0 +1,99 @@
+#include "gpu/device_pack.hpp"
+
+#include "gpu/kernels.hpp"
+#include "gpu/mixsum.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace rlsync::gpu {
+
+pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const transfer::weight_snapshot& s) {
+  pack_layout out;
+  const auto& tensors = s.tensors();
+  for (const auto* e : p.entries(g)) {
+    const tensor_view* t = s.find(e->source);
+    if (!t)
+      throw std::invalid_argument("device pack of group " + std::to_string(g) + ": version "
+                                  + std::to_string(s.version()) + " holds no tensor '" + e->source + "'");
+    if (t->type != e->source_type || t->shape != e->source_shape)
+      throw std::invalid_argument("device pack of group " + std::to_string(g) + ": tensor '" + e->source
+                                  + "' is held in another dtype or shape than the plan recorded");
+    pack_piece piece;
+    piece.tensor = static_cast<std::size_t>(t - tensors.data());
+    piece.element_size = dtype_size(t->type);
+    const auto numel = static_cast<std::int64_t>(t->size / piece.element_size);
+    try {
+      piece.view = flatten(e->view, numel);
+    } catch (const std::invalid_argument& why) {
+      throw std::invalid_argument("device pack of group " + std::to_string(g) + ": " + e->describe() + ": "
+                                  + why.what());
+    }
+    piece.out_offset = out.bytes;
+    out.bytes += static_cast<std::uint64_t>(piece.view.numel) * piece.element_size; // bounded by the source
+    out.pieces.push_back(piece);
+  }
+  return out;
+}
+
+namespace {
+
+void write_trailer(std::uint64_t sum, std::uint8_t* to) {
+  for (int k = 0; k < 8; ++k)
+    to[k] = static_cast<std::uint8_t>(sum >> (8 * k));
+}
+
+class host_device final : public pack_device {
+public:
+  std::shared_ptr<void> allocate(std::size_t bytes) override {
+    void* p = std::malloc(bytes == 0 ? 1 : bytes);
+    if (!p)
+      throw gpu_error("host pack device: cannot allocate " + std::to_string(bytes) + " bytes");
+    return {p, [](void* q) { std::free(q); }};
+  }
+  void upload(void* to, const void* from, std::size_t n) override { std::memcpy(to, from, n); }
+  void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) override {
+    auto* bytes = static_cast<std::uint8_t*>(out);
+    for (const auto& piece : layout.pieces)
+      gather_host(piece.view, sources.at(piece.tensor), piece.element_size, bytes + piece.out_offset);
+    write_trailer(mixsum64(bytes, layout.bytes), bytes + layout.bytes);
+  }
+};
+
+class cuda_device final : public pack_device {
+public:
+  std::shared_ptr<void> allocate(std::size_t bytes) override {
+    auto buffer = std::make_shared<device_buffer>(bytes == 0 ? 1 : bytes);
+    return {buffer->data(), [buffer](void*) {}}; // the buffer frees itself with the last pointer
+  }
+  void upload(void* to, const void* from, std::size_t n) override { copy(to, from, n, copy_kind::host_to_device); }
+  void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) override {
+    auto* bytes = static_cast<std::uint8_t*>(out);
+    for (const auto& piece : layout.pieces)
+      gather(piece.view, sources.at(piece.tensor), piece.element_size, bytes + piece.out_offset);
+    std::uint8_t trailer[8];
+    write_trailer(mixsum64_device(bytes, layout.bytes), trailer);
+    copy(bytes + layout.bytes, trailer, sizeof trailer, copy_kind::host_to_device);
+  }
+};
+
+} // namespace
+
+std::shared_ptr<pack_device> cuda_pack_device() { return std::make_shared<cuda_device>(); }
+std::shared_ptr<pack_device> host_pack_device() { return std::make_shared<host_device>(); }
+
+device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {
+  for (const auto& t : s.tensors())
+    bytes_ += t.size;
+  memory_ = device.allocate(static_cast<std::size_t>(bytes_));
+  auto* at = static_cast<std::uint8_t*>(memory_.get());
+  for (const auto& t : s.tensors()) {
+    device.upload(at, t.data, t.size);
+    sources_.push_back(at);
+    at += t.size;
+  }
+}
+
+} // namespace rlsync::gpu

@@ -1,0 +1,86 @@
+#pragma once
+// Packing a worker's shard on the producer's device (nccl, sharded): the
+// rank copies each version it serves to device memory once
+// (device_snapshot), and every worker's group is then gathered there,
+// straight into the link's staging, with its checksum after it:
+//
+//   layout_group()   plan entries of one group -> pieces (source tensor,
+//                    flat_view, offset in the packed bytes): pure, checked
+//                    as transfer::pack_group checks, every view bounded
+//   pack_device      where the copy lives and the gathers run: CUDA's
+//                    (gpu::gather per piece, mixsum64_device) or host
+//                    memory for the CPU tests; both write the packed bytes
+//                    and then mixsum64 of them in 8 little-endian bytes
+//                    (the device cannot compute XXH64; the receiver
+//                    verifies mixsum64 on the host)
+//
+// The packed bytes equal transfer::pack_group's bit for bit.
+#include "gpu/flat_view.hpp"
+#include "runtime/plan/grouped_plan.hpp"
+#include "runtime/transfer/weight_source.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace rlsync::gpu {
+
+/// One plan entry's elements: from tensor `tensor` (its index in the
+/// snapshot's tensors()), `view` of it, to `out_offset` bytes into the pack.
+struct pack_piece {
+  std::size_t tensor = 0;
+  flat_view view;
+  std::size_t element_size = 0;
+  std::uint64_t out_offset = 0;
+};
+
+struct pack_layout {
+  std::vector<pack_piece> pieces;
+  std::uint64_t bytes = 0; ///< packed bytes, without the 8-byte checksum after them
+};
+
+/// Group `g` of worker plan `p` over the tensors of `s`. Throws
+/// std::invalid_argument naming the tensor when `s` lacks one, holds it in
+/// another dtype or shape than the plan recorded, or a view does not fit it.
+pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const transfer::weight_snapshot& s);
+
+/// Device memory and the pack kernels.
+class pack_device {
+public:
+  virtual ~pack_device() = default;
+  /// `bytes` of device memory, freed with the pointer. Throws gpu_error.
+  virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
+  /// Copies `n` host bytes to device memory at `to`.
+  virtual void upload(void* to, const void* from, std::size_t n) = 0;
+  /// Gathers `layout` from `sources` (device pointers, one per tensor) into
+  /// `out` (device memory of layout.bytes + 8), then writes mixsum64 of the
+  /// packed bytes after them. Finished when it returns.
+  virtual void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) = 0;
+};
+
+/// CUDA's: the current device. Built without CUDA every call throws gpu_error.
+std::shared_ptr<pack_device> cuda_pack_device();
+/// Host memory and the CPU replays (gather_host, mixsum64): what the CPU
+/// tests run the nccl plane with, over the fake NCCL world.
+std::shared_ptr<pack_device> host_pack_device();
+
+/// One version's tensors in device memory, back to back, uploaded once and
+/// shared by every worker's pack.
+class device_snapshot {
+public:
+  /// Throws gpu_error (out of device memory) or what `device` throws.
+  device_snapshot(const transfer::weight_snapshot& s, pack_device& device);
+  std::uint64_t version() const { return version_; }
+  std::uint64_t bytes() const { return bytes_; }
+  /// Device pointers, one per tensor of the snapshot, in its order.
+  const std::vector<const void*>& sources() const { return sources_; }
+
+private:
+  std::uint64_t version_ = 0;
+  std::uint64_t bytes_ = 0;
+  std::shared_ptr<void> memory_;
+  std::vector<const void*> sources_;
+};
+
+} // namespace rlsync::gpu

@@ -1,0 +1,78 @@
+// Packing a worker's shard from a device copy of the version (device_pack):
+// the layout over a snapshot, run by the host pack device, gives exactly
+// transfer::pack_group's bytes followed by their mixsum64, for every
+// worker of tp 1, 2 and 4; refusals name the tensor. (test_gpu runs the
+// same layouts with the CUDA pack device against these.)
+#include "gpu/device_pack.hpp"
+#include "gpu/mixsum.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/transfer/bucket.hpp"
+#include "runtime/transfer/packing.hpp"
+
+#include "tests/support/transfer_fixtures.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+using namespace rlsync;
+
+TEST_CASE("device pack: a group gathered from the device copy is pack_group's bytes and their mixsum64") {
+  model_config c = test::small_model(2);
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2; // kv heads replicated at tp 4
+  auto s = test::small_source(c)->produce_next();
+  auto device = gpu::host_pack_device();
+  gpu::device_snapshot copy(*s, *device);
+  CHECK(copy.version() == s->version());
+  REQUIRE(copy.sources().size() == s->tensors().size());
+  for (int tp : {1, 2, 4})
+    for (int w = 0; w < tp; ++w) {
+      CAPTURE(tp);
+      CAPTURE(w);
+      plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));
+      for (auto g : s->groups()) {
+        CAPTURE(g);
+        const auto layout = gpu::layout_group(p, g, *s);
+        CHECK(layout.bytes == p.bytes(g));
+        std::vector<std::uint8_t> expect(p.bytes(g)), got(layout.bytes + transfer::checksum_trailer_bytes, 0xee);
+        transfer::pack_group(p, g, *s, expect.data());
+        device->pack(layout, copy.sources(), got.data());
+        auto [bytes, sum] = transfer::split_checksum(got.data(), got.size());
+        CHECK(bytes == expect);
+        CHECK(sum == gpu::mixsum64(expect.data(), expect.size()));
+      }
+    }
+}
+
+TEST_CASE("device pack: a plan the version does not fit is refused, naming the tensor") {
+  model_config c = test::small_model(2);
+  auto s = test::small_source(c)->produce_next();
+  const auto recorded = engine::make_plan(c, 2, 0, dtype::bf16);
+  // The first entry changed; its group is the one to lay out.
+  auto refusal = [&](auto change) -> std::string {
+    auto p = recorded;
+    change(p.entries.front());
+    plan::grouped_plan grouped(c, std::make_shared<const plan::worker_plan>(p));
+    for (std::uint32_t g = 0; g < grouped.group_count(); ++g)
+      for (const auto* e : grouped.entries(g))
+        if (e == &grouped.plan().entries.front()) {
+          try {
+            gpu::layout_group(grouped, g, *s);
+          } catch (const std::invalid_argument& why) {
+            return why.what();
+          }
+          return "accepted";
+        }
+    return "no group";
+  };
+  CHECK(refusal([](plan::plan_entry&) {}) == "accepted");
+  CHECK(refusal([](plan::plan_entry& e) { e.source = "model.layers.0.made_up"; }).find(
+          "holds no tensor 'model.layers.0.made_up'")
+        != std::string::npos);
+  CHECK(refusal([](plan::plan_entry& e) { e.source_type = dtype::f32; }).find("another dtype or shape")
+        != std::string::npos);
+  const auto outside = refusal([](plan::plan_entry& e) { e.view.offset += std::int64_t{1} << 30; });
+  CHECK(outside.find("device pack of group") == 0);
+  CHECK(outside.find(recorded.entries.front().source) != std::string::npos);
+}
