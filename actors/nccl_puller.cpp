@@ -6,6 +6,7 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/plan/groups.hpp"
+#include "gpu/mixsum.hpp"
 #include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/store_in_place.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
@@ -126,19 +127,23 @@ std::string sender_problem(const gpu::comm_layout& layout, std::uint64_t epoch, 
   return {};
 }
 
-/// Sharded: the worker's entries of group `g`, verified, handed on packed
-/// or stored where the engine keeps them.
+/// Sharded: the worker's entries of group `g`, verified (against XXH64 in
+/// `answer`, unless `verified` by the caller), handed on packed or stored
+/// where the engine keeps them.
 void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& answer,
                           const std::vector<std::uint8_t>& packed, const transfer::group_sink& sink,
-                          transfer::pull_report& report) {
+                          transfer::pull_report& report, bool verified = false) {
   if (answer.version != req.version || answer.group != g)
     throw transfer_error(transfer_failure::producer_failed, "trainer answered group " + std::to_string(g)
                                                               + " of version " + std::to_string(req.version)
                                                               + " with another");
   const auto targets = transfer::group_targets(sink, req.worker, g, packed.size());
-  const auto got = targets.empty() ? checksum64(packed.data(), packed.size())
-                                   : transfer::store_group(packed.data(), targets);
-  if (got != answer.checksum)
+  // Stored in place, the store hashes as it copies; handed on, the bytes
+  // are hashed unless the caller verified them already (a device's mixsum64).
+  const auto got = !targets.empty() ? transfer::store_group(packed.data(), targets)
+                   : verified       ? answer.checksum
+                                    : checksum64(packed.data(), packed.size());
+  if (!verified && got != answer.checksum)
     throw transfer_error(transfer_failure::checksum_mismatch,
                          "nccl: group " + std::to_string(g) + " of version " + std::to_string(req.version)
                            + " failed its checksum (sent " + checksum_hex(answer.checksum) + ", received "
@@ -226,9 +231,13 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     }
     if (auto why = sender_problem(layout, chunk->epoch, chunk->root, "group " + std::to_string(g)); !why.empty())
       throw refuse(why);
-    if (sharded && chunk->bytes != plan->bytes(g))
+    if (chunk->trailer && !sharded)
+      throw refuse("group " + std::to_string(g) + " packed on the device, and " + me + " asked for whole tensors");
+    // Packed on the device: mixsum64 follows the packed bytes.
+    const std::uint64_t trailer = chunk->trailer ? transfer::checksum_trailer_bytes : 0;
+    if (sharded && chunk->bytes != plan->bytes(g) + trailer)
       throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes) + " bytes, the plan of " + me
-                   + " packs " + std::to_string(plan->bytes(g)));
+                   + " packs " + std::to_string(plan->bytes(g)) + (trailer ? " and its checksum" : ""));
     if (!sharded && chunk->bytes > largest_group_bytes_)
       throw refuse("group " + std::to_string(g) + " of " + std::to_string(chunk->bytes)
                    + " bytes, more than the model's largest group (" + std::to_string(largest_group_bytes_) + ")");
@@ -254,7 +263,17 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
     turn.unlock(); // the bytes are out of the staging: the next exchange may begin
-    if (sharded)
+    if (sharded && chunk->trailer) {
+      const auto sent = transfer::pop_checksum(packed);
+      const auto got = gpu::mixsum64(packed.data(), packed.size());
+      if (got != sent)
+        throw transfer_error(transfer_failure::checksum_mismatch,
+                             "nccl: group " + std::to_string(g) + " of version " + std::to_string(req.version)
+                               + ", packed on the trainer's device, failed its checksum (sent mixsum64 "
+                               + checksum_hex(sent) + ", received " + checksum_hex(got) + " over "
+                               + std::to_string(packed.size()) + " bytes); the update is void");
+      deliver_packed_group(req, g, bucket, packed, sink, report, /*verified=*/true);
+    } else if (sharded)
       deliver_packed_group(req, g, bucket, packed, sink, report);
     else
       deliver_whole_group(req, g, bucket, sink, report);

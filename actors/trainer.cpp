@@ -9,6 +9,7 @@
 #include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
+#include "gpu/device_pack.hpp"
 #include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/plan_intake.hpp"
@@ -210,18 +211,26 @@ caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, s
   return group_bucket(**s, group);
 }
 
-/// nccl, sharded: the worker's entries of the group, packed as its plan
-/// (registered under digest req.plan) says.
-caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) {
+/// nccl, sharded: the plan the worker registered under digest req.plan.
+caf::expected<std::shared_ptr<const plan::grouped_plan>> registered_plan(self_ptr self, const nccl_pull& req) {
   auto it = self->state.nccl_plans.find({req.engine, req.worker});
   if (it == self->state.nccl_plans.end() || it->second.digest != req.plan)
     return make_error(errc::unknown_name, "trainer: nccl: plan " + checksum_hex(req.plan) + " of engine '"
                                             + printable(req.engine) + "' worker " + std::to_string(req.worker)
                                             + " is not registered with this rank");
+  return it->second.plan;
+}
+
+/// nccl, sharded: the worker's entries of the group, packed on the CPU as
+/// its plan says.
+caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) {
+  auto registered = registered_plan(self, req);
+  if (!registered)
+    return registered.error();
   auto s = held_group(self, req.version, req.group);
   if (!s)
     return s.error();
-  const auto& plan = *it->second.plan;
+  const auto& plan = **registered;
   weight_bucket b;
   b.version = req.version;
   b.group = req.group;
@@ -234,6 +243,66 @@ caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) 
                                          + e.what());
   }
   return b;
+}
+
+/// The rank's device copy of version `s`, made at its first pull; the
+/// newest two are kept.
+std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const transfer::weight_snapshot& s) {
+  auto& copies = self->state.nccl_device_copies;
+  if (auto it = copies.find(s.version()); it != copies.end())
+    return it->second;
+  auto made = std::make_shared<const gpu::device_snapshot>(s, *self->state.cfg.nccl_pack_device);
+  copies[s.version()] = made;
+  while (copies.size() > 2)
+    copies.erase(copies.begin());
+  return made;
+}
+
+/// nccl, sharded, packing on the device: the worker's entries of the group
+/// gathered from the rank's device copy of the version straight into the
+/// link's staging, with mixsum64 after them (nccl_chunk::trailer). The
+/// sender thread runs the gathers when the send's turn comes.
+caf::result<nccl_chunk> device_packed_chunk(self_ptr self, const std::shared_ptr<gpu::nccl_sender>& sender,
+                                            const nccl_pull& req, int peer) {
+  auto registered = registered_plan(self, req);
+  if (!registered)
+    return registered.error();
+  auto s = held_group(self, req.version, req.group);
+  if (!s)
+    return s.error();
+  const auto who = "engine '" + printable(req.engine) + "' worker " + std::to_string(req.worker);
+  auto layout = std::make_shared<gpu::pack_layout>();
+  std::shared_ptr<const gpu::device_snapshot> copy;
+  try {
+    *layout = gpu::layout_group(**registered, req.group, **s);
+    copy = device_copy(self, **s);
+  } catch (const std::invalid_argument& e) { // an entry of a tensor this rank does not hold
+    return make_error(errc::malformed, "trainer: nccl: packing group " + std::to_string(req.group) + " for " + who
+                                         + ": " + e.what());
+  } catch (const std::exception& e) { // the device: out of memory, a failed copy
+    return make_error(errc::unknown_name, "trainer: nccl: copying version " + std::to_string(req.version)
+                                            + " to the device: " + e.what());
+  }
+  const auto wait = std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
+  gpu::nccl_sender::job job;
+  job.peer = peer;
+  job.deadline = gpu::clock::now() + wait;
+  job.what = "group " + std::to_string(req.group) + " of version " + std::to_string(req.version) + " to " + who;
+  job.fill = [layout, copy, device = self->state.cfg.nccl_pack_device](void* staging) {
+    device->pack(*layout, copy->sources(), staging);
+  };
+  job.fill_bytes = static_cast<std::size_t>(layout->bytes) + transfer::checksum_trailer_bytes;
+  const auto bytes = job.fill_bytes;
+  if (auto why = sender->submit(std::move(job)); !why.empty())
+    return make_error(errc::unknown_name, "trainer: nccl: " + why);
+  nccl_chunk out;
+  out.epoch = sender->layout().epoch;
+  out.root = sender->rank();
+  out.bytes = bytes;
+  out.trailer = true;
+  out.bucket.version = req.version;
+  out.bucket.group = req.group;
+  return out;
 }
 
 /// nccl, the collective baseline: the answer to a worker's ask for
@@ -475,6 +544,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       const auto& sender = *member;
       const auto& layout = sender->layout();
       const int peer = layout.rank_of(gpu::comm_member::worker(req.engine, req.worker));
+      if (req.plan != 0 && self->state.cfg.nccl_pack_device)
+        return device_packed_chunk(self, sender, req, peer);
       auto bucket = req.plan == 0 ? held_bucket(self, req.version, req.group) : packed_bucket(self, req);
       if (!bucket)
         return bucket.error();
@@ -639,6 +710,7 @@ trainer_actor spawn_trainer(caf::actor_system& sys, trainer_config cfg) {
 }
 
 void serve_over_nccl(trainer_config& cfg, std::shared_ptr<gpu::nccl_membership> membership, int rank) {
+  cfg.nccl_pack_device = membership->packer(gpu::comm_member::trainer_rank(rank));
   cfg.nccl_membership = std::move(membership);
   cfg.nccl_rank = rank;
   cfg.make_nccl_id = [] { // NCCL's bootstrap listens in the process that made it: the root's

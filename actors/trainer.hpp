@@ -54,6 +54,8 @@ namespace rlsync::gpu {
 class ipc_producer; // gpu/ipc_producer.hpp
 class nccl_sender;  // gpu/nccl_sender.hpp
 class nccl_membership; // gpu/nccl_membership.hpp
+class pack_device;     // gpu/device_pack.hpp
+class device_snapshot; // gpu/device_pack.hpp
 } // namespace rlsync::gpu
 
 namespace rlsync {
@@ -148,6 +150,11 @@ struct trainer_config {
   /// otherwise every worker pulls it point to point (a round that leaves
   /// members out would never complete a broadcast).
   std::chrono::milliseconds nccl_join_window{2000};
+  /// nccl, sharded: where this rank packs each worker's entries
+  /// (gpu/device_pack.hpp): from a copy of the version on its device, into
+  /// the link's staging, with mixsum64 after them; none: on the CPU, with
+  /// XXH64 in the answer (serve_over_nccl takes the membership's).
+  std::shared_ptr<gpu::pack_device> nccl_pack_device;
   /// Makes a communicator's unique id (gpu::make_nccl_id: NCCL listens for
   /// the members' bootstrap here); none: nccl_id_atom is refused.
   std::function<std::vector<std::uint8_t>()> make_nccl_id;
@@ -232,6 +239,9 @@ struct trainer_state {
     std::chrono::steady_clock::time_point deadline; ///< the broadcast's
   };
   std::optional<collective_broadcast> nccl_broadcast;
+  /// nccl, packing on the device: the versions copied to it, newest two
+  /// (a job still queued keeps its own copy alive).
+  std::map<std::uint64_t, std::shared_ptr<const gpu::device_snapshot>> nccl_device_copies;
 
   static inline const char* name = "trainer";
 };

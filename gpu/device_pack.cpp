@@ -64,12 +64,18 @@ public:
 
 class cuda_device final : public pack_device {
 public:
+  explicit cuda_device(int device) : device_(device) {}
   std::shared_ptr<void> allocate(std::size_t bytes) override {
+    device_guard on(device_);
     auto buffer = std::make_shared<device_buffer>(bytes == 0 ? 1 : bytes);
     return {buffer->data(), [buffer](void*) {}}; // the buffer frees itself with the last pointer
   }
-  void upload(void* to, const void* from, std::size_t n) override { copy(to, from, n, copy_kind::host_to_device); }
+  void upload(void* to, const void* from, std::size_t n) override {
+    device_guard on(device_);
+    copy(to, from, n, copy_kind::host_to_device);
+  }
   void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) override {
+    device_guard on(device_);
     auto* bytes = static_cast<std::uint8_t*>(out);
     for (const auto& piece : layout.pieces)
       gather(piece.view, sources.at(piece.tensor), piece.element_size, bytes + piece.out_offset);
@@ -77,11 +83,14 @@ public:
     write_trailer(mixsum64_device(bytes, layout.bytes), trailer);
     copy(bytes + layout.bytes, trailer, sizeof trailer, copy_kind::host_to_device);
   }
+
+private:
+  int device_;
 };
 
 } // namespace
 
-std::shared_ptr<pack_device> cuda_pack_device() { return std::make_shared<cuda_device>(); }
+std::shared_ptr<pack_device> cuda_pack_device(int device) { return std::make_shared<cuda_device>(device); }
 std::shared_ptr<pack_device> host_pack_device() { return std::make_shared<host_device>(); }
 
 device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {

@@ -59,8 +59,10 @@ public:
   virtual void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) = 0;
 };
 
-/// CUDA's: the current device. Built without CUDA every call throws gpu_error.
-std::shared_ptr<pack_device> cuda_pack_device();
+/// CUDA's, on device `device` (the trainer rank's link's, so that the
+/// gathers read and write one device). Built without CUDA every call
+/// throws gpu_error.
+std::shared_ptr<pack_device> cuda_pack_device(int device = 0);
 /// Host memory and the CPU replays (gather_host, mixsum64): what the CPU
 /// tests run the nccl plane with, over the fake NCCL world.
 std::shared_ptr<pack_device> host_pack_device();

@@ -73,6 +73,13 @@ public:
     copy(staging_.data(), host, n, copy_kind::host_to_device);
     comm_->enqueue_p2p({{true, peer, staging_.data(), n}});
   }
+  void send_filled(const std::function<void(void*)>& fill, std::size_t n, int peer) override {
+    check_p2p(layout_, rank_, peer, n, capacity(), "nccl send");
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
+    fill(staging_.data()); // the kernels finished when it returns (kernels.hpp)
+    comm_->enqueue_p2p({{true, peer, staging_.data(), n}});
+  }
   void recv(std::size_t n, int peer) override {
     check_p2p(layout_, rank_, peer, n, capacity(), "nccl receive");
     std::lock_guard<std::mutex> lock(mutex_);

@@ -17,6 +17,7 @@
 #include "gpu/nccl_group.hpp"
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,11 @@ public:
   /// running, a peer outside the communicator) or std::out_of_range past
   /// capacity().
   virtual void send(const std::uint8_t* host, std::size_t n, int peer) = 0;
+  /// As send, with the staging filled where it lies by `fill` (called with
+  /// the staging's address, this link's device current) instead of from
+  /// host bytes: a producer packing on the device (device_pack.hpp).
+  /// Throws as send, and what `fill` throws.
+  virtual void send_filled(const std::function<void(void* staging)>& fill, std::size_t n, int peer) = 0;
   /// Enqueues the receive of `n` bytes from `peer` into staging. Throws as send.
   virtual void recv(std::size_t n, int peer) = 0;
   /// Enqueues a broadcast of `n` bytes from NCCL rank `root` to every

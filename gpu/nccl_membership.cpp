@@ -5,7 +5,8 @@
 
 namespace rlsync::gpu {
 
-nccl_membership::nccl_membership(link_factory make) : make_(std::move(make)) {
+nccl_membership::nccl_membership(link_factory make, packer_factory packers)
+  : make_(std::move(make)), packers_(std::move(packers)) {
   if (!make_)
     throw std::invalid_argument("an nccl membership without a link factory");
 }

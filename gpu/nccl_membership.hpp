@@ -23,6 +23,10 @@
 #include <vector>
 
 namespace rlsync::gpu {
+class pack_device;
+}
+
+namespace rlsync::gpu {
 
 class nccl_membership {
 public:
@@ -30,7 +34,12 @@ public:
   /// fake world's (tests). Throws on failure.
   using link_factory = std::function<std::unique_ptr<p2p_link>(const nccl_id& id, const comm_layout& layout, int rank)>;
 
-  explicit nccl_membership(link_factory make);
+  /// Where a trainer rank hosted here packs workers' shards
+  /// (device_pack.hpp), matching its link: CUDA's on the link's device for
+  /// nccl_link(), host memory for a fake world's; null: on the CPU.
+  using packer_factory = std::function<std::shared_ptr<pack_device>(const comm_member& rank)>;
+
+  explicit nccl_membership(link_factory make, packer_factory packers = {});
   ~nccl_membership(); ///< aborts every link
 
   /// Joins every member of `hosted` that `r` names. Empty when joined (a
@@ -43,12 +52,15 @@ public:
   /// The member's link in the current epoch; null when it is in none.
   std::shared_ptr<p2p_link> link(const comm_member& m) const;
   std::uint64_t epoch() const;
+  /// The pack device of trainer rank `rank` (null: it packs on the CPU).
+  std::shared_ptr<pack_device> packer(const comm_member& rank) const { return packers_ ? packers_(rank) : nullptr; }
   /// Whether `m` holds a link from this very rendezvous (same epoch, id and
   /// members): a retried join that needs no answer but yes.
   bool joined(const nccl_rendezvous& r, const comm_member& m) const;
 
 private:
   link_factory make_;
+  packer_factory packers_;
   std::mutex join_mutex_; ///< joins one at a time; mutex_ guards what readers see
   nccl_rendezvous joined_; ///< the current epoch's rendezvous
   bool left_ = false;      ///< leave() since: the epoch is joined no more

@@ -30,10 +30,10 @@ std::string nccl_sender::submit(job j) {
   if (auto why = failure(); !why.empty())
     return "the communicator of epoch " + std::to_string(layout_.epoch) + " failed (" + why
            + "): it is rebuilt at the next sync boundary";
-  if (!j.bytes)
+  if (!j.bytes && !j.fill)
     return "no bytes to send";
   try {
-    check_p2p(layout_, rank_, j.peer, j.bytes->size(), capacity_, "nccl send");
+    check_p2p(layout_, rank_, j.peer, j.bytes ? j.bytes->size() : j.fill_bytes, capacity_, "nccl send");
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -107,7 +107,10 @@ void nccl_sender::run() {
 
 void nccl_sender::send_one(const job& j) {
   try {
-    link_->send(j.bytes->data(), j.bytes->size(), j.peer);
+    if (j.bytes)
+      link_->send(j.bytes->data(), j.bytes->size(), j.peer);
+    else
+      link_->send_filled(j.fill, j.fill_bytes, j.peer);
   } catch (const std::exception& e) {
     fail(j.what + ": " + e.what());
     return;

@@ -37,6 +37,10 @@ public:
     int peer = 0;              ///< the worker's NCCL rank
     clock::time_point deadline; ///< when the worker stops waiting
     std::string what;           ///< "group 3 to engine rollout-0 worker 1"
+    /// Instead of bytes: `fill_bytes` bytes written into the link's staging
+    /// by `fill` (packed on the device, device_pack.hpp).
+    std::function<void(void* staging)> fill;
+    std::size_t fill_bytes = 0;
   };
 
   /// A broadcast of `buckets` buckets from this rank to every member.

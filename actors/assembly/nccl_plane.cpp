@@ -1,6 +1,7 @@
 #include "actors/assembly/nccl_plane.hpp"
 
 #include "gpu/device.hpp"
+#include "gpu/device_pack.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/plan/groups.hpp"
 
@@ -60,13 +61,17 @@ std::size_t nccl_staging_bytes(const model_config& c) {
 
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
                                                            gpu::nccl_membership::link_factory make) {
-  if (make)
-    return std::make_shared<gpu::nccl_membership>(std::move(make));
+  if (make) // a fake world's links stage in host memory: so does its packing
+    return std::make_shared<gpu::nccl_membership>(std::move(make),
+                                                  [packer = gpu::host_pack_device()](const gpu::comm_member&) {
+                                                    return packer;
+                                                  });
   if (auto why = nccl_device_problem(hosted, gpu::query_devices()); !why.empty())
     throw std::runtime_error(why);
   const auto capacity = nccl_staging_bytes(t.model.config);
-  return std::make_shared<gpu::nccl_membership>(
-    [hosted = std::move(hosted), capacity](const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
+  // Each trainer rank packs on the device of its own link.
+  auto packers = [hosted](const gpu::comm_member& rank) { return gpu::cuda_pack_device(device_of(hosted, rank)); };
+  auto links = [hosted = std::move(hosted), capacity](const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
       const auto& member = layout.members.at(static_cast<std::size_t>(rank));
       const int device = device_of(hosted, member);
       const int devices = gpu::query_devices().device_count;
@@ -76,7 +81,8 @@ std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, st
                                  + " this process hosts), and it sees " + std::to_string(devices)
                                  + " CUDA devices: give it one GPU per member");
       return gpu::nccl_link(id, layout, rank, device, capacity);
-    });
+    };
+  return std::make_shared<gpu::nccl_membership>(std::move(links), std::move(packers));
 }
 
 std::function<std::string(const nccl_rendezvous_msg&)> engine_nccl_join(std::shared_ptr<gpu::nccl_membership> m,

@@ -336,6 +336,10 @@ struct nccl_chunk {
   std::int32_t root = 0;
   std::uint64_t bytes = 0;
   weight_bucket bucket;
+  /// Sharded, packed on the rank's device: the bytes sent are the packed
+  /// bytes followed by their mixsum64 in 8 little-endian bytes (a device
+  /// computes no XXH64), and bucket.checksum is unused.
+  bool trailer = false;
 };
 
 /// nccl, the collective baseline (broadcast mode, one trainer rank): the

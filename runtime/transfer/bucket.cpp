@@ -199,6 +199,17 @@ void append_checksum(std::vector<std::uint8_t>& bytes) {
     bytes.push_back(static_cast<std::uint8_t>(sum >> (8 * k)));
 }
 
+std::uint64_t pop_checksum(std::vector<std::uint8_t>& bytes) {
+  if (bytes.size() < checksum_trailer_bytes)
+    throw std::invalid_argument("a bucket of " + std::to_string(bytes.size()) + " bytes has no room for its checksum");
+  const std::size_t n = bytes.size() - checksum_trailer_bytes;
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < checksum_trailer_bytes; ++k)
+    sum |= std::uint64_t{bytes[n + k]} << (8 * k);
+  bytes.resize(n);
+  return sum;
+}
+
 std::pair<std::vector<std::uint8_t>, std::uint64_t> split_checksum(const std::uint8_t* bytes, std::size_t size) {
   if (size < checksum_trailer_bytes)
     throw std::invalid_argument("a bucket of " + std::to_string(size) + " bytes has no room for its checksum");

@@ -42,6 +42,8 @@ void append_checksum(std::vector<std::uint8_t>& bytes);
 /// The bytes before the trailer and the checksum it holds. Throws
 /// std::invalid_argument when fewer than 8 bytes came.
 std::pair<std::vector<std::uint8_t>, std::uint64_t> split_checksum(const std::uint8_t* bytes, std::size_t size);
+/// The same in place: drops the trailer from `bytes` and returns it.
+std::uint64_t pop_checksum(std::vector<std::uint8_t>& bytes);
 
 /// Views of the whole tensors a (checked) bucket carries, into its data.
 /// Throws std::invalid_argument naming the tensor for a piece of a split one.

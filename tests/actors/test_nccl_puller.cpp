@@ -18,6 +18,7 @@
 #include "runtime/base/checksum.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
+#include "gpu/device_pack.hpp"
 #include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
@@ -695,4 +696,89 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: a pull waits its turn on a shared link, n
   transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
   CHECK(rec.got[0] == expected(v));
   CHECK(sender->failure().empty()); // nothing the busy link refused reached the sender
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, packed on the trainer rank's device copy, each worker gets its bytes") {
+  trainer_config c;
+  auto own = test::small_source(model, 4); // the fixture's trainer steps its own
+  c.source = own;
+  c.step_time = 1h;
+  c.nccl = desk;
+  c.nccl_pack_device = gpu::host_pack_device(); // the fake world's links stage in host memory
+  auto on_device = spawn_trainer(sys, std::move(c));
+  to_stop.push_back(caf::actor_cast<caf::actor>(on_device));
+  auto sender = open_sender(layout);
+  const auto v = test::step_trainer(sys, on_device);
+  nccl_puller puller(sys, asking(on_device), model, links());
+  for (bool in_place : {false, true}) {
+    CAPTURE(in_place);
+    test::test_engine e("rollout-0", model, 2, puller);
+    e.in_place = in_place;
+    auto report = e.pull(puller, v);
+    test::check_identical(*e.weights, *test::loaded(*own->find(v), 2));
+    CHECK(report.bytes == test::plan_bytes(e)); // the checksum after each group is not counted
+  }
+  const auto v2 = test::step_trainer(sys, on_device);
+  test::test_engine e("rollout-0", model, 2, puller);
+  e.pull(puller, v2);
+  test::check_identical(*e.weights, *test::loaded(*own->find(v2), 2));
+  CHECK(sender->failure().empty());
+  CHECK(world->unmatched() == 0);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a device-packed group that changed, lacks its checksum or was not "
+                                "asked for is refused") {
+  const auto v = step();
+  auto script = std::make_shared<test::trainer_script>();
+  auto sender = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, layout, 0, staging), 16);
+  auto device = gpu::host_pack_device();
+  auto copy = std::make_shared<const gpu::device_snapshot>(*source->find(v), *device);
+  auto lie = std::make_shared<std::string>(); // read on the sender's thread too: set only between pulls
+  script->nccl = [&, device, copy, lie](const nccl_pull& req) -> caf::result<nccl_chunk> {
+    auto plan = std::make_shared<plan::grouped_plan>(newest_plan(*script, req, model));
+    auto layout_of = std::make_shared<gpu::pack_layout>(gpu::layout_group(*plan, req.group, *source->find(v)));
+    nccl_chunk c{req.epoch, 0, layout_of->bytes + transfer::checksum_trailer_bytes, {}};
+    c.trailer = true;
+    c.bucket.version = req.version;
+    c.bucket.group = req.group;
+    if (*lie == "no room")
+      c.bytes = layout_of->bytes;
+    gpu::nccl_sender::job j{nullptr, layout.rank_of(comm_member::worker(req.engine, req.worker)),
+                            gpu::clock::now() + 10s, "a group packed on the device"};
+    j.fill = [device, copy, lie, layout_of](void* staging) {
+      device->pack(*layout_of, copy->sources(), staging);
+      if (*lie == "changed" && layout_of->bytes > 0)
+        static_cast<std::uint8_t*>(staging)[layout_of->bytes / 2] ^= 0x10; // after its checksum was taken
+    };
+    j.fill_bytes = static_cast<std::size_t>(c.bytes);
+    if (*lie != "no room" && *lie != "whole") // refused before any receive: nothing to send
+      REQUIRE(sender->submit(std::move(j)).empty());
+    return c;
+  };
+  auto rank = sys.spawn(test::scripted_trainer, script);
+  to_stop.push_back(caf::actor_cast<caf::actor>(rank));
+  nccl_puller puller(sys, asking(rank), model, links());
+  test::test_engine e("rollout-0", model, 1, puller);
+  e.pull(puller, v); // honest: verified by mixsum64
+  test::check_identical(*e.weights, *test::loaded(*source->find(v), 1));
+  std::string what;
+  *lie = "changed";
+  CHECK(sharded_failure(e, puller, v, what) == transfer::transfer_failure::checksum_mismatch);
+  CHECK(what.find("packed on the trainer's device, failed its checksum (sent mixsum64") != std::string::npos);
+  *lie = "no room";
+  CHECK(sharded_failure(e, puller, v, what) == transfer::transfer_failure::producer_failed);
+  CHECK(what.find("packs") != std::string::npos);
+  CHECK(what.find("and its checksum") != std::string::npos);
+  // Whole tensors asked for, a device-packed answer given.
+  *lie = "whole";
+  worker_links[0] = test::fake_nccl_world::join(world, layout, 1, staging); // the refusal aborted the last link
+  recording_sink rec;
+  try {
+    transfer::pull_engine(puller, "rollout-0", 1, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    FAIL("a device-packed answer to a whole-tensor pull was taken");
+  } catch (const transfer::transfer_error& x) {
+    CHECK(x.failure == transfer::transfer_failure::producer_failed);
+    CHECK(std::string(x.what()).find("packed on the device, and engine rollout-0 worker 0 asked for whole tensors")
+          != std::string::npos);
+  }
 }

@@ -71,6 +71,14 @@ public:
       o->bytes.assign(host, host + n);
       world_->post(rank_, peer, o);
     }
+    void send_filled(const std::function<void(void*)>& fill, std::size_t n, int peer) override {
+      gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl send");
+      std::vector<std::uint8_t> staging(n); // host memory plays the device's (host_pack_device)
+      fill(staging.data());
+      auto o = begin(true, n);
+      o->bytes = std::move(staging);
+      world_->post(rank_, peer, o);
+    }
     void recv(std::size_t n, int peer) override {
       gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl receive");
       world_->post(peer, rank_, begin(false, n));

@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <numeric>
@@ -73,6 +74,28 @@ TEST_CASE("nccl sender: each worker receives the bytes queued for it, in the ord
   CHECK(got_b == *b);
   CHECK(eventually([&] { return sender.sent() == 3; }));
   CHECK(sender.failure().empty());
+}
+
+TEST_CASE("nccl sender: a job filled in the link's staging (a pack on the device) reaches its worker") {
+  auto world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 64), 4);
+  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 64);
+  const auto expect = bytes_of(40, 9);
+  auto filled = job_to(2, nullptr);
+  filled.fill = [expect](void* staging) { std::copy(expect->begin(), expect->end(), static_cast<std::uint8_t*>(staging)); };
+  filled.fill_bytes = expect->size();
+  CHECK(sender.submit(filled).empty());
+  CHECK(receive(*w1, 40) == *expect);
+  CHECK(eventually([&] { return sender.sent() == 1; }));
+  // Sized as any send; a fill that throws fails the link as a failed send does.
+  auto too_big = filled;
+  too_big.fill_bytes = 65;
+  CHECK(sender.submit(too_big).find("outside a buffer of 64 bytes") != std::string::npos);
+  auto failing = filled;
+  failing.fill = [](void*) { throw gpu::gpu_error("a kernel failed"); };
+  CHECK(sender.submit(failing).empty());
+  CHECK(eventually([&] { return !sender.failure().empty(); }));
+  CHECK(sender.failure().find("a kernel failed") != std::string::npos);
 }
 
 TEST_CASE("nccl sender: refuses what no send could carry, and a full queue") {
