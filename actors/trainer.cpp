@@ -245,48 +245,65 @@ caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) 
   return b;
 }
 
-/// The rank's device copy of version `s`, made at its first pull; the
-/// newest two are kept.
-std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const transfer::weight_snapshot& s) {
-  auto& copies = self->state.nccl_device_copies;
-  if (auto it = copies.find(s.version()); it != copies.end())
-    return it->second;
-  auto made = std::make_shared<const gpu::device_snapshot>(s, *self->state.cfg.nccl_pack_device);
-  copies[s.version()] = made;
-  while (copies.size() > 2)
+/// The rank's device copy of version `s` on `device` (the nccl link's, or
+/// the cuda_ipc buffer's), made at the version's first pull on the actor's
+/// thread. At most two are kept (and those a queued send still holds); the
+/// one asked for is never the one evicted. Null when the copy failed (out of
+/// device memory): said once, not retried for that version, and the caller
+/// packs on the CPU instead.
+std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const transfer::weight_snapshot& s,
+                                                        gpu::pack_device& device) {
+  auto& st = self->state;
+  auto& copies = st.device_copies;
+  if (auto it = copies.find(s.version()); it != copies.end() && it->second.on == &device)
+    return it->second.copy;
+  if (st.device_copy_failed == s.version())
+    return nullptr;
+  copies.erase(s.version());
+  while (copies.size() >= 2) // evicted first: two copies at most while the next is made
     copies.erase(copies.begin());
-  return made;
+  try {
+    auto made = std::make_shared<const gpu::device_snapshot>(s, device);
+    copies[s.version()] = {&device, made};
+    return made;
+  } catch (const std::exception& e) {
+    st.device_copy_failed = s.version();
+    log(self, "trainer: version " + std::to_string(s.version()) + " could not be copied to the device (" + e.what()
+                + "): its groups are packed on the CPU");
+    return nullptr;
+  }
 }
 
 /// nccl, sharded, packing on the device: the worker's entries of the group
 /// gathered from the rank's device copy of the version straight into the
 /// link's staging, with mixsum64 after them (nccl_chunk::trailer). The
-/// sender thread runs the gathers when the send's turn comes.
-caf::result<nccl_chunk> device_packed_chunk(self_ptr self, const std::shared_ptr<gpu::nccl_sender>& sender,
-                                            const nccl_pull& req, int peer) {
+/// sender thread runs the gathers when the send's turn comes. Nullopt when
+/// the group is to be packed on the CPU instead: no device copy, or a plan
+/// the device pack does not take (a view flatten() refuses, pieces out of
+/// alignment), which the CPU pack judges for itself.
+std::optional<caf::expected<nccl_chunk>> device_packed_chunk(self_ptr self,
+                                                             const std::shared_ptr<gpu::nccl_sender>& sender,
+                                                             const nccl_pull& req, int peer,
+                                                             gpu::clock::time_point deadline) {
   auto registered = registered_plan(self, req);
   if (!registered)
-    return registered.error();
+    return caf::expected<nccl_chunk>{registered.error()};
   auto s = held_group(self, req.version, req.group);
   if (!s)
-    return s.error();
-  const auto who = "engine '" + printable(req.engine) + "' worker " + std::to_string(req.worker);
+    return caf::expected<nccl_chunk>{s.error()};
   auto layout = std::make_shared<gpu::pack_layout>();
-  std::shared_ptr<const gpu::device_snapshot> copy;
   try {
     *layout = gpu::layout_group(**registered, req.group, **s);
-    copy = device_copy(self, **s);
-  } catch (const std::invalid_argument& e) { // an entry of a tensor this rank does not hold
-    return make_error(errc::malformed, "trainer: nccl: packing group " + std::to_string(req.group) + " for " + who
-                                         + ": " + e.what());
-  } catch (const std::exception& e) { // the device: out of memory, a failed copy
-    return make_error(errc::unknown_name, "trainer: nccl: copying version " + std::to_string(req.version)
-                                            + " to the device: " + e.what());
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
   }
-  const auto wait = std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
+  auto copy = device_copy(self, **s, *self->state.cfg.nccl_pack_device);
+  if (!copy)
+    return std::nullopt;
+  const auto who = "engine '" + printable(req.engine) + "' worker " + std::to_string(req.worker);
   gpu::nccl_sender::job job;
   job.peer = peer;
-  job.deadline = gpu::clock::now() + wait;
+  job.deadline = deadline;
   job.what = "group " + std::to_string(req.group) + " of version " + std::to_string(req.version) + " to " + who;
   job.fill = [layout, copy, device = self->state.cfg.nccl_pack_device](void* staging) {
     device->pack(*layout, copy->sources(), staging);
@@ -294,7 +311,7 @@ caf::result<nccl_chunk> device_packed_chunk(self_ptr self, const std::shared_ptr
   job.fill_bytes = static_cast<std::size_t>(layout->bytes) + transfer::checksum_trailer_bytes;
   const auto bytes = job.fill_bytes;
   if (auto why = sender->submit(std::move(job)); !why.empty())
-    return make_error(errc::unknown_name, "trainer: nccl: " + why);
+    return caf::expected<nccl_chunk>{make_error(errc::unknown_name, "trainer: nccl: " + why)};
   nccl_chunk out;
   out.epoch = sender->layout().epoch;
   out.root = sender->rank();
@@ -302,7 +319,7 @@ caf::result<nccl_chunk> device_packed_chunk(self_ptr self, const std::shared_ptr
   out.trailer = true;
   out.bucket.version = req.version;
   out.bucket.group = req.group;
-  return out;
+  return caf::expected<nccl_chunk>{std::move(out)};
 }
 
 /// nccl, the collective baseline: the answer to a worker's ask for
@@ -512,12 +529,33 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         return make_error(errc::malformed, "trainer: cuda_ipc: worker " + std::to_string(req.worker) + " of engine '"
                                              + printable(req.engine) + "': engines have at most "
                                              + std::to_string(most) + " workers");
-      auto bucket = held_bucket(self, req.version, req.group);
-      if (!bucket)
-        return bucket.error();
+      auto s = held_group(self, req.version, req.group);
+      if (!s)
+        return s.error();
       try {
-        auto at = producer->place(req.engine + "/" + std::to_string(req.worker), req.session, req.chunk,
-                                  bucket->data.data(), bucket->data.size());
+        // The group's tensors go from the rank's device copy of the version
+        // (made at its first pull) into the slot, device to device; their
+        // XXH64 is taken from the host bytes in place. Without a copy: from
+        // the host, packed.
+        const auto slot = req.engine + "/" + std::to_string(req.worker);
+        weight_bucket bucket;
+        gpu::ipc_placement at;
+        if (auto copy = device_copy(self, **s, *producer->packer())) {
+          std::vector<gpu::ipc_producer::device_piece> pieces;
+          checksum64_stream sum;
+          for (const auto& t : (*s)->group(req.group)) {
+            const auto index = static_cast<std::size_t>((*s)->find(t.name) - (*s)->tensors().data());
+            pieces.push_back({copy->sources().at(index), t.size});
+            sum.update(t.data, t.size);
+          }
+          bucket = group_layout(**s, req.group);
+          bucket.checksum = sum.digest();
+          at = producer->place_from_device(slot, req.session, req.chunk, pieces);
+        } else {
+          bucket = group_bucket(**s, req.group);
+          at = producer->place(slot, req.session, req.chunk, bucket.data.data(), bucket.data.size());
+          bucket.data.clear();
+        }
         ipc_chunk out;
         out.session = at.session;
         out.chunk = at.chunk;
@@ -525,8 +563,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         out.buffer_bytes = at.buffer_bytes;
         out.offset = at.offset;
         out.bytes = at.bytes;
-        bucket->data.clear();
-        out.bucket = std::move(*bucket);
+        out.bucket = std::move(bucket);
         return out;
       } catch (const std::exception& e) {
         return make_error(errc::unknown_name, std::string("trainer: cuda_ipc: ") + e.what());
@@ -538,6 +575,9 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         producer->release(req.engine + "/" + std::to_string(req.worker), req.session);
     }),
     authorized(self, data_guard, [=](nccl_pull_atom, const nccl_pull& req) -> caf::result<nccl_chunk> {
+      // A worker's wait bounds the send's (from its arrival: a device copy
+      // made first takes from it); never longer than a phase may last.
+      const auto deadline = gpu::clock::now() + std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
       auto member = nccl_member_sender(self, data_guard, req.engine, req.worker, req.epoch, "ncclpull", "a pull");
       if (!member)
         return member.error();
@@ -545,15 +585,17 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       const auto& layout = sender->layout();
       const int peer = layout.rank_of(gpu::comm_member::worker(req.engine, req.worker));
       if (req.plan != 0 && self->state.cfg.nccl_pack_device)
-        return device_packed_chunk(self, sender, req, peer);
+        if (auto on_device = device_packed_chunk(self, sender, req, peer, deadline)) {
+          if (!*on_device)
+            return on_device->error();
+          return std::move(**on_device);
+        }
       auto bucket = req.plan == 0 ? held_bucket(self, req.version, req.group) : packed_bucket(self, req);
       if (!bucket)
         return bucket.error();
       auto bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(bucket->data));
       bucket->data.clear();
-      // A worker's wait bounds the send's; never longer than a phase may last.
-      const auto wait = std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
-      gpu::nccl_sender::job job{bytes, peer, gpu::clock::now() + wait,
+      gpu::nccl_sender::job job{bytes, peer, deadline,
                                 "group " + std::to_string(req.group) + " of version " + std::to_string(req.version)
                                   + " to engine " + printable(req.engine) + " worker " + std::to_string(req.worker)};
       if (auto why = sender->submit(std::move(job)); !why.empty())

@@ -239,9 +239,15 @@ struct trainer_state {
     std::chrono::steady_clock::time_point deadline; ///< the broadcast's
   };
   std::optional<collective_broadcast> nccl_broadcast;
-  /// nccl, packing on the device: the versions copied to it, newest two
-  /// (a job still queued keeps its own copy alive).
-  std::map<std::uint64_t, std::shared_ptr<const gpu::device_snapshot>> nccl_device_copies;
+  /// nccl (sharded) and cuda_ipc: the versions copied to the device, two at
+  /// most (a send still queued keeps its own copy alive), each with the
+  /// pack device it lives on; and the last version whose copy failed.
+  struct device_copy_entry {
+    const gpu::pack_device* on = nullptr;
+    std::shared_ptr<const gpu::device_snapshot> copy;
+  };
+  std::map<std::uint64_t, device_copy_entry> device_copies;
+  std::uint64_t device_copy_failed = 0;
 
   static inline const char* name = "trainer";
 };

@@ -32,6 +32,10 @@ pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const tra
                                   + why.what());
     }
     piece.out_offset = out.bytes;
+    if (piece.out_offset % piece.element_size != 0) // the kernels move whole elements, aligned
+      throw std::invalid_argument("device pack of group " + std::to_string(g) + ": " + e->describe()
+                                  + " would start at byte " + std::to_string(piece.out_offset)
+                                  + ", not a multiple of its element size");
     out.bytes += static_cast<std::uint64_t>(piece.view.numel) * piece.element_size; // bounded by the source
     out.pieces.push_back(piece);
   }
@@ -68,7 +72,12 @@ public:
   std::shared_ptr<void> allocate(std::size_t bytes) override {
     device_guard on(device_);
     auto buffer = std::make_shared<device_buffer>(bytes == 0 ? 1 : bytes);
-    return {buffer->data(), [buffer](void*) {}}; // the buffer frees itself with the last pointer
+    // Freed by whichever thread drops the last pointer (the trainer's actor,
+    // a sender's thread): on this device, whatever that thread's current one.
+    return {buffer->data(), [buffer, device = device_](void*) mutable {
+              device_guard back(device, std::nothrow);
+              buffer.reset();
+            }};
   }
   void upload(void* to, const void* from, std::size_t n) override {
     device_guard on(device_);
@@ -93,15 +102,24 @@ private:
 std::shared_ptr<pack_device> cuda_pack_device(int device) { return std::make_shared<cuda_device>(device); }
 std::shared_ptr<pack_device> host_pack_device() { return std::make_shared<host_device>(); }
 
+namespace {
+// Each tensor starts aligned as cudaMalloc aligns (the kernels read whole elements).
+constexpr std::uint64_t copy_alignment = 256;
+std::uint64_t aligned(std::uint64_t n) { return (n + copy_alignment - 1) / copy_alignment * copy_alignment; }
+} // namespace
+
 device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {
-  for (const auto& t : s.tensors())
-    bytes_ += t.size;
+  std::vector<std::uint64_t> offsets;
+  for (const auto& t : s.tensors()) { // each tensor below 2^62 bytes (a snapshot holds them in memory)
+    offsets.push_back(bytes_);
+    bytes_ = aligned(bytes_ + t.size);
+  }
   memory_ = device.allocate(static_cast<std::size_t>(bytes_));
-  auto* at = static_cast<std::uint8_t*>(memory_.get());
-  for (const auto& t : s.tensors()) {
-    device.upload(at, t.data, t.size);
-    sources_.push_back(at);
-    at += t.size;
+  auto* base = static_cast<std::uint8_t*>(memory_.get());
+  for (std::size_t i = 0; i < s.tensors().size(); ++i) {
+    const auto& t = s.tensors()[i];
+    device.upload(base + offsets[i], t.data, t.size);
+    sources_.push_back(base + offsets[i]);
   }
 }
 

@@ -67,8 +67,8 @@ std::shared_ptr<pack_device> cuda_pack_device(int device = 0);
 /// tests run the nccl plane with, over the fake NCCL world.
 std::shared_ptr<pack_device> host_pack_device();
 
-/// One version's tensors in device memory, back to back, uploaded once and
-/// shared by every worker's pack.
+/// One version's tensors in device memory, each aligned to 256 bytes,
+/// uploaded once and shared by every worker's pack.
 class device_snapshot {
 public:
   /// Throws gpu_error (out of device memory) or what `device` throws.

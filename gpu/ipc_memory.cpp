@@ -1,6 +1,7 @@
 #include "gpu/ipc_memory.hpp"
 
 #include "gpu/device.hpp"
+#include "gpu/device_pack.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,10 @@ public:
   void write(std::size_t offset, const std::uint8_t* from, std::size_t n) override {
     check_range(offset, n, memory_.size(), "a write to the exported buffer");
     copy(static_cast<std::uint8_t*>(memory_.data()) + offset, from, n, copy_kind::host_to_device);
+  }
+  void write_from_device(std::size_t offset, const void* from, std::size_t n) override {
+    check_range(offset, n, memory_.size(), "a write to the exported buffer");
+    copy(static_cast<std::uint8_t*>(memory_.data()) + offset, from, n, copy_kind::device_to_device);
   }
 
 private:
@@ -48,6 +53,11 @@ public:
   std::unique_ptr<mapping> map(const ipc_handle& handle, std::size_t bytes) override {
     return std::make_unique<cuda_mapping>(handle, bytes);
   }
+  // The buffer lives on the current device, device 0 of what the process sees.
+  std::shared_ptr<pack_device> packer() override { return packer_; }
+
+private:
+  std::shared_ptr<pack_device> packer_ = cuda_pack_device(0);
 };
 
 } // namespace

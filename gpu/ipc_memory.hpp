@@ -12,6 +12,10 @@
 #include <memory>
 
 namespace rlsync::gpu {
+class pack_device; // gpu/device_pack.hpp
+}
+
+namespace rlsync::gpu {
 
 class ipc_memory {
 public:
@@ -26,6 +30,10 @@ public:
     /// Copies `n` host bytes to [offset, offset + n). Throws gpu_error, or
     /// std::out_of_range past size().
     virtual void write(std::size_t offset, const std::uint8_t* from, std::size_t n) = 0;
+    /// Copies `n` bytes of this process's memory from packer() (the
+    /// producer's device copy of a version) to [offset, offset + n),
+    /// device to device. Throws as write().
+    virtual void write_from_device(std::size_t offset, const void* from, std::size_t n) = 0;
   };
   /// A consumer's view of another process's buffer.
   class mapping {
@@ -41,6 +49,10 @@ public:
   /// Maps a buffer another process exported, `bytes` long as its producer
   /// says. Throws gpu_error (a handle from another host, a stale one).
   virtual std::unique_ptr<mapping> map(const ipc_handle& handle, std::size_t bytes) = 0;
+  /// Where the producer keeps its copy of each version it serves
+  /// (device_pack.hpp), memory that write_from_device reads: CUDA's on the
+  /// buffer's device, host memory in the fake.
+  virtual std::shared_ptr<pack_device> packer() = 0;
 };
 
 /// The CUDA implementation. Throws gpu_error naming what is missing: a

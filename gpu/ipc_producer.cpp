@@ -2,6 +2,7 @@
 
 #include "runtime/base/checked.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -46,6 +47,30 @@ ipc_producer::consumer& ipc_producer::slot_for(const std::string& who) {
 
 ipc_placement ipc_producer::place(const std::string& who, std::uint64_t session, std::uint32_t chunk,
                                   const std::uint8_t* bytes, std::size_t n) {
+  return place_with(who, session, chunk, n, [&](std::size_t offset) { buffer_->write(offset, bytes, n); });
+}
+
+ipc_placement ipc_producer::place_from_device(const std::string& who, std::uint64_t session, std::uint32_t chunk,
+                                              const std::vector<device_piece>& pieces) {
+  std::size_t n = 0;
+  for (const auto& p : pieces) {
+    if (p.bytes > slot_bytes_ - std::min(n, slot_bytes_))
+      throw std::runtime_error("a chunk of more than " + std::to_string(slot_bytes_)
+                               + " bytes does not fit an IPC slot of " + std::to_string(slot_bytes_));
+    n += p.bytes;
+  }
+  return place_with(who, session, chunk, n, [&](std::size_t offset) {
+    for (const auto& p : pieces) {
+      buffer_->write_from_device(offset, p.data, p.bytes);
+      offset += p.bytes;
+    }
+  });
+}
+
+std::shared_ptr<pack_device> ipc_producer::packer() const { return memory_->packer(); }
+
+ipc_placement ipc_producer::place_with(const std::string& who, std::uint64_t session, std::uint32_t chunk,
+                                       std::size_t n, const std::function<void(std::size_t offset)>& write) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (n > slot_bytes_)
     throw std::runtime_error("a chunk of " + std::to_string(n) + " bytes does not fit an IPC slot of "
@@ -80,7 +105,7 @@ ipc_placement ipc_producer::place(const std::string& who, std::uint64_t session,
   }
   const std::size_t offset = c.slot * slot_bytes_;
   try {
-    buffer_->write(offset, bytes, n);
+    write(offset);
   } catch (...) {
     c.book.abort(); // the consumer gets the error and no chunk: nothing of the session is awaited
     ++stats_.aborted;

@@ -17,10 +17,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace rlsync::gpu {
 
@@ -62,6 +64,17 @@ public:
   /// when the device fails (the session then ends: nothing is awaited).
   ipc_placement place(const std::string& who, std::uint64_t session, std::uint32_t chunk,
                       const std::uint8_t* bytes, std::size_t n);
+  /// As place(), the chunk being `pieces` of memory from packer() (the
+  /// producer's device copy of a version) laid back to back, copied device
+  /// to device.
+  struct device_piece {
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  ipc_placement place_from_device(const std::string& who, std::uint64_t session, std::uint32_t chunk,
+                                  const std::vector<device_piece>& pieces);
+  /// Where this producer keeps its copies of versions (the memory's).
+  std::shared_ptr<pack_device> packer() const;
   /// `who` copied out what it wanted of session `session`, or gave up: its
   /// session ends and its slot is free. Another session's release is ignored.
   void release(const std::string& who, std::uint64_t session);
@@ -75,6 +88,8 @@ private:
     ipc_producer_session book{1};
   };
   consumer& slot_for(const std::string& who);
+  ipc_placement place_with(const std::string& who, std::uint64_t session, std::uint32_t chunk, std::size_t n,
+                           const std::function<void(std::size_t offset)>& write);
 
   std::shared_ptr<ipc_memory> memory_;
   std::size_t slot_bytes_;

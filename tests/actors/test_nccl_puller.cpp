@@ -782,3 +782,46 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a device-packed group that chang
           != std::string::npos);
   }
 }
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version the rank's device cannot hold is packed on the CPU") {
+  struct full_device final : gpu::pack_device {
+    std::shared_ptr<gpu::pack_device> host = gpu::host_pack_device();
+    int allocations = 0;
+    std::shared_ptr<void> allocate(std::size_t) override {
+      ++allocations;
+      throw gpu::gpu_error("cudaMalloc: out of memory");
+    }
+    void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
+    void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override { host->pack(l, s, out); }
+  };
+  auto full = std::make_shared<full_device>();
+  trainer_config c;
+  auto own = test::small_source(model, 4);
+  c.source = own;
+  c.step_time = 1h;
+  c.nccl = desk;
+  c.nccl_pack_device = full;
+  struct lines {
+    std::mutex mutex;
+    std::vector<std::string> said;
+  };
+  auto logs = std::make_shared<lines>(); // written on the trainer's thread
+  c.log = [logs](const std::string& line) {
+    std::lock_guard<std::mutex> lock(logs->mutex);
+    logs->said.push_back(line);
+  };
+  auto rank = spawn_trainer(sys, std::move(c));
+  to_stop.push_back(caf::actor_cast<caf::actor>(rank));
+  open_sender(layout);
+  const auto v = test::step_trainer(sys, rank);
+  nccl_puller puller(sys, asking(rank), model, links());
+  test::test_engine e("rollout-0", model, 2, puller);
+  e.pull(puller, v);
+  test::check_identical(*e.weights, *test::loaded(*own->find(v), 2));
+  CHECK(full->allocations == 1); // tried once for the version, not for every group
+  std::lock_guard<std::mutex> lock(logs->mutex);
+  REQUIRE(logs->said.size() == 1);
+  CHECK(logs->said.front().find("could not be copied to the device (cudaMalloc: out of memory): its groups are "
+                                "packed on the CPU")
+        != std::string::npos);
+}

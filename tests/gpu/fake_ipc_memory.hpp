@@ -4,6 +4,7 @@
 // bytes the producer wrote, as a consumer process reads the producer's
 // device buffer through CUDA IPC. Shared by the gpu host tests and the
 // actor tests of the cuda_ipc puller.
+#include "gpu/device_pack.hpp"
 #include "gpu/ipc_memory.hpp"
 
 #include <cstring>
@@ -40,6 +41,9 @@ struct fake_ipc_memory : gpu::ipc_memory, std::enable_shared_from_this<fake_ipc_
       if (n > 0)
         std::memcpy(data->data() + offset, from, n);
     }
+    void write_from_device(std::size_t offset, const void* from, std::size_t n) override {
+      write(offset, static_cast<const std::uint8_t*>(from), n); // "device" memory is host memory here
+    }
   };
   struct mapping_impl final : gpu::ipc_memory::mapping {
     std::shared_ptr<fake_ipc_memory> owner;
@@ -72,6 +76,9 @@ struct fake_ipc_memory : gpu::ipc_memory, std::enable_shared_from_this<fake_ipc_
     exported[b->h] = b->data;
     return b;
   }
+  std::shared_ptr<gpu::pack_device> packer() override { return packs; }
+  std::shared_ptr<gpu::pack_device> packs = gpu::host_pack_device();
+
   std::unique_ptr<mapping> map(const gpu::ipc_handle& h, std::size_t n) override {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = exported.find(h);

@@ -55,6 +55,22 @@ TEST_CASE("ipc producer: each consumer reads its own chunks from its own slot of
   CHECK(s.buffer_bytes == 128);
 }
 
+TEST_CASE("ipc producer: a chunk from device memory lays its pieces back to back, sized as any chunk") {
+  auto mem = std::make_shared<test::fake_ipc_memory>();
+  gpu::ipc_producer producer(mem, 64, 1);
+  CHECK(producer.packer().get() == mem->packs.get()); // where the trainer keeps its copies of versions
+  auto a = pattern(24, 1), b = pattern(16, 50), c = pattern(30, 90);
+  auto p = producer.place_from_device("rollout-0/0", 0, 0, {{a.data(), a.size()}, {b.data(), b.size()}});
+  auto both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  CHECK(p.bytes == 40);
+  CHECK(read_back(*mem, p) == both);
+  CHECK_THROWS_WITH_AS(producer.place_from_device("rollout-0/0", p.session, 1, {{a.data(), a.size()}, {c.data(), c.size()}, {b.data(), b.size()}}),
+                       "a chunk of more than 64 bytes does not fit an IPC slot of 64", std::runtime_error);
+  auto next = producer.place_from_device("rollout-0/0", p.session, 1, {{c.data(), c.size()}});
+  CHECK(read_back(*mem, next) == c);
+}
+
 TEST_CASE("ipc producer: requests out of order are refused and change nothing") {
   auto mem = std::make_shared<test::fake_ipc_memory>();
   gpu::ipc_producer producer(mem, 16, 1);
