@@ -274,6 +274,57 @@ std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const tra
   }
 }
 
+/// Group `g` of `s` as pieces of its device copy `copy`, and its bucket
+/// without data: the layout, and the XXH64 of the host bytes taken in place.
+std::pair<std::vector<gpu::pack_device::piece>, weight_bucket>
+device_group(const transfer::weight_snapshot& s, std::uint32_t g, const gpu::device_snapshot& copy) {
+  std::vector<gpu::pack_device::piece> pieces;
+  checksum64_stream sum;
+  for (const auto& t : s.group(g)) {
+    const auto index = static_cast<std::size_t>(s.find(t.name) - s.tensors().data());
+    pieces.push_back({copy.sources().at(index), t.size});
+    sum.update(t.data, t.size);
+  }
+  auto bucket = group_layout(s, g);
+  bucket.checksum = sum.digest();
+  return {std::move(pieces), std::move(bucket)};
+}
+
+/// nccl, broadcast mode, from the device: the group's whole tensors copied
+/// from the rank's device copy into the link's staging on the sender's
+/// thread, device to device (the checksum is XXH64, as on the CPU path).
+/// Nullopt when there is no device copy: the CPU path then.
+std::optional<caf::expected<nccl_chunk>> device_whole_chunk(self_ptr self,
+                                                            const std::shared_ptr<gpu::nccl_sender>& sender,
+                                                            const nccl_pull& req, int peer,
+                                                            gpu::clock::time_point deadline) {
+  auto s = held_group(self, req.version, req.group);
+  if (!s)
+    return caf::expected<nccl_chunk>{s.error()};
+  auto copy = device_copy(self, **s, *self->state.cfg.nccl_pack_device);
+  if (!copy)
+    return std::nullopt;
+  auto [pieces, bucket] = device_group(**s, req.group, *copy);
+  gpu::nccl_sender::job job;
+  job.peer = peer;
+  job.deadline = deadline;
+  job.what = "group " + std::to_string(req.group) + " of version " + std::to_string(req.version) + " to engine '"
+             + printable(req.engine) + "' worker " + std::to_string(req.worker);
+  job.fill = [pieces = std::move(pieces), copy, device = self->state.cfg.nccl_pack_device](void* staging) {
+    device->concat(pieces, staging);
+  };
+  job.fill_bytes = static_cast<std::size_t>((*s)->group_bytes(req.group));
+  const auto bytes = job.fill_bytes;
+  if (auto why = sender->submit(std::move(job)); !why.empty())
+    return caf::expected<nccl_chunk>{make_error(errc::unknown_name, "trainer: nccl: " + why)};
+  nccl_chunk out;
+  out.epoch = sender->layout().epoch;
+  out.root = sender->rank();
+  out.bytes = bytes;
+  out.bucket = std::move(bucket);
+  return caf::expected<nccl_chunk>{std::move(out)};
+}
+
 /// nccl, sharded, packing on the device: the worker's entries of the group
 /// gathered from the rank's device copy of the version straight into the
 /// link's staging, with mixsum64 after them (nccl_chunk::trailer). The
@@ -541,15 +592,8 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         weight_bucket bucket;
         gpu::ipc_placement at;
         if (auto copy = device_copy(self, **s, *producer->packer())) {
-          std::vector<gpu::ipc_producer::device_piece> pieces;
-          checksum64_stream sum;
-          for (const auto& t : (*s)->group(req.group)) {
-            const auto index = static_cast<std::size_t>((*s)->find(t.name) - (*s)->tensors().data());
-            pieces.push_back({copy->sources().at(index), t.size});
-            sum.update(t.data, t.size);
-          }
-          bucket = group_layout(**s, req.group);
-          bucket.checksum = sum.digest();
+          auto [pieces, layout] = device_group(**s, req.group, *copy);
+          bucket = std::move(layout);
           at = producer->place_from_device(slot, req.session, req.chunk, pieces);
         } else {
           bucket = group_bucket(**s, req.group);
@@ -584,8 +628,9 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       const auto& sender = *member;
       const auto& layout = sender->layout();
       const int peer = layout.rank_of(gpu::comm_member::worker(req.engine, req.worker));
-      if (req.plan != 0 && self->state.cfg.nccl_pack_device)
-        if (auto on_device = device_packed_chunk(self, sender, req, peer, deadline)) {
+      if (self->state.cfg.nccl_pack_device)
+        if (auto on_device = req.plan == 0 ? device_whole_chunk(self, sender, req, peer, deadline)
+                                           : device_packed_chunk(self, sender, req, peer, deadline)) {
           if (!*on_device)
             return on_device->error();
           return std::move(**on_device);

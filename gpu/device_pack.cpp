@@ -64,6 +64,14 @@ public:
       gather_host(piece.view, sources.at(piece.tensor), piece.element_size, bytes + piece.out_offset);
     write_trailer(mixsum64(bytes, layout.bytes), bytes + layout.bytes);
   }
+  void concat(const std::vector<piece>& pieces, void* out) override {
+    auto* at = static_cast<std::uint8_t*>(out);
+    for (const auto& p : pieces) {
+      if (p.bytes > 0)
+        std::memcpy(at, p.data, p.bytes);
+      at += p.bytes;
+    }
+  }
 };
 
 class cuda_device final : public pack_device {
@@ -91,6 +99,14 @@ public:
     std::uint8_t trailer[8];
     write_trailer(mixsum64_device(bytes, layout.bytes), trailer);
     copy(bytes + layout.bytes, trailer, sizeof trailer, copy_kind::host_to_device);
+  }
+  void concat(const std::vector<piece>& pieces, void* out) override {
+    device_guard on(device_);
+    auto* at = static_cast<std::uint8_t*>(out);
+    for (const auto& p : pieces) {
+      copy(at, p.data, p.bytes, copy_kind::device_to_device);
+      at += p.bytes;
+    }
   }
 
 private:

@@ -57,6 +57,13 @@ public:
   /// `out` (device memory of layout.bytes + 8), then writes mixsum64 of the
   /// packed bytes after them. Finished when it returns.
   virtual void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) = 0;
+  /// Copies `pieces` (device memory: whole tensors of the copy) to `out`
+  /// back to back, device to device. Finished when it returns.
+  struct piece {
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  virtual void concat(const std::vector<piece>& pieces, void* out) = 0;
 };
 
 /// CUDA's, on device `device` (the trainer rank's link's, so that the

@@ -51,7 +51,7 @@ ipc_placement ipc_producer::place(const std::string& who, std::uint64_t session,
 }
 
 ipc_placement ipc_producer::place_from_device(const std::string& who, std::uint64_t session, std::uint32_t chunk,
-                                              const std::vector<device_piece>& pieces) {
+                                              const std::vector<pack_device::piece>& pieces) {
   std::size_t n = 0;
   for (const auto& p : pieces) {
     if (p.bytes > slot_bytes_ - std::min(n, slot_bytes_))

@@ -12,6 +12,7 @@
 // Session numbers start from the steady clock at construction, so they
 // grow across a restarted producer on the same host (consumers refuse a
 // session that does not grow: ipc_consumer_session).
+#include "gpu/device_pack.hpp"
 #include "gpu/ipc_memory.hpp"
 #include "gpu/ipc_session.hpp"
 
@@ -67,12 +68,8 @@ public:
   /// As place(), the chunk being `pieces` of memory from packer() (the
   /// producer's device copy of a version) laid back to back, copied device
   /// to device.
-  struct device_piece {
-    const void* data = nullptr;
-    std::size_t bytes = 0;
-  };
   ipc_placement place_from_device(const std::string& who, std::uint64_t session, std::uint32_t chunk,
-                                  const std::vector<device_piece>& pieces);
+                                  const std::vector<pack_device::piece>& pieces);
   /// Where this producer keeps its copies of versions (the memory's).
   std::shared_ptr<pack_device> packer() const;
   /// `who` copied out what it wanted of session `session`, or gave up: its

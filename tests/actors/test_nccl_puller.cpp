@@ -698,7 +698,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: a pull waits its turn on a shared link, n
   CHECK(sender->failure().empty()); // nothing the busy link refused reached the sender
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, packed on the trainer rank's device copy, each worker gets its bytes") {
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: from the trainer rank's device copy, sharded (packed there) and whole") {
   trainer_config c;
   auto own = test::small_source(model, 4); // the fixture's trainer steps its own
   c.source = own;
@@ -722,6 +722,13 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, packed on the trainer rank's dev
   test::test_engine e("rollout-0", model, 2, puller);
   e.pull(puller, v2);
   test::check_identical(*e.weights, *test::loaded(*own->find(v2), 2));
+  // Broadcast mode: whole groups, copied from the same device copy.
+  recording_sink rec;
+  auto report = transfer::pull_engine(puller, "rollout-0", 2, v2, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  CHECK(report.groups == plan::group_count(model));
+  REQUIRE(rec.got.size() == 2);
+  CHECK(rec.got[0] == test::tensors_of(*own, v2));
+  CHECK(rec.got[1] == test::tensors_of(*own, v2));
   CHECK(sender->failure().empty());
   CHECK(world->unmatched() == 0);
 }
@@ -793,6 +800,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version the rank's device cann
     }
     void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
     void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override { host->pack(l, s, out); }
+    void concat(const std::vector<piece>& pieces, void* out) override { host->concat(pieces, out); }
   };
   auto full = std::make_shared<full_device>();
   trainer_config c;

@@ -76,3 +76,24 @@ TEST_CASE("device pack: a plan the version does not fit is refused, naming the t
   CHECK(outside.find("device pack of group") == 0);
   CHECK(outside.find(recorded.entries.front().source) != std::string::npos);
 }
+
+TEST_CASE("device pack: whole tensors of the copy concatenated as they lie on the host") {
+  model_config c = test::small_model(2);
+  auto s = test::small_source(c)->produce_next();
+  auto device = gpu::host_pack_device();
+  gpu::device_snapshot copy(*s, *device);
+  std::vector<gpu::pack_device::piece> pieces;
+  std::vector<std::uint8_t> expect;
+  for (std::size_t i = 0; i < s->tensors().size(); i += 2) { // every other tensor: offsets are the copy's own
+    const auto& t = s->tensors()[i];
+    pieces.push_back({copy.sources()[i], t.size});
+    const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+    expect.insert(expect.end(), p, p + t.size);
+  }
+  std::vector<std::uint8_t> got(expect.size());
+  device->concat(pieces, got.data());
+  CHECK(got == expect);
+  // Each tensor of the copy starts aligned, whatever the sizes before it.
+  for (const auto* source : copy.sources())
+    CHECK((static_cast<const std::uint8_t*>(source) - static_cast<const std::uint8_t*>(copy.sources().front())) % 256 == 0);
+}
