@@ -290,6 +290,28 @@ device_group(const transfer::weight_snapshot& s, std::uint32_t g, const gpu::dev
   return {std::move(pieces), std::move(bucket)};
 }
 
+/// Queues `job` (its bytes or its fill already set) to the worker `req`
+/// came from, NCCL rank `peer`, and answers what the worker will receive:
+/// the size, `bucket` without data, and whether a checksum trailer follows.
+caf::expected<nccl_chunk> queue_send(const std::shared_ptr<gpu::nccl_sender>& sender, const nccl_pull& req, int peer,
+                                     gpu::clock::time_point deadline, gpu::nccl_sender::job job,
+                                     weight_bucket bucket, bool trailer) {
+  job.peer = peer;
+  job.deadline = deadline;
+  job.what = "group " + std::to_string(req.group) + " of version " + std::to_string(req.version) + " to engine '"
+             + printable(req.engine) + "' worker " + std::to_string(req.worker);
+  const std::uint64_t bytes = job.bytes ? job.bytes->size() : job.fill_bytes;
+  if (auto why = sender->submit(std::move(job)); !why.empty())
+    return make_error(errc::unknown_name, "trainer: nccl: " + why);
+  nccl_chunk out;
+  out.epoch = sender->layout().epoch;
+  out.root = sender->rank();
+  out.bytes = bytes;
+  out.bucket = std::move(bucket);
+  out.trailer = trailer;
+  return out;
+}
+
 /// nccl, broadcast mode, from the device: the group's whole tensors copied
 /// from the rank's device copy into the link's staging on the sender's
 /// thread, device to device (the checksum is XXH64, as on the CPU path).
@@ -306,23 +328,11 @@ std::optional<caf::expected<nccl_chunk>> device_whole_chunk(self_ptr self,
     return std::nullopt;
   auto [pieces, bucket] = device_group(**s, req.group, *copy);
   gpu::nccl_sender::job job;
-  job.peer = peer;
-  job.deadline = deadline;
-  job.what = "group " + std::to_string(req.group) + " of version " + std::to_string(req.version) + " to engine '"
-             + printable(req.engine) + "' worker " + std::to_string(req.worker);
   job.fill = [pieces = std::move(pieces), copy, device = self->state.cfg.nccl_pack_device](void* staging) {
     device->concat(pieces, staging);
   };
   job.fill_bytes = static_cast<std::size_t>((*s)->group_bytes(req.group));
-  const auto bytes = job.fill_bytes;
-  if (auto why = sender->submit(std::move(job)); !why.empty())
-    return caf::expected<nccl_chunk>{make_error(errc::unknown_name, "trainer: nccl: " + why)};
-  nccl_chunk out;
-  out.epoch = sender->layout().epoch;
-  out.root = sender->rank();
-  out.bytes = bytes;
-  out.bucket = std::move(bucket);
-  return caf::expected<nccl_chunk>{std::move(out)};
+  return queue_send(sender, req, peer, deadline, std::move(job), std::move(bucket), false);
 }
 
 /// nccl, sharded, packing on the device: the worker's entries of the group
@@ -351,26 +361,15 @@ std::optional<caf::expected<nccl_chunk>> device_packed_chunk(self_ptr self,
   auto copy = device_copy(self, **s, *self->state.cfg.nccl_pack_device);
   if (!copy)
     return std::nullopt;
-  const auto who = "engine '" + printable(req.engine) + "' worker " + std::to_string(req.worker);
   gpu::nccl_sender::job job;
-  job.peer = peer;
-  job.deadline = deadline;
-  job.what = "group " + std::to_string(req.group) + " of version " + std::to_string(req.version) + " to " + who;
   job.fill = [layout, copy, device = self->state.cfg.nccl_pack_device](void* staging) {
     device->pack(*layout, copy->sources(), staging);
   };
   job.fill_bytes = static_cast<std::size_t>(layout->bytes) + transfer::checksum_trailer_bytes;
-  const auto bytes = job.fill_bytes;
-  if (auto why = sender->submit(std::move(job)); !why.empty())
-    return caf::expected<nccl_chunk>{make_error(errc::unknown_name, "trainer: nccl: " + why)};
-  nccl_chunk out;
-  out.epoch = sender->layout().epoch;
-  out.root = sender->rank();
-  out.bytes = bytes;
-  out.trailer = true;
-  out.bucket.version = req.version;
-  out.bucket.group = req.group;
-  return caf::expected<nccl_chunk>{std::move(out)};
+  weight_bucket bucket; // no checksum: the trailer carries it
+  bucket.version = req.version;
+  bucket.group = req.group;
+  return queue_send(sender, req, peer, deadline, std::move(job), std::move(bucket), true);
 }
 
 /// nccl, the collective baseline: the answer to a worker's ask for
@@ -626,8 +625,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (!member)
         return member.error();
       const auto& sender = *member;
-      const auto& layout = sender->layout();
-      const int peer = layout.rank_of(gpu::comm_member::worker(req.engine, req.worker));
+      const int peer = sender->layout().rank_of(gpu::comm_member::worker(req.engine, req.worker));
       if (self->state.cfg.nccl_pack_device)
         if (auto on_device = req.plan == 0 ? device_whole_chunk(self, sender, req, peer, deadline)
                                            : device_packed_chunk(self, sender, req, peer, deadline)) {
@@ -638,19 +636,13 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       auto bucket = req.plan == 0 ? held_bucket(self, req.version, req.group) : packed_bucket(self, req);
       if (!bucket)
         return bucket.error();
-      auto bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(bucket->data));
+      gpu::nccl_sender::job job;
+      job.bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(bucket->data));
       bucket->data.clear();
-      gpu::nccl_sender::job job{bytes, peer, deadline,
-                                "group " + std::to_string(req.group) + " of version " + std::to_string(req.version)
-                                  + " to engine " + printable(req.engine) + " worker " + std::to_string(req.worker)};
-      if (auto why = sender->submit(std::move(job)); !why.empty())
-        return make_error(errc::unknown_name, "trainer: nccl: " + why);
-      nccl_chunk out;
-      out.epoch = layout.epoch;
-      out.root = sender->rank();
-      out.bytes = bytes->size();
-      out.bucket = std::move(*bucket);
-      return out;
+      auto answer = queue_send(sender, req, peer, deadline, std::move(job), std::move(*bucket), false);
+      if (!answer)
+        return answer.error();
+      return std::move(*answer);
     }),
     authorized(self, data_guard, [=](nccl_broadcast_atom, const nccl_pull& req) -> caf::result<nccl_manifest> {
       auto member = nccl_member_sender(self, data_guard, req.engine, req.worker, req.epoch, "ncclbcast",

@@ -2,6 +2,7 @@
 
 #include "gpu/kernels.hpp"
 #include "gpu/mixsum.hpp"
+#include "runtime/transfer/bucket.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -44,11 +45,6 @@ pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const tra
 
 namespace {
 
-void write_trailer(std::uint64_t sum, std::uint8_t* to) {
-  for (int k = 0; k < 8; ++k)
-    to[k] = static_cast<std::uint8_t>(sum >> (8 * k));
-}
-
 class host_device final : public pack_device {
 public:
   std::shared_ptr<void> allocate(std::size_t bytes) override {
@@ -62,7 +58,7 @@ public:
     auto* bytes = static_cast<std::uint8_t*>(out);
     for (const auto& piece : layout.pieces)
       gather_host(piece.view, sources.at(piece.tensor), piece.element_size, bytes + piece.out_offset);
-    write_trailer(mixsum64(bytes, layout.bytes), bytes + layout.bytes);
+    transfer::write_checksum_trailer(mixsum64(bytes, layout.bytes), bytes + layout.bytes);
   }
   void concat(const std::vector<piece>& pieces, void* out) override {
     auto* at = static_cast<std::uint8_t*>(out);
@@ -96,8 +92,8 @@ public:
     auto* bytes = static_cast<std::uint8_t*>(out);
     for (const auto& piece : layout.pieces)
       gather(piece.view, sources.at(piece.tensor), piece.element_size, bytes + piece.out_offset);
-    std::uint8_t trailer[8];
-    write_trailer(mixsum64_device(bytes, layout.bytes), trailer);
+    std::uint8_t trailer[transfer::checksum_trailer_bytes];
+    transfer::write_checksum_trailer(mixsum64_device(bytes, layout.bytes), trailer);
     copy(bytes + layout.bytes, trailer, sizeof trailer, copy_kind::host_to_device);
   }
   void concat(const std::vector<piece>& pieces, void* out) override {

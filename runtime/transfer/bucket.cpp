@@ -193,31 +193,43 @@ std::vector<tensor_view> bucket_assembler::tensors() const {
   return out;
 }
 
-void append_checksum(std::vector<std::uint8_t>& bytes) {
-  const auto sum = checksum64(bytes.data(), bytes.size());
+void write_checksum_trailer(std::uint64_t sum, std::uint8_t* to) {
   for (std::size_t k = 0; k < checksum_trailer_bytes; ++k)
-    bytes.push_back(static_cast<std::uint8_t>(sum >> (8 * k)));
+    to[k] = static_cast<std::uint8_t>(sum >> (8 * k));
 }
 
-std::uint64_t pop_checksum(std::vector<std::uint8_t>& bytes) {
-  if (bytes.size() < checksum_trailer_bytes)
-    throw std::invalid_argument("a bucket of " + std::to_string(bytes.size()) + " bytes has no room for its checksum");
-  const std::size_t n = bytes.size() - checksum_trailer_bytes;
+std::uint64_t read_checksum_trailer(const std::uint8_t* at) {
   std::uint64_t sum = 0;
   for (std::size_t k = 0; k < checksum_trailer_bytes; ++k)
-    sum |= std::uint64_t{bytes[n + k]} << (8 * k);
+    sum |= std::uint64_t{at[k]} << (8 * k);
+  return sum;
+}
+
+void append_checksum(std::vector<std::uint8_t>& bytes) {
+  const auto sum = checksum64(bytes.data(), bytes.size());
+  bytes.resize(bytes.size() + checksum_trailer_bytes);
+  write_checksum_trailer(sum, bytes.data() + bytes.size() - checksum_trailer_bytes);
+}
+
+namespace {
+// The packed bytes before the trailer of a bucket of `size` bytes.
+std::size_t before_trailer(std::size_t size) {
+  if (size < checksum_trailer_bytes)
+    throw std::invalid_argument("a bucket of " + std::to_string(size) + " bytes has no room for its checksum");
+  return size - checksum_trailer_bytes;
+}
+} // namespace
+
+std::uint64_t pop_checksum(std::vector<std::uint8_t>& bytes) {
+  const std::size_t n = before_trailer(bytes.size());
+  const auto sum = read_checksum_trailer(bytes.data() + n);
   bytes.resize(n);
   return sum;
 }
 
 std::pair<std::vector<std::uint8_t>, std::uint64_t> split_checksum(const std::uint8_t* bytes, std::size_t size) {
-  if (size < checksum_trailer_bytes)
-    throw std::invalid_argument("a bucket of " + std::to_string(size) + " bytes has no room for its checksum");
-  const std::size_t n = size - checksum_trailer_bytes;
-  std::uint64_t sum = 0;
-  for (std::size_t k = 0; k < checksum_trailer_bytes; ++k)
-    sum |= std::uint64_t{bytes[n + k]} << (8 * k);
-  return {std::vector<std::uint8_t>(bytes, bytes + n), sum};
+  const std::size_t n = before_trailer(size);
+  return {std::vector<std::uint8_t>(bytes, bytes + n), read_checksum_trailer(bytes + n)};
 }
 
 } // namespace rlsync::transfer

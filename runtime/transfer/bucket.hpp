@@ -37,6 +37,10 @@ bool verify_bucket(const weight_bucket& b);
 /// A collective broadcast's bucket is a group's bytes followed by their
 /// checksum64 as 8 little-endian bytes (known only once the group is packed).
 inline constexpr std::size_t checksum_trailer_bytes = 8;
+/// The trailer's 8 bytes, written at `to` and read from `at`: the one
+/// encoding of it (the GPU pack writes a mixsum64 the same way).
+void write_checksum_trailer(std::uint64_t sum, std::uint8_t* to);
+std::uint64_t read_checksum_trailer(const std::uint8_t* at);
 /// Appends checksum64 of `bytes`' current contents to it.
 void append_checksum(std::vector<std::uint8_t>& bytes);
 /// The bytes before the trailer and the checksum it holds. Throws
