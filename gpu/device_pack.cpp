@@ -47,6 +47,7 @@ namespace {
 
 class host_device final : public pack_device {
 public:
+  int ordinal() const override { return 0; }
   std::shared_ptr<void> allocate(std::size_t bytes) override {
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (!p)
@@ -73,6 +74,7 @@ public:
 class cuda_device final : public pack_device {
 public:
   explicit cuda_device(int device) : device_(device) {}
+  int ordinal() const override { return device_; }
   std::shared_ptr<void> allocate(std::size_t bytes) override {
     device_guard on(device_);
     auto buffer = std::make_shared<device_buffer>(bytes == 0 ? 1 : bytes);
@@ -115,19 +117,47 @@ std::shared_ptr<pack_device> cuda_pack_device(int device) { return std::make_sha
 std::shared_ptr<pack_device> host_pack_device() { return std::make_shared<host_device>(); }
 
 namespace {
+
+class cuda_tensors final : public transfer::tensor_device {
+public:
+  void to_host(void* to, const void* from, std::size_t n, int device) override {
+    device_guard on(device);
+    copy(to, from, n, copy_kind::device_to_host);
+  }
+  std::shared_ptr<void> allocate(std::size_t bytes, int device) override { return cuda_pack_device(device)->allocate(bytes); }
+  void device_to_device(void* to, int to_device, const void* from, std::size_t n) override {
+    device_guard on(to_device); // unified addressing: the source may be on another device
+    copy(to, from, n, copy_kind::device_to_device);
+  }
+};
+
+} // namespace
+
+std::shared_ptr<transfer::tensor_device> cuda_tensor_device() { return std::make_shared<cuda_tensors>(); }
+
+namespace {
 // Each tensor starts aligned as cudaMalloc aligns (the kernels read whole elements).
 constexpr std::uint64_t copy_alignment = 256;
 std::uint64_t aligned(std::uint64_t n) { return (n + copy_alignment - 1) / copy_alignment * copy_alignment; }
 } // namespace
 
 device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {
+  if (const auto& resident = s.on_device(); resident && resident->device == device.ordinal()) {
+    bytes_ = resident->bytes;
+    memory_ = resident->memory;
+    for (const auto& t : s.tensors())
+      sources_.push_back(resident->tensors.at(t.name)); // every tensor: weight_snapshot checked
+    adopted_ = true;
+    return;
+  }
   std::vector<std::uint64_t> offsets;
   for (const auto& t : s.tensors()) { // each tensor below 2^62 bytes (a snapshot holds them in memory)
     offsets.push_back(bytes_);
     bytes_ = aligned(bytes_ + t.size);
   }
-  memory_ = device.allocate(static_cast<std::size_t>(bytes_));
-  auto* base = static_cast<std::uint8_t*>(memory_.get());
+  auto memory = device.allocate(static_cast<std::size_t>(bytes_));
+  auto* base = static_cast<std::uint8_t*>(memory.get());
+  memory_ = std::move(memory);
   for (std::size_t i = 0; i < s.tensors().size(); ++i) {
     const auto& t = s.tensors()[i];
     device.upload(base + offsets[i], t.data, t.size);

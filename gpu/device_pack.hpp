@@ -17,6 +17,7 @@
 // The packed bytes equal transfer::pack_group's bit for bit.
 #include "gpu/flat_view.hpp"
 #include "runtime/plan/grouped_plan.hpp"
+#include "runtime/transfer/external_source.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <cstddef>
@@ -49,6 +50,8 @@ pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const tra
 class pack_device {
 public:
   virtual ~pack_device() = default;
+  /// The CUDA device its memory and kernels are on (0 for host memory).
+  virtual int ordinal() const = 0;
   /// `bytes` of device memory, freed with the pointer. Throws gpu_error.
   virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
   /// Copies `n` host bytes to device memory at `to`.
@@ -71,15 +74,20 @@ public:
 /// throws gpu_error.
 std::shared_ptr<pack_device> cuda_pack_device(int device = 0);
 /// Host memory and the CPU replays (gather_host, mixsum64): what the CPU
-/// tests run the nccl plane with, over the fake NCCL world.
+/// tests run the nccl plane with, over the fake NCCL world. Its ordinal is
+/// 0: it stands for device 0 there, and adopts the copies a fake
+/// tensor_device made "on" it (never use it beside real CUDA copies).
 std::shared_ptr<pack_device> host_pack_device();
 
 /// One version's tensors in device memory, each aligned to 256 bytes,
-/// uploaded once and shared by every worker's pack.
+/// uploaded once and shared by every worker's pack; or, for a version pushed
+/// from `device`'s own device (s.on_device()), that copy, adopted as it is.
 class device_snapshot {
 public:
   /// Throws gpu_error (out of device memory) or what `device` throws.
   device_snapshot(const transfer::weight_snapshot& s, pack_device& device);
+  /// Whether the snapshot adopted the version's device copy (no upload).
+  bool adopted() const { return adopted_; }
   std::uint64_t version() const { return version_; }
   std::uint64_t bytes() const { return bytes_; }
   /// Device pointers, one per tensor of the snapshot, in its order.
@@ -88,8 +96,14 @@ public:
 private:
   std::uint64_t version_ = 0;
   std::uint64_t bytes_ = 0;
-  std::shared_ptr<void> memory_;
+  std::shared_ptr<const void> memory_;
   std::vector<const void*> sources_;
+  bool adopted_ = false;
 };
+
+/// Reads a PyTorch trainer's CUDA tensors for transfer::external_source
+/// (device to host, device to device), with cudaMemcpy on the calling
+/// thread. Built without CUDA every call throws gpu_error.
+std::shared_ptr<transfer::tensor_device> cuda_tensor_device();
 
 } // namespace rlsync::gpu

@@ -5,6 +5,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
+#include "gpu/device_pack.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -27,7 +28,7 @@ external_rank::external_rank(const topology& t, std::uint32_t rank, external_ran
   node_ = t.trainer.ranks[rank].node;
   if (auto problem = cluster_layout_problem(t); !problem.empty())
     throw std::invalid_argument(t.source + ": " + problem);
-  source_ = transfer::make_external_source(t, rank, options_.allow_nonfinite);
+  source_ = transfer::make_external_source(t, rank, options_.allow_nonfinite, gpu::cuda_tensor_device());
   const std::string file = options_.secret_file.empty() ? t.cluster.secret_file : options_.secret_file;
   config_ = std::make_unique<system_config>();
   secret_ = read_cluster_secret(with_node_name(file, node_), t.cluster.secret_env); // throws naming the file
@@ -103,6 +104,9 @@ void external_rank::publish(std::uint64_t version, const std::vector<transfer::t
     trainer = trainer_;
   }
   source_->push(version, tensors); // throws std::invalid_argument naming the tensor
+  if (auto why = source_->device_copy_problem(); !why.empty() && options_.log)
+    options_.log("version " + std::to_string(version) + " has no device copy (" + why
+                 + "): the trainer uploads its host bytes at its first pull");
   // Publish now rather than at the next poll; a step in flight finishes first.
   caf::scoped_actor self{*system_};
   self->send(trainer, step_atom::value);

@@ -4,7 +4,10 @@
 // same file:line:col errors as `rlsync validate`. Tensors are read through
 // their Python attributes (dtype, device, shape, data_ptr), so the module
 // links no libtorch: the one copy is external_source::push, made with the
-// GIL released.
+// GIL released. CUDA tensors are handed over by device pointer (after their
+// device's current stream finished writing them): the push copies them to
+// host memory, and to the trainer's device copy when the backend serves from
+// the device.
 #include "actors/assembly/external_rank.hpp"
 #include "runtime/base/dtype.hpp"
 #include "runtime/config/topology.hpp"
@@ -17,6 +20,7 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -125,20 +129,21 @@ bool on_cuda(const py::handle& tensor) {
   return py::hasattr(tensor, "device") && std::string(py::str(tensor.attr("device"))).rfind("cuda", 0) == 0;
 }
 
-/// A CUDA tensor copied into page-locked host memory (a blocking copy on
-/// the tensor's stream), which the producer then packs as any CPU tensor:
-/// the UCX and local planes serve host memory. Packing on the device and
-/// serving over NCCL or CUDA IPC (gpu/) are not wired into the producer yet.
-py::object staged_on_host(const std::string& name, const py::handle& tensor) {
+/// The CUDA device a CUDA tensor is on.
+int cuda_index(const py::handle& tensor) {
+  auto index = tensor.attr("device").attr("index");
+  return index.is_none() ? 0 : index.cast<int>();
+}
+
+/// Waits for the work queued on `device`'s current stream (which wrote the
+/// tensors) to finish: rlsync copies them with cudaMemcpy, outside
+/// PyTorch's streams.
+void finish_writes(int device, const std::string& first_tensor) {
   try {
-    auto torch = py::module_::import("torch");
-    py::object host = torch.attr("empty")(tensor.attr("shape"), py::arg("dtype") = tensor.attr("dtype"),
-                                          py::arg("pin_memory") = true);
-    host.attr("copy_")(tensor);
-    return host;
+    py::module_::import("torch").attr("cuda").attr("current_stream")(device).attr("synchronize")();
   } catch (const py::error_already_set& e) {
-    raise(PyExc_RuntimeError, "tensor '" + name + "': staging it from " + std::string(py::str(tensor.attr("device")))
-                                + " into host memory failed: " + e.what());
+    raise(PyExc_RuntimeError, "tensor '" + first_tensor + "': waiting for cuda:" + std::to_string(device)
+                                + " to finish writing it failed: " + e.what());
   }
 }
 
@@ -148,9 +153,8 @@ transfer::tensor_input input_of(const std::string& name, const py::handle& tenso
     raise(PyExc_TypeError, "tensor '" + name + "': expected a torch.Tensor, got "
                              + std::string(py::str(py::type::of(tensor).attr("__name__"))));
   const std::string device = py::str(tensor.attr("device"));
-  if (device != "cpu")
-    raise(PyExc_ValueError, "tensor '" + name + "' is on " + device
-                              + ": only CPU and CUDA tensors can be published (CUDA ones are staged through host memory)");
+  if (device != "cpu" && !on_cuda(tensor))
+    raise(PyExc_ValueError, "tensor '" + name + "' is on " + device + ": only CPU and CUDA tensors can be published");
   if (py::hasattr(tensor, "layout") && std::string(py::str(tensor.attr("layout"))) != "torch.strided")
     raise(PyExc_ValueError, "tensor '" + name + "': layout " + std::string(py::str(tensor.attr("layout")))
                               + " (only dense tensors can be published)");
@@ -167,6 +171,8 @@ transfer::tensor_input input_of(const std::string& name, const py::handle& tenso
     raise(PyExc_ValueError, "tensor '" + name + "': too large");
   in.bytes = numel * element;
   in.data = reinterpret_cast<const void*>(tensor.attr("data_ptr")().cast<std::uintptr_t>());
+  if (on_cuda(tensor))
+    in.device = cuda_index(tensor);
   return in;
 }
 
@@ -273,11 +279,13 @@ public:
         raise(PyExc_TypeError, "publish: tensor names must be strings");
       const std::string name = pair[0].cast<std::string>();
       py::object tensor = py::reinterpret_borrow<py::object>(pair[1]);
-      if (on_cuda(tensor))
-        tensor = staged_on_host(name, tensor);
       inputs.push_back(input_of(name, tensor));
       alive.push_back(std::move(tensor));
     }
+    std::set<int> synchronized;
+    for (const auto& in : inputs)
+      if (in.device >= 0 && synchronized.insert(in.device).second)
+        finish_writes(in.device, in.name);
     try {
       py::gil_scoped_release free;
       r.publish(version, inputs);

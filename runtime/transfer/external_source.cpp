@@ -165,6 +165,15 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (t.bytes != spec.bytes() || (t.bytes > 0 && !t.data))
       throw std::invalid_argument(where + ": " + std::to_string(t.bytes) + " bytes given, its shape and dtype take "
                                   + std::to_string(spec.bytes()));
+    if (t.device >= 0 && !options_.device)
+      throw std::invalid_argument(where + ": on cuda:" + std::to_string(t.device) + ", and " + who
+                                  + " reads host tensors only (a build without CUDA)");
+    if (!inputs.empty() && (t.device >= 0) != (inputs.front()->device >= 0))
+      throw std::invalid_argument(where + (t.device >= 0 ? " is on cuda:" + std::to_string(t.device) : " is in host memory")
+                                  + ", tensor '" + inputs.front()->name
+                                  + (inputs.front()->device >= 0 ? "' on cuda:" + std::to_string(inputs.front()->device)
+                                                                 : "' in host memory")
+                                  + ": publish every tensor from the host or every tensor from the device");
     offsets.push_back(total);
     inputs.push_back(&t);
     total += spec.bytes(); // bounded: the model's parameter count was validated
@@ -195,7 +204,11 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   parallel_for(pieces.size(), std::max(1u, options_.copy_threads), [&](std::size_t k) {
     const piece& p = pieces[k];
     auto* to = buffer.get() + offsets[p.input] + p.from;
-    std::memcpy(to, static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from, static_cast<std::size_t>(p.bytes));
+    const auto* from = static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from;
+    if (inputs[p.input]->device >= 0)
+      options_.device->to_host(to, from, static_cast<std::size_t>(p.bytes), inputs[p.input]->device);
+    else
+      std::memcpy(to, from, static_cast<std::size_t>(p.bytes));
     if (!options_.allow_nonfinite) {
       const auto element = dtype_size(inputs[p.input]->type);
       nonfinite[k] = first_nonfinite_element(inputs[p.input]->type, reinterpret_cast<const std::byte*>(to),
@@ -208,10 +221,70 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (nonfinite[k])
       throw std::invalid_argument(nonfinite_message(inputs[pieces[k].input]->name, *nonfinite[k]) + " (version "
                                   + std::to_string(version) + ")");
-  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(buffer), total);
+  std::shared_ptr<const device_resident> on_device;
+  if (!inputs.empty() && inputs.front()->device >= 0 && options_.device_copy_on)
+    on_device = device_copy_of(inputs);
+  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(buffer), total, std::move(on_device));
   std::lock_guard<std::mutex> lock(mutex_);
   pending_ = std::move(snapshot); // a newer version supersedes one not yet published
   last_pushed_ = version;
+}
+
+std::shared_ptr<const device_resident> external_source::device_copy_of(const std::vector<const tensor_input*>& inputs) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_copy_problem_.clear();
+  }
+  auto refuse = [&](std::string why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_copy_problem_ = std::move(why);
+    return nullptr;
+  };
+  // Counted before the copy is made, released when its memory is freed: a
+  // version still pinned by a slow round keeps its slot.
+  auto alive = device_copies_alive_;
+  if (alive->fetch_add(1) >= options_.device_copies) {
+    alive->fetch_sub(1);
+    return refuse(std::to_string(options_.device_copies) + " device copies are alive (older versions still held)");
+  }
+  constexpr std::uint64_t alignment = 256; // as cudaMalloc: the pack kernels read whole elements
+  std::vector<std::uint64_t> at;
+  std::uint64_t bytes = 0;
+  for (const auto* t : inputs) { // bounded: the model's parameter count was validated
+    at.push_back(bytes);
+    bytes = (bytes + t->bytes + alignment - 1) / alignment * alignment;
+  }
+  const int device = *options_.device_copy_on;
+  std::shared_ptr<void> memory;
+  try {
+    memory = options_.device->allocate(static_cast<std::size_t>(std::max<std::uint64_t>(bytes, 1)), device);
+  } catch (const std::exception& e) {
+    alive->fetch_sub(1);
+    return refuse("cuda:" + std::to_string(device) + " could not hold a copy of " + std::to_string(bytes)
+                  + " bytes: " + e.what());
+  }
+  auto resident = std::make_shared<device_resident>();
+  resident->device = device;
+  resident->bytes = bytes;
+  auto* base = static_cast<std::uint8_t*>(memory.get());
+  resident->memory = std::shared_ptr<const void>(base, [memory = std::move(memory), alive](const void*) mutable {
+    memory.reset();
+    alive->fetch_sub(1);
+  });
+  try {
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      options_.device->device_to_device(base + at[i], device, inputs[i]->data, static_cast<std::size_t>(inputs[i]->bytes));
+      resident->tensors[inputs[i]->name] = base + at[i];
+    }
+  } catch (const std::exception& e) {
+    return refuse(std::string("copying to cuda:") + std::to_string(device) + " failed: " + e.what()); // frees it
+  }
+  return resident;
+}
+
+std::string external_source::device_copy_problem() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return device_copy_problem_;
 }
 
 dtype external_weights_dtype(const topology& t) {
@@ -220,7 +293,8 @@ dtype external_weights_dtype(const topology& t) {
   return checkpoint_dtype(checkpoint::open(t.model.checkpoint));
 }
 
-std::shared_ptr<external_source> make_external_source(const topology& t, std::size_t rank, bool allow_nonfinite) {
+std::shared_ptr<external_source> make_external_source(const topology& t, std::size_t rank, bool allow_nonfinite,
+                                                      std::shared_ptr<tensor_device> device) {
   if (rank >= t.trainer.ranks.size())
     throw std::out_of_range("trainer rank " + std::to_string(rank) + ": the topology has "
                             + std::to_string(t.trainer.ranks.size()) + " rank(s)");
@@ -231,6 +305,9 @@ std::shared_ptr<external_source> make_external_source(const topology& t, std::si
   o.held_experts = t.trainer.ranks[rank].experts;
   o.allow_nonfinite = allow_nonfinite;
   o.who = "trainer rank " + std::to_string(rank);
+  o.device = std::move(device);
+  if (o.device && (t.transfer.backend == transfer_backend::nccl || t.transfer.backend == transfer_backend::cuda_ipc))
+    o.device_copy_on = 0;
   return std::make_shared<external_source>(std::move(o));
 }
 

@@ -15,11 +15,23 @@
 // pages. Memory: the versions kept (keep_versions, the pinned one, the one
 // queued) and one spare.
 //
+// Tensors on a CUDA device (tensor_input::device) are copied to the
+// version's host buffer by the tensor_device, device to host, one copy
+// (what the UCX and local planes and every checksum read); and, when the
+// source keeps device copies (transfer.backend nccl or cuda_ipc), also
+// device to device into a copy the snapshot carries (on_device()), from
+// which the trainer packs and serves without uploading the host bytes
+// again. At most `device_copies` such copies live at once; a version pushed
+// beyond that, or whose copy fails (out of device memory), has none, and the
+// trainer uploads it at its first pull as for a host push.
+//
 // Never blocks on a transfer: a round pins the version it moves (pin) and
 // keeps it alive through its pointer, whatever push does meanwhile.
 #include "runtime/transfer/weight_source.hpp"
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -35,6 +47,21 @@ struct tensor_input {
   std::vector<std::int64_t> shape;
   const void* data = nullptr;
   std::uint64_t bytes = 0; ///< of the caller's buffer: must equal shape × dtype size
+  int device = -1;         ///< -1: `data` is host memory; else the CUDA device it is on
+};
+
+/// Copies out of device memory for push, and the device copies: CUDA's
+/// (gpu::cuda_tensor_device) or host memory standing in for it in tests.
+/// Each call has finished when it returns; each throws on failure.
+class tensor_device {
+public:
+  virtual ~tensor_device() = default;
+  /// `n` bytes at `from` (on device `device`) into host memory at `to`.
+  virtual void to_host(void* to, const void* from, std::size_t n, int device) = 0;
+  /// `bytes` of memory on device `device`, freed with the pointer.
+  virtual std::shared_ptr<void> allocate(std::size_t bytes, int device) = 0;
+  /// `n` bytes from `from` (any device) to `to` (memory of allocate() on `to_device`).
+  virtual void device_to_device(void* to, int to_device, const void* from, std::size_t n) = 0;
 };
 
 struct external_options {
@@ -46,6 +73,12 @@ struct external_options {
   bool allow_nonfinite = false;
   unsigned copy_threads = 2; ///< threads copying one push
   std::string who = "trainer rank 0"; ///< names the source in messages
+  /// Reads device tensors; nullptr: only host tensors are taken.
+  std::shared_ptr<tensor_device> device;
+  /// The device a version pushed from a device is also copied to (the one
+  /// the trainer packs on); nullopt: no device copies.
+  std::optional<int> device_copy_on;
+  std::size_t device_copies = 2; ///< device copies alive at most
 };
 
 class external_source final : public weight_source {
@@ -57,7 +90,8 @@ public:
   snapshot_ptr advance() override;
 
   /// Checks `tensors` (every held tensor exactly once, nothing else; the
-  /// model's shapes; the configured dtype; finite unless allowed) and that
+  /// model's shapes; the configured dtype; finite unless allowed; all in
+  /// host memory or all on devices, and devices only with a tensor_device) and that
   /// `version` exceeds every version pushed before, copies them and queues
   /// the version. Throws std::invalid_argument naming the tensor (or the
   /// version) at fault, allocation_error when the copy does not fit; nothing
@@ -67,6 +101,9 @@ public:
   /// The newest version pushed (published or queued); 0 before the first.
   std::uint64_t last_pushed() const;
   dtype type() const { return options_.type; }
+  /// Why the last push from a device has no device copy; empty when it has
+  /// one (or was pushed from the host). For the caller to log.
+  std::string device_copy_problem() const;
 
 private:
   external_options options_;
@@ -77,10 +114,15 @@ private:
   std::uint64_t held_bytes_ = 0; // every push copies exactly this much
   /// A buffer of held_bytes_: a spare, or fresh memory asking for huge pages.
   std::shared_ptr<std::uint8_t> buffer_for(const std::string& what);
+  /// The device copy of `inputs` (in specs_ order), or nullptr (and
+  /// device_copy_problem_ says why).
+  std::shared_ptr<const device_resident> device_copy_of(const std::vector<const tensor_input*>& inputs);
+  std::shared_ptr<std::atomic<std::size_t>> device_copies_alive_ = std::make_shared<std::atomic<std::size_t>>(0);
   std::mutex push_mutex_;          // one push at a time
   mutable std::mutex mutex_;       // guards pending_, last_pushed_
   snapshot_ptr pending_;
   std::uint64_t last_pushed_ = 0;
+  std::string device_copy_problem_;
 };
 
 /// The dtype external ranks publish and engines record their plans in: the
@@ -88,7 +130,11 @@ private:
 dtype external_weights_dtype(const topology& t);
 
 /// The source of external rank `rank` of `t` (its layers, the model, the
-/// dtype above). Throws std::out_of_range for a rank the topology lacks.
-std::shared_ptr<external_source> make_external_source(const topology& t, std::size_t rank, bool allow_nonfinite);
+/// dtype above), reading device tensors with `device` (nullptr: host
+/// tensors only), and keeping device copies on device 0 when the topology's
+/// backend serves from the device (nccl, cuda_ipc: the device the rank's
+/// only link packs on). Throws std::out_of_range for a rank the topology lacks.
+std::shared_ptr<external_source> make_external_source(const topology& t, std::size_t rank, bool allow_nonfinite,
+                                                      std::shared_ptr<tensor_device> device = nullptr);
 
 } // namespace rlsync::transfer

@@ -177,7 +177,8 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_bytes(std::uint64_t
 std::shared_ptr<const weight_snapshot> weight_snapshot::from_buffer(std::uint64_t version, const model_config& c,
                                                                     std::vector<tensor_spec> specs,
                                                                     std::shared_ptr<const std::uint8_t> storage,
-                                                                    std::uint64_t size) {
+                                                                    std::uint64_t size,
+                                                                    std::shared_ptr<const device_resident> on_device) {
   std::vector<tensor_view> views;
   std::uint64_t offset = 0;
   for (auto& s : specs) {
@@ -200,6 +201,11 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_buffer(std::uint64_
   s->config_ = c;
   s->storage_ = std::move(storage);
   s->index(std::move(views));
+  if (on_device)
+    for (const auto& t : s->tensors_)
+      if (!on_device->tensors.count(t.name))
+        throw std::invalid_argument("weight snapshot: tensor '" + t.name + "' is missing from the device copy");
+  s->on_device_ = std::move(on_device);
   return s;
 }
 

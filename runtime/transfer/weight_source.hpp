@@ -56,6 +56,18 @@ struct topology;
 
 namespace rlsync::transfer {
 
+/// A version's tensors already in device memory, copied there when the
+/// version was pushed from the device (a PyTorch trainer publishing CUDA
+/// tensors): the trainer's device path packs from this copy instead of
+/// uploading the host bytes (gpu::device_snapshot adopts it).
+struct device_resident {
+  int device = 0;                    ///< the CUDA device holding `memory`
+  std::shared_ptr<const void> memory; ///< owns every pointer below
+  std::uint64_t bytes = 0;
+  /// Each held tensor's device pointer, by name; aligned to 256 bytes.
+  std::unordered_map<std::string, const void*> tensors;
+};
+
 /// One version of the weights a source holds: immutable, shared by pointer.
 class weight_snapshot {
 public:
@@ -66,11 +78,13 @@ public:
                                                            std::vector<tensor_spec> specs,
                                                            std::vector<std::uint8_t> storage);
   /// As from_bytes, over `size` bytes at `storage` that the snapshot keeps
-  /// alive (memory that was never zero-filled: one pass fewer over the bytes).
+  /// alive (memory that was never zero-filled: one pass fewer over the bytes),
+  /// with the same bytes' device copy when there is one.
   static std::shared_ptr<const weight_snapshot> from_buffer(std::uint64_t version, const model_config& c,
                                                             std::vector<tensor_spec> specs,
                                                             std::shared_ptr<const std::uint8_t> storage,
-                                                            std::uint64_t size);
+                                                            std::uint64_t size,
+                                                            std::shared_ptr<const device_resident> on_device = nullptr);
   /// Views into a checkpoint read into memory (kept alive by the snapshot), restricted
   /// to the tensors `held` says are held.
   static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
@@ -91,6 +105,9 @@ public:
   const std::vector<tensor_view>& group(std::uint32_t g) const;
   std::uint64_t group_bytes(std::uint32_t g) const;
   std::uint64_t total_bytes() const { return total_bytes_; }
+  /// The same bytes in device memory, when the version was pushed from a
+  /// device; nullptr otherwise.
+  const std::shared_ptr<const device_resident>& on_device() const { return on_device_; }
 
 private:
   weight_snapshot() = default;
@@ -104,6 +121,7 @@ private:
   std::vector<std::uint32_t> held_;
   std::uint64_t total_bytes_ = 0;
   std::shared_ptr<const void> storage_; // owns what the views point into
+  std::shared_ptr<const device_resident> on_device_;
 };
 
 using snapshot_ptr = std::shared_ptr<const weight_snapshot>;

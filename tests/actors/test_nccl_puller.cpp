@@ -10,6 +10,7 @@
 #include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
+#include "tests/support/fake_tensor_device.hpp"
 #include "tests/support/scripted_trainer.hpp"
 #include "tests/support/threaded_system.hpp"
 #include "tests/support/whole_group_pulls.hpp"
@@ -790,18 +791,30 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a device-packed group that chang
   }
 }
 
+namespace {
+
+/// A rank's device that cannot allocate (out of memory), packing in host
+/// memory otherwise; counts both.
+struct full_device final : gpu::pack_device {
+  std::shared_ptr<gpu::pack_device> host = gpu::host_pack_device();
+  std::atomic<int> allocations{0};
+  std::atomic<int> packs{0};
+  int ordinal() const override { return 0; }
+  std::shared_ptr<void> allocate(std::size_t) override {
+    ++allocations;
+    throw gpu::gpu_error("cudaMalloc: out of memory");
+  }
+  void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
+  void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override {
+    ++packs;
+    host->pack(l, s, out);
+  }
+  void concat(const std::vector<piece>& pieces, void* out) override { host->concat(pieces, out); }
+};
+
+} // namespace
+
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version the rank's device cannot hold is packed on the CPU") {
-  struct full_device final : gpu::pack_device {
-    std::shared_ptr<gpu::pack_device> host = gpu::host_pack_device();
-    int allocations = 0;
-    std::shared_ptr<void> allocate(std::size_t) override {
-      ++allocations;
-      throw gpu::gpu_error("cudaMalloc: out of memory");
-    }
-    void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
-    void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override { host->pack(l, s, out); }
-    void concat(const std::vector<piece>& pieces, void* out) override { host->concat(pieces, out); }
-  };
   auto full = std::make_shared<full_device>();
   trainer_config c;
   auto own = test::small_source(model, 4);
@@ -832,4 +845,42 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version the rank's device cann
   CHECK(logs->said.front().find("could not be copied to the device (cudaMalloc: out of memory): its groups are "
                                 "packed on the CPU")
         != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version pushed from the rank's device is packed from that copy") {
+  // A PyTorch rank publishing CUDA tensors: the push copies them to host
+  // memory and to a device copy on the rank's device, which the trainer
+  // packs from as it is. Its pack device could not hold an upload: every
+  // group still goes the device way, with no allocation.
+  auto full = std::make_shared<full_device>();
+  auto tensors = std::make_shared<test::fake_tensor_device>();
+  transfer::external_options o;
+  o.config = model;
+  o.type = dtype::bf16;
+  o.device = tensors;
+  o.device_copy_on = 0;
+  auto pushed = std::make_shared<transfer::external_source>(o);
+  auto reference = test::small_source(model, 4);
+  auto v1 = reference->produce_next();
+  std::vector<transfer::tensor_input> inputs;
+  for (const auto& t : v1->tensors())
+    inputs.push_back({t.name, t.type, t.shape, t.data, t.size, 0});
+  pushed->push(1, inputs);
+  CHECK(tensors->device_copies == static_cast<int>(inputs.size()));
+  trainer_config c;
+  c.source = pushed;
+  c.step_time = 1h;
+  c.nccl = desk;
+  c.nccl_pack_device = full;
+  auto rank = spawn_trainer(sys, std::move(c));
+  to_stop.push_back(caf::actor_cast<caf::actor>(rank));
+  open_sender(layout);
+  REQUIRE(test::step_trainer(sys, rank) == 1);
+  nccl_puller puller(sys, asking(rank), model, links());
+  test::test_engine e("rollout-0", model, 2, puller);
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 2));
+  CHECK(full->allocations == 0);
+  CHECK(full->packs > 0);
+  CHECK(tensors->allocations == 1);
 }

@@ -9,6 +9,7 @@
 #include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/packing.hpp"
 
+#include "tests/support/fake_tensor_device.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
@@ -96,4 +97,46 @@ TEST_CASE("device pack: whole tensors of the copy concatenated as they lie on th
   // Each tensor of the copy starts aligned, whatever the sizes before it.
   for (const auto* source : copy.sources())
     CHECK((static_cast<const std::uint8_t*>(source) - static_cast<const std::uint8_t*>(copy.sources().front())) % 256 == 0);
+}
+
+TEST_CASE("device pack: a version pushed from the pack device's own device is adopted, not uploaded") {
+  model_config c = test::small_model(2);
+  auto reference = test::small_source(c)->produce_next();
+  std::vector<transfer::tensor_input> inputs;
+  for (const auto& t : reference->tensors())
+    inputs.push_back({t.name, t.type, t.shape, t.data, t.size, 0});
+  auto pushed_on = [&](int copy_on) {
+    transfer::external_options o;
+    o.config = c;
+    o.type = dtype::bf16;
+    o.device = std::make_shared<test::fake_tensor_device>();
+    o.device_copy_on = copy_on;
+    transfer::external_source source(o);
+    source.push(1, inputs);
+    return source.advance();
+  };
+  auto device = gpu::host_pack_device(); // ordinal 0
+  auto same = pushed_on(0);
+  gpu::device_snapshot adopted(*same, *device);
+  CHECK(adopted.adopted());
+  CHECK(adopted.bytes() == same->on_device()->bytes);
+  auto other = pushed_on(1); // a copy on another device than the pack's: uploaded from the host bytes
+  gpu::device_snapshot uploaded(*other, *device);
+  CHECK_FALSE(uploaded.adopted());
+  REQUIRE(adopted.sources().size() == same->tensors().size());
+  for (std::size_t i = 0; i < same->tensors().size(); ++i) {
+    CAPTURE(same->tensors()[i].name);
+    CHECK(adopted.sources()[i] == same->on_device()->tensors.at(same->tensors()[i].name));
+    CHECK(uploaded.sources()[i] != other->on_device()->tensors.at(other->tensors()[i].name));
+  }
+  // Both pack every worker's group to the same bytes.
+  plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, 2, 1, dtype::bf16)));
+  for (auto g : same->groups()) {
+    CAPTURE(g);
+    const auto layout = gpu::layout_group(p, g, *same);
+    std::vector<std::uint8_t> a(layout.bytes + transfer::checksum_trailer_bytes), b(a.size());
+    device->pack(layout, adopted.sources(), a.data());
+    device->pack(layout, uploaded.sources(), b.data());
+    CHECK(a == b);
+  }
 }

@@ -13,6 +13,9 @@
 #include "tests/gpu/view_cases.hpp"
 #include "tests/support/engine_fixtures.hpp"
 #include "runtime/engine/recording.hpp"
+#include "runtime/transfer/bucket.hpp"
+#include "runtime/transfer/external_source.hpp"
+#include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <cmath>
@@ -173,6 +176,47 @@ void check_device_pack() {
   }
 }
 
+// A PyTorch rank publishing CUDA tensors: the push reads them from device
+// memory into host memory and into a device copy, which the trainer's pack
+// device adopts; both give the host path's bytes.
+void check_device_push() {
+  const model_config c = test::tiny_config();
+  const auto source = test::make_source(c, dtype::bf16, 5);
+  std::vector<gpu::device_buffer> tensors;
+  std::vector<transfer::tensor_input> inputs;
+  for (const auto& spec : source.specs) {
+    tensors.push_back(to_device(source.bytes.at(spec.name)));
+    inputs.push_back({spec.name, spec.type, spec.shape, tensors.back().data(), spec.bytes(), 0});
+  }
+  transfer::external_options o;
+  o.config = c;
+  o.type = dtype::bf16;
+  o.device = gpu::cuda_tensor_device();
+  o.device_copy_on = 0;
+  transfer::external_source pushed(o);
+  pushed.push(1, inputs);
+  auto s = pushed.advance();
+  bool host_same = true;
+  for (const auto& t : s->tensors())
+    host_same = host_same && std::memcmp(t.data, source.bytes.at(t.name).data(), t.size) == 0;
+  report(host_same, "CUDA tensors pushed: their host bytes");
+  auto on_gpu = gpu::cuda_pack_device();
+  gpu::device_snapshot adopted(*s, *on_gpu);
+  report(adopted.adopted(), "CUDA tensors pushed: the trainer's device copy is the push's, adopted");
+  bool same = true;
+  plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, 2, 1, dtype::bf16)));
+  for (auto g : s->groups()) { // against the CPU pack of the host bytes (the host pack device would adopt the copy too)
+    const auto layout = gpu::layout_group(p, g, *s);
+    std::vector<std::uint8_t> expect(layout.bytes + transfer::checksum_trailer_bytes);
+    transfer::pack_group(p, g, *s, expect.data());
+    transfer::write_checksum_trailer(gpu::mixsum64(expect.data(), layout.bytes), expect.data() + layout.bytes);
+    gpu::device_buffer out(expect.size());
+    on_gpu->pack(layout, adopted.sources(), out.data());
+    same = same && to_host<std::uint8_t>(out, expect.size()) == expect;
+  }
+  report(same, "CUDA tensors pushed: worker 1 of tp 2 packed from the adopted copy");
+}
+
 // Greedy generation on one engine_core: `before` tokens, then (when
 // `next` is given) pause(keep, clear_cache), load `next`, resume, and the
 // rest: the seed documents' correctness check, with the products on the GPU.
@@ -262,6 +306,7 @@ int main() {
     check_quantize();
     check_mixsum();
     check_device_pack();
+    check_device_push();
     check_engine();
   } catch (const std::exception& e) {
     report(false, std::string("threw: ") + e.what());

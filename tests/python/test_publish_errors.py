@@ -90,6 +90,20 @@ with cluster.Cluster(rlsync_bin, ranks=["0-1", "2-3"]) as c:
         expect(ValueError, "only CPU and CUDA tensors can be published",
                lambda: rank.publish(1, dict(mine, **{name: torch.empty(128, 64, dtype=torch.bfloat16,
                                                                         device="meta")})))
+        # A CUDA tensor on a machine without CUDA: the wait for its device
+        # to finish writing it fails, naming the tensor and the device.
+
+        class OnCuda:
+            def __init__(self, t):
+                self.t, self.device, self.dtype, self.shape, self.layout = (
+                    t, torch.device("cuda:0"), t.dtype, t.shape, t.layout)
+
+            def __getattr__(self, attr):
+                return getattr(self.t, attr)
+
+        if not torch.cuda.is_available():
+            expect(RuntimeError, f"tensor '{name}': waiting for cuda:0 to finish writing it failed",
+                   lambda: rank.publish(1, dict(mine, **{name: OnCuda(mine[name])})))
         assert rank.last_published == 0, rank.last_published
         rank.publish(1, mine)  # nothing above was kept: version 1 is still free
         expect(ValueError, "version 1: must exceed the last version published (1)", lambda: rank.publish(1, mine))

@@ -5,6 +5,7 @@
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/external_source.hpp"
 
+#include "tests/support/fake_tensor_device.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
@@ -199,4 +200,163 @@ TEST_CASE("external source: versions only grow, and NaN is refused unless allowe
   o.allow_nonfinite = true;
   external_source lenient(o);
   CHECK(refusal(lenient, 1, sd.inputs) == "");
+}
+
+namespace {
+
+/// `sd` as tensors on CUDA device `device` (the fake's "device" memory is
+/// the host's).
+std::vector<tensor_input> on_device(state_dict& sd, int device) {
+  auto inputs = sd.inputs;
+  for (auto& t : inputs)
+    t.device = device;
+  return inputs;
+}
+
+external_options device_options(const model_config& c, std::shared_ptr<test::fake_tensor_device> device,
+                                std::optional<int> copy_on) {
+  auto o = options_for(c);
+  o.device = std::move(device);
+  o.device_copy_on = copy_on;
+  return o;
+}
+
+} // namespace
+
+TEST_CASE("external source: tensors pushed from a device are copied to the host, and to a device copy when kept") {
+  auto c = small_model(3);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  external_source source(device_options(c, device, 0));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  source.push(1, on_device(sd, 1));
+  for (auto& b : sd.storage) // the trainer goes on: neither copy changes
+    std::memset(b.data(), 0x3d, b.size());
+  auto v1 = source.advance();
+  REQUIRE(bool(v1));
+  CHECK(device->to_host_calls >= static_cast<int>(sd.inputs.size()));
+  CHECK(std::all_of(device->read_from.begin(), device->read_from.end(), [](int d) { return d == 1; }));
+  const auto& copy = v1->on_device();
+  REQUIRE(bool(copy));
+  CHECK(copy->device == 0); // the device the trainer packs on, not the tensors'
+  CHECK(device->allocated_on == 0);
+  CHECK(device->device_copies == static_cast<int>(sd.inputs.size()));
+  const auto* base = static_cast<const std::uint8_t*>(copy->memory.get());
+  for (const auto& t : v1->tensors()) {
+    INFO(t.name);
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
+    const auto* on = static_cast<const std::uint8_t*>(copy->tensors.at(t.name));
+    CHECK((on - base) % 256 == 0); // the pack kernels read whole, aligned elements
+    CHECK(static_cast<std::uint64_t>(on - base) + t.size <= copy->bytes);
+    CHECK(std::vector<std::uint8_t>(on, on + t.size) == std::vector<std::uint8_t>(t.size, 0x3c));
+  }
+  CHECK(source.device_copy_problem().empty());
+}
+
+TEST_CASE("external source: without a backend that serves from the device, a device push makes no device copy") {
+  auto c = small_model(2);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  external_source source(device_options(c, device, std::nullopt));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  source.push(1, on_device(sd, 0));
+  auto v1 = source.advance();
+  REQUIRE(bool(v1));
+  CHECK(!v1->on_device());
+  CHECK(device->allocations == 0);
+  CHECK(device->to_host_calls >= static_cast<int>(sd.inputs.size()));
+  for (const auto& t : v1->tensors())
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
+}
+
+TEST_CASE("external source: device copies are bounded, and a version held longer keeps its slot") {
+  auto c = small_model(2);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  auto o = device_options(c, device, 0);
+  o.keep_versions = 2;
+  external_source source(o);
+  state_dict sd(c, dtype::bf16, 0x3c);
+  source.push(1, on_device(sd, 0));
+  source.advance();
+  source.push(2, on_device(sd, 0));
+  source.advance();
+  CHECK(device->live == 2);
+  auto in_flight = source.find(1); // a round still moves version 1
+  // Versions 1 and 2 are held: version 3 is served from its host bytes.
+  source.push(3, on_device(sd, 0));
+  CHECK(source.device_copy_problem().find("2 device copies are alive") != std::string::npos);
+  CHECK(!source.advance()->on_device()); // the source drops version 1; the round still holds it
+  CHECK(device->live == 2);
+  source.push(4, on_device(sd, 0));
+  CHECK(!source.device_copy_problem().empty());
+  in_flight.reset(); // the round ended: version 1's copy is freed
+  CHECK(device->live == 1);
+  source.advance(); // drops version 2
+  CHECK(device->live == 0);
+  source.push(5, on_device(sd, 0));
+  CHECK(source.device_copy_problem().empty());
+  CHECK(bool(source.advance()->on_device()));
+  CHECK(device->live == 1);
+}
+
+TEST_CASE("external source: a device copy that fails leaves the version served from its host bytes") {
+  auto c = small_model(2);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  external_source source(device_options(c, device, 0));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  device->fail_allocate = true;
+  source.push(1, on_device(sd, 0));
+  CHECK(source.device_copy_problem().find("cuda:0 could not hold a copy") != std::string::npos);
+  CHECK(source.device_copy_problem().find("out of memory") != std::string::npos);
+  auto v1 = source.advance();
+  REQUIRE(bool(v1));
+  CHECK(!v1->on_device());
+  device->fail_allocate = false;
+  device->fail_copy = true;
+  source.push(2, on_device(sd, 0));
+  CHECK(source.device_copy_problem().find("copying to cuda:0 failed: cudaMemcpy") != std::string::npos);
+  CHECK(device->live == 0); // the failed copy's memory is freed at once
+  CHECK(!source.advance()->on_device());
+  // Neither failure kept a slot: the next two versions get their copies.
+  device->fail_copy = false;
+  source.push(3, on_device(sd, 0));
+  CHECK(bool(source.advance()->on_device()));
+  source.push(4, on_device(sd, 0));
+  CHECK(bool(source.advance()->on_device()));
+  CHECK(source.device_copy_problem().empty());
+}
+
+TEST_CASE("external source: device tensors without a device, and host and device mixed, are refused") {
+  auto c = small_model(2);
+  state_dict sd(c, dtype::bf16, 0x3c);
+  {
+    external_source host_only(options_for(c));
+    auto why = refusal(host_only, 1, on_device(sd, 0));
+    CHECK(why.find("tensor 'model.embed_tokens.weight': on cuda:0, and trainer rank 1 reads host tensors only")
+          != std::string::npos);
+    CHECK(host_only.last_pushed() == 0);
+  }
+  auto device = std::make_shared<test::fake_tensor_device>();
+  external_source source(device_options(c, device, 0));
+  auto mixed = on_device(sd, 0);
+  mixed.back().device = -1;
+  auto why = refusal(source, 1, mixed);
+  CHECK(why.find("is in host memory, tensor 'model.embed_tokens.weight' on cuda:0: publish every tensor from the host "
+                 "or every tensor from the device")
+        != std::string::npos);
+  CHECK(device->allocations == 0);
+  CHECK(source.last_pushed() == 0);
+  CHECK(!source.advance());
+}
+
+TEST_CASE("external source: NaN in a device tensor is refused before any device copy is made") {
+  auto c = small_model(2);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  external_source source(device_options(c, device, 0));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  auto& t = sd.at("model.norm.weight");
+  std::uint16_t nan = 0x7fc0;
+  std::memcpy(const_cast<void*>(t.data), &nan, sizeof nan);
+  auto why = refusal(source, 1, on_device(sd, 0));
+  CHECK(why.find("model.norm.weight") != std::string::npos);
+  CHECK(device->allocations == 0);
+  CHECK(!source.advance());
 }

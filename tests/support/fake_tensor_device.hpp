@@ -1,0 +1,60 @@
+#pragma once
+// A transfer::tensor_device over host memory: "device" pointers are host
+// pointers, every copy a memcpy. Counts what external_source asked of it and
+// fails on request, so the device push is tested on the CPU.
+#include "runtime/transfer/external_source.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+namespace rlsync::test {
+
+class fake_tensor_device final : public transfer::tensor_device {
+public:
+  std::atomic<int> to_host_calls{0};
+  std::atomic<int> device_copies{0}; ///< device_to_device calls
+  std::atomic<int> allocations{0};
+  std::atomic<int> live{0}; ///< allocations not freed yet
+  std::vector<int> read_from; ///< the device of each to_host call
+  int allocated_on = -1;      ///< the device of the last allocation
+  bool fail_allocate = false;
+  bool fail_copy = false;
+
+  void to_host(void* to, const void* from, std::size_t n, int device) override {
+    ++to_host_calls;
+    record(device);
+    std::memcpy(to, from, n);
+  }
+  std::shared_ptr<void> allocate(std::size_t bytes, int device) override {
+    if (fail_allocate)
+      throw std::runtime_error("cudaMalloc: out of memory");
+    ++allocations;
+    ++live;
+    allocated_on = device;
+    return {std::malloc(bytes), [this](void* p) {
+              --live;
+              std::free(p);
+            }};
+  }
+  void device_to_device(void* to, int, const void* from, std::size_t n) override {
+    if (fail_copy)
+      throw std::runtime_error("cudaMemcpy: an illegal memory access");
+    ++device_copies;
+    std::memcpy(to, from, n);
+  }
+
+private:
+  std::mutex mutex_;
+  void record(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    read_from.push_back(device);
+  }
+};
+
+} // namespace rlsync::test
