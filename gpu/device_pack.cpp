@@ -120,6 +120,7 @@ namespace {
 
 class cuda_tensors final : public transfer::tensor_device {
 public:
+  std::shared_ptr<void> pin_host(void* p, std::size_t n) override { return register_host(p, n); }
   void to_host(void* to, const void* from, std::size_t n, int device) override {
     device_guard on(device);
     copy(to, from, n, copy_kind::device_to_host);

@@ -173,6 +173,11 @@ device_buffer::device_buffer(std::size_t bytes) {
   adopt(p, bytes);
 }
 
+std::shared_ptr<void> register_host(void* p, std::size_t bytes) {
+  check(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister(" + std::to_string(bytes) + " bytes)");
+  return {p, [](void* q) { cudaHostUnregister(q); }};
+}
+
 pinned_buffer::pinned_buffer(std::size_t bytes) {
   void* p = nullptr;
   if (bytes > 0)

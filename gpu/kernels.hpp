@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -88,6 +89,12 @@ public:
   pinned_buffer() = default;
   explicit pinned_buffer(std::size_t bytes); ///< throws gpu_error
 };
+
+/// Page-locks `bytes` of host memory the caller owns at `p`
+/// (cudaHostRegister), so device-to-host copies into it run at full speed;
+/// unlocked when the returned pointer is dropped, which must happen before
+/// the memory is freed. Throws gpu_error.
+std::shared_ptr<void> register_host(void* p, std::size_t bytes);
 
 /// Makes `device` the calling thread's current CUDA device for its
 /// lifetime and restores the one before: the nccl plane's links run on

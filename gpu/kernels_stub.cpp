@@ -14,6 +14,7 @@ void close_ipc::operator()(void*) const noexcept {}
 
 device_buffer::device_buffer(std::size_t) { unavailable(); }
 pinned_buffer::pinned_buffer(std::size_t) { unavailable(); }
+std::shared_ptr<void> register_host(void*, std::size_t) { unavailable(); }
 
 device_guard::device_guard(int) { unavailable(); }
 device_guard::device_guard(int, std::nothrow_t) noexcept {}

@@ -33,47 +33,55 @@ constexpr std::uint64_t huge_page_bytes = std::uint64_t{2} << 20;
 
 } // namespace
 
-struct external_source::spare_buffers {
-  std::mutex mutex;
-  std::vector<std::uint8_t*> free; ///< at most max_spares, each of the held tensors' size
-  static constexpr std::size_t max_spares = 2;
-  ~spare_buffers() {
-    for (auto* p : free)
-      std::free(p);
+struct external_source::host_buffer {
+  std::uint8_t* data = nullptr;
+  std::uint64_t bytes = 0;      ///< allocated: held_bytes_ rounded up to huge pages
+  std::shared_ptr<void> pinned; ///< the page lock; dropped before the memory is freed
+  host_buffer(std::uint8_t* d, std::uint64_t n) : data(d), bytes(n) {}
+  ~host_buffer() {
+    pinned.reset();
+    std::free(data);
   }
+  host_buffer(const host_buffer&) = delete;
+  host_buffer& operator=(const host_buffer&) = delete;
 };
 
-std::shared_ptr<std::uint8_t> external_source::buffer_for(const std::string& what) {
+struct external_source::spare_buffers {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<host_buffer>> free; ///< at most max_spares
+  static constexpr std::size_t max_spares = 2;
+};
+
+std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const std::string& what) {
   const std::uint64_t bytes = held_bytes_;
-  std::uint8_t* memory = nullptr;
+  std::unique_ptr<host_buffer> buffer;
   {
     std::lock_guard<std::mutex> lock(spares_->mutex);
     if (!spares_->free.empty()) {
-      memory = spares_->free.back();
+      buffer = std::move(spares_->free.back());
       spares_->free.pop_back();
     }
   }
-  if (!memory) {
+  if (!buffer) {
     const std::uint64_t rounded = (std::max<std::uint64_t>(bytes, 1) + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-    memory = allocating(what, rounded, [&] {
+    auto* memory = allocating(what, rounded, [&] {
       void* p = std::aligned_alloc(static_cast<std::size_t>(huge_page_bytes), static_cast<std::size_t>(rounded));
       if (!p)
         throw std::bad_alloc();
       ::madvise(p, static_cast<std::size_t>(rounded), MADV_HUGEPAGE); // a hint: without THP, plain pages
       return static_cast<std::uint8_t*>(p);
     });
+    buffer = std::make_unique<host_buffer>(memory, rounded);
   }
   // Back to the spares when the version is dropped, while this source lives.
   std::weak_ptr<spare_buffers> spares = spares_;
-  return std::shared_ptr<std::uint8_t>(memory, [spares](std::uint8_t* p) {
+  return std::shared_ptr<host_buffer>(buffer.release(), [spares](host_buffer* p) {
+    std::unique_ptr<host_buffer> owned(p);
     if (auto s = spares.lock()) {
       std::lock_guard<std::mutex> lock(s->mutex);
-      if (s->free.size() < spare_buffers::max_spares) {
-        s->free.push_back(p);
-        return;
-      }
+      if (s->free.size() < spare_buffers::max_spares)
+        s->free.push_back(std::move(owned));
     }
-    std::free(p);
   });
 }
 
@@ -189,7 +197,15 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   }
   // The one copy, into a dropped version's buffer or fresh memory never
   // zero-filled (its page faults are paid inside the copy, on both threads).
-  std::shared_ptr<std::uint8_t> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
+  std::shared_ptr<host_buffer> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
+  const bool from_device = !inputs.empty() && inputs.front()->device >= 0;
+  if (from_device && !buffer->pinned) {
+    try {
+      buffer->pinned = options_.device->pin_host(buffer->data, static_cast<std::size_t>(buffer->bytes));
+    } catch (const std::exception&) {
+      // A memlock limit: the copies still work from pageable memory, slower.
+    }
+  }
   struct piece {
     std::size_t input;
     std::uint64_t from, bytes;
@@ -203,7 +219,7 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   std::vector<std::optional<nonfinite_element>> nonfinite(pieces.size());
   parallel_for(pieces.size(), std::max(1u, options_.copy_threads), [&](std::size_t k) {
     const piece& p = pieces[k];
-    auto* to = buffer.get() + offsets[p.input] + p.from;
+    auto* to = buffer->data + offsets[p.input] + p.from;
     const auto* from = static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from;
     if (inputs[p.input]->device >= 0)
       options_.device->to_host(to, from, static_cast<std::size_t>(p.bytes), inputs[p.input]->device);
@@ -222,9 +238,10 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
       throw std::invalid_argument(nonfinite_message(inputs[pieces[k].input]->name, *nonfinite[k]) + " (version "
                                   + std::to_string(version) + ")");
   std::shared_ptr<const device_resident> on_device;
-  if (!inputs.empty() && inputs.front()->device >= 0 && options_.device_copy_on)
+  if (from_device && options_.device_copy_on)
     on_device = device_copy_of(inputs);
-  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(buffer), total, std::move(on_device));
+  std::shared_ptr<const std::uint8_t> storage(buffer, buffer->data);
+  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, std::move(on_device));
   std::lock_guard<std::mutex> lock(mutex_);
   pending_ = std::move(snapshot); // a newer version supersedes one not yet published
   last_pushed_ = version;

@@ -17,7 +17,9 @@
 //
 // Tensors on a CUDA device (tensor_input::device) are copied to the
 // version's host buffer by the tensor_device, device to host, one copy
-// (what the UCX and local planes and every checksum read); and, when the
+// (what the UCX and local planes and every checksum read; the buffer is
+// page-locked at its first such push and stays so while it is reused, so
+// the copy runs at the link's speed); and, when the
 // source keeps device copies (transfer.backend nccl or cuda_ipc), also
 // device to device into a copy the snapshot carries (on_device()), from
 // which the trainer packs and serves without uploading the host bytes
@@ -56,6 +58,9 @@ struct tensor_input {
 class tensor_device {
 public:
   virtual ~tensor_device() = default;
+  /// Page-locks `n` bytes of host memory at `p` for to_host's copies, until
+  /// the pointer returned is dropped (before the memory is freed).
+  virtual std::shared_ptr<void> pin_host(void* p, std::size_t n) = 0;
   /// `n` bytes at `from` (on device `device`) into host memory at `to`.
   virtual void to_host(void* to, const void* from, std::size_t n, int device) = 0;
   /// `bytes` of memory on device `device`, freed with the pointer.
@@ -109,11 +114,12 @@ private:
   external_options options_;
   std::vector<tensor_spec> specs_; // held, parameter order
   std::set<std::string> parameter_names_; // every parameter of the model
-  struct spare_buffers; // freed versions' memory, for the next push
+  struct host_buffer;   // a version's memory, page-locked once a device push used it
+  struct spare_buffers; // freed versions' buffers, for the next push
   std::shared_ptr<spare_buffers> spares_;
   std::uint64_t held_bytes_ = 0; // every push copies exactly this much
   /// A buffer of held_bytes_: a spare, or fresh memory asking for huge pages.
-  std::shared_ptr<std::uint8_t> buffer_for(const std::string& what);
+  std::shared_ptr<host_buffer> buffer_for(const std::string& what);
   /// The device copy of `inputs` (in specs_ order), or nullptr (and
   /// device_copy_problem_ says why).
   std::shared_ptr<const device_resident> device_copy_of(const std::vector<const tensor_input*>& inputs);

@@ -1,6 +1,6 @@
 #pragma once
 // A transfer::tensor_device over host memory: "device" pointers are host
-// pointers, every copy a memcpy. Counts what external_source asked of it and
+// pointers, every copy a memcpy, a page lock a count. Counts what external_source asked of it and
 // fails on request, so the device push is tested on the CPU.
 #include "runtime/transfer/external_source.hpp"
 
@@ -26,6 +26,17 @@ public:
   bool fail_allocate = false;
   bool fail_copy = false;
 
+  std::atomic<int> pins{0};
+  std::atomic<int> pinned{0}; ///< pins not dropped yet
+  bool fail_pin = false;
+
+  std::shared_ptr<void> pin_host(void* p, std::size_t) override {
+    if (fail_pin)
+      throw std::runtime_error("cudaHostRegister: out of memory (a memlock limit)");
+    ++pins;
+    ++pinned;
+    return {p, [this](void*) { --pinned; }};
+  }
   void to_host(void* to, const void* from, std::size_t n, int device) override {
     ++to_host_calls;
     record(device);

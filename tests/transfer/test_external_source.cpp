@@ -360,3 +360,34 @@ TEST_CASE("external source: NaN in a device tensor is refused before any device 
   CHECK(device->allocations == 0);
   CHECK(!source.advance());
 }
+
+TEST_CASE("external source: a device push page-locks its host buffer once, and reuses it locked") {
+  auto c = small_model(2);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  {
+    auto o = device_options(c, device, std::nullopt);
+    o.keep_versions = 1;
+    external_source source(o);
+    state_dict sd(c, dtype::bf16, 0x3c);
+    source.push(1, sd.inputs); // from the host: nothing to lock for
+    source.advance();
+    CHECK(device->pins == 0);
+    for (std::uint64_t v = 2; v <= 8; ++v) {
+      source.push(v, on_device(sd, 0));
+      source.advance();
+    }
+    // One version held and one pushed at a time: the buffers go round
+    // through the spares, each locked at its first device push.
+    CHECK(device->pins >= 1);
+    CHECK(device->pins <= 3);
+    CHECK(device->pinned == device->pins);
+  }
+  CHECK(device->pinned == 0); // every lock dropped with its buffer
+  device->fail_pin = true; // a memlock limit: the push still works, unlocked
+  external_source fresh(device_options(c, device, std::nullopt));
+  state_dict other(c, dtype::bf16, 0x3d);
+  fresh.push(1, on_device(other, 0));
+  for (const auto& t : fresh.advance()->tensors())
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3d));
+  CHECK(device->pinned == 0);
+}
