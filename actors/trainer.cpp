@@ -440,15 +440,30 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   }
   gpu::nccl_sender::collective c;
   c.buckets = answer.buckets.size();
-  c.pack = [s, groups = s->groups()](std::size_t i, std::vector<std::uint8_t>& out) {
-    out.clear(); // keeps its capacity: the two buffers are reused bucket after bucket
-    out.reserve(static_cast<std::size_t>(s->group_bytes(groups[i])) + transfer::checksum_trailer_bytes);
-    for (const auto& t : s->group(groups[i])) {
-      auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
-      out.insert(out.end(), p, p + t.size);
-    }
-    transfer::append_checksum(out);
-  };
+  if (auto copy = st.cfg.nccl_pack_device ? device_copy(self, *s, *st.cfg.nccl_pack_device) : nullptr) {
+    // From the rank's device copy: each group's tensors copied into the
+    // staging device to device on the sender's thread, then the XXH64 of
+    // their host bytes (taken in place there), as the CPU pack appends it.
+    for (const auto bytes : answer.bytes)
+      c.fill_bytes.push_back(static_cast<std::size_t>(bytes));
+    c.fill = [s, copy, groups = s->groups(), device = st.cfg.nccl_pack_device](std::size_t i, void* staging) {
+      auto [pieces, bucket] = device_group(*s, groups[i], *copy);
+      device->concat(pieces, staging);
+      std::uint8_t trailer[transfer::checksum_trailer_bytes];
+      transfer::write_checksum_trailer(bucket.checksum, trailer);
+      device->upload(static_cast<std::uint8_t*>(staging) + s->group_bytes(groups[i]), trailer, sizeof trailer);
+    };
+  } else {
+    c.pack = [s, groups = s->groups()](std::size_t i, std::vector<std::uint8_t>& out) {
+      out.clear(); // keeps its capacity: the two buffers are reused bucket after bucket
+      out.reserve(static_cast<std::size_t>(s->group_bytes(groups[i])) + transfer::checksum_trailer_bytes);
+      for (const auto& t : s->group(groups[i])) {
+        auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+        out.insert(out.end(), p, p + t.size);
+      }
+      transfer::append_checksum(out);
+    };
+  }
   // The members' waits bound the broadcast's; never longer than a phase may last.
   c.deadline = gpu::clock::now() + std::chrono::milliseconds(std::min<std::uint32_t>(req.wait_ms, 600'000));
   c.what = "version " + std::to_string(req.version) + " broadcast to epoch " + std::to_string(layout.epoch)

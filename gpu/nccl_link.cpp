@@ -94,6 +94,13 @@ public:
       copy(staging_.data(), host, n, copy_kind::host_to_device);
     comm_->enqueue_broadcast(staging_.data(), n, root);
   }
+  void broadcast_filled(const std::function<void(void*)>& fill, std::size_t n) override {
+    check_range(0, n, capacity(), "nccl broadcast");
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_guard on(device_);
+    fill(staging_.data()); // finished when it returns, as send_filled's
+    comm_->enqueue_broadcast(staging_.data(), n, rank_);
+  }
   void read(std::uint8_t* host, std::size_t n) override {
     check_range(0, n, capacity(), "nccl read");
     std::lock_guard<std::mutex> lock(mutex_);

@@ -49,6 +49,9 @@ public:
   /// into staging first); the others pass nullptr and read() once it polled
   /// done. Throws as send.
   virtual void broadcast(const std::uint8_t* host, std::size_t n, int root) = 0;
+  /// The root's broadcast (this rank's) with the staging filled where it
+  /// lies by `fill`, as send_filled. Throws as broadcast, and what `fill` throws.
+  virtual void broadcast_filled(const std::function<void(void* staging)>& fill, std::size_t n) = 0;
   /// Copies the last receive's (or broadcast's) first `n` bytes to host
   /// memory, once it polled done. Throws gpu_error or std::out_of_range.
   virtual void read(std::uint8_t* host, std::size_t n) = 0;

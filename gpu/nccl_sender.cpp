@@ -46,8 +46,14 @@ std::string nccl_sender::submit(collective c) {
   if (auto why = failure(); !why.empty())
     return "the communicator of epoch " + std::to_string(layout_.epoch) + " failed (" + why
            + "): it is rebuilt at the next sync boundary";
-  if (c.buckets == 0 || !c.pack)
+  if (c.buckets == 0 || (!c.pack && !c.fill))
     return "nothing to broadcast";
+  if (c.fill && c.fill_bytes.size() != c.buckets)
+    return "a filled broadcast needs the size of each of its " + std::to_string(c.buckets) + " buckets";
+  for (std::size_t i = 0; c.fill && i < c.buckets; ++i)
+    if (c.fill_bytes[i] > capacity_)
+      return "bucket " + std::to_string(i) + " of " + std::to_string(c.fill_bytes[i]) + " bytes exceeds the staging's "
+             + std::to_string(capacity_);
   if (!queue_.try_push(std::move(c)))
     return "the send queue is full or closed";
   return {};
@@ -127,6 +133,10 @@ void nccl_sender::send_one(const job& j) {
 // packed into the other. (The link's one device staging takes bucket i + 1
 // only once bucket i's broadcast polled done.)
 void nccl_sender::broadcast_all(const collective& c) {
+  if (c.fill) {
+    broadcast_filled(c);
+    return;
+  }
   std::vector<std::uint8_t> on_wire, next;
   auto pack = [&](std::size_t i) {
     try {
@@ -150,6 +160,24 @@ void nccl_sender::broadcast_all(const collective& c) {
     }
     if (i + 1 < c.buckets && !pack(i + 1))
       return; // the link is aborted: every member's wait ends
+    auto done = wait_for(*link_, c.deadline, what, hooks_);
+    if (!done.ok()) {
+      fail(done.why);
+      return;
+    }
+    ++broadcast_;
+  }
+}
+
+void nccl_sender::broadcast_filled(const collective& c) {
+  for (std::size_t i = 0; i < c.buckets; ++i) {
+    const auto what = c.what + ", bucket " + std::to_string(i) + " of " + std::to_string(c.buckets);
+    try {
+      link_->broadcast_filled([&](void* staging) { c.fill(i, staging); }, c.fill_bytes[i]);
+    } catch (const std::exception& e) {
+      fail(what + ": " + e.what());
+      return;
+    }
     auto done = wait_for(*link_, c.deadline, what, hooks_);
     if (!done.ok()) {
       fail(done.why);

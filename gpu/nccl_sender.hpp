@@ -4,7 +4,8 @@
 // asked (NCCL's non-blocking mode takes an operation only once the last
 // polled done), each against the deadline its puller gave. It also runs
 // the collective baseline: one version broadcast bucket by bucket to every
-// member, packing bucket i + 1 while bucket i is on the wire.
+// member, packing bucket i + 1 while bucket i is on the wire (or, from the
+// device, filling each bucket into the staging in turn).
 //
 //   submit ─▶ [queue, bounded] ─▶ thread: init done? ─▶ expired? drop ─▶ send ─▶ wait_for(deadline)
 //                                          │ failed, past the deadline, a member dead,
@@ -52,6 +53,12 @@ public:
     std::function<void(std::size_t i, std::vector<std::uint8_t>& out)> pack;
     clock::time_point deadline; ///< when the members stop waiting
     std::string what;           ///< "version 3 to every member"
+    /// Instead of pack: bucket i is `fill_bytes[i]` bytes written into the
+    /// link's staging by `fill` (from the rank's device copy). Device to
+    /// device copies are fast enough that one staging serves: bucket i + 1
+    /// is filled once bucket i polled done.
+    std::function<void(std::size_t i, void* staging)> fill;
+    std::vector<std::size_t> fill_bytes;
   };
 
   /// Serves `link` (must not be null) from a thread of its own; at most
@@ -90,6 +97,7 @@ private:
   void run();
   void send_one(const job& j);
   void broadcast_all(const collective& c);
+  void broadcast_filled(const collective& c);
   clock::time_point now() const;
   void fail(const std::string& why);
 

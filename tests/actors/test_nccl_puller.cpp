@@ -428,6 +428,37 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: the trainer rank takes only a fitting pla
   CHECK(error.find("plan 0000000000000007 of engine 'rollout-0' worker 1 is not registered") != std::string::npos);
 }
 
+namespace {
+
+/// A rank's device in host memory that counts what it is asked, and whose
+/// allocations fail (out of memory) when `full`.
+struct counting_device final : gpu::pack_device {
+  explicit counting_device(bool full_) : full(full_) {}
+  std::shared_ptr<gpu::pack_device> host = gpu::host_pack_device();
+  const bool full;
+  std::atomic<int> allocations{0};
+  std::atomic<int> packs{0};
+  std::atomic<int> concats{0};
+  int ordinal() const override { return 0; }
+  std::shared_ptr<void> allocate(std::size_t n) override {
+    ++allocations;
+    if (full)
+      throw gpu::gpu_error("cudaMalloc: out of memory");
+    return host->allocate(n);
+  }
+  void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
+  void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override {
+    ++packs;
+    host->pack(l, s, out);
+  }
+  void concat(const std::vector<piece>& pieces, void* out) override {
+    ++concats;
+    host->concat(pieces, out);
+  }
+};
+
+} // namespace
+
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's broadcast of each group") {
   auto sender = open_sender(layout);
   nccl_puller puller(sys, asking(trainer), model, links(), std::nullopt, {}, true);
@@ -455,6 +486,31 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's
   CHECK(again.got[0] == expected(last));
   CHECK(counted(*sender, &gpu::nccl_sender::sent, plan::group_count(model)));
   CHECK(sender->broadcast() == 2 * plan::group_count(model));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the rank's device copy, bucket by bucket") {
+  auto device = std::make_shared<counting_device>(false);
+  trainer_config c;
+  auto own = test::small_source(model, 4);
+  c.source = own;
+  c.step_time = 1h;
+  c.nccl = desk;
+  c.nccl_join_window = 300ms;
+  c.nccl_pack_device = device;
+  auto rank = spawn_trainer(sys, std::move(c));
+  to_stop.push_back(caf::actor_cast<caf::actor>(rank));
+  auto sender = open_sender(layout);
+  nccl_puller puller(sys, asking(rank), model, links(), std::nullopt, {}, true);
+  const auto v = test::step_trainer(sys, rank);
+  recording_sink rec;
+  transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+  REQUIRE(rec.got.size() == 2);
+  CHECK(rec.got[0] == test::tensors_of(*own, v));
+  CHECK(rec.got[1] == test::tensors_of(*own, v));
+  CHECK(counted(*sender, &gpu::nccl_sender::broadcast, plan::group_count(model)));
+  CHECK(sender->sent() == 0);
+  CHECK(device->allocations == 1); // the version's copy, made once
+  CHECK(device->concats == static_cast<int>(plan::group_count(model)));
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, a worker alone in its round pulls point to point after the window") {
@@ -791,31 +847,8 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a device-packed group that chang
   }
 }
 
-namespace {
-
-/// A rank's device that cannot allocate (out of memory), packing in host
-/// memory otherwise; counts both.
-struct full_device final : gpu::pack_device {
-  std::shared_ptr<gpu::pack_device> host = gpu::host_pack_device();
-  std::atomic<int> allocations{0};
-  std::atomic<int> packs{0};
-  int ordinal() const override { return 0; }
-  std::shared_ptr<void> allocate(std::size_t) override {
-    ++allocations;
-    throw gpu::gpu_error("cudaMalloc: out of memory");
-  }
-  void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
-  void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override {
-    ++packs;
-    host->pack(l, s, out);
-  }
-  void concat(const std::vector<piece>& pieces, void* out) override { host->concat(pieces, out); }
-};
-
-} // namespace
-
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version the rank's device cannot hold is packed on the CPU") {
-  auto full = std::make_shared<full_device>();
+  auto full = std::make_shared<counting_device>(true);
   trainer_config c;
   auto own = test::small_source(model, 4);
   c.source = own;
@@ -852,7 +885,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version pushed from the rank's
   // memory and to a device copy on the rank's device, which the trainer
   // packs from as it is. Its pack device could not hold an upload: every
   // group still goes the device way, with no allocation.
-  auto full = std::make_shared<full_device>();
+  auto full = std::make_shared<counting_device>(true);
   auto tensors = std::make_shared<test::fake_tensor_device>();
   transfer::external_options o;
   o.config = model;

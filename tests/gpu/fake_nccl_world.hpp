@@ -8,6 +8,7 @@
 // deadlines, as on a real communicator; a size or root mismatch fails every
 // side as NCCL's errors do. Thread-safe: members run on threads of their
 // own.
+#include "gpu/ipc_memory.hpp"
 #include "gpu/nccl_link.hpp"
 
 #include <deque>
@@ -89,6 +90,14 @@ public:
       if (root == rank_)
         o->bytes.assign(host, host + n);
       world_->join_broadcast(layout_, rank_, root, broadcasts_++, o);
+    }
+    void broadcast_filled(const std::function<void(void*)>& fill, std::size_t n) override {
+      gpu::check_range(0, n, capacity_, "nccl broadcast");
+      std::vector<std::uint8_t> staging(n); // host memory plays the device's (host_pack_device)
+      fill(staging.data());
+      auto o = begin(true, n);
+      o->bytes = std::move(staging);
+      world_->join_broadcast(layout_, rank_, rank_, broadcasts_++, o);
     }
     void read(std::uint8_t* host, std::size_t n) override {
       std::lock_guard<std::mutex> lock(world_->mutex_);

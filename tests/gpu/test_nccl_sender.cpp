@@ -8,7 +8,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 #include <stdexcept>
@@ -242,6 +244,48 @@ TEST_CASE("nccl sender: a collective reaches every member bucket by bucket, the 
   CHECK(eventually([&] { return sender.broadcast() == 3; }));
   CHECK(sender.failure().empty());
   CHECK(events == std::vector<std::string>{"pack 0", "pack 1", "pack 2"});
+  CHECK(world->open_broadcasts() == 0);
+}
+
+TEST_CASE("nccl sender: a filled collective writes each bucket into the staging in turn") {
+  auto world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8);
+  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
+  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
+  const std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> buckets = {bytes_of(100, 1), bytes_of(1024, 5),
+                                                                                 bytes_of(7, 9)};
+  std::atomic<int> fills{0};
+  gpu::nccl_sender::collective c;
+  c.buckets = buckets.size();
+  for (const auto& b : buckets)
+    c.fill_bytes.push_back(b->size());
+  c.fill = [&](std::size_t i, void* staging) {
+    ++fills;
+    std::memcpy(staging, buckets[i]->data(), buckets[i]->size());
+  };
+  c.deadline = gpu::clock::now() + 5s;
+  c.what = "a version";
+  // Sizes that do not match the buckets, or exceed the staging, are refused before anything moves.
+  auto wrong = c;
+  wrong.fill_bytes.pop_back();
+  CHECK(sender.submit(wrong).find("needs the size of each of its 3 buckets") != std::string::npos);
+  wrong = c;
+  wrong.fill_bytes[1] = 1025;
+  CHECK(sender.submit(wrong).find("bucket 1 of 1025 bytes exceeds the staging's 1024") != std::string::npos);
+  REQUIRE(sender.submit(std::move(c)).empty());
+  std::vector<std::vector<std::uint8_t>> got1;
+  std::thread other([&] {
+    for (const auto& b : buckets)
+      got1.push_back(join_broadcast(*w1, b->size()));
+  });
+  for (const auto& b : buckets)
+    CHECK(join_broadcast(*w0, b->size()) == *b);
+  other.join();
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    CHECK(got1[i] == *buckets[i]);
+  CHECK(eventually([&] { return sender.broadcast() == 3; }));
+  CHECK(fills == 3);
+  CHECK(sender.failure().empty());
   CHECK(world->open_broadcasts() == 0);
 }
 
