@@ -1,0 +1,199 @@
+// The transfer section (with the nccl and cuda_ipc backends' own checks),
+// sync and workload.
+#include "runtime/config/topology_reader.hpp"
+
+#include "runtime/config/build_features.hpp"
+
+namespace rlsync::topology_reading {
+
+// Parameters of the model's largest group (groups.hpp: one transformer
+// block; the first also holds the embeddings, the last the final norm and
+// the LM head unless tied), and which group that is.
+std::pair<std::int64_t, std::int64_t> largest_group_parameters(const model_config& c) {
+  const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim(),
+                     kv = c.num_key_value_heads * c.head_dim();
+  const std::int64_t attention = 2 * h + 2 * q * h + 2 * kv * h + (c.qk_norm() ? 2 * c.head_dim() : 0);
+  auto block = [&](std::int64_t l) {
+    return attention
+           + (c.sparse_layer(l) ? c.num_experts * h * (1 + 3 * c.moe_intermediate_size) : 3 * h * c.intermediate_size);
+  };
+  const std::int64_t last = c.num_hidden_layers - 1;
+  if (last == 0)
+    return {0, block(0) + c.vocab_size * h + h + (c.tie_word_embeddings ? 0 : c.vocab_size * h)};
+  std::pair<std::int64_t, std::int64_t> best{0, block(0) + c.vocab_size * h};
+  for (std::int64_t l = 1; l <= last; ++l) {
+    const std::int64_t g = block(l) + (l == last ? h + (c.tie_word_embeddings ? 0 : c.vocab_size * h) : 0);
+    if (g > best.second)
+      best = {l, g};
+  }
+  return best;
+}
+
+// cuda_ipc: engines in other processes map the trainer's exported device
+// buffer (ipc_puller.hpp), which needs CUDA in this build, one host, and
+// whole groups (it does not pack shards on the device yet). The device
+// itself is checked at start-up, where it is used.
+void reader::check_cuda_ipc(const map_reader& r) {
+  if (!cuda_compiled_in()) {
+    r.error("backend", "'cuda_ipc' needs rlsync built with CUDA, and this build has none (nvcc was not found "
+                       "when it was configured); use local or ucx");
+    return;
+  }
+  for (const auto& n : t.nodes)
+    if (n.address != t.nodes.front().address) {
+      r.error("backend", "'cuda_ipc' maps the trainer's GPU memory into the engines' processes, so every node "
+                         "runs on one host: node '" + n.name + "' is at " + n.address + ", node '"
+                           + t.nodes.front().name + "' at " + t.nodes.front().address + "; use ucx across hosts");
+      return;
+    }
+  if (t.transfer.mode != transfer_mode::broadcast)
+    r.error("backend", "'cuda_ipc' moves whole groups, which every engine worker slices itself: set "
+                       "transfer.mode: broadcast (sharded pulls over cuda_ipc need packing on the device, not "
+                       "built yet)");
+}
+
+// nccl: each engine worker in another process than a trainer rank is a
+// member of the coordinator's communicator and receives its groups point
+// to point (nccl_puller.hpp: whole in broadcast mode, its plan's entries
+// packed by the rank in sharded mode); it needs CUDA and NCCL in this
+// build and rlsync's own engines (a vLLM server's GPUs are not the node's).
+// The device itself is checked at start-up.
+void reader::check_nccl(const map_reader& r) {
+  if (!cuda_compiled_in() || !nccl_compiled_in()) {
+    r.error("backend", std::string("'nccl' needs rlsync built with CUDA and NCCL, and this build has ")
+                         + (cuda_compiled_in() ? "no NCCL (nccl.h or libnccl was not found" : "no CUDA (nvcc was not found")
+                         + " when it was configured); use local or ucx");
+    return;
+  }
+  std::int64_t members = static_cast<std::int64_t>(t.trainer.ranks.size()); // each term bounded: no overflow
+  for (const auto& e : t.engines) {
+    if (e.kind == engine_kind::vllm) {
+      r.error("backend", "'nccl' delivers into rlsync's own engines, and engine '" + e.name
+                           + "' is a vLLM server, whose GPUs this node does not hold; use ucx");
+      return;
+    }
+    members += e.tp;
+  }
+  if (members > topology_limits::max_nccl_members)
+    r.error("backend", "'nccl' puts every trainer rank and engine worker in one communicator, at most "
+                         + std::to_string(topology_limits::max_nccl_members) + " members; this topology has "
+                         + std::to_string(members));
+}
+
+void reader::read_transfer(const map_reader& root) {
+  auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports",
+                                 "packed_budget_bytes", "collective"});
+  auto& tr = t.transfer;
+  const bool backend_read = r.read_choice("backend", tr.backend, backend_choices);
+  r.read_choice("mode", tr.mode, mode_choices);
+  if (r.has("collective") && r.read("collective", tr.collective) && tr.collective) {
+    if (tr.backend != transfer_backend::nccl || tr.mode != transfer_mode::broadcast)
+      r.error("collective", "a collective broadcast runs over NCCL and sends whole groups: it needs backend: nccl "
+                            "and mode: broadcast");
+    else if (t.trainer.ranks.size() != 1)
+      r.error("collective", "a collective broadcast has one root: it needs one trainer rank, this topology has "
+                              + std::to_string(t.trainer.ranks.size()));
+  }
+  if (backend_read && tr.backend == transfer_backend::nccl)
+    check_nccl(r);
+  if (backend_read && tr.backend == transfer_backend::cuda_ipc)
+    check_cuda_ipc(r);
+  const std::int64_t default_bucket = transfer_spec{}.bucket_bytes;
+  if (r.read_size("bucket_bytes", tr.bucket_bytes, positive()) && tr.bucket_bytes != default_bucket)
+    r.error("bucket_bytes", "only the default " + human_size(default_bucket)
+                              + " is accepted for now: every data plane moves one whole parameter group "
+                                "(a transformer block) per message or buffer and does not cut it into "
+                                "buckets yet; got "
+                              + std::to_string(tr.bucket_bytes)
+                              + (human_size(tr.bucket_bytes).empty() ? "" : " (" + human_size(tr.bucket_bytes) + ")"));
+  r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight));
+  if (auto items = r.list("ucx_transports")) {
+    for (auto& item : *items) {
+      auto v = read_choice(d, item.node, item.node.Mark(), item.path, ucx_transport_choices);
+      if (!v)
+        continue;
+      if (std::find(tr.ucx_transports.begin(), tr.ucx_transports.end(), *v) != tr.ucx_transports.end())
+        d.add(item.node.Mark(), item.path, "'" + item.node.Scalar() + "' is listed twice");
+      else
+        tr.ucx_transports.push_back(*v);
+    }
+  }
+  // The producer packs one whole group at a time: a budget below the
+  // largest group one consumer needs could never be met. Sharded, a
+  // worker's share of a group is at least 1/tp of it (every element goes to
+  // some worker); broadcast sends it whole. A checkpoint's dtype is not
+  // known yet: its smallest possible element (2 bytes) gives the bound.
+  if (r.read_size("packed_budget_bytes", tr.packed_budget_bytes, non_negative()) && tr.packed_budget_bytes > 0
+      && model_ok && !t.engines.empty()) {
+    const auto [group, parameters] = largest_group_parameters(t.model.config);
+    const std::int64_t element = t.model.weights_dtype ? static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype)) : 2;
+    std::int64_t tp = 0; // the engine whose share is largest: the smallest tp
+    for (const auto& e : t.engines)
+      tp = tp == 0 ? e.tp : std::min(tp, e.tp);
+    if (tr.mode == transfer_mode::broadcast)
+      tp = 1;
+    const std::int64_t needed = (parameters + tp - 1) / tp * element;
+    if (tr.packed_budget_bytes < needed)
+      r.error("packed_budget_bytes",
+              std::to_string(tr.packed_budget_bytes) + " bytes is less than one packed group: group "
+                + std::to_string(group) + " of the model is " + std::to_string(parameters * element) + " bytes"
+                + (t.model.weights_dtype ? "" : " (at 2 bytes a parameter)")
+                + (tp > 1 ? ", of which a worker of tp " + std::to_string(tp) + " needs at least "
+                              + std::to_string(needed)
+                          : std::string(tr.mode == transfer_mode::broadcast ? ", sent whole in broadcast" : ""))
+                + "; the producer packs whole groups, so give at least " + std::to_string(needed)
+                + " (or 0 for the default)");
+  }
+}
+
+void reader::read_sync(const map_reader& root) {
+  auto r = root.map("sync", {"every_versions", "staleness", "wave_size", "deadlines_ms", "pause",
+                             "min_live_engines", "max_restarts"});
+  auto& s = t.sync;
+  bool every_ok = r.read("every_versions", s.every_versions, between(1, max_version_count)) || !r.has("every_versions");
+  bool staleness_ok = r.read("staleness", s.staleness, between(0, max_version_count)) || !r.has("staleness");
+  // Between rounds engines trail the trainer by up to every_versions - 1:
+  // a smaller bound would hold every request back until the next round.
+  if (every_ok && staleness_ok && s.staleness < s.every_versions - 1)
+    r.error(r.has("staleness") ? "staleness" : "every_versions",
+            "staleness (" + std::to_string(s.staleness) + ") must be at least every_versions - 1 ("
+              + std::to_string(s.every_versions - 1) + "): engines sync every "
+              + std::to_string(s.every_versions) + " versions, so between rounds they trail the trainer by up to "
+              + std::to_string(s.every_versions - 1));
+  r.read("wave_size", s.wave_size, between(0, max_replicas));
+  auto pause = r.map("pause", {"mode", "clear_cache"});
+  pause.read_choice("mode", s.pause.mode, pause_mode_choices);
+  pause.read("clear_cache", s.pause.clear_cache);
+  auto dl = r.map("deadlines_ms", {"pause", "flush", "start", "transfer", "finish", "continue"});
+  const auto deadline = between(1, max_duration_ms);
+  dl.read_ms("pause", s.deadlines.pause, deadline);
+  dl.read_ms("flush", s.deadlines.flush, deadline);
+  dl.read_ms("start", s.deadlines.start, deadline);
+  dl.read_ms("transfer", s.deadlines.transfer, deadline);
+  dl.read_ms("finish", s.deadlines.finish, deadline);
+  dl.read_ms("continue", s.deadlines.resume, deadline);
+  // A round needing more live engines than exist could never complete.
+  if (r.read("min_live_engines", s.min_live_engines, between(1, max_replicas)) && engines_ok
+      && s.min_live_engines > static_cast<std::int64_t>(t.engines.size()))
+    r.error("min_live_engines", "must not exceed the number of engine replicas ("
+                                  + std::to_string(t.engines.size()) + "), got "
+                                  + std::to_string(s.min_live_engines));
+  r.read("max_restarts", s.max_restarts, between(0, max_restarts_limit));
+}
+
+void reader::read_workload(const map_reader& root) {
+  auto r = root.map("workload",
+                    {"prompts", "concurrency", "max_tokens", "temperature", "top_p", "seed", "request_deadline_ms"});
+  auto& w = t.workload;
+  r.read("prompts", w.prompts, between(0, max_prompts));
+  r.read("concurrency", w.concurrency, between(1, max_concurrency));
+  r.read("max_tokens", w.max_tokens, between(1, max_tokens));
+  if (r.read("temperature", w.temperature) && w.temperature < 0)
+    r.error("temperature", "must not be negative, got " + format_double(w.temperature));
+  if (r.read("top_p", w.top_p) && !(w.top_p > 0 && w.top_p <= 1))
+    r.error("top_p", "must be in (0, 1], got " + format_double(w.top_p));
+  r.read("seed", w.seed);
+  r.read_ms("request_deadline_ms", w.request_deadline, between(1, max_request_deadline_ms));
+}
+
+} // namespace rlsync::topology_reading
