@@ -1,6 +1,7 @@
 #include "actors/vllm_engine.hpp"
 
 #include "actors/fleet_metrics.hpp"
+#include "actors/vllm_server_calls.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/loader.hpp"
@@ -26,50 +27,11 @@ using self_ptr = vllm_engine_impl::stateful_pointer<vllm_engine_state>;
 using clock_type = std::chrono::steady_clock;
 using nlohmann::json;
 using ms = std::chrono::milliseconds;
-
-/// How to reach the server: address and bearer token.
-struct server_conn {
-  std::string host;
-  std::uint16_t port = 0;
-  std::string token;
-
-  http::client_response call(ms deadline, const std::string& method, const std::string& target,
-                             const std::string& body = {}) const {
-    if (deadline.count() <= 0)
-      throw http::client_error(method + " " + target + ": no time left before the phase's deadline");
-    http::client c(host, port, deadline);
-    if (!token.empty())
-      c.set_default_header("Authorization", "Bearer " + token);
-    http::client_request rq;
-    rq.method = method;
-    rq.target = target;
-    rq.body = body;
-    return c.send(rq);
-  }
-};
-
-bool ok_status(unsigned s) { return s >= 200 && s < 300; }
-
-/// "HTTP 500: <the envelope's message>", cut short (a server can send megabytes).
-std::string http_failure(const std::string& call, const http::client_response& r) {
-  std::string message;
-  auto j = json::parse(r.body, nullptr, false);
-  if (!j.is_discarded() && j.is_object()) {
-    if (auto e = j.find("error"); e != j.end()) {
-      if (e->is_string())
-        message = e->get<std::string>();
-      else if (e->is_object() && e->contains("message") && (*e)["message"].is_string())
-        message = (*e)["message"].get<std::string>();
-    } else if (auto d = j.find("detail"); d != j.end()) {
-      message = d->is_string() ? d->get<std::string>() : d->dump();
-    }
-  }
-  if (message.empty())
-    message = r.body;
-  if (message.size() > 300)
-    message = message.substr(0, 297) + "...";
-  return call + ": HTTP " + std::to_string(r.status) + (message.empty() ? "" : ": " + message);
-}
+using vllm_calls::http_failure;
+using vllm_calls::ok_status;
+using vllm_calls::run_health;
+using vllm_calls::run_stream;
+using vllm_calls::server_conn;
 
 /// SHA-256 of `size` bytes as lower-case hex.
 std::string sha256_hex(const void* data, std::size_t size) {
@@ -131,99 +93,6 @@ errc to_errc(transfer::transfer_failure f) {
     case transfer::transfer_failure::checksum_mismatch: return errc::checksum_mismatch;
     case transfer::transfer_failure::version_unavailable: return errc::version_gone;
     default: return errc::round_aborted;
-  }
-}
-
-/// A stream worker: POST /v1/completions, relays each chunk to the engine.
-void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn, std::uint64_t stream,
-                std::string body, std::shared_ptr<std::atomic<bool>> cancel,
-                std::shared_ptr<std::atomic<bool>> stopped, ms idle) {
-  auto send = [&](std::shared_ptr<vllm_stream_update> u) {
-    if (auto e = caf::actor_cast<vllm_engine_impl>(engine))
-      w->send(e, vllm_stream_atom::value, std::move(u));
-  };
-  std::string error;
-  try {
-    http::client c(conn.host, conn.port, idle);
-    if (!conn.token.empty())
-      c.set_default_header("Authorization", "Bearer " + conn.token);
-    http::client_request rq;
-    rq.method = "POST";
-    rq.target = "/v1/completions";
-    rq.body = std::move(body);
-    auto head = c.open_stream(rq);
-    if (head.status != 200)
-      throw std::runtime_error("POST /v1/completions: HTTP " + std::to_string(head.status));
-    bool finished = false, done = false;
-    while (!cancel->load() && !stopped->load()) {
-      auto event = c.next_event();
-      if (!event)
-        break;
-      if (*event == "[DONE]") {
-        done = true;
-        break;
-      }
-      auto chunk = vllm::parse_completion_chunk(*event);
-      if (chunk.usage_only)
-        continue;
-      if (finished)
-        throw std::runtime_error("a chunk after the choice finished");
-      auto u = std::make_shared<vllm_stream_update>();
-      u->stream = stream;
-      u->completion_id = chunk.id;
-      u->tokens = std::move(chunk.token_ids);
-      u->logprobs = std::move(chunk.logprobs);
-      u->top = std::move(chunk.top);
-      u->finish = chunk.finish;
-      if (chunk.weight_versions) {
-        u->spans.emplace();
-        for (auto& s : *chunk.weight_versions)
-          u->spans->push_back({s.label, {s.start, s.end}});
-      }
-      finished = chunk.finish.has_value();
-      send(std::move(u));
-    }
-    if (!cancel->load() && !finished)
-      error = done ? "the stream ended without a finish reason"
-                   : "the stream ended before the request finished (the server closed it or is gone)";
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  auto last = std::make_shared<vllm_stream_update>();
-  last->stream = stream;
-  last->error = cancel->load() ? std::string{} : error;
-  last->ended = true;
-  send(std::move(last));
-}
-
-/// The health poller: GET /health and GET /weight_info every interval.
-void run_health(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn, ms interval, ms timeout,
-                std::shared_ptr<std::atomic<bool>> stopped) {
-  while (!stopped->load()) {
-    auto r = std::make_shared<vllm_health_report>();
-    r->started = clock_type::now();
-    try {
-      auto h = conn.call(timeout, "GET", "/health");
-      if (h.status != 200) {
-        r->why = http_failure("GET /health", h);
-      } else {
-        r->healthy = true;
-        auto info = conn.call(timeout, "GET", "/weight_info");
-        auto j = json::parse(info.body, nullptr, false);
-        if (info.status == 200 && j.is_object() && j.contains("weight_version") && j["weight_version"].is_string())
-          r->label = j["weight_version"].get<std::string>().substr(0, max_name_bytes);
-      }
-    } catch (const std::exception& e) {
-      r->healthy = false;
-      r->why = e.what();
-    }
-    auto e = caf::actor_cast<vllm_engine_impl>(engine);
-    if (!e)
-      return;
-    w->send(e, vllm_health_atom::value, std::move(r));
-    e = nullptr;
-    for (auto until = clock_type::now() + interval; clock_type::now() < until && !stopped->load();)
-      std::this_thread::sleep_for(std::min<ms>(ms(20), interval));
   }
 }
 
