@@ -274,20 +274,43 @@ std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const tra
   }
 }
 
+/// Whether version `s` has a device copy on `device` without an upload:
+/// one made already, or the one it was pushed with (a PyTorch rank's CUDA
+/// tensors).
+bool device_copy_at_hand(self_ptr self, const transfer::weight_snapshot& s, const gpu::pack_device& device) {
+  const auto& copies = self->state.device_copies;
+  if (auto it = copies.find(s.version()); it != copies.end() && it->second.on == &device)
+    return true;
+  auto pushed = s.on_device();
+  return pushed && pushed->device == device.ordinal();
+}
+
+/// XXH64 of group `g`'s whole tensors, read in place from the host bytes.
+std::uint64_t group_checksum(const transfer::weight_snapshot& s, std::uint32_t g) {
+  checksum64_stream sum;
+  for (const auto& t : s.group(g))
+    sum.update(t.data, t.size);
+  return sum.digest();
+}
+
+/// Group `g`'s whole tensors in the device copy `copy` of `s`, in order.
+std::vector<gpu::pack_device::piece> device_pieces(const transfer::weight_snapshot& s, std::uint32_t g,
+                                                    const gpu::device_snapshot& copy) {
+  std::vector<gpu::pack_device::piece> pieces;
+  for (const auto& t : s.group(g)) {
+    const auto index = static_cast<std::size_t>(s.find(t.name) - s.tensors().data());
+    pieces.push_back({copy.sources().at(index), t.size});
+  }
+  return pieces;
+}
+
 /// Group `g` of `s` as pieces of its device copy `copy`, and its bucket
 /// without data: the layout, and the XXH64 of the host bytes taken in place.
 std::pair<std::vector<gpu::pack_device::piece>, weight_bucket>
 device_group(const transfer::weight_snapshot& s, std::uint32_t g, const gpu::device_snapshot& copy) {
-  std::vector<gpu::pack_device::piece> pieces;
-  checksum64_stream sum;
-  for (const auto& t : s.group(g)) {
-    const auto index = static_cast<std::size_t>(s.find(t.name) - s.tensors().data());
-    pieces.push_back({copy.sources().at(index), t.size});
-    sum.update(t.data, t.size);
-  }
   auto bucket = group_layout(s, g);
-  bucket.checksum = sum.digest();
-  return {std::move(pieces), std::move(bucket)};
+  bucket.checksum = group_checksum(s, g);
+  return {device_pieces(s, g, copy), std::move(bucket)};
 }
 
 /// Queues `job` (its bytes or its fill already set) to the worker `req`
@@ -440,17 +463,21 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   }
   gpu::nccl_sender::collective c;
   c.buckets = answer.buckets.size();
-  if (auto copy = st.cfg.nccl_pack_device ? device_copy(self, *s, *st.cfg.nccl_pack_device) : nullptr) {
-    // From the rank's device copy: each group's tensors copied into the
-    // staging device to device on the sender's thread, then the XXH64 of
-    // their host bytes (taken in place there), as the CPU pack appends it.
+  // From the rank's device copy when it has one at hand (an upload would
+  // stall this handler; the CPU pack overlaps the wire instead): each
+  // group's tensors copied into the staging device to device on the
+  // sender's thread, then the XXH64 of their host bytes, as the CPU pack
+  // appends it, taken while the bucket before is on the wire.
+  const auto& device = st.cfg.nccl_pack_device;
+  if (auto copy = device && device_copy_at_hand(self, *s, *device) ? device_copy(self, *s, *device) : nullptr) {
     for (const auto bytes : answer.bytes)
       c.fill_bytes.push_back(static_cast<std::size_t>(bytes));
-    c.fill = [s, copy, groups = s->groups(), device = st.cfg.nccl_pack_device](std::size_t i, void* staging) {
-      auto [pieces, bucket] = device_group(*s, groups[i], *copy);
-      device->concat(pieces, staging);
+    auto sums = std::make_shared<std::vector<std::uint64_t>>(c.buckets);
+    c.prepare = [s, sums, groups = s->groups()](std::size_t i) { (*sums)[i] = group_checksum(*s, groups[i]); };
+    c.fill = [s, copy, sums, groups = s->groups(), device](std::size_t i, void* staging) {
+      device->concat(device_pieces(*s, groups[i], *copy), staging);
       std::uint8_t trailer[transfer::checksum_trailer_bytes];
-      transfer::write_checksum_trailer(bucket.checksum, trailer);
+      transfer::write_checksum_trailer((*sums)[i], trailer);
       device->upload(static_cast<std::uint8_t*>(staging) + s->group_bytes(groups[i]), trailer, sizeof trailer);
     };
   } else {

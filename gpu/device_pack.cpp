@@ -145,7 +145,7 @@ std::uint64_t aligned(std::uint64_t n) { return (n + copy_alignment - 1) / copy_
 device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {
   if (const auto& resident = s.on_device(); resident && resident->device == device.ordinal()) {
     bytes_ = resident->bytes;
-    memory_ = resident->memory;
+    memory_ = std::shared_ptr<const void>(resident, resident->memory.get()); // holds the copy as its source does
     for (const auto& t : s.tensors())
       sources_.push_back(resident->tensors.at(t.name)); // every tensor: weight_snapshot checked
     adopted_ = true;

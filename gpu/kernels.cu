@@ -24,8 +24,13 @@ int blocks_for(std::int64_t n) {
 }
 
 void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess)
-    throw gpu_error(what + ": " + cudaGetErrorString(e));
+  if (e == cudaSuccess)
+    return;
+  // The runtime also keeps the error as the thread's last one, which
+  // PyTorch (sharing libcudart in a trainer's process) would read at its
+  // next launch check and raise for: an error rlsync handles is cleared.
+  cudaGetLastError();
+  throw gpu_error(what + ": " + cudaGetErrorString(e));
 }
 
 /// A launch's errors come back at launch (bad configuration) or at the
@@ -185,19 +190,26 @@ pinned_buffer::pinned_buffer(std::size_t bytes) {
   adopt(p, bytes);
 }
 
+// Restored only when changed: setting a device makes its context, and a
+// thread that never chose one reports device 0 without having made its.
 device_guard::device_guard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
-  restore_ = true;
-  if (device != previous_)
+  if (device != previous_) {
     check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    restore_ = true;
+  }
   ok_ = true;
 }
 
 device_guard::device_guard(int device, std::nothrow_t) noexcept {
   if (cudaGetDevice(&previous_) != cudaSuccess)
     return;
-  restore_ = true;
-  ok_ = device == previous_ || cudaSetDevice(device) == cudaSuccess;
+  if (device == previous_) {
+    ok_ = true;
+    return;
+  }
+  ok_ = cudaSetDevice(device) == cudaSuccess;
+  restore_ = ok_;
 }
 
 device_guard::~device_guard() {

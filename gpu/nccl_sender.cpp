@@ -170,6 +170,18 @@ void nccl_sender::broadcast_all(const collective& c) {
 }
 
 void nccl_sender::broadcast_filled(const collective& c) {
+  auto prepare = [&](std::size_t i) {
+    try {
+      if (c.prepare)
+        c.prepare(i);
+      return true;
+    } catch (const std::exception& e) {
+      fail(c.what + ": preparing bucket " + std::to_string(i) + ": " + e.what());
+      return false;
+    }
+  };
+  if (!prepare(0))
+    return;
   for (std::size_t i = 0; i < c.buckets; ++i) {
     const auto what = c.what + ", bucket " + std::to_string(i) + " of " + std::to_string(c.buckets);
     try {
@@ -178,6 +190,8 @@ void nccl_sender::broadcast_filled(const collective& c) {
       fail(what + ": " + e.what());
       return;
     }
+    if (i + 1 < c.buckets && !prepare(i + 1))
+      return; // the link is aborted: every member's wait ends
     auto done = wait_for(*link_, c.deadline, what, hooks_);
     if (!done.ok()) {
       fail(done.why);

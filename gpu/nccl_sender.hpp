@@ -54,11 +54,14 @@ public:
     clock::time_point deadline; ///< when the members stop waiting
     std::string what;           ///< "version 3 to every member"
     /// Instead of pack: bucket i is `fill_bytes[i]` bytes written into the
-    /// link's staging by `fill` (from the rank's device copy). Device to
-    /// device copies are fast enough that one staging serves: bucket i + 1
-    /// is filled once bucket i polled done.
+    /// link's staging by `fill` (from the rank's device copy): bucket i + 1
+    /// is filled once bucket i polled done (one staging). `prepare`, when
+    /// set, runs first for bucket 0, then for bucket i + 1 while bucket i is
+    /// on the wire: the work of a fill that needs no staging (a checksum).
+    /// What either throws fails the communicator.
     std::function<void(std::size_t i, void* staging)> fill;
     std::vector<std::size_t> fill_bytes;
+    std::function<void(std::size_t i)> prepare;
   };
 
   /// Serves `link` (must not be null) from a thread of its own; at most

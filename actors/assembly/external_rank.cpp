@@ -5,6 +5,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
+#include "gpu/device.hpp"
 #include "gpu/device_pack.hpp"
 
 #include <caf/actor_system.hpp>
@@ -28,7 +29,10 @@ external_rank::external_rank(const topology& t, std::uint32_t rank, external_ran
   node_ = t.trainer.ranks[rank].node;
   if (auto problem = cluster_layout_problem(t); !problem.empty())
     throw std::invalid_argument(t.source + ": " + problem);
-  source_ = transfer::make_external_source(t, rank, options_.allow_nonfinite, gpu::cuda_tensor_device());
+  // Without CUDA compiled in there is nothing to read device memory with:
+  // the caller stages CUDA tensors on the host first (reads_device()).
+  source_ = transfer::make_external_source(t, rank, options_.allow_nonfinite,
+                                           gpu::query_devices().compiled_with_cuda ? gpu::cuda_tensor_device() : nullptr);
   const std::string file = options_.secret_file.empty() ? t.cluster.secret_file : options_.secret_file;
   config_ = std::make_unique<system_config>();
   secret_ = read_cluster_secret(with_node_name(file, node_), t.cluster.secret_env); // throws naming the file

@@ -99,6 +99,9 @@ public:
   const std::string& node() const { return node_; }
   std::uint64_t last_published() const { return source_->last_pushed(); }
   const transfer::external_source& source() const { return *source_; }
+  /// Whether publish takes CUDA tensors as they are (a CUDA build); else
+  /// the caller copies them to host memory first.
+  bool reads_device_tensors() const { return source_->reads_device(); }
 
 private:
   void serve(); // the member-node loop, on serving_

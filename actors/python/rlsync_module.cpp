@@ -135,12 +135,23 @@ int cuda_index(const py::handle& tensor) {
   return index.is_none() ? 0 : index.cast<int>();
 }
 
-/// Waits for the work queued on `device`'s current stream (which wrote the
-/// tensors) to finish: rlsync copies them with cudaMemcpy, outside
-/// PyTorch's streams.
+/// A CUDA tensor copied to host memory by PyTorch (a blocking copy), for a
+/// build of rlsync without CUDA, which cannot read device memory itself.
+py::object on_host(const std::string& name, const py::handle& tensor) {
+  try {
+    return tensor.attr("to")("cpu");
+  } catch (const py::error_already_set& e) {
+    raise(PyExc_RuntimeError, "tensor '" + name + "': copying it from " + std::string(py::str(tensor.attr("device")))
+                                + " to host memory failed: " + e.what());
+  }
+}
+
+/// Waits for all work queued on `device` (on any stream: a sharded trainer
+/// writes on side streams too) to finish: rlsync copies the tensors with
+/// cudaMemcpy, outside PyTorch's streams.
 void finish_writes(int device, const std::string& first_tensor) {
   try {
-    py::module_::import("torch").attr("cuda").attr("current_stream")(device).attr("synchronize")();
+    py::module_::import("torch").attr("cuda").attr("synchronize")(device);
   } catch (const py::error_already_set& e) {
     raise(PyExc_RuntimeError, "tensor '" + first_tensor + "': waiting for cuda:" + std::to_string(device)
                                 + " to finish writing it failed: " + e.what());
@@ -279,6 +290,8 @@ public:
         raise(PyExc_TypeError, "publish: tensor names must be strings");
       const std::string name = pair[0].cast<std::string>();
       py::object tensor = py::reinterpret_borrow<py::object>(pair[1]);
+      if (on_cuda(tensor) && !r.reads_device_tensors())
+        tensor = on_host(name, tensor);
       inputs.push_back(input_of(name, tensor));
       alive.push_back(std::move(tensor));
     }
@@ -358,6 +371,7 @@ public:
   std::uint32_t rank() const { return rank_->rank(); }
   std::string node() const { return rank_->node(); }
   std::uint64_t last_published() const { return rank_->last_published(); }
+  bool reads_cuda_tensors() const { return rank_->reads_device_tensors(); }
   std::string dtype_name() const { return std::string(safetensors_name(rank_->source().type())); }
 
 private:
@@ -406,6 +420,9 @@ PYBIND11_MODULE(_rlsync, m) {
     .def_property_readonly("node", &trainer_rank_handle::node)
     .def_property_readonly("dtype", &trainer_rank_handle::dtype_name)
     .def_property_readonly("last_published", &trainer_rank_handle::last_published)
+    // True in a build with CUDA: CUDA tensors are read where they lie; else
+    // publish copies them to host memory with PyTorch first.
+    .def_property_readonly("reads_cuda_tensors", &trainer_rank_handle::reads_cuda_tensors)
     .def("__enter__", [](py::object self) { return self; })
     .def("__exit__", [](trainer_rank_handle& self, const py::object&, const py::object&, const py::object&) {
       self.close();

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <deque>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -176,12 +177,6 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (t.device >= 0 && !options_.device)
       throw std::invalid_argument(where + ": on cuda:" + std::to_string(t.device) + ", and " + who
                                   + " reads host tensors only (a build without CUDA)");
-    if (!inputs.empty() && (t.device >= 0) != (inputs.front()->device >= 0))
-      throw std::invalid_argument(where + (t.device >= 0 ? " is on cuda:" + std::to_string(t.device) : " is in host memory")
-                                  + ", tensor '" + inputs.front()->name
-                                  + (inputs.front()->device >= 0 ? "' on cuda:" + std::to_string(inputs.front()->device)
-                                                                 : "' in host memory")
-                                  + ": publish every tensor from the host or every tensor from the device");
     offsets.push_back(total);
     inputs.push_back(&t);
     total += spec.bytes(); // bounded: the model's parameter count was validated
@@ -195,17 +190,24 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     throw std::invalid_argument("missing tensor" + std::string(missing.size() > 1 ? "s " : " ") + list + " (held by "
                                 + who + ": layers " + ranges_of(held_groups()) + ")");
   }
-  // The one copy, into a dropped version's buffer or fresh memory never
-  // zero-filled (its page faults are paid inside the copy, on both threads).
-  std::shared_ptr<host_buffer> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
-  const bool from_device = !inputs.empty() && inputs.front()->device >= 0;
-  if (from_device && !buffer->pinned) {
-    try {
-      buffer->pinned = options_.device->pin_host(buffer->data, static_cast<std::size_t>(buffer->bytes));
-    } catch (const std::exception&) {
-      // A memlock limit: the copies still work from pageable memory, slower.
-    }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_copy_problem_.clear();
   }
+  const bool any_on_device =
+    std::any_of(inputs.begin(), inputs.end(), [](const tensor_input* t) { return t->device >= 0; });
+  const bool all_on_device =
+    any_on_device && std::all_of(inputs.begin(), inputs.end(), [](const tensor_input* t) { return t->device >= 0; });
+  // The device copy first, so that the host bytes are read from it: the
+  // trainer's tensors are read once, and what is checked is what is served.
+  std::shared_ptr<const device_resident> on_device;
+  if (all_on_device && options_.device_copy_on)
+    on_device = device_copy_of(inputs);
+  // The one host copy, into a dropped version's buffer or fresh memory never
+  // zero-filled (its page faults are paid inside the copy).
+  std::shared_ptr<host_buffer> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
+  if (any_on_device)
+    copy_from_device(inputs, offsets, on_device.get(), *buffer);
   struct piece {
     std::size_t input;
     std::uint64_t from, bytes;
@@ -214,17 +216,16 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   for (std::size_t i = 0; i < inputs.size(); ++i)
     for (std::uint64_t from = 0; from < inputs[i]->bytes; from += copy_piece_bytes)
       pieces.push_back({i, from, std::min(copy_piece_bytes, inputs[i]->bytes - from)});
-  // Each piece is checked for NaN and infinity right after it is copied,
-  // while it is in cache, on the copy: what is checked is what is served.
+  // Host tensors are copied here, on two threads, each piece checked for
+  // NaN and infinity right after it is copied, while it is in cache, on the
+  // copy: what is checked is what is served. Device tensors were copied
+  // above; only their check runs here.
   std::vector<std::optional<nonfinite_element>> nonfinite(pieces.size());
   parallel_for(pieces.size(), std::max(1u, options_.copy_threads), [&](std::size_t k) {
     const piece& p = pieces[k];
     auto* to = buffer->data + offsets[p.input] + p.from;
-    const auto* from = static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from;
-    if (inputs[p.input]->device >= 0)
-      options_.device->to_host(to, from, static_cast<std::size_t>(p.bytes), inputs[p.input]->device);
-    else
-      std::memcpy(to, from, static_cast<std::size_t>(p.bytes));
+    if (inputs[p.input]->device < 0)
+      std::memcpy(to, static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from, static_cast<std::size_t>(p.bytes));
     if (!options_.allow_nonfinite) {
       const auto element = dtype_size(inputs[p.input]->type);
       nonfinite[k] = first_nonfinite_element(inputs[p.input]->type, reinterpret_cast<const std::byte*>(to),
@@ -237,9 +238,11 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (nonfinite[k])
       throw std::invalid_argument(nonfinite_message(inputs[pieces[k].input]->name, *nonfinite[k]) + " (version "
                                   + std::to_string(version) + ")");
-  std::shared_ptr<const device_resident> on_device;
-  if (from_device && options_.device_copy_on)
-    on_device = device_copy_of(inputs);
+  if (on_device) { // kept: the newest device_copies versions' copies, the oldest dropped
+    while (device_copies_.size() >= std::max<std::size_t>(options_.device_copies, 1))
+      device_copies_.pop_front();
+    device_copies_.push_back(on_device);
+  }
   std::shared_ptr<const std::uint8_t> storage(buffer, buffer->data);
   auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, std::move(on_device));
   std::lock_guard<std::mutex> lock(mutex_);
@@ -247,23 +250,44 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   last_pushed_ = version;
 }
 
-std::shared_ptr<const device_resident> external_source::device_copy_of(const std::vector<const tensor_input*>& inputs) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    device_copy_problem_.clear();
+void external_source::copy_from_device(const std::vector<const tensor_input*>& inputs,
+                                       const std::vector<std::uint64_t>& offsets, const device_resident* from,
+                                       host_buffer& to) {
+  if (!to.pinned) {
+    try {
+      to.pinned = options_.device->pin_host(to.data, static_cast<std::size_t>(to.bytes));
+    } catch (const std::exception&) {
+      // A memlock limit: the copies still work from pageable memory, slower.
+    }
   }
+  // On the caller's thread, whose current device is the trainer's own: a
+  // fresh thread would make a context on device 0 (and the copies of one
+  // device's default stream run one at a time anyway).
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const tensor_input& t = *inputs[i];
+    if (t.device < 0)
+      continue;
+    const int device = from ? from->device : t.device;
+    try {
+      options_.device->to_host(to.data + offsets[i], from ? from->tensors.at(t.name) : t.data,
+                               static_cast<std::size_t>(t.bytes), device);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("tensor '" + t.name + "': copying it from cuda:" + std::to_string(device)
+                               + " to host memory failed: " + e.what());
+    }
+  }
+}
+
+std::shared_ptr<const device_resident> external_source::device_copy_of(const std::vector<const tensor_input*>& inputs) {
   auto refuse = [&](std::string why) {
     std::lock_guard<std::mutex> lock(mutex_);
     device_copy_problem_ = std::move(why);
     return nullptr;
   };
-  // Counted before the copy is made, released when its memory is freed: a
-  // version still pinned by a slow round keeps its slot.
-  auto alive = device_copies_alive_;
-  if (alive->fetch_add(1) >= options_.device_copies) {
-    alive->fetch_sub(1);
-    return refuse(std::to_string(options_.device_copies) + " device copies are alive (older versions still held)");
-  }
+  // The oldest copy kept goes first, so that at most device_copies are held
+  // while this one is made (a round that adopted it still holds it).
+  while (!device_copies_.empty() && device_copies_.size() >= std::max<std::size_t>(options_.device_copies, 1))
+    device_copies_.pop_front();
   constexpr std::uint64_t alignment = 256; // as cudaMalloc: the pack kernels read whole elements
   std::vector<std::uint64_t> at;
   std::uint64_t bytes = 0;
@@ -276,7 +300,6 @@ std::shared_ptr<const device_resident> external_source::device_copy_of(const std
   try {
     memory = options_.device->allocate(static_cast<std::size_t>(std::max<std::uint64_t>(bytes, 1)), device);
   } catch (const std::exception& e) {
-    alive->fetch_sub(1);
     return refuse("cuda:" + std::to_string(device) + " could not hold a copy of " + std::to_string(bytes)
                   + " bytes: " + e.what());
   }
@@ -284,10 +307,7 @@ std::shared_ptr<const device_resident> external_source::device_copy_of(const std
   resident->device = device;
   resident->bytes = bytes;
   auto* base = static_cast<std::uint8_t*>(memory.get());
-  resident->memory = std::shared_ptr<const void>(base, [memory = std::move(memory), alive](const void*) mutable {
-    memory.reset();
-    alive->fetch_sub(1);
-  });
+  resident->memory = std::move(memory);
   try {
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       options_.device->device_to_device(base + at[i], device, inputs[i]->data, static_cast<std::size_t>(inputs[i]->bytes));

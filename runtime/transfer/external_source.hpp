@@ -13,26 +13,27 @@
 // so the buffer of a version the source dropped is kept for the next push
 // (one spare, of the model's size); a fresh one asks for transparent huge
 // pages. Memory: the versions kept (keep_versions, the pinned one, the one
-// queued) and one spare.
+// queued) and one spare; on the device, `device_copies` copies (below).
 //
-// Tensors on a CUDA device (tensor_input::device) are copied to the
-// version's host buffer by the tensor_device, device to host, one copy
-// (what the UCX and local planes and every checksum read; the buffer is
-// page-locked at its first such push and stays so while it is reused, so
-// the copy runs at the link's speed); and, when the
-// source keeps device copies (transfer.backend nccl or cuda_ipc), also
-// device to device into a copy the snapshot carries (on_device()), from
-// which the trainer packs and serves without uploading the host bytes
-// again. At most `device_copies` such copies live at once; a version pushed
-// beyond that, or whose copy fails (out of device memory), has none, and the
-// trainer uploads it at its first pull as for a host push.
+// Tensors on a CUDA device (tensor_input::device) are copied by the
+// tensor_device. When the source keeps device copies (transfer.backend nccl
+// or cuda_ipc) and every tensor is on a device, they are first copied
+// device to device into a copy the snapshot points to (on_device()), from
+// which the trainer packs and serves without uploading the host bytes; the
+// host bytes are then copied from that copy, so both hold what one read of
+// the trainer's tensors saw. Otherwise they are copied device to host
+// straight. The host buffer is page-locked at its first device push and
+// stays so while it is reused. The source holds the newest `device_copies`
+// copies and drops the oldest as it makes a new one (a round that adopted
+// one keeps it alive); a snapshot whose copy was dropped, or failed (out of
+// device memory), is uploaded by the trainer at its first pull.
 //
 // Never blocks on a transfer: a round pins the version it moves (pin) and
 // keeps it alive through its pointer, whatever push does meanwhile.
 #include "runtime/transfer/weight_source.hpp"
 
-#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -83,7 +84,7 @@ struct external_options {
   /// The device a version pushed from a device is also copied to (the one
   /// the trainer packs on); nullopt: no device copies.
   std::optional<int> device_copy_on;
-  std::size_t device_copies = 2; ///< device copies alive at most
+  std::size_t device_copies = 2; ///< device copies the source holds (the newest versions')
 };
 
 class external_source final : public weight_source {
@@ -95,19 +96,22 @@ public:
   snapshot_ptr advance() override;
 
   /// Checks `tensors` (every held tensor exactly once, nothing else; the
-  /// model's shapes; the configured dtype; finite unless allowed; all in
-  /// host memory or all on devices, and devices only with a tensor_device) and that
+  /// model's shapes; the configured dtype; finite unless allowed; on a
+  /// device only with a tensor_device) and that
   /// `version` exceeds every version pushed before, copies them and queues
   /// the version. Throws std::invalid_argument naming the tensor (or the
   /// version) at fault, allocation_error when the copy does not fit; nothing
-  /// is queued then. Thread-safe; one push at a time.
+  /// is queued then; std::runtime_error naming the tensor when copying it
+  /// from its device fails. Thread-safe; one push at a time.
   void push(std::uint64_t version, const std::vector<tensor_input>& tensors);
 
   /// The newest version pushed (published or queued); 0 before the first.
   std::uint64_t last_pushed() const;
   dtype type() const { return options_.type; }
-  /// Why the last push from a device has no device copy; empty when it has
-  /// one (or was pushed from the host). For the caller to log.
+  /// Whether tensors on a CUDA device are taken (a tensor_device was given).
+  bool reads_device() const { return options_.device != nullptr; }
+  /// Why the last push has no device copy though one was wanted; empty
+  /// otherwise. For the caller to log.
   std::string device_copy_problem() const;
 
 private:
@@ -123,7 +127,12 @@ private:
   /// The device copy of `inputs` (in specs_ order), or nullptr (and
   /// device_copy_problem_ says why).
   std::shared_ptr<const device_resident> device_copy_of(const std::vector<const tensor_input*>& inputs);
-  std::shared_ptr<std::atomic<std::size_t>> device_copies_alive_ = std::make_shared<std::atomic<std::size_t>>(0);
+  /// The device tensors of `inputs` into `to` at `offsets`: from `from`
+  /// (their device copy) when given, else from the tensors themselves.
+  /// Throws std::runtime_error naming the tensor.
+  void copy_from_device(const std::vector<const tensor_input*>& inputs, const std::vector<std::uint64_t>& offsets,
+                        const device_resident* from, host_buffer& to);
+  std::deque<std::shared_ptr<const device_resident>> device_copies_; // the newest, under push_mutex_
   std::mutex push_mutex_;          // one push at a time
   mutable std::mutex mutex_;       // guards pending_, last_pushed_
   snapshot_ptr pending_;

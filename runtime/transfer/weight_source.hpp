@@ -79,7 +79,7 @@ public:
                                                            std::vector<std::uint8_t> storage);
   /// As from_bytes, over `size` bytes at `storage` that the snapshot keeps
   /// alive (memory that was never zero-filled: one pass fewer over the bytes),
-  /// with the same bytes' device copy when there is one.
+  /// pointing to (not owning) the same bytes' device copy when there is one.
   static std::shared_ptr<const weight_snapshot> from_buffer(std::uint64_t version, const model_config& c,
                                                             std::vector<tensor_spec> specs,
                                                             std::shared_ptr<const std::uint8_t> storage,
@@ -106,8 +106,9 @@ public:
   std::uint64_t group_bytes(std::uint32_t g) const;
   std::uint64_t total_bytes() const { return total_bytes_; }
   /// The same bytes in device memory, when the version was pushed from a
-  /// device; nullptr otherwise.
-  const std::shared_ptr<const device_resident>& on_device() const { return on_device_; }
+  /// device and its source still holds that copy (or someone adopted it);
+  /// nullptr otherwise. The snapshot itself does not keep it alive.
+  std::shared_ptr<const device_resident> on_device() const { return on_device_.lock(); }
 
 private:
   weight_snapshot() = default;
@@ -121,7 +122,7 @@ private:
   std::vector<std::uint32_t> held_;
   std::uint64_t total_bytes_ = 0;
   std::shared_ptr<const void> storage_; // owns what the views point into
-  std::shared_ptr<const device_resident> on_device_;
+  std::weak_ptr<const device_resident> on_device_; // its source bounds how many live
 };
 
 using snapshot_ptr = std::shared_ptr<const weight_snapshot>;

@@ -488,11 +488,27 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's
   CHECK(sender->broadcast() == 2 * plan::group_count(model));
 }
 
-TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the rank's device copy, bucket by bucket") {
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the device copy a version was pushed with, else packed on the CPU") {
+  // Version 1 is pushed from "CUDA" tensors (a PyTorch rank): its buckets are
+  // filled from that copy. Version 2 is pushed from host tensors: packed on
+  // the CPU, with no upload inside the rank's handler.
   auto device = std::make_shared<counting_device>(false);
+  auto tensors = std::make_shared<test::fake_tensor_device>();
+  transfer::external_options o;
+  o.config = model;
+  o.type = dtype::bf16;
+  o.device = tensors;
+  o.device_copy_on = 0;
+  auto pushed = std::make_shared<transfer::external_source>(o);
+  auto reference = test::small_source(model, 4);
+  auto inputs_of = [](const transfer::weight_snapshot& s, int on) {
+    std::vector<transfer::tensor_input> inputs;
+    for (const auto& t : s.tensors())
+      inputs.push_back({t.name, t.type, t.shape, t.data, t.size, on});
+    return inputs;
+  };
   trainer_config c;
-  auto own = test::small_source(model, 4);
-  c.source = own;
+  c.source = pushed;
   c.step_time = 1h;
   c.nccl = desk;
   c.nccl_join_window = 300ms;
@@ -501,16 +517,22 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the rank's device copy, 
   to_stop.push_back(caf::actor_cast<caf::actor>(rank));
   auto sender = open_sender(layout);
   nccl_puller puller(sys, asking(rank), model, links(), std::nullopt, {}, true);
-  const auto v = test::step_trainer(sys, rank);
-  recording_sink rec;
-  transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
-  REQUIRE(rec.got.size() == 2);
-  CHECK(rec.got[0] == test::tensors_of(*own, v));
-  CHECK(rec.got[1] == test::tensors_of(*own, v));
-  CHECK(counted(*sender, &gpu::nccl_sender::broadcast, plan::group_count(model)));
+  const auto groups = static_cast<int>(plan::group_count(model));
+  for (std::uint64_t v : {1, 2}) {
+    CAPTURE(v);
+    auto expect = reference->produce_next();
+    pushed->push(v, inputs_of(*expect, v == 1 ? 0 : -1));
+    REQUIRE(test::step_trainer(sys, rank) == v);
+    recording_sink rec;
+    transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    REQUIRE(rec.got.size() == 2);
+    CHECK(rec.got[0] == test::tensors_of(*reference, v));
+    CHECK(rec.got[1] == test::tensors_of(*reference, v));
+    CHECK(counted(*sender, &gpu::nccl_sender::broadcast, static_cast<std::uint64_t>(v * groups)));
+    CHECK(device->concats == groups); // version 1's buckets only
+  }
   CHECK(sender->sent() == 0);
-  CHECK(device->allocations == 1); // the version's copy, made once
-  CHECK(device->concats == static_cast<int>(plan::group_count(model)));
+  CHECK(device->allocations == 0); // nothing uploaded: adopted, then the CPU
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, a worker alone in its round pulls point to point after the window") {

@@ -247,20 +247,26 @@ TEST_CASE("nccl sender: a collective reaches every member bucket by bucket, the 
   CHECK(world->open_broadcasts() == 0);
 }
 
-TEST_CASE("nccl sender: a filled collective writes each bucket into the staging in turn") {
+TEST_CASE("nccl sender: a filled collective writes each bucket into the staging in turn, the next prepared") {
   auto world = test::fake_nccl_world::make();
   gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8);
   auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
   auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
   const std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> buckets = {bytes_of(100, 1), bytes_of(1024, 5),
                                                                                  bytes_of(7, 9)};
-  std::atomic<int> fills{0};
+  std::mutex m;
+  std::vector<std::string> events; // prepares and fills, in the order they happened
+  auto happened = [&](std::string e) {
+    std::lock_guard<std::mutex> lock(m);
+    events.push_back(std::move(e));
+  };
   gpu::nccl_sender::collective c;
   c.buckets = buckets.size();
   for (const auto& b : buckets)
     c.fill_bytes.push_back(b->size());
+  c.prepare = [&](std::size_t i) { happened("prepare " + std::to_string(i)); };
   c.fill = [&](std::size_t i, void* staging) {
-    ++fills;
+    happened("fill " + std::to_string(i));
     std::memcpy(staging, buckets[i]->data(), buckets[i]->size());
   };
   c.deadline = gpu::clock::now() + 5s;
@@ -278,13 +284,19 @@ TEST_CASE("nccl sender: a filled collective writes each bucket into the staging 
     for (const auto& b : buckets)
       got1.push_back(join_broadcast(*w1, b->size()));
   });
-  for (const auto& b : buckets)
-    CHECK(join_broadcast(*w0, b->size()) == *b);
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    if (i == 0) // bucket 1 was prepared before bucket 0 could complete without this member
+      CHECK(eventually([&] {
+        std::lock_guard<std::mutex> lock(m);
+        return events.size() == 3;
+      }));
+    CHECK(join_broadcast(*w0, buckets[i]->size()) == *buckets[i]);
+  }
   other.join();
   for (std::size_t i = 0; i < buckets.size(); ++i)
     CHECK(got1[i] == *buckets[i]);
   CHECK(eventually([&] { return sender.broadcast() == 3; }));
-  CHECK(fills == 3);
+  CHECK(events == std::vector<std::string>{"prepare 0", "fill 0", "prepare 1", "fill 1", "prepare 2", "fill 2"});
   CHECK(sender.failure().empty());
   CHECK(world->open_broadcasts() == 0);
 }

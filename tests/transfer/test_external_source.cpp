@@ -233,9 +233,10 @@ TEST_CASE("external source: tensors pushed from a device are copied to the host,
     std::memset(b.data(), 0x3d, b.size());
   auto v1 = source.advance();
   REQUIRE(bool(v1));
-  CHECK(device->to_host_calls >= static_cast<int>(sd.inputs.size()));
-  CHECK(std::all_of(device->read_from.begin(), device->read_from.end(), [](int d) { return d == 1; }));
-  const auto& copy = v1->on_device();
+  // One read of the trainer's tensors: the host bytes come from the copy, on device 0.
+  CHECK(device->to_host_calls == static_cast<int>(sd.inputs.size()));
+  CHECK(std::all_of(device->read_from.begin(), device->read_from.end(), [](int d) { return d == 0; }));
+  const auto copy = v1->on_device();
   REQUIRE(bool(copy));
   CHECK(copy->device == 0); // the device the trainer packs on, not the tensors'
   CHECK(device->allocated_on == 0);
@@ -257,21 +258,23 @@ TEST_CASE("external source: without a backend that serves from the device, a dev
   auto device = std::make_shared<test::fake_tensor_device>();
   external_source source(device_options(c, device, std::nullopt));
   state_dict sd(c, dtype::bf16, 0x3c);
-  source.push(1, on_device(sd, 0));
+  source.push(1, on_device(sd, 3));
   auto v1 = source.advance();
   REQUIRE(bool(v1));
   CHECK(!v1->on_device());
   CHECK(device->allocations == 0);
-  CHECK(device->to_host_calls >= static_cast<int>(sd.inputs.size()));
+  CHECK(device->to_host_calls == static_cast<int>(sd.inputs.size()));
+  CHECK(std::all_of(device->read_from.begin(), device->read_from.end(), [](int d) { return d == 3; }));
   for (const auto& t : v1->tensors())
     CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
 }
 
-TEST_CASE("external source: device copies are bounded, and a version held longer keeps its slot") {
+TEST_CASE("external source: the source holds the newest device copies, and one adopted lives on") {
   auto c = small_model(2);
   auto device = std::make_shared<test::fake_tensor_device>();
   auto o = device_options(c, device, 0);
   o.keep_versions = 2;
+  o.device_copies = 2;
   external_source source(o);
   state_dict sd(c, dtype::bf16, 0x3c);
   source.push(1, on_device(sd, 0));
@@ -279,22 +282,22 @@ TEST_CASE("external source: device copies are bounded, and a version held longer
   source.push(2, on_device(sd, 0));
   source.advance();
   CHECK(device->live == 2);
-  auto in_flight = source.find(1); // a round still moves version 1
-  // Versions 1 and 2 are held: version 3 is served from its host bytes.
+  auto v1 = source.find(1);
+  auto adopted = v1->on_device(); // a round's device snapshot adopted version 1's copy
+  // The newest version always gets a copy; the source lets go of the oldest.
   source.push(3, on_device(sd, 0));
-  CHECK(source.device_copy_problem().find("2 device copies are alive") != std::string::npos);
-  CHECK(!source.advance()->on_device()); // the source drops version 1; the round still holds it
-  CHECK(device->live == 2);
-  source.push(4, on_device(sd, 0));
-  CHECK(!source.device_copy_problem().empty());
-  in_flight.reset(); // the round ended: version 1's copy is freed
-  CHECK(device->live == 1);
-  source.advance(); // drops version 2
-  CHECK(device->live == 0);
-  source.push(5, on_device(sd, 0));
   CHECK(source.device_copy_problem().empty());
+  auto v3 = source.advance();
+  CHECK(bool(v3->on_device()));
+  CHECK(device->live == 3); // version 1's copy lives while adopted
+  CHECK(bool(v1->on_device()));
+  adopted.reset();
+  CHECK(device->live == 2);
+  CHECK(!v1->on_device()); // the trainer uploads its host bytes if it is pulled again
+  source.push(4, on_device(sd, 0));
   CHECK(bool(source.advance()->on_device()));
-  CHECK(device->live == 1);
+  CHECK(device->live == 2);
+  CHECK(!source.find(2)); // dropped with its copy
 }
 
 TEST_CASE("external source: a device copy that fails leaves the version served from its host bytes") {
@@ -324,7 +327,7 @@ TEST_CASE("external source: a device copy that fails leaves the version served f
   CHECK(source.device_copy_problem().empty());
 }
 
-TEST_CASE("external source: device tensors without a device, and host and device mixed, are refused") {
+TEST_CASE("external source: device tensors without a device are refused, host and device mixed are copied") {
   auto c = small_model(2);
   state_dict sd(c, dtype::bf16, 0x3c);
   {
@@ -334,20 +337,24 @@ TEST_CASE("external source: device tensors without a device, and host and device
           != std::string::npos);
     CHECK(host_only.last_pushed() == 0);
   }
+  // A state_dict with a buffer left on the CPU: each tensor from where it
+  // is, and no device copy (the trainer uploads the version).
   auto device = std::make_shared<test::fake_tensor_device>();
   external_source source(device_options(c, device, 0));
   auto mixed = on_device(sd, 0);
   mixed.back().device = -1;
-  auto why = refusal(source, 1, mixed);
-  CHECK(why.find("is in host memory, tensor 'model.embed_tokens.weight' on cuda:0: publish every tensor from the host "
-                 "or every tensor from the device")
-        != std::string::npos);
+  source.push(1, mixed);
   CHECK(device->allocations == 0);
-  CHECK(source.last_pushed() == 0);
-  CHECK(!source.advance());
+  CHECK(device->to_host_calls == static_cast<int>(mixed.size()) - 1);
+  CHECK(source.device_copy_problem().empty());
+  auto v1 = source.advance();
+  REQUIRE(bool(v1));
+  CHECK(!v1->on_device());
+  for (const auto& t : v1->tensors())
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
 }
 
-TEST_CASE("external source: NaN in a device tensor is refused before any device copy is made") {
+TEST_CASE("external source: NaN in a device tensor is refused, and its device copy freed") {
   auto c = small_model(2);
   auto device = std::make_shared<test::fake_tensor_device>();
   external_source source(device_options(c, device, 0));
@@ -357,7 +364,7 @@ TEST_CASE("external source: NaN in a device tensor is refused before any device 
   std::memcpy(const_cast<void*>(t.data), &nan, sizeof nan);
   auto why = refusal(source, 1, on_device(sd, 0));
   CHECK(why.find("model.norm.weight") != std::string::npos);
-  CHECK(device->allocations == 0);
+  CHECK(device->live == 0);
   CHECK(!source.advance());
 }
 
