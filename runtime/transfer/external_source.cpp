@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <stdexcept>
 
@@ -238,11 +238,8 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (nonfinite[k])
       throw std::invalid_argument(nonfinite_message(inputs[pieces[k].input]->name, *nonfinite[k]) + " (version "
                                   + std::to_string(version) + ")");
-  if (on_device) { // kept: the newest device_copies versions' copies, the oldest dropped
-    while (device_copies_.size() >= std::max<std::size_t>(options_.device_copies, 1))
-      device_copies_.pop_front();
+  if (on_device) // held with the newest others' (device_copy_of made room)
     device_copies_.push_back(on_device);
-  }
   std::shared_ptr<const std::uint8_t> storage(buffer, buffer->data);
   auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, std::move(on_device));
   std::lock_guard<std::mutex> lock(mutex_);
