@@ -129,68 +129,40 @@ void nccl_sender::send_one(const job& j) {
   ++sent_;
 }
 
-// Two host buffers: bucket i is on the wire from one while bucket i + 1 is
-// packed into the other. (The link's one device staging takes bucket i + 1
-// only once bucket i's broadcast polled done.)
+// Bucket i + 1 is made ready while bucket i is on the wire: packed into the
+// second of two host buffers, or, for buckets filled from the device, its
+// preparation (the link's one staging takes bucket i + 1 only once bucket
+// i's broadcast polled done).
 void nccl_sender::broadcast_all(const collective& c) {
-  if (c.fill) {
-    broadcast_filled(c);
-    return;
-  }
   std::vector<std::uint8_t> on_wire, next;
-  auto pack = [&](std::size_t i) {
+  auto ahead = [&](std::size_t i) {
     try {
-      c.pack(i, next);
-      return true;
-    } catch (const std::exception& e) {
-      fail(c.what + ": packing bucket " + std::to_string(i) + ": " + e.what());
-      return false;
-    }
-  };
-  if (!pack(0))
-    return;
-  for (std::size_t i = 0; i < c.buckets; ++i) {
-    std::swap(on_wire, next);
-    const auto what = c.what + ", bucket " + std::to_string(i) + " of " + std::to_string(c.buckets);
-    try {
-      link_->broadcast(on_wire.data(), on_wire.size(), rank_);
-    } catch (const std::exception& e) {
-      fail(what + ": " + e.what());
-      return;
-    }
-    if (i + 1 < c.buckets && !pack(i + 1))
-      return; // the link is aborted: every member's wait ends
-    auto done = wait_for(*link_, c.deadline, what, hooks_);
-    if (!done.ok()) {
-      fail(done.why);
-      return;
-    }
-    ++broadcast_;
-  }
-}
-
-void nccl_sender::broadcast_filled(const collective& c) {
-  auto prepare = [&](std::size_t i) {
-    try {
-      if (c.prepare)
+      if (!c.fill)
+        c.pack(i, next);
+      else if (c.prepare)
         c.prepare(i);
       return true;
     } catch (const std::exception& e) {
-      fail(c.what + ": preparing bucket " + std::to_string(i) + ": " + e.what());
+      fail(c.what + (c.fill ? ": preparing bucket " : ": packing bucket ") + std::to_string(i) + ": " + e.what());
       return false;
     }
   };
-  if (!prepare(0))
+  if (!ahead(0))
     return;
   for (std::size_t i = 0; i < c.buckets; ++i) {
     const auto what = c.what + ", bucket " + std::to_string(i) + " of " + std::to_string(c.buckets);
     try {
-      link_->broadcast_filled([&](void* staging) { c.fill(i, staging); }, c.fill_bytes[i]);
+      if (c.fill) {
+        link_->broadcast_filled([&](void* staging) { c.fill(i, staging); }, c.fill_bytes[i]);
+      } else {
+        std::swap(on_wire, next);
+        link_->broadcast(on_wire.data(), on_wire.size(), rank_);
+      }
     } catch (const std::exception& e) {
       fail(what + ": " + e.what());
       return;
     }
-    if (i + 1 < c.buckets && !prepare(i + 1))
+    if (i + 1 < c.buckets && !ahead(i + 1))
       return; // the link is aborted: every member's wait ends
     auto done = wait_for(*link_, c.deadline, what, hooks_);
     if (!done.ok()) {

@@ -100,7 +100,6 @@ private:
   void run();
   void send_one(const job& j);
   void broadcast_all(const collective& c);
-  void broadcast_filled(const collective& c);
   clock::time_point now() const;
   void fail(const std::string& why);
 

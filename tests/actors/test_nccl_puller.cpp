@@ -493,20 +493,8 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the device copy a versio
   // filled from that copy. Version 2 is pushed from host tensors: packed on
   // the CPU, with no upload inside the rank's handler.
   auto device = std::make_shared<counting_device>(false);
-  auto tensors = std::make_shared<test::fake_tensor_device>();
-  transfer::external_options o;
-  o.config = model;
-  o.type = dtype::bf16;
-  o.device = tensors;
-  o.device_copy_on = 0;
-  auto pushed = std::make_shared<transfer::external_source>(o);
+  auto pushed = test::device_pushed_source(model, std::make_shared<test::fake_tensor_device>());
   auto reference = test::small_source(model, 4);
-  auto inputs_of = [](const transfer::weight_snapshot& s, int on) {
-    std::vector<transfer::tensor_input> inputs;
-    for (const auto& t : s.tensors())
-      inputs.push_back({t.name, t.type, t.shape, t.data, t.size, on});
-    return inputs;
-  };
   trainer_config c;
   c.source = pushed;
   c.step_time = 1h;
@@ -521,7 +509,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the device copy a versio
   for (std::uint64_t v : {1, 2}) {
     CAPTURE(v);
     auto expect = reference->produce_next();
-    pushed->push(v, inputs_of(*expect, v == 1 ? 0 : -1));
+    pushed->push(v, test::state_dict_of(*expect, v == 1 ? 0 : -1));
     REQUIRE(test::step_trainer(sys, rank) == v);
     recording_sink rec;
     transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
@@ -909,17 +897,9 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version pushed from the rank's
   // group still goes the device way, with no allocation.
   auto full = std::make_shared<counting_device>(true);
   auto tensors = std::make_shared<test::fake_tensor_device>();
-  transfer::external_options o;
-  o.config = model;
-  o.type = dtype::bf16;
-  o.device = tensors;
-  o.device_copy_on = 0;
-  auto pushed = std::make_shared<transfer::external_source>(o);
-  auto reference = test::small_source(model, 4);
-  auto v1 = reference->produce_next();
-  std::vector<transfer::tensor_input> inputs;
-  for (const auto& t : v1->tensors())
-    inputs.push_back({t.name, t.type, t.shape, t.data, t.size, 0});
+  auto pushed = test::device_pushed_source(model, tensors);
+  auto v1 = test::small_source(model, 4)->produce_next();
+  const auto inputs = test::state_dict_of(*v1, 0);
   pushed->push(1, inputs);
   CHECK(tensors->device_copies == static_cast<int>(inputs.size()));
   trainer_config c;

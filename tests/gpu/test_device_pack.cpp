@@ -102,9 +102,7 @@ TEST_CASE("device pack: whole tensors of the copy concatenated as they lie on th
 TEST_CASE("device pack: a version pushed from the pack device's own device is adopted, not uploaded") {
   model_config c = test::small_model(2);
   auto reference = test::small_source(c)->produce_next();
-  std::vector<transfer::tensor_input> inputs;
-  for (const auto& t : reference->tensors())
-    inputs.push_back({t.name, t.type, t.shape, t.data, t.size, 0});
+  const auto inputs = test::state_dict_of(*reference, 0);
   auto pushed_on = [&](int copy_on) {
     transfer::external_options o;
     o.config = c;

@@ -68,4 +68,25 @@ private:
   }
 };
 
+/// `s`'s tensors as a trainer's state_dict on CUDA device `device` (-1:
+/// host memory): borrowed from `s`.
+inline std::vector<transfer::tensor_input> state_dict_of(const transfer::weight_snapshot& s, int device) {
+  std::vector<transfer::tensor_input> inputs;
+  for (const auto& t : s.tensors())
+    inputs.push_back({t.name, t.type, t.shape, t.data, t.size, device});
+  return inputs;
+}
+
+/// The source of a PyTorch rank of model `c` (bf16) that reads device
+/// tensors with `device` and keeps their copies on device 0.
+inline std::shared_ptr<transfer::external_source> device_pushed_source(const model_config& c,
+                                                                       std::shared_ptr<fake_tensor_device> device) {
+  transfer::external_options o;
+  o.config = c;
+  o.type = dtype::bf16;
+  o.device = std::move(device);
+  o.device_copy_on = 0;
+  return std::make_shared<transfer::external_source>(std::move(o));
+}
+
 } // namespace rlsync::test
