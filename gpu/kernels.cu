@@ -190,8 +190,7 @@ pinned_buffer::pinned_buffer(std::size_t bytes) {
   adopt(p, bytes);
 }
 
-// Restored only when changed: setting a device makes its context, and a
-// thread that never chose one reports device 0 without having made its.
+// Set and restored only when it differs from the thread's current device.
 device_guard::device_guard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
   if (device != previous_) {
