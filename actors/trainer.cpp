@@ -245,18 +245,32 @@ caf::expected<weight_bucket> packed_bucket(self_ptr self, const nccl_pull& req) 
   return b;
 }
 
-/// The rank's device copy of version `s` on `device` (the nccl link's, or
-/// the cuda_ipc buffer's), made at the version's first pull on the actor's
-/// thread. At most two are kept (and those a queued send still holds); the
-/// one asked for is never the one evicted. Null when the copy failed (out of
-/// device memory): said once, not retried for that version, and the caller
-/// packs on the CPU instead.
-std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const transfer::weight_snapshot& s,
-                                                        gpu::pack_device& device) {
-  auto& st = self->state;
-  auto& copies = st.device_copies;
+/// Version `s`'s device copy on `device` that needs no upload: the one it
+/// was pushed with (a PyTorch rank's CUDA tensors; not cached here, its
+/// source bounds those, and each pull's snapshot holds it while it is read),
+/// or one this rank uploaded before. Null otherwise.
+std::shared_ptr<const gpu::device_snapshot> device_copy_at_hand(self_ptr self, const transfer::weight_snapshot& s,
+                                                                const gpu::pack_device& device) {
+  if (auto pushed = gpu::device_snapshot::adopt(s, device))
+    return pushed;
+  const auto& copies = self->state.device_copies;
   if (auto it = copies.find(s.version()); it != copies.end() && it->second.on == &device)
     return it->second.copy;
+  return nullptr;
+}
+
+/// The rank's device copy of version `s` on `device` (the nccl link's, or
+/// the cuda_ipc buffer's): one at hand, else uploaded at the version's first
+/// pull on the actor's thread. At most two uploads are kept (and those a
+/// queued send still holds); the one asked for is never the one evicted.
+/// Null when the upload failed (out of device memory): said once, not
+/// retried for that version, and the caller packs on the CPU instead.
+std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const transfer::weight_snapshot& s,
+                                                        gpu::pack_device& device) {
+  if (auto at_hand = device_copy_at_hand(self, s, device))
+    return at_hand;
+  auto& st = self->state;
+  auto& copies = st.device_copies;
   if (st.device_copy_failed == s.version())
     return nullptr;
   copies.erase(s.version());
@@ -272,17 +286,6 @@ std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const tra
                 + "): its groups are packed on the CPU");
     return nullptr;
   }
-}
-
-/// Whether version `s` has a device copy on `device` without an upload:
-/// one made already, or the one it was pushed with (a PyTorch rank's CUDA
-/// tensors).
-bool device_copy_at_hand(self_ptr self, const transfer::weight_snapshot& s, const gpu::pack_device& device) {
-  const auto& copies = self->state.device_copies;
-  if (auto it = copies.find(s.version()); it != copies.end() && it->second.on == &device)
-    return true;
-  auto pushed = s.on_device();
-  return pushed && pushed->device == device.ordinal();
 }
 
 /// XXH64 of group `g`'s whole tensors, read in place from the host bytes.
@@ -469,7 +472,7 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   // sender's thread, then the XXH64 of their host bytes, as the CPU pack
   // appends it, taken while the bucket before is on the wire.
   const auto& device = st.cfg.nccl_pack_device;
-  if (auto copy = device && device_copy_at_hand(self, *s, *device) ? device_copy(self, *s, *device) : nullptr) {
+  if (auto copy = device ? device_copy_at_hand(self, *s, *device) : nullptr) {
     for (const auto bytes : answer.bytes)
       c.fill_bytes.push_back(static_cast<std::size_t>(bytes));
     auto sums = std::make_shared<std::vector<std::uint64_t>>(c.buckets);

@@ -239,9 +239,10 @@ struct trainer_state {
     std::chrono::steady_clock::time_point deadline; ///< the broadcast's
   };
   std::optional<collective_broadcast> nccl_broadcast;
-  /// nccl (sharded) and cuda_ipc: the versions copied to the device, two at
-  /// most (a send still queued keeps its own copy alive), each with the
-  /// pack device it lives on; and the last version whose copy failed.
+  /// nccl and cuda_ipc: the versions this rank uploaded to the device, two
+  /// at most (a send still queued keeps its own copy alive), each with the
+  /// pack device it lives on; and the last version whose upload failed.
+  /// Copies pushed with a version are adopted, not kept here.
   struct device_copy_entry {
     const gpu::pack_device* on = nullptr;
     std::shared_ptr<const gpu::device_snapshot> copy;

@@ -142,13 +142,29 @@ constexpr std::uint64_t copy_alignment = 256;
 std::uint64_t aligned(std::uint64_t n) { return (n + copy_alignment - 1) / copy_alignment * copy_alignment; }
 } // namespace
 
+void device_snapshot::adopt_from(const transfer::weight_snapshot& s,
+                                 std::shared_ptr<const transfer::device_resident> resident) {
+  version_ = s.version();
+  bytes_ = resident->bytes;
+  for (const auto& t : s.tensors())
+    sources_.push_back(resident->tensors.at(t.name)); // every tensor: weight_snapshot checked
+  memory_ = std::shared_ptr<const void>(std::move(resident), nullptr); // holds the copy while this lives
+  adopted_ = true;
+}
+
+std::shared_ptr<const device_snapshot> device_snapshot::adopt(const transfer::weight_snapshot& s,
+                                                              const pack_device& device) {
+  auto resident = s.on_device(); // locked once: the source may drop it meanwhile
+  if (!resident || resident->device != device.ordinal())
+    return nullptr;
+  std::shared_ptr<device_snapshot> out(new device_snapshot);
+  out->adopt_from(s, std::move(resident));
+  return out;
+}
+
 device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {
-  if (const auto& resident = s.on_device(); resident && resident->device == device.ordinal()) {
-    bytes_ = resident->bytes;
-    memory_ = std::shared_ptr<const void>(resident, resident->memory.get()); // holds the copy as its source does
-    for (const auto& t : s.tensors())
-      sources_.push_back(resident->tensors.at(t.name)); // every tensor: weight_snapshot checked
-    adopted_ = true;
+  if (auto resident = s.on_device(); resident && resident->device == device.ordinal()) {
+    adopt_from(s, std::move(resident));
     return;
   }
   std::vector<std::uint64_t> offsets;

@@ -86,6 +86,9 @@ class device_snapshot {
 public:
   /// Throws gpu_error (out of device memory) or what `device` throws.
   device_snapshot(const transfer::weight_snapshot& s, pack_device& device);
+  /// The copy `s` was pushed with, when its source still holds it and it
+  /// lies on `device`'s own device; nullptr otherwise (never an upload).
+  static std::shared_ptr<const device_snapshot> adopt(const transfer::weight_snapshot& s, const pack_device& device);
   /// Whether the snapshot adopted the version's device copy (no upload).
   bool adopted() const { return adopted_; }
   std::uint64_t version() const { return version_; }
@@ -96,6 +99,9 @@ public:
 private:
   std::uint64_t version_ = 0;
   std::uint64_t bytes_ = 0;
+  device_snapshot() = default;
+  void adopt_from(const transfer::weight_snapshot& s, std::shared_ptr<const transfer::device_resident> resident);
+
   std::shared_ptr<const void> memory_;
   std::vector<const void*> sources_;
   bool adopted_ = false;

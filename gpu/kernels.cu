@@ -167,7 +167,12 @@ __global__ void mixsum_kernel(const unsigned char* data, std::size_t bytes, unsi
 
 } // namespace
 
-void free_device::operator()(void* p) const noexcept { cudaFree(p); }
+// Frees run where the last pointer drops, a trainer's Python thread among
+// them: an error is cleared, not left for PyTorch's next launch check.
+void free_device::operator()(void* p) const noexcept {
+  if (cudaFree(p) != cudaSuccess)
+    cudaGetLastError();
+}
 void free_pinned::operator()(void* p) const noexcept { cudaFreeHost(p); }
 void close_ipc::operator()(void* p) const noexcept { cudaIpcCloseMemHandle(p); }
 
@@ -180,7 +185,10 @@ device_buffer::device_buffer(std::size_t bytes) {
 
 std::shared_ptr<void> register_host(void* p, std::size_t bytes) {
   check(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister(" + std::to_string(bytes) + " bytes)");
-  return {p, [](void* q) { cudaHostUnregister(q); }};
+  return {p, [](void* q) {
+            if (cudaHostUnregister(q) != cudaSuccess)
+              cudaGetLastError();
+          }};
 }
 
 pinned_buffer::pinned_buffer(std::size_t bytes) {

@@ -5,8 +5,8 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
-#include "gpu/device.hpp"
 #include "gpu/device_pack.hpp"
+#include "runtime/config/build_features.hpp"
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -32,7 +32,7 @@ external_rank::external_rank(const topology& t, std::uint32_t rank, external_ran
   // Without CUDA compiled in there is nothing to read device memory with:
   // the caller stages CUDA tensors on the host first (reads_device()).
   source_ = transfer::make_external_source(t, rank, options_.allow_nonfinite,
-                                           gpu::query_devices().compiled_with_cuda ? gpu::cuda_tensor_device() : nullptr);
+                                           cuda_compiled_in() ? gpu::cuda_tensor_device() : nullptr);
   const std::string file = options_.secret_file.empty() ? t.cluster.secret_file : options_.secret_file;
   config_ = std::make_unique<system_config>();
   secret_ = read_cluster_secret(with_node_name(file, node_), t.cluster.secret_env); // throws naming the file
@@ -110,7 +110,7 @@ void external_rank::publish(std::uint64_t version, const std::vector<transfer::t
   source_->push(version, tensors); // throws std::invalid_argument naming the tensor
   if (auto why = source_->device_copy_problem(); !why.empty() && options_.log)
     options_.log("version " + std::to_string(version) + " has no device copy (" + why
-                 + "): the trainer uploads its host bytes at its first pull");
+                 + "): it is served from its host bytes, as a CPU publish is");
   // Publish now rather than at the next poll; a step in flight finishes first.
   caf::scoped_actor self{*system_};
   self->send(trainer, step_atom::value);

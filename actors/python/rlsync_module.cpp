@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -146,12 +147,14 @@ py::object on_host(const std::string& name, const py::handle& tensor) {
   }
 }
 
-/// Waits for all work queued on `device` (on any stream: a sharded trainer
-/// writes on side streams too) to finish: rlsync copies the tensors with
-/// cudaMemcpy, outside PyTorch's streams.
+/// Waits for the work queued on `device`'s current stream (which wrote the
+/// tensors, as PyTorch's contract has it: work on side streams is joined to
+/// the current one before its results are used) to finish: rlsync copies
+/// them with cudaMemcpy, outside PyTorch's streams. Not the whole device:
+/// that would wait for rlsync's own transfers on it too.
 void finish_writes(int device, const std::string& first_tensor) {
   try {
-    py::module_::import("torch").attr("cuda").attr("synchronize")(device);
+    py::module_::import("torch").attr("cuda").attr("current_stream")(device).attr("synchronize")();
   } catch (const py::error_already_set& e) {
     raise(PyExc_RuntimeError, "tensor '" + first_tensor + "': waiting for cuda:" + std::to_string(device)
                                 + " to finish writing it failed: " + e.what());
@@ -284,14 +287,25 @@ public:
       raise(PyExc_TypeError, "publish: expected a mapping of names to tensors (model.state_dict())");
     std::vector<transfer::tensor_input> inputs;
     std::vector<py::object> alive; // the tensors stay referenced through the copy
+    // CUDA tensors copied to the host, by storage: a tied model's two names
+    // for one storage keep one (external_source checks they share it).
+    std::map<std::string, py::object> staged;
     for (auto item : state_dict.attr("items")()) {
       auto pair = item.cast<py::tuple>();
       if (!py::isinstance<py::str>(pair[0]))
         raise(PyExc_TypeError, "publish: tensor names must be strings");
       const std::string name = pair[0].cast<std::string>();
       py::object tensor = py::reinterpret_borrow<py::object>(pair[1]);
-      if (on_cuda(tensor) && !r.reads_device_tensors())
-        tensor = on_host(name, tensor);
+      if (on_cuda(tensor) && !r.reads_device_tensors()) {
+        const std::string key = std::string(py::str(tensor.attr("device"))) + " "
+                                + std::to_string(tensor.attr("data_ptr")().cast<std::uintptr_t>()) + " "
+                                + std::string(py::str(tensor.attr("shape"))) + " "
+                                + std::string(py::str(tensor.attr("dtype")));
+        auto it = staged.find(key);
+        if (it == staged.end())
+          it = staged.emplace(key, on_host(name, tensor)).first;
+        tensor = it->second;
+      }
       inputs.push_back(input_of(name, tensor));
       alive.push_back(std::move(tensor));
     }

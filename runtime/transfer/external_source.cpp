@@ -201,8 +201,12 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   // The device copy first, so that the host bytes are read from it: the
   // trainer's tensors are read once, and what is checked is what is served.
   std::shared_ptr<const device_resident> on_device;
-  if (all_on_device && options_.device_copy_on)
+  if (all_on_device && options_.device_copy_on) {
     on_device = device_copy_of(inputs);
+  } else if (any_on_device && options_.device_copy_on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_copy_problem_ = "some tensors are in host memory: publish every tensor from the device for a device copy";
+  }
   // The one host copy, into a dropped version's buffer or fresh memory never
   // zero-filled (its page faults are paid inside the copy).
   std::shared_ptr<host_buffer> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
@@ -238,13 +242,45 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (nonfinite[k])
       throw std::invalid_argument(nonfinite_message(inputs[pieces[k].input]->name, *nonfinite[k]) + " (version "
                                   + std::to_string(version) + ")");
-  if (on_device) // held with the newest others' (device_copy_of made room)
-    device_copies_.push_back(on_device);
   std::shared_ptr<const std::uint8_t> storage(buffer, buffer->data);
-  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, std::move(on_device));
-  std::lock_guard<std::mutex> lock(mutex_);
-  pending_ = std::move(snapshot); // a newer version supersedes one not yet published
-  last_pushed_ = version;
+  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, on_device);
+  std::uint64_t superseded = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_)
+      superseded = pending_->version();
+    pending_ = std::move(snapshot); // a newer version supersedes one not yet published
+    last_pushed_ = version;
+  }
+  // The superseded version is never served: its copy goes (device_copy_of made room for this one).
+  device_copies_.erase(std::remove_if(device_copies_.begin(), device_copies_.end(),
+                                      [&](const auto& held) { return held.first == superseded; }),
+                       device_copies_.end());
+  if (on_device)
+    device_copies_.emplace_back(version, std::move(on_device));
+}
+
+void external_source::make_room_for_device_copy() {
+  const std::size_t most = std::max<std::size_t>(options_.device_copies, 1);
+  if (device_copies_.size() < most)
+    return;
+  // First the copies of versions this source no longer serves (a round
+  // that adopted one still holds it), then the oldest.
+  const auto held = versions();
+  std::uint64_t pending = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_)
+      pending = pending_->version();
+  }
+  device_copies_.erase(std::remove_if(device_copies_.begin(), device_copies_.end(),
+                                      [&](const auto& copy) {
+                                        return copy.first != pending
+                                               && !std::binary_search(held.begin(), held.end(), copy.first);
+                                      }),
+                       device_copies_.end());
+  while (device_copies_.size() >= most)
+    device_copies_.pop_front();
 }
 
 void external_source::copy_from_device(const std::vector<const tensor_input*>& inputs,
@@ -281,10 +317,7 @@ std::shared_ptr<const device_resident> external_source::device_copy_of(const std
     device_copy_problem_ = std::move(why);
     return nullptr;
   };
-  // The oldest copy kept goes first, so that at most device_copies are held
-  // while this one is made (a round that adopted it still holds it).
-  while (!device_copies_.empty() && device_copies_.size() >= std::max<std::size_t>(options_.device_copies, 1))
-    device_copies_.pop_front();
+  make_room_for_device_copy(); // at most device_copies held while this one is made
   constexpr std::uint64_t alignment = 256; // as cudaMalloc: the pack kernels read whole elements
   std::vector<std::uint64_t> at;
   std::uint64_t bytes = 0;

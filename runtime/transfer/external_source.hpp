@@ -13,7 +13,8 @@
 // so the buffer of a version the source dropped is kept for the next push
 // (one spare, of the model's size); a fresh one asks for transparent huge
 // pages. Memory: the versions kept (keep_versions, the pinned one, the one
-// queued) and one spare; on the device, `device_copies` copies (below).
+// queued) and one spare; on the device, `device_copies` copies (below) and
+// those rounds still read.
 //
 // Tensors on a CUDA device (tensor_input::device) are copied by the
 // tensor_device. When the source keeps device copies (transfer.backend nccl
@@ -23,10 +24,13 @@
 // host bytes are then copied from that copy, so both hold what one read of
 // the trainer's tensors saw. Otherwise they are copied device to host
 // straight. The host buffer is page-locked at its first device push and
-// stays so while it is reused. The source holds the newest `device_copies`
-// copies and drops the oldest as it makes a new one (a round that adopted
-// one keeps it alive); a snapshot whose copy was dropped, or failed (out of
-// device memory), is uploaded by the trainer at its first pull.
+// stays so while it is reused. The source holds at most `device_copies`
+// copies (at least one): before making a new one it drops those of versions
+// it no longer serves, then the oldest; a version superseded before it was
+// published loses its copy at once. A round that adopted a copy keeps it
+// alive while it reads it. A snapshot whose copy was dropped, or failed (out
+// of device memory), is served as a host push is: uploaded by the trainer at
+// its first pull (or packed on the CPU for the nccl collective).
 //
 // Never blocks on a transfer: a round pins the version it moves (pin) and
 // keeps it alive through its pointer, whatever push does meanwhile.
@@ -84,7 +88,7 @@ struct external_options {
   /// The device a version pushed from a device is also copied to (the one
   /// the trainer packs on); nullopt: no device copies.
   std::optional<int> device_copy_on;
-  std::size_t device_copies = 2; ///< device copies the source holds (the newest versions')
+  std::size_t device_copies = 2; ///< device copies the source holds at most (0 counts as 1)
 };
 
 class external_source final : public weight_source {
@@ -132,7 +136,10 @@ private:
   /// Throws std::runtime_error naming the tensor.
   void copy_from_device(const std::vector<const tensor_input*>& inputs, const std::vector<std::uint64_t>& offsets,
                         const device_resident* from, host_buffer& to);
-  std::deque<std::shared_ptr<const device_resident>> device_copies_; // the newest, under push_mutex_
+  /// Drops held device copies until one more fits in device_copies.
+  void make_room_for_device_copy();
+  /// (version, copy), oldest first; only push touches it (under push_mutex_).
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const device_resident>>> device_copies_;
   std::mutex push_mutex_;          // one push at a time
   mutable std::mutex mutex_;       // guards pending_, last_pushed_
   snapshot_ptr pending_;

@@ -10,6 +10,7 @@
 #include "gpu/nccl_membership.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/fake_tensor_device.hpp"
 #include "tests/support/scripted_trainer.hpp"
 #include "tests/support/threaded_system.hpp"
@@ -918,4 +919,10 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version pushed from the rank's
   CHECK(full->allocations == 0);
   CHECK(full->packs > 0);
   CHECK(tensors->allocations == 1);
+  // The rank keeps no adopted copy once its sends are done: version 3's
+  // push drops version 1's copy (room for two: 1 and the pending 2) and then
+  // version 2's (superseded unpublished), and both are freed.
+  pushed->push(2, inputs);
+  pushed->push(3, inputs);
+  CHECK(test::eventually([&] { return tensors->live == 1; }));
 }

@@ -17,6 +17,7 @@
 #include "runtime/http/server.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/vllm/remote_engine.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/engine_fixtures.hpp"
 #include "tests/support/scratch_dir.hpp"
 #include "tests/support/transfer_fixtures.hpp"
@@ -60,16 +61,7 @@ token_sink_actor::behavior_type locked_sink(token_sink_actor::pointer, std::shar
   }};
 }
 
-/// Waits (bounded) until `ready` holds; false when it never did.
-template <class F>
-bool eventually(F ready, std::chrono::milliseconds limit = 20s) {
-  for (auto until = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < until;) {
-    if (ready())
-      return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return ready();
-}
+using test::eventually;
 
 /// Writes `snapshot` as a checkpoint directory (the reference a built-in engine loads).
 void write_checkpoint(const transfer::weight_snapshot& s, const std::string& dir) {

@@ -3,6 +3,7 @@
 // a size mismatch or a stop abort the link and refuse every send after.
 #include "gpu/nccl_sender.hpp"
 
+#include "tests/support/eventually.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
 
 #include <doctest/doctest.h>
@@ -50,12 +51,7 @@ std::vector<std::uint8_t> receive(gpu::p2p_link& l, std::size_t n, gpu::clock::d
   return got;
 }
 
-bool eventually(const std::function<bool()>& f) {
-  for (auto until = gpu::clock::now() + 10s; gpu::clock::now() < until; std::this_thread::sleep_for(1ms))
-    if (f())
-      return true;
-  return false;
-}
+using test::eventually;
 
 } // namespace
 

@@ -1,6 +1,7 @@
 #pragma once
 // A transfer::tensor_device over host memory: "device" pointers are host
-// pointers, every copy a memcpy, a page lock a count. Counts what external_source asked of it and
+// pointers, every copy a memcpy, a page lock a count. Made with
+// make_shared: what it hands out keeps it alive. Counts what external_source asked of it and
 // fails on request, so the device push is tested on the CPU.
 #include "runtime/transfer/external_source.hpp"
 
@@ -15,7 +16,8 @@
 
 namespace rlsync::test {
 
-class fake_tensor_device final : public transfer::tensor_device {
+class fake_tensor_device final : public transfer::tensor_device,
+                                 public std::enable_shared_from_this<fake_tensor_device> {
 public:
   std::atomic<int> to_host_calls{0};
   std::atomic<int> device_copies{0}; ///< device_to_device calls
@@ -35,7 +37,7 @@ public:
       throw std::runtime_error("cudaHostRegister: out of memory (a memlock limit)");
     ++pins;
     ++pinned;
-    return {p, [this](void*) { --pinned; }};
+    return {p, [self = shared_from_this()](void*) { --self->pinned; }}; // counted even after its source is gone
   }
   void to_host(void* to, const void* from, std::size_t n, int device) override {
     ++to_host_calls;
@@ -48,8 +50,8 @@ public:
     ++allocations;
     ++live;
     allocated_on = device;
-    return {std::malloc(bytes), [this](void* p) {
-              --live;
+    return {std::malloc(bytes), [self = shared_from_this()](void* p) {
+              --self->live;
               std::free(p);
             }};
   }

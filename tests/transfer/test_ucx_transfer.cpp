@@ -15,6 +15,7 @@
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
+#include "tests/support/eventually.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
@@ -189,18 +190,7 @@ std::vector<std::string> own_listening_addresses() {
   return out;
 }
 
-// The producer counts a send once it sees it complete, which may be just
-// after the consumer has the bytes.
-template <class F>
-bool eventually(F&& f, std::chrono::milliseconds within = 5s) {
-  const auto until = clock::now() + within;
-  while (!f()) {
-    if (clock::now() >= until)
-      return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using test::eventually;
 
 // Packed bytes of every (worker, group) of `c` at `tp`, bf16.
 std::vector<std::uint64_t> shard_group_bytes(const model_config& c, int tp) {
