@@ -66,15 +66,16 @@ std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, st
                                                   [packer = gpu::host_pack_device()](const gpu::comm_member&) {
                                                     return packer;
                                                   });
-  if (auto why = nccl_device_problem(hosted, gpu::query_devices()); !why.empty())
+  const auto visible = gpu::query_devices(); // once: what the process sees does not change under it
+  if (auto why = nccl_device_problem(hosted, visible); !why.empty())
     throw std::runtime_error(why);
   const auto capacity = nccl_staging_bytes(t.model.config);
   // Each trainer rank packs on the device of its own link.
   auto packers = [hosted](const gpu::comm_member& rank) { return gpu::cuda_pack_device(device_of(hosted, rank)); };
-  auto links = [hosted = std::move(hosted), capacity](const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
+  auto links = [hosted = std::move(hosted), capacity, devices = visible.device_count](
+                 const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
       const auto& member = layout.members.at(static_cast<std::size_t>(rank));
       const int device = device_of(hosted, member);
-      const int devices = gpu::query_devices().device_count;
       if (device >= devices)
         throw std::runtime_error(member.describe() + " takes device " + std::to_string(device) + " (member "
                                  + std::to_string(device + 1) + " of " + std::to_string(hosted.size())
