@@ -202,62 +202,69 @@ std::vector<std::uint8_t> join_broadcast(gpu::p2p_link& l, std::size_t n, gpu::c
 
 } // namespace
 
-TEST_CASE("nccl sender: a collective reaches every member bucket by bucket, the next packed while one is out") {
-  auto world = test::fake_nccl_world::make();
-  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8);
-  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
-  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
-  const std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> buckets = {bytes_of(100, 1), bytes_of(1024, 5),
-                                                                                 bytes_of(7, 9)};
-  std::mutex m;
-  std::vector<std::string> events; // packs and completed receives, in the order they happened
-  gpu::nccl_sender::collective c;
-  c.buckets = buckets.size();
-  c.pack = [&](std::size_t i, std::vector<std::uint8_t>& out) {
-    out = *buckets[i];
-    std::lock_guard<std::mutex> lock(m);
-    events.push_back("pack " + std::to_string(i));
-  };
-  c.deadline = gpu::clock::now() + 5s;
-  c.what = "a version";
-  REQUIRE(sender.submit(std::move(c)).empty());
-  std::vector<std::vector<std::uint8_t>> got1;
-  std::thread other([&] {
-    for (const auto& b : buckets)
-      got1.push_back(join_broadcast(*w1, b->size()));
-  });
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    if (i == 0) // the root packed bucket 1 before bucket 0 could complete without this member
-      CHECK(eventually([&] {
-        std::lock_guard<std::mutex> lock(m);
-        return events.size() == 2;
-      }));
-    CHECK(join_broadcast(*w0, buckets[i]->size()) == *buckets[i]);
-  }
-  other.join();
-  for (std::size_t i = 0; i < buckets.size(); ++i)
-    CHECK(got1[i] == *buckets[i]);
-  CHECK(eventually([&] { return sender.broadcast() == 3; }));
-  CHECK(sender.failure().empty());
-  CHECK(events == std::vector<std::string>{"pack 0", "pack 1", "pack 2"});
-  CHECK(world->open_broadcasts() == 0);
-}
+namespace {
 
-TEST_CASE("nccl sender: a filled collective writes each bucket into the staging in turn, the next prepared") {
-  auto world = test::fake_nccl_world::make();
-  gpu::nccl_sender sender(test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8);
-  auto w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
-  auto w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
+/// A root and two workers joining its broadcasts of three buckets, with
+/// what the root's callbacks did, in order.
+struct three_buckets {
+  std::shared_ptr<test::fake_nccl_world> world = test::fake_nccl_world::make();
+  gpu::nccl_sender sender{test::fake_nccl_world::join(world, two_workers(), 0, 1024), 8};
+  std::shared_ptr<gpu::p2p_link> w0 = test::fake_nccl_world::join(world, two_workers(), 1, 1024);
+  std::shared_ptr<gpu::p2p_link> w1 = test::fake_nccl_world::join(world, two_workers(), 2, 1024);
   const std::vector<std::shared_ptr<const std::vector<std::uint8_t>>> buckets = {bytes_of(100, 1), bytes_of(1024, 5),
                                                                                  bytes_of(7, 9)};
   std::mutex m;
-  std::vector<std::string> events; // prepares and fills, in the order they happened
-  auto happened = [&](std::string e) {
+  std::vector<std::string> events;
+
+  void happened(std::string e) {
     std::lock_guard<std::mutex> lock(m);
     events.push_back(std::move(e));
+  }
+  gpu::nccl_sender::collective collective() const {
+    gpu::nccl_sender::collective c;
+    c.buckets = buckets.size();
+    c.deadline = gpu::clock::now() + 5s;
+    c.what = "a version";
+    return c;
+  }
+  /// Both workers join every bucket; worker 0 only once `ready_first`
+  /// events happened (what the root did before bucket 0 could complete).
+  void receive_all(std::size_t ready_first) {
+    std::vector<std::vector<std::uint8_t>> got1;
+    std::thread other([&] {
+      for (const auto& b : buckets)
+        got1.push_back(join_broadcast(*w1, b->size()));
+    });
+    CHECK(eventually([&] {
+      std::lock_guard<std::mutex> lock(m);
+      return events.size() == ready_first;
+    }));
+    for (const auto& b : buckets)
+      CHECK(join_broadcast(*w0, b->size()) == *b);
+    other.join();
+    for (std::size_t i = 0; i < buckets.size(); ++i)
+      CHECK(got1[i] == *buckets[i]);
+    CHECK(eventually([&] { return sender.broadcast() == 3; }));
+    CHECK(sender.failure().empty());
+    CHECK(world->open_broadcasts() == 0);
+  }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(three_buckets, "nccl sender: a collective reaches every member bucket by bucket, the next packed while one is out") {
+  auto c = collective();
+  c.pack = [&](std::size_t i, std::vector<std::uint8_t>& out) {
+    out = *buckets[i];
+    happened("pack " + std::to_string(i));
   };
-  gpu::nccl_sender::collective c;
-  c.buckets = buckets.size();
+  REQUIRE(sender.submit(std::move(c)).empty());
+  receive_all(2); // the root packed bucket 1 before bucket 0 could complete without worker 0
+  CHECK(events == std::vector<std::string>{"pack 0", "pack 1", "pack 2"});
+}
+
+TEST_CASE_FIXTURE(three_buckets, "nccl sender: a filled collective writes each bucket into the staging in turn, the next prepared") {
+  auto c = collective();
   for (const auto& b : buckets)
     c.fill_bytes.push_back(b->size());
   c.prepare = [&](std::size_t i) { happened("prepare " + std::to_string(i)); };
@@ -265,8 +272,6 @@ TEST_CASE("nccl sender: a filled collective writes each bucket into the staging 
     happened("fill " + std::to_string(i));
     std::memcpy(staging, buckets[i]->data(), buckets[i]->size());
   };
-  c.deadline = gpu::clock::now() + 5s;
-  c.what = "a version";
   // Sizes that do not match the buckets, or exceed the staging, are refused before anything moves.
   auto wrong = c;
   wrong.fill_bytes.pop_back();
@@ -275,26 +280,8 @@ TEST_CASE("nccl sender: a filled collective writes each bucket into the staging 
   wrong.fill_bytes[1] = 1025;
   CHECK(sender.submit(wrong).find("bucket 1 of 1025 bytes exceeds the staging's 1024") != std::string::npos);
   REQUIRE(sender.submit(std::move(c)).empty());
-  std::vector<std::vector<std::uint8_t>> got1;
-  std::thread other([&] {
-    for (const auto& b : buckets)
-      got1.push_back(join_broadcast(*w1, b->size()));
-  });
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    if (i == 0) // bucket 1 was prepared before bucket 0 could complete without this member
-      CHECK(eventually([&] {
-        std::lock_guard<std::mutex> lock(m);
-        return events.size() == 3;
-      }));
-    CHECK(join_broadcast(*w0, buckets[i]->size()) == *buckets[i]);
-  }
-  other.join();
-  for (std::size_t i = 0; i < buckets.size(); ++i)
-    CHECK(got1[i] == *buckets[i]);
-  CHECK(eventually([&] { return sender.broadcast() == 3; }));
+  receive_all(3); // bucket 1 was prepared before bucket 0 could complete without worker 0
   CHECK(events == std::vector<std::string>{"prepare 0", "fill 0", "prepare 1", "fill 1", "prepare 2", "fill 2"});
-  CHECK(sender.failure().empty());
-  CHECK(world->open_broadcasts() == 0);
 }
 
 TEST_CASE("nccl sender: a collective with a member missing ends at the deadline, a failed pack at once") {
