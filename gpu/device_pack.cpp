@@ -136,12 +136,6 @@ public:
 
 std::shared_ptr<transfer::tensor_device> cuda_tensor_device() { return std::make_shared<cuda_tensors>(); }
 
-namespace {
-// Each tensor starts aligned as cudaMalloc aligns (the kernels read whole elements).
-constexpr std::uint64_t copy_alignment = 256;
-std::uint64_t aligned(std::uint64_t n) { return (n + copy_alignment - 1) / copy_alignment * copy_alignment; }
-} // namespace
-
 void device_snapshot::adopt_from(const transfer::weight_snapshot& s,
                                  std::shared_ptr<const transfer::device_resident> resident) {
   version_ = s.version();
@@ -163,14 +157,10 @@ std::shared_ptr<const device_snapshot> device_snapshot::adopt(const transfer::we
 }
 
 device_snapshot::device_snapshot(const transfer::weight_snapshot& s, pack_device& device) : version_(s.version()) {
-  if (auto resident = s.on_device(); resident && resident->device == device.ordinal()) {
-    adopt_from(s, std::move(resident));
-    return;
-  }
   std::vector<std::uint64_t> offsets;
   for (const auto& t : s.tensors()) { // each tensor below 2^62 bytes (a snapshot holds them in memory)
     offsets.push_back(bytes_);
-    bytes_ = aligned(bytes_ + t.size);
+    bytes_ = transfer::device_copy_aligned(bytes_ + t.size);
   }
   auto memory = device.allocate(static_cast<std::size_t>(bytes_));
   auto* base = static_cast<std::uint8_t*>(memory.get());

@@ -79,12 +79,13 @@ std::shared_ptr<pack_device> cuda_pack_device(int device = 0);
 /// tensor_device made "on" it (never use it beside real CUDA copies).
 std::shared_ptr<pack_device> host_pack_device();
 
-/// One version's tensors in device memory, each aligned to 256 bytes,
-/// uploaded once and shared by every worker's pack; or, for a version pushed
-/// from `device`'s own device (s.on_device()), that copy, adopted as it is.
+/// One version's tensors in device memory, each aligned as
+/// transfer::device_copy_aligned lays them out, shared by every worker's
+/// pack: uploaded once from the host bytes, or, for a version pushed from
+/// the pack device's own device (s.on_device()), that copy, adopted as it is.
 class device_snapshot {
 public:
-  /// Throws gpu_error (out of device memory) or what `device` throws.
+  /// Uploads `s`. Throws gpu_error (out of device memory) or what `device` throws.
   device_snapshot(const transfer::weight_snapshot& s, pack_device& device);
   /// The copy `s` was pushed with, when its source still holds it and it
   /// lies on `device`'s own device; nullptr otherwise (never an upload).

@@ -318,12 +318,11 @@ std::shared_ptr<const device_resident> external_source::device_copy_of(const std
     return nullptr;
   };
   make_room_for_device_copy(); // at most device_copies held while this one is made
-  constexpr std::uint64_t alignment = 256; // as cudaMalloc: the pack kernels read whole elements
   std::vector<std::uint64_t> at;
   std::uint64_t bytes = 0;
   for (const auto* t : inputs) { // bounded: the model's parameter count was validated
     at.push_back(bytes);
-    bytes = (bytes + t->bytes + alignment - 1) / alignment * alignment;
+    bytes = device_copy_aligned(bytes + t->bytes);
   }
   const int device = *options_.device_copy_on;
   std::shared_ptr<void> memory;

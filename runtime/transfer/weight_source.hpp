@@ -64,9 +64,18 @@ struct device_resident {
   int device = 0;                    ///< the CUDA device holding `memory`
   std::shared_ptr<const void> memory; ///< owns every pointer below
   std::uint64_t bytes = 0;
-  /// Each held tensor's device pointer, by name; aligned to 256 bytes.
+  /// Each held tensor's device pointer, by name, at offsets laid out by
+  /// device_copy_aligned.
   std::unordered_map<std::string, const void*> tensors;
 };
+
+/// A device copy of a version lays its tensors back to back, each starting
+/// at `n` (the end of the one before) rounded up to 256 bytes, as cudaMalloc
+/// aligns: the pack kernels read whole, aligned elements.
+inline std::uint64_t device_copy_aligned(std::uint64_t n) {
+  constexpr std::uint64_t alignment = 256;
+  return (n + alignment - 1) / alignment * alignment;
+}
 
 /// One version of the weights a source holds: immutable, shared by pointer.
 class weight_snapshot {

@@ -117,11 +117,14 @@ TEST_CASE("device pack: a version pushed from the pack device's own device is ad
   auto device = gpu::host_pack_device(); // ordinal 0
   auto on_0 = pushed_on(0);
   auto same = on_0->latest();
-  gpu::device_snapshot adopted(*same, *device);
+  auto adopted_copy = gpu::device_snapshot::adopt(*same, *device);
+  REQUIRE(bool(adopted_copy));
+  const auto& adopted = *adopted_copy;
   CHECK(adopted.adopted());
   CHECK(adopted.bytes() == same->on_device()->bytes);
   auto on_1 = pushed_on(1); // a copy on another device than the pack's: uploaded from the host bytes
   auto other = on_1->latest();
+  CHECK(!gpu::device_snapshot::adopt(*other, *device));
   gpu::device_snapshot uploaded(*other, *device);
   CHECK_FALSE(uploaded.adopted());
   REQUIRE(adopted.sources().size() == same->tensors().size());

@@ -201,8 +201,11 @@ void check_device_push() {
     host_same = host_same && std::memcmp(t.data, source.bytes.at(t.name).data(), t.size) == 0;
   report(host_same, "CUDA tensors pushed: their host bytes");
   auto on_gpu = gpu::cuda_pack_device();
-  gpu::device_snapshot adopted(*s, *on_gpu);
-  report(adopted.adopted(), "CUDA tensors pushed: the trainer's device copy is the push's, adopted");
+  auto adopted_copy = gpu::device_snapshot::adopt(*s, *on_gpu);
+  report(adopted_copy != nullptr, "CUDA tensors pushed: the trainer's device copy is the push's, adopted");
+  if (!adopted_copy)
+    return;
+  const auto& adopted = *adopted_copy;
   bool same = true;
   plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, 2, 1, dtype::bf16)));
   for (auto g : s->groups()) { // against the CPU pack of the host bytes (the host pack device would adopt the copy too)
