@@ -150,10 +150,11 @@ struct trainer_config {
   /// otherwise every worker pulls it point to point (a round that leaves
   /// members out would never complete a broadcast).
   std::chrono::milliseconds nccl_join_window{2000};
-  /// nccl, sharded: where this rank packs each worker's entries
-  /// (gpu/device_pack.hpp): from a copy of the version on its device, into
-  /// the link's staging, with mixsum64 after them; none: on the CPU, with
-  /// XXH64 in the answer (serve_over_nccl takes the membership's).
+  /// nccl: where this rank fills the link's staging from a copy of the
+  /// version on its device (gpu/device_pack.hpp): a worker's sharded entries
+  /// with mixsum64 after them, whole groups, and the collective's buckets;
+  /// none: all packed on the CPU, with XXH64 (serve_over_nccl takes the
+  /// membership's).
   std::shared_ptr<gpu::pack_device> nccl_pack_device;
   /// Makes a communicator's unique id (gpu::make_nccl_id: NCCL listens for
   /// the members' bootstrap here); none: nccl_id_atom is refused.

@@ -66,18 +66,15 @@ public:
   std::size_t capacity() const override { return staging_.size(); }
 
   void send(const std::uint8_t* host, std::size_t n, int peer) override {
-    check_p2p(layout_, rank_, peer, n, capacity(), "nccl send");
-    std::lock_guard<std::mutex> lock(mutex_);
-    device_guard on(device_);
-    // The previous operation polled done, so nothing reads the staging now.
-    copy(staging_.data(), host, n, copy_kind::host_to_device);
-    comm_->enqueue_p2p({{true, peer, staging_.data(), n}});
+    send_filled([&](void* staging) { copy(staging, host, n, copy_kind::host_to_device); }, n, peer);
   }
   void send_filled(const std::function<void(void*)>& fill, std::size_t n, int peer) override {
     check_p2p(layout_, rank_, peer, n, capacity(), "nccl send");
     std::lock_guard<std::mutex> lock(mutex_);
     device_guard on(device_);
-    fill(staging_.data()); // the kernels finished when it returns (kernels.hpp)
+    // The previous operation polled done, so nothing reads the staging now;
+    // the copy or the kernels finished when `fill` returns (kernels.hpp).
+    fill(staging_.data());
     comm_->enqueue_p2p({{true, peer, staging_.data(), n}});
   }
   void recv(std::size_t n, int peer) override {
@@ -88,10 +85,10 @@ public:
   }
   void broadcast(const std::uint8_t* host, std::size_t n, int root) override {
     check_broadcast(layout_, rank_, root, host, n, capacity());
+    if (root == rank_)
+      return broadcast_filled([&](void* staging) { copy(staging, host, n, copy_kind::host_to_device); }, n);
     std::lock_guard<std::mutex> lock(mutex_);
     device_guard on(device_);
-    if (root == rank_)
-      copy(staging_.data(), host, n, copy_kind::host_to_device);
     comm_->enqueue_broadcast(staging_.data(), n, root);
   }
   void broadcast_filled(const std::function<void(void*)>& fill, std::size_t n) override {

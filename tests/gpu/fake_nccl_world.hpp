@@ -11,6 +11,7 @@
 #include "gpu/ipc_memory.hpp"
 #include "gpu/nccl_link.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -67,10 +68,7 @@ public:
     std::size_t capacity() const override { return capacity_; }
 
     void send(const std::uint8_t* host, std::size_t n, int peer) override {
-      gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl send");
-      auto o = begin(true, n);
-      o->bytes.assign(host, host + n);
-      world_->post(rank_, peer, o);
+      send_filled([&](void* staging) { std::copy(host, host + n, static_cast<std::uint8_t*>(staging)); }, n, peer);
     }
     void send_filled(const std::function<void(void*)>& fill, std::size_t n, int peer) override {
       gpu::check_p2p(layout_, rank_, peer, n, capacity_, "nccl send");
@@ -86,10 +84,10 @@ public:
     }
     void broadcast(const std::uint8_t* host, std::size_t n, int root) override {
       gpu::check_broadcast(layout_, rank_, root, host, n, capacity_);
-      auto o = begin(root == rank_, n);
       if (root == rank_)
-        o->bytes.assign(host, host + n);
-      world_->join_broadcast(layout_, rank_, root, broadcasts_++, o);
+        return broadcast_filled(
+          [&](void* staging) { std::copy(host, host + n, static_cast<std::uint8_t*>(staging)); }, n);
+      world_->join_broadcast(layout_, rank_, root, broadcasts_++, begin(false, n));
     }
     void broadcast_filled(const std::function<void(void*)>& fill, std::size_t n) override {
       gpu::check_range(0, n, capacity_, "nccl broadcast");
