@@ -129,15 +129,14 @@ std::string sender_problem(const gpu::comm_layout& layout, std::uint64_t epoch, 
 
 /// Sharded: the worker's entries of group `g`, verified (against XXH64 in
 /// `answer`, unless `verified` by the caller), handed on packed or stored
-/// where the engine keeps them.
+/// in `targets`, where the engine keeps them (none: handed on).
 void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& answer,
-                          const std::vector<std::uint8_t>& packed, const transfer::group_sink& sink,
-                          transfer::pull_report& report, bool verified = false) {
+                          const std::vector<std::uint8_t>& packed, const std::vector<transfer::store_target>& targets,
+                          const transfer::group_sink& sink, transfer::pull_report& report, bool verified = false) {
   if (answer.version != req.version || answer.group != g)
     throw transfer_error(transfer_failure::producer_failed, "trainer answered group " + std::to_string(g)
                                                               + " of version " + std::to_string(req.version)
                                                               + " with another");
-  const auto targets = transfer::group_targets(sink, req.worker, g, packed.size());
   // Stored in place, the store hashes as it copies; handed on, the bytes
   // are hashed unless the caller verified them already (a device's mixsum64).
   const auto got = !targets.empty() ? transfer::store_group(packed.data(), targets)
@@ -155,6 +154,17 @@ void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, co
     sink.on_stored(req.worker, g);
   report.bytes += packed.size();
   ++report.groups;
+}
+
+/// Hands each target's run of a received group, where it lies in the
+/// link's staging on `device`, to the engine's device copy.
+void land_on_device(const std::vector<transfer::store_target>& targets, const void* staging, int device,
+                    const transfer::group_sink& sink) {
+  const auto* at = static_cast<const std::uint8_t*>(staging);
+  for (const auto& t : targets) {
+    sink.on_device(t, at, device);
+    at += t.bytes;
+  }
 }
 
 } // namespace
@@ -256,7 +266,13 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     auto& bucket = chunk->bucket;
     auto& into = sharded ? packed : bucket.data;
     into.resize(n);
+    // Sharded, the plan's bytes lead the staging (a trailer follows them).
+    const auto targets = sharded ? transfer::group_targets(sink, req.worker, g, n - trailer)
+                                 : std::vector<transfer::store_target>{};
     try {
+      if (sink.on_device && !targets.empty())
+        link->use_received([&](const void* staging, int device) { land_on_device(targets, staging, device, sink); },
+                           n);
       link->read(into.data(), n);
     } catch (const std::exception& e) {
       link->abort();
@@ -272,9 +288,9 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
                                + ", packed on the trainer's device, failed its checksum (sent mixsum64 "
                                + checksum_hex(sent) + ", received " + checksum_hex(got) + " over "
                                + std::to_string(packed.size()) + " bytes); the update is void");
-      deliver_packed_group(req, g, bucket, packed, sink, report, /*verified=*/true);
+      deliver_packed_group(req, g, bucket, packed, targets, sink, report, /*verified=*/true);
     } else if (sharded)
-      deliver_packed_group(req, g, bucket, packed, sink, report);
+      deliver_packed_group(req, g, bucket, packed, targets, sink, report);
     else
       deliver_whole_group(req, g, bucket, sink, report);
   }

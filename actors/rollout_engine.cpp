@@ -4,6 +4,7 @@
 
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/apply_packed.hpp"
+#include "runtime/engine/device_gemm.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/weight_view.hpp"
 #include "runtime/transfer/bucket.hpp"
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
+#include <atomic>
 #include <iostream>
 
 namespace rlsync {
@@ -145,6 +147,20 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
     for (const auto* e : plans[static_cast<std::size_t>(w)]->entries(g))
       out->received[static_cast<std::size_t>(w)].insert(e->source);
   };
+  // Serving from a device: runs the data plane holds on one land in the
+  // device copy too. A failed copy leaves the rest to the upload at finish.
+  if (auto landing = staging ? staging->landed : nullptr) {
+    auto failed = std::make_shared<std::atomic<bool>>(false);
+    sink.on_device = [landing, failed](const transfer::store_target& t, const void* bytes, int device) {
+      if (failed->load())
+        return;
+      try {
+        landing->land(t.at, bytes, t.bytes, device);
+      } catch (const std::exception&) {
+        failed->store(true);
+      }
+    };
+  }
   sink.on_full_group = [&](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
     auto& dst = staging->workers[static_cast<std::size_t>(w)];
     for (const auto& t : tensors) {
@@ -374,6 +390,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // On the kept pulling thread when it is free, else on a thread of its own.
       const bool kept = !st.pull_thread_busy;
       auto job = std::make_shared<pull_job>();
+      st.core->open_landing(); // on a device: the pull fills its copy as well
       job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(), order, deadline, seq, kept,
                   format = st.core->options().weights, engine = self->address()] {
         auto outcome = pull_version(pull, name, plans, staging, order, deadline);

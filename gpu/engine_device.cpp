@@ -63,14 +63,64 @@ void ensure(device_buffer& b, std::size_t bytes) {
     b = device_buffer(bytes);
 }
 
+std::size_t elements(const engine::matrix_ref& m) {
+  return static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols);
+}
+
+// A staging set's fp32 copy on the device, filled from the nccl link's
+// staging as the session's runs arrive: each run widened (or copied) where
+// mirror() would have put it after an upload.
+class cuda_landing final : public engine::device_landing {
+public:
+  cuda_landing(std::shared_ptr<contexts> ctx, const engine::weight_set& w)
+    : device_landing(w), ctx_(std::move(ctx)), copies_(matrices().size()) {}
+  const contexts* owner() const { return ctx_.get(); }
+  /// Matrix m's copy, moved out: the mirror takes it once (empty after).
+  device_buffer take(std::size_t m) { return std::move(copies_.at(m)); }
+
+protected:
+  bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int device) override {
+    if (device != ctx_->device()) // another GPU's staging: this run goes up from the host at finish
+      return false;
+    device_guard on(device);
+    const auto& matrix = matrices()[m];
+    auto& f32 = copies_[m];
+    if (!f32.data())
+      f32 = device_buffer(elements(matrix) * sizeof(float));
+    auto* at = static_cast<float*>(f32.data()) + element;
+    const auto n = static_cast<std::size_t>(count);
+    if (matrix.ref.type == dtype::f32)
+      copy(at, source, n * sizeof(float), copy_kind::device_to_device);
+    else
+      convert(matrix.ref.type, source, dtype::f32, at, n); // exact, as the upload's widening
+    return true;
+  }
+
+private:
+  std::shared_ptr<contexts> ctx_;
+  std::vector<device_buffer> copies_;
+};
+
 class cuda_weights final : public engine::device_weights {
 public:
   cuda_weights(std::shared_ptr<contexts> ctx, const engine::weight_set& w)
     : ctx_(std::move(ctx)), matrices_(engine::matrices_of(w)), index_(matrices_) {
     device_guard on(ctx_->device());
     copies_.reserve(matrices_.size());
-    for (const auto& m : matrices_) {
-      const std::size_t count = static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols);
+    auto* landing = dynamic_cast<cuda_landing*>(w.landed.get());
+    if (landing && landing->owner() != ctx_.get())
+      landing = nullptr; // another backend's
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const auto& m = matrices_[i];
+      const std::size_t count = elements(m);
+      if (landing && engine::landed_whole(w, matrices_, i)) {
+        if (auto landed = landing->take(i); landed.data()) {
+          bytes_ += count * sizeof(float);
+          copies_.push_back(std::move(landed));
+          ++landed_;
+          continue;
+        }
+      }
       device_buffer f32(count * sizeof(float));
       if (m.ref.int8()) { // scale * q, on the host: the process step's values as the CPU kernel weighs them
         std::vector<float> host(count);
@@ -120,6 +170,7 @@ public:
   }
 
   std::uint64_t bytes() const override { return bytes_; }
+  std::size_t landed_matrices() const override { return landed_; }
 
 private:
   std::shared_ptr<contexts> ctx_;
@@ -127,6 +178,7 @@ private:
   engine::matrix_index index_;
   std::vector<device_buffer> copies_;
   std::uint64_t bytes_ = 0;
+  std::size_t landed_ = 0;
 };
 
 class cuda_backend final : public engine::device_backend {
@@ -138,6 +190,9 @@ public:
   }
   std::shared_ptr<const engine::device_weights> mirror(const engine::weight_set& w) override {
     return std::make_shared<cuda_weights>(ctx_, w);
+  }
+  std::shared_ptr<engine::device_landing> landing(const engine::weight_set& w) const override {
+    return std::make_shared<cuda_landing>(ctx_, w);
   }
   std::string name() const override { return name_; }
 

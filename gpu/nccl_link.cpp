@@ -99,10 +99,13 @@ public:
     comm_->enqueue_broadcast(staging_.data(), n, rank_);
   }
   void read(std::uint8_t* host, std::size_t n) override {
+    use_received([&](const void* staging, int) { copy(host, staging, n, copy_kind::device_to_host); }, n);
+  }
+  void use_received(const std::function<void(const void*, int)>& use, std::size_t n) override {
     check_range(0, n, capacity(), "nccl read");
     std::lock_guard<std::mutex> lock(mutex_);
     device_guard on(device_);
-    copy(host, staging_.data(), n, copy_kind::device_to_host);
+    use(staging_.data(), device_);
   }
 
 private:

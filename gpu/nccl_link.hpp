@@ -3,8 +3,9 @@
 // trainer rank sends groups to engine workers point to point, or
 // broadcasts each group to every member at once (the collective baseline).
 // Host bytes go in and come out; each member stages them through one
-// device buffer as large as the largest group. (The built-in engine
-// computes on the CPU, so its bytes leave the device again at once.)
+// device buffer as large as the largest group. (The built-in engine keeps
+// its weights on the host; on a device it also copies them from the
+// staging, use_received.)
 //
 // nccl_link() is NCCL's (nccl_comm.hpp, driven non-blocking); the CPU
 // tests run the protocol above it over tests/gpu/fake_nccl_world.hpp, a
@@ -55,6 +56,11 @@ public:
   /// Copies the last receive's (or broadcast's) first `n` bytes to host
   /// memory, once it polled done. Throws gpu_error or std::out_of_range.
   virtual void read(std::uint8_t* host, std::size_t n) = 0;
+  /// Hands the last receive's first `n` bytes where they lie (the
+  /// staging, on device `device`, current during the call) to `use`, once
+  /// it polled done: a consumer keeping them on the device copies from
+  /// there. Throws as read, and what `use` throws.
+  virtual void use_received(const std::function<void(const void* staging, int device)>& use, std::size_t n) = 0;
 
   /// Held by whoever runs one exchange on the link (ask, receive, wait,
   /// read): an engine worker pulling from several trainer ranks at once

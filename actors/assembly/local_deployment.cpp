@@ -122,6 +122,8 @@ rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, co
     cfg.metrics = engine_metrics_in(w.metrics, spec.name);
     if (w.nccl)
       cfg.nccl_join = engine_nccl_join(w.nccl, spec.name, static_cast<int>(spec.tp));
+    if (w.device)
+      cfg.options.device = w.device;
     return spawn_rollout_engine(sys, std::move(cfg));
   }
   auto cfg = vllm_engine_config_from(t, spec, w.puller, w.source_dtype);

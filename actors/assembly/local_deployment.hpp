@@ -274,6 +274,9 @@ struct replica_wiring {
   /// transfer.backend nccl: the process's membership, which a built-in
   /// engine joins with its workers; nullptr: it joins none.
   std::shared_ptr<gpu::nccl_membership> nccl;
+  /// A built-in engine's device in place of the one its `device` key
+  /// makes (the tests' CPU fake); nullptr: as the key says.
+  std::shared_ptr<engine::device_backend> device;
 };
 
 /// Spawns replica `spec` as its kind says: the built-in engine actor, or the

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,8 @@ public:
   /// Throws std::logic_error naming the address when it lies in no matrix
   /// (the engine asked for a product over something it never mirrored).
   location locate(const void* address) const;
+  /// As locate, or nullopt where locate throws.
+  std::optional<location> find(const void* address) const;
 
 private:
   struct range {
@@ -75,7 +79,50 @@ public:
                          std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) const = 0;
   /// Device bytes this copy holds.
   virtual std::uint64_t bytes() const = 0;
+  /// How many of its matrices it took from a landing, not the host set.
+  virtual std::size_t landed_matrices() const = 0;
 };
+
+/// The device copy of a staging set, filled run by run while a session's
+/// bytes arrive. The base keeps the books (which elements of which matrix
+/// landed); a backend copies.
+class device_landing {
+public:
+  /// For `w`, which must be unprocessed (its matrices as received).
+  explicit device_landing(const weight_set& w);
+  virtual ~device_landing() = default;
+  /// Copies the `bytes` bytes at `source`, memory of CUDA device `device`,
+  /// to where the set's host bytes at `host_at` are mirrored (widened as
+  /// mirror() would). Returns false and copies nothing when they are not
+  /// whole elements of one matrix (a norm stays on the CPU) or lie on a
+  /// device the backend does not read from. Safe for concurrent calls.
+  /// Throws what the copy throws (gpu_error).
+  bool land(const std::uint8_t* host_at, const void* source, std::size_t bytes, int device);
+  /// Whether the runs landed in matrix `m` (matrices() order) cover each
+  /// of its elements exactly once: a gap or an overlap leaves it to the
+  /// upload.
+  bool complete(std::size_t m) const;
+  /// The matrices of the set it was made for, as matrices_of gave them.
+  const std::vector<matrix_ref>& matrices() const { return matrices_; }
+
+protected:
+  /// Copies `count` elements from `source` (on `device`) to elements
+  /// [element, element + count) of matrix `m`'s copy; false when it cannot
+  /// read that device. Called under the landing's lock.
+  virtual bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int device) = 0;
+
+private:
+  std::vector<matrix_ref> matrices_;
+  matrix_index index_;
+  mutable std::mutex mutex_;
+  /// Per matrix, the (first element, count) runs landed.
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> runs_;
+};
+
+/// Whether matrix `m` of `w` can be taken from its landing: the set was
+/// landed (w.landed), is still as received (same addresses and types as
+/// when the landing was made) and the runs cover the matrix exactly.
+bool landed_whole(const weight_set& w, const std::vector<matrix_ref>& matrices, std::size_t m);
 
 /// Makes the device copy of each weight set the engine serves.
 class device_backend {
@@ -85,6 +132,12 @@ public:
   /// model::set_weights before the set is served; throws on failure (the
   /// set is then not served).
   virtual std::shared_ptr<const device_weights> mirror(const weight_set& w) = 0;
+  /// A landing for `w`, the staging set of a session whose pull begins,
+  /// that mirror(w) takes from; null (the default) when it lands nothing.
+  virtual std::shared_ptr<device_landing> landing(const weight_set& w) const {
+    (void)w;
+    return nullptr;
+  }
   /// What it runs on, for logs and `rlsync generate --json`: "cuda:0 (NVIDIA H200)".
   virtual std::string name() const = 0;
 };

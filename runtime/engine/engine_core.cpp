@@ -5,6 +5,7 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/engine/apply_packed.hpp"
+#include "runtime/engine/device_gemm.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/engine/sampling.hpp"
@@ -178,6 +179,7 @@ void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t versi
   if (!(opts_.weights == weight_format::int8 && weights->processed))
     process_weights(*weights, opts_.weights);
   net_->set_weights(weights); // every rank serves the one set: fanned out by reference
+  weights->landed.reset();     // taken by the device's copy, or not needed
   if (serving_) { // the first load keeps the spare made at construction
     if (serving_->processed && serving_.use_count() == 1)
       process_weights(*serving_, weight_format::received); // a spare holds no int8 form
@@ -595,6 +597,7 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
     s.staging = primary().make_weights();
   spare_.reset();
   s.staging->processed = false; // its bytes are about to change
+  s.staging->landed.reset();    // nothing of this session landed yet
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
   s.was_dirty = dirty_;
   session_ = std::move(s);
@@ -624,6 +627,7 @@ std::optional<engine_error> engine_core::apply_packed(int worker, const std::set
                                            + std::to_string(size) + " bytes, the plan expects "
                                            + std::to_string(expected)};
   session_->staging->processed = false;
+  session_->staging->landed.reset(); // bytes the device copy will not have
   auto& dst = session_->staging->workers[static_cast<std::size_t>(worker)];
   const std::uint8_t* at = bytes;
   for (const auto& e : p.entries)
@@ -641,6 +645,7 @@ std::optional<engine_error> engine_core::apply_tensor(const rlsync::tensor_view&
   if (ignored_weight(config(), t.name))
     return std::nullopt;
   session_->staging->processed = false;
+  session_->staging->landed.reset(); // bytes the device copy will not have
   try {
     auto view = real_weight(t.name, t.type, t.shape, t.data);
     for (auto& w : session_->staging->workers)
@@ -694,6 +699,13 @@ std::optional<std::uint64_t> engine_core::session_version() const {
 
 std::shared_ptr<weight_set> engine_core::session_staging() const {
   return session_ ? session_->staging : nullptr;
+}
+
+std::shared_ptr<device_landing> engine_core::open_landing() {
+  if (!session_ || !opts_.device || opts_.weights != weight_format::received)
+    return nullptr;
+  session_->staging->landed = opts_.device->landing(*session_->staging);
+  return session_->staging->landed;
 }
 
 std::optional<engine_error> engine_core::mark_received(int worker, const std::set<std::string>& sources,

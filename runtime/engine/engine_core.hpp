@@ -214,6 +214,11 @@ public:
   /// nothing else on the session meanwhile), then the owner records what
   /// arrived. nullptr outside a session.
   std::shared_ptr<weight_set> session_staging() const;
+  /// With a device that lands (device_gemm.hpp) and weights served as
+  /// received: a landing for the session's staging set, attached to it,
+  /// for a pull that holds the bytes on a device to fill beside the host
+  /// set. nullptr otherwise (no session, no device, the int8 format).
+  std::shared_ptr<device_landing> open_landing();
   std::optional<engine_error> mark_received(int worker, const std::set<std::string>& sources,
                                             std::uint64_t version);
 

@@ -119,6 +119,8 @@ private:
   std::vector<std::size_t> layer_first_; // each layer's first parameter (layers follow the embedding)
 };
 
+class device_landing; // device_gemm.hpp
+
 /// One complete copy of an engine's weights: one worker_weights per tp rank.
 struct weight_set {
   std::vector<worker_weights> workers;
@@ -126,6 +128,11 @@ struct weight_set {
   /// The int8 form (parameter::q) is current for the bytes: set by
   /// process_weights(int8), cleared by every write of a session.
   bool processed = false;
+  /// The device copy a data plane filled as this session's bytes arrived
+  /// (device_gemm.hpp), which the engine's device takes instead of
+  /// uploading them; null when none. Dropped by every write that does not
+  /// go through it, and once the set is served.
+  std::shared_ptr<device_landing> landed;
 
   /// Allocates zeroed parameters of `type` for every worker.
   static std::shared_ptr<weight_set> make(const model_config& c, int tp, dtype type, bool expert_parallel = false);

@@ -86,6 +86,12 @@ struct group_sink {
   /// pull fails and the update is void, as for any failure.
   std::function<std::vector<store_target>(int worker, std::uint32_t group)> targets;
   std::function<void(int worker, std::uint32_t group)> on_stored;
+  /// Optional, with targets: an engine serving from a device. A puller
+  /// that holds a group's packed bytes on a CUDA device (the nccl link's
+  /// staging) hands each target's run here as well, where it lies on
+  /// `device`, before it stores the host copy (the group is verified after
+  /// both: a failed checksum voids the update, device copy included).
+  std::function<void(const store_target& target, const void* device_bytes, int device)> on_device;
 };
 
 struct pull_request {

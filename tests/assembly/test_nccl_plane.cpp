@@ -11,9 +11,11 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
+#include "tests/support/fake_engine_device.hpp"
 #include "tests/support/threaded_system.hpp"
 
 #include <caf/scoped_actor.hpp>
+
 #include <doctest/doctest.h>
 
 #include <mutex>
@@ -141,8 +143,10 @@ TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvou
 
 namespace {
 
-// One round over a fake NCCL world, through the nodes' own wiring.
-void round_over_nccl(transfer_mode mode, bool collective) {
+// One round over a fake NCCL world, through the nodes' own wiring; with
+// `devices`, each engine serves from a fake device of its own.
+void round_over_nccl(transfer_mode mode, bool collective,
+                     const std::vector<std::shared_ptr<test::fake_device>>& devices = {}) {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};
   auto t = test::small_topology(2);
@@ -191,6 +195,8 @@ void round_over_nccl(transfer_mode mode, bool collective) {
                                              t.transfer.collective);
     w.source_dtype = dtype::bf16;
     w.nccl = engine_process;
+    if (!devices.empty())
+      w.device = devices.at(actors.size() - 1);
     actors.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
     REQUIRE(await_engine_ready(sys, actors.back()).empty());
   }
@@ -256,6 +262,33 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   for (auto mode : {transfer_mode::broadcast, transfer_mode::sharded}) {
     CAPTURE(to_string(mode));
     round_over_nccl(mode, false);
+  }
+}
+
+TEST_CASE("nccl plane: sharded, engines on a device take each run from the link's staging into the copy they serve") {
+  std::vector<std::shared_ptr<test::fake_device>> devices{std::make_shared<test::fake_device>(),
+                                                          std::make_shared<test::fake_device>()};
+  round_over_nccl(transfer_mode::sharded, false, devices);
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    CAPTURE(i);
+    const auto& c = *devices[i]->counts;
+    CHECK(c.mirrors >= 1);
+    CHECK(c.landed_runs > 0);
+    CHECK(c.refused_runs == 0);
+    CHECK(c.matrices_landed > 0);
+    CHECK(c.matrices_copied == 0); // every matrix of every version served came through a landing
+    CHECK(c.landed_unlike_host == 0);
+  }
+}
+
+TEST_CASE("nccl plane: whole groups (broadcast) are not landed: the device copy is made from the host set") {
+  std::vector<std::shared_ptr<test::fake_device>> devices{std::make_shared<test::fake_device>(),
+                                                          std::make_shared<test::fake_device>()};
+  round_over_nccl(transfer_mode::broadcast, false, devices);
+  for (const auto& d : devices) {
+    CHECK(d->counts->mirrors >= 1);
+    CHECK(d->counts->landed_runs == 0);
+    CHECK(d->counts->matrices_copied > 0);
   }
 }
 

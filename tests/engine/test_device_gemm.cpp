@@ -244,3 +244,209 @@ TEST_CASE("engine device: a version the device cannot hold fails finish_update a
   CHECK(core.version() == 3);
   CHECK(device->counts->mirrors == 2); // the first load and version 3
 }
+
+namespace {
+
+// One matrix's element count, and the address of element `e` of it.
+std::int64_t elements_of(const matrix_ref& m) { return m.rows * m.cols; }
+const std::uint8_t* element_at(const matrix_ref& m, std::int64_t e) {
+  return static_cast<const std::uint8_t*>(m.ref.data) + e * static_cast<std::int64_t>(m.element_size());
+}
+
+} // namespace
+
+TEST_CASE("device landing: runs that cover a matrix exactly once complete it; a gap or an overlap does not") {
+  auto set = make_source(tiny_config(), dtype::bf16, 1).load(1);
+  const auto m = matrices_of(*set).front();
+  const auto n = elements_of(m);
+  REQUIRE(n >= 8);
+  struct row {
+    const char* name;
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs; // (first element, count)
+    bool complete;
+  };
+  const std::vector<row> rows{
+    {"one run", {{0, n}}, true},
+    {"two runs in order", {{0, 4}, {4, n - 4}}, true},
+    {"two runs out of order", {{4, n - 4}, {0, 4}}, true},
+    {"none", {}, false},
+    {"a gap", {{0, 4}, {5, n - 5}}, false},
+    {"an overlap", {{0, 5}, {4, n - 4}}, false},
+    {"a run twice", {{0, n}, {0, 4}}, false},
+    {"short of the end", {{0, n - 1}}, false},
+  };
+  std::vector<std::uint8_t> device(static_cast<std::size_t>(m.bytes())); // device 0's bytes (host memory)
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    test::fake_device dev;
+    auto landing = dev.landing(*set);
+    for (const auto& [first, count] : r.runs)
+      CHECK(landing->land(element_at(m, first), device.data(), static_cast<std::size_t>(count) * m.element_size(), 0));
+    CHECK(landing->complete(0) == r.complete);
+    set->landed = landing;
+    CHECK(landed_whole(*set, matrices_of(*set), 0) == r.complete);
+    set->landed.reset();
+  }
+}
+
+TEST_CASE("device landing: a run that is not whole elements of one matrix, or lies on another device, is refused") {
+  auto set = make_source(tiny_config(), dtype::bf16, 1).load(1);
+  const auto matrices = matrices_of(*set);
+  const auto& m = matrices.front();
+  test::fake_device dev;
+  auto landing = dev.landing(*set);
+  std::vector<std::uint8_t> device(static_cast<std::size_t>(m.bytes()) + 2);
+  const auto* norm = set->workers[0].at(layer_param_name(0, param::input_norm)).bytes.data();
+  CHECK(!landing->land(norm, device.data(), 2, 0));                            // a norm: on the CPU only
+  CHECK(!landing->land(element_at(m, 0) + 1, device.data(), 2, 0));            // inside an element
+  CHECK(!landing->land(element_at(m, 0), device.data(), 3, 0));                // half an element
+  CHECK(!landing->land(element_at(m, 0), device.data(), m.bytes() + 2, 0));    // past the matrix's end
+  CHECK(!landing->land(element_at(m, 0), device.data(), 0, 0));                // nothing
+  CHECK(!landing->land(element_at(m, 0), device.data(), m.bytes(), 1));        // device 1: the fake reads 0 only
+  CHECK(dev.counts->refused_runs == 1);
+  CHECK(!landing->complete(0));
+  CHECK(landing->land(element_at(m, 0), device.data(), m.bytes(), 0));
+  CHECK(landing->complete(0));
+  // Made for another set's addresses, or the set processed since: not taken.
+  auto other = make_source(tiny_config(), dtype::bf16, 1).load(1);
+  other->landed = landing;
+  CHECK(!landed_whole(*other, matrices_of(*other), 0));
+  set->landed = landing;
+  CHECK(landed_whole(*set, matrices, 0));
+  set->processed = true;
+  CHECK(!landed_whole(*set, matrices, 0));
+  CHECK_THROWS_AS(dev.landing(*set), std::logic_error);
+}
+
+namespace {
+
+// A session on `core` that writes `next`'s bytes into the staging set, and
+// lands every matrix's bytes from `landed` (in place of device memory) the
+// way a data plane holding them on device 0 does: one run per row.
+// `half` lands only the first half of matrix 0's rows.
+void landed_session(engine_core& core, std::uint64_t version, const weight_set& next, const weight_set& landed,
+                    bool half = false) {
+  REQUIRE(!core.start_update(version));
+  auto staging = core.session_staging();
+  auto landing = core.open_landing();
+  REQUIRE(bool(landing));
+  CHECK(bool(staging->landed.get() == landing.get()));
+  for (std::size_t w = 0; w < staging->workers.size(); ++w)
+    for (std::size_t p = 0; p < staging->workers[w].params().size(); ++p) {
+      const auto& from = next.workers[w].params()[p];
+      auto& into = staging->workers[w].at(from.name);
+      REQUIRE(into.bytes.size() == from.bytes.size());
+      std::memcpy(into.bytes.data(), from.bytes.data(), from.bytes.size());
+    }
+  const auto mine = matrices_of(*staging);
+  const auto theirs = matrices_of(landed);
+  REQUIRE(mine.size() == theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const auto row_bytes = static_cast<std::size_t>(mine[i].cols) * mine[i].element_size();
+    const auto rows = half && i == 0 ? mine[i].rows / 2 : mine[i].rows;
+    for (std::int64_t r = 0; r < rows; ++r)
+      CHECK(landing->land(element_at(mine[i], r * mine[i].cols), element_at(theirs[i], r * theirs[i].cols), row_bytes,
+                          0));
+  }
+  for (int w = 0; w < static_cast<int>(staging->workers.size()); ++w) {
+    std::set<std::string> sources;
+    for (const auto& e : core.worker_plan(w).entries)
+      sources.insert(e.source);
+    REQUIRE(!core.mark_received(w, sources, version));
+  }
+  REQUIRE(!core.finish_update(version));
+}
+
+} // namespace
+
+TEST_CASE("engine device: a session landed on the device is served from its landing, matrix by matrix, "
+          "and what no run covered is copied from the host set") {
+  const auto config = tiny_config();
+  auto v1 = make_source(config, dtype::bf16, 1);
+  auto v2 = make_source(config, dtype::bf16, 2);
+  auto device = std::make_shared<test::fake_device>();
+  engine_options opts;
+  opts.device = device;
+  opts.tp = 2;
+  engine_core core(config, opts);
+  core.load(v1.load(2), 1);
+  const long per_set = device->counts->matrices_copied; // the first load: copied, nothing landed
+  REQUIRE(per_set > 0);
+  core.pause({pause_mode::keep, false});
+  REQUIRE(core.poll_pause());
+  auto generate = [](engine_core& c) {
+    generate_request req;
+    req.request_id = 1;
+    req.prompt = encode("async RL");
+    req.sampling.max_tokens = 6;
+    req.sampling.stop_at_eos = false;
+    std::vector<std::int32_t> tokens;
+    REQUIRE(!c.add(req, {[&](const token_event& e) { tokens.push_back(e.token); }, [](generate_result) {}}));
+    for (int i = 0; i < 100 && c.has_work(); ++i)
+      c.step();
+    return tokens;
+  };
+  engine_options on_cpu;
+  on_cpu.tp = 2;
+  engine_core reference(config, on_cpu);
+  reference.load(v2.load(2), 2);
+  const auto expected = generate(reference);
+
+  SUBCASE("every matrix landed: none copied, the tokens the CPU engine gives") {
+    landed_session(core, 2, *v2.load(2), *v2.load(2));
+    CHECK(device->counts->matrices_landed == per_set);
+    CHECK(device->counts->matrices_copied == per_set);
+    CHECK(device->counts->landed_unlike_host == 0);
+    CHECK(!core.session_staging());
+    CHECK(!core.weights()->landed); // taken, and let go once served
+    core.resume();
+    CHECK(generate(core) == expected);
+  }
+  SUBCASE("landed bytes are what the device serves (so the check above can fail)") {
+    landed_session(core, 2, *v2.load(2), *v1.load(2));
+    CHECK(device->counts->landed_unlike_host == per_set);
+    core.resume();
+    CHECK(generate(core) != expected);
+  }
+  SUBCASE("a matrix landed in part is copied, the others are taken") {
+    landed_session(core, 2, *v2.load(2), *v2.load(2), /*half=*/true);
+    CHECK(device->counts->matrices_landed == per_set - 1);
+    CHECK(device->counts->matrices_copied == per_set + 1);
+    core.resume();
+    CHECK(generate(core) == expected);
+  }
+  SUBCASE("a write beside the data plane drops the landing: every matrix copied") {
+    REQUIRE(!core.start_update(2));
+    REQUIRE(bool(core.open_landing()));
+    const auto& plan = core.worker_plan(0);
+    std::vector<std::uint8_t> packed;
+    std::set<std::string> first{plan.entries.front().source};
+    for (const auto& e : plan.entries)
+      if (e.source == plan.entries.front().source)
+        packed.resize(packed.size() + e.bytes());
+    REQUIRE(!core.apply_packed(0, first, packed.data(), packed.size()));
+    CHECK(!core.session_staging()->landed);
+    core.abort_update();
+  }
+}
+
+TEST_CASE("engine device: no landing without a session, a device, or with weights served as int8") {
+  const auto config = tiny_config();
+  engine_options plain;
+  engine_core cpu(config, plain);
+  cpu.load(make_source(config, dtype::bf16, 1).load(1), 1);
+  CHECK(!cpu.open_landing()); // no session
+  cpu.pause({pause_mode::keep, false});
+  REQUIRE(cpu.poll_pause());
+  REQUIRE(!cpu.start_update(2));
+  CHECK(!cpu.open_landing()); // no device
+  engine_options int8;
+  int8.device = std::make_shared<test::fake_device>();
+  int8.weights = weight_format::int8;
+  engine_core quantized(config, int8);
+  quantized.load(make_source(config, dtype::bf16, 1).load(1), 1);
+  quantized.pause({pause_mode::keep, false});
+  REQUIRE(quantized.poll_pause());
+  REQUIRE(!quantized.start_update(2));
+  CHECK(!quantized.open_landing()); // the device copy is scale * q, made from the host set
+}

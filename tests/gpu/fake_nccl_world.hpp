@@ -12,6 +12,7 @@
 #include "gpu/nccl_link.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -98,12 +99,16 @@ public:
       world_->join_broadcast(layout_, rank_, rank_, broadcasts_++, o);
     }
     void read(std::uint8_t* host, std::size_t n) override {
+      use_received([&](const void* staging, int) { std::memcpy(host, staging, n); }, n);
+    }
+    /// The received bytes where the world keeps them, as device 0's.
+    void use_received(const std::function<void(const void*, int)>& use, std::size_t n) override {
       std::lock_guard<std::mutex> lock(world_->mutex_);
       if (!last_ || last_->send || !last_->done)
         throw gpu::gpu_error("nccl read before a receive finished");
       if (n > last_->bytes.size())
         throw std::out_of_range("nccl read past the received bytes");
-      std::copy(last_->bytes.begin(), last_->bytes.begin() + static_cast<std::ptrdiff_t>(n), host);
+      use(last_->bytes.data(), 0);
     }
 
   private:

@@ -8,6 +8,7 @@
 #include "gpu/mixsum.hpp"
 #include "runtime/base/dtype.hpp"
 #include "runtime/engine/process.hpp"
+#include "runtime/engine/device_gemm.hpp"
 #include "runtime/engine/engine_core.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "tests/gpu/view_cases.hpp"
@@ -294,6 +295,44 @@ void check_engine() {
     }
 }
 
+// A set landed from device memory (as the nccl puller lands the link's
+// staging) is served from the landing: its logits are those of the bytes
+// landed, bit for bit, whatever the host set holds.
+void check_engine_landing() {
+  const auto config = test::tiny_config();
+  const auto prompt = engine::encode("landed on the device");
+  auto v1 = test::make_source(config, dtype::bf16, 1), v2 = test::make_source(config, dtype::bf16, 2);
+  auto logits_of = [&](const std::shared_ptr<engine::weight_set>& host, const engine::weight_set* landed_from) {
+    auto backend = gpu::make_engine_device(0);
+    engine::model m(config, 1, dtype::bf16);
+    m.set_device(backend);
+    std::vector<gpu::device_buffer> keep;
+    if (landed_from) {
+      host->landed = backend->landing(*host);
+      const auto mine = engine::matrices_of(*host), theirs = engine::matrices_of(*landed_from);
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        keep.emplace_back(theirs[i].bytes());
+        gpu::copy(keep.back().data(), theirs[i].ref.data, theirs[i].bytes(), gpu::copy_kind::host_to_device);
+        host->landed->land(static_cast<const std::uint8_t*>(mine[i].ref.data), keep.back().data(), mine[i].bytes(), 0);
+      }
+    }
+    m.set_weights(host);
+    auto seq = m.new_sequence();
+    return m.forward({{&seq, prompt, 0, true}}).logits;
+  };
+  const auto uploaded = logits_of(v2.load(1), nullptr);
+  const auto landed = logits_of(v2.load(1), v2.load(1).get());
+  const auto other = logits_of(v2.load(1), v1.load(1).get());
+  const auto v1_uploaded = logits_of(v1.load(1), nullptr);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  report(same(landed, uploaded), "engine on the GPU: a version landed from device memory gives the uploaded "
+                                 "version's logits bit for bit");
+  report(same(other, v1_uploaded) && !same(other, uploaded),
+         "engine on the GPU: the landed bytes are what it serves (landed v1 under host v2 gives v1's logits)");
+}
+
 } // namespace
 
 int main() {
@@ -311,6 +350,7 @@ int main() {
     check_device_pack();
     check_device_push();
     check_engine();
+    check_engine_landing();
   } catch (const std::exception& e) {
     report(false, std::string("threw: ") + e.what());
   }

@@ -2,7 +2,10 @@
 // A device_backend on the CPU: each mirror copies every matrix into memory
 // of its own and multiplies there with the CPU kernels, so its products are
 // bit for bit the CPU engine's while reading nothing of the weight set
-// after set_weights. Counts what the engine asked of it.
+// after set_weights. Its landings copy runs from device 0 (host memory
+// playing it, as the fake NCCL world's staging does) and refuse any other;
+// a mirror takes each matrix landed whole instead of copying it. Counts
+// what the engine asked of it.
 #include "runtime/engine/device_gemm.hpp"
 
 #include <atomic>
@@ -15,16 +18,63 @@ namespace rlsync::test {
 
 struct fake_device_counts {
   std::atomic<int> mirrors{0};
+  std::atomic<int> landings{0};         ///< landings made
+  std::atomic<long> landed_runs{0};     ///< runs copied into one
+  std::atomic<long> refused_runs{0};    ///< runs on another device
+  std::atomic<long> matrices_landed{0}; ///< taken by mirrors from a landing
+  std::atomic<long> matrices_copied{0}; ///< copied by mirrors from the host set
+  std::atomic<long> landed_unlike_host{0}; ///< matrices taken whose landed bytes differ from the host set's
   std::atomic<long> products{0};
   std::atomic<bool> fail_next_mirror{false};
+};
+
+class fake_landing final : public engine::device_landing {
+public:
+  fake_landing(std::shared_ptr<fake_device_counts> counts, const engine::weight_set& w)
+    : device_landing(w), counts_(std::move(counts)) {
+    for (const auto& m : matrices())
+      copies_.emplace_back(m.bytes());
+  }
+  /// Matrix m's copy, moved out (empty after).
+  std::vector<unsigned char> take(std::size_t m) { return std::move(copies_.at(m)); }
+
+protected:
+  bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int device) override {
+    if (device != 0) {
+      ++counts_->refused_runs;
+      return false;
+    }
+    const auto size = matrices()[m].element_size();
+    std::memcpy(copies_[m].data() + static_cast<std::size_t>(element) * size, source,
+                static_cast<std::size_t>(count) * size);
+    ++counts_->landed_runs;
+    return true;
+  }
+
+private:
+  std::shared_ptr<fake_device_counts> counts_;
+  std::vector<std::vector<unsigned char>> copies_;
 };
 
 class fake_device_weights final : public engine::device_weights {
 public:
   fake_device_weights(std::shared_ptr<fake_device_counts> counts, const engine::weight_set& w)
     : counts_(std::move(counts)), matrices_(engine::matrices_of(w)), index_(matrices_) {
-    for (const auto& m : matrices_) {
+    auto* landing = dynamic_cast<fake_landing*>(w.landed.get());
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      const auto& m = matrices_[i];
       copy c;
+      if (landing && engine::landed_whole(w, matrices_, i)) {
+        c.bytes = landing->take(i);
+        if (c.bytes.size() != m.bytes() || std::memcmp(c.bytes.data(), m.ref.data, m.bytes()) != 0)
+          ++counts_->landed_unlike_host;
+        bytes_ += c.bytes.size();
+        ++landed_;
+        ++counts_->matrices_landed;
+        copies_.push_back(std::move(c));
+        continue;
+      }
+      ++counts_->matrices_copied;
       c.bytes.resize(m.bytes());
       std::memcpy(c.bytes.data(), m.ref.data, m.bytes());
       if (m.ref.int8())
@@ -43,6 +93,7 @@ public:
     engine::kernels::matmul_nt(a, lda, mine + at.element, ldw, out, ldo, rows, n, depth);
   }
   std::uint64_t bytes() const override { return bytes_; }
+  std::size_t landed_matrices() const override { return landed_; }
 
 private:
   struct copy {
@@ -54,6 +105,7 @@ private:
   engine::matrix_index index_;
   std::vector<copy> copies_;
   std::uint64_t bytes_ = 0;
+  std::size_t landed_ = 0;
 };
 
 class fake_device final : public engine::device_backend {
@@ -64,6 +116,10 @@ public:
       throw std::runtime_error("fake device: out of memory");
     ++counts->mirrors;
     return std::make_shared<fake_device_weights>(counts, w);
+  }
+  std::shared_ptr<engine::device_landing> landing(const engine::weight_set& w) const override {
+    ++counts->landings;
+    return std::make_shared<fake_landing>(counts, w);
   }
   std::string name() const override { return "fake"; }
 };
