@@ -1,6 +1,7 @@
 #include "actors/ipc_puller.hpp"
 
 #include "actors/caf_puller.hpp"
+#include "actors/land_on_device.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/plan/groups.hpp"
 
@@ -22,11 +23,21 @@ ipc_puller::ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> tr
   largest_group_bytes_ = plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32);
 }
 
+void ipc_puller::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
+  if (!plan)
+    throw std::invalid_argument("cuda_ipc transfer: engine '" + engine + "' registered no plan");
+  auto grouped = std::make_shared<const plan::grouped_plan>(model_, plan);
+  std::lock_guard<std::mutex> lock(mutex_);
+  plans_[engine + "/" + std::to_string(plan->worker)] = std::move(grouped);
+}
+
 void ipc_puller::unregister_engine(const std::string& engine) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto prefix = engine + "/";
   for (auto it = books_.lower_bound(prefix); it != books_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
     it = books_.erase(it);
+  for (auto it = plans_.lower_bound(prefix); it != plans_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
+    it = plans_.erase(it);
 }
 
 transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
@@ -65,6 +76,16 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   auto refuse = [&](const std::string& why) {
     return transfer_error(transfer_failure::producer_failed, "trainer over cuda_ipc: " + why);
   };
+  // An engine on a device lands each group from the mapping, packed there by its plan.
+  std::shared_ptr<const plan::grouped_plan> plan;
+  std::shared_ptr<gpu::pack_device> packer;
+  if (sink.on_device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = plans_.find(consumer); it != plans_.end())
+      plan = it->second;
+    if (plan)
+      packer = memory_->packer();
+  }
   for (std::uint32_t k = 0; k < groups_.size(); ++k) {
     const std::uint32_t g = groups_[k];
     auto left = group_wait(req, g, group_deadline_);
@@ -116,7 +137,14 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
     } catch (const std::exception& e) {
       throw refuse(std::string("reading group ") + std::to_string(g) + ": " + e.what());
     }
-    deliver_whole_group(req, g, bucket, sink, report);
+    if (!packer) {
+      deliver_whole_group(req, g, bucket, sink, report);
+      continue;
+    }
+    const void* on_device = mapping->at(static_cast<std::size_t>(chunk->offset), bucket.data.size());
+    deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
+      land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), on_device, *packer, sink);
+    });
   }
   report.duration = transfer::clock::now() - t0;
   return report;

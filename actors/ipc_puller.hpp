@@ -22,6 +22,8 @@
 
 #include <caf/actor_system.hpp>
 
+#include "runtime/plan/grouped_plan.hpp"
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,8 +40,10 @@ public:
   ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
              std::shared_ptr<gpu::ipc_memory> memory, std::optional<std::vector<std::uint32_t>> groups = std::nullopt);
 
-  /// No plans needed: the trainer sends whole groups, each worker slices them.
-  void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
+  /// The trainer sends whole groups, which each worker slices; the plan
+  /// packs a group on the device for an engine that lands it there
+  /// (land_on_device.hpp).
+  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override;
   void unregister_engine(const std::string& engine) override;
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;
@@ -55,6 +59,8 @@ private:
   std::mutex mutex_;
   /// Per "engine/worker": the sessions it has seen (they only grow).
   std::map<std::string, gpu::ipc_consumer_session> books_;
+  /// Per "engine/worker": its plan.
+  std::map<std::string, std::shared_ptr<const plan::grouped_plan>> plans_;
 };
 
 } // namespace rlsync

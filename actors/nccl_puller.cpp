@@ -1,6 +1,7 @@
 #include "actors/nccl_puller.hpp"
 
 #include "actors/caf_puller.hpp"
+#include "actors/land_on_device.hpp"
 #include "actors/type_ids.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
@@ -26,12 +27,12 @@ using transfer::transfer_failure;
 
 nccl_puller::nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                          link_of links, std::optional<std::vector<std::uint32_t>> groups, gpu::wait_hooks hooks,
-                         bool collective)
+                         bool collective, packer_of packers)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), links_(std::move(links)),
     groups_(groups_or_all(model_, std::move(groups))), hooks_(std::move(hooks)),
     group_deadline_(whole_group_deadline(model_)),
     largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)),
-    collective_(collective) {
+    collective_(collective), packers_(std::move(packers)) {
   if (!links_)
     throw std::invalid_argument("an nccl puller without links");
 }
@@ -156,17 +157,6 @@ void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, co
   ++report.groups;
 }
 
-/// Hands each target's run of a received group, where it lies in the
-/// link's staging on `device`, to the engine's device copy.
-void land_on_device(const std::vector<transfer::store_target>& targets, const void* staging, int device,
-                    const transfer::group_sink& sink) {
-  const auto* at = static_cast<const std::uint8_t*>(staging);
-  for (const auto& t : targets) {
-    sink.on_device(t, at, device);
-    at += t.bytes;
-  }
-}
-
 } // namespace
 
 transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
@@ -271,12 +261,16 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
                                  : std::vector<transfer::store_target>{};
     try {
       if (sink.on_device && !targets.empty())
-        link->use_received([&](const void* staging, int device) { land_on_device(targets, staging, device, sink); },
+        link->use_received([&](const void* staging, int device) { land_packed_runs(targets, staging, device, sink); },
                            n);
       link->read(into.data(), n);
     } catch (const std::exception& e) {
       link->abort();
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
+    }
+    if (!sharded && lands_whole(req, sink)) { // landed from the staging: it must hold the group until then
+      deliver_landed(req, g, bucket, *link, n, sink, report);
+      continue;
     }
     turn.unlock(); // the bytes are out of the staging: the next exchange may begin
     if (sharded && chunk->trailer) {
@@ -398,8 +392,45 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
     std::tie(bucket.data, bucket.checksum) = transfer::split_checksum(received.data(), n);
-    deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
+    if (lands_whole(req, sink))
+      deliver_landed(req, bucket.group, bucket, link, n, sink, report);
+    else
+      deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
   }
+}
+
+bool nccl_puller::lands_whole(const transfer::pull_request& req, const transfer::group_sink& sink) const {
+  if (!sink.on_device || !packers_)
+    return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return plans_.count({req.engine, req.worker}) > 0;
+}
+
+void nccl_puller::deliver_landed(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
+                                 gpu::p2p_link& link, std::size_t n, const transfer::group_sink& sink,
+                                 transfer::pull_report& report) {
+  std::shared_ptr<const plan::grouped_plan> plan;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = plans_.find({req.engine, req.worker}); it != plans_.end())
+      plan = it->second.plan;
+  }
+  std::shared_ptr<gpu::pack_device> packer;
+  try {
+    packer = packers_(req.engine, req.worker);
+  } catch (const std::exception&) {
+    // No pack device for it (a build without CUDA): delivered on the host only.
+  }
+  if (!plan || !packer)
+    return deliver_whole_group(req, g, bucket, sink, report);
+  // The staging holds the bucket's bytes from its first (a checksum may follow them).
+  link.use_received(
+    [&](const void* staging, int) {
+      deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
+        land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), staging, *packer, sink);
+      });
+    },
+    n);
 }
 
 } // namespace rlsync

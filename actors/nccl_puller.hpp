@@ -36,6 +36,7 @@
 // group of another size than the plan packs) is refused before a receive
 // is posted.
 #include "actors/interfaces.hpp"
+#include "gpu/device_pack.hpp"
 #include "gpu/nccl_link.hpp"
 #include "runtime/config/model_config.hpp"
 #include "runtime/plan/grouped_plan.hpp"
@@ -58,14 +59,19 @@ public:
   /// The worker's link to the current communicator; null when it is in none.
   using link_of = std::function<std::shared_ptr<gpu::p2p_link>(const std::string& engine, int worker)>;
 
+  /// Where the worker's link's device packs (nccl_membership::packer); null: nowhere.
+  using packer_of = std::function<std::shared_ptr<gpu::pack_device>(const std::string& engine, int worker)>;
+
   /// `trainer()` is asked at each pull (a node that rejoins a restarted
   /// head swaps it); `groups`: those the trainer (rank) holds, none: all;
   /// `hooks`: comm_wait's world (tests); `collective`: broadcast mode joins
   /// the rank's collective broadcast instead of pulling groups point to
-  /// point (every member of the communicator must pull each version).
+  /// point (every member of the communicator must pull each version);
+  /// `packers`: where a whole group received for an engine on a device is
+  /// packed to land in its copy (none: whole groups are not landed).
   nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model, link_of links,
               std::optional<std::vector<std::uint32_t>> groups = std::nullopt, gpu::wait_hooks hooks = {},
-              bool collective = false);
+              bool collective = false, packer_of packers = {});
 
   /// Keeps the worker's plan for sharded pulls (broadcast needs none).
   /// Throws std::invalid_argument for a plan that does not fit the model.
@@ -89,6 +95,14 @@ private:
   registered_plan(caf::scoped_actor& self, const trainer_actor& trainer, const transfer::pull_request& req,
                   std::uint64_t epoch);
 
+  /// A whole group received for `req`'s worker, delivered from `bucket`
+  /// and landed from where the link holds it: under the link's turn.
+  void deliver_landed(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
+                      gpu::p2p_link& link, std::size_t n, const transfer::group_sink& sink,
+                      transfer::pull_report& report);
+  /// Whether whole groups for `req`'s worker land on a device.
+  bool lands_whole(const transfer::pull_request& req, const transfer::group_sink& sink) const;
+
   /// Broadcast mode, collective: the whole version through the rank's
   /// broadcasts; false when the rank says to pull it point to point.
   bool pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink, gpu::p2p_link& link,
@@ -105,7 +119,8 @@ private:
   std::chrono::milliseconds group_deadline_;
   std::uint64_t largest_group_bytes_ = 0; ///< as f32: what no group may exceed
   bool collective_ = false;
-  std::mutex mutex_; ///< pulls of several workers run at once
+  packer_of packers_;
+  mutable std::mutex mutex_; ///< pulls of several workers run at once
   std::map<std::pair<std::string, int>, registration> plans_;
 };
 

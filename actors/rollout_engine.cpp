@@ -118,10 +118,13 @@ errc to_errc(transfer::transfer_failure f) {
 /// engine's one producer, or from several trainer ranks (the M:N pull).
 using pull_fn = std::function<transfer_report(const transfer::group_sink&, transfer::clock::time_point)>;
 
-/// Runs on the pulling thread: every worker's groups into the staging weights.
+/// Runs on the pulling thread: every worker's groups into the staging
+/// weights, and into `landing` (an engine on a device; null: none) where
+/// the data plane holds them on a device.
 std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::string& name,
                                            std::vector<std::shared_ptr<const plan::grouped_plan>> plans,
-                                           std::shared_ptr<engine::weight_set> staging, transfer_order order,
+                                           std::shared_ptr<engine::weight_set> staging,
+                                           std::shared_ptr<engine::device_landing> landing, transfer_order order,
                                            std::chrono::milliseconds deadline) {
   auto out = std::make_shared<pull_outcome>();
   out->version = order.version;
@@ -149,7 +152,7 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
   };
   // Serving from a device: runs the data plane holds on one land in the
   // device copy too. A failed copy leaves the rest to the upload at finish.
-  if (auto landing = staging ? staging->landed : nullptr) {
+  if (landing) {
     auto failed = std::make_shared<std::atomic<bool>>(false);
     sink.on_device = [landing, failed](const transfer::store_target& t, const void* bytes, int device) {
       if (failed->load())
@@ -390,10 +393,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // On the kept pulling thread when it is free, else on a thread of its own.
       const bool kept = !st.pull_thread_busy;
       auto job = std::make_shared<pull_job>();
-      st.core->open_landing(); // on a device: the pull fills its copy as well
-      job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(), order, deadline, seq, kept,
+      job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(),
+                  landing = st.core->open_landing(), order, deadline, seq, kept,
                   format = st.core->options().weights, engine = self->address()] {
-        auto outcome = pull_version(pull, name, plans, staging, order, deadline);
+        auto outcome = pull_version(pull, name, plans, staging, landing, order, deadline);
         // The process step here, off the engine's thread: finish then only swaps.
         if (outcome->report && format == engine::weight_format::int8 && staging)
           engine::process_weights(*staging, format);

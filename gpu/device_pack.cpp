@@ -11,14 +11,19 @@
 
 namespace rlsync::gpu {
 
-pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const transfer::weight_snapshot& s) {
+namespace {
+
+/// The pieces of group `g`'s entries, over `tensors` found by `find`;
+/// `held` names what holds them, for errors ("version 3").
+template <class Find>
+pack_layout layout_over(const plan::grouped_plan& p, std::uint32_t g, const std::vector<tensor_view>& tensors,
+                        const Find& find, const std::string& held) {
   pack_layout out;
-  const auto& tensors = s.tensors();
   for (const auto* e : p.entries(g)) {
-    const tensor_view* t = s.find(e->source);
+    const tensor_view* t = find(e->source);
     if (!t)
-      throw std::invalid_argument("device pack of group " + std::to_string(g) + ": version "
-                                  + std::to_string(s.version()) + " holds no tensor '" + e->source + "'");
+      throw std::invalid_argument("device pack of group " + std::to_string(g) + ": " + held + " holds no tensor '"
+                                  + e->source + "'");
     if (t->type != e->source_type || t->shape != e->source_shape)
       throw std::invalid_argument("device pack of group " + std::to_string(g) + ": tensor '" + e->source
                                   + "' is held in another dtype or shape than the plan recorded");
@@ -41,6 +46,23 @@ pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const tra
     out.pieces.push_back(piece);
   }
   return out;
+}
+
+} // namespace
+
+pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const transfer::weight_snapshot& s) {
+  return layout_over(p, g, s.tensors(), [&](const std::string& name) { return s.find(name); },
+                     "version " + std::to_string(s.version()));
+}
+
+pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+  auto find = [&](const std::string& name) -> const tensor_view* {
+    for (const auto& t : tensors) // a group's few tensors
+      if (t.name == name)
+        return &t;
+    return nullptr;
+  };
+  return layout_over(p, g, tensors, find, "the group");
 }
 
 namespace {

@@ -45,6 +45,9 @@ struct pack_layout {
 /// std::invalid_argument naming the tensor when `s` lacks one, holds it in
 /// another dtype or shape than the plan recorded, or a view does not fit it.
 pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const transfer::weight_snapshot& s);
+/// As above, over one whole group's `tensors` (pieces index into them): an
+/// engine packing a group it received whole, as its plan would have packed it.
+pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const std::vector<tensor_view>& tensors);
 
 /// Device memory and the pack kernels.
 class pack_device {

@@ -75,13 +75,21 @@ public:
   cuda_landing(std::shared_ptr<contexts> ctx, const engine::weight_set& w)
     : device_landing(w), ctx_(std::move(ctx)), copies_(matrices().size()) {}
   const contexts* owner() const { return ctx_.get(); }
-  /// Matrix m's copy, moved out: the mirror takes it once (empty after).
-  device_buffer take(std::size_t m) { return std::move(copies_.at(m)); }
+  /// Matrix m's copy, moved out: the mirror takes it once (empty after,
+  /// and after close()).
+  device_buffer take(std::size_t m) {
+    std::lock_guard<std::mutex> hold(lock());
+    return m < copies_.size() ? std::move(copies_[m]) : device_buffer();
+  }
 
 protected:
+  // Another GPU's staging: those runs go up from the host at finish.
+  bool reads(int device) const override { return device == ctx_->device(); }
+  void release() override {
+    device_guard on(ctx_->device(), std::nothrow); // freed on their device where it can be made current
+    copies_.clear();
+  }
   bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int device) override {
-    if (device != ctx_->device()) // another GPU's staging: this run goes up from the host at finish
-      return false;
     device_guard on(device);
     const auto& matrix = matrices()[m];
     auto& f32 = copies_[m];
@@ -113,15 +121,17 @@ public:
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const auto& m = matrices_[i];
       const std::size_t count = elements(m);
-      if (landing && engine::landed_whole(w, matrices_, i)) {
-        if (auto landed = landing->take(i); landed.data()) {
-          bytes_ += count * sizeof(float);
-          copies_.push_back(std::move(landed));
-          ++landed_;
-          continue;
-        }
+      const bool whole = landing && engine::landed_whole(w, matrices_, i);
+      // Landed in part, its buffer is the upload's: written whole below, and not held twice meanwhile.
+      device_buffer f32 = landing ? landing->take(i) : device_buffer();
+      if (whole && f32.data()) {
+        bytes_ += count * sizeof(float);
+        copies_.push_back(std::move(f32));
+        ++landed_;
+        continue;
       }
-      device_buffer f32(count * sizeof(float));
+      if (!f32.data())
+        f32 = device_buffer(count * sizeof(float));
       if (m.ref.int8()) { // scale * q, on the host: the process step's values as the CPU kernel weighs them
         std::vector<float> host(count);
         const auto* q = static_cast<const std::int8_t*>(m.ref.data);

@@ -39,8 +39,11 @@ class cuda_mapping final : public ipc_memory::mapping {
 public:
   cuda_mapping(const ipc_handle& handle, std::size_t bytes) : mapped_(handle, bytes) {}
   void read(std::size_t offset, std::uint8_t* to, std::size_t n) const override {
+    copy(to, at(offset, n), n, copy_kind::device_to_host);
+  }
+  const void* at(std::size_t offset, std::size_t n) const override {
     check_range(offset, n, mapped_.size(), "a read from the mapped buffer");
-    copy(to, static_cast<const std::uint8_t*>(mapped_.data()) + offset, n, copy_kind::device_to_host);
+    return static_cast<const std::uint8_t*>(mapped_.data()) + offset;
   }
 
 private:

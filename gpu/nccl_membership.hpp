@@ -52,8 +52,9 @@ public:
   /// The member's link in the current epoch; null when it is in none.
   std::shared_ptr<p2p_link> link(const comm_member& m) const;
   std::uint64_t epoch() const;
-  /// The pack device of trainer rank `rank` (null: it packs on the CPU).
-  std::shared_ptr<pack_device> packer(const comm_member& rank) const { return packers_ ? packers_(rank) : nullptr; }
+  /// The pack device on member `m`'s device (null: none): a trainer rank
+  /// packs shards there, an engine worker the whole groups it lands.
+  std::shared_ptr<pack_device> packer(const comm_member& m) const { return packers_ ? packers_(m) : nullptr; }
   /// Whether `m` holds a link from this very rendezvous (same epoch, id and
   /// members): a retried join that needs no answer but yes.
   bool joined(const nccl_rendezvous& r, const comm_member& m) const;

@@ -106,4 +106,10 @@ nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m) {
   };
 }
 
+nccl_puller::packer_of nccl_packers(std::shared_ptr<gpu::nccl_membership> m) {
+  return [m = std::move(m)](const std::string& engine, int worker) {
+    return m->packer(gpu::comm_member::worker(engine, worker));
+  };
+}
+
 } // namespace rlsync

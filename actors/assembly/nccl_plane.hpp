@@ -61,5 +61,8 @@ std::function<std::string(const nccl_rendezvous_msg&)> engine_nccl_join(std::sha
 
 /// What an nccl_puller receives over: the worker's link in `m`.
 nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m);
+/// Where each engine worker's link's device packs a whole group it lands
+/// (the membership's packers).
+nccl_puller::packer_of nccl_packers(std::shared_ptr<gpu::nccl_membership> m);
 
 } // namespace rlsync

@@ -63,17 +63,31 @@ bool device_landing::land(const std::uint8_t* host_at, const void* source, std::
   const auto count = bytes / element;
   if (bytes % element != 0 || count > elements - static_cast<std::uint64_t>(at->element)) // whole elements, inside
     return false;
+  if (!reads(device)) // before the lock: refusing waits for nobody's copy
+    return false;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!copy_run(at->matrix, at->element, static_cast<std::int64_t>(count), source, device))
+  if (closed_ || !copy_run(at->matrix, at->element, static_cast<std::int64_t>(count), source, device))
     return false;
   runs_[at->matrix].emplace_back(at->element, static_cast<std::int64_t>(count));
   return true;
+}
+
+void device_landing::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_)
+    return;
+  closed_ = true;
+  for (auto& r : runs_)
+    r.clear();
+  release();
 }
 
 bool device_landing::complete(std::size_t m) const {
   std::vector<std::pair<std::int64_t, std::int64_t>> runs;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_)
+      return false;
     runs = runs_.at(m);
   }
   std::sort(runs.begin(), runs.end());

@@ -98,6 +98,10 @@ public:
   /// device the backend does not read from. Safe for concurrent calls.
   /// Throws what the copy throws (gpu_error).
   bool land(const std::uint8_t* host_at, const void* source, std::size_t bytes, int device);
+  /// Ends the landing: later runs are refused, and what the backend holds
+  /// for it is freed (a session aborted, a failed finish, a set served).
+  /// A pull still running on another thread then lands nothing more.
+  void close();
   /// Whether the runs landed in matrix `m` (matrices() order) cover each
   /// of its elements exactly once: a gap or an overlap leaves it to the
   /// upload.
@@ -110,6 +114,12 @@ protected:
   /// [element, element + count) of matrix `m`'s copy; false when it cannot
   /// read that device. Called under the landing's lock.
   virtual bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int device) = 0;
+  /// Whether runs on `device` can be copied at all (checked before the lock).
+  virtual bool reads(int device) const = 0;
+  /// Frees what the backend holds for the landing. Called once, under the lock.
+  virtual void release() = 0;
+  /// The landing's lock, for a backend's own use of what copy_run fills.
+  std::mutex& lock() const { return mutex_; }
 
 private:
   std::vector<matrix_ref> matrices_;
@@ -117,6 +127,7 @@ private:
   mutable std::mutex mutex_;
   /// Per matrix, the (first element, count) runs landed.
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> runs_;
+  bool closed_ = false;
 };
 
 /// Whether matrix `m` of `w` can be taken from its landing: the set was

@@ -139,6 +139,17 @@ struct engine_core::scheduler_rank {
   std::size_t outstanding() const { return requests.size(); }
 };
 
+namespace {
+
+/// Closes and forgets `w`'s landing, freeing what it holds on the device.
+void drop_landing(weight_set& w) {
+  if (w.landed)
+    w.landed->close();
+  w.landed.reset();
+}
+
+} // namespace
+
 // -- construction and weights ------------------------------------------------------
 
 engine_core::engine_core(const model_config& c, engine_options opts)
@@ -179,7 +190,7 @@ void engine_core::serve(std::shared_ptr<weight_set> weights, std::uint64_t versi
   if (!(opts_.weights == weight_format::int8 && weights->processed))
     process_weights(*weights, opts_.weights);
   net_->set_weights(weights); // every rank serves the one set: fanned out by reference
-  weights->landed.reset();     // taken by the device's copy, or not needed
+  drop_landing(*weights);      // taken by the device's copy, or not needed
   if (serving_) { // the first load keeps the spare made at construction
     if (serving_->processed && serving_.use_count() == 1)
       process_weights(*serving_, weight_format::received); // a spare holds no int8 form
@@ -597,7 +608,7 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
     s.staging = primary().make_weights();
   spare_.reset();
   s.staging->processed = false; // its bytes are about to change
-  s.staging->landed.reset();    // nothing of this session landed yet
+  drop_landing(*s.staging);     // nothing of this session landed yet
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
   s.was_dirty = dirty_;
   session_ = std::move(s);
@@ -627,7 +638,7 @@ std::optional<engine_error> engine_core::apply_packed(int worker, const std::set
                                            + std::to_string(size) + " bytes, the plan expects "
                                            + std::to_string(expected)};
   session_->staging->processed = false;
-  session_->staging->landed.reset(); // bytes the device copy will not have
+  drop_landing(*session_->staging); // bytes the device copy will not have
   auto& dst = session_->staging->workers[static_cast<std::size_t>(worker)];
   const std::uint8_t* at = bytes;
   for (const auto& e : p.entries)
@@ -645,7 +656,7 @@ std::optional<engine_error> engine_core::apply_tensor(const rlsync::tensor_view&
   if (ignored_weight(config(), t.name))
     return std::nullopt;
   session_->staging->processed = false;
-  session_->staging->landed.reset(); // bytes the device copy will not have
+  drop_landing(*session_->staging); // bytes the device copy will not have
   try {
     auto view = real_weight(t.name, t.type, t.shape, t.data);
     for (auto& w : session_->staging->workers)
@@ -684,6 +695,7 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
     // incomplete update.
     if (staging->processed)
       process_weights(*staging, weight_format::received);
+    drop_landing(*staging);
     spare_ = std::move(staging);
     return engine_error{errc::update_incomplete, opts_.name + ": version " + std::to_string(version)
                                                    + " could not be served: " + e.what()};
@@ -719,8 +731,10 @@ std::optional<engine_error> engine_core::mark_received(int worker, const std::se
 }
 
 void engine_core::abort_update() {
-  if (session_)
+  if (session_) {
+    drop_landing(*session_->staging); // a pull still running lands nothing more
     spare_ = std::move(session_->staging); // partly written; the next session overwrites it all
+  }
   session_.reset();
 }
 

@@ -89,8 +89,10 @@ struct group_sink {
   /// Optional, with targets: an engine serving from a device. A puller
   /// that holds a group's packed bytes on a CUDA device (the nccl link's
   /// staging) hands each target's run here as well, where it lies on
-  /// `device`, before it stores the host copy (the group is verified after
-  /// both: a failed checksum voids the update, device copy included).
+  /// `device`: a sharded group's before it stores the host copy, a whole
+  /// group's after it verified (a failed checksum voids the update, device
+  /// copy included). Never required, so it must not throw: a run it cannot
+  /// take is left to the host copy.
   std::function<void(const store_target& target, const void* device_bytes, int device)> on_device;
 };
 

@@ -17,6 +17,8 @@
 #include "tests/support/transfer_fixtures.hpp"
 
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/engine/recording.hpp"
+#include "runtime/transfer/packing.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/bucket.hpp"
 
@@ -117,6 +119,80 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: workers pull whole groups through the 
   transfer::pull_engine(puller, "rollout-1", 2, v2, transfer_mode::sharded, rec2.sink(), test::in(10s));
   CHECK(rec2.got[0] == expected(v2));
   CHECK(rec2.got[1] == expected(v2));
+}
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: for an engine on a device, each group is packed by the worker's plan "
+                                "from the mapping and landed as the runs a sharded pull stores") {
+  auto producer = std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 2);
+  desk->open(producer);
+  const auto v = step();
+  ipc_puller puller(sys, asking(trainer), model, memory);
+  const int tp = 2;
+  std::vector<std::shared_ptr<const plan::grouped_plan>> plans;
+  for (int w = 0; w < tp; ++w) {
+    auto p = std::make_shared<const plan::worker_plan>(engine::make_plan(model, tp, w, dtype::bf16));
+    puller.register_worker("rollout-0", p);
+    plans.push_back(std::make_shared<const plan::grouped_plan>(model, p));
+  }
+  // Each worker's store targets: one per plan entry, in host memory of
+  // the test's own; the runs landed are recorded by where they go.
+  std::mutex mutex;
+  std::map<int, std::map<std::uint32_t, std::vector<std::uint8_t>>> stores; // worker, group: the packed bytes
+  std::map<const std::uint8_t*, std::vector<std::uint8_t>> landed;          // target: the run's bytes
+  int wrong_device = 0;
+  recording_sink rec;
+  auto sink = rec.sink();
+  sink.targets = [&](int w, std::uint32_t g) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& store = stores[w][g];
+    store.resize(plans[static_cast<std::size_t>(w)]->bytes(g));
+    std::vector<transfer::store_target> out;
+    std::size_t at = 0;
+    for (const auto* e : plans[static_cast<std::size_t>(w)]->entries(g)) {
+      out.push_back({store.data() + at, static_cast<std::size_t>(e->bytes())});
+      at += static_cast<std::size_t>(e->bytes());
+    }
+    return out;
+  };
+  sink.on_stored = [](int, std::uint32_t) { FAIL("whole groups are delivered, never stored"); };
+  sink.on_device = [&](const transfer::store_target& t, const void* bytes, int device) {
+    std::lock_guard<std::mutex> lock(mutex);
+    wrong_device += device != 0 ? 1 : 0;
+    const auto* b = static_cast<const std::uint8_t*>(bytes);
+    landed[t.at].assign(b, b + t.bytes);
+  };
+  transfer::pull_engine(puller, "rollout-0", tp, v, transfer_mode::sharded, sink, test::in(10s));
+  CHECK(rec.got[0] == expected(v)); // the host path as before
+  CHECK(wrong_device == 0);
+  const auto snapshot = source->find(v);
+  REQUIRE(snapshot);
+  std::size_t runs = 0;
+  for (int w = 0; w < tp; ++w)
+    for (std::uint32_t g = 0; g < plans[static_cast<std::size_t>(w)]->group_count(); ++g) {
+      CAPTURE(w);
+      CAPTURE(g);
+      const auto& plan = *plans[static_cast<std::size_t>(w)];
+      std::vector<std::uint8_t> want(plan.bytes(g));
+      transfer::pack_group(plan, g, *snapshot, want.data());
+      auto& store = stores[w][g];
+      std::vector<std::uint8_t> got;
+      std::size_t at = 0;
+      for (const auto* e : plan.entries(g)) {
+        const auto it = landed.find(store.data() + at);
+        REQUIRE(it != landed.end());
+        got.insert(got.end(), it->second.begin(), it->second.end());
+        at += static_cast<std::size_t>(e->bytes());
+        ++runs;
+      }
+      CHECK(got == want);
+    }
+  CHECK(runs == landed.size());
+  // Without a plan registered (or a sink that lands nothing) nothing lands.
+  landed.clear();
+  const auto v2 = step();
+  ipc_puller unregistered(sys, asking(trainer), model, memory);
+  transfer::pull_engine(unregistered, "rollout-0", tp, v2, transfer_mode::sharded, sink, test::in(10s));
+  CHECK(landed.empty());
 }
 
 TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank holds") {

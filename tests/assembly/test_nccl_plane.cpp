@@ -164,12 +164,20 @@ void round_over_nccl(transfer_mode mode, bool collective,
   // processes on one host share NCCL's; each process its own membership.
   auto world = test::fake_nccl_world::make();
   const auto staging = nccl_staging_bytes(t.model.config);
-  auto fake_links = [world, staging](const gpu::nccl_id&, const gpu::comm_layout& l,
-                                     int rank) -> std::unique_ptr<gpu::p2p_link> {
-    return test::fake_nccl_world::join(world, l, rank, static_cast<std::size_t>(staging));
+  // Each member's staging stands for the device the process would give it.
+  auto fake_links = [world, staging](std::vector<gpu::comm_member> hosted) {
+    return [world, staging, hosted](const gpu::nccl_id&, const gpu::comm_layout& l,
+                                    int rank) -> std::unique_ptr<gpu::p2p_link> {
+      const int device = device_of(hosted, l.members.at(static_cast<std::size_t>(rank)));
+      return test::fake_nccl_world::join(world, l, rank, static_cast<std::size_t>(staging), device);
+    };
   };
-  auto trainer_process = make_nccl_membership(t, {gpu::comm_member::trainer_rank(0)}, fake_links);
-  auto engine_process = make_nccl_membership(t, hosted_members(t, "a"), fake_links);
+  const std::vector<gpu::comm_member> ranks{gpu::comm_member::trainer_rank(0)};
+  auto trainer_process = make_nccl_membership(t, ranks, fake_links(ranks));
+  // The engines' process hosts their workers (as it would with the rank apart), in order.
+  std::vector<gpu::comm_member> workers{gpu::comm_member::worker("e-0", 0), gpu::comm_member::worker("e-1", 0),
+                                        gpu::comm_member::worker("e-1", 1)};
+  auto engine_process = make_nccl_membership(t, hosted_members(t, "a"), fake_links(workers));
   trainer_config tc; // make_local_trainer's, but for the id
   tc.source = transfer::make_weight_source(t, 0);
   tc.step_time = t.trainer.step_time;
@@ -192,7 +200,7 @@ void round_over_nccl(transfer_mode mode, bool collective,
     replica_wiring w;
     w.puller = std::make_shared<nccl_puller>(sys, [trainer] { return trainer; }, t.model.config,
                                              nccl_links(engine_process), std::nullopt, gpu::wait_hooks{},
-                                             t.transfer.collective);
+                                             t.transfer.collective, nccl_packers(engine_process));
     w.source_dtype = dtype::bf16;
     w.nccl = engine_process;
     if (!devices.empty())
@@ -265,30 +273,43 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   }
 }
 
-TEST_CASE("nccl plane: sharded, engines on a device take each run from the link's staging into the copy they serve") {
-  std::vector<std::shared_ptr<test::fake_device>> devices{std::make_shared<test::fake_device>(),
-                                                          std::make_shared<test::fake_device>()};
-  round_over_nccl(transfer_mode::sharded, false, devices);
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    CAPTURE(i);
-    const auto& c = *devices[i]->counts;
-    CHECK(c.mirrors >= 1);
-    CHECK(c.landed_runs > 0);
-    CHECK(c.refused_runs == 0);
-    CHECK(c.matrices_landed > 0);
-    CHECK(c.matrices_copied == 0); // every matrix of every version served came through a landing
-    CHECK(c.landed_unlike_host == 0);
-  }
-}
-
-TEST_CASE("nccl plane: whole groups (broadcast) are not landed: the device copy is made from the host set") {
-  std::vector<std::shared_ptr<test::fake_device>> devices{std::make_shared<test::fake_device>(),
-                                                          std::make_shared<test::fake_device>()};
-  round_over_nccl(transfer_mode::broadcast, false, devices);
-  for (const auto& d : devices) {
-    CHECK(d->counts->mirrors >= 1);
-    CHECK(d->counts->landed_runs == 0);
-    CHECK(d->counts->matrices_copied > 0);
+TEST_CASE("nccl plane: an engine on a device takes every group from the link's staging into the copy it "
+          "serves, where the link is on its device") {
+  struct row {
+    const char* name;
+    transfer_mode mode;
+    bool collective;
+  };
+  for (const auto& r : {row{"sharded", transfer_mode::sharded, false},
+                        row{"whole groups point to point", transfer_mode::broadcast, false},
+                        row{"the collective", transfer_mode::broadcast, true}}) {
+    CAPTURE(r.name);
+    std::vector<std::shared_ptr<test::fake_device>> devices{std::make_shared<test::fake_device>(),
+                                                            std::make_shared<test::fake_device>()};
+    round_over_nccl(r.mode, r.collective, devices);
+    // e-0's one worker has device 0, the engines' own: everything lands.
+    const auto& first = *devices[0]->counts;
+    CHECK(first.mirrors >= 1);
+    CHECK(first.landed_runs > 0);
+    CHECK(first.refused_runs == 0);
+    CHECK(first.matrices_landed > 0);
+    CHECK(first.matrices_copied == 0); // every matrix of every version served came through a landing
+    CHECK(first.landed_unlike_host == 0);
+    CHECK(first.released == first.landings); // each closed once served (or dropped)
+    // e-1's workers have devices 1 and 2: a sharded run there is refused and
+    // copied from the host set. (A whole group is packed by the process's
+    // pack device, which over the fake world is host memory, device 0's.)
+    const auto& second = *devices[1]->counts;
+    CHECK(second.mirrors >= 1);
+    CHECK(second.landed_unlike_host == 0);
+    if (r.mode == transfer_mode::sharded) {
+      CHECK(second.refused_runs > 0);
+      CHECK(second.landed_runs == 0);
+      CHECK(second.matrices_landed == 0);
+      CHECK(second.matrices_copied > 0);
+    } else {
+      CHECK(second.matrices_copied == 0);
+    }
   }
 }
 

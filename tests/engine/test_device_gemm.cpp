@@ -430,6 +430,48 @@ TEST_CASE("engine device: a session landed on the device is served from its land
   }
 }
 
+TEST_CASE("engine device: an aborted, superseded or unservable session closes its landing: a pull still "
+          "running lands nothing more, and what it held is freed") {
+  const auto config = tiny_config();
+  auto device = std::make_shared<test::fake_device>();
+  engine_options opts;
+  opts.device = device;
+  engine_core core(config, opts);
+  core.load(make_source(config, dtype::bf16, 1).load(1), 1);
+  core.pause({pause_mode::keep, false});
+  REQUIRE(core.poll_pause());
+  auto next = make_source(config, dtype::bf16, 2).load(1);
+  // One run of the first matrix of the set it was made for, as a pull thread would land it.
+  auto land_one = [&](const std::shared_ptr<device_landing>& l) {
+    const auto& m = l->matrices().front();
+    const auto from = matrices_of(*next).front();
+    return l->land(element_at(m, 0), from.ref.data, static_cast<std::size_t>(m.cols) * m.element_size(), 0);
+  };
+  REQUIRE(!core.start_update(2));
+  auto aborted = core.open_landing();
+  REQUIRE(bool(aborted));
+  CHECK(land_one(aborted));
+  core.abort_update();
+  CHECK(device->counts->released == 1);
+  CHECK(!land_one(aborted)); // closed: refused
+  REQUIRE(!core.start_update(2));
+  auto superseded = core.open_landing();
+  REQUIRE(!core.start_update(3)); // a new start supersedes the open session
+  CHECK(device->counts->released == 2);
+  auto unservable = core.open_landing();
+  device->counts->fail_next_mirror = true;
+  const auto& plan = core.worker_plan(0);
+  std::set<std::string> sources;
+  for (const auto& e : plan.entries)
+    sources.insert(e.source);
+  REQUIRE(!core.mark_received(0, sources, 3));
+  REQUIRE(core.finish_update(3));
+  CHECK(device->counts->released == 3);
+  CHECK(!core.weights()->landed);
+  (void)superseded;
+  (void)unservable;
+}
+
 TEST_CASE("engine device: no landing without a session, a device, or with weights served as int8") {
   const auto config = tiny_config();
   engine_options plain;

@@ -61,6 +61,10 @@ struct fake_ipc_memory : gpu::ipc_memory, std::enable_shared_from_this<fake_ipc_
       if (owner->corrupt_reads)
         to[0] ^= 1;
     }
+    const void* at(std::size_t offset, std::size_t n) const override {
+      gpu::check_range(offset, n, std::min(said, data->size()), "a read from the mapped buffer");
+      return data->data() + offset;
+    }
   };
 
   std::unique_ptr<buffer> allocate(std::size_t n) override {

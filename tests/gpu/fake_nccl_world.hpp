@@ -38,8 +38,9 @@ class fake_nccl_world {
 public:
   class link final : public gpu::p2p_link {
   public:
-    link(std::shared_ptr<fake_nccl_world> world, gpu::comm_layout layout, int rank, std::size_t capacity)
-      : world_(std::move(world)), layout_(std::move(layout)), rank_(rank), capacity_(capacity) {}
+    link(std::shared_ptr<fake_nccl_world> world, gpu::comm_layout layout, int rank, std::size_t capacity,
+         int device = 0)
+      : world_(std::move(world)), layout_(std::move(layout)), rank_(rank), capacity_(capacity), device_(device) {}
     ~link() override { abort(); }
 
     gpu::comm_poll poll(std::string& why) override {
@@ -101,14 +102,14 @@ public:
     void read(std::uint8_t* host, std::size_t n) override {
       use_received([&](const void* staging, int) { std::memcpy(host, staging, n); }, n);
     }
-    /// The received bytes where the world keeps them, as device 0's.
+    /// The received bytes where the world keeps them, as the link's device's.
     void use_received(const std::function<void(const void*, int)>& use, std::size_t n) override {
       std::lock_guard<std::mutex> lock(world_->mutex_);
       if (!last_ || last_->send || !last_->done)
         throw gpu::gpu_error("nccl read before a receive finished");
       if (n > last_->bytes.size())
         throw std::out_of_range("nccl read past the received bytes");
-      use(last_->bytes.data(), 0);
+      use(last_->bytes.data(), device_);
     }
 
   private:
@@ -128,6 +129,7 @@ public:
     gpu::comm_layout layout_;
     int rank_;
     std::size_t capacity_;
+    int device_; ///< what use_received says the staging is on
     bool aborted_ = false;
     std::shared_ptr<op> last_;
     std::uint64_t broadcasts_ = 0; ///< posted so far: the next one's place in the sequence
@@ -135,9 +137,10 @@ public:
 
   static std::shared_ptr<fake_nccl_world> make() { return std::shared_ptr<fake_nccl_world>(new fake_nccl_world); }
 
+  /// `device`: the CUDA device the member's staging stands for.
   static std::unique_ptr<link> join(const std::shared_ptr<fake_nccl_world>& world, gpu::comm_layout layout, int rank,
-                                    std::size_t capacity) {
-    return std::make_unique<link>(world, std::move(layout), rank, capacity);
+                                    std::size_t capacity, int device = 0) {
+    return std::make_unique<link>(world, std::move(layout), rank, capacity, device);
   }
 
   /// How many links of (epoch, rank) were aborted, whether or not they

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct fake_device_counts {
   std::atomic<int> landings{0};         ///< landings made
   std::atomic<long> landed_runs{0};     ///< runs copied into one
   std::atomic<long> refused_runs{0};    ///< runs on another device
+  std::atomic<int> released{0};         ///< landings closed
   std::atomic<long> matrices_landed{0}; ///< taken by mirrors from a landing
   std::atomic<long> matrices_copied{0}; ///< copied by mirrors from the host set
   std::atomic<long> landed_unlike_host{0}; ///< matrices taken whose landed bytes differ from the host set's
@@ -35,15 +37,24 @@ public:
     for (const auto& m : matrices())
       copies_.emplace_back(m.bytes());
   }
-  /// Matrix m's copy, moved out (empty after).
-  std::vector<unsigned char> take(std::size_t m) { return std::move(copies_.at(m)); }
+  /// Matrix m's copy, moved out (empty after, and after close()).
+  std::vector<unsigned char> take(std::size_t m) {
+    std::lock_guard<std::mutex> hold(lock());
+    return m < copies_.size() ? std::move(copies_[m]) : std::vector<unsigned char>();
+  }
 
 protected:
-  bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int device) override {
-    if (device != 0) {
-      ++counts_->refused_runs;
-      return false;
-    }
+  bool reads(int device) const override {
+    if (device == 0)
+      return true;
+    ++counts_->refused_runs;
+    return false;
+  }
+  void release() override {
+    copies_.clear();
+    ++counts_->released;
+  }
+  bool copy_run(std::size_t m, std::int64_t element, std::int64_t count, const void* source, int) override {
     const auto size = matrices()[m].element_size();
     std::memcpy(copies_[m].data() + static_cast<std::size_t>(element) * size, source,
                 static_cast<std::size_t>(count) * size);
@@ -65,7 +76,7 @@ public:
       const auto& m = matrices_[i];
       copy c;
       if (landing && engine::landed_whole(w, matrices_, i)) {
-        c.bytes = landing->take(i);
+        c.bytes = landing->take(i); // empty when closed: then differs from the host's, counted
         if (c.bytes.size() != m.bytes() || std::memcmp(c.bytes.data(), m.ref.data, m.bytes()) != 0)
           ++counts_->landed_unlike_host;
         bytes_ += c.bytes.size();
