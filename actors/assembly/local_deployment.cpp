@@ -22,7 +22,8 @@
 namespace rlsync {
 
 rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
-                                         std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype) {
+                                         std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype,
+                                         int device) {
   rollout_engine_config cfg;
   cfg.model = t.model.config;
   cfg.options.name = e.name;
@@ -39,7 +40,7 @@ rollout_engine_config engine_config_from(const topology& t, const engine_spec& e
   cfg.options.source_dtype = source_dtype;
   cfg.options.preallocate_staging = true;
   if (e.device == "cuda") // throws, naming the missing device (start-up checked it: backend_device_problem)
-    cfg.options.device = gpu::make_engine_device(0);
+    cfg.options.device = gpu::make_engine_device(device);
   cfg.node = e.node;
   cfg.puller = std::move(puller);
   cfg.transfer_deadline_ms = static_cast<std::uint64_t>(t.sync.deadlines.transfer.count());
@@ -113,7 +114,8 @@ std::uint64_t now_ms() {
 rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, const engine_spec& spec,
                                    const replica_wiring& w) {
   if (spec.kind == engine_kind::builtin) {
-    auto cfg = engine_config_from(t, spec, w.puller, w.source_dtype);
+    const int device = spec.device == "cuda" && !w.device ? engine_device(w.nccl.get(), spec.name) : 0;
+    auto cfg = engine_config_from(t, spec, w.puller, w.source_dtype, device);
     cfg.producer_puller = w.producer_puller;
     cfg.authorize = w.authorize;
     cfg.vouched_router = w.vouched_router;

@@ -242,9 +242,11 @@ producer_puller_factory rank_pullers(const std::vector<hosted_rank>& ranks, prod
 bool stop_and_await(caf::actor_system& sys, std::vector<caf::actor> actors,
                     std::chrono::milliseconds deadline = std::chrono::seconds(10));
 
-/// An engine replica's configuration from the topology.
+/// An engine replica's configuration from the topology; `device: cuda`
+/// serves from CUDA device `device` (throws gpu_error when there is none).
 rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
-                                         std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype);
+                                         std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype,
+                                         int device = 0);
 
 /// The adapter's configuration for an external server (kind vllm) from the
 /// topology: the url, the server's tp, weights_dir, the phases' deadlines

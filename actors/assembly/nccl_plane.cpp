@@ -106,6 +106,18 @@ nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m) {
   };
 }
 
+int engine_device(const gpu::nccl_membership* m, const std::string& engine) {
+  if (!m)
+    return 0;
+  try {
+    if (auto packer = m->packer(gpu::comm_member::worker(engine, 0)))
+      return packer->ordinal();
+  } catch (const std::invalid_argument&) {
+    // Not hosted here: its ranks run in this process, and it joins no communicator.
+  }
+  return 0;
+}
+
 nccl_puller::packer_of nccl_packers(std::shared_ptr<gpu::nccl_membership> m) {
   return [m = std::move(m)](const std::string& engine, int worker) {
     return m->packer(gpu::comm_member::worker(engine, worker));

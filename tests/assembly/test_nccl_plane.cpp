@@ -87,6 +87,42 @@ TEST_CASE("nccl plane: a process hosts its ranks, then its engines' workers, eac
   CHECK(described(hosted_members(one_rank, "b")) == "engine e-0 worker 0, engine e-1 worker 0, engine e-1 worker 1");
 }
 
+namespace {
+
+// A pack device that only says which device it is on.
+class placed_pack_device final : public gpu::pack_device {
+public:
+  explicit placed_pack_device(int ordinal) : ordinal_(ordinal) {}
+  int ordinal() const override { return ordinal_; }
+  std::shared_ptr<void> allocate(std::size_t) override { throw gpu::gpu_error("placed only"); }
+  void upload(void*, const void*, std::size_t) override { throw gpu::gpu_error("placed only"); }
+  void pack(const gpu::pack_layout&, const std::vector<const void*>&, void*) override {
+    throw gpu::gpu_error("placed only");
+  }
+  void concat(const std::vector<piece>&, void*) override { throw gpu::gpu_error("placed only"); }
+
+private:
+  int ordinal_;
+};
+
+} // namespace
+
+TEST_CASE("nccl plane: an engine on a device serves from the GPU of its worker 0's link, else device 0") {
+  const auto t = two_node_topology();
+  const auto b = hosted_members(t, "b");
+  // As make_nccl_membership places them: one device per hosted member, in order.
+  gpu::nccl_membership m([](const gpu::nccl_id&, const gpu::comm_layout&, int) -> std::unique_ptr<gpu::p2p_link> {
+                           throw gpu::gpu_error("no links here");
+                         },
+                         [b](const gpu::comm_member& member) -> std::shared_ptr<gpu::pack_device> {
+                           return std::make_shared<placed_pack_device>(device_of(b, member));
+                         });
+  CHECK(engine_device(&m, "e-0") == 1);
+  CHECK(engine_device(&m, "e-1") == 2); // worker 0's; worker 1 is on 3
+  CHECK(engine_device(&m, "f") == 0);   // not hosted by b: it joins nothing here
+  CHECK(engine_device(nullptr, "e-1") == 0);
+}
+
 TEST_CASE("nccl plane: a process needs a GPU per member it hosts, or it does not start") {
   const auto t = two_node_topology();
   const auto b = hosted_members(t, "b"); // four members
