@@ -48,6 +48,20 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Six greedy tokens of one request through the whole engine.
+std::vector<std::int32_t> generate(engine_core& c) {
+  generate_request req;
+  req.request_id = 1;
+  req.prompt = encode("async RL");
+  req.sampling.max_tokens = 6;
+  req.sampling.stop_at_eos = false;
+  std::vector<std::int32_t> tokens;
+  REQUIRE(!c.add(req, {[&](const token_event& e) { tokens.push_back(e.token); }, [](generate_result) {}}));
+  for (int i = 0; i < 100 && c.has_work(); ++i)
+    c.step();
+  return tokens;
+}
+
 } // namespace
 
 TEST_CASE("matrix index: an address inside a matrix gives the matrix and the element, any other is refused") {
@@ -188,18 +202,6 @@ TEST_CASE("engine device: an engine_core with a device option serves each loaded
   on_cpu.tp = 2;
   engine_core reference(config, on_cpu);
   reference.load(make_source(config, dtype::bf16, 2).load(2), 2);
-  auto generate = [](engine_core& c) {
-    generate_request req;
-    req.request_id = 1;
-    req.prompt = encode("async RL");
-    req.sampling.max_tokens = 6;
-    req.sampling.stop_at_eos = false;
-    std::vector<std::int32_t> tokens;
-    REQUIRE(!c.add(req, {[&](const token_event& e) { tokens.push_back(e.token); }, [](generate_result) {}}));
-    for (int i = 0; i < 100 && c.has_work(); ++i)
-      c.step();
-    return tokens;
-  };
   const long before = device->counts->products;
   const auto tokens = generate(core);
   CHECK(tokens.size() == 6);
@@ -374,18 +376,6 @@ TEST_CASE("engine device: a session landed on the device is served from its land
   REQUIRE(per_set > 0);
   core.pause({pause_mode::keep, false});
   REQUIRE(core.poll_pause());
-  auto generate = [](engine_core& c) {
-    generate_request req;
-    req.request_id = 1;
-    req.prompt = encode("async RL");
-    req.sampling.max_tokens = 6;
-    req.sampling.stop_at_eos = false;
-    std::vector<std::int32_t> tokens;
-    REQUIRE(!c.add(req, {[&](const token_event& e) { tokens.push_back(e.token); }, [](generate_result) {}}));
-    for (int i = 0; i < 100 && c.has_work(); ++i)
-      c.step();
-    return tokens;
-  };
   engine_options on_cpu;
   on_cpu.tp = 2;
   engine_core reference(config, on_cpu);
