@@ -38,6 +38,8 @@ void ipc_puller::unregister_engine(const std::string& engine) {
     it = books_.erase(it);
   for (auto it = plans_.lower_bound(prefix); it != plans_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
     it = plans_.erase(it);
+  for (auto it = scratch_.lower_bound(prefix); it != scratch_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
+    it = scratch_.erase(it);
 }
 
 transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
@@ -79,12 +81,18 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   // An engine on a device lands each group from the mapping, packed there by its plan.
   std::shared_ptr<const plan::grouped_plan> plan;
   std::shared_ptr<gpu::pack_device> packer;
+  std::shared_ptr<landing_scratch> scratch;
   if (sink.on_device) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find(consumer); it != plans_.end())
       plan = it->second;
-    if (plan)
+    if (plan) {
       packer = memory_->packer();
+      auto& made = scratch_[consumer];
+      if (!made)
+        made = std::make_shared<landing_scratch>(static_cast<std::size_t>(largest_group_bytes_) + 8);
+      scratch = made;
+    }
   }
   for (std::uint32_t k = 0; k < groups_.size(); ++k) {
     const std::uint32_t g = groups_[k];
@@ -143,7 +151,8 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
     }
     const void* on_device = mapping->at(static_cast<std::size_t>(chunk->offset), bucket.data.size());
     deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
-      land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), on_device, *packer, sink);
+      land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), on_device, *packer,
+                       *scratch, sink);
     });
   }
   report.duration = transfer::clock::now() - t0;

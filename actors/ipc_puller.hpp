@@ -15,6 +15,7 @@
 // model's largest group, a handle that changes mid-session are refused
 // before any byte is read.
 #include "actors/interfaces.hpp"
+#include "actors/land_on_device.hpp"
 #include "gpu/ipc_memory.hpp"
 #include "gpu/ipc_session.hpp"
 #include "runtime/config/model_config.hpp"
@@ -61,6 +62,8 @@ private:
   std::map<std::string, gpu::ipc_consumer_session> books_;
   /// Per "engine/worker": its plan.
   std::map<std::string, std::shared_ptr<const plan::grouped_plan>> plans_;
+  /// Per "engine/worker": where its groups are packed to land (land_on_device.hpp).
+  std::map<std::string, std::shared_ptr<landing_scratch>> scratch_;
 };
 
 } // namespace rlsync

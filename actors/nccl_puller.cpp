@@ -52,6 +52,8 @@ void nccl_puller::unregister_engine(const std::string& engine) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = plans_.begin(); it != plans_.end();)
     it = it->first.first == engine ? plans_.erase(it) : std::next(it);
+  for (auto it = scratch_.begin(); it != scratch_.end();)
+    it = it->first.first == engine ? scratch_.erase(it) : std::next(it);
 }
 
 std::pair<std::shared_ptr<const plan::grouped_plan>, std::uint64_t>
@@ -410,10 +412,15 @@ void nccl_puller::deliver_landed(const transfer::pull_request& req, std::uint32_
                                  gpu::p2p_link& link, std::size_t n, const transfer::group_sink& sink,
                                  transfer::pull_report& report) {
   std::shared_ptr<const plan::grouped_plan> plan;
+  std::shared_ptr<landing_scratch> scratch;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find({req.engine, req.worker}); it != plans_.end())
       plan = it->second.plan;
+    auto& s = scratch_[{req.engine, req.worker}];
+    if (!s)
+      s = std::make_shared<landing_scratch>(static_cast<std::size_t>(largest_group_bytes_) + 8);
+    scratch = s;
   }
   std::shared_ptr<gpu::pack_device> packer;
   try {
@@ -424,13 +431,23 @@ void nccl_puller::deliver_landed(const transfer::pull_request& req, std::uint32_
   if (!plan || !packer)
     return deliver_whole_group(req, g, bucket, sink, report);
   // The staging holds the bucket's bytes from its first (a checksum may follow them).
-  link.use_received(
-    [&](const void* staging, int) {
-      deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
-        land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), staging, *packer, sink);
-      });
-    },
-    n);
+  bool used = false;
+  try {
+    link.use_received(
+      [&](const void* staging, int) {
+        used = true;
+        deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
+          land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), staging, *packer,
+                           *scratch, sink);
+        });
+      },
+      n);
+  } catch (const std::exception& e) {
+    if (used) // the delivery's own failure (a checksum, the sink): as without a device
+      throw;
+    link.abort();
+    throw transfer_error(transfer_failure::producer_failed, "nccl: reading group " + std::to_string(g) + ": " + e.what());
+  }
 }
 
 } // namespace rlsync

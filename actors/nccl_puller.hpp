@@ -36,6 +36,7 @@
 // group of another size than the plan packs) is refused before a receive
 // is posted.
 #include "actors/interfaces.hpp"
+#include "actors/land_on_device.hpp"
 #include "gpu/device_pack.hpp"
 #include "gpu/nccl_link.hpp"
 #include "runtime/config/model_config.hpp"
@@ -73,7 +74,8 @@ public:
               std::optional<std::vector<std::uint32_t>> groups = std::nullopt, gpu::wait_hooks hooks = {},
               bool collective = false, packer_of packers = {});
 
-  /// Keeps the worker's plan for sharded pulls (broadcast needs none).
+  /// Keeps the worker's plan: sharded pulls send it, whole groups landed
+  /// on an engine's device are packed by it.
   /// Throws std::invalid_argument for a plan that does not fit the model.
   void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override;
   void unregister_engine(const std::string& engine) override;
@@ -122,6 +124,8 @@ private:
   packer_of packers_;
   mutable std::mutex mutex_; ///< pulls of several workers run at once
   std::map<std::pair<std::string, int>, registration> plans_;
+  /// Per worker: where its whole groups are packed to land (land_on_device.hpp).
+  std::map<std::pair<std::string, int>, std::shared_ptr<landing_scratch>> scratch_;
 };
 
 } // namespace rlsync

@@ -154,6 +154,7 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
   // device copy too. A failed copy leaves the rest to the upload at finish.
   if (landing) {
     auto failed = std::make_shared<std::atomic<bool>>(false);
+    sink.lands_from = [landing, failed](int device) { return !failed->load() && landing->accepts(device); };
     sink.on_device = [landing, failed](const transfer::store_target& t, const void* bytes, int device) {
       if (failed->load())
         return;

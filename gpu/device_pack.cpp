@@ -69,7 +69,8 @@ namespace {
 
 class host_device final : public pack_device {
 public:
-  int ordinal() const override { return 0; }
+  explicit host_device(int ordinal) : ordinal_(ordinal) {}
+  int ordinal() const override { return ordinal_; }
   std::shared_ptr<void> allocate(std::size_t bytes) override {
     void* p = std::malloc(bytes == 0 ? 1 : bytes);
     if (!p)
@@ -91,6 +92,9 @@ public:
       at += p.bytes;
     }
   }
+
+private:
+  int ordinal_;
 };
 
 class cuda_device final : public pack_device {
@@ -136,7 +140,7 @@ private:
 } // namespace
 
 std::shared_ptr<pack_device> cuda_pack_device(int device) { return std::make_shared<cuda_device>(device); }
-std::shared_ptr<pack_device> host_pack_device() { return std::make_shared<host_device>(); }
+std::shared_ptr<pack_device> host_pack_device(int ordinal) { return std::make_shared<host_device>(ordinal); }
 
 namespace {
 

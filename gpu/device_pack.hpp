@@ -77,10 +77,10 @@ public:
 /// throws gpu_error.
 std::shared_ptr<pack_device> cuda_pack_device(int device = 0);
 /// Host memory and the CPU replays (gather_host, mixsum64): what the CPU
-/// tests run the nccl plane with, over the fake NCCL world. Its ordinal is
-/// 0: it stands for device 0 there, and adopts the copies a fake
-/// tensor_device made "on" it (never use it beside real CUDA copies).
-std::shared_ptr<pack_device> host_pack_device();
+/// tests run the nccl plane with, over the fake NCCL world. It stands for
+/// device `ordinal` there (device 0 adopts the copies a fake tensor_device
+/// made "on" it; never use it beside real CUDA copies).
+std::shared_ptr<pack_device> host_pack_device(int ordinal = 0);
 
 /// One version's tensors in device memory, each aligned as
 /// transfer::device_copy_aligned lays them out, shared by every worker's

@@ -72,8 +72,14 @@ std::size_t elements(const engine::matrix_ref& m) {
 // mirror() would have put it after an upload.
 class cuda_landing final : public engine::device_landing {
 public:
-  cuda_landing(std::shared_ptr<contexts> ctx, const engine::weight_set& w)
-    : device_landing(w), ctx_(std::move(ctx)), copies_(matrices().size()) {}
+  // Every copy made now, on the engine's thread before the pull: a
+  // cudaMalloc in the middle of a collective could wait on its kernels.
+  cuda_landing(std::shared_ptr<contexts> ctx, const engine::weight_set& w) : device_landing(w), ctx_(std::move(ctx)) {
+    device_guard on(ctx_->device());
+    copies_.reserve(matrices().size());
+    for (const auto& m : matrices())
+      copies_.emplace_back(elements(m) * sizeof(float));
+  }
   const contexts* owner() const { return ctx_.get(); }
   /// Matrix m's copy, moved out: the mirror takes it once (empty after,
   /// and after close()).
@@ -93,8 +99,8 @@ protected:
     device_guard on(device);
     const auto& matrix = matrices()[m];
     auto& f32 = copies_[m];
-    if (!f32.data())
-      f32 = device_buffer(elements(matrix) * sizeof(float));
+    if (!f32.data()) // taken already: nothing to land in
+      return false;
     auto* at = static_cast<float*>(f32.data()) + element;
     const auto n = static_cast<std::size_t>(count);
     if (matrix.ref.type == dtype::f32)
@@ -124,6 +130,8 @@ public:
       const bool whole = landing && engine::landed_whole(w, matrices_, i);
       // Landed in part, its buffer is the upload's: written whole below, and not held twice meanwhile.
       device_buffer f32 = landing ? landing->take(i) : device_buffer();
+      if (f32.size() != count * sizeof(float))
+        f32 = device_buffer(); // not this matrix's size: never reused
       if (whole && f32.data()) {
         bytes_ += count * sizeof(float);
         copies_.push_back(std::move(f32));

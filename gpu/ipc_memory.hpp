@@ -42,8 +42,9 @@ public:
     /// Copies [offset, offset + n) to host memory. Throws gpu_error, or
     /// std::out_of_range past the size the mapping was opened with.
     virtual void read(std::size_t offset, std::uint8_t* to, std::size_t n) const = 0;
-    /// Where [offset, offset + n) lies in this process (device memory, on
-    /// packer()'s device): a consumer that keeps the bytes on the device
+    /// Where [offset, offset + n) lies in this process: device memory of
+    /// the exporting device, mapped (readable from packer()'s device by
+    /// unified addressing): a consumer that keeps the bytes on the device
     /// copies from there. Throws as read().
     virtual const void* at(std::size_t offset, std::size_t n) const = 0;
   };

@@ -114,8 +114,11 @@ std::uint64_t now_ms() {
 rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, const engine_spec& spec,
                                    const replica_wiring& w) {
   if (spec.kind == engine_kind::builtin) {
-    const int device = spec.device == "cuda" && !w.device ? engine_device(w.nccl.get(), spec.name) : 0;
+    const bool on_device = spec.device == "cuda" || w.make_device;
+    const int device = on_device ? engine_device(w.nccl.get(), spec.name) : 0;
     auto cfg = engine_config_from(t, spec, w.puller, w.source_dtype, device);
+    if (w.make_device)
+      cfg.options.device = w.make_device(device);
     cfg.producer_puller = w.producer_puller;
     cfg.authorize = w.authorize;
     cfg.vouched_router = w.vouched_router;
@@ -124,8 +127,6 @@ rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, co
     cfg.metrics = engine_metrics_in(w.metrics, spec.name);
     if (w.nccl)
       cfg.nccl_join = engine_nccl_join(w.nccl, spec.name, static_cast<int>(spec.tp));
-    if (w.device)
-      cfg.options.device = w.device;
     return spawn_rollout_engine(sys, std::move(cfg));
   }
   auto cfg = vllm_engine_config_from(t, spec, w.puller, w.source_dtype);

@@ -276,9 +276,10 @@ struct replica_wiring {
   /// transfer.backend nccl: the process's membership, which a built-in
   /// engine joins with its workers; nullptr: it joins none.
   std::shared_ptr<gpu::nccl_membership> nccl;
-  /// A built-in engine's device in place of the one its `device` key
-  /// makes (the tests' CPU fake); nullptr: as the key says.
-  std::shared_ptr<engine::device_backend> device;
+  /// Makes a built-in engine's device, given the CUDA device it would
+  /// serve from (engine_device), in place of the one its `device` key makes
+  /// (the tests' CPU fake); empty: as the key says.
+  std::function<std::shared_ptr<engine::device_backend>(int device)> make_device;
 };
 
 /// Spawns replica `spec` as its kind says: the built-in engine actor, or the

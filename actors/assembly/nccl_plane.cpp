@@ -60,18 +60,19 @@ std::size_t nccl_staging_bytes(const model_config& c) {
 }
 
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
-                                                           gpu::nccl_membership::link_factory make) {
-  if (make) // a fake world's links stage in host memory: so does its packing
-    return std::make_shared<gpu::nccl_membership>(std::move(make),
-                                                  [packer = gpu::host_pack_device()](const gpu::comm_member&) {
-                                                    return packer;
-                                                  });
+                                                           gpu::nccl_membership::link_factory make,
+                                                           gpu::nccl_membership::packer_factory packers) {
+  if (make) { // a fake world's links stage in host memory: so does its packing
+    if (!packers)
+      packers = [packer = gpu::host_pack_device()](const gpu::comm_member&) { return packer; };
+    return std::make_shared<gpu::nccl_membership>(std::move(make), std::move(packers));
+  }
   const auto visible = gpu::query_devices(); // once: what the process sees does not change under it
   if (auto why = nccl_device_problem(hosted, visible); !why.empty())
     throw std::runtime_error(why);
   const auto capacity = nccl_staging_bytes(t.model.config);
-  // Each trainer rank packs on the device of its own link.
-  auto packers = [hosted](const gpu::comm_member& rank) { return gpu::cuda_pack_device(device_of(hosted, rank)); };
+  // Each member packs on the device of its own link.
+  packers = [hosted](const gpu::comm_member& m) { return gpu::cuda_pack_device(device_of(hosted, m)); };
   auto links = [hosted = std::move(hosted), capacity, devices = visible.device_count](
                  const gpu::nccl_id& id, const gpu::comm_layout& layout, int rank) {
       const auto& member = layout.members.at(static_cast<std::size_t>(rank));

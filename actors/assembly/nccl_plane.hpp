@@ -48,11 +48,13 @@ std::size_t nccl_staging_bytes(const model_config& c);
 
 /// The process's membership: links from nccl_link on each member's device,
 /// with nccl_staging_bytes of staging, or
-/// from `make` when given (a fake world in tests). Without `make`, throws
+/// from `make` when given (a fake world in tests), packing with `packers`
+/// (host memory standing for device 0 when none). Without `make`, throws
 /// std::runtime_error (nccl_device_problem) when the process sees fewer
 /// devices than it hosts members: the start-up fails, not a later join.
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
-                                                           gpu::nccl_membership::link_factory make = {});
+                                                           gpu::nccl_membership::link_factory make = {},
+                                                           gpu::nccl_membership::packer_factory packers = {});
 
 /// An engine's answer to the coordinator's rendezvous: joins `engine`'s
 /// workers 0..tp-1 (rollout_engine_config::nccl_join).

@@ -72,6 +72,13 @@ bool device_landing::land(const std::uint8_t* host_at, const void* source, std::
   return true;
 }
 
+bool device_landing::accepts(int device) const {
+  if (!reads(device))
+    return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !closed_;
+}
+
 void device_landing::close() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_)

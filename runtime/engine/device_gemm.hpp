@@ -102,6 +102,9 @@ public:
   /// for it is freed (a session aborted, a failed finish, a set served).
   /// A pull still running on another thread then lands nothing more.
   void close();
+  /// Whether runs on `device` would be taken now (open, and a device the
+  /// backend reads from): a puller asks before it packs anything for them.
+  bool accepts(int device) const;
   /// Whether the runs landed in matrix `m` (matrices() order) cover each
   /// of its elements exactly once: a gap or an overlap leaves it to the
   /// upload.

@@ -716,6 +716,7 @@ std::shared_ptr<weight_set> engine_core::session_staging() const {
 std::shared_ptr<device_landing> engine_core::open_landing() {
   if (!session_ || !opts_.device || opts_.weights != weight_format::received)
     return nullptr;
+  drop_landing(*session_->staging); // a second pull of the session: its own landing
   session_->staging->landed = opts_.device->landing(*session_->staging);
   return session_->staging->landed;
 }

@@ -94,6 +94,9 @@ struct group_sink {
   /// copy included). Never required, so it must not throw: a run it cannot
   /// take is left to the host copy.
   std::function<void(const store_target& target, const void* device_bytes, int device)> on_device;
+  /// Optional, with on_device: whether runs on `device` can land now; a
+  /// puller asks before it does any work for them (packing a whole group).
+  std::function<bool(int device)> lands_from;
 };
 
 struct pull_request {

@@ -187,6 +187,14 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: for an engine on a device, each group 
       CHECK(got == want);
     }
   CHECK(runs == landed.size());
+  // A group that fails its checksum lands nothing (nor does any after it).
+  landed.clear();
+  const auto v3 = step();
+  memory->corrupt_reads = true;
+  CHECK_THROWS_AS(transfer::pull_engine(puller, "rollout-0", tp, v3, transfer_mode::sharded, sink, test::in(10s)),
+                  transfer::transfer_error);
+  CHECK(landed.empty());
+  memory->corrupt_reads = false;
   // Without a plan registered (or a sink that lands nothing) nothing lands.
   landed.clear();
   const auto v2 = step();

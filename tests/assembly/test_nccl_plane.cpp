@@ -180,9 +180,10 @@ TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvou
 namespace {
 
 // One round over a fake NCCL world, through the nodes' own wiring; with
-// `devices`, each engine serves from a fake device of its own.
+// `devices`, each engine serves from a fake device of its own, made where
+// the wiring places it (appended in the engines' order).
 void round_over_nccl(transfer_mode mode, bool collective,
-                     const std::vector<std::shared_ptr<test::fake_device>>& devices = {}) {
+                     std::vector<std::shared_ptr<test::fake_device>>* devices = nullptr) {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};
   auto t = test::small_topology(2);
@@ -213,7 +214,10 @@ void round_over_nccl(transfer_mode mode, bool collective,
   // The engines' process hosts their workers (as it would with the rank apart), in order.
   std::vector<gpu::comm_member> workers{gpu::comm_member::worker("e-0", 0), gpu::comm_member::worker("e-1", 0),
                                         gpu::comm_member::worker("e-1", 1)};
-  auto engine_process = make_nccl_membership(t, hosted_members(t, "a"), fake_links(workers));
+  auto engine_process =
+    make_nccl_membership(t, hosted_members(t, "a"), fake_links(workers), [workers](const gpu::comm_member& m) {
+      return gpu::host_pack_device(device_of(workers, m)); // each worker packs on its link's device
+    });
   trainer_config tc; // make_local_trainer's, but for the id
   tc.source = transfer::make_weight_source(t, 0);
   tc.step_time = t.trainer.step_time;
@@ -239,8 +243,12 @@ void round_over_nccl(transfer_mode mode, bool collective,
                                              t.transfer.collective, nccl_packers(engine_process));
     w.source_dtype = dtype::bf16;
     w.nccl = engine_process;
-    if (!devices.empty())
-      w.device = devices.at(actors.size() - 1);
+    if (devices)
+      w.make_device = [devices](int ordinal) {
+        auto d = std::make_shared<test::fake_device>(ordinal);
+        devices->push_back(d);
+        return d;
+      };
     actors.push_back(caf::actor_cast<caf::actor>(spawn_replica(sys, t, e, w)));
     REQUIRE(await_engine_ready(sys, actors.back()).empty());
   }
@@ -309,8 +317,8 @@ TEST_CASE("nccl plane: a round moves every engine's weights from the trainer ove
   }
 }
 
-TEST_CASE("nccl plane: an engine on a device takes every group from the link's staging into the copy it "
-          "serves, where the link is on its device") {
+TEST_CASE("nccl plane: an engine on a device serves from its worker 0's GPU and takes every group received "
+          "there from the link's staging into the copy it serves") {
   struct row {
     const char* name;
     transfer_mode mode;
@@ -320,10 +328,13 @@ TEST_CASE("nccl plane: an engine on a device takes every group from the link's s
                         row{"whole groups point to point", transfer_mode::broadcast, false},
                         row{"the collective", transfer_mode::broadcast, true}}) {
     CAPTURE(r.name);
-    std::vector<std::shared_ptr<test::fake_device>> devices{std::make_shared<test::fake_device>(),
-                                                            std::make_shared<test::fake_device>()};
-    round_over_nccl(r.mode, r.collective, devices);
-    // e-0's one worker has device 0, the engines' own: everything lands.
+    std::vector<std::shared_ptr<test::fake_device>> devices;
+    round_over_nccl(r.mode, r.collective, &devices);
+    REQUIRE(devices.size() == 2);
+    // The engines' process hosts e-0 worker 0, e-1 workers 0 and 1: devices 0, 1, 2.
+    CHECK(devices[0]->ordinal == 0);
+    CHECK(devices[1]->ordinal == 1);
+    // e-0's one worker is on its engine's device: everything lands.
     const auto& first = *devices[0]->counts;
     CHECK(first.mirrors >= 1);
     CHECK(first.landed_runs > 0);
@@ -332,20 +343,15 @@ TEST_CASE("nccl plane: an engine on a device takes every group from the link's s
     CHECK(first.matrices_copied == 0); // every matrix of every version served came through a landing
     CHECK(first.landed_unlike_host == 0);
     CHECK(first.released == first.landings); // each closed once served (or dropped)
-    // e-1's workers have devices 1 and 2: a sharded run there is refused and
-    // copied from the host set. (A whole group is packed by the process's
-    // pack device, which over the fake world is host memory, device 0's.)
+    // e-1's worker 0 lands; worker 1's runs, on device 2, are refused and
+    // its matrices copied from the host set.
     const auto& second = *devices[1]->counts;
     CHECK(second.mirrors >= 1);
+    CHECK(second.landed_runs > 0);
+    CHECK(second.refused_runs > 0);
+    CHECK(second.matrices_landed > 0);
+    CHECK(second.matrices_copied > 0);
     CHECK(second.landed_unlike_host == 0);
-    if (r.mode == transfer_mode::sharded) {
-      CHECK(second.refused_runs > 0);
-      CHECK(second.landed_runs == 0);
-      CHECK(second.matrices_landed == 0);
-      CHECK(second.matrices_copied > 0);
-    } else {
-      CHECK(second.matrices_copied == 0);
-    }
   }
 }
 

@@ -2,8 +2,9 @@
 // A device_backend on the CPU: each mirror copies every matrix into memory
 // of its own and multiplies there with the CPU kernels, so its products are
 // bit for bit the CPU engine's while reading nothing of the weight set
-// after set_weights. Its landings copy runs from device 0 (host memory
-// playing it, as the fake NCCL world's staging does) and refuse any other;
+// after set_weights. Its landings copy runs from its own device (host
+// memory playing it, as the fake NCCL world's staging does) and refuse any
+// other (counted, when a run is offered or a puller asks);
 // a mirror takes each matrix landed whole instead of copying it. Counts
 // what the engine asked of it.
 #include "runtime/engine/device_gemm.hpp"
@@ -32,8 +33,8 @@ struct fake_device_counts {
 
 class fake_landing final : public engine::device_landing {
 public:
-  fake_landing(std::shared_ptr<fake_device_counts> counts, const engine::weight_set& w)
-    : device_landing(w), counts_(std::move(counts)) {
+  fake_landing(std::shared_ptr<fake_device_counts> counts, const engine::weight_set& w, int ordinal)
+    : device_landing(w), counts_(std::move(counts)), ordinal_(ordinal) {
     for (const auto& m : matrices())
       copies_.emplace_back(m.bytes());
   }
@@ -45,7 +46,7 @@ public:
 
 protected:
   bool reads(int device) const override {
-    if (device == 0)
+    if (device == ordinal_)
       return true;
     ++counts_->refused_runs;
     return false;
@@ -64,6 +65,7 @@ protected:
 
 private:
   std::shared_ptr<fake_device_counts> counts_;
+  int ordinal_;
   std::vector<std::vector<unsigned char>> copies_;
 };
 
@@ -121,6 +123,9 @@ private:
 
 class fake_device final : public engine::device_backend {
 public:
+  /// On CUDA device `ordinal`: its landings take runs from there only.
+  explicit fake_device(int ordinal = 0) : ordinal(ordinal) {}
+  const int ordinal;
   std::shared_ptr<fake_device_counts> counts = std::make_shared<fake_device_counts>();
   std::shared_ptr<const engine::device_weights> mirror(const engine::weight_set& w) override {
     if (counts->fail_next_mirror.exchange(false))
@@ -130,7 +135,7 @@ public:
   }
   std::shared_ptr<engine::device_landing> landing(const engine::weight_set& w) const override {
     ++counts->landings;
-    return std::make_shared<fake_landing>(counts, w);
+    return std::make_shared<fake_landing>(counts, w, ordinal);
   }
   std::string name() const override { return "fake"; }
 };
