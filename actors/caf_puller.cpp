@@ -58,9 +58,9 @@ void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, st
   throw transfer_error(transfer_failure::producer_failed, "trainer: " + why);
 }
 
-void deliver_whole_group(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
-                         const transfer::group_sink& sink, transfer::pull_report& report,
-                         const std::function<void(const std::vector<tensor_view>&)>& land) {
+std::vector<tensor_view> deliver_whole_group(const transfer::pull_request& req, std::uint32_t g,
+                                             const weight_bucket& bucket, const transfer::group_sink& sink,
+                                             transfer::pull_report& report) {
   if (auto why = check(bucket); !why.empty())
     throw transfer_error(transfer_failure::producer_failed, "trainer sent a malformed bucket: " + why);
   if (bucket.version != req.version || bucket.group != g)
@@ -76,12 +76,11 @@ void deliver_whole_group(const transfer::pull_request& req, std::uint32_t g, con
   } catch (const std::invalid_argument& e) {
     throw transfer_error(transfer_failure::producer_failed, e.what());
   }
-  if (land)
-    land(views);
   if (sink.on_full_group)
     sink.on_full_group(req.worker, g, views);
   report.bytes += bucket.data.size();
   ++report.groups;
+  return views;
 }
 
 caf_puller::caf_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,

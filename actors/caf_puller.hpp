@@ -69,11 +69,10 @@ std::chrono::milliseconds group_wait(const transfer::pull_request& req, std::uin
 
 /// Checks a whole-group bucket a trainer sent for group `group` of
 /// `req.version` (layout, identity, checksum: a peer can lie), hands its
-/// tensors to `land` (a puller holding them on a device: land_on_device.hpp)
-/// and then to sink.on_full_group, and adds it to `report`. Throws
-/// transfer_error.
-void deliver_whole_group(const transfer::pull_request& req, std::uint32_t group, const weight_bucket& bucket,
-                         const transfer::group_sink& sink, transfer::pull_report& report,
-                         const std::function<void(const std::vector<tensor_view>&)>& land = {});
+/// tensors to sink.on_full_group and adds it to `report`. Returns the
+/// tensors handed on (views into `bucket`). Throws transfer_error.
+std::vector<tensor_view> deliver_whole_group(const transfer::pull_request& req, std::uint32_t group,
+                                             const weight_bucket& bucket, const transfer::group_sink& sink,
+                                             transfer::pull_report& report);
 
 } // namespace rlsync

@@ -4,6 +4,7 @@
 #include "actors/land_on_device.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/bucket.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -17,10 +18,11 @@ using transfer::transfer_failure;
 ipc_puller::ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                        std::shared_ptr<gpu::ipc_memory> memory, std::optional<std::vector<std::uint32_t>> groups)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
-    memory_(std::move(memory)), group_deadline_(whole_group_deadline(model_)) {
+    memory_(std::move(memory)), group_deadline_(whole_group_deadline(model_)),
+    largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)),
+    scratches_(static_cast<std::size_t>(largest_group_bytes_) + transfer::checksum_trailer_bytes) {
   if (!memory_)
     throw std::invalid_argument("a cuda_ipc puller without device memory");
-  largest_group_bytes_ = plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32);
 }
 
 void ipc_puller::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
@@ -38,8 +40,7 @@ void ipc_puller::unregister_engine(const std::string& engine) {
     it = books_.erase(it);
   for (auto it = plans_.lower_bound(prefix); it != plans_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
     it = plans_.erase(it);
-  for (auto it = scratch_.lower_bound(prefix); it != scratch_.end() && it->first.compare(0, prefix.size(), prefix) == 0;)
-    it = scratch_.erase(it);
+  scratches_.forget(engine);
 }
 
 transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
@@ -78,21 +79,19 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   auto refuse = [&](const std::string& why) {
     return transfer_error(transfer_failure::producer_failed, "trainer over cuda_ipc: " + why);
   };
-  // An engine on a device lands each group from the mapping, packed there by its plan.
-  std::shared_ptr<const plan::grouped_plan> plan;
-  std::shared_ptr<gpu::pack_device> packer;
-  std::shared_ptr<landing_scratch> scratch;
+  // An engine on a device lands each group from the mapping, packed there by
+  // its plan, and checked against what verified (the trainer can write there).
+  whole_group_landing landing;
   if (sink.on_device) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find(consumer); it != plans_.end())
-      plan = it->second;
-    if (plan) {
-      packer = memory_->packer();
-      auto& made = scratch_[consumer];
-      if (!made)
-        made = std::make_shared<landing_scratch>(static_cast<std::size_t>(largest_group_bytes_) + 8);
-      scratch = made;
-    }
+      landing.plan = it->second;
+  }
+  if (landing.plan) {
+    landing.packer = memory_->packer();
+    landing.recheck = true;
+    if (!sink.lands_from || sink.lands_from(landing.packer->ordinal()))
+      landing.scratch = scratches_.of(req.engine, req.worker);
   }
   for (std::uint32_t k = 0; k < groups_.size(); ++k) {
     const std::uint32_t g = groups_[k];
@@ -145,15 +144,10 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
     } catch (const std::exception& e) {
       throw refuse(std::string("reading group ") + std::to_string(g) + ": " + e.what());
     }
-    if (!packer) {
-      deliver_whole_group(req, g, bucket, sink, report);
-      continue;
-    }
-    const void* on_device = mapping->at(static_cast<std::size_t>(chunk->offset), bucket.data.size());
-    deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
-      land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), on_device, *packer,
-                       *scratch, sink);
-    });
+    const auto views = deliver_whole_group(req, g, bucket, sink, report);
+    if (landing)
+      land_whole_group(landing, req.worker, g, views, bucket.data.data(), bucket.data.size(),
+                       mapping->at(static_cast<std::size_t>(chunk->offset), bucket.data.size()), sink);
   }
   report.duration = transfer::clock::now() - t0;
   return report;

@@ -5,8 +5,10 @@
 // into the worker's slot of its exported device buffer and answers with
 // the buffer's handle, where the bytes lie and the bucket's layout and
 // checksum. The worker maps the buffer once per session, copies the bytes
-// out, verifies them and slices whole tensors as the CAF path does (the
-// built-in engine computes on the CPU: its weights live in host memory).
+// out, verifies them and slices whole tensors as the CAF path does; for an
+// engine serving from a device it also packs the group where it lies, by
+// the worker's plan, and lands it in the engine's device copy
+// (land_on_device.hpp), checked against the bytes that verified.
 // A session ends with a release (ipc_release_atom), on success and on
 // failure, and the mapping with it.
 //
@@ -19,11 +21,10 @@
 #include "gpu/ipc_memory.hpp"
 #include "gpu/ipc_session.hpp"
 #include "runtime/config/model_config.hpp"
+#include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/puller.hpp"
 
 #include <caf/actor_system.hpp>
-
-#include "runtime/plan/grouped_plan.hpp"
 
 #include <functional>
 #include <map>
@@ -48,6 +49,7 @@ public:
   void unregister_engine(const std::string& engine) override;
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;
+  bool lands_on_device() const override { return true; }
 
 private:
   caf::actor_system& sys_;
@@ -62,8 +64,7 @@ private:
   std::map<std::string, gpu::ipc_consumer_session> books_;
   /// Per "engine/worker": its plan.
   std::map<std::string, std::shared_ptr<const plan::grouped_plan>> plans_;
-  /// Per "engine/worker": where its groups are packed to land (land_on_device.hpp).
-  std::map<std::string, std::shared_ptr<landing_scratch>> scratch_;
+  worker_scratches scratches_; ///< where groups are packed to land (land_on_device.hpp)
 };
 
 } // namespace rlsync

@@ -1,7 +1,9 @@
 #include "actors/land_on_device.hpp"
 
+#include "runtime/transfer/bucket.hpp"
 #include "runtime/transfer/store_in_place.hpp"
 
+#include <cstring>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -17,9 +19,23 @@ void* landing_scratch::on(gpu::pack_device& packer) {
     memory_ = packer.allocate(bytes_);
     ordinal_ = packer.ordinal();
   } catch (const std::exception&) {
-    failed_ = true; // out of device memory: whole groups go up from the host
+    failed_ = true; // out of device memory
   }
   return memory_.get();
+}
+
+std::shared_ptr<landing_scratch> worker_scratches::of(const std::string& engine, int worker) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& made = by_worker_[{engine, worker}];
+  if (!made)
+    made = std::make_shared<landing_scratch>(bytes_);
+  return made;
+}
+
+void worker_scratches::forget(const std::string& engine) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = by_worker_.begin(); it != by_worker_.end();)
+    it = it->first.first == engine ? by_worker_.erase(it) : std::next(it);
 }
 
 void land_packed_runs(const std::vector<transfer::store_target>& targets, const void* device_bytes, int device,
@@ -38,13 +54,12 @@ void land_packed_runs(const std::vector<transfer::store_target>& targets, const 
   }
 }
 
-void land_whole_group(const plan::grouped_plan& plan, int worker, std::uint32_t g,
+void land_whole_group(const whole_group_landing& to, int worker, std::uint32_t g,
                       const std::vector<tensor_view>& tensors, const std::uint8_t* host_bytes,
-                      std::size_t host_size, const void* device_bytes, gpu::pack_device& packer,
-                      landing_scratch& scratch, const transfer::group_sink& sink) {
-  if (!sink.on_device || (sink.lands_from && !sink.lands_from(packer.ordinal())))
+                      std::size_t host_size, const void* device_bytes, const transfer::group_sink& sink) {
+  if (!to || !sink.on_device || (sink.lands_from && !sink.lands_from(to.packer->ordinal())))
     return;
-  std::vector<const void*> sources;
+  std::vector<const void*> sources, host_sources;
   std::set<std::string> names;
   sources.reserve(tensors.size());
   for (const auto& t : tensors) { // the same offsets on the device as in the host copy
@@ -59,27 +74,36 @@ void land_whole_group(const plan::grouped_plan& plan, int worker, std::uint32_t 
     if (reinterpret_cast<std::uintptr_t>(source) % dtype_size(t.type) != 0 || !names.insert(t.name).second)
       return;
     sources.push_back(source);
+    host_sources.push_back(at);
   }
   gpu::pack_layout layout;
   std::vector<transfer::store_target> targets;
   try {
-    layout = gpu::layout_group(plan, g, tensors);
+    layout = gpu::layout_group(*to.plan, g, tensors);
     targets = transfer::group_targets(sink, worker, g, static_cast<std::size_t>(layout.bytes));
   } catch (const std::invalid_argument&) {
     return; // not the plan's tensors: delivering them on the host says why
   }
-  if (targets.empty())
+  const auto with_sum = static_cast<std::size_t>(layout.bytes) + transfer::checksum_trailer_bytes; // pack() appends it
+  if (targets.empty() || with_sum > to.scratch->bytes())
     return;
-  if (layout.bytes + 8 > scratch.bytes()) // and the mixsum64 pack() appends
-    return;
-  void* packed = scratch.on(packer);
+  std::lock_guard<std::mutex> hold(to.scratch->lock());
+  void* packed = to.scratch->on(*to.packer);
   if (!packed)
     return;
   try {
-    packer.pack(layout, sources, packed);
-    land_packed_runs(targets, packed, packer.ordinal(), sink);
+    to.packer->pack(layout, sources, packed);
+    if (to.recheck) {
+      std::vector<std::uint8_t> host_packed(with_sum);
+      gpu::host_pack_device()->pack(layout, host_sources, host_packed.data());
+      std::uint8_t device_sum[transfer::checksum_trailer_bytes];
+      to.packer->download(device_sum, static_cast<const std::uint8_t*>(packed) + layout.bytes, sizeof device_sum);
+      if (std::memcmp(device_sum, host_packed.data() + layout.bytes, sizeof device_sum) != 0)
+        return; // changed on the device since it was read: the upload carries what verified
+    }
+    land_packed_runs(targets, packed, to.packer->ordinal(), sink);
   } catch (const std::exception&) {
-    // Out of device memory, say: these runs go up from the host at finish.
+    // A failed pack or copy: these runs go up from the host at finish.
   }
 }
 

@@ -32,7 +32,8 @@ nccl_puller::nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> 
     groups_(groups_or_all(model_, std::move(groups))), hooks_(std::move(hooks)),
     group_deadline_(whole_group_deadline(model_)),
     largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)),
-    collective_(collective), packers_(std::move(packers)) {
+    collective_(collective), packers_(std::move(packers)),
+    scratches_(static_cast<std::size_t>(largest_group_bytes_) + transfer::checksum_trailer_bytes) {
   if (!links_)
     throw std::invalid_argument("an nccl puller without links");
 }
@@ -52,8 +53,7 @@ void nccl_puller::unregister_engine(const std::string& engine) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = plans_.begin(); it != plans_.end();)
     it = it->first.first == engine ? plans_.erase(it) : std::next(it);
-  for (auto it = scratch_.begin(); it != scratch_.end();)
-    it = it->first.first == engine ? scratch_.erase(it) : std::next(it);
+  scratches_.forget(engine);
 }
 
 std::pair<std::shared_ptr<const plan::grouped_plan>, std::uint64_t>
@@ -200,6 +200,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
   ask.version = req.version;
   ask.epoch = layout.epoch;
   std::vector<std::uint8_t> packed; // sharded: the group's bytes, reused
+  const auto whole_landing = sharded ? whole_group_landing{} : landing_of(req, sink);
   for (const std::uint32_t g : groups_) {
     if (sharded && plan->bytes(g) == 0) { // none of this worker's entries: nothing to move
       sink.on_group(req.worker, g, packed.data(), 0);
@@ -270,8 +271,8 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
       link->abort();
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
-    if (!sharded && lands_whole(req, sink)) { // landed from the staging: it must hold the group until then
-      deliver_landed(req, g, bucket, *link, n, sink, report);
+    if (whole_landing) { // landed from the staging: it must hold the group until then
+      deliver_and_land(req, g, bucket, *link, n, whole_landing, sink, report);
       continue;
     }
     turn.unlock(); // the bytes are out of the staging: the next exchange may begin
@@ -375,6 +376,7 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
                                      const transfer::group_sink& sink, transfer::pull_report& report) {
   const auto me = "engine " + printable(req.engine) + " worker " + std::to_string(req.worker);
   std::vector<std::uint8_t> received;
+  const auto whole_landing = landing_of(req, sink);
   for (std::size_t i = 0; i < m.buckets.size(); ++i) {
     auto bucket = m.buckets[i];
     const auto n = static_cast<std::size_t>(m.bytes[i]);
@@ -394,59 +396,51 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
     std::tie(bucket.data, bucket.checksum) = transfer::split_checksum(received.data(), n);
-    if (lands_whole(req, sink))
-      deliver_landed(req, bucket.group, bucket, link, n, sink, report);
+    if (whole_landing)
+      deliver_and_land(req, bucket.group, bucket, link, n, whole_landing, sink, report);
     else
       deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
   }
 }
 
-bool nccl_puller::lands_whole(const transfer::pull_request& req, const transfer::group_sink& sink) const {
+whole_group_landing nccl_puller::landing_of(const transfer::pull_request& req,
+                                            const transfer::group_sink& sink) {
+  whole_group_landing out;
   if (!sink.on_device || !packers_)
-    return false;
-  std::lock_guard<std::mutex> lock(mutex_);
-  return plans_.count({req.engine, req.worker}) > 0;
-}
-
-void nccl_puller::deliver_landed(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
-                                 gpu::p2p_link& link, std::size_t n, const transfer::group_sink& sink,
-                                 transfer::pull_report& report) {
-  std::shared_ptr<const plan::grouped_plan> plan;
-  std::shared_ptr<landing_scratch> scratch;
+    return out;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find({req.engine, req.worker}); it != plans_.end())
-      plan = it->second.plan;
-    auto& s = scratch_[{req.engine, req.worker}];
-    if (!s)
-      s = std::make_shared<landing_scratch>(static_cast<std::size_t>(largest_group_bytes_) + 8);
-    scratch = s;
+      out.plan = it->second.plan;
   }
-  std::shared_ptr<gpu::pack_device> packer;
   try {
-    packer = packers_(req.engine, req.worker);
+    out.packer = packers_(req.engine, req.worker);
   } catch (const std::exception&) {
-    // No pack device for it (a build without CUDA): delivered on the host only.
+    return {}; // no pack device for it (a build without CUDA): delivered on the host only
   }
-  if (!plan || !packer)
-    return deliver_whole_group(req, g, bucket, sink, report);
-  // The staging holds the bucket's bytes from its first (a checksum may follow them).
-  bool used = false;
+  if (!out.plan || !out.packer || (sink.lands_from && !sink.lands_from(out.packer->ordinal())))
+    return {};
+  out.scratch = scratches_.of(req.engine, req.worker);
+  return out;
+}
+
+void nccl_puller::deliver_and_land(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
+                                   gpu::p2p_link& link, std::size_t n, const whole_group_landing& landing,
+                                   const transfer::group_sink& sink, transfer::pull_report& report) {
+  const auto views = deliver_whole_group(req, g, bucket, sink, report);
+  // Under the turn the staging still holds the bucket's bytes, from its first
+  // (a checksum may follow them).
   try {
     link.use_received(
       [&](const void* staging, int) {
-        used = true;
-        deliver_whole_group(req, g, bucket, sink, report, [&](const std::vector<tensor_view>& views) {
-          land_whole_group(*plan, req.worker, g, views, bucket.data.data(), bucket.data.size(), staging, *packer,
-                           *scratch, sink);
-        });
+        land_whole_group(landing, req.worker, g, views, bucket.data.data(), bucket.data.size(), staging, sink);
       },
       n);
   } catch (const std::exception& e) {
-    if (used) // the delivery's own failure (a checksum, the sink): as without a device
-      throw;
     link.abort();
-    throw transfer_error(transfer_failure::producer_failed, "nccl: reading group " + std::to_string(g) + ": " + e.what());
+    throw transfer_error(transfer_failure::producer_failed,
+                         "nccl: reading group " + std::to_string(g) + " of version " + std::to_string(req.version)
+                           + " to land it: " + e.what());
   }
 }
 

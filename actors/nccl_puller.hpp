@@ -5,11 +5,13 @@
 // bytes for its sender (gpu/nccl_sender.hpp) and answers with their size
 // and checksum; the worker posts the matching receive, waits for it against
 // the group's deadline (never blindly: comm_wait.hpp), copies the bytes out
-// of its device staging and verifies them.
+// of its device staging and verifies them. For an engine serving from a
+// device, each group also lands in its device copy from the staging
+// (land_on_device.hpp): a sharded group's runs as they lie, a whole group
+// packed there by the worker's plan first.
 //
 //   broadcast  the trainer sends the group whole; the worker slices whole
-//              tensors as the CAF path does (the built-in engine computes
-//              on the CPU);
+//              tensors as the CAF path does;
 //   broadcast, collective (the baseline, vLLM's packed NCCL broadcast; one
 //              trainer rank): the worker asks once for the version
 //              (nccl_broadcast_atom) and joins the rank's broadcast of every
@@ -81,6 +83,7 @@ public:
   void unregister_engine(const std::string& engine) override;
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;
+  bool lands_on_device() const override { return true; }
 
 private:
   /// A worker's plan, and where it was last registered.
@@ -97,13 +100,14 @@ private:
   registered_plan(caf::scoped_actor& self, const trainer_actor& trainer, const transfer::pull_request& req,
                   std::uint64_t epoch);
 
-  /// A whole group received for `req`'s worker, delivered from `bucket`
-  /// and landed from where the link holds it: under the link's turn.
-  void deliver_landed(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
-                      gpu::p2p_link& link, std::size_t n, const transfer::group_sink& sink,
-                      transfer::pull_report& report);
-  /// Whether whole groups for `req`'s worker land on a device.
-  bool lands_whole(const transfer::pull_request& req, const transfer::group_sink& sink) const;
+  /// How `req`'s worker lands whole groups on its engine's device, decided
+  /// once per pull; empty when they are not landed.
+  whole_group_landing landing_of(const transfer::pull_request& req, const transfer::group_sink& sink);
+  /// A whole group received for `req`'s worker: delivered from `bucket`,
+  /// then landed from the link's staging, `n` bytes (under the turn).
+  void deliver_and_land(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
+                        gpu::p2p_link& link, std::size_t n, const whole_group_landing& landing,
+                        const transfer::group_sink& sink, transfer::pull_report& report);
 
   /// Broadcast mode, collective: the whole version through the rank's
   /// broadcasts; false when the rank says to pull it point to point.
@@ -124,8 +128,7 @@ private:
   packer_of packers_;
   mutable std::mutex mutex_; ///< pulls of several workers run at once
   std::map<std::pair<std::string, int>, registration> plans_;
-  /// Per worker: where its whole groups are packed to land (land_on_device.hpp).
-  std::map<std::pair<std::string, int>, std::shared_ptr<landing_scratch>> scratch_;
+  worker_scratches scratches_; ///< where whole groups are packed to land (land_on_device.hpp)
 };
 
 } // namespace rlsync

@@ -394,8 +394,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // On the kept pulling thread when it is free, else on a thread of its own.
       const bool kept = !st.pull_thread_busy;
       auto job = std::make_shared<pull_job>();
+      // On a device, a data plane that holds the bytes there fills its copy too.
+      const bool may_land = links.empty() && st.puller && st.puller->lands_on_device();
       job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(),
-                  landing = st.core->open_landing(), order, deadline, seq, kept,
+                  landing = may_land ? st.core->open_landing() : nullptr, order, deadline, seq, kept,
                   format = st.core->options().weights, engine = self->address()] {
         auto outcome = pull_version(pull, name, plans, staging, landing, order, deadline);
         // The process step here, off the engine's thread: finish then only swaps.

@@ -78,6 +78,7 @@ public:
     return {p, [](void* q) { std::free(q); }};
   }
   void upload(void* to, const void* from, std::size_t n) override { std::memcpy(to, from, n); }
+  void download(void* to, const void* from, std::size_t n) override { std::memcpy(to, from, n); }
   void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) override {
     auto* bytes = static_cast<std::uint8_t*>(out);
     for (const auto& piece : layout.pieces)
@@ -114,6 +115,10 @@ public:
   void upload(void* to, const void* from, std::size_t n) override {
     device_guard on(device_);
     copy(to, from, n, copy_kind::host_to_device);
+  }
+  void download(void* to, const void* from, std::size_t n) override {
+    device_guard on(device_);
+    copy(to, from, n, copy_kind::device_to_host);
   }
   void pack(const pack_layout& layout, const std::vector<const void*>& sources, void* out) override {
     device_guard on(device_);

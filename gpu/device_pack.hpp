@@ -53,12 +53,15 @@ pack_layout layout_group(const plan::grouped_plan& p, std::uint32_t g, const std
 class pack_device {
 public:
   virtual ~pack_device() = default;
-  /// The CUDA device its memory and kernels are on (0 for host memory).
+  /// The CUDA device its memory and kernels are on (for host memory: the
+  /// one it stands for).
   virtual int ordinal() const = 0;
   /// `bytes` of device memory, freed with the pointer. Throws gpu_error.
   virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
   /// Copies `n` host bytes to device memory at `to`.
   virtual void upload(void* to, const void* from, std::size_t n) = 0;
+  /// Copies `n` bytes of device memory at `from` to host memory.
+  virtual void download(void* to, const void* from, std::size_t n) = 0;
   /// Gathers `layout` from `sources` (device pointers, one per tensor) into
   /// `out` (device memory of layout.bytes + 8), then writes mixsum64 of the
   /// packed bytes after them. Finished when it returns.

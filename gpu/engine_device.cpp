@@ -67,9 +67,10 @@ std::size_t elements(const engine::matrix_ref& m) {
   return static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols);
 }
 
-// A staging set's fp32 copy on the device, filled from the nccl link's
-// staging as the session's runs arrive: each run widened (or copied) where
-// mirror() would have put it after an upload.
+// A staging set's fp32 copy on the device, filled as the session's runs
+// arrive (from the nccl link's staging, or a group packed from an IPC
+// mapping): each run widened (or copied) where mirror() would have put it
+// after an upload.
 class cuda_landing final : public engine::device_landing {
 public:
   // Every copy made now, on the engine's thread before the pull: a
@@ -80,6 +81,7 @@ public:
     for (const auto& m : matrices())
       copies_.emplace_back(elements(m) * sizeof(float));
   }
+  ~cuda_landing() override { close(); } // frees the copies on their device
   const contexts* owner() const { return ctx_.get(); }
   /// Matrix m's copy, moved out: the mirror takes it once (empty after,
   /// and after close()).
@@ -127,7 +129,7 @@ public:
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const auto& m = matrices_[i];
       const std::size_t count = elements(m);
-      const bool whole = landing && engine::landed_whole(w, matrices_, i);
+      const bool whole = landing && engine::matrix_landed(w, matrices_, i);
       // Landed in part, its buffer is the upload's: written whole below, and not held twice meanwhile.
       device_buffer f32 = landing ? landing->take(i) : device_buffer();
       if (f32.size() != count * sizeof(float))
@@ -188,7 +190,6 @@ public:
   }
 
   std::uint64_t bytes() const override { return bytes_; }
-  std::size_t landed_matrices() const override { return landed_; }
 
 private:
   std::shared_ptr<contexts> ctx_;

@@ -4,6 +4,9 @@
 // widened there by gpu::convert, bit-exact; int8 weights as scale * q), and
 // every matrix product of a forward step runs as one cuBLAS SGEMM over that
 // copy, with the step's activations copied in and the products copied out.
+// Its landings (runtime/engine/device_gemm.hpp) widen the runs a GPU data
+// plane hands them into the next version's copy, which then skips their
+// upload.
 // cuBLAS sums in its own order, so the logits agree with the CPU kernels to
 // rounding, not bit for bit, and tp no longer leaves the bits unchanged; two
 // runs on one device do agree bit for bit (the default math mode, no TF32).

@@ -2,7 +2,8 @@
 // One member's end of an NCCL communicator as the nccl backend uses it: a
 // trainer rank sends groups to engine workers point to point, or
 // broadcasts each group to every member at once (the collective baseline).
-// Host bytes go in and come out; each member stages them through one
+// Host bytes go in and come out (or are used where they lie:
+// use_received); each member stages them through one
 // device buffer as large as the largest group. (The built-in engine keeps
 // its weights on the host; on a device it also copies them from the
 // staging, use_received.)
@@ -56,10 +57,10 @@ public:
   /// Copies the last receive's (or broadcast's) first `n` bytes to host
   /// memory, once it polled done. Throws gpu_error or std::out_of_range.
   virtual void read(std::uint8_t* host, std::size_t n) = 0;
-  /// Hands the last receive's first `n` bytes where they lie (the
-  /// staging, on device `device`, current during the call) to `use`, once
-  /// it polled done: a consumer keeping them on the device copies from
-  /// there. Throws as read, and what `use` throws.
+  /// Hands the last receive's (or broadcast's) first `n` bytes where they
+  /// lie (the staging, on device `device`, current during the call) to
+  /// `use`, once it polled done: a consumer keeping them on the device
+  /// copies from there. Throws as read, and what `use` throws.
   virtual void use_received(const std::function<void(const void* staging, int device)>& use, std::size_t n) = 0;
 
   /// Held by whoever runs one exchange on the link (ask, receive, wait,

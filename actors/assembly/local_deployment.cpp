@@ -115,7 +115,7 @@ rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, co
                                    const replica_wiring& w) {
   if (spec.kind == engine_kind::builtin) {
     const bool on_device = spec.device == "cuda" || w.make_device;
-    const int device = on_device ? engine_device(w.nccl.get(), spec.name) : 0;
+    const int device = on_device ? engine_device_ordinal(w.nccl.get(), spec.name) : 0;
     auto cfg = engine_config_from(t, spec, w.puller, w.source_dtype, device);
     if (w.make_device)
       cfg.options.device = w.make_device(device);

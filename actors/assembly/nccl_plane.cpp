@@ -107,7 +107,7 @@ nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m) {
   };
 }
 
-int engine_device(const gpu::nccl_membership* m, const std::string& engine) {
+int engine_device_ordinal(const gpu::nccl_membership* m, const std::string& engine) {
   if (!m)
     return 0;
   try {

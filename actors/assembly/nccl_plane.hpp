@@ -71,6 +71,6 @@ nccl_puller::packer_of nccl_packers(std::shared_ptr<gpu::nccl_membership> m);
 /// worker 0's link receives on (the membership's pack device for it), so
 /// that what the link receives lands where it is served; 0 without a
 /// membership, or when the engine's workers are no members of it.
-int engine_device(const gpu::nccl_membership* m, const std::string& engine);
+int engine_device_ordinal(const gpu::nccl_membership* m, const std::string& engine);
 
 } // namespace rlsync

@@ -107,7 +107,7 @@ bool device_landing::complete(std::size_t m) const {
   return next == matrices_[m].rows * matrices_[m].cols;
 }
 
-bool landed_whole(const weight_set& w, const std::vector<matrix_ref>& matrices, std::size_t m) {
+bool matrix_landed(const weight_set& w, const std::vector<matrix_ref>& matrices, std::size_t m) {
   if (!w.landed || w.processed)
     return false;
   const auto& then = w.landed->matrices();

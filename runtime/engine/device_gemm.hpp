@@ -1,8 +1,8 @@
 #pragma once
 // Where the engine runs its matrix products when it serves from a device:
 // a device_backend keeps a copy of every matrix of the weight set served
-// (a device_weights, made once per set_weights, so a weight update lands
-// in the memory that serves with one upload per version), and every
+// (a device_weights, made once per set_weights: a weight update reaches the
+// memory that serves with at most one upload per version), and every
 // matmul_nt of a forward step runs there. Norms, attention, RoPE and the
 // reductions stay on the CPU, in fp32, as before.
 //
@@ -79,8 +79,6 @@ public:
                          std::int64_t ldo, std::int64_t rows, std::int64_t n, std::int64_t depth) const = 0;
   /// Device bytes this copy holds.
   virtual std::uint64_t bytes() const = 0;
-  /// How many of its matrices it took from a landing, not the host set.
-  virtual std::size_t landed_matrices() const = 0;
 };
 
 /// The device copy of a staging set, filled run by run while a session's
@@ -136,7 +134,7 @@ private:
 /// Whether matrix `m` of `w` can be taken from its landing: the set was
 /// landed (w.landed), is still as received (same addresses and types as
 /// when the landing was made) and the runs cover the matrix exactly.
-bool landed_whole(const weight_set& w, const std::vector<matrix_ref>& matrices, std::size_t m);
+bool matrix_landed(const weight_set& w, const std::vector<matrix_ref>& matrices, std::size_t m);
 
 /// Makes the device copy of each weight set the engine serves.
 class device_backend {

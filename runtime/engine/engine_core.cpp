@@ -717,7 +717,11 @@ std::shared_ptr<device_landing> engine_core::open_landing() {
   if (!session_ || !opts_.device || opts_.weights != weight_format::received)
     return nullptr;
   drop_landing(*session_->staging); // a second pull of the session: its own landing
-  session_->staging->landed = opts_.device->landing(*session_->staging);
+  try {
+    session_->staging->landed = opts_.device->landing(*session_->staging);
+  } catch (const std::exception&) {
+    return nullptr; // no room on the device for the copy now: finish uploads it, or says it cannot
+  }
   return session_->staging->landed;
 }
 

@@ -6,9 +6,8 @@
 // the CAF fallback (actors/caf_puller.hpp: whole groups as CAF messages,
 // for remote engines when the head runs no UCX producer), cuda_ipc
 // (actors/ipc_puller.hpp: whole groups through the trainer's exported
-// device buffer) and nccl (actors/nccl_puller.hpp: whole groups point to
-// point over an NCCL communicator; built, but the topology refuses it until
-// nodes join the coordinator's rendezvous).
+// device buffer) and nccl (actors/nccl_puller.hpp: groups whole or sharded,
+// point to point or broadcast, over an NCCL communicator).
 //
 //   engine start:  register_worker(engine, plan)    for each of its workers,
 //                                                    plans from engine::make_plan
@@ -18,7 +17,10 @@
 //                     after the group's checksum verified; or, when the sink
 //                     names targets, each group copied straight into them
 //                     and checksummed as it lands (store_in_place.hpp), then
-//                     sink.on_stored
+//                     sink.on_stored; for an engine on a device, a backend
+//                     that holds the group on one (lands_on_device) also
+//                     hands its runs to sink.on_device: a sharded group's
+//                     before its checksum, a whole group's after
 //   engine gone:   unregister_engine(engine)
 //
 // pull() blocks the calling thread until the version is in or the deadline
@@ -88,11 +90,11 @@ struct group_sink {
   std::function<void(int worker, std::uint32_t group)> on_stored;
   /// Optional, with targets: an engine serving from a device. A puller
   /// that holds a group's packed bytes on a CUDA device (the nccl link's
-  /// staging) hands each target's run here as well, where it lies on
-  /// `device`: a sharded group's before it stores the host copy, a whole
-  /// group's after it verified (a failed checksum voids the update, device
-  /// copy included). Never required, so it must not throw: a run it cannot
-  /// take is left to the host copy.
+  /// staging, a group packed from a cuda_ipc mapping) hands each target's
+  /// run here as well, where it lies on `device`: a sharded group's before
+  /// it stores the host copy, a whole group's after it verified (a failed
+  /// checksum voids the update, device copy included). Never required, so
+  /// it must not throw: a run it cannot take is left to the host copy.
   std::function<void(const store_target& target, const void* device_bytes, int device)> on_device;
   /// Optional, with on_device: whether runs on `device` can land now; a
   /// puller asks before it does any work for them (packing a whole group).
@@ -129,6 +131,9 @@ public:
   /// Receives every group of `req.version` the producer holds, or throws
   /// transfer_error. Whatever the sink throws ends the pull and propagates.
   virtual pull_report pull(const pull_request& req, const group_sink& sink) = 0;
+  /// Whether it may hold groups on a CUDA device and hand them to
+  /// group_sink::on_device: an engine on a device opens a landing only then.
+  virtual bool lands_on_device() const { return false; }
 };
 
 /// Pulls a version for workers [0, tp) of `engine` in parallel, one thread

@@ -1,7 +1,8 @@
 // A whole group landed on an engine's device (actors/land_on_device.hpp),
 // over host memory standing for the device: packed by the worker's plan it
 // arrives as the runs a sharded pull stores; whatever the device could not
-// read safely, or the sink does not take, lands nothing.
+// read safely, the sink does not take, or changed since the host copy
+// verified (when rechecked), lands nothing.
 #include "actors/land_on_device.hpp"
 
 #include "runtime/engine/recording.hpp"
@@ -43,6 +44,10 @@ struct whole_group {
     device = host;
     plan = std::make_shared<const plan::grouped_plan>(
       model, std::make_shared<const plan::worker_plan>(engine::make_plan(model, 2, 0, dtype::bf16)));
+  }
+  /// Packing on host memory standing for device 0, with a scratch of `scratch_bytes`.
+  whole_group_landing landing(std::size_t scratch_bytes) const {
+    return {plan, gpu::host_pack_device(), std::make_shared<landing_scratch>(scratch_bytes)};
   }
 };
 
@@ -86,9 +91,8 @@ TEST_CASE("land on device: a whole group is packed by the worker's plan and land
   whole_group w;
   landing_sink rec;
   const auto sink = rec.make(*w.plan, w.g);
-  auto packer = gpu::host_pack_device();
-  landing_scratch scratch(w.plan->bytes(w.g) + 8);
-  land_whole_group(*w.plan, 0, w.g, w.views, w.host.data(), w.host.size(), w.device.data(), *packer, scratch, sink);
+  const auto to = w.landing(w.plan->bytes(w.g) + 8);
+  land_whole_group(to, 0, w.g, w.views, w.host.data(), w.host.size(), w.device.data(), sink);
   std::vector<std::uint8_t> want(w.plan->bytes(w.g));
   transfer::pack_group(*w.plan, w.g, *w.snapshot, want.data());
   CHECK(rec.landed.size() == w.plan->entries(w.g).size());
@@ -96,13 +100,21 @@ TEST_CASE("land on device: a whole group is packed by the worker's plan and land
   // From the device's bytes, not the host's.
   w.device[0] ^= 0xff;
   rec.landed.clear();
-  land_whole_group(*w.plan, 0, w.g, w.views, w.host.data(), w.host.size(), w.device.data(), *packer, scratch, sink);
+  land_whole_group(to, 0, w.g, w.views, w.host.data(), w.host.size(), w.device.data(), sink);
   CHECK(rec.concatenated() != want);
+  // Unless the device bytes must still be what verified on the host (cuda_ipc).
+  auto rechecked = to;
+  rechecked.recheck = true;
+  rec.landed.clear();
+  land_whole_group(rechecked, 0, w.g, w.views, w.host.data(), w.host.size(), w.device.data(), sink);
+  CHECK(rec.landed.empty());
+  w.device[0] ^= 0xff;
+  land_whole_group(rechecked, 0, w.g, w.views, w.host.data(), w.host.size(), w.device.data(), sink);
+  CHECK(rec.concatenated() == want);
 }
 
 TEST_CASE("land on device: nothing lands from a device the sink does not take, misaligned or repeated tensors, "
           "views outside the copy, or a group larger than the scratch") {
-  auto packer = gpu::host_pack_device();
   struct row {
     const char* name;
     std::function<void(whole_group&, landing_sink&, std::size_t& scratch_bytes)> spoil;
@@ -125,9 +137,8 @@ TEST_CASE("land on device: nothing lands from a device the sink does not take, m
     std::size_t scratch_bytes = w.plan->bytes(w.g) + 8;
     r.spoil(w, rec, scratch_bytes);
     const auto sink = rec.make(*w.plan, w.g);
-    landing_scratch scratch(scratch_bytes);
     const std::uint8_t* device = w.device.data() + (w.device.size() > w.host.size() ? 1 : 0);
-    land_whole_group(*w.plan, 0, w.g, w.views, w.host.data(), w.host.size(), device, *packer, scratch, sink);
+    land_whole_group(w.landing(scratch_bytes), 0, w.g, w.views, w.host.data(), w.host.size(), device, sink);
     CHECK(rec.landed.empty());
   }
 }

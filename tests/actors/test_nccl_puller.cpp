@@ -448,6 +448,7 @@ struct counting_device final : gpu::pack_device {
     return host->allocate(n);
   }
   void upload(void* to, const void* from, std::size_t n) override { host->upload(to, from, n); }
+  void download(void* to, const void* from, std::size_t n) override { host->download(to, from, n); }
   void pack(const gpu::pack_layout& l, const std::vector<const void*>& s, void* out) override {
     ++packs;
     host->pack(l, s, out);

@@ -96,6 +96,7 @@ public:
   int ordinal() const override { return ordinal_; }
   std::shared_ptr<void> allocate(std::size_t) override { throw gpu::gpu_error("placed only"); }
   void upload(void*, const void*, std::size_t) override { throw gpu::gpu_error("placed only"); }
+  void download(void*, const void*, std::size_t) override { throw gpu::gpu_error("placed only"); }
   void pack(const gpu::pack_layout&, const std::vector<const void*>&, void*) override {
     throw gpu::gpu_error("placed only");
   }
@@ -117,10 +118,10 @@ TEST_CASE("nccl plane: an engine on a device serves from the GPU of its worker 0
                          [b](const gpu::comm_member& member) -> std::shared_ptr<gpu::pack_device> {
                            return std::make_shared<placed_pack_device>(device_of(b, member));
                          });
-  CHECK(engine_device(&m, "e-0") == 1);
-  CHECK(engine_device(&m, "e-1") == 2); // worker 0's; worker 1 is on 3
-  CHECK(engine_device(&m, "f") == 0);   // not hosted by b: it joins nothing here
-  CHECK(engine_device(nullptr, "e-1") == 0);
+  CHECK(engine_device_ordinal(&m, "e-0") == 1);
+  CHECK(engine_device_ordinal(&m, "e-1") == 2); // worker 0's; worker 1 is on 3
+  CHECK(engine_device_ordinal(&m, "f") == 0);   // not hosted by b: it joins nothing here
+  CHECK(engine_device_ordinal(nullptr, "e-1") == 0);
 }
 
 TEST_CASE("nccl plane: a process needs a GPU per member it hosts, or it does not start") {

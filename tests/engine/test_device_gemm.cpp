@@ -209,14 +209,31 @@ TEST_CASE("engine device: an engine_core with a device option serves each loaded
   CHECK(device->counts->products > before);
 }
 
-TEST_CASE("engine device: a version the device cannot hold fails finish_update and leaves the engine dirty, "
-          "and the next update is served") {
-  const auto config = tiny_config();
-  auto device = std::make_shared<test::fake_device>();
+namespace {
+
+engine_options on(std::shared_ptr<test::fake_device> device) {
   engine_options opts;
-  opts.device = device;
-  engine_core core(config, opts);
-  core.load(make_source(config, dtype::bf16, 1).load(1), 1);
+  opts.device = std::move(device);
+  return opts;
+}
+
+// An engine_core on a fake device serving version 1 at tp 1, paused (keep):
+// ready for a weight-update session.
+struct paused_on_device {
+  model_config config = tiny_config();
+  std::shared_ptr<test::fake_device> device = std::make_shared<test::fake_device>();
+  engine_core core{config, on(device)};
+  paused_on_device() {
+    core.load(make_source(config, dtype::bf16, 1).load(1), 1);
+    core.pause({pause_mode::keep, false});
+    REQUIRE(core.poll_pause());
+  }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(paused_on_device, "engine device: a version the device cannot hold fails finish_update and "
+                                    "leaves the engine dirty, and the next update is served") {
   auto v2 = make_source(config, dtype::bf16, 2).load(1);
   // A whole session: every entry of the plan written into staging.
   auto update = [&](std::uint64_t version) {
@@ -232,8 +249,6 @@ TEST_CASE("engine device: a version the device cannot hold fails finish_update a
     REQUIRE(!core.mark_received(0, sources, version));
     return core.finish_update(version);
   };
-  core.pause({pause_mode::keep, false});
-  REQUIRE(core.poll_pause());
   device->counts->fail_next_mirror = true;
   auto failed = update(2);
   REQUIRE(failed);
@@ -286,7 +301,7 @@ TEST_CASE("device landing: runs that cover a matrix exactly once complete it; a 
       CHECK(landing->land(element_at(m, first), device.data(), static_cast<std::size_t>(count) * m.element_size(), 0));
     CHECK(landing->complete(0) == r.complete);
     set->landed = landing;
-    CHECK(landed_whole(*set, matrices_of(*set), 0) == r.complete);
+    CHECK(matrix_landed(*set, matrices_of(*set), 0) == r.complete);
     set->landed.reset();
   }
 }
@@ -312,11 +327,11 @@ TEST_CASE("device landing: a run that is not whole elements of one matrix, or li
   // Made for another set's addresses, or the set processed since: not taken.
   auto other = make_source(tiny_config(), dtype::bf16, 1).load(1);
   other->landed = landing;
-  CHECK(!landed_whole(*other, matrices_of(*other), 0));
+  CHECK(!matrix_landed(*other, matrices_of(*other), 0));
   set->landed = landing;
-  CHECK(landed_whole(*set, matrices, 0));
+  CHECK(matrix_landed(*set, matrices, 0));
   set->processed = true;
-  CHECK(!landed_whole(*set, matrices, 0));
+  CHECK(!matrix_landed(*set, matrices, 0));
   CHECK_THROWS_AS(dev.landing(*set), std::logic_error);
 }
 
@@ -420,16 +435,8 @@ TEST_CASE("engine device: a session landed on the device is served from its land
   }
 }
 
-TEST_CASE("engine device: an aborted, superseded or unservable session closes its landing: a pull still "
-          "running lands nothing more, and what it held is freed") {
-  const auto config = tiny_config();
-  auto device = std::make_shared<test::fake_device>();
-  engine_options opts;
-  opts.device = device;
-  engine_core core(config, opts);
-  core.load(make_source(config, dtype::bf16, 1).load(1), 1);
-  core.pause({pause_mode::keep, false});
-  REQUIRE(core.poll_pause());
+TEST_CASE_FIXTURE(paused_on_device, "engine device: an aborted, superseded or unservable session closes its "
+                                    "landing: a pull still running lands nothing more, and what it held is freed") {
   auto next = make_source(config, dtype::bf16, 2).load(1);
   // One run of the first matrix of the set it was made for, as a pull thread would land it.
   auto land_one = [&](const std::shared_ptr<device_landing>& l) {

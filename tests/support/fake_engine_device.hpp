@@ -77,7 +77,7 @@ public:
     for (std::size_t i = 0; i < matrices_.size(); ++i) {
       const auto& m = matrices_[i];
       copy c;
-      if (landing && engine::landed_whole(w, matrices_, i)) {
+      if (landing && engine::matrix_landed(w, matrices_, i)) {
         c.bytes = landing->take(i); // empty when closed: then differs from the host's, counted
         if (c.bytes.size() != m.bytes() || std::memcmp(c.bytes.data(), m.ref.data, m.bytes()) != 0)
           ++counts_->landed_unlike_host;
@@ -106,7 +106,6 @@ public:
     engine::kernels::matmul_nt(a, lda, mine + at.element, ldw, out, ldo, rows, n, depth);
   }
   std::uint64_t bytes() const override { return bytes_; }
-  std::size_t landed_matrices() const override { return landed_; }
 
 private:
   struct copy {
