@@ -272,7 +272,7 @@ const std::uint8_t* element_at(const matrix_ref& m, std::int64_t e) {
 
 } // namespace
 
-TEST_CASE("device landing: runs that cover a matrix exactly once complete it; a gap or an overlap does not") {
+TEST_CASE("device landing: runs that cover a matrix exactly once complete it, a gap or an overlap does not") {
   auto set = make_source(tiny_config(), dtype::bf16, 1).load(1);
   const auto m = matrices_of(*set).front();
   const auto n = elements_of(m);
