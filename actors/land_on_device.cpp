@@ -80,7 +80,7 @@ void land_whole_group(const whole_group_landing& to, int worker, std::uint32_t g
   std::vector<transfer::store_target> targets;
   try {
     layout = gpu::layout_group(*to.plan, g, tensors);
-    targets = transfer::group_targets(sink, worker, g, static_cast<std::size_t>(layout.bytes));
+    targets = transfer::landing_targets(sink, worker, g, static_cast<std::size_t>(layout.bytes));
   } catch (const std::invalid_argument&) {
     return; // not the plan's tensors: delivering them on the host says why
   }

@@ -262,9 +262,11 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     // Sharded, the plan's bytes lead the staging (a trailer follows them).
     const auto targets = sharded ? transfer::group_targets(sink, req.worker, g, n - trailer)
                                  : std::vector<transfer::store_target>{};
+    const auto land_at = sharded ? transfer::landing_targets(sink, req.worker, g, n - trailer)
+                                 : std::vector<transfer::store_target>{};
     try {
-      if (sink.on_device && !targets.empty())
-        link->use_received([&](const void* staging, int device) { land_packed_runs(targets, staging, device, sink); },
+      if (!land_at.empty())
+        link->use_received([&](const void* staging, int device) { land_packed_runs(land_at, staging, device, sink); },
                            n);
       link->read(into.data(), n);
     } catch (const std::exception& e) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <iostream>
 
@@ -395,7 +396,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       const bool kept = !st.pull_thread_busy;
       auto job = std::make_shared<pull_job>();
       // On a device, a data plane that holds the bytes there fills its copy too.
-      const bool may_land = links.empty() && st.puller && st.puller->lands_on_device();
+      const bool may_land = links.empty() ? st.puller && st.puller->lands_on_device()
+                                          : std::any_of(links.begin(), links.end(), [](const auto& l) {
+                                              return l->puller().lands_on_device();
+                                            });
       job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(),
                   landing = may_land ? st.core->open_landing() : nullptr, order, deadline, seq, kept,
                   format = st.core->options().weights, engine = self->address()] {

@@ -57,6 +57,7 @@ public:
     const std::size_t n = plan.entries.size();
     group_.resize(n);
     offset_.resize(n);
+    place_.resize(n);
     done_.assign(n, false);
     for (std::size_t i = 0; i < n; ++i) {
       const auto& e = plan.entries[i];
@@ -64,6 +65,7 @@ public:
       group_[i] = g;
       auto& layout = groups_[g];
       offset_[i] = layout.bytes; // plan order within a group: each entry after the previous
+      place_[i] = layout.entries;
       layout.bytes += e.bytes();
       ++layout.entries;
       ++layout.left;
@@ -187,6 +189,25 @@ private:
     mine.on_full_group = [&](int, std::uint32_t g, const std::vector<tensor_view>& tensors) {
       deliver_tensors(g, tensors, names);
     };
+    if (sink_.on_device && sink_.targets) {
+      // A backend that holds the part on a device lands it there: the part's
+      // entries of the engine's targets, in the sub-plan's (plan) order.
+      mine.land_targets = [&](int, std::uint32_t g) {
+        std::vector<store_target> out;
+        const auto it = part.find(g);
+        const auto layout = groups_.find(g);
+        if (it == part.end() || layout == groups_.end())
+          return out;
+        const auto all = sink_.targets(plan_.worker, g);
+        if (all.size() != layout->second.entries)
+          return out; // the engine converts the group: nothing lands
+        for (auto i : it->second)
+          out.push_back(all[place_[i]]);
+        return out;
+      };
+      mine.on_device = sink_.on_device;
+      mine.lands_from = sink_.lands_from;
+    }
     pull_request r{req_.engine, plan_.worker, req_.version, req_.mode, deadline};
     link.puller().pull(r, mine);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -276,6 +297,7 @@ private:
 
   std::vector<std::uint32_t> group_; // per entry
   std::vector<std::uint64_t> offset_; // per entry: where its bytes lie in its group's packed bytes
+  std::vector<std::size_t> place_;    // per entry: its place among its group's entries
   std::unordered_map<std::string, std::vector<std::size_t>> by_name_; // tensor -> its entries
 
   std::mutex mutex_; // the rest, and the sink calls

@@ -96,6 +96,11 @@ struct group_sink {
   /// checksum voids the update, device copy included). Never required, so
   /// it must not throw: a run it cannot take is left to the host copy.
   std::function<void(const store_target& target, const void* device_bytes, int device)> on_device;
+  /// Optional, with on_device, for a sink that takes packed bytes through
+  /// on_group (no targets): where each run of the group would be stored,
+  /// one per plan entry in plan order, for landing only (the M:N pull's
+  /// per-rank sinks: a part's entries of the engine's targets).
+  std::function<std::vector<store_target>(int worker, std::uint32_t group)> land_targets;
   /// Optional, with on_device: whether runs on `device` can land now; a
   /// puller asks before it does any work for them (packing a whole group).
   std::function<bool(int device)> lands_from;

@@ -9,10 +9,9 @@
 
 namespace rlsync::transfer {
 
-std::vector<store_target> group_targets(const group_sink& sink, int worker, std::uint32_t group, std::size_t size) {
-  if (!sink.targets || !sink.on_stored)
-    return {};
-  auto out = sink.targets(worker, group);
+namespace {
+
+std::vector<store_target> checked(std::vector<store_target> out, int worker, std::uint32_t group, std::size_t size) {
   std::size_t total = 0;
   for (const auto& t : out) {
     if (!t.at && t.bytes > 0)
@@ -24,6 +23,24 @@ std::vector<store_target> group_targets(const group_sink& sink, int worker, std:
     throw std::invalid_argument("group " + std::to_string(group) + " of worker " + std::to_string(worker) + ": "
                                 + std::to_string(size) + " packed bytes for targets of " + std::to_string(total));
   return out;
+}
+
+} // namespace
+
+std::vector<store_target> group_targets(const group_sink& sink, int worker, std::uint32_t group, std::size_t size) {
+  if (!sink.targets || !sink.on_stored)
+    return {};
+  return checked(sink.targets(worker, group), worker, group, size);
+}
+
+std::vector<store_target> landing_targets(const group_sink& sink, int worker, std::uint32_t group, std::size_t size) {
+  if (!sink.on_device)
+    return {};
+  if (auto stored = group_targets(sink, worker, group, size); !stored.empty())
+    return stored;
+  if (!sink.land_targets)
+    return {};
+  return checked(sink.land_targets(worker, group), worker, group, size);
 }
 
 std::uint64_t store_group(const std::uint8_t* packed, const std::vector<store_target>& targets, bool corrupt) {

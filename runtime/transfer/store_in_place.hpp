@@ -21,6 +21,11 @@ inline constexpr std::size_t store_piece_bytes = std::size_t(64) << 10;
 /// packed bytes.
 std::vector<store_target> group_targets(const group_sink& sink, int worker, std::uint32_t group, std::size_t size);
 
+/// Where group `group`'s runs land on the engine's device (on_device): its
+/// store targets, else its land_targets; empty when it lands nothing.
+/// Throws as group_targets.
+std::vector<store_target> landing_targets(const group_sink& sink, int worker, std::uint32_t group, std::size_t size);
+
 /// Copies `packed` into `targets` in order and returns the checksum64 of the
 /// bytes as they landed (equal to checksum64 over `packed` when nothing went
 /// wrong). With `corrupt`, one landed byte is flipped before it is

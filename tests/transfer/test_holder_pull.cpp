@@ -8,6 +8,7 @@
 #include "runtime/plan/groups.hpp"
 #include "runtime/plan/holders.hpp"
 #include "runtime/transfer/holder_pull.hpp"
+#include "runtime/transfer/store_in_place.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
@@ -212,6 +213,84 @@ TEST_CASE("M:N pull from two pipeline halves gives every worker the single-rank 
       CHECK(report.engine == "rollout-0");
       CHECK(report.version == 2);
     }
+}
+
+namespace {
+
+/// A backend that holds what it sends "on a device" (host memory here): it
+/// lands each group's runs through the sink's land targets, as the nccl
+/// puller does from its staging, before handing the group on.
+class landing_puller final : public weight_puller {
+public:
+  explicit landing_puller(std::shared_ptr<weight_puller> inner) : inner_(std::move(inner)) {}
+  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override {
+    inner_->register_worker(engine, std::move(plan));
+  }
+  void unregister_engine(const std::string& engine) override { inner_->unregister_engine(engine); }
+  bool lands_on_device() const override { return true; }
+  pull_report pull(const pull_request& req, const group_sink& sink) override {
+    group_sink through = sink;
+    through.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      const auto* at = bytes;
+      for (const auto& t : landing_targets(sink, w, g, size)) {
+        sink.on_device(t, at, 0);
+        at += t.bytes;
+      }
+      sink.on_group(w, g, bytes, size);
+    };
+    return inner_->pull(req, through);
+  }
+
+private:
+  std::shared_ptr<weight_puller> inner_;
+};
+
+} // namespace
+
+TEST_CASE("M:N pull: what each rank's backend holds on a device lands at the engine's targets for its part") {
+  const model_config c = test::small_model(4);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  first->produce_next();
+  second->produce_next();
+  const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers = {
+    {holding_of(0, *first), std::make_shared<landing_puller>(std::make_shared<local_transfer>(first))},
+    {holding_of(1, *second), std::make_shared<landing_puller>(std::make_shared<local_transfer>(second))}};
+  const int tp = 2;
+  mn_engine e("rollout-0", c, tp, producers);
+  std::mutex mutex;
+  std::map<const std::uint8_t*, std::vector<std::uint8_t>> landed;
+  auto sink = e.sink();
+  sink.targets = [&](int w, std::uint32_t g) {
+    std::vector<store_target> out;
+    for (const auto& r : engine::group_destinations(e.grouped[static_cast<std::size_t>(w)], g,
+                                                    e.weights->workers[static_cast<std::size_t>(w)]))
+      out.push_back({r.at, r.bytes});
+    return out;
+  };
+  sink.on_device = [&](const store_target& t, const void* bytes, int) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto* b = static_cast<const std::uint8_t*>(bytes);
+    landed[t.at].assign(b, b + t.bytes);
+  };
+  // No on_stored: the M:N pull hands packed bytes on (targets for landing only).
+  pull_from_holders(c, {e.name, 1, transfer_mode::sharded, in(10s)}, e.plans, e.links, sink);
+  // Every entry of every worker landed once, with the bytes the host set holds there.
+  std::size_t entries = 0;
+  for (int w = 0; w < tp; ++w)
+    for (std::uint32_t g = 0; g < e.grouped[static_cast<std::size_t>(w)].group_count(); ++g)
+      for (const auto& t : sink.targets(w, g)) {
+        ++entries;
+        const auto it = landed.find(t.at);
+        REQUIRE(it != landed.end());
+        CHECK(std::memcmp(it->second.data(), t.at, t.bytes) == 0);
+      }
+  CHECK(landed.size() == entries);
+  // Without the engine's targets nothing is offered for landing.
+  landed.clear();
+  sink.targets = nullptr;
+  pull_from_holders(c, {e.name, 1, transfer_mode::sharded, in(10s)}, e.plans, e.links, sink);
+  CHECK(landed.empty());
 }
 
 TEST_CASE("M:N pull, EP-local: two ranks holding different experts of the same blocks") {
