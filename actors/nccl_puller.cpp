@@ -262,8 +262,11 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     // Sharded, the plan's bytes lead the staging (a trailer follows them).
     const auto targets = sharded ? transfer::group_targets(sink, req.worker, g, n - trailer)
                                  : std::vector<transfer::store_target>{};
-    const auto land_at = sharded ? transfer::landing_targets(sink, req.worker, g, n - trailer)
-                                 : std::vector<transfer::store_target>{};
+    // Where its runs land on the engine's device: the store targets when
+    // there are any, else those a sink that takes packed bytes names.
+    const auto land_at = !sharded || !sink.on_device ? std::vector<transfer::store_target>{}
+                         : !targets.empty()          ? targets
+                                                     : transfer::landing_targets(sink, req.worker, g, n - trailer);
     try {
       if (!land_at.empty())
         link->use_received([&](const void* staging, int device) { land_packed_runs(land_at, staging, device, sink); },
