@@ -175,6 +175,10 @@ void check_min_live(self_ptr self) {
 
 void on_version(self_ptr self, const version_info& vi) {
   auto& st = self->state;
+  if (auto why = check(vi); !why.empty()) {
+    log_line(self, "coordinator: refused a version of the trainer: " + why);
+    return;
+  }
   if (vi.version == 0 || vi.version < st.newest.version) { // the counter never goes backwards
     if (vi.version != 0 && st.ignored_versions++ % 100 == 0) // loud once, then now and then
       log_line(self, "coordinator: ignored version " + std::to_string(vi.version) + ", older than the published "
@@ -335,6 +339,8 @@ void send_phase(self_ptr self) {
     order.transfer.backend = std::string{to_string(st.cfg.transfer.backend)};
     order.transfer.producers = r.producers;
     order.producers = r.producer_handles;
+    // Engines serving a version with these bytes already skip the data plane.
+    order.transfer.same_bytes_since = r.target.same_bytes_since;
     r.record.waves.back().transfer_sent_ns = now_ns(self);
   }
   r.first_token = st.next_token;

@@ -345,6 +345,14 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       if (producers.size() != order.producers.size())
         return make_error(errc::malformed, name + ": the transfer order names " + std::to_string(order.producers.size())
                                              + " producers but carries " + std::to_string(producers.size()) + " handles");
+      if (st.core->session_version() != order.version)
+        return make_error(errc::no_session, name + ": transfer of version " + std::to_string(order.version)
+                                              + " outside its session");
+      if (st.transfer_promise)
+        return make_error(errc::malformed, name + ": a transfer is already in flight");
+      // A trainer step that changed nothing this engine serves: no data plane at all.
+      if (st.core->keep_served(order.same_bytes_since))
+        return transfer_report{name, order.version, 0, 0, 0};
       // The trainer ranks of the order, each behind the puller of its current incarnation.
       std::vector<std::shared_ptr<transfer::producer_link>> links;
       if (!order.producers.empty()) {
@@ -373,11 +381,6 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       } else if (!st.puller) {
         return make_error(errc::malformed, name + ": no data plane for backend '" + order.backend + "'");
       }
-      if (st.core->session_version() != order.version)
-        return make_error(errc::no_session, name + ": transfer of version " + std::to_string(order.version)
-                                              + " outside its session");
-      if (st.transfer_promise)
-        return make_error(errc::malformed, name + ": a transfer is already in flight");
       // The pull blocks: it runs on its own thread and reports back here.
       auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
       auto seq = ++st.transfer_seq;

@@ -103,7 +103,7 @@ bool start_step(self_ptr self) {
           break; // nothing newer to make (a checkpoint directory)
         s = std::move(next);
       }
-      caf::send_as(me, me, produced_atom::value, s ? published_info(*s, checksums) : version_info{});
+      caf::send_as(me, me, produced_atom::value, s ? published_info(*source, *s, checksums) : version_info{});
     } catch (const std::exception& e) {
       caf::send_as(me, me, produced_atom::value, std::string(e.what()));
     }
@@ -139,8 +139,10 @@ rank_info rank_info_of(const transfer::weight_source& source, std::uint32_t rank
   return out;
 }
 
-version_info published_info(const transfer::weight_snapshot& s, bool checksums) {
+version_info published_info(const transfer::weight_source& source, const transfer::weight_snapshot& s,
+                            bool checksums) {
   version_info vi{s.version(), plan::group_count(s.config()), s.total_bytes(), {}};
+  vi.same_bytes_since = source.same_bytes_since(s.version()); // 0 once the source dropped it
   if (!checksums)
     return vi;
   std::vector<const tensor_view*> held;

@@ -305,9 +305,11 @@ void catch_up(const trainer_actor& trainer, std::uint64_t version);
 rank_info rank_info_of(const transfer::weight_source& source, std::uint32_t rank, std::string node,
                        std::uint64_t incarnation);
 
-/// What the trainer publishes for `s`: version, groups, bytes, and with
-/// `checksums` the checksum64 of each tensor held, in ascending name order.
-version_info published_info(const transfer::weight_snapshot& s, bool checksums);
+/// What the trainer publishes for `s`, a version of `source`: version,
+/// groups, bytes, since when its bytes are the same, and with `checksums`
+/// the checksum64 of each tensor held, in ascending name order.
+version_info published_info(const transfer::weight_source& source, const transfer::weight_snapshot& s,
+                            bool checksums);
 
 /// The whole tensors of group `g` of `s` as one checksummed bucket.
 weight_bucket group_bucket(const transfer::weight_snapshot& s, std::uint32_t g);

@@ -196,10 +196,11 @@ int bench_control(const arg_list& argv) {
   o.exe = self_executable();
   o.note = note;
   auto r = run_bench_control(o);
-  if (!r.control.error.empty()) {
-    std::cerr << "rlsync bench control: " << r.control.error << "\n";
-    return 1;
-  }
+  for (const auto* c : {&r.control, &r.moving})
+    if (!c->error.empty()) {
+      std::cerr << "rlsync bench control: " << c->error << "\n";
+      return 1;
+    }
   std::cout << bench_control_report(r) << std::flush;
   if (json_path && !write_json("bench control", *json_path, bench_control_json(r)))
     return 1;

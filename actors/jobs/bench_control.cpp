@@ -3,6 +3,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/assembly/serve_node.hpp"
 #include "actors/system_config.hpp"
+#include "runtime/base/format.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/http/client.hpp"
 
@@ -55,40 +56,50 @@ bench_control_result run_bench_control(const bench_control_options& o) {
                               std::filesystem::temp_directory_path().string());
   bench_session s(t, o.exe, o.verbose, o.note);
   s.note("bench control: " + std::to_string(o.engines) + " engine processes, " + std::to_string(o.rounds)
-         + " rounds...");
-  r.control = run_case(s, t, "control", t.model.config, transfer_mode::sharded, o.rounds, true);
+         + " zero-byte rounds...");
+  auto unchanged = t;
+  unchanged.trainer.perturb = 0; // every step publishes the same bytes: engines skip the data plane
+  r.control = run_case(s, unchanged, "control", t.model.config, transfer_mode::sharded, o.rounds, true);
+  if (!r.control.error.empty())
+    return r;
+  s.note("bench control: " + std::to_string(o.rounds) + " rounds moving the model...");
+  r.moving = run_case(s, t, "moving", t.model.config, transfer_mode::sharded, o.rounds, true);
   return r;
 }
 
 std::string bench_control_report(const bench_control_result& r) {
-  const auto& c = r.control;
-  auto m = medians_of(c);
-  std::vector<double> stalls;
-  for (auto& x : c.warm)
-    stalls.push_back(x.stall_ns / 1e6);
-  std::sort(stalls.begin(), stalls.end());
-  auto probes = c.probe_ms;
-  std::sort(probes.begin(), probes.end());
   auto first = [](const std::vector<double>& v) { return v.empty() ? 0.0 : v.front(); };
   auto last = [](const std::vector<double>& v) { return v.empty() ? 0.0 : v.back(); };
-  char buf[256];
-  std::string out;
-  std::snprintf(buf, sizeof buf, "rlsync bench control: %llu engine processes on loopback, %d rounds, %u cores\n",
-                static_cast<unsigned long long>(r.engines), r.rounds, r.cores);
-  out += buf;
-  std::snprintf(buf, sizeof buf, "%-28s %9s %9s %9s\n", "", "median", "min", "max");
-  out += buf;
-  std::snprintf(buf, sizeof buf, "%-28s %9.2f %9.2f %9.2f ms\n", "round (pause..continue)", m.stall_ms, first(stalls),
-                last(stalls));
-  out += buf;
-  std::snprintf(buf, sizeof buf, "%-28s %9.2f ms (%zu kB moved per round)\n", "  of which transfer", m.transfer_ms,
-                static_cast<std::size_t>(c.bytes_per_sync / 1000));
-  out += buf;
-  std::snprintf(buf, sizeof buf, "%-28s %9.2f %9.2f %9.2f ms\n", "six CAF round-trip waves", m.probe_ms, first(probes),
-                last(probes));
-  out += buf;
-  std::snprintf(buf, sizeof buf, "round / six round trips: %.2fx\n", control_overhead(c));
-  out += buf;
+  auto sorted = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  auto stalls_of = [&](const case_result& c) {
+    std::vector<double> v;
+    for (auto& x : c.warm)
+      v.push_back(x.stall_ns / 1e6);
+    return sorted(v);
+  };
+  std::string out = format("rlsync bench control: %llu engine processes on loopback, %d rounds, %u cores\n",
+                           static_cast<unsigned long long>(r.engines), r.rounds, r.cores);
+  out += format("%-36s %9s %9s %9s\n", "", "median", "min", "max");
+  auto round_rows = [&](const case_result& c, const char* title) {
+    auto m = medians_of(c);
+    auto stalls = stalls_of(c);
+    out += format("%-36s %9.2f %9.2f %9.2f ms\n", title, m.stall_ms, first(stalls), last(stalls));
+    out += format("%-36s %9.2f ms (%zu kB moved per round)\n", "  of which transfer", m.transfer_ms,
+                  static_cast<std::size_t>(c.bytes_per_sync / 1000));
+  };
+  round_rows(r.control, "zero-byte round (pause..continue)");
+  if (r.moving.error.empty() && !r.moving.warm.empty())
+    round_rows(r.moving, "round moving the model");
+  auto probes = sorted(r.control.probe_ms);
+  out += format("%-36s %9.2f %9.2f %9.2f ms\n", "six CAF round-trip waves", medians_of(r.control).probe_ms,
+                first(probes), last(probes));
+  out += format("zero-byte round / six round trips: %.2fx\n", control_overhead(r.control));
+  if (r.moving.error.empty() && !r.moving.warm.empty())
+    out += format("round moving %zu kB / six round trips (measured beside it): %.2fx\n",
+                  static_cast<std::size_t>(r.moving.bytes_per_sync / 1000), control_overhead(r.moving));
   return out;
 }
 
@@ -99,7 +110,8 @@ nlohmann::ordered_json bench_control_json(const bench_control_result& r) {
           {"memcpy_gbps", 0.0},
           {"ucx_gbps", 0.0},
           {"cores", r.cores},
-          {"control", case_json(r.control)}};
+          {"control", case_json(r.control)},
+          {"moving", case_json(r.moving)}};
 }
 
 } // namespace rlsync::jobs

@@ -1,9 +1,12 @@
 #pragma once
 // `rlsync bench control`: the control plane alone. N engine processes (one
-// tp-1 engine each) on loopback around a head in this process run K sync
-// rounds of a near-empty model; each round is compared with six waves of CAF
-// round trips to every engine (pause, flush, start, transfer, finish and
-// continue are six waves) measured between the rounds.
+// tp-1 engine each) on loopback around a head in this process run K
+// zero-byte sync rounds (a near-empty model the trainer's steps leave
+// unchanged: every engine already serves the version's bytes and skips the
+// data plane); each round is compared with six waves of CAF round trips to
+// every engine (pause, flush, start, transfer, finish and continue are six
+// waves) measured between the rounds. Then K rounds that move the model
+// (164 kB, changed by every step) in a second deployment, for comparison.
 #include "actors/jobs/bench_sync.hpp"
 
 #include <nlohmann/json.hpp>
@@ -32,10 +35,11 @@ struct bench_control_result {
   std::uint64_t engines = 0;
   int rounds = 0;
   unsigned cores = 0;
-  case_result control;
+  case_result control; ///< zero-byte rounds: the figure against six round trips
+  case_result moving;  ///< the same rounds moving the 164 kB model
 };
 
-/// Runs the rounds; a failure is control.error.
+/// Runs the rounds; a failure is control.error or moving.error.
 bench_control_result run_bench_control(const bench_control_options& o);
 
 /// `rlsync bench control --http`: the control phases of a zero-byte round

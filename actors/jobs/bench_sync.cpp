@@ -297,6 +297,7 @@ nlohmann::ordered_json case_json(const case_result& c) {
   return {{"case", c.name},
           {"model_bytes", c.model_bytes},
           {"bytes_per_sync", c.bytes_per_sync},
+          {"zero_byte", c.zero_byte},
           {"light_ms", rounded(c.light_ms, 3)},
           {"cold", rounds(c.cold)},
           {"warm", rounds(c.warm)},
@@ -441,6 +442,13 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
       return r;
     }
     r.warm.push_back(*rep);
+  }
+  if (t.trainer.perturb == 0) { // what the zero-byte rounds moved, not what a changed version would
+    r.zero_byte = true;
+    r.bytes_per_sync = 0;
+    for (const auto& x : r.warm)
+      r.bytes_per_sync = std::max(r.bytes_per_sync, x.bytes);
+    r.light_ms = 0;
   }
   r.packs = packs_now(d.head(), d.topo());
   for (std::size_t i = 0; i < r.packs.size() && i < before.size(); ++i) {
@@ -638,8 +646,11 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
     r.rank_kill = run_rank_kill(s, t, model, most_ranks);
   }
   s.note("bench control: " + std::to_string(t.engines.size()) + " engines, model "
-         + format("%.0f", bf16_model_bytes(tiny_model()) / 1e3) + " kB, " + std::to_string(o.syncs) + " rounds...");
-  r.cases.push_back(run_case(s, t, "control", tiny_model(), transfer_mode::sharded, o.syncs, true));
+         + format("%.0f", bf16_model_bytes(tiny_model()) / 1e3) + " kB, " + std::to_string(o.syncs)
+         + " zero-byte rounds...");
+  auto unchanged = t;
+  unchanged.trainer.perturb = 0; // every step publishes the same bytes: engines skip the data plane
+  r.cases.push_back(run_case(s, unchanged, "control", tiny_model(), transfer_mode::sharded, o.syncs, true));
 
   // The light again, the raw UCX over the transports the data plane's
   // connections used; each case's light is the faster of the two.
@@ -661,7 +672,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.memcpy_gbps = r.memcpy_light.best();
   r.ucx_gbps = r.ucx_light.best();
   for (auto& c : r.cases)
-    if (c.error.empty())
+    if (c.error.empty() && !c.zero_byte)
       c.light_ms = light_of(t, c.name == "control" ? tiny_model() : model, c.mode, r.memcpy_gbps,
                             c.lent ? r.memcpy_gbps : r.ucx_gbps)
                      .light_ms;
@@ -794,8 +805,10 @@ std::string bench_sync_report(const bench_sync_result& r) {
   for (auto& c : r.cases)
     if (c.name == "control" && c.error.empty()) {
       auto m = medians_of(c);
-      out += format("control plane: median round %.2f ms (%zu kB model) vs six CAF round-trip waves %.2f ms: %.2fx\n",
-                    m.stall_ms, static_cast<std::size_t>(c.model_bytes / 1000), m.probe_ms, control_overhead(c));
+      out += format("control plane: median %s %.2f ms (%zu kB model%s) vs six CAF round-trip waves %.2f ms: "
+                    "%.2fx\n",
+                    c.zero_byte ? "zero-byte round" : "round", m.stall_ms, static_cast<std::size_t>(c.model_bytes / 1000),
+                    c.zero_byte ? ", unchanged by the trainer's steps" : "", m.probe_ms, control_overhead(c));
     }
   if (r.mpi_bcast_s > 0) {
     auto ms = [](double s) { return s > 0 ? format("%.2f ms", s * 1e3) : std::string("failed"); };

@@ -2,6 +2,8 @@
 // experts each holds (checked against the model as they are read).
 #include "runtime/config/topology_reader.hpp"
 
+#include <cmath>
+
 namespace rlsync::topology_reading {
 
 void reader::read_trainer(const map_reader& root) {
@@ -24,8 +26,9 @@ void reader::read_trainer(const map_reader& root) {
       if (r.has(key))
         r.error(key, "not used with source: external (the rank's own process publishes its versions)");
   r.read_ms("step_time_ms", tr.step_time, between(0, max_duration_ms));
-  if (r.read("perturb", tr.perturb) && !(tr.perturb > 0))
-    r.error("perturb", "must be positive, got " + format_double(tr.perturb));
+  // 0: every version holds the first one's bytes (engines holding one skip the data plane).
+  if (r.read("perturb", tr.perturb) && !(tr.perturb >= 0 && std::isfinite(tr.perturb)))
+    r.error("perturb", "must be 0 or a finite positive scale, got " + format_double(tr.perturb));
   r.read("seed", tr.seed);
   read_ranks(r);
 }

@@ -184,6 +184,9 @@ std::string check(const transfer_order& x) {
   for (const auto& p : x.producers)
     if (auto why = check(p); !why.empty())
       return "transfer_order." + why;
+  if (x.same_bytes_since > x.version)
+    return "transfer_order.same_bytes_since: " + std::to_string(x.same_bytes_since) + " is past the version ("
+           + std::to_string(x.version) + ")";
   return {};
 }
 
@@ -217,6 +220,9 @@ std::string check(const producer_holding& x) {
 std::string check(const version_info& x) {
   if (x.checksums.size() > max_held_tensors)
     return over_bound("version_info.checksums", x.checksums.size(), max_held_tensors, "checksums");
+  if (x.same_bytes_since > x.version)
+    return "version_info.same_bytes_since: " + std::to_string(x.same_bytes_since) + " is past the version ("
+           + std::to_string(x.version) + ")";
   return {};
 }
 

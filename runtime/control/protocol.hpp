@@ -213,6 +213,10 @@ struct transfer_order {
   /// handles travel beside the order, in the same order); empty: the
   /// engine's one producer (a single trainer).
   std::vector<producer_holding> producers;
+  /// The version's bytes equal those of every version from this one on
+  /// (version_info::same_bytes_since): an engine serving one of them, clean,
+  /// pulls nothing. 0: not known, every engine pulls.
+  std::uint64_t same_bytes_since = 0;
 };
 
 /// What an engine reports once it has received and verified a version.
@@ -241,6 +245,10 @@ struct version_info {
   /// its rank_info::held, so that the coordinator finds two ranks holding
   /// one tensor with different bytes. Empty: not computed.
   std::vector<std::uint64_t> checksums;
+  /// The oldest version whose bytes equal this one's, every version between
+  /// them the same too (weight_source::same_bytes_since): `version` when it
+  /// changed something; 0: not known. At most `version`.
+  std::uint64_t same_bytes_since = 0;
 };
 
 /// The coordinator's record of one sync round: stall, transfer, bytes (for

@@ -85,6 +85,8 @@ std::string version_barrier::publish(std::uint32_t rank, const version_info& vi)
   if (vi.version == 0 || (!rec.window.empty() && vi.version <= rec.window.back().version))
     return {}; // nothing new from this rank (a repeat, or its subscription's first report)
   rec.window.push_back(vi);
+  if (rec.first_published == 0)
+    rec.first_published = vi.version;
   while (rec.window.size() > keep_window_)
     rec.window.pop_front();
   newest_published_ = std::max(newest_published_, vi.version);
@@ -182,13 +184,18 @@ barrier_verdict version_barrier::evaluate() {
     return out; // no round on a broken layout or on this version
   version_info vi;
   vi.version = *common;
+  bool same_known = true;
   for (auto& [r, rec] : joined_) {
     auto* held = find_version(rec.window, *common);
+    same_known = same_known && held->same_bytes_since != 0;
+    vi.same_bytes_since = std::max({vi.same_bytes_since, held->same_bytes_since, rec.first_published});
     vi.groups = held->groups;
     // Bytes the ranks hold together (a tensor held twice counts twice); saturates.
     auto room = std::numeric_limits<std::uint64_t>::max() - vi.total_bytes;
     vi.total_bytes += std::min(room, held->total_bytes);
   }
+  if (!same_known)
+    vi.same_bytes_since = 0;
   last_syncable_ = *common;
   out.syncable = vi;
   return out;

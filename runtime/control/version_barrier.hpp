@@ -44,7 +44,10 @@ struct barrier_error {
 /// What the barrier decides now.
 struct barrier_verdict {
   /// The newest version every rank published and still holds, without errors
-  /// and not older than any version syncable before; nothing when none.
+  /// and not older than any version syncable before; nothing when none. Its
+  /// same_bytes_since is the latest of the ranks' and of the first version
+  /// each rank's incarnation published (a restarted rank does not vouch for
+  /// the bytes its earlier incarnation served); 0 when a rank did not say.
   std::optional<version_info> syncable;
   /// What is wrong, one entry per problem.
   std::vector<barrier_error> errors;
@@ -88,6 +91,7 @@ private:
   struct rank_record {
     rank_info info;
     std::deque<version_info> window; // ascending, at most keep_window
+    std::uint64_t first_published = 0; // by this incarnation
   };
   void check_layout();
   void check_version(std::uint64_t v, std::vector<barrier_error>& errors) const;

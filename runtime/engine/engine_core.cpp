@@ -587,6 +587,11 @@ void engine_core::flush() {
 
 // -- weight-update session -------------------------------------------------------------
 
+bool engine_core::nothing_arrived() const {
+  return session_ && std::all_of(session_->arrived.begin(), session_->arrived.end(),
+                                 [](const auto& a) { return a.empty(); });
+}
+
 std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   if (state_ == scheduler_state::unpaused || pause_in_flight())
     return engine_error{errc::not_paused, opts_.name + ": start_update needs a paused, idle engine"};
@@ -676,6 +681,17 @@ std::optional<engine_error> engine_core::finish_update(std::uint64_t version) {
     return engine_error{errc::version_mismatch, opts_.name + ": finish(" + std::to_string(version)
                                                   + ") in the session of version "
                                                   + std::to_string(session_->version)};
+  if (session_->keeps_served && nothing_arrived()) {
+    // The set served now holds the version's bytes: it only changes its name.
+    spare_ = std::move(session_->staging);
+    session_.reset();
+    serving_->version = version;
+    version_ = version;
+    dirty_ = false;
+    for (auto& rank : ranks_)
+      rank->cache.clear(); // as after any update: a flush may have been skipped
+    return std::nullopt;
+  }
   for (int w = 0; w < opts_.tp; ++w) {
     const auto& arrived = session_->arrived[static_cast<std::size_t>(w)];
     for (const auto& e : plans_[static_cast<std::size_t>(w)].entries)
@@ -733,6 +749,15 @@ std::optional<engine_error> engine_core::mark_received(int worker, const std::se
     return engine_error{errc::malformed, "worker " + std::to_string(worker) + " out of range"};
   session_->arrived[static_cast<std::size_t>(worker)].insert(sources.begin(), sources.end());
   return std::nullopt;
+}
+
+bool engine_core::keep_served(std::uint64_t same_since) {
+  if (!session_ || session_->was_dirty || !serving_ || released_ || same_since == 0)
+    return false;
+  if (version_ < same_since || version_ > session_->version || !nothing_arrived())
+    return false;
+  session_->keeps_served = true;
+  return true;
 }
 
 void engine_core::abort_update() {

@@ -197,6 +197,13 @@ public:
   /// Publishes `version`: every checkpoint tensor must have arrived for every
   /// worker (update_incomplete otherwise; the engine stays dirty).
   std::optional<engine_error> finish_update(std::uint64_t version);
+  /// The transfer order says the session's version holds the same bytes as
+  /// every version since `same_since` (0: not known). An engine that served
+  /// one of them, clean, before the session started pulls nothing:
+  /// finish_update then serves the same set as the session's version (no
+  /// copy). True when that is so; false, and nothing changes, otherwise
+  /// (the engine pulls as usual).
+  bool keep_served(std::uint64_t same_since);
   /// Abandons an open session: the engine stays dirty.
   void abort_update();
   /// The round was aborted before finish (the trainer died): closes an open
@@ -298,8 +305,11 @@ private:
     std::shared_ptr<weight_set> staging;
     std::vector<std::set<std::string>> arrived; ///< per worker: source tensors applied
     bool was_dirty = true; ///< before the session started
+    bool keeps_served = false; ///< keep_served: the served set's bytes are the version's
   };
   std::optional<session> session_;
+  /// An open session into which nothing was applied yet.
+  bool nothing_arrived() const;
   /// The set served now, and the one it replaced: the next session fills
   /// the spare in place instead of faulting in fresh pages (first touch
   /// costs more than the copy itself).

@@ -235,6 +235,14 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_checkpoint(std::uin
   return s;
 }
 
+std::shared_ptr<const weight_snapshot> weight_snapshot::relabeled(const std::shared_ptr<const weight_snapshot>& from,
+                                                                  std::uint64_t version) {
+  std::shared_ptr<weight_snapshot> s(new weight_snapshot(*from));
+  s->version_ = version;
+  s->on_device_.reset();
+  return s;
+}
+
 const tensor_view* weight_snapshot::find(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : &tensors_[it->second];
@@ -296,34 +304,42 @@ bool weight_source::holds(const std::string& name) const {
 
 snapshot_ptr weight_source::latest() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return versions_.empty() ? nullptr : versions_.back();
+  return versions_.empty() ? nullptr : versions_.back().snapshot;
 }
 
 snapshot_ptr weight_source::find(std::uint64_t v) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& s : versions_)
-    if (s->version() == v)
-      return s;
-  return pinned_ && pinned_->version() == v ? pinned_ : nullptr;
+  for (const auto& h : versions_)
+    if (h.snapshot->version() == v)
+      return h.snapshot;
+  return pinned_.snapshot && pinned_.snapshot->version() == v ? pinned_.snapshot : nullptr;
+}
+
+std::uint64_t weight_source::same_bytes_since(std::uint64_t v) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& h : versions_)
+    if (h.snapshot->version() == v)
+      return h.same_since;
+  return pinned_.snapshot && pinned_.snapshot->version() == v ? pinned_.same_since : 0;
 }
 
 std::vector<std::uint64_t> weight_source::versions() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::uint64_t> out;
-  for (const auto& s : versions_)
-    out.push_back(s->version());
-  if (pinned_ && std::find(out.begin(), out.end(), pinned_->version()) == out.end())
-    out.insert(out.begin(), pinned_->version()); // older than every kept one
+  for (const auto& h : versions_)
+    out.push_back(h.snapshot->version());
+  if (pinned_.snapshot && std::find(out.begin(), out.end(), pinned_.snapshot->version()) == out.end())
+    out.insert(out.begin(), pinned_.snapshot->version()); // older than every kept one
   return out;
 }
 
 bool weight_source::pin(std::uint64_t v) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (pinned_ && pinned_->version() == v)
+  if (pinned_.snapshot && pinned_.snapshot->version() == v)
     return true;
-  for (const auto& s : versions_)
-    if (s->version() == v) {
-      pinned_ = s;
+  for (const auto& h : versions_)
+    if (h.snapshot->version() == v) {
+      pinned_ = h;
       return true;
     }
   return false;
@@ -331,15 +347,45 @@ bool weight_source::pin(std::uint64_t v) {
 
 std::uint64_t weight_source::pinned() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return pinned_ ? pinned_->version() : 0;
+  return pinned_.snapshot ? pinned_.snapshot->version() : 0;
 }
 
+namespace {
+
+/// Whether two versions hold the same tensors with the same bytes.
+bool same_bytes(const weight_snapshot& a, const weight_snapshot& b) {
+  const auto& x = a.tensors();
+  const auto& y = b.tensors();
+  if (x.size() != y.size())
+    return false;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i].name != y[i].name || x[i].type != y[i].type || x[i].shape != y[i].shape || x[i].size != y[i].size)
+      return false;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i].data != y[i].data && std::memcmp(x[i].data, y[i].data, x[i].size) != 0)
+      return false;
+  return true;
+}
+
+} // namespace
+
 void weight_source::publish(snapshot_ptr s) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!versions_.empty() && s->version() <= versions_.back()->version())
+  held_version before;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!versions_.empty())
+      before = versions_.back();
+  }
+  if (before.snapshot && s->version() <= before.snapshot->version())
     throw std::logic_error("weight source: version " + std::to_string(s->version()) + " after "
-                           + std::to_string(versions_.back()->version()));
-  versions_.push_back(std::move(s));
+                           + std::to_string(before.snapshot->version()));
+  // Outside the lock: transfers look versions up meanwhile (one publish at a time).
+  const bool unchanged = before.snapshot && same_bytes(*before.snapshot, *s);
+  std::lock_guard<std::mutex> lock(mutex_);
+  versions_.push_back(held_version{std::move(s), unchanged ? before.same_since : 0});
+  auto& added = versions_.back();
+  if (!unchanged)
+    added.same_since = added.snapshot->version();
   while (versions_.size() > keep_)
     versions_.pop_front(); // freed once no transfer holds it
 }
@@ -372,7 +418,9 @@ synthetic_source::synthetic_source(synthetic_options o)
 
 snapshot_ptr synthetic_source::produce_next() {
   auto prev = latest();
-  auto next = prev ? perturbed(*prev) : make_initial();
+  // No perturbation: a step that changes nothing (the zero-byte round).
+  auto next = !prev ? make_initial()
+                    : options_.perturb == 0 ? weight_snapshot::relabeled(prev, prev->version() + 1) : perturbed(*prev);
   publish(next);
   return next;
 }

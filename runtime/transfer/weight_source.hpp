@@ -13,7 +13,9 @@
 //   synthetic_source       version 1 is the seeded synthetic model (or a
 //                          checkpoint); version v+1 perturbs v exactly as
 //                          `rlsync checkpoint make --from DIR --perturb SCALE
-//                          --seed (seed + v)` does on disk.
+//                          --seed (seed + v)` does on disk; with SCALE 0 it
+//                          holds v's bytes (shared): versions that move no
+//                          bytes, to measure the control plane.
 //   checkpoint_dir_source  picks up step directories a trainer publishes:
 //                            DIR/step-000042/config.json
 //                            DIR/step-000042/model.safetensors (or shards + index)
@@ -98,6 +100,10 @@ public:
   /// to the tensors `held` says are held.
   static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
                                                                 const std::function<bool(const std::string&)>& held);
+  /// Version `version` holding `from`'s bytes, shared, not copied (a trainer
+  /// step that changed nothing). Its device copy, if any, is not carried.
+  static std::shared_ptr<const weight_snapshot> relabeled(const std::shared_ptr<const weight_snapshot>& from,
+                                                          std::uint64_t version);
 
   std::uint64_t version() const { return version_; }
   const model_config& config() const { return config_; }
@@ -171,6 +177,11 @@ public:
   /// The versions held, ascending (the pinned one included).
   std::vector<std::uint64_t> versions() const;
   std::size_t keep_versions() const { return keep_; }
+  /// The oldest version whose bytes equal version `v`'s with every version
+  /// published between them the same too: the run of unchanged versions `v`
+  /// ends (`v` itself when it changed something; 0 when `v` is not held).
+  /// An engine serving a version of that run needs nothing of `v` pulled.
+  std::uint64_t same_bytes_since(std::uint64_t v) const;
   /// Keeps version `v` beyond keep_versions until another pin replaces it:
   /// the coordinator pins the version of the round it starts, so that a fast
   /// trainer cannot drop it while slow consumers still pull it. False (and
@@ -185,17 +196,26 @@ protected:
   weight_source(model_config c, const std::optional<std::vector<std::int64_t>>& held_layers,
                 std::size_t keep_versions, std::optional<std::vector<std::int64_t>> held_experts = std::nullopt);
   /// Adds `s` as the newest version, dropping the oldest beyond keep_versions.
-  /// Throws std::logic_error unless its version exceeds the latest.
+  /// Throws std::logic_error unless its version exceeds the latest. Compares
+  /// it with the version before, tensor by tensor (same_bytes_since): shared
+  /// bytes at once, others until their first difference, so a version that
+  /// changed its first tensors costs next to nothing to tell, one that
+  /// changed nothing a read of both (which saves every engine its pull).
   void publish(snapshot_ptr s);
 
 private:
+  struct held_version {
+    snapshot_ptr snapshot;
+    std::uint64_t same_since = 0;
+  };
+
   model_config config_;
   std::vector<std::uint32_t> held_;
   std::optional<std::vector<std::int64_t>> experts_;
   std::size_t keep_;
   mutable std::mutex mutex_;
-  std::deque<snapshot_ptr> versions_; // ascending
-  snapshot_ptr pinned_;               // may also be in versions_
+  std::deque<held_version> versions_; // ascending
+  held_version pinned_;               // may also be in versions_
 };
 
 struct synthetic_options {
@@ -205,7 +225,7 @@ struct synthetic_options {
   /// When set, version 1 is this checkpoint directory's tensors instead.
   std::string initial_checkpoint;
   std::uint64_t trainer_seed = 7; ///< version v+1 uses perturbation_noise(seed trainer_seed + v)
-  double perturb = 0.01;
+  double perturb = 0.01; ///< 0: every version holds version 1's bytes
   /// Pipeline layers this rank holds; nullopt holds every layer.
   std::optional<std::vector<std::int64_t>> held_layers;
   /// Experts this rank holds of every held sparse layer; nullopt holds all.

@@ -78,6 +78,29 @@ TEST_CASE_FIXTURE(coordinator_fixture, "sync replies with the report and every p
   CHECK(log_lines[0].find("v3: 2 engines synced") != std::string::npos);
 }
 
+TEST_CASE_FIXTURE(coordinator_fixture, "the transfer order says since when the version's bytes are the same") {
+  start();
+  add_engine("a");
+  version_info v3{3, 4, 4096};
+  v3.same_bytes_since = 2;
+  tell(coord, version_atom::value, v3);
+  run();
+  REQUIRE(!engines["a"].script->orders.empty());
+  CHECK(engines["a"].script->orders.back().version == 3);
+  CHECK(engines["a"].script->orders.back().same_bytes_since == 2);
+  // A trainer claiming bytes from past its version is refused: no round on it.
+  const auto rounds = status().rounds;
+  version_info bad{4, 4, 4096};
+  bad.same_bytes_since = 9;
+  tell(coord, version_atom::value, bad);
+  run();
+  CHECK(status().rounds == rounds);
+  CHECK(engines["a"].script->orders.back().version == 3);
+  REQUIRE(!log_lines.empty());
+  CHECK(log_lines.back().find("refused a version of the trainer: version_info.same_bytes_since: 9 is past the version (4)")
+        != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(coordinator_fixture, "pause goes to every engine at once, not one by one") {
   start();
   add_engine("a");

@@ -224,10 +224,12 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   o.version = 6;
   o.mode = transfer_mode::broadcast;
   o.backend = "ucx";
+  o.same_bytes_since = 4;
   auto t = round_trip(o);
   CHECK(t.version == 6);
   CHECK(t.mode == transfer_mode::broadcast);
   CHECK(t.backend == "ucx");
+  CHECK(t.same_bytes_since == 4);
 
   auto tr = round_trip(transfer_report{"e", 6, 1000, 5, 777});
   CHECK(tr.engine == "e");
@@ -240,10 +242,13 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(pa.engine == "e");
   CHECK(pa.version == 6);
 
-  auto vi = round_trip(version_info{6, 5, 123456});
+  version_info unchanged{6, 5, 123456};
+  unchanged.same_bytes_since = 3;
+  auto vi = round_trip(unchanged);
   CHECK(vi.version == 6);
   CHECK(vi.groups == 5);
   CHECK(vi.total_bytes == 123456);
+  CHECK(vi.same_bytes_since == 3);
 
   sync_report sr{6, 2, {"rollout-1"}, 100, 60, 4096, 40, true};
   auto r = round_trip(sr);

@@ -3,7 +3,8 @@
 // order naming two trainer ranks (each holding half the layers behind its
 // own local transfer) makes the engine hold exactly the weights a
 // single-rank pull gives; and a pull an aborted round left running, which
-// does not hold up the next round's.
+// does not hold up the next round's; and a version with no new bytes for an
+// engine, which skips the data plane.
 #include "actors/rollout_engine.hpp"
 #include "actors/system_config.hpp"
 #include "runtime/engine/recording.hpp"
@@ -17,6 +18,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -138,7 +140,8 @@ weight_digest sync(caf::scoped_actor& self, const rollout_engine_actor& e, const
   self->request(e, t, transfer_atom::value, order, handles)
     .receive(
       [&](const transfer_report& r) {
-        transferred = r.version == order.version && r.bytes > 0;
+        // Nothing moves only when the order says the engine may hold the bytes already.
+        transferred = r.version == order.version && (r.bytes > 0 || order.same_bytes_since > 0);
         if (bytes)
           *bytes = r.bytes;
       },
@@ -300,4 +303,69 @@ TEST_CASE("rollout engine: data-parallel ranks share one pull: bytes per engine 
     CHECK(got.checksums == first->checksums);
     self->send_exit(e, caf::exit_reason::user_shutdown);
   }
+}
+
+TEST_CASE("rollout engine: an order whose bytes the engine serves already pulls nothing") {
+  const model_config c = test::small_model(2);
+  transfer::synthetic_options o;
+  o.config = c;
+  o.perturb = 0; // every step publishes version 1's bytes
+  auto source = std::make_shared<transfer::synthetic_source>(o);
+  source->produce_next();
+  struct counting_puller : transfer::weight_puller {
+    std::shared_ptr<transfer::weight_puller> inner;
+    std::atomic<int> pulls{0};
+    void register_worker(const std::string& e, std::shared_ptr<const plan::worker_plan> p) override {
+      inner->register_worker(e, std::move(p));
+    }
+    void unregister_engine(const std::string& e) override { inner->unregister_engine(e); }
+    transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
+      ++pulls;
+      return inner->pull(req, sink);
+    }
+  };
+  auto puller = std::make_shared<counting_puller>();
+  puller->inner = std::make_shared<transfer::local_transfer>(source);
+  threaded_system ts;
+  caf::scoped_actor self{ts.sys};
+  auto cfg = engine_config(c, "rollout-0");
+  cfg.puller = puller;
+  auto e = spawn_rollout_engine(ts.sys, cfg);
+  auto order = [&](std::uint64_t v, std::uint64_t since) {
+    transfer_order x{v, transfer_mode::sharded, "local", {}};
+    x.same_bytes_since = since;
+    return x;
+  };
+
+  // The cold sync: nothing served yet, so the engine pulls whatever the order says.
+  std::uint64_t bytes = 0;
+  auto v1 = sync(self, e, order(1, 1), {}, nullptr, &bytes);
+  CHECK(bytes > 0);
+  CHECK(puller->pulls == 2); // one per worker
+  REQUIRE(!v1.names.empty());
+
+  // Versions 2 and 3 hold version 1's bytes: no pull, served at once.
+  for (std::uint64_t v : {2, 3}) {
+    CAPTURE(v);
+    source->produce_next();
+    auto got = sync(self, e, order(v, 1), {}, nullptr, &bytes);
+    CHECK(bytes == 0);
+    CHECK(puller->pulls == 2);
+    CHECK(got.version == v);
+    CHECK_FALSE(got.dirty);
+    CHECK(got.checksums == v1.checksums);
+  }
+
+  // Not known (0): the engine pulls, and serves the same weights.
+  source->produce_next();
+  auto four = sync(self, e, order(4, 0), {}, nullptr, &bytes);
+  CHECK(bytes > 0);
+  CHECK(puller->pulls == 4);
+  CHECK(four.checksums == v1.checksums);
+
+  // An order claiming bytes from a version past its own is refused.
+  std::string failure;
+  sync(self, e, order(5, 6), {}, &failure);
+  CHECK(failure.find("same_bytes_since: 6 is past the version (5)") != std::string::npos);
+  self->send_exit(e, caf::exit_reason::user_shutdown);
 }

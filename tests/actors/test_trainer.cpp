@@ -131,6 +131,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a version every step_time, computed
   CHECK(seen->back().version == 1);
   CHECK(seen->back().groups == 3);
   CHECK(seen->back().total_bytes == sum_bytes(llama_parameter_specs(c, dtype::bf16)));
+  CHECK(seen->back().same_bytes_since == 1);
   CHECK(answer(request<version_info>(t, version_atom::value)).version == 1);
 
   // The next step starts step_time after the previous one started.
@@ -144,12 +145,31 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: a version every step_time, computed
   finish_step();
   REQUIRE(seen->size() == 2);
   CHECK(seen->back().version == 2);
+  CHECK(seen->back().same_bytes_since == 2); // perturbed: new bytes
   // A step that took longer than step_time is followed at once.
   advance(0ms);
   CHECK(runner->jobs.size() == 1);
   finish_step();
   CHECK(seen->back().version == 3);
   CHECK(state(t).steps == 3);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: a step that changed nothing publishes since when its bytes are the same") {
+  transfer::synthetic_options o;
+  o.config = test::small_model(2);
+  o.perturb = 0;
+  auto source = std::make_shared<transfer::synthetic_source>(o);
+  auto t = spawn(trainer, config(source));
+  auto seen = std::make_shared<std::vector<version_info>>();
+  tell(t, subscribe_atom::value, listener(seen));
+  run();
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    advance(100ms);
+    finish_step();
+    REQUIRE(seen->size() == v);
+    CHECK(seen->back().version == v);
+    CHECK(seen->back().same_bytes_since == 1);
+  }
 }
 
 TEST_CASE_FIXTURE(trainer_fixture, "trainer: metadata, and one group inline for the CAF fallback path") {

@@ -125,6 +125,16 @@ TEST_CASE("what a peer sends is bounded: each bound is refused naming the field 
      }, "shape: 9 dimensions exceed the bound of 8"},
     {"transfer backend", [] { return check(transfer_order{1, transfer_mode::sharded, name_over}); },
      "transfer_order.backend: 257 bytes"},
+    {"order's bytes from a later version", [] {
+       transfer_order o{4, transfer_mode::sharded, "ucx"};
+       o.same_bytes_since = 5;
+       return check(o);
+     }, "transfer_order.same_bytes_since: 5 is past the version (4)"},
+    {"published bytes from a later version", [] {
+       version_info v{4, 1, 100};
+       v.same_bytes_since = 5;
+       return check(v);
+     }, "version_info.same_bytes_since: 5 is past the version (4)"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
@@ -134,4 +144,7 @@ TEST_CASE("what a peer sends is bounded: each bound is refused naming the field 
   // At the bound: accepted.
   CHECK(check(engine_info{std::string(max_name_bytes, 'n'), "node", 1, 0, false, 0}).empty());
   CHECK(check(heartbeat{std::string(max_name_bytes, 'n'), 1}).empty());
+  version_info same{4, 1, 100};
+  same.same_bytes_since = 4; // its own version: it changed something
+  CHECK(check(same).empty());
 }

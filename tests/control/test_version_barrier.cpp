@@ -153,6 +153,64 @@ TEST_CASE("version_barrier: never backwards, a restarted rank starts with nothin
   CHECK(b.evaluate().syncable->version == 5);
 }
 
+TEST_CASE("version_barrier: the syncable version's bytes date from the latest any rank says") {
+  struct row {
+    const char* what;
+    std::uint64_t rank0_since, rank1_since; // what each says of v4 (each published v1 to v4)
+    std::uint64_t combined;
+  };
+  std::vector<row> rows = {
+    {"both changed at v4", 4, 4, 4},
+    {"neither changed since v2", 2, 2, 2},
+    {"rank 1 changed at v3: the whole model dates from v3", 2, 3, 3},
+    {"rank 0 did not say: not known", 0, 2, 0},
+    {"rank 0 unchanged since v1, rank 1 since v2", 1, 2, 2},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    version_barrier b{2, names, 2};
+    REQUIRE(b.join(rank(0, {"a", "b"})).empty());
+    REQUIRE(b.join(rank(1, {"b", "c"})).empty());
+    for (std::uint32_t k : {0u, 1u}) {
+      for (std::uint64_t ver : {1, 2, 3})
+        CHECK(b.publish(k, version_info{ver, 4, 1, {}}).empty());
+      version_info v4{4, 4, 1, {}};
+      v4.same_bytes_since = k == 0 ? r.rank0_since : r.rank1_since;
+      CHECK(b.publish(k, v4).empty());
+    }
+    auto v = b.evaluate();
+    REQUIRE(v.syncable);
+    CHECK(v.syncable->version == 4);
+    CHECK(v.syncable->same_bytes_since == r.combined);
+  }
+}
+
+TEST_CASE("version_barrier: a restarted rank vouches only for the bytes its incarnation published") {
+  version_barrier b{2, names, 4};
+  REQUIRE(b.join(rank(0, {"a", "b"})).empty());
+  REQUIRE(b.join(rank(1, {"b", "c"})).empty());
+  for (std::uint64_t ver : {1, 2})
+    for (std::uint32_t k : {0u, 1u}) {
+      version_info vi{ver, 4, 1, {}};
+      vi.same_bytes_since = 1;
+      CHECK(b.publish(k, vi).empty());
+    }
+  REQUIRE(b.evaluate().syncable);
+  CHECK(b.evaluate().syncable->same_bytes_since == 1);
+  auto restarted = rank(1, {"b", "c"});
+  restarted.incarnation = 2;
+  REQUIRE(b.join(restarted).empty());
+  for (std::uint32_t k : {0u, 1u}) {
+    version_info vi{3, 4, 1, {}};
+    vi.same_bytes_since = 1; // rank 1's new source says so of its own versions
+    CHECK(b.publish(k, vi).empty());
+  }
+  auto v = b.evaluate();
+  REQUIRE(v.syncable);
+  CHECK(v.syncable->version == 3);
+  CHECK(v.syncable->same_bytes_since == 3); // engines holding v1 or v2 pull again
+}
+
 TEST_CASE("version_barrier: refused publications name the rank") {
   version_barrier b{2, names, 2};
   CHECK(b.publish(0, version_info{1, 4, 1, {}}) == "rank 0 published v1 before registering");

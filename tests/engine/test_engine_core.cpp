@@ -627,6 +627,73 @@ TEST_CASE("abandon_update: an engine dirty before the session stays dirty, witho
   }
 }
 
+TEST_CASE("keep_served: a clean engine serving a version with the session's bytes pulls nothing") {
+  enum class before { clean, dirty, released };
+  struct row {
+    const char* what;
+    before state;
+    std::uint64_t holds;      // the version served (through complete sessions from 1)
+    std::uint64_t session;    // the session's version
+    std::uint64_t same_since; // the order's same_bytes_since
+    bool applied_first;       // a tensor arrived before the order
+    bool kept;
+  };
+  const std::vector<row> rows = {
+    {"serves the version the bytes date from", before::clean, 1, 2, 1, false, true},
+    {"serves a later version of the same run", before::clean, 3, 4, 2, false, true},
+    {"a re-sync of the version it serves", before::clean, 2, 2, 2, false, true},
+    {"serves a version before the run began", before::clean, 1, 3, 2, false, false},
+    {"not known (0)", before::clean, 1, 2, 0, false, false},
+    {"dirty before the session", before::dirty, 1, 2, 1, false, false},
+    {"its weights were released (sleep)", before::released, 1, 2, 1, false, false},
+    {"something of the session arrived already", before::clean, 1, 2, 1, true, false},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    harness h;
+    for (std::uint64_t v = 2; v <= r.holds; ++v) {
+      h.core.pause({pause_mode::keep, false});
+      h.update(h.v1, v);
+    }
+    h.core.pause({pause_mode::keep, false});
+    if (r.state == before::dirty) {
+      REQUIRE(!h.core.start_update(r.holds));
+      REQUIRE(!h.core.apply_tensor(h.v1.views().front()));
+      REQUIRE(h.core.finish_update(r.holds)); // incomplete: dirty
+    }
+    if (r.state == before::released)
+      REQUIRE(std::holds_alternative<std::uint64_t>(h.core.release_weights()));
+    const auto served = h.core.weight_checksums();
+    REQUIRE(!h.core.start_update(r.session));
+    if (r.applied_first)
+      REQUIRE(!h.core.apply_tensor(h.v1.views().front()));
+    CHECK(h.core.keep_served(r.same_since) == r.kept);
+    if (!r.kept) {
+      // Nothing changed: a session without the bytes stays incomplete.
+      auto e = h.core.finish_update(r.session);
+      REQUIRE(e);
+      CHECK(e->code == errc::update_incomplete);
+      CHECK(h.core.dirty());
+      continue;
+    }
+    REQUIRE(!h.core.finish_update(r.session));
+    CHECK(!h.core.dirty());
+    CHECK(h.core.version() == r.session);
+    CHECK(h.core.weight_checksums() == served); // the same set, under the new version
+    REQUIRE(!h.core.resume());
+    REQUIRE(!h.add(1, "after a zero-byte round", 3));
+    h.drain();
+    REQUIRE(h.seen[1].tokens.size() == 3);
+    for (auto& t : h.seen[1].tokens)
+      CHECK(t.version == r.session);
+    // The next session with new bytes goes through staging as before.
+    auto v9 = make_source(h.config, dtype::bf16, 9);
+    h.core.pause({pause_mode::keep, false});
+    h.update(v9, r.session + 1);
+    CHECK(h.core.weight_checksums() != served);
+  }
+}
+
 TEST_CASE("logprobs: only when asked, on every token event and in the result, the same tokens either way") {
   harness h;
   REQUIRE(!h.add(1, "hello", 6)); // default: no logprobs computed

@@ -34,6 +34,8 @@ timeout 240 "$rlsync" bench sync "${mpi[@]}" --topology "$dir/two.yaml" --model-
 for row in sharded broadcast control; do
   grep -Eq "^$row +[0-9.]+ +[0-9.]+" "$dir/sync.out" || { cat "$dir/sync.out"; echo "FAIL: no $row row"; exit 1; }
 done
+grep -Eq "^control +0\.0 +[0-9.]+" "$dir/sync.out" && grep -q "control plane: median zero-byte round" "$dir/sync.out" \
+  || { cat "$dir/sync.out"; echo "FAIL: the control case moved bytes"; exit 1; }
 grep -Eq "^measured before / after the cases: memcpy [0-9.]+ / [0-9.]+ GB/s \(spread [0-9]+%\)" "$dir/sync.out" \
   || { cat "$dir/sync.out"; echo "FAIL: no light before and after"; exit 1; }
 if [ ${#mpi[@]} -eq 0 ]; then
@@ -75,6 +77,14 @@ grep -q -- "--ranks" "$dir/bad.out" || { cat "$dir/bad.out"; echo "FAIL: --ranks
 timeout 120 "$rlsync" bench control --engines 2 --rounds 3 --json "$dir/control.json" > "$dir/control.out" 2>&1 \
   || { cat "$dir/control.out"; echo "FAIL: bench control"; exit 1; }
 grep -q "six CAF round-trip waves" "$dir/control.out" || { cat "$dir/control.out"; echo "FAIL: no baseline row"; exit 1; }
+# The trainer's steps change nothing: after the cold sync every engine skips the data plane.
+grep -Eq "^zero-byte round \(pause..continue\) +[0-9.]+" "$dir/control.out" \
+  && grep -Eq "^  of which transfer +[0-9.]+ ms \(0 kB moved per round\)" "$dir/control.out" \
+  && grep -Eq "^round moving the model +[0-9.]+" "$dir/control.out" \
+  && grep -Eq "^zero-byte round / six round trips: [0-9.]+x" "$dir/control.out" \
+  || { cat "$dir/control.out"; echo "FAIL: no zero-byte round"; exit 1; }
+python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["control"]; assert c["zero_byte"] and len(c["warm"])==3 and all(w["bytes"]==0 for w in c["warm"]), c' \
+  "$dir/control.json" || { cat "$dir/control.json"; echo "FAIL: a zero-byte round moved bytes"; exit 1; }
 grep -q '"engines": 2' "$dir/control.json" || { cat "$dir/control.json"; echo "FAIL: control JSON"; exit 1; }
 # The HTTP case: both paths in one run, both figures and their ratio (reported, never asserted).
 timeout 120 "$rlsync" bench control --http --engines 2 --rounds 3 --json "$dir/http.json" > "$dir/http.out" 2>&1 \

@@ -280,7 +280,7 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   std::vector<std::string> keys;
   for (auto it = j.begin(); it != j.end(); ++it)
     keys.push_back(it.key());
-  CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "light_ms", "cold", "warm",
+  CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "zero_byte", "light_ms", "cold", "warm",
                                          "probe6_ms", "producer_peak_groups", "producer_peak_bytes",
                                          "producer_budget_bytes", "producer_packs_ahead", "producer_evictions",
                                          "producer_buffers_made", "producer_buffers_prewarmed",
@@ -364,6 +364,15 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   }
   CHECK(text.find("control plane: median round 4.00 ms (164 kB model) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
         != std::string::npos);
+  {
+    auto zero = r; // the trainer's steps changed nothing: every engine skipped the data plane
+    for (auto& c : zero.cases)
+      if (c.name == "control")
+        c.zero_byte = true;
+    CHECK(bench_sync_report(zero).find("control plane: median zero-byte round 4.00 ms (164 kB model, unchanged by the "
+                                       "trainer's steps) vs six CAF round-trip waves 2.00 ms: 2.00x\n")
+          != std::string::npos);
+  }
   CHECK(text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 4.50 ms (defaults 4.50 ms, vader "
                   "single copy off failed: the faster counts); sharded transfer 9.00 ms: 0.50x (slower)\n")
         != std::string::npos);
@@ -386,24 +395,34 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   CHECK(j["cases"][1]["error"] == "sync failed");
 }
 
-TEST_CASE("bench control report: the round against six round-trip waves") {
+TEST_CASE("bench control report: the zero-byte round against six round-trip waves, the moving round beside it") {
   bench_control_result r;
   r.engines = 2;
   r.rounds = 3;
   r.cores = 2;
-  r.control.bytes_per_sync = 328'448;
-  r.control.warm = {round_of(6, 2, 4, 328'448), round_of(19, 3, 16, 328'448), round_of(11, 3, 8, 328'448)};
+  r.control.zero_byte = true;
+  r.control.warm = {round_of(6, 2, 4, 0), round_of(19, 3, 16, 0), round_of(11, 3, 8, 0)};
   r.control.probe_ms = {3.0, 57.5, 29.25};
+  r.moving.bytes_per_sync = 328'448;
+  r.moving.warm = {round_of(12, 4, 8, 328'448), round_of(13, 4, 9, 328'448), round_of(14, 5, 9, 328'448)};
+  r.moving.probe_ms = {10.0, 10.0, 10.0};
   auto text = bench_control_report(r);
   CHECK(text == "rlsync bench control: 2 engine processes on loopback, 3 rounds, 2 cores\n"
-                "                                median       min       max\n"
-                "round (pause..continue)          11.00      6.00     19.00 ms\n"
-                "  of which transfer               3.00 ms (328 kB moved per round)\n"
-                "six CAF round-trip waves         29.25      3.00     57.50 ms\n"
-                "round / six round trips: 0.38x\n");
+                "                                        median       min       max\n"
+                "zero-byte round (pause..continue)        11.00      6.00     19.00 ms\n"
+                "  of which transfer                       3.00 ms (0 kB moved per round)\n"
+                "round moving the model                   13.00     12.00     14.00 ms\n"
+                "  of which transfer                       4.00 ms (328 kB moved per round)\n"
+                "six CAF round-trip waves                 29.25      3.00     57.50 ms\n"
+                "zero-byte round / six round trips: 0.38x\n"
+                "round moving 328 kB / six round trips (measured beside it): 1.30x\n");
   auto j = bench_control_json(r);
   CHECK(j["engines"] == 2);
   CHECK(j["control"]["probe6_ms"].size() == 3);
+  CHECK(j["control"]["zero_byte"] == true);
+  CHECK(j["moving"]["zero_byte"] == false);
+  r.moving = {}; // it failed or did not run: the zero-byte rows alone
+  CHECK(bench_control_report(r).find("moving") == std::string::npos);
 }
 
 TEST_CASE("ucx_perftest output: the overall bandwidth of the Final line") {

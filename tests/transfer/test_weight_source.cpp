@@ -115,6 +115,68 @@ TEST_CASE("synthetic source keeps a bounded number of versions, a held snapshot 
   CHECK(weak.expired()); // released once nobody holds it
 }
 
+TEST_CASE("same bytes since: a step that changed nothing names the version its bytes date from") {
+  const model_config c = test::small_model(2);
+  SUBCASE("perturb 0: every version shares version 1's bytes") {
+    transfer::synthetic_options o;
+    o.config = c;
+    o.perturb = 0;
+    o.keep_versions = 2;
+    synthetic_source src(o);
+    auto v1 = src.produce_next();
+    CHECK(src.same_bytes_since(1) == 1);
+    auto v2 = src.produce_next();
+    auto v3 = src.produce_next();
+    CHECK(v3->version() == 3);
+    CHECK(src.same_bytes_since(2) == 1);
+    CHECK(src.same_bytes_since(3) == 1);
+    CHECK(src.same_bytes_since(1) == 0); // dropped: not known any more
+    CHECK(v3->at("model.norm.weight").data == v1->at("model.norm.weight").data); // shared, not copied
+    CHECK(snapshots_equal(*v1, *v3));
+  }
+  SUBCASE("a perturbation changes every version") {
+    auto src = test::small_source(c);
+    for (std::uint64_t v = 1; v <= 3; ++v) {
+      src->produce_next();
+      CHECK(src->same_bytes_since(v) == v);
+    }
+  }
+  SUBCASE("checkpoint steps: equal bytes in other memory, one element changed") {
+    scratch_dir tmp;
+    checkpoint_dir_options o;
+    o.config = c;
+    o.dir = tmp / "steps";
+    o.keep_versions = 8;
+    std::filesystem::create_directory(o.dir);
+    auto step = [&](std::uint64_t s) { return o.dir + "/" + step_dir_name(s); };
+    make_synthetic_checkpoint(step(1), c, dtype::bf16, 3);
+    std::filesystem::copy(step(1), step(2)); // the same bytes, read into memory of its own
+    perturb_checkpoint(step(1), step(3), 0.05, 3);
+    std::filesystem::copy(step(3), step(4));
+    {
+      // One tensor's last element changes sign (its high byte ends the file): finite, and different.
+      std::fstream f(step(4) + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(-1, std::ios::end);
+      char last = 0;
+      f.get(last);
+      f.seekp(-1, std::ios::end);
+      f.put(static_cast<char>(last ^ 0x80));
+    }
+    std::filesystem::copy(step(4), step(5));
+    checkpoint_dir_source src(o);
+    for (std::uint64_t s = 1; s <= 5; ++s) {
+      mark_step_complete(step(s));
+      REQUIRE(src.poll()->version() == s);
+    }
+    CHECK(src.same_bytes_since(1) == 1);
+    CHECK(src.same_bytes_since(2) == 1);
+    CHECK(src.same_bytes_since(3) == 3);
+    CHECK(src.same_bytes_since(4) == 4);
+    CHECK(src.same_bytes_since(5) == 4);
+    CHECK(src.same_bytes_since(6) == 0); // never published
+  }
+}
+
 TEST_CASE("synthetic source with a held-layers filter holds those groups only") {
   const model_config c = test::small_model(4);
   synthetic_options o;

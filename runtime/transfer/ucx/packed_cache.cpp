@@ -303,6 +303,10 @@ unsigned producer_impl::check_published() {
 unsigned producer_impl::pack_ahead() {
   if (!options.pack_ahead || !newest || !blocked.empty())
     return 0;
+  // A step that changed nothing: engines serving the version before pull
+  // none of it (the zero-byte round); one that does pull packs on demand.
+  if (const auto v = newest->version(); source->same_bytes_since(v) != v)
+    return 0;
   std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
   bool broadcast = false;
   for (const auto& [ep, c] : conns) {
