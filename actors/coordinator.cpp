@@ -189,12 +189,25 @@ void on_version(self_ptr self, const version_info& vi) {
                        + "; " + std::to_string(st.ignored_versions) + " ignored so far");
     return;
   }
+  // Unchanged bytes only as far back as this trainer may vouch for (ranks:
+  // the barrier saw to it).
+  auto since = vi.same_bytes_since;
+  if (!follows_ranks(st) && since != 0) {
+    since = std::max(since, st.trainer_vouches_from);
+    if (since > vi.version)
+      since = 0;
+  }
   // The same number again changes nothing; but a restarted trainer
   // reporting it is what a round held back while the trainer was down
-  // waits for, and settle looks again.
-  if (vi.version == st.newest.version && st.newest_heard)
+  // waits for, and settle looks again. Whoever reports it now may not
+  // vouch for its bytes as the one before did.
+  if (vi.version == st.newest.version && st.newest_heard) {
+    if (since != st.newest.same_bytes_since)
+      st.newest.same_bytes_since = 0;
     return;
+  }
   st.newest = vi; // the same number from a restored counter brings its groups
+  st.newest.same_bytes_since = since;
   st.newest_heard = true;
   if (st.cfg.router) // sync.staleness is measured against it
     self->send(st.cfg.router, version_atom::value, vi);

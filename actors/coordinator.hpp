@@ -345,6 +345,11 @@ struct coordinator_state {
   /// knows the number, not the groups).
   bool newest_heard = false;
   bool trainer_down = false;
+  /// The first version whose unchanged bytes the trainer attached now may
+  /// vouch for (version_info::same_bytes_since): one past the newest the
+  /// coordinator knew when it attached, since a restarted trainer may
+  /// publish numbers its earlier process used, with other bytes.
+  std::uint64_t trainer_vouches_from = 0;
   std::uint64_t ignored_versions = 0; ///< older than the counter (logged now and then)
   std::uint64_t heartbeat_seq = 0;
   /// The next phase order's token: never reused, so no answer is taken for a later order.

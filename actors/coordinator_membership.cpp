@@ -200,6 +200,8 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
     self->demonitor(st.cfg.trainer.address());
   if (st.cfg.trainer && st.cfg.trainer != trainer)
     nccl_suspect(self, "the trainer restarted"); // the new one holds no link
+  if (st.cfg.trainer != trainer)
+    st.trainer_vouches_from = std::max(st.newest.version, st.synced_version) + 1;
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
   follow_trainer(self, st.cfg.trainer, "the trainer", [=](const version_info& vi) { on_version(self, vi); });

@@ -119,7 +119,9 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
                                                   + " is not newer than the registered "
                                                   + std::to_string(k.info.incarnation));
   }
-  if (auto why = st.barrier.join(info); !why.empty())
+  // It vouches for no version the cluster knew before it: its earlier
+  // incarnation may have published those numbers with other bytes.
+  if (auto why = st.barrier.join(info, cluster_newest(st) + 1); !why.empty())
     return make_error(errc::malformed, why);
   if (known != st.ranks.end()) { // a restart: the old incarnation is gone
     if (!known->second.down)

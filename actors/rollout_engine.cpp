@@ -352,7 +352,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, name + ": a transfer is already in flight");
       // A trainer step that changed nothing this engine serves: no data plane at all.
       if (st.core->keep_served(order.same_bytes_since))
-        return transfer_report{name, order.version, 0, 0, 0};
+        return held(self, transfer_report{name, order.version, 0, 0, 0});
       // The trainer ranks of the order, each behind the puller of its current incarnation.
       std::vector<std::shared_ptr<transfer::producer_link>> links;
       if (!order.producers.empty()) {

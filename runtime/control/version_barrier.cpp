@@ -37,7 +37,7 @@ version_barrier::version_barrier(std::uint32_t ranks, std::vector<std::string> p
   parameter_names_.erase(std::unique(parameter_names_.begin(), parameter_names_.end()), parameter_names_.end());
 }
 
-std::string version_barrier::join(const rank_info& info) {
+std::string version_barrier::join(const rank_info& info, std::uint64_t vouches_from) {
   if (info.rank >= ranks_)
     return rank_name(info.rank) + " is not a rank of the topology, which has " + std::to_string(ranks_)
            + (ranks_ == 1 ? " rank" : " ranks");
@@ -49,7 +49,7 @@ std::string version_barrier::join(const rank_info& info) {
     if (!unknown.empty())
       return rank_name(info.rank) + " holds " + first_names(unknown) + ", no parameter of the model";
   }
-  joined_[info.rank] = rank_record{info, {}}; // a new incarnation holds nothing published yet
+  joined_[info.rank] = rank_record{info, {}, vouches_from}; // a new incarnation holds nothing published yet
   check_layout();
   return {};
 }
@@ -85,8 +85,6 @@ std::string version_barrier::publish(std::uint32_t rank, const version_info& vi)
   if (vi.version == 0 || (!rec.window.empty() && vi.version <= rec.window.back().version))
     return {}; // nothing new from this rank (a repeat, or its subscription's first report)
   rec.window.push_back(vi);
-  if (rec.first_published == 0)
-    rec.first_published = vi.version;
   while (rec.window.size() > keep_window_)
     rec.window.pop_front();
   newest_published_ = std::max(newest_published_, vi.version);
@@ -187,8 +185,9 @@ barrier_verdict version_barrier::evaluate() {
   bool same_known = true;
   for (auto& [r, rec] : joined_) {
     auto* held = find_version(rec.window, *common);
-    same_known = same_known && held->same_bytes_since != 0;
-    vi.same_bytes_since = std::max({vi.same_bytes_since, held->same_bytes_since, rec.first_published});
+    const auto since = std::max(held->same_bytes_since, rec.vouches_from);
+    same_known = same_known && held->same_bytes_since != 0 && since <= *common;
+    vi.same_bytes_since = std::max(vi.same_bytes_since, since);
     vi.groups = held->groups;
     // Bytes the ranks hold together (a tensor held twice counts twice); saturates.
     auto room = std::numeric_limits<std::uint64_t>::max() - vi.total_bytes;

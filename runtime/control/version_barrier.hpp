@@ -45,9 +45,9 @@ struct barrier_error {
 struct barrier_verdict {
   /// The newest version every rank published and still holds, without errors
   /// and not older than any version syncable before; nothing when none. Its
-  /// same_bytes_since is the latest of the ranks' and of the first version
-  /// each rank's incarnation published (a restarted rank does not vouch for
-  /// the bytes its earlier incarnation served); 0 when a rank did not say.
+  /// same_bytes_since is the latest any rank says, never before a rank's
+  /// vouches_from (join); 0 when a rank did not say or cannot vouch for
+  /// the version's bytes at all.
   std::optional<version_info> syncable;
   /// What is wrong, one entry per problem.
   std::vector<barrier_error> errors;
@@ -69,9 +69,12 @@ public:
 
   std::uint32_t ranks() const { return ranks_; }
   /// A rank (re)registered holding `info.held`: a new incarnation forgets
-  /// what the old one published. Empty when accepted, else why not (a rank
-  /// index out of range).
-  std::string join(const rank_info& info);
+  /// what the old one published. `vouches_from`: the first version whose
+  /// bytes it may vouch for (one past the newest version the cluster knew
+  /// when it registered: a restarted rank may publish numbers its earlier
+  /// incarnation used, with other bytes). Empty when accepted, else why not
+  /// (a rank index out of range).
+  std::string join(const rank_info& info, std::uint64_t vouches_from = 0);
   /// Every rank of the topology has joined.
   bool complete() const { return joined_.size() == ranks_; }
   /// Rank `rank` published `vi`. Empty when recorded, else why not (not
@@ -91,7 +94,7 @@ private:
   struct rank_record {
     rank_info info;
     std::deque<version_info> window; // ascending, at most keep_window
-    std::uint64_t first_published = 0; // by this incarnation
+    std::uint64_t vouches_from = 0; // the first version this incarnation may say is unchanged
   };
   void check_layout();
   void check_version(std::uint64_t v, std::vector<barrier_error>& errors) const;

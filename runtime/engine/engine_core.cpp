@@ -596,7 +596,8 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   if (state_ == scheduler_state::unpaused || pause_in_flight())
     return engine_error{errc::not_paused, opts_.name + ": start_update needs a paused, idle engine"};
   // The same version again is a full re-sync (a replica that rejoins holding
-  // it); only going backwards is refused.
+  // it; one that is clean may keep its set, keep_served); only going
+  // backwards is refused.
   if (version < version_ || version == 0)
     return engine_error{errc::version_mismatch, opts_.name + " holds version " + std::to_string(version_)
                                                   + ", refuses to go to " + std::to_string(version)};

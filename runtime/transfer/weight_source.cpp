@@ -382,6 +382,9 @@ void weight_source::publish(snapshot_ptr s) {
   // Outside the lock: transfers look versions up meanwhile (one publish at a time).
   const bool unchanged = before.snapshot && same_bytes(*before.snapshot, *s);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!versions_.empty() && versions_.back().snapshot != before.snapshot) // one publish at a time, or this breaks
+    throw std::logic_error("weight source: version " + std::to_string(s->version()) + " published while "
+                           + std::to_string(versions_.back().snapshot->version()) + " was");
   versions_.push_back(held_version{std::move(s), unchanged ? before.same_since : 0});
   auto& added = versions_.back();
   if (!unchanged)

@@ -40,6 +40,43 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   CHECK(rec->pins.back() == 4);
 }
 
+TEST_CASE_FIXTURE(coordinator_fixture, "a restarted trainer vouches for no unchanged bytes from before it attached") {
+  auto rec = std::make_shared<trainer_script>();
+  auto trainer = spawn(scripted_trainer, rec);
+  auto c = config();
+  c.trainer = trainer;
+  start(c);
+  add_engine("a");
+  version_info v3{3, 4, 4096};
+  v3.same_bytes_since = 2;
+  tell(rec->listeners.at(0), version_atom::value, v3);
+  run();
+  CHECK(engines["a"].script->orders.back().same_bytes_since == 2); // the first trainer's own chain
+  // Another trainer process: its chain starts anew, whatever numbers it reuses.
+  auto rec2 = std::make_shared<trainer_script>();
+  rec2->current = v3; // the same number, from another process: its bytes may differ
+  rec2->current.same_bytes_since = 1;
+  auto trainer2 = spawn(scripted_trainer, rec2);
+  tell(coord, register_atom::value, caf::actor_cast<trainer_actor>(trainer2));
+  run();
+  version_info v5{5, 4, 4096};
+  v5.same_bytes_since = 3; // unchanged since v3: its v3, not the one engines got
+  tell(rec2->listeners.at(0), version_atom::value, v5);
+  run();
+  CHECK(engines["a"].script->orders.back().version == 5);
+  CHECK(engines["a"].script->orders.back().same_bytes_since == 4); // one past what the coordinator knew
+  version_info v6{6, 4, 4096};
+  v6.same_bytes_since = 5;
+  tell(rec2->listeners.at(0), version_atom::value, v6);
+  run();
+  CHECK(engines["a"].script->orders.back().same_bytes_since == 5); // its own, from then on
+  version_info v7{7, 4, 4096};
+  v7.same_bytes_since = 2; // before it attached, and nothing it may vouch for: 4 on
+  tell(rec2->listeners.at(0), version_atom::value, v7);
+  run();
+  CHECK(engines["a"].script->orders.back().same_bytes_since == 4);
+}
+
 TEST_CASE_FIXTURE(coordinator_fixture, "the router hears every version the trainer publishes, and a new router the newest") {
   start();
   add_engine("a");

@@ -185,30 +185,56 @@ TEST_CASE("version_barrier: the syncable version's bytes date from the latest an
   }
 }
 
-TEST_CASE("version_barrier: a restarted rank vouches only for the bytes its incarnation published") {
-  version_barrier b{2, names, 4};
-  REQUIRE(b.join(rank(0, {"a", "b"})).empty());
-  REQUIRE(b.join(rank(1, {"b", "c"})).empty());
-  for (std::uint64_t ver : {1, 2})
-    for (std::uint32_t k : {0u, 1u}) {
+TEST_CASE("version_barrier: a restarted rank vouches for no version the cluster knew when it registered") {
+  struct row {
+    const char* what;
+    std::uint64_t republished; // the version the new incarnation publishes first (the old one reached v10)
+    std::uint64_t since;       // what its source says of v11
+    std::uint64_t combined;    // of v11
+  };
+  const std::vector<row> rows = {
+    {"it publishes v10 again, other bytes perhaps, and v11 the same as that", 10, 10, 11},
+    {"it starts past the old numbers: v11 is its first", 11, 11, 11},
+    {"v11 new bytes", 10, 11, 11},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    version_barrier b{2, names, 4};
+    REQUIRE(b.join(rank(0, {"a", "b"})).empty());
+    REQUIRE(b.join(rank(1, {"b", "c"})).empty());
+    for (std::uint64_t ver : {9, 10})
+      for (std::uint32_t k : {0u, 1u}) {
+        version_info vi{ver, 4, 1, {}};
+        vi.same_bytes_since = 9;
+        CHECK(b.publish(k, vi).empty());
+      }
+    REQUIRE(b.evaluate().syncable);
+    CHECK(b.evaluate().syncable->same_bytes_since == 9);
+    auto restarted = rank(1, {"b", "c"});
+    restarted.incarnation = 2;
+    REQUIRE(b.join(restarted, 11).empty()); // the coordinator: one past the newest it knew (v10)
+    for (std::uint64_t ver = r.republished; ver <= 11; ++ver) {
       version_info vi{ver, 4, 1, {}};
-      vi.same_bytes_since = 1;
-      CHECK(b.publish(k, vi).empty());
+      vi.same_bytes_since = ver == 11 ? r.since : r.republished;
+      CHECK(b.publish(1, vi).empty());
     }
-  REQUIRE(b.evaluate().syncable);
-  CHECK(b.evaluate().syncable->same_bytes_since == 1);
-  auto restarted = rank(1, {"b", "c"});
-  restarted.incarnation = 2;
-  REQUIRE(b.join(restarted).empty());
-  for (std::uint32_t k : {0u, 1u}) {
-    version_info vi{3, 4, 1, {}};
-    vi.same_bytes_since = 1; // rank 1's new source says so of its own versions
-    CHECK(b.publish(k, vi).empty());
+    version_info v11{11, 4, 1, {}};
+    v11.same_bytes_since = 9; // rank 0 changed nothing since v9
+    CHECK(b.publish(0, v11).empty());
+    auto v = b.evaluate();
+    REQUIRE(v.syncable);
+    CHECK(v.syncable->version == 11);
+    CHECK(v.syncable->same_bytes_since == r.combined); // engines serving the old v10 pull v11
   }
-  auto v = b.evaluate();
-  REQUIRE(v.syncable);
-  CHECK(v.syncable->version == 3);
-  CHECK(v.syncable->same_bytes_since == 3); // engines holding v1 or v2 pull again
+  SUBCASE("a version below what it may vouch for is not known") {
+    version_barrier b{1, {"a"}, 4};
+    REQUIRE(b.join(rank_info{0, "node", 2, {"a"}}, 6).empty());
+    version_info v5{5, 4, 1, {}};
+    v5.same_bytes_since = 5;
+    CHECK(b.publish(0, v5).empty());
+    REQUIRE(b.evaluate().syncable);
+    CHECK(b.evaluate().syncable->same_bytes_since == 0);
+  }
 }
 
 TEST_CASE("version_barrier: refused publications name the rank") {

@@ -664,6 +664,7 @@ TEST_CASE("keep_served: a clean engine serving a version with the session's byte
     if (r.state == before::released)
       REQUIRE(std::holds_alternative<std::uint64_t>(h.core.release_weights()));
     const auto served = h.core.weight_checksums();
+    const auto served_set = h.core.weights();
     REQUIRE(!h.core.start_update(r.session));
     if (r.applied_first)
       REQUIRE(!h.core.apply_tensor(h.v1.views().front()));
@@ -679,7 +680,9 @@ TEST_CASE("keep_served: a clean engine serving a version with the session's byte
     REQUIRE(!h.core.finish_update(r.session));
     CHECK(!h.core.dirty());
     CHECK(h.core.version() == r.session);
-    CHECK(h.core.weight_checksums() == served); // the same set, under the new version
+    CHECK(h.core.weights().get() == served_set.get()); // the same set, not a copy, under the new version
+    CHECK(h.core.weights()->version == r.session);
+    CHECK(h.core.weight_checksums() == served);
     REQUIRE(!h.core.resume());
     REQUIRE(!h.add(1, "after a zero-byte round", 3));
     h.drain();

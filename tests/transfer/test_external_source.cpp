@@ -101,6 +101,23 @@ TEST_CASE("external source: a push is copied once and published by the next step
   CHECK(!source.advance()); // published once
 }
 
+TEST_CASE("external source: a publish that repeats the last one's bytes says since when they are the same") {
+  auto c = small_model(2);
+  auto o = options_for(c);
+  o.keep_versions = 4;
+  external_source source(o);
+  state_dict frozen(c, dtype::bf16, 0x3c), trained(c, dtype::bf16, 0x3c);
+  trained.storage.back().back() = 0x3d; // one byte of the last tensor changed
+  const std::vector<const state_dict*> pushes = {&frozen, &frozen, &trained, &trained};
+  const std::vector<std::uint64_t> since = {1, 1, 3, 3};
+  for (std::uint64_t v = 1; v <= pushes.size(); ++v) {
+    CAPTURE(v);
+    source.push(v, pushes[v - 1]->inputs); // copied into memory of the source's own each time
+    REQUIRE(source.advance()->version() == v);
+    CHECK(source.same_bytes_since(v) == since[v - 1]);
+  }
+}
+
 TEST_CASE("external source: a newer push supersedes one not published yet") {
   auto c = small_model(2);
   external_source source(options_for(c));
