@@ -277,7 +277,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
     if (whole_landing) { // landed from the staging: it must hold the group until then
-      deliver_and_land(req, g, bucket, *link, n, whole_landing, sink, report);
+      deliver_and_land(req, g, bucket, *link, 0, n, whole_landing, sink, report);
       continue;
     }
     turn.unlock(); // the bytes are out of the staging: the next exchange may begin
@@ -358,6 +358,30 @@ bool nccl_puller::pull_collective(const transfer::pull_request& req, const trans
       throw refuse("bucket " + std::to_string(i) + " of " + std::to_string(m.bytes[i])
                    + " bytes: not 8 to the model's largest group (" + std::to_string(largest_group_bytes_)
                    + ") and its checksum, within the staging (" + std::to_string(link.capacity()) + ")");
+  // Broadcasts of whole consecutive groups, every group in one, each within the staging.
+  std::vector<std::size_t> spans(m.buckets.size(), 1); // groups per broadcast
+  if (!m.packed.empty()) {
+    spans.clear();
+    std::size_t next = 0;
+    for (std::size_t k = 0; k < m.packed.size(); ++k) {
+      const std::size_t n = m.packed[k];
+      if (n == 0 || n > m.buckets.size() - next)
+        throw refuse("broadcast " + std::to_string(k) + " carries " + std::to_string(n) + " groups, with "
+                     + std::to_string(m.buckets.size() - next) + " of the manifest's " + std::to_string(m.buckets.size())
+                     + " left");
+      std::uint64_t bytes = 0;
+      for (std::size_t j = next; j < next + n; ++j)
+        bytes += m.bytes[j]; // each checked above: no overflow
+      if (bytes > link.capacity())
+        throw refuse("broadcast " + std::to_string(k) + " of " + std::to_string(bytes) + " bytes, past the staging ("
+                     + std::to_string(link.capacity()) + ")");
+      spans.push_back(n);
+      next += n;
+    }
+    if (next != m.buckets.size())
+      throw refuse("broadcasts carrying " + std::to_string(next) + " of the manifest's " + std::to_string(m.buckets.size())
+                   + " groups");
+  }
   // The buckets must be the groups this rank holds, in order: anything else
   // would leave the version incomplete, or apply a group twice.
   bool same_groups = m.buckets.size() == groups_.size();
@@ -367,7 +391,7 @@ bool nccl_puller::pull_collective(const transfer::pull_request& req, const trans
     throw refuse("a manifest of " + std::to_string(m.buckets.size()) + " buckets that are not version "
                  + std::to_string(req.version) + "'s " + std::to_string(groups_.size()) + " groups in order");
   try {
-    receive_broadcasts(req, m, link, sink, report);
+    receive_broadcasts(req, m, spans, link, sink, report);
   } catch (...) {
     // This member is gone from the broadcast: the others' waits end at their
     // own deadlines (an abort is local), but this link takes no more part.
@@ -377,16 +401,20 @@ bool nccl_puller::pull_collective(const transfer::pull_request& req, const trans
   return true;
 }
 
-void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m, gpu::p2p_link& link,
+void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m,
+                                     const std::vector<std::size_t>& spans, gpu::p2p_link& link,
                                      const transfer::group_sink& sink, transfer::pull_report& report) {
   const auto me = "engine " + printable(req.engine) + " worker " + std::to_string(req.worker);
   std::vector<std::uint8_t> received;
   const auto whole_landing = landing_of(req, sink);
-  for (std::size_t i = 0; i < m.buckets.size(); ++i) {
-    auto bucket = m.buckets[i];
-    const auto n = static_cast<std::size_t>(m.bytes[i]);
-    const auto what = "bucket " + std::to_string(i) + " (group " + std::to_string(bucket.group) + ") of version "
-                      + std::to_string(req.version) + " broadcast to " + me;
+  std::size_t first = 0; // the broadcast's first group
+  for (std::size_t k = 0; k < spans.size(); first += spans[k++]) {
+    std::size_t n = 0;
+    for (std::size_t j = first; j < first + spans[k]; ++j)
+      n += static_cast<std::size_t>(m.bytes[j]);
+    const auto what = "broadcast " + std::to_string(k) + " (groups " + std::to_string(m.buckets[first].group)
+                      + (spans[k] > 1 ? " to " + std::to_string(m.buckets[first + spans[k] - 1].group) : std::string{})
+                      + ") of version " + std::to_string(req.version) + " to " + me;
     try {
       link.broadcast(nullptr, n, m.root);
     } catch (const std::exception& e) {
@@ -400,11 +428,17 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
     } catch (const std::exception& e) {
       throw transfer_error(transfer_failure::producer_failed, "nccl: reading " + what + ": " + e.what());
     }
-    std::tie(bucket.data, bucket.checksum) = transfer::split_checksum(received.data(), n);
-    if (whole_landing)
-      deliver_and_land(req, bucket.group, bucket, link, n, whole_landing, sink, report);
-    else
-      deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
+    std::size_t at = 0; // each group's bytes and checksum, back to back
+    for (std::size_t j = first; j < first + spans[k]; ++j) {
+      auto bucket = m.buckets[j];
+      const auto bytes = static_cast<std::size_t>(m.bytes[j]);
+      std::tie(bucket.data, bucket.checksum) = transfer::split_checksum(received.data() + at, bytes);
+      if (whole_landing)
+        deliver_and_land(req, bucket.group, bucket, link, at, bytes, whole_landing, sink, report);
+      else
+        deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
+      at += bytes;
+    }
   }
 }
 
@@ -430,17 +464,19 @@ whole_group_landing nccl_puller::landing_of(const transfer::pull_request& req,
 }
 
 void nccl_puller::deliver_and_land(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
-                                   gpu::p2p_link& link, std::size_t n, const whole_group_landing& landing,
-                                   const transfer::group_sink& sink, transfer::pull_report& report) {
+                                   gpu::p2p_link& link, std::size_t offset, std::size_t n,
+                                   const whole_group_landing& landing, const transfer::group_sink& sink,
+                                   transfer::pull_report& report) {
   const auto views = deliver_whole_group(req, g, bucket, sink, report);
-  // Under the turn the staging still holds the bucket's bytes, from its first
-  // (a checksum may follow them).
+  // Under the turn the staging still holds the broadcast's bytes: the
+  // group's from `offset` (a checksum may follow them).
   try {
     link.use_received(
       [&](const void* staging, int) {
-        land_whole_group(landing, req.worker, g, views, bucket.data.data(), bucket.data.size(), staging, sink);
+        land_whole_group(landing, req.worker, g, views, bucket.data.data(), bucket.data.size(),
+                         static_cast<const std::uint8_t*>(staging) + offset, sink);
       },
-      n);
+      offset + n);
   } catch (const std::exception& e) {
     link.abort();
     throw transfer_error(transfer_failure::producer_failed,

@@ -104,16 +104,19 @@ private:
   /// once per pull; empty when they are not landed.
   whole_group_landing landing_of(const transfer::pull_request& req, const transfer::group_sink& sink);
   /// A whole group received for `req`'s worker: delivered from `bucket`,
-  /// then landed from the link's staging, `n` bytes (under the turn).
+  /// then landed from the link's staging, where its `n` bytes begin at
+  /// `offset` (under the turn).
   void deliver_and_land(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,
-                        gpu::p2p_link& link, std::size_t n, const whole_group_landing& landing,
+                        gpu::p2p_link& link, std::size_t offset, std::size_t n, const whole_group_landing& landing,
                         const transfer::group_sink& sink, transfer::pull_report& report);
 
   /// Broadcast mode, collective: the whole version through the rank's
   /// broadcasts; false when the rank says to pull it point to point.
   bool pull_collective(const transfer::pull_request& req, const transfer::group_sink& sink, gpu::p2p_link& link,
                        transfer::pull_report& report);
-  void receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m, gpu::p2p_link& link,
+  /// The manifest's broadcasts, broadcast k carrying `spans[k]` whole groups back to back.
+  void receive_broadcasts(const transfer::pull_request& req, const nccl_manifest& m,
+                          const std::vector<std::size_t>& spans, gpu::p2p_link& link,
                           const transfer::group_sink& sink, transfer::pull_report& report);
 
   caf::actor_system& sys_;

@@ -466,8 +466,23 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
                                               + std::to_string(answer.bytes.back()) + " bytes, more than the staging's "
                                               + std::to_string(sender->capacity()));
   }
+  // Each broadcast carries whole consecutive groups, each with its checksum,
+  // back to back up to bucket_bytes (vLLM's packed broadcast); a group larger
+  // goes alone (it fits the staging: checked above).
+  const auto room = std::min<std::uint64_t>(st.cfg.nccl_bucket_bytes, sender->capacity());
+  auto spans = std::make_shared<std::vector<std::pair<std::size_t, std::size_t>>>(); // first group, count
+  for (std::size_t i = 0; i < answer.bytes.size();) {
+    std::size_t n = 1;
+    std::uint64_t bytes = answer.bytes[i];
+    while (i + n < answer.bytes.size() && bytes < room && answer.bytes[i + n] <= room - bytes)
+      bytes += answer.bytes[i + n++];
+    spans->emplace_back(i, n);
+    answer.packed.push_back(static_cast<std::uint32_t>(n));
+    i += n;
+  }
+  const auto groups = s->groups();
   gpu::nccl_sender::collective c;
-  c.buckets = answer.buckets.size();
+  c.buckets = spans->size();
   // From the rank's device copy when it has one at hand (an upload would
   // stall this handler; the CPU pack overlaps the wire instead): each
   // group's tensors copied into the staging device to device on the
@@ -475,25 +490,45 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   // appends it, taken while the bucket before is on the wire.
   const auto& device = st.cfg.nccl_pack_device;
   if (auto copy = device ? device_copy_at_hand(self, *s, *device) : nullptr) {
-    for (const auto bytes : answer.bytes)
+    for (const auto& [first, n] : *spans) {
+      std::uint64_t bytes = 0;
+      for (std::size_t j = first; j < first + n; ++j)
+        bytes += answer.bytes[j];
       c.fill_bytes.push_back(static_cast<std::size_t>(bytes));
-    auto sums = std::make_shared<std::vector<std::uint64_t>>(c.buckets);
-    c.prepare = [s, sums, groups = s->groups()](std::size_t i) { (*sums)[i] = group_checksum(*s, groups[i]); };
-    c.fill = [s, copy, sums, groups = s->groups(), device](std::size_t i, void* staging) {
-      device->concat(device_pieces(*s, groups[i], *copy), staging);
-      std::uint8_t trailer[transfer::checksum_trailer_bytes];
-      transfer::write_checksum_trailer((*sums)[i], trailer);
-      device->upload(static_cast<std::uint8_t*>(staging) + s->group_bytes(groups[i]), trailer, sizeof trailer);
+    }
+    auto sums = std::make_shared<std::vector<std::uint64_t>>(groups.size());
+    c.prepare = [s, sums, spans, groups](std::size_t k) {
+      const auto [first, n] = (*spans)[k];
+      for (std::size_t j = first; j < first + n; ++j)
+        (*sums)[j] = group_checksum(*s, groups[j]);
+    };
+    c.fill = [s, copy, sums, spans, groups, device](std::size_t k, void* staging) {
+      auto* at = static_cast<std::uint8_t*>(staging);
+      const auto [first, n] = (*spans)[k];
+      for (std::size_t j = first; j < first + n; ++j) {
+        device->concat(device_pieces(*s, groups[j], *copy), at);
+        at += s->group_bytes(groups[j]);
+        std::uint8_t trailer[transfer::checksum_trailer_bytes];
+        transfer::write_checksum_trailer((*sums)[j], trailer);
+        device->upload(at, trailer, sizeof trailer);
+        at += sizeof trailer;
+      }
     };
   } else {
-    c.pack = [s, groups = s->groups()](std::size_t i, std::vector<std::uint8_t>& out) {
+    c.pack = [s, spans, groups](std::size_t k, std::vector<std::uint8_t>& out) {
       out.clear(); // keeps its capacity: the two buffers are reused bucket after bucket
-      out.reserve(static_cast<std::size_t>(s->group_bytes(groups[i])) + transfer::checksum_trailer_bytes);
-      for (const auto& t : s->group(groups[i])) {
-        auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
-        out.insert(out.end(), p, p + t.size);
+      const auto [first, n] = (*spans)[k];
+      for (std::size_t j = first; j < first + n; ++j) {
+        const auto start = out.size();
+        out.reserve(start + static_cast<std::size_t>(s->group_bytes(groups[j])) + transfer::checksum_trailer_bytes);
+        for (const auto& t : s->group(groups[j])) {
+          auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+          out.insert(out.end(), p, p + t.size);
+        }
+        const auto sum = checksum64(out.data() + start, out.size() - start);
+        out.resize(out.size() + transfer::checksum_trailer_bytes);
+        transfer::write_checksum_trailer(sum, out.data() + out.size() - transfer::checksum_trailer_bytes);
       }
-      transfer::append_checksum(out);
     };
   }
   // The members' waits bound the broadcast's; never longer than a phase may last.
@@ -870,6 +905,7 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   cfg.engines = out.engines = std::make_shared<engine_nodes>();
   cfg.placements_from = out.placements_from = std::move(placements_from);
   cfg.rank_checksums = t.trainer.ranks.size() > 1; // the coordinator's layout check compares ranks' bytes
+  cfg.nccl_bucket_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(1, t.transfer.bucket_bytes));
   out.actor = spawn_trainer(sys, std::move(cfg));
   return out;
 }

@@ -150,6 +150,10 @@ struct trainer_config {
   /// otherwise every worker pulls it point to point (a round that leaves
   /// members out would never complete a broadcast).
   std::chrono::milliseconds nccl_join_window{2000};
+  /// The collective baseline's broadcasts carry whole consecutive groups,
+  /// back to back, up to this many bytes (or the link's staging, if less);
+  /// a group larger goes alone (transfer.bucket_bytes).
+  std::uint64_t nccl_bucket_bytes = std::uint64_t(64) << 20;
   /// nccl: where this rank fills the link's staging from a copy of the
   /// version on its device (gpu/device_pack.hpp): a worker's sharded entries
   /// with mixsum64 after them, whole groups, and the collective's buckets;

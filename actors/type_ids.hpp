@@ -176,7 +176,7 @@ RLSYNC_INSPECT(ipc_pull, x.engine, x.worker, x.version, x.group, x.chunk, x.sess
 RLSYNC_INSPECT(ipc_chunk, x.session, x.chunk, x.handle, x.buffer_bytes, x.offset, x.bytes, x.bucket)
 RLSYNC_INSPECT(nccl_pull, x.engine, x.worker, x.version, x.group, x.epoch, x.wait_ms, x.plan)
 RLSYNC_INSPECT(nccl_plan, x.engine, x.worker, x.epoch, x.plan)
-RLSYNC_INSPECT(nccl_manifest, x.status, x.epoch, x.root, x.buckets, x.bytes)
+RLSYNC_INSPECT(nccl_manifest, x.status, x.epoch, x.root, x.buckets, x.bytes, x.packed)
 RLSYNC_INSPECT(nccl_chunk, x.epoch, x.root, x.bytes, x.bucket, x.trailer)
 RLSYNC_INSPECT(nccl_member, x.producer, x.engine, x.rank)
 RLSYNC_INSPECT(nccl_rendezvous_msg, x.epoch, x.id, x.members)

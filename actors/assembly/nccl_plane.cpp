@@ -55,8 +55,12 @@ std::string nccl_device_problem(const std::vector<gpu::comm_member>& hosted, con
          + (devices.detail.empty() ? std::string{} : " (" + devices.detail + ")");
 }
 
-std::size_t nccl_staging_bytes(const model_config& c) {
-  return static_cast<std::size_t>(plan::largest_group_bytes(c, llama_parameter_specs(c, dtype::f32), dtype::f32)) + 8;
+std::size_t nccl_staging_bytes(const topology& t) {
+  const auto& c = t.model.config;
+  const auto group = plan::largest_group_bytes(c, llama_parameter_specs(c, dtype::f32), dtype::f32) + 8;
+  // A bucket of whole groups is at most bucket_bytes (topology-checked ≤ max_bucket_bytes).
+  const auto bucket = t.transfer.collective ? static_cast<std::uint64_t>(t.transfer.bucket_bytes) : 0;
+  return static_cast<std::size_t>(std::max<std::uint64_t>(group, bucket));
 }
 
 std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, std::vector<gpu::comm_member> hosted,
@@ -70,7 +74,7 @@ std::shared_ptr<gpu::nccl_membership> make_nccl_membership(const topology& t, st
   const auto visible = gpu::query_devices(); // once: what the process sees does not change under it
   if (auto why = nccl_device_problem(hosted, visible); !why.empty())
     throw std::runtime_error(why);
-  const auto capacity = nccl_staging_bytes(t.model.config);
+  const auto capacity = nccl_staging_bytes(t);
   // Each member packs on the device of its own link.
   packers = [hosted](const gpu::comm_member& m) { return gpu::cuda_pack_device(device_of(hosted, m)); };
   auto links = [hosted = std::move(hosted), capacity, devices = visible.device_count](

@@ -43,8 +43,9 @@ std::string nccl_device_problem(const std::vector<gpu::comm_member>& hosted, con
 
 /// The device staging of each member's link: the model's largest group as
 /// f32 (what no group exceeds), and the 8-byte checksum a collective
-/// broadcast sends after a group.
-std::size_t nccl_staging_bytes(const model_config& c);
+/// broadcast sends after a group; with the collective, at least one
+/// transfer.bucket_bytes bucket.
+std::size_t nccl_staging_bytes(const topology& t);
 
 /// The process's membership: links from nccl_link on each member's device,
 /// with nccl_staging_bytes of staging, or

@@ -99,6 +99,8 @@ inline constexpr std::int64_t max_queue_limit = 1 << 20;
 inline constexpr std::int64_t max_kv_block_tokens = 65536;
 inline constexpr std::int64_t max_prefix_cache_blocks = 1 << 24;
 inline constexpr std::int64_t max_groups_in_flight = 1024;
+/// transfer.bucket_bytes with the nccl collective: each member's device staging holds one bucket.
+inline constexpr std::int64_t max_bucket_bytes = std::int64_t(16) << 30;
 inline constexpr std::int64_t max_version_count = 1 << 20; // every_versions, staleness, at_sync
 inline constexpr std::int64_t max_restarts_limit = 1000;
 inline constexpr std::int64_t max_prompts = 1 << 24;

@@ -98,14 +98,22 @@ void reader::read_transfer(const map_reader& root) {
     check_nccl(r);
   if (backend_read && tr.backend == transfer_backend::cuda_ipc)
     check_cuda_ipc(r);
+  // Only the nccl collective cuts what it sends into buckets (of whole
+  // groups): every other data plane moves one whole group per message or buffer.
   const std::int64_t default_bucket = transfer_spec{}.bucket_bytes;
-  if (r.read_size("bucket_bytes", tr.bucket_bytes, positive()) && tr.bucket_bytes != default_bucket)
-    r.error("bucket_bytes", "only the default " + human_size(default_bucket)
-                              + " is accepted for now: every data plane moves one whole parameter group "
-                                "(a transformer block) per message or buffer and does not cut it into "
-                                "buckets yet; got "
-                              + std::to_string(tr.bucket_bytes)
-                              + (human_size(tr.bucket_bytes).empty() ? "" : " (" + human_size(tr.bucket_bytes) + ")"));
+  if (r.read_size("bucket_bytes", tr.bucket_bytes, positive())) {
+    const auto got = std::to_string(tr.bucket_bytes)
+                     + (human_size(tr.bucket_bytes).empty() ? "" : " (" + human_size(tr.bucket_bytes) + ")");
+    if (tr.bucket_bytes != default_bucket && !tr.collective)
+      r.error("bucket_bytes", "only the default " + human_size(default_bucket)
+                                + " is accepted here: buckets are what the nccl collective broadcasts (collective: "
+                                  "true); every other data plane moves one whole parameter group (a transformer "
+                                  "block) per message or buffer and does not cut it into buckets; got "
+                                + got);
+    else if (tr.bucket_bytes > topology_limits::max_bucket_bytes)
+      r.error("bucket_bytes", "must be at most " + human_size(topology_limits::max_bucket_bytes)
+                                + " (each member's device staging holds one bucket); got " + got);
+  }
   r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight));
   if (auto items = r.list("ucx_transports")) {
     for (auto& item : *items) {

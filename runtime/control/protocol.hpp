@@ -357,10 +357,12 @@ struct nccl_chunk {
 /// is `wait` (ask again). If they do not all ask within the rank's join
 /// window, or the version was broadcast already, it is `point_to_point`:
 /// pull the groups one by one (nccl_pull_atom). With `broadcast`: what the
-/// rank broadcasts to every member of communicator `epoch`, bucket by bucket
-/// in this order. Broadcast i carries `bytes[i]` bytes: bucket i's data,
-/// then its checksum64 in 8 little-endian bytes (known only once the rank
-/// packed it). `buckets` are without their bytes.
+/// rank broadcasts to every member of communicator `epoch`, in this order:
+/// one bucket per group, group i's `bytes[i]` bytes being its data, then its
+/// checksum64 in 8 little-endian bytes (known only once the rank packed
+/// it). `buckets` are without their bytes. Broadcast k carries the next
+/// `packed[k]` of them back to back (transfer.bucket_bytes); `packed` empty:
+/// one each.
 struct nccl_manifest {
   enum status_t : std::uint8_t { broadcast = 0, wait = 1, point_to_point = 2 };
   std::uint8_t status = broadcast;
@@ -368,6 +370,7 @@ struct nccl_manifest {
   std::int32_t root = 0;
   std::vector<weight_bucket> buckets;
   std::vector<std::uint64_t> bytes;
+  std::vector<std::uint32_t> packed;
 };
 
 /// A member of an NCCL communicator on the wire (gpu::comm_member): a

@@ -67,6 +67,7 @@ struct nccl_fixture {
     c.step_time = 1h; // versions come when the test asks
     c.nccl = desk;
     c.nccl_join_window = 300ms; // the collective's: a worker alone falls back soon
+    c.nccl_bucket_bytes = 1;    // one group per broadcast (whole-group buckets: "nccl: collective, buckets ...")
     trainer = spawn_trainer(sys, std::move(c));
     to_stop.push_back(caf::actor_cast<caf::actor>(trainer));
     for (int w : {0, 1})
@@ -490,6 +491,57 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, every worker joins the rank's
   CHECK(sender->broadcast() == 2 * plan::group_count(model));
 }
 
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, buckets of whole consecutive groups up to bucket_bytes") {
+  auto sizes = test::small_source(model, 4);
+  const auto v1 = sizes->produce_next(); // the sizes of the groups a rank broadcasts
+  std::vector<std::uint64_t> sent; // each group with its checksum
+  for (auto g : v1->groups())
+    sent.push_back(v1->group_bytes(g) + transfer::checksum_trailer_bytes);
+  REQUIRE(sent.size() == 3);
+  REQUIRE(sent[0] + sent[1] + sent[2] <= staging);
+  struct row {
+    const char* what;
+    std::uint64_t bucket_bytes;
+    std::uint64_t broadcasts;
+  };
+  const std::vector<row> rows = {
+    {"smaller than any group: one group each", 1, 3},
+    {"the first two fit, the third goes on its own", sent[0] + sent[1], 2},
+    {"one byte short of two groups: one each", std::min(sent[0] + sent[1], sent[1] + sent[2]) - 1, 3},
+    {"the default 64 MiB, bounded by the staging (1 MiB): the whole version at once", std::uint64_t(64) << 20, 1},
+  };
+  int round = 0;
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    auto own = test::small_source(model, 4); // a source per rank: one step at a time on it
+    trainer_config c;
+    c.source = own;
+    c.step_time = 1h;
+    c.nccl = std::make_shared<nccl_desk>();
+    c.nccl_join_window = 300ms;
+    c.nccl_bucket_bytes = r.bucket_bytes;
+    auto row_desk = c.nccl;
+    auto rank = spawn_trainer(sys, std::move(c));
+    to_stop.push_back(caf::actor_cast<caf::actor>(rank));
+    const auto l = gpu::make_layout(10 + round++, layout.members);
+    auto sender = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, l, 0, staging), 16);
+    row_desk->open(sender);
+    for (int w : {0, 1})
+      worker_links[w] = test::fake_nccl_world::join(world, l, w + 1, staging);
+    nccl_puller puller(sys, asking(rank), model, links(), std::nullopt, {}, true);
+    const auto v = test::step_trainer(sys, rank);
+    recording_sink rec;
+    auto report = transfer::pull_engine(puller, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    CHECK(report.groups == 3);
+    REQUIRE(rec.got.size() == 2);
+    CHECK(rec.got[0] == test::tensors_of(*own, v));
+    CHECK(rec.got[1] == test::tensors_of(*own, v));
+    CHECK(counted(*sender, &gpu::nccl_sender::broadcast, r.broadcasts));
+    CHECK(sender->sent() == 0);
+    CHECK(world->open_broadcasts() == 0);
+  }
+}
+
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the device copy a version was pushed with, else packed on the CPU") {
   // Version 1 is pushed from "CUDA" tensors (a PyTorch rank): its buckets are
   // filled from that copy. Version 2 is pushed from host tensors: packed on
@@ -518,8 +570,9 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, from the device copy a versio
     REQUIRE(rec.got.size() == 2);
     CHECK(rec.got[0] == test::tensors_of(*reference, v));
     CHECK(rec.got[1] == test::tensors_of(*reference, v));
-    CHECK(counted(*sender, &gpu::nccl_sender::broadcast, static_cast<std::uint64_t>(v * groups)));
-    CHECK(device->concats == groups); // version 1's buckets only
+    // The whole version in one broadcast (64 MiB buckets, a 1 MiB staging), each group at its place.
+    CHECK(counted(*sender, &gpu::nccl_sender::broadcast, v));
+    CHECK(device->concats == groups); // version 1's groups only
   }
   CHECK(sender->sent() == 0);
   CHECK(device->allocations == 0); // nothing uploaded: adopted, then the CPU
@@ -568,7 +621,11 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying ma
     const char* name;
     std::function<void(nccl_manifest&)> edit;
     const char* says;
+    bool short_link = false; // the worker's staging holds every group but not all at once
   };
+  std::size_t version_bytes = 0;
+  for (auto b : honest({"rollout-0", 0, v, 0, layout.epoch, 1000, 0}).bytes)
+    version_bytes += static_cast<std::size_t>(b);
   const std::vector<lie> lies = {
     {"another epoch", [](nccl_manifest& m) { m.epoch = 9; }, "a broadcast on epoch 9"},
     {"a root that is a worker", [](nccl_manifest& m) { m.root = 1; }, "from rank 1, which is no trainer rank"},
@@ -577,10 +634,16 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, one root only, and a lying ma
     {"a bucket past the staging", [](nccl_manifest& m) { m.bytes[1] = staging + 1; }, "within the staging"},
     {"the groups out of order", [](nccl_manifest& m) { std::swap(m.buckets[0], m.buckets[1]); }, "in order"},
     {"a status no rank sends", [](nccl_manifest& m) { m.status = 7; }, "a manifest of status 7"},
+    {"a broadcast of no group", [](nccl_manifest& m) { m.packed = {0, 3}; }, "broadcast 0 carries 0 groups"},
+    {"more groups than the manifest's", [](nccl_manifest& m) { m.packed = {2, 2}; },
+     "broadcast 1 carries 2 groups, with 1 of the manifest's 3 left"},
+    {"a group in no broadcast", [](nccl_manifest& m) { m.packed = {2}; }, "broadcasts carrying 2 of the manifest's 3 groups"},
+    {"a broadcast past the staging (a link one byte short of the version)", [](nccl_manifest& m) { m.packed = {3}; },
+     "broadcast 0 of", true},
   };
   for (const auto& l : lies) {
     CAPTURE(l.name);
-    worker_links[0] = test::fake_nccl_world::join(world, layout, 1, staging); // a fresh link per case
+    worker_links[0] = test::fake_nccl_world::join(world, layout, 1, l.short_link ? version_bytes - 1 : staging); // fresh
     auto script = std::make_shared<test::trainer_script>();
     script->nccl_broadcast = [&](const nccl_pull& req) -> caf::result<nccl_manifest> {
       auto m = honest(req);

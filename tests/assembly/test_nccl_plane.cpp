@@ -201,7 +201,7 @@ void round_over_nccl(transfer_mode mode, bool collective,
   // The trainer's process and the engines' share one fake world, as
   // processes on one host share NCCL's; each process its own membership.
   auto world = test::fake_nccl_world::make();
-  const auto staging = nccl_staging_bytes(t.model.config);
+  const auto staging = nccl_staging_bytes(t);
   // Each member's staging stands for the device the process would give it.
   auto fake_links = [world, staging](std::vector<gpu::comm_member> hosted) {
     return [world, staging, hosted](const gpu::nccl_id&, const gpu::comm_layout& l,

@@ -584,15 +584,15 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:27: coordinator.state_file: must not be empty"},
     {"backend out of range", plus("transfer: {backend: rdma}"),
      "t.yaml:6:21: transfer.backend: must be one of local, ucx, nccl, cuda_ipc, got 'rdma'"},
-    // Groups are never cut into buckets: only the default size is honest.
+    // Only the nccl collective cuts buckets: elsewhere only the default size is honest.
     {"bucket_bytes other than the default", plus("transfer: {bucket_bytes: 256MiB}"),
-     "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted for now: every data plane "
-     "moves one whole parameter group (a transformer block) per message or buffer and does not cut it "
-     "into buckets yet; got 268435456 (256 MiB)"},
+     "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted here: buckets are what the nccl "
+     "collective broadcasts (collective: true); every other data plane moves one whole parameter group (a "
+     "transformer block) per message or buffer and does not cut it into buckets; got 268435456 (256 MiB)"},
     {"bucket_bytes in plain bytes", plus("transfer: {bucket_bytes: 1000}"),
-     "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted for now: every data plane "
-     "moves one whole parameter group (a transformer block) per message or buffer and does not cut it "
-     "into buckets yet; got 1000"},
+     "t.yaml:6:26: transfer.bucket_bytes: only the default 64 MiB is accepted here: buckets are what the nccl "
+     "collective broadcasts (collective: true); every other data plane moves one whole parameter group (a "
+     "transformer block) per message or buffer and does not cut it into buckets; got 1000"},
     {"mode out of range", plus("transfer: {mode: scatter}"),
      "t.yaml:6:18: transfer.mode: must be one of sharded, broadcast, got 'scatter'"},
     {"size with an unknown unit", plus("transfer: {bucket_bytes: 64Mb}"),
@@ -707,7 +707,16 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
   CHECK_FALSE(sharded.transfer.collective);
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}"), "t.yaml", "/base")
           .transfer.collective);
+  // The collective's buckets: any size up to what a member's staging may hold.
+  CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true, bucket_bytes: 1GiB}"),
+                       "t.yaml", "/base")
+          .transfer.bucket_bytes
+        == std::int64_t(1) << 30);
   check_rows({
+    {"a collective bucket past the bound",
+     plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true, bucket_bytes: 17GiB}"),
+     "t.yaml:7:76: transfer.bucket_bytes: must be at most 16 GiB (each member's device staging holds one bucket); "
+     "got 18253611008 (17 GiB)"},
     {"a collective of shards", plus(insecure + "transfer: {backend: nccl, collective: true}"),
      "t.yaml:7:39: transfer.collective: a collective broadcast runs over NCCL and sends whole groups: it needs "
      "backend: nccl and mode: broadcast"},
