@@ -40,13 +40,8 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   CHECK(rec->pins.back() == 4);
 }
 
-TEST_CASE_FIXTURE(coordinator_fixture, "a restarted trainer vouches for no unchanged bytes from before it attached") {
-  auto rec = std::make_shared<trainer_script>();
-  auto trainer = spawn(scripted_trainer, rec);
-  auto c = config();
-  c.trainer = trainer;
-  start(c);
-  add_engine("a");
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a restarted trainer vouches for no unchanged bytes from before it attached") {
+  start_with_trainer(config());
   version_info v3{3, 4, 4096};
   v3.same_bytes_since = 2;
   tell(rec->listeners.at(0), version_atom::value, v3);
