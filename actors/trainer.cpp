@@ -470,15 +470,18 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   // back to back up to bucket_bytes (vLLM's packed broadcast); a group larger
   // goes alone (it fits the staging: checked above).
   const auto room = std::min<std::uint64_t>(st.cfg.nccl_bucket_bytes, sender->capacity());
-  auto spans = std::make_shared<std::vector<std::pair<std::size_t, std::size_t>>>(); // first group, count
+  struct span {
+    std::size_t first = 0, count = 0; // groups, by index in groups
+    std::uint64_t bytes = 0;          // theirs and their checksums'
+  };
+  auto spans = std::make_shared<std::vector<span>>();
   for (std::size_t i = 0; i < answer.bytes.size();) {
-    std::size_t n = 1;
-    std::uint64_t bytes = answer.bytes[i];
-    while (i + n < answer.bytes.size() && bytes < room && answer.bytes[i + n] <= room - bytes)
-      bytes += answer.bytes[i + n++];
-    spans->emplace_back(i, n);
-    answer.packed.push_back(static_cast<std::uint32_t>(n));
-    i += n;
+    span next{i, 1, answer.bytes[i]};
+    while (i + next.count < answer.bytes.size() && next.bytes < room && answer.bytes[i + next.count] <= room - next.bytes)
+      next.bytes += answer.bytes[i + next.count++];
+    spans->push_back(next);
+    answer.packed.push_back(static_cast<std::uint32_t>(next.count));
+    i += next.count;
   }
   const auto groups = s->groups();
   gpu::nccl_sender::collective c;
@@ -490,22 +493,18 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   // appends it, taken while the bucket before is on the wire.
   const auto& device = st.cfg.nccl_pack_device;
   if (auto copy = device ? device_copy_at_hand(self, *s, *device) : nullptr) {
-    for (const auto& [first, n] : *spans) {
-      std::uint64_t bytes = 0;
-      for (std::size_t j = first; j < first + n; ++j)
-        bytes += answer.bytes[j];
-      c.fill_bytes.push_back(static_cast<std::size_t>(bytes));
-    }
+    for (const auto& sp : *spans)
+      c.fill_bytes.push_back(static_cast<std::size_t>(sp.bytes));
     auto sums = std::make_shared<std::vector<std::uint64_t>>(groups.size());
     c.prepare = [s, sums, spans, groups](std::size_t k) {
-      const auto [first, n] = (*spans)[k];
-      for (std::size_t j = first; j < first + n; ++j)
+      const auto& sp = (*spans)[k];
+      for (std::size_t j = sp.first; j < sp.first + sp.count; ++j)
         (*sums)[j] = group_checksum(*s, groups[j]);
     };
     c.fill = [s, copy, sums, spans, groups, device](std::size_t k, void* staging) {
       auto* at = static_cast<std::uint8_t*>(staging);
-      const auto [first, n] = (*spans)[k];
-      for (std::size_t j = first; j < first + n; ++j) {
+      const auto& sp = (*spans)[k];
+      for (std::size_t j = sp.first; j < sp.first + sp.count; ++j) {
         device->concat(device_pieces(*s, groups[j], *copy), at);
         at += s->group_bytes(groups[j]);
         std::uint8_t trailer[transfer::checksum_trailer_bytes];
@@ -516,11 +515,11 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
     };
   } else {
     c.pack = [s, spans, groups](std::size_t k, std::vector<std::uint8_t>& out) {
-      out.clear(); // keeps its capacity: the two buffers are reused bucket after bucket
-      const auto [first, n] = (*spans)[k];
-      for (std::size_t j = first; j < first + n; ++j) {
+      out.clear(); // keeps its capacity: the two buffers are reused broadcast after broadcast
+      const auto& sp = (*spans)[k];
+      out.reserve(static_cast<std::size_t>(sp.bytes)); // once: growing group by group would copy the bucket again each time
+      for (std::size_t j = sp.first; j < sp.first + sp.count; ++j) {
         const auto start = out.size();
-        out.reserve(start + static_cast<std::size_t>(s->group_bytes(groups[j])) + transfer::checksum_trailer_bytes);
         for (const auto& t : s->group(groups[j])) {
           auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
           out.insert(out.end(), p, p + t.size);

@@ -1,10 +1,10 @@
 #pragma once
 // One member's end of an NCCL communicator as the nccl backend uses it: a
 // trainer rank sends groups to engine workers point to point, or
-// broadcasts each group to every member at once (the collective baseline).
-// Host bytes go in and come out (or are used where they lie:
-// use_received); each member stages them through one
-// device buffer as large as the largest group. (The built-in engine keeps
+// broadcasts buckets of whole groups to every member at once (the
+// collective baseline). Host bytes go in and come out (or are used where
+// they lie: use_received); each member stages them through one device
+// buffer as large as the largest group, or a bucket if larger. (The built-in engine keeps
 // its weights on the host; on a device it also copies them from the
 // staging, use_received.)
 //

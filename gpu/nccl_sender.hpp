@@ -44,7 +44,8 @@ public:
     std::size_t fill_bytes = 0;
   };
 
-  /// A broadcast of `buckets` buckets from this rank to every member.
+  /// `buckets` broadcasts from this rank to every member (each a bucket of
+  /// one or more whole groups: nccl_manifest::packed).
   struct collective {
     std::size_t buckets = 0;
     /// Packs bucket i into `out` (resizing it). Called on the sender's

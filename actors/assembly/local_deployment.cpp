@@ -518,6 +518,7 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   tc.authorize = authorize;
   tc.rank_checksums = !single_trainer;
+  tc.nccl_bucket_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(1, t.transfer.bucket_bytes));
   r.trainer.actor = spawn_trainer(sys, tc);
   ++r.incarnation;
   if (hosted == 0)

@@ -236,8 +236,9 @@ struct coordinator_spec {
 struct transfer_spec {
   transfer_backend backend = transfer_backend::local;
   transfer_mode mode = transfer_mode::sharded;
-  /// Validation accepts only this default: the data planes move one whole
-  /// parameter group per message or buffer and do not cut it into buckets.
+  /// The collective's broadcasts: whole groups up to this many bytes.
+  /// Without the collective validation accepts only this default: the other
+  /// data planes move one whole parameter group per message or buffer.
   std::int64_t bucket_bytes = std::int64_t(64) << 20;
   std::int64_t groups_in_flight = 2;
   std::vector<ucx_transport> ucx_transports; // empty = UCX decides
@@ -246,9 +247,9 @@ struct transfer_spec {
   /// default): 2 x groups_in_flight (at least 2) of the model's largest group.
   std::int64_t packed_budget_bytes = 0;
   /// backend nccl, mode broadcast, one trainer rank: the collective
-  /// baseline (vLLM's packed NCCL broadcast): the rank broadcasts each group
-  /// to every member of the communicator at once, packing the next while
-  /// one is on the wire. Every member takes part in every version, so one
+  /// baseline (vLLM's packed NCCL broadcast): the rank broadcasts the
+  /// version to every member of the communicator at once, whole groups per
+  /// bucket of bucket_bytes, packing the next while one is on the wire. Every member takes part in every version, so one
   /// that stops holds all others up to the phase deadline. false: each
   /// worker pulls whole groups point to point.
   bool collective = false;

@@ -13,6 +13,7 @@
 #include "tests/gpu/fake_nccl_world.hpp"
 #include "tests/support/fake_engine_device.hpp"
 #include "tests/support/threaded_system.hpp"
+#include "tests/support/whole_group_pulls.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -304,12 +305,48 @@ void round_over_nccl(transfer_mode mode, bool collective,
   if (!collective)
     CHECK(sender->broadcast() == 0);
   CHECK(sender->broadcast() + sender->sent() > 0);
+  if (collective) {
+    // Both engines current: a round holding both broadcasts the next version,
+    // its groups packed into one bucket (the staging holds 64 MiB), each
+    // verified and landed from its place in the bucket.
+    const auto before = sender->broadcast();
+    const auto v = test::step_trainer(sys, trainer); // a version starts a round (or the next sync does)
+    self->request(coord, std::chrono::seconds(30), sync_atom::value)
+      .receive([](const sync_report&) {}, [&](caf::error& err) { failure = sys.render(err); });
+    std::optional<sync_report> round; // the one that brought both engines to v
+    self->request(coord, std::chrono::seconds(10), status_atom::value)
+      .receive(
+        [&](const coordinator_status& s) {
+          for (const auto& r : s.history)
+            if (r.version == v && r.engines_synced > 0)
+              round = r;
+        },
+        [](caf::error&) {});
+    REQUIRE_MESSAGE(round.has_value(), failure);
+    CHECK(round->engines_synced == 2);
+    CHECK(round->evicted.empty());
+    CHECK(sender->broadcast() == before + 1);
+  }
   std::lock_guard<std::mutex> lock(log_mutex);
   CHECK(std::any_of(lines.begin(), lines.end(),
                     [](const std::string& l) { return l.find("joined by 4 members") != std::string::npos; }));
 }
 
 } // namespace
+
+TEST_CASE("nccl plane: a member's staging holds the largest group as f32 and its checksum, or a collective's bucket") {
+  auto t = test::small_topology(2);
+  const auto group = plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32),
+                                               dtype::f32) + 8;
+  REQUIRE(group < 1000000);
+  CHECK(nccl_staging_bytes(t) == group);
+  t.transfer.bucket_bytes = 1 << 30; // not the collective's: no bucket to hold
+  CHECK(nccl_staging_bytes(t) == group);
+  t.transfer.collective = true;
+  CHECK(nccl_staging_bytes(t) == std::size_t(1) << 30);
+  t.transfer.bucket_bytes = 1000; // a bucket smaller than a group: the group still fits
+  CHECK(nccl_staging_bytes(t) == group);
+}
 
 TEST_CASE("nccl plane: a round moves every engine's weights from the trainer over the communicator") {
   for (auto mode : {transfer_mode::broadcast, transfer_mode::sharded}) {

@@ -708,6 +708,10 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}"), "t.yaml", "/base")
           .transfer.collective);
   // The collective's buckets: any size up to what a member's staging may hold.
+  CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true, bucket_bytes: 16GiB}"),
+                       "t.yaml", "/base")
+          .transfer.bucket_bytes
+        == std::int64_t(16) << 30);
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true, bucket_bytes: 1GiB}"),
                        "t.yaml", "/base")
           .transfer.bucket_bytes
