@@ -35,9 +35,11 @@ const char* sync_description =
 
 const char* control_description =
   "Starts N engine processes (default 8, one engine each, tp 1) on loopback around a head in\n"
-  "this process, and runs K (default 20) sync rounds of a near-empty model: the control plane\n"
-  "alone. Each round is compared with six waves of CAF round trips to every engine (pause,\n"
-  "flush, start, transfer, finish and continue are six waves) measured between the rounds.\n";
+  "this process, and runs K (default 20) zero-byte sync rounds: a near-empty model the trainer's\n"
+  "steps leave unchanged, so engines serving it skip the data plane (the control plane alone).\n"
+  "Each round is compared with six waves of CAF round trips to every engine (pause, flush,\n"
+  "start, transfer, finish and continue are six waves) measured between the rounds. Then K\n"
+  "rounds moving the model (changed every step) in a second deployment, for comparison.\n";
 
 const char* http_description =
   "Deploys N built-in engines (default 2, tp 1) in this process with the fleet's endpoint\n"
