@@ -81,18 +81,15 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   };
   // An engine on a device lands each group from the mapping, packed there by
   // its plan, and checked against what verified (the trainer can write there).
-  whole_group_landing landing;
+  std::shared_ptr<const plan::grouped_plan> plan;
   if (sink.on_device) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find(consumer); it != plans_.end())
-      landing.plan = it->second;
+      plan = it->second;
   }
-  if (landing.plan) {
-    landing.packer = memory_->packer();
-    landing.recheck = true;
-    if (!sink.lands_from || sink.lands_from(landing.packer->ordinal()))
-      landing.scratch = scratches_.of(req.engine, req.worker);
-  }
+  auto packer = plan ? memory_->packer() : nullptr;
+  const auto landing = whole_group_landing_for(sink, std::move(plan), std::move(packer), scratches_, req.engine,
+                                               req.worker, /*recheck*/ true);
   for (std::uint32_t k = 0; k < groups_.size(); ++k) {
     const std::uint32_t g = groups_[k];
     auto left = group_wait(req, g, group_deadline_);

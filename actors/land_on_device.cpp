@@ -38,6 +38,15 @@ void worker_scratches::forget(const std::string& engine) {
     it = it->first.first == engine ? by_worker_.erase(it) : std::next(it);
 }
 
+whole_group_landing whole_group_landing_for(const transfer::group_sink& sink,
+                                            std::shared_ptr<const plan::grouped_plan> plan,
+                                            std::shared_ptr<gpu::pack_device> packer, worker_scratches& scratches,
+                                            const std::string& engine, int worker, bool recheck) {
+  if (!sink.on_device || !plan || !packer || (sink.lands_from && !sink.lands_from(packer->ordinal())))
+    return {};
+  return {std::move(plan), std::move(packer), scratches.of(engine, worker), recheck};
+}
+
 void land_packed_runs(const std::vector<transfer::store_target>& targets, const void* device_bytes, int device,
                       const transfer::group_sink& sink) {
   if (sink.lands_from && !sink.lands_from(device))

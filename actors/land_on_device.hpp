@@ -77,6 +77,14 @@ struct whole_group_landing {
   explicit operator bool() const { return plan && packer && scratch; }
 };
 
+/// The landing of `engine`'s worker `worker`: its `plan`, packed by
+/// `packer` into its scratch of `scratches`. Empty when the sink takes no
+/// runs, either is missing, or the sink takes none from the packer's device.
+whole_group_landing whole_group_landing_for(const transfer::group_sink& sink,
+                                            std::shared_ptr<const plan::grouped_plan> plan,
+                                            std::shared_ptr<gpu::pack_device> packer, worker_scratches& scratches,
+                                            const std::string& engine, int worker, bool recheck = false);
+
 /// A whole group that lies on `to.packer`'s device, `tensors` being views
 /// of its verified host copy (`host_size` bytes at `host_bytes`, which lie
 /// at `device_bytes` there): packed on that device as the plan packs group

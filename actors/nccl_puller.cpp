@@ -444,23 +444,21 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
 
 whole_group_landing nccl_puller::landing_of(const transfer::pull_request& req,
                                             const transfer::group_sink& sink) {
-  whole_group_landing out;
   if (!sink.on_device || !packers_)
-    return out;
+    return {};
+  std::shared_ptr<const plan::grouped_plan> plan;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = plans_.find({req.engine, req.worker}); it != plans_.end())
-      out.plan = it->second.plan;
+      plan = it->second.plan;
   }
+  std::shared_ptr<gpu::pack_device> packer;
   try {
-    out.packer = packers_(req.engine, req.worker);
+    packer = packers_(req.engine, req.worker);
   } catch (const std::exception&) {
     return {}; // no pack device for it (a build without CUDA): delivered on the host only
   }
-  if (!out.plan || !out.packer || (sink.lands_from && !sink.lands_from(out.packer->ordinal())))
-    return {};
-  out.scratch = scratches_.of(req.engine, req.worker);
-  return out;
+  return whole_group_landing_for(sink, std::move(plan), std::move(packer), scratches_, req.engine, req.worker);
 }
 
 void nccl_puller::deliver_and_land(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& bucket,

@@ -4,9 +4,9 @@
 // broadcasts buckets of whole groups to every member at once (the
 // collective baseline). Host bytes go in and come out (or are used where
 // they lie: use_received); each member stages them through one device
-// buffer as large as the largest group, or a bucket if larger. (The built-in engine keeps
-// its weights on the host; on a device it also copies them from the
-// staging, use_received.)
+// buffer as large as the largest group, or a bucket if larger. (The
+// built-in engine keeps its weights on the host; on a device it also copies
+// them from the staging, use_received.)
 //
 // nccl_link() is NCCL's (nccl_comm.hpp, driven non-blocking); the CPU
 // tests run the protocol above it over tests/gpu/fake_nccl_world.hpp, a

@@ -90,14 +90,15 @@ std::string bench_control_report(const bench_control_result& r) {
     out += format("%-36s %9.2f ms (%zu kB moved per round)\n", "  of which transfer", m.transfer_ms,
                   static_cast<std::size_t>(c.bytes_per_sync / 1000));
   };
+  const bool moved = r.moving.error.empty() && !r.moving.warm.empty(); // it ran
   round_rows(r.control, "zero-byte round (pause..continue)");
-  if (r.moving.error.empty() && !r.moving.warm.empty())
+  if (moved)
     round_rows(r.moving, "round moving the model");
   auto probes = sorted(r.control.probe_ms);
   out += format("%-36s %9.2f %9.2f %9.2f ms\n", "six CAF round-trip waves", medians_of(r.control).probe_ms,
                 first(probes), last(probes));
   out += format("zero-byte round / six round trips: %.2fx\n", control_overhead(r.control));
-  if (r.moving.error.empty() && !r.moving.warm.empty())
+  if (moved)
     out += format("round moving %zu kB / six round trips (measured beside it): %.2fx\n",
                   static_cast<std::size_t>(r.moving.bytes_per_sync / 1000), control_overhead(r.moving));
   return out;

@@ -302,6 +302,20 @@ bool weight_source::holds(const std::string& name) const {
   return !e || std::binary_search(experts_->begin(), experts_->end(), *e);
 }
 
+namespace {
+
+/// Version `v` among those kept and the pinned one (the caller holds the
+/// source's lock); nullptr when not held.
+template <class Held>
+const Held* held_version_of(const std::deque<Held>& kept, const Held& pinned, std::uint64_t v) {
+  for (const auto& h : kept)
+    if (h.snapshot->version() == v)
+      return &h;
+  return pinned.snapshot && pinned.snapshot->version() == v ? &pinned : nullptr;
+}
+
+} // namespace
+
 snapshot_ptr weight_source::latest() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return versions_.empty() ? nullptr : versions_.back().snapshot;
@@ -309,18 +323,14 @@ snapshot_ptr weight_source::latest() const {
 
 snapshot_ptr weight_source::find(std::uint64_t v) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& h : versions_)
-    if (h.snapshot->version() == v)
-      return h.snapshot;
-  return pinned_.snapshot && pinned_.snapshot->version() == v ? pinned_.snapshot : nullptr;
+  const auto* h = held_version_of(versions_, pinned_, v);
+  return h ? h->snapshot : nullptr;
 }
 
 std::uint64_t weight_source::same_bytes_since(std::uint64_t v) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& h : versions_)
-    if (h.snapshot->version() == v)
-      return h.same_since;
-  return pinned_.snapshot && pinned_.snapshot->version() == v ? pinned_.same_since : 0;
+  const auto* h = held_version_of(versions_, pinned_, v);
+  return h ? h->same_since : 0;
 }
 
 std::vector<std::uint64_t> weight_source::versions() const {
@@ -335,14 +345,10 @@ std::vector<std::uint64_t> weight_source::versions() const {
 
 bool weight_source::pin(std::uint64_t v) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (pinned_.snapshot && pinned_.snapshot->version() == v)
-    return true;
-  for (const auto& h : versions_)
-    if (h.snapshot->version() == v) {
-      pinned_ = h;
-      return true;
-    }
-  return false;
+  const auto* h = held_version_of(versions_, pinned_, v);
+  if (h && h != &pinned_)
+    pinned_ = *h;
+  return h != nullptr;
 }
 
 std::uint64_t weight_source::pinned() const {
@@ -385,10 +391,8 @@ void weight_source::publish(snapshot_ptr s) {
   if (!versions_.empty() && versions_.back().snapshot != before.snapshot) // one publish at a time, or this breaks
     throw std::logic_error("weight source: version " + std::to_string(s->version()) + " published while "
                            + std::to_string(versions_.back().snapshot->version()) + " was");
-  versions_.push_back(held_version{std::move(s), unchanged ? before.same_since : 0});
-  auto& added = versions_.back();
-  if (!unchanged)
-    added.same_since = added.snapshot->version();
+  const auto since = unchanged ? before.same_since : s->version();
+  versions_.push_back(held_version{std::move(s), since});
   while (versions_.size() > keep_)
     versions_.pop_front(); // freed once no transfer holds it
 }
