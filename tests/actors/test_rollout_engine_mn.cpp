@@ -73,8 +73,7 @@ rollout_engine_config engine_config(const model_config& c, const std::string& na
 
 /// Holds the pulls of version `gated` until released (or their deadline),
 /// and records which thread ran each version's worker-0 pull.
-struct gated_puller : transfer::weight_puller {
-  std::shared_ptr<transfer::weight_puller> inner;
+struct gated_puller : test::forwarding_puller {
   std::uint64_t gated = 0;
   std::mutex m;
   std::condition_variable cv;
@@ -82,11 +81,8 @@ struct gated_puller : transfer::weight_puller {
   std::map<std::uint64_t, std::thread::id> thread_of;
   std::set<std::uint64_t> done;
 
-  explicit gated_puller(std::shared_ptr<transfer::weight_puller> p, std::uint64_t v) : inner(std::move(p)), gated(v) {}
-  void register_worker(const std::string& e, std::shared_ptr<const plan::worker_plan> p) override {
-    inner->register_worker(e, std::move(p));
-  }
-  void unregister_engine(const std::string& e) override { inner->unregister_engine(e); }
+  explicit gated_puller(std::shared_ptr<transfer::weight_puller> p, std::uint64_t v)
+    : forwarding_puller(std::move(p)), gated(v) {}
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
     {
       std::unique_lock<std::mutex> lock(m);
@@ -312,20 +308,15 @@ TEST_CASE("rollout engine: an order whose bytes the engine serves already pulls 
   o.perturb = 0; // every step publishes version 1's bytes
   auto source = std::make_shared<transfer::synthetic_source>(o);
   source->produce_next();
-  struct counting_puller : transfer::weight_puller {
-    std::shared_ptr<transfer::weight_puller> inner;
+  struct counting_puller : test::forwarding_puller {
+    using forwarding_puller::forwarding_puller;
     std::atomic<int> pulls{0};
-    void register_worker(const std::string& e, std::shared_ptr<const plan::worker_plan> p) override {
-      inner->register_worker(e, std::move(p));
-    }
-    void unregister_engine(const std::string& e) override { inner->unregister_engine(e); }
     transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
       ++pulls;
       return inner->pull(req, sink);
     }
   };
-  auto puller = std::make_shared<counting_puller>();
-  puller->inner = std::make_shared<transfer::local_transfer>(source);
+  auto puller = std::make_shared<counting_puller>(std::make_shared<transfer::local_transfer>(source));
   threaded_system ts;
   caf::scoped_actor self{ts.sys};
   auto cfg = engine_config(c, "rollout-0");

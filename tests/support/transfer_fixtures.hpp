@@ -36,6 +36,22 @@ inline model_config small_model(std::int64_t layers = 3, bool tied = false) {
   return c;
 }
 
+/// A puller in front of another (a spy, a gate, a fault): registrations go
+/// through to `inner`, and so do pulls unless a test overrides pull().
+class forwarding_puller : public transfer::weight_puller {
+public:
+  explicit forwarding_puller(std::shared_ptr<transfer::weight_puller> inner) : inner(std::move(inner)) {}
+  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override {
+    inner->register_worker(engine, std::move(plan));
+  }
+  void unregister_engine(const std::string& engine) override { inner->unregister_engine(engine); }
+  transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
+    return inner->pull(req, sink);
+  }
+
+  std::shared_ptr<transfer::weight_puller> inner;
+};
+
 inline std::shared_ptr<transfer::synthetic_source> small_source(const model_config& c, std::size_t keep = 2) {
   transfer::synthetic_options o;
   o.config = c;

@@ -56,13 +56,9 @@ producer_holding holding_of(std::uint32_t rank, const weight_source& s) {
 
 /// Records, per (engine, worker, group), which puller sent bytes: a spy
 /// between the M:N pull and a backend.
-class spying_puller final : public weight_puller {
+class spying_puller final : public test::forwarding_puller {
 public:
-  explicit spying_puller(std::shared_ptr<weight_puller> inner) : inner_(std::move(inner)) {}
-  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override {
-    inner_->register_worker(engine, std::move(plan));
-  }
-  void unregister_engine(const std::string& engine) override { inner_->unregister_engine(engine); }
+  using forwarding_puller::forwarding_puller;
   pull_report pull(const pull_request& req, const group_sink& sink) override {
     group_sink spy = sink;
     spy.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
@@ -72,13 +68,10 @@ public:
       }
       sink.on_group(w, g, bytes, size);
     };
-    return inner_->pull(req, spy);
+    return inner->pull(req, spy);
   }
   std::mutex mutex;
   std::set<std::tuple<std::string, int, std::uint32_t>> sent;
-
-private:
-  std::shared_ptr<weight_puller> inner_;
 };
 
 /// One engine pulling through the M:N pull: weights, plans, links.
@@ -220,13 +213,9 @@ namespace {
 /// A backend that holds what it sends "on a device" (host memory here): it
 /// lands each group's runs through the sink's land targets, as the nccl
 /// puller does from its staging, before handing the group on.
-class landing_puller final : public weight_puller {
+class landing_puller final : public test::forwarding_puller {
 public:
-  explicit landing_puller(std::shared_ptr<weight_puller> inner) : inner_(std::move(inner)) {}
-  void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override {
-    inner_->register_worker(engine, std::move(plan));
-  }
-  void unregister_engine(const std::string& engine) override { inner_->unregister_engine(engine); }
+  using forwarding_puller::forwarding_puller;
   bool lands_on_device() const override { return true; }
   pull_report pull(const pull_request& req, const group_sink& sink) override {
     group_sink through = sink;
@@ -238,11 +227,8 @@ public:
       }
       sink.on_group(w, g, bytes, size);
     };
-    return inner_->pull(req, through);
+    return inner->pull(req, through);
   }
-
-private:
-  std::shared_ptr<weight_puller> inner_;
 };
 
 } // namespace
@@ -439,12 +425,8 @@ TEST_CASE("M:N pull: a holder failing mid-pull is retried on the other holder, b
   SUBCASE("a holder whose transfer is gone mid-pull") {
     // Rank 0's groups come through a puller that fails (as a destroyed
     // transfer does: cancelled) after its first group.
-    struct failing final : weight_puller {
-      std::shared_ptr<weight_puller> inner;
-      void register_worker(const std::string& e, std::shared_ptr<const plan::worker_plan> p) override {
-        inner->register_worker(e, std::move(p));
-      }
-      void unregister_engine(const std::string& e) override { inner->unregister_engine(e); }
+    struct failing final : test::forwarding_puller {
+      using forwarding_puller::forwarding_puller;
       pull_report pull(const pull_request& req, const group_sink& sink) override {
         group_sink once = sink;
         int groups = 0;
@@ -456,8 +438,7 @@ TEST_CASE("M:N pull: a holder failing mid-pull is retried on the other holder, b
         return inner->pull(req, once);
       }
     };
-    auto broken = std::make_shared<failing>();
-    broken->inner = ta;
+    auto broken = std::make_shared<failing>(ta);
     mn_engine e("rollout-0", c, 2, {{holding_of(0, *a), broken}, {holding_of(1, *b), tb}});
     e.pull(1);
     test::check_identical(*e.weights, *test::loaded(*full->find(1), 2));
