@@ -503,6 +503,10 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
     return "no trainer rank " + std::to_string(hosted) + " runs in this process";
   auto& r = ranks[hosted];
   caf::anon_send_exit(r.trainer.actor, caf::exit_reason::kill);
+  // What the old incarnation was serving in this process will not come:
+  // engines still waiting for it fail now, not at their deadlines.
+  if (r.trainer.transfer)
+    r.trainer.transfer->end_passes();
   trainer_config tc;
   tc.source = r.trainer.source;
   tc.ucx_tickets = r.trainer.ucx_tickets;

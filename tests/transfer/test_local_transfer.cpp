@@ -222,6 +222,33 @@ TEST_CASE("a group that never comes times out with an error naming it") {
   test::check_identical(*e.weights, *test::loaded(*v1, 2));
 }
 
+TEST_CASE("ending the passes fails a waiting pull at once and the next pull starts afresh") {
+  // A restarted trainer: what its old incarnation was serving never comes.
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer xfer(src);
+  test_engine e("rollout-0", c, 1, xfer);
+  xfer.withhold(2);
+  const auto t0 = clock::now();
+  auto waiting = std::async(std::launch::async, [&] { return e.pull(xfer, 1, transfer_mode::sharded, 60s); });
+  // The pull is waiting once groups 0 and 1 are packed and group 2 is withheld.
+  REQUIRE(xfer.wait_for_packs(2, in(10s)));
+  xfer.end_passes();
+  try {
+    waiting.get();
+    FAIL("the pull succeeded without group 2");
+  } catch (const transfer_error& err) {
+    CHECK(err.failure == transfer_failure::cancelled);
+    CHECK(std::string(err.what()).find("before group 2 of version 1") != std::string::npos);
+  }
+  CHECK(clock::now() - t0 < 30s); // not its 60 s deadline
+
+  xfer.clear_faults();
+  e.pull(xfer, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
 TEST_CASE("pull errors: unknown version, unregistered worker, missing sink") {
   const model_config c = test::small_model(2);
   auto src = test::small_source(c);

@@ -47,5 +47,7 @@ rlsync_build() {
     cmake -S "$RLSYNC_ROOT" -B "$RLSYNC_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       "${cuda_args[@]}" >/dev/null
   fi
-  cmake --build "$RLSYNC_BUILD" -- -j"$(nproc)"
+  # Paths relative to the checkout in ccache's keys: a fresh clone anywhere
+  # (CI's, a second worktree) reuses what an earlier build compiled.
+  CCACHE_BASEDIR=${CCACHE_BASEDIR:-$RLSYNC_ROOT} cmake --build "$RLSYNC_BUILD" -- -j"$(nproc)"
 }

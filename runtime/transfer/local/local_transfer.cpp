@@ -417,6 +417,14 @@ local_transfer::~local_transfer() {
       p->producer.join();
 }
 
+void local_transfer::end_passes() {
+  // Cancelled, not joined: their producers stop at once (a pack under way
+  // ends first) and the passes are reaped, as finished ones are, by a pull.
+  std::lock_guard<std::mutex> lock(registry_->mutex);
+  for (auto& p : registry_->passes)
+    p->cancel();
+}
+
 void local_transfer::register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) {
   if (!plan)
     throw std::invalid_argument("local transfer: engine '" + engine + "' registered no plan");

@@ -94,6 +94,12 @@ public:
                 fault_hooks::clock::time_point until = fault_hooks::clock::time_point::max());
   void clear_faults();
 
+  /// Ends every running pass: its pulls fail now with
+  /// transfer_failure::cancelled instead of waiting for their deadlines.
+  /// Later pulls start passes of their own. For a trainer that is gone
+  /// (killed, restarted): what it was serving will not come.
+  void end_passes();
+
   struct shared; // stats and fault hooks, shared with producer threads
   struct pass;
 
