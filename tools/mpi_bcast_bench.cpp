@@ -6,8 +6,12 @@
 // optional), and sets its JSON line beside rlsync's own transfer:
 //
 //   mpirun --allow-run-as-root --oversubscribe -np R rlsync-mpi-bcast --bytes N --iterations K [--warmup W]
+//          [--huge-pages]
 //
-// Every rank allocates and pre-touches N bytes, rank 0 filled with a pattern. After W
+// Every rank allocates and pre-touches N bytes, rank 0 filled with a pattern
+// (--huge-pages: 2 MiB aligned and advised MADV_HUGEPAGE, the transparent
+// huge pages the kernel gives in its `madvise` mode, so that the baseline
+// has the page size rlsync's shared buffers get from the hugetlb pool). After W
 // warm-up broadcasts, K broadcasts are timed on rank 0 from just before MPI_Bcast to just
 // after a following MPI_Barrier (so every rank has its copy). Every broadcast, warm-up
 // included, is verified on every receiver against rank 0's checksum, and the receive
@@ -35,14 +39,17 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
 namespace {
 
 constexpr const char* usage =
     "usage: mpirun [--allow-run-as-root] [--oversubscribe] -np R rlsync-mpi-bcast "
-    "--bytes N --iterations K [--warmup W]\n"
+    "--bytes N --iterations K [--warmup W] [--huge-pages]\n"
     "  --bytes N       bytes broadcast from rank 0 to every other rank (N >= 1)\n"
     "  --iterations K  timed broadcasts (K >= 1)\n"
     "  --warmup W      untimed broadcasts first (default 1)\n"
+    "  --huge-pages    buffers in transparent huge pages (2 MiB aligned, MADV_HUGEPAGE)\n"
     "prints one JSON line on rank 0: bytes, ranks, iterations, median_s, min_s, gbps\n"
     "(N*(R-1)/median_s/1e9), gbps_per_receiver (N/median_s/1e9)\n";
 
@@ -50,7 +57,7 @@ constexpr std::size_t max_chunk = std::size_t{1} << 30;  // 1 GiB, fits an int c
 
 struct options {
   std::uint64_t bytes = 0, iterations = 0, warmup = 1;
-  bool have_bytes = false, have_iterations = false, help = false;
+  bool have_bytes = false, have_iterations = false, help = false, huge_pages = false;
 };
 
 // Parses argv into o; returns an empty string or an error message naming the flag.
@@ -60,6 +67,10 @@ std::string parse(int argc, char** argv, options& o) {
     if (flag == "-h" || flag == "--help") {
       o.help = true;
       return {};
+    }
+    if (flag == "--huge-pages") {
+      o.huge_pages = true;
+      continue;
     }
     std::uint64_t* target = nullptr;
     std::uint64_t min = 0;
@@ -152,11 +163,16 @@ int main(int argc, char** argv) {
   }
 
   const std::size_t n = o.bytes;
-  std::unique_ptr<unsigned char[]> buf;
-  try {
-    buf.reset(new unsigned char[n]);
-  } catch (const std::bad_alloc&) {
-    fail(rank, "cannot allocate " + std::to_string(n) + " bytes");
+  std::unique_ptr<unsigned char, void (*)(unsigned char*)> buf(nullptr, [](unsigned char* p) { std::free(p); });
+  {
+    constexpr std::size_t huge = std::size_t{2} << 20;
+    const std::size_t align = o.huge_pages ? huge : 64;
+    void* p = nullptr;
+    if (n > SIZE_MAX - huge || posix_memalign(&p, align, (n + align - 1) / align * align) != 0)
+      fail(rank, "cannot allocate " + std::to_string(n) + " bytes");
+    if (o.huge_pages)
+      madvise(p, (n + align - 1) / align * align, MADV_HUGEPAGE); // advisory: the kernel may say no
+    buf.reset(static_cast<unsigned char*>(p));
   }
   // Pre-touch: the pattern on rank 0, zeros elsewhere, so no page faults are timed.
   if (rank == 0)

@@ -309,6 +309,7 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"producer_evictions", c.producer_evictions},
           {"producer_buffers_made", c.producer_buffers_made},
           {"producer_buffers_prewarmed", c.producer_buffers_prewarmed},
+          {"producer_huge_buffers", c.producer_huge_buffers},
           {"largest_group_bytes", c.largest_group},
           {"ranks", c.ranks},
           {"packs", packs},
@@ -468,6 +469,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.producer_evictions += s.evictions - b.evictions;
     r.producer_buffers_made += s.buffers_made - b.buffers_made;
     r.producer_buffers_prewarmed += s.buffers_prewarmed;
+    r.producer_huge_buffers += s.huge_buffers;
     r.ucx_transports.insert(s.data_transports.begin(), s.data_transports.end());
     sent += s.groups_sent - b.groups_sent;
     lent += s.groups_lent - b.groups_lent;
@@ -686,6 +688,7 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
   r.mpi_bcast_s = mpi.best_s();
   r.mpi_bcast_defaults_s = mpi.defaults_s;
   r.mpi_bcast_no_single_copy_s = mpi.no_single_copy_s;
+  r.mpi_bcast_huge_pages_s = mpi.huge_pages_s;
   r.mpi_why = mpi.why;
   return r;
 }
@@ -795,10 +798,11 @@ std::string bench_sync_report(const bench_sync_result& r) {
                     c.largest_group / 1e6, c.local_peak_bytes / 1e6);
     else if (c.error.empty() && c.name != "control")
       out += format("%s memory: largest group %.1f MB; UCX producer peak %.1f MB packed (%zu groups) of its "
-                    "%.1f MB budget (%llu buffers made at start); warm rounds: %llu groups packed ahead, %llu "
-                    "dropped while needed, %llu buffers made\n",
+                    "%.1f MB budget (%llu buffers made at start; %llu of all made in huge pages); warm rounds: "
+                    "%llu groups packed ahead, %llu dropped while needed, %llu buffers made\n",
                     c.name.c_str(), c.largest_group / 1e6, c.producer_peak_bytes / 1e6, c.producer_peak_groups,
                     c.producer_budget_bytes / 1e6, static_cast<unsigned long long>(c.producer_buffers_prewarmed),
+                    static_cast<unsigned long long>(c.producer_huge_buffers),
                     static_cast<unsigned long long>(c.producer_packs_ahead),
                     static_cast<unsigned long long>(c.producer_evictions),
                     static_cast<unsigned long long>(c.producer_buffers_made));
@@ -813,9 +817,9 @@ std::string bench_sync_report(const bench_sync_result& r) {
   if (r.mpi_bcast_s > 0) {
     auto ms = [](double s) { return s > 0 ? format("%.2f ms", s * 1e3) : std::string("failed"); };
     out += format("MPI_Bcast (Open MPI) of the %.0f MB model to %zu ranks: median %.2f ms (defaults %s, vader "
-                  "single copy off %s: the faster counts)",
+                  "single copy off %s, buffers in huge pages %s: the fastest counts)",
                   r.model_bytes / 1e6, r.engines, r.mpi_bcast_s * 1e3, ms(r.mpi_bcast_defaults_s).c_str(),
-                  ms(r.mpi_bcast_no_single_copy_s).c_str());
+                  ms(r.mpi_bcast_no_single_copy_s).c_str(), ms(r.mpi_bcast_huge_pages_s).c_str());
     if (sharded) {
       auto transfer = medians_of(*sharded).transfer_ms;
       out += format("; sharded transfer %.2f ms: %.2fx %s", transfer, r.mpi_bcast_s * 1e3 / std::max(1e-9, transfer),
@@ -844,6 +848,7 @@ nlohmann::ordered_json bench_sync_json(const bench_sync_result& r) {
                              {"mpi_bcast_median_s", r.mpi_bcast_s},
                              {"mpi_bcast_defaults_median_s", r.mpi_bcast_defaults_s},
                              {"mpi_bcast_no_single_copy_median_s", r.mpi_bcast_no_single_copy_s},
+                             {"mpi_bcast_huge_pages_median_s", r.mpi_bcast_huge_pages_s},
                              {"cases", cases}};
   auto per_worker = nlohmann::ordered_json::array();
   for (const auto& b : r.per_worker)

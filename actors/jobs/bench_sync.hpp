@@ -139,6 +139,7 @@ struct case_result {
   std::uint64_t producer_evictions = 0;    ///< UCX producer: groups dropped while a replica needed them, warm rounds
   std::uint64_t producer_buffers_made = 0; ///< UCX producer: packed buffers allocated in the warm rounds (not reused)
   std::uint64_t producer_buffers_prewarmed = 0; ///< UCX producers: packed buffers made and written at start, before v1
+  std::uint64_t producer_huge_buffers = 0; ///< UCX producers: of all their shared buffers, those in huge pages
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
   std::set<std::string> ucx_transports;  ///< UCX producers: the data transports their connections used
   /// Every group the UCX producers sent in the warm rounds was lent in
@@ -334,9 +335,10 @@ struct bench_sync_result {
   std::vector<case_result> cases;
   std::vector<worker_bytes> per_worker; ///< of the bench's model, per engine shape
   std::optional<rank_kill_result> rank_kill; ///< run when some rank count is above 1
-  double mpi_bcast_s = 0; ///< the faster of the two below; 0: not measured (mpi_why)
+  double mpi_bcast_s = 0; ///< the fastest of the three below; 0: not measured (mpi_why)
   double mpi_bcast_defaults_s = 0;       ///< Open MPI's defaults
   double mpi_bcast_no_single_copy_s = 0; ///< vader's single-copy mechanism off
+  double mpi_bcast_huge_pages_s = 0;     ///< defaults, buffers in transparent huge pages
   std::string mpi_why;
 
   bool failed() const;

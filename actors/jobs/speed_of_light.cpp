@@ -165,18 +165,19 @@ mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, 
     r.why = "not measured: " + missing;
     return r;
   }
-  auto run = [&](const std::string& mca, double& median, std::string& failure) {
+  auto run = [&](const std::string& mca, const std::string& flags, double& median, std::string& failure) {
     auto out = capture("timeout 300 mpirun --allow-run-as-root --oversubscribe " + mca + "-np "
                        + std::to_string(receivers + 1) + " " + bin + " --bytes " + std::to_string(bytes)
-                       + " --iterations " + std::to_string(iterations));
+                       + " --iterations " + std::to_string(iterations) + flags);
     if (auto s = parse_mpi_bcast_median_s(out))
       median = *s;
     else
       failure += (failure.empty() ? "failed: " : "; ") + out.substr(0, 300);
   };
   std::string failures;
-  run("", r.defaults_s, failures);
-  run("--mca btl_vader_single_copy_mechanism none ", r.no_single_copy_s, failures);
+  run("", "", r.defaults_s, failures);
+  run("--mca btl_vader_single_copy_mechanism none ", "", r.no_single_copy_s, failures);
+  run("", " --huge-pages", r.huge_pages_s, failures);
   if (r.best_s() == 0)
     r.why = failures;
   return r;

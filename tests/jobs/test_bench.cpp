@@ -50,6 +50,7 @@ case_result sharded_case() {
   c.producer_packs_ahead = 6;
   c.producer_buffers_made = 2;
   c.producer_buffers_prewarmed = 8;
+  c.producer_huge_buffers = 10;
   c.largest_group = 24'900'000;
   return c;
 }
@@ -283,7 +284,7 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "zero_byte", "light_ms", "cold", "warm",
                                          "probe6_ms", "producer_peak_groups", "producer_peak_bytes",
                                          "producer_budget_bytes", "producer_packs_ahead", "producer_evictions",
-                                         "producer_buffers_made", "producer_buffers_prewarmed",
+                                         "producer_buffers_made", "producer_buffers_prewarmed", "producer_huge_buffers",
                                          "largest_group_bytes", "ranks", "packs",
                                          "error"});
   CHECK(j["case"] == "sharded");
@@ -328,6 +329,7 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   r.mpi_bcast_s = 0.0045;
   r.mpi_bcast_defaults_s = 0.0045;
   r.mpi_bcast_no_single_copy_s = 0; // that run failed
+  r.mpi_bcast_huge_pages_s = 0.0051;
   auto text = bench_sync_report(r);
   CAPTURE(text);
   CHECK(text.find("rlsync bench sync two.yaml: 3 engines on 2 node(s), backend ucx, 2 cores\n") == 0);
@@ -352,7 +354,8 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   CHECK(text.find("broadcast / sharded: 2.00x the bytes, 1.00x the transfer time, 1.00x the stall\n")
         != std::string::npos);
   CHECK(text.find("sharded memory: largest group 24.9 MB; UCX producer peak 49.8 MB packed (4 groups) of its "
-                  "99.6 MB budget (8 buffers made at start); warm rounds: 6 groups packed ahead, 0 dropped while needed, 2 buffers made\n")
+                  "99.6 MB budget (8 buffers made at start; 10 of all made in huge pages); warm rounds: 6 groups packed ahead, 0 "
+                  "dropped while needed, 2 buffers made\n")
         != std::string::npos);
   {
     auto local = r; // the local data plane alone: its buffers, no UCX producer
@@ -374,7 +377,8 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
           != std::string::npos);
   }
   CHECK(text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 4.50 ms (defaults 4.50 ms, vader "
-                  "single copy off failed: the faster counts); sharded transfer 9.00 ms: 0.50x (slower)\n")
+                  "single copy off failed, buffers in huge pages 5.10 ms: the fastest counts); sharded transfer "
+                  "9.00 ms: 0.50x (slower)\n")
         != std::string::npos);
   CHECK(!r.failed());
 
@@ -475,15 +479,18 @@ TEST_CASE("rlsync-mpi-bcast output: the median seconds") {
   }
 }
 
-TEST_CASE("MPI_Bcast baseline: the faster of defaults and single copy off counts") {
+TEST_CASE("MPI_Bcast baseline: the fastest of defaults, single copy off and huge pages counts") {
   struct row {
-    double defaults, no_single_copy, best;
+    double defaults, no_single_copy, huge_pages, best;
   };
-  const row rows[] = {{0.05, 0.06, 0.05}, {0.07, 0.055, 0.055}, {0, 0.06, 0.06}, {0.05, 0, 0.05}, {0, 0, 0}};
+  const row rows[] = {{0.05, 0.06, 0.07, 0.05},  {0.07, 0.055, 0.06, 0.055}, {0.07, 0.06, 0.04, 0.04},
+                      {0, 0.06, 0, 0.06},        {0.05, 0, 0, 0.05},         {0, 0, 0.03, 0.03},
+                      {0, 0.06, 0.05, 0.05},     {0, 0, 0, 0}};
   for (const auto& r : rows) {
     CAPTURE(r.defaults);
     CAPTURE(r.no_single_copy);
-    CHECK(mpi_bcast_result{r.defaults, r.no_single_copy, {}}.best_s() == r.best);
+    CAPTURE(r.huge_pages);
+    CHECK(mpi_bcast_result{r.defaults, r.no_single_copy, r.huge_pages, {}}.best_s() == r.best);
   }
 }
 

@@ -721,6 +721,51 @@ TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not
   ::close(mfd);
 }
 
+namespace {
+// Free pages in the kernel's hugetlb pool (vm.nr_hugepages), from /proc/meminfo.
+long free_huge_pages() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.rfind("HugePages_Free:", 0) == 0)
+      return std::stol(line.substr(15));
+  return 0;
+}
+} // namespace
+
+TEST_CASE("host buffers: a shared buffer in huge pages, or a refusal when the pool has none") {
+  // Whole huge pages, header page included.
+  CHECK(host_buffer::capacity_for(1, true, shared_pages::huge) == huge_page_bytes - shared_header::bytes);
+  CHECK(host_buffer::capacity_for(huge_page_bytes - shared_header::bytes, true, shared_pages::huge)
+        == huge_page_bytes - shared_header::bytes);
+  CHECK(host_buffer::capacity_for(huge_page_bytes, true, shared_pages::huge) == 2 * huge_page_bytes - shared_header::bytes);
+  const std::size_t size = 3 * huge_page_bytes; // four huge pages with the header
+  if (free_huge_pages() < 4) {
+    MESSAGE("the hugetlb pool has fewer than 4 free pages (vm.nr_hugepages): only the refusal is checked");
+    CHECK_THROWS_AS(host_buffer(size, shareable, shared_pages::huge), std::runtime_error);
+    return;
+  }
+  host_buffer b(size, shareable, shared_pages::huge);
+  REQUIRE(b.shared());
+  CHECK(b.huge());
+  CHECK(b.mapped_bytes() == 4 * huge_page_bytes);
+  CHECK(b.capacity() == 4 * huge_page_bytes - shared_header::bytes);
+  SKIP_WITHOUT_UCX();
+  // A consumer maps it in whole huge pages and sees the writer's bytes.
+  std::string why;
+  wire::shared_region r{static_cast<std::uint32_t>(::getpid()), b.fd(), b.mapped_bytes(), b.id()};
+  ucx_detail::shared_mapping m(r, why);
+  REQUIRE_MESSAGE(m, why);
+  b.data()[size - 1] = 9;
+  CHECK(m.data()[size - 1] == 9);
+  // A region named shorter than the memfd still maps (whole pages) and unmaps.
+  auto shorter = r;
+  shorter.bytes = shared_header::bytes + 100;
+  ucx_detail::shared_mapping part(shorter, why);
+  REQUIRE_MESSAGE(part, why);
+  CHECK(part.data_bytes() == 100);
+  CHECK(part.mapped_bytes() == shorter.bytes);
+}
+
 TEST_CASE("host buffers: a moved-from buffer is empty and names no shared memory") {
   host_buffer a(100, shareable);
   const auto id = a.id();

@@ -497,8 +497,22 @@ wire::shared_region producer_impl::region_of(const host_buffer& b) const {
   return {static_cast<std::uint32_t>(::getpid()), b.fd(), b.mapped_bytes(), b.id()};
 }
 
-host_buffer producer_impl::new_buffer(std::size_t bytes) const {
+host_buffer producer_impl::new_buffer(std::size_t bytes) {
   if (!host.empty()) {
+    if (options.huge_pages && !huge_pool_empty.load()) {
+      try {
+        host_buffer b(bytes, shareable, shared_pages::huge);
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        ++st.huge_buffers;
+        return b;
+      } catch (const std::exception& e) {
+        // No pool, or too few free in it: 4 KiB pages from now on (asking
+        // again each time would cost a failed mapping per buffer).
+        huge_pool_empty = true;
+        say(options.log, std::string("ucx producer: packed buffers in 4 KiB pages (no free huge pages: ") + e.what()
+                             + "); reserve some with sysctl vm.nr_hugepages");
+      }
+    }
     try {
       return host_buffer(bytes, shareable);
     } catch (const std::exception& e) {

@@ -2,6 +2,7 @@
 
 #include "runtime/transfer/host_buffer.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -45,7 +46,11 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
     why = path + " is smaller than the " + std::to_string(r.bytes) + " bytes named";
     return;
   }
-  void* p = ::mmap(nullptr, r.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // A memfd of huge pages (its block size) maps and unmaps in whole ones;
+  // r.bytes <= st_size, so the rounding cannot overflow.
+  const std::uint64_t page = std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(std::max<blksize_t>(st.st_blksize, 0)));
+  const std::uint64_t length = (r.bytes + page - 1) / page * page;
+  void* p = ::mmap(nullptr, length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int err = errno;
   ::close(fd); // the mapping keeps the memory
   if (p == MAP_FAILED) {
@@ -54,6 +59,7 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
   }
   base_ = static_cast<const std::uint8_t*>(p);
   bytes_ = r.bytes;
+  length_ = length;
   shared_header h;
   std::memcpy(&h, base_, sizeof h);
   if (h.magic != shared_header::magic_value || h.id != r.id) {
@@ -63,13 +69,14 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
 }
 
 shared_mapping::shared_mapping(shared_mapping&& o) noexcept
-    : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), length_(std::exchange(o.length_, 0)) {}
 
 shared_mapping& shared_mapping::operator=(shared_mapping&& o) noexcept {
   if (this != &o) {
     reset();
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
+    length_ = std::exchange(o.length_, 0);
   }
   return *this;
 }
@@ -78,9 +85,10 @@ shared_mapping::~shared_mapping() { reset(); }
 
 void shared_mapping::reset() {
   if (base_)
-    ::munmap(const_cast<std::uint8_t*>(base_), bytes_);
+    ::munmap(const_cast<std::uint8_t*>(base_), length_);
   base_ = nullptr;
   bytes_ = 0;
+  length_ = 0;
 }
 
 } // namespace rlsync::transfer::ucx_detail

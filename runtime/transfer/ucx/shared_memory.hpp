@@ -37,7 +37,8 @@ public:
 private:
   void reset();
   const std::uint8_t* base_ = nullptr;
-  std::size_t bytes_ = 0;
+  std::size_t bytes_ = 0;  // as named: what data() and the header cover
+  std::size_t length_ = 0; // as mapped: whole pages of the memfd
 };
 
 } // namespace rlsync::transfer::ucx_detail

@@ -205,6 +205,10 @@ struct ucx_producer_options {
   /// host that can map it copy from there straight into their staging:
   /// one copy on the receiving side instead of two ("Shared memory" above).
   bool shared_memory = true;
+  /// Shared buffers in huge pages from the kernel's hugetlb pool when it
+  /// has them free (vm.nr_hugepages), 4 KiB pages otherwise: consumers map
+  /// a fresh buffer at a fault per 2 MiB instead of per page.
+  bool huge_pages = true;
   /// How long after the first session of a version opens a group packed
   /// ahead stays reserved for replicas that have not opened one yet: the
   /// replicas of one round open theirs within milliseconds; a replica in a
@@ -267,6 +271,7 @@ struct ucx_producer_stats {
   std::uint64_t packed_bytes = 0;
   std::uint64_t buffers_made = 0;   ///< packed buffers allocated (the rest reused one): each new one is faulted in, and mapped anew by consumers
   std::uint64_t buffers_prewarmed = 0; ///< made and written at start, before any version (not in buffers_made)
+  std::uint64_t huge_buffers = 0;   ///< of the shared buffers made (prewarmed included), those in huge pages
   std::size_t peak_packed = 0;      ///< most packed groups alive at once
   std::uint64_t budget_bytes = 0;   ///< packed_budget_bytes as resolved
   std::uint64_t peak_packed_bytes = 0; ///< most bytes held at once: packed groups and spare buffers
