@@ -503,8 +503,10 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
     return "no trainer rank " + std::to_string(hosted) + " runs in this process";
   auto& r = ranks[hosted];
   caf::anon_send_exit(r.trainer.actor, caf::exit_reason::kill);
-  // What the old incarnation was serving in this process will not come:
-  // engines still waiting for it fail now, not at their deadlines.
+  // The round the old incarnation was in is aborted: its engines' local
+  // pulls end now, not at their deadlines (a withheld group, as in
+  // bench sync's rank kill, would hold them that long). Later pulls start
+  // passes of their own.
   if (r.trainer.transfer)
     r.trainer.transfer->end_passes();
   trainer_config tc;

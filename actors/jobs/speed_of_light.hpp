@@ -73,14 +73,14 @@ struct mpi_bcast_result {
   }
 };
 
-/// MPI_Bcast of `bytes` from one rank to `receivers`, `iterations` times
-/// (tools/mpi_bcast_bench.cpp, built as rlsync-mpi-bcast beside `exe` when
-/// MPI is found), in three configurations: defaults, vader's single copy off, buffers in huge
-/// pages. Each run takes at most 300 s.
 /// Why the MPI_Bcast baseline cannot run here (mpirun or rlsync-mpi-bcast
 /// beside `exe` missing) and how to get it; empty when it can.
 std::string mpi_bcast_missing(const std::string& exe);
 
+/// MPI_Bcast of `bytes` from one rank to `receivers`, `iterations` times
+/// (tools/mpi_bcast_bench.cpp, built as rlsync-mpi-bcast beside `exe` when
+/// MPI is found), in three configurations: defaults, vader's single copy
+/// off, buffers in huge pages. Each run takes at most 300 s.
 mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
                                    std::uint64_t iterations);
 

@@ -55,8 +55,9 @@ class host_buffer {
 public:
   host_buffer() = default;
   /// The capacity a buffer made for `size` bytes gets (what it holds of
-  /// memory, the header page of a shareable one aside): whole pages, and
-  /// whole huge pages from 2 MiB on for a private one.
+  /// memory, the header page of a shareable one aside): whole pages, whole
+  /// huge pages from 2 MiB on for a private one, and whole huge pages with
+  /// the header page for a shareable one in huge pages.
   static std::size_t capacity_for(std::size_t size, bool shareable, shared_pages pages = shared_pages::normal) {
     constexpr std::size_t huge = huge_page_bytes;
     if (shareable && pages == shared_pages::huge) // the mapping, header page included, is whole huge pages
@@ -96,8 +97,12 @@ public:
     const std::size_t total = shared_header::bytes + rounded;
     void* p = MAP_FAILED;
     // Sealed at its size: a consumer that maps it can never be cut short
-    // (no SIGBUS), and checks the seal to know it maps a memfd.
+    // (no SIGBUS), and checks the seal to know it maps a memfd. Huge pages
+    // are allocated here, not at first touch: a pool or cgroup limit that
+    // has none fails this call rather than the first write with SIGBUS
+    // (MAP_POPULATE ignores a failed fault).
     if (::ftruncate(fd, static_cast<off_t>(total)) == 0
+        && (pages != shared_pages::huge || ::fallocate(fd, 0, 0, static_cast<off_t>(total)) == 0)
         && ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
       p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {

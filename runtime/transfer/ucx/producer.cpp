@@ -479,6 +479,8 @@ void producer_impl::prewarm_buffers(std::uint64_t largest) {
   const std::uint64_t count = std::min<std::uint64_t>(budget / size, max_prewarmed_buffers);
   std::uint64_t held = 0;
   for (std::uint64_t made = 0; made < count; ++made) {
+    if (!host.empty() && held + host_buffer::capacity_for(size, true, pages_for(size)) > budget)
+      break; // its huge pages would pass the budget: not made at all
     host_buffer b = new_buffer(static_cast<std::size_t>(size));
     const std::uint64_t bytes = b.capacity();
     if (held + bytes > budget) // a private buffer (no shared memory) rounds to huge pages
@@ -497,9 +499,16 @@ wire::shared_region producer_impl::region_of(const host_buffer& b) const {
   return {static_cast<std::uint32_t>(::getpid()), b.fd(), b.mapped_bytes(), b.id()};
 }
 
+shared_pages producer_impl::pages_for(std::size_t bytes) const {
+  // From 2 MiB on, as private buffers: a smaller one would hold a whole
+  // huge page, slack the budget does not see.
+  return options.huge_pages && !huge_pool_empty.load() && bytes >= huge_page_bytes ? shared_pages::huge
+                                                                                  : shared_pages::normal;
+}
+
 host_buffer producer_impl::new_buffer(std::size_t bytes) {
   if (!host.empty()) {
-    if (options.huge_pages && !huge_pool_empty.load()) {
+    if (pages_for(bytes) == shared_pages::huge) {
       try {
         host_buffer b(bytes, shareable, shared_pages::huge);
         std::lock_guard<std::mutex> lock(stats_mutex);
@@ -507,10 +516,10 @@ host_buffer producer_impl::new_buffer(std::size_t bytes) {
         return b;
       } catch (const std::exception& e) {
         // No pool, or too few free in it: 4 KiB pages from now on (asking
-        // again each time would cost a failed mapping per buffer).
-        huge_pool_empty = true;
-        say(options.log, std::string("ucx producer: packed buffers in 4 KiB pages (no free huge pages: ") + e.what()
-                             + "); reserve some with sysctl vm.nr_hugepages");
+        // again each time would cost a failed allocation per buffer).
+        if (!huge_pool_empty.exchange(true))
+          say(options.log, std::string("ucx producer: packed buffers in 4 KiB pages (no free huge pages: ")
+                               + e.what() + "); reserve some with sysctl vm.nr_hugepages");
       }
     }
     try {

@@ -238,12 +238,13 @@ struct producer_impl {
   host_buffer probe;
   wire::shared_region region_of(const host_buffer& b) const;
   host_buffer new_buffer(std::size_t bytes); // shareable when offered, in huge pages when the pool has them
+  shared_pages pages_for(std::size_t bytes) const; // what new_buffer tries first for a shareable buffer
   host_buffer made_buffer(std::size_t bytes);      // new_buffer, counted (pack thread)
   void prewarm_buffers(std::uint64_t largest);
   static constexpr std::uint64_t max_prewarmed_buffers = 64;
   std::vector<std::uint64_t> live_buffers() const; // shareable buffers held: a shared manifest names them
   mutable std::atomic<bool> unshared_logged{false}; // a buffer that could not be shared was logged
-  mutable std::atomic<bool> huge_pool_empty{false};  // a huge-page buffer could not be made: not tried again
+  std::atomic<bool> huge_pool_empty{false};  // a huge-page buffer could not be made: not tried again
 
   // -- setup --------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ public:
   const std::uint8_t* data() const { return base_ + ucx_wire::shared_header_bytes; }
   std::size_t data_bytes() const { return bytes_ - ucx_wire::shared_header_bytes; }
   std::size_t mapped_bytes() const { return bytes_; }
+  /// The mapping's length: mapped_bytes() in whole pages of the memfd.
+  std::size_t length() const { return length_; }
 
 private:
   void reset();
