@@ -889,24 +889,31 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   o.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
   out.transfer = std::make_shared<transfer::local_transfer>(out.source, o);
   out.ucx_tickets = std::make_shared<ucx_ticket_office>();
-  trainer_config cfg;
-  cfg.source = out.source;
-  cfg.ucx_tickets = out.ucx_tickets;
   out.cuda_ipc = std::make_shared<ipc_desk>();
-  cfg.cuda_ipc = out.cuda_ipc;
   out.nccl = std::make_shared<nccl_desk>();
-  cfg.nccl = out.nccl;
+  out.engines = std::make_shared<engine_nodes>();
+  out.placements_from = std::move(placements_from);
+  auto cfg = local_trainer_config(out, t, std::move(authorize));
   if (nccl)
     serve_over_nccl(cfg, std::move(nccl), static_cast<int>(rank));
+  out.actor = spawn_trainer(sys, std::move(cfg));
+  return out;
+}
+
+trainer_config local_trainer_config(const local_trainer& parts, const topology& t, sender_policy authorize) {
+  trainer_config cfg;
+  cfg.source = parts.source;
+  cfg.ucx_tickets = parts.ucx_tickets;
+  cfg.cuda_ipc = parts.cuda_ipc;
+  cfg.nccl = parts.nccl;
+  cfg.engines = parts.engines;
+  cfg.placements_from = parts.placements_from;
   cfg.step_time = t.trainer.source == trainer_source::external ? external_poll_interval : t.trainer.step_time;
   cfg.log = [](const std::string& line) { std::cerr << (line + '\n'); };
   cfg.authorize = std::move(authorize);
-  cfg.engines = out.engines = std::make_shared<engine_nodes>();
-  cfg.placements_from = out.placements_from = std::move(placements_from);
   cfg.rank_checksums = t.trainer.ranks.size() > 1; // the coordinator's layout check compares ranks' bytes
   cfg.nccl_bucket_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(1, t.transfer.bucket_bytes));
-  out.actor = spawn_trainer(sys, std::move(cfg));
-  return out;
+  return cfg;
 }
 
 } // namespace rlsync

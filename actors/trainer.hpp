@@ -283,6 +283,12 @@ struct local_trainer {
 /// source when another part of the process owns it (an external rank's
 /// publishes, which the trainer polls every external_poll_interval between
 /// the steps publishing asks for); null: make_weight_source(t, rank).
+/// The configuration of `parts`' trainer actor: the parts it serves with
+/// and what the topology says (step time, rank checksums, bucket bytes);
+/// the same for a first start and a restart (serve_over_nccl adds the
+/// collective's end).
+trainer_config local_trainer_config(const local_trainer& parts, const topology& t, sender_policy authorize);
+
 /// The process's end of the nccl communicator (nccl_plane.hpp) for trainer
 /// rank `rank`: it joins the coordinator's rendezvous there, opens its
 /// sender in cfg.nccl, and makes unique ids (gpu::make_nccl_id) as a root.

@@ -509,22 +509,11 @@ std::string local_deployment::restart_trainer(caf::actor_system& sys, const topo
   // passes of their own.
   if (r.trainer.transfer)
     r.trainer.transfer->end_passes();
-  trainer_config tc;
-  tc.source = r.trainer.source;
-  tc.ucx_tickets = r.trainer.ucx_tickets;
-  tc.cuda_ipc = r.trainer.cuda_ipc;
-  tc.nccl = r.trainer.nccl;
-  if (nccl)
-    serve_over_nccl(tc, nccl, static_cast<int>(r.rank));
   // Who may ask for an engine's tickets and slots survives the restart:
   // the placements the coordinator told, and who may tell them.
-  tc.engines = r.trainer.engines;
-  tc.placements_from = r.trainer.placements_from;
-  tc.step_time = t.trainer.step_time;
-  tc.log = [](const std::string& line) { std::cerr << (line + '\n'); };
-  tc.authorize = authorize;
-  tc.rank_checksums = !single_trainer;
-  tc.nccl_bucket_bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(1, t.transfer.bucket_bytes));
+  auto tc = local_trainer_config(r.trainer, t, authorize);
+  if (nccl)
+    serve_over_nccl(tc, nccl, static_cast<int>(r.rank));
   r.trainer.actor = spawn_trainer(sys, tc);
   ++r.incarnation;
   if (hosted == 0)

@@ -274,6 +274,41 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer over a checkpoint directory: a faile
   CHECK(log.size() == 1);
 }
 
+TEST_CASE("trainer: a first start and a restart configure the actor from the same topology") {
+  // local_trainer_config serves make_local_trainer and restart_trainer alike.
+  struct row {
+    trainer_source source;
+    std::size_t ranks;
+    std::chrono::milliseconds step_time;
+    bool rank_checksums;
+  };
+  const row rows[] = {
+    {trainer_source::synthetic, 1, 150ms, false},
+    {trainer_source::synthetic, 2, 150ms, true},
+    {trainer_source::external, 1, external_poll_interval, false}, // the rank's publishes, polled
+    {trainer_source::external, 2, external_poll_interval, true},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(static_cast<int>(r.source));
+    CAPTURE(r.ranks);
+    topology topo = test::small_topology(3);
+    topo.trainer.source = r.source;
+    topo.trainer.step_time = 150ms;
+    topo.trainer.ranks.resize(r.ranks);
+    topo.transfer.bucket_bytes = std::int64_t(3) << 20;
+    local_trainer parts;
+    parts.engines = std::make_shared<engine_nodes>();
+    parts.ucx_tickets = std::make_shared<ucx_ticket_office>();
+    const auto cfg = local_trainer_config(parts, topo, {});
+    CHECK(cfg.step_time == r.step_time);
+    CHECK(cfg.rank_checksums == r.rank_checksums);
+    CHECK(cfg.nccl_bucket_bytes == std::uint64_t(3) << 20);
+    CHECK(cfg.engines.get() == parts.engines.get());
+    CHECK(cfg.ucx_tickets.get() == parts.ucx_tickets.get());
+    CHECK(bool(cfg.log));
+  }
+}
+
 TEST_CASE("trainer end to end on the real scheduler: an in-process engine pulls what it is told about") {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};
