@@ -246,6 +246,10 @@ struct transfer_spec {
   /// once, packed ahead and kept until every replica pulled them. 0 (the
   /// default): 2 x groups_in_flight (at least 2) of the model's largest group.
   std::int64_t packed_budget_bytes = 0;
+  /// The ucx producer's shared buffers of 2 MiB and more come from the
+  /// host's hugetlb pool (vm.nr_hugepages) while it has free pages; false:
+  /// always 4 KiB pages, leaving the pool to others.
+  bool huge_pages = true;
   /// backend nccl, mode broadcast, one trainer rank: the collective
   /// baseline (vLLM's packed NCCL broadcast): the rank broadcasts the
   /// version to every member of the communicator at once, whole groups per

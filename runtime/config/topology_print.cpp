@@ -193,6 +193,9 @@ std::string to_yaml(const topology& t) {
                          + " x the largest group");
   else if (auto h = human_size(x.packed_budget_bytes); !h.empty())
     out << YAML::Comment(h);
+  out << YAML::Key << "huge_pages" << YAML::Value << x.huge_pages;
+  if (x.collective)
+    out << YAML::Key << "collective" << YAML::Value << x.collective;
   out << YAML::EndMap;
 
   const auto& s = t.sync;

@@ -82,7 +82,7 @@ void reader::check_nccl(const map_reader& r) {
 
 void reader::read_transfer(const map_reader& root) {
   auto r = root.map("transfer", {"backend", "mode", "bucket_bytes", "groups_in_flight", "ucx_transports",
-                                 "packed_budget_bytes", "collective"});
+                                 "packed_budget_bytes", "collective", "huge_pages"});
   auto& tr = t.transfer;
   const bool backend_read = r.read_choice("backend", tr.backend, backend_choices);
   r.read_choice("mode", tr.mode, mode_choices);
@@ -115,6 +115,10 @@ void reader::read_transfer(const map_reader& root) {
                                 + " (each member's device staging holds one bucket); got " + got);
   }
   r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight));
+  if (r.has("huge_pages") && r.read("huge_pages", tr.huge_pages) && backend_read
+      && tr.backend != transfer_backend::ucx)
+    r.error("huge_pages", "only the ucx backend's producer makes shared buffers (in huge pages or not); backend '"
+                            + std::string(to_string(tr.backend)) + "' has none");
   if (auto items = r.list("ucx_transports")) {
     for (auto& item : *items) {
       auto v = read_choice(d, item.node, item.node.Mark(), item.path, ucx_transport_choices);

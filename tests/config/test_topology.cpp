@@ -628,6 +628,10 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:50: transfer.packed_budget_bytes: 1048576 bytes is less than one packed group: group 3 of the "
      "model is 1639936 bytes, sent whole in broadcast; the producer packs whole groups, so give at least "
      "1639936 (or 0 for the default)"},
+    {"huge pages named for a backend without shared buffers", plus("transfer: {backend: local, huge_pages: false}"),
+     "t.yaml:6:40: transfer.huge_pages: only the ucx backend's producer makes shared buffers (in huge pages or "
+     "not); backend 'local' has none"},
+    {"huge pages not a boolean", plus("transfer: {backend: ucx, huge_pages: maybe}"), "t.yaml:6:38: transfer.huge_pages: expected true or false, got 'maybe'"},
     {"negative packed budget", plus("transfer: {packed_budget_bytes: -1}"),
      "t.yaml:6:33: transfer.packed_budget_bytes: must not be negative, got '-1'"},
   });
@@ -1458,6 +1462,10 @@ TEST_CASE("topology: to_yaml shows the resolved view") {
   CHECK(y["drill"]["faults"][0]["target"].as<std::string>() == "e-1");
   CHECK(y["drill"]["faults"][0]["target_kind"].as<std::string>() == "engine");
   CHECK(text.find("bucket_bytes: 67108864  # 64 MiB") != std::string::npos);
+  CHECK(y["transfer"]["huge_pages"].as<bool>()); // the default
+  auto off = parse_topology(plus(insecure + "transfer: {backend: ucx, huge_pages: false}"), "t.yaml", "/base");
+  CHECK_FALSE(off.transfer.huge_pages);
+  CHECK_FALSE(YAML::Load(to_yaml(off))["transfer"]["huge_pages"].as<bool>());
 }
 
 TEST_CASE("topology: enum names round-trip") {

@@ -788,6 +788,40 @@ TEST_CASE("host buffers: a shared buffer in huge pages, or a refusal when the po
   CHECK(errno == ENOMEM);
 }
 
+TEST_CASE("ucx: the producer's buffers take huge pages as asked and as the pool allows, and pulls read them") {
+  SKIP_WITHOUT_UCX();
+  model_config c = test::small_model(2);
+  c.hidden_size = 512; // groups of several MiB: only buffers of 2 MiB and more take huge pages
+  c.intermediate_size = 1024;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  auto src = test::small_source(c);
+  src->produce_next();
+  const std::uint64_t largest = largest_of(shard_group_bytes(c, 1));
+  REQUIRE(largest >= huge_page_bytes);
+  for (bool huge : {false, true}) {
+    CAPTURE(huge);
+    auto po = loopback_producer();
+    po.huge_pages = huge;
+    po.packed_budget_bytes = 4 * largest;
+    const long free_before = free_huge_pages();
+    ucx_producer producer(src, po);
+    const auto made = producer.stats();
+    REQUIRE(made.buffers_prewarmed >= 1);
+    if (!huge || free_before <= 0)
+      CHECK(made.huge_buffers == 0); // not asked, or no pool: 4 KiB pages, made all the same
+    else if (free_before >= 64)
+      CHECK(made.huge_buffers >= 1);
+    else
+      MESSAGE("a hugetlb pool of " << free_before << " free pages: whether it sufficed is not checked");
+    ucx_puller puller(loopback_puller(producer));
+    test_engine e("rollout-0", c, 1, puller);
+    e.pull(puller, src->latest()->version(), transfer_mode::sharded);
+    test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
+    CHECK(puller.stats().groups_mapped == src->latest()->groups().size()); // every group lent in shared memory
+  }
+}
+
 TEST_CASE("host buffers: a moved-from buffer is empty and names no shared memory") {
   host_buffer a(100, shareable);
   const auto id = a.id();
