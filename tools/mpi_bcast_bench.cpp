@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <new>
 #include <string>
@@ -133,6 +134,16 @@ void bcast(unsigned char* p, std::size_t n) {
   }
 }
 
+// Kilobytes of this process's memory in transparent huge pages (smaps_rollup's
+// AnonHugePages); 0 when none or unknown.
+std::uint64_t anon_huge_kb() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("AnonHugePages:", 0) == 0)
+      return std::strtoull(line.c_str() + 14, nullptr, 10);
+  return 0;
+}
+
 [[noreturn]] void fail(int rank, const std::string& what) {
   std::fprintf(stderr, "rlsync-mpi-bcast: rank %d: %s\n", rank, what.c_str());
   std::fflush(stderr);
@@ -179,6 +190,11 @@ int main(int argc, char** argv) {
     fill_pattern(buf.get(), n);
   else
     std::memset(buf.get(), 0, n);
+
+  // A baseline that says huge pages must have them: the advice is only advice.
+  if (o.huge_pages && rank == 0 && anon_huge_kb() == 0)
+    fail(rank, "--huge-pages: the kernel gave the buffer no transparent huge pages "
+               "(/sys/kernel/mm/transparent_hugepage/enabled must be always or madvise)");
 
   std::uint64_t expected = rank == 0 ? checksum(buf.get(), n) : 0;
   MPI_Bcast(&expected, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
