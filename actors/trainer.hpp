@@ -278,11 +278,6 @@ struct local_trainer {
   trainer_actor actor;
 };
 
-/// With its own engine_nodes: tickets go only to an engine's own node.
-/// `placements_from`: trainer_config::placements_from. `source`: the rank's
-/// source when another part of the process owns it (an external rank's
-/// publishes, which the trainer polls every external_poll_interval between
-/// the steps publishing asks for); null: make_weight_source(t, rank).
 /// The configuration of `parts`' trainer actor: the parts it serves with
 /// and what the topology says (step time, rank checksums, bucket bytes);
 /// the same for a first start and a restart (serve_over_nccl adds the
@@ -294,6 +289,11 @@ trainer_config local_trainer_config(const local_trainer& parts, const topology& 
 /// sender in cfg.nccl, and makes unique ids (gpu::make_nccl_id) as a root.
 void serve_over_nccl(trainer_config& cfg, std::shared_ptr<gpu::nccl_membership> membership, int rank);
 
+/// With its own engine_nodes: tickets go only to an engine's own node.
+/// `placements_from`: trainer_config::placements_from. `source`: the rank's
+/// source when another part of the process owns it (an external rank's
+/// publishes, which the trainer polls every external_poll_interval between
+/// the steps publishing asks for); null: make_weight_source(t, rank).
 local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std::size_t rank = 0,
                                  sender_policy authorize = {}, sender_policy placements_from = {},
                                  std::shared_ptr<transfer::weight_source> source = nullptr,

@@ -253,9 +253,10 @@ struct transfer_spec {
   /// backend nccl, mode broadcast, one trainer rank: the collective
   /// baseline (vLLM's packed NCCL broadcast): the rank broadcasts the
   /// version to every member of the communicator at once, whole groups per
-  /// bucket of bucket_bytes, packing the next while one is on the wire. Every member takes part in every version, so one
-  /// that stops holds all others up to the phase deadline. false: each
-  /// worker pulls whole groups point to point.
+  /// bucket of bucket_bytes, packing the next while one is on the wire.
+  /// Every member takes part in every version, so one that stops holds all
+  /// others up to the phase deadline. false: each worker pulls whole groups
+  /// point to point.
   bool collective = false;
 };
 

@@ -96,8 +96,8 @@ public:
 
   /// Ends every running pass: its pulls fail now with
   /// transfer_failure::cancelled instead of waiting for their deadlines.
-  /// Later pulls start passes of their own. For a trainer that is gone
-  /// (killed, restarted): what it was serving will not come.
+  /// Later pulls start passes of their own. For a trainer restarted in the
+  /// middle of a round, which the coordinator aborts.
   void end_passes();
 
   struct shared; // stats and fault hooks, shared with producer threads

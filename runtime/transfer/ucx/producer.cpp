@@ -479,11 +479,14 @@ void producer_impl::prewarm_buffers(std::uint64_t largest) {
   const std::uint64_t count = std::min<std::uint64_t>(budget / size, max_prewarmed_buffers);
   std::uint64_t held = 0;
   for (std::uint64_t made = 0; made < count; ++made) {
-    if (!host.empty() && held + host_buffer::capacity_for(size, true, pages_for(size)) > budget)
-      break; // its huge pages would pass the budget: not made at all
+    // Its capacity (whole huge pages for a private one or a shared one in
+    // huge pages) must fit; a buffer made otherwise than asked (a fallback)
+    // is checked again.
+    if (held + host_buffer::capacity_for(size, !host.empty(), pages_for(size)) > budget)
+      break;
     host_buffer b = new_buffer(static_cast<std::size_t>(size));
     const std::uint64_t bytes = b.capacity();
-    if (held + bytes > budget) // a private buffer (no shared memory) rounds to huge pages
+    if (held + bytes > budget)
       break;
     held += bytes;
     std::memset(b.data(), 0, b.capacity());

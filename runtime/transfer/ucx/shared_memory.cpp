@@ -50,7 +50,8 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
   // r.bytes <= st_size (bounded by the wire's limits), so the rounding
   // cannot overflow. Its pages must all be allocated: reading a hole would
   // take a page from the pool and, with none left, end this process (SIGBUS).
-  const std::uint64_t page = std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(std::max<blksize_t>(st.st_blksize, 0)));
+  const std::uint64_t page =
+    std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(std::max<blksize_t>(st.st_blksize, 0)));
   const std::uint64_t length = (r.bytes + page - 1) / page * page;
   if (page > 4096 && static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < length) {
     ::close(fd);
@@ -76,7 +77,8 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
 }
 
 shared_mapping::shared_mapping(shared_mapping&& o) noexcept
-    : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), length_(std::exchange(o.length_, 0)) {}
+    : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+      length_(std::exchange(o.length_, 0)) {}
 
 shared_mapping& shared_mapping::operator=(shared_mapping&& o) noexcept {
   if (this != &o) {
