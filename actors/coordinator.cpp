@@ -440,10 +440,12 @@ bool is_dirty(const pause_report&) { return false; }
 bool is_dirty(const transfer_report&) { return false; }
 bool is_dirty(const phase_ack& ack) { return ack.dirty; }
 
-void count_bytes(coordinator_round&, const pause_report&) {}
-void count_bytes(coordinator_round&, const phase_ack&) {}
-void count_bytes(coordinator_round& r, const transfer_report& rep) {
+void record_figures(coordinator_round&, const pause_report&) {}
+void record_figures(coordinator_round&, const phase_ack&) {}
+void record_figures(coordinator_round& r, const transfer_report& rep) {
   r.record.bytes += rep.bytes;
+  if (rep.duration_ns >= r.record.slowest_pull.duration_ns)
+    r.record.slowest_pull = rep;
 }
 
 /// Whether the engine at `place` owes an answer to the orders last sent:
@@ -465,7 +467,7 @@ void on_reply(self_ptr self, std::size_t place, const Reply& reply) {
     evict(self, name, what);
     return;
   }
-  count_bytes(r, reply);
+  record_figures(r, reply);
   if (phase == sync_phase::resume) {
     r.record.waves.back().last_resume_ack_ns = now_ns(self);
     if (is_dirty(reply))

@@ -205,15 +205,22 @@ bool packed_at_most_once(const rank_packs& p) {
 // -- one case's figures -----------------------------------------------------------
 
 case_medians medians_of(const case_result& c) {
-  std::vector<double> stall, transfer, control, gbps;
+  std::vector<double> stall, transfer, control, gbps, pull, wait, store, rest;
   for (auto& x : c.warm) {
     stall.push_back(ms(x.stall_ns));
     transfer.push_back(ms(x.transfer_ns));
     control.push_back(ms(x.control_ns));
     if (x.transfer_ns > 0)
       gbps.push_back(x.bytes / static_cast<double>(x.transfer_ns));
+    pull.push_back(ms(x.slowest_pull_ns));
+    if (x.slowest_wait_ns > 0 || x.slowest_store_ns > 0) {
+      wait.push_back(ms(x.slowest_wait_ns));
+      store.push_back(ms(x.slowest_store_ns));
+      rest.push_back(std::max(0.0, ms(x.slowest_pull_ns) - wait.back() - store.back()));
+    }
   }
-  return {median(stall), median(transfer), median(control), median(gbps), median(c.probe_ms)};
+  return {median(stall), median(transfer), median(control), median(gbps), median(c.probe_ms),
+          median(pull),  median(wait),     median(store),   median(rest)};
 }
 
 double cold_transfer_ms(const case_result& c) {
@@ -250,6 +257,21 @@ std::uint64_t producer_bound_bytes(const case_result& c) {
   return static_cast<std::uint64_t>(c.producer_peak_groups) * c.largest_group;
 }
 
+std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
+  std::vector<std::string> lines;
+  for (const auto& c : cases) {
+    if (!c.error.empty() || c.zero_byte)
+      continue;
+    const auto m = medians_of(c);
+    if (m.wait_ms <= 0 && m.store_ms <= 0)
+      continue; // a data plane that does not measure where its pulls go
+    lines.push_back(format("%s pulls (medians): the slowest engine's %.2f ms; its slowest worker waited %.2f ms for "
+                           "the producer and stored (copy, checksum) for %.2f ms, the rest %.2f ms",
+                           c.name.c_str(), m.pull_ms, m.wait_ms, m.store_ms, m.rest_ms));
+  }
+  return lines;
+}
+
 std::vector<std::string> case_table(const std::vector<case_result>& cases) {
   std::vector<std::string> lines{format("%-10s %10s %9s %9s %11s %9s %8s %10s %9s", "mode", "MB/sync", "stall ms",
                                         "xfer ms", "cold xfer", "GB/s", "% light", "control", "6 RTT ms")};
@@ -277,7 +299,10 @@ nlohmann::ordered_json case_json(const case_result& c) {
                      {"stall_ms", rounded(ms(x.stall_ns), 3)},
                      {"transfer_ms", rounded(ms(x.transfer_ns), 3)},
                      {"control_ms", rounded(ms(x.control_ns), 3)},
-                     {"bytes", x.bytes}});
+                     {"bytes", x.bytes},
+                     {"slowest_pull_ms", rounded(ms(x.slowest_pull_ns), 3)},
+                     {"slowest_wait_ms", rounded(ms(x.slowest_wait_ns), 3)},
+                     {"slowest_store_ms", rounded(ms(x.slowest_store_ns), 3)}});
     return out;
   };
   auto probes = nlohmann::ordered_json::array();
@@ -764,6 +789,8 @@ std::string bench_sync_report(const bench_sync_result& r) {
       lent += (lent.empty() ? "" : ", ") + c.name;
   if (!lent.empty())
     out += "lent in shared memory, copied once (their light is memcpy's): " + lent + "\n";
+  for (const auto& line : pull_lines(r.cases))
+    out += line + "\n";
   const case_result* sharded = nullptr;
   const case_result* broadcast = nullptr;
   for (auto& c : r.cases) {

@@ -156,8 +156,18 @@ struct case_result {
 /// Medians of the warm rounds (ms, and GB/s of the rounds that moved bytes).
 struct case_medians {
   double stall_ms = 0, transfer_ms = 0, control_ms = 0, gbps = 0, probe_ms = 0;
+  /// The slowest engine's pull per round (sync_report::slowest_*): its
+  /// duration; its slowest worker's time waiting for the producer, storing,
+  /// and the rest of the pull (duration minus both, at least 0), of the
+  /// rounds whose data plane measured them (all 0: none did).
+  double pull_ms = 0, wait_ms = 0, store_ms = 0, rest_ms = 0;
 };
 case_medians medians_of(const case_result& c);
+
+/// Per case whose data plane measured it, where the slowest engine's pull
+/// went (medians of the warm rounds): waiting for the producer, storing,
+/// the rest.
+std::vector<std::string> pull_lines(const std::vector<case_result>& cases);
 
 /// The slowest cold transfer, ms.
 double cold_transfer_ms(const case_result& c);

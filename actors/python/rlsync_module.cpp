@@ -200,6 +200,9 @@ py::dict report_dict(const sync_report& r) {
   d["control_ms"] = static_cast<double>(r.control_ns) / 1e6;
   d["bytes"] = r.bytes;
   d["aborted"] = r.aborted;
+  d["slowest_pull_ms"] = static_cast<double>(r.slowest_pull_ns) / 1e6;
+  d["slowest_wait_ms"] = static_cast<double>(r.slowest_wait_ns) / 1e6;
+  d["slowest_store_ms"] = static_cast<double>(r.slowest_store_ns) / 1e6;
   return d;
 }
 

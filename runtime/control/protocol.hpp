@@ -226,6 +226,11 @@ struct transfer_report {
   std::uint64_t bytes = 0;       ///< bytes this engine's workers received
   std::uint32_t groups = 0;
   std::uint64_t duration_ns = 0;
+  /// Where its slowest worker's pull went (transfer::pull_report): waiting
+  /// for producers and storing (copy and checksum); 0 where the data plane
+  /// does not measure it.
+  std::uint64_t wait_ns = 0;
+  std::uint64_t store_ns = 0;
 };
 
 /// The acknowledgement of start, flush, finish and continue.
@@ -262,6 +267,12 @@ struct sync_report {
   std::uint64_t bytes = 0;       ///< bytes received by all engine workers
   std::uint64_t control_ns = 0;  ///< stall minus transfer: the control plane's share
   bool aborted = false;
+  /// The slowest engine's pull (the transfer report of longest duration,
+  /// what bounds the transfer phase): its duration and its slowest
+  /// worker's wait and store (transfer_report); zeros when none pulled.
+  std::uint64_t slowest_pull_ns = 0;
+  std::uint64_t slowest_wait_ns = 0;
+  std::uint64_t slowest_store_ns = 0;
 };
 
 /// Checksums of the weights an engine serves (checksum64 of every parameter

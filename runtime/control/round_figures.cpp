@@ -41,6 +41,9 @@ sync_report report_of(const round_record& r, std::uint64_t end_ns) {
   rep.bytes = r.bytes;
   rep.control_ns = f.control_ns;
   rep.aborted = r.aborted;
+  rep.slowest_pull_ns = r.slowest_pull.duration_ns;
+  rep.slowest_wait_ns = r.slowest_pull.wait_ns;
+  rep.slowest_store_ns = r.slowest_pull.store_ns;
   return rep;
 }
 

@@ -27,6 +27,7 @@ struct round_record {
   /// The waves that paused, in order (a round whose engines were all gone has none).
   std::vector<wave_times> waves;
   std::uint64_t bytes = 0;             ///< transfer reports, summed
+  transfer_report slowest_pull;        ///< the transfer report of longest duration
   std::uint32_t engines_synced = 0;    ///< ended a wave holding the version
   std::vector<std::string> evicted;    ///< in eviction order
   std::vector<std::string> eviction_notes; ///< "name (phase: reason)"

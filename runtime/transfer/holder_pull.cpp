@@ -74,6 +74,7 @@ public:
   }
 
   pull_report run() {
+    const auto t0 = clock::now();
     std::vector<bool> excluded(producers_.size(), false);
     std::vector<std::string> failures(producers_.size());
     std::optional<transfer_failure> last_failure;
@@ -138,6 +139,9 @@ public:
     r.version = req_.version;
     r.bytes = bytes_;
     r.groups = static_cast<std::uint32_t>(delivered_groups_.size());
+    r.duration = clock::now() - t0;
+    r.waited = waited_;
+    r.stored = stored_;
     return r;
   }
 
@@ -209,8 +213,10 @@ private:
       mine.lands_from = sink_.lands_from;
     }
     pull_request r{req_.engine, plan_.worker, req_.version, req_.mode, deadline};
-    link.puller().pull(r, mine);
+    const auto part_report = link.puller().pull(r, mine);
     std::lock_guard<std::mutex> lock(mutex_);
+    waited_ += part_report.waited; // parts pulled at once: summed, not wall time
+    stored_ += part_report.stored;
     for (auto i : entries)
       if (!done_[i])
         throw transfer_error(transfer_failure::producer_failed,
@@ -305,6 +311,7 @@ private:
   std::map<std::uint32_t, group_layout> groups_;
   std::set<std::uint32_t> delivered_groups_;
   std::uint64_t bytes_ = 0;
+  std::chrono::nanoseconds waited_{0}, stored_{0}; // the parts' pull reports, summed
 };
 
 } // namespace
@@ -336,14 +343,7 @@ transfer_report pull_from_holders(const model_config& c, const holder_pull_reque
     worker_pull one(c, req, *plans[w], index, producers, sink);
     reports[w] = one.run();
   });
-  transfer_report out;
-  out.engine = req.engine;
-  out.version = req.version;
-  out.groups = reports.front().groups;
-  for (const auto& r : reports)
-    out.bytes += r.bytes;
-  out.duration_ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(clock::now() - t0).count());
-  return out;
+  return engine_report(req.engine, req.version, reports, clock::now() - t0);
 }
 
 } // namespace rlsync::transfer

@@ -122,6 +122,13 @@ struct pull_report {
   std::uint64_t bytes = 0;
   std::uint32_t groups = 0;
   std::chrono::nanoseconds duration{0};
+  /// Of `duration`, where a puller that measures it (UCX's) spent it:
+  /// blocked on the producer (the manifest, each group's answer, a
+  /// receive: the producer packing inside the stall shows here), and
+  /// storing (copying into staging and verifying the checksum). Zero:
+  /// not measured.
+  std::chrono::nanoseconds waited{0};
+  std::chrono::nanoseconds stored{0};
 };
 
 class weight_puller {
@@ -146,5 +153,11 @@ public:
 /// first failure once every worker has stopped.
 transfer_report pull_engine(weight_puller& p, const std::string& engine, int tp, std::uint64_t version,
                             transfer_mode mode, const group_sink& sink, clock::time_point deadline);
+
+/// An engine's report from its workers' (pulled at once, taking `took` in
+/// all): bytes summed, the first worker's group count, and the wait and
+/// store of the worker whose pull took longest.
+transfer_report engine_report(const std::string& engine, std::uint64_t version, const std::vector<pull_report>& workers,
+                              clock::duration took);
 
 } // namespace rlsync::transfer

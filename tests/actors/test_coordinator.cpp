@@ -76,6 +76,36 @@ TEST_CASE_FIXTURE(coordinator_fixture, "sync replies with the report and every p
   CHECK(*routes == std::vector<std::string>{"route a v3", "route b v3"});
   REQUIRE(log_lines.size() == 1);
   CHECK(log_lines[0].find("v3: 2 engines synced") != std::string::npos);
+  CHECK(r.slowest_pull_ns == 0); // the scripted engines said nothing of their pulls
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "the report names where the slowest engine's pull went") {
+  auto c = config();
+  c.sync.every_versions = 10;
+  start(c);
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  // b pulled longest, though a waited longer and c stored longer: the
+  // figures are one engine's, the one that bounded the transfer phase.
+  engines["a"].script->pull_ns = 5'000'000;
+  engines["a"].script->wait_ns = 4'000'000;
+  engines["a"].script->store_ns = 500'000;
+  engines["b"].script->pull_ns = 9'000'000;
+  engines["b"].script->wait_ns = 2'000'000;
+  engines["b"].script->store_ns = 6'000'000;
+  engines["c"].script->pull_ns = 8'000'000;
+  engines["c"].script->store_ns = 7'500'000;
+  publish(3, 7);
+  auto rep = request<sync_report>(coord, sync_atom::value);
+  run();
+  REQUIRE(rep->has_value());
+  REQUIRE(**rep);
+  auto& r = ***rep;
+  CHECK(r.engines_synced == 3);
+  CHECK(r.slowest_pull_ns == 9'000'000);
+  CHECK(r.slowest_wait_ns == 2'000'000);
+  CHECK(r.slowest_store_ns == 6'000'000);
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "the transfer order says since when the version's bytes are the same") {

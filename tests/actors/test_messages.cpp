@@ -177,6 +177,9 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   coordinator_status cs{7, {sample_engine_info()}, {"rollout-1"}, 11, {sync_report{}}, {"rollout-2"}, {"rollout-3"}, 1, 2};
   cs.history[0].version = 6;
   cs.history[0].evicted = {"rollout-2"};
+  cs.history[0].slowest_pull_ns = 900;
+  cs.history[0].slowest_wait_ns = 200;
+  cs.history[0].slowest_store_ns = 600;
   cs.ranks = {rank_status{1, "trainer-node", 7, 12, 11, false}};
   auto c = round_trip(cs);
   CHECK(c.version == 7);
@@ -187,6 +190,9 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   REQUIRE(c.history.size() == 1);
   CHECK(c.history[0].version == 6);
   CHECK(c.history[0].evicted == std::vector<std::string>{"rollout-2"});
+  CHECK(c.history[0].slowest_pull_ns == 900);
+  CHECK(c.history[0].slowest_wait_ns == 200);
+  CHECK(c.history[0].slowest_store_ns == 600);
   CHECK(c.unreachable == std::vector<std::string>{"rollout-2"});
   CHECK(c.retired == std::vector<std::string>{"rollout-3"});
   CHECK(c.live == 1);
@@ -231,12 +237,14 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(t.backend == "ucx");
   CHECK(t.same_bytes_since == 4);
 
-  auto tr = round_trip(transfer_report{"e", 6, 1000, 5, 777});
+  auto tr = round_trip(transfer_report{"e", 6, 1000, 5, 777, 300, 400});
   CHECK(tr.engine == "e");
   CHECK(tr.version == 6);
   CHECK(tr.bytes == 1000);
   CHECK(tr.groups == 5);
   CHECK(tr.duration_ns == 777);
+  CHECK(tr.wait_ns == 300);
+  CHECK(tr.store_ns == 400);
 
   auto pa = round_trip(phase_ack{"e", 6});
   CHECK(pa.engine == "e");

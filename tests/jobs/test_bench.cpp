@@ -85,6 +85,38 @@ TEST_CASE("bench figures: medians of the warm rounds, the slowest cold transfer"
   CHECK(m.gbps == doctest::Approx(1.0));
 }
 
+TEST_CASE("bench figures: where the slowest engine's pull went, medians of the rounds that measured it") {
+  auto c = sharded_case();
+  CHECK(pull_lines({c}).empty()); // no data plane measured its pulls: no line
+  auto measured = [](sync_report r, std::uint64_t pull_ms, std::uint64_t wait_ms, std::uint64_t store_ms) {
+    r.slowest_pull_ns = pull_ms * ms_ns;
+    r.slowest_wait_ns = wait_ms * ms_ns;
+    r.slowest_store_ns = store_ms * ms_ns;
+    return r;
+  };
+  c.warm = {measured(c.warm[0], 10, 2, 6), measured(c.warm[1], 8, 1, 5), measured(c.warm[2], 9, 4, 7)};
+  auto m = medians_of(c);
+  CHECK(m.pull_ms == doctest::Approx(9));
+  CHECK(m.wait_ms == doctest::Approx(2));
+  CHECK(m.store_ms == doctest::Approx(6));
+  CHECK(m.rest_ms == doctest::Approx(2)); // per round 2, 2, 0 (9 - 4 - 7 is below 0: none)
+  auto lines = pull_lines({c});
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0] == "sharded pulls (medians): the slowest engine's 9.00 ms; its slowest worker waited 2.00 ms for "
+                    "the producer and stored (copy, checksum) for 6.00 ms, the rest 2.00 ms");
+  // A round whose data plane did not measure its pull counts for the pull, not for its parts.
+  c.warm.push_back(measured(c.warm[0], 30, 0, 0));
+  m = medians_of(c);
+  CHECK(m.pull_ms == doctest::Approx(9.5));
+  CHECK(m.wait_ms == doctest::Approx(2));
+  // Failed and zero-byte cases say nothing.
+  auto failed = c;
+  failed.error = "boom";
+  auto zero = c;
+  zero.zero_byte = true;
+  CHECK(pull_lines({failed, zero}).empty());
+}
+
 TEST_CASE("bench figures: percent of light") {
   struct row {
     double light_ms;

@@ -222,3 +222,7 @@ def run_example_ranks(c: Cluster, build_dir: str, per_rank: list[list[str]], ste
     # Every round pulled from every rank: the status of the last one names them.
     if f'"rank": {len(ranks) - 1}' not in outputs[0]:
         fail(f"the fleet status does not list rank {len(ranks) - 1}")
+    # The last round's engines pulled, and its report says for how long.
+    pulled = re.search(r'"slowest_pull_ms": ([0-9.e+-]+)', outputs[0])
+    if not pulled or float(pulled.group(1)) <= 0:
+        fail("the fleet status's last round names no engine's pull time")

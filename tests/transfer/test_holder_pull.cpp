@@ -210,6 +210,46 @@ TEST_CASE("M:N pull from two pipeline halves gives every worker the single-rank 
 
 namespace {
 
+/// A backend that says each pull waited 3 ms and stored for 5 ms.
+class timed_puller final : public test::forwarding_puller {
+public:
+  using forwarding_puller::forwarding_puller;
+  pull_report pull(const pull_request& req, const group_sink& sink) override {
+    auto r = inner->pull(req, sink);
+    r.waited = std::chrono::milliseconds(3);
+    r.stored = std::chrono::milliseconds(5);
+    return r;
+  }
+};
+
+} // namespace
+
+TEST_CASE("M:N pull: a worker's wait and store are its parts', summed, and the engine reports its slowest worker's") {
+  const model_config c = test::small_model(4);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  auto whole = source_holding(c, std::nullopt);
+  auto t0 = std::make_shared<timed_puller>(std::make_shared<local_transfer>(first));
+  auto t1 = std::make_shared<timed_puller>(std::make_shared<local_transfer>(second));
+  auto all = std::make_shared<timed_puller>(std::make_shared<local_transfer>(whole));
+  for (auto* s : {&whole, &first, &second})
+    (*s)->produce_next();
+  for (int ranks : {1, 2}) {
+    CAPTURE(ranks);
+    std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers;
+    if (ranks == 2)
+      producers = {{holding_of(0, *first), t0}, {holding_of(1, *second), t1}};
+    else
+      producers = {{holding_of(0, *whole), all}};
+    mn_engine e("rollout-0", c, 2, producers);
+    const auto report = e.pull(1);
+    CHECK(report.wait_ns == static_cast<std::uint64_t>(ranks) * 3'000'000);
+    CHECK(report.store_ns == static_cast<std::uint64_t>(ranks) * 5'000'000);
+  }
+}
+
+namespace {
+
 /// A backend that holds what it sends "on a device" (host memory here): it
 /// lands each group's runs through the sink's land targets, as the nccl
 /// puller does from its staging, before handing the group on.

@@ -333,3 +333,43 @@ TEST_CASE("a plan recorded for another dtype fails the pull with the producer's 
     CHECK(std::string(err.what()).find("the plan was recorded for F32") != std::string::npos);
   }
 }
+
+TEST_CASE("an engine's report sums its workers' bytes and takes the slowest worker's wait and store") {
+  using namespace std::chrono_literals;
+  struct worker {
+    std::uint64_t bytes;
+    std::chrono::milliseconds duration, waited, stored;
+  };
+  struct row {
+    std::vector<worker> workers;
+    std::uint64_t bytes, wait_ms, store_ms;
+  };
+  const std::vector<row> rows = {
+    {{{10, 5ms, 1ms, 2ms}}, 10, 1, 2},
+    {{{10, 5ms, 4ms, 1ms}, {20, 9ms, 2ms, 6ms}}, 30, 2, 6}, // the second took longest
+    {{{10, 9ms, 4ms, 1ms}, {20, 5ms, 2ms, 6ms}}, 30, 4, 1},
+    {{{10, 5ms, 0ms, 0ms}, {20, 5ms, 0ms, 0ms}}, 30, 0, 0}, // a data plane that does not measure
+    {{}, 0, 0, 0},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.workers.size());
+    std::vector<transfer::pull_report> reports;
+    for (const auto& w : r.workers) {
+      transfer::pull_report p;
+      p.bytes = w.bytes;
+      p.groups = 3;
+      p.duration = w.duration;
+      p.waited = w.waited;
+      p.stored = w.stored;
+      reports.push_back(p);
+    }
+    const auto out = transfer::engine_report("e", 7, reports, 12ms);
+    CHECK(out.engine == "e");
+    CHECK(out.version == 7);
+    CHECK(out.bytes == r.bytes);
+    CHECK(out.groups == (r.workers.empty() ? 0u : 3u));
+    CHECK(out.duration_ns == 12'000'000);
+    CHECK(out.wait_ns == r.wait_ms * 1'000'000);
+    CHECK(out.store_ns == r.store_ms * 1'000'000);
+  }
+}

@@ -418,6 +418,10 @@ TEST_CASE("ucx: a sharded pull applied with the plan equals load_weights, each w
       auto r = puller.pull({e.name, w, 1, transfer_mode::sharded, in(10s)}, e.sink());
       CHECK(r.bytes == plan::bytes_per_worker(e.plans[static_cast<std::size_t>(w)].plan()));
       CHECK(r.groups == 3);
+      // Where the pull went: disjoint parts of it, each some time.
+      CHECK(r.waited.count() > 0); // at least the open's round trip
+      CHECK(r.stored.count() > 0);
+      CHECK(r.waited + r.stored <= r.duration);
     }
     // Both ends logged the transports of their endpoints.
     CHECK(log.contains("ucx puller: engine 'rollout-0' worker 0 connected to producer " + name_of(producer)));
@@ -520,6 +524,10 @@ TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, wi
         auto report = e.pull(puller, v->version(), mode);
         test::check_identical(*e.weights, *test::loaded(*v, 2));
         CHECK(report.groups == 3);
+        // The engine's report names its slowest worker's wait and store, lent or not.
+        CHECK(report.wait_ns > 0);
+        CHECK(report.store_ns > 0);
+        CHECK(report.wait_ns + report.store_ns <= report.duration_ns);
       }
       const auto until = in(10s);
       while (producer.stats().groups_sent < 24 && clock::now() < until)

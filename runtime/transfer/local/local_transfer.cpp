@@ -629,13 +629,27 @@ transfer_report pull_engine(weight_puller& puller, const std::string& engine, in
   parallel_for(static_cast<std::size_t>(tp), static_cast<std::size_t>(tp), [&](std::size_t w) {
     reports[w] = puller.pull(pull_request{engine, static_cast<int>(w), version, mode, deadline}, sink);
   });
+  return engine_report(engine, version, reports, clock::now() - t0);
+}
+
+transfer_report engine_report(const std::string& engine, std::uint64_t version, const std::vector<pull_report>& workers,
+                              clock::duration took) {
   transfer_report out;
   out.engine = engine;
   out.version = version;
-  out.groups = reports.front().groups;
-  for (const auto& r : reports)
+  out.groups = workers.empty() ? 0 : workers.front().groups;
+  const pull_report* slowest = nullptr;
+  for (const auto& r : workers) {
     out.bytes += r.bytes;
-  out.duration_ns = static_cast<std::uint64_t>(std::chrono::nanoseconds(clock::now() - t0).count());
+    if (!slowest || r.duration > slowest->duration)
+      slowest = &r;
+  }
+  auto ns = [](std::chrono::nanoseconds d) { return static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.count())); };
+  out.duration_ns = ns(std::chrono::duration_cast<std::chrono::nanoseconds>(took));
+  if (slowest) {
+    out.wait_ns = ns(slowest->waited);
+    out.store_ns = ns(slowest->stored);
+  }
   return out;
 }
 

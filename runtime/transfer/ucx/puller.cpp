@@ -114,6 +114,13 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     }
   } g{this, ch};
 
+  pull_report report;
+  report.engine = req.engine;
+  report.worker = req.worker;
+  report.version = req.version;
+  // Blocked on the producer (its answers, its sends) vs storing what came.
+  const auto waiting_since = [&report](clock::time_point since) { report.waited += clock::now() - since; };
+  auto since = clock::now();
   if (!broadcast)
     register_plan(*ch, req, reg);
 
@@ -135,6 +142,7 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                             broadcast ? 0 : reg.digest, prefetch, tag_base,     timeout_ms(), ch->shared};
   send(*ch, req, open, "opening version " + std::to_string(req.version));
   auto reply = await(*ch, req, open_seq, "opening version " + std::to_string(req.version));
+  waiting_since(since);
   auto* manifest = std::get_if<wire::manifest_msg>(&reply);
   if (!manifest)
     throw transfer_error(transfer_failure::producer_failed,
@@ -191,10 +199,6 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   if (!lent)
     ensure_slots(*ch, window, static_cast<std::size_t>(largest));
 
-  pull_report report;
-  report.engine = req.engine;
-  report.worker = req.worker;
-  report.version = req.version;
   std::vector<posted> slot_state(window);
   // A failed pull leaves receives posted. While the producer is healthy
   // and the deadline not past (a checksum mismatch, a throwing sink),
@@ -287,6 +291,7 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     const std::string doing =
         "receiving group " + std::to_string(group) + " of version " + std::to_string(req.version);
     const wire::group_msg* header = nullptr;
+    since = clock::now();
     const bool arrived = drive(ch->worker, req.deadline, [&] {
       ch->pump();
       settle(p);
@@ -298,6 +303,7 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       return ch->failed || ch->replies.count(0) || (it != ch->replies.end() && !header)
              || (header && (header->status != wire::status::ok || p.done || in_shared));
     });
+    waiting_since(since);
     if (ch->failed)
       lost(*ch, req, doing);
     if (!arrived)
@@ -345,6 +351,7 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     // lent buffer read twice so does not change in between: the producer
     // rewrites a buffer only after every lend of it came back done; one
     // not given back is never reused.)
+    const auto storing = clock::now();
     const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, group, size);
     const std::uint64_t got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
     if (got != header->checksum)
@@ -363,6 +370,7 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       sink.on_full_group(req.worker, group, plan::view_full_group(layouts[idx], bytes));
     else
       sink.on_group(req.worker, group, bytes, size);
+    report.stored += clock::now() - storing;
     if (from_shared) { // copied: the producer may reuse the buffer (no answer awaited)
       ch->outbox.send(ch->ep, am_request, wire::encode(wire::done_msg{p.seq, manifest->session, group}), true);
       std::lock_guard<std::mutex> lock(mutex);
