@@ -212,8 +212,8 @@ case_medians medians_of(const case_result& c) {
     control.push_back(ms(x.control_ns));
     if (x.transfer_ns > 0)
       gbps.push_back(x.bytes / static_cast<double>(x.transfer_ns));
-    pull.push_back(ms(x.slowest_pull_ns));
     if (x.slowest_wait_ns > 0 || x.slowest_store_ns > 0) {
+      pull.push_back(ms(x.slowest_pull_ns));
       wait.push_back(ms(x.slowest_wait_ns));
       store.push_back(ms(x.slowest_store_ns));
       rest.push_back(std::max(0.0, ms(x.slowest_pull_ns) - wait.back() - store.back()));

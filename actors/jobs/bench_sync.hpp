@@ -156,10 +156,10 @@ struct case_result {
 /// Medians of the warm rounds (ms, and GB/s of the rounds that moved bytes).
 struct case_medians {
   double stall_ms = 0, transfer_ms = 0, control_ms = 0, gbps = 0, probe_ms = 0;
-  /// The slowest engine's pull per round (sync_report::slowest_*): its
+  /// The slowest engine's pull per round (sync_report::slowest_*), of the
+  /// rounds whose data plane measured where it went (all 0: none did): its
   /// duration; its slowest worker's time waiting for the producer, storing,
-  /// and the rest of the pull (duration minus both, at least 0), of the
-  /// rounds whose data plane measured them (all 0: none did).
+  /// and the rest of the pull (duration minus both, at least 0).
   double pull_ms = 0, wait_ms = 0, store_ms = 0, rest_ms = 0;
 };
 case_medians medians_of(const case_result& c);

@@ -227,8 +227,8 @@ struct transfer_report {
   std::uint32_t groups = 0;
   std::uint64_t duration_ns = 0;
   /// Where its slowest worker's pull went (transfer::pull_report): waiting
-  /// for producers and storing (copy and checksum); 0 where the data plane
-  /// does not measure it.
+  /// for producers and storing (copy, checksum, the sink); 0 where the
+  /// data plane does not measure it.
   std::uint64_t wait_ns = 0;
   std::uint64_t store_ns = 0;
 };

@@ -140,8 +140,8 @@ public:
     r.bytes = bytes_;
     r.groups = static_cast<std::uint32_t>(delivered_groups_.size());
     r.duration = clock::now() - t0;
-    r.waited = waited_;
-    r.stored = stored_;
+    r.waited = slowest_part_.waited;
+    r.stored = slowest_part_.stored;
     return r;
   }
 
@@ -215,8 +215,8 @@ private:
     pull_request r{req_.engine, plan_.worker, req_.version, req_.mode, deadline};
     const auto part_report = link.puller().pull(r, mine);
     std::lock_guard<std::mutex> lock(mutex_);
-    waited_ += part_report.waited; // parts pulled at once: summed, not wall time
-    stored_ += part_report.stored;
+    if (part_report.duration >= slowest_part_.duration) // parts run at once: the slowest part's, as for workers
+      slowest_part_ = part_report;
     for (auto i : entries)
       if (!done_[i])
         throw transfer_error(transfer_failure::producer_failed,
@@ -311,7 +311,7 @@ private:
   std::map<std::uint32_t, group_layout> groups_;
   std::set<std::uint32_t> delivered_groups_;
   std::uint64_t bytes_ = 0;
-  std::chrono::nanoseconds waited_{0}, stored_{0}; // the parts' pull reports, summed
+  pull_report slowest_part_; // of the parts pulled, the one whose pull took longest
 };
 
 } // namespace

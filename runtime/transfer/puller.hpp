@@ -125,8 +125,9 @@ struct pull_report {
   /// Of `duration`, where a puller that measures it (UCX's) spent it:
   /// blocked on the producer (the manifest, each group's answer, a
   /// receive: the producer packing inside the stall shows here), and
-  /// storing (copying into staging and verifying the checksum). Zero:
-  /// not measured.
+  /// storing (copying into staging, verifying the checksum, handing the
+  /// group to the sink). The rest: connecting, registering the plan,
+  /// mapping shared buffers, posting gets. Zero: not measured.
   std::chrono::nanoseconds waited{0};
   std::chrono::nanoseconds stored{0};
 };

@@ -210,28 +210,35 @@ TEST_CASE("M:N pull from two pipeline halves gives every worker the single-rank 
 
 namespace {
 
-/// A backend that says each pull waited 3 ms and stored for 5 ms.
+/// A backend that says each pull took `took`, of which it waited `waited`
+/// and stored for `stored`.
 class timed_puller final : public test::forwarding_puller {
 public:
-  using forwarding_puller::forwarding_puller;
+  timed_puller(std::shared_ptr<weight_puller> inner, std::chrono::milliseconds took, std::chrono::milliseconds waited,
+               std::chrono::milliseconds stored)
+      : forwarding_puller(std::move(inner)), took(took), waited(waited), stored(stored) {}
   pull_report pull(const pull_request& req, const group_sink& sink) override {
     auto r = inner->pull(req, sink);
-    r.waited = std::chrono::milliseconds(3);
-    r.stored = std::chrono::milliseconds(5);
+    r.duration = took;
+    r.waited = waited;
+    r.stored = stored;
     return r;
   }
+  std::chrono::milliseconds took, waited, stored;
 };
 
 } // namespace
 
-TEST_CASE("M:N pull: a worker's wait and store are its parts', summed, and the engine reports its slowest worker's") {
+TEST_CASE("M:N pull: a worker's wait and store are its slowest part's, and the engine reports its slowest worker's") {
+  using namespace std::chrono_literals;
   const model_config c = test::small_model(4);
   auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
   auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
   auto whole = source_holding(c, std::nullopt);
-  auto t0 = std::make_shared<timed_puller>(std::make_shared<local_transfer>(first));
-  auto t1 = std::make_shared<timed_puller>(std::make_shared<local_transfer>(second));
-  auto all = std::make_shared<timed_puller>(std::make_shared<local_transfer>(whole));
+  // Rank 1's part took longer, though rank 0's waited and stored longer.
+  auto t0 = std::make_shared<timed_puller>(std::make_shared<local_transfer>(first), 10ms, 6ms, 3ms);
+  auto t1 = std::make_shared<timed_puller>(std::make_shared<local_transfer>(second), 20ms, 2ms, 1ms);
+  auto all = std::make_shared<timed_puller>(std::make_shared<local_transfer>(whole), 10ms, 3ms, 5ms);
   for (auto* s : {&whole, &first, &second})
     (*s)->produce_next();
   for (int ranks : {1, 2}) {
@@ -243,8 +250,8 @@ TEST_CASE("M:N pull: a worker's wait and store are its parts', summed, and the e
       producers = {{holding_of(0, *whole), all}};
     mn_engine e("rollout-0", c, 2, producers);
     const auto report = e.pull(1);
-    CHECK(report.wait_ns == static_cast<std::uint64_t>(ranks) * 3'000'000);
-    CHECK(report.store_ns == static_cast<std::uint64_t>(ranks) * 5'000'000);
+    CHECK(report.wait_ns == (ranks == 2 ? 2'000'000u : 3'000'000u));
+    CHECK(report.store_ns == (ranks == 2 ? 1'000'000u : 5'000'000u));
   }
 }
 

@@ -120,9 +120,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   report.version = req.version;
   // Blocked on the producer (its answers, its sends) vs storing what came.
   const auto waiting_since = [&report](clock::time_point since) { report.waited += clock::now() - since; };
-  auto since = clock::now();
   if (!broadcast)
-    register_plan(*ch, req, reg);
+    register_plan(*ch, req, reg); // once per connection: counted with the rest, not as waiting
+  auto since = clock::now();
 
   // Open the version; the first groups_in_flight gets ride on the open
   // (their sequence numbers and tags reserved here), so the first group
