@@ -145,6 +145,14 @@ TEST_CASE_FIXTURE(coordinator_fixture, "waves: five engines in waves of two, one
   forget_history();
   sent->clear();
   engines["c"].on(sync_phase::transfer, act::hold);
+  // Each engine's pull took as long as its place in the alphabet, but d's
+  // longest: the round names d's pull, from the second of three waves.
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    auto& s = *engines[names[i]].script;
+    s.pull_ns = (names[i] == "d" ? 50 : i + 1) * 1'000'000;
+    s.wait_ns = s.pull_ns / 4;
+    s.store_ns = s.pull_ns / 2;
+  }
   publish(1);
   // Wave 1 (a, b) is done and serves v1; wave 2 (c, d) waits on c's
   // transfer; e has not been asked anything and serves v0 meanwhile.
@@ -189,6 +197,9 @@ TEST_CASE_FIXTURE(coordinator_fixture, "waves: five engines in waves of two, one
   CHECK(reports[0].engines_synced == 5);
   CHECK(reports[0].evicted.empty());
   CHECK(reports[0].bytes == 5000);
+  CHECK(reports[0].slowest_pull_ns == 50'000'000);
+  CHECK(reports[0].slowest_wait_ns == 12'500'000);
+  CHECK(reports[0].slowest_store_ns == 25'000'000);
   CHECK(*routes
         == std::vector<std::string>{"route a v1", "route b v1", "route c v1", "route d v1", "route e v1"});
   CHECK(logged("v1: 5 engines synced in 3 waves"));
