@@ -122,7 +122,8 @@ struct pull_report {
   std::uint64_t bytes = 0;
   std::uint32_t groups = 0;
   std::chrono::nanoseconds duration{0};
-  /// Of `duration`, where a puller that measures it (UCX's) spent it:
+  /// Of `duration`, where a puller that measures it (UCX's, the local
+  /// plane's) spent it:
   /// blocked on the producer (the manifest, each group's answer, a
   /// receive: the producer packing inside the stall shows here), and
   /// storing (copying into staging, verifying the checksum, handing the

@@ -41,6 +41,9 @@ TEST_CASE("sharded pull applied with the plan equals load_weights, each worker g
       CHECK(report.groups == 3);
       CHECK(report.bytes == plan_bytes(e));
       CHECK(report.duration_ns > 0);
+      // Where its slowest worker's pull went: some storing, within the pull.
+      CHECK(report.store_ns > 0);
+      CHECK(report.wait_ns + report.store_ns <= report.duration_ns);
 
       // Per worker: exactly bytes_per_worker(plan), about total / tp.
       for (int w = 0; w < tp; ++w) {
@@ -73,6 +76,8 @@ TEST_CASE("broadcast pull: every worker receives the whole model and slices it w
     test::check_identical(*e.weights, *test::loaded(*v1, tp));
     CHECK(report.bytes == v1->total_bytes() * static_cast<std::uint64_t>(tp));
     CHECK(report.groups == 3);
+    CHECK(report.store_ns > 0);
+    CHECK(report.wait_ns + report.store_ns <= report.duration_ns);
     auto r = xfer.pull({e.name, 0, 1, transfer_mode::broadcast, in(10s)}, e.sink());
     CHECK(r.bytes == v1->total_bytes());
     // Broadcast bytes exceed sharded ones by about tp.

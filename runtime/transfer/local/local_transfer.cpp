@@ -549,8 +549,12 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     std::uint64_t sent = 0, got = 0;
     std::size_t size = 0;
     bool stored = false;
+    const auto waiting = clock::now();
+    clock::time_point storing;
     {
-      auto buf = p->wait_group(idx, req);
+      auto buf = p->wait_group(idx, req); // the producer packs it, or another worker holds the pass
+      storing = clock::now();
+      report.waited += storing - waiting;
       size = buf->size;
       sent = buf->checksum;
       const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, g, size);
@@ -583,6 +587,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       sink.on_full_group(req.worker, g, plan::view_full_group(p->layouts[idx], received.data()));
     else
       sink.on_group(req.worker, g, received.data(), received.size());
+    report.stored += clock::now() - storing;
   }
   report.duration = clock::now() - t0;
   return report;
