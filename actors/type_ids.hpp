@@ -179,7 +179,7 @@ RLSYNC_INSPECT(nccl_plan, x.engine, x.worker, x.epoch, x.plan)
 RLSYNC_INSPECT(nccl_manifest, x.status, x.epoch, x.root, x.buckets, x.bytes, x.packed)
 RLSYNC_INSPECT(nccl_chunk, x.epoch, x.root, x.bytes, x.bucket, x.trailer)
 RLSYNC_INSPECT(nccl_member, x.producer, x.engine, x.rank)
-RLSYNC_INSPECT(nccl_rendezvous_msg, x.epoch, x.id, x.members)
+RLSYNC_INSPECT(nccl_rendezvous_msg, x.epoch, x.id, x.members, x.root_ids)
 RLSYNC_INSPECT(engine_placement, x.engine, x.node)
 
 #undef RLSYNC_INSPECT

@@ -115,14 +115,40 @@ comm_decision decide(const comm_layout& current, bool healthy, const std::vector
   return {comm_action::rebuild, comm_layout{current.epoch + 1, std::move(next)}, why};
 }
 
+comm_layout root_layout(const comm_layout& main, int rank) {
+  const auto root = comm_member::trainer_rank(rank);
+  if (main.rank_of(root) < 0)
+    throw std::invalid_argument("NCCL communicator epoch " + std::to_string(main.epoch) + " has no " + root.describe());
+  comm_layout out{main.epoch, {root}};
+  for (const auto& m : main.members)
+    if (!m.producer)
+      out.members.push_back(m);
+  return out;
+}
+
 join_result join_rank(const nccl_rendezvous& r, const comm_member& me, std::uint64_t held_epoch) {
   if (r.epoch <= held_epoch)
     return {-1, "stale rendezvous: epoch " + std::to_string(r.epoch) + ", already at "
                   + std::to_string(held_epoch)};
-  if (std::all_of(r.id.begin(), r.id.end(), [](std::uint8_t b) { return b == 0; }))
+  auto empty = [](const nccl_id& id) { return std::all_of(id.begin(), id.end(), [](std::uint8_t b) { return b == 0; }); };
+  if (empty(r.id))
     return {-1, "the rendezvous carries an empty NCCL id"};
   if (auto problem = layout_problem(r.members); !problem.empty())
     return {-1, "bad rendezvous: " + problem};
+  if (!r.root_ids.empty()) {
+    const auto producers = static_cast<std::size_t>(
+      std::count_if(r.members.begin(), r.members.end(), [](const comm_member& m) { return m.producer; }));
+    if (r.root_ids.size() != producers)
+      return {-1, "bad rendezvous: " + std::to_string(r.root_ids.size()) + " root ids for "
+                    + std::to_string(producers) + " trainer ranks"};
+    std::set<nccl_id> seen{r.id};
+    for (std::size_t i = 0; i < r.root_ids.size(); ++i) {
+      if (empty(r.root_ids[i]))
+        return {-1, "bad rendezvous: root id " + std::to_string(i) + " is empty"};
+      if (!seen.insert(r.root_ids[i]).second)
+        return {-1, "bad rendezvous: root id " + std::to_string(i) + " repeats another id"};
+    }
+  }
   auto it = std::find(r.members.begin(), r.members.end(), me);
   if (it == r.members.end())
     return {-1, me.describe() + " is not a member of communicator epoch " + std::to_string(r.epoch)};
@@ -135,6 +161,8 @@ nccl_rendezvous_msg to_wire(const nccl_rendezvous& r) {
   m.id.assign(r.id.begin(), r.id.end());
   for (const auto& member : r.members)
     m.members.push_back({member.producer, member.engine, member.rank});
+  for (const auto& id : r.root_ids)
+    m.root_ids.emplace_back(id.begin(), id.end());
   return m;
 }
 
@@ -155,6 +183,17 @@ nccl_rendezvous from_wire(const nccl_rendezvous_msg& m) {
                                   "nor an engine's worker (rank " + std::to_string(w.rank) + ", engine name of "
                                   + std::to_string(w.engine.size()) + " bytes)");
     r.members.push_back(w.producer ? comm_member::trainer_rank(w.rank) : comm_member::worker(w.engine, w.rank));
+  }
+  if (m.root_ids.size() > m.members.size())
+    throw std::invalid_argument("NCCL rendezvous: " + std::to_string(m.root_ids.size()) + " root ids for "
+                                + std::to_string(m.members.size()) + " members");
+  for (std::size_t i = 0; i < m.root_ids.size(); ++i) {
+    if (m.root_ids[i].size() != nccl_id_bytes)
+      throw std::invalid_argument("NCCL rendezvous: root id " + std::to_string(i) + " of "
+                                  + std::to_string(m.root_ids[i].size()) + " bytes, not "
+                                  + std::to_string(nccl_id_bytes));
+    r.root_ids.emplace_back();
+    std::copy(m.root_ids[i].begin(), m.root_ids[i].end(), r.root_ids.back().begin());
   }
   return r;
 }

@@ -90,11 +90,25 @@ struct comm_decision {
 comm_decision decide(const comm_layout& current, bool healthy, const std::vector<comm_member>& wanted,
                      bool at_boundary);
 
+/// The collective baseline with several trainer ranks broadcasts each
+/// rank's groups in a communicator of its own (a broadcast has one root,
+/// and NCCL needs every member of a communicator in each collective: the
+/// other ranks would receive bytes they do not want), as RL frameworks give
+/// each pipeline stage its own group: `main`'s producer `rank` first (NCCL
+/// rank 0, the root), then every worker of `main` in its order, under
+/// `main`'s epoch. Throws std::invalid_argument when `rank` is not a
+/// producer of `main`.
+comm_layout root_layout(const comm_layout& main, int rank);
+
 /// What the coordinator sends every member of a new communicator.
 struct nccl_rendezvous {
   std::uint64_t epoch = 0;
   nccl_id id{};
   std::vector<comm_member> members; ///< in rank order
+  /// With the collective and several trainer ranks: per producer of
+  /// `members` (in their order), the id of its root_layout's communicator,
+  /// made in that rank's process. Empty otherwise.
+  std::vector<nccl_id> root_ids;
 };
 
 /// A member's answer to a rendezvous it received: its rank, or why it
@@ -108,7 +122,8 @@ struct join_result {
 /// the one it holds (`held_epoch`; a replay or reordering is stale), the id
 /// must not be all zeros, the members must be in canonical order without
 /// duplicates, within max_comm_members, with a producer and a worker, and
-/// `me` must be one of them.
+/// `me` must be one of them; root ids, if any, one per producer, none all
+/// zeros, no two alike nor like `id`.
 join_result join_rank(const nccl_rendezvous& r, const comm_member& me, std::uint64_t held_epoch);
 
 /// The rendezvous as the coordinator's messages carry it, and back.

@@ -13,6 +13,11 @@
 // A hosted member the rendezvous leaves out (an engine that registered
 // after the coordinator planned it) has no link: its pulls fail until the
 // next boundary makes it a member, as DESIGN's rejoin rule says.
+//
+// A rendezvous with root ids (the collective, several trainer ranks) also
+// starts, per producer, a link into that producer's own communicator
+// (root_layout): every worker joins each, a trainer rank its own. They
+// live and die with the epoch's links.
 #include "gpu/nccl_link.hpp"
 
 #include <functional>
@@ -51,6 +56,9 @@ public:
 
   /// The member's link in the current epoch; null when it is in none.
   std::shared_ptr<p2p_link> link(const comm_member& m) const;
+  /// The member's link into trainer rank `producer`'s own communicator
+  /// (root_layout) in the current epoch; null when there is none.
+  std::shared_ptr<p2p_link> root_link(const comm_member& m, int producer) const;
   std::uint64_t epoch() const;
   /// The pack device on member `m`'s device (null: none): a trainer rank
   /// packs shards there, an engine worker the whole groups it lands.
@@ -68,6 +76,7 @@ private:
   mutable std::mutex mutex_;
   std::uint64_t epoch_ = 0;
   std::map<comm_member, std::shared_ptr<p2p_link>> links_;
+  std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>> root_links_; ///< (member, producer rank)
 };
 
 } // namespace rlsync::gpu

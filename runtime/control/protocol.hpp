@@ -399,6 +399,9 @@ struct nccl_rendezvous_msg {
   std::uint64_t epoch = 0;
   std::vector<std::uint8_t> id;
   std::vector<nccl_member> members; ///< in rank order
+  /// The collective with several trainer ranks: one id per producer, in
+  /// member order, for its own communicator with every worker. Else empty.
+  std::vector<std::vector<std::uint8_t>> root_ids;
 };
 
 /// Where a registered engine runs, as the coordinator tells every trainer

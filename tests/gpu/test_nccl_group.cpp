@@ -129,6 +129,45 @@ TEST_CASE("join_rank: a member's rank, or why it refuses the rendezvous") {
   CHECK(gpu::join_rank(twice, w("r0", 1), 3).error == "bad rendezvous: engine r0 worker 1 is named twice");
 }
 
+TEST_CASE("root_layout: one producer as NCCL rank 0, then every worker, under the main epoch") {
+  const auto main = gpu::make_layout(5, {t(0), t(2), w("a", 0), w("a", 1), w("b", 0)});
+  const auto two = gpu::root_layout(main, 2);
+  CHECK(two.epoch == 5);
+  CHECK(two.members == std::vector<comm_member>{t(2), w("a", 0), w("a", 1), w("b", 0)});
+  CHECK(gpu::root_layout(main, 0).members.front() == t(0));
+  CHECK_THROWS_WITH_AS(gpu::root_layout(main, 1), "NCCL communicator epoch 5 has no trainer rank 1",
+                       std::invalid_argument);
+}
+
+TEST_CASE("join_rank: root ids, one per trainer rank, none empty or repeated") {
+  gpu::nccl_id a{}, b{};
+  a[0] = 1;
+  b[0] = 2;
+  const gpu::nccl_rendezvous base{4, some_id(), {t(0), t(1), w("r0", 0)}, {}};
+  struct row {
+    const char* name;
+    std::vector<gpu::nccl_id> root_ids;
+    const char* error; // "" when it joins
+  };
+  const row rows[] = {
+    {"none: no per-root communicators", {}, ""},
+    {"one per rank", {a, b}, ""},
+    {"one short", {a}, "bad rendezvous: 1 root ids for 2 trainer ranks"},
+    {"one too many", {a, b, some_id()}, "bad rendezvous: 3 root ids for 2 trainer ranks"},
+    {"an empty one", {a, gpu::nccl_id{}}, "bad rendezvous: root id 1 is empty"},
+    {"twice the same", {a, a}, "bad rendezvous: root id 1 repeats another id"},
+    {"the main id again", {some_id(), b}, "bad rendezvous: root id 0 repeats another id"},
+  };
+  for (const auto& x : rows) {
+    CAPTURE(x.name);
+    auto r = base;
+    r.root_ids = x.root_ids;
+    const auto joined = gpu::join_rank(r, w("r0", 0), 3);
+    CHECK(joined.error == x.error);
+    CHECK((joined.rank == 2) == (std::string(x.error).empty()));
+  }
+}
+
 TEST_CASE("make_nccl_id: a fresh id where NCCL is linked, a clear refusal where not") {
 #ifdef RLSYNC_HAVE_NCCL
   // ncclGetUniqueId needs no device: it opens the root's bootstrap socket.
@@ -194,10 +233,14 @@ TEST_CASE("a rendezvous crosses the wire unchanged, and a malformed one is refus
   r.epoch = 4;
   r.id.fill(7);
   r.members = gpu::make_layout(4, {t(0), t(1), w("rollout-0", 0), w("rollout-0", 1)}).members;
+  r.root_ids.resize(2);
+  r.root_ids[0].fill(8);
+  r.root_ids[1].fill(9);
   const auto back = gpu::from_wire(gpu::to_wire(r));
   CHECK(back.epoch == 4);
   CHECK(back.id == r.id);
   CHECK(back.members == r.members);
+  CHECK(back.root_ids == r.root_ids);
 
   struct row {
     const char* name;
@@ -212,6 +255,9 @@ TEST_CASE("a rendezvous crosses the wire unchanged, and a malformed one is refus
     {"a worker without one", [](nccl_rendezvous_msg& m) { m.members[3].engine.clear(); }, "member 3 is neither"},
     {"too many members",
      [](nccl_rendezvous_msg& m) { m.members.resize(gpu::max_comm_members + 1, m.members[2]); }, "members, more than"},
+    {"a short root id", [](nccl_rendezvous_msg& m) { m.root_ids[1].resize(16); }, "root id 1 of 16 bytes, not 128"},
+    {"more root ids than members", [](nccl_rendezvous_msg& m) { m.root_ids.resize(5, m.root_ids[0]); },
+     "5 root ids for 4 members"},
   };
   for (const auto& x : rows) {
     CAPTURE(x.name);

@@ -135,3 +135,72 @@ TEST_CASE("nccl membership: the actors of one process each join the epoch for th
   CHECK(process.link(w0).get() == nullptr);
   CHECK(f.made == 2);
 }
+
+TEST_CASE("nccl membership: root ids start each producer's own communicator, the workers in each, a rank in its own") {
+  struct made {
+    std::uint8_t id;
+    gpu::comm_layout layout;
+    int rank;
+  };
+  std::vector<made> log;
+  std::vector<std::shared_ptr<test::fake_nccl_world>> worlds; // one per id: each communicator its own
+  gpu::nccl_membership::link_factory factory = [&](const gpu::nccl_id& id, const gpu::comm_layout& layout,
+                                                   int rank) -> std::unique_ptr<gpu::p2p_link> {
+    log.push_back({id[0], layout, rank});
+    worlds.push_back(test::fake_nccl_world::make());
+    return test::fake_nccl_world::join(worlds.back(), layout, rank, 64);
+  };
+  const comm_member rank1 = comm_member::trainer_rank(1);
+  auto r = rendezvous(1, {trainer0, rank1, w0, w1});
+  r.root_ids.resize(2);
+  r.root_ids[0].fill(0);
+  r.root_ids[0][0] = 50; // trainer rank 0's communicator
+  r.root_ids[1].fill(0);
+  r.root_ids[1][0] = 51; // rank 1's
+
+  gpu::nccl_membership engines(factory);
+  REQUIRE(engines.join(r, {w0, w1}).empty());
+  CHECK(log.size() == 6); // two main links, and each worker in both producers' communicators
+  for (int producer : {0, 1}) {
+    CAPTURE(producer);
+    auto a = engines.root_link(w0, producer), b = engines.root_link(w1, producer);
+    REQUIRE(a.get() != nullptr);
+    REQUIRE(b.get() != nullptr);
+    CHECK(a->rank() == 1);
+    CHECK(b->rank() == 2);
+    CHECK(a->layout().members
+          == std::vector<comm_member>{comm_member::trainer_rank(producer), w0, w1});
+    CHECK(a->layout().epoch == 1);
+  }
+  for (const auto& m : log)
+    if (m.layout.members.size() == 3) // a producer's own: made from that producer's id
+      CHECK(m.id == (m.layout.members.front() == trainer0 ? 50 : 51));
+  CHECK(engines.root_link(w0, 2).get() == nullptr);
+  CHECK(engines.link(w0)->rank() == 2); // the main communicator as before
+
+  gpu::nccl_membership trainer(factory);
+  log.clear();
+  REQUIRE(trainer.join(r, {rank1}).empty());
+  CHECK(log.size() == 2); // its main link, and the root of its own communicator only
+  REQUIRE(trainer.root_link(rank1, 1).get() != nullptr);
+  CHECK(trainer.root_link(rank1, 1)->rank() == 0);
+  CHECK(trainer.root_link(rank1, 0).get() == nullptr);
+
+  // A newer epoch, or leaving, aborts them with the rest.
+  auto held = engines.root_link(w1, 1);
+  REQUIRE(engines.join(rendezvous(2, {trainer0, w0}), {w0, w1}).empty());
+  CHECK(engines.root_link(w1, 1).get() == nullptr);
+  CHECK(engines.root_link(w0, 0).get() == nullptr); // epoch 2 has no root ids
+  std::string why;
+  CHECK(held->poll(why) == gpu::comm_poll::failed);
+  auto own = trainer.root_link(rank1, 1);
+  trainer.leave();
+  CHECK(trainer.root_link(rank1, 1).get() == nullptr);
+  CHECK(own->poll(why) == gpu::comm_poll::failed);
+  // The same epoch with other root ids is a different rendezvous.
+  gpu::nccl_membership again(factory);
+  REQUIRE(again.join(r, {w0}).empty());
+  auto other = r;
+  other.root_ids[1][1] = 3;
+  CHECK(again.join(other, {w1}).find("differs from the first") != std::string::npos);
+}
