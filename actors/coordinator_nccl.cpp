@@ -5,7 +5,8 @@
 //   round wanted ─► decide(layout, healthy, wanted) ─ keep ─► open the round
 //                        │ rebuild
 //                        ▼
-//   ask the first producer rank for a unique id ─► every member's actor joins
+//   ask the first producer rank for a unique id ─► (the collective, several
+//   ranks: each rank for its own communicator's) ─► every member's actor joins
 //   (its ranks or its workers) ─► all joined: the new layout, settle
 //                               └─► an engine refused: left out, rebuild now
 //                               └─► a rank refused or was silent: retry later,
@@ -181,7 +182,7 @@ void ask_to_join(self_ptr self, const Handle& handle, const rendezvous_ask& ask,
 }
 
 void send_joins(self_ptr self, const std::shared_ptr<const gpu::comm_layout>& next, const std::vector<std::uint8_t>& id,
-                const std::vector<producer_ref>& producers) {
+                const std::vector<std::vector<std::uint8_t>>& root_ids, const std::vector<producer_ref>& producers) {
   auto& st = self->state;
   gpu::nccl_rendezvous r;
   r.epoch = next->epoch;
@@ -190,6 +191,13 @@ void send_joins(self_ptr self, const std::shared_ptr<const gpu::comm_layout>& ne
     return retry_later(self, "the unique id has " + std::to_string(id.size()) + " bytes, not NCCL's "
                                + std::to_string(r.id.size()));
   std::copy(id.begin(), id.end(), r.id.begin());
+  for (std::size_t i = 0; i < root_ids.size(); ++i) {
+    if (root_ids[i].size() != r.id.size())
+      return retry_later(self, "trainer rank " + std::to_string(next->members[i].rank) + "'s unique id has "
+                                 + std::to_string(root_ids[i].size()) + " bytes, not NCCL's " + std::to_string(r.id.size()));
+    r.root_ids.emplace_back();
+    std::copy(root_ids[i].begin(), root_ids[i].end(), r.root_ids.back().begin());
+  }
   rendezvous_ask ask{next, std::make_shared<const nccl_rendezvous_msg>(gpu::to_wire(r)), std::make_shared<join_tally>()};
   ask.tally->epoch = next->epoch;
   std::vector<std::string> engines;
@@ -232,17 +240,49 @@ void start_rendezvous(self_ptr self, gpu::comm_layout planned, const std::vector
   log_line(self, "coordinator: nccl: building communicator epoch " + std::to_string(next->epoch) + " of "
                    + std::to_string(next->members.size()) + " members (" + why + ")");
   const auto epoch = next->epoch;
-  self->request(root.handle, self->state.cfg.sync.deadlines.start, nccl_id_atom::value)
-    .then(
-      [=](std::vector<std::uint8_t>& id) {
-        if (current(self->state, epoch))
-          send_joins(self, next, id, producers);
-      },
-      [=](caf::error& err) {
-        if (current(self->state, epoch))
-          retry_later(self, "trainer rank " + std::to_string(root.rank) + " made no unique id for epoch "
+  // The collective with several ranks: each rank broadcasts in a
+  // communicator of its own, whose id it makes (its process is that
+  // communicator's bootstrap root). The ids come back in member order.
+  std::vector<producer_ref> roots;
+  if (self->state.cfg.transfer.collective)
+    for (const auto& m : next->members)
+      if (m.producer)
+        for (const auto& p : producers)
+          if (static_cast<int>(p.rank) == m.rank)
+            roots.push_back(p);
+  if (roots.size() < 2)
+    roots.clear(); // one rank: the main communicator has one root already
+  struct ids {
+    std::vector<std::uint8_t> main;
+    std::vector<std::vector<std::uint8_t>> roots;
+    std::size_t left = 0;
+    bool failed = false;
+  };
+  auto got = std::make_shared<ids>();
+  got->roots.resize(roots.size());
+  got->left = 1 + roots.size();
+  auto answered = [=] {
+    if (--got->left == 0 && !got->failed && current(self->state, epoch))
+      send_joins(self, next, got->main, got->roots, producers);
+  };
+  auto ask = [=](const producer_ref& p, std::vector<std::uint8_t>* into) {
+    self->request(p.handle, self->state.cfg.sync.deadlines.start, nccl_id_atom::value)
+      .then(
+        [=](std::vector<std::uint8_t>& id) {
+          *into = std::move(id);
+          answered();
+        },
+        [=](caf::error& err) {
+          if (got->failed || !current(self->state, epoch))
+            return;
+          got->failed = true;
+          retry_later(self, "trainer rank " + std::to_string(p.rank) + " made no unique id for epoch "
                               + std::to_string(epoch) + ": " + self->system().render(err));
-      });
+        });
+  };
+  ask(root, &got->main);
+  for (std::size_t i = 0; i < roots.size(); ++i)
+    ask(roots[i], &got->roots[i]);
 }
 
 } // namespace

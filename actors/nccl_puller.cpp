@@ -27,8 +27,9 @@ using transfer::transfer_failure;
 
 nccl_puller::nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                          link_of links, std::optional<std::vector<std::uint32_t>> groups, gpu::wait_hooks hooks,
-                         bool collective, packer_of packers)
+                         bool collective, packer_of packers, link_of root_links)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), links_(std::move(links)),
+    root_links_(std::move(root_links)),
     groups_(groups_or_all(model_, std::move(groups))), hooks_(std::move(hooks)),
     group_deadline_(whole_group_deadline(model_)),
     largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)),
@@ -183,7 +184,21 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
         !init.ok())
       throw_wait_failure(init);
   }
-  if (collective_ && req.mode == transfer_mode::broadcast && pull_collective(req, sink, *link, report)) {
+  // With several ranks the collective runs in this rank's own communicator.
+  auto root = collective_ && req.mode == transfer_mode::broadcast && root_links_ ? root_links_(req.engine, req.worker)
+                                                                                 : nullptr;
+  if (root) {
+    std::unique_lock<std::timed_mutex> turn(root->turn(), std::defer_lock);
+    if (!turn.try_lock_until(req.deadline))
+      throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the link stayed busy past the deadline");
+    if (auto init = gpu::wait_for(*root, req.deadline,
+                                  "init of epoch " + std::to_string(layout.epoch) + "'s communicator of "
+                                    + root->layout().members.front().describe(),
+                                  hooks_);
+        !init.ok())
+      throw_wait_failure(init);
+  }
+  if (collective_ && req.mode == transfer_mode::broadcast && pull_collective(req, sink, root ? *root : *link, report)) {
     report.duration = transfer::clock::now() - t0;
     return report;
   }

@@ -12,8 +12,9 @@
 //
 //   broadcast  the trainer sends the group whole; the worker slices whole
 //              tensors as the CAF path does;
-//   broadcast, collective (the baseline, vLLM's packed NCCL broadcast; one
-//              trainer rank): the worker asks once for the version
+//   broadcast, collective (the baseline, vLLM's packed NCCL broadcast; with
+//              several trainer ranks on the rank's own communicator, one
+//              rank after another): the worker asks once for the version
 //              (nccl_broadcast_atom) and joins the rank's broadcast of every
 //              group, in the order its manifest gives, with every other
 //              member of the communicator; each bucket carries its checksum
@@ -71,10 +72,13 @@ public:
   /// the rank's collective broadcast instead of pulling groups point to
   /// point (every member of the communicator must pull each version);
   /// `packers`: where a whole group received for an engine on a device is
-  /// packed to land in its copy (none: whole groups are not landed).
+  /// packed to land in its copy (none: whole groups are not landed);
+  /// `root_links`: with several trainer ranks, the worker's link into this
+  /// rank's own communicator, where its collective runs (null, or none
+  /// given: the collective runs on `links`').
   nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model, link_of links,
               std::optional<std::vector<std::uint32_t>> groups = std::nullopt, gpu::wait_hooks hooks = {},
-              bool collective = false, packer_of packers = {});
+              bool collective = false, packer_of packers = {}, link_of root_links = {});
 
   /// Keeps the worker's plan: sharded pulls send it, whole groups landed
   /// on an engine's device are packed by it.
@@ -84,6 +88,14 @@ public:
   /// Blocks the calling thread (a pulling thread, never an actor's handler).
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override;
   bool lands_on_device() const override { return true; }
+  /// The collective: a worker pulling from several ranks takes their
+  /// broadcasts one rank after another, in rank order, so that every
+  /// device runs the ranks' communicators in the same order (NCCL's rule
+  /// for several communicators; else two workers could each wait in
+  /// another communicator for the other).
+  bool needs_rank_order(transfer_mode mode) const override {
+    return collective_ && mode == transfer_mode::broadcast;
+  }
 
 private:
   /// A worker's plan, and where it was last registered.
@@ -123,6 +135,7 @@ private:
   std::function<trainer_actor()> trainer_;
   model_config model_;
   link_of links_;
+  link_of root_links_;
   std::vector<std::uint32_t> groups_; ///< pulled, in order
   gpu::wait_hooks hooks_;
   std::chrono::milliseconds group_deadline_;

@@ -407,7 +407,8 @@ std::optional<caf::expected<nccl_chunk>> device_packed_chunk(self_ptr self,
 caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared_ptr<gpu::nccl_sender>& sender,
                                                 const nccl_pull& req) {
   auto& st = self->state;
-  const auto& layout = sender->layout();
+  // With several ranks, the rank's own communicator (it and every worker).
+  const auto& layout = sender->collective_layout();
   if (auto why = sender->failure(); !why.empty())
     return make_error(errc::unknown_name, "trainer: nccl: the communicator of epoch " + std::to_string(layout.epoch)
                                             + " failed (" + why + "): it is rebuilt at the next sync boundary");
@@ -416,7 +417,7 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   if (producers != 1)
     return make_error(errc::unknown_name, "trainer: nccl: a collective broadcast needs a communicator with one "
                                           "trainer rank, epoch " + std::to_string(layout.epoch) + " has "
-                                            + std::to_string(producers));
+                                            + std::to_string(producers) + " and no communicator of this rank's own");
   auto s = st.cfg.source->find(req.version);
   if (!s)
     return version_not_held(self, req.version);
@@ -432,7 +433,7 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   auto& b = *st.nccl_broadcast;
   nccl_manifest answer;
   answer.epoch = layout.epoch;
-  answer.root = sender->rank();
+  answer.root = sender->collective_rank();
   if (b.phase == trainer_state::collective_broadcast::started) {
     // Every member took part in it, or it is over: asked again, nobody else would join.
     if (sender->broadcast() >= b.done_at || now >= b.deadline)
@@ -461,15 +462,15 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   for (auto g : s->groups()) {
     answer.buckets.push_back(group_layout(*s, g));
     answer.bytes.push_back(s->group_bytes(g) + transfer::checksum_trailer_bytes);
-    if (answer.bytes.back() > sender->capacity())
+    if (answer.bytes.back() > sender->collective_capacity())
       return make_error(errc::unknown_name, "trainer: nccl: group " + std::to_string(g) + " broadcasts "
                                               + std::to_string(answer.bytes.back()) + " bytes, more than the staging's "
-                                              + std::to_string(sender->capacity()));
+                                              + std::to_string(sender->collective_capacity()));
   }
   // Each broadcast carries whole consecutive groups, each with its checksum,
   // back to back up to bucket_bytes (vLLM's packed broadcast); a group larger
   // goes alone (it fits the staging: checked above).
-  const auto room = std::min<std::uint64_t>(st.cfg.nccl_bucket_bytes, sender->capacity());
+  const auto room = std::min<std::uint64_t>(st.cfg.nccl_bucket_bytes, sender->collective_capacity());
   struct span {
     std::size_t first = 0, count = 0; // groups, by index in groups
     std::uint64_t bytes = 0;          // theirs and their checksums'
@@ -785,7 +786,10 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
           return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + why);
         // Left out of this epoch (the coordinator rebuilt without it): it serves no nccl pulls.
         auto link = cfg.nccl_membership->link(me);
-        cfg.nccl->open(link ? std::make_shared<gpu::nccl_sender>(link, cfg.nccl_send_queue) : nullptr);
+        // With the collective and several ranks, also the root of its own communicator.
+        auto own = cfg.nccl_membership->root_link(me, cfg.nccl_rank);
+        cfg.nccl->open(link ? std::make_shared<gpu::nccl_sender>(link, cfg.nccl_send_queue, gpu::wait_hooks{}, own)
+                            : nullptr);
         return r.epoch;
       } catch (const std::exception& e) {
         return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + e.what());

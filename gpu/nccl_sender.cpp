@@ -6,10 +6,14 @@
 
 namespace rlsync::gpu {
 
-nccl_sender::nccl_sender(std::shared_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks)
+nccl_sender::nccl_sender(std::shared_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks,
+                         std::shared_ptr<p2p_link> root)
   : link_(link ? std::move(link) : throw std::invalid_argument("an nccl sender without a link")),
-    layout_(link_->layout()), rank_(link_->rank()), capacity_(link_->capacity()), hooks_(std::move(hooks)),
-    queue_(queue_bound) {
+    root_(root ? std::move(root) : link_), layout_(link_->layout()), rank_(link_->rank()), capacity_(link_->capacity()),
+    hooks_(std::move(hooks)), queue_(queue_bound) {
+  if (root_ != link_ && (root_->rank() != 0 || root_->layout().epoch != layout_.epoch))
+    throw std::invalid_argument("an nccl sender's own communicator must have it as rank 0, in epoch "
+                                + std::to_string(layout_.epoch));
   // Stopping counts as a dead member: a send in flight ends at the next poll.
   hooks_.dead_member = [this, dead = std::move(hooks_.dead_member)]() -> std::optional<std::string> {
     if (stopping_.load())
@@ -24,6 +28,7 @@ nccl_sender::~nccl_sender() {
   queue_.close();
   thread_.join();
   link_->abort();
+  root_->abort();
 }
 
 std::string nccl_sender::submit(job j) {
@@ -51,9 +56,9 @@ std::string nccl_sender::submit(collective c) {
   if (c.fill && c.fill_bytes.size() != c.buckets)
     return "a filled broadcast needs the size of each of its " + std::to_string(c.buckets) + " buckets";
   for (std::size_t i = 0; c.fill && i < c.buckets; ++i)
-    if (c.fill_bytes[i] > capacity_)
+    if (c.fill_bytes[i] > root_->capacity())
       return "bucket " + std::to_string(i) + " of " + std::to_string(c.fill_bytes[i]) + " bytes exceeds the staging's "
-             + std::to_string(capacity_);
+             + std::to_string(root_->capacity());
   if (!queue_.try_push(std::move(c)))
     return "the send queue is full or closed";
   return {};
@@ -66,6 +71,7 @@ std::string nccl_sender::failure() const {
 
 void nccl_sender::fail(const std::string& why) {
   link_->abort(); // wait_for may have already: aborting is idempotent
+  root_->abort();
   std::lock_guard<std::mutex> lock(mutex_);
   if (failure_.empty())
     failure_ = why;
@@ -74,7 +80,7 @@ void nccl_sender::fail(const std::string& why) {
 clock::time_point nccl_sender::now() const { return hooks_.now ? hooks_.now() : clock::now(); }
 
 void nccl_sender::run() {
-  bool initialized = false;
+  bool initialized = false, root_initialized = root_ == link_;
   while (true) {
     auto next = queue_.pop_until(clock::now() + std::chrono::milliseconds(100));
     if (!next) {
@@ -97,6 +103,17 @@ void nccl_sender::run() {
         continue;
       }
       initialized = true;
+    }
+    if (!root_initialized && std::holds_alternative<collective>(*next)) {
+      const auto init_until = std::max(deadline, now() + init_wait);
+      auto init = wait_for(*root_, init_until, "init of trainer rank " + std::to_string(root_->layout().members[0].rank)
+                                                   + "'s own communicator, epoch " + std::to_string(layout_.epoch),
+                           hooks_);
+      if (!init.ok()) {
+        fail(init.why);
+        continue;
+      }
+      root_initialized = true;
     }
     // Its worker stopped waiting: posted now, the send could only time out
     // and take the communicator down with it for everyone.
@@ -153,10 +170,10 @@ void nccl_sender::broadcast_all(const collective& c) {
     const auto what = c.what + ", bucket " + std::to_string(i) + " of " + std::to_string(c.buckets);
     try {
       if (c.fill) {
-        link_->broadcast_filled([&](void* staging) { c.fill(i, staging); }, c.fill_bytes[i]);
+        root_->broadcast_filled([&](void* staging) { c.fill(i, staging); }, c.fill_bytes[i]);
       } else {
         std::swap(on_wire, next);
-        link_->broadcast(on_wire.data(), on_wire.size(), rank_);
+        root_->broadcast(on_wire.data(), on_wire.size(), root_->rank());
       }
     } catch (const std::exception& e) {
       fail(what + ": " + e.what());
@@ -164,7 +181,7 @@ void nccl_sender::broadcast_all(const collective& c) {
     }
     if (i + 1 < c.buckets && !ahead(i + 1))
       return; // the link is aborted: every member's wait ends
-    auto done = wait_for(*link_, c.deadline, what, hooks_);
+    auto done = wait_for(*root_, c.deadline, what, hooks_);
     if (!done.ok()) {
       fail(done.why);
       return;

@@ -5,7 +5,10 @@
 // polled done), each against the deadline its puller gave. It also runs
 // the collective baseline: one version broadcast bucket by bucket to every
 // member, packing bucket i + 1 while bucket i is on the wire (or, from the
-// device, filling each bucket into the staging in turn).
+// device, filling each bucket into the staging in turn). With several
+// trainer ranks the collective runs on the rank's own communicator (a
+// second link, `root`, where it is rank 0); one thread serves both links,
+// so that this rank's device never runs two of its communicators at once.
 //
 //   submit ─▶ [queue, bounded] ─▶ thread: init done? ─▶ expired? drop ─▶ send ─▶ wait_for(deadline)
 //                                          │ failed, past the deadline, a member dead,
@@ -66,8 +69,11 @@ public:
   };
 
   /// Serves `link` (must not be null) from a thread of its own; at most
-  /// `queue_bound` sends wait. `hooks`: comm_wait's world (tests).
-  nccl_sender(std::shared_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks = {});
+  /// `queue_bound` sends wait. `hooks`: comm_wait's world (tests). `root`:
+  /// the link collectives broadcast on (this rank's own communicator, whose
+  /// rank 0 it must be); null: `link`.
+  nccl_sender(std::shared_ptr<p2p_link> link, std::size_t queue_bound, wait_hooks hooks = {},
+              std::shared_ptr<p2p_link> root = nullptr);
   /// Stops the thread; a send in flight is aborted with the link (bounded by
   /// one poll interval, never by a peer).
   ~nccl_sender();
@@ -85,6 +91,10 @@ public:
   const comm_layout& layout() const { return layout_; }
   int rank() const { return rank_; }
   std::size_t capacity() const { return capacity_; }
+  /// The link collectives use: its communicator, this rank in it, its staging.
+  const comm_layout& collective_layout() const { return root_->layout(); }
+  int collective_rank() const { return root_->rank(); }
+  std::size_t collective_capacity() const { return root_->capacity(); }
   /// Why the link failed; empty while it serves.
   std::string failure() const;
   /// Groups whose send completed.
@@ -105,6 +115,7 @@ private:
   void fail(const std::string& why);
 
   std::shared_ptr<p2p_link> link_;
+  std::shared_ptr<p2p_link> root_; ///< where collectives broadcast: link_ unless a rank's own communicator
   const comm_layout layout_;
   const int rank_;
   const std::size_t capacity_;

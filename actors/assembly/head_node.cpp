@@ -96,7 +96,8 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
       }
       return std::make_shared<nccl_puller>(sys, [rank] { return rank; }, topo->model.config, nccl_links(nccl),
                                            groups_holding(topo->model.config, h.held), gpu::wait_hooks{},
-                                           topo->transfer.collective, nccl_packers(nccl));
+                                           topo->transfer.collective, nccl_packers(nccl),
+                                           nccl_root_links(nccl, static_cast<int>(h.rank)));
     }
     if (topo->transfer.backend == transfer_backend::cuda_ipc) {
       try {

@@ -111,6 +111,12 @@ nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m) {
   };
 }
 
+nccl_puller::link_of nccl_root_links(std::shared_ptr<gpu::nccl_membership> m, int rank) {
+  return [m = std::move(m), rank](const std::string& engine, int worker) {
+    return m->root_link(gpu::comm_member::worker(engine, worker), rank);
+  };
+}
+
 int engine_device_ordinal(const gpu::nccl_membership* m, const std::string& engine) {
   if (!m)
     return 0;

@@ -64,6 +64,9 @@ std::function<std::string(const nccl_rendezvous_msg&)> engine_nccl_join(std::sha
 
 /// What an nccl_puller receives over: the worker's link in `m`.
 nccl_puller::link_of nccl_links(std::shared_ptr<gpu::nccl_membership> m);
+/// Where trainer rank `rank`'s puller joins its collective (several ranks):
+/// the worker's link into that rank's own communicator in `m`, if any.
+nccl_puller::link_of nccl_root_links(std::shared_ptr<gpu::nccl_membership> m, int rank);
 /// Where each engine worker's link's device packs a whole group it lands
 /// (the membership's packers).
 nccl_puller::packer_of nccl_packers(std::shared_ptr<gpu::nccl_membership> m);

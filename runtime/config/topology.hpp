@@ -250,10 +250,11 @@ struct transfer_spec {
   /// host's hugetlb pool (vm.nr_hugepages) while it has free pages; false:
   /// always 4 KiB pages, leaving the pool to others.
   bool huge_pages = true;
-  /// backend nccl, mode broadcast, one trainer rank: the collective
-  /// baseline (vLLM's packed NCCL broadcast): the rank broadcasts the
-  /// version to every member of the communicator at once, whole groups per
-  /// bucket of bucket_bytes, packing the next while one is on the wire.
+  /// backend nccl, mode broadcast: the collective baseline (vLLM's packed
+  /// NCCL broadcast): the rank broadcasts the version to every member of
+  /// the communicator at once (with several ranks, each its groups in a
+  /// communicator of its own with every worker), whole groups per bucket of
+  /// bucket_bytes, packing the next while one is on the wire.
   /// Every member takes part in every version, so one that stops holds all
   /// others up to the phase deadline. false: each worker pulls whole groups
   /// point to point.

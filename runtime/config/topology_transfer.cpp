@@ -87,12 +87,10 @@ void reader::read_transfer(const map_reader& root) {
   const bool backend_read = r.read_choice("backend", tr.backend, backend_choices);
   r.read_choice("mode", tr.mode, mode_choices);
   if (r.has("collective") && r.read("collective", tr.collective) && tr.collective) {
+    // Several trainer ranks: each broadcasts its groups in a communicator of its own (gpu/nccl_group.hpp).
     if (tr.backend != transfer_backend::nccl || tr.mode != transfer_mode::broadcast)
       r.error("collective", "a collective broadcast runs over NCCL and sends whole groups: it needs backend: nccl "
                             "and mode: broadcast");
-    else if (t.trainer.ranks.size() != 1)
-      r.error("collective", "a collective broadcast has one root: it needs one trainer rank, this topology has "
-                              + std::to_string(t.trainer.ranks.size()));
   }
   if (backend_read && tr.backend == transfer_backend::nccl)
     check_nccl(r);

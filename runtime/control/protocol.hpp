@@ -361,7 +361,8 @@ struct nccl_chunk {
   bool trailer = false;
 };
 
-/// nccl, the collective baseline (broadcast mode, one trainer rank): the
+/// nccl, the collective baseline (broadcast mode; with several trainer
+/// ranks, on the asked rank's own communicator, root its rank 0): the
 /// answer to an engine worker's ask for a version (nccl_broadcast_atom, an
 /// nccl_pull without group or plan). A broadcast starts only once every
 /// worker of the communicator asked for the version; until then the answer

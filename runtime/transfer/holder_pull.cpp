@@ -103,6 +103,14 @@ public:
       for (std::size_t p = 0; p < choice.entries.size(); ++p)
         if (!choice.entries[p].empty())
           active.push_back(p);
+      // A backend whose pulls are collectives takes the ranks one at a time,
+      // in rank order, the same on every worker (nccl_puller's collective).
+      const bool in_rank_order = std::any_of(active.begin(), active.end(), [&](std::size_t p) {
+        return producers_[p]->puller().needs_rank_order(req_.mode);
+      });
+      if (in_rank_order)
+        std::sort(active.begin(), active.end(),
+                  [&](std::size_t a, std::size_t b) { return index_.rank(a) < index_.rank(b); });
       std::vector<std::exception_ptr> errors(active.size());
       auto attempt = [&](std::size_t k) {
         try {
@@ -112,10 +120,10 @@ public:
         }
       };
       std::vector<std::thread> threads;
-      for (std::size_t k = 1; k < active.size(); ++k)
+      for (std::size_t k = 1; k < active.size() && !in_rank_order; ++k)
         threads.emplace_back(attempt, k);
-      if (!active.empty())
-        attempt(0);
+      for (std::size_t k = 0; k < (in_rank_order ? active.size() : std::min<std::size_t>(1, active.size())); ++k)
+        attempt(k);
       for (auto& t : threads)
         t.join();
       for (std::size_t k = 0; k < active.size(); ++k) {

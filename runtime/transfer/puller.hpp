@@ -148,6 +148,10 @@ public:
   /// Whether it may hold groups on a CUDA device and hand them to
   /// group_sink::on_device: an engine on a device opens a landing only then.
   virtual bool lands_on_device() const { return false; }
+  /// Whether a worker pulling from several producers at once (the M:N
+  /// pull) must instead pull from them one after another, in rank order,
+  /// in `mode`: a collective on each producer's communicator.
+  virtual bool needs_rank_order(transfer_mode) const { return false; }
 };
 
 /// Pulls a version for workers [0, tp) of `engine` in parallel, one thread

@@ -430,3 +430,74 @@ TEST_CASE_FIXTURE(ranks_fixture, "one rank of another process: no round before i
   CHECK(status().version == 2);
   CHECK(engines["a"].script->starts == std::vector<std::uint64_t>{2});
 }
+
+TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: each rank makes its own communicator's id, every member gets them all") {
+  auto c = rank_config();
+  c.transfer.backend = transfer_backend::nccl;
+  c.transfer.mode = transfer_mode::broadcast;
+  c.transfer.collective = true;
+  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; }; // every engine elsewhere
+  start(c);
+  for (std::uint32_t r : {0u, 1u}) {
+    REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
+    auto& s = *ranks[r].script;
+    s.nccl_joins_ok = true;
+    s.nccl_id = [r, made = std::make_shared<int>(0)]() -> caf::result<std::vector<std::uint8_t>> {
+      ++*made; // rank r's k-th id: every byte 10 r + k
+      return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(10 * r + *made));
+    };
+  }
+  add_engine("a");
+  REQUIRE(ranks[0].script->nccl_joins.size() == 1);
+  const auto& r = ranks[0].script->nccl_joins.front();
+  CHECK(r.id == std::vector<std::uint8_t>(128, 1)); // the main communicator's: rank 0's first
+  REQUIRE(r.root_ids.size() == 2);
+  CHECK(r.root_ids[0] == std::vector<std::uint8_t>(128, 2));  // rank 0's own: its second
+  CHECK(r.root_ids[1] == std::vector<std::uint8_t>(128, 11)); // rank 1's own: its first
+  REQUIRE(ranks[1].script->nccl_joins.size() == 1);
+  CHECK(ranks[1].script->nccl_joins.front().root_ids == r.root_ids);
+  REQUIRE(engines["a"].script->nccl_joins.size() == 1);
+  CHECK(engines["a"].script->nccl_joins.front().root_ids == r.root_ids);
+  CHECK(routable("a"));
+}
+
+TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: a rank that makes no id of its own fails the rendezvous") {
+  auto c = rank_config();
+  c.transfer.backend = transfer_backend::nccl;
+  c.transfer.mode = transfer_mode::broadcast;
+  c.transfer.collective = true;
+  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; };
+  start(c);
+  for (std::uint32_t r : {0u, 1u}) {
+    REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
+    ranks[r].script->nccl_joins_ok = true;
+    ranks[r].script->nccl_id = [r]() -> caf::result<std::vector<std::uint8_t>> {
+      if (r == 1)
+        return make_error(errc::unknown_name, "no NCCL here");
+      return std::vector<std::uint8_t>(128, 5);
+    };
+  }
+  add_engine("a");
+  CHECK(ranks[0].script->nccl_joins.empty());
+  CHECK(engines["a"].script->nccl_joins.empty());
+  CHECK(!routable("a"));
+  CHECK(lines_with("trainer rank 1 made no unique id for epoch 1") == 1);
+}
+
+TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks, not the collective: one communicator, no root ids") {
+  auto c = rank_config();
+  c.transfer.backend = transfer_backend::nccl;
+  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; };
+  start(c);
+  for (std::uint32_t r : {0u, 1u}) {
+    REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
+    ranks[r].script->nccl_joins_ok = true;
+    ranks[r].script->nccl_id = [r]() -> caf::result<std::vector<std::uint8_t>> {
+      return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(r + 1));
+    };
+  }
+  add_engine("a");
+  REQUIRE(ranks[1].script->nccl_joins.size() == 1);
+  CHECK(ranks[1].script->nccl_joins.front().root_ids.empty());
+  CHECK(ranks[1].script->nccl_joins.front().id == std::vector<std::uint8_t>(128, 1));
+}

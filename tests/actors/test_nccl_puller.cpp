@@ -805,6 +805,15 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
   // An epoch without this rank: it serves no nccl pulls.
   CHECK(join(rendezvous(2, {comm_member::trainer_rank(1), w0}), error) == 2);
   CHECK(desk->producer() == nullptr);
+  // The collective with two ranks: its sender broadcasts in its own
+  // communicator (it, then the workers), and sends point to point in the main one.
+  auto two = rendezvous(3, {rank0, comm_member::trainer_rank(1), w0});
+  two.root_ids = {std::vector<std::uint8_t>(gpu::nccl_id_bytes, 1), std::vector<std::uint8_t>(gpu::nccl_id_bytes, 2)};
+  CHECK(join(two, error) == 3);
+  REQUIRE(desk->producer());
+  CHECK(desk->producer()->layout().members.size() == 3);
+  CHECK(desk->producer()->collective_layout().members == std::vector<comm_member>{rank0, w0});
+  CHECK(desk->producer()->collective_rank() == 0);
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: a pull waits its turn on a shared link, never past its deadline") {
@@ -989,4 +998,73 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: sharded, a version pushed from the rank's
   pushed->push(2, inputs);
   pushed->push(3, inputs);
   CHECK(test::eventually([&] { return tensors->live == 1; }));
+}
+
+TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, two ranks each broadcast in a communicator of their own, one rank after another") {
+  // The main communicator (both ranks, both workers) and each rank's own
+  // (it as rank 0, then the workers), each a world of its own, as NCCL's are.
+  const auto main = gpu::make_layout(2, {comm_member::trainer_rank(0), comm_member::trainer_rank(1),
+                                         comm_member::worker("rollout-0", 0), comm_member::worker("rollout-0", 1)});
+  std::map<int, std::shared_ptr<test::fake_nccl_world>> own_world{{0, test::fake_nccl_world::make()},
+                                                                  {1, test::fake_nccl_world::make()}};
+  std::map<int, trainer_actor> trainers{{0, trainer}};
+  std::map<int, std::shared_ptr<nccl_desk>> desks{{0, desk}};
+  {
+    trainer_config c; // rank 1: a source of its own with the same seeds (the same bytes), its own desk
+    c.source = test::small_source(model, 4);
+    c.step_time = 1h;
+    c.nccl = desks[1] = std::make_shared<nccl_desk>();
+    c.nccl_join_window = 300ms;
+    c.nccl_bucket_bytes = 1;
+    trainers[1] = spawn_trainer(sys, std::move(c));
+    to_stop.push_back(caf::actor_cast<caf::actor>(trainers[1]));
+  }
+  std::map<int, std::shared_ptr<gpu::nccl_sender>> senders;
+  for (int r : {0, 1}) {
+    senders[r] = std::make_shared<gpu::nccl_sender>(test::fake_nccl_world::join(world, main, r, staging), 16,
+                                                    gpu::wait_hooks{},
+                                                    test::fake_nccl_world::join(own_world[r], gpu::root_layout(main, r), 0, staging));
+    desks[r]->open(senders[r]);
+    CHECK(senders[r]->collective_rank() == 0);
+    CHECK(senders[r]->collective_layout().members.size() == 3);
+  }
+  std::map<std::pair<int, int>, std::shared_ptr<gpu::p2p_link>> own_links; // (rank, worker)
+  for (int w : {0, 1}) {
+    worker_links[w] = test::fake_nccl_world::join(world, main, 2 + w, staging);
+    for (int r : {0, 1})
+      own_links[{r, w}] = test::fake_nccl_world::join(own_world[r], gpu::root_layout(main, r), 1 + w, staging);
+  }
+  auto own = [&](int r) -> nccl_puller::link_of {
+    return [&own_links, r](const std::string& engine, int worker) -> std::shared_ptr<gpu::p2p_link> {
+      auto it = own_links.find({r, worker});
+      return engine == "rollout-0" && it != own_links.end() ? it->second : nullptr;
+    };
+  };
+  nccl_puller rank0(sys, asking(trainers[0]), model, links(), std::nullopt, {}, true, {}, own(0));
+  nccl_puller rank1(sys, asking(trainers[1]), model, links(), std::nullopt, {}, true, {}, own(1));
+  CHECK(rank0.needs_rank_order(transfer_mode::broadcast));
+  CHECK_FALSE(rank0.needs_rank_order(transfer_mode::sharded));
+  // Both ranks at one version (each may or may not have made its first at start).
+  auto v = step();
+  auto v1 = test::step_trainer(sys, trainers[1]);
+  for (int i = 0; i < 4 && v != v1; ++i)
+    (v < v1 ? v : v1) = v < v1 ? step() : test::step_trainer(sys, trainers[1]);
+  REQUIRE(v == v1);
+  // As the M:N pull takes them: rank 0's collective, then rank 1's, each
+  // with both workers at once.
+  for (auto* p : {&rank0, &rank1}) {
+    recording_sink rec;
+    const auto report = transfer::pull_engine(*p, "rollout-0", 2, v, transfer_mode::broadcast, rec.sink(), test::in(10s));
+    CHECK(report.groups == plan::group_count(model));
+    REQUIRE(rec.got.size() == 2);
+    CHECK(rec.got[0] == expected(v));
+    CHECK(rec.got[1] == expected(v));
+  }
+  for (int r : {0, 1}) {
+    CAPTURE(r);
+    CHECK(counted(*senders[r], &gpu::nccl_sender::broadcast, plan::group_count(model))); // one broadcast a group
+    CHECK(senders[r]->sent() == 0);
+    CHECK(own_world[r]->open_broadcasts() == 0);
+  }
+  CHECK(world->open_broadcasts() == 0); // the main communicator broadcast nothing
 }

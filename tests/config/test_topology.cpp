@@ -711,6 +711,11 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
   CHECK_FALSE(sharded.transfer.collective);
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}"), "t.yaml", "/base")
           .transfer.collective);
+  // Two ranks: each broadcasts in a communicator of its own.
+  CHECK(parse_topology(with("trainer", "trainer: {node: a, ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]}")
+                         + insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}\n",
+                       "t.yaml", "/base")
+          .transfer.collective);
   // The collective's buckets: any size up to what a member's staging may hold.
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true, bucket_bytes: 16GiB}"),
                        "t.yaml", "/base")
@@ -728,11 +733,6 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
     {"a collective of shards", plus(insecure + "transfer: {backend: nccl, collective: true}"),
      "t.yaml:7:39: transfer.collective: a collective broadcast runs over NCCL and sends whole groups: it needs "
      "backend: nccl and mode: broadcast"},
-    {"a collective of two roots",
-     with("trainer", "trainer: {node: a, ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]}") + insecure
-       + "transfer: {backend: nccl, mode: broadcast, collective: true}\n",
-     "t.yaml:7:56: transfer.collective: a collective broadcast has one root: it needs one trainer rank, this "
-     "topology has 2"},
     {"more members than a communicator takes",
      "name: t\nmodel: {synthetic: {layers: 2, hidden_size: 1024, heads: 64, kv_heads: 64, intermediate_size: 128}}\n"
      "nodes: [{name: a}, {name: b}]\ntrainer: {node: a}\nengines: [{name: e, node: a, replicas: 1024, tp: 64}]\n"

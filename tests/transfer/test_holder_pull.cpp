@@ -17,6 +17,8 @@
 
 #include <doctest/doctest.h>
 
+#include <condition_variable>
+
 #include <algorithm>
 #include <future>
 #include <map>
@@ -228,6 +230,73 @@ public:
 };
 
 } // namespace
+
+namespace {
+
+/// Records, across the pullers that share `journal`, the order in which
+/// (rank, worker) parts started and how many ran at once at most; says it
+/// needs rank order in broadcast mode when `ordered`.
+struct part_journal {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::pair<std::uint32_t, int>> started; // (rank, worker)
+  int running = 0, most = 0;
+};
+
+class ordered_puller final : public test::forwarding_puller {
+public:
+  ordered_puller(std::shared_ptr<weight_puller> inner, std::uint32_t rank, bool ordered,
+                 std::shared_ptr<part_journal> journal)
+      : forwarding_puller(std::move(inner)), rank(rank), ordered(ordered), journal(std::move(journal)) {}
+  bool needs_rank_order(transfer_mode mode) const override { return ordered && mode == transfer_mode::broadcast; }
+  pull_report pull(const pull_request& req, const group_sink& sink) override {
+    {
+      std::unique_lock<std::mutex> lock(journal->mutex);
+      journal->started.emplace_back(rank, req.worker);
+      journal->most = std::max(journal->most, ++journal->running);
+      journal->changed.notify_all();
+      if (needs_rank_order(req.mode)) // one at a time: a part pulled at once would overlap this one
+        journal->changed.wait_for(lock, std::chrono::milliseconds(20));
+      else // at once: each waits (boundedly) for the other to have started
+        journal->changed.wait_for(lock, std::chrono::seconds(5), [&] { return journal->running >= 2; });
+    }
+    auto r = inner->pull(req, sink);
+    std::lock_guard<std::mutex> lock(journal->mutex);
+    --journal->running;
+    return r;
+  }
+  std::uint32_t rank;
+  bool ordered;
+  std::shared_ptr<part_journal> journal;
+};
+
+} // namespace
+
+TEST_CASE("M:N pull: a backend of collectives takes the ranks one at a time, in rank order, in broadcast mode") {
+  const model_config c = test::small_model(4);
+  auto first = source_holding(c, std::vector<std::int64_t>{0, 1});
+  auto second = source_holding(c, std::vector<std::int64_t>{2, 3});
+  auto whole = source_holding(c, std::nullopt);
+  for (auto* s : {&whole, &first, &second})
+    (*s)->produce_next();
+  for (auto mode : {transfer_mode::broadcast, transfer_mode::sharded}) {
+    CAPTURE(to_string(mode));
+    auto journal = std::make_shared<part_journal>();
+    // Rank 1 listed first: the order comes from the ranks, not the list.
+    const std::vector<std::pair<producer_holding, std::shared_ptr<weight_puller>>> producers = {
+      {holding_of(1, *second), std::make_shared<ordered_puller>(std::make_shared<local_transfer>(second), 1, true, journal)},
+      {holding_of(0, *first), std::make_shared<ordered_puller>(std::make_shared<local_transfer>(first), 0, true, journal)}};
+    mn_engine e("rollout-0", c, 1, producers);
+    e.pull(1, mode);
+    test::check_identical(*e.weights, *test::loaded(*whole->find(1), 1));
+    if (mode == transfer_mode::broadcast) {
+      CHECK(journal->most == 1);
+      CHECK(journal->started == std::vector<std::pair<std::uint32_t, int>>{{0, 0}, {1, 0}});
+    } else {
+      CHECK(journal->most == 2); // not collectives: both ranks at once
+    }
+  }
+}
 
 TEST_CASE("M:N pull: a worker's wait and store are its slowest part's, and the engine reports its slowest worker's") {
   using namespace std::chrono_literals;
