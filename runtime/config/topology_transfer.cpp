@@ -91,6 +91,20 @@ void reader::read_transfer(const map_reader& root) {
     if (tr.backend != transfer_backend::nccl || tr.mode != transfer_mode::broadcast)
       r.error("collective", "a collective broadcast runs over NCCL and sends whole groups: it needs backend: nccl "
                             "and mode: broadcast");
+    else if (t.trainer.ranks.size() > 1)
+      // Every worker is in every rank's communicator, and an engine beside a
+      // rank takes that rank's groups in its own process: it would never join
+      // that rank's broadcasts, which would then wait out their join window
+      // every round and move point to point.
+      for (const auto& e : t.engines)
+        for (std::size_t i = 0; i < t.trainer.ranks.size(); ++i)
+          if (e.node == t.trainer.ranks[i].node) {
+            r.error("collective", "with several trainer ranks every engine must run on a node of its own: engine '"
+                                    + e.name + "' shares node '" + e.node + "' with trainer rank "
+                                    + std::to_string(i) + ", whose groups it takes in its own process and so "
+                                    + "never joins that rank's broadcasts");
+            return;
+          }
   }
   if (backend_read && tr.backend == transfer_backend::nccl)
     check_nccl(r);

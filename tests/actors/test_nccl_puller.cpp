@@ -1050,7 +1050,7 @@ TEST_CASE_FIXTURE(nccl_fixture, "nccl: collective, two ranks each broadcast in a
   for (int i = 0; i < 4 && v != v1; ++i)
     (v < v1 ? v : v1) = v < v1 ? step() : test::step_trainer(sys, trainers[1]);
   REQUIRE(v == v1);
-  // As the M:N pull takes them: rank 0's collective, then rank 1's, each
+  // In rank order, as the M:N pull takes them (tested apart): rank 0's collective, then rank 1's, each
   // with both workers at once.
   for (auto* p : {&rank0, &rank1}) {
     recording_sink rec;

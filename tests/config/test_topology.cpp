@@ -711,8 +711,8 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
   CHECK_FALSE(sharded.transfer.collective);
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}"), "t.yaml", "/base")
           .transfer.collective);
-  // Two ranks: each broadcasts in a communicator of its own.
-  CHECK(parse_topology(with("trainer", "trainer: {node: a, ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]}")
+  // Two ranks, apart from the engines: each broadcasts in a communicator of its own.
+  CHECK(parse_topology(with("trainer", "trainer: {node: b, ranks: [{node: b, layers: 0-1}, {node: b, layers: 2-3}]}")
                          + insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}\n",
                        "t.yaml", "/base")
           .transfer.collective);
@@ -730,6 +730,12 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
      plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true, bucket_bytes: 17GiB}"),
      "t.yaml:7:76: transfer.bucket_bytes: must be at most 16 GiB (each member's device staging holds one bucket); "
      "got 18253611008 (17 GiB)"},
+    {"a collective of two ranks, an engine beside one",
+     with("trainer", "trainer: {node: a, ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]}") + insecure
+       + "transfer: {backend: nccl, mode: broadcast, collective: true}\n",
+     "t.yaml:7:56: transfer.collective: with several trainer ranks every engine must run on a node of its own: "
+     "engine 'e-0' shares node 'a' with trainer rank 0, whose groups it takes in its own process and so never joins "
+     "that rank's broadcasts"},
     {"a collective of shards", plus(insecure + "transfer: {backend: nccl, collective: true}"),
      "t.yaml:7:39: transfer.collective: a collective broadcast runs over NCCL and sends whole groups: it needs "
      "backend: nccl and mode: broadcast"},
