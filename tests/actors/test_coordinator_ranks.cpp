@@ -43,6 +43,19 @@ struct ranks_fixture : coordinator_fixture {
     return c;
   }
 
+  /// transfer.backend nccl, every engine in a process of its own; with
+  /// `collective`, mode broadcast and the collective baseline.
+  coordinator_config nccl_rank_config(bool collective) {
+    auto c = rank_config();
+    c.transfer.backend = transfer_backend::nccl;
+    if (collective) {
+      c.transfer.mode = transfer_mode::broadcast;
+      c.transfer.collective = true;
+    }
+    c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; };
+    return c;
+  }
+
   /// Spawns a scripted rank at version `current` and registers it.
   caf::expected<registration> register_rank(std::uint32_t r, std::vector<std::string> held,
                                             std::uint64_t incarnation = 1, version_info current = {2, 4, 4096}) {
@@ -432,12 +445,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "one rank of another process: no round before i
 }
 
 TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: each rank makes its own communicator's id, every member gets them all") {
-  auto c = rank_config();
-  c.transfer.backend = transfer_backend::nccl;
-  c.transfer.mode = transfer_mode::broadcast;
-  c.transfer.collective = true;
-  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; }; // every engine elsewhere
-  start(c);
+  start(nccl_rank_config(true));
   for (std::uint32_t r : {0u, 1u}) {
     REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
     auto& s = *ranks[r].script;
@@ -462,12 +470,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: each rank make
 }
 
 TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: a rank that makes no id of its own fails the rendezvous") {
-  auto c = rank_config();
-  c.transfer.backend = transfer_backend::nccl;
-  c.transfer.mode = transfer_mode::broadcast;
-  c.transfer.collective = true;
-  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; };
-  start(c);
+  start(nccl_rank_config(true));
   for (std::uint32_t r : {0u, 1u}) {
     REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
     ranks[r].script->nccl_joins_ok = true;
@@ -485,10 +488,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: a rank that ma
 }
 
 TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks, not the collective: one communicator, no root ids") {
-  auto c = rank_config();
-  c.transfer.backend = transfer_backend::nccl;
-  c.shares_process = [](const caf::actor_addr&, const caf::actor_addr&) { return false; };
-  start(c);
+  start(nccl_rank_config(false));
   for (std::uint32_t r : {0u, 1u}) {
     REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
     ranks[r].script->nccl_joins_ok = true;
