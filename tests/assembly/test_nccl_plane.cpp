@@ -177,6 +177,29 @@ TEST_CASE("nccl plane: an engine joins with its workers, and a mangled rendezvou
   CHECK(membership->link(gpu::comm_member::worker("e-0", 0)) == nullptr); // not named: no link
   CHECK(nccl_links(membership)("e-1", 1) == membership->link(gpu::comm_member::worker("e-1", 1)));
   CHECK_FALSE(join(gpu::to_wire(r)).empty()); // the same workers twice: refused
+
+  // The collective with two ranks: rank r's puller joins its collective on
+  // the worker's link into rank r's own communicator.
+  auto two = r;
+  two.epoch = 2;
+  two.members = gpu::make_layout(2, {gpu::comm_member::trainer_rank(0), gpu::comm_member::trainer_rank(1),
+                                     gpu::comm_member::worker("e-1", 0), gpu::comm_member::worker("e-1", 1)})
+                  .members;
+  two.root_ids.resize(2);
+  two.root_ids[0].fill(8);
+  two.root_ids[1].fill(9);
+  CHECK(join(gpu::to_wire(two)).empty());
+  for (int rank : {0, 1})
+    for (int worker : {0, 1}) {
+      CAPTURE(rank);
+      CAPTURE(worker);
+      const auto link = nccl_root_links(membership, rank)("e-1", worker);
+      REQUIRE(link.get() != nullptr);
+      CHECK(link.get() == membership->root_link(gpu::comm_member::worker("e-1", worker), rank).get());
+      CHECK(link->layout().members.front() == gpu::comm_member::trainer_rank(rank));
+      CHECK(link->rank() == 1 + worker);
+    }
+  CHECK(nccl_root_links(membership, 2)("e-1", 0).get() == nullptr); // no such rank
 }
 
 namespace {
