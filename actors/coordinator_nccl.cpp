@@ -187,17 +187,21 @@ void send_joins(self_ptr self, const std::shared_ptr<const gpu::comm_layout>& ne
   gpu::nccl_rendezvous r;
   r.epoch = next->epoch;
   r.members = next->members;
-  if (id.size() != r.id.size())
-    return retry_later(self, "the unique id has " + std::to_string(id.size()) + " bytes, not NCCL's "
-                               + std::to_string(r.id.size()));
-  std::copy(id.begin(), id.end(), r.id.begin());
-  for (std::size_t i = 0; i < root_ids.size(); ++i) {
-    if (root_ids[i].size() != r.id.size())
-      return retry_later(self, "trainer rank " + std::to_string(next->members[i].rank) + "'s unique id has "
-                                 + std::to_string(root_ids[i].size()) + " bytes, not NCCL's " + std::to_string(r.id.size()));
-    r.root_ids.emplace_back();
-    std::copy(root_ids[i].begin(), root_ids[i].end(), r.root_ids.back().begin());
-  }
+  // Copies `from` into `to`; false (after retry_later) when it is not NCCL's size.
+  auto copy_id = [&](const std::vector<std::uint8_t>& from, gpu::nccl_id& to, const std::string& whose) {
+    if (from.size() != to.size()) {
+      retry_later(self, whose + " has " + std::to_string(from.size()) + " bytes, not NCCL's " + std::to_string(to.size()));
+      return false;
+    }
+    std::copy(from.begin(), from.end(), to.begin());
+    return true;
+  };
+  if (!copy_id(id, r.id, "the unique id"))
+    return;
+  r.root_ids.resize(root_ids.size());
+  for (std::size_t i = 0; i < root_ids.size(); ++i)
+    if (!copy_id(root_ids[i], r.root_ids[i], "trainer rank " + std::to_string(next->members[i].rank) + "'s unique id"))
+      return;
   rendezvous_ask ask{next, std::make_shared<const nccl_rendezvous_msg>(gpu::to_wire(r)), std::make_shared<join_tally>()};
   ask.tally->epoch = next->epoch;
   std::vector<std::string> engines;

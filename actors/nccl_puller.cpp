@@ -174,31 +174,23 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     throw transfer_error(transfer_failure::not_registered,
                          "nccl: " + me + " is in no communicator yet: it joins at the next sync boundary");
   const auto& layout = link->layout();
-  {
+  auto await_init = [&](gpu::p2p_link& l, const std::string& what) {
     // Under the turn: polled by two pulls at once, one could see (and
     // abort) the other's exchange.
-    std::unique_lock<std::timed_mutex> turn(link->turn(), std::defer_lock);
+    std::unique_lock<std::timed_mutex> turn(l.turn(), std::defer_lock);
     if (!turn.try_lock_until(req.deadline))
       throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the link stayed busy past the deadline");
-    if (auto init = gpu::wait_for(*link, req.deadline, "init of epoch " + std::to_string(layout.epoch), hooks_);
-        !init.ok())
+    if (auto init = gpu::wait_for(l, req.deadline, what, hooks_); !init.ok())
       throw_wait_failure(init);
-  }
+  };
+  await_init(*link, "init of epoch " + std::to_string(layout.epoch));
+  const bool collective = collective_ && req.mode == transfer_mode::broadcast;
   // With several ranks the collective runs in this rank's own communicator.
-  auto root = collective_ && req.mode == transfer_mode::broadcast && root_links_ ? root_links_(req.engine, req.worker)
-                                                                                 : nullptr;
-  if (root) {
-    std::unique_lock<std::timed_mutex> turn(root->turn(), std::defer_lock);
-    if (!turn.try_lock_until(req.deadline))
-      throw transfer_error(transfer_failure::timeout, "nccl: " + me + ": the link stayed busy past the deadline");
-    if (auto init = gpu::wait_for(*root, req.deadline,
-                                  "init of epoch " + std::to_string(layout.epoch) + "'s communicator of "
-                                    + root->layout().members.front().describe(),
-                                  hooks_);
-        !init.ok())
-      throw_wait_failure(init);
-  }
-  if (collective_ && req.mode == transfer_mode::broadcast && pull_collective(req, sink, root ? *root : *link, report)) {
+  auto root = collective && root_links_ ? root_links_(req.engine, req.worker) : nullptr;
+  if (root)
+    await_init(*root, "init of epoch " + std::to_string(layout.epoch) + "'s communicator of "
+                        + root->layout().members.front().describe());
+  if (collective && pull_collective(req, sink, root ? *root : *link, report)) {
     report.duration = transfer::clock::now() - t0;
     return report;
   }

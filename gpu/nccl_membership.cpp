@@ -34,7 +34,7 @@ std::string nccl_membership::join(const nccl_rendezvous& r, const std::vector<co
     auto it = std::find(r.members.begin(), r.members.end(), m);
     if (it == r.members.end())
       continue;
-    if (same_epoch && link(m))
+    if (same_epoch && find(m, main_communicator))
       already += (already.empty() ? "" : ", ") + m.describe();
     else
       mine.emplace_back(m, static_cast<int>(it - r.members.begin()));
@@ -44,81 +44,70 @@ std::string nccl_membership::join(const nccl_rendezvous& r, const std::vector<co
   comm_layout layout;
   layout.epoch = r.epoch;
   layout.members = r.members;
-  std::map<comm_member, std::shared_ptr<p2p_link>> next;
-  std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>> next_roots;
+  link_map next;
   try {
     for (const auto& [m, rank] : mine)
-      next[m] = std::shared_ptr<p2p_link>(make_(r.id, layout, rank));
+      next[{m, main_communicator}] = std::shared_ptr<p2p_link>(make_(r.id, layout, rank));
     // The producers' own communicators: the i-th root id is the i-th producer's.
     for (std::size_t i = 0; i < r.root_ids.size(); ++i) {
       const auto sub = root_layout(layout, r.members[i].rank);
       for (const auto& [m, rank] : mine)
         if (const int in_sub = sub.rank_of(m); in_sub >= 0)
-          next_roots[{m, r.members[i].rank}] = std::shared_ptr<p2p_link>(make_(r.root_ids[i], sub, in_sub));
+          next[{m, r.members[i].rank}] = std::shared_ptr<p2p_link>(make_(r.root_ids[i], sub, in_sub));
     }
   } catch (const std::exception& e) {
-    for (auto& [name, l] : next)
-      l->abort();
-    for (auto& [key, l] : next_roots)
-      l->abort();
+    abort_all(next);
     return "joining epoch " + std::to_string(r.epoch) + ": " + e.what();
   }
-  std::map<comm_member, std::shared_ptr<p2p_link>> old;
-  std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>> old_roots;
+  link_map old;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (same_epoch) {
       links_.insert(next.begin(), next.end());
-      root_links_.insert(next_roots.begin(), next_roots.end());
     } else {
       epoch_ = r.epoch;
       joined_ = r;
       left_ = false;
       old.swap(links_);
-      old_roots.swap(root_links_);
       links_ = std::move(next);
-      root_links_ = std::move(next_roots);
     }
   }
-  for (auto& [name, l] : old)
-    l->abort(); // a puller still holding one sees it fail, never hang
-  for (auto& [key, l] : old_roots)
-    l->abort();
+  abort_all(old); // a puller still holding one sees it fail, never hang
   return {};
+}
+
+void nccl_membership::abort_all(const link_map& links) {
+  for (auto& [key, l] : links)
+    l->abort();
 }
 
 void nccl_membership::leave() {
   std::lock_guard<std::mutex> no_join_meanwhile(join_mutex_);
-  std::map<comm_member, std::shared_ptr<p2p_link>> old;
-  std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>> old_roots;
+  link_map old;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     left_ = true;
     old.swap(links_);
-    old_roots.swap(root_links_);
   }
-  for (auto& [name, l] : old)
-    l->abort();
-  for (auto& [key, l] : old_roots)
-    l->abort();
+  abort_all(old);
+}
+
+std::shared_ptr<p2p_link> nccl_membership::find(const comm_member& m, int communicator) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = links_.find({m, communicator});
+  return it == links_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<p2p_link> nccl_membership::root_link(const comm_member& m, int producer) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = root_links_.find({m, producer});
-  return it == root_links_.end() ? nullptr : it->second;
+  return producer < 0 ? nullptr : find(m, producer); // ranks are never negative: -1 is the main communicator
 }
 
-std::shared_ptr<p2p_link> nccl_membership::link(const comm_member& m) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = links_.find(m);
-  return it == links_.end() ? nullptr : it->second;
-}
+std::shared_ptr<p2p_link> nccl_membership::link(const comm_member& m) const { return find(m, main_communicator); }
 
 bool nccl_membership::joined(const nccl_rendezvous& r, const comm_member& m) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return !left_ && r.epoch == epoch_ && r.id == joined_.id && r.members == joined_.members
-         && r.root_ids == joined_.root_ids && links_.count(m) > 0;
+         && r.root_ids == joined_.root_ids && links_.count({m, main_communicator}) > 0;
 }
 
 std::uint64_t nccl_membership::epoch() const {

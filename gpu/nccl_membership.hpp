@@ -75,8 +75,12 @@ private:
   bool left_ = false;      ///< leave() since: the epoch is joined no more
   mutable std::mutex mutex_;
   std::uint64_t epoch_ = 0;
-  std::map<comm_member, std::shared_ptr<p2p_link>> links_;
-  std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>> root_links_; ///< (member, producer rank)
+  /// A link's communicator: the main one, or a producer rank's own (its rank).
+  static constexpr int main_communicator = -1;
+  using link_map = std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>>; ///< (member, communicator)
+  std::shared_ptr<p2p_link> find(const comm_member& m, int communicator) const;
+  static void abort_all(const link_map& links);
+  link_map links_;
 };
 
 } // namespace rlsync::gpu

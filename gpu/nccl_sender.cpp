@@ -93,28 +93,23 @@ void nccl_sender::run() {
     if (!failure().empty() || stopping_.load())
       continue;
     const auto deadline = std::visit([](const auto& x) { return x.deadline; }, *next);
-    if (!initialized) {
-      // The init waits for every member's join, not for one worker: it gets
-      // its own bound rather than the first job's, which may be short.
-      const auto init_until = std::max(deadline, now() + init_wait);
-      auto init = wait_for(*link_, init_until, "init of epoch " + std::to_string(layout_.epoch), hooks_);
-      if (!init.ok()) {
+    // An init waits for every member's join, not for one worker: it gets
+    // its own bound rather than the first job's, which may be short.
+    auto await_init = [&](p2p_link& l, bool& done, const std::string& what) {
+      if (done)
+        return true;
+      auto init = wait_for(l, std::max(deadline, now() + init_wait), what, hooks_);
+      if (!init.ok())
         fail(init.why);
-        continue;
-      }
-      initialized = true;
-    }
-    if (!root_initialized && std::holds_alternative<collective>(*next)) {
-      const auto init_until = std::max(deadline, now() + init_wait);
-      auto init = wait_for(*root_, init_until, "init of trainer rank " + std::to_string(root_->layout().members[0].rank)
-                                                   + "'s own communicator, epoch " + std::to_string(layout_.epoch),
-                           hooks_);
-      if (!init.ok()) {
-        fail(init.why);
-        continue;
-      }
-      root_initialized = true;
-    }
+      return done = init.ok();
+    };
+    if (!await_init(*link_, initialized, "init of epoch " + std::to_string(layout_.epoch)))
+      continue;
+    if (std::holds_alternative<collective>(*next)
+        && !await_init(*root_, root_initialized,
+                       "init of trainer rank " + std::to_string(root_->layout().members[0].rank)
+                         + "'s own communicator, epoch " + std::to_string(layout_.epoch)))
+      continue;
     // Its worker stopped waiting: posted now, the send could only time out
     // and take the communicator down with it for everyone.
     if (now() >= deadline) {

@@ -119,13 +119,18 @@ public:
           errors[k] = std::current_exception();
         }
       };
-      std::vector<std::thread> threads;
-      for (std::size_t k = 1; k < active.size() && !in_rank_order; ++k)
-        threads.emplace_back(attempt, k);
-      for (std::size_t k = 0; k < (in_rank_order ? active.size() : std::min<std::size_t>(1, active.size())); ++k)
-        attempt(k);
-      for (auto& t : threads)
-        t.join();
+      if (in_rank_order) {
+        for (std::size_t k = 0; k < active.size(); ++k)
+          attempt(k);
+      } else {
+        std::vector<std::thread> threads;
+        for (std::size_t k = 1; k < active.size(); ++k)
+          threads.emplace_back(attempt, k);
+        if (!active.empty())
+          attempt(0);
+        for (auto& t : threads)
+          t.join();
+      }
       for (std::size_t k = 0; k < active.size(); ++k) {
         if (!errors[k])
           continue;
