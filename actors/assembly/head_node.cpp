@@ -221,6 +221,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.on_sync = hooks.on_report;
   opts.on_phase = hooks.on_phase;
   opts.metrics = hooks.metrics;
+  opts.devices = hooks.devices;
   if (t.transfer.backend == transfer_backend::nccl)
     opts.nccl = make_nccl_membership(t, hosted_members(t, node.name), hooks.nccl_links);
   opts.remote_pullers = remote_rank_pullers(sys, t, node, hooks.log, opts.nccl);

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,8 @@ struct head_hooks {
   /// transfer.backend nccl: how the head's members start their links;
   /// empty: nccl_link on each member's device (tests give a fake world's).
   gpu::nccl_membership::link_factory nccl_links = {};
+  /// The devices the start-up check reads; empty: gpu::query_devices().
+  std::optional<gpu::device_info> devices = {};
 };
 
 class head_node {

@@ -311,7 +311,7 @@ std::string backend_device_problem(const topology& t, const gpu::device_info& de
 }
 
 local_deployment assemble_head(caf::actor_system& sys, const topology& t, const deployment_options& opts) {
-  if (auto why = backend_device_problem(t, gpu::query_devices(), opts.node); !why.empty())
+  if (auto why = backend_device_problem(t, opts.devices ? *opts.devices : gpu::query_devices(), opts.node); !why.empty())
     throw std::runtime_error(why);
   local_deployment d;
   std::optional<persisted_coordinator> restored; // before anything runs: a bad file stops the head cleanly

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -170,6 +171,10 @@ struct deployment_options {
   /// (nccl_plane.hpp), which its ranks and engines join; nullptr: none
   /// (one process: every engine takes its rank's weights over the local plane).
   std::shared_ptr<gpu::nccl_membership> nccl;
+  /// The devices the start-up check reads (backend_device_problem); empty:
+  /// gpu::query_devices(). Tests whose links come from a fake NCCL world
+  /// give the devices that world stands for.
+  std::optional<gpu::device_info> devices;
 };
 
 /// The dtype the trainer sends, which every engine records its plans in:

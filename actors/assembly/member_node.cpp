@@ -96,7 +96,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       opts.log(line);
   };
   member_node_end end;
-  if (auto problem = backend_device_problem(t, gpu::query_devices(), node.name); !problem.empty()) {
+  if (auto problem = backend_device_problem(t, opts.devices ? *opts.devices : gpu::query_devices(), node.name); !problem.empty()) {
     log(problem); // before joining: a node that cannot move weights never registers
     end.exit_code = 1;
     return end;

@@ -61,6 +61,8 @@ struct member_node_options {
   /// transfer.backend nccl: how this node's members start their links;
   /// empty: nccl_link on each member's device (tests give a fake world's).
   gpu::nccl_membership::link_factory nccl_links;
+  /// The devices the start-up check reads; empty: gpu::query_devices().
+  std::optional<gpu::device_info> devices;
 };
 
 /// How a member node ended.

@@ -2,13 +2,20 @@
 // members a process hosts and on which device, an engine's join, and a
 // whole sync over the plane — the coordinator's rendezvous, the trainer's
 // sender, the engines' pullers — on NCCL's semantics in host memory
-// (tests/gpu/fake_nccl_world.hpp).
+// (tests/gpu/fake_nccl_world.hpp); and two trainer ranks on a head node
+// broadcasting to a member node's engines, the two nodes connected over
+// loopback.
+#include "actors/assembly/head_node.hpp"
 #include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/member_node.hpp"
 #include "actors/assembly/nccl_plane.hpp"
 #include "actors/assembly/verify_weights.hpp"
 #include "actors/coordinator.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/system_config.hpp"
 #include "gpu/nccl_sender.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/build_features.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
 #include "tests/support/fake_engine_device.hpp"
@@ -19,8 +26,11 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 using namespace rlsync;
@@ -418,4 +428,175 @@ TEST_CASE("nccl plane: an engine on a device serves from its worker 0's GPU and 
 
 TEST_CASE("nccl plane: a round broadcasts the version to every engine worker at once (the collective baseline)") {
   round_over_nccl(transfer_mode::broadcast, true);
+}
+
+TEST_CASE("nccl plane: two trainer ranks on the head broadcast to a member node's engines, each rank in a "
+          "communicator of its own, over the nodes' own wiring") {
+  if (!nccl_compiled_in()) {
+    MESSAGE("skipped: rlsync was built without NCCL, which refuses transfer.backend nccl");
+    return;
+  }
+  // Two actor systems in one process, connected over loopback as a head and
+  // a member node are; the ranks make real NCCL ids (no device needed), and
+  // each id names a fake world of its own, as an id names a communicator.
+  auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, "
+                          "intermediate_size: 128}}\n"
+                          "nodes: [{name: a, address: 127.0.0.1, port: 0}, {name: b, address: 127.0.0.1}]\n"
+                          "trainer: {node: a, step_time_ms: 3600000, ranks: [{layers: 0-1}, {layers: 2-3}]}\n"
+                          "engines: [{name: e-0, node: b, tp: 1}, {name: e-1, node: b, tp: 2}]\n"
+                          "transfer: {backend: nccl, mode: broadcast, collective: true}\n"
+                          "cluster: {allow_insecure_network: true}\n", // loopback only
+                          "t.yaml", "/tmp");
+  struct worlds {
+    std::mutex mutex;
+    std::map<gpu::nccl_id, std::shared_ptr<test::fake_nccl_world>> by_id;
+    std::vector<gpu::comm_layout> joined; // every link's layout, as made
+  };
+  auto w = std::make_shared<worlds>();
+  const auto staging = nccl_staging_bytes(t);
+  auto links_on = [w, staging, &t](const std::string& node) -> gpu::nccl_membership::link_factory {
+    const auto hosted = hosted_members(t, node);
+    return [w, staging, hosted](const gpu::nccl_id& id, const gpu::comm_layout& l,
+                                int rank) -> std::unique_ptr<gpu::p2p_link> {
+      std::shared_ptr<test::fake_nccl_world> world;
+      {
+        std::lock_guard<std::mutex> lock(w->mutex);
+        auto& slot = w->by_id[id];
+        if (!slot)
+          slot = test::fake_nccl_world::make();
+        world = slot;
+        w->joined.push_back(l);
+      }
+      const int device = device_of(hosted, l.members.at(static_cast<std::size_t>(rank)));
+      return test::fake_nccl_world::join(world, l, rank, staging, device);
+    };
+  };
+  gpu::device_info devices; // what the fake worlds stand for: a GPU per hosted member
+  devices.compiled_with_cuda = devices.compiled_with_nccl = true;
+  devices.device_count = 8;
+  devices.detail = "fake";
+
+  system_config head_cfg;
+  caf::actor_system head_sys{head_cfg};
+  const std::string secret = "two-ranks";
+  std::mutex log_mutex;
+  std::vector<std::string> lines;
+  auto log = [&](const std::string& l) {
+    std::lock_guard<std::mutex> lock(log_mutex);
+    lines.push_back(l);
+  };
+  head_hooks hooks;
+  hooks.log = log;
+  hooks.nccl_links = links_on("a");
+  hooks.devices = devices;
+  auto head = std::make_unique<head_node>(head_sys, t, *t.find_node("a"), member_secrets(t, "a", secret), hooks);
+  REQUIRE(head->ranks().size() == 2);
+  auto head_spec = *t.find_node("a");
+  head_spec.port = head->port();
+
+  system_config member_cfg;
+  caf::actor_system member_sys{member_cfg};
+  std::atomic<bool> stop_member{false};
+  member_node_options mo;
+  mo.stop_requested = [&] { return stop_member.load(); };
+  mo.log = log;
+  mo.nccl_links = links_on("b");
+  mo.devices = devices;
+  std::thread member([&] { run_member_node(member_sys, t, *t.find_node("b"), head_spec, secret, mo); });
+  struct stop_both { // a failed REQUIRE must not leave the member serving
+    std::atomic<bool>& stop;
+    std::thread& member;
+    std::unique_ptr<head_node>& head;
+    ~stop_both() {
+      stop = true;
+      member.join();
+      head->stop(std::chrono::seconds(10));
+      head.reset();
+    }
+  } guard{stop_member, member, head};
+  REQUIRE(head->await_members(2, std::chrono::seconds(30), [] { return false; }) == 2);
+
+  caf::scoped_actor self{head_sys};
+  auto last_version = [&] {
+    std::uint64_t v = 0;
+    std::size_t synced = 0;
+    self->request(head->coordinator(), std::chrono::seconds(10), status_atom::value)
+      .receive(
+        [&](const coordinator_status& s) {
+          synced = s.routable.size();
+          v = s.version;
+        },
+        [](caf::error&) {});
+    return std::make_pair(v, synced);
+  };
+  // Both ranks publish their first version as they start; one round or a
+  // few (a rendezvous first, each newcomer's cold sync) bring both engines to it.
+  std::string failure;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (last_version() != std::make_pair(std::uint64_t{1}, std::size_t{2})
+         && std::chrono::steady_clock::now() < give_up) {
+    self->request(head->coordinator(), std::chrono::seconds(30), sync_atom::value)
+      .receive([](const sync_report&) {}, [&](caf::error& err) { failure = head_sys.render(err); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE_MESSAGE(last_version() == std::make_pair(std::uint64_t{1}, std::size_t{2}), failure);
+
+  // Each rank steps once; the round that brings both engines to version 2
+  // holds both, so each rank broadcasts its groups in its own communicator.
+  std::vector<std::uint64_t> broadcast_before;
+  for (const auto& r : head->ranks()) {
+    const auto sender = r.trainer.nccl->producer();
+    REQUIRE(sender);
+    broadcast_before.push_back(sender->broadcast());
+    test::step_trainer(head_sys, r.trainer.actor);
+  }
+  // A version starts a round, or the next sync does.
+  for (int attempt = 0; attempt < 20 && last_version().first != 2; ++attempt)
+    self->request(head->coordinator(), std::chrono::seconds(30), sync_atom::value)
+      .receive([](const sync_report&) {}, [&](caf::error& err) { failure = head_sys.render(err); });
+  std::optional<sync_report> round; // the one that brought both engines to 2
+  self->request(head->coordinator(), std::chrono::seconds(10), status_atom::value)
+    .receive(
+      [&](const coordinator_status& s) {
+        for (const auto& r : s.history)
+          if (r.version == 2 && r.engines_synced > 0)
+            round = r;
+      },
+      [](caf::error&) {});
+  REQUIRE_MESSAGE(round.has_value(), failure);
+  CHECK(round->engines_synced == 2);
+  CHECK(round->evicted.empty());
+  for (std::size_t i = 0; i < head->ranks().size(); ++i) {
+    CAPTURE(i);
+    CHECK(head->ranks()[i].trainer.nccl->producer()->broadcast() == broadcast_before[i] + 1);
+  }
+
+  std::vector<weight_digest> digests;
+  self->request(head->coordinator(), std::chrono::seconds(30), digest_atom::value)
+    .receive([&](std::vector<weight_digest>& x) { digests = std::move(x); }, [](caf::error&) {});
+  REQUIRE(digests.size() == 2);
+  const auto& ranks = head->ranks();
+  for (const auto& v : verify_weights(t, {ranks[0].trainer.source.get(), ranks[1].trainer.source.get()}, digests)) {
+    CAPTURE(v.engine);
+    CAPTURE(v.error);
+    CHECK(v.ok());
+  }
+  // Three communicators of one epoch: the main one (both ranks, three
+  // workers) and one per rank, rooted at it, with the same three workers.
+  std::lock_guard<std::mutex> lock(w->mutex);
+  CHECK(w->by_id.size() >= 3);
+  std::set<std::vector<std::string>> rooted;
+  for (const auto& l : w->joined)
+    if (l.members.size() == 4) {
+      std::vector<std::string> names;
+      for (const auto& m : l.members)
+        names.push_back(m.describe());
+      rooted.insert(names);
+    }
+  CHECK(rooted.size() == 2);
+  for (const auto& names : rooted) {
+    CAPTURE(names.front());
+    CHECK((names.front() == gpu::comm_member::trainer_rank(0).describe()
+           || names.front() == gpu::comm_member::trainer_rank(1).describe()));
+  }
 }
