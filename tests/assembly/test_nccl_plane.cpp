@@ -430,21 +430,20 @@ TEST_CASE("nccl plane: a round broadcasts the version to every engine worker at 
   round_over_nccl(transfer_mode::broadcast, true);
 }
 
-TEST_CASE("nccl plane: two trainer ranks on the head broadcast to a member node's engines, each rank in a "
-          "communicator of its own, over the nodes' own wiring") {
-  if (!nccl_compiled_in()) {
-    MESSAGE("skipped: rlsync was built without NCCL, which refuses transfer.backend nccl");
-    return;
-  }
-  // Two actor systems in one process, connected over loopback as a head and
-  // a member node are; the ranks make real NCCL ids (no device needed), and
-  // each id names a fake world of its own, as an id names a communicator.
+namespace {
+
+// Two actor systems in one process, connected over loopback as a head and
+// a member node are: the head runs the coordinator and trainer ranks 0 and
+// 1, the member engines e-0 (tp 1) and e-1 (tp 2). The ranks make real NCCL
+// ids (no device needed), and each id names a fake world of its own, as an
+// id names a communicator. `transfer` is the topology's transfer section.
+void two_ranks_across_nodes(const std::string& transfer, bool collective) {
   auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, "
                           "intermediate_size: 128}}\n"
                           "nodes: [{name: a, address: 127.0.0.1, port: 0}, {name: b, address: 127.0.0.1}]\n"
                           "trainer: {node: a, step_time_ms: 3600000, ranks: [{layers: 0-1}, {layers: 2-3}]}\n"
                           "engines: [{name: e-0, node: b, tp: 1}, {name: e-1, node: b, tp: 2}]\n"
-                          "transfer: {backend: nccl, mode: broadcast, collective: true}\n"
+                          "transfer: " + transfer + "\n"
                           "cluster: {allow_insecure_network: true}\n", // loopback only
                           "t.yaml", "/tmp");
   struct worlds {
@@ -543,11 +542,12 @@ TEST_CASE("nccl plane: two trainer ranks on the head broadcast to a member node'
 
   // Each rank steps once; the round that brings both engines to version 2
   // holds both, so each rank broadcasts its groups in its own communicator.
-  std::vector<std::uint64_t> broadcast_before;
+  std::vector<std::uint64_t> broadcast_before, sent_before;
   for (const auto& r : head->ranks()) {
     const auto sender = r.trainer.nccl->producer();
     REQUIRE(sender);
     broadcast_before.push_back(sender->broadcast());
+    sent_before.push_back(sender->sent());
     test::step_trainer(head_sys, r.trainer.actor);
   }
   // A version starts a round, or the next sync does.
@@ -566,9 +566,14 @@ TEST_CASE("nccl plane: two trainer ranks on the head broadcast to a member node'
   REQUIRE_MESSAGE(round.has_value(), failure);
   CHECK(round->engines_synced == 2);
   CHECK(round->evicted.empty());
-  for (std::size_t i = 0; i < head->ranks().size(); ++i) {
+  for (std::size_t i = 0; i < head->ranks().size(); ++i) { // each rank served its own part, in its own way
     CAPTURE(i);
-    CHECK(head->ranks()[i].trainer.nccl->producer()->broadcast() == broadcast_before[i] + 1);
+    const auto sender = head->ranks()[i].trainer.nccl->producer();
+    CHECK(sender->broadcast() == broadcast_before[i] + (collective ? 1 : 0));
+    if (collective)
+      CHECK(sender->sent() == sent_before[i]);
+    else
+      CHECK(sender->sent() > sent_before[i]);
   }
 
   std::vector<weight_digest> digests;
@@ -581,10 +586,11 @@ TEST_CASE("nccl plane: two trainer ranks on the head broadcast to a member node'
     CAPTURE(v.error);
     CHECK(v.ok());
   }
-  // Three communicators of one epoch: the main one (both ranks, three
-  // workers) and one per rank, rooted at it, with the same three workers.
+  // The collective: three communicators of one epoch, the main one (both
+  // ranks, three workers) and one per rank, rooted at it, with the same
+  // three workers; point to point, the main one alone.
   std::lock_guard<std::mutex> lock(w->mutex);
-  CHECK(w->by_id.size() >= 3);
+  CHECK(w->by_id.size() >= (collective ? 3u : 1u));
   std::set<std::vector<std::string>> rooted;
   for (const auto& l : w->joined)
     if (l.members.size() == 4) {
@@ -593,10 +599,25 @@ TEST_CASE("nccl plane: two trainer ranks on the head broadcast to a member node'
         names.push_back(m.describe());
       rooted.insert(names);
     }
-  CHECK(rooted.size() == 2);
+  CHECK(rooted.size() == (collective ? 2u : 0u));
   for (const auto& names : rooted) {
     CAPTURE(names.front());
     CHECK((names.front() == gpu::comm_member::trainer_rank(0).describe()
            || names.front() == gpu::comm_member::trainer_rank(1).describe()));
+  }
+}
+
+} // namespace
+
+TEST_CASE("nccl plane: two trainer ranks on a head serve a member node's engines, over the nodes' own wiring") {
+  if (!nccl_compiled_in()) {
+    MESSAGE("skipped: rlsync was built without NCCL, which refuses transfer.backend nccl");
+    return;
+  }
+  SUBCASE("the collective: each rank broadcasts its part in a communicator of its own") {
+    two_ranks_across_nodes("{backend: nccl, mode: broadcast, collective: true}", true);
+  }
+  SUBCASE("sharded, point to point: each rank sends each worker its share over the one communicator") {
+    two_ranks_across_nodes("{backend: nccl, mode: sharded}", false);
   }
 }
