@@ -20,6 +20,7 @@
 #include "actors/coordinator_internal.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 namespace rlsync::coordinator_detail {
@@ -328,6 +329,49 @@ void nccl_suspect(self_ptr self, const std::string& member) {
   n.healthy = false;
   log_line(self, "coordinator: nccl: " + member + ": communicator epoch " + std::to_string(n.layout.epoch)
                    + " is rebuilt at the next boundary");
+}
+
+namespace {
+
+/// Tells every member of the joined communicator but `lost` that `who` died.
+void tell_members_lost(self_ptr self, const std::function<bool(const gpu::comm_member&)>& lost, const std::string& who,
+                       const std::string& why) {
+  auto& st = self->state;
+  const auto& layout = st.nccl.layout;
+  if (st.cfg.transfer.backend != transfer_backend::nccl || layout.epoch == 0
+      || std::none_of(layout.members.begin(), layout.members.end(), lost))
+    return;
+  std::size_t told = 0;
+  for (const auto& p : live_producers(st))
+    if (const auto m = gpu::comm_member::trainer_rank(static_cast<int>(p.rank)); layout.rank_of(m) >= 0 && !lost(m)) {
+      self->send(p.handle, nccl_dead_atom::value, layout.epoch, who);
+      ++told;
+    }
+  std::string last;
+  for (const auto& m : layout.members) {
+    if (m.producer || m.engine == last || lost(m))
+      continue;
+    last = m.engine; // canonical order: an engine's workers are adjacent
+    if (auto e = st.members.find(m.engine); e != st.members.end()) {
+      self->send(e->second.handle, nccl_dead_atom::value, layout.epoch, who);
+      ++told;
+    }
+  }
+  log_line(self, "coordinator: nccl: " + who + " " + why + ": told " + std::to_string(told)
+                   + " member actor(s) of communicator epoch " + std::to_string(layout.epoch) + " to abort their waits");
+  nccl_suspect(self, who + " " + why);
+}
+
+} // namespace
+
+void nccl_engine_lost(self_ptr self, const std::string& name, const std::string& why) {
+  tell_members_lost(self, [&](const gpu::comm_member& m) { return !m.producer && m.engine == name; },
+                    "engine " + name, why);
+}
+
+void nccl_rank_lost(self_ptr self, std::uint32_t rank, const std::string& why) {
+  const auto dead = gpu::comm_member::trainer_rank(static_cast<int>(rank));
+  tell_members_lost(self, [&](const gpu::comm_member& m) { return m == dead; }, dead.describe(), why);
 }
 
 void nccl_round_ended(self_ptr self) {

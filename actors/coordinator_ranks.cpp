@@ -153,6 +153,7 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
 /// aborted, and none starts until it answers again.
 void mark_rank_unreachable(self_ptr self, std::uint32_t r, std::uint64_t silent_ns) {
   auto& st = self->state;
+  nccl_rank_lost(self, r, "went silent");
   st.ranks.at(r).unreachable = true;
   log_line(self, "coordinator: trainer rank " + std::to_string(r) + " silent for " + millis(silent_ns)
                    + " (heartbeat timeout " + std::to_string(st.cfg.heartbeat_timeout.count())

@@ -74,6 +74,8 @@ using trainer_actor = caf::typed_actor<
   caf::replies_to<nccl_id_atom>::with<std::vector<std::uint8_t>>,
   // ... and the rendezvous to join as this rank; the answer is the epoch joined
   caf::replies_to<nccl_join_atom, nccl_rendezvous_msg>::with<std::uint64_t>,
+  // ... and that a member of that epoch (named) died: its waits abort now
+  caf::reacts_to<nccl_dead_atom, std::uint64_t, std::string>,
   // where the registered engines run (the coordinator, at every change):
   // tickets and weights go to those nodes only
   caf::reacts_to<register_atom, std::vector<engine_placement>>>::extend_with<heartbeat_actor>;
@@ -140,6 +142,9 @@ using rollout_engine_actor = caf::typed_actor<
   // nccl, from the coordinator only: join the rendezvous with this engine's
   // workers (each its own member); replies with the epoch joined
   caf::replies_to<nccl_join_atom, nccl_rendezvous_msg>::with<std::uint64_t>,
+  // nccl, from the coordinator only: a member of that epoch (named) died:
+  // the workers' waits abort now instead of at their deadlines
+  caf::reacts_to<nccl_dead_atom, std::uint64_t, std::string>,
   // the coordinator's order for one sync phase, one-way: answered with
   // phase_done and the order's token, as the phase's request above would be
   caf::reacts_to<phase_atom, phase_order>>::extend_with<heartbeat_actor>;

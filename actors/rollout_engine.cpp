@@ -564,6 +564,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, "engine " + name + ": " + why);
       return msg.epoch;
     })),
+    authorized(self, guard, [=, dead = cfg.nccl_dead](nccl_dead_atom, std::uint64_t epoch, const std::string& who) {
+      if (dead)
+        dead(epoch, who);
+    }),
     authorized(self, guard, gated(self, [=](digest_atom) -> caf::result<weight_digest> {
       weight_digest d;
       d.engine = name;

@@ -88,6 +88,9 @@ struct rollout_engine_config {
   /// Empty function: nccl_join_atom is refused (the engine pulls over no
   /// NCCL communicator).
   std::function<std::string(const nccl_rendezvous_msg&)> nccl_join;
+  /// nccl: the coordinator says a member of the epoch (named) died: marks
+  /// it in the process's membership, whose waits then abort. Empty: ignored.
+  std::function<void(std::uint64_t epoch, const std::string& who)> nccl_dead;
 };
 
 /// How a data-plane pull ended, reported by the pulling thread.

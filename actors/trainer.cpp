@@ -788,12 +788,19 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
         auto link = cfg.nccl_membership->link(me);
         // With the collective and several ranks, also the root of its own communicator.
         auto own = cfg.nccl_membership->root_link(me, cfg.nccl_rank);
-        cfg.nccl->open(link ? std::make_shared<gpu::nccl_sender>(link, cfg.nccl_send_queue, gpu::wait_hooks{}, own)
+        cfg.nccl->open(link ? std::make_shared<gpu::nccl_sender>(link, cfg.nccl_send_queue,
+                                                                 gpu::dead_member_hooks(cfg.nccl_membership), own)
                             : nullptr);
         return r.epoch;
       } catch (const std::exception& e) {
         return make_error(errc::malformed, "trainer rank " + std::to_string(cfg.nccl_rank) + ": " + e.what());
       }
+    }),
+    authorized(self, placements_guard, [=](nccl_dead_atom, std::uint64_t epoch, const std::string& who) {
+      const auto& cfg = self->state.cfg;
+      if (cfg.nccl_membership && cfg.nccl_membership->mark_dead(epoch, who))
+        log(self, "trainer rank " + std::to_string(cfg.nccl_rank) + ": nccl: " + who + " died in epoch "
+                    + std::to_string(epoch) + ": its sends abort");
     }),
     authorized(self, placements_guard, [=](register_atom, const std::vector<engine_placement>& placements) {
       if (!self->state.cfg.engines)

@@ -819,6 +819,9 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
     authorized(self, guard, [=](phase_atom, const phase_order& order) {
       serve_phase_order(self, self->state.phase_orders, order);
     }),
+    authorized(self, guard, [=](nccl_dead_atom, std::uint64_t, const std::string&) {
+      // It joins no communicator (below): nothing of it waits on one.
+    }),
     authorized(self, guard, [=](nccl_join_atom, const nccl_rendezvous_msg&) -> caf::result<std::uint64_t> {
       // The vLLM server holds the weights: rlsync's NCCL links end in this
       // process, where nothing reads them. (vLLM's own NCCL path is its

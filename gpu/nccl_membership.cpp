@@ -68,6 +68,7 @@ std::string nccl_membership::join(const nccl_rendezvous& r, const std::vector<co
       epoch_ = r.epoch;
       joined_ = r;
       left_ = false;
+      dead_.clear(); // the new epoch was built without whoever died
       old.swap(links_);
       links_ = std::move(next);
     }
@@ -108,6 +109,32 @@ bool nccl_membership::joined(const nccl_rendezvous& r, const comm_member& m) con
   std::lock_guard<std::mutex> lock(mutex_);
   return !left_ && r.epoch == epoch_ && r.id == joined_.id && r.members == joined_.members
          && r.root_ids == joined_.root_ids && links_.count({m, main_communicator}) > 0;
+}
+
+bool nccl_membership::mark_dead(std::uint64_t epoch, const std::string& who) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (left_ || epoch == 0 || epoch != epoch_)
+    return false;
+  if (dead_.empty())
+    dead_ = who.empty() ? std::string("a member") : who;
+  return true;
+}
+
+std::optional<std::string> nccl_membership::dead_member() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (dead_.empty())
+    return std::nullopt;
+  return dead_ + " died (the coordinator saw it go) in epoch " + std::to_string(epoch_);
+}
+
+wait_hooks dead_member_hooks(const std::shared_ptr<nccl_membership>& m) {
+  wait_hooks hooks;
+  if (m)
+    hooks.dead_member = [weak = std::weak_ptr<nccl_membership>(m)]() -> std::optional<std::string> {
+      auto held = weak.lock();
+      return held ? held->dead_member() : std::nullopt;
+    };
+  return hooks;
 }
 
 std::uint64_t nccl_membership::epoch() const {

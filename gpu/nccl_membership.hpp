@@ -18,12 +18,14 @@
 // starts, per producer, a link into that producer's own communicator
 // (root_layout): every worker joins each, a trainer rank its own. They
 // live and die with the epoch's links.
+#include "gpu/comm_wait.hpp"
 #include "gpu/nccl_link.hpp"
 
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +69,16 @@ public:
   /// members): a retried join that needs no answer but yes.
   bool joined(const nccl_rendezvous& r, const comm_member& m) const;
 
+  /// The coordinator says `who` (a member, or a whole engine or rank) of
+  /// `epoch` died. NCCL leaves a communicator with a dead member undefined,
+  /// so every wait on this epoch's links aborts at its next poll (see
+  /// dead_member_hooks) instead of waiting out its deadline; the next
+  /// boundary rebuilds it without the dead. False, and nothing marked, when
+  /// `epoch` is not the one held (stale news, or a newer epoch replaced it).
+  bool mark_dead(std::uint64_t epoch, const std::string& who);
+  /// Who died in the epoch held, as mark_dead named it (the first named); nullopt: nobody.
+  std::optional<std::string> dead_member() const;
+
 private:
   link_factory make_;
   packer_factory packers_;
@@ -75,6 +87,7 @@ private:
   bool left_ = false;      ///< leave() since: the epoch is joined no more
   mutable std::mutex mutex_;
   std::uint64_t epoch_ = 0;
+  std::string dead_; ///< the first member of epoch_ the coordinator said died; empty: none
   /// A link's communicator: the main one, or a producer rank's own (its rank).
   static constexpr int main_communicator = -1;
   using link_map = std::map<std::pair<comm_member, int>, std::shared_ptr<p2p_link>>; ///< (member, communicator)
@@ -82,5 +95,10 @@ private:
   static void abort_all(const link_map& links);
   link_map links_;
 };
+
+/// Wait hooks whose dead_member asks `m` (while it lives): every NCCL wait
+/// of the process's pullers and senders takes these, so a member the
+/// coordinator saw die aborts them at once.
+wait_hooks dead_member_hooks(const std::shared_ptr<nccl_membership>& m);
 
 } // namespace rlsync::gpu

@@ -95,7 +95,7 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
         return nullptr;
       }
       return std::make_shared<nccl_puller>(sys, [rank] { return rank; }, topo->model.config, nccl_links(nccl),
-                                           groups_holding(topo->model.config, h.held), gpu::wait_hooks{},
+                                           groups_holding(topo->model.config, h.held), gpu::dead_member_hooks(nccl),
                                            topo->transfer.collective, nccl_packers(nccl),
                                            nccl_root_links(nccl, static_cast<int>(h.rank)));
     }

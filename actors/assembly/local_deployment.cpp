@@ -125,8 +125,10 @@ rollout_engine_actor spawn_replica(caf::actor_system& sys, const topology& t, co
     cfg.log = w.log;
     cfg.faults = w.faults;
     cfg.metrics = engine_metrics_in(w.metrics, spec.name);
-    if (w.nccl)
+    if (w.nccl) {
       cfg.nccl_join = engine_nccl_join(w.nccl, spec.name, static_cast<int>(spec.tp));
+      cfg.nccl_dead = [m = w.nccl](std::uint64_t epoch, const std::string& who) { m->mark_dead(epoch, who); };
+    }
     return spawn_rollout_engine(sys, std::move(cfg));
   }
   auto cfg = vllm_engine_config_from(t, spec, w.puller, w.source_dtype);

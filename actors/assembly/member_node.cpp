@@ -133,7 +133,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     // A rank's own process pulls nothing.
   } else if (nccl) {
     puller = std::make_shared<nccl_puller>(sys, current_trainer, t.model.config, nccl_links(nccl), std::nullopt,
-                                           gpu::wait_hooks{}, t.transfer.collective, nccl_packers(nccl));
+                                           gpu::dead_member_hooks(nccl), t.transfer.collective, nccl_packers(nccl));
   } else if (t.transfer.backend == transfer_backend::cuda_ipc) {
     try {
       puller = std::make_shared<ipc_puller>(sys, current_trainer, t.model.config, gpu::cuda_ipc_memory());

@@ -796,6 +796,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
         [](route_atom, const heartbeat_actor&) {},
         [](digest_atom) -> weight_digest { return {}; },
         [](nccl_join_atom, const nccl_rendezvous_msg& m) -> std::uint64_t { return m.epoch; },
+        [](nccl_dead_atom, std::uint64_t, const std::string&) {},
         [](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
         [](phase_atom, const phase_order&) {},
       };

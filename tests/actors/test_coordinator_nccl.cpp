@@ -259,3 +259,39 @@ TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a trainer that keeps failing 
   }
   CHECK(logged("(7 failed in a row)"));
 }
+
+TEST_CASE_FIXTURE(nccl_fixture, "coordinator nccl: a member that dies is named to every other member at once, and the "
+                                "next boundary rebuilds without it") {
+  start_nccl(nccl_config());
+  add_engine("a");
+  add_engine("b");
+  add_engine("c");
+  REQUIRE(status().nccl_epoch == 3);
+  REQUIRE(status().nccl_healthy);
+  // Engine b's process dies: the trainer and a and c hear it in epoch 3,
+  // so their waits on b abort now instead of at their deadlines.
+  kill(engines["b"]);
+  const std::vector<std::pair<std::uint64_t, std::string>> b_died{{3, "engine b"}};
+  CHECK(rec->nccl_dead == b_died);
+  CHECK(engines["a"].script->nccl_dead == b_died);
+  CHECK(engines["c"].script->nccl_dead == b_died);
+  CHECK(engines["b"].script->nccl_dead.empty());
+  CHECK(logged("engine b is down: told 3 member actor(s) of communicator epoch 3"));
+  CHECK_FALSE(status().nccl_healthy);
+  publish_through_trainer(status().version + 1);
+  CHECK(members_of(rec->nccl_joins.back()) == "t0 a/0 c/0");
+  CHECK(status().nccl_epoch == 4);
+  CHECK(status().nccl_healthy);
+  // An engine that was never a member (refused the rendezvous) is no news.
+  auto& d = join_engine("d", act::fail);
+  REQUIRE(engines["a"].script->nccl_dead.size() == 1);
+  kill(d);
+  CHECK(engines["a"].script->nccl_dead.size() == 1);
+  // The trainer (rank 0) dies: the engines of the epoch hear it.
+  const auto epoch = status().nccl_epoch;
+  caf::anon_send_exit(trainer, caf::exit_reason::kill);
+  run();
+  const std::pair<std::uint64_t, std::string> rank_died{epoch, "trainer rank 0"};
+  CHECK(engines["a"].script->nccl_dead.back() == rank_died);
+  CHECK(engines["c"].script->nccl_dead.back() == rank_died);
+}

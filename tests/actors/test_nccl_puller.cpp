@@ -741,7 +741,8 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
   c.source = source;
   c.step_time = 1h;
   c.nccl = desk;
-  c.nccl_membership = std::make_shared<gpu::nccl_membership>(factory);
+  auto membership = std::make_shared<gpu::nccl_membership>(factory);
+  c.nccl_membership = membership;
   c.nccl_rank = 0;
   c.make_nccl_id = [] { return std::vector<std::uint8_t>(gpu::nccl_id_bytes, 0x5a); };
   auto trainer = spawn_trainer(sys, std::move(c));
@@ -814,6 +815,19 @@ TEST_CASE("nccl: the trainer rank makes the id and joins the coordinator's rende
   CHECK(desk->producer()->layout().members.size() == 3);
   CHECK(desk->producer()->collective_layout().members == std::vector<comm_member>{rank0, w0});
   CHECK(desk->producer()->collective_rank() == 0);
+
+  // The coordinator says a member died: news of an older epoch changes
+  // nothing; of the one joined, the rank's membership holds it, and its
+  // sender's waits (dead_member_hooks) abort.
+  auto told = [&](std::uint64_t epoch) {
+    coordinator->send(trainer, nccl_dead_atom::value, epoch, std::string("engine rollout-0"));
+    coordinator->request(trainer, 10s, version_atom::value).receive([](const version_info&) {}, [](caf::error&) {});
+  };
+  told(2);
+  CHECK_FALSE(membership->dead_member().has_value());
+  told(3);
+  REQUIRE(membership->dead_member().has_value());
+  CHECK(membership->dead_member()->find("engine rollout-0 died") != std::string::npos);
 }
 
 TEST_CASE_FIXTURE(nccl_fixture, "nccl: a pull waits its turn on a shared link, never past its deadline") {

@@ -18,6 +18,7 @@
 #include "runtime/config/build_features.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_nccl_world.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/fake_engine_device.hpp"
 #include "tests/support/threaded_system.hpp"
 #include "tests/support/whole_group_pulls.hpp"
@@ -360,6 +361,14 @@ void round_over_nccl(transfer_mode mode, bool collective,
     CHECK(round->evicted.empty());
     CHECK(sender->broadcast() == before + 1);
   }
+  // Engine e-0 dies: the coordinator tells the trainer rank and e-1, so
+  // both processes' memberships hold it and every wait on this epoch's
+  // links aborts at its next poll instead of at its deadline.
+  CHECK_FALSE(trainer_process->dead_member().has_value());
+  CHECK_FALSE(engine_process->dead_member().has_value());
+  caf::anon_send_exit(actors[1], caf::exit_reason::kill);
+  CHECK(test::eventually([&] { return trainer_process->dead_member() && engine_process->dead_member(); }));
+  CHECK(trainer_process->dead_member().value_or("").find("engine e-0 died") != std::string::npos);
   std::lock_guard<std::mutex> lock(log_mutex);
   CHECK(std::any_of(lines.begin(), lines.end(),
                     [](const std::string& l) { return l.find("joined by 4 members") != std::string::npos; }));

@@ -204,3 +204,41 @@ TEST_CASE("nccl membership: root ids start each producer's own communicator, the
   other.root_ids[1][1] = 3;
   CHECK(again.join(other, {w1}).find("differs from the first") != std::string::npos);
 }
+
+TEST_CASE("nccl membership: a member the coordinator saw die aborts the waits of its epoch, not a later one's") {
+  counting_factory f;
+  auto engines = std::make_shared<gpu::nccl_membership>(f.factory());
+  const auto hooks = gpu::dead_member_hooks(engines);
+  REQUIRE(hooks.dead_member);
+  CHECK_FALSE(hooks.dead_member().has_value());
+  CHECK_FALSE(engines->mark_dead(1, "engine rollout-1")); // nothing joined yet: stale news
+  REQUIRE(engines->join(rendezvous(1, {trainer0, w0, w1}), {w0, w1}).empty());
+  CHECK_FALSE(engines->mark_dead(2, "engine rollout-1")); // not the epoch held
+  CHECK_FALSE(hooks.dead_member().has_value());
+
+  // A receive the trainer never matches would wait out its deadline (an
+  // hour here); once the coordinator says a member died it aborts at its
+  // next poll, and the link with it.
+  auto link = engines->link(w0);
+  REQUIRE(link.get() != nullptr);
+  link->recv(16, 0);
+  CHECK(engines->mark_dead(1, "engine rollout-1"));
+  CHECK(engines->mark_dead(1, "trainer rank 0")); // the first named is kept
+  REQUIRE(hooks.dead_member().has_value());
+  CHECK(hooks.dead_member()->find("engine rollout-1 died") != std::string::npos);
+  const auto started = gpu::clock::now();
+  const auto out = gpu::wait_for(*link, started + std::chrono::hours(1), "receive of group 0", hooks);
+  CHECK(out.result == gpu::wait_outcome::kind::peer_dead);
+  CHECK(out.why.find("engine rollout-1") != std::string::npos);
+  CHECK(gpu::clock::now() - started < std::chrono::minutes(1));
+  CHECK(f.world->aborted(1, 1) == 1);
+
+  // The next epoch is built without the dead: its waits are not aborted.
+  REQUIRE(engines->join(rendezvous(2, {trainer0, w0}), {w0, w1}).empty());
+  CHECK_FALSE(hooks.dead_member().has_value());
+  CHECK_FALSE(engines->mark_dead(1, "engine rollout-1")); // late news of the old epoch
+  CHECK_FALSE(hooks.dead_member().has_value());
+  // Hooks outliving their membership ask nobody.
+  engines.reset();
+  CHECK_FALSE(hooks.dead_member().has_value());
+}

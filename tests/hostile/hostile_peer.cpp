@@ -315,6 +315,8 @@ int run_direct(attack_context& cx, const direct_options& d) {
       // unique id (its bootstrap address and magic) and joins nobody.
       {"nccl id", caf::make_message(nccl_id_atom_v)},
       {"nccl join", caf::make_message(nccl_join_atom_v, forged_rendezvous())},
+      // ... and nobody else may say a member died (it would abort every wait).
+      {"nccl dead", caf::make_message(nccl_dead_atom_v, std::uint64_t{1}, std::string("engine x"))},
     };
     for (auto& name : d.deregister)
       writes.push_back({"deregister " + name, caf::make_message(deregister_atom_v, name)});

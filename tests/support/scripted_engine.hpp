@@ -89,6 +89,7 @@ struct engine_script {
   // -- nccl --
   act on_nccl_join = act::answer; ///< answer (the epoch), fail, hold (until released) or drop
   std::vector<nccl_rendezvous_msg> nccl_joins;
+  std::vector<std::pair<std::uint64_t, std::string>> nccl_dead; ///< every member death told: (epoch, who)
 };
 
 /// Delivers the oldest held phase or heartbeat reply.
@@ -287,6 +288,9 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
         return rp;
       }
       return msg.epoch;
+    },
+    [=](nccl_dead_atom, std::uint64_t epoch, const std::string& who) {
+      self->state.script->nccl_dead.emplace_back(epoch, who);
     },
     [=](phase_atom, const phase_order& order) { serve_phase_order(self, self->state.phase_orders, order); },
     [=](release_atom) {

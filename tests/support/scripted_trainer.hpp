@@ -47,6 +47,8 @@ struct trainer_script {
   /// was sent lands in nccl_joins.
   bool nccl_joins_ok = false;
   std::vector<nccl_rendezvous_msg> nccl_joins;
+  /// Every member death the coordinator told it of: (epoch, who).
+  std::vector<std::pair<std::uint64_t, std::string>> nccl_dead;
 };
 
 /// A trainer that also takes `publish`: make this the current version and
@@ -115,6 +117,7 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
         return make_error(errc::unknown_name, "the scripted trainer joins no nccl communicator");
       return msg.epoch;
     },
+    [=](nccl_dead_atom, std::uint64_t epoch, const std::string& who) { script->nccl_dead.emplace_back(epoch, who); },
     [=](register_atom, const std::vector<engine_placement>& placements) { script->placements = placements; },
     [=](release_ids_atom) {
       for (auto& rp : std::exchange(script->held_ids, {})) {

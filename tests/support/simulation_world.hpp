@@ -494,6 +494,7 @@ inline sim_engine_actor::behavior_type sim_engine(sim_engine_ptr self, std::shar
         return dropped<weight_digest>(self);
       return weight_digest{name, c.version, c.dirty, {}, {}};
     },
+    [=](nccl_dead_atom, std::uint64_t, const std::string&) {}, // ... and waits on no communicator
     [=](nccl_join_atom, const nccl_rendezvous_msg&) -> caf::result<std::uint64_t> { // the simulation moves no weights
       return make_error(errc::unknown_name, name + " joins no nccl communicator");
     },
