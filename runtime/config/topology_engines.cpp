@@ -79,9 +79,9 @@ void reader::read_engines(const map_reader& root) {
       for (const char* key : {"url", "api_key_file", "weights_dir"})
         if (r.has(key))
           r.error(key, "applies to kind vllm only (this entry runs the built-in engine)");
-      if (e.device == "cuda" && !cuda_compiled_in())
-        r.error("device", "'cuda' needs rlsync built with CUDA, and this build has none (nvcc was not found when "
-                          "it was configured); use cpu");
+      if (e.device == "cuda" && !validated_features().cuda)
+        r.error("device", std::string("'cuda' needs rlsync built with CUDA, and this build has none (") + why_no_cuda()
+                            + "); use cpu");
     }
     if (!named || !counted) {
       engines_ok = false;

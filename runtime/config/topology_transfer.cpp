@@ -34,9 +34,9 @@ std::pair<std::int64_t, std::int64_t> largest_group_parameters(const model_confi
 // whole groups (it does not pack shards on the device yet). The device
 // itself is checked at start-up, where it is used.
 void reader::check_cuda_ipc(const map_reader& r) {
-  if (!cuda_compiled_in()) {
-    r.error("backend", "'cuda_ipc' needs rlsync built with CUDA, and this build has none (nvcc was not found "
-                       "when it was configured); use local or ucx");
+  if (!validated_features().cuda) {
+    r.error("backend", std::string("'cuda_ipc' needs rlsync built with CUDA, and this build has none (") + why_no_cuda()
+                         + "); use local or ucx");
     return;
   }
   for (const auto& n : t.nodes)
@@ -59,10 +59,11 @@ void reader::check_cuda_ipc(const map_reader& r) {
 // build and rlsync's own engines (a vLLM server's GPUs are not the node's).
 // The device itself is checked at start-up.
 void reader::check_nccl(const map_reader& r) {
-  if (!cuda_compiled_in() || !nccl_compiled_in()) {
+  if (const auto built = validated_features(); !built.nccl) {
     r.error("backend", std::string("'nccl' needs rlsync built with CUDA and NCCL, and this build has ")
-                         + (cuda_compiled_in() ? "no NCCL (nccl.h or libnccl was not found" : "no CUDA (nvcc was not found")
-                         + " when it was configured); use local or ucx");
+                         + (built.cuda ? std::string("no NCCL (nccl.h or libnccl was not found when it was configured)")
+                                       : std::string("no CUDA (") + why_no_cuda() + ")")
+                         + "; use local or ucx");
     return;
   }
   std::int64_t members = static_cast<std::int64_t>(t.trainer.ranks.size()); // each term bounded: no overflow

@@ -648,10 +648,14 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
 
 TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole groups, refused otherwise") {
   const auto text = plus(insecure + "transfer: {backend: cuda_ipc, mode: broadcast}");
-  if (!cuda_compiled_in()) {
+  {
+    scoped_build_features without_cuda({false, false}); // what a stub build says, in every build
     check_rows({{"a build without CUDA", text,
                  "t.yaml:7:21: transfer.backend: 'cuda_ipc' needs rlsync built with CUDA, and this build has none "
-                 "(nvcc was not found when it was configured); use local or ucx"}});
+                 "(gpu/ was configured without nvcc: none found, or -DRLSYNC_WITH_CUDA=OFF); use local or ucx"}});
+  }
+  if (!cuda_compiled_in()) {
+    MESSAGE("acceptance not checked: this build has no CUDA");
     return;
   }
   // The device is checked at start-up (head_node, member_node), not here.
@@ -670,10 +674,14 @@ TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole
 
 TEST_CASE("topology: an engine on device cuda is accepted in a CUDA build, refused by validation otherwise") {
   const auto text = with("engines", "engines: [{name: e, node: a, device: cuda}]") + insecure;
-  if (!cuda_compiled_in()) {
+  {
+    scoped_build_features without_cuda({false, false});
     check_rows({{"a build without CUDA", text,
-                 "t.yaml:5:38: engines[0].device: 'cuda' needs rlsync built with CUDA, and this build has none (nvcc "
-                 "was not found when it was configured); use cpu"}});
+                 "t.yaml:5:38: engines[0].device: 'cuda' needs rlsync built with CUDA, and this build has none (gpu/ "
+                 "was configured without nvcc: none found, or -DRLSYNC_WITH_CUDA=OFF); use cpu"}});
+  }
+  if (!cuda_compiled_in()) {
+    MESSAGE("acceptance not checked: this build has no CUDA");
     return;
   }
   // The device itself is checked at start-up (backend_device_problem), not here.
@@ -697,10 +705,21 @@ TEST_CASE("topology: a collective broadcast is refused without nccl") {
 
 TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broadcast, for built-in engines") {
   const auto text = plus(insecure + "transfer: {backend: nccl, mode: broadcast}");
-  if (!cuda_compiled_in() || !nccl_compiled_in()) {
-    const auto errors = errors_of(text);
-    REQUIRE(errors.size() == 1);
-    CHECK(errors.front().find("t.yaml:7:21: transfer.backend: 'nccl' needs rlsync built with CUDA and NCCL") == 0);
+  {
+    scoped_build_features without_cuda({false, false});
+    check_rows({{"a build without CUDA", text,
+                 "t.yaml:7:21: transfer.backend: 'nccl' needs rlsync built with CUDA and NCCL, and this build has no "
+                 "CUDA (gpu/ was configured without nvcc: none found, or -DRLSYNC_WITH_CUDA=OFF); use local or ucx"}});
+  }
+  {
+    scoped_build_features without_nccl({true, false});
+    if (cuda_compiled_in())
+      check_rows({{"a CUDA build without NCCL", text,
+                   "t.yaml:7:21: transfer.backend: 'nccl' needs rlsync built with CUDA and NCCL, and this build has "
+                   "no NCCL (nccl.h or libnccl was not found when it was configured); use local or ucx"}});
+  }
+  if (!nccl_compiled_in()) {
+    MESSAGE("acceptance not checked: this build has no NCCL");
     return;
   }
   // The device is checked at start-up (head_node, member_node), not here.
