@@ -11,7 +11,11 @@ build=$(dirname "$(dirname "$rlsync")")
 "$root/tools/device-check" --pack "$tmp/pack"
 test -x "$tmp/pack/test_gpu"
 test -x "$tmp/pack/rlsync-device-bench"
+test -x "$tmp/pack/test_gpu_nccl"
 ls "$tmp/pack/lib" | grep -q '^libcudart' || { echo "libcudart was not packed"; exit 1; }
+# Past what the device tool carries: the device machine's own are used.
+if ls "$tmp/pack/lib" | grep -q '^libnccl\|^libcublas'; then echo "libnccl or cuBLAS was packed"; exit 1; fi
+[ "$(du -sm "$tmp/pack" | cut -f1)" -lt 64 ] || { echo "the pack is past the device tool's 64 MiB"; exit 1; }
 set +e
 out=$("$root/tools/device-check" --from "$tmp/pack" 2>&1)
 rc=$?
