@@ -3,8 +3,11 @@
 // and how trainer ranks are placed, followed and pulled from.
 #include "actors/assembly/head_node.hpp"
 #include "actors/assembly/local_deployment.hpp"
+#include "actors/assembly/member_node.hpp"
 #include "actors/assembly/verify_weights.hpp"
+#include "actors/gatekeeper.hpp"
 #include "actors/system_config.hpp"
+#include "runtime/config/build_features.hpp"
 #include "gpu/ipc_producer.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_ipc_memory.hpp"
@@ -213,6 +216,47 @@ TEST_CASE("assembly: cuda_ipc and nccl need a CUDA device at start-up, the other
     info.detail = r.detail;
     CHECK(backend_device_problem(t, info) == r.problem);
   }
+}
+
+TEST_CASE("assembly: a head or member node that sees no device for nccl stops at start-up, joining nothing") {
+  if (!nccl_compiled_in()) {
+    MESSAGE("skipped: rlsync was built without NCCL, which validation refuses first");
+    return;
+  }
+  const auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                                "intermediate_size: 128}}\n"
+                                "nodes: [{name: a, address: 127.0.0.1, port: 0}, {name: b, address: 127.0.0.1}]\n"
+                                "trainer: {node: a}\nengines: [{name: e, node: b}]\n"
+                                "transfer: {backend: nccl}\ncluster: {allow_insecure_network: true}\n",
+                                "t.yaml", "/tmp");
+  gpu::device_info none;
+  none.detail = "no CUDA device";
+  const std::string problem =
+    "transfer.backend nccl needs a CUDA device at start-up, and this process sees none (no CUDA device)";
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  head_hooks hooks;
+  hooks.devices = none;
+  std::string thrown;
+  try {
+    head_node head(sys, t, *t.find_node("a"), member_secrets(t, "a", "s"), hooks);
+  } catch (const std::runtime_error& e) {
+    thrown = e.what();
+  }
+  // Which check speaks first depends on the machine: the membership's count
+  // of GPUs against its members (read from the device itself), or the
+  // start-up check (the devices given).
+  CAPTURE(thrown);
+  CHECK(thrown.rfind("transfer.backend nccl", 0) == 0);
+  CHECK(thrown.find("CUDA device") != std::string::npos);
+  // The member refuses before it connects: the head's port (0) is never dialled.
+  member_node_options mo;
+  mo.devices = none;
+  std::vector<std::string> lines;
+  mo.log = [&](const std::string& l) { lines.push_back(l); };
+  const auto end = run_member_node(sys, t, *t.find_node("b"), *t.find_node("a"), "s", mo);
+  CHECK(end.exit_code == 1);
+  CHECK(lines == std::vector<std::string>{problem});
 }
 
 TEST_CASE("assembly: an engine on device cuda needs a CUDA device in the process that runs it") {
