@@ -253,6 +253,10 @@ struct coordinator_nccl {
   std::uint64_t epoch_sent = 0;
   /// Engines whose join failed: left out until the round after ends.
   std::set<std::string> left_out;
+  /// The epoch whose members were last told that one of them died: a
+  /// member's process keeps only the first death, so a node lost with many
+  /// engines sends the news once, not once per engine.
+  std::uint64_t dead_told_epoch = 0;
   /// After a trainer rank failed the rendezvous: none before this time;
   /// the wait doubles with every failure in a row (up to 30 s).
   std::uint64_t retry_at_ns = 0;

@@ -103,10 +103,12 @@ bool nccl_ready(self_ptr self);
 void nccl_suspect(self_ptr self, const std::string& member);
 /// A round ended: engines left out of the last rendezvous are asked again.
 void nccl_round_ended(self_ptr self);
-/// Engine `name` (all its workers) or trainer rank `rank` died or went
-/// silent: when it is a member of the communicator joined, every other
-/// member's actor hears it (nccl_dead_atom), so their waits on that epoch
-/// abort now rather than at their deadlines, and the next boundary rebuilds.
+/// Engine `name` (all its workers) died, or trainer rank `rank` died or
+/// went silent (which aborts the round anyway): when it is a member of the
+/// communicator joined, every other member's actor hears it (nccl_dead_atom,
+/// once per epoch), so their waits on that epoch abort now rather than at
+/// their deadlines, and the next boundary rebuilds. An engine that only went
+/// silent is evicted alone: its NCCL threads may be fine.
 void nccl_engine_lost(self_ptr self, const std::string& name, const std::string& why);
 void nccl_rank_lost(self_ptr self, std::uint32_t rank, const std::string& why);
 

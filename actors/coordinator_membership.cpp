@@ -184,7 +184,8 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
       return;
     }
   if (st.cfg.trainer && dm.source == st.cfg.trainer.address()) {
-    nccl_rank_lost(self, 0, "is down"); // the one trainer is rank 0
+    if (!follows_ranks(st))
+      nccl_rank_lost(self, 0, "is down"); // the one trainer is rank 0
     st.trainer_down = true;
     if (dm.reason != caf::exit_reason::user_shutdown && dm.reason != caf::exit_reason::normal) // not a shutdown
       log_line(self, "coordinator: the trainer is down (" + self->system().render(dm.reason)
@@ -217,7 +218,6 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
 void mark_unreachable(self_ptr self, const std::string& name, std::uint64_t silent_ns) {
   auto& st = self->state;
   auto& m = st.members.at(name);
-  nccl_engine_lost(self, name, "went silent");
   m.unreachable = true;
   m.routable = false;
   member_event(self, name, "unreachable");

@@ -341,6 +341,13 @@ void tell_members_lost(self_ptr self, const std::function<bool(const gpu::comm_m
   if (st.cfg.transfer.backend != transfer_backend::nccl || layout.epoch == 0
       || std::none_of(layout.members.begin(), layout.members.end(), lost))
     return;
+  if (st.nccl.dead_told_epoch == layout.epoch) { // every member's process holds a death of this epoch already
+    log_line(self, "coordinator: nccl: " + who + " " + why + " in communicator epoch " + std::to_string(layout.epoch)
+                     + ", whose members were told of a death already");
+    nccl_suspect(self, who + " " + why);
+    return;
+  }
+  st.nccl.dead_told_epoch = layout.epoch;
   std::size_t told = 0;
   for (const auto& p : live_producers(st))
     if (const auto m = gpu::comm_member::trainer_rank(static_cast<int>(p.rank)); layout.rank_of(m) >= 0 && !lost(m)) {

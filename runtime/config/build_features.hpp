@@ -20,13 +20,17 @@ struct build_features {
 build_features validated_features();
 
 /// While alive, validation sees at most `narrowed` (never more than was
-/// compiled in). For tests, on one thread; they do not nest.
+/// compiled in, nor than an enclosing one allows); its end restores what
+/// was seen before. For tests.
 class scoped_build_features {
 public:
   explicit scoped_build_features(build_features narrowed);
   ~scoped_build_features();
   scoped_build_features(const scoped_build_features&) = delete;
   scoped_build_features& operator=(const scoped_build_features&) = delete;
+
+private:
+  unsigned previous_;
 };
 
 /// Why a build has no CUDA, for validation's refusals: "this build has none

@@ -501,3 +501,23 @@ TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks, not the collective: one c
   CHECK(ranks[1].script->nccl_joins.front().root_ids.empty());
   CHECK(ranks[1].script->nccl_joins.front().id == std::vector<std::uint8_t>(128, 1));
 }
+
+TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks: a rank that dies is named to the other rank and the engines") {
+  start(nccl_rank_config(false));
+  for (std::uint32_t r : {0u, 1u}) {
+    REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
+    ranks[r].script->nccl_joins_ok = true;
+    ranks[r].script->nccl_id = [r]() -> caf::result<std::vector<std::uint8_t>> {
+      return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(r + 1));
+    };
+  }
+  add_engine("a");
+  REQUIRE(routable("a"));
+  const auto epoch = status().nccl_epoch;
+  REQUIRE(epoch > 0);
+  kill_rank(1);
+  const std::vector<std::pair<std::uint64_t, std::string>> died{{epoch, "trainer rank 1"}};
+  CHECK(ranks[0].script->nccl_dead == died);
+  CHECK(engines["a"].script->nccl_dead == died);
+  CHECK(ranks[1].script->nccl_dead.empty());
+}

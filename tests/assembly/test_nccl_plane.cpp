@@ -522,32 +522,42 @@ void two_ranks_across_nodes(const std::string& transfer, bool collective) {
       head.reset();
     }
   } guard{stop_member, member, head};
-  REQUIRE(head->await_members(2, std::chrono::seconds(30), [] { return false; }) == 2);
+  // One deadline for the whole case, well inside ctest's 120 s, so that a
+  // failure shows its message rather than ctest's timeout.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                    give_up - std::chrono::steady_clock::now()));
+  };
+  REQUIRE(head->await_members(2, left(), [] { return false; }) == 2);
 
   caf::scoped_actor self{head_sys};
+  auto status = [&] {
+    coordinator_status out;
+    self->request(head->coordinator(), std::chrono::seconds(5), status_atom::value)
+      .receive([&](coordinator_status& s) { out = std::move(s); }, [](caf::error&) {});
+    return out;
+  };
   auto last_version = [&] {
-    std::uint64_t v = 0;
-    std::size_t synced = 0;
-    self->request(head->coordinator(), std::chrono::seconds(10), status_atom::value)
-      .receive(
-        [&](const coordinator_status& s) {
-          synced = s.routable.size();
-          v = s.version;
-        },
-        [](caf::error&) {});
-    return std::make_pair(v, synced);
+    const auto s = status();
+    return std::make_pair(s.version, s.routable.size());
+  };
+  std::string failure;
+  auto sync = [&] {
+    self->request(head->coordinator(), std::min(left(), std::chrono::milliseconds(10000)), sync_atom::value)
+      .receive([](const sync_report&) {}, [&](caf::error& err) { failure = head_sys.render(err); });
   };
   // Both ranks publish their first version as they start; one round or a
   // few (a rendezvous first, each newcomer's cold sync) bring both engines to it.
-  std::string failure;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (last_version() != std::make_pair(std::uint64_t{1}, std::size_t{2})
          && std::chrono::steady_clock::now() < give_up) {
-    self->request(head->coordinator(), std::chrono::seconds(30), sync_atom::value)
-      .receive([](const sync_report&) {}, [&](caf::error& err) { failure = head_sys.render(err); });
+    sync();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   REQUIRE_MESSAGE(last_version() == std::make_pair(std::uint64_t{1}, std::size_t{2}), failure);
+  // The counts below are the senders' of this epoch: no rebuild may come between.
+  const auto epoch = status().nccl_epoch;
+  REQUIRE(epoch > 0);
 
   // Each rank steps once; the round that brings both engines to version 2
   // holds both, so each rank broadcasts its groups in its own communicator.
@@ -560,19 +570,15 @@ void two_ranks_across_nodes(const std::string& transfer, bool collective) {
     test::step_trainer(head_sys, r.trainer.actor);
   }
   // A version starts a round, or the next sync does.
-  for (int attempt = 0; attempt < 20 && last_version().first != 2; ++attempt)
-    self->request(head->coordinator(), std::chrono::seconds(30), sync_atom::value)
-      .receive([](const sync_report&) {}, [&](caf::error& err) { failure = head_sys.render(err); });
+  while (last_version().first != 2 && std::chrono::steady_clock::now() < give_up)
+    sync();
   std::optional<sync_report> round; // the one that brought both engines to 2
-  self->request(head->coordinator(), std::chrono::seconds(10), status_atom::value)
-    .receive(
-      [&](const coordinator_status& s) {
-        for (const auto& r : s.history)
-          if (r.version == 2 && r.engines_synced > 0)
-            round = r;
-      },
-      [](caf::error&) {});
+  const auto after = status();
+  for (const auto& r : after.history)
+    if (r.version == 2 && r.engines_synced > 0)
+      round = r;
   REQUIRE_MESSAGE(round.has_value(), failure);
+  REQUIRE(after.nccl_epoch == epoch);
   CHECK(round->engines_synced == 2);
   CHECK(round->evicted.empty());
   for (std::size_t i = 0; i < head->ranks().size(); ++i) { // each rank served its own part, in its own way
@@ -586,7 +592,7 @@ void two_ranks_across_nodes(const std::string& transfer, bool collective) {
   }
 
   std::vector<weight_digest> digests;
-  self->request(head->coordinator(), std::chrono::seconds(30), digest_atom::value)
+  self->request(head->coordinator(), std::chrono::seconds(10), digest_atom::value)
     .receive([&](std::vector<weight_digest>& x) { digests = std::move(x); }, [](caf::error&) {});
   REQUIRE(digests.size() == 2);
   const auto& ranks = head->ranks();
@@ -599,10 +605,11 @@ void two_ranks_across_nodes(const std::string& transfer, bool collective) {
   // ranks, three workers) and one per rank, rooted at it, with the same
   // three workers; point to point, the main one alone.
   std::lock_guard<std::mutex> lock(w->mutex);
-  CHECK(w->by_id.size() >= (collective ? 3u : 1u));
+  CHECK(w->by_id.size() >= (collective ? 3u : 1u)); // a rebuild before the rounds makes more
   std::set<std::vector<std::string>> rooted;
   for (const auto& l : w->joined)
-    if (l.members.size() == 4) {
+    if (l.epoch == epoch
+        && std::count_if(l.members.begin(), l.members.end(), [](const gpu::comm_member& m) { return m.producer; }) == 1) {
       std::vector<std::string> names;
       for (const auto& m : l.members)
         names.push_back(m.describe());
@@ -611,6 +618,7 @@ void two_ranks_across_nodes(const std::string& transfer, bool collective) {
   CHECK(rooted.size() == (collective ? 2u : 0u));
   for (const auto& names : rooted) {
     CAPTURE(names.front());
+    CHECK(names.size() == 4); // the rank, then e-0's worker and e-1's two
     CHECK((names.front() == gpu::comm_member::trainer_rank(0).describe()
            || names.front() == gpu::comm_member::trainer_rank(1).describe()));
   }
