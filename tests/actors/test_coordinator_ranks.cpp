@@ -56,6 +56,18 @@ struct ranks_fixture : coordinator_fixture {
     return c;
   }
 
+  /// Registers ranks 0 and 1 (their halves of the model), each joining
+  /// every rendezvous and making ids of r + 1 in every byte.
+  void register_nccl_ranks() {
+    for (std::uint32_t r : {0u, 1u}) {
+      REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
+      ranks[r].script->nccl_joins_ok = true;
+      ranks[r].script->nccl_id = [r]() -> caf::result<std::vector<std::uint8_t>> {
+        return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(r + 1));
+      };
+    }
+  }
+
   /// Spawns a scripted rank at version `current` and registers it.
   caf::expected<registration> register_rank(std::uint32_t r, std::vector<std::string> held,
                                             std::uint64_t incarnation = 1, version_info current = {2, 4, 4096}) {
@@ -489,13 +501,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "nccl collective with two ranks: a rank that ma
 
 TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks, not the collective: one communicator, no root ids") {
   start(nccl_rank_config(false));
-  for (std::uint32_t r : {0u, 1u}) {
-    REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
-    ranks[r].script->nccl_joins_ok = true;
-    ranks[r].script->nccl_id = [r]() -> caf::result<std::vector<std::uint8_t>> {
-      return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(r + 1));
-    };
-  }
+  register_nccl_ranks();
   add_engine("a");
   REQUIRE(ranks[1].script->nccl_joins.size() == 1);
   CHECK(ranks[1].script->nccl_joins.front().root_ids.empty());
@@ -504,13 +510,7 @@ TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks, not the collective: one c
 
 TEST_CASE_FIXTURE(ranks_fixture, "nccl with two ranks: a rank that dies is named to the other rank and the engines") {
   start(nccl_rank_config(false));
-  for (std::uint32_t r : {0u, 1u}) {
-    REQUIRE(register_rank(r, r == 0 ? held_0 : held_1));
-    ranks[r].script->nccl_joins_ok = true;
-    ranks[r].script->nccl_id = [r]() -> caf::result<std::vector<std::uint8_t>> {
-      return std::vector<std::uint8_t>(128, static_cast<std::uint8_t>(r + 1));
-    };
-  }
+  register_nccl_ranks();
   add_engine("a");
   REQUIRE(routable("a"));
   const auto epoch = status().nccl_epoch;
