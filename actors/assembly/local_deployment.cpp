@@ -308,6 +308,16 @@ std::string backend_device_problem(const topology& t, const gpu::device_info& de
   const bool on_device = t.transfer.backend == transfer_backend::cuda_ipc || t.transfer.backend == transfer_backend::nccl;
   if (!on_device)
     return {};
+  // The GPU planes run where weights are: a trainer rank's node and a
+  // built-in engine's. A node of the coordinator or the router alone moves none.
+  const auto here = [&](const std::string& n) { return node.empty() || n == node; };
+  const bool moves_weights =
+    std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(), [&](const trainer_rank& r) { return here(r.node); })
+    || (t.trainer.ranks.empty() && here(t.trainer.node))
+    || std::any_of(t.engines.begin(), t.engines.end(),
+                   [&](const engine_spec& e) { return e.kind == engine_kind::builtin && here(e.node); });
+  if (!moves_weights)
+    return {};
   return "transfer.backend " + std::string{to_string(t.transfer.backend)} + " needs a CUDA device at start-up, and this process sees none ("
          + (devices.detail.empty() ? std::string("no CUDA device") : devices.detail) + ")";
 }

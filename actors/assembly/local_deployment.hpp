@@ -226,10 +226,12 @@ std::vector<hosted_rank> spawn_ranks(caf::actor_system& sys, const topology& t, 
                                      std::shared_ptr<gpu::nccl_membership> nccl = nullptr);
 
 /// Why this process cannot run `t`'s transfer backend on what `devices`
-/// shows (gpu::query_devices()): cuda_ipc and nccl need a CUDA device at
-/// start-up, and so does an engine with `device: cuda` on `node` (empty:
-/// every node, one process plays them all). Empty when it can. Every
-/// deployment asks before it starts anything.
+/// shows (gpu::query_devices()): with cuda_ipc or nccl, a node that hosts a
+/// trainer rank or a built-in engine needs a CUDA device at start-up (one
+/// that hosts only the coordinator or the router needs none), and so does
+/// an engine with `device: cuda` on `node` (empty: every node, one process
+/// plays them all). Empty when it can. Every deployment asks before it
+/// starts anything.
 std::string backend_device_problem(const topology& t, const gpu::device_info& devices, const std::string& node = "");
 
 /// Whether the coordinator on `node` (empty: one process) follows one

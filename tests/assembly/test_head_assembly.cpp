@@ -218,6 +218,35 @@ TEST_CASE("assembly: cuda_ipc and nccl need a CUDA device at start-up, the other
   }
 }
 
+TEST_CASE("assembly: with a GPU backend, the nodes of ranks and built-in engines need a device, the others none") {
+  topology t;
+  t.trainer.ranks = {trainer_rank{"ranks", {0}}};
+  engine_spec builtin, server;
+  builtin.name = "e";
+  builtin.node = "engines";
+  server.name = "v";
+  server.node = "servers";
+  server.kind = engine_kind::vllm;
+  t.engines = {builtin, server};
+  gpu::device_info none;
+  none.detail = "no CUDA device";
+  for (auto backend : {transfer_backend::nccl, transfer_backend::cuda_ipc}) {
+    CAPTURE(to_string(backend));
+    t.transfer.backend = backend;
+    const std::string problem = "transfer.backend " + std::string{to_string(backend)}
+                                + " needs a CUDA device at start-up, and this process sees none (no CUDA device)";
+    CHECK(backend_device_problem(t, none, "ranks") == problem);
+    CHECK(backend_device_problem(t, none, "engines") == problem);
+    CHECK(backend_device_problem(t, none) == problem); // one process plays every node
+    CHECK(backend_device_problem(t, none, "head").empty()); // the coordinator alone
+    CHECK(backend_device_problem(t, none, "servers").empty()); // a vLLM server holds its own GPUs
+  }
+  t.trainer.ranks.clear(); // as before ranks existed: the trainer's node
+  t.trainer.node = "head";
+  t.transfer.backend = transfer_backend::nccl;
+  CHECK_FALSE(backend_device_problem(t, none, "head").empty());
+}
+
 TEST_CASE("assembly: a head or member node that sees no device for nccl stops at start-up, joining nothing") {
   if (!nccl_compiled_in()) {
     MESSAGE("skipped: rlsync was built without NCCL, which validation refuses first");
