@@ -13,10 +13,12 @@
 //                                   each wait twice the last (up to 30 s)
 //
 // Every ask has the start phase's deadline: a member that never answers
-// fails the rendezvous, never hangs it. Inside a round nothing here runs:
+// fails the rendezvous, never hangs it. Inside a round nothing is rebuilt:
 // pulls on a broken communicator fail by their own deadlines (the sender
 // and puller poll and abort), the engines are evicted, and the boundary
-// after rebuilds.
+// after rebuilds. One thing is sent mid-round: when a member dies, the
+// others hear it at once (tell_members_lost), so their waits abort now
+// rather than at their deadlines.
 #include "actors/coordinator_internal.hpp"
 
 #include <algorithm>
