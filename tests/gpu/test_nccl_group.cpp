@@ -182,6 +182,7 @@ TEST_CASE("make_nccl_id: a fresh id where NCCL is linked, a clear refusal where 
 #ifdef RLSYNC_HAVE_NCCL
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -195,14 +196,43 @@ bool root_address(const gpu::nccl_id& id, sockaddr_in& out) {
   return out.sin_family == AF_INET && out.sin_port != 0;
 }
 
-bool send_and_close(const sockaddr_in& at, const std::vector<unsigned char>& payload) {
+/// A connection to the root with `payload` sent; -1 when it cannot be made.
+int connect_and_send(const sockaddr_in& at, const std::vector<unsigned char>& payload) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0)
+    return -1;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) != 0
+      || (!payload.empty() && ::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL) < 0)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool send_and_close(const sockaddr_in& at, const std::vector<unsigned char>& payload) {
+  const int fd = connect_and_send(at, payload);
+  if (fd < 0)
     return false;
-  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0
-                  && (payload.empty() || ::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL) >= 0);
   ::close(fd);
-  return ok;
+  return true;
+}
+
+/// Whether the root turns away a stranger (8 bytes of a wrong magic) within
+/// `ms`: it closes the connection, so its accept loop is alive and judging
+/// connections. A connect alone would not show it: the kernel's backlog
+/// takes one for a root whose accept thread is stuck or gone.
+bool turns_away_a_stranger(const sockaddr_in& at, int ms) {
+  const int fd = connect_and_send(at, std::vector<unsigned char>(8, 0x5c));
+  if (fd < 0)
+    return false;
+  pollfd p{fd, POLLIN, 0};
+  bool closed = false;
+  if (::poll(&p, 1, ms) > 0) {
+    unsigned char b[16];
+    closed = ::recv(fd, b, sizeof b, 0) == 0; // an orderly close; a reset or a refusal: no root
+  }
+  ::close(fd);
+  return closed;
 }
 } // namespace
 
@@ -221,10 +251,16 @@ TEST_CASE("hostile: NCCL's bootstrap root survives strangers and garbage on its 
                                                    std::vector<unsigned char>(4096)};
   for (auto& b : payloads.back())
     b = static_cast<unsigned char>(rng());
-  payloads.emplace_back(id.begin(), id.begin() + 8); // the right magic, then nothing: a stalled joiner
   for (const auto& p : payloads)
     CHECK(send_and_close(at, p));
-  CHECK(send_and_close(at, {})); // still listening
+  // Still accepting and judging connections, not only listening.
+  CHECK(turns_away_a_stranger(at, 5000));
+  CHECK(turns_away_a_stranger(at, 5000));
+  // Not asserted, NCCL's to change: a peer with the right magic holds the
+  // root while it stalls, and ends it by hanging up (measured with 2.28).
+  // Only holders of the id can: rlsync gives it to the members alone, and
+  // an init that never completes ends at the rendezvous's deadline; the
+  // next rendezvous makes a new id.
 }
 #endif
 
