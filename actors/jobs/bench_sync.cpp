@@ -483,7 +483,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.packs[i].local_passes -= before[i].local_passes;
     r.packs[i].ucx_packs -= before[i].ucx_packs;
   }
-  std::uint64_t sent = 0, lent = 0;
+  std::uint64_t sent = 0, lent = 0, in_place = 0;
   for (std::size_t i = 0; i < d.head().rank_producers().size(); ++i) {
     const auto s = d.head().rank_producers()[i]->stats();
     r.producer_peak_groups = std::max(r.producer_peak_groups, s.peak_packed);
@@ -498,8 +498,10 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.ucx_transports.insert(s.data_transports.begin(), s.data_transports.end());
     sent += s.groups_sent - b.groups_sent;
     lent += s.groups_lent - b.groups_lent;
+    in_place += s.groups_lent_in_place - b.groups_lent_in_place;
   }
   r.lent = sent > 0 && lent == sent;
+  r.in_place = r.lent && in_place == sent;
   for (const auto& rank : d.head().ranks()) {
     if (rank.trainer.transfer)
       r.local_peak_bytes = std::max<std::uint64_t>(r.local_peak_bytes, rank.trainer.transfer->stats().peak_buffers);
@@ -783,12 +785,17 @@ std::string bench_sync_report(const bench_sync_result& r) {
   out += "\n";
   for (const auto& line : case_table(r.cases))
     out += line + "\n";
-  std::string lent;
-  for (const auto& c : r.cases)
+  std::string lent, in_place;
+  for (const auto& c : r.cases) {
     if (c.error.empty() && c.lent)
       lent += (lent.empty() ? "" : ", ") + c.name;
+    if (c.error.empty() && c.in_place)
+      in_place += (in_place.empty() ? "" : ", ") + c.name;
+  }
   if (!lent.empty())
     out += "lent in shared memory, copied once (their light is memcpy's): " + lent + "\n";
+  if (!in_place.empty())
+    out += "lent in place, gathered from the trainer's version memory (nothing packed): " + in_place + "\n";
   for (const auto& line : pull_lines(r.cases))
     out += line + "\n";
   const case_result* sharded = nullptr;

@@ -145,6 +145,9 @@ struct case_result {
   /// Every group the UCX producers sent in the warm rounds was lent in
   /// shared memory: the engines copied it once, so its light is memcpy's.
   bool lent = false;
+  /// ... and each of them in place, straight from the version's memory
+  /// (nothing packed for it).
+  bool in_place = false;
   /// The trainer's steps changed nothing (trainer.perturb 0): the warm
   /// rounds are zero-byte rounds, bytes_per_sync what they moved (none
   /// when every engine skipped the data plane) and no light applies.

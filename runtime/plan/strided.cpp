@@ -121,37 +121,10 @@ std::optional<strided> reshape(const strided& v, std::vector<std::int64_t> shape
 void gather(const strided& v, const void* source, std::size_t element_size, void* packed) {
   const auto* src = static_cast<const unsigned char*>(source);
   auto* dst = static_cast<unsigned char*>(packed);
-  const std::int64_t n = v.numel();
-  if (n == 0)
-    return;
-  if (v.contiguous()) {
-    std::memcpy(dst, src + v.offset * static_cast<std::int64_t>(element_size),
-                static_cast<std::size_t>(n) * element_size);
-    return;
-  }
-  // Rows of the last dim, an odometer over the others.
-  const std::size_t rank = v.shape.size();
-  const std::int64_t inner = v.shape[rank - 1], inner_stride = v.strides[rank - 1];
-  const std::int64_t rows = n / inner;
-  std::vector<std::int64_t> index(rank, 0);
-  std::int64_t base = v.offset;
-  const auto es = static_cast<std::int64_t>(element_size);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    if (inner_stride == 1) {
-      std::memcpy(dst, src + base * es, static_cast<std::size_t>(inner * es));
-    } else {
-      for (std::int64_t i = 0; i < inner; ++i)
-        std::memcpy(dst + i * es, src + (base + i * inner_stride) * es, element_size);
-    }
-    dst += inner * es;
-    for (std::size_t d = rank - 1; d-- > 0;) {
-      base += v.strides[d];
-      if (++index[d] < v.shape[d])
-        break;
-      base -= v.strides[d] * v.shape[d];
-      index[d] = 0;
-    }
-  }
+  for_each_run(v, element_size, [&](std::int64_t at, std::size_t bytes) {
+    std::memcpy(dst, src + at, bytes);
+    dst += bytes;
+  });
 }
 
 } // namespace rlsync::plan

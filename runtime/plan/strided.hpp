@@ -32,6 +32,43 @@ strided transpose(const strided& v, int d0, int d1);
 /// strides can express it (a copy would be needed). Throws
 /// std::invalid_argument when the element counts differ.
 std::optional<strided> reshape(const strided& v, std::vector<std::int64_t> shape);
+/// Calls `run(byte_offset, bytes)` for each contiguous run of `v`'s
+/// elements in a source of `element_size`-byte elements, in row-major
+/// order: one run for a contiguous view, one per row of the last dim when
+/// that dim is dense, else one per element. The runs back to back are the
+/// packed bytes of `v`.
+template <class F>
+void for_each_run(const strided& v, std::size_t element_size, F&& run) {
+  const std::int64_t n = v.numel();
+  if (n == 0)
+    return;
+  const auto es = static_cast<std::int64_t>(element_size);
+  if (v.contiguous()) {
+    run(v.offset * es, static_cast<std::size_t>(n * es));
+    return;
+  }
+  // Rows of the last dim, an odometer over the others.
+  const std::size_t rank = v.shape.size();
+  const std::int64_t inner = v.shape[rank - 1], inner_stride = v.strides[rank - 1];
+  const std::int64_t rows = n / inner;
+  std::vector<std::int64_t> index(rank, 0);
+  std::int64_t base = v.offset;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (inner_stride == 1)
+      run(base * es, static_cast<std::size_t>(inner * es));
+    else
+      for (std::int64_t i = 0; i < inner; ++i)
+        run((base + i * inner_stride) * es, element_size);
+    for (std::size_t d = rank - 1; d-- > 0;) {
+      base += v.strides[d];
+      if (++index[d] < v.shape[d])
+        break;
+      base -= v.strides[d] * v.shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
 /// Packs the elements of `v` (row-major order) from `source` into `packed`.
 void gather(const strided& v, const void* source, std::size_t element_size, void* packed);
 

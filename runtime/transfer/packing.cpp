@@ -70,6 +70,37 @@ std::uint64_t pack_group_checksummed(const plan::grouped_plan& p, std::uint32_t 
   return sum.digest();
 }
 
+void append_entry_pieces(const plan::plan_entry& e, const std::uint8_t* tensor, std::vector<source_piece>& out) {
+  plan::for_each_run(e.view, dtype_size(e.source_type), [&](std::int64_t at, std::size_t bytes) {
+    const std::uint8_t* from = tensor + at;
+    if (!out.empty() && out.back().at + out.back().bytes == from)
+      out.back().bytes += bytes;
+    else
+      out.push_back({from, bytes});
+  });
+}
+
+std::vector<source_piece> group_pieces(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s) {
+  std::vector<source_piece> out;
+  for (const auto* e : p.entries(g))
+    append_entry_pieces(*e, reinterpret_cast<const std::uint8_t*>(source_of(p, g, s, e).data), out);
+  return out;
+}
+
+std::vector<source_piece> full_group_pieces(const weight_snapshot& s, std::uint32_t g) {
+  std::vector<source_piece> out;
+  for (const auto& t : s.group(g))
+    out.push_back({reinterpret_cast<const std::uint8_t*>(t.data), t.size});
+  return out;
+}
+
+std::uint64_t checksum_pieces(const std::vector<source_piece>& pieces) {
+  checksum64_stream sum;
+  for (const auto& p : pieces)
+    sum.update(p.at, p.bytes);
+  return sum.digest();
+}
+
 void pack_full_group(const std::vector<tensor_view>& tensors, const plan::full_group_layout& layout, std::uint8_t* out) {
   if (tensors.size() != layout.specs.size())
     throw std::invalid_argument("pack full group: layout of " + std::to_string(layout.specs.size()) + " tensors, "

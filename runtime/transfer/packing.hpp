@@ -34,4 +34,30 @@ std::uint64_t pack_group_checksummed(const plan::grouped_plan& p, std::uint32_t 
 /// As pack_full_group, with the checksum of the layout's bytes folded in.
 std::uint64_t pack_full_group_checksummed(const std::vector<tensor_view>& tensors,
                                           const plan::full_group_layout& layout, std::uint8_t* out);
+
+/// Bytes a group's packed order reads from one place: where a version's
+/// memory can be read by its consumers (a shareable snapshot, lent in place:
+/// ucx_transfer.hpp), the pieces stand for the packed group, which is never
+/// written.
+struct source_piece {
+  const std::uint8_t* at = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// Appends the pieces entry `e` packs from its source tensor, whose bytes
+/// start at `tensor`, in packed order (runs that continue one another
+/// merged): plan::gather over them writes e.bytes() bytes.
+void append_entry_pieces(const plan::plan_entry& e, const std::uint8_t* tensor, std::vector<source_piece>& out);
+
+/// Producer, sharded: group `g`'s packed bytes as pieces of `s`'s memory.
+/// Throws as pack_group.
+std::vector<source_piece> group_pieces(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s);
+
+/// Broadcast, lent in place: the group's full tensors as they lie in `s`'s
+/// memory, one piece each, in group order (no alignment padding between).
+std::vector<source_piece> full_group_pieces(const weight_snapshot& s, std::uint32_t g);
+
+/// checksum64 of the pieces back to back, read only: for a group it equals
+/// what packing it checksummed would return.
+std::uint64_t checksum_pieces(const std::vector<source_piece>& pieces);
 } // namespace rlsync::transfer

@@ -1,11 +1,15 @@
 #include "runtime/transfer/store_in_place.hpp"
 
 #include "runtime/base/checksum.hpp"
+#include "runtime/base/printable.hpp"
+#include "runtime/base/dtype.hpp"
+#include "runtime/base/tensor.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 namespace rlsync::transfer {
 
@@ -59,6 +63,81 @@ std::uint64_t store_group(const std::uint8_t* packed, const std::vector<store_ta
       done += piece;
     }
     packed += t.bytes;
+  }
+  return sum.digest();
+}
+
+std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vector<tensor_spec>& tensors,
+                                      const std::vector<std::uint64_t>& offsets, const std::uint8_t* memory,
+                                      std::size_t memory_bytes, bool whole, std::uint64_t announced) {
+  if (offsets.size() != tensors.size())
+    throw std::invalid_argument("with " + std::to_string(offsets.size()) + " offsets for " + std::to_string(tensors.size())
+                                + " tensors");
+  std::unordered_map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    std::int64_t numel = 1;
+    for (auto d : t.shape)
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+        throw std::invalid_argument("with tensor '" + printable(t.name) + "' of shape " + shape_string(t.shape));
+    std::uint64_t bytes = 0;
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(numel), dtype_size(t.type), &bytes) || offsets[i] > memory_bytes
+        || bytes > memory_bytes - offsets[i])
+      throw std::invalid_argument("with tensor '" + printable(t.name) + "' at byte " + std::to_string(offsets[i])
+                                  + ", not inside the " + std::to_string(memory_bytes) + " bytes of its memory");
+    if (!by_name.emplace(t.name, i).second)
+      throw std::invalid_argument("naming tensor '" + printable(t.name) + "' twice");
+  }
+  std::vector<source_piece> out;
+  if (whole) {
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      out.push_back({memory + offsets[i], static_cast<std::size_t>(tensors[i].bytes())});
+  } else {
+    for (const auto& e : p.entries) {
+      auto it = by_name.find(e.source);
+      if (it == by_name.end())
+        continue; // another group's
+      const auto& t = tensors[it->second];
+      if (t.type != e.source_type || t.shape != e.source_shape)
+        throw std::invalid_argument("with tensor '" + printable(t.name) + "' " + std::string(safetensors_name(t.type))
+                                    + " " + shape_string(t.shape) + ", the plan was recorded for "
+                                    + std::string(safetensors_name(e.source_type)) + " "
+                                    + shape_string(e.source_shape));
+      append_entry_pieces(e, memory + offsets[it->second], out); // the plan keeps its views inside the tensor
+    }
+  }
+  std::uint64_t total = 0;
+  for (const auto& piece : out)
+    total += piece.bytes; // each inside the memory, which bounds them
+  if (total != announced)
+    throw std::invalid_argument("with " + std::to_string(total) + " bytes to gather, " + std::to_string(announced)
+                                + " announced");
+  return out;
+}
+
+std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets) {
+  std::size_t from = 0, to = 0;
+  for (const auto& p : pieces)
+    from += p.bytes; // each inside a mapping: no overflow
+  for (const auto& t : targets)
+    to += t.bytes;
+  if (from != to)
+    throw std::invalid_argument("lent group of " + std::to_string(from) + " bytes for targets of " + std::to_string(to));
+  thread_local checksum64_stream sum;
+  sum.reset();
+  // Two cursors: a copy ends where a piece or a target does, or after
+  // store_piece_bytes, and is checksummed as it landed while in cache.
+  std::size_t pi = 0, po = 0;
+  for (const auto& t : targets) {
+    for (std::size_t done = 0; done < t.bytes;) {
+      while (pieces[pi].bytes == po) // pieces of 0 bytes, or one used up
+        ++pi, po = 0;
+      const std::size_t n = std::min({store_piece_bytes, t.bytes - done, pieces[pi].bytes - po});
+      std::memcpy(t.at + done, pieces[pi].at + po, n);
+      sum.update(t.at + done, n);
+      done += n;
+      po += n;
+    }
   }
   return sum.digest();
 }

@@ -4,6 +4,7 @@
 // sent), each piece checksummed right after it lands, while it is still in
 // cache. It replaces three passes (copy into a receive slot, checksum it,
 // copy it into staging) wherever the engine stores what it is sent.
+#include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/puller.hpp"
 
 #include <cstddef>
@@ -31,5 +32,23 @@ std::vector<store_target> landing_targets(const group_sink& sink, int worker, st
 /// wrong). With `corrupt`, one landed byte is flipped before it is
 /// checksummed (the drill).
 std::uint64_t store_group(const std::uint8_t* packed, const std::vector<store_target>& targets, bool corrupt = false);
+
+/// A group lent in place (ucx_transfer.hpp): the pieces of the producer's
+/// version memory (`memory_bytes` at `memory`, mapped) that the consumer
+/// gathers, in packed order, from the group's `tensors` that lie at
+/// `offsets` there: with `whole` (broadcast) each tensor whole, else the
+/// entries of plan `p` whose sources are among them. The placement is the
+/// producer's word, so it is checked: std::invalid_argument, saying what is
+/// wrong, for a tensor not inside the memory, named twice, of another dtype
+/// or shape than the plan was recorded for, or pieces that do not add up to
+/// `announced` bytes.
+std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vector<tensor_spec>& tensors,
+                                      const std::vector<std::uint64_t>& offsets, const std::uint8_t* memory,
+                                      std::size_t memory_bytes, bool whole, std::uint64_t announced);
+
+/// As store_group, gathering the packed bytes from `pieces` (a group lent in
+/// place: read straight from the producer's version memory). Throws
+/// std::invalid_argument when the pieces and the targets differ in total.
+std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets);
 
 } // namespace rlsync::transfer

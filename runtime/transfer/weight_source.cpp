@@ -209,6 +209,18 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_buffer(std::uint64_
   return s;
 }
 
+std::shared_ptr<const weight_snapshot> weight_snapshot::from_shared(std::uint64_t version, const model_config& c,
+                                                                    std::vector<tensor_spec> specs,
+                                                                    std::shared_ptr<const host_buffer> buffer,
+                                                                    std::uint64_t size) {
+  if (!buffer || !buffer->shared() || size > buffer->capacity())
+    throw std::invalid_argument("weight snapshot: " + std::to_string(size) + " bytes in no shareable buffer that large");
+  std::shared_ptr<const std::uint8_t> data(buffer, buffer->data()); // aliases the buffer: it lives as long
+  auto s = std::const_pointer_cast<weight_snapshot>(from_buffer(version, c, std::move(specs), std::move(data), size));
+  s->shared_ = std::move(buffer); // made just now: nobody else sees it yet
+  return s;
+}
+
 std::shared_ptr<const weight_snapshot> weight_snapshot::from_checkpoint(std::uint64_t version, checkpoint ckpt,
                                                                         const std::function<bool(const std::string&)>& held) {
   auto owned = std::make_shared<checkpoint>(std::move(ckpt));
@@ -439,8 +451,7 @@ snapshot_ptr synthetic_source::make_initial() const {
     offsets.push_back(total);
     total += s.bytes();
   }
-  auto storage = allocating("the trainer's weights, version 1", total,
-                            [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
+  auto storage = new_version_memory(1, total);
   if (!options_.initial_checkpoint.empty()) {
     auto ck = checkpoint::open(options_.initial_checkpoint);
     for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -464,7 +475,40 @@ snapshot_ptr synthetic_source::make_initial() const {
       }
     });
   }
-  return weight_snapshot::from_bytes(1, config(), specs_, std::move(storage));
+  return snapshot_of(1, specs_, std::move(storage), total);
+}
+
+synthetic_source::version_memory synthetic_source::new_version_memory(std::uint64_t version,
+                                                                     std::uint64_t total) const {
+  const std::string what = "the trainer's weights, version " + std::to_string(version);
+  version_memory m;
+  if (options_.shared_memory) {
+    // Huge pages first: a consumer mapping the version faults once per
+    // 2 MiB instead of per 4 KiB. The pool may be short (or absent), so
+    // each version tries again, then takes ordinary pages, then private
+    // memory (lent nothing in place, packed as usual).
+    for (auto pages : {shared_pages::huge, shared_pages::normal}) {
+      if (pages == shared_pages::huge && total < huge_page_bytes)
+        continue;
+      try {
+        m.shared = allocating(what, total, [&] {
+          return std::make_shared<host_buffer>(static_cast<std::size_t>(std::max<std::uint64_t>(total, 1)), shareable,
+                                               pages);
+        });
+        return m;
+      } catch (const std::runtime_error&) {
+      }
+    }
+  }
+  m.bytes = allocating(what, total, [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
+  return m;
+}
+
+snapshot_ptr synthetic_source::snapshot_of(std::uint64_t version, std::vector<tensor_spec> specs, version_memory m,
+                                           std::uint64_t total) const {
+  if (m.shared)
+    return weight_snapshot::from_shared(version, config(), std::move(specs), std::move(m.shared), total);
+  return weight_snapshot::from_bytes(version, config(), std::move(specs), std::move(m.bytes));
 }
 
 snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
@@ -477,8 +521,7 @@ snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
     offsets.push_back(total);
     total += t.size;
   }
-  auto storage = allocating("the trainer's weights, version " + std::to_string(from.version() + 1), total,
-                            [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
+  auto storage = new_version_memory(from.version() + 1, total);
   const std::uint64_t seed = options_.trainer_seed + from.version();
   // The same arithmetic as perturb_checkpoint: old + scale * noise in f32,
   // rounded to the tensor's dtype.
@@ -497,7 +540,7 @@ snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
       convert_from_f32(t.type, values.data(), storage.data() + offsets[i] + first * es, count);
     }
   });
-  return weight_snapshot::from_bytes(from.version() + 1, config(), std::move(specs), std::move(storage));
+  return snapshot_of(from.version() + 1, std::move(specs), std::move(storage), total);
 }
 
 // -- checkpoint_dir_source --------------------------------------------------------------
@@ -738,6 +781,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   o.held_layers = held;
   o.held_experts = experts;
   o.allow_nonfinite = tr.allow_nonfinite;
+  o.shared_memory = t.transfer.backend == transfer_backend::ucx; // same-host engines are lent groups in place
   return std::make_shared<synthetic_source>(std::move(o));
 }
 

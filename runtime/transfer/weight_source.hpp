@@ -37,6 +37,7 @@
 #include "runtime/base/dtype.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/config/model_config.hpp"
+#include "runtime/transfer/host_buffer.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -96,6 +97,14 @@ public:
                                                             std::shared_ptr<const std::uint8_t> storage,
                                                             std::uint64_t size,
                                                             std::shared_ptr<const device_resident> on_device = nullptr);
+  /// As from_buffer, over the first `size` bytes of a shareable buffer's
+  /// data (host_buffer: a memfd other processes of the host may map), so
+  /// that a consumer on this host can be lent its groups in place, read
+  /// straight from this memory. Tensor offsets count from the buffer's data.
+  static std::shared_ptr<const weight_snapshot> from_shared(std::uint64_t version, const model_config& c,
+                                                            std::vector<tensor_spec> specs,
+                                                            std::shared_ptr<const host_buffer> buffer,
+                                                            std::uint64_t size);
   /// Views into a checkpoint read into memory (kept alive by the snapshot), restricted
   /// to the tensors `held` says are held.
   static std::shared_ptr<const weight_snapshot> from_checkpoint(std::uint64_t version, checkpoint ckpt,
@@ -124,6 +133,9 @@ public:
   /// device and its source still holds that copy (or someone adopted it);
   /// nullptr otherwise. The snapshot itself does not keep it alive.
   std::shared_ptr<const device_resident> on_device() const { return on_device_.lock(); }
+  /// The shareable buffer the tensors lie in (tensor_view::offset from its
+  /// data); nullptr when they lie in private memory.
+  const host_buffer* shared_buffer() const { return shared_.get(); }
 
 private:
   weight_snapshot() = default;
@@ -138,6 +150,7 @@ private:
   std::uint64_t total_bytes_ = 0;
   std::shared_ptr<const void> storage_; // owns what the views point into
   std::weak_ptr<const device_resident> on_device_; // its source bounds how many live
+  std::shared_ptr<const host_buffer> shared_;      // storage_ aliases it, when shareable
 };
 
 using snapshot_ptr = std::shared_ptr<const weight_snapshot>;
@@ -233,6 +246,10 @@ struct synthetic_options {
   std::size_t keep_versions = 2;
   bool allow_nonfinite = false; ///< for an initial checkpoint holding NaN or infinity
   unsigned threads = 0; ///< generating threads; 0: min(hardware threads, 8)
+  /// Versions in shareable memory (weight_snapshot::from_shared; huge pages
+  /// while the kernel's hugetlb pool has them), so that a UCX producer lends
+  /// same-host engines their groups in place; else private memory.
+  bool shared_memory = false;
 };
 
 /// A trainer that "trains" by perturbing: deterministic in its options.
@@ -250,6 +267,15 @@ public:
 private:
   snapshot_ptr make_initial() const;
   snapshot_ptr perturbed(const weight_snapshot& from) const;
+  /// A version's bytes as generated: a shareable buffer (shared_memory) or a vector.
+  struct version_memory {
+    std::vector<std::uint8_t> bytes;
+    std::shared_ptr<host_buffer> shared;
+    std::uint8_t* data() { return shared ? shared->data() : bytes.data(); }
+  };
+  version_memory new_version_memory(std::uint64_t version, std::uint64_t total) const;
+  snapshot_ptr snapshot_of(std::uint64_t version, std::vector<tensor_spec> specs, version_memory m,
+                           std::uint64_t total) const;
 
   synthetic_options options_;
   std::vector<tensor_spec> specs_; // held, parameter order

@@ -65,6 +65,36 @@ TEST_CASE("view geometry: narrow, transpose, reshape as torch does") {
   CHECK_THROWS_AS(narrow(base, 3, 0, 1), std::out_of_range);
 }
 
+TEST_CASE("view runs: contiguous runs back to back are the packed bytes, as few as the view allows") {
+  struct row {
+    const char* what;
+    strided view;
+    std::size_t runs;
+  };
+  const auto base = strided::dense({2, 3, 4});
+  const row rows[] = {
+      {"whole tensor: one run", base, 1},
+      {"rows narrowed: one run", narrow(base, 0, 1, 1), 1},
+      {"last dim narrowed: a run per row", narrow(base, 2, 1, 2), 6},
+      {"transposed: a run per element", transpose(strided::dense({2, 3}), 0, 1), 6},
+      {"empty: no run", narrow(base, 1, 0, 0), 0},
+  };
+  const auto src = iota_tensor(24);
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    std::vector<float> joined;
+    std::size_t runs = 0;
+    for_each_run(r.view, sizeof(float), [&](std::int64_t at, std::size_t bytes) {
+      ++runs;
+      CHECK(at % static_cast<std::int64_t>(sizeof(float)) == 0);
+      const auto* from = src.data() + at / static_cast<std::int64_t>(sizeof(float));
+      joined.insert(joined.end(), from, from + bytes / sizeof(float));
+    });
+    CHECK(runs == r.runs);
+    CHECK(joined == packed(r.view, src));
+  }
+}
+
 TEST_CASE("real views materialise a reshape strides cannot express, recording views refuse it") {
   auto src = iota_tensor(6);
   model_config c = tiny_config();

@@ -52,7 +52,10 @@ public:
   std::shared_ptr<transfer::weight_puller> inner;
 };
 
-inline std::shared_ptr<transfer::synthetic_source> small_source(const model_config& c, std::size_t keep = 2) {
+/// `shared`: versions in shareable memory (a UCX producer lends same-host
+/// engines their groups in place).
+inline std::shared_ptr<transfer::synthetic_source> small_source(const model_config& c, std::size_t keep = 2,
+                                                                bool shared = false) {
   transfer::synthetic_options o;
   o.config = c;
   o.type = dtype::bf16;
@@ -61,6 +64,7 @@ inline std::shared_ptr<transfer::synthetic_source> small_source(const model_conf
   o.perturb = 0.05;
   o.keep_versions = keep;
   o.threads = 2;
+  o.shared_memory = shared;
   return std::make_shared<transfer::synthetic_source>(std::move(o));
 }
 

@@ -39,6 +39,16 @@ TEST_CASE("packing: the checksum folded into packing equals packing, then hashin
         const std::uint64_t sum = pack_group_checksummed(p, g, *s, one.data());
         CHECK(one == two);
         CHECK(sum == checksum64(two.data(), two.size()));
+        // Lent in place: the pieces back to back are the packed bytes, and
+        // their read-only checksum is packing's.
+        const auto pieces = group_pieces(p, g, *s);
+        std::vector<std::uint8_t> gathered;
+        for (const auto& piece : pieces)
+          gathered.insert(gathered.end(), piece.at, piece.at + piece.bytes);
+        CHECK(gathered == two);
+        CHECK(checksum_pieces(pieces) == sum);
+        for (std::size_t i = 1; i < pieces.size(); ++i) // runs that continue one another are one piece
+          CHECK(pieces[i - 1].at + pieces[i - 1].bytes != pieces[i].at);
       }
     }
   }
@@ -51,5 +61,11 @@ TEST_CASE("packing: the checksum folded into packing equals packing, then hashin
     const std::uint64_t sum = pack_full_group_checksummed(tensors, layout, one.data());
     CHECK(one == two);
     CHECK(sum == checksum64(two.data(), two.size()));
+    // In place, broadcast: the tensors whole, back to back, no padding.
+    std::vector<std::uint8_t> whole;
+    for (const auto& t : tensors)
+      whole.insert(whole.end(), reinterpret_cast<const std::uint8_t*>(t.data),
+                   reinterpret_cast<const std::uint8_t*>(t.data) + t.size);
+    CHECK(checksum_pieces(full_group_pieces(*s, g)) == checksum64(whole.data(), whole.size()));
   }
 }

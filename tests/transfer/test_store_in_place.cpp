@@ -2,6 +2,7 @@
 // one pass, checksummed as they land, through each backend; a corrupted
 // group still fails the pull before anything is reported stored.
 #include "runtime/base/checksum.hpp"
+#include "runtime/engine/recording.hpp"
 #include "runtime/transfer/local/local_transfer.hpp"
 #include "runtime/transfer/store_in_place.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
@@ -10,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <numeric>
 
 using namespace rlsync;
@@ -37,6 +39,85 @@ TEST_CASE("store_group copies into each target in order and checksums what lande
     return checksum64(landed.data(), landed.size());
   }());
   CHECK(a[0] == (packed[0] ^ 0x5a));
+}
+
+TEST_CASE("store_pieces gathers pieces into targets that split them anywhere, checksumming what landed") {
+  std::vector<std::uint8_t> memory(3 * store_piece_bytes);
+  std::iota(memory.begin(), memory.end(), std::uint8_t{7});
+  // Pieces out of order, one empty, one across several store pieces.
+  const std::vector<source_piece> pieces{{memory.data() + 1000, 10},
+                                         {memory.data(), 0},
+                                         {memory.data() + 5, 2 * store_piece_bytes + 3},
+                                         {memory.data() + 2 * store_piece_bytes + 500, 77}};
+  std::vector<std::uint8_t> want;
+  for (const auto& p : pieces)
+    want.insert(want.end(), p.at, p.at + p.bytes);
+  std::vector<std::uint8_t> a(4), b(0), c(want.size() - 4);
+  CHECK(store_pieces(pieces, {{a.data(), a.size()}, {b.data(), 0}, {c.data(), c.size()}})
+        == checksum64(want.data(), want.size()));
+  a.insert(a.end(), c.begin(), c.end());
+  CHECK(a == want);
+  CHECK(checksum_pieces(pieces) == checksum64(want.data(), want.size()));
+  std::vector<std::uint8_t> short_target(want.size() - 1);
+  CHECK_THROWS_WITH_AS(store_pieces(pieces, {{short_target.data(), short_target.size()}}),
+                       doctest::Contains("for targets of"), std::invalid_argument);
+}
+
+TEST_CASE("lent_pieces: a plan's bytes gathered from where a manifest places the tensors, and its lies refused") {
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto s = src->produce_next();
+  const auto g = s->groups().front();
+  const auto& held = s->group(g);
+  // The group's tensors placed in a memory of their own, back to back after 64 bytes.
+  std::vector<tensor_spec> tensors;
+  std::vector<std::uint64_t> offsets;
+  std::vector<std::uint8_t> memory(64);
+  for (const auto& t : held) {
+    tensors.push_back(t);
+    offsets.push_back(memory.size());
+    memory.insert(memory.end(), reinterpret_cast<const std::uint8_t*>(t.data),
+                  reinterpret_cast<const std::uint8_t*>(t.data) + t.size);
+  }
+  for (int w = 0; w < 2; ++w) {
+    plan::grouped_plan p(c, std::make_shared<const plan::worker_plan>(engine::make_plan(c, 2, w, dtype::bf16)));
+    std::vector<std::uint8_t> packed(p.bytes(g));
+    pack_group(p, g, *s, packed.data());
+    const auto pieces = lent_pieces(p.plan(), tensors, offsets, memory.data(), memory.size(), false, p.bytes(g));
+    std::vector<std::uint8_t> gathered;
+    for (const auto& piece : pieces)
+      gathered.insert(gathered.end(), piece.at, piece.at + piece.bytes);
+    CHECK(gathered == packed);
+    std::uint64_t whole = 0;
+    for (const auto& t : held)
+      whole += t.size;
+    CHECK(lent_pieces(p.plan(), tensors, offsets, memory.data(), memory.size(), true, whole).size() == held.size());
+
+    struct lie {
+      const char* what;
+      std::function<void(std::vector<tensor_spec>&, std::vector<std::uint64_t>&, std::uint64_t&)> tell;
+      const char* says;
+    };
+    const lie lies[] = {
+        {"a tensor past the memory's end", [&](auto&, auto& o, auto&) { o.back() = memory.size() - 1; }, "not inside the"},
+        {"an offset that wraps", [](auto&, auto& o, auto&) { o.front() = ~std::uint64_t{0} - 1; }, "not inside the"},
+        {"a tensor named twice", [](auto& t, auto&, auto&) { t.back().name = t.front().name; }, "twice"},
+        {"another dtype than the plan's", [](auto& t, auto&, auto&) { t.front().type = dtype::f32; }, "the plan was recorded for"},
+        {"another shape than the plan's", [](auto& t, auto&, auto&) { t.front().shape.back() -= 1; }, "the plan was recorded for"},
+        {"a shape whose size overflows", [](auto& t, auto&, auto&) { t.front().shape = {INT64_MAX, 4}; }, "of shape"},
+        {"more bytes announced than gathered", [](auto&, auto&, auto& n) { ++n; }, "announced"},
+        {"fewer offsets than tensors", [](auto&, auto& o, auto&) { o.pop_back(); }, "offsets for"},
+    };
+    for (const auto& l : lies) {
+      CAPTURE(l.what);
+      auto t = tensors;
+      auto o = offsets;
+      std::uint64_t announced = p.bytes(g);
+      l.tell(t, o, announced);
+      CHECK_THROWS_WITH_AS(lent_pieces(p.plan(), t, o, memory.data(), memory.size(), false, announced),
+                           doctest::Contains(l.says), std::invalid_argument);
+    }
+  }
 }
 
 TEST_CASE("group_targets: none without a sink that stores in place, and sizes must add up to the group") {

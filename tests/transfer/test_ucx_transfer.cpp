@@ -34,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <set>
 #include <sstream>
@@ -351,6 +352,34 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
   REQUIRE(std::get_if<wire::manifest_msg>(&m));
   CHECK(std::get<wire::manifest_msg>(m).shared);
   CHECK(std::get<wire::manifest_msg>(m).live_buffers == std::vector<std::uint64_t>{11, 22, 33});
+  // Lent in place: every group places its tensors; offsets only then, one per tensor.
+  auto placed = shared;
+  placed.in_place = true;
+  placed.groups.at(0).offsets = {4096};
+  auto pb = wire::encode(placed);
+  m = wire::decode(pb.data(), pb.size());
+  REQUIRE(std::get_if<wire::manifest_msg>(&m));
+  CHECK(std::get<wire::manifest_msg>(m).in_place);
+  CHECK(std::get<wire::manifest_msg>(m).groups.at(0).offsets == std::vector<std::uint64_t>{4096});
+  struct lie {
+    const char* what;
+    std::function<void(wire::manifest_msg&)> tell;
+    const char* says;
+  };
+  const lie lies[] = {
+      {"in place, not shared", [](auto& x) { x.shared = false; }, "not shared"},
+      {"in place, a group without offsets", [](auto& x) { x.groups.at(0).offsets.clear(); }, "names no tensors and offsets"},
+      {"more offsets than tensors", [](auto& x) { x.groups.at(0).offsets.push_back(0); }, "2 offsets for 1 tensors"},
+      {"offsets, not in place", [](auto& x) { x.in_place = false; }, "not lent in place"},
+      {"an offset past any buffer", [](auto& x) { x.groups.at(0).offsets = {wire::max_shared_bytes + 1}; }, "beyond any shared buffer"},
+  };
+  for (const auto& l : lies) {
+    CAPTURE(l.what);
+    auto x = placed;
+    l.tell(x);
+    auto xb = wire::encode(x);
+    CHECK_THROWS_WITH_AS(wire::decode(xb.data(), xb.size()), doctest::Contains(l.says), wire::wire_error);
+  }
   const std::uint32_t too_many = wire::max_live_buffers + 1;
   std::memcpy(sb.data() + sb.size() - 3 * 8 - 4, &too_many, sizeof too_many);
   CHECK_THROWS_WITH_AS(wire::decode(sb.data(), sb.size()), doctest::Contains("live buffer count"), wire::wire_error);
@@ -375,14 +404,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
 
 TEST_CASE("ucx wire: messages and plans of an older format version (3: open without prefetch) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 7); // the byte after the magic
+  REQUIRE(message.at(4) == 8); // the byte after the magic
   message[4] = 3;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 3, expected 7"), wire::wire_error);
+                       doctest::Contains("format version 3, expected 8"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 7);
+  REQUIRE(plan.at(4) == 8);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 7"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 8"),
                        wire::wire_error);
 }
 
@@ -534,6 +563,7 @@ TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, wi
         std::this_thread::sleep_for(1ms);
       CHECK(producer.stats().groups_sent == 24); // 2 workers x 3 groups x 4 versions
       CHECK(producer.stats().groups_lent == (r.lent ? 24u : 0u));
+      CHECK(producer.stats().groups_lent_in_place == 0); // the source's versions are in private memory
       CHECK(puller.stats().groups_mapped == (r.lent ? 24u : 0u));
       CHECK(log.contains("groups in shared memory") == r.lent);
       if (r.lent) {
@@ -546,6 +576,71 @@ TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, wi
       }
     }
   }
+}
+
+TEST_CASE("ucx: a version in shareable memory is lent in place: nothing packed, each worker gathers its bytes") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  struct row {
+    transfer_mode mode;
+    bool stores_in_place; // the engine offers its staging as targets
+    bool puller_maps;     // else everything comes by tag, packed
+  };
+  const row rows[] = {{transfer_mode::sharded, true, true},
+                      {transfer_mode::sharded, false, true},
+                      {transfer_mode::broadcast, false, true},
+                      {transfer_mode::sharded, true, false}};
+  for (const auto& r : rows) {
+    CAPTURE(r.mode);
+    CAPTURE(r.stores_in_place);
+    CAPTURE(r.puller_maps);
+    auto src = test::small_source(c, 2, /*shared*/ true);
+    std::weak_ptr<const weight_snapshot> first = src->produce_next();
+    REQUIRE(first.lock()->shared_buffer());
+    ucx_producer producer(src, loopback_producer());
+    auto qo = loopback_puller(producer);
+    qo.shared_memory = r.puller_maps;
+    ucx_puller puller(qo);
+    test_engine e("rollout-0", c, 2, puller);
+    e.in_place = r.stores_in_place;
+    for (int round = 0; round < 4; ++round) {
+      auto v = round == 0 ? src->latest() : src->produce_next();
+      auto report = e.pull(puller, v->version(), r.mode);
+      test::check_identical(*e.weights, *test::loaded(*v, 2));
+      CHECK(report.groups == 3);
+    }
+    CHECK(eventually([&] { return producer.stats().groups_sent == 24; })); // 2 workers x 3 groups x 4 versions
+    CHECK(producer.stats().groups_lent_in_place == (r.puller_maps ? 24u : 0u));
+    if (r.puller_maps) {
+      CHECK(producer.stats().buffers_made == 0); // nothing was packed
+      CHECK(puller.stats().groups_mapped == 24);
+      // A version no longer held and no longer lent is freed: neither the
+      // producer's checksums of it nor its consumers' mappings keep it.
+      CHECK(eventually([&] { return first.expired(); }));
+    }
+  }
+}
+
+TEST_CASE("ucx: lent in place, a corrupted group still fails that worker's pull with a checksum error") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c, 2, /*shared*/ true);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  for (auto mode : {transfer_mode::sharded, transfer_mode::broadcast}) {
+    CAPTURE(mode);
+    test_engine bad("rollout-0", c, 2, puller);
+    bad.in_place = true;
+    producer.corrupt({"rollout-0", 1, 1, /*group*/ 1});
+    auto err = expect_failure([&] { bad.pull(puller, 1, mode); });
+    CHECK(err.failure == transfer_failure::checksum_mismatch);
+    CHECK(has(err.what(), "group 1 of version 1 failed its checksum"));
+    bad.pull(puller, 1, mode); // the fault fired once
+    test::check_identical(*bad.weights, *test::loaded(*v1, 2));
+  }
+  CHECK(producer.stats().corruptions == 2);
+  CHECK(producer.stats().groups_lent_in_place > 0);
 }
 
 TEST_CASE("ucx: the producer makes and writes its budget's buffers at start, and the first version packs into them") {

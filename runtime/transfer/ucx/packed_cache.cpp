@@ -86,7 +86,7 @@ pins producer_impl::pins_of(const cache_entry& e, clock::time_point now) const {
   for (const auto& [ep, c] : conns) {
     if (c->closed)
       continue;
-    auto used = c->opened.find({e.key.broadcast, e.key.plan});
+    auto used = c->opened.find({e.key.broadcast, e.key.plan, e.key.in_place});
     if (used == c->opened.end())
       continue;
     const std::string who = consumer_of(c->engine, c->worker);
@@ -136,6 +136,8 @@ entry_ptr producer_impl::pick_victim(const get_job* demand, clock::time_point no
   bool all_stuck = demand != nullptr;
   auto older = [](const entry_ptr& a, const entry_ptr& b) { return !b || a->last_use < b->last_use; };
   for (const auto& [k, e] : cache) {
+    if (k.in_place)
+      continue; // holds none of the budget: dropping it makes no room
     if (e->refs > 0 || e->st == cache_entry::state::packing) {
       all_stuck = false;
       continue;
@@ -175,7 +177,7 @@ entry_ptr producer_impl::stale_entry(clock::time_point now) const {
     return nullptr;
   entry_ptr oldest;
   for (const auto& [k, e] : cache)
-    if (k.version < newest->version() && e->refs == 0 && e->st != cache_entry::state::packing
+    if (!k.in_place && k.version < newest->version() && e->refs == 0 && e->st != cache_entry::state::packing
         && (!oldest || e->last_use < oldest->last_use)) {
       const pins p = pins_of(*e, now);
       if (p.hard.empty() && !p.soft)
@@ -192,6 +194,13 @@ std::vector<std::uint64_t> producer_impl::live_buffers() const {
   for (const auto& b : spare)
     if (b.buffer.id() != 0)
       ids.push_back(b.buffer.id());
+  // The versions held, in shareable memory: lent in place (one buffer may
+  // hold several versions, relabeled).
+  for (auto v : source->versions())
+    if (auto s = source->find(v); s && s->shared_buffer())
+      ids.push_back(s->shared_buffer()->id());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   if (ids.size() > wire::max_live_buffers)
     ids.resize(wire::max_live_buffers); // the consumer maps the rest again when lent them
   return ids;
@@ -253,6 +262,10 @@ entry_ptr producer_impl::start_pack(const cache_key& k, snapshot_ptr snapshot,
   auto e = std::make_shared<cache_entry>();
   e->key = k;
   e->buffer_id = buffer.id();
+  if (k.in_place) {
+    e->lent_from = snapshot;
+    e->buffer_id = snapshot->shared_buffer()->id();
+  }
   e->bytes = bytes;
   e->ahead = ahead;
   e->last_use = ++use_clock;
@@ -289,6 +302,14 @@ unsigned producer_impl::check_published() {
     return 0;
   newest = std::move(latest);
   packed_in_newest.clear();
+  // Checksums of groups lent in place from older versions: kept, they
+  // would keep those versions' memory alive (a late replica checksums again).
+  for (auto it = cache.begin(); it != cache.end();)
+    if (it->first.in_place && it->second->refs == 0 && it->second->st != cache_entry::state::packing
+        && it->first.version < newest->version())
+      it = cache.erase(it);
+    else
+      ++it;
   while (first_open.size() > 16)
     first_open.erase(first_open.begin());
   retry_blocked = true; // groups of older versions no longer wait for anyone without a session
@@ -307,16 +328,20 @@ unsigned producer_impl::pack_ahead() {
   // none of it (the zero-byte round); one that does pull packs on demand.
   if (const auto v = newest->version(); source->same_bytes_since(v) != v)
     return 0;
-  std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
-  bool broadcast = false;
+  // Plans (and broadcast) by whether they were lent in place: a version
+  // in shareable memory is checksummed for those, packed for the others.
+  const bool shareable = newest->shared_buffer() != nullptr;
+  std::map<std::pair<std::uint64_t, bool>, std::shared_ptr<const plan::grouped_plan>> plans;
+  std::set<bool> broadcast;
   for (const auto& [ep, c] : conns) {
     if (c->closed)
       continue;
     for (const auto& [stream, version] : c->opened) {
-      if (stream.first)
-        broadcast = true;
-      else if (auto p = c->plans.find(stream.second); p != c->plans.end())
-        plans.emplace(stream.second, p->second);
+      const bool in_place = stream.in_place && shareable;
+      if (stream.broadcast)
+        broadcast.insert(in_place);
+      else if (auto p = c->plans.find(stream.plan); p != c->plans.end())
+        plans.emplace(std::make_pair(stream.plan, in_place), p->second);
     }
   }
   unsigned n = 0;
@@ -329,14 +354,14 @@ unsigned producer_impl::pack_ahead() {
       return true;
     std::uint64_t bytes = 0;
     try {
-      bytes = packed_size(k, *newest, p.get());
+      bytes = k.in_place ? 0 : packed_size(k, *newest, p.get());
     } catch (const std::exception&) {
       return true; // a get will pack it and say what is wrong
     }
     if (bytes > budget)
       return true;
     host_buffer reuse;
-    if (!make_room(bytes, nullptr, reuse))
+    if (!k.in_place && !make_room(bytes, nullptr, reuse))
       return false;
     start_pack(k, newest, p, bytes, std::move(reuse), true);
     ++n;
@@ -344,17 +369,21 @@ unsigned producer_impl::pack_ahead() {
   };
   for (auto g : newest->groups()) {
     for (const auto& [d, p] : plans)
-      if (!pack({false, d, v, g}, p))
+      if (!pack({false, d.first, v, g, d.second}, p))
         return n;
-    if (broadcast && !pack({true, 0, v, g}, nullptr))
-      return n;
+    for (bool in_place : broadcast)
+      if (!pack({true, 0, v, g, in_place}, nullptr))
+        return n;
   }
   return n;
 }
 
 void producer_impl::release(const entry_ptr& e) {
-  if (--e->refs == 0)
-    retry_blocked = true;
+  if (--e->refs > 0)
+    return;
+  retry_blocked = true;
+  if (e->key.in_place && newest && e->key.version < newest->version())
+    forget(e); // see check_published
 }
 
 void producer_impl::finish_get(const get_job& j) {
@@ -385,21 +414,30 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
   op.group = j.group;
   wire::group_msg header{j.seq, wire::status::ok, "", j.group, e->size, e->checksum, {}};
   const bool corrupt = take_corruption(j) && e->size > 0;
-  if (j.shared && e->buffer.shared() && !corrupt) {
-    // Lent: the consumer maps the buffer and copies the group from it;
-    // it stays pinned until the consumer's done, or the get's deadline.
+  if (j.shared && (e->buffer.shared() || e->lent_from) && !corrupt) {
+    // Lent: the consumer maps the buffer (or the version's memory) and
+    // copies the group from it; it stays pinned until the consumer's done,
+    // or the get's deadline.
     op.lent = true;
     op.seq = j.seq;
-    header.shared = region_of(e->buffer);
+    header.shared = region_of(e->lent_from ? *e->lent_from->shared_buffer() : e->buffer);
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++st.groups_lent;
+    if (e->lent_from)
+      ++st.groups_lent_in_place;
   } else {
     const std::uint8_t* data = e->buffer.data();
     if (corrupt) {
       // The drill: this consumer receives altered bytes under the true
       // checksum, by tag (a shared session's consumer takes such a group by
-      // tag too).
-      op.altered.assign(data, data + e->size);
+      // tag too; one lent in place gets the bytes it would have gathered).
+      if (e->lent_from) {
+        for (const auto& p : j.key.broadcast ? full_group_pieces(*j.snapshot, j.group)
+                                             : group_pieces(*j.plan, j.group, *j.snapshot))
+          op.altered.insert(op.altered.end(), p.at, p.at + p.bytes);
+      } else {
+        op.altered.assign(data, data + e->size);
+      }
       op.altered[op.altered.size() / 2] ^= 0x5a;
       data = op.altered.data();
     }
@@ -548,7 +586,8 @@ unsigned producer_impl::handle_packed() {
       continue; // cannot happen: packing entries are never evicted
     const entry_ptr e = it->second;
     e->buffer = std::move(r.buffer);
-    e->buffer_id = e->buffer.id();
+    if (!e->lent_from)
+      e->buffer_id = e->buffer.id();
     e->size = r.size;
     e->checksum = r.checksum;
     e->error = r.error;
@@ -599,7 +638,13 @@ void producer_impl::pack_loop() {
     r.key = job.key;
     try {
       const std::uint32_t g = job.key.group;
-      if (job.key.broadcast) {
+      if (job.key.in_place) { // read only: the consumer gathers the bytes itself
+        const auto pieces = job.key.broadcast ? full_group_pieces(*job.snapshot, g) : group_pieces(*job.plan, g, *job.snapshot);
+        r.size = 0;
+        for (const auto& p : pieces)
+          r.size += p.bytes;
+        r.checksum = checksum_pieces(pieces);
+      } else if (job.key.broadcast) {
         const auto& tensors = job.snapshot->group(g);
         const auto layout = plan::full_group_layout::of(tensors);
         r.size = static_cast<std::size_t>(layout.bytes);

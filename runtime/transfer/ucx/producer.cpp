@@ -678,6 +678,11 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   s.digest = broadcast ? 0 : m.plan;
   s.shared = m.shared && c->same_host;
   out.shared = s.shared;
+  // A version in shareable memory needs no packing for a consumer that can
+  // map it: it gathers its bytes from the version's tensors (the drill's
+  // corrupted group still goes by tag).
+  s.in_place = s.shared && snapshot->shared_buffer() != nullptr;
+  out.in_place = s.in_place;
   if (s.shared)
     out.live_buffers = live_buffers();
   s.snapshot = snapshot;
@@ -687,7 +692,16 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   for (auto g : snapshot->groups()) {
     wire::group_info gi;
     gi.group = g;
-    if (broadcast) {
+    if (s.in_place) {
+      for (const auto& t : snapshot->group(g)) {
+        gi.tensors.push_back(t);
+        gi.offsets.push_back(t.offset);
+        if (broadcast)
+          gi.bytes += t.size;
+      }
+      if (!broadcast)
+        gi.bytes = plan->bytes(g);
+    } else if (broadcast) {
       const auto layout = plan::full_group_layout::of(snapshot->group(g));
       if (layout.bytes > budget) {
         refuse(wire::status::producer_failed,
@@ -711,7 +725,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
     c->sessions.erase(oldest);
   }
   out.session = s.id;
-  auto& opened = c->opened[{broadcast, s.digest}];
+  auto& opened = c->opened[{broadcast, s.digest, s.in_place}];
   opened = std::max(opened, s.version);
   first_open.emplace(s.version, s.last_used);
   c->sessions[s.id] = std::move(s);
@@ -774,11 +788,11 @@ void producer_impl::serve(const conn_ptr& c, session& s, const wire::get_msg& m)
   j.engine = s.engine;
   j.worker = s.worker;
   j.version = s.version;
-  j.key = cache_key{s.mode == transfer_mode::broadcast, s.digest, s.version, m.group};
+  j.key = cache_key{s.mode == transfer_mode::broadcast, s.digest, s.version, m.group, s.in_place};
   j.snapshot = s.snapshot;
   j.plan = s.plan;
   j.shared = s.shared;
-  j.bytes = packed_size(j.key, *s.snapshot, s.plan.get());
+  j.bytes = s.in_place ? 0 : packed_size(j.key, *s.snapshot, s.plan.get()); // in place: none of the budget
   s.pin_until = s.got_any ? std::max(s.pin_until, j.deadline) : j.deadline;
   s.got_any = true;
   ++c->outstanding;

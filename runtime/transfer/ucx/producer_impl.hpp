@@ -41,8 +41,23 @@ struct cache_key {
   std::uint64_t plan = 0; // digest; 0 for broadcast
   std::uint64_t version = 0;
   std::uint32_t group = 0;
+  // Lent in place: nothing is packed, the entry holds the checksum of the
+  // bytes a consumer gathers from the version's own shareable memory.
+  bool in_place = false;
   bool operator<(const cache_key& o) const {
-    return std::tie(broadcast, plan, version, group) < std::tie(o.broadcast, o.plan, o.version, o.group);
+    return std::tie(broadcast, plan, version, group, in_place)
+           < std::tie(o.broadcast, o.plan, o.version, o.group, o.in_place);
+  }
+};
+
+// What a consumer opened sessions with: broadcast or a plan's digest, lent
+// in place or packed.
+struct stream_key {
+  bool broadcast = false;
+  std::uint64_t plan = 0;
+  bool in_place = false;
+  bool operator<(const stream_key& o) const {
+    return std::tie(broadcast, plan, in_place) < std::tie(o.broadcast, o.plan, o.in_place);
   }
 };
 
@@ -58,6 +73,7 @@ struct session {
   std::shared_ptr<const plan::grouped_plan> plan;
   std::set<std::uint32_t> groups;
   bool shared = false; // groups are lent in shared memory
+  bool in_place = false; // ... straight from the version's memory (a shareable snapshot)
   clock::time_point last_used;
   // The session keeps the groups it has not been sent from being dropped
   // until then: the deadline its latest get announced (first_get_grace
@@ -86,7 +102,7 @@ struct connection {
   // The plans this consumer opened sessions with ((true, 0): broadcast),
   // each with the newest version it opened: what a version is packed ahead
   // for, and who a packed group waits for.
-  std::map<std::pair<bool, std::uint64_t>, std::uint64_t> opened;
+  std::map<stream_key, std::uint64_t> opened;
   std::uint64_t next_session = 1;
   std::size_t outstanding = 0; // gets accepted and not finished
   clock::time_point last_active;
@@ -115,6 +131,7 @@ struct cache_entry {
   enum class state { packing, ready, failed } st = state::packing;
   host_buffer buffer;
   std::uint64_t buffer_id = 0; // the shareable buffer it is (being) packed into; 0: none yet, or not shareable
+  snapshot_ptr lent_from;       // in place: the version whose memory it is lent in (buffer_id that memory's)
   std::uint64_t bytes = 0; // counted against the budget: the packed size
   std::size_t size = 0;
   std::uint64_t checksum = 0;

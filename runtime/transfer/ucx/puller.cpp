@@ -23,6 +23,18 @@ transfer_failure failure_of(wire::status s) {
   }
 }
 
+// Broadcast, lent in place: a group sent by tag after all holds its tensors
+// back to back, as a consumer gathers them from the version's memory.
+plan::full_group_layout back_to_back(const std::vector<tensor_view>& tensors) {
+  plan::full_group_layout l;
+  for (const auto& t : tensors) {
+    l.specs.push_back(t);
+    l.offsets.push_back(l.bytes);
+    l.bytes += t.size;
+  }
+  return l;
+}
+
 } // namespace
 
 // -- request/reply ------------------------------------------------------------------
@@ -155,7 +167,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                                                 + " lends groups in shared memory unasked");
   // Lent: each group is copied from the producer's shared memory, no
   // receive is posted (unless the producer sends one by tag after all).
+  // In place: gathered from the version's own memory, as the manifest
+  // places its tensors there.
   const bool lent = manifest->shared;
+  const bool in_place = manifest->in_place;
   // Mappings of buffers the producer no longer holds go: they would keep
   // freed memory alive beyond its budget. The rest stay mapped for the
   // next pulls (mapping a buffer anew costs a page-table walk of it).
@@ -185,7 +200,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
         v.size = static_cast<std::size_t>(s.bytes());
         views.push_back(std::move(v));
       }
-      layouts[i] = plan::full_group_layout::of(views);
+      // In place, a group that comes by tag after all is its tensors back
+      // to back, as they are gathered.
+      layouts[i] = in_place ? back_to_back(views) : plan::full_group_layout::of(views);
       if (layouts[i].bytes != groups[i].bytes)
         bad("group " + std::to_string(groups[i].group) + " announces " + std::to_string(groups[i].bytes)
             + " bytes, its tensors take " + std::to_string(layouts[i].bytes));
@@ -353,7 +370,43 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     // not given back is never reused.)
     const auto storing = clock::now();
     const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, group, size);
-    const std::uint64_t got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
+    std::vector<tensor_view> in_place_views; // broadcast, lent in place: the tensors where they lie
+    std::uint64_t got = 0;
+    if (in_place && header->shared.id != 0) {
+      const auto& mapping = ch->maps.at(header->shared.id).map;
+      std::vector<source_piece> pieces;
+      try { // the manifest is the producer's word: checked against the mapping and the plan
+        pieces = lent_pieces(*reg.plan, groups[idx].tensors, groups[idx].offsets, mapping.data(),
+                             mapping.data_bytes(), broadcast, groups[idx].bytes);
+      } catch (const std::invalid_argument& e) {
+        throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch->peer
+                                                                    + " lent group " + std::to_string(group)
+                                                                    + " in place " + e.what());
+      }
+      if (broadcast)
+        for (std::size_t t = 0; t < pieces.size(); ++t) {
+          tensor_view v;
+          static_cast<tensor_spec&>(v) = groups[idx].tensors[t];
+          v.data = reinterpret_cast<const std::byte*>(pieces[t].at);
+          v.size = pieces[t].bytes;
+          v.offset = groups[idx].offsets[t];
+          in_place_views.push_back(std::move(v));
+        }
+      if (!targets.empty()) {
+        got = store_pieces(pieces, targets);
+      } else if (broadcast) {
+        got = checksum_pieces(pieces); // the engine slices what it keeps from the views
+      } else { // a sink that takes packed bytes: gathered into a slot
+        ensure_slots(*ch, window, static_cast<std::size_t>(largest));
+        std::uint8_t* slot = ch->slots[idx % window].data();
+        for (const auto& piece : pieces)
+          slot = std::copy(piece.at, piece.at + piece.bytes, slot);
+        bytes = ch->slots[idx % window].data();
+        got = checksum64(bytes, size);
+      }
+    } else {
+      got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
+    }
     if (got != header->checksum)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "ucx transfer: " + who(req) + ": group " + std::to_string(group) + " of version "
@@ -367,7 +420,8 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     if (!targets.empty())
       sink.on_stored(req.worker, group);
     else if (broadcast)
-      sink.on_full_group(req.worker, group, plan::view_full_group(layouts[idx], bytes));
+      sink.on_full_group(req.worker, group,
+                         in_place_views.empty() ? plan::view_full_group(layouts[idx], bytes) : in_place_views);
     else
       sink.on_group(req.worker, group, bytes, size);
     report.stored += clock::now() - storing;

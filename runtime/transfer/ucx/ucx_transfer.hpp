@@ -111,6 +111,21 @@
 // producer seals each buffer at its size: no SIGBUS), checks its header,
 // and maps nothing of another process than its probe's.
 //
+// In place. Where the version itself lies in shareable memory (a source
+// that makes its versions so: weight_snapshot::from_shared), a shared
+// session packs nothing: its manifest places each group's tensors in the
+// version's buffer (offsets from its data), each lend names that buffer,
+// and the consumer gathers its plan's bytes of the group (broadcast: the
+// tensors whole) straight from the version's tensors into its staging, the
+// checksum folded into that copy. The producer's part is the checksum, read
+// only, in packed order, ahead of the gets as packing was (it holds none
+// of the packed budget); the lend holds the version until done. The
+// consumer checks the placement (every tensor inside the mapping, as its
+// plan recorded it, the bytes adding up to the group's) before reading.
+// Versions a source no longer holds leave the shared manifest's buffers
+// like freed packed buffers. One copy per byte per consumer, none on the
+// producer: the path MPI's single-copy broadcast takes, plus a checksum.
+//
 // Deadlines. A network partition gives UCX no error (none in 45 s here,
 // even with keepalives at 1 s; a killed peer shows in ~5 ms), so every wait
 // is bounded by the application: connecting retries with backoff until the
@@ -279,6 +294,7 @@ struct ucx_producer_stats {
   std::uint64_t groups_sent = 0;
   std::uint64_t gets_carried = 0;   ///< of the gets served, those an open carried (no get message)
   std::uint64_t groups_lent = 0;    ///< of the groups sent, those lent in shared memory (the rest went by tag)
+  std::uint64_t groups_lent_in_place = 0; ///< of those, lent straight from the version's memory (nothing packed)
   std::uint64_t bytes_sent = 0;
   std::uint64_t corruptions = 0;    ///< sends the corrupt hook altered
   std::uint64_t withheld = 0;       ///< gets the withhold hook dropped

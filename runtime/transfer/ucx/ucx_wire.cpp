@@ -14,7 +14,7 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // of the other version is refused at the first message instead of failing
 // every checksum. 3: hello carries the engine worker and its session token.
 // 7: an ack names the producer's shareable buffers (connecting ahead).
-constexpr std::uint8_t format_version = 7;
+constexpr std::uint8_t format_version = 8;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -429,8 +429,12 @@ std::vector<std::uint8_t> encode(const message& m) {
             w.put(g.group);
             w.put(g.bytes);
             put_specs(w, g.tensors);
+            w.put(static_cast<std::uint32_t>(g.offsets.size()));
+            for (auto o : g.offsets)
+              w.put(o);
           }
           w.put(static_cast<std::uint8_t>(x.shared));
+          w.put(static_cast<std::uint8_t>(x.in_place));
           const auto live = std::min(x.live_buffers.size(), max_live_buffers);
           w.put(static_cast<std::uint32_t>(live));
           for (std::size_t i = 0; i < live; ++i)
@@ -565,14 +569,30 @@ message decode(const std::uint8_t* data, std::size_t size) {
       m.status = get_status(r);
       m.error = r.str("error", max_error_bytes);
       m.session = r.get<std::uint64_t>("session");
-      const auto n = r.count<std::uint32_t>("group count", max_groups, 4 + 8 + 4);
+      const auto n = r.count<std::uint32_t>("group count", max_groups, 4 + 8 + 4 + 4);
       m.groups.resize(n);
       for (auto& g : m.groups) {
         g.group = r.get<std::uint32_t>("group");
         g.bytes = r.get<std::uint64_t>("group bytes");
         g.tensors = get_specs(r);
+        g.offsets.resize(r.count<std::uint32_t>("offset count", max_group_tensors, 8));
+        for (auto& o : g.offsets)
+          if ((o = r.get<std::uint64_t>("tensor offset")) > max_shared_bytes)
+            r.fail("tensor offset " + std::to_string(o) + " beyond any shared buffer");
+        if (!g.offsets.empty() && g.offsets.size() != g.tensors.size())
+          r.fail("group " + std::to_string(g.group) + ": " + std::to_string(g.offsets.size()) + " offsets for "
+                 + std::to_string(g.tensors.size()) + " tensors");
       }
       m.shared = get_flag(r, "shared");
+      m.in_place = get_flag(r, "in place");
+      if (m.in_place && !m.shared)
+        r.fail("groups lent in place in a session that is not shared");
+      for (const auto& g : m.groups) {
+        if (m.in_place && (g.tensors.empty() || g.offsets.size() != g.tensors.size()))
+          r.fail("group " + std::to_string(g.group) + " names no tensors and offsets in a session lent in place");
+        if (!m.in_place && !g.offsets.empty())
+          r.fail("group " + std::to_string(g.group) + " has tensor offsets in a session not lent in place");
+      }
       m.live_buffers.resize(r.count<std::uint32_t>("live buffer count", max_live_buffers, 8));
       for (auto& id : m.live_buffers)
         id = r.get<std::uint64_t>("live buffer");

@@ -16,8 +16,8 @@
 // byte blobs are a u32 length then the bytes; vectors a u32 count then the
 // elements.
 //
-//   message  = u32 magic "RLUX" | u8 format version (7) | u8 type | fields
-//   plan     = u32 magic "RLPL" | u8 format version (7) | i32 tp | i32 worker
+//   message  = u32 magic "RLUX" | u8 format version (8) | u8 type | fields
+//   plan     = u32 magic "RLPL" | u8 format version (8) | i32 tp | i32 worker
 //              | u32 entries | entry*
 //   entry    = str source | u8 dtype | shape source_shape | u16 ops | str*
 //              | i64 view.offset | u8 rank | i64 view.shape[rank]
@@ -181,7 +181,12 @@ struct ack_msg {
 struct group_info {
   std::uint32_t group = 0;
   std::uint64_t bytes = 0;
-  std::vector<tensor_spec> tensors; ///< broadcast: the full tensors, in layout order
+  /// Broadcast: the full tensors, in layout order. Lent in place: the
+  /// group's tensors in the version's memory, in group order.
+  std::vector<tensor_spec> tensors;
+  /// Lent in place: where each of `tensors` starts, in bytes from the data
+  /// of the buffer its groups are lent in (empty otherwise).
+  std::vector<std::uint64_t> offsets;
 };
 struct manifest_msg {
   std::uint64_t seq = 0;
@@ -190,6 +195,10 @@ struct manifest_msg {
   std::uint64_t session = 0;
   std::vector<group_info> groups; ///< ascending
   bool shared = false; ///< the session's groups are lent in shared memory
+  /// A shared session whose groups are lent in place: each lend names the
+  /// version's own memory, and the consumer gathers its packed bytes from
+  /// the tensors `groups` place there (nothing is packed for it).
+  bool in_place = false;
   /// A shared session: the ids of the shareable buffers the producer holds
   /// now (at most max_live_buffers). The consumer keeps its mappings of
   /// these and drops the rest (freed: a mapping would keep them alive).
