@@ -125,18 +125,22 @@ std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::v
     throw std::invalid_argument("lent group of " + std::to_string(from) + " bytes for targets of " + std::to_string(to));
   thread_local checksum64_stream sum;
   sum.reset();
-  // Two cursors: a copy ends where a piece or a target does, or after
-  // store_piece_bytes, and is checksummed as it landed while in cache.
+  // Two cursors: a copy ends where a piece or a target does. What landed
+  // is checksummed a window of store_piece_bytes at a time, while in cache:
+  // pieces may be rows of a kilobyte, too short to hash one by one.
   std::size_t pi = 0, po = 0;
   for (const auto& t : targets) {
-    for (std::size_t done = 0; done < t.bytes;) {
+    for (std::size_t done = 0, hashed = 0; done < t.bytes;) {
       while (pieces[pi].bytes == po) // pieces of 0 bytes, or one used up
         ++pi, po = 0;
-      const std::size_t n = std::min({store_piece_bytes, t.bytes - done, pieces[pi].bytes - po});
+      const std::size_t n = std::min({hashed + store_piece_bytes - done, t.bytes - done, pieces[pi].bytes - po});
       std::memcpy(t.at + done, pieces[pi].at + po, n);
-      sum.update(t.at + done, n);
       done += n;
       po += n;
+      if (done - hashed == store_piece_bytes || done == t.bytes) {
+        sum.update(t.at + hashed, done - hashed);
+        hashed = done;
+      }
     }
   }
   return sum.digest();

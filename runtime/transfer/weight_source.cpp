@@ -399,14 +399,31 @@ void weight_source::publish(snapshot_ptr s) {
                            + std::to_string(before.snapshot->version()));
   // Outside the lock: transfers look versions up meanwhile (one publish at a time).
   const bool unchanged = before.snapshot && same_bytes(*before.snapshot, *s);
+  std::vector<std::shared_ptr<const std::function<void()>>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!versions_.empty() && versions_.back().snapshot != before.snapshot) // one publish at a time, or this breaks
+      throw std::logic_error("weight source: version " + std::to_string(s->version()) + " published while "
+                             + std::to_string(versions_.back().snapshot->version()) + " was");
+    const auto since = unchanged ? before.same_since : s->version();
+    versions_.push_back(held_version{std::move(s), since});
+    while (versions_.size() > keep_)
+      versions_.pop_front(); // freed once no transfer holds it
+    for (auto it = publish_listeners_.begin(); it != publish_listeners_.end();)
+      if (auto w = it->lock()) {
+        wake.push_back(std::move(w));
+        ++it;
+      } else {
+        it = publish_listeners_.erase(it);
+      }
+  }
+  for (const auto& w : wake) // outside the lock: a listener may look versions up
+    (*w)();
+}
+
+void weight_source::on_publish(std::weak_ptr<const std::function<void()>> wake) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!versions_.empty() && versions_.back().snapshot != before.snapshot) // one publish at a time, or this breaks
-    throw std::logic_error("weight source: version " + std::to_string(s->version()) + " published while "
-                           + std::to_string(versions_.back().snapshot->version()) + " was");
-  const auto since = unchanged ? before.same_since : s->version();
-  versions_.push_back(held_version{std::move(s), since});
-  while (versions_.size() > keep_)
-    versions_.pop_front(); // freed once no transfer holds it
+  publish_listeners_.push_back(std::move(wake));
 }
 
 // -- synthetic_source -------------------------------------------------------------------
@@ -482,13 +499,16 @@ synthetic_source::version_memory synthetic_source::new_version_memory(std::uint6
                                                                      std::uint64_t total) const {
   const std::string what = "the trainer's weights, version " + std::to_string(version);
   version_memory m;
-  if (options_.shared_memory) {
-    // Huge pages first: a consumer mapping the version faults once per
-    // 2 MiB instead of per 4 KiB. The pool may be short (or absent), so
-    // each version tries again, then takes ordinary pages, then private
-    // memory (lent nothing in place, packed as usual).
+  if (options_.shared_memory && (total >= huge_page_bytes || options_.shared_small_pages)) {
+    // Only in huge pages: every version is new memory that each consumer
+    // maps and faults in inside the round, once per 2 MiB here but once per
+    // 4 KiB otherwise (measured: a 256 MiB sharded sync took 270 ms lent in
+    // place from 4 KiB pages, 45 ms packed). The pool may be short or
+    // absent, so each version tries again, else takes private memory (and
+    // is packed as usual).
     for (auto pages : {shared_pages::huge, shared_pages::normal}) {
-      if (pages == shared_pages::huge && total < huge_page_bytes)
+      if ((pages == shared_pages::huge && total < huge_page_bytes)
+          || (pages == shared_pages::normal && !options_.shared_small_pages))
         continue;
       try {
         m.shared = allocating(what, total, [&] {

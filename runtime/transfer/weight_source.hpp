@@ -202,6 +202,10 @@ public:
   bool pin(std::uint64_t v);
   /// The pinned version; 0 when none.
   std::uint64_t pinned() const;
+  /// After each publish, calls `wake` (on the publishing thread) for as long
+  /// as its owner keeps it alive: a producer packing ahead starts when a
+  /// version appears, not at its next poll. Thread-safe.
+  void on_publish(std::weak_ptr<const std::function<void()>> wake) const;
 
 protected:
   /// Throws std::invalid_argument for held experts of a model without
@@ -229,6 +233,7 @@ private:
   mutable std::mutex mutex_;
   std::deque<held_version> versions_; // ascending
   held_version pinned_;               // may also be in versions_
+  mutable std::vector<std::weak_ptr<const std::function<void()>>> publish_listeners_;
 };
 
 struct synthetic_options {
@@ -246,10 +251,14 @@ struct synthetic_options {
   std::size_t keep_versions = 2;
   bool allow_nonfinite = false; ///< for an initial checkpoint holding NaN or infinity
   unsigned threads = 0; ///< generating threads; 0: min(hardware threads, 8)
-  /// Versions in shareable memory (weight_snapshot::from_shared; huge pages
-  /// while the kernel's hugetlb pool has them), so that a UCX producer lends
-  /// same-host engines their groups in place; else private memory.
+  /// Versions in shareable memory in huge pages (weight_snapshot::from_shared)
+  /// while the kernel's hugetlb pool has them, so that a UCX producer lends
+  /// same-host engines their groups in place; else (and for versions under
+  /// 2 MiB) private memory.
   bool shared_memory = false;
+  /// ... and in ordinary pages when no huge page is to be had, at any size
+  /// (tests of lending in place where the machine reserves none).
+  bool shared_small_pages = false;
 };
 
 /// A trainer that "trains" by perturbing: deterministic in its options.

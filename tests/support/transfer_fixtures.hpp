@@ -65,6 +65,7 @@ inline std::shared_ptr<transfer::synthetic_source> small_source(const model_conf
   o.keep_versions = keep;
   o.threads = 2;
   o.shared_memory = shared;
+  o.shared_small_pages = shared;
   return std::make_shared<transfer::synthetic_source>(std::move(o));
 }
 

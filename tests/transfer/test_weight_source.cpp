@@ -14,6 +14,7 @@
 #include "runtime/base/checksum.hpp"
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -95,6 +96,45 @@ TEST_CASE("synthetic source: same options, same versions, group order and metada
   CHECK(params.front().shape == std::vector<std::int64_t>{301, 64});
   CHECK(&s->at("model.norm.weight") == s->find("model.norm.weight"));
   CHECK_THROWS_AS(s->at("nope"), std::out_of_range);
+}
+
+TEST_CASE("synthetic source in shared memory: huge pages while the pool has them, else private, same bytes") {
+  model_config c = test::small_model(2);
+  c.vocab_size = 8192; // a version of a few MiB: big enough for huge pages
+  c.hidden_size = 256;
+  auto plain = test::small_source(c);
+  auto shared_opts = [&](bool small_pages) {
+    transfer::synthetic_options o;
+    o.config = c;
+    o.model_seed = 3;
+    o.trainer_seed = 11;
+    o.perturb = 0.05;
+    o.threads = 2;
+    o.shared_memory = true;
+    o.shared_small_pages = small_pages;
+    return o;
+  };
+  transfer::synthetic_source huge_only(shared_opts(false)), any_pages(shared_opts(true));
+  for (int v = 1; v <= 2; ++v) {
+    auto want = plain->produce_next(), a = huge_only.produce_next(), b = any_pages.produce_next();
+    REQUIRE(want->total_bytes() >= transfer::huge_page_bytes);
+    CHECK(!want->shared_buffer());
+    // Lending a version in place from 4 KiB pages costs a fault per page in
+    // every consumer, every round: huge pages or none.
+    if (a->shared_buffer())
+      CHECK(a->shared_buffer()->huge());
+    REQUIRE(b->shared_buffer());
+    CHECK(b->shared_buffer()->shared());
+    for (const auto* s : {a.get(), b.get()})
+      for (std::size_t i = 0; i < want->tensors().size(); ++i) {
+        const auto& x = want->tensors()[i];
+        const auto& y = s->tensors()[i];
+        REQUIRE(x.size == y.size);
+        CHECK(std::memcmp(x.data, y.data, x.size) == 0);
+        if (s->shared_buffer()) // offsets count from the buffer's data: what a manifest names
+          CHECK(reinterpret_cast<const std::uint8_t*>(y.data) == s->shared_buffer()->data() + y.offset);
+      }
+  }
 }
 
 TEST_CASE("synthetic source keeps a bounded number of versions, a held snapshot stays valid") {

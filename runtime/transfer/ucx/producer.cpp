@@ -83,9 +83,21 @@ void producer_impl::start() {
   for (unsigned i = 0; i < std::max(1u, options.pack_threads); ++i)
     packers.emplace_back([this] { pack_loop(); });
   progress = std::thread([this] { run(); });
+  waker = std::make_shared<publish_waker>();
+  waker->worker = worker.handle;
+  wake_on_publish = std::make_shared<const std::function<void()>>([w = waker] {
+    std::lock_guard<std::mutex> lock(w->mutex);
+    if (w->worker)
+      ucp_worker_signal(w->worker); // thread-safe
+  });
+  source->on_publish(wake_on_publish);
 }
 
 void producer_impl::stop() {
+  if (waker) {
+    std::lock_guard<std::mutex> lock(waker->mutex);
+    waker->worker = nullptr;
+  }
   stopping = true;
   if (worker.handle)
     ucp_worker_signal(worker.handle);

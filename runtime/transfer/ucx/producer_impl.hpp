@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -241,6 +242,14 @@ struct producer_impl {
 
   std::atomic<bool> stopping{false};
   std::thread progress;
+  // The source's publish wakes the progress thread (packing ahead starts
+  // then, not at the next idle poll); stop() unhooks it before the worker goes.
+  struct publish_waker {
+    std::mutex mutex;
+    ucp_worker_h worker = nullptr;
+  };
+  std::shared_ptr<publish_waker> waker;
+  std::shared_ptr<const std::function<void()>> wake_on_publish;
 
   mutable std::mutex stats_mutex;
   ucx_producer_stats st;
