@@ -52,10 +52,8 @@ public:
   std::shared_ptr<transfer::weight_puller> inner;
 };
 
-/// `shared`: versions in shareable memory (a UCX producer lends same-host
-/// engines their groups in place).
-inline std::shared_ptr<transfer::synthetic_source> small_source(const model_config& c, std::size_t keep = 2,
-                                                                bool shared = false) {
+/// The tests' synthetic trainer: bf16, seeds 3 and 11, perturbation 0.05.
+inline transfer::synthetic_options small_source_options(const model_config& c, std::size_t keep = 2) {
   transfer::synthetic_options o;
   o.config = c;
   o.type = dtype::bf16;
@@ -64,6 +62,14 @@ inline std::shared_ptr<transfer::synthetic_source> small_source(const model_conf
   o.perturb = 0.05;
   o.keep_versions = keep;
   o.threads = 2;
+  return o;
+}
+
+/// `shared`: versions in shareable memory, in any pages (a UCX producer
+/// lends same-host engines their groups in place).
+inline std::shared_ptr<transfer::synthetic_source> small_source(const model_config& c, std::size_t keep = 2,
+                                                                bool shared = false) {
+  auto o = small_source_options(c, keep);
   o.shared_memory = shared;
   o.shared_small_pages = shared;
   return std::make_shared<transfer::synthetic_source>(std::move(o));

@@ -104,12 +104,7 @@ TEST_CASE("synthetic source in shared memory: huge pages while the pool has them
   c.hidden_size = 256;
   auto plain = test::small_source(c);
   auto shared_opts = [&](bool small_pages) {
-    transfer::synthetic_options o;
-    o.config = c;
-    o.model_seed = 3;
-    o.trainer_seed = 11;
-    o.perturb = 0.05;
-    o.threads = 2;
+    auto o = test::small_source_options(c);
     o.shared_memory = true;
     o.shared_small_pages = small_pages;
     return o;
