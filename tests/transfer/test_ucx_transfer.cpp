@@ -643,6 +643,33 @@ TEST_CASE("ucx: lent in place, a corrupted group still fails that worker's pull 
   CHECK(producer.stats().groups_lent_in_place > 0);
 }
 
+TEST_CASE("ucx: lending in place takes none of the packed budget's buffers: a consumer by tag still finds them") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c, 2, /*shared*/ true);
+  src->produce_next();
+  auto po = loopback_producer();
+  po.packed_budget_bytes = 7 * largest_of(shard_group_bytes(c, 1));
+  ucx_producer producer(src, po);
+  REQUIRE(producer.stats().buffers_prewarmed >= 6);
+  ucx_puller lent(loopback_puller(producer));
+  auto qo = loopback_puller(producer);
+  qo.shared_memory = false; // as from another host: packed, by tag
+  ucx_puller by_tag(qo);
+  test_engine near("rollout-0", c, 2, lent), far("rollout-1", c, 2, by_tag);
+  for (int round = 0; round < 3; ++round) {
+    auto v = round == 0 ? src->latest() : src->produce_next();
+    near.pull(lent, v->version(), transfer_mode::sharded); // cold and carried gets miss the cache
+    far.pull(by_tag, v->version(), transfer_mode::sharded);
+    test::check_identical(*near.weights, *test::loaded(*v, 2));
+    test::check_identical(*far.weights, *test::loaded(*v, 2));
+  }
+  const auto st = producer.stats();
+  CHECK(st.groups_lent_in_place == 18); // 2 workers x 3 groups x 3 versions
+  CHECK(st.buffers_made == 0);          // the packed consumer's groups went into the buffers made at start
+  CHECK(st.peak_packed_bytes <= po.packed_budget_bytes);
+}
+
 TEST_CASE("ucx: the producer makes and writes its budget's buffers at start, and the first version packs into them") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);

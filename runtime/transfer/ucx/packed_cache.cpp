@@ -35,8 +35,8 @@ void producer_impl::start_get(get_job j) {
       finish_get(j);
       return;
     }
-    host_buffer reuse;
-    if (!make_room(j.bytes, &j, reuse)) {
+    host_buffer reuse; // in place nothing is packed: no room, no buffer
+    if (!j.key.in_place && !make_room(j.bytes, &j, reuse)) {
       blocked.push_back(std::move(j));
       return;
     }
@@ -96,7 +96,7 @@ pins producer_impl::pins_of(const cache_entry& e, clock::time_point now) const {
     k.opened = std::max(k.opened, used->second);
     for (const auto& [id, s] : c->sessions) {
       if (s.version != e.key.version || (s.mode == transfer_mode::broadcast) != e.key.broadcast
-          || s.digest != e.key.plan)
+          || s.digest != e.key.plan || s.in_place != e.key.in_place)
         continue;
       k.session = true;
       k.hard = k.hard || now < s.pin_until;
@@ -188,19 +188,21 @@ entry_ptr producer_impl::stale_entry(clock::time_point now) const {
 
 std::vector<std::uint64_t> producer_impl::live_buffers() const {
   std::vector<std::uint64_t> ids;
+  std::set<std::uint64_t> named;
+  auto name = [&](std::uint64_t id) {
+    if (id != 0 && named.insert(id).second)
+      ids.push_back(id);
+  };
+  // First the versions held in shareable memory, newest first (lent in
+  // place; relabeled versions share a buffer), then packed buffers.
+  const auto versions = source->versions();
+  for (auto v = versions.rbegin(); v != versions.rend(); ++v)
+    if (auto s = source->find(*v); s && s->shared_buffer())
+      name(s->shared_buffer()->id());
   for (const auto& [k, e] : cache)
-    if (e->buffer_id != 0)
-      ids.push_back(e->buffer_id);
+    name(e->buffer_id);
   for (const auto& b : spare)
-    if (b.buffer.id() != 0)
-      ids.push_back(b.buffer.id());
-  // The versions held, in shareable memory: lent in place (one buffer may
-  // hold several versions, relabeled).
-  for (auto v : source->versions())
-    if (auto s = source->find(v); s && s->shared_buffer())
-      ids.push_back(s->shared_buffer()->id());
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    name(b.buffer.id());
   if (ids.size() > wire::max_live_buffers)
     ids.resize(wire::max_live_buffers); // the consumer maps the rest again when lent them
   return ids;
@@ -275,7 +277,9 @@ entry_ptr producer_impl::start_pack(const cache_key& k, snapshot_ptr snapshot,
   {
     const std::uint64_t held = held_bytes();
     std::lock_guard<std::mutex> lock(stats_mutex);
-    st.peak_packed = std::max(st.peak_packed, cache.size());
+    const auto packed = static_cast<std::size_t>(
+        std::count_if(cache.begin(), cache.end(), [](const auto& x) { return !x.first.in_place; }));
+    st.peak_packed = std::max(st.peak_packed, packed);
     st.peak_packed_bytes = std::max(st.peak_packed_bytes, held);
   }
   pack_job pj;
@@ -302,14 +306,7 @@ unsigned producer_impl::check_published() {
     return 0;
   newest = std::move(latest);
   packed_in_newest.clear();
-  // Checksums of groups lent in place from older versions: kept, they
-  // would keep those versions' memory alive (a late replica checksums again).
-  for (auto it = cache.begin(); it != cache.end();)
-    if (it->first.in_place && it->second->refs == 0 && it->second->st != cache_entry::state::packing
-        && it->first.version < newest->version())
-      it = cache.erase(it);
-    else
-      ++it;
+  forget_old_in_place();
   while (first_open.size() > 16)
     first_open.erase(first_open.begin());
   retry_blocked = true; // groups of older versions no longer wait for anyone without a session
@@ -317,12 +314,26 @@ unsigned producer_impl::check_published() {
   return 1;
 }
 
+// Checksums of groups lent in place from versions older than the newest,
+// no longer lent nor being made: kept, they would keep those versions'
+// memory alive (a late replica checksums again). At each publish and sweep.
+void producer_impl::forget_old_in_place() {
+  if (!newest)
+    return;
+  for (auto it = cache.begin(); it != cache.end();)
+    if (it->first.in_place && it->second->refs == 0 && it->second->st != cache_entry::state::packing
+        && it->first.version < newest->version())
+      it = cache.erase(it);
+    else
+      ++it;
+}
+
 // Packs the newest version for every plan (and broadcast) that consumers
 // opened sessions with, group by group, each (plan, group) once, as far as
 // the budget allows without dropping anything still needed. Gets waiting
 // for room go first.
 unsigned producer_impl::pack_ahead() {
-  if (!options.pack_ahead || !newest || !blocked.empty())
+  if (!options.pack_ahead || !newest)
     return 0;
   // A step that changed nothing: engines serving the version before pull
   // none of it (the zero-byte round); one that does pull packs on demand.
@@ -367,13 +378,18 @@ unsigned producer_impl::pack_ahead() {
     ++n;
     return true;
   };
-  for (auto g : newest->groups()) {
-    for (const auto& [d, p] : plans)
-      if (!pack({false, d.first, v, g, d.second}, p))
+  // In place first: a checksum takes no room, so neither a packed group
+  // that waits for room nor a get that does holds it up.
+  for (bool in_place : {true, false}) {
+    if (!in_place && !blocked.empty())
+      return n; // gets waiting for room go first
+    for (auto g : newest->groups()) {
+      for (const auto& [d, p] : plans)
+        if (d.second == in_place && !pack({false, d.first, v, g, in_place}, p))
+          return n;
+      if (broadcast.count(in_place) && !pack({true, 0, v, g, in_place}, nullptr))
         return n;
-    for (bool in_place : broadcast)
-      if (!pack({true, 0, v, g, in_place}, nullptr))
-        return n;
+    }
   }
   return n;
 }
@@ -383,7 +399,7 @@ void producer_impl::release(const entry_ptr& e) {
     return;
   retry_blocked = true;
   if (e->key.in_place && newest && e->key.version < newest->version())
-    forget(e); // see check_published
+    forget(e); // see forget_old_in_place
 }
 
 void producer_impl::finish_get(const get_job& j) {
@@ -569,6 +585,7 @@ void producer_impl::sweep(clock::time_point now) {
       idle.push_back(c);
   for (auto& c : idle)
     close_connection(c, "idle for longer than " + std::to_string(options.idle_timeout.count()) + " ms");
+  forget_old_in_place(); // those whose last lend ended with its connection
   // Pins end with time too (deadlines, soft_pin_grace).
   if (!blocked.empty() || options.pack_ahead)
     retry_blocked = true;

@@ -737,6 +737,9 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
     c->sessions.erase(oldest);
   }
   out.session = s.id;
+  // One stream per plan: a consumer whose version was packed (in private
+  // memory) and is now lent in place no longer needs packing ahead.
+  c->opened.erase({broadcast, s.digest, !s.in_place});
   auto& opened = c->opened[{broadcast, s.digest, s.in_place}];
   opened = std::max(opened, s.version);
   first_open.emplace(s.version, s.last_used);

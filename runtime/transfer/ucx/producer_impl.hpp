@@ -355,6 +355,7 @@ struct producer_impl {
   entry_ptr start_pack(const cache_key& k, snapshot_ptr snapshot, std::shared_ptr<const plan::grouped_plan> plan,
                        std::uint64_t bytes, host_buffer buffer, bool ahead);
   unsigned check_published();
+  void forget_old_in_place();
   unsigned pack_ahead();
   void release(const entry_ptr& e);
   void finish_get(const get_job& j);
