@@ -219,6 +219,15 @@ struct driver {
     auto it = pending.find(id);
     if (it == pending.end() || it->second.attempts != attempt)
       return; // an attempt its dead router held: resent already
+    // The router died with this request unread in its mailbox: CAF bounces
+    // such requests before it tells the monitors, so this error can come
+    // before the router's down message. Like that message, it sends every
+    // request the router held to the next one (a load-dependent race: under
+    // load more requests wait in the router's mailbox when it dies).
+    if (err == caf::sec::request_receiver_down && !router_down) {
+      on_router_down(me);
+      return;
+    }
     auto& p = it->second;
     p.last_error = self->system().render(err);
     // A refusal means "nothing can take it now" (a sync round holds the

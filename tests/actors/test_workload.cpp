@@ -59,6 +59,15 @@ struct workload_fixture : test::actor_fixture {
     caf::anon_send(router, resume_atom_v);
     run();
   }
+  /// A new scripted router, handed to the driver as the next one; its script.
+  std::shared_ptr<router_script> attach_next_router() {
+    auto next_script = std::make_shared<router_script>();
+    auto next = spawn(scripted_router, next_script);
+    run();
+    set_workload_router(driver, caf::actor_cast<router_actor>(next));
+    run();
+    return next_script;
+  }
 
   /// An engine for the real router: three tokens per request, the first two
   /// at version 1, the last at version 2.
@@ -330,11 +339,7 @@ TEST_CASE_FIXTURE(workload_fixture, "requests a dead router held go to the next 
   caf::anon_send_exit(router, caf::exit_reason::kill);
   run();
   CHECK(!finished()); // the requests wait for a router
-  auto next_script = std::make_shared<router_script>();
-  auto next = spawn(scripted_router, next_script);
-  run();
-  set_workload_router(driver, caf::actor_cast<router_actor>(next));
-  run();
+  auto next_script = attach_next_router();
   REQUIRE(next_script->received.size() == 2);
   for (auto& req : next_script->received) // each continues after the token it had
     CHECK(req.generated == std::vector<std::int32_t>{static_cast<std::int32_t>(req.request_id * 100)});
@@ -345,6 +350,22 @@ TEST_CASE_FIXTURE(workload_fixture, "requests a dead router held go to the next 
   CHECK(r.tokens == 6); // three per request: one before the router died, two after
   CHECK(r.streamed_tokens == 6);
   CHECK(r.tokens_by_version == std::map<std::uint64_t, std::uint64_t>{{1, 4}, {2, 2}});
+}
+
+TEST_CASE_FIXTURE(workload_fixture, "requests bounced unread by a dying router go to the next one, not failed") {
+  // The router dies reading the first of three requests, the others still
+  // in its mailbox: CAF answers those request_receiver_down before it sends
+  // the monitors' down message, so the driver hears of them first.
+  script->die_on = 1;
+  start(small(3, 3));
+  run();
+  CHECK(script->received.size() == 1);
+  CHECK(!finished()); // the requests wait for a router
+  auto next_script = attach_next_router();
+  CHECK(next_script->received.size() == 3);
+  auto r = result();
+  CHECK(r.completed == 3);
+  CHECK(r.failed == 0);
 }
 
 TEST_CASE_FIXTURE(workload_fixture, "without a new router, the requests a dead router held fail at their deadline") {

@@ -43,6 +43,9 @@ struct router_script {
   std::map<std::uint64_t, caf::error> errors;     ///< id → answer with this error
   std::map<std::uint64_t, finish_reason> reasons; ///< id → finish with this reason
   std::map<std::uint64_t, stream_fault> faults;   ///< id → garble its stream
+  /// Dies (exit reason kill) on reading its die_on-th generate, answering
+  /// none: requests still in its mailbox are bounced unread (0: never).
+  std::uint32_t die_on = 0;
 
   // -- what it saw --
   std::vector<generate_request> received;          ///< every generate, in order
@@ -73,6 +76,10 @@ scripted_router(scripted_router_actor::stateful_pointer<scripted_router_state> s
       auto& s = *self->state.script;
       auto id = req.request_id;
       s.received.push_back(req);
+      if (s.die_on != 0 && s.received.size() == s.die_on) {
+        self->quit(caf::exit_reason::kill);
+        return make_error(caf::sec::request_receiver_down); // as a killed router's never-answered request ends
+      }
       auto attempt = ++s.attempts[id];
       if (auto it = s.refuse.find(id); it != s.refuse.end() && attempt <= it->second)
         return make_error(s.refuse_with, "the scripted router refuses");
