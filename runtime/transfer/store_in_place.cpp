@@ -1,5 +1,6 @@
 #include "runtime/transfer/store_in_place.hpp"
 
+#include "runtime/base/checked.hpp"
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/base/dtype.hpp"
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -48,23 +50,10 @@ std::vector<store_target> landing_targets(const group_sink& sink, int worker, st
 }
 
 std::uint64_t store_group(const std::uint8_t* packed, const std::vector<store_target>& targets, bool corrupt) {
-  // One streaming state per thread: pullers run one thread per worker.
-  thread_local checksum64_stream sum;
-  sum.reset();
-  for (const auto& t : targets) {
-    for (std::size_t done = 0; done < t.bytes;) {
-      const std::size_t piece = std::min(store_piece_bytes, t.bytes - done);
-      std::memcpy(t.at + done, packed + done, piece);
-      if (corrupt) {
-        t.at[done] ^= 0x5a;
-        corrupt = false;
-      }
-      sum.update(t.at + done, piece);
-      done += piece;
-    }
-    packed += t.bytes;
-  }
-  return sum.digest();
+  std::size_t size = 0;
+  for (const auto& t : targets)
+    size += t.bytes; // each bounded by the worker's staging size: no overflow
+  return store_pieces({{packed, size}}, targets, corrupt);
 }
 
 std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vector<tensor_spec>& tensors,
@@ -76,13 +65,11 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
   std::unordered_map<std::string, std::size_t> by_name;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
-    std::int64_t numel = 1;
+    std::optional<std::uint64_t> bytes = dtype_size(t.type);
     for (auto d : t.shape)
-      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+      if (d < 0 || !(bytes = checked_mul<std::uint64_t>(*bytes, static_cast<std::uint64_t>(d))))
         throw std::invalid_argument("with tensor '" + printable(t.name) + "' of shape " + shape_string(t.shape));
-    std::uint64_t bytes = 0;
-    if (__builtin_mul_overflow(static_cast<std::uint64_t>(numel), dtype_size(t.type), &bytes) || offsets[i] > memory_bytes
-        || bytes > memory_bytes - offsets[i])
+    if (offsets[i] > memory_bytes || *bytes > memory_bytes - offsets[i])
       throw std::invalid_argument("with tensor '" + printable(t.name) + "' at byte " + std::to_string(offsets[i])
                                   + ", not inside the " + std::to_string(memory_bytes) + " bytes of its memory");
     if (!by_name.emplace(t.name, i).second)
@@ -115,7 +102,8 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
   return out;
 }
 
-std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets) {
+std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets,
+                           bool corrupt) {
   std::size_t from = 0, to = 0;
   for (const auto& p : pieces)
     from += p.bytes; // each inside a mapping: no overflow
@@ -135,6 +123,10 @@ std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::v
         ++pi, po = 0;
       const std::size_t n = std::min({hashed + store_piece_bytes - done, t.bytes - done, pieces[pi].bytes - po});
       std::memcpy(t.at + done, pieces[pi].at + po, n);
+      if (corrupt) { // the drill: after landing, before the checksum sees it
+        t.at[done] ^= 0x5a;
+        corrupt = false;
+      }
       done += n;
       po += n;
       if (done - hashed == store_piece_bytes || done == t.bytes) {

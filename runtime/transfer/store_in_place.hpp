@@ -47,8 +47,10 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
                                       std::size_t memory_bytes, bool whole, std::uint64_t announced);
 
 /// As store_group, gathering the packed bytes from `pieces` (a group lent in
-/// place: read straight from the producer's version memory). Throws
-/// std::invalid_argument when the pieces and the targets differ in total.
-std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets);
+/// place: read straight from the producer's version memory; store_group is
+/// the case of one piece). Throws std::invalid_argument when the pieces and
+/// the targets differ in total.
+std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets,
+                           bool corrupt = false);
 
 } // namespace rlsync::transfer

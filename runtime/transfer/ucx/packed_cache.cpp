@@ -54,6 +54,11 @@ void producer_impl::start_get(get_job j) {
   }
 }
 
+std::vector<source_piece> producer_impl::in_place_pieces(const cache_key& k, const weight_snapshot& s,
+                                                        const plan::grouped_plan* p) {
+  return k.broadcast ? full_group_pieces(s, k.group) : group_pieces(*p, k.group, s);
+}
+
 std::uint64_t producer_impl::packed_size(const cache_key& k, const weight_snapshot& s,
                                          const plan::grouped_plan* p) const {
   if (k.broadcast)
@@ -448,8 +453,7 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
       // checksum, by tag (a shared session's consumer takes such a group by
       // tag too; one lent in place gets the bytes it would have gathered).
       if (e->lent_from) {
-        for (const auto& p : j.key.broadcast ? full_group_pieces(*j.snapshot, j.group)
-                                             : group_pieces(*j.plan, j.group, *j.snapshot))
+        for (const auto& p : in_place_pieces(j.key, *j.snapshot, j.plan.get()))
           op.altered.insert(op.altered.end(), p.at, p.at + p.bytes);
       } else {
         op.altered.assign(data, data + e->size);
@@ -656,7 +660,7 @@ void producer_impl::pack_loop() {
     try {
       const std::uint32_t g = job.key.group;
       if (job.key.in_place) { // read only: the consumer gathers the bytes itself
-        const auto pieces = job.key.broadcast ? full_group_pieces(*job.snapshot, g) : group_pieces(*job.plan, g, *job.snapshot);
+        const auto pieces = in_place_pieces(job.key, *job.snapshot, job.plan.get());
         r.size = 0;
         for (const auto& p : pieces)
           r.size += p.bytes;

@@ -9,6 +9,7 @@
 #include "runtime/transfer/ucx/active_messages.hpp"
 #include "runtime/transfer/ucx/context.hpp"
 #include "runtime/transfer/host_buffer.hpp"
+#include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/plan_intake.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
@@ -340,6 +341,9 @@ struct producer_impl {
 
   void start_get(get_job j);
   std::uint64_t packed_size(const cache_key& k, const weight_snapshot& s, const plan::grouped_plan* p) const;
+  /// Key `k` lent in place: the bytes its consumer gathers, as pieces of `s` (p: sharded only).
+  static std::vector<source_piece> in_place_pieces(const cache_key& k, const weight_snapshot& s,
+                                                   const plan::grouped_plan* p);
   std::uint64_t held_bytes() const;
   pins pins_of(const cache_entry& e, clock::time_point now) const;
   // Room for `bytes` more within the budget, dropping what may be dropped

@@ -383,15 +383,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                                                     + " lent group " + std::to_string(group)
                                                                     + " in place " + e.what());
       }
-      if (broadcast)
-        for (std::size_t t = 0; t < pieces.size(); ++t) {
-          tensor_view v;
-          static_cast<tensor_spec&>(v) = groups[idx].tensors[t];
-          v.data = reinterpret_cast<const std::byte*>(pieces[t].at);
-          v.size = pieces[t].bytes;
-          v.offset = groups[idx].offsets[t];
-          in_place_views.push_back(std::move(v));
-        }
+      if (broadcast) // where the manifest placed them, checked just now
+        in_place_views = plan::view_full_group({groups[idx].tensors, groups[idx].offsets, groups[idx].bytes},
+                                               mapping.data());
       if (!targets.empty()) {
         got = store_pieces(pieces, targets);
       } else if (broadcast) {
