@@ -205,9 +205,18 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     std::lock_guard<std::mutex> lock(mutex_);
     device_copy_problem_ = "some tensors are in host memory: publish every tensor from the device for a device copy";
   }
-  // The one host copy, into a dropped version's buffer or fresh memory never
-  // zero-filled (its page faults are paid inside the copy).
-  std::shared_ptr<host_buffer> buffer = buffer_for(who + "'s weights, version " + std::to_string(version));
+  // The one host copy: into shareable memory a UCX producer lends in place
+  // (host pushes; a device push keeps its page-locked buffer, reused), else
+  // into a dropped version's buffer or fresh memory never zero-filled (its
+  // page faults are paid inside the copy).
+  const std::string what = who + "'s weights, version " + std::to_string(version);
+  std::shared_ptr<transfer::host_buffer> lendable;
+  if (options_.shared_memory && !any_on_device)
+    lendable = lendable_version_memory(what, total, options_.shared_small_pages);
+  std::shared_ptr<host_buffer> buffer;
+  if (!lendable)
+    buffer = buffer_for(what);
+  std::uint8_t* const base = lendable ? lendable->data() : buffer->data;
   if (any_on_device)
     copy_from_device(inputs, offsets, on_device.get(), *buffer);
   struct piece {
@@ -225,7 +234,7 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   std::vector<std::optional<nonfinite_element>> nonfinite(pieces.size());
   parallel_for(pieces.size(), std::max(1u, options_.copy_threads), [&](std::size_t k) {
     const piece& p = pieces[k];
-    auto* to = buffer->data + offsets[p.input] + p.from;
+    auto* to = base + offsets[p.input] + p.from;
     if (inputs[p.input]->device < 0)
       std::memcpy(to, static_cast<const std::uint8_t*>(inputs[p.input]->data) + p.from, static_cast<std::size_t>(p.bytes));
     if (!options_.allow_nonfinite) {
@@ -240,8 +249,13 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
     if (nonfinite[k])
       throw std::invalid_argument(nonfinite_message(inputs[pieces[k].input]->name, *nonfinite[k]) + " (version "
                                   + std::to_string(version) + ")");
-  std::shared_ptr<const std::uint8_t> storage(buffer, buffer->data);
-  auto snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, on_device);
+  snapshot_ptr snapshot;
+  if (lendable) {
+    snapshot = weight_snapshot::from_shared(version, config(), specs_, std::move(lendable), total);
+  } else {
+    std::shared_ptr<const std::uint8_t> storage(buffer, buffer->data);
+    snapshot = weight_snapshot::from_buffer(version, config(), specs_, std::move(storage), total, on_device);
+  }
   std::uint64_t superseded = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -372,6 +386,7 @@ std::shared_ptr<external_source> make_external_source(const topology& t, std::si
   o.device = std::move(device);
   if (o.device && (t.transfer.backend == transfer_backend::nccl || t.transfer.backend == transfer_backend::cuda_ipc))
     o.device_copy_on = 0;
+  o.shared_memory = t.transfer.backend == transfer_backend::ucx; // same-host engines are lent groups in place
   return std::make_shared<external_source>(std::move(o));
 }
 

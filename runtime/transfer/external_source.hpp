@@ -12,7 +12,9 @@
 // Fresh memory costs a page fault per page (most of a copy's time on a VM),
 // so the buffer of a version the source dropped is kept for the next push
 // (one spare, of the model's size); a fresh one asks for transparent huge
-// pages. Memory: the versions kept (keep_versions, the pinned one, the one
+// pages. With shared_memory, a version pushed from host memory goes into
+// fresh shareable memory instead (never reused: an engine may still read a
+// lend of it), which a UCX producer lends in place. Memory: the versions kept (keep_versions, the pinned one, the one
 // queued) and one spare; on the device, `device_copies` copies (below) and
 // those rounds still read.
 //
@@ -89,6 +91,12 @@ struct external_options {
   /// the trainer packs on); nullopt: no device copies.
   std::optional<int> device_copy_on;
   std::size_t device_copies = 2; ///< device copies the source holds at most (0 counts as 1)
+  /// Versions pushed from host memory go into shareable memory in huge
+  /// pages (lendable_version_memory) while the hugetlb pool has them, so
+  /// that a UCX producer lends same-host engines their groups in place:
+  /// the push's copy is then the only one before the engines' own.
+  bool shared_memory = false;
+  bool shared_small_pages = false; ///< ... and in ordinary pages when no huge page is to be had (tests)
 };
 
 class external_source final : public weight_source {

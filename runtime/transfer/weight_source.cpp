@@ -495,32 +495,37 @@ snapshot_ptr synthetic_source::make_initial() const {
   return snapshot_of(1, specs_, std::move(storage), total);
 }
 
-synthetic_source::version_memory synthetic_source::new_version_memory(std::uint64_t version,
-                                                                     std::uint64_t total) const {
-  const std::string what = "the trainer's weights, version " + std::to_string(version);
-  version_memory m;
+std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, std::uint64_t total, bool small_pages) {
   // Only in huge pages: every version is new memory that each consumer
   // maps and faults in inside the round, once per 2 MiB here but once per
   // 4 KiB otherwise (measured: a 256 MiB sharded sync took 270 ms lent in
   // place from 4 KiB pages, 45 ms packed). The pool may be short or absent,
-  // so each version tries again, else takes private memory (and is packed
-  // as usual). Ordinary pages only where asked (tests).
+  // so each version tries again. Ordinary pages only where asked (tests).
   std::vector<shared_pages> tries;
-  if (options_.shared_memory && total >= huge_page_bytes)
+  if (total >= huge_page_bytes)
     tries.push_back(shared_pages::huge);
-  if (options_.shared_memory && options_.shared_small_pages)
+  if (small_pages)
     tries.push_back(shared_pages::normal);
   for (auto pages : tries) {
     try {
-      m.shared = allocating(what, total, [&] {
+      return allocating(what, total, [&] {
         return std::make_shared<host_buffer>(static_cast<std::size_t>(std::max<std::uint64_t>(total, 1)), shareable,
                                              pages);
       });
-      return m;
     } catch (const std::runtime_error&) {
     }
   }
-  m.bytes = allocating(what, total, [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
+  return nullptr;
+}
+
+synthetic_source::version_memory synthetic_source::new_version_memory(std::uint64_t version,
+                                                                     std::uint64_t total) const {
+  const std::string what = "the trainer's weights, version " + std::to_string(version);
+  version_memory m;
+  if (options_.shared_memory)
+    m.shared = lendable_version_memory(what, total, options_.shared_small_pages);
+  if (!m.shared)
+    m.bytes = allocating(what, total, [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
   return m;
 }
 

@@ -236,6 +236,13 @@ private:
   mutable std::vector<std::weak_ptr<const std::function<void()>>> publish_listeners_;
 };
 
+/// Memory for a version that a UCX producer can lend same-host engines in
+/// place: a shareable buffer of at least `total` bytes in huge pages while
+/// the kernel's hugetlb pool has them (for versions of 2 MiB or more), else
+/// in ordinary pages where `small_pages` allows it (tests); nullptr when
+/// neither can be had, and the version takes private memory.
+std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, std::uint64_t total, bool small_pages);
+
 struct synthetic_options {
   model_config config;
   dtype type = dtype::bf16;      ///< ignored with initial_checkpoint (its dtype wins)

@@ -240,6 +240,35 @@ external_options device_options(const model_config& c, std::shared_ptr<test::fak
 
 } // namespace
 
+TEST_CASE("external source: with shared memory a host push lands in lendable memory, a device push does not") {
+  auto c = small_model(3);
+  auto device = std::make_shared<test::fake_tensor_device>();
+  auto o = options_for(c);
+  o.device = device;
+  o.shared_memory = true;
+  o.shared_small_pages = true; // this machine's hugetlb pool may be empty
+  external_source source(o);
+  state_dict sd(c, dtype::bf16, 0x3c);
+  for (std::uint64_t version = 1; version <= 3; ++version) {
+    CAPTURE(version);
+    const bool from_device = version == 2; // its page-locked buffer is private, and reused
+    source.push(version, from_device ? on_device(sd, 0) : sd.inputs);
+    auto v = source.advance();
+    REQUIRE(bool(v));
+    CHECK(bool(v->shared_buffer()) == !from_device);
+    for (const auto& t : v->tensors()) {
+      INFO(t.name);
+      CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
+      if (v->shared_buffer()) // offsets count from the buffer's data: what a manifest names
+        CHECK(reinterpret_cast<const std::uint8_t*>(t.data) == v->shared_buffer()->data() + t.offset);
+    }
+  }
+  // Without the option every version is private memory.
+  external_source plain(options_for(c));
+  plain.push(1, sd.inputs);
+  CHECK(!plain.advance()->shared_buffer());
+}
+
 TEST_CASE("external source: tensors pushed from a device are copied to the host, and to a device copy when kept") {
   auto c = small_model(3);
   auto device = std::make_shared<test::fake_tensor_device>();

@@ -9,6 +9,7 @@
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
+#include "runtime/transfer/external_source.hpp"
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/host_buffer.hpp"
 #include "runtime/transfer/ucx/shared_memory.hpp"
@@ -619,6 +620,41 @@ TEST_CASE("ucx: a version in shareable memory is lent in place: nothing packed, 
       CHECK(eventually([&] { return first.expired(); }));
     }
   }
+}
+
+TEST_CASE("ucx: a PyTorch rank's push in shareable memory is lent in place as the synthetic trainer's is") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto trainer = test::small_source(c); // makes each version's bytes; the rank pushes them
+  external_options o;
+  o.config = c;
+  o.type = dtype::bf16;
+  o.shared_memory = true;
+  o.shared_small_pages = true;
+  auto rank = std::make_shared<external_source>(o);
+  auto push = [&] {
+    auto v = trainer->produce_next();
+    std::vector<tensor_input> state_dict;
+    for (const auto& t : v->tensors())
+      state_dict.push_back({t.name, t.type, t.shape, t.data, t.size});
+    rank->push(v->version(), state_dict);
+    REQUIRE(rank->advance()->shared_buffer());
+    return v;
+  };
+  auto v = push();
+  ucx_producer producer(rank, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 2, puller);
+  e.in_place = true;
+  for (int round = 0; round < 3; ++round) {
+    if (round > 0)
+      v = push();
+    e.pull(puller, v->version(), transfer_mode::sharded);
+    test::check_identical(*e.weights, *test::loaded(*v, 2));
+  }
+  CHECK(eventually([&] { return producer.stats().groups_sent == 18; })); // 2 workers x 3 groups x 3 versions
+  CHECK(producer.stats().groups_lent_in_place == 18);
+  CHECK(producer.stats().buffers_made == 0); // nothing was packed
 }
 
 TEST_CASE("ucx: lent in place, a corrupted group still fails that worker's pull with a checksum error") {
