@@ -47,8 +47,41 @@ struct external_source::host_buffer {
 struct external_source::spare_buffers {
   std::mutex mutex;
   std::vector<std::unique_ptr<host_buffer>> free; ///< at most max_spares
+  std::vector<transfer::host_buffer> lendable;    ///< shareable ones, at most max_spares
   static constexpr std::size_t max_spares = 2;
 };
+
+std::shared_ptr<transfer::host_buffer> external_source::lendable_for(const std::string& what) {
+  transfer::host_buffer spare;
+  {
+    std::lock_guard<std::mutex> lock(spares_->mutex);
+    if (!spares_->lendable.empty()) {
+      spare = std::move(spares_->lendable.back());
+      spares_->lendable.pop_back();
+    }
+  }
+  std::shared_ptr<transfer::host_buffer> fresh;
+  if (!spare.data()) {
+    fresh = lendable_version_memory(what, held_bytes_, options_.shared_small_pages);
+    if (!fresh)
+      return nullptr;
+    spare = std::move(*fresh);
+  }
+  // Back to the spares when the version is dropped: by the source and by
+  // every lend of it (the producer holds a lent version until the lend
+  // comes back or its connection ends). Reused, the memfd keeps its id, so
+  // engines that still map it read the new version without mapping anew.
+  std::weak_ptr<spare_buffers> spares = spares_;
+  return std::shared_ptr<transfer::host_buffer>(new transfer::host_buffer(std::move(spare)),
+                                                [spares](transfer::host_buffer* p) {
+                                                  std::unique_ptr<transfer::host_buffer> owned(p);
+                                                  if (auto s = spares.lock()) {
+                                                    std::lock_guard<std::mutex> lock(s->mutex);
+                                                    if (s->lendable.size() < spare_buffers::max_spares)
+                                                      s->lendable.push_back(std::move(*owned));
+                                                  }
+                                                });
+}
 
 std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const std::string& what) {
   const std::uint64_t bytes = held_bytes_;
@@ -212,7 +245,7 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   const std::string what = who + "'s weights, version " + std::to_string(version);
   std::shared_ptr<transfer::host_buffer> lendable;
   if (options_.shared_memory && !any_on_device)
-    lendable = lendable_version_memory(what, total, options_.shared_small_pages);
+    lendable = lendable_for(what);
   std::shared_ptr<host_buffer> buffer;
   if (!lendable)
     buffer = buffer_for(what);

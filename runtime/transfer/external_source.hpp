@@ -13,8 +13,8 @@
 // so the buffer of a version the source dropped is kept for the next push
 // (one spare, of the model's size); a fresh one asks for transparent huge
 // pages. With shared_memory, a version pushed from host memory goes into
-// fresh shareable memory instead (never reused: an engine may still read a
-// lend of it), which a UCX producer lends in place. Memory: the versions kept (keep_versions, the pinned one, the one
+// shareable memory instead, which a UCX producer lends in place (two
+// spares of those too, reused once no lend of their version is out). Memory: the versions kept (keep_versions, the pinned one, the one
 // queued) and one spare; on the device, `device_copies` copies (below) and
 // those rounds still read.
 //
@@ -136,6 +136,9 @@ private:
   std::uint64_t held_bytes_ = 0; // every push copies exactly this much
   /// A buffer of held_bytes_: a spare, or fresh memory asking for huge pages.
   std::shared_ptr<host_buffer> buffer_for(const std::string& what);
+  /// A shareable buffer of held_bytes_ a producer can lend in place: a
+  /// spare, or fresh memory (lendable_version_memory); nullptr when none.
+  std::shared_ptr<transfer::host_buffer> lendable_for(const std::string& what);
   /// The device copy of `inputs` (in specs_ order), or nullptr (and
   /// device_copy_problem_ says why).
   std::shared_ptr<const device_resident> device_copy_of(const std::vector<const tensor_input*>& inputs);

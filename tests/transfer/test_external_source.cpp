@@ -269,6 +269,35 @@ TEST_CASE("external source: with shared memory a host push lands in lendable mem
   CHECK(!plain.advance()->shared_buffer());
 }
 
+TEST_CASE("external source: a lendable buffer is reused once its version is dropped, never while held") {
+  auto c = small_model(2);
+  auto o = options_for(c);
+  o.keep_versions = 1;
+  o.shared_memory = true;
+  o.shared_small_pages = true;
+  external_source source(o);
+  auto push = [&](std::uint64_t version, std::uint8_t fill) {
+    state_dict sd(c, dtype::bf16, fill);
+    source.push(version, sd.inputs);
+    auto v = source.advance();
+    REQUIRE(v->shared_buffer());
+    return v;
+  };
+  auto v1 = push(1, 0x3c); // held here, as a lend or a round would
+  const auto id1 = v1->shared_buffer()->id();
+  const auto id2 = push(2, 0x3d)->shared_buffer()->id();
+  CHECK(push(3, 0x3e)->shared_buffer()->id() != id2); // version 2 was kept until 3 was published
+  auto v4 = push(4, 0x3f);
+  CHECK(v4->shared_buffer()->id() == id2); // the only spare: version 1's memory is held
+  for (const auto& t : v1->tensors())      // what a late reader of version 1 sees: unchanged
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x3c));
+  v1.reset();
+  auto v5 = push(5, 0x40);
+  CHECK(v5->shared_buffer()->id() == id1);
+  for (const auto& t : v5->tensors())
+    CHECK(bytes_of(t) == std::vector<std::uint8_t>(t.size, 0x40));
+}
+
 TEST_CASE("external source: tensors pushed from a device are copied to the host, and to a device copy when kept") {
   auto c = small_model(3);
   auto device = std::make_shared<test::fake_tensor_device>();
