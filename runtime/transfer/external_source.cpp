@@ -47,41 +47,8 @@ struct external_source::host_buffer {
 struct external_source::spare_buffers {
   std::mutex mutex;
   std::vector<std::unique_ptr<host_buffer>> free; ///< at most max_spares
-  std::vector<transfer::host_buffer> lendable;    ///< shareable ones, at most max_spares
   static constexpr std::size_t max_spares = 2;
 };
-
-std::shared_ptr<transfer::host_buffer> external_source::lendable_for(const std::string& what) {
-  transfer::host_buffer spare;
-  {
-    std::lock_guard<std::mutex> lock(spares_->mutex);
-    if (!spares_->lendable.empty()) {
-      spare = std::move(spares_->lendable.back());
-      spares_->lendable.pop_back();
-    }
-  }
-  std::shared_ptr<transfer::host_buffer> fresh;
-  if (!spare.data()) {
-    fresh = lendable_version_memory(what, held_bytes_, options_.shared_small_pages);
-    if (!fresh)
-      return nullptr;
-    spare = std::move(*fresh);
-  }
-  // Back to the spares when the version is dropped: by the source and by
-  // every lend of it (the producer holds a lent version until the lend
-  // comes back or its connection ends). Reused, the memfd keeps its id, so
-  // engines that still map it read the new version without mapping anew.
-  std::weak_ptr<spare_buffers> spares = spares_;
-  return std::shared_ptr<transfer::host_buffer>(new transfer::host_buffer(std::move(spare)),
-                                                [spares](transfer::host_buffer* p) {
-                                                  std::unique_ptr<transfer::host_buffer> owned(p);
-                                                  if (auto s = spares.lock()) {
-                                                    std::lock_guard<std::mutex> lock(s->mutex);
-                                                    if (s->lendable.size() < spare_buffers::max_spares)
-                                                      s->lendable.push_back(std::move(*owned));
-                                                  }
-                                                });
-}
 
 std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const std::string& what) {
   const std::uint64_t bytes = held_bytes_;
@@ -119,7 +86,7 @@ std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const 
 
 external_source::external_source(external_options o)
     : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),
-      spares_(std::make_shared<spare_buffers>()) {
+      spares_(std::make_shared<spare_buffers>()), lendable_(options_.shared_small_pages) {
   for (auto& s : llama_parameter_specs(config(), options_.type)) {
     parameter_names_.insert(s.name);
     if (holds(s.name)) {
@@ -245,7 +212,7 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   const std::string what = who + "'s weights, version " + std::to_string(version);
   std::shared_ptr<transfer::host_buffer> lendable;
   if (options_.shared_memory && !any_on_device)
-    lendable = lendable_for(what);
+    lendable = lendable_.take(what, held_bytes_);
   std::shared_ptr<host_buffer> buffer;
   if (!lendable)
     buffer = buffer_for(what);

@@ -104,6 +104,7 @@ public:
   explicit external_source(external_options o);
 
   std::vector<tensor_spec> parameters() const override { return specs_; }
+  std::vector<std::uint64_t> spare_buffer_ids() const override { return lendable_.spare_ids(); }
   /// Publishes the newest version pushed and not published yet; nullptr when none.
   snapshot_ptr advance() override;
 
@@ -133,12 +134,11 @@ private:
   struct host_buffer;   // a version's memory, page-locked once a device push used it
   struct spare_buffers; // freed versions' buffers, for the next push
   std::shared_ptr<spare_buffers> spares_;
+  lendable_pool lendable_; // host pushes' memory with shared_memory
   std::uint64_t held_bytes_ = 0; // every push copies exactly this much
   /// A buffer of held_bytes_: a spare, or fresh memory asking for huge pages.
   std::shared_ptr<host_buffer> buffer_for(const std::string& what);
-  /// A shareable buffer of held_bytes_ a producer can lend in place: a
-  /// spare, or fresh memory (lendable_version_memory); nullptr when none.
-  std::shared_ptr<transfer::host_buffer> lendable_for(const std::string& what);
+
   /// The device copy of `inputs` (in specs_ order), or nullptr (and
   /// device_copy_problem_ says why).
   std::shared_ptr<const device_resident> device_copy_of(const std::vector<const tensor_input*>& inputs);

@@ -429,7 +429,8 @@ void weight_source::on_publish(std::weak_ptr<const std::function<void()>> wake) 
 // -- synthetic_source -------------------------------------------------------------------
 
 synthetic_source::synthetic_source(synthetic_options o)
-    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)) {
+    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),
+      lendable_(options_.shared_small_pages) {
   if (!std::isfinite(options_.perturb))
     throw std::invalid_argument("synthetic weight source: perturbation must be finite");
   if (!options_.initial_checkpoint.empty()) {
@@ -518,12 +519,59 @@ std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, st
   return nullptr;
 }
 
+struct lendable_pool::spares {
+  std::mutex mutex;
+  std::vector<host_buffer> free;
+  std::size_t most = 0;
+};
+
+lendable_pool::lendable_pool(bool small_pages, std::size_t max_spares)
+    : small_pages_(small_pages), spares_(std::make_shared<spares>()) {
+  spares_->most = max_spares;
+}
+
+std::shared_ptr<host_buffer> lendable_pool::take(const std::string& what, std::uint64_t bytes) {
+  host_buffer buffer;
+  {
+    std::lock_guard<std::mutex> lock(spares_->mutex);
+    auto fits = std::find_if(spares_->free.rbegin(), spares_->free.rend(),
+                             [&](const host_buffer& b) { return b.capacity() >= bytes; });
+    if (fits != spares_->free.rend()) {
+      buffer = std::move(*fits);
+      spares_->free.erase(std::next(fits).base());
+    }
+  }
+  if (!buffer.data()) {
+    auto fresh = lendable_version_memory(what, bytes, small_pages_);
+    if (!fresh)
+      return nullptr;
+    buffer = std::move(*fresh);
+  }
+  std::weak_ptr<spares> back = spares_;
+  return std::shared_ptr<host_buffer>(new host_buffer(std::move(buffer)), [back](host_buffer* p) {
+    std::unique_ptr<host_buffer> owned(p);
+    if (auto s = back.lock()) {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      if (s->free.size() < s->most)
+        s->free.push_back(std::move(*owned));
+    }
+  });
+}
+
+std::vector<std::uint64_t> lendable_pool::spare_ids() const {
+  std::lock_guard<std::mutex> lock(spares_->mutex);
+  std::vector<std::uint64_t> ids;
+  for (const auto& b : spares_->free)
+    ids.push_back(b.id());
+  return ids;
+}
+
 synthetic_source::version_memory synthetic_source::new_version_memory(std::uint64_t version,
                                                                      std::uint64_t total) const {
   const std::string what = "the trainer's weights, version " + std::to_string(version);
   version_memory m;
   if (options_.shared_memory)
-    m.shared = lendable_version_memory(what, total, options_.shared_small_pages);
+    m.shared = lendable_.take(what, total);
   if (!m.shared)
     m.bytes = allocating(what, total, [&] { return std::vector<std::uint8_t>(static_cast<std::size_t>(total)); });
   return m;

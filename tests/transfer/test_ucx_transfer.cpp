@@ -632,13 +632,16 @@ TEST_CASE("ucx: a PyTorch rank's push in shareable memory is lent in place as th
   o.shared_memory = true;
   o.shared_small_pages = true;
   auto rank = std::make_shared<external_source>(o);
+  std::set<std::uint64_t> buffers; // the memfds the rank's versions lie in
   auto push = [&] {
     auto v = trainer->produce_next();
     std::vector<tensor_input> state_dict;
     for (const auto& t : v->tensors())
       state_dict.push_back({t.name, t.type, t.shape, t.data, t.size});
     rank->push(v->version(), state_dict);
-    REQUIRE(rank->advance()->shared_buffer());
+    auto pushed = rank->advance();
+    REQUIRE(pushed->shared_buffer());
+    buffers.insert(pushed->shared_buffer()->id());
     return v;
   };
   auto v = push();
@@ -657,6 +660,10 @@ TEST_CASE("ucx: a PyTorch rank's push in shareable memory is lent in place as th
   CHECK(eventually([&] { return producer.stats().groups_sent == 30; })); // 2 workers x 3 groups x 5 versions
   CHECK(producer.stats().groups_lent_in_place == 30);
   CHECK(producer.stats().buffers_made == 0); // nothing was packed
+  // Each worker mapped each memfd once: a dropped version's memory, kept
+  // as a spare and named live, stays mapped for the version reusing it.
+  CHECK(buffers.size() < 5);
+  CHECK(puller.stats().mappings == 2 * buffers.size());
 }
 
 TEST_CASE("ucx: lent in place, a corrupted group still fails that worker's pull with a checksum error") {

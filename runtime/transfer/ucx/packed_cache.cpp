@@ -199,11 +199,14 @@ std::vector<std::uint64_t> producer_impl::live_buffers() const {
       ids.push_back(id);
   };
   // First the versions held in shareable memory, newest first (lent in
-  // place; relabeled versions share a buffer), then packed buffers.
+  // place; relabeled versions share a buffer), and the source's spares of
+  // such memory, then packed buffers.
   const auto versions = source->versions();
   for (auto v = versions.rbegin(); v != versions.rend(); ++v)
     if (auto s = source->find(*v); s && s->shared_buffer())
       name(s->shared_buffer()->id());
+  for (auto id : source->spare_buffer_ids()) // the next versions' memory: kept mapped, no faults then
+    name(id);
   for (const auto& [k, e] : cache)
     name(e->buffer_id);
   for (const auto& b : spare)
