@@ -10,13 +10,13 @@
 //                     queued; an older queued one is superseded unpublished.
 //
 // Fresh memory costs a page fault per page (most of a copy's time on a VM),
-// so the buffer of a version the source dropped is kept for the next push
-// (one spare, of the model's size); a fresh one asks for transparent huge
-// pages. With shared_memory, a version pushed from host memory goes into
-// shareable memory instead, which a UCX producer lends in place (two
-// spares of those too, reused once no lend of their version is out). Memory: the versions kept (keep_versions, the pinned one, the one
-// queued) and one spare; on the device, `device_copies` copies (below) and
-// those rounds still read.
+// so the buffers of versions the source dropped are kept for the next
+// pushes (two spares, of the model's size); a fresh one asks for
+// transparent huge pages. With shared_memory, a version pushed from host
+// memory goes into shareable memory instead, which a UCX producer lends in
+// place (lendable_pool: two spares of those too). Memory: the versions
+// kept (keep_versions, the pinned one, the one queued) and the spares; on
+// the device, `device_copies` copies (below) and those rounds still read.
 //
 // Tensors on a CUDA device (tensor_input::device) are copied by the
 // tensor_device. When the source keeps device copies (transfer.backend nccl
@@ -104,7 +104,8 @@ public:
   explicit external_source(external_options o);
 
   std::vector<tensor_spec> parameters() const override { return specs_; }
-  std::vector<std::uint64_t> spare_buffer_ids() const override { return lendable_.spare_ids(); }
+  std::vector<std::uint64_t> lendable_buffer_ids() const override { return lendable_.ids(); }
+  void retire_buffer(std::uint64_t id) const override { lendable_.retire(id); }
   /// Publishes the newest version pushed and not published yet; nullptr when none.
   snapshot_ptr advance() override;
 

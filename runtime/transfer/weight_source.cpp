@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -521,49 +522,68 @@ std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, st
 
 struct lendable_pool::spares {
   std::mutex mutex;
-  std::vector<host_buffer> free;
+  std::vector<host_buffer> free; // at most `most`, reserved: the deleter never allocates
   std::size_t most = 0;
+  std::set<std::uint64_t> alive;   // every buffer made and not freed
+  std::set<std::uint64_t> retired; // alive, never to be kept
 };
 
 lendable_pool::lendable_pool(bool small_pages, std::size_t max_spares)
     : small_pages_(small_pages), spares_(std::make_shared<spares>()) {
   spares_->most = max_spares;
+  spares_->free.reserve(max_spares);
 }
 
 std::shared_ptr<host_buffer> lendable_pool::take(const std::string& what, std::uint64_t bytes) {
   host_buffer buffer;
+  std::vector<host_buffer> unfit; // freed outside the lock
   {
     std::lock_guard<std::mutex> lock(spares_->mutex);
-    auto fits = std::find_if(spares_->free.rbegin(), spares_->free.rend(),
-                             [&](const host_buffer& b) { return b.capacity() >= bytes; });
-    if (fits != spares_->free.rend()) {
-      buffer = std::move(*fits);
-      spares_->free.erase(std::next(fits).base());
+    while (!spares_->free.empty() && !buffer.data()) {
+      host_buffer b = std::move(spares_->free.back());
+      spares_->free.pop_back();
+      if (b.capacity() >= bytes) {
+        buffer = std::move(b);
+      } else { // a source's versions keep their size; a smaller one only holds pool pages
+        spares_->alive.erase(b.id());
+        unfit.push_back(std::move(b));
+      }
     }
   }
+  unfit.clear();
   if (!buffer.data()) {
     auto fresh = lendable_version_memory(what, bytes, small_pages_);
     if (!fresh)
       return nullptr;
     buffer = std::move(*fresh);
+    std::lock_guard<std::mutex> lock(spares_->mutex);
+    spares_->alive.insert(buffer.id());
   }
   std::weak_ptr<spares> back = spares_;
   return std::shared_ptr<host_buffer>(new host_buffer(std::move(buffer)), [back](host_buffer* p) {
     std::unique_ptr<host_buffer> owned(p);
     if (auto s = back.lock()) {
       std::lock_guard<std::mutex> lock(s->mutex);
-      if (s->free.size() < s->most)
+      const bool keep = !s->retired.count(p->id()) && s->free.size() < s->most;
+      if (keep) {
         s->free.push_back(std::move(*owned));
-    }
+      } else {
+        s->retired.erase(p->id());
+        s->alive.erase(p->id());
+      }
+    } // the buffer not kept is unmapped here, outside the lock
   });
 }
 
-std::vector<std::uint64_t> lendable_pool::spare_ids() const {
+std::vector<std::uint64_t> lendable_pool::ids() const {
   std::lock_guard<std::mutex> lock(spares_->mutex);
-  std::vector<std::uint64_t> ids;
-  for (const auto& b : spares_->free)
-    ids.push_back(b.id());
-  return ids;
+  return {spares_->alive.begin(), spares_->alive.end()};
+}
+
+void lendable_pool::retire(std::uint64_t id) const {
+  std::lock_guard<std::mutex> lock(spares_->mutex);
+  if (spares_->alive.count(id))
+    spares_->retired.insert(id);
 }
 
 synthetic_source::version_memory synthetic_source::new_version_memory(std::uint64_t version,

@@ -206,10 +206,13 @@ public:
   /// as its owner keeps it alive: a producer packing ahead starts when a
   /// version appears, not at its next poll. Thread-safe.
   void on_publish(std::weak_ptr<const std::function<void()>> wake) const;
-  /// The ids of shareable buffers this source keeps for later versions
-  /// (lendable_pool::spare_ids): a producer names them to its consumers as
-  /// memory to keep mapped. None by default.
-  virtual std::vector<std::uint64_t> spare_buffer_ids() const { return {}; }
+  /// The ids of the shareable buffers this source's versions lie in and
+  /// those it keeps for later versions (lendable_pool::ids): a producer
+  /// names them to its consumers as memory to keep mapped. None by default.
+  virtual std::vector<std::uint64_t> lendable_buffer_ids() const { return {}; }
+  /// A lend of shareable buffer `id` was never given back: the consumer may
+  /// still read it, so it must never hold another version (lendable_pool::retire).
+  virtual void retire_buffer(std::uint64_t /*id*/) const {}
 
 protected:
   /// Throws std::invalid_argument for held experts of a model without
@@ -248,21 +251,25 @@ private:
 std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, std::uint64_t total, bool small_pages);
 
 /// Lendable memory for a source's versions, recycled: a version's buffer,
-/// once its source and every lend of it let go (the producer holds a lent
-/// version until the lend comes back or its connection ends), waits as one
-/// of `max_spares` spares for a later version. Reused, a memfd keeps its
-/// id and its pages: engines that still map it read the new version
-/// without mapping and faulting it in anew (about 2.8 ms per 131 MB here),
-/// and the pool is not zeroed again. Thread-safe; spares of a pool that is
-/// gone are freed.
+/// once its source and every lend of it let go, waits as one of
+/// `max_spares` spares for a later version. Reused, a memfd keeps its id
+/// and its pages: engines that still map it read the new version without
+/// mapping and faulting it in anew (about 2.8 ms per 131 MB here), and the
+/// pool is not zeroed again. A buffer with a lend that was never given back
+/// (its consumer gone or past its deadline, perhaps still reading) is
+/// retired: freed, never reused. Thread-safe; spares of a pool that is gone
+/// are freed.
 class lendable_pool {
 public:
   explicit lendable_pool(bool small_pages, std::size_t max_spares = 2);
   /// A buffer of at least `bytes`: a spare that large, else fresh memory
   /// (lendable_version_memory); nullptr when none can be had.
   std::shared_ptr<host_buffer> take(const std::string& what, std::uint64_t bytes);
-  /// The spares' memfd ids: memory engines may keep mapped.
-  std::vector<std::uint64_t> spare_ids() const;
+  /// The memfd ids of every buffer of the pool still alive, spares and
+  /// those holding versions: memory engines may keep mapped.
+  std::vector<std::uint64_t> ids() const;
+  /// Buffer `id` is freed once its version goes, not kept as a spare.
+  void retire(std::uint64_t id) const;
 
 private:
   struct spares;
@@ -306,7 +313,8 @@ public:
   snapshot_ptr advance() override { return produce_next(); }
   /// Version 1 on the first call, then latest + 1.
   snapshot_ptr produce_next();
-  std::vector<std::uint64_t> spare_buffer_ids() const override { return lendable_.spare_ids(); }
+  std::vector<std::uint64_t> lendable_buffer_ids() const override { return lendable_.ids(); }
+  void retire_buffer(std::uint64_t id) const override { lendable_.retire(id); }
 
 private:
   snapshot_ptr make_initial() const;

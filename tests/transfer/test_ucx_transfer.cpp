@@ -666,6 +666,33 @@ TEST_CASE("ucx: a PyTorch rank's push in shareable memory is lent in place as th
   CHECK(puller.stats().mappings == 2 * buffers.size());
 }
 
+TEST_CASE("ucx: a version lent in place and never given back is retired: no later version reuses its memory") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c, /*keep*/ 1, /*shared*/ true);
+  auto v1 = src->produce_next();
+  const auto id1 = v1->shared_buffer()->id();
+  std::weak_ptr<const weight_snapshot> first = v1;
+  v1.reset();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 2, puller);
+  e.in_place = true;
+  auto crashing = e.sink(); // dies with the first group lent: it never gives it back
+  crashing.on_stored = [](int, std::uint32_t) { throw std::runtime_error("the engine died storing"); };
+  CHECK_THROWS(transfer::pull_engine(puller, e.name, e.tp, 1, transfer_mode::sharded, crashing, test::in(1500ms)));
+  src->produce_next(); // version 1 dropped by the source: only the lent group holds it
+  // The producer lets go of version 1 when the lend's deadline passes or its connection ends.
+  CHECK(eventually([&] { return first.expired(); }));
+  // Kept as a spare, version 1's memory would take the next version while
+  // that engine might still be reading it.
+  auto v3 = src->produce_next();
+  REQUIRE(v3->shared_buffer());
+  CHECK(v3->shared_buffer()->id() != id1);
+  e.pull(puller, 3, transfer_mode::sharded);
+  test::check_identical(*e.weights, *test::loaded(*v3, 2));
+}
+
 TEST_CASE("ucx: lent in place, a corrupted group still fails that worker's pull with a checksum error") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);

@@ -132,6 +132,32 @@ TEST_CASE("synthetic source in shared memory: huge pages while the pool has them
   }
 }
 
+TEST_CASE("lendable pool: every buffer alive is named, a dropped one is reused, a retired or too small one freed") {
+  transfer::lendable_pool pool(/*small_pages*/ true);
+  auto sorted = [&] {
+    auto ids = pool.ids();
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  auto a = pool.take("a", 8192), b = pool.take("b", 8192);
+  REQUIRE(a);
+  REQUIRE(b);
+  const auto id_a = a->id(), id_b = b->id();
+  CHECK(id_a != id_b);
+  CHECK(sorted() == std::vector<std::uint64_t>{std::min(id_a, id_b), std::max(id_a, id_b)}); // in use: named too
+  pool.retire(id_a); // a lend of it was never given back
+  a.reset();
+  CHECK(sorted() == std::vector<std::uint64_t>{id_b}); // freed, not kept
+  b.reset();
+  CHECK(sorted() == std::vector<std::uint64_t>{id_b}); // a spare
+  auto c = pool.take("c", 8192);
+  CHECK(c->id() == id_b);
+  c.reset();
+  auto large = pool.take("large", std::uint64_t(1) << 20); // the spare is too small: dropped
+  CHECK(large->id() != id_b);
+  CHECK(sorted() == std::vector<std::uint64_t>{large->id()});
+}
+
 TEST_CASE("synthetic source keeps a bounded number of versions, a held snapshot stays valid") {
   const model_config c = test::small_model(2);
   auto src = test::small_source(c, /*keep*/ 2);

@@ -199,13 +199,13 @@ std::vector<std::uint64_t> producer_impl::live_buffers() const {
       ids.push_back(id);
   };
   // First the versions held in shareable memory, newest first (lent in
-  // place; relabeled versions share a buffer), and the source's spares of
-  // such memory, then packed buffers.
+  // place; relabeled versions share a buffer), and the rest of the source's
+  // such memory (spares, a version being made), then packed buffers.
   const auto versions = source->versions();
   for (auto v = versions.rbegin(); v != versions.rend(); ++v)
     if (auto s = source->find(*v); s && s->shared_buffer())
       name(s->shared_buffer()->id());
-  for (auto id : source->spare_buffer_ids()) // the next versions' memory: kept mapped, no faults then
+  for (auto id : source->lendable_buffer_ids()) // the next versions' memory too: kept mapped, no faults then
     name(id);
   for (const auto& [k, e] : cache)
     name(e->buffer_id);
@@ -502,9 +502,13 @@ unsigned producer_impl::poll_sends() {
       // Not given back (its consumer gone, or past the consumer's
       // deadline): the consumer may still map the buffer, so it leaves the
       // cache and is freed, never reused for another group (which the
-      // consumer could read unchecked); the connection is closed.
+      // consumer could read unchecked); the connection is closed. Lent in
+      // place, the version's memory is retired likewise: its source frees
+      // it instead of writing a later version into it.
       const bool gone = it->conn->closed;
       if (gone || now >= it->deadline) {
+        if (const auto& v = it->entry->lent_from; v && v->shared_buffer())
+          source->retire_buffer(v->shared_buffer()->id());
         forget(it->entry);
         if (!gone)
           close_connection(it->conn, "group " + std::to_string(it->group)
