@@ -1187,8 +1187,10 @@ TEST_CASE("ucx: in the steady state each (plan, group) is packed once per versio
     test_engine b("rollout-1", c, 2, puller);
     pull_together(a, b, puller, src->latest()->version()); // the replicas become known
     for (int round = 0; round < 2; ++round) {
-      auto v = src->produce_next();
+      // Counted from before the publish: it wakes the producer, which may
+      // pack ahead before this thread reads its stats.
       const auto before = producer.stats();
+      auto v = src->produce_next();
       pull_together(a, b, puller, v->version());
       auto ref = test::loaded(*v, 2);
       test::check_identical(*a.weights, *ref);
