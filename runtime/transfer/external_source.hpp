@@ -92,7 +92,7 @@ struct external_options {
   std::optional<int> device_copy_on;
   std::size_t device_copies = 2; ///< device copies the source holds at most (0 counts as 1)
   /// Versions pushed from host memory go into shareable memory in huge
-  /// pages (lendable_version_memory) while the hugetlb pool has them, so
+  /// pages (lendable_pool) while the hugetlb pool has them, so
   /// that a UCX producer lends same-host engines their groups in place:
   /// the push's copy is then the only one before the engines' own.
   bool shared_memory = false;

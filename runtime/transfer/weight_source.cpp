@@ -497,6 +497,9 @@ snapshot_ptr synthetic_source::make_initial() const {
   return snapshot_of(1, specs_, std::move(storage), total);
 }
 
+namespace {
+
+/// Fresh memory for lendable_pool::take; nullptr when none can be had.
 std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, std::uint64_t total, bool small_pages) {
   // Only in huge pages: every version is new memory that each consumer
   // maps and faults in inside the round, once per 2 MiB here but once per
@@ -519,6 +522,8 @@ std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, st
   }
   return nullptr;
 }
+
+} // namespace
 
 struct lendable_pool::spares {
   std::mutex mutex;

@@ -243,16 +243,12 @@ private:
   mutable std::vector<std::weak_ptr<const std::function<void()>>> publish_listeners_;
 };
 
-/// Memory for a version that a UCX producer can lend same-host engines in
-/// place: a shareable buffer of at least `total` bytes in huge pages while
-/// the kernel's hugetlb pool has them (for versions of 2 MiB or more), else
-/// in ordinary pages where `small_pages` allows it (tests); nullptr when
-/// neither can be had, and the version takes private memory.
-std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, std::uint64_t total, bool small_pages);
-
-/// Lendable memory for a source's versions, recycled: a version's buffer,
-/// once its source and every lend of it let go, waits as one of
-/// `max_spares` spares for a later version. Reused, a memfd keeps its id
+/// Memory for a source's versions that a UCX producer can lend same-host
+/// engines in place, recycled. Fresh buffers are shareable and in huge pages
+/// while the kernel's hugetlb pool has them (for versions of 2 MiB or more),
+/// else in ordinary pages where `small_pages` allows it (tests). A
+/// version's buffer, once its source and every lend of it let go, waits as
+/// one of `max_spares` spares for a later version. Reused, a memfd keeps its id
 /// and its pages: engines that still map it read the new version without
 /// mapping and faulting it in anew (about 2.8 ms per 131 MB here), and the
 /// pool is not zeroed again. A buffer with a lend that was never given back
@@ -262,8 +258,8 @@ std::shared_ptr<host_buffer> lendable_version_memory(const std::string& what, st
 class lendable_pool {
 public:
   explicit lendable_pool(bool small_pages, std::size_t max_spares = 2);
-  /// A buffer of at least `bytes`: a spare that large, else fresh memory
-  /// (lendable_version_memory); nullptr when none can be had.
+  /// A buffer of at least `bytes`: a spare that large, else fresh memory;
+  /// nullptr when none can be had (the version then takes private memory).
   std::shared_ptr<host_buffer> take(const std::string& what, std::uint64_t bytes);
   /// The memfd ids of every buffer of the pool still alive, spares and
   /// those holding versions: memory engines may keep mapped.

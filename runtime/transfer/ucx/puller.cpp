@@ -390,13 +390,10 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
         got = store_pieces(pieces, targets);
       } else if (broadcast) {
         got = checksum_pieces(pieces); // the engine slices what it keeps from the views
-      } else { // a sink that takes packed bytes: gathered into a slot
+      } else { // a sink that takes packed bytes: gathered into a slot, the checksum folded in
         ensure_slots(*ch, window, static_cast<std::size_t>(largest));
-        std::uint8_t* slot = ch->slots[idx % window].data();
-        for (const auto& piece : pieces)
-          slot = std::copy(piece.at, piece.at + piece.bytes, slot);
         bytes = ch->slots[idx % window].data();
-        got = checksum64(bytes, size);
+        got = store_pieces(pieces, {{ch->slots[idx % window].data(), size}});
       }
     } else {
       got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
