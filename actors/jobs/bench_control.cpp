@@ -101,6 +101,10 @@ std::string bench_control_report(const bench_control_result& r) {
   if (moved)
     out += format("round moving %zu kB / six round trips (measured beside it): %.2fx\n",
                   static_cast<std::size_t>(r.moving.bytes_per_sync / 1000), control_overhead(r.moving));
+  const bool judged = medians_of(r.control).probe_ms > 0;
+  out += format("target, the zero-byte round <= 1.15x six round-trip waves across 8 engine processes: %s%s\n",
+                !judged ? "n/a (no round trips probed)" : control_overhead(r.control) <= 1.15 ? "met" : "NOT met",
+                r.engines == 8 ? "" : format(" (this run: %llu engines)", static_cast<unsigned long long>(r.engines)).c_str());
   return out;
 }
 

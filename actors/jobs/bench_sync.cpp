@@ -748,6 +748,109 @@ std::vector<std::string> packs_lines(const std::vector<case_result>& cases) {
   return out;
 }
 
+std::vector<target_check> sync_targets(const bench_sync_result& r) {
+  std::vector<target_check> out;
+  const case_result* sharded = nullptr;
+  const case_result* broadcast = nullptr;
+  const case_result* control = nullptr;
+  for (const auto& c : r.cases) {
+    if (!c.error.empty() || c.ranks != 1)
+      continue;
+    if (c.name == "sharded")
+      sharded = &c;
+    else if (c.name == "broadcast")
+      broadcast = &c;
+    else if (c.name == "control")
+      control = &c;
+  }
+  const double sharded_ms = sharded ? medians_of(*sharded).transfer_ms : 0;
+
+  target_check mpi{"sharded warm transfer <= MPI_Bcast of the same model", "", std::nullopt};
+  if (!sharded || sharded_ms <= 0)
+    mpi.measured = "no sharded case";
+  else if (r.mpi_bcast_s <= 0)
+    mpi.measured = "MPI_Bcast " + r.mpi_why;
+  else {
+    const double bcast_ms = r.mpi_bcast_s * 1e3;
+    mpi.measured = format("%.2f ms against %.2f ms (the fastest of Open MPI's three): %.2fx", sharded_ms, bcast_ms,
+                          bcast_ms / sharded_ms);
+    mpi.met = sharded_ms <= bcast_ms;
+  }
+  out.push_back(mpi);
+
+  // The raw transport's light: one ucx_perftest stream carrying every
+  // engine's bytes in turn (its bandwidth is one stream's, the engines pull
+  // side by side).
+  target_check raw{"sharded warm transfer >= 0.8x the raw transport for the bytes each receiver needs", "",
+                   std::nullopt};
+  if (!sharded || sharded_ms <= 0)
+    raw.measured = "no sharded case";
+  else if (!r.remote)
+    raw.measured = "every engine in this process: no transport";
+  else if (r.ucx_gbps <= 0)
+    raw.measured = "raw UCX not measured: " + r.ucx_why;
+  else {
+    const double gbps = sharded->bytes_per_sync / (sharded_ms * 1e6);
+    raw.measured = format("%.2f GB/s for %.1f MB against raw UCX %.2f GB/s (one stream, the engines' bytes in "
+                          "turn): %.2fx",
+                          gbps, sharded->bytes_per_sync / 1e6, r.ucx_gbps, gbps / r.ucx_gbps);
+    raw.met = gbps >= 0.8 * r.ucx_gbps;
+  }
+  out.push_back(raw);
+
+  target_check modes{"broadcast / sharded warm transfer >= 0.9x their bytes' ratio (tp 2: 1.8x)", "", std::nullopt};
+  if (!sharded || !broadcast || sharded_ms <= 0)
+    modes.measured = "needs both the sharded and the broadcast case";
+  else {
+    const auto x = compare_modes(*broadcast, *sharded);
+    modes.measured = format("%.2fx the bytes, %.2fx the transfer time (%.2f against %.2f ms)", x.bytes, x.transfer,
+                            medians_of(*broadcast).transfer_ms, sharded_ms);
+    modes.met = x.transfer >= 0.9 * x.bytes;
+  }
+  out.push_back(modes);
+
+  for (const auto& c : r.cases) {
+    if (!c.error.empty() || c.name == "control")
+      continue;
+    const double warm = medians_of(c).transfer_ms, cold = cold_transfer_ms(c);
+    target_check t{c.name + " cold transfer <= 2x a warm one", "", std::nullopt};
+    if (c.cold.empty() || warm <= 0)
+      t.measured = "no cold or no warm round";
+    else {
+      t.measured = format("%.2f ms against %.2f ms: %.2fx", cold, warm, cold / warm);
+      t.met = cold <= 2 * warm;
+    }
+    out.push_back(t);
+  }
+
+  for (const auto& c : r.cases) {
+    if (!c.error.empty() || c.name == "control" || c.producer_budget_bytes == 0)
+      continue;
+    target_check t{c.name + " producer's peak packed memory <= its budget (transfer.packed_budget_bytes)",
+                   format("%.1f MB of %.1f MB (the model: %.1f MB)", c.producer_peak_bytes / 1e6,
+                          c.producer_budget_bytes / 1e6, c.model_bytes / 1e6),
+                   c.producer_peak_bytes <= c.producer_budget_bytes};
+    out.push_back(t);
+  }
+
+  if (control) {
+    const auto m = medians_of(*control);
+    target_check t{"control round <= 1.15x six CAF round-trip waves (the target's 8 engines: rlsync bench control "
+                   "--engines 8)",
+                   "", std::nullopt};
+    if (m.probe_ms <= 0)
+      t.measured = "no round trips probed";
+    else {
+      t.measured = format("%s %.2f ms against %.2f ms with %zu engines: %.2fx",
+                          control->zero_byte ? "zero-byte round" : "round", m.stall_ms, m.probe_ms, r.engines,
+                          control_overhead(*control));
+      t.met = control_overhead(*control) <= 1.15;
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
 std::string bench_sync_report(const bench_sync_result& r) {
   std::string out = format("rlsync bench sync %s: %zu engines on %zu node(s), backend %s, %u cores%s\n",
                            r.path.c_str(), r.engines, r.nodes, std::string(to_string(r.backend)).c_str(), r.cores,
@@ -863,6 +966,10 @@ std::string bench_sync_report(const bench_sync_result& r) {
   } else {
     out += "MPI_Bcast baseline " + r.mpi_why + "\n";
   }
+  out += "\ntargets, this run:\n";
+  for (const auto& t : sync_targets(r))
+    out += format("  %-8s %s: %s\n", !t.met ? "n/a" : *t.met ? "met" : "NOT met", t.target.c_str(),
+                  t.measured.c_str());
   return out;
 }
 
@@ -892,6 +999,12 @@ nlohmann::ordered_json bench_sync_json(const bench_sync_result& r) {
                           {"sharded_min_bytes", b.sharded_min},
                           {"broadcast_bytes", b.broadcast}});
   out["bytes_per_worker"] = per_worker;
+  auto targets = nlohmann::ordered_json::array();
+  for (const auto& t : sync_targets(r))
+    targets.push_back({{"target", t.target},
+                       {"measured", t.measured},
+                       {"met", t.met ? nlohmann::ordered_json(*t.met) : nlohmann::ordered_json(nullptr)}});
+  out["targets"] = targets;
   if (r.rank_kill) {
     const auto& k = *r.rank_kill;
     out["rank_kill"] = {{"ranks", k.ranks},

@@ -364,8 +364,22 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
 /// plane, and whether any was packed twice for one version.
 std::vector<std::string> packs_lines(const std::vector<case_result>& cases);
 
+/// One of the data plane's targets, as one run measured it.
+struct target_check {
+  std::string target;      ///< what is asked
+  std::string measured;    ///< this run's figures
+  std::optional<bool> met; ///< nullopt: not judged (a case or a baseline is missing)
+};
+
+/// What a sync bench judges, in order: the sharded warm transfer against
+/// MPI_Bcast and against the raw transport, broadcast against sharded,
+/// each case's cold transfer against its warm one, each UCX producer's peak
+/// against its budget, the control round against six round-trip waves.
+std::vector<target_check> sync_targets(const bench_sync_result& r);
+
 /// What `rlsync bench sync` prints: the speeds of light, the table, the
-/// ratios, the memory bound, the control plane and the MPI baseline.
+/// ratios, the memory bound, the control plane, the MPI baseline, and the
+/// targets (sync_targets).
 std::string bench_sync_report(const bench_sync_result& r);
 
 nlohmann::ordered_json bench_sync_json(const bench_sync_result& r);

@@ -423,13 +423,137 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
   r.cases[1].error = "sync failed";
   text = bench_sync_report(r);
   CHECK(text.find(", not measured: ucx_perftest not installed\n") != std::string::npos);
-  CHECK(text.find("broadcast / sharded") == std::string::npos); // one side failed: no ratio
+  CHECK(text.find("broadcast / sharded: ") == std::string::npos); // one side failed: no ratio
   CHECK(text.find("MPI_Bcast baseline not measured: no mpirun\n") != std::string::npos);
   CHECK(r.failed());
   auto j = bench_sync_json(r);
   CHECK(j["topology"] == "two.yaml");
   CHECK(j["cases"].size() == 3);
   CHECK(j["cases"][1]["error"] == "sync failed");
+}
+
+namespace {
+
+/// A run whose figures meet every target: sharded 9 ms warm (cold 18),
+/// broadcast twice the bytes in 18 ms, MPI_Bcast 10 ms, raw UCX 1 GB/s,
+/// the producer within its budget, the control round 1.1x its probes.
+bench_sync_result run_meeting_targets() {
+  bench_sync_result r;
+  r.engines = 2;
+  r.remote = true;
+  r.ucx_gbps = 1.0;
+  auto sharded = sharded_case();
+  sharded.cold = {round_of(30, 18, 12, 9'000'000)};
+  auto broadcast = sharded;
+  broadcast.name = "broadcast";
+  broadcast.bytes_per_sync *= 2;
+  broadcast.cold = {round_of(40, 30, 10, 18'000'000)};
+  broadcast.warm = {round_of(20, 18, 2, 18'000'000)};
+  case_result control;
+  control.name = "control";
+  control.zero_byte = true;
+  control.warm = {round_of(0, 0, 0, 0)};
+  control.warm[0].stall_ns = 2'200'000;
+  control.probe_ms = {2.0};
+  r.cases = {sharded, broadcast, control};
+  r.mpi_bcast_s = 0.010;
+  return r;
+}
+
+std::optional<bool> met_of(const std::vector<target_check>& targets, const std::string& starts) {
+  for (const auto& t : targets)
+    if (t.target.rfind(starts, 0) == 0)
+      return t.met;
+  FAIL("no target starting with " << starts);
+  return std::nullopt;
+}
+
+} // namespace
+
+TEST_CASE("bench sync targets: each judged from the run's figures") {
+  const auto good = run_meeting_targets();
+  const auto all = sync_targets(good);
+  REQUIRE(all.size() == 8); // MPI, raw, modes, two cold, two memory, control
+  for (const auto& t : all) {
+    CAPTURE(t.target);
+    CAPTURE(t.measured);
+    CHECK(t.met == std::optional<bool>(true));
+  }
+  CHECK(all[0].measured == "9.00 ms against 10.00 ms (the fastest of Open MPI's three): 1.11x");
+  CHECK(all[1].measured
+        == "8.30 GB/s for 74.7 MB against raw UCX 1.00 GB/s (one stream, the engines' bytes in turn): 8.30x");
+  CHECK(all[2].measured == "2.00x the bytes, 2.00x the transfer time (18.00 against 9.00 ms)");
+  CHECK(all[3].target == "sharded cold transfer <= 2x a warm one");
+  CHECK(all[3].measured == "18.00 ms against 9.00 ms: 2.00x"); // exactly 2x still meets it
+  CHECK(all[5].measured == "49.8 MB of 99.6 MB (the model: 24.9 MB)");
+  CHECK(all[7].measured == "zero-byte round 2.20 ms against 2.00 ms with 2 engines: 1.10x");
+
+  struct row {
+    const char* what;
+    void (*spoil)(bench_sync_result&);
+    const char* target;
+    std::optional<bool> met;
+  };
+  const row rows[] = {
+    {"MPI_Bcast faster", [](bench_sync_result& r) { r.mpi_bcast_s = 0.008; }, "sharded warm transfer <= MPI", false},
+    {"no MPI_Bcast", [](bench_sync_result& r) { r.mpi_bcast_s = 0; }, "sharded warm transfer <= MPI", std::nullopt},
+    {"raw UCX faster", [](bench_sync_result& r) { r.ucx_gbps = 10.4; }, "sharded warm transfer >= 0.8x", false},
+    {"raw UCX not measured", [](bench_sync_result& r) { r.ucx_gbps = 0; }, "sharded warm transfer >= 0.8x",
+     std::nullopt},
+    {"engines in process", [](bench_sync_result& r) { r.remote = false; }, "sharded warm transfer >= 0.8x",
+     std::nullopt},
+    {"broadcast too fast", [](bench_sync_result& r) { r.cases[1].warm[0].transfer_ns = 16 * ms_ns; },
+     "broadcast / sharded", false},
+    {"no broadcast", [](bench_sync_result& r) { r.cases[1].error = "failed"; }, "broadcast / sharded", std::nullopt},
+    {"cold too slow", [](bench_sync_result& r) { r.cases[0].cold[0].transfer_ns = 19 * ms_ns; },
+     "sharded cold transfer", false},
+    {"no cold round", [](bench_sync_result& r) { r.cases[0].cold.clear(); }, "sharded cold transfer", std::nullopt},
+    {"over budget", [](bench_sync_result& r) { r.cases[1].producer_peak_bytes = 99'600'001; },
+     "broadcast producer's peak", false},
+    {"control slow", [](bench_sync_result& r) { r.cases[2].warm[0].stall_ns = 2'400'000; }, "control round", false},
+    {"no probes", [](bench_sync_result& r) { r.cases[2].probe_ms.clear(); }, "control round", std::nullopt},
+  };
+  for (const auto& x : rows) {
+    CAPTURE(x.what);
+    auto r = good;
+    x.spoil(r);
+    CHECK(met_of(sync_targets(r), x.target) == x.met);
+  }
+
+  // Without a UCX producer there is no budget to judge; without the cases,
+  // only what can be said.
+  auto local = good;
+  for (auto& c : local.cases)
+    c.producer_budget_bytes = 0;
+  CHECK(sync_targets(local).size() == 6);
+  bench_sync_result empty;
+  const auto none = sync_targets(empty);
+  REQUIRE(none.size() == 3);
+  for (const auto& t : none)
+    CHECK(!t.met.has_value());
+  CHECK(none[0].measured == "no sharded case");
+}
+
+TEST_CASE("bench sync report: the targets block, and the targets in the JSON") {
+  auto r = run_meeting_targets();
+  r.cases[0].cold[0].transfer_ns = 19 * ms_ns;
+  r.mpi_bcast_s = 0;
+  r.mpi_why = "not measured: no mpirun";
+  const auto text = bench_sync_report(r);
+  CAPTURE(text);
+  CHECK(text.find("\ntargets, this run:\n"
+                  "  n/a      sharded warm transfer <= MPI_Bcast of the same model: MPI_Bcast not measured: no mpirun\n")
+        != std::string::npos);
+  CHECK(text.find("\n  NOT met  sharded cold transfer <= 2x a warm one: 19.00 ms against 9.00 ms: 2.11x\n")
+        != std::string::npos);
+  CHECK(text.find("\n  met      broadcast cold transfer <= 2x a warm one: 30.00 ms against 18.00 ms: 1.67x\n")
+        != std::string::npos);
+  const auto j = bench_sync_json(r);
+  REQUIRE(j["targets"].size() == 8);
+  CHECK(j["targets"][0]["met"].is_null());
+  CHECK(j["targets"][3]["met"] == false);
+  CHECK(j["targets"][4]["met"] == true);
+  CHECK(j["targets"][4]["measured"] == "30.00 ms against 18.00 ms: 1.67x");
 }
 
 TEST_CASE("bench control report: the zero-byte round against six round-trip waves, the moving round beside it") {
@@ -452,7 +576,9 @@ TEST_CASE("bench control report: the zero-byte round against six round-trip wave
                 "  of which transfer                       4.00 ms (328 kB moved per round)\n"
                 "six CAF round-trip waves                 29.25      3.00     57.50 ms\n"
                 "zero-byte round / six round trips: 0.38x\n"
-                "round moving 328 kB / six round trips (measured beside it): 1.30x\n");
+                "round moving 328 kB / six round trips (measured beside it): 1.30x\n"
+                "target, the zero-byte round <= 1.15x six round-trip waves across 8 engine processes: met (this "
+                "run: 2 engines)\n");
   auto j = bench_control_json(r);
   CHECK(j["engines"] == 2);
   CHECK(j["control"]["probe6_ms"].size() == 3);
@@ -460,6 +586,13 @@ TEST_CASE("bench control report: the zero-byte round against six round-trip wave
   CHECK(j["moving"]["zero_byte"] == false);
   r.moving = {}; // it failed or did not run: the zero-byte rows alone
   CHECK(bench_control_report(r).find("moving") == std::string::npos);
+  r.engines = 8;
+  r.control.probe_ms = {9.0, 9.0, 9.0}; // 11 ms against 9: 1.22x
+  CHECK(bench_control_report(r).find("\ntarget, the zero-byte round <= 1.15x six round-trip waves across 8 engine "
+                                     "processes: NOT met\n")
+        != std::string::npos);
+  r.control.probe_ms.clear();
+  CHECK(bench_control_report(r).find("processes: n/a (no round trips probed)\n") != std::string::npos);
 }
 
 TEST_CASE("ucx_perftest output: the overall bandwidth of the Final line") {
