@@ -268,6 +268,19 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
     lines.push_back(format("%s pulls (medians): the slowest engine's %.2f ms; its slowest worker waited %.2f ms for "
                            "the producer and stored (copy, checksum) for %.2f ms, the rest %.2f ms",
                            c.name.c_str(), m.pull_ms, m.wait_ms, m.store_ms, m.rest_ms));
+    // The cold round the table shows (the slowest), where it measured: its
+    // rest holds connecting, registering the plans and first mappings.
+    const sync_report* cold = nullptr;
+    for (const auto& x : c.cold)
+      if (!cold || x.transfer_ns > cold->transfer_ns)
+        cold = &x;
+    if (cold && (cold->slowest_wait_ns > 0 || cold->slowest_store_ns > 0))
+      lines.push_back(format("%s cold pull: the slowest engine's %.2f ms of a %.2f ms transfer; its slowest worker "
+                             "waited %.2f ms for the producer and stored for %.2f ms, the rest %.2f ms",
+                             c.name.c_str(), ms(cold->slowest_pull_ns), ms(cold->transfer_ns),
+                             ms(cold->slowest_wait_ns), ms(cold->slowest_store_ns),
+                             std::max(0.0, ms(cold->slowest_pull_ns) - ms(cold->slowest_wait_ns)
+                                               - ms(cold->slowest_store_ns))));
   }
   return lines;
 }

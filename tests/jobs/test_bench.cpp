@@ -104,6 +104,14 @@ TEST_CASE("bench figures: where the slowest engine's pull went, medians of the r
   REQUIRE(lines.size() == 1);
   CHECK(lines[0] == "sharded pulls (medians): the slowest engine's 9.00 ms; its slowest worker waited 2.00 ms for "
                     "the producer and stored (copy, checksum) for 6.00 ms, the rest 2.00 ms");
+  // The slowest cold round, where it measured, on a line of its own.
+  c.cold[0] = measured(c.cold[0], 18, 1, 5); // 20 ms transfer: not the slowest
+  CHECK(pull_lines({c}).size() == 1);       // the slowest (30 ms) measured nothing
+  c.cold[1] = measured(c.cold[1], 28, 3, 15);
+  lines = pull_lines({c});
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1] == "sharded cold pull: the slowest engine's 28.00 ms of a 30.00 ms transfer; its slowest worker "
+                    "waited 3.00 ms for the producer and stored for 15.00 ms, the rest 10.00 ms");
   // A round whose data plane did not measure where its pull went (its
   // slowest engine on the local plane) counts for none of the figures.
   c.warm.push_back(measured(c.warm[0], 30, 0, 0));
