@@ -528,6 +528,21 @@ TEST_CASE("bench sync targets: each judged from the run's figures") {
     CHECK(met_of(sync_targets(r), x.target) == x.met);
   }
 
+  // Every engine in this process: memcpy is the light, judged in its own row.
+  auto in_process = good;
+  in_process.remote = false;
+  in_process.memcpy_gbps = 16.6;
+  const auto local_targets = sync_targets(in_process);
+  REQUIRE(local_targets.size() == 9);
+  CHECK(local_targets[1].target
+        == "sharded warm transfer in one process >= 50% of memcpy for the bytes the engines keep");
+  CHECK(local_targets[1].measured == "9.00 ms for 74.7 MB: 50% of memcpy's 16.6 GB/s"); // light 4.5 ms
+  CHECK(local_targets[1].met == std::optional<bool>(true));
+  in_process.cases[0].light_ms = 4.4;
+  CHECK(met_of(sync_targets(in_process), "sharded warm transfer in one process") == std::optional<bool>(false));
+  in_process.cases[0].light_ms = 0; // not measured
+  CHECK(met_of(sync_targets(in_process), "sharded warm transfer in one process") == std::nullopt);
+
   // Without a UCX producer there is no budget to judge; without the cases,
   // only what can be said.
   auto local = good;
@@ -535,6 +550,7 @@ TEST_CASE("bench sync targets: each judged from the run's figures") {
     c.producer_budget_bytes = 0;
   CHECK(sync_targets(local).size() == 6);
   bench_sync_result empty;
+  empty.remote = true;
   const auto none = sync_targets(empty);
   REQUIRE(none.size() == 3);
   for (const auto& t : none)

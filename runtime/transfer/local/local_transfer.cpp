@@ -543,35 +543,37 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
   report.engine = req.engine;
   report.worker = req.worker;
   report.version = req.version;
-  std::vector<std::uint8_t> received; // this worker's receive buffer, reused
+  std::vector<std::uint8_t> copied; // a group copied out of its slot (below), reused
   for (std::size_t idx = 0; idx < p->groups.size(); ++idx) {
     const std::uint32_t g = p->groups[idx];
-    std::uint64_t sent = 0, got = 0;
-    std::size_t size = 0;
-    bool stored = false;
     const auto waiting = clock::now();
-    clock::time_point storing;
-    {
-      auto buf = p->wait_group(idx, req); // the producer packs it, or another worker holds the pass
-      storing = clock::now();
-      report.waited += storing - waiting;
-      size = buf->size;
-      sent = buf->checksum;
-      const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, g, size);
-      if (!targets.empty()) {
-        // One pass: from the packed group straight into the engine's
-        // staging, checksummed as it lands (the slot is held meanwhile).
-        got = store_group(buf->data(), targets, size > 0 && shared_->take_corruption(req, g));
-        stored = true;
-      } else {
-        received.assign(buf->data(), buf->data() + size); // the bytes move
+    auto buf = p->wait_group(idx, req); // the producer packs it, or another worker holds the pass
+    const auto storing = clock::now();
+    report.waited += storing - waiting;
+    const std::size_t size = buf->size;
+    const std::uint64_t sent = buf->checksum;
+    const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, g, size);
+    const bool corrupt = size > 0 && shared_->take_corruption(req, g);
+    // One pass into staging where the sink offers targets. Else the sink
+    // reads the packed group where it lies, verified first, while this
+    // worker holds its slot and the producer packs the next groups in the
+    // rest of the window (a private copy costs a pass over the whole group).
+    // With a window of one there is no rest: a copy frees the slot, so the
+    // producer packs on while the group is applied. The drill alters a copy.
+    const std::uint8_t* bytes = buf->data();
+    std::uint64_t got = 0;
+    if (!targets.empty()) {
+      got = store_group(bytes, targets, corrupt);
+    } else {
+      if (corrupt || options_.groups_in_flight == 1) {
+        copied.assign(bytes, bytes + size);
+        if (corrupt)
+          copied[size / 2] ^= 0x5a;
+        bytes = copied.data();
+        buf.reset();
+        p->consumed(me, idx);
       }
-    }
-    p->consumed(me, idx); // the producer may reuse the slot while we verify and apply
-    if (!stored) {
-      if (!received.empty() && shared_->take_corruption(req, g))
-        received[received.size() / 2] ^= 0x5a;
-      got = checksum64(received.data(), received.size());
+      got = checksum64(bytes, size);
     }
     if (got != sent)
       throw transfer_error(transfer_failure::checksum_mismatch,
@@ -579,14 +581,18 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
                                + std::to_string(req.version) + " failed its checksum (sent " + checksum_hex(sent)
                                + ", received " + checksum_hex(got) + " over " + std::to_string(size)
                                + " bytes); the update is void");
-    report.bytes += size;
-    ++report.groups;
-    if (stored)
+    if (!targets.empty())
       sink.on_stored(req.worker, g);
     else if (broadcast)
-      sink.on_full_group(req.worker, g, plan::view_full_group(p->layouts[idx], received.data()));
+      sink.on_full_group(req.worker, g, plan::view_full_group(p->layouts[idx], bytes));
     else
-      sink.on_group(req.worker, g, received.data(), received.size());
+      sink.on_group(req.worker, g, bytes, size);
+    if (buf) {
+      buf.reset();
+      p->consumed(me, idx); // the producer may reuse the slot
+    }
+    report.bytes += size;
+    ++report.groups;
     report.stored += clock::now() - storing;
   }
   report.duration = clock::now() - t0;
