@@ -8,13 +8,23 @@ namespace rlsync::engine {
 using plan::gather;
 using plan::strided;
 
-void store_packed(const void* packed, dtype type, std::int64_t count, parameter& dst, std::int64_t dst_offset) {
+namespace {
+
+// Where elements [dst_offset, dst_offset + count) of `dst` lie; throws as
+// store_packed says.
+unsigned char* store_at(parameter& dst, std::int64_t dst_offset, std::int64_t count) {
   if (dst_offset < 0 || count < 0 || dst_offset + count > dst.numel())
     throw std::out_of_range("store into '" + dst.name + "': elements [" + std::to_string(dst_offset) + ", "
                             + std::to_string(dst_offset + count) + ") outside its " + std::to_string(dst.numel()));
   if (dst.bytes.size() != static_cast<std::size_t>(dst.numel()) * dtype_size(dst.type))
     throw std::logic_error("store into '" + dst.name + "': the parameter holds no data");
-  unsigned char* at = dst.bytes.data() + static_cast<std::size_t>(dst_offset) * dtype_size(dst.type);
+  return dst.bytes.data() + static_cast<std::size_t>(dst_offset) * dtype_size(dst.type);
+}
+
+} // namespace
+
+void store_packed(const void* packed, dtype type, std::int64_t count, parameter& dst, std::int64_t dst_offset) {
+  unsigned char* at = store_at(dst, dst_offset, count);
   if (type == dst.type) {
     if (count > 0)
       std::memcpy(at, packed, static_cast<std::size_t>(count) * dtype_size(type));
@@ -66,6 +76,10 @@ public:
       // Already packed in the source: convert straight from it.
       store_packed(static_cast<const unsigned char*>(data_) + geometry_.offset * static_cast<std::int64_t>(es),
                    type_, n, dst, dst_offset);
+      return;
+    }
+    if (type_ == dst.type) { // nothing to convert: gathered straight into place
+      gather(geometry_, data_, es, store_at(dst, dst_offset, n));
       return;
     }
     // Step 5: the staging buffer, reused by this thread across copies (so

@@ -608,3 +608,23 @@ TEST_CASE("the engine never rounds a weight: narrowing stores are refused") {
   CHECK_THROWS_WITH_AS(load_weights(f16_src.views(), *bf16_set), doctest::Contains("f16 elements into a parameter stored as bf16"),
                        std::invalid_argument);
 }
+
+TEST_CASE("a strided slice is gathered straight into the parameter, bounds checked") {
+  // A [2, 4] bf16 tensor; its column slice [:, 1:3] is strided.
+  std::vector<std::uint16_t> source{10, 11, 12, 13, 20, 21, 22, 23};
+  auto columns = real_weight("w", dtype::bf16, {2, 4}, source.data())->narrow(1, 1, 2);
+  parameter p{"p", {3, 2}, dtype::bf16, std::vector<unsigned char>(12, 0), {}, {}};
+  columns->copy_into(p, 2); // rows 1 and 2 of p
+  std::vector<std::uint16_t> got(6);
+  std::memcpy(got.data(), p.bytes.data(), 12);
+  CHECK(got == std::vector<std::uint16_t>{0, 0, 11, 12, 21, 22});
+  CHECK_THROWS_AS(columns->copy_into(p, 3), std::out_of_range); // elements [3, 7) of 6
+  parameter shape_only{"s", {2, 2}, dtype::bf16, {}, {}, {}};
+  CHECK_THROWS_AS(columns->copy_into(shape_only, 0), std::logic_error);
+  parameter wide{"f", {2, 2}, dtype::f32, std::vector<unsigned char>(16, 0), {}, {}};
+  columns->copy_into(wide, 0); // converted through the thread's staging instead
+  float f[4];
+  std::memcpy(f, wide.bytes.data(), 16);
+  CHECK(f[0] == bf16_to_f32(11));
+  CHECK(f[3] == bf16_to_f32(22));
+}
