@@ -138,4 +138,115 @@ std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::v
   return sum.digest();
 }
 
+std::vector<source_piece> kept_pieces(const plan::worker_plan& p, const std::vector<tensor_view>& views) {
+  std::unordered_map<std::string, const tensor_view*> by_name;
+  for (const auto& v : views)
+    by_name.emplace(v.name, &v);
+  std::vector<source_piece> out;
+  for (const auto& e : p.entries) {
+    auto it = by_name.find(e.source);
+    if (it == by_name.end())
+      continue; // another group's
+    const auto& t = *it->second;
+    if (t.type != e.source_type || t.shape != e.source_shape)
+      throw std::invalid_argument("tensor '" + printable(t.name) + "' " + std::string(safetensors_name(t.type)) + " "
+                                  + shape_string(t.shape) + ", the plan was recorded for "
+                                  + std::string(safetensors_name(e.source_type)) + " " + shape_string(e.source_shape));
+    append_entry_pieces(e, reinterpret_cast<const std::uint8_t*>(t.data), out);
+  }
+  return out;
+}
+
+std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vector<source_piece>& kept,
+                         const std::vector<store_target>& targets, bool corrupt) {
+  // The copies, each from inside one piece of `whole` to one target: split
+  // where a kept piece or a target ends, then ordered as `whole` is read.
+  struct copy {
+    std::size_t piece;  // of whole
+    std::size_t offset; // in it
+    std::uint8_t* to;
+    std::size_t bytes;
+  };
+  // Kept across calls (cleared, not freed): a group's copies can take
+  // hundreds of kilobytes, which fresh each time would fault in again.
+  thread_local std::vector<std::size_t> by_address;
+  thread_local std::vector<copy> copies;
+  by_address.resize(whole.size());
+  copies.clear();
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    by_address[i] = i;
+  std::sort(by_address.begin(), by_address.end(), [&](auto a, auto b) { return whole[a].at < whole[b].at; });
+  std::size_t last = whole.size(); // the piece the previous copy came from: most do
+  auto inside = [&](std::size_t i, const std::uint8_t* at, std::size_t bytes) {
+    const auto& w = whole[i];
+    return at >= w.at && bytes <= w.bytes && static_cast<std::size_t>(at - w.at) <= w.bytes - bytes;
+  };
+  auto piece_of = [&](const std::uint8_t* at, std::size_t bytes) {
+    if (last < whole.size() && inside(last, at, bytes))
+      return last;
+    auto it = std::upper_bound(by_address.begin(), by_address.end(), at,
+                               [&](const std::uint8_t* x, std::size_t i) { return x < whole[i].at; });
+    if (it != by_address.begin() && inside(*std::prev(it), at, bytes))
+      return last = *std::prev(it);
+    throw std::invalid_argument("a kept piece of " + std::to_string(bytes) + " bytes lies outside the group sent");
+  };
+  std::size_t ki = 0, ko = 0, kept_total = 0, target_total = 0;
+  for (const auto& k : kept)
+    kept_total += k.bytes; // each inside the group: no overflow
+  for (const auto& t : targets)
+    target_total += t.bytes;
+  if (kept_total != target_total)
+    throw std::invalid_argument("kept pieces of " + std::to_string(kept_total) + " bytes for targets of "
+                                + std::to_string(target_total));
+  for (const auto& t : targets) {
+    for (std::size_t done = 0; done < t.bytes;) {
+      while (kept[ki].bytes == ko)
+        ++ki, ko = 0;
+      const std::size_t n = std::min(t.bytes - done, kept[ki].bytes - ko);
+      const std::uint8_t* from = kept[ki].at + ko;
+      const std::size_t piece = piece_of(from, n);
+      copies.push_back({piece, static_cast<std::size_t>(from - whole[piece].at), t.at + done, n});
+      done += n;
+      ko += n;
+    }
+  }
+  const auto read_order = [](const copy& a, const copy& b) {
+    return a.piece != b.piece ? a.piece < b.piece : a.offset < b.offset;
+  };
+  if (!std::is_sorted(copies.begin(), copies.end(), read_order)) // a plan follows its tensors: mostly sorted
+    std::sort(copies.begin(), copies.end(), read_order);
+
+  thread_local checksum64_stream sum;
+  thread_local std::vector<std::uint8_t> altered;
+  sum.reset();
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    for (std::size_t at = 0; at < whole[i].bytes;) {
+      const std::size_t end = std::min(whole[i].bytes, at + store_piece_bytes);
+      if (corrupt) { // the drill: this window checksummed with a byte flipped
+        altered.assign(whole[i].at + at, whole[i].at + end);
+        altered[0] ^= 0x5a;
+        sum.update(altered.data(), altered.size());
+        corrupt = false;
+      } else {
+        sum.update(whole[i].at + at, end - at);
+      }
+      // The kept bytes of this window, while it is in cache.
+      for (; next < copies.size() && copies[next].piece == i && copies[next].offset < end; ++next) {
+        auto& c = copies[next];
+        const std::size_t n = std::min(c.bytes, end - c.offset);
+        std::memcpy(c.to, whole[i].at + c.offset, n);
+        if (n < c.bytes) { // the rest in the next window
+          c.offset += n;
+          c.to += n;
+          c.bytes -= n;
+          break;
+        }
+      }
+      at = end;
+    }
+  }
+  return sum.digest();
+}
+
 } // namespace rlsync::transfer

@@ -53,4 +53,20 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
 std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::vector<store_target>& targets,
                            bool corrupt = false);
 
+/// Broadcast: the pieces plan `p` keeps of a group whose full tensors are
+/// `views` (where they lie), in packed order: the entries whose sources are
+/// among them. Throws std::invalid_argument for a view of another dtype or
+/// shape than the plan was recorded for.
+std::vector<source_piece> kept_pieces(const plan::worker_plan& p, const std::vector<tensor_view>& views);
+
+/// Broadcast in one pass: returns the checksum64 of `whole` (the group's
+/// bytes as sent, back to back) while copying the pieces the worker keeps,
+/// `kept` (in packed order, each inside one piece of `whole`), into
+/// `targets` from the window just checksummed, still in cache. Throws
+/// std::invalid_argument when `kept` and `targets` differ in total or a
+/// kept piece is not inside one piece of `whole`. With `corrupt`, the
+/// checksum sees one byte flipped (the drill).
+std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vector<source_piece>& kept,
+                         const std::vector<store_target>& targets, bool corrupt = false);
+
 } // namespace rlsync::transfer

@@ -12,9 +12,11 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -123,6 +125,9 @@ struct test_engine {
   /// Offer the data plane the groups' places in the weights, as the engine
   /// does when it keeps the dtype it is sent (store_in_place.hpp).
   bool in_place = false;
+  /// Broadcast groups handed over whole (on_full_group); with targets
+  /// offered, none: the data plane stores the worker's pieces itself.
+  std::atomic<int> full_groups{0};
 
   test_engine(std::string n, const model_config& c, int tp_, transfer::weight_puller& p, dtype type = dtype::bf16)
       : name(std::move(n)), tp(tp_), weights(engine::weight_set::make(c, tp_, type)) {
@@ -140,6 +145,7 @@ struct test_engine {
       note(w, g);
     };
     s.on_full_group = [this](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+      ++full_groups;
       auto& dst = weights->workers[static_cast<std::size_t>(w)];
       for (const auto& t : tensors)
         if (!ignored_weight(dst.shard().config, t.name))

@@ -71,9 +71,15 @@ TEST_CASE("broadcast pull: every worker receives the whole model and slices it w
     auto src = test::small_source(c);
     auto v1 = src->produce_next();
     local_transfer xfer(src);
+    test_engine stores("rollout-1", c, tp, xfer);
+    stores.in_place = true; // the whole group checksummed as the kept pieces are stored
+    stores.pull(xfer, 1, transfer_mode::broadcast);
+    test::check_identical(*stores.weights, *test::loaded(*v1, tp));
+    CHECK(stores.full_groups == 0);
     test_engine e("rollout-0", c, tp, xfer);
     auto report = e.pull(xfer, 1, transfer_mode::broadcast);
     test::check_identical(*e.weights, *test::loaded(*v1, tp));
+    CHECK(e.full_groups == 3 * tp);
     CHECK(report.bytes == v1->total_bytes() * static_cast<std::uint64_t>(tp));
     CHECK(report.groups == 3);
     CHECK(report.store_ns > 0);
@@ -176,8 +182,10 @@ TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and p
 }
 
 TEST_CASE("a corrupted group fails that worker's pull with a checksum error, a healthy peer completes") {
+  for (auto mode : {transfer_mode::sharded, transfer_mode::broadcast})
   for (bool in_place : {false, true}) {
   INFO((in_place ? "stored in place" : "through the sink"));
+  CAPTURE(mode);
   const model_config c = test::small_model(3);
   auto src = test::small_source(c);
   auto v1 = src->produce_next();
@@ -187,7 +195,7 @@ TEST_CASE("a corrupted group fails that worker's pull with a checksum error, a h
   bad.in_place = good.in_place = in_place;
   xfer.corrupt({"rollout-0", 1, 0, /*group*/ 1});
   try {
-    bad.pull(xfer, 1);
+    bad.pull(xfer, 1, mode);
     FAIL("the corrupted pull succeeded");
   } catch (const transfer_error& e) {
     CHECK(e.failure == transfer_failure::checksum_mismatch);
@@ -199,9 +207,9 @@ TEST_CASE("a corrupted group fails that worker's pull with a checksum error, a h
     CHECK_FALSE((w == 1 && g >= 1));
   CHECK(xfer.stats().corruptions == 1);
 
-  good.pull(xfer, 1);
+  good.pull(xfer, 1, mode);
   test::check_identical(*good.weights, *test::loaded(*v1, 2));
-  bad.pull(xfer, 1); // the fault fired once: a retry is clean
+  bad.pull(xfer, 1, mode); // the fault fired once: a retry is clean
   test::check_identical(*bad.weights, *test::loaded(*v1, 2));
   }
 }

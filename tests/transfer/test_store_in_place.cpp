@@ -63,6 +63,50 @@ TEST_CASE("store_pieces gathers pieces into targets that split them anywhere, ch
                        doctest::Contains("for targets of"), std::invalid_argument);
 }
 
+TEST_CASE("store_kept checksums the whole group and stores the kept pieces, wherever windows split them") {
+  // Two tensors of a group, laid out in memory in the other order; the
+  // group is read tensor A, then tensor B.
+  std::vector<std::uint8_t> memory(4 * store_piece_bytes);
+  std::iota(memory.begin(), memory.end(), std::uint8_t{3});
+  const source_piece a{memory.data() + 2 * store_piece_bytes, store_piece_bytes + 100};
+  const source_piece b{memory.data() + 10, store_piece_bytes + 50};
+  const std::vector<source_piece> whole{a, b};
+  std::vector<std::uint8_t> group(a.at, a.at + a.bytes);
+  group.insert(group.end(), b.at, b.at + b.bytes);
+  // Kept, in packed order: across A's first window, B's start, a piece
+  // read twice (overlapping an earlier one), A's tail, nothing.
+  const std::vector<source_piece> kept{{a.at + store_piece_bytes - 20, 40},
+                                       {b.at, 7},
+                                       {a.at + store_piece_bytes - 10, 5},
+                                       {a.at + a.bytes - 3, 3},
+                                       {b.at, 0}};
+  std::vector<std::uint8_t> want;
+  for (const auto& k : kept)
+    want.insert(want.end(), k.at, k.at + k.bytes);
+  std::vector<std::uint8_t> x(30), y(want.size() - 30);
+  CHECK(store_kept(whole, kept, {{x.data(), x.size()}, {y.data(), y.size()}})
+        == checksum64(group.data(), group.size()));
+  x.insert(x.end(), y.begin(), y.end());
+  CHECK(x == want);
+  // The drill: the checksum sees a flipped byte, nothing else changes.
+  std::vector<std::uint8_t> z(want.size());
+  CHECK(store_kept(whole, kept, {{z.data(), z.size()}}, true) != checksum64(group.data(), group.size()));
+  CHECK(z == want);
+  // Nothing kept: the checksum alone.
+  CHECK(store_kept(whole, {}, {}) == checksum_pieces(whole));
+
+  std::vector<std::uint8_t> short_target(want.size() - 1);
+  CHECK_THROWS_WITH_AS(store_kept(whole, kept, {{short_target.data(), short_target.size()}}),
+                       doctest::Contains("for targets of"), std::invalid_argument);
+  // A kept piece not inside one piece of the group: between them, or
+  // running off the end of one.
+  std::vector<std::uint8_t> one(1), two(2);
+  CHECK_THROWS_WITH_AS(store_kept(whole, {{memory.data() + store_piece_bytes + 60, 1}}, {{one.data(), 1}}),
+                       doctest::Contains("outside the group sent"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(store_kept(whole, {{b.at + b.bytes - 1, 2}}, {{two.data(), 2}}),
+                       doctest::Contains("outside the group sent"), std::invalid_argument);
+}
+
 TEST_CASE("lent_pieces: a plan's bytes gathered from where a manifest places the tensors, and its lies refused") {
   const model_config c = test::small_model(1);
   auto src = test::small_source(c);

@@ -587,10 +587,9 @@ TEST_CASE("ucx: a version in shareable memory is lent in place: nothing packed, 
     bool stores_in_place; // the engine offers its staging as targets
     bool puller_maps;     // else everything comes by tag, packed
   };
-  const row rows[] = {{transfer_mode::sharded, true, true},
-                      {transfer_mode::sharded, false, true},
-                      {transfer_mode::broadcast, false, true},
-                      {transfer_mode::sharded, true, false}};
+  const row rows[] = {{transfer_mode::sharded, true, true},   {transfer_mode::sharded, false, true},
+                      {transfer_mode::broadcast, false, true}, {transfer_mode::broadcast, true, true},
+                      {transfer_mode::sharded, true, false},   {transfer_mode::broadcast, true, false}};
   for (const auto& r : rows) {
     CAPTURE(r.mode);
     CAPTURE(r.stores_in_place);
@@ -610,6 +609,9 @@ TEST_CASE("ucx: a version in shareable memory is lent in place: nothing packed, 
       test::check_identical(*e.weights, *test::loaded(*v, 2));
       CHECK(report.groups == 3);
     }
+    // Broadcast into targets: the whole group checksummed and the worker's
+    // pieces stored in one pass, none handed over whole.
+    CHECK((e.full_groups == 0) == (r.mode == transfer_mode::sharded || r.stores_in_place));
     CHECK(eventually([&] { return producer.stats().groups_sent == 24; })); // 2 workers x 3 groups x 4 versions
     CHECK(producer.stats().groups_lent_in_place == (r.puller_maps ? 24u : 0u));
     if (r.puller_maps) {
@@ -1099,11 +1101,16 @@ TEST_CASE("ucx: broadcast sends every worker the whole model, which it slices wi
     auto v1 = src->produce_next();
     ucx_producer producer(src, loopback_producer());
     ucx_puller puller(loopback_puller(producer));
-    test_engine e("rollout-0", c, tp, puller);
-    auto report = e.pull(puller, 1, transfer_mode::broadcast);
-    test::check_identical(*e.weights, *test::loaded(*v1, tp));
-    CHECK(report.bytes == v1->total_bytes() * static_cast<std::uint64_t>(tp));
-    CHECK(report.groups == 3);
+    for (bool in_place : {false, true}) {
+      CAPTURE(in_place);
+      test_engine e("rollout-" + std::to_string(in_place), c, tp, puller);
+      e.in_place = in_place; // the whole group checksummed as the kept pieces are stored
+      auto report = e.pull(puller, 1, transfer_mode::broadcast);
+      test::check_identical(*e.weights, *test::loaded(*v1, tp));
+      CHECK(report.bytes == v1->total_bytes() * static_cast<std::uint64_t>(tp));
+      CHECK(report.groups == 3);
+      CHECK((e.full_groups == 0) == in_place);
+    }
   }
 }
 

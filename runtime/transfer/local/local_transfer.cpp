@@ -460,6 +460,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
   std::shared_ptr<pass> p;
   pass::consumer_it me;
   std::vector<std::shared_ptr<pass>> finished;
+  std::shared_ptr<const plan::grouped_plan> mine; // this worker's plan
   {
     std::lock_guard<std::mutex> lock(registry_->mutex);
     auto reg = registry_->workers.find({req.engine, req.worker});
@@ -467,6 +468,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       throw transfer_error(transfer_failure::not_registered, "local transfer: " + who(req)
                                                                  + " has not registered its sharding plan");
     const std::shared_ptr<const plan::grouped_plan>& plan = reg->second;
+    mine = plan;
     auto snapshot = source_->find(req.version);
     if (!snapshot) {
       std::string held;
@@ -552,7 +554,19 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     report.waited += storing - waiting;
     const std::size_t size = buf->size;
     const std::uint64_t sent = buf->checksum;
-    const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, g, size);
+    // Broadcast: the pieces of the whole group this worker keeps, stored
+    // while the group is checksummed (store_kept).
+    std::vector<source_piece> kept;
+    std::vector<store_target> targets;
+    if (broadcast) {
+      kept = kept_pieces(mine->plan(), plan::view_full_group(p->layouts[idx], buf->data()));
+      std::size_t kept_bytes = 0;
+      for (const auto& k : kept)
+        kept_bytes += k.bytes; // inside the group: no overflow
+      targets = group_targets(sink, req.worker, g, kept_bytes);
+    } else {
+      targets = group_targets(sink, req.worker, g, size);
+    }
     const bool corrupt = size > 0 && shared_->take_corruption(req, g);
     // One pass into staging where the sink offers targets. Else the sink
     // reads the packed group where it lies, verified first, while this
@@ -563,7 +577,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     const std::uint8_t* bytes = buf->data();
     std::uint64_t got = 0;
     if (!targets.empty()) {
-      got = store_group(bytes, targets, corrupt);
+      got = broadcast ? store_kept({{bytes, size}}, kept, targets, corrupt) : store_group(bytes, targets, corrupt);
     } else {
       if (corrupt || options_.groups_in_flight == 1) {
         copied.assign(bytes, bytes + size);

@@ -363,40 +363,60 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                + ")");
     else
       bytes = ch->slots[idx % window].data();
-    // Sharded into a sink that keeps the bytes as sent: stored in place and
-    // checksummed as they land, one pass; else checksummed here first. (A
-    // lent buffer read twice so does not change in between: the producer
-    // rewrites a buffer only after every lend of it came back done; one
-    // not given back is never reused.)
+    // Into a sink that keeps the bytes as sent, one pass: sharded, the
+    // group stored in place and checksummed as it lands; broadcast, the
+    // whole group checksummed and the worker's pieces of it stored from
+    // each window just read (store_kept). Else checksummed here first and
+    // handed over. (A lent buffer read twice so does not change in between:
+    // the producer rewrites a buffer only after every lend of it came back
+    // done; one not given back is never reused.)
     const auto storing = clock::now();
-    const auto targets = broadcast ? std::vector<store_target>{} : group_targets(sink, req.worker, group, size);
-    std::vector<tensor_view> in_place_views; // broadcast, lent in place: the tensors where they lie
+    std::vector<store_target> targets = broadcast ? std::vector<store_target>{}
+                                                  : group_targets(sink, req.worker, group, size);
+    std::vector<source_piece> whole{{bytes, size}}; // broadcast: the group as sent
+    std::vector<tensor_view> views;                 // broadcast: its tensors where they lie
     std::uint64_t got = 0;
-    if (in_place && header->shared.id != 0) {
+    const bool gather_in_place = in_place && header->shared.id != 0;
+    auto bad_placement = [&](const std::invalid_argument& e) {
+      return transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch->peer
+                                                                   + " sent group " + std::to_string(group) + " "
+                                                                   + (gather_in_place ? "in place " : "") + e.what());
+    };
+    if (gather_in_place) {
       const auto& mapping = ch->maps.at(header->shared.id).map;
       std::vector<source_piece> pieces;
       try { // the manifest is the producer's word: checked against the mapping and the plan
         pieces = lent_pieces(*reg.plan, groups[idx].tensors, groups[idx].offsets, mapping.data(),
                              mapping.data_bytes(), broadcast, groups[idx].bytes);
       } catch (const std::invalid_argument& e) {
-        throw transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch->peer
-                                                                    + " lent group " + std::to_string(group)
-                                                                    + " in place " + e.what());
+        throw bad_placement(e);
       }
-      if (broadcast) // where the manifest placed them, checked just now
-        in_place_views = plan::view_full_group({groups[idx].tensors, groups[idx].offsets, groups[idx].bytes},
-                                               mapping.data());
-      if (!targets.empty()) {
+      if (broadcast) { // where the manifest placed them, checked just now
+        views = plan::view_full_group({groups[idx].tensors, groups[idx].offsets, groups[idx].bytes}, mapping.data());
+        whole = std::move(pieces);
+      } else if (!targets.empty()) {
         got = store_pieces(pieces, targets);
-      } else if (broadcast) {
-        got = checksum_pieces(pieces); // the engine slices what it keeps from the views
       } else { // a sink that takes packed bytes: gathered into a slot, the checksum folded in
         ensure_slots(*ch, window, static_cast<std::size_t>(largest));
         bytes = ch->slots[idx % window].data();
         got = store_pieces(pieces, {{ch->slots[idx % window].data(), size}});
       }
+    } else if (broadcast) {
+      views = plan::view_full_group(layouts[idx], bytes);
     } else {
       got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
+    }
+    if (broadcast) {
+      try {
+        const auto kept = kept_pieces(*reg.plan, views);
+        std::size_t kept_bytes = 0;
+        for (const auto& k : kept)
+          kept_bytes += k.bytes; // inside the group: no overflow
+        targets = group_targets(sink, req.worker, group, kept_bytes);
+        got = targets.empty() ? checksum_pieces(whole) : store_kept(whole, kept, targets);
+      } catch (const std::invalid_argument& e) {
+        throw bad_placement(e);
+      }
     }
     if (got != header->checksum)
       throw transfer_error(transfer_failure::checksum_mismatch,
@@ -410,9 +430,8 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     ++report.groups;
     if (!targets.empty())
       sink.on_stored(req.worker, group);
-    else if (broadcast)
-      sink.on_full_group(req.worker, group,
-                         in_place_views.empty() ? plan::view_full_group(layouts[idx], bytes) : in_place_views);
+    else if (broadcast) // the engine slices what it keeps from the views
+      sink.on_full_group(req.worker, group, views);
     else
       sink.on_group(req.worker, group, bytes, size);
     report.stored += clock::now() - storing;
