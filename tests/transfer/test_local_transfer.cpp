@@ -92,6 +92,22 @@ TEST_CASE("broadcast pull: every worker receives the whole model and slices it w
   }
 }
 
+TEST_CASE("broadcast: full groups' buffers faulted in at construction when asked, none made by the first pass") {
+  for (bool prefault : {false, true}) {
+    CAPTURE(prefault);
+    const model_config c = test::small_model(3);
+    auto src = test::small_source(c);
+    auto v1 = src->produce_next();
+    local_transfer_options o;
+    o.prefault_full_groups = prefault;
+    local_transfer xfer(src, o);
+    test_engine e("rollout-0", c, 2, xfer);
+    e.pull(xfer, 1, transfer_mode::broadcast);
+    test::check_identical(*e.weights, *test::loaded(*v1, 2));
+    CHECK((xfer.stats().buffers_made == 0) == prefault); // a full group outgrows the plans' prefaulted ones
+  }
+}
+
 TEST_CASE("groups arrive in order, each verified before the sink sees it") {
   const model_config c = test::small_model(4);
   auto src = test::small_source(c);

@@ -51,6 +51,11 @@ struct local_transfer_options {
   /// How long a pass keeps its first group for registered workers of its
   /// stream that have not started pulling this version yet.
   std::chrono::milliseconds join_grace{50};
+  /// Fault in groups_in_flight buffers of the model's largest full group at
+  /// construction, as registering a plan does for its packed groups: a
+  /// topology in broadcast mode, whose first pass then packs into warm
+  /// memory (a fresh page costs a fault on its first write).
+  bool prefault_full_groups = false;
 };
 
 /// Instrumentation, cumulative since construction.
@@ -60,6 +65,7 @@ struct local_transfer_stats {
   std::uint64_t packed_bytes = 0;
   std::size_t peak_buffers = 0;   ///< most packed groups alive at once in one pass
   std::uint64_t corruptions = 0;  ///< receptions the corrupt hook altered
+  std::uint64_t buffers_made = 0; ///< packed buffers a pass allocated (none spare fit), not prefaulted ones
 };
 
 
