@@ -824,7 +824,7 @@ std::vector<target_check> sync_targets(const bench_sync_result& r) {
   }
   out.push_back(raw);
 
-  target_check modes{"broadcast / sharded warm transfer >= 0.9x their bytes' ratio (tp 2: 1.8x)", "", std::nullopt};
+  target_check modes{"broadcast / sharded warm transfer >= 0.9x their bytes' ratio (0.9 x tp, dense)", "", std::nullopt};
   if (!sharded || !broadcast || sharded_ms <= 0)
     modes.measured = "needs both the sharded and the broadcast case";
   else {

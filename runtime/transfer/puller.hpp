@@ -79,12 +79,14 @@ struct group_sink {
   std::function<void(int worker, std::uint32_t group, const std::uint8_t* bytes, std::size_t size)> on_group;
   /// Broadcast: the group's full tensors; the engine slices them itself.
   std::function<void(int worker, std::uint32_t group, const std::vector<tensor_view>& tensors)> on_full_group;
-  /// Optional, sharded: where worker `worker` keeps group `group`'s packed
-  /// bytes unchanged, one target per plan entry in plan order (in its
-  /// staging weights); empty when it converts any of them. With targets, a
-  /// puller copies the group there itself in one pass, checksumming the
-  /// bytes as they land, and calls on_stored once they verified instead of
-  /// on_group. A checksum failure then leaves the group partly written: the
+  /// Optional: where worker `worker` keeps group `group`'s packed bytes
+  /// unchanged, one target per plan entry in plan order (in its staging
+  /// weights); empty when it converts any of them. With targets, a puller
+  /// copies the group there itself in one pass, checksumming the bytes as
+  /// they land, and calls on_stored once they verified instead of
+  /// on_group; in broadcast it checksums the whole group and copies the
+  /// pieces the worker's plan keeps into the same targets (store_kept),
+  /// instead of on_full_group. A checksum failure then leaves the group partly written: the
   /// pull fails and the update is void, as for any failure.
   std::function<std::vector<store_target>(int worker, std::uint32_t group)> targets;
   std::function<void(int worker, std::uint32_t group)> on_stored;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -157,6 +158,28 @@ std::vector<source_piece> kept_pieces(const plan::worker_plan& p, const std::vec
   return out;
 }
 
+std::vector<store_target> broadcast_targets(const group_sink& sink, const plan::worker_plan& p, int worker,
+                                            std::uint32_t group, const std::vector<tensor_view>& views,
+                                            std::vector<source_piece>& kept) {
+  if (!sink.targets || !sink.on_stored)
+    return {};
+  auto targets = sink.targets(worker, group);
+  if (targets.empty())
+    return {};
+  kept = kept_pieces(p, views);
+  std::size_t bytes = 0;
+  for (const auto& k : kept)
+    bytes += k.bytes; // inside the group: no overflow
+  std::size_t wanted = 0;
+  for (const auto& t : targets)
+    wanted += t.bytes; // each bounded by the worker's staging size
+  if (bytes != wanted)
+    throw std::invalid_argument("group " + std::to_string(group) + " of worker " + std::to_string(worker)
+                                + ": its tensors give " + std::to_string(bytes) + " of the " + std::to_string(wanted)
+                                + " bytes the worker keeps");
+  return checked(std::move(targets), worker, group, bytes);
+}
+
 std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vector<source_piece>& kept,
                          const std::vector<store_target>& targets, bool corrupt) {
   // The copies, each from inside one piece of `whole` to one target: split
@@ -175,20 +198,26 @@ std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vect
   copies.clear();
   for (std::size_t i = 0; i < whole.size(); ++i)
     by_address[i] = i;
-  std::sort(by_address.begin(), by_address.end(), [&](auto a, auto b) { return whole[a].at < whole[b].at; });
+  // By address, then size: an empty tensor shares its address with the
+  // next one, and must not hide it.
+  const std::less<const std::uint8_t*> before; // pointers into unrelated buffers
+  std::sort(by_address.begin(), by_address.end(), [&](auto a, auto b) {
+    return whole[a].at != whole[b].at ? before(whole[a].at, whole[b].at) : whole[a].bytes < whole[b].bytes;
+  });
   std::size_t last = whole.size(); // the piece the previous copy came from: most do
-  auto inside = [&](std::size_t i, const std::uint8_t* at, std::size_t bytes) {
+  auto holds = [&](std::size_t i, const std::uint8_t* at) {
     const auto& w = whole[i];
-    return at >= w.at && bytes <= w.bytes && static_cast<std::size_t>(at - w.at) <= w.bytes - bytes;
+    return !before(at, w.at) && before(at, w.at + w.bytes);
   };
-  auto piece_of = [&](const std::uint8_t* at, std::size_t bytes) {
-    if (last < whole.size() && inside(last, at, bytes))
+  // The piece of `whole` that byte `at` lies in.
+  auto piece_of = [&](const std::uint8_t* at) {
+    if (last < whole.size() && holds(last, at))
       return last;
     auto it = std::upper_bound(by_address.begin(), by_address.end(), at,
-                               [&](const std::uint8_t* x, std::size_t i) { return x < whole[i].at; });
-    if (it != by_address.begin() && inside(*std::prev(it), at, bytes))
+                               [&](const std::uint8_t* x, std::size_t i) { return before(x, whole[i].at); });
+    if (it != by_address.begin() && holds(*std::prev(it), at))
       return last = *std::prev(it);
-    throw std::invalid_argument("a kept piece of " + std::to_string(bytes) + " bytes lies outside the group sent");
+    throw std::invalid_argument("a kept byte lies outside the group sent");
   };
   std::size_t ki = 0, ko = 0, kept_total = 0, target_total = 0;
   for (const auto& k : kept)
@@ -202,10 +231,12 @@ std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vect
     for (std::size_t done = 0; done < t.bytes;) {
       while (kept[ki].bytes == ko)
         ++ki, ko = 0;
-      const std::size_t n = std::min(t.bytes - done, kept[ki].bytes - ko);
       const std::uint8_t* from = kept[ki].at + ko;
-      const std::size_t piece = piece_of(from, n);
-      copies.push_back({piece, static_cast<std::size_t>(from - whole[piece].at), t.at + done, n});
+      const std::size_t piece = piece_of(from);
+      const auto offset = static_cast<std::size_t>(from - whole[piece].at);
+      // Cut where a target, a kept piece or the piece of `whole` ends.
+      const std::size_t n = std::min({t.bytes - done, kept[ki].bytes - ko, whole[piece].bytes - offset});
+      copies.push_back({piece, offset, t.at + done, n});
       done += n;
       ko += n;
     }

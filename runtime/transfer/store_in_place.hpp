@@ -59,13 +59,24 @@ std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::v
 /// shape than the plan was recorded for.
 std::vector<source_piece> kept_pieces(const plan::worker_plan& p, const std::vector<tensor_view>& views);
 
+/// Broadcast into a sink that stores in place: its targets for group
+/// `group` of `worker`, and in `kept` the pieces of `views` (the group's
+/// full tensors where they lie) that plan `p` keeps (kept_pieces). Empty,
+/// `kept` untouched, when the sink stores nothing in place (no targets, or
+/// none for this group: an engine that converts). Throws
+/// std::invalid_argument as kept_pieces, or when the tensors sent give
+/// other than the bytes the targets take (a tensor missing from the group).
+std::vector<store_target> broadcast_targets(const group_sink& sink, const plan::worker_plan& p, int worker,
+                                            std::uint32_t group, const std::vector<tensor_view>& views,
+                                            std::vector<source_piece>& kept);
+
 /// Broadcast in one pass: returns the checksum64 of `whole` (the group's
 /// bytes as sent, back to back) while copying the pieces the worker keeps,
-/// `kept` (in packed order, each inside one piece of `whole`), into
-/// `targets` from the window just checksummed, still in cache. Throws
-/// std::invalid_argument when `kept` and `targets` differ in total or a
-/// kept piece is not inside one piece of `whole`. With `corrupt`, the
-/// checksum sees one byte flipped (the drill).
+/// `kept` (in packed order; a piece may run across tensors lying back to
+/// back), into `targets` from the window just checksummed, still in cache.
+/// Throws std::invalid_argument when `kept` and `targets` differ in total
+/// or a kept byte lies in no piece of `whole`. With `corrupt`, the
+/// checksum sees one byte flipped (the drill); what is stored is not.
 std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vector<source_piece>& kept,
                          const std::vector<store_target>& targets, bool corrupt = false);
 

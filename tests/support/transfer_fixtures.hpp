@@ -12,7 +12,6 @@
 
 #include <doctest/doctest.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>

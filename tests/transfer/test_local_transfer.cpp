@@ -271,6 +271,7 @@ TEST_CASE("ending the passes fails a waiting pull at once and the next pull star
     waiting.get();
     FAIL("the pull succeeded without group 2");
   } catch (const transfer_error& err) {
+    CAPTURE(std::string(err.what()));
     CHECK(err.failure == transfer_failure::cancelled);
     CHECK(std::string(err.what()).find("before group 2 of version 1") != std::string::npos);
   }

@@ -105,6 +105,42 @@ TEST_CASE("store_kept checksums the whole group and stores the kept pieces, wher
                        doctest::Contains("outside the group sent"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(store_kept(whole, {{b.at + b.bytes - 1, 2}}, {{two.data(), 2}}),
                        doctest::Contains("outside the group sent"), std::invalid_argument);
+
+  // Tensors back to back, an empty one sharing its address with the next:
+  // a kept piece may run across two of them.
+  const source_piece c{memory.data() + 100, 50}, empty{memory.data() + 150, 0}, d{memory.data() + 150, 70};
+  const std::vector<source_piece> back_to_back{c, empty, d};
+  std::vector<std::uint8_t> across(30);
+  CHECK(store_kept(back_to_back, {{c.at + 40, 30}}, {{across.data(), across.size()}})
+        == checksum64(memory.data() + 100, 120));
+  CHECK(std::equal(across.begin(), across.end(), memory.data() + 140));
+}
+
+TEST_CASE("broadcast_targets: none without a sink that stores in place, and the kept bytes must fill them") {
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer xfer(src);
+  test_engine e("e", c, 2, xfer);
+  const auto& plan = e.plans[1].plan();
+  const auto& views = v1->group(1);
+  std::vector<source_piece> kept{{nullptr, 1}};
+  CHECK(broadcast_targets(e.sink(), plan, 1, 1, views, kept).empty()); // no targets offered
+  CHECK(kept.size() == 1);                                              // untouched
+  e.in_place = true;
+  const auto targets = broadcast_targets(e.sink(), plan, 1, 1, views, kept);
+  REQUIRE(!targets.empty());
+  std::size_t kept_bytes = 0, target_bytes = 0;
+  for (const auto& k : kept)
+    kept_bytes += k.bytes;
+  for (const auto& t : targets)
+    target_bytes += t.bytes;
+  CHECK(kept_bytes == target_bytes);
+  CHECK(kept_bytes == e.plans[1].bytes(1));
+  // A tensor missing from the group sent.
+  const std::vector<tensor_view> fewer(views.begin() + 1, views.end());
+  CHECK_THROWS_WITH_AS(broadcast_targets(e.sink(), plan, 1, 1, fewer, kept),
+                       doctest::Contains("bytes the worker keeps"), std::invalid_argument);
 }
 
 TEST_CASE("lent_pieces: a plan's bytes gathered from where a manifest places the tensors, and its lies refused") {

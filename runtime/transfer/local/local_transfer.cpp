@@ -342,12 +342,13 @@ struct local_transfer::pass {
         failure = e.what();
         break;
       }
-      owner->count_pack(buf->size);
+      const std::size_t size = buf->size;
       {
         std::lock_guard<std::mutex> lock(m);
         window.push_back(std::move(buf));
         ++packed;
       }
+      owner->count_pack(size); // counted once consumers can take it (wait_for_packs)
       cv.notify_all();
     }
     {
@@ -570,16 +571,10 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     // Broadcast: the pieces of the whole group this worker keeps, stored
     // while the group is checksummed (store_kept).
     std::vector<source_piece> kept;
-    std::vector<store_target> targets;
-    if (broadcast) {
-      kept = kept_pieces(mine->plan(), plan::view_full_group(p->layouts[idx], buf->data()));
-      std::size_t kept_bytes = 0;
-      for (const auto& k : kept)
-        kept_bytes += k.bytes; // inside the group: no overflow
-      targets = group_targets(sink, req.worker, g, kept_bytes);
-    } else {
-      targets = group_targets(sink, req.worker, g, size);
-    }
+    const auto targets =
+      broadcast ? broadcast_targets(sink, mine->plan(), req.worker, g,
+                                    plan::view_full_group(p->layouts[idx], buf->data()), kept)
+                : group_targets(sink, req.worker, g, size);
     const bool corrupt = size > 0 && shared_->take_corruption(req, g);
     // One pass into staging where the sink offers targets. Else the sink
     // reads the packed group where it lies, verified first, while this

@@ -87,7 +87,8 @@ public:
   const local_transfer_options& options() const { return options_; }
 
   local_transfer_stats stats() const;
-  /// Waits until at least `packs` groups have been packed in all; false
+  /// Waits until at least `packs` groups have been packed in all (each
+  /// counted once its pass offers it to consumers); false
   /// when the deadline passed first (for tests and benchmarks).
   bool wait_for_packs(std::uint64_t packs, clock::time_point deadline) const;
 

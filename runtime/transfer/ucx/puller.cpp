@@ -407,12 +407,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       got = targets.empty() ? checksum64(bytes, size) : store_group(bytes, targets);
     }
     if (broadcast) {
-      try {
-        const auto kept = kept_pieces(*reg.plan, views);
-        std::size_t kept_bytes = 0;
-        for (const auto& k : kept)
-          kept_bytes += k.bytes; // inside the group: no overflow
-        targets = group_targets(sink, req.worker, group, kept_bytes);
+      std::vector<source_piece> kept;
+      try { // the tensors are the producer's word: checked against the plan and the targets
+        targets = broadcast_targets(sink, *reg.plan, req.worker, group, views, kept);
         got = targets.empty() ? checksum_pieces(whole) : store_kept(whole, kept, targets);
       } catch (const std::invalid_argument& e) {
         throw bad_placement(e);
