@@ -18,7 +18,10 @@ namespace rlsync::transfer {
 
 namespace {
 
-std::vector<store_target> checked(std::vector<store_target> out, int worker, std::uint32_t group, std::size_t size) {
+// `out`, refused when a target is null or they do not take `size` bytes
+// (`what` they are, for the message).
+std::vector<store_target> checked(std::vector<store_target> out, int worker, std::uint32_t group, std::size_t size,
+                                  const char* what = "packed bytes") {
   std::size_t total = 0;
   for (const auto& t : out) {
     if (!t.at && t.bytes > 0)
@@ -28,7 +31,27 @@ std::vector<store_target> checked(std::vector<store_target> out, int worker, std
   }
   if (!out.empty() && total != size)
     throw std::invalid_argument("group " + std::to_string(group) + " of worker " + std::to_string(worker) + ": "
-                                + std::to_string(size) + " packed bytes for targets of " + std::to_string(total));
+                                + std::to_string(size) + " " + what + " for targets of " + std::to_string(total));
+  return out;
+}
+
+// A group's tensors by name: their place in the plan's eyes, and their bytes.
+using tensors_by_name = std::unordered_map<std::string, std::pair<const tensor_spec*, const std::uint8_t*>>;
+
+// The pieces plan `p` keeps of the tensors in `by_name`, in packed order.
+std::vector<source_piece> pieces_kept(const plan::worker_plan& p, const tensors_by_name& by_name) {
+  std::vector<source_piece> out;
+  for (const auto& e : p.entries) {
+    auto it = by_name.find(e.source);
+    if (it == by_name.end())
+      continue; // another group's
+    const tensor_spec& t = *it->second.first;
+    if (t.type != e.source_type || t.shape != e.source_shape)
+      throw std::invalid_argument("with tensor '" + printable(t.name) + "' " + std::string(safetensors_name(t.type))
+                                  + " " + shape_string(t.shape) + ", the plan was recorded for "
+                                  + std::string(safetensors_name(e.source_type)) + " " + shape_string(e.source_shape));
+    append_entry_pieces(e, it->second.second, out); // the plan keeps its views inside the tensor
+  }
   return out;
 }
 
@@ -63,7 +86,7 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
   if (offsets.size() != tensors.size())
     throw std::invalid_argument("with " + std::to_string(offsets.size()) + " offsets for " + std::to_string(tensors.size())
                                 + " tensors");
-  std::unordered_map<std::string, std::size_t> by_name;
+  tensors_by_name by_name;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
     std::optional<std::uint64_t> bytes = dtype_size(t.type);
@@ -73,7 +96,7 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
     if (offsets[i] > memory_bytes || *bytes > memory_bytes - offsets[i])
       throw std::invalid_argument("with tensor '" + printable(t.name) + "' at byte " + std::to_string(offsets[i])
                                   + ", not inside the " + std::to_string(memory_bytes) + " bytes of its memory");
-    if (!by_name.emplace(t.name, i).second)
+    if (!by_name.emplace(t.name, std::make_pair(&t, memory + offsets[i])).second)
       throw std::invalid_argument("naming tensor '" + printable(t.name) + "' twice");
   }
   std::vector<source_piece> out;
@@ -81,18 +104,7 @@ std::vector<source_piece> lent_pieces(const plan::worker_plan& p, const std::vec
     for (std::size_t i = 0; i < tensors.size(); ++i)
       out.push_back({memory + offsets[i], static_cast<std::size_t>(tensors[i].bytes())});
   } else {
-    for (const auto& e : p.entries) {
-      auto it = by_name.find(e.source);
-      if (it == by_name.end())
-        continue; // another group's
-      const auto& t = tensors[it->second];
-      if (t.type != e.source_type || t.shape != e.source_shape)
-        throw std::invalid_argument("with tensor '" + printable(t.name) + "' " + std::string(safetensors_name(t.type))
-                                    + " " + shape_string(t.shape) + ", the plan was recorded for "
-                                    + std::string(safetensors_name(e.source_type)) + " "
-                                    + shape_string(e.source_shape));
-      append_entry_pieces(e, memory + offsets[it->second], out); // the plan keeps its views inside the tensor
-    }
+    out = pieces_kept(p, by_name);
   }
   std::uint64_t total = 0;
   for (const auto& piece : out)
@@ -140,22 +152,10 @@ std::uint64_t store_pieces(const std::vector<source_piece>& pieces, const std::v
 }
 
 std::vector<source_piece> kept_pieces(const plan::worker_plan& p, const std::vector<tensor_view>& views) {
-  std::unordered_map<std::string, const tensor_view*> by_name;
+  tensors_by_name by_name;
   for (const auto& v : views)
-    by_name.emplace(v.name, &v);
-  std::vector<source_piece> out;
-  for (const auto& e : p.entries) {
-    auto it = by_name.find(e.source);
-    if (it == by_name.end())
-      continue; // another group's
-    const auto& t = *it->second;
-    if (t.type != e.source_type || t.shape != e.source_shape)
-      throw std::invalid_argument("tensor '" + printable(t.name) + "' " + std::string(safetensors_name(t.type)) + " "
-                                  + shape_string(t.shape) + ", the plan was recorded for "
-                                  + std::string(safetensors_name(e.source_type)) + " " + shape_string(e.source_shape));
-    append_entry_pieces(e, reinterpret_cast<const std::uint8_t*>(t.data), out);
-  }
-  return out;
+    by_name.emplace(v.name, std::make_pair(&v, reinterpret_cast<const std::uint8_t*>(v.data)));
+  return pieces_kept(p, by_name);
 }
 
 std::vector<store_target> broadcast_targets(const group_sink& sink, const plan::worker_plan& p, int worker,
@@ -170,14 +170,7 @@ std::vector<store_target> broadcast_targets(const group_sink& sink, const plan::
   std::size_t bytes = 0;
   for (const auto& k : kept)
     bytes += k.bytes; // inside the group: no overflow
-  std::size_t wanted = 0;
-  for (const auto& t : targets)
-    wanted += t.bytes; // each bounded by the worker's staging size
-  if (bytes != wanted)
-    throw std::invalid_argument("group " + std::to_string(group) + " of worker " + std::to_string(worker)
-                                + ": its tensors give " + std::to_string(bytes) + " of the " + std::to_string(wanted)
-                                + " bytes the worker keeps");
-  return checked(std::move(targets), worker, group, bytes);
+  return checked(std::move(targets), worker, group, bytes, "bytes kept of the tensors sent");
 }
 
 std::uint64_t store_kept(const std::vector<source_piece>& whole, const std::vector<source_piece>& kept,

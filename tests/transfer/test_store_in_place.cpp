@@ -140,7 +140,7 @@ TEST_CASE("broadcast_targets: none without a sink that stores in place, and the 
   // A tensor missing from the group sent.
   const std::vector<tensor_view> fewer(views.begin() + 1, views.end());
   CHECK_THROWS_WITH_AS(broadcast_targets(e.sink(), plan, 1, 1, fewer, kept),
-                       doctest::Contains("bytes the worker keeps"), std::invalid_argument);
+                       doctest::Contains("bytes kept of the tensors sent for targets of"), std::invalid_argument);
 }
 
 TEST_CASE("lent_pieces: a plan's bytes gathered from where a manifest places the tensors, and its lies refused") {
