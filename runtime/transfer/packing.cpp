@@ -1,6 +1,7 @@
 #include "runtime/transfer/packing.hpp"
 
 #include "runtime/base/checksum.hpp"
+#include "runtime/plan/groups.hpp"
 #include "runtime/plan/strided.hpp"
 
 #include <algorithm>
@@ -92,6 +93,21 @@ std::vector<source_piece> full_group_pieces(const weight_snapshot& s, std::uint3
   for (const auto& t : s.group(g))
     out.push_back({reinterpret_cast<const std::uint8_t*>(t.data), t.size});
   return out;
+}
+
+std::uint64_t largest_full_group_bytes(const weight_source& source) {
+  const auto& c = source.config();
+  std::vector<std::vector<tensor_view>> groups(plan::group_count(c));
+  for (const auto& p : source.parameters()) {
+    tensor_view v;
+    static_cast<tensor_spec&>(v) = p;
+    v.size = static_cast<std::size_t>(p.bytes());
+    groups.at(plan::group_of(c, p.name)).push_back(std::move(v));
+  }
+  std::uint64_t largest = 0;
+  for (const auto& g : groups)
+    largest = std::max(largest, plan::full_group_layout::of(g).bytes);
+  return largest;
 }
 
 std::uint64_t checksum_pieces(const std::vector<source_piece>& pieces) {

@@ -57,6 +57,11 @@ std::vector<source_piece> group_pieces(const plan::grouped_plan& p, std::uint32_
 /// memory, one piece each, in group order (no alignment padding between).
 std::vector<source_piece> full_group_pieces(const weight_snapshot& s, std::uint32_t g);
 
+/// The bytes of `source`'s largest full group as broadcast lays it out
+/// (plan::full_group_layout, alignment included): what a buffer must hold
+/// to pack any full group. 0 without parameters.
+std::uint64_t largest_full_group_bytes(const weight_source& source);
+
 /// checksum64 of the pieces back to back, read only: for a group it equals
 /// what packing it checksummed would return.
 std::uint64_t checksum_pieces(const std::vector<source_piece>& pieces);

@@ -37,16 +37,13 @@ public:
   /// ("malformed plan: …" or "the plan does not fit this producer's model: …").
   std::shared_ptr<const plan::grouped_plan> accept(const std::uint8_t* data, std::size_t size) const;
 
-  /// The full bytes of each model group this producer holds (0 for others).
-  const std::vector<std::uint64_t>& full_group_bytes() const { return full_group_bytes_; }
-
 private:
   void check_against_model(const plan::worker_plan& p) const;
 
   model_config config_;
   std::map<std::string, tensor_spec> params_by_name_;       ///< held
   std::map<std::string, std::vector<std::int64_t>> model_shapes_; ///< every parameter of the model
-  std::vector<std::uint64_t> full_group_bytes_;
+  std::vector<std::uint64_t> full_group_bytes_; ///< of each model group this producer holds (0 for others)
 };
 
 } // namespace rlsync::transfer

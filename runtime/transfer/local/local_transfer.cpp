@@ -407,15 +407,8 @@ local_transfer::local_transfer(std::shared_ptr<const weight_source> source, loca
     throw std::invalid_argument("local transfer: no weight source");
   options_.groups_in_flight = std::max<std::size_t>(1, options_.groups_in_flight);
   shared_->max_spare_buffers = 2 * options_.groups_in_flight;
-  if (options_.prefault_full_groups) {
-    // A full group's layout pads each tensor to its dtype's size at most.
-    std::vector<std::uint64_t> full(plan::group_count(source_->config()), 0);
-    for (const auto& p : source_->parameters())
-      full.at(plan::group_of(source_->config(), p.name)) += p.bytes() + dtype_size(p.type);
-    if (!full.empty())
-      shared_->prefault(static_cast<std::size_t>(*std::max_element(full.begin(), full.end())),
-                        options_.groups_in_flight);
-  }
+  if (const auto full = options_.prefault_full_groups ? largest_full_group_bytes(*source_) : 0; full > 0)
+    shared_->prefault(static_cast<std::size_t>(full), options_.groups_in_flight);
 }
 
 local_transfer::~local_transfer() {

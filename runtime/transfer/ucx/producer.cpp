@@ -28,21 +28,10 @@ constexpr std::size_t max_sessions_per_connection = 64;
 
 void producer_impl::start() {
   // The model's full group sizes bound what a plan may make us pack.
-  const auto& c = source->config();
   intake.emplace(*source);
-  const auto& full_group_bytes = intake->full_group_bytes();
-  std::vector<std::vector<tensor_view>> layouts(full_group_bytes.size());
-  for (const auto& p : source->parameters()) {
-    tensor_view v;
-    static_cast<tensor_spec&>(v) = p;
-    v.size = static_cast<std::size_t>(p.bytes());
-    layouts[plan::group_of(c, p.name)].push_back(std::move(v));
-  }
   // The default budget: a few of the largest groups a consumer may ask for
   // (broadcast's, with its alignment, is the largest).
-  std::uint64_t largest = 1;
-  for (std::size_t g = 0; g < layouts.size(); ++g)
-    largest = std::max({largest, full_group_bytes[g], plan::full_group_layout::of(layouts[g]).bytes});
+  const std::uint64_t largest = std::max<std::uint64_t>(1, largest_full_group_bytes(*source));
   budget = options.packed_budget_bytes != 0 ? options.packed_budget_bytes
                                             : largest * std::max<std::size_t>(1, options.default_budget_groups);
   {
