@@ -898,7 +898,6 @@ local_trainer make_local_trainer(caf::actor_system& sys, const topology& t, std:
   out.source = source ? std::move(source) : transfer::make_weight_source(t, rank);
   transfer::local_transfer_options o;
   o.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
-  o.prefault_full_groups = t.transfer.mode == transfer_mode::broadcast;
   out.transfer = std::make_shared<transfer::local_transfer>(out.source, o);
   out.ucx_tickets = std::make_shared<ucx_ticket_office>();
   out.cuda_ipc = std::make_shared<ipc_desk>();

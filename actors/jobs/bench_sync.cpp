@@ -239,6 +239,7 @@ std::vector<rank_packs> packs_now(head_node& head, const topology& t) {
       auto st = r.trainer.transfer->stats();
       p.local_packs = st.packs;
       p.local_passes = st.passes;
+      p.local_lent = st.lent;
     }
     if (i < producers.size() && producers[i]) {
       p.ucx = true;
@@ -309,6 +310,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.packs[i].versions = static_cast<std::uint64_t>(rounds);
     r.packs[i].local_packs -= before[i].local_packs;
     r.packs[i].local_passes -= before[i].local_passes;
+    r.packs[i].local_lent -= before[i].local_lent;
     r.packs[i].ucx_packs -= before[i].ucx_packs;
   }
   std::uint64_t sent = 0, lent = 0, in_place = 0;
@@ -328,11 +330,16 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     lent += s.groups_lent - b.groups_lent;
     in_place += s.groups_lent_in_place - b.groups_lent_in_place;
   }
+  std::uint64_t local_offered = 0, local_lent = 0; // the local plane lends in place, or packs short runs
+  for (const auto& p : r.packs) {
+    local_offered += p.local_packs;
+    local_lent += p.local_lent;
+  }
   r.lent = sent > 0 && lent == sent;
-  r.in_place = r.lent && in_place == sent;
+  r.in_place = (r.lent && in_place == sent) || (sent == 0 && local_offered > 0 && local_lent == local_offered);
   for (const auto& rank : d.head().ranks()) {
     if (rank.trainer.transfer)
-      r.local_peak_bytes = std::max<std::uint64_t>(r.local_peak_bytes, rank.trainer.transfer->stats().peak_buffers);
+      r.local_peak_bytes = std::max(r.local_peak_bytes, rank.trainer.transfer->stats().peak_buffer_bytes);
     if (auto snapshot = rank.trainer.source->latest())
       for (auto g : snapshot->groups())
         r.largest_group = std::max(r.largest_group, snapshot->group_bytes(g));

@@ -105,6 +105,7 @@ struct rank_packs {
   std::uint64_t versions = 0;   ///< warm rounds counted
   std::size_t local_plans = 0;  ///< distinct plans of the in-process engines
   std::uint64_t local_packs = 0, local_passes = 0; ///< local data plane, over the warm rounds
+  std::uint64_t local_lent = 0; ///< of local_packs, groups lent in place (checksummed where they lie)
   std::size_t ucx_plans = 0;    ///< distinct plans of the other nodes' engines
   std::uint64_t ucx_packs = 0;  ///< UCX producer, over the warm rounds
   bool ucx = false;             ///< the rank has a UCX producer
@@ -145,8 +146,9 @@ struct case_result {
   /// Every group the UCX producers sent in the warm rounds was lent in
   /// shared memory: the engines copied it once, so its light is memcpy's.
   bool lent = false;
-  /// ... and each of them in place, straight from the version's memory
-  /// (nothing packed for it).
+  /// Every group went straight from the version's memory into the engines,
+  /// nothing packed: each UCX lend in place, or each group the local data
+  /// plane offered (it lends in place unless a group's runs are too short).
   bool in_place = false;
   /// The trainer's steps changed nothing (trainer.perturb 0): the warm
   /// rounds are zero-byte rounds, bytes_per_sync what they moved (none

@@ -180,6 +180,7 @@ nlohmann::ordered_json case_json(const case_result& c) {
                      {"local_plans", p.local_plans},
                      {"local_packs", p.local_packs},
                      {"local_passes", p.local_passes},
+                     {"local_lent", p.local_lent},
                      {"ucx_plans", p.ucx_plans},
                      {"ucx_packs", p.ucx_packs},
                      {"packed_at_most_once", packed_at_most_once(p)}});
@@ -220,9 +221,10 @@ std::vector<std::string> packs_lines(const std::vector<case_result>& cases) {
       std::string line = format("%s packs, rank %u (%zu groups, %llu versions):", c.name.c_str(), p.rank, p.groups,
                                 static_cast<unsigned long long>(p.versions));
       if (p.local_plans > 0)
-        line += format(" local %llu packs in %llu passes for %zu plan(s), %.2f per (plan, group) per version;",
+        line += format(" local %llu packs in %llu passes for %zu plan(s), %.2f per (plan, group) per version"
+                       " (%llu lent in place);",
                        static_cast<unsigned long long>(p.local_packs), static_cast<unsigned long long>(p.local_passes),
-                       p.local_plans, local_packs_per_plan_group(p));
+                       p.local_plans, local_packs_per_plan_group(p), static_cast<unsigned long long>(p.local_lent));
       if (p.ucx && p.ucx_plans > 0)
         line += format(" UCX %llu packs for %zu plan(s), %.2f per (plan, group) per version;",
                        static_cast<unsigned long long>(p.ucx_packs), p.ucx_plans, ucx_packs_per_plan_group(p));

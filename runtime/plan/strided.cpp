@@ -28,6 +28,15 @@ bool strided::contiguous() const {
   return true;
 }
 
+std::size_t run_bytes(const strided& v, std::size_t element_size) {
+  const std::int64_t n = v.numel();
+  if (n == 0)
+    return 0;
+  if (v.contiguous())
+    return static_cast<std::size_t>(n) * element_size;
+  return v.strides.back() == 1 ? static_cast<std::size_t>(v.shape.back()) * element_size : element_size;
+}
+
 namespace {
 void check_dim(const strided& v, int dim, const char* op) {
   if (dim < 0 || static_cast<std::size_t>(dim) >= v.shape.size())

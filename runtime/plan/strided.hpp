@@ -69,6 +69,10 @@ void for_each_run(const strided& v, std::size_t element_size, F&& run) {
   }
 }
 
+/// The bytes of each run for_each_run calls back with (0 for an empty view):
+/// what one copy of a gather from where `v` lies moves at most.
+std::size_t run_bytes(const strided& v, std::size_t element_size);
+
 /// Packs the elements of `v` (row-major order) from `source` into `packed`.
 void gather(const strided& v, const void* source, std::size_t element_size, void* packed);
 

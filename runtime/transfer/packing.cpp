@@ -81,6 +81,13 @@ void append_entry_pieces(const plan::plan_entry& e, const std::uint8_t* tensor, 
   });
 }
 
+bool lends_in_runs(const plan::grouped_plan& p, std::uint32_t g) {
+  for (const auto* e : p.entries(g))
+    if (e->view.numel() > 0 && plan::run_bytes(e->view, dtype_size(e->source_type)) < min_lent_run_bytes)
+      return false;
+  return true;
+}
+
 std::vector<source_piece> group_pieces(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s) {
   std::vector<source_piece> out;
   for (const auto* e : p.entries(g))

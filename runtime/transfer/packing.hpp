@@ -49,6 +49,15 @@ struct source_piece {
 /// merged): plan::gather over them writes e.bytes() bytes.
 void append_entry_pieces(const plan::plan_entry& e, const std::uint8_t* tensor, std::vector<source_piece>& out);
 
+/// The shortest run worth gathering from where a version lies: a group with
+/// shorter ones (a transposed slice reads one element per run) is cheaper
+/// packed once by plan::gather than copied run by run by every consumer.
+inline constexpr std::size_t min_lent_run_bytes = 64;
+
+/// Whether every entry of group `g` reads runs of at least
+/// min_lent_run_bytes (plan::run_bytes), without listing them.
+bool lends_in_runs(const plan::grouped_plan& p, std::uint32_t g);
+
 /// Producer, sharded: group `g`'s packed bytes as pieces of `s`'s memory.
 /// Throws as pack_group.
 std::vector<source_piece> group_pieces(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s);

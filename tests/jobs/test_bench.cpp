@@ -933,6 +933,7 @@ TEST_CASE("bench ranks: the comparison with one rank and the packs in the report
   p.local_plans = 2;
   p.local_packs = 12;
   p.local_passes = 6;
+  p.local_lent = 10;
   p.ucx_plans = 2;
   p.ucx_packs = 14;
   p.ucx = true;
@@ -941,7 +942,7 @@ TEST_CASE("bench ranks: the comparison with one rank and the packs in the report
   REQUIRE(lines.size() == 1);
   CHECK(lines[0]
         == "sharded/2r packs, rank 1 (2 groups, 3 versions): local 12 packs in 6 passes for 2 plan(s), 1.00 per "
-           "(plan, group) per version; UCX 14 packs for 2 plan(s), 1.17 per (plan, group) per version; SOME PACKED "
+           "(plan, group) per version (10 lent in place); UCX 14 packs for 2 plan(s), 1.17 per (plan, group) per version; SOME PACKED "
            "TWICE IN A VERSION");
   bench_sync_result r;
   r.cases = {one, two};

@@ -92,6 +92,8 @@ TEST_CASE("view runs: contiguous runs back to back are the packed bytes, as few 
     });
     CHECK(runs == r.runs);
     CHECK(joined == packed(r.view, src));
+    // Every run is run_bytes long: the view's bytes over its runs.
+    CHECK(run_bytes(r.view, sizeof(float)) * r.runs == joined.size() * sizeof(float));
   }
 }
 

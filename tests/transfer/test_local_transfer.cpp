@@ -92,20 +92,36 @@ TEST_CASE("broadcast pull: every worker receives the whole model and slices it w
   }
 }
 
-TEST_CASE("broadcast: full groups' buffers faulted in at construction when asked, none made by the first pass") {
-  for (bool prefault : {false, true}) {
-    CAPTURE(prefault);
-    const model_config c = test::small_model(3);
-    auto src = test::small_source(c);
-    auto v1 = src->produce_next();
-    local_transfer_options o;
-    o.prefault_full_groups = prefault;
-    local_transfer xfer(src, o);
-    test_engine e("rollout-0", c, 2, xfer);
-    e.pull(xfer, 1, transfer_mode::broadcast);
-    test::check_identical(*e.weights, *test::loaded(*v1, 2));
-    CHECK((xfer.stats().buffers_made == 0) == prefault); // a full group outgrows the plans' prefaulted ones
-  }
+TEST_CASE("groups are lent where the version lies, packed only where their runs are too short") {
+  // small_model at tp 2 reads half rows of 64 bytes (o_proj): lent, nothing
+  // copied by the producer. At tp 4 a quarter row is 32 bytes, under
+  // min_lent_run_bytes: those groups are packed once into buffers.
+  const model_config c = test::small_model(3);
+  for (auto mode : {transfer_mode::sharded, transfer_mode::broadcast})
+    for (int tp : {2, 4})
+      for (bool in_place : {false, true}) {
+        CAPTURE(mode);
+        CAPTURE(tp);
+        CAPTURE(in_place);
+        auto src = test::small_source(c);
+        auto v1 = src->produce_next();
+        local_transfer xfer(src);
+        test_engine e("rollout-0", c, tp, xfer);
+        e.in_place = in_place;
+        e.pull(xfer, 1, mode);
+        test::check_identical(*e.weights, *test::loaded(*v1, tp));
+        const auto s = xfer.stats();
+        CHECK(s.packs == static_cast<std::uint64_t>(mode == transfer_mode::broadcast ? 3 : 3 * tp));
+        if (mode == transfer_mode::broadcast || tp == 2) {
+          CHECK(s.lent == s.packs);
+          CHECK(s.peak_buffers == 0);
+          CHECK(s.buffers_made == 0);
+        } else {
+          CHECK(s.lent < s.packs);
+          CHECK(s.peak_buffers >= 1);
+          CHECK(s.peak_buffers <= xfer.options().groups_in_flight);
+        }
+      }
 }
 
 TEST_CASE("groups arrive in order, each verified before the sink sees it") {
@@ -153,6 +169,41 @@ TEST_CASE("the same worker rank of two replicas shares one packing pass") {
   CHECK(xfer.stats().packs == 2 * 2 * 3);
 }
 
+TEST_CASE("lent groups hold no window slot: a fast replica is not held back by a slow one") {
+  // tp 1 lends every group. The slow replica stays on group 0 until the
+  // fast one has all three, more than the window of two would let through
+  // were they packed.
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  local_transfer_options o;
+  o.join_grace = 10s;
+  o.groups_in_flight = 2;
+  local_transfer xfer(src, o);
+  test_engine slow("rollout-0", c, 1, xfer);
+  test_engine fast("rollout-1", c, 1, xfer);
+  std::promise<void> fast_done;
+  auto fast_finished = fast_done.get_future().share();
+  bool overtaken = false;
+  slow.in_place = true; // stored into its slot's targets: the slot is held until the sink returns
+  auto sink = slow.sink();
+  auto stored = sink.on_stored;
+  sink.on_stored = [&](int w, std::uint32_t g) {
+    if (g == 0)
+      overtaken = fast_finished.wait_for(10s) == std::future_status::ready;
+    stored(w, g);
+  };
+  auto f = std::async(std::launch::async, [&] { return xfer.pull({slow.name, 0, 1, transfer_mode::sharded, in(20s)}, sink); });
+  fast.pull(xfer, 1, transfer_mode::sharded, 20s);
+  fast_done.set_value();
+  f.get();
+  CHECK(overtaken);
+  CHECK(xfer.stats().passes == 1); // one pass served both
+  CHECK(xfer.stats().peak_buffers == 0);
+  test::check_identical(*slow.weights, *test::loaded(*v1, 1));
+  test::check_identical(*fast.weights, *test::loaded(*v1, 1));
+}
+
 TEST_CASE("an unregistered replica does not hold back the others beyond the join grace") {
   const model_config c = test::small_model(2);
   auto src = test::small_source(c);
@@ -169,9 +220,10 @@ TEST_CASE("an unregistered replica does not hold back the others beyond the join
 }
 
 TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and packing runs ahead") {
-  // A sink that takes the packed group reads it in its slot: the producer
-  // fills the rest of the window meanwhile. A window of one is copied out
-  // of its slot instead, so that the producer still packs ahead.
+  // tp 4: every group holds quarter rows too short to lend (above), so each
+  // is packed. A sink that takes the packed group reads it in its slot: the
+  // producer fills the rest of the window meanwhile. A window of one is
+  // copied out of its slot instead, so that the producer still packs ahead.
   for (std::size_t in_flight : {1, 2}) {
     INFO("groups_in_flight " << in_flight);
     const model_config c = test::small_model(4);
@@ -180,7 +232,7 @@ TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and p
     local_transfer_options o;
     o.groups_in_flight = in_flight;
     local_transfer xfer(src, o);
-    test_engine e("e", c, 1, xfer);
+    test_engine e("e", c, 4, xfer);
     auto sink = e.sink();
     bool ran_ahead = false;
     auto apply = sink.on_group;
@@ -192,8 +244,17 @@ TEST_CASE("memory is bounded by groups_in_flight packed groups per stream, and p
     auto r = xfer.pull({"e", 0, 1, transfer_mode::sharded, in(10s)}, sink);
     CHECK(r.groups == 4);
     CHECK(ran_ahead);
-    CHECK(xfer.stats().peak_buffers == in_flight);
-    test::check_identical(*e.weights, *test::loaded(*v1, 1));
+    const auto s = xfer.stats();
+    CHECK(s.lent == 0);
+    CHECK(s.peak_buffers == in_flight);
+    std::uint64_t largest = 0;
+    for (std::uint32_t g = 0; g < e.plans[0].group_count(); ++g)
+      largest = std::max(largest, e.plans[0].bytes(g));
+    CHECK(s.peak_buffer_bytes > 0);
+    CHECK(s.peak_buffer_bytes <= in_flight * largest);
+    for (int w = 1; w < 4; ++w)
+      xfer.pull({"e", w, 1, transfer_mode::sharded, in(10s)}, e.sink());
+    test::check_identical(*e.weights, *test::loaded(*v1, 4));
   }
 }
 

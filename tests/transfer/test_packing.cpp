@@ -69,3 +69,36 @@ TEST_CASE("packing: the checksum folded into packing equals packing, then hashin
     CHECK(checksum_pieces(full_group_pieces(*s, g)) == checksum64(whole.data(), whole.size()));
   }
 }
+
+TEST_CASE("a group lends in runs unless one of its entries reads runs shorter than min_lent_run_bytes") {
+  // small_model's o_proj is [64, 64] bf16: a worker of tp keeps 64 / tp
+  // columns of each row, runs of 128 / tp bytes; everything else is whole
+  // rows. The fused experts' slices are transposed: a run per element.
+  struct row {
+    const char* what;
+    model_config config;
+    int tp;
+    bool lends;
+  };
+  model_config fused = test::small_model(2);
+  fused.arch = model_arch::qwen3_moe;
+  fused.fused_experts = true;
+  fused.num_experts = 4;
+  fused.num_experts_per_tok = 2;
+  fused.moe_intermediate_size = 32;
+  const row rows[] = {
+      {"tp 1: whole tensors", test::small_model(2), 1, true},
+      {"tp 2: half rows of 64 bytes", test::small_model(2), 2, true},
+      {"tp 4: quarter rows of 32 bytes", test::small_model(2), 4, false},
+      {"fused experts, tp 2: transposed slices", fused, 2, false},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    plan::grouped_plan p(r.config, std::make_shared<const plan::worker_plan>(engine::make_plan(r.config, r.tp, 0,
+                                                                                               dtype::bf16)));
+    bool all = true;
+    for (std::uint32_t g = 0; g < p.group_count(); ++g)
+      all = all && lends_in_runs(p, g);
+    CHECK(all == r.lends);
+  }
+}

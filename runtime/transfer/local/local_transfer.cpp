@@ -7,7 +7,6 @@
 #include "runtime/transfer/store_in_place.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -133,18 +132,20 @@ struct local_transfer::shared {
     }
   }
 
-  void count_pack(std::uint64_t bytes) {
+  void count_offer(std::uint64_t bytes, bool lent) {
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++stats.packs;
+      stats.lent += lent ? 1 : 0;
       stats.packed_bytes += bytes;
     }
     stats_changed.notify_all();
   }
 
-  void note_live_buffers(std::size_t n) {
+  void note_live_buffers(std::size_t n, std::uint64_t bytes) {
     std::lock_guard<std::mutex> lock(stats_mutex);
     stats.peak_buffers = std::max(stats.peak_buffers, n);
+    stats.peak_buffer_bytes = std::max(stats.peak_buffer_bytes, bytes);
   }
 
   bool take_corruption(const pull_request& r, std::uint32_t group) {
@@ -163,29 +164,54 @@ namespace {
 // Counts the packed buffers of one pass that are alive, wherever they are
 // referenced from (window or a consumer copying), for the memory bound.
 struct live_counter {
-  std::atomic<std::size_t> live{0};
+  std::mutex m;
+  std::size_t live = 0;
+  std::uint64_t bytes = 0;
   std::shared_ptr<local_transfer::shared> owner;
+
+  void add(std::size_t n, int sign) {
+    std::size_t count;
+    std::uint64_t total;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      live = sign > 0 ? live + 1 : live - 1;
+      bytes = sign > 0 ? bytes + n : bytes - n;
+      count = live;
+      total = bytes;
+    }
+    if (sign > 0)
+      owner->note_live_buffers(count, total);
+  }
 };
 
-// A packed group in a reused buffer: the first `size` bytes of `buffer`.
-struct packed_group {
-  explicit packed_group(std::shared_ptr<live_counter> c, std::size_t n)
+// A packed group's reused buffer: the first `size` bytes of `buffer`.
+struct packed_buffer {
+  explicit packed_buffer(std::shared_ptr<live_counter> c, std::size_t n)
       : buffer(c->owner->take_buffer(n)), size(n), counter(std::move(c)) {
-    counter->owner->note_live_buffers(++counter->live);
+    counter->add(size, +1);
   }
-  ~packed_group() {
-    --counter->live;
+  ~packed_buffer() {
+    counter->add(size, -1);
     counter->owner->give_back(std::move(buffer));
   }
-  packed_group(const packed_group&) = delete;
-  packed_group& operator=(const packed_group&) = delete;
+  packed_buffer(const packed_buffer&) = delete;
+  packed_buffer& operator=(const packed_buffer&) = delete;
 
   std::uint8_t* data() const { return buffer.data(); }
 
   host_buffer buffer;
   std::size_t size = 0;
-  std::uint64_t checksum = 0;
   std::shared_ptr<live_counter> counter;
+};
+
+// A group as a pass offers it: the pieces its packed order reads, where the
+// version lies (lent) or in a buffer packed once (`packed`), and the
+// producer's checksum of them.
+struct offered_group {
+  std::vector<source_piece> pieces;
+  std::size_t size = 0;
+  std::uint64_t checksum = 0;
+  std::unique_ptr<packed_buffer> packed;
 };
 
 struct consumer {
@@ -206,7 +232,6 @@ struct local_transfer::pass {
   snapshot_ptr snapshot;
   std::shared_ptr<const plan::grouped_plan> plan; // sharded only
   std::vector<std::uint32_t> groups;        // what this pass delivers, in order
-  std::vector<plan::full_group_layout> layouts;   // broadcast only, per index
   std::shared_ptr<shared> owner;
   std::shared_ptr<live_counter> buffers;
   std::size_t window_limit = 1;
@@ -216,9 +241,8 @@ struct local_transfer::pass {
   std::condition_variable cv;
   std::set<worker_id> expected; // registered for the stream, not joined yet
   std::list<consumer> consumers;
-  std::deque<std::shared_ptr<const packed_group>> window;
+  std::deque<std::shared_ptr<const offered_group>> window;
   std::size_t front = 0;  // index of window.front()
-  std::size_t packed = 0; // groups packed so far
   bool released_any = false;
   bool cancelled = false;
   bool producer_exited = false;
@@ -273,14 +297,16 @@ struct local_transfer::pass {
     cv.notify_all();
   }
 
+  // Over: its producer is done, and nobody reads on or may still join (a
+  // producer that offered lent groups may finish before a peer joins).
   bool finished() {
     std::lock_guard<std::mutex> lock(m);
-    return producer_exited && consumers.empty();
+    return producer_exited && consumers.empty() && (released_any || join_closed(clock::now()));
   }
 
   // -- consumer side --
 
-  std::shared_ptr<const packed_group> wait_group(std::size_t idx, const pull_request& r) {
+  std::shared_ptr<const offered_group> wait_group(std::size_t idx, const pull_request& r) {
     std::unique_lock<std::mutex> lock(m);
     for (;;) {
       if (!failure.empty())
@@ -325,7 +351,7 @@ struct local_transfer::pass {
 
   void produce() {
     for (std::size_t i = 0; i < groups.size(); ++i) {
-      if (!wait_for_room())
+      if (!wait_for_room(key.broadcast || lends_in_runs(*plan, groups[i])))
         break;
       if (owner->faults.is_withheld(version, groups[i])) {
         // The drill: this group never comes. Stay until the pass is over.
@@ -334,21 +360,21 @@ struct local_transfer::pass {
           cv.wait_until(lock, deadline);
         break;
       }
-      std::shared_ptr<packed_group> buf;
+      std::shared_ptr<offered_group> group;
       try {
-        buf = pack(i);
+        group = offer(i);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(m);
         failure = e.what();
         break;
       }
-      const std::size_t size = buf->size;
+      const std::size_t size = group->size;
+      const bool lent = !group->packed;
       {
         std::lock_guard<std::mutex> lock(m);
-        window.push_back(std::move(buf));
-        ++packed;
+        window.push_back(std::move(group));
       }
-      owner->count_pack(size); // counted once consumers can take it (wait_for_packs)
+      owner->count_offer(size, lent); // counted once consumers can take it (wait_for_packs)
       cv.notify_all();
     }
     {
@@ -358,15 +384,19 @@ struct local_transfer::pass {
     cv.notify_all();
   }
 
-  // Waits until the window has room; false when the pass is over.
-  bool wait_for_room() {
+  // Waits until the window has room for a group; false when the pass is
+  // over. A lent group holds no memory: only packed ones count, so that a
+  // fast consumer is not held back by a slow one for want of memory that
+  // nothing uses.
+  bool wait_for_room(bool lent) {
     std::unique_lock<std::mutex> lock(m);
     for (;;) {
       const auto now = clock::now();
       settle_locked(now);
       if (cancelled)
         return false;
-      if (window.size() < window_limit)
+      const auto packed = std::count_if(window.begin(), window.end(), [](const auto& x) { return x->packed != nullptr; });
+      if (lent || static_cast<std::size_t>(packed) < window_limit)
         return true;
       if (now >= deadline) {
         cancelled = true; // every consumer's deadline has passed
@@ -377,17 +407,23 @@ struct local_transfer::pass {
     }
   }
 
-  std::shared_ptr<packed_group> pack(std::size_t idx) {
+  // Lent where the version lies, checksummed read only; packed where the
+  // group's runs are too short to copy one by one.
+  std::shared_ptr<offered_group> offer(std::size_t idx) {
     const std::uint32_t g = groups[idx];
-    std::shared_ptr<packed_group> buf;
-    if (key.broadcast) {
-      buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(layouts[idx].bytes));
-      buf->checksum = pack_full_group_checksummed(snapshot->group(g), layouts[idx], buf->data());
+    auto out = std::make_shared<offered_group>();
+    if (key.broadcast || lends_in_runs(*plan, g)) {
+      out->pieces = key.broadcast ? full_group_pieces(*snapshot, g) : group_pieces(*plan, g, *snapshot);
+      out->checksum = checksum_pieces(out->pieces);
+      for (const auto& p : out->pieces)
+        out->size += p.bytes; // each inside the version: no overflow
     } else {
-      buf = std::make_shared<packed_group>(buffers, static_cast<std::size_t>(plan->bytes(g)));
-      buf->checksum = pack_group_checksummed(*plan, g, *snapshot, buf->data());
+      out->size = static_cast<std::size_t>(plan->bytes(g));
+      out->packed = std::make_unique<packed_buffer>(buffers, out->size);
+      out->checksum = pack_group_checksummed(*plan, g, *snapshot, out->packed->data());
+      out->pieces = {{out->packed->data(), out->size}};
     }
-    return buf;
+    return out;
   }
 };
 
@@ -407,8 +443,6 @@ local_transfer::local_transfer(std::shared_ptr<const weight_source> source, loca
     throw std::invalid_argument("local transfer: no weight source");
   options_.groups_in_flight = std::max<std::size_t>(1, options_.groups_in_flight);
   shared_->max_spare_buffers = 2 * options_.groups_in_flight;
-  if (const auto full = options_.prefault_full_groups ? largest_full_group_bytes(*source_) : 0; full > 0)
-    shared_->prefault(static_cast<std::size_t>(full), options_.groups_in_flight);
 }
 
 local_transfer::~local_transfer() {
@@ -439,10 +473,12 @@ void local_transfer::register_worker(const std::string& engine, std::shared_ptr<
     throw std::invalid_argument("local transfer: engine '" + engine + "': worker " + std::to_string(plan->worker)
                                 + " of tp " + std::to_string(plan->tp));
   auto grouped = std::make_shared<const plan::grouped_plan>(source_->config(), std::move(plan));
-  std::uint64_t largest = 0;
+  std::uint64_t largest = 0; // of the groups packed, not lent
   for (std::uint32_t g = 0; g < grouped->group_count(); ++g)
-    largest = std::max(largest, grouped->bytes(g));
-  shared_->prefault(static_cast<std::size_t>(largest), options_.groups_in_flight);
+    if (!lends_in_runs(*grouped, g))
+      largest = std::max(largest, grouped->bytes(g));
+  if (largest > 0)
+    shared_->prefault(static_cast<std::size_t>(largest), options_.groups_in_flight);
   std::lock_guard<std::mutex> lock(registry_->mutex);
   registry_->workers[{engine, grouped->worker()}] = std::move(grouped);
 }
@@ -511,9 +547,6 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       if (!broadcast)
         p->plan = plan;
       p->groups = snapshot->groups();
-      if (broadcast)
-        for (auto g : p->groups)
-          p->layouts.push_back(plan::full_group_layout::of(snapshot->group(g)));
       p->owner = shared_;
       p->buffers = std::make_shared<live_counter>();
       p->buffers->owner = shared_;
@@ -552,43 +585,44 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
   report.engine = req.engine;
   report.worker = req.worker;
   report.version = req.version;
-  std::vector<std::uint8_t> copied; // a group copied out of its slot (below), reused
+  std::vector<std::uint8_t> copied; // a group gathered for a sink of packed bytes (below), reused
   for (std::size_t idx = 0; idx < p->groups.size(); ++idx) {
     const std::uint32_t g = p->groups[idx];
     const auto waiting = clock::now();
-    auto buf = p->wait_group(idx, req); // the producer packs it, or another worker holds the pass
+    auto offered = p->wait_group(idx, req); // the producer readies it, or another worker holds the pass
     const auto storing = clock::now();
     report.waited += storing - waiting;
-    const std::size_t size = buf->size;
-    const std::uint64_t sent = buf->checksum;
-    // Broadcast: the pieces of the whole group this worker keeps, stored
-    // while the group is checksummed (store_kept).
+    const std::size_t size = offered->size;
+    const std::uint64_t sent = offered->checksum;
+    const auto& pieces = offered->pieces;
+    // Broadcast: the group's tensors where the version holds them, and the
+    // pieces of them this worker keeps (store_kept).
+    const std::vector<tensor_view>* views = broadcast ? &p->snapshot->group(g) : nullptr;
     std::vector<source_piece> kept;
-    const auto targets =
-      broadcast ? broadcast_targets(sink, mine->plan(), req.worker, g,
-                                    plan::view_full_group(p->layouts[idx], buf->data()), kept)
-                : group_targets(sink, req.worker, g, size);
+    const auto targets = broadcast ? broadcast_targets(sink, mine->plan(), req.worker, g, *views, kept)
+                                   : group_targets(sink, req.worker, g, size);
     const bool corrupt = size > 0 && shared_->take_corruption(req, g);
-    // One pass into staging where the sink offers targets. Else the sink
-    // reads the packed group where it lies, verified first, while this
-    // worker holds its slot and the producer packs the next groups in the
-    // rest of the window (a private copy costs a pass over the whole group).
-    // With a window of one there is no rest: a copy frees the slot, so the
-    // producer packs on while the group is applied. The drill alters a copy.
-    const std::uint8_t* bytes = buf->data();
+    const std::uint8_t* bytes = nullptr; // sharded without targets: the packed bytes the sink reads
     std::uint64_t got = 0;
-    if (!targets.empty()) {
-      got = broadcast ? store_kept({{bytes, size}}, kept, targets, corrupt) : store_group(bytes, targets, corrupt);
-    } else {
-      if (corrupt || options_.groups_in_flight == 1) {
-        copied.assign(bytes, bytes + size);
-        if (corrupt)
-          copied[size / 2] ^= 0x5a;
-        bytes = copied.data();
-        buf.reset();
-        p->consumed(me, idx);
-      }
+    if (!targets.empty()) { // one pass into staging, the checksum folded in
+      got = broadcast ? store_kept(pieces, kept, targets, corrupt) : store_pieces(pieces, targets, corrupt);
+    } else if (broadcast) { // the sink reads the tensors where they lie, verified first; the drill alters a copy
+      copied.resize(corrupt ? size : 0);
+      got = corrupt ? store_pieces(pieces, {{copied.data(), size}}, true) : checksum_pieces(pieces);
+    } else if (offered->packed && !corrupt && options_.groups_in_flight > 1) {
+      // Read in its slot, verified first, while the producer readies the
+      // next groups in the rest of the window.
+      bytes = offered->packed->data();
       got = checksum64(bytes, size);
+    } else {
+      // Gathered into a buffer of this worker's, the checksum folded in: a
+      // lent group, a packed one whose slot a window of one must free for
+      // the producer to go on, or the drill's altered copy.
+      copied.resize(size);
+      got = store_pieces(pieces, {{copied.data(), size}}, corrupt);
+      bytes = copied.data();
+      offered.reset();
+      p->consumed(me, idx);
     }
     if (got != sent)
       throw transfer_error(transfer_failure::checksum_mismatch,
@@ -599,12 +633,12 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     if (!targets.empty())
       sink.on_stored(req.worker, g);
     else if (broadcast)
-      sink.on_full_group(req.worker, g, plan::view_full_group(p->layouts[idx], bytes));
+      sink.on_full_group(req.worker, g, *views);
     else
       sink.on_group(req.worker, g, bytes, size);
-    if (buf) {
-      buf.reset();
-      p->consumed(me, idx); // the producer may reuse the slot
+    if (offered) {
+      offered.reset();
+      p->consumed(me, idx); // the producer may offer the next group in this slot
     }
     report.bytes += size;
     ++report.groups;

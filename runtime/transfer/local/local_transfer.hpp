@@ -4,30 +4,49 @@
 //
 // Streams. Packed bytes depend only on the plan, not on the replica, so
 // every replica's worker w of an engine with tensor parallelism tp reads the
-// same stream (same tp, worker and packing): its groups are packed once per
-// version and shared (refcounted buffers). An M:N pull registers sub-plans:
+// same stream (same tp, worker and packing): its groups are checksummed (or
+// packed) once per version and shared. An M:N pull registers sub-plans:
 // equal ones share a stream, a different one (a retry re-planned here) gets
 // its own. Broadcast has one stream for everybody: the full tensors.
 //
 // Passes. A pull joins the running pass of its stream and version, or starts
-// one. A pass has one producer thread packing groups in order into a window
-// of at most groups_in_flight buffers: it packs group n+1 while consumers
-// copy group n, and never holds more (the memory bound). A group leaves the
-// window once every consumer of the pass has copied it. Group 0 stays until
-// every worker registered for the stream that has not pulled this version
-// yet has joined, or join_grace has passed; a worker that comes later gets a
-// pass of its own (packed again). So replicas syncing together share one
-// packing; one that syncs alone (a wave, a rejoin) waits at most join_grace
-// for registered peers that do not come.
+// one. A pass has one producer thread offering groups in order into a
+// window: it readies group n+1 while consumers copy group n. A group leaves
+// the window once every consumer of the pass has copied it. Packed groups
+// hold memory, so at most groups_in_flight of them are in the window; lent
+// ones hold none and do not count (a fast replica is not held back by a
+// slow one for memory nothing uses). Group 0 stays until every worker registered for the stream that
+// has not pulled this version yet has joined, or join_grace has passed; a
+// worker that comes later gets a pass of its own. So replicas syncing
+// together share one producer; one that syncs alone (a wave, a rejoin)
+// waits at most join_grace for registered peers that do not come.
 //
-//   pull ──► join pass ──► for each group: wait (deadline) ─► copy into the
-//            (or start)        receive buffer ─► release the window slot ─►
-//                              verify checksum ─► sink callback
+// Lent in place. The version's memory is this process's: a group is offered
+// where it lies, as the pieces its packed order reads (packing.hpp), with
+// the checksum the producer took of them, read only. A consumer copies the
+// pieces straight into the engine's staging and checksums what landed in
+// the same pass (store_in_place.hpp): one copy from trainer memory to
+// engine memory. A sink that takes packed bytes gets them gathered into a
+// buffer of its worker's own; a broadcast sink that takes whole tensors
+// reads them where they lie, verified first. Only a sharded group whose
+// runs are too short to copy one by one (a transposed slice:
+// lends_in_runs) is packed, once per pass, into a reused buffer.
 //
-// Memory. Packed buffers are reused, touched once: at most groups_in_flight
-// alive per running pass, and at most 2 x groups_in_flight kept spare. A
-// registration touches a window's worth of the plan's largest group, so
-// that the first sync does not fault them in inside its stall.
+// Not ahead of the stall: a pass checksums its lent groups as it offers
+// them, a read of the bytes its consumers copy. Taking them at publish, on
+// a thread of their own, measured slower on two cores (the bench syncs
+// right after each step: the thread competed with the round it was to
+// spare).
+//
+//   pull ──► join pass ──► for each group: wait (deadline) ─► copy the
+//            (or start)        pieces into staging, checksum folded in ─►
+//                              verify ─► sink callback ─► release the slot
+//
+// Memory. Lent groups cost none. Packed buffers are reused, touched once:
+// at most groups_in_flight alive per running pass, and at most
+// 2 x groups_in_flight kept spare. A registration touches a window's worth
+// of the plan's largest packed group, so that the first sync does not
+// fault them in inside its stall.
 //
 // Every wait has a deadline: a consumer waiting for a group that does not
 // come fails with transfer_failure::timeout; a producer whose consumers all
@@ -46,24 +65,21 @@
 namespace rlsync::transfer {
 
 struct local_transfer_options {
-  /// Packed groups alive at once per stream (>= 1).
+  /// Groups offered at once per stream, lent or packed (>= 1).
   std::size_t groups_in_flight = 2;
   /// How long a pass keeps its first group for registered workers of its
   /// stream that have not started pulling this version yet.
   std::chrono::milliseconds join_grace{50};
-  /// Fault in groups_in_flight buffers of the model's largest full group at
-  /// construction, as registering a plan does for its packed groups: a
-  /// topology in broadcast mode, whose first pass then packs into warm
-  /// memory (a fresh page costs a fault on its first write).
-  bool prefault_full_groups = false;
 };
 
 /// Instrumentation, cumulative since construction.
 struct local_transfer_stats {
-  std::uint64_t passes = 0;       ///< packing passes started
-  std::uint64_t packs = 0;        ///< groups packed (sharded and broadcast)
-  std::uint64_t packed_bytes = 0;
-  std::size_t peak_buffers = 0;   ///< most packed groups alive at once in one pass
+  std::uint64_t passes = 0;       ///< passes started
+  std::uint64_t packs = 0;        ///< groups offered (sharded and broadcast): packed, or lent with their checksum
+  std::uint64_t lent = 0;         ///< of those, lent in place (nothing copied by the producer)
+  std::uint64_t packed_bytes = 0; ///< bytes of the groups offered, lent or packed
+  std::size_t peak_buffers = 0;   ///< most packed buffers alive at once in one pass (lent groups hold none)
+  std::uint64_t peak_buffer_bytes = 0; ///< their most bytes at once in one pass
   std::uint64_t corruptions = 0;  ///< receptions the corrupt hook altered
   std::uint64_t buffers_made = 0; ///< packed buffers a pass allocated (none spare fit), not prefaulted ones
 };
@@ -87,7 +103,7 @@ public:
   const local_transfer_options& options() const { return options_; }
 
   local_transfer_stats stats() const;
-  /// Waits until at least `packs` groups have been packed in all (each
+  /// Waits until at least `packs` groups have been offered in all (each
   /// counted once its pass offers it to consumers); false
   /// when the deadline passed first (for tests and benchmarks).
   bool wait_for_packs(std::uint64_t packs, clock::time_point deadline) const;
@@ -95,7 +111,7 @@ public:
   /// Arms a corruption (see `corruption`).
   void corrupt(corruption c);
   /// Makes every pass's producer that reaches `group` (of `version`, 0: any)
-  /// before `until` stop before packing it: the group never arrives,
+  /// before `until` stop before offering it: the group never arrives,
   /// consumers time out.
   void withhold(std::uint32_t group, std::uint64_t version = 0,
                 fault_hooks::clock::time_point until = fault_hooks::clock::time_point::max());
