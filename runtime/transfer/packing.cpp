@@ -81,9 +81,22 @@ void append_entry_pieces(const plan::plan_entry& e, const std::uint8_t* tensor, 
   });
 }
 
+namespace {
+bool short_runs(const plan::plan_entry& e) {
+  return e.view.numel() > 0 && plan::run_bytes(e.view, dtype_size(e.source_type)) < min_lent_run_bytes;
+}
+} // namespace
+
 bool lends_in_runs(const plan::grouped_plan& p, std::uint32_t g) {
   for (const auto* e : p.entries(g))
-    if (e->view.numel() > 0 && plan::run_bytes(e->view, dtype_size(e->source_type)) < min_lent_run_bytes)
+    if (short_runs(*e))
+      return false;
+  return true;
+}
+
+bool lends_in_runs(const plan::worker_plan& p) {
+  for (const auto& e : p.entries)
+    if (short_runs(e))
       return false;
   return true;
 }

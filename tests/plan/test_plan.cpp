@@ -77,6 +77,8 @@ TEST_CASE("view runs: contiguous runs back to back are the packed bytes, as few 
       {"rows narrowed: one run", narrow(base, 0, 1, 1), 1},
       {"last dim narrowed: a run per row", narrow(base, 2, 1, 2), 6},
       {"transposed: a run per element", transpose(strided::dense({2, 3}), 0, 1), 6},
+      {"last dim narrowed to one: a run per row", narrow(base, 2, 1, 1), 6},
+      {"transposed, last dim of one: a run per element", narrow(transpose(base, 1, 2), 2, 0, 1), 8},
       {"empty: no run", narrow(base, 1, 0, 0), 0},
   };
   const auto src = iota_tensor(24);

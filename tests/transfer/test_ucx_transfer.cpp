@@ -624,6 +624,31 @@ TEST_CASE("ucx: a version in shareable memory is lent in place: nothing packed, 
   }
 }
 
+TEST_CASE("ucx: a plan whose runs are too short to gather one by one is packed, not lent in place") {
+  // small_model at tp 4: o_proj's quarter rows are 32 bytes, under
+  // min_lent_run_bytes; at tp 2 (half rows of 64 bytes) the same source
+  // is lent in place.
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  for (int tp : {2, 4}) {
+    CAPTURE(tp);
+    auto src = test::small_source(c, 2, /*shared*/ true);
+    auto v = src->produce_next();
+    REQUIRE(v->shared_buffer());
+    ucx_producer producer(src, loopback_producer());
+    ucx_puller puller(loopback_puller(producer));
+    test_engine e("rollout-0", c, tp, puller);
+    e.in_place = true;
+    e.pull(puller, v->version(), transfer_mode::sharded);
+    test::check_identical(*e.weights, *test::loaded(*v, tp));
+    const auto groups = static_cast<std::uint64_t>(3 * tp);
+    CHECK(eventually([&] { return producer.stats().groups_sent == groups; }));
+    CHECK(producer.stats().groups_lent_in_place == (tp == 2 ? groups : 0u));
+    CHECK(producer.stats().groups_lent == groups); // in shared memory either way: packed there at tp 4
+    CHECK((producer.stats().peak_packed > 0) == (tp == 4));
+  }
+}
+
 TEST_CASE("ucx: a PyTorch rank's push in shareable memory is lent in place as the synthetic trainer's is") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);

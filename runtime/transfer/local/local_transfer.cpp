@@ -585,7 +585,27 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
   report.engine = req.engine;
   report.worker = req.worker;
   report.version = req.version;
-  std::vector<std::uint8_t> copied; // a group gathered for a sink of packed bytes (below), reused
+  // A group gathered for a sink of packed bytes (below): a touched buffer
+  // of the spare pool, given back when the pull ends (a fresh one would
+  // fault its pages in every pull).
+  // Sized at first use for the largest group the pull may gather (sharded:
+  // its plan's), so that it is taken from the pool once.
+  struct scratch_buffer {
+    std::shared_ptr<shared> pool;
+    std::size_t largest = 0;
+    host_buffer buffer;
+    std::uint8_t* at_least(std::size_t n) {
+      if (buffer.capacity() < n) {
+        pool->give_back(std::move(buffer));
+        buffer = pool->take_buffer(std::max(n, largest));
+      }
+      return buffer.data();
+    }
+    ~scratch_buffer() { pool->give_back(std::move(buffer)); }
+  } scratch{shared_, 0, {}};
+  if (!broadcast)
+    for (std::uint32_t g = 0; g < mine->group_count(); ++g)
+      scratch.largest = std::max(scratch.largest, static_cast<std::size_t>(mine->bytes(g)));
   for (std::size_t idx = 0; idx < p->groups.size(); ++idx) {
     const std::uint32_t g = p->groups[idx];
     const auto waiting = clock::now();
@@ -607,8 +627,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     if (!targets.empty()) { // one pass into staging, the checksum folded in
       got = broadcast ? store_kept(pieces, kept, targets, corrupt) : store_pieces(pieces, targets, corrupt);
     } else if (broadcast) { // the sink reads the tensors where they lie, verified first; the drill alters a copy
-      copied.resize(corrupt ? size : 0);
-      got = corrupt ? store_pieces(pieces, {{copied.data(), size}}, true) : checksum_pieces(pieces);
+      got = corrupt ? store_pieces(pieces, {{scratch.at_least(size), size}}, true) : checksum_pieces(pieces);
     } else if (offered->packed && !corrupt && options_.groups_in_flight > 1) {
       // Read in its slot, verified first, while the producer readies the
       // next groups in the rest of the window.
@@ -618,9 +637,8 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       // Gathered into a buffer of this worker's, the checksum folded in: a
       // lent group, a packed one whose slot a window of one must free for
       // the producer to go on, or the drill's altered copy.
-      copied.resize(size);
-      got = store_pieces(pieces, {{copied.data(), size}}, corrupt);
-      bytes = copied.data();
+      bytes = scratch.at_least(size);
+      got = store_pieces(pieces, {{scratch.buffer.data(), size}}, corrupt);
       offered.reset();
       p->consumed(me, idx);
     }

@@ -27,7 +27,7 @@
 // pieces straight into the engine's staging and checksums what landed in
 // the same pass (store_in_place.hpp): one copy from trainer memory to
 // engine memory. A sink that takes packed bytes gets them gathered into a
-// buffer of its worker's own; a broadcast sink that takes whole tensors
+// buffer of its worker's own (from the spare pool below); a broadcast sink that takes whole tensors
 // reads them where they lie, verified first. Only a sharded group whose
 // runs are too short to copy one by one (a transposed slice:
 // lends_in_runs) is packed, once per pass, into a reused buffer.
@@ -42,7 +42,8 @@
 //            (or start)        pieces into staging, checksum folded in ─►
 //                              verify ─► sink callback ─► release the slot
 //
-// Memory. Lent groups cost none. Packed buffers are reused, touched once:
+// Memory. A lent group costs its list of pieces (16 bytes a run, runs of at
+// least 64 bytes), no copy of its bytes. Packed buffers are reused, touched once:
 // at most groups_in_flight alive per running pass, and at most
 // 2 x groups_in_flight kept spare. A registration touches a window's worth
 // of the plan's largest packed group, so that the first sync does not
@@ -65,7 +66,7 @@
 namespace rlsync::transfer {
 
 struct local_transfer_options {
-  /// Groups offered at once per stream, lent or packed (>= 1).
+  /// Packed groups alive at once per stream (>= 1); lent ones take no slot.
   std::size_t groups_in_flight = 2;
   /// How long a pass keeps its first group for registered workers of its
   /// stream that have not started pulling this version yet.
@@ -81,7 +82,7 @@ struct local_transfer_stats {
   std::size_t peak_buffers = 0;   ///< most packed buffers alive at once in one pass (lent groups hold none)
   std::uint64_t peak_buffer_bytes = 0; ///< their most bytes at once in one pass
   std::uint64_t corruptions = 0;  ///< receptions the corrupt hook altered
-  std::uint64_t buffers_made = 0; ///< packed buffers a pass allocated (none spare fit), not prefaulted ones
+  std::uint64_t buffers_made = 0; ///< buffers allocated for packed or gathered groups (none spare fit), not prefaulted ones
 };
 
 

@@ -681,8 +681,9 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   out.shared = s.shared;
   // A version in shareable memory needs no packing for a consumer that can
   // map it: it gathers its bytes from the version's tensors (the drill's
-  // corrupted group still goes by tag).
-  s.in_place = s.shared && snapshot->shared_buffer() != nullptr;
+  // corrupted group still goes by tag). Not a plan with runs too short to
+  // copy one by one (a transposed slice): packed once, it is cheaper.
+  s.in_place = s.shared && snapshot->shared_buffer() != nullptr && (broadcast || lends_in_runs(plan->plan()));
   out.in_place = s.in_place;
   if (s.shared)
     out.live_buffers = live_buffers();
