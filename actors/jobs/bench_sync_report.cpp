@@ -255,6 +255,8 @@ std::vector<target_check> sync_targets(const bench_sync_result& r) {
   target_check mpi{"sharded warm transfer <= MPI_Bcast of the same model", "", std::nullopt};
   if (!sharded || sharded_ms <= 0)
     mpi.measured = "no sharded case";
+  else if (!r.remote) // the target is across processes: MPI_Bcast's ranks are, these engines are not
+    mpi.measured = "every engine in this process: the target is across processes";
   else if (r.mpi_bcast_s <= 0)
     mpi.measured = "MPI_Bcast " + r.mpi_why;
   else {

@@ -510,6 +510,8 @@ TEST_CASE("bench sync targets: each judged from the run's figures") {
      std::nullopt},
     {"engines in process", [](bench_sync_result& r) { r.remote = false; }, "sharded warm transfer >= 0.8x",
      std::nullopt},
+    {"engines in process, against MPI", [](bench_sync_result& r) { r.remote = false; },
+     "sharded warm transfer <= MPI", std::nullopt},
     {"broadcast too fast", [](bench_sync_result& r) { r.cases[1].warm[0].transfer_ns = 16 * ms_ns; },
      "broadcast / sharded", false},
     {"no broadcast", [](bench_sync_result& r) { r.cases[1].error = "failed"; }, "broadcast / sharded", std::nullopt},
@@ -538,6 +540,7 @@ TEST_CASE("bench sync targets: each judged from the run's figures") {
         == "sharded warm transfer in one process >= 50% of memcpy for the bytes the engines keep");
   CHECK(local_targets[1].measured == "9.00 ms for 74.7 MB: 50% of memcpy's 16.6 GB/s"); // light 4.5 ms
   CHECK(local_targets[1].met == std::optional<bool>(true));
+  CHECK(local_targets[0].measured == "every engine in this process: the target is across processes");
   in_process.cases[0].light_ms = 4.4;
   CHECK(met_of(sync_targets(in_process), "sharded warm transfer in one process") == std::optional<bool>(false));
   in_process.cases[0].light_ms = 0; // not measured
