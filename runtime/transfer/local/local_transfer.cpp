@@ -586,10 +586,9 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
   report.worker = req.worker;
   report.version = req.version;
   // A group gathered for a sink of packed bytes (below): a touched buffer
-  // of the spare pool, given back when the pull ends (a fresh one would
-  // fault its pages in every pull).
-  // Sized at first use for the largest group the pull may gather (sharded:
-  // its plan's), so that it is taken from the pool once.
+  // of the spare pool (a fresh one would fault its pages in every pull),
+  // sized for the largest group of this worker's plan so that it is taken
+  // once, and given back when the pull ends.
   struct scratch_buffer {
     std::shared_ptr<shared> pool;
     std::size_t largest = 0;
