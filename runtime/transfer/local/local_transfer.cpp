@@ -205,13 +205,14 @@ struct packed_buffer {
 };
 
 // A group as a pass offers it: the pieces its packed order reads, where the
-// version lies (lent) or in a buffer packed once (`packed`), and the
-// producer's checksum of them.
+// version lies (lent) or in a buffer packed once (`packed`, with the
+// checksum taken while packing). A lent group's checksum comes after it, in
+// pass::sums: the producer takes it while consumers copy.
 struct offered_group {
   std::vector<source_piece> pieces;
   std::size_t size = 0;
-  std::uint64_t checksum = 0;
   std::unique_ptr<packed_buffer> packed;
+  std::uint64_t packed_checksum = 0;
 };
 
 struct consumer {
@@ -243,6 +244,7 @@ struct local_transfer::pass {
   std::list<consumer> consumers;
   std::deque<std::shared_ptr<const offered_group>> window;
   std::size_t front = 0;  // index of window.front()
+  std::vector<std::optional<std::uint64_t>> sums; // the producer's checksum of each group, once taken
   bool released_any = false;
   bool cancelled = false;
   bool producer_exited = false;
@@ -329,6 +331,28 @@ struct local_transfer::pass {
     }
   }
 
+  // The producer's checksum of group `idx`, once taken (a lent group's is
+  // taken while consumers copy it).
+  std::uint64_t wait_checksum(std::size_t idx, const pull_request& r) {
+    std::unique_lock<std::mutex> lock(m);
+    for (;;) {
+      if (sums[idx])
+        return *sums[idx];
+      if (!failure.empty())
+        throw transfer_error(transfer_failure::producer_failed,
+                             who(r) + ": the producer failed on version " + std::to_string(version) + ": " + failure);
+      if (cancelled)
+        throw transfer_error(transfer_failure::cancelled, who(r) + ": the producer stopped before checksumming group "
+                                                              + std::to_string(groups[idx]) + " of version "
+                                                              + std::to_string(version));
+      if (clock::now() >= r.deadline)
+        throw transfer_error(transfer_failure::timeout, who(r) + ": the checksum of group " + std::to_string(groups[idx])
+                                                            + " of version " + std::to_string(version)
+                                                            + " did not come before the deadline");
+      cv.wait_until(lock, r.deadline);
+    }
+  }
+
   void consumed(consumer_it it, std::size_t idx) {
     {
       std::lock_guard<std::mutex> lock(m);
@@ -370,12 +394,23 @@ struct local_transfer::pass {
       }
       const std::size_t size = group->size;
       const bool lent = !group->packed;
+      const auto pieces = lent ? group->pieces : std::vector<source_piece>{};
       {
         std::lock_guard<std::mutex> lock(m);
+        if (!lent)
+          sums[i] = group->packed_checksum;
         window.push_back(std::move(group));
       }
       owner->count_offer(size, lent); // counted once consumers can take it (wait_for_packs)
       cv.notify_all();
+      if (lent) { // consumers copy it meanwhile; they compare once this is here
+        const std::uint64_t sum = checksum_pieces(pieces);
+        {
+          std::lock_guard<std::mutex> lock(m);
+          sums[i] = sum;
+        }
+        cv.notify_all();
+      }
     }
     {
       std::lock_guard<std::mutex> lock(m);
@@ -414,13 +449,12 @@ struct local_transfer::pass {
     auto out = std::make_shared<offered_group>();
     if (key.broadcast || lends_in_runs(*plan, g)) {
       out->pieces = key.broadcast ? full_group_pieces(*snapshot, g) : group_pieces(*plan, g, *snapshot);
-      out->checksum = checksum_pieces(out->pieces);
       for (const auto& p : out->pieces)
         out->size += p.bytes; // each inside the version: no overflow
     } else {
       out->size = static_cast<std::size_t>(plan->bytes(g));
       out->packed = std::make_unique<packed_buffer>(buffers, out->size);
-      out->checksum = pack_group_checksummed(*plan, g, *snapshot, out->packed->data());
+      out->packed_checksum = pack_group_checksummed(*plan, g, *snapshot, out->packed->data());
       out->pieces = {{out->packed->data(), out->size}};
     }
     return out;
@@ -547,6 +581,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       if (!broadcast)
         p->plan = plan;
       p->groups = snapshot->groups();
+      p->sums.resize(p->groups.size());
       p->owner = shared_;
       p->buffers = std::make_shared<live_counter>();
       p->buffers->owner = shared_;
@@ -612,7 +647,6 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     const auto storing = clock::now();
     report.waited += storing - waiting;
     const std::size_t size = offered->size;
-    const std::uint64_t sent = offered->checksum;
     const auto& pieces = offered->pieces;
     // Broadcast: the group's tensors where the version holds them, and the
     // pieces of them this worker keeps (store_kept).
@@ -641,6 +675,10 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
       offered.reset();
       p->consumed(me, idx);
     }
+    const auto verifying = clock::now(); // waiting for the producer again, if it is still checksumming
+    const std::uint64_t sent = p->wait_checksum(idx, req);
+    const auto checksum_wait = clock::now() - verifying;
+    report.waited += checksum_wait;
     if (got != sent)
       throw transfer_error(transfer_failure::checksum_mismatch,
                            "local transfer: " + who(req) + ": group " + std::to_string(g) + " of version "
@@ -659,7 +697,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     }
     report.bytes += size;
     ++report.groups;
-    report.stored += clock::now() - storing;
+    report.stored += clock::now() - storing - checksum_wait;
   }
   report.duration = clock::now() - t0;
   return report;
