@@ -394,22 +394,32 @@ struct local_transfer::pass {
       }
       const std::size_t size = group->size;
       const bool lent = !group->packed;
-      const auto pieces = lent ? group->pieces : std::vector<source_piece>{};
       {
         std::lock_guard<std::mutex> lock(m);
         if (!lent)
           sums[i] = group->packed_checksum;
-        window.push_back(std::move(group));
+        window.push_back(group); // `group` stays ours too: consumers may drop it before its checksum is in
       }
       owner->count_offer(size, lent); // counted once consumers can take it (wait_for_packs)
       cv.notify_all();
       if (lent) { // consumers copy it meanwhile; they compare once this is here
-        const std::uint64_t sum = checksum_pieces(pieces);
+        std::optional<std::uint64_t> sum;
+        std::string why;
+        try {
+          sum = checksum_pieces(group->pieces);
+        } catch (const std::exception& e) { // its scratch window could not be allocated
+          why = e.what();
+        }
         {
           std::lock_guard<std::mutex> lock(m);
-          sums[i] = sum;
+          if (sum)
+            sums[i] = *sum;
+          else
+            failure = why;
         }
         cv.notify_all();
+        if (!sum)
+          break;
       }
     }
     {
