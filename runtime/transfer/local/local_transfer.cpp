@@ -169,18 +169,20 @@ struct live_counter {
   std::uint64_t bytes = 0;
   std::shared_ptr<local_transfer::shared> owner;
 
-  void add(std::size_t n, int sign) {
+  void add(std::size_t n) {
     std::size_t count;
     std::uint64_t total;
     {
       std::lock_guard<std::mutex> lock(m);
-      live = sign > 0 ? live + 1 : live - 1;
-      bytes = sign > 0 ? bytes + n : bytes - n;
-      count = live;
-      total = bytes;
+      count = ++live;
+      total = bytes += n;
     }
-    if (sign > 0)
-      owner->note_live_buffers(count, total);
+    owner->note_live_buffers(count, total);
+  }
+  void remove(std::size_t n) {
+    std::lock_guard<std::mutex> lock(m);
+    --live;
+    bytes -= n;
   }
 };
 
@@ -188,10 +190,10 @@ struct live_counter {
 struct packed_buffer {
   explicit packed_buffer(std::shared_ptr<live_counter> c, std::size_t n)
       : buffer(c->owner->take_buffer(n)), size(n), counter(std::move(c)) {
-    counter->add(size, +1);
+    counter->add(size);
   }
   ~packed_buffer() {
-    counter->add(size, -1);
+    counter->remove(size);
     counter->owner->give_back(std::move(buffer));
   }
   packed_buffer(const packed_buffer&) = delete;
@@ -308,49 +310,47 @@ struct local_transfer::pass {
 
   // -- consumer side --
 
-  std::shared_ptr<const offered_group> wait_group(std::size_t idx, const pull_request& r) {
-    std::unique_lock<std::mutex> lock(m);
+  // Waits on `lock` until `ready()`. Throws when the producer failed, when
+  // the pass stopped before `awaited` came ("group 3"), or at r's deadline
+  // (`late()` says what did not come).
+  template <class Ready, class Late>
+  void await(std::unique_lock<std::mutex>& lock, const pull_request& r, Ready ready, const std::string& awaited,
+             Late late) {
     for (;;) {
       if (!failure.empty())
         throw transfer_error(transfer_failure::producer_failed,
                              who(r) + ": the producer failed on version " + std::to_string(version) + ": " + failure);
-      if (idx >= front && idx < front + window.size())
-        return window[idx - front];
+      if (ready())
+        return;
       if (cancelled)
-        throw transfer_error(transfer_failure::cancelled,
-                             who(r) + ": the producer stopped before group " + std::to_string(groups[idx])
-                                 + " of version " + std::to_string(version));
+        throw transfer_error(transfer_failure::cancelled, who(r) + ": the producer stopped before " + awaited
+                                                              + " of version " + std::to_string(version));
       if (clock::now() >= r.deadline)
-        throw transfer_error(transfer_failure::timeout,
-                             who(r) + ": group " + std::to_string(groups[idx]) + " of version "
-                                 + std::to_string(version) + " (" + key.describe()
-                                 + " stream) did not arrive before the deadline; "
-                                 + std::to_string(idx) + " of " + std::to_string(groups.size())
-                                 + " groups received");
+        throw transfer_error(transfer_failure::timeout, who(r) + ": " + late());
       cv.wait_until(lock, r.deadline);
     }
+  }
+
+  std::shared_ptr<const offered_group> wait_group(std::size_t idx, const pull_request& r) {
+    std::unique_lock<std::mutex> lock(m);
+    const std::string group = "group " + std::to_string(groups[idx]);
+    await(lock, r, [&] { return idx >= front && idx < front + window.size(); }, group, [&] {
+      return group + " of version " + std::to_string(version) + " (" + key.describe()
+             + " stream) did not arrive before the deadline; " + std::to_string(idx) + " of "
+             + std::to_string(groups.size()) + " groups received";
+    });
+    return window[idx - front];
   }
 
   // The producer's checksum of group `idx`, once taken (a lent group's is
   // taken while consumers copy it).
   std::uint64_t wait_checksum(std::size_t idx, const pull_request& r) {
     std::unique_lock<std::mutex> lock(m);
-    for (;;) {
-      if (sums[idx])
-        return *sums[idx];
-      if (!failure.empty())
-        throw transfer_error(transfer_failure::producer_failed,
-                             who(r) + ": the producer failed on version " + std::to_string(version) + ": " + failure);
-      if (cancelled)
-        throw transfer_error(transfer_failure::cancelled, who(r) + ": the producer stopped before checksumming group "
-                                                              + std::to_string(groups[idx]) + " of version "
-                                                              + std::to_string(version));
-      if (clock::now() >= r.deadline)
-        throw transfer_error(transfer_failure::timeout, who(r) + ": the checksum of group " + std::to_string(groups[idx])
-                                                            + " of version " + std::to_string(version)
-                                                            + " did not come before the deadline");
-      cv.wait_until(lock, r.deadline);
-    }
+    const std::string group = "group " + std::to_string(groups[idx]);
+    await(lock, r, [&] { return sums[idx].has_value(); }, "checksumming " + group, [&] {
+      return "the checksum of " + group + " of version " + std::to_string(version) + " did not come before the deadline";
+    });
+    return *sums[idx];
   }
 
   void consumed(consumer_it it, std::size_t idx) {
@@ -375,7 +375,8 @@ struct local_transfer::pass {
 
   void produce() {
     for (std::size_t i = 0; i < groups.size(); ++i) {
-      if (!wait_for_room(key.broadcast || lends_in_runs(*plan, groups[i])))
+      const bool lend = key.broadcast || lends_in_runs(*plan, groups[i]);
+      if (!wait_for_room(lend))
         break;
       if (owner->faults.is_withheld(version, groups[i])) {
         // The drill: this group never comes. Stay until the pass is over.
@@ -386,23 +387,22 @@ struct local_transfer::pass {
       }
       std::shared_ptr<offered_group> group;
       try {
-        group = offer(i);
+        group = offer(i, lend);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(m);
         failure = e.what();
         break;
       }
       const std::size_t size = group->size;
-      const bool lent = !group->packed;
       {
         std::lock_guard<std::mutex> lock(m);
-        if (!lent)
+        if (!lend)
           sums[i] = group->packed_checksum;
         window.push_back(group); // `group` stays ours too: consumers may drop it before its checksum is in
       }
-      owner->count_offer(size, lent); // counted once consumers can take it (wait_for_packs)
+      owner->count_offer(size, lend); // counted once consumers can take it (wait_for_packs)
       cv.notify_all();
-      if (lent) { // consumers copy it meanwhile; they compare once this is here
+      if (lend) { // consumers copy it meanwhile; they compare once this is here
         std::optional<std::uint64_t> sum;
         std::string why;
         try {
@@ -452,17 +452,16 @@ struct local_transfer::pass {
     }
   }
 
-  // Lent where the version lies, checksummed read only; packed where the
-  // group's runs are too short to copy one by one.
-  std::shared_ptr<offered_group> offer(std::size_t idx) {
+  // Lent where the version lies (checksummed by produce()), or packed,
+  // checksum folded in, where the group's runs are too short to copy one
+  // by one.
+  std::shared_ptr<offered_group> offer(std::size_t idx, bool lend) {
     const std::uint32_t g = groups[idx];
     auto out = std::make_shared<offered_group>();
-    if (key.broadcast || lends_in_runs(*plan, g)) {
+    out->size = static_cast<std::size_t>(key.broadcast ? snapshot->group_bytes(g) : plan->bytes(g));
+    if (lend) {
       out->pieces = key.broadcast ? full_group_pieces(*snapshot, g) : group_pieces(*plan, g, *snapshot);
-      for (const auto& p : out->pieces)
-        out->size += p.bytes; // each inside the version: no overflow
     } else {
-      out->size = static_cast<std::size_t>(plan->bytes(g));
       out->packed = std::make_unique<packed_buffer>(buffers, out->size);
       out->packed_checksum = pack_group_checksummed(*plan, g, *snapshot, out->packed->data());
       out->pieces = {{out->packed->data(), out->size}};

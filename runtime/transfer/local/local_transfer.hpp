@@ -15,11 +15,12 @@
 // the window once every consumer of the pass has copied it. Packed groups
 // hold memory, so at most groups_in_flight of them are in the window; lent
 // ones hold none and do not count (a fast replica is not held back by a
-// slow one for memory nothing uses). Group 0 stays until every worker registered for the stream that
-// has not pulled this version yet has joined, or join_grace has passed; a
-// worker that comes later gets a pass of its own. So replicas syncing
-// together share one producer; one that syncs alone (a wave, a rejoin)
-// waits at most join_grace for registered peers that do not come.
+// slow one for memory nothing uses). Group 0 stays until every worker
+// registered for the stream that has not pulled this version yet has
+// joined, or join_grace has passed; a worker that comes later gets a pass
+// of its own. So replicas syncing together share one producer; one that
+// syncs alone (a wave, a rejoin) waits at most join_grace for registered
+// peers that do not come.
 //
 // Lent in place. The version's memory is this process's: a group is offered
 // where it lies, as the pieces its packed order reads (packing.hpp). A
@@ -29,8 +30,9 @@
 // the pieces, read only; the consumer compares the two before its sink
 // hears of the group (offering first and checksumming after took the
 // producer's pass off the consumers' path: warm sharded 46-64 ms against
-// 47-61 ms, eight alternating pairs, median 49 against 52). A sink that takes packed bytes gets them gathered into a
-// buffer of its worker's own (from the spare pool below); a broadcast sink that takes whole tensors
+// 47-61 ms, eight alternating pairs, median 49 against 52). A sink that
+// takes packed bytes gets them gathered into a buffer of its worker's own
+// (from the spare pool below); a broadcast sink that takes whole tensors
 // reads them where they lie, verified first. Only a sharded group whose
 // runs are too short to copy one by one (a transposed slice:
 // lends_in_runs) is packed, once per pass, into a reused buffer.
@@ -47,8 +49,8 @@
 //                              ─► sink callback ─► release the slot
 //
 // Memory. A lent group costs its list of pieces (16 bytes a run, runs of at
-// least 64 bytes), no copy of its bytes. Packed buffers are reused, touched once:
-// at most groups_in_flight alive per running pass, and at most
+// least 64 bytes), no copy of its bytes. Packed buffers are reused, touched
+// once: at most groups_in_flight alive per running pass, and at most
 // 2 x groups_in_flight kept spare. A registration touches a window's worth
 // of the plan's largest packed group, so that the first sync does not
 // fault them in inside its stall.
