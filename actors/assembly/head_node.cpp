@@ -69,10 +69,11 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
   po.transports = t.transfer.ucx_transports;
   po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
   po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
-  // connect_ahead stays off: the puller registers an engine's workers before
-  // the engine registers with the coordinator, and the trainer issues UCX
-  // tickets only to registered engines, so a connection ahead would be
-  // refused (measured: "that engine is not registered from the asking node").
+  // The option connect_ahead stays off: the puller registers an engine's
+  // workers before the engine registers with the coordinator, and the
+  // trainer issues UCX tickets only to registered engines, so a connection
+  // then would be refused ("that engine is not registered from the asking
+  // node"). The node calls connect_ahead(engine) once it registered.
   po.log = [log](const std::string& line) {
     if (log)
       log("ucx: " + line);

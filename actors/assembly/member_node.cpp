@@ -220,10 +220,15 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       caf::scoped_actor self{sys}; // a named sender: the coordinator refuses anonymous ones
       self->send(coordinator, register_atom::value, router);
     }
-    for (std::size_t i = 0; i < engines.size(); ++i)
+    for (std::size_t i = 0; i < engines.size(); ++i) {
       if (auto failure = register_engine(sys, coordinator, engine_info_of(*specs[i], incarnation), engines[i], deadline);
           !failure.empty())
         return "engine " + specs[i]->name + " could not register with the coordinator: " + failure;
+      // Registered, its workers get credentials: the cold sync then finds
+      // their connections made and the trainer's memory mapped.
+      if (puller)
+        puller->connect_ahead(specs[i]->name);
+    }
     return std::string{};
   };
   std::string failure;

@@ -11,6 +11,7 @@
 //
 //   engine start:  register_worker(engine, plan)    for each of its workers,
 //                                                    plans from engine::make_plan
+//   registered:    connect_ahead(engine)            once the coordinator took it
 //   transfer:      pull({engine, worker, v, mode, deadline}, sink)
 //                                                    on one thread per worker
 //                  -> sink.on_group / on_full_group once per group, in order,
@@ -144,6 +145,11 @@ public:
   virtual void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) = 0;
   /// Forgets every worker of `engine`.
   virtual void unregister_engine(const std::string& engine) = 0;
+  /// The coordinator accepted `engine`, so its trainer now gives its
+  /// workers credentials: a backend may connect them (and map what the
+  /// producer lends) now, in the background, rather than inside their
+  /// first pull. Returns at once; nothing by default.
+  virtual void connect_ahead(const std::string& /*engine*/) {}
   /// Receives every group of `req.version` the producer holds, or throws
   /// transfer_error. Whatever the sink throws ends the pull and propagates.
   virtual pull_report pull(const pull_request& req, const group_sink& sink) = 0;

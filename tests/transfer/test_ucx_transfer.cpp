@@ -856,6 +856,37 @@ TEST_CASE("ucx: workers connected ahead at registration pull over those connecti
   CHECK(after.mappings == before.mappings);    // in buffers mapped ahead: none mapped inside the pull
 }
 
+TEST_CASE("ucx: connect_ahead(engine) once registered maps the version lent in place before the first pull") {
+  // rlsync's nodes: the workers register at engine start (no credentials
+  // yet), the node calls connect_ahead once the coordinator took the engine.
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  auto src = test::small_source(c, 2, /*shared*/ true);
+  auto v = src->produce_next();
+  REQUIRE(v->shared_buffer());
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer)); // the option connect_ahead off
+  test_engine e("rollout-0", c, 2, puller);
+  test_engine other("rollout-1", c, 1, puller);
+  e.in_place = true;
+  CHECK(puller.stats().connect_attempts == 0); // registering connects nothing
+  puller.connect_ahead("rollout-0");
+  REQUIRE(eventually([&] { return puller.stats().connected_ahead == 2; }));
+  const auto before = puller.stats();
+  CHECK(before.connections == 2); // rollout-0's workers only
+  CHECK(before.mapped_ahead >= 2); // the version's memory, by each connection
+  puller.connect_ahead("rollout-0"); // both connected and idle: nothing more
+  e.pull(puller, v->version(), transfer_mode::sharded);
+  test::check_identical(*e.weights, *test::loaded(*v, 2));
+  const auto after = puller.stats();
+  CHECK(after.connected_ahead == 2);
+  CHECK(after.connections == 2);            // the pull took the connections made ahead
+  CHECK(after.mappings == before.mappings); // the version lent in place was mapped already
+  CHECK(producer.stats().groups_lent_in_place == 6);
+  puller.connect_ahead("no-such-engine"); // no worker registered: nothing
+  CHECK(puller.stats().connect_attempts == after.connect_attempts);
+}
+
 TEST_CASE("ucx: a pull that comes while its worker is connecting ahead waits for that connection") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(2);

@@ -563,6 +563,21 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
   }
 }
 
+void ucx_puller::connect_ahead(const std::string& engine) {
+  std::vector<int> unconnected;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    for (const auto& [key, r] : impl_->workers)
+      if (key.first == engine
+          && std::none_of(impl_->idle.begin(), impl_->idle.end(), [&, w = key.second](const auto& ch) {
+               return ch->engine == engine && ch->engine_worker == w;
+             }))
+        unconnected.push_back(key.second);
+  }
+  for (int worker : unconnected)
+    impl_->start_connect_ahead(engine, worker);
+}
+
 void ucx_puller::unregister_engine(const std::string& engine) {
   std::vector<std::unique_ptr<ucx_detail::channel>> gone; // its idle connections: their mappings would outlive it
   {

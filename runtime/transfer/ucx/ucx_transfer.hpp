@@ -366,14 +366,11 @@ struct ucx_puller_options {
   std::chrono::milliseconds max_idle{std::chrono::minutes(10)};
   /// Largest group a producer may announce (receive buffers are this big at most).
   std::uint64_t max_group_bytes = std::uint64_t(16) << 30;
-  /// When an engine worker registers, connect it in the background (ticket,
-  /// endpoint, hello) and map and fault in the buffers the producer names
-  /// in its answer, so that its first pull finds a connection whose
-  /// mappings are warm instead of making them inside the stall. A pull that
-  /// comes first connects itself, as without it. It needs credentials at
-  /// registration time: rlsync's trainers issue tickets only once the
-  /// engine registered with the coordinator, which comes later, so rlsync's
-  /// nodes leave it off for now.
+  /// When an engine worker registers its plan, connect it ahead at once
+  /// (see ucx_puller::connect_ahead). It needs credentials at that time:
+  /// rlsync's trainers issue tickets only once the engine registered with
+  /// the coordinator, which comes later, so rlsync's nodes leave this off
+  /// and call connect_ahead(engine) then instead.
   bool connect_ahead = false;
   std::chrono::milliseconds connect_ahead_timeout{5000};
   ucx_log log;
@@ -409,6 +406,14 @@ public:
   /// when a connection first uses it.
   void register_worker(const std::string& engine, std::shared_ptr<const plan::worker_plan> plan) override;
   void unregister_engine(const std::string& engine) override;
+  /// Connects each registered worker of `engine` that holds no connection
+  /// in the background (ticket, endpoint, hello), and maps and faults in
+  /// the buffers the producer names in its answer (the versions it holds
+  /// in shareable memory, its packed buffers), so that the first pull finds
+  /// a connection with warm mappings instead of making them inside the
+  /// stall. A pull that comes while it connects waits for it (until the
+  /// pull's deadline); one whose connection failed connects itself.
+  void connect_ahead(const std::string& engine) override;
   /// Blocks until every group of the version the producer holds has been
   /// received, verified and handed to the sink, or throws transfer_error:
   /// timeout (connecting or a group, by req.deadline, naming the producer),
