@@ -46,6 +46,7 @@ coordinator_config coordinator_config_from(const topology& t) {
   cc.heartbeat_timeout = t.cluster.heartbeat_timeout;
   cc.state_file = t.coordinator.state_file;
   cc.trainer_ranks = static_cast<std::uint32_t>(t.trainer.ranks.size());
+  cc.expected_engines = t.engines.size();
   cc.nccl_epoch_base = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                                     std::chrono::system_clock::now().time_since_epoch())
                                                     .count());
@@ -243,6 +244,23 @@ void send_phase(self_ptr self);
 void close_wave(self_ptr self);
 void close_round(self_ptr self);
 
+/// sync.first_round_wait: at start, no round opens (unless one was asked
+/// for) until every engine of the topology registered or the wait ended,
+/// so that the fleet's first sync is one round for all of it.
+bool gathering(self_ptr self) {
+  auto& st = self->state;
+  if (!st.gather_until)
+    return false;
+  const bool all = st.members.size() >= st.cfg.expected_engines;
+  if (!all && self->clock().now() < *st.gather_until)
+    return st.sync_waiters.empty();
+  if (!all)
+    log_line(self, "coordinator: sync.first_round_wait_ms passed with " + std::to_string(st.members.size()) + " of "
+                     + std::to_string(st.cfg.expected_engines) + " engines registered: rounds go on without the rest");
+  st.gather_until.reset();
+  return false;
+}
+
 /// Moves the round on as far as it goes without waiting for an engine: sends
 /// the current phase if it has not gone out, and while its barrier is
 /// reached, ends the wave or moves to the next phase; ends the round when no
@@ -253,7 +271,7 @@ void settle(self_ptr self) {
   bool round_closed = false;
   for (;;) {
     if (!st.round) {
-      if (!round_wanted(st) || !nccl_ready(self))
+      if (!round_wanted(st) || gathering(self) || !nccl_ready(self))
         break; // a rendezvous's answers settle again
       open_round(self);
       continue;
@@ -656,6 +674,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   }
   if (st.cfg.heartbeat_interval.count() > 0)
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
+  if (const auto wait = st.cfg.sync.first_round_wait; wait.count() > 0 && st.cfg.expected_engines > 0) {
+    st.gather_until = self->clock().now() + wait;
+    self->delayed_send(self, wait, settle_atom::value);
+  }
   // Every handler: a peer that was not admitted reads, changes and learns nothing.
   auto guard = st.guard = std::make_shared<sender_guard>("coordinator", st.cfg.authorize, st.cfg.log);
   // Stray errors are refused and counted, except a heartbeat's: a current
@@ -822,8 +844,8 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       if (self->current_sender() == self->ctrl()) // only its own timers
         on_phase_deadline(self, first_token);
     }),
-    authorized(self, guard, [=](nccl_join_atom) {
-      if (self->current_sender() == self->ctrl()) // its own retry timer
+    authorized(self, guard, [=](settle_atom) {
+      if (self->current_sender() == self->ctrl()) // its own timers
         settle(self);
     }),
     authorized(self, guard, [=](probe_atom, std::uint32_t waves) -> caf::result<std::uint64_t> {

@@ -204,12 +204,15 @@ struct coordinator_config {
   std::string state_file;
   /// What a previous coordinator persisted (read_coordinator_state), to start from.
   std::optional<persisted_coordinator> restored;
+  /// The topology's engine replicas: sync.first_round_wait holds the first
+  /// round until this many registered.
+  std::size_t expected_engines = 0;
 };
 
 /// The topology's part of a coordinator's configuration: the sync section,
 /// the transfer section, the cluster's heartbeats, the state file, the
-/// trainer's rank count and the model's parameter names. The
-/// caller adds the actors and hooks (and `restored`).
+/// trainer's rank count, the engine replicas' count and the model's
+/// parameter names. The caller adds the actors and hooks (and `restored`).
 coordinator_config coordinator_config_from(const topology& t);
 
 /// One registered engine, as the coordinator sees it.
@@ -377,6 +380,9 @@ struct coordinator_state {
   /// The barrier's errors last logged (their keys): each is logged once.
   std::set<std::string> barrier_errors;
   std::uint64_t ignored_unranked_versions = 0; ///< versions from no rank, while following ranks
+  /// sync.first_round_wait: until when rounds for newcomers wait for the
+  /// rest of the fleet to register; unset once it ended (or none).
+  std::optional<caf::actor_clock::time_point> gather_until;
   /// transfer.backend nccl only.
   coordinator_nccl nccl;
 
@@ -390,10 +396,11 @@ struct coordinator_state {
 /// for a one-way message back as a plain message (the `heartbeat` here),
 /// which it does not track, so a tick or a phase costs O(members), where n
 /// requests in flight cost CAF O(n) per answer.
-/// nccl_join_atom alone: the retry of a failed rendezvous is due.
+/// settle_atom: a wait of its own ended (the retry of a failed rendezvous
+/// is due, or sync.first_round_wait passed): look again.
 using coordinator_impl_actor = coordinator_actor::extend<caf::reacts_to<caf::tick_atom>, caf::reacts_to<heartbeat>,
                                                          caf::reacts_to<caf::timeout_atom, std::uint64_t>,
-                                                         caf::reacts_to<nccl_join_atom>>;
+                                                         caf::reacts_to<settle_atom>>;
 
 /// The coordinator's behaviour; spawn with `sys.spawn(coordinator, cfg)`.
 coordinator_impl_actor::behavior_type

@@ -100,7 +100,7 @@ void retry_later(self_ptr self, const std::string& why) {
   n.retry_at_ns = now_ns(self) + static_cast<std::uint64_t>(n.retry_delay.count()) * 1000000u;
   log_line(self, "coordinator: nccl: " + why + "; no round until a rendezvous succeeds (" + std::to_string(n.failures_in_a_row)
                    + " failed in a row), the next in " + std::to_string(n.retry_delay.count()) + " ms");
-  self->delayed_send(self, n.retry_delay, nccl_join_atom::value);
+  self->delayed_send(self, n.retry_delay, settle_atom::value);
 }
 
 void joins_answered(self_ptr self, const gpu::comm_layout& next, const join_tally& t) {

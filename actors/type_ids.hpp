@@ -122,6 +122,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlsync, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlsync, rlsync, nccl_id_atom, "ncclid")     // the coordinator asks trainer rank 0 for a unique id
   CAF_ADD_ATOM(rlsync, rlsync, nccl_join_atom, "nccljoin") // ... and every member's process to join the rendezvous
   CAF_ADD_ATOM(rlsync, rlsync, nccl_dead_atom, "nccldead") // ... and, mid-epoch, that a member died: abort its waits
+  CAF_ADD_ATOM(rlsync, rlsync, settle_atom, "settle") // the coordinator's own timer: a wait of its ended, look again
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_member))
   CAF_ADD_TYPE_ID(rlsync, (std::vector<rlsync::nccl_member>))
   CAF_ADD_TYPE_ID(rlsync, (rlsync::nccl_rendezvous_msg))

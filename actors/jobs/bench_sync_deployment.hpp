@@ -132,6 +132,10 @@ public:
     t_.sync.every_versions = std::int64_t(1) << 40;
     for (auto* phase : {&t_.sync.deadlines.pause, &t_.sync.deadlines.start, &t_.sync.deadlines.finish})
       *phase = std::max(*phase, std::chrono::milliseconds(60000));
+    // The cold round is the fleet's first sync, every engine at once (the
+    // bytes of a warm round), not one per engine as each registers while
+    // other engine processes still start beside it on these cores.
+    t_.sync.first_round_wait = t_.cluster.connect_deadline * 2;
 
     const node_spec* head_spec = t_.find_node(t_.coordinator.node);
     std::vector<child_spec> children;

@@ -286,6 +286,13 @@ struct sync_spec {
   /// Engines that must be live and serving within `staleness`; fewer is an alert.
   std::int64_t min_live_engines = 1;
   std::int64_t max_restarts = 3; // per replica
+  /// At start, the first round waits until every engine replica of the
+  /// topology registered, or this long after the coordinator started: the
+  /// fleet's first sync is one round for all, not one per engine as each
+  /// registers (while the others still start beside it). 0: a newcomer's
+  /// cold sync starts as it registers. A round asked for (`sync_atom`) is
+  /// not held.
+  milliseconds first_round_wait{0};
 };
 
 struct workload_spec {

@@ -214,7 +214,8 @@ std::string to_yaml(const topology& t) {
   out << YAML::Key << "mode" << YAML::Value << std::string(name_of(pause_mode_choices, s.pause.mode));
   out << YAML::Key << "clear_cache" << YAML::Value << s.pause.clear_cache << YAML::EndMap;
   out << YAML::Key << "min_live_engines" << YAML::Value << i64(s.min_live_engines);
-  out << YAML::Key << "max_restarts" << YAML::Value << i64(s.max_restarts) << YAML::EndMap;
+  out << YAML::Key << "max_restarts" << YAML::Value << i64(s.max_restarts);
+  out << YAML::Key << "first_round_wait_ms" << YAML::Value << ms(s.first_round_wait) << YAML::EndMap;
 
   const auto& w = t.workload;
   out << YAML::Key << "workload" << YAML::Value << YAML::BeginMap;

@@ -173,7 +173,7 @@ void reader::read_transfer(const map_reader& root) {
 
 void reader::read_sync(const map_reader& root) {
   auto r = root.map("sync", {"every_versions", "staleness", "wave_size", "deadlines_ms", "pause",
-                             "min_live_engines", "max_restarts"});
+                             "min_live_engines", "max_restarts", "first_round_wait_ms"});
   auto& s = t.sync;
   bool every_ok = r.read("every_versions", s.every_versions, between(1, max_version_count)) || !r.has("every_versions");
   bool staleness_ok = r.read("staleness", s.staleness, between(0, max_version_count)) || !r.has("staleness");
@@ -204,6 +204,7 @@ void reader::read_sync(const map_reader& root) {
                                   + std::to_string(t.engines.size()) + "), got "
                                   + std::to_string(s.min_live_engines));
   r.read("max_restarts", s.max_restarts, between(0, max_restarts_limit));
+  r.read_ms("first_round_wait_ms", s.first_round_wait, between(0, max_duration_ms));
 }
 
 void reader::read_workload(const map_reader& root) {

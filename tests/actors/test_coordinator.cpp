@@ -495,13 +495,14 @@ TEST_CASE("sync.pause: every engine is paused with the configured mode and clear
   }
 }
 
-TEST_CASE("coordinator_config_from carries the sync section (pause, wave_size, staleness, min_live_engines)") {
+TEST_CASE("coordinator_config_from carries the sync section (pause, wave_size, staleness, min_live_engines, "
+          "first_round_wait) and the replica count") {
   auto t = parse_topology("name: t\n"
                           "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, intermediate_size: 96}}\n"
                           "nodes: [{name: a}]\n"
                           "trainer: {node: a}\n"
                           "engines: [{name: e, node: a, replicas: 3}]\n"
-                          "sync: {staleness: 2, wave_size: 2, min_live_engines: 3,\n"
+                          "sync: {staleness: 2, wave_size: 2, min_live_engines: 3, first_round_wait_ms: 1500,\n"
                           "       pause: {mode: wait, clear_cache: true}}\n",
                           "t.yaml", "/base");
   auto cc = coordinator_config_from(t);
@@ -510,6 +511,8 @@ TEST_CASE("coordinator_config_from carries the sync section (pause, wave_size, s
   CHECK(cc.sync.wave_size == 2);
   CHECK(cc.sync.staleness == 2);
   CHECK(cc.sync.min_live_engines == 3);
+  CHECK(cc.sync.first_round_wait == std::chrono::milliseconds(1500));
+  CHECK(cc.expected_engines == 3);
 }
 
 // -- scale ------------------------------------------------------------------------------

@@ -233,6 +233,73 @@ TEST_CASE_FIXTURE(coordinator_fixture, "restart cap: past sync.max_restarts a re
   CHECK(status().retired == std::vector<std::string>{"a"});
 }
 
+// -- sync.first_round_wait: the fleet's first sync is one round ----------------------------
+
+namespace {
+engine_info newcomer(const std::string& name) { return engine_info{name, "node", 1, 0, false, 0}; }
+} // namespace
+
+TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: no round until the whole fleet registered, then one for all") {
+  auto c = config();
+  c.expected_engines = 2;
+  c.sync.first_round_wait = 10s;
+  start(c);
+  REQUIRE(join(newcomer("a"), spawn_engine("a")));
+  CHECK(seen_by("a").empty()); // held: b has not registered
+  CHECK(reports.empty());
+  REQUIRE(join(newcomer("b"), spawn_engine("b")));
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 2);
+  CHECK(routable("a"));
+  CHECK(routable("b"));
+  CHECK(!logged("first_round_wait_ms passed"));
+  // Once gathered, a later newcomer's cold sync goes at once.
+  REQUIRE(join(newcomer("c"), spawn_engine("c")));
+  CHECK(reports.size() == 2);
+  CHECK(routable("c"));
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: when it passes, the first round goes without the missing") {
+  auto c = config();
+  c.expected_engines = 3;
+  c.sync.first_round_wait = 5s;
+  start(c);
+  REQUIRE(join(newcomer("a"), spawn_engine("a")));
+  REQUIRE(join(newcomer("b"), spawn_engine("b")));
+  advance(4900ms);
+  CHECK(reports.empty());
+  advance(100ms);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].engines_synced == 2);
+  CHECK(logged("sync.first_round_wait_ms passed with 2 of 3 engines registered"));
+  REQUIRE(join(newcomer("c"), spawn_engine("c")));
+  CHECK(reports.size() == 2);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a round asked for is not held") {
+  auto c = config();
+  c.expected_engines = 2;
+  c.sync.first_round_wait = 10s;
+  start(c);
+  REQUIRE(join(newcomer("a"), spawn_engine("a")));
+  CHECK(reports.empty());
+  auto asked = request<sync_report>(coord, sync_atom::value);
+  run();
+  REQUIRE(asked->has_value());
+  REQUIRE(**asked);
+  CHECK((***asked).engines_synced == 1);
+  CHECK(routable("a"));
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait 0 (the default): each newcomer's cold sync goes as it registers") {
+  auto c = config();
+  c.expected_engines = 2;
+  start(c);
+  REQUIRE(join(newcomer("a"), spawn_engine("a")));
+  CHECK(reports.size() == 1);
+  CHECK(routable("a"));
+}
+
 TEST_CASE_FIXTURE(coordinator_fixture, "min_live_engines: one alert per fall below, armed once that many served") {
   auto c = config();
   c.sync.min_live_engines = 2;

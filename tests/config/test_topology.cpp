@@ -859,6 +859,10 @@ TEST_CASE("hostile topologies: every size, count and deadline has an upper bound
      "t.yaml:6:24: sync.every_versions: must be between 1 and 1048576, got 9223372036854775807"},
     {"max_restarts too large", plus("sync: {max_restarts: 1000000}"),
      "t.yaml:6:22: sync.max_restarts: must be between 0 and 1000, got 1000000"},
+    {"a negative first round wait", plus("sync: {first_round_wait_ms: -1}"),
+     "t.yaml:6:29: sync.first_round_wait_ms: must not be negative, got -1"},
+    {"a first round wait beyond a day", plus("sync: {first_round_wait_ms: 86400001}"),
+     "t.yaml:6:29: sync.first_round_wait_ms: must be between 0 and 86400000, got 86400001"},
     {"a drill delay beyond a day",
      plus("drill:\n  faults:\n    - {at_ms: 9223372036854775807, action: kill, target: e-0}"),
      "t.yaml:8:15: drill.faults[0].at_ms: must be between 0 and 86400000, got 9223372036854775807"},
@@ -1069,6 +1073,7 @@ TEST_CASE("topology: defaults are filled in") {
   CHECK_FALSE(t.sync.pause.clear_cache);
   CHECK(t.sync.min_live_engines == 1);
   CHECK(t.sync.max_restarts == 3);
+  CHECK(t.sync.first_round_wait == milliseconds(0));
   CHECK(t.workload.prompts == 64);
   CHECK(t.workload.concurrency == 8);
   CHECK(t.workload.max_tokens == 32);
@@ -1154,6 +1159,7 @@ sync:
   pause: {mode: abort, clear_cache: true}
   min_live_engines: 4
   max_restarts: 0
+  first_round_wait_ms: 2500
 workload: {prompts: 0, concurrency: 1, max_tokens: 5, temperature: 0.7, top_p: 0.9, seed: 3}
 drill:
   faults:
@@ -1242,6 +1248,7 @@ drill:
   CHECK(t.sync.deadlines.resume == milliseconds(6));
   CHECK(t.sync.min_live_engines == 4);
   CHECK(t.sync.max_restarts == 0);
+  CHECK(t.sync.first_round_wait == milliseconds(2500));
   CHECK(t.workload.prompts == 0);
   CHECK(t.workload.concurrency == 1);
   CHECK(t.workload.max_tokens == 5);
