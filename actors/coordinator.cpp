@@ -271,7 +271,7 @@ void settle(self_ptr self) {
   bool round_closed = false;
   for (;;) {
     if (!st.round) {
-      if (!round_wanted(st) || gathering(self) || !nccl_ready(self))
+      if (gathering(self) || !round_wanted(st) || !nccl_ready(self))
         break; // a rendezvous's answers settle again
       open_round(self);
       continue;
@@ -674,7 +674,9 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   }
   if (st.cfg.heartbeat_interval.count() > 0)
     self->delayed_send(self, st.cfg.heartbeat_interval, caf::tick_atom::value);
-  if (const auto wait = st.cfg.sync.first_round_wait; wait.count() > 0 && st.cfg.expected_engines > 0) {
+  // Only a job's first coordinator: a restarted one's engines are serving,
+  // and a replica it restored as retired would never register.
+  if (const auto wait = st.cfg.sync.first_round_wait; wait.count() > 0 && st.cfg.expected_engines > 0 && !st.cfg.restored) {
     st.gather_until = self->clock().now() + wait;
     self->delayed_send(self, wait, settle_atom::value);
   }

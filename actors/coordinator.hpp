@@ -380,8 +380,9 @@ struct coordinator_state {
   /// The barrier's errors last logged (their keys): each is logged once.
   std::set<std::string> barrier_errors;
   std::uint64_t ignored_unranked_versions = 0; ///< versions from no rank, while following ranks
-  /// sync.first_round_wait: until when rounds for newcomers wait for the
-  /// rest of the fleet to register; unset once it ended (or none).
+  /// sync.first_round_wait: until when rounds wait for the rest of the
+  /// fleet to register; unset once it ended (or none: a coordinator
+  /// restored from its state file holds no round).
   std::optional<caf::actor_clock::time_point> gather_until;
   /// transfer.backend nccl only.
   coordinator_nccl nccl;

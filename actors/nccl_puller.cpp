@@ -131,7 +131,7 @@ std::string sender_problem(const gpu::comm_layout& layout, std::uint64_t epoch, 
   return {};
 }
 
-/// Sharded: the worker's entries of group `g`, verified (against XXH64 in
+/// Sharded: the worker's entries of group `g`, verified (against XXH3 in
 /// `answer`, unless `verified` by the caller), handed on packed or stored
 /// in `targets`, where the engine keeps them (none: handed on).
 void deliver_packed_group(const transfer::pull_request& req, std::uint32_t g, const weight_bucket& answer,

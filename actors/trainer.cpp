@@ -290,7 +290,7 @@ std::shared_ptr<const gpu::device_snapshot> device_copy(self_ptr self, const tra
   }
 }
 
-/// XXH64 of group `g`'s whole tensors, read in place from the host bytes.
+/// XXH3 of group `g`'s whole tensors, read in place from the host bytes.
 std::uint64_t group_checksum(const transfer::weight_snapshot& s, std::uint32_t g) {
   checksum64_stream sum;
   for (const auto& t : s.group(g))
@@ -310,7 +310,7 @@ std::vector<gpu::pack_device::piece> device_pieces(const transfer::weight_snapsh
 }
 
 /// Group `g` of `s` as pieces of its device copy `copy`, and its bucket
-/// without data: the layout, and the XXH64 of the host bytes taken in place.
+/// without data: the layout, and the XXH3 of the host bytes taken in place.
 std::pair<std::vector<gpu::pack_device::piece>, weight_bucket>
 device_group(const transfer::weight_snapshot& s, std::uint32_t g, const gpu::device_snapshot& copy) {
   auto bucket = group_layout(s, g);
@@ -342,7 +342,7 @@ caf::expected<nccl_chunk> queue_send(const std::shared_ptr<gpu::nccl_sender>& se
 
 /// nccl, broadcast mode, from the device: the group's whole tensors copied
 /// from the rank's device copy into the link's staging on the sender's
-/// thread, device to device (the checksum is XXH64, as on the CPU path).
+/// thread, device to device (the checksum is XXH3, as on the CPU path).
 /// Nullopt when there is no device copy: the CPU path then.
 std::optional<caf::expected<nccl_chunk>> device_whole_chunk(self_ptr self,
                                                             const std::shared_ptr<gpu::nccl_sender>& sender,
@@ -490,7 +490,7 @@ caf::result<nccl_manifest> collective_broadcast(self_ptr self, const std::shared
   // From the rank's device copy when it has one at hand (an upload would
   // stall this handler; the CPU pack overlaps the wire instead): each
   // group's tensors copied into the staging device to device on the
-  // sender's thread, then the XXH64 of their host bytes, as the CPU pack
+  // sender's thread, then the XXH3 of their host bytes, as the CPU pack
   // appends it, taken while the bucket before is on the wire.
   const auto& device = st.cfg.nccl_pack_device;
   if (auto copy = device ? device_copy_at_hand(self, *s, *device) : nullptr) {
@@ -667,7 +667,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       try {
         // The group's tensors go from the rank's device copy of the version
         // (made at its first pull) into the slot, device to device; their
-        // XXH64 is taken from the host bytes in place. Without a copy: from
+        // XXH3 is taken from the host bytes in place. Without a copy: from
         // the host, packed.
         const auto slot = req.engine + "/" + std::to_string(req.worker);
         weight_bucket bucket;

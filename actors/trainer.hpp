@@ -157,7 +157,7 @@ struct trainer_config {
   /// nccl: where this rank fills the link's staging from a copy of the
   /// version on its device (gpu/device_pack.hpp): a worker's sharded entries
   /// with mixsum64 after them, whole groups, and the collective's buckets;
-  /// none: all packed on the CPU, with XXH64 (serve_over_nccl takes the
+  /// none: all packed on the CPU, with XXH3 (serve_over_nccl takes the
   /// membership's).
   std::shared_ptr<gpu::pack_device> nccl_pack_device;
   /// Makes a communicator's unique id (gpu::make_nccl_id: NCCL listens for

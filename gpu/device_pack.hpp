@@ -11,7 +11,7 @@
 //                    (gpu::gather per piece, mixsum64_device) or host
 //                    memory for the CPU tests; both write the packed bytes
 //                    and then mixsum64 of them in 8 little-endian bytes
-//                    (the device cannot compute XXH64; the receiver
+//                    (the device cannot compute XXH3; the receiver
 //                    verifies mixsum64 on the host)
 //
 // The packed bytes equal transfer::pack_group's bit for bit.

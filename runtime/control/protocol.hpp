@@ -357,7 +357,7 @@ struct nccl_chunk {
   weight_bucket bucket;
   /// Sharded, packed on the rank's device: the bytes sent are the packed
   /// bytes followed by their mixsum64 in 8 little-endian bytes (a device
-  /// computes no XXH64), and bucket.checksum is unused.
+  /// computes no XXH3), and bucket.checksum is unused.
   bool trailer = false;
 };
 

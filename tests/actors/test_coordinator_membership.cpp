@@ -291,6 +291,28 @@ TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a round asked for is n
   CHECK(routable("a"));
 }
 
+TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: its end is logged when it passes, with no round wanted then") {
+  auto c = config();
+  c.expected_engines = 2;
+  c.sync.first_round_wait = 5s;
+  start(c);
+  advance(5s);
+  CHECK(logged("sync.first_round_wait_ms passed with 0 of 2 engines registered"));
+  REQUIRE(join(newcomer("a"), spawn_engine("a"))); // the wait is over: its cold sync goes at once
+  CHECK(reports.size() == 1);
+}
+
+TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a coordinator restored from its state file holds no round") {
+  auto c = config();
+  c.expected_engines = 2;
+  c.sync.first_round_wait = 10s;
+  c.restored = persisted_coordinator{0, 0, 3, {}};
+  start(c);
+  REQUIRE(join(newcomer("a"), spawn_engine("a")));
+  CHECK(reports.size() == 1);
+  CHECK(routable("a"));
+}
+
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait 0 (the default): each newcomer's cold sync goes as it registers") {
   auto c = config();
   c.expected_engines = 2;

@@ -887,6 +887,40 @@ TEST_CASE("ucx: connect_ahead(engine) once registered maps the version lent in p
   CHECK(puller.stats().connect_attempts == after.connect_attempts);
 }
 
+TEST_CASE("ucx: connect_ahead leaves a worker whose pull is under way alone: one connection") {
+  // A node that rejoins calls connect_ahead for every engine, perhaps while
+  // a pull holds its worker's connection out of the idle ones.
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(2);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  auto qo = loopback_puller(producer);
+  auto real = qo.credentials;
+  std::promise<void> in_pull, go;
+  auto go_now = go.get_future().share();
+  std::atomic<int> asked{0};
+  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
+    if (asked++ == 0) { // the pull's own connection: hold it until connect_ahead ran
+      in_pull.set_value();
+      go_now.wait_for(10s);
+    }
+    return real(engine, worker, deadline);
+  };
+  ucx_puller puller(qo);
+  test_engine e("rollout-0", c, 1, puller);
+  auto pulled = std::async(std::launch::async, [&] { e.pull(puller, src->latest()->version(), transfer_mode::sharded); });
+  REQUIRE(in_pull.get_future().wait_for(10s) == std::future_status::ready);
+  puller.connect_ahead("rollout-0");
+  go.set_value();
+  pulled.get();
+  test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
+  std::this_thread::sleep_for(100ms); // a connection ahead, had one started, would have asked by now
+  CHECK(asked.load() == 1);
+  CHECK(puller.stats().connections == 1);
+  CHECK(puller.stats().connected_ahead == 0);
+}
+
 TEST_CASE("ucx: a pull that comes while its worker is connecting ahead waits for that connection") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(2);

@@ -441,18 +441,16 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
   if (c->same_host) {
     ack.probe = region_of(probe);
     // The buffers groups will be lent in: a consumer connecting ahead of
-    // its first pull maps and faults them in then. First the versions held
-    // in shareable memory, newest first (a first pull reads them in place;
-    // relabeled versions share a buffer), then packed buffers.
+    // its first pull maps and faults them in then. First the newest version
+    // when it lies in shareable memory (a first pull reads it in place; an
+    // older one it would not), then packed buffers.
     std::set<std::uint64_t> named;
     auto offer = [&](const host_buffer& b) {
       if (b.shared() && ack.buffers.size() < wire::max_live_buffers && named.insert(b.id()).second)
         ack.buffers.push_back(region_of(b));
     };
-    const auto versions = source->versions();
-    for (auto v = versions.rbegin(); v != versions.rend(); ++v)
-      if (auto s = source->find(*v); s && s->shared_buffer())
-        offer(*s->shared_buffer());
+    if (auto newest = source->latest(); newest && newest->shared_buffer())
+      offer(*newest->shared_buffer());
     for (const auto& b : spare)
       offer(b.buffer);
     for (const auto& [k, e] : cache)

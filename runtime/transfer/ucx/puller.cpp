@@ -112,7 +112,17 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
       throw transfer_error(transfer_failure::not_registered,
                            "ucx transfer: " + who(req) + " has not registered its sharding plan");
     reg = it->second;
+    ++pulling[{req.engine, req.worker}];
   }
+  struct pulling_mark {
+    puller_impl* self;
+    std::pair<std::string, int> key;
+    ~pulling_mark() {
+      std::lock_guard<std::mutex> lock(self->mutex);
+      if (auto it = self->pulling.find(key); it != self->pulling.end() && --it->second == 0)
+        self->pulling.erase(it);
+    }
+  } mark{this, {req.engine, req.worker}};
 
   std::unique_ptr<channel> ch = acquire(req);
   struct guard {
@@ -568,7 +578,7 @@ void ucx_puller::connect_ahead(const std::string& engine) {
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     for (const auto& [key, r] : impl_->workers)
-      if (key.first == engine
+      if (key.first == engine && !impl_->pulling.count(key)
           && std::none_of(impl_->idle.begin(), impl_->idle.end(), [&, w = key.second](const auto& ch) {
                return ch->engine == engine && ch->engine_worker == w;
              }))

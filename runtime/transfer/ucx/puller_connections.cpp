@@ -278,8 +278,8 @@ ucx_credentials puller_impl::credentials(const pull_request& req) {
 void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
   const std::pair<std::string, int> key{engine, worker};
   std::lock_guard<std::mutex> lock(mutex);
-  if (stopping || connecting_ahead.count(key))
-    return;
+  if (stopping || connecting_ahead.count(key) || !workers.count(key))
+    return; // under way, or unregistered meanwhile
   for (auto it = ahead.begin(); it != ahead.end();)
     if (it->done->load()) {
       it->thread.join(); // returns at once: it has finished
@@ -348,8 +348,11 @@ void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>&
     if (!m)
       continue; // the pull maps it, or says why, if a group is lent in it
     volatile std::uint8_t sink = 0;
-    for (std::size_t at = 0; at < m.data_bytes(); at += 4096)
+    for (std::size_t at = 0; at < m.data_bytes(); at += 4096) {
+      if (at % huge_page_bytes == 0 && (stopping || clock::now() >= deadline))
+        break; // the pull faults in the rest as it reads it
       sink = static_cast<std::uint8_t>(sink + m.data()[at]);
+    }
     ch.maps.emplace(r.id, channel::mapped{std::move(m), ch.pulls});
     ++mapped;
   }

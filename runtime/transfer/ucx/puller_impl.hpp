@@ -148,6 +148,9 @@ struct puller_impl {
   /// Engine workers being connected ahead: their first pull waits for that
   /// connection (ahead_done) instead of making a second one.
   std::set<std::pair<std::string, int>> connecting_ahead;
+  /// Engine workers with a pull under way (each holds its connection out of
+  /// `idle`), by how many: connect_ahead leaves them alone.
+  std::map<std::pair<std::string, int>, int> pulling;
   std::condition_variable ahead_done;
   std::atomic<bool> stopping{false}; // no new connection ahead starts; those under way give up
   ucx_puller_stats st;
