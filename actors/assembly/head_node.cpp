@@ -181,6 +181,7 @@ std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
     // transfer.packed_budget_bytes; 0: enough for 2 x groups_in_flight of the largest group.
     po.packed_budget_bytes = static_cast<std::uint64_t>(t.transfer.packed_budget_bytes);
     po.huge_pages = t.transfer.huge_pages;
+    po.expected_mode = t.transfer.mode; // packs ahead for engines connected ahead of their first round
     po.default_budget_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
     // Buffers made ahead hold what the engine of the smallest tp asks for.
     std::int64_t smallest_tp = 0;

@@ -887,6 +887,40 @@ TEST_CASE("ucx: connect_ahead(engine) once registered maps the version lent in p
   CHECK(puller.stats().connect_attempts == after.connect_attempts);
 }
 
+TEST_CASE("ucx: a producer expecting the mode packs the newest version ahead for workers connected ahead") {
+  // The fleet's first round: the workers connect (and register their
+  // plans) as their engine registers; the producer checksums the version
+  // lent in place for them then, not inside the first pull.
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(3);
+  for (auto expected : {std::optional<transfer_mode>{}, std::optional<transfer_mode>{transfer_mode::sharded},
+                        std::optional<transfer_mode>{transfer_mode::broadcast}}) {
+    CAPTURE(expected.has_value());
+    auto src = test::small_source(c, 2, /*shared*/ true);
+    auto v = src->produce_next();
+    auto po = loopback_producer();
+    po.expected_mode = expected;
+    ucx_producer producer(src, po);
+    ucx_puller puller(loopback_puller(producer));
+    test_engine e("rollout-0", c, 2, puller);
+    e.in_place = true;
+    puller.connect_ahead("rollout-0");
+    REQUIRE(eventually([&] { return puller.stats().connected_ahead == 2; }));
+    // Sharded: each worker's plan, 3 groups each; broadcast: the whole
+    // groups once, for both connections.
+    const std::uint64_t ahead = !expected ? 0 : *expected == transfer_mode::sharded ? 6 : 3;
+    CHECK(eventually([&] { return producer.stats().packs_ahead == ahead; }));
+    const auto mode = expected.value_or(transfer_mode::sharded);
+    e.pull(puller, v->version(), mode);
+    test::check_identical(*e.weights, *test::loaded(*v, 2));
+    CHECK(eventually([&] { return producer.stats().groups_sent == 6; }));
+    CHECK(producer.stats().groups_lent_in_place == 6);
+    // What was packed ahead served the pull: nothing packed again.
+    const std::uint64_t packs = !expected ? (mode == transfer_mode::sharded ? 6 : 3) : ahead;
+    CHECK(producer.stats().packs == packs);
+  }
+}
+
 TEST_CASE("ucx: connect_ahead leaves a worker whose pull is under way alone: one connection") {
   // A node that rejoins calls connect_ahead for every engine, perhaps while
   // a pull holds its worker's connection out of the idle ones.

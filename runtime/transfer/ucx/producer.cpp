@@ -432,6 +432,10 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
   }
   say(options.log, "ucx producer: accepted a connection from " + c->peer);
   check_lanes(*c);
+  if (c->refused.empty() && options.expected_mode == transfer_mode::broadcast) {
+    expect(*c, true, 0, nullptr);
+    pack_ahead();
+  }
   if (!c->refused.empty()) {
     count_rejected();
     reply(c, wire::ack_msg{hello->seq, wire::status::not_allowed, 0, "producer: " + c->refused, {}, {}});
@@ -623,9 +627,22 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
     c->plans.erase(c->plan_order.front());
     c->plan_order.pop_front();
   }
+  if (options.expected_mode == transfer_mode::sharded)
+    expect(*c, false, digest, grouped.get());
   c->plans[digest] = std::move(grouped);
   c->plan_order.push_back(digest);
   reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
+  pack_ahead(); // for the plan just expected
+}
+
+// A stream the consumer will open (options.expected_mode), counted as
+// opened at no version yet, lent in place as its open will most likely
+// be (its hello named this host): the opposite guess is dropped at open.
+void producer_impl::expect(connection& c, bool broadcast, std::uint64_t digest, const plan::grouped_plan* plan) {
+  if (c.opened.count({broadcast, digest, false}) || c.opened.count({broadcast, digest, true}))
+    return;
+  const bool in_place = c.same_host && (broadcast || (plan && lends_in_runs(plan->plan())));
+  c.opened[{broadcast, digest, in_place}] = 0;
 }
 
 void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {

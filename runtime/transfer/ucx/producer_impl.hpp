@@ -314,6 +314,7 @@ struct producer_impl {
   void handle(const conn_ptr& c, const wire::hello_msg& m);
 
   void handle(const conn_ptr& c, const wire::plan_msg& m);
+  void expect(connection& c, bool broadcast, std::uint64_t digest, const plan::grouped_plan* plan);
   void handle(const conn_ptr& c, const wire::open_msg& m);
 
   void handle(const conn_ptr& c, const wire::close_msg& m) {

@@ -299,10 +299,24 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
       std::unique_ptr<channel> ch;
       try {
         ch = connect(req, true);
+        // Its plan too: a producer expecting sharded sessions packs (or
+        // checksums) its newest version ahead for it.
+        registration reg;
+        {
+          std::lock_guard<std::mutex> l(mutex);
+          if (auto it = workers.find(key); it != workers.end())
+            reg = it->second;
+        }
+        if (reg.plan)
+          register_plan(*ch, req, reg);
       } catch (const std::exception& e) {
         say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());
+        if (ch)
+          destroy(std::move(ch));
       } catch (...) {
         say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects)");
+        if (ch)
+          destroy(std::move(ch));
       }
       bool keep = false;
       {
@@ -334,7 +348,8 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
 
 // Reading one byte a page maps each page into this process now: the
 // first touch of a fresh mapping is what costs (a trap per page on a VM),
-// not the copy that follows.
+// not the copy that follows. A page of the memfd's size: one read a huge
+// page where it has them.
 void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>& regions,
                             clock::time_point deadline) {
   std::size_t mapped = 0;
@@ -348,7 +363,7 @@ void puller_impl::map_ahead(channel& ch, const std::vector<wire::shared_region>&
     if (!m)
       continue; // the pull maps it, or says why, if a group is lent in it
     volatile std::uint8_t sink = 0;
-    for (std::size_t at = 0; at < m.data_bytes(); at += 4096) {
+    for (std::size_t at = 0; at < m.data_bytes(); at += m.page_bytes()) {
       if (at % huge_page_bytes == 0 && (stopping || clock::now() >= deadline))
         break; // the pull faults in the rest as it reads it
       sink = static_cast<std::uint8_t>(sink + m.data()[at]);

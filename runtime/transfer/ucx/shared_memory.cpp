@@ -68,6 +68,7 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
   base_ = static_cast<const std::uint8_t*>(p);
   bytes_ = r.bytes;
   length_ = length;
+  page_ = static_cast<std::size_t>(page);
   shared_header h;
   std::memcpy(&h, base_, sizeof h);
   if (h.magic != shared_header::magic_value || h.id != r.id) {
@@ -78,7 +79,7 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
 
 shared_mapping::shared_mapping(shared_mapping&& o) noexcept
     : base_(std::exchange(o.base_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
-      length_(std::exchange(o.length_, 0)) {}
+      length_(std::exchange(o.length_, 0)), page_(std::exchange(o.page_, 4096)) {}
 
 shared_mapping& shared_mapping::operator=(shared_mapping&& o) noexcept {
   if (this != &o) {
@@ -86,6 +87,7 @@ shared_mapping& shared_mapping::operator=(shared_mapping&& o) noexcept {
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     length_ = std::exchange(o.length_, 0);
+    page_ = std::exchange(o.page_, 4096);
   }
   return *this;
 }

@@ -35,12 +35,15 @@ public:
   std::size_t mapped_bytes() const { return bytes_; }
   /// The mapping's length: mapped_bytes() in whole pages of the memfd.
   std::size_t length() const { return length_; }
+  /// The memfd's page size: 4 KiB, or 2 MiB for huge pages.
+  std::size_t page_bytes() const { return page_; }
 
 private:
   void reset();
   const std::uint8_t* base_ = nullptr;
   std::size_t bytes_ = 0;  // as named: what data() and the header cover
   std::size_t length_ = 0; // as mapped: whole pages of the memfd
+  std::size_t page_ = 4096;
 };
 
 } // namespace rlsync::transfer::ucx_detail

@@ -167,6 +167,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -207,6 +208,14 @@ struct ucx_producer_options {
   std::size_t default_budget_groups = 4;
   /// Pack each version for the plans known as soon as it is published.
   bool pack_ahead = true;
+  /// The mode consumers will open sessions in (the topology's
+  /// transfer.mode). Set, a consumer is expected before its first session:
+  /// in sharded, each plan it registers, in broadcast, its hello, counts as
+  /// a stream it opened at no version yet, so the newest version is packed
+  /// (or, lent in place, checksummed) ahead for it, e.g. while the fleet
+  /// gathers for its first round (sync.first_round_wait_ms). Unset: only
+  /// sessions opened count.
+  std::optional<transfer_mode> expected_mode;
   /// At start, make and write the budget's worth of packed buffers, so that
   /// the first sync does not pay for fresh memory in the stall: as many as
   /// the budget holds (at most 64) of the largest full group divided by
