@@ -237,13 +237,19 @@ TEST_CASE_FIXTURE(coordinator_fixture, "restart cap: past sync.max_restarts a re
 
 namespace {
 engine_info newcomer(const std::string& name) { return engine_info{name, "node", 1, 0, false, 0}; }
+
+/// The fixture's configuration for a fleet of `engines` replicas whose
+/// first round waits `wait` for them.
+coordinator_config gathering(coordinator_fixture& f, std::size_t engines, std::chrono::milliseconds wait) {
+  auto c = f.config();
+  c.expected_engines = engines;
+  c.sync.first_round_wait = wait;
+  return c;
+}
 } // namespace
 
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: no round until the whole fleet registered, then one for all") {
-  auto c = config();
-  c.expected_engines = 2;
-  c.sync.first_round_wait = 10s;
-  start(c);
+  start(gathering(*this, 2, 10s));
   REQUIRE(join(newcomer("a"), spawn_engine("a")));
   CHECK(seen_by("a").empty()); // held: b has not registered
   CHECK(reports.empty());
@@ -260,10 +266,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: no round until the who
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: when it passes, the first round goes without the missing") {
-  auto c = config();
-  c.expected_engines = 3;
-  c.sync.first_round_wait = 5s;
-  start(c);
+  start(gathering(*this, 3, 5s));
   REQUIRE(join(newcomer("a"), spawn_engine("a")));
   REQUIRE(join(newcomer("b"), spawn_engine("b")));
   advance(4900ms);
@@ -277,10 +280,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: when it passes, the fi
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a round asked for is not held") {
-  auto c = config();
-  c.expected_engines = 2;
-  c.sync.first_round_wait = 10s;
-  start(c);
+  start(gathering(*this, 2, 10s));
   REQUIRE(join(newcomer("a"), spawn_engine("a")));
   CHECK(reports.empty());
   auto asked = request<sync_report>(coord, sync_atom::value);
@@ -292,10 +292,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a round asked for is n
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: its end is logged when it passes, with no round wanted then") {
-  auto c = config();
-  c.expected_engines = 2;
-  c.sync.first_round_wait = 5s;
-  start(c);
+  start(gathering(*this, 2, 5s));
   advance(5s);
   CHECK(logged("sync.first_round_wait_ms passed with 0 of 2 engines registered"));
   REQUIRE(join(newcomer("a"), spawn_engine("a"))); // the wait is over: its cold sync goes at once
@@ -303,9 +300,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: its end is logged when
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a coordinator restored from its state file holds no round") {
-  auto c = config();
-  c.expected_engines = 2;
-  c.sync.first_round_wait = 10s;
+  auto c = gathering(*this, 2, 10s);
   c.restored = persisted_coordinator{0, 0, 3, {}};
   start(c);
   REQUIRE(join(newcomer("a"), spawn_engine("a")));
@@ -314,9 +309,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait: a coordinator restored
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "first_round_wait 0 (the default): each newcomer's cold sync goes as it registers") {
-  auto c = config();
-  c.expected_engines = 2;
-  start(c);
+  start(gathering(*this, 2, 0ms));
   REQUIRE(join(newcomer("a"), spawn_engine("a")));
   CHECK(reports.size() == 1);
   CHECK(routable("a"));

@@ -921,89 +921,81 @@ TEST_CASE("ucx: a producer expecting the mode packs the newest version ahead for
   }
 }
 
+/// A two-layer model's one version, its loopback producer, and puller
+/// options whose first credentials request runs `first_ask` first (which
+/// may wait, or throw instead of asking the producer); `asked` counts them.
+struct first_ask_fixture {
+  const model_config c = test::small_model(2);
+  std::shared_ptr<synthetic_source> src = test::small_source(c);
+  snapshot_ptr version = src->produce_next();
+  ucx_producer producer{src, loopback_producer()};
+  std::atomic<int> asked{0};
+
+  ucx_puller_options options(std::function<void()> first_ask) {
+    auto qo = loopback_puller(producer);
+    qo.credentials = [this, real = qo.credentials, first_ask](const std::string& engine, int worker,
+                                                               clock::time_point deadline) {
+      if (asked++ == 0)
+        first_ask();
+      return real(engine, worker, deadline);
+    };
+    return qo;
+  }
+};
+
 TEST_CASE("ucx: connect_ahead leaves a worker whose pull is under way alone: one connection") {
   // A node that rejoins calls connect_ahead for every engine, perhaps while
   // a pull holds its worker's connection out of the idle ones.
   SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(2);
-  auto src = test::small_source(c);
-  src->produce_next();
-  ucx_producer producer(src, loopback_producer());
-  auto qo = loopback_puller(producer);
-  auto real = qo.credentials;
+  first_ask_fixture f;
   std::promise<void> in_pull, go;
   auto go_now = go.get_future().share();
-  std::atomic<int> asked{0};
-  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
-    if (asked++ == 0) { // the pull's own connection: hold it until connect_ahead ran
-      in_pull.set_value();
-      go_now.wait_for(10s);
-    }
-    return real(engine, worker, deadline);
-  };
-  ucx_puller puller(qo);
-  test_engine e("rollout-0", c, 1, puller);
-  auto pulled = std::async(std::launch::async, [&] { e.pull(puller, src->latest()->version(), transfer_mode::sharded); });
+  ucx_puller puller(f.options([&] { // the pull's own connection: held until connect_ahead ran
+    in_pull.set_value();
+    go_now.wait_for(10s);
+  }));
+  test_engine e("rollout-0", f.c, 1, puller);
+  auto pulled = std::async(std::launch::async, [&] { e.pull(puller, f.version->version(), transfer_mode::sharded); });
   REQUIRE(in_pull.get_future().wait_for(10s) == std::future_status::ready);
   puller.connect_ahead("rollout-0");
   go.set_value();
   pulled.get();
-  test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
+  test::check_identical(*e.weights, *test::loaded(*f.version, 1));
   std::this_thread::sleep_for(100ms); // a connection ahead, had one started, would have asked by now
-  CHECK(asked.load() == 1);
+  CHECK(f.asked.load() == 1);
   CHECK(puller.stats().connections == 1);
   CHECK(puller.stats().connected_ahead == 0);
 }
 
 TEST_CASE("ucx: a pull that comes while its worker is connecting ahead waits for that connection") {
   SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(2);
-  auto src = test::small_source(c);
-  src->produce_next();
-  ucx_producer producer(src, loopback_producer());
-  auto qo = loopback_puller(producer);
-  auto real = qo.credentials;
-  std::atomic<int> asked{0};
-  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
-    if (asked++ == 0)
-      std::this_thread::sleep_for(300ms); // the connection ahead is slow to get its ticket
-    return real(engine, worker, deadline);
-  };
+  first_ask_fixture f;
+  auto qo = f.options([] { std::this_thread::sleep_for(300ms); }); // the connection ahead is slow to get its ticket
   qo.connect_ahead = true;
   ucx_puller puller(qo);
-  test_engine e("rollout-0", c, 1, puller);
-  REQUIRE(eventually([&] { return asked.load() == 1; }));
-  e.pull(puller, src->latest()->version(), transfer_mode::sharded); // while the ticket is on its way
-  test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
-  CHECK(asked.load() == 1); // the pull asked for no ticket of its own
+  test_engine e("rollout-0", f.c, 1, puller);
+  REQUIRE(eventually([&] { return f.asked.load() == 1; }));
+  e.pull(puller, f.version->version(), transfer_mode::sharded); // while the ticket is on its way
+  test::check_identical(*e.weights, *test::loaded(*f.version, 1));
+  CHECK(f.asked.load() == 1); // the pull asked for no ticket of its own
   CHECK(puller.stats().connections == 1);
   CHECK(puller.stats().connected_ahead == 1);
 }
 
 TEST_CASE("ucx: a worker that cannot connect ahead still pulls, connecting then") {
   SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(2);
-  auto src = test::small_source(c);
-  src->produce_next();
-  ucx_producer producer(src, loopback_producer());
-  auto qo = loopback_puller(producer);
-  auto real = qo.credentials;
-  std::atomic<int> asked{0};
-  qo.credentials = [&](const std::string& engine, int worker, clock::time_point deadline) {
-    if (asked++ == 0)
-      throw std::runtime_error("no trainer yet"); // the first ask (connecting ahead) fails
-    return real(engine, worker, deadline);
-  };
+  first_ask_fixture f;
+  auto qo = f.options([] { throw std::runtime_error("no trainer yet"); }); // the first ask (connecting ahead) fails
   qo.connect_ahead = true;
   log_lines log;
   qo.log = log.sink();
   ucx_puller puller(qo);
-  test_engine e("rollout-0", c, 1, puller);
+  test_engine e("rollout-0", f.c, 1, puller);
   REQUIRE(eventually([&] { return log.contains("not connected ahead (its first pull connects)"); }));
   CHECK(log.contains("no credentials for the producer: no trainer yet"));
   CHECK(puller.stats().connected_ahead == 0);
-  e.pull(puller, src->latest()->version(), transfer_mode::sharded);
-  test::check_identical(*e.weights, *test::loaded(*src->latest(), 1));
+  e.pull(puller, f.version->version(), transfer_mode::sharded);
+  test::check_identical(*e.weights, *test::loaded(*f.version, 1));
   CHECK(puller.stats().connections == 1);
 }
 
