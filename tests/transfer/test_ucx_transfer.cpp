@@ -893,10 +893,18 @@ TEST_CASE("ucx: a producer expecting the mode packs the newest version ahead for
   // lent in place for them then, not inside the first pull.
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);
-  for (auto expected : {std::optional<transfer_mode>{}, std::optional<transfer_mode>{transfer_mode::sharded},
-                        std::optional<transfer_mode>{transfer_mode::broadcast}}) {
+  struct row {
+    std::optional<transfer_mode> expected;
+    bool shared; // the version in shareable memory (lent in place), else packed into shared buffers
+  };
+  const row rows[] = {{std::nullopt, true},
+                      {transfer_mode::sharded, true},
+                      {transfer_mode::broadcast, true},
+                      {transfer_mode::sharded, false}};
+  for (const auto& [expected, shared] : rows) {
     CAPTURE(expected.has_value());
-    auto src = test::small_source(c, 2, /*shared*/ true);
+    CAPTURE(shared);
+    auto src = test::small_source(c, 2, shared);
     auto v = src->produce_next();
     auto po = loopback_producer();
     po.expected_mode = expected;
@@ -914,7 +922,8 @@ TEST_CASE("ucx: a producer expecting the mode packs the newest version ahead for
     e.pull(puller, v->version(), mode);
     test::check_identical(*e.weights, *test::loaded(*v, 2));
     CHECK(eventually([&] { return producer.stats().groups_sent == 6; }));
-    CHECK(producer.stats().groups_lent_in_place == 6);
+    CHECK(producer.stats().groups_lent_in_place == (shared ? 6u : 0u));
+    CHECK(producer.stats().groups_lent == 6);
     // What was packed ahead served the pull: nothing packed again.
     const std::uint64_t packs = !expected ? (mode == transfer_mode::sharded ? 6 : 3) : ahead;
     CHECK(producer.stats().packs == packs);

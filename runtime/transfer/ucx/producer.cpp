@@ -641,7 +641,8 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
 void producer_impl::expect(connection& c, bool broadcast, std::uint64_t digest, const plan::grouped_plan* plan) {
   if (c.opened.count({broadcast, digest, false}) || c.opened.count({broadcast, digest, true}))
     return;
-  const bool in_place = c.same_host && (broadcast || (plan && lends_in_runs(plan->plan())));
+  const bool shareable = !newest || newest->shared_buffer() != nullptr; // none yet: most likely so
+  const bool in_place = c.same_host && shareable && (broadcast || (plan && lends_in_runs(plan->plan())));
   c.opened[{broadcast, digest, in_place}] = 0;
 }
 

@@ -307,7 +307,9 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
           if (auto it = workers.find(key); it != workers.end())
             reg = it->second;
         }
-        if (reg.plan)
+        // With less than an attempt's time left (the hello's fault-in took
+        // it), the first pull registers the plan instead.
+        if (reg.plan && clock::now() + options.connect_attempt_timeout <= req.deadline)
           register_plan(*ch, req, reg);
       } catch (const std::exception& e) {
         say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());

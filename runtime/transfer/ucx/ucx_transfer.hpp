@@ -66,10 +66,12 @@
 // (packed_budget_bytes; spare buffers kept for reuse count against it).
 // Packing ahead: when a version is published, the packing threads pack it
 // for the plans consumers opened sessions with before (and broadcast, if a
-// consumer used it), group by group in order, as far as the budget allows,
-// before any get; the checksum is folded into the packing pass. Holding: a
-// packed group stays until every replica known to use its plan (a live
-// connection that opened a session with it) has been sent it in that
+// consumer used it), or, with expected_mode, the plans they registered
+// (their hellos, in broadcast) before any session, group by group in order,
+// as far as the budget allows, before any get; the checksum is folded into
+// the packing pass. Holding: a packed group stays until every replica known
+// to use its plan (a live connection that opened a session with it, or is
+// expected to) has been sent it in that
 // version, so one packing serves all replicas of a worker rank, and the
 // replicas, holding the budget between them, take groups together. To make
 // room, in order: groups every replica has, or of older versions, go
