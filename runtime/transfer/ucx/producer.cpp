@@ -432,10 +432,6 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
   }
   say(options.log, "ucx producer: accepted a connection from " + c->peer);
   check_lanes(*c);
-  if (c->refused.empty() && options.expected_mode == transfer_mode::broadcast) {
-    expect(*c, true, 0, nullptr);
-    pack_ahead();
-  }
   if (!c->refused.empty()) {
     count_rejected();
     reply(c, wire::ack_msg{hello->seq, wire::status::not_allowed, 0, "producer: " + c->refused, {}, {}});
@@ -461,6 +457,8 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
       offer(e->buffer);
   }
   reply(c, ack);
+  if (options.expected_mode == transfer_mode::broadcast)
+    expect(*c, true, 0, nullptr);
 }
 
 // Fresh memory costs most at its first write: a page fault per page, and
@@ -627,23 +625,25 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
     c->plans.erase(c->plan_order.front());
     c->plan_order.pop_front();
   }
-  if (options.expected_mode == transfer_mode::sharded)
-    expect(*c, false, digest, grouped.get());
+  const plan::grouped_plan& accepted = *grouped;
   c->plans[digest] = std::move(grouped);
   c->plan_order.push_back(digest);
   reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
-  pack_ahead(); // for the plan just expected
+  if (options.expected_mode == transfer_mode::sharded)
+    expect(*c, false, digest, &accepted);
 }
 
 // A stream the consumer will open (options.expected_mode), counted as
 // opened at no version yet, lent in place as its open will most likely
 // be (its hello named this host): the opposite guess is dropped at open.
+// Then the newest version is packed ahead for it.
 void producer_impl::expect(connection& c, bool broadcast, std::uint64_t digest, const plan::grouped_plan* plan) {
   if (c.opened.count({broadcast, digest, false}) || c.opened.count({broadcast, digest, true}))
     return;
   const bool shareable = !newest || newest->shared_buffer() != nullptr; // none yet: most likely so
   const bool in_place = c.same_host && shareable && (broadcast || (plan && lends_in_runs(plan->plan())));
   c.opened[{broadcast, digest, in_place}] = 0;
+  pack_ahead();
 }
 
 void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {

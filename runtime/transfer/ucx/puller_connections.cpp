@@ -297,6 +297,7 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
       req.worker = key.second;
       req.deadline = clock::now() + options.connect_ahead_timeout;
       std::unique_ptr<channel> ch;
+      bool failed = false; // a connection that failed its plan is dropped below
       try {
         ch = connect(req, true);
         // Its plan too: a producer expecting sharded sessions packs (or
@@ -312,18 +313,16 @@ void puller_impl::start_connect_ahead(const std::string& engine, int worker) {
         if (reg.plan && clock::now() + options.connect_attempt_timeout <= req.deadline)
           register_plan(*ch, req, reg);
       } catch (const std::exception& e) {
+        failed = true;
         say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects): " + e.what());
-        if (ch)
-          destroy(std::move(ch));
       } catch (...) {
+        failed = true;
         say(options.log, "ucx puller: " + who(req) + " not connected ahead (its first pull connects)");
-        if (ch)
-          destroy(std::move(ch));
       }
       bool keep = false;
       {
         std::lock_guard<std::mutex> l(mutex);
-        keep = ch && !stopping && workers.count(key); // the engine may have gone meanwhile
+        keep = ch && !failed && !stopping && workers.count(key); // the engine may have gone meanwhile
       }
       if (keep) {
         release(std::move(ch)); // idle: the worker's first pull takes it
