@@ -68,6 +68,7 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
   po.credentials = ucx_tickets_from(sys, std::move(trainer));
   po.transports = t.transfer.ucx_transports;
   po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
+  po.shared_memory = ucx_lends_shared_memory(t.transfer); // else by tag over what ucx_transports names
   po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
   // The option connect_ahead stays off: the puller registers an engine's
   // workers before the engine registers with the coordinator, and the
@@ -178,6 +179,7 @@ std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
     transfer::ucx_producer_options po;
     po.transports = t.transfer.ucx_transports;
     po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
+    po.shared_memory = ucx_lends_shared_memory(t.transfer);
     // transfer.packed_budget_bytes; 0: enough for 2 x groups_in_flight of the largest group.
     po.packed_budget_bytes = static_cast<std::uint64_t>(t.transfer.packed_budget_bytes);
     po.huge_pages = t.transfer.huge_pages;

@@ -11,6 +11,7 @@
 
 #include "runtime/base/regular_file.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -291,6 +292,12 @@ std::string_view to_string(node_restart v) { return name_of(node_restart_choices
 std::string_view to_string(engine_kind v) { return name_of(engine_kind_choices, v); }
 
 bool is_topology_name(std::string_view name) { return is_plain_name(std::string(name)); }
+
+bool ucx_lends_shared_memory(const transfer_spec& t) {
+  return t.backend == transfer_backend::ucx
+         && (t.ucx_transports.empty()
+             || std::find(t.ucx_transports.begin(), t.ucx_transports.end(), ucx_transport::shm) != t.ucx_transports.end());
+}
 
 std::string with_node_name(std::string path, const std::string& node) {
   const std::string placeholder = "{node}";

@@ -261,6 +261,12 @@ struct transfer_spec {
   bool collective = false;
 };
 
+/// Whether the ucx backend may lend groups in shared memory, a memfd that
+/// engines on the trainer's host map and copy from. UCX's transports do not
+/// carry those bytes, so a topology naming `ucx_transports` without `shm`
+/// gets its groups by tag over what it named, on one host too.
+bool ucx_lends_shared_memory(const transfer_spec& t);
+
 /// Per-phase deadlines of a sync round.
 struct sync_deadlines {
   milliseconds pause{5000};

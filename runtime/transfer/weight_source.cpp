@@ -879,7 +879,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   o.held_layers = held;
   o.held_experts = experts;
   o.allow_nonfinite = tr.allow_nonfinite;
-  o.shared_memory = t.transfer.backend == transfer_backend::ucx; // same-host engines are lent groups in place
+  o.shared_memory = ucx_lends_shared_memory(t.transfer); // same-host engines are lent groups in place
   return std::make_shared<synthetic_source>(std::move(o));
 }
 

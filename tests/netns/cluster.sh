@@ -46,6 +46,11 @@ for n in a b; do # every connection to the producer said which transport it uses
   grep -q "connected to producer ucx-[0-9a-f]* .*\[tcp\]" "$dir/$n.log" \
     || { cat "$dir/$n.log"; echo "FAIL: engine-node-$n did not pull over UCX/tcp"; exit 1; }
   ! grep "connected to producer" "$dir/$n.log" | grep -v "\[tcp\]" || { echo "FAIL: a connection not over tcp"; exit 1; }
+  # ...and the groups too: the namespaces share one host, whose shared memory
+  # a list without shm must not use (every connection says it is off).
+  ! grep -q "groups in shared memory" "$dir/$n.log" || { cat "$dir/$n.log"; echo "FAIL: groups lent in shared memory"; exit 1; }
+  ! grep "connected to producer" "$dir/$n.log" | grep -v "no shared memory: turned off" \
+    || { echo "FAIL: a connection that may map the producer's memory"; exit 1; }
 done
 syncs=$(tr -d ' \n' < "$dir/three.json" \
         | grep -o '"engines":[1-9][0-9]*,"stall_ms":[0-9.e+-]*,"transfer_ms":[0-9.e+-]*,"bytes":[1-9]' | wc -l)

@@ -567,6 +567,7 @@ TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, wi
       CHECK(producer.stats().groups_lent_in_place == 0); // the source's versions are in private memory
       CHECK(puller.stats().groups_mapped == (r.lent ? 24u : 0u));
       CHECK(log.contains("groups in shared memory") == r.lent);
+      CHECK(log.contains("no shared memory: turned off") == !r.puller_maps);
       if (r.lent) {
         // Packed buffers are reused version after version, and each is
         // mapped once per connection (2 here) and kept while the producer

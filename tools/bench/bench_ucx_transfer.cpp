@@ -12,6 +12,7 @@
 //
 //   bench_ucx_transfer [repeats]
 #define DOCTEST_CONFIG_IMPLEMENT // transfer_fixtures.hpp uses doctest's checks
+#include "runtime/config/topology.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
@@ -61,6 +62,10 @@ void run(const char* name, const std::vector<ucx_transport>& transports, int tp,
   ucx_producer_options po;
   po.net_devices = "lo";
   po.transports = transports;
+  transfer_spec spec; // as a topology with these transports would: lent in shared memory, or by tag
+  spec.backend = transfer_backend::ucx;
+  spec.ucx_transports = transports;
+  po.shared_memory = ucx_lends_shared_memory(spec);
   ucx_producer producer(src, po);
   ucx_producer* current = &producer; // what the control plane would hand out
   ucx_puller_options o;
@@ -69,6 +74,7 @@ void run(const char* name, const std::vector<ucx_transport>& transports, int tp,
   };
   o.net_devices = "lo";
   o.transports = transports;
+  o.shared_memory = po.shared_memory;
   ucx_puller puller(o);
   for (int w = 0; w < tp; ++w)
     puller.register_worker("e", std::make_shared<const plan::worker_plan>(engine::make_plan(c, tp, w, dtype::bf16)));

@@ -468,6 +468,8 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
     return why;
   const std::uint64_t seq = ++ch.seq;
   const std::string host = options.shared_memory ? this_host_id() : std::string();
+  if (!options.shared_memory)
+    ch.shared_why = "turned off (groups by tag)";
   if (!ch.outbox.send(ch.ep, am_request,
                       wire::encode(wire::hello_msg{seq, ch.engine, ch.engine_worker, creds.token, host}), true))
     return "cannot send";

@@ -67,7 +67,7 @@ struct channel {
   // them: one it no longer holds is unmapped at the next open).
   bool shared = false;
   std::uint32_t shared_pid = 0; // the producer process whose probe mapped: lent regions must name it
-  std::string shared_why;       // why not, when the producer offered it
+  std::string shared_why;       // why not: turned off, or what failed when the producer offered it
   struct mapped {
     shared_mapping map;
     std::uint64_t last_pull = 0;

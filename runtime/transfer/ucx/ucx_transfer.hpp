@@ -363,7 +363,8 @@ struct ucx_puller_options {
   /// Groups requested ahead per pull (>= 1); each needs a receive buffer.
   std::size_t groups_in_flight = 2;
   /// Map the packed groups of producers on this host (when they offer it
-  /// and their memory can be mapped) rather than receive them by tag.
+  /// and their memory can be mapped) rather than receive them by tag. Off
+  /// where the topology's ucx_transports name no shm (ucx_lends_shared_memory).
   bool shared_memory = true;
   /// One connection attempt (connect + hello) may take this long before it
   /// is abandoned and retried.
