@@ -90,6 +90,26 @@ std::vector<int> parse_rank_counts(const std::string& text) {
   return counts;
 }
 
+/// "tcp" or "shm,cma,tcp": each a ucx_transport, none twice.
+std::vector<ucx_transport> parse_ucx_transports(const std::string& text) {
+  std::vector<ucx_transport> out;
+  std::stringstream ss(text);
+  for (std::string name; std::getline(ss, name, ',');) {
+    std::optional<ucx_transport> found;
+    for (auto u : {ucx_transport::shm, ucx_transport::cma, ucx_transport::tcp, ucx_transport::rdma})
+      if (name == to_string(u))
+        found = u;
+    if (!found)
+      throw cli::usage_error("--ucx-transports: each one of shm, cma, tcp, rdma, got '" + name + "'");
+    if (std::find(out.begin(), out.end(), *found) != out.end())
+      throw cli::usage_error("--ucx-transports: '" + name + "' is listed twice");
+    out.push_back(*found);
+  }
+  if (out.empty())
+    throw cli::usage_error("--ucx-transports: a list like tcp or shm,cma,tcp, got '" + text + "'");
+  return out;
+}
+
 } // namespace
 
 int bench_sync(const arg_list& argv) {
@@ -114,6 +134,12 @@ int bench_sync(const arg_list& argv) {
   app.add_option_function<std::string>(
        "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
     ->type_name("FILE");
+  std::optional<std::string> transports;
+  app.add_option_function<std::string>(
+       "--ucx-transports", [&](const std::string& t) { transports = t; },
+       "instead of the topology's transfer.ucx_transports, e.g. tcp: the path between hosts, on this one (groups "
+       "by tag, none lent in shared memory; MPI_Bcast then over tcp too)")
+    ->type_name("LIST");
   auto verbose = app.add_flag("--verbose", "the nodes' own output too");
   auto no_mpi = app.add_flag("--no-mpi", "without the MPI_Bcast baseline (engines in other processes otherwise "
                                          "need Open MPI: the bench refuses to run without it)");
@@ -135,9 +161,20 @@ int bench_sync(const arg_list& argv) {
   std::optional<std::vector<int>> rank_counts;
   if (ranks)
     rank_counts = parse_rank_counts(*ranks);
+  std::optional<std::vector<ucx_transport>> named_transports;
+  if (transports)
+    named_transports = parse_ucx_transports(*transports);
   auto loaded = load_topology_or_report(o.path);
   if (!loaded)
     return 1;
+  if (named_transports) {
+    if (loaded->transfer.backend != transfer_backend::ucx) {
+      std::cerr << "rlsync bench sync: --ucx-transports: " << o.path << " has transfer.backend "
+                << to_string(loaded->transfer.backend) << ", not ucx\n";
+      return 1;
+    }
+    loaded->transfer.ucx_transports = *named_transports;
+  }
   o.ranks = rank_counts ? *rank_counts : default_rank_counts(*loaded);
   if (auto problem = bench_sync_problem(*loaded, o.path, bench_model(o.model_bytes, o.ranks, loaded->model.config.arch), o.ranks); !problem.empty()) {
     std::cerr << "rlsync bench sync: " << problem << "\n";

@@ -454,6 +454,13 @@ std::vector<int> default_rank_counts(const topology& t) {
   return {1};
 }
 
+bool mpi_over_tcp(const topology& t) {
+  const auto& named = t.transfer.ucx_transports;
+  auto names = [&](ucx_transport u) { return std::find(named.begin(), named.end(), u) != named.end(); };
+  return t.transfer.backend == transfer_backend::ucx && !named.empty() && !names(ucx_transport::shm)
+         && !names(ucx_transport::cma);
+}
+
 bool bench_sync_result::failed() const {
   return std::any_of(cases.begin(), cases.end(), [](const case_result& c) { return !c.error.empty(); })
          || (rank_kill && !rank_kill->held());
@@ -546,8 +553,11 @@ bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o)
     r.mpi_why = "not measured: --no-mpi";
     return r;
   }
-  auto mpi = measure_mpi_bcast(o.exe, bf16_model_bytes(model), t.engines.size(), static_cast<std::uint64_t>(o.syncs));
+  r.mpi_over_tcp = mpi_over_tcp(t);
+  auto mpi = measure_mpi_bcast(o.exe, bf16_model_bytes(model), t.engines.size(), static_cast<std::uint64_t>(o.syncs),
+                               r.mpi_over_tcp);
   r.mpi_bcast_s = mpi.best_s();
+  r.mpi_bcast_tcp_s = mpi.tcp_s;
   r.mpi_bcast_defaults_s = mpi.defaults_s;
   r.mpi_bcast_no_single_copy_s = mpi.no_single_copy_s;
   r.mpi_bcast_huge_pages_s = mpi.huge_pages_s;

@@ -350,14 +350,23 @@ struct bench_sync_result {
   std::vector<case_result> cases;
   std::vector<worker_bytes> per_worker; ///< of the bench's model, per engine shape
   std::optional<rank_kill_result> rank_kill; ///< run when some rank count is above 1
-  double mpi_bcast_s = 0; ///< the fastest of the three below; 0: not measured (mpi_why)
+  double mpi_bcast_s = 0; ///< the fastest of the four below; 0: not measured (mpi_why)
   double mpi_bcast_defaults_s = 0;       ///< Open MPI's defaults
   double mpi_bcast_no_single_copy_s = 0; ///< vader's single-copy mechanism off
   double mpi_bcast_huge_pages_s = 0;     ///< defaults, buffers in transparent huge pages
+  /// Open MPI's tcp transport alone, measured instead of the three above
+  /// where the topology's ucx_transports name no shm or cma (mpi_over_tcp).
+  double mpi_bcast_tcp_s = 0;
+  bool mpi_over_tcp = false;
   std::string mpi_why;
 
   bool failed() const;
 };
+
+/// Whether the MPI_Bcast baseline runs over Open MPI's tcp transport: the
+/// ucx data plane's transports are named and none of them is shm or cma, so
+/// the engines' bytes cross a socket, and MPI's are made to as well.
+bool mpi_over_tcp(const topology& t);
 
 /// Runs every mode, then the control case, then the MPI_Bcast baseline.
 bench_sync_result run_bench_sync(const topology& t, const bench_sync_options& o);

@@ -158,7 +158,7 @@ std::string mpi_bcast_missing(const std::string& exe) {
 }
 
 mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
-                                   std::uint64_t iterations) {
+                                   std::uint64_t iterations, bool over_tcp) {
   mpi_bcast_result r;
   const auto bin = mpi_bcast_binary(exe);
   if (auto missing = mpi_bcast_missing(exe); !missing.empty()) {
@@ -175,6 +175,13 @@ mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, 
       failure += (failure.empty() ? "failed: " : "; ") + out.substr(0, 300);
   };
   std::string failures;
+  if (over_tcp) {
+    run("--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo ", "", r.tcp_s,
+        failures);
+    if (r.best_s() == 0)
+      r.why = failures;
+    return r;
+  }
   run("", "", r.defaults_s, failures);
   run("--mca btl_vader_single_copy_mechanism none ", "", r.no_single_copy_s, failures);
   run("", " --huge-pages", r.huge_pages_s, failures);

@@ -57,16 +57,19 @@ std::optional<double> parse_mpi_bcast_median_s(const std::string& output);
 /// with the shared-memory transport's single-copy mechanism off (vader's
 /// CMA/XPMEM copy is not always the faster one), and with its buffers in
 /// huge pages (as rlsync's shared buffers may be); the fastest counts.
+/// Over tcp instead (the data plane's transports name no shared memory):
+/// once, with Open MPI's tcp transport alone.
 struct mpi_bcast_result {
   double defaults_s = 0;       ///< 0: not measured
   double no_single_copy_s = 0; ///< --mca btl_vader_single_copy_mechanism none; 0: not measured
   double huge_pages_s = 0;     ///< defaults, buffers in transparent huge pages; 0: not measured
+  double tcp_s = 0;            ///< --mca pml ob1 --mca btl tcp,self on loopback; 0: not measured
   std::string why;             ///< set when none was measured
 
   /// The fastest measured; 0 when none was.
   double best_s() const {
     double best = 0;
-    for (double s : {defaults_s, no_single_copy_s, huge_pages_s})
+    for (double s : {defaults_s, no_single_copy_s, huge_pages_s, tcp_s})
       if (s > 0 && (best == 0 || s < best))
         best = s;
     return best;
@@ -80,8 +83,10 @@ std::string mpi_bcast_missing(const std::string& exe);
 /// MPI_Bcast of `bytes` from one rank to `receivers`, `iterations` times
 /// (tools/mpi_bcast_bench.cpp, built as rlsync-mpi-bcast beside `exe` when
 /// MPI is found), in three configurations: defaults, vader's single copy
-/// off, buffers in huge pages. Each run takes at most 300 s.
+/// off, buffers in huge pages; `over_tcp`: once, over Open MPI's tcp
+/// transport on loopback (a data plane kept off shared memory is compared
+/// with an MPI kept off it too). Each run takes at most 300 s.
 mpi_bcast_result measure_mpi_bcast(const std::string& exe, std::uint64_t bytes, std::size_t receivers,
-                                   std::uint64_t iterations);
+                                   std::uint64_t iterations, bool over_tcp = false);
 
 } // namespace rlsync::jobs

@@ -51,6 +51,24 @@ grep -q '"cases": \[' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no
 python3 -c 'import json,sys; cs=[c for c in json.load(open(sys.argv[1]))["cases"] if c["case"] in ("sharded","broadcast")]; ws=[w for c in cs for w in c["warm"]]; assert len(cs)==2 and ws and all(w["slowest_pull_ms"]>0 for w in ws) and all(w["slowest_wait_ms"]+w["slowest_store_ms"]<=w["slowest_pull_ms"] for w in ws), cs' \
   "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no slowest pull in the rounds"; exit 1; }
 
+# --ucx-transports tcp: the path between hosts, on this one. No group is lent
+# in shared memory, the raw light and (with Open MPI) MPI_Bcast go over tcp too.
+timeout 240 "$rlsync" bench sync "${mpi[@]}" --topology "$dir/two.yaml" --ucx-transports tcp --model-bytes 8MiB \
+  --syncs 1 --modes sharded --json "$dir/tcp.json" > "$dir/tcp.out" 2> "$dir/tcp.err" \
+  || { cat "$dir/tcp.err" "$dir/tcp.out"; echo "FAIL: bench sync --ucx-transports tcp"; exit 1; }
+grep -q "UCX_TLS tcp, other processes" "$dir/tcp.out" && ! grep -q "lent in shared memory" "$dir/tcp.out" \
+  || { cat "$dir/tcp.out"; echo "FAIL: --ucx-transports tcp not measured over tcp alone"; exit 1; }
+if [ ${#mpi[@]} -eq 0 ]; then
+  grep -Eq "^MPI_Bcast \(Open MPI\) of the 8 MB model to 3 ranks: median [0-9.]+ ms \(btl tcp,self on loopback" "$dir/tcp.out" \
+    && grep -q '"mpi_over_tcp": true' "$dir/tcp.json" || { cat "$dir/tcp.out"; echo "FAIL: MPI_Bcast not over tcp"; exit 1; }
+fi
+for bad in ib tcp,tcp ""; do
+  if "$rlsync" bench sync --topology "$dir/two.yaml" --ucx-transports "$bad" > "$dir/bad.out" 2>&1; then
+    echo "FAIL: --ucx-transports '$bad' accepted"; exit 1
+  fi
+  grep -q -- "--ucx-transports" "$dir/bad.out" || { cat "$dir/bad.out"; echo "FAIL: --ucx-transports not named"; exit 1; }
+done
+
 # Two trainer ranks, each holding one of the two layers: the sharded case
 # with two producers, each rank's packs per (plan, group) per version, and
 # a rank killed mid-transfer: the round aborted, no dirty engine served, a

@@ -421,6 +421,20 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
                   "single copy off failed, buffers in huge pages 5.10 ms: the fastest counts); sharded transfer "
                   "9.00 ms: 0.50x (slower)\n")
         != std::string::npos);
+  {
+    auto tcp = r; // the data plane kept off shared memory, and MPI with it
+    tcp.mpi_over_tcp = true;
+    tcp.mpi_bcast_s = tcp.mpi_bcast_tcp_s = 0.012;
+    tcp.mpi_bcast_defaults_s = tcp.mpi_bcast_huge_pages_s = 0;
+    const auto tcp_text = bench_sync_report(tcp);
+    CHECK(tcp_text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 12.00 ms (btl tcp,self on "
+                        "loopback: the topology's ucx_transports name no shm or cma); sharded transfer 9.00 ms: "
+                        "1.33x faster\n")
+          != std::string::npos);
+    CHECK(tcp_text.find("met      sharded warm transfer <= MPI_Bcast of the same model: 9.00 ms against 12.00 ms "
+                        "(Open MPI over tcp, as the engines' bytes go): 1.33x\n")
+          != std::string::npos);
+  }
   CHECK(!r.failed());
 
   r.remote = true;
@@ -674,16 +688,42 @@ TEST_CASE("rlsync-mpi-bcast output: the median seconds") {
 
 TEST_CASE("MPI_Bcast baseline: the fastest of defaults, single copy off and huge pages counts") {
   struct row {
-    double defaults, no_single_copy, huge_pages, best;
+    double defaults, no_single_copy, huge_pages, tcp, best;
   };
-  const row rows[] = {{0.05, 0.06, 0.07, 0.05},  {0.07, 0.055, 0.06, 0.055}, {0.07, 0.06, 0.04, 0.04},
-                      {0, 0.06, 0, 0.06},        {0.05, 0, 0, 0.05},         {0, 0, 0.03, 0.03},
-                      {0, 0.06, 0.05, 0.05},     {0, 0, 0, 0}};
+  const row rows[] = {{0.05, 0.06, 0.07, 0, 0.05},  {0.07, 0.055, 0.06, 0, 0.055}, {0.07, 0.06, 0.04, 0, 0.04},
+                      {0, 0.06, 0, 0, 0.06},        {0.05, 0, 0, 0, 0.05},         {0, 0, 0.03, 0, 0.03},
+                      {0, 0.06, 0.05, 0, 0.05},     {0, 0, 0, 0, 0},               {0, 0, 0, 0.12, 0.12}};
   for (const auto& r : rows) {
     CAPTURE(r.defaults);
     CAPTURE(r.no_single_copy);
     CAPTURE(r.huge_pages);
-    CHECK(mpi_bcast_result{r.defaults, r.no_single_copy, r.huge_pages, {}}.best_s() == r.best);
+    CAPTURE(r.tcp);
+    CHECK(mpi_bcast_result{r.defaults, r.no_single_copy, r.huge_pages, r.tcp, {}}.best_s() == r.best);
+  }
+}
+
+TEST_CASE("MPI_Bcast baseline: over tcp where the ucx data plane's transports name no shm or cma") {
+  using u = ucx_transport;
+  struct row {
+    const char* name;
+    transfer_backend backend;
+    std::vector<ucx_transport> transports;
+    bool over_tcp;
+  };
+  const row rows[] = {
+    {"UCX decides", transfer_backend::ucx, {}, false},
+    {"shm, cma and tcp", transfer_backend::ucx, {u::shm, u::cma, u::tcp}, false},
+    {"tcp alone", transfer_backend::ucx, {u::tcp}, true},
+    {"cma beside tcp: a single copy within the host", transfer_backend::ucx, {u::cma, u::tcp}, false},
+    {"rdma and tcp", transfer_backend::ucx, {u::rdma, u::tcp}, true},
+    {"another backend", transfer_backend::local, {u::tcp}, false},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    topology t;
+    t.transfer.backend = r.backend;
+    t.transfer.ucx_transports = r.transports;
+    CHECK(mpi_over_tcp(t) == r.over_tcp);
   }
 }
 
