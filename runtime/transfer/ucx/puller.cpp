@@ -261,21 +261,18 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   auto post_receive = [&](std::size_t idx) {
     ensure_slots(*ch, window, static_cast<std::size_t>(largest));
     auto& p = slot_state[idx % window];
-    ucp_tag_recv_info_t info{};
+    // Never completed in place, though a small group sent eagerly may have
+    // arrived first (those the open carried): UCX 1.13 then reports its
+    // length as 0, failing a whole group. ucp_tag_recv_request_test says.
     ucp_request_param_t rp{};
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
-    rp.recv_info.tag_info = &info;
+    rp.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     void* r = ucp_tag_recv_nbx(ch->worker.handle, ch->slots[idx % window].data(),
                                static_cast<std::size_t>(groups[idx].bytes), p.tag, ~std::uint64_t(0), &rp);
-    if (UCS_PTR_IS_ERR(r)) {
+    if (UCS_PTR_IS_ERR(r) || !r) {
       ch->failed = true;
-      ch->failure = std::string("cannot post a receive: ") + ucs_status_string(UCS_PTR_STATUS(r));
+      ch->failure = std::string("cannot post a receive: ")
+                    + (r ? ucs_status_string(UCS_PTR_STATUS(r)) : "UCX completed it in place though asked not to");
       lost(*ch, req, "requesting group " + std::to_string(groups[idx].group));
-    }
-    if (!r) { // it had arrived already (a receive posted late, in a lent session)
-      p.done = true;
-      p.status = UCS_OK;
-      p.length = info.length;
     }
     p.request = r;
   };
