@@ -93,20 +93,26 @@ std::vector<int> parse_rank_counts(const std::string& text) {
 /// "tcp" or "shm,cma,tcp": each a ucx_transport, none twice.
 std::vector<ucx_transport> parse_ucx_transports(const std::string& text) {
   std::vector<ucx_transport> out;
-  std::stringstream ss(text);
-  for (std::string name; std::getline(ss, name, ',');) {
+  std::vector<std::string> names;
+  for (std::size_t from = 0;;) { // every field, an empty last one too ("tcp,")
+    const auto comma = text.find(',', from);
+    names.push_back(text.substr(from, comma == std::string::npos ? std::string::npos : comma - from));
+    if (comma == std::string::npos)
+      break;
+    from = comma + 1;
+  }
+  for (const auto& name : names) {
     std::optional<ucx_transport> found;
     for (auto u : {ucx_transport::shm, ucx_transport::cma, ucx_transport::tcp, ucx_transport::rdma})
       if (name == to_string(u))
         found = u;
     if (!found)
-      throw cli::usage_error("--ucx-transports: each one of shm, cma, tcp, rdma, got '" + name + "'");
+      throw cli::usage_error("--ucx-transports: a list like tcp or shm,cma,tcp, each one of shm, cma, tcp, rdma; got '"
+                             + name + "' in '" + text + "'");
     if (std::find(out.begin(), out.end(), *found) != out.end())
       throw cli::usage_error("--ucx-transports: '" + name + "' is listed twice");
     out.push_back(*found);
   }
-  if (out.empty())
-    throw cli::usage_error("--ucx-transports: a list like tcp or shm,cma,tcp, got '" + text + "'");
   return out;
 }
 
@@ -171,6 +177,12 @@ int bench_sync(const arg_list& argv) {
     if (loaded->transfer.backend != transfer_backend::ucx) {
       std::cerr << "rlsync bench sync: --ucx-transports: " << o.path << " has transfer.backend "
                 << to_string(loaded->transfer.backend) << ", not ucx\n";
+      return 1;
+    }
+    if (std::none_of(loaded->engines.begin(), loaded->engines.end(),
+                     [&](const engine_spec& e) { return e.node != loaded->coordinator.node; })) {
+      std::cerr << "rlsync bench sync: --ucx-transports: every engine of " << o.path << " runs on the coordinator's "
+                << "node, in the bench's process, and pulls without UCX\n";
       return 1;
     }
     loaded->transfer.ucx_transports = *named_transports;

@@ -456,9 +456,8 @@ std::vector<int> default_rank_counts(const topology& t) {
 
 bool mpi_over_tcp(const topology& t) {
   const auto& named = t.transfer.ucx_transports;
-  auto names = [&](ucx_transport u) { return std::find(named.begin(), named.end(), u) != named.end(); };
-  return t.transfer.backend == transfer_backend::ucx && !named.empty() && !names(ucx_transport::shm)
-         && !names(ucx_transport::cma);
+  return t.transfer.backend == transfer_backend::ucx && !named.empty()
+         && std::all_of(named.begin(), named.end(), [](ucx_transport u) { return u == ucx_transport::tcp; });
 }
 
 bool bench_sync_result::failed() const {

@@ -355,7 +355,7 @@ struct bench_sync_result {
   double mpi_bcast_no_single_copy_s = 0; ///< vader's single-copy mechanism off
   double mpi_bcast_huge_pages_s = 0;     ///< defaults, buffers in transparent huge pages
   /// Open MPI's tcp transport alone, measured instead of the three above
-  /// where the topology's ucx_transports name no shm or cma (mpi_over_tcp).
+  /// where the topology's ucx_transports are tcp alone (mpi_over_tcp).
   double mpi_bcast_tcp_s = 0;
   bool mpi_over_tcp = false;
   std::string mpi_why;
@@ -364,8 +364,9 @@ struct bench_sync_result {
 };
 
 /// Whether the MPI_Bcast baseline runs over Open MPI's tcp transport: the
-/// ucx data plane's transports are named and none of them is shm or cma, so
-/// the engines' bytes cross a socket, and MPI's are made to as well.
+/// ucx data plane's transports are tcp alone, so the engines' bytes cross
+/// a socket, and MPI's are made to as well (with rdma named, UCX may use it
+/// on one host, and MPI keeps its shared-memory runs).
 bool mpi_over_tcp(const topology& t);
 
 /// Runs every mode, then the control case, then the MPI_Bcast baseline.

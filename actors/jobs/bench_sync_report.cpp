@@ -201,6 +201,8 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"producer_buffers_prewarmed", c.producer_buffers_prewarmed},
           {"producer_huge_buffers", c.producer_huge_buffers},
           {"largest_group_bytes", c.largest_group},
+          {"ucx_transports", c.ucx_transports}, // the data lanes the UCX producers' connections used
+          {"lent", c.lent},
           {"ranks", c.ranks},
           {"packs", packs},
           {"error", c.error}};
@@ -458,7 +460,7 @@ std::string bench_sync_report(const bench_sync_result& r) {
     auto ms = [](double s) { return s > 0 ? format("%.2f ms", s * 1e3) : std::string("failed"); };
     if (r.mpi_over_tcp)
       out += format("MPI_Bcast (Open MPI) of the %.0f MB model to %zu ranks: median %.2f ms (btl tcp,self on "
-                    "loopback: the topology's ucx_transports name no shm or cma)",
+                    "loopback: the topology's ucx_transports are tcp alone)",
                     r.model_bytes / 1e6, r.engines, r.mpi_bcast_s * 1e3);
     else
       out += format("MPI_Bcast (Open MPI) of the %.0f MB model to %zu ranks: median %.2f ms (defaults %s, vader "

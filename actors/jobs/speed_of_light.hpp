@@ -57,8 +57,8 @@ std::optional<double> parse_mpi_bcast_median_s(const std::string& output);
 /// with the shared-memory transport's single-copy mechanism off (vader's
 /// CMA/XPMEM copy is not always the faster one), and with its buffers in
 /// huge pages (as rlsync's shared buffers may be); the fastest counts.
-/// Over tcp instead (the data plane's transports name no shared memory):
-/// once, with Open MPI's tcp transport alone.
+/// Over tcp instead (the data plane's transports are tcp alone): once,
+/// with Open MPI's tcp transport alone.
 struct mpi_bcast_result {
   double defaults_s = 0;       ///< 0: not measured
   double no_single_copy_s = 0; ///< --mca btl_vader_single_copy_mechanism none; 0: not measured

@@ -4,6 +4,7 @@
 #include "runtime/config/build_features.hpp"
 #include "runtime/config/yaml_fields.hpp"
 #include "tests/support/scratch_dir.hpp"
+#include "tests/support/ucx_transport_cases.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -1511,28 +1512,9 @@ TEST_CASE("topology: enum names round-trip") {
 }
 
 TEST_CASE("topology: ucx lends groups in shared memory only where ucx_transports allow shm") {
-  using u = ucx_transport;
-  struct row {
-    const char* name;
-    transfer_backend backend;
-    std::vector<ucx_transport> transports;
-    bool lends;
-  };
-  const row rows[] = {
-    {"UCX decides", transfer_backend::ucx, {}, true},
-    {"shm named", transfer_backend::ucx, {u::shm, u::cma, u::tcp}, true},
-    {"shm alone", transfer_backend::ucx, {u::shm}, true},
-    {"tcp alone: the path between hosts, on one", transfer_backend::ucx, {u::tcp}, false},
-    {"cma and tcp: cma is not a mapping", transfer_backend::ucx, {u::cma, u::tcp}, false},
-    {"rdma", transfer_backend::ucx, {u::rdma}, false},
-    {"another backend", transfer_backend::local, {}, false},
-  };
-  for (const auto& r : rows) {
-    CAPTURE(r.name);
-    transfer_spec t;
-    t.backend = r.backend;
-    t.ucx_transports = r.transports;
-    CHECK(ucx_lends_shared_memory(t) == r.lends);
+  for (const auto& c : test::ucx_transport_cases()) {
+    CAPTURE(c.name);
+    CHECK(ucx_lends_shared_memory(c.spec()) == c.lends_shared_memory);
   }
 }
 

@@ -56,13 +56,20 @@ python3 -c 'import json,sys; cs=[c for c in json.load(open(sys.argv[1]))["cases"
 timeout 240 "$rlsync" bench sync "${mpi[@]}" --topology "$dir/two.yaml" --ucx-transports tcp --model-bytes 8MiB \
   --syncs 1 --modes sharded --json "$dir/tcp.json" > "$dir/tcp.out" 2> "$dir/tcp.err" \
   || { cat "$dir/tcp.err" "$dir/tcp.out"; echo "FAIL: bench sync --ucx-transports tcp"; exit 1; }
-grep -q "UCX_TLS tcp, other processes" "$dir/tcp.out" && ! grep -q "lent in shared memory" "$dir/tcp.out" \
-  || { cat "$dir/tcp.out"; echo "FAIL: --ucx-transports tcp not measured over tcp alone"; exit 1; }
+python3 -c 'import json,sys; c=[c for c in json.load(open(sys.argv[1]))["cases"] if c["case"]=="sharded"][0]; assert c["ucx_transports"]==["tcp"] and not c["lent"], c' \
+  "$dir/tcp.json" && ! grep -q "lent in shared memory" "$dir/tcp.out" \
+  || { cat "$dir/tcp.out"; echo "FAIL: --ucx-transports tcp: the engines' connections not over tcp alone"; exit 1; }
 if [ ${#mpi[@]} -eq 0 ]; then
   grep -Eq "^MPI_Bcast \(Open MPI\) of the 8 MB model to 3 ranks: median [0-9.]+ ms \(btl tcp,self on loopback" "$dir/tcp.out" \
     && grep -q '"mpi_over_tcp": true' "$dir/tcp.json" || { cat "$dir/tcp.out"; echo "FAIL: MPI_Bcast not over tcp"; exit 1; }
 fi
-for bad in ib tcp,tcp ""; do
+# Engines all in the bench's process pull without UCX: the flag would change nothing there.
+sed 's/node: workers, replicas: 2/node: head, replicas: 2/' "$dir/two.yaml" > "$dir/in-process.yaml"
+if "$rlsync" bench sync --no-mpi --topology "$dir/in-process.yaml" --ucx-transports tcp > "$dir/bad.out" 2>&1; then
+  echo "FAIL: --ucx-transports accepted for engines in the bench's process"; exit 1
+fi
+grep -q "pulls without UCX" "$dir/bad.out" || { cat "$dir/bad.out"; echo "FAIL: no reason given"; exit 1; }
+for bad in ib tcp,tcp "" tcp,; do
   if "$rlsync" bench sync --topology "$dir/two.yaml" --ucx-transports "$bad" > "$dir/bad.out" 2>&1; then
     echo "FAIL: --ucx-transports '$bad' accepted"; exit 1
   fi

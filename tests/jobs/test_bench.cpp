@@ -4,6 +4,7 @@
 #include "actors/jobs/bench_control.hpp"
 #include "actors/jobs/bench_sync.hpp"
 #include "actors/jobs/speed_of_light.hpp"
+#include "tests/support/ucx_transport_cases.hpp"
 
 #include <doctest/doctest.h>
 
@@ -428,7 +429,7 @@ TEST_CASE("bench sync report: ratios, memory, control plane and the MPI baseline
     tcp.mpi_bcast_defaults_s = tcp.mpi_bcast_huge_pages_s = 0;
     const auto tcp_text = bench_sync_report(tcp);
     CHECK(tcp_text.find("MPI_Bcast (Open MPI) of the 8 MB model to 3 ranks: median 12.00 ms (btl tcp,self on "
-                        "loopback: the topology's ucx_transports name no shm or cma); sharded transfer 9.00 ms: "
+                        "loopback: the topology's ucx_transports are tcp alone); sharded transfer 9.00 ms: "
                         "1.33x faster\n")
           != std::string::npos);
     CHECK(tcp_text.find("met      sharded warm transfer <= MPI_Bcast of the same model: 9.00 ms against 12.00 ms "
@@ -703,27 +704,11 @@ TEST_CASE("MPI_Bcast baseline: the fastest of defaults, single copy off and huge
 }
 
 TEST_CASE("MPI_Bcast baseline: over tcp where the ucx data plane's transports name no shm or cma") {
-  using u = ucx_transport;
-  struct row {
-    const char* name;
-    transfer_backend backend;
-    std::vector<ucx_transport> transports;
-    bool over_tcp;
-  };
-  const row rows[] = {
-    {"UCX decides", transfer_backend::ucx, {}, false},
-    {"shm, cma and tcp", transfer_backend::ucx, {u::shm, u::cma, u::tcp}, false},
-    {"tcp alone", transfer_backend::ucx, {u::tcp}, true},
-    {"cma beside tcp: a single copy within the host", transfer_backend::ucx, {u::cma, u::tcp}, false},
-    {"rdma and tcp", transfer_backend::ucx, {u::rdma, u::tcp}, true},
-    {"another backend", transfer_backend::local, {u::tcp}, false},
-  };
-  for (const auto& r : rows) {
-    CAPTURE(r.name);
+  for (const auto& c : test::ucx_transport_cases()) {
+    CAPTURE(c.name);
     topology t;
-    t.transfer.backend = r.backend;
-    t.transfer.ucx_transports = r.transports;
-    CHECK(mpi_over_tcp(t) == r.over_tcp);
+    t.transfer = c.spec();
+    CHECK(mpi_over_tcp(t) == c.mpi_over_tcp);
   }
 }
 

@@ -37,6 +37,18 @@ inline model_config small_model(std::int64_t layers = 3, bool tied = false) {
   return c;
 }
 
+/// small_model shrunk until each group is a few KiB per worker at tp 2:
+/// small enough for UCX to send eagerly, ahead of the receive even.
+inline model_config tiny_group_model() {
+  model_config c = small_model(3);
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.vocab_size = 260; // the tokenizer's least: 256 bytes, BOS, EOS
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  return c;
+}
+
 /// A puller in front of another (a spy, a gate, a fault): registrations go
 /// through to `inner`, and so do pulls unless a test overrides pull().
 class forwarding_puller : public transfer::weight_puller {

@@ -1896,12 +1896,7 @@ TEST_CASE("ucx: groups small enough to arrive before their receive is posted arr
   // reports a receive it completes in place as 0 bytes, which failed
   // every such pull as damaged.
   SKIP_WITHOUT_UCX();
-  model_config c = test::small_model(3);
-  c.hidden_size = 16;
-  c.intermediate_size = 32;
-  c.vocab_size = 260;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 2;
+  const model_config c = test::tiny_group_model();
   auto src = test::small_source(c);
   using transports = std::vector<ucx_transport>;
   for (const auto& over : {transports{ucx_transport::tcp}, transports{}}) {
