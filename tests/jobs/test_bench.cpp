@@ -327,7 +327,7 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
                                          "probe6_ms", "producer_peak_groups", "producer_peak_bytes",
                                          "producer_budget_bytes", "producer_packs_ahead", "producer_evictions",
                                          "producer_buffers_made", "producer_buffers_prewarmed", "producer_huge_buffers",
-                                         "largest_group_bytes", "ranks", "packs",
+                                         "largest_group_bytes", "ucx_transports", "lent", "ranks", "packs",
                                          "error"});
   CHECK(j["case"] == "sharded");
   CHECK(j["bytes_per_sync"] == 74'700'000);
@@ -339,6 +339,11 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   CHECK(j["warm"][0]["bytes"] == 9'000'000);
   CHECK(j["warm"][0]["engines"] == 3);
   CHECK(j["probe6_ms"][0] == 1.235); // three decimals
+  CHECK(j["ucx_transports"] == nlohmann::ordered_json::array()); // the lanes UCX producers' connections used: none here
+  c.ucx_transports = {"tcp"};
+  c.lent = true;
+  CHECK(case_json(c)["ucx_transports"] == nlohmann::ordered_json::array({"tcp"}));
+  CHECK(case_json(c)["lent"] == true);
   CHECK(j["error"] == "a \"quoted\" failure");
   // What the integration test and readers grep for: pretty-printed keys.
   CHECK(j.dump(2).find("\"error\": \"a \\\"quoted\\\" failure\"") != std::string::npos);
