@@ -5,6 +5,7 @@
 #include "actors/jobs/bench_sync.hpp"
 #include "actors/jobs/main_job.hpp"
 #include "actors/jobs/speed_of_light.hpp"
+#include "runtime/config/topology_names.hpp"
 #include "runtime/process/launcher.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
@@ -101,13 +102,17 @@ std::vector<ucx_transport> parse_ucx_transports(const std::string& text) {
       break;
     from = comma + 1;
   }
+  const auto& known = topology_names::ucx_transport_choices; // the topology's own spellings
   for (const auto& name : names) {
     std::optional<ucx_transport> found;
-    for (auto u : {ucx_transport::shm, ucx_transport::cma, ucx_transport::tcp, ucx_transport::rdma})
-      if (name == to_string(u))
+    std::string one_of;
+    for (const auto& [spelling, u] : known) {
+      one_of += (one_of.empty() ? "" : ", ") + std::string(spelling);
+      if (name == spelling)
         found = u;
+    }
     if (!found)
-      throw cli::usage_error("--ucx-transports: a list like tcp or shm,cma,tcp, each one of shm, cma, tcp, rdma; got '"
+      throw cli::usage_error("--ucx-transports: a list like tcp or shm,cma,tcp, each one of " + one_of + "; got '"
                              + name + "' in '" + text + "'");
     if (std::find(out.begin(), out.end(), *found) != out.end())
       throw cli::usage_error("--ucx-transports: '" + name + "' is listed twice");
@@ -173,14 +178,15 @@ int bench_sync(const arg_list& argv) {
   auto loaded = load_topology_or_report(o.path);
   if (!loaded)
     return 1;
+  const bool remote = std::any_of(loaded->engines.begin(), loaded->engines.end(),
+                                  [&](const engine_spec& e) { return e.node != loaded->coordinator.node; });
   if (named_transports) {
     if (loaded->transfer.backend != transfer_backend::ucx) {
       std::cerr << "rlsync bench sync: --ucx-transports: " << o.path << " has transfer.backend "
                 << to_string(loaded->transfer.backend) << ", not ucx\n";
       return 1;
     }
-    if (std::none_of(loaded->engines.begin(), loaded->engines.end(),
-                     [&](const engine_spec& e) { return e.node != loaded->coordinator.node; })) {
+    if (!remote) {
       std::cerr << "rlsync bench sync: --ucx-transports: every engine of " << o.path << " runs on the coordinator's "
                 << "node, in the bench's process, and pulls without UCX\n";
       return 1;
@@ -194,8 +200,6 @@ int bench_sync(const arg_list& argv) {
   }
   // Engines in other processes are judged against MPI_Bcast: without it the
   // run would lack its yardstick, so it does not start (it installs nothing).
-  const bool remote = std::any_of(loaded->engines.begin(), loaded->engines.end(),
-                                  [&](const engine_spec& e) { return e.node != loaded->coordinator.node; });
   if (o.mpi && remote)
     if (auto missing = mpi_bcast_missing(o.exe); !missing.empty()) {
       std::cerr << "rlsync bench sync: " << o.path << " has engines in other processes, whose baseline is "

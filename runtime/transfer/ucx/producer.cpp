@@ -594,6 +594,18 @@ void producer_impl::check_lanes(connection& c) {
 
 // -- requests -----------------------------------------------------------------------
 
+namespace {
+
+// A version in shareable memory needs no packing for a consumer that can map
+// it (`shared`): it gathers its bytes from the version's tensors (the drill's
+// corrupted group still goes by tag). Not a plan with runs too short to copy
+// one by one (a transposed slice): packed once, it is cheaper.
+bool lends_in_place(bool shared, bool shareable, bool broadcast, const plan::grouped_plan* plan) {
+  return shared && shareable && (broadcast || (plan && lends_in_runs(plan->plan())));
+}
+
+} // namespace
+
 void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   auto refuse = [&](wire::status s, const std::string& why) {
     count_rejected();
@@ -641,8 +653,7 @@ void producer_impl::expect(connection& c, bool broadcast, std::uint64_t digest, 
   if (c.opened.count({broadcast, digest, false}) || c.opened.count({broadcast, digest, true}))
     return;
   const bool shareable = !newest || newest->shared_buffer() != nullptr; // none yet: most likely so
-  const bool in_place = c.same_host && shareable && (broadcast || (plan && lends_in_runs(plan->plan())));
-  c.opened[{broadcast, digest, in_place}] = 0;
+  c.opened[{broadcast, digest, lends_in_place(c.same_host, shareable, broadcast, plan)}] = 0;
   pack_ahead();
 }
 
@@ -702,11 +713,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::open_msg& m) {
   s.digest = broadcast ? 0 : m.plan;
   s.shared = m.shared && c->same_host;
   out.shared = s.shared;
-  // A version in shareable memory needs no packing for a consumer that can
-  // map it: it gathers its bytes from the version's tensors (the drill's
-  // corrupted group still goes by tag). Not a plan with runs too short to
-  // copy one by one (a transposed slice): packed once, it is cheaper.
-  s.in_place = s.shared && snapshot->shared_buffer() != nullptr && (broadcast || lends_in_runs(plan->plan()));
+  s.in_place = lends_in_place(s.shared, snapshot->shared_buffer() != nullptr, broadcast, plan.get());
   out.in_place = s.in_place;
   if (s.shared)
     out.live_buffers = live_buffers();
