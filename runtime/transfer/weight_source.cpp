@@ -708,7 +708,8 @@ void mark_step_complete(const std::string& step_dir) {
 }
 
 checkpoint_dir_source::checkpoint_dir_source(checkpoint_dir_options o)
-    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)) {
+    : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),
+      lendable_(options_.shared_small_pages) {
   if (options_.dir.empty())
     throw std::invalid_argument("checkpoint directory source: no directory");
   seen_type_ = options_.type;
@@ -824,6 +825,8 @@ snapshot_ptr checkpoint_dir_source::poll() {
       throw checkpoint_error(path + ": " + join_lines(problems));
     auto snapshot =
       weight_snapshot::from_checkpoint(*newest, std::move(ck), [this](const std::string& n) { return holds(n); });
+    if (options_.shared_memory)
+      snapshot = lendable_copy(std::move(snapshot)); // the files' memory goes with the first snapshot
     if (!options_.allow_nonfinite)
       if (auto problem = first_nonfinite(snapshot->tensors()); !problem.empty())
         throw checkpoint_error(path + ": " + problem);
@@ -841,6 +844,32 @@ snapshot_ptr checkpoint_dir_source::poll() {
   }
   mark_noted();
   throw checkpoint_error(join_lines(notes));
+}
+
+snapshot_ptr checkpoint_dir_source::lendable_copy(snapshot_ptr read) const {
+  std::vector<tensor_spec> specs;
+  std::uint64_t total = 0;
+  for (const auto& t : read->tensors()) {
+    specs.push_back(t);
+    total += t.size; // each inside a file read whole into memory: no overflow
+  }
+  auto buffer = lendable_.take("step " + std::to_string(read->version()) + " in shareable memory", total);
+  if (!buffer)
+    return read;
+  // Group by group, as the snapshot orders them: a group's tensors lie back
+  // to back, so a sharded plan's pieces of them come in long runs.
+  std::vector<std::uint64_t> offsets;
+  offsets.reserve(specs.size());
+  std::uint64_t at = 0;
+  for (const auto& t : read->tensors()) {
+    offsets.push_back(at);
+    at += t.size;
+  }
+  const auto& tensors = read->tensors();
+  parallel_for(tensors.size(), 2, [&](std::size_t i) {
+    std::memcpy(buffer->data() + offsets[i], tensors[i].data, tensors[i].size);
+  });
+  return weight_snapshot::from_shared(read->version(), read->config(), std::move(specs), std::move(buffer), total);
 }
 
 // -- from a topology -------------------------------------------------------------------
@@ -867,6 +896,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
     o.held_layers = held;
     o.held_experts = experts;
     o.allow_nonfinite = tr.allow_nonfinite;
+    o.shared_memory = ucx_lends_shared_memory(t.transfer); // same-host engines are lent groups in place
     return std::make_shared<checkpoint_dir_source>(std::move(o));
   }
   synthetic_options o;

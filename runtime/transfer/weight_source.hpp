@@ -377,6 +377,15 @@ struct checkpoint_dir_options {
   std::chrono::milliseconds retry_max{5000};
   std::chrono::milliseconds retry_for{60000};
   bool allow_nonfinite = false;
+  /// Each step, once read and checked, is copied into shareable memory in
+  /// huge pages (as synthetic_options::shared_memory), so that a UCX producer
+  /// lends same-host engines their groups in place instead of packing them
+  /// inside the round. The copy is made here, ahead of the round; while it is
+  /// made, the step is in memory twice. Without a huge page to be had, the
+  /// step stays in the memory it was read into.
+  bool shared_memory = false;
+  /// ... and in ordinary pages when no huge page is to be had (tests).
+  bool shared_small_pages = false;
 };
 
 /// Watches a directory for published steps (see the top of this file).
@@ -397,8 +406,14 @@ public:
   /// the version range, and a complete step older than the latest version
   /// (out of order), throw checkpoint_error once each and are skipped.
   snapshot_ptr poll();
+  std::vector<std::uint64_t> lendable_buffer_ids() const override { return lendable_.ids(); }
+  void retire_buffer(std::uint64_t id) const override { lendable_.retire(id); }
 
 private:
+  /// `read`'s tensors copied back to back into a buffer of the lendable
+  /// pool; `read` itself when the pool has none to give.
+  snapshot_ptr lendable_copy(snapshot_ptr read) const;
+
   struct failed_step {
     std::chrono::steady_clock::time_point first_failure, next_try;
     std::chrono::milliseconds backoff{0};
@@ -411,6 +426,7 @@ private:
   std::set<std::uint64_t> complete_last_scan_;    // to tell a superseded step from a late one
   mutable std::mutex type_mutex_;
   std::optional<dtype> seen_type_;
+  mutable lendable_pool lendable_; // steps' memory with shared_memory
 };
 
 /// The source of trainer rank `rank` of a topology: synthetic (from the

@@ -6,6 +6,7 @@
 // without disturbing the others. Skips (with a message) where UCX cannot
 // create a context.
 #include "runtime/base/checksum.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
@@ -17,6 +18,7 @@
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
 #include "tests/support/eventually.hpp"
+#include "tests/support/scratch_dir.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
 #include <doctest/doctest.h>
@@ -692,6 +694,40 @@ TEST_CASE("ucx: a PyTorch rank's push in shareable memory is lent in place as th
   // as a spare and named live, stays mapped for the version reusing it.
   CHECK(buffers.size() < 5);
   CHECK(puller.stats().mappings == 2 * buffers.size());
+}
+
+TEST_CASE("ucx: a checkpoint directory's steps are lent in place, nothing packed") {
+  SKIP_WITHOUT_UCX();
+  test::scratch_dir tmp;
+  const model_config c = test::small_model(3);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  o.shared_memory = true;
+  o.shared_small_pages = true; // this machine's hugetlb pool may be empty
+  auto steps = std::make_shared<checkpoint_dir_source>(o);
+  auto step = [&](std::uint64_t s) { return o.dir + "/" + step_dir_name(s); };
+  make_synthetic_checkpoint(step(1), c, dtype::bf16, 5);
+  mark_step_complete(step(1));
+  auto v = steps->poll();
+  REQUIRE(v->shared_buffer());
+  ucx_producer producer(steps, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 2, puller);
+  e.in_place = true;
+  for (std::uint64_t s = 1; s <= 3; ++s) {
+    if (s > 1) {
+      perturb_checkpoint(step(s - 1), step(s), 0.05, s);
+      mark_step_complete(step(s));
+      v = steps->poll();
+      REQUIRE(v->version() == s);
+    }
+    e.pull(puller, s, transfer_mode::sharded);
+    test::check_identical(*e.weights, *test::loaded(*v, 2));
+  }
+  CHECK(eventually([&] { return producer.stats().groups_sent == 18; })); // 2 workers x 3 groups x 3 steps
+  CHECK(producer.stats().groups_lent_in_place == 18);
+  CHECK(producer.stats().buffers_made == 0); // nothing was packed
 }
 
 TEST_CASE("ucx: a version lent in place and never given back is retired: no later version reuses its memory") {

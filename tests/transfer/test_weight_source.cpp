@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <thread>
 
 using namespace rlsync;
@@ -417,6 +418,50 @@ TEST_CASE("checkpoint_dir_source with a held-layers filter maps every file but e
   CHECK(s->find("model.embed_tokens.weight") != nullptr);
   CHECK(s->find("lm_head.weight") == nullptr);
   CHECK(s->group(0).size() == 10);
+}
+
+TEST_CASE("checkpoint_dir_source in shared memory: each step copied into the lendable pool, its memory reused") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(3);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  o.keep_versions = 1;
+  o.held_layers = std::vector<std::int64_t>{0, 2};
+  checkpoint_dir_source plain(o);
+  o.shared_memory = true;
+  o.shared_small_pages = true; // this machine's hugetlb pool may be empty
+  checkpoint_dir_source lendable(o);
+  auto step = [&](std::uint64_t s) { return o.dir + "/" + step_dir_name(s); };
+  std::set<std::uint64_t> buffers;
+  for (std::uint64_t s = 1; s <= 4; ++s) {
+    if (s == 1)
+      make_synthetic_checkpoint(step(1), c, dtype::bf16, 3, /*shard_bytes*/ 64 << 10); // shards, an index
+    else
+      perturb_checkpoint(step(s - 1), step(s), 0.05, s);
+    mark_step_complete(step(s));
+    auto want = plain.poll();
+    auto got = lendable.poll();
+    REQUIRE(want);
+    REQUIRE(got);
+    CHECK(got->version() == s);
+    CHECK(!want->shared_buffer());
+    REQUIRE(got->shared_buffer());
+    buffers.insert(got->shared_buffer()->id());
+    CHECK(got->groups() == want->groups());
+    CHECK(got->groups() == std::vector<std::uint32_t>{0, 2});
+    CHECK(snapshots_equal(*want, *got));
+    std::uint64_t held = 0;
+    for (const auto& t : got->tensors()) {
+      held += t.size;
+      // Offsets count from the buffer's data, as a manifest names them.
+      CHECK(reinterpret_cast<const std::uint8_t*>(t.data) == got->shared_buffer()->data() + t.offset);
+    }
+    CHECK(got->total_bytes() == held); // the held tensors only, not the whole step
+  }
+  // A step dropped (keep_versions 1) leaves its memory to a later one.
+  CHECK(buffers.size() < 4);
+  CHECK(lendable.lendable_buffer_ids().size() <= 3);
 }
 
 TEST_CASE("step directory names beyond the version range are refused with a message") {
