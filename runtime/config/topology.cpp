@@ -299,6 +299,22 @@ bool ucx_lends_shared_memory(const transfer_spec& t) {
              || std::find(t.ucx_transports.begin(), t.ucx_transports.end(), ucx_transport::shm) != t.ucx_transports.end());
 }
 
+bool engine_near_trainer_rank(const topology& t, std::size_t rank) {
+  if (rank >= t.trainer.ranks.size())
+    return false;
+  const std::string& node = t.trainer.ranks[rank].node;
+  const node_spec* here = t.find_node(node);
+  for (const auto& e : t.engines) {
+    if (e.kind != engine_kind::builtin)
+      continue; // a vLLM server maps no trainer memory
+    if (e.node == node)
+      return true;
+    if (const node_spec* there = t.find_node(e.node); here && there && there->address == here->address)
+      return true;
+  }
+  return false;
+}
+
 std::string with_node_name(std::string path, const std::string& node) {
   const std::string placeholder = "{node}";
   for (auto at = path.find(placeholder); at != std::string::npos; at = path.find(placeholder, at + node.size()))

@@ -356,6 +356,13 @@ struct topology {
   bool node_runs_anything(std::string_view name) const;
 };
 
+/// Whether a built-in engine may run on the host of trainer rank `rank`'s
+/// node: on the same node, or on one with the same address. Nodes in network
+/// namespaces of one machine have addresses of their own, so this may say
+/// false for engines a probe would find on the same host: their groups are
+/// then packed, not lent in place (slower, not wrong).
+bool engine_near_trainer_rank(const topology& t, std::size_t rank);
+
 /// A valid node, engine or topology name: non-empty, letters, digits, '.', '_', '-'.
 bool is_topology_name(std::string_view name);
 

@@ -825,11 +825,11 @@ snapshot_ptr checkpoint_dir_source::poll() {
       throw checkpoint_error(path + ": " + join_lines(problems));
     auto snapshot =
       weight_snapshot::from_checkpoint(*newest, std::move(ck), [this](const std::string& n) { return holds(n); });
-    if (options_.shared_memory)
-      snapshot = lendable_copy(std::move(snapshot)); // the files' memory goes with the first snapshot
     if (!options_.allow_nonfinite)
       if (auto problem = first_nonfinite(snapshot->tensors()); !problem.empty())
         throw checkpoint_error(path + ": " + problem);
+    if (options_.shared_memory)
+      snapshot = lendable_copy(std::move(snapshot)); // the files' memory goes with the first snapshot
     retrying_.erase(*newest);
     {
       std::lock_guard<std::mutex> lock(type_mutex_);
@@ -847,25 +847,20 @@ snapshot_ptr checkpoint_dir_source::poll() {
 }
 
 snapshot_ptr checkpoint_dir_source::lendable_copy(snapshot_ptr read) const {
+  // Back to back, group by group as the snapshot orders them (from_shared
+  // lays them out so): a sharded plan's pieces of a group come in long runs.
+  const auto& tensors = read->tensors();
   std::vector<tensor_spec> specs;
+  std::vector<std::uint64_t> offsets;
   std::uint64_t total = 0;
-  for (const auto& t : read->tensors()) {
+  for (const auto& t : tensors) {
     specs.push_back(t);
+    offsets.push_back(total);
     total += t.size; // each inside a file read whole into memory: no overflow
   }
   auto buffer = lendable_.take("step " + std::to_string(read->version()) + " in shareable memory", total);
   if (!buffer)
     return read;
-  // Group by group, as the snapshot orders them: a group's tensors lie back
-  // to back, so a sharded plan's pieces of them come in long runs.
-  std::vector<std::uint64_t> offsets;
-  offsets.reserve(specs.size());
-  std::uint64_t at = 0;
-  for (const auto& t : read->tensors()) {
-    offsets.push_back(at);
-    at += t.size;
-  }
-  const auto& tensors = read->tensors();
   parallel_for(tensors.size(), 2, [&](std::size_t i) {
     std::memcpy(buffer->data() + offsets[i], tensors[i].data, tensors[i].size);
   });
@@ -896,7 +891,8 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
     o.held_layers = held;
     o.held_experts = experts;
     o.allow_nonfinite = tr.allow_nonfinite;
-    o.shared_memory = ucx_lends_shared_memory(t.transfer); // same-host engines are lent groups in place
+    // A copy per step: only where engines may be on this rank's host to be lent it.
+    o.shared_memory = ucx_lends_shared_memory(t.transfer) && engine_near_trainer_rank(t, rank);
     return std::make_shared<checkpoint_dir_source>(std::move(o));
   }
   synthetic_options o;

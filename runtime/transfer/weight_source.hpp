@@ -380,9 +380,9 @@ struct checkpoint_dir_options {
   /// Each step, once read and checked, is copied into shareable memory in
   /// huge pages (as synthetic_options::shared_memory), so that a UCX producer
   /// lends same-host engines their groups in place instead of packing them
-  /// inside the round. The copy is made here, ahead of the round; while it is
-  /// made, the step is in memory twice. Without a huge page to be had, the
-  /// step stays in the memory it was read into.
+  /// inside the round. The copy is made by poll(), ahead of the round; while
+  /// it is made, the step is in memory twice. Without a huge page to be had,
+  /// the step stays in the memory it was read into.
   bool shared_memory = false;
   /// ... and in ordinary pages when no huge page is to be had (tests).
   bool shared_small_pages = false;
@@ -406,6 +406,7 @@ public:
   /// the version range, and a complete step older than the latest version
   /// (out of order), throw checkpoint_error once each and are skipped.
   snapshot_ptr poll();
+  const checkpoint_dir_options& options() const { return options_; }
   std::vector<std::uint64_t> lendable_buffer_ids() const override { return lendable_.ids(); }
   void retire_buffer(std::uint64_t id) const override { lendable_.retire(id); }
 

@@ -1518,6 +1518,40 @@ TEST_CASE("topology: ucx lends groups in shared memory only where ucx_transports
   }
 }
 
+TEST_CASE("topology: which trainer ranks may have a built-in engine on their host") {
+  const std::string nodes = "nodes: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.1}, "
+                            "{name: c, address: 10.0.0.2}, {name: d, address: 10.0.0.3}]";
+  const std::string two_ranks = "trainer: {node: a, ranks: [{node: a, layers: [0, 1]}, {node: c, layers: [2, 3]}]}";
+  struct row {
+    const char* name;
+    std::string trainer, engines;
+    std::vector<bool> near; // per rank
+  };
+  const std::vector<row> rows = {
+    {"an engine on the rank's node", "trainer: {node: a}", "engines: [{name: e, node: a}]", {true}},
+    {"an engine on another node of the same address", "trainer: {node: a}", "engines: [{name: e, node: b}]", {true}},
+    {"engines on other addresses only", "trainer: {node: a}", "engines: [{name: e, node: c}, {name: f, node: d}]",
+     {false}},
+    {"a vLLM server on the rank's node maps nothing", "trainer: {node: a}",
+     "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1'}, {name: e, node: c}]", {false}},
+    {"two ranks, an engine beside the second only", two_ranks, "engines: [{name: e, node: c}]", {false, true}},
+    {"two ranks, an engine beside each", two_ranks, "engines: [{name: e, node: b}, {name: f, node: c}]",
+     {true, true}},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    const std::string text =
+      with("", "").substr(0, with("", "").find("nodes:")) + nodes + "\n" + r.trainer + "\n" + r.engines + "\n";
+    const auto t = parse_topology(text + insecure, "t.yaml", "/base");
+    REQUIRE(t.trainer.ranks.size() == r.near.size());
+    for (std::size_t rank = 0; rank < r.near.size(); ++rank) {
+      CAPTURE(rank);
+      CHECK(engine_near_trainer_rank(t, rank) == r.near[rank]);
+    }
+    CHECK_FALSE(engine_near_trainer_rank(t, r.near.size())); // no such rank
+  }
+}
+
 TEST_CASE("yaml_fields: closest key suggestions") {
   using yaml_fields::closest;
   const std::vector<std::string> keys = {"name", "node", "replicas", "tp", "policy", "max_batch"};

@@ -2,6 +2,7 @@
 // `rlsync checkpoint make` and `--perturb` write on disk; a checkpoint
 // directory publishes steps only once their COMPLETE marker exists.
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "runtime/config/topology.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
@@ -462,6 +463,37 @@ TEST_CASE("checkpoint_dir_source in shared memory: each step copied into the len
   // A step dropped (keep_versions 1) leaves its memory to a later one.
   CHECK(buffers.size() < 4);
   CHECK(lendable.lendable_buffer_ids().size() <= 3);
+}
+
+TEST_CASE("make_weight_source: a checkpoint_dir rank copies its steps for lending only where it may lend them") {
+  struct row {
+    const char* name;
+    std::string engines, transfer;
+    bool copies;
+  };
+  const std::vector<row> rows = {
+    {"ucx, an engine on the trainer's node", "[{name: e, node: a}]", "{backend: ucx}", true},
+    {"ucx with shm named", "[{name: e, node: a}]", "{backend: ucx, ucx_transports: [shm, tcp]}", true},
+    {"ucx over tcp alone: nothing lent in shared memory", "[{name: e, node: a}]",
+     "{backend: ucx, ucx_transports: [tcp]}", false},
+    {"ucx, engines on another address only", "[{name: e, node: b}]", "{backend: ucx}", false},
+    {"the local plane lends in place without it", "[{name: e, node: a}]", "{backend: local}", false},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.name);
+    const std::string text = "name: t\n"
+                             "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                             "intermediate_size: 128}}\n"
+                             "nodes: [{name: a, address: 10.0.0.1}, {name: b, address: 10.0.0.2}]\n"
+                             "trainer: {node: a, source: checkpoint_dir, dir: steps}\n"
+                             "engines: "
+                             + r.engines + "\ntransfer: " + r.transfer + "\ncluster: {allow_insecure_network: true}\n";
+    const auto t = parse_topology(text, "t.yaml", "/base");
+    auto source = std::dynamic_pointer_cast<checkpoint_dir_source>(make_weight_source(t, 0));
+    REQUIRE(source);
+    CHECK(source->options().shared_memory == r.copies);
+    CHECK_FALSE(source->options().shared_small_pages); // huge pages or no copy
+  }
 }
 
 TEST_CASE("step directory names beyond the version range are refused with a message") {
