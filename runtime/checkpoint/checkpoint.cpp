@@ -330,7 +330,7 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
 
 // ---- checkpoint -----------------------------------------------------------
 
-checkpoint checkpoint::open(const std::string& dir) {
+checkpoint checkpoint::open(const std::string& dir, const file_memory& memory) {
   checkpoint ck;
   ck.dir_ = dir;
   try {
@@ -343,7 +343,7 @@ checkpoint checkpoint::open(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(single, ec)) {
     // Like transformers: a single model.safetensors wins over an index.
-    ck.files_.push_back(safetensors_file::open(single));
+    ck.files_.push_back(safetensors_file::open(single, memory));
   } else if (fs::exists(index_path, ec)) {
     ck.sharded_ = true;
     auto weight_map = read_index(index_path);
@@ -351,7 +351,7 @@ checkpoint checkpoint::open(const std::string& dir) {
     for (auto& [tensor, file] : weight_map)
       names.insert(file);
     for (auto& file : names)
-      ck.files_.push_back(safetensors_file::open(join(dir, file)));
+      ck.files_.push_back(safetensors_file::open(join(dir, file), memory));
     // Every tensor of every shard must be where the index says, once.
     std::unordered_map<std::string, std::string> seen; // tensor -> file
     for (auto& f : ck.files_) {

@@ -61,11 +61,12 @@ public:
   };
 
   /// Opens `dir`: config.json, then model.safetensors if present, else the
-  /// shards named by model.safetensors.index.json. Throws checkpoint_error
+  /// shards named by model.safetensors.index.json, each file read into
+  /// `memory`'s (fresh memory when empty). Throws checkpoint_error
   /// on any problem: a missing or bad file, an index naming a tensor no
   /// shard holds or a file outside the directory, a tensor in two files or
   /// in a file the index does not map it to.
-  static checkpoint open(const std::string& dir);
+  static checkpoint open(const std::string& dir, const file_memory& memory = {});
 
   const std::string& dir() const { return dir_; }
   const model_config& config() const { return config_; }

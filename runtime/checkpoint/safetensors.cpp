@@ -403,7 +403,7 @@ safetensors_layout parse_safetensors(const void* data, std::size_t size, const s
 
 // ---- safetensors_file ------------------------------------------------------
 
-safetensors_file safetensors_file::open(const std::string& path) {
+safetensors_file safetensors_file::open(const std::string& path, const file_memory& memory) {
   safetensors_file f;
   f.path_ = path;
   regular_file file;
@@ -422,12 +422,13 @@ safetensors_file safetensors_file::open(const std::string& path) {
   } close_on_return{file.fd};
   f.size_ = file.size;
   if (f.size_ > 0) {
-    try {
-      f.data_.reset(new std::byte[f.size_]); // not zero-filled: every byte is read below
+    try { // not zero-filled: every byte is read below
+      f.data_ = memory ? memory(f.size_) : std::shared_ptr<std::byte>(new std::byte[f.size_], std::default_delete<std::byte[]>());
     } catch (const std::bad_alloc&) {
+    }
+    if (!f.data_)
       throw checkpoint_error(printable(path) + ": cannot allocate " + std::to_string(f.size_)
                              + " bytes to read the file into memory");
-    }
   }
   std::size_t done = 0;
   while (done < f.size_) {

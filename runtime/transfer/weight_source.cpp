@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -707,6 +708,56 @@ void mark_step_complete(const std::string& step_dir) {
   }
 }
 
+struct step_read_memory::spares {
+  std::mutex mutex;
+  std::multimap<std::size_t, std::unique_ptr<std::byte[]>> free; // by size
+  std::uint64_t free_bytes = 0;
+  std::uint64_t limit = 0;
+};
+
+step_read_memory::step_read_memory() : spares_(std::make_shared<spares>()) {}
+
+file_memory step_read_memory::memory() const {
+  return [pool = spares_](std::size_t bytes) {
+    std::unique_ptr<std::byte[]> block;
+    std::size_t size = bytes;
+    {
+      std::lock_guard<std::mutex> lock(pool->mutex);
+      // Best fit, and not more than twice the file: a small shard must not
+      // take the memory a large one will want.
+      if (auto it = pool->free.lower_bound(bytes); it != pool->free.end() && it->first / 2 <= bytes) {
+        size = it->first;
+        block = std::move(it->second);
+        pool->free_bytes -= size;
+        pool->free.erase(it);
+      }
+    }
+    if (!block)
+      block.reset(new std::byte[bytes]); // not zero-filled: the file is read over it
+    std::weak_ptr<spares> back = pool;
+    return std::shared_ptr<std::byte>(block.release(), [back, size](std::byte* p) {
+      std::unique_ptr<std::byte[]> owned(p);
+      if (auto s = back.lock()) {
+        std::lock_guard<std::mutex> lock(s->mutex);
+        if (s->free_bytes + size <= s->limit) { // bounded: no overflow, both under the limit
+          s->free.emplace(size, std::move(owned));
+          s->free_bytes += size;
+        }
+      } // not kept: freed here, outside the lock
+    });
+  };
+}
+
+void step_read_memory::keep_at_most(std::uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(spares_->mutex);
+  spares_->limit = std::max(spares_->limit, bytes);
+}
+
+std::uint64_t step_read_memory::spare_bytes() const {
+  std::lock_guard<std::mutex> lock(spares_->mutex);
+  return spares_->free_bytes;
+}
+
 checkpoint_dir_source::checkpoint_dir_source(checkpoint_dir_options o)
     : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),
       lendable_(options_.shared_small_pages) {
@@ -803,7 +854,11 @@ snapshot_ptr checkpoint_dir_source::poll() {
     return " (retrying in " + std::to_string(f.backoff.count()) + " ms)";
   };
   try {
-    checkpoint ck = checkpoint::open(path);
+    checkpoint ck = checkpoint::open(path, read_memory_.memory());
+    std::uint64_t file_bytes = 0;
+    for (const auto& f : ck.files())
+      file_bytes += f.file_size(); // each held in memory: no overflow
+    read_memory_.keep_at_most(file_bytes); // a dropped step's files, for the next
     if (auto d = config_differences(config(), ck.config()); !d.empty())
       throw checkpoint_error((fs::path(path) / config_file_name).string() + ": " + join_lines(d));
     // Every parameter with its shape, nothing unknown, one dtype.

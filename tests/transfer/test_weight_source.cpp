@@ -496,6 +496,70 @@ TEST_CASE("make_weight_source: a checkpoint_dir rank copies its steps for lendin
   }
 }
 
+TEST_CASE("step read memory: a dropped file's memory is reused by one that fits, within the limit") {
+  step_read_memory pool;
+  auto take = pool.memory();
+  take(1000).reset(); // no limit yet: freed
+  CHECK(pool.spare_bytes() == 0);
+  pool.keep_at_most(1500);
+  pool.keep_at_most(100); // only grows
+  auto b = take(1000);
+  auto c = take(400);
+  b.reset();
+  CHECK(pool.spare_bytes() == 1000);
+  c.reset(); // 1400 bytes spare: within the limit
+  CHECK(pool.spare_bytes() == 1400);
+  auto d = take(100); // the 400-byte block is more than twice as large: fresh memory
+  CHECK(pool.spare_bytes() == 1400);
+  d.reset(); // 1500: still within
+  CHECK(pool.spare_bytes() == 1500);
+  auto e = take(900); // best fit: the 1000-byte block
+  CHECK(pool.spare_bytes() == 500);
+  auto f = take(2000); // none large enough
+  CHECK(pool.spare_bytes() == 500);
+  f.reset(); // 2500 would pass the limit: freed
+  CHECK(pool.spare_bytes() == 500);
+  std::shared_ptr<std::byte> outlives;
+  {
+    step_read_memory gone;
+    gone.keep_at_most(1 << 20);
+    outlives = gone.memory()(64);
+  }
+  outlives.reset(); // its pool is gone: freed, not kept
+}
+
+TEST_CASE("checkpoint_dir_source reads a step into the memory of the step it dropped") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path();
+  o.keep_versions = 1;
+  checkpoint_dir_source src(o);
+  auto step = [&](std::uint64_t s) { return o.dir + "/" + step_dir_name(s); };
+  std::vector<const std::byte*> at; // where each step's embedding landed
+  for (std::uint64_t s = 1; s <= 4; ++s) {
+    if (s == 1)
+      make_synthetic_checkpoint(step(1), c, dtype::bf16, 3);
+    else
+      perturb_checkpoint(step(s - 1), step(s), 0.05, s);
+    mark_step_complete(step(s));
+    auto v = src.poll();
+    REQUIRE(v);
+    // From step 2 on, the step dropped waits as a spare (the next one's).
+    const auto file_bytes = std::filesystem::file_size(step(s) + "/model.safetensors");
+    CHECK(src.spare_read_bytes() == (s == 1 ? 0 : file_bytes));
+    at.push_back(v->at("model.embed_tokens.weight").data);
+    checkpoint direct = checkpoint::open(step(s));
+    const auto& want = direct.at("model.embed_tokens.weight");
+    CHECK(std::memcmp(want.data, at.back(), want.size) == 0); // the step's own bytes, whatever was there
+  }
+  // Step 2 is read while step 1 is held; publishing it drops step 1, whose
+  // memory step 3 is then read into, and so on.
+  CHECK(at[2] == at[0]);
+  CHECK(at[3] == at[1]);
+}
+
 TEST_CASE("step directory names beyond the version range are refused with a message") {
   CHECK(parse_step_dir_name("step-4611686018427387904") == max_step_version);
   CHECK_FALSE(parse_step_dir_name("step-4611686018427387905"));
