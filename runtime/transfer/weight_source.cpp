@@ -614,6 +614,8 @@ snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
   const auto& tensors = from.tensors();
   std::vector<tensor_spec> specs;
   std::vector<std::uint64_t> offsets;
+  specs.reserve(tensors.size());
+  offsets.reserve(tensors.size());
   std::uint64_t total = 0;
   for (const auto& t : tensors) {
     specs.push_back(t);
@@ -725,24 +727,37 @@ file_memory step_read_memory::memory() const {
       std::lock_guard<std::mutex> lock(pool->mutex);
       // Best fit, and not more than twice the file: a small shard must not
       // take the memory a large one will want.
-      if (auto it = pool->free.lower_bound(bytes); it != pool->free.end() && it->first / 2 <= bytes) {
+      if (auto it = pool->free.lower_bound(bytes); it != pool->free.end() && it->first - bytes <= bytes) {
         size = it->first;
         block = std::move(it->second);
         pool->free_bytes -= size;
         pool->free.erase(it);
       }
     }
-    if (!block)
-      block.reset(new std::byte[bytes]); // not zero-filled: the file is read over it
-    std::weak_ptr<spares> back = pool;
-    return std::shared_ptr<std::byte>(block.release(), [back, size](std::byte* p) {
-      std::unique_ptr<std::byte[]> owned(p);
-      if (auto s = back.lock()) {
-        std::lock_guard<std::mutex> lock(s->mutex);
-        if (s->free_bytes + size <= s->limit) { // bounded: no overflow, both under the limit
-          s->free.emplace(size, std::move(owned));
-          s->free_bytes += size;
+    if (!block) {
+      try { // not zero-filled: the file is read over it
+        block.reset(new std::byte[bytes]);
+      } catch (const std::bad_alloc&) {
+        { // spares that do not fit may be what is missing: let them go, try once more
+          std::lock_guard<std::mutex> lock(pool->mutex);
+          pool->free.clear();
+          pool->free_bytes = 0;
         }
+        block.reset(new std::byte[bytes]);
+      }
+    }
+    std::weak_ptr<spares> back = pool;
+    return std::shared_ptr<std::byte>(block.release(), [back, size](std::byte* p) noexcept {
+      std::unique_ptr<std::byte[]> owned(p);
+      try { // a deleter must not throw: memory not kept is freed
+        if (auto s = back.lock()) {
+          std::lock_guard<std::mutex> lock(s->mutex);
+          if (s->free_bytes + size <= s->limit) { // bounded: no overflow, both under the limit
+            s->free.emplace(size, std::move(owned));
+            s->free_bytes += size;
+          }
+        }
+      } catch (...) {
       } // not kept: freed here, outside the lock
     });
   };
@@ -858,7 +873,6 @@ snapshot_ptr checkpoint_dir_source::poll() {
     std::uint64_t file_bytes = 0;
     for (const auto& f : ck.files())
       file_bytes += f.file_size(); // each held in memory: no overflow
-    read_memory_.keep_at_most(file_bytes); // a dropped step's files, for the next
     if (auto d = config_differences(config(), ck.config()); !d.empty())
       throw checkpoint_error((fs::path(path) / config_file_name).string() + ": " + join_lines(d));
     // Every parameter with its shape, nothing unknown, one dtype.
@@ -883,6 +897,7 @@ snapshot_ptr checkpoint_dir_source::poll() {
     if (!options_.allow_nonfinite)
       if (auto problem = first_nonfinite(snapshot->tensors()); !problem.empty())
         throw checkpoint_error(path + ": " + problem);
+    read_memory_.keep_at_most(file_bytes); // an accepted step's files: a dropped one's, for the next
     if (options_.shared_memory)
       snapshot = lendable_copy(std::move(snapshot)); // the files' memory goes with the first snapshot
     retrying_.erase(*newest);
@@ -907,6 +922,8 @@ snapshot_ptr checkpoint_dir_source::lendable_copy(snapshot_ptr read) const {
   const auto& tensors = read->tensors();
   std::vector<tensor_spec> specs;
   std::vector<std::uint64_t> offsets;
+  specs.reserve(tensors.size());
+  offsets.reserve(tensors.size());
   std::uint64_t total = 0;
   for (const auto& t : tensors) {
     specs.push_back(t);

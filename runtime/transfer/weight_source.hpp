@@ -364,17 +364,19 @@ void mark_step_complete(const std::string& step_dir);
 
 /// Memory a checkpoint_dir source reads its steps' files into, recycled: a
 /// file's memory, once its step is dropped, waits as a spare (at most
-/// `limit` bytes of them) for a later step's file that fits. Fresh pages cost
-/// a fault each at first touch, and on this VM the first read of a page the
-/// kernel filled costs about as much again (a 378 MB step: 1.2 s, then 0.5 s
-/// to scan it for NaN); reused ones cost neither. Thread-safe (a step may be
-/// dropped on any thread); memory given back after the pool is gone is freed.
+/// keep_at_most bytes of them) for a later step's file that fits (best fit,
+/// at most twice the file). Fresh pages cost a fault each at first touch, and
+/// where pages are faulted in by the hypervisor the first read of one the
+/// kernel filled can cost as much again; reused ones cost neither (figures in
+/// the README). Thread-safe (a step may be dropped on any thread); memory
+/// given back after the pool is gone is freed. A spare that fits no later
+/// file stays until the source goes (within the bound).
 class step_read_memory {
 public:
   step_read_memory();
   /// What checkpoint::open takes: the best-fitting spare, else fresh memory.
   file_memory memory() const;
-  /// Spares kept at most, in bytes (it only grows: a step's files' bytes).
+  /// Spares kept at most, in bytes (it only grows: the largest accepted step's files).
   void keep_at_most(std::uint64_t bytes);
   std::uint64_t spare_bytes() const;
 
