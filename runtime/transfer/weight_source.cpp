@@ -610,18 +610,35 @@ snapshot_ptr synthetic_source::snapshot_of(std::uint64_t version, std::vector<te
   return weight_snapshot::from_bytes(version, config(), std::move(specs), std::move(m.bytes));
 }
 
-snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
-  const auto& tensors = from.tensors();
+namespace {
+
+/// A version's tensors laid out back to back, in its order (group by group,
+/// as from_buffer and from_shared lay out the specs they are given).
+struct back_to_back_layout {
   std::vector<tensor_spec> specs;
   std::vector<std::uint64_t> offsets;
-  specs.reserve(tensors.size());
-  offsets.reserve(tensors.size());
   std::uint64_t total = 0;
+};
+
+back_to_back_layout back_to_back(const std::vector<tensor_view>& tensors) {
+  back_to_back_layout out;
+  out.specs.reserve(tensors.size());
+  out.offsets.reserve(tensors.size());
   for (const auto& t : tensors) {
-    specs.push_back(t);
-    offsets.push_back(total);
-    total += t.size;
+    out.specs.push_back(t);
+    out.offsets.push_back(out.total);
+    out.total += t.size; // each held in memory: no overflow
   }
+  return out;
+}
+
+} // namespace
+
+snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
+  const auto& tensors = from.tensors();
+  auto layout = back_to_back(tensors);
+  const auto& offsets = layout.offsets;
+  const std::uint64_t total = layout.total;
   auto storage = new_version_memory(from.version() + 1, total);
   const std::uint64_t seed = options_.trainer_seed + from.version();
   // The same arithmetic as perturb_checkpoint: old + scale * noise in f32,
@@ -641,7 +658,7 @@ snapshot_ptr synthetic_source::perturbed(const weight_snapshot& from) const {
       convert_from_f32(t.type, values.data(), storage.data() + offsets[i] + first * es, count);
     }
   });
-  return snapshot_of(from.version() + 1, std::move(specs), std::move(storage), total);
+  return snapshot_of(from.version() + 1, std::move(layout.specs), std::move(storage), total);
 }
 
 // -- checkpoint_dir_source --------------------------------------------------------------
@@ -917,26 +934,19 @@ snapshot_ptr checkpoint_dir_source::poll() {
 }
 
 snapshot_ptr checkpoint_dir_source::lendable_copy(snapshot_ptr read) const {
-  // Back to back, group by group as the snapshot orders them (from_shared
-  // lays them out so): a sharded plan's pieces of a group come in long runs.
+  // Group by group: a sharded plan's pieces of a group come in long runs.
   const auto& tensors = read->tensors();
-  std::vector<tensor_spec> specs;
-  std::vector<std::uint64_t> offsets;
-  specs.reserve(tensors.size());
-  offsets.reserve(tensors.size());
-  std::uint64_t total = 0;
-  for (const auto& t : tensors) {
-    specs.push_back(t);
-    offsets.push_back(total);
-    total += t.size; // each inside a file read whole into memory: no overflow
-  }
+  auto layout = back_to_back(tensors);
+  const auto& offsets = layout.offsets;
+  const std::uint64_t total = layout.total;
   auto buffer = lendable_.take("step " + std::to_string(read->version()) + " in shareable memory", total);
   if (!buffer)
     return read;
   parallel_for(tensors.size(), 2, [&](std::size_t i) {
     std::memcpy(buffer->data() + offsets[i], tensors[i].data, tensors[i].size);
   });
-  return weight_snapshot::from_shared(read->version(), read->config(), std::move(specs), std::move(buffer), total);
+  return weight_snapshot::from_shared(read->version(), read->config(), std::move(layout.specs), std::move(buffer),
+                                      total);
 }
 
 // -- from a topology -------------------------------------------------------------------
