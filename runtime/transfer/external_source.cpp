@@ -44,25 +44,11 @@ struct external_source::host_buffer {
   host_buffer& operator=(const host_buffer&) = delete;
 };
 
-struct external_source::spare_buffers {
-  std::mutex mutex;
-  std::vector<std::unique_ptr<host_buffer>> free; ///< at most max_spares
-  static constexpr std::size_t max_spares = 2;
-};
-
 std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const std::string& what) {
-  const std::uint64_t bytes = held_bytes_;
-  std::unique_ptr<host_buffer> buffer;
-  {
-    std::lock_guard<std::mutex> lock(spares_->mutex);
-    if (!spares_->free.empty()) {
-      buffer = std::move(spares_->free.back());
-      spares_->free.pop_back();
-    }
-  }
+  // Huge pages (host_buffer.hpp's size): 512 times fewer page faults on a fresh buffer.
+  const std::uint64_t rounded = (std::max<std::uint64_t>(held_bytes_, 1) + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+  auto buffer = spares_.take(rounded).first; // every buffer has this size
   if (!buffer) {
-    // Huge pages (host_buffer.hpp's size): 512 times fewer page faults on a fresh buffer.
-    const std::uint64_t rounded = (std::max<std::uint64_t>(bytes, 1) + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
     auto* memory = allocating(what, rounded, [&] {
       void* p = std::aligned_alloc(static_cast<std::size_t>(huge_page_bytes), static_cast<std::size_t>(rounded));
       if (!p)
@@ -73,20 +59,12 @@ std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const 
     buffer = std::make_unique<host_buffer>(memory, rounded);
   }
   // Back to the spares when the version is dropped, while this source lives.
-  std::weak_ptr<spare_buffers> spares = spares_;
-  return std::shared_ptr<host_buffer>(buffer.release(), [spares](host_buffer* p) {
-    std::unique_ptr<host_buffer> owned(p);
-    if (auto s = spares.lock()) {
-      std::lock_guard<std::mutex> lock(s->mutex);
-      if (s->free.size() < spare_buffers::max_spares)
-        s->free.push_back(std::move(owned));
-    }
-  });
+  return spares_.share(std::move(buffer), rounded);
 }
 
 external_source::external_source(external_options o)
     : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),
-      spares_(std::make_shared<spare_buffers>()), lendable_(options_.shared_small_pages) {
+      spares_(max_spare_buffers), lendable_(options_.shared_small_pages) {
   for (auto& s : llama_parameter_specs(config(), options_.type)) {
     parameter_names_.insert(s.name);
     if (holds(s.name)) {

@@ -36,6 +36,7 @@
 //
 // Never blocks on a transfer: a round pins the version it moves (pin) and
 // keeps it alive through its pointer, whatever push does meanwhile.
+#include "runtime/base/spare_blocks.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
 #include <cstdint>
@@ -133,8 +134,8 @@ private:
   std::vector<tensor_spec> specs_; // held, parameter order
   std::set<std::string> parameter_names_; // every parameter of the model
   struct host_buffer;   // a version's memory, page-locked once a device push used it
-  struct spare_buffers; // freed versions' buffers, for the next push
-  std::shared_ptr<spare_buffers> spares_;
+  static constexpr std::size_t max_spare_buffers = 2;
+  spare_blocks<host_buffer> spares_; // freed versions' buffers, for the next push
   lendable_pool lendable_; // host pushes' memory with shared_memory
   std::uint64_t held_bytes_ = 0; // every push copies exactly this much
   /// A buffer of held_bytes_: a spare, or fresh memory asking for huge pages.

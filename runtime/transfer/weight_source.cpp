@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -727,68 +728,28 @@ void mark_step_complete(const std::string& step_dir) {
   }
 }
 
-struct step_read_memory::spares {
-  std::mutex mutex;
-  std::multimap<std::size_t, std::unique_ptr<std::byte[]>> free; // by size
-  std::uint64_t free_bytes = 0;
-  std::uint64_t limit = 0;
-};
-
-step_read_memory::step_read_memory() : spares_(std::make_shared<spares>()) {}
+step_read_memory::step_read_memory() : spares_(std::numeric_limits<std::size_t>::max(), 0) {}
 
 file_memory step_read_memory::memory() const {
-  return [pool = spares_](std::size_t bytes) {
-    std::unique_ptr<std::byte[]> block;
-    std::size_t size = bytes;
-    {
-      std::lock_guard<std::mutex> lock(pool->mutex);
-      // Best fit, and not more than twice the file: a small shard must not
-      // take the memory a large one will want.
-      if (auto it = pool->free.lower_bound(bytes); it != pool->free.end() && it->first - bytes <= bytes) {
-        size = it->first;
-        block = std::move(it->second);
-        pool->free_bytes -= size;
-        pool->free.erase(it);
-      }
-    }
+  return [pool = spares_](std::size_t bytes) mutable {
+    auto [block, size] = pool.take(bytes);
     if (!block) {
+      size = bytes;
       try { // not zero-filled: the file is read over it
         block.reset(new std::byte[bytes]);
       } catch (const std::bad_alloc&) {
-        { // spares that do not fit may be what is missing: let them go, try once more
-          std::lock_guard<std::mutex> lock(pool->mutex);
-          pool->free.clear();
-          pool->free_bytes = 0;
-        }
+        pool.clear(); // spares that do not fit may be what is missing
         block.reset(new std::byte[bytes]);
       }
     }
-    std::weak_ptr<spares> back = pool;
-    return std::shared_ptr<std::byte>(block.release(), [back, size](std::byte* p) noexcept {
-      std::unique_ptr<std::byte[]> owned(p);
-      try { // a deleter must not throw: memory not kept is freed
-        if (auto s = back.lock()) {
-          std::lock_guard<std::mutex> lock(s->mutex);
-          if (s->free_bytes + size <= s->limit) { // bounded: no overflow, both under the limit
-            s->free.emplace(size, std::move(owned));
-            s->free_bytes += size;
-          }
-        }
-      } catch (...) {
-      } // not kept: freed here, outside the lock
-    });
+    std::shared_ptr<std::byte[]> shared = pool.share(std::move(block), size);
+    return std::shared_ptr<std::byte>(shared, shared.get());
   };
 }
 
-void step_read_memory::keep_at_most(std::uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(spares_->mutex);
-  spares_->limit = std::max(spares_->limit, bytes);
-}
+void step_read_memory::keep_at_most(std::uint64_t bytes) { spares_.keep_at_most_bytes(bytes); }
 
-std::uint64_t step_read_memory::spare_bytes() const {
-  std::lock_guard<std::mutex> lock(spares_->mutex);
-  return spares_->free_bytes;
-}
+std::uint64_t step_read_memory::spare_bytes() const { return spares_.bytes(); }
 
 checkpoint_dir_source::checkpoint_dir_source(checkpoint_dir_options o)
     : weight_source(o.config, o.held_layers, o.keep_versions, o.held_experts), options_(std::move(o)),

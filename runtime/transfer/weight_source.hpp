@@ -35,6 +35,7 @@
 // Both refuse to publish a version holding NaN or infinity unless told to
 // allow it (--allow-nonfinite).
 #include "runtime/base/dtype.hpp"
+#include "runtime/base/spare_blocks.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
 #include "runtime/config/model_config.hpp"
 #include "runtime/transfer/host_buffer.hpp"
@@ -381,8 +382,7 @@ public:
   std::uint64_t spare_bytes() const;
 
 private:
-  struct spares;
-  std::shared_ptr<spares> spares_;
+  spare_blocks<std::byte[]> spares_; // no count limit, bytes as kept_at_most says
 };
 
 struct checkpoint_dir_options {

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -297,6 +298,30 @@ TEST_CASE("safetensors_file: open errors name the path, a moved file stays valid
   v.push_back(std::move(b));
   v.emplace_back(safetensors_file::open(dir / "m.safetensors"));
   CHECK(std::equal(s.data[0].begin(), s.data[0].end(), reinterpret_cast<const unsigned char*>(v[0].tensors()[0].data)));
+}
+
+TEST_CASE("safetensors_file: memory larger than the file is read only as far as the file goes") {
+  scratch_dir dir;
+  auto s = make_sample(dtype::f32);
+  write_safetensors(dir / "m.safetensors", s.tensors());
+  const std::string whole = read_file(dir / "m.safetensors");
+  // A recycled block is larger than the file; what lies past the file is
+  // here the rest of a valid file, so only a bound by the file's size refuses it.
+  std::size_t asked = 0;
+  const file_memory larger = [&](std::size_t bytes) {
+    asked = bytes;
+    std::shared_ptr<std::byte> block(new std::byte[2 * whole.size()], std::default_delete<std::byte[]>());
+    std::memcpy(block.get(), whole.data(), whole.size());
+    std::memset(block.get() + whole.size(), '}', whole.size());
+    return block;
+  };
+  auto f = safetensors_file::open(dir / "m.safetensors", larger);
+  CHECK(asked == whole.size());
+  CHECK(f.tensors().size() == s.tensors().size());
+  CHECK(std::equal(s.data[0].begin(), s.data[0].end(), reinterpret_cast<const unsigned char*>(f.tensors()[0].data)));
+  write_file(dir / "cut.safetensors", whole.substr(0, whole.size() - 1)); // the last data byte missing
+  CHECK_THROWS_AS(safetensors_file::open(dir / "cut.safetensors", larger), checkpoint_error);
+  CHECK(asked == whole.size() - 1);
 }
 
 TEST_CASE("every file in tests/data/bad_safetensors is rejected with the right message") {

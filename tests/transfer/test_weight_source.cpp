@@ -528,6 +528,16 @@ TEST_CASE("step read memory: a dropped file's memory is reused by one that fits,
   outlives.reset(); // its pool is gone: freed, not kept
 }
 
+TEST_CASE("step read memory: a file that fits in no memory lets the spares go and is refused") {
+  step_read_memory pool;
+  pool.keep_at_most(1 << 20);
+  pool.memory()(4096).reset();
+  CHECK(pool.spare_bytes() == 4096);
+  // 2^62 bytes: no spare fits and no allocation succeeds, even after the spares are freed.
+  CHECK_THROWS_AS(pool.memory()(std::size_t{1} << 62), std::bad_alloc);
+  CHECK(pool.spare_bytes() == 0);
+}
+
 TEST_CASE("checkpoint_dir_source reads a step into the memory of the step it dropped") {
   scratch_dir tmp;
   const model_config c = test::small_model(2);

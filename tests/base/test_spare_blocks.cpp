@@ -1,0 +1,85 @@
+#include "runtime/base/spare_blocks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+using namespace rlsync;
+
+namespace {
+
+/// Shares fresh blocks of `sizes` from `pool` and lets them all go.
+void give_back(spare_blocks<std::byte[]>& pool, const std::vector<std::uint64_t>& sizes) {
+  for (auto size : sizes)
+    pool.share(std::unique_ptr<std::byte[]>(new std::byte[size]), size).reset();
+}
+
+} // namespace
+
+TEST_CASE("spare_blocks keeps within both limits and takes the best fit up to twice the request") {
+  struct row {
+    std::string what;
+    std::size_t max_blocks;
+    std::uint64_t max_bytes;
+    std::vector<std::uint64_t> given_back;
+    std::uint64_t request;
+    std::uint64_t taken; // 0: none fits
+    std::uint64_t left;  // spare bytes after the take
+  };
+  const std::vector<row> rows = {
+      {"exact size", 4, 10000, {1000}, 1000, 1000, 0},
+      {"best fit among several", 4, 10000, {4000, 1200, 1000, 3000}, 900, 1000, 8200},
+      {"more than twice the request: none", 4, 10000, {1000}, 499, 0, 1000},
+      {"exactly twice the request fits", 4, 10000, {1000}, 500, 1000, 0},
+      {"none large enough", 4, 10000, {1000, 2000}, 2001, 0, 3000},
+      {"the count limit frees the third", 2, 10000, {100, 200, 300}, 300, 0, 300},
+      {"the byte limit frees what would pass it", 4, 1500, {1000, 600, 500}, 500, 500, 1000},
+      {"a zero limit keeps nothing", 4, 0, {1}, 1, 0, 0},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    spare_blocks<std::byte[]> pool(r.max_blocks, r.max_bytes);
+    give_back(pool, r.given_back);
+    auto [block, size] = pool.take(r.request);
+    CHECK(size == r.taken);
+    CHECK(static_cast<bool>(block) == (r.taken != 0));
+    CHECK(pool.bytes() == r.left);
+  }
+}
+
+TEST_CASE("spare_blocks: the byte limit only grows, clear frees every spare") {
+  spare_blocks<std::byte[]> pool(8, 100);
+  pool.keep_at_most_bytes(50); // never shrinks
+  give_back(pool, {60, 40});
+  CHECK(pool.bytes() == 100);
+  CHECK(pool.count() == 2);
+  pool.keep_at_most_bytes(300);
+  give_back(pool, {200});
+  CHECK(pool.bytes() == 300);
+  pool.clear();
+  CHECK(pool.bytes() == 0);
+  CHECK(pool.count() == 0);
+}
+
+TEST_CASE("spare_blocks: a block taken and shared again returns to the pool, or is freed once it is gone") {
+  spare_blocks<std::byte[]> pool(2);
+  give_back(pool, {64});
+  auto [block, size] = pool.take(64);
+  REQUIRE(block);
+  std::byte* const where = block.get();
+  auto shared = pool.share(std::move(block), size);
+  CHECK(pool.count() == 0);
+  shared.reset();
+  CHECK(pool.take(64).first.get() == where); // the same memory again
+  std::shared_ptr<std::byte[]> outlives;
+  {
+    spare_blocks<std::byte[]> gone(2);
+    auto copy = gone; // copies share their spares
+    outlives = copy.share(std::unique_ptr<std::byte[]>(new std::byte[16]), 16);
+    give_back(gone, {8});
+    CHECK(copy.count() == 1);
+  }
+  outlives.reset(); // every copy of its pool is gone: freed, not kept
+}
