@@ -2,6 +2,7 @@
 
 #include "runtime/plan/groups.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -9,7 +10,8 @@
 namespace rlsync::plan {
 
 grouped_plan::grouped_plan(const model_config& c, std::shared_ptr<const worker_plan> p)
-    : plan_(std::move(p)), entries_(rlsync::plan::group_count(c)), bytes_(rlsync::plan::group_count(c), 0) {
+    : plan_(std::move(p)), entries_(rlsync::plan::group_count(c)), bytes_(rlsync::plan::group_count(c), 0),
+      shortest_runs_(rlsync::plan::group_count(c), std::numeric_limits<std::uint64_t>::max()) {
   if (!plan_)
     throw std::invalid_argument("grouped plan: no plan");
   for (const auto& e : plan_->entries) {
@@ -21,7 +23,16 @@ grouped_plan::grouped_plan(const model_config& c, std::shared_ptr<const worker_p
                                   + " add up to more than 2^64 bytes");
     bytes_[g] += n;
     total_ += n;
+    if (e.view.numel() > 0) { // an empty entry reads nothing
+      const std::uint64_t run = run_bytes(e.view, dtype_size(e.source_type));
+      shortest_runs_[g] = std::min(shortest_runs_[g], run);
+      shortest_run_ = std::min(shortest_run_, run);
+    }
   }
+}
+
+std::uint64_t grouped_plan::shortest_run_bytes(std::uint32_t g) const {
+  return g < shortest_runs_.size() ? shortest_runs_[g] : std::numeric_limits<std::uint64_t>::max();
 }
 
 const std::vector<const plan_entry*>& grouped_plan::entries(std::uint32_t g) const {

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -34,12 +35,19 @@ public:
   std::uint64_t bytes(std::uint32_t g) const;
   /// Every group: bytes_per_worker(plan()).
   std::uint64_t total_bytes() const { return total_; }
+  /// The shortest run (run_bytes) any entry of group `g` reads from where
+  /// its source lies; the most a uint64 holds for a group with none.
+  std::uint64_t shortest_run_bytes(std::uint32_t g) const;
+  /// ... of any group: computed once, as a plan is asked at every open.
+  std::uint64_t shortest_run_bytes() const { return shortest_run_; }
 
 private:
   std::shared_ptr<const worker_plan> plan_;
   std::vector<std::vector<const plan_entry*>> entries_;
   std::vector<std::uint64_t> bytes_;
+  std::vector<std::uint64_t> shortest_runs_;
   std::uint64_t total_ = 0;
+  std::uint64_t shortest_run_ = std::numeric_limits<std::uint64_t>::max();
 };
 
 /// Broadcast: where each full tensor of a group lies in its buffer.

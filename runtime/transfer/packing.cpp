@@ -81,24 +81,12 @@ void append_entry_pieces(const plan::plan_entry& e, const std::uint8_t* tensor, 
   });
 }
 
-namespace {
-bool short_runs(const plan::plan_entry& e) {
-  return e.view.numel() > 0 && plan::run_bytes(e.view, dtype_size(e.source_type)) < min_lent_run_bytes;
-}
-} // namespace
-
 bool lends_in_runs(const plan::grouped_plan& p, std::uint32_t g) {
-  for (const auto* e : p.entries(g))
-    if (short_runs(*e))
-      return false;
-  return true;
+  return p.shortest_run_bytes(g) >= min_lent_run_bytes;
 }
 
-bool lends_in_runs(const plan::worker_plan& p) {
-  for (const auto& e : p.entries)
-    if (short_runs(e))
-      return false;
-  return true;
+bool lends_in_runs(const plan::grouped_plan& p) {
+  return p.shortest_run_bytes() >= min_lent_run_bytes;
 }
 
 std::vector<source_piece> group_pieces(const plan::grouped_plan& p, std::uint32_t g, const weight_snapshot& s) {

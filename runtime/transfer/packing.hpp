@@ -57,9 +57,9 @@ inline constexpr std::size_t min_lent_run_bytes = 64;
 /// Whether every entry of group `g` reads runs of at least
 /// min_lent_run_bytes (plan::run_bytes), without listing them.
 bool lends_in_runs(const plan::grouped_plan& p, std::uint32_t g);
-/// ... for every entry of `p`: a consumer may gather the whole plan from
+/// ... for every group of `p`: a consumer may gather the whole plan from
 /// where a version lies (UCX lends a session in place only then).
-bool lends_in_runs(const plan::worker_plan& p);
+bool lends_in_runs(const plan::grouped_plan& p);
 
 /// Producer, sharded: group `g`'s packed bytes as pieces of `s`'s memory.
 /// Throws as pack_group.

@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include <limits>
+
 #include <vector>
 
 using namespace rlsync;
@@ -78,6 +80,7 @@ TEST_CASE("a group lends in runs unless one of its entries reads runs shorter th
     const char* what;
     model_config config;
     int tp;
+    std::uint64_t shortest_run; // bytes
     bool lends;
   };
   model_config fused = test::small_model(2);
@@ -87,10 +90,10 @@ TEST_CASE("a group lends in runs unless one of its entries reads runs shorter th
   fused.num_experts_per_tok = 2;
   fused.moe_intermediate_size = 32;
   const row rows[] = {
-      {"tp 1: whole tensors", test::small_model(2), 1, true},
-      {"tp 2: half rows of 64 bytes", test::small_model(2), 2, true},
-      {"tp 4: quarter rows of 32 bytes", test::small_model(2), 4, false},
-      {"fused experts, tp 2: transposed slices", fused, 2, false},
+      {"tp 1: whole tensors, the norms' 64 bf16", test::small_model(2), 1, 128, true},
+      {"tp 2: o_proj's half rows of 64 bytes", test::small_model(2), 2, 64, true},
+      {"tp 4: o_proj's quarter rows of 32 bytes", test::small_model(2), 4, 32, false},
+      {"fused experts, tp 2: transposed slices, one element a run", fused, 2, 2, false},
   };
   for (const auto& r : rows) {
     CAPTURE(r.what);
@@ -100,5 +103,8 @@ TEST_CASE("a group lends in runs unless one of its entries reads runs shorter th
     for (std::uint32_t g = 0; g < p.group_count(); ++g)
       all = all && lends_in_runs(p, g);
     CHECK(all == r.lends);
+    CHECK(lends_in_runs(p) == r.lends);
+    CHECK(p.shortest_run_bytes() == r.shortest_run);
+    CHECK(p.shortest_run_bytes(p.group_count()) == std::numeric_limits<std::uint64_t>::max()); // no such group
   }
 }

@@ -601,7 +601,7 @@ namespace {
 // corrupted group still goes by tag). Not a plan with runs too short to copy
 // one by one (a transposed slice): packed once, it is cheaper.
 bool lends_in_place(bool shared, bool shareable, bool broadcast, const plan::grouped_plan* plan) {
-  return shared && shareable && (broadcast || (plan && lends_in_runs(plan->plan())));
+  return shared && shareable && (broadcast || (plan && lends_in_runs(*plan)));
 }
 
 } // namespace
