@@ -160,11 +160,13 @@ RLSYNC_INSPECT(weight_bucket, x.version, x.group, x.entries, x.data, x.checksum)
 RLSYNC_INSPECT(transfer_order, x.version, x.mode, x.backend, x.producers, x.same_bytes_since)
 RLSYNC_INSPECT(rank_info, x.rank, x.node, x.incarnation, x.held)
 RLSYNC_INSPECT(producer_holding, x.rank, x.incarnation, x.held)
-RLSYNC_INSPECT(transfer_report, x.engine, x.version, x.bytes, x.groups, x.duration_ns, x.wait_ns, x.store_ns)
+RLSYNC_INSPECT(transfer_report, x.engine, x.version, x.bytes, x.groups, x.duration_ns, x.wait_ns, x.store_ns,
+               x.ran_ns, x.queued_ns)
 RLSYNC_INSPECT(phase_ack, x.engine, x.version, x.dirty)
 RLSYNC_INSPECT(version_info, x.version, x.groups, x.total_bytes, x.checksums, x.same_bytes_since)
 RLSYNC_INSPECT(sync_report, x.version, x.engines_synced, x.evicted, x.stall_ns, x.transfer_ns,
-               x.bytes, x.control_ns, x.aborted, x.slowest_pull_ns, x.slowest_wait_ns, x.slowest_store_ns)
+               x.bytes, x.control_ns, x.aborted, x.slowest_pull_ns, x.slowest_wait_ns, x.slowest_store_ns,
+               x.slowest_ran_ns, x.slowest_queued_ns)
 RLSYNC_INSPECT(route_update, x.engine, x.version, x.routable)
 RLSYNC_INSPECT(router_status, x.routable, x.queued, x.outstanding, x.completed, x.rejected,
                x.rerouted, x.refused, x.outstanding_by_engine)

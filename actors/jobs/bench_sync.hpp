@@ -166,12 +166,16 @@ struct case_medians {
   /// duration; its slowest worker's time waiting for the producer, storing,
   /// and the rest of the pull (duration minus both, at least 0).
   double pull_ms = 0, wait_ms = 0, store_ms = 0, rest_ms = 0;
+  /// ... and how long that worker's thread ran on a core and waited
+  /// runnable for one, of the rounds that measured it (0: none did).
+  double ran_ms = 0, queued_ms = 0;
 };
 case_medians medians_of(const case_result& c);
 
 /// Per case whose data plane measured it, where the slowest engine's pull
 /// went (medians of the warm rounds): waiting for the producer, storing,
-/// the rest.
+/// the rest; and, where measured, how long its thread ran on a core and
+/// how long it waited for one.
 std::vector<std::string> pull_lines(const std::vector<case_result>& cases);
 
 /// The slowest cold transfer, ms.

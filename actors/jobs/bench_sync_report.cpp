@@ -56,7 +56,7 @@ bool packed_at_most_once(const rank_packs& p) {
 // -- one case's figures -----------------------------------------------------------
 
 case_medians medians_of(const case_result& c) {
-  std::vector<double> stall, transfer, control, gbps, pull, wait, store, rest;
+  std::vector<double> stall, transfer, control, gbps, pull, wait, store, rest, ran, queued;
   for (auto& x : c.warm) {
     stall.push_back(ms(x.stall_ns));
     transfer.push_back(ms(x.transfer_ns));
@@ -68,10 +68,14 @@ case_medians medians_of(const case_result& c) {
       wait.push_back(ms(x.slowest_wait_ns));
       store.push_back(ms(x.slowest_store_ns));
       rest.push_back(std::max(0.0, ms(x.slowest_pull_ns) - wait.back() - store.back()));
+      if (x.slowest_ran_ns > 0) {
+        ran.push_back(ms(x.slowest_ran_ns));
+        queued.push_back(ms(x.slowest_queued_ns));
+      }
     }
   }
-  return {median(stall), median(transfer), median(control), median(gbps), median(c.probe_ms),
-          median(pull),  median(wait),     median(store),   median(rest)};
+  return {median(stall), median(transfer), median(control), median(gbps), median(c.probe_ms), median(pull),
+          median(wait),  median(store),    median(rest),    median(ran),  median(queued)};
 }
 
 double cold_transfer_ms(const case_result& c) {
@@ -118,7 +122,10 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
       continue; // a data plane that does not measure where its pulls go
     lines.push_back(format("%s pulls (medians): the slowest engine's %.2f ms; its slowest worker waited %.2f ms for "
                            "the producer and stored (copy, checksum) for %.2f ms, the rest %.2f ms",
-                           c.name.c_str(), m.pull_ms, m.wait_ms, m.store_ms, m.rest_ms));
+                           c.name.c_str(), m.pull_ms, m.wait_ms, m.store_ms, m.rest_ms)
+                    + (m.ran_ms > 0 ? format("; its thread ran on a core for %.2f ms and waited for one for %.2f ms",
+                                             m.ran_ms, m.queued_ms)
+                                    : std::string()));
     // The cold round the table shows (the slowest), where it measured: its
     // rest holds connecting, registering the plans and first mappings.
     const sync_report* cold = nullptr;
@@ -131,7 +138,11 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
                              c.name.c_str(), ms(cold->slowest_pull_ns), ms(cold->transfer_ns),
                              ms(cold->slowest_wait_ns), ms(cold->slowest_store_ns),
                              std::max(0.0, ms(cold->slowest_pull_ns) - ms(cold->slowest_wait_ns)
-                                               - ms(cold->slowest_store_ns))));
+                                               - ms(cold->slowest_store_ns)))
+                      + (cold->slowest_ran_ns > 0
+                             ? format("; its thread ran on a core for %.2f ms and waited for one for %.2f ms",
+                                      ms(cold->slowest_ran_ns), ms(cold->slowest_queued_ns))
+                             : std::string()));
   }
   return lines;
 }
@@ -166,7 +177,9 @@ nlohmann::ordered_json case_json(const case_result& c) {
                      {"bytes", x.bytes},
                      {"slowest_pull_ms", rounded(ms(x.slowest_pull_ns), 3)},
                      {"slowest_wait_ms", rounded(ms(x.slowest_wait_ns), 3)},
-                     {"slowest_store_ms", rounded(ms(x.slowest_store_ns), 3)}});
+                     {"slowest_store_ms", rounded(ms(x.slowest_store_ns), 3)},
+                     {"slowest_ran_ms", rounded(ms(x.slowest_ran_ns), 3)},
+                     {"slowest_queued_ms", rounded(ms(x.slowest_queued_ns), 3)}});
     return out;
   };
   auto probes = nlohmann::ordered_json::array();

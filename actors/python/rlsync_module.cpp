@@ -203,6 +203,8 @@ py::dict report_dict(const sync_report& r) {
   d["slowest_pull_ms"] = static_cast<double>(r.slowest_pull_ns) / 1e6;
   d["slowest_wait_ms"] = static_cast<double>(r.slowest_wait_ns) / 1e6;
   d["slowest_store_ms"] = static_cast<double>(r.slowest_store_ns) / 1e6;
+  d["slowest_ran_ms"] = static_cast<double>(r.slowest_ran_ns) / 1e6;
+  d["slowest_queued_ms"] = static_cast<double>(r.slowest_queued_ns) / 1e6;
   return d;
 }
 

@@ -231,6 +231,11 @@ struct transfer_report {
   /// data plane does not measure it.
   std::uint64_t wait_ns = 0;
   std::uint64_t store_ns = 0;
+  /// ... and how long that worker's thread ran on a core, and waited
+  /// runnable for one (a host with more busy threads than cores); 0: not
+  /// measured.
+  std::uint64_t ran_ns = 0;
+  std::uint64_t queued_ns = 0;
 };
 
 /// The acknowledgement of start, flush, finish and continue.
@@ -273,6 +278,8 @@ struct sync_report {
   std::uint64_t slowest_pull_ns = 0;
   std::uint64_t slowest_wait_ns = 0;
   std::uint64_t slowest_store_ns = 0;
+  std::uint64_t slowest_ran_ns = 0;    ///< that worker on a core
+  std::uint64_t slowest_queued_ns = 0; ///< that worker runnable, waiting for a core
 };
 
 /// Checksums of the weights an engine serves (checksum64 of every parameter

@@ -44,6 +44,8 @@ sync_report report_of(const round_record& r, std::uint64_t end_ns) {
   rep.slowest_pull_ns = r.slowest_pull.duration_ns;
   rep.slowest_wait_ns = r.slowest_pull.wait_ns;
   rep.slowest_store_ns = r.slowest_pull.store_ns;
+  rep.slowest_ran_ns = r.slowest_pull.ran_ns;
+  rep.slowest_queued_ns = r.slowest_pull.queued_ns;
   return rep;
 }
 

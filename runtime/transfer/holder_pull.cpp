@@ -155,6 +155,8 @@ public:
     r.duration = clock::now() - t0;
     r.waited = slowest_part_.waited;
     r.stored = slowest_part_.stored;
+    r.ran = slowest_part_.ran;
+    r.queued = slowest_part_.queued;
     return r;
   }
 

@@ -134,6 +134,10 @@ struct pull_report {
   /// mapping shared buffers, posting gets. Zero: not measured.
   std::chrono::nanoseconds waited{0};
   std::chrono::nanoseconds stored{0};
+  /// Of `duration`, how long the pulling thread ran on a core and how long
+  /// it waited runnable for one (thread_schedule). Zero: not measured.
+  std::chrono::nanoseconds ran{0};
+  std::chrono::nanoseconds queued{0};
 };
 
 class weight_puller {

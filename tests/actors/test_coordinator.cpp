@@ -94,6 +94,8 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the report names where the slowest engin
   engines["b"].script->pull_ns = 9'000'000;
   engines["b"].script->wait_ns = 2'000'000;
   engines["b"].script->store_ns = 6'000'000;
+  engines["b"].script->ran_ns = 5'000'000;
+  engines["b"].script->queued_ns = 3'000'000;
   engines["c"].script->pull_ns = 8'000'000;
   engines["c"].script->store_ns = 7'500'000;
   publish(3, 7);
@@ -106,6 +108,8 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the report names where the slowest engin
   CHECK(r.slowest_pull_ns == 9'000'000);
   CHECK(r.slowest_wait_ns == 2'000'000);
   CHECK(r.slowest_store_ns == 6'000'000);
+  CHECK(r.slowest_ran_ns == 5'000'000);
+  CHECK(r.slowest_queued_ns == 3'000'000);
 }
 
 TEST_CASE_FIXTURE(coordinator_fixture, "the transfer order says since when the version's bytes are the same") {

@@ -180,6 +180,8 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   cs.history[0].slowest_pull_ns = 900;
   cs.history[0].slowest_wait_ns = 200;
   cs.history[0].slowest_store_ns = 600;
+  cs.history[0].slowest_ran_ns = 700;
+  cs.history[0].slowest_queued_ns = 80;
   cs.ranks = {rank_status{1, "trainer-node", 7, 12, 11, false}};
   auto c = round_trip(cs);
   CHECK(c.version == 7);
@@ -193,6 +195,8 @@ TEST_CASE_FIXTURE(serialization_fixture, "membership and status messages survive
   CHECK(c.history[0].slowest_pull_ns == 900);
   CHECK(c.history[0].slowest_wait_ns == 200);
   CHECK(c.history[0].slowest_store_ns == 600);
+  CHECK(c.history[0].slowest_ran_ns == 700);
+  CHECK(c.history[0].slowest_queued_ns == 80);
   CHECK(c.unreachable == std::vector<std::string>{"rollout-2"});
   CHECK(c.retired == std::vector<std::string>{"rollout-3"});
   CHECK(c.live == 1);
@@ -237,7 +241,7 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(t.backend == "ucx");
   CHECK(t.same_bytes_since == 4);
 
-  auto tr = round_trip(transfer_report{"e", 6, 1000, 5, 777, 300, 400});
+  auto tr = round_trip(transfer_report{"e", 6, 1000, 5, 777, 300, 400, 500, 60});
   CHECK(tr.engine == "e");
   CHECK(tr.version == 6);
   CHECK(tr.bytes == 1000);
@@ -245,6 +249,8 @@ TEST_CASE_FIXTURE(serialization_fixture, "weight-update messages survive seriali
   CHECK(tr.duration_ns == 777);
   CHECK(tr.wait_ns == 300);
   CHECK(tr.store_ns == 400);
+  CHECK(tr.ran_ns == 500);
+  CHECK(tr.queued_ns == 60);
 
   auto pa = round_trip(phase_ack{"e", 6});
   CHECK(pa.engine == "e");

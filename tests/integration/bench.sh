@@ -47,8 +47,9 @@ grep -q '"cases": \[' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no
 ! grep -q '"error": "[^"]' "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: a case failed"; exit 1; }
 # Every round that moved bytes names its slowest engine's pull, and no more
 # wait and store than it took (the slowest engine may be the local one, whose
-# plane does not measure them: so zeros pass).
-python3 -c 'import json,sys; cs=[c for c in json.load(open(sys.argv[1]))["cases"] if c["case"] in ("sharded","broadcast")]; ws=[w for c in cs for w in c["warm"]]; assert len(cs)==2 and ws and all(w["slowest_pull_ms"]>0 for w in ws) and all(w["slowest_wait_ms"]+w["slowest_store_ms"]<=w["slowest_pull_ms"] for w in ws), cs' \
+# plane does not measure them: so zeros pass); a pull that measured them also
+# says how long its thread ran on a core.
+python3 -c 'import json,sys; cs=[c for c in json.load(open(sys.argv[1]))["cases"] if c["case"] in ("sharded","broadcast")]; ws=[w for c in cs for w in c["warm"]]; assert len(cs)==2 and ws and all(w["slowest_pull_ms"]>0 for w in ws) and all(w["slowest_wait_ms"]+w["slowest_store_ms"]<=w["slowest_pull_ms"] for w in ws) and all((w["slowest_ran_ms"]>0)==(w["slowest_wait_ms"]+w["slowest_store_ms"]>0) for w in ws), cs' \
   "$dir/sync.json" || { cat "$dir/sync.json"; echo "FAIL: no slowest pull in the rounds"; exit 1; }
 
 # --ucx-transports tcp: the path between hosts, on this one. No group is lent

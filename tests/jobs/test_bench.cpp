@@ -105,6 +105,19 @@ TEST_CASE("bench figures: where the slowest engine's pull went, medians of the r
   REQUIRE(lines.size() == 1);
   CHECK(lines[0] == "sharded pulls (medians): the slowest engine's 9.00 ms; its slowest worker waited 2.00 ms for "
                     "the producer and stored (copy, checksum) for 6.00 ms, the rest 2.00 ms");
+  // Where its thread ran and queued for a core, from the rounds that measured it.
+  c.warm[0].slowest_ran_ns = 5 * ms_ns;
+  c.warm[0].slowest_queued_ns = 3 * ms_ns;
+  c.warm[2].slowest_ran_ns = 7 * ms_ns;
+  c.warm[2].slowest_queued_ns = 1 * ms_ns;
+  m = medians_of(c);
+  CHECK(m.ran_ms == doctest::Approx(6));
+  CHECK(m.queued_ms == doctest::Approx(2));
+  CHECK(pull_lines({c})[0] == "sharded pulls (medians): the slowest engine's 9.00 ms; its slowest worker waited 2.00 ms "
+                              "for the producer and stored (copy, checksum) for 6.00 ms, the rest 2.00 ms; its thread "
+                              "ran on a core for 6.00 ms and waited for one for 2.00 ms");
+  for (auto& x : c.warm)
+    x.slowest_ran_ns = x.slowest_queued_ns = 0;
   // The slowest cold round, where it measured, on a line of its own.
   c.cold[0] = measured(c.cold[0], 18, 1, 5); // 20 ms transfer: not the slowest
   CHECK(pull_lines({c}).size() == 1);       // the slowest (30 ms) measured nothing
@@ -113,6 +126,11 @@ TEST_CASE("bench figures: where the slowest engine's pull went, medians of the r
   REQUIRE(lines.size() == 2);
   CHECK(lines[1] == "sharded cold pull: the slowest engine's 28.00 ms of a 30.00 ms transfer; its slowest worker "
                     "waited 3.00 ms for the producer and stored for 15.00 ms, the rest 10.00 ms");
+  c.cold[1].slowest_ran_ns = 12 * ms_ns;
+  c.cold[1].slowest_queued_ns = 9 * ms_ns;
+  CHECK(pull_lines({c})[1] == "sharded cold pull: the slowest engine's 28.00 ms of a 30.00 ms transfer; its slowest "
+                              "worker waited 3.00 ms for the producer and stored for 15.00 ms, the rest 10.00 ms; its "
+                              "thread ran on a core for 12.00 ms and waited for one for 9.00 ms");
   // A round whose data plane did not measure where its pull went (its
   // slowest engine on the local plane) counts for none of the figures.
   c.warm.push_back(measured(c.warm[0], 30, 0, 0));

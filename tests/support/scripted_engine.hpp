@@ -61,8 +61,9 @@ struct engine_script {
   // -- sync phases and heartbeats --
   std::map<sync_phase, act> on; ///< missing: answer
   std::uint64_t transfer_bytes = 1000;
-  /// What its transfer report says of its pull: duration, wait and store.
-  std::uint64_t pull_ns = 0, wait_ns = 0, store_ns = 0;
+  /// What its transfer report says of its pull: duration, wait and store,
+  /// on a core and waiting for one.
+  std::uint64_t pull_ns = 0, wait_ns = 0, store_ns = 0, ran_ns = 0, queued_ns = 0;
   /// The resume answer says the engine holds part of an update (an aborted round).
   bool dirty_on_resume = false;
   /// Resume first fails every held reply with round_aborted, as the real
@@ -207,7 +208,9 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
       auto& script = *self->state.script;
       script.orders.push_back(o);
       auto bytes = script.transfer_bytes;
-      const transfer_report rep{name, o.version, bytes, 4, script.pull_ns, script.wait_ns, script.store_ns};
+      const transfer_report rep{name,           o.version,      bytes,         4,
+                                script.pull_ns, script.wait_ns, script.store_ns, script.ran_ns,
+                                script.queued_ns};
       auto wrong = rep;
       ++wrong.version;
       return scripted_phase_reply(self, sync_phase::transfer, rep, wrong);

@@ -44,6 +44,7 @@ TEST_CASE("sharded pull applied with the plan equals load_weights, each worker g
       // Where its slowest worker's pull went: some storing, within the pull.
       CHECK(report.store_ns > 0);
       CHECK(report.wait_ns + report.store_ns <= report.duration_ns);
+      CHECK(report.ran_ns > 0); // its thread copied: it ran on a core
 
       // Per worker: exactly bytes_per_worker(plan), about total / tp.
       for (int w = 0; w < tp; ++w) {
@@ -482,6 +483,8 @@ TEST_CASE("an engine's report sums its workers' bytes and takes the slowest work
       p.duration = w.duration;
       p.waited = w.waited;
       p.stored = w.stored;
+      p.ran = w.waited + w.stored; // any figures of its own, to see which worker's are carried
+      p.queued = w.waited;
       reports.push_back(p);
     }
     const auto out = transfer::engine_report("e", 7, reports, 12ms);
@@ -492,5 +495,7 @@ TEST_CASE("an engine's report sums its workers' bytes and takes the slowest work
     CHECK(out.duration_ns == 12'000'000);
     CHECK(out.wait_ns == r.wait_ms * 1'000'000);
     CHECK(out.store_ns == r.store_ms * 1'000'000);
+    CHECK(out.ran_ns == (r.wait_ms + r.store_ms) * 1'000'000);
+    CHECK(out.queued_ns == r.wait_ms * 1'000'000);
   }
 }

@@ -2,6 +2,7 @@
 
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/parallel.hpp"
+#include "runtime/base/thread_schedule.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/host_buffer.hpp"
 #include "runtime/transfer/store_in_place.hpp"
@@ -538,6 +539,7 @@ void local_transfer::unregister_engine(const std::string& engine) {
 
 pull_report local_transfer::pull(const pull_request& req, const group_sink& sink) {
   const auto t0 = clock::now();
+  const auto schedule0 = thread_schedule::now();
   const bool broadcast = req.mode == transfer_mode::broadcast;
   if (broadcast ? !sink.on_full_group : !sink.on_group)
     throw std::invalid_argument("local transfer: " + who(req) + ": no sink for " + to_string(req.mode) + " groups");
@@ -709,6 +711,9 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     report.stored += clock::now() - storing - checksum_wait;
   }
   report.duration = clock::now() - t0;
+  const auto schedule = thread_schedule::now().since(schedule0);
+  report.ran = schedule.ran;
+  report.queued = schedule.queued;
   return report;
 }
 
@@ -773,6 +778,8 @@ transfer_report engine_report(const std::string& engine, std::uint64_t version, 
   if (slowest) {
     out.wait_ns = ns(slowest->waited);
     out.store_ns = ns(slowest->stored);
+    out.ran_ns = ns(slowest->ran);
+    out.queued_ns = ns(slowest->queued);
   }
   return out;
 }

@@ -1,6 +1,7 @@
 #include "runtime/transfer/ucx/puller_impl.hpp"
 
 #include "runtime/base/checksum.hpp"
+#include "runtime/base/thread_schedule.hpp"
 #include "runtime/plan/grouped_plan.hpp"
 #include "runtime/transfer/store_in_place.hpp"
 
@@ -101,6 +102,7 @@ void puller_impl::register_plan(channel& ch, const pull_request& req, const regi
 
 pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const auto t0 = clock::now();
+  const auto schedule0 = thread_schedule::now();
   const bool broadcast = req.mode == transfer_mode::broadcast;
   if (broadcast ? !sink.on_full_group : !sink.on_group)
     throw std::invalid_argument("ucx transfer: " + who(req) + ": no sink for " + to_string(req.mode) + " groups");
@@ -453,6 +455,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   ch->outbox.send(ch->ep, am_request, wire::encode(wire::close_msg{close_seq, manifest->session}), true);
   ch->pump();
   report.duration = clock::now() - t0;
+  const auto schedule = thread_schedule::now().since(schedule0);
+  report.ran = schedule.ran;
+  report.queued = schedule.queued;
   {
     std::lock_guard<std::mutex> lock(mutex);
     ++st.pulls;
