@@ -322,6 +322,11 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
+    if (rounds > 0) {
+      r.producer_ran_ms += std::chrono::duration<double, std::milli>(s.progress_ran - b.progress_ran).count() / rounds;
+      r.producer_queued_ms +=
+          std::chrono::duration<double, std::milli>(s.progress_queued - b.progress_queued).count() / rounds;
+    }
     r.producer_buffers_made += s.buffers_made - b.buffers_made;
     r.producer_buffers_prewarmed += s.buffers_prewarmed;
     r.producer_huge_buffers += s.huge_buffers;

@@ -141,6 +141,9 @@ struct case_result {
   std::uint64_t producer_buffers_made = 0; ///< UCX producer: packed buffers allocated in the warm rounds (not reused)
   std::uint64_t producer_buffers_prewarmed = 0; ///< UCX producers: packed buffers made and written at start, before v1
   std::uint64_t producer_huge_buffers = 0; ///< UCX producers: of all their shared buffers, those in huge pages
+  /// UCX producers' progress threads (every send and answer), per warm round,
+  /// summed over ranks: on a core, and runnable waiting for one (0: not known).
+  double producer_ran_ms = 0, producer_queued_ms = 0;
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
   std::set<std::string> ucx_transports;  ///< UCX producers: the data transports their connections used
   /// Every group the UCX producers sent in the warm rounds was lent in
@@ -175,7 +178,8 @@ case_medians medians_of(const case_result& c);
 /// Per case whose data plane measured it, where the slowest engine's pull
 /// went (medians of the warm rounds): waiting for the producer, storing,
 /// the rest; and, where measured, how long its thread ran on a core and
-/// how long it waited for one.
+/// how long it waited for one; then the UCX producers' progress threads'
+/// figures per warm round, where known.
 std::vector<std::string> pull_lines(const std::vector<case_result>& cases);
 
 /// The slowest cold transfer, ms.

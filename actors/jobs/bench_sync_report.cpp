@@ -143,6 +143,12 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
                              ? format("; its thread ran on a core for %.2f ms and waited for one for %.2f ms",
                                       ms(cold->slowest_ran_ns), ms(cold->slowest_queued_ns))
                              : std::string()));
+    // The other side of the pulls: the producer's sends and answers, which
+    // also include the idle polls between rounds (a few per trainer step).
+    if (c.producer_ran_ms > 0)
+      lines.push_back(format("%s producer, per warm round: its progress thread ran on a core for %.2f ms and waited "
+                             "for one for %.2f ms (the trainer's steps between rounds included)",
+                             c.name.c_str(), c.producer_ran_ms, c.producer_queued_ms));
   }
   return lines;
 }
@@ -210,6 +216,8 @@ nlohmann::ordered_json case_json(const case_result& c) {
           {"producer_budget_bytes", c.producer_budget_bytes},
           {"producer_packs_ahead", c.producer_packs_ahead},
           {"producer_evictions", c.producer_evictions},
+          {"producer_ran_ms_per_round", rounded(c.producer_ran_ms, 3)},
+          {"producer_queued_ms_per_round", rounded(c.producer_queued_ms, 3)},
           {"producer_buffers_made", c.producer_buffers_made},
           {"producer_buffers_prewarmed", c.producer_buffers_prewarmed},
           {"producer_huge_buffers", c.producer_huge_buffers},

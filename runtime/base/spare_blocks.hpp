@@ -27,11 +27,14 @@ public:
     state_->max_blocks = max_blocks;
     state_->max_bytes = max_bytes;
   }
+  // Copies share the spares; no move, so that no pool is ever left empty.
+  spare_blocks(const spare_blocks&) = default;
+  spare_blocks& operator=(const spare_blocks&) = default;
 
   /// The smallest spare of at least `bytes` and at most twice that (a small
   /// request must not take the memory a large one will want), or nullptr.
   /// Returns it with its size.
-  std::pair<block_ptr, std::uint64_t> take(std::uint64_t bytes) {
+  std::pair<block_ptr, std::uint64_t> take(std::uint64_t bytes) const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     auto it = state_->free.lower_bound(bytes);
     if (it == state_->free.end() || it->first - bytes > bytes)
@@ -64,13 +67,13 @@ public:
   }
 
   /// Raises the byte limit to `bytes`; it never shrinks.
-  void keep_at_most_bytes(std::uint64_t bytes) {
+  void raise_byte_limit(std::uint64_t bytes) const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->max_bytes = std::max(state_->max_bytes, bytes);
   }
 
   /// Frees every spare: when fresh memory is short, they may be what is missing.
-  void clear() {
+  void clear() const {
     std::multimap<std::uint64_t, block_ptr> dropped;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);

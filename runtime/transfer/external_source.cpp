@@ -47,7 +47,7 @@ struct external_source::host_buffer {
 std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const std::string& what) {
   // Huge pages (host_buffer.hpp's size): 512 times fewer page faults on a fresh buffer.
   const std::uint64_t rounded = (std::max<std::uint64_t>(held_bytes_, 1) + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
-  auto buffer = spares_.take(rounded).first; // every buffer has this size
+  auto [buffer, size] = spares_.take(rounded); // every buffer has this size today
   if (!buffer) {
     auto* memory = allocating(what, rounded, [&] {
       void* p = std::aligned_alloc(static_cast<std::size_t>(huge_page_bytes), static_cast<std::size_t>(rounded));
@@ -57,9 +57,10 @@ std::shared_ptr<external_source::host_buffer> external_source::buffer_for(const 
       return static_cast<std::uint8_t*>(p);
     });
     buffer = std::make_unique<host_buffer>(memory, rounded);
+    size = rounded;
   }
   // Back to the spares when the version is dropped, while this source lives.
-  return spares_.share(std::move(buffer), rounded);
+  return spares_.share(std::move(buffer), size);
 }
 
 external_source::external_source(external_options o)

@@ -731,7 +731,7 @@ void mark_step_complete(const std::string& step_dir) {
 step_read_memory::step_read_memory() : spares_(std::numeric_limits<std::size_t>::max(), 0) {}
 
 file_memory step_read_memory::memory() const {
-  return [pool = spares_](std::size_t bytes) mutable {
+  return [pool = spares_](std::size_t bytes) {
     auto [block, size] = pool.take(bytes);
     if (!block) {
       size = bytes;
@@ -747,7 +747,7 @@ file_memory step_read_memory::memory() const {
   };
 }
 
-void step_read_memory::keep_at_most(std::uint64_t bytes) { spares_.keep_at_most_bytes(bytes); }
+void step_read_memory::keep_at_most(std::uint64_t bytes) { spares_.raise_byte_limit(bytes); }
 
 std::uint64_t step_read_memory::spare_bytes() const { return spares_.bytes(); }
 

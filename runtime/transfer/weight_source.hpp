@@ -382,7 +382,7 @@ public:
   std::uint64_t spare_bytes() const;
 
 private:
-  spare_blocks<std::byte[]> spares_; // no count limit, bytes as kept_at_most says
+  spare_blocks<std::byte[]> spares_; // no count limit, bytes as keep_at_most says
 };
 
 struct checkpoint_dir_options {

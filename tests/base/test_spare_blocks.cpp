@@ -10,6 +10,15 @@ using namespace rlsync;
 
 namespace {
 
+/// A block that counts its live instances: what a pool frees is seen.
+struct counted {
+  static inline int alive = 0;
+  counted() { ++alive; }
+  ~counted() { --alive; }
+  counted(const counted&) = delete;
+  counted& operator=(const counted&) = delete;
+};
+
 /// Shares fresh blocks of `sizes` from `pool` and lets them all go.
 void give_back(spare_blocks<std::byte[]>& pool, const std::vector<std::uint64_t>& sizes) {
   for (auto size : sizes)
@@ -51,11 +60,11 @@ TEST_CASE("spare_blocks keeps within both limits and takes the best fit up to tw
 
 TEST_CASE("spare_blocks: the byte limit only grows, clear frees every spare") {
   spare_blocks<std::byte[]> pool(8, 100);
-  pool.keep_at_most_bytes(50); // never shrinks
+  pool.raise_byte_limit(50); // never shrinks
   give_back(pool, {60, 40});
   CHECK(pool.bytes() == 100);
   CHECK(pool.count() == 2);
-  pool.keep_at_most_bytes(300);
+  pool.raise_byte_limit(300);
   give_back(pool, {200});
   CHECK(pool.bytes() == 300);
   pool.clear();
@@ -82,4 +91,41 @@ TEST_CASE("spare_blocks: a block taken and shared again returns to the pool, or 
     CHECK(copy.count() == 1);
   }
   outlives.reset(); // every copy of its pool is gone: freed, not kept
+}
+
+TEST_CASE("spare_blocks frees what it does not keep, and what comes back once the pool is gone") {
+  REQUIRE(counted::alive == 0);
+  std::shared_ptr<counted> outlives;
+  {
+    spare_blocks<counted> pool(3, 250);
+    auto share = [&](std::uint64_t size) { return pool.share(std::make_unique<counted>(), size); };
+    auto a = share(100), b = share(100), c = share(100), d = share(10);
+    CHECK(counted::alive == 4);
+    a.reset();
+    b.reset(); // kept: 200 bytes
+    c.reset(); // 300 bytes would pass the byte limit: freed
+    CHECK(counted::alive == 3);
+    d.reset(); // kept: three blocks, 210 bytes
+    share(1).reset(); // a fourth would pass the count limit: freed
+    CHECK(counted::alive == 3);
+    CHECK(pool.count() == 3);
+    auto [taken, size] = pool.take(100);
+    REQUIRE(taken);
+    CHECK(size == 100);
+    auto e = pool.share(std::move(taken), size);
+    pool.clear(); // the two spares left
+    CHECK(counted::alive == 1);
+    {
+      const auto copy = pool; // copies share the spares
+      e.reset();
+      CHECK(copy.count() == 1);
+    }
+    CHECK(pool.count() == 1);
+    CHECK(counted::alive == 1);
+    outlives = share(1);
+    CHECK(counted::alive == 2);
+  } // the pool is gone: its spare freed
+  CHECK(counted::alive == 1);
+  outlives.reset(); // given back to no pool: freed
+  CHECK(counted::alive == 0);
 }

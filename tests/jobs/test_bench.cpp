@@ -118,6 +118,13 @@ TEST_CASE("bench figures: where the slowest engine's pull went, medians of the r
                               "ran on a core for 6.00 ms and waited for one for 2.00 ms");
   for (auto& x : c.warm)
     x.slowest_ran_ns = x.slowest_queued_ns = 0;
+  // The producer's progress thread, where known, on a line after its pulls.
+  c.producer_ran_ms = 31.5;
+  c.producer_queued_ms = 4.25;
+  REQUIRE(pull_lines({c}).size() == 2);
+  CHECK(pull_lines({c})[1] == "sharded producer, per warm round: its progress thread ran on a core for 31.50 ms and "
+                              "waited for one for 4.25 ms (the trainer's steps between rounds included)");
+  c.producer_ran_ms = c.producer_queued_ms = 0;
   // The slowest cold round, where it measured, on a line of its own.
   c.cold[0] = measured(c.cold[0], 18, 1, 5); // 20 ms transfer: not the slowest
   CHECK(pull_lines({c}).size() == 1);       // the slowest (30 ms) measured nothing
@@ -344,6 +351,7 @@ TEST_CASE("bench JSON: every round and figure of a case, in order") {
   CHECK(keys == std::vector<std::string>{"case", "model_bytes", "bytes_per_sync", "zero_byte", "light_ms", "cold", "warm",
                                          "probe6_ms", "producer_peak_groups", "producer_peak_bytes",
                                          "producer_budget_bytes", "producer_packs_ahead", "producer_evictions",
+                                         "producer_ran_ms_per_round", "producer_queued_ms_per_round",
                                          "producer_buffers_made", "producer_buffers_prewarmed", "producer_huge_buffers",
                                          "largest_group_bytes", "ucx_transports", "lent", "ranks", "packs",
                                          "error"});

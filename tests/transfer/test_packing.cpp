@@ -11,7 +11,6 @@
 #include <doctest/doctest.h>
 
 #include <limits>
-
 #include <vector>
 
 using namespace rlsync;

@@ -2,6 +2,7 @@
 
 #include "runtime/base/checksum.hpp"
 #include "runtime/base/printable.hpp"
+#include "runtime/base/thread_schedule.hpp"
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/ucx/shared_memory.hpp"
 
@@ -203,6 +204,7 @@ std::string producer_impl::check_token(const wire::hello_msg& m) {
 // -- the progress thread ------------------------------------------------------------
 
 void producer_impl::run() {
+  progress_tid = static_cast<long>(::gettid());
   auto last_sweep = clock::now();
   while (!stopping) {
     unsigned n = 0;
@@ -878,8 +880,14 @@ const weight_source& ucx_producer::source() const {
 }
 
 ucx_producer_stats ucx_producer::stats() const {
+  thread_schedule progress;
+  if (const long tid = impl_->progress_tid; tid != 0)
+    progress = thread_schedule::of_task(tid);
   std::lock_guard<std::mutex> lock(impl_->stats_mutex);
-  return impl_->st;
+  auto out = impl_->st;
+  out.progress_ran = progress.ran;
+  out.progress_queued = progress.queued;
+  return out;
 }
 
 void ucx_producer::corrupt(corruption c) { impl_->faults.corrupt(std::move(c)); }

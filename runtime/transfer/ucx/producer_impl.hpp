@@ -243,6 +243,7 @@ struct producer_impl {
 
   std::atomic<bool> stopping{false};
   std::thread progress;
+  std::atomic<long> progress_tid{0}; // its gettid(), for its schedule figures
   // The source's publish wakes the progress thread (packing ahead starts
   // then, not at the next idle poll); stop() unhooks it before the worker goes.
   struct publish_waker {

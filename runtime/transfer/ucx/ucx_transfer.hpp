@@ -312,6 +312,10 @@ struct ucx_producer_stats {
   /// The UCX transports ("sysv", "cma", "tcp"...) of the data lanes of every
   /// connection accepted, as their log lines name them.
   std::set<std::string> data_transports;
+  /// The progress thread (every send and answer) so far: on a core, and
+  /// runnable waiting for one (thread_schedule; zeros where not known).
+  std::chrono::nanoseconds progress_ran{0};
+  std::chrono::nanoseconds progress_queued{0};
 };
 
 class ucx_producer {
