@@ -10,6 +10,7 @@
 #include "actors/tls.hpp"
 #include "actors/jobs/speed_of_light.hpp"
 #include "runtime/base/format.hpp"
+#include "runtime/base/thread_schedule.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/plan.hpp"
@@ -322,6 +323,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
+    r.queued_known = thread_schedule::now().queued_known; // the engines and producers run on this host
     if (rounds > 0) {
       r.producer_ran_ms += std::chrono::duration<double, std::milli>(s.progress_ran - b.progress_ran).count() / rounds;
       r.producer_queued_ms +=

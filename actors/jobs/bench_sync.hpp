@@ -144,6 +144,9 @@ struct case_result {
   /// UCX producers' progress threads (every send and answer), per warm round,
   /// summed over ranks: on a core, and runnable waiting for one (0: not known).
   double producer_ran_ms = 0, producer_queued_ms = 0;
+  /// Whether this host's kernel keeps run-queue waits (schedstat): where it
+  /// does not, the waits read 0 and the lines leave them out.
+  bool queued_known = true;
   std::uint64_t local_peak_bytes = 0;    ///< local data plane: one pass's buffers at once
   std::set<std::string> ucx_transports;  ///< UCX producers: the data transports their connections used
   /// Every group the UCX producers sent in the warm rounds was lent in

@@ -112,6 +112,15 @@ std::uint64_t producer_bound_bytes(const case_result& c) {
   return static_cast<std::uint64_t>(c.producer_peak_groups) * c.largest_group;
 }
 
+namespace {
+/// "ran on a core for R ms and waited for one for Q ms", the wait left out
+/// where the kernel keeps none (it would read as a measured 0).
+std::string on_core(const case_result& c, double ran_ms, double queued_ms) {
+  return format("ran on a core for %.2f ms", ran_ms)
+         + (c.queued_known ? format(" and waited for one for %.2f ms", queued_ms) : std::string());
+}
+} // namespace
+
 std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
   std::vector<std::string> lines;
   for (const auto& c : cases) {
@@ -123,9 +132,7 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
     lines.push_back(format("%s pulls (medians): the slowest engine's %.2f ms; its slowest worker waited %.2f ms for "
                            "the producer and stored (copy, checksum) for %.2f ms, the rest %.2f ms",
                            c.name.c_str(), m.pull_ms, m.wait_ms, m.store_ms, m.rest_ms)
-                    + (m.ran_ms > 0 ? format("; its thread ran on a core for %.2f ms and waited for one for %.2f ms",
-                                             m.ran_ms, m.queued_ms)
-                                    : std::string()));
+                    + (m.ran_ms > 0 ? "; its thread " + on_core(c, m.ran_ms, m.queued_ms) : std::string()));
     // The cold round the table shows (the slowest), where it measured: its
     // rest holds connecting, registering the plans and first mappings.
     const sync_report* cold = nullptr;
@@ -140,15 +147,14 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
                              std::max(0.0, ms(cold->slowest_pull_ns) - ms(cold->slowest_wait_ns)
                                                - ms(cold->slowest_store_ns)))
                       + (cold->slowest_ran_ns > 0
-                             ? format("; its thread ran on a core for %.2f ms and waited for one for %.2f ms",
-                                      ms(cold->slowest_ran_ns), ms(cold->slowest_queued_ns))
+                             ? "; its thread " + on_core(c, ms(cold->slowest_ran_ns), ms(cold->slowest_queued_ns))
                              : std::string()));
     // The other side of the pulls: the producer's sends and answers, which
     // also include the idle polls between rounds (a few per trainer step).
     if (c.producer_ran_ms > 0)
-      lines.push_back(format("%s producer, per warm round: its progress thread ran on a core for %.2f ms and waited "
-                             "for one for %.2f ms (the trainer's steps between rounds included)",
-                             c.name.c_str(), c.producer_ran_ms, c.producer_queued_ms));
+      lines.push_back(format("%s producer, per warm round: its progress thread ", c.name.c_str())
+                      + on_core(c, c.producer_ran_ms, c.producer_queued_ms)
+                      + " (the trainer's steps between rounds included)");
   }
   return lines;
 }

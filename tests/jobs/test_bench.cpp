@@ -124,6 +124,16 @@ TEST_CASE("bench figures: where the slowest engine's pull went, medians of the r
   REQUIRE(pull_lines({c}).size() == 2);
   CHECK(pull_lines({c})[1] == "sharded producer, per warm round: its progress thread ran on a core for 31.50 ms and "
                               "waited for one for 4.25 ms (the trainer's steps between rounds included)");
+  // A kernel that keeps no run-queue waits: they read 0, and the lines leave them out.
+  c.queued_known = false;
+  CHECK(pull_lines({c})[1] == "sharded producer, per warm round: its progress thread ran on a core for 31.50 ms "
+                              "(the trainer's steps between rounds included)");
+  c.warm[1].slowest_ran_ns = 4 * ms_ns;
+  CHECK(pull_lines({c})[0] == "sharded pulls (medians): the slowest engine's 9.00 ms; its slowest worker waited 2.00 ms "
+                              "for the producer and stored (copy, checksum) for 6.00 ms, the rest 2.00 ms; its thread "
+                              "ran on a core for 4.00 ms");
+  c.warm[1].slowest_ran_ns = 0;
+  c.queued_known = true;
   c.producer_ran_ms = c.producer_queued_ms = 0;
   // The slowest cold round, where it measured, on a line of its own.
   c.cold[0] = measured(c.cold[0], 18, 1, 5); // 20 ms transfer: not the slowest
