@@ -71,6 +71,8 @@ TEST_CASE("status: the fleet in text and JSON") {
   last.transfer_ns = 2'000'000;
   last.bytes = 2'000'000;
   last.control_ns = 1'000'000;
+  last.slowest_pull_ns = 1'500'000;
+  last.slowest_queued_ns = 250'000;
   c.history = {sync_report{}, last};
   router_status r;
   r.routable = 2;
@@ -108,6 +110,9 @@ TEST_CASE("status: the fleet in text and JSON") {
   CHECK(j["engines"][2]["last_eviction"] == "transfer: no answer within 60000 ms");
   CHECK(j["engines"][0]["last_eviction"].is_null());
   CHECK(j["last_round"]["bytes"] == 2000000);
+  CHECK(j["last_round"]["slowest_pull_ms"] == 1.5);
+  CHECK(j["last_round"]["slowest_wait_ms"] == 0.0); // not measured
+  CHECK(j["last_round"]["slowest_queued_ms"] == 0.25);
   CHECK(j["router"]["queued"] == 1);
   // Round-trips through text: what `--json` prints parses.
   CHECK(nlohmann::json::parse(j.dump(2))["engines"][3]["name"] == "e9");
