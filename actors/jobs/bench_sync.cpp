@@ -314,6 +314,7 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     r.packs[i].local_lent -= before[i].local_lent;
     r.packs[i].ucx_packs -= before[i].ucx_packs;
   }
+  r.queued_known = thread_schedule::now().queued_known; // the engines and producers run on this host
   std::uint64_t sent = 0, lent = 0, in_place = 0;
   for (std::size_t i = 0; i < d.head().rank_producers().size(); ++i) {
     const auto s = d.head().rank_producers()[i]->stats();
@@ -323,7 +324,6 @@ case_result run_case(bench_session& s, topology t, const std::string& name, cons
     const auto b = i < producers_before.size() ? producers_before[i] : transfer::ucx_producer_stats{};
     r.producer_packs_ahead += s.packs_ahead - b.packs_ahead;
     r.producer_evictions += s.evictions - b.evictions;
-    r.queued_known = thread_schedule::now().queued_known; // the engines and producers run on this host
     if (rounds > 0) {
       r.producer_ran_ms += std::chrono::duration<double, std::milli>(s.progress_ran - b.progress_ran).count() / rounds;
       r.producer_queued_ms +=
