@@ -6,6 +6,7 @@
 
 #include "runtime/base/format.hpp"
 #include "runtime/base/stats.hpp"
+#include "runtime/control/round_figures.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -180,18 +181,17 @@ std::vector<std::string> case_table(const std::vector<case_result>& cases) {
 nlohmann::ordered_json case_json(const case_result& c) {
   auto rounds = [](const std::vector<sync_report>& v) {
     auto out = nlohmann::ordered_json::array();
-    for (const auto& x : v)
-      out.push_back({{"version", x.version},
-                     {"engines", x.engines_synced},
-                     {"stall_ms", rounded(ms(x.stall_ns), 3)},
-                     {"transfer_ms", rounded(ms(x.transfer_ns), 3)},
-                     {"control_ms", rounded(ms(x.control_ns), 3)},
-                     {"bytes", x.bytes},
-                     {"slowest_pull_ms", rounded(ms(x.slowest_pull_ns), 3)},
-                     {"slowest_wait_ms", rounded(ms(x.slowest_wait_ns), 3)},
-                     {"slowest_store_ms", rounded(ms(x.slowest_store_ns), 3)},
-                     {"slowest_ran_ms", rounded(ms(x.slowest_ran_ns), 3)},
-                     {"slowest_queued_ms", rounded(ms(x.slowest_queued_ns), 3)}});
+    for (const auto& x : v) {
+      nlohmann::ordered_json round = {{"version", x.version},
+                                      {"engines", x.engines_synced},
+                                      {"stall_ms", rounded(ms(x.stall_ns), 3)},
+                                      {"transfer_ms", rounded(ms(x.transfer_ns), 3)},
+                                      {"control_ms", rounded(ms(x.control_ns), 3)},
+                                      {"bytes", x.bytes}};
+      for (const auto& [name, value] : slowest_pull_ms(x))
+        round[name] = rounded(value, 3);
+      out.push_back(std::move(round));
+    }
     return out;
   };
   auto probes = nlohmann::ordered_json::array();

@@ -3,6 +3,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/jobs/job_report.hpp"
 #include "actors/tls.hpp"
+#include "runtime/control/round_figures.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -146,13 +147,8 @@ nlohmann::ordered_json fleet_json(const fleet_view& v) {
     j["last_round"] = {{"version", r.version},        {"aborted", r.aborted},     {"engines_synced", r.engines_synced},
                        {"evicted", r.evicted},        {"stall_ms", f.stall_ms},   {"transfer_ms", f.transfer_ms},
                        {"bytes", r.bytes},            {"gbps", f.gbps},           {"control_ms", f.control_ms}};
-    // The slowest engine's pull, as bench sync reports it (0: not measured).
-    auto ms = [](std::uint64_t ns) { return static_cast<double>(ns) / 1e6; };
-    j["last_round"]["slowest_pull_ms"] = ms(r.slowest_pull_ns);
-    j["last_round"]["slowest_wait_ms"] = ms(r.slowest_wait_ns);
-    j["last_round"]["slowest_store_ms"] = ms(r.slowest_store_ns);
-    j["last_round"]["slowest_ran_ms"] = ms(r.slowest_ran_ns);
-    j["last_round"]["slowest_queued_ms"] = ms(r.slowest_queued_ns);
+    for (const auto& [name, value] : slowest_pull_ms(r)) // as bench sync reports them
+      j["last_round"][name] = value;
   } else {
     j["last_round"] = nullptr;
   }

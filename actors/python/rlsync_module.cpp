@@ -12,6 +12,7 @@
 #include "runtime/base/dtype.hpp"
 #include "runtime/config/topology.hpp"
 #include "runtime/config/topology_names.hpp"
+#include "runtime/control/round_figures.hpp"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -200,11 +201,8 @@ py::dict report_dict(const sync_report& r) {
   d["control_ms"] = static_cast<double>(r.control_ns) / 1e6;
   d["bytes"] = r.bytes;
   d["aborted"] = r.aborted;
-  d["slowest_pull_ms"] = static_cast<double>(r.slowest_pull_ns) / 1e6;
-  d["slowest_wait_ms"] = static_cast<double>(r.slowest_wait_ns) / 1e6;
-  d["slowest_store_ms"] = static_cast<double>(r.slowest_store_ns) / 1e6;
-  d["slowest_ran_ms"] = static_cast<double>(r.slowest_ran_ns) / 1e6;
-  d["slowest_queued_ms"] = static_cast<double>(r.slowest_queued_ns) / 1e6;
+  for (const auto& [name, value] : slowest_pull_ms(r))
+    d[name.c_str()] = value;
   return d;
 }
 

@@ -59,6 +59,15 @@ std::string millis(std::uint64_t ns) {
   return buf;
 }
 
+std::vector<std::pair<std::string, double>> slowest_pull_ms(const sync_report& r) {
+  auto ms = [](std::uint64_t ns) { return static_cast<double>(ns) / 1e6; };
+  return {{"slowest_pull_ms", ms(r.slowest_pull_ns)},
+          {"slowest_wait_ms", ms(r.slowest_wait_ns)},
+          {"slowest_store_ms", ms(r.slowest_store_ns)},
+          {"slowest_ran_ms", ms(r.slowest_ran_ns)},
+          {"slowest_queued_ms", ms(r.slowest_queued_ns)}};
+}
+
 std::string log_line_of(const round_record& r, const sync_report& rep) {
   std::string line = "sync round " + std::to_string(r.id) + " v" + std::to_string(r.version) + ": ";
   if (r.aborted) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rlsync {
@@ -58,6 +59,11 @@ double transfer_gbps(std::uint64_t bytes, std::uint64_t transfer_ns);
 
 /// "12.345 ms".
 std::string millis(std::uint64_t ns);
+
+/// The slowest engine's pull of a round (sync_report::slowest_*), in
+/// milliseconds, under the names every report gives them: bench sync's
+/// JSON, `rlsync status --json` and the Python module (0: not measured).
+std::vector<std::pair<std::string, double>> slowest_pull_ms(const sync_report& r);
 
 /// The round's log line: "sync round <id> v<version>: ...; stall ..., transfer
 /// ..., <bytes> bytes, control ...".

@@ -75,6 +75,21 @@ TEST_CASE("transfer_gbps and millis") {
   CHECK(millis(1'500) == "0.002 ms");
 }
 
+TEST_CASE("slowest_pull_ms: the slowest engine's pull, in ms, under the names every report uses") {
+  sync_report r;
+  r.slowest_pull_ns = 9'000'000;
+  r.slowest_wait_ns = 2'000'000;
+  r.slowest_store_ns = 6'500'000;
+  r.slowest_ran_ns = 4'250'000;
+  r.slowest_queued_ns = 0; // not measured, or no wait
+  const std::vector<std::pair<std::string, double>> want = {{"slowest_pull_ms", 9.0},
+                                                            {"slowest_wait_ms", 2.0},
+                                                            {"slowest_store_ms", 6.5},
+                                                            {"slowest_ran_ms", 4.25},
+                                                            {"slowest_queued_ms", 0.0}};
+  CHECK(slowest_pull_ms(r) == want);
+}
+
 TEST_CASE("log_line_of: completed, with evictions, aborted, in waves") {
   struct row {
     const char* what;
