@@ -72,13 +72,15 @@ std::string to_string(admission_verdict v) {
       return "no challenge for this name from this peer";
     case admission_verdict::wrong_proof:
       return "wrong proof";
+    case admission_verdict::other_build:
+      return "another build's wire messages";
   }
   return "?";
 }
 
 admission_control::admission_control(std::map<std::string, std::string> secrets, admission_limits limits,
-                                     std::function<clock::time_point()> now)
-    : secrets_(std::move(secrets)), limits_(limits), now_(std::move(now)) {
+                                     std::function<clock::time_point()> now, std::string wire)
+    : secrets_(std::move(secrets)), limits_(limits), now_(std::move(now)), wire_(std::move(wire)) {
   limits_.max_pending = std::max<std::size_t>(1, limits_.max_pending);
   limits_.max_pending_per_peer = std::clamp<std::size_t>(limits_.max_pending_per_peer, 1, limits_.max_pending);
   limits_.max_peers = std::max<std::size_t>(1, limits_.max_peers);
@@ -116,14 +118,17 @@ void admission_control::expire(clock::time_point t) {
     pending_.pop_front();
 }
 
-admission_verdict admission_control::hello(const std::string& peer, const std::string& node, std::string& challenge) {
+admission_verdict admission_control::hello(const std::string& peer, const std::string& node, const std::string& wire,
+                                           std::string& challenge) {
   auto t = now_();
   if (!take_token(peer, t))
     return admission_verdict::rate_limited;
-  if (node.empty() || node.size() > max_name_bytes)
+  if (node.empty() || node.size() > max_name_bytes || wire.size() > max_name_bytes)
     return admission_verdict::malformed;
   if (secrets_.count(node) == 0)
     return admission_verdict::unknown_node;
+  if (wire != wire_)
+    return admission_verdict::other_build;
   expire(t);
   // A peer that asks again drops its own oldest challenge, never another peer's.
   if (pending_of(peer) >= limits_.max_pending_per_peer)
@@ -234,7 +239,7 @@ std::string read_cluster_secret(const std::string& secret_file, const std::strin
 gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<gatekeeper_state> self,
                                            gatekeeper_config cfg) {
   auto& st = self->state;
-  st.control.emplace(std::move(cfg.secrets), cfg.limits, cfg.now);
+  st.control.emplace(std::move(cfg.secrets), cfg.limits, cfg.now, cfg.wire);
   st.admitted = cfg.admitted;
   st.grant = cfg.grant;
   st.log = std::make_shared<rate_limited_log>(cfg.log, 10, std::chrono::seconds(10), cfg.now);
@@ -245,8 +250,8 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       return std::nullopt;
     return s->node();
   };
-  auto refuse = [self](const char* what, const std::string& node, const std::string& peer,
-                       admission_verdict v) -> caf::error {
+  auto refuse = [self](const char* what, const std::string& node, const std::string& peer, admission_verdict v,
+                       const std::string& wire = {}) -> caf::error {
     (*self->state.log)("gatekeeper: refused " + printable(node, 64) + " from " + peer + " (" + what + ": "
                        + to_string(v) + ")");
     switch (v) {
@@ -255,20 +260,25 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
         return make_error(errc::queue_full, to_string(v) + "; retry later");
       case admission_verdict::malformed:
         return make_error(errc::malformed, to_string(v));
+      case admission_verdict::other_build:
+        return make_error(errc::malformed, "node " + printable(node, 64) + " runs an rlsync build whose wire messages "
+                                               "differ from the head's (its wire fingerprint "
+                                               + printable(wire, 64) + ", the head's "
+                                               + self->state.control->wire() + "): run one build on every node");
       default:
         return make_error(errc::unauthenticated, "node " + printable(node, 64) + ": " + to_string(v));
     }
   };
   return {
-    [=](hello_atom, const std::string& node) -> caf::result<std::string> {
+    [=](hello_atom, const std::string& node, const std::string& wire) -> caf::result<std::string> {
       auto peer = peer_of();
       if (!peer)
         return refuse("hello", node, "an anonymous sender", admission_verdict::malformed);
       auto peer_name = to_string(*peer);
       std::string challenge;
-      auto v = self->state.control->hello(peer_name, node, challenge);
+      auto v = self->state.control->hello(peer_name, node, wire, challenge);
       if (v != admission_verdict::ok)
-        return refuse("hello", node, peer_name, v);
+        return refuse("hello", node, peer_name, v, wire);
       return challenge;
     },
     [=](admit_atom, const std::string& node, const std::string& proof) -> caf::result<join_grant> {

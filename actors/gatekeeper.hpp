@@ -3,7 +3,7 @@
 // its secret before any of its actors is accepted.
 //
 //   node                     gatekeeper (head node, the only published actor)
-//    │ hello(name) ───────────►  a fresh 32-byte challenge, one use, bound to
+//    │ hello(name, wire) ─────►  a fresh 32-byte challenge, one use, bound to
 //    │ ◄──────────── challenge    the asking peer's CAF node id and to `name`
 //    │ admit(name, HMAC-SHA256(secret of name, challenge | name)) ──►
 //    │                           checked only against that peer's challenges
@@ -18,6 +18,11 @@
 // secret cannot admit another name. Only names the topology gives to member
 // nodes (not the head, hosting engines) get a challenge.
 //
+// `wire` is the node's build's wire fingerprint (runtime/base/version.hpp):
+// a node whose messages this head would misread is refused at hello, with
+// both fingerprints named, rather than failing later on a message neither
+// side can decode.
+//
 // Bounded work before admission: every hello and admit first spends a token
 // of the peer's bucket (before any HMAC); a peer holds a few challenges at
 // most, all peers together a small number, each expiring; a wrong answer
@@ -26,6 +31,7 @@
 // errc::malformed) and a rate-limited log line; nothing else changes.
 #include "actors/interfaces.hpp"
 #include "runtime/base/rate_limited_log.hpp"
+#include "runtime/base/version.hpp"
 #include "runtime/config/topology.hpp"
 
 #include <caf/node_id.hpp>
@@ -72,6 +78,7 @@ enum class admission_verdict {
   busy,          ///< every challenge slot is taken
   no_challenge,  ///< no challenge of this peer for this name
   wrong_proof,   ///< the HMAC matches none of them (they are burnt)
+  other_build,   ///< the node's wire fingerprint differs from this build's
 };
 
 std::string to_string(admission_verdict v);
@@ -84,11 +91,16 @@ public:
   using clock = std::chrono::steady_clock;
 
   /// `secrets`: member node name -> the secret it proves; only these names are admitted.
+  /// `wire`: the fingerprint a node's hello must carry (this build's).
   admission_control(std::map<std::string, std::string> secrets, admission_limits limits,
-                    std::function<clock::time_point()> now = [] { return clock::now(); });
+                    std::function<clock::time_point()> now = [] { return clock::now(); },
+                    std::string wire = wire_fingerprint());
 
-  /// A fresh challenge for `node` asked by `peer`, or the verdict that refuses it.
-  admission_verdict hello(const std::string& peer, const std::string& node, std::string& challenge);
+  /// A fresh challenge for `node`, whose build's wire fingerprint is
+  /// `wire`, asked by `peer`, or the verdict that refuses it.
+  admission_verdict hello(const std::string& peer, const std::string& node, const std::string& wire,
+                          std::string& challenge);
+  const std::string& wire() const { return wire_; }
   /// Whether `proof` answers one of `peer`'s challenges for `node` (that one is used up).
   admission_verdict admit(const std::string& peer, const std::string& node, const std::string& proof);
 
@@ -111,6 +123,7 @@ private:
   std::map<std::string, std::string> secrets_;
   admission_limits limits_;
   std::function<clock::time_point()> now_;
+  std::string wire_;
   std::deque<challenge_entry> pending_; ///< oldest first; at most limits_.max_pending
   std::map<std::string, bucket> buckets_;
   std::list<std::string> lru_; ///< peers, most recently seen first
@@ -138,6 +151,8 @@ struct gatekeeper_config {
   std::function<void(const std::string&)> log;
   admission_limits limits;
   std::function<admission_control::clock::time_point()> now = [] { return admission_control::clock::now(); };
+  /// The fingerprint nodes must carry: this build's (tests pretend others).
+  std::string wire = wire_fingerprint();
 };
 
 struct gatekeeper_state {

@@ -220,8 +220,8 @@ typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
 /// The only actor a cluster's head node publishes: it admits nodes that prove
 /// they hold the cluster secret (HMAC-SHA256 over a one-time challenge).
 using gatekeeper_actor = caf::typed_actor<
-  // node name -> a fresh one-time challenge (hex)
-  caf::replies_to<hello_atom, std::string>::with<std::string>,
+  // node name, its build's wire fingerprint -> a fresh one-time challenge (hex)
+  caf::replies_to<hello_atom, std::string, std::string>::with<std::string>,
   // node name, HMAC-SHA256(secret, challenge | node name) in hex -> the cluster's handles
   caf::replies_to<admit_atom, std::string, std::string>::with<join_grant>>;
 

@@ -9,11 +9,12 @@
 namespace rlsync::tools {
 
 int cmd_version(const arg_list& argv) {
-  CLI::App app("Prints the rlsync version.", "rlsync version");
+  CLI::App app("Prints the rlsync version and its wire fingerprint.", "rlsync version");
   cli::configure(app);
   if (!cli::parse(app, argv))
     return 0;
-  std::cout << "rlsync " << version_string() << "\n";
+  // The fingerprint is what nodes must share to join one cluster.
+  std::cout << "rlsync " << version_string() << " (wire fingerprint " << wire_fingerprint() << ")\n";
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include "actors/nccl_puller.hpp"
 #include "actors/fleet_metrics.hpp"
 #include "actors/gatekeeper.hpp"
+#include "runtime/base/version.hpp"
 #include "actors/tls.hpp"
 #include "actors/rollout_engine.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
@@ -69,7 +70,7 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
       failure = sys.render(err);
       busy = is(err, errc::queue_full);
     };
-    self->request(*gate, deadline, hello_atom::value, node.name)
+    self->request(*gate, deadline, hello_atom::value, node.name, wire_fingerprint())
       .receive(
         [&](const std::string& challenge) {
           self->request(*gate, deadline, admit_atom::value, node.name, join_proof(secret, challenge, node.name))

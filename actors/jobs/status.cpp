@@ -1,6 +1,7 @@
 #include "actors/jobs/status.hpp"
 
 #include "actors/gatekeeper.hpp"
+#include "runtime/base/version.hpp"
 #include "actors/jobs/job_report.hpp"
 #include "actors/tls.hpp"
 #include "runtime/control/round_figures.hpp"
@@ -180,7 +181,7 @@ std::optional<fleet_view> fetch_fleet(caf::actor_system& sys, const status_targe
   auto failed = [&](const char* step) {
     return [&, step](caf::error& err) { why = std::string{step} + " at " + where + ": " + sys.render(err); };
   };
-  self->request(*gate, target.deadline, hello_atom::value, target.node)
+  self->request(*gate, target.deadline, hello_atom::value, target.node, wire_fingerprint())
     .receive(
       [&](const std::string& challenge) {
         self

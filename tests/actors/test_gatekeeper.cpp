@@ -3,6 +3,7 @@
 // binding to the asking peer, per-node secrets, bounds, rate limits,
 // expiry), the member secrets the head checks, and reading a secret file.
 #include "actors/gatekeeper.hpp"
+#include "runtime/base/version.hpp"
 #include "runtime/config/topology.hpp"
 #include "tests/support/actor_fixture.hpp"
 #include "tests/support/scripted_router.hpp"
@@ -32,8 +33,8 @@ struct gatekeeper_fixture : test::actor_fixture {
     gate = spawn(gatekeeper, cfg);
   }
 
-  caf::expected<std::string> hello(const std::string& node) {
-    auto r = request<std::string>(gate, hello_atom::value, node);
+  caf::expected<std::string> hello(const std::string& node, const std::string& wire = wire_fingerprint()) {
+    auto r = request<std::string>(gate, hello_atom::value, node, wire);
     run();
     REQUIRE(*r);
     return **r;
@@ -101,6 +102,32 @@ TEST_CASE_FIXTURE(gatekeeper_fixture, "refusals: wrong secret, another node's se
   CHECK(escaped);
 }
 
+TEST_CASE_FIXTURE(gatekeeper_fixture, "a node of another build is refused at hello, both fingerprints named") {
+  const std::string other = "0123456789abcdef";
+  REQUIRE(other != wire_fingerprint());
+  auto refused = hello("engine-node-a", other);
+  REQUIRE(!refused);
+  CHECK(is(refused.error(), errc::malformed));
+  const auto why = sys.render(refused.error());
+  CHECK(why.find("engine-node-a runs an rlsync build whose wire messages differ") != std::string::npos);
+  CHECK(why.find(other) != std::string::npos);
+  CHECK(why.find(wire_fingerprint()) != std::string::npos);
+  CHECK(why.find("run one build on every node") != std::string::npos);
+  REQUIRE(!lines.empty());
+  CHECK(lines.back().find("another build's wire messages") != std::string::npos);
+  // No challenge was issued: the same node of this build is admitted.
+  auto challenge = hello("engine-node-a");
+  REQUIRE(challenge);
+  CHECK(admit("engine-node-a", join_proof("s3cret", *challenge, "engine-node-a")));
+}
+
+TEST_CASE("the wire fingerprint is 16 hex digits, the same every call") {
+  const auto w = wire_fingerprint();
+  CHECK(w.size() == 16);
+  CHECK(w.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(w == wire_fingerprint());
+}
+
 TEST_CASE_FIXTURE(gatekeeper_fixture, "a flood of refusals is logged rate-limited") {
   for (int i = 0; i < 100; ++i)
     hello("nobody");
@@ -122,10 +149,12 @@ struct step {
   proof_kind proof = proof_kind::right;
   std::string challenge_peer = {};
   int advance_ms = 0;
+  std::string wire = "this-build"; ///< the fingerprint a hello carries (the control's own by default)
 };
 
-step hello(const std::string& peer, const std::string& node, admission_verdict v = admission_verdict::ok) {
-  return {op::hello, peer, node, v};
+step hello(const std::string& peer, const std::string& node, admission_verdict v = admission_verdict::ok,
+           const std::string& wire = "this-build") {
+  return {op::hello, peer, node, v, proof_kind::right, "", 0, wire};
 }
 step admit(const std::string& peer, const std::string& node, admission_verdict v, proof_kind p = proof_kind::right,
            const std::string& challenge_peer = {}) {
@@ -164,8 +193,12 @@ TEST_CASE("admission control: one row per rule") {
     {"only member names get a challenge", defaults,
      {hello("p1", "head", V::unknown_node), hello("p1", "zz", V::unknown_node),
       admit("p1", "zz", V::unknown_node, P::guessed)}},
+    {"a node of another build gets no challenge; one of this build does", defaults,
+     {hello("p1", "a", V::other_build, "another-build"), admit("p1", "a", V::no_challenge),
+      hello("p1", "a", V::other_build, ""), hello("p1", "a"), admit("p1", "a", V::ok)}},
     {"malformed names and proofs", defaults,
-     {hello("p1", "", V::malformed), hello("p1", std::string(300, 'a'), V::malformed), hello("p1", "a"),
+     {hello("p1", "", V::malformed), hello("p1", std::string(300, 'a'), V::malformed),
+      hello("p1", "a", V::malformed, std::string(300, 'f')), hello("p1", "a"),
       admit("p1", "a", V::malformed, P::empty), admit("p1", "a", V::ok)}},
     {"a wrong proof burns the peer's challenges for that name", defaults,
      {hello("p1", "a"), hello("p1", "a"), admit("p1", "a", V::wrong_proof, P::guessed),
@@ -200,7 +233,7 @@ TEST_CASE("admission control: one row per rule") {
   for (const auto& row : rows) {
     CAPTURE(row.title);
     auto now = admission_control::clock::time_point{} + std::chrono::hours(1);
-    admission_control control(secrets, row.limits, [&] { return now; });
+    admission_control control(secrets, row.limits, [&] { return now; }, "this-build");
     std::map<std::pair<std::string, std::string>, std::string> last, first;
     int index = 0;
     for (const auto& s : row.steps) {
@@ -211,7 +244,7 @@ TEST_CASE("admission control: one row per rule") {
       }
       if (s.what == op::hello) {
         std::string challenge;
-        CHECK(control.hello(s.peer, s.node, challenge) == s.expected);
+        CHECK(control.hello(s.peer, s.node, s.wire, challenge) == s.expected);
         if (s.expected == V::ok) {
           CHECK(challenge.size() == 64);
           last[{s.peer, s.node}] = challenge;

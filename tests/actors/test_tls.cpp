@@ -7,6 +7,7 @@
 #include "actors/assembly/head_node.hpp"
 #include "actors/certs.hpp"
 #include "actors/gatekeeper.hpp"
+#include "runtime/base/version.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
 #include "runtime/config/topology.hpp"
@@ -409,7 +410,14 @@ TEST_CASE("a head published over TLS admits a member, then stops cleanly and clo
   REQUIRE(gate);
   caf::scoped_actor self{member};
   std::string challenge, problem;
-  self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"))
+  // A node of another build is refused before any challenge, and the
+  // refusal reaches it over the wire naming both fingerprints.
+  self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"), std::string("0000000000000000"))
+    .receive([&](const std::string& ch) { challenge = ch; }, [&](caf::error& e) { problem = member.render(e); });
+  CHECK(challenge.empty());
+  CHECK_MESSAGE(problem.find("wire fingerprint 0000000000000000, the head's " + wire_fingerprint()) != std::string::npos,
+                problem);
+  self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"), wire_fingerprint())
     .receive([&](const std::string& ch) { challenge = ch; }, [&](caf::error& e) { problem = member.render(e); });
   REQUIRE_MESSAGE(!challenge.empty(), problem);
   auto proof = join_proof(read_cluster_secret(c.ours + "/w1.secret", ""), challenge, "w1");

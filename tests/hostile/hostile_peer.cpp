@@ -13,6 +13,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/system_config.hpp"
 #include "runtime/base/printable.hpp"
+#include "runtime/base/version.hpp"
 #include "tests/hostile/basp_wire.hpp"
 #include "tests/hostile/transport.hpp"
 
@@ -638,7 +639,8 @@ int run_admit_flood(attack_context& cx, int seconds, int rate, const std::vector
     auto tick_end = after(10ms);
     for (int k = 0; k < per_tick; k += 2) {
       const auto& name = names[name_index++ % names.size()];
-      auto h = direct_request(cx.sys, 1, hello->published, next_request, caf::make_message(hello_atom_v, name));
+      auto h = direct_request(cx.sys, 1, hello->published, next_request,
+                              caf::make_message(hello_atom_v, name, wire_fingerprint()));
       auto a = direct_request(cx.sys, 1, hello->published, next_request + 1,
                               caf::make_message(admit_atom_v, name, wrong_proof));
       next_request += 2;
