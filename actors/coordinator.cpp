@@ -756,6 +756,9 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     authorized(self, guard, [=](sync_atom) -> caf::result<sync_report> {
       // One round at a time, and a trainer to pull from: it gets the next
       // round, which may be this one.
+      if (self->state.sync_waiters.size() >= max_sync_waiters)
+        return make_error(errc::queue_full, std::to_string(max_sync_waiters) + " sync requests already wait for the "
+                                                                               "next round");
       auto rp = self->make_response_promise<sync_report>();
       self->state.sync_waiters.push_back(rp);
       settle(self);

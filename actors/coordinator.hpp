@@ -120,6 +120,10 @@
 
 namespace rlsync {
 
+/// sync requests waiting for the next round at once; more are refused
+/// (queue_full) until a round answers them.
+inline constexpr std::size_t max_sync_waiters = 1024;
+
 /// Writes one line to stderr: the coordinator's default log.
 void log_to_stderr(const std::string& line);
 
@@ -153,6 +157,9 @@ struct coordinator_config {
   std::size_t rank_keep_versions = 2;
   /// How long the trainer may take to answer the coordinator's version query.
   std::chrono::milliseconds trainer_deadline{5000};
+  /// Engine names it keeps records of (every name ever registered); a new
+  /// name beyond them is refused. At most the placements' bound.
+  std::size_t max_engines = engine_nodes::max_engines;
   /// transfer.backend nccl: after a trainer rank failed a rendezvous, the
   /// next waits this long (an engine that fails is left out at once).
   std::chrono::milliseconds nccl_retry{1000};
@@ -345,7 +352,7 @@ struct coordinator_state {
   /// The last `cfg.history_limit` rounds, oldest first.
   std::deque<sync_report> history;
   /// sync_atom requests that arrived during a round: they get the next one.
-  std::vector<caf::typed_response_promise<sync_report>> sync_waiters;
+  std::vector<caf::typed_response_promise<sync_report>> sync_waiters; ///< at most max_sync_waiters
   /// Every replica name ever registered: incarnations, restarts, retirement.
   std::map<std::string, replica_record> replicas;
   /// A version the trainer reported: rounds wait for it (a restored counter

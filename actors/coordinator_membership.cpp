@@ -87,6 +87,12 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   f.synced_version = st.synced_version;
   f.max_restarts = st.cfg.sync.max_restarts;
   auto seen = st.replicas.find(info.name);
+  // Every name ever registered keeps a record (restarts, retirement): a new
+  // one beyond the placements' bound would get no tickets anyway.
+  const std::size_t max_engines = std::min(st.cfg.max_engines, engine_nodes::max_engines);
+  if (seen == st.replicas.end() && st.replicas.size() >= max_engines)
+    return make_error(errc::malformed, "registration of " + printable(info.name) + ": the coordinator keeps at most "
+                                           + std::to_string(max_engines) + " engines");
   if (seen != st.replicas.end()) {
     f.known_replica = true;
     f.retired = seen->second.retired;

@@ -11,7 +11,8 @@ namespace rlsync {
 
 /// Runs job(i) for every i in [0, n) on `threads` threads (the caller's
 /// among them; at most n), indices dealt round robin. Waits for all, then
-/// rethrows the exception of the lowest-numbered thread that threw.
+/// rethrows the exception of the lowest-numbered thread that threw. A
+/// thread the system cannot start leaves its share to the caller.
 template <class Job>
 void parallel_for(std::size_t n, std::size_t threads, Job job) {
   threads = std::max<std::size_t>(1, std::min(threads, n));
@@ -25,10 +26,16 @@ void parallel_for(std::size_t n, std::size_t threads, Job job) {
     }
   };
   std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (std::size_t t = 1; t < threads; ++t)
-    pool.emplace_back(run, t);
+  std::size_t started = 1;
+  try {
+    pool.reserve(threads - 1);
+    for (; started < threads; ++started)
+      pool.emplace_back(run, started);
+  } catch (...) { // out of threads or memory: the shares not started run here
+  }
   run(0);
+  for (std::size_t t = started; t < threads; ++t)
+    run(t);
   for (auto& th : pool)
     th.join();
   for (auto& e : errors)

@@ -167,7 +167,8 @@ std::string check(const weight_bucket& x) {
     }
     if (numel * dtype_size(static_cast<dtype>(e.dtype)) != e.bytes)
       return where + ": " + std::to_string(e.bytes) + " bytes do not match its shape";
-    if (!x.data.empty() && (e.offset > x.data.size() || e.bytes > x.data.size() - e.offset))
+    // Checked for an empty bucket too: its entries would point past nothing.
+    if (e.offset > x.data.size() || e.bytes > x.data.size() - e.offset)
       return where + ": range [" + std::to_string(e.offset) + ", +" + std::to_string(e.bytes)
              + ") lies outside the bucket's " + std::to_string(x.data.size()) + " bytes";
   }

@@ -124,10 +124,15 @@ public:
           attempt(k);
       } else {
         std::vector<std::thread> threads;
-        for (std::size_t k = 1; k < active.size(); ++k)
-          threads.emplace_back(attempt, k);
-        if (!active.empty())
-          attempt(0);
+        std::size_t started = 1;
+        try {
+          for (; started < active.size(); ++started)
+            threads.emplace_back(attempt, started);
+        } catch (...) { // out of threads: the parts not started are pulled here, in turn
+        }
+        for (std::size_t k = 0; k < active.size(); ++k)
+          if (k == 0 || k >= started)
+            attempt(k);
         for (auto& t : threads)
           t.join();
       }

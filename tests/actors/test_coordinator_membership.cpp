@@ -52,6 +52,30 @@ TEST_CASE_FIXTURE(coordinator_fixture, "membership: retries, stale incarnations,
   CHECK(*routes == std::vector<std::string>{"evict a"});
 }
 
+TEST_CASE_FIXTURE(coordinator_fixture, "the names the coordinator keeps records of are bounded; known names rejoin") {
+  auto c = config();
+  c.max_engines = 2;
+  start(c);
+  add_engine("a");
+  add_engine("b");
+  auto& extra = spawn_engine("c");
+  auto refused = request<registration>(coord, register_atom::value, engine_info{"c", "node", 1, 0, false, 0},
+                                       caf::actor_cast<rollout_engine_actor>(extra.actor));
+  run();
+  REQUIRE(refused->has_value());
+  REQUIRE(!**refused);
+  CHECK(is((**refused).error(), errc::malformed));
+  CHECK(sys.render((**refused).error()).find("keeps at most 2 engines") != std::string::npos);
+  CHECK(!member("c"));
+  // A name it knows comes back after leaving: its record is there already.
+  tell(coord, deregister_atom::value, std::string{"b"});
+  run();
+  CHECK(!member("b"));
+  auto& again = spawn_engine("b");
+  CHECK(join(engine_info{"b", "node", 1, 0, false, 1}, again));
+  CHECK(member("b"));
+}
+
 // -- failure handling: heartbeat timeouts ------------------------------------------------
 
 TEST_CASE_FIXTURE(coordinator_fixture, "heartbeat timeout: a silent member is failed over, skipped, and rejoins once it answers") {

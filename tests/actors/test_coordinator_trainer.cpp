@@ -88,6 +88,20 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the router hears every version the train
   CHECK(second_seen->published == std::vector<std::uint64_t>{2});
 }
 
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "sync requests waiting for a round are bounded") {
+  start_with_trainer(config());
+  kill_trainer(); // no trainer: no round starts, every sync waits
+  std::vector<decltype(request<sync_report>(coord, sync_atom::value))> waiting;
+  for (std::size_t i = 0; i < max_sync_waiters; ++i)
+    waiting.push_back(request<sync_report>(coord, sync_atom::value));
+  auto refused = request<sync_report>(coord, sync_atom::value);
+  run();
+  CHECK(!waiting.back()->has_value());
+  REQUIRE(refused->has_value());
+  REQUIRE(!**refused);
+  CHECK(is((**refused).error(), errc::queue_full));
+}
+
 // -- failure handling: the trainer ---------------------------------------------------------
 
 TEST_CASE_FIXTURE(coordinator_trainer_fixture, "the trainer dies mid-round: resume at once, the dirty engine leaves routing, no round until a trainer attaches") {

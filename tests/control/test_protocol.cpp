@@ -68,6 +68,13 @@ TEST_CASE("weight_bucket entries must match their shape and lie inside the data"
   b.entries[0].offset = 4;
   CHECK(check(b).find("outside the bucket") != std::string::npos);
   b.entries[0].offset = 0;
+  // A bucket without data: its checksum is that of no bytes, so only this
+  // check keeps an engine from reading where the entry points.
+  auto empty = b;
+  empty.data.clear();
+  CHECK(check(empty).find("outside the bucket's 0 bytes") != std::string::npos);
+  empty.entries = {{"w", 0, {0, 3}, 0, 0}};
+  CHECK(check(empty).empty());
   b.entries[0].dtype = 9;
   CHECK(check(b).find("unknown dtype") != std::string::npos);
   b.entries[0].dtype = 0;

@@ -1,6 +1,7 @@
 #include "runtime/transfer/ucx/active_messages.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -9,43 +10,72 @@ namespace rlsync::transfer::ucx_detail {
 ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
                                   size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<am_inbox*>(arg);
-  incoming in;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-    in.reply_ep = param->reply_ep;
   const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-  if (length > self->limit) {
-    in.too_big = length;
+  auto drop = [&] {
     if (rndv)
       ucp_am_data_release(self->worker, data);
-    self->ready.push_back(std::move(in));
+    ++self->dropped;
     return UCS_OK;
-  }
-  if (!rndv) {
-    const auto* p = static_cast<const std::uint8_t*>(data);
-    in.bytes.assign(p, p + length);
-    self->ready.push_back(std::move(in));
+  };
+  if (self->ready.size() + self->pending.size() >= max_ready)
+    return drop();
+  // UCX calls this from C: nothing may escape it (an allocation that fails drops the message).
+  try {
+    incoming in;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+      in.reply_ep = param->reply_ep;
+    if (length > self->limit) {
+      in.too_big = length;
+      self->ready.push_back(std::move(in));
+      if (rndv)
+        ucp_am_data_release(self->worker, data);
+      return UCS_OK;
+    }
+    if (!rndv) {
+      const auto* p = static_cast<const std::uint8_t*>(data);
+      in.bytes.assign(p, p + length);
+      self->ready.push_back(std::move(in));
+      return UCS_OK;
+    }
+    if (length > self->max_pending_bytes - self->pending_bytes) // pending_bytes <= max_pending_bytes always
+      return drop();
+    auto& f = self->pending.emplace_back();
+    f.msg = std::move(in);
+    try {
+      f.msg.bytes.resize(length);
+    } catch (...) {
+      self->pending.pop_back();
+      throw;
+    }
+    f.started = std::chrono::steady_clock::now();
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
+    void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);
+    // From here UCX owns `data`: nothing below releases it again.
+    if (UCS_PTR_IS_ERR(req)) {
+      self->pending.pop_back(); // lost: the sender's wait will time out
+      ++self->dropped;
+    } else if (req == nullptr) {
+      try {
+        self->ready.push_back(std::move(f.msg));
+      } catch (...) {
+        ++self->dropped;
+      }
+      self->pending.pop_back();
+    } else {
+      f.request = req;
+      self->pending_bytes += length;
+    }
     return UCS_OK;
+  } catch (...) {
+    return drop();
   }
-  auto& f = self->pending.emplace_back();
-  f.msg = std::move(in);
-  f.msg.bytes.resize(length);
-  ucp_request_param_t rp{};
-  rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
-  void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);
-  if (UCS_PTR_IS_ERR(req)) {
-    self->pending.pop_back(); // lost: the sender's wait will time out
-  } else if (req == nullptr) {
-    self->ready.push_back(std::move(f.msg));
-    self->pending.pop_back();
-  } else {
-    f.request = req;
-  }
-  return UCS_OK;
 }
 
 void am_inbox::install(ucp_worker_h w, unsigned id, std::size_t max_bytes) {
   worker = w;
   limit = max_bytes;
+  max_pending_bytes = max_bytes > SIZE_MAX / 4 ? SIZE_MAX : 4 * max_bytes;
   ucp_am_handler_param_t hp{};
   hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG
                   | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -57,16 +87,24 @@ void am_inbox::install(ucp_worker_h w, unsigned id, std::size_t max_bytes) {
     throw ucx_error(std::string("ucx: cannot install the message handler: ") + ucs_status_string(st));
 }
 
-// Moves finished rendezvous receptions to `ready`.
+// Moves finished rendezvous receptions to `ready`; cancels one fetched for
+// longer than max_fetch_time (its buffer goes once UCX lets go of it).
 void am_inbox::poll() {
+  const auto now = std::chrono::steady_clock::now();
   for (auto it = pending.begin(); it != pending.end();) {
     const ucs_status_t st = ucp_request_check_status(it->request);
     if (st == UCS_INPROGRESS) {
+      if (!it->cancelled && now - it->started > max_fetch_time) {
+        ucp_request_cancel(worker, it->request);
+        it->cancelled = true;
+        ++dropped;
+      }
       ++it;
       continue;
     }
     ucp_request_free(it->request);
-    if (st == UCS_OK)
+    pending_bytes -= it->msg.bytes.size();
+    if (st == UCS_OK && !it->cancelled)
       ready.push_back(std::move(it->msg));
     it = pending.erase(it);
   }
@@ -78,6 +116,7 @@ void am_inbox::cancel_all() {
     ucp_request_free(f.request); // released by UCX once it completes
   }
   pending.clear();
+  pending_bytes = 0;
 }
 
 // False when UCX refused the send outright.

@@ -5,6 +5,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -20,7 +21,12 @@ inline constexpr unsigned am_reply = 18;
 // Receives whole control messages on a worker: eager ones are copied in the
 // callback (their data lives only during it); rendezvous ones (large plans
 // or manifests) are fetched into a buffer of their announced size, which
-// must not exceed `limit`.
+// must not exceed `limit`. Messages arrive before anyone checked who sent
+// them, so what waits here is bounded: max_ready messages not yet taken,
+// max_pending_bytes being fetched (4 × limit), each fetch for at most
+// max_fetch_time (a sender gone mid-message does not hold its buffer for
+// good). A message beyond a bound is dropped and counted: its sender's
+// wait runs into its deadline.
 struct am_inbox {
   struct incoming {
     std::vector<std::uint8_t> bytes;
@@ -30,10 +36,17 @@ struct am_inbox {
   struct fetching {
     void* request = nullptr;
     incoming msg;
+    std::chrono::steady_clock::time_point started;
+    bool cancelled = false;
   };
+  static constexpr std::size_t max_ready = 4096;
+  static constexpr std::chrono::seconds max_fetch_time{30};
 
   ucp_worker_h worker = nullptr;
   std::size_t limit = 0;
+  std::size_t max_pending_bytes = 0;
+  std::size_t pending_bytes = 0; // the buffers of `pending`
+  std::uint64_t dropped = 0;     // messages dropped at a bound
   std::deque<incoming> ready;
   std::list<fetching> pending;
 

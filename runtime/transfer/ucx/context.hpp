@@ -69,7 +69,8 @@ std::string lanes_refused(const lane_info& l, const std::vector<ucx_transport>& 
 
 // -- waiting ------------------------------------------------------------------------------
 
-// Drives worker `w` until `done()` holds or `until` passes (false). Spins
+// Drives worker `w` until `done()` holds or `until` passes (false), even
+// while messages keep arriving. Spins
 // while there is progress and briefly after, then sleeps on the worker's
 // event fd so that an idle wait costs no CPU; sleeps are capped at `nap` so
 // that the deadline and other threads' requests are seen in time even if an
@@ -83,6 +84,9 @@ bool drive(const worker_handle& w, clock::time_point until, Done done,
       return true;
     if (ucp_worker_progress(w.handle) != 0) {
       idle = 0;
+      // A peer that never stops sending must not hold the wait past its deadline.
+      if (clock::now() >= until)
+        return done();
       continue;
     }
     if (done())

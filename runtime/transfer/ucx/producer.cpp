@@ -21,6 +21,9 @@ namespace ucx_detail {
 namespace {
 
 constexpr std::size_t max_plans_per_connection = 256;
+// The encoded bytes of the plans a connection holds (decoded, a few times
+// that): a worker's plan is a few MB for the largest models.
+constexpr std::uint64_t max_plan_bytes_per_connection = std::uint64_t(256) << 20;
 constexpr std::size_t max_sessions_per_connection = 64;
 
 } // namespace
@@ -206,6 +209,8 @@ std::string producer_impl::check_token(const wire::hello_msg& m) {
 void producer_impl::run() {
   progress_tid = static_cast<long>(::gettid());
   auto last_sweep = clock::now();
+  auto last_drop_said = last_sweep;
+  std::uint64_t drops_said = 0;
   while (!stopping) {
     unsigned n = 0;
     for (unsigned k; (k = ucp_worker_progress(worker.handle)) != 0 && n < 1024;)
@@ -221,6 +226,14 @@ void producer_impl::run() {
     if (now - last_sweep >= std::chrono::milliseconds(5)) {
       sweep(now);
       last_sweep = now;
+    }
+    if (inbox.dropped != drops_said && now - last_drop_said >= std::chrono::seconds(1)) { // at most once a second
+      say(options.log, "ucx producer: dropped " + std::to_string(inbox.dropped - drops_said)
+                           + " control messages at its inbox's bounds (" + std::to_string(am_inbox::max_ready)
+                           + " waiting, " + std::to_string(inbox.max_pending_bytes)
+                           + " bytes being fetched): their senders' waits run into their deadlines");
+      drops_said = inbox.dropped;
+      last_drop_said = now;
     }
     if (n != 0)
       continue;
@@ -635,13 +648,24 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
                  + " bytes (transfer.packed_budget_bytes)");
       return;
     }
-  if (c->plans.size() >= max_plans_per_connection) {
-    c->plans.erase(c->plan_order.front());
+  // The oldest plans go first, and with them what was opened or expected
+  // with them (nothing is packed ahead for a plan no longer held).
+  while (!c->plan_order.empty()
+         && (c->plans.size() >= max_plans_per_connection
+             || c->plan_bytes + m.plan.size() > max_plan_bytes_per_connection)) {
+    const std::uint64_t oldest = c->plan_order.front();
     c->plan_order.pop_front();
+    c->plan_bytes -= c->plan_sizes[oldest];
+    c->plan_sizes.erase(oldest);
+    c->plans.erase(oldest);
+    c->opened.erase({false, oldest, false});
+    c->opened.erase({false, oldest, true});
   }
   const plan::grouped_plan& accepted = *grouped;
   c->plans[digest] = std::move(grouped);
   c->plan_order.push_back(digest);
+  c->plan_sizes[digest] = m.plan.size();
+  c->plan_bytes += m.plan.size();
   reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
   if (options.expected_mode == transfer_mode::sharded)
     expect(*c, false, digest, &accepted);

@@ -206,10 +206,15 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
           + " bytes exceeds max_group_bytes");
     if (broadcast) {
       std::vector<tensor_view> views;
+      std::uint64_t sum = 0; // each tensor is below 2^63 bytes, the sum kept at most max_group_bytes: no wrap
       for (const auto& s : groups[i].tensors) {
         tensor_view v;
         static_cast<tensor_spec&>(v) = s;
         v.size = static_cast<std::size_t>(s.bytes());
+        sum += v.size;
+        if (sum > groups[i].bytes)
+          bad("group " + std::to_string(groups[i].group) + " announces " + std::to_string(groups[i].bytes)
+              + " bytes, its tensors take more");
         views.push_back(std::move(v));
       }
       // In place, a group that comes by tag after all is its tensors back
@@ -650,6 +655,7 @@ std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock
     }
   }
   std::string out;
+  ch->seq = UINT64_MAX; // a raw message carries whatever number it carries: any reply answers it
   if (ch->outbox.send(ch->ep, am_request, message, true)) {
     drive(ch->worker, deadline, [&] {
       ch->pump();

@@ -37,6 +37,10 @@ inline std::string who(const pull_request& r) {
   return "engine '" + r.engine + "' worker " + std::to_string(r.worker);
 }
 
+// Replies a connection holds that no wait has taken yet: a pull waits for
+// at most its window of groups plus those its open carried (max_prefetch).
+constexpr std::size_t max_waiting_replies = 1024;
+
 // One connection to the producer: a UCX worker of its own (UCX workers are
 // single-threaded), one endpoint, the receive buffers. Used by one pull at
 // a time; kept between pulls.
@@ -97,6 +101,20 @@ struct channel {
       try {
         auto m = wire::decode(in.bytes.data(), in.bytes.size());
         const std::uint64_t s = std::visit([](const auto& x) { return x.seq; }, m);
+        // Replies answer requests this side made, and are taken as they
+        // come: one to a request never made, or more than any pull leaves
+        // waiting, is a producer that lies, not one to buffer without end.
+        if (s > seq) {
+          failed = true;
+          failure = "the producer answered request " + std::to_string(s) + ", never made (the last was "
+                    + std::to_string(seq) + ")";
+          continue;
+        }
+        if (replies.size() >= max_waiting_replies && !replies.count(s)) {
+          failed = true;
+          failure = "the producer sent more than " + std::to_string(max_waiting_replies) + " replies not yet asked for";
+          continue;
+        }
         replies[s] = std::move(m);
       } catch (const wire::wire_error& e) {
         failed = true;
