@@ -5,6 +5,7 @@
 #include "actors/jobs/bench_sync_deployment.hpp"
 
 #include "runtime/base/format.hpp"
+#include "runtime/control/round_figures.hpp"
 
 #include <caf/scoped_actor.hpp>
 
@@ -20,10 +21,6 @@ namespace {
 using bench_detail::bench_deployment;
 using bench_detail::bench_layout;
 using bench_detail::clock_type;
-
-double ms(std::uint64_t ns) {
-  return ns / 1e6;
-}
 
 } // namespace
 
@@ -177,7 +174,7 @@ std::vector<std::string> rank_kill_lines(const rank_kill_result& k) {
   out.push_back(format("rank kill: restart %.1f ms; first complete round %.1f ms after the restart (round %d after it, "
                        "%u engines, transfer %.2f ms, stall %.2f ms)",
                        k.restart_ms, k.restart_to_complete_ms, k.rounds_to_complete, k.first_complete.engines_synced,
-                       ms(k.first_complete.transfer_ns), ms(k.first_complete.stall_ns)));
+                       ms_of(k.first_complete.transfer_ns), ms_of(k.first_complete.stall_ns)));
   return out;
 }
 

@@ -17,11 +17,6 @@ namespace rlsync::jobs {
 
 namespace {
 
-
-double ms(std::uint64_t ns) {
-  return ns / 1e6;
-}
-
 /// `x` rounded to `digits` decimals, for JSON figures that carry no noise.
 double rounded(double x, int digits) {
   const double scale = std::pow(10.0, digits);
@@ -59,19 +54,19 @@ bool packed_at_most_once(const rank_packs& p) {
 case_medians medians_of(const case_result& c) {
   std::vector<double> stall, transfer, control, gbps, pull, wait, store, rest, ran, queued;
   for (auto& x : c.warm) {
-    stall.push_back(ms(x.stall_ns));
-    transfer.push_back(ms(x.transfer_ns));
-    control.push_back(ms(x.control_ns));
+    stall.push_back(ms_of(x.stall_ns));
+    transfer.push_back(ms_of(x.transfer_ns));
+    control.push_back(ms_of(x.control_ns));
     if (x.transfer_ns > 0)
       gbps.push_back(x.bytes / static_cast<double>(x.transfer_ns));
     if (x.slowest_wait_ns > 0 || x.slowest_store_ns > 0) {
-      pull.push_back(ms(x.slowest_pull_ns));
-      wait.push_back(ms(x.slowest_wait_ns));
-      store.push_back(ms(x.slowest_store_ns));
-      rest.push_back(std::max(0.0, ms(x.slowest_pull_ns) - wait.back() - store.back()));
+      pull.push_back(ms_of(x.slowest_pull_ns));
+      wait.push_back(ms_of(x.slowest_wait_ns));
+      store.push_back(ms_of(x.slowest_store_ns));
+      rest.push_back(std::max(0.0, ms_of(x.slowest_pull_ns) - wait.back() - store.back()));
       if (x.slowest_ran_ns > 0) {
-        ran.push_back(ms(x.slowest_ran_ns));
-        queued.push_back(ms(x.slowest_queued_ns));
+        ran.push_back(ms_of(x.slowest_ran_ns));
+        queued.push_back(ms_of(x.slowest_queued_ns));
       }
     }
   }
@@ -82,7 +77,7 @@ case_medians medians_of(const case_result& c) {
 double cold_transfer_ms(const case_result& c) {
   double cold = 0;
   for (auto& x : c.cold)
-    cold = std::max(cold, ms(x.transfer_ns));
+    cold = std::max(cold, ms_of(x.transfer_ns));
   return cold;
 }
 
@@ -143,12 +138,12 @@ std::vector<std::string> pull_lines(const std::vector<case_result>& cases) {
     if (cold && (cold->slowest_wait_ns > 0 || cold->slowest_store_ns > 0))
       lines.push_back(format("%s cold pull: the slowest engine's %.2f ms of a %.2f ms transfer; its slowest worker "
                              "waited %.2f ms for the producer and stored for %.2f ms, the rest %.2f ms",
-                             c.name.c_str(), ms(cold->slowest_pull_ns), ms(cold->transfer_ns),
-                             ms(cold->slowest_wait_ns), ms(cold->slowest_store_ns),
-                             std::max(0.0, ms(cold->slowest_pull_ns) - ms(cold->slowest_wait_ns)
-                                               - ms(cold->slowest_store_ns)))
+                             c.name.c_str(), ms_of(cold->slowest_pull_ns), ms_of(cold->transfer_ns),
+                             ms_of(cold->slowest_wait_ns), ms_of(cold->slowest_store_ns),
+                             std::max(0.0, ms_of(cold->slowest_pull_ns) - ms_of(cold->slowest_wait_ns)
+                                               - ms_of(cold->slowest_store_ns)))
                       + (cold->slowest_ran_ns > 0
-                             ? "; its thread " + on_core(c, ms(cold->slowest_ran_ns), ms(cold->slowest_queued_ns))
+                             ? "; its thread " + on_core(c, ms_of(cold->slowest_ran_ns), ms_of(cold->slowest_queued_ns))
                              : std::string()));
     // The other side of the pulls: the producer's sends and answers, which
     // also include the idle polls between rounds (a few per trainer step).
@@ -184,9 +179,9 @@ nlohmann::ordered_json case_json(const case_result& c) {
     for (const auto& x : v) {
       nlohmann::ordered_json round = {{"version", x.version},
                                       {"engines", x.engines_synced},
-                                      {"stall_ms", rounded(ms(x.stall_ns), 3)},
-                                      {"transfer_ms", rounded(ms(x.transfer_ns), 3)},
-                                      {"control_ms", rounded(ms(x.control_ns), 3)},
+                                      {"stall_ms", rounded(ms_of(x.stall_ns), 3)},
+                                      {"transfer_ms", rounded(ms_of(x.transfer_ns), 3)},
+                                      {"control_ms", rounded(ms_of(x.control_ns), 3)},
                                       {"bytes", x.bytes}};
       for (const auto& [name, value] : slowest_pull_ms(x))
         round[name] = rounded(value, 3);

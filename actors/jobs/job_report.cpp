@@ -11,12 +11,6 @@
 
 namespace rlsync::jobs {
 
-namespace {
-
-double ms(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
-
-} // namespace
-
 std::string fixed(double x, int digits) {
   std::ostringstream os;
   os.setf(std::ios::fixed);
@@ -26,7 +20,7 @@ std::string fixed(double x, int digits) {
 }
 
 sync_figures figures_of(const sync_report& r) {
-  return {ms(r.stall_ns), ms(r.transfer_ns), transfer_gbps(r.bytes, r.transfer_ns), ms(r.control_ns)};
+  return {ms_of(r.stall_ns), ms_of(r.transfer_ns), transfer_gbps(r.bytes, r.transfer_ns), ms_of(r.control_ns)};
 }
 
 sync_summary summarize_syncs(const std::vector<sync_report>& rounds) {

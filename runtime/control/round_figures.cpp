@@ -53,19 +53,20 @@ double transfer_gbps(std::uint64_t bytes, std::uint64_t transfer_ns) {
   return transfer_ns > 0 ? static_cast<double>(bytes) / static_cast<double>(transfer_ns) : 0.0;
 }
 
+double ms_of(std::uint64_t ns) { return static_cast<double>(ns) / 1e6; }
+
 std::string millis(std::uint64_t ns) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f ms", static_cast<double>(ns) / 1e6);
+  std::snprintf(buf, sizeof buf, "%.3f ms", ms_of(ns));
   return buf;
 }
 
 std::vector<std::pair<std::string, double>> slowest_pull_ms(const sync_report& r) {
-  auto ms = [](std::uint64_t ns) { return static_cast<double>(ns) / 1e6; };
-  return {{"slowest_pull_ms", ms(r.slowest_pull_ns)},
-          {"slowest_wait_ms", ms(r.slowest_wait_ns)},
-          {"slowest_store_ms", ms(r.slowest_store_ns)},
-          {"slowest_ran_ms", ms(r.slowest_ran_ns)},
-          {"slowest_queued_ms", ms(r.slowest_queued_ns)}};
+  return {{"slowest_pull_ms", ms_of(r.slowest_pull_ns)},
+          {"slowest_wait_ms", ms_of(r.slowest_wait_ns)},
+          {"slowest_store_ms", ms_of(r.slowest_store_ns)},
+          {"slowest_ran_ms", ms_of(r.slowest_ran_ns)},
+          {"slowest_queued_ms", ms_of(r.slowest_queued_ns)}};
 }
 
 std::string log_line_of(const round_record& r, const sync_report& rep) {

@@ -57,6 +57,9 @@ sync_report report_of(const round_record& r, std::uint64_t end_ns);
 /// Transfer throughput in GB/s (bytes per nanosecond); 0 without a transfer time.
 double transfer_gbps(std::uint64_t bytes, std::uint64_t transfer_ns);
 
+/// Nanoseconds as milliseconds, for figures in reports.
+double ms_of(std::uint64_t ns);
+
 /// "12.345 ms".
 std::string millis(std::uint64_t ns);
 
