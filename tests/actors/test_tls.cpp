@@ -415,8 +415,8 @@ TEST_CASE("a head published over TLS admits a member, then stops cleanly and clo
   self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"), std::string("0000000000000000"))
     .receive([&](const std::string& ch) { challenge = ch; }, [&](caf::error& e) { problem = member.render(e); });
   CHECK(challenge.empty());
-  CHECK_MESSAGE(problem.find("wire fingerprint 0000000000000000, the head's " + wire_fingerprint()) != std::string::npos,
-                problem);
+  const auto named = problem.find("wire fingerprint 0000000000000000, the head's " + wire_fingerprint());
+  CHECK_MESSAGE(named != std::string::npos, problem);
   self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"), wire_fingerprint())
     .receive([&](const std::string& ch) { challenge = ch; }, [&](caf::error& e) { problem = member.render(e); });
   REQUIRE_MESSAGE(!challenge.empty(), problem);

@@ -40,6 +40,46 @@ TEST_CASE("an inbox keeps at most max_ready messages not yet taken; more are dro
   CHECK(inbox.dropped == 2);
 }
 
+namespace {
+
+// A large message, announced for a rendezvous fetch, from `reply_ep`.
+ucs_status_t announce(am_inbox& inbox, std::size_t length, ucp_ep_h reply_ep) {
+  ucp_am_recv_param_t param{};
+  param.recv_attr = UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+  param.reply_ep = reply_ep;
+  return am_inbox::on_message(&inbox, nullptr, 0, nullptr, length, &param);
+}
+
+} // namespace
+
+TEST_CASE("large messages: strangers get a small share of the bytes being fetched, members the rest") {
+  am_inbox inbox;
+  inbox.limit = 4 << 20;
+  inbox.max_pending_bytes = 8 << 20;
+  auto* stranger = reinterpret_cast<ucp_ep_h>(0x1000);
+  auto* member = reinterpret_cast<ucp_ep_h>(0x2000);
+  inbox.is_member = [&](ucp_ep_h ep) { return ep == member; };
+  // Past the strangers' share: refused before any fetch, the sender's send
+  // failing with the status, its descriptor dropped.
+  CHECK(announce(inbox, am_inbox::max_stranger_bytes + 1, stranger) == UCS_ERR_REJECTED);
+  CHECK(announce(inbox, am_inbox::max_stranger_bytes + 1, nullptr) == UCS_ERR_REJECTED);
+  inbox.stranger_bytes = am_inbox::max_stranger_bytes - 10;
+  inbox.pending_bytes = inbox.stranger_bytes;
+  CHECK(announce(inbox, 11, stranger) == UCS_ERR_REJECTED);
+  CHECK(inbox.dropped == 3);
+  CHECK(inbox.pending.empty());
+  // Over the bytes left to fetch in all: refused even from a member.
+  inbox.pending_bytes = (8 << 20) - 100;
+  CHECK(announce(inbox, 101, member) == UCS_ERR_REJECTED);
+  CHECK(inbox.dropped == 4);
+  // Over the limit: answered as too big (by size only), whoever sent it.
+  CHECK(announce(inbox, 5 << 20, stranger) == UCS_OK);
+  REQUIRE(inbox.ready.size() == 1);
+  CHECK(inbox.ready[0].too_big == 5 << 20);
+  CHECK(inbox.ready[0].reply_ep == stranger);
+  CHECK(inbox.pending.empty());
+}
+
 TEST_CASE("a message over the inbox's limit is kept as its size only") {
   am_inbox inbox;
   inbox.limit = 4;

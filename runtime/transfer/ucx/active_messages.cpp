@@ -11,24 +11,27 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
                                   size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<am_inbox*>(arg);
   const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  // Returning other than UCS_OK from here drops a large (rendezvous)
+  // message's descriptor and fails its send with that status; UCS_OK drops
+  // it too, the send succeeding (ucp_am_data_release is only for data kept
+  // past the callback with UCS_INPROGRESS).
   auto drop = [&] {
-    if (rndv)
-      ucp_am_data_release(self->worker, data);
     ++self->dropped;
-    return UCS_OK;
+    return rndv ? UCS_ERR_REJECTED : UCS_OK;
   };
   if (self->ready.size() + self->pending.size() >= max_ready)
     return drop();
+  const ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  const bool stranger = self->is_member && !(reply_ep && self->is_member(reply_ep));
+  if (rndv && length <= self->limit && stranger && length > max_stranger_bytes - self->stranger_bytes)
+    return drop(); // stranger_bytes <= max_stranger_bytes always
   // UCX calls this from C: nothing may escape it (an allocation that fails drops the message).
   try {
     incoming in;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-      in.reply_ep = param->reply_ep;
+    in.reply_ep = reply_ep;
     if (length > self->limit) {
-      in.too_big = length;
+      in.too_big = length; // answered as such; a large one's descriptor is dropped on return
       self->ready.push_back(std::move(in));
-      if (rndv)
-        ucp_am_data_release(self->worker, data);
       return UCS_OK;
     }
     if (!rndv) {
@@ -41,17 +44,17 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
       return drop();
     auto& f = self->pending.emplace_back();
     f.msg = std::move(in);
+    f.stranger = stranger;
     try {
       f.msg.bytes.resize(length);
     } catch (...) {
       self->pending.pop_back();
       throw;
     }
-    f.started = std::chrono::steady_clock::now();
     ucp_request_param_t rp{};
     rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
     void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);
-    // From here UCX owns `data`: nothing below releases it again.
+    // From here the fetch owns `data`: whatever follows returns UCS_OK.
     if (UCS_PTR_IS_ERR(req)) {
       self->pending.pop_back(); // lost: the sender's wait will time out
       ++self->dropped;
@@ -65,6 +68,8 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
     } else {
       f.request = req;
       self->pending_bytes += length;
+      if (stranger)
+        self->stranger_bytes += length;
     }
     return UCS_OK;
   } catch (...) {
@@ -87,36 +92,34 @@ void am_inbox::install(ucp_worker_h w, unsigned id, std::size_t max_bytes) {
     throw ucx_error(std::string("ucx: cannot install the message handler: ") + ucs_status_string(st));
 }
 
-// Moves finished rendezvous receptions to `ready`; cancels one fetched for
-// longer than max_fetch_time (its buffer goes once UCX lets go of it).
+// Moves finished rendezvous receptions to `ready`.
 void am_inbox::poll() {
-  const auto now = std::chrono::steady_clock::now();
   for (auto it = pending.begin(); it != pending.end();) {
     const ucs_status_t st = ucp_request_check_status(it->request);
     if (st == UCS_INPROGRESS) {
-      if (!it->cancelled && now - it->started > max_fetch_time) {
-        ucp_request_cancel(worker, it->request);
-        it->cancelled = true;
-        ++dropped;
-      }
       ++it;
       continue;
     }
     ucp_request_free(it->request);
     pending_bytes -= it->msg.bytes.size();
-    if (st == UCS_OK && !it->cancelled)
+    if (it->stranger)
+      stranger_bytes -= it->msg.bytes.size();
+    if (st == UCS_OK)
       ready.push_back(std::move(it->msg));
     it = pending.erase(it);
   }
 }
 
-void am_inbox::cancel_all() {
+// Only once the worker is about to be destroyed: UCX cannot cancel a
+// fetch, so it may write into its buffer until then.
+void am_inbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
   for (auto& f : pending) {
-    ucp_request_cancel(worker, f.request);
     ucp_request_free(f.request); // released by UCX once it completes
+    keep.push_back(std::move(f.msg.bytes));
   }
   pending.clear();
   pending_bytes = 0;
+  stranger_bytes = 0;
 }
 
 // False when UCX refused the send outright.

@@ -2,31 +2,35 @@
 // Internal to the ucx backend: control messages (ucx_wire.hpp) travel as
 // UCX active messages, requests to the producer and replies to the consumer.
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
+#include "runtime/transfer/ucx/ucx_wire.hpp"
 
 #include <ucp/api/ucp.h>
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <vector>
 
 namespace rlsync::transfer::ucx_detail {
 
-// Active message ids: requests go to the producer, replies to the consumer.
-inline constexpr unsigned am_request = 17;
-inline constexpr unsigned am_reply = 18;
+// Active message ids (part of the wire): requests go to the producer, replies to the consumer.
+inline constexpr unsigned am_request = ucx_wire::am_request_id;
+inline constexpr unsigned am_reply = ucx_wire::am_reply_id;
 
 // Receives whole control messages on a worker: eager ones are copied in the
 // callback (their data lives only during it); rendezvous ones (large plans
 // or manifests) are fetched into a buffer of their announced size, which
 // must not exceed `limit`. Messages arrive before anyone checked who sent
 // them, so what waits here is bounded: max_ready messages not yet taken,
-// max_pending_bytes being fetched (4 × limit), each fetch for at most
-// max_fetch_time (a sender gone mid-message does not hold its buffer for
-// good). A message beyond a bound is dropped and counted: its sender's
-// wait runs into its deadline.
+// max_pending_bytes being fetched (4 × limit), and with `is_member` set,
+// at most max_stranger_bytes of them from endpoints it does not vouch for
+// (the producer's members: consumers that proved their token), since UCX
+// cannot cancel a fetch a stalled sender never finishes: strangers' hellos
+// still arrive where UCX sends even small messages by rendezvous. A
+// message beyond a bound is dropped and counted; a large one's send fails
+// with UCS_ERR_REJECTED, a small one's sender waits into its deadline.
 struct am_inbox {
   struct incoming {
     std::vector<std::uint8_t> bytes;
@@ -36,17 +40,18 @@ struct am_inbox {
   struct fetching {
     void* request = nullptr;
     incoming msg;
-    std::chrono::steady_clock::time_point started;
-    bool cancelled = false;
+    bool stranger = false;
   };
   static constexpr std::size_t max_ready = 4096;
-  static constexpr std::chrono::seconds max_fetch_time{30};
+  static constexpr std::size_t max_stranger_bytes = std::size_t(1) << 20;
 
   ucp_worker_h worker = nullptr;
   std::size_t limit = 0;
   std::size_t max_pending_bytes = 0;
-  std::size_t pending_bytes = 0; // the buffers of `pending`
+  std::size_t pending_bytes = 0;  // the buffers of `pending`
+  std::size_t stranger_bytes = 0; // those of them from strangers
   std::uint64_t dropped = 0;     // messages dropped at a bound
+  std::function<bool(ucp_ep_h reply_ep)> is_member; // empty: every sender is one
   std::deque<incoming> ready;
   std::list<fetching> pending;
 
@@ -54,7 +59,7 @@ struct am_inbox {
                                  size_t length, const ucp_am_recv_param_t* param);
   void install(ucp_worker_h w, unsigned id, std::size_t max_bytes);
   void poll();
-  void cancel_all();
+  void abandon(std::vector<std::vector<std::uint8_t>>& keep);
 };
 
 // Control messages being sent; each owns its bytes until UCX is done with them.

@@ -57,6 +57,10 @@ void producer_impl::start() {
   ctx = make_context(options.transports, options.net_devices, "producer");
   worker = make_worker(ctx->handle, "producer");
   inbox.install(worker.handle, am_request, options.max_message_bytes);
+  // Large messages (plans) only from consumers that proved their token: a
+  // stranger's stalled fetch would hold its share of the inbox for good.
+  // Called on the progress thread, which owns conns.
+  inbox.is_member = [this](ucp_ep_h ep) { return conns.count(ep) > 0; };
   refusal_log = std::make_unique<rate_limited_log>([log = options.log](const std::string& line) { say(log, line); });
 
   // No listener: consumers connect to this worker address, which travels
@@ -231,7 +235,8 @@ void producer_impl::run() {
       say(options.log, "ucx producer: dropped " + std::to_string(inbox.dropped - drops_said)
                            + " control messages at its inbox's bounds (" + std::to_string(am_inbox::max_ready)
                            + " waiting, " + std::to_string(inbox.max_pending_bytes)
-                           + " bytes being fetched): their senders' waits run into their deadlines");
+                           + " bytes being fetched, " + std::to_string(am_inbox::max_stranger_bytes)
+                           + " of them from senders past no hello)");
       drops_said = inbox.dropped;
       last_drop_said = now;
     }
@@ -275,7 +280,7 @@ void producer_impl::shutdown() {
   for (auto& s : sends)
     if (s.request)
       ucp_request_free(s.request); // the buffers stay alive until the worker is gone
-  inbox.cancel_all();
+  inbox.abandon(graveyard);
   outbox.abandon(graveyard);
 }
 

@@ -229,7 +229,9 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
 
   // Receive buffers: allocated and touched once, reused by later pulls
   // (a lent session needs them only for a group sent by tag after all).
-  const std::size_t window = std::min<std::size_t>(std::max<std::size_t>(1, options.groups_in_flight), groups.size());
+  // At most what a connection may hold waiting, with the gets its open carried.
+  const std::size_t window = std::min<std::size_t>({std::max<std::size_t>(1, options.groups_in_flight), groups.size(),
+                                                    max_waiting_replies - wire::max_prefetch});
   if (!lent)
     ensure_slots(*ch, window, static_cast<std::size_t>(largest));
 

@@ -142,7 +142,6 @@ void puller_impl::destroy(std::unique_ptr<channel> ch, std::chrono::milliseconds
     return;
   reap_parked();
   if (ch->worker.handle) {
-    ch->inbox.cancel_all();
     if (ch->ep && ch->connected && !ch->failed) {
       // Say goodbye and let the producer close first (see its bye
       // handler): a close from this side would show there as a failed
@@ -173,7 +172,9 @@ void puller_impl::destroy(std::unique_ptr<channel> ch, std::chrono::milliseconds
 }
 
 void puller_impl::destroy_worker(channel& ch) {
-  std::vector<std::vector<std::uint8_t>> keep; // bytes of sends UCX may hold until the worker goes
+  // Bytes of sends UCX may read, and of fetches it may write, until the worker goes.
+  std::vector<std::vector<std::uint8_t>> keep;
+  ch.inbox.abandon(keep);
   ch.outbox.abandon(keep);
   ucp_worker_destroy(ch.worker.handle); // after this UCX touches none of our buffers
   ch.worker.handle = nullptr;

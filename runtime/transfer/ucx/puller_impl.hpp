@@ -112,7 +112,8 @@ struct channel {
         }
         if (replies.size() >= max_waiting_replies && !replies.count(s)) {
           failed = true;
-          failure = "the producer sent more than " + std::to_string(max_waiting_replies) + " replies not yet asked for";
+          failure = "the producer sent more than " + std::to_string(max_waiting_replies)
+                    + " replies waiting to be taken";
           continue;
         }
         replies[s] = std::move(m);

@@ -36,6 +36,11 @@
 
 namespace rlsync::transfer::ucx_wire {
 
+/// The UCX active-message ids messages travel under: requests to the
+/// producer, replies to the consumer.
+inline constexpr unsigned am_request_id = 17;
+inline constexpr unsigned am_reply_id = 18;
+
 /// Malformed bytes from a peer (or a plan no producer may replay).
 struct wire_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
