@@ -52,7 +52,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "membership: retries, stale incarnations,
   CHECK(*routes == std::vector<std::string>{"evict a"});
 }
 
-TEST_CASE_FIXTURE(coordinator_fixture, "the names the coordinator keeps records of are bounded; known names rejoin") {
+TEST_CASE_FIXTURE(coordinator_fixture, "the names the coordinator keeps records of are bounded, and known names rejoin") {
   auto c = config();
   c.max_engines = 2;
   start(c);

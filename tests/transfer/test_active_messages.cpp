@@ -21,7 +21,7 @@ void deliver(am_inbox& inbox, std::vector<std::uint8_t> bytes) {
 
 } // namespace
 
-TEST_CASE("an inbox keeps at most max_ready messages not yet taken; more are dropped and counted") {
+TEST_CASE("an inbox keeps at most max_ready messages not yet taken, and drops and counts more") {
   am_inbox inbox;
   inbox.limit = 16;
   for (std::size_t i = 0; i < am_inbox::max_ready; ++i)
