@@ -1,7 +1,7 @@
 # Script mode (cmake -P): writes OUT, a C++ fragment defining
 # RLSYNC_WIRE_FINGERPRINT, the first 16 hex digits of a SHA-256 over FILES
 # (paths relative to SOURCE_DIR, each hashed with its name). FILES are the
-# sources that define what crosses between nodes (WIRE_SOURCES in the top
+# sources that define what crosses between nodes (RLSYNC_WIRE_SOURCES in the top
 # CMakeLists.txt): builds whose fingerprints differ refuse each other at join.
 # OUT is rewritten only when its text changes, so an unchanged fingerprint
 # recompiles nothing.

@@ -7,9 +7,9 @@
 #include "actors/nccl_puller.hpp"
 #include "actors/fleet_metrics.hpp"
 #include "actors/gatekeeper.hpp"
-#include "runtime/base/version.hpp"
 #include "actors/tls.hpp"
 #include "actors/rollout_engine.hpp"
+#include "runtime/base/version.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
 #include <caf/io/middleman.hpp>

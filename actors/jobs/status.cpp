@@ -1,9 +1,9 @@
 #include "actors/jobs/status.hpp"
 
 #include "actors/gatekeeper.hpp"
-#include "runtime/base/version.hpp"
 #include "actors/jobs/job_report.hpp"
 #include "actors/tls.hpp"
+#include "runtime/base/version.hpp"
 #include "runtime/control/round_figures.hpp"
 
 #include <caf/scoped_actor.hpp>

@@ -196,9 +196,9 @@ py::dict report_dict(const sync_report& r) {
   d["version"] = r.version;
   d["engines_synced"] = r.engines_synced;
   d["evicted"] = r.evicted;
-  d["stall_ms"] = static_cast<double>(r.stall_ns) / 1e6;
-  d["transfer_ms"] = static_cast<double>(r.transfer_ns) / 1e6;
-  d["control_ms"] = static_cast<double>(r.control_ns) / 1e6;
+  d["stall_ms"] = ms_of(r.stall_ns);
+  d["transfer_ms"] = ms_of(r.transfer_ns);
+  d["control_ms"] = ms_of(r.control_ns);
   d["bytes"] = r.bytes;
   d["aborted"] = r.aborted;
   for (const auto& [name, value] : slowest_pull_ms(r))

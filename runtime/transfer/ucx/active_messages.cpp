@@ -42,15 +42,8 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
     }
     if (length > self->max_pending_bytes - self->pending_bytes) // pending_bytes <= max_pending_bytes always
       return drop();
-    auto& f = self->pending.emplace_back();
-    f.msg = std::move(in);
-    f.stranger = stranger;
-    try {
-      f.msg.bytes.resize(length);
-    } catch (...) {
-      self->pending.pop_back();
-      throw;
-    }
+    in.bytes.resize(length);
+    auto& f = self->pending.emplace_back(fetching{nullptr, std::move(in), stranger});
     ucp_request_param_t rp{};
     rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
     void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);

@@ -658,18 +658,16 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   while (!c->plan_order.empty()
          && (c->plans.size() >= max_plans_per_connection
              || c->plan_bytes + m.plan.size() > max_plan_bytes_per_connection)) {
-    const std::uint64_t oldest = c->plan_order.front();
+    const auto oldest = c->plan_order.front().digest;
+    c->plan_bytes -= c->plan_order.front().encoded_bytes;
     c->plan_order.pop_front();
-    c->plan_bytes -= c->plan_sizes[oldest];
-    c->plan_sizes.erase(oldest);
     c->plans.erase(oldest);
     c->opened.erase({false, oldest, false});
     c->opened.erase({false, oldest, true});
   }
   const plan::grouped_plan& accepted = *grouped;
   c->plans[digest] = std::move(grouped);
-  c->plan_order.push_back(digest);
-  c->plan_sizes[digest] = m.plan.size();
+  c->plan_order.push_back({digest, m.plan.size()});
   c->plan_bytes += m.plan.size();
   reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
   if (options.expected_mode == transfer_mode::sharded)

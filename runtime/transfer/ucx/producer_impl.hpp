@@ -99,9 +99,12 @@ struct connection {
   bool same_host = false; // its hello named this host: it may map our shared memory
   std::string refused; // non-empty: the lanes use a transport not allowed
   std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
-  std::deque<std::uint64_t> plan_order;
-  std::map<std::uint64_t, std::uint64_t> plan_sizes; // encoded bytes, by digest
-  std::uint64_t plan_bytes = 0;                     // their sum
+  struct held_plan {
+    std::uint64_t digest = 0;
+    std::uint64_t encoded_bytes = 0;
+  };
+  std::deque<held_plan> plan_order; // oldest first
+  std::uint64_t plan_bytes = 0;     // their encoded bytes
   std::map<std::uint64_t, session> sessions;
   // The plans this consumer opened sessions with ((true, 0): broadcast),
   // each with the newest version it opened: what a version is packed ahead
