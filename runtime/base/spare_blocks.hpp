@@ -4,8 +4,11 @@
 // fresh pages cost a fault each at first touch, and on VMs whose hypervisor
 // faults pages in, that costs more than filling them (README, "Trainer").
 // Two limits bound what is kept, a count and a byte total; a block given back
-// that would pass either is freed. Copies of a pool share its spares; a block
-// given back after every copy is gone is freed.
+// that would pass either makes room by freeing the spares given back longest
+// ago (a spare that fits no later request would otherwise hold its place for
+// good, and the newest memory is likeliest to fit the next version), or is
+// freed itself when it alone passes the byte limit. Copies of a pool share its
+// spares; a block given back after every copy is gone is freed.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace rlsync {
 
@@ -39,29 +43,39 @@ public:
     auto it = state_->free.lower_bound(bytes);
     if (it == state_->free.end() || it->first - bytes > bytes)
       return {nullptr, 0};
-    std::pair<block_ptr, std::uint64_t> taken{std::move(it->second), it->first};
+    std::pair<block_ptr, std::uint64_t> taken{std::move(it->second.block), it->first};
     state_->free_bytes -= it->first;
     state_->free.erase(it);
     return taken;
   }
 
   /// `block` (of `size` bytes), shared: when its last owner lets go it comes
-  /// back as a spare if a copy of this pool lives and has room, else it is
-  /// freed (outside the lock). The deleter cannot throw.
+  /// back as a spare if a copy of this pool lives and the block fits the
+  /// limits (the oldest spares freed to make room), else it is freed. Memory
+  /// is freed outside the lock. The deleter cannot throw.
   std::shared_ptr<Block> share(block_ptr block, std::uint64_t size) const {
     std::weak_ptr<state> back = state_;
     return std::shared_ptr<Block>(block.release(), [back, size](typename block_ptr::pointer p) noexcept {
       block_ptr owned(p);
+      std::vector<block_ptr> evicted; // destroyed after the lock is released
       try {
         if (auto s = back.lock()) {
           std::lock_guard<std::mutex> lock(s->mutex);
+          if (s->max_blocks == 0 || size > s->max_bytes)
+            return;
           // free_bytes <= max_bytes always, so the subtraction cannot wrap.
-          if (s->free.size() < s->max_blocks && size <= s->max_bytes - s->free_bytes) {
-            s->free.emplace(size, std::move(owned));
-            s->free_bytes += size;
+          while (s->free.size() >= s->max_blocks || size > s->max_bytes - s->free_bytes) {
+            auto oldest = std::min_element(s->free.begin(), s->free.end(), [](const auto& a, const auto& b) {
+              return a.second.given_back < b.second.given_back;
+            });
+            evicted.push_back(std::move(oldest->second.block));
+            s->free_bytes -= oldest->first;
+            s->free.erase(oldest);
           }
+          s->free.emplace(size, spare{std::move(owned), s->given_back++});
+          s->free_bytes += size;
         }
-      } catch (...) { // a lock or a map node that failed: not kept
+      } catch (...) { // a lock, a vector or a map node that failed: not kept
       }
     });
   }
@@ -74,7 +88,7 @@ public:
 
   /// Frees every spare: when fresh memory is short, they may be what is missing.
   void clear() const {
-    std::multimap<std::uint64_t, block_ptr> dropped;
+    std::multimap<std::uint64_t, spare> dropped;
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       dropped.swap(state_->free);
@@ -92,9 +106,14 @@ public:
   }
 
 private:
+  struct spare {
+    block_ptr block;
+    std::uint64_t given_back = 0; // order of return: the smallest is the oldest
+  };
   struct state {
     std::mutex mutex;
-    std::multimap<std::uint64_t, block_ptr> free; // by size
+    std::multimap<std::uint64_t, spare> free; // by size
+    std::uint64_t given_back = 0;
     std::uint64_t free_bytes = 0;
     std::size_t max_blocks = 0;
     std::uint64_t max_bytes = 0;

@@ -370,8 +370,9 @@ void mark_step_complete(const std::string& step_dir);
 /// where pages are faulted in by the hypervisor the first read of one the
 /// kernel filled can cost as much again; reused ones cost neither (figures in
 /// the README). Thread-safe (a step may be dropped on any thread); memory
-/// given back after the pool is gone is freed. A spare that fits no later
-/// file stays until the source goes (within the bound).
+/// given back after the pool is gone is freed. Memory given back when the
+/// spares are at the bound frees the oldest spares first, so that one that
+/// fits no later file does not hold its place for good.
 class step_read_memory {
 public:
   step_read_memory();

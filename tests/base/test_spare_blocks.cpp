@@ -43,8 +43,10 @@ TEST_CASE("spare_blocks keeps within both limits and takes the best fit up to tw
       {"more than twice the request: none", 4, 10000, {1000}, 499, 0, 1000},
       {"exactly twice the request fits", 4, 10000, {1000}, 500, 1000, 0},
       {"none large enough", 4, 10000, {1000, 2000}, 2001, 0, 3000},
-      {"the count limit frees the third", 2, 10000, {100, 200, 300}, 300, 0, 300},
-      {"the byte limit frees what would pass it", 4, 1500, {1000, 600, 500}, 500, 500, 1000},
+      {"the count limit frees the oldest", 2, 10000, {100, 200, 300}, 100, 200, 300},
+      {"the byte limit frees the oldest to make room", 4, 1500, {1000, 600, 500}, 1000, 0, 1100},
+      {"the byte limit frees no more than it must", 4, 1500, {400, 500, 600, 300}, 400, 500, 900},
+      {"a block alone past the byte limit is freed, the spares stay", 4, 1500, {1000, 2000}, 1000, 1000, 0},
       {"a zero limit keeps nothing", 4, 0, {1}, 1, 0, 0},
   };
   for (const auto& r : rows) {
@@ -103,12 +105,13 @@ TEST_CASE("spare_blocks frees what it does not keep, and what comes back once th
     CHECK(counted::alive == 4);
     a.reset();
     b.reset(); // kept: 200 bytes
-    c.reset(); // 300 bytes would pass the byte limit: freed
+    c.reset(); // 300 bytes would pass the byte limit: a, the oldest, freed
     CHECK(counted::alive == 3);
     d.reset(); // kept: three blocks, 210 bytes
-    share(1).reset(); // a fourth would pass the count limit: freed
+    share(1).reset(); // a fourth would pass the count limit: b freed
     CHECK(counted::alive == 3);
     CHECK(pool.count() == 3);
+    CHECK(pool.bytes() == 111);
     auto [taken, size] = pool.take(100);
     REQUIRE(taken);
     CHECK(size == 100);
