@@ -5,6 +5,7 @@
 #include "runtime/base/checksum.hpp"
 
 #include "runtime/base/json.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/base/regular_file.hpp"
 
 #include <nlohmann/json.hpp>
@@ -57,7 +58,7 @@ std::map<std::string, std::string> read_index(const std::string& path) {
     if (at.empty() && key == "weight_map")
       return "weight_map appears twice";
     if (at.size() == 1 && at[0] == "weight_map")
-      return "weight_map: tensor '" + key + "' listed twice";
+      return "weight_map: tensor '" + printable(key) + "' listed twice";
     return "";
   };
   json root;
@@ -87,10 +88,10 @@ std::map<std::string, std::string> read_index(const std::string& path) {
     if (name.empty())
       fail("weight_map: a tensor with an empty name");
     if (!file.is_string())
-      fail("weight_map: '" + name + "': expected a file name, got " + json_describe(file));
+      fail("weight_map: '" + printable(name) + "': expected a file name, got " + json_describe(file));
     const auto& file_name = file.get_ref<const std::string&>();
     if (!is_plain_file_name(file_name))
-      fail("weight_map: '" + name + "': '" + file_name + "' is not a plain file name in the checkpoint directory");
+      fail("weight_map: '" + printable(name) + "': '" + printable(file_name) + "' is not a plain file name in the checkpoint directory");
     out.emplace(name, file_name); // read_json_strict refused duplicate names
   }
   return out;
@@ -358,20 +359,20 @@ checkpoint checkpoint::open(const std::string& dir, const file_memory& memory) {
       std::string file = fs::path(f.path()).filename().string();
       for (auto& t : f.tensors()) {
         if (auto it = seen.find(t.name); it != seen.end())
-          throw checkpoint_error(dir + ": tensor '" + t.name + "' is in two files: " + it->second + " and "
-                                 + file);
+          throw checkpoint_error(dir + ": tensor '" + printable(t.name) + "' is in two files: " + printable(it->second) + " and "
+                                 + printable(file));
         seen.emplace(t.name, file);
         auto wm = weight_map.find(t.name);
         if (wm == weight_map.end())
-          throw checkpoint_error(f.path() + ": tensor '" + t.name + "' is not listed in " + index_file_name);
+          throw checkpoint_error(f.path() + ": tensor '" + printable(t.name) + "' is not listed in " + index_file_name);
         if (wm->second != file)
-          throw checkpoint_error(f.path() + ": tensor '" + t.name + "' is here but " + index_file_name
-                                 + " maps it to " + wm->second);
+          throw checkpoint_error(f.path() + ": tensor '" + printable(t.name) + "' is here but " + index_file_name
+                                 + " maps it to " + printable(wm->second));
       }
     }
     for (auto& [tensor, file] : weight_map)
       if (!seen.count(tensor))
-        throw checkpoint_error(index_path + ": tensor '" + tensor + "' is mapped to " + file
+        throw checkpoint_error(index_path + ": tensor '" + printable(tensor) + "' is mapped to " + printable(file)
                                + ", which does not contain it");
   } else {
     throw checkpoint_error(dir + ": no " + single_file_name + " or " + index_file_name);
@@ -401,7 +402,7 @@ const tensor_view* checkpoint::find(const std::string& name) const {
 const tensor_view& checkpoint::at(const std::string& name) const {
   if (auto* t = find(name))
     return *t;
-  throw checkpoint_error(dir_ + ": no tensor '" + name + "'");
+  throw checkpoint_error(dir_ + ": no tensor '" + printable(name) + "'");
 }
 
 dtype checkpoint_dtype(const checkpoint& ckpt) {
@@ -436,9 +437,9 @@ std::vector<std::string> check_llama_parameters(const checkpoint& ckpt, const mo
     const tensor_view& t = *e.tensor;
     if (!expected.count(t.name)) {
       if (!ignorable || !ignorable(t.name))
-        problems.push_back("unexpected tensor '" + t.name + "'");
+        problems.push_back("unexpected tensor '" + printable(t.name) + "'");
     } else if (t.type != type) {
-      problems.push_back("tensor '" + t.name + "': dtype " + std::string(safetensors_name(t.type)) + ", others are "
+      problems.push_back("tensor '" + printable(t.name) + "': dtype " + std::string(safetensors_name(t.type)) + ", others are "
                          + std::string(safetensors_name(type)));
     }
   }

@@ -165,13 +165,13 @@ std::string describe(const header_value& v) {
     if (v.text.empty())
       return "an empty string";
     [[fallthrough]];
-  default: return "'" + v.text + "'";
+  default: return "'" + printable(v.text) + "'";
   }
 }
 
 // The value where an integer belongs: a string of digits is named as one.
 std::string describe_as_integer(const header_value& v) {
-  return v.type == header_value::kind::string && !v.text.empty() ? "the string '" + v.text + "'" : describe(v);
+  return v.type == header_value::kind::string && !v.text.empty() ? "the string '" + printable(v.text) + "'" : describe(v);
 }
 
 class header_parser {
@@ -196,7 +196,7 @@ public:
       if (key.empty())
         fail("tensor with an empty name");
       if (!names.insert(key).second)
-        fail("duplicate tensor name '" + key + "'");
+        fail("duplicate tensor name '" + printable(key) + "'");
       out.tensors.push_back(parse_tensor(key, node));
     }
     check_coverage(out.tensors);
@@ -208,14 +208,14 @@ private:
       fail("__metadata__: expected an object of strings, got " + describe(node));
     for (auto& [k, v] : node.items) {
       if (v.type != header_value::kind::string)
-        fail("__metadata__: '" + k + "': expected a string, got " + describe(v));
+        fail("__metadata__: '" + printable(k) + "': expected a string, got " + describe(v));
       if (!out.emplace(k, v.text).second)
-        fail("__metadata__: duplicate key '" + k + "'");
+        fail("__metadata__: duplicate key '" + printable(k) + "'");
     }
   }
 
   tensor_view parse_tensor(const std::string& name, const header_value& node) const {
-    std::string where = "tensor '" + name + "'";
+    std::string where = "tensor '" + printable(name) + "'";
     if (node.type != header_value::kind::object)
       fail(where + ": expected an object, got " + describe(node));
     const header_value* dtype_node = nullptr;
@@ -227,9 +227,9 @@ private:
                                   : k == "data_offsets" ? &offsets_node
                                                         : nullptr;
       if (!slot)
-        fail(where + ": unknown field '" + k + "'");
+        fail(where + ": unknown field '" + printable(k) + "'");
       if (*slot)
-        fail(where + ": duplicate field '" + k + "'");
+        fail(where + ": duplicate field '" + printable(k) + "'");
       *slot = &v;
     }
     for (auto [field, p] : {std::pair{"dtype", dtype_node}, {"shape", shape_node}, {"data_offsets", offsets_node}})
@@ -242,7 +242,7 @@ private:
       fail(where + ": dtype: expected a string, got " + describe(*dtype_node));
     auto dt = parse_safetensors_dtype(dtype_node->text);
     if (!dt)
-      fail(where + ": unsupported dtype '" + dtype_node->text + "' (rlsync reads BF16, F16, F32)");
+      fail(where + ": unsupported dtype '" + printable(dtype_node->text) + "' (rlsync reads BF16, F16, F32)");
     t.type = *dt;
 
     if (shape_node->type != header_value::kind::array)
@@ -299,7 +299,7 @@ private:
            + std::to_string(data_size_) + " bytes)");
     t.offset = begin;
     t.size = static_cast<std::size_t>(bytes);
-    t.data = reinterpret_cast<const std::byte*>(data_ + begin);
+    t.data = data_ ? reinterpret_cast<const std::byte*>(data_ + begin) : nullptr;
     return t;
   }
 
@@ -313,12 +313,12 @@ private:
     const tensor_view* last = nullptr; // the tensor that ends at `covered`
     for (auto& t : tensors) {
       if (t.offset < covered)
-        fail("tensors '" + last->name + "' [" + std::to_string(last->offset) + ", "
-             + std::to_string(covered) + ") and '" + t.name + "' [" + std::to_string(t.offset) + ", "
+        fail("tensors '" + printable(last->name) + "' [" + std::to_string(last->offset) + ", "
+             + std::to_string(covered) + ") and '" + printable(t.name) + "' [" + std::to_string(t.offset) + ", "
              + std::to_string(t.offset + t.size) + ") overlap");
       if (t.offset > covered)
         fail("data bytes [" + std::to_string(covered) + ", " + std::to_string(t.offset)
-             + ") belong to no tensor (a hole before '" + t.name + "')");
+             + ") belong to no tensor (a hole before '" + printable(t.name) + "')");
       covered = t.offset + t.size;
       last = &t;
     }
@@ -352,30 +352,31 @@ void check_specs(const std::vector<tensor_spec>& tensors, const std::string& sou
     if (t.name == "__metadata__")
       throw checkpoint_error(source + ": '__metadata__' is reserved, not a tensor name");
     if (!names.insert(t.name).second)
-      throw checkpoint_error(source + ": duplicate tensor name '" + t.name + "'");
+      throw checkpoint_error(source + ": duplicate tensor name '" + printable(t.name) + "'");
     std::int64_t n = 1;
     for (auto d : t.shape) {
       if (d < 0)
-        throw checkpoint_error(source + ": tensor '" + t.name + "': negative dimension in shape "
+        throw checkpoint_error(source + ": tensor '" + printable(t.name) + "': negative dimension in shape "
                                + shape_string(t.shape));
       if (__builtin_mul_overflow(n, d, &n))
-        throw checkpoint_error(source + ": tensor '" + t.name + "': shape " + shape_string(t.shape)
+        throw checkpoint_error(source + ": tensor '" + printable(t.name) + "': shape " + shape_string(t.shape)
                                + ": element count overflows");
     }
     std::int64_t bytes;
     if (__builtin_mul_overflow(n, std::int64_t(dtype_size(t.type)), &bytes))
-      throw checkpoint_error(source + ": tensor '" + t.name + "': shape " + shape_string(t.shape)
+      throw checkpoint_error(source + ": tensor '" + printable(t.name) + "': shape " + shape_string(t.shape)
                              + ": byte size overflows");
   }
 }
 
-} // namespace
-
-safetensors_layout parse_safetensors(const void* data, std::size_t size, const std::string& source) {
+/// The header's length, checked against the file's size.
+std::uint64_t header_length(const unsigned char* bytes, std::size_t available, std::uint64_t size,
+                            const std::string& source) {
   auto fail = [&](const std::string& what) { throw checkpoint_error(source + ": " + what); };
-  const auto* bytes = static_cast<const unsigned char*>(data);
   if (size < 8)
     fail("file is " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+  if (available < 8)
+    throw std::logic_error("safetensors: the 8-byte header length was not read");
   std::uint64_t n = load_le64(bytes);
   if (n > safetensors_max_header)
     fail("header length " + std::to_string(n) + " exceeds the limit of "
@@ -383,6 +384,17 @@ safetensors_layout parse_safetensors(const void* data, std::size_t size, const s
   if (n > size - 8)
     fail("header length " + std::to_string(n) + " runs past the end of the file ("
          + std::to_string(size) + " bytes)");
+  return n;
+}
+
+/// Parses an image of `size` bytes whose first `available` bytes are at
+/// `bytes`; the views point into it when `with_data`, else they are null.
+safetensors_layout parse_image(const unsigned char* bytes, std::size_t available, std::uint64_t size, bool with_data,
+                               const std::string& source) {
+  auto fail = [&](const std::string& what) { throw checkpoint_error(source + ": " + what); };
+  const std::uint64_t n = header_length(bytes, available, size, source);
+  if (available - 8 < n)
+    throw std::logic_error("safetensors: the header was not read whole");
   std::string_view header(reinterpret_cast<const char*>(bytes + 8), static_cast<std::size_t>(n));
   // Hugging Face's reader demands that the header start with '{'.
   if (header.empty() || header.front() != '{')
@@ -397,8 +409,35 @@ safetensors_layout parse_safetensors(const void* data, std::size_t size, const s
   safetensors_layout out;
   out.header_size = n;
   std::uint64_t data_size = size - 8 - n;
-  header_parser(source, data_size, bytes + 8 + n).parse(sax.root, out);
+  header_parser(source, data_size, with_data ? bytes + 8 + n : nullptr).parse(sax.root, out);
   return out;
+}
+
+/// Reads exactly `bytes` at `offset`; false when the file ends first.
+bool read_at(int fd, unsigned char* into, std::size_t bytes, std::uint64_t offset, const std::string& path) {
+  std::size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = ::pread(fd, into + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      throw checkpoint_error(printable(path) + ": cannot read: " + errno_text());
+    if (n == 0)
+      return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+} // namespace
+
+safetensors_layout parse_safetensors(const void* data, std::size_t size, const std::string& source) {
+  return parse_image(static_cast<const unsigned char*>(data), size, size, true, source);
+}
+
+safetensors_layout parse_safetensors_header(const void* head, std::size_t head_size, std::uint64_t file_size,
+                                            const std::string& source) {
+  return parse_image(static_cast<const unsigned char*>(head), head_size, file_size, false, source);
 }
 
 // ---- safetensors_file ------------------------------------------------------
@@ -421,6 +460,21 @@ safetensors_file safetensors_file::open(const std::string& path, const file_memo
     ~closer() { ::close(fd); }
   } close_on_return{file.fd};
   f.size_ = file.size;
+  // The header first, validated against the file's size (lengths, offsets
+  // tiling the data exactly): a file that is not a checkpoint is refused
+  // before the memory of its size is asked for.
+  std::vector<unsigned char> head(std::min<std::size_t>(f.size_, 8));
+  if (!read_at(file.fd, head.data(), head.size(), 0, path))
+    throw checkpoint_error(printable(path) + ": changed while being read (shrank below 8 bytes)");
+  if (f.size_ >= 8) {
+    std::uint64_t n = load_le64(head.data());
+    if (n <= safetensors_max_header && n <= f.size_ - 8) {
+      head.resize(static_cast<std::size_t>(8 + n));
+      if (!read_at(file.fd, head.data() + 8, static_cast<std::size_t>(n), 8, path))
+        throw checkpoint_error(printable(path) + ": changed while being read (shrank within its header)");
+    }
+  }
+  f.layout_ = parse_safetensors_header(head.data(), head.size(), f.size_, printable(path, path.size()));
   if (f.size_ > 0) {
     try { // not zero-filled: every byte is read below
       f.data_ = memory ? memory(f.size_) : std::shared_ptr<std::byte>(new std::byte[f.size_], std::default_delete<std::byte[]>());
@@ -430,24 +484,20 @@ safetensors_file safetensors_file::open(const std::string& path, const file_memo
       throw checkpoint_error(printable(path) + ": cannot allocate " + std::to_string(f.size_)
                              + " bytes to read the file into memory");
   }
-  std::size_t done = 0;
-  while (done < f.size_) {
-    ssize_t n = ::read(file.fd, f.data_.get() + done, f.size_ - done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      throw checkpoint_error(printable(path) + ": cannot read: " + errno_text());
-    if (n == 0)
-      throw checkpoint_error(printable(path) + ": changed while being read (shrank from "
-                             + std::to_string(f.size_) + " to " + std::to_string(done) + " bytes)");
-    done += static_cast<std::size_t>(n);
-  }
+  auto* base = reinterpret_cast<unsigned char*>(f.data_.get());
+  if (!read_at(file.fd, base, f.size_, 0, path))
+    throw checkpoint_error(printable(path) + ": changed while being read (shrank below "
+                           + std::to_string(f.size_) + " bytes)");
   struct stat after {};
   if (::fstat(file.fd, &after) != 0 || static_cast<std::size_t>(after.st_size) != f.size_)
     throw checkpoint_error(printable(path) + ": changed while being read (was " + std::to_string(f.size_)
                            + " bytes, now " + std::to_string(after.st_size) + ")");
-  // On a parse error f's destructor frees the buffer.
-  f.layout_ = parse_safetensors(f.data_ ? static_cast<const void*>(f.data_.get()) : "", f.size_, path);
+  if (std::memcmp(base, head.data(), head.size()) != 0)
+    throw checkpoint_error(printable(path) + ": changed while being read (its header is not the one checked)");
+  // The views, validated above, now point into the file's memory.
+  const unsigned char* data = base + 8 + f.layout_.header_size;
+  for (auto& t : f.layout_.tensors)
+    t.data = reinterpret_cast<const std::byte*>(data + t.offset);
   for (std::size_t i = 0; i < f.layout_.tensors.size(); ++i)
     f.by_name_.emplace(f.layout_.tensors[i].name, i);
   return f;

@@ -50,6 +50,16 @@ constexpr std::uint64_t safetensors_max_header = 100'000'000;
 /// names, and a __metadata__ that is not an object of strings.
 safetensors_layout parse_safetensors(const void* data, std::size_t size, const std::string& source);
 
+/// The same checks on a file's first bytes alone, before its data are read:
+/// `head` holds the first `head_size` bytes of a file of `file_size` bytes.
+/// Needs the 8-byte length and the header it gives, where that length is
+/// plausible (throws std::logic_error when `head` is shorter). The views
+/// carry names, types, shapes and offsets, and no data (null). A file read
+/// whole only once its header has passed cannot make its reader allocate the
+/// size of a file that is not a checkpoint.
+safetensors_layout parse_safetensors_header(const void* head, std::size_t head_size, std::uint64_t file_size,
+                                            const std::string& source);
+
 /// Memory to read a file of `bytes` bytes into: at least that many, not
 /// necessarily zeroed (every byte is read over), owned by what is returned.
 /// It may hand out memory a dropped file held, so that reading a step does

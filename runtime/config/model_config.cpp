@@ -176,6 +176,13 @@ std::vector<std::string> validate(const model_config& c) {
                    + (params ? std::to_string(*params) : std::string("more than 2^63"))
                    + " parameters, more than the limit of " + std::to_string(max_parameters)
                    + " (2^40)");
+  std::int64_t sparse_layers = 0;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    sparse_layers += c.sparse_layer(l) ? 1 : 0;
+  if (c.num_experts * sparse_layers > max_experts_in_all) // both bounded: no overflow
+    errs.push_back("num_experts: " + std::to_string(c.num_experts) + " experts in each of " + std::to_string(sparse_layers)
+                   + " sparse layers make " + std::to_string(c.num_experts * sparse_layers)
+                   + ", more than the limit of " + std::to_string(max_experts_in_all) + " (2^17) in all");
   return errs;
 }
 

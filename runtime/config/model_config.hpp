@@ -85,6 +85,10 @@ constexpr std::int64_t max_experts = 4096;
 constexpr std::int64_t max_position_embeddings_limit = std::int64_t(1) << 24;
 /// 2^40 (about 1.1 trillion) parameters.
 constexpr std::int64_t max_parameters = std::int64_t(1) << 40;
+/// Experts of all sparse layers together (2^17; DeepSeek-V3 has about 15k,
+/// Kimi K2 23k): each is three tensors every reader lists, so a few hundred
+/// bytes of config.json cannot ask for millions of them.
+constexpr std::int64_t max_experts_in_all = std::int64_t(1) << 17;
 
 /// Parameters of a Llama-style decoder without biases: embeddings, per layer
 /// q/k/v/o, gate/up/down and two norms (Qwen3: and the q/k head norms), the
@@ -95,7 +99,8 @@ std::optional<std::int64_t> parameter_count(const model_config& c);
 /// Checks the shape on its own (positive sizes within the max_* bounds above,
 /// heads divide hidden unless head_dim is explicit (Qwen3 only), kv heads
 /// divide heads, even head_dim for rotary,
-/// vocab >= 258, at most max_parameters parameters). Returns one message
+/// vocab >= 258, at most max_parameters parameters and max_experts_in_all
+/// experts over the sparse layers). Returns one message
 /// per problem, each starting with the config.json field name, e.g.
 /// "num_key_value_heads: must divide num_attention_heads (8), got 3".
 std::vector<std::string> validate(const model_config& c);

@@ -449,7 +449,7 @@ synthetic_source::synthetic_source(synthetic_options o)
       if (auto problem = first_nonfinite(views); !problem.empty())
         throw checkpoint_error(options_.initial_checkpoint + ": " + problem);
     }
-    options_.type = ck.tensors().front().tensor->type;
+    options_.type = checkpoint_dtype(ck); // the embedding's: an extra tensor may differ
   }
   for (auto& s : llama_parameter_specs(config(), options_.type))
     if (holds(s.name))

@@ -320,8 +320,56 @@ TEST_CASE("safetensors_file: memory larger than the file is read only as far as 
   CHECK(f.tensors().size() == s.tensors().size());
   CHECK(std::equal(s.data[0].begin(), s.data[0].end(), reinterpret_cast<const unsigned char*>(f.tensors()[0].data)));
   write_file(dir / "cut.safetensors", whole.substr(0, whole.size() - 1)); // the last data byte missing
+  asked = 0;
   CHECK_THROWS_AS(safetensors_file::open(dir / "cut.safetensors", larger), checkpoint_error);
-  CHECK(asked == whole.size() - 1);
+  CHECK(asked == 0); // refused from its header, before any memory
+}
+
+TEST_CASE("safetensors_file: a file its header does not describe is refused before its size is allocated") {
+  scratch_dir dir;
+  std::size_t asked = 0;
+  const file_memory counting = [&](std::size_t bytes) {
+    asked = bytes;
+    return std::shared_ptr<std::byte>(new std::byte[bytes], std::default_delete<std::byte[]>());
+  };
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  struct row {
+    const char* what;
+    std::string bytes;
+    const char* message;
+  };
+  const std::vector<row> rows = {
+      {"not a checkpoint", "GARBAGE!" + std::string(1 << 20, 'x'), "exceeds the limit of 100000000 bytes"},
+      {"a plausible length, no JSON", image("xxxx", 1 << 20), "header is not a JSON object"},
+      {"more data than the header describes", image(header, 1 << 20), "belong to no tensor (incomplete metadata)"},
+      {"less data than the header describes", image(header, 4), "end is beyond the data section (4 bytes)"},
+      {"a header longer than the file", image(header, 0).substr(0, 20), "runs past the end of the file"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    write_file(dir / "f.safetensors", r.bytes);
+    asked = 0;
+    CHECK_THROWS_WITH_AS(safetensors_file::open(dir / "f.safetensors", counting), doctest::Contains(r.message),
+                         checkpoint_error);
+    CHECK(asked == 0);
+  }
+  write_file(dir / "f.safetensors", image(header, 8));
+  auto f = safetensors_file::open(dir / "f.safetensors", counting);
+  CHECK(asked == 8 + header.size() + 8);
+  REQUIRE(f.find("w") != nullptr);
+  CHECK(std::to_integer<int>(f.find("w")->data[7]) == 1); // the views point into the file's memory
+}
+
+TEST_CASE("reader: names and values from the file are echoed printable, and cut") {
+  // A JSON escape decodes to a control character that must not reach a terminal.
+  CHECK(parse_error(image(R"({"a\u001b[2J\nFORGED":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8))
+        == "mem: tensor 'a\\x1b[2J\\x0aFORGED': unsupported dtype 'F64' (rlsync reads BF16, F16, F32)");
+  const std::string long_name(1000, 'n');
+  auto message = parse_error(image("{\"" + long_name + R"(":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8));
+  CHECK(message.find(std::string(256, 'n') + "...'") != std::string::npos);
+  CHECK(message.find(std::string(257, 'n')) == std::string::npos);
+  CHECK(parse_error(image(R"({"__metadata__":{"k\u0007":null},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8))
+        == "mem: __metadata__: 'k\\x07': expected a string, got 'null'");
 }
 
 TEST_CASE("every file in tests/data/bad_safetensors is rejected with the right message") {

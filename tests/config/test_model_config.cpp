@@ -36,6 +36,16 @@ std::string temp_path(const std::string& stem) {
   return "/tmp/rlsync-test-" + std::to_string(::getpid()) + "-" + stem;
 }
 
+/// Tiny experts, 4096 of them in each of `layers` sparse layers.
+void many_experts(model_config& c, std::int64_t layers) {
+  c.arch = model_arch::qwen3_moe;
+  c.num_experts = 4096;
+  c.num_experts_per_tok = 2;
+  c.moe_intermediate_size = 1;
+  c.decoder_sparse_step = 1;
+  c.num_hidden_layers = layers;
+}
+
 } // namespace
 
 TEST_CASE("model shape validation: one row per rule") {
@@ -77,6 +87,8 @@ TEST_CASE("model shape validation: one row per rule") {
        c.num_hidden_layers = 1024;
      },
      "more than the limit of 1099511627776 (2^40)"},
+    {"experts in all past the limit", [](model_config& c) { many_experts(c, 33); },
+     "num_experts: 4096 experts in each of 33 sparse layers make 135168, more than the limit of 131072 (2^17) in all"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
@@ -84,6 +96,9 @@ TEST_CASE("model shape validation: one row per rule") {
     r.mutate(c);
     CHECK(mentions(validate(c), r.expect));
   }
+  auto at_limit = small();
+  many_experts(at_limit, 32); // 4096 x 32 = 2^17
+  CHECK(validate(at_limit).empty());
 }
 
 TEST_CASE("parameter_count: exact for the Llama layout, nullopt on overflow or a bad shape") {

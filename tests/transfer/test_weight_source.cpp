@@ -326,6 +326,31 @@ TEST_CASE("synthetic source can start from a checkpoint") {
   CHECK_THROWS_WITH_AS(synthetic_source{o}, doctest::Contains("config.json"), checkpoint_error);
 }
 
+TEST_CASE("synthetic source takes the embedding's dtype from a checkpoint that leads with an f32 extra") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  make_synthetic_checkpoint(tmp / "base", c, dtype::bf16, 5);
+  // Hugging Face's writer may put a higher-precision extra (a rotary
+  // inv_freq buffer) first in data order.
+  auto base = checkpoint::open(tmp / "base");
+  std::vector<float> inv_freq(4, 0.5f);
+  std::vector<tensor_bytes> tensors{
+      {tensor_spec{"model.layers.0.self_attn.rotary_emb.inv_freq", dtype::f32, {4}}, inv_freq.data()}};
+  for (const auto& e : base.tensors())
+    tensors.push_back({tensor_spec{e.tensor->name, e.tensor->type, e.tensor->shape}, e.tensor->data});
+  std::filesystem::create_directories(tmp / "extra");
+  std::filesystem::copy_file(tmp / "base/config.json", tmp / "extra/config.json");
+  write_safetensors(tmp / "extra/model.safetensors", tensors);
+  REQUIRE(checkpoint::open(tmp / "extra").tensors().front().tensor->type == dtype::f32);
+
+  synthetic_options o;
+  o.config = c;
+  o.initial_checkpoint = tmp / "extra";
+  synthetic_source src(o);
+  CHECK(src.parameters().front().type == dtype::bf16);
+  check_equal_to_checkpoint(*src.produce_next(), tmp / "base");
+}
+
 TEST_CASE("step directory names") {
   CHECK(step_dir_name(42) == "step-000042");
   CHECK(step_dir_name(1234567) == "step-1234567");
