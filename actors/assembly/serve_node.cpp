@@ -98,6 +98,8 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options, rollo
 void serve_node::mount(const model_config& model) {
   if (options_.metrics)
     metrics_ = options_.metrics;
+  ctx_.settings.pause_deadline = options_.pause_deadline;
+  ctx_.settings.session_idle_deadline = options_.session_idle_deadline;
   control_ = serve::spawn_serve_control(sys_, ctx_);
   server_ = std::make_unique<http::server>(options_.http);
   serve::mount_engine_routes(*server_, sys_, control_, ctx_);

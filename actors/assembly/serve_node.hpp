@@ -34,6 +34,11 @@ struct serve_node_options {
   bool on_cuda = false; ///< weights and matrix products on CUDA device 0 (gpu/engine_device.hpp)
   http::server_options http; ///< host, port, bounds, bearer token
   bool strict_vllm = false;  ///< answer exactly as vLLM does (500 for ordering mistakes, no extras)
+  /// The control routes' deadlines for a pause (a wait-pause waits for the
+  /// running requests) and for a weight-update session no call touches
+  /// (serve::serve_settings).
+  std::chrono::milliseconds pause_deadline = serve::serve_settings{}.pause_deadline;
+  std::chrono::milliseconds session_idle_deadline = serve::serve_settings{}.session_idle_deadline;
   /// What GET /metrics serves: as a topology's node, the registry its member
   /// node's engine records into; nullptr: the server's own.
   std::shared_ptr<metrics::registry> metrics;

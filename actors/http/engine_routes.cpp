@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 
 // Local only: the HTTP request and answer travel between this process's own actors.
@@ -147,8 +148,15 @@ std::string coordinated_refusal(const std::string& path) {
 namespace {
 
 using http_atom = caf::atom_constant<caf::atom("http")>;
+using session_idle_atom = caf::atom_constant<caf::atom("sessidle")>;
 using request_ptr = std::shared_ptr<const http::request>;
 using done_fn = std::function<void(response)>;
+
+/// Now on the monotonic clock, in nanoseconds: a request's expiry.
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
 
 /// The text of an engine's error: its context message when it has one.
 std::string error_text(caf::actor_system& sys, const caf::error& err) {
@@ -172,6 +180,7 @@ struct control_state {
   bool loaded = false;       ///< a checkpoint is in the session's staging
   bool implicit_pause = false; ///< start paused the engine itself (vLLM needs no pause): resumed after finish
   std::uint64_t session_version = 0;
+  std::uint64_t session_calls = 0; ///< counts the calls that touch a session; its idle timer holds the count
   bool sleeping = false;
   int sleep_level = 0;
   /// A level-2 sleep released the engine's weights; a wake loads them again
@@ -189,9 +198,10 @@ using control_ptr = caf::stateful_actor<control_state>*;
 
 unsigned ordering_status(control_ptr self) { return self->state.ctx.settings.strict_vllm ? 500 : 409; }
 
-response engine_failure(control_ptr self, const caf::error& err, const std::string& what) {
+response engine_failure(control_ptr self, const caf::error& err, const std::string& what,
+                        const std::string& note = "") {
   auto status = ordering_error(err) ? ordering_status(self) : 500u;
-  return error_envelope(status, what + ": " + error_text(self->system(), err));
+  return error_envelope(status, what + ": " + error_text(self->system(), err) + note);
 }
 
 std::chrono::milliseconds deadline(control_ptr self) { return self->state.ctx.settings.engine_deadline; }
@@ -200,23 +210,78 @@ json message(const char* text) { return json{{"message", text}}; }
 
 // -- steps shared by several routes --------------------------------------------------
 
-void do_pause(control_ptr self, pause_request req, std::function<void(const pause_report&)> ok, done_fn fail,
+/// Puts a paused or pausing engine back to running: a keep-pause, which
+/// supersedes a wait-pause still in flight and is reached at once, then a
+/// resume. `failed` gets why not.
+void run_on(control_ptr self, std::function<void()> ok, std::function<void(std::string)> failed) {
+  self->request(self->state.ctx.engine, deadline(self), pause_atom::value, pause_request{pause_mode::keep, false})
+    .await(
+      [self, ok, failed](pause_report&) {
+        self->request(self->state.ctx.engine, deadline(self), resume_atom::value)
+          .await([ok](phase_ack&) { ok(); },
+                 [self, failed](caf::error& err) { failed(error_text(self->system(), err)); });
+      },
+      [self, failed](caf::error& err) { failed(error_text(self->system(), err)); });
+}
+
+/// A failure's answer, given a note to end its message with.
+using answer_fn = std::function<response(const std::string& note)>;
+
+/// Answers a failure after putting an engine that ran before the call back
+/// to running, the message saying whether that worked.
+void fail_running_as_before(control_ptr self, bool was_running, answer_fn answer, done_fn done) {
+  if (!was_running)
+    return done(answer(""));
+  run_on(
+    self, [done, answer] { done(answer("; the engine runs on as before the call")); },
+    [done, answer](const std::string& why) { done(answer("; the engine could not be put back to running: " + why)); });
+}
+
+/// Pauses; `ok` gets the report and whether the engine was running before.
+/// Where the pause fails (a wait-pause whose requests outlast the deadline
+/// is applied at once, only its report comes late) an engine that was
+/// running runs on, as if the call had not been made.
+void do_pause(control_ptr self, pause_request req, std::function<void(const pause_report&, bool)> ok, done_fn fail,
               bool flat) {
-  self->request(self->state.ctx.engine, self->state.ctx.settings.load_deadline, pause_atom::value, req)
-    .await([ok](pause_report& r) { ok(r); },
-           [self, fail, flat](caf::error& err) {
-             auto text = "pause failed: " + error_text(self->system(), err);
-             fail(flat ? flat_error(500, text) : error_envelope(500, text));
-           });
+  auto failed = [self, flat](const caf::error& err) -> answer_fn {
+    auto text = "pause failed: " + error_text(self->system(), err);
+    return [text, flat](const std::string& note) {
+      return flat ? flat_error(500, text + note) : error_envelope(500, text + note);
+    };
+  };
+  self->request(self->state.ctx.engine, deadline(self), status_atom::value)
+    .await(
+      [self, req, ok, fail, failed](engine_status& s) {
+        const bool was_running = s.state == scheduler_state::unpaused;
+        self->request(self->state.ctx.engine, self->state.ctx.settings.pause_deadline, pause_atom::value, req)
+          .await([ok, was_running](pause_report& r) { ok(r, was_running); },
+                 [self, fail, failed, was_running](caf::error& err) {
+                   if (was_running)
+                     return fail_running_as_before(self, was_running, failed(err), fail);
+                   // Paused before: a wait-pause let its frozen requests run; a keep-pause freezes them again.
+                   auto answer = failed(err);
+                   self->request(self->state.ctx.engine, deadline(self), pause_atom::value,
+                                 pause_request{pause_mode::keep, false})
+                     .await([fail, answer](pause_report&) { fail(answer("; the engine stays paused")); },
+                            [self, fail, answer](caf::error& again) {
+                              fail(answer("; the engine could not be paused as before: "
+                                          + error_text(self->system(), again)));
+                            });
+                 });
+      },
+      [fail, failed](caf::error& err) { fail(failed(err)("")); });
 }
 
 void do_resume(control_ptr self, std::function<void()> ok, done_fn fail, bool flat) {
   self->request(self->state.ctx.engine, deadline(self), resume_atom::value)
     .await(
       [self, ok](phase_ack&) {
-        // A resume inside a session abandons it (the engine's "continue" of an aborted round).
+        // A resume inside a session abandons it (the engine's "continue" of an aborted round);
+        // a level-1 sleep ends with it (a level-2 one cannot: the engine refuses, holding no weights).
         auto& st = self->state;
         st.session = st.loaded = st.implicit_pause = false;
+        st.sleeping = false;
+        st.sleep_level = 0;
         ok();
       },
       [self, fail, flat](caf::error& err) {
@@ -224,6 +289,13 @@ void do_resume(control_ptr self, std::function<void()> ok, done_fn fail, bool fl
         auto text = "resume failed: " + error_text(self->system(), err);
         fail(flat ? flat_error(status, text) : error_envelope(status, text));
       });
+}
+
+/// A call ended with a session open: the session's idle timer starts again
+/// (one that ran out while the call was under way is void).
+void touch_session(control_ptr self) {
+  auto& st = self->state;
+  self->delayed_send(self, st.ctx.settings.session_idle_deadline, session_idle_atom::value, ++st.session_calls);
 }
 
 void do_start(control_ptr self, done_fn done) {
@@ -257,7 +329,7 @@ void do_start(control_ptr self, done_fn done) {
         // vLLM updates weights without a pause; the engine needs one: keep
         // running requests frozen meanwhile, as the clients' own pause does.
         pause_request req{pause_mode::keep, false};
-        do_pause(self, req, [open](const pause_report&) { open(true); }, done, false);
+        do_pause(self, req, [open](const pause_report&, bool) { open(true); }, done, false);
       },
       [self, done](caf::error& err) { done(engine_failure(self, err, "start_weight_update failed")); });
 }
@@ -333,13 +405,22 @@ void do_sleep(control_ptr self, int level, pause_mode mode, done_fn done) {
   if (self->state.session)
     return done(error_envelope(ordering_status(self), "sleep called during a weight update; call "
                                                       "finish_weight_update first"));
+  if (level == 2 && mode == pause_mode::keep && !self->state.weights_released)
+    return done(error_envelope(400, "sleep level 2 frees the weights that requests frozen by mode=keep still need; "
+                                    "use mode=abort or mode=wait, or level 1",
+                               "query.mode"));
   pause_request req{mode, true};
   do_pause(
     self, req,
-    [self, level, done](const pause_report&) {
+    [self, level, done](const pause_report&, bool was_running) {
+      // A sleep that fails after its pause leaves the engine as it found it.
+      auto failed = [self, was_running, done](caf::error& err) {
+        auto answer = [self, err](const std::string& note) { return engine_failure(self, err, "sleep failed", note); };
+        fail_running_as_before(self, was_running, answer, done);
+      };
       self->request(self->state.ctx.engine, deadline(self), flush_atom::value)
         .await(
-          [self, level, done](phase_ack&) {
+          [self, level, done, failed](phase_ack&) {
             auto asleep = [self, level, done] {
               self->state.sleeping = true;
               self->state.sleep_level = std::max(self->state.sleep_level, level);
@@ -354,9 +435,9 @@ void do_sleep(control_ptr self, int level, pause_mode mode, done_fn done) {
                   self->state.weights_released = true;
                   asleep();
                 },
-                [self, done](caf::error& err) { done(engine_failure(self, err, "sleep failed")); });
+                failed);
           },
-          [self, done](caf::error& err) { done(engine_failure(self, err, "sleep failed")); });
+          failed);
     },
     done, false);
 }
@@ -445,7 +526,7 @@ void route_pause(control_ptr self, const http::request& rq, done_fn done) {
     return done(flat_error(400, e.what()));
   }
   do_pause(
-    self, req, [done](const pause_report&) { done(json_response(json{{"status", "paused"}})); }, done, true);
+    self, req, [done](const pause_report&, bool) { done(json_response(json{{"status", "paused"}})); }, done, true);
 }
 
 void route_abort_requests(control_ptr self, const http::request& rq, done_fn done) {
@@ -561,7 +642,7 @@ void route_collective_rpc(control_ptr self, const http::request& rq, done_fn don
   if (*method == "skyrl_finish_weight_update") {
     std::optional<std::string> label;
     if (kwargs)
-      label = http::optional_string(*kwargs, "weight_version");
+      label = http::optional_string(*kwargs, "weight_version", "body.kwargs");
     return do_finish(self, label, wrapped);
   }
   if (*method == "update_weights_nccl" || *method == "update_weights_ipc")
@@ -720,10 +801,36 @@ caf::behavior serve_control(control_ptr self, serve_context ctx) {
     }
   });
   return {
-    [self](http_atom, const request_ptr& rq) -> caf::result<response> {
+    [self](http_atom, const request_ptr& rq, std::int64_t expires_ns) -> caf::result<response> {
+      // Queued behind long calls past its requester's deadline: that client
+      // was already answered 500, so the call must not run after all.
+      if (steady_ns() > expires_ns)
+        return error_envelope(503, "the request waited past its deadline behind other control calls; not run");
       auto rp = self->make_response_promise<response>();
-      dispatch(self, *rq, [rp](response r) mutable { rp.deliver(std::move(r)); });
+      // A session's own calls restart its idle timer as they end (so a
+      // timer that ran out during a long load is void); other calls do not.
+      const bool session_call = rq->path == "/start_weight_update" || rq->path == "/update_weights"
+                                || rq->path == "/finish_weight_update" || rq->path == "/collective_rpc";
+      dispatch(self, *rq, [self, rp, session_call](response r) mutable {
+        if (session_call && self->state.session)
+          touch_session(self);
+        rp.deliver(std::move(r));
+      });
       return rp;
+    },
+    [self](session_idle_atom, std::uint64_t calls) {
+      auto& st = self->state;
+      if (!st.session || calls != st.session_calls)
+        return; // finished, or touched since
+      const auto version = st.session_version;
+      drop_session(self, response{}, [self, version](response) {
+        // A drop the engine refused leaves the session open: its timer runs again.
+        if (self->state.session)
+          return touch_session(self);
+        std::fprintf(stderr, "rlsync serve: the weight-update session of version %llu was idle for %lld ms: dropped\n",
+                     static_cast<unsigned long long>(version),
+                     static_cast<long long>(self->state.ctx.settings.session_idle_deadline.count()));
+      });
     },
   };
 }
@@ -796,7 +903,8 @@ void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor c
                                                    + self->system().render(dm.reason) + ")"));
             self->quit();
           });
-          self->request(control, deadline, http_atom::value, call)
+          self->request(control, deadline, http_atom::value, call,
+                        steady_ns() + std::chrono::nanoseconds(deadline).count())
             .then(
               [self, responder](response& r) {
                 responder->reply(std::move(r));

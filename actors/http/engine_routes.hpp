@@ -83,7 +83,12 @@ struct serve_settings {
   bool coordinated = false;
   std::chrono::milliseconds engine_deadline{60000};  ///< one engine call
   std::chrono::milliseconds load_deadline{600000};   ///< loading a checkpoint from disk
-  std::chrono::milliseconds request_deadline{900000}; ///< a whole HTTP request (above both)
+  std::chrono::milliseconds pause_deadline{600000};  ///< a pause (mode=wait waits for the running requests)
+  std::chrono::milliseconds request_deadline{900000}; ///< a whole HTTP request (above the others)
+  /// A weight-update session that no call touches for this long (a client
+  /// that died between start and finish) is dropped, and a pause its start
+  /// made resumed: nothing stays frozen for good.
+  std::chrono::milliseconds session_idle_deadline{900000};
 };
 
 /// Whether the engine is gone (and why): what /health answers from, apart

@@ -191,6 +191,12 @@ std::optional<std::string> client::next_event() {
         return data;
       continue; // a comment or an event without data
     }
+    if (text.size() > max_event_bytes) { // a server that never ends its event must not fill memory
+      impl_->stream.reset();
+      impl_->stream_parser.reset();
+      throw client_error("stream broken: more than " + std::to_string(max_event_bytes)
+                         + " bytes without the blank line that ends an event");
+    }
     if (parser.is_done()) {
       impl_->stream_parser.reset();
       return std::nullopt;

@@ -4,6 +4,7 @@
 // servers that speak vLLM's API. One connection, kept alive between
 // requests and reopened when the server closed it.
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,8 +53,10 @@ public:
   /// event through next_event(). Returns status and headers (body empty).
   client_response open_stream(const client_request& rq);
   /// The next Server-Sent Event's data (its `data:` lines joined by "\n");
-  /// nullopt once the stream ended. Throws client_error on the deadline.
+  /// nullopt once the stream ended. Throws client_error on the deadline and
+  /// when the stream sends more than max_event_bytes without ending an event.
   std::optional<std::string> next_event();
+  static constexpr std::size_t max_event_bytes = std::size_t{16} << 20;
 
 private:
   struct impl;

@@ -92,28 +92,28 @@ const nlohmann::json* field(const nlohmann::json& obj, const std::string& name) 
 }
 } // namespace
 
-std::optional<std::string> optional_string(const nlohmann::json& obj, const std::string& name) {
+std::optional<std::string> optional_string(const nlohmann::json& obj, const std::string& name, const std::string& where) {
   auto f = field(obj, name);
   if (!f)
     return std::nullopt;
   if (!f->is_string())
-    throw bad_request("'" + name + "' must be a string, got " + f->type_name(), "body." + name);
+    throw bad_request("'" + name + "' must be a string, got " + f->type_name(), where + "." + name);
   return f->get<std::string>();
 }
 
-std::optional<bool> optional_bool(const nlohmann::json& obj, const std::string& name) {
+std::optional<bool> optional_bool(const nlohmann::json& obj, const std::string& name, const std::string& where) {
   auto f = field(obj, name);
   if (!f)
     return std::nullopt;
   if (!f->is_boolean())
-    throw bad_request("'" + name + "' must be a boolean, got " + f->type_name(), "body." + name);
+    throw bad_request("'" + name + "' must be a boolean, got " + f->type_name(), where + "." + name);
   return f->get<bool>();
 }
 
-const nlohmann::json* optional_object(const nlohmann::json& obj, const std::string& name) {
+const nlohmann::json* optional_object(const nlohmann::json& obj, const std::string& name, const std::string& where) {
   auto f = field(obj, name);
   if (f && !f->is_object())
-    throw bad_request("'" + name + "' must be an object, got " + f->type_name(), "body." + name);
+    throw bad_request("'" + name + "' must be an object, got " + f->type_name(), where + "." + name);
   return f;
 }
 

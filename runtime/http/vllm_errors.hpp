@@ -49,10 +49,14 @@ bool query_bool(const request& rq, const std::string& name, bool fallback);
 /// a string) or invalid JSON throws bad_request naming "body".
 nlohmann::json parse_object_body(const std::string& body, bool empty_is_object = true);
 
-/// Field accessors that throw bad_request naming "body.NAME" when the field
+/// Field accessors that throw bad_request naming "WHERE.NAME" when the field
 /// has the wrong type; nullopt when absent (or null, as pydantic treats it).
-std::optional<std::string> optional_string(const nlohmann::json& obj, const std::string& name);
-std::optional<bool> optional_bool(const nlohmann::json& obj, const std::string& name);
-const nlohmann::json* optional_object(const nlohmann::json& obj, const std::string& name);
+/// `where` is the object's own path: "body", or e.g. "body.kwargs".
+std::optional<std::string> optional_string(const nlohmann::json& obj, const std::string& name,
+                                           const std::string& where = "body");
+std::optional<bool> optional_bool(const nlohmann::json& obj, const std::string& name,
+                                  const std::string& where = "body");
+const nlohmann::json* optional_object(const nlohmann::json& obj, const std::string& name,
+                                      const std::string& where = "body");
 
 } // namespace rlsync::http

@@ -14,9 +14,13 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 using namespace rlsync;
 using json = nlohmann::json;
@@ -32,7 +36,8 @@ struct serve_fixture {
   std::uint16_t port = 0;
   std::unique_ptr<http::client> client;
 
-  explicit serve_fixture(bool strict = false, std::optional<std::string> token = std::nullopt) {
+  explicit serve_fixture(bool strict = false, std::optional<std::string> token = std::nullopt,
+                         std::function<void(serve_node_options&)> tune = {}) {
     make_synthetic_checkpoint(dir / "v1", test::tiny_config(), dtype::f32, 7);
     perturb_checkpoint(dir / "v1", dir / "v2", 0.05, 11);
     serve_node_options o;
@@ -40,6 +45,8 @@ struct serve_fixture {
     o.tp = 2;
     o.strict_vllm = strict;
     o.http.bearer_token = token;
+    if (tune)
+      tune(o);
     node = std::make_unique<serve_node>(sys, o);
     port = node->start();
     client = std::make_unique<http::client>("127.0.0.1", port, 20s);
@@ -245,6 +252,7 @@ TEST_CASE("routes: collective_rpc runs SkyRL's weight sync and names other metho
   check_envelope(nccl, 400, "body.method");
   CHECK(nccl["error"]["message"].get<std::string>().find("update_weights_nccl") != std::string::npos);
   CHECK(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"))["message"] == "Weights updated");
+  check_envelope(rpc("skyrl_finish_weight_update", {{"weight_version", 5}}, 400), 400, "body.kwargs.weight_version");
   CHECK(rpc("skyrl_finish_weight_update", {{"weight_version", "sky-1"}}, 200)["results"].size() == 2);
   CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "sky-1"}});
   auto other = rpc("reload_everything", json::object(), 400);
@@ -285,6 +293,80 @@ TEST_CASE("routes: sleep level 2 frees the weights, wake_up loads the published 
   CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", true}});
 }
 
+TEST_CASE("routes: a wait-pause past its deadline leaves the engine running and loses no request") {
+  serve_fixture f(false, std::nullopt, [](serve_node_options& o) { o.pause_deadline = 1ms; });
+  // 32 choices of 200 tokens each: far more than a millisecond's work.
+  const std::string body =
+      R"({"prompt": [5, 6, 7], "n": 32, "max_tokens": 200, "ignore_eos": true, "temperature": 0, "stream": true})";
+  std::promise<void> running;
+  std::vector<std::string> finished;
+  bool done = false;
+  std::string failure;
+  std::atomic<bool> ended{false};
+  std::thread generate([&] {
+    bool first = true;
+    try {
+      http::client c("127.0.0.1", f.port, 60s);
+      auto head = c.open_stream({"POST", "/v1/completions", body, "application/json", {}});
+      while (auto ev = c.next_event()) {
+        if (std::exchange(first, false))
+          running.set_value();
+        if (*ev == "[DONE]") {
+          done = true;
+          continue;
+        }
+        const auto chunk = json::parse(*ev);
+        for (const auto& choice : chunk["choices"])
+          if (choice["finish_reason"].is_string())
+            finished.push_back(choice["finish_reason"]);
+      }
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    ended = true;
+    if (first)
+      running.set_value();
+  });
+  running.get_future().wait();
+  const bool generating = !ended.load(); // the pause below must find requests running
+  if (!generating)
+    generate.join();
+  REQUIRE(generating);
+  auto paused = f.call_json("POST", "/pause?mode=wait", "", 500);
+  generate.join();
+  REQUIRE(paused["error"].is_string());
+  CHECK(paused["error"].get<std::string>().find("pause failed") != std::string::npos);
+  CHECK(paused["error"].get<std::string>().find("the engine runs on as before the call") != std::string::npos);
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", false}});
+  CHECK(failure.empty());
+  CHECK(done);
+  CHECK(finished == std::vector<std::string>(32, "length")); // every choice ran to its end
+}
+
+TEST_CASE("routes: a weight-update session no call touches is dropped, the pause its start made resumed") {
+  serve_fixture f(false, std::nullopt, [](serve_node_options& o) { o.session_idle_deadline = 3s; });
+  CHECK(f.call_json("POST", "/start_weight_update").size() == 1);
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", true}});
+  json paused;
+  for (int i = 0; i < 500; ++i) { // 10 s at most
+    paused = f.call_json("GET", "/is_paused");
+    if (paused == json{{"is_paused", false}})
+      break;
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(paused == json{{"is_paused", false}});
+  check_envelope(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"), 409), 409); // no session now
+  // A session whose calls keep coming stays open past the idle deadline.
+  CHECK(f.call_json("POST", "/start_weight_update").size() == 1);
+  std::this_thread::sleep_for(1200ms);
+  CHECK(f.call_json("POST", "/update_weights", path_body(f.dir / "v2"))["message"] == "Weights updated");
+  std::this_thread::sleep_for(1200ms);
+  CHECK(f.call_json("POST", "/finish_weight_update", R"({"weight_version": "v2"})")["message"]
+        == "Weight update finished");
+  CHECK(f.call_json("GET", "/weight_info") == json{{"weight_version", "v2"}});
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", false}});
+}
+
 TEST_CASE("routes: sleep levels, models, world size, health and the token") {
   serve_fixture f(false, std::string("tok"));
   f.client->set_default_header("Authorization", "Bearer tok");
@@ -294,6 +376,15 @@ TEST_CASE("routes: sleep levels, models, world size, health and the token") {
   CHECK(models["object"] == "list");
   CHECK(models["data"][0]["max_model_len"] == 256);
   CHECK(models["data"][0]["id"] == f.dir / "v1");
+  // Level 2 frees the weights that requests frozen by mode=keep would need.
+  check_envelope(f.call_json("POST", "/sleep?level=2&mode=keep", "", 400), 400, "query.mode");
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", false}});
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", false}});
+  // A resume ends a level-1 sleep.
+  CHECK(f.call_json("POST", "/sleep?level=1&mode=keep").empty());
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", true}});
+  CHECK(f.call_json("POST", "/resume") == json{{"status", "resumed"}});
+  CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", false}});
   CHECK(f.call_json("POST", "/sleep?level=2&mode=abort").empty());
   CHECK(f.call_json("GET", "/is_sleeping") == json{{"is_sleeping", true}});
   check_envelope(f.call_json("POST", "/sleep?level=3", "", 400), 400, "query.level");

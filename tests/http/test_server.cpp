@@ -275,6 +275,33 @@ TEST_CASE("server: a stream is chunked, read event by event, and the connection 
     w.join();
 }
 
+TEST_CASE("client: a stream that never ends its event is refused at the bound, not held in memory") {
+  server srv(fast_options());
+  std::vector<std::thread> workers;
+  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
+    workers.emplace_back([r] {
+      r->start_stream("text/event-stream");
+      r->write("data: ");
+      const std::string chunk(1 << 20, 'x');
+      // One event past the client's bound; a full queue refuses a write, the client's leaving all of them.
+      int tries = 0;
+      for (std::size_t sent = 0; sent <= client::max_event_bytes && tries < 20000 && !r->client_gone(); ++tries)
+        if (r->write(chunk))
+          sent += chunk.size();
+        else
+          std::this_thread::sleep_for(1ms);
+      r->finish();
+    });
+  });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 5s);
+  CHECK(c.open_stream({"POST", "/stream", "{}", "application/json", {}}).status == 200);
+  CHECK_THROWS_WITH_AS(c.next_event(), doctest::Contains("without the blank line that ends an event"), client_error);
+  CHECK_FALSE(c.next_event()); // the stream is closed
+  for (auto& w : workers)
+    w.join();
+}
+
 TEST_CASE("server: writes to a stream whose client left return false, the bounded queue refuses floods") {
   auto o = fast_options();
   o.max_stream_queue_bytes = 64 << 10;
