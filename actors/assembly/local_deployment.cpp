@@ -2,6 +2,7 @@
 #include "actors/assembly/nccl_plane.hpp"
 #include "gpu/engine_device.hpp"
 
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/transfer/external_source.hpp"
 
 #include "actors/fleet_metrics.hpp"
@@ -346,10 +347,14 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   if (router_here && t.router.http_port && !d.metrics)
     d.metrics = std::make_shared<metrics::registry>();
   // Engines record their plans in the dtype the trainer sends; with no rank
-  // here, a source built for the question alone says (it publishes nothing).
-  d.source_dtype = d.trainer.source                            ? source_dtype_of(t, *d.trainer.source)
-                  : t.trainer.source == trainer_source::external ? transfer::external_weights_dtype(t)
-                                                                 : source_dtype_of(t, *transfer::make_weight_source(t, 0));
+  // here, the checkpoint's headers say (a node of engines does not read the
+  // model), else a source built for the question alone (it publishes nothing).
+  const bool from_checkpoint = !t.model.weights_dtype && !t.model.checkpoint.empty()
+                               && t.trainer.source != trainer_source::checkpoint_dir;
+  d.source_dtype = d.trainer.source ? source_dtype_of(t, *d.trainer.source)
+                   : t.trainer.source == trainer_source::external ? transfer::external_weights_dtype(t)
+                   : from_checkpoint ? checkpoint_dtype_from_headers(t.model.checkpoint)
+                                     : source_dtype_of(t, *transfer::make_weight_source(t, 0));
   std::vector<const engine_spec*> hosted;
   for (const auto& e : t.engines) {
     if (!opts.node.empty() && e.node != opts.node)

@@ -412,6 +412,32 @@ dtype checkpoint_dtype(const checkpoint& ckpt) {
   return (embed ? embed : ckpt.tensors().front().tensor)->type;
 }
 
+dtype checkpoint_dtype_from_headers(const std::string& dir) {
+  static const std::string embed = "model.embed_tokens.weight";
+  std::string single = join(dir, single_file_name);
+  std::string index_path = join(dir, index_file_name);
+  std::error_code ec;
+  safetensors_layout layout;
+  if (fs::exists(single, ec)) {
+    layout = read_safetensors_header(single); // a single file wins over an index, as in checkpoint::open
+  } else if (fs::exists(index_path, ec)) {
+    auto weight_map = read_index(index_path);
+    std::set<std::string> files;
+    for (auto& [tensor, file] : weight_map)
+      files.insert(file);
+    auto it = weight_map.find(embed);
+    layout = read_safetensors_header(join(dir, it != weight_map.end() ? it->second : *files.begin()));
+  } else {
+    throw checkpoint_error(dir + ": no " + single_file_name + " or " + index_file_name);
+  }
+  if (layout.tensors.empty())
+    throw checkpoint_error(dir + ": no tensors");
+  for (const auto& t : layout.tensors)
+    if (t.name == embed)
+      return t.type;
+  return layout.tensors.front().type;
+}
+
 std::vector<std::string> check_llama_parameters(const checkpoint& ckpt) {
   if (ckpt.tensors().empty())
     return {"no tensors"};

@@ -100,6 +100,10 @@ std::vector<std::string> check_llama_parameters(const checkpoint& ckpt);
 /// The model's element type: the embedding's (an extra tensor may differ),
 /// else the first tensor's. Throws checkpoint_error for an empty checkpoint.
 dtype checkpoint_dtype(const checkpoint& ckpt);
+/// The same for the checkpoint at `dir`, from the safetensors headers alone
+/// (the embedding's file, else the first): a process that needs only the
+/// dtype (an engine node) reads kilobytes, not the model.
+dtype checkpoint_dtype_from_headers(const std::string& dir);
 /// The same against the shape `c` and element type `type` the reader
 /// expects; tensors for which `ignorable` is true may be present in excess
 /// (e.g. rotary inv_freq buffers an engine skips).

@@ -442,39 +442,61 @@ safetensors_layout parse_safetensors_header(const void* head, std::size_t head_s
 
 // ---- safetensors_file ------------------------------------------------------
 
+namespace {
+
+/// An open regular file, closed on destruction.
+struct open_file {
+  regular_file file;
+  explicit open_file(const std::string& path) {
+    try {
+      file = open_regular_file(path);
+    } catch (const file_error& e) {
+      throw checkpoint_error(e.what());
+    }
+  }
+  ~open_file() { ::close(file.fd); }
+  open_file(const open_file&) = delete;
+  open_file& operator=(const open_file&) = delete;
+};
+
+/// The file's first bytes, its length and header (where the length is
+/// plausible), and their layout, validated against the file's size: a file
+/// that is not a checkpoint is refused before anything of its size is read.
+safetensors_layout read_head(int fd, std::size_t size, const std::string& path, std::vector<unsigned char>& head) {
+  head.assign(std::min<std::size_t>(size, 8), 0);
+  if (!read_at(fd, head.data(), head.size(), 0, path))
+    throw checkpoint_error(printable(path) + ": changed while being read (shrank below 8 bytes)");
+  if (size >= 8) {
+    std::uint64_t n = load_le64(head.data());
+    if (n <= safetensors_max_header && n <= size - 8) {
+      head.resize(static_cast<std::size_t>(8 + n));
+      if (!read_at(fd, head.data() + 8, static_cast<std::size_t>(n), 8, path))
+        throw checkpoint_error(printable(path) + ": changed while being read (shrank within its header)");
+    }
+  }
+  return parse_safetensors_header(head.data(), head.size(), size, printable(path, path.size()));
+}
+
+} // namespace
+
+safetensors_layout read_safetensors_header(const std::string& path) {
+  open_file f(path);
+  std::vector<unsigned char> head;
+  return read_head(f.file.fd, f.file.size, path, head);
+}
+
 safetensors_file safetensors_file::open(const std::string& path, const file_memory& memory) {
   safetensors_file f;
   f.path_ = path;
-  regular_file file;
-  try {
-    file = open_regular_file(path);
-  } catch (const file_error& e) {
-    throw checkpoint_error(e.what());
-  }
   // Read into memory this process owns rather than mapped: a writer that
   // truncates or rewrites the file in place while a mapping is in use would
   // end this process with SIGBUS. A file that changes while it is read is
   // refused here instead.
-  struct closer {
-    int fd;
-    ~closer() { ::close(fd); }
-  } close_on_return{file.fd};
+  open_file opened(path);
+  const auto& file = opened.file;
   f.size_ = file.size;
-  // The header first, validated against the file's size (lengths, offsets
-  // tiling the data exactly): a file that is not a checkpoint is refused
-  // before the memory of its size is asked for.
-  std::vector<unsigned char> head(std::min<std::size_t>(f.size_, 8));
-  if (!read_at(file.fd, head.data(), head.size(), 0, path))
-    throw checkpoint_error(printable(path) + ": changed while being read (shrank below 8 bytes)");
-  if (f.size_ >= 8) {
-    std::uint64_t n = load_le64(head.data());
-    if (n <= safetensors_max_header && n <= f.size_ - 8) {
-      head.resize(static_cast<std::size_t>(8 + n));
-      if (!read_at(file.fd, head.data() + 8, static_cast<std::size_t>(n), 8, path))
-        throw checkpoint_error(printable(path) + ": changed while being read (shrank within its header)");
-    }
-  }
-  f.layout_ = parse_safetensors_header(head.data(), head.size(), f.size_, printable(path, path.size()));
+  std::vector<unsigned char> head;
+  f.layout_ = read_head(file.fd, f.size_, path, head);
   if (f.size_ > 0) {
     try { // not zero-filled: every byte is read below
       f.data_ = memory ? memory(f.size_) : std::shared_ptr<std::byte>(new std::byte[f.size_], std::default_delete<std::byte[]>());

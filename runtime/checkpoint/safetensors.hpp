@@ -60,6 +60,11 @@ safetensors_layout parse_safetensors(const void* data, std::size_t size, const s
 safetensors_layout parse_safetensors_header(const void* head, std::size_t head_size, std::uint64_t file_size,
                                             const std::string& source);
 
+/// The layout of the safetensors file at `path` from its header alone (the
+/// views carry no data): what a reader that needs names, types and shapes
+/// reads instead of the whole file. Throws checkpoint_error as open() does.
+safetensors_layout read_safetensors_header(const std::string& path);
+
 /// Memory to read a file of `bytes` bytes into: at least that many, not
 /// necessarily zeroed (every byte is read over), owned by what is returned.
 /// It may hand out memory a dropped file held, so that reading a step does

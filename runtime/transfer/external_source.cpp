@@ -347,7 +347,7 @@ std::string external_source::device_copy_problem() const {
 dtype external_weights_dtype(const topology& t) {
   if (t.model.weights_dtype)
     return *t.model.weights_dtype;
-  return checkpoint_dtype(checkpoint::open(t.model.checkpoint));
+  return checkpoint_dtype_from_headers(t.model.checkpoint);
 }
 
 std::shared_ptr<external_source> make_external_source(const topology& t, std::size_t rank, bool allow_nonfinite,

@@ -195,6 +195,53 @@ TEST_CASE("make: sharded with an index when larger than shard_bytes, same tensor
   CHECK(checksums(dir / "one") == checksums(dir / "many"));
 }
 
+TEST_CASE("checkpoint_dtype_from_headers says what checkpoint_dtype says, from the headers alone") {
+  scratch_dir dir;
+  auto c = tiny_config(true);
+  for (dtype t : {dtype::bf16, dtype::f16, dtype::f32}) {
+    CAPTURE(safetensors_name(t));
+    const std::string one = dir / ("one-" + std::string(safetensors_name(t)));
+    const std::string many = dir / ("many-" + std::string(safetensors_name(t)));
+    make_synthetic_checkpoint(one, c, t, 3);
+    make_synthetic_checkpoint(many, c, t, 3, 40000);
+    CHECK(checkpoint_dtype_from_headers(one) == t);
+    CHECK(checkpoint_dtype_from_headers(many) == t);
+    CHECK(checkpoint_dtype(checkpoint::open(many)) == t);
+  }
+  // An f32 extra first in data order does not decide it: the embedding does.
+  auto base = checkpoint::open(dir / "one-BF16");
+  std::vector<float> inv_freq(4, 0.5f);
+  std::vector<tensor_bytes> tensors{
+      {tensor_spec{"model.layers.0.self_attn.rotary_emb.inv_freq", dtype::f32, {4}}, inv_freq.data()}};
+  for (const auto& e : base.tensors())
+    tensors.push_back({tensor_spec{e.tensor->name, e.tensor->type, e.tensor->shape}, e.tensor->data});
+  fs::create_directories(dir / "extra");
+  fs::copy_file(dir / "one-BF16/config.json", dir / "extra/config.json");
+  write_safetensors(dir / "extra/model.safetensors", tensors);
+  CHECK(checkpoint_dtype_from_headers(dir / "extra") == dtype::bf16);
+  CHECK(checkpoint_dtype(checkpoint::open(dir / "extra")) == dtype::bf16);
+
+  // The header's layout is open's, without the data.
+  auto layout = read_safetensors_header(dir / "extra/model.safetensors");
+  auto file = safetensors_file::open(dir / "extra/model.safetensors");
+  REQUIRE(layout.tensors.size() == file.tensors().size());
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
+    CAPTURE(file.tensors()[i].name);
+    CHECK(layout.tensors[i].name == file.tensors()[i].name);
+    CHECK(layout.tensors[i].type == file.tensors()[i].type);
+    CHECK(layout.tensors[i].shape == file.tensors()[i].shape);
+    CHECK(layout.tensors[i].offset == file.tensors()[i].offset);
+    CHECK(layout.tensors[i].data == nullptr);
+  }
+  // A file its header does not describe is refused from the header, as open refuses it.
+  const std::string whole = read_file(dir / "extra/model.safetensors");
+  write_file(dir / "extra/model.safetensors", whole.substr(0, whole.size() - 1));
+  CHECK_THROWS_WITH_AS(checkpoint_dtype_from_headers(dir / "extra"), doctest::Contains("beyond the data section"),
+                       checkpoint_error);
+  CHECK_THROWS_WITH_AS(checkpoint_dtype_from_headers(dir / "nothing"),
+                       doctest::Contains("no model.safetensors or model.safetensors.index.json"), checkpoint_error);
+}
+
 TEST_CASE("make refuses to overwrite and leaves nothing behind on failure") {
   scratch_dir dir;
   auto c = tiny_config();
