@@ -65,7 +65,12 @@ int cmd_run(const arg_list& argv) {
   system_config cfg;
   caf::actor_system sys{cfg};
   std::cerr << "rlsync run " << path << ": " << t.engines.size() << " engines (tp " << t.engines.front().tp
-            << "), transfer " << to_string(t.transfer.backend) << "/" << to_string(t.transfer.mode) << ", "
+            << "), transfer local/" << to_string(t.transfer.mode)
+            << (t.transfer.backend == transfer_backend::local
+                  ? std::string()
+                  : " (one process: the topology's " + std::string(to_string(t.transfer.backend))
+                      + " moves weights between processes, under rlsync launch)")
+            << ", "
             << w.prompts << " prompts x " << w.max_tokens << " tokens, concurrency " << w.concurrency
             << "; memcpy " << out.memcpy_gbps() << " GB/s" << std::endl;
   deployment_options opts;

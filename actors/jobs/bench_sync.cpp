@@ -416,16 +416,19 @@ std::string node_yaml(const topology& t) {
   y << "}\nengines:\n";
   for (const auto& e : t.engines)
     y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp << ", dp: " << e.dp
-      << ", dp_balance: " << e.dp_balance << (e.expert_parallel ? ", expert_parallel: true" : "") << (e.weights != "received" ? ", weights: " + e.weights : "")
+      << (e.dp > 1 ? ", dp_balance: " + e.dp_balance : std::string()) << (e.expert_parallel ? ", expert_parallel: true" : "") << (e.weights != "received" ? ", weights: " + e.weights : "")
       << ", max_batch: " << e.max_batch
       << ", queue_limit: " << e.queue_limit << "}\n";
   y << "router: {node: " << t.router.node << "}\ncoordinator: {node: " << t.coordinator.node << "}\n";
   y << "transfer: {backend: " << to_string(t.transfer.backend) << ", mode: " << to_string(t.transfer.mode)
-    << ", bucket_bytes: " << t.transfer.bucket_bytes << ", groups_in_flight: " << t.transfer.groups_in_flight
-    << ", ucx_transports: [";
-  for (std::size_t i = 0; i < t.transfer.ucx_transports.size(); ++i)
-    y << (i ? ", " : "") << to_string(t.transfer.ucx_transports[i]);
-  y << "]}\n";
+    << ", bucket_bytes: " << t.transfer.bucket_bytes << ", groups_in_flight: " << t.transfer.groups_in_flight;
+  if (t.transfer.backend == transfer_backend::ucx) { // the other backends refuse the key
+    y << ", ucx_transports: [";
+    for (std::size_t i = 0; i < t.transfer.ucx_transports.size(); ++i)
+      y << (i ? ", " : "") << to_string(t.transfer.ucx_transports[i]);
+    y << "]";
+  }
+  y << "}\n";
   return y.str();
 }
 

@@ -126,23 +126,33 @@ void reader::read_synthetic(const map_reader& model) {
   ok &= !s.has("norm_topk_prob") || s.read("norm_topk_prob", c.norm_topk_prob);
   ok &= !s.has("decoder_sparse_step") || s.read("decoder_sparse_step", c.decoder_sparse_step);
   ok &= !s.has("expert_layout") || s.read_choice("expert_layout", c.fused_experts, expert_layout_choices);
+  if (c.arch != model_arch::qwen3_moe) // validate() refuses the other expert fields by their values
+    for (const char* key : {"norm_topk_prob", "decoder_sparse_step"})
+      if (s.has(key)) {
+        s.error(key, std::string("only qwen3_moe models have experts (this is a ") + to_string(c.arch) + ")");
+        ok = false;
+      }
   if (s.has("mlp_only_layers")) {
-    const YAML::Node list = s.get("mlp_only_layers");
-    if (!list.IsSequence() || list.size() > static_cast<std::size_t>(max_hidden_layers)) {
-      s.error("mlp_only_layers", "expected a list of at most " + std::to_string(max_hidden_layers)
-                                   + " layer indices, got " + describe(list));
-      ok = false;
-    } else {
-      for (std::size_t i = 0; i < list.size(); ++i) {
-        std::int64_t l = 0;
-        if (!YAML::convert<std::int64_t>::decode(list[i], l)) {
-          d.add(list[i].Mark(), s.path("mlp_only_layers") + "[" + std::to_string(i) + "]",
-                "expected a layer index, got " + describe(list[i]));
+    if (auto items = s.list("mlp_only_layers")) {
+      if (items->size() > static_cast<std::size_t>(max_hidden_layers)) {
+        s.error("mlp_only_layers", "expected a list of at most " + std::to_string(max_hidden_layers)
+                                     + " layer indices, got " + std::to_string(items->size()));
+        ok = false;
+      }
+      for (std::size_t i = 0; ok && i < items->size(); ++i) {
+        const auto& item = (*items)[i];
+        auto l = read_int(d, item.node, item.node.Mark(), item.path);
+        if (!l) {
+          ok = false;
+        } else if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), *l) != c.mlp_only_layers.end()) {
+          d.add(item.node.Mark(), item.path, "layer " + std::to_string(*l) + " is listed twice");
           ok = false;
         } else {
-          c.mlp_only_layers.push_back(l);
+          c.mlp_only_layers.push_back(*l);
         }
       }
+    } else {
+      ok = false;
     }
   }
   ok &= !s.has("vocab_size") || s.read("vocab_size", c.vocab_size);
@@ -154,6 +164,8 @@ void reader::read_synthetic(const map_reader& model) {
   ok &= !s.has("dtype") || s.read_choice("dtype", type, dtype_choices);
   t.model.weights_dtype = type;
   ok &= !s.has("seed") || s.read("seed", t.model.seed);
+  if (s.has("seed"))
+    synthetic_seed_at = std::make_pair(s.mark("seed"), s.path("seed"));
   if (!ok)
     return;
   auto problems = validate(c);
@@ -222,7 +234,9 @@ void reader::read_nodes(const map_reader& root) {
     }
     if (r.read_choice("restart", n.restart, node_restart_choices) && n.restart == node_restart::on_failure)
       restart_marks.emplace(n.name, std::make_pair(r.mark("restart"), r.path("restart")));
-    r.read("max_restarts", n.max_restarts, between(0, max_node_restarts));
+    if (r.read("max_restarts", n.max_restarts, between(0, max_node_restarts)) && n.restart != node_restart::on_failure)
+      r.error("max_restarts", "only used with restart: on-failure (rlsync launch restarts the node's process up to "
+                              "this many times)");
     t.nodes.push_back(std::move(n));
   }
 }

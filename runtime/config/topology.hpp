@@ -101,6 +101,9 @@ inline constexpr std::int64_t max_prefix_cache_blocks = 1 << 24;
 inline constexpr std::int64_t max_groups_in_flight = 1024;
 /// transfer.bucket_bytes with the nccl collective: each member's device staging holds one bucket.
 inline constexpr std::int64_t max_bucket_bytes = std::int64_t(16) << 30;
+/// The UCX producer's packed budget: a whole version of the largest model at
+/// most (2^40 parameters of 4 bytes).
+inline constexpr std::int64_t max_packed_budget_bytes = std::int64_t(4) << 40;
 inline constexpr std::int64_t max_version_count = 1 << 20; // every_versions, staleness, at_sync
 inline constexpr std::int64_t max_restarts_limit = 1000;
 inline constexpr std::int64_t max_prompts = 1 << 24;

@@ -45,6 +45,7 @@ void reader::read_engines(const map_reader& root) {
     if (r.read("dp_balance", e.dp_balance) && e.dp_balance != "least_outstanding"
         && e.dp_balance != "prefix_affinity")
       r.error("dp_balance", "expected least_outstanding or prefix_affinity, got '" + printable(e.dp_balance) + "'");
+
     if (r.read("weights", e.weights) && e.weights != "received" && e.weights != "int8")
       r.error("weights", "expected received or int8, got '" + printable(e.weights) + "'");
     if (r.read("device", e.device) && e.device != "cpu" && e.device != "cuda")
@@ -54,6 +55,8 @@ void reader::read_engines(const map_reader& root) {
     r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
     r.read("prefix_cache_blocks", e.prefix_cache_blocks, between(0, max_prefix_cache_blocks));
     r.read_choice("kind", e.kind, engine_kind_choices);
+    if (e.kind != engine_kind::vllm && r.has("dp_balance") && e.dp == 1)
+      r.error("dp_balance", "balances requests over data-parallel ranks, and this engine has one (dp: 1, the default)");
     if (e.kind == engine_kind::vllm) {
       read_vllm_server(r, e);
       // One adapter fronts one server of its own: these are the built-in engine's.

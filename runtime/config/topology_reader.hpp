@@ -109,6 +109,8 @@ struct reader {
   /// Nodes with restart: on-failure, and where that key is (the head may not have it).
   std::map<std::string, std::pair<YAML::Mark, std::string>> restart_marks;
   std::vector<std::string> engine_names;
+  /// Where model.synthetic.seed was given: only a synthetic trainer uses it.
+  std::optional<std::pair<YAML::Mark, std::string>> synthetic_seed_at;
 
   void read(const YAML::Node& root_node);
 

@@ -20,11 +20,19 @@ void reader::read_trainer(const map_reader& root) {
     else if (r.has("dir"))
       r.error("dir", "only used with source: checkpoint_dir");
   }
-  // An outside process decides when its versions appear and what they hold.
-  if (source_ok && tr.source == trainer_source::external)
+  // An outside process decides when its versions appear and what they hold;
+  // a checkpoint directory's steps hold what the trainer wrote.
+  if (source_ok && tr.source != trainer_source::synthetic) {
+    const std::string why = tr.source == trainer_source::external
+                              ? "source: external (the rank's own process publishes its versions)"
+                              : "source: checkpoint_dir (each version is a step the trainer wrote)";
     for (const char* key : {"step_time_ms", "perturb", "seed"})
-      if (r.has(key))
-        r.error(key, "not used with source: external (the rank's own process publishes its versions)");
+      if (r.has(key) && !(tr.source == trainer_source::checkpoint_dir && std::string(key) == "step_time_ms"))
+        r.error(key, "not used with " + why);
+    if (synthetic_seed_at)
+      d.add(synthetic_seed_at->first, synthetic_seed_at->second,
+            "only a synthetic trainer generates the model's values from a seed; not used with " + why);
+  }
   r.read_ms("step_time_ms", tr.step_time, between(0, max_duration_ms));
   // 0: every version holds the first one's bytes (engines holding one skip the data plane).
   if (r.read("perturb", tr.perturb) && !(tr.perturb >= 0 && std::isfinite(tr.perturb)))

@@ -128,11 +128,16 @@ void reader::read_transfer(const map_reader& root) {
                                 + " (each member's device staging holds one bucket); got " + got);
   }
   r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight));
-  if (r.has("huge_pages") && r.read("huge_pages", tr.huge_pages) && backend_read
-      && tr.backend != transfer_backend::ucx)
-    r.error("huge_pages", "only the ucx backend's producer makes shared buffers (in huge pages or not); backend '"
-                            + std::string(to_string(tr.backend)) + "' has none");
-  if (auto items = r.list("ucx_transports")) {
+  // Keys only the ucx backend reads (its producer and pullers); the backend
+  // is the default (local) when not given, unknown when given wrong.
+  const bool other_backend = (backend_read || !r.has("backend")) && tr.backend != transfer_backend::ucx;
+  const std::string other = "backend '" + std::string(to_string(tr.backend)) + "'";
+  if (r.has("huge_pages") && r.read("huge_pages", tr.huge_pages) && other_backend)
+    r.error("huge_pages", "only the ucx backend's producer makes shared buffers (in huge pages or not); " + other
+                            + " has none");
+  if (r.has("ucx_transports") && other_backend)
+    r.error("ucx_transports", "only the ucx backend moves weights over UCX; " + other + " does not use it");
+  else if (auto items = r.list("ucx_transports")) {
     for (auto& item : *items) {
       auto v = read_choice(d, item.node, item.node.Mark(), item.path, ucx_transport_choices);
       if (!v)
@@ -148,8 +153,10 @@ void reader::read_transfer(const map_reader& root) {
   // worker's share of a group is at least 1/tp of it (every element goes to
   // some worker); broadcast sends it whole. A checkpoint's dtype is not
   // known yet: its smallest possible element (2 bytes) gives the bound.
-  if (r.read_size("packed_budget_bytes", tr.packed_budget_bytes, non_negative()) && tr.packed_budget_bytes > 0
-      && model_ok && !t.engines.empty()) {
+  if (r.has("packed_budget_bytes") && other_backend)
+    r.error("packed_budget_bytes", "only the ucx backend's producer packs groups; " + other + " has no packed budget");
+  else if (r.read_size("packed_budget_bytes", tr.packed_budget_bytes, between(0, topology_limits::max_packed_budget_bytes))
+      && tr.packed_budget_bytes > 0 && model_ok && !t.engines.empty()) {
     const auto [group, parameters] = largest_group_parameters(t.model.config);
     const std::int64_t element = t.model.weights_dtype ? static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype)) : 2;
     std::int64_t tp = 0; // the engine whose share is largest: the smallest tp

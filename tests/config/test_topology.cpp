@@ -195,7 +195,18 @@ TEST_CASE("topology errors: model") {
     {"an mlp-only layer that is not a number",
      synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
                "    experts: 4\n    moe_intermediate_size: 64\n    mlp_only_layers: [0, x]"),
-     "t.yaml:11:26: model.synthetic.mlp_only_layers[1]: expected a layer index, got 'x'"},
+     "t.yaml:11:26: model.synthetic.mlp_only_layers[1]: expected an integer, got 'x'"},
+    {"an mlp-only layer in hex",
+     synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    experts: 4\n    moe_intermediate_size: 64\n    mlp_only_layers: [0x1]"),
+     "t.yaml:11:23: model.synthetic.mlp_only_layers[0]: expected an integer, got '0x1'"},
+    {"an mlp-only layer twice",
+     synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
+               "    experts: 4\n    moe_intermediate_size: 64\n    mlp_only_layers: [1, 1]"),
+     "t.yaml:11:26: model.synthetic.mlp_only_layers[1]: layer 1 is listed twice"},
+    {"an expert field on a dense model that only has a default",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    norm_topk_prob: false"),
+     "t.yaml:8:21: model.synthetic.norm_topk_prob: only qwen3_moe models have experts (this is a llama)"},
     {"an architecture rlsync does not run",
      synthetic("    arch: mistral\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704"),
      "t.yaml:4:11: model.synthetic.arch: must be one of llama, qwen3, qwen3_moe, got 'mistral'"},
@@ -612,37 +623,52 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:26: transfer.bucket_bytes: size out of range: '99999999999TiB'"},
     {"groups_in_flight zero", plus("transfer: {groups_in_flight: 0}"),
      "t.yaml:6:30: transfer.groups_in_flight: must be positive, got 0"},
-    {"transport out of range", plus("transfer: {ucx_transports: [shm, ib]}"),
-     "t.yaml:6:34: transfer.ucx_transports[1]: must be one of shm, cma, tcp, rdma, got 'ib'"},
-    {"transports not a list", plus("transfer: {ucx_transports: tcp}"),
-     "t.yaml:6:28: transfer.ucx_transports: expected a list, got 'tcp'"},
-    {"transport twice", plus("transfer: {ucx_transports: [tcp, tcp]}"),
-     "t.yaml:6:34: transfer.ucx_transports[1]: 'tcp' is listed twice"},
+    {"transport out of range", plus("transfer: {backend: ucx, ucx_transports: [shm, ib]}"),
+     "t.yaml:6:48: transfer.ucx_transports[1]: must be one of shm, cma, tcp, rdma, got 'ib'"},
+    {"transports not a list", plus("transfer: {backend: ucx, ucx_transports: tcp}"),
+     "t.yaml:6:42: transfer.ucx_transports: expected a list, got 'tcp'"},
+    {"transport twice", plus("transfer: {backend: ucx, ucx_transports: [tcp, tcp]}"),
+     "t.yaml:6:48: transfer.ucx_transports[1]: 'tcp' is listed twice"},
+    {"transports for the local backend, named", plus("transfer: {backend: local, ucx_transports: [tcp]}"),
+     "t.yaml:6:44: transfer.ucx_transports: only the ucx backend moves weights over UCX; backend 'local' does "
+     "not use it"},
+    {"transports for the default backend", plus("transfer: {ucx_transports: [tcp]}"),
+     "t.yaml:6:28: transfer.ucx_transports: only the ucx backend moves weights over UCX; backend 'local' does "
+     "not use it"},
+    {"a packed budget for the local backend", plus("transfer: {packed_budget_bytes: 1GiB}"),
+     "t.yaml:6:33: transfer.packed_budget_bytes: only the ucx backend's producer packs groups; backend 'local' "
+     "has no packed budget"},
+    {"a packed budget past its bound", plus("transfer: {backend: ucx, packed_budget_bytes: 5TiB}"),
+     "t.yaml:6:47: transfer.packed_budget_bytes: must be between 0 and 4398046511104, got 5497558138880"},
+    {"huge pages for the default backend", plus("transfer: {huge_pages: false}"),
+     "t.yaml:6:24: transfer.huge_pages: only the ucx backend's producer makes shared buffers (in huge pages or "
+     "not); backend 'local' has none"},
     // The base model's largest group is the last (a block, the final norm,
     // the LM head): 819968 parameters, 1639936 bytes in bf16; a worker of
     // tp 2 packs at least half of it.
-    {"packed budget below one worker's share of a group", plus("transfer: {packed_budget_bytes: 819967}"),
-     "t.yaml:6:33: transfer.packed_budget_bytes: 819967 bytes is less than one packed group: group 3 of the "
+    {"packed budget below one worker's share of a group", plus("transfer: {backend: ucx, packed_budget_bytes: 819967}"),
+     "t.yaml:6:47: transfer.packed_budget_bytes: 819967 bytes is less than one packed group: group 3 of the "
      "model is 1639936 bytes, of which a worker of tp 2 needs at least 819968; the producer packs whole "
      "groups, so give at least 819968 (or 0 for the default)"},
-    {"packed budget below a whole group in broadcast", plus("transfer: {mode: broadcast, packed_budget_bytes: 1MiB}"),
-     "t.yaml:6:50: transfer.packed_budget_bytes: 1048576 bytes is less than one packed group: group 3 of the "
+    {"packed budget below a whole group in broadcast", plus("transfer: {backend: ucx, mode: broadcast, packed_budget_bytes: 1MiB}"),
+     "t.yaml:6:64: transfer.packed_budget_bytes: 1048576 bytes is less than one packed group: group 3 of the "
      "model is 1639936 bytes, sent whole in broadcast; the producer packs whole groups, so give at least "
      "1639936 (or 0 for the default)"},
     {"huge pages named for a backend without shared buffers", plus("transfer: {backend: local, huge_pages: false}"),
      "t.yaml:6:40: transfer.huge_pages: only the ucx backend's producer makes shared buffers (in huge pages or "
      "not); backend 'local' has none"},
     {"huge pages not a boolean", plus("transfer: {backend: ucx, huge_pages: maybe}"), "t.yaml:6:38: transfer.huge_pages: expected true or false, got 'maybe'"},
-    {"negative packed budget", plus("transfer: {packed_budget_bytes: -1}"),
-     "t.yaml:6:33: transfer.packed_budget_bytes: must not be negative, got '-1'"},
+    {"negative packed budget", plus("transfer: {backend: ucx, packed_budget_bytes: -1}"),
+     "t.yaml:6:47: transfer.packed_budget_bytes: must not be negative, got '-1'"},
   });
   // One group's worth is enough; 0 picks the default.
-  for (const char* ok : {"transfer: {packed_budget_bytes: 819968}", "transfer: {packed_budget_bytes: 1GiB}",
-                         "transfer: {packed_budget_bytes: 0}"}) {
+  for (const char* ok : {"transfer: {backend: ucx, packed_budget_bytes: 819968}",
+                         "transfer: {backend: ucx, packed_budget_bytes: 1GiB}",
+                         "transfer: {backend: ucx, packed_budget_bytes: 0}"}) {
     CAPTURE(ok);
     CHECK(errors_of(plus(ok) + insecure).empty());
   }
-  CHECK(parse_topology(plus("transfer: {packed_budget_bytes: 4MiB}") + insecure, "t.yaml", "/base")
+  CHECK(parse_topology(plus("transfer: {backend: ucx, packed_budget_bytes: 4MiB}") + insecure, "t.yaml", "/base")
           .transfer.packed_budget_bytes
         == 4 << 20);
 }
@@ -1088,6 +1114,48 @@ TEST_CASE("topology: defaults are filled in") {
   CHECK(t.find_engine("e-0") == nullptr);
 }
 
+TEST_CASE("topology: a synthetic trainer's perturb and seeds are read, the other sources refuse them") {
+  const std::string dir_trainer = "trainer: {node: a, source: checkpoint_dir, dir: d";
+  const std::string seeded = "model: {synthetic: {layers: 4, hidden_size: 256, heads: 8, kv_heads: 4, "
+                             "intermediate_size: 704, seed: 42}}";
+  // The base document with both its model and trainer lines replaced.
+  auto doc = [](const std::string& model, const std::string& trainer) {
+    std::string out;
+    for (auto& [key, line] : base_lines)
+      out += (key == "model" ? model : key == "trainer" ? trainer : line) + "\n";
+    return out;
+  };
+  auto t = parse_topology(doc(seeded, "trainer: {node: a, perturb: 0.5, seed: 9}") + insecure, "t.yaml", "/base");
+  CHECK(t.model.seed == 42);
+  CHECK(t.trainer.perturb == 0.5);
+  CHECK(t.trainer.seed == 9);
+  check_rows({
+    {"perturb from a checkpoint directory", with("trainer", dir_trainer + ", perturb: 0.5}"),
+     "t.yaml:4:61: trainer.perturb: not used with source: checkpoint_dir (each version is a step the trainer wrote)"},
+    {"a trainer seed from a checkpoint directory", with("trainer", dir_trainer + ", seed: 9}"),
+     "t.yaml:4:58: trainer.seed: not used with source: checkpoint_dir (each version is a step the trainer wrote)"},
+    {"a model seed from a checkpoint directory", doc(seeded, dir_trainer + "}"),
+     "t.yaml:2:103: model.synthetic.seed: only a synthetic trainer generates the model's values from a seed; not "
+     "used with source: checkpoint_dir (each version is a step the trainer wrote)"},
+    {"a model seed with an external trainer", doc(seeded, "trainer: {node: a, source: external}"),
+     "t.yaml:2:103: model.synthetic.seed: only a synthetic trainer generates the model's values from a seed; not "
+     "used with source: external (the rank's own process publishes its versions)"},
+  });
+}
+
+TEST_CASE("topology: keys that apply only with another key's value are refused without it") {
+  check_rows({
+    {"max_restarts without restart: on-failure", with("nodes", "nodes: [{name: a}, {name: b, max_restarts: 2}]"),
+     "t.yaml:3:44: nodes[1].max_restarts: only used with restart: on-failure (rlsync launch restarts the node's "
+     "process up to this many times)"},
+    {"dp_balance with one data-parallel rank", with("engines", "engines: [{name: e, node: a, dp_balance: prefix_affinity}]"),
+     "t.yaml:5:42: engines[0].dp_balance: balances requests over data-parallel ranks, and this engine has one "
+     "(dp: 1, the default)"},
+  });
+  CHECK(errors_of(with("nodes", "nodes: [{name: a}, {name: b, restart: on-failure, max_restarts: 2}]") + insecure).empty());
+  CHECK(errors_of(with("engines", "engines: [{name: e, node: a, dp: 2, dp_balance: prefix_affinity}]") + insecure).empty());
+}
+
 TEST_CASE("topology: empty sections read as defaults") {
   auto t = parse_topology(with("nodes", "nodes: [{name: a}]") + "router:\ncoordinator:\ncluster:\nsync: {}\nworkload:\ndrill:\n",
                           "t.yaml", "/base");
@@ -1126,7 +1194,7 @@ TEST_CASE("topology: every field is read") {
 model:
   synthetic: {layers: 6, hidden_size: 128, heads: 4, kv_heads: 2, intermediate_size: 344, vocab_size: 512,
               max_position_embeddings: 4096, rope_theta: 500000, rms_norm_eps: 1.0e-6,
-              tie_word_embeddings: true, dtype: f32, seed: 42}
+              tie_word_embeddings: true, dtype: f32}
 nodes:
   - {name: n1, address: 10.0.0.1, port: 4000, metrics_port: 9100}
   - {name: n2, address: host-2.example, port: 4000, metrics_port: 0}
@@ -1142,8 +1210,6 @@ trainer:
   source: checkpoint_dir
   dir: ckpts
   step_time_ms: 0
-  perturb: 0.5
-  seed: 9
   ranks:
     - {node: n1, layers: [2, 5, 0, 3, 4, 1]}
 engines:
@@ -1187,7 +1253,6 @@ drill:
   CHECK(c.rms_norm_eps == 1e-6);
   CHECK(c.tie_word_embeddings);
   CHECK(t.model.weights_dtype == dtype::f32);
-  CHECK(t.model.seed == 42);
   CHECK(t.nodes[1].address == "host-2.example");
   CHECK(t.nodes[1].port == 4000);
   CHECK(t.cluster.secret_file == "/cfg/secrets/cluster.key");
@@ -1206,8 +1271,6 @@ drill:
   CHECK(t.trainer.source == trainer_source::checkpoint_dir);
   CHECK(t.trainer.dir == "/cfg/ckpts");
   CHECK(t.trainer.step_time == milliseconds(0));
-  CHECK(t.trainer.perturb == 0.5);
-  CHECK(t.trainer.seed == 9);
   REQUIRE(t.trainer.ranks.size() == 1);
   CHECK(t.trainer.ranks[0].node == "n1");
   CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}); // sorted
@@ -1469,7 +1532,7 @@ TEST_CASE("topology: the shipped configs load") {
 }
 
 TEST_CASE("topology: to_yaml shows the resolved view") {
-  auto t = parse_topology(plus(insecure + "transfer: {bucket_bytes: 64MiB, ucx_transports: [tcp]}\n"
+  auto t = parse_topology(plus(insecure + "transfer: {backend: ucx, bucket_bytes: 64MiB, ucx_transports: [tcp]}\n"
                                "sync: {pause: {mode: wait, clear_cache: true}}\n"
                                "drill: {faults: [{at_sync: 1, action: kill, target: e-1}]}"),
                           "t.yaml", "/base");

@@ -62,6 +62,7 @@ swap("  - name: engines-b\n    address: 127.0.0.1\n",
 ranks = "  ranks:\n    - node: head\n      layers: \"0-1\"\n    - node: ranks\n      layers: \"2-3\"\n"
 if len(sys.argv) > 4:  # Python ranks: they publish on their own clock
     swap("  source: synthetic\n  step_time_ms: 200\n", "  source: external\n" + ranks)
+    swap("    dtype: bf16\n    seed: 1\n", "    dtype: bf16\n")  # the ranks' own processes make the values
 else:
     swap("  step_time_ms: 200\n", "  step_time_ms: 1000\n" + ranks)
 open(dst, "w").write(text)
