@@ -98,6 +98,7 @@ void external_rank::serve() {
 }
 
 void external_rank::publish(std::uint64_t version, const std::vector<transfer::tensor_input>& tensors) {
+  std::shared_lock<std::shared_mutex> using_system(in_use_);
   if (closed_)
     throw std::logic_error("trainer rank " + std::to_string(rank_) + ": closed");
   trainer_actor trainer;
@@ -121,6 +122,7 @@ std::vector<std::string> external_rank::drill_withhold(std::uint64_t version, st
 }
 
 coordinator_status external_rank::status(std::chrono::milliseconds deadline) const {
+  std::shared_lock<std::shared_mutex> using_system(in_use_);
   auto coordinator = coordinator_->get();
   if (!coordinator || closed_)
     throw std::runtime_error("trainer rank " + std::to_string(rank_) + ": not in a cluster");
@@ -157,6 +159,7 @@ sync_progress external_rank::wait_synced(std::uint64_t version, std::chrono::mil
 void external_rank::close() {
   if (closed_.exchange(true))
     return;
+  std::unique_lock<std::shared_mutex> no_call_uses_the_system(in_use_); // calls begun before it end first
   stop_ = true;
   if (serving_.joinable())
     serving_.join(); // the loop polls stop_ every 50 ms and stops the rank's actors (bounded)

@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,6 +119,11 @@ private:
   std::string secret_;
 
   mutable std::mutex mutex_;
+  /// Held shared by every call that uses the actor system (publish, status),
+  /// exclusively by close() before it lets the system go: a close from
+  /// another thread waits for those calls instead of pulling the system from
+  /// under them.
+  mutable std::shared_mutex in_use_;
   std::condition_variable changed_;
   bool ready_ = false;    ///< registered: the constructor may return
   bool finished_ = false; ///< the serving loop ended

@@ -310,6 +310,10 @@ public:
         tensor = it->second;
       }
       inputs.push_back(input_of(name, tensor));
+      // The storage too: a parameter whose .data another thread replaces
+      // meanwhile must not free the bytes the copy reads.
+      if (py::hasattr(tensor, "untyped_storage"))
+        alive.push_back(tensor.attr("untyped_storage")());
       alive.push_back(std::move(tensor));
     }
     std::set<int> synchronized;
@@ -382,6 +386,14 @@ public:
       return;
     py::gil_scoped_release free;
     rank_->close();
+  }
+  // Collected without close(): the rank closes (joining its threads) without
+  // holding the GIL, so other Python threads run meanwhile.
+  ~trainer_rank_handle() {
+    if (!rank_ || !Py_IsInitialized())
+      return;
+    py::gil_scoped_release free;
+    rank_.reset();
   }
 
   bool closed() const { return !rank_ || rank_->closed(); }

@@ -6,6 +6,8 @@ after every refusal the rank still publishes, and the fleet serves it.
 """
 import os
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster  # noqa: E402
@@ -117,4 +119,29 @@ with cluster.Cluster(rlsync_bin, ranks=["0-1", "2-3"]) as c:
         expect(ValueError, "timeout_s must be in", lambda: rank.wait_synced(1, timeout_s=-1))
     expect(RuntimeError, "closed", lambda: rank.publish(2, mine))
     assert rank.closed
+
+    # close() from another thread while publish runs: the publish finishes or
+    # is refused as closed; the system is never pulled from under it.
+    theirs = {k: v for k, v in full.items() if k in set(tl.names_of_layers(t.model, [2, 3]))}
+    other = rlsync.TrainerRank(t, rank=1)
+    outcome = []
+
+    def publish_until_closed():
+        version = 1
+        while True:
+            try:
+                other.publish(version, theirs)
+            except Exception as e:  # noqa: BLE001
+                outcome.append(f"{type(e).__name__}: {e}")
+                return
+            version += 1
+
+    worker = threading.Thread(target=publish_until_closed)
+    worker.start()
+    time.sleep(0.3)
+    other.close()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "publish still running 60 s after close()"
+    assert outcome and outcome[0].startswith("RuntimeError") and "closed" in outcome[0], outcome
+    print(f"ok: close() while publishing: {outcome[0]}")
 print("PASS")
