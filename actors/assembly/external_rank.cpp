@@ -157,9 +157,10 @@ sync_progress external_rank::wait_synced(std::uint64_t version, std::chrono::mil
 }
 
 void external_rank::close() {
-  if (closed_.exchange(true))
-    return;
+  const bool again = closed_.exchange(true);
   std::unique_lock<std::shared_mutex> no_call_uses_the_system(in_use_); // calls begun before it end first
+  if (again)
+    return; // a close on another thread held the lock until it was done
   stop_ = true;
   if (serving_.joinable())
     serving_.join(); // the loop polls stop_ every 50 ms and stops the rank's actors (bounded)

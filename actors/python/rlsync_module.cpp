@@ -309,11 +309,11 @@ public:
           it = staged.emplace(key, on_host(name, tensor)).first;
         tensor = it->second;
       }
-      inputs.push_back(input_of(name, tensor));
-      // The storage too: a parameter whose .data another thread replaces
-      // meanwhile must not free the bytes the copy reads.
+      // The storage too, taken before its address is read: a parameter whose
+      // .data another thread replaces meanwhile must not free the bytes the copy reads.
       if (py::hasattr(tensor, "untyped_storage"))
         alive.push_back(tensor.attr("untyped_storage")());
+      inputs.push_back(input_of(name, tensor));
       alive.push_back(std::move(tensor));
     }
     std::set<int> synchronized;
@@ -346,6 +346,8 @@ public:
     }
     if (interrupted)
       throw py::error_already_set();
+    if (!p.synced && r.closed())
+      raise(PyExc_RuntimeError, "this TrainerRank was closed while waiting for version " + std::to_string(version));
     if (!p.synced)
       raise(PyExc_TimeoutError,
             "version " + std::to_string(version) + " not served by every live engine within "

@@ -426,7 +426,12 @@ dtype checkpoint_dtype_from_headers(const std::string& dir) {
     for (auto& [tensor, file] : weight_map)
       files.insert(file);
     auto it = weight_map.find(embed);
-    layout = read_safetensors_header(join(dir, it != weight_map.end() ? it->second : *files.begin()));
+    const std::string file = it != weight_map.end() ? it->second : *files.begin();
+    layout = read_safetensors_header(join(dir, file));
+    if (it != weight_map.end()
+        && std::none_of(layout.tensors.begin(), layout.tensors.end(), [&](const auto& t) { return t.name == embed; }))
+      throw checkpoint_error(index_path + ": tensor '" + embed + "' is mapped to " + printable(file)
+                             + ", which does not contain it");
   } else {
     throw checkpoint_error(dir + ": no " + single_file_name + " or " + index_file_name);
   }

@@ -110,6 +110,7 @@ void reader::read_synthetic(const map_reader& model) {
   // fields; it must only see fields that were read. An absent optional key
   // keeps its default and is fine.
   bool ok = !s.has("arch") || s.read_choice("arch", c.arch, arch_choices);
+  const bool arch_ok = ok;
   ok &= s.read("layers", c.num_hidden_layers, {}, presence::required);
   ok &= s.read("hidden_size", c.hidden_size, {}, presence::required);
   ok &= s.read("heads", c.num_attention_heads, {}, presence::required);
@@ -126,12 +127,6 @@ void reader::read_synthetic(const map_reader& model) {
   ok &= !s.has("norm_topk_prob") || s.read("norm_topk_prob", c.norm_topk_prob);
   ok &= !s.has("decoder_sparse_step") || s.read("decoder_sparse_step", c.decoder_sparse_step);
   ok &= !s.has("expert_layout") || s.read_choice("expert_layout", c.fused_experts, expert_layout_choices);
-  if (c.arch != model_arch::qwen3_moe) // validate() refuses the other expert fields by their values
-    for (const char* key : {"norm_topk_prob", "decoder_sparse_step"})
-      if (s.has(key)) {
-        s.error(key, std::string("only qwen3_moe models have experts (this is a ") + to_string(c.arch) + ")");
-        ok = false;
-      }
   if (s.has("mlp_only_layers")) {
     if (auto items = s.list("mlp_only_layers")) {
       if (items->size() > static_cast<std::size_t>(max_hidden_layers)) {
@@ -166,6 +161,24 @@ void reader::read_synthetic(const map_reader& model) {
   ok &= !s.has("seed") || s.read("seed", t.model.seed);
   if (s.has("seed"))
     synthetic_seed_at = std::make_pair(s.mark("seed"), s.path("seed"));
+  // validate() refuses expert fields on a dense model by their values; one
+  // written with its default value, or one validate() does not look at, is
+  // refused here by its presence.
+  if (ok && arch_ok && c.arch != model_arch::qwen3_moe) {
+    const std::pair<const char*, bool> unseen_by_validate[] = {
+      {"experts", c.num_experts == 0},
+      {"experts_per_tok", c.num_experts_per_tok == 0},
+      {"moe_intermediate_size", c.moe_intermediate_size == 0},
+      {"mlp_only_layers", c.mlp_only_layers.empty()},
+      {"expert_layout", !c.fused_experts},
+      {"norm_topk_prob", true},
+      {"decoder_sparse_step", true}};
+    for (auto [key, unseen] : unseen_by_validate)
+      if (unseen && s.has(key)) {
+        s.error(key, std::string("only qwen3_moe models have experts (this is a ") + to_string(c.arch) + ")");
+        ok = false;
+      }
+  }
   if (!ok)
     return;
   auto problems = validate(c);
@@ -232,9 +245,11 @@ void reader::read_nodes(const map_reader& root) {
         if (auto [it, fresh] = endpoints.emplace(endpoint, n.name); !fresh)
           r.error("metrics_port", endpoint + " is already used by node '" + it->second + "'");
     }
-    if (r.read_choice("restart", n.restart, node_restart_choices) && n.restart == node_restart::on_failure)
+    const bool restart_ok = !r.has("restart") || r.read_choice("restart", n.restart, node_restart_choices);
+    if (r.has("restart") && restart_ok && n.restart == node_restart::on_failure)
       restart_marks.emplace(n.name, std::make_pair(r.mark("restart"), r.path("restart")));
-    if (r.read("max_restarts", n.max_restarts, between(0, max_node_restarts)) && n.restart != node_restart::on_failure)
+    if (r.read("max_restarts", n.max_restarts, between(0, max_node_restarts)) && restart_ok
+        && n.restart != node_restart::on_failure)
       r.error("max_restarts", "only used with restart: on-failure (rlsync launch restarts the node's process up to "
                               "this many times)");
     t.nodes.push_back(std::move(n));

@@ -39,7 +39,8 @@ void reader::read_engines(const map_reader& root) {
       for (auto& problem : validate_tp(t.model.config, e.tp, e.expert_parallel))
         r.error(problem.rfind("expert parallelism needs", 0) == 0 ? "expert_parallel" : "tp", problem);
     }
-    if (r.read("dp", e.dp, between(1, max_dp)) && tp_ok && model_ok && ep_ok)
+    const bool dp_ok = !r.has("dp") || r.read("dp", e.dp, between(1, max_dp));
+    if (r.has("dp") && dp_ok && tp_ok && model_ok && ep_ok)
       for (auto& problem : validate_dp(t.model.config, e.tp, e.dp, e.expert_parallel))
         r.error("dp", problem);
     if (r.read("dp_balance", e.dp_balance) && e.dp_balance != "least_outstanding"
@@ -54,9 +55,10 @@ void reader::read_engines(const map_reader& root) {
     r.read("queue_limit", e.queue_limit, between(1, max_queue_limit));
     r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
     r.read("prefix_cache_blocks", e.prefix_cache_blocks, between(0, max_prefix_cache_blocks));
-    r.read_choice("kind", e.kind, engine_kind_choices);
-    if (e.kind != engine_kind::vllm && r.has("dp_balance") && e.dp == 1)
-      r.error("dp_balance", "balances requests over data-parallel ranks, and this engine has one (dp: 1, the default)");
+    const bool kind_ok = !r.has("kind") || r.read_choice("kind", e.kind, engine_kind_choices);
+    if (kind_ok && dp_ok && e.kind != engine_kind::vllm && r.has("dp_balance") && e.dp == 1)
+      r.error("dp_balance", std::string("balances requests over data-parallel ranks, and this engine has one (dp: 1")
+                              + (r.has("dp") ? ")" : ", the default)"));
     if (e.kind == engine_kind::vllm) {
       read_vllm_server(r, e);
       // One adapter fronts one server of its own: these are the built-in engine's.

@@ -208,6 +208,19 @@ TEST_CASE("checkpoint_dtype_from_headers says what checkpoint_dtype says, from t
     CHECK(checkpoint_dtype_from_headers(many) == t);
     CHECK(checkpoint_dtype(checkpoint::open(many)) == t);
   }
+  // An index that maps the embedding to a shard without it is refused, as open refuses it.
+  {
+    const std::string many = dir / "many-BF16";
+    auto index = read_file(many + "/model.safetensors.index.json");
+    const std::string mapped = "\"model.embed_tokens.weight\": \"model-00001-of-";
+    const auto at = index.find(mapped);
+    REQUIRE(at != std::string::npos);
+    index.replace(at + mapped.size() - std::string("00001-of-").size(), 5, "00002"); // now the second shard
+    write_file(many + "/model.safetensors.index.json", index);
+    const std::string message = "model.safetensors.index.json: tensor 'model.embed_tokens.weight' is mapped to "
+                                "model-00002-of-";
+    CHECK_THROWS_WITH_AS(checkpoint_dtype_from_headers(many), doctest::Contains(message.c_str()), checkpoint_error);
+  }
   // An f32 extra first in data order does not decide it: the embedding does.
   auto base = checkpoint::open(dir / "one-BF16");
   std::vector<float> inv_freq(4, 0.5f);

@@ -204,6 +204,12 @@ TEST_CASE("topology errors: model") {
      synthetic("    arch: qwen3_moe\n    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n"
                "    experts: 4\n    moe_intermediate_size: 64\n    mlp_only_layers: [1, 1]"),
      "t.yaml:11:26: model.synthetic.mlp_only_layers[1]: layer 1 is listed twice"},
+    {"an expert layout on a dense model, the default one",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    expert_layout: separate"),
+     "t.yaml:8:20: model.synthetic.expert_layout: only qwen3_moe models have experts (this is a llama)"},
+    {"no experts on a dense model, said",
+     synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    experts: 0"),
+     "t.yaml:8:14: model.synthetic.experts: only qwen3_moe models have experts (this is a llama)"},
     {"an expert field on a dense model that only has a default",
      synthetic("    layers: 4\n    hidden_size: 256\n    heads: 8\n    intermediate_size: 704\n    norm_topk_prob: false"),
      "t.yaml:8:21: model.synthetic.norm_topk_prob: only qwen3_moe models have experts (this is a llama)"},
