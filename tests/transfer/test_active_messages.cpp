@@ -91,3 +91,26 @@ TEST_CASE("a message over the inbox's limit is kept as its size only") {
   CHECK(inbox.ready[1].bytes.empty());
   CHECK(inbox.ready[1].too_big == 5);
 }
+
+TEST_CASE("forgetting a closing endpoint drops its messages and marks its fetches, and no other's") {
+  am_inbox inbox;
+  inbox.limit = 16;
+  auto* closing = reinterpret_cast<ucp_ep_h>(std::uintptr_t{0x1000});
+  auto* other = reinterpret_cast<ucp_ep_h>(std::uintptr_t{0x2000});
+  for (auto ep : {closing, other, closing}) {
+    ucp_am_recv_param_t param{};
+    param.recv_attr = UCP_AM_RECV_ATTR_FIELD_REPLY_EP; // eager, with a reply endpoint
+    param.reply_ep = ep;
+    std::vector<std::uint8_t> bytes{1, 2};
+    am_inbox::on_message(&inbox, nullptr, 0, bytes.data(), bytes.size(), &param);
+  }
+  // Fetches in flight, as a rendezvous leaves them (their requests are UCX's).
+  inbox.pending.push_back({nullptr, {{}, closing, 0}, false});
+  inbox.pending.push_back({nullptr, {{}, other, 0}, false});
+  inbox.forget(closing);
+  REQUIRE(inbox.ready.size() == 1);
+  CHECK(inbox.ready[0].reply_ep == other);
+  CHECK(inbox.pending.front().discard);
+  CHECK_FALSE(inbox.pending.back().discard);
+  inbox.pending.clear(); // no UCX request behind them to free
+}

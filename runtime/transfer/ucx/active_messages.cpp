@@ -97,10 +97,18 @@ void am_inbox::poll() {
     pending_bytes -= it->msg.bytes.size();
     if (it->stranger)
       stranger_bytes -= it->msg.bytes.size();
-    if (st == UCS_OK)
+    if (st == UCS_OK && !it->discard)
       ready.push_back(std::move(it->msg));
     it = pending.erase(it);
   }
+}
+
+void am_inbox::forget(ucp_ep_h ep) {
+  ready.erase(std::remove_if(ready.begin(), ready.end(), [ep](const incoming& in) { return in.reply_ep == ep; }),
+              ready.end());
+  for (auto& f : pending)
+    if (f.msg.reply_ep == ep)
+      f.discard = true;
 }
 
 // Only once the worker is about to be destroyed: UCX cannot cancel a

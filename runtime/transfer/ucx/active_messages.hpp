@@ -41,6 +41,7 @@ struct am_inbox {
     void* request = nullptr;
     incoming msg;
     bool stranger = false;
+    bool discard = false; // its endpoint is closing: dropped once UCX is done with it
   };
   static constexpr std::size_t max_ready = 4096;
   static constexpr std::size_t max_stranger_bytes = std::size_t(1) << 20;
@@ -59,6 +60,11 @@ struct am_inbox {
                                  size_t length, const ucp_am_recv_param_t* param);
   void install(ucp_worker_h w, unsigned id, std::size_t max_bytes);
   void poll();
+  /// Drops what waits from `ep`, whose close began: the messages taken, and
+  /// the fetches in flight once UCX is done with their buffers. A message
+  /// answered or admitted from a closing endpoint would send on (or close
+  /// again) an endpoint UCX is freeing.
+  void forget(ucp_ep_h ep);
   void abandon(std::vector<std::vector<std::uint8_t>>& keep);
 };
 

@@ -285,21 +285,27 @@ void producer_impl::shutdown() {
 }
 
 void producer_impl::start_close(ucp_ep_h ep) {
+  if (closing.count(ep))
+    return; // closing already: a second close of one endpoint is undefined
+  inbox.forget(ep);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   rp.flags = 0;
   void* req = ucp_ep_close_nbx(ep, &rp);
-  if (req != nullptr && !UCS_PTR_IS_ERR(req))
-    closes.push_back(req);
+  if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
+    closes.emplace_back(req, ep);
+    closing.insert(ep);
+  }
 }
 
 void producer_impl::poll_closes() {
   for (auto it = closes.begin(); it != closes.end();) {
-    if (ucp_request_check_status(*it) == UCS_INPROGRESS) {
+    if (ucp_request_check_status(it->first) == UCS_INPROGRESS) {
       ++it;
       continue;
     }
-    ucp_request_free(*it);
+    ucp_request_free(it->first);
+    closing.erase(it->second); // gone: its address may name a new endpoint from now on
     it = closes.erase(it);
   }
 }
@@ -352,6 +358,10 @@ unsigned producer_impl::handle_messages() {
     {
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++st.requests;
+    }
+    if (in.reply_ep && closing.count(in.reply_ep)) {
+      count_rejected(); // arrived while its endpoint closes: nobody to answer
+      continue;
     }
     auto it = conns.find(in.reply_ep);
     if (it == conns.end()) {

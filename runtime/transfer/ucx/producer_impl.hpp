@@ -236,7 +236,8 @@ struct producer_impl {
   std::uint64_t next_conn = 1;
   std::vector<std::vector<std::uint8_t>> graveyard; // bytes UCX may still read at teardown
   bool retry_blocked = false;                       // room may have freed
-  std::list<void*> closes;                          // endpoint closes in progress
+  std::list<std::pair<void*, ucp_ep_h>> closes;     // endpoint closes in progress
+  std::set<ucp_ep_h> closing;                       // their endpoints: messages from them are dropped
   bool leak_worker = false;                         // see shutdown()
 
   // Packers.
