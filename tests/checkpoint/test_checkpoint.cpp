@@ -2,6 +2,7 @@
 // sharded or not), perturb, inspect, and the cross-checks on open.
 #include "runtime/base/checksum.hpp"
 #include "runtime/checkpoint/checkpoint.hpp"
+#include "tests/support/checkpoint_fixtures.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 #include <doctest/doctest.h>
@@ -222,15 +223,7 @@ TEST_CASE("checkpoint_dtype_from_headers says what checkpoint_dtype says, from t
     CHECK_THROWS_WITH_AS(checkpoint_dtype_from_headers(many), doctest::Contains(message.c_str()), checkpoint_error);
   }
   // An f32 extra first in data order does not decide it: the embedding does.
-  auto base = checkpoint::open(dir / "one-BF16");
-  std::vector<float> inv_freq(4, 0.5f);
-  std::vector<tensor_bytes> tensors{
-      {tensor_spec{"model.layers.0.self_attn.rotary_emb.inv_freq", dtype::f32, {4}}, inv_freq.data()}};
-  for (const auto& e : base.tensors())
-    tensors.push_back({tensor_spec{e.tensor->name, e.tensor->type, e.tensor->shape}, e.tensor->data});
-  fs::create_directories(dir / "extra");
-  fs::copy_file(dir / "one-BF16/config.json", dir / "extra/config.json");
-  write_safetensors(dir / "extra/model.safetensors", tensors);
+  test::write_with_leading_f32_extra(dir / "one-BF16", dir / "extra");
   CHECK(checkpoint_dtype_from_headers(dir / "extra") == dtype::bf16);
   CHECK(checkpoint_dtype(checkpoint::open(dir / "extra")) == dtype::bf16);
 

@@ -6,6 +6,7 @@
 #include "runtime/plan/groups.hpp"
 #include "runtime/transfer/weight_source.hpp"
 
+#include "tests/support/checkpoint_fixtures.hpp"
 #include "tests/support/engine_fixtures.hpp"
 #include "tests/support/scratch_dir.hpp"
 #include "tests/support/transfer_fixtures.hpp"
@@ -330,17 +331,7 @@ TEST_CASE("synthetic source takes the embedding's dtype from a checkpoint that l
   scratch_dir tmp;
   const model_config c = test::small_model(2);
   make_synthetic_checkpoint(tmp / "base", c, dtype::bf16, 5);
-  // Hugging Face's writer may put a higher-precision extra (a rotary
-  // inv_freq buffer) first in data order.
-  auto base = checkpoint::open(tmp / "base");
-  std::vector<float> inv_freq(4, 0.5f);
-  std::vector<tensor_bytes> tensors{
-      {tensor_spec{"model.layers.0.self_attn.rotary_emb.inv_freq", dtype::f32, {4}}, inv_freq.data()}};
-  for (const auto& e : base.tensors())
-    tensors.push_back({tensor_spec{e.tensor->name, e.tensor->type, e.tensor->shape}, e.tensor->data});
-  std::filesystem::create_directories(tmp / "extra");
-  std::filesystem::copy_file(tmp / "base/config.json", tmp / "extra/config.json");
-  write_safetensors(tmp / "extra/model.safetensors", tensors);
+  test::write_with_leading_f32_extra(tmp / "base", tmp / "extra");
   REQUIRE(checkpoint::open(tmp / "extra").tensors().front().tensor->type == dtype::f32);
 
   synthetic_options o;

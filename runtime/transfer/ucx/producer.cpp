@@ -305,6 +305,7 @@ void producer_impl::poll_closes() {
       continue;
     }
     ucp_request_free(it->first);
+    inbox.forget(it->second);  // what the progress that completed the close delivered from it
     closing.erase(it->second); // gone: its address may name a new endpoint from now on
     it = closes.erase(it);
   }
