@@ -1,5 +1,6 @@
 #include "actors/vllm_server_calls.hpp"
 
+#include "runtime/base/printable.hpp"
 #include "runtime/vllm/remote_engine.hpp"
 
 #include <nlohmann/json.hpp>
@@ -41,8 +42,8 @@ std::string http_failure(const std::string& call, const http::client_response& r
   }
   if (message.empty())
     message = r.body;
-  if (message.size() > 300)
-    message = message.substr(0, 297) + "...";
+  // The server's text, escaped and cut: it reaches logs and terminals.
+  message = printable(message, 300);
   return call + ": HTTP " + std::to_string(r.status) + (message.empty() ? "" : ": " + message);
 }
 
@@ -64,7 +65,7 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
     rq.body = std::move(body);
     auto head = c.open_stream(rq);
     if (head.status != 200)
-      throw std::runtime_error("POST /v1/completions: HTTP " + std::to_string(head.status));
+      throw std::runtime_error(http_failure("POST /v1/completions", head));
     bool finished = false, done = false;
     while (!cancel->load() && !stopped->load()) {
       auto event = c.next_event();

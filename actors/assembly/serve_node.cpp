@@ -56,6 +56,7 @@ serve_node::serve_node(caf::actor_system& sys, serve_node_options options) : sys
     cfg.options.device = gpu::make_engine_device(0);
   cfg.options.source_dtype = weights_dtype;
   cfg.node = "serve";
+  cfg.faults = options_.faults;
   cfg.metrics = engine_metrics_in(metrics_, cfg.options.name);
   ctx_.engine = spawn_rollout_engine(sys_, std::move(cfg));
   ctx_.settings.model_name = dir;
@@ -100,6 +101,8 @@ void serve_node::mount(const model_config& model) {
     metrics_ = options_.metrics;
   ctx_.settings.pause_deadline = options_.pause_deadline;
   ctx_.settings.session_idle_deadline = options_.session_idle_deadline;
+  const auto completion_deadline = ctx_.settings.request_deadline;
+  ctx_.settings.request_deadline = options_.control_deadline;
   control_ = serve::spawn_serve_control(sys_, ctx_);
   server_ = std::make_unique<http::server>(options_.http);
   serve::mount_engine_routes(*server_, sys_, control_, ctx_);
@@ -108,7 +111,7 @@ void serve_node::mount(const model_config& model) {
   rc.served_model = ctx_.settings.model_name;
   rc.model = {model.vocab_size, model.max_position_embeddings};
   rc.strict = options_.strict_vllm;
-  rc.request_deadline = ctx_.settings.request_deadline;
+  rc.request_deadline = completion_deadline;
   rc.label = [labels = ctx_.labels](std::uint64_t v) { return labels->label_of(v); };
   // /abort_requests finds a completion by its id; choice i > 0 as "ID-i".
   auto name = [](const std::string& id, std::size_t i) { return i == 0 ? id : id + "-" + std::to_string(i); };

@@ -39,6 +39,11 @@ struct serve_node_options {
   /// (serve::serve_settings).
   std::chrono::milliseconds pause_deadline = serve::serve_settings{}.pause_deadline;
   std::chrono::milliseconds session_idle_deadline = serve::serve_settings{}.session_idle_deadline;
+  /// One call to a control route, its wait behind earlier calls included
+  /// (a completion's deadline is its own).
+  std::chrono::milliseconds control_deadline = serve::serve_settings{}.request_deadline;
+  /// Faults armed on the engine (drills, tests); nullptr: none.
+  std::shared_ptr<engine_fault_gate> faults;
   /// What GET /metrics serves: as a topology's node, the registry its member
   /// node's engine records into; nullptr: the server's own.
   std::shared_ptr<metrics::registry> metrics;

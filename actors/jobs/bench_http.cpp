@@ -3,6 +3,7 @@
 #include "actors/assembly/local_deployment.hpp"
 #include "actors/system_config.hpp"
 #include "actors/workload.hpp"
+#include "runtime/base/printable.hpp"
 #include "runtime/base/stats.hpp"
 #include "runtime/engine/tokenizer.hpp"
 #include "runtime/http/client.hpp"
@@ -79,7 +80,7 @@ std::pair<double, std::uint64_t> run_http(std::uint16_t port, const bench_http_o
                                  {"return_token_ids", true}};
           auto head = client.open_stream({"POST", "/v1/completions", body.dump(), "application/json", {}});
           if (head.status != 200)
-            throw http::client_error("HTTP " + std::to_string(head.status));
+            throw http::client_error("HTTP " + std::to_string(head.status) + ": " + printable(head.body));
           while (auto ev = client.next_event()) {
             if (*ev == "[DONE]")
               continue;

@@ -32,6 +32,18 @@ namespace fs = std::filesystem;
 
 std::string join(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
+const std::string embed_tensor_name = "model.embed_tokens.weight";
+
+// A checkpoint's dtype is its embedding's; where it has none, its first tensor's. Other tensors
+// (an f32 rotary inv_freq beside bf16 weights) do not decide it.
+template <class Range, class Name, class Type>
+dtype dtype_by_embedding(const Range& tensors, Name name_of, Type type_of) {
+  for (const auto& t : tensors)
+    if (name_of(t) == embed_tensor_name)
+      return type_of(t);
+  return type_of(*std::begin(tensors));
+}
+
 std::string errno_text() { return std::strerror(errno); }
 
 std::string read_small_file(const std::string& path, std::uint64_t limit) {
@@ -291,7 +303,7 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
   auto add = [&](std::string name, std::vector<std::int64_t> shape) {
     specs.push_back(tensor_spec{std::move(name), type, std::move(shape)});
   };
-  add("model.embed_tokens.weight", {c.vocab_size, h});
+  add(embed_tensor_name, {c.vocab_size, h});
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {h});
@@ -408,12 +420,13 @@ const tensor_view& checkpoint::at(const std::string& name) const {
 dtype checkpoint_dtype(const checkpoint& ckpt) {
   if (ckpt.tensors().empty())
     throw checkpoint_error(ckpt.dir() + ": no tensors");
-  const tensor_view* embed = ckpt.find("model.embed_tokens.weight");
-  return (embed ? embed : ckpt.tensors().front().tensor)->type;
+  return dtype_by_embedding(
+      ckpt.tensors(), [](const auto& e) -> const std::string& { return e.tensor->name; },
+      [](const auto& e) { return e.tensor->type; });
 }
 
 dtype checkpoint_dtype_from_headers(const std::string& dir) {
-  static const std::string embed = "model.embed_tokens.weight";
+  const std::string& embed = embed_tensor_name;
   std::string single = join(dir, single_file_name);
   std::string index_path = join(dir, index_file_name);
   std::error_code ec;
@@ -437,10 +450,8 @@ dtype checkpoint_dtype_from_headers(const std::string& dir) {
   }
   if (layout.tensors.empty())
     throw checkpoint_error(dir + ": no tensors");
-  for (const auto& t : layout.tensors)
-    if (t.name == embed)
-      return t.type;
-  return layout.tensors.front().type;
+  return dtype_by_embedding(
+      layout.tensors, [](const auto& t) -> const std::string& { return t.name; }, [](const auto& t) { return t.type; });
 }
 
 std::vector<std::string> check_llama_parameters(const checkpoint& ckpt) {

@@ -5,6 +5,8 @@
 #include <boost/beast/http.hpp>
 
 #include <cctype>
+#include <cstdint>
+#include <limits>
 
 namespace rlsync::http {
 
@@ -135,19 +137,42 @@ client_response client::send(const client_request& rq) {
 client_response client::open_stream(const client_request& rq) {
   impl_->write(rq);
   auto& parser = impl_->stream_parser.emplace();
-  parser.body_limit(boost::none);
+  // No limit on a stream's length (next_event bounds each event). Not
+  // boost::none: Boost 1.74 compares a Content-Length against the empty
+  // optional as larger, and refuses every answer that has one.
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   impl_->pending_events.clear();
   beast::error_code result;
+  auto fail = [&](const std::string& what) {
+    impl_->stream.reset();
+    impl_->stream_parser.reset();
+    throw client_error("no answer to " + rq.method + " " + rq.target + ": " + what);
+  };
   impl_->stream->expires_after(impl_->deadline);
   bhttp::async_read_header(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
   impl_->run();
-  if (result) {
-    impl_->stream.reset();
-    impl_->stream_parser.reset();
-    throw client_error("no answer to " + rq.method + " " + rq.target + ": " + result.message());
-  }
+  if (result)
+    fail(result.message());
   auto& msg = parser.get();
-  return client_response{msg.result_int(), impl::headers_of(msg), {}};
+  client_response head{msg.result_int(), impl::headers_of(msg), {}};
+  if (head.status / 100 == 2)
+    return head;
+  // A refusal is not a stream: read its body (an error message, bounded) so
+  // the caller can say why.
+  // The parser checks a Content-Length against its limit only with the header.
+  if (auto length = parser.content_length(); length && *length > max_error_body_bytes)
+    fail("HTTP " + std::to_string(head.status) + " with a body of " + std::to_string(*length) + " bytes, over "
+         + std::to_string(max_error_body_bytes));
+  parser.body_limit(max_error_body_bytes);
+  bhttp::async_read(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
+  impl_->run();
+  if (result && result != bhttp::error::end_of_stream)
+    fail("HTTP " + std::to_string(head.status) + ", then " + result.message());
+  head.body = std::move(parser.get().body());
+  if (!parser.get().keep_alive() || !parser.is_done())
+    impl_->stream.reset();
+  impl_->stream_parser.reset();
+  return head;
 }
 
 std::optional<std::string> client::next_event() {

@@ -51,7 +51,10 @@ public:
 
   /// Sends `rq` and reads the answer's header; the body then comes event by
   /// event through next_event(). Returns status and headers (body empty).
+  /// An answer other than 2xx is read whole (its error message, at most
+  /// max_error_body_bytes) and returned with its body; no events follow.
   client_response open_stream(const client_request& rq);
+  static constexpr std::uint64_t max_error_body_bytes = std::uint64_t{1} << 20;
   /// The next Server-Sent Event's data (its `data:` lines joined by "\n");
   /// nullopt once the stream ended. Throws client_error on the deadline and
   /// when the stream sends more than max_event_bytes without ending an event.

@@ -343,6 +343,37 @@ TEST_CASE("routes: a wait-pause past its deadline leaves the engine running and 
   CHECK(finished == std::vector<std::string>(32, "length")); // every choice ran to its end
 }
 
+TEST_CASE("routes: a control call that waited past its deadline behind another is not run") {
+  // The engine holds its phase acknowledgements for 3 s (a straggler): a
+  // pause holds the control actor that long, and calls queued behind it
+  // pass their 400 ms deadline.
+  auto faults = std::make_shared<engine_fault_gate>();
+  serve_fixture f(false, std::nullopt, [&](serve_node_options& o) {
+    o.control_deadline = 400ms;
+    o.faults = faults;
+  });
+  faults->acks_held_until_ns = (std::chrono::steady_clock::now() + 3s).time_since_epoch().count();
+  auto pause = std::async(std::launch::async, [&] {
+    http::client c("127.0.0.1", f.port, 20s);
+    return c.send({"POST", "/pause?mode=keep", "", "application/json", {}}).status;
+  });
+  std::this_thread::sleep_for(300ms); // the pause reaches the control actor first
+  // Its client is answered 500 at the deadline; when the pause ends, the
+  // sleep must not happen after all.
+  CHECK(f.call("POST", "/sleep?level=1&mode=keep").status == 500);
+  CHECK(pause.get() == 500); // the pause's own client gave up too
+  unsigned status = 0;
+  json sleeping;
+  for (int i = 0; i < 100 && status != 200; ++i) { // until the control actor is free: 40 s at most
+    auto r = f.call("GET", "/is_sleeping");
+    status = r.status;
+    if (status == 200)
+      sleeping = json::parse(r.body);
+  }
+  CHECK(sleeping == json{{"is_sleeping", false}});
+  CHECK(f.call_json("GET", "/is_paused") == json{{"is_paused", true}}); // the pause did run, late
+}
+
 TEST_CASE("routes: a weight-update session no call touches is dropped, the pause its start made resumed") {
   serve_fixture f(false, std::nullopt, [](serve_node_options& o) { o.session_idle_deadline = 3s; });
   CHECK(f.call_json("POST", "/start_weight_update").size() == 1);

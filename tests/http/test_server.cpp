@@ -302,6 +302,29 @@ TEST_CASE("client: a stream that never ends its event is refused at the bound, n
     w.join();
 }
 
+TEST_CASE("client: a refused stream returns its status and error body, and the connection is reused") {
+  server srv(fast_options());
+  srv.route("POST", "/stream", [](const request& rq, std::shared_ptr<responder> r) {
+    if (rq.body == "big")
+      r->reply({400, "application/json", std::string(client::max_error_body_bytes + 1, 'x'), {}});
+    else
+      r->reply({400, "application/json", R"({"error": {"message": "body.n: must be in 1..64"}})", {}});
+  });
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 2s);
+  auto head = c.open_stream({"POST", "/stream", "{}", "application/json", {}});
+  CHECK(head.status == 400);
+  CHECK(head.body == R"({"error": {"message": "body.n: must be in 1..64"}})");
+  CHECK_FALSE(c.next_event()); // no events follow a refusal
+  CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200);
+  CHECK(srv.connections() == 1);
+  // An error body past the bound is not read into memory.
+  CHECK_THROWS_WITH_AS(c.open_stream({"POST", "/stream", "big", "application/json", {}}),
+                       doctest::Contains("HTTP 400 with a body of 1048577 bytes, over 1048576"), client_error);
+  CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200); // on a new connection
+}
+
 TEST_CASE("server: writes to a stream whose client left return false, the bounded queue refuses floods") {
   auto o = fast_options();
   o.max_stream_queue_bytes = 64 << 10;

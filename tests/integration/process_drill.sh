@@ -28,7 +28,8 @@ case $case in all | engine-kill | head-restart | rank-kill | corrupt | rank-corr
 esac
 part() { [ "$case" = all ] || [ "$case" = "$1" ]; }
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+# A failed run keeps its directory (every node's log, the report) for diagnosis.
+trap 'rc=$?; if [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ]; then rm -rf "$dir"; else echo "kept for diagnosis: $dir" >&2; fi' EXIT
 # The configs read ../certs (configs/certs in the source tree): copy them next
 # to fresh credentials rather than write into the source tree.
 mkdir -p "$dir/drills"

@@ -35,7 +35,8 @@ dir=$(mktemp -d)
 # not this run's fault: only new ones count below.
 drill_namespaces() { ip netns list | awk '{print $1}' | grep '^rldrill' | sort || true; }
 namespaces_before=$(drill_namespaces)
-trap 'rm -rf "$dir"' EXIT
+# A failed run keeps its directory (every node's log, the report) for diagnosis.
+trap 'rc=$?; if [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ]; then rm -rf "$dir"; else echo "kept for diagnosis: $dir" >&2; fi' EXIT
 "$rlsync" certs make --out "$dir/certs" --nodes head,engine-node-a,engine-node-b > /dev/null
 cat > "$dir/netns-drill.yaml" <<YAML
 name: netns-drill
