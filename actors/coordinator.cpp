@@ -303,10 +303,12 @@ void settle(self_ptr self) {
 /// brings it current). Engines already serving it keep serving.
 void open_round(self_ptr self) {
   auto& st = self->state;
-  std::vector<std::string> names;
+  std::vector<std::string> names, cold_syncs;
   for (auto& [name, m] : st.members) {
     if (joins_round(view_of(m), st.newest.version))
       names.push_back(name);
+    if (waits_for_cold_sync(view_of(m)))
+      cold_syncs.push_back(name);
     if (!m.unreachable)
       m.newcomer = false;
   }
@@ -318,6 +320,7 @@ void open_round(self_ptr self) {
     engines_at.push_back(st.members.at(name).handle.address());
   st.round.emplace(sync_round{id, st.newest.version, std::move(names), wave_size}, st.newest);
   st.round->engines_at = std::move(engines_at);
+  st.round->cold_syncs = std::move(cold_syncs);
   st.round->record.id = id;
   st.round->record.version = st.newest.version;
   st.round->waiters = std::exchange(st.sync_waiters, {});
@@ -530,7 +533,12 @@ void evict(self_ptr self, const std::string& name, const std::string& why) {
       i->second.info.dirty = true;
     member_event(self, name, "evicted");
   }
-  if (st.cfg.router)
+  // An engine of the current wave holds requests the round paused: they
+  // move elsewhere (continuing from their tokens), since no round may bring
+  // it current soon. One evicted before its wave still serves its old version.
+  if (st.cfg.router && in_wave)
+    self->send(st.cfg.router, failed_atom::value, name);
+  else if (st.cfg.router)
     self->send(st.cfg.router, evict_atom::value, name);
 }
 
@@ -587,9 +595,12 @@ void close_round(self_ptr self) {
   auto& rec = r.record;
   rec.aborted = r.book.aborted();
   rec.evicted = r.book.evicted();
-  if (rec.aborted) // the aborted wave's clean engines and the waves never run
+  if (rec.aborted) { // the aborted wave's clean engines and the waves never run
     rec.old_version = static_cast<std::uint32_t>(r.book.live().size()) - rec.engines_synced - rec.dirty;
-  else
+    for (auto& name : r.cold_syncs)
+      if (auto m = st.members.find(name); m != st.members.end() && !m->second.routable)
+        m->second.newcomer = true; // its cold sync is retried once the trainer is ready
+  } else
     st.synced_version = std::max(st.synced_version, r.book.version());
   auto rep = report_of(rec, now_ns(self));
   st.last_round_ops = r.book.ops();
@@ -690,8 +701,15 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
   return {
     authorized(self, guard, [=](version_atom, const version_info& vi) {
       auto& st = self->state;
-      if (!follows_ranks(st)) {
+      const auto sender = self->current_sender() ? self->current_sender()->address() : caf::actor_addr{};
+      if (!follows_ranks(st) && (!st.cfg.trainer || sender == st.cfg.trainer.address())) {
         on_version(self, vi);
+      } else if (!follows_ranks(st)) {
+        // A trainer replaced (its partition healed after another attached):
+        // its numbers are not the current trainer's.
+        if (st.ignored_unranked_versions++ % 100 == 0) // loud once, then now and then
+          log_line(self, "coordinator: ignored version " + std::to_string(vi.version)
+                           + " from a sender that is not the current trainer");
       } else if (auto r = sending_rank(self)) {
         on_rank_version(self, *r, vi);
       } else if (st.ignored_unranked_versions++ % 100 == 0) { // loud once, then now and then

@@ -21,9 +21,10 @@
 //        engine of the wave acknowledged phase n or was evicted. An engine
 //        is paused only within its own wave, so it never mixes versions.
 //   In any phase, per engine: error | deadline missed | down_msg
-//        --> evicted: out of the round and out of routing (router: evict);
-//            the wave goes on with the others, or ends when none is left;
-//            the later waves run regardless.
+//        --> evicted: out of the round and out of routing (router: failed,
+//            its paused requests move elsewhere; evicted before its wave:
+//            router: evict, its requests go on there); the wave goes on with
+//            the others, or ends when none is left; the later waves run regardless.
 //
 // Every handler records what happened and ends with `settle`, one loop that
 // advances the round while barriers are reached: it sends the next phase,
@@ -60,8 +61,10 @@
 // each engine closes the update session — one that received part of the new
 // version says it is dirty and stays out of routing until a complete update;
 // the others serve their old version again (a wave at `finish` or later
-// completes). No round starts until a trainer attaches again (register_atom
-// with its handle); the next round then retries.
+// completes). A trainer replaced mid-round (another registers before the
+// old one's down message came) aborts it the same way. No round starts until
+// a trainer attaches again (register_atom with its handle); the next round
+// then retries, and so does a newcomer's cold sync the abort cut short.
 //
 // Trainer ranks: a trainer that is many processes (trainer.ranks), each
 // holding part of the model, registers rank by rank (register_atom with a
@@ -313,6 +316,10 @@ struct coordinator_round {
   /// Engines of the current wave that said at `continue` that they hold a
   /// partial update (an aborted wave).
   std::set<std::string> dirty_after_abort;
+  /// Members that waited for their cold sync when the round opened: where
+  /// the round aborts before they serve, they wait for it again (else a
+  /// fleet whose trainer holds no newer version would never retry it).
+  std::vector<std::string> cold_syncs;
   /// sync_atom requests answered when the round ends.
   std::vector<caf::typed_response_promise<sync_report>> waiters;
   /// The trainer ranks the round pulls from and their handles, in the same
@@ -386,7 +393,7 @@ struct coordinator_state {
   bool ranks_hold_newest = false;
   /// The barrier's errors last logged (their keys): each is logged once.
   std::set<std::string> barrier_errors;
-  std::uint64_t ignored_unranked_versions = 0; ///< versions from no rank, while following ranks
+  std::uint64_t ignored_unranked_versions = 0; ///< versions from no rank (or not the current trainer)
   /// sync.first_round_wait: until when rounds wait for the rest of the
   /// fleet to register; unset once it ended (or none: a coordinator
   /// restored from its state file holds no round).

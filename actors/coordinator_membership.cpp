@@ -208,13 +208,20 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
     return;
   if (st.cfg.trainer && st.cfg.trainer != trainer && !st.trainer_down)
     self->demonitor(st.cfg.trainer.address());
-  if (st.cfg.trainer && st.cfg.trainer != trainer)
+  if (st.cfg.trainer && st.cfg.trainer != trainer) {
     nccl_suspect(self, "the trainer restarted"); // the new one holds no link
+    // The round pulls from the one replaced, whose down message may not have
+    // come yet (or will be ignored now): it cannot complete.
+    abort_round(self, "the trainer was replaced");
+  }
   if (st.cfg.trainer != trainer)
     st.trainer_vouches_from = std::max(st.newest.version, st.synced_version) + 1;
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
-  follow_trainer(self, st.cfg.trainer, "the trainer", [=](const version_info& vi) { on_version(self, vi); });
+  follow_trainer(self, st.cfg.trainer, "the trainer", [self, asked = st.cfg.trainer](const version_info& vi) {
+    if (self->state.cfg.trainer == asked) // else an answer from one replaced since it was asked
+      on_version(self, vi);
+  });
 }
 
 // -- heartbeats -------------------------------------------------------------------------

@@ -155,10 +155,11 @@ using router_actor = caf::typed_actor<
   caf::replies_to<generate_atom, generate_request, token_sink_actor>::with<generate_result>,
   // the coordinator's word on whether an engine may serve, and which version it holds
   caf::reacts_to<route_atom, route_update, rollout_engine_actor>,
-  // stop routing to an engine at once (evicted; its requests stay with it)
+  // stop routing to an engine at once (evicted before its wave: its running
+  // requests stay with it, on its old version)
   caf::reacts_to<evict_atom, std::string>,
-  // an engine failed (silent past the heartbeat timeout): stop routing to it
-  // and reroute its running requests
+  // an engine failed (silent past the heartbeat timeout, evicted in its
+  // round's wave, or dirty): stop routing to it and reroute its running requests
   caf::reacts_to<failed_atom, std::string>,
   // the trainer published this version (from the coordinator): replicas more
   // than sync.staleness behind it stop taking requests

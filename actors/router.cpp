@@ -503,15 +503,16 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
       rules.published_version = std::max(rules.published_version, published.version);
     }),
     authorized(self, guard, [=](evict_atom, const std::string& name) {
-      // Its running requests stay with it: frozen in a round, they continue
-      // once the next round brings it current.
+      // Evicted before its round reached it: its running requests go on
+      // there, on the version it holds (one evicted in its wave is failed).
       if (auto r = find_replica(self->state, name))
         r->routable = false;
     }),
     authorized(self, guard, [=](failed_atom, const std::string& name) {
       auto& st = self->state;
       if (auto i = st.engines.find(name); i != st.engines.end())
-        engine_failed(self, i->second.address(), "failed: silent past the heartbeat timeout", false);
+        engine_failed(self, i->second.address(),
+                      "taken out of routing by the coordinator (silent, evicted in a round, or dirty)", false);
     }),
     authorized(self, guard, [=](caf::timeout_atom, std::uint64_t ticket, std::uint32_t attempts) {
       if (self->current_sender() != self->ctrl())

@@ -35,7 +35,7 @@
 // a route update naming that handle again (sent before the coordinator
 // learnt of the death) is ignored, so the router never sends to an engine it
 // knows is dead. A replica that fails — it dies (down message), the coordinator
-// reports it silent past the heartbeat timeout (failed_atom), or it refuses
+// reports it silent, evicted in its wave or dirty (failed_atom), or it refuses
 // a request it cannot serve (dirty, full, evicted) — loses its running
 // requests to a reroute:
 //

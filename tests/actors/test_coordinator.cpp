@@ -221,7 +221,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "an engine that never answers pause is ev
   CHECK(r.stall_ns == 5'000'000'000u); // the deadline, as the engines saw it
   CHECK(r.transfer_ns == 0);
   CHECK(r.control_ns == r.stall_ns);
-  CHECK(*routes == std::vector<std::string>{"evict c", "route a v1", "route b v1"});
+  CHECK(*routes == std::vector<std::string>{"failed c", "route a v1", "route b v1"});
   CHECK(routable("a"));
   CHECK(!routable("c"));
   CHECK(member("c")); // alive: still registered, unroutable
@@ -267,7 +267,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "a dead engine is evicted and removed") {
   CHECK(seen_by("a") == all_phases);
   check_barrier_order();
   CHECK(!member("b"));
-  CHECK(*routes == std::vector<std::string>{"evict b", "route a v1"});
+  CHECK(*routes == std::vector<std::string>{"failed b", "route a v1"});
   // A death between rounds: removed, and the router is told.
   routes->clear();
   caf::anon_send_exit(engines["a"].actor, caf::exit_reason::kill);
@@ -342,7 +342,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "an answer from a replaced incarnation is
   CHECK(routable("b"));
   CHECK(old_b.script->starts.empty());
   CHECK(engines["b"].script->starts == std::vector<std::uint64_t>{1});
-  CHECK(*routes == std::vector<std::string>{"evict b", "route a v1", "route b v1"});
+  CHECK(*routes == std::vector<std::string>{"failed b", "route a v1", "route b v1"});
   caf::anon_send_exit(old_b.actor, caf::exit_reason::kill);
   run();
   CHECK(member("b")); // the old incarnation's death does not remove the new one
@@ -368,7 +368,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "errors and wrong versions evict, and wit
                                                 sync_phase::start, sync_phase::transfer,
                                                 sync_phase::finish});
   CHECK(status().routable.empty());
-  CHECK(*routes == std::vector<std::string>{"evict a", "evict b", "evict c"});
+  CHECK(*routes == std::vector<std::string>{"failed a", "failed b", "failed c"});
   CHECK(status().rounds == 4); // and no round back to back with nobody to sync
   REQUIRE(log_lines.size() >= 2);
   CHECK(log_lines[log_lines.size() - 2].find("0 engines synced") != std::string::npos);

@@ -185,7 +185,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "heartbeat timeout during a round: the si
   CHECK(seen_by("a") == all_phases);
   CHECK(seen_by("b") == std::vector<sync_phase>{sync_phase::pause, sync_phase::flush});
   check_barrier_order();
-  CHECK(*routes == std::vector<std::string>{"failed b", "evict b", "route a v2"});
+  CHECK(*routes == std::vector<std::string>{"failed b", "failed b", "route a v2"});
   CHECK(logged("evicted b (flush: unreachable)"));
   CHECK(status().unreachable == std::vector<std::string>{"b"});
   CHECK(!member_info("b").dirty); // evicted before start: its weights are whole

@@ -44,7 +44,7 @@ struct nccl_fixture : coordinator_fixture {
 
   void publish_through_trainer(std::uint64_t v) {
     REQUIRE(!rec->listeners.empty());
-    tell(rec->listeners.back(), version_atom::value, version_info{v, 4, 4096});
+    publish_from(trainer, version_info{v, 4, 4096});
     run();
   }
 

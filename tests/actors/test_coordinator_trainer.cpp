@@ -29,13 +29,13 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the coordinator subscribes to the traine
   add_engine("a");
   CHECK(engines["a"].script->starts.back() == 2);
   CHECK(engines["a"].script->orders.back().version == 2);
-  tell(rec->listeners[0], version_atom::value, version_info{3, 4, 4096});
+  publish_from(trainer, version_info{3, 4, 4096});
   run();
   CHECK(status().version == 3);
   CHECK(engines["a"].script->starts.back() == 3);
   // Each round asks the trainer to keep its version (slow remote pulls).
   CHECK(rec->pins == std::vector<std::uint64_t>{2, 3});
-  tell(rec->listeners[0], version_atom::value, version_info{4, 4, 4096});
+  publish_from(trainer, version_info{4, 4, 4096});
   run();
   CHECK(rec->pins.back() == 4);
 }
@@ -44,7 +44,7 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a restarted trainer vouches for 
   start_with_trainer(config());
   version_info v3{3, 4, 4096};
   v3.same_bytes_since = 2;
-  tell(rec->listeners.at(0), version_atom::value, v3);
+  publish_from(trainer, v3);
   run();
   CHECK(engines["a"].script->orders.back().same_bytes_since == 2); // the first trainer's own chain
   // Another trainer process: its chain starts anew, whatever numbers it reuses.
@@ -56,18 +56,18 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a restarted trainer vouches for 
   run();
   version_info v5{5, 4, 4096};
   v5.same_bytes_since = 3; // unchanged since v3: its v3, not the one engines got
-  tell(rec2->listeners.at(0), version_atom::value, v5);
+  publish_from(trainer2, v5);
   run();
   CHECK(engines["a"].script->orders.back().version == 5);
   CHECK(engines["a"].script->orders.back().same_bytes_since == 4); // one past what the coordinator knew
   version_info v6{6, 4, 4096};
   v6.same_bytes_since = 5;
-  tell(rec2->listeners.at(0), version_atom::value, v6);
+  publish_from(trainer2, v6);
   run();
   CHECK(engines["a"].script->orders.back().same_bytes_since == 5); // its own, from then on
   version_info v7{7, 4, 4096};
   v7.same_bytes_since = 2; // before it attached, and nothing it may vouch for: 4 on
-  tell(rec2->listeners.at(0), version_atom::value, v7);
+  publish_from(trainer2, v7);
   run();
   CHECK(engines["a"].script->orders.back().same_bytes_since == 4);
 }
@@ -181,7 +181,7 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "the trainer dies mid-round: resu
   CHECK(!(**waiting)->aborted);
   // And it is followed: its next version starts the next round.
   forget_history();
-  tell(rec2->listeners.at(0), version_atom::value, version_info{target + 1, 4, 4096});
+  publish_from(trainer2, version_info{target + 1, 4, 4096});
   run();
   CHECK(status().version == target + 1);
 }
@@ -224,4 +224,66 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a late answer or failure of a ph
   CHECK(routes->empty());
   CHECK(status().routable == std::vector<std::string>{"a", "b"});
   CHECK(!member_info("a").dirty);
+}
+
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a newcomer's cold sync cut short by the trainer's death is retried at the same version") {
+  start_with_trainer(config()); // a and b serve v2, the trainer's newest
+  add_engine("c", 0, {{sync_phase::transfer, act::hold}});
+  engines["c"].script->fail_held_on_resume = true;
+  CHECK(seen_by("c") == std::vector<sync_phase>{sync_phase::pause, sync_phase::flush, sync_phase::start,
+                                                sync_phase::transfer});
+  kill_trainer();
+  REQUIRE(!reports.empty());
+  CHECK(reports.back().aborted);
+  CHECK(!routable("c"));
+  // The next trainer still holds v2: no newer version calls for a round, the
+  // newcomer that never served does.
+  forget_history();
+  engines["c"].on(sync_phase::transfer, act::answer);
+  auto rec2 = std::make_shared<trainer_script>();
+  trainer_actor trainer2 = spawn(scripted_trainer, rec2);
+  tell(coord, register_atom::value, trainer2);
+  run();
+  CHECK(seen_by("c") == all_phases);
+  CHECK(seen_by("a").empty()); // a and b serve v2 already
+  CHECK(routable("c"));
+  CHECK(member_info("c").version == 2);
+}
+
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a trainer replaced mid-round, its down message not yet seen, aborts the round") {
+  start_with_trainer(config());
+  for (auto name : {"a", "b"}) {
+    engines[name].on(sync_phase::transfer, act::hold); // pulling from the first trainer
+    engines[name].script->fail_held_on_resume = true;
+  }
+  publish_through_trainer(3);
+  CHECK(count(sync_phase::transfer) == 2);
+  // Another trainer registers while the first still lives (its death, if it
+  // comes, is news about an incarnation already replaced).
+  auto rec2 = std::make_shared<trainer_script>();
+  rec2->current = version_info{3, 4, 4096};
+  trainer_actor trainer2 = spawn(scripted_trainer, rec2);
+  for (auto name : {"a", "b"})
+    engines[name].on(sync_phase::transfer, act::answer);
+  tell(coord, register_atom::value, trainer2);
+  run();
+  REQUIRE(reports.size() >= 2);
+  CHECK(reports[reports.size() - 2].aborted);
+  CHECK(logged("v3: ABORTED (the trainer was replaced)"));
+  // The retry pulls from the new trainer, to the version it holds.
+  CHECK(!reports.back().aborted);
+  CHECK(reports.back().engines_synced == 2);
+  CHECK(rec2->pins == std::vector<std::uint64_t>{3});
+  CHECK(status().version == 3);
+  // The first trainer, still alive (a partition healed), publishes on: its
+  // numbers are not the current trainer's.
+  publish_from(trainer, version_info{9, 4, 4096});
+  run();
+  CHECK(logged("ignored version 9 from a sender that is not the current trainer"));
+  CHECK(status().version == 3);
+  CHECK(reports.back().version == 3);
+  kill_trainer(); // the first one's death changes nothing now
+  CHECK(status().routable == std::vector<std::string>{"a", "b"});
+  CHECK(reports.back().version == 3);
+  CHECK(!reports.back().aborted);
 }

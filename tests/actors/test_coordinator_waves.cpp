@@ -225,7 +225,7 @@ TEST_CASE_FIXTURE(coordinator_fixture, "waves: an eviction in wave 2 does not st
   CHECK(s.version == 1);
   CHECK(s.routable == std::vector<std::string>{"a", "b", "c", "e"});
   CHECK(member_info("d").dirty); // evicted in transfer: the session may be half applied
-  CHECK(*routes == std::vector<std::string>{"route a v1", "route b v1", "evict d", "route c v1", "route e v1"});
+  CHECK(*routes == std::vector<std::string>{"route a v1", "route b v1", "failed d", "route c v1", "route e v1"});
   CHECK(logged("evicted d (transfer: "));
   // The next round brings d current, alone.
   forget_history();

@@ -108,6 +108,12 @@ struct coordinator_fixture : actor_fixture {
     return engines[name];
   }
 
+  /// Scripted trainer `t` publishes `vi` to its listeners: the coordinator
+  /// takes versions from its current trainer only.
+  void publish_from(const trainer_actor& t, const version_info& vi) {
+    tell(caf::actor_cast<scripted_trainer_actor>(t), caf::publish_atom::value, vi);
+  }
+
   /// Spawns a scripted engine (replacing the fixture's record of that name)
   /// without registering it.
   engine_handle& spawn_engine(const std::string& name, std::map<sync_phase, act> on = {}) {
@@ -261,7 +267,7 @@ struct coordinator_trainer_fixture : coordinator_fixture {
   /// The trainer publishes v3; the round runs until the engines hold (or answer) transfer.
   void publish_through_trainer(std::uint64_t v) {
     REQUIRE(!rec->listeners.empty());
-    tell(rec->listeners.back(), version_atom::value, version_info{v, 4, 4096});
+    publish_from(trainer, version_info{v, 4, 4096});
     run();
   }
 
