@@ -6,6 +6,7 @@
 #include "actors/assembly/nccl_plane.hpp"
 #include "actors/tls.hpp"
 #include "gpu/ipc_producer.hpp"
+#include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/plan/groups.hpp"
 
 #include <caf/io/middleman.hpp>
@@ -70,6 +71,10 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
   po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
   po.shared_memory = ucx_lends_shared_memory(t.transfer); // else by tag over what ucx_transports names
   po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
+  // A producer's manifest sizes the receive buffers: no group may announce
+  // more than the model's largest, every element as wide as f32.
+  po.max_group_bytes =
+    plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32), dtype::f32);
   // The option connect_ahead stays off: the puller registers an engine's
   // workers before the engine registers with the coordinator, and the
   // trainer issues UCX tickets only to registered engines, so a connection

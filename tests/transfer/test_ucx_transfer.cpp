@@ -13,6 +13,7 @@
 #include "runtime/transfer/external_source.hpp"
 #include "runtime/transfer/packing.hpp"
 #include "runtime/transfer/host_buffer.hpp"
+#include "runtime/transfer/ucx/puller_impl.hpp"
 #include "runtime/transfer/ucx/shared_memory.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 #include "runtime/transfer/ucx/ucx_wire.hpp"
@@ -38,6 +39,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <future>
 #include <set>
 #include <sstream>
@@ -1045,6 +1047,73 @@ TEST_CASE("ucx: a worker that cannot connect ahead still pulls, connecting then"
   CHECK(puller.stats().connections == 1);
 }
 
+TEST_CASE("ucx: a manifest's group sizes are checked before they size any buffer") {
+  using groups = std::vector<wire::group_info>;
+  auto g = [](std::uint32_t group, std::uint64_t bytes) { return wire::group_info{group, bytes, {}, {}}; };
+  struct row {
+    groups in;
+    std::optional<std::uint64_t> plan_bytes; // sharded: what the worker keeps
+    std::string problem;                     // "" : accepted
+  };
+  const std::uint64_t max = 1000;
+  const std::vector<row> rows = {
+    {{g(0, 400), g(1, 600)}, 1000, ""},
+    {{g(0, 400), g(1, 600)}, std::nullopt, ""},
+    {{g(0, 400), g(1, 600)}, 999, "its groups announce 1000 bytes by group 1, more than the 999 this worker's plan keeps"},
+    {{g(0, 1001)}, std::nullopt, "group 0 of 1001 bytes exceeds max_group_bytes (1000)"},
+    {{g(0, 1001)}, 5000, "group 0 of 1001 bytes exceeds max_group_bytes (1000)"},
+    {{g(1, 1), g(1, 1)}, std::nullopt, "groups out of order"},
+    {{g(2, 1), g(1, 1)}, std::nullopt, "groups out of order"},
+    {{}, 0, ""},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.problem);
+    CHECK(ucx_detail::manifest_size_problem(r.in, max, r.plan_bytes) == r.problem);
+  }
+  // Sums that would wrap are refused, not wrapped.
+  const auto huge = std::numeric_limits<std::uint64_t>::max() / 2 + 1;
+  CHECK(ucx_detail::manifest_size_problem({g(0, huge), g(1, huge)}, huge, std::nullopt)
+        == "its groups announce more than 2^64 bytes by group 1");
+}
+
+TEST_CASE("ucx: replies a producer sends unasked are bounded in bytes as well as in count") {
+  // Manifests of ~1.3 MiB each (one group of 16384 named tensors), all for
+  // requests the puller made (sequence numbers up to its last), never taken.
+  wire::manifest_msg big;
+  big.groups.push_back(wire::group_info{0, 0, {}, {}});
+  for (int i = 0; i < 16384; ++i)
+    big.groups[0].tensors.push_back(tensor_spec{"model.layers.0.mlp.experts." + std::to_string(i)
+                                                  + ".gate_proj.weight.padding.padding.padding",
+                                                dtype::bf16, {1}});
+  ucx_detail::channel ch;
+  ch.seq = 1000;
+  std::size_t sent = 0;
+  for (std::uint64_t s = 1; s <= 100 && !ch.failed; ++s) {
+    big.seq = s;
+    ch.inbox.ready.push_back({wire::encode(big), nullptr, 0});
+    sent += ch.inbox.ready.back().bytes.size();
+    ch.pump();
+  }
+  INFO(ch.failure);
+  CHECK(ch.failed);
+  CHECK(ch.failure.find("bytes of replies waiting to be taken") != std::string::npos);
+  CHECK(ch.held_reply_bytes <= ucx_detail::max_waiting_reply_bytes);
+  CHECK(sent > ucx_detail::max_waiting_reply_bytes);
+  // Taking a reply gives its bytes back; the same request answered twice counts once.
+  ucx_detail::channel fresh;
+  fresh.seq = 10;
+  big.seq = 3;
+  for (int twice = 0; twice < 2; ++twice)
+    fresh.inbox.ready.push_back({wire::encode(big), nullptr, 0});
+  fresh.pump();
+  REQUIRE(!fresh.failed);
+  const auto one = wire::encode(big).size();
+  CHECK(fresh.held_reply_bytes == one);
+  fresh.erase_reply(fresh.replies.find(3));
+  CHECK(fresh.held_reply_bytes == 0);
+  CHECK(fresh.reply_bytes.empty());
+}
+
 TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not mapped") {
   SKIP_WITHOUT_UCX();
   host_buffer b(100, shareable);
@@ -1087,6 +1156,23 @@ TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not
   CHECK_FALSE(ucx_detail::shared_mapping({r.pid, mfd, r.bytes, r.id}, why));
   CHECK(why.find("is not a memfd sealed against shrinking") != std::string::npos);
   ::close(mfd);
+
+  // A sealed memfd that is mostly holes, with the buffer's own header: mapping
+  // it would populate 64 MiB at this process's cost. Refused unmapped.
+  const int sparse = ::memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  REQUIRE(sparse >= 0);
+  const std::size_t sparse_bytes = std::size_t{64} << 20;
+  REQUIRE(::ftruncate(sparse, static_cast<off_t>(sparse_bytes)) == 0);
+  std::vector<std::uint8_t> header(shared_header::bytes);
+  REQUIRE(::pread(b.fd(), header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()));
+  REQUIRE(::pwrite(sparse, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()));
+  REQUIRE(::fcntl(sparse, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+  CHECK_FALSE(ucx_detail::shared_mapping({r.pid, sparse, sparse_bytes, r.id}, why));
+  CHECK(why.find("is not allocated in full") != std::string::npos);
+  // The same memfd named as its written first page maps.
+  ucx_detail::shared_mapping first({r.pid, sparse, 4096, r.id}, why);
+  CHECK_MESSAGE(first, why);
+  ::close(sparse);
 }
 
 namespace {

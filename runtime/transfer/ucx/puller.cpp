@@ -70,7 +70,7 @@ wire::message puller_impl::await(channel& ch, const pull_request& req, std::uint
   if (it == ch.replies.end())
     it = ch.replies.find(0);
   auto m = std::move(it->second);
-  ch.replies.erase(it);
+  ch.erase_reply(it);
   if (const auto* r = std::get_if<wire::reject_msg>(&m))
     throw transfer_error(failure_of(r->status), "ucx transfer: " + who(req) + ": producer " + ch.peer
                                                     + " rejected the request while " + doing + " ("
@@ -99,6 +99,25 @@ void puller_impl::register_plan(channel& ch, const pull_request& req, const regi
 }
 
 // -- the pull -----------------------------------------------------------------------
+
+std::string manifest_size_problem(const std::vector<wire::group_info>& groups, std::uint64_t max_group_bytes,
+                                  std::optional<std::uint64_t> plan_bytes) {
+  std::uint64_t announced = 0;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto g = std::to_string(groups[i].group);
+    if (i > 0 && groups[i].group <= groups[i - 1].group)
+      return "groups out of order";
+    if (groups[i].bytes > max_group_bytes)
+      return "group " + g + " of " + std::to_string(groups[i].bytes) + " bytes exceeds max_group_bytes ("
+             + std::to_string(max_group_bytes) + ")";
+    if (__builtin_add_overflow(announced, groups[i].bytes, &announced))
+      return "its groups announce more than 2^64 bytes by group " + g;
+    if (plan_bytes && announced > *plan_bytes)
+      return "its groups announce " + std::to_string(announced) + " bytes by group " + g + ", more than the "
+             + std::to_string(*plan_bytes) + " this worker's plan keeps";
+  }
+  return {};
+}
 
 pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const auto t0 = clock::now();
@@ -194,16 +213,18 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   const auto& groups = manifest->groups;
   std::vector<plan::full_group_layout> layouts(broadcast ? groups.size() : 0);
   std::uint64_t largest = 0;
+  auto bad = [&](const std::string& why) {
+    throw transfer_error(transfer_failure::producer_failed,
+                         "ucx transfer: " + who(req) + ": producer " + ch->peer + " sent a bad manifest: " + why);
+  };
+  // Sharded, the worker keeps its plan's bytes: no producer (one rank's
+  // share included) sends it more.
+  if (auto why = manifest_size_problem(groups, options.max_group_bytes,
+                                       broadcast ? std::nullopt
+                                                 : std::optional<std::uint64_t>(plan::bytes_per_worker(*reg.plan)));
+      !why.empty())
+    bad(why);
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    auto bad = [&](const std::string& why) {
-      throw transfer_error(transfer_failure::producer_failed,
-                           "ucx transfer: " + who(req) + ": producer " + ch->peer + " sent a bad manifest: " + why);
-    };
-    if (i > 0 && groups[i].group <= groups[i - 1].group)
-      bad("groups out of order");
-    if (groups[i].bytes > options.max_group_bytes)
-      bad("group " + std::to_string(groups[i].group) + " of " + std::to_string(groups[i].bytes)
-          + " bytes exceeds max_group_bytes");
     if (broadcast) {
       std::vector<tensor_view> views;
       std::uint64_t sum = 0; // each tensor is below 2^63 bytes, the sum kept at most max_group_bytes: no wrap
@@ -438,7 +459,8 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
                                + ", received " + checksum_hex(got) + " over " + std::to_string(size)
                                + " bytes from producer " + ch->peer + "); the update is void");
     const bool from_shared = header->shared.id != 0;
-    ch->replies.erase(p.seq);
+    if (auto it = ch->replies.find(p.seq); it != ch->replies.end())
+      ch->erase_reply(it);
     report.bytes += size;
     ++report.groups;
     if (!targets.empty())

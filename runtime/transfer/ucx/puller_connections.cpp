@@ -115,7 +115,7 @@ std::unique_ptr<channel> puller_impl::acquire(const pull_request& req) {
     }
     const bool fresh = clock::now() - ch->idle_since < options.max_idle;
     if (!ch->failed && current && fresh) {
-      ch->replies.clear();
+      ch->clear_replies();
       return ch;
     }
     destroy(std::move(ch));
@@ -235,7 +235,7 @@ std::unique_ptr<channel> puller_impl::new_channel(const ucx_credentials& creds, 
   }
   if (!ch->worker.handle)
     ch->worker = make_worker(ctx->handle, "puller");
-  ch->inbox.install(ch->worker.handle, am_reply, std::size_t(256) << 20);
+  ch->inbox.install(ch->worker.handle, am_reply, max_reply_bytes);
   return ch;
 }
 
@@ -494,7 +494,7 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
       if (ch.shared && map_ahead)
         this->map_ahead(ch, a->buffers, deadline);
     }
-    ch.replies.erase(it);
+    ch.erase_reply(it);
     ch.lanes = ep_lanes(ch.ep);
     ch.connected = true;
     return {};

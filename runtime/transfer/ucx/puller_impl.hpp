@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -37,9 +38,22 @@ inline std::string who(const pull_request& r) {
   return "engine '" + r.engine + "' worker " + std::to_string(r.worker);
 }
 
+// What is wrong with a manifest's groups, "" when nothing: groups out of
+// order, one above `max_group_bytes`, or (sharded: `plan_bytes` given, the
+// bytes the worker's plan keeps) more in all than the worker keeps. They
+// size the receive buffers before any byte arrives, so a producer that
+// lies about them must not decide this process's memory.
+std::string manifest_size_problem(const std::vector<wire::group_info>& groups, std::uint64_t max_group_bytes,
+                                  std::optional<std::uint64_t> plan_bytes);
+
 // Replies a connection holds that no wait has taken yet: a pull waits for
 // at most its window of groups plus those its open carried (max_prefetch).
 constexpr std::size_t max_waiting_replies = 1024;
+// ...and at most this many bytes of them as they came (a manifest of the
+// largest models is a few MiB; decoded, a message takes up to ~11x its size).
+constexpr std::size_t max_waiting_reply_bytes = std::size_t{64} << 20;
+// One reply's largest size on the wire: the inbox drops (and reports) a larger one.
+constexpr std::size_t max_reply_bytes = std::size_t{64} << 20;
 
 // One connection to the producer: a UCX worker of its own (UCX workers are
 // single-threaded), one endpoint, the receive buffers. Used by one pull at
@@ -59,6 +73,8 @@ struct channel {
   std::uint64_t seq = 0;
   std::uint64_t tag = 0;
   std::map<std::uint64_t, wire::message> replies; // by seq; 0: a reject the producer could not attribute
+  std::map<std::uint64_t, std::size_t> reply_bytes; // each held reply's size as it came
+  std::size_t held_reply_bytes = 0;                 // their sum
   std::vector<host_buffer> slots;
   lane_info lanes;
   bool connected = false;  // the producer answered hello
@@ -83,6 +99,20 @@ struct channel {
     auto* self = static_cast<channel*>(arg);
     self->failed = true;
     self->failure = ucs_status_string(status);
+  }
+
+  // Takes a held reply out (erase only through here: the byte count follows).
+  void erase_reply(std::map<std::uint64_t, wire::message>::iterator it) {
+    if (auto b = reply_bytes.find(it->first); b != reply_bytes.end()) {
+      held_reply_bytes -= b->second;
+      reply_bytes.erase(b);
+    }
+    replies.erase(it);
+  }
+  void clear_replies() {
+    replies.clear();
+    reply_bytes.clear();
+    held_reply_bytes = 0;
   }
 
   // Decodes what arrived into `replies`; a reply that does not decode is a
@@ -116,6 +146,16 @@ struct channel {
                     + " replies waiting to be taken";
           continue;
         }
+        if (auto old = replies.find(s); old != replies.end())
+          erase_reply(old); // the same request answered again: the later answer counts
+        if (held_reply_bytes + in.bytes.size() > max_waiting_reply_bytes) {
+          failed = true;
+          failure = "the producer sent more than " + std::to_string(max_waiting_reply_bytes)
+                    + " bytes of replies waiting to be taken";
+          continue;
+        }
+        held_reply_bytes += in.bytes.size();
+        reply_bytes[s] = in.bytes.size();
         replies[s] = std::move(m);
       } catch (const wire::wire_error& e) {
         failed = true;

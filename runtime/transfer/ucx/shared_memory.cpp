@@ -48,14 +48,16 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
   }
   // A memfd of huge pages (its block size) maps and unmaps in whole ones;
   // r.bytes <= st_size (bounded by the wire's limits), so the rounding
-  // cannot overflow. Its pages must all be allocated: reading a hole would
-  // take a page from the pool and, with none left, end this process (SIGBUS).
+  // cannot overflow. Its pages must all be allocated (the producer writes
+  // every buffer it lends): mapping a hole populates it at this process's
+  // cost — a sparse terabyte named by a lying peer would take its memory —
+  // and a huge page from an empty pool ends it (SIGBUS).
   const std::uint64_t page =
     std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(std::max<blksize_t>(st.st_blksize, 0)));
   const std::uint64_t length = (r.bytes + page - 1) / page * page;
-  if (page > 4096 && static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < length) {
+  if (static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < length) {
     ::close(fd);
-    why = path + " has pages of " + std::to_string(page) + " bytes not all allocated";
+    why = path + " is not allocated in full (pages of " + std::to_string(page) + " bytes): a hole would be populated at this process's cost";
     return;
   }
   void* p = ::mmap(nullptr, length, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
