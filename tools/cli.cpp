@@ -66,6 +66,14 @@ CLI::Option* add_size(CLI::App& app, const std::string& flag, std::uint64_t& tar
     ->type_name("SIZE");
 }
 
+CLI::Option* add_count(CLI::App& app, const std::string& flag, std::uint64_t& target,
+                       const std::string& description) {
+  return app
+    .add_option_function<std::string>(
+      flag, [&target, flag](const std::string& text) { target = parse_count(text, flag); }, description)
+    ->type_name("N");
+}
+
 CLI::Option* add_number(CLI::App& app, const std::string& flag, double& target, const std::string& description) {
   return app
     .add_option_function<std::string>(
@@ -85,6 +93,13 @@ double parse_number(const std::string& text, const std::string& what) {
   if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(d))
     throw usage_error(what + ": expected a number, got '" + printable(text) + "'");
   return d;
+}
+
+std::uint64_t parse_count(const std::string& text, const std::string& what) {
+  if (!text.empty() && std::isdigit(static_cast<unsigned char>(text[0]))
+      && !std::all_of(text.begin(), text.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    throw usage_error(what + ": expected a whole number without a unit, got '" + printable(text) + "'");
+  return parse_size(text, what); // digits only now: its range and empty-text checks
 }
 
 std::uint64_t parse_size(const std::string& text, const std::string& what) {

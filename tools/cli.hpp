@@ -22,6 +22,11 @@ struct usage_error : std::runtime_error {
 /// naming `what` on anything else (negative numbers included).
 std::uint64_t parse_size(const std::string& text, const std::string& what);
 
+/// Parses a count or a duration in milliseconds: digits only ("10", not
+/// "10K" or "1MB", which parse_size would read as bytes); throws
+/// usage_error naming `what` on anything else.
+std::uint64_t parse_count(const std::string& text, const std::string& what);
+
 /// A number such as "0.5" or "1e-3"; throws usage_error naming `what` on
 /// anything else (including inf and nan).
 double parse_number(const std::string& text, const std::string& what);
@@ -40,6 +45,10 @@ bool parse(CLI::App& app, const std::vector<std::string>& argv);
 /// stored into `target` with parse_size's messages on bad input.
 CLI::Option* add_size(CLI::App& app, const std::string& flag, std::uint64_t& target,
                       const std::string& description);
+
+/// `flag` takes a count or milliseconds (see parse_count), stored into `target`.
+CLI::Option* add_count(CLI::App& app, const std::string& flag, std::uint64_t& target,
+                       const std::string& description);
 
 /// `flag` takes a number (see parse_number), stored into `target`.
 CLI::Option* add_number(CLI::App& app, const std::string& flag, double& target,

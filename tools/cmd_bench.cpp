@@ -16,7 +16,7 @@ std::vector<std::uint64_t> parse_list(const std::string& text, const std::string
   std::vector<std::uint64_t> out;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
-    auto v = cli::parse_size(item, flag);
+    auto v = cli::parse_count(item, flag);
     if (v == 0)
       throw cli::usage_error(flag + ": values must be positive, got '" + text + "'");
     out.push_back(v);
@@ -35,16 +35,16 @@ int bench_engine(const arg_list& argv) {
   std::uint64_t layers = 16, hidden = 512, heads = 8, kv_heads = 4, intermediate = 1536, vocab = 320;
   std::uint64_t steps = 32, prompt_tokens = 512;
   std::string tps = "1,2", batches = "1,8,32";
-  cli::add_size(app, "--layers", layers, "num_hidden_layers")->default_val(layers);
-  cli::add_size(app, "--hidden", hidden, "hidden_size")->default_val(hidden);
-  cli::add_size(app, "--heads", heads, "num_attention_heads")->default_val(heads);
-  cli::add_size(app, "--kv-heads", kv_heads, "num_key_value_heads")->default_val(kv_heads);
-  cli::add_size(app, "--intermediate", intermediate, "intermediate_size")->default_val(intermediate);
-  cli::add_size(app, "--vocab", vocab, "vocab_size")->default_val(vocab);
+  cli::add_count(app, "--layers", layers, "num_hidden_layers")->default_val(layers);
+  cli::add_count(app, "--hidden", hidden, "hidden_size")->default_val(hidden);
+  cli::add_count(app, "--heads", heads, "num_attention_heads")->default_val(heads);
+  cli::add_count(app, "--kv-heads", kv_heads, "num_key_value_heads")->default_val(kv_heads);
+  cli::add_count(app, "--intermediate", intermediate, "intermediate_size")->default_val(intermediate);
+  cli::add_count(app, "--vocab", vocab, "vocab_size")->default_val(vocab);
   app.add_option("--tp", tps, "tensor-parallel degrees, comma-separated")->capture_default_str();
   app.add_option("--batch", batches, "decode batch sizes, comma-separated")->capture_default_str();
-  cli::add_size(app, "--steps", steps, "decode steps per batch size")->default_val(steps);
-  cli::add_size(app, "--prompt", prompt_tokens, "prefill prompt tokens, 1..3999")->default_val(prompt_tokens);
+  cli::add_count(app, "--steps", steps, "decode steps per batch size")->default_val(steps);
+  cli::add_count(app, "--prompt", prompt_tokens, "prefill prompt tokens, 1..3999")->default_val(prompt_tokens);
   if (!cli::parse(app, argv))
     return 0;
   model_config c;

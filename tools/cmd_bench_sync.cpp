@@ -135,7 +135,7 @@ int bench_sync(const arg_list& argv) {
        "--model-bytes", [&](const std::string& t) { model_bytes = cli::parse_size(t, "--model-bytes"); },
        "model size (default 256MiB; KiB MiB GiB)")
     ->type_name("N");
-  cli::add_size(app, "--syncs", syncs, "warm syncs per mode (1..1000)")->type_name("K");
+  cli::add_count(app, "--syncs", syncs, "warm syncs per mode (1..1000)")->type_name("K");
   app.add_option("--modes", modes, "sharded, broadcast or both")->capture_default_str();
   std::optional<std::string> ranks;
   app.add_option_function<std::string>(
@@ -218,8 +218,8 @@ int bench_control(const arg_list& argv) {
   cli::configure(app);
   std::uint64_t engines = 8, rounds = 20;
   std::optional<std::string> json_path;
-  cli::add_size(app, "--engines", engines, "engine processes (1..64)")->type_name("N");
-  cli::add_size(app, "--rounds", rounds, "sync rounds (1..10000)")->type_name("K");
+  cli::add_count(app, "--engines", engines, "engine processes (1..64)")->type_name("N");
+  cli::add_count(app, "--rounds", rounds, "sync rounds (1..10000)")->type_name("K");
   app.add_option_function<std::string>(
        "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
     ->type_name("FILE");
@@ -269,11 +269,11 @@ int bench_http(const arg_list& argv) {
   std::uint64_t engines = o.engines, prompts = o.prompts, concurrency = o.concurrency, max_tokens = o.max_tokens,
                 repeats = static_cast<std::uint64_t>(o.repeats);
   std::optional<std::string> json_path;
-  cli::add_size(app, "--engines", engines, "engines (1..16)")->type_name("N");
-  cli::add_size(app, "--prompts", prompts, "prompts per run (1..100000)")->type_name("P");
-  cli::add_size(app, "--max-tokens", max_tokens, "tokens per prompt (1..1024)")->type_name("M");
-  cli::add_size(app, "--concurrency", concurrency, "requests at a time and HTTP clients (1..256)")->type_name("C");
-  cli::add_size(app, "--repeats", repeats, "runs each way (1..100)")->type_name("R");
+  cli::add_count(app, "--engines", engines, "engines (1..16)")->type_name("N");
+  cli::add_count(app, "--prompts", prompts, "prompts per run (1..100000)")->type_name("P");
+  cli::add_count(app, "--max-tokens", max_tokens, "tokens per prompt (1..1024)")->type_name("M");
+  cli::add_count(app, "--concurrency", concurrency, "requests at a time and HTTP clients (1..256)")->type_name("C");
+  cli::add_count(app, "--repeats", repeats, "runs each way (1..100)")->type_name("R");
   app.add_option_function<std::string>(
        "--json", [&](const std::string& p) { json_path = p; }, "write every figure as JSON to FILE")
     ->type_name("FILE");

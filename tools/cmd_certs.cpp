@@ -47,7 +47,7 @@ int make(const arg_list& argv) {
   std::uint64_t days = 365;
   auto out_flag = app.add_option("--out", o.out_dir, "the directory to write (made when missing)")->type_name("DIR");
   auto nodes_flag = app.add_option("--nodes", nodes, "the topology's node names, comma-separated")->type_name("a,b,c");
-  cli::add_size(app, "--days", days, "how long the certificates are valid")->default_val(days);
+  cli::add_count(app, "--days", days, "how long the certificates are valid")->default_val(days);
   auto force = app.add_flag("--force", "replace existing files");
   if (!cli::parse(app, argv))
     return 0;

@@ -96,20 +96,20 @@ int make(const arg_list& argv) {
   std::uint64_t head_dim = 0, experts = 0, experts_per_tok = 0, moe_intermediate = 0;
   double scale = 0.0;
   auto out_flag = app.add_option("--out", out, "output directory")->type_name("DIR");
-  auto layers_flag = cli::add_size(app, "--layers", layers, "num_hidden_layers");
-  auto hidden_flag = cli::add_size(app, "--hidden", hidden, "hidden_size");
-  auto heads_flag = cli::add_size(app, "--heads", heads, "num_attention_heads (must divide H; H/A even)");
-  auto kv_heads_flag = cli::add_size(app, "--kv-heads", kv_heads, "num_key_value_heads (must divide A)");
-  auto intermediate_flag = cli::add_size(app, "--intermediate", intermediate,
+  auto layers_flag = cli::add_count(app, "--layers", layers, "num_hidden_layers");
+  auto hidden_flag = cli::add_count(app, "--hidden", hidden, "hidden_size");
+  auto heads_flag = cli::add_count(app, "--heads", heads, "num_attention_heads (must divide H; H/A even)");
+  auto kv_heads_flag = cli::add_count(app, "--kv-heads", kv_heads, "num_key_value_heads (must divide A)");
+  auto intermediate_flag = cli::add_count(app, "--intermediate", intermediate,
                                          "intermediate_size (default 8/3*H rounded up to a multiple of 64)");
-  auto vocab_flag = cli::add_size(app, "--vocab", vocab, "vocab_size, at least 258")->default_str("320");
+  auto vocab_flag = cli::add_count(app, "--vocab", vocab, "vocab_size, at least 258")->default_str("320");
   auto dtype_flag = app.add_option("--dtype", dtype, "bf16, f16 or f32")->capture_default_str();
   auto arch_flag = app.add_option("--arch", arch, "llama, qwen3 or qwen3_moe")->capture_default_str();
-  auto head_dim_flag = cli::add_size(app, "--head-dim", head_dim, "head_dim (qwen3 only; default H/A)");
-  auto experts_flag = cli::add_size(app, "--experts", experts, "num_experts (qwen3_moe)");
-  auto experts_per_tok_flag = cli::add_size(app, "--experts-per-tok", experts_per_tok,
+  auto head_dim_flag = cli::add_count(app, "--head-dim", head_dim, "head_dim (qwen3 only; default H/A)");
+  auto experts_flag = cli::add_count(app, "--experts", experts, "num_experts (qwen3_moe)");
+  auto experts_per_tok_flag = cli::add_count(app, "--experts-per-tok", experts_per_tok,
                                             "num_experts_per_tok (qwen3_moe, default 2)");
-  auto moe_intermediate_flag = cli::add_size(app, "--moe-intermediate", moe_intermediate,
+  auto moe_intermediate_flag = cli::add_count(app, "--moe-intermediate", moe_intermediate,
                                              "moe_intermediate_size (qwen3_moe, default I/4)");
   auto expert_layout_flag =
     app.add_option("--expert-layout", expert_layout,
@@ -117,12 +117,12 @@ int make(const arg_list& argv) {
                    "down_proj, every expert in one tensor, as Llama-4)")
       ->capture_default_str();
   model_config c;
-  auto max_positions_flag = cli::add_size(app, "--max-positions", max_positions, "max_position_embeddings")
+  auto max_positions_flag = cli::add_count(app, "--max-positions", max_positions, "max_position_embeddings")
                               ->default_val(c.max_position_embeddings);
   auto tie_flag = app.add_flag("--tie", "tie_word_embeddings: no lm_head.weight");
   auto shard_bytes_flag =
     cli::add_size(app, "--shard-bytes", shard_bytes, "largest shard, e.g. 512MiB")->default_str("4GiB");
-  auto seed_flag = cli::add_size(app, "--seed", seed, "seed; same seed and shape, same bytes");
+  auto seed_flag = cli::add_count(app, "--seed", seed, "seed; same seed and shape, same bytes");
   auto from_flag = app.add_option("--from", from, "checkpoint to perturb (with --perturb)")->type_name("DIR");
   auto perturb_flag = cli::add_number(app, "--perturb", scale, "perturbation scale (with --from)")->type_name("SCALE");
   if (!cli::parse(app, argv))

@@ -58,8 +58,8 @@ int cmd_generate(const arg_list& argv) {
   double temperature = 0.0, top_p = 1.0;
   auto dir_flag = app.add_option("--checkpoint", dir, "checkpoint directory (required)")->type_name("DIR");
   auto prompt_flag = app.add_option("--prompt", prompt, "prompt text (required)")->type_name("TEXT");
-  cli::add_size(app, "--max-tokens", max_tokens, "tokens to generate, 1..1048576")->default_val(max_tokens);
-  cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
+  cli::add_count(app, "--max-tokens", max_tokens, "tokens to generate, 1..1048576")->default_val(max_tokens);
+  cli::add_count(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
   auto ep_flag = app.add_flag("--expert-parallel", "place whole experts over the tp workers (MoE models)");
   std::string weights_flag = "received";
   app.add_option("--weights", weights_flag, "serve from the weights as received, or int8 computed from them")
@@ -71,7 +71,7 @@ int cmd_generate(const arg_list& argv) {
     ->type_name("cpu|cuda");
   cli::add_number(app, "--temperature", temperature, "0 is greedy")->default_val(temperature);
   cli::add_number(app, "--top-p", top_p, "nucleus sampling, in (0, 1]")->default_val(top_p);
-  cli::add_size(app, "--seed", seed, "sampling seed")->default_val(seed);
+  cli::add_count(app, "--seed", seed, "sampling seed")->default_val(seed);
   auto no_stop = app.add_flag("--no-stop", "do not stop at EOS");
   auto json_flag = app.add_flag("--json", "print one JSON object");
   std::string logits_file;

@@ -11,6 +11,7 @@
 #include "tools/job_flags.hpp"
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -78,7 +79,7 @@ int cmd_launch(const arg_list& argv) {
                                        "start exactly these nodes, wherever their addresses point")
     ->type_name("A,B");
   std::uint64_t grace_ms = 10000;
-  cli::add_size(app, "--grace-ms", grace_ms, "after SIGTERM, how long nodes get before SIGKILL")
+  cli::add_count(app, "--grace-ms", grace_ms, "after SIGTERM, how long nodes get before SIGKILL")
     ->default_val(grace_ms);
   app.add_option_function<std::string>("--secret-file", keep(secret_file), "passed on to every node as it is")
     ->type_name("FILE");
@@ -93,6 +94,18 @@ int cmd_launch(const arg_list& argv) {
     app.add_option_function<std::string>(workload_flags[i], keep(workload_values[i]), "passed to the main job with --run");
   if (!cli::parse(app, argv))
     return 0;
+  for (int i = 0; i < 4; ++i)
+    if (workload_values[i] && run_job->count() == 0)
+      throw cli::usage_error(std::string(workload_flags[i]) + " goes to the main job: give --run too");
+  // Checked here, not first by the head once every node started.
+  jobs::workload_overrides workload;
+  if (workload_values[0])
+    workload.prompts = cli::parse_count(*workload_values[0], "--prompts");
+  if (workload_values[1])
+    workload.concurrency = cli::parse_count(*workload_values[1], "--concurrency");
+  if (workload_values[2])
+    workload.max_tokens = cli::parse_count(*workload_values[2], "--max-tokens");
+  check_workload_flags(workload);
   if (files.size() != 1)
     throw cli::usage_error("expected one topology file, got " + std::to_string(files.size()) + " (see --help)");
   const std::string path = files[0];
@@ -142,6 +155,11 @@ int cmd_launch(const arg_list& argv) {
       return 1;
     }
   }
+
+  if (run_job->count() > 0
+      && std::none_of(nodes.begin(), nodes.end(), [&](const node_spec* n) { return n->name == t.coordinator.node; }))
+    throw cli::usage_error("--run: the main job runs on the coordinator's node, " + t.coordinator.node
+                           + ", which is not among the nodes launched here");
 
   // Absolute, so that the command lines mean the same from anywhere.
   const std::string topology_path = std::filesystem::absolute(path).lexically_normal().string();
@@ -195,6 +213,8 @@ int cmd_launch(const arg_list& argv) {
   stop_on_signals signals(sup);
   std::cout.flush(); // our own lines go out through write(2) from here on
   launch_result r = sup.run(children);
+  // The last line may go to a reader that left: exit with our status, not SIGPIPE's.
+  ::signal(SIGPIPE, SIG_IGN);
   switch (r.outcome) {
   case launch_outcome::succeeded:
     std::cerr << "rlsync launch: all " << r.exits.size() << " node(s) exited 0\n";

@@ -27,7 +27,7 @@ std::pair<std::string, std::uint16_t> split_host_port(const std::string& text, c
   auto colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0)
     throw cli::usage_error(flag + ": expected HOST:PORT, got '" + text + "'");
-  auto port = cli::parse_size(text.substr(colon + 1), flag + " port");
+  auto port = cli::parse_count(text.substr(colon + 1), flag + " port");
   if (port > 65535)
     throw cli::usage_error(flag + ": port out of range, got '" + text + "'");
   return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
@@ -137,8 +137,8 @@ int cmd_ping(const arg_list& argv) {
     app.add_option("--listen", listen_at, "serve pings on HOST:PORT (or --connect)")->type_name("HOST:PORT");
   auto connect_flag =
     app.add_option("--connect", connect_to, "ping HOST:PORT (or --listen)")->type_name("HOST:PORT");
-  cli::add_size(app, "--count", count, "pings to serve or send")->default_val(count);
-  cli::add_size(app, "--deadline-ms", deadline_ms, "give up after this long")->default_val(deadline_ms);
+  cli::add_count(app, "--count", count, "pings to serve or send")->default_val(count);
+  cli::add_count(app, "--deadline-ms", deadline_ms, "give up after this long")->default_val(deadline_ms);
   tls_spec tls;
   auto ca_flag = app.add_option("--ca", tls.ca, "mutual TLS: the CA's certificate (PEM); needs --cert and --key")
                    ->type_name("FILE");

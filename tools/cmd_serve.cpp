@@ -168,10 +168,10 @@ int cmd_serve(const arg_list& argv) {
   std::string dir, host = "127.0.0.1", api_key_file, topology, node;
   std::uint64_t tp = 1, port = 8000;
   auto dir_flag = app.add_option("--checkpoint", dir, "checkpoint directory (required)")->type_name("DIR");
-  cli::add_size(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
+  cli::add_count(app, "--tp", tp, "tensor-parallel degree, 1..64")->default_val(tp);
   auto ep_flag = app.add_flag("--expert-parallel", "place whole experts over the tp workers (MoE models)");
   std::uint64_t dp = 1;
-  cli::add_size(app, "--dp", dp, "data-parallel scheduler ranks, 1..64 (one pause covers them all)")->default_val(dp);
+  cli::add_count(app, "--dp", dp, "data-parallel scheduler ranks, 1..64 (one pause covers them all)")->default_val(dp);
   std::string weights = "received";
   auto weights_flag = app.add_option("--weights", weights, "serve from the weights as received, or int8 computed from them")
                         ->default_val(weights)
@@ -181,7 +181,7 @@ int cmd_serve(const arg_list& argv) {
                        ->default_val(device)
                        ->type_name("cpu|cuda");
   app.add_option("--host", host, "address to listen on")->default_val(host);
-  cli::add_size(app, "--port", port, "TCP port, 0 for an ephemeral one")->default_val(port);
+  cli::add_count(app, "--port", port, "TCP port, 0 for an ephemeral one")->default_val(port);
   auto key_flag = app.add_option("--api-key-file", api_key_file, "file holding the bearer token POST routes need")
                     ->type_name("FILE");
   auto strict = app.add_flag("--strict-vllm", "answer exactly as vLLM does: 500 for ordering mistakes, no extras");

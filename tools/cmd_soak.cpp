@@ -107,7 +107,7 @@ int cmd_soak(const arg_list& argv) {
   double minutes = 10;
   app.add_option("--minutes", minutes, "how long to sync")->capture_default_str();
   std::uint64_t sample_every = 100;
-  cli::add_size(app, "--sample-every", sample_every, "syncs between samples")->default_val(sample_every);
+  cli::add_count(app, "--sample-every", sample_every, "syncs between samples")->default_val(sample_every);
   if (!cli::parse(app, argv))
     return 0;
   if (files.size() != 1)

@@ -31,7 +31,7 @@ std::pair<std::string, std::uint16_t> split_host_port(const std::string& text) {
   auto colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0)
     throw cli::usage_error("--head: expected HOST:PORT, got '" + printable(text) + "'");
-  auto port = cli::parse_size(text.substr(colon + 1), "--head port");
+  auto port = cli::parse_count(text.substr(colon + 1), "--head port");
   if (port == 0 || port > 65535)
     throw cli::usage_error("--head: port must be in 1..65535, got '" + printable(text) + "'");
   return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
@@ -67,7 +67,7 @@ int cmd_status(const arg_list& argv) {
   auto secret_flag =
     app.add_option("--secret-file", secret_file, "that node's secret (default: from T.yaml)")->type_name("FILE");
   auto json_flag = app.add_flag("--json", "print the fleet as JSON");
-  cli::add_size(app, "--deadline-ms", deadline_ms, "give up on each step after this long")->default_val(deadline_ms);
+  cli::add_count(app, "--deadline-ms", deadline_ms, "give up on each step after this long")->default_val(deadline_ms);
   tls_spec tls;
   auto ca_flag = app.add_option("--ca", tls.ca, "without T.yaml: mutual TLS, the CA's certificate (PEM)")
                    ->type_name("FILE");

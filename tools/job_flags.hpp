@@ -11,7 +11,7 @@ namespace rlsync::tools {
 inline void add_workload_flags(CLI::App& app, jobs::workload_overrides& o) {
   auto into = [&app](const std::string& flag, std::optional<std::uint64_t>& target, const std::string& what) {
     app.add_option_function<std::string>(
-         flag, [&target, flag](const std::string& text) { target = cli::parse_size(text, flag); }, what)
+         flag, [&target, flag](const std::string& text) { target = cli::parse_count(text, flag); }, what)
       ->type_name("N");
   };
   into("--prompts", o.prompts, "requests to send (overrides workload.prompts)");

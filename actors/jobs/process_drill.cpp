@@ -305,10 +305,11 @@ private:
       if (getppid() != parent)
         _exit(127);
       setpgid(0, 0); // a Ctrl-C at the terminal reaches the drill only
-      int null = open("/dev/null", O_RDONLY);
+      int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
       dup2(null, 0);
       dup2(log, 1);
       dup2(p.head ? err[1] : log, 2);
+      close_inherited_at_exec();
       std::vector<char*> args;
       for (auto& a : p.argv)
         args.push_back(const_cast<char*>(a.c_str()));

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -222,6 +223,7 @@ int spawn(child_state& c, int devnull, bool sigpipe_was_ignored) {
     if (::dup2(devnull, 0) < 0 || ::dup2(out[1], 1) < 0 || ::dup2(err[1], 2) < 0)
       e = errno;
     if (e == 0) {
+      close_inherited_at_exec();
       ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
       ::execv(argv[0], argv.data());
       e = errno;
@@ -652,6 +654,19 @@ bool iequals(std::string_view a, std::string_view b) {
 } // namespace
 
 // ---------------------------------------------------------------------------
+
+void close_inherited_at_exec() noexcept {
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0)
+    return;
+  // A kernel before 5.11: each possible descriptor (fcntl is async-signal-safe).
+  rlimit limit{};
+  const rlim_t top = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                       ? std::min<rlim_t>(limit.rlim_cur, rlim_t{1} << 20)
+                       : rlim_t{1} << 16;
+  for (rlim_t fd = 3; fd < top; ++fd)
+    if (const int flags = ::fcntl(static_cast<int>(fd), F_GETFD); flags >= 0 && !(flags & FD_CLOEXEC))
+      ::fcntl(static_cast<int>(fd), F_SETFD, flags | FD_CLOEXEC);
+}
 
 std::optional<std::chrono::milliseconds> restart_delay(const restart_policy& p, std::uint32_t restarts_done) {
   if (!p.on_failure || restarts_done >= p.max_restarts)

@@ -181,6 +181,11 @@ public:
   int received() const;
 };
 
+/// In a forked child, before exec: every descriptor above stderr closes at
+/// exec, whatever this process inherited or opened without O_CLOEXEC (a
+/// node must not hold its launcher's shell's pipes). Async-signal-safe.
+void close_inherited_at_exec() noexcept;
+
 /// This process's executable, from /proc/self/exe. Throws std::runtime_error.
 std::string self_executable();
 

@@ -66,6 +66,7 @@ expect_usage "--heads: must divide hidden_size (64), got 3" make "${out[@]}" --l
 expect_usage "--hidden: must be positive" make "${out[@]}" --layers 2 --hidden 0 --heads 4 --kv-heads 2 --seed 1
 expect_usage "--vocab: must be at least 258" make "${out[@]}" "${shape[@]}" --vocab 100 --seed 1
 expect_usage "--layers: expected a non-negative number" make "${out[@]}" --layers two --hidden 64 --heads 4 --kv-heads 2 --seed 1
+expect_usage "--layers: expected a whole number without a unit" make "${out[@]}" --layers 2K --hidden 64 --heads 4 --kv-heads 2 --seed 1
 expect_usage "--dtype: expected bf16, f16 or f32, got 'f64'" make "${out[@]}" "${shape[@]}" --dtype f64 --seed 1
 expect_usage "--shard-bytes: unknown unit" make "${out[@]}" "${shape[@]}" --shard-bytes 5XB --seed 1
 expect_usage "--shard-bytes: must be positive" make "${out[@]}" "${shape[@]}" --shard-bytes 0 --seed 1

@@ -61,7 +61,27 @@ set +e
 "$rlsync" launch 2>/dev/null; rc1=$?
 "$rlsync" launch "$cluster" --grace-ms soon 2>/dev/null; rc2=$?
 "$rlsync" launch "$cluster" --no-such-flag 2>/dev/null; rc3=$?
+# A millisecond count takes no byte unit (10MB would be 10,000,000 ms).
+"$rlsync" launch "$cluster" --dry-run --grace-ms 10MB 2>"$tmp/unit"; rc4=$?
 set -e
-[ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && [ "$rc3" -eq 2 ] || fail "usage errors: got $rc1 $rc2 $rc3, expected 2 2 2"
+[ "$rc1" -eq 2 ] && [ "$rc2" -eq 2 ] && [ "$rc3" -eq 2 ] && [ "$rc4" -eq 2 ] \
+  || fail "usage errors: got $rc1 $rc2 $rc3 $rc4, expected 2 2 2 2"
+grep -q -- "--grace-ms: expected a whole number without a unit, got '10MB'" "$tmp/unit" || fail "unit: $(cat "$tmp/unit")"
+# The main job's flags: only with --run, checked before any node starts, and
+# --run only where the coordinator's node is launched.
+expect_usage() {
+  local needle=$1 rc=0
+  shift
+  "$rlsync" launch "$cluster" --dry-run "$@" >/dev/null 2>"$tmp/err" || rc=$?
+  [ "$rc" -eq 2 ] || fail "'$*': expected exit 2, got $rc ($(cat "$tmp/err"))"
+  grep -qF -- "$needle" "$tmp/err" || fail "'$*': message lacks '$needle': $(cat "$tmp/err")"
+}
+expect_usage "--prompts goes to the main job: give --run too" --nodes trainer-node --prompts 5
+expect_usage "--prompts: expected a non-negative number, got 'abc'" --run --nodes trainer-node --prompts abc
+expect_usage "--concurrency and --max-tokens must be positive" --run --nodes trainer-node --concurrency 0
+expect_usage "--run: the main job runs on the coordinator's node, trainer-node" --run --nodes engine-node-a --prompts 5
+"$rlsync" launch "$cluster" --dry-run --run --nodes trainer-node --prompts 5 >"$tmp/out" \
+  || fail "--run with the coordinator's node and a good --prompts"
+grep -q -- "--run --no-progress --prompts 5" "$tmp/out" || { cat "$tmp/out"; fail "--prompts not passed to the head"; }
 "$rlsync" launch --help | grep -q 'usage: rlsync launch' || fail "--help"
 echo "ok"

@@ -184,6 +184,23 @@ TEST_CASE("launcher: a child that ignores SIGTERM is killed after the grace peri
   CHECK(out.has(output_stream::err, "[stubborn] killed by signal 9\n"));
 }
 
+TEST_CASE("launcher: a child inherits no descriptor above stderr") {
+  // One this process holds without O_CLOEXEC (as from the shell that started it).
+  const int held = 217;
+  const int fd = ::open("/dev/null", O_RDONLY);
+  REQUIRE(fd >= 0);
+  REQUIRE(::dup2(fd, held) == held);
+  ::close(fd);
+  captured out;
+  supervisor_options opts;
+  opts.sink = out.sink();
+  supervisor sup(opts);
+  auto r = sup.run({sh("fds", "if [ -e /proc/self/fd/217 ]; then echo inherited; else echo clean; fi")});
+  ::close(held);
+  CHECK(r.outcome == launch_outcome::succeeded);
+  CHECK(out.has(output_stream::out, "[fds] clean\n"));
+}
+
 TEST_CASE("launcher: children that all exit 0, one long before the other, succeed") {
   scratch_dir dir;
   captured out;
