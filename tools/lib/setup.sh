@@ -1,8 +1,12 @@
 # Shared by tools/quickstart and tools/check: install what is missing, then
 # configure and build. Sourced, not run.
 
-RLSYNC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# cd's output to /dev/null: with CDPATH set it prints the directory too.
+RLSYNC_ROOT=$(cd -- "$(dirname "${BASH_SOURCE[0]}")/../.." >/dev/null && pwd)
 RLSYNC_BUILD=${RLSYNC_BUILD:-$RLSYNC_ROOT/build}
+# A relative RLSYNC_BUILD is the caller's directory's; make it absolute before
+# a script cds elsewhere (tools/quickstart into the checkout).
+case $RLSYNC_BUILD in /*) ;; *) RLSYNC_BUILD=$PWD/$RLSYNC_BUILD ;; esac
 
 # Debian packages rlsync builds and tests with. CUDA and NCCL come from
 # /usr/local/cuda when present; without them gpu/ builds its stubs.
@@ -35,7 +39,8 @@ rlsync_install_missing() {
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Through env: sudo's env_reset would drop an assignment before it.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 rlsync_build() {
