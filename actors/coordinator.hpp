@@ -362,8 +362,9 @@ struct coordinator_state {
   std::vector<caf::typed_response_promise<sync_report>> sync_waiters; ///< at most max_sync_waiters
   /// Every replica name ever registered: incarnations, restarts, retirement.
   std::map<std::string, replica_record> replicas;
-  /// A version the trainer reported: rounds wait for it (a restored counter
-  /// knows the number, not the groups).
+  /// A version the current trainer reported: rounds wait for it (a restored
+  /// counter knows the number, not the groups; a replaced trainer's newest
+  /// may not be the new one's).
   bool newest_heard = false;
   bool trainer_down = false;
   /// The first version whose unchanged bytes the trainer attached now may

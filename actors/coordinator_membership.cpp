@@ -214,8 +214,15 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
     // come yet (or will be ignored now): it cannot complete.
     abort_round(self, "the trainer was replaced");
   }
-  if (st.cfg.trainer != trainer)
-    st.trainer_vouches_from = std::max(st.newest.version, st.synced_version) + 1;
+  if (st.cfg.trainer != trainer) {
+    // The first version it may vouch for. Saturating: a version of 2^64-1
+    // from a lying trainer must not wrap it to 0 (vouching for everything).
+    const auto known = std::max(st.newest.version, st.synced_version);
+    st.trainer_vouches_from = known < UINT64_MAX ? known + 1 : known;
+    // No round until this trainer says which version it holds: the one
+    // before may have held a version it does not.
+    st.newest_heard = false;
+  }
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
   follow_trainer(self, st.cfg.trainer, "the trainer", [self, asked = st.cfg.trainer](const version_info& vi) {

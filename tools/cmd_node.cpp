@@ -53,7 +53,20 @@ std::uint64_t order_of(const siginfo_t* info) {
 extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) { corrupt_order = order_of(info); }
 extern "C" void on_withhold_signal(int, siginfo_t* info, void*) { withhold_order = order_of(info); }
 
-/// Installs the drill's signal handlers and arms `arms` as orders come,
+/// The handlers that store a drill's orders, installed as soon as the flags
+/// say --drill-events: an order that reaches a node the drill just (re)started
+/// waits for its watcher instead of ending the process (the signals' default).
+void store_drill_orders() {
+  struct sigaction sa {};
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_sigaction = on_corrupt_signal;
+  sigaction(SIGUSR1, &sa, nullptr);
+  sa.sa_sigaction = on_withhold_signal;
+  sigaction(drill_withhold_signal(), &sa, nullptr);
+}
+
+/// Acts on the drill's orders stored by the handlers: arms `arms` as they come,
 /// logging one line per rank armed; stop() before the ranks' producers go.
 class drill_signal_watch {
 public:
@@ -67,13 +80,7 @@ public:
     release_after_ = d.pause + d.flush + d.start + d.transfer;
     for (auto& e : t.engines)
       engines_.push_back(e.name);
-    struct sigaction sa {};
-    sa.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_sigaction = on_corrupt_signal;
-    sigaction(SIGUSR1, &sa, nullptr);
-    sa.sa_sigaction = on_withhold_signal;
-    sigaction(drill_withhold_signal(), &sa, nullptr);
+    store_drill_orders(); // already, as a rule (see there)
     thread_ = std::thread([this] {
       while (watching_) {
         if (auto v = corrupt_order.exchange(no_order); v != no_order)
@@ -287,6 +294,8 @@ int cmd_node(const arg_list& argv) {
   job.run = run_flag->count() > 0;
   job.progress = no_progress->count() == 0;
   job.drill_events = drill_events->count() > 0;
+  if (job.drill_events)
+    store_drill_orders();
   auto loaded = load_topology_or_report(path);
   if (!loaded)
     return 1;

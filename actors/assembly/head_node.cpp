@@ -72,9 +72,13 @@ std::shared_ptr<transfer::ucx_puller> make_ucx_puller(caf::actor_system& sys, co
   po.shared_memory = ucx_lends_shared_memory(t.transfer); // else by tag over what ucx_transports names
   po.groups_in_flight = static_cast<std::size_t>(std::max<std::int64_t>(1, t.transfer.groups_in_flight));
   // A producer's manifest sizes the receive buffers: no group may announce
-  // more than the model's largest, every element as wide as f32.
-  po.max_group_bytes =
-    plan::largest_group_bytes(t.model.config, llama_parameter_specs(t.model.config, dtype::f32), dtype::f32);
+  // more than the model's largest, every element as wide as f32, with the
+  // tensors a checkpoint may carry beside the parameters (broadcast sends
+  // them whole; the engine drops them).
+  auto specs = llama_parameter_specs(t.model.config, dtype::f32);
+  for (auto& extra : ignored_weight_specs(t.model.config, dtype::f32))
+    specs.push_back(std::move(extra));
+  po.max_group_bytes = plan::largest_group_bytes(t.model.config, specs, dtype::f32);
   // The option connect_ahead stays off: the puller registers an engine's
   // workers before the engine registers with the coordinator, and the
   // trainer issues UCX tickets only to registered engines, so a connection

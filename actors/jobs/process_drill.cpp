@@ -51,6 +51,32 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+/// SIGINT or SIGTERM while a drill runs: the drill stops and its destructor
+/// stops the nodes and removes the namespaces it made (the signals' default
+/// action would leave the namespaces behind, named after a pid no later run
+/// cleans up).
+volatile std::sig_atomic_t drill_stop_signal = 0;
+
+void on_drill_stop(int sig) { drill_stop_signal = sig; }
+
+struct drill_signal_scope {
+  struct sigaction old_int {}, old_term {};
+  drill_signal_scope() {
+    drill_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_drill_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~drill_signal_scope() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+  drill_signal_scope(const drill_signal_scope&) = delete;
+  drill_signal_scope& operator=(const drill_signal_scope&) = delete;
+};
+
 /// Lines of the head's stderr the report's log keeps (the rest are in its log file).
 constexpr std::size_t max_log_lines = 400;
 /// One line of the head's stderr is cut at this length (a bounded buffer).
@@ -101,7 +127,8 @@ std::string describe_status(int status) {
 }
 
 /// Runs `argv` (a short command such as netns.sh) to its end, bounded: false
-/// when it failed or outlived `deadline` (then it is killed).
+/// when it failed or outlived `deadline` (then its process group gets
+/// SIGTERM, so that a script's EXIT trap cleans up, and SIGKILL 5 s later).
 bool run_command(const std::vector<std::string>& argv, milliseconds deadline, std::string& why) {
   pid_t pid = fork();
   if (pid < 0) {
@@ -109,6 +136,8 @@ bool run_command(const std::vector<std::string>& argv, milliseconds deadline, st
     return false;
   }
   if (pid == 0) {
+    setpgid(0, 0); // with the commands it starts (ip ...): one group to stop
+    close_inherited_at_exec();
     std::vector<char*> args;
     for (auto& a : argv)
       args.push_back(const_cast<char*>(a.c_str()));
@@ -127,8 +156,12 @@ bool run_command(const std::vector<std::string>& argv, milliseconds deadline, st
       return false;
     }
     if (clock_type::now() >= until) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
+      kill(-pid, SIGTERM);
+      for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i) // 5 s at most
+        std::this_thread::sleep_for(milliseconds(10));
+      kill(-pid, SIGKILL); // what is left of the group (the script itself, if it is still there)
+      for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(milliseconds(10));
       why = shell_quote(argv) + ": still running after " + std::to_string(deadline.count()) + " ms";
       return false;
     }
@@ -305,8 +338,10 @@ private:
       if (getppid() != parent)
         _exit(127);
       setpgid(0, 0); // a Ctrl-C at the terminal reaches the drill only
-      int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+      int null = open("/dev/null", O_RDONLY); // 0 itself where the drill runs without stdin
       dup2(null, 0);
+      if (null > 0)
+        close(null);
       dup2(log, 1);
       dup2(p.head ? err[1] : log, 2);
       close_inherited_at_exec();
@@ -646,6 +681,11 @@ private:
     const auto deadline = clock_type::now() + drill_deadline();
     const auto first_round_by = clock_type::now() + 3 * t_.cluster.connect_deadline + milliseconds(60000);
     for (;;) {
+      if (drill_stop_signal) {
+        problem_ = "stopped by signal " + std::to_string(drill_stop_signal);
+        note(problem_);
+        return;
+      }
       read_head(20);
       for (auto& p : procs_)
         reap(p, false);
@@ -943,14 +983,20 @@ int run_process_drill(const topology& t, const std::string& path, const drill_op
             << (o.netns ? " in network namespaces" : " on this machine") << ", " << t.engines.size() << " engines, "
             << t.drill.faults.size() << " faults; logs in " << dir << "\n";
   drill_record rec;
+  drill_signal_scope signals; // past the drill's end: its clean-up is not cut short either
   {
     process_drill d(t, path, o, std::move(plan), dir);
     if (!d.run())
-      return 1;
+      return drill_stop_signal ? 128 + drill_stop_signal : 1;
     rec = d.record();
   }
   write_drill_report(rec, dir);
   std::cout << drill_summary(rec, path, dir) << std::flush;
+  if (drill_stop_signal) {
+    std::cerr << "rlsync drill: stopped by signal " << drill_stop_signal << "; its nodes were stopped"
+              << (o.netns ? " and its namespaces removed" : "") << "\n";
+    return 128 + drill_stop_signal;
+  }
   return rec.passed() ? 0 : 1;
 }
 

@@ -295,6 +295,16 @@ bool ignored_weight(const model_config& c, const std::string& name) {
   return c.tie_word_embeddings && name == "lm_head.weight";
 }
 
+std::vector<tensor_spec> ignored_weight_specs(const model_config& c, dtype type) {
+  std::vector<tensor_spec> specs;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    specs.push_back({"model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq", type,
+                     {std::max<std::int64_t>(c.head_dim() / 2, 1)}});
+  if (c.tie_word_embeddings)
+    specs.push_back({"lm_head.weight", type, {c.vocab_size, c.hidden_size}});
+  return specs;
+}
+
 std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type) {
   const std::int64_t h = c.hidden_size, hd = c.head_dim(), inter = c.intermediate_size;
   const std::int64_t q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;

@@ -51,6 +51,11 @@ std::vector<tensor_spec> llama_parameter_specs(const model_config& c, dtype type
 /// buffers some checkpoints carry, and lm_head.weight when embeddings are tied.
 bool ignored_weight(const model_config& c, const std::string& name);
 
+/// Those tensors at their usual shapes, `type` wide: an inv_freq of
+/// head_dim/2 per layer, and lm_head.weight when embeddings are tied. What a
+/// whole-group transfer of a checkpoint may carry beyond the parameters.
+std::vector<tensor_spec> ignored_weight_specs(const model_config& c, dtype type);
+
 /// A checkpoint directory, every safetensors file read into owned memory.
 /// Movable; views stay valid while it lives.
 class checkpoint {

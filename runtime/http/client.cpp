@@ -129,7 +129,7 @@ client_response client::send(const client_request& rq) {
   }
   auto& msg = parser.get();
   client_response out{msg.result_int(), impl::headers_of(msg), std::move(msg.body())};
-  if (!msg.keep_alive())
+  if (!parser.keep_alive()) // the parser's: false also for a body that ended at close
     impl_->stream.reset();
   return out;
 }
@@ -169,7 +169,7 @@ client_response client::open_stream(const client_request& rq) {
   if (result && result != bhttp::error::end_of_stream)
     fail("HTTP " + std::to_string(head.status) + ", then " + result.message());
   head.body = std::move(parser.get().body());
-  if (!parser.get().keep_alive() || !parser.is_done())
+  if (!parser.keep_alive() || !parser.is_done()) // parser's: false also for a body that ended at close
     impl_->stream.reset();
   impl_->stream_parser.reset();
   return head;

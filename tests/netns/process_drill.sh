@@ -91,6 +91,23 @@ grep -q 'rollout-b silent for\|rollout-b left (down' "$dir/report/head.log" \
   || { tail -40 "$dir/report/head.log"; echo "FAIL: the partition was not detected"; exit 1; }
 echo "partition detected: $(grep -o 'rollout-b silent for [0-9.]* ms\|rollout-b left (down[^)]*)' "$dir/report/head.log" | head -1)"
 echo "$(grep -c '^  held' "$dir/out") invariants held"
+# Ctrl-C mid-drill: the nodes stop and the namespaces go (exit 130).
+"$rlsync" drill "$dir/netns-drill.yaml" --netns --netns-script "$root/deploy/netns.sh" --report "$dir/cut" \
+  > "$dir/cut.out" 2> "$dir/cut.err" &
+drill_pid=$!
+for _ in $(seq 600); do # 60 s at most
+  grep -q 'namespaces rldrill[0-9]*-0..2 up' "$dir/cut.err" && break
+  sleep 0.1
+done
+grep -q 'namespaces rldrill[0-9]*-0..2 up' "$dir/cut.err" || { kill -9 "$drill_pid"; cat "$dir/cut.err"; echo "FAIL: no namespaces before the cut"; exit 1; }
+kill -INT "$drill_pid"
+rc=0
+timeout 90 tail --pid="$drill_pid" -f /dev/null || { kill -9 "$drill_pid"; echo "FAIL: the drill outlived SIGINT by 90 s"; exit 1; }
+wait "$drill_pid" || rc=$?
+[ "$rc" -eq 130 ] || { tail -20 "$dir/cut.err"; echo "FAIL: SIGINT: exit $rc, expected 130"; exit 1; }
+if ip netns list | grep -q "^rldrill$drill_pid-"; then ip netns list; echo "FAIL: SIGINT left namespaces"; exit 1; fi
+grep -q 'stopped by signal 2' "$dir/cut.err" || { tail -20 "$dir/cut.err"; echo "FAIL: SIGINT not reported"; exit 1; }
+echo "SIGINT mid-drill: exit 130, namespaces removed"
 fi
 if part ranks; then
 # The shipped rank drill: trainer rank 1's node cut off mid-transfer

@@ -1173,6 +1173,17 @@ TEST_CASE("ucx: shared memory: a region that is not the producer's buffer is not
   ucx_detail::shared_mapping first({r.pid, sparse, 4096, r.id}, why);
   CHECK_MESSAGE(first, why);
   ::close(sparse);
+  // Enough pages in all, but beyond the region, and a hole inside it.
+  const int holed = ::memfd_create("holed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  REQUIRE(holed >= 0);
+  REQUIRE(::ftruncate(holed, 32 * 4096) == 0);
+  REQUIRE(::pwrite(holed, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()));
+  const std::vector<std::uint8_t> tail(16 * 4096, 1);
+  REQUIRE(::pwrite(holed, tail.data(), tail.size(), 16 * 4096) == static_cast<ssize_t>(tail.size()));
+  REQUIRE(::fcntl(holed, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+  CHECK_FALSE(ucx_detail::shared_mapping({r.pid, holed, 16 * 4096, r.id}, why));
+  CHECK(why.find("is not allocated in full") != std::string::npos);
+  ::close(holed);
 }
 
 namespace {
@@ -1704,6 +1715,7 @@ TEST_CASE("ucx: a hello is served only with a token issued for its engine worker
   auto options = loopback_producer();
   options.token_lifetime = 300ms;
   options.max_tokens = 3;
+  options.max_tokens_per_worker = 2;
   log_lines log;
   options.log = log.sink();
   ucx_producer producer(src, options);
@@ -1742,6 +1754,14 @@ TEST_CASE("ucx: a hello is served only with a token issued for its engine worker
          return k;
        },
        "presented a token this producer did not issue"},
+      {"a flood of tokens for one engine worker pushes out only that worker's",
+       [&](const std::string& e, int w) {
+         auto k = producer.issue(e, w);
+         for (int i = 0; i < 5; ++i)
+           producer.issue("rollout-7", 0);
+         return k;
+       },
+       ""},
   };
   for (const auto& r : rows) {
     INFO(r.what);

@@ -179,6 +179,10 @@ ucx_credentials producer_impl::issue(const std::string& engine, int worker_rank)
   {
     std::lock_guard<std::mutex> lock(token_mutex);
     const auto now = clock::now();
+    const auto same_worker = [&](const issued_token& x) { return x.worker == worker_rank && x.engine == engine; };
+    if (static_cast<std::size_t>(std::count_if(tokens.begin(), tokens.end(), same_worker))
+        >= std::max<std::size_t>(1, options.max_tokens_per_worker))
+      tokens.erase(std::find_if(tokens.begin(), tokens.end(), same_worker)); // its own oldest
     while (!tokens.empty() && (tokens.size() >= options.max_tokens || tokens.front().expires <= now))
       tokens.pop_front(); // issued in order: the oldest expires first
     tokens.push_back(std::move(t));

@@ -55,7 +55,11 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
   const std::uint64_t page =
     std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(std::max<blksize_t>(st.st_blksize, 0)));
   const std::uint64_t length = (r.bytes + page - 1) / page * page;
-  if (static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < length) {
+  // The blocks it holds in all, and (where the file system says) no hole
+  // within what is mapped.
+  const off_t hole = ::lseek(fd, 0, SEEK_HOLE);
+  if (static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < length
+      || (hole >= 0 && static_cast<std::uint64_t>(hole) < std::min<std::uint64_t>(length, st.st_size))) {
     ::close(fd);
     why = path + " is not allocated in full (pages of " + std::to_string(page) + " bytes): a hole would be populated at this process's cost";
     return;

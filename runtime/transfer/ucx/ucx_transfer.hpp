@@ -261,6 +261,9 @@ struct ucx_producer_options {
   std::chrono::milliseconds token_lifetime{std::chrono::minutes(10)};
   /// Tokens held at once (>= 1); issuing one more forgets the oldest.
   std::size_t max_tokens = 4096;
+  /// Tokens held for one engine worker (>= 1); issuing one more forgets
+  /// that worker's oldest, so a node asking in a loop pushes out only its own.
+  std::size_t max_tokens_per_worker = 16;
   /// Connections that presented a valid token, at once (>= 1); a hello
   /// beyond it is refused.
   std::size_t max_connections = 1024;
