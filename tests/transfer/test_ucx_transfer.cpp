@@ -1047,6 +1047,14 @@ TEST_CASE("ucx: a worker that cannot connect ahead still pulls, connecting then"
   CHECK(puller.stats().connections == 1);
 }
 
+TEST_CASE("ucx: a plan's number is SHA-256's, which no consumer can aim at another's plan") {
+  // Packed groups are shared between connections whose plans have the same
+  // number: it must be a cryptographic digest (the FIPS 180-2 "abc" vector).
+  const std::string abc = "abc";
+  CHECK(wire::plan_digest(reinterpret_cast<const std::uint8_t*>(abc.data()), abc.size()) == 0xba7816bf8f01cfeaULL);
+  CHECK(wire::plan_digest(nullptr, 0) == 0xe3b0c44298fc1c14ULL);
+}
+
 TEST_CASE("ucx: a manifest's group sizes are checked before they size any buffer") {
   using groups = std::vector<wire::group_info>;
   auto g = [](std::uint32_t group, std::uint64_t bytes) { return wire::group_info{group, bytes, {}, {}}; };

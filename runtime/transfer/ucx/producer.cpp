@@ -647,7 +647,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
     say(options.log, "ucx producer: rejected a plan from " + c->peer + ": " + why);
     reply(c, wire::ack_msg{m.seq, s, 0, why, {}, {}});
   };
-  const std::uint64_t digest = checksum64(m.plan.data(), m.plan.size());
+  const std::uint64_t digest = wire::plan_digest(m.plan.data(), m.plan.size());
   if (c->plans.count(digest)) {
     reply(c, wire::ack_msg{m.seq, wire::status::ok, digest, "", {}, {}});
     return;

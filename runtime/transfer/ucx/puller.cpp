@@ -584,7 +584,7 @@ void ucx_puller::register_worker(const std::string& engine, std::shared_ptr<cons
   const int worker_of_plan = plan->worker;
   registration r;
   auto encoded = std::make_shared<std::vector<std::uint8_t>>(wire::encode_plan(*plan));
-  r.digest = checksum64(encoded->data(), encoded->size());
+  r.digest = wire::plan_digest(encoded->data(), encoded->size());
   r.encoded = std::move(encoded);
   r.plan = std::move(plan);
   bool fresh = false;

@@ -1,5 +1,7 @@
 #include "runtime/transfer/ucx/ucx_wire.hpp"
 
+#include <openssl/sha.h>
+
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -359,6 +361,15 @@ std::vector<tensor_spec> get_specs(reader& r) {
 }
 
 } // namespace
+
+std::uint64_t plan_digest(const std::uint8_t* data, std::size_t size) {
+  unsigned char sha[SHA256_DIGEST_LENGTH];
+  SHA256(data, size, sha);
+  std::uint64_t out = 0;
+  for (int i = 0; i < 8; ++i)
+    out = out << 8 | sha[i];
+  return out;
+}
 
 std::vector<std::uint8_t> encode(const message& m) {
   writer w;

@@ -61,6 +61,11 @@ inline constexpr std::size_t max_token_bytes = 64;
 // -- sharding plans -------------------------------------------------------------------
 
 std::vector<std::uint8_t> encode_plan(const plan::worker_plan& p);
+/// The number both ends give an encoded plan: SHA-256's first 8 bytes. A
+/// producer shares packed groups between connections whose plans have the
+/// same number, so no consumer may find another plan with a victim's number
+/// (a fast hash such as XXH3 would let one craft it).
+std::uint64_t plan_digest(const std::uint8_t* data, std::size_t size);
 /// Strict: throws wire_error naming the entry, the field and the byte offset;
 /// runs check_plan on the result.
 plan::worker_plan decode_plan(const std::uint8_t* data, std::size_t size);
