@@ -366,6 +366,7 @@ struct coordinator_state {
   /// counter knows the number, not the groups; a replaced trainer's newest
   /// may not be the new one's).
   bool newest_heard = false;
+  bool asking_version = false; ///< a heartbeat tick's ask of the trainer's version is out
   bool trainer_down = false;
   /// The first version whose unchanged bytes the trainer attached now may
   /// vouch for (version_info::same_bytes_since): one past the newest the

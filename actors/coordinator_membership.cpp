@@ -297,6 +297,20 @@ bool heard_heartbeat(self_ptr self) {
 /// heartbeat to every member and every rank.
 void heartbeat_tick(self_ptr self) {
   auto& st = self->state;
+  // Rounds wait for the current trainer's version: an answer lost or
+  // refused is asked for again, one ask at a time, tick by tick.
+  if (!follows_ranks(st) && st.cfg.trainer && !st.newest_heard && !st.trainer_down && !st.asking_version) {
+    st.asking_version = true;
+    self->request(st.cfg.trainer, st.cfg.trainer_deadline, version_atom::value)
+      .then(
+        [self, asked = st.cfg.trainer](version_info& vi) {
+          self->state.asking_version = false;
+          if (self->state.cfg.trainer == asked)
+            on_version(self, vi);
+          settle(self);
+        },
+        [self](caf::error&) { self->state.asking_version = false; });
+  }
   auto now = now_ns(self);
   auto timeout = static_cast<std::uint64_t>(
     std::chrono::duration_cast<std::chrono::nanoseconds>(st.cfg.heartbeat_timeout).count());

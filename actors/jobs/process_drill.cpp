@@ -60,18 +60,21 @@ volatile std::sig_atomic_t drill_stop_signal = 0;
 void on_drill_stop(int sig) { drill_stop_signal = sig; }
 
 struct drill_signal_scope {
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {}, old_term {}, old_hup {};
   drill_signal_scope() {
     drill_stop_signal = 0;
     struct sigaction sa {};
     sa.sa_handler = on_drill_stop;
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup); // the terminal closed
   }
   ~drill_signal_scope() {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGHUP, &old_hup, nullptr);
   }
   drill_signal_scope(const drill_signal_scope&) = delete;
   drill_signal_scope& operator=(const drill_signal_scope&) = delete;
@@ -240,8 +243,8 @@ public:
     // The head first: the members connect to it (retrying up to connect_deadline_ms).
     std::stable_partition(procs_.begin(), procs_.end(), [](const node_process& p) { return p.head; });
     for (auto& p : procs_)
-      if (!start(p))
-        return false;
+      if (drill_stop_signal || !start(p))
+        return false; // the destructor stops what started and removes the namespaces
     loop();
     finish();
     return true;
@@ -791,7 +794,9 @@ private:
           return;
       }
     };
-    wait_all(milliseconds(15000));
+    // Stopped by a signal, nobody ends on their own: SIGTERM at once.
+    if (!drill_stop_signal)
+      wait_all(milliseconds(15000));
     for (auto& p : procs_)
       if (p.running()) {
         p.expect_death = true;

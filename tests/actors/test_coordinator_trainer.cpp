@@ -287,3 +287,24 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a trainer replaced mid-round, it
   CHECK(reports.back().version == 3);
   CHECK(!reports.back().aborted);
 }
+
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a new trainer whose version answer is refused is asked again at a heartbeat") {
+  start_with_trainer(heartbeat_config());
+  add_engine("c", 0, {{sync_phase::transfer, act::hold}});
+  engines["c"].script->fail_held_on_resume = true;
+  kill_trainer(); // c's cold sync is cut short
+  REQUIRE(!routable("c"));
+  engines["c"].on(sync_phase::transfer, act::answer);
+  auto rec2 = std::make_shared<trainer_script>();
+  rec2->current = version_info{2, 4, 4096};
+  rec2->current.same_bytes_since = 3; // past its version: check() refuses the answer
+  trainer_actor trainer2 = spawn(scripted_trainer, rec2);
+  tell(coord, register_atom::value, trainer2);
+  run();
+  CHECK(logged("refused a version of the trainer"));
+  CHECK(!routable("c")); // no round without the new trainer's version
+  rec2->current.same_bytes_since = 0;
+  ticks(2);
+  CHECK(routable("c")); // asked again at a tick: the retried cold sync ran
+  CHECK(member_info("c").version == 2);
+}

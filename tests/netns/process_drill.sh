@@ -99,10 +99,17 @@ for _ in $(seq 600); do # 60 s at most
   grep -q 'namespaces rldrill[0-9]*-0..2 up' "$dir/cut.err" && break
   sleep 0.1
 done
-grep -q 'namespaces rldrill[0-9]*-0..2 up' "$dir/cut.err" || { kill -9 "$drill_pid"; cat "$dir/cut.err"; echo "FAIL: no namespaces before the cut"; exit 1; }
+cut_fail() {
+  kill -9 "$drill_pid" 2>/dev/null || true
+  "$root/deploy/netns.sh" down "rldrill$drill_pid" 2>/dev/null || true
+  tail -20 "$dir/cut.err"
+  echo "FAIL: $*"
+  exit 1
+}
+grep -q 'namespaces rldrill[0-9]*-0..2 up' "$dir/cut.err" || cut_fail "no namespaces before the cut"
 kill -INT "$drill_pid"
 rc=0
-timeout 90 tail --pid="$drill_pid" -f /dev/null || { kill -9 "$drill_pid"; echo "FAIL: the drill outlived SIGINT by 90 s"; exit 1; }
+timeout 90 tail --pid="$drill_pid" -f /dev/null || cut_fail "the drill outlived SIGINT by 90 s"
 wait "$drill_pid" || rc=$?
 [ "$rc" -eq 130 ] || { tail -20 "$dir/cut.err"; echo "FAIL: SIGINT: exit $rc, expected 130"; exit 1; }
 if ip netns list | grep -q "^rldrill$drill_pid-"; then ip netns list; echo "FAIL: SIGINT left namespaces"; exit 1; fi

@@ -183,8 +183,19 @@ ucx_credentials producer_impl::issue(const std::string& engine, int worker_rank)
     if (static_cast<std::size_t>(std::count_if(tokens.begin(), tokens.end(), same_worker))
         >= std::max<std::size_t>(1, options.max_tokens_per_worker))
       tokens.erase(std::find_if(tokens.begin(), tokens.end(), same_worker)); // its own oldest
-    while (!tokens.empty() && (tokens.size() >= options.max_tokens || tokens.front().expires <= now))
+    while (!tokens.empty() && tokens.front().expires <= now)
       tokens.pop_front(); // issued in order: the oldest expires first
+    if (!tokens.empty() && tokens.size() >= options.max_tokens) {
+      // Full: the engine holding the most gives up its oldest, so a node
+      // asking in a loop (for any worker numbers) pushes out only its own.
+      // The asking engine counts its new token; ties go to the oldest token.
+      std::map<std::string, std::size_t> held{{engine, 1}};
+      std::size_t most = 1;
+      for (const auto& x : tokens)
+        most = std::max(most, ++held[x.engine]);
+      tokens.erase(std::find_if(tokens.begin(), tokens.end(),
+                                [&](const issued_token& x) { return held[x.engine] == most; }));
+    }
     tokens.push_back(std::move(t));
   }
   std::lock_guard<std::mutex> lock(stats_mutex);

@@ -55,11 +55,10 @@ shared_mapping::shared_mapping(const ucx_wire::shared_region& r, std::string& wh
   const std::uint64_t page =
     std::max<std::uint64_t>(4096, static_cast<std::uint64_t>(std::max<blksize_t>(st.st_blksize, 0)));
   const std::uint64_t length = (r.bytes + page - 1) / page * page;
-  // The blocks it holds in all, and (where the file system says) no hole
-  // within what is mapped.
-  const off_t hole = ::lseek(fd, 0, SEEK_HOLE);
-  if (static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < length
-      || (hole >= 0 && static_cast<std::uint64_t>(hole) < std::min<std::uint64_t>(length, st.st_size))) {
+  // Every page of the file, so none of what is mapped can be a hole, on any
+  // file system (hugetlbfs answers SEEK_HOLE with the file's end).
+  const std::uint64_t file_pages = (static_cast<std::uint64_t>(st.st_size) + page - 1) / page * page;
+  if (static_cast<std::uint64_t>(std::max<blkcnt_t>(st.st_blocks, 0)) * 512 < std::max(length, file_pages)) {
     ::close(fd);
     why = path + " is not allocated in full (pages of " + std::to_string(page) + " bytes): a hole would be populated at this process's cost";
     return;

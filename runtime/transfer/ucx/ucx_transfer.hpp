@@ -259,7 +259,8 @@ struct ucx_producer_options {
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(30)};
   /// A token may open connections for this long after it was issued.
   std::chrono::milliseconds token_lifetime{std::chrono::minutes(10)};
-  /// Tokens held at once (>= 1); issuing one more forgets the oldest.
+  /// Tokens held at once (>= 1); issuing one more forgets the oldest of the
+  /// engine that holds the most.
   std::size_t max_tokens = 4096;
   /// Tokens held for one engine worker (>= 1); issuing one more forgets
   /// that worker's oldest, so a node asking in a loop pushes out only its own.

@@ -17,7 +17,8 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // every checksum. 3: hello carries the engine worker and its session token.
 // 7: an ack names the producer's shareable buffers (connecting ahead).
 // 8: a manifest places each group's tensors in the version's memory (lent in place).
-constexpr std::uint8_t format_version = 8;
+// 9: plan digests are SHA-256's first 8 bytes (plan_digest).
+constexpr std::uint8_t format_version = 9;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
