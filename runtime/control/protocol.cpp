@@ -219,6 +219,8 @@ std::string check(const producer_holding& x) {
 }
 
 std::string check(const version_info& x) {
+  if (x.version > max_version)
+    return "version_info.version: " + std::to_string(x.version) + " is past the bound of " + std::to_string(max_version);
   if (x.checksums.size() > max_held_tensors)
     return over_bound("version_info.checksums", x.checksums.size(), max_held_tensors, "checksums");
   if (x.same_bytes_since > x.version)

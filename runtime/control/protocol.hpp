@@ -494,6 +494,10 @@ constexpr std::size_t max_request_tokens = std::size_t{1} << 20;
 constexpr std::size_t max_bucket_entries = std::size_t{1} << 16;
 /// Dimensions of one tensor's shape.
 constexpr std::size_t max_shape_rank = 8;
+/// A published version number (version_info::version): a step counter never
+/// gets near it, and a peer's 2^64-1 would wedge the never-backwards counter
+/// (and wrap the +1s after it).
+constexpr std::uint64_t max_version = std::uint64_t{1} << 53;
 /// Tensors one trainer rank may hold (rank_info::held, producer_holding::held).
 constexpr std::size_t max_held_tensors = std::size_t{1} << 18;
 /// Trainer ranks one transfer order may name.

@@ -137,6 +137,8 @@ TEST_CASE("what a peer sends is bounded: each bound is refused naming the field 
        o.same_bytes_since = 5;
        return check(o);
      }, "transfer_order.same_bytes_since: 5 is past the version (4)"},
+    {"a version past the bound", [] { return check(version_info{max_version + 1, 1, 100}); },
+     "version_info.version: 9007199254740993 is past the bound of 9007199254740992"},
     {"published bytes from a later version", [] {
        version_info v{4, 1, 100};
        v.same_bytes_since = 5;
@@ -154,4 +156,5 @@ TEST_CASE("what a peer sends is bounded: each bound is refused naming the field 
   version_info same{4, 1, 100};
   same.same_bytes_since = 4; // its own version: it changed something
   CHECK(check(same).empty());
+  CHECK(check(version_info{max_version, 1, 100}).empty());
 }
