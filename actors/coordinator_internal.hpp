@@ -58,6 +58,20 @@ bool heard_heartbeat(self_ptr self);
 /// `who` was sent the last tick's heartbeat and is still that member or rank.
 bool is_heartbeat_target(const coordinator_state& st, const caf::actor_addr& who);
 
+/// Asks `trainer` (or a rank) for the version it holds, within
+/// trainer_deadline: the answer goes to `heard` and the round may then move;
+/// a refusal or silence goes to `failed`.
+template <class Heard, class Failed>
+void ask_version(self_ptr self, const trainer_actor& trainer, Heard heard, Failed failed) {
+  self->request(trainer, self->state.cfg.trainer_deadline, version_atom::value)
+    .then(
+      [=](version_info& vi) {
+        heard(vi);
+        settle(self);
+      },
+      [=](caf::error& err) { failed(err); });
+}
+
 /// Follows a trainer (or rank) `who`: monitored, told where the engines run,
 /// subscribed to its versions, and asked for its current one (versions
 /// published before the subscription arrived), which goes to `heard`.
@@ -66,15 +80,18 @@ void follow_trainer(self_ptr self, const trainer_actor& trainer, const std::stri
   self->monitor(trainer);
   tell_placements(self, trainer);
   self->send(trainer, subscribe_atom::value, caf::actor_cast<version_listener_actor>(self));
-  self->request(trainer, self->state.cfg.trainer_deadline, version_atom::value)
-    .then(
-      [=](version_info& vi) {
-        heard(vi);
-        settle(self);
-      },
-      [=](caf::error& err) {
-        log_line(self, "coordinator: " + who + " did not report its version: " + self->system().render(err));
-      });
+  ask_version(self, trainer, std::move(heard), [=](const caf::error& err) {
+    log_line(self, "coordinator: " + who + " did not report its version: " + self->system().render(err));
+  });
+}
+
+/// A version answer from the single trainer as it was when asked: dropped
+/// when that trainer was replaced since.
+inline auto from_current_trainer(self_ptr self) {
+  return [self, asked = self->state.cfg.trainer](const version_info& vi) {
+    if (self->state.cfg.trainer == asked)
+      on_version(self, vi);
+  };
 }
 
 // -- defined in coordinator_ranks.cpp ---------------------------------------------

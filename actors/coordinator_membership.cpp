@@ -215,20 +215,15 @@ void attach_trainer(self_ptr self, trainer_actor trainer) {
     abort_round(self, "the trainer was replaced");
   }
   if (st.cfg.trainer != trainer) {
-    // The first version it may vouch for. Saturating: a version of 2^64-1
-    // from a lying trainer must not wrap it to 0 (vouching for everything).
-    const auto known = std::max(st.newest.version, st.synced_version);
-    st.trainer_vouches_from = known < UINT64_MAX ? known + 1 : known;
+    // The first version it may vouch for.
+    st.trainer_vouches_from = next_version(std::max(st.newest.version, st.synced_version));
     // No round until this trainer says which version it holds: the one
     // before may have held a version it does not.
     st.newest_heard = false;
   }
   st.cfg.trainer = std::move(trainer);
   st.trainer_down = false;
-  follow_trainer(self, st.cfg.trainer, "the trainer", [self, asked = st.cfg.trainer](const version_info& vi) {
-    if (self->state.cfg.trainer == asked) // else an answer from one replaced since it was asked
-      on_version(self, vi);
-  });
+  follow_trainer(self, st.cfg.trainer, "the trainer", from_current_trainer(self));
 }
 
 // -- heartbeats -------------------------------------------------------------------------
@@ -301,15 +296,13 @@ void heartbeat_tick(self_ptr self) {
   // refused is asked for again, one ask at a time, tick by tick.
   if (!follows_ranks(st) && st.cfg.trainer && !st.newest_heard && !st.trainer_down && !st.asking_version) {
     st.asking_version = true;
-    self->request(st.cfg.trainer, st.cfg.trainer_deadline, version_atom::value)
-      .then(
-        [self, asked = st.cfg.trainer](version_info& vi) {
-          self->state.asking_version = false;
-          if (self->state.cfg.trainer == asked)
-            on_version(self, vi);
-          settle(self);
-        },
-        [self](caf::error&) { self->state.asking_version = false; });
+    ask_version(
+      self, st.cfg.trainer,
+      [self, heard = from_current_trainer(self)](const version_info& vi) {
+        self->state.asking_version = false;
+        heard(vi);
+      },
+      [self](const caf::error&) { self->state.asking_version = false; });
   }
   auto now = now_ns(self);
   auto timeout = static_cast<std::uint64_t>(

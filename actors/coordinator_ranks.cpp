@@ -122,7 +122,7 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
   // It vouches for no version the cluster knew before it: its earlier
   // incarnation may have published those numbers with other bytes.
   const auto newest = cluster_newest(st);
-  if (auto why = st.barrier.join(info, newest < UINT64_MAX ? newest + 1 : newest); !why.empty()) // never wraps to 0
+  if (auto why = st.barrier.join(info, next_version(newest)); !why.empty())
     return make_error(errc::malformed, why);
   if (known != st.ranks.end()) { // a restart: the old incarnation is gone
     if (!known->second.down)

@@ -7,6 +7,7 @@
 #include "actors/jobs/process_faults.hpp"
 #include "runtime/drill/drill_check.hpp"
 #include "runtime/process/launcher.hpp"
+#include "runtime/process/short_command.hpp"
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -51,35 +52,6 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-/// SIGINT or SIGTERM while a drill runs: the drill stops and its destructor
-/// stops the nodes and removes the namespaces it made (the signals' default
-/// action would leave the namespaces behind, named after a pid no later run
-/// cleans up).
-volatile std::sig_atomic_t drill_stop_signal = 0;
-
-void on_drill_stop(int sig) { drill_stop_signal = sig; }
-
-struct drill_signal_scope {
-  struct sigaction old_int {}, old_term {}, old_hup {};
-  drill_signal_scope() {
-    drill_stop_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_drill_stop;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup); // the terminal closed
-  }
-  ~drill_signal_scope() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-    sigaction(SIGHUP, &old_hup, nullptr);
-  }
-  drill_signal_scope(const drill_signal_scope&) = delete;
-  drill_signal_scope& operator=(const drill_signal_scope&) = delete;
-};
-
 /// Lines of the head's stderr the report's log keeps (the rest are in its log file).
 constexpr std::size_t max_log_lines = 400;
 /// One line of the head's stderr is cut at this length (a bounded buffer).
@@ -121,57 +93,6 @@ struct node_process {
   bool running() const { return pid > 0; }
 };
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status))
-    return "exited " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "ended (status " + std::to_string(status) + ")";
-}
-
-/// Runs `argv` (a short command such as netns.sh) to its end, bounded: false
-/// when it failed or outlived `deadline` (then its process group gets
-/// SIGTERM, so that a script's EXIT trap cleans up, and SIGKILL 5 s later).
-bool run_command(const std::vector<std::string>& argv, milliseconds deadline, std::string& why) {
-  pid_t pid = fork();
-  if (pid < 0) {
-    why = std::string("fork: ") + std::strerror(errno);
-    return false;
-  }
-  if (pid == 0) {
-    setpgid(0, 0); // with the commands it starts (ip ...): one group to stop
-    close_inherited_at_exec();
-    std::vector<char*> args;
-    for (auto& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  auto until = clock_type::now() + deadline;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) {
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        return true;
-      why = shell_quote(argv) + ": " + describe_status(status);
-      return false;
-    }
-    if (clock_type::now() >= until) {
-      kill(-pid, SIGTERM);
-      for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i) // 5 s at most
-        std::this_thread::sleep_for(milliseconds(10));
-      kill(-pid, SIGKILL); // what is left of the group (the script itself, if it is still there)
-      for (int i = 0; i < 500 && waitpid(pid, &status, WNOHANG) == 0; ++i)
-        std::this_thread::sleep_for(milliseconds(10));
-      why = shell_quote(argv) + ": still running after " + std::to_string(deadline.count()) + " ms";
-      return false;
-    }
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-}
-
 std::string find_netns_script(const std::string& exe) {
   namespace fs = std::filesystem;
   // The build tree sits in (or next to) the source tree: build/tools/rlsync.
@@ -202,7 +123,7 @@ public:
         close(p.err_fd);
     if (!ns_name_.empty()) {
       std::string why;
-      run_command({netns_script_, "down", ns_name_}, milliseconds(30000), why);
+      run_short_command({netns_script_, "down", ns_name_}, milliseconds(30000), why);
     }
   }
 
@@ -243,7 +164,7 @@ public:
     // The head first: the members connect to it (retrying up to connect_deadline_ms).
     std::stable_partition(procs_.begin(), procs_.end(), [](const node_process& p) { return p.head; });
     for (auto& p : procs_)
-      if (drill_stop_signal || !start(p))
+      if (stop_signal() || !start(p))
         return false; // the destructor stops what started and removes the namespaces
     loop();
     finish();
@@ -300,15 +221,15 @@ private:
       return false;
     }
     std::string why;
-    if (!run_command({netns_script_, "can"}, milliseconds(10000), why)) {
+    if (!run_short_command({netns_script_, "can"}, milliseconds(10000), why)) {
       std::cerr << "rlsync drill: --netns: network namespaces cannot be made here: " << why << "\n";
       return false;
     }
     ns_name_ = "rldrill" + std::to_string(getpid());
-    if (!run_command({netns_script_, "up", ns_name_, std::to_string(t_.nodes.size()), net}, milliseconds(60000),
+    if (!run_short_command({netns_script_, "up", ns_name_, std::to_string(t_.nodes.size()), net}, milliseconds(60000),
                      why)) {
       std::cerr << "rlsync drill: --netns: " << why << "\n";
-      run_command({netns_script_, "down", ns_name_}, milliseconds(30000), why);
+      run_short_command({netns_script_, "down", ns_name_}, milliseconds(30000), why);
       ns_name_.clear();
       return false;
     }
@@ -595,7 +516,7 @@ private:
     }
     case process_action::cut_link:
     case process_action::restore_link:
-      if (!run_command({netns_script_, f.action == process_action::cut_link ? "partition" : "heal", ns_name_,
+      if (!run_short_command({netns_script_, f.action == process_action::cut_link ? "partition" : "heal", ns_name_,
                         std::to_string(f.node_index)},
                        milliseconds(10000), why)) {
         note("fault failed: " + label + ": " + why);
@@ -635,7 +556,7 @@ private:
       what = "SIGCONT";
       break;
     case process_action::cut_link:
-      if (!run_command({netns_script_, "heal", ns_name_, std::to_string(f.node_index)}, milliseconds(10000), why))
+      if (!run_short_command({netns_script_, "heal", ns_name_, std::to_string(f.node_index)}, milliseconds(10000), why))
         note("heal failed: " + why);
       what = "link up";
       break;
@@ -658,7 +579,7 @@ private:
       int status = 0;
       pid_t r = waitpid(p.pid, &status, WNOHANG);
       if (r == p.pid) {
-        p.exit_text = describe_status(status);
+        p.exit_text = describe_wait_status(status);
         p.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         p.pid = -1;
         if (!p.expect_death)
@@ -684,8 +605,8 @@ private:
     const auto deadline = clock_type::now() + drill_deadline();
     const auto first_round_by = clock_type::now() + 3 * t_.cluster.connect_deadline + milliseconds(60000);
     for (;;) {
-      if (drill_stop_signal) {
-        problem_ = "stopped by signal " + std::to_string(drill_stop_signal);
+      if (stop_signal()) {
+        problem_ = "stopped by signal " + std::to_string(stop_signal());
         note(problem_);
         return;
       }
@@ -795,7 +716,7 @@ private:
       }
     };
     // Stopped by a signal, nobody ends on their own: SIGTERM at once.
-    if (!drill_stop_signal)
+    if (!stop_signal())
       wait_all(milliseconds(15000));
     for (auto& p : procs_)
       if (p.running()) {
@@ -988,19 +909,22 @@ int run_process_drill(const topology& t, const std::string& path, const drill_op
             << (o.netns ? " in network namespaces" : " on this machine") << ", " << t.engines.size() << " engines, "
             << t.drill.faults.size() << " faults; logs in " << dir << "\n";
   drill_record rec;
-  drill_signal_scope signals; // past the drill's end: its clean-up is not cut short either
+  // SIGINT, SIGTERM or SIGHUP stop the drill; its destructor then stops the
+  // nodes and removes the namespaces it made (the signals' default action
+  // would leave them behind, named after a pid no later run cleans up).
+  stop_signal_scope signals; // past the drill's end: its clean-up is not cut short either
   {
     process_drill d(t, path, o, std::move(plan), dir);
     if (!d.run())
-      return drill_stop_signal ? 128 + drill_stop_signal : 1;
+      return stop_signal() ? 128 + stop_signal() : 1;
     rec = d.record();
   }
   write_drill_report(rec, dir);
   std::cout << drill_summary(rec, path, dir) << std::flush;
-  if (drill_stop_signal) {
-    std::cerr << "rlsync drill: stopped by signal " << drill_stop_signal << "; its nodes were stopped"
+  if (stop_signal()) {
+    std::cerr << "rlsync drill: stopped by signal " << stop_signal() << "; its nodes were stopped"
               << (o.netns ? " and its namespaces removed" : "") << "\n";
-    return 128 + drill_stop_signal;
+    return 128 + stop_signal();
   }
   return rec.passed() ? 0 : 1;
 }

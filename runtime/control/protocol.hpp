@@ -498,6 +498,9 @@ constexpr std::size_t max_shape_rank = 8;
 /// gets near it, and a peer's 2^64-1 would wedge the never-backwards counter
 /// (and wrap the +1s after it).
 constexpr std::uint64_t max_version = std::uint64_t{1} << 53;
+/// The version after `v`, for "vouches from the next one": saturating, so a
+/// number that slipped past the bound never wraps to 0 (vouching for all).
+constexpr std::uint64_t next_version(std::uint64_t v) { return v < UINT64_MAX ? v + 1 : v; }
 /// Tensors one trainer rank may hold (rank_info::held, producer_holding::held).
 constexpr std::size_t max_held_tensors = std::size_t{1} << 18;
 /// Trainer ranks one transfer order may name.
