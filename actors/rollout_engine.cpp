@@ -500,8 +500,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // The same request again is a newer attempt: the router rerouted it
       // while this engine was unreachable and the abort of the old one was
       // lost. The old attempt ends here (aborted; its requester moved on).
-      if (self->state.pending.count(id))
+      if (self->state.pending.count(id)) {
         self->state.core->abort(id);
+        deliver_pause_if_done(); // it may have been the last request a wait-pause waited for
+      }
       engine::request_callbacks cb;
       cb.on_token = [self, sink](const token_event& ev) { self->send(sink, token_atom::value, ev); };
       cb.on_finish = [self, id, who = sink.address()](generate_result r) {

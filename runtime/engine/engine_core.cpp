@@ -7,6 +7,7 @@
 #include "runtime/engine/apply_packed.hpp"
 #include "runtime/engine/device_gemm.hpp"
 #include "runtime/engine/loader.hpp"
+#include "runtime/engine/prefix_cache.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/engine/sampling.hpp"
 #include "runtime/engine/weight_view.hpp"
@@ -42,84 +43,8 @@ struct engine_core::request {
 
 // -- the prefix cache ---------------------------------------------------------------
 
-// Block-hashed, shared across requests. Block i of a context is keyed by a
-// hash chained through blocks 0..i and the weight version, so a key names a
-// whole prefix computed with one version. An entry points at a finished
-// request's KV (shared by all its blocks) and keeps the block's tokens, which
-// a hit compares, so a hash collision cannot serve wrong KV. Bounded by a
-// block count with LRU eviction.
-struct engine_core::prefix_cache {
-  struct entry {
-    std::shared_ptr<const kv_sequence> kv;
-    std::vector<std::int32_t> tokens; ///< this block's tokens
-    std::list<std::uint64_t>::iterator lru;
-  };
-
-  std::int64_t block;
-  std::size_t capacity;
-  std::unordered_map<std::uint64_t, entry> blocks;
-  std::list<std::uint64_t> lru; ///< most recently used first
-  std::uint64_t queries = 0;
-  std::uint64_t hits = 0;
-
-  prefix_cache(std::int64_t block_tokens, std::size_t capacity_blocks)
-    : block(std::max<std::int64_t>(1, block_tokens)), capacity(capacity_blocks) {}
-
-  std::uint64_t key(std::uint64_t previous, const std::int32_t* tokens, std::uint64_t version) const {
-    return checksum64(tokens, static_cast<std::size_t>(block) * sizeof(std::int32_t),
-                 previous * 0x9E3779B97F4A7C15ull + version);
-  }
-
-  /// The longest cached prefix of `context` (whole blocks, at most
-  /// `max_tokens`) computed with `version`: its KV and length.
-  std::pair<std::shared_ptr<const kv_sequence>, std::int64_t>
-  lookup(const std::vector<std::int32_t>& context, std::int64_t max_tokens, std::uint64_t version) {
-    ++queries;
-    std::shared_ptr<const kv_sequence> found;
-    std::int64_t length = 0;
-    std::uint64_t h = 0;
-    for (std::int64_t end = block; end <= max_tokens; end += block) {
-      const std::int32_t* tokens = context.data() + (end - block);
-      h = key(h, tokens, version);
-      auto it = blocks.find(h);
-      if (it == blocks.end() || !std::equal(it->second.tokens.begin(), it->second.tokens.end(), tokens))
-        break;
-      lru.splice(lru.begin(), lru, it->second.lru);
-      found = it->second.kv;
-      length = end;
-    }
-    if (length > 0)
-      ++hits;
-    return {found, length};
-  }
-
-  /// Makes every whole block of `kv` (positions of `context`) findable.
-  void insert(const std::vector<std::int32_t>& context, std::shared_ptr<const kv_sequence> kv,
-              std::uint64_t version) {
-    if (capacity == 0)
-      return;
-    std::uint64_t h = 0;
-    for (std::int64_t end = block; end <= kv->length(); end += block) {
-      const std::int32_t* tokens = context.data() + (end - block);
-      h = key(h, tokens, version);
-      auto it = blocks.find(h);
-      if (it != blocks.end()) {
-        lru.splice(lru.begin(), lru, it->second.lru);
-        continue;
-      }
-      lru.push_front(h);
-      blocks.emplace(h, entry{kv, std::vector<std::int32_t>(tokens, tokens + block), lru.begin()});
-      while (blocks.size() > capacity) {
-        blocks.erase(lru.back());
-        lru.pop_back();
-      }
-    }
-  }
-
-  void clear() {
-    blocks.clear();
-    lru.clear();
-  }
+struct engine_core::prefix_cache : block_prefix_cache {
+  using block_prefix_cache::block_prefix_cache;
 };
 
 // -- one data-parallel rank -------------------------------------------------------------
@@ -335,6 +260,10 @@ void engine_core::admit(scheduler_rank& rank) {
     auto& r = *rank.requests.at(id);
     r.admitted = true;
     rank.running.push_back(id);
+    if (r.generated() >= r.req.sampling.max_tokens) { // a continuation with nothing left to generate
+      finish(rank, r, finish_reason::length);
+      continue;
+    }
     // At least one token must be fed to get logits: look up all but the last.
     auto max_hit = static_cast<std::int64_t>(r.context.size()) - 1;
     auto [kv, length] = rank.cache.lookup(r.context, max_hit, version_);
@@ -502,14 +431,19 @@ bool engine_core::has_work() const {
 void engine_core::pause(const pause_request& req) {
   pending_pause p;
   p.req = req;
+  // A dirty engine steps nothing, so running requests could never finish:
+  // a wait-pause holds them as keep does (else neither resume nor a new
+  // session could follow it).
+  if (req.mode == pause_mode::wait && dirty_)
+    p.req.mode = pause_mode::keep;
   p.report.engine = opts_.name;
   completed_pause_.reset();
-  rank_pause_.begin(req.mode);
+  rank_pause_.begin(p.req.mode);
   // Every rank, in one call: no rank keeps stepping while another pauses.
   for (auto& rank : ranks_) {
     if (req.clear_cache)
       rank->cache.clear();
-    switch (req.mode) {
+    switch (p.req.mode) {
       case pause_mode::abort: {
         state_ = scheduler_state::paused_new;
         // Every request known now, admitted first (vLLM aborts them all).
@@ -601,7 +535,10 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   if (version < version_ || version == 0)
     return engine_error{errc::version_mismatch, opts_.name + " holds version " + std::to_string(version_)
                                                   + ", refuses to go to " + std::to_string(version)};
-  abort_update(); // a new start supersedes an open session
+  // A new start supersedes an open session; one that received nothing did
+  // not make the engine dirty, so what it was before that session carries over.
+  const bool was_dirty = session_ && nothing_arrived() ? session_->was_dirty : dirty_;
+  abort_update();
   session s;
   s.version = version;
   // Reuse the replaced set unless a step still holds it; finish_update
@@ -616,7 +553,7 @@ std::optional<engine_error> engine_core::start_update(std::uint64_t version) {
   s.staging->processed = false; // its bytes are about to change
   drop_landing(*s.staging);     // nothing of this session landed yet
   s.arrived.resize(static_cast<std::size_t>(opts_.tp));
-  s.was_dirty = dirty_;
+  s.was_dirty = was_dirty;
   session_ = std::move(s);
   dirty_ = true;
   return std::nullopt;
@@ -794,8 +731,8 @@ engine_status engine_core::status() const {
   (state_ == scheduler_state::paused_all ? s.frozen : s.running) = admitted;
   for (const auto& rank : ranks_) {
     s.waiting += static_cast<std::uint32_t>(rank->waiting.size());
-    s.prefix_cache_hits += rank->cache.hits;
-    s.prefix_cache_queries += rank->cache.queries;
+    s.prefix_cache_hits += rank->cache.hits();
+    s.prefix_cache_queries += rank->cache.queries();
   }
   s.tokens_generated = tokens_generated_;
   s.dirty_tokens = dirty_tokens_;

@@ -50,6 +50,17 @@ void kv_sequence::copy_prefix(const kv_sequence& from, std::int64_t n) {
   length_ = n;
 }
 
+kv_sequence kv_sequence::prefix(std::int64_t n) const {
+  kv_sequence out;
+  out.tp_ = tp_;
+  out.layers_ = layers_;
+  out.row_ = row_;
+  out.k_.resize(k_.size());
+  out.v_.resize(v_.size());
+  out.copy_prefix(*this, n);
+  return out;
+}
+
 std::uint64_t kv_sequence::bytes() const {
   std::uint64_t n = 0;
   for (std::size_t i = 0; i < k_.size(); ++i)

@@ -28,6 +28,9 @@ public:
   /// Becomes a copy of the first `n` positions of `from` (same shape; n <=
   /// from.length()): a prefix-cache hit.
   void copy_prefix(const kv_sequence& from, std::int64_t n);
+  /// A new sequence holding a copy of the first `n` positions (n <= length()),
+  /// with no spare capacity.
+  kv_sequence prefix(std::int64_t n) const;
   /// Bytes of KV held (capacity, all workers).
   std::uint64_t bytes() const;
 

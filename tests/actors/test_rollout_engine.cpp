@@ -193,6 +193,35 @@ TEST_CASE_FIXTURE(engine_fixture, "pause(wait) answers once running requests fin
   CHECK(log->tokens.size() == 8); // every token was sent before the pause answered
 }
 
+TEST_CASE_FIXTURE(engine_fixture, "pause(wait) answers when a rerouted request's new attempt ends the last running one") {
+  REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
+  REQUIRE(!update_to(v1, 1));
+  REQUIRE(ask<phase_ack>(resume_atom::value));
+  auto first = request<generate_result>(engine, generate_atom::value, request_of(3, 8), sink);
+  run();
+  steps(2);
+  auto pause = request<pause_report>(engine, pause_atom::value, pause_request{pause_mode::wait, false});
+  run();
+  REQUIRE(!*pause); // the request still runs
+  // The same request again (the router rerouted it and its abort was lost):
+  // the old attempt ends, and with it the last running request.
+  auto other_log = std::make_shared<test::sink_record>();
+  auto second = request<generate_result>(engine, generate_atom::value, request_of(3, 8),
+                                         spawn(test::recording_sink, other_log));
+  run();
+  REQUIRE(*first);
+  REQUIRE(**first);
+  CHECK((**first)->reason == finish_reason::aborted);
+  REQUIRE(*pause); // answered without another step
+  REQUIRE(**pause);
+  CHECK(!*second); // queued behind the pause
+  REQUIRE(ask<phase_ack>(resume_atom::value));
+  steps(8);
+  REQUIRE(*second);
+  REQUIRE(**second);
+  CHECK((**second)->tokens.size() == 8);
+}
+
 TEST_CASE_FIXTURE(engine_fixture, "integrity: a corrupted bucket and an incomplete session leave the engine dirty") {
   REQUIRE(ask<pause_report>(pause_atom::value, pause_request{pause_mode::keep, false}));
   REQUIRE(ask<phase_ack>(start_atom::value, std::uint64_t{1}));

@@ -292,6 +292,33 @@ TEST_CASE("pause(wait): running requests finish, the pause completes at idle, re
   CHECK(h.seen[2].result);
 }
 
+TEST_CASE("pause(wait) on a dirty engine holds its running requests as keep does, and resume works") {
+  harness h;
+  auto v2 = make_source(h.config, dtype::bf16, 2);
+  REQUIRE(!h.add(1, "frozen through an aborted round", 8));
+  h.run_until(1, 2);
+  h.core.pause({pause_mode::keep, false});
+  REQUIRE(!h.core.start_update(2));
+  REQUIRE(!h.core.apply_tensor(v2.views().front()));
+  REQUIRE(h.core.abandon_update(false)); // part arrived: dirty
+  REQUIRE(!h.core.resume());
+  CHECK(h.core.step() == 0); // nothing runs on dirty weights
+  h.core.pause({pause_mode::wait, false});
+  auto report = h.core.poll_pause(); // at once: the request could never finish
+  REQUIRE(report);
+  CHECK(report->frozen == 1);
+  CHECK(report->waited == 0);
+  CHECK(report->state == scheduler_state::paused_all);
+  CHECK(!h.core.pause_in_flight());
+  // The next session follows and the frozen request goes on with v2.
+  h.update(v2, 2);
+  REQUIRE(!h.core.resume());
+  h.drain();
+  REQUIRE(h.seen[1].result);
+  CHECK(h.seen[1].tokens.size() == 8);
+  CHECK(h.seen[1].tokens.back().version == 2);
+}
+
 TEST_CASE("pause(keep): requests freeze in place and continue unchanged on resume") {
   harness uninterrupted;
   REQUIRE(!uninterrupted.add(1, "keep me", 10));
@@ -528,6 +555,20 @@ TEST_CASE("an engine with no weights refuses requests") {
   CHECK(e->code == errc::engine_dirty);
 }
 
+TEST_CASE("a continuation that already has max_tokens tokens ends with reason length and generates nothing") {
+  harness h;
+  REQUIRE(!h.add(1, "done already", 3, {65, 66, 67}));
+  REQUIRE(!h.add(2, "one to go", 3, {65, 66}));
+  h.drain();
+  REQUIRE(h.seen[1].result);
+  CHECK(h.seen[1].result->reason == finish_reason::length);
+  CHECK(h.seen[1].tokens.empty());
+  CHECK(h.seen[1].result->tokens.empty());
+  REQUIRE(h.seen[2].result);
+  CHECK(h.seen[2].tokens.size() == 1);
+  CHECK(h.seen[2].tokens.front().index == 2);
+}
+
 TEST_CASE("abort(id) ends one request and leaves the others running") {
   harness h;
   REQUIRE(!h.add(1, "one", 8));
@@ -542,7 +583,7 @@ TEST_CASE("abort(id) ends one request and leaves the others running") {
 }
 
 TEST_CASE("abandon_update: after an aborted round an engine is clean only if nothing of the session arrived") {
-  enum class got { nothing, tensor, pull, in_flight };
+  enum class got { nothing, tensor, pull, in_flight, restarted };
   struct row {
     const char* what;
     got arrived;
@@ -553,6 +594,7 @@ TEST_CASE("abandon_update: after an aborted round an engine is clean only if not
     {"a tensor was applied (buckets, broadcast)", got::tensor, true},
     {"one worker's pull was recorded (data plane)", got::pull, true},
     {"a pull is still writing", got::in_flight, true},
+    {"the start was repeated before anything arrived (a retried call)", got::restarted, false},
   };
   for (const auto& r : rows) {
     CAPTURE(r.what);
@@ -565,6 +607,8 @@ TEST_CASE("abandon_update: after an aborted round an engine is clean only if not
       REQUIRE(!h.core.apply_tensor(v2.views().front()));
     if (r.arrived == got::pull)
       REQUIRE(!h.core.mark_received(0, {v2.specs.front().name}, 2));
+    if (r.arrived == got::restarted)
+      REQUIRE(!h.core.start_update(2));
     CHECK(h.core.abandon_update(r.arrived == got::in_flight) == r.dirty);
     CHECK(h.core.dirty() == r.dirty);
     CHECK(!h.core.in_session());
