@@ -263,6 +263,7 @@ struct driver {
       return;
     stopping = true;
     res.not_sent = opts.prompts - next;
+    next = opts.prompts; // nothing more goes out: a later exit counts none twice
     // Requests waiting for a retry are not resent: they stay refused.
     std::vector<std::uint64_t> waiting;
     for (auto& [id, p] : pending)

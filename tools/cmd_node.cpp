@@ -154,7 +154,12 @@ int run_head(caf::actor_system& sys, const topology& t, const node_spec& node,
   auto out = std::make_shared<job_console>(job.run && job.progress && isatty(STDERR_FILENO));
   std::unique_ptr<head_node> head;
   head_hooks hooks{[out](const std::string& l) { out->on_log(l); }, [out](const std::string& l) { out->line(l); },
-                   [out](const sync_report& r) { out->on_sync(r); }, {}};
+                   [out, drill = job.drill_events](const sync_report& r) {
+                     out->on_sync(r);
+                     if (drill) // which rounds completed: an aborted one also sends its continue phase
+                       std::cerr << (drill_synced_line(r) + "\n") << std::flush;
+                   },
+                   {}};
   hooks.metrics = std::move(metrics);
   if (job.drill_events)
     hooks.on_phase = [](std::uint64_t round, std::uint64_t version, sync_phase phase,

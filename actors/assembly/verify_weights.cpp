@@ -92,7 +92,7 @@ std::vector<engine_verification> verify_weights(const topology& t,
   }
   for (const auto& e : t.engines) // an engine nobody could ask is unverified, not forgotten
     if (std::none_of(out.begin(), out.end(), [&](auto& v) { return v.engine == e.name; }))
-      out.push_back({e.name, 0, false, 0, 0, "not a member of the cluster (never registered, or dead)"});
+      out.push_back({e.name, 0, false, 0, 0, "not a member of the cluster (never registered, or dead)", false});
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.engine < b.engine; });
   return out;
 }

@@ -20,6 +20,7 @@ struct engine_verification {
   std::size_t shards = 0;     ///< parameter shards compared
   std::size_t mismatched = 0; ///< shards whose checksum differs
   std::string error;          ///< why nothing could be compared
+  bool member = true;         ///< false: not a member at the end (never registered, or dead)
 
   bool ok() const { return error.empty() && !dirty && mismatched == 0 && shards > 0; }
 };

@@ -83,12 +83,79 @@ std::int64_t engines_killed_at_once(const topology& t) {
   return static_cast<std::int64_t>(most);
 }
 
-std::string refuse_drill(const topology& t) {
+namespace {
+
+/// Fault i takes its target out with nothing in the drill to bring it back.
+bool out_for_good(const topology& t, std::size_t i) {
+  const auto& f = t.drill.faults[i];
+  if (f.duration)
+    return false;
+  if (f.action == fault_action::kill || f.action == fault_action::kill_worker)
+    return true;
+  if (f.action != fault_action::partition)
+    return false;
+  for (std::size_t j = i + 1; j < t.drill.faults.size(); ++j) // a later heal of the same target ends it
+    if (t.drill.faults[j].action == fault_action::heal && t.drill.faults[j].target == f.target)
+      return false;
+  return true;
+}
+
+} // namespace
+
+namespace {
+
+/// The node a fault takes whole: with processes its target's node (a
+/// kill_worker stays in its engine); in one process only a node target.
+std::string node_taken(const fault_spec& f, const fault_node_fn& node_hit) {
+  if (f.action == fault_action::kill_worker)
+    return {};
+  if (node_hit)
+    return node_hit(f);
+  return f.target_kind == fault_target::node ? f.target : std::string();
+}
+
+bool hosts_trainer(const topology& t, const std::string& node) {
+  if (t.trainer.ranks.empty())
+    return t.trainer.node == node;
+  return std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(),
+                     [&](const trainer_rank& r) { return r.node == node; });
+}
+
+} // namespace
+
+std::set<std::string> engines_lost_by_design(const topology& t, const fault_node_fn& node_hit) {
+  std::set<std::string> lost;
+  for (std::size_t i = 0; i < t.drill.faults.size(); ++i) {
+    const auto& f = t.drill.faults[i];
+    if (!out_for_good(t, i))
+      continue;
+    const auto node = node_taken(f, node_hit);
+    for (const auto& e : t.engines)
+      if ((f.target_kind == fault_target::engine && e.name == f.target) || (!node.empty() && e.node == node))
+        lost.insert(e.name);
+  }
+  return lost;
+}
+
+bool trainer_lost_by_design(const topology& t, const fault_node_fn& node_hit) {
+  for (std::size_t i = 0; i < t.drill.faults.size(); ++i) {
+    const auto& f = t.drill.faults[i];
+    if (!out_for_good(t, i))
+      continue;
+    if (f.target_kind == fault_target::trainer && f.action == fault_action::kill)
+      return true;
+    if (auto node = node_taken(f, node_hit); !node.empty() && hosts_trainer(t, node))
+      return true;
+  }
+  return false;
+}
+
+std::string refuse_drill(const topology& t, const std::function<std::string(std::size_t)>& place) {
   if (t.drill.faults.empty())
     return "no drill.faults: nothing to rehearse (see configs/drills/)";
   for (std::size_t i = 0; i < t.drill.faults.size(); ++i)
     if (auto why = unsupported_fault(t.drill.faults[i]); !why.empty())
-      return "drill.faults[" + std::to_string(i) + "]: " + why;
+      return (place ? place(i) + ": " : std::string()) + "drill.faults[" + std::to_string(i) + "]: " + why;
   return {};
 }
 

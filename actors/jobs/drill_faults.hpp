@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,9 +37,26 @@ bool holds_layers_alone(const topology& t, const std::string& node);
 /// update and stay dirty).
 std::int64_t engines_killed_at_once(const topology& t);
 
+/// Which node's process a fault takes whole (with processes: fault_node);
+/// empty in one process, where a fault hits its target alone.
+using fault_node_fn = std::function<std::string(const fault_spec&)>;
+
+/// Engines the drill's own faults take out for good: killed (an engine, or
+/// its node) with no duration_ms to restart them, or cut off by a partition
+/// with no duration_ms and no later heal. With `node_hit`, such a fault
+/// takes every engine of the node it hits. Every other engine must be back,
+/// current, at the end.
+std::set<std::string> engines_lost_by_design(const topology& t, const fault_node_fn& node_hit = {});
+/// Whether the drill's own faults take the trainer out for good (killed with
+/// no duration_ms, or a node hosting it or any of its ranks killed or cut
+/// off for good: rounds wait for every rank): then no final version can be
+/// published, and a final round that fails is the drill's doing.
+bool trainer_lost_by_design(const topology& t, const fault_node_fn& node_hit = {});
+
 /// Why the drill in `t` cannot run in one process, or empty:
-/// "no drill.faults: ..." or "drill.faults[I]: why".
-std::string refuse_drill(const topology& t);
+/// "no drill.faults: ..." or "PLACE: drill.faults[I]: why", PLACE being
+/// place(I) (the fault's file:line:col) when given.
+std::string refuse_drill(const topology& t, const std::function<std::string(std::size_t)>& place = {});
 
 /// Where every fault of a drill stands: handed over (queued), fired or
 /// skipped, and the ends (heal, restart) of the ones with a duration. Times

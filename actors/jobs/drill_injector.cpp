@@ -148,8 +148,10 @@ void fault_injector::restart_coordinator(bool kill_first) {
 }
 
 void fault_injector::restart_trainer() {
-  d_.restart_trainer(sys_, t_);
-  h_.note("drill: trainer restarted on the same source");
+  if (auto why = d_.restart_trainer(sys_, t_); !why.empty())
+    h_.note("drill: trainer restart failed: " + why);
+  else
+    h_.note("drill: trainer restarted on the same source");
 }
 
 } // namespace rlsync::jobs

@@ -28,6 +28,8 @@
 #include <future>
 #include <iostream>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 namespace rlsync::jobs {
@@ -192,7 +194,7 @@ private:
 
   void start_workload() {
     auto w = to_workload_options(t_.workload);
-    w.prompts = 1000000; // runs until the drill stops it
+    w.prompts = prompts_; // runs until the drill stops it
     w.on_token = [this](const token_event& ev) { on_token(ev); };
     done_ = std::make_shared<std::promise<workload_result>>();
     result_ = done_->get_future();
@@ -245,7 +247,12 @@ private:
   /// Fires every fault at its round's phase or its time, ends the ones with a
   /// duration, until all fired and ended (or their rounds never came).
   void drive_faults() {
-    auto give_up = clock_type::now() + fault_deadline;
+    // A timed fault is due at its at_ms: the wait for it starts there.
+    milliseconds latest{0};
+    for (const auto& f : t_.drill.faults)
+      if (f.at)
+        latest = std::max(latest, *f.at);
+    auto give_up = clock_type::now() + latest + fault_deadline;
     auto next_sample = clock_type::now();
     for (;;) {
       auto now = clock_type::now();
@@ -398,7 +405,9 @@ private:
     caf::scoped_actor self{sys_};
 
     drill_observation o;
-    o.sent = wr.completed + wr.failed + wr.rejected;
+    // Requests handed out, counted apart from their answers: one the
+    // workload lost track of shows as never answered.
+    o.sent = prompts_ - std::min(prompts_, wr.not_sent);
     o.completed = wr.completed;
     o.rejected = wr.rejected;
     o.failed = wr.failed;
@@ -407,6 +416,11 @@ private:
     o.streamed_tokens = wr.streamed_tokens;
     o.tokens_by_version = wr.tokens_by_version;
     o.synced_version = end.status.version;
+    if (end.error.empty())
+      o.trainer_version = end.frozen_version;
+    o.final_round_problem = end.error;
+    o.trainer_lost_by_design = trainer_lost_by_design(t_);
+    o.lost_by_design = engines_lost_by_design(t_);
     o.min_live_engines = t_.sync.min_live_engines;
     o.below_min_live_events = end.status.below_min_live_events;
     o.engines_killed_at_once = engines_killed_at_once(t_);
@@ -425,6 +439,8 @@ private:
 
     std::lock_guard<std::mutex> lock(mu_);
     invariants.insert(invariants.begin(), faults_.fired_invariant());
+    if (auto caught = corruptions_caught())
+      invariants.insert(invariants.begin() + 1, *caught);
     if (timeline_.dropped() > 0)
       rec_.log.push_back("drill: " + std::to_string(timeline_.dropped()) + " timeline events past "
                          + std::to_string(drill_timeline::max_events) + " were not recorded");
@@ -446,6 +462,32 @@ private:
     rec_.figures = drill_figures(m);
   }
 
+  /// With corrupt faults: each altered bytes its engine received (armed is
+  /// not enough: a dead engine, or rounds that move no bytes, would leave it
+  /// unused) and the engine's update then failed (evicted or dirty). Called
+  /// under mu_.
+  std::optional<invariant_result> corruptions_caught() const {
+    std::vector<std::string> good, bad;
+    std::set<std::string> seen;
+    for (const auto& f : t_.drill.faults) {
+      if (f.action != fault_action::corrupt || !seen.insert(f.target).second)
+        continue;
+      auto landed = d_.trainer.transfer ? d_.trainer.transfer->corruptions_landed(f.target) : 0;
+      bool caught = timeline_.evicted_after_corruption(f.target);
+      std::string what = f.target + (landed ? ": " + std::to_string(landed) + " altered receptions" : ": never landed");
+      what += caught ? ", its update failed" : landed ? ", yet its update did not fail" : "";
+      (landed && caught ? good : bad).push_back(what);
+    }
+    if (seen.empty())
+      return std::nullopt;
+    std::string ev;
+    for (const auto& x : bad)
+      ev += (ev.empty() ? "" : "; ") + x;
+    for (const auto& x : good)
+      ev += (ev.empty() ? "" : "; ") + x;
+    return invariant_result{"every corruption landed and failed its engine's update", bad.empty(), ev};
+  }
+
   std::uint64_t reroutes() {
     caf::scoped_actor self{sys_};
     std::uint64_t n = 0;
@@ -464,6 +506,7 @@ private:
   std::unique_ptr<fault_injector> injector_; ///< fires on d_; tells driver_ about a new router
   std::shared_ptr<std::promise<workload_result>> done_;
   std::future<workload_result> result_;
+  static constexpr std::uint32_t prompts_ = 1000000; ///< more than a drill sends: it stops the workload
   std::atomic<bool> workload_started_{false};
   std::atomic<std::uint64_t> tokens_{0};
   // The drill thread's own figures.
@@ -504,8 +547,8 @@ int run_drill(const std::string& path, const drill_options& o) {
                  "--netns is for topologies with several nodes\n";
     return 1;
   }
-  if (auto why = refuse_drill(t); !why.empty()) {
-    std::cerr << path << ": " << why << "\n";
+  if (auto why = refuse_drill(t, [&](std::size_t i) { return fault_place(path, i); }); !why.empty()) {
+    std::cerr << why << "\n";
     return 1;
   }
   std::string dir = o.report_dir.empty() ? default_report_dir(t.name) : o.report_dir;

@@ -69,6 +69,9 @@ void drill_timeline::on_phase(double at_ms, sync_phase phase, const std::vector<
 
 void drill_timeline::on_member(double at_ms, const std::string& engine, const std::string& what,
                                bool workload_started) {
+  if (what == "evicted" || what == "dirty")
+    if (auto last = fault_action_.find(engine); last != fault_action_.end() && last->second == fault_action::corrupt)
+      caught_.insert(engine);
   if (what == "routable") {
     lane(at_ms, engine, lane_state::generating);
   } else if (what == "registered") {
@@ -102,7 +105,7 @@ void drill_timeline::on_member(double at_ms, const std::string& engine, const st
 
 void drill_timeline::on_sync(double at_ms, const sync_report& r) {
   mark(at_ms, "sync", "v" + std::to_string(r.version) + (r.aborted ? " aborted" : ""));
-  if (!r.aborted && r.engines_synced > 0)
+  if (r.engines_synced > 0) // a round aborted after a wave: that wave's engines serve its version
     completed_versions_.insert(r.version);
   if (r.aborted) // engines that were not dirty serve their old version again
     for (auto& e : round_engines_)

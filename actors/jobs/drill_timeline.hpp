@@ -61,6 +61,9 @@ public:
   const std::vector<drill_mark>& marks() const { return marks_; }
   std::size_t dropped() const { return dropped_; }
   bool faulted(const std::string& engine) const { return faulted_.count(engine) > 0; }
+  /// The coordinator evicted `engine` (or called it dirty) after a
+  /// corruption was its last fault: its update failed, as it must.
+  bool evicted_after_corruption(const std::string& engine) const { return caught_.count(engine) > 0; }
   const std::set<std::uint64_t>& completed_versions() const { return completed_versions_; }
   /// A killed engine's request: its fault to the continuation's first token.
   const std::vector<double>& failover_after_kill_ms() const { return failover_kill_ms_; }
@@ -84,6 +87,7 @@ private:
   std::map<std::string, fault_action> fault_action_;
   std::set<std::string> faulted_; ///< hit by a fault, or out of service because of one
   std::set<std::string> unreachable_;
+  std::set<std::string> caught_; ///< evicted or dirty after a corruption
   std::map<std::uint64_t, watch> watches_;
   std::vector<double> failover_kill_ms_, failover_other_ms_, detect_ms_;
 };

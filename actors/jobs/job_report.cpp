@@ -148,7 +148,8 @@ std::string job_summary_json(const job_outcome& o) {
                        {"identical", c.ok()},
                        {"shards", c.shards},
                        {"mismatched", c.mismatched},
-                       {"error", c.error}});
+                       {"error", c.error},
+                       {"member", c.member}});
   ordered_json j = {
     {"topology", o.label},
     {"interrupted", o.interrupted},
@@ -168,6 +169,7 @@ std::string job_summary_json(const job_outcome& o) {
     {"seconds", o.seconds},
     {"memcpy_gbps", o.memcpy_gbps},
     {"syncs", syncs},
+    {"final_round_error", o.last_error},
     {"weights", weights},
     {"weights_verified", weights_verified(o.checks)},
     {"ranks", ranks},

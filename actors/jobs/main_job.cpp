@@ -222,7 +222,9 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
   for (std::size_t i = 0; i < trainers.size(); ++i)
     if (trainers[i]) // a rank of another process stops publishing once its node stops
       self->request(trainers[i], std::chrono::seconds(30), freeze_atom::value)
-        .receive([](const version_info&) {},
+        .receive([&](const version_info& vi) { // ranks: the newest version all of them hold
+                   end.frozen_version = std::min(end.frozen_version.value_or(vi.version), vi.version);
+                 },
                  [&](caf::error& err) {
                    end.error += (end.error.empty() ? "" : "; ")
                                 + (trainers.size() == 1 ? std::string("trainer") : "trainer rank " + std::to_string(i))

@@ -89,6 +89,10 @@ struct job_handles {
 struct job_end {
   std::optional<sync_report> last;  ///< the last round, if it completed
   std::string error;                ///< what failed on the way (empty: nothing)
+  /// The version the trainer held when it froze (ranks in this process: the
+  /// lowest of theirs, the newest all hold); unset when none answered here
+  /// (ranks of other processes).
+  std::optional<std::uint64_t> frozen_version;
   std::vector<engine_verification> checks;
   coordinator_status status;
 };

@@ -350,6 +350,13 @@ private:
       std::ofstream log(head().log_path, std::ios::app);
       log << line << "\n";
     }
+    if (auto synced = parse_drill_synced_line(line)) {
+      versions_.on_synced(*synced);
+      recovery_.on_synced(*synced);
+      if (synced->engines > 0) // engines reached it, even in a round aborted after its first wave
+        completed_versions_.insert(synced->version);
+      return;
+    }
     auto e = parse_drill_phase_line(line);
     if (!e && line.find("ABORTED") != std::string::npos) { // when a fault's round ended, on the timeline
       double at = now_ms();
@@ -377,8 +384,7 @@ private:
     timeline_.on_phase(at, e->phase, e->engines);
     if (e->phase == sync_phase::transfer && round)
       timeline_.mark(at, "sync", "round " + std::to_string(*round) + " v" + std::to_string(e->version));
-    if (e->phase == sync_phase::resume) { // only a round that finished goes on to continue
-      completed_versions_.insert(e->version);
+    if (e->phase == sync_phase::resume) { // an aborted round continues too: its synced line says which
       for (auto& name : e->engines)
         timeline_.lane(at, name, lane_state::generating);
     }
@@ -736,6 +742,10 @@ private:
     drill_observation o;
     o.min_live_engines = t_.sync.min_live_engines;
     o.engines_killed_at_once = engines_killed_at_once(t_);
+    // With processes a fault takes its target's whole node.
+    auto node_hit = [this](const fault_spec& f) { return fault_node(t_, f); };
+    o.lost_by_design = engines_lost_by_design(t_, node_hit);
+    o.trainer_lost_by_design = trainer_lost_by_design(t_, node_hit);
     o.judge_throughput = false;
     o.completed_versions = completed_versions_;
     std::string json_problem;
@@ -757,6 +767,7 @@ private:
         o.completed = r.at("completed").get<std::uint32_t>();
         o.rejected = r.at("rejected").get<std::uint32_t>();
         o.failed = r.at("failed").get<std::uint32_t>();
+        o.final_round_problem = j.value("final_round_error", std::string());
         // Prompts the drill's stop left unsent are not lost requests.
         auto not_sent = r.at("not_sent").get<std::uint32_t>();
         if (job_stopped_ && j.value("interrupted", false))
@@ -779,6 +790,7 @@ private:
           e.name = w.at("engine").get<std::string>();
           e.version = w.at("version").get<std::uint64_t>();
           e.dirty = w.value("dirty", false);
+          e.alive = w.value("member", true); // one the coordinator no longer knows is not serving
           bool identical = w.at("identical").get<bool>();
           e.routable = identical;
           if (!identical)

@@ -52,7 +52,15 @@ drill_order decode_drill_order(std::uint64_t value) {
 namespace {
 
 /// The node a fault's target lives on.
-std::string node_of(const topology& t, const fault_spec& f) {
+
+std::string what(const fault_spec& f) {
+  return std::string(to_string(f.action)) + " of " + f.target;
+}
+
+
+} // namespace
+
+std::string fault_node(const topology& t, const fault_spec& f) {
   switch (f.target_kind) {
   case fault_target::engine:
     if (auto* e = t.find_engine(f.target))
@@ -66,17 +74,10 @@ std::string node_of(const topology& t, const fault_spec& f) {
   return {};
 }
 
-std::string what(const fault_spec& f) {
-  return std::string(to_string(f.action)) + " of " + f.target;
-}
-
-
-} // namespace
-
 process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bool netns, const std::string& place) {
   auto refuse = [&](const std::string& why) { return process_fault_plan{std::nullopt, place + ": " + why}; };
   process_fault p;
-  p.node = node_of(t, f);
+  p.node = fault_node(t, f);
   bool found = false;
   for (std::size_t i = 0; i < t.nodes.size(); ++i)
     if (t.nodes[i].name == p.node) {
@@ -196,9 +197,9 @@ std::optional<std::uint64_t> number(std::string_view s) {
   return v;
 }
 
-} // namespace
-
-std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line) {
+/// `line` without its end of line and a launcher's "[NAME] " prefix, past
+/// `prefix`; nullopt when it does not start with it.
+std::optional<std::string_view> drill_line_body(std::string_view line, std::string_view prefix) {
   while (!line.empty() && (line.back() == '\n' || line.back() == '\r'))
     line.remove_suffix(1);
   if (!line.empty() && line.front() == '[') { // a launcher's "[NAME] " prefix
@@ -207,9 +208,39 @@ std::optional<drill_phase_event> parse_drill_phase_line(std::string_view line) {
       return std::nullopt;
     line.remove_prefix(close + 2);
   }
-  if (line.substr(0, drill_phase_prefix.size()) != drill_phase_prefix)
+  if (line.substr(0, prefix.size()) != prefix)
     return std::nullopt;
-  line.remove_prefix(drill_phase_prefix.size());
+  line.remove_prefix(prefix.size());
+  return line;
+}
+
+} // namespace
+
+std::string drill_synced_line(const sync_report& r) {
+  return std::string(drill_synced_prefix) + "version=" + std::to_string(r.version)
+         + " engines=" + std::to_string(r.engines_synced) + " aborted=" + (r.aborted ? "1" : "0");
+}
+
+std::optional<drill_synced_event> parse_drill_synced_line(std::string_view text) {
+  auto line = drill_line_body(text, drill_synced_prefix);
+  if (!line)
+    return std::nullopt;
+  auto version = field(*line, "version");
+  auto engines = version ? field(*line, "engines") : std::nullopt;
+  auto aborted = engines ? field(*line, "aborted") : std::nullopt;
+  if (!aborted || !line->empty() || (*aborted != "0" && *aborted != "1"))
+    return std::nullopt;
+  auto v = number(*version), n = number(*engines);
+  if (!v || !n)
+    return std::nullopt;
+  return drill_synced_event{*v, *n, *aborted == "1"};
+}
+
+std::optional<drill_phase_event> parse_drill_phase_line(std::string_view text) {
+  auto body = drill_line_body(text, drill_phase_prefix);
+  if (!body)
+    return std::nullopt;
+  auto line = *body;
   drill_phase_event e;
   auto round = field(line, "round");
   auto version = round ? field(line, "version") : std::nullopt;
@@ -277,16 +308,17 @@ std::optional<std::uint64_t> drill_rounds::on_phase(const drill_phase_event& e) 
 }
 
 void version_watch::on_phase(const drill_phase_event& e) {
-  if (e.version < highest_) {
-    if (regression_.empty())
-      regression_ = "v" + std::to_string(e.version) + " (round " + std::to_string(e.round) + ") after v"
-                    + std::to_string(highest_) + " completed (round " + std::to_string(highest_round_) + ")";
+  last_round_ = e.round;
+  if (e.version < highest_ && regression_.empty())
+    regression_ = "v" + std::to_string(e.version) + " (round " + std::to_string(e.round) + ") after v"
+                  + std::to_string(highest_) + " completed (round " + std::to_string(highest_round_) + ")";
+}
+
+void version_watch::on_synced(const drill_synced_event& e) {
+  if (e.engines == 0 || e.version < highest_)
     return;
-  }
-  if (e.phase == sync_phase::resume) {
-    highest_ = e.version;
-    highest_round_ = e.round;
-  }
+  highest_ = e.version;
+  highest_round_ = last_round_;
 }
 
 fleet_recovery_watch::fleet_recovery_watch(std::vector<std::string> engines) : engines_(std::move(engines)) {}
@@ -295,6 +327,7 @@ void fleet_recovery_watch::arm() {
   armed_ = true;
   round_ = 0;
   resumed_.clear();
+  reached_all_ = false;
 }
 
 void fleet_recovery_watch::on_phase(const drill_phase_event& e) {
@@ -305,7 +338,15 @@ void fleet_recovery_watch::on_phase(const drill_phase_event& e) {
     resumed_.clear();
   }
   add_known_engines(engines_, e.engines, resumed_);
-  recovered_ = resumed_.size() == engines_.size();
+  reached_all_ = resumed_.size() == engines_.size();
+}
+
+void fleet_recovery_watch::on_synced(const drill_synced_event& e) {
+  if (!armed_ || recovered_)
+    return;
+  recovered_ = reached_all_ && !e.aborted;
+  reached_all_ = false; // the next round has to reach every engine again
+  resumed_.clear();
 }
 
 } // namespace rlsync::jobs

@@ -6,6 +6,7 @@
 // (process_drill) forks the processes and reads the lines.
 #include "runtime/config/modes.hpp"
 #include "runtime/config/topology.hpp"
+#include "runtime/control/protocol.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -24,6 +25,9 @@ bool runs_as_processes(const topology& t);
 /// Whether `node` hosts a trainer rank of `t` (the trainer's node when
 /// trainer.ranks is left out).
 bool hosts_rank(const topology& t, const std::string& node);
+/// The node whose process a fault acts on with processes: an engine's node,
+/// the node named, or the trainer's, router's or coordinator's node.
+std::string fault_node(const topology& t, const fault_spec& f);
 
 /// What a fault does to a node's process.
 enum class process_action : std::uint8_t {
@@ -102,6 +106,20 @@ inline constexpr std::string_view drill_phase_prefix = "rlsync-drill: phase ";
 std::string drill_phase_line(std::uint64_t round, std::uint64_t version, sync_phase phase,
                              const std::vector<std::string>& engines);
 
+/// The head's line as a round ends (its report): "rlsync-drill: synced
+/// version=17 engines=2 aborted=0". An aborted round sends its continue
+/// phase too, so only this line says whether engines reached the version.
+inline constexpr std::string_view drill_synced_prefix = "rlsync-drill: synced ";
+std::string drill_synced_line(const sync_report& r);
+
+struct drill_synced_event {
+  std::uint64_t version = 0;
+  std::uint64_t engines = 0; ///< engines that reached the version
+  bool aborted = false;
+};
+/// The event in one line of the head's stderr, or nullopt (as parse_drill_phase_line).
+std::optional<drill_synced_event> parse_drill_synced_line(std::string_view line);
+
 struct drill_phase_event {
   std::uint64_t round = 0;
   std::uint64_t version = 0;
@@ -139,14 +157,18 @@ private:
 };
 
 /// "No version goes backwards", over the head's restarts: once a round of
-/// version V completed (its continue phase went out), no later round may
-/// carry a version below V. A round that died with its head (a transfer of
-/// V+1 cut short) completed nothing, so a restarted head may sync V again.
-/// regression() names the first breach: "v12 (round 9) after v14 completed
-/// (round 8)"; empty when none. Not thread-safe.
+/// version V completed (engines reached it: its synced line, even for a
+/// round aborted after its first wave), no later round may carry a version
+/// below V. A round that died with its head (a transfer of V+1 cut short)
+/// or was aborted before any engine reached V+1 completed nothing, so the
+/// head may sync V again. regression() names the first breach: "v12 (round 9) after v14
+/// completed (round 8)"; empty when none. Not thread-safe.
 class version_watch {
 public:
   void on_phase(const drill_phase_event& e);
+  /// A round ended: the round of the last phase event completed when
+  /// engines reached its version.
+  void on_synced(const drill_synced_event& e);
   const std::string& regression() const { return regression_; }
   /// The highest version a completed round carried.
   std::uint64_t highest_completed() const { return highest_; }
@@ -154,6 +176,7 @@ public:
 private:
   std::uint64_t highest_ = 0;
   std::uint64_t highest_round_ = 0;
+  std::uint64_t last_round_ = 0; ///< of the last phase event
   std::string regression_;
 };
 
@@ -161,8 +184,8 @@ private:
 /// stops it (as in one process), so that the job's length follows the faults,
 /// not the machine's speed: once every fault fired and ended (arm()), a
 /// round whose continue phase reaches every engine of the topology (its
-/// waves together) shows the fleet back, and the drill stops the job a
-/// settle time later. Not thread-safe.
+/// waves together) and that then ends not aborted shows the fleet back, and
+/// the drill stops the job a settle time later. Not thread-safe.
 class fleet_recovery_watch {
 public:
   explicit fleet_recovery_watch(std::vector<std::string> engines);
@@ -170,6 +193,7 @@ public:
   void arm();
   bool armed() const { return armed_; }
   void on_phase(const drill_phase_event& e);
+  void on_synced(const drill_synced_event& e);
   /// A round after arm() completed on every engine.
   bool recovered() const { return recovered_; }
 
@@ -177,6 +201,7 @@ private:
   std::vector<std::string> engines_;
   bool armed_ = false;
   bool recovered_ = false;
+  bool reached_all_ = false;          ///< the round being collected continued on every engine
   std::uint64_t round_ = 0;           ///< the head's round being collected
   std::vector<std::string> resumed_;  ///< its engines at continue so far
 };

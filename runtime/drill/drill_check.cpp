@@ -64,6 +64,15 @@ invariant_result same_version(const drill_observation& o) {
     ev += std::to_string(good.size()) + " live engines at it, byte-identical to the trainer";
   else
     ev += "differ: " + join(bad);
+  if (o.trainer_version && *o.trainer_version != o.synced_version) {
+    held = false;
+    ev += "; the trainer froze at v" + std::to_string(*o.trainer_version) + ", which no final round reached";
+  }
+  if (!o.final_round_problem.empty()) {
+    held = held && o.trainer_lost_by_design;
+    ev += "; the final round: " + o.final_round_problem
+          + (o.trainer_lost_by_design ? " (the drill took the trainer out for good)" : "");
+  }
   return {"every live engine on the same version", held, ev};
 }
 
@@ -93,12 +102,17 @@ invariant_result no_dirty_tokens(const drill_observation& o) {
 invariant_result rejoined_current(const drill_observation& o) {
   std::vector<std::string> good, bad, out;
   for (const auto& e : o.engines) {
-    if (!e.faulted)
-      continue;
     if (!serving_member(e)) {
-      out.push_back(e.name + (e.retired ? " retired" : !e.alive ? " dead" : " unreachable"));
+      // Out at the end: only where the drill's own faults took it for good.
+      std::string how = e.name + (e.retired ? " retired" : !e.alive ? " dead" : " unreachable");
+      if (o.lost_by_design.count(e.name))
+        out.push_back(how);
+      else
+        bad.push_back(how + ", though no fault of the drill took it for good");
       continue;
     }
+    if (!e.faulted)
+      continue;
     bool ok = e.routable && !e.dirty && e.version == o.synced_version;
     (ok ? good : bad).push_back(state_of(e));
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,6 +43,18 @@ struct drill_observation {
   /// Versions some round completed (engines may serve only these).
   std::set<std::uint64_t> completed_versions;
   std::uint64_t synced_version = 0; ///< the coordinator's, at the end
+  /// The version the trainer froze at before the final round, when known:
+  /// every live engine must end at it.
+  std::optional<std::uint64_t> trainer_version;
+  /// What failed in the final round (the trainer did not freeze, the round
+  /// or the digests failed); empty when it ran.
+  std::string final_round_problem;
+  /// The drill's own faults take the trainer out for good: a final round
+  /// that fails is reported, not judged.
+  bool trainer_lost_by_design = false;
+  /// Engines the drill's own faults take out for good; every other engine
+  /// must end alive, reachable, not retired, and current.
+  std::set<std::string> lost_by_design;
   std::vector<drill_engine_end> engines;
   std::int64_t min_live_engines = 1;
   std::uint64_t below_min_live_events = 0;
@@ -61,9 +74,11 @@ struct drill_observation {
 /// Every invariant of the fault model, in a fixed order:
 ///  1. every request finished or was explicitly rejected
 ///  2. no token lost or duplicated in any stream
-///  3. every live engine on the same version, with the trainer's weights
+///  3. every live engine on the same version, with the trainer's weights, and
+///     the final round ran (the trainer's final version, when known)
 ///  4. no token produced by a dirty engine
-///  5. rejoined replicas are current
+///  5. rejoined replicas are current, and every engine is back but those
+///     the drill took out for good
 ///  6. throughput back to its pre-fault level (not judged unless judge_throughput)
 ///  7. live engines never below sync.min_live_engines
 std::vector<invariant_result> check_drill(const drill_observation& o);

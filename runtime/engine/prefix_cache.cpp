@@ -32,7 +32,9 @@ block_prefix_cache::lookup(const std::vector<std::int32_t>& context, std::int64_
     const std::int32_t* tokens = context.data() + (end - block_);
     h = key(h, tokens, version);
     auto it = blocks_.find(h);
-    if (it == blocks_.end() || !std::equal(it->second.tokens.begin(), it->second.tokens.end(), tokens))
+    // A hash collision must not serve wrong KV: the same tokens, at the same place.
+    if (it == blocks_.end() || it->second.end != end
+        || !std::equal(it->second.tokens.begin(), it->second.tokens.end(), tokens))
       break;
     lru_.splice(lru_.begin(), lru_, it->second.lru);
     found = it->second.kv;
@@ -60,7 +62,7 @@ void block_prefix_cache::insert(const std::vector<std::int32_t>& context, std::s
     auto it = blocks_.find(h);
     if (it == blocks_.end()) {
       lru_.push_front(h);
-      blocks_.emplace(h, entry{kv, std::vector<std::int32_t>(tokens, tokens + block_), lru_.begin()});
+      blocks_.emplace(h, entry{kv, std::vector<std::int32_t>(tokens, tokens + block_), end, lru_.begin()});
       hold(*kv);
       continue;
     }
@@ -69,7 +71,7 @@ void block_prefix_cache::insert(const std::vector<std::int32_t>& context, std::s
     // points at the newest sequence, so a hot prompt does not keep an old
     // sequence, and its completion's blocks, alive. Not on a hash collision.
     auto& e = it->second;
-    if (e.kv != kv && std::equal(e.tokens.begin(), e.tokens.end(), tokens)) {
+    if (e.kv != kv && e.end == end && std::equal(e.tokens.begin(), e.tokens.end(), tokens)) {
       release(*e.kv);
       e.kv = kv;
       hold(*kv);
@@ -87,22 +89,25 @@ void block_prefix_cache::insert(const std::vector<std::int32_t>& context, std::s
 }
 
 void block_prefix_cache::hold(const kv_sequence& kv) {
-  if (entries_of_[&kv]++ == 0)
-    held_positions_ += kv.length();
+  auto& k = kept_[&kv];
+  if (k.entries++ == 0) {
+    k.positions = kv.length();
+    held_positions_ += k.positions;
+  }
 }
 
 void block_prefix_cache::release(const kv_sequence& kv) {
-  auto users = entries_of_.find(&kv);
-  if (--users->second == 0) {
-    held_positions_ -= kv.length();
-    entries_of_.erase(users);
+  auto k = kept_.find(&kv);
+  if (--k->second.entries == 0) {
+    held_positions_ -= k->second.positions; // as held: the count never drifts
+    kept_.erase(k);
   }
 }
 
 void block_prefix_cache::clear() {
   blocks_.clear();
   lru_.clear();
-  entries_of_.clear();
+  kept_.clear();
   held_positions_ = 0;
 }
 

@@ -3,8 +3,11 @@
 // block-hashed, shared across requests. Block i of a context is keyed by a
 // hash chained through blocks 0..i and the weight version, so a key names a
 // whole prefix computed with one version. An entry points at a finished
-// request's KV (shared by all its blocks) and keeps the block's tokens, which
-// a hit compares, so a hash collision cannot serve wrong KV.
+// request's KV (shared by all its blocks) and keeps the block's tokens and
+// where it ends, which a hit compares: a hash collision cannot make a hit
+// longer than the KV behind it, and wrong KV would take two different
+// prefixes whose 64-bit chained hashes collide with the same block at the
+// same place.
 //
 // Bounded twice, LRU first out: by the block count, and by the positions of
 // KV the entries keep alive. An entry pins its whole sequence, so without the
@@ -48,7 +51,13 @@ private:
   struct entry {
     std::shared_ptr<const kv_sequence> kv;
     std::vector<std::int32_t> tokens; ///< this block's tokens
+    std::int64_t end = 0;             ///< the position after this block: a hit needs the same
     std::list<std::uint64_t>::iterator lru;
+  };
+  /// A sequence some entries point at: how many, and the length it was held with.
+  struct kept {
+    std::size_t entries = 0;
+    std::int64_t positions = 0;
   };
 
   std::uint64_t key(std::uint64_t previous, const std::int32_t* tokens, std::uint64_t version) const;
@@ -61,7 +70,7 @@ private:
   std::int64_t max_positions_; ///< capacity × block
   std::unordered_map<std::uint64_t, entry> blocks_;
   std::list<std::uint64_t> lru_; ///< most recently used first
-  std::unordered_map<const kv_sequence*, std::size_t> entries_of_; ///< entries per kept sequence
+  std::unordered_map<const kv_sequence*, kept> kept_; ///< per sequence the entries point at
   std::int64_t held_positions_ = 0;
   std::uint64_t queries_ = 0;
   std::uint64_t hits_ = 0;

@@ -24,12 +24,19 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+/// A status no waitpid returns: the child ended but its status was lost.
+constexpr int lost_status = -1;
+
 /// Polls for `pid`'s end until `until`: true (and its status) when reaped.
 bool reaped_by(pid_t pid, clock_type::time_point until, int& status) {
   for (;;) {
     pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid || (r < 0 && errno != EINTR))
-      return r == pid;
+    if (r == pid)
+      return true;
+    if (r < 0 && errno == ECHILD) { // reaped elsewhere (SIGCHLD ignored): gone, its status lost
+      status = lost_status;
+      return true;
+    }
     if (clock_type::now() >= until)
       return false;
     std::this_thread::sleep_for(milliseconds(10));
@@ -58,11 +65,12 @@ bool run_short_command(const std::vector<std::string>& argv, milliseconds deadli
     execvp(args[0], args.data());
     _exit(127);
   }
+  setpgid(pid, pid); // also here: the group exists before any kill(-pid), whoever runs first
   int status = 0;
   if (reaped_by(pid, clock_type::now() + deadline, status)) {
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    if (status != lost_status && WIFEXITED(status) && WEXITSTATUS(status) == 0)
       return true;
-    why = shell_quote(argv) + ": " + describe_wait_status(status);
+    why = shell_quote(argv) + ": " + (status == lost_status ? "ended, its exit status lost" : describe_wait_status(status));
     return false;
   }
   kill(-pid, SIGTERM);

@@ -31,9 +31,17 @@ bool fault_hooks::take_corruption(const std::string& engine, int worker, std::ui
         && it->group == group) {
       if (--it->times == 0)
         corruptions_.erase(it);
+      auto& n = landed_[engine];
+      n += n < UINT32_MAX;
       return true;
     }
   return false;
+}
+
+std::uint32_t fault_hooks::corruptions_landed(const std::string& engine) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = landed_.find(engine);
+  return it == landed_.end() ? 0 : it->second;
 }
 
 bool fault_hooks::is_withheld_at(std::uint64_t version, std::uint32_t group, clock::time_point now) const {

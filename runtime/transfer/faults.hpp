@@ -4,6 +4,7 @@
 // what the backend asks before sending or receiving one. Thread-safe.
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -35,6 +36,9 @@ public:
   void clear();
   /// Whether this reception is to be altered; uses up one of the corruption's times.
   bool take_corruption(const std::string& engine, int worker, std::uint64_t version, std::uint32_t group);
+  /// Receptions of `engine` altered so far (a drill checks that its
+  /// corruption landed, not only that it was armed).
+  std::uint32_t corruptions_landed(const std::string& engine) const;
   bool is_withheld(std::uint64_t version, std::uint32_t group) const { return is_withheld_at(version, group, clock::now()); }
   /// is_withheld as of `now` (withholds released by then are dropped).
   bool is_withheld_at(std::uint64_t version, std::uint32_t group, clock::time_point now) const;
@@ -47,6 +51,7 @@ private:
   };
   mutable std::mutex mutex_;
   std::vector<corruption> corruptions_;
+  std::map<std::string, std::uint32_t> landed_; ///< per engine; one entry per engine a drill names
   mutable std::vector<withheld_group> withheld_;
 };
 

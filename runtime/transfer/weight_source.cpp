@@ -870,8 +870,12 @@ snapshot_ptr checkpoint_dir_source::poll() {
     problems.insert(problems.end(), layout.begin(), layout.end());
     if (!problems.empty())
       throw checkpoint_error(path + ": " + join_lines(problems));
-    auto snapshot =
-      weight_snapshot::from_checkpoint(*newest, std::move(ck), [this](const std::string& n) { return holds(n); });
+    // Extras stay behind: engines drop them anyway, and everything sized
+    // from the model's parameters (registered names, slots, budgets) would
+    // be short by them.
+    auto snapshot = weight_snapshot::from_checkpoint(*newest, std::move(ck), [this](const std::string& n) {
+      return holds(n) && !ignored_weight(config(), n);
+    });
     if (!options_.allow_nonfinite)
       if (auto problem = first_nonfinite(snapshot->tensors()); !problem.empty())
         throw checkpoint_error(path + ": " + problem);

@@ -33,6 +33,8 @@ drill_observation healthy() {
   c.routable = false;
   c.version = 2;
   o.engines = {a, b, c};
+  o.lost_by_design = {"c"};
+  o.trainer_version = 3;
   o.throughput_before = 1000;
   o.throughput_after = 950;
   return o;
@@ -71,6 +73,15 @@ TEST_CASE("drill check: each fault in the observation breaks its invariant") {
     {"tokens while dirty", [](auto& o) { o.engines[1].dirty_tokens = 4; }, 3, "b 4"},
     {"a version no round completed", [](auto& o) { o.tokens_by_version[7] = 1; }, 3, "1 tokens at v7"},
     {"a rejoined replica stale", [](auto& o) { o.engines[1].routable = false; }, 4, "b v3 NOT routable"},
+    {"an engine out that no fault took for good", [](auto& o) { o.lost_by_design.clear(); }, 4,
+     "c dead, though no fault of the drill took it for good"},
+    {"a restart refused: retired", [](auto& o) { o.engines[1].retired = true; }, 4, "b retired, though"},
+    {"an engine never back from a partition", [](auto& o) { o.engines[1].reachable = false; }, 4,
+     "b unreachable, though"},
+    {"the final round failed", [](auto& o) { o.final_round_problem = "trainer did not freeze: request_timeout"; }, 2,
+     "the final round: trainer did not freeze"},
+    {"the trainer froze at a version no round reached", [](auto& o) { o.trainer_version = 4; }, 2,
+     "the trainer froze at v4"},
     {"throughput not back", [](auto& o) { o.throughput_after = 899; }, 5, "89.9%"},
     {"nothing measured before", [](auto& o) { o.throughput_before = 0; }, 5, "nothing measured"},
     {"below the minimum", [](auto& o) { o.below_min_live_events = 1; }, 6, "1 times"},
@@ -91,6 +102,19 @@ TEST_CASE("drill check: each fault in the observation breaks its invariant") {
       }
     }
   }
+}
+
+TEST_CASE("drill check: a final round that fails because the drill took the trainer for good is reported") {
+  auto o = healthy();
+  o.final_round_problem = "trainer did not freeze: request_receiver_down";
+  o.trainer_version.reset(); // it never answered
+  o.trainer_lost_by_design = true;
+  auto results = check_drill(o);
+  CAPTURE(results[2].evidence);
+  CHECK(results[2].held);
+  CHECK(results[2].evidence.find("took the trainer out for good") != std::string::npos);
+  o.trainer_lost_by_design = false;
+  CHECK_FALSE(check_drill(o)[2].held);
 }
 
 TEST_CASE("drill check: throughput reported, not judged") {

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,82 @@ TEST_CASE("drill faults: one process refuses whole-node kills and restarts, with
     else
       CHECK(contains(why, r.refusal));
   }
+  topology t;
+  t.drill.faults = {at_ms(10, fault_action::kill, "local", fault_target::node)};
+  CHECK(refuse_drill(t, [](std::size_t i) { return "d.yaml:" + std::to_string(7 + i) + ":7"; })
+        == "d.yaml:7:7: drill.faults[0]: kill of a whole node needs the multi-process drill; target its engines");
+}
+
+TEST_CASE("drill faults: which engines, and whether the trainer, the drill takes out for good") {
+  struct row {
+    const char* what;
+    std::vector<fault_spec> faults;
+    std::set<std::string> lost;
+    bool trainer_lost;
+  };
+  const row rows[] = {
+    {"a kill with a restart", {lasting(at_ms(10, fault_action::kill, "e-0"), 1000)}, {}, false},
+    {"a kill for good", {at_ms(10, fault_action::kill, "e-0")}, {"e-0"}, false},
+    {"a worker thread killed for good", {at_ms(10, fault_action::kill_worker, "e-1")}, {"e-1"}, false},
+    {"a node killed for good: its engines and the trainer on it",
+     {at_ms(10, fault_action::kill, "n1", fault_target::node)}, {"e-0", "e-1"}, true},
+    {"a node cut off for good", {at_ms(10, fault_action::partition, "n2", fault_target::node)}, {"e-2"}, false},
+    {"a partition healed later", {at_ms(10, fault_action::partition, "e-2"), at_ms(20, fault_action::heal, "e-2")},
+     {}, false},
+    {"a partition that lasts", {lasting(at_ms(10, fault_action::partition, "e-2"), 500)}, {}, false},
+    {"the trainer killed for good", {at_ms(10, fault_action::kill, "trainer", fault_target::trainer)}, {}, true},
+    {"the trainer restarted", {lasting(at_ms(10, fault_action::kill, "trainer", fault_target::trainer), 500)}, {},
+     false},
+    {"an engine restarted at once", {at_ms(10, fault_action::restart, "e-0")}, {}, false},
+    {"a corruption", {at_sync(3, sync_phase::transfer, fault_action::corrupt, "e-0")}, {}, false},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    topology t;
+    t.trainer.node = "n1";
+    for (auto [name, node] : {std::pair{"e-0", "n1"}, {"e-1", "n1"}, {"e-2", "n2"}}) {
+      engine_spec e;
+      e.name = name;
+      e.node = node;
+      t.engines.push_back(e);
+    }
+    t.drill.faults = r.faults;
+    CHECK(engines_lost_by_design(t) == r.lost);
+    CHECK(trainer_lost_by_design(t) == r.trainer_lost);
+  }
+}
+
+TEST_CASE("drill faults: with processes a fault for good takes its target's whole node") {
+  topology t;
+  t.trainer.node = "n1";
+  for (auto [name, node] : {std::pair{"e-0", "n1"}, {"e-1", "n1"}, {"e-2", "n2"}, {"e-3", "n3"}}) {
+    engine_spec e;
+    e.name = name;
+    e.node = node;
+    t.engines.push_back(e);
+  }
+  auto node_hit = [&](const fault_spec& f) {
+    if (f.target_kind == fault_target::engine)
+      return t.find_engine(f.target)->node;
+    return f.target_kind == fault_target::trainer ? t.trainer.node : f.target;
+  };
+  t.drill.faults = {at_ms(10, fault_action::kill, "e-0")};
+  CHECK(engines_lost_by_design(t) == std::set<std::string>{"e-0"});
+  CHECK(engines_lost_by_design(t, node_hit) == std::set<std::string>{"e-0", "e-1"}); // its node's other engine
+  CHECK_FALSE(trainer_lost_by_design(t));
+  CHECK(trainer_lost_by_design(t, node_hit)); // the trainer ran there too
+  t.drill.faults = {at_ms(10, fault_action::kill, "trainer", fault_target::trainer)};
+  CHECK(engines_lost_by_design(t, node_hit) == std::set<std::string>{"e-0", "e-1"});
+  // Ranks: every rank must be live for a round, so a redundant one lost for good stops them too.
+  trainer_rank a, b;
+  a.node = "n1";
+  b.node = "n2";
+  t.trainer.ranks = {a, b};
+  t.drill.faults = {at_ms(10, fault_action::partition, "n2", fault_target::node)};
+  CHECK(trainer_lost_by_design(t));
+  CHECK(engines_lost_by_design(t) == std::set<std::string>{"e-2"});
+  t.drill.faults = {at_ms(10, fault_action::kill, "e-3")};
+  CHECK_FALSE(trainer_lost_by_design(t, node_hit)); // n3 hosts no rank
 }
 
 TEST_CASE("drill faults: which faults end after their duration") {
@@ -292,6 +369,24 @@ TEST_CASE("drill timeline: lanes from the coordinator's events") {
   }
 }
 
+TEST_CASE("drill timeline: an eviction counts as a caught corruption only after a corruption") {
+  drill_timeline tl;
+  tl.on_member(1, "a", "evicted", true); // no fault yet
+  CHECK_FALSE(tl.evicted_after_corruption("a"));
+  tl.on_fault(2, "a", fault_action::corrupt);
+  tl.on_fault(2, "b", fault_action::corrupt);
+  tl.on_member(3, "a", "routable", true);
+  CHECK_FALSE(tl.evicted_after_corruption("a"));
+  tl.on_member(4, "a", "evicted", true);
+  CHECK(tl.evicted_after_corruption("a"));
+  tl.on_fault(5, "b", fault_action::kill); // its last fault is not the corruption
+  tl.on_member(6, "b", "evicted", true);
+  CHECK_FALSE(tl.evicted_after_corruption("b"));
+  tl.on_fault(7, "c", fault_action::corrupt);
+  tl.on_member(8, "c", "dirty", true);
+  CHECK(tl.evicted_after_corruption("c"));
+}
+
 TEST_CASE("drill timeline: phases and an aborted round on the lanes, completed versions") {
   drill_timeline tl;
   tl.on_phase(10, sync_phase::pause, {"a", "b"});
@@ -323,6 +418,12 @@ TEST_CASE("drill timeline: phases and an aborted round on the lanes, completed v
   CHECK(tl.marks()[0].label == "v2 aborted");
   CHECK(tl.marks()[1].label == "v3");
   CHECK(tl.marks()[1].at_ms == 50);
+  sync_report first_wave; // aborted after its first wave: that wave's engines serve v4
+  first_wave.version = 4;
+  first_wave.engines_synced = 1;
+  first_wave.aborted = true;
+  tl.on_sync(60, first_wave);
+  CHECK(tl.completed_versions() == std::set<std::uint64_t>{3, 4});
 }
 
 TEST_CASE("drill timeline: detection and failover times from the fault") {

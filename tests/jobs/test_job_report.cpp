@@ -232,7 +232,7 @@ TEST_CASE("job report: the JSON carries every field") {
   CHECK(last["evicted"] == nlohmann::json{"b"});
   REQUIRE(j["weights"].size() == 2);
   CHECK(j["weights"][0] == nlohmann::json{{"engine", "a"}, {"version", 5}, {"dirty", false}, {"identical", true}, {"shards", 8},
-                                          {"mismatched", 0}, {"error", ""}});
+                                          {"mismatched", 0}, {"error", ""}, {"member", true}});
   CHECK(j["weights"][1]["error"] == "bad \"quote\"\n");
   CHECK(j["weights"][1]["identical"] == false);
   CHECK(j["weights_verified"] == false);
@@ -243,7 +243,9 @@ TEST_CASE("job report: the JSON carries every field") {
     keys.push_back(k);
   CHECK(keys == std::vector<std::string>{"topology", "interrupted", "drain", "requests", "tokens", "streamed_tokens",
                                          "stream_mismatches", "min_live_engines", "below_min_live_events", "seconds",
-                                         "memcpy_gbps", "syncs", "weights", "weights_verified", "ranks"});
+                                         "memcpy_gbps", "syncs", "final_round_error", "weights", "weights_verified",
+                                         "ranks"});
+  CHECK(j["final_round_error"] == ""); // what a process drill judges the final round by
   CHECK(j["ranks"] == nlohmann::json::array()); // a single trainer: no ranks
 }
 

@@ -384,9 +384,16 @@ TEST_CASE("process drill: with waves, round 1 is the first whose waves together 
 }
 
 TEST_CASE("process drill: no version goes backwards past a completed round") {
+  // A phase event, or (synced) the round's end: engines reached it unless 0.
   struct event {
     std::uint64_t round, version;
     sync_phase phase;
+    bool synced = false;
+    std::uint64_t engines = 2;
+    bool aborted = false;
+  };
+  const auto end_of = [](std::uint64_t round, std::uint64_t version, std::uint64_t engines = 2, bool aborted = false) {
+    return event{round, version, sync_phase::resume, true, engines, aborted};
   };
   struct row {
     const char* what;
@@ -394,22 +401,36 @@ TEST_CASE("process drill: no version goes backwards past a completed round") {
     const char* regression; ///< empty: none
   };
   const row rows[] = {
-    {"rounds in order", {{1, 1, sync_phase::resume}, {2, 2, sync_phase::pause}, {2, 2, sync_phase::resume}}, ""},
+    {"rounds in order",
+     {{1, 1, sync_phase::resume}, end_of(1, 1), {2, 2, sync_phase::pause}, {2, 2, sync_phase::resume}, end_of(2, 2)},
+     ""},
     {"a head killed mid-transfer syncs the last completed version again",
-     {{15, 14, sync_phase::resume}, {16, 15, sync_phase::transfer}, {16, 14, sync_phase::pause},
+     {{15, 14, sync_phase::resume}, end_of(15, 14), {16, 15, sync_phase::transfer}, {16, 14, sync_phase::pause},
       {16, 14, sync_phase::resume}},
      ""},
+    {"an aborted round continues but completes nothing",
+     {{15, 14, sync_phase::resume}, end_of(15, 14), {16, 15, sync_phase::resume}, end_of(16, 15, 0, true),
+      {17, 14, sync_phase::pause}},
+     ""},
+    {"a round aborted after a wave reached some engines completed its version",
+     {{16, 15, sync_phase::resume}, end_of(16, 15, 1, true), {17, 14, sync_phase::pause}},
+     "v14 (round 17) after v15 completed (round 16)"},
     {"a restarted head below a completed round",
-     {{15, 14, sync_phase::resume}, {16, 15, sync_phase::resume}, {16, 14, sync_phase::pause}},
+     {{15, 14, sync_phase::resume}, end_of(15, 14), {16, 15, sync_phase::resume}, end_of(16, 15),
+      {16, 14, sync_phase::pause}},
      "v14 (round 16) after v15 completed (round 16)"},
     {"only the first breach is named",
-     {{3, 9, sync_phase::resume}, {4, 2, sync_phase::pause}, {5, 1, sync_phase::pause}},
+     {{3, 9, sync_phase::resume}, end_of(3, 9), {4, 2, sync_phase::pause}, {5, 1, sync_phase::pause}},
      "v2 (round 4) after v9 completed (round 3)"},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
     version_watch w;
     for (auto& e : r.events) {
+      if (e.synced) {
+        w.on_synced({e.version, e.engines, e.aborted});
+        continue;
+      }
       drill_phase_event p;
       p.round = e.round;
       p.version = e.version;
@@ -420,6 +441,26 @@ TEST_CASE("process drill: no version goes backwards past a completed round") {
   }
 }
 
+TEST_CASE("process drill: the head's synced lines, written and read back") {
+  sync_report r;
+  r.version = 17;
+  r.engines_synced = 2;
+  CHECK(drill_synced_line(r) == "rlsync-drill: synced version=17 engines=2 aborted=0");
+  r.aborted = true;
+  auto e = parse_drill_synced_line("[head] " + drill_synced_line(r) + "\n");
+  REQUIRE(e);
+  CHECK(e->version == 17);
+  CHECK(e->engines == 2);
+  CHECK(e->aborted);
+  for (const char* bad : {"rlsync-drill: synced version=1 engines=2", "rlsync-drill: synced version=1 engines=2 aborted=2",
+                          "rlsync-drill: synced version=x engines=2 aborted=0",
+                          "rlsync-drill: synced version=1 engines=2 aborted=0 more=1",
+                          "rlsync-drill: phase round=1 version=1 phase=pause engines=a"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_drill_synced_line(bad));
+  }
+}
+
 TEST_CASE("process drill: the job stops once a round after the last fault reached every engine") {
   fleet_recovery_watch watch({"a-0", "a-1", "b-0"});
   struct row {
@@ -427,26 +468,37 @@ TEST_CASE("process drill: the job stops once a round after the last fault reache
     std::uint64_t head_round;
     sync_phase phase;
     std::vector<std::string> engines;
+    int ends;         ///< 0: a phase event; 1: the round ends; 2: it ends aborted
     bool recovered;
   };
   const row rows[] = {
-    {false, 3, sync_phase::resume, {"a-0", "a-1", "b-0"}, false},  // before the faults ended: does not count
-    {true, 4, sync_phase::transfer, {"a-0", "a-1", "b-0"}, false}, // not yet continued
-    {false, 4, sync_phase::resume, {"a-0", "a-1"}, false},         // b-0 still out
-    {false, 5, sync_phase::resume, {"b-0", "stranger"}, false},    // another round's wave: round 4's does not carry over
-    {false, 5, sync_phase::resume, {"a-0", "b-0"}, false},         // repeats count once
-    {false, 5, sync_phase::resume, {"a-1"}, true},                 // round 5's waves together: the fleet is back
-    {false, 6, sync_phase::resume, {"a-0"}, true},                 // and stays so
+    {false, 3, sync_phase::resume, {"a-0", "a-1", "b-0"}, 0, false}, // before the faults ended: does not count
+    {false, 3, sync_phase::resume, {}, 1, false},
+    {true, 4, sync_phase::transfer, {"a-0", "a-1", "b-0"}, 0, false}, // not yet continued
+    {false, 4, sync_phase::resume, {"a-0", "a-1"}, 0, false},         // b-0 still out
+    {false, 4, sync_phase::resume, {}, 1, false},
+    {false, 5, sync_phase::resume, {"b-0", "stranger"}, 0, false},    // another round's wave
+    {false, 5, sync_phase::resume, {"a-0", "b-0"}, 0, false},         // repeats count once
+    {false, 5, sync_phase::resume, {"a-1"}, 0, false},                // every engine continued, the round not ended
+    {false, 5, sync_phase::resume, {}, 2, false},                     // aborted: they serve their old version
+    {false, 6, sync_phase::resume, {"a-0", "a-1", "b-0"}, 0, false},
+    {false, 6, sync_phase::resume, {}, 1, true},                      // completed: the fleet is back
+    {false, 7, sync_phase::resume, {"a-0"}, 0, true},                 // and stays so
   };
   for (auto& r : rows) {
     CAPTURE(r.head_round);
+    CAPTURE(r.ends);
     if (r.arm_before)
       watch.arm();
-    drill_phase_event e;
-    e.round = r.head_round;
-    e.phase = r.phase;
-    e.engines = r.engines;
-    watch.on_phase(e);
+    if (r.ends > 0) {
+      watch.on_synced({r.head_round, 3, r.ends == 2});
+    } else {
+      drill_phase_event e;
+      e.round = r.head_round;
+      e.phase = r.phase;
+      e.engines = r.engines;
+      watch.on_phase(e);
+    }
     CHECK(watch.recovered() == r.recovered);
   }
   CHECK(watch.armed());

@@ -80,5 +80,8 @@ TEST_CASE("fault_hooks: a corruption of one version, or from it on") {
     CHECK(hooks.take_corruption("rollout-a", 0, r.received, 0) == r.altered);
     if (r.altered)
       CHECK_FALSE(hooks.take_corruption("rollout-a", 0, r.received + 1, 0)); // once at most
+    // What landed, per engine: a drill's proof that its corruption was used.
+    CHECK(hooks.corruptions_landed("rollout-a") == (r.altered ? 1u : 0u));
+    CHECK(hooks.corruptions_landed("rollout-b") == 0);
   }
 }

@@ -391,6 +391,28 @@ TEST_CASE("checkpoint_dir_source: a step without its marker is ignored until the
   CHECK(src.versions() == std::vector<std::uint64_t>{3, 4});
 }
 
+TEST_CASE("checkpoint_dir_source: a step's extra tensors (rotary inv_freq) stay behind") {
+  scratch_dir tmp;
+  const model_config c = test::small_model(2);
+  make_synthetic_checkpoint(tmp / "base", c, dtype::bf16, 3);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp / "steps";
+  std::filesystem::create_directory(o.dir);
+  const std::string step1 = o.dir + "/" + step_dir_name(1);
+  test::write_with_leading_f32_extra(tmp / "base", step1);
+  mark_step_complete(step1);
+  checkpoint_dir_source src(o);
+  auto v1 = src.poll();
+  REQUIRE(v1.get() != nullptr);
+  // Exactly the parameters the source registers: what ranks, slots and budgets are sized by.
+  const auto params = src.parameters();
+  REQUIRE(v1->tensors().size() == params.size());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    CHECK(v1->tensors()[i].name == params[i].name);
+  check_equal_to_checkpoint(*v1, tmp / "base");
+}
+
 TEST_CASE("checkpoint_dir_source: a step whose config.json disagrees is an error naming the file") {
   scratch_dir tmp;
   const model_config c = test::small_model(2);

@@ -729,6 +729,10 @@ bool local_transfer::wait_for_packs(std::uint64_t packs, clock::time_point deadl
 
 void local_transfer::corrupt(corruption c) { shared_->faults.corrupt(std::move(c)); }
 
+std::uint32_t local_transfer::corruptions_landed(const std::string& engine) const {
+  return shared_->faults.corruptions_landed(engine);
+}
+
 void local_transfer::withhold(std::uint32_t group, std::uint64_t version, fault_hooks::clock::time_point until) {
   shared_->faults.withhold(group, version, until);
 }

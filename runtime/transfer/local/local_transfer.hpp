@@ -117,6 +117,8 @@ public:
 
   /// Arms a corruption (see `corruption`).
   void corrupt(corruption c);
+  /// Receptions of `engine` a corruption altered so far.
+  std::uint32_t corruptions_landed(const std::string& engine) const;
   /// Makes every pass's producer that reaches `group` (of `version`, 0: any)
   /// before `until` stop before offering it: the group never arrives,
   /// consumers time out.
