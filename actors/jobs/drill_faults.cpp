@@ -85,6 +85,17 @@ std::int64_t engines_killed_at_once(const topology& t) {
 
 namespace {
 
+/// Fault `a` (index ia) fires after fault `b` (index ib): by time, or by
+/// round and phase; when one is timed and the other by round, or both fire
+/// at once, by their order in the list (as the drill fires them).
+bool fires_after(const fault_spec& a, std::size_t ia, const fault_spec& b, std::size_t ib) {
+  if (a.at && b.at && *a.at != *b.at)
+    return *a.at > *b.at;
+  if (a.at_sync && b.at_sync && (*a.at_sync != *b.at_sync || a.phase != b.phase))
+    return *a.at_sync != *b.at_sync ? *a.at_sync > *b.at_sync : a.phase > b.phase;
+  return ia > ib;
+}
+
 /// Fault i takes its target out with nothing in the drill to bring it back.
 bool out_for_good(const topology& t, std::size_t i) {
   const auto& f = t.drill.faults[i];
@@ -94,8 +105,9 @@ bool out_for_good(const topology& t, std::size_t i) {
     return true;
   if (f.action != fault_action::partition)
     return false;
-  for (std::size_t j = i + 1; j < t.drill.faults.size(); ++j) // a later heal of the same target ends it
-    if (t.drill.faults[j].action == fault_action::heal && t.drill.faults[j].target == f.target)
+  for (std::size_t j = 0; j < t.drill.faults.size(); ++j) // a later heal of the same target ends it
+    if (t.drill.faults[j].action == fault_action::heal && t.drill.faults[j].target == f.target
+        && fires_after(t.drill.faults[j], j, f, i))
       return false;
   return true;
 }
