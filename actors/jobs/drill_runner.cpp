@@ -419,6 +419,7 @@ private:
     if (end.error.empty())
       o.trainer_version = end.frozen_version;
     o.final_round_problem = end.error;
+    o.final_check_problem = end.check_error;
     o.trainer_lost_by_design = trainer_lost_by_design(t_);
     o.lost_by_design = engines_lost_by_design(t_);
     o.min_live_engines = t_.sync.min_live_engines;

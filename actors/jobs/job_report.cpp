@@ -170,6 +170,7 @@ std::string job_summary_json(const job_outcome& o) {
     {"memcpy_gbps", o.memcpy_gbps},
     {"syncs", syncs},
     {"final_round_error", o.last_error},
+    {"final_check_error", o.last_check_error},
     {"weights", weights},
     {"weights_verified", weights_verified(o.checks)},
     {"ranks", ranks},

@@ -56,6 +56,7 @@ struct job_outcome {
   std::uint64_t total_syncs = 0;  ///< rounds in all (0: syncs.size())
   std::optional<sync_report> last; ///< the final round, when it completed
   std::string last_error;          ///< what failed on the way to it (empty: nothing)
+  std::string last_check_error;    ///< the part of it in the check after the round (digests, replay)
   std::vector<engine_verification> checks;
   std::int64_t min_live_engines = 1;
   std::uint64_t below_min_live_events = 0;

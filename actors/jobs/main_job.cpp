@@ -245,7 +245,7 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
   std::vector<weight_digest> digests;
   self->request(h.coordinator, std::chrono::seconds(30), digest_atom::value)
     .receive([&](std::vector<weight_digest>& d) { digests = std::move(d); },
-             [&](caf::error& err) { end.error += " digests: " + sys.render(err); });
+             [&](caf::error& err) { end.check_error += "digests: " + sys.render(err); });
   std::vector<const transfer::weight_source*> sources;
   for (const auto& s : h.sources)
     sources.push_back(s.get());
@@ -260,9 +260,11 @@ job_end finish_job(caf::actor_system& sys, const topology& t, const job_handles&
         s->produce_next();
       sources.push_back(s.get());
     } catch (const std::exception& e) {
-      end.error += (end.error.empty() ? "" : "; ") + std::string("replaying a trainer rank: ") + e.what();
+      end.check_error += (end.check_error.empty() ? "" : "; ") + std::string("replaying a trainer rank: ") + e.what();
     }
   }
+  if (!end.check_error.empty())
+    end.error += (end.error.empty() ? "" : "; ") + end.check_error;
   end.checks = verify_weights(t, sources, digests);
   self->request(h.coordinator, std::chrono::seconds(10), status_atom::value)
     .receive([&](coordinator_status& s) { end.status = std::move(s); }, [](caf::error&) {});
@@ -374,6 +376,7 @@ int run_main_job(caf::actor_system& sys, const topology& t, const std::string& p
   o.total_syncs = out.total_rounds();
   o.last = end.last;
   o.last_error = end.error;
+  o.last_check_error = end.check_error;
   o.checks = end.checks;
   o.min_live_engines = t.sync.min_live_engines;
   o.below_min_live_events = end.status.below_min_live_events;

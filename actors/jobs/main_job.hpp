@@ -88,7 +88,10 @@ struct job_handles {
 /// the phase deadlines; failures are collected, never thrown.
 struct job_end {
   std::optional<sync_report> last;  ///< the last round, if it completed
-  std::string error;                ///< what failed on the way (empty: nothing)
+  std::string error;                ///< what failed on the way (empty: nothing), check_error included
+  /// What failed in the check after the round (digests, a rank's replay):
+  /// no trainer's absence explains it.
+  std::string check_error;
   /// The version the trainer held when it froze (ranks in this process: the
   /// lowest of theirs, the newest all hold); unset when none answered here
   /// (ranks of other processes).

@@ -768,6 +768,7 @@ private:
         o.rejected = r.at("rejected").get<std::uint32_t>();
         o.failed = r.at("failed").get<std::uint32_t>();
         o.final_round_problem = j.value("final_round_error", std::string());
+        o.final_check_problem = j.value("final_check_error", std::string());
         // Prompts the drill's stop left unsent are not lost requests.
         auto not_sent = r.at("not_sent").get<std::uint32_t>();
         if (job_stopped_ && j.value("interrupted", false))

@@ -69,7 +69,7 @@ invariant_result same_version(const drill_observation& o) {
     ev += "; the trainer froze at v" + std::to_string(*o.trainer_version) + ", which no final round reached";
   }
   if (!o.final_round_problem.empty()) {
-    held = held && o.trainer_lost_by_design;
+    held = held && o.trainer_lost_by_design && o.final_check_problem.empty();
     ev += "; the final round: " + o.final_round_problem
           + (o.trainer_lost_by_design ? " (the drill took the trainer out for good)" : "");
   }

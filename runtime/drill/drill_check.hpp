@@ -49,6 +49,9 @@ struct drill_observation {
   /// What failed in the final round (the trainer did not freeze, the round
   /// or the digests failed); empty when it ran.
   std::string final_round_problem;
+  /// The part of it no trainer's absence explains (the engines' digests, a
+  /// rank's replay): judged even when the trainer was taken for good.
+  std::string final_check_problem;
   /// The drill's own faults take the trainer out for good: a final round
   /// that fails is reported, not judged.
   bool trainer_lost_by_design = false;

@@ -115,6 +115,11 @@ TEST_CASE("drill check: a final round that fails because the drill took the trai
   CHECK(results[2].evidence.find("took the trainer out for good") != std::string::npos);
   o.trainer_lost_by_design = false;
   CHECK_FALSE(check_drill(o)[2].held);
+  // What no trainer's absence explains is judged all the same.
+  o.trainer_lost_by_design = true;
+  o.final_check_problem = "digests: request_timeout";
+  o.final_round_problem += "; " + o.final_check_problem;
+  CHECK_FALSE(check_drill(o)[2].held);
 }
 
 TEST_CASE("drill check: throughput reported, not judged") {

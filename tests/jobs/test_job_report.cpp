@@ -243,7 +243,8 @@ TEST_CASE("job report: the JSON carries every field") {
     keys.push_back(k);
   CHECK(keys == std::vector<std::string>{"topology", "interrupted", "drain", "requests", "tokens", "streamed_tokens",
                                          "stream_mismatches", "min_live_engines", "below_min_live_events", "seconds",
-                                         "memcpy_gbps", "syncs", "final_round_error", "weights", "weights_verified",
+                                         "memcpy_gbps", "syncs", "final_round_error", "final_check_error", "weights",
+                                         "weights_verified",
                                          "ranks"});
   CHECK(j["final_round_error"] == ""); // what a process drill judges the final round by
   CHECK(j["ranks"] == nlohmann::json::array()); // a single trainer: no ranks
