@@ -18,6 +18,7 @@
 #include "tools/commands.hpp"
 #include "tools/job_flags.hpp"
 
+#include <array>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
@@ -37,21 +38,41 @@ std::atomic<int> stop_signal{0};
 
 extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
 
-/// A drill's orders (only with --drill-events): SIGUSR1 arms a corruption,
-/// drill_withhold_signal() a withheld group, in the trainer ranks hosted
-/// here. Sent with sigqueue, the value is a drill_order (engine, version);
-/// a plain kill: any engine, any version. The handlers only store it (a
-/// lock-free atomic); a watcher thread acts on it.
+/// A drill's orders (only with --drill-events): drill_corrupt_signal() arms
+/// a corruption, drill_withhold_signal() a withheld group, in the trainer
+/// ranks hosted here. Sent with sigqueue, the value is a drill_order
+/// (engine, version); a plain kill: any engine, any version. Real-time
+/// signals queue, so several orders may arrive between two polls: the
+/// handlers store each in the next slot of a ring (lock-free atomics), and
+/// a watcher thread acts on them. A ring holds 16 orders a poll (5 ms).
 constexpr std::uint64_t no_order = ~std::uint64_t{0};
-std::atomic<std::uint64_t> corrupt_order{no_order};
-std::atomic<std::uint64_t> withhold_order{no_order};
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "touched from a signal handler");
+static_assert(std::atomic<unsigned>::is_always_lock_free, "touched from a signal handler");
+
+struct order_ring {
+  std::array<std::atomic<std::uint64_t>, 16> slots;
+  std::atomic<unsigned> next{0};
+  order_ring() {
+    for (auto& s : slots)
+      s.store(no_order);
+  }
+  void store(std::uint64_t order) { slots[next.fetch_add(1) % slots.size()].store(order); }
+  /// Every order stored since the last take, each once.
+  template <class F>
+  void take(F act) {
+    for (auto& s : slots)
+      if (auto v = s.exchange(no_order); v != no_order)
+        act(v);
+  }
+};
+order_ring corrupt_orders;
+order_ring withhold_orders;
 
 std::uint64_t order_of(const siginfo_t* info) {
   return info && info->si_code == SI_QUEUE ? reinterpret_cast<std::uintptr_t>(info->si_value.sival_ptr) : 0;
 }
-extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) { corrupt_order = order_of(info); }
-extern "C" void on_withhold_signal(int, siginfo_t* info, void*) { withhold_order = order_of(info); }
+extern "C" void on_corrupt_signal(int, siginfo_t* info, void*) { corrupt_orders.store(order_of(info)); }
+extern "C" void on_withhold_signal(int, siginfo_t* info, void*) { withhold_orders.store(order_of(info)); }
 
 /// The handlers that store a drill's orders, installed as soon as the flags
 /// say --drill-events: an order that reaches a node the drill just (re)started
@@ -61,7 +82,7 @@ void store_drill_orders() {
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sa.sa_sigaction = on_corrupt_signal;
-  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(drill_corrupt_signal(), &sa, nullptr);
   sa.sa_sigaction = on_withhold_signal;
   sigaction(drill_withhold_signal(), &sa, nullptr);
 }
@@ -83,10 +104,8 @@ public:
     store_drill_orders(); // already, as a rule (see there)
     thread_ = std::thread([this] {
       while (watching_) {
-        if (auto v = corrupt_order.exchange(no_order); v != no_order)
-          corrupt(decode_drill_order(v));
-        if (auto v = withhold_order.exchange(no_order); v != no_order)
-          withhold(decode_drill_order(v));
+        corrupt_orders.take([this](std::uint64_t v) { corrupt(decode_drill_order(v)); });
+        withhold_orders.take([this](std::uint64_t v) { withhold(decode_drill_order(v)); });
         std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polls what the signal handlers store
       }
     });
@@ -103,7 +122,7 @@ private:
     std::string engine = o.engine && *o.engine < engines_.size() ? engines_[*o.engine] : std::string();
     auto lines = arms_->corrupt(engine, o.version);
     if (lines.empty())
-      log_("drill: SIGUSR1 ignored: no UCX producer to corrupt");
+      log_("drill: corrupt order ignored: no UCX producer to corrupt");
     for (auto& l : lines)
       log_("drill: " + l);
   }
@@ -288,8 +307,8 @@ int cmd_node(const arg_list& argv) {
     ->type_name("FILE");
   auto drill_events = app.add_flag("--drill-events", "for `rlsync drill`: the coordinator's node prints a line on "
                                                      "stderr as each phase of a round goes out; every node takes "
-                                                     "the drill's signals to its trainer ranks (SIGUSR1: corrupt a "
-                                                     "group, SIGRTMIN+1: withhold one)");
+                                                     "the drill's signals to its trainer ranks (SIGRTMIN+2: corrupt "
+                                                     "a group, SIGRTMIN+1: withhold one)");
   auto allow_nonfinite = add_allow_nonfinite_flag(app);
   if (!cli::parse(app, argv))
     return 0;

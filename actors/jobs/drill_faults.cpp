@@ -59,7 +59,10 @@ std::int64_t engines_killed_at_once(const topology& t) {
   std::map<std::string, std::set<std::string>> killed;
   for (const auto& f : t.drill.faults) {
     bool cuts_holder = f.action == fault_action::partition && f.target_kind == fault_target::node;
-    if (f.action != fault_action::kill && f.action != fault_action::kill_worker && !cuts_holder)
+    // A corruption takes its engine out of the round too: its update fails
+    // and it is evicted.
+    if (f.action != fault_action::kill && f.action != fault_action::kill_worker && f.action != fault_action::corrupt
+        && !cuts_holder)
       continue;
     std::string when = f.at ? "ms:" + std::to_string(f.at->count())
                             : "sync:" + std::to_string(f.at_sync.value_or(0)) + ":" + std::string(to_string(f.phase));

@@ -31,7 +31,8 @@ bool fault_has_end(const fault_spec& f);
 bool holds_layers_alone(const topology& t, const std::string& node);
 
 /// The most engine replicas `faults` kill at the same moment (the same
-/// at_ms, or the same round and phase); a node's kill counts its engines,
+/// at_ms, or the same round and phase; a corruption counts, as it evicts its
+/// engine from the round); a node's kill counts its engines,
 /// and killing the trainer (or killing or cutting off a node holding some
 /// layers alone) as a round's transfer goes out counts every engine (all receive part of the
 /// update and stay dirty).

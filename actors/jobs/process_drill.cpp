@@ -513,10 +513,10 @@ private:
       std::string sent;
       for (auto& node : f.rank_nodes)
         if (auto* q = find(node); q && q->running()) {
-          sigqueue(q->pid, SIGUSR1, value);
+          sigqueue(q->pid, drill_corrupt_signal(), value);
           sent += (sent.empty() ? "" : ", ") + node;
         }
-      note("fault: " + label + ": SIGUSR1 (corrupt group 0 of " + (version ? "v" + std::to_string(version) : "any version")
+      note("fault: " + label + ": SIGRTMIN+2 (corrupt group 0 of " + (version ? "v" + std::to_string(version) : "any version")
            + ") to the nodes hosting trainer ranks: " + sent);
       break;
     }

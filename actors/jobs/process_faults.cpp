@@ -26,13 +26,17 @@ std::string_view to_string(process_action a) {
   case process_action::stop: return "SIGSTOP";
   case process_action::cut_link: return "link down";
   case process_action::restore_link: return "link up";
-  case process_action::corrupt: return "SIGUSR1 (corrupt the next group)";
+  case process_action::corrupt: return "SIGRTMIN+2 (corrupt the next group)";
   }
   return "?";
 }
 
 int drill_withhold_signal() {
   return SIGRTMIN + 1;
+}
+
+int drill_corrupt_signal() {
+  return SIGRTMIN + 2;
 }
 
 std::optional<std::uint64_t> encode_drill_order(const drill_order& o) {
@@ -119,7 +123,7 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
                             "drill in one process (rlsync drill without --processes)");
   case fault_action::corrupt:
     // The producer alters the bytes after their checksum; each rank's UCX
-    // producer takes SIGUSR1 for it (rlsync node --drill-events). Group 0
+    // producer takes drill_corrupt_signal() for it (rlsync node --drill-events). Group 0
     // may be served by any rank holding its tensors: all are armed, each for
     // the round's version only, so one round's group 0 is altered.
     if (t.transfer.backend != transfer_backend::ucx)

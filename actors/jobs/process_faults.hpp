@@ -36,14 +36,16 @@ enum class process_action : std::uint8_t {
   stop,         ///< SIGSTOP; SIGCONT at its end (its acknowledgements wait meanwhile)
   cut_link,     ///< its veth link down (network namespaces only); up again at its end
   restore_link, ///< its veth link up
-  corrupt,      ///< SIGUSR1 to every process hosting a trainer rank: their UCX producers alter the next group 0
+  corrupt,      ///< drill_corrupt_signal() to every process hosting a trainer rank: their UCX producers alter the next group 0
                 ///< the engine receives (of the round's version), once
 };
 
-/// The signal that has a node's trainer ranks withhold a group (sent with
-/// sigqueue, its value a drill_order naming the version); a real-time
-/// signal, so that one sent beside SIGUSR1 is neither merged nor lost.
+/// The signals that have a node's trainer ranks withhold a group and alter
+/// one (sent with sigqueue, the value a drill_order); real-time signals, so
+/// that two sent at once (two corruptions at one phase) queue instead of
+/// merging.
 int drill_withhold_signal();
+int drill_corrupt_signal();
 
 /// What a drill's signal carries (sigqueue's 64-bit value): the engine
 /// whose bytes to alter (corrupt: its index in the topology; none: any

@@ -105,15 +105,15 @@ echo "trainer rank killed mid-transfer (${withheld#withheld as the fault landed:
 fi
 
 if part corrupt; then
-# corrupt: SIGUSR1 (with the engine's index and the round's version) to the
+# corrupt: SIGRTMIN+2 (with the engine's index and the round's version) to the
 # head, whose UCX producer alters the next group 0 rollout-a receives; the
 # engine catches it (its checksum) and is evicted from that round, then
 # re-synced.
 sed 's/    - {at_sync: 8, phase: finish, action: kill, target: engines-b, duration_ms: 1500}/    - {at_sync: 4, phase: start, action: corrupt, target: rollout-a}/' \
   "$dir/drills/process-engine-kill.yaml" > "$dir/drills/process-corrupt.yaml"
 run process-corrupt
-grep -q 'SIGUSR1 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: head$' "$dir/process-corrupt.err" \
-  || { cat "$dir/process-corrupt.err"; echo "FAIL: no SIGUSR1 sent"; exit 1; }
+grep -q 'SIGRTMIN+2 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: head$' "$dir/process-corrupt.err" \
+  || { cat "$dir/process-corrupt.err"; echo "FAIL: no corrupt signal sent"; exit 1; }
 v=$(grep -o 'drill: trainer rank 0: the next group 0 rollout-a receives of v[0-9]* or later will be corrupted' \
       "$dir/process-corrupt/head.log" | grep -o 'of v[0-9]*' | head -1) \
   || { tail -40 "$dir/process-corrupt/head.log"; echo "FAIL: the head's producer was not armed"; exit 1; }
@@ -137,7 +137,7 @@ if part rank-corrupt; then
 sed 's/    - {at_sync: 8, phase: transfer, action: kill, target: trainer-node-1, duration_ms: 2000}/    - {at_sync: 4, phase: start, action: corrupt, target: rollout-a}/' \
   "$dir/drills/process-rank-kill.yaml" > "$dir/drills/process-rank-corrupt.yaml"
 run process-rank-corrupt
-grep -q 'SIGUSR1 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: trainer-node-0, trainer-node-1' \
+grep -q 'SIGRTMIN+2 (corrupt group 0 of v[0-9]*) to the nodes hosting trainer ranks: trainer-node-0, trainer-node-1' \
   "$dir/process-rank-corrupt.err" || { cat "$dir/process-rank-corrupt.err"; echo "FAIL: the rank nodes were not signalled"; exit 1; }
 for n in 0 1; do
   v=$(grep -o "drill: trainer rank $n: the next group 0 rollout-a receives of v[0-9]* or later will be corrupted" \

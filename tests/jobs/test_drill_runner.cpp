@@ -652,6 +652,10 @@ TEST_CASE("drill faults: the most engines killed at the same moment") {
       at_sync(4, sync_phase::transfer, fault_action::kill, "rollout-1")},
      2},
     {"a node's kill counts its engines", {at_ms(100, fault_action::kill, "a", fault_target::node)}, 2},
+    {"corruptions at one phase evict their engines together",
+     {at_sync(4, sync_phase::start, fault_action::corrupt, "rollout-0"),
+      at_sync(4, sync_phase::start, fault_action::corrupt, "rollout-1")},
+     2},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);

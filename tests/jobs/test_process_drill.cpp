@@ -103,7 +103,7 @@ TEST_CASE("process drill: each fault maps to a node's process and a signal or a 
      process_action::restore_link, -1, false, ""},
     {"heal without namespaces", fault(fault_action::heal, "engines-b", fault_target::node), false, "",
      process_action::restore_link, -1, false, "only with --netns"},
-    {"corrupt: SIGUSR1 to the producer's process", fault(fault_action::corrupt, "rollout-a", fault_target::engine),
+    {"corrupt: a signal to the producer's process", fault(fault_action::corrupt, "rollout-a", fault_target::engine),
      false, "head", process_action::corrupt, -1, true, ""},
   };
   auto t = three_nodes();
