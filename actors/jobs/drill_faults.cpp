@@ -64,8 +64,14 @@ std::int64_t engines_killed_at_once(const topology& t) {
     if (f.action != fault_action::kill && f.action != fault_action::kill_worker && f.action != fault_action::corrupt
         && !cuts_holder)
       continue;
+    if (f.action == fault_action::corrupt && f.at)
+      continue; // its eviction comes at some later round's transfer: no moment to group it with
     std::string when = f.at ? "ms:" + std::to_string(f.at->count())
                             : "sync:" + std::to_string(f.at_sync.value_or(0)) + ":" + std::string(to_string(f.phase));
+    if (f.action == fault_action::corrupt) { // it evicts its engine at that round's transfer, or the next round's
+      auto round = f.at_sync.value_or(0) + (f.phase > sync_phase::transfer ? 1 : 0);
+      when = "sync:" + std::to_string(round) + ":" + std::string(to_string(sync_phase::transfer));
+    }
     auto& set = killed[when];
     // Killed (or cut off) as a transfer goes out, the only holder of some
     // layer leaves every engine with part of the update: all of them stay
@@ -88,15 +94,16 @@ std::int64_t engines_killed_at_once(const topology& t) {
 
 namespace {
 
-/// Fault `a` (index ia) fires after fault `b` (index ib): by time, or by
-/// round and phase; when one is timed and the other by round, or both fire
-/// at once, by their order in the list (as the drill fires them).
+/// Fault `a` (index ia) surely fires after fault `b` (index ib): by time,
+/// or by round and phase; at the same moment, by their order in the list
+/// (as the drill fires them). A timed and a round-based fault fire in no
+/// order known beforehand: false.
 bool fires_after(const fault_spec& a, std::size_t ia, const fault_spec& b, std::size_t ib) {
-  if (a.at && b.at && *a.at != *b.at)
-    return *a.at > *b.at;
+  if (a.at && b.at)
+    return *a.at != *b.at ? *a.at > *b.at : ia > ib;
   if (a.at_sync && b.at_sync && (*a.at_sync != *b.at_sync || a.phase != b.phase))
     return *a.at_sync != *b.at_sync ? *a.at_sync > *b.at_sync : a.phase > b.phase;
-  return ia > ib;
+  return a.at_sync && b.at_sync && ia > ib;
 }
 
 /// Fault i takes its target out with nothing in the drill to bring it back.
@@ -108,7 +115,9 @@ bool out_for_good(const topology& t, std::size_t i) {
     return true;
   if (f.action != fault_action::partition)
     return false;
-  for (std::size_t j = 0; j < t.drill.faults.size(); ++j) // a later heal of the same target ends it
+  // A heal of the same target that surely fires later ends it; one whose
+  // order is not known beforehand leaves the engine excused, not required.
+  for (std::size_t j = 0; j < t.drill.faults.size(); ++j)
     if (t.drill.faults[j].action == fault_action::heal && t.drill.faults[j].target == f.target
         && fires_after(t.drill.faults[j], j, f, i))
       return false;
@@ -202,6 +211,8 @@ std::vector<std::size_t> fault_schedule::take_due_by(duration elapsed) {
       due.push_back(i);
     }
   }
+  // Due in the same poll: by their time, then in drill order.
+  std::stable_sort(due.begin(), due.end(), [&](std::size_t a, std::size_t b) { return *faults_[a].spec.at < *faults_[b].spec.at; });
   return due;
 }
 

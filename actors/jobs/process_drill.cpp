@@ -425,7 +425,11 @@ private:
       }
       sigval value{};
       value.sival_ptr = reinterpret_cast<void*>(static_cast<std::uintptr_t>(*order));
-      sigqueue(p->pid, drill_withhold_signal(), value);
+      if (sigqueue(p->pid, drill_withhold_signal(), value) != 0) {
+        note("withhold not armed for " + fault_label(spec) + ": sigqueue to node " + f.node + ": "
+             + std::strerror(errno));
+        continue;
+      }
       armed_at_[i] = {p->log_path, version};
       note("armed for " + fault_label(spec) + ": node " + f.node + "'s trainer ranks withhold a group of "
            + (version ? "v" + std::to_string(version) : std::string("the next version")));
@@ -513,8 +517,10 @@ private:
       std::string sent;
       for (auto& node : f.rank_nodes)
         if (auto* q = find(node); q && q->running()) {
-          sigqueue(q->pid, drill_corrupt_signal(), value);
-          sent += (sent.empty() ? "" : ", ") + node;
+          if (sigqueue(q->pid, drill_corrupt_signal(), value) != 0)
+            note("fault: " + label + ": sigqueue to node " + node + ": " + std::strerror(errno));
+          else
+            sent += (sent.empty() ? "" : ", ") + node;
         }
       note("fault: " + label + ": SIGRTMIN+2 (corrupt group 0 of " + (version ? "v" + std::to_string(version) : "any version")
            + ") to the nodes hosting trainer ranks: " + sent);

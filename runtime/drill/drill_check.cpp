@@ -68,10 +68,13 @@ invariant_result same_version(const drill_observation& o) {
     held = false;
     ev += "; the trainer froze at v" + std::to_string(*o.trainer_version) + ", which no final round reached";
   }
-  if (!o.final_round_problem.empty()) {
+  if (!o.final_round_problem.empty() || !o.final_check_problem.empty()) {
     held = held && o.trainer_lost_by_design && o.final_check_problem.empty();
-    ev += "; the final round: " + o.final_round_problem
-          + (o.trainer_lost_by_design ? " (the drill took the trainer out for good)" : "");
+    ev += "; the final round: " + (o.final_round_problem.empty() ? o.final_check_problem : o.final_round_problem);
+    if (o.trainer_lost_by_design)
+      ev += o.final_check_problem.empty() ? " (the drill took the trainer out for good)"
+                                          : " (the drill took the trainer out for good; the check after the round "
+                                            "is not excused: " + o.final_check_problem + ")";
   }
   return {"every live engine on the same version", held, ev};
 }
@@ -149,7 +152,7 @@ invariant_result min_live(const drill_observation& o) {
   std::string ev = "min_live_engines " + std::to_string(o.min_live_engines) + "; fell below it "
                    + std::to_string(o.below_min_live_events) + " times";
   if (by_design)
-    ev += "; reported, not judged: the drill kills " + std::to_string(o.engines_killed_at_once) + " of "
+    ev += "; reported, not judged: the drill takes out " + std::to_string(o.engines_killed_at_once) + " of "
           + std::to_string(replicas) + " engines at once";
   return {"engines live and serving within sync.staleness never below sync.min_live_engines",
           o.below_min_live_events == 0, ev, !by_design};

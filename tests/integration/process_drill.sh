@@ -99,7 +99,7 @@ grep -q '^  held      no token produced by a dirty engine' "$dir/process-rank-ki
   || { cat "$dir/process-rank-kill.out"; echo "FAIL: dirty tokens not judged"; exit 1; }
 grep -q '^  held      every live engine on the same version: .*2 live engines at it, byte-identical' "$dir/process-rank-kill.out" \
   || { cat "$dir/process-rank-kill.out"; echo "FAIL: engines not byte-identical"; exit 1; }
-grep -q '^  reported  engines live and serving .*the drill kills 2 of 2 engines at once' "$dir/process-rank-kill.out" \
+grep -q '^  reported  engines live and serving .*the drill takes out 2 of 2 engines at once' "$dir/process-rank-kill.out" \
   || { cat "$dir/process-rank-kill.out"; echo "FAIL: min_live not reported as the drill's doing"; exit 1; }
 echo "trainer rank killed mid-transfer (${withheld#withheld as the fault landed: }): $(grep -o 'at [0-9]* ms: sync round [0-9]* v[0-9]*: ABORTED ([^)]*)' "$dir/process-rank-kill.err" | head -1); next: ${first_after%%,*}"
 fi

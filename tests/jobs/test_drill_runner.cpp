@@ -125,6 +125,9 @@ TEST_CASE("drill faults: which engines, and whether the trainer, the drill takes
     {"a heal at a later round", {at_sync(5, sync_phase::pause, fault_action::heal, "e-2"),
                                  at_sync(3, sync_phase::transfer, fault_action::partition, "e-2")},
      {}, false},
+    {"a timed heal of a round's partition: order unknown, excused",
+     {at_sync(50, sync_phase::pause, fault_action::partition, "e-2"), at_ms(1000, fault_action::heal, "e-2")},
+     {"e-2"}, false},
     {"the trainer killed for good", {at_ms(10, fault_action::kill, "trainer", fault_target::trainer)}, {}, true},
     {"the trainer restarted", {lasting(at_ms(10, fault_action::kill, "trainer", fault_target::trainer), 500)}, {},
      false},
@@ -241,6 +244,11 @@ TEST_CASE("drill faults: timed faults fall due by the workload's clock, once") {
     CAPTURE(r.elapsed_ms);
     CHECK(s.take_due_by(milliseconds(r.elapsed_ms)) == r.due);
   }
+  // Due in the same poll: by their time, then in drill order (a heal listed
+  // first but due later fires after its partition).
+  fault_schedule late_poll({at_ms(20, fault_action::heal, "c"), at_ms(10, fault_action::partition, "c"),
+                            at_ms(10, fault_action::kill, "a")});
+  CHECK(late_poll.take_due_by(milliseconds(50)) == std::vector<std::size_t>{1, 2, 0});
 }
 
 TEST_CASE("drill faults: the coordinator's hook waits for kills, not for restarts") {
@@ -656,6 +664,17 @@ TEST_CASE("drill faults: the most engines killed at the same moment") {
      {at_sync(4, sync_phase::start, fault_action::corrupt, "rollout-0"),
       at_sync(4, sync_phase::start, fault_action::corrupt, "rollout-1")},
      2},
+    {"a corruption evicts at its round's transfer, beside a kill there",
+     {at_sync(4, sync_phase::start, fault_action::corrupt, "rollout-0"),
+      at_sync(4, sync_phase::transfer, fault_action::kill, "rollout-1")},
+     2},
+    {"a corruption after the transfer evicts at the next round's",
+     {at_sync(4, sync_phase::finish, fault_action::corrupt, "rollout-0"),
+      at_sync(5, sync_phase::transfer, fault_action::kill, "rollout-1")},
+     2},
+    {"a timed corruption has no moment to group", {at_ms(100, fault_action::corrupt, "rollout-0"),
+                                                   at_ms(100, fault_action::kill, "rollout-1")},
+     1},
   };
   for (auto& r : rows) {
     CAPTURE(r.what);
