@@ -124,10 +124,6 @@ bool out_for_good(const topology& t, std::size_t i) {
   return true;
 }
 
-} // namespace
-
-namespace {
-
 /// The node a fault takes whole: with processes its target's node (a
 /// kill_worker stays in its engine); in one process only a node target.
 std::string node_taken(const fault_spec& f, const fault_node_fn& node_hit) {
