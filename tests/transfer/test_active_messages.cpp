@@ -1,11 +1,12 @@
-// The UCX backend's control-message inbox: what waits in it before anyone
-// checked who sent it is bounded. Eager messages (their bytes handed to the
+// The UCX backend's control-message inbox: what waits in it is bounded,
+// and a non-member's message never waits. Eager messages (their bytes handed to the
 // callback) need no UCX worker, so the callback is driven directly here.
 #include "runtime/transfer/ucx/active_messages.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 using namespace rlsync::transfer::ucx_detail;
@@ -40,43 +41,60 @@ TEST_CASE("an inbox keeps at most max_ready messages not yet taken, and drops an
   CHECK(inbox.dropped == 2);
 }
 
-namespace {
-
-// A large message, announced for a rendezvous fetch, from `reply_ep`.
-ucs_status_t announce(am_inbox& inbox, std::size_t length, ucp_ep_h reply_ep) {
-  ucp_am_recv_param_t param{};
-  param.recv_attr = UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
-  param.reply_ep = reply_ep;
-  return am_inbox::on_message(&inbox, nullptr, 0, nullptr, length, &param);
-}
-
-} // namespace
-
-TEST_CASE("large messages: strangers get a small share of the bytes being fetched, members the rest") {
+TEST_CASE("a non-member's message goes to admit in the callback, header and all, and never waits") {
   am_inbox inbox;
   inbox.limit = 4 << 20;
   inbox.max_pending_bytes = 8 << 20;
   auto* stranger = reinterpret_cast<ucp_ep_h>(0x1000);
   auto* member = reinterpret_cast<ucp_ep_h>(0x2000);
   inbox.is_member = [&](ucp_ep_h ep) { return ep == member; };
-  // Past the strangers' share: refused before any fetch, the sender's send
-  // failing with the status, its descriptor dropped.
-  CHECK(announce(inbox, am_inbox::max_stranger_bytes + 1, stranger) == UCS_ERR_REJECTED);
-  CHECK(announce(inbox, am_inbox::max_stranger_bytes + 1, nullptr) == UCS_ERR_REJECTED);
-  inbox.stranger_bytes = am_inbox::max_stranger_bytes - 10;
-  inbox.pending_bytes = inbox.stranger_bytes;
-  CHECK(announce(inbox, 11, stranger) == UCS_ERR_REJECTED);
-  CHECK(inbox.dropped == 3);
+  std::vector<am_inbox::first_message> seen;
+  std::vector<std::vector<std::uint8_t>> headers;
+  inbox.admit = [&](const am_inbox::first_message& m) {
+    seen.push_back(m);
+    const auto* h = static_cast<const std::uint8_t*>(m.header);
+    headers.emplace_back(h, h + m.header_length);
+  };
+  // By rendezvous: admit sees the header, no data; nothing is fetched, and
+  // the descriptor is dropped with UCS_OK (the sender's send succeeds).
+  std::vector<std::uint8_t> hello{1, 2, 3};
+  ucp_am_recv_param_t param{};
+  param.recv_attr = UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+  param.reply_ep = stranger;
+  CHECK(am_inbox::on_message(&inbox, hello.data(), hello.size(), nullptr, 5 << 20, &param) == UCS_OK);
+  // Eager, and without a reply endpoint: admit sees both (and answers neither here).
+  std::vector<std::uint8_t> body{4, 5};
+  param.recv_attr = UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, body.data(), body.size(), &param) == UCS_OK);
+  param.recv_attr = 0;
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, body.data(), body.size(), &param) == UCS_OK);
+  REQUIRE(seen.size() == 3);
+  CHECK(seen[0].reply_ep == stranger);
+  CHECK(headers[0] == hello);
+  CHECK(seen[0].data == nullptr);
+  CHECK(seen[0].length == 5 << 20);
+  CHECK(seen[1].data == body.data());
+  CHECK(seen[1].header_length == 0);
+  CHECK(seen[2].reply_ep == nullptr);
+  CHECK(inbox.ready.empty());
   CHECK(inbox.pending.empty());
-  // Over the bytes left to fetch in all: refused even from a member.
+  CHECK(inbox.dropped == 0);
+  // An admit that throws drops the message, counted.
+  inbox.admit = [](const am_inbox::first_message&) { throw std::runtime_error("no memory"); };
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, body.data(), body.size(), &param) == UCS_OK);
+  CHECK(inbox.dropped == 1);
+  // A member's large message past the bytes left to fetch is refused, the
+  // sender's send failing with the status; one over the limit is answered
+  // as too big (by size only).
+  param.recv_attr = UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+  param.reply_ep = member;
   inbox.pending_bytes = (8 << 20) - 100;
-  CHECK(announce(inbox, 101, member) == UCS_ERR_REJECTED);
-  CHECK(inbox.dropped == 4);
-  // Over the limit: answered as too big (by size only), whoever sent it.
-  CHECK(announce(inbox, 5 << 20, stranger) == UCS_OK);
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, nullptr, 101, &param) == UCS_ERR_REJECTED);
+  CHECK(inbox.dropped == 2);
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, nullptr, 5 << 20, &param) == UCS_OK);
   REQUIRE(inbox.ready.size() == 1);
   CHECK(inbox.ready[0].too_big == 5 << 20);
-  CHECK(inbox.ready[0].reply_ep == stranger);
+  CHECK(inbox.ready[0].reply_ep == member);
   CHECK(inbox.pending.empty());
 }
 
@@ -105,8 +123,8 @@ TEST_CASE("forgetting a closing endpoint drops its messages and marks its fetche
     am_inbox::on_message(&inbox, nullptr, 0, bytes.data(), bytes.size(), &param);
   }
   // Fetches in flight, as a rendezvous leaves them (their requests are UCX's).
-  inbox.pending.push_back({nullptr, {{}, closing, 0}, false});
-  inbox.pending.push_back({nullptr, {{}, other, 0}, false});
+  inbox.pending.push_back({nullptr, {{}, closing, 0}});
+  inbox.pending.push_back({nullptr, {{}, other, 0}});
   inbox.forget(closing);
   REQUIRE(inbox.ready.size() == 1);
   CHECK(inbox.ready[0].reply_ep == other);

@@ -409,14 +409,14 @@ TEST_CASE("ucx wire: messages round-trip, unknown types and bad enums are reject
 
 TEST_CASE("ucx wire: messages and plans of an older format version (3: open without prefetch) are refused naming both versions") {
   auto message = wire::encode(wire::hello_msg{1});
-  REQUIRE(message.at(4) == 9); // the byte after the magic
+  REQUIRE(message.at(4) == 10); // the byte after the magic
   message[4] = 3;
   CHECK_THROWS_WITH_AS(wire::decode(message.data(), message.size()),
-                       doctest::Contains("format version 3, expected 9"), wire::wire_error);
+                       doctest::Contains("format version 3, expected 10"), wire::wire_error);
   auto plan = wire::encode_plan(engine::make_plan(test::small_model(1), 1, 0, dtype::bf16));
-  REQUIRE(plan.at(4) == 9);
+  REQUIRE(plan.at(4) == 10);
   plan[4] = 1;
-  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 9"),
+  CHECK_THROWS_WITH_AS(wire::decode_plan(plan.data(), plan.size()), doctest::Contains("format version 1, expected 10"),
                        wire::wire_error);
 }
 
@@ -1357,6 +1357,13 @@ TEST_CASE("ucx wire: a shared region is named whole or not at all") {
   bytes = wire::encode(h); // encoding cuts the host to the limit
   m = wire::decode(bytes.data(), bytes.size());
   CHECK(std::get<wire::hello_msg>(m).host.size() == wire::max_host_bytes);
+  h.address = {7, 8, 9};
+  bytes = wire::encode(h);
+  m = wire::decode(bytes.data(), bytes.size());
+  CHECK(std::get<wire::hello_msg>(m).address == h.address);
+  h.address.assign(wire::max_worker_address_bytes + 1, 0); // a peer's lie: refused, not trusted
+  bytes = wire::encode(h);
+  CHECK_THROWS_WITH_AS(wire::decode(bytes.data(), bytes.size()), doctest::Contains("address"), wire::wire_error);
 }
 
 TEST_CASE("ucx: broadcast sends every worker the whole model, which it slices with its loader") {
@@ -1813,7 +1820,7 @@ TEST_CASE("ucx: requests before a hello and sessions for another worker are refu
   auto plan = wire::encode_plan(engine::make_plan(c, 1, 0, dtype::bf16));
   CHECK(has(puller.send_raw(wire::encode(wire::plan_msg{9, plan}), in(5s), false), "unauthorized"));
   CHECK(has(puller.send_raw(std::vector<std::uint8_t>(16, 0xff), in(5s), false),
-            "unauthorized: producer: a malformed first message"));
+            "unauthorized: producer: a request before hello"));
   CHECK(producer.stats().refused_hellos == 3);
   CHECK(producer.stats().connections == 0);
   // A connection whose token is for "(raw)" worker 0 cannot open another's session.
@@ -1824,6 +1831,36 @@ TEST_CASE("ucx: requests before a hello and sessions for another worker are refu
   test_engine e("rollout-0", c, 1, puller);
   e.pull(puller, 1);
   test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("ucx: a consumer gone without a goodbye: UCX reports its endpoint failed, the producer closes it") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  log_lines log;
+  // tcp: a vanished peer's socket shows as reset (shared memory has no such signal).
+  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}, log.sink()));
+  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
+  for (int round = 1; round <= 3; ++round) {
+    INFO("round " << round);
+    const auto reply = puller.send_raw(wire::encode(wire::get_msg{8, 99, 0, 1, 1000}), in(5s), true, false);
+    CHECK(has(reply, "not_registered: session 99"));
+    // Before the producer made the endpoint its own, UCX freed it here
+    // unseen, and the producer's next use of its handle read freed memory.
+    const auto until = in(10s);
+    while (producer.stats().endpoint_failures < static_cast<std::uint64_t>(round) && clock::now() < until)
+      std::this_thread::sleep_for(10ms);
+    CHECK(producer.stats().endpoint_failures == static_cast<std::uint64_t>(round));
+  }
+  CHECK(log.contains("UCX reports its endpoint failed"));
+  CHECK(log.contains("the consumer is gone"));
+  CHECK(producer.stats().connections == 3);
+  // A consumer that says goodbye is no failure, and the producer serves on.
+  test_engine e("rollout-0", c, 1, puller);
+  e.pull(puller, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  CHECK(producer.stats().endpoint_failures == 3);
 }
 
 TEST_CASE("ucx: an idle connection is reused only for max_idle, then made anew") {

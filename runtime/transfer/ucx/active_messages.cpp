@@ -7,8 +7,8 @@
 
 namespace rlsync::transfer::ucx_detail {
 
-ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
-                                  size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t am_inbox::on_message(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                  const ucp_am_recv_param_t* param) {
   auto* self = static_cast<am_inbox*>(arg);
   const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
   // Returning other than UCS_OK from here drops a large (rendezvous)
@@ -19,12 +19,17 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
     ++self->dropped;
     return rndv ? UCS_ERR_REJECTED : UCS_OK;
   };
+  const ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  if (self->is_member && !(reply_ep && self->is_member(reply_ep))) {
+    try { // UCX calls this from C: nothing may escape it
+      self->admit(first_message{reply_ep, header, header_length, rndv ? nullptr : data, length});
+    } catch (...) {
+      ++self->dropped;
+    }
+    return UCS_OK;
+  }
   if (self->ready.size() + self->pending.size() >= max_ready)
     return drop();
-  const ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-  const bool stranger = self->is_member && !(reply_ep && self->is_member(reply_ep));
-  if (rndv && length <= self->limit && stranger && length > max_stranger_bytes - self->stranger_bytes)
-    return drop(); // stranger_bytes <= max_stranger_bytes always
   // UCX calls this from C: nothing may escape it (an allocation that fails drops the message).
   try {
     incoming in;
@@ -43,7 +48,7 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
     if (length > self->max_pending_bytes - self->pending_bytes) // pending_bytes <= max_pending_bytes always
       return drop();
     in.bytes.resize(length);
-    auto& f = self->pending.emplace_back(fetching{nullptr, std::move(in), stranger});
+    auto& f = self->pending.emplace_back(fetching{nullptr, std::move(in)});
     ucp_request_param_t rp{};
     rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
     void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);
@@ -61,8 +66,6 @@ ucs_status_t am_inbox::on_message(void* arg, const void* /*header*/, size_t /*he
     } else {
       f.request = req;
       self->pending_bytes += length;
-      if (stranger)
-        self->stranger_bytes += length;
     }
     return UCS_OK;
   } catch (...) {
@@ -95,8 +98,6 @@ void am_inbox::poll() {
     }
     ucp_request_free(it->request);
     pending_bytes -= it->msg.bytes.size();
-    if (it->stranger)
-      stranger_bytes -= it->msg.bytes.size();
     if (st == UCS_OK && !it->discard)
       ready.push_back(std::move(it->msg));
     it = pending.erase(it);
@@ -120,18 +121,20 @@ void am_inbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
   }
   pending.clear();
   pending_bytes = 0;
-  stranger_bytes = 0;
 }
 
 // False when UCX refused the send outright.
-bool am_outbox::send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply) {
+bool am_outbox::send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply,
+                     std::vector<std::uint8_t> header) {
   auto& s = inflight.emplace_back();
   s.ep = ep;
   s.bytes = std::move(bytes);
+  s.header = std::move(header);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   rp.flags = reply ? UCP_AM_SEND_FLAG_REPLY : 0;
-  void* req = ucp_am_send_nbx(ep, id, nullptr, 0, s.bytes.data(), s.bytes.size(), &rp);
+  void* req = ucp_am_send_nbx(ep, id, s.header.empty() ? nullptr : s.header.data(), s.header.size(), s.bytes.data(),
+                              s.bytes.size(), &rp);
   if (req == nullptr || UCS_PTR_IS_ERR(req)) {
     inflight.pop_back();
     return req == nullptr;
@@ -161,6 +164,7 @@ void am_outbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
   for (auto& s : inflight) {
     ucp_request_free(s.request);
     keep.push_back(std::move(s.bytes));
+    keep.push_back(std::move(s.header));
   }
   inflight.clear();
 }

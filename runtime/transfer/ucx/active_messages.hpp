@@ -22,15 +22,14 @@ inline constexpr unsigned am_reply = ucx_wire::am_reply_id;
 // Receives whole control messages on a worker: eager ones are copied in the
 // callback (their data lives only during it); rendezvous ones (large plans
 // or manifests) are fetched into a buffer of their announced size, which
-// must not exceed `limit`. Messages arrive before anyone checked who sent
-// them, so what waits here is bounded: max_ready messages not yet taken,
-// max_pending_bytes being fetched (4 × limit), and with `is_member` set,
-// at most max_stranger_bytes of them from endpoints it does not vouch for
-// (the producer's members: consumers that proved their token), since UCX
-// cannot cancel a fetch a stalled sender never finishes: strangers' hellos
-// still arrive where UCX sends even small messages by rendezvous. A
-// message beyond a bound is dropped and counted; a large one's send fails
-// with UCS_ERR_REJECTED, a small one's sender waits into its deadline.
+// must not exceed `limit`. What waits here is bounded: max_ready messages
+// not yet taken, max_pending_bytes being fetched (4 x limit). With
+// `is_member` set (the producer), only members' messages wait: one from
+// any other endpoint goes to `admit` in the callback, the only place its
+// endpoint is sure to be alive (UCX frees an endpoint nobody made their
+// own once its peer fails), and is dropped after. A message beyond a
+// bound is dropped and counted; a large one's send fails with
+// UCS_ERR_REJECTED, a small one's sender waits into its deadline.
 struct am_inbox {
   struct incoming {
     std::vector<std::uint8_t> bytes;
@@ -40,24 +39,30 @@ struct am_inbox {
   struct fetching {
     void* request = nullptr;
     incoming msg;
-    bool stranger = false;
     bool discard = false; // its endpoint is closing: dropped once UCX is done with it
   };
+  // A message from an endpoint that is not a member, as the callback has it.
+  struct first_message {
+    ucp_ep_h reply_ep = nullptr;
+    const void* header = nullptr;
+    std::size_t header_length = 0;
+    const void* data = nullptr; // nullptr when it came by rendezvous (not fetched)
+    std::size_t length = 0;
+  };
   static constexpr std::size_t max_ready = 4096;
-  static constexpr std::size_t max_stranger_bytes = std::size_t(1) << 20;
 
   ucp_worker_h worker = nullptr;
   std::size_t limit = 0;
   std::size_t max_pending_bytes = 0;
-  std::size_t pending_bytes = 0;  // the buffers of `pending`
-  std::size_t stranger_bytes = 0; // those of them from strangers
+  std::size_t pending_bytes = 0; // the buffers of `pending`
   std::uint64_t dropped = 0;     // messages dropped at a bound
   std::function<bool(ucp_ep_h reply_ep)> is_member; // empty: every sender is one
+  std::function<void(const first_message&)> admit;  // set with is_member
   std::deque<incoming> ready;
   std::list<fetching> pending;
 
-  static ucs_status_t on_message(void* arg, const void* /*header*/, size_t /*header_length*/, void* data,
-                                 size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_message(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param);
   void install(ucp_worker_h w, unsigned id, std::size_t max_bytes);
   void poll();
   /// Drops what waits from `ep`, whose close began: the messages taken, and
@@ -74,10 +79,12 @@ struct am_outbox {
     void* request = nullptr;
     ucp_ep_h ep = nullptr;
     std::vector<std::uint8_t> bytes;
+    std::vector<std::uint8_t> header;
   };
   std::list<sending> inflight;
 
-  bool send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply);
+  bool send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply,
+            std::vector<std::uint8_t> header = {});
   void poll();
   bool pending_on(ucp_ep_h ep) const;
   void abandon(std::vector<std::vector<std::uint8_t>>& keep);

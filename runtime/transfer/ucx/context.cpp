@@ -219,6 +219,17 @@ worker_handle make_worker(ucp_context_h ctx, const std::string& role) {
   return w;
 }
 
+std::vector<std::uint8_t> worker_address(ucp_worker_h w, const std::string& role) {
+  ucp_address_t* a = nullptr;
+  std::size_t len = 0;
+  if (const ucs_status_t s = ucp_worker_get_address(w, &a, &len); s != UCS_OK)
+    throw ucx_error("ucx " + role + ": cannot get the worker's address: " + ucs_status_string(s));
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(a);
+  std::vector<std::uint8_t> out(bytes, bytes + len);
+  ucp_worker_release_address(w, a);
+  return out;
+}
+
 std::string lane_info::summary() const {
   std::string s;
   for (auto k : all_kinds())

@@ -51,6 +51,8 @@ struct worker_handle {
 };
 
 worker_handle make_worker(ucp_context_h ctx, const std::string& role);
+// The worker's address, as a peer's ucp_ep_create takes it.
+std::vector<std::uint8_t> worker_address(ucp_worker_h w, const std::string& role);
 
 // What one endpoint's lanes use, parsed from ucp_ep_print_info (UCX 1.13
 // has no query for it):

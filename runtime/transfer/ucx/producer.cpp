@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 namespace rlsync::transfer {
 namespace ucx_detail {
@@ -57,21 +58,16 @@ void producer_impl::start() {
   ctx = make_context(options.transports, options.net_devices, "producer");
   worker = make_worker(ctx->handle, "producer");
   inbox.install(worker.handle, am_request, options.max_message_bytes);
-  // Large messages (plans) only from consumers that proved their token: a
-  // stranger's stalled fetch would hold its share of the inbox for good.
-  // Called on the progress thread, which owns conns.
+  // Only a connection's messages wait in the inbox; any other is a hello to
+  // admit, or refused, in the callback. Called on the progress thread,
+  // which owns conns.
   inbox.is_member = [this](ucp_ep_h ep) { return conns.count(ep) > 0; };
+  inbox.admit = [this](const am_inbox::first_message& m) { admit(m); };
   refusal_log = std::make_unique<rate_limited_log>([log = options.log](const std::string& line) { say(log, line); });
 
   // No listener: consumers connect to this worker address, which travels
   // only over the authenticated control plane together with a token.
-  ucp_address_t* a = nullptr;
-  std::size_t len = 0;
-  if (const ucs_status_t s = ucp_worker_get_address(worker.handle, &a, &len); s != UCS_OK)
-    throw ucx_error(std::string("ucx producer: cannot get the worker's address: ") + ucs_status_string(s));
-  const auto* bytes = reinterpret_cast<const std::uint8_t*>(a);
-  address.assign(bytes, bytes + len);
-  ucp_worker_release_address(worker.handle, a);
+  address = worker_address(worker.handle, "producer");
 
   say(options.log, "ucx producer: serving on a UCX worker address of " + std::to_string(address.size())
                        + " bytes, no listening port (UCX_TLS="
@@ -234,6 +230,7 @@ void producer_impl::run() {
     unsigned n = 0;
     for (unsigned k; (k = ucp_worker_progress(worker.handle)) != 0 && n < 1024;)
       n += k;
+    n += handle_failures();
     inbox.poll();
     outbox.poll();
     poll_closes();
@@ -249,9 +246,7 @@ void producer_impl::run() {
     if (inbox.dropped != drops_said && now - last_drop_said >= std::chrono::seconds(1)) { // at most once a second
       say(options.log, "ucx producer: dropped " + std::to_string(inbox.dropped - drops_said)
                            + " control messages at its inbox's bounds (" + std::to_string(am_inbox::max_ready)
-                           + " waiting, " + std::to_string(inbox.max_pending_bytes)
-                           + " bytes being fetched, " + std::to_string(am_inbox::max_stranger_bytes)
-                           + " of them from senders past no hello)");
+                           + " waiting, " + std::to_string(inbox.max_pending_bytes) + " bytes being fetched)");
       drops_said = inbox.dropped;
       last_drop_said = now;
     }
@@ -375,18 +370,13 @@ unsigned producer_impl::handle_messages() {
       std::lock_guard<std::mutex> lock(stats_mutex);
       ++st.requests;
     }
-    if (in.reply_ep && closing.count(in.reply_ep)) {
-      count_rejected(); // arrived while its endpoint closes: nobody to answer
-      continue;
-    }
     auto it = conns.find(in.reply_ep);
     if (it == conns.end()) {
-      admit(in.reply_ep, in.bytes, in.too_big);
+      count_rejected(); // its connection closed since (closes forget what waits; this is a guard)
       continue;
     }
     const conn_ptr c = it->second;
     c->last_active = clock::now();
-    check_lanes(*c);
     if (in.too_big) {
       count_rejected();
       say(options.log, "ucx producer: rejected a message of " + std::to_string(in.too_big) + " bytes from "
@@ -425,27 +415,42 @@ void producer_impl::refuse_endpoint(ucp_ep_h ep, std::uint64_t seq, const std::s
   }
   (*refusal_log)("ucx producer: refused an endpoint: " + why);
   if (!ep)
-    return; // sent without a reply endpoint: nothing to answer or close
+    return; // sent without a reply endpoint: nothing to answer
+  // Answered, not closed: the endpoint was never made ours, and UCX frees
+  // it once its peer goes (closing it here, in the receive callback, would
+  // free it under UCX's feet).
   outbox.send(ep, am_reply, wire::encode(wire::reject_msg{seq, wire::status::unauthorized, "producer: " + why}), false);
-  start_close(ep); // flushes the answer first; nothing of it is kept
 }
 
-void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, std::size_t too_big) {
-  if (too_big) {
-    refuse_endpoint(ep, 0, "a first message of " + std::to_string(too_big) + " bytes, not a hello");
+// In the receive callback (see am_inbox), for a message on an endpoint that
+// is not a connection's: its header must be a valid hello.
+void producer_impl::admit(const am_inbox::first_message& m) {
+  const ucp_ep_h ep = m.reply_ep;
+  if (ep && closing.count(ep)) {
+    count_rejected(); // arrived while its endpoint closes: nobody to answer
     return;
   }
-  wire::message m;
+  const auto* header = static_cast<const std::uint8_t*>(m.header);
+  if (m.header_length == 0) {
+    const auto seq = m.data ? wire::peek_seq(static_cast<const std::uint8_t*>(m.data), m.length) : 0;
+    refuse_endpoint(ep, seq, "a request before hello");
+    return;
+  }
+  wire::message decoded;
   try {
-    m = wire::decode(bytes.data(), bytes.size());
+    decoded = wire::decode(header, m.header_length);
   } catch (const wire::wire_error& e) {
-    refuse_endpoint(ep, wire::peek_seq(bytes.data(), bytes.size()),
-                    std::string("a malformed first message: ") + e.what());
+    refuse_endpoint(ep, wire::peek_seq(header, m.header_length), std::string("a malformed hello: ") + e.what());
     return;
   }
-  const auto* hello = std::get_if<wire::hello_msg>(&m);
+  const auto* hello = std::get_if<wire::hello_msg>(&decoded);
   if (!hello) {
-    refuse_endpoint(ep, std::visit([](const auto& x) { return seq_of(x); }, m), "a request before hello");
+    refuse_endpoint(ep, std::visit([](const auto& x) { return seq_of(x); }, decoded),
+                    "a first message whose header is not a hello");
+    return;
+  }
+  if (m.length != 0) {
+    refuse_endpoint(ep, hello->seq, "a hello with a body of " + std::to_string(m.length) + " bytes (it has none)");
     return;
   }
   if (auto why = check_token(*hello); !why.empty()) {
@@ -457,9 +462,18 @@ void producer_impl::admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, s
     refuse_endpoint(ep, hello->seq, "a hello without a reply endpoint");
     return;
   }
+  if (stopping) {
+    refuse_endpoint(ep, hello->seq, "a hello while the producer stops");
+    return;
+  }
   if (conns.size() >= options.max_connections) {
     refuse_endpoint(ep, hello->seq, "a hello beyond the limit of " + std::to_string(options.max_connections)
                                         + " connections");
+    return;
+  }
+  if (std::string why; !claim(ep, *hello, why)) {
+    refuse_endpoint(ep, hello->seq, "engine '" + printable(hello->engine) + "' worker "
+                                        + std::to_string(hello->worker) + " sent " + why);
     return;
   }
   auto c = std::make_shared<connection>();
@@ -624,10 +638,67 @@ void producer_impl::handle(const conn_ptr& c, const wire::hello_msg& m) {
   close_connection(c, "refused hello", false);
 }
 
+// Makes `ep`, the endpoint an authenticated hello came on, ours: a
+// connection from this worker to the hello's address is matched by UCX to
+// the endpoint the consumer's own connection made here, and handed back
+// marked as the user's, with our error callback. (An endpoint UCX made for
+// a peer's connection and nobody claimed is freed the moment its peer
+// fails, leaving whoever kept its handle a dangling pointer.)
+bool producer_impl::claim(ucp_ep_h ep, const wire::hello_msg& hello, std::string& why) {
+  if (hello.address.empty()) {
+    why = "no worker address";
+    return false;
+  }
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = reinterpret_cast<const ucp_address_t*>(hello.address.data());
+  p.err_handler.cb = &producer_impl::on_endpoint_error;
+  p.err_handler.arg = this;
+  ucp_ep_h own = nullptr;
+  if (const ucs_status_t s = ucp_ep_create(worker.handle, &p, &own); s != UCS_OK) {
+    why = std::string("a worker address UCX cannot connect to (") + ucs_status_string(s) + ")";
+    return false;
+  }
+  if (own != ep) {
+    strays.insert(own); // a new connection: closed after this progress
+    why = "a worker address that is not its own";
+    return false;
+  }
+  return true;
+}
+
+// UCX's error callback for endpoints we made ours: noted, handled after
+// the progress call that reported it (nothing may be closed inside it).
+void producer_impl::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<producer_impl*>(arg);
+  try {
+    self->failed_endpoints.emplace_back(ep, status);
+  } catch (...) {
+    // Out of memory: its connection ends at the idle sweep instead.
+  }
+}
+
+unsigned producer_impl::handle_failures() {
+  unsigned n = 0;
+  for (const auto& [ep, status] : std::exchange(failed_endpoints, {})) {
+    ++n;
+    if (auto it = conns.find(ep); it != conns.end()) {
+      {
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        ++st.endpoint_failures;
+      }
+      close_connection(it->second, std::string("UCX reports its endpoint failed (") + ucs_status_string(status)
+                                       + "): the consumer is gone");
+    } else if (strays.erase(ep)) {
+      start_close(ep);
+    }
+  }
+  for (auto ep : std::exchange(strays, {}))
+    start_close(ep);
+  return n;
+}
+
 void producer_impl::check_lanes(connection& c) {
-  if (c.lanes_checked)
-    return;
-  c.lanes_checked = true;
   const lane_info l = ep_lanes(c.ep);
   c.refused = lanes_refused(l, options.transports);
   {

@@ -88,14 +88,11 @@ struct session {
 // is what every session on the connection must name.
 struct connection {
   std::uint64_t id = 0;
-  ucp_ep_h ep = nullptr; // the reply endpoint of the consumer's hello
+  ucp_ep_h ep = nullptr; // the reply endpoint of the consumer's hello, made ours (claim)
   std::string peer;      // "engine 'e' worker w (connection n)"
   std::string engine;
   int worker = 0;
-  bool failed = false;
-  std::string failure;
   bool closed = false;
-  bool lanes_checked = false;
   bool same_host = false; // its hello named this host: it may map our shared memory
   std::string refused; // non-empty: the lanes use a transport not allowed
   std::map<std::uint64_t, std::shared_ptr<const plan::grouped_plan>> plans;
@@ -238,6 +235,8 @@ struct producer_impl {
   bool retry_blocked = false;                       // room may have freed
   std::list<std::pair<void*, ucp_ep_h>> closes;     // endpoint closes in progress
   std::set<ucp_ep_h> closing;                       // their endpoints: messages from them are dropped
+  std::vector<std::pair<ucp_ep_h, ucs_status_t>> failed_endpoints; // reported by UCX, not yet handled
+  std::set<ucp_ep_h> strays; // made to a hello's address that was not its sender's: to close
   bool leak_worker = false;                         // see shutdown()
 
   // Packers.
@@ -302,12 +301,16 @@ struct producer_impl {
   void reply(const conn_ptr& c, const wire::message& m);
   void count_rejected();
   unsigned handle_messages();
-  // A message on an endpoint that has not said a valid hello: a hello with
-  // a valid token makes it a connection; anything else is answered
-  // `unauthorized`, counted, logged at a bounded rate, and its endpoint
-  // closed at once, so it leaves nothing behind.
-  void admit(ucp_ep_h ep, const std::vector<std::uint8_t>& bytes, std::size_t too_big);
+  // A message on an endpoint that is not a connection's, in the receive
+  // callback: a hello with a valid token makes it a connection, its
+  // endpoint made ours (claim); anything else is answered `unauthorized`,
+  // counted, and logged at a bounded rate.
+  void admit(const am_inbox::first_message& m);
   void refuse_endpoint(ucp_ep_h ep, std::uint64_t seq, const std::string& why);
+  bool claim(ucp_ep_h ep, const wire::hello_msg& hello, std::string& why);
+  static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // Closes the connections whose endpoints UCX reported failed, and strays.
+  unsigned handle_failures();
 
   template <class T>
   static std::uint64_t seq_of(const T& x) {

@@ -664,7 +664,7 @@ std::string ucx_puller::last_transports() const {
 }
 
 std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
-                                 bool hello_first) {
+                                 bool hello_first, bool say_goodbye) {
   pull_request req;
   req.engine = "(raw)";
   req.deadline = deadline;
@@ -698,7 +698,10 @@ std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock
           ch->replies.begin()->second);
     }
   }
-  impl_->destroy(std::move(ch));
+  if (say_goodbye)
+    impl_->destroy(std::move(ch));
+  else
+    impl_->destroy_worker(*ch); // its endpoint still open, as when a consumer's process dies
   return out;
 }
 

@@ -468,11 +468,15 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
   if (!create_endpoint(ch, why))
     return why;
   const std::uint64_t seq = ++ch.seq;
-  const std::string host = options.shared_memory ? this_host_id() : std::string();
   if (!options.shared_memory)
     ch.shared_why = "turned off (groups by tag)";
-  if (!ch.outbox.send(ch.ep, am_request,
-                      wire::encode(wire::hello_msg{seq, ch.engine, ch.engine_worker, creds.token, host}), true))
+  // The hello travels as the header of the first message (see wire::hello_msg).
+  wire::hello_msg hello{seq, ch.engine, ch.engine_worker, creds.token,
+                        options.shared_memory ? this_host_id() : std::string(), worker_address(ch.worker.handle, "puller")};
+  if (hello.address.size() > wire::max_worker_address_bytes)
+    return "this worker's UCX address of " + std::to_string(hello.address.size()) + " bytes is over the hello's limit of "
+           + std::to_string(wire::max_worker_address_bytes) + " (too many devices: see UCX_NET_DEVICES)";
+  if (!ch.outbox.send(ch.ep, am_request, {}, true, wire::encode(hello)))
     return "cannot send";
   const bool answered = drive(ch.worker, deadline, [&] {
     ch.pump();

@@ -295,6 +295,7 @@ struct ucx_producer_stats {
   std::uint64_t requests = 0;       ///< messages received
   std::uint64_t rejected = 0;       ///< malformed or refused messages, refused hellos included
   std::uint64_t refused_hellos = 0; ///< hellos without a valid token, and requests before a hello
+  std::uint64_t endpoint_failures = 0; ///< connections closed as UCX reported their endpoint failed (consumer gone)
   std::uint64_t tokens_issued = 0;
   std::uint64_t packs = 0;          ///< groups packed
   std::uint64_t packs_ahead = 0;    ///< of which packed ahead, before any get asked for them
@@ -457,9 +458,11 @@ public:
   /// message's rejection), or "" when it sent none before `deadline`.
   /// The connection says hello first, with credentials for engine "(raw)"
   /// worker 0, unless `hello_first` is false (then `message` is the first
-  /// thing the producer sees). Throws transfer_error when it cannot connect.
+  /// thing the producer sees, with no hello). Unless `say_goodbye`, the
+  /// connection then vanishes as a dead consumer's does (no goodbye, no
+  /// close). Throws transfer_error when it cannot connect.
   std::string send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
-                       bool hello_first = true);
+                       bool hello_first = true, bool say_goodbye = true);
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;

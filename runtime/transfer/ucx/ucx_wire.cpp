@@ -18,7 +18,8 @@ constexpr std::uint32_t plan_magic = 0x4c504c52;    // "RLPL"
 // 7: an ack names the producer's shareable buffers (connecting ahead).
 // 8: a manifest places each group's tensors in the version's memory (lent in place).
 // 9: plan digests are SHA-256's first 8 bytes (plan_digest).
-constexpr std::uint8_t format_version = 9;
+// 10: hello carries the consumer's worker address, as its first message's header.
+constexpr std::uint8_t format_version = 10;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is written with host-order stores");
 
@@ -384,6 +385,7 @@ std::vector<std::uint8_t> encode(const message& m) {
           w.put(x.worker);
           w.blob(x.token);
           w.str(x.host.substr(0, max_host_bytes));
+          w.blob(x.address);
         } else if constexpr (std::is_same_v<T, plan_msg>) {
           header(w, msg_type::plan);
           w.put(x.seq);
@@ -491,6 +493,7 @@ message decode(const std::uint8_t* data, std::size_t size) {
         r.fail("worker " + std::to_string(m.worker) + " out of range");
       m.token = r.blob("token", max_token_bytes);
       m.host = r.str("host", max_host_bytes);
+      m.address = r.blob("address", max_worker_address_bytes);
       out = std::move(m);
       break;
     }

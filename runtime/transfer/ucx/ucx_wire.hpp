@@ -116,7 +116,14 @@ inline constexpr std::uint8_t max_status = static_cast<std::uint8_t>(status::una
 std::string to_string(status s);
 
 /// The first message on a connection: who is pulling, and the token the
-/// producer issued for that engine worker over the control plane.
+/// producer issued for that engine worker over the control plane. It
+/// travels as the header of the connection's first active message, its
+/// body empty: UCX hands a header to the receive callback whole, even for
+/// a message sent by rendezvous, and only there is the endpoint it came on
+/// sure to be alive (UCX frees an endpoint nobody made their own as soon
+/// as its peer fails). There the producer checks the token and makes the
+/// endpoint its own by connecting to `address` (UCX hands back the endpoint
+/// the hello came on), so that UCX reports its failure instead of freeing it.
 struct hello_msg {
   std::uint64_t seq = 0;
   std::string engine;
@@ -125,8 +132,11 @@ struct hello_msg {
   /// The consumer's host (its kernel boot id), when it can map the
   /// producer's shared memory; empty: it cannot, or will not.
   std::string host;
+  /// The consumer's UCX worker address (read only once the token checks).
+  std::vector<std::uint8_t> address;
 };
 constexpr std::size_t max_host_bytes = 64;
+constexpr std::size_t max_worker_address_bytes = 4096; ///< this machine's are 80-220 bytes
 struct plan_msg {
   std::uint64_t seq = 0;
   std::vector<std::uint8_t> plan; ///< encode_plan bytes
