@@ -132,3 +132,12 @@ TEST_CASE("forgetting a closing endpoint drops its messages and marks its fetche
   CHECK_FALSE(inbox.pending.back().discard);
   inbox.pending.clear(); // no UCX request behind them to free
 }
+
+TEST_CASE("an outbox answers at most max_refusals strangers at once; the rest go unanswered") {
+  am_outbox outbox;
+  outbox.refusals = am_outbox::max_refusals;
+  // At the bound nothing reaches UCX (no endpoint is needed to show it).
+  CHECK_FALSE(outbox.refuse(nullptr, 18, {1, 2, 3}));
+  CHECK(outbox.inflight.empty());
+  CHECK(outbox.refusals == am_outbox::max_refusals);
+}

@@ -143,6 +143,18 @@ bool am_outbox::send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, 
   return true;
 }
 
+bool am_outbox::refuse(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes) {
+  if (refusals >= max_refusals)
+    return false;
+  const auto before = inflight.size();
+  const bool sent = send(ep, id, std::move(bytes), false);
+  if (inflight.size() > before) {
+    inflight.back().refusal = true;
+    ++refusals;
+  }
+  return sent;
+}
+
 void am_outbox::poll() {
   for (auto it = inflight.begin(); it != inflight.end();) {
     if (ucp_request_check_status(it->request) == UCS_INPROGRESS) {
@@ -150,6 +162,7 @@ void am_outbox::poll() {
       continue;
     }
     ucp_request_free(it->request);
+    refusals -= it->refusal;
     it = inflight.erase(it);
   }
 }
@@ -167,6 +180,7 @@ void am_outbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
     keep.push_back(std::move(s.header));
   }
   inflight.clear();
+  refusals = 0;
 }
 
 } // namespace rlsync::transfer::ucx_detail

@@ -80,11 +80,18 @@ struct am_outbox {
     ucp_ep_h ep = nullptr;
     std::vector<std::uint8_t> bytes;
     std::vector<std::uint8_t> header;
+    bool refusal = false;
   };
+  // Answers to senders that are not members: a stranger that keeps sending
+  // and never reads must not make the outbox grow.
+  static constexpr std::size_t max_refusals = 64;
   std::list<sending> inflight;
+  std::size_t refusals = 0; // of inflight
 
   bool send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply,
             std::vector<std::uint8_t> header = {});
+  /// A reply to a stranger; false (and nothing sent) with max_refusals in flight.
+  bool refuse(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes);
   void poll();
   bool pending_on(ucp_ep_h ep) const;
   void abandon(std::vector<std::vector<std::uint8_t>>& keep);

@@ -309,16 +309,34 @@ void producer_impl::start_close(ucp_ep_h ep) {
 }
 
 void producer_impl::poll_closes() {
-  for (auto it = closes.begin(); it != closes.end();) {
-    if (ucp_request_check_status(it->first) == UCS_INPROGRESS) {
-      ++it;
-      continue;
+  for (auto it = closes.begin(); it != closes.end();)
+    it = finish_close(it) ? closes.erase(it) : std::next(it);
+}
+
+// Whether the close of `it` completed; then what is left of it is released.
+bool producer_impl::finish_close(std::list<std::pair<void*, ucp_ep_h>>::iterator it) {
+  if (ucp_request_check_status(it->first) == UCS_INPROGRESS)
+    return false;
+  ucp_request_free(it->first);
+  inbox.forget(it->second);  // what the progress that completed the close delivered from it
+  closing.erase(it->second); // gone: its address may name a new endpoint from now on
+  return true;
+}
+
+// Whether `ep` names an endpoint whose close is still in progress. A close
+// can complete inside the progress call that delivers a new peer's first
+// message on an endpoint at the same address: then that is a new endpoint.
+bool producer_impl::still_closing(ucp_ep_h ep) {
+  if (!closing.count(ep))
+    return false;
+  for (auto it = closes.begin(); it != closes.end(); ++it)
+    if (it->second == ep) {
+      if (!finish_close(it))
+        return true;
+      closes.erase(it);
+      return false;
     }
-    ucp_request_free(it->first);
-    inbox.forget(it->second);  // what the progress that completed the close delivered from it
-    closing.erase(it->second); // gone: its address may name a new endpoint from now on
-    it = closes.erase(it);
-  }
+  return true;
 }
 
 // Drops everything a connection holds and closes its endpoint. Sends in
@@ -345,7 +363,10 @@ void producer_impl::close_connection(const conn_ptr& c, const std::string& why, 
   c->plan_order.clear();
   conns.erase(c->ep);
   retry_blocked = true; // its pins are gone
-  start_close(c->ep);   // completes in the background (poll_closes)
+  if (c->failed)
+    inbox.forget(c->ep); // not closed: see handle_failures
+  else
+    start_close(c->ep); // completes in the background (poll_closes)
 }
 
 void producer_impl::reply(const conn_ptr& c, const wire::message& m) {
@@ -416,17 +437,17 @@ void producer_impl::refuse_endpoint(ucp_ep_h ep, std::uint64_t seq, const std::s
   (*refusal_log)("ucx producer: refused an endpoint: " + why);
   if (!ep)
     return; // sent without a reply endpoint: nothing to answer
-  // Answered, not closed: the endpoint was never made ours, and UCX frees
-  // it once its peer goes (closing it here, in the receive callback, would
-  // free it under UCX's feet).
-  outbox.send(ep, am_reply, wire::encode(wire::reject_msg{seq, wire::status::unauthorized, "producer: " + why}), false);
+  // Answered (while few such answers are in flight), not closed: the
+  // endpoint was never made ours, and UCX frees it once its peer goes
+  // (closing it here, in the receive callback, would free it under UCX's feet).
+  outbox.refuse(ep, am_reply, wire::encode(wire::reject_msg{seq, wire::status::unauthorized, "producer: " + why}));
 }
 
 // In the receive callback (see am_inbox), for a message on an endpoint that
 // is not a connection's: its header must be a valid hello.
 void producer_impl::admit(const am_inbox::first_message& m) {
   const ucp_ep_h ep = m.reply_ep;
-  if (ep && closing.count(ep)) {
+  if (ep && still_closing(ep)) {
     count_rejected(); // arrived while its endpoint closes: nobody to answer
     return;
   }
@@ -471,13 +492,8 @@ void producer_impl::admit(const am_inbox::first_message& m) {
                                         + " connections");
     return;
   }
-  if (std::string why; !claim(ep, *hello, why)) {
-    refuse_endpoint(ep, hello->seq, "engine '" + printable(hello->engine) + "' worker "
-                                        + std::to_string(hello->worker) + " sent " + why);
-    return;
-  }
   auto c = std::make_shared<connection>();
-  c->id = next_conn++;
+  c->id = next_conn;
   c->ep = ep;
   c->engine = hello->engine;
   c->worker = hello->worker;
@@ -485,6 +501,12 @@ void producer_impl::admit(const am_inbox::first_message& m) {
             + std::to_string(c->id) + ")";
   c->last_active = clock::now();
   c->same_host = !host.empty() && hello->host == host;
+  if (std::string why; !claim(ep, *hello, why)) {
+    refuse_endpoint(ep, hello->seq, "engine '" + printable(hello->engine) + "' worker "
+                                        + std::to_string(hello->worker) + " sent " + why);
+    return;
+  }
+  ++next_conn;
   conns[ep] = c;
   {
     std::lock_guard<std::mutex> lock(stats_mutex);
@@ -687,6 +709,12 @@ unsigned producer_impl::handle_failures() {
         std::lock_guard<std::mutex> lock(stats_mutex);
         ++st.endpoint_failures;
       }
+      // Its endpoint is not closed: UCX has swapped its lanes for failed
+      // ones, so a close's flush only fails (UCX logs it as an error) and
+      // the endpoint, connected from its peer's side, would still be kept
+      // until the worker goes. It stays UCX's, allocated, its address not
+      // reused while we might still hold it.
+      it->second->failed = true;
       close_connection(it->second, std::string("UCX reports its endpoint failed (") + ucs_status_string(status)
                                        + "): the consumer is gone");
     } else if (strays.erase(ep)) {

@@ -92,6 +92,7 @@ struct connection {
   std::string peer;      // "engine 'e' worker w (connection n)"
   std::string engine;
   int worker = 0;
+  bool failed = false; // UCX reported its endpoint failed: not closed (see handle_failures)
   bool closed = false;
   bool same_host = false; // its hello named this host: it may map our shared memory
   std::string refused; // non-empty: the lanes use a transport not allowed
@@ -297,6 +298,8 @@ struct producer_impl {
   void shutdown();
   void start_close(ucp_ep_h ep);
   void poll_closes();
+  bool finish_close(std::list<std::pair<void*, ucp_ep_h>>::iterator it);
+  bool still_closing(ucp_ep_h ep);
   void close_connection(const conn_ptr& c, const std::string& why, bool loud = true);
   void reply(const conn_ptr& c, const wire::message& m);
   void count_rejected();

@@ -664,7 +664,7 @@ std::string ucx_puller::last_transports() const {
 }
 
 std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
-                                 bool hello_first, bool say_goodbye) {
+                                 bool hello_first, bool say_goodbye, const std::vector<std::uint8_t>& header) {
   pull_request req;
   req.engine = "(raw)";
   req.deadline = deadline;
@@ -680,7 +680,7 @@ std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock
   }
   std::string out;
   ch->seq = UINT64_MAX; // a raw message carries whatever number it carries: any reply answers it
-  if (ch->outbox.send(ch->ep, am_request, message, true)) {
+  if (ch->outbox.send(ch->ep, am_request, message, true, hello_first ? std::vector<std::uint8_t>{} : header)) {
     drive(ch->worker, deadline, [&] {
       ch->pump();
       return ch->failed || !ch->replies.empty();

@@ -471,12 +471,25 @@ std::string puller_impl::try_connect(channel& ch, const ucx_credentials& creds, 
   if (!options.shared_memory)
     ch.shared_why = "turned off (groups by tag)";
   // The hello travels as the header of the first message (see wire::hello_msg).
-  wire::hello_msg hello{seq, ch.engine, ch.engine_worker, creds.token,
-                        options.shared_memory ? this_host_id() : std::string(), worker_address(ch.worker.handle, "puller")};
-  if (hello.address.size() > wire::max_worker_address_bytes)
-    return "this worker's UCX address of " + std::to_string(hello.address.size()) + " bytes is over the hello's limit of "
-           + std::to_string(wire::max_worker_address_bytes) + " (too many devices: see UCX_NET_DEVICES)";
-  if (!ch.outbox.send(ch.ep, am_request, {}, true, wire::encode(hello)))
+  std::vector<std::uint8_t> header;
+  try {
+    wire::hello_msg hello{seq, ch.engine, ch.engine_worker, creds.token,
+                          options.shared_memory ? this_host_id() : std::string(),
+                          worker_address(ch.worker.handle, "puller")};
+    if (hello.address.size() > wire::max_worker_address_bytes)
+      return "this worker's UCX address of " + std::to_string(hello.address.size())
+             + " bytes is over the hello's limit of " + std::to_string(wire::max_worker_address_bytes)
+             + " (too many devices: see UCX_NET_DEVICES)";
+    header = wire::encode(hello);
+  } catch (const ucx_error& e) {
+    return e.what();
+  }
+  ucp_worker_attr_t attr{};
+  attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(ch.worker.handle, &attr) == UCS_OK && header.size() > attr.max_am_header)
+    return "a hello of " + std::to_string(header.size()) + " bytes is over UCX's largest message header here ("
+           + std::to_string(attr.max_am_header) + " bytes): a shorter engine name, or fewer devices (UCX_NET_DEVICES)";
+  if (!ch.outbox.send(ch.ep, am_request, {}, true, std::move(header)))
     return "cannot send";
   const bool answered = drive(ch.worker, deadline, [&] {
     ch.pump();

@@ -457,12 +457,12 @@ public:
   /// returns the producer's answer as "status: text" (e.g. a malformed
   /// message's rejection), or "" when it sent none before `deadline`.
   /// The connection says hello first, with credentials for engine "(raw)"
-  /// worker 0, unless `hello_first` is false (then `message` is the first
-  /// thing the producer sees, with no hello). Unless `say_goodbye`, the
-  /// connection then vanishes as a dead consumer's does (no goodbye, no
-  /// close). Throws transfer_error when it cannot connect.
+  /// worker 0, unless `hello_first` is false (then `message`, with
+  /// `header` as its header, is the first thing the producer sees). Unless
+  /// `say_goodbye`, the connection then vanishes as a dead consumer's does
+  /// (no goodbye, no close). Throws transfer_error when it cannot connect.
   std::string send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
-                       bool hello_first = true, bool say_goodbye = true);
+                       bool hello_first = true, bool say_goodbye = true, const std::vector<std::uint8_t>& header = {});
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;
