@@ -41,32 +41,10 @@ extern "C" void on_node_stop_signal(int sig) { stop_signal = sig; }
 /// A drill's orders (only with --drill-events): drill_corrupt_signal() arms
 /// a corruption, drill_withhold_signal() a withheld group, in the trainer
 /// ranks hosted here. Sent with sigqueue, the value is a drill_order
-/// (engine, version); a plain kill: any engine, any version. Real-time
-/// signals queue, so several orders may arrive between two polls: the
-/// handlers store each in the next slot of a ring (lock-free atomics), and
-/// a watcher thread acts on them. A ring holds 16 orders a poll (5 ms).
-constexpr std::uint64_t no_order = ~std::uint64_t{0};
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "touched from a signal handler");
-static_assert(std::atomic<unsigned>::is_always_lock_free, "touched from a signal handler");
-
-struct order_ring {
-  std::array<std::atomic<std::uint64_t>, 16> slots;
-  std::atomic<unsigned> next{0};
-  order_ring() {
-    for (auto& s : slots)
-      s.store(no_order);
-  }
-  void store(std::uint64_t order) { slots[next.fetch_add(1) % slots.size()].store(order); }
-  /// Every order stored since the last take, each once.
-  template <class F>
-  void take(F act) {
-    for (auto& s : slots)
-      if (auto v = s.exchange(no_order); v != no_order)
-        act(v);
-  }
-};
-order_ring corrupt_orders;
-order_ring withhold_orders;
+/// (engine, version); a plain kill: any engine, any version. The handlers
+/// store them in rings a watcher thread polls every 5 ms.
+drill_order_ring corrupt_orders;
+drill_order_ring withhold_orders;
 
 std::uint64_t order_of(const siginfo_t* info) {
   return info && info->si_code == SI_QUEUE ? reinterpret_cast<std::uintptr_t>(info->si_value.sival_ptr) : 0;
@@ -104,8 +82,8 @@ public:
     store_drill_orders(); // already, as a rule (see there)
     thread_ = std::thread([this] {
       while (watching_) {
-        corrupt_orders.take([this](std::uint64_t v) { corrupt(decode_drill_order(v)); });
-        withhold_orders.take([this](std::uint64_t v) { withhold(decode_drill_order(v)); });
+        lost("corrupt", corrupt_orders.take([this](std::uint64_t v) { corrupt(decode_drill_order(v)); }));
+        lost("withhold", withhold_orders.take([this](std::uint64_t v) { withhold(decode_drill_order(v)); }));
         std::this_thread::sleep_for(std::chrono::milliseconds(5)); // polls what the signal handlers store
       }
     });
@@ -118,6 +96,11 @@ public:
   }
 
 private:
+  void lost(const char* what, std::uint64_t n) {
+    if (n)
+      log_("drill: " + std::to_string(n) + " " + what + " order(s) lost: more than "
+           + std::to_string(drill_order_ring::capacity) + " came between two polls");
+  }
   void corrupt(const drill_order& o) {
     std::string engine = o.engine && *o.engine < engines_.size() ? engines_[*o.engine] : std::string();
     auto lines = arms_->corrupt(engine, o.version);

@@ -8,6 +8,8 @@
 #include "runtime/config/topology.hpp"
 #include "runtime/control/protocol.hpp"
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -61,6 +63,42 @@ inline constexpr std::uint64_t max_drill_order_version = (std::uint64_t{1} << 48
 /// nullopt when the engine index or the version does not fit.
 std::optional<std::uint64_t> encode_drill_order(const drill_order& o);
 drill_order decode_drill_order(std::uint64_t value);
+
+/// Where a node's signal handlers keep the drill's orders until its watcher
+/// takes them (lock-free: stored from a signal handler). Real-time signals
+/// queue, so several orders may arrive between two takes: each goes to the
+/// next slot; one that finds its slot still full is counted as lost, never
+/// stored over an order not yet taken.
+class drill_order_ring {
+public:
+  static constexpr std::uint64_t no_order = ~std::uint64_t{0}; // encode_drill_order never gives it
+  static constexpr std::size_t capacity = 16;
+  drill_order_ring() {
+    for (auto& s : slots_)
+      s.store(no_order);
+  }
+  void store(std::uint64_t order) {
+    auto expected = no_order;
+    if (!slots_[next_.fetch_add(1) % capacity].compare_exchange_strong(expected, order))
+      lost_.fetch_add(1);
+  }
+  /// Every order stored since the last take, each once; returns how many
+  /// were lost since (the ring was full).
+  template <class F>
+  std::uint64_t take(F act) {
+    for (auto& s : slots_)
+      if (auto v = s.exchange(no_order); v != no_order)
+        act(v);
+    return lost_.exchange(0);
+  }
+
+private:
+  static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "touched from a signal handler");
+  static_assert(std::atomic<unsigned>::is_always_lock_free, "touched from a signal handler");
+  std::array<std::atomic<std::uint64_t>, capacity> slots_;
+  std::atomic<unsigned> next_{0};
+  std::atomic<std::uint64_t> lost_{0};
+};
 
 std::string_view to_string(process_action a);
 

@@ -241,6 +241,26 @@ TEST_CASE("process drill: a drill signal's order, encoded and decoded") {
   CHECK(decode_drill_order(0) == drill_order{std::nullopt, 0}); // a plain kill: any engine, any version
 }
 
+TEST_CASE("process drill: a node's order ring keeps every order up to its capacity, and counts the rest lost") {
+  drill_order_ring ring;
+  std::vector<std::uint64_t> taken;
+  auto take = [&] { return ring.take([&](std::uint64_t v) { taken.push_back(v); }); };
+  CHECK(take() == 0);
+  CHECK(taken.empty());
+  for (std::uint64_t i = 0; i < drill_order_ring::capacity + 3; ++i)
+    ring.store(i);
+  CHECK(take() == 3); // the three past the capacity, not the first three
+  REQUIRE(taken.size() == drill_order_ring::capacity);
+  for (std::uint64_t i = 0; i < drill_order_ring::capacity; ++i)
+    CHECK(taken[i] == i);
+  // Taken slots are free again, wherever the ring's cursor stands.
+  taken.clear();
+  ring.store(100);
+  ring.store(101);
+  CHECK(take() == 0);
+  CHECK(taken == std::vector<std::uint64_t>{100, 101});
+}
+
 TEST_CASE("process drill: the first refused fault is named with its place and index") {
   auto t = three_nodes();
   std::vector<std::size_t> asked;

@@ -444,6 +444,9 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_
                            + (attempts == 1 ? "" : "s") + "; last: " + last + ")");
 }
 
+// One endpoint per worker, ever: the producer makes the endpoint this one's
+// connection makes on its side its own by connecting back, and UCX pairs
+// the two by a per-worker-pair count of connections (both first here).
 bool puller_impl::create_endpoint(channel& ch, std::string& why) {
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER
