@@ -55,6 +55,8 @@ extern "C" void on_withhold_signal(int, siginfo_t* info, void*) { withhold_order
 /// The handlers that store a drill's orders, installed as soon as the flags
 /// say --drill-events: an order that reaches a node the drill just (re)started
 /// waits for its watcher instead of ending the process (the signals' default).
+/// The drill starts its nodes with the two signals blocked, so that one sent
+/// before this waits pending; unblocked here, it is delivered now.
 void store_drill_orders() {
   struct sigaction sa {};
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
@@ -63,6 +65,11 @@ void store_drill_orders() {
   sigaction(drill_corrupt_signal(), &sa, nullptr);
   sa.sa_sigaction = on_withhold_signal;
   sigaction(drill_withhold_signal(), &sa, nullptr);
+  sigset_t orders;
+  sigemptyset(&orders);
+  sigaddset(&orders, drill_corrupt_signal());
+  sigaddset(&orders, drill_withhold_signal());
+  pthread_sigmask(SIG_UNBLOCK, &orders, nullptr);
 }
 
 /// Acts on the drill's orders stored by the handlers: arms `arms` as they come,

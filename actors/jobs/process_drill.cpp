@@ -249,8 +249,18 @@ private:
       std::cerr << "rlsync drill: pipe: " << std::strerror(errno) << "\n";
       return false;
     }
+    // The drill's orders stay blocked in the child through exec, until the
+    // node has installed its handlers (their default action would kill a
+    // node that gets one while it starts): they wait pending meanwhile.
+    sigset_t orders, old_mask;
+    sigemptyset(&orders);
+    sigaddset(&orders, drill_corrupt_signal());
+    sigaddset(&orders, drill_withhold_signal());
+    pthread_sigmask(SIG_BLOCK, &orders, &old_mask);
     pid_t parent = getpid();
     pid_t pid = fork();
+    if (pid != 0)
+      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
     if (pid < 0) {
       std::cerr << "rlsync drill: fork: " << std::strerror(errno) << "\n";
       close(log);
