@@ -84,6 +84,7 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   f.incarnation = info.incarnation;
   f.version = info.version;
   f.dirty = info.dirty;
+  f.paused = info.paused;
   f.synced_version = st.synced_version;
   f.max_restarts = st.cfg.sync.max_restarts;
   auto seen = st.replicas.find(info.name);

@@ -149,7 +149,7 @@ RLSYNC_INSPECT(token_event, x.request_id, x.index, x.token, x.version, x.stale_k
 RLSYNC_INSPECT(version_span, x.version, x.begin, x.end)
 RLSYNC_INSPECT(generate_result, x.request_id, x.tokens, x.spans, x.reason, x.engine,
                x.stale_kv_tokens, x.logprobs, x.top_tokens, x.top_logprobs)
-RLSYNC_INSPECT(engine_info, x.name, x.node, x.tp, x.version, x.dirty, x.incarnation)
+RLSYNC_INSPECT(engine_info, x.name, x.node, x.tp, x.version, x.dirty, x.incarnation, x.paused)
 RLSYNC_INSPECT(registration, x.current_version, x.routable)
 RLSYNC_INSPECT(heartbeat, x.from, x.seq)
 RLSYNC_INSPECT(engine_status, x.name, x.version, x.dirty, x.state, x.running, x.waiting,

@@ -491,9 +491,14 @@ void local_deployment::restart_coordinator(caf::actor_system& sys, const topolog
     if (!st)
       continue; // dead or cut off: it registers when it is restarted
     const engine_spec* spec = t.find_engine(engine_names[i]);
-    if (spec) // a refusal leaves it out, as a dead one: it registers when it is restarted
-      register_engine(sys, coordinator, engine_info_of(*spec, incarnations[i], st->version, st->dirty),
-                      caf::actor_cast<caf::actor>(engines[i]), std::chrono::seconds(10));
+    if (!spec)
+      continue;
+    // As it is: paused too, when the old coordinator died mid-round (then it
+    // is not routable until a sync continues it).
+    auto info = engine_info_of(*spec, incarnations[i], st->version, st->dirty);
+    info.paused = st->state != scheduler_state::unpaused;
+    // A refusal leaves it out, as a dead one: it registers when it is restarted.
+    register_engine(sys, coordinator, info, caf::actor_cast<caf::actor>(engines[i]), std::chrono::seconds(10));
   }
   if (!single_trainer) // the ranks too, as they are (same incarnation: a reconnect)
     for (const auto& r : ranks)

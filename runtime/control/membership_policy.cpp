@@ -33,8 +33,9 @@ registration_decision decide_registration(const registration_facts& f) {
     return d;
   }
   // The same incarnation again: it reconnected, or the coordinator
-  // restarted. Current then and now: it may serve at once.
-  d.routable_at_once = f.known_replica && f.was_routable && !f.dirty && f.version != 0
+  // restarted. Current then and now, and not left paused by a round the
+  // coordinator never finished: it may serve at once.
+  d.routable_at_once = f.known_replica && f.was_routable && !f.dirty && !f.paused && f.version != 0
                        && f.version == f.synced_version && f.recorded_version == f.version;
   return d;
 }

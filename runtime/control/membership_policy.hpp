@@ -33,6 +33,7 @@ struct registration_facts {
   std::uint64_t incarnation = 0;
   std::uint64_t version = 0;
   bool dirty = false;
+  bool paused = false;
   /// The coordinator's synced version and sync.max_restarts.
   std::uint64_t synced_version = 0;
   std::int64_t max_restarts = 3;

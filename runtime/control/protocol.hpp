@@ -125,6 +125,9 @@ struct engine_info {
   std::uint64_t version = 0; ///< version it holds (0: none yet)
   bool dirty = false;        ///< holds a partial update
   std::uint64_t incarnation = 0; ///< grows with every restart of this replica
+  /// Its scheduler is paused (a coordinator that paused it went before
+  /// continuing it): it serves only once a sync continues it.
+  bool paused = false;
 };
 
 /// The coordinator's answer to a registration.

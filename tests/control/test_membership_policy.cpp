@@ -61,6 +61,8 @@ TEST_CASE("decide_registration: who joins, who is refused, what counts as a rest
   auto reconnect = known(2);
   auto reconnect_dirty = known(2);
   reconnect_dirty.dirty = true;
+  auto reconnect_paused = known(2);
+  reconnect_paused.paused = true;
   auto reconnect_behind = known(2);
   reconnect_behind.synced_version = 6;
   auto reconnect_other_version = known(2);
@@ -88,6 +90,8 @@ TEST_CASE("decide_registration: who joins, who is refused, what counts as a rest
     {"max_restarts 0: the first restart retires", no_restarts_allowed, V::retire, false, true, false},
     {"a reconnect current then and now is routable at once", reconnect, V::join, false, false, true},
     {"a dirty reconnect needs a sync", reconnect_dirty, V::join, false, false, false},
+    {"a reconnect left paused by an unfinished round needs a sync (which continues it)", reconnect_paused, V::join,
+     false, false, false},
     {"a reconnect behind the synced version needs a sync", reconnect_behind, V::join, false, false, false},
     {"a reconnect with another version than recorded", reconnect_other_version, V::join, false, false, false},
     {"a reconnect that was not current", reconnect_not_current, V::join, false, false, false},
