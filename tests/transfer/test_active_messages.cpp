@@ -133,7 +133,7 @@ TEST_CASE("forgetting a closing endpoint drops its messages and marks its fetche
   inbox.pending.clear(); // no UCX request behind them to free
 }
 
-TEST_CASE("an outbox answers at most max_refusals strangers at once; the rest go unanswered") {
+TEST_CASE("an outbox answers at most max_refusals strangers at once, the rest go unanswered") {
   am_outbox outbox;
   outbox.refusals = am_outbox::max_refusals;
   // At the bound nothing reaches UCX (no endpoint is needed to show it).

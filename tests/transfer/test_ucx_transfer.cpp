@@ -1888,6 +1888,56 @@ TEST_CASE("ucx: a first message is judged by its hello header: each lie is answe
   }
 }
 
+TEST_CASE("ucx: an engine unregistered during its pull keeps no connection, and registered again it connects anew") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 1, puller);
+  auto sink = e.sink();
+  bool unregistered = false;
+  const auto apply = sink.on_group;
+  sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+    if (!unregistered) { // the engine goes while its pull runs
+      puller.unregister_engine("rollout-0");
+      unregistered = true;
+    }
+    apply(w, g, bytes, size);
+  };
+  puller.pull({"rollout-0", 0, 1, transfer_mode::sharded, in(10s)}, sink);
+  CHECK(unregistered);
+  CHECK(puller.stats().connections == 1);
+  // Its connection was not kept idle for an engine that no longer exists.
+  test_engine again("rollout-0", c, 1, puller);
+  again.pull(puller, 1);
+  test::check_identical(*again.weights, *test::loaded(*v1, 1));
+  CHECK(puller.stats().connections == 2);
+}
+
+TEST_CASE("ucx: a sharded group whose size does not fit the sink's places is the producer's fault, named") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer());
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 1, puller);
+  e.in_place = true;
+  auto sink = e.sink();
+  const auto places = sink.targets;
+  sink.targets = [&](int w, std::uint32_t g) {
+    auto out = places(w, g);
+    if (!out.empty())
+      out.back().bytes += 1; // places for one byte more than the group the producer sends
+    return out;
+  };
+  auto err = expect_failure([&] { puller.pull({"rollout-0", 0, 1, transfer_mode::sharded, in(10s)}, sink); });
+  CHECK(err.failure == transfer_failure::producer_failed);
+  CHECK(has(err.what(), "sent group "));
+}
+
 TEST_CASE("ucx: a consumer gone without a goodbye: UCX reports its endpoint failed, the producer closes it") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(1);

@@ -310,6 +310,12 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
   // get unless the open carried it.
   auto issue = [&](std::size_t idx) {
     auto& p = slot_state[idx % window];
+    if (p.request) { // its slot's last group was answered in shared memory after a receive was posted
+      ch->failed = true;
+      ch->failure = "the producer answered group " + std::to_string(groups[idx - window].group)
+                    + " both by tag and in shared memory";
+      lost(*ch, req, "receiving group " + std::to_string(groups[idx - window].group)); // the guard cancels it
+    }
     p = posted{};
     const bool carried = idx < prefetch;
     p.tag = carried ? tag_base + idx : ++ch->tag;
@@ -408,17 +414,23 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     // the producer rewrites a buffer only after every lend of it came back
     // done; one not given back is never reused.)
     const auto storing = clock::now();
-    std::vector<store_target> targets = broadcast ? std::vector<store_target>{}
-                                                  : group_targets(sink, req.worker, group, size);
-    std::vector<source_piece> whole{{bytes, size}}; // broadcast: the group as sent
-    std::vector<tensor_view> views;                 // broadcast: its tensors where they lie
-    std::uint64_t got = 0;
     const bool gather_in_place = in_place && header->shared.id != 0;
     auto bad_placement = [&](const std::invalid_argument& e) {
       return transfer_error(transfer_failure::producer_failed, "ucx transfer: " + who(req) + ": producer " + ch->peer
                                                                    + " sent group " + std::to_string(group) + " "
                                                                    + (gather_in_place ? "in place " : "") + e.what());
     };
+    std::vector<store_target> targets;
+    if (!broadcast) {
+      try { // the group's size is the producer's word: checked against the sink's targets
+        targets = group_targets(sink, req.worker, group, size);
+      } catch (const std::invalid_argument& e) {
+        throw bad_placement(e);
+      }
+    }
+    std::vector<source_piece> whole{{bytes, size}}; // broadcast: the group as sent
+    std::vector<tensor_view> views;                 // broadcast: its tensors where they lie
+    std::uint64_t got = 0;
     if (gather_in_place) {
       const auto& mapping = ch->maps.at(header->shared.id).map;
       std::vector<source_piece> pieces;

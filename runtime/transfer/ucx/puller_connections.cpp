@@ -85,6 +85,7 @@ void puller_impl::trim_ready_workers() {
 // A connection is bound to the engine worker its token was issued for: only
 // that worker's pulls reuse it.
 std::unique_ptr<channel> puller_impl::acquire(const pull_request& req) {
+  reap_parked(); // closes that completed since: their workers go now, not at the next destroy
   {
     // A connection being made ahead for this worker is this pull's: wait
     // for it (until the pull's deadline) rather than make a second one.
@@ -126,13 +127,15 @@ std::unique_ptr<channel> puller_impl::acquire(const pull_request& req) {
 void puller_impl::release(std::unique_ptr<channel> ch) {
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (ch->address == producer && !ch->failed) {
+    // Kept only for an engine worker still registered: one unregistered
+    // during this pull would never take it again.
+    if (ch->address == producer && !ch->failed && workers.count({ch->engine, ch->engine_worker})) {
       ch->idle_since = clock::now();
       idle.push_back(std::move(ch));
       return;
     }
   }
-  destroy(std::move(ch)); // the producer changed meanwhile
+  destroy(std::move(ch)); // the producer changed meanwhile, or the engine went
 }
 
 // `grace` bounds each wait (the goodbye, the close); a close that takes
@@ -235,7 +238,12 @@ std::unique_ptr<channel> puller_impl::new_channel(const ucx_credentials& creds, 
   }
   if (!ch->worker.handle)
     ch->worker = make_worker(ctx->handle, "puller");
-  ch->inbox.install(ch->worker.handle, am_reply, max_reply_bytes);
+  try {
+    ch->inbox.install(ch->worker.handle, am_reply, max_reply_bytes);
+  } catch (...) {
+    ucp_worker_destroy(ch->worker.handle); // no endpoint was made on it
+    throw;
+  }
   return ch;
 }
 
@@ -402,8 +410,16 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_
     const auto attempt_deadline = std::min(req.deadline, now + options.connect_attempt_timeout);
     // Each attempt on a worker of its own, destroyed with whatever a
     // failed attempt leaves behind.
-    std::unique_ptr<channel> ch = new_channel(creds, req);
-    if (auto err = try_connect(*ch, creds, attempt_deadline, map_ahead); err.empty()) {
+    std::unique_ptr<channel> ch;
+    std::string err;
+    try {
+      ch = new_channel(creds, req);
+    } catch (const ucx_error& e) {
+      err = e.what(); // no worker (out of file descriptors?): a failed attempt, retried
+    }
+    if (ch)
+      err = try_connect(*ch, creds, attempt_deadline, map_ahead);
+    if (ch && err.empty()) {
       const std::string refused = lanes_refused(ch->lanes, options.transports);
       say(options.log, "ucx puller: " + who(req) + " connected to producer " + peer + " (attempt "
                            + std::to_string(attempts) + ") over " + ch->lanes.text + " [" + ch->lanes.summary()
@@ -421,7 +437,7 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_
                              "ucx transfer: " + who(req) + ": producer " + peer + ": " + refused);
       }
       return ch;
-    } else if (!ch->refused.empty()) {
+    } else if (ch && !ch->refused.empty()) {
       const std::string why = ch->refused;
       destroy(std::move(ch), std::chrono::milliseconds(50));
       throw transfer_error(transfer_failure::producer_failed,
