@@ -279,8 +279,11 @@ ucx_credentials puller_impl::credentials(const pull_request& req) {
         }
     }
   }
+  // Inline in a pull, before its own connection: a short grace each (the
+  // old producer is likely gone), and a close that needs longer is parked,
+  // reaped at a later acquire.
   for (auto& ch : old)
-    destroy(std::move(ch));
+    destroy(std::move(ch), std::chrono::milliseconds(20));
   return creds;
 }
 
