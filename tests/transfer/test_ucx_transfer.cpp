@@ -1965,6 +1965,23 @@ TEST_CASE("ucx: a consumer gone without a goodbye: UCX reports its endpoint fail
   CHECK(producer.stats().endpoint_failures == 3);
 }
 
+TEST_CASE("ucx: a goodbye is answered, then the producer closes: no failure on either side") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
+  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
+  test_engine e("rollout-0", c, 1, puller);
+  e.pull(puller, 1);
+  CHECK(puller.stats().goodbyes_answered == 0);
+  puller.unregister_engine("rollout-0"); // its idle connection says goodbye
+  CHECK(puller.stats().goodbyes_answered == 1);
+  // The producer closed first: the consumer's close is no failure there.
+  std::this_thread::sleep_for(200ms);
+  CHECK(producer.stats().endpoint_failures == 0);
+}
+
 TEST_CASE("ucx: an idle connection is reused only for max_idle, then made anew") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(1);

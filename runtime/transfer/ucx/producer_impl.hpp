@@ -335,10 +335,13 @@ struct producer_impl {
     retry_blocked = true; // its pins are gone
   }
 
-  // The consumer is going: close from this side first, while the endpoint
-  // is healthy. (Were the consumer to close first, this side would see a
-  // failed endpoint, and closing that makes UCX log flush errors.)
-  void handle(const conn_ptr& c, const wire::bye_msg&) { close_connection(c, "the consumer said goodbye", false); }
+  // The consumer is going: answered, then closed from this side first,
+  // while the endpoint is healthy (the close flushes the answer). Were the
+  // consumer to close first, this side would see its endpoint fail.
+  void handle(const conn_ptr& c, const wire::bye_msg& m) {
+    reply(c, wire::ack_msg{m.seq, wire::status::ok, 0, "", {}, {}});
+    close_connection(c, "the consumer said goodbye", false);
+  }
   void handle(const conn_ptr& c, const wire::done_msg& m);
 
   void handle(const conn_ptr& c, const wire::get_msg& m);

@@ -148,12 +148,18 @@ void puller_impl::destroy(std::unique_ptr<channel> ch, std::chrono::milliseconds
     if (ch->ep && ch->connected && !ch->failed) {
       // Say goodbye and let the producer close first (see its bye
       // handler): a close from this side would show there as a failed
-      // endpoint, and closing that makes UCX log flush errors.
-      if (ch->outbox.send(ch->ep, am_request, wire::encode(wire::bye_msg{++ch->seq}), true))
+      // endpoint. Its answer says it has.
+      const std::uint64_t bye = ++ch->seq;
+      if (ch->outbox.send(ch->ep, am_request, wire::encode(wire::bye_msg{bye}), true)) {
         drive(ch->worker, clock::now() + std::min(grace, std::chrono::milliseconds(200)), [&] {
           ch->pump();
-          return ch->failed;
+          return ch->failed || ch->replies.count(bye);
         }, std::chrono::milliseconds(1));
+        if (ch->replies.count(bye)) {
+          std::lock_guard<std::mutex> lock(mutex);
+          ++st.goodbyes_answered;
+        }
+      }
     }
     ch->outbox.poll();
     // See close_ep: close first if sends are outstanding, or if the

@@ -400,6 +400,7 @@ struct ucx_puller_options {
 struct ucx_puller_stats {
   std::uint64_t connections = 0;     ///< established
   std::uint64_t connect_attempts = 0;
+  std::uint64_t goodbyes_answered = 0; ///< connections closed after the producer answered their goodbye
   std::uint64_t workers_made_ahead = 0; ///< UCX workers made at registration, before any connection
   std::uint64_t workers_taken_ahead = 0; ///< connections that started on one of them
   std::uint64_t connected_ahead = 0; ///< connections made at registration (connect_ahead)

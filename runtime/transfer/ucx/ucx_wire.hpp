@@ -83,8 +83,9 @@ void check_plan(const plan::worker_plan& p);
 /// (manifest), get (group header, plus the group's bytes as a tagged
 /// message, or where the group lies in shared memory), done (a group lent
 /// in shared memory was copied; no answer), close (ends a session; no
-/// answer), bye (the consumer is about to go: the producer closes the
-/// connection). Producer -> consumer: ack, manifest, group, reject (the
+/// answer), bye (the consumer is about to go: the producer answers with an
+/// ack, then closes the connection; UCX 1.13 tells the consumer nothing of
+/// that close). Producer -> consumer: ack, manifest, group, reject (the
 /// answer to a message it could not decode).
 enum class msg_type : std::uint8_t {
   hello = 1,
