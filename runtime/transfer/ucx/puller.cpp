@@ -490,6 +490,14 @@ pull_report puller_impl::pull(const pull_request& req, const group_sink& sink) {
     if (idx + window < groups.size())
       issue(idx + window);
   }
+  // A receive still posted (a producer that answered a group by tag and
+  // then in shared memory) must not outlive the pull on a kept connection.
+  for (std::size_t i = 0; i < window; ++i)
+    if (slot_state[i].request) {
+      ch->failed = true;
+      ch->failure = "the producer answered a group both by tag and in shared memory";
+      lost(*ch, req, "receiving the last groups"); // the guard cancels it
+    }
   // The session is done; no answer is awaited (a lost close only keeps a
   // session the producer drops later).
   const std::uint64_t close_seq = ++ch->seq;
@@ -710,8 +718,11 @@ std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock
           ch->replies.begin()->second);
     }
   }
-  if (say_goodbye)
+  if (say_goodbye) {
+    ch->clear_replies(); // what the raw message drew (a reject under 0 among them)
+    ch->seq = UINT64_MAX - 1; // the goodbye, next, is answered under UINT64_MAX
     impl_->destroy(std::move(ch));
+  }
   else
     impl_->destroy_worker(*ch); // its endpoint still open, as when a consumer's process dies
   return out;
