@@ -942,19 +942,25 @@ int run_process_drill(const topology& t, const std::string& path, const drill_op
   // nodes and removes the namespaces it made (the signals' default action
   // would leave them behind, named after a pid no later run cleans up).
   stop_signal_scope signals; // past the drill's end: its clean-up is not cut short either
-  {
-    process_drill d(t, path, o, std::move(plan), dir);
-    if (!d.run())
-      return stop_signal() ? 128 + stop_signal() : 1;
-    rec = d.record();
-  }
-  write_drill_report(rec, dir);
-  std::cout << drill_summary(rec, path, dir) << std::flush;
-  if (stop_signal()) {
+  // Said once the drill is gone: its nodes stopped, its namespaces removed.
+  auto stopped = [&] {
     std::cerr << "rlsync drill: stopped by signal " << stop_signal() << "; its nodes were stopped"
               << (o.netns ? " and its namespaces removed" : "") << "\n";
     return 128 + stop_signal();
+  };
+  bool ran = false; // its nodes all started (a signal or a failure stops it before)
+  {
+    process_drill d(t, path, o, std::move(plan), dir);
+    ran = d.run();
+    if (ran)
+      rec = d.record();
   }
+  if (!ran) // a signal while the nodes start is reported as one later is
+    return stop_signal() ? stopped() : 1;
+  write_drill_report(rec, dir);
+  std::cout << drill_summary(rec, path, dir) << std::flush;
+  if (stop_signal())
+    return stopped();
   return rec.passed() ? 0 : 1;
 }
 
