@@ -65,10 +65,7 @@ void store_drill_orders() {
   sigaction(drill_corrupt_signal(), &sa, nullptr);
   sa.sa_sigaction = on_withhold_signal;
   sigaction(drill_withhold_signal(), &sa, nullptr);
-  sigset_t orders;
-  sigemptyset(&orders);
-  sigaddset(&orders, drill_corrupt_signal());
-  sigaddset(&orders, drill_withhold_signal());
+  const sigset_t orders = drill_order_signals();
   pthread_sigmask(SIG_UNBLOCK, &orders, nullptr);
 }
 

@@ -252,10 +252,8 @@ private:
     // The drill's orders stay blocked in the child through exec, until the
     // node has installed its handlers (their default action would kill a
     // node that gets one while it starts): they wait pending meanwhile.
-    sigset_t orders, old_mask;
-    sigemptyset(&orders);
-    sigaddset(&orders, drill_corrupt_signal());
-    sigaddset(&orders, drill_withhold_signal());
+    const sigset_t orders = drill_order_signals();
+    sigset_t old_mask;
     pthread_sigmask(SIG_BLOCK, &orders, &old_mask);
     pid_t parent = getpid();
     pid_t pid = fork();

@@ -45,6 +45,14 @@ std::optional<std::uint64_t> encode_drill_order(const drill_order& o) {
   return (o.version << 16) | (o.engine ? std::uint64_t{*o.engine} + 1 : 0);
 }
 
+sigset_t drill_order_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, drill_corrupt_signal());
+  sigaddset(&s, drill_withhold_signal());
+  return s;
+}
+
 drill_order decode_drill_order(std::uint64_t value) {
   drill_order o;
   if (auto engine = value & 0xffff; engine != 0)

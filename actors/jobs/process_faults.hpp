@@ -8,6 +8,8 @@
 #include "runtime/config/topology.hpp"
 #include "runtime/control/protocol.hpp"
 
+#include <signal.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -48,6 +50,8 @@ enum class process_action : std::uint8_t {
 /// merging.
 int drill_withhold_signal();
 int drill_corrupt_signal();
+/// Both, as a signal set (blocked while a node starts, until it handles them).
+sigset_t drill_order_signals();
 
 /// What a drill's signal carries (sigqueue's 64-bit value): the engine
 /// whose bytes to alter (corrupt: its index in the topology; none: any
