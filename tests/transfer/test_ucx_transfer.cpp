@@ -34,6 +34,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -1681,6 +1682,50 @@ TEST_CASE("ucx: connecting to a producer that is gone fails by the deadline, nam
   CHECK(has(err.what(), "could not connect to producer " + name + " before the deadline"));
   CHECK(took >= 400ms); // a failed attempt is retried, not the end
   CHECK(took < 5s);
+}
+
+TEST_CASE("ucx: connections to a producer that stopped answering stay closing, at most max_parked_connections") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  src->produce_next();
+  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
+  // A producer that stopped: a UCX worker nothing ever progresses. The
+  // kernel accepts each connection; UCX's handshake and the hello wait, so
+  // no attempt's close completes while it lives.
+  auto frozen_context = ucx_detail::make_context({ucx_transport::tcp}, "lo", "frozen producer");
+  auto frozen = ucx_detail::make_worker(frozen_context->handle, "frozen producer");
+  const ucx_credentials to_frozen{ucx_detail::worker_address(frozen.handle, "frozen producer"),
+                                  std::vector<std::uint8_t>(ucx_token_bytes, 7)};
+  std::atomic<bool> frozen_current{true};
+  auto options = loopback_puller(
+      [&](const std::string& engine, int worker, clock::time_point) {
+        return frozen_current ? to_frozen : producer.issue(engine, worker);
+      },
+      {ucx_transport::tcp});
+  options.connect_attempt_timeout = 100ms;
+  options.backoff_initial = 10ms;
+  options.backoff_max = 20ms;
+  options.max_parked_connections = 2;
+  ucx_puller puller(options);
+  test_engine e("rollout-0", c, 1, puller);
+  auto err = expect_failure([&] { e.pull(puller, 1, transfer_mode::sharded, 2500ms); });
+  MESSAGE(std::string(err.what()));
+  CHECK(err.failure == transfer_failure::timeout);
+  CHECK(has(err.what(), "2 earlier connections to producers that stopped answering are still closing"));
+  auto s = puller.stats();
+  CHECK(s.parked == 2);
+  CHECK(s.peak_parked == 2);
+  CHECK(s.attempts_held_back > 0);
+  CHECK(s.connect_attempts == 2 + s.attempts_held_back); // no worker made past the bound
+  // The stopped producer goes: its sockets close, the parked connections
+  // fail and close, and a pull to the new producer connects.
+  ucp_worker_destroy(frozen.handle);
+  frozen_current = false;
+  e.pull(puller, 1, transfer_mode::sharded, 5s);
+  s = puller.stats();
+  CHECK(s.parked == 0);
+  CHECK(s.connections == 1);
 }
 
 TEST_CASE("ucx: a pull without credentials fails at once, saying why") {

@@ -675,7 +675,9 @@ void ucx_puller::reset_connections() {
 
 ucx_puller_stats ucx_puller::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->st;
+  auto out = impl_->st;
+  out.parked = impl_->parked.size();
+  return out;
 }
 
 std::string ucx_puller::last_transports() const {

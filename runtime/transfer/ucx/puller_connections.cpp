@@ -173,6 +173,7 @@ void puller_impl::destroy(std::unique_ptr<channel> ch, std::chrono::milliseconds
                            + " does not close; keeping its worker until it does");
       std::lock_guard<std::mutex> lock(mutex);
       parked.push_back(std::move(ch));
+      st.peak_parked = std::max(st.peak_parked, parked.size());
       return;
     }
     destroy_worker(*ch);
@@ -194,6 +195,19 @@ void puller_impl::recycle_buffers(channel& ch) {
   for (auto& b : ch.slots)
     if (b.capacity() > 0 && spare.size() < 4 * std::max<std::size_t>(1, options.groups_in_flight))
       spare.push_back(std::move(b));
+}
+
+// Why no connection may be made now, or "": every connection that does not
+// close keeps a worker, so their number is bounded here, where new ones
+// are made. Reaps first: a close may have completed since.
+std::string puller_impl::parked_bound_reached() {
+  reap_parked();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (parked.size() < std::max<std::size_t>(1, options.max_parked_connections))
+    return "";
+  ++st.attempts_held_back;
+  return std::to_string(parked.size()) + " earlier connections to producers that stopped answering are still closing"
+         + " (max_parked_connections); no new one is made until one of them closes";
 }
 
 // Destroys parked workers whose close has completed.
@@ -420,11 +434,13 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_
     // Each attempt on a worker of its own, destroyed with whatever a
     // failed attempt leaves behind.
     std::unique_ptr<channel> ch;
-    std::string err;
-    try {
-      ch = new_channel(creds, req);
-    } catch (const ucx_error& e) {
-      err = e.what(); // no worker (out of file descriptors?): a failed attempt, retried
+    std::string err = parked_bound_reached();
+    if (err.empty()) {
+      try {
+        ch = new_channel(creds, req);
+      } catch (const ucx_error& e) {
+        err = e.what(); // no worker (out of file descriptors?): a failed attempt, retried
+      }
     }
     if (ch)
       err = try_connect(*ch, creds, attempt_deadline, map_ahead);

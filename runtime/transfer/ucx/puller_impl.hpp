@@ -225,6 +225,7 @@ struct puller_impl {
   void destroy_worker(channel& ch);
   void recycle_buffers(channel& ch);
   void reap_parked();
+  std::string parked_bound_reached();
   std::unique_ptr<channel> new_channel(const ucx_credentials& creds, const pull_request& req);
   /// Makes a worker ahead (for a newly registered engine worker) while
   /// fewer are ready than engine workers registered.

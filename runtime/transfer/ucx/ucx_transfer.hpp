@@ -394,6 +394,11 @@ struct ucx_puller_options {
   /// and call connect_ahead(engine) then instead.
   bool connect_ahead = false;
   std::chrono::milliseconds connect_ahead_timeout{5000};
+  /// Connections whose close has not completed (a producer that stopped
+  /// answering) keep their UCX worker until it does: destroying a worker
+  /// with a close in flight is not safe. At this many, no new connection is
+  /// made (each attempt fails, saying why) until one of them closes.
+  std::size_t max_parked_connections = 16;
   ucx_log log;
 };
 
@@ -401,6 +406,9 @@ struct ucx_puller_stats {
   std::uint64_t connections = 0;     ///< established
   std::uint64_t connect_attempts = 0;
   std::uint64_t goodbyes_answered = 0; ///< connections closed after the producer answered their goodbye
+  std::size_t parked = 0;            ///< now: connections whose close has not completed
+  std::size_t peak_parked = 0;
+  std::uint64_t attempts_held_back = 0; ///< connection attempts not made: max_parked_connections reached
   std::uint64_t workers_made_ahead = 0; ///< UCX workers made at registration, before any connection
   std::uint64_t workers_taken_ahead = 0; ///< connections that started on one of them
   std::uint64_t connected_ahead = 0; ///< connections made at registration (connect_ahead)
