@@ -1933,6 +1933,37 @@ TEST_CASE("ucx: a first message is judged by its hello header: each lie is answe
   }
 }
 
+TEST_CASE("ucx: a consumer that asks and never reads is closed at max_unread_replies, the producer serves on") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  log_lines log;
+  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}, log.sink()));
+  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
+  // Each open is answered with the version's manifest; over tcp the
+  // sockets hold some of them, the rest wait in the producer.
+  wire::open_msg open;
+  open.seq = 9;
+  open.engine = "(raw)";
+  open.version = v1->version();
+  open.mode = transfer_mode::broadcast;
+  auto flood = std::async(std::launch::async, [&] { puller.flood_raw(wire::encode(open), 20000, in(4s)); });
+  const auto t0 = clock::now();
+  const bool closed = eventually([&] { return producer.stats().unread_closes == 1; }, 15s);
+  MESSAGE("closed after " << std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - t0).count()
+                          << " ms, " << producer.stats().requests << " requests");
+  CHECK(closed);
+  CHECK(log.contains("256 answers unread: it asks and does not read"));
+  // It is the only connection closed so; another consumer is served.
+  ucx_puller other(loopback_puller(producer, {ucx_transport::tcp}));
+  test_engine e("rollout-0", c, 1, other);
+  e.pull(other, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  CHECK(producer.stats().unread_closes == 1);
+  flood.wait();
+}
+
 TEST_CASE("ucx: an engine unregistered during its pull keeps no connection, and registered again it connects anew") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(1);

@@ -140,6 +140,7 @@ bool am_outbox::send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, 
     return req == nullptr;
   }
   s.request = req;
+  ++per_endpoint[ep];
   return true;
 }
 
@@ -163,12 +164,17 @@ void am_outbox::poll() {
     }
     ucp_request_free(it->request);
     refusals -= it->refusal;
+    if (auto n = per_endpoint.find(it->ep); n != per_endpoint.end() && --n->second == 0)
+      per_endpoint.erase(n);
     it = inflight.erase(it);
   }
 }
 
-bool am_outbox::pending_on(ucp_ep_h ep) const {
-  return std::any_of(inflight.begin(), inflight.end(), [&](const sending& s) { return s.ep == ep; });
+bool am_outbox::pending_on(ucp_ep_h ep) const { return per_endpoint.count(ep) != 0; }
+
+std::size_t am_outbox::in_flight_to(ucp_ep_h ep) const {
+  const auto it = per_endpoint.find(ep);
+  return it == per_endpoint.end() ? 0 : it->second;
 }
 
 // Only once the worker is about to be destroyed: the bytes must outlive
@@ -181,6 +187,7 @@ void am_outbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
   }
   inflight.clear();
   refusals = 0;
+  per_endpoint.clear();
 }
 
 } // namespace rlsync::transfer::ucx_detail

@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <unordered_map>
 #include <vector>
 
 namespace rlsync::transfer::ucx_detail {
@@ -87,6 +88,7 @@ struct am_outbox {
   static constexpr std::size_t max_refusals = 64;
   std::list<sending> inflight;
   std::size_t refusals = 0; // of inflight
+  std::unordered_map<ucp_ep_h, std::size_t> per_endpoint; // of inflight, by endpoint
 
   bool send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply,
             std::vector<std::uint8_t> header = {});
@@ -94,6 +96,8 @@ struct am_outbox {
   bool refuse(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes);
   void poll();
   bool pending_on(ucp_ep_h ep) const;
+  /// Sends to `ep` that UCX has not completed: what its peer has not read.
+  std::size_t in_flight_to(ucp_ep_h ep) const;
   void abandon(std::vector<std::vector<std::uint8_t>>& keep);
 };
 

@@ -25,6 +25,10 @@ constexpr std::size_t max_plans_per_connection = 256;
 // that): a worker's plan is a few MB for the largest models.
 constexpr std::uint64_t max_plan_bytes_per_connection = std::uint64_t(256) << 20;
 constexpr std::size_t max_sessions_per_connection = 64;
+// A consumer has at most a few requests outstanding (its gets are bounded
+// by max_outstanding_per_connection) and reads each answer; one that leaves
+// this many unread asks and does not read, and would grow the outbox.
+constexpr std::size_t max_unread_replies = 256;
 
 } // namespace
 
@@ -152,6 +156,7 @@ void producer_impl::run() {
     n += check_published();
     n += handle_packed();
     n += poll_sends();
+    n += close_not_reading();
     const auto now = clock::now();
     if (now - last_sweep >= std::chrono::milliseconds(5)) {
       sweep(now);
@@ -208,13 +213,15 @@ void producer_impl::shutdown() {
   outbox.abandon(graveyard);
 }
 
-void producer_impl::start_close(ucp_ep_h ep) {
+// A forced close does not wait for the sends in flight (UCX completes them
+// with an error): for a consumer that does not read them.
+void producer_impl::start_close(ucp_ep_h ep, bool force) {
   if (closing.count(ep))
     return; // closing already: a second close of one endpoint is undefined
   inbox.forget(ep);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  rp.flags = 0;
+  rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   void* req = ucp_ep_close_nbx(ep, &rp);
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
     closes.emplace_back(req, ep);
@@ -255,7 +262,7 @@ bool producer_impl::still_closing(ucp_ep_h ep) {
 
 // Drops everything a connection holds and closes its endpoint. Sends in
 // flight complete (with an error) once UCX gives up the endpoint.
-void producer_impl::close_connection(const conn_ptr& c, const std::string& why, bool loud) {
+void producer_impl::close_connection(const conn_ptr& c, const std::string& why, bool loud, bool force) {
   if (c->closed)
     return;
   c->closed = true;
@@ -280,14 +287,32 @@ void producer_impl::close_connection(const conn_ptr& c, const std::string& why, 
   if (c->failed)
     inbox.forget(c->ep); // not closed: see handle_failures
   else
-    start_close(c->ep); // completes in the background (poll_closes)
+    start_close(c->ep, force); // completes in the background (poll_closes)
 }
 
 void producer_impl::reply(const conn_ptr& c, const wire::message& m) {
-  if (c->closed)
+  if (c->closed || c->not_reading)
     return;
+  if (outbox.in_flight_to(c->ep) >= max_unread_replies) {
+    // Closed after this turn, not here: the caller may be walking what the
+    // connection holds.
+    c->not_reading = true;
+    not_reading.push_back(c);
+    return;
+  }
   if (!outbox.send(c->ep, am_reply, wire::encode(m), false))
     say(options.log, "ucx producer: cannot answer " + c->peer);
+}
+
+unsigned producer_impl::close_not_reading() {
+  auto closing_now = std::move(not_reading);
+  not_reading.clear();
+  for (const auto& c : closing_now) {
+    close_connection(c, std::to_string(max_unread_replies) + " answers unread: it asks and does not read", true, true);
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    ++st.unread_closes;
+  }
+  return static_cast<unsigned>(closing_now.size());
 }
 
 void producer_impl::count_rejected() {

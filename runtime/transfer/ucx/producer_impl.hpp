@@ -93,6 +93,7 @@ struct connection {
   std::string engine;
   int worker = 0;
   bool failed = false; // UCX reported its endpoint failed: not closed (see handle_failures)
+  bool not_reading = false; // left max_unread_replies answers unread: closed after this turn
   bool closed = false;
   bool same_host = false; // its hello named this host: it may map our shared memory
   std::string refused; // non-empty: the lanes use a transport not allowed
@@ -238,6 +239,7 @@ struct producer_impl {
   std::set<ucp_ep_h> closing;                       // their endpoints: messages from them are dropped
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> failed_endpoints; // reported by UCX, not yet handled
   std::set<ucp_ep_h> strays; // made to a hello's address that was not its sender's: to close
+  std::vector<conn_ptr> not_reading; // to close: see reply()
   bool leak_worker = false;                         // see shutdown()
 
   // Packers.
@@ -296,12 +298,13 @@ struct producer_impl {
 
   void run();
   void shutdown();
-  void start_close(ucp_ep_h ep);
+  void start_close(ucp_ep_h ep, bool force = false);
   void poll_closes();
   bool finish_close(std::list<std::pair<void*, ucp_ep_h>>::iterator it);
   bool still_closing(ucp_ep_h ep);
-  void close_connection(const conn_ptr& c, const std::string& why, bool loud = true);
+  void close_connection(const conn_ptr& c, const std::string& why, bool loud = true, bool force = false);
   void reply(const conn_ptr& c, const wire::message& m);
+  unsigned close_not_reading();
   void count_rejected();
   unsigned handle_messages();
   // A message on an endpoint that is not a connection's, in the receive

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <type_traits>
 
 namespace rlsync::transfer {
@@ -683,6 +684,17 @@ ucx_puller_stats ucx_puller::stats() const {
 std::string ucx_puller::last_transports() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->last_lanes;
+}
+
+void ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std::size_t count, clock::time_point until) {
+  pull_request req;
+  req.engine = "(raw)";
+  req.deadline = until;
+  std::unique_ptr<channel> ch = impl_->connect(req);
+  for (std::size_t i = 0; i < count; ++i)
+    ch->outbox.send(ch->ep, am_request, message, true);
+  std::this_thread::sleep_until(until);
+  impl_->destroy_worker(*ch); // as a dead consumer's: no goodbye, no close
 }
 
 std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,

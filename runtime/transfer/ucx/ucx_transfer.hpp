@@ -296,6 +296,7 @@ struct ucx_producer_stats {
   std::uint64_t rejected = 0;       ///< malformed or refused messages, refused hellos included
   std::uint64_t refused_hellos = 0; ///< hellos without a valid token, and requests before a hello
   std::uint64_t endpoint_failures = 0; ///< connections closed as UCX reported their endpoint failed (consumer gone)
+  std::uint64_t unread_closes = 0; ///< connections closed for leaving max_unread_replies answers unread
   std::uint64_t tokens_issued = 0;
   std::uint64_t packs = 0;          ///< groups packed
   std::uint64_t packs_ahead = 0;    ///< of which packed ahead, before any get asked for them
@@ -472,6 +473,11 @@ public:
   /// (no goodbye, no close). Throws transfer_error when it cannot connect.
   std::string send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
                        bool hello_first = true, bool say_goodbye = true, const std::vector<std::uint8_t>& header = {});
+  /// For tests: a consumer that asks and never reads. Connects (hello
+  /// first, as send_raw), sends `message` `count` times without progressing
+  /// its worker, so nothing the producer answers is read, and vanishes at
+  /// `until` (no goodbye, no close).
+  void flood_raw(const std::vector<std::uint8_t>& message, std::size_t count, clock::time_point until);
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;
