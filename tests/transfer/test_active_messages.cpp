@@ -141,3 +141,25 @@ TEST_CASE("an outbox answers at most max_refusals strangers at once, the rest go
   CHECK(outbox.inflight.empty());
   CHECK(outbox.refusals == am_outbox::max_refusals);
 }
+
+TEST_CASE("one sender's fetches in flight are bounded: a large message past its share is refused, counted") {
+  am_inbox inbox;
+  inbox.limit = 1 << 20;
+  inbox.max_pending_bytes = 4 << 20;
+  auto* stuck = reinterpret_cast<ucp_ep_h>(std::uintptr_t{0x1000});
+  // A sender that stopped progressing holds its share of fetches (their
+  // requests are UCX's; none stands behind these).
+  inbox.fetches_by_sender[stuck] = am_inbox::max_fetches_per_sender;
+  ucp_am_recv_param_t param{};
+  param.recv_attr = UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+  param.reply_ep = stuck;
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, nullptr, 100, &param) == UCS_ERR_REJECTED);
+  CHECK(inbox.dropped == 1);
+  CHECK(inbox.pending.empty());
+  CHECK(inbox.fetches_by_sender[stuck] == am_inbox::max_fetches_per_sender);
+  // Its eager messages still arrive: they wait for no fetch.
+  std::vector<std::uint8_t> small{1, 2, 3};
+  param.recv_attr = UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
+  CHECK(am_inbox::on_message(&inbox, nullptr, 0, small.data(), small.size(), &param) == UCS_OK);
+  CHECK(inbox.ready.size() == 1);
+}

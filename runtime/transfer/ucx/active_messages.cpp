@@ -47,8 +47,18 @@ ucs_status_t am_inbox::on_message(void* arg, const void* header, size_t header_l
     }
     if (length > self->max_pending_bytes - self->pending_bytes) // pending_bytes <= max_pending_bytes always
       return drop();
+    if (const auto it = self->fetches_by_sender.find(reply_ep);
+        it != self->fetches_by_sender.end() && it->second >= max_fetches_per_sender)
+      return drop();
     in.bytes.resize(length);
     auto& f = self->pending.emplace_back(fetching{nullptr, std::move(in)});
+    std::size_t* fetching_now = nullptr;
+    try { // before the fetch, which owns `data` once started
+      fetching_now = &self->fetches_by_sender[reply_ep];
+    } catch (...) {
+      self->pending.pop_back();
+      return drop();
+    }
     ucp_request_param_t rp{};
     rp.op_attr_mask = 0; // completion is polled (am_inbox::poll)
     void* req = ucp_am_recv_data_nbx(self->worker, data, f.msg.bytes.data(), length, &rp);
@@ -66,7 +76,10 @@ ucs_status_t am_inbox::on_message(void* arg, const void* header, size_t header_l
     } else {
       f.request = req;
       self->pending_bytes += length;
+      ++*fetching_now;
     }
+    if (*fetching_now == 0)
+      self->fetches_by_sender.erase(reply_ep);
     return UCS_OK;
   } catch (...) {
     return drop();
@@ -98,6 +111,8 @@ void am_inbox::poll() {
     }
     ucp_request_free(it->request);
     pending_bytes -= it->msg.bytes.size();
+    if (auto n = fetches_by_sender.find(it->msg.reply_ep); n != fetches_by_sender.end() && --n->second == 0)
+      fetches_by_sender.erase(n);
     if (st == UCS_OK && !it->discard)
       ready.push_back(std::move(it->msg));
     it = pending.erase(it);
@@ -121,6 +136,7 @@ void am_inbox::abandon(std::vector<std::vector<std::uint8_t>>& keep) {
   }
   pending.clear();
   pending_bytes = 0;
+  fetches_by_sender.clear();
 }
 
 // False when UCX refused the send outright.

@@ -24,7 +24,8 @@ inline constexpr unsigned am_reply = ucx_wire::am_reply_id;
 // callback (their data lives only during it); rendezvous ones (large plans
 // or manifests) are fetched into a buffer of their announced size, which
 // must not exceed `limit`. What waits here is bounded: max_ready messages
-// not yet taken, max_pending_bytes being fetched (4 x limit). With
+// not yet taken, max_pending_bytes being fetched (4 x limit), at most
+// max_fetches_per_sender of them from one endpoint. With
 // `is_member` set (the producer), only members' messages wait: one from
 // any other endpoint goes to `admit` in the callback, the only place its
 // endpoint is sure to be alive (UCX frees an endpoint nobody made their
@@ -51,11 +52,16 @@ struct am_inbox {
     std::size_t length = 0;
   };
   static constexpr std::size_t max_ready = 4096;
+  // A sender has one large message (a plan, a manifest) in flight at a
+  // time; one that stops progressing holds its fetches until its endpoint
+  // goes, so each sender's share of `pending` is bounded, not only the sum.
+  static constexpr std::size_t max_fetches_per_sender = 4;
 
   ucp_worker_h worker = nullptr;
   std::size_t limit = 0;
   std::size_t max_pending_bytes = 0;
   std::size_t pending_bytes = 0; // the buffers of `pending`
+  std::unordered_map<ucp_ep_h, std::size_t> fetches_by_sender; // of `pending`
   std::uint64_t dropped = 0;     // messages dropped at a bound
   std::function<bool(ucp_ep_h reply_ep)> is_member; // empty: every sender is one
   std::function<void(const first_message&)> admit;  // set with is_member

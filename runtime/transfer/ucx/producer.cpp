@@ -213,17 +213,21 @@ void producer_impl::shutdown() {
   outbox.abandon(graveyard);
 }
 
-// A forced close does not wait for the sends in flight (UCX completes them
-// with an error): for a consumer that does not read them.
-void producer_impl::start_close(ucp_ep_h ep, bool force) {
+// The close flushes what was sent first. (UCX 1.13 refuses a forced close
+// of an endpoint without peer error handling, which ours lack: see the
+// puller's create_endpoint.)
+void producer_impl::start_close(ucp_ep_h ep) {
   if (closing.count(ep))
     return; // closing already: a second close of one endpoint is undefined
   inbox.forget(ep);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  rp.flags = 0;
   void* req = ucp_ep_close_nbx(ep, &rp);
-  if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
+  if (UCS_PTR_IS_ERR(req)) {
+    say(options.log, std::string("ucx producer: UCX refused to close an endpoint: ")
+                         + ucs_status_string(UCS_PTR_STATUS(req)));
+  } else if (req != nullptr) {
     closes.emplace_back(req, ep);
     closing.insert(ep);
   }
@@ -241,6 +245,7 @@ bool producer_impl::finish_close(std::list<std::pair<void*, ucp_ep_h>>::iterator
   ucp_request_free(it->first);
   inbox.forget(it->second);  // what the progress that completed the close delivered from it
   closing.erase(it->second); // gone: its address may name a new endpoint from now on
+  connections_closing.erase(it->second);
   return true;
 }
 
@@ -262,7 +267,7 @@ bool producer_impl::still_closing(ucp_ep_h ep) {
 
 // Drops everything a connection holds and closes its endpoint. Sends in
 // flight complete (with an error) once UCX gives up the endpoint.
-void producer_impl::close_connection(const conn_ptr& c, const std::string& why, bool loud, bool force) {
+void producer_impl::close_connection(const conn_ptr& c, const std::string& why, bool loud) {
   if (c->closed)
     return;
   c->closed = true;
@@ -287,7 +292,9 @@ void producer_impl::close_connection(const conn_ptr& c, const std::string& why, 
   if (c->failed)
     inbox.forget(c->ep); // not closed: see handle_failures
   else
-    start_close(c->ep, force); // completes in the background (poll_closes)
+    start_close(c->ep); // completes in the background (poll_closes)
+  if (closing.count(c->ep))
+    connections_closing.insert(c->ep); // counts against max_connections until it completes
 }
 
 void producer_impl::reply(const conn_ptr& c, const wire::message& m) {
@@ -308,7 +315,11 @@ unsigned producer_impl::close_not_reading() {
   auto closing_now = std::move(not_reading);
   not_reading.clear();
   for (const auto& c : closing_now) {
-    close_connection(c, std::to_string(max_unread_replies) + " answers unread: it asks and does not read", true, true);
+    if (c->closed)
+      continue; // for another reason since
+    // Its messages are dropped from now on, its answers are UCX's until it
+    // reads them or goes, and it counts against max_connections till then.
+    close_connection(c, std::to_string(max_unread_replies) + " answers unread: it asks and does not read");
     std::lock_guard<std::mutex> lock(stats_mutex);
     ++st.unread_closes;
   }

@@ -160,9 +160,12 @@ void producer_impl::admit(const am_inbox::first_message& m) {
     refuse_endpoint(ep, hello->seq, "a hello while the producer stops");
     return;
   }
-  if (conns.size() >= options.max_connections) {
+  // A connection whose close waits on its consumer (one that does not read)
+  // still holds what it was sent: it counts until the close completes.
+  if (conns.size() + connections_closing.size() >= options.max_connections) {
     refuse_endpoint(ep, hello->seq, "a hello beyond the limit of " + std::to_string(options.max_connections)
-                                        + " connections");
+                                        + " connections (" + std::to_string(connections_closing.size())
+                                        + " of them closing)");
     return;
   }
   auto c = std::make_shared<connection>();

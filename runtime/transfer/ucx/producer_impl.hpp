@@ -237,6 +237,7 @@ struct producer_impl {
   bool retry_blocked = false;                       // room may have freed
   std::list<std::pair<void*, ucp_ep_h>> closes;     // endpoint closes in progress
   std::set<ucp_ep_h> closing;                       // their endpoints: messages from them are dropped
+  std::set<ucp_ep_h> connections_closing;           // of them, connections': each counts against max_connections
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> failed_endpoints; // reported by UCX, not yet handled
   std::set<ucp_ep_h> strays; // made to a hello's address that was not its sender's: to close
   std::vector<conn_ptr> not_reading; // to close: see reply()
@@ -298,11 +299,11 @@ struct producer_impl {
 
   void run();
   void shutdown();
-  void start_close(ucp_ep_h ep, bool force = false);
+  void start_close(ucp_ep_h ep);
   void poll_closes();
   bool finish_close(std::list<std::pair<void*, ucp_ep_h>>::iterator it);
   bool still_closing(ucp_ep_h ep);
-  void close_connection(const conn_ptr& c, const std::string& why, bool loud = true, bool force = false);
+  void close_connection(const conn_ptr& c, const std::string& why, bool loud = true);
   void reply(const conn_ptr& c, const wire::message& m);
   unsigned close_not_reading();
   void count_rejected();

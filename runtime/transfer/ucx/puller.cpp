@@ -686,14 +686,16 @@ std::string ucx_puller::last_transports() const {
   return impl_->last_lanes;
 }
 
-void ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std::size_t count, clock::time_point until) {
+void ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std::size_t count,
+                           const std::function<bool()>& stop, clock::time_point until) {
   pull_request req;
   req.engine = "(raw)";
   req.deadline = until;
   std::unique_ptr<channel> ch = impl_->connect(req);
   for (std::size_t i = 0; i < count; ++i)
     ch->outbox.send(ch->ep, am_request, message, true);
-  std::this_thread::sleep_until(until);
+  while (!stop() && clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->destroy_worker(*ch); // as a dead consumer's: no goodbye, no close
 }
 

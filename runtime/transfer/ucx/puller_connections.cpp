@@ -200,14 +200,24 @@ void puller_impl::recycle_buffers(channel& ch) {
 // Why no connection may be made now, or "": every connection that does not
 // close keeps a worker, so their number is bounded here, where new ones
 // are made. Reaps first: a close may have completed since.
-std::string puller_impl::parked_bound_reached() {
+std::string puller_impl::parked_bound_reached(const std::vector<std::uint8_t>& producer_address) {
   reap_parked();
   std::lock_guard<std::mutex> lock(mutex);
-  if (parked.size() < std::max<std::size_t>(1, options.max_parked_connections))
+  // Per producer, so that a hung producer's connections do not keep an
+  // engine from the one that replaced it; and a few times that in all.
+  const std::size_t bound = std::max<std::size_t>(1, options.max_parked_connections);
+  const auto to_this = static_cast<std::size_t>(std::count_if(
+      parked.begin(), parked.end(), [&](const std::unique_ptr<channel>& ch) { return ch->address == producer_address; }));
+  std::string why;
+  if (to_this >= bound)
+    why = std::to_string(to_this) + " earlier connections to this producer are still closing";
+  else if (parked.size() >= parked_bound_factor * bound)
+    why = std::to_string(parked.size()) + " earlier connections to producers are still closing";
+  else
     return "";
   ++st.attempts_held_back;
-  return std::to_string(parked.size()) + " earlier connections to producers that stopped answering are still closing"
-         + " (max_parked_connections); no new one is made until one of them closes";
+  return why + " (it stopped answering; max_parked_connections " + std::to_string(bound)
+         + " per producer): no new connection is made until one of them closes";
 }
 
 // Destroys parked workers whose close has completed.
@@ -434,7 +444,7 @@ std::unique_ptr<channel> puller_impl::connect(const pull_request& req, bool map_
     // Each attempt on a worker of its own, destroyed with whatever a
     // failed attempt leaves behind.
     std::unique_ptr<channel> ch;
-    std::string err = parked_bound_reached();
+    std::string err = parked_bound_reached(creds.producer);
     if (err.empty()) {
       try {
         ch = new_channel(creds, req);

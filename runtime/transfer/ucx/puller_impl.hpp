@@ -225,7 +225,8 @@ struct puller_impl {
   void destroy_worker(channel& ch);
   void recycle_buffers(channel& ch);
   void reap_parked();
-  std::string parked_bound_reached();
+  std::string parked_bound_reached(const std::vector<std::uint8_t>& producer_address);
+  static constexpr std::size_t parked_bound_factor = 4; // all producers together: this many times the bound
   std::unique_ptr<channel> new_channel(const ucx_credentials& creds, const pull_request& req);
   /// Makes a worker ahead (for a newly registered engine worker) while
   /// fewer are ready than engine workers registered.

@@ -397,8 +397,9 @@ struct ucx_puller_options {
   std::chrono::milliseconds connect_ahead_timeout{5000};
   /// Connections whose close has not completed (a producer that stopped
   /// answering) keep their UCX worker until it does: destroying a worker
-  /// with a close in flight is not safe. At this many, no new connection is
-  /// made (each attempt fails, saying why) until one of them closes.
+  /// with a close in flight is not safe. At this many to one producer (or
+  /// four times this many in all), no new connection to it is made (each
+  /// attempt fails, saying why) until one of them closes.
   std::size_t max_parked_connections = 16;
   ucx_log log;
 };
@@ -475,9 +476,10 @@ public:
                        bool hello_first = true, bool say_goodbye = true, const std::vector<std::uint8_t>& header = {});
   /// For tests: a consumer that asks and never reads. Connects (hello
   /// first, as send_raw), sends `message` `count` times without progressing
-  /// its worker, so nothing the producer answers is read, and vanishes at
-  /// `until` (no goodbye, no close).
-  void flood_raw(const std::vector<std::uint8_t>& message, std::size_t count, clock::time_point until);
+  /// its worker, so nothing the producer answers is read, and vanishes once
+  /// `stop` returns true or at `until` (no goodbye, no close).
+  void flood_raw(const std::vector<std::uint8_t>& message, std::size_t count, const std::function<bool()>& stop,
+                 clock::time_point until);
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;
