@@ -88,16 +88,17 @@ int cmd_generate(const arg_list& argv) {
     throw cli::usage_error("--max-tokens: must be in 1..1048576");
   if (tp == 0 || tp > 64)
     throw cli::usage_error("--tp: must be in 1..64");
+  // Checked as read, before they are narrowed to floats.
+  if (!(temperature >= 0 && temperature <= topology_limits::max_temperature))
+    throw cli::usage_error("--temperature: must be in [0, 100]");
+  if (!(top_p >= topology_limits::min_top_p && top_p <= 1))
+    throw cli::usage_error("--top-p: must be in (0, 1] (at least a float's smallest normal value)");
   sampling_params sampling;
   sampling.max_tokens = static_cast<std::uint32_t>(max_tokens);
   sampling.temperature = static_cast<float>(temperature);
   sampling.top_p = static_cast<float>(top_p);
   sampling.seed = seed;
   sampling.stop_at_eos = no_stop->count() == 0;
-  if (sampling.temperature < 0)
-    throw cli::usage_error("--temperature: must be >= 0");
-  if (!(sampling.top_p > 0 && sampling.top_p <= 1))
-    throw cli::usage_error("--top-p: must be in (0, 1]");
 
   auto t0 = std::chrono::steady_clock::now();
   auto ckpt = checkpoint::open(dir);

@@ -2,9 +2,21 @@
 
 #include "runtime/base/checked.hpp"
 
+#include <charconv>
+#include <limits>
 #include <utility>
 
 namespace rlsync {
+
+namespace {
+
+std::string shortest(double v) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, res.ptr);
+}
+
+} // namespace
 
 const char* to_string(model_arch a) {
   switch (a) {
@@ -116,10 +128,12 @@ std::vector<std::string> validate(const model_config& c) {
                    + std::to_string(c.vocab_size));
     sizes_ok = false;
   }
-  if (!(c.rms_norm_eps > 0))
-    errs.push_back("rms_norm_eps: must be positive");
-  if (!(c.rope_theta > 0))
-    errs.push_back("rope_theta: must be positive");
+  // Both are carried as floats by the engine: within a float's normal range.
+  if (!(c.rms_norm_eps >= std::numeric_limits<float>::min() && c.rms_norm_eps <= 1))
+    errs.push_back("rms_norm_eps: must be positive and at most 1 (a normal float), got " + shortest(c.rms_norm_eps));
+  if (!(c.rope_theta >= 1 && c.rope_theta <= std::numeric_limits<float>::max()))
+    errs.push_back("rope_theta: must be at least 1 and at most a float's largest value, got "
+                   + shortest(c.rope_theta));
   if (c.arch == model_arch::qwen3_moe) {
     ok &= bounded("num_experts", c.num_experts, max_experts);
     ok &= bounded("moe_intermediate_size", c.moe_intermediate_size, max_intermediate_size);

@@ -113,6 +113,13 @@ inline constexpr std::int64_t max_faults = 1024;
 inline constexpr std::int64_t max_duration_ms = 24 * 3600 * 1000; // one day: deadlines, intervals, delays
 /// transfer.backend nccl: trainer ranks plus engine workers in one communicator (gpu::max_comm_members).
 inline constexpr std::int64_t max_nccl_members = 65536;
+/// Sampling, wherever it enters (the topology's workload, `generate`'s
+/// flags, HTTP bodies): temperature in [0, 100]; top_p in (0, 1] and not
+/// below the smallest normal float, which it is carried as.
+inline constexpr double max_temperature = 100;
+inline constexpr double min_top_p = 1.1754943508222875e-38; // FLT_MIN
+/// trainer.perturb: the synthetic trainer's per-step noise scale (a float).
+inline constexpr double max_perturb = 1000;
 } // namespace topology_limits
 
 /// PEM files for mutual TLS between nodes. `cert` and `key` may contain

@@ -35,8 +35,8 @@ void reader::read_trainer(const map_reader& root) {
   }
   r.read_ms("step_time_ms", tr.step_time, between(0, max_duration_ms));
   // 0: every version holds the first one's bytes (engines holding one skip the data plane).
-  if (r.read("perturb", tr.perturb) && !(tr.perturb >= 0 && std::isfinite(tr.perturb)))
-    r.error("perturb", "must be 0 or a finite positive scale, got " + format_double(tr.perturb));
+  if (r.read("perturb", tr.perturb) && !(tr.perturb >= 0 && tr.perturb <= max_perturb))
+    r.error("perturb", "must be in [0, " + format_double(max_perturb) + "], got " + format_double(tr.perturb));
   r.read("seed", tr.seed);
   read_ranks(r);
 }

@@ -221,10 +221,11 @@ void reader::read_workload(const map_reader& root) {
   r.read("prompts", w.prompts, between(0, max_prompts));
   r.read("concurrency", w.concurrency, between(1, max_concurrency));
   r.read("max_tokens", w.max_tokens, between(1, max_tokens));
-  if (r.read("temperature", w.temperature) && w.temperature < 0)
-    r.error("temperature", "must not be negative, got " + format_double(w.temperature));
-  if (r.read("top_p", w.top_p) && !(w.top_p > 0 && w.top_p <= 1))
-    r.error("top_p", "must be in (0, 1], got " + format_double(w.top_p));
+  if (r.read("temperature", w.temperature) && !(w.temperature >= 0 && w.temperature <= max_temperature))
+    r.error("temperature", "must be in [0, " + format_double(max_temperature) + "], got " + format_double(w.temperature));
+  if (r.read("top_p", w.top_p) && !(w.top_p >= min_top_p && w.top_p <= 1))
+    r.error("top_p", std::string("must be in (0, 1]") + (w.top_p > 0 && w.top_p < min_top_p ? " and at least 1.2e-38 (a float's smallest normal value)" : "")
+                         + ", got " + format_double(w.top_p));
   r.read("seed", w.seed);
   r.read_ms("request_deadline_ms", w.request_deadline, between(1, max_request_deadline_ms));
 }

@@ -184,14 +184,15 @@ completion_request parse_object(const json& body, const completion_limits& limit
     out.max_tokens = static_cast<std::uint32_t>(get_int(*v, "max_tokens", 1, limits.max_tokens));
   if (auto v = field("temperature")) {
     double t = get_number(*v, "temperature");
-    if (!(t >= 0 && t <= 100))
+    if (!(t >= 0 && t <= topology_limits::max_temperature))
       fail("temperature", "must be in [0, 100], got " + describe(*v));
     out.temperature = static_cast<float>(t);
   }
   if (auto v = field("top_p")) {
     double p = get_number(*v, "top_p");
-    if (!(p > 0 && p <= 1))
-      fail("top_p", "must be in (0, 1], got " + describe(*v));
+    if (!(p >= topology_limits::min_top_p && p <= 1)) // carried as a float: not below its smallest normal value
+      fail("top_p", std::string("must be in (0, 1]") + (p > 0 && p < 1 ? " and at least 1.2e-38" : "") + ", got "
+                        + describe(*v));
     out.top_p = static_cast<float>(p);
   }
   if (auto v = field("n"))

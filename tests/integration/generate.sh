@@ -84,6 +84,8 @@ expect_exit 2 "--tp: with expert parallelism must be at most num_experts (2)" \
   generate --checkpoint "$dir/two" --prompt x --tp 4 --expert-parallel
 expect_exit 2 "--weights: expected received or int8, got 'fp8'" generate --checkpoint "$dir/ck" --prompt x --weights fp8
 expect_exit 2 "--temperature" generate --checkpoint "$dir/ck" --prompt x --temperature -1
+expect_exit 2 "--temperature: must be in .0, 100." generate --checkpoint "$dir/ck" --prompt x --temperature 1e39
+expect_exit 2 "--top-p: must be in (0, 1]" generate --checkpoint "$dir/ck" --prompt x --top-p 1e-50
 expect_exit 2 "--prompt" generate --checkpoint "$dir/ck"
 expect_exit 2 "unknown flag" generate --checkpoint "$dir/ck" --prompt x --bogus
 expect_exit 1 "config.json" generate --checkpoint "$dir/missing" --prompt x
