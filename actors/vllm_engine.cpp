@@ -866,7 +866,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           auto r = conn.call(ms(cfg.digest_deadline_ms), "POST", "/weight_checker", body.dump());
           if (!ok_status(r.status))
             throw std::runtime_error(http_failure("POST /weight_checker", r) + " (cannot cross-check the server)");
-          auto j = json::parse(r.body, nullptr, false);
+          auto j = vllm_calls::parse_answer(r.body);
           if (j.is_discarded() || !j.is_object() || !j.contains("match") || !j["match"].is_boolean())
             throw std::runtime_error("POST /weight_checker: an answer without \"match\"");
           if (!j["match"].get<bool>()) {

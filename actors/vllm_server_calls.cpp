@@ -1,5 +1,6 @@
 #include "actors/vllm_server_calls.hpp"
 
+#include "runtime/base/json.hpp"
 #include "runtime/base/printable.hpp"
 #include "runtime/vllm/remote_engine.hpp"
 
@@ -18,6 +19,7 @@ http::client_response server_conn::call(ms deadline, const std::string& method, 
   if (deadline.count() <= 0)
     throw http::client_error(method + " " + target + ": no time left before the phase's deadline");
   http::client c(host, port, deadline);
+  c.set_max_answer_bytes(max_answer_bytes);
   if (!token.empty())
     c.set_default_header("Authorization", "Bearer " + token);
   http::client_request rq;
@@ -27,9 +29,19 @@ http::client_response server_conn::call(ms deadline, const std::string& method, 
   return c.send(rq);
 }
 
+json parse_answer(const std::string& body) {
+  // Bounded as the body is: a lying server's nesting or millions of tiny
+  // values cost memory far beyond their bytes.
+  try {
+    return read_json_strict(body, json_read_limits{8, max_answer_values});
+  } catch (const json_read_error&) {
+    return json::value_t::discarded;
+  }
+}
+
 std::string http_failure(const std::string& call, const http::client_response& r) {
   std::string message;
-  auto j = json::parse(r.body, nullptr, false);
+  auto j = parse_answer(r.body);
   if (!j.is_discarded() && j.is_object()) {
     if (auto e = j.find("error"); e != j.end()) {
       if (e->is_string())
@@ -67,8 +79,9 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
     if (head.status != 200)
       throw std::runtime_error(http_failure("POST /v1/completions", head));
     bool finished = false, done = false;
-    while (!cancel->load() && !stopped->load()) {
-      auto event = c.next_event();
+    const auto stop = [&] { return cancel->load() || stopped->load(); };
+    while (!stop()) {
+      auto event = c.next_event(stop);
       if (!event)
         break;
       if (*event == "[DONE]") {
@@ -120,7 +133,7 @@ void run_health(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
       } else {
         r->healthy = true;
         auto info = conn.call(timeout, "GET", "/weight_info");
-        auto j = json::parse(info.body, nullptr, false);
+        auto j = parse_answer(info.body);
         if (info.status == 200 && j.is_object() && j.contains("weight_version") && j["weight_version"].is_string())
           r->label = j["weight_version"].get<std::string>().substr(0, max_name_bytes);
       }

@@ -7,6 +7,7 @@
 #include "runtime/http/client.hpp"
 
 #include <caf/blocking_actor.hpp>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -25,10 +26,19 @@ struct server_conn {
   std::string token;
 
   /// One call under `deadline`. Throws http::client_error (no time left, the
-  /// server unreachable or too slow).
+  /// server unreachable or too slow, an answer over max_answer_bytes).
   http::client_response call(ms deadline, const std::string& method, const std::string& target,
                              const std::string& body = {}) const;
 };
+
+/// Control answers (health, pause, weight info, the weight checker's list of
+/// mismatched shards) are small; a server that sends more is not believed.
+inline constexpr std::uint64_t max_answer_bytes = std::uint64_t{16} << 20;
+inline constexpr std::size_t max_answer_values = 1 << 18;
+
+/// A control answer's JSON, read within those bounds (8 levels deep at
+/// most); discarded when it is not JSON or exceeds them.
+nlohmann::json parse_answer(const std::string& body);
 
 inline bool ok_status(unsigned s) { return s >= 200 && s < 300; }
 

@@ -19,6 +19,9 @@ struct client::impl {
   std::string host;
   std::uint16_t port;
   std::chrono::milliseconds deadline;
+  std::chrono::steady_clock::time_point until; // of the call under way: every step expires then
+  std::uint64_t max_answer_bytes = std::uint64_t{256} << 20;
+  std::size_t events_scanned = 0; // of pending_events, searched for an event's end already
   std::vector<std::pair<std::string, std::string>> default_headers;
   asio::io_context ioc{1};
   std::optional<beast::tcp_stream> stream;
@@ -32,16 +35,24 @@ struct client::impl {
     ioc.run();
   }
 
+  void start_call() { until = std::chrono::steady_clock::now() + deadline; }
+
   void connect() {
     stream.emplace(ioc);
     buffer.clear();
     beast::error_code result;
-    tcp::resolver resolver(ioc);
+    std::vector<tcp::endpoint> endpoints;
     beast::error_code ec;
-    auto endpoints = resolver.resolve(host, std::to_string(port), ec);
-    if (ec)
-      throw client_error("cannot resolve " + host + ": " + ec.message());
-    stream->expires_after(deadline);
+    if (const auto address = asio::ip::make_address(host, ec); !ec) {
+      endpoints.emplace_back(address, port); // an address: nothing to resolve
+    } else {
+      tcp::resolver resolver(ioc);
+      for (const auto& e : resolver.resolve(host, std::to_string(port), ec))
+        endpoints.push_back(e.endpoint());
+      if (ec)
+        throw client_error("cannot resolve " + host + ": " + ec.message());
+    }
+    stream->expires_at(until);
     stream->async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) { result = e; });
     run();
     if (result) {
@@ -77,7 +88,7 @@ struct client::impl {
       if (!stream)
         connect();
       beast::error_code result;
-      stream->expires_after(deadline);
+      stream->expires_at(until);
       bhttp::async_write(*stream, req, [&](beast::error_code e, std::size_t) { result = e; });
       run();
       if (!result)
@@ -114,18 +125,34 @@ void client::set_default_header(std::string name, std::string value) {
   impl_->default_headers.emplace_back(std::move(name), std::move(value));
 }
 
+void client::set_max_answer_bytes(std::uint64_t bytes) { impl_->max_answer_bytes = bytes; }
+
 client_response client::send(const client_request& rq) {
   impl_->stream_parser.reset();
+  impl_->start_call();
   impl_->write(rq);
   bhttp::response_parser<bhttp::string_body> parser;
-  parser.body_limit(256u << 20);
+  parser.body_limit(impl_->max_answer_bytes);
   beast::error_code result;
-  impl_->stream->expires_after(impl_->deadline);
-  bhttp::async_read(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
-  impl_->run();
-  if (result) {
+  auto fail = [&](const std::string& what) {
     impl_->stream.reset();
-    throw client_error("no answer to " + rq.method + " " + rq.target + ": " + result.message());
+    throw client_error("no answer to " + rq.method + " " + rq.target + ": " + what);
+  };
+  impl_->stream->expires_at(impl_->until);
+  // The header first: Boost 1.74's async_read checks a Content-Length
+  // against the body limit only when the header arrives alone.
+  const std::string over = "a body over " + std::to_string(impl_->max_answer_bytes) + " bytes";
+  bhttp::async_read_header(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
+  impl_->run();
+  if (result)
+    fail(result == bhttp::error::body_limit ? over : result.message());
+  if (auto length = parser.content_length(); length && *length > impl_->max_answer_bytes)
+    fail(over);
+  if (!parser.is_done()) {
+    bhttp::async_read(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
+    impl_->run();
+    if (result)
+      fail(result == bhttp::error::body_limit ? over : result.message());
   }
   auto& msg = parser.get();
   client_response out{msg.result_int(), impl::headers_of(msg), std::move(msg.body())};
@@ -135,6 +162,7 @@ client_response client::send(const client_request& rq) {
 }
 
 client_response client::open_stream(const client_request& rq) {
+  impl_->start_call();
   impl_->write(rq);
   auto& parser = impl_->stream_parser.emplace();
   // No limit on a stream's length (next_event bounds each event). Not
@@ -142,13 +170,14 @@ client_response client::open_stream(const client_request& rq) {
   // optional as larger, and refuses every answer that has one.
   parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   impl_->pending_events.clear();
+  impl_->events_scanned = 0;
   beast::error_code result;
   auto fail = [&](const std::string& what) {
     impl_->stream.reset();
     impl_->stream_parser.reset();
     throw client_error("no answer to " + rq.method + " " + rq.target + ": " + what);
   };
-  impl_->stream->expires_after(impl_->deadline);
+  impl_->stream->expires_at(impl_->until);
   bhttp::async_read_header(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
   impl_->run();
   if (result)
@@ -175,24 +204,32 @@ client_response client::open_stream(const client_request& rq) {
   return head;
 }
 
-std::optional<std::string> client::next_event() {
+std::optional<std::string> client::next_event(const std::function<bool()>& stop) {
   if (!impl_->stream_parser)
     return std::nullopt;
   auto& parser = *impl_->stream_parser;
+  // One deadline for this event: a server that sends only comments (or an
+  // event a byte at a time) does not hold the caller past it.
+  impl_->start_call();
   for (;;) {
     // Events end with a blank line; "\r\n" line ends are allowed too.
+    // Searched from where the last search ended (less what could be the
+    // start of a separator cut by a read), not from the start each time.
     auto& text = impl_->pending_events;
+    const std::size_t from = impl_->events_scanned > 3 ? impl_->events_scanned - 3 : 0;
     std::size_t end = std::string::npos, sep = 0;
     for (const char* s : {"\n\n", "\r\n\r\n"}) {
-      auto at = text.find(s);
+      auto at = text.find(s, from);
       if (at != std::string::npos && (end == std::string::npos || at < end)) {
         end = at;
         sep = std::char_traits<char>::length(s);
       }
     }
+    impl_->events_scanned = text.size();
     if (end != std::string::npos) {
       std::string event = text.substr(0, end);
       text.erase(0, end + sep);
+      impl_->events_scanned = 0;
       std::string data;
       bool any = false;
       std::size_t at = 0;
@@ -226,8 +263,13 @@ std::optional<std::string> client::next_event() {
       impl_->stream_parser.reset();
       return std::nullopt;
     }
+    if (stop && stop()) { // the rest of the stream is not read: the connection goes
+      impl_->stream.reset();
+      impl_->stream_parser.reset();
+      return std::nullopt;
+    }
     beast::error_code result;
-    impl_->stream->expires_after(impl_->deadline);
+    impl_->stream->expires_at(impl_->until);
     bhttp::async_read_some(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
     impl_->run();
     text += parser.get().body();
@@ -240,6 +282,8 @@ std::optional<std::string> client::next_event() {
     if (result) {
       impl_->stream.reset();
       impl_->stream_parser.reset();
+      if (result == beast::error::timeout)
+        throw client_error("stream broken: no event within " + std::to_string(impl_->deadline.count()) + " ms");
       throw client_error("stream broken: " + result.message());
     }
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -36,8 +37,11 @@ struct client_response {
 
 class client {
 public:
-  /// deadline bounds each request (connect, write and read together) and
-  /// each wait for a stream event.
+  /// deadline bounds each request (connect, write and read together, from
+  /// the call) and each wait for a stream event (from the call to
+  /// next_event: bytes that end no event, such as comments, do not extend
+  /// it). A host name, not an address, is resolved by the system's resolver
+  /// under its own timeouts.
   client(std::string host, std::uint16_t port, std::chrono::milliseconds deadline = std::chrono::seconds(30));
   ~client();
   client(const client&) = delete;
@@ -48,6 +52,9 @@ public:
   client_response send(const client_request& rq);
   /// Sets a header sent with every request (e.g. Authorization).
   void set_default_header(std::string name, std::string value);
+  /// The largest answer body send() reads (default 256 MiB); a larger one
+  /// is an error, read no further.
+  void set_max_answer_bytes(std::uint64_t bytes);
 
   /// Sends `rq` and reads the answer's header; the body then comes event by
   /// event through next_event(). Returns status and headers (body empty).
@@ -56,9 +63,10 @@ public:
   client_response open_stream(const client_request& rq);
   static constexpr std::uint64_t max_error_body_bytes = std::uint64_t{1} << 20;
   /// The next Server-Sent Event's data (its `data:` lines joined by "\n");
-  /// nullopt once the stream ended. Throws client_error on the deadline and
-  /// when the stream sends more than max_event_bytes without ending an event.
-  std::optional<std::string> next_event();
+  /// nullopt once the stream ended, or when `stop` (asked before each read)
+  /// returns true. Throws client_error on the deadline and when the stream
+  /// sends more than max_event_bytes without ending an event.
+  std::optional<std::string> next_event(const std::function<bool()>& stop = {});
   static constexpr std::size_t max_event_bytes = std::size_t{16} << 20;
 
 private:

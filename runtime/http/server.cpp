@@ -489,14 +489,20 @@ bool responder::client_gone() const {
 // ---- server ----
 
 void server_core::refuse(tcp::socket& socket) {
+  static const std::string body = "{\"detail\": \"Too many connections\"}";
   static const std::string busy = "HTTP/1.1 503 Service Unavailable\r\nServer: rlsync\r\nContent-Type: "
-                                  "application/json\r\nContent-Length: 36\r\nConnection: close\r\n\r\n"
-                                  "{\"detail\": \"Too many connections\"}";
+                                  "application/json\r\nContent-Length: " + std::to_string(body.size())
+                                  + "\r\nConnection: close\r\n\r\n" + body;
   // Best effort and never blocking: the I/O thread serves everyone else.
   beast::error_code ec;
   socket.non_blocking(true, ec);
   socket.write_some(asio::buffer(busy), ec);
-  socket.shutdown(tcp::socket::shutdown_both, ec);
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  // A request left unread would make the close a reset, which can destroy
+  // the answer before the client reads it: take what has arrived (bounded).
+  char sink[16384];
+  for (int i = 0; i < 4 && socket.read_some(asio::buffer(sink), ec) > 0 && !ec; ++i) {
+  }
   socket.close(ec);
 }
 

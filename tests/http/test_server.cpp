@@ -192,7 +192,13 @@ TEST_CASE("server: connections over the bound are refused with 503, the server k
       std::this_thread::sleep_for(10ms);
     REQUIRE(srv.connections() == 3);
     raw_socket extra(port);
-    CHECK(extra.read_all().rfind("HTTP/1.1 503", 0) == 0);
+    const std::string answer = extra.read_all();
+    CHECK(answer.rfind("HTTP/1.1 503", 0) == 0);
+    // Whole, as its Content-Length says: a client reads a 503, not a broken answer.
+    const std::string body = "{\"detail\": \"Too many connections\"}";
+    CHECK(answer.find("Content-Length: " + std::to_string(body.size()) + "\r\n") != std::string::npos);
+    CHECK(answer.size() >= body.size());
+    CHECK(answer.compare(answer.size() - body.size(), body.size(), body) == 0);
   }
   for (int i = 0; i < 100 && srv.connections() > 0; ++i)
     std::this_thread::sleep_for(10ms);
@@ -300,6 +306,54 @@ TEST_CASE("client: a stream that never ends its event is refused at the bound, n
   CHECK_FALSE(c.next_event()); // the stream is closed
   for (auto& w : workers)
     w.join();
+}
+
+TEST_CASE("client: comments do not extend the wait for an event, and a stop ends the wait between reads") {
+  server srv(fast_options());
+  std::vector<std::thread> workers;
+  std::atomic<bool> done{false};
+  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
+    workers.emplace_back([r, &done] {
+      r->start_stream("text/event-stream");
+      // A keep-alive comment every 50 ms and never an event.
+      while (!done && !r->client_gone() && r->write(": ping\n\n"))
+        std::this_thread::sleep_for(50ms);
+      r->finish();
+    });
+  });
+  auto port = srv.start();
+  {
+    client c("127.0.0.1", port, 400ms);
+    REQUIRE(c.open_stream({"POST", "/stream", "{}", "application/json", {}}).status == 200);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(c.next_event(), doctest::Contains("no event within 400 ms"), client_error);
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s); // before the fix: never, while the comments came
+  }
+  {
+    client c("127.0.0.1", port, 30s);
+    REQUIRE(c.open_stream({"POST", "/stream", "{}", "application/json", {}}).status == 200);
+    int asked = 0;
+    CHECK_FALSE(c.next_event([&] { return ++asked > 3; })); // asked before each read: the fourth read is not made
+    CHECK(asked == 4);
+  }
+  done = true;
+  for (auto& w : workers)
+    w.join();
+}
+
+TEST_CASE("client: an answer over the client's bound is an error, not read into memory") {
+  server srv(fast_options());
+  srv.route("GET", "/big", [](const request&, std::shared_ptr<responder> r) {
+    r->reply({500, "application/json", std::string(2 << 20, '['), {}});
+  });
+  auto port = srv.start();
+  client c("127.0.0.1", port, 5s);
+  c.set_max_answer_bytes(1 << 20);
+  CHECK_THROWS_WITH_AS(c.send({"GET", "/big", "", "application/json", {}}),
+                       doctest::Contains("no answer to GET /big: a body over 1048576 bytes"),
+                       client_error);
+  c.set_max_answer_bytes(4 << 20);
+  CHECK(c.send({"GET", "/big", "", "application/json", {}}).body.size() == std::size_t(2 << 20));
 }
 
 TEST_CASE("client: a refused stream returns its status and error body, and the connection is reused") {
