@@ -322,7 +322,7 @@ int cmd_node(const arg_list& argv) {
     throw cli::usage_error("--node: no node '" + printable(name) + "' in " + printable(path) + " (defined: " + known + ")");
   }
   if (auto problem = cluster_layout_problem(t); !problem.empty()) {
-    std::cerr << "rlsync node: " << path << ": " << problem << "\n";
+    std::cerr << "rlsync node: " << problem << "\n";
     return 1;
   }
   const node_spec* head = t.find_node(t.coordinator.node);

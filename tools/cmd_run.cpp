@@ -73,6 +73,15 @@ int cmd_run(const arg_list& argv) {
             << ", "
             << w.prompts << " prompts x " << w.max_tokens << " tokens, concurrency " << w.concurrency
             << "; memcpy " << out.memcpy_gbps() << " GB/s" << std::endl;
+  // Keys for the other ways of running this topology: said, not silently passed over.
+  for (const auto& n : t.nodes)
+    if (n.metrics_port)
+      std::cerr << "rlsync run " << path << ": nodes '" << n.name
+                << "' metrics_port is served by rlsync node and launch; in one process the router's http_port serves /metrics"
+                << std::endl;
+  if (!t.drill.faults.empty())
+    std::cerr << "rlsync run " << path << ": the topology's " << t.drill.faults.size()
+              << " drill fault(s) are injected by rlsync drill, not by run" << std::endl;
   deployment_options opts;
   opts.on_sync = [&](const sync_report& r) { out.on_sync(r); };
   opts.log = [&](const std::string& line) { out.on_log(line); };

@@ -79,7 +79,7 @@ int serve_topology_node(const std::string& path, const std::string& name, const 
   if (!node)
     throw cli::usage_error("--node: no node '" + printable(name) + "' in " + printable(path));
   if (auto problem = cluster_layout_problem(t); !problem.empty()) {
-    std::cerr << "rlsync serve: " << path << ": " << problem << "\n";
+    std::cerr << "rlsync serve: " << problem << "\n";
     return 1;
   }
   const node_spec* head = t.find_node(t.coordinator.node);

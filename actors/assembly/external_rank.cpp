@@ -28,7 +28,7 @@ external_rank::external_rank(const topology& t, std::uint32_t rank, external_ran
                                 + std::to_string(t.trainer.ranks.size()) + ")");
   node_ = t.trainer.ranks[rank].node;
   if (auto problem = cluster_layout_problem(t); !problem.empty())
-    throw std::invalid_argument(t.source + ": " + problem);
+    throw std::invalid_argument(problem);
   // Without CUDA compiled in there is nothing to read device memory with:
   // the caller stages CUDA tensors on the host first (reads_device()).
   source_ = transfer::make_external_source(t, rank, options_.allow_nonfinite,

@@ -21,10 +21,12 @@ namespace rlsync {
 
 std::string cluster_layout_problem(const topology& t) {
   const node_spec* head = t.find_node(t.coordinator.node);
+  const auto place = [&] { return topology_place(t.source, {"nodes", "name=" + head->name, "port"}) + ": "; };
   if (head->port == 0 && t.nodes.size() > 1)
-    return "nodes '" + head->name + "': the coordinator's node needs a fixed port for the others to reach it (port: 0)";
+    return place() + "nodes '" + head->name
+           + "': the coordinator's node needs a fixed port for the others to reach it (port: 0)";
   if (head->port == 0 && t.trainer.source == trainer_source::external)
-    return "nodes '" + head->name + "': the coordinator's node needs a fixed port for the external trainer ranks "
+    return place() + "nodes '" + head->name + "': the coordinator's node needs a fixed port for the external trainer ranks "
            "(trainer.source: external) to reach it (port: 0)";
   return {};
 }

@@ -34,8 +34,9 @@ namespace rlsync {
 std::string ucx_net_devices_for(const node_spec& node, const std::vector<ucx_transport>& transports,
                                 const std::function<void(const std::string&)>& log);
 
-/// Why `t` cannot run as one process per node: the coordinator's node
-/// needs a fixed port when other nodes must reach it. Empty when it can.
+/// Why `t` cannot run as one process per node, prefixed with the place in
+/// its file (file:line:col): the coordinator's node needs a fixed port when
+/// other nodes must reach it. Empty when it can.
 /// Trainer ranks, the router and engines may run on any node.
 std::string cluster_layout_problem(const topology& t);
 

@@ -417,11 +417,12 @@ std::string node_yaml(const topology& t) {
   for (const auto& e : t.engines)
     y << "  - {name: " << e.name << ", node: " << e.node << ", tp: " << e.tp << ", dp: " << e.dp
       << (e.dp > 1 ? ", dp_balance: " + e.dp_balance : std::string()) << (e.expert_parallel ? ", expert_parallel: true" : "") << (e.weights != "received" ? ", weights: " + e.weights : "")
-      << ", max_batch: " << e.max_batch
-      << ", queue_limit: " << e.queue_limit << "}\n";
+      << ", device: " << e.device << ", max_batch: " << e.max_batch << ", queue_limit: " << e.queue_limit
+      << ", kv_block_tokens: " << e.kv_block_tokens << ", prefix_cache_blocks: " << e.prefix_cache_blocks << "}\n";
   y << "router: {node: " << t.router.node << "}\ncoordinator: {node: " << t.coordinator.node << "}\n";
   y << "transfer: {backend: " << to_string(t.transfer.backend) << ", mode: " << to_string(t.transfer.mode)
-    << ", bucket_bytes: " << t.transfer.bucket_bytes << ", groups_in_flight: " << t.transfer.groups_in_flight;
+    << (t.transfer.collective ? ", collective: true" : "") << ", bucket_bytes: " << t.transfer.bucket_bytes
+    << ", groups_in_flight: " << t.transfer.groups_in_flight;
   if (t.transfer.backend == transfer_backend::ucx) { // the other backends refuse the key
     y << ", ucx_transports: [";
     for (std::size_t i = 0; i < t.transfer.ucx_transports.size(); ++i)
@@ -429,6 +430,11 @@ std::string node_yaml(const topology& t) {
     y << "]";
   }
   y << "}\n";
+  // The engines' phase deadlines (the transfer's bounds each pull).
+  const auto& d = t.sync.deadlines;
+  y << "sync: {deadlines_ms: {pause: " << d.pause.count() << ", flush: " << d.flush.count()
+    << ", start: " << d.start.count() << ", transfer: " << d.transfer.count() << ", finish: " << d.finish.count()
+    << ", continue: " << d.resume.count() << "}}\n";
   return y.str();
 }
 
@@ -437,12 +443,13 @@ std::string node_yaml(const topology& t) {
 std::string bench_sync_problem(const topology& t, const std::string& path, const model_config& model,
                                const std::vector<int>& ranks) {
   if (auto problem = cluster_layout_problem(t); !problem.empty())
-    return path + ": " + problem;
+    return problem;
   // The benchmark steps every trainer rank itself, so it places them on the
   // coordinator's node, with the router it asks for status.
   const std::string& head = t.coordinator.node;
   if (t.router.node != head)
-    return path + ": the router must run on the coordinator's node (" + head + ") for the benchmark";
+    return topology_place(path, {"router", "node"}) + ": the router must run on the coordinator's node (" + head
+           + ") for the benchmark";
   for (int n : ranks)
     if (n < 1 || n > max_bench_ranks || n > model.num_hidden_layers)
       return "--ranks " + std::to_string(n) + ": between 1 and " + std::to_string(max_bench_ranks) + " and at most the model's "
@@ -450,8 +457,12 @@ std::string bench_sync_problem(const topology& t, const std::string& path, const
   auto local = local_nodes(t);
   for (const auto& n : t.nodes)
     if (std::none_of(local.begin(), local.end(), [&](const node_spec* l) { return l->name == n.name; }))
-      return path + ": node '" + n.name + "' (" + n.address
+      return topology_place(path, {"nodes", "name=" + n.name, "address"}) + ": node '" + n.name + "' (" + n.address
              + ") is not on this machine; the benchmark starts every node itself";
+  for (const auto& e : t.engines)
+    if (e.kind != engine_kind::builtin)
+      return topology_place(path, {"engines", "name=" + e.group, "kind"}) + ": engine '" + e.name
+             + "' is kind vllm: the benchmark measures rlsync's own engines, which it starts with their model";
   for (const auto& e : t.engines)
     if (auto errors = validate_tp(model, e.tp, e.expert_parallel); !errors.empty())
       return "engine " + e.name + ": tp " + std::to_string(e.tp) + ": " + errors.front();

@@ -922,7 +922,7 @@ int run_process_drill(const topology& t, const std::string& path, const drill_op
     return 1;
   }
   if (auto problem = cluster_layout_problem(t); !problem.empty()) {
-    std::cerr << path << ": " << problem << "\n";
+    std::cerr << problem << "\n";
     return 1;
   }
   if (o.netns && geteuid() != 0) {

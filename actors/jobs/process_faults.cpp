@@ -127,8 +127,8 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
       p.ends_after = f.duration;
     break;
   case fault_action::kill_worker:
-    return refuse(what(f) + ": a worker thread is killed through the engine's in-process fault gate; run this "
-                            "drill in one process (rlsync drill without --processes)");
+    return refuse(what(f) + ": a worker thread is killed through the engine's in-process fault gate; rlsync drill "
+                            "runs it in one process, which it does for a topology of a single node");
   case fault_action::corrupt:
     // The producer alters the bytes after their checksum; each rank's UCX
     // producer takes drill_corrupt_signal() for it (rlsync node --drill-events). Group 0

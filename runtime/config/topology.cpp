@@ -401,6 +401,39 @@ topology parse_topology(const std::string& yaml_text, const std::string& source_
   return t;
 }
 
+std::string topology_place(const std::string& path, const std::vector<std::string>& steps) {
+  try {
+    YAML::Node at = YAML::Load(read_regular_file(path, max_topology_bytes));
+    YAML::Mark mark = at.Mark();
+    // (reset() rebinds a YAML::Node; `=` would assign into the document.)
+    for (const auto& step : steps) {
+      YAML::Node next;
+      bool found = false;
+      if (at.IsSequence() && step.rfind("name=", 0) == 0) {
+        for (std::size_t i = 0; i < at.size() && !found; ++i) {
+          const YAML::Node entry = at[i];
+          if (entry.IsMap() && entry["name"] && entry["name"].IsScalar() && entry["name"].Scalar() == step.substr(5)) {
+            next.reset(entry);
+            found = true;
+          }
+        }
+      } else if (at.IsMap() && at[step]) {
+        next.reset(at[step]);
+        found = true;
+      }
+      if (!found)
+        break; // absent (a default): its parent is the place
+      at.reset(next);
+      mark = at.Mark();
+    }
+    if (!mark.is_null())
+      return path + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  } catch (const std::exception&) {
+    // The file changed or went since it loaded: the path alone names it.
+  }
+  return path;
+}
+
 topology load_topology(const std::string& path) {
   std::string text;
   try {

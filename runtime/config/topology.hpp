@@ -392,6 +392,13 @@ topology load_topology(const std::string& path);
 topology parse_topology(const std::string& yaml_text, const std::string& source_name,
                         const std::string& base_dir);
 
+/// "path:line:col" of a key in the topology file at `path`, for a problem
+/// only some command refuses (validation has the places of its own). Each
+/// step is a map key or "name=X", the entry of a list named X; a step that
+/// is absent (a default) leaves its parent as the place, a file that can no
+/// longer be read leaves `path` alone.
+std::string topology_place(const std::string& path, const std::vector<std::string>& steps);
+
 /// The resolved topology as YAML: defaults filled in, replicas expanded,
 /// paths absolute, sizes in bytes, and the model's derived dimensions. For
 /// people and logs; it is not meant to be read back.

@@ -33,7 +33,10 @@ void reader::read_trainer(const map_reader& root) {
       d.add(synthetic_seed_at->first, synthetic_seed_at->second,
             "only a synthetic trainer generates the model's values from a seed; not used with " + why);
   }
-  r.read_ms("step_time_ms", tr.step_time, between(0, max_duration_ms));
+  // With a checkpoint directory it is how often the directory is listed:
+  // 0 would list it back to back.
+  r.read_ms("step_time_ms", tr.step_time,
+            between(source_ok && tr.source == trainer_source::checkpoint_dir ? 10 : 0, max_duration_ms));
   // 0: every version holds the first one's bytes (engines holding one skip the data plane).
   if (r.read("perturb", tr.perturb) && !(tr.perturb >= 0 && tr.perturb <= max_perturb))
     r.error("perturb", "must be in [0, " + format_double(max_perturb) + "], got " + format_double(tr.perturb));

@@ -443,6 +443,8 @@ TEST_CASE("topology errors: trainer") {
      "t.yaml:4:29: trainer.perturb: must be in [0, 1000], got -1"},
     {"perturb beyond a float", with("trainer", "trainer: {node: a, perturb: 1e39}"),
      "t.yaml:4:29: trainer.perturb: must be in [0, 1000], got 1e+39"},
+    {"a checkpoint directory listed back to back", with("trainer", "trainer: {node: a, source: checkpoint_dir, dir: d, step_time_ms: 0}"),
+     "t.yaml:4:66: trainer.step_time_ms: must be at least 10, got 0"},
     {"negative step time", with("trainer", "trainer: {node: a, step_time_ms: -5}"),
      "t.yaml:4:34: trainer.step_time_ms: must not be negative, got -5"},
     {"empty ranks", with("trainer", "trainer: {node: a, ranks: []}"),
@@ -1221,7 +1223,7 @@ trainer:
   node: n1
   source: checkpoint_dir
   dir: ckpts
-  step_time_ms: 0
+  step_time_ms: 25
   ranks:
     - {node: n1, layers: [2, 5, 0, 3, 4, 1]}
 engines:
@@ -1282,7 +1284,7 @@ drill:
   CHECK(t.cluster.connect_deadline == milliseconds(2500));
   CHECK(t.trainer.source == trainer_source::checkpoint_dir);
   CHECK(t.trainer.dir == "/cfg/ckpts");
-  CHECK(t.trainer.step_time == milliseconds(0));
+  CHECK(t.trainer.step_time == milliseconds(25));
   REQUIRE(t.trainer.ranks.size() == 1);
   CHECK(t.trainer.ranks[0].node == "n1");
   CHECK(t.trainer.ranks[0].layers == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}); // sorted

@@ -52,6 +52,16 @@ for dp in 2 4; do
   db=$(per_engine "$dir/dp$dp.json")
   [ "$db" = "$sb" ] || { echo "FAIL: dp $dp: $db bytes per engine, dp 1: $sb"; exit 1; }
 done
+# Keys for the other ways of running a topology are said, not passed over:
+# a drill's faults and a node's metrics port.
+sed "s/^    address: 127.0.0.1$/    address: 127.0.0.1\n    metrics_port: 0/" "$dir/sharded.yaml" > "$dir/keys.yaml"
+printf 'drill:\n  faults:\n    - {at_sync: 100, action: kill, target: rollout-0}\n' >> "$dir/keys.yaml"
+"$rlsync" run "$dir/keys.yaml" --prompts 2 --concurrency 2 --max-tokens 4 --no-progress > /dev/null 2> "$dir/keys.err" \
+  || { cat "$dir/keys.err"; echo "FAIL: run with drill and metrics keys exited non-zero"; exit 1; }
+grep -q "1 drill fault(s) are injected by rlsync drill, not by run" "$dir/keys.err" \
+  || { cat "$dir/keys.err"; echo "FAIL: run did not say it injects no drill faults"; exit 1; }
+grep -q "metrics_port is served by rlsync node and launch" "$dir/keys.err" \
+  || { cat "$dir/keys.err"; echo "FAIL: run did not say it serves no node metrics port"; exit 1; }
 echo "bytes pulled per engine: dp 1 $sb, dp 2 $sb, dp 4 $sb"
 # Every architecture and expert layout, sharded: Qwen3; Qwen3-MoE with its
 # experts placed whole over each engine's workers; fused experts served as int8.

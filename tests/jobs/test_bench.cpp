@@ -4,6 +4,7 @@
 #include "actors/jobs/bench_control.hpp"
 #include "actors/jobs/bench_sync.hpp"
 #include "actors/jobs/speed_of_light.hpp"
+#include "tests/support/scratch_dir.hpp"
 #include "tests/support/ucx_transport_cases.hpp"
 
 #include <doctest/doctest.h>
@@ -830,6 +831,18 @@ TEST_CASE("bench topologies: the nodes' copy reads back as the same deployment")
   CHECK(back.cluster.secret_env == "RLSYNC_BENCH_SECRET");
   CHECK(back.cluster.heartbeat_timeout == t.cluster.heartbeat_timeout);
   CHECK(back.cluster.allow_insecure_network);
+  // What the members' engines and pullers read comes along too.
+  auto tuned = t;
+  tuned.engines[1].kv_block_tokens = 32;
+  tuned.engines[1].prefix_cache_blocks = 77;
+  tuned.sync.deadlines.transfer = std::chrono::milliseconds(4321);
+  tuned.sync.deadlines.resume = std::chrono::milliseconds(1234);
+  auto tuned_back = parse_topology(node_yaml(tuned), "node.yaml", ".");
+  CHECK(tuned_back.engines[1].kv_block_tokens == 32);
+  CHECK(tuned_back.engines[1].prefix_cache_blocks == 77);
+  CHECK(tuned_back.engines[1].device == "cpu");
+  CHECK(tuned_back.sync.deadlines.transfer == std::chrono::milliseconds(4321));
+  CHECK(tuned_back.sync.deadlines.resume == std::chrono::milliseconds(1234));
   // The session's credentials reach the nodes, {node} kept for each to fill in.
   t.cluster.tls = tls_spec{"/c/ca.pem", "/c/{node}.pem", "/c/{node}.key"};
   auto with_tls = parse_topology(node_yaml(t), "node.yaml", ".");
@@ -876,6 +889,33 @@ TEST_CASE("bench sync refuses what it cannot deploy, naming the place") {
   odd.num_attention_heads = 3; // tp 2 cannot split three heads
   odd.num_key_value_heads = 3;
   CHECK(bench_sync_problem(t, "two.yaml", odd).find("engine local: tp 2: ") == 0);
+}
+
+TEST_CASE("bench sync names the line and column of what it refuses in the file") {
+  test::scratch_dir dir;
+  const std::string path = dir / "t.yaml";
+  auto write = [&](const std::string& router_node, const std::string& remote_kind, int head_port) {
+    std::ofstream(path) << "name: two\n"
+                           "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                           "intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 7}}\n"
+                           "nodes: [{name: head, address: 127.0.0.1, port: " << head_port << "}, {name: workers, address: 127.0.0.1}]\n"
+                           "cluster: {allow_insecure_network: true}\n"
+                           "trainer: {node: head}\n"
+                           "engines:\n"
+                           "  - {name: local, node: head, tp: 2}\n"
+                           "  - {name: remote, node: workers, " << remote_kind << "}\n"
+                           "router: {node: " << router_node << "}\ncoordinator: {node: head}\n"
+                           "transfer: {backend: ucx}\n";
+    return load_topology(path);
+  };
+  const auto model = model_of_size(8 << 20);
+  CHECK(bench_sync_problem(write("workers", "tp: 2", 24001), path, model)
+        == path + ":9:16: the router must run on the coordinator's node (head) for the benchmark");
+  CHECK(bench_sync_problem(write("head", "kind: vllm, url: 'http://127.0.0.1:9'", 24001), path, model)
+        == path + ":8:41: engine 'remote' is kind vllm: the benchmark measures rlsync's own engines, which it starts "
+                  "with their model");
+  CHECK(bench_sync_problem(write("head", "tp: 2", 0), path, model)
+        == path + ":3:48: nodes 'head': the coordinator's node needs a fixed port for the others to reach it (port: 0)");
 }
 
 TEST_CASE("bench ranks: layers split as pipeline stages, and the default rank counts") {
