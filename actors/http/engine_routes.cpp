@@ -44,6 +44,10 @@ void version_labels::label_by_number(bool on) {
 void version_labels::set(std::uint64_t v, std::string label) {
   std::lock_guard<std::mutex> lock(mu_);
   labels_[v] = std::move(label);
+  // One per update, for as long as the server runs: the oldest go first
+  // (a version that old is no longer served).
+  while (labels_.size() > max_labels)
+    labels_.erase(labels_.begin());
 }
 
 std::vector<std::uint64_t> version_labels::versions_of(const std::string& label) const {
@@ -80,6 +84,21 @@ std::vector<std::uint64_t> request_registry::all() const {
     out.push_back(e);
   return out;
 }
+
+namespace {
+
+// A weight version's label, as a client names it: kept per version and
+// echoed in every completion's weight_versions, so bounded as a name is.
+std::optional<std::string> version_label(const json& obj, const std::string& name, const std::string& where) {
+  auto label = http::optional_string(obj, name, where);
+  if (label && label->size() > max_name_bytes)
+    throw bad_request("'" + name + "' must be at most " + std::to_string(max_name_bytes) + " bytes, got "
+                          + std::to_string(label->size()),
+                      where + "." + name);
+  return label;
+}
+
+} // namespace
 
 // -- the disk backend's checks -------------------------------------------------------
 
@@ -642,7 +661,7 @@ void route_collective_rpc(control_ptr self, const http::request& rq, done_fn don
   if (*method == "skyrl_finish_weight_update") {
     std::optional<std::string> label;
     if (kwargs)
-      label = http::optional_string(*kwargs, "weight_version", "body.kwargs");
+      label = version_label(*kwargs, "weight_version", "body.kwargs");
     return do_finish(self, label, wrapped);
   }
   if (*method == "update_weights_nccl" || *method == "update_weights_ipc")
@@ -733,11 +752,11 @@ void dispatch(control_ptr self, const http::request& rq, done_fn done) {
     }
     if (path == "/finish_weight_update") {
       auto body = http::parse_object_body(rq.body);
-      return do_finish(self, http::optional_string(body, "weight_version"), done);
+      return do_finish(self, version_label(body, "weight_version", "body"), done);
     }
     if (path == "/update_weight_version") {
       auto body = http::parse_object_body(rq.body, false);
-      auto label = http::optional_string(body, "new_version");
+      auto label = version_label(body, "new_version", "body");
       if (!label)
         throw bad_request("new_version is required", "body.new_version");
       self->request(st.ctx.engine, deadline(self), status_atom::value)

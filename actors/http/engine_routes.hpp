@@ -47,6 +47,9 @@ public:
   /// without a label reads as its number ("7"); version 0 stays "default".
   void label_by_number(bool on);
 
+  /// Labels kept: the newest versions'.
+  static constexpr std::size_t max_labels = 4096;
+
 private:
   mutable std::mutex mu_;
   std::map<std::uint64_t, std::string> labels_;

@@ -118,6 +118,9 @@ TEST_CASE("routes: malformed bodies get 400 in vLLM's envelope naming the body o
   check_envelope(f.call_json("POST", "/finish_weight_update", R"({"weight_version": 7})", 400), 400,
                  "body.weight_version");
   check_envelope(f.call_json("POST", "/update_weight_version", "{}", 400), 400, "body.new_version");
+  check_envelope(f.call_json("POST", "/update_weight_version",
+                             "{\"new_version\": \"" + std::string(max_name_bytes + 1, 'v') + "\"}", 400),
+                 400, "body.new_version");
   // The flat envelope on the routes that use it.
   for (auto body : {"[]", "1", "null"}) {
     auto j = f.call_json("POST", "/abort_requests", body, 400);
@@ -462,6 +465,13 @@ TEST_CASE("routes: version labels, by their set label or (for a coordinator's ve
     INFO("by_number " << r.by_number << " version " << r.version);
     CHECK(labels.label_of(r.version) == r.expected);
   }
+  // One label per update for as long as the server runs: the newest are kept.
+  serve::version_labels many;
+  for (std::uint64_t v = 1; v <= serve::version_labels::max_labels + 10; ++v)
+    many.set(v, "step-" + std::to_string(v));
+  CHECK(many.versions_of("step-10").empty());
+  CHECK(many.versions_of("step-11") == std::vector<std::uint64_t>{11});
+  CHECK(many.label_of(serve::version_labels::max_labels + 10) == "step-" + std::to_string(serve::version_labels::max_labels + 10));
 }
 
 TEST_CASE("routes: in front of a coordinator's engine, the routes that would fight it answer 409") {
