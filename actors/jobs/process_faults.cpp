@@ -107,6 +107,11 @@ process_fault_plan plan_process_fault(const topology& t, const fault_spec& f, bo
     if (p.head && !f.duration)
       return refuse(what(f) + " kills the head (node " + p.node
                     + ", which runs the coordinator and the job) for good: give it a duration_ms to restart it after");
+    // Under rlsync launch that node would come back on its own; the drill
+    // supervises no restarts, so it would rehearse a loss launch never has.
+    if (!f.duration && t.nodes[p.node_index].restart == node_restart::on_failure)
+      return refuse(what(f) + " kills node " + p.node + " for good, which has restart: on-failure (rlsync launch "
+                    + "would restart it; the drill does not): give the fault a duration_ms to restart it after");
     break;
   case fault_action::restart:
     p.action = process_action::kill_restart;

@@ -111,6 +111,15 @@ TEST_CASE("process drill: each fault maps to a node's process and a signal or a 
   for (auto& r : rows) {
     CAPTURE(r.what);
     auto p = plan_process_fault(t, r.f, r.netns, "T.yaml:9:7: drill.faults[0]");
+    if (std::string(r.what) == "a node killed for good") {
+      // Not a node that rlsync launch restarts on failure: the drill could not rehearse that.
+      auto restarting = t;
+      restarting.nodes[1].restart = node_restart::on_failure;
+      const auto refused = plan_process_fault(restarting, r.f, r.netns, "T.yaml:9:7: drill.faults[0]");
+      CHECK_FALSE(refused.fault);
+      CHECK(contains(refused.refusal, "T.yaml:9:7: drill.faults[0]: kill of engines-a kills node engines-a for good, "
+                                      "which has restart: on-failure"));
+    }
     if (std::string(r.node).empty()) {
       CHECK_FALSE(p.fault);
       CHECK(contains(p.refusal, "T.yaml:9:7: drill.faults[0]: "));
