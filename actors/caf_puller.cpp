@@ -8,6 +8,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <set>
 
 namespace rlsync {
@@ -84,9 +85,9 @@ std::vector<tensor_view> deliver_whole_group(const transfer::pull_request& req, 
 }
 
 caf_puller::caf_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
-                       std::optional<std::vector<std::uint32_t>> groups)
+                       std::optional<std::vector<std::uint32_t>> groups, std::size_t groups_in_flight)
   : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
-    group_deadline_(whole_group_deadline(model_)) {}
+    groups_in_flight_(std::max<std::size_t>(1, groups_in_flight)), group_deadline_(whole_group_deadline(model_)) {}
 
 transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
   transfer::pull_report report;
@@ -96,14 +97,27 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
   auto t0 = transfer::clock::now();
   caf::scoped_actor self{sys_};
   const trainer_actor trainer = trainer_();
-  for (const std::uint32_t g : groups_) {
-    auto left = group_wait(req, g, group_deadline_);
+  // Up to groups_in_flight asked ahead; the answers are taken in order
+  // (a blocking receive for one answer leaves the others in the mailbox).
+  // A group asked k places ahead may wait for the k before it as well.
+  using handle = decltype(self->request(trainer, std::chrono::milliseconds(1), pull_atom::value, req.version,
+                                        std::uint32_t{0}));
+  std::deque<std::pair<std::uint32_t, handle>> asked;
+  std::size_t next = 0;
+  while (next < groups_.size() || !asked.empty()) {
+    while (next < groups_.size() && asked.size() < groups_in_flight_) {
+      const std::uint32_t g = groups_[next++];
+      const auto left = group_wait(req, g, group_deadline_ * static_cast<int>(asked.size() + 1));
+      asked.emplace_back(g, self->request(trainer, left, pull_atom::value, req.version, g));
+    }
+    const std::uint32_t g = asked.front().first;
     std::optional<weight_bucket> bucket;
     caf::error failure;
-    self->request(trainer, left, pull_atom::value, req.version, g)
-      .receive([&](weight_bucket& b) { bucket = std::move(b); }, [&](caf::error& e) { failure = std::move(e); });
+    asked.front().second.receive([&](weight_bucket& b) { bucket = std::move(b); },
+                                 [&](caf::error& e) { failure = std::move(e); });
+    asked.pop_front();
     if (!bucket)
-      throw_trainer_refusal(sys_, failure, g);
+      throw_trainer_refusal(sys_, failure, g); // the answers still due die with `self`
     deliver_whole_group(req, g, *bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;

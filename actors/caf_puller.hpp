@@ -25,8 +25,10 @@ public:
   /// `trainer()` is asked at each pull (a node that rejoins a restarted
   /// head swaps it); `groups`: the groups the trainer (rank) holds, which a
   /// pull streams; none: every group of the model.
+  /// `groups_in_flight` (transfer.groups_in_flight, at least 1): groups
+  /// asked for before the first of them arrives.
   caf_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
-             std::optional<std::vector<std::uint32_t>> groups = std::nullopt);
+             std::optional<std::vector<std::uint32_t>> groups = std::nullopt, std::size_t groups_in_flight = 2);
 
   /// No plans needed: the trainer sends whole groups, each worker slices them.
   void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
@@ -39,6 +41,7 @@ private:
   std::function<trainer_actor()> trainer_;
   model_config model_;
   std::vector<std::uint32_t> groups_; ///< pulled, in order
+  std::size_t groups_in_flight_;
   /// How long one group may take. A request to a remote actor whose node is
   /// gone only ever times out (CAF 0.17 answers request_timeout, never
   /// request_receiver_down), so each group gets its own, shorter deadline:

@@ -124,7 +124,8 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
     }
     if (topo->transfer.backend != transfer_backend::ucx)
       return std::make_shared<caf_puller>(sys, [rank] { return rank; }, topo->model.config,
-                                          groups_holding(topo->model.config, h.held));
+                                          groups_holding(topo->model.config, h.held),
+                                          static_cast<std::size_t>(topo->transfer.groups_in_flight));
     try { // one puller per rank incarnation: its producer's address changes with a restart
       return make_ucx_puller(sys, *topo, node, [rank] { return rank; }, log);
     } catch (const std::exception& e) {

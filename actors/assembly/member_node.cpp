@@ -152,7 +152,8 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
       return end;
     }
   } else {
-    puller = std::make_shared<caf_puller>(sys, current_trainer, t.model.config);
+    puller = std::make_shared<caf_puller>(sys, current_trainer, t.model.config, std::nullopt,
+                                          static_cast<std::size_t>(t.transfer.groups_in_flight));
   }
   // Engines record their plans in the dtype the trainer sends, as the head's own do.
   const auto source_dtype = static_cast<dtype>(grant->source_dtype);

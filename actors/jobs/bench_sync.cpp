@@ -421,7 +421,10 @@ std::string node_yaml(const topology& t) {
       << ", kv_block_tokens: " << e.kv_block_tokens << ", prefix_cache_blocks: " << e.prefix_cache_blocks << "}\n";
   y << "router: {node: " << t.router.node << "}\ncoordinator: {node: " << t.coordinator.node << "}\n";
   y << "transfer: {backend: " << to_string(t.transfer.backend) << ", mode: " << to_string(t.transfer.mode)
-    << (t.transfer.collective ? ", collective: true" : "") << ", bucket_bytes: " << t.transfer.bucket_bytes
+    // The collective broadcasts whole groups: the bench's sharded cases run without it.
+    << (t.transfer.collective && t.transfer.mode == transfer_mode::broadcast
+          ? ", collective: true, bucket_bytes: " + std::to_string(t.transfer.bucket_bytes)
+          : std::string())
     << ", groups_in_flight: " << t.transfer.groups_in_flight;
   if (t.transfer.backend == transfer_backend::ucx) { // the other backends refuse the key
     y << ", ucx_transports: [";

@@ -127,7 +127,13 @@ void reader::read_transfer(const map_reader& root) {
       r.error("bucket_bytes", "must be at most " + human_size(topology_limits::max_bucket_bytes)
                                 + " (each member's device staging holds one bucket); got " + got);
   }
-  r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight));
+  if (r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight)) && backend_read
+      && (tr.backend == transfer_backend::cuda_ipc || tr.backend == transfer_backend::nccl)
+      && tr.groups_in_flight != transfer_spec{}.groups_in_flight)
+    r.error("groups_in_flight", "only the default " + std::to_string(transfer_spec{}.groups_in_flight)
+                                  + " is accepted with backend '" + std::string(to_string(tr.backend))
+                                  + "': its pullers move one group at a time; got "
+                                  + std::to_string(tr.groups_in_flight));
   // Keys only the ucx backend reads (its producer and pullers); the backend
   // is the default (local) when not given, unknown when given wrong.
   const bool other_backend = (backend_read || !r.has("backend")) && tr.backend != transfer_backend::ucx;
@@ -224,7 +230,7 @@ void reader::read_workload(const map_reader& root) {
   if (r.read("temperature", w.temperature) && !(w.temperature >= 0 && w.temperature <= max_temperature))
     r.error("temperature", "must be in [0, " + format_double(max_temperature) + "], got " + format_double(w.temperature));
   if (r.read("top_p", w.top_p) && !(w.top_p >= min_top_p && w.top_p <= 1))
-    r.error("top_p", std::string("must be in (0, 1]") + (w.top_p > 0 && w.top_p < min_top_p ? " and at least 1.2e-38 (a float's smallest normal value)" : "")
+    r.error("top_p", std::string("must be in (0, 1]") + (w.top_p > 0 && w.top_p < min_top_p ? " and not below a float's smallest normal value (about 1.18e-38)" : "")
                          + ", got " + format_double(w.top_p));
   r.read("seed", w.seed);
   r.read_ms("request_deadline_ms", w.request_deadline, between(1, max_request_deadline_ms));

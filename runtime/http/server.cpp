@@ -496,6 +496,10 @@ void server_core::refuse(tcp::socket& socket) {
   // Best effort and never blocking: the I/O thread serves everyone else.
   beast::error_code ec;
   socket.non_blocking(true, ec);
+  if (ec) { // a blocking write or read here would hold the I/O thread
+    socket.close(ec);
+    return;
+  }
   socket.write_some(asio::buffer(busy), ec);
   socket.shutdown(tcp::socket::shutdown_send, ec);
   // A request left unread would make the close a reset, which can destroy

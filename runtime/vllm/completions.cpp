@@ -191,7 +191,7 @@ completion_request parse_object(const json& body, const completion_limits& limit
   if (auto v = field("top_p")) {
     double p = get_number(*v, "top_p");
     if (!(p >= topology_limits::min_top_p && p <= 1)) // carried as a float: not below its smallest normal value
-      fail("top_p", std::string("must be in (0, 1]") + (p > 0 && p < 1 ? " and at least 1.2e-38" : "") + ", got "
+      fail("top_p", std::string("must be in (0, 1]") + (p > 0 && p < topology_limits::min_top_p ? " and not below a float's smallest normal value (about 1.18e-38)" : "") + ", got "
                         + describe(*v));
     out.top_p = static_cast<float>(p);
   }

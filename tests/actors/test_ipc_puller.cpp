@@ -203,6 +203,30 @@ TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: for an engine on a device, each group 
   CHECK(landed.empty());
 }
 
+TEST_CASE("CAF puller: groups_in_flight groups are asked for before the first answer, and no more") {
+  test::rlsync_config cfg;
+  caf::actor_system sys{cfg};
+  const topology t = test::small_topology(3);
+  for (std::size_t in_flight : {1, 3}) {
+    CAPTURE(in_flight);
+    auto script = std::make_shared<test::trainer_script>();
+    script->pulls_answered_together = 3; // nothing is answered before three are asked
+    auto trainer = caf::actor_cast<trainer_actor>(sys.spawn(test::scripted_trainer, script));
+    test::stop_on_exit stop{caf::actor_cast<caf::actor>(trainer)};
+    caf_puller puller(sys, asking(trainer), t.model.config, std::nullopt, in_flight);
+    recording_sink rec;
+    try {
+      transfer::pull_engine(puller, "rollout-0", 1, 1, transfer_mode::broadcast, rec.sink(), test::in(1500ms));
+      FAIL("a pull succeeded against a trainer that refuses every group");
+    } catch (const transfer::transfer_error& e) {
+      if (in_flight == 3) // three asked at once: all answered
+        CHECK(std::string(e.what()).find("answered together with 3 pulls") != std::string::npos);
+      else // one at a time: the first never answered
+        CHECK(e.failure == transfer::transfer_failure::timeout);
+    }
+  }
+}
+
 TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank holds") {
   test::rlsync_config cfg;
   caf::actor_system sys{cfg};

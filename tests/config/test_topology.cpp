@@ -706,6 +706,9 @@ TEST_CASE("topology: cuda_ipc is accepted in a CUDA build for one host and whole
        + "transfer: {backend: cuda_ipc, mode: broadcast}\n",
      "t.yaml:7:21: transfer.backend: 'cuda_ipc' maps the trainer's GPU memory into the engines' processes, so "
      "every node runs on one host: node 'b' is at 10.0.0.2, node 'a' at 127.0.0.1; use ucx across hosts"},
+    {"groups in flight it would not pipeline", plus(insecure + "transfer: {backend: cuda_ipc, mode: broadcast, groups_in_flight: 4}"),
+     "t.yaml:7:66: transfer.groups_in_flight: only the default 2 is accepted with backend 'cuda_ipc': its pullers "
+     "move one group at a time; got 4"},
   });
 }
 
@@ -836,7 +839,7 @@ TEST_CASE("topology errors: sync and workload") {
     {"top_p zero", plus("workload: {top_p: 0}"), "t.yaml:6:19: workload.top_p: must be in (0, 1], got 0"},
     {"top_p above one", plus("workload: {top_p: 1.5}"), "t.yaml:6:19: workload.top_p: must be in (0, 1], got 1.5"},
     {"top_p below a float's normal range", plus("workload: {top_p: 1e-50}"),
-     "t.yaml:6:19: workload.top_p: must be in (0, 1] and at least 1.2e-38 (a float's smallest normal value), got 1e-50"},
+     "t.yaml:6:19: workload.top_p: must be in (0, 1] and not below a float's smallest normal value (about 1.18e-38), got 1e-50"},
     {"negative temperature", plus("workload: {temperature: -0.5}"),
      "t.yaml:6:25: workload.temperature: must be in [0, 100], got -0.5"},
     {"temperature beyond a float", plus("workload: {temperature: 1e39}"),

@@ -27,6 +27,11 @@ struct trainer_script {
   std::vector<engine_placement> placements; ///< as the coordinator last told
   /// Heartbeats go unanswered (a partitioned trainer rank).
   bool silent = false;
+  /// Whole-group pulls: 0 refuses each at once (it holds no weights);
+  /// otherwise each is held unanswered until this many are, then all are
+  /// refused together ("answered together"), showing how many a puller asks ahead.
+  std::size_t pulls_answered_together = 0;
+  std::vector<caf::typed_response_promise<weight_bucket>> held_pulls;
   /// Answers cuda_ipc pulls (a producer that may lie); none: refuse them.
   std::function<caf::result<ipc_chunk>(const ipc_pull&)> ipc;
   std::vector<ipc_pull> ipc_releases; ///< releases received, in order
@@ -65,7 +70,17 @@ scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_s
     [=](meta_atom) { return std::vector<tensor_meta>{}; },
     [=](version_atom) { return script->current; },
     [=](pull_atom, std::uint64_t, std::uint32_t) -> caf::result<weight_bucket> {
-      return make_error(errc::unknown_name, "the scripted trainer holds no weights");
+      if (script->pulls_answered_together == 0)
+        return make_error(errc::unknown_name, "the scripted trainer holds no weights");
+      auto rp = self->make_response_promise<weight_bucket>();
+      script->held_pulls.push_back(rp);
+      if (script->held_pulls.size() >= script->pulls_answered_together) {
+        for (auto& held : script->held_pulls)
+          held.deliver(make_error(errc::unknown_name, "answered together with "
+                                                        + std::to_string(script->held_pulls.size()) + " pulls"));
+        script->held_pulls.clear();
+      }
+      return rp;
     },
     [=](subscribe_atom, const version_listener_actor& l) { script->listeners.push_back(l); },
     [=](freeze_atom) { return script->current; },

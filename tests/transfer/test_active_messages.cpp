@@ -146,17 +146,18 @@ TEST_CASE("one sender's fetches in flight are bounded: a large message past its 
   am_inbox inbox;
   inbox.limit = 1 << 20;
   inbox.max_pending_bytes = 4 << 20;
+  inbox.max_fetches_per_sender = 4;
   auto* stuck = reinterpret_cast<ucp_ep_h>(std::uintptr_t{0x1000});
   // A sender that stopped progressing holds its share of fetches (their
   // requests are UCX's; none stands behind these).
-  inbox.fetches_by_sender[stuck] = am_inbox::max_fetches_per_sender;
+  inbox.fetches_by_sender[stuck] = 4;
   ucp_am_recv_param_t param{};
   param.recv_attr = UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FIELD_REPLY_EP;
   param.reply_ep = stuck;
   CHECK(am_inbox::on_message(&inbox, nullptr, 0, nullptr, 100, &param) == UCS_ERR_REJECTED);
   CHECK(inbox.dropped == 1);
   CHECK(inbox.pending.empty());
-  CHECK(inbox.fetches_by_sender[stuck] == am_inbox::max_fetches_per_sender);
+  CHECK(inbox.fetches_by_sender[stuck] == 4);
   // Its eager messages still arrive: they wait for no fetch.
   std::vector<std::uint8_t> small{1, 2, 3};
   param.recv_attr = UCP_AM_RECV_ATTR_FIELD_REPLY_EP;

@@ -533,6 +533,26 @@ TEST_CASE("ucx: the open carries the first groups_in_flight gets, the rest are a
   CHECK(producer.stats().groups_sent == 0);
 }
 
+TEST_CASE("ucx: many groups in flight, over tcp too: every answer of a burst arrives") {
+  // Under UCX_RNDV_THRESH=1 (the rendezvous variant of this suite) each
+  // answer is a fetch on the consumer's side: a burst of an open's answer
+  // and its groups must all be taken, and the gets that follow too.
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(10);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  for (auto transports : {std::vector<ucx_transport>{}, std::vector<ucx_transport>{ucx_transport::tcp}}) {
+    CAPTURE(transports.size());
+    ucx_producer producer(src, loopback_producer(transports));
+    auto po = loopback_puller(producer, transports);
+    po.groups_in_flight = 8;
+    ucx_puller puller(po);
+    test_engine e("rollout-0", c, 1, puller);
+    CHECK(e.pull(puller, 1).groups == 10);
+    test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  }
+}
+
 TEST_CASE("ucx: on one host groups are lent in shared memory and copied once, without it they come by tag") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);

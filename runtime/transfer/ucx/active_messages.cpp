@@ -47,8 +47,8 @@ ucs_status_t am_inbox::on_message(void* arg, const void* header, size_t header_l
     }
     if (length > self->max_pending_bytes - self->pending_bytes) // pending_bytes <= max_pending_bytes always
       return drop();
-    if (const auto it = self->fetches_by_sender.find(reply_ep);
-        it != self->fetches_by_sender.end() && it->second >= max_fetches_per_sender)
+    if (const auto it = self->fetches_by_sender.find(reply_ep); self->max_fetches_per_sender != 0
+        && it != self->fetches_by_sender.end() && it->second >= self->max_fetches_per_sender)
       return drop();
     in.bytes.resize(length);
     auto& f = self->pending.emplace_back(fetching{nullptr, std::move(in)});

@@ -52,15 +52,16 @@ struct am_inbox {
     std::size_t length = 0;
   };
   static constexpr std::size_t max_ready = 4096;
-  // A sender has one large message (a plan, a manifest) in flight at a
-  // time; one that stops progressing holds its fetches until its endpoint
-  // goes, so each sender's share of `pending` is bounded, not only the sum.
-  static constexpr std::size_t max_fetches_per_sender = 4;
 
   ucp_worker_h worker = nullptr;
   std::size_t limit = 0;
   std::size_t max_pending_bytes = 0;
   std::size_t pending_bytes = 0; // the buffers of `pending`
+  // A sender that stops progressing holds its rendezvous fetches until its
+  // endpoint goes: where many senders share the inbox (the producer's), each
+  // one's share of `pending` is bounded, not only the sum. 0: no bound (a
+  // puller's inbox has one sender, its producer).
+  std::size_t max_fetches_per_sender = 0;
   std::unordered_map<ucp_ep_h, std::size_t> fetches_by_sender; // of `pending`
   std::uint64_t dropped = 0;     // messages dropped at a bound
   std::function<bool(ucp_ep_h reply_ep)> is_member; // empty: every sender is one

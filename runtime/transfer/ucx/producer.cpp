@@ -61,6 +61,9 @@ void producer_impl::start() {
   ctx = make_context(options.transports, options.net_devices, "producer");
   worker = make_worker(ctx->handle, "producer");
   inbox.install(worker.handle, am_request, options.max_message_bytes);
+  // A consumer's burst: its gets (max_outstanding_per_connection, beyond
+  // which they are refused anyway), a plan, an open and a goodbye.
+  inbox.max_fetches_per_sender = options.max_outstanding_per_connection + 8;
   // Only a connection's messages wait in the inbox; any other is a hello to
   // admit, or refused, in the callback. Called on the progress thread,
   // which owns conns.
