@@ -174,10 +174,13 @@ bool am_outbox::refuse(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes
 
 void am_outbox::poll() {
   for (auto it = inflight.begin(); it != inflight.end();) {
-    if (ucp_request_check_status(it->request) == UCS_INPROGRESS) {
+    const ucs_status_t st = ucp_request_check_status(it->request);
+    if (st == UCS_INPROGRESS) {
       ++it;
       continue;
     }
+    if (st != UCS_OK && failed_sends++ == 0)
+      first_failure = st;
     ucp_request_free(it->request);
     refusals -= it->refusal;
     if (auto n = per_endpoint.find(it->ep); n != per_endpoint.end() && --n->second == 0)

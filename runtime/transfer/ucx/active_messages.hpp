@@ -96,6 +96,8 @@ struct am_outbox {
   std::list<sending> inflight;
   std::size_t refusals = 0; // of inflight
   std::unordered_map<ucp_ep_h, std::size_t> per_endpoint; // of inflight, by endpoint
+  std::uint64_t failed_sends = 0;       // completed with an error (a peer's inbox refused one, or it went)
+  ucs_status_t first_failure = UCS_OK; // the first such error
 
   bool send(ucp_ep_h ep, unsigned id, std::vector<std::uint8_t> bytes, bool reply,
             std::vector<std::uint8_t> header = {});

@@ -686,8 +686,8 @@ std::string ucx_puller::last_transports() const {
   return impl_->last_lanes;
 }
 
-void ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std::size_t count,
-                           const std::function<bool()>& stop, clock::time_point until) {
+std::string ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std::size_t count,
+                                  const std::function<bool()>& stop, clock::time_point until) {
   pull_request req;
   req.engine = "(raw)";
   req.deadline = until;
@@ -696,7 +696,15 @@ void ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std::size_t
     ch->outbox.send(ch->ep, am_request, message, true);
   while (!stop() && clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Reads at last, for a moment: what the producer did with the flood.
+  drive(ch->worker, clock::now() + std::chrono::milliseconds(500), [&] {
+    ch->pump();
+    ch->clear_replies();
+    return ch->failed;
+  }, std::chrono::milliseconds(1));
+  std::string failure = ch->failure;
   impl_->destroy_worker(*ch); // as a dead consumer's: no goodbye, no close
+  return failure;
 }
 
 std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,

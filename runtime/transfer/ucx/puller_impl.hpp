@@ -120,6 +120,13 @@ struct channel {
   void pump() {
     inbox.poll();
     outbox.poll();
+    // A request the producer's inbox refused (at one of its bounds) would
+    // otherwise go unanswered until the pull's deadline.
+    if (outbox.failed_sends != 0 && !failed) {
+      failed = true;
+      failure = std::string("a message to the producer failed (") + ucs_status_string(outbox.first_failure)
+                + "): its inbox refused it at a bound, or it is gone";
+    }
     while (!inbox.ready.empty()) {
       auto in = std::move(inbox.ready.front());
       inbox.ready.pop_front();

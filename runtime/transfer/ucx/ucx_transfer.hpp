@@ -476,10 +476,11 @@ public:
                        bool hello_first = true, bool say_goodbye = true, const std::vector<std::uint8_t>& header = {});
   /// For tests: a consumer that asks and never reads. Connects (hello
   /// first, as send_raw), sends `message` `count` times without progressing
-  /// its worker, so nothing the producer answers is read, and vanishes once
-  /// `stop` returns true or at `until` (no goodbye, no close).
-  void flood_raw(const std::vector<std::uint8_t>& message, std::size_t count, const std::function<bool()>& stop,
-                 clock::time_point until);
+  /// its worker, so nothing the producer answers is read, until `stop`
+  /// returns true or `until`; then reads for half a second and vanishes (no
+  /// goodbye, no close). Returns why its connection failed, or "".
+  std::string flood_raw(const std::vector<std::uint8_t>& message, std::size_t count,
+                        const std::function<bool()>& stop, clock::time_point until);
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;
