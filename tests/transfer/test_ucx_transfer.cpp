@@ -991,6 +991,18 @@ TEST_CASE("ucx: a producer expecting the mode packs the newest version ahead for
   }
 }
 
+/// A one-layer model's one version, served over tcp only (a vanished
+/// peer's socket shows as reset; shared memory has no such signal), the
+/// producer's log kept, and a puller over tcp.
+struct tcp_fixture {
+  const model_config c = test::small_model(1);
+  std::shared_ptr<synthetic_source> src = test::small_source(c);
+  snapshot_ptr v1 = src->produce_next();
+  log_lines log;
+  ucx_producer producer{src, loopback_producer({ucx_transport::tcp}, log.sink())};
+  ucx_puller puller{loopback_puller(producer, {ucx_transport::tcp})};
+};
+
 /// A two-layer model's one version, its loopback producer, and puller
 /// options whose first credentials request runs `first_ask` first (which
 /// may wait, or throw instead of asking the producer); `asked` counts them.
@@ -1962,12 +1974,8 @@ TEST_CASE("ucx: a first message is judged by its hello header: each lie is answe
 
 TEST_CASE("ucx: a consumer that asks and never reads is closed at max_unread_replies, the producer serves on") {
   SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(1);
-  auto src = test::small_source(c);
-  auto v1 = src->produce_next();
-  log_lines log;
-  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}, log.sink()));
-  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
+  tcp_fixture f;
+  auto& [c, src, v1, log, producer, puller] = f;
   // Each open is answered with the version's manifest; over tcp the
   // sockets hold some of them, the rest wait in the producer.
   wire::open_msg open;
@@ -2054,13 +2062,8 @@ TEST_CASE("ucx: a sharded group whose size does not fit the sink's places is the
 
 TEST_CASE("ucx: a consumer gone without a goodbye: UCX reports its endpoint failed, the producer closes it") {
   SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(1);
-  auto src = test::small_source(c);
-  auto v1 = src->produce_next();
-  log_lines log;
-  // tcp: a vanished peer's socket shows as reset (shared memory has no such signal).
-  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}, log.sink()));
-  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
+  tcp_fixture f;
+  auto& [c, src, v1, log, producer, puller] = f;
   for (int round = 1; round <= 3; ++round) {
     INFO("round " << round);
     const auto reply = puller.send_raw(wire::encode(wire::get_msg{8, 99, 0, 1, 1000}), in(5s), true, false);
@@ -2081,11 +2084,8 @@ TEST_CASE("ucx: a consumer gone without a goodbye: UCX reports its endpoint fail
 
 TEST_CASE("ucx: a goodbye is answered, then the producer closes") {
   SKIP_WITHOUT_UCX();
-  const model_config c = test::small_model(1);
-  auto src = test::small_source(c);
-  src->produce_next();
-  ucx_producer producer(src, loopback_producer({ucx_transport::tcp}));
-  ucx_puller puller(loopback_puller(producer, {ucx_transport::tcp}));
+  tcp_fixture f;
+  auto& [c, src, v1, log, producer, puller] = f;
   test_engine e("rollout-0", c, 1, puller);
   e.pull(puller, 1);
   CHECK(puller.stats().goodbyes_answered == 0);
