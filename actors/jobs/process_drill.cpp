@@ -10,7 +10,6 @@
 #include "runtime/process/short_command.hpp"
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -33,18 +32,7 @@
 namespace rlsync::jobs {
 
 std::string fault_place(const std::string& path, std::size_t i) {
-  try {
-    auto root = YAML::LoadFile(path);
-    auto faults = root["drill"]["faults"];
-    if (faults && faults.IsSequence() && i < faults.size()) {
-      auto m = faults[i].Mark();
-      if (!m.is_null())
-        return path + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
-    }
-  } catch (const std::exception&) {
-    // The topology loaded, so this does not happen; the file alone still names the place.
-  }
-  return path;
+  return topology_place(path, {"drill", "faults", "[" + std::to_string(i) + "]"});
 }
 
 namespace {

@@ -407,22 +407,27 @@ std::string topology_place(const std::string& path, const std::vector<std::strin
     YAML::Mark mark = at.Mark();
     // (reset() rebinds a YAML::Node; `=` would assign into the document.)
     for (const auto& step : steps) {
-      YAML::Node next;
+      YAML::Node next; // (a default Node is a defined null: `found` says whether one was)
       bool found = false;
-      if (at.IsSequence() && step.rfind("name=", 0) == 0) {
+      const bool in_list = step.rfind("name=", 0) == 0 || (step.size() > 2 && step.front() == '[');
+      if (in_list) {
+        if (!at.IsSequence())
+          return path;
         for (std::size_t i = 0; i < at.size() && !found; ++i) {
           const YAML::Node entry = at[i];
-          if (entry.IsMap() && entry["name"] && entry["name"].IsScalar() && entry["name"].Scalar() == step.substr(5)) {
+          found = step.front() == '[' ? step == "[" + std::to_string(i) + "]"
+                                      : entry.IsMap() && entry["name"] && entry["name"].IsScalar()
+                                          && entry["name"].Scalar() == step.substr(5);
+          if (found)
             next.reset(entry);
-            found = true;
-          }
         }
+        if (!found)
+          return path; // an entry that is not there: the file alone
       } else if (at.IsMap() && at[step]) {
         next.reset(at[step]);
-        found = true;
+      } else {
+        break; // a key absent (a default): its parent is the place
       }
-      if (!found)
-        break; // absent (a default): its parent is the place
       at.reset(next);
       mark = at.Mark();
     }

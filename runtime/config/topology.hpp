@@ -394,9 +394,10 @@ topology parse_topology(const std::string& yaml_text, const std::string& source_
 
 /// "path:line:col" of a key in the topology file at `path`, for a problem
 /// only some command refuses (validation has the places of its own). Each
-/// step is a map key or "name=X", the entry of a list named X; a step that
-/// is absent (a default) leaves its parent as the place, a file that can no
-/// longer be read leaves `path` alone.
+/// step is a map key, "name=X" (the entry of a list named X) or "[i]" (its
+/// i-th entry). A key that is absent (a default) leaves its parent as the
+/// place; a list entry that is not there, or a file that can no longer be
+/// read, leaves `path` alone.
 std::string topology_place(const std::string& path, const std::vector<std::string>& steps);
 
 /// The resolved topology as YAML: defaults filled in, replicas expanded,
