@@ -7,6 +7,16 @@
 
 namespace rlsync::transfer::ucx_detail {
 
+namespace {
+
+// One less of `key`'s count; a count of none is not kept.
+void count_down(std::unordered_map<ucp_ep_h, std::size_t>& counts, ucp_ep_h key) {
+  if (auto n = counts.find(key); n != counts.end() && --n->second == 0)
+    counts.erase(n);
+}
+
+} // namespace
+
 ucs_status_t am_inbox::on_message(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                   const ucp_am_recv_param_t* param) {
   auto* self = static_cast<am_inbox*>(arg);
@@ -111,8 +121,7 @@ void am_inbox::poll() {
     }
     ucp_request_free(it->request);
     pending_bytes -= it->msg.bytes.size();
-    if (auto n = fetches_by_sender.find(it->msg.reply_ep); n != fetches_by_sender.end() && --n->second == 0)
-      fetches_by_sender.erase(n);
+    count_down(fetches_by_sender, it->msg.reply_ep);
     if (st == UCS_OK && !it->discard)
       ready.push_back(std::move(it->msg));
     it = pending.erase(it);
@@ -183,8 +192,7 @@ void am_outbox::poll() {
       first_failure = st;
     ucp_request_free(it->request);
     refusals -= it->refusal;
-    if (auto n = per_endpoint.find(it->ep); n != per_endpoint.end() && --n->second == 0)
-      per_endpoint.erase(n);
+    count_down(per_endpoint, it->ep);
     it = inflight.erase(it);
   }
 }
