@@ -4,9 +4,14 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <atomic>
 #include <cctype>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 namespace rlsync::http {
 
@@ -14,6 +19,80 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
+
+namespace {
+
+// A host name is looked up on a thread of its own, so that a call waits for
+// the system resolver no longer than its deadline: getaddrinfo cannot be
+// interrupted. A lookup that outlives its call finishes on its own; at most
+// max_lookups_in_flight run at once, so a resolver that never answers holds
+// a bounded number of threads.
+struct name_lookup {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<tcp::endpoint> endpoints;
+  std::string error;
+};
+
+std::atomic<int> lookups_running{0};
+std::mutex lookup_hook_mutex;
+std::function<void(const std::string&)> lookup_hook; // tests: runs before the resolver
+
+std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t port,
+                                         std::chrono::steady_clock::time_point until) {
+  if (lookups_running.fetch_add(1) >= detail::max_lookups_in_flight) {
+    lookups_running.fetch_sub(1);
+    throw client_error("cannot resolve " + host + ": " + std::to_string(detail::max_lookups_in_flight)
+                       + " earlier lookups are still running (is the system's resolver answering?)");
+  }
+  auto lookup = std::make_shared<name_lookup>();
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard<std::mutex> lock(lookup_hook_mutex);
+    hook = lookup_hook;
+  }
+  try {
+    std::thread([lookup, host, port, hook = std::move(hook)] {
+      if (hook)
+        hook(host);
+      asio::io_context ioc;
+      tcp::resolver resolver(ioc);
+      beast::error_code ec;
+      std::vector<tcp::endpoint> found;
+      for (const auto& e : resolver.resolve(host, std::to_string(port), ec))
+        found.push_back(e.endpoint());
+      {
+        std::lock_guard<std::mutex> lock(lookup->m);
+        lookup->endpoints = std::move(found);
+        if (ec)
+          lookup->error = ec.message();
+        lookup->done = true;
+      }
+      lookup->cv.notify_all();
+      lookups_running.fetch_sub(1);
+    }).detach();
+  } catch (const std::system_error& e) {
+    lookups_running.fetch_sub(1);
+    throw client_error("cannot resolve " + host + ": no thread for the lookup (" + e.what() + ")");
+  }
+  std::unique_lock<std::mutex> lock(lookup->m);
+  if (!lookup->cv.wait_until(lock, until, [&] { return lookup->done; }))
+    throw client_error("cannot resolve " + host + ": the system's resolver did not answer within the deadline");
+  if (!lookup->error.empty())
+    throw client_error("cannot resolve " + host + ": " + lookup->error);
+  return std::move(lookup->endpoints);
+}
+
+} // namespace
+
+namespace detail {
+void set_lookup_hook(std::function<void(const std::string&)> hook) {
+  std::lock_guard<std::mutex> lock(lookup_hook_mutex);
+  lookup_hook = std::move(hook);
+}
+int lookups_in_flight() { return lookups_running.load(); }
+} // namespace detail
 
 struct client::impl {
   std::string host;
@@ -46,11 +125,7 @@ struct client::impl {
     if (const auto address = asio::ip::make_address(host, ec); !ec) {
       endpoints.emplace_back(address, port); // an address: nothing to resolve
     } else {
-      tcp::resolver resolver(ioc);
-      for (const auto& e : resolver.resolve(host, std::to_string(port), ec))
-        endpoints.push_back(e.endpoint());
-      if (ec)
-        throw client_error("cannot resolve " + host + ": " + ec.message());
+      endpoints = resolve_until(host, port, until);
     }
     stream->expires_at(until);
     stream->async_connect(endpoints, [&](beast::error_code e, const tcp::endpoint&) { result = e; });

@@ -40,8 +40,10 @@ public:
   /// deadline bounds each request (connect, write and read together, from
   /// the call) and each wait for a stream event (from the call to
   /// next_event: bytes that end no event, such as comments, do not extend
-  /// it). A host name, not an address, is resolved by the system's resolver
-  /// under its own timeouts.
+  /// it). A host name, not an address, is looked up within the same
+  /// deadline; at most detail::max_lookups_in_flight lookups run at once in
+  /// the process (a lookup the resolver holds past its call's deadline still
+  /// counts until the resolver answers).
   client(std::string host, std::uint16_t port, std::chrono::milliseconds deadline = std::chrono::seconds(30));
   ~client();
   client(const client&) = delete;
@@ -73,6 +75,15 @@ private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+namespace detail {
+inline constexpr int max_lookups_in_flight = 16;
+/// Tests: `hook` runs on each lookup's thread before the system's resolver
+/// (empty: none), so that a test can hold a lookup.
+void set_lookup_hook(std::function<void(const std::string&)> hook);
+/// Lookups whose resolver has not answered yet.
+int lookups_in_flight();
+} // namespace detail
 
 /// One request on a fresh connection.
 client_response request_once(const std::string& host, std::uint16_t port, const client_request& rq,

@@ -356,6 +356,36 @@ TEST_CASE("client: an answer over the client's bound is an error, not read into 
   CHECK(c.send({"GET", "/big", "", "application/json", {}}).body.size() == std::size_t(2 << 20));
 }
 
+TEST_CASE("client: a host name is looked up within the call's deadline, and held lookups are bounded") {
+  server srv(fast_options());
+  srv.route("GET", "/hello", [](const request&, std::shared_ptr<responder> r) { r->reply(text("hi")); });
+  auto port = srv.start();
+  const client_request hello{"GET", "/hello", "", "application/json", {}};
+  CHECK(client("localhost", port, 5s).send(hello).body == "hi");
+
+  // A resolver that does not answer: each call fails at its own deadline.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  detail::set_lookup_hook([released](const std::string&) { released.wait_for(20s); });
+  for (int i = 0; i < detail::max_lookups_in_flight; ++i)
+    CHECK_THROWS_WITH_AS(client("localhost", port, 50ms).send(hello),
+                         doctest::Contains("cannot resolve localhost: the system's resolver did not answer within"),
+                         client_error);
+  CHECK(detail::lookups_in_flight() == detail::max_lookups_in_flight);
+  // The held lookups are bounded: the next call by name is refused at once.
+  CHECK_THROWS_WITH_AS(client("localhost", port, 5s).send(hello),
+                       doctest::Contains("16 earlier lookups are still running"), client_error);
+  // An address needs no lookup.
+  CHECK(client("127.0.0.1", port, 5s).send(hello).body == "hi");
+
+  release.set_value();
+  detail::set_lookup_hook({});
+  for (int i = 0; i < 2000 && detail::lookups_in_flight() > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(detail::lookups_in_flight() == 0);
+  CHECK(client("localhost", port, 5s).send(hello).body == "hi");
+}
+
 TEST_CASE("client: a refused stream returns its status and error body, and the connection is reused") {
   server srv(fast_options());
   srv.route("POST", "/stream", [](const request& rq, std::shared_ptr<responder> r) {
