@@ -130,7 +130,7 @@ void configure_node_tls(caf::actor_system_config& cfg, const topology& t, const 
 }
 
 std::string insecure_network_warning(const topology& t) {
-  if (t.cluster.tls || t.nodes.size() < 2)
+  if (t.cluster.tls || !t.others_join_the_head())
     return {};
   return "WARNING: INSECURE NETWORK: cluster.allow_insecure_network is set and cluster.tls is not.\n"
          "WARNING: traffic between nodes is plaintext: anyone who can reach a node's port can read it,\n"

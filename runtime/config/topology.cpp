@@ -63,8 +63,9 @@ void reader::read(const YAML::Node& root_node) {
   read_workload(root);
   read_drill(root);
   // Whole-topology: checked only when everything else is valid (one mistake, one message).
-  if (d.empty() && t.nodes.size() > 1 && !t.cluster.tls && !t.cluster.allow_insecure_network)
-    root.error(root.has("cluster") ? "cluster" : "nodes", insecure_refusal);
+  if (d.empty() && t.others_join_the_head() && !t.cluster.tls && !t.cluster.allow_insecure_network)
+    root.error(root.has("cluster") ? "cluster" : "nodes",
+               t.nodes.size() > 1 ? insecure_refusal : insecure_external_refusal);
 }
 
 void reader::read_model(const map_reader& root) {

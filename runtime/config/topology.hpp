@@ -143,8 +143,8 @@ struct cluster_spec {
   /// own and the head checks each against that node's file.
   std::string secret_file; // absolute path
   std::string secret_env;  // environment variable name
-  /// Set: nodes connect over mutual TLS. Required when the topology has more
-  /// than one node, unless allow_insecure_network says otherwise.
+  /// Set: nodes connect over mutual TLS. Required when others join the
+  /// head (others_join_the_head), unless allow_insecure_network says otherwise.
   std::optional<tls_spec> tls;
   /// Plaintext between nodes on purpose; every start warns loudly.
   bool allow_insecure_network = false;
@@ -364,6 +364,10 @@ struct topology {
   /// coordinator, the router, an engine or a trainer rank that is not
   /// external (an external rank's own process joins on its own).
   bool node_runs_anything(std::string_view name) const;
+  /// Whether other processes join the coordinator's node over the network
+  /// (more than one node, or external trainer ranks): the head then
+  /// listens on a port, which needs cluster.tls or allow_insecure_network.
+  bool others_join_the_head() const { return nodes.size() > 1 || trainer.source == trainer_source::external; }
 };
 
 /// Whether a built-in engine may run on the host of trainer rank `rank`'s

@@ -40,6 +40,10 @@ inline const char* const insecure_refusal =
   "more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it "
   "anyone who reaches a node's port can read and forge cluster traffic; set "
   "cluster.allow_insecure_network: true to run without TLS anyway";
+inline const char* const insecure_external_refusal =
+  "external trainer ranks (trainer.source: external) join the coordinator's node over the network, which "
+  "needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it anyone who reaches its "
+  "port can read and forge cluster traffic; set cluster.allow_insecure_network: true to run without TLS anyway";
 
 /// "a, b, c", cut after `limit` names so that 64 replicas stay readable.
 inline std::string list_names(const std::vector<std::string>& names, std::size_t limit = 8) {

@@ -49,6 +49,13 @@ std::string plus(const std::string& extra) { return with("", "") + extra + "\n";
 // Two nodes need TLS or this (checked once everything else is valid).
 const std::string insecure = "cluster: {allow_insecure_network: true}\n";
 
+// One node that external trainer ranks join (so it needs TLS or the above too).
+const std::string one_node_external_ranks = [] {
+  std::string text = with("nodes", "nodes: [{name: a, port: 7400}]");
+  const std::string trainer = "trainer: {node: a}";
+  return text.replace(text.find(trainer), trainer.size(), "trainer: {node: a, source: external}");
+}();
+
 // A synthetic model in block style: `fields` go on lines 4.. of the file.
 std::string synthetic(const std::string& fields) {
   return with("model", "model:\n  synthetic:\n" + fields);
@@ -93,6 +100,11 @@ TEST_CASE("topology: the base document of the error rows is valid") {
   auto t = parse_topology(with("", "") + insecure, "t.yaml", "/base");
   CHECK(t.engines.size() == 2);
   CHECK(t.cluster.allow_insecure_network);
+  // One node alone needs no TLS; once external ranks join it, it does (errors row), or this.
+  auto alone = parse_topology(with("nodes", "nodes: [{name: a}]"), "t.yaml", "/base");
+  CHECK_FALSE(alone.others_join_the_head());
+  auto joined = parse_topology(one_node_external_ranks + insecure, "t.yaml", "/base");
+  CHECK(joined.others_join_the_head());
 }
 
 TEST_CASE("topology errors: syntax and document shape") {
@@ -405,6 +417,12 @@ TEST_CASE("topology errors: cluster") {
      "t.yaml:3:8: nodes: more than one node needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): "
      "without it anyone who reaches a node's port can read and forge cluster traffic; set "
      "cluster.allow_insecure_network: true to run without TLS anyway"},
+    {"one node whose external ranks join it, without tls",
+     one_node_external_ranks,
+     "t.yaml:3:8: nodes: external trainer ranks (trainer.source: external) join the coordinator's node over the "
+     "network, which needs cluster.tls ({ca, cert, key}; `rlsync certs make` makes them): without it anyone who "
+     "reaches its port can read and forge cluster traffic; set cluster.allow_insecure_network: true to run without "
+     "TLS anyway"},
     {"timeout not above interval", plus("cluster:\n  heartbeat_interval_ms: 500\n  heartbeat_timeout_ms: 500"),
      "t.yaml:8:25: cluster.heartbeat_timeout_ms: must exceed heartbeat_interval_ms (500), got 500"},
     {"zero connect deadline", plus("cluster:\n  connect_deadline_ms: 0"),
