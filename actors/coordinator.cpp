@@ -768,6 +768,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
         log_line(self, "coordinator: refused a deregistration: " + why);
         return;
       }
+      if (auto why = origin_problem(self, name); !why.empty()) {
+        self->state.guard->refuse(self->current_sender(), "deregister", "the deregistration of " + name + ": " + why);
+        return;
+      }
       drop_member(self, name, "deregistered");
       settle(self);
     }),

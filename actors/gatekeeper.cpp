@@ -46,14 +46,22 @@ std::string fresh_challenge() {
 
 } // namespace
 
-void admitted_nodes::add(const caf::node_id& n) {
+void admitted_nodes::add(const caf::node_id& n, const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  nodes_.insert(n);
+  nodes_[n] = name; // a node id proves one name: a later admission under another replaces it
 }
 
 bool admitted_nodes::contains(const caf::node_id& n) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return nodes_.count(n) > 0;
+}
+
+std::optional<std::string> admitted_nodes::name_of(const caf::node_id& n) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = nodes_.find(n);
+  if (it == nodes_.end())
+    return std::nullopt;
+  return it->second;
 }
 
 std::string to_string(admission_verdict v) {
@@ -289,7 +297,7 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       auto v = self->state.control->admit(peer_name, node, proof);
       if (v != admission_verdict::ok)
         return refuse("admit", node, peer_name, v);
-      self->state.admitted->add(*peer);
+      self->state.admitted->add(*peer, node);
       // Admissions are few (one per member join): logged in full, not rate-limited.
       if (cfg.log)
         cfg.log("gatekeeper: admitted " + node + " (" + peer_name + ")");

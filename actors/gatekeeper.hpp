@@ -50,15 +50,18 @@
 
 namespace rlsync {
 
-/// The node ids the gatekeeper admitted; shared with the coordinator.
+/// The node ids the gatekeeper admitted, each with the node name it proved
+/// the secret of; shared with the coordinator.
 class admitted_nodes {
 public:
-  void add(const caf::node_id& n);
+  void add(const caf::node_id& n, const std::string& name);
   bool contains(const caf::node_id& n) const;
+  /// The name `n` proved; nullopt when `n` was not admitted.
+  std::optional<std::string> name_of(const caf::node_id& n) const;
 
 private:
   mutable std::mutex mutex_;
-  std::set<caf::node_id> nodes_;
+  std::map<caf::node_id, std::string> nodes_;
 };
 
 struct admission_limits {

@@ -231,6 +231,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   deployment_options opts;
   opts.node = node.name;
   opts.admit = [admitted](const caf::node_id& n) { return admitted->contains(n); };
+  opts.node_name_of = [admitted](const caf::node_id& n) { return admitted->name_of(n); };
   opts.incarnation = process_incarnation();
   opts.register_deadline = t.cluster.connect_deadline;
   opts.log = hooks.log;

@@ -22,6 +22,23 @@
 
 namespace rlsync {
 
+std::function<std::string(const std::string&, const caf::node_id&)>
+engine_origin_check(std::map<std::string, std::string> engine_node, caf::node_id own, std::string here,
+                    std::function<std::optional<std::string>(const caf::node_id&)> name_of) {
+  return [engine_node = std::move(engine_node), own, here = std::move(here),
+          name_of = std::move(name_of)](const std::string& engine, const caf::node_id& sender) -> std::string {
+    auto placed = engine_node.find(engine);
+    if (placed == engine_node.end())
+      return "no engine of the topology has that name";
+    const std::string from = sender == own ? here : name_of(sender).value_or("");
+    if (from.empty())
+      return "the sender's node is not admitted";
+    if (from != placed->second)
+      return "it runs on node '" + placed->second + "', not on the sender's node '" + from + "'";
+    return {};
+  };
+}
+
 rollout_engine_config engine_config_from(const topology& t, const engine_spec& e,
                                          std::shared_ptr<transfer::weight_puller> puller, dtype source_dtype,
                                          int device) {
@@ -398,6 +415,12 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.await_ranks = !d.single_trainer; // a lone rank of another process: no cold round before it registers
   cc.router = d.router;
   cc.authorize = d.authorize;
+  if (opts.node_name_of) {
+    std::map<std::string, std::string> engine_node;
+    for (const auto& e : t.engines)
+      engine_node[e.name] = e.node;
+    cc.engine_origin = engine_origin_check(std::move(engine_node), sys.node(), opts.node, opts.node_name_of);
+  }
   cc.log = opts.log;
   cc.on_report = opts.on_sync;
   cc.on_phase = opts.on_phase;

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -137,6 +138,14 @@ struct local_deployment {
   void restart_coordinator(caf::actor_system& sys, const topology& t, bool kill_first = true);
 };
 
+/// coordinator_config::engine_origin for a cluster: an engine (`engine_node`:
+/// name -> its node in the topology) registers only from its own node, which
+/// is `here` for this process (CAF node `own`) and what `name_of` says the
+/// gatekeeper admitted for any other.
+std::function<std::string(const std::string&, const caf::node_id&)>
+engine_origin_check(std::map<std::string, std::string> engine_node, caf::node_id own, std::string here,
+                    std::function<std::optional<std::string>(const caf::node_id&)> name_of);
+
 struct deployment_options {
   /// The node whose engines run in this process; empty: every engine (one
   /// process plays every node).
@@ -145,6 +154,10 @@ struct deployment_options {
   /// decides): the trainer, router and coordinator refuse every message from
   /// any other node; empty: none (this process's actors only).
   std::function<bool(const caf::node_id&)> admit;
+  /// The node name an admitted node proved (nullopt: not admitted). Set: the
+  /// coordinator takes an engine's registration only from the engine's own
+  /// node in the topology (this process standing for `node`); empty: any.
+  std::function<std::optional<std::string>(const caf::node_id&)> node_name_of;
   /// The incarnation of the engines spawned here; 0: 1 at first, or the one
   /// on record when the coordinator starts from its state file.
   std::uint64_t incarnation = 0;

@@ -7,6 +7,7 @@
 // actors as not admitted. The last case is two actor systems over loopback,
 // where the outsider is a real second node nobody admitted.
 #include "actors/coordinator.hpp"
+#include "actors/assembly/local_deployment.hpp"
 #include "actors/gatekeeper.hpp"
 #include "actors/rollout_engine.hpp"
 #include "actors/router.hpp"
@@ -756,6 +757,9 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
   std::mutex lines_mutex;
   coordinator_config cc;
   cc.authorize = local_or_admitted(head.node(), [admitted](const caf::node_id& n) { return admitted->contains(n); });
+  // The head is node a; engine "intruder" runs on a, "mine" on b.
+  cc.engine_origin = engine_origin_check({{"intruder", "a"}, {"mine", "b"}}, head.node(), "a",
+                                         [admitted](const caf::node_id& n) { return admitted->name_of(n); });
   cc.log = [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(lines_mutex);
     lines.push_back(line);
@@ -781,7 +785,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
     REQUIRE_FALSE(refused);
     CHECK(is(refused.error(), errc::unauthenticated));
     caf::expected<registration> reg{caf::error{}};
-    auto fake = peer.spawn([](rollout_engine_actor::pointer) -> rollout_engine_actor::behavior_type {
+    auto fake_engine = [](rollout_engine_actor::pointer) -> rollout_engine_actor::behavior_type {
       return {
         [](pause_atom, const pause_request&) -> pause_report { return {}; },
         [](flush_atom) -> phase_ack { return {}; },
@@ -800,17 +804,48 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
         [](heartbeat_atom, const heartbeat& hb) -> heartbeat { return hb; },
         [](phase_atom, const phase_order&) {},
       };
-    });
+    };
+    auto fake = peer.spawn(fake_engine);
     self->request(*remote, 5s, register_atom::value, engine_info{"intruder", "x", 1, 0, false, 1}, fake)
       .receive([&](registration& r) { reg = r; }, [&](caf::error& e) { reg = std::move(e); });
     REQUIRE_FALSE(reg);
     CHECK(is(reg.error(), errc::unauthenticated));
     // Once the gatekeeper admitted the peer's node, the same request is served.
-    admitted->add(peer.node());
+    admitted->add(peer.node(), "b");
     auto served = status();
     REQUIRE(served);
     CHECK(served->members.empty());
     CHECK(served->refused == 2);
+
+    // An admitted node registers its own engines only: not another node's
+    // engine, nor its own engine's name with an actor that lives elsewhere.
+    auto register_as = [&](const std::string& name, const rollout_engine_actor& engine) {
+      caf::expected<registration> out{caf::error{}};
+      self->request(*remote, 5s, register_atom::value, engine_info{name, "x", 1, 0, false, 1}, engine)
+        .receive([&](registration& r) { out = r; }, [&](caf::error& e) { out = std::move(e); });
+      return out;
+    };
+    auto taken = register_as("intruder", fake);
+    REQUIRE_FALSE(taken);
+    CHECK(is(taken.error(), errc::unauthenticated));
+    CHECK(head.render(taken.error()).find("it runs on node 'a', not on the sender's node 'b'") != std::string::npos);
+    // A handle of the head's own (the coordinator's, passed off as an engine).
+    auto borrowed = register_as("mine", caf::actor_cast<rollout_engine_actor>(*remote));
+    REQUIRE_FALSE(borrowed);
+    CHECK_MESSAGE(head.render(borrowed.error()).find("its actor is not on the sender's node") != std::string::npos, head.render(borrowed.error()));
+    auto own = register_as("mine", fake);
+    REQUIRE(own);
+    REQUIRE(status());
+    CHECK(status()->members.size() == 1);
+    // The head's node cannot deregister b's engine either (it is no member's to drop but b's).
+    {
+      caf::scoped_actor local{head};
+      local->send(coord, deregister_atom::value, std::string("mine"));
+    }
+    auto after = status();
+    REQUIRE(after);
+    CHECK(after->members.size() == 1);
+    CHECK(after->refused == 5);
     caf::anon_send_exit(fake, caf::exit_reason::user_shutdown);
   }
   {
