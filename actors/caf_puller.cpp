@@ -7,8 +7,11 @@
 
 #include <caf/scoped_actor.hpp>
 
+#include "runtime/base/printable.hpp"
+
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <set>
 
 namespace rlsync {
@@ -59,7 +62,31 @@ void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, st
   throw transfer_error(transfer_failure::producer_failed, "trainer: " + why);
 }
 
-std::vector<tensor_view> deliver_whole_group(const transfer::pull_request& req, std::uint32_t g,
+std::string group_entries_problem(const model_config& model, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+  std::vector<tensor_spec> members;
+  try {
+    members = plan::group_members(model, llama_parameter_specs(model, dtype::f32), g);
+  } catch (const std::exception& e) {
+    return "group " + std::to_string(g) + ": " + e.what();
+  }
+  std::map<std::string, const tensor_spec*> expected;
+  for (const auto& m : members)
+    expected.emplace(m.name, &m);
+  std::set<std::string> seen;
+  for (const auto& t : tensors) {
+    auto it = expected.find(t.name);
+    if (it == expected.end())
+      return "'" + printable(t.name) + "' is not a tensor of group " + std::to_string(g) + " of the model";
+    if (!seen.insert(t.name).second)
+      return "'" + printable(t.name) + "' comes twice";
+    if (t.shape != it->second->shape)
+      return "'" + printable(t.name) + "' has shape " + shape_string(t.shape) + ", the model's is "
+             + shape_string(it->second->shape);
+  }
+  return {};
+}
+
+std::vector<tensor_view> deliver_whole_group(const model_config& model, const transfer::pull_request& req, std::uint32_t g,
                                              const weight_bucket& bucket, const transfer::group_sink& sink,
                                              transfer::pull_report& report) {
   if (auto why = check(bucket); !why.empty())
@@ -77,6 +104,9 @@ std::vector<tensor_view> deliver_whole_group(const transfer::pull_request& req, 
   } catch (const std::invalid_argument& e) {
     throw transfer_error(transfer_failure::producer_failed, e.what());
   }
+  if (auto why = group_entries_problem(model, g, views); !why.empty())
+    throw transfer_error(transfer_failure::producer_failed, "trainer sent group " + std::to_string(g) + " of version "
+                                                              + std::to_string(req.version) + " with " + why);
   if (sink.on_full_group)
     sink.on_full_group(req.worker, g, views);
   report.bytes += bucket.data.size();
@@ -118,7 +148,7 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
     asked.pop_front();
     if (!bucket)
       throw_trainer_refusal(sys_, failure, g); // the answers still due die with `self`
-    deliver_whole_group(req, g, *bucket, sink, report);
+    deliver_whole_group(model_, req, g, *bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;
   return report;

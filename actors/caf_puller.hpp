@@ -70,11 +70,20 @@ std::chrono::milliseconds group_wait(const transfer::pull_request& req, std::uin
 /// means (the version gone, a timeout, a producer failure). Never returns.
 [[noreturn]] void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, std::uint32_t group);
 
+/// Why `tensors` are not tensors of group `group` of `model`: an unknown or
+/// repeated name, another group's tensor, or a shape other than the model's;
+/// empty when each is one of the group's, once (a rank may hold part of a
+/// group: finish_update checks that everything arrived).
+std::string group_entries_problem(const model_config& model, std::uint32_t group,
+                                  const std::vector<tensor_view>& tensors);
+
 /// Checks a whole-group bucket a trainer sent for group `group` of
-/// `req.version` (layout, identity, checksum: a peer can lie), hands its
-/// tensors to sink.on_full_group and adds it to `report`. Returns the
-/// tensors handed on (views into `bucket`). Throws transfer_error.
-std::vector<tensor_view> deliver_whole_group(const transfer::pull_request& req, std::uint32_t group,
+/// `req.version` (layout, identity, checksum, and that its tensors are the
+/// group's in `model`'s shapes: a peer can lie), hands its tensors to
+/// sink.on_full_group and adds it to `report`. Returns the tensors handed on
+/// (views into `bucket`). Throws transfer_error.
+std::vector<tensor_view> deliver_whole_group(const model_config& model, const transfer::pull_request& req,
+                                             std::uint32_t group,
                                              const weight_bucket& bucket, const transfer::group_sink& sink,
                                              transfer::pull_report& report);
 

@@ -141,7 +141,7 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
     } catch (const std::exception& e) {
       throw refuse(std::string("reading group ") + std::to_string(g) + ": " + e.what());
     }
-    const auto views = deliver_whole_group(req, g, bucket, sink, report);
+    const auto views = deliver_whole_group(model_, req, g, bucket, sink, report);
     if (landing)
       land_whole_group(landing, req.worker, g, views, bucket.data.data(), bucket.data.size(),
                        mapping->at(static_cast<std::size_t>(chunk->offset), bucket.data.size()), sink);

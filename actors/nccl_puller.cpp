@@ -301,7 +301,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     } else if (sharded)
       deliver_packed_group(req, g, bucket, packed, targets, sink, report);
     else
-      deliver_whole_group(req, g, bucket, sink, report);
+      deliver_whole_group(model_, req, g, bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;
   return report;
@@ -443,7 +443,7 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
       if (whole_landing)
         deliver_and_land(req, bucket.group, bucket, link, at, bytes, whole_landing, sink, report);
       else
-        deliver_whole_group(req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
+        deliver_whole_group(model_, req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
       at += bytes;
     }
   }
@@ -472,7 +472,7 @@ void nccl_puller::deliver_and_land(const transfer::pull_request& req, std::uint3
                                    gpu::p2p_link& link, std::size_t offset, std::size_t n,
                                    const whole_group_landing& landing, const transfer::group_sink& sink,
                                    transfer::pull_report& report) {
-  const auto views = deliver_whole_group(req, g, bucket, sink, report);
+  const auto views = deliver_whole_group(model_, req, g, bucket, sink, report);
   // Under the turn the staging still holds the broadcast's bytes: the
   // group's from `offset` (a checksum may follow them).
   try {

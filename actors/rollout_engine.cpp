@@ -317,6 +317,10 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         return make_error(errc::malformed, name + ": a transfer is in flight");
       if (auto why = check(bucket); !why.empty())
         return make_error(errc::malformed, why);
+      // A late bucket of an earlier session must not count as this one's.
+      if (auto session = self->state.core->session_version(); session && *session != bucket.version)
+        return make_error(errc::version_mismatch, name + ": a bucket of version " + std::to_string(bucket.version)
+                                                    + " in the session for version " + std::to_string(*session));
       if (!transfer::verify_bucket(bucket))
         return make_error(errc::checksum_mismatch, name + ": bucket of group " + std::to_string(bucket.group)
                                                      + " of version " + std::to_string(bucket.version));

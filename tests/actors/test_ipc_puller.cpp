@@ -29,6 +29,7 @@
 
 #include <doctest/doctest.h>
 
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -225,6 +226,66 @@ TEST_CASE("CAF puller: groups_in_flight groups are asked for before the first an
         CHECK(e.failure == transfer::transfer_failure::timeout);
     }
   }
+}
+
+TEST_CASE("whole groups: a bucket whose tensors are not its group's is refused, naming the tensor") {
+  const model_config model = test::small_model(3);
+  // Group 1 (layer 1) and group 2's tensors, as a trainer would send them (bf16, zeros).
+  std::map<std::uint32_t, std::vector<tensor_spec>> by_group;
+  for (const auto& spec : llama_parameter_specs(model, dtype::bf16))
+    by_group[plan::group_of(model, spec.name)].push_back(spec);
+  std::deque<std::vector<std::byte>> storage;
+  auto view_of = [&](const tensor_spec& spec) {
+    tensor_view v;
+    static_cast<tensor_spec&>(v) = spec;
+    v.size = static_cast<std::size_t>(spec.bytes());
+    v.data = storage.emplace_back(v.size).data();
+    return v;
+  };
+  std::vector<tensor_view> group1;
+  for (const auto& spec : by_group.at(1))
+    group1.push_back(view_of(spec));
+  auto deliver = [&](const std::vector<tensor_view>& tensors) -> std::string {
+    const auto buckets = transfer::bucketize(7, 1, tensors, std::uint64_t{1} << 30);
+    REQUIRE(buckets.size() == 1);
+    transfer::pull_request req;
+    req.version = 7;
+    transfer::group_sink sink;
+    std::size_t delivered = 0;
+    sink.on_full_group = [&](int, std::uint32_t, const std::vector<tensor_view>&) { ++delivered; };
+    transfer::pull_report report;
+    try {
+      deliver_whole_group(model, req, 1, buckets.front(), sink, report);
+    } catch (const transfer::transfer_error& e) {
+      CHECK(e.failure == transfer::transfer_failure::producer_failed);
+      CHECK(delivered == 0);
+      return e.what();
+    }
+    CHECK(delivered == 1);
+    return {};
+  };
+  CHECK(deliver(group1).empty());
+  CHECK(deliver({group1.begin(), group1.begin() + 1}).empty()); // a rank may hold part of a group
+
+  auto twice = group1;
+  twice.push_back(group1.front());
+  CHECK(deliver(twice).find("'" + group1.front().name + "' comes twice") != std::string::npos);
+
+  auto foreign = group1;
+  foreign.push_back(view_of(by_group.at(2).front()));
+  CHECK(deliver(foreign).find("'" + by_group.at(2).front().name + "' is not a tensor of group 1 of the model")
+        != std::string::npos);
+
+  auto reshaped = group1;
+  tensor_spec odd = by_group.at(1).front();
+  odd.shape = {3, 7};
+  reshaped.front() = view_of(odd);
+  CHECK(deliver(reshaped).find("'" + odd.name + "' has shape [3, 7], the model's is ") != std::string::npos);
+
+  auto unknown = group1;
+  tensor_spec made_up{"model.layers.1.made_up.weight", dtype::bf16, {4}};
+  unknown.push_back(view_of(made_up));
+  CHECK(deliver(unknown).find("'model.layers.1.made_up.weight' is not a tensor of group 1") != std::string::npos);
 }
 
 TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank holds") {

@@ -230,6 +230,10 @@ TEST_CASE_FIXTURE(engine_fixture, "integrity: a corrupted bucket and an incomple
   auto corrupt = ask<std::uint64_t>(update_atom::value, bucket);
   REQUIRE(!corrupt);
   CHECK(is(corrupt.error(), errc::checksum_mismatch));
+  // A bucket of another version (a late one of an earlier session) is not this session's.
+  auto late = ask<std::uint64_t>(update_atom::value, bucket_of(v1.views().front(), 0));
+  REQUIRE(!late);
+  CHECK(is(late.error(), errc::version_mismatch));
   auto incomplete = update_to(v1, 2, 1); // every tensor but the last
   CHECK(is(incomplete, errc::update_incomplete));
   auto st = ask<engine_status>(status_atom::value);
