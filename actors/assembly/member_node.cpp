@@ -12,6 +12,7 @@
 #include "runtime/base/version.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
+#include <boost/asio.hpp>
 #include <caf/io/middleman.hpp>
 #include <caf/scoped_actor.hpp>
 
@@ -37,6 +38,31 @@ void wait_until(const std::function<bool()>& stop, const std::function<bool()>& 
 
 } // namespace
 
+std::string probe_tcp(const std::string& host, std::uint16_t port, clock_type::time_point until,
+                      const std::function<bool()>& stop) {
+  namespace asio = boost::asio;
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (ec)
+    return {};
+  asio::io_context ioc;
+  asio::ip::tcp::socket socket(ioc); // declared after ioc: closed (its connect abandoned) first
+  bool done = false;
+  socket.async_connect({address, port}, [&](const boost::system::error_code& e) {
+    ec = e;
+    done = true;
+  });
+  while (!done) {
+    if (stop && stop())
+      return "stopped";
+    const auto now = clock_type::now();
+    if (now >= until)
+      return "no answer to a TCP connection by the deadline";
+    ioc.run_for(std::min<clock_type::duration>(until - now, std::chrono::milliseconds(100)));
+  }
+  return ec ? ec.message() : std::string{};
+}
+
 std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t, const node_spec& node,
                                        const node_spec& head, const std::string& secret,
                                        const std::function<bool()>& stop_requested, std::string& why) {
@@ -44,17 +70,25 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
   auto backoff = std::chrono::milliseconds(50);
   caf::expected<gatekeeper_actor> gate{caf::error{}};
   int attempts = 0;
+  std::string failure = "stopped";
   while (!(stop_requested && stop_requested())) {
     ++attempts;
-    gate = connect_node<gatekeeper_actor>(sys, head.address, head.port);
-    if (gate || clock_type::now() + backoff >= give_up)
+    if (auto unreachable = probe_tcp(head.address, head.port, give_up, stop_requested); !unreachable.empty()) {
+      failure = unreachable;
+    } else {
+      gate = connect_node<gatekeeper_actor>(sys, head.address, head.port);
+      if (gate)
+        break;
+      failure = sys.render(gate.error());
+    }
+    if (clock_type::now() + backoff >= give_up)
       break;
     std::this_thread::sleep_for(backoff); // backoff between connection attempts
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   if (!gate) {
     why = "cannot reach the coordinator's node " + head.name + " at " + head.address + ":" + std::to_string(head.port)
-          + " after " + std::to_string(attempts) + " attempts: " + sys.render(gate.error());
+          + " after " + std::to_string(attempts) + " attempts: " + failure;
     return std::nullopt;
   }
   // Prove the secret: hello -> challenge -> admit(HMAC) -> the cluster's handles.
@@ -62,18 +96,22 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
   // with backoff, until the deadline.
   caf::scoped_actor self{sys};
   std::optional<join_grant> grant;
-  std::string failure;
-  auto deadline = t.cluster.connect_deadline;
+  failure.clear();
+  // What is left of the join's deadline: connecting, hello and admit share it.
+  const auto left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(give_up - clock_type::now()),
+                    std::chrono::milliseconds(50));
+  };
   for (backoff = std::chrono::milliseconds(100);; backoff = std::min(backoff * 2, std::chrono::milliseconds(2000))) {
     bool busy = false;
     auto on_error = [&](caf::error& err) {
       failure = sys.render(err);
       busy = is(err, errc::queue_full);
     };
-    self->request(*gate, deadline, hello_atom::value, node.name, wire_fingerprint())
+    self->request(*gate, left(), hello_atom::value, node.name, wire_fingerprint())
       .receive(
         [&](const std::string& challenge) {
-          self->request(*gate, deadline, admit_atom::value, node.name, join_proof(secret, challenge, node.name))
+          self->request(*gate, left(), admit_atom::value, node.name, join_proof(secret, challenge, node.name))
             .receive([&](join_grant& g) { grant = std::move(g); }, on_error);
         },
         on_error);

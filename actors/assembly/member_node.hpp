@@ -25,6 +25,16 @@
 
 namespace rlsync {
 
+/// Whether a TCP connection to `host`:`port` is accepted by `until`: empty
+/// when it is, else why not (refused, no answer by `until`, or `stop`
+/// returned true, asked every 100 ms). CAF connects with a blocking
+/// connect(2), which the kernel retries for about two minutes when nobody
+/// answers (a partition, a full listen backlog), past any deadline and deaf
+/// to a stop; joining probes first. A host name (not an address) is not
+/// probed: empty.
+std::string probe_tcp(const std::string& host, std::uint16_t port, std::chrono::steady_clock::time_point until,
+                      const std::function<bool()>& stop);
+
 /// Connects to `head`'s gatekeeper (retrying with backoff up to
 /// cluster.connect_deadline_ms, or until `stop_requested`) and proves the
 /// secret as `node`: the cluster's handles, or nullopt with `why` set.
