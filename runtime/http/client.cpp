@@ -4,10 +4,14 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <system_error>
@@ -24,28 +28,60 @@ namespace {
 
 // A host name is looked up on a thread of its own, so that a call waits for
 // the system resolver no longer than its deadline: getaddrinfo cannot be
-// interrupted. A lookup that outlives its call finishes on its own; at most
-// max_lookups_in_flight run at once, so a resolver that never answers holds
-// a bounded number of threads.
+// interrupted. A lookup that outlives its call is abandoned and finishes on
+// its own; at most max_lookups_in_flight abandoned ones may be running, so a
+// resolver that never answers holds a bounded number of threads. Lookups
+// whose callers still wait are not capped: their callers are.
 struct name_lookup {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
+  bool abandoned = false; // its call ended at the deadline
   std::vector<tcp::endpoint> endpoints;
   std::string error;
 };
 
-std::atomic<int> lookups_running{0};
+std::atomic<int> lookups_abandoned{0};
 std::mutex lookup_hook_mutex;
 std::function<void(const std::string&)> lookup_hook; // tests: runs before the resolver
 
+// getaddrinfo itself, not asio's resolver, on the lookup's thread: a lookup
+// that ends after main returned touches no library state being torn down.
+void look_up(name_lookup& lookup, const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+  std::vector<tcp::endpoint> endpoints;
+  for (const addrinfo* a = found; rc == 0 && a; a = a->ai_next) {
+    if (a->ai_addrlen > sizeof(sockaddr_storage))
+      continue;
+    tcp::endpoint e;
+    std::memcpy(e.data(), a->ai_addr, a->ai_addrlen);
+    e.resize(a->ai_addrlen);
+    endpoints.push_back(e);
+  }
+  if (found)
+    ::freeaddrinfo(found);
+  std::lock_guard<std::mutex> lock(lookup.m);
+  lookup.endpoints = std::move(endpoints);
+  if (rc != 0)
+    lookup.error = ::gai_strerror(rc);
+  else if (lookup.endpoints.empty())
+    lookup.error = "no address";
+  lookup.done = true;
+  if (lookup.abandoned)
+    lookups_abandoned.fetch_sub(1);
+}
+
 std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t port,
                                          std::chrono::steady_clock::time_point until) {
-  if (lookups_running.fetch_add(1) >= detail::max_lookups_in_flight) {
-    lookups_running.fetch_sub(1);
+  if (lookups_abandoned.load() >= detail::max_lookups_in_flight)
     throw client_error("cannot resolve " + host + ": " + std::to_string(detail::max_lookups_in_flight)
-                       + " earlier lookups are still running (is the system's resolver answering?)");
-  }
+                       + " earlier lookups are still unanswered past their calls' deadlines (is the system's "
+                         "resolver answering?)");
   auto lookup = std::make_shared<name_lookup>();
   std::function<void(const std::string&)> hook;
   {
@@ -56,29 +92,18 @@ std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t 
     std::thread([lookup, host, port, hook = std::move(hook)] {
       if (hook)
         hook(host);
-      asio::io_context ioc;
-      tcp::resolver resolver(ioc);
-      beast::error_code ec;
-      std::vector<tcp::endpoint> found;
-      for (const auto& e : resolver.resolve(host, std::to_string(port), ec))
-        found.push_back(e.endpoint());
-      {
-        std::lock_guard<std::mutex> lock(lookup->m);
-        lookup->endpoints = std::move(found);
-        if (ec)
-          lookup->error = ec.message();
-        lookup->done = true;
-      }
+      look_up(*lookup, host, port);
       lookup->cv.notify_all();
-      lookups_running.fetch_sub(1);
     }).detach();
   } catch (const std::system_error& e) {
-    lookups_running.fetch_sub(1);
     throw client_error("cannot resolve " + host + ": no thread for the lookup (" + e.what() + ")");
   }
   std::unique_lock<std::mutex> lock(lookup->m);
-  if (!lookup->cv.wait_until(lock, until, [&] { return lookup->done; }))
+  if (!lookup->cv.wait_until(lock, until, [&] { return lookup->done; })) {
+    lookup->abandoned = true;
+    lookups_abandoned.fetch_add(1);
     throw client_error("cannot resolve " + host + ": the system's resolver did not answer within the deadline");
+  }
   if (!lookup->error.empty())
     throw client_error("cannot resolve " + host + ": " + lookup->error);
   return std::move(lookup->endpoints);
@@ -91,7 +116,7 @@ void set_lookup_hook(std::function<void(const std::string&)> hook) {
   std::lock_guard<std::mutex> lock(lookup_hook_mutex);
   lookup_hook = std::move(hook);
 }
-int lookups_in_flight() { return lookups_running.load(); }
+int lookups_abandoned() { return rlsync::http::lookups_abandoned.load(); }
 } // namespace detail
 
 struct client::impl {

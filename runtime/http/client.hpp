@@ -41,9 +41,8 @@ public:
   /// the call) and each wait for a stream event (from the call to
   /// next_event: bytes that end no event, such as comments, do not extend
   /// it). A host name, not an address, is looked up within the same
-  /// deadline; at most detail::max_lookups_in_flight lookups run at once in
-  /// the process (a lookup the resolver holds past its call's deadline still
-  /// counts until the resolver answers).
+  /// deadline; while detail::max_lookups_in_flight lookups of calls that
+  /// ended at their deadlines are still unanswered, a call by name is refused.
   client(std::string host, std::uint16_t port, std::chrono::milliseconds deadline = std::chrono::seconds(30));
   ~client();
   client(const client&) = delete;
@@ -81,8 +80,9 @@ inline constexpr int max_lookups_in_flight = 16;
 /// Tests: `hook` runs on each lookup's thread before the system's resolver
 /// (empty: none), so that a test can hold a lookup.
 void set_lookup_hook(std::function<void(const std::string&)> hook);
-/// Lookups whose resolver has not answered yet.
-int lookups_in_flight();
+/// Lookups whose call ended at its deadline and whose resolver has not
+/// answered yet; at max_lookups_in_flight a call by name is refused at once.
+int lookups_abandoned();
 } // namespace detail
 
 /// One request on a fresh connection.

@@ -128,6 +128,8 @@ struct server_core {
   }
   void accept();
   void refuse(tcp::socket& socket);
+  /// Whether the client of `socket` holds max_connections_per_address already.
+  bool over_per_address_bound(const tcp::socket& socket) const;
 };
 
 class connection : public std::enable_shared_from_this<connection> {
@@ -137,10 +139,13 @@ public:
     ++core_->open;
     beast::error_code ec;
     auto ep = stream_.socket().remote_endpoint(ec);
-    if (!ec)
+    if (!ec) {
       peer_ = ep.address().to_string() + ":" + std::to_string(ep.port());
+      peer_address_ = ep.address();
+    }
   }
   ~connection() { --core_->open; }
+  const asio::ip::address& peer_address() const { return peer_address_; }
 
   void start() { read_request(); }
 
@@ -371,6 +376,7 @@ private:
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   asio::steady_timer idle_timer_;
   std::string peer_;
+  asio::ip::address peer_address_;
   bool first_ = true;
   bool keep_alive_ = false;
   bool writing_ = false;
@@ -510,13 +516,27 @@ void server_core::refuse(tcp::socket& socket) {
   socket.close(ec);
 }
 
+bool server_core::over_per_address_bound(const tcp::socket& socket) const {
+  if (opt.max_connections_per_address == 0)
+    return false;
+  beast::error_code ec;
+  const auto from = socket.remote_endpoint(ec);
+  if (ec)
+    return false; // gone already: its first read fails
+  std::size_t same = 0;
+  for (const auto& weak : live) // at most max_connections
+    if (auto c = weak.lock(); c && c->peer_address() == from.address())
+      ++same;
+  return same >= opt.max_connections_per_address;
+}
+
 void server_core::accept() {
   acceptor->async_accept(ioc, [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open())
       return;
     if (!ec) {
       live.erase(std::remove_if(live.begin(), live.end(), [](auto& w) { return w.expired(); }), live.end());
-      if (open.load() >= opt.max_connections) {
+      if (open.load() >= opt.max_connections || over_per_address_bound(socket)) {
         refuse(socket);
       } else {
         auto conn = std::make_shared<connection>(this, std::move(socket));

@@ -93,6 +93,8 @@ struct server_options {
   std::string host = "127.0.0.1"; ///< loopback unless told otherwise
   std::uint16_t port = 0;         ///< 0: ephemeral
   std::size_t max_connections = 64;
+  /// Connections from one client address; 0: only max_connections bounds them.
+  std::size_t max_connections_per_address = 0;
   std::size_t max_body_bytes = 8u << 20;
   std::size_t max_header_bytes = 16u << 10;
   std::chrono::milliseconds request_read_deadline{10000}; ///< a whole request, from its first read

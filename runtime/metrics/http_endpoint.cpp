@@ -23,8 +23,10 @@ metrics_server::metrics_server(std::shared_ptr<const registry> r, const std::str
   o.host = host;
   o.port = port;
   o.bearer_token = std::move(bearer_token);
-  // Scrapers send small requests and hold few connections.
+  // Scrapers send small requests and hold few connections; one address
+  // holding them all would keep every scraper out.
   o.max_connections = 16;
+  o.max_connections_per_address = 4;
   o.max_body_bytes = 4096;
   server_ = std::make_unique<http::server>(o);
   mount_metrics(*server_, std::move(r));

@@ -15,6 +15,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 using namespace rlsync::http;
 using namespace std::chrono_literals;
@@ -206,6 +207,29 @@ TEST_CASE("server: connections over the bound are refused with 503, the server k
   CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
 }
 
+TEST_CASE("server: one address holds at most its own bound of connections") {
+  auto o = fast_options();
+  o.max_connections_per_address = 2;
+  o.request_read_deadline = 5s;
+  server srv(o);
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  {
+    std::vector<std::unique_ptr<raw_socket>> held;
+    for (int i = 0; i < 2; ++i)
+      held.push_back(std::make_unique<raw_socket>(port));
+    for (int i = 0; i < 50 && srv.connections() < 2; ++i)
+      std::this_thread::sleep_for(10ms);
+    REQUIRE(srv.connections() == 2);
+    raw_socket extra(port); // every client here is 127.0.0.1
+    CHECK(extra.read_all().rfind("HTTP/1.1 503", 0) == 0);
+    CHECK(srv.connections() == 2);
+  }
+  for (int i = 0; i < 100 && srv.connections() > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
+}
+
 TEST_CASE("server: garbage gets 400 and the server keeps serving") {
   server srv(fast_options());
   srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
@@ -356,12 +380,35 @@ TEST_CASE("client: an answer over the client's bound is an error, not read into 
   CHECK(c.send({"GET", "/big", "", "application/json", {}}).body.size() == std::size_t(2 << 20));
 }
 
-TEST_CASE("client: a host name is looked up within the call's deadline, and held lookups are bounded") {
+TEST_CASE("client: a host name is looked up within the call's deadline, and abandoned lookups are bounded") {
   server srv(fast_options());
   srv.route("GET", "/hello", [](const request&, std::shared_ptr<responder> r) { r->reply(text("hi")); });
   auto port = srv.start();
   const client_request hello{"GET", "/hello", "", "application/json", {}};
   CHECK(client("localhost", port, 5s).send(hello).body == "hi");
+  // Calls that wait for their lookups are not capped, only abandoned lookups
+  // are: twice the cap, all looking up at once (each held until all started).
+  {
+    std::atomic<int> started{0};
+    detail::set_lookup_hook([&started](const std::string&) {
+      ++started;
+      for (int i = 0; i < 500 && started.load() < 2 * detail::max_lookups_in_flight; ++i)
+        std::this_thread::sleep_for(10ms);
+    });
+    std::vector<std::thread> callers;
+    std::atomic<int> answered{0};
+    for (int i = 0; i < 2 * detail::max_lookups_in_flight; ++i)
+      callers.emplace_back([&] {
+        if (client("localhost", port, 10s).send(hello).body == "hi")
+          ++answered;
+      });
+    for (auto& c : callers)
+      c.join();
+    detail::set_lookup_hook({});
+    CHECK(started == 2 * detail::max_lookups_in_flight);
+    CHECK(answered == 2 * detail::max_lookups_in_flight);
+  }
+  CHECK(detail::lookups_abandoned() == 0);
 
   // A resolver that does not answer: each call fails at its own deadline.
   std::promise<void> release;
@@ -371,18 +418,18 @@ TEST_CASE("client: a host name is looked up within the call's deadline, and held
     CHECK_THROWS_WITH_AS(client("localhost", port, 50ms).send(hello),
                          doctest::Contains("cannot resolve localhost: the system's resolver did not answer within"),
                          client_error);
-  CHECK(detail::lookups_in_flight() == detail::max_lookups_in_flight);
+  CHECK(detail::lookups_abandoned() == detail::max_lookups_in_flight);
   // The held lookups are bounded: the next call by name is refused at once.
   CHECK_THROWS_WITH_AS(client("localhost", port, 5s).send(hello),
-                       doctest::Contains("16 earlier lookups are still running"), client_error);
+                       doctest::Contains("16 earlier lookups are still unanswered past their calls' deadlines"), client_error);
   // An address needs no lookup.
   CHECK(client("127.0.0.1", port, 5s).send(hello).body == "hi");
 
   release.set_value();
   detail::set_lookup_hook({});
-  for (int i = 0; i < 2000 && detail::lookups_in_flight() > 0; ++i)
+  for (int i = 0; i < 2000 && detail::lookups_abandoned() > 0; ++i)
     std::this_thread::sleep_for(10ms);
-  CHECK(detail::lookups_in_flight() == 0);
+  CHECK(detail::lookups_abandoned() == 0);
   CHECK(client("localhost", port, 5s).send(hello).body == "hi");
 }
 
