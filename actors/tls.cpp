@@ -12,10 +12,15 @@
 #include <openssl/x509_vfy.h>
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -116,12 +121,53 @@ void check_tls_files(const tls_spec& files) {
     throw tls_error("cert", files.cert, "not signed by the CA " + printable(files.ca, 512) + " (" + why + ")");
 }
 
+namespace {
+
+/// A sealed in-memory copy of `file` (checked as open_pem checks), as a
+/// path: "/proc/self/fd/N". CAF reads its TLS files again for every
+/// connection, and a file it cannot read then throws on its network thread,
+/// where nothing catches it: a renewed or moved key would abort the node at
+/// the next connection, anyone's. The descriptor stays open for the
+/// process's life (three per actor system with TLS).
+std::string pinned_copy(const std::string& what, const std::string& file) {
+  open_pem(what, file); // the same checks and messages as the rest
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(file.c_str(), "rb"), &std::fclose);
+  if (!in)
+    throw tls_error(what, file, "cannot open it");
+  std::vector<char> bytes(static_cast<std::size_t>(max_pem_bytes) + 1);
+  const std::size_t n = std::fread(bytes.data(), 1, bytes.size(), in.get());
+  if (n == 0 || n > static_cast<std::size_t>(max_pem_bytes))
+    throw tls_error(what, file, "changed while being read");
+  const int fd = ::memfd_create(("rlsync-tls-" + what).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0)
+    throw tls_error(what, file, std::string("cannot keep a copy in memory: ") + std::strerror(errno));
+  std::size_t written = 0;
+  while (written < n) {
+    const auto w = ::write(fd, bytes.data() + written, n - written);
+    if (w <= 0) {
+      ::close(fd);
+      throw tls_error(what, file, "cannot keep a copy in memory");
+    }
+    written += static_cast<std::size_t>(w);
+  }
+  ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return "/proc/self/fd/" + std::to_string(fd);
+}
+
+} // namespace
+
 void enable_tls(caf::actor_system_config& cfg, const tls_spec& files) {
   check_tls_files(files);
+  tls_spec pinned{pinned_copy("ca", files.ca), pinned_copy("cert", files.cert), pinned_copy("key", files.key)};
+  try {
+    check_tls_files(pinned); // what CAF will read: the files could change between the checks and the copies
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("cluster.tls: the files changed while being read (") + e.what() + ")");
+  }
   cfg.load<caf::openssl::manager>();
-  cfg.openssl_cafile = files.ca;
-  cfg.openssl_certificate = files.cert;
-  cfg.openssl_key = files.key;
+  cfg.openssl_cafile = pinned.ca;
+  cfg.openssl_certificate = pinned.cert;
+  cfg.openssl_key = pinned.key;
 }
 
 void configure_node_tls(caf::actor_system_config& cfg, const topology& t, const std::string& node) {

@@ -26,8 +26,10 @@ namespace rlsync {
 /// to the certificate; or when the CA did not sign the certificate.
 void check_tls_files(const tls_spec& files);
 
-/// check_tls_files, then loads CAF's openssl module on `cfg` with these
-/// files (authentication on). Call before the actor system is made.
+/// check_tls_files, then loads CAF's openssl module on `cfg` with sealed
+/// in-memory copies of these files (authentication on): CAF reads them at
+/// every connection, and renewing or moving the files on disk must not make
+/// a running node fail. Call before the actor system is made.
 void enable_tls(caf::actor_system_config& cfg, const tls_spec& files);
 
 /// The node's TLS files from the topology (cluster.tls with {node}

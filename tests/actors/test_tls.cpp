@@ -333,6 +333,32 @@ TEST_CASE("two actor systems over mutual TLS: the cluster's CA connects, another
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("TLS files are pinned at start: files renewed or moved on disk do not break later connections") {
+  two_cas c;
+  auto server_cfg = tls_config(c.node(c.ours, "head"));
+  CHECK(server_cfg->openssl_key.rfind("/proc/self/fd/", 0) == 0);
+  caf::actor_system server{*server_cfg};
+  auto echo = server.spawn([]() -> caf::behavior {
+    return {[](const std::string& s) { return "echo " + s; }};
+  });
+  auto port = publish_node(server, echo, 0, "127.0.0.1");
+  REQUIRE(port);
+  // CAF reads its files again at each connection: without the copies the
+  // next one would throw on CAF's network thread and abort this process.
+  std::filesystem::rename(c.ours + "/head.key", c.ours + "/head.key.old");
+  std::filesystem::remove(c.ours + "/head.pem");
+  auto cfg = tls_config(c.node(c.ours, "w1"));
+  caf::actor_system client{*cfg};
+  auto remote = within_deadline([&] { return connect_node<caf::actor>(client, "127.0.0.1", *port); });
+  REQUIRE(remote);
+  caf::scoped_actor self{client};
+  std::string reply;
+  self->request(*remote, std::chrono::seconds(10), std::string("hi"))
+    .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = client.render(e); });
+  CHECK(reply == "echo hi");
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("an outsider's failed TLS handshakes do not drop a member's connection") {
   // OpenSSL keeps errors in a per-thread queue and SSL_get_error reads it;
   // CAF 0.17's openssl module never clears it, so one failed handshake made
