@@ -62,16 +62,15 @@ void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, st
   throw transfer_error(transfer_failure::producer_failed, "trainer: " + why);
 }
 
-std::string group_entries_problem(const model_config& model, std::uint32_t g, const std::vector<tensor_view>& tensors) {
-  std::vector<tensor_spec> members;
-  try {
-    members = plan::group_members(model, llama_parameter_specs(model, dtype::f32), g);
-  } catch (const std::exception& e) {
-    return "group " + std::to_string(g) + ": " + e.what();
-  }
-  std::map<std::string, const tensor_spec*> expected;
-  for (const auto& m : members)
-    expected.emplace(m.name, &m);
+group_tensors::group_tensors(const model_config& model) : shapes_(plan::group_count(model)) {
+  for (const auto& spec : llama_parameter_specs(model, dtype::f32))
+    shapes_.at(plan::group_of(model, spec.name)).emplace(spec.name, spec.shape);
+}
+
+std::string group_tensors::problem(std::uint32_t g, const std::vector<tensor_view>& tensors) const {
+  if (g >= shapes_.size())
+    return "group " + std::to_string(g) + ": the model has " + std::to_string(shapes_.size()) + " groups";
+  const auto& expected = shapes_[g];
   std::set<std::string> seen;
   for (const auto& t : tensors) {
     auto it = expected.find(t.name);
@@ -79,14 +78,14 @@ std::string group_entries_problem(const model_config& model, std::uint32_t g, co
       return "'" + printable(t.name) + "' is not a tensor of group " + std::to_string(g) + " of the model";
     if (!seen.insert(t.name).second)
       return "'" + printable(t.name) + "' comes twice";
-    if (t.shape != it->second->shape)
+    if (t.shape != it->second)
       return "'" + printable(t.name) + "' has shape " + shape_string(t.shape) + ", the model's is "
-             + shape_string(it->second->shape);
+             + shape_string(it->second);
   }
   return {};
 }
 
-std::vector<tensor_view> deliver_whole_group(const model_config& model, const transfer::pull_request& req, std::uint32_t g,
+std::vector<tensor_view> deliver_whole_group(const group_tensors& expected, const transfer::pull_request& req, std::uint32_t g,
                                              const weight_bucket& bucket, const transfer::group_sink& sink,
                                              transfer::pull_report& report) {
   if (auto why = check(bucket); !why.empty())
@@ -96,15 +95,16 @@ std::vector<tensor_view> deliver_whole_group(const model_config& model, const tr
                                                               + " of version " + std::to_string(req.version)
                                                               + " with another");
   if (!transfer::verify_bucket(bucket))
-    throw transfer_error(transfer_failure::checksum_mismatch,
-                         "group " + std::to_string(g) + " of version " + std::to_string(req.version));
+    throw transfer_error(transfer_failure::checksum_mismatch, "group " + std::to_string(g) + " of version "
+                                                                + std::to_string(req.version)
+                                                                + ": the trainer's bytes do not match their checksum");
   std::vector<tensor_view> views;
   try {
     views = transfer::whole_tensor_views(bucket);
   } catch (const std::invalid_argument& e) {
     throw transfer_error(transfer_failure::producer_failed, e.what());
   }
-  if (auto why = group_entries_problem(model, g, views); !why.empty())
+  if (auto why = expected.problem(g, views); !why.empty())
     throw transfer_error(transfer_failure::producer_failed, "trainer sent group " + std::to_string(g) + " of version "
                                                               + std::to_string(req.version) + " with " + why);
   if (sink.on_full_group)
@@ -116,7 +116,7 @@ std::vector<tensor_view> deliver_whole_group(const model_config& model, const tr
 
 caf_puller::caf_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                        std::optional<std::vector<std::uint32_t>> groups, std::size_t groups_in_flight)
-  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), expected_(model_), groups_(groups_or_all(model_, std::move(groups))),
     groups_in_flight_(std::max<std::size_t>(1, groups_in_flight)), group_deadline_(whole_group_deadline(model_)) {}
 
 transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const transfer::group_sink& sink) {
@@ -148,7 +148,7 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
     asked.pop_front();
     if (!bucket)
       throw_trainer_refusal(sys_, failure, g); // the answers still due die with `self`
-    deliver_whole_group(model_, req, g, *bucket, sink, report);
+    deliver_whole_group(expected_, req, g, *bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;
   return report;

@@ -16,9 +16,26 @@
 
 #include <functional>
 #include <optional>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace rlsync {
+
+/// Each group's tensors in a model (name and shape), built once per puller:
+/// what a trainer's whole group may hold.
+class group_tensors {
+public:
+  explicit group_tensors(const model_config& model);
+  /// Why `tensors` are not tensors of group `group`: an unknown or repeated
+  /// name, another group's tensor, or a shape other than the model's; empty
+  /// when each is one of the group's, once (a rank may hold part of a group:
+  /// finish_update checks that everything arrived).
+  std::string problem(std::uint32_t group, const std::vector<tensor_view>& tensors) const;
+
+private:
+  std::vector<std::map<std::string, std::vector<std::int64_t>>> shapes_; ///< per group: name -> shape
+};
 
 class caf_puller final : public transfer::weight_puller {
 public:
@@ -40,6 +57,7 @@ private:
   caf::actor_system& sys_;
   std::function<trainer_actor()> trainer_;
   model_config model_;
+  group_tensors expected_; ///< each group's tensors in model_: what a whole group may hold
   std::vector<std::uint32_t> groups_; ///< pulled, in order
   std::size_t groups_in_flight_;
   /// How long one group may take. A request to a remote actor whose node is
@@ -70,19 +88,13 @@ std::chrono::milliseconds group_wait(const transfer::pull_request& req, std::uin
 /// means (the version gone, a timeout, a producer failure). Never returns.
 [[noreturn]] void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, std::uint32_t group);
 
-/// Why `tensors` are not tensors of group `group` of `model`: an unknown or
-/// repeated name, another group's tensor, or a shape other than the model's;
-/// empty when each is one of the group's, once (a rank may hold part of a
-/// group: finish_update checks that everything arrived).
-std::string group_entries_problem(const model_config& model, std::uint32_t group,
-                                  const std::vector<tensor_view>& tensors);
 
 /// Checks a whole-group bucket a trainer sent for group `group` of
 /// `req.version` (layout, identity, checksum, and that its tensors are the
 /// group's in `model`'s shapes: a peer can lie), hands its tensors to
 /// sink.on_full_group and adds it to `report`. Returns the tensors handed on
 /// (views into `bucket`). Throws transfer_error.
-std::vector<tensor_view> deliver_whole_group(const model_config& model, const transfer::pull_request& req,
+std::vector<tensor_view> deliver_whole_group(const group_tensors& expected, const transfer::pull_request& req,
                                              std::uint32_t group,
                                              const weight_bucket& bucket, const transfer::group_sink& sink,
                                              transfer::pull_report& report);

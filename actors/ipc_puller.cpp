@@ -17,7 +17,7 @@ using transfer::transfer_failure;
 
 ipc_puller::ipc_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                        std::shared_ptr<gpu::ipc_memory> memory, std::optional<std::vector<std::uint32_t>> groups)
-  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), groups_(groups_or_all(model_, std::move(groups))),
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), expected_(model_), groups_(groups_or_all(model_, std::move(groups))),
     memory_(std::move(memory)), group_deadline_(whole_group_deadline(model_)),
     largest_group_bytes_(plan::largest_group_bytes(model_, llama_parameter_specs(model_, dtype::f32), dtype::f32)),
     scratches_(static_cast<std::size_t>(largest_group_bytes_) + transfer::checksum_trailer_bytes) {
@@ -141,7 +141,7 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
     } catch (const std::exception& e) {
       throw refuse(std::string("reading group ") + std::to_string(g) + ": " + e.what());
     }
-    const auto views = deliver_whole_group(model_, req, g, bucket, sink, report);
+    const auto views = deliver_whole_group(expected_, req, g, bucket, sink, report);
     if (landing)
       land_whole_group(landing, req.worker, g, views, bucket.data.data(), bucket.data.size(),
                        mapping->at(static_cast<std::size_t>(chunk->offset), bucket.data.size()), sink);

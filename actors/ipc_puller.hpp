@@ -16,6 +16,7 @@
 // a chunk out of order, a range outside the buffer or larger than the
 // model's largest group, a handle that changes mid-session are refused
 // before any byte is read.
+#include "actors/caf_puller.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/land_on_device.hpp"
 #include "gpu/ipc_memory.hpp"
@@ -55,6 +56,7 @@ private:
   caf::actor_system& sys_;
   std::function<trainer_actor()> trainer_;
   model_config model_;
+  group_tensors expected_; ///< each group's tensors in model_: what a whole group may hold
   std::vector<std::uint32_t> groups_; ///< pulled, in order
   std::shared_ptr<gpu::ipc_memory> memory_;
   std::chrono::milliseconds group_deadline_;

@@ -28,7 +28,7 @@ using transfer::transfer_failure;
 nccl_puller::nccl_puller(caf::actor_system& sys, std::function<trainer_actor()> trainer, model_config model,
                          link_of links, std::optional<std::vector<std::uint32_t>> groups, gpu::wait_hooks hooks,
                          bool collective, packer_of packers, link_of root_links)
-  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), links_(std::move(links)),
+  : sys_(sys), trainer_(std::move(trainer)), model_(std::move(model)), expected_(model_), links_(std::move(links)),
     root_links_(std::move(root_links)),
     groups_(groups_or_all(model_, std::move(groups))), hooks_(std::move(hooks)),
     group_deadline_(whole_group_deadline(model_)),
@@ -301,7 +301,7 @@ transfer::pull_report nccl_puller::pull(const transfer::pull_request& req, const
     } else if (sharded)
       deliver_packed_group(req, g, bucket, packed, targets, sink, report);
     else
-      deliver_whole_group(model_, req, g, bucket, sink, report);
+      deliver_whole_group(expected_, req, g, bucket, sink, report);
   }
   report.duration = transfer::clock::now() - t0;
   return report;
@@ -443,7 +443,7 @@ void nccl_puller::receive_broadcasts(const transfer::pull_request& req, const nc
       if (whole_landing)
         deliver_and_land(req, bucket.group, bucket, link, at, bytes, whole_landing, sink, report);
       else
-        deliver_whole_group(model_, req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
+        deliver_whole_group(expected_, req, bucket.group, bucket, sink, report); // verifies the checksum and the entries
       at += bytes;
     }
   }
@@ -472,7 +472,7 @@ void nccl_puller::deliver_and_land(const transfer::pull_request& req, std::uint3
                                    gpu::p2p_link& link, std::size_t offset, std::size_t n,
                                    const whole_group_landing& landing, const transfer::group_sink& sink,
                                    transfer::pull_report& report) {
-  const auto views = deliver_whole_group(model_, req, g, bucket, sink, report);
+  const auto views = deliver_whole_group(expected_, req, g, bucket, sink, report);
   // Under the turn the staging still holds the broadcast's bytes: the
   // group's from `offset` (a checksum may follow them).
   try {

@@ -38,6 +38,7 @@
 // producer, more bytes than the largest group or the staging, a sharded
 // group of another size than the plan packs) is refused before a receive
 // is posted.
+#include "actors/caf_puller.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/land_on_device.hpp"
 #include "gpu/device_pack.hpp"
@@ -134,6 +135,7 @@ private:
   caf::actor_system& sys_;
   std::function<trainer_actor()> trainer_;
   model_config model_;
+  group_tensors expected_; ///< each group's tensors in model_: what a whole group may hold
   link_of links_;
   link_of root_links_;
   std::vector<std::uint32_t> groups_; ///< pulled, in order

@@ -230,6 +230,7 @@ TEST_CASE("CAF puller: groups_in_flight groups are asked for before the first an
 
 TEST_CASE("whole groups: a bucket whose tensors are not its group's is refused, naming the tensor") {
   const model_config model = test::small_model(3);
+  const group_tensors expected(model);
   // Group 1 (layer 1) and group 2's tensors, as a trainer would send them (bf16, zeros).
   std::map<std::uint32_t, std::vector<tensor_spec>> by_group;
   for (const auto& spec : llama_parameter_specs(model, dtype::bf16))
@@ -255,7 +256,7 @@ TEST_CASE("whole groups: a bucket whose tensors are not its group's is refused, 
     sink.on_full_group = [&](int, std::uint32_t, const std::vector<tensor_view>&) { ++delivered; };
     transfer::pull_report report;
     try {
-      deliver_whole_group(model, req, 1, buckets.front(), sink, report);
+      deliver_whole_group(expected, req, 1, buckets.front(), sink, report);
     } catch (const transfer::transfer_error& e) {
       CHECK(e.failure == transfer::transfer_failure::producer_failed);
       CHECK(delivered == 0);
