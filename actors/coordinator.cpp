@@ -719,7 +719,14 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       }
       settle(self);
     }),
-    authorized(self, guard, [=](register_atom, trainer_actor& trainer) { attach_trainer(self, std::move(trainer)); }),
+    authorized(self, guard, [=](register_atom, trainer_actor& trainer) {
+      // The one trainer is rank 0; a member posing as it would feed the fleet its weights.
+      if (auto why = origin_problem(self, "trainer rank 0", trainer.address()); !why.empty()) {
+        self->state.guard->refuse(self->current_sender(), "register", "the trainer's registration: " + why);
+        return;
+      }
+      attach_trainer(self, std::move(trainer));
+    }),
     authorized(self, guard, [=](register_atom, const rank_info& info,
         const trainer_actor& rank) -> caf::result<registration> {
       auto joined = on_register_rank(self, info, rank);
@@ -732,6 +739,10 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     }),
     authorized(self, guard, [=](register_atom, router_actor& router) {
       auto& st = self->state;
+      if (auto why = origin_problem(self, "router", router.address()); !why.empty()) {
+        st.guard->refuse(self->current_sender(), "register", "the router's registration: " + why);
+        return;
+      }
       st.cfg.router = std::move(router);
       // Engines on other nodes obey only the router the coordinator names
       // to them: every member first, then the router learns whom to route to.
@@ -768,7 +779,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
         log_line(self, "coordinator: refused a deregistration: " + why);
         return;
       }
-      if (auto why = origin_problem(self, name); !why.empty()) {
+      if (auto why = origin_problem(self, "engine " + name); !why.empty()) {
         self->state.guard->refuse(self->current_sender(), "deregister", "the deregistration of " + name + ": " + why);
         return;
       }

@@ -186,11 +186,13 @@ struct coordinator_config {
   /// gatekeeper); empty: this process's actors only. Every other sender is
   /// refused, on every message.
   sender_policy authorize;
-  /// Whether an engine's registration or deregistration may come from the
-  /// sender's CAF node: empty when it may, else why not (the engine's node in
-  /// the topology is not the node the sender proved to be). Empty function:
-  /// not checked (one process, tests).
-  std::function<std::string(const std::string& engine, const caf::node_id& sender)> engine_origin;
+  /// Whether a member's registration (or an engine's deregistration) may
+  /// come from the sender's CAF node: `member` is "engine NAME", "trainer
+  /// rank N" or "router"; empty when it may, else why not (its node in the
+  /// topology is not the node the sender proved to be). The registered
+  /// actor must be on the sender's node too. Empty function: not checked
+  /// (one process, tests).
+  std::function<std::string(const std::string& member, const caf::node_id& sender)> origin;
   /// Called with every round's report as it ends (e.g. progress lines); may be empty.
   std::function<void(const sync_report&)> on_report;
   /// Called as each phase of a round is sent out, with the engines still in

@@ -44,9 +44,9 @@ void drop_member(self_ptr self, std::string name, const std::string& why, bool r
 /// A registration: refused with an error, or the member joins; returns
 /// whether it is routable at once.
 caf::expected<bool> on_register(self_ptr self, const engine_info& info, const rollout_engine_actor& engine);
-/// Why the current message may not register or deregister `engine` (its
-/// node is not the sender's; see coordinator_config::engine_origin); empty: it may.
-std::string origin_problem(self_ptr self, const std::string& engine);
+/// Why the current message may not register `member` as `handle` (or
+/// deregister it: no handle), see coordinator_config::origin; empty: it may.
+std::string origin_problem(self_ptr self, const std::string& member, const caf::actor_addr& handle = {});
 void on_down(self_ptr self, const caf::down_msg& dm);
 /// A (restarted) trainer: follow its versions, pin the next rounds there.
 void attach_trainer(self_ptr self, trainer_actor trainer);

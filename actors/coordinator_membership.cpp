@@ -72,14 +72,18 @@ std::string retired_text(const std::string& name, std::uint32_t restarts, std::i
          + std::to_string(max_restarts) + ")";
 }
 
-std::string origin_problem(self_ptr self, const std::string& engine) {
-  const auto& check_origin = self->state.cfg.engine_origin;
+std::string origin_problem(self_ptr self, const std::string& member, const caf::actor_addr& handle) {
+  const auto& check_origin = self->state.cfg.origin;
   if (!check_origin)
     return {};
   auto sender = self->current_sender();
   if (!sender)
     return "an anonymous sender";
-  return check_origin(engine, sender->node());
+  if (auto why = check_origin(member, sender->node()); !why.empty())
+    return why;
+  if (handle && handle.node() != sender->node())
+    return "its actor is not on the sender's node";
+  return {};
 }
 
 /// A registration: refused with an error, or the member joins; returns
@@ -93,14 +97,9 @@ caf::expected<bool> on_register(self_ptr self, const engine_info& info, const ro
   // A member registers its own engines only: an admitted node that names
   // another node's engine (or hands in an actor elsewhere) would take its
   // place in rounds and its data-plane tickets.
-  if (st.cfg.engine_origin) {
-    auto why = origin_problem(self, info.name);
-    auto sender = self->current_sender();
-    if (why.empty() && sender && engine.node() != sender->node())
-      why = "its actor is not on the sender's node";
-    if (!why.empty()) // counted and logged rate-limited, as any refused message
-      return st.guard->refuse(sender, "register", "the registration of " + printable(info.name) + ": " + why);
-  }
+  if (auto why = origin_problem(self, "engine " + info.name, engine.address()); !why.empty())
+    return st.guard->refuse(self->current_sender(), "register", // counted, logged rate-limited
+                            "the registration of " + printable(info.name) + ": " + why);
   registration_facts f;
   f.incarnation = info.incarnation;
   f.version = info.version;

@@ -294,6 +294,14 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       if (!peer)
         return refuse("admit", node, "an anonymous sender", admission_verdict::malformed);
       auto peer_name = to_string(*peer);
+      // One CAF node, one name: with a shared secret a member could otherwise
+      // prove another member's name too and take over its engines.
+      if (auto was = self->state.admitted->name_of(*peer); was && *was != node) {
+        (*self->state.log)("gatekeeper: refused " + printable(node, 64) + " from " + peer_name
+                           + " (admitted as " + printable(*was, 64) + " already)");
+        return make_error(errc::unauthenticated, "this node was admitted as " + printable(*was, 64)
+                                                   + " already: one node joins under one name");
+      }
       auto v = self->state.control->admit(peer_name, node, proof);
       if (v != admission_verdict::ok)
         return refuse("admit", node, peer_name, v);

@@ -23,13 +23,13 @@
 namespace rlsync {
 
 std::function<std::string(const std::string&, const caf::node_id&)>
-engine_origin_check(std::map<std::string, std::string> engine_node, caf::node_id own, std::string here,
-                    std::function<std::optional<std::string>(const caf::node_id&)> name_of) {
-  return [engine_node = std::move(engine_node), own, here = std::move(here),
-          name_of = std::move(name_of)](const std::string& engine, const caf::node_id& sender) -> std::string {
-    auto placed = engine_node.find(engine);
-    if (placed == engine_node.end())
-      return "no engine of the topology has that name";
+origin_check(std::map<std::string, std::string> node_of, caf::node_id own, std::string here,
+             std::function<std::optional<std::string>(const caf::node_id&)> name_of) {
+  return [node_of = std::move(node_of), own, here = std::move(here),
+          name_of = std::move(name_of)](const std::string& member, const caf::node_id& sender) -> std::string {
+    auto placed = node_of.find(member);
+    if (placed == node_of.end())
+      return "the topology places no " + member;
     const std::string from = sender == own ? here : name_of(sender).value_or("");
     if (from.empty())
       return "the sender's node is not admitted";
@@ -416,10 +416,12 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   cc.router = d.router;
   cc.authorize = d.authorize;
   if (opts.node_name_of) {
-    std::map<std::string, std::string> engine_node;
+    std::map<std::string, std::string> placed{{"router", t.router.node}};
     for (const auto& e : t.engines)
-      engine_node[e.name] = e.node;
-    cc.engine_origin = engine_origin_check(std::move(engine_node), sys.node(), opts.node, opts.node_name_of);
+      placed["engine " + e.name] = e.node;
+    for (std::size_t r = 0; r < t.trainer.ranks.size(); ++r)
+      placed["trainer rank " + std::to_string(r)] = t.trainer.ranks[r].node;
+    cc.origin = origin_check(std::move(placed), sys.node(), opts.node, opts.node_name_of);
   }
   cc.log = opts.log;
   cc.on_report = opts.on_sync;

@@ -138,13 +138,13 @@ struct local_deployment {
   void restart_coordinator(caf::actor_system& sys, const topology& t, bool kill_first = true);
 };
 
-/// coordinator_config::engine_origin for a cluster: an engine (`engine_node`:
-/// name -> its node in the topology) registers only from its own node, which
-/// is `here` for this process (CAF node `own`) and what `name_of` says the
-/// gatekeeper admitted for any other.
+/// coordinator_config::origin for a cluster: a member (`node_of`: "engine
+/// NAME", "trainer rank N" or "router" -> its node in the topology)
+/// registers only from its own node, which is `here` for this process (CAF
+/// node `own`) and what `name_of` says the gatekeeper admitted for any other.
 std::function<std::string(const std::string&, const caf::node_id&)>
-engine_origin_check(std::map<std::string, std::string> engine_node, caf::node_id own, std::string here,
-                    std::function<std::optional<std::string>(const caf::node_id&)> name_of);
+origin_check(std::map<std::string, std::string> node_of, caf::node_id own, std::string here,
+             std::function<std::optional<std::string>(const caf::node_id&)> name_of);
 
 struct deployment_options {
   /// The node whose engines run in this process; empty: every engine (one

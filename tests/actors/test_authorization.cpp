@@ -758,8 +758,11 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
   coordinator_config cc;
   cc.authorize = local_or_admitted(head.node(), [admitted](const caf::node_id& n) { return admitted->contains(n); });
   // The head is node a; engine "intruder" runs on a, "mine" on b.
-  cc.engine_origin = engine_origin_check({{"intruder", "a"}, {"mine", "b"}}, head.node(), "a",
-                                         [admitted](const caf::node_id& n) { return admitted->name_of(n); });
+  const auto name_of = [admitted](const caf::node_id& n) { return admitted->name_of(n); };
+  cc.trainer_ranks = 2;
+  cc.origin = origin_check({{"engine intruder", "a"}, {"engine mine", "b"}, {"trainer rank 0", "a"},
+                            {"trainer rank 1", "b"}, {"router", "a"}},
+                           head.node(), "a", name_of);
   cc.log = [&](const std::string& line) {
     std::lock_guard<std::mutex> lock(lines_mutex);
     lines.push_back(line);
@@ -833,6 +836,15 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
     auto borrowed = register_as("mine", caf::actor_cast<rollout_engine_actor>(*remote));
     REQUIRE_FALSE(borrowed);
     CHECK_MESSAGE(head.render(borrowed.error()).find("its actor is not on the sender's node") != std::string::npos, head.render(borrowed.error()));
+    // Nor another node's trainer rank (it would feed the fleet its weights).
+    caf::expected<registration> rank{caf::error{}};
+    self->request(*remote, 5s, register_atom::value, rank_info{0, "b", 1, {}}, caf::actor_cast<trainer_actor>(fake))
+      .receive([&](registration& r) { rank = r; }, [&](caf::error& e) { rank = std::move(e); });
+    REQUIRE_FALSE(rank);
+    CHECK(head.render(rank.error()).find("trainer rank 0: it runs on node 'a', not on the sender's node 'b'")
+          != std::string::npos);
+    // Nor the router, which runs on a (one-way: refused and counted).
+    self->send(*remote, register_atom::value, caf::actor_cast<router_actor>(fake));
     auto own = register_as("mine", fake);
     REQUIRE(own);
     REQUIRE(status());
@@ -845,7 +857,7 @@ TEST_CASE("a second node nobody admitted is refused by a coordinator it reaches 
     auto after = status();
     REQUIRE(after);
     CHECK(after->members.size() == 1);
-    CHECK(after->refused == 5);
+    CHECK(after->refused == 7);
     caf::anon_send_exit(fake, caf::exit_reason::user_shutdown);
   }
   {

@@ -70,9 +70,21 @@ TEST_CASE_FIXTURE(gatekeeper_fixture, "the grant names the router registered sin
   CHECK(!first->router); // none yet
   registered = caf::actor_cast<router_actor>(
     spawn(test::scripted_router, std::make_shared<test::router_script>()));
-  auto later = admit("engine-node-b", join_proof("other", *hello("engine-node-b"), "engine-node-b"));
+  auto later = admit("engine-node-a", join_proof("s3cret", *hello("engine-node-a"), "engine-node-a")); // a rejoin
   REQUIRE(later);
   CHECK(later->router == registered);
+}
+
+TEST_CASE_FIXTURE(gatekeeper_fixture, "a node admitted under one name is refused under another, even with its proof") {
+  REQUIRE(admit("engine-node-a", join_proof("s3cret", *hello("engine-node-a"), "engine-node-a")));
+  CHECK(admitted->name_of(sys.node()) == std::optional<std::string>("engine-node-a"));
+  // A shared secret would let it prove any member's name: one node id, one name.
+  auto other = admit("engine-node-b", join_proof("other", *hello("engine-node-b"), "engine-node-b"));
+  REQUIRE(!other);
+  CHECK(is(other.error(), errc::unauthenticated));
+  CHECK(sys.render(other.error()).find("this node was admitted as engine-node-a already") != std::string::npos);
+  CHECK(admitted->name_of(sys.node()) == std::optional<std::string>("engine-node-a"));
+  CHECK(lines.back().find("admitted as engine-node-a already") != std::string::npos);
 }
 
 TEST_CASE_FIXTURE(gatekeeper_fixture, "refusals: wrong secret, another node's secret, unknown names, all logged") {
