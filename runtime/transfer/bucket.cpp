@@ -140,6 +140,11 @@ void bucket_assembler::add(const weight_bucket& b) {
                          "bucket of group " + std::to_string(b.group) + " of version " + std::to_string(b.version)
                              + ": checksum mismatch over " + std::to_string(b.data.size()) + " bytes");
   // Validate every entry before copying any, so a bad bucket changes nothing.
+  const auto overlaps = [](const std::map<std::uint64_t, std::uint64_t>& pieces, std::uint64_t at, std::uint64_t n) {
+    auto next = pieces.lower_bound(at);
+    return (next != pieces.end() && next->first < at + n) || (next != pieces.begin() && std::prev(next)->second > at);
+  };
+  std::map<std::string, std::map<std::uint64_t, std::uint64_t>> in_this_bucket; // pieces of earlier entries
   for (const auto& e : b.entries) {
     auto it = index_.find(e.name);
     if (it == index_.end())
@@ -157,12 +162,13 @@ void bucket_assembler::add(const weight_bucket& b) {
     if (whole && e.shape != s.spec.shape && e.shape != std::vector<std::int64_t>{s.spec.numel()})
       throw std::invalid_argument("bucket: tensor '" + e.name + "': shape " + shape_string(e.shape)
                                   + ", expected " + shape_string(s.spec.shape));
-    auto next = s.pieces.lower_bound(e.tensor_offset);
-    const bool overlaps = (next != s.pieces.end() && next->first < e.tensor_offset + e.bytes)
-                          || (next != s.pieces.begin() && std::prev(next)->second > e.tensor_offset);
-    if (overlaps && e.bytes > 0)
+    if (e.bytes == 0)
+      continue;
+    auto& earlier = in_this_bucket[e.name];
+    if (overlaps(s.pieces, e.tensor_offset, e.bytes) || overlaps(earlier, e.tensor_offset, e.bytes))
       throw std::invalid_argument("bucket: tensor '" + e.name + "': bytes [" + std::to_string(e.tensor_offset)
                                   + ", +" + std::to_string(e.bytes) + ") received twice");
+    earlier.emplace(e.tensor_offset, e.tensor_offset + e.bytes);
   }
   for (const auto& e : b.entries) {
     slot& s = slots_[index_.at(e.name)];

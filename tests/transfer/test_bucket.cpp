@@ -111,4 +111,16 @@ TEST_CASE("bucket_assembler refuses corrupt, unknown and repeated pieces") {
   bucket_assembler other({specs.front()});
   CHECK_THROWS_WITH_AS(other.add(buckets.back()), doctest::Contains("unexpected tensor"), std::invalid_argument);
   CHECK_THROWS_AS(other.tensors(), std::logic_error);
+
+  // One bucket that carries the same piece twice does not fill the tensor.
+  bucket_assembler one({tensor_spec{"t", dtype::f32, {4}}});
+  weight_bucket twice;
+  twice.version = 1;
+  twice.data.assign(16, 7);
+  for (std::uint64_t at : {0, 8})
+    twice.entries.push_back(bucket_entry{"t", static_cast<std::uint8_t>(dtype::f32), {2}, at, 8, 0});
+  twice.checksum = checksum64(twice.data.data(), twice.data.size());
+  CHECK_THROWS_WITH_AS(one.add(twice), doctest::Contains("bytes [0, +8) received twice"), std::invalid_argument);
+  CHECK(one.bytes_received() == 0);
+  CHECK_FALSE(one.complete());
 }

@@ -154,6 +154,23 @@ TEST_CASE("groups arrive in order, each verified before the sink sees it") {
   CHECK(w1 == std::vector<std::uint32_t>{0, 1, 2, 3});
 }
 
+TEST_CASE("a finished pass lets go of its version: one the source drops is freed before the next pull") {
+  for (auto mode : {transfer_mode::sharded, transfer_mode::broadcast}) {
+    CAPTURE(to_string(mode));
+    const model_config c = test::small_model(2);
+    auto src = test::small_source(c);
+    auto first = src->produce_next();
+    std::weak_ptr<const typename decltype(first)::element_type> v1 = first;
+    first.reset();
+    local_transfer xfer(src);
+    test_engine e("e", c, 2, xfer);
+    e.pull(xfer, 1, mode);
+    for (std::size_t i = 0; i < src->keep_versions(); ++i)
+      src->produce_next(); // version 1 leaves the source
+    CHECK(v1.expired());
+  }
+}
+
 TEST_CASE("the same worker rank of two replicas shares one packing pass") {
   const model_config c = test::small_model(3);
   auto src = test::small_source(c);

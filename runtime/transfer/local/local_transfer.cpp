@@ -306,7 +306,17 @@ struct local_transfer::pass {
   // producer that offered lent groups may finish before a peer joins).
   bool finished() {
     std::lock_guard<std::mutex> lock(m);
-    return producer_exited && consumers.empty() && (released_any || join_closed(clock::now()));
+    return finished_locked(clock::now());
+  }
+  bool finished_locked(clock::time_point now) const {
+    return producer_exited && consumers.empty() && (released_any || join_closed(now));
+  }
+  // A finished pass lets go of its version at once: the source may have
+  // dropped it, and the pass itself is reaped only by a later pull. Called
+  // with `m` held; nobody reads `snapshot` once the pass is finished.
+  void let_go_if_finished_locked(clock::time_point now) {
+    if (finished_locked(now))
+      snapshot.reset();
   }
 
   // -- consumer side --
@@ -367,7 +377,9 @@ struct local_transfer::pass {
     {
       std::lock_guard<std::mutex> lock(m);
       consumers.erase(it);
-      settle_locked(clock::now());
+      const auto now = clock::now();
+      settle_locked(now);
+      let_go_if_finished_locked(now);
     }
     cv.notify_all();
   }
@@ -426,6 +438,7 @@ struct local_transfer::pass {
     {
       std::lock_guard<std::mutex> lock(m);
       producer_exited = true;
+      let_go_if_finished_locked(clock::now());
     }
     cv.notify_all();
   }
