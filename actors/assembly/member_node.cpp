@@ -10,6 +10,7 @@
 #include "actors/tls.hpp"
 #include "actors/rollout_engine.hpp"
 #include "runtime/base/version.hpp"
+#include "runtime/http/client.hpp"
 #include "runtime/transfer/ucx/ucx_transfer.hpp"
 
 #include <boost/asio.hpp>
@@ -39,18 +40,28 @@ void wait_until(const std::function<bool()>& stop, const std::function<bool()>& 
 } // namespace
 
 std::string probe_tcp(const std::string& host, std::uint16_t port, clock_type::time_point until,
-                      const std::function<bool()>& stop) {
+                      const std::function<bool()>& stop, std::string* reached) {
   namespace asio = boost::asio;
   boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (ec)
-    return {};
+  std::vector<asio::ip::tcp::endpoint> endpoints;
+  if (const auto address = asio::ip::make_address(host, ec); !ec) {
+    endpoints.emplace_back(address, port);
+  } else { // a host name: looked up within the same deadline
+    try {
+      for (const auto& a : http::resolve_addresses(host, until))
+        endpoints.emplace_back(asio::ip::make_address(a), port);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
   asio::io_context ioc;
   asio::ip::tcp::socket socket(ioc); // declared after ioc: closed (its connect abandoned) first
   bool done = false;
-  socket.async_connect({address, port}, [&](const boost::system::error_code& e) {
+  asio::async_connect(socket, endpoints, [&](const boost::system::error_code& e, const asio::ip::tcp::endpoint& at) {
     ec = e;
     done = true;
+    if (!e && reached)
+      *reached = at.address().to_string();
   });
   while (!done) {
     if (stop && stop())
@@ -73,10 +84,12 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
   std::string failure = "stopped";
   while (!(stop_requested && stop_requested())) {
     ++attempts;
-    if (auto unreachable = probe_tcp(head.address, head.port, give_up, stop_requested); !unreachable.empty()) {
+    std::string reached; // the address that answered: CAF then resolves nothing
+    if (auto unreachable = probe_tcp(head.address, head.port, give_up, stop_requested, &reached);
+        !unreachable.empty()) {
       failure = unreachable;
     } else {
-      gate = connect_node<gatekeeper_actor>(sys, head.address, head.port);
+      gate = connect_node<gatekeeper_actor>(sys, reached, head.port);
       if (gate)
         break;
       failure = sys.render(gate.error());

@@ -26,14 +26,15 @@
 namespace rlsync {
 
 /// Whether a TCP connection to `host`:`port` is accepted by `until`: empty
-/// when it is, else why not (refused, no answer by `until`, or `stop`
-/// returned true, asked every 100 ms). CAF connects with a blocking
-/// connect(2), which the kernel retries for about two minutes when nobody
+/// when it is (`reached`, when given, set to the address that answered),
+/// else why not (a host name that does not resolve in time, refused, no
+/// answer by `until`, or `stop` returned true, asked every 100 ms). CAF
+/// connects with a blocking connect(2), and resolves names with a blocking
+/// lookup: the kernel retries a connection for about two minutes when nobody
 /// answers (a partition, a full listen backlog), past any deadline and deaf
-/// to a stop; joining probes first. A host name (not an address) is not
-/// probed: empty.
+/// to a stop. Joining probes first, then has CAF connect to `reached`.
 std::string probe_tcp(const std::string& host, std::uint16_t port, std::chrono::steady_clock::time_point until,
-                      const std::function<bool()>& stop);
+                      const std::function<bool()>& stop, std::string* reached = nullptr);
 
 /// Connects to `head`'s gatekeeper (retrying with backoff up to
 /// cluster.connect_deadline_ms, or until `stop_requested`) and proves the

@@ -30,8 +30,9 @@ namespace {
 // the system resolver no longer than its deadline: getaddrinfo cannot be
 // interrupted. A lookup that outlives its call is abandoned and finishes on
 // its own; at most max_lookups_in_flight abandoned ones may be running, so a
-// resolver that never answers holds a bounded number of threads. Lookups
-// whose callers still wait are not capped: their callers are.
+// resolver that never answers holds a bounded number of threads, and at most
+// max_lookups_running in all (callers that start together, each within its
+// deadline, could otherwise all pass the first bound before any is counted).
 struct name_lookup {
   std::mutex m;
   std::condition_variable cv;
@@ -42,6 +43,7 @@ struct name_lookup {
 };
 
 std::atomic<int> lookups_abandoned{0};
+std::atomic<int> lookups_running{0};
 std::mutex lookup_hook_mutex;
 std::function<void(const std::string&)> lookup_hook; // tests: runs before the resolver
 
@@ -74,6 +76,7 @@ void look_up(name_lookup& lookup, const std::string& host, std::uint16_t port) {
   lookup.done = true;
   if (lookup.abandoned)
     lookups_abandoned.fetch_sub(1);
+  lookups_running.fetch_sub(1);
 }
 
 std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t port,
@@ -82,6 +85,11 @@ std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t 
     throw client_error("cannot resolve " + host + ": " + std::to_string(detail::max_lookups_in_flight)
                        + " earlier lookups are still unanswered past their calls' deadlines (is the system's "
                          "resolver answering?)");
+  if (lookups_running.fetch_add(1) >= detail::max_lookups_running) {
+    lookups_running.fetch_sub(1);
+    throw client_error("cannot resolve " + host + ": " + std::to_string(detail::max_lookups_running)
+                       + " lookups are running already");
+  }
   auto lookup = std::make_shared<name_lookup>();
   std::function<void(const std::string&)> hook;
   {
@@ -96,6 +104,7 @@ std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t 
       lookup->cv.notify_all();
     }).detach();
   } catch (const std::system_error& e) {
+    lookups_running.fetch_sub(1);
     throw client_error("cannot resolve " + host + ": no thread for the lookup (" + e.what() + ")");
   }
   std::unique_lock<std::mutex> lock(lookup->m);
@@ -110,6 +119,13 @@ std::vector<tcp::endpoint> resolve_until(const std::string& host, std::uint16_t 
 }
 
 } // namespace
+
+std::vector<std::string> resolve_addresses(const std::string& host, std::chrono::steady_clock::time_point until) {
+  std::vector<std::string> out;
+  for (const auto& e : resolve_until(host, 0, until))
+    out.push_back(e.address().to_string());
+  return out;
+}
 
 namespace detail {
 void set_lookup_hook(std::function<void(const std::string&)> hook) {

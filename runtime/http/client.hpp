@@ -75,8 +75,14 @@ private:
   std::unique_ptr<impl> impl_;
 };
 
+/// The addresses host name `host` resolves to, looked up as a client's
+/// calls are (the system's resolver on a thread of its own, abandoned at
+/// `until`, abandoned lookups capped). Throws client_error naming the host.
+std::vector<std::string> resolve_addresses(const std::string& host, std::chrono::steady_clock::time_point until);
+
 namespace detail {
-inline constexpr int max_lookups_in_flight = 16;
+inline constexpr int max_lookups_in_flight = 16; ///< abandoned by their calls, still unanswered
+inline constexpr int max_lookups_running = 256;  ///< all together
 /// Tests: `hook` runs on each lookup's thread before the system's resolver
 /// (empty: none), so that a test can hold a lookup.
 void set_lookup_hook(std::function<void(const std::string&)> hook);

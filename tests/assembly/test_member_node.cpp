@@ -54,12 +54,19 @@ int connect_without_waiting(std::uint16_t port) {
 
 } // namespace
 
-TEST_CASE("probe_tcp: an accepted connection, a refused one, and a host name left to CAF") {
+TEST_CASE("probe_tcp: an accepted connection, a refused one, and a host name looked up first") {
   local_socket listening(8);
-  CHECK(probe_tcp("127.0.0.1", listening.port, clock_type::now() + 5s, {}).empty());
+  std::string reached;
+  CHECK(probe_tcp("127.0.0.1", listening.port, clock_type::now() + 5s, {}, &reached).empty());
+  CHECK(reached == "127.0.0.1");
   local_socket bound_only(std::nullopt);
   CHECK(probe_tcp("127.0.0.1", bound_only.port, clock_type::now() + 5s, {}) == "Connection refused");
-  CHECK(probe_tcp("localhost", bound_only.port, clock_type::now() + 5s, {}).empty());
+  reached.clear();
+  CHECK(probe_tcp("localhost", listening.port, clock_type::now() + 5s, {}, &reached).empty());
+  CHECK(reached == "127.0.0.1"); // what CAF is then given: nothing left for it to resolve
+  CHECK(probe_tcp("no-such-host.invalid", listening.port, clock_type::now() + 5s, {})
+          .rfind("cannot resolve no-such-host.invalid", 0)
+        == 0);
 }
 
 TEST_CASE("probe_tcp: a head that answers no SYN ends the probe at its deadline or at a stop") {
