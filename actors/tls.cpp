@@ -21,7 +21,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace rlsync {
@@ -128,7 +130,8 @@ namespace {
 /// connection, and a file it cannot read then throws on its network thread,
 /// where nothing catches it: a renewed or moved key would abort the node at
 /// the next connection, anyone's. The descriptor stays open for the
-/// process's life (three per actor system with TLS).
+/// process's life, one per distinct content: a process that sets up TLS
+/// again (a Python rank retrying its join) reuses the copies it made.
 std::string pinned_copy(const std::string& what, const std::string& file) {
   open_pem(what, file); // the same checks and messages as the rest
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(file.c_str(), "rb"), &std::fclose);
@@ -138,6 +141,12 @@ std::string pinned_copy(const std::string& what, const std::string& file) {
   const std::size_t n = std::fread(bytes.data(), 1, bytes.size(), in.get());
   if (n == 0 || n > static_cast<std::size_t>(max_pem_bytes))
     throw tls_error(what, file, "changed while being read");
+  static std::mutex pinned_mutex;
+  static std::map<std::string, std::string> pinned; // content -> its copy's path (never closed)
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  std::string content(bytes.data(), n);
+  if (auto it = pinned.find(content); it != pinned.end())
+    return it->second;
   const int fd = ::memfd_create(("rlsync-tls-" + what).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     throw tls_error(what, file, std::string("cannot keep a copy in memory: ") + std::strerror(errno));
@@ -151,7 +160,7 @@ std::string pinned_copy(const std::string& what, const std::string& file) {
     written += static_cast<std::size_t>(w);
   }
   ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
-  return "/proc/self/fd/" + std::to_string(fd);
+  return pinned.emplace(std::move(content), "/proc/self/fd/" + std::to_string(fd)).first->second;
 }
 
 } // namespace

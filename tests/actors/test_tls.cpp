@@ -337,6 +337,8 @@ TEST_CASE("TLS files are pinned at start: files renewed or moved on disk do not 
   two_cas c;
   auto server_cfg = tls_config(c.node(c.ours, "head"));
   CHECK(server_cfg->openssl_key.rfind("/proc/self/fd/", 0) == 0);
+  // Set up again (a Python rank retrying its join): the same copies, no new descriptors.
+  CHECK(tls_config(c.node(c.ours, "head"))->openssl_key == server_cfg->openssl_key);
   caf::actor_system server{*server_cfg};
   auto echo = server.spawn([]() -> caf::behavior {
     return {[](const std::string& s) { return "echo " + s; }};
