@@ -102,11 +102,11 @@ caf::expected<registration> on_register_rank(self_ptr self, const rank_info& inf
   auto who = "trainer rank " + std::to_string(info.rank);
   if (!handle)
     return make_error(errc::malformed, who + ": registration without an actor");
+  if (auto why = check(info); !why.empty())
+    return make_error(errc::malformed, who + ": registration: " + why);
   // A rank registers from its own node only: an impostor would feed the fleet its weights.
   if (auto why = origin_problem(self, who, handle.address()); !why.empty())
     return st.guard->refuse(self->current_sender(), "register", "the registration of " + who + ": " + why);
-  if (auto why = check(info); !why.empty())
-    return make_error(errc::malformed, who + ": registration: " + why);
   if (st.cfg.trainer_ranks == 0)
     return make_error(errc::malformed, who + ": this coordinator follows no trainer ranks");
   auto known = st.ranks.find(info.rank);

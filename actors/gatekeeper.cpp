@@ -294,8 +294,9 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       if (!peer)
         return refuse("admit", node, "an anonymous sender", admission_verdict::malformed);
       auto peer_name = to_string(*peer);
-      // One CAF node, one name: with a shared secret a member could otherwise
-      // prove another member's name too and take over its engines.
+      // One CAF node, one name: the coordinator judges where engines and ranks
+      // may register from by it (a shared secret still lets another process
+      // of a member join under another name: per-node secrets bind names).
       if (auto was = self->state.admitted->name_of(*peer); was && *was != node) {
         (*self->state.log)("gatekeeper: refused " + printable(node, 64) + " from " + peer_name
                            + " (admitted as " + printable(*was, 64) + " already)");

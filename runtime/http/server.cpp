@@ -525,7 +525,7 @@ bool server_core::over_per_address_bound(const tcp::socket& socket) const {
     return false; // gone already: its first read fails
   std::size_t same = 0;
   for (const auto& weak : live) // at most max_connections
-    if (auto c = weak.lock(); c && c->peer_address() == from.address())
+    if (auto c = weak.lock(); c && !c->gone() && c->peer_address() == from.address())
       ++same;
   return same >= opt.max_connections_per_address;
 }

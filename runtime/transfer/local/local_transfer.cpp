@@ -276,7 +276,7 @@ struct local_transfer::pass {
 
   std::optional<consumer_it> try_attach(const worker_id& id, clock::time_point consumer_deadline) {
     std::lock_guard<std::mutex> lock(m);
-    if (released_any || cancelled || !failure.empty())
+    if (released_any || cancelled || !failure.empty() || !snapshot)
       return std::nullopt;
     auto it = consumers.insert(consumers.end(), consumer{id, 0});
     expected.erase(id);
@@ -315,8 +315,11 @@ struct local_transfer::pass {
   // dropped it, and the pass itself is reaped only by a later pull. Called
   // with `m` held; nobody reads `snapshot` once the pass is finished.
   void let_go_if_finished_locked(clock::time_point now) {
-    if (finished_locked(now))
-      snapshot.reset();
+    if (!finished_locked(now))
+      return;
+    snapshot.reset();
+    window.clear();   // lent pieces point into the version
+    cancelled = true; // and nobody may join a pass without its version
   }
 
   // -- consumer side --
