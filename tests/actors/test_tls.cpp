@@ -132,6 +132,19 @@ auto within_deadline(F connect) {
   return f.get();
 }
 
+/// An actor that answers a string s with "echo s".
+caf::actor spawn_echo(caf::actor_system& sys) {
+  return sys.spawn([]() -> caf::behavior { return {[](const std::string& s) { return "echo " + s; }}; });
+}
+
+/// What `remote` (an echo actor) answers `self`'s "hi": "echo hi", or the error.
+std::string ask_echo(caf::actor_system& sys, caf::scoped_actor& self, const caf::actor& remote) {
+  std::string reply;
+  self->request(remote, std::chrono::seconds(10), std::string("hi"))
+    .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = sys.render(e); });
+  return reply;
+}
+
 } // namespace
 
 TEST_CASE("check_tls_files refuses bad files naming them: one row per rule") {
@@ -289,9 +302,7 @@ TEST_CASE("two actor systems over mutual TLS: the cluster's CA connects, another
   auto server_cfg = tls_config(c.node(c.ours, "head"));
   caf::actor_system server{*server_cfg};
   CHECK(uses_tls(server));
-  auto echo = server.spawn([]() -> caf::behavior {
-    return {[](const std::string& s) { return "echo " + s; }};
-  });
+  auto echo = spawn_echo(server);
   auto port = publish_node(server, echo, 0, "127.0.0.1");
   REQUIRE(port);
 
@@ -301,10 +312,7 @@ TEST_CASE("two actor systems over mutual TLS: the cluster's CA connects, another
     auto remote = within_deadline([&] { return connect_node<caf::actor>(client, "127.0.0.1", *port); });
     REQUIRE(remote);
     caf::scoped_actor self{client};
-    std::string reply;
-    self->request(*remote, std::chrono::seconds(10), std::string("hi"))
-      .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = client.render(e); });
-    CHECK(reply == "echo hi");
+    CHECK(ask_echo(client, self, *remote) == "echo hi");
   }
   SUBCASE("a certificate of another CA does not") {
     auto cfg = tls_config(c.node(c.theirs, "w1"));
@@ -340,9 +348,7 @@ TEST_CASE("TLS files are pinned at start: files renewed or moved on disk do not 
   // Set up again (a Python rank retrying its join): the same copies, no new descriptors.
   CHECK(tls_config(c.node(c.ours, "head"))->openssl_key == server_cfg->openssl_key);
   caf::actor_system server{*server_cfg};
-  auto echo = server.spawn([]() -> caf::behavior {
-    return {[](const std::string& s) { return "echo " + s; }};
-  });
+  auto echo = spawn_echo(server);
   auto port = publish_node(server, echo, 0, "127.0.0.1");
   REQUIRE(port);
   // CAF reads its files again at each connection: without the copies the
@@ -354,10 +360,7 @@ TEST_CASE("TLS files are pinned at start: files renewed or moved on disk do not 
   auto remote = within_deadline([&] { return connect_node<caf::actor>(client, "127.0.0.1", *port); });
   REQUIRE(remote);
   caf::scoped_actor self{client};
-  std::string reply;
-  self->request(*remote, std::chrono::seconds(10), std::string("hi"))
-    .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = client.render(e); });
-  CHECK(reply == "echo hi");
+  CHECK(ask_echo(client, self, *remote) == "echo hi");
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
@@ -368,9 +371,7 @@ TEST_CASE("an outsider's failed TLS handshakes do not drop a member's connection
   two_cas c;
   auto server_cfg = tls_config(c.node(c.ours, "head"));
   caf::actor_system server{*server_cfg};
-  auto echo = server.spawn([]() -> caf::behavior {
-    return {[](const std::string& s) { return "echo " + s; }};
-  });
+  auto echo = spawn_echo(server);
   auto port = publish_node(server, echo, 0, "127.0.0.1");
   REQUIRE(port);
   auto member_cfg = tls_config(c.node(c.ours, "w1"));
@@ -379,12 +380,7 @@ TEST_CASE("an outsider's failed TLS handshakes do not drop a member's connection
   REQUIRE(remote);
   caf::scoped_actor self{member};
   self->monitor(*remote);
-  auto ask = [&] {
-    std::string reply;
-    self->request(*remote, std::chrono::seconds(10), std::string("hi"))
-      .receive([&](const std::string& r) { reply = r; }, [&](caf::error& e) { reply = member.render(e); });
-    return reply;
-  };
+  auto ask = [&] { return ask_echo(member, self, *remote); };
   REQUIRE(ask() == "echo hi");
   for (int round = 0; round < 3; ++round) {
     CAPTURE(round);
