@@ -145,6 +145,18 @@ std::string ask_echo(caf::actor_system& sys, caf::scoped_actor& self, const caf:
   return reply;
 }
 
+/// A member with `tls` connects to the echo actor published on `port` and
+/// asks it: "echo hi", or why not.
+std::string member_asks_echo(const tls_spec& tls, std::uint16_t port) {
+  auto cfg = tls_config(tls);
+  caf::actor_system client{*cfg};
+  auto remote = within_deadline([&] { return connect_node<caf::actor>(client, "127.0.0.1", port); });
+  if (!remote)
+    return client.render(remote.error());
+  caf::scoped_actor self{client};
+  return ask_echo(client, self, *remote);
+}
+
 } // namespace
 
 TEST_CASE("check_tls_files refuses bad files naming them: one row per rule") {
@@ -307,12 +319,7 @@ TEST_CASE("two actor systems over mutual TLS: the cluster's CA connects, another
   REQUIRE(port);
 
   SUBCASE("a certificate of the same CA connects, and messages flow") {
-    auto cfg = tls_config(c.node(c.ours, "w1"));
-    caf::actor_system client{*cfg};
-    auto remote = within_deadline([&] { return connect_node<caf::actor>(client, "127.0.0.1", *port); });
-    REQUIRE(remote);
-    caf::scoped_actor self{client};
-    CHECK(ask_echo(client, self, *remote) == "echo hi");
+    CHECK(member_asks_echo(c.node(c.ours, "w1"), *port) == "echo hi");
   }
   SUBCASE("a certificate of another CA does not") {
     auto cfg = tls_config(c.node(c.theirs, "w1"));
@@ -355,12 +362,7 @@ TEST_CASE("TLS files are pinned at start: files renewed or moved on disk do not 
   // next one would throw on CAF's network thread and abort this process.
   std::filesystem::rename(c.ours + "/head.key", c.ours + "/head.key.old");
   std::filesystem::remove(c.ours + "/head.pem");
-  auto cfg = tls_config(c.node(c.ours, "w1"));
-  caf::actor_system client{*cfg};
-  auto remote = within_deadline([&] { return connect_node<caf::actor>(client, "127.0.0.1", *port); });
-  REQUIRE(remote);
-  caf::scoped_actor self{client};
-  CHECK(ask_echo(client, self, *remote) == "echo hi");
+  CHECK(member_asks_echo(c.node(c.ours, "w1"), *port) == "echo hi");
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
