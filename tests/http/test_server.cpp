@@ -431,6 +431,35 @@ TEST_CASE("client: a host name is looked up within the call's deadline, and aban
     std::this_thread::sleep_for(10ms);
   CHECK(detail::lookups_abandoned() == 0);
   CHECK(client("localhost", port, 5s).send(hello).body == "hi");
+
+  // Callers that all still wait are bounded too: at most max_lookups_running at once.
+  std::promise<void> unblock;
+  std::shared_future<void> unblocked = unblock.get_future().share();
+  std::atomic<int> held{0};
+  detail::set_lookup_hook([&held, unblocked](const std::string&) {
+    ++held;
+    unblocked.wait_for(20s);
+  });
+  std::vector<std::thread> waiting;
+  std::atomic<int> refused{0};
+  for (int i = 0; i < detail::max_lookups_running; ++i)
+    waiting.emplace_back([&] {
+      try {
+        client("localhost", port, 30s).send(hello);
+      } catch (const client_error&) {
+        ++refused;
+      }
+    });
+  for (int i = 0; i < 2000 && held.load() < detail::max_lookups_running; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(held.load() == detail::max_lookups_running);
+  CHECK_THROWS_WITH_AS(client("localhost", port, 5s).send(hello),
+                       doctest::Contains("256 lookups are running already"), client_error);
+  unblock.set_value();
+  for (auto& t : waiting)
+    t.join();
+  detail::set_lookup_hook({});
+  CHECK(refused == 0);
 }
 
 TEST_CASE("client: a refused stream returns its status and error body, and the connection is reused") {
