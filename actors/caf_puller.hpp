@@ -15,8 +15,8 @@
 #include <caf/actor_system.hpp>
 
 #include <functional>
-#include <optional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,10 +88,9 @@ std::chrono::milliseconds group_wait(const transfer::pull_request& req, std::uin
 /// means (the version gone, a timeout, a producer failure). Never returns.
 [[noreturn]] void throw_trainer_refusal(caf::actor_system& sys, const caf::error& failure, std::uint32_t group);
 
-
 /// Checks a whole-group bucket a trainer sent for group `group` of
 /// `req.version` (layout, identity, checksum, and that its tensors are the
-/// group's in `model`'s shapes: a peer can lie), hands its tensors to
+/// group's in the model's shapes, as `expected` has them: a peer can lie), hands its tensors to
 /// sink.on_full_group and adds it to `report`. Returns the tensors handed on
 /// (views into `bucket`). Throws transfer_error.
 std::vector<tensor_view> deliver_whole_group(const group_tensors& expected, const transfer::pull_request& req,

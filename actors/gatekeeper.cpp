@@ -48,7 +48,7 @@ std::string fresh_challenge() {
 
 void admitted_nodes::add(const caf::node_id& n, const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  nodes_[n] = name; // a node id proves one name: a later admission under another replaces it
+  nodes_[n] = name; // one name per node id: the gatekeeper refuses another before it gets here
 }
 
 bool admitted_nodes::contains(const caf::node_id& n) const {

@@ -139,7 +139,7 @@ caf::error sender_guard::refuse(const caf::strong_actor_ptr& sender, const std::
                             : std::string{"an anonymous sender"};
   log_(actor_ + ": refused '" + printable(message) + "' from " + from + ": " + why + " (" + std::to_string(count)
        + " refused so far)");
-  if (why != "not admitted") // an admitted node asking for what is not its own
+  if (why != not_admitted) // an admitted node asking for what is not its own
     return make_error(errc::unauthenticated, actor_ + ": '" + printable(message) + "' refused: " + why);
   return make_error(errc::unauthenticated, actor_ + ": '" + message + "' refused: the sender's node is not admitted "
                                              "(nodes prove the cluster secret to the gatekeeper first)");

@@ -121,6 +121,10 @@ private:
 /// This process's actors and the engine's drivers.
 sender_policy local_or_driver(caf::node_id own, std::shared_ptr<const engine_drivers> drivers);
 
+/// sender_guard::refuse's reason when none is given: the sender's node was
+/// never admitted (any other reason is an admitted node's own, told to it).
+inline const std::string not_admitted = "not admitted";
+
 /// One actor's gate: its policy, its refusal count and its rate-limited log.
 class sender_guard {
 public:
@@ -135,7 +139,7 @@ public:
   /// Counts and logs one refused message (`message`: its type, e.g. its
   /// leading atom) and returns the error a request gets.
   caf::error refuse(const caf::strong_actor_ptr& sender, const std::string& message,
-                    const std::string& why = "not admitted");
+                    const std::string& why = not_admitted);
 
   /// Messages refused so far.
   std::uint64_t refused() const { return refused_.load(); }

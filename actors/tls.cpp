@@ -133,12 +133,10 @@ namespace {
 /// process's life, one per distinct content: a process that sets up TLS
 /// again (a Python rank retrying its join) reuses the copies it made.
 std::string pinned_copy(const std::string& what, const std::string& file) {
-  open_pem(what, file); // the same checks and messages as the rest
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(file.c_str(), "rb"), &std::fclose);
-  if (!in)
-    throw tls_error(what, file, "cannot open it");
+  auto bio = open_pem(what, file); // the same checks and messages as the rest
   std::vector<char> bytes(static_cast<std::size_t>(max_pem_bytes) + 1);
-  const std::size_t n = std::fread(bytes.data(), 1, bytes.size(), in.get());
+  const int read = BIO_read(bio.get(), bytes.data(), static_cast<int>(bytes.size()));
+  const std::size_t n = read > 0 ? static_cast<std::size_t>(read) : 0;
   if (n == 0 || n > static_cast<std::size_t>(max_pem_bytes))
     throw tls_error(what, file, "changed while being read");
   static std::mutex pinned_mutex;

@@ -58,9 +58,9 @@ void look_up(name_lookup& lookup, const std::string& host, std::uint16_t port) {
   const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
   std::vector<tcp::endpoint> endpoints;
   for (const addrinfo* a = found; rc == 0 && a; a = a->ai_next) {
-    if (a->ai_addrlen > sizeof(sockaddr_storage))
-      continue;
     tcp::endpoint e;
+    if ((a->ai_family != AF_INET && a->ai_family != AF_INET6) || a->ai_addrlen > e.capacity())
+      continue; // not an IP address asio's endpoint holds
     std::memcpy(e.data(), a->ai_addr, a->ai_addrlen);
     e.resize(a->ai_addrlen);
     endpoints.push_back(e);

@@ -42,7 +42,8 @@ public:
   /// next_event: bytes that end no event, such as comments, do not extend
   /// it). A host name, not an address, is looked up within the same
   /// deadline; while detail::max_lookups_in_flight lookups of calls that
-  /// ended at their deadlines are still unanswered, a call by name is refused.
+  /// ended at their deadlines are still unanswered, or max_lookups_running
+  /// run in all, a call by name is refused.
   client(std::string host, std::uint16_t port, std::chrono::milliseconds deadline = std::chrono::seconds(30));
   ~client();
   client(const client&) = delete;
@@ -77,7 +78,7 @@ private:
 
 /// The addresses host name `host` resolves to, looked up as a client's
 /// calls are (the system's resolver on a thread of its own, abandoned at
-/// `until`, abandoned lookups capped). Throws client_error naming the host.
+/// `until`; the detail:: bounds below). Throws client_error naming the host.
 std::vector<std::string> resolve_addresses(const std::string& host, std::chrono::steady_clock::time_point until);
 
 namespace detail {

@@ -142,11 +142,12 @@ public:
         try {
           std::rethrow_exception(errors[k]);
         } catch (const transfer_error& e) {
-          if (!retryable(e.failure)) // named by its rank, as the retried ones are
-            throw transfer_error(e.failure, "rank " + std::to_string(index_.rank(active[k])) + ": " + e.what());
           const auto p = active[k];
+          std::string named = "rank " + std::to_string(index_.rank(p)) + ": " + e.what();
+          if (!retryable(e.failure))
+            throw transfer_error(e.failure, named);
           excluded[p] = true;
-          failures[p] = "rank " + std::to_string(index_.rank(p)) + ": " + e.what();
+          failures[p] = std::move(named);
           last_failure = e.failure;
         }
       }

@@ -276,7 +276,7 @@ struct local_transfer::pass {
 
   std::optional<consumer_it> try_attach(const worker_id& id, clock::time_point consumer_deadline) {
     std::lock_guard<std::mutex> lock(m);
-    if (released_any || cancelled || !failure.empty() || !snapshot)
+    if (released_any || cancelled || !failure.empty()) // cancelled too once its version is let go
       return std::nullopt;
     auto it = consumers.insert(consumers.end(), consumer{id, 0});
     expected.erase(id);
