@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <iostream>
+#include <limits>
 
 namespace rlsync {
 
@@ -122,17 +123,26 @@ using pull_fn = std::function<transfer_report(const transfer::group_sink&, trans
 /// Runs on the pulling thread: every worker's groups into the staging
 /// weights, and into `landing` (an engine on a device; null: none) where
 /// the data plane holds them on a device.
+/// `abandoned()`: the round let this pull go; it then throws at the next
+/// group (null: the pull runs to its end, as a collective must).
 std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::string& name,
                                            std::vector<std::shared_ptr<const plan::grouped_plan>> plans,
                                            std::shared_ptr<engine::weight_set> staging,
                                            std::shared_ptr<engine::device_landing> landing, transfer_order order,
-                                           std::chrono::milliseconds deadline) {
+                                           std::chrono::milliseconds deadline, std::function<bool()> abandoned) {
   auto out = std::make_shared<pull_outcome>();
   out->version = order.version;
   out->received.resize(plans.size());
+  auto stop_if_abandoned = [&] {
+    if (abandoned && abandoned())
+      throw transfer::transfer_error(transfer::transfer_failure::cancelled,
+                                     "the round was abandoned: version " + std::to_string(order.version)
+                                       + " is no longer pulled");
+  };
   transfer::group_sink sink;
   // Each callback touches only its own worker's shard and slot.
   sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+    stop_if_abandoned();
     auto& plan = *plans[static_cast<std::size_t>(w)];
     engine::apply_group(plan, g, bytes, size, staging->workers[static_cast<std::size_t>(w)]);
     for (const auto* e : plan.entries(g))
@@ -140,6 +150,7 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
   };
   // Stored as sent: the data plane copies each group straight into place.
   sink.targets = [&](int w, std::uint32_t g) {
+    stop_if_abandoned();
     std::vector<transfer::store_target> out;
     auto ranges = engine::group_destinations(*plans[static_cast<std::size_t>(w)], g,
                                              staging->workers[static_cast<std::size_t>(w)]);
@@ -167,6 +178,7 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
     };
   }
   sink.on_full_group = [&](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
+    stop_if_abandoned();
     auto& dst = staging->workers[static_cast<std::size_t>(w)];
     for (const auto& t : tensors) {
       if (ignored_weight(staging->config(), t.name))
@@ -241,7 +253,9 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     observe_since(&metrics->init_seconds, init_started);
     metrics->sample(self->state.core->status());
   }
-  self->attach_functor([puller = cfg.puller, links = self->state.producer_links, name = cfg.options.name] {
+  self->attach_functor([puller = cfg.puller, links = self->state.producer_links, name = cfg.options.name,
+                        abandoned = self->state.pulls_abandoned_through] {
+    abandoned->store(std::numeric_limits<std::uint64_t>::max()); // a pull still running stops at its next group
     if (puller)
       puller->unregister_engine(name);
     for (auto& [rank, link] : *links)
@@ -388,6 +402,15 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // The pull blocks: it runs on its own thread and reports back here.
       auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
       auto seq = ++st.transfer_seq;
+      // A collective (every member of the communicator joins each group)
+      // must run to its end: one member stopping holds up all the others.
+      const bool collective = links.empty() ? st.puller && st.puller->needs_rank_order(order.mode)
+                                            : std::any_of(links.begin(), links.end(), [&](const auto& l) {
+                                                return l->puller().needs_rank_order(order.mode);
+                                              });
+      std::function<bool()> abandoned;
+      if (!collective)
+        abandoned = [through = st.pulls_abandoned_through, seq] { return through->load() >= seq; };
       pull_fn pull;
       if (links.empty())
         pull = [puller = st.puller, name, tp = static_cast<int>(st.plans.size()), order](const transfer::group_sink& sink,
@@ -409,8 +432,8 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
                                             });
       job->run = [pull, name, plans = st.plans, staging = st.core->session_staging(),
                   landing = may_land ? st.core->open_landing() : nullptr, order, deadline, seq, kept,
-                  format = st.core->options().weights, engine = self->address()] {
-        auto outcome = pull_version(pull, name, plans, staging, landing, order, deadline);
+                  format = st.core->options().weights, engine = self->address(), abandoned] {
+        auto outcome = pull_version(pull, name, plans, staging, landing, order, deadline, abandoned);
         // The process step here, off the engine's thread: finish then only swaps.
         if (outcome->report && format == engine::weight_format::int8 && staging)
           engine::process_weights(*staging, format);
@@ -488,6 +511,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
           st.transfer_promise->deliver(make_error(errc::round_aborted, name + ": the round was aborted"));
           st.transfer_promise.reset();
           transfer_ended(self, metrics);
+          st.pulls_abandoned_through->store(st.transfer_seq);
         }
         st.core->abandon_update(pulling);
       }

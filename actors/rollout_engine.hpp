@@ -174,6 +174,11 @@ struct rollout_engine_state {
   /// of its own.
   caf::actor pull_thread;
   bool pull_thread_busy = false;
+  /// Pulls numbered up to this were abandoned (their round continued without
+  /// finish, or the engine went): each stops at its next group rather than
+  /// pulling the rest into staging nobody will use. Shared with the pulls.
+  std::shared_ptr<std::atomic<std::uint64_t>> pulls_abandoned_through =
+    std::make_shared<std::atomic<std::uint64_t>>(0);
   std::shared_ptr<engine_fault_gate> faults;
   /// Acknowledgements held by a delay_acks drill, by id, sent when due.
   std::map<std::uint64_t, std::function<void()>> held_acks;

@@ -2,9 +2,9 @@
 // runs on the engine's kept pulling thread): the M:N pull, where a transfer
 // order naming two trainer ranks (each holding half the layers behind its
 // own local transfer) makes the engine hold exactly the weights a
-// single-rank pull gives; and a pull an aborted round left running, which
-// does not hold up the next round's; and a version with no new bytes for an
-// engine, which skips the data plane.
+// single-rank pull gives; a pull an aborted round left running, which does
+// not hold up the next round's and stops at its next group; and a version
+// with no new bytes for an engine, which skips the data plane.
 #include "actors/rollout_engine.hpp"
 #include "actors/system_config.hpp"
 #include "runtime/engine/recording.hpp"
@@ -269,6 +269,98 @@ TEST_CASE("rollout engine: a pull an aborted round left running does not hold up
     CHECK_FALSE(d.dirty);
   }
   CHECK(gate->thread_of_version(4) == gate->thread_of_version(1));
+  self->send_exit(e, caf::exit_reason::user_shutdown);
+}
+
+/// Passes the first group of each worker's pull straight on, then holds the
+/// rest at the sink until released: counts the groups the engine's sink took
+/// and refused after the release.
+struct group_gated_puller : test::forwarding_puller {
+  using forwarding_puller::forwarding_puller;
+  std::mutex m;
+  std::condition_variable cv;
+  bool released = false;
+  int holding = 0; ///< workers held at their second group
+  int taken_after = 0;
+  int refused_after = 0;
+  int returned = 0;
+  transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
+    transfer::group_sink gated = sink;
+    gated.targets = [&, first = true](int w, std::uint32_t g) mutable {
+      if (!first) {
+        std::unique_lock<std::mutex> lock(m);
+        ++holding;
+        cv.notify_all();
+        cv.wait_until(lock, req.deadline, [&] { return released; });
+        lock.unlock();
+        try {
+          auto targets = sink.targets(w, g);
+          std::lock_guard<std::mutex> again(m);
+          ++taken_after;
+          return targets;
+        } catch (const transfer::transfer_error&) {
+          std::lock_guard<std::mutex> again(m);
+          ++refused_after;
+          throw;
+        }
+      }
+      first = false;
+      return sink.targets(w, g);
+    };
+    struct on_return {
+      group_gated_puller* self;
+      ~on_return() {
+        std::lock_guard<std::mutex> lock(self->m);
+        ++self->returned;
+        self->cv.notify_all();
+      }
+    } mark{this};
+    return inner->pull(req, gated);
+  }
+  bool wait_for(const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> lock(m);
+    return cv.wait_for(lock, std::chrono::seconds(20), done);
+  }
+  void release() {
+    std::lock_guard<std::mutex> lock(m);
+    released = true;
+    cv.notify_all();
+  }
+};
+
+TEST_CASE("rollout engine: a pull its round abandoned stops at its next group") {
+  const model_config c = test::small_model(3);
+  auto full = source_holding(c, std::nullopt);
+  full->produce_next();
+  auto gate = std::make_shared<group_gated_puller>(std::make_shared<transfer::local_transfer>(full));
+
+  threaded_system ts;
+  caf::scoped_actor self{ts.sys};
+  auto cfg = engine_config(c, "rollout-0");
+  cfg.puller = gate;
+  auto e = spawn_rollout_engine(ts.sys, cfg);
+  const auto t = std::chrono::seconds(20);
+  auto fail = [&](const caf::error& err) { FAIL(ts.sys.render(err)); };
+
+  self->request(e, t, pause_atom::value, pause_request{pause_mode::keep, false}).receive([](const pause_report&) {}, fail);
+  self->request(e, t, start_atom::value, std::uint64_t{1}).receive([](const phase_ack&) {}, fail);
+  auto pulling = self->request(e, t, transfer_atom::value, transfer_order{1, transfer_mode::sharded, "local", {}},
+                               std::vector<trainer_actor>{});
+  // Both workers stored their first group and wait at their second.
+  REQUIRE(gate->wait_for([&] { return gate->holding == cfg.options.tp; }));
+  self->request(e, t, resume_atom::value).receive([](const phase_ack&) {}, fail);
+  pulling.receive([](const transfer_report&) { FAIL("an abandoned round's transfer succeeded"); },
+                  [&](const caf::error& err) { CHECK(is(err, errc::round_aborted)); });
+  gate->release();
+  REQUIRE(gate->wait_for([&] { return gate->returned == cfg.options.tp; }));
+  CHECK(gate->taken_after == 0);
+  CHECK(gate->refused_after == cfg.options.tp);
+
+  // The engine stays usable: the next round completes.
+  full->produce_next();
+  auto two = sync(self, e, transfer_order{2, transfer_mode::sharded, "local", {}}, {});
+  CHECK(two.version == 2);
+  CHECK_FALSE(two.dirty);
   self->send_exit(e, caf::exit_reason::user_shutdown);
 }
 
