@@ -91,6 +91,7 @@ transfer::pull_report ipc_puller::pull(const transfer::pull_request& req, const 
   const auto landing = whole_group_landing_for(sink, std::move(plan), std::move(packer), scratches_, req.engine,
                                                req.worker, /*recheck*/ true);
   for (std::uint32_t k = 0; k < groups_.size(); ++k) {
+    transfer::stop_if_abandoned(sink, consumer, k, groups_.size()); // the session ends with `ender`
     const std::uint32_t g = groups_[k];
     auto left = group_wait(req, g, group_deadline_);
     ask.group = g;

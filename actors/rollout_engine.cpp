@@ -123,8 +123,8 @@ using pull_fn = std::function<transfer_report(const transfer::group_sink&, trans
 /// Runs on the pulling thread: every worker's groups into the staging
 /// weights, and into `landing` (an engine on a device; null: none) where
 /// the data plane holds them on a device.
-/// `abandoned()`: the round let this pull go; it then throws at the next
-/// group (null: the pull runs to its end, as a collective must).
+/// `abandoned()`: the round let this pull go; a data plane that can stops
+/// at its next group (group_sink::abandoned).
 std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::string& name,
                                            std::vector<std::shared_ptr<const plan::grouped_plan>> plans,
                                            std::shared_ptr<engine::weight_set> staging,
@@ -133,16 +133,10 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
   auto out = std::make_shared<pull_outcome>();
   out->version = order.version;
   out->received.resize(plans.size());
-  auto stop_if_abandoned = [&] {
-    if (abandoned && abandoned())
-      throw transfer::transfer_error(transfer::transfer_failure::cancelled,
-                                     "the round was abandoned: version " + std::to_string(order.version)
-                                       + " is no longer pulled");
-  };
   transfer::group_sink sink;
+  sink.abandoned = std::move(abandoned);
   // Each callback touches only its own worker's shard and slot.
   sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
-    stop_if_abandoned();
     auto& plan = *plans[static_cast<std::size_t>(w)];
     engine::apply_group(plan, g, bytes, size, staging->workers[static_cast<std::size_t>(w)]);
     for (const auto* e : plan.entries(g))
@@ -150,7 +144,6 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
   };
   // Stored as sent: the data plane copies each group straight into place.
   sink.targets = [&](int w, std::uint32_t g) {
-    stop_if_abandoned();
     std::vector<transfer::store_target> out;
     auto ranges = engine::group_destinations(*plans[static_cast<std::size_t>(w)], g,
                                              staging->workers[static_cast<std::size_t>(w)]);
@@ -178,7 +171,6 @@ std::shared_ptr<pull_outcome> pull_version(const pull_fn& pull, const std::strin
     };
   }
   sink.on_full_group = [&](int w, std::uint32_t, const std::vector<tensor_view>& tensors) {
-    stop_if_abandoned();
     auto& dst = staging->workers[static_cast<std::size_t>(w)];
     for (const auto& t : tensors) {
       if (ignored_weight(staging->config(), t.name))
@@ -255,7 +247,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
   }
   self->attach_functor([puller = cfg.puller, links = self->state.producer_links, name = cfg.options.name,
                         abandoned = self->state.pulls_abandoned_through] {
-    abandoned->store(std::numeric_limits<std::uint64_t>::max()); // a pull still running stops at its next group
+    abandoned->store(std::numeric_limits<std::uint64_t>::max()); // a pull still running lets go where it can
     if (puller)
       puller->unregister_engine(name);
     for (auto& [rank, link] : *links)
@@ -402,15 +394,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
       // The pull blocks: it runs on its own thread and reports back here.
       auto deadline = std::chrono::milliseconds(cfg.transfer_deadline_ms);
       auto seq = ++st.transfer_seq;
-      // A collective (every member of the communicator joins each group)
-      // must run to its end: one member stopping holds up all the others.
-      const bool collective = links.empty() ? st.puller && st.puller->needs_rank_order(order.mode)
-                                            : std::any_of(links.begin(), links.end(), [&](const auto& l) {
-                                                return l->puller().needs_rank_order(order.mode);
-                                              });
-      std::function<bool()> abandoned;
-      if (!collective)
-        abandoned = [through = st.pulls_abandoned_through, seq] { return through->load() >= seq; };
+      auto abandoned = [through = st.pulls_abandoned_through, seq] { return through->load() >= seq; };
       pull_fn pull;
       if (links.empty())
         pull = [puller = st.puller, name, tp = static_cast<int>(st.plans.size()), order](const transfer::group_sink& sink,

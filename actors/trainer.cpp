@@ -33,7 +33,12 @@ public:
   explicit thread_runner(std::size_t queue_limit) : jobs_(queue_limit), thread_([this] { run(); }) {}
   ~thread_runner() override {
     jobs_.close();
-    thread_.join();
+    // A job that held the trainer's last reference destroys its state, and
+    // so this runner, on the runner's own thread: that thread ends by itself.
+    if (thread_.get_id() == std::this_thread::get_id())
+      thread_.detach();
+    else
+      thread_.join();
   }
 
   bool post(std::function<void()> job) override { return jobs_.try_push(std::move(job)); }
@@ -125,6 +130,21 @@ void publish(self_ptr self, const version_info& vi) {
 
 } // namespace
 
+trainer_state::~trainer_state() {
+  // A stopping trainer answers the pulls it still holds: their engines learn
+  // it now, not at their deadlines (CAF drops an undelivered promise).
+  auto stopping = [](caf_pull& p) {
+    p.reply.deliver(make_error(errc::round_aborted, "trainer: stopped before group " + std::to_string(p.group)
+                                                      + " of version "
+                                                      + std::to_string(p.version ? p.version->version() : 0)
+                                                      + " was sent"));
+  };
+  for (auto& p : waiting_pulls)
+    stopping(p);
+  for (auto& [id, p] : packing_pulls)
+    stopping(p);
+}
+
 void catch_up(const trainer_actor& trainer, std::uint64_t version) {
   auto me = caf::actor_cast<trainer_impl_actor>(trainer);
   caf::send_as(me, me, catch_up_atom::value, version); // as itself: its guard admits it
@@ -211,6 +231,66 @@ caf::expected<weight_bucket> held_bucket(self_ptr self, std::uint64_t version, s
   if (!s)
     return s.error();
   return group_bucket(**s, group);
+}
+
+/// CAF pulls handed to the packer at once (with the byte budget): the
+/// packer's queue bound.
+constexpr std::size_t caf_packs_in_flight = 64;
+
+/// Hands waiting CAF pulls to the packer while the reply budget allows:
+/// at least one at a time, however large its group.
+void pack_waiting_pulls(self_ptr self) {
+  auto& st = self->state;
+  while (!st.waiting_pulls.empty()) {
+    auto& next = st.waiting_pulls.front();
+    if (!st.packing_pulls.empty()
+        && (st.packing_pulls.size() >= caf_packs_in_flight
+            || st.packing_bytes + next.bytes > st.cfg.caf_reply_budget_bytes))
+      return; // a reply packed and handed on frees its share, then this one goes
+    const auto id = st.next_pack++;
+    auto pull = std::move(next);
+    st.waiting_pulls.pop_front();
+    // Weak until the end: a job must not keep a stopped trainer alive.
+    bool posted = st.cfg.packer->post([snapshot = pull.version, group = pull.group, id,
+                                       me = caf::actor_cast<caf::actor_addr>(self)] {
+      auto trainer = caf::actor_cast<trainer_impl_actor>(me);
+      if (!trainer)
+        return;
+      try {
+        caf::send_as(trainer, trainer, packed_atom::value, id, group_bucket(*snapshot, group));
+      } catch (const std::exception& e) {
+        caf::send_as(trainer, trainer, packed_atom::value, id, std::string(e.what()));
+      }
+    });
+    if (!posted) {
+      if (!st.packing_pulls.empty()) { // it takes this one once a pack in flight ends
+        st.waiting_pulls.push_front(std::move(pull));
+        return;
+      }
+      pull.reply.deliver(make_error(errc::queue_full, "trainer: the packer refused a pull of group "
+                                                        + std::to_string(pull.group)));
+      continue;
+    }
+    st.packing_bytes += pull.bytes;
+    st.packing_pulls.emplace(id, std::move(pull));
+  }
+}
+
+/// CAF pull reply `id` was packed (or failed): answers its requester and
+/// frees its bytes of the budget.
+void answer_packed_pull(self_ptr self, std::uint64_t id, caf::expected<weight_bucket> bucket) {
+  auto& st = self->state;
+  auto it = st.packing_pulls.find(id);
+  if (it == st.packing_pulls.end())
+    return;
+  auto pull = std::move(it->second);
+  st.packing_pulls.erase(it);
+  st.packing_bytes -= pull.bytes;
+  if (bucket)
+    pull.reply.deliver(std::move(*bucket));
+  else
+    pull.reply.deliver(bucket.error());
+  pack_waiting_pulls(self);
 }
 
 /// nccl, sharded: the plan the worker registered under digest req.plan.
@@ -592,6 +672,8 @@ nccl_member_sender(self_ptr self, const std::shared_ptr<sender_guard>& data_guar
 trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
   if (!cfg.runner)
     cfg.runner = make_thread_runner();
+  if (!cfg.packer)
+    cfg.packer = make_thread_runner(caf_packs_in_flight);
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](const caf::down_msg& dm) { self->state.subscribers.erase(dm.source); });
   start_step(self);
@@ -618,7 +700,20 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
     }),
     authorized(self, data_guard, [=](version_atom) -> version_info { return self->state.published; }),
     authorized(self, data_guard, [=](pull_atom, std::uint64_t version, std::uint32_t group) -> caf::result<weight_bucket> {
-      return held_bucket(self, version, group);
+      auto s = held_group(self, version, group);
+      if (!s)
+        return s.error();
+      auto& st = self->state;
+      if (st.waiting_pulls.size() >= st.cfg.max_waiting_pulls)
+        return make_error(errc::queue_full, "trainer: " + std::to_string(st.waiting_pulls.size())
+                                              + " CAF pulls already wait for the reply budget (trainer_config."
+                                                "max_waiting_pulls); group "
+                                              + std::to_string(group) + " of version " + std::to_string(version)
+                                              + " is refused");
+      auto rp = self->make_response_promise<weight_bucket>();
+      st.waiting_pulls.push_back({*s, group, (*s)->group_bytes(group), rp});
+      pack_waiting_pulls(self);
+      return rp;
     }),
     authorized(self, guard, [=](subscribe_atom, const version_listener_actor& listener) {
       if (!listener)
@@ -856,6 +951,14 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       for (auto& rp : std::exchange(st.step_waiters, {}))
         rp.deliver(st.published); // unchanged when the source had nothing new
       schedule_tick(self);
+    }),
+    authorized(self, guard, [=](packed_atom, std::uint64_t id, weight_bucket& bucket) {
+      if (self->current_sender() == self->ctrl()) // only its packer's, sent as itself
+        answer_packed_pull(self, id, std::move(bucket));
+    }),
+    authorized(self, guard, [=](packed_atom, std::uint64_t id, const std::string& error) {
+      if (self->current_sender() == self->ctrl())
+        answer_packed_pull(self, id, make_error(errc::malformed, "trainer: packing a CAF pull: " + error));
     }),
     authorized(self, guard, [=](produced_atom, const std::string& error) {
       auto& st = self->state;

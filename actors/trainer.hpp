@@ -21,6 +21,11 @@
 //     builds both; the trainer itself does not touch it), other backends
 //     from their producers;
 //   - the CAF fallback: pull_atom returns one group's full tensors inline.
+//     They are copied on a packer thread, never on the mailbox, so that a
+//     heartbeat or a step result never waits behind a copy: at most
+//     caf_reply_budget_bytes of replies are being packed at once (one group
+//     always goes), up to max_waiting_pulls more wait in order, and the rest
+//     are refused (queue_full).
 // Subscribers (the coordinator) hear of every version published, and of the
 // current one when they subscribe; they are monitored and dropped once down.
 //
@@ -41,6 +46,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -129,6 +135,14 @@ struct trainer_config {
   std::chrono::milliseconds step_time{200};
   /// Where versions are computed; none: a thread of the trainer's own.
   std::shared_ptr<job_runner> runner;
+  /// Where CAF pull replies are copied; none: a thread of the trainer's own.
+  std::shared_ptr<job_runner> packer;
+  /// CAF pull replies being packed (or packed and not yet handed to CAF) at
+  /// once, in bytes; a group larger than this goes alone.
+  std::uint64_t caf_reply_budget_bytes = std::uint64_t(256) << 20;
+  /// CAF pulls waiting for that budget (every engine worker asks
+  /// groups_in_flight ahead); one more is refused (queue_full).
+  std::size_t max_waiting_pulls = 65536;
   /// Receives one line per failed step (and per refused message); empty: quiet
   /// (refusals then go to stderr).
   std::function<void(const std::string&)> log;
@@ -188,6 +202,8 @@ constexpr std::uint64_t max_catch_up_versions = std::uint64_t{1} << 20;
 
 // Private to the trainer: a step finished.
 using produced_atom = caf::atom_constant<caf::atom("produced")>;
+// Private to the trainer: a CAF pull reply was packed (or failed to).
+using packed_atom = caf::atom_constant<caf::atom("packed")>;
 
 /// The trainer's own interface: trainer_actor plus what it sends itself.
 /// Handles given out are trainer_actor.
@@ -198,9 +214,13 @@ using trainer_impl_actor = trainer_actor::extend<
   // version 0 when there was nothing new
   caf::reacts_to<produced_atom, version_info>,
   // a step failed: why
-  caf::reacts_to<produced_atom, std::string>>;
+  caf::reacts_to<produced_atom, std::string>,
+  // CAF pull reply `id` is packed, or why not
+  caf::reacts_to<packed_atom, std::uint64_t, weight_bucket>,
+  caf::reacts_to<packed_atom, std::uint64_t, std::string>>;
 
 struct trainer_state {
+  ~trainer_state(); ///< answers the CAF pulls still held
   trainer_config cfg;
   /// The newest version published (version 0: none yet).
   version_info published;
@@ -216,6 +236,18 @@ struct trainer_state {
   caf::actor_clock::time_point step_started;
   std::uint64_t steps = 0;
   std::uint64_t failed_steps = 0;
+  /// CAF pulls: those waiting for the reply budget, in order, and those
+  /// being packed (by id) with their bytes.
+  struct caf_pull {
+    transfer::snapshot_ptr version;
+    std::uint32_t group = 0;
+    std::uint64_t bytes = 0;
+    caf::typed_response_promise<weight_bucket> reply;
+  };
+  std::deque<caf_pull> waiting_pulls;
+  std::map<std::uint64_t, caf_pull> packing_pulls;
+  std::uint64_t packing_bytes = 0;
+  std::uint64_t next_pack = 1;
   std::string last_error;
   /// Refuses (counts, logs) messages from senders cfg.authorize does not admit.
   std::shared_ptr<sender_guard> guard;

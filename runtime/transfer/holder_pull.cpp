@@ -41,7 +41,9 @@ void producer_link::ensure_registered(const std::string& engine, const plan::wor
 
 namespace {
 
-bool retryable(transfer_failure f) { return f != transfer_failure::checksum_mismatch; }
+bool retryable(transfer_failure f) {
+  return f != transfer_failure::checksum_mismatch && f != transfer_failure::abandoned;
+}
 
 std::string who(const std::string& engine, int worker) {
   return "engine '" + engine + "' worker " + std::to_string(worker);
@@ -214,6 +216,7 @@ private:
     mine.on_full_group = [&](int, std::uint32_t g, const std::vector<tensor_view>& tensors) {
       deliver_tensors(g, tensors, names);
     };
+    mine.abandoned = sink_.abandoned;
     if (sink_.on_device && sink_.targets) {
       // A backend that holds the part on a device lands it there: the part's
       // entries of the engine's targets, in the sub-plan's (plan) order.

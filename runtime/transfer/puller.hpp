@@ -53,6 +53,7 @@ enum class transfer_failure : std::uint8_t {
   not_registered,      ///< the worker never registered its plan
   producer_failed,     ///< the producer could not pack (its message says why)
   cancelled,           ///< the producer shut down
+  abandoned,           ///< the engine let the pull go (its round ended without it); never retried
 };
 
 std::string to_string(transfer_failure x);
@@ -107,7 +108,17 @@ struct group_sink {
   /// Optional, with on_device: whether runs on `device` can land now; a
   /// puller asks before it does any work for them (packing a whole group).
   std::function<bool(int device)> lands_from;
+  /// Optional: true once nobody wants the pull any more (its round went on
+  /// without it). A puller that can leave cleanly between groups asks
+  /// before each (stop_if_abandoned); one that cannot runs to its end: ucx
+  /// (groups asked ahead may be lent, and are given back only once
+  /// stored) and nccl (a posted receive, a collective).
+  std::function<bool()> abandoned;
 };
+
+/// Throws transfer_error(abandoned) when the sink's pull was let go, naming
+/// how far it got; between groups, where a puller holds nothing.
+void stop_if_abandoned(const group_sink& sink, const std::string& who, std::size_t received, std::size_t groups);
 
 struct pull_request {
   std::string engine; ///< replica name

@@ -389,6 +389,8 @@ TEST_CASE_FIXTURE(trainer_authz, "the trainer refuses every message of a sender 
     {"a forged step result", one_way(produced_atom::value, version_info{7, 4, 4096, {}})},
     {"a forged step failure", one_way(produced_atom::value, std::string{"forged"})},
     {"a forged catch-up", one_way(catch_up_atom::value, std::uint64_t{9})},
+    {"a forged packed reply", one_way(packed_atom::value, std::uint64_t{1}, weight_bucket{})},
+    {"a forged packing failure", one_way(packed_atom::value, std::uint64_t{1}, std::string{"forged"})},
     {"tick", one_way(caf::tick_atom::value)},
     {"engine placements", one_way(register_atom::value, std::vector<engine_placement>{{"e", "N"}})},
   };

@@ -29,6 +29,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -332,6 +333,43 @@ TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank h
   } catch (const transfer::transfer_error& e) {
     CHECK(std::string(e.what()).find("is not held by this trainer") != std::string::npos);
   }
+}
+
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc and CAF: a pull let go stops before its next group; the next pull succeeds") {
+  auto producer = std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 2);
+  desk->open(producer);
+  const auto v = step();
+  ipc_puller over_ipc(sys, asking(trainer), model, memory);
+  caf_puller over_caf(sys, asking(trainer), model);
+  for (transfer::weight_puller* p : {static_cast<transfer::weight_puller*>(&over_ipc),
+                                     static_cast<transfer::weight_puller*>(&over_caf)}) {
+    CAPTURE((p == &over_ipc ? "cuda_ipc" : "caf"));
+    recording_sink rec;
+    auto sink = rec.sink();
+    // Let go once the first group arrived (its round went on without it).
+    std::atomic<int> groups{0};
+    auto record = sink.on_full_group;
+    sink.on_full_group = [&](int w, std::uint32_t g, const std::vector<tensor_view>& tensors) {
+      record(w, g, tensors);
+      ++groups;
+    };
+    sink.abandoned = [&] { return groups.load() > 0; };
+    try {
+      transfer::pull_engine(*p, "rollout-0", 1, v, transfer_mode::broadcast, sink, test::in(10s));
+      FAIL("a pull let go completed");
+    } catch (const transfer::transfer_error& e) {
+      CHECK(e.failure == transfer::transfer_failure::abandoned);
+      CHECK(std::string(e.what()).find("after 1 of " + std::to_string(plan::group_count(model)) + " groups")
+            != std::string::npos);
+    }
+    CHECK(groups == 1);
+    // Nothing is left held: the same engine pulls the version whole next.
+    recording_sink again;
+    auto report = transfer::pull_engine(*p, "rollout-0", 1, v, transfer_mode::broadcast, again.sink(), test::in(10s));
+    CHECK(report.groups == plan::group_count(model));
+    CHECK(again.got[0] == expected(v));
+  }
+  CHECK(memory->mappings_open == 0);
 }
 
 TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc: bytes that changed in device memory fail the pull, the next one succeeds") {

@@ -273,16 +273,16 @@ TEST_CASE("rollout engine: a pull an aborted round left running does not hold up
 }
 
 /// Passes the first group of each worker's pull straight on, then holds the
-/// rest at the sink until released: counts the groups the engine's sink took
-/// and refused after the release.
+/// second at the sink until released: counts the groups stored after the
+/// release and how each worker's pull ended.
 struct group_gated_puller : test::forwarding_puller {
   using forwarding_puller::forwarding_puller;
   std::mutex m;
   std::condition_variable cv;
   bool released = false;
   int holding = 0; ///< workers held at their second group
-  int taken_after = 0;
-  int refused_after = 0;
+  int stored_after = 0;
+  std::vector<transfer::transfer_failure> failures;
   int returned = 0;
   transfer::pull_report pull(const transfer::pull_request& req, const transfer::group_sink& sink) override {
     transfer::group_sink gated = sink;
@@ -292,17 +292,7 @@ struct group_gated_puller : test::forwarding_puller {
         ++holding;
         cv.notify_all();
         cv.wait_until(lock, req.deadline, [&] { return released; });
-        lock.unlock();
-        try {
-          auto targets = sink.targets(w, g);
-          std::lock_guard<std::mutex> again(m);
-          ++taken_after;
-          return targets;
-        } catch (const transfer::transfer_error&) {
-          std::lock_guard<std::mutex> again(m);
-          ++refused_after;
-          throw;
-        }
+        ++stored_after;
       }
       first = false;
       return sink.targets(w, g);
@@ -315,7 +305,13 @@ struct group_gated_puller : test::forwarding_puller {
         self->cv.notify_all();
       }
     } mark{this};
-    return inner->pull(req, gated);
+    try {
+      return inner->pull(req, gated);
+    } catch (const transfer::transfer_error& e) {
+      std::lock_guard<std::mutex> lock(m);
+      failures.push_back(e.failure);
+      throw;
+    }
   }
   bool wait_for(const std::function<bool()>& done) {
     std::unique_lock<std::mutex> lock(m);
@@ -329,7 +325,7 @@ struct group_gated_puller : test::forwarding_puller {
 };
 
 TEST_CASE("rollout engine: a pull its round abandoned stops at its next group") {
-  const model_config c = test::small_model(3);
+  const model_config c = test::small_model(6);
   auto full = source_holding(c, std::nullopt);
   full->produce_next();
   auto gate = std::make_shared<group_gated_puller>(std::make_shared<transfer::local_transfer>(full));
@@ -346,15 +342,18 @@ TEST_CASE("rollout engine: a pull its round abandoned stops at its next group") 
   self->request(e, t, start_atom::value, std::uint64_t{1}).receive([](const phase_ack&) {}, fail);
   auto pulling = self->request(e, t, transfer_atom::value, transfer_order{1, transfer_mode::sharded, "local", {}},
                                std::vector<trainer_actor>{});
-  // Both workers stored their first group and wait at their second.
+  // Both workers stored their first group and are about to store their second.
   REQUIRE(gate->wait_for([&] { return gate->holding == cfg.options.tp; }));
   self->request(e, t, resume_atom::value).receive([](const phase_ack&) {}, fail);
   pulling.receive([](const transfer_report&) { FAIL("an abandoned round's transfer succeeded"); },
                   [&](const caf::error& err) { CHECK(is(err, errc::round_aborted)); });
   gate->release();
   REQUIRE(gate->wait_for([&] { return gate->returned == cfg.options.tp; }));
-  CHECK(gate->taken_after == 0);
-  CHECK(gate->refused_after == cfg.options.tp);
+  // The group each worker was storing completes; none of the four after it is pulled.
+  CHECK(gate->stored_after == cfg.options.tp);
+  CHECK(gate->failures
+        == std::vector<transfer::transfer_failure>(static_cast<std::size_t>(cfg.options.tp),
+                                                   transfer::transfer_failure::abandoned));
 
   // The engine stays usable: the next round completes.
   full->produce_next();

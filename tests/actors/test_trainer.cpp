@@ -57,6 +57,7 @@ struct manual_runner final : job_runner {
 
 struct trainer_fixture : test::actor_fixture {
   std::shared_ptr<manual_runner> runner = std::make_shared<manual_runner>();
+  std::shared_ptr<manual_runner> packer = std::make_shared<manual_runner>(); ///< CAF pull replies
   std::vector<std::string> log;
 
   trainer_config config(std::shared_ptr<transfer::weight_source> source) {
@@ -64,6 +65,7 @@ struct trainer_fixture : test::actor_fixture {
     c.source = std::move(source);
     c.step_time = 100ms;
     c.runner = runner;
+    c.packer = packer;
     c.log = [this](const std::string& line) { log.push_back(line); };
     return c;
   }
@@ -86,9 +88,16 @@ struct trainer_fixture : test::actor_fixture {
     return dynamic_cast<trainer_impl_actor::stateful_pointer<trainer_state>>(ptr)->state;
   }
 
+  /// Runs the scheduler and every CAF pull reply the packer holds.
+  void run_with_packer() {
+    run();
+    while (packer->run_one())
+      run();
+  }
+
   template <class T>
   T answer(const slot<T>& s) {
-    run();
+    run_with_packer();
     REQUIRE(s->has_value());
     REQUIRE(**s);
     return ***s;
@@ -96,7 +105,7 @@ struct trainer_fixture : test::actor_fixture {
 
   template <class T>
   caf::error failure(const slot<T>& s) {
-    run();
+    run_with_packer();
     REQUIRE(s->has_value());
     REQUIRE_FALSE(**s);
     return (*s)->error();
@@ -215,6 +224,120 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: metadata, and one group inline for 
   CHECK(is(err, errc::version_gone));
   CHECK(sys.render(err).find("held: 2, 3") != std::string::npos);
   CHECK(answer(request<heartbeat>(t, heartbeat_atom::value, heartbeat{"x", 4})).seq == 4);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: CAF pulls are packed off the mailbox, within the reply budget") {
+  const model_config c = test::small_model(3);
+  auto source = test::small_source(c, /*keep*/ 2);
+  auto cfg = config(source);
+  const std::uint32_t groups = 3; // all the small model has
+  std::uint64_t all_groups = 0;
+  source->produce_next();
+  for (std::uint32_t g = 0; g < groups; ++g)
+    all_groups += source->find(1)->group_bytes(g);
+  std::size_t packed_at_once = 0;
+  SUBCASE("a budget below any group: one at a time") {
+    cfg.caf_reply_budget_bytes = 1;
+    packed_at_once = 1;
+  }
+  SUBCASE("a budget for every group: all at once") {
+    cfg.caf_reply_budget_bytes = all_groups;
+    packed_at_once = groups;
+  }
+  auto t = spawn(trainer, cfg);
+  run();
+  finish_step(); // publishes v2; v1 stays held
+  std::vector<slot<weight_bucket>> replies;
+  for (std::uint32_t g = 0; g < groups; ++g)
+    replies.push_back(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, g));
+  run();
+  CHECK(packer->jobs.size() == packed_at_once);
+  for (auto& r : replies)
+    CHECK_FALSE(r->has_value());
+  // The mailbox is free while the copies wait: a heartbeat is answered.
+  auto beat = request<heartbeat>(t, heartbeat_atom::value, heartbeat{"x", 9});
+  run();
+  REQUIRE(beat->has_value());
+  CHECK((**beat)->seq == 9);
+  // A reply claimed by anyone but the trainer's packer is ignored.
+  weight_bucket forged;
+  forged.version = 1;
+  forged.group = 0;
+  tell(t, packed_atom::value, std::uint64_t{1}, forged);
+  tell(t, packed_atom::value, std::uint64_t{1}, std::string("forged"));
+  run();
+  CHECK_FALSE(replies[0]->has_value());
+  CHECK(packer->jobs.size() == packed_at_once);
+  // Each packed reply frees its bytes; the next waiting one is packed then.
+  REQUIRE(packer->run_one());
+  run();
+  REQUIRE(replies[0]->has_value());
+  CHECK(packer->jobs.size() == std::min<std::size_t>(packed_at_once, groups - 1));
+  auto v1 = source->find(1);
+  for (std::uint32_t g = 0; g < groups; ++g) {
+    auto b = answer(replies[g]);
+    CHECK(b.group == g);
+    CHECK(b.data.size() == v1->group_bytes(g));
+    CHECK(transfer::verify_bucket(b));
+  }
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: CAF pulls beyond max_waiting_pulls are refused, naming the bound") {
+  const model_config c = test::small_model(3);
+  auto source = test::small_source(c, /*keep*/ 2);
+  auto cfg = config(source);
+  cfg.caf_reply_budget_bytes = 1; // one packed at a time
+  cfg.max_waiting_pulls = 1;
+  auto t = spawn(trainer, cfg);
+  run();
+  finish_step();
+  std::vector<slot<weight_bucket>> replies;
+  for (std::uint32_t g = 0; g < 3; ++g) // one packing, one waiting, one refused
+    replies.push_back(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, g));
+  run();
+  REQUIRE(replies[2]->has_value());
+  REQUIRE_FALSE(**replies[2]);
+  CHECK(is((*replies[2])->error(), errc::queue_full));
+  CHECK(sys.render((*replies[2])->error()).find("max_waiting_pulls") != std::string::npos);
+  for (std::uint32_t g = 0; g < 2; ++g)
+    CHECK(answer(replies[g]).group == g);
+  // The queue drained: pulls are taken again.
+  CHECK(answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{2})).group == 2);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pull the packer refuses waits while another packs; a stopping trainer answers every pull") {
+  const model_config c = test::small_model(3);
+  auto source = test::small_source(c, /*keep*/ 2);
+  auto t = spawn(trainer, config(source));
+  run();
+  finish_step();
+  auto first = request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{0});
+  run();
+  REQUIRE(packer->jobs.size() == 1);
+  packer->refuse = true; // full for now
+  auto second = request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{1});
+  run();
+  CHECK_FALSE(second->has_value()); // waits for the pack in flight, not refused
+  packer->refuse = false;
+  CHECK(answer(first).group == 0);
+  CHECK(answer(second).group == 1);
+
+  // Stopping with pulls being packed and waiting: each is answered at once.
+  std::vector<slot<weight_bucket>> held;
+  for (std::uint32_t g = 0; g < 3; ++g)
+    held.push_back(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, g));
+  run();
+  REQUIRE(packer->jobs.size() == 3);
+  for (auto& h : held)
+    REQUIRE_FALSE(h->has_value());
+  caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
+  run();
+  for (std::uint32_t g = 0; g < 3; ++g) {
+    REQUIRE(held[g]->has_value());
+    REQUIRE_FALSE(**held[g]);
+    CHECK(is((*held[g])->error(), errc::round_aborted));
+    CHECK(sys.render((*held[g])->error()).find("stopped before group " + std::to_string(g)) != std::string::npos);
+  }
 }
 
 TEST_CASE_FIXTURE(trainer_fixture, "trainer: late subscribers hear the current version, dead ones are dropped") {

@@ -2,7 +2,8 @@
 // behind its own local transfer, receive exactly the single-rank bytes;
 // replicas of a layer range split the workers as the holder rule says and
 // pack each sub-plan once per version; a failing holder is retried on
-// another; with none left the error names what was tried.
+// another, a pull the engine let go is not; with none left the error names
+// what was tried.
 #include "runtime/engine/loader.hpp"
 #include "runtime/engine/recording.hpp"
 #include "runtime/plan/groups.hpp"
@@ -20,6 +21,7 @@
 #include <condition_variable>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <map>
 #include <mutex>
@@ -560,6 +562,57 @@ TEST_CASE("M:N pull: a holder failing mid-pull is retried on the other holder, b
     test::check_identical(*e.weights, *test::loaded(*full->find(1), 2));
     CHECK_FALSE(e.twice);
   }
+}
+
+TEST_CASE("M:N pull: a pull its engine let go stops at its next group and is not retried elsewhere") {
+  const model_config c = test::small_model(4);
+  auto a = source_holding(c, std::nullopt);
+  auto b = source_holding(c, std::nullopt);
+  for (auto& s : {a, b})
+    s->produce_next();
+  // Counts pulls; `let_go`: each pull fails at once as a plane that noticed
+  // it was let go does.
+  struct counting final : test::forwarding_puller {
+    using forwarding_puller::forwarding_puller;
+    std::atomic<int> pulls{0};
+    bool let_go = false;
+    pull_report pull(const pull_request& req, const group_sink& sink) override {
+      ++pulls;
+      if (let_go)
+        throw transfer_error(transfer_failure::abandoned, "let go");
+      return inner->pull(req, sink);
+    }
+  };
+  auto ca = std::make_shared<counting>(std::make_shared<local_transfer>(a));
+  auto cb = std::make_shared<counting>(std::make_shared<local_transfer>(b));
+  mn_engine e("rollout-0", c, 2, {{holding_of(0, *a), ca}, {holding_of(1, *b), cb}});
+  auto sink = e.sink();
+  std::atomic<bool> let_go{false};
+  SUBCASE("the local plane lets go before its next group") {
+    // Let go once the first group arrived (the round went on without it).
+    auto apply = sink.on_group;
+    sink.on_group = [&](int w, std::uint32_t g, const std::uint8_t* bytes, std::size_t size) {
+      apply(w, g, bytes, size);
+      let_go = true;
+    };
+    sink.abandoned = [&] { return let_go.load(); };
+  }
+  SUBCASE("one holder's part is let go: the other holder is not asked for it") {
+    ca->let_go = true;
+  }
+  const int first_round = 4; // each worker's entries are split over both replicas
+  try {
+    pull_from_holders(c, {e.name, 1, transfer_mode::sharded, in(10s)}, e.plans, e.links, sink);
+    FAIL("a pull let go completed");
+  } catch (const transfer_error& err) {
+    CHECK(err.failure == transfer_failure::abandoned);
+    CHECK(std::string(err.what()).find("let go") != std::string::npos);
+  }
+  CHECK(ca->pulls + cb->pulls == first_round); // no retry
+  std::size_t groups = 0;
+  for (auto& [w, got] : e.received)
+    groups += got.size();
+  CHECK(groups < 2 * plan::group_count(c));
 }
 
 TEST_CASE("M:N pull: no other holder left is an error naming the tensor and the producers tried") {

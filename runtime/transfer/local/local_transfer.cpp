@@ -668,6 +668,7 @@ pull_report local_transfer::pull(const pull_request& req, const group_sink& sink
     for (std::uint32_t g = 0; g < mine->group_count(); ++g)
       scratch.largest = std::max(scratch.largest, static_cast<std::size_t>(mine->bytes(g)));
   for (std::size_t idx = 0; idx < p->groups.size(); ++idx) {
+    stop_if_abandoned(sink, who(req), idx, p->groups.size());
     const std::uint32_t g = p->groups[idx];
     const auto waiting = clock::now();
     auto offered = p->wait_group(idx, req); // the producer readies it, or another worker holds the pass
@@ -765,8 +766,16 @@ std::string to_string(transfer_failure x) {
     case transfer_failure::not_registered: return "not_registered";
     case transfer_failure::producer_failed: return "producer_failed";
     case transfer_failure::cancelled: return "cancelled";
+    case transfer_failure::abandoned: return "abandoned";
   }
   return "transfer_failure(" + std::to_string(static_cast<int>(x)) + ")";
+}
+
+void stop_if_abandoned(const group_sink& sink, const std::string& who, std::size_t received, std::size_t groups) {
+  if (sink.abandoned && sink.abandoned())
+    throw transfer_error(transfer_failure::abandoned, who + ": the pull was let go (its round went on without it) after "
+                                                        + std::to_string(received) + " of " + std::to_string(groups)
+                                                        + " groups");
 }
 
 transfer_report pull_engine(weight_puller& puller, const std::string& engine, int tp, std::uint64_t version,
