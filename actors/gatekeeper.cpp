@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -149,7 +150,8 @@ admission_verdict admission_control::hello(const std::string& peer, const std::s
   return admission_verdict::ok;
 }
 
-admission_verdict admission_control::admit(const std::string& peer, const std::string& node, const std::string& proof) {
+admission_verdict admission_control::admit(const std::string& peer, const std::string& node, const std::string& proof,
+                                           std::string* answered) {
   auto t = now_();
   if (!take_token(peer, t)) // before any HMAC work
     return admission_verdict::rate_limited;
@@ -166,6 +168,8 @@ admission_verdict admission_control::admit(const std::string& peer, const std::s
     any = true;
     auto expected = join_proof(secret->second, it->challenge, node);
     if (expected.size() == proof.size() && CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) == 0) {
+      if (answered)
+        *answered = it->challenge;
       pending_.erase(it);
       return admission_verdict::ok;
     }
@@ -203,6 +207,29 @@ std::map<std::string, std::string> member_secrets(const topology& t, const std::
     out[n.name] = per_node ? read_cluster_secret(with_node_name(file, n.name), "") : shared_secret;
   }
   return out;
+}
+
+std::string admission_control::head_proof(const std::string& node, const std::string& challenge,
+                                          const std::string& nonce) const {
+  return rlsync::head_proof(secrets_.at(node), challenge, node, nonce);
+}
+
+std::string join_nonce() { return fresh_challenge(); }
+
+bool valid_join_nonce(const std::string& nonce) {
+  return nonce.size() >= 32 && nonce.size() <= 128
+         && std::all_of(nonce.begin(), nonce.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+}
+
+std::string head_proof(const std::string& secret, const std::string& challenge, const std::string& node,
+                       const std::string& nonce) {
+  return join_proof(secret, "head|" + challenge + "|" + node, nonce);
+}
+
+bool head_proved(const std::string& secret, const std::string& challenge, const std::string& node,
+                 const std::string& nonce, const std::string& proof) {
+  const auto expected = head_proof(secret, challenge, node, nonce);
+  return expected.size() == proof.size() && CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) == 0;
 }
 
 std::string join_proof(const std::string& secret, const std::string& challenge, const std::string& node) {
@@ -289,11 +316,14 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
         return refuse("hello", node, peer_name, v, wire);
       return challenge;
     },
-    [=](admit_atom, const std::string& node, const std::string& proof) -> caf::result<join_grant> {
+    [=](admit_atom, const std::string& node, const std::string& proof,
+        const std::string& nonce) -> caf::result<join_grant> {
       auto peer = peer_of();
       if (!peer)
         return refuse("admit", node, "an anonymous sender", admission_verdict::malformed);
       auto peer_name = to_string(*peer);
+      if (!valid_join_nonce(nonce)) // before the challenge is used up
+        return refuse("admit", node, peer_name, admission_verdict::malformed);
       // One CAF node, one name: the coordinator judges where engines and ranks
       // may register from by it (a shared secret still lets another process
       // of a member join under another name: per-node secrets bind names).
@@ -303,7 +333,8 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
         return make_error(errc::unauthenticated, "this node was admitted as " + printable(*was, 64)
                                                    + " already: one node joins under one name");
       }
-      auto v = self->state.control->admit(peer_name, node, proof);
+      std::string challenge;
+      auto v = self->state.control->admit(peer_name, node, proof, &challenge);
       if (v != admission_verdict::ok)
         return refuse("admit", node, peer_name, v);
       self->state.admitted->add(*peer, node);
@@ -313,6 +344,7 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       auto grant = self->state.grant;
       if (!grant.router && cfg.current_router)
         grant.router = cfg.current_router();
+      grant.head_proof = self->state.control->head_proof(node, challenge, nonce);
       return grant;
     },
   };

@@ -5,13 +5,20 @@
 //   node                     gatekeeper (head node, the only published actor)
 //    │ hello(name, wire) ─────►  a fresh 32-byte challenge, one use, bound to
 //    │ ◄──────────── challenge    the asking peer's CAF node id and to `name`
-//    │ admit(name, HMAC-SHA256(secret of name, challenge | name)) ──►
+//    │ admit(name, HMAC-SHA256(secret of name, challenge | name), nonce) ──►
 //    │                           checked only against that peer's challenges
-//    │ ◄──────────── join_grant{coordinator, trainer, router}   and the sender's
+//    │ ◄──────────── join_grant{coordinator, trainer, router,   and the sender's
+//    │                 HMAC-SHA256(secret of name,
+//    │                   head | challenge | name | nonce)}
 //    │                                                        node id joins the
 //    │                                                        admitted set, which the
 //    │                                                        coordinator checks on
 //    │                                                        every registration
+//
+// The proof goes both ways: the node checks the grant's head proof over its
+// own fresh nonce before it takes any handle from it, so a peer that merely
+// holds a certificate the CA signed (or sits on a plaintext path) cannot
+// pose as the head and give a member its orders.
 //
 // Each node may have a secret of its own (cluster.secret_file with {node}):
 // the head checks each name against that name's secret, so one member's
@@ -104,8 +111,12 @@ public:
   admission_verdict hello(const std::string& peer, const std::string& node, const std::string& wire,
                           std::string& challenge);
   const std::string& wire() const { return wire_; }
-  /// Whether `proof` answers one of `peer`'s challenges for `node` (that one is used up).
-  admission_verdict admit(const std::string& peer, const std::string& node, const std::string& proof);
+  /// Whether `proof` answers one of `peer`'s challenges for `node` (that one
+  /// is used up, and copied to `answered` when given).
+  admission_verdict admit(const std::string& peer, const std::string& node, const std::string& proof,
+                          std::string* answered = nullptr);
+  /// The head's proof for `node` (a member name) over `challenge` and the node's `nonce`.
+  std::string head_proof(const std::string& node, const std::string& challenge, const std::string& nonce) const;
 
   std::size_t pending() const { return pending_.size(); }
   std::size_t pending_of(const std::string& peer) const;
@@ -174,6 +185,22 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
 
 /// HMAC-SHA256(secret, challenge | node) as lower-case hex: what a node answers.
 std::string join_proof(const std::string& secret, const std::string& challenge, const std::string& node);
+
+/// A node's fresh nonce for its admit: 32 random bytes as hex.
+std::string join_nonce();
+
+/// A nonce the gatekeeper takes: 32 to 128 hex digits.
+bool valid_join_nonce(const std::string& nonce);
+
+/// HMAC-SHA256(secret, "head" | challenge | node | nonce) as lower-case
+/// hex: what the head answers a node's nonce with (the prefix keeps it from
+/// ever equalling a node's own proof).
+std::string head_proof(const std::string& secret, const std::string& challenge, const std::string& node,
+                       const std::string& nonce);
+
+/// Whether `proof` is head_proof(secret, challenge, node, nonce), compared in constant time.
+bool head_proved(const std::string& secret, const std::string& challenge, const std::string& node,
+                 const std::string& nonce, const std::string& proof);
 
 /// Reads the cluster secret from a file (trailing newlines dropped) or an
 /// environment variable. Throws std::runtime_error naming the file or the

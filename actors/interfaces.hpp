@@ -211,11 +211,16 @@ struct join_grant {
   /// The dtype the trainer sends (rlsync::dtype as an integer): what every
   /// engine records its plans in.
   std::uint8_t source_dtype = static_cast<std::uint8_t>(dtype::bf16);
+  /// The head's side of the proof (head_proof in gatekeeper.hpp): it holds
+  /// the joining node's secret too. A node admitted without it refuses the
+  /// grant: whoever answered is not its head.
+  std::string head_proof;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
-  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx, x.source_dtype);
+  return f(caf::meta::type_name("join_grant"), x.coordinator, x.trainer, x.router, x.ucx, x.source_dtype,
+           x.head_proof);
 }
 
 /// The only actor a cluster's head node publishes: it admits nodes that prove
@@ -223,8 +228,10 @@ typename Inspector::result_type inspect(Inspector& f, join_grant& x) {
 using gatekeeper_actor = caf::typed_actor<
   // node name, its build's wire fingerprint -> a fresh one-time challenge (hex)
   caf::replies_to<hello_atom, std::string, std::string>::with<std::string>,
-  // node name, HMAC-SHA256(secret, challenge | node name) in hex -> the cluster's handles
-  caf::replies_to<admit_atom, std::string, std::string>::with<join_grant>>;
+  // node name, HMAC-SHA256(secret, challenge | node name) in hex, a fresh
+  // nonce of the node's -> the cluster's handles and the head's proof over
+  // that nonce
+  caf::replies_to<admit_atom, std::string, std::string, std::string>::with<join_grant>>;
 
 } // namespace rlsync
 

@@ -6,7 +6,8 @@
 // before CAF sees them, and publish_node / connect_node refuse to use the
 // openssl module without a CA. Any certificate the CA signed is accepted
 // for any peer (CAF does no name check): node identity is bound by the
-// per-node secrets the gatekeeper checks.
+// per-node secrets the gatekeeper checks, and the head's by its proof of
+// the same secret in the join grant (gatekeeper.hpp).
 #include "runtime/config/topology.hpp"
 
 #include <caf/actor_system.hpp>

@@ -29,33 +29,38 @@ namespace {
 using self_ptr = trainer_impl_actor::stateful_pointer<trainer_state>;
 
 class thread_runner final : public job_runner {
+  using queue = bounded_queue<std::function<void()>>;
+
 public:
-  explicit thread_runner(std::size_t queue_limit) : jobs_(queue_limit), thread_([this] { run(); }) {}
+  // The thread owns the queue with the runner: see the destructor.
+  explicit thread_runner(std::size_t queue_limit)
+    : jobs_(std::make_shared<queue>(queue_limit)), thread_([jobs = jobs_] { run(*jobs); }) {}
   ~thread_runner() override {
-    jobs_.close();
+    jobs_->close();
     // A job that held the trainer's last reference destroys its state, and
-    // so this runner, on the runner's own thread: that thread ends by itself.
+    // so this runner, on the runner's own thread: that thread then finds
+    // the queue (its own reference) closed and ends by itself.
     if (thread_.get_id() == std::this_thread::get_id())
       thread_.detach();
     else
       thread_.join();
   }
 
-  bool post(std::function<void()> job) override { return jobs_.try_push(std::move(job)); }
+  bool post(std::function<void()> job) override { return jobs_->try_push(std::move(job)); }
 
 private:
-  void run() {
+  static void run(queue& jobs) {
     for (;;) {
       // close() wakes the wait at once; the deadline only bounds it.
-      auto job = jobs_.pop_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
-      if (jobs_.closed())
+      auto job = jobs.pop_until(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+      if (jobs.closed())
         return; // shutting down: queued jobs are dropped
       if (job)
         (*job)();
     }
   }
 
-  bounded_queue<std::function<void()>> jobs_;
+  std::shared_ptr<queue> jobs_;
   std::thread thread_;
 };
 
@@ -704,7 +709,7 @@ trainer_impl_actor::behavior_type trainer(self_ptr self, trainer_config cfg) {
       if (!s)
         return s.error();
       auto& st = self->state;
-      if (st.waiting_pulls.size() >= st.cfg.max_waiting_pulls)
+      if (st.waiting_pulls.size() >= std::max<std::size_t>(1, st.cfg.max_waiting_pulls))
         return make_error(errc::queue_full, "trainer: " + std::to_string(st.waiting_pulls.size())
                                               + " CAF pulls already wait for the reply budget (trainer_config."
                                                 "max_waiting_pulls); group "

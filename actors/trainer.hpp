@@ -22,10 +22,11 @@
 //     from their producers;
 //   - the CAF fallback: pull_atom returns one group's full tensors inline.
 //     They are copied on a packer thread, never on the mailbox, so that a
-//     heartbeat or a step result never waits behind a copy: at most
+//     heartbeat or a step result never waits behind such a copy: at most
 //     caf_reply_budget_bytes of replies are being packed at once (one group
 //     always goes), up to max_waiting_pulls more wait in order, and the rest
-//     are refused (queue_full).
+//     are refused (queue_full). (The nccl backend's host fallback still
+//     packs on the mailbox.)
 // Subscribers (the coordinator) hear of every version published, and of the
 // current one when they subscribe; they are monitored and dropped once down.
 //
@@ -141,7 +142,7 @@ struct trainer_config {
   /// once, in bytes; a group larger than this goes alone.
   std::uint64_t caf_reply_budget_bytes = std::uint64_t(256) << 20;
   /// CAF pulls waiting for that budget (every engine worker asks
-  /// groups_in_flight ahead); one more is refused (queue_full).
+  /// groups_in_flight ahead), at least 1; one more is refused (queue_full).
   std::size_t max_waiting_pulls = 65536;
   /// Receives one line per failed step (and per refused message); empty: quiet
   /// (refusals then go to stderr).

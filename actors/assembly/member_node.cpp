@@ -104,7 +104,8 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
           + " after " + std::to_string(attempts) + " attempts: " + failure;
     return std::nullopt;
   }
-  // Prove the secret: hello -> challenge -> admit(HMAC) -> the cluster's handles.
+  // Prove the secret: hello -> challenge -> admit(HMAC, nonce) -> the
+  // cluster's handles, taken only once the head proved it holds the secret too.
   // A gatekeeper busy with other peers says so (queue_full): try again,
   // with backoff, until the deadline.
   caf::scoped_actor self{sys};
@@ -121,13 +122,22 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
       failure = sys.render(err);
       busy = is(err, errc::queue_full);
     };
+    const auto nonce = join_nonce();
+    std::string answered;
     self->request(*gate, left(), hello_atom::value, node.name, wire_fingerprint())
       .receive(
         [&](const std::string& challenge) {
-          self->request(*gate, left(), admit_atom::value, node.name, join_proof(secret, challenge, node.name))
+          answered = challenge;
+          self->request(*gate, left(), admit_atom::value, node.name, join_proof(secret, challenge, node.name), nonce)
             .receive([&](join_grant& g) { grant = std::move(g); }, on_error);
         },
         on_error);
+    if (grant && !head_proved(secret, answered, node.name, nonce, grant->head_proof)) {
+      why = "whoever answers at " + head.address + ":" + std::to_string(head.port) + " admitted this node without "
+            + "proving it holds " + node.name + "'s secret: it is not " + head.name
+            + " (or the head reads another secret); refusing its orders";
+      return std::nullopt; // an impostor's handles are never used
+    }
     if (grant || !busy || clock_type::now() + backoff >= give_up || (stop_requested && stop_requested()))
       break;
     std::this_thread::sleep_for(backoff); // the gatekeeper asked to retry later

@@ -181,17 +181,25 @@ std::optional<fleet_view> fetch_fleet(caf::actor_system& sys, const status_targe
   auto failed = [&](const char* step) {
     return [&, step](caf::error& err) { why = std::string{step} + " at " + where + ": " + sys.render(err); };
   };
+  const auto nonce = join_nonce();
+  std::string answered;
   self->request(*gate, target.deadline, hello_atom::value, target.node, wire_fingerprint())
     .receive(
       [&](const std::string& challenge) {
+        answered = challenge;
         self
           ->request(*gate, target.deadline, admit_atom::value, target.node,
-                    join_proof(target.secret, challenge, target.node))
+                    join_proof(target.secret, challenge, target.node), nonce)
           .receive([&](join_grant& g) { grant = std::move(g); }, failed("admission"));
       },
       failed("hello"));
   if (!grant) {
     why = "not admitted as node '" + target.node + "': " + why;
+    return std::nullopt;
+  }
+  if (!head_proved(target.secret, answered, target.node, nonce, grant->head_proof)) {
+    why = "whoever answers at " + where + " admitted node '" + target.node
+          + "' without proving it holds that node's secret: not the head (or it reads another secret)";
     return std::nullopt;
   }
   std::optional<coordinator_status> coord;

@@ -40,8 +40,9 @@ struct gatekeeper_fixture : test::actor_fixture {
     return **r;
   }
 
-  caf::expected<join_grant> admit(const std::string& node, const std::string& proof) {
-    auto r = request<join_grant>(gate, admit_atom::value, node, proof);
+  caf::expected<join_grant> admit(const std::string& node, const std::string& proof,
+                                  const std::string& nonce = std::string(64, 'a')) {
+    auto r = request<join_grant>(gate, admit_atom::value, node, proof, nonce);
     run();
     REQUIRE(*r);
     return **r;
@@ -62,6 +63,31 @@ TEST_CASE_FIXTURE(gatekeeper_fixture, "a node that proves its secret is admitted
   REQUIRE(!replay);
   CHECK(is(replay.error(), errc::unauthenticated));
   CHECK(*hello("engine-node-a") != *challenge); // fresh each time
+}
+
+TEST_CASE_FIXTURE(gatekeeper_fixture, "the head proves the node's secret over the node's nonce, and a bad nonce is refused first") {
+  auto challenge = hello("engine-node-a");
+  REQUIRE(challenge);
+  const auto proof = join_proof("s3cret", *challenge, "engine-node-a");
+  // A nonce that is no nonce is refused before the challenge is used up.
+  for (const std::string bad : {std::string(), std::string(31, 'a'), std::string(129, 'a'), std::string(64, 'z')}) {
+    CAPTURE(bad);
+    auto refused = admit("engine-node-a", proof, bad);
+    REQUIRE(!refused);
+    CHECK(is(refused.error(), errc::malformed));
+  }
+  CHECK(!admitted->contains(sys.node()));
+  const auto nonce = join_nonce();
+  auto grant = admit("engine-node-a", proof, nonce);
+  REQUIRE(grant);
+  CHECK(head_proved("s3cret", *challenge, "engine-node-a", nonce, grant->head_proof));
+  // Bound to this node's secret, this challenge, this name and this nonce.
+  CHECK_FALSE(head_proved("other", *challenge, "engine-node-a", nonce, grant->head_proof));
+  CHECK_FALSE(head_proved("s3cret", *hello("engine-node-a"), "engine-node-a", nonce, grant->head_proof));
+  CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-b", nonce, grant->head_proof));
+  CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-a", join_nonce(), grant->head_proof));
+  CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-a", nonce, proof)); // the node's own proof is no head proof
+  CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-a", nonce, ""));
 }
 
 TEST_CASE_FIXTURE(gatekeeper_fixture, "the grant names the router registered since when the head runs none") {

@@ -335,7 +335,7 @@ TEST_CASE("cuda_ipc and CAF: a rank's puller streams only the groups that rank h
   }
 }
 
-TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc and CAF: a pull let go stops before its next group; the next pull succeeds") {
+TEST_CASE_FIXTURE(ipc_fixture, "cuda_ipc and CAF: a pull let go stops before its next group, and the next pull succeeds") {
   auto producer = std::make_shared<gpu::ipc_producer>(memory, largest_group_bytes(), 2);
   desk->open(producer);
   const auto v = step();

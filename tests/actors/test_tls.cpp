@@ -5,6 +5,7 @@
 // connect, another CA's or none do not, and a head published over TLS stops
 // cleanly and closes its port.
 #include "actors/assembly/head_node.hpp"
+#include "actors/assembly/member_node.hpp"
 #include "actors/certs.hpp"
 #include "actors/gatekeeper.hpp"
 #include "runtime/base/version.hpp"
@@ -402,6 +403,53 @@ TEST_CASE("an outsider's failed TLS handshakes do not drop a member's connection
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
+/// A peer posing as the head: it answers hello and admits anyone, granting
+/// handles of its own; it cannot prove the node's secret.
+gatekeeper_actor::behavior_type impostor_gate(gatekeeper_actor::pointer) {
+  return {
+    [](hello_atom, const std::string&, const std::string&) { return join_nonce(); },
+    [](admit_atom, const std::string&, const std::string&, const std::string& nonce) {
+      join_grant g;
+      g.head_proof = nonce; // whatever it sends, it is not HMAC(w1's secret, ...)
+      return g;
+    },
+  };
+}
+
+TEST_CASE("a member that reaches a peer posing as the head over TLS (a certificate the CA signed) refuses it") {
+  two_cas c;
+  const auto port = free_port();
+  const std::string yaml = "name: t\n"
+                           "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                           "intermediate_size: 128}}\n"
+                           "nodes: [{name: head, address: 127.0.0.1, port: " + std::to_string(port) + "},"
+                           " {name: w1, address: 127.0.0.1}, {name: w2, address: 127.0.0.1}]\n"
+                           "cluster:\n"
+                           "  tls: {ca: '" + c.ours + "/ca.pem', cert: '" + c.ours + "/{node}.pem', key: '"
+                           + c.ours + "/{node}.key'}\n"
+                           "  secret_file: '" + c.ours + "/{node}.secret'\n"
+                           "  connect_deadline_ms: 5000\n"
+                           "trainer: {node: head}\n"
+                           "engines: [{name: e, node: w1}, {name: f, node: w2}]\n";
+  auto t = parse_topology(yaml, "t.yaml", "/");
+  // Member w2 (a certificate of the same CA) listens where w1 expects its head.
+  auto impostor_cfg = tls_config(std::nullopt);
+  configure_node_tls(*impostor_cfg, t, "w2");
+  caf::actor_system impostor{*impostor_cfg};
+  auto fake = impostor.spawn(impostor_gate);
+  REQUIRE(publish_node(impostor, fake, port, "127.0.0.1"));
+
+  auto member_cfg = tls_config(std::nullopt);
+  configure_node_tls(*member_cfg, t, "w1");
+  caf::actor_system member{*member_cfg};
+  std::string why;
+  auto grant = join_cluster(member, t, *t.find_node("w1"), *t.find_node("head"),
+                            read_cluster_secret(c.ours + "/w1.secret", ""), {}, why);
+  CHECK_FALSE(grant);
+  CHECK_MESSAGE(why.find("without proving it holds w1's secret: it is not head") != std::string::npos, why);
+  caf::anon_send_exit(fake, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a head published over TLS admits a member, then stops cleanly and closes its port") {
   two_cas c;
   const auto port = free_port();
@@ -446,11 +494,17 @@ TEST_CASE("a head published over TLS admits a member, then stops cleanly and clo
   self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"), wire_fingerprint())
     .receive([&](const std::string& ch) { challenge = ch; }, [&](caf::error& e) { problem = member.render(e); });
   REQUIRE_MESSAGE(!challenge.empty(), problem);
-  auto proof = join_proof(read_cluster_secret(c.ours + "/w1.secret", ""), challenge, "w1");
+  const auto secret = read_cluster_secret(c.ours + "/w1.secret", "");
+  auto proof = join_proof(secret, challenge, "w1");
+  const auto nonce = join_nonce();
   bool admitted = false;
-  self->request(*gate, std::chrono::seconds(10), admit_atom::value, std::string("w1"), proof)
-    .receive([&](const join_grant& g) { admitted = g.coordinator != nullptr; },
-             [&](caf::error& e) { problem = member.render(e); });
+  self->request(*gate, std::chrono::seconds(10), admit_atom::value, std::string("w1"), proof, nonce)
+    .receive(
+      [&](const join_grant& g) {
+        admitted = g.coordinator != nullptr;
+        CHECK(head_proved(secret, challenge, "w1", nonce, g.head_proof)); // the head holds w1's secret
+      },
+      [&](caf::error& e) { problem = member.render(e); });
   CHECK_MESSAGE(admitted, problem);
 
   CHECK(head->stop(std::chrono::seconds(10)));

@@ -305,7 +305,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "trainer: CAF pulls beyond max_waiting_pulls 
   CHECK(answer(request<weight_bucket>(t, pull_atom::value, std::uint64_t{1}, std::uint32_t{2})).group == 2);
 }
 
-TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pull the packer refuses waits while another packs; a stopping trainer answers every pull") {
+TEST_CASE_FIXTURE(trainer_fixture, "trainer: a pull the packer refuses waits while another packs, and a stopping trainer answers every pull") {
   const model_config c = test::small_model(3);
   auto source = test::small_source(c, /*keep*/ 2);
   auto t = spawn(trainer, config(source));
