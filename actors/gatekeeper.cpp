@@ -322,8 +322,11 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
       if (!peer)
         return refuse("admit", node, "an anonymous sender", admission_verdict::malformed);
       auto peer_name = to_string(*peer);
-      if (!valid_join_nonce(nonce)) // before the challenge is used up
-        return refuse("admit", node, peer_name, admission_verdict::malformed);
+      if (!valid_join_nonce(nonce)) { // before the challenge is used up
+        (*self->state.log)("gatekeeper: refused " + printable(node, 64) + " from " + peer_name
+                           + " (admit: malformed nonce)");
+        return make_error(errc::malformed, "malformed nonce: 32 to 128 hex digits");
+      }
       // One CAF node, one name: the coordinator judges where engines and ranks
       // may register from by it (a shared secret still lets another process
       // of a member join under another name: per-node secrets bind names).

@@ -16,9 +16,11 @@
 //    │                                                        every registration
 //
 // The proof goes both ways: the node checks the grant's head proof over its
-// own fresh nonce before it takes any handle from it, so a peer that merely
-// holds a certificate the CA signed (or sits on a plaintext path) cannot
-// pose as the head and give a member its orders.
+// own fresh nonce before it takes any handle from it, so with per-node
+// secrets a peer that answers in the head's place (another member with a
+// certificate the CA signed) cannot give a member its orders. It proves the
+// grant, not the connection: a peer on the path that relays to the real
+// head is not caught (CAF 0.17 exposes no TLS channel binding).
 //
 // Each node may have a secret of its own (cluster.secret_file with {node}):
 // the head checks each name against that name's secret, so one member's
@@ -154,7 +156,8 @@ std::map<std::string, std::string> member_secrets(const topology& t, const std::
                                                   const std::string& secret_file_override = {});
 
 struct gatekeeper_config {
-  /// Member node name -> its secret; never empty: a cluster without a secret publishes no gatekeeper.
+  /// Member node name -> its secret (empty strings in a cluster without a
+  /// secret: then anyone can compute every proof, the head's too).
   std::map<std::string, std::string> secrets;
   join_grant grant;
   /// The router registered since, when grant.router is empty (the topology

@@ -345,7 +345,8 @@ int cmd_node(const arg_list& argv) {
   }
   if (file.empty() && t.cluster.secret_env.empty())
     std::cerr << "rlsync node " << name << ": WARNING: no cluster secret configured (cluster.secret_file or "
-                 "cluster.secret_env): any peer that reaches the coordinator's port can join\n";
+                 "cluster.secret_env): any peer that reaches the coordinator's port can join, and any "
+                 "peer a member reaches can pose as its head\n";
   if (auto warning = insecure_network_warning(t); !warning.empty())
     std::cerr << warning << std::flush;
 

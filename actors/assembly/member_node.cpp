@@ -135,7 +135,7 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
     if (grant && !head_proved(secret, answered, node.name, nonce, grant->head_proof)) {
       why = "whoever answers at " + head.address + ":" + std::to_string(head.port) + " admitted this node without "
             + "proving it holds " + node.name + "'s secret: it is not " + head.name
-            + " (or the head reads another secret); refusing its orders";
+            + " (or it runs another rlsync build); refusing its orders";
       return std::nullopt; // an impostor's handles are never used
     }
     if (grant || !busy || clock_type::now() + backoff >= give_up || (stop_requested && stop_requested()))

@@ -199,7 +199,7 @@ std::optional<fleet_view> fetch_fleet(caf::actor_system& sys, const status_targe
   }
   if (!head_proved(target.secret, answered, target.node, nonce, grant->head_proof)) {
     why = "whoever answers at " + where + " admitted node '" + target.node
-          + "' without proving it holds that node's secret: not the head (or it reads another secret)";
+          + "' without proving it holds that node's secret: not the head (or it runs another rlsync build)";
     return std::nullopt;
   }
   std::optional<coordinator_status> coord;

@@ -150,6 +150,16 @@ weight_digest sync(caf::scoped_actor& self, const rollout_engine_actor& e, const
   return out;
 }
 
+/// Pauses `e`, opens the session of version 1 and asks for its transfer
+/// (sharded, local): the pull starts; its reply is the handle returned.
+auto start_pull_of_v1(caf::scoped_actor& self, const rollout_engine_actor& e, std::chrono::seconds t) {
+  auto fail = [&](const caf::error& err) { FAIL(self->system().render(err)); };
+  self->request(e, t, pause_atom::value, pause_request{pause_mode::keep, false}).receive([](const pause_report&) {}, fail);
+  self->request(e, t, start_atom::value, std::uint64_t{1}).receive([](const phase_ack&) {}, fail);
+  return self->request(e, t, transfer_atom::value, transfer_order{1, transfer_mode::sharded, "local", {}},
+                       std::vector<trainer_actor>{});
+}
+
 } // namespace
 
 TEST_CASE("rollout engine: an order naming two trainer ranks gives the single-rank weights") {
@@ -232,10 +242,7 @@ TEST_CASE("rollout engine: a pull an aborted round left running does not hold up
   auto fail = [&](const caf::error& err) { FAIL(ts.sys.render(err)); };
 
   // Round 1: its pull blocks; the round is aborted (continue without finish).
-  self->request(e, t, pause_atom::value, pause_request{pause_mode::keep, false}).receive([](const pause_report&) {}, fail);
-  self->request(e, t, start_atom::value, std::uint64_t{1}).receive([](const phase_ack&) {}, fail);
-  auto first = self->request(e, t, transfer_atom::value, transfer_order{1, transfer_mode::sharded, "local", {}},
-                             std::vector<trainer_actor>{});
+  auto first = start_pull_of_v1(self, e, t);
   const auto until = std::chrono::steady_clock::now() + t;
   while (gate->thread_of_version(1) == std::thread::id{} && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -338,10 +345,7 @@ TEST_CASE("rollout engine: a pull its round abandoned stops at its next group") 
   const auto t = std::chrono::seconds(20);
   auto fail = [&](const caf::error& err) { FAIL(ts.sys.render(err)); };
 
-  self->request(e, t, pause_atom::value, pause_request{pause_mode::keep, false}).receive([](const pause_report&) {}, fail);
-  self->request(e, t, start_atom::value, std::uint64_t{1}).receive([](const phase_ack&) {}, fail);
-  auto pulling = self->request(e, t, transfer_atom::value, transfer_order{1, transfer_mode::sharded, "local", {}},
-                               std::vector<trainer_actor>{});
+  auto pulling = start_pull_of_v1(self, e, t);
   // Both workers stored their first group and are about to store their second.
   REQUIRE(gate->wait_for([&] { return gate->holding == cfg.options.tp; }));
   self->request(e, t, resume_atom::value).receive([](const phase_ack&) {}, fail);

@@ -403,6 +403,23 @@ TEST_CASE("an outsider's failed TLS handshakes do not drop a member's connection
   caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
 }
 
+/// A cluster of `c`'s CA: the head at `port`, members w1 and w2 with an engine each.
+topology tls_cluster(const two_cas& c, std::uint16_t port) {
+  const std::string yaml = "name: t\n"
+                           "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                           "intermediate_size: 128}}\n"
+                           "nodes: [{name: head, address: 127.0.0.1, port: " + std::to_string(port) + "},"
+                           " {name: w1, address: 127.0.0.1}, {name: w2, address: 127.0.0.1}]\n"
+                           "cluster:\n"
+                           "  tls: {ca: '" + c.ours + "/ca.pem', cert: '" + c.ours + "/{node}.pem', key: '"
+                           + c.ours + "/{node}.key'}\n"
+                           "  secret_file: '" + c.ours + "/{node}.secret'\n"
+                           "  connect_deadline_ms: 5000\n"
+                           "trainer: {node: head}\n"
+                           "engines: [{name: e, node: w1}, {name: f, node: w2}]\n";
+  return parse_topology(yaml, "t.yaml", "/");
+}
+
 /// A peer posing as the head: it answers hello and admits anyone, granting
 /// handles of its own; it cannot prove the node's secret.
 gatekeeper_actor::behavior_type impostor_gate(gatekeeper_actor::pointer) {
@@ -419,19 +436,7 @@ gatekeeper_actor::behavior_type impostor_gate(gatekeeper_actor::pointer) {
 TEST_CASE("a member that reaches a peer posing as the head over TLS (a certificate the CA signed) refuses it") {
   two_cas c;
   const auto port = free_port();
-  const std::string yaml = "name: t\n"
-                           "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
-                           "intermediate_size: 128}}\n"
-                           "nodes: [{name: head, address: 127.0.0.1, port: " + std::to_string(port) + "},"
-                           " {name: w1, address: 127.0.0.1}, {name: w2, address: 127.0.0.1}]\n"
-                           "cluster:\n"
-                           "  tls: {ca: '" + c.ours + "/ca.pem', cert: '" + c.ours + "/{node}.pem', key: '"
-                           + c.ours + "/{node}.key'}\n"
-                           "  secret_file: '" + c.ours + "/{node}.secret'\n"
-                           "  connect_deadline_ms: 5000\n"
-                           "trainer: {node: head}\n"
-                           "engines: [{name: e, node: w1}, {name: f, node: w2}]\n";
-  auto t = parse_topology(yaml, "t.yaml", "/");
+  auto t = tls_cluster(c, port);
   // Member w2 (a certificate of the same CA) listens where w1 expects its head.
   auto impostor_cfg = tls_config(std::nullopt);
   configure_node_tls(*impostor_cfg, t, "w2");
@@ -453,18 +458,7 @@ TEST_CASE("a member that reaches a peer posing as the head over TLS (a certifica
 TEST_CASE("a head published over TLS admits a member, then stops cleanly and closes its port") {
   two_cas c;
   const auto port = free_port();
-  const std::string yaml = "name: t\n"
-                           "model: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
-                           "intermediate_size: 128}}\n"
-                           "nodes: [{name: head, address: 127.0.0.1, port: " + std::to_string(port) + "},"
-                           " {name: w1, address: 127.0.0.1}]\n"
-                           "cluster:\n"
-                           "  tls: {ca: '" + c.ours + "/ca.pem', cert: '" + c.ours + "/{node}.pem', key: '"
-                           + c.ours + "/{node}.key'}\n"
-                           "  secret_file: '" + c.ours + "/{node}.secret'\n"
-                           "trainer: {node: head}\n"
-                           "engines: [{name: e, node: w1}]\n";
-  auto t = parse_topology(yaml, "t.yaml", "/");
+  auto t = tls_cluster(c, port);
   auto head_cfg = tls_config(std::nullopt);
   configure_node_tls(*head_cfg, t, "head");
   caf::actor_system head_sys{*head_cfg};
