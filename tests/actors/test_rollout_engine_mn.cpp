@@ -150,6 +150,19 @@ weight_digest sync(caf::scoped_actor& self, const rollout_engine_actor& e, const
   return out;
 }
 
+/// Engine "rollout-0" of model `c` over `puller`, on CAF's threaded scheduler.
+struct engine_over {
+  threaded_system ts;
+  caf::scoped_actor self{ts.sys};
+  rollout_engine_config cfg;
+  rollout_engine_actor e;
+  engine_over(const model_config& c, std::shared_ptr<transfer::weight_puller> puller)
+    : cfg(engine_config(c, "rollout-0")) {
+    cfg.puller = std::move(puller);
+    e = spawn_rollout_engine(ts.sys, cfg);
+  }
+};
+
 /// Pauses `e`, opens the session of version 1 and asks for its transfer
 /// (sharded, local): the pull starts; its reply is the handle returned.
 auto start_pull_of_v1(caf::scoped_actor& self, const rollout_engine_actor& e, std::chrono::seconds t) {
@@ -232,12 +245,10 @@ TEST_CASE("rollout engine: a pull an aborted round left running does not hold up
   auto full = source_holding(c, std::nullopt);
   full->produce_next();
   auto gate = std::make_shared<gated_puller>(std::make_shared<transfer::local_transfer>(full), 1);
-
-  threaded_system ts;
-  caf::scoped_actor self{ts.sys};
-  auto cfg = engine_config(c, "rollout-0");
-  cfg.puller = gate;
-  auto e = spawn_rollout_engine(ts.sys, cfg);
+  engine_over one(c, gate);
+  auto& ts = one.ts;
+  auto& self = one.self;
+  const auto& e = one.e;
   const auto t = std::chrono::seconds(20);
   auto fail = [&](const caf::error& err) { FAIL(ts.sys.render(err)); };
 
@@ -336,12 +347,11 @@ TEST_CASE("rollout engine: a pull its round abandoned stops at its next group") 
   auto full = source_holding(c, std::nullopt);
   full->produce_next();
   auto gate = std::make_shared<group_gated_puller>(std::make_shared<transfer::local_transfer>(full));
-
-  threaded_system ts;
-  caf::scoped_actor self{ts.sys};
-  auto cfg = engine_config(c, "rollout-0");
-  cfg.puller = gate;
-  auto e = spawn_rollout_engine(ts.sys, cfg);
+  engine_over one(c, gate);
+  auto& ts = one.ts;
+  auto& self = one.self;
+  const auto& cfg = one.cfg;
+  const auto& e = one.e;
   const auto t = std::chrono::seconds(20);
   auto fail = [&](const caf::error& err) { FAIL(ts.sys.render(err)); };
 
