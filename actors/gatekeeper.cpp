@@ -278,6 +278,22 @@ gatekeeper_actor::behavior_type gatekeeper(gatekeeper_actor::stateful_pointer<ga
   st.admitted = cfg.admitted;
   st.grant = cfg.grant;
   st.log = std::make_shared<rate_limited_log>(cfg.log, 10, std::chrono::seconds(10), cfg.now);
+  // Anyone who completes the handshake reaches this actor. A message of
+  // another shape is answered as CAF would, but logged rate-limited (CAF
+  // prints one line per message); a stray error message is logged, not
+  // obeyed (CAF's default ends the actor, and no member could join again).
+  auto who_sent = [self] {
+    auto s = self->current_sender();
+    return s ? to_string(s->node()) : std::string("an anonymous sender");
+  };
+  self->set_default_handler([self, who_sent](caf::scheduled_actor*, caf::message_view&) -> caf::result<caf::message> {
+    (*self->state.log)("gatekeeper: refused a message it does not take from " + who_sent());
+    return caf::sec::unexpected_message;
+  });
+  self->set_error_handler([self, who_sent](caf::error& err) {
+    (*self->state.log)("gatekeeper: ignored a stray error message from " + who_sent() + ": "
+                       + printable(self->system().render(err), 160));
+  });
   // The peer is the sender's CAF node id; a message without a sender has none.
   auto peer_of = [self]() -> std::optional<caf::node_id> {
     auto s = self->current_sender();

@@ -10,6 +10,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <unistd.h>
@@ -88,6 +89,25 @@ TEST_CASE_FIXTURE(gatekeeper_fixture, "the head proves the node's secret over th
   CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-a", join_nonce(), grant->head_proof));
   CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-a", nonce, proof)); // the node's own proof is no head proof
   CHECK_FALSE(head_proved("s3cret", *challenge, "engine-node-a", nonce, ""));
+}
+
+TEST_CASE_FIXTURE(gatekeeper_fixture, "a stray error or a message it does not take leaves the gatekeeper admitting") {
+  auto untyped = caf::actor_cast<caf::actor>(gate);
+  // CAF's default for an error that answers no request ends the actor.
+  tell(untyped, caf::make_error(caf::sec::runtime_error, "stray"));
+  run();
+  auto odd = request<std::string>(untyped, status_atom::value);
+  run();
+  REQUIRE(odd->has_value());
+  REQUIRE_FALSE(**odd);
+  CHECK((*odd)->error() == caf::sec::unexpected_message);
+  const auto logged = [&](const std::string& what) {
+    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  };
+  CHECK(logged("gatekeeper: ignored a stray error message from "));
+  CHECK(logged("gatekeeper: refused a message it does not take from "));
+  // Still admitting.
+  CHECK(admit("engine-node-a", join_proof("s3cret", *hello("engine-node-a"), "engine-node-a")));
 }
 
 TEST_CASE_FIXTURE(gatekeeper_fixture, "the grant names the router registered since when the head runs none") {
