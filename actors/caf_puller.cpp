@@ -134,10 +134,10 @@ transfer::pull_report caf_puller::pull(const transfer::pull_request& req, const 
                                         std::uint32_t{0}));
   std::deque<std::pair<std::uint32_t, handle>> asked;
   std::size_t next = 0;
+  const std::string who = "engine '" + req.engine + "' worker " + std::to_string(req.worker);
   while (next < groups_.size() || !asked.empty()) {
     // Answers still due die with `self`: leaving here holds nothing.
-    transfer::stop_if_abandoned(sink, "engine '" + req.engine + "' worker " + std::to_string(req.worker),
-                                report.groups, groups_.size());
+    transfer::stop_if_abandoned(sink, who, report.groups, groups_.size());
     while (next < groups_.size() && asked.size() < groups_in_flight_) {
       const std::uint32_t g = groups_[next++];
       const auto left = group_wait(req, g, group_deadline_ * static_cast<int>(asked.size() + 1));

@@ -45,6 +45,11 @@ std::string fresh_challenge() {
   return hex(bytes, sizeof bytes);
 }
 
+/// Whether two proofs (hex HMACs) are equal, compared in constant time.
+bool same_proof(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
 } // namespace
 
 void admitted_nodes::add(const caf::node_id& n, const std::string& name) {
@@ -167,7 +172,7 @@ admission_verdict admission_control::admit(const std::string& peer, const std::s
       continue;
     any = true;
     auto expected = join_proof(secret->second, it->challenge, node);
-    if (expected.size() == proof.size() && CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) == 0) {
+    if (same_proof(expected, proof)) {
       if (answered)
         *answered = it->challenge;
       pending_.erase(it);
@@ -228,8 +233,7 @@ std::string head_proof(const std::string& secret, const std::string& challenge, 
 
 bool head_proved(const std::string& secret, const std::string& challenge, const std::string& node,
                  const std::string& nonce, const std::string& proof) {
-  const auto expected = head_proof(secret, challenge, node, nonce);
-  return expected.size() == proof.size() && CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) == 0;
+  return same_proof(head_proof(secret, challenge, node, nonce), proof);
 }
 
 std::string join_proof(const std::string& secret, const std::string& challenge, const std::string& node) {
