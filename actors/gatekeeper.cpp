@@ -236,6 +236,34 @@ bool head_proved(const std::string& secret, const std::string& challenge, const 
   return same_proof(head_proof(secret, challenge, node, nonce), proof);
 }
 
+admission_answer ask_admission(caf::scoped_actor& self, const gatekeeper_actor& gate, const std::string& node,
+                               const std::string& secret, std::chrono::steady_clock::time_point give_up) {
+  // What is left of the deadline; a floor keeps a late request well-formed.
+  const auto left = [&] {
+    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(give_up - std::chrono::steady_clock::now()),
+                    std::chrono::milliseconds(50));
+  };
+  admission_answer answer;
+  const auto nonce = join_nonce();
+  std::string challenge;
+  self->request(gate, left(), hello_atom::value, node, wire_fingerprint())
+    .receive([&](std::string& c) { challenge = std::move(c); }, [&](caf::error& err) { answer.error = std::move(err); });
+  if (challenge.empty()) {
+    if (!answer.error)
+      answer.error = make_error(errc::malformed, "an empty challenge");
+    return answer;
+  }
+  answer.step = "admission";
+  std::optional<join_grant> grant;
+  self->request(gate, left(), admit_atom::value, node, join_proof(secret, challenge, node), nonce)
+    .receive([&](join_grant& g) { grant = std::move(g); }, [&](caf::error& err) { answer.error = std::move(err); });
+  if (grant && !head_proved(secret, challenge, node, nonce, grant->head_proof))
+    answer.unproved = true; // an impostor's handles are never handed on
+  else
+    answer.grant = std::move(grant);
+  return answer;
+}
+
 std::string join_proof(const std::string& secret, const std::string& challenge, const std::string& node) {
   std::string message = challenge + "|" + node;
   unsigned char mac[EVP_MAX_MD_SIZE];

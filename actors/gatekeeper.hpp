@@ -44,6 +44,7 @@
 #include "runtime/config/topology.hpp"
 
 #include <caf/node_id.hpp>
+#include <caf/scoped_actor.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -204,6 +205,25 @@ std::string head_proof(const std::string& secret, const std::string& challenge, 
 /// Whether `proof` is head_proof(secret, challenge, node, nonce), compared in constant time.
 bool head_proved(const std::string& secret, const std::string& challenge, const std::string& node,
                  const std::string& nonce, const std::string& proof);
+
+/// How one admission attempt ended, on the node's side.
+struct admission_answer {
+  /// Set only once the head proved it holds the node's secret.
+  std::optional<join_grant> grant;
+  /// Why not, when the gatekeeper refused or did not answer in time.
+  caf::error error;
+  /// Which request that was: "hello" or "admission".
+  const char* step = "hello";
+  /// A grant came without a valid head proof: whoever answered is not the
+  /// head, and none of its handles may be used.
+  bool unproved = false;
+};
+
+/// The node's side of the exchange drawn above, once: hello, then admit
+/// with the proof and a fresh nonce, then the grant's head proof checked
+/// before the grant is returned. Both requests end by `give_up`.
+admission_answer ask_admission(caf::scoped_actor& self, const gatekeeper_actor& gate, const std::string& node,
+                               const std::string& secret, std::chrono::steady_clock::time_point give_up);
 
 /// Reads the cluster secret from a file (trailing newlines dropped) or an
 /// environment variable. Throws std::runtime_error naming the file or the

@@ -32,7 +32,8 @@ inline caf::error make_error(errc x, std::string context) {
 
 /// True when `err` carries rlsync error code `x`.
 inline bool is(const caf::error& err, errc x) {
-  return err.category() == error_category && err.code() == static_cast<std::uint8_t>(x);
+  // An empty error has no category to read: CAF 0.17's category() of one crashes.
+  return err && err.category() == error_category && err.code() == static_cast<std::uint8_t>(x);
 }
 
 // -- atoms ----------------------------------------------------------------------------

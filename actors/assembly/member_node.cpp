@@ -111,33 +111,18 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
   caf::scoped_actor self{sys};
   std::optional<join_grant> grant;
   failure.clear();
-  // What is left of the join's deadline: connecting, hello and admit share it.
-  const auto left = [&] {
-    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(give_up - clock_type::now()),
-                    std::chrono::milliseconds(50));
-  };
   for (backoff = std::chrono::milliseconds(100);; backoff = std::min(backoff * 2, std::chrono::milliseconds(2000))) {
-    bool busy = false;
-    auto on_error = [&](caf::error& err) {
-      failure = sys.render(err);
-      busy = is(err, errc::queue_full);
-    };
-    const auto nonce = join_nonce();
-    std::string answered;
-    self->request(*gate, left(), hello_atom::value, node.name, wire_fingerprint())
-      .receive(
-        [&](const std::string& challenge) {
-          answered = challenge;
-          self->request(*gate, left(), admit_atom::value, node.name, join_proof(secret, challenge, node.name), nonce)
-            .receive([&](join_grant& g) { grant = std::move(g); }, on_error);
-        },
-        on_error);
-    if (grant && !head_proved(secret, answered, node.name, nonce, grant->head_proof)) {
+    auto answer = ask_admission(self, *gate, node.name, secret, give_up);
+    if (answer.unproved) {
       why = "whoever answers at " + head.address + ":" + std::to_string(head.port) + " admitted this node without "
             + "proving it holds " + node.name + "'s secret: it is not " + head.name
             + " (or it runs another rlsync build); refusing its orders";
-      return std::nullopt; // an impostor's handles are never used
+      return std::nullopt;
     }
+    grant = std::move(answer.grant);
+    if (!grant)
+      failure = sys.render(answer.error);
+    const bool busy = !grant && is(answer.error, errc::queue_full);
     if (grant || !busy || clock_type::now() + backoff >= give_up || (stop_requested && stop_requested()))
       break;
     std::this_thread::sleep_for(backoff); // the gatekeeper asked to retry later

@@ -177,31 +177,20 @@ std::optional<fleet_view> fetch_fleet(caf::actor_system& sys, const status_targe
     return std::nullopt;
   }
   caf::scoped_actor self{sys};
-  std::optional<join_grant> grant;
-  auto failed = [&](const char* step) {
-    return [&, step](caf::error& err) { why = std::string{step} + " at " + where + ": " + sys.render(err); };
-  };
-  const auto nonce = join_nonce();
-  std::string answered;
-  self->request(*gate, target.deadline, hello_atom::value, target.node, wire_fingerprint())
-    .receive(
-      [&](const std::string& challenge) {
-        answered = challenge;
-        self
-          ->request(*gate, target.deadline, admit_atom::value, target.node,
-                    join_proof(target.secret, challenge, target.node), nonce)
-          .receive([&](join_grant& g) { grant = std::move(g); }, failed("admission"));
-      },
-      failed("hello"));
-  if (!grant) {
-    why = "not admitted as node '" + target.node + "': " + why;
-    return std::nullopt;
-  }
-  if (!head_proved(target.secret, answered, target.node, nonce, grant->head_proof)) {
+  auto answer = ask_admission(self, *gate, target.node, target.secret, std::chrono::steady_clock::now() + target.deadline);
+  if (answer.unproved) {
     why = "whoever answers at " + where + " admitted node '" + target.node
           + "' without proving it holds that node's secret: not the head (or it runs another rlsync build)";
     return std::nullopt;
   }
+  if (!answer.grant) {
+    why = "not admitted as node '" + target.node + "': " + answer.step + " at " + where + ": " + sys.render(answer.error);
+    return std::nullopt;
+  }
+  const auto& grant = answer.grant;
+  auto failed = [&](const char* step) {
+    return [&, step](caf::error& err) { why = std::string{step} + " at " + where + ": " + sys.render(err); };
+  };
   std::optional<coordinator_status> coord;
   self->request(grant->coordinator, target.deadline, status_atom::value)
     .receive([&](coordinator_status& s) { coord = std::move(s); }, failed("the coordinator's status"));

@@ -488,18 +488,21 @@ TEST_CASE("a head published over TLS admits a member, then stops cleanly and clo
   self->request(*gate, std::chrono::seconds(10), hello_atom::value, std::string("w1"), wire_fingerprint())
     .receive([&](const std::string& ch) { challenge = ch; }, [&](caf::error& e) { problem = member.render(e); });
   REQUIRE_MESSAGE(!challenge.empty(), problem);
-  const auto secret = read_cluster_secret(c.ours + "/w1.secret", "");
-  auto proof = join_proof(secret, challenge, "w1");
-  const auto nonce = join_nonce();
-  bool admitted = false;
-  self->request(*gate, std::chrono::seconds(10), admit_atom::value, std::string("w1"), proof, nonce)
-    .receive(
-      [&](const join_grant& g) {
-        admitted = g.coordinator != nullptr;
-        CHECK(head_proved(secret, challenge, "w1", nonce, g.head_proof)); // the head holds w1's secret
-      },
-      [&](caf::error& e) { problem = member.render(e); });
-  CHECK_MESSAGE(admitted, problem);
+  // The node's side of admission, as members and `rlsync status` run it. A
+  // wrong secret is refused at the admit step, naming no impostor.
+  const auto refused = ask_admission(self, *gate, "w1", "not w1's secret",
+                                     std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  CHECK_FALSE(refused.grant);
+  CHECK_FALSE(refused.unproved);
+  CHECK(std::string{refused.step} == "admission");
+  CHECK(is(refused.error, errc::unauthenticated));
+  // The right one gets the grant, which comes back only with the head's
+  // proof of w1's secret.
+  const auto answer = ask_admission(self, *gate, "w1", read_cluster_secret(c.ours + "/w1.secret", ""),
+                                    std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  CHECK_FALSE(answer.unproved);
+  REQUIRE_MESSAGE(answer.grant, member.render(answer.error));
+  CHECK(answer.grant->coordinator != nullptr);
 
   CHECK(head->stop(std::chrono::seconds(10)));
   // The port is closed: nothing accepts a connection there any more. (Asked

@@ -1,6 +1,10 @@
 // rlsync status: the fleet view from the coordinator's and router's statuses, its text and JSON.
 #include "actors/jobs/status.hpp"
+#include "actors/gatekeeper.hpp"
+#include "actors/system_config.hpp"
+#include "actors/tls.hpp"
 
+#include <caf/send.hpp>
 #include <doctest/doctest.h>
 
 using namespace rlsync;
@@ -146,4 +150,30 @@ TEST_CASE("status: no router, no round yet") {
   CHECK(j["router"].is_null());
   CHECK(j["last_round"].is_null());
   CHECK(j["engines"][0]["outstanding"].is_null());
+}
+
+TEST_CASE("status: a peer posing as the head, which cannot prove the node's secret, is refused") {
+  // It answers hello and admits anyone, granting handles of its own.
+  auto impostor = [](gatekeeper_actor::pointer) -> gatekeeper_actor::behavior_type {
+    return {
+      [](hello_atom, const std::string&, const std::string&) { return join_nonce(); },
+      [](admit_atom, const std::string&, const std::string&, const std::string& nonce) {
+        join_grant g;
+        g.head_proof = nonce; // whatever it sends, it is not HMAC(w1's secret, ...)
+        return g;
+      },
+    };
+  };
+  system_config head_cfg;
+  caf::actor_system head{head_cfg};
+  auto fake = head.spawn(impostor);
+  auto port = publish_node(head, fake, 0, "127.0.0.1");
+  REQUIRE(port);
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  std::string why;
+  const status_target target{"127.0.0.1", *port, "w1", "w1's secret", std::chrono::milliseconds(5000)};
+  CHECK_FALSE(fetch_fleet(sys, target, why));
+  CHECK_MESSAGE(why.find("admitted node 'w1' without proving it holds that node's secret") != std::string::npos, why);
+  caf::anon_send_exit(fake, caf::exit_reason::user_shutdown);
 }
