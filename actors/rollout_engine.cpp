@@ -240,7 +240,7 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
     if (cfg.puller)
       cfg.puller->register_worker(cfg.options.name, plan);
   }
-  self->state.producer_links = std::make_shared<std::map<std::uint32_t, std::shared_ptr<transfer::producer_link>>>();
+  self->state.producer_links = std::make_shared<transfer::producer_links>();
   if (metrics) { // init: the engine, its plans and their data-plane registration
     observe_since(&metrics->init_seconds, init_started);
     metrics->sample(self->state.core->status());
@@ -369,24 +369,12 @@ rollout_engine(rollout_engine_impl::stateful_pointer<rollout_engine_state> self,
         if (!cfg.producer_puller)
           return make_error(errc::malformed, name + ": no data plane to pull from trainer ranks (backend '"
                                                + order.backend + "')");
-        for (std::size_t i = 0; i < order.producers.size(); ++i) {
-          const auto& h = order.producers[i];
-          auto& link = (*st.producer_links)[h.rank];
-          if (!link || link->holding().incarnation != h.incarnation || link->holding().held != h.held) {
-            std::shared_ptr<transfer::weight_puller> puller;
-            try {
-              puller = cfg.producer_puller(h, producers[i]);
-            } catch (const std::exception& e) {
-              return make_error(errc::malformed, name + ": no puller for trainer rank " + std::to_string(h.rank) + ": "
-                                                   + e.what());
-            }
-            if (!puller)
-              return make_error(errc::malformed, name + ": no puller for trainer rank " + std::to_string(h.rank));
-            if (link) // an earlier incarnation: its registrations go with it
-              link->unregister(name);
-            link = std::make_shared<transfer::producer_link>(h, std::move(puller));
-          }
-          links.push_back(link);
+        try {
+          links = transfer::links_for(*st.producer_links, order.producers, name, [&](std::size_t i) {
+            return cfg.producer_puller(order.producers[i], producers[i]);
+          });
+        } catch (const std::exception& e) {
+          return make_error(errc::malformed, name + ": " + e.what());
         }
       } else if (!st.puller) {
         return make_error(errc::malformed, name + ": no data plane for backend '" + order.backend + "'");

@@ -163,7 +163,7 @@ struct rollout_engine_state {
   std::vector<std::shared_ptr<const plan::worker_plan>> worker_plans; ///< the same plans, for the M:N pull
   /// M:N pull: the link to each trainer rank named by an order (its
   /// newest incarnation), by rank; kept so that sub-plans stay registered.
-  std::shared_ptr<std::map<std::uint32_t, std::shared_ptr<transfer::producer_link>>> producer_links;
+  std::shared_ptr<transfer::producer_links> producer_links;
   /// The transfer phase in flight: its reply waits for the pulling thread.
   std::optional<caf::typed_response_promise<transfer_report>> transfer_promise;
   std::uint64_t transfer_seq = 0; ///< transfers started; the one in flight has this number

@@ -15,9 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <thread>
+#include <utility>
 
 namespace rlsync {
 
@@ -96,6 +98,24 @@ errc to_errc(transfer::transfer_failure f) {
   }
 }
 
+/// What a failed stream tells the router. A request the server refused as
+/// malformed or too large (400, 413, 422: longer than its --max-model-len,
+/// say) is the request's fault: malformed, so that it is not sent to every
+/// other engine, taking each out of routing. A busy server (429) asks to
+/// retry elsewhere. Anything else is the server's fault: engine_dirty, so
+/// the router stops sending here until the next round, instead of trying
+/// this server again at once (the one with the fewest outstanding) until
+/// the reroutes run out.
+errc stream_failure(int refused_with) {
+  switch (refused_with) {
+    case 400:
+    case 413:
+    case 422: return errc::malformed;
+    case 429: return errc::queue_full;
+    default: return errc::engine_dirty;
+  }
+}
+
 /// Tensors of one group as the tp-1 whole-tensor plan packs them: back to back.
 std::vector<tensor_view> whole_tensors(const plan::grouped_plan& plan, std::uint32_t g, const std::uint8_t* bytes,
                                        std::size_t size) {
@@ -145,7 +165,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
   const auto grouped = std::make_shared<const plan::grouped_plan>(cfg.model, worker_plan);
   if (cfg.puller)
     cfg.puller->register_worker(name, worker_plan);
-  auto links = std::make_shared<std::map<std::uint32_t, std::shared_ptr<transfer::producer_link>>>();
+  auto links = std::make_shared<transfer::producer_links>();
   self->attach_functor([puller = cfg.puller, links, name, stopped = st0.stopped] {
     stopped->store(true);
     if (puller)
@@ -369,6 +389,29 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         for (auto t : u->tokens)
           if (t >= cfg.model.vocab_size)
             lie = "the server sent token " + std::to_string(t) + ", outside the vocabulary";
+        // Log-probabilities line up one to one with the tokens (and the top
+        // ones k to one): a chunk without them would shift every later one.
+        const auto& sampling = s.request.sampling;
+        if (sampling.logprobs && !u->tokens.empty()) {
+          const auto k = sampling.top_logprobs;
+          if (u->logprobs.size() != u->tokens.size())
+            lie = "the server sent " + std::to_string(u->tokens.size()) + " tokens with "
+                  + std::to_string(u->logprobs.size()) + " log-probabilities";
+          else if (k > 0) {
+            const bool sent = !u->top.empty();
+            if (!s.sends_top) {
+              s.sends_top = sent;
+              if (!sent && !std::exchange(st.said_no_top, true))
+                say("the server sends no top log-probabilities keyed by token id (does it ignore "
+                    "return_tokens_as_token_ids?): requests get none");
+            }
+            if (*s.sends_top != sent || (sent && (u->top.size() != u->tokens.size()
+                                                  || std::any_of(u->top.begin(), u->top.end(),
+                                                                 [k](const auto& t) { return t.size() < k; }))))
+              lie = "the server sent top log-probabilities for some tokens and not others, or fewer than the "
+                    + std::to_string(k) + " asked for";
+          }
+        }
         if (!lie.empty()) {
           say("request " + std::to_string(s.request.request_id) + ": " + lie);
           close_stream(u->stream, std::nullopt, make_error(errc::not_routable, name + ": " + lie));
@@ -380,7 +423,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           ev.index = static_cast<std::uint32_t>(s.request.generated.size() + s.result.tokens.size());
           ev.token = u->tokens[k];
           ev.version = st.version;
-          if (s.request.sampling.logprobs && k < u->logprobs.size()) {
+          if (s.request.sampling.logprobs) { // one each: checked above
             ev.logprob = u->logprobs[k];
             s.result.logprobs.push_back(ev.logprob);
             if (k < u->top.size())
@@ -423,10 +466,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         } else if (u->ended) {
           auto why = u->error.empty() ? std::string("the stream ended early") : u->error;
           say("request " + std::to_string(s.request.request_id) + " failed: " + why);
-          // engine_dirty, not not_routable: the router then stops sending here
-          // until the next round, instead of trying this server again at once
-          // (the one with the fewest outstanding) until the reroutes run out.
-          close_stream(u->stream, std::nullopt, make_error(errc::engine_dirty, name + ": " + why));
+          close_stream(u->stream, std::nullopt, make_error(stream_failure(u->refused_with), name + ": " + why));
         }
       }
       if (u->ended) {
@@ -541,24 +581,12 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         if (!cfg.producer_puller)
           return make_error(errc::malformed, name + ": no data plane to pull from trainer ranks (backend '"
                                                + order.backend + "')");
-        for (std::size_t i = 0; i < order.producers.size(); ++i) {
-          const auto& h = order.producers[i];
-          auto& link = (*links)[h.rank];
-          if (!link || link->holding().incarnation != h.incarnation || link->holding().held != h.held) {
-            std::shared_ptr<transfer::weight_puller> puller;
-            try {
-              puller = cfg.producer_puller(h, producers[i]);
-            } catch (const std::exception& e) {
-              return make_error(errc::malformed, name + ": no puller for trainer rank " + std::to_string(h.rank) + ": "
-                                                   + e.what());
-            }
-            if (!puller)
-              return make_error(errc::malformed, name + ": no puller for trainer rank " + std::to_string(h.rank));
-            if (link)
-              link->unregister(name);
-            link = std::make_shared<transfer::producer_link>(h, std::move(puller));
-          }
-          order_links.push_back(link);
+        try {
+          order_links = transfer::links_for(*links, order.producers, name, [&](std::size_t i) {
+            return cfg.producer_puller(order.producers[i], producers[i]);
+          });
+        } catch (const std::exception& e) {
+          return make_error(errc::malformed, name + ": " + e.what());
         }
       } else if (!cfg.puller) {
         return make_error(errc::malformed, name + ": no data plane for backend '" + order.backend + "'");

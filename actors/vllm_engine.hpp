@@ -125,6 +125,7 @@ struct vllm_stream_update {
   std::optional<finish_reason> finish;
   std::optional<std::vector<std::pair<std::string, std::pair<std::uint32_t, std::uint32_t>>>> spans;
   std::string error; ///< the stream failed (set alone, last)
+  int refused_with = 0; ///< the HTTP status the server refused the request with (with error)
   bool ended = false; ///< the worker is done with the stream
 };
 
@@ -156,6 +157,10 @@ struct vllm_stream {
   std::shared_ptr<std::atomic<bool>> cancel; ///< tells the worker to close the stream
   bool answered = false;              ///< the promise was delivered (the worker may still run)
   bool seen = false;                  ///< a chunk came: the server runs it
+  /// With top_logprobs: whether the server sends them (a vLLM that ignores
+  /// return_tokens_as_token_ids sends none the adapter can read), as its
+  /// first chunk of tokens said; every later chunk must say the same.
+  std::optional<bool> sends_top;
 };
 
 struct vllm_engine_state {
@@ -163,6 +168,7 @@ struct vllm_engine_state {
   phase_order_count phase_orders; ///< the coordinator's, taken and not yet answered
   std::uint64_t version = 0;    ///< what the server holds, as the adapter knows it (0: its initial weights)
   bool dirty = false;
+  bool said_no_top = false;     ///< that the server sends no top log-probabilities it can read: said once
   std::string finished_label;   ///< the label of the adapter's last successful finish; empty: none
   scheduler_state sched = scheduler_state::unpaused;
   std::optional<std::uint64_t> session; ///< the version of the open weight-update session

@@ -67,6 +67,7 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
       w->send(e, vllm_stream_atom::value, std::move(u));
   };
   std::string error;
+  int refused_with = 0;
   try {
     http::client c(conn.host, conn.port, idle);
     if (!conn.token.empty())
@@ -76,8 +77,10 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
     rq.target = "/v1/completions";
     rq.body = std::move(body);
     auto head = c.open_stream(rq);
-    if (head.status != 200)
+    if (head.status != 200) {
+      refused_with = head.status;
       throw std::runtime_error(http_failure("POST /v1/completions", head));
+    }
     bool finished = false, done = false;
     const auto stop = [&] { return cancel->load() || stopped->load(); };
     while (!stop()) {
@@ -117,6 +120,7 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
   auto last = std::make_shared<vllm_stream_update>();
   last->stream = stream;
   last->error = cancel->load() ? std::string{} : error;
+  last->refused_with = refused_with;
   last->ended = true;
   send(std::move(last));
 }

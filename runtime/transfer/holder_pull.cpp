@@ -28,6 +28,37 @@ void producer_link::unregister(const std::string& engine) {
   registered_.clear();
 }
 
+std::vector<std::shared_ptr<producer_link>>
+links_for(producer_links& links, const std::vector<producer_holding>& holdings, const std::string& engine,
+          const std::function<std::shared_ptr<weight_puller>(std::size_t)>& make_puller) {
+  std::vector<std::shared_ptr<producer_link>> out;
+  for (std::size_t i = 0; i < holdings.size(); ++i) {
+    const auto& h = holdings[i];
+    auto kept = links.find(h.rank);
+    if (kept == links.end() || kept->second->holding().incarnation != h.incarnation
+        || kept->second->holding().held != h.held) {
+      const auto rank = "no puller for trainer rank " + std::to_string(h.rank);
+      std::shared_ptr<weight_puller> puller;
+      try {
+        puller = make_puller(i);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(rank + ": " + e.what());
+      }
+      if (!puller)
+        throw std::runtime_error(rank);
+      auto link = std::make_shared<producer_link>(h, std::move(puller));
+      if (kept == links.end()) {
+        kept = links.emplace(h.rank, std::move(link)).first;
+      } else {
+        kept->second->unregister(engine); // an earlier incarnation: its registrations go with it
+        kept->second = std::move(link);
+      }
+    }
+    out.push_back(kept->second);
+  }
+  return out;
+}
+
 void producer_link::ensure_registered(const std::string& engine, const plan::worker_plan& plan,
                                       const std::vector<std::size_t>& indices) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -39,6 +39,7 @@
 #include "runtime/transfer/puller.hpp"
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,20 @@ private:
   std::mutex mutex_;
   std::map<int, std::vector<std::size_t>> registered_; // worker -> entry indices of its plan
 };
+
+/// An engine's links, by trainer rank.
+using producer_links = std::map<std::uint32_t, std::shared_ptr<producer_link>>;
+
+/// The links for `holdings` (a transfer order's trainer ranks, in order),
+/// each behind the puller of its rank's current incarnation: a kept link is
+/// reused; a rank that is new, or holds anew, gets a link to
+/// `make_puller(i)`'s puller, and the link it replaces forgets `engine`'s
+/// registrations. Throws std::runtime_error naming the rank when no puller
+/// is made (make_puller threw or gave none); `links` then holds no link
+/// for that rank that is not whole.
+std::vector<std::shared_ptr<producer_link>>
+links_for(producer_links& links, const std::vector<producer_holding>& holdings, const std::string& engine,
+          const std::function<std::shared_ptr<weight_puller>(std::size_t)>& make_puller);
 
 struct holder_pull_request {
   std::string engine;

@@ -31,6 +31,7 @@ server_address parse_server_url(const std::string& url) {
     throw bad("a path or credentials in the URL");
   server_address a;
   std::string port;
+  bool port_given = false; // a ':' after the host, however empty the port after it
   if (!rest.empty() && rest.front() == '[') { // [::1]:8000
     auto close = rest.find(']');
     if (close == std::string::npos)
@@ -40,16 +41,19 @@ server_address parse_server_url(const std::string& url) {
       if (rest[close + 1] != ':')
         throw bad("junk after the address");
       port = rest.substr(close + 2);
+      port_given = true;
     }
   } else {
     auto colon = rest.find(':');
     a.host = rest.substr(0, colon);
-    if (colon != std::string::npos)
+    if (colon != std::string::npos) {
       port = rest.substr(colon + 1);
+      port_given = true;
+    }
   }
   if (a.host.empty())
     throw bad("no host");
-  if (!port.empty() || rest.find(':') != std::string::npos) {
+  if (port_given) {
     if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
       throw bad("bad port '" + port + "'");
     auto p = std::stoul(port);

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <mutex>
 #include <set>
@@ -110,6 +111,7 @@ struct fake_vllm {
   std::vector<std::string> calls;   ///< "POST /pause?mode=keep&clear_cache=false", ...
   std::string loaded;               ///< the last update_weights path
   json last_completion;             ///< the last completions body
+  std::atomic<int> completion_status{200}; ///< what /v1/completions answers; not 200: an error body
   http::server srv;
   std::uint16_t port = 0;
 
@@ -152,6 +154,10 @@ struct fake_vllm {
       {
         std::lock_guard<std::mutex> lock(mu);
         last_completion = json::parse(rq.body);
+      }
+      if (const int status = completion_status; status != 200) {
+        r->reply({status, "application/json", json{{"error", {{"message", "refused by the test"}}}}.dump(), {}});
+        return;
       }
       r->start_stream("text/event-stream");
       auto chunk = [](json tokens, json finish, json extra = json::object()) {
@@ -394,8 +400,13 @@ TEST_CASE("helpers: server URLs, version labels, pause targets") {
   CHECK(a.port == 8000);
   CHECK(vllm::parse_server_url("http://srv/").port == 80);
   CHECK(vllm::parse_server_url("http://[::1]:9").host == "::1");
+  // An IPv6 address without a port: port 80, its colons no port's.
+  for (auto v6 : {"http://[::1]", "http://[fe80::1]/"}) {
+    CAPTURE(v6);
+    CHECK(vllm::parse_server_url(v6).port == 80);
+  }
   for (auto bad : {"https://x:1", "x:1", "http://:1", "http://x:0", "http://x:65536", "http://x:1/v1", "http://u@x:1",
-                   "http://x:", "http://x:12a"}) {
+                   "http://x:", "http://x:12a", "http://[::1]:", "http://[::1]x"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(vllm::parse_server_url(bad), std::invalid_argument);
   }
@@ -857,6 +868,35 @@ TEST_CASE("against a vLLM-shaped server: bearer token, its stream's versions, un
     .receive([&](generate_result&) { FAIL("a lying server's answer was taken"); }, [&](caf::error& err) { lie = err; });
   REQUIRE(lie);
   CHECK(f.sys.render(*lie).find("more than the 2 tokens") != std::string::npos);
+
+  // A request the server refuses as its own fault (400: longer than the
+  // server's --max-model-len, say) fails as malformed, which the router sends
+  // to no other engine and which leaves this one routable; 429 (busy) asks
+  // to retry elsewhere; anything else is the server's fault.
+  for (const auto& [status, want] : std::vector<std::pair<int, errc>>{
+         {400, errc::malformed}, {413, errc::malformed}, {429, errc::queue_full}, {500, errc::engine_dirty}, {404, errc::engine_dirty}}) {
+    CAPTURE(status);
+    fake.completion_status = status;
+    std::optional<caf::error> refusal;
+    self->request(e, 30s, generate_atom::value, f.greedy(11, 3), f.sys.spawn(locked_sink, std::make_shared<token_log>()))
+      .receive([&](generate_result&) { FAIL("a refused request succeeded"); }, [&](caf::error& err) { refusal = err; });
+    REQUIRE(refusal);
+    CHECK(is(*refusal, want));
+    CHECK(f.sys.render(*refusal).find("HTTP " + std::to_string(status)) != std::string::npos);
+  }
+  fake.completion_status = 200;
+
+  // Log-probabilities asked for and not sent with the tokens: a lie, not
+  // log-probabilities shifted onto the wrong tokens.
+  auto with_logprobs = f.greedy(12, 3);
+  with_logprobs.sampling.logprobs = true;
+  std::optional<caf::error> unaligned;
+  self->request(e, 30s, generate_atom::value, with_logprobs, f.sys.spawn(locked_sink, std::make_shared<token_log>()))
+    .receive([&](generate_result&) { FAIL("tokens without log-probabilities were taken"); },
+             [&](caf::error& err) { unaligned = err; });
+  REQUIRE(unaligned);
+  CHECK_MESSAGE(f.sys.render(*unaligned).find("2 tokens with 0 log-probabilities") != std::string::npos,
+                f.sys.render(*unaligned));
 
   // A checker that names shards the adapter does not know: unverified, said so.
   std::optional<weight_digest> d;

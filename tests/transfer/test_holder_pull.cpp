@@ -776,3 +776,57 @@ TEST_CASE("M:N pull over UCX: two replica producers, sub-plans with empty groups
   for (auto& e : engines)
     test::check_identical(*e->weights, *test::loaded(*full->find(2), 2));
 }
+
+TEST_CASE("M:N links: kept per rank incarnation, replaced when it holds anew, and no half-made link is kept") {
+  // A puller that records which engines it forgot.
+  struct forgetting final : weight_puller {
+    std::vector<std::string> forgot;
+    void register_worker(const std::string&, std::shared_ptr<const plan::worker_plan>) override {}
+    void unregister_engine(const std::string& engine) override { forgot.push_back(engine); }
+    pull_report pull(const pull_request&, const group_sink&) override { return {}; }
+  };
+  producer_links links;
+  std::vector<std::shared_ptr<forgetting>> made;
+  auto make = [&](std::size_t) {
+    made.push_back(std::make_shared<forgetting>());
+    return made.back();
+  };
+  const producer_holding r0{0, 1, {"a"}}, r1{1, 1, {"b"}};
+  auto first = links_for(links, {r0, r1}, "e", make);
+  REQUIRE(first.size() == 2);
+  CHECK(made.size() == 2);
+  CHECK(&first[1]->puller() == made[1].get());
+  // The same incarnations: the same links, no puller made.
+  auto again = links_for(links, {r0, r1}, "e", make);
+  CHECK((again == first));
+  CHECK(made.size() == 2);
+  // Rank 1 restarted: a new link; the old one forgets the engine.
+  const producer_holding r1_restarted{1, 2, {"b"}};
+  auto after = links_for(links, {r0, r1_restarted}, "e", make);
+  CHECK(after[0].get() == first[0].get());
+  CHECK(after[1].get() != first[1].get());
+  CHECK(made[1]->forgot == std::vector<std::string>{"e"});
+  // A rank whose puller cannot be made: an error naming it, and no entry
+  // left behind for the engine's exit to trip over.
+  const producer_holding r2{2, 1, {"c"}};
+  for (const bool throws : {true, false}) {
+    CAPTURE(throws);
+    auto failing = [&](std::size_t i) -> std::shared_ptr<weight_puller> {
+      if (i == 0)
+        return make(i);
+      if (throws)
+        throw std::runtime_error("no route");
+      return nullptr;
+    };
+    try {
+      links_for(links, {r0, r2}, "e", failing);
+      FAIL("a rank without a puller was linked");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()).rfind("no puller for trainer rank 2", 0) == 0);
+      CHECK((std::string(e.what()).find("no route") != std::string::npos) == throws);
+    }
+    CHECK(links.count(2) == 0);
+    for (const auto& [rank, link] : links)
+      CHECK(link.get() != nullptr);
+  }
+}
