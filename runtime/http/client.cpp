@@ -385,9 +385,25 @@ std::optional<std::string> client::next_event(const std::function<bool()>& stop)
       return std::nullopt;
     }
     beast::error_code result;
+    bool read = false;
     impl_->stream->expires_at(impl_->until);
-    bhttp::async_read_some(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) { result = e; });
-    impl_->run();
+    bhttp::async_read_some(*impl_->stream, impl_->buffer, parser, [&](beast::error_code e, std::size_t) {
+      result = e;
+      read = true;
+    });
+    // A silent server holds a read up to the deadline: `stop` is asked
+    // every stop_poll meanwhile too, so a stream given up ends now.
+    impl_->ioc.restart();
+    while (!read) {
+      impl_->ioc.run_for(stop_poll);
+      if (!read && stop && stop()) {
+        impl_->stream->cancel();
+        impl_->run(); // the read ends, aborted
+        impl_->stream.reset();
+        impl_->stream_parser.reset();
+        return std::nullopt;
+      }
+    }
     text += parser.get().body();
     parser.get().body().clear();
     if (result == bhttp::error::end_of_stream || (result && parser.is_done())) {

@@ -65,11 +65,13 @@ public:
   client_response open_stream(const client_request& rq);
   static constexpr std::uint64_t max_error_body_bytes = std::uint64_t{1} << 20;
   /// The next Server-Sent Event's data (its `data:` lines joined by "\n");
-  /// nullopt once the stream ended, or when `stop` (asked before each read)
-  /// returns true. Throws client_error on the deadline and when the stream
-  /// sends more than max_event_bytes without ending an event.
+  /// nullopt once the stream ended, or when `stop` (asked before each read,
+  /// and every stop_poll while a read waits) returns true. Throws
+  /// client_error on the deadline and when the stream sends more than
+  /// max_event_bytes without ending an event.
   std::optional<std::string> next_event(const std::function<bool()>& stop = {});
   static constexpr std::size_t max_event_bytes = std::size_t{16} << 20;
+  static constexpr std::chrono::milliseconds stop_poll{100};
 
 private:
   struct impl;

@@ -53,6 +53,9 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 
 std::string json_detail(const char* detail) { return std::string("{\"detail\": \"") + detail + "\"}"; }
 
+/// How long a failed accept waits before the next.
+constexpr std::chrono::milliseconds accept_retry{100};
+
 } // namespace
 
 std::optional<std::string> url_decode(const std::string& s) {
@@ -108,6 +111,7 @@ struct server_core {
   server_options opt;
   std::map<std::string, std::map<std::string, route_entry>> routes; // path -> method -> route
   std::atomic<std::size_t> open{0};
+  std::atomic<std::size_t> accept_failures{0};
   std::mutex mu;
   bool running = false; // posts are accepted
   bool started = false;
@@ -448,8 +452,14 @@ bool responder::write(std::string chunk) {
   auto& queued = impl_->conn->queued_bytes();
   const auto bound = impl_->conn->options().max_stream_queue_bytes;
   const auto size = chunk.size();
-  if (size > bound || queued.load() > bound - size)
+  if (size > bound || queued.load() > bound - size) {
+    // The chunk is lost, so the stream is cut: later writes (smaller ones
+    // would fit once the queue drains) and finish() must not make a stream
+    // with a hole in it look whole to the client.
+    impl_->st = impl::state::finished;
+    impl_->core->post([conn = std::move(impl_->conn)] { conn->close(); });
     return false;
+  }
   queued += size;
   if (!impl_->core->post([conn = impl_->conn, c = std::move(chunk), size]() mutable {
         conn->stream_chunk(std::move(c), size);
@@ -534,7 +544,19 @@ void server_core::accept() {
   acceptor->async_accept(ioc, [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || !acceptor->is_open())
       return;
-    if (!ec) {
+    if (ec) {
+      // Out of descriptors (EMFILE, ENFILE) the connection stays in the
+      // backlog and the listener is ready again at once: accepting again now
+      // would spin a core until a descriptor frees. Try again shortly.
+      ++accept_failures;
+      auto retry = std::make_shared<asio::steady_timer>(ioc, accept_retry);
+      retry->async_wait([this, retry](beast::error_code) {
+        if (acceptor->is_open())
+          accept();
+      });
+      return;
+    }
+    {
       live.erase(std::remove_if(live.begin(), live.end(), [](auto& w) { return w.expired(); }), live.end());
       if (open.load() >= opt.max_connections || over_per_address_bound(socket)) {
         refuse(socket);
@@ -619,5 +641,7 @@ void server::stop() {
 const server_options& server::options() const { return core_->opt; }
 
 std::size_t server::connections() const { return core_->open.load(); }
+
+std::size_t server::accept_failures() const { return core_->accept_failures.load(); }
 
 } // namespace rlsync::http

@@ -74,8 +74,9 @@ public:
   /// Starts a chunked 200 answer (e.g. "text/event-stream").
   bool start_stream(const std::string& content_type);
   /// One chunk of a started stream. False once the client is gone, the
-  /// stream's queue is full (the client reads too slowly) or it finished;
-  /// the caller should then stop producing.
+  /// stream's queue is full (the client reads too slowly: the stream is
+  /// then cut, without its end, and later writes and finish() do nothing)
+  /// or it finished; the caller should then stop producing.
   bool write(std::string chunk);
   /// Ends a started stream.
   void finish();
@@ -122,6 +123,9 @@ public:
   const server_options& options() const;
   /// Connections open now.
   std::size_t connections() const;
+  /// Accepts that failed (out of file descriptors, say); each waits
+  /// accept_retry before the next.
+  std::size_t accept_failures() const;
 
 private:
   std::shared_ptr<server_core> core_;

@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -207,6 +208,38 @@ TEST_CASE("server: connections over the bound are refused with 503, the server k
   CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
 }
 
+TEST_CASE("server: out of file descriptors, accepts are retried after a pause, and the connection is served later") {
+  server srv(fast_options());
+  srv.route("GET", "/x", [](const request&, std::shared_ptr<responder> r) { r->reply(text("{}")); });
+  auto port = srv.start();
+  rlimit was{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &was) == 0);
+  // The lowest free descriptor is the client's; none is left for the accept.
+  const int probe = ::dup(0);
+  REQUIRE(probe >= 0);
+  ::close(probe);
+  rlimit tight = was;
+  tight.rlim_cur = static_cast<rlim_t>(probe) + 1;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &tight) == 0);
+  std::unique_ptr<raw_socket> client;
+  try {
+    client = std::make_unique<raw_socket>(port); // connected: it waits in the backlog
+  } catch (...) {
+    setrlimit(RLIMIT_NOFILE, &was);
+    throw;
+  }
+  std::this_thread::sleep_for(500ms);
+  const auto failures = srv.accept_failures();
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &was) == 0);
+  // A failure, then one every 100 ms: a handful, not a core spinning.
+  CHECK(failures >= 1);
+  CHECK(failures <= 10);
+  for (int i = 0; i < 100 && srv.connections() == 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(srv.connections() == 1);
+  CHECK(request_once("127.0.0.1", port, {"GET", "/x", "", "application/json", {}}, 2s).status == 200);
+}
+
 TEST_CASE("server: one address holds at most its own bound of connections") {
   auto o = fast_options();
   o.max_connections_per_address = 2;
@@ -306,20 +339,18 @@ TEST_CASE("server: a stream is chunked, read event by event, and the connection 
 }
 
 TEST_CASE("client: a stream that never ends its event is refused at the bound, not held in memory") {
-  server srv(fast_options());
+  auto o = fast_options();
+  o.max_stream_queue_bytes = 2 * client::max_event_bytes; // the server queues it all: the client must refuse it
+  server srv(o);
   std::vector<std::thread> workers;
   srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
     workers.emplace_back([r] {
       r->start_stream("text/event-stream");
       r->write("data: ");
       const std::string chunk(1 << 20, 'x');
-      // One event past the client's bound; a full queue refuses a write, the client's leaving all of them.
-      int tries = 0;
-      for (std::size_t sent = 0; sent <= client::max_event_bytes && tries < 20000 && !r->client_gone(); ++tries)
-        if (r->write(chunk))
-          sent += chunk.size();
-        else
-          std::this_thread::sleep_for(1ms);
+      // One event past the client's bound; the client's leaving refuses the rest.
+      for (std::size_t sent = 0; sent <= client::max_event_bytes && r->write(chunk);)
+        sent += chunk.size();
       r->finish();
     });
   });
@@ -345,6 +376,15 @@ TEST_CASE("client: comments do not extend the wait for an event, and a stop ends
       r->finish();
     });
   });
+  // A server that sends nothing at all.
+  srv.route("POST", "/silent", [&](const request&, std::shared_ptr<responder> r) {
+    r->start_stream("text/event-stream");
+    workers.emplace_back([r, &done] {
+      while (!done && !r->client_gone())
+        std::this_thread::sleep_for(20ms);
+      r->finish();
+    });
+  });
   auto port = srv.start();
   {
     client c("127.0.0.1", port, 400ms);
@@ -359,6 +399,22 @@ TEST_CASE("client: comments do not extend the wait for an event, and a stop ends
     int asked = 0;
     CHECK_FALSE(c.next_event([&] { return ++asked > 3; })); // asked before each read: the fourth read is not made
     CHECK(asked == 4);
+  }
+  {
+    // The silent server: a stop ends the wait inside the read, long before
+    // the deadline (a cancelled vLLM stream frees its worker now, not after
+    // stream_idle_ms).
+    client c("127.0.0.1", port, 60s);
+    REQUIRE(c.open_stream({"POST", "/silent", "{}", "application/json", {}}).status == 200);
+    std::atomic<bool> cancel{false};
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(200ms);
+      cancel = true;
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(c.next_event([&] { return cancel.load(); }));
+    CHECK(std::chrono::steady_clock::now() - t0 < 20s); // before the fix: the full 60 s
+    canceller.join();
   }
   done = true;
   for (auto& w : workers)
@@ -514,6 +570,37 @@ TEST_CASE("server: writes to a stream whose client left return false, the bounde
   }
   CHECK(gone);
   CHECK_FALSE(r->write("data: x\n\n"));
+}
+
+TEST_CASE("server: a stream whose queue overflowed is cut: nothing after the lost chunk, and no end") {
+  auto o = fast_options();
+  o.max_stream_queue_bytes = 64 << 10;
+  server srv(o);
+  std::promise<std::shared_ptr<responder>> got;
+  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
+    r->start_stream("text/event-stream");
+    got.set_value(r);
+  });
+  auto port = srv.start();
+  raw_socket s(port);
+  s.send_text("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  auto r = got.get_future().get();
+  bool refused = false;
+  std::string chunk(8 << 10, 'x');
+  for (int i = 0; i < 100000 && !refused; ++i)
+    refused = !r->write(chunk);
+  REQUIRE(refused);
+  // The client now reads what it can, until the server closes.
+  std::string answer;
+  std::thread reader([&] { answer = s.read_all(); });
+  std::this_thread::sleep_for(300ms); // the queue drains, unless the stream is cut
+  // However small, and however empty the queue got, nothing more goes.
+  CHECK_FALSE(r->write("data: after the hole\n\n"));
+  r->finish();
+  reader.join();
+  CHECK(answer.find("after the hole") == std::string::npos);
+  CHECK(answer.find("\r\n0\r\n\r\n") == std::string::npos); // no last chunk: the client sees it broken
+  CHECK(r->client_gone());
 }
 
 TEST_CASE("server: a client that hangs up while its request is answered shows as gone before the answer") {
