@@ -506,12 +506,16 @@ void on_failure(self_ptr self, std::size_t place, const caf::error& err) {
                ? "no answer within "
                    + std::to_string(deadline_of(st.cfg.sync.deadlines, r.sent_phase).count()) + " ms"
                : self->system().render(err);
-  evict(self, r.book.engine(place), why);
+  // A round aborted during its pause resumes an engine whose wait-pause
+  // still waits for its requests: it refuses, and it never began the
+  // update, so it keeps serving its old version once a round resumes it.
+  const bool still_pausing = r.sent_phase == sync_phase::resume && is(err, errc::pause_in_flight);
+  evict(self, r.book.engine(place), why, still_pausing);
 }
 
 /// Takes an engine out of the round and out of routing. It stays a member
 /// (when alive) and needs a full sync before it is routable again.
-void evict(self_ptr self, const std::string& name, const std::string& why) {
+void evict(self_ptr self, const std::string& name, const std::string& why, bool untouched) {
   auto& st = self->state;
   auto& r = *st.round;
   bool in_wave = r.book.in_current_wave(name); // else a later wave: nothing sent to it yet
@@ -529,7 +533,7 @@ void evict(self_ptr self, const std::string& name, const std::string& why) {
     nccl_suspect(self, name + " was evicted in " + std::string{to_string(phase)}); // its link may be aborted
   if (auto i = st.members.find(name); i != st.members.end()) {
     i->second.routable = false;
-    if (in_wave && dirty_after_eviction(phase)) // the update session may be half applied
+    if (in_wave && !untouched && dirty_after_eviction(phase)) // the update session may be half applied
       i->second.info.dirty = true;
     member_event(self, name, "evicted");
   }
@@ -788,12 +792,17 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     }),
     authorized(self, guard, [=](sync_atom) -> caf::result<sync_report> {
       // One round at a time, and a trainer to pull from: it gets the next
-      // round, which may be this one.
-      if (self->state.sync_waiters.size() >= max_sync_waiters)
-        return make_error(errc::queue_full, std::to_string(max_sync_waiters) + " sync requests already wait for the "
-                                                                               "next round");
+      // round, which may be this one. While none can open, callers time out
+      // and ask again; their promises stay, so at the bound the oldest (the
+      // likeliest to have given up) is answered, not the newest refused.
+      auto& waiters = self->state.sync_waiters;
+      if (waiters.size() >= max_sync_waiters) {
+        waiters.front().deliver(make_error(errc::queue_full, std::to_string(max_sync_waiters)
+                                                               + " newer sync requests wait for the next round"));
+        waiters.erase(waiters.begin());
+      }
       auto rp = self->make_response_promise<sync_report>();
-      self->state.sync_waiters.push_back(rp);
+      waiters.push_back(rp);
       settle(self);
       return rp;
     }),
@@ -835,12 +844,12 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
     authorized(self, guard, [=](digest_atom) -> caf::result<std::vector<weight_digest>> {
       // Fan out to every member; an engine that does not answer in time is
       // reported with its name only, so the caller sees it unverified.
-      auto rp = self->make_response_promise<std::vector<weight_digest>>();
       auto& members = self->state.members;
+      if (members.empty()) // before the promise: once one is made, CAF drops a returned value
+        return std::vector<weight_digest>{};
+      auto rp = self->make_response_promise<std::vector<weight_digest>>();
       auto out = std::make_shared<std::vector<weight_digest>>();
       auto left = std::make_shared<std::size_t>(members.size());
-      if (*left == 0)
-        return std::vector<weight_digest>{};
       for (auto& [name, m] : members) {
         auto answered = [=](weight_digest d) mutable {
           out->push_back(std::move(d));

@@ -123,8 +123,8 @@
 
 namespace rlsync {
 
-/// sync requests waiting for the next round at once; more are refused
-/// (queue_full) until a round answers them.
+/// sync requests waiting for the next round at once; one more answers the
+/// oldest waiting (queue_full) until a round answers them all.
 inline constexpr std::size_t max_sync_waiters = 1024;
 
 /// Writes one line to stderr: the coordinator's default log.

@@ -34,7 +34,9 @@ void persist(self_ptr self);
 /// sync.min_live_engines: raises the alert once per fall below it.
 void check_min_live(self_ptr self);
 /// Takes an engine out of the round and out of routing.
-void evict(self_ptr self, const std::string& name, const std::string& why);
+/// `untouched`: the engine's weights are known whole (it never began this
+/// round's update), so an eviction in an update phase leaves it clean.
+void evict(self_ptr self, const std::string& name, const std::string& why, bool untouched = false);
 
 // -- defined in coordinator_membership.cpp ------------------------------------------
 

@@ -23,9 +23,10 @@ namespace {
 struct relay_state {
   token_sink_actor sink;
   std::uint64_t request_id = 0;
-  std::uint32_t next_index = 0;  ///< the index the next new token must have at least
+  std::uint32_t next_index = 0;  ///< the index the next token must have
   std::uint32_t max_tokens = 0;  ///< indices at or past it are bogus: bounds the record
   bool logprobs = false;         ///< the request asked for them: record them with the tokens
+  std::uint32_t top_logprobs = 0; ///< most probable tokens per step the request asked for
   generate_result forwarded;     ///< what reached the sink, with its version spans
 
   static inline const char* name = "router-relay";
@@ -40,6 +41,7 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   st.next_index = static_cast<std::uint32_t>(request.generated.size());
   st.max_tokens = request.sampling.max_tokens;
   st.logprobs = request.sampling.logprobs;
+  st.top_logprobs = request.sampling.top_logprobs;
   st.forwarded.request_id = request.request_id;
   // A relay lives as long as its request, and never longer than the router
   // or its sink: a requester that hung up (an HTTP client gone) ends the
@@ -51,10 +53,15 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   return {
     authorized(self, guard, [=](token_atom, token_event& ev) {
       auto& st = self->state;
-      if (ev.request_id != st.request_id || ev.index < st.next_index
-          || ev.index >= st.max_tokens)
-        return; // another request's, a duplicate, or past the budget
+      if (ev.request_id != st.request_id || ev.index != st.next_index || ev.index >= st.max_tokens)
+        return; // another request's, a duplicate, one out of its place, or past the budget
       st.next_index = ev.index + 1;
+      // As many top tokens as asked for, each with its log-probability: an
+      // engine's extra ones neither grow the record nor shift the next token's.
+      const auto top = std::min<std::size_t>({st.logprobs ? st.top_logprobs : 0u, ev.top_tokens.size(),
+                                              ev.top_logprobs.size()});
+      ev.top_tokens.resize(top);
+      ev.top_logprobs.resize(top);
       auto& out = st.forwarded;
       auto n = static_cast<std::uint32_t>(out.tokens.size());
       out.tokens.push_back(ev.token);
@@ -341,8 +348,8 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
     }
     rec.prior = stitch(std::move(rec.prior), *forwarded);
     auto done = rec.request.generated.size() + rec.prior.tokens.size();
-    bool eos = rec.request.sampling.stop_at_eos && !rec.prior.tokens.empty()
-               && rec.prior.tokens.back() == token_eos;
+    // Ended by its last token (EOS or a stop token), as the engine would have.
+    bool eos = !rec.prior.tokens.empty() && ends_as_eos(rec.request.sampling, rec.prior.tokens.back());
     if (done >= rec.request.sampling.max_tokens || eos) { // it had finished when the engine failed
       auto res = rec.prior;
       res.request_id = rec.request.request_id;

@@ -2,7 +2,9 @@
 
 #include "runtime/base/dtype.hpp"
 #include "runtime/base/printable.hpp"
+#include "runtime/config/model_config.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -15,6 +17,11 @@ std::string to_string(scheduler_state x) {
     case scheduler_state::paused_all: return "paused_all";
   }
   return "scheduler_state(" + std::to_string(static_cast<int>(x)) + ")";
+}
+
+bool ends_as_eos(const sampling_params& s, std::int32_t token) {
+  return (s.stop_at_eos && token == token_eos)
+         || std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end();
 }
 
 std::string to_string(finish_reason x) {
@@ -51,6 +58,8 @@ std::string check(const engine_info& x) {
     return e;
   if (x.node.size() > max_name_bytes) // may be empty: an engine outside any topology node
     return over_bound("engine_info.node", x.node.size(), max_name_bytes, "bytes");
+  if (x.tp == 0 || x.tp > max_engine_tp)
+    return "engine_info.tp: " + std::to_string(x.tp) + " workers, not 1 to " + std::to_string(max_engine_tp);
   return {};
 }
 

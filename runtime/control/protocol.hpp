@@ -52,6 +52,10 @@ struct sampling_params {
   std::vector<std::int32_t> stop_token_ids;
 };
 
+/// Whether sampling `token` ends a request sampled with `s` as EOS does
+/// (finish_reason::eos): the EOS token unless ignored, or a stop token.
+bool ends_as_eos(const sampling_params& s, std::int32_t token);
+
 /// A generation request. `generated` carries tokens already produced
 /// elsewhere (a reroute after a replica failed): the engine continues after
 /// them and counts them against max_tokens.
@@ -514,6 +518,9 @@ constexpr std::uint32_t max_top_logprobs = 20;
 constexpr std::size_t max_stop_token_ids = 256;
 /// Heartbeat waves one control-plane probe may ask for.
 constexpr std::uint32_t max_probe_waves = 10000;
+/// An engine's tensor-parallel workers (engine_info::tp), as the topology
+/// bounds them: the coordinator makes a communicator member of each.
+constexpr std::uint32_t max_engine_tp = 1024;
 
 /// Empty when `name` (field `field`) is non-empty and within max_name_bytes,
 /// else what is wrong with it.

@@ -348,9 +348,7 @@ std::size_t engine_core::deliver(scheduler_rank& rank, const std::vector<forward
       lp = logprobs_of(logits, config().vocab_size, token, sampling.top_logprobs);
     emit(r, token, out.version, stale, lp ? &*lp : nullptr);
     ++produced;
-    bool stop_token = std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), token)
-                      != sampling.stop_token_ids.end();
-    if ((token == token_eos && sampling.stop_at_eos) || stop_token)
+    if (ends_as_eos(sampling, token))
       finish(rank, r, finish_reason::eos);
     else if (r.generated() >= r.req.sampling.max_tokens
              || static_cast<std::int64_t>(r.context.size()) >= config().max_position_embeddings)

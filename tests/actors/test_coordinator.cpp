@@ -42,6 +42,15 @@ TEST_CASE_FIXTURE(coordinator_fixture, "a round with zero members completes and 
   CHECK(routes->empty());
 }
 
+TEST_CASE_FIXTURE(coordinator_fixture, "the fleet's digest with no member is answered at once, empty") {
+  start();
+  auto digests = request<std::vector<weight_digest>>(coord, digest_atom::value);
+  run();
+  REQUIRE(digests->has_value());
+  REQUIRE(**digests);
+  CHECK((**digests)->empty());
+}
+
 TEST_CASE_FIXTURE(coordinator_fixture, "sync replies with the report and every phase goes to every engine") {
   auto c = config();
   c.sync.every_versions = 10; // publishing alone starts no round here

@@ -88,18 +88,40 @@ TEST_CASE_FIXTURE(coordinator_fixture, "the router hears every version the train
   CHECK(second_seen->published == std::vector<std::uint64_t>{2});
 }
 
-TEST_CASE_FIXTURE(coordinator_trainer_fixture, "sync requests waiting for a round are bounded") {
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "sync requests waiting for a round are bounded: the oldest is answered first") {
   start_with_trainer(config());
   kill_trainer(); // no trainer: no round starts, every sync waits
   std::vector<decltype(request<sync_report>(coord, sync_atom::value))> waiting;
   for (std::size_t i = 0; i < max_sync_waiters; ++i)
     waiting.push_back(request<sync_report>(coord, sync_atom::value));
-  auto refused = request<sync_report>(coord, sync_atom::value);
   run();
-  CHECK(!waiting.back()->has_value());
-  REQUIRE(refused->has_value());
-  REQUIRE(!**refused);
-  CHECK(is((**refused).error(), errc::queue_full));
+  for (const auto& w : waiting)
+    REQUIRE(!w->has_value());
+  // Callers that gave up leave their promises: a new one still waits, and
+  // the oldest hears that it will not be served.
+  auto newest = request<sync_report>(coord, sync_atom::value);
+  run();
+  CHECK(!newest->has_value());
+  REQUIRE(waiting.front()->has_value());
+  REQUIRE(!**waiting.front());
+  CHECK(is((**waiting.front()).error(), errc::queue_full));
+  CHECK(!waiting[1]->has_value());
+}
+
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a round aborted while an engine's wait-pause still waits evicts it clean, on its old version") {
+  start_with_trainer(config());
+  engines["a"].on(sync_phase::pause, act::hold);   // a wait-pause: its requests still run
+  engines["a"].on(sync_phase::resume, act::fail);  // and the real engine refuses resume meanwhile
+  engines["a"].script->fail_with = errc::pause_in_flight;
+  publish_through_trainer(3);
+  CHECK(count(sync_phase::pause) == 2);
+  CHECK(count(sync_phase::start) == 0);
+  kill_trainer();
+  REQUIRE(reports.size() == 1);
+  CHECK(reports.back().aborted);
+  CHECK(member_info("a").version == 2);
+  CHECK(!member_info("a").dirty); // it never began the update: the next round need not send it all
+  CHECK(!member_info("b").dirty);
 }
 
 // -- failure handling: the trainer ---------------------------------------------------------

@@ -580,6 +580,18 @@ TEST_CASE_FIXTURE(router_fixture, "a request that had finished, or failed too of
     CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101});
     CHECK(status(r).rerouted == 0);
   }
+  SUBCASE("its last token was a stop token when the engine died") {
+    auto a = make_engine("a", 1, act::hold);
+    route(r, a, "a", 1);
+    auto req = request(1, {1}, 8);
+    req.sampling.stop_token_ids = {101}; // the second token streamed
+    auto out = submit(r, req);
+    kill(a);
+    REQUIRE(out->result);
+    CHECK(out->result->reason == finish_reason::eos);
+    CHECK(out->result->tokens == std::vector<std::int32_t>{100, 101});
+    CHECK(status(r).rerouted == 0);
+  }
   SUBCASE("past max_reroutes it fails with what the sink has") {
     auto a = make_engine("a", 1, act::hold);
     auto b = make_engine("b", 1, act::hold);
@@ -598,12 +610,15 @@ TEST_CASE_FIXTURE(router_fixture, "a request that had finished, or failed too of
 
 TEST_CASE_FIXTURE(router_fixture, "every token reaches the sink once, in order, before the result") {
   auto r = make_router();
-  // This engine sends every token twice, and a token for request 1001 besides.
+  // This engine sends every token twice (the first time with three top
+  // tokens), once ahead of its place, and a token for request 1001 besides.
   auto t = make_engine("t", 1, act::answer, true);
   route(r, t, "t", 1);
   auto req = request(1);
   req.generated = {7}; // a continuation: indices start at 1
-  req.sampling.max_tokens = 3;
+  req.sampling.max_tokens = 4;
+  req.sampling.logprobs = true;
+  req.sampling.top_logprobs = 1;
   auto out = submit(r, req);
   REQUIRE(out->result);
   CHECK(out->result->tokens == std::vector<std::int32_t>{101, 102});
@@ -611,6 +626,10 @@ TEST_CASE_FIXTURE(router_fixture, "every token reaches the sink once, in order, 
   REQUIRE(log->tokens.size() == 2);
   CHECK(log->tokens[0].token == 101);
   CHECK(log->tokens[1].token == 102);
+  for (const auto& ev : log->tokens) { // as many top tokens as asked for
+    CHECK(ev.top_tokens == std::vector<std::int32_t>{1});
+    CHECK(ev.top_logprobs.size() == 1);
+  }
 }
 
 TEST_CASE_FIXTURE(router_fixture, "the result reaches the requester only after the sink has every token") {

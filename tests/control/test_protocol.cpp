@@ -108,6 +108,11 @@ TEST_CASE("what a peer sends is bounded: each bound is refused naming the field 
     {"empty engine name", [] { return check(engine_info{"", "node", 1, 0, false, 0}); }, "engine_info.name: empty"},
     {"node name", [] { return check(engine_info{"e", name_over, 1, 0, false, 0}); },
      "engine_info.node: 257 bytes exceed the bound of 256"},
+    {"no workers", [] { return check(engine_info{"e", "node", 0, 0, false, 0}); },
+     "engine_info.tp: 0 workers, not 1 to 1024"},
+    {"workers over the bound (a communicator member each)",
+     [] { return check(engine_info{"e", "node", 0xFFFFFFFFu, 0, false, 0}); },
+     "engine_info.tp: 4294967295 workers, not 1 to 1024"},
     {"heartbeat sender", [] { return check(heartbeat{name_over, 1}); }, "heartbeat.from: 257 bytes"},
     {"route engine", [] { return check(route_update{name_over, 1, true}); }, "route_update.engine: 257 bytes"},
     {"prompt", [] {

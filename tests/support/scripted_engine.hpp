@@ -60,6 +60,7 @@ struct engine_script {
 
   // -- sync phases and heartbeats --
   std::map<sync_phase, act> on; ///< missing: answer
+  errc fail_with = errc::not_paused; ///< what a phase told to fail answers with
   std::uint64_t transfer_bytes = 1000;
   /// What its transfer report says of its pull: duration, wait and store,
   /// on a core and waiting for one.
@@ -79,7 +80,8 @@ struct engine_script {
   std::uint32_t tokens = 2; ///< generated per request (capped by max_tokens)
   /// Token i's version; missing: `version`.
   std::vector<std::uint64_t> token_versions;
-  /// Send every token twice, and each once more for request id + 1000.
+  /// A lying engine: every token twice (the first with three top tokens),
+  /// once more for request id + 1000, and once ahead of its place.
   bool duplicate_tokens = false;
 
   // -- what it was asked --
@@ -131,7 +133,7 @@ caf::result<Reply> scripted_phase_reply(scripted_engine_ptr self, sync_phase pha
     case act::wrong:
       return wrong_reply;
     case act::fail:
-      return make_error(errc::not_paused, st.engine + " told to fail " + std::string{to_string(phase)});
+      return make_error(st.script->fail_with, st.engine + " told to fail " + std::string{to_string(phase)});
     case act::hold: {
       auto rp = self->make_response_promise<Reply>();
       st.held.push_back({[rp, reply]() mutable { rp.deliver(reply); },
@@ -163,12 +165,20 @@ inline generate_result scripted_generation(scripted_engine_ptr self, const gener
   for (std::uint32_t i = first; i < first + n; ++i) {
     auto version = i < script.token_versions.size() ? script.token_versions[i] : script.version;
     token_event ev{req.request_id, i, static_cast<std::int32_t>(req.request_id * 100 + i), version, false};
-    self->send(sink, token_atom_v, ev);
     if (script.duplicate_tokens) {
+      auto ahead = ev;
+      ahead.index += 2;
+      self->send(sink, token_atom_v, ahead);
+      auto with_top = ev;
+      with_top.top_tokens = {1, 2, 3};
+      with_top.top_logprobs = {-0.1f, -0.2f, -0.3f};
+      self->send(sink, token_atom_v, with_top);
       self->send(sink, token_atom_v, ev);
       auto other = ev;
       other.request_id += 1000;
       self->send(sink, token_atom_v, other);
+    } else {
+      self->send(sink, token_atom_v, ev);
     }
     res.tokens.push_back(ev.token);
     auto local = static_cast<std::uint32_t>(res.tokens.size());
