@@ -60,6 +60,10 @@ void for_each_run(const strided& v, std::size_t element_size, F&& run) {
       for (std::int64_t i = 0; i < inner; ++i)
         run((base + i * inner_stride) * es, element_size);
     for (std::size_t d = rank - 1; d-- > 0;) {
+      // A dim of one element never moves: its stride is not bounded by the
+      // view's span (a peer's plan may carry any), so it is never added.
+      if (v.shape[d] == 1)
+        continue;
       base += v.strides[d];
       if (++index[d] < v.shape[d])
         break;

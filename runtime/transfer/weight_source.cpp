@@ -232,9 +232,10 @@ std::shared_ptr<const weight_snapshot> weight_snapshot::from_checkpoint(std::uin
   s->config_ = owned->config();
   std::vector<tensor_view> views;
   for (const auto& e : owned->tensors()) {
+    if (!held(e.tensor->name))
+      continue; // another rank's, or an extra the engines drop (a layer's inv_freq, any layer)
     plan::group_of(s->config_, e.tensor->name); // throws for a name in no group
-    if (held(e.tensor->name))
-      views.push_back(*e.tensor);
+    views.push_back(*e.tensor);
   }
   // Parameter order within a group, whatever the files' order.
   auto order = llama_parameter_specs(s->config_, dtype::bf16);
@@ -786,9 +787,12 @@ snapshot_ptr checkpoint_dir_source::poll() {
   // Said once per name: they are marked reported only when thrown.
   std::vector<std::string> notes, noted_names;
   std::set<std::uint64_t> complete; // this scan's complete steps
+  std::set<std::string> still_there; // reported names this scan saw again
   std::error_code ec;
   for (fs::directory_iterator it(options_.dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
+    if (reported_names_.count(name))
+      still_there.insert(name);
     auto step = parse_step_dir_name(name);
     if (!step) {
       if (auto problem = step_name_problem(name); !problem.empty() && !reported_names_.count(name)) {
@@ -819,6 +823,14 @@ snapshot_ptr checkpoint_dir_source::poll() {
     path = it->path().string();
   }
   complete_last_scan_ = std::move(complete);
+  // What can no longer be chosen (at or below the published version), and
+  // names gone from the directory, are forgotten: over a long run, these
+  // hold only what the directory still shows.
+  if (!ec) // a scan cut short saw only some names: forgetting the rest would say them again
+    reported_names_ = std::move(still_there);
+  rejected_.erase(rejected_.begin(), rejected_.upper_bound(after));
+  for (auto it = retrying_.begin(); it != retrying_.end();)
+    it = it->first <= after ? retrying_.erase(it) : std::next(it);
   auto mark_noted = [&] { reported_names_.insert(noted_names.begin(), noted_names.end()); };
   if (!newest) {
     if (!notes.empty()) {

@@ -187,6 +187,15 @@ TEST_CASE("reader rejects in-memory variants with messages naming source, tensor
   // A zero dimension makes the product 0 even when others are huge.
   std::string zero = image(R"({"z":{"dtype":"F32","shape":[0,9223372036854775807],"data_offsets":[0,0]}})", 0);
   CHECK(parse_error(zero).empty());
+  // Also when the zero comes last, after dimensions whose product alone
+  // overflows: the tensor is empty, and its element count says so (without
+  // the signed overflow that only a sanitizer build sees).
+  std::string zero_last =
+    image(R"({"z":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})", 0);
+  const auto empty = parse_safetensors(zero_last.data(), zero_last.size(), "mem");
+  REQUIRE(empty.tensors.size() == 1);
+  CHECK(numel(empty.tensors[0].shape) == 0);
+  CHECK(empty.tensors[0].bytes() == 0);
 }
 
 TEST_CASE("reader: JSON syntax, nesting and value count are checked as the header is read") {

@@ -11,11 +11,11 @@ namespace rlsync::test {
 /// The single-file checkpoint `base` written again to `out` with an f32
 /// rotary inv_freq buffer first in data order, as Hugging Face's writer may
 /// put a higher-precision extra.
-inline void write_with_leading_f32_extra(const std::string& base, const std::string& out) {
+inline void write_with_leading_f32_extra(const std::string& base, const std::string& out,
+                                         const std::string& extra = "model.layers.0.self_attn.rotary_emb.inv_freq") {
   auto ck = checkpoint::open(base);
   std::vector<float> inv_freq(4, 0.5f);
-  std::vector<tensor_bytes> tensors{
-      {tensor_spec{"model.layers.0.self_attn.rotary_emb.inv_freq", dtype::f32, {4}}, inv_freq.data()}};
+  std::vector<tensor_bytes> tensors{{tensor_spec{extra, dtype::f32, {4}}, inv_freq.data()}};
   for (const auto& e : ck.tensors())
     tensors.push_back({tensor_spec{e.tensor->name, e.tensor->type, e.tensor->shape}, e.tensor->data});
   std::filesystem::create_directories(out);

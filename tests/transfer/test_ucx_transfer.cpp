@@ -754,6 +754,26 @@ TEST_CASE("ucx: a checkpoint directory's steps are lent in place, nothing packed
   CHECK(producer.stats().buffers_made == 0); // nothing was packed
 }
 
+TEST_CASE("ucx: a producer started before a checkpoint directory's first f32 step takes f32 plans") {
+  SKIP_WITHOUT_UCX();
+  test::scratch_dir tmp;
+  const model_config c = test::small_model(3);
+  checkpoint_dir_options o;
+  o.config = c;
+  o.dir = tmp.path(); // no dtype given: the directory's first step says it
+  auto steps = std::make_shared<checkpoint_dir_source>(o);
+  ucx_producer producer(steps, loopback_producer()); // before any step: the source assumes bf16
+  ucx_puller puller(loopback_puller(producer));
+  test_engine e("rollout-0", c, 2, puller, dtype::f32);
+  const auto step = o.dir + "/" + step_dir_name(1);
+  make_synthetic_checkpoint(step, c, dtype::f32, 5);
+  mark_step_complete(step);
+  auto v = steps->poll();
+  REQUIRE(v);
+  e.pull(puller, 1, transfer_mode::sharded);
+  test::check_identical(*e.weights, *test::loaded(*v, 2)); // f32, as the step is
+}
+
 TEST_CASE("ucx: a version lent in place and never given back is retired: no later version reuses its memory") {
   SKIP_WITHOUT_UCX();
   const model_config c = test::small_model(3);

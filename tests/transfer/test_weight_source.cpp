@@ -392,25 +392,32 @@ TEST_CASE("checkpoint_dir_source: a step without its marker is ignored until the
 }
 
 TEST_CASE("checkpoint_dir_source: a step's extra tensors (rotary inv_freq) stay behind") {
-  scratch_dir tmp;
-  const model_config c = test::small_model(2);
-  make_synthetic_checkpoint(tmp / "base", c, dtype::bf16, 3);
-  checkpoint_dir_options o;
-  o.config = c;
-  o.dir = tmp / "steps";
-  std::filesystem::create_directory(o.dir);
-  const std::string step1 = o.dir + "/" + step_dir_name(1);
-  test::write_with_leading_f32_extra(tmp / "base", step1);
-  mark_step_complete(step1);
-  checkpoint_dir_source src(o);
-  auto v1 = src.poll();
-  REQUIRE(v1.get() != nullptr);
-  // Exactly the parameters the source registers: what ranks, slots and budgets are sized by.
-  const auto params = src.parameters();
-  REQUIRE(v1->tensors().size() == params.size());
-  for (std::size_t i = 0; i < params.size(); ++i)
-    CHECK(v1->tensors()[i].name == params[i].name);
-  check_equal_to_checkpoint(*v1, tmp / "base");
+  // Engines drop any name ending in .self_attn.rotary_emb.inv_freq, of a
+  // layer the model has or not: the source too, before it groups tensors.
+  for (const std::string extra : {"model.layers.0.self_attn.rotary_emb.inv_freq",
+                                  "model.layers.7.self_attn.rotary_emb.inv_freq", "foo.self_attn.rotary_emb.inv_freq"}) {
+    CAPTURE(extra);
+    scratch_dir tmp;
+    const model_config c = test::small_model(2);
+    make_synthetic_checkpoint(tmp / "base", c, dtype::bf16, 3);
+    checkpoint_dir_options o;
+    o.config = c;
+    o.dir = tmp / "steps";
+    o.retry_for = std::chrono::milliseconds(0); // a refused step is refused at once
+    std::filesystem::create_directory(o.dir);
+    const std::string step1 = o.dir + "/" + step_dir_name(1);
+    test::write_with_leading_f32_extra(tmp / "base", step1, extra);
+    mark_step_complete(step1);
+    checkpoint_dir_source src(o);
+    auto v1 = src.poll();
+    REQUIRE(v1.get() != nullptr);
+    // Exactly the parameters the source registers: what ranks, slots and budgets are sized by.
+    const auto params = src.parameters();
+    REQUIRE(v1->tensors().size() == params.size());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      CHECK(v1->tensors()[i].name == params[i].name);
+    check_equal_to_checkpoint(*v1, tmp / "base");
+  }
 }
 
 TEST_CASE("checkpoint_dir_source: a step whose config.json disagrees is an error naming the file") {
@@ -673,6 +680,13 @@ TEST_CASE("checkpoint_dir_source: hostile step directories") {
     mark_step_complete(step1);
     REQUIRE(src.poll().get() != nullptr);
     CHECK(src.latest()->version() == 1);
+    // Gone from the directory, the name is forgotten (the source keeps what
+    // it has said bounded by what the directory holds); back, it is said again.
+    std::filesystem::remove_all(o.dir + "/step-9999999999999999999");
+    CHECK(src.poll().get() == nullptr);
+    std::filesystem::create_directories(o.dir + "/step-9999999999999999999");
+    CHECK(poll_error(src).find("'step-9999999999999999999' is outside the version range") != std::string::npos);
+    CHECK(src.poll().get() == nullptr);
   }
 
   SUBCASE("a step that fails while its files are missing is retried, then published") {

@@ -24,7 +24,11 @@ constexpr std::size_t max_plans_per_connection = 256;
 // The encoded bytes of the plans a connection holds (decoded, a few times
 // that): a worker's plan is a few MB for the largest models.
 constexpr std::uint64_t max_plan_bytes_per_connection = std::uint64_t(256) << 20;
-constexpr std::size_t max_sessions_per_connection = 64;
+// A connection is one engine worker's, which runs one pull at a time; each
+// session holds its version alive, so sessions never closed (a close lost,
+// or a consumer that never sends one) keep at most this many versions
+// beyond the trainer's keep_versions: the least recently used goes first.
+constexpr std::size_t max_sessions_per_connection = 4;
 // A consumer has at most a few requests outstanding (its gets are bounded
 // by max_outstanding_per_connection) and reads each answer; one that leaves
 // this many unread asks and does not read, and would grow the outbox.
@@ -35,8 +39,6 @@ constexpr std::size_t max_unread_replies = 256;
 // -- setup --------------------------------------------------------------------------
 
 void producer_impl::start() {
-  // The model's full group sizes bound what a plan may make us pack.
-  intake.emplace(*source);
   // The default budget: a few of the largest groups a consumer may ask for
   // (broadcast's, with its alignment, is the largest).
   const std::uint64_t largest = std::max<std::uint64_t>(1, largest_full_group_bytes(*source));
@@ -505,7 +507,9 @@ void producer_impl::handle(const conn_ptr& c, const wire::plan_msg& m) {
   }
   std::shared_ptr<const plan::grouped_plan> grouped;
   try {
-    grouped = intake->accept(m.plan.data(), m.plan.size());
+    // Made for each plan, as the trainer's nccl path does: a checkpoint
+    // directory learns its dtype at its first step, after start().
+    grouped = plan_intake(*source).accept(m.plan.data(), m.plan.size());
   } catch (const plan_intake::refusal& e) {
     refuse(e.malformed ? wire::status::bad_request : wire::status::producer_failed, e.what());
     return;
