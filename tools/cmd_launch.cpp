@@ -29,12 +29,13 @@ const char* description =
   "environment (so a cluster secret in an environment variable reaches them).";
 
 const char* footer =
-  "Ctrl-C (or SIGTERM) stops every node: SIGTERM, then SIGKILL after the grace\n"
-  "period (a second Ctrl-C skips the wait). A node that fails on its own (non-zero\n"
-  "exit or a signal) is started again when the topology gives it `restart:\n"
-  "on-failure` (after 0.5 s, 1 s, 2 s... up to 30 s; at most its max_restarts\n"
-  "times); otherwise, or once its restarts run out, it stops the others the same\n"
-  "way. The coordinator's node is never restarted. Nodes also die if the launcher dies.\n"
+  "Ctrl-C (or SIGTERM, or SIGHUP: its terminal closed) stops every node: SIGTERM,\n"
+  "then SIGKILL after the grace period (a second Ctrl-C skips the wait). A node\n"
+  "that fails on its own (non-zero exit or a signal) is started again when the\n"
+  "topology gives it `restart: on-failure` (after 0.5 s, 1 s, 2 s... up to 30 s;\n"
+  "at most its max_restarts times); otherwise, or once its restarts run out, it\n"
+  "stops the others the same way. The coordinator's node is never restarted. Nodes\n"
+  "also die if the launcher dies.\n"
   "Exit status: 0 every node exited 0, 1 a node failed (it is named) or no node is\n"
   "on this machine, 2 usage error, 128+N stopped by signal N (130 for Ctrl-C).";
 

@@ -74,7 +74,7 @@ vllm_engine_config vllm_engine_config_from(const topology& t, const engine_spec&
   cfg.url = "http://" + (e.url_host.find(':') != std::string::npos ? "[" + e.url_host + "]" : e.url_host) + ":"
             + std::to_string(e.url_port);
   if (!e.api_key_file.empty())
-    cfg.bearer_token = metrics::read_api_key_file(e.api_key_file);
+    cfg.bearer_token = metrics::read_api_key_file(e.api_key_file, "engines '" + e.name + "' api_key_file");
   cfg.weights_dir = e.weights_dir;
   cfg.source_dtype = source_dtype;
   cfg.server_tp = static_cast<int>(e.tp);
@@ -340,6 +340,37 @@ std::string backend_device_problem(const topology& t, const gpu::device_info& de
          + (devices.detail.empty() ? std::string("no CUDA device") : devices.detail) + ")";
 }
 
+namespace {
+
+/// Stops what a deployment being assembled had started (its actors, its
+/// HTTP endpoint) unless dismissed, so that an assembly failing halfway
+/// leaves nothing running: CAF 0.17's actor system waits for every actor at
+/// its end, and a trainer left ticking would hold the process for good.
+class stop_unless_dismissed {
+public:
+  stop_unless_dismissed(caf::actor_system& sys, const local_deployment& d) : sys_(sys), d_(d) {}
+  stop_unless_dismissed(const stop_unless_dismissed&) = delete;
+  stop_unless_dismissed& operator=(const stop_unless_dismissed&) = delete;
+  ~stop_unless_dismissed() {
+    if (dismissed_)
+      return;
+    try {
+      if (d_.http)
+        d_.http->stop();
+      stop_and_await(sys_, d_.actors());
+    } catch (...) { // unwinding already: the first failure is the one to tell
+    }
+  }
+  void dismiss() { dismissed_ = true; }
+
+private:
+  caf::actor_system& sys_;
+  const local_deployment& d_;
+  bool dismissed_ = false;
+};
+
+} // namespace
+
 local_deployment assemble_head(caf::actor_system& sys, const topology& t, const deployment_options& opts) {
   if (auto why = backend_device_problem(t, opts.devices ? *opts.devices : gpu::query_devices(), opts.node); !why.empty())
     throw std::runtime_error(why);
@@ -353,6 +384,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   // follows a single rank hosted with it directly, as before ranks existed;
   // otherwise each rank registers (here below, or from its own node).
   d.nccl = opts.nccl;
+  stop_unless_dismissed started(sys, d);
   d.ranks = spawn_ranks(sys, t, opts.node, d.authorize, opts.incarnation != 0 ? opts.incarnation : 1, {}, d.nccl);
   if (!d.ranks.empty())
     d.trainer = d.ranks.front().trainer;
@@ -395,12 +427,7 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
     d.router = spawn_router(sys, rc, d.authorize);
   auto on_router = opts.on_router;
   if (d.router && t.router.http_port) {
-    try {
-      d.http = std::make_shared<router_endpoint>(sys, router_endpoint_options_from(t, d.metrics), d.router);
-    } catch (...) {
-      stop_and_await(sys, d.actors());
-      throw;
-    }
+    d.http = std::make_shared<router_endpoint>(sys, router_endpoint_options_from(t, d.metrics), d.router);
     // A router restarted here takes the endpoint's requests from then on.
     on_router = [endpoint = std::weak_ptr<router_endpoint>(d.http), next = opts.on_router](const router_actor& r) {
       if (auto e = endpoint.lock())
@@ -435,10 +462,8 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   // Every engine up (its staging faulted in) before the coordinator starts:
   // the first round then takes them all, registered together below.
   for (std::size_t i = 0; i < d.engines.size(); ++i)
-    if (auto failure = await_engine_ready(sys, caf::actor_cast<caf::actor>(d.engines[i])); !failure.empty()) {
-      stop_and_await(sys, d.actors());
+    if (auto failure = await_engine_ready(sys, caf::actor_cast<caf::actor>(d.engines[i])); !failure.empty())
       throw std::runtime_error("engine " + hosted[i]->name + " did not come up: " + failure);
-    }
   d.coordinator = sys.spawn(coordinator, cc);
   d.drivers->granted(d.coordinator.address(), d.router.address());
   d.current_coordinator->set(d.coordinator);
@@ -446,20 +471,17 @@ local_deployment assemble_head(caf::actor_system& sys, const topology& t, const 
   if (!d.single_trainer)
     for (const auto& r : d.ranks)
       if (auto failure = register_rank(sys, d.coordinator, t, r, opts.register_deadline);
-          !failure.empty()) {
-        stop_and_await(sys, d.actors());
+          !failure.empty())
         throw std::runtime_error("trainer rank " + std::to_string(r.rank)
                                  + " could not register with the coordinator: " + failure);
-      }
   for (std::size_t i = 0; i < d.engines.size(); ++i) {
     auto info = engine_info_of(*hosted[i], d.incarnations[i]);
     if (auto failure = register_engine(sys, d.coordinator, info, caf::actor_cast<caf::actor>(d.engines[i]),
                                        opts.register_deadline);
-        !failure.empty()) {
-      stop_and_await(sys, d.actors());
+        !failure.empty())
       throw std::runtime_error("engine " + hosted[i]->name + " could not register with the coordinator: " + failure);
-    }
   }
+  started.dismiss();
   return d;
 }
 

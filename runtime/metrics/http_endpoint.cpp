@@ -51,8 +51,8 @@ std::string metrics_server::url() const {
   return "http://" + host + ":" + std::to_string(port_) + "/metrics";
 }
 
-std::string read_api_key_file(const std::string& file) {
-  const std::string what = "cluster.http_api_key_file " + file;
+std::string read_api_key_file(const std::string& file, const std::string& key) {
+  const std::string what = key + " " + file;
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0)
     throw std::runtime_error(what + ": cannot be read");

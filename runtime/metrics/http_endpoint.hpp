@@ -38,7 +38,8 @@ private:
 };
 
 /// The bearer token in `file` (its first line, surrounding blanks removed);
-/// throws std::runtime_error naming the file when it cannot be read or is empty.
-std::string read_api_key_file(const std::string& file);
+/// throws std::runtime_error naming the key (`key`, the topology's field)
+/// and the file when it cannot be read or is empty.
+std::string read_api_key_file(const std::string& file, const std::string& key = "cluster.http_api_key_file");
 
 } // namespace rlsync::metrics

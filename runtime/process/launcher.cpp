@@ -55,10 +55,10 @@ constexpr int drain_reads_at_exit = 16;
 std::atomic<int> g_wake_fd{-1};
 std::atomic<bool> g_supervisor_running{false};
 
-// stop_on_signals: where SIGINT/SIGTERM go, and the first one received.
+// stop_on_signals: where SIGINT/SIGTERM/SIGHUP go, and the first one received.
 std::atomic<supervisor*> g_stop_target{nullptr};
 std::atomic<int> g_stop_signal{0};
-struct sigaction g_old_int, g_old_term;
+struct sigaction g_old_int, g_old_term, g_old_hup;
 
 static_assert(std::atomic<int>::is_always_lock_free, "signal handlers need lock-free atomics");
 
@@ -787,11 +787,16 @@ stop_on_signals::stop_on_signals(supervisor& s) {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, &g_old_int);
   ::sigaction(SIGTERM, &sa, &g_old_term);
+  // The terminal closed: by default it would kill this process alone, and
+  // the children (each in its own process group) would get only their
+  // parent-death SIGTERM, with no grace, no SIGKILL after it and no reaping.
+  ::sigaction(SIGHUP, &sa, &g_old_hup);
 }
 
 stop_on_signals::~stop_on_signals() {
   ::sigaction(SIGINT, &g_old_int, nullptr);
   ::sigaction(SIGTERM, &g_old_term, nullptr);
+  ::sigaction(SIGHUP, &g_old_hup, nullptr);
   g_stop_target = nullptr;
 }
 

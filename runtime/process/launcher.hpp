@@ -167,7 +167,7 @@ private:
   int wake_[2] = {-1, -1}; // self-pipe: stop requests and SIGCHLD wake poll()
 };
 
-/// While alive, SIGINT and SIGTERM call `s.request_stop()` instead of
+/// While alive, SIGINT, SIGTERM and SIGHUP call `s.request_stop()` instead of
 /// terminating this process; the previous handlers come back when it is
 /// destroyed. One at a time per process.
 class stop_on_signals {

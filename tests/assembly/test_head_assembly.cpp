@@ -11,6 +11,7 @@
 #include "gpu/ipc_producer.hpp"
 #include "runtime/plan/groups.hpp"
 #include "tests/gpu/fake_ipc_memory.hpp"
+#include "tests/support/scratch_dir.hpp"
 #include "tests/support/threaded_system.hpp"
 #include "tests/support/transfer_fixtures.hpp"
 
@@ -18,7 +19,10 @@
 #include <caf/send.hpp>
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <fstream>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -182,6 +186,40 @@ TEST_CASE("assembly: two trainer ranks in one process sync every engine to the w
   // The check can fail: one rank's half is not the model.
   auto half = verify_weights(t, {d.ranks[0].trainer.source.get()}, digests);
   CHECK(std::none_of(half.begin(), half.end(), [](auto& v) { return v.ok(); }));
+}
+
+TEST_CASE("assembly: a head that fails halfway stops what it started, and the error names the field") {
+  test::scratch_dir dir;
+  const auto key = dir.path() + "/v.key";
+  {
+    std::ofstream(key) << "token\n";
+  }
+  ::chmod(key.c_str(), 0644); // readable by others: refused, after the trainer and engine e started
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                          "intermediate_size: 128}}\nnodes: [{name: a}]\n"
+                          "trainer: {node: a, step_time_ms: 50}\n"
+                          "engines: [{name: e, node: a}, {name: v, node: a, kind: vllm, url: 'http://127.0.0.1:1', "
+                          "api_key_file: '" + key + "', weights_dir: '" + dir.path() + "/w'}]\n",
+                          "t.yaml", "/tmp");
+  std::string error;
+  try {
+    deploy_local(sys, t, {});
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  CHECK_MESSAGE(error.find("engines 'v' api_key_file " + key + ": accessible by group or others") != std::string::npos,
+                error);
+  // The ticking trainer and engine e are gone: the system's end (which
+  // waits for every actor) does not hang.
+  bool none_left = false;
+  for (int i = 0; i < 200 && !none_left; ++i) {
+    none_left = sys.registry().running() == 0;
+    if (!none_left)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(none_left);
 }
 
 TEST_CASE("assembly: cuda_ipc and nccl need a CUDA device at start-up, the other backends none") {

@@ -250,31 +250,34 @@ TEST_CASE("launcher: request_stop (what SIGINT does) stops every child") {
   CHECK(exit_of(r, "b").stopped);
 }
 
-TEST_CASE("launcher: SIGTERM to this process stops the children while stop_on_signals is installed") {
-  scratch_dir dir;
-  captured out;
-  supervisor_options opts;
-  opts.sink = out.sink();
-  opts.grace = std::chrono::seconds(5);
-  supervisor sup(opts);
-  launch_result r;
-  int received = 0;
-  {
-    stop_on_signals guard(sup);
-    std::thread signaller([&] {
-      for (int i = 0; i < 1000 && !std::filesystem::exists(dir / "ready"); ++i)
-        std::this_thread::sleep_for(milliseconds(10));
-      ::kill(::getpid(), SIGTERM);
-    });
-    r = sup.run(
-      {sh("a", "trap 'echo stopping; exit 0' TERM; touch '" + dir / "ready" + "'; while :; do sleep 1; done")});
-    signaller.join();
-    received = guard.received();
+TEST_CASE("launcher: SIGTERM, SIGINT or SIGHUP (the terminal closed) stop the children while stop_on_signals is installed") {
+  for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    CAPTURE(sig);
+    scratch_dir dir;
+    captured out;
+    supervisor_options opts;
+    opts.sink = out.sink();
+    opts.grace = std::chrono::seconds(5);
+    supervisor sup(opts);
+    launch_result r;
+    int received = 0;
+    {
+      stop_on_signals guard(sup);
+      std::thread signaller([&] {
+        for (int i = 0; i < 1000 && !std::filesystem::exists(dir / "ready"); ++i)
+          std::this_thread::sleep_for(milliseconds(10));
+        ::kill(::getpid(), sig);
+      });
+      r = sup.run(
+        {sh("a", "trap 'echo stopping; exit 0' TERM; touch '" + dir / "ready" + "'; while :; do sleep 1; done")});
+      signaller.join();
+      received = guard.received();
+    }
+    CHECK(received == sig);
+    CHECK(r.outcome == launch_outcome::stopped);
+    CHECK(exit_of(r, "a").describe() == "exited 0");
+    CHECK(out.has(output_stream::out, "[a] stopping\n"));
   }
-  CHECK(received == SIGTERM);
-  CHECK(r.outcome == launch_outcome::stopped);
-  CHECK(exit_of(r, "a").describe() == "exited 0");
-  CHECK(out.has(output_stream::out, "[a] stopping\n"));
 }
 
 TEST_CASE("launcher: a stop requested before run starts nothing") {
