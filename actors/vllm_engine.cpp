@@ -116,6 +116,39 @@ errc stream_failure(int refused_with) {
   }
 }
 
+/// What is wrong with stream update `u` of `s`, or nothing: a server that
+/// lies fails the request instead of growing it without bound (more tokens
+/// than asked, ids outside the vocabulary) or shifting log-probabilities
+/// onto the wrong tokens (they line up one to one with the tokens, the top
+/// ones k to one). The first chunk of tokens says whether the server sends
+/// top log-probabilities (s.sends_top); every later one must say the same.
+std::string lie_in(const vllm_stream_update& u, vllm_stream& s, std::int64_t vocab_size) {
+  const auto& sampling = s.request.sampling;
+  const auto asked = sampling.max_tokens - s.request.generated.size();
+  if (s.result.tokens.size() + u.tokens.size() > asked)
+    return "the server sent more than the " + std::to_string(asked) + " tokens asked for";
+  for (auto t : u.tokens)
+    if (t >= vocab_size)
+      return "the server sent token " + std::to_string(t) + ", outside the vocabulary";
+  if (!sampling.logprobs || u.tokens.empty())
+    return {};
+  if (u.logprobs.size() != u.tokens.size())
+    return "the server sent " + std::to_string(u.tokens.size()) + " tokens with " + std::to_string(u.logprobs.size())
+           + " log-probabilities";
+  const auto k = sampling.top_logprobs;
+  if (k == 0)
+    return {};
+  const bool sent = !u.top.empty();
+  if (!s.sends_top)
+    s.sends_top = sent;
+  const bool short_of_k = sent && (u.top.size() != u.tokens.size()
+                                   || std::any_of(u.top.begin(), u.top.end(), [k](const auto& t) { return t.size() < k; }));
+  if (*s.sends_top != sent || short_of_k)
+    return "the server sent top log-probabilities for some tokens and not others, or fewer than the "
+           + std::to_string(k) + " asked for";
+  return {};
+}
+
 /// Tensors of one group as the tp-1 whole-tensor plan packs them: back to back.
 std::vector<tensor_view> whole_tensors(const plan::grouped_plan& plan, std::uint32_t g, const std::uint8_t* bytes,
                                        std::size_t size) {
@@ -380,38 +413,10 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         s.seen = true;
         if (!u->completion_id.empty())
           s.completion_id = u->completion_id.substr(0, max_name_bytes);
-        // A server that lies (more tokens than asked, ids outside the
-        // vocabulary) fails the request instead of growing it without bound.
-        std::string lie;
-        auto asked = s.request.sampling.max_tokens - s.request.generated.size();
-        if (s.result.tokens.size() + u->tokens.size() > asked)
-          lie = "the server sent more than the " + std::to_string(asked) + " tokens asked for";
-        for (auto t : u->tokens)
-          if (t >= cfg.model.vocab_size)
-            lie = "the server sent token " + std::to_string(t) + ", outside the vocabulary";
-        // Log-probabilities line up one to one with the tokens (and the top
-        // ones k to one): a chunk without them would shift every later one.
-        const auto& sampling = s.request.sampling;
-        if (sampling.logprobs && !u->tokens.empty()) {
-          const auto k = sampling.top_logprobs;
-          if (u->logprobs.size() != u->tokens.size())
-            lie = "the server sent " + std::to_string(u->tokens.size()) + " tokens with "
-                  + std::to_string(u->logprobs.size()) + " log-probabilities";
-          else if (k > 0) {
-            const bool sent = !u->top.empty();
-            if (!s.sends_top) {
-              s.sends_top = sent;
-              if (!sent && !std::exchange(st.said_no_top, true))
-                say("the server sends no top log-probabilities keyed by token id (does it ignore "
-                    "return_tokens_as_token_ids?): requests get none");
-            }
-            if (*s.sends_top != sent || (sent && (u->top.size() != u->tokens.size()
-                                                  || std::any_of(u->top.begin(), u->top.end(),
-                                                                 [k](const auto& t) { return t.size() < k; }))))
-              lie = "the server sent top log-probabilities for some tokens and not others, or fewer than the "
-                    + std::to_string(k) + " asked for";
-          }
-        }
+        const auto lie = lie_in(*u, s, cfg.model.vocab_size);
+        if (s.sends_top == false && !std::exchange(st.said_no_top, true))
+          say("the server sends no top log-probabilities keyed by token id (does it ignore "
+              "return_tokens_as_token_ids?): requests get none");
         if (!lie.empty()) {
           say("request " + std::to_string(s.request.request_id) + ": " + lie);
           close_stream(u->stream, std::nullopt, make_error(errc::not_routable, name + ": " + lie));

@@ -12,6 +12,7 @@
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
 #include "runtime/config/topology.hpp"
+#include "tests/support/impostor_gate.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 #include <caf/event_based_actor.hpp>
@@ -420,19 +421,6 @@ topology tls_cluster(const two_cas& c, std::uint16_t port) {
   return parse_topology(yaml, "t.yaml", "/");
 }
 
-/// A peer posing as the head: it answers hello and admits anyone, granting
-/// handles of its own; it cannot prove the node's secret.
-gatekeeper_actor::behavior_type impostor_gate(gatekeeper_actor::pointer) {
-  return {
-    [](hello_atom, const std::string&, const std::string&) { return join_nonce(); },
-    [](admit_atom, const std::string&, const std::string&, const std::string& nonce) {
-      join_grant g;
-      g.head_proof = nonce; // whatever it sends, it is not HMAC(w1's secret, ...)
-      return g;
-    },
-  };
-}
-
 TEST_CASE("a member that reaches a peer posing as the head over TLS (a certificate the CA signed) refuses it") {
   two_cas c;
   const auto port = free_port();
@@ -441,7 +429,7 @@ TEST_CASE("a member that reaches a peer posing as the head over TLS (a certifica
   auto impostor_cfg = tls_config(std::nullopt);
   configure_node_tls(*impostor_cfg, t, "w2");
   caf::actor_system impostor{*impostor_cfg};
-  auto fake = impostor.spawn(impostor_gate);
+  auto fake = impostor.spawn(test::impostor_gate);
   REQUIRE(publish_node(impostor, fake, port, "127.0.0.1"));
 
   auto member_cfg = tls_config(std::nullopt);

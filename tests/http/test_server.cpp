@@ -541,26 +541,38 @@ TEST_CASE("client: a refused stream returns its status and error body, and the c
   CHECK(c.send({"GET", "/x", "", "application/json", {}}).status == 200); // on a new connection
 }
 
-TEST_CASE("server: writes to a stream whose client left return false, the bounded queue refuses floods") {
-  auto o = fast_options();
-  o.max_stream_queue_bytes = 64 << 10;
-  server srv(o);
-  std::promise<std::shared_ptr<responder>> got;
-  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
-    r->start_stream("text/event-stream");
-    got.set_value(r);
-  });
-  auto port = srv.start();
-  auto s = std::make_unique<raw_socket>(port);
-  s->send_text("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
-  auto r = got.get_future().get();
-  // The client reads nothing: the queue fills up and writes are refused.
+/// A stream whose client reads nothing, written to until its queue (64
+/// KiB) refuses a chunk.
+struct flooded_stream {
+  std::promise<std::shared_ptr<responder>> got; // before the server, which outlives no route's target
+  server srv{[] {
+    auto o = fast_options();
+    o.max_stream_queue_bytes = 64 << 10;
+    return o;
+  }()};
+  std::unique_ptr<raw_socket> client;
+  std::shared_ptr<responder> r;
   bool refused = false;
-  std::string chunk(8 << 10, 'x');
-  for (int i = 0; i < 100000 && !refused; ++i)
-    refused = !r->write(chunk);
-  CHECK(refused);
-  s.reset(); // the client leaves
+
+  flooded_stream() {
+    srv.route("POST", "/stream", [this](const request&, std::shared_ptr<responder> rr) {
+      rr->start_stream("text/event-stream");
+      got.set_value(rr);
+    });
+    client = std::make_unique<raw_socket>(srv.start());
+    client->send_text("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    r = got.get_future().get();
+    const std::string chunk(8 << 10, 'x');
+    for (int i = 0; i < 100000 && !refused; ++i)
+      refused = !r->write(chunk);
+  }
+};
+
+TEST_CASE("server: writes to a stream whose client left return false, the bounded queue refuses floods") {
+  flooded_stream f;
+  auto& r = f.r;
+  CHECK(f.refused);
+  f.client.reset(); // the client leaves
   bool gone = false;
   for (int i = 0; i < 300 && !gone; ++i) {
     std::this_thread::sleep_for(10ms);
@@ -573,26 +585,12 @@ TEST_CASE("server: writes to a stream whose client left return false, the bounde
 }
 
 TEST_CASE("server: a stream whose queue overflowed is cut: nothing after the lost chunk, and no end") {
-  auto o = fast_options();
-  o.max_stream_queue_bytes = 64 << 10;
-  server srv(o);
-  std::promise<std::shared_ptr<responder>> got;
-  srv.route("POST", "/stream", [&](const request&, std::shared_ptr<responder> r) {
-    r->start_stream("text/event-stream");
-    got.set_value(r);
-  });
-  auto port = srv.start();
-  raw_socket s(port);
-  s.send_text("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
-  auto r = got.get_future().get();
-  bool refused = false;
-  std::string chunk(8 << 10, 'x');
-  for (int i = 0; i < 100000 && !refused; ++i)
-    refused = !r->write(chunk);
-  REQUIRE(refused);
+  flooded_stream f;
+  auto& r = f.r;
+  REQUIRE(f.refused);
   // The client now reads what it can, until the server closes.
   std::string answer;
-  std::thread reader([&] { answer = s.read_all(); });
+  std::thread reader([&] { answer = f.client->read_all(); });
   std::this_thread::sleep_for(300ms); // the queue drains, unless the stream is cut
   // However small, and however empty the queue got, nothing more goes.
   CHECK_FALSE(r->write("data: after the hole\n\n"));

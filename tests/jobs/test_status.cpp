@@ -3,6 +3,7 @@
 #include "actors/gatekeeper.hpp"
 #include "actors/system_config.hpp"
 #include "actors/tls.hpp"
+#include "tests/support/impostor_gate.hpp"
 
 #include <caf/send.hpp>
 #include <doctest/doctest.h>
@@ -153,20 +154,9 @@ TEST_CASE("status: no router, no round yet") {
 }
 
 TEST_CASE("status: a peer posing as the head, which cannot prove the node's secret, is refused") {
-  // It answers hello and admits anyone, granting handles of its own.
-  auto impostor = [](gatekeeper_actor::pointer) -> gatekeeper_actor::behavior_type {
-    return {
-      [](hello_atom, const std::string&, const std::string&) { return join_nonce(); },
-      [](admit_atom, const std::string&, const std::string&, const std::string& nonce) {
-        join_grant g;
-        g.head_proof = nonce; // whatever it sends, it is not HMAC(w1's secret, ...)
-        return g;
-      },
-    };
-  };
   system_config head_cfg;
   caf::actor_system head{head_cfg};
-  auto fake = head.spawn(impostor);
+  auto fake = head.spawn(test::impostor_gate);
   auto port = publish_node(head, fake, 0, "127.0.0.1");
   REQUIRE(port);
   system_config cfg;
