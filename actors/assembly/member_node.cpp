@@ -148,9 +148,27 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     end.exit_code = 1;
     return end;
   }
+  // transfer.backend nccl: this process's end of the communicator, which
+  // its ranks and engines join (nccl_plane.hpp). Made before joining: a
+  // process short of a GPU for each member it hosts never registers.
+  std::shared_ptr<gpu::nccl_membership> nccl;
+  if (t.transfer.backend == transfer_backend::nccl) {
+    try {
+      nccl = make_nccl_membership(t, hosted_members(t, node.name, opts.external_rank), opts.nccl_links);
+    } catch (const std::exception& e) {
+      log(e.what());
+      end.exit_code = 1;
+      return end;
+    }
+  }
+  const auto stopping = [&] { return opts.stop_requested && opts.stop_requested(); };
   std::string why;
   auto grant = join_cluster(sys, t, node, head, secret, opts.stop_requested, why);
   if (!grant) {
+    if (stopping()) { // told to stop while joining: a clean stop, not an unreachable head
+      log("stopped before " + head.name + " admitted this node");
+      return end;
+    }
     log(why);
     end.exit_code = 1;
     return end;
@@ -171,11 +189,6 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
     std::lock_guard<std::mutex> lock(desk->mutex);
     return desk->trainer;
   };
-  // transfer.backend nccl: this process's end of the communicator, which
-  // its ranks and engines join (nccl_plane.hpp).
-  std::shared_ptr<gpu::nccl_membership> nccl;
-  if (t.transfer.backend == transfer_backend::nccl)
-    nccl = make_nccl_membership(t, hosted_members(t, node.name, opts.external_rank), opts.nccl_links);
   if (opts.external_rank) {
     // A rank's own process pulls nothing.
   } else if (nccl) {
@@ -379,6 +392,10 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
         + " ms)");
     grant = join_cluster(sys, t, node, head, secret, opts.stop_requested, why);
     if (!grant) {
+      if (stopping()) {
+        log("stopped while rejoining " + head.name);
+        break;
+      }
       log("could not rejoin: " + why + "; stopping");
       end.exit_code = 1;
       break;

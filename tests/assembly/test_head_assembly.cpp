@@ -326,6 +326,50 @@ TEST_CASE("assembly: a head or member node that sees no device for nccl stops at
   CHECK(lines == std::vector<std::string>{problem});
 }
 
+TEST_CASE("assembly: a member node short of a GPU for each member it hosts stops before joining") {
+  if (!nccl_compiled_in()) {
+    MESSAGE("skipped: rlsync was built without NCCL, which validation refuses first");
+    return;
+  }
+  // 16 members on node b: more than this machine's GPUs (or any the tests run on).
+  const auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                                "intermediate_size: 128}}\n"
+                                "nodes: [{name: a, address: 127.0.0.1, port: 0}, {name: b, address: 127.0.0.1}]\n"
+                                "trainer: {node: a}\nengines: [{name: e, node: b, replicas: 16}]\n"
+                                "transfer: {backend: nccl}\ncluster: {allow_insecure_network: true}\n",
+                                "t.yaml", "/tmp");
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  member_node_options mo;
+  gpu::device_info one; // the start-up check passes: the membership counts members against the device itself
+  one.device_count = 1;
+  mo.devices = one;
+  std::vector<std::string> lines;
+  mo.log = [&](const std::string& l) { lines.push_back(l); };
+  const auto end = run_member_node(sys, t, *t.find_node("b"), *t.find_node("a"), "s", mo);
+  CHECK(end.exit_code == 1);
+  REQUIRE(lines.size() == 1); // nothing about the head: it never dialled it
+  CHECK_MESSAGE(lines[0].rfind("transfer.backend nccl: this process hosts 16 communicator members", 0) == 0, lines[0]);
+}
+
+TEST_CASE("assembly: a member node stopped while it joins ends cleanly") {
+  const auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                                "intermediate_size: 128}}\n"
+                                "nodes: [{name: a, address: 127.0.0.1, port: 1}, {name: b, address: 127.0.0.1}]\n"
+                                "trainer: {node: a}\nengines: [{name: e, node: b}]\n"
+                                "cluster: {allow_insecure_network: true}\n",
+                                "t.yaml", "/tmp");
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  member_node_options mo;
+  mo.stop_requested = [] { return true; }; // SIGTERM came while the head is still out of reach
+  std::vector<std::string> lines;
+  mo.log = [&](const std::string& l) { lines.push_back(l); };
+  const auto end = run_member_node(sys, t, *t.find_node("b"), *t.find_node("a"), "s", mo);
+  CHECK(end.exit_code == 0);
+  CHECK(lines == std::vector<std::string>{"stopped before a admitted this node"});
+}
+
 TEST_CASE("assembly: an engine on device cuda needs a CUDA device in the process that runs it") {
   topology t;
   engine_spec on_gpu, on_cpu;
