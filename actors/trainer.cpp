@@ -9,11 +9,7 @@
 #include "gpu/nccl_comm.hpp"
 #include "gpu/device_pack.hpp"
 #include "gpu/nccl_membership.hpp"
-#include "gpu/nccl_sender.hpp"
 #include "runtime/plan/groups.hpp"
-#include "runtime/transfer/bucket.hpp"
-#include "runtime/transfer/packing.hpp"
-#include "runtime/transfer/plan_intake.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/send.hpp>

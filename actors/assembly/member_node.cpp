@@ -122,7 +122,7 @@ std::optional<join_grant> join_cluster(caf::actor_system& sys, const topology& t
     grant = std::move(answer.grant);
     if (!grant)
       failure = sys.render(answer.error);
-    const bool busy = !grant && is(answer.error, errc::queue_full);
+    const bool busy = is(answer.error, errc::queue_full);
     if (grant || !busy || clock_type::now() + backoff >= give_up || (stop_requested && stop_requested()))
       break;
     std::this_thread::sleep_for(backoff); // the gatekeeper asked to retry later

@@ -556,16 +556,14 @@ void server_core::accept() {
       });
       return;
     }
-    {
-      live.erase(std::remove_if(live.begin(), live.end(), [](auto& w) { return w.expired(); }), live.end());
-      if (open.load() >= opt.max_connections || over_per_address_bound(socket)) {
-        refuse(socket);
-      } else {
-        auto conn = std::make_shared<connection>(this, std::move(socket));
-        conn->core_shared_ = self;
-        live.push_back(conn);
-        conn->start();
-      }
+    live.erase(std::remove_if(live.begin(), live.end(), [](auto& w) { return w.expired(); }), live.end());
+    if (open.load() >= opt.max_connections || over_per_address_bound(socket)) {
+      refuse(socket);
+    } else {
+      auto conn = std::make_shared<connection>(this, std::move(socket));
+      conn->core_shared_ = self;
+      live.push_back(conn);
+      conn->start();
     }
     accept();
   });

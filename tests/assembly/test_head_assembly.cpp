@@ -285,17 +285,29 @@ TEST_CASE("assembly: with a GPU backend, the nodes of ranks and built-in engines
   CHECK_FALSE(backend_device_problem(t, none, "head").empty());
 }
 
+namespace {
+
+/// A head `a` listening on `head_port` and a member `b` hosting `engines`,
+/// on loopback without TLS; `transfer`: the topology's transfer section.
+topology head_and_member(const std::string& engines, std::uint16_t head_port, const std::string& transfer = "") {
+  return parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                        "intermediate_size: 128}}\n"
+                        "nodes: [{name: a, address: 127.0.0.1, port: " + std::to_string(head_port)
+                          + "}, {name: b, address: 127.0.0.1}]\n"
+                          "trainer: {node: a}\nengines: [" + engines + "]\n"
+                          + (transfer.empty() ? "" : "transfer: " + transfer + "\n")
+                          + "cluster: {allow_insecure_network: true}\n",
+                        "t.yaml", "/tmp");
+}
+
+} // namespace
+
 TEST_CASE("assembly: a head or member node that sees no device for nccl stops at start-up, joining nothing") {
   if (!nccl_compiled_in()) {
     MESSAGE("skipped: rlsync was built without NCCL, which validation refuses first");
     return;
   }
-  const auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
-                                "intermediate_size: 128}}\n"
-                                "nodes: [{name: a, address: 127.0.0.1, port: 0}, {name: b, address: 127.0.0.1}]\n"
-                                "trainer: {node: a}\nengines: [{name: e, node: b}]\n"
-                                "transfer: {backend: nccl}\ncluster: {allow_insecure_network: true}\n",
-                                "t.yaml", "/tmp");
+  const auto t = head_and_member("{name: e, node: b}", 0, "{backend: nccl}");
   gpu::device_info none;
   none.detail = "no CUDA device";
   const std::string problem =
@@ -332,12 +344,7 @@ TEST_CASE("assembly: a member node short of a GPU for each member it hosts stops
     return;
   }
   // 16 members on node b: more than this machine's GPUs (or any the tests run on).
-  const auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
-                                "intermediate_size: 128}}\n"
-                                "nodes: [{name: a, address: 127.0.0.1, port: 0}, {name: b, address: 127.0.0.1}]\n"
-                                "trainer: {node: a}\nengines: [{name: e, node: b, replicas: 16}]\n"
-                                "transfer: {backend: nccl}\ncluster: {allow_insecure_network: true}\n",
-                                "t.yaml", "/tmp");
+  const auto t = head_and_member("{name: e, node: b, replicas: 16}", 0, "{backend: nccl}");
   system_config cfg;
   caf::actor_system sys{cfg};
   member_node_options mo;
@@ -353,12 +360,7 @@ TEST_CASE("assembly: a member node short of a GPU for each member it hosts stops
 }
 
 TEST_CASE("assembly: a member node stopped while it joins ends cleanly") {
-  const auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
-                                "intermediate_size: 128}}\n"
-                                "nodes: [{name: a, address: 127.0.0.1, port: 1}, {name: b, address: 127.0.0.1}]\n"
-                                "trainer: {node: a}\nengines: [{name: e, node: b}]\n"
-                                "cluster: {allow_insecure_network: true}\n",
-                                "t.yaml", "/tmp");
+  const auto t = head_and_member("{name: e, node: b}", 1); // nothing listens on port 1
   system_config cfg;
   caf::actor_system sys{cfg};
   member_node_options mo;

@@ -267,7 +267,6 @@ struct producer_impl {
 
   fault_hooks faults;
 
-
   // Shared memory: this host's boot id (empty: not offered) and the page a
   // consumer on it maps first, to learn whether it can map ours at all.
   std::string host;
