@@ -176,6 +176,29 @@ void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks
   }
 }
 
+transfer::ucx_producer_options rank_producer_options(const topology& t, const node_spec& node,
+                                                    std::function<void(const std::string&)> log) {
+  transfer::ucx_producer_options po;
+  po.transports = t.transfer.ucx_transports;
+  po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
+  po.shared_memory = ucx_lends_shared_memory(t.transfer);
+  // transfer.packed_budget_bytes; 0: enough for 2 x groups_in_flight of the largest group.
+  po.packed_budget_bytes = static_cast<std::uint64_t>(t.transfer.packed_budget_bytes);
+  po.huge_pages = t.transfer.huge_pages;
+  po.expected_mode = t.transfer.mode; // packs ahead for engines connected ahead of their first round
+  po.default_budget_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
+  // Each engine worker keeps groups_in_flight gets outstanding on its connection.
+  po.max_outstanding_per_connection = std::max<std::size_t>(po.max_outstanding_per_connection,
+                                                            static_cast<std::size_t>(t.transfer.groups_in_flight));
+  // Buffers made ahead hold what the engine of the smallest tp asks for.
+  std::int64_t smallest_tp = 0;
+  for (const auto& e : t.engines)
+    smallest_tp = smallest_tp == 0 ? e.tp : std::min(smallest_tp, e.tp);
+  po.prewarm_split = t.transfer.mode == transfer_mode::sharded ? static_cast<std::size_t>(std::max<std::int64_t>(1, smallest_tp)) : 1;
+  po.log = std::move(log);
+  return po;
+}
+
 std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
   const topology& t, const node_spec& node, const std::vector<hosted_rank>& ranks,
   const std::function<void(const std::string&)>& log) {
@@ -188,27 +211,13 @@ std::vector<std::unique_ptr<transfer::ucx_producer>> start_rank_producers(
   // they ask the rank's trainer actor for its address and a token per
   // engine worker (ucx_ticket_atom).
   for (const auto& r : ranks) {
-    transfer::ucx_producer_options po;
-    po.transports = t.transfer.ucx_transports;
-    po.net_devices = ucx_net_devices_for(node, t.transfer.ucx_transports, log);
-    po.shared_memory = ucx_lends_shared_memory(t.transfer);
-    // transfer.packed_budget_bytes; 0: enough for 2 x groups_in_flight of the largest group.
-    po.packed_budget_bytes = static_cast<std::uint64_t>(t.transfer.packed_budget_bytes);
-    po.huge_pages = t.transfer.huge_pages;
-    po.expected_mode = t.transfer.mode; // packs ahead for engines connected ahead of their first round
-    po.default_budget_groups = static_cast<std::size_t>(std::max<std::int64_t>(2, 2 * t.transfer.groups_in_flight));
-    // Buffers made ahead hold what the engine of the smallest tp asks for.
-    std::int64_t smallest_tp = 0;
-    for (const auto& e : t.engines)
-      smallest_tp = smallest_tp == 0 ? e.tp : std::min(smallest_tp, e.tp);
-    po.prewarm_split = t.transfer.mode == transfer_mode::sharded ? static_cast<std::size_t>(std::max<std::int64_t>(1, smallest_tp)) : 1;
     const std::string prefix = ranks.size() == 1 && t.trainer.ranks.size() == 1
                                  ? "ucx producer: "
                                  : "trainer rank " + std::to_string(r.rank) + ": ";
-    po.log = [log, prefix](const std::string& line) {
+    const auto po = rank_producer_options(t, node, [log, prefix](const std::string& line) {
       if (log)
         log(prefix + line);
-    };
+    });
     try {
       producers.push_back(std::make_unique<transfer::ucx_producer>(r.trainer.source, po));
     } catch (const std::exception& e) {

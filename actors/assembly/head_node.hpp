@@ -68,6 +68,12 @@ producer_puller_factory remote_rank_pullers(caf::actor_system& sys, const topolo
 void open_ipc_producers(const topology& t, const std::vector<hosted_rank>& ranks,
                         std::shared_ptr<gpu::ipc_memory> memory = nullptr);
 
+/// The options of a trainer rank's UCX producer on `node`: the topology's
+/// transfer section, and as many gets per connection as an engine worker
+/// keeps in flight (transfer.groups_in_flight).
+transfer::ucx_producer_options rank_producer_options(const topology& t, const node_spec& node,
+                                                    std::function<void(const std::string&)> log);
+
 /// For transfer.backend ucx: a UCX producer on each of `ranks` (its own
 /// source), whose trainer actor then hands out its tickets; none for other
 /// backends (for cuda_ipc it calls open_ipc_producers). Close the ranks'

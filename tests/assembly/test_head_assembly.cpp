@@ -222,6 +222,30 @@ TEST_CASE("assembly: a head that fails halfway stops what it started, and the er
   CHECK(none_left);
 }
 
+TEST_CASE("assembly: a rank's UCX producer takes as many gets per connection as an engine keeps in flight") {
+  struct row {
+    const char* transfer;
+    std::size_t gets;
+    std::size_t default_budget_groups;
+  };
+  const row rows[] = {
+    {"{backend: ucx}", 16, 4},                      // the producer's own bound: above the default 2
+    {"{backend: ucx, groups_in_flight: 16}", 16, 32},
+    {"{backend: ucx, groups_in_flight: 40}", 40, 80},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.transfer);
+    auto t = parse_topology("name: t\nmodel: {synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, "
+                            "intermediate_size: 128}}\nnodes: [{name: a}]\ntrainer: {node: a}\n"
+                            "engines: [{name: e, node: a, tp: 2}]\ntransfer: " + std::string(r.transfer) + "\n",
+                            "t.yaml", "/tmp");
+    const auto o = rank_producer_options(t, t.nodes.front(), {});
+    CHECK(o.max_outstanding_per_connection == r.gets);
+    CHECK(o.default_budget_groups == r.default_budget_groups);
+    CHECK(o.prewarm_split == 2); // sharded by default: the smallest tp's shards
+  }
+}
+
 TEST_CASE("assembly: cuda_ipc and nccl need a CUDA device at start-up, the other backends none") {
   struct row {
     transfer_backend backend;

@@ -2359,3 +2359,122 @@ TEST_CASE("ucx: groups small enough to arrive before their receive is posted arr
     CHECK(largest_of(shard_group_bytes(c, 2)) < 8192);
   }
 }
+
+namespace {
+
+// A raw broadcast open of `version` for engine "(raw)", answered with
+// session 1 (a connection's first), asking for its groups in shared memory.
+std::vector<std::uint8_t> raw_open(std::uint64_t version) {
+  wire::open_msg open;
+  open.seq = 1;
+  open.engine = "(raw)";
+  open.version = version;
+  open.mode = transfer_mode::broadcast;
+  open.shared = true;
+  return wire::encode(open);
+}
+
+std::size_t lines_with(log_lines& log, const std::string& text) {
+  std::lock_guard<std::mutex> lock(log.mutex);
+  return static_cast<std::size_t>(std::count_if(log.lines.begin(), log.lines.end(), [&](const std::string& l) {
+    return l.find(text) != std::string::npos;
+  }));
+}
+
+} // namespace
+
+TEST_CASE("ucx: a puller keeps as many groups in flight as the producer's per-connection gets allow") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(20);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  for (std::size_t allowed : {std::size_t(16), std::size_t(24)}) {
+    CAPTURE(allowed);
+    auto po = loopback_producer();
+    po.max_outstanding_per_connection = allowed;
+    ucx_producer producer(src, po);
+    auto o = loopback_puller(producer);
+    o.groups_in_flight = 24; // the open carries 24 gets, each waiting for its group to be packed
+    ucx_puller puller(o);
+    test_engine e("rollout-0", c, 1, puller);
+    if (allowed < o.groups_in_flight) {
+      auto err = expect_failure([&] { e.pull(puller, 1); });
+      CHECK(has(err.what(), "(busy): more than 16 requests outstanding on this connection"));
+    } else {
+      CHECK(e.pull(puller, 1).groups == 20);
+      test::check_identical(*e.weights, *test::loaded(*v1, 1));
+    }
+  }
+}
+
+TEST_CASE("ucx: a consumer that neither takes nor gives back its groups is refused more than twice its gets") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  auto po = loopback_producer();
+  po.max_outstanding_per_connection = 2;
+  ucx_producer producer(src, po);
+  ucx_puller raw(loopback_puller(producer));
+  std::vector<std::vector<std::uint8_t>> messages{raw_open(v1->version())};
+  for (std::uint64_t i = 0; i < 5; ++i)
+    messages.push_back(wire::encode(wire::get_msg{2 + i, 1, 0, 100 + i, 10000}));
+  const auto answers = raw.converse_raw(messages, in(10s));
+  REQUIRE(answers.size() == 6);
+  CHECK(answers[0] == "ok: ");
+  for (std::size_t i = 1; i <= 4; ++i) // lent in shared memory, never given back
+    CHECK(answers[i] == "ok: ");
+  CHECK(answers[5] == "busy: 4 groups sent or lent on this connection and not yet taken or given back");
+  CHECK(producer.stats().groups_lent == 4);
+  // Another consumer is served all the while.
+  ucx_puller other(loopback_puller(producer));
+  test_engine e("rollout-0", c, 1, other);
+  e.pull(other, 1);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+}
+
+TEST_CASE("ucx: a lent group that left the cache still counts against the budget until its last lend ends") {
+  SKIP_WITHOUT_UCX();
+  const model_config c = test::small_model(1);
+  auto src = test::small_source(c);
+  auto v1 = src->produce_next();
+  // The budget holds the largest group once: lent to two consumers, it
+  // leaves the cache when the first one's deadline passes, and the second
+  // still maps it. Nothing else may be packed until that lend ends too.
+  std::uint32_t largest = 0;
+  std::uint64_t largest_bytes = 0;
+  for (auto g : v1->groups())
+    if (const auto b = plan::full_group_layout::of(v1->group(g)).bytes; b > largest_bytes) {
+      largest = g;
+      largest_bytes = b;
+    }
+  log_lines log;
+  auto po = loopback_producer({}, log.sink());
+  po.packed_budget_bytes = largest_bytes;
+  ucx_producer producer(src, po);
+  std::atomic<bool> released{false};
+  auto hold = [&](std::uint32_t timeout_ms) {
+    return std::async(std::launch::async, [&, timeout_ms] {
+      ucx_puller raw(loopback_puller(producer));
+      return raw.converse_raw({raw_open(v1->version()), wire::encode(wire::get_msg{2, 1, largest, 7, timeout_ms})},
+                              in(20s), [&] { return released.load(); });
+    });
+  };
+  auto first = hold(1000);
+  REQUIRE(eventually([&] { return producer.stats().groups_lent == 1; }, 10s));
+  auto second = hold(4000);
+  REQUIRE(eventually([&] { return producer.stats().groups_lent == 2; }, 10s));
+  CHECK(producer.stats().packs == 1); // one packed copy lent to both
+  const std::string not_given_back = "was not given back before the consumer's deadline";
+  REQUIRE(eventually([&] { return lines_with(log, not_given_back) == 1; }, 10s)); // the first's lend
+  // Any other group needs room the second's lend still holds.
+  ucx_puller honest(loopback_puller(producer));
+  test_engine e("rollout-0", c, 1, honest);
+  e.pull(honest, 1, transfer_mode::broadcast);
+  test::check_identical(*e.weights, *test::loaded(*v1, 1));
+  CHECK(lines_with(log, not_given_back) == 2); // served only once the second's lend ended
+  CHECK(producer.stats().peak_packed_bytes <= largest_bytes);
+  released = true;
+  CHECK(first.get().size() == 2);
+  CHECK(second.get().size() == 2);
+}

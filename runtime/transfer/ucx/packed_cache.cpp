@@ -66,17 +66,20 @@ std::uint64_t producer_impl::packed_size(const cache_key& k, const weight_snapsh
   return p->bytes(k.group);
 }
 
-// Packed groups, spare buffers, and groups dropped while UCX still sends
-// from them: everything counted against the budget.
+// Packed groups, spare buffers, and groups that left the cache while a
+// send or a lend still holds them (UCX reads them, or a consumer may map
+// them): everything counted against the budget, each group once.
 std::uint64_t producer_impl::held_bytes() const {
   std::uint64_t n = 0;
-  for (const auto& [k, e] : cache)
+  std::set<const cache_entry*> counted;
+  for (const auto& [k, e] : cache) {
+    counted.insert(e.get());
     n += e->bytes;
+  }
   for (const auto& b : spare)
     n += b.bytes;
-  std::set<const cache_entry*> gone;
   for (const auto& o : sends)
-    if (o.abandoned && gone.insert(o.entry.get()).second)
+    if (counted.insert(o.entry.get()).second)
       n += o.entry->bytes;
   return n;
 }
@@ -485,7 +488,14 @@ void producer_impl::send_group(get_job j, const entry_ptr& e) {
     release(e);
     return;
   }
+  ++op.conn->sending;
   sends.push_back(std::move(op));
+}
+
+std::list<send_op>::iterator producer_impl::end_send(std::list<send_op>::iterator it) {
+  if (it->conn->sending > 0)
+    --it->conn->sending;
+  return sends.erase(it);
 }
 
 void producer_impl::count_sent(std::uint64_t bytes) {
@@ -514,7 +524,7 @@ unsigned producer_impl::poll_sends() {
           close_connection(it->conn, "group " + std::to_string(it->group)
                                          + " was not given back before the consumer's deadline");
         release(it->entry);
-        it = sends.erase(it);
+        it = end_send(it);
         ++n;
         continue;
       }
@@ -544,7 +554,7 @@ unsigned producer_impl::poll_sends() {
       say(options.log, "ucx producer: sending group " + std::to_string(it->group) + " to " + it->conn->peer
                            + " failed: " + ucs_status_string(s));
     release(it->entry);
-    it = sends.erase(it);
+    it = end_send(it);
     ++n;
   }
   if (retry_blocked) {

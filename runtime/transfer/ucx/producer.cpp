@@ -474,7 +474,7 @@ void producer_impl::handle(const conn_ptr& c, const wire::done_msg& m) {
       if (!it->abandoned)
         count_sent(it->bytes);
       release(it->entry);
-      sends.erase(it);
+      end_send(it);
       return;
     }
   // A done after the deadline closed its lending: nothing to do.
@@ -705,6 +705,15 @@ void producer_impl::serve(const conn_ptr& c, session& s, const wire::get_msg& m)
   if (c->outstanding >= options.max_outstanding_per_connection) {
     refuse(wire::status::busy, "more than " + std::to_string(options.max_outstanding_per_connection)
                                    + " requests outstanding on this connection");
+    return;
+  }
+  // A get is finished once its group is sent or lent; the consumer asks for
+  // the next only after it took one, but its take and this side's send
+  // completion race, hence twice the gets. More is a consumer that neither
+  // receives nor gives back what it asked for.
+  if (c->sending >= 2 * options.max_outstanding_per_connection) {
+    refuse(wire::status::busy, std::to_string(c->sending) + " groups sent or lent on this connection and not yet"
+                                                             " taken or given back");
     return;
   }
   if (faults.is_withheld(s.version, m.group)) {

@@ -111,6 +111,7 @@ struct connection {
   std::map<stream_key, std::uint64_t> opened;
   std::uint64_t next_session = 1;
   std::size_t outstanding = 0; // gets accepted and not finished
+  std::size_t sending = 0;     // groups sent or lent whose send has not ended (send_op)
   clock::time_point last_active;
 };
 using conn_ptr = std::shared_ptr<connection>;
@@ -385,6 +386,7 @@ struct producer_impl {
   void fail_get(const get_job& j, const entry_ptr& e);
   void send_group(get_job j, const entry_ptr& e);
   void count_sent(std::uint64_t bytes);
+  std::list<send_op>::iterator end_send(std::list<send_op>::iterator it);
   unsigned poll_sends();
   unsigned start_blocked();
   void sweep(clock::time_point now);

@@ -707,6 +707,59 @@ std::string ucx_puller::flood_raw(const std::vector<std::uint8_t>& message, std:
   return failure;
 }
 
+namespace {
+
+// A raw message's answer as "status: text".
+std::string answer_of(const wire::message& reply) {
+  return std::visit(
+    [](const auto& m) -> std::string {
+      using T = std::decay_t<decltype(m)>;
+      if constexpr (std::is_same_v<T, wire::reject_msg> || std::is_same_v<T, wire::ack_msg>
+                    || std::is_same_v<T, wire::group_msg> || std::is_same_v<T, wire::manifest_msg>)
+        return wire::to_string(m.status) + ": " + m.error;
+      else
+        return "unexpected reply";
+    },
+    reply);
+}
+
+} // namespace
+
+std::vector<std::string> ucx_puller::converse_raw(const std::vector<std::vector<std::uint8_t>>& messages,
+                                                  clock::time_point deadline,
+                                                  const std::function<bool()>& release) {
+  pull_request req;
+  req.engine = "(raw)";
+  req.deadline = deadline;
+  std::unique_ptr<channel> ch = impl_->connect(req);
+  ch->seq = UINT64_MAX; // raw messages carry whatever numbers they carry
+  std::vector<std::string> answers;
+  for (const auto& message : messages) {
+    const auto m = wire::decode(message.data(), message.size());
+    const std::uint64_t seq = std::visit([](const auto& x) { return x.seq; }, m);
+    std::string answer;
+    if (ch->outbox.send(ch->ep, am_request, message, true)) {
+      drive(ch->worker, deadline, [&] {
+        ch->pump();
+        return ch->failed || ch->replies.count(seq) != 0;
+      });
+      if (auto it = ch->replies.find(seq); it != ch->replies.end()) {
+        answer = answer_of(it->second);
+        ch->erase_reply(it);
+      }
+    }
+    answers.push_back(answer);
+  }
+  if (release)
+    drive(ch->worker, deadline, [&] {
+      ch->pump();
+      ch->clear_replies();
+      return release();
+    }, std::chrono::milliseconds(1));
+  impl_->destroy_worker(*ch); // as a dead consumer's: no goodbye, no close
+  return answers;
+}
+
 std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock::time_point deadline,
                                  bool hello_first, bool say_goodbye, const std::vector<std::uint8_t>& header) {
   pull_request req;
@@ -729,18 +782,8 @@ std::string ucx_puller::send_raw(const std::vector<std::uint8_t>& message, clock
       ch->pump();
       return ch->failed || !ch->replies.empty();
     });
-    if (!ch->replies.empty()) {
-      std::visit(
-          [&](const auto& m) {
-            using T = std::decay_t<decltype(m)>;
-            if constexpr (std::is_same_v<T, wire::reject_msg> || std::is_same_v<T, wire::ack_msg>
-                          || std::is_same_v<T, wire::group_msg> || std::is_same_v<T, wire::manifest_msg>)
-              out = wire::to_string(m.status) + ": " + m.error;
-            else
-              out = "unexpected reply";
-          },
-          ch->replies.begin()->second);
-    }
+    if (!ch->replies.empty())
+      out = answer_of(ch->replies.begin()->second);
   }
   if (say_goodbye) {
     ch->clear_replies(); // what the raw message drew (a reject under 0 among them)

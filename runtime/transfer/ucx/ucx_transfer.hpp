@@ -247,7 +247,9 @@ struct ucx_producer_options {
   /// second packer cut the warm sharded transfer by ~10 % here (2 cores,
   /// four engine workers copying beside it).
   unsigned pack_threads = 2;
-  /// Requests a connection may have outstanding (gets not yet sent).
+  /// Gets a connection may have outstanding (not yet sent or lent); twice
+  /// as many groups may be sent or lent to it and not yet taken or given
+  /// back. A puller asks for its groups_in_flight at once: at least that.
   std::size_t max_outstanding_per_connection = 16;
   /// Largest control message accepted (a plan).
   std::size_t max_message_bytes = std::size_t(64) << 20;
@@ -481,6 +483,14 @@ public:
   /// goodbye, no close). Returns why its connection failed, or "".
   std::string flood_raw(const std::vector<std::uint8_t>& message, std::size_t count,
                         const std::function<bool()>& stop, clock::time_point until);
+  /// For tests: a consumer that reads every answer and takes no group.
+  /// Connects (hello first, as send_raw), sends each of `messages` in turn
+  /// and waits for the answer under its sequence number: "status: text"
+  /// each, "" when none came before `deadline`. It never receives a group
+  /// sent by tag nor gives back one lent. Then it reads on until `release`
+  /// (if given) returns true or `deadline`, and vanishes (no goodbye).
+  std::vector<std::string> converse_raw(const std::vector<std::vector<std::uint8_t>>& messages,
+                                        clock::time_point deadline, const std::function<bool()>& release = {});
 
 private:
   std::unique_ptr<ucx_detail::puller_impl> impl_;
