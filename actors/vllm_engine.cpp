@@ -130,6 +130,10 @@ std::string lie_in(const vllm_stream_update& u, vllm_stream& s, std::int64_t voc
   for (auto t : u.tokens)
     if (t >= vocab_size)
       return "the server sent token " + std::to_string(t) + ", outside the vocabulary";
+  for (const auto& row : u.top)
+    for (const auto& [t, logprob] : row)
+      if (t >= vocab_size)
+        return "the server sent top token " + std::to_string(t) + ", outside the vocabulary";
   if (!sampling.logprobs || u.tokens.empty())
     return {};
   if (u.logprobs.size() != u.tokens.size())
@@ -449,20 +453,12 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
           self->send(s.sink, token_atom::value, ev);
         }
         if (u->spans && !s.answered) {
-          // The server's own account of which version made which token, when
-          // every label is one of ours and the spans cover the tokens.
-          std::vector<version_span> spans;
-          bool usable = true;
-          for (auto& [label, range] : *u->spans) {
-            auto v = label == "default" ? std::optional<std::uint64_t>(0) : vllm::parse_version_label(label);
-            if (!v) {
-              usable = false;
-              break;
-            }
-            spans.push_back({*v, range.first, range.second});
-          }
-          if (usable && (spans.empty() ? s.result.tokens.empty() : spans.back().end == s.result.tokens.size()))
-            s.result.spans = std::move(spans);
+          // The server's own account of which version made which token, where it can be believed.
+          std::vector<vllm::label_span> labels;
+          for (auto& [label, range] : *u->spans)
+            labels.push_back({label, range.first, range.second});
+          if (auto spans = vllm::server_versions(labels, s.opened_at, st.version, s.result.tokens.size()))
+            s.result.spans = std::move(*spans);
         }
         if (s.answered) {
           // failed above
@@ -804,6 +800,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
       s.promise = self->make_response_promise<generate_result>();
       s.result.request_id = id;
       s.result.engine = name;
+      s.opened_at = st.version;
       s.cancel = std::make_shared<std::atomic<bool>>(false);
       auto rp = s.promise;
       auto cancel = s.cancel;

@@ -157,6 +157,7 @@ struct vllm_stream {
   std::shared_ptr<std::atomic<bool>> cancel; ///< tells the worker to close the stream
   bool answered = false;              ///< the promise was delivered (the worker may still run)
   bool seen = false;                  ///< a chunk came: the server runs it
+  std::uint64_t opened_at = 0;        ///< the version the server held as the stream opened
   /// With top_logprobs: whether the server sends them (a vLLM that ignores
   /// return_tokens_as_token_ids sends none the adapter can read), as its
   /// first chunk of tokens said; every later chunk must say the same.

@@ -114,6 +114,9 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
     if (!cancel->load() && !finished)
       error = done ? "the stream ended without a finish reason"
                    : "the stream ended before the request finished (the server closed it or is gone)";
+  } catch (const vllm::stream_error_event& e) { // a refusal inside the stream counts as one before it
+    error = e.what();
+    refused_with = e.status;
   } catch (const std::exception& e) {
     error = e.what();
   }

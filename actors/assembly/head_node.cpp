@@ -193,7 +193,7 @@ transfer::ucx_producer_options rank_producer_options(const topology& t, const no
   // Buffers made ahead hold what the engine of the smallest tp asks for.
   std::int64_t smallest_tp = 0;
   for (const auto& e : t.engines)
-    smallest_tp = smallest_tp == 0 ? e.tp : std::min(smallest_tp, e.tp);
+    smallest_tp = smallest_tp == 0 ? pulling_workers(e) : std::min(smallest_tp, pulling_workers(e));
   po.prewarm_split = t.transfer.mode == transfer_mode::sharded ? static_cast<std::size_t>(std::max<std::int64_t>(1, smallest_tp)) : 1;
   po.log = std::move(log);
   return po;

@@ -99,6 +99,9 @@ inline constexpr std::int64_t max_queue_limit = 1 << 20;
 inline constexpr std::int64_t max_kv_block_tokens = 65536;
 inline constexpr std::int64_t max_prefix_cache_blocks = 1 << 24;
 inline constexpr std::int64_t max_groups_in_flight = 1024;
+/// With backend ucx: an engine worker's gets on its producer connection, all
+/// carried by its open (the wire's prefetch limit), each answer read in turn.
+inline constexpr std::int64_t max_ucx_groups_in_flight = 64;
 /// transfer.bucket_bytes with the nccl collective: each member's device staging holds one bucket.
 inline constexpr std::int64_t max_bucket_bytes = std::int64_t(16) << 30;
 /// The UCX producer's packed budget: a whole version of the largest model at
@@ -227,6 +230,13 @@ struct engine_spec {
   /// server to load (absolute; default /dev/shm/rlsync-<name>, tmpfs).
   std::string weights_dir;
 };
+
+/// The workers an engine pulls its weights with: its tp for the built-in
+/// engine; one for a vLLM server's adapter, which takes every tensor whole
+/// and leaves the sharding to the server.
+inline std::int64_t pulling_workers(const engine_spec& e) {
+  return e.kind == engine_kind::vllm ? 1 : e.tp;
+}
 
 struct router_spec {
   std::string node; // default: the first node

@@ -127,13 +127,18 @@ void reader::read_transfer(const map_reader& root) {
       r.error("bucket_bytes", "must be at most " + human_size(topology_limits::max_bucket_bytes)
                                 + " (each member's device staging holds one bucket); got " + got);
   }
-  if (r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight)) && backend_read
-      && (tr.backend == transfer_backend::cuda_ipc || tr.backend == transfer_backend::nccl)
-      && tr.groups_in_flight != transfer_spec{}.groups_in_flight)
-    r.error("groups_in_flight", "only the default " + std::to_string(transfer_spec{}.groups_in_flight)
-                                  + " is accepted with backend '" + std::string(to_string(tr.backend))
-                                  + "': its pullers move one group at a time; got "
-                                  + std::to_string(tr.groups_in_flight));
+  if (r.read("groups_in_flight", tr.groups_in_flight, between(1, max_groups_in_flight)) && backend_read) {
+    if ((tr.backend == transfer_backend::cuda_ipc || tr.backend == transfer_backend::nccl)
+        && tr.groups_in_flight != transfer_spec{}.groups_in_flight)
+      r.error("groups_in_flight", "only the default " + std::to_string(transfer_spec{}.groups_in_flight)
+                                    + " is accepted with backend '" + std::string(to_string(tr.backend))
+                                    + "': its pullers move one group at a time; got "
+                                    + std::to_string(tr.groups_in_flight));
+    else if (tr.backend == transfer_backend::ucx && tr.groups_in_flight > max_ucx_groups_in_flight)
+      r.error("groups_in_flight", "must be at most " + std::to_string(max_ucx_groups_in_flight)
+                                    + " with backend 'ucx' (the gets an engine worker's open carries to its "
+                                      "producer); got " + std::to_string(tr.groups_in_flight));
+  }
   // Keys only the ucx backend reads (its producer and pullers); the backend
   // is the default (local) when not given, unknown when given wrong.
   const bool other_backend = (backend_read || !r.has("backend")) && tr.backend != transfer_backend::ucx;
@@ -165,9 +170,13 @@ void reader::read_transfer(const map_reader& root) {
       && tr.packed_budget_bytes > 0 && model_ok && !t.engines.empty()) {
     const auto [group, parameters] = largest_group_parameters(t.model.config);
     const std::int64_t element = t.model.weights_dtype ? static_cast<std::int64_t>(dtype_size(*t.model.weights_dtype)) : 2;
-    std::int64_t tp = 0; // the engine whose share is largest: the smallest tp
-    for (const auto& e : t.engines)
-      tp = tp == 0 ? e.tp : std::min(tp, e.tp);
+    std::int64_t tp = 0; // the engine whose share is largest: the smallest tp it pulls with
+    const engine_spec* whole = nullptr; // a vLLM engine: its adapter pulls whole tensors
+    for (const auto& e : t.engines) {
+      tp = tp == 0 ? pulling_workers(e) : std::min(tp, pulling_workers(e));
+      if (!whole && e.kind == engine_kind::vllm)
+        whole = &e;
+    }
     if (tr.mode == transfer_mode::broadcast)
       tp = 1;
     const std::int64_t needed = (parameters + tp - 1) / tp * element;
@@ -178,7 +187,9 @@ void reader::read_transfer(const map_reader& root) {
                 + (t.model.weights_dtype ? "" : " (at 2 bytes a parameter)")
                 + (tp > 1 ? ", of which a worker of tp " + std::to_string(tp) + " needs at least "
                               + std::to_string(needed)
-                          : std::string(tr.mode == transfer_mode::broadcast ? ", sent whole in broadcast" : ""))
+                          : tr.mode == transfer_mode::broadcast ? ", sent whole in broadcast"
+                          : whole ? ", pulled whole by vLLM engine '" + whole->name + "''s adapter"
+                                  : std::string())
                 + "; the producer packs whole groups, so give at least " + std::to_string(needed)
                 + " (or 0 for the default)");
   }

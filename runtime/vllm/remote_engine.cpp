@@ -2,11 +2,13 @@
 
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/checkpoint/safetensors.hpp"
+#include "runtime/base/json.hpp"
 #include "runtime/plan/groups.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -133,7 +135,10 @@ std::int32_t token_id(const json& v, const std::string& field) {
 float number(const json& v, const std::string& field) {
   if (!v.is_number())
     throw chunk_error(field, "not a number");
-  return v.get<float>();
+  const double x = v.get<double>();
+  if (std::isnan(x) || std::abs(x) > std::numeric_limits<float>::max())
+    throw chunk_error(field, "out of a float's range");
+  return static_cast<float>(x);
 }
 
 /// "token_id:N" -> N (vLLM's return_tokens_as_token_ids); nullopt otherwise.
@@ -152,17 +157,44 @@ std::optional<std::int32_t> named_token(const std::string& key) {
 
 } // namespace
 
+std::optional<std::vector<version_span>> server_versions(const std::vector<label_span>& spans,
+                                                         std::uint64_t opened_at, std::uint64_t held,
+                                                         std::size_t tokens) {
+  std::vector<version_span> out;
+  for (const auto& s : spans) {
+    auto v = s.label == "default" ? std::optional<std::uint64_t>(0) : parse_version_label(s.label);
+    if (!v || *v < opened_at || *v > held || (!out.empty() && *v < out.back().version))
+      return std::nullopt;
+    out.push_back({*v, s.start, s.end});
+  }
+  if (out.empty() ? tokens != 0 : out.back().end != tokens)
+    return std::nullopt;
+  return out;
+}
+
 completion_chunk parse_completion_chunk(const std::string& data) {
   if (data.size() > max_chunk_bytes)
     throw chunk_error("data", std::to_string(data.size()) + " bytes, more than " + std::to_string(max_chunk_bytes));
-  json j = json::parse(data, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
+  json j;
+  try {
+    // A chunk nests 6 deep (choices, logprobs, top_logprobs); an error object a little more.
+    j = read_json_strict(data, json_read_limits{16, std::size_t{1} << 20});
+  } catch (const json_read_error& e) {
+    throw chunk_error("data", e.what());
+  }
+  if (!j.is_object())
     throw chunk_error("data", "not a JSON object");
   if (auto e = j.find("error"); e != j.end()) {
-    std::string message = e->is_object() && e->contains("message") && (*e)["message"].is_string()
-                            ? (*e)["message"].get<std::string>()
-                            : e->dump();
-    throw std::invalid_argument("the server reported an error in the stream: " + message.substr(0, 512));
+    const bool has_message = e->is_object() && e->contains("message") && (*e)["message"].is_string();
+    const std::string message = has_message ? (*e)["message"].get<std::string>() : json_describe(*e);
+    int status = 0;
+    if (e->is_object())
+      if (auto code = e->find("code"); code != e->end() && code->is_number_integer()
+                                       && code->get<std::int64_t>() >= 400 && code->get<std::int64_t>() <= 599)
+        status = static_cast<int>(code->get<std::int64_t>());
+    throw stream_error_event("the server reported an error in the stream" + (status ? " (" + std::to_string(status) + ")" : std::string())
+                               + ": " + message.substr(0, 512),
+                             status);
   }
   completion_chunk out;
   if (auto id = j.find("id"); id != j.end() && id->is_string())
@@ -186,6 +218,9 @@ completion_chunk parse_completion_chunk(const std::string& data) {
       throw chunk_error("choices[0].token_ids", "not a list");
     for (std::size_t k = 0; k < t->size(); ++k)
       out.token_ids.push_back(token_id((*t)[k], "choices[0].token_ids[" + std::to_string(k) + "]"));
+  } else if (auto text = c.find("text"); text != c.end() && text->is_string() && !text->get_ref<const std::string&>().empty()) {
+    // Text the adapter cannot turn into tokens: a server that ignores return_token_ids.
+    throw chunk_error("choices[0].token_ids", "missing beside text: does the server honour return_token_ids?");
   }
   if (auto lp = c.find("logprobs"); lp != c.end() && !lp->is_null()) {
     if (!lp->is_object())

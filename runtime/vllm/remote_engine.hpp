@@ -56,6 +56,16 @@ struct label_span {
   std::uint32_t end = 0;
 };
 
+/// The server's account of which version made which token (a choice's
+/// weight_versions) as versions, where it can be believed: every label is
+/// "default" (0) or one of the adapter's, each version held between the
+/// stream's opening (`opened_at`) and now (`held`), never going back, and
+/// the spans cover exactly `tokens`. Otherwise nullopt: the adapter keeps
+/// its own account.
+std::optional<std::vector<version_span>> server_versions(const std::vector<label_span>& spans,
+                                                         std::uint64_t opened_at, std::uint64_t held,
+                                                         std::size_t tokens);
+
 /// What one stream chunk carries for choice 0 (the adapter asks for n = 1).
 struct completion_chunk {
   std::string id;                      ///< the completion's id ("cmpl-..."); empty when absent
@@ -75,10 +85,19 @@ struct completion_chunk {
 /// Largest stream chunk the adapter parses (bytes of one event's data).
 inline constexpr std::size_t max_chunk_bytes = std::size_t{4} << 20;
 
-/// Parses one SSE event's data (not "[DONE]"). Throws std::invalid_argument
-/// naming the field for a chunk that is not a completion chunk, an error
-/// event ({"error": ...}: its message), a choice other than 0, or a finish
-/// reason other than stop, length and abort.
+/// An error event in a stream ({"error": {"message": ..., "code": N}}):
+/// vLLM reports some refusals so after answering 200. `status` is its code
+/// when that is an HTTP status (400-599), else 0.
+struct stream_error_event : std::invalid_argument {
+  stream_error_event(const std::string& what, int status) : std::invalid_argument(what), status(status) {}
+  int status = 0;
+};
+
+/// Parses one SSE event's data (not "[DONE]"), strictly (nesting and value
+/// count bounded, a key twice refused). Throws stream_error_event for an
+/// error event, std::invalid_argument naming the field for a chunk that is
+/// not a completion chunk, a choice other than 0, text without token_ids,
+/// or a finish reason other than stop, length and abort.
 completion_chunk parse_completion_chunk(const std::string& data);
 
 /// A plan that receives every tensor of the model whole and unchanged, as

@@ -487,6 +487,85 @@ TEST_CASE("helpers: stream chunks parsed, malformed ones refused naming the fiel
   }
 }
 
+TEST_CASE("helpers: a stream chunk is read strictly: depth, ranges, text without tokens, the error's status") {
+  std::string deep = R"({"error":)";
+  for (int i = 0; i < 100000; ++i)
+    deep += '[';
+  CHECK_THROWS_WITH_AS(vllm::parse_completion_chunk(deep), doctest::Contains("completion chunk: data: "),
+                       std::invalid_argument); // refused as it opens: nothing that deep is built or printed
+  CHECK_THROWS_WITH_AS(vllm::parse_completion_chunk(R"({"choices":[],"choices":[]})"),
+                       doctest::Contains("completion chunk: data: "), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+    vllm::parse_completion_chunk(R"({"choices":[{"index":0,"token_ids":[1],"logprobs":{"token_logprobs":[1e300]}}]})"),
+    "completion chunk: choices[0].logprobs.token_logprobs: out of a float's range", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(vllm::parse_completion_chunk(R"({"choices":[{"index":0,"text":"abc","finish_reason":"length"}]})"),
+                       "completion chunk: choices[0].token_ids: missing beside text: does the server honour "
+                       "return_token_ids?",
+                       std::invalid_argument);
+  CHECK(vllm::parse_completion_chunk(R"({"choices":[{"index":0,"text":"","finish_reason":"length"}]})").finish);
+  struct row {
+    const char* chunk;
+    int status;
+    const char* message;
+  };
+  const row rows[] = {
+    {R"({"error":{"message":"too long","type":"BadRequestError","code":400}})", 400,
+     "the server reported an error in the stream (400): too long"},
+    {R"({"error":{"message":"engine died","code":500}})", 500, "the server reported an error in the stream (500): engine died"},
+    {R"({"error":{"message":"odd","code":7}})", 0, "the server reported an error in the stream: odd"},
+    {R"({"error":{"message":"text code","code":"400"}})", 0, "the server reported an error in the stream: text code"},
+    {R"({"error":[[1]]})", 0, "the server reported an error in the stream: an array"},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.chunk);
+    try {
+      vllm::parse_completion_chunk(r.chunk);
+      FAIL("an error event was taken as a chunk");
+    } catch (const vllm::stream_error_event& e) {
+      CHECK(e.status == r.status);
+      CHECK(std::string(e.what()) == r.message);
+    }
+  }
+}
+
+TEST_CASE("helpers: the server's weight versions are believed only within what it held during the stream") {
+  using spans = std::vector<vllm::label_span>;
+  struct row {
+    const char* what;
+    spans labels;
+    std::uint64_t opened_at, held;
+    std::size_t tokens;
+    std::vector<std::uint64_t> versions; ///< empty: not believed
+  };
+  const std::vector<row> rows = {
+    {"one version", {{"v2", 0, 3}}, 2, 2, 3, {2}},
+    {"across a sync", {{"v2", 0, 2}, {"v3", 2, 3}}, 2, 3, 3, {2, 3}},
+    {"the initial weights", {{"default", 0, 3}}, 0, 0, 3, {0}},
+    {"a version not held yet", {{"v2", 0, 2}, {"v3", 2, 3}}, 2, 2, 3, {}},
+    {"a version older than the stream", {{"v1", 0, 3}}, 2, 2, 3, {}},
+    {"the initial weights after a sync", {{"default", 0, 3}}, 2, 2, 3, {}},
+    {"going back", {{"v3", 0, 2}, {"v2", 2, 3}}, 2, 3, 3, {}},
+    {"a label not the adapter's", {{"step-2", 0, 3}}, 2, 2, 3, {}},
+    {"short of the tokens", {{"v2", 0, 2}}, 2, 2, 3, {}},
+    {"none for no tokens", {}, 2, 2, 0, {}},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.what);
+    auto got = vllm::server_versions(r.labels, r.opened_at, r.held, r.tokens);
+    if (r.versions.empty() && r.tokens != 0) {
+      CHECK_FALSE(got);
+      continue;
+    }
+    REQUIRE(got);
+    REQUIRE(got->size() == r.versions.size());
+    for (std::size_t i = 0; i < r.versions.size(); ++i) {
+      CHECK((*got)[i].version == r.versions[i]);
+      CHECK((*got)[i].begin == r.labels[i].start);
+      CHECK((*got)[i].end == r.labels[i].end);
+    }
+  }
+}
+
 TEST_CASE("helpers: a version directory written group by group opens as a checkpoint, and old ones are removed") {
   test::scratch_dir dir;
   auto model = test::tiny_config();
@@ -845,17 +924,18 @@ TEST_CASE("against a vLLM-shaped server: bearer token, its stream's versions, un
   }));
   CHECK(checkpoint::open(f.dir / "fake-weights/v2").tensors().size() == vllm::checkpoint_tensors(f.model, dtype::bf16).size());
 
-  // The stream's weight_versions (last chunk) become the result's spans.
+  // The stream's weight_versions (last chunk) say the last token came from
+  // v3, which the server never held: the adapter keeps its own account.
   auto log = std::make_shared<token_log>();
   std::optional<generate_result> res;
   self->request(e, 30s, generate_atom::value, f.greedy(5, 3), f.sys.spawn(locked_sink, log))
     .receive([&](generate_result& r) { res = r; }, [&](caf::error& err) { FAIL(f.sys.render(err)); });
   REQUIRE(res);
   CHECK(res->tokens == std::vector<std::int32_t>{40, 41, 42});
-  REQUIRE(res->spans.size() == 2);
+  REQUIRE(res->spans.size() == 1);
   CHECK(res->spans[0].version == 2);
-  CHECK(res->spans[1].version == 3);
-  CHECK(res->spans[1].begin == 2);
+  CHECK(res->spans[0].begin == 0);
+  CHECK(res->spans[0].end == 3);
   {
     std::lock_guard<std::mutex> lock(fake.mu);
     CHECK(fake.last_completion["prompt"] == json{1, 5, 9, 17});

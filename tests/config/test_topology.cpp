@@ -651,6 +651,9 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:26: transfer.bucket_bytes: size out of range: '99999999999TiB'"},
     {"groups_in_flight zero", plus("transfer: {groups_in_flight: 0}"),
      "t.yaml:6:30: transfer.groups_in_flight: must be positive, got 0"},
+    {"more groups in flight than a ucx open carries", plus("transfer: {backend: ucx, groups_in_flight: 65}"),
+     "t.yaml:6:44: transfer.groups_in_flight: must be at most 64 with backend 'ucx' (the gets an engine worker's "
+     "open carries to its producer); got 65"},
     {"transport out of range", plus("transfer: {backend: ucx, ucx_transports: [shm, ib]}"),
      "t.yaml:6:48: transfer.ucx_transports[1]: must be one of shm, cma, tcp, rdma, got 'ib'"},
     {"transports not a list", plus("transfer: {backend: ucx, ucx_transports: tcp}"),
@@ -678,6 +681,12 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
      "t.yaml:6:47: transfer.packed_budget_bytes: 819967 bytes is less than one packed group: group 3 of the "
      "model is 1639936 bytes, of which a worker of tp 2 needs at least 819968; the producer packs whole "
      "groups, so give at least 819968 (or 0 for the default)"},
+    {"packed budget below a whole group a vLLM engine pulls",
+     with("engines", "engines: [{name: e, node: a, tp: 2}, {name: v, node: b, tp: 2, kind: vllm, url: 'http://h:1'}]")
+       + "transfer: {backend: ucx, packed_budget_bytes: 819968}\n",
+     "t.yaml:6:47: transfer.packed_budget_bytes: 819968 bytes is less than one packed group: group 3 of the "
+     "model is 1639936 bytes, pulled whole by vLLM engine 'v''s adapter; the producer packs whole groups, so give "
+     "at least 1639936 (or 0 for the default)"},
     {"packed budget below a whole group in broadcast", plus("transfer: {backend: ucx, mode: broadcast, packed_budget_bytes: 1MiB}"),
      "t.yaml:6:64: transfer.packed_budget_bytes: 1048576 bytes is less than one packed group: group 3 of the "
      "model is 1639936 bytes, sent whole in broadcast; the producer packs whole groups, so give at least "

@@ -2460,9 +2460,9 @@ TEST_CASE("ucx: a lent group that left the cache still counts against the budget
                               in(20s), [&] { return released.load(); });
     });
   };
-  auto first = hold(1000);
+  auto first = hold(2500); // long enough for the second to connect and be lent the same copy
   REQUIRE(eventually([&] { return producer.stats().groups_lent == 1; }, 10s));
-  auto second = hold(4000);
+  auto second = hold(6000);
   REQUIRE(eventually([&] { return producer.stats().groups_lent == 2; }, 10s));
   CHECK(producer.stats().packs == 1); // one packed copy lent to both
   const std::string not_given_back = "was not given back before the consumer's deadline";

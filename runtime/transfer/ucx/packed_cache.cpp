@@ -71,15 +71,14 @@ std::uint64_t producer_impl::packed_size(const cache_key& k, const weight_snapsh
 // them): everything counted against the budget, each group once.
 std::uint64_t producer_impl::held_bytes() const {
   std::uint64_t n = 0;
-  std::set<const cache_entry*> counted;
-  for (const auto& [k, e] : cache) {
-    counted.insert(e.get());
+  for (const auto& [k, e] : cache)
     n += e->bytes;
-  }
   for (const auto& b : spare)
     n += b.bytes;
+  std::set<const cache_entry*> gone;
   for (const auto& o : sends)
-    if (counted.insert(o.entry.get()).second)
+    if (auto it = cache.find(o.entry->key); (it == cache.end() || it->second != o.entry)
+                                            && gone.insert(o.entry.get()).second)
       n += o.entry->bytes;
   return n;
 }

@@ -29,9 +29,10 @@ constexpr std::uint64_t max_plan_bytes_per_connection = std::uint64_t(256) << 20
 // or a consumer that never sends one) keep at most this many versions
 // beyond the trainer's keep_versions: the least recently used goes first.
 constexpr std::size_t max_sessions_per_connection = 4;
-// A consumer has at most a few requests outstanding (its gets are bounded
-// by max_outstanding_per_connection) and reads each answer; one that leaves
-// this many unread asks and does not read, and would grow the outbox.
+// A consumer has at most its groups in flight outstanding (its gets are
+// bounded by max_outstanding_per_connection: 64 at most from a topology)
+// and reads each answer; one that leaves this many unread asks and does not
+// read, and would grow the outbox.
 constexpr std::size_t max_unread_replies = 256;
 
 } // namespace
