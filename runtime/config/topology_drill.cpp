@@ -108,6 +108,21 @@ void reader::read_drill(const map_reader& root) {
                             "stop them yourself");
       continue;
     }
+    // The drill kills or restarts one trainer process: with several ranks,
+    // or a rank elsewhere, that is not the trainer (the nodes hosting the
+    // ranks are targets of their own).
+    if (f.target_kind == fault_target::trainer
+        && (t.trainer.ranks.size() > 1 || (t.trainer.ranks.size() == 1 && t.trainer.ranks[0].node != t.trainer.node))) {
+      std::vector<std::string> rank_nodes;
+      for (const auto& rank : t.trainer.ranks)
+        if (!contains(rank_nodes, rank.node))
+          rank_nodes.push_back(rank.node);
+      r.error("target", std::string(name_of(action_choices, f.action)) + " of the trainer would act on one process, and "
+                          "this trainer has " + std::to_string(t.trainer.ranks.size()) + " rank"
+                          + (t.trainer.ranks.size() == 1 ? "" : "s") + " on " + list_names(rank_nodes)
+                          + ": target the nodes hosting them instead");
+      continue;
+    }
     // Partitions and held acknowledgements act on the built-in engine's
     // fault gate; an external server has none (kill its process instead).
     if (f.action == fault_action::partition || f.action == fault_action::heal || f.action == fault_action::delay_acks) {

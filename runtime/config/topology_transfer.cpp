@@ -209,7 +209,12 @@ void reader::read_sync(const map_reader& root) {
               + std::to_string(s.every_versions - 1) + "): engines sync every "
               + std::to_string(s.every_versions) + " versions, so between rounds they trail the trainer by up to "
               + std::to_string(s.every_versions - 1));
-  r.read("wave_size", s.wave_size, between(0, max_replicas));
+  if (r.read("wave_size", s.wave_size, between(0, max_replicas)) && t.transfer.collective && s.wave_size > 0
+      && s.wave_size < static_cast<std::int64_t>(t.engines.size()))
+    r.error("wave_size", "with transfer.collective every engine joins one broadcast; a wave of "
+                           + std::to_string(s.wave_size) + " of the " + std::to_string(t.engines.size())
+                           + " engines would fall back to point-to-point pulls: leave it 0 or give at least "
+                           + std::to_string(t.engines.size()));
   auto pause = r.map("pause", {"mode", "clear_cache"});
   pause.read_choice("mode", s.pause.mode, pause_mode_choices);
   pause.read("clear_cache", s.pause.clear_cache);

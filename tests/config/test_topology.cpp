@@ -797,6 +797,13 @@ TEST_CASE("topology: nccl is accepted in a CUDA and NCCL build, sharded or broad
   CHECK_FALSE(sharded.transfer.collective);
   CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}"), "t.yaml", "/base")
           .transfer.collective);
+  check_rows({{"waves smaller than the collective's broadcast",
+               plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}\nsync: {wave_size: 1}"),
+               "t.yaml:8:19: sync.wave_size: with transfer.collective every engine joins one broadcast; a wave of 1 of "
+               "the 2 engines would fall back to point-to-point pulls: leave it 0 or give at least 2"}});
+  CHECK(parse_topology(plus(insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}\nsync: {wave_size: 2}"),
+                       "t.yaml", "/base")
+          .sync.wave_size == 2);
   // Two ranks, apart from the engines: each broadcasts in a communicator of its own.
   CHECK(parse_topology(with("trainer", "trainer: {node: b, ranks: [{node: b, layers: 0-1}, {node: b, layers: 2-3}]}")
                          + insecure + "transfer: {backend: nccl, mode: broadcast, collective: true}\n",
@@ -1009,6 +1016,14 @@ TEST_CASE("topology errors: drill") {
                                        + "drill:\n  faults:\n    - {at_sync: 1, action: kill, target: trainer}\n",
      "t.yaml:8:42: drill.faults[0].target: kill cannot act on the trainer: its ranks are outside processes (source: "
      "external); stop them yourself"},
+    {"killing a trainer of several ranks", with("trainer", "trainer: {node: a, ranks: [{node: a, layers: 0-1}, {node: b, layers: 2-3}]}")
+                                             + "drill:\n  faults:\n    - {at_sync: 1, action: kill, target: trainer}\n",
+     "t.yaml:8:42: drill.faults[0].target: kill of the trainer would act on one process, and this trainer has 2 ranks "
+     "on a, b: target the nodes hosting them instead"},
+    {"restarting a trainer whose rank is elsewhere", with("trainer", "trainer: {node: a, ranks: [{node: b, layers: all}]}")
+                                                       + "drill:\n  faults:\n    - {at_sync: 1, action: restart, target: trainer}\n",
+     "t.yaml:8:45: drill.faults[0].target: restart of the trainer would act on one process, and this trainer has 1 "
+     "rank on b: target the nodes hosting them instead"},
     {"faults not a list", plus("drill: {faults: {at_sync: 1}}"),
      "t.yaml:6:17: drill.faults: expected a list, got a map"},
   });
