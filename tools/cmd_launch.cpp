@@ -175,7 +175,12 @@ int cmd_launch(const arg_list& argv) {
       c.argv.push_back("--secret-file");
       c.argv.push_back(*secret_file);
     }
-    if (allow_nonfinite->count() > 0 && n->name == t.trainer.node)
+    // Every node whose trainer ranks publish weights checks them.
+    const bool hosts_rank = t.trainer.ranks.empty()
+                              ? n->name == t.trainer.node
+                              : std::any_of(t.trainer.ranks.begin(), t.trainer.ranks.end(),
+                                            [&](const trainer_rank& r) { return r.node == n->name; });
+    if (allow_nonfinite->count() > 0 && hosts_rank)
       c.argv.push_back("--allow-nonfinite");
     // The main job runs on the coordinator's node; the workload flags go there.
     if (run_job->count() > 0 && n->name == t.coordinator.node) {
@@ -191,6 +196,9 @@ int cmd_launch(const arg_list& argv) {
     children.push_back(std::move(c));
   }
 
+  if (!t.drill.faults.empty())
+    std::cerr << "rlsync launch: the topology's " << t.drill.faults.size()
+              << " drill fault(s) are injected by rlsync drill, not by launch\n";
   if (dry_run->count() > 0) {
     for (auto& c : children)
       std::cout << shell_quote(c.argv) << "\n";

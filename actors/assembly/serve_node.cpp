@@ -112,6 +112,8 @@ void serve_node::mount(const model_config& model) {
   rc.model = {model.vocab_size, model.max_position_embeddings};
   rc.strict = options_.strict_vllm;
   rc.request_deadline = completion_deadline;
+  if (ctx_.settings.coordinated) // the router numbers the requests it sends this engine from 2^56
+    rc.first_request_id = serve_node_first_request_id;
   rc.label = [labels = ctx_.labels](std::uint64_t v) { return labels->label_of(v); };
   // /abort_requests finds a completion by its id; choice i > 0 as "ID-i".
   auto name = [](const std::string& id, std::size_t i) { return i == 0 ? id : id + "-" + std::to_string(i); };

@@ -264,6 +264,7 @@ void completions_route::handle(const http::request& rq, std::shared_ptr<http::re
   job->opts.model = cfg_.served_model;
   job->opts.strict = cfg_.strict;
   job->opts.return_token_ids = req.return_token_ids;
+  job->opts.tokens_as_ids = req.tokens_as_ids;
   job->opts.include_usage = req.stream && req.include_usage;
   job->opts.label = cfg_.label;
   job->stream = req.stream;

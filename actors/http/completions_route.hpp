@@ -66,8 +66,11 @@ struct completions_route_config {
   /// A stream that wrote nothing for this long writes an SSE comment
   /// (ignored by clients): writing is how a closed connection shows.
   std::chrono::milliseconds stream_keepalive{std::chrono::seconds(2)};
-  /// Generate request ids are taken from here up (apart from the ids other
-  /// clients of the target use).
+  /// Generate request ids are taken from here up, apart from the ids other
+  /// clients of the target use: an engine takes a request id it already
+  /// runs for a newer attempt and ends the older one. The head's router
+  /// endpoint starts at 2^56; a coordinated `rlsync serve` node, whose
+  /// engine the router also reaches, at serve_node_first_request_id.
   std::uint64_t first_request_id = std::uint64_t{1} << 56;
   /// Told when a completion starts (its "cmpl-..." id and its engine
   /// request ids, choice by choice) and when it ends, however it ends: what
@@ -76,6 +79,9 @@ struct completions_route_config {
   lifecycle_hook on_start;
   lifecycle_hook on_end;
 };
+
+/// Where a coordinated serve node's own completions route numbers its requests.
+inline constexpr std::uint64_t serve_node_first_request_id = std::uint64_t{2} << 56;
 
 class completions_route {
 public:

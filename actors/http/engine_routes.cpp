@@ -3,6 +3,7 @@
 #include "runtime/http/vllm_errors.hpp"
 #include "runtime/vllm/completions.hpp"
 
+#include <algorithm>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 
@@ -568,6 +569,9 @@ void route_abort_requests(control_ptr self, const http::request& rq, done_fn don
   } catch (const bad_request& e) {
     return done(flat_error(400, e.what()));
   }
+  // Each engine request once, however often the body names it.
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   auto aborted = std::make_shared<std::uint32_t>(0);
   auto remaining = std::make_shared<std::size_t>(ids.size());
   if (ids.empty())

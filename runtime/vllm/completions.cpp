@@ -216,6 +216,31 @@ completion_request parse_object(const json& body, const completion_limits& limit
   }
   if (auto v = field("return_token_ids"))
     out.return_token_ids = get_bool(*v, "return_token_ids");
+  if (auto v = field("return_tokens_as_token_ids"))
+    out.tokens_as_ids = get_bool(*v, "return_tokens_as_token_ids");
+  // Sampling controls the engine does not implement: the value that changes
+  // nothing passes (clients send it), any other is refused, never ignored.
+  auto neutral_number = [&](const char* name, std::initializer_list<double> neutral, const char* which) {
+    if (auto v = field(name))
+      if (const double x = get_number(*v, name); std::find(neutral.begin(), neutral.end(), x) == neutral.end())
+        fail(name, std::string("is not supported unless ") + which + ", got " + describe(*v));
+  };
+  neutral_number("top_k", {-1, 0}, "-1 or 0 (every token)");
+  neutral_number("min_p", {0}, "0");
+  neutral_number("presence_penalty", {0}, "0");
+  neutral_number("frequency_penalty", {0}, "0");
+  neutral_number("repetition_penalty", {1}, "1");
+  neutral_number("min_tokens", {0}, "0");
+  neutral_number("length_penalty", {1}, "1");
+  if (auto v = field("logit_bias"); v && !(v->is_object() && v->empty()))
+    fail("logit_bias", "is not supported unless empty, got " + describe(*v));
+  if (auto v = field("prompt_logprobs"))
+    fail("prompt_logprobs", "is not supported, got " + describe(*v));
+  for (const char* flag : {"include_stop_str_in_output", "use_beam_search"})
+    if (auto v = field(flag); v && get_bool(*v, flag))
+      fail(flag, "is not supported");
+  if (auto v = field("suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
+    fail("suffix", "is not supported, got " + describe(*v));
   if (auto v = field("seed"))
     out.seed = static_cast<std::uint64_t>(
       get_int(*v, "seed", std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()));
@@ -472,9 +497,12 @@ ordered_json completion_choice::finish_reason_json() const {
   return finished_ ? ordered_json(reason_) : ordered_json(nullptr);
 }
 
-ordered_json completion_choice::logprobs_json(std::size_t from, std::size_t to) const {
+ordered_json completion_choice::logprobs_json(std::size_t from, std::size_t to, const response_options& o) const {
   if (!logprobs_)
     return nullptr;
+  const auto token_string = [&o](std::int32_t t) {
+    return o.tokens_as_ids ? "token_id:" + std::to_string(t) : vllm::token_string(t);
+  };
   ordered_json tokens = ordered_json::array(), lps = ordered_json::array(), tops = ordered_json::array(),
                offsets = ordered_json::array();
   for (std::size_t i = from; i < to; ++i) {
@@ -504,7 +532,7 @@ ordered_json completion_choice::spans_json(const response_options& o) const {
 ordered_json completion_choice::to_json(const response_options& o) const {
   ordered_json c = {{"index", index_},
                     {"text", text()},
-                    {"logprobs", logprobs_json(0, tokens_.size())},
+                    {"logprobs", logprobs_json(0, tokens_.size(), o)},
                     {"finish_reason", finish_reason_json()},
                     {"stop_reason", stop_reason_}};
   if (o.return_token_ids || !o.strict) {
@@ -526,7 +554,7 @@ std::optional<ordered_json> completion_choice::take_delta(const response_options
   std::string delta = engine::to_valid_utf8(std::string_view(raw_).substr(sent_bytes_, visible_ - sent_bytes_));
   ordered_json c = {{"index", index_},
                     {"text", std::move(delta)},
-                    {"logprobs", logprobs_json(sent_tokens_, tokens_.size())},
+                    {"logprobs", logprobs_json(sent_tokens_, tokens_.size(), o)},
                     {"finish_reason", last ? ordered_json(reason_) : ordered_json(nullptr)},
                     {"stop_reason", last ? stop_reason_ : ordered_json(nullptr)}};
   if (o.return_token_ids || !o.strict) {

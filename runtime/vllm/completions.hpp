@@ -63,6 +63,8 @@ struct completion_request {
   bool stream = false;
   bool include_usage = false; ///< stream_options.include_usage
   bool return_token_ids = false;
+  /// vLLM's return_tokens_as_token_ids: log-probability tokens named "token_id:N".
+  bool tokens_as_ids = false;
   std::optional<std::uint64_t> seed; ///< a negative JSON seed wraps (two's complement)
   std::vector<std::string> stop;
   std::vector<std::int32_t> stop_token_ids;
@@ -106,6 +108,7 @@ struct response_options {
   /// return_token_ids.
   bool strict = false;
   bool return_token_ids = false;
+  bool tokens_as_ids = false; ///< completion_request::tokens_as_ids
   bool include_usage = false;
   version_labeler label; ///< empty: the version number as decimal text
 };
@@ -150,7 +153,7 @@ private:
     std::uint64_t version;
     std::uint32_t start, end;
   };
-  nlohmann::ordered_json logprobs_json(std::size_t from, std::size_t to) const;
+  nlohmann::ordered_json logprobs_json(std::size_t from, std::size_t to, const response_options& o) const;
   nlohmann::ordered_json spans_json(const response_options& o) const;
   void settle(); ///< moves visible_ past what can no longer change
 

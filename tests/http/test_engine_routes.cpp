@@ -8,8 +8,10 @@
 #include "runtime/checkpoint/checkpoint.hpp"
 #include "runtime/http/client.hpp"
 #include "tests/support/engine_fixtures.hpp"
+#include "tests/support/eventually.hpp"
 #include "tests/support/scratch_dir.hpp"
 
+#include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -535,4 +537,41 @@ TEST_CASE("routes: in front of a coordinator's engine, the routes that would fig
   coordinated.stop();
   CHECK(owner.call("GET", "/health").status == 200);
   CHECK(json::parse(owner.call("GET", "/weight_info").body)["weight_version"] == "default");
+}
+
+TEST_CASE("routes: a coordinated node's completions and those the router sends its engine never share an id") {
+  // The router forwards the head endpoint's requests with the ids that
+  // endpoint numbers from 2^56, as the owner's own route here does; an
+  // engine takes a request id it already runs for a newer attempt and ends
+  // the older one. Both wait in the paused engine, then both finish.
+  serve_fixture owner;
+  serve_node_options o;
+  o.tp = 2;
+  serve_node coordinated(owner.sys, o, owner.node->engine(), test::tiny_config(), "served-model");
+  auto port = coordinated.start();
+  REQUIRE(owner.call("POST", "/pause?mode=keep").status == 200);
+  const std::string body = R"({"prompt": "a", "max_tokens": 3, "temperature": 0})";
+  auto head_side = std::async(std::launch::async, [&] {
+    http::client c("127.0.0.1", owner.port, 20s); // the fixture's client stays the main thread's
+    return c.send({"POST", "/v1/completions", body, "application/json", {}});
+  });
+  auto node_side = std::async(std::launch::async, [&] {
+    http::client c("127.0.0.1", port, 20s);
+    return c.send({"POST", "/v1/completions", body, "application/json", {}});
+  });
+  caf::scoped_actor self{owner.sys};
+  const bool both_waiting = test::eventually([&] {
+    std::uint32_t waiting = 0;
+    self->request(owner.node->engine(), 2s, status_atom::value)
+      .receive([&](const engine_status& st) { waiting = st.waiting + st.running; }, [](caf::error&) {});
+    return waiting == 2;
+  }, 10s);
+  CHECK(both_waiting);
+  REQUIRE(owner.call("POST", "/resume").status == 200);
+  for (auto* side : {&head_side, &node_side}) {
+    auto answer = side->get();
+    INFO(answer.body);
+    REQUIRE(answer.status == 200);
+    CHECK(json::parse(answer.body)["choices"][0]["finish_reason"] == "length");
+  }
 }

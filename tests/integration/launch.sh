@@ -22,6 +22,14 @@ printf '%s\n' "$exe node --topology $cluster_abs --node engine-node-b" \
               "$exe node --topology $cluster_abs --node trainer-node" >"$tmp/want"
 diff -u "$tmp/want" "$tmp/out" || fail "dry run: unexpected command lines"
 
+# --allow-nonfinite goes to every node hosting a trainer rank, and only there.
+sed -e '0,/    - node: trainer-node/s//    - node: engine-node-b/' "$cluster" >"$tmp/ranks.yaml"
+"$rlsync" launch "$tmp/ranks.yaml" --dry-run --nodes trainer-node,engine-node-a,engine-node-b --allow-nonfinite >"$tmp/out"
+printf '%s\n' "$exe node --topology $tmp/ranks.yaml --node trainer-node --allow-nonfinite" \
+              "$exe node --topology $tmp/ranks.yaml --node engine-node-a" \
+              "$exe node --topology $tmp/ranks.yaml --node engine-node-b --allow-nonfinite" >"$tmp/want"
+diff -u "$tmp/want" "$tmp/out" || fail "dry run: --allow-nonfinite not on exactly the nodes hosting ranks"
+
 # A relative topology path becomes absolute; --secret-file goes through untouched (quoted for the shell).
 (cd "$src" && "$rlsync" launch configs/cluster.yaml --dry-run --nodes=engine-node-a --secret-file "my secret") >"$tmp/out"
 [ "$(cat "$tmp/out")" = "$exe node --topology $(cd "$src" && pwd -P)/configs/cluster.yaml --node engine-node-a --secret-file 'my secret'" ] \

@@ -122,6 +122,20 @@ TEST_CASE("completions: malformed bodies are 400 naming the field") {
     {R"({"prompt": "a", "echo": true})", "body.echo", "not supported"},
     {R"({"prompt": "a", "n": 2, "best_of": 3})", "body.best_of", "not supported"},
     {R"({"prompt": ["a","b","c","d","e"], "n": 64})", "body.n", "exceed the limit of 256 choices"},
+    // Sampling controls the engine does not implement: refused unless neutral.
+    {R"({"prompt": "a", "top_k": 5})", "body.top_k", "is not supported unless -1 or 0 (every token), got '5'"},
+    {R"({"prompt": "a", "min_p": 0.1})", "body.min_p", "is not supported unless 0, got '0.1'"},
+    {R"({"prompt": "a", "presence_penalty": 0.5})", "body.presence_penalty", "is not supported unless 0"},
+    {R"({"prompt": "a", "frequency_penalty": -1})", "body.frequency_penalty", "is not supported unless 0"},
+    {R"({"prompt": "a", "repetition_penalty": 1.2})", "body.repetition_penalty", "is not supported unless 1"},
+    {R"({"prompt": "a", "min_tokens": 3})", "body.min_tokens", "is not supported unless 0"},
+    {R"({"prompt": "a", "top_k": "many"})", "body.top_k", "must be a number"},
+    {R"({"prompt": "a", "logit_bias": {"1": 5}})", "body.logit_bias", "is not supported unless empty"},
+    {R"({"prompt": "a", "prompt_logprobs": 1})", "body.prompt_logprobs", "is not supported"},
+    {R"({"prompt": "a", "include_stop_str_in_output": true})", "body.include_stop_str_in_output", "is not supported"},
+    {R"({"prompt": "a", "use_beam_search": true})", "body.use_beam_search", "is not supported"},
+    {R"({"prompt": "a", "suffix": "z"})", "body.suffix", "is not supported"},
+    {R"({"prompt": "a", "return_tokens_as_token_ids": 3})", "body.return_tokens_as_token_ids", "must be a boolean"},
   };
   for (const auto& r : rows) {
     CAPTURE(r.body.substr(0, 120));
@@ -182,6 +196,14 @@ TEST_CASE("completions: fields parse as RL clients send them, unknown fields are
   CHECK(f.stop == std::vector<std::string>{"\n"});
   CHECK(f.stop_token_ids == std::vector<std::int32_t>{10, 33});
   CHECK(f.ignore_eos);
+
+  // The neutral values of sampling controls the engine does not implement pass.
+  auto neutral = parse_ok(R"({"prompt": "a", "top_k": -1, "min_p": 0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_tokens": 0, "length_penalty": 1, "logit_bias": {}, "prompt_logprobs": null, "include_stop_str_in_output": false,
+    "use_beam_search": false, "suffix": "", "skip_special_tokens": true, "return_tokens_as_token_ids": true})");
+  CHECK(neutral.tokens_as_ids);
+  CHECK_FALSE(f.tokens_as_ids);
+  CHECK(parse_ok(R"({"prompt": "a", "top_k": 0})").prompts.size() == 1);
 
   auto tokens = parse_ok(R"({"prompt": [256, 1, 2], "max_tokens": null, "stop": ["a", "bc"], "stream": false})");
   CHECK(tokens.prompts == std::vector<std::vector<std::int32_t>>{{256, 1, 2}});
@@ -345,6 +367,13 @@ TEST_CASE("completions: logprobs carry tokens, token_logprobs, top_logprobs and 
     for (auto& t : d["logprobs"]["tokens"])
       tokens.push_back(t);
   CHECK(tokens == lp["tokens"]);
+
+  // vLLM's return_tokens_as_token_ids: every token named by its id.
+  response_options ids = o;
+  ids.tokens_as_ids = true;
+  auto named = json::parse(f.choice.to_json(ids).dump())["logprobs"];
+  CHECK(named["tokens"] == json({"token_id:97", "token_id:195", "token_id:169"}));
+  CHECK(named["top_logprobs"][0] == json({{"token_id:97", -0.5}}));
 
   completion_request none;
   fed_choice g(none, {'a'}, finish_reason::length, o);
