@@ -229,6 +229,8 @@ void reader::read_nodes(const map_reader& root) {
     std::int64_t port = 0;
     if (r.read("port", port, between(0, 65535)))
       n.port = static_cast<std::uint16_t>(port);
+    if (n.port != 0 && !n.name.empty())
+      port_marks.emplace(n.name, std::make_pair(r.mark("port"), r.path("port")));
     // Two nodes cannot listen on the same fixed endpoint.
     if (n.port != 0) {
       std::string endpoint = n.address + ":" + std::to_string(n.port);

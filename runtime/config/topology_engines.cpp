@@ -188,6 +188,12 @@ void reader::read_coordinator(const map_reader& root) {
     d.add(i->second.first, i->second.second,
           "the coordinator's node (" + t.coordinator.node
             + ") is never restarted: its failure ends the job; use never here");
+  // Members dial the head and publish nothing: a port of theirs would say otherwise.
+  for (const auto& [node, at] : port_marks)
+    if (node != t.coordinator.node)
+      d.add(at.first, at.second,
+            "only the coordinator's node (" + t.coordinator.node
+              + ") listens; the others dial it and open no port: leave it out (or 0)");
   read_path(r, "state_file", t.coordinator.state_file);
 }
 

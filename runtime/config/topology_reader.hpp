@@ -112,6 +112,8 @@ struct reader {
   std::vector<std::string> node_names;
   /// Nodes with restart: on-failure, and where that key is (the head may not have it).
   std::map<std::string, std::pair<YAML::Mark, std::string>> restart_marks;
+  /// Nodes with a fixed port, and where it is (only the head listens).
+  std::map<std::string, std::pair<YAML::Mark, std::string>> port_marks;
   std::vector<std::string> engine_names;
   /// Where model.synthetic.seed was given: only a synthetic trainer uses it.
   std::optional<std::pair<YAML::Mark, std::string>> synthetic_seed_at;

@@ -159,6 +159,8 @@ void reader::read_transfer(const map_reader& root) {
         tr.ucx_transports.push_back(*v);
     }
   }
+  if (r.has("huge_pages") && backend_read && tr.backend == transfer_backend::ucx && !ucx_lends_shared_memory(tr))
+    r.error("huge_pages", "ucx_transports name no shm: the producer lends no shared memory, in huge pages or not");
   // The producer packs one whole group at a time: a budget below the
   // largest group one consumer needs could never be met. Sharded, a
   // worker's share of a group is at least 1/tp of it (every element goes to

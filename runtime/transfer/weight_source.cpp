@@ -951,7 +951,8 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
     o.held_experts = experts;
     o.allow_nonfinite = tr.allow_nonfinite;
     // A copy per step: only where engines may be on this rank's host to be lent it.
-    o.shared_memory = ucx_lends_shared_memory(t.transfer) && engine_near_trainer_rank(t, rank);
+    // Versions lent in place live in huge pages only: huge_pages: false leaves the pool to others.
+    o.shared_memory = ucx_lends_shared_memory(t.transfer) && t.transfer.huge_pages && engine_near_trainer_rank(t, rank);
     return std::make_shared<checkpoint_dir_source>(std::move(o));
   }
   synthetic_options o;
@@ -964,7 +965,8 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   o.held_layers = held;
   o.held_experts = experts;
   o.allow_nonfinite = tr.allow_nonfinite;
-  o.shared_memory = ucx_lends_shared_memory(t.transfer); // same-host engines are lent groups in place
+  // Same-host engines are lent groups in place, from versions in huge pages (none with huge_pages: false).
+  o.shared_memory = ucx_lends_shared_memory(t.transfer) && t.transfer.huge_pages;
   return std::make_shared<synthetic_source>(std::move(o));
 }
 

@@ -350,8 +350,13 @@ TEST_CASE("topology errors: nodes") {
      "t.yaml:3:25: nodes[0].port: must be between 0 and 65535, got 70000"},
     {"address with a space", with("nodes", "nodes: [{name: a, address: 'my host'}, {name: b}]"),
      "t.yaml:3:28: nodes[0].address: must be a host name or IP address, got 'my host'"},
-    {"same fixed endpoint twice", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4000}]"),
-     "t.yaml:3:48: nodes[1].port: 127.0.0.1:4000 is already used by node 'a'"},
+    {"a member's port", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4001}]"),
+     "t.yaml:3:48: nodes[1].port: only the coordinator's node (a) listens; the others dial it and open no port: "
+     "leave it out (or 0)"},
+    {"a member's port, the coordinator elsewhere", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4001}]")
+                                                     + "coordinator: {node: b}\n",
+     "t.yaml:3:25: nodes[0].port: only the coordinator's node (b) listens; the others dial it and open no port: "
+     "leave it out (or 0)"},
     {"metrics port out of range", with("nodes", "nodes: [{name: a, metrics_port: -1}, {name: b}]"),
      "t.yaml:3:33: nodes[0].metrics_port: must not be negative, got -1"},
     {"metrics port is the node's port", with("nodes", "nodes: [{name: a, port: 4000, metrics_port: 4000}, {name: b}]"),
@@ -694,6 +699,9 @@ TEST_CASE("topology errors: router, coordinator, transfer") {
     {"huge pages named for a backend without shared buffers", plus("transfer: {backend: local, huge_pages: false}"),
      "t.yaml:6:40: transfer.huge_pages: only the ucx backend's producer makes shared buffers (in huge pages or "
      "not); backend 'local' has none"},
+    {"huge pages where nothing is lent in shared memory", plus("transfer: {backend: ucx, ucx_transports: [tcp], huge_pages: true}"),
+     "t.yaml:6:61: transfer.huge_pages: ucx_transports name no shm: the producer lends no shared memory, in huge "
+     "pages or not"},
     {"huge pages not a boolean", plus("transfer: {backend: ucx, huge_pages: maybe}"), "t.yaml:6:38: transfer.huge_pages: expected true or false, got 'maybe'"},
     {"negative packed budget", plus("transfer: {backend: ucx, packed_budget_bytes: -1}"),
      "t.yaml:6:47: transfer.packed_budget_bytes: must not be negative, got '-1'"},
@@ -1255,7 +1263,7 @@ model:
               max_position_embeddings: 4096, rope_theta: 500000, rms_norm_eps: 1.0e-6,
               tie_word_embeddings: true, dtype: f32}
 nodes:
-  - {name: n1, address: 10.0.0.1, port: 4000, metrics_port: 9100}
+  - {name: n1, address: 10.0.0.1, metrics_port: 9100}
   - {name: n2, address: host-2.example, port: 4000, metrics_port: 0}
 cluster:
   secret_file: secrets/cluster.key

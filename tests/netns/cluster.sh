@@ -16,8 +16,8 @@ model:
   synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
 nodes:
   - {name: trainer-node, address: $a0, port: 7300}
-  - {name: engine-node-a, address: $a1, port: 7300}
-  - {name: engine-node-b, address: $a2, port: 7300}
+  - {name: engine-node-a, address: $a1}
+  - {name: engine-node-b, address: $a2}
 cluster:
   tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
   secret_file: "certs/{node}.secret"

@@ -28,8 +28,8 @@ model:
   synthetic: {layers: 4, hidden_size: 512, heads: 8, kv_heads: 4, intermediate_size: 1024, vocab_size: 320, dtype: bf16, seed: 1}
 nodes:
   - {name: trainer-node, address: $a0, port: 7300}
-  - {name: engine-node-a, address: $a1, port: 7300}
-  - {name: engine-node-b, address: $a2, port: 7300}
+  - {name: engine-node-a, address: $a1}
+  - {name: engine-node-b, address: $a2}
 cluster:
   tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
   secret_file: "certs/{node}.secret"

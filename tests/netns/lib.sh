@@ -109,10 +109,10 @@ model:
   synthetic: {layers: 4, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
 nodes:
   - {name: head, address: ${a[0]}, port: 7400}
-  - {name: $node1, address: ${a[1]}, port: 7400}
-  - {name: $node2, address: ${a[2]}, port: 7400}
-  - {name: engine-node-a, address: ${a[3]}, port: 7400}
-  - {name: engine-node-b, address: ${a[4]}, port: 7400}
+  - {name: $node1, address: ${a[1]}}
+  - {name: $node2, address: ${a[2]}}
+  - {name: engine-node-a, address: ${a[3]}}
+  - {name: engine-node-b, address: ${a[4]}}
 cluster:
   tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
   secret_file: "certs/{node}.secret"

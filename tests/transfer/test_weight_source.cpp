@@ -523,6 +523,8 @@ TEST_CASE("make_weight_source: a checkpoint_dir rank copies its steps for lendin
      "{backend: ucx, ucx_transports: [tcp]}", false},
     {"ucx, engines on another address only", "[{name: e, node: b}]", "{backend: ucx}", false},
     {"the local plane lends in place without it", "[{name: e, node: a}]", "{backend: local}", false},
+    {"huge_pages: false leaves the pool to others: nothing lent in place", "[{name: e, node: a}]",
+     "{backend: ucx, huge_pages: false}", false},
   };
   for (const auto& r : rows) {
     CAPTURE(r.name);
