@@ -68,6 +68,7 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
   };
   std::string error;
   int refused_with = 0;
+  bool relayed = false; // a chunk of tokens went to the engine
   try {
     http::client c(conn.host, conn.port, idle);
     if (!conn.token.empty())
@@ -109,14 +110,19 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
           u->spans->push_back({s.label, {s.start, s.end}});
       }
       finished = chunk.finish.has_value();
+      relayed = relayed || !u->tokens.empty();
       send(std::move(u));
     }
     if (!cancel->load() && !finished)
       error = done ? "the stream ended without a finish reason"
                    : "the stream ended before the request finished (the server closed it or is gone)";
-  } catch (const vllm::stream_error_event& e) { // a refusal inside the stream counts as one before it
+  } catch (const vllm::stream_error_event& e) {
+    // Before any token, an error event is a refusal sent after answering
+    // 200; after some, the server failed while generating (vLLM reports an
+    // engine that died mid-stream as 400 too): the server's fault.
     error = e.what();
-    refused_with = e.status;
+    if (!relayed)
+      refused_with = e.status;
   } catch (const std::exception& e) {
     error = e.what();
   }

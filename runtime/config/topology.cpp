@@ -331,6 +331,8 @@ bool ucx_lends_shared_memory(const transfer_spec& t) {
              || std::find(t.ucx_transports.begin(), t.ucx_transports.end(), ucx_transport::shm) != t.ucx_transports.end());
 }
 
+bool trainer_versions_lendable(const transfer_spec& t) { return ucx_lends_shared_memory(t) && t.huge_pages; }
+
 bool engine_near_trainer_rank(const topology& t, std::size_t rank) {
   if (rank >= t.trainer.ranks.size())
     return false;

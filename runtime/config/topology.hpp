@@ -286,6 +286,10 @@ struct transfer_spec {
 /// carry those bytes, so a topology naming `ucx_transports` without `shm`
 /// gets its groups by tag over what it named, on one host too.
 bool ucx_lends_shared_memory(const transfer_spec& t);
+/// Whether trainer versions are kept where same-host engines are lent them
+/// in place: in huge pages, so only with transfer.huge_pages (false leaves
+/// the pool to others, and the groups are packed).
+bool trainer_versions_lendable(const transfer_spec& t);
 
 /// Per-phase deadlines of a sync round.
 struct sync_deadlines {

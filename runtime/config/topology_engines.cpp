@@ -181,7 +181,7 @@ void reader::read_router(const map_reader& root) {
 void reader::read_coordinator(const map_reader& root) {
   auto r = root.map("coordinator", {"node", "state_file"});
   t.coordinator.node = first_node();
-  read_node_ref(r, "node", t.coordinator.node);
+  const bool node_known = read_node_ref(r, "node", t.coordinator.node) || !r.has("node");
   // The head holds the coordinator's state and runs the job: a restarted head
   // would strand every member, so its failure ends the job instead.
   if (auto i = restart_marks.find(t.coordinator.node); i != restart_marks.end())
@@ -190,7 +190,7 @@ void reader::read_coordinator(const map_reader& root) {
             + ") is never restarted: its failure ends the job; use never here");
   // Members dial the head and publish nothing: a port of theirs would say otherwise.
   for (const auto& [node, at] : port_marks)
-    if (node != t.coordinator.node)
+    if (node_known && node != t.coordinator.node)
       d.add(at.first, at.second,
             "only the coordinator's node (" + t.coordinator.node
               + ") listens; the others dial it and open no port: leave it out (or 0)");

@@ -365,7 +365,7 @@ std::shared_ptr<external_source> make_external_source(const topology& t, std::si
   o.device = std::move(device);
   if (o.device && (t.transfer.backend == transfer_backend::nccl || t.transfer.backend == transfer_backend::cuda_ipc))
     o.device_copy_on = 0;
-  o.shared_memory = ucx_lends_shared_memory(t.transfer); // same-host engines are lent groups in place
+  o.shared_memory = trainer_versions_lendable(t.transfer); // same-host engines are lent groups in place
   return std::make_shared<external_source>(std::move(o));
 }
 

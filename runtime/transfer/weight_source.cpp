@@ -951,8 +951,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
     o.held_experts = experts;
     o.allow_nonfinite = tr.allow_nonfinite;
     // A copy per step: only where engines may be on this rank's host to be lent it.
-    // Versions lent in place live in huge pages only: huge_pages: false leaves the pool to others.
-    o.shared_memory = ucx_lends_shared_memory(t.transfer) && t.transfer.huge_pages && engine_near_trainer_rank(t, rank);
+    o.shared_memory = trainer_versions_lendable(t.transfer) && engine_near_trainer_rank(t, rank);
     return std::make_shared<checkpoint_dir_source>(std::move(o));
   }
   synthetic_options o;
@@ -965,8 +964,7 @@ std::shared_ptr<weight_source> make_weight_source(const topology& t, std::size_t
   o.held_layers = held;
   o.held_experts = experts;
   o.allow_nonfinite = tr.allow_nonfinite;
-  // Same-host engines are lent groups in place, from versions in huge pages (none with huge_pages: false).
-  o.shared_memory = ucx_lends_shared_memory(t.transfer) && t.transfer.huge_pages;
+  o.shared_memory = trainer_versions_lendable(t.transfer); // same-host engines are lent groups in place
   return std::make_shared<synthetic_source>(std::move(o));
 }
 

@@ -112,6 +112,10 @@ struct fake_vllm {
   std::string loaded;               ///< the last update_weights path
   json last_completion;             ///< the last completions body
   std::atomic<int> completion_status{200}; ///< what /v1/completions answers; not 200: an error body
+  /// Not 0: the stream answers 200, then an error event with this code,
+  /// after `error_after_tokens` tokens.
+  std::atomic<int> stream_error_code{0};
+  std::atomic<bool> error_after_tokens{false};
   http::server srv;
   std::uint16_t port = 0;
 
@@ -165,6 +169,13 @@ struct fake_vllm {
         c.update(extra);
         return "data: " + json{{"id", "cmpl-fake"}, {"object", "text_completion"}, {"choices", {c}}}.dump() + "\n\n";
       };
+      if (const int code = stream_error_code; code != 0) {
+        if (error_after_tokens)
+          r->write(chunk({40, 41}, nullptr));
+        r->write("data: " + json{{"error", {{"message", "failed in the stream"}, {"code", code}}}}.dump() + "\n\n");
+        r->finish();
+        return;
+      }
       r->write(chunk({40, 41}, nullptr));
       r->write(chunk({42}, "length",
                      {{"weight_versions", {{{"version", "v2"}, {"start", 0}, {"end", 2}},
@@ -965,6 +976,22 @@ TEST_CASE("against a vLLM-shaped server: bearer token, its stream's versions, un
     CHECK(f.sys.render(*refusal).find("HTTP " + std::to_string(status)) != std::string::npos);
   }
   fake.completion_status = 200;
+
+  // The same refusal as an error event after answering 200 (vLLM does that)
+  // counts as one before any token; after some, the server failed while
+  // generating (vLLM reports a dead engine mid-stream as 400 too).
+  for (bool after_tokens : {false, true}) {
+    CAPTURE(after_tokens);
+    fake.stream_error_code = 400;
+    fake.error_after_tokens = after_tokens;
+    std::optional<caf::error> failed;
+    self->request(e, 30s, generate_atom::value, f.greedy(11, 3), f.sys.spawn(locked_sink, std::make_shared<token_log>()))
+      .receive([&](generate_result&) { FAIL("a failed stream succeeded"); }, [&](caf::error& err) { failed = err; });
+    REQUIRE(failed);
+    CHECK(is(*failed, after_tokens ? errc::engine_dirty : errc::malformed));
+    CHECK(f.sys.render(*failed).find("in the stream (400): failed in the stream") != std::string::npos);
+  }
+  fake.stream_error_code = 0;
 
   // Log-probabilities asked for and not sent with the tokens: a lie, not
   // log-probabilities shifted onto the wrong tokens.

@@ -353,6 +353,9 @@ TEST_CASE("topology errors: nodes") {
     {"a member's port", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4001}]"),
      "t.yaml:3:48: nodes[1].port: only the coordinator's node (a) listens; the others dial it and open no port: "
      "leave it out (or 0)"},
+    {"an unknown coordinator node: that error alone", with("nodes", "nodes: [{name: a, port: 4000}, {name: b}]")
+                                                         + "coordinator: {node: z}\n",
+     "t.yaml:6:21: coordinator.node: unknown node 'z' (defined: a, b)"},
     {"a member's port, the coordinator elsewhere", with("nodes", "nodes: [{name: a, port: 4000}, {name: b, port: 4001}]")
                                                      + "coordinator: {node: b}\n",
      "t.yaml:3:25: nodes[0].port: only the coordinator's node (b) listens; the others dial it and open no port: "
@@ -766,6 +769,25 @@ TEST_CASE("topology: an engine on device cuda is accepted in a CUDA build, refus
   CHECK(to_yaml(parse_topology(with("engines", "engines: [{name: e, node: a}]") + insecure, "t.yaml", "/base"))
           .find("device:")
         == std::string::npos);
+}
+
+TEST_CASE("topology: trainer versions are kept lendable in place only in huge pages, over shared memory") {
+  struct row {
+    const char* transfer;
+    bool lendable;
+  };
+  const row rows[] = {
+    {"{backend: ucx}", true},
+    {"{backend: ucx, ucx_transports: [shm, tcp]}", true},
+    {"{backend: ucx, huge_pages: false}", false},
+    {"{backend: ucx, ucx_transports: [tcp]}", false},
+    {"{backend: local}", false},
+  };
+  for (const auto& r : rows) {
+    CAPTURE(r.transfer);
+    const auto t = parse_topology(plus(insecure + "transfer: " + r.transfer), "t.yaml", "/base");
+    CHECK(trainer_versions_lendable(t.transfer) == r.lendable);
+  }
 }
 
 TEST_CASE("topology: a collective broadcast is refused without nccl") {

@@ -28,7 +28,7 @@ model:
   synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
 nodes:
   - {name: head, address: 127.0.0.1, port: $port}
-  - {name: srv, address: 127.0.0.1, port: $((port + 2))}
+  - {name: srv, address: 127.0.0.1}
 cluster:
   tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
   secret_file: "certs/{node}.secret"
