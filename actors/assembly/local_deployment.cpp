@@ -90,7 +90,7 @@ vllm_engine_config vllm_engine_config_from(const topology& t, const engine_spec&
   // A lost server must show before the coordinator's heartbeat timeout does.
   cfg.health_interval_ms = ms(t.cluster.heartbeat_interval);
   cfg.health_timeout_ms = ms(t.cluster.heartbeat_timeout);
-  cfg.max_streams = static_cast<std::uint32_t>(std::min<std::int64_t>(e.max_batch + e.queue_limit, 1 << 20));
+  cfg.max_streams = static_cast<std::uint32_t>(e.max_batch + e.queue_limit); // at most max_vllm_streams (validated)
   return cfg;
 }
 

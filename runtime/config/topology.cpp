@@ -289,7 +289,8 @@ void reader::read_cluster(const map_reader& root) {
     if (ok)
       cl.tls = spec;
   }
-  c.read("allow_insecure_network", cl.allow_insecure_network);
+  if (c.read("allow_insecure_network", cl.allow_insecure_network) && cl.allow_insecure_network && c.has("tls"))
+    c.error("allow_insecure_network", "has no effect beside cluster.tls (the nodes talk TLS): leave it out");
   bool interval = c.read_ms("heartbeat_interval_ms", cl.heartbeat_interval, between(1, max_duration_ms));
   bool timeout = c.read_ms("heartbeat_timeout_ms", cl.heartbeat_timeout, between(1, max_duration_ms));
   c.read_ms("connect_deadline_ms", cl.connect_deadline, between(1, max_duration_ms));

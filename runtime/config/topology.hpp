@@ -96,6 +96,8 @@ inline constexpr std::int64_t max_tp = 1024;
 inline constexpr std::int64_t max_dp = 64;
 inline constexpr std::int64_t max_batch_limit = 65536;
 inline constexpr std::int64_t max_queue_limit = 1 << 20;
+/// A vLLM engine's streams open at once (max_batch + queue_limit): the adapter holds a thread each.
+inline constexpr std::int64_t max_vllm_streams = 4096;
 inline constexpr std::int64_t max_kv_block_tokens = 65536;
 inline constexpr std::int64_t max_prefix_cache_blocks = 1 << 24;
 inline constexpr std::int64_t max_groups_in_flight = 1024;

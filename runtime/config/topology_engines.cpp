@@ -80,6 +80,12 @@ void reader::read_engines(const map_reader& root) {
                 "parallelism (its weight check compares the sliced layout)");
       if (replicas != 1)
         r.error("replicas", "must be 1 for kind vllm: each server is its own entry with its own url");
+      // The adapter holds a thread per open stream, up to max_batch + queue_limit.
+      if (e.max_batch + e.queue_limit > max_vllm_streams)
+        r.error(r.has("queue_limit") ? "queue_limit" : "max_batch",
+                "max_batch + queue_limit is at most " + std::to_string(max_vllm_streams)
+                  + " for kind vllm (the adapter holds a thread per open stream); got "
+                  + std::to_string(e.max_batch + e.queue_limit));
     } else {
       for (const char* key : {"url", "api_key_file", "weights_dir"})
         if (r.has(key))

@@ -407,6 +407,8 @@ TEST_CASE("topology errors: cluster") {
      "secret_env"},
     {"a secret at the top level", plus("secret: hunter2"),
      "t.yaml:6:1: secret: secrets are never read from the topology; use secret_file or secret_env"},
+    {"insecure beside tls", plus("cluster:\n  tls: {ca: c, cert: d, key: k}\n  allow_insecure_network: true"),
+     "t.yaml:8:27: cluster.allow_insecure_network: has no effect beside cluster.tls (the nodes talk TLS): leave it out"},
     {"both secret sources", plus("cluster:\n  secret_file: s\n  secret_env: S"),
      "t.yaml:8:15: cluster.secret_env: set at most one of secret_file and secret_env"},
     {"bad environment variable name", plus("cluster:\n  secret_env: my-secret"),
@@ -579,6 +581,10 @@ TEST_CASE("topology errors: engines") {
      with("engines", "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1'}]") + "drill: {faults: [{at_sync: 1, action: partition, target: v}]}\n",
      "t.yaml:6:39: drill.faults[0].action: partition cannot act on engine 'v' (kind vllm: an external server has "
      "no fault gate; kill its server instead)"},
+    {"more vLLM streams than the adapter holds threads for",
+     with("engines", "engines: [{name: v, node: a, kind: vllm, url: 'http://h:1', queue_limit: 5000}]"),
+     "t.yaml:5:74: engines[0].queue_limit: max_batch + queue_limit is at most 4096 for kind vllm (the adapter holds "
+     "a thread per open stream); got 5032"},
     {"kind vllm without url", with("engines", "engines: [{name: e, node: a, kind: vllm}]"),
      "t.yaml:5:11: engines[0].url: missing required key"},
     {"https url", with("engines", "engines: [{name: e, node: a, kind: vllm, url: 'https://h:8000'}]"),
