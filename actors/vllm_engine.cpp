@@ -454,10 +454,7 @@ vllm_engine_impl::behavior_type vllm_engine(vllm_engine_impl::stateful_pointer<v
         }
         if (u->spans && !s.answered) {
           // The server's own account of which version made which token, where it can be believed.
-          std::vector<vllm::label_span> labels;
-          for (auto& [label, range] : *u->spans)
-            labels.push_back({label, range.first, range.second});
-          if (auto spans = vllm::server_versions(labels, s.opened_at, st.version, s.result.tokens.size()))
+          if (auto spans = vllm::server_versions(*u->spans, s.opened_at, st.version, s.result.tokens.size()))
             s.result.spans = std::move(*spans);
         }
         if (s.answered) {

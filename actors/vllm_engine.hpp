@@ -36,6 +36,7 @@
 #include "runtime/config/model_config.hpp"
 #include "runtime/transfer/holder_pull.hpp"
 #include "runtime/transfer/puller.hpp"
+#include "runtime/vllm/remote_engine.hpp"
 
 #include <caf/actor_system.hpp>
 
@@ -123,7 +124,7 @@ struct vllm_stream_update {
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<std::int32_t, float>>> top;
   std::optional<finish_reason> finish;
-  std::optional<std::vector<std::pair<std::string, std::pair<std::uint32_t, std::uint32_t>>>> spans;
+  std::optional<std::vector<vllm::label_span>> spans; ///< the chunk's weight_versions, as the server sent them
   std::string error; ///< the stream failed (set alone, last)
   int refused_with = 0; ///< the HTTP status the server refused the request with (with error)
   bool ended = false; ///< the worker is done with the stream

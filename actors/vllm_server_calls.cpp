@@ -104,11 +104,7 @@ void run_stream(caf::blocking_actor* w, caf::actor_addr engine, server_conn conn
       u->logprobs = std::move(chunk.logprobs);
       u->top = std::move(chunk.top);
       u->finish = chunk.finish;
-      if (chunk.weight_versions) {
-        u->spans.emplace();
-        for (auto& s : *chunk.weight_versions)
-          u->spans->push_back({s.label, {s.start, s.end}});
-      }
+      u->spans = std::move(chunk.weight_versions);
       finished = chunk.finish.has_value();
       relayed = relayed || !u->tokens.empty();
       send(std::move(u));
