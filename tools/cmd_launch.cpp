@@ -22,7 +22,7 @@ namespace {
 const char* description =
   "Starts every node of the topology whose address is on this machine (loopback,\n"
   "localhost, or an address of a local interface) as a separate process:\n"
-  "  rlsync node --topology T.yaml --node NAME [--secret-file FILE]\n"
+  "  rlsync node --topology T.yaml --node NAME --supervised [--secret-file FILE]\n"
   "(FILE may contain {node}: each node reads its own). With cluster.tls every\n"
   "node's certificate and key are checked before any node starts.\n"
   "Each line a node prints is shown prefixed with [NAME]. Children inherit the\n"
@@ -167,7 +167,7 @@ int cmd_launch(const arg_list& argv) {
   const std::string exe = self_executable();
   std::vector<child_spec> children;
   for (auto* n : nodes) {
-    child_spec c{n->name, {exe, "node", "--topology", topology_path, "--node", n->name}};
+    child_spec c{n->name, {exe, "node", "--topology", topology_path, "--node", n->name, "--supervised"}};
     // Validation refuses restarts on the coordinator's node: the head failing ends the job.
     c.restart.on_failure = n->restart == node_restart::on_failure && n->name != t.coordinator.node;
     c.restart.max_restarts = static_cast<std::uint32_t>(std::clamp<std::int64_t>(n->max_restarts, 0, max_node_restarts));

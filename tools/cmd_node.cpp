@@ -140,6 +140,21 @@ const char* description =
   "the link to it is lost they rejoin (as for the first join, up to connect_deadline_ms).\n"
   "SIGTERM or SIGINT stops a node cleanly.\n";
 
+/// What a node started by hand does not do that its topology asks for: the
+/// drill's faults and the restart keys are applied by the processes that
+/// start nodes (rlsync drill; rlsync launch, which the systemd unit and the
+/// Slurm script run).
+std::vector<std::string> unsupervised_notices(const topology& t, const node_spec& node) {
+  std::vector<std::string> lines;
+  if (!t.drill.faults.empty())
+    lines.push_back("the topology's " + std::to_string(t.drill.faults.size())
+                    + " drill fault(s) are injected by rlsync drill, not by a node started on its own");
+  if (node.restart == node_restart::on_failure)
+    lines.push_back("restart: on-failure is applied by rlsync launch (run `rlsync launch TOPOLOGY --nodes "
+                    + node.name + "`, as the systemd unit and the Slurm script do); nothing restarts this process");
+  return lines;
+}
+
 /// Set once every actor of this node has terminated (see cmd_node's exit).
 std::atomic<bool> all_terminated{false};
 
@@ -297,6 +312,10 @@ int cmd_node(const arg_list& argv) {
                                                      "the drill's signals to its trainer ranks (SIGRTMIN+2: corrupt "
                                                      "a group, SIGRTMIN+1: withhold one)");
   auto allow_nonfinite = add_allow_nonfinite_flag(app);
+  // Hidden: what launch, drill and bench pass to the nodes they start.
+  auto supervised = app.add_flag("--supervised", "started by rlsync launch, drill or bench (no notices about "
+                                                 "what they apply)")
+                      ->group("");
   if (!cli::parse(app, argv))
     return 0;
   cli::require(topology_flag);
@@ -327,6 +346,9 @@ int cmd_node(const arg_list& argv) {
   }
   const node_spec* head = t.find_node(t.coordinator.node);
   const bool is_head = name == head->name;
+  if (supervised->count() == 0)
+    for (auto& line : unsupervised_notices(t, *node))
+      std::cerr << "rlsync node " << name << ": " << line << "\n";
   // {node} in the file: each node proves its own secret; the head reads every member's.
   const std::string file = secret_file.value_or(t.cluster.secret_file);
   const bool per_node = file.find("{node}") != std::string::npos;

@@ -141,7 +141,7 @@ public:
     std::vector<child_spec> children;
     for (const auto& n : t_.nodes)
       if (n.name != head_spec->name)
-        children.push_back({n.name, {s_.exe(), "node", "--topology", path, "--node", n.name}});
+        children.push_back({n.name, {s_.exe(), "node", "--topology", path, "--node", n.name, "--supervised"}});
     auto& s = s_;
     try {
       head_ = std::make_unique<head_node>(

@@ -134,7 +134,7 @@ public:
       if (o_.netns)
         p.argv = {"ip", "netns", "exec", ns_name_ + "-" + std::to_string(i)};
       for (auto& a : std::vector<std::string>{exe_, "node", "--topology", std::filesystem::absolute(path_).string(),
-                                              "--node", n.name})
+                                              "--node", n.name, "--supervised"})
         p.argv.push_back(a);
       if (p.head)
         // The job runs until the drill stops it (SIGINT: it drains, runs its

@@ -24,7 +24,7 @@ model:
   synthetic: {layers: 2, hidden_size: 64, heads: 4, kv_heads: 2, intermediate_size: 128, vocab_size: 320, dtype: bf16, seed: 1}
 nodes:
   - {name: head, address: 127.0.0.1, port: $port}
-  - {name: workers, address: 127.0.0.1}
+  - {name: workers, address: 127.0.0.1, restart: on-failure}
 cluster:
   tls: {ca: certs/ca.pem, cert: "certs/{node}.pem", key: "certs/{node}.key"}
   secret_file: "certs/{node}.secret"
@@ -48,6 +48,8 @@ grep -q '"weights_verified": true' "$dir/two.json" || { cat "$dir/launch.out"; e
 grep -q '"completed": 12' "$dir/two.json" || { cat "$dir/two.json"; echo "FAIL: requests lost"; exit 1; }
 [ "$(grep -c 'byte-identical to the trainer' "$dir/launch.out")" -eq 3 ] || { cat "$dir/launch.out"; echo "FAIL: not 3 engines verified"; exit 1; }
 grep -q "\[workers\] rlsync node workers: admitted by head" "$dir/launch.out" || { echo "FAIL: no admission line"; exit 1; }
+# launch applies the workers' restart key: their node says nothing about it.
+! grep -q "nothing restarts this process" "$dir/launch.out" || { cat "$dir/launch.out"; echo "FAIL: a launched node says it is unsupervised"; exit 1; }
 
 # 2. Refusals, against a head that keeps serving (no --run).
 "$rlsync" node --topology "$dir/two.yaml" --node head > "$dir/head.log" 2>&1 &
@@ -79,9 +81,13 @@ sed -e '/^  tls:/d' -e 's/connect_deadline_ms: 10000/connect_deadline_ms: 1000/'
 grep -q "plain.yaml:[0-9]*:[0-9]*: cluster: more than one node needs cluster.tls" "$dir/plain.out" \
   || { cat "$dir/plain.out"; echo "FAIL: no located refusal of plaintext"; exit 1; }
 sed -i 's/^cluster:/cluster:\n  allow_insecure_network: true/' "$dir/plain.yaml"
+printf 'drill:\n  faults:\n    - {at_ms: 500, action: kill, target: remote-0, duration_ms: 500}\n' >> "$dir/plain.yaml"
 timeout 30 "$rlsync" node --topology "$dir/plain.yaml" --node workers > "$dir/plain.log" 2>&1 || true
 [ "$(grep -c '^WARNING: ' "$dir/plain.log")" -ge 4 ] && grep -q "INSECURE NETWORK" "$dir/plain.log" \
   || { cat "$dir/plain.log"; echo "FAIL: no loud warning in insecure mode"; exit 1; }
+# A node started by hand says what its topology asks that only launch and drill do.
+grep -q "rlsync node workers: the topology's 1 drill fault(s) are injected by rlsync drill" "$dir/plain.log" \
+  || { cat "$dir/plain.log"; echo "FAIL: no notice of the drill's faults"; exit 1; }
 # The wrong secret: refused, and the node says so.
 printf 'wrong\n' > "$dir/wrong.secret"
 chmod 600 "$dir/wrong.secret"
@@ -98,6 +104,8 @@ good=$!
 pids+=($good)
 for _ in $(seq 1 100); do grep -q "engines registered" "$dir/good.log" && break; sleep 0.1; done
 grep -q "2 engines registered" "$dir/good.log" || { cat "$dir/good.log" "$dir/head.log"; echo "FAIL: a good node could not join after the attacks"; exit 1; }
+grep -q "rlsync node workers: restart: on-failure is applied by rlsync launch" "$dir/good.log" \
+  || { cat "$dir/good.log"; echo "FAIL: a node started by hand does not say its restart key needs launch"; exit 1; }
 kill -TERM "${pids[0]}"
 set +e; wait "$good"; wrc=$?; wait "${pids[0]}"; hrc=$?; set -e
 [ "$wrc" -eq 0 ] || { cat "$dir/good.log"; echo "FAIL: the worker exited $wrc when the head went away"; exit 1; }

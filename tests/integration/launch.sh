@@ -18,26 +18,26 @@ cluster_abs=$(realpath -s "$cluster") # made absolute as written, links kept
 "$rlsync" launch "$cluster" --dry-run --nodes engine-node-b,trainer-node >"$tmp/out" 2>"$tmp/err" \
   || { cat "$tmp/err"; fail "dry run exited non-zero"; }
 [ ! -s "$tmp/err" ] || { cat "$tmp/err"; fail "dry run wrote to stderr"; }
-printf '%s\n' "$exe node --topology $cluster_abs --node engine-node-b" \
-              "$exe node --topology $cluster_abs --node trainer-node" >"$tmp/want"
+printf '%s\n' "$exe node --topology $cluster_abs --node engine-node-b --supervised" \
+              "$exe node --topology $cluster_abs --node trainer-node --supervised" >"$tmp/want"
 diff -u "$tmp/want" "$tmp/out" || fail "dry run: unexpected command lines"
 
 # --allow-nonfinite goes to every node hosting a trainer rank, and only there.
 sed -e '0,/    - node: trainer-node/s//    - node: engine-node-b/' "$cluster" >"$tmp/ranks.yaml"
 "$rlsync" launch "$tmp/ranks.yaml" --dry-run --nodes trainer-node,engine-node-a,engine-node-b --allow-nonfinite >"$tmp/out"
-printf '%s\n' "$exe node --topology $tmp/ranks.yaml --node trainer-node --allow-nonfinite" \
-              "$exe node --topology $tmp/ranks.yaml --node engine-node-a" \
-              "$exe node --topology $tmp/ranks.yaml --node engine-node-b --allow-nonfinite" >"$tmp/want"
+printf '%s\n' "$exe node --topology $tmp/ranks.yaml --node trainer-node --supervised --allow-nonfinite" \
+              "$exe node --topology $tmp/ranks.yaml --node engine-node-a --supervised" \
+              "$exe node --topology $tmp/ranks.yaml --node engine-node-b --supervised --allow-nonfinite" >"$tmp/want"
 diff -u "$tmp/want" "$tmp/out" || fail "dry run: --allow-nonfinite not on exactly the nodes hosting ranks"
 
 # A relative topology path becomes absolute; --secret-file goes through untouched (quoted for the shell).
 (cd "$src" && "$rlsync" launch configs/cluster.yaml --dry-run --nodes=engine-node-a --secret-file "my secret") >"$tmp/out"
-[ "$(cat "$tmp/out")" = "$exe node --topology $(cd "$src" && pwd -P)/configs/cluster.yaml --node engine-node-a --secret-file 'my secret'" ] \
+[ "$(cat "$tmp/out")" = "$exe node --topology $(cd "$src" && pwd -P)/configs/cluster.yaml --node engine-node-a --supervised --secret-file 'my secret'" ] \
   || { cat "$tmp/out"; fail "dry run: relative path or --secret-file"; }
 
 # The printed command lines are runnable shell: they read back into the same words.
 eval "set -- $(cat "$tmp/out")"
-[ "$#" -eq 8 ] && [ "$8" = "my secret" ] || fail "dry run output does not read back as 8 words"
+[ "$#" -eq 9 ] && [ "$9" = "my secret" ] || fail "dry run output does not read back as 9 words"
 
 # An unknown node: usage error (2) naming it; nothing started.
 set +e
@@ -61,7 +61,7 @@ fi
 # A loopback node is local: without --nodes, --dry-run picks it (and only it).
 sed -e 's/address: 10.0.0.2/address: 127.0.0.1/' "$cluster" >"$tmp/mixed.yaml"
 "$rlsync" launch "$tmp/mixed.yaml" --dry-run >"$tmp/out"
-[ "$(cat "$tmp/out")" = "$exe node --topology $tmp/mixed.yaml --node engine-node-a" ] \
+[ "$(cat "$tmp/out")" = "$exe node --topology $tmp/mixed.yaml --node engine-node-a --supervised" ] \
   || { cat "$tmp/out"; fail "loopback node not selected alone"; }
 
 # Usage errors: no topology, a bad --grace-ms, an unknown flag.
