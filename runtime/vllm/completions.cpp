@@ -106,10 +106,17 @@ std::int32_t get_token(const json& v, const std::string& field) {
   return static_cast<std::int32_t>(get_int(v, field, 0, std::numeric_limits<std::int32_t>::max()));
 }
 
-/// One prompt: a string (encoded) or a list of token ids.
-std::vector<std::int32_t> get_prompt(const json& v, const std::string& field) {
-  if (v.is_string())
-    return engine::encode(v.get_ref<const std::string&>());
+/// One prompt: a string (encoded, BOS first unless `add_special_tokens` is
+/// false) or a list of token ids (taken as they are, as vLLM does).
+std::vector<std::int32_t> get_prompt(const json& v, const std::string& field, bool add_special_tokens) {
+  if (v.is_string()) {
+    auto tokens = engine::encode(v.get_ref<const std::string&>());
+    if (!add_special_tokens)
+      tokens.erase(tokens.begin());
+    if (tokens.empty())
+      fail(field, "is empty (an empty string with add_special_tokens false)");
+    return tokens;
+  }
   if (!v.is_array())
     fail(field, "must be a string or a list of token ids, got " + describe(v));
   if (v.empty())
@@ -121,19 +128,20 @@ std::vector<std::int32_t> get_prompt(const json& v, const std::string& field) {
   return out;
 }
 
-void parse_prompts(const json& v, completion_request& out, const completion_limits& limits) {
+void parse_prompts(const json& v, bool add_special_tokens, completion_request& out,
+                   const completion_limits& limits) {
   if (v.is_null())
     fail("prompt", "is required");
   // A list is one prompt of token ids when its first element is a number,
   // else a list of prompts (strings or token-id lists).
   bool many = v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array());
   if (!many) {
-    out.prompts.push_back(get_prompt(v, "prompt"));
+    out.prompts.push_back(get_prompt(v, "prompt", add_special_tokens));
   } else {
     if (v.size() > limits.max_prompts)
       fail("prompt", std::to_string(v.size()) + " prompts exceed the limit of " + std::to_string(limits.max_prompts));
     for (std::size_t i = 0; i < v.size(); ++i)
-      out.prompts.push_back(get_prompt(v[i], "prompt[" + std::to_string(i) + "]"));
+      out.prompts.push_back(get_prompt(v[i], "prompt[" + std::to_string(i) + "]", add_special_tokens));
   }
   std::size_t total = 0;
   for (auto& p : out.prompts)
@@ -176,8 +184,18 @@ completion_request parse_object(const json& body, const completion_limits& limit
       fail("model", "must be a string, got " + describe(*v));
     out.model = v->get<std::string>();
   }
+  bool add_special_tokens = true;
+  if (auto v = field("add_special_tokens"))
+    add_special_tokens = get_bool(*v, "add_special_tokens");
   auto prompt = body.find("prompt");
-  parse_prompts(prompt == body.end() ? json(nullptr) : *prompt, out, limits);
+  parse_prompts(prompt == body.end() ? json(nullptr) : *prompt, add_special_tokens, out, limits);
+  // vLLM keeps a prompt's last k tokens; -1 (the context length) is not taken.
+  if (auto v = field("truncate_prompt_tokens")) {
+    const auto keep = static_cast<std::size_t>(get_int(*v, "truncate_prompt_tokens", 1, static_cast<std::int64_t>(limits.max_prompt_tokens)));
+    for (auto& p : out.prompts)
+      if (p.size() > keep)
+        p.erase(p.begin(), p.end() - static_cast<std::ptrdiff_t>(keep));
+  }
   if (body.contains("max_tokens") && body["max_tokens"].is_null())
     out.max_tokens.reset();
   else if (auto v = field("max_tokens"))
@@ -241,6 +259,18 @@ completion_request parse_object(const json& body, const completion_limits& limit
       fail(flag, "is not supported");
   if (auto v = field("suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
     fail("suffix", "is not supported, got " + describe(*v));
+  // Constrained decoding and token filters: any value would change outputs.
+  for (const char* constraint : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                 "structured_outputs", "allowed_token_ids", "bad_words", "logits_processors",
+                                 "prompt_embeds"})
+    if (auto v = field(constraint))
+      fail(constraint, "is not supported, got " + describe(*v));
+  if (auto v = field("response_format"); v && !(v->is_object() && v->size() == 1 && v->contains("type") && v->at("type") == "text"))
+    fail("response_format", "is not supported unless {\"type\": \"text\"}, got " + describe(*v));
+  // The byte tokenizer has no text for BOS and EOS: special tokens are always skipped.
+  if (auto v = field("skip_special_tokens"); v && !get_bool(*v, "skip_special_tokens"))
+    fail("skip_special_tokens", "is not supported unless true (special tokens have no text here)");
+  neutral_number("priority", {0}, "0 (no priority scheduling)");
   if (auto v = field("seed"))
     out.seed = static_cast<std::uint64_t>(
       get_int(*v, "seed", std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()));

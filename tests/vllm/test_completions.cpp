@@ -136,6 +136,24 @@ TEST_CASE("completions: malformed bodies are 400 naming the field") {
     {R"({"prompt": "a", "use_beam_search": true})", "body.use_beam_search", "is not supported"},
     {R"({"prompt": "a", "suffix": "z"})", "body.suffix", "is not supported"},
     {R"({"prompt": "a", "return_tokens_as_token_ids": 3})", "body.return_tokens_as_token_ids", "must be a boolean"},
+    // Constrained decoding and token filters change outputs: refused, never ignored.
+    {R"({"prompt": "a", "guided_json": {"type": "object"}})", "body.guided_json", "is not supported"},
+    {R"({"prompt": "a", "guided_regex": "[a-z]+"})", "body.guided_regex", "is not supported"},
+    {R"({"prompt": "a", "guided_choice": ["yes", "no"]})", "body.guided_choice", "is not supported"},
+    {R"({"prompt": "a", "guided_grammar": "root ::= x"})", "body.guided_grammar", "is not supported"},
+    {R"({"prompt": "a", "structured_outputs": {"regex": "x"}})", "body.structured_outputs", "is not supported"},
+    {R"({"prompt": "a", "allowed_token_ids": [1, 2]})", "body.allowed_token_ids", "is not supported"},
+    {R"({"prompt": "a", "bad_words": ["x"]})", "body.bad_words", "is not supported"},
+    {R"({"prompt": "a", "response_format": {"type": "json_object"}})", "body.response_format",
+     "is not supported unless {\"type\": \"text\"}"},
+    {R"({"prompt": "a", "response_format": {"type": 3}})", "body.response_format", "is not supported"},
+    {R"({"prompt": "a", "skip_special_tokens": false})", "body.skip_special_tokens", "is not supported unless true"},
+    {R"({"prompt": "a", "priority": 2})", "body.priority", "is not supported unless 0"},
+    {R"({"prompt": "a", "add_special_tokens": []})", "body.add_special_tokens", "must be a boolean"},
+    {R"({"prompt": "", "add_special_tokens": false})", "body.prompt", "is empty"},
+    {R"({"prompt": ["a", ""], "add_special_tokens": false})", "body.prompt[1]", "is empty"},
+    {R"({"prompt": "a", "truncate_prompt_tokens": 0})", "body.truncate_prompt_tokens", "must be in 1.."},
+    {R"({"prompt": "a", "truncate_prompt_tokens": -1})", "body.truncate_prompt_tokens", "must be in 1.."},
   };
   for (const auto& r : rows) {
     CAPTURE(r.body.substr(0, 120));
@@ -204,6 +222,15 @@ TEST_CASE("completions: fields parse as RL clients send them, unknown fields are
   CHECK(neutral.tokens_as_ids);
   CHECK_FALSE(f.tokens_as_ids);
   CHECK(parse_ok(R"({"prompt": "a", "top_k": 0})").prompts.size() == 1);
+  CHECK(parse_ok(R"({"prompt": "a", "response_format": {"type": "text"}, "priority": 0, "guided_json": null})")
+          .prompts.size() == 1);
+
+  // add_special_tokens false: a string prompt without BOS; token ids as given.
+  auto no_bos = parse_ok(R"({"prompt": ["hi", [256, 7]], "add_special_tokens": false})");
+  CHECK(no_bos.prompts == std::vector<std::vector<std::int32_t>>{{'h', 'i'}, {256, 7}});
+  // truncate_prompt_tokens keeps each prompt's last k tokens.
+  auto cut = parse_ok(R"({"prompt": ["abc", [1, 2]], "truncate_prompt_tokens": 2})");
+  CHECK(cut.prompts == std::vector<std::vector<std::int32_t>>{{'b', 'c'}, {1, 2}});
 
   auto tokens = parse_ok(R"({"prompt": [256, 1, 2], "max_tokens": null, "stop": ["a", "bc"], "stream": false})");
   CHECK(tokens.prompts == std::vector<std::vector<std::int32_t>>{{256, 1, 2}});
