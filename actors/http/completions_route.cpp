@@ -253,6 +253,10 @@ void completions_route::handle(const http::request& rq, std::shared_ptr<http::re
     r->reply(http::error_envelope(static_cast<unsigned>(e->status), e->message, e->param));
     return;
   }
+  if (auto e = vllm::check_answer_size(req, std::get<std::vector<generate_request>>(made), cfg_.limits)) {
+    r->reply(http::error_envelope(static_cast<unsigned>(e->status), e->message, e->param));
+    return;
+  }
   auto job = std::make_shared<completion_job>();
   job->requests = std::move(std::get<std::vector<generate_request>>(made));
   for (std::size_t i = 0; i < job->requests.size(); ++i)

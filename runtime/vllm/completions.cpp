@@ -411,6 +411,24 @@ std::variant<std::vector<generate_request>, api_error> make_generate_requests(co
   return out;
 }
 
+std::optional<api_error> check_answer_size(const completion_request& req, const std::vector<generate_request>& made,
+                                           const completion_limits& limits) {
+  if (req.stream)
+    return std::nullopt;
+  // Each term is below 2^20 × 22 and there are at most max_choices of them: no overflow.
+  const std::uint64_t per_token = 1 + (req.logprobs ? 1 + *req.logprobs : 0);
+  std::uint64_t entries = 0;
+  for (const auto& g : made)
+    entries += std::uint64_t{g.sampling.max_tokens} * per_token;
+  if (entries <= limits.max_answer_entries)
+    return std::nullopt;
+  return bad("max_tokens", "a non-streamed answer of " + std::to_string(made.size()) + " choice(s) at their max_tokens"
+                             + (req.logprobs ? " with " + std::to_string(*req.logprobs) + " log-probabilities each" : "")
+                             + " holds up to " + std::to_string(entries) + " entries, above the limit of "
+                             + std::to_string(limits.max_answer_entries)
+                             + ": lower max_tokens, n or logprobs, or set stream");
+}
+
 std::string completion_id(std::uint64_t a, std::uint64_t b) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),

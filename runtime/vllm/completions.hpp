@@ -46,6 +46,10 @@ struct completion_limits {
   std::size_t max_stop_strings = 16;
   std::size_t max_stop_bytes = 256;   ///< of one stop string
   std::uint32_t max_logprobs = max_top_logprobs;
+  /// A non-streamed answer is held whole until its last token: tokens of
+  /// every choice at their max_tokens, each counting 1 + its log-probability
+  /// entries (about 130 MB of JSON at the bound). A stream is not bounded by it.
+  std::uint64_t max_answer_entries = 1u << 22;
 };
 
 /// A parsed completions request. Fields RL clients send; unknown fields are
@@ -95,6 +99,11 @@ std::variant<std::vector<generate_request>, api_error> make_generate_requests(co
                                                                               const model_limits& model,
                                                                               std::uint64_t first_request_id,
                                                                               std::uint64_t unseeded_base);
+
+/// A 400 when `req` is not streamed and the answer its `made` requests may
+/// produce exceeds limits.max_answer_entries; nullopt otherwise.
+std::optional<api_error> check_answer_size(const completion_request& req, const std::vector<generate_request>& made,
+                                           const completion_limits& limits);
 
 /// The label a weight version is reported under ("default", "step-7", ...).
 using version_labeler = std::function<std::string(std::uint64_t version)>;

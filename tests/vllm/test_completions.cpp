@@ -310,6 +310,30 @@ TEST_CASE("completions: prompts the model cannot take are 400") {
     make_generate_requests(parse_ok(R"({"prompt": "0123456789", "max_tokens": 5})"), model, 1, 0)));
 }
 
+TEST_CASE("completions: a non-streamed answer is bounded, a streamed one is not") {
+  model_limits model{258, 1000};
+  completion_limits small;
+  small.max_answer_entries = 100;
+  auto check = [&](const std::string& body) {
+    auto req = parse_ok(body);
+    auto made = make_generate_requests(req, model, 1, 0);
+    REQUIRE(std::holds_alternative<std::vector<generate_request>>(made));
+    return check_answer_size(req, std::get<std::vector<generate_request>>(made), small);
+  };
+  CHECK_FALSE(check(R"({"prompt": "a", "n": 4, "max_tokens": 25})"));            // 100 entries
+  auto over = check(R"({"prompt": "a", "n": 4, "max_tokens": 26})");              // 104
+  REQUIRE(over);
+  CHECK(over->param == "body.max_tokens");
+  CHECK_MESSAGE(over->message.find("holds up to 104 entries, above the limit of 100") != std::string::npos,
+                over->message);
+  // Log-probabilities count: the sampled token's and each of the top k.
+  CHECK_FALSE(check(R"({"prompt": "a", "max_tokens": 25, "logprobs": 2})"));      // 25 × 4
+  CHECK(check(R"({"prompt": "a", "max_tokens": 26, "logprobs": 2})"));            // 26 × 4
+  // max_tokens null: up to the context length, 998 tokens after BOS and "a".
+  CHECK(check(R"({"prompt": "a", "max_tokens": null})"));
+  CHECK_FALSE(check(R"({"prompt": "a", "max_tokens": null, "stream": true, "n": 64, "logprobs": 20})"));
+}
+
 TEST_CASE("completions: stop strings cut the text and finish with stop, streamed deltas join to the text") {
   struct row {
     std::string output; // what the engine produces, byte by byte
