@@ -46,9 +46,19 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   // A relay lives as long as its request, and never longer than the router
   // or its sink: a requester that hung up (an HTTP client gone) ends the
   // relay, and the engine, which watches the relay, stops generating for it.
-  self->monitor(caf::actor_cast<caf::abstract_actor*>(router));
-  self->monitor(caf::actor_cast<caf::abstract_actor*>(st.sink));
-  self->set_down_handler([=](caf::down_msg&) { self->quit(); });
+  // CAF 0.17 keeps a monitor on the watched actor until that one ends or
+  // the watcher demonitors: a relay that just quit would leave two entries
+  // (and its own memory) on the router and the sink for every request.
+  auto watched = std::make_shared<std::vector<caf::actor_addr>>(
+    std::vector<caf::actor_addr>{router, caf::actor_cast<caf::actor_addr>(st.sink)});
+  for (auto& w : *watched)
+    self->monitor(caf::actor_cast<caf::abstract_actor*>(w));
+  auto leave = [self, watched] {
+    for (auto& w : *watched)
+      self->demonitor(w);
+    self->quit();
+  };
+  self->set_down_handler([=](caf::down_msg&) { leave(); });
   // Under the router's guard: an outsider must not end a request or inject tokens.
   return {
     authorized(self, guard, [=](token_atom, token_event& ev) {
@@ -80,7 +90,7 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
     }),
     authorized(self, guard, [=](finish_atom) -> generate_result {
       // Every token that arrived before this message has been forwarded.
-      self->quit();
+      leave();
       return std::move(self->state.forwarded);
     }),
   };
@@ -387,6 +397,8 @@ void engine_failed(router_ptr self, const caf::actor_addr& who, const std::strin
       auto name = i->first;
       if (died) // a silent one may come back under the same handle
         st.dead[name] = who;
+      else // watched again when it comes back: one monitor per return, not one more
+        self->demonitor(who);
       st.replicas.erase(std::remove_if(st.replicas.begin(), st.replicas.end(),
                                        [&](const replica_load& r) { return r.name == name; }),
                         st.replicas.end());
@@ -436,7 +448,10 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
   self->state.rules.policy = self->state.config.policy;
   self->state.rules.staleness = self->state.config.staleness;
   self->set_down_handler([=](caf::down_msg& dm) {
-    engine_failed(self, dm.source, "down: " + self->system().render(dm.reason), true);
+    // A lost link is not a death: a member node that reconnects registers
+    // the same engine actors again, and its proxies compare equal to these.
+    const bool died = dm.reason != caf::exit_reason::remote_link_unreachable;
+    engine_failed(self, dm.source, "down: " + self->system().render(dm.reason), died);
   });
   self->set_exit_handler([=](caf::exit_msg& em) {
     shut_down(self);

@@ -812,6 +812,43 @@ TEST_CASE_FIXTURE(router_fixture, "an engine reported silent comes back under th
   CHECK(waiting->result);
 }
 
+TEST_CASE_FIXTURE(router_fixture, "an engine whose link was lost comes back under the same handle") {
+  auto r = make_router();
+  auto a = make_engine("a");
+  auto b = make_engine("b");
+  route(r, a, "a", 1);
+  route(r, b, "b", 1);
+  // Its node's link drops: CAF reports the proxy down as unreachable (the
+  // engine itself lives on in its node, as `a` does here).
+  caf::anon_send(caf::actor_cast<caf::actor>(r), caf::down_msg{a.address(), caf::exit_reason::remote_link_unreachable});
+  sched.run();
+  CHECK(status(r).routable == 1);
+  // The node rejoins with the same engine actors; the coordinator's update
+  // after its catch-up round puts the same handle back on the table.
+  route(r, a, "a", 1);
+  CHECK(status(r).routable == 2);
+  // A kill is a death: news of that incarnation stays off the table.
+  kill(b);
+  route(r, b, "b", 1);
+  CHECK(status(r).routable == 1);
+}
+
+TEST_CASE_FIXTURE(router_fixture, "a finished relay leaves no monitor behind on the router or the sink") {
+  auto r = make_router();
+  auto a = make_engine("a");
+  route(r, a, "a", 1);
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    REQUIRE(submit(r, request(id))->result);
+  REQUIRE(log->senders.size() == 3); // one relay per request
+  for (auto& relay : log->senders) {
+    CHECK_FALSE(caf::actor_cast<caf::strong_actor_ptr>(relay)); // it is gone
+    // CAF 0.17 keeps a monitor on the watched actor until that one ends:
+    // one a relay left on the router or the sink would hold a weak
+    // reference to it beside the test's own.
+    CHECK(caf::actor_cast<caf::actor_control_block*>(relay)->weak_refs == 1);
+  }
+}
+
 TEST_CASE_FIXTURE(router_fixture, "a rerouted request past its deadline is rejected with the tokens its sink has") {
   auto r = make_router();
   auto a = make_engine("a", 1, act::hold);
