@@ -929,12 +929,14 @@ void mount_engine_routes(http::server& srv, caf::actor_system& sys, caf::actor c
           self->request(control, deadline, http_atom::value, call,
                         steady_ns() + std::chrono::nanoseconds(deadline).count())
             .then(
-              [self, responder](response& r) {
+              [self, responder, control](response& r) {
                 responder->reply(std::move(r));
+                self->demonitor(control); // CAF 0.17 would keep the entry on the control actor
                 self->quit();
               },
-              [self, responder](caf::error& err) {
+              [self, responder, control](caf::error& err) {
                 responder->reply(error_envelope(500, "the request failed: " + self->system().render(err)));
+                self->demonitor(control);
                 self->quit();
               });
           return caf::behavior{[](int) {}};
