@@ -730,6 +730,7 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
         return;
       }
       attach_trainer(self, std::move(trainer));
+      settle(self); // a round the replacement aborted resumes its wave now
     }),
     authorized(self, guard, [=](register_atom, const rank_info& info,
         const trainer_actor& rank) -> caf::result<registration> {

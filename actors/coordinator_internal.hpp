@@ -74,7 +74,10 @@ void ask_version(self_ptr self, const trainer_actor& trainer, Heard heard, Faile
         heard(vi);
         settle(self);
       },
-      [=](caf::error& err) { failed(err); });
+      [=](caf::error& err) {
+        failed(err);
+        settle(self);
+      });
 }
 
 /// Follows a trainer (or rank) `who`: monitored, told where the engines run,

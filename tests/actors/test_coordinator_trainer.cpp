@@ -310,6 +310,25 @@ TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a trainer replaced mid-round, it
   CHECK(!reports.back().aborted);
 }
 
+TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a trainer replaced mid-round resumes the wave at once, before its version answer") {
+  start_with_trainer(config()); // no heartbeats: nothing else would settle the round
+  for (auto name : {"a", "b"}) {
+    engines[name].on(sync_phase::transfer, act::hold);
+    engines[name].script->fail_held_on_resume = true;
+  }
+  publish_through_trainer(3);
+  REQUIRE(count(sync_phase::transfer) == 2);
+  auto rec2 = std::make_shared<trainer_script>();
+  rec2->current = version_info{3, 4, 4096};
+  rec2->hold_version = true; // its answer, or the ask's failure, comes only later
+  trainer_actor trainer2 = spawn(scripted_trainer, rec2);
+  tell(coord, register_atom::value, trainer2);
+  run(); // no time passes: the aborted round's resume goes out now, not at an answer or a deadline
+  CHECK(logged("v3: ABORTED (the trainer was replaced)"));
+  CHECK(count(sync_phase::resume) == 2);
+  CHECK(rec2->held_versions.size() == 1); // still unanswered
+}
+
 TEST_CASE_FIXTURE(coordinator_trainer_fixture, "a new trainer whose version answer is refused is asked again at a heartbeat") {
   start_with_trainer(heartbeat_config());
   add_engine("c", 0, {{sync_phase::transfer, act::hold}});

@@ -27,6 +27,9 @@ struct trainer_script {
   std::vector<engine_placement> placements; ///< as the coordinator last told
   /// Heartbeats go unanswered (a partitioned trainer rank).
   bool silent = false;
+  /// Version queries are held unanswered (a trainer busy in a long step).
+  bool hold_version = false;
+  std::vector<caf::typed_response_promise<version_info>> held_versions;
   /// Whole-group pulls: 0 refuses each at once (it holds no weights);
   /// otherwise each is held unanswered until this many are, then all are
   /// refused together ("answered together"), showing how many a puller asks ahead.
@@ -68,7 +71,13 @@ inline scripted_trainer_actor::behavior_type
 scripted_trainer(scripted_trainer_actor::pointer self, std::shared_ptr<trainer_script> script) {
   return {
     [=](meta_atom) { return std::vector<tensor_meta>{}; },
-    [=](version_atom) { return script->current; },
+    [=](version_atom) -> caf::result<version_info> {
+      if (!script->hold_version)
+        return script->current;
+      auto rp = self->make_response_promise<version_info>();
+      script->held_versions.push_back(rp);
+      return rp;
+    },
     [=](pull_atom, std::uint64_t, std::uint32_t) -> caf::result<weight_bucket> {
       if (script->pulls_answered_together == 0)
         return make_error(errc::unknown_name, "the scripted trainer holds no weights");
