@@ -227,7 +227,13 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
   std::string failure;
   caf::scoped_actor self{sys};
   self->request(coordinator, deadline, register_atom::value, info, r.trainer.actor)
-    .receive([&](const registration& reg) { catch_up(r.trainer.actor, reg.current_version); },
+    .receive(
+      [&](const registration& reg) {
+        catch_up(r.trainer.actor, reg.current_version);
+        // A process publishing its own versions learns where the cluster stands.
+        if (auto external = std::dynamic_pointer_cast<transfer::external_source>(r.trainer.source))
+          external->raise_floor(reg.current_version);
+      },
              [&](caf::error& err) { failure = sys.render(err); });
   return failure;
 }

@@ -80,6 +80,11 @@ std::uint64_t external_source::last_pushed() const {
   return last_pushed_;
 }
 
+void external_source::raise_floor(std::uint64_t version) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cluster_floor_ = std::max(cluster_floor_, version);
+}
+
 snapshot_ptr external_source::advance() {
   snapshot_ptr next;
   {
@@ -100,6 +105,13 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   if (auto last = last_pushed(); version <= last)
     throw std::invalid_argument("version " + std::to_string(version) + ": must exceed the last version published ("
                                 + std::to_string(last) + ")");
+  if (std::uint64_t floor = [&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return cluster_floor_;
+      }();
+      version <= floor)
+    throw std::invalid_argument("version " + std::to_string(version) + ": the cluster already published version "
+                                + std::to_string(floor) + " (a trainer restarted from a checkpoint continues above it)");
   // Match every input to a held parameter, naming the first tensor at fault.
   std::map<std::string, const tensor_input*> given;
   const tensor_input* embedding = nullptr;

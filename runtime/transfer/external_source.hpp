@@ -122,6 +122,11 @@ public:
 
   /// The newest version pushed (published or queued); 0 before the first.
   std::uint64_t last_pushed() const;
+  /// The cluster already published up to `version` (a registration says
+  /// so): later pushes must exceed it, or a restarted trainer counting again
+  /// from its checkpoint would publish numbers the fleet already holds and
+  /// never be synced. Only raises the floor.
+  void raise_floor(std::uint64_t version);
   dtype type() const { return options_.type; }
   /// Whether tensors on a CUDA device are taken (a tensor_device was given).
   bool reads_device() const { return options_.device != nullptr; }
@@ -154,9 +159,10 @@ private:
   /// (version, copy), oldest first; only push touches it (under push_mutex_).
   std::deque<std::pair<std::uint64_t, std::shared_ptr<const device_resident>>> device_copies_;
   std::mutex push_mutex_;          // one push at a time
-  mutable std::mutex mutex_;       // guards pending_, last_pushed_
+  mutable std::mutex mutex_;       // guards pending_, last_pushed_, cluster_floor_
   snapshot_ptr pending_;
   std::uint64_t last_pushed_ = 0;
+  std::uint64_t cluster_floor_ = 0; // guarded by mutex_
   std::string device_copy_problem_;
 };
 

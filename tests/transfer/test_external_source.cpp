@@ -197,6 +197,22 @@ TEST_CASE("external source: every refusal names the tensor or the version, and n
   }
 }
 
+TEST_CASE("external source: a restarted trainer publishes above what the cluster already published") {
+  auto c = small_model(2);
+  external_source source(options_for(c));
+  state_dict sd(c, dtype::bf16, 0x3c);
+  source.raise_floor(100); // its registration: the fleet synced v100 from the earlier process
+  source.raise_floor(40);  // only raises
+  CHECK(refusal(source, 81, sd.inputs)
+        == "version 81: the cluster already published version 100 (a trainer restarted from a checkpoint continues "
+           "above it)");
+  CHECK(refusal(source, 100, sd.inputs).rfind("version 100: the cluster already published version 100", 0) == 0);
+  CHECK(source.last_pushed() == 0);
+  CHECK(!source.advance());
+  source.push(101, sd.inputs);
+  CHECK(source.last_pushed() == 101);
+}
+
 TEST_CASE("external source: versions only grow, and NaN is refused unless allowed") {
   auto c = small_model(2);
   external_source source(options_for(c));
