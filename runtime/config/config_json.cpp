@@ -84,6 +84,26 @@ model_config read_config_json(const std::string& path) {
   }
   if (read_bool(root, path, "attention_bias", false))
     fail(path, "attention_bias", "true: rlsync's engine has no attention biases");
+  // Settings that change what the model computes and the engine does not
+  // implement: refused, never run as plain RoPE, SiLU and full attention.
+  if (read_bool(root, path, "mlp_bias", false))
+    fail(path, "mlp_bias", "true: rlsync's engine has no MLP biases");
+  if (auto it = root.find("hidden_act"); it != root.end() && *it != "silu")
+    fail(path, "hidden_act", json_describe(*it) + ": rlsync's engine runs silu only");
+  if (auto it = root.find("rope_scaling"); it != root.end() && !it->is_null()) {
+    const auto type = [&](const char* key) { return it->is_object() && it->contains(key) && it->at(key) == "default"; };
+    if (!(type("rope_type") || type("type"))) {
+      auto shown = it->dump(); // its kind and factor say what the model expects
+      if (shown.size() > 120)
+        shown = shown.substr(0, 117) + "...";
+      fail(path, "rope_scaling", printable(shown) + ": rlsync's engine runs unscaled RoPE only (null or "
+                                                    "rope_type default)");
+    }
+  }
+  if (read_bool(root, path, "use_sliding_window", false))
+    fail(path, "use_sliding_window", "true: rlsync's engine attends to the whole context");
+  if (auto it = root.find("quantization_config"); it != root.end() && !it->is_null())
+    fail(path, "quantization_config", "quantized checkpoints are not supported (bf16, f16 or f32 weights)");
   c.vocab_size = read_int(root, path, "vocab_size", nullptr);
   c.hidden_size = read_int(root, path, "hidden_size", nullptr);
   c.intermediate_size = read_int(root, path, "intermediate_size", nullptr);
@@ -112,6 +132,14 @@ model_config read_config_json(const std::string& path) {
         c.mlp_only_layers.push_back(l.get<std::int64_t>());
       }
     }
+  }
+  if (!c.qk_norm() && root.contains("head_dim") && !root.at("head_dim").is_null()) {
+    // Llama derives it; a config that names another one would be run with the derived one.
+    const std::int64_t none = 0;
+    const auto named = read_int(root, path, "head_dim", &none);
+    if (c.num_attention_heads > 0 && named * c.num_attention_heads != c.hidden_size)
+      fail(path, "head_dim", std::to_string(named) + ": rlsync's engine runs hidden_size / num_attention_heads = "
+                               + std::to_string(c.hidden_size / c.num_attention_heads) + " for " + to_string(c.arch));
   }
   if (c.qk_norm() && root.contains("head_dim")) {
     const std::int64_t none = 0;

@@ -61,6 +61,13 @@ std::vector<std::string> config_differences(const model_config& model, const mod
   cmp("num_experts", model.num_experts, step.num_experts);
   cmp("num_experts_per_tok", model.num_experts_per_tok, step.num_experts_per_tok);
   cmp("moe_intermediate_size", model.moe_intermediate_size, step.moe_intermediate_size);
+  cmp("max_position_embeddings", model.max_position_embeddings, step.max_position_embeddings);
+  cmp("decoder_sparse_step", model.decoder_sparse_step, step.decoder_sparse_step);
+  if (model.norm_topk_prob != step.norm_topk_prob)
+    out.push_back(std::string("norm_topk_prob is ") + (step.norm_topk_prob ? "true" : "false") + ", the model has "
+                  + (model.norm_topk_prob ? "true" : "false"));
+  if (model.mlp_only_layers != step.mlp_only_layers)
+    out.push_back("mlp_only_layers differ from the model's");
   if (model.fused_experts != step.fused_experts)
     out.push_back(std::string("the experts are ") + (step.fused_experts ? "fused" : "separate") + ", the model's "
                   + (model.fused_experts ? "fused" : "separate"));

@@ -200,6 +200,21 @@ TEST_CASE("config.json errors name the file and the field") {
      "{\"model_type\": \"qwen3\", \"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128,"
      " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 0}",
      "head_dim: must be positive, got 0"},
+    // What changes the model's numerics and the engine does not run: refused.
+    {"llama3 rope scaling", "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
+     "rope_scaling: {\"factor\":8.0,\"rope_type\":\"llama3\"}"},
+    {"rope scaling not an object", "{\"rope_scaling\": 2}", "runs unscaled RoPE only"},
+    {"gelu", "{\"hidden_act\": \"gelu\"}", "hidden_act: the string 'gelu': rlsync's engine runs silu only"},
+    {"hidden_act not a string", "{\"hidden_act\": 1}", "hidden_act: "},
+    {"mlp bias", "{\"mlp_bias\": true}", "mlp_bias: true: rlsync's engine has no MLP biases"},
+    {"sliding window", "{\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"sliding_window\": 16}",
+     "use_sliding_window: true: rlsync's engine attends to the whole context"},
+    {"quantized", "{\"quantization_config\": {\"quant_method\": \"fp8\"}}",
+     "quantization_config: quantized checkpoints are not supported"},
+    {"llama head_dim other than hidden / heads",
+     "{\"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2,"
+     " \"num_attention_heads\": 8, \"head_dim\": 16}",
+     "head_dim: 16: rlsync's engine runs hidden_size / num_attention_heads = 8 for llama"},
     {"qwen3 head_dim odd",
      "{\"model_type\": \"qwen3\", \"vocab_size\": 320, \"hidden_size\": 64, \"intermediate_size\": 128,"
      " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 7}",
@@ -319,7 +334,8 @@ TEST_CASE("config.json: kv heads default to attention heads, unknown HF keys are
   auto path = temp_path("hf-config.json");
   std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
     "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "rope_scaling": null})";
+    "num_attention_heads": 4, "rope_scaling": null, "hidden_act": "silu", "mlp_bias": false, "head_dim": 16,
+    "use_sliding_window": false, "sliding_window": 4096, "quantization_config": null, "pretraining_tp": 1})";
   auto c = read_config_json(path);
   std::remove(path.c_str());
   CHECK(c.num_key_value_heads == 4);

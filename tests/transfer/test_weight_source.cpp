@@ -435,13 +435,25 @@ TEST_CASE("checkpoint_dir_source: a step whose config.json disagrees is an error
                        checkpoint_error);
   CHECK(src.poll().get() == nullptr); // reported once, then skipped
 
-  const std::string good = o.dir + "/" + step_dir_name(6);
+  // The context length the engines were built for is the model's too.
+  auto longer = c;
+  longer.max_position_embeddings = c.max_position_embeddings * 2;
+  const std::string longer_dir = o.dir + "/" + step_dir_name(6);
+  make_synthetic_checkpoint(longer_dir, longer, dtype::bf16, 3);
+  mark_step_complete(longer_dir);
+  CHECK_THROWS_WITH_AS(src.poll(),
+                       doctest::Contains((longer_dir + "/config.json: max_position_embeddings is "
+                                          + std::to_string(longer.max_position_embeddings) + ", the model has "
+                                          + std::to_string(c.max_position_embeddings)).c_str()),
+                       checkpoint_error);
+
+  const std::string good = o.dir + "/" + step_dir_name(7);
   make_synthetic_checkpoint(good, c, dtype::bf16, 3);
   mark_step_complete(good);
-  CHECK(src.poll()->version() == 6);
+  CHECK(src.poll()->version() == 7);
 
   // A later step in another dtype than the earlier ones is refused too.
-  const std::string other = o.dir + "/" + step_dir_name(7);
+  const std::string other = o.dir + "/" + step_dir_name(8);
   make_synthetic_checkpoint(other, c, dtype::f32, 3);
   mark_step_complete(other);
   CHECK_THROWS_WITH_AS(src.poll(), doctest::Contains("earlier steps BF16"), checkpoint_error);
