@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -573,11 +574,26 @@ checkpoint_written make_synthetic_checkpoint(const std::string& out_dir, const m
   return out;
 }
 
+namespace {
+
+/// Whether `v` stays finite once rounded to `type` (to nearest even: a value
+/// halfway past the largest finite one rounds to infinity).
+bool rounds_to_finite(dtype type, float v) {
+  const float magnitude = std::fabs(v);
+  switch (type) {
+  case dtype::f16: return magnitude < 65520.0f;
+  case dtype::bf16: return magnitude < 0x1.ffp127f;
+  default: return std::isfinite(v);
+  }
+}
+
+} // namespace
+
 checkpoint_written perturb_checkpoint(const std::string& from_dir, const std::string& out_dir, double scale,
                                       std::uint64_t seed, std::size_t chunk_elements) {
   auto t0 = std::chrono::steady_clock::now();
-  if (!std::isfinite(scale))
-    throw checkpoint_error(out_dir + ": perturbation scale must be finite");
+  if (!std::isfinite(scale) || std::fabs(scale) > std::numeric_limits<float>::max())
+    throw checkpoint_error(out_dir + ": perturbation scale must be a finite float, got " + std::to_string(scale));
   if (chunk_elements == 0)
     throw checkpoint_error(out_dir + ": chunk size must be positive");
   checkpoint from = checkpoint::open(from_dir);
@@ -602,8 +618,15 @@ checkpoint_written perturb_checkpoint(const std::string& from_dir, const std::st
                     [&](std::uint64_t first, std::size_t n, float* v, float* noise) {
                       convert_to_f32(t.type, t.data + first * dtype_size(t.type), v, n);
                       perturbation_noise(t.name, seed, first, n, noise);
-                      for (std::size_t i = 0; i < n; ++i)
+                      for (std::size_t i = 0; i < n; ++i) {
                         v[i] += s * noise[i];
+                        // A weight its dtype cannot hold would be written as infinity.
+                        if (!rounds_to_finite(t.type, v[i]))
+                          throw checkpoint_error(out_dir + ": tensor '" + t.name + "' element "
+                                                 + std::to_string(first + i) + " would be "
+                                                 + std::to_string(v[i]) + ", which " + std::string(safetensors_name(t.type))
+                                                 + " cannot hold: lower --perturb");
+                      }
                     },
                     slots);
       ++out.tensors;

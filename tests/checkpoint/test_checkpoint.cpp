@@ -266,6 +266,15 @@ TEST_CASE("make refuses to overwrite and leaves nothing behind on failure") {
   CHECK(error_of([&] { perturb_checkpoint(dir / "nothing", dir / "p", 0.1, 1); }).find("config.json")
         != std::string::npos);
   CHECK(!fs::exists(dir / "p"));
+  // A scale whose weights the dtype cannot hold: refused, nothing written.
+  c.num_key_value_heads = 4;
+  make_synthetic_checkpoint(dir / "half", c, dtype::f16, 1);
+  auto overflow = error_of([&] { perturb_checkpoint(dir / "half", dir / "p", 1e6, 1); });
+  CHECK_MESSAGE(overflow.find("which F16 cannot hold: lower --perturb") != std::string::npos, overflow);
+  CHECK(overflow.find("tensor '") != std::string::npos);
+  CHECK(error_of([&] { perturb_checkpoint(dir / "x", dir / "p", 1e39, 1); }).find("must be a finite float")
+        != std::string::npos);
+  CHECK(!fs::exists(dir / "p"));
   CHECK(leftovers(dir.path()).empty());
 }
 
