@@ -795,6 +795,12 @@ snapshot_ptr checkpoint_dir_source::poll() {
   std::vector<std::string> notes, noted_names;
   std::set<std::uint64_t> complete; // this scan's complete steps
   std::set<std::string> still_there; // reported names this scan saw again
+  // Complete steps by the first name seen for each, and the numbers two
+  // names share ("step-42" and "step-000042"): which one is meant is
+  // unknowable, so neither is published.
+  std::map<std::uint64_t, std::string> named;
+  std::set<std::uint64_t> ambiguous;
+  std::map<std::uint64_t, std::string> choosable; // step -> path, above the published version
   std::error_code ec;
   for (fs::directory_iterator it(options_.dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -812,6 +818,15 @@ snapshot_ptr checkpoint_dir_source::poll() {
     if (!it->is_directory(ec2) || !fs::is_regular_file(it->path() / step_complete_marker, ec2))
       continue;
     complete.insert(*step);
+    if (auto [first, fresh] = named.try_emplace(*step, name); !fresh) {
+      ambiguous.insert(*step);
+      if (!reported_names_.count(name)) {
+        notes.push_back("step directories '" + printable(first->second) + "' and '" + printable(name)
+                        + "' both name step " + std::to_string(*step) + "; neither is published");
+        noted_names.push_back(name);
+      }
+      continue;
+    }
     if (*step <= after) {
       // Completed only after a newer version was published (a step seen
       // complete before was merely superseded): versions only move forward.
@@ -822,12 +837,25 @@ snapshot_ptr checkpoint_dir_source::poll() {
       }
       continue;
     }
-    if (rejected_.count(*step) || (newest && *step <= *newest))
+    if (rejected_.count(*step))
       continue;
     if (auto r = retrying_.find(*step); r != retrying_.end() && now < r->second.next_try)
       continue;
-    newest = step;
-    path = it->path().string();
+    choosable.emplace(*step, it->path().string());
+  }
+  for (auto c = choosable.rbegin(); c != choosable.rend() && !newest; ++c)
+    if (!ambiguous.count(c->first)) {
+      newest = c->first;
+      path = c->second;
+    }
+  // A directory that cannot be listed (not a directory, no permission) is
+  // said once, not taken for an empty one; one not made yet is just empty.
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    const std::string key = "/scan: " + ec.message(); // no file name holds '/'
+    if (!reported_names_.count(key)) {
+      notes.push_back("cannot list the directory: " + ec.message());
+      noted_names.push_back(key);
+    }
   }
   complete_last_scan_ = std::move(complete);
   // What can no longer be chosen (at or below the published version), and

@@ -703,6 +703,35 @@ TEST_CASE("checkpoint_dir_source: hostile step directories") {
     CHECK(src.poll().get() == nullptr);
   }
 
+  SUBCASE("two names for one step: neither is published until one goes") {
+    auto o = dir_options(tmp.path(), c);
+    checkpoint_dir_source src(o);
+    for (const std::string name : {step_dir_name(1), step_dir_name(2), std::string("step-2")}) {
+      make_synthetic_checkpoint(o.dir + "/" + name, c, dtype::bf16, 3);
+      mark_step_complete(o.dir + "/" + name);
+    }
+    REQUIRE(src.poll().get() != nullptr);
+    CHECK(src.latest()->version() == 1); // the newest step with one name
+    const auto said = poll_error(src);
+    CHECK_MESSAGE(said.find("both name step 2; neither is published") != std::string::npos, said);
+    CHECK(said.find("'step-000002'") != std::string::npos);
+    CHECK(said.find("'step-2'") != std::string::npos);
+    CHECK(src.poll().get() == nullptr); // said once
+    std::filesystem::remove_all(o.dir + "/step-2");
+    REQUIRE(src.poll().get() != nullptr);
+    CHECK(src.latest()->version() == 2);
+  }
+
+  SUBCASE("a directory that cannot be listed is said once, not taken for an empty one") {
+    auto o = dir_options(tmp.path(), c);
+    o.dir = tmp / "not-a-directory";
+    std::ofstream(o.dir) << "x";
+    checkpoint_dir_source src(o);
+    const auto said = poll_error(src);
+    CHECK_MESSAGE(said.find("not-a-directory: cannot list the directory: Not a directory") != std::string::npos, said);
+    CHECK(src.poll().get() == nullptr);
+  }
+
   SUBCASE("a step that fails while its files are missing is retried, then published") {
     auto o = dir_options(tmp.path(), c);
     checkpoint_dir_source src(o);
