@@ -143,9 +143,10 @@ void enqueue(router_ptr self, request_record rec) {
   publish(self);
 }
 
-std::optional<std::size_t> choose(router_ptr self, const generate_request& req) {
+std::optional<std::size_t> choose(router_ptr self, const generate_request& req,
+                                  const std::vector<std::string>* avoid = nullptr) {
   auto& st = self->state;
-  route_query q{req.min_version, 0};
+  route_query q{req.min_version, 0, avoid};
   if (st.config.policy == router_policy::prefix_affinity)
     q.prefix = prefix_hash(req.prompt, st.config.affinity_prefix_tokens);
   return choose_replica(st.replicas, st.rules, q, st.round_robin_cursor);
@@ -172,6 +173,7 @@ void drain_queue(router_ptr self) {
     }
     auto rec = std::move(i->second);
     i = st.queued.erase(i);
+    rec.left.clear(); // the table changed: a replica it left may take it now
     dispatch(self, std::move(rec), *choice);
   }
 }
@@ -331,6 +333,8 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
   st.running.erase(it);
   if (auto r = find_replica(st, rec.engine_name); r != nullptr && r->outstanding > 0)
     --r->outstanding;
+  if (std::find(rec.left.begin(), rec.left.end(), rec.engine_name) == rec.left.end())
+    rec.left.push_back(rec.engine_name);
   // Best effort: a dead engine ignores it, an unreachable one gets it later.
   // Sent as the router: an engine refuses anonymous messages.
   self->request(rec.engine, st.config.control_deadline, abort_atom_v, rec.request.request_id)
@@ -376,7 +380,9 @@ void reroute(router_ptr self, std::map<std::uint64_t, request_record>::iterator 
     if (st.config.log)
       st.config.log("router: request " + std::to_string(rec.request.request_id) + " rerouted from "
                     + rec.engine_name + " (" + why + ") after " + std::to_string(done) + " tokens");
-    if (auto choice = choose(self, rec.request)) {
+    // Elsewhere at once; where every replica able to serve it just failed
+    // it, it waits in the queue for the next change of the routing table.
+    if (auto choice = choose(self, rec.request, &rec.left)) {
       dispatch(self, std::move(rec), *choice);
     } else { // accepted already: it waits past the queue limit, with a fresh deadline
       enqueue(self, std::move(rec));

@@ -95,6 +95,9 @@ struct request_record {
   /// Tokens earlier attempts delivered to the sink (spans from 0), which the
   /// next attempt continues after.
   generate_result prior;
+  /// The replicas earlier attempts left (at most max_reroutes + 1 names): a
+  /// reroute does not go straight back to one that just refused it.
+  std::vector<std::string> left;
   // Set while closing: the engine's result, or none when the request failed.
   std::optional<generate_result> result;
 };

@@ -49,11 +49,20 @@ namespace {
 
 constexpr auto none = static_cast<std::size_t>(-1);
 
+bool avoided(const replica_load& r, const route_query& q) {
+  return q.avoid && std::find(q.avoid->begin(), q.avoid->end(), r.name) != q.avoid->end();
+}
+
+/// Whether `r` may take this request: it can serve it and the request did not just leave it.
+bool eligible(const replica_load& r, const routing_rules& rules, const route_query& q) {
+  return can_serve(r, rules, q.min_version) && !avoided(r, q);
+}
+
 std::optional<std::size_t> least_outstanding(const std::vector<replica_load>& rs,
-                                             const routing_rules& rules, std::uint64_t min_version) {
+                                             const routing_rules& rules, const route_query& q) {
   auto best = none;
   for (std::size_t i = 0; i < rs.size(); ++i) {
-    if (!can_serve(rs[i], rules, min_version))
+    if (!eligible(rs[i], rules, q))
       continue;
     if (best == none || rs[i].outstanding < rs[best].outstanding
         || (rs[i].outstanding == rs[best].outstanding && rs[i].name < rs[best].name))
@@ -63,12 +72,12 @@ std::optional<std::size_t> least_outstanding(const std::vector<replica_load>& rs
 }
 
 std::optional<std::size_t> round_robin(const std::vector<replica_load>& rs,
-                                       const routing_rules& rules, std::uint64_t min_version,
+                                       const routing_rules& rules, const route_query& q,
                                        std::string& cursor) {
   auto after = none; // smallest name > cursor
   auto first = none; // smallest name overall, for the wrap-around
   for (std::size_t i = 0; i < rs.size(); ++i) {
-    if (!can_serve(rs[i], rules, min_version))
+    if (!eligible(rs[i], rules, q))
       continue;
     if (first == none || rs[i].name < rs[first].name)
       first = i;
@@ -87,7 +96,7 @@ std::optional<std::size_t> prefix_affinity(const std::vector<replica_load>& rs,
   auto preferred = none;
   std::uint64_t best_score = 0;
   for (std::size_t i = 0; i < rs.size(); ++i) {
-    if (!rs[i].routable)
+    if (!rs[i].routable || avoided(rs[i], q))
       continue;
     auto s = affinity_score(q.prefix, rs[i].name);
     if (preferred == none || s > best_score || (s == best_score && rs[i].name < rs[preferred].name)) {
@@ -97,7 +106,7 @@ std::optional<std::size_t> prefix_affinity(const std::vector<replica_load>& rs,
   }
   if (preferred != none && can_serve(rs[preferred], rules, q.min_version))
     return preferred;
-  return least_outstanding(rs, rules, q.min_version);
+  return least_outstanding(rs, rules, q);
 }
 
 } // namespace
@@ -106,11 +115,11 @@ std::optional<std::size_t> choose_replica(const std::vector<replica_load>& repli
                                           const routing_rules& rules, const route_query& q,
                                           std::string& cursor) {
   switch (rules.policy) {
-    case router_policy::least_outstanding: return least_outstanding(replicas, rules, q.min_version);
-    case router_policy::round_robin: return round_robin(replicas, rules, q.min_version, cursor);
+    case router_policy::least_outstanding: return least_outstanding(replicas, rules, q);
+    case router_policy::round_robin: return round_robin(replicas, rules, q, cursor);
     case router_policy::prefix_affinity: return prefix_affinity(replicas, rules, q);
   }
-  return least_outstanding(replicas, rules, q.min_version);
+  return least_outstanding(replicas, rules, q);
 }
 
 } // namespace rlsync

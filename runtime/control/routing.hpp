@@ -84,6 +84,9 @@ std::uint64_t reference_version(const routing_rules& rules);
 struct route_query {
   std::uint64_t min_version = 0; ///< the request's own staleness bound
   std::uint64_t prefix = 0;      ///< prefix_hash of its prompt (prefix_affinity only)
+  /// Replicas this request just left (they refused it, or failed it): a
+  /// reroute goes elsewhere, or waits, rather than back at once.
+  const std::vector<std::string>* avoid = nullptr;
 };
 
 /// Whether `r` is routable and within `staleness` of reference_version.

@@ -849,6 +849,43 @@ TEST_CASE_FIXTURE(router_fixture, "a finished relay leaves no monitor behind on 
   }
 }
 
+TEST_CASE_FIXTURE(router_fixture, "a replica that refused a request is not chosen again for it at once") {
+  router_config c;
+  c.policy = router_policy::prefix_affinity;
+  auto r = make_router(c);
+  auto req = request(1, {7, 8, 9});
+  // The replica the prompt's prefix prefers is full; the other is idle.
+  const auto prefix = prefix_hash(req.prompt, c.affinity_prefix_tokens);
+  const std::string preferred = affinity_score(prefix, "b") > affinity_score(prefix, "a") ? "b" : "a";
+  const std::string other = preferred == "a" ? "b" : "a";
+  auto full = std::make_shared<test::engine_script>();
+  full->version = 1;
+  full->on_generate = act::fail;
+  full->refuse_with = errc::queue_full;
+  rollout_engine_actor x = spawn(test::scripted_engine, preferred, full, log);
+  auto y = make_engine(other);
+  route(r, x, preferred, 1);
+  route(r, y, other, 1);
+  auto out = submit(r, req);
+  REQUIRE(out->result);
+  CHECK(out->result->engine == other);
+  CHECK(engines_of(*log) == strings{preferred, other});
+  // With every replica refusing, the request waits for the table to change
+  // rather than bouncing until its reroutes run out.
+  auto busy = std::make_shared<test::engine_script>(*full);
+  rollout_engine_actor z = spawn(test::scripted_engine, other, busy, log);
+  route(r, z, other, 1);
+  log->dispatched.clear();
+  auto waiting = submit(r, request(2, {7, 8, 9}));
+  CHECK(engines_of(*log) == strings{preferred, other});
+  CHECK(!waiting->answered());
+  CHECK(status(r).queued == 1);
+  busy->on_generate = act::answer;
+  route(r, z, other, 1); // the next round's update
+  REQUIRE(waiting->result);
+  CHECK(waiting->result->engine == other);
+}
+
 TEST_CASE_FIXTURE(router_fixture, "a rerouted request past its deadline is rejected with the tokens its sink has") {
   auto r = make_router();
   auto a = make_engine("a", 1, act::hold);

@@ -117,6 +117,50 @@ TEST_CASE("least_outstanding: fewest outstanding, ties by name, only replicas th
   }
 }
 
+TEST_CASE("every policy passes over the replicas a request just left") {
+  const std::vector<replica_load> rs = {rep("a", 3, true, 0), rep("b", 3, true, 5), rep("c", 3, true, 9)};
+  struct row {
+    router_policy policy;
+    std::vector<std::string> avoid;
+    std::string expected;
+  };
+  const row rows[] = {
+    {router_policy::least_outstanding, {}, "a"},
+    {router_policy::least_outstanding, {"a"}, "b"},
+    {router_policy::least_outstanding, {"a", "b"}, "c"},
+    {router_policy::least_outstanding, {"a", "b", "c"}, "-"},
+    {router_policy::round_robin, {"a"}, "b"},
+    {router_policy::round_robin, {"a", "b", "c"}, "-"},
+    {router_policy::prefix_affinity, {"a", "b", "c"}, "-"},
+  };
+  for (auto& x : rows) {
+    CAPTURE(to_string(x.policy));
+    CAPTURE(x.avoid.size());
+    routing_rules rules{x.policy, 3, 0};
+    route_query q;
+    q.avoid = &x.avoid;
+    CHECK(pick(rs, rules, q) == x.expected);
+  }
+  // prefix_affinity: the preferred replica left, the next best by score, not by load.
+  routing_rules affinity{router_policy::prefix_affinity, 3, 0};
+  route_query q;
+  q.prefix = prefix_hash({1, 2, 3}, 32);
+  const std::string first = pick(rs, affinity, q);
+  std::vector<std::string> left = {first};
+  q.avoid = &left;
+  const std::string second = pick(rs, affinity, q);
+  CHECK(second != first);
+  CHECK(second != "-");
+  std::string best;
+  std::uint64_t best_score = 0;
+  for (auto& r : rs)
+    if (r.name != first && (best.empty() || affinity_score(q.prefix, r.name) > best_score)) {
+      best = r.name;
+      best_score = affinity_score(q.prefix, r.name);
+    }
+  CHECK(second == best);
+}
+
 TEST_CASE("round_robin: cycles by name, skips what cannot serve, survives joins and leaves") {
   routing_rules rules{router_policy::round_robin, 1, 0};
   std::vector<replica_load> rs = {rep("b", 1, true, 0), rep("a", 1, true, 5), rep("c", 1, true, 0)};

@@ -77,6 +77,7 @@ struct engine_script {
   /// next resume; fail: refuse with engine_dirty; die: request_receiver_down
   /// (the engine is gone, its down message not yet seen).
   act on_generate = act::answer;
+  errc refuse_with = errc::engine_dirty; ///< what act::fail answers a generate with
   std::uint32_t tokens = 2; ///< generated per request (capped by max_tokens)
   /// Token i's version; missing: `version`.
   std::vector<std::uint64_t> token_versions;
@@ -261,7 +262,7 @@ inline scripted_engine_actor::behavior_type scripted_engine(scripted_engine_ptr 
         case act::die: // what a request to an engine that just died gets
           return caf::make_error(caf::sec::request_receiver_down);
         default:
-          return make_error(errc::engine_dirty, st.engine + " holds a partial update");
+          return make_error(st.script->refuse_with, st.engine + " refuses (scripted)");
       }
     },
     [=](abort_atom, std::uint64_t id) {
