@@ -678,6 +678,13 @@ coordinator(coordinator_impl_actor::stateful_pointer<coordinator_state> self, co
       st.replicas[pm.name] = replica_record{pm.incarnation, pm.restarts, pm.retired, pm.version, pm.routable, {}};
     log_line(self, "coordinator: restored from " + st.cfg.state_file + ": v" + std::to_string(st.synced_version)
                      + " synced, " + std::to_string(r->members.size()) + " replicas known");
+    // A router that outlived the last coordinator still routes by its
+    // table; an engine that one left paused mid-round would draw requests it
+    // cannot serve. Each comes back as it registers: at once when current,
+    // after its sync otherwise.
+    if (st.cfg.router)
+      for (auto& pm : r->members)
+        self->send(st.cfg.router, evict_atom::value, pm.name);
   }
   self->set_down_handler([=](caf::down_msg& dm) {
     on_down(self, dm);
