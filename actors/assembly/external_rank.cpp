@@ -46,8 +46,20 @@ external_rank::external_rank(const topology& t, std::uint32_t rank, external_ran
   // Joining is bounded by connect_deadline (join, then each registration).
   const auto deadline = t.cluster.connect_deadline * 3;
   changed_.wait_for(lock, deadline, [this] { return ready_ || finished_; });
-  if (ready_)
+  if (ready_) {
+    lock.unlock();
+    // Where the fleet stands: a trainer restarted from its checkpoint that
+    // counts again from an older step would publish versions no round ever
+    // syncs (the fleet is past them) while wait_synced says they are served.
+    try {
+      source_->raise_floor(status(t.cluster.connect_deadline).version);
+    } catch (const std::runtime_error& e) {
+      if (options_.log)
+        options_.log(std::string("could not learn the fleet's version (") + e.what()
+                     + "): versions at or below it are not refused here");
+    }
     return;
+  }
   std::string why = finished_ ? failure_ : "not registered within " + std::to_string(deadline.count()) + " ms";
   lock.unlock();
   close();

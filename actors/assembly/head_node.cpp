@@ -241,7 +241,7 @@ head_node::head_node(caf::actor_system& sys, const topology& t, const node_spec&
   opts.node = node.name;
   opts.admit = [admitted](const caf::node_id& n) { return admitted->contains(n); };
   opts.node_name_of = [admitted](const caf::node_id& n) { return admitted->name_of(n); };
-  opts.incarnation = process_incarnation();
+  opts.incarnation = next_incarnation();
   opts.register_deadline = t.cluster.connect_deadline;
   opts.log = hooks.log;
   opts.on_sync = hooks.on_report;

@@ -193,10 +193,16 @@ dtype source_dtype_of(const topology& t, const transfer::weight_source& source) 
   return parameters.empty() ? dtype::bf16 : parameters.front().type;
 }
 
-std::uint64_t process_incarnation() {
-  static const auto incarnation = static_cast<std::uint64_t>(
+std::uint64_t next_incarnation() {
+  static std::atomic<std::uint64_t> last{0};
+  const auto now = static_cast<std::uint64_t>(
     std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  return incarnation;
+  auto prev = last.load();
+  std::uint64_t next;
+  do
+    next = std::max(now, prev + 1);
+  while (!last.compare_exchange_weak(prev, next));
+  return next;
 }
 
 engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, std::uint64_t version, bool dirty) {
@@ -227,13 +233,7 @@ std::string register_rank(caf::actor_system& sys, const coordinator_actor& coord
   std::string failure;
   caf::scoped_actor self{sys};
   self->request(coordinator, deadline, register_atom::value, info, r.trainer.actor)
-    .receive(
-      [&](const registration& reg) {
-        catch_up(r.trainer.actor, reg.current_version);
-        // A process publishing its own versions learns where the cluster stands.
-        if (auto external = std::dynamic_pointer_cast<transfer::external_source>(r.trainer.source))
-          external->raise_floor(reg.current_version);
-      },
+    .receive([&](const registration& reg) { catch_up(r.trainer.actor, reg.current_version); },
              [&](caf::error& err) { failure = sys.render(err); });
   return failure;
 }

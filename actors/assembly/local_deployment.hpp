@@ -197,10 +197,12 @@ struct deployment_options {
 /// nodes in the join grant.
 dtype source_dtype_of(const topology& t, const transfer::weight_source& source);
 
-/// The incarnation of the engines a cluster node's process spawns: the
-/// milliseconds since the epoch at the first call, so a restarted node's
-/// engines replace their dead predecessors and count as restarts.
-std::uint64_t process_incarnation();
+/// The incarnation of what a cluster node (or a Python trainer rank) spawns:
+/// the milliseconds since the epoch, above every earlier call's in this
+/// process, so a restarted node's engines, or a rank reopened in the same
+/// process, replace their predecessors and count as restarts. A node calls
+/// it once and keeps it across rejoins (a reconnect is not a restart).
+std::uint64_t next_incarnation();
 
 /// Replica `spec` as the coordinator sees it at registration.
 engine_info engine_info_of(const engine_spec& spec, std::uint64_t incarnation, std::uint64_t version = 0,

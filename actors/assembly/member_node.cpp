@@ -216,7 +216,7 @@ member_node_end run_member_node(caf::actor_system& sys, const topology& t, const
   }
   // Engines record their plans in the dtype the trainer sends, as the head's own do.
   const auto source_dtype = static_cast<dtype>(grant->source_dtype);
-  const auto incarnation = process_incarnation();
+  const auto incarnation = next_incarnation();
   // The engines take orders only from this process and the coordinator of
   // the grant they registered under (replaced when it rejoins) and the
   // router it names: the grant's, or one that registered on a member node

@@ -110,7 +110,7 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
         return cluster_floor_;
       }();
       version <= floor)
-    throw std::invalid_argument("version " + std::to_string(version) + ": the cluster already published version "
+    throw std::invalid_argument("version " + std::to_string(version) + ": the fleet already serves version "
                                 + std::to_string(floor) + " (a trainer restarted from a checkpoint continues above it)");
   // Match every input to a held parameter, naming the first tensor at fault.
   std::map<std::string, const tensor_input*> given;

@@ -122,10 +122,10 @@ public:
 
   /// The newest version pushed (published or queued); 0 before the first.
   std::uint64_t last_pushed() const;
-  /// The cluster already published up to `version` (a registration says
-  /// so): later pushes must exceed it, or a restarted trainer counting again
-  /// from its checkpoint would publish numbers the fleet already holds and
-  /// never be synced. Only raises the floor.
+  /// The fleet already serves `version` (its synced version when the rank
+  /// joined): later pushes must exceed it, or a restarted trainer counting
+  /// again from its checkpoint would publish numbers no round syncs. Only
+  /// raises the floor.
   void raise_floor(std::uint64_t version);
   dtype type() const { return options_.type; }
   /// Whether tensors on a CUDA device are taken (a tensor_device was given).

@@ -119,6 +119,12 @@ with cluster.Cluster(rlsync_bin, ranks=["0-1", "2-3"]) as c:
         expect(ValueError, "timeout_s must be in", lambda: rank.wait_synced(1, timeout_s=-1))
     expect(RuntimeError, "closed", lambda: rank.publish(2, mine))
     assert rank.closed
+    # The same rank opened again in this process (a training loop that
+    # recovered from an error): a new incarnation, above the cluster's versions.
+    with rlsync.TrainerRank(t, rank=0) as again:
+        again.publish(2, mine)  # rank 1 never joined: no round ran, nothing is served yet
+        assert again.status()["last_published"] == 2
+    print("ok: a rank reopened in the same process publishes on")
 
     # close() from another thread while publish runs: the publish finishes or
     # is refused as closed; the system is never pulled from under it.
@@ -127,7 +133,7 @@ with cluster.Cluster(rlsync_bin, ranks=["0-1", "2-3"]) as c:
     outcome = []
 
     def publish_until_closed():
-        version = 1
+        version = 3  # above what rank 0 published before this rank joined
         while True:
             try:
                 other.publish(version, theirs)

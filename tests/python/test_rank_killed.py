@@ -1,7 +1,7 @@
 """A Python trainer rank killed with SIGKILL mid-transfer: the round aborts,
 no engine serves a mix of versions, and a new process for that rank takes
-over (a new incarnation): a version number the cluster already published is
-refused, and the fleet syncs the next version.
+over (a new incarnation): a version number the fleet already serves is refused,
+and the fleet syncs the next version.
 
 Rank 0 withholds a group of version 2 (the drill hook `rlsync drill` uses on
 node processes), so the kill lands while engines wait for it.
@@ -83,10 +83,10 @@ with cluster.Cluster(rlsync_bin, ranks=["0-1", "2-3"], engines=2, drill_events=T
     # A new process for rank 0 joins as the next incarnation and the fleet moves on.
     before = {r["rank"]: r["incarnation"] for r in status["ranks"]}
     a2 = Worker(c.topology, 0)
-    # It counts again from its checkpoint: a number the cluster already
-    # published is refused (the fleet would never sync it), nothing lost.
-    refused = a2.ask("publish 2", "error ValueError")
-    if "the cluster already published version 2" not in refused:
+    # It counts again from its checkpoint: a number the fleet already serves
+    # is refused (no round would sync it), nothing lost.
+    refused = a2.ask("publish 1", "error ValueError")
+    if "the fleet already serves version 1" not in refused:
         cluster.fail(f"a restarted rank's old version number: {refused}")
     a2.ask("publish 3"), b.ask("publish 3")
     a2.ask("wait 3 90", "ok synced 3")

@@ -197,16 +197,16 @@ TEST_CASE("external source: every refusal names the tensor or the version, and n
   }
 }
 
-TEST_CASE("external source: a restarted trainer publishes above what the cluster already published") {
+TEST_CASE("external source: a restarted trainer publishes above what the fleet already serves") {
   auto c = small_model(2);
   external_source source(options_for(c));
   state_dict sd(c, dtype::bf16, 0x3c);
-  source.raise_floor(100); // its registration: the fleet synced v100 from the earlier process
+  source.raise_floor(100); // as it joined: the fleet serves v100 from the earlier process
   source.raise_floor(40);  // only raises
   CHECK(refusal(source, 81, sd.inputs)
-        == "version 81: the cluster already published version 100 (a trainer restarted from a checkpoint continues "
+        == "version 81: the fleet already serves version 100 (a trainer restarted from a checkpoint continues "
            "above it)");
-  CHECK(refusal(source, 100, sd.inputs).rfind("version 100: the cluster already published version 100", 0) == 0);
+  CHECK(refusal(source, 100, sd.inputs).rfind("version 100: the fleet already serves version 100", 0) == 0);
   CHECK(source.last_pushed() == 0);
   CHECK(!source.advance());
   source.push(101, sd.inputs);
