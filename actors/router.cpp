@@ -134,13 +134,42 @@ void publish(router_ptr self) {
     self->state.config.on_status(status_of(self->state, false));
 }
 
+/// Arms the queue's one timer for its earliest deadline, unless one is due
+/// by then already.
+void arm_queue_timer(router_ptr self) {
+  auto& st = self->state;
+  if (st.queue_deadlines.empty())
+    return;
+  const auto first = st.queue_deadlines.begin()->first;
+  if (st.queue_timer_at && *st.queue_timer_at <= first)
+    return;
+  const auto now = self->clock().now();
+  self->delayed_send(caf::actor_cast<router_impl_actor>(self), std::max(first - now, caf::timespan{0}),
+                     caf::timeout_atom_v, std::uint64_t{0}, std::uint32_t{0});
+  st.queue_timer_at = first;
+}
+
 /// Puts an accepted request in the queue with its deadline.
 void enqueue(router_ptr self, request_record rec) {
   auto& st = self->state;
-  self->delayed_send(caf::actor_cast<router_impl_actor>(self), hold_deadline(st, rec.request),
-                     caf::timeout_atom_v, rec.ticket, rec.attempts);
+  rec.queued_until = self->clock().now() + hold_deadline(st, rec.request);
+  st.queue_deadlines.emplace(rec.queued_until, rec.ticket);
   st.queued.emplace(rec.ticket, std::move(rec));
+  arm_queue_timer(self);
   publish(self);
+}
+
+/// Takes a queued request off the books (dispatched, or past its deadline).
+request_record dequeue(router_state& st, std::map<std::uint64_t, request_record>::iterator it) {
+  auto rec = std::move(it->second);
+  st.queued.erase(it);
+  auto [from, to] = st.queue_deadlines.equal_range(rec.queued_until);
+  for (auto d = from; d != to; ++d)
+    if (d->second == rec.ticket) {
+      st.queue_deadlines.erase(d);
+      break;
+    }
+  return rec;
 }
 
 std::optional<std::size_t> choose(router_ptr self, const generate_request& req,
@@ -171,8 +200,7 @@ void drain_queue(router_ptr self) {
       ++i;
       continue;
     }
-    auto rec = std::move(i->second);
-    i = st.queued.erase(i);
+    auto rec = dequeue(st, i++);
     rec.left.clear(); // the table changed: a replica it left may take it now
     dispatch(self, std::move(rec), *choice);
   }
@@ -232,6 +260,10 @@ void close_running(router_ptr self, std::map<std::uint64_t, request_record>::ite
   auto relay = rec.relay;
   st.closing.emplace(ticket, std::move(rec));
   publish(self);
+  // A slot came free: a request that every replica had just refused (full)
+  // may go now, rather than at the next change of the table.
+  if (!st.queued.empty())
+    drain_queue(self);
   auto answer = [self, ticket](generate_result forwarded) {
     auto& st = self->state;
     auto i = st.closing.find(ticket);
@@ -421,6 +453,35 @@ void engine_failed(router_ptr self, const caf::actor_addr& who, const std::strin
     reroute(self, st.running.find(ticket), why);
 }
 
+/// A queued request whose deadline passed: answered as not routable, or
+/// (a requeued reroute, whose sink has tokens already) with those tokens,
+/// marked rejected, so that the stream stays whole.
+void give_up_waiting(router_ptr self, request_record rec) {
+  auto& st = self->state;
+  st.in_flight.erase(rec.request.request_id);
+  ++st.rejected;
+  publish(self);
+  auto why = "deadline passed: no replica could serve request " + std::to_string(rec.request.request_id)
+             + " within " + ms(hold_deadline(st, rec.request)) + " ("
+             + (st.replicas.empty() ? std::string("no engine is up")
+                                    : "none of " + std::to_string(st.replicas.size())
+                                        + " known engines is current")
+             + ")";
+  if (rec.prior.tokens.empty()) {
+    rec.promise.deliver(make_error(errc::not_routable, std::move(why)));
+    return;
+  }
+  // A requeued reroute: its sink has tokens already, so the answer is a
+  // result carrying them (the stream stays whole), marked rejected.
+  if (st.config.log)
+    st.config.log("router: " + why);
+  auto res = rec.prior;
+  res.request_id = rec.request.request_id;
+  res.reason = finish_reason::rejected;
+  res.engine = rec.engine_name;
+  rec.promise.deliver(std::move(res));
+}
+
 /// Answers every request before the router goes: nobody waits on a router
 /// that no longer exists. Running requests are aborted on their engines.
 void shut_down(router_ptr self) {
@@ -442,6 +503,7 @@ void shut_down(router_ptr self) {
     rec.promise.deliver(failed_result(rec, {}));
   st.rerouting.clear();
   st.queued.clear();
+  st.queue_deadlines.clear();
   st.running.clear();
   st.closing.clear();
   st.in_flight.clear();
@@ -542,37 +604,22 @@ router_impl_actor::behavior_type router(router_ptr self, router_config config, s
         engine_failed(self, i->second.address(),
                       "taken out of routing by the coordinator (silent, evicted in a round, or dirty)", false);
     }),
-    authorized(self, guard, [=](caf::timeout_atom, std::uint64_t ticket, std::uint32_t attempts) {
+    authorized(self, guard, [=](caf::timeout_atom, std::uint64_t, std::uint32_t) {
       if (self->current_sender() != self->ctrl())
         return; // only the router's own deadlines
       auto& st = self->state;
-      auto i = st.queued.find(ticket);
-      if (i == st.queued.end() || i->second.attempts != attempts)
-        return; // dispatched in time (a requeued reroute waits on its own deadline)
-      auto rec = std::move(i->second);
-      st.queued.erase(i);
-      st.in_flight.erase(rec.request.request_id);
-      ++st.rejected;
-      publish(self);
-      auto why = "deadline passed: no replica could serve request " + std::to_string(rec.request.request_id)
-                 + " within " + ms(hold_deadline(st, rec.request)) + " ("
-                 + (st.replicas.empty() ? std::string("no engine is up")
-                                        : "none of " + std::to_string(st.replicas.size())
-                                            + " known engines is current")
-                 + ")";
-      if (rec.prior.tokens.empty()) {
-        rec.promise.deliver(make_error(errc::not_routable, std::move(why)));
-        return;
+      // Timers armed for later than the earliest deadline may still come: each just sweeps.
+      st.queue_timer_at.reset();
+      const auto now = self->clock().now();
+      while (!st.queue_deadlines.empty() && st.queue_deadlines.begin()->first <= now) {
+        auto i = st.queued.find(st.queue_deadlines.begin()->second);
+        if (i == st.queued.end()) { // a guard: dequeue drops the deadline with the request
+          st.queue_deadlines.erase(st.queue_deadlines.begin());
+          continue;
+        }
+        give_up_waiting(self, dequeue(st, i));
       }
-      // A requeued reroute: its sink has tokens already, so the answer is a
-      // result carrying them (the stream stays whole), marked rejected.
-      if (st.config.log)
-        st.config.log("router: " + why);
-      auto res = rec.prior;
-      res.request_id = rec.request.request_id;
-      res.reason = finish_reason::rejected;
-      res.engine = rec.engine_name;
-      rec.promise.deliver(std::move(res));
+      arm_queue_timer(self);
     }),
     authorized(self, guard, [=](status_atom) -> router_status {
       return status_of(self->state, true);

@@ -77,8 +77,8 @@ using token_relay_actor = token_sink_actor::extend<
 /// itself. Handles given out are router_actor; a superset interface still
 /// matches router_actor remotely.
 using router_impl_actor = router_actor::extend<
-  // a queued request's deadline passed (accepted only from the router itself):
-  // ticket, and its dispatches when queued (a requeued reroute has its own deadline)
+  // the earliest queued deadline is due (accepted only from the router
+  // itself); the two numbers are unused (0)
   caf::reacts_to<caf::timeout_atom, std::uint64_t, std::uint32_t>>;
 
 /// A request the router has accepted and not yet answered.
@@ -95,6 +95,8 @@ struct request_record {
   /// Tokens earlier attempts delivered to the sink (spans from 0), which the
   /// next attempt continues after.
   generate_result prior;
+  /// While queued: when it gives up waiting (its key in queue_deadlines).
+  caf::actor_clock::time_point queued_until;
   /// The replicas earlier attempts left (at most max_reroutes + 1 names): a
   /// reroute does not go straight back to one that just refused it.
   std::vector<std::string> left;
@@ -115,6 +117,11 @@ struct router_state {
   std::uint64_t next_ticket = 1;
   /// Waiting for a replica, FIFO: tickets grow with arrival. At most queue_limit.
   std::map<std::uint64_t, request_record> queued;
+  /// The queued requests' deadlines, earliest first, and when the one timer
+  /// for them is due: a timer per enqueue would outlive its request (a
+  /// request dispatched at once left its full deadline pending).
+  std::multimap<caf::actor_clock::time_point, std::uint64_t> queue_deadlines;
+  std::optional<caf::actor_clock::time_point> queue_timer_at;
   std::map<std::uint64_t, request_record> running;
   /// Finished, waiting for the relay to flush its last tokens before the answer.
   std::map<std::uint64_t, request_record> closing;

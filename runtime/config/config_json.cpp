@@ -72,38 +72,45 @@ model_config read_config_json(const std::string& path) {
   }
   if (!root.is_object())
     throw std::runtime_error(path + ": expected a JSON object, got " + json_describe(root));
-  model_config c;
+  model_arch arch = model_arch::llama;
   if (auto it = root.find("model_type"); it != root.end()) {
     if (!it->is_string())
       fail(path, "model_type", "expected a string, got " + json_describe(*it));
-    auto arch = arch_of_model_type(it->get<std::string>());
-    if (!arch)
+    auto known = arch_of_model_type(it->get<std::string>());
+    if (!known)
       fail(path, "model_type", "'" + printable(it->get<std::string>()) + "' is not an architecture rlsync runs "
                                    "(llama, qwen3, qwen3_moe)");
-    c.arch = *arch;
+    arch = *known;
   }
   if (read_bool(root, path, "attention_bias", false))
     fail(path, "attention_bias", "true: rlsync's engine has no attention biases");
-  // Settings that change what the model computes and the engine does not
-  // implement: refused, never run as plain RoPE, SiLU and full attention.
+  // Weights rlsync cannot move (bias tensors, quantized formats): refused.
   if (read_bool(root, path, "mlp_bias", false))
-    fail(path, "mlp_bias", "true: rlsync's engine has no MLP biases");
+    fail(path, "mlp_bias", "true: rlsync's models have no MLP biases");
+  if (auto it = root.find("quantization_config"); it != root.end() && !it->is_null())
+    fail(path, "quantization_config", "quantized checkpoints are not supported (bf16, f16 or f32 weights)");
+  // What the built-in engine does not compute (a vLLM server does): noted,
+  // and refused where a built-in engine would run it as plain RoPE, SiLU and
+  // full attention.
+  model_config c;
+  auto not_computed = [&](const char* field, const std::string& what) {
+    c.not_computed.push_back(std::string(field) + ": " + what);
+  };
   if (auto it = root.find("hidden_act"); it != root.end() && *it != "silu")
-    fail(path, "hidden_act", json_describe(*it) + ": rlsync's engine runs silu only");
+    not_computed("hidden_act", json_describe(*it) + ": the built-in engine runs silu only");
   if (auto it = root.find("rope_scaling"); it != root.end() && !it->is_null()) {
     const auto type = [&](const char* key) { return it->is_object() && it->contains(key) && it->at(key) == "default"; };
     if (!(type("rope_type") || type("type"))) {
       auto shown = it->dump(); // its kind and factor say what the model expects
       if (shown.size() > 120)
         shown = shown.substr(0, 117) + "...";
-      fail(path, "rope_scaling", printable(shown) + ": rlsync's engine runs unscaled RoPE only (null or "
-                                                    "rope_type default)");
+      not_computed("rope_scaling", printable(shown) + ": the built-in engine runs unscaled RoPE only (null or "
+                                                      "rope_type default)");
     }
   }
   if (read_bool(root, path, "use_sliding_window", false))
-    fail(path, "use_sliding_window", "true: rlsync's engine attends to the whole context");
-  if (auto it = root.find("quantization_config"); it != root.end() && !it->is_null())
-    fail(path, "quantization_config", "quantized checkpoints are not supported (bf16, f16 or f32 weights)");
+    not_computed("use_sliding_window", "true: the built-in engine attends to the whole context");
+  c.arch = arch;
   c.vocab_size = read_int(root, path, "vocab_size", nullptr);
   c.hidden_size = read_int(root, path, "hidden_size", nullptr);
   c.intermediate_size = read_int(root, path, "intermediate_size", nullptr);

@@ -56,6 +56,11 @@ struct model_config {
   /// transposed against the separate layout). Not in config.json: a
   /// checkpoint's tensors say which (checkpoint::open).
   bool fused_experts = false;
+  /// config.json settings the built-in engine does not compute, each as
+  /// "field: value: why" (rope_scaling, hidden_act, a sliding window).
+  /// A vLLM server computes them and rlsync only moves the weights, so only
+  /// a built-in engine refuses such a model.
+  std::vector<std::string> not_computed;
 
   std::int64_t head_dim() const {
     return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads;

@@ -56,6 +56,9 @@ void reader::read_engines(const map_reader& root) {
     r.read("kv_block_tokens", e.kv_block_tokens, between(1, max_kv_block_tokens));
     r.read("prefix_cache_blocks", e.prefix_cache_blocks, between(0, max_prefix_cache_blocks));
     const bool kind_ok = !r.has("kind") || r.read_choice("kind", e.kind, engine_kind_choices);
+    if (kind_ok && model_ok && e.kind == engine_kind::builtin && !t.model.config.not_computed.empty())
+      r.error(r.has("kind") ? "kind" : "name", "the model's config.json: " + t.model.config.not_computed.front()
+                                                 + " (a vLLM engine computes it: kind: vllm)");
     if (kind_ok && dp_ok && e.kind != engine_kind::vllm && r.has("dp_balance") && e.dp == 1)
       r.error("dp_balance", std::string("balances requests over data-parallel ranks, and this engine has one (dp: 1")
                               + (r.has("dp") ? ")" : ", the default)"));

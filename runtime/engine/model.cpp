@@ -101,6 +101,10 @@ void reduce_into(float* x, const float* partials, std::int64_t chunks, std::int6
 // Validates the sharding before anything is started (the pool included);
 // returns the pool's size, dp x tp.
 int checked_workers(const model_config& c, int tp, bool expert_parallel, int dp) {
+  // What this engine does not compute would be run as plain RoPE, SiLU and
+  // full attention: outputs that differ from the model's.
+  if (!c.not_computed.empty())
+    throw std::invalid_argument("config.json: " + c.not_computed.front());
   shard_spec::make(c, tp, 0, expert_parallel);
   // A bound on threads, not a model property: the topology allows 64 x 64.
   if (dp < 1 || std::int64_t(dp) * tp > 4096)

@@ -68,6 +68,8 @@ std::vector<std::string> config_differences(const model_config& model, const mod
                   + (model.norm_topk_prob ? "true" : "false"));
   if (model.mlp_only_layers != step.mlp_only_layers)
     out.push_back("mlp_only_layers differ from the model's");
+  if (model.not_computed != step.not_computed)
+    out.push_back("rope_scaling, hidden_act or use_sliding_window differ from the model's");
   if (model.fused_experts != step.fused_experts)
     out.push_back(std::string("the experts are ") + (step.fused_experts ? "fused" : "separate") + ", the model's "
                   + (model.fused_experts ? "fused" : "separate"));
@@ -818,15 +820,6 @@ snapshot_ptr checkpoint_dir_source::poll() {
     if (!it->is_directory(ec2) || !fs::is_regular_file(it->path() / step_complete_marker, ec2))
       continue;
     complete.insert(*step);
-    if (auto [first, fresh] = named.try_emplace(*step, name); !fresh) {
-      ambiguous.insert(*step);
-      if (!reported_names_.count(name)) {
-        notes.push_back("step directories '" + printable(first->second) + "' and '" + printable(name)
-                        + "' both name step " + std::to_string(*step) + "; neither is published");
-        noted_names.push_back(name);
-      }
-      continue;
-    }
     if (*step <= after) {
       // Completed only after a newer version was published (a step seen
       // complete before was merely superseded): versions only move forward.
@@ -834,6 +827,19 @@ snapshot_ptr checkpoint_dir_source::poll() {
         notes.push_back("step directory '" + printable(name) + "' appeared out of order, after version "
                         + std::to_string(after) + " was published; it is skipped");
         noted_names.push_back(name);
+      }
+      continue;
+    }
+    if (auto [first, fresh] = named.try_emplace(*step, name); !fresh) {
+      ambiguous.insert(*step);
+      // Said once per step, whichever name the listing gives second.
+      const std::string key = "/two names: " + std::to_string(*step); // no file name holds '/'
+      if (reported_names_.count(key)) {
+        still_there.insert(key);
+      } else if (std::find(noted_names.begin(), noted_names.end(), key) == noted_names.end()) {
+        notes.push_back("step directories '" + printable(first->second) + "' and '" + printable(name)
+                        + "' both name step " + std::to_string(*step) + "; neither is published");
+        noted_names.push_back(key);
       }
       continue;
     }

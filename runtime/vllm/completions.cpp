@@ -260,10 +260,11 @@ completion_request parse_object(const json& body, const completion_limits& limit
   if (auto v = field("suffix"); v && !(v->is_string() && v->get_ref<const std::string&>().empty()))
     fail("suffix", "is not supported, got " + describe(*v));
   // Constrained decoding and token filters: any value would change outputs.
+  // Clients that fill in vLLM's defaults send the token filters as empty lists.
   for (const char* constraint : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
                                  "structured_outputs", "allowed_token_ids", "bad_words", "logits_processors",
                                  "prompt_embeds"})
-    if (auto v = field(constraint))
+    if (auto v = field(constraint); v && !(v->is_array() && v->empty()))
       fail(constraint, "is not supported, got " + describe(*v));
   if (auto v = field("response_format"); v && !(v->is_object() && v->size() == 1 && v->contains("type") && v->at("type") == "text"))
     fail("response_format", "is not supported unless {\"type\": \"text\"}, got " + describe(*v));
@@ -418,8 +419,8 @@ std::optional<api_error> check_answer_size(const completion_request& req, const 
   // Each term is below 2^20 × 22 and there are at most max_choices of them: no overflow.
   const std::uint64_t per_token = 1 + (req.logprobs ? 1 + *req.logprobs : 0);
   std::uint64_t entries = 0;
-  for (const auto& g : made)
-    entries += std::uint64_t{g.sampling.max_tokens} * per_token;
+  for (const auto& g : made) // each choice echoes its prompt's token ids too
+    entries += std::uint64_t{g.sampling.max_tokens} * per_token + g.prompt.size();
   if (entries <= limits.max_answer_entries)
     return std::nullopt;
   return bad("max_tokens", "a non-streamed answer of " + std::to_string(made.size()) + " choice(s) at their max_tokens"

@@ -48,7 +48,8 @@ struct completion_limits {
   std::uint32_t max_logprobs = max_top_logprobs;
   /// A non-streamed answer is held whole until its last token: tokens of
   /// every choice at their max_tokens, each counting 1 + its log-probability
-  /// entries (about 130 MB of JSON at the bound). A stream is not bounded by it.
+  /// entries, plus each choice's prompt token ids (about 130 MB of JSON at
+  /// the bound). A stream is not bounded by it.
   std::uint64_t max_answer_entries = 1u << 22;
 };
 

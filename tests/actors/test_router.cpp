@@ -886,6 +886,26 @@ TEST_CASE_FIXTURE(router_fixture, "a replica that refused a request is not chose
   CHECK(waiting->result->engine == other);
 }
 
+TEST_CASE_FIXTURE(router_fixture, "a request its only replica refused goes there again once a slot frees") {
+  auto r = make_router();
+  auto script = std::make_shared<test::engine_script>();
+  script->version = 1;
+  script->on_generate = act::hold;
+  rollout_engine_actor a = spawn(test::scripted_engine, std::string{"a"}, script, log);
+  route(r, a, "a", 1);
+  auto first = submit(r, request(1)); // held: it occupies a's last slot
+  script->on_generate = act::fail;
+  script->refuse_with = errc::queue_full;
+  auto second = submit(r, request(2));
+  CHECK(status(r).queued == 1); // refused, nowhere else to go: it waits
+  script->on_generate = act::answer;
+  release(a); // the first finishes: no route update, yet the second goes
+  REQUIRE(first->result);
+  REQUIRE(second->result);
+  CHECK(second->result->engine == "a");
+  CHECK(status(r).queued == 0);
+}
+
 TEST_CASE_FIXTURE(router_fixture, "a rerouted request past its deadline is rejected with the tokens its sink has") {
   auto r = make_router();
   auto a = make_engine("a", 1, act::hold);

@@ -201,14 +201,7 @@ TEST_CASE("config.json errors name the file and the field") {
      " \"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"head_dim\": 0}",
      "head_dim: must be positive, got 0"},
     // What changes the model's numerics and the engine does not run: refused.
-    {"llama3 rope scaling", "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
-     "rope_scaling: {\"factor\":8.0,\"rope_type\":\"llama3\"}"},
-    {"rope scaling not an object", "{\"rope_scaling\": 2}", "runs unscaled RoPE only"},
-    {"gelu", "{\"hidden_act\": \"gelu\"}", "hidden_act: the string 'gelu': rlsync's engine runs silu only"},
-    {"hidden_act not a string", "{\"hidden_act\": 1}", "hidden_act: "},
-    {"mlp bias", "{\"mlp_bias\": true}", "mlp_bias: true: rlsync's engine has no MLP biases"},
-    {"sliding window", "{\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"sliding_window\": 16}",
-     "use_sliding_window: true: rlsync's engine attends to the whole context"},
+    {"mlp bias", "{\"mlp_bias\": true}", "mlp_bias: true: rlsync's models have no MLP biases"},
     {"quantized", "{\"quantization_config\": {\"quant_method\": \"fp8\"}}",
      "quantization_config: quantized checkpoints are not supported"},
     {"llama head_dim other than hidden / heads",
@@ -328,6 +321,34 @@ TEST_CASE("config.json: a Qwen3-MoE config keeps its experts, the dense and spar
   }
   std::remove(path.c_str());
   CHECK(msg.find("mlp_only_layers: expected a list of layer indices") != std::string::npos);
+}
+
+TEST_CASE("config.json: what the built-in engine does not compute is noted, not refused") {
+  const std::string shape = R"("vocab_size": 320, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4)";
+  struct row {
+    const char* what;
+    std::string extra;
+    std::vector<std::string> noted;
+  };
+  const std::vector<row> rows = {
+    {"llama3 rope scaling", R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})",
+     {R"(rope_scaling: {"factor":8.0,"rope_type":"llama3"}: the built-in engine runs unscaled RoPE only (null or rope_type default))"}},
+    {"rope scaling not an object", R"("rope_scaling": 2)",
+     {"rope_scaling: 2: the built-in engine runs unscaled RoPE only (null or rope_type default)"}},
+    {"gelu", R"("hidden_act": "gelu")", {"hidden_act: the string 'gelu': the built-in engine runs silu only"}},
+    {"sliding window", R"("use_sliding_window": true, "sliding_window": 16)",
+     {"use_sliding_window: true: the built-in engine attends to the whole context"}},
+    {"defaults", R"("rope_scaling": {"rope_type": "default"}, "hidden_act": "silu", "use_sliding_window": false)", {}},
+  };
+  for (auto& r : rows) {
+    CAPTURE(r.what);
+    auto path = temp_path("noted-config.json");
+    std::ofstream(path) << "{" << shape << ", " << r.extra << "}";
+    auto c = read_config_json(path);
+    std::remove(path.c_str());
+    CHECK(c.not_computed == r.noted);
+  }
 }
 
 TEST_CASE("config.json: kv heads default to attention heads, unknown HF keys are ignored") {

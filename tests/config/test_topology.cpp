@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -1501,6 +1502,36 @@ TEST_CASE("topology: a checkpoint model takes its shape from config.json") {
     return std::vector<std::string>{};
   }());
   CHECK(errs.rfind((dir / "t.yaml") + ":5:34: engines[0].tp: must divide num_attention_heads (4), got 8", 0) == 0);
+
+  // What the built-in engine does not compute (Llama 3.1's RoPE scaling):
+  // refused for a built-in engine, at the engine; a vLLM server computes it.
+  {
+    std::string json = [&] {
+      std::ifstream in(dir / "ckpt/config.json");
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    json.insert(json.find('{') + 1, R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0},)");
+    std::ofstream(dir / "ckpt/config.json") << json;
+    std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}") << insecure;
+  }
+  auto scaled = joined([&] {
+    try {
+      load_topology(dir / "t.yaml");
+    } catch (const topology_error& e) {
+      return e.errors;
+    }
+    return std::vector<std::string>{};
+  }());
+  CHECK_MESSAGE(scaled.find(": engines[0].name: the model's config.json: rope_scaling: ") != std::string::npos, scaled);
+  CHECK(scaled.find("(a vLLM engine computes it: kind: vllm)") != std::string::npos);
+  {
+    std::string vllm = with("model", "model: {checkpoint: ckpt}");
+    const std::string builtin = "engines: [{name: e, node: a, replicas: 2, tp: 2}]";
+    vllm.replace(vllm.find(builtin), builtin.size(), "engines: [{name: e, node: a, kind: vllm, url: 'http://h:1'}]");
+    std::ofstream(dir / "t.yaml") << vllm << insecure;
+  }
+  CHECK(load_topology(dir / "t.yaml").model.config.not_computed.size() == 1);
+  write_config_json(dir / "ckpt/config.json", c);
 
   // An invalid config.json is reported at the checkpoint field, with its own reason.
   c.num_key_value_heads = 3;

@@ -155,6 +155,14 @@ TEST_CASE("forward matches an independent reference: MHA, GQA, tied embeddings, 
   }
 }
 
+TEST_CASE("a model with settings the engine does not compute is refused, naming them") {
+  auto c = tiny_config(4, 2);
+  c.not_computed = {"rope_scaling: {\"rope_type\":\"llama3\"}: the built-in engine runs unscaled RoPE only"};
+  CHECK_THROWS_WITH_AS(model(c, 1, dtype::bf16), "config.json: rope_scaling: {\"rope_type\":\"llama3\"}: the built-in "
+                                                 "engine runs unscaled RoPE only",
+                       std::invalid_argument);
+}
+
 TEST_CASE("incremental decoding equals a full recompute, bit for bit") {
   auto cfg = tiny_config(4, 2);
   auto src = make_source(cfg, dtype::bf16, 11);

@@ -222,7 +222,8 @@ TEST_CASE("completions: fields parse as RL clients send them, unknown fields are
   CHECK(neutral.tokens_as_ids);
   CHECK_FALSE(f.tokens_as_ids);
   CHECK(parse_ok(R"({"prompt": "a", "top_k": 0})").prompts.size() == 1);
-  CHECK(parse_ok(R"({"prompt": "a", "response_format": {"type": "text"}, "priority": 0, "guided_json": null})")
+  CHECK(parse_ok(R"({"prompt": "a", "response_format": {"type": "text"}, "priority": 0, "guided_json": null,
+    "bad_words": [], "allowed_token_ids": [], "logits_processors": []})")
           .prompts.size() == 1);
 
   // add_special_tokens false: a string prompt without BOS; token ids as given.
@@ -320,15 +321,16 @@ TEST_CASE("completions: a non-streamed answer is bounded, a streamed one is not"
     REQUIRE(std::holds_alternative<std::vector<generate_request>>(made));
     return check_answer_size(req, std::get<std::vector<generate_request>>(made), small);
   };
-  CHECK_FALSE(check(R"({"prompt": "a", "n": 4, "max_tokens": 25})"));            // 100 entries
-  auto over = check(R"({"prompt": "a", "n": 4, "max_tokens": 26})");              // 104
+  // Each choice: its tokens, and its prompt's ids echoed (BOS and "a").
+  CHECK_FALSE(check(R"({"prompt": "a", "n": 4, "max_tokens": 23})"));            // 4 × (23 + 2) = 100
+  auto over = check(R"({"prompt": "a", "n": 4, "max_tokens": 24})");              // 104
   REQUIRE(over);
   CHECK(over->param == "body.max_tokens");
   CHECK_MESSAGE(over->message.find("holds up to 104 entries, above the limit of 100") != std::string::npos,
                 over->message);
   // Log-probabilities count: the sampled token's and each of the top k.
-  CHECK_FALSE(check(R"({"prompt": "a", "max_tokens": 25, "logprobs": 2})"));      // 25 × 4
-  CHECK(check(R"({"prompt": "a", "max_tokens": 26, "logprobs": 2})"));            // 26 × 4
+  CHECK_FALSE(check(R"({"prompt": "a", "max_tokens": 24, "logprobs": 2})"));      // 24 × 4 + 2
+  CHECK(check(R"({"prompt": "a", "max_tokens": 25, "logprobs": 2})"));            // 25 × 4 + 2
   // max_tokens null: up to the context length, 998 tokens after BOS and "a".
   CHECK(check(R"({"prompt": "a", "max_tokens": null})"));
   CHECK_FALSE(check(R"({"prompt": "a", "max_tokens": null, "stream": true, "n": 64, "logprobs": 20})"));
