@@ -906,6 +906,33 @@ TEST_CASE_FIXTURE(router_fixture, "a request its only replica refused goes there
   CHECK(status(r).queued == 0);
 }
 
+TEST_CASE_FIXTURE(router_fixture, "queued requests share one deadline timer") {
+  auto r = make_router();
+  const auto timers_before = sched.clock().schedule().size();
+  std::vector<std::shared_ptr<outcome>> outs;
+  for (std::uint64_t id = 1; id <= 50; ++id)
+    outs.push_back(submit(r, request(id)));
+  CHECK(status(r).queued == 50);
+  // A timer per request would outlive each dispatched one by its whole deadline.
+  CHECK(sched.clock().schedule().size() <= timers_before + 1);
+  auto short_wait = request(51);
+  short_wait.deadline_ms = 100; // earlier than the others: the timer is armed again, earlier
+  auto early = submit(r, short_wait);
+  CHECK(sched.clock().schedule().size() <= timers_before + 2);
+  sched.advance_time(100ms);
+  sched.run();
+  REQUIRE(early->error);
+  CHECK(is(*early->error, errc::not_routable));
+  CHECK(status(r).queued == 50); // the others wait on
+  auto a = make_engine("a");
+  route(r, a, "a", 1);
+  for (auto& o : outs)
+    CHECK(o->result);
+  sched.advance_time(60s); // their old deadlines pass: nothing left to reject
+  sched.run();
+  CHECK(status(r).rejected == 1);
+}
+
 TEST_CASE_FIXTURE(router_fixture, "a rerouted request past its deadline is rejected with the tokens its sink has") {
   auto r = make_router();
   auto a = make_engine("a", 1, act::hold);
