@@ -49,13 +49,11 @@ token_relay_actor::behavior_type token_relay(token_relay_actor::stateful_pointer
   // CAF 0.17 keeps a monitor on the watched actor until that one ends or
   // the watcher demonitors: a relay that just quit would leave two entries
   // (and its own memory) on the router and the sink for every request.
-  auto watched = std::make_shared<std::vector<caf::actor_addr>>(
-    std::vector<caf::actor_addr>{router, caf::actor_cast<caf::actor_addr>(st.sink)});
-  for (auto& w : *watched)
-    self->monitor(caf::actor_cast<caf::abstract_actor*>(w));
-  auto leave = [self, watched] {
-    for (auto& w : *watched)
-      self->demonitor(w);
+  self->monitor(caf::actor_cast<caf::abstract_actor*>(router));
+  self->monitor(caf::actor_cast<caf::abstract_actor*>(st.sink));
+  auto leave = [self, router, sink = caf::actor_cast<caf::actor_addr>(st.sink)] {
+    self->demonitor(router);
+    self->demonitor(sink);
     self->quit();
   };
   self->set_down_handler([=](caf::down_msg&) { leave(); });
