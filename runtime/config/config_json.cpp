@@ -72,7 +72,7 @@ model_config read_config_json(const std::string& path) {
   }
   if (!root.is_object())
     throw std::runtime_error(path + ": expected a JSON object, got " + json_describe(root));
-  model_arch arch = model_arch::llama;
+  model_config c;
   if (auto it = root.find("model_type"); it != root.end()) {
     if (!it->is_string())
       fail(path, "model_type", "expected a string, got " + json_describe(*it));
@@ -80,7 +80,7 @@ model_config read_config_json(const std::string& path) {
     if (!known)
       fail(path, "model_type", "'" + printable(it->get<std::string>()) + "' is not an architecture rlsync runs "
                                    "(llama, qwen3, qwen3_moe)");
-    arch = *known;
+    c.arch = *known;
   }
   if (read_bool(root, path, "attention_bias", false))
     fail(path, "attention_bias", "true: rlsync's engine has no attention biases");
@@ -92,7 +92,6 @@ model_config read_config_json(const std::string& path) {
   // What the built-in engine does not compute (a vLLM server does): noted,
   // and refused where a built-in engine would run it as plain RoPE, SiLU and
   // full attention.
-  model_config c;
   auto not_computed = [&](const char* field, const std::string& what) {
     c.not_computed.push_back(std::string(field) + ": " + what);
   };
@@ -110,7 +109,6 @@ model_config read_config_json(const std::string& path) {
   }
   if (read_bool(root, path, "use_sliding_window", false))
     not_computed("use_sliding_window", "true: the built-in engine attends to the whole context");
-  c.arch = arch;
   c.vocab_size = read_int(root, path, "vocab_size", nullptr);
   c.hidden_size = read_int(root, path, "hidden_size", nullptr);
   c.intermediate_size = read_int(root, path, "intermediate_size", nullptr);
@@ -144,7 +142,7 @@ model_config read_config_json(const std::string& path) {
     // Llama derives it; a config that names another one would be run with the derived one.
     const std::int64_t none = 0;
     const auto named = read_int(root, path, "head_dim", &none);
-    if (c.num_attention_heads > 0 && named * c.num_attention_heads != c.hidden_size)
+    if (c.num_attention_heads > 0 && named != c.hidden_size / c.num_attention_heads) // no product: no overflow
       fail(path, "head_dim", std::to_string(named) + ": rlsync's engine runs hidden_size / num_attention_heads = "
                                + std::to_string(c.hidden_size / c.num_attention_heads) + " for " + to_string(c.arch));
   }
