@@ -76,11 +76,11 @@ model_config read_config_json(const std::string& path) {
   if (auto it = root.find("model_type"); it != root.end()) {
     if (!it->is_string())
       fail(path, "model_type", "expected a string, got " + json_describe(*it));
-    auto known = arch_of_model_type(it->get<std::string>());
-    if (!known)
+    auto arch = arch_of_model_type(it->get<std::string>());
+    if (!arch)
       fail(path, "model_type", "'" + printable(it->get<std::string>()) + "' is not an architecture rlsync runs "
                                    "(llama, qwen3, qwen3_moe)");
-    c.arch = *known;
+    c.arch = *arch;
   }
   if (read_bool(root, path, "attention_bias", false))
     fail(path, "attention_bias", "true: rlsync's engine has no attention biases");
@@ -138,19 +138,19 @@ model_config read_config_json(const std::string& path) {
       }
     }
   }
-  if (!c.qk_norm() && root.contains("head_dim") && !root.at("head_dim").is_null()) {
-    // Llama derives it; a config that names another one would be run with the derived one.
+  // Qwen3 names its head_dim; Llama derives it, and one that names another
+  // would be run with the derived one.
+  if (root.contains("head_dim") && (c.qk_norm() || !root.at("head_dim").is_null())) {
     const std::int64_t none = 0;
     const auto named = read_int(root, path, "head_dim", &none);
-    if (c.num_attention_heads > 0 && named != c.hidden_size / c.num_attention_heads) // no product: no overflow
+    if (c.qk_norm()) {
+      c.explicit_head_dim = named;
+      if (named <= 0)
+        fail(path, "head_dim", "must be positive, got " + std::to_string(named));
+    } else if (c.num_attention_heads > 0 && named != c.hidden_size / c.num_attention_heads) { // no product: no overflow
       fail(path, "head_dim", std::to_string(named) + ": rlsync's engine runs hidden_size / num_attention_heads = "
                                + std::to_string(c.hidden_size / c.num_attention_heads) + " for " + to_string(c.arch));
-  }
-  if (c.qk_norm() && root.contains("head_dim")) {
-    const std::int64_t none = 0;
-    c.explicit_head_dim = read_int(root, path, "head_dim", &none);
-    if (c.explicit_head_dim <= 0)
-      fail(path, "head_dim", "must be positive, got " + std::to_string(c.explicit_head_dim));
+    }
   }
   auto errs = validate(c);
   if (!errs.empty())

@@ -102,14 +102,16 @@ void external_source::push(std::uint64_t version, const std::vector<tensor_input
   const std::string& who = options_.who;
   if (version == 0 || version > max_step_version)
     throw std::invalid_argument("version " + std::to_string(version) + ": must be in [1, 2^62]");
-  if (auto last = last_pushed(); version <= last)
+  std::uint64_t last = 0, floor = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last = last_pushed_;
+    floor = cluster_floor_;
+  }
+  if (version <= last)
     throw std::invalid_argument("version " + std::to_string(version) + ": must exceed the last version published ("
                                 + std::to_string(last) + ")");
-  if (std::uint64_t floor = [&] {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return cluster_floor_;
-      }();
-      version <= floor)
+  if (version <= floor)
     throw std::invalid_argument("version " + std::to_string(version) + ": the fleet already serves version "
                                 + std::to_string(floor) + " (a trainer restarted from a checkpoint continues above it)");
   // Match every input to a held parameter, naming the first tensor at fault.

@@ -71,6 +71,16 @@ std::vector<std::string> errors_of(const std::string& text) {
   return {};
 }
 
+// What load_topology refuses in file `path` (its relative paths resolve beside it).
+std::vector<std::string> load_errors_of(const std::string& path) {
+  try {
+    load_topology(path);
+  } catch (const topology_error& e) {
+    return e.errors;
+  }
+  return {};
+}
+
 std::string joined(const std::vector<std::string>& lines) {
   std::string out;
   for (auto& l : lines)
@@ -1493,14 +1503,7 @@ TEST_CASE("topology: a checkpoint model takes its shape from config.json") {
     std::ofstream(dir / "t.yaml") << "name: t\nmodel: {checkpoint: ckpt}\nnodes: [{name: a}]\n"
                                      "trainer: {node: a}\nengines: [{name: e, node: a, tp: 8}]\n";
   }
-  auto errs = joined([&] {
-    try {
-      load_topology(dir / "t.yaml");
-    } catch (const topology_error& e) {
-      return e.errors;
-    }
-    return std::vector<std::string>{};
-  }());
+  auto errs = joined(load_errors_of(dir / "t.yaml"));
   CHECK(errs.rfind((dir / "t.yaml") + ":5:34: engines[0].tp: must divide num_attention_heads (4), got 8", 0) == 0);
 
   // What the built-in engine does not compute (Llama 3.1's RoPE scaling):
@@ -1514,14 +1517,7 @@ TEST_CASE("topology: a checkpoint model takes its shape from config.json") {
     std::ofstream(dir / "ckpt/config.json") << json;
     std::ofstream(dir / "t.yaml") << with("model", "model: {checkpoint: ckpt}") << insecure;
   }
-  auto scaled = joined([&] {
-    try {
-      load_topology(dir / "t.yaml");
-    } catch (const topology_error& e) {
-      return e.errors;
-    }
-    return std::vector<std::string>{};
-  }());
+  auto scaled = joined(load_errors_of(dir / "t.yaml"));
   CHECK_MESSAGE(scaled.find(": engines[0].name: the model's config.json: rope_scaling: ") != std::string::npos, scaled);
   CHECK(scaled.find("(a vLLM engine computes it: kind: vllm)") != std::string::npos);
   {
